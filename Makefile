@@ -1,0 +1,37 @@
+# Two commands set everything up on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+APT_PACKAGES := fonts-noto-color-emoji dataset-fashion-mnist
+DEMO_DIR ?= artifacts/demo
+
+.PHONY: install test lint demo clean system-deps
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(MAKE) system-deps
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+# Debian packages with real offline data: the Noto emoji font and Fashion-MNIST.
+system-deps:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -z "$$missing" ]; then echo "system packages present:$(APT_PACKAGES)"; \
+	elif [ "$$(id -u)" = "0" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	else echo "Not root: install the data packages with: sudo apt-get install -y$$missing"; fi
+
+test: install
+	$(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/ruff check .
+
+demo: install
+	$(BIN)/retrieval demo --out $(DEMO_DIR)
+
+clean:
+	rm -rf $(VENV) artifacts runs .pytest_cache

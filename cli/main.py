@@ -1,0 +1,238 @@
+"""The one ``retrieval`` command line: data, train, evaluate, analyze, demo (export/index/serve join later)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from train.config import TrainConfig
+
+
+def parse_params(pairs: tuple[str, ...], option: str) -> dict[str, Any]:
+    """``key=value`` pairs; values are Python/JSON literals when they parse (0.1, true, "x"), else strings."""
+    params: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint=option)
+        value: Any = raw
+        for parse in (json.loads, ast.literal_eval):
+            try:
+                value = parse(raw)
+                break
+            except (ValueError, SyntaxError):
+                continue
+        params[key.replace("-", "_")] = value
+    return params
+
+
+class FriendlyErrors(click.Group):
+    """Turn the library's expected errors into one clear line instead of a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (ValueError, FileNotFoundError, FileExistsError, KeyError, RuntimeError) as exc:
+            if isinstance(exc, click.ClickException):
+                raise
+            message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+            raise click.ClickException(f"{type(exc).__name__}: {message}") from exc
+
+
+@click.group(cls=FriendlyErrors, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(package_name="retrieval")
+def main() -> None:
+    """Image embedding retrieval: train an embedder, evaluate it, export it, index and search a gallery."""
+
+
+# --- train ----------------------------------------------------------------------------------------
+TRAIN_OPTIONS = [
+    click.option("--config", "config_file", type=click.Path(dir_okay=False),
+                 help="TOML/JSON file; options override it."),
+    click.option("--dataset", help="folder|csv|cub|cars196|sop|inshop|emoji|fashion-mnist|digits"),
+    click.option("--data", help="dataset root (folder, manifest or official layout)."),
+    click.option("--dataset-param", "dataset_params", multiple=True, metavar="KEY=VALUE",
+                 help="dataset option, e.g. protocol=disjoint or limit_per_class=100 (repeatable)."),
+    click.option("--eval-split", help="split to evaluate on (test; inshop: query)."),
+    click.option("--label-noise", help="symmetric:RATE or asymmetric:RATE (fashion-mnist transitions)."),
+    click.option("--drop-small/--no-drop-small", default=None, help="drop classes with fewer than --per-class images."),
+    click.option("--backbone", help="resnet18|resnet50|googlenet|efficientnet_b0|convnext_tiny|vit_b_16|"
+                                    "efficientnet_lite0|timm:<name>"),
+    click.option("--pretrained/--no-pretrained", default=None, help="ImageNet weights from the local cache."),
+    click.option("--weights", type=click.Path(dir_okay=False), help="local backbone weights file."),
+    click.option("--embedding-dim", type=int),
+    click.option("--normalize/--no-normalize", default=None, help="L2-normalise embeddings (default: per loss)."),
+    click.option("--freeze-bn/--no-freeze-bn", default=None),
+    click.option("--freeze-backbone/--no-freeze-backbone", default=None,
+                 help="cache backbone features once and train only the head (fast on CPU)."),
+    click.option("--image-size", type=int),
+    click.option("--loss", help="a registered loss (see `retrieval losses`)."),
+    click.option("--loss-param", "loss_params", multiple=True, metavar="KEY=VALUE",
+                 help="loss hyperparameter, e.g. margin=0.2 (repeatable)."),
+    click.option("--negatives", help="hard-negative generation: loop | loop-linear | symm."),
+    click.option("--aux-ce", type=float, help="weight of an auxiliary cross-entropy head (0 = off)."),
+    click.option("--batch-size", type=int),
+    click.option("--per-class", type=int, help="samples per class in a batch (N >= 2)."),
+    click.option("--batches-per-epoch", type=int),
+    click.option("--epochs", type=int),
+    click.option("--optimizer", type=click.Choice(["adam", "adamw", "sgd"])),
+    click.option("--lr", type=float),
+    click.option("--backbone-lr", type=float),
+    click.option("--weight-decay", type=float),
+    click.option("--schedule", type=click.Choice(["cosine", "step", "constant"])),
+    click.option("--warmup-epochs", type=int),
+    click.option("--seed", type=int),
+    click.option("--device", help="auto|cpu|cuda"),
+    click.option("--amp/--no-amp", default=None, help="mixed precision on CUDA."),
+    click.option("--workers", type=int),
+    click.option("--eval-every", type=int),
+    click.option("--eval-limit", type=int, help="evaluate on a seeded subset of this many images."),
+    click.option("--feature-cache", type=click.Path(file_okay=False)),
+    click.option("--out", type=click.Path(file_okay=False), help="run directory."),
+    click.option("--resume", is_flag=True, default=None, help="continue the run in --out from last.pt."),
+]
+
+
+def train_options(func):
+    for option in reversed(TRAIN_OPTIONS):
+        func = option(func)
+    return func
+
+
+def config_from_options(config_file: str | None, dataset_params: tuple[str, ...], loss_params: tuple[str, ...],
+                        **options: Any) -> TrainConfig:
+    overrides = {k: v for k, v in options.items() if v is not None}
+    file_values = {}
+    if config_file:
+        from train.config import load_config_file
+
+        file_values = load_config_file(config_file)
+    if dataset_params:
+        overrides["dataset_kwargs"] = {**file_values.get("dataset_kwargs", {}),
+                                       **parse_params(dataset_params, "--dataset-param")}
+    if loss_params:
+        overrides["loss_kwargs"] = {**file_values.get("loss_kwargs", {}), **parse_params(loss_params, "--loss-param")}
+    return TrainConfig.from_sources(config_file, **overrides)
+
+
+@main.command("train")
+@train_options
+def train_command(config_file, dataset_params, loss_params, **options) -> None:
+    """Train an embedder; writes config.json, metrics.jsonl, last.pt, best.pt, report.json to --out."""
+    from train import train
+
+    cfg = config_from_options(config_file, dataset_params, loss_params, **options)
+    report = train(cfg)
+    summary = {"run": cfg.out, "report": str(Path(cfg.out) / "report.json"),
+               "before": _headline(report.get("baseline")), "after": _headline(report.get("last")),
+               "best": _headline(report.get("best"))}
+    click.echo(json.dumps(summary, indent=2))
+
+
+def _headline(metrics: dict | None) -> dict | None:
+    if not metrics:
+        return None
+    keys = ("recall@1", "recall@2", "recall@4", "recall@8", "map@r", "r_precision", "nmi", "f1", "linear_probe")
+    return {k: round(float(metrics[k]), 4) for k in keys if k in metrics}
+
+
+# --- evaluate -------------------------------------------------------------------------------------
+@main.command("evaluate")
+@click.option("--checkpoint", required=True, type=click.Path(dir_okay=False))
+@click.option("--dataset", help="default: the dataset the checkpoint was trained on.")
+@click.option("--data", help="default: the checkpoint's --data.")
+@click.option("--split", default=None, help="test (default); inshop: query (against gallery).")
+@click.option("--dataset-param", "dataset_params", multiple=True, metavar="KEY=VALUE")
+@click.option("--limit", type=int, help="evaluate on a seeded subset of this many images.")
+@click.option("--linear-probe/--no-linear-probe", default=False,
+              help="also fit a logistic regression on train embeddings and report test accuracy.")
+@click.option("--batch-size", default=128, show_default=True)
+@click.option("--device", default="auto", show_default=True)
+@click.option("--workers", type=int)
+@click.option("--out", "out_path", type=click.Path(dir_okay=False),
+              help="report file (default: next to the checkpoint).")
+def evaluate_command(checkpoint, dataset, data, split, dataset_params, limit, linear_probe, batch_size, device,
+                     workers, out_path) -> None:
+    """Evaluate a checkpoint: prints the metrics as JSON and writes report.json."""
+    from retrieval.data import build_transforms, load_dataset
+    from retrieval.evaluation import embed_eval_sets, evaluate_embeddings, load_eval_sets
+    from retrieval.inference import embed_dataset, resolve_device
+    from retrieval.models import load_checkpoint, load_embedder
+
+    ckpt = load_checkpoint(checkpoint)
+    trained = ckpt.get("train_config", {})
+    dataset = dataset or trained.get("dataset")
+    data = data if data is not None else trained.get("data")
+    kwargs = {**trained.get("dataset_kwargs", {}), **parse_params(dataset_params, "--dataset-param")}
+    split = split or trained.get("eval_split", "test")
+    dev = resolve_device(device)
+    model = load_embedder(checkpoint).to(dev)
+    tf = build_transforms(model.config, train=False)
+    sets = load_eval_sets(dataset, data, split, tf, limit, **kwargs)
+    q, ql, g, gl = embed_eval_sets(model, sets, dev, batch_size, workers)
+    metrics = evaluate_embeddings(q, ql, g, gl)
+    if linear_probe:
+        from retrieval.metrics import linear_probe as probe
+
+        train_set = load_dataset(dataset, data, split="train", transform=tf, **kwargs)
+        tr, trl = embed_dataset(model, train_set, batch_size, dev, workers, desc="embed train")
+        metrics["linear_probe"] = probe(tr, trl, q, ql)
+    report = {"format": "retrieval-report/1", "kind": "evaluate", "checkpoint": str(checkpoint),
+              "dataset": dataset, "data": data, "split": split, "dataset_kwargs": kwargs,
+              "num_queries": int(len(ql)), "model": model.config, "metrics": metrics}
+    out = Path(out_path) if out_path else Path(checkpoint).with_name("eval_report.json")
+    out.write_text(json.dumps(report, indent=2))
+    click.echo(json.dumps({**metrics, "report": str(out)}, indent=2))
+
+
+# --- listings -------------------------------------------------------------------------------------
+@main.command("losses")
+def losses_command() -> None:
+    """List the registered losses and hard-negative combinations."""
+    from retrieval import losses
+
+    click.echo("losses: " + ", ".join(losses.available()))
+    combos = losses.available_negatives()
+    click.echo("with --negatives: " + (", ".join(f"{n}+{m}" for n, m in combos) or "none"))
+
+
+@main.command("backbones")
+def backbones_command() -> None:
+    """List the registered backbones."""
+    from retrieval.models import backbone_names
+
+    click.echo("\n".join(backbone_names()))
+
+
+# --- demo -----------------------------------------------------------------------------------------
+@main.command("demo")
+@click.option("--out", default="artifacts/demo", show_default=True, type=click.Path(file_okay=False))
+@click.option("--epochs", default=None, type=int, help="override the recipe's number of epochs.")
+def demo_command(out: str, epochs: int | None) -> None:
+    """The main job on the embedded emoji data: prepare, train, evaluate, print the report path."""
+    from cli.demo import run_demo
+
+    run_demo(Path(out), epochs=epochs)
+
+
+def _register_optional_groups() -> None:
+    """Areas that live in their own modules add their command groups here."""
+    for module, attr in (("cli.data", "data_group"), ("cli.analyze", "analyze_group")):
+        try:
+            mod = __import__(module, fromlist=[attr])
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+            continue
+        main.add_command(getattr(mod, attr))
+
+
+_register_optional_groups()
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,15 @@
+"""Image embedding retrieval toolkit: the core library.
+
+Layout (read it like a map):
+    retrieval.data       datasets, official splits, samplers, transforms, label noise
+    retrieval.models     backbone registry and ``create_embedder``
+    retrieval.losses     deep-metric-learning losses, one registry, ``build(name, **hparams)``
+    retrieval.negatives  hard-negative generation (LoOp, Symmetrical Synthesis)
+    retrieval.metrics    Recall@K, MAP@R, R-precision, NMI, F1, linear probe
+    retrieval.index      faiss gallery index with a SQLite catalogue
+    retrieval.analysis   weight view, triplet diagram, plots
+
+The core never imports from ``train``, ``export``, ``serve`` or ``cli``.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,24 @@
+"""Data sets with their official splits, the embedded emoji set, sampler, transforms, label noise."""
+
+from retrieval.data import builtin, emoji, official  # noqa: F401  (registers the loaders)
+from retrieval.data.catalog import DATASETS, load_dataset
+from retrieval.data.dataset import ImageDataset, default_data_dir, limit_per_class, open_image
+from retrieval.data.emoji import prepare_emoji
+from retrieval.data.noise import FASHION_MNIST_ASYMMETRIC, inject_label_noise
+from retrieval.data.sampler import ClassBalancedBatchSampler
+from retrieval.data.transforms import build_transforms, preprocess_eval
+
+__all__ = [
+    "DATASETS",
+    "FASHION_MNIST_ASYMMETRIC",
+    "ClassBalancedBatchSampler",
+    "ImageDataset",
+    "build_transforms",
+    "default_data_dir",
+    "inject_label_noise",
+    "limit_per_class",
+    "load_dataset",
+    "open_image",
+    "prepare_emoji",
+    "preprocess_eval",
+]

@@ -1,0 +1,160 @@
+"""`ImageDataset`: images (file paths or in-memory uint8 arrays) with contiguous integer labels."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Hashable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image, ImageOps
+from torch.utils.data import Dataset
+
+Sample = str | np.ndarray
+
+
+def default_data_dir() -> Path:
+    """Where prepared data sets live: ``$RETRIEVAL_DATA_DIR`` or ``~/.cache/retrieval``."""
+    env = os.environ.get("RETRIEVAL_DATA_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "retrieval"
+
+
+def open_image(path: str | os.PathLike) -> Image.Image:
+    """Open an image file as RGB with its EXIF orientation applied (phone photos are often rotated)."""
+    with Image.open(path) as image:
+        return ImageOps.exif_transpose(image).convert("RGB")
+
+
+def array_to_image(array: np.ndarray) -> Image.Image:
+    """An HxW (grayscale) or HxWx3 uint8 array as an RGB PIL image."""
+    if array.dtype != np.uint8:
+        raise ValueError(f"in-memory images must be uint8 arrays, got dtype {array.dtype}")
+    if array.ndim == 3 and array.shape[2] == 1:
+        array = array[:, :, 0]
+    if array.ndim == 2:
+        return Image.fromarray(np.ascontiguousarray(array), mode="L").convert("RGB")
+    if array.ndim == 3 and array.shape[2] == 3:
+        return Image.fromarray(np.ascontiguousarray(array), mode="RGB")
+    raise ValueError(f"in-memory images must be HxW or HxWx3 uint8 arrays, got shape {array.shape}")
+
+
+def _numeric_or_text_key(names: Sequence[Hashable]) -> Callable[[Hashable], Any]:
+    """Sort numerically when every name is an integer ("2" < "10"), as text otherwise."""
+    try:
+        for name in names:
+            int(str(name), 10)
+    except ValueError:
+        return str
+    return lambda name: int(str(name), 10)
+
+
+def encode_labels(raw_labels: Sequence[Hashable]) -> tuple[np.ndarray, list[str]]:
+    """Map original class ids/names to contiguous labels 0..C-1 (sorted, numeric-aware).
+
+    Returns ``(labels, class_names)`` with ``class_names[label]`` the original name as a string.
+    """
+    distinct = sorted(set(raw_labels), key=_numeric_or_text_key(list(set(raw_labels))))
+    index = {name: i for i, name in enumerate(distinct)}
+    labels = np.fromiter((index[name] for name in raw_labels), dtype=np.int64, count=len(raw_labels))
+    return labels, [str(name) for name in distinct]
+
+
+def sorted_class_names(names: Sequence[Hashable]) -> list[Hashable]:
+    """Distinct class names in the order used for class-disjoint halves (numeric-aware sort)."""
+    distinct = list(set(names))
+    return sorted(distinct, key=_numeric_or_text_key(distinct))
+
+
+def class_disjoint_halves(names: Sequence[Hashable]) -> dict[str, set[Hashable]]:
+    """First half of the sorted class names is "train", the rest "test" (train gets the odd one)."""
+    ordered = sorted_class_names(names)
+    cut = (len(ordered) + 1) // 2
+    return {"train": set(ordered[:cut]), "test": set(ordered[cut:])}
+
+
+class ImageDataset(Dataset):
+    """A split of an image data set.
+
+    ``samples[i]`` is a file path or an HxW / HxWx3 uint8 array; ``labels`` are contiguous class
+    indices 0..C-1 within the split and ``class_names[label]`` is the original class name.
+    ``dataset[i]`` returns ``(transform(PIL RGB image), int label)``.
+    """
+
+    def __init__(
+        self,
+        samples: Sequence[Sample],
+        labels: Sequence[int] | np.ndarray,
+        class_names: Sequence[str],
+        transform: Callable[[Image.Image], Any] | None = None,
+    ) -> None:
+        labels = np.ascontiguousarray(np.asarray(labels, dtype=np.int64).reshape(-1))
+        if len(samples) != len(labels):
+            raise ValueError(f"{len(samples)} samples but {len(labels)} labels; they must match one to one")
+        if len(labels) and (labels.min() < 0 or labels.max() >= len(class_names)):
+            raise ValueError(
+                f"labels must lie in 0..{len(class_names) - 1} (one per class name), "
+                f"got range {labels.min()}..{labels.max()}"
+            )
+        self.samples = list(samples)
+        self.labels = labels
+        self.class_names = [str(name) for name in class_names]
+        self.transform = transform
+
+    @classmethod
+    def from_class_names(
+        cls,
+        samples: Sequence[Sample],
+        raw_labels: Sequence[Hashable],
+        transform: Callable[[Image.Image], Any] | None = None,
+    ) -> ImageDataset:
+        """Build from original class names/ids; labels become 0..C-1 in sorted class order."""
+        labels, class_names = encode_labels(raw_labels)
+        return cls(samples, labels, class_names, transform)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def load_image(self, index: int) -> Image.Image:
+        """The RGB PIL image of sample ``index``, without the transform."""
+        sample = self.samples[index]
+        if isinstance(sample, np.ndarray):
+            return array_to_image(sample)
+        return open_image(sample)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        image = self.load_image(index)
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, int(self.labels[index])
+
+    def subset(self, indices: Sequence[int] | np.ndarray) -> ImageDataset:
+        """The samples at ``indices``, labels re-encoded to stay contiguous; names are kept."""
+        indices = np.asarray(indices, dtype=np.int64)
+        used = sorted(set(self.labels[indices].tolist()))
+        remap = {old: new for new, old in enumerate(used)}
+        labels = np.fromiter((remap[int(label)] for label in self.labels[indices]), np.int64, len(indices))
+        names = [self.class_names[old] for old in used]
+        return ImageDataset([self.samples[i] for i in indices], labels, names, self.transform)
+
+    def __repr__(self) -> str:
+        return f"ImageDataset({len(self)} images, {self.num_classes} classes)"
+
+
+def limit_per_class(dataset: ImageDataset, limit: int | None) -> ImageDataset:
+    """Keep the first ``limit`` samples of each class (in dataset order): deterministic small subsets."""
+    if limit is None:
+        return dataset
+    if limit < 1:
+        raise ValueError(f"limit_per_class must be >= 1, got {limit}")
+    counts: dict[int, int] = {}
+    keep = []
+    for index, label in enumerate(dataset.labels.tolist()):
+        if counts.get(label, 0) < limit:
+            counts[label] = counts.get(label, 0) + 1
+            keep.append(index)
+    return dataset.subset(keep)

@@ -1,0 +1,259 @@
+"""Loaders for on-disk data sets with their official retrieval splits.
+
+folder   ImageFolder tree (``root/train/<class>/``, ``root/test/<class>/``, or ``root/<class>/``)
+csv      manifest ``path,label[,split]``
+cub      CUB-200-2011: classes 1-100 train, 101-200 test
+cars196  Stanford Cars: classes 1-98 train, 99-196 test
+sop      Stanford Online Products: Ebay_train.txt / Ebay_test.txt
+inshop   In-shop Clothes: train / query / gallery from list_eval_partition.txt
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from retrieval.data.catalog import (
+    DATASETS,
+    check_split,
+    require_file,
+    require_first_image,
+    require_root,
+)
+from retrieval.data.dataset import ImageDataset, class_disjoint_halves, encode_labels
+
+Transform = Callable[[Image.Image], Any] | None
+
+IMAGE_SUFFIXES = frozenset(
+    {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
+)
+
+
+def _split_by_class(paths: list[str], names: list[str], keep: set, transform: Transform) -> ImageDataset:
+    chosen = [(path, name) for path, name in zip(paths, names, strict=True) if name in keep]
+    return ImageDataset.from_class_names([p for p, _ in chosen], [n for _, n in chosen], transform)
+
+
+def _find_root(root: Path, marker: str, subfolders: tuple[str, ...]) -> Path:
+    """``root`` or the first of its ``subfolders`` that holds ``marker`` (archives unpack one level deep)."""
+    for candidate in (root, *(root / sub for sub in subfolders)):
+        if (candidate / marker).is_file():
+            return candidate
+    return root
+
+
+def _read_rows(path: Path, skip: int = 0) -> list[list[str]]:
+    """Whitespace-separated rows of a text file, skipping ``skip`` header lines and blank lines."""
+    with open(path, encoding="utf-8") as handle:
+        lines = handle.read().splitlines()[skip:]
+    return [line.split() for line in lines if line.strip()]
+
+
+# ---------------------------------------------------------------- folder
+
+FOLDER_LAYOUT = (
+    "root/train/<class>/<image>, root/test/<class>/<image> (official split), "
+    "or root/<class>/<image> (class-disjoint halves of the sorted class names)"
+)
+
+
+def _scan_class_folders(folder: Path) -> tuple[list[str], list[str]]:
+    paths, names = [], []
+    for class_dir in sorted(p for p in folder.iterdir() if p.is_dir()):
+        for file in sorted(class_dir.rglob("*")):
+            if file.suffix.lower() in IMAGE_SUFFIXES and file.is_file():
+                paths.append(str(file))
+                names.append(class_dir.name)
+    if not paths:
+        raise ValueError(
+            f"folder: no images found under {folder.resolve()}; expected layout: {FOLDER_LAYOUT}"
+        )
+    return paths, names
+
+
+@DATASETS.register("folder")
+def load_folder(root: str | Path | None, split: str = "train", transform: Transform = None) -> ImageDataset:
+    """ImageFolder tree: ``train/`` and ``test/`` sub-folders if present, else class-disjoint halves."""
+    check_split("folder", split)
+    base = require_root("folder", root, FOLDER_LAYOUT)
+    if (base / "train").is_dir() or (base / "test").is_dir():
+        split_dir = base / split
+        if not split_dir.is_dir():
+            raise FileNotFoundError(
+                f"folder: split folder {split_dir.resolve()} is missing; expected layout: {FOLDER_LAYOUT}"
+            )
+        paths, names = _scan_class_folders(split_dir)
+        return ImageDataset.from_class_names(paths, names, transform)
+    paths, names = _scan_class_folders(base)
+    return _split_by_class(paths, names, class_disjoint_halves(names)[split], transform)
+
+
+# ---------------------------------------------------------------- csv
+
+CSV_LAYOUT = (
+    "a CSV manifest with header row 'path,label[,split]'; paths relative to the manifest's folder "
+    "(root may be the .csv file or a folder holding manifest.csv)"
+)
+
+
+@DATASETS.register("csv")
+def load_csv(root: str | Path | None, split: str = "train", transform: Transform = None) -> ImageDataset:
+    """CSV manifest; with a ``split`` column its values select rows, else class-disjoint halves."""
+    base = require_root("csv", root, CSV_LAYOUT)
+    manifest = base if base.is_file() else require_file("csv", base / "manifest.csv", CSV_LAYOUT)
+    with open(manifest, newline="", encoding="utf-8") as handle:
+        reader = csv.DictReader(handle)
+        columns = [c.strip() for c in (reader.fieldnames or [])]
+        if "path" not in columns or "label" not in columns:
+            raise ValueError(
+                f"csv: {manifest.resolve()} must start with a header row 'path,label[,split]', "
+                f"found {columns}"
+            )
+        rows = [{k.strip(): (v or "").strip() for k, v in row.items() if k} for row in reader]
+    folder = manifest.parent
+    paths = [str(folder / row["path"]) for row in rows]  # absolute paths stay absolute under "/"
+    names = [row["label"] for row in rows]
+    if "split" in columns:
+        present = sorted({row["split"] for row in rows})
+        if split not in present:
+            raise ValueError(f"csv: no rows with split {split!r} in {manifest.resolve()}; splits: {present}")
+        keep = [i for i, row in enumerate(rows) if row["split"] == split]
+        dataset = ImageDataset.from_class_names([paths[i] for i in keep], [names[i] for i in keep], transform)
+    else:
+        check_split("csv", split)
+        dataset = _split_by_class(paths, names, class_disjoint_halves(names)[split], transform)
+    require_first_image("csv", dataset.samples, CSV_LAYOUT)
+    return dataset
+
+
+# ---------------------------------------------------------------- CUB-200-2011
+
+CUB_LAYOUT = (
+    "CUB_200_2011/images.txt ('<image_id> <relative path>'), image_class_labels.txt "
+    "('<image_id> <class_id>'), optional classes.txt, and the images under images/"
+)
+
+
+@DATASETS.register("cub")
+def load_cub(root: str | Path | None, split: str = "train", transform: Transform = None) -> ImageDataset:
+    """CUB-200-2011, retrieval protocol: classes 1-100 train, 101-200 test."""
+    check_split("cub", split)
+    base = _find_root(require_root("cub", root, CUB_LAYOUT), "images.txt", ("CUB_200_2011",))
+    images = dict(_read_rows(require_file("cub", base / "images.txt", CUB_LAYOUT)))
+    classes = dict(_read_rows(require_file("cub", base / "image_class_labels.txt", CUB_LAYOUT)))
+    class_names = dict(_read_rows(base / "classes.txt")) if (base / "classes.txt").is_file() else {}
+    wanted = range(1, 101) if split == "train" else range(101, 201)
+    paths, names = [], []
+    for image_id in sorted(images, key=int):
+        class_id = int(classes[image_id])
+        if class_id in wanted:
+            paths.append(str(base / "images" / images[image_id]))
+            names.append(class_names.get(str(class_id), str(class_id)))
+    require_first_image("cub", paths, CUB_LAYOUT)
+    return ImageDataset.from_class_names(paths, names, transform)
+
+
+# ---------------------------------------------------------------- Cars196
+
+CARS_LAYOUT = (
+    "cars_annos.mat (struct array 'annotations' with fields relative_im_path and class, "
+    "optional cell array 'class_names') and the images it lists (car_ims/...)"
+)
+
+
+def _mat_strings(values: Any) -> list[str]:
+    return [str(np.asarray(v).reshape(-1)[0]) if np.asarray(v).size else "" for v in np.atleast_1d(values)]
+
+
+@DATASETS.register("cars196")
+def load_cars196(root: str | Path | None, split: str = "train", transform: Transform = None) -> ImageDataset:
+    """Stanford Cars (196 classes), retrieval protocol: classes 1-98 train, 99-196 test."""
+    from scipy.io import loadmat
+
+    check_split("cars196", split)
+    base = require_root("cars196", root, CARS_LAYOUT)
+    mat = loadmat(str(require_file("cars196", base / "cars_annos.mat", CARS_LAYOUT)), squeeze_me=True)
+    if "annotations" not in mat:
+        raise ValueError(f"cars196: {base / 'cars_annos.mat'} has no 'annotations'; expected {CARS_LAYOUT}")
+    annotations = np.atleast_1d(mat["annotations"])
+    fields = annotations.dtype.names or ()
+    if "relative_im_path" not in fields or "class" not in fields:
+        raise ValueError(f"cars196: annotations fields are {fields}; expected {CARS_LAYOUT}")
+    rel_paths = _mat_strings(annotations["relative_im_path"])
+    class_ids = [int(np.asarray(c).reshape(-1)[0]) for c in np.atleast_1d(annotations["class"])]
+    class_names = _mat_strings(mat["class_names"]) if "class_names" in mat else []
+    wanted = range(1, 99) if split == "train" else range(99, 197)
+    paths, names = [], []
+    for rel_path, class_id in zip(rel_paths, class_ids, strict=True):
+        if class_id in wanted:
+            paths.append(str(base / rel_path))
+            known = class_id <= len(class_names) and class_names[class_id - 1]
+            names.append(class_names[class_id - 1] if known else str(class_id))
+    require_first_image("cars196", paths, CARS_LAYOUT)
+    return ImageDataset.from_class_names(paths, names, transform)
+
+
+# ---------------------------------------------------------------- Stanford Online Products
+
+SOP_LAYOUT = (
+    "Ebay_train.txt and Ebay_test.txt (header 'image_id class_id super_class_id path', "
+    "paths relative to root)"
+)
+
+
+@DATASETS.register("sop")
+def load_sop(root: str | Path | None, split: str = "train", transform: Transform = None) -> ImageDataset:
+    """Stanford Online Products: the official class-disjoint Ebay_train / Ebay_test lists."""
+    check_split("sop", split)
+    base = _find_root(require_root("sop", root, SOP_LAYOUT), "Ebay_train.txt", ("Stanford_Online_Products",))
+    listing = require_file("sop", base / f"Ebay_{split}.txt", SOP_LAYOUT)
+    rows = _read_rows(listing)
+    if not rows or rows[0][:2] != ["image_id", "class_id"]:
+        raise ValueError(f"sop: {listing.resolve()} must start with the header row; expected {SOP_LAYOUT}")
+    paths = [str(base / row[3]) for row in rows[1:]]
+    require_first_image("sop", paths, SOP_LAYOUT)
+    return ImageDataset.from_class_names(paths, [row[1] for row in rows[1:]], transform)
+
+
+# ---------------------------------------------------------------- In-shop Clothes
+
+INSHOP_LAYOUT = (
+    "list_eval_partition.txt (line 1: count, line 2: 'image_name item_id evaluation_status', then rows "
+    "with status train/query/gallery) in root or root/Eval, images relative to root or root/Img"
+)
+
+
+@DATASETS.register("inshop")
+def load_inshop(root: str | Path | None, split: str = "train", transform: Transform = None) -> ImageDataset:
+    """In-shop Clothes Retrieval: splits train, query and gallery.
+
+    Query and gallery share one label encoding (the sorted item ids of both), so that the same item
+    has the same label in both: evaluate queries against the gallery.
+    """
+    if split == "test":
+        raise ValueError(
+            "inshop has no 'test' split: load split='query' and split='gallery' and search "
+            "the queries against the gallery"
+        )
+    check_split("inshop", split, ("train", "query", "gallery"))
+    given = require_root("inshop", root, INSHOP_LAYOUT)
+    base = _find_root(given, "list_eval_partition.txt", ("Eval",))
+    partition = require_file("inshop", base / "list_eval_partition.txt", INSHOP_LAYOUT)
+    rows = _read_rows(partition, skip=2)
+    if any(len(row) != 3 for row in rows):
+        raise ValueError(
+            f"inshop: every row of {partition.resolve()} needs 3 columns; expected {INSHOP_LAYOUT}"
+        )
+    statuses = ("query", "gallery") if split in ("query", "gallery") else ("train",)
+    pool = [row for row in rows if row[2] in statuses]
+    image_base = next((b for b in (given, given / "Img") if pool and (b / pool[0][0]).is_file()), given)
+    labels_all, class_names = encode_labels([row[1] for row in pool])
+    keep = [i for i, row in enumerate(pool) if row[2] == split]
+    paths = [str(image_base / pool[i][0]) for i in keep]
+    require_first_image("inshop", paths, INSHOP_LAYOUT)
+    return ImageDataset(paths, labels_all[keep], class_names, transform)

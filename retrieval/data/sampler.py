@@ -1,0 +1,108 @@
+"""P x N batches: ``classes_per_batch`` classes, ``samples_per_class`` images each, per batch.
+
+Metric losses need positives in every batch; this sampler guarantees them. Classes are visited in
+shuffled cycles (every class once per cycle) and each class's images in shuffled cycles too, so an
+epoch covers the data evenly. The shuffle is seeded by ``(seed, epoch)``: call ``set_epoch``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+from torch.utils.data import Sampler
+
+
+class _CyclicQueue:
+    """Draws ``k`` distinct items at a time from shuffled passes over ``items``."""
+
+    def __init__(self, items: np.ndarray, rng: np.random.Generator) -> None:
+        self.items = items
+        self.rng = rng
+        self.queue: list[int] = []
+
+    def take(self, k: int) -> list[int]:
+        if len(self.queue) < k:
+            left = set(self.queue)
+            fresh = [int(x) for x in self.rng.permutation(self.items)]
+            # The next draw takes the leftovers plus the first items of a fresh pass: move the leftovers'
+            # second copies after that draw so a draw never repeats an item, yet every pass is complete.
+            need = k - len(self.queue)
+            head = [x for x in fresh if x not in left][:need]
+            chosen = set(head)
+            self.queue += head + [x for x in fresh if x not in chosen]
+        drawn, self.queue = self.queue[:k], self.queue[k:]
+        return drawn
+
+
+class ClassBalancedBatchSampler(Sampler[list[int]]):
+    """Yields lists of dataset indices: P classes x N samples, one class's samples adjacent.
+
+    Classes with fewer than N samples raise a ValueError unless ``drop_small=True`` drops them.
+    ``batches_per_epoch`` defaults to (number of usable samples) // (P * N), at least 1.
+    """
+
+    def __init__(
+        self,
+        labels: Sequence[int] | np.ndarray,
+        classes_per_batch: int,
+        samples_per_class: int,
+        drop_small: bool = False,
+        seed: int = 0,
+        batches_per_epoch: int | None = None,
+    ) -> None:
+        labels = np.asarray(labels).reshape(-1)
+        if samples_per_class < 2:
+            raise ValueError(
+                "samples_per_class must be >= 2 (metric losses need a positive pair), "
+                f"got {samples_per_class}"
+            )
+        if classes_per_batch < 1:
+            raise ValueError(f"classes_per_batch must be >= 1, got {classes_per_batch}")
+        classes, counts = np.unique(labels, return_counts=True)
+        small = classes[counts < samples_per_class]
+        if len(small) and not drop_small:
+            raise ValueError(
+                f"{len(small)} of {len(classes)} classes have fewer than {samples_per_class} samples "
+                f"(smallest has {counts.min()}); pass --drop-small (drop_small=True) to leave them out, "
+                f"or lower --per-class (samples_per_class)"
+            )
+        usable = classes[counts >= samples_per_class]
+        if len(usable) < classes_per_batch:
+            raise ValueError(
+                f"only {len(usable)} classes have >= {samples_per_class} samples but classes_per_batch="
+                f"{classes_per_batch}; lower classes_per_batch or samples_per_class"
+            )
+        self.classes = usable
+        self.indices_by_class = {int(c): np.flatnonzero(labels == c) for c in usable}
+        self.dropped_classes = [int(c) for c in small]
+        self.classes_per_batch = classes_per_batch
+        self.samples_per_class = samples_per_class
+        self.seed = seed
+        self.epoch = 0
+        usable_samples = sum(len(v) for v in self.indices_by_class.values())
+        default = max(1, usable_samples // (classes_per_batch * samples_per_class))
+        if batches_per_epoch is not None and batches_per_epoch < 1:
+            raise ValueError(f"batches_per_epoch must be >= 1, got {batches_per_epoch}")
+        self.batches_per_epoch = batches_per_epoch or default
+
+    @property
+    def batch_size(self) -> int:
+        return self.classes_per_batch * self.samples_per_class
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use a different (still deterministic) shuffle for each epoch."""
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.batches_per_epoch
+
+    def __iter__(self) -> Iterator[list[int]]:
+        rng = np.random.default_rng([self.seed, self.epoch])
+        class_queue = _CyclicQueue(self.classes, rng)
+        sample_queues = {c: _CyclicQueue(idx, rng) for c, idx in self.indices_by_class.items()}
+        for _ in range(self.batches_per_epoch):
+            batch: list[int] = []
+            for cls in class_queue.take(self.classes_per_batch):
+                batch.extend(sample_queues[cls].take(self.samples_per_class))
+            yield batch

@@ -1,0 +1,60 @@
+"""Evaluate an embedder on a dataset split: embeddings -> retrieval metrics (used by train and the CLI)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import Dataset, Subset
+
+from retrieval.inference import embed_dataset
+
+
+@dataclass
+class EvalSets:
+    """Query set and optional separate gallery (In-shop); gallery None = leave-one-out on the query set."""
+
+    query: Dataset
+    gallery: Dataset | None = None
+
+
+def load_eval_sets(dataset: str, root: str | None, split: str, transform, limit: int | None = None,
+                   seed: int = 0, **dataset_kwargs: Any) -> EvalSets:
+    from retrieval.data import load_dataset
+
+    query = load_dataset(dataset, root, split=split, transform=transform, **dataset_kwargs)
+    gallery = None
+    if split == "query":  # In-shop: queries are searched against the separate gallery split
+        gallery = load_dataset(dataset, root, split="gallery", transform=transform, **dataset_kwargs)
+    if limit is not None and len(query) > limit:
+        query = seeded_subset(query, limit, seed)
+    return EvalSets(query, gallery)
+
+
+def seeded_subset(dataset: Dataset, size: int, seed: int = 0) -> Subset:
+    order = np.random.default_rng(seed).permutation(len(dataset))[:size]
+    return Subset(dataset, np.sort(order).tolist())
+
+
+def evaluate_embeddings(query: np.ndarray, query_labels: np.ndarray, gallery: np.ndarray | None = None,
+                        gallery_labels: np.ndarray | None = None, ks=(1, 2, 4, 8),
+                        with_clustering: bool = True) -> dict[str, float]:
+    from retrieval.metrics import evaluate
+
+    names = ["recall", "map@r", "r_precision"]
+    if with_clustering:
+        names += ["nmi", "f1"]
+    return evaluate(query, query_labels, gallery, gallery_labels, ks=ks, metrics=names)
+
+
+def embed_eval_sets(model: nn.Module, sets: EvalSets, device: torch.device | str, batch_size: int = 128,
+                    workers: int | None = None, amp: bool = False, progress: bool = True):
+    q, ql = embed_dataset(model, sets.query, batch_size, device, workers, amp, desc="embed query", progress=progress)
+    if sets.gallery is None:
+        return q, ql, None, None
+    g, gl = embed_dataset(model, sets.gallery, batch_size, device, workers, amp, desc="embed gallery",
+                          progress=progress)
+    return q, ql, g, gl

@@ -1,0 +1,108 @@
+"""The shared base of the pair-based losses: similarity matrix -> loss, with label masks and batch checks.
+
+A pair-based loss (unified paper, section 3) is a function H(S, y) of the similarity matrix S. Every loss here
+computes ``S = similarity(embeddings)`` once and then ``from_similarity(S, labels)``; that split is what lets
+``retrieval.losses.pair_weights`` differentiate the loss with respect to S (Theorem 3.1).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from retrieval.distances import cosine_similarity_matrix, label_masks, safe_sqrt
+
+PER_CLASS_HINT = "use --per-class 2 or more (ClassBalancedBatchSampler samples_per_class >= 2)"
+
+
+class PairLoss(nn.Module):
+    """Base class: ``forward(embeddings, labels) = from_similarity(similarity(embeddings), labels)``.
+
+    Subclasses implement ``from_similarity`` and may override ``similarity`` (N-pair works on raw dot
+    products) and ``check_batch`` (stricter batch requirements).
+    """
+
+    # True when S is the cosine similarity matrix, the variable of the weight view (pair_weights).
+    cosine_similarity: bool = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last_stats: dict[str, float] = {}
+
+    # --- the pieces -------------------------------------------------------------------------------------
+    def similarity(self, embeddings: torch.Tensor) -> torch.Tensor:
+        """S_ij = cosine similarity (the papers' embeddings are L2-normalised)."""
+        return cosine_similarity_matrix(embeddings)
+
+    @staticmethod
+    def pairs(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(positive, negative) boolean masks [B, B]; positives exclude i == j."""
+        return label_masks(labels)
+
+    def from_similarity(self, similarity: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    # --- batch checks -----------------------------------------------------------------------------------
+    def check_batch(self, embeddings: torch.Tensor, labels: torch.Tensor) -> None:
+        """Shape checks plus: the batch holds at least one positive pair (else nothing can be learnt)."""
+        if embeddings.dim() != 2:
+            raise ValueError(f"embeddings must be [batch, dim], got shape {tuple(embeddings.shape)}")
+        if labels.dim() != 1 or labels.shape[0] != embeddings.shape[0]:
+            raise ValueError(
+                f"labels must be [batch] matching embeddings {tuple(embeddings.shape)}, "
+                f"got {tuple(labels.shape)}"
+            )
+        if embeddings.shape[0] < 2:
+            raise ValueError(f"{type(self).__name__} needs a batch of at least 2 samples; {PER_CLASS_HINT}")
+        positive, _ = label_masks(labels)
+        if not bool(positive.any()):
+            raise ValueError(
+                f"{type(self).__name__}: the batch has no positive pair (every label appears once); "
+                f"{PER_CLASS_HINT}"
+            )
+
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        self.check_batch(embeddings, labels)
+        return self.from_similarity(self.similarity(embeddings), labels)
+
+
+class DistancePairLoss(PairLoss):
+    """A pair loss written on Euclidean distances of unit vectors: d^2 = 2 - 2 S (loop section 3.3)."""
+
+    def __init__(self, squared: bool = False) -> None:
+        super().__init__()
+        self.squared = squared
+
+    def distance(self, similarity: torch.Tensor) -> torch.Tensor:
+        d2 = (2.0 - 2.0 * similarity).clamp_min(0.0)
+        return d2 if self.squared else safe_sqrt(d2)
+
+
+def anchors_with_triplets(positive: torch.Tensor, negative: torch.Tensor) -> torch.Tensor:
+    """[B] bool: anchors that have at least one positive and one negative (a valid triplet)."""
+    return positive.any(dim=1) & negative.any(dim=1)
+
+
+def mean_over(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``values`` where ``mask``; 0 connected to the graph when the mask is empty."""
+    kept = torch.where(mask, values, torch.zeros_like(values))  # where, not *: 0 * inf would be NaN
+    return kept.sum() / mask.sum().clamp_min(1).to(values.dtype)
+
+
+def masked_max(x: torch.Tensor, mask: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """max over ``mask`` along ``dim``; 0 (no gradient) where the mask is empty."""
+    filled = torch.where(mask, x, torch.full_like(x, torch.finfo(x.dtype).min))
+    values = filled.amax(dim=dim)
+    return torch.where(mask.any(dim=dim), values, torch.zeros_like(values))
+
+
+def masked_min(x: torch.Tensor, mask: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """min over ``mask`` along ``dim``; 0 (no gradient) where the mask is empty."""
+    return -masked_max(-x, mask, dim=dim)
+
+
+@torch.no_grad()
+def active_fraction(losses: torch.Tensor, kept: torch.Tensor) -> float:
+    """Share of the kept terms with a nonzero loss (0.0 when nothing is kept)."""
+    count = int(kept.sum())
+    return float(((losses > 0) & kept).sum()) / max(count, 1)

@@ -1,0 +1,53 @@
+"""Pair and triplet miners: boolean masks, no gradients, no Python loops.
+
+Miners only select; the losses weight. Every miner works on a similarity (or distance) matrix and the
+(positive, negative) label masks of ``retrieval.distances.label_masks``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from retrieval.losses.base import masked_max, masked_min
+
+
+@torch.no_grad()
+def vthm(
+    similarity: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor, margin: float = 0.1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Valid-triplet hard mining (unified paper, section 5.1): masks of the kept positive and negative pairs.
+
+    For anchor i with hardest positive p* = argmin_{P_i} s_ip and hardest negative n* = argmax_{N_i} s_in:
+    a negative j is kept when s_ij > s_ip* - margin, a positive j when s_ij < s_in* + margin.
+    An anchor without positives (or without negatives) has no valid triplet, so nothing of it is kept.
+    """
+    has_positive = positive.any(dim=1, keepdim=True)
+    has_negative = negative.any(dim=1, keepdim=True)
+    hardest_positive = masked_min(similarity, positive, dim=1).unsqueeze(1)
+    hardest_negative = masked_max(similarity, negative, dim=1).unsqueeze(1)
+    kept_negative = negative & has_positive & (similarity > hardest_positive - margin)
+    kept_positive = positive & has_negative & (similarity < hardest_negative + margin)
+    return kept_positive, kept_negative
+
+
+def valid_triplets(positive: torch.Tensor, negative: torch.Tensor) -> torch.Tensor:
+    """[a, p, n] bool: y_a == y_p, a != p, y_a != y_n."""
+    return positive.unsqueeze(2) & negative.unsqueeze(1)
+
+
+@torch.no_grad()
+def semihard_triplets(
+    distance: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor, margin: float
+) -> torch.Tensor:
+    """[a, p, n] bool: valid triplets with d_ap < d_an < d_ap + margin (FaceNet's semi-hard negatives)."""
+    d_ap = distance.unsqueeze(2)
+    d_an = distance.unsqueeze(1)
+    return valid_triplets(positive, negative) & (d_an > d_ap) & (d_an < d_ap + margin)
+
+
+@torch.no_grad()
+def semihard_negative_mask(
+    similarity: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor
+) -> torch.Tensor:
+    """[a, p, n] bool: negatives less similar than the positive, S_an < S_ap (sct's SHN selection)."""
+    return valid_triplets(positive, negative) & (similarity.unsqueeze(1) < similarity.unsqueeze(2))

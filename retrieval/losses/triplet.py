@@ -1,0 +1,113 @@
+"""Margin triplet losses on Euclidean distances: triplet (all / semi-hard / batch-hard) and HPHN triplet."""
+
+from __future__ import annotations
+
+import torch
+
+from retrieval.losses import register_loss
+from retrieval.losses.base import (
+    DistancePairLoss,
+    anchors_with_triplets,
+    masked_max,
+    masked_min,
+    mean_over,
+)
+from retrieval.losses.miners import semihard_triplets, valid_triplets
+
+TRIPLET_MINING = ("all", "semihard", "hard")
+
+
+@torch.no_grad()
+def triplet_stats(s_ap: torch.Tensor, s_an: torch.Tensor, losses: torch.Tensor, kept: torch.Tensor) -> dict:
+    """Share of kept triplets with S_an > S_ap (hard), and how many have a nonzero hinge (active)."""
+    count = int(kept.sum())
+    hard = ((s_an > s_ap) & kept).sum()
+    active = ((losses > 0) & kept).sum()
+    return {
+        "triplets": float(count),
+        "hard_fraction": float(hard) / max(count, 1),
+        "active_triplets": float(active),
+        "active_fraction": float(active) / max(count, 1),
+    }
+
+
+@register_loss("triplet")
+class TripletLoss(DistancePairLoss):
+    """[d_ap - d_an + m]_+ (loop eq. 14; squared distances as symm eq. 3 with ``squared=True``).
+
+    mining:
+      - ``"all"``: every valid triplet, summed and divided by the number of (ordered) positive pairs |P|
+        exactly as eq. 14 writes it.
+      - ``"semihard"``: the same sum restricted to triplets with d_ap < d_an < d_ap + m (FaceNet), still
+        divided by |P| (a batch with few semi-hard triplets gives a small loss, as in eq. 14).
+      - ``"hard"``: batch-hard (Hermans et al.): per anchor the farthest positive and the nearest negative,
+        averaged over anchors that have both.
+    """
+
+    def __init__(self, margin: float = 0.2, mining: str = "all", squared: bool = False) -> None:
+        super().__init__(squared=squared)
+        if mining not in TRIPLET_MINING:
+            raise ValueError(f"triplet mining must be one of {TRIPLET_MINING}, got {mining!r}")
+        self.margin = margin
+        self.mining = mining
+
+    def from_similarity(self, similarity: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        positive, negative = self.pairs(labels)
+        distance = self.distance(similarity)
+        if self.mining == "hard":
+            return self._batch_hard(similarity, distance, positive, negative)
+        d_ap = distance.unsqueeze(2)  # [a, p, 1]
+        d_an = distance.unsqueeze(1)  # [a, 1, n]
+        losses = torch.relu(d_ap - d_an + self.margin)  # eq. 14
+        if self.mining == "semihard":
+            kept = semihard_triplets(distance, positive, negative, self.margin)
+        else:
+            kept = valid_triplets(positive, negative)
+        self.last_stats = triplet_stats(similarity.unsqueeze(2), similarity.unsqueeze(1), losses, kept)
+        num_positive_pairs = positive.sum().clamp_min(1).to(similarity.dtype)
+        return torch.where(kept, losses, torch.zeros_like(losses)).sum() / num_positive_pairs
+
+    def _batch_hard(
+        self, similarity: torch.Tensor, distance: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor
+    ) -> torch.Tensor:
+        hardest_positive = masked_max(distance, positive, dim=1)
+        hardest_negative = masked_min(distance, negative, dim=1)
+        losses = torch.relu(hardest_positive - hardest_negative + self.margin)
+        valid = anchors_with_triplets(positive, negative)
+        with torch.no_grad():
+            s_ap = masked_min(similarity, positive, dim=1)
+            s_an = masked_max(similarity, negative, dim=1)
+        self.last_stats = triplet_stats(s_ap, s_an, losses, valid)
+        return mean_over(losses, valid)
+
+
+@register_loss("hphn_triplet")
+class HPHNTripletLoss(DistancePairLoss):
+    """Hard-positive hard-negative triplet (loop section 3.3.2), one term per positive pair (i, j):
+
+    [max(max_{c_k = c_i} d_ik, max_{c_l = c_j} d_jl) + m
+     - min(min_{c_k != c_i} d_ik, min_{c_l != c_j} d_jl)]_+,
+    averaged over the positive pairs P (ordered pairs; the term is symmetric in i, j so the mean is the
+    same as over unordered pairs). Pairs of a class with no negative in the batch contribute nothing.
+    """
+
+    def __init__(self, margin: float = 0.2, squared: bool = False) -> None:
+        super().__init__(squared=squared)
+        self.margin = margin
+
+    def from_similarity(self, similarity: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        positive, negative = self.pairs(labels)
+        distance = self.distance(similarity)
+        hardest_positive = masked_max(distance, positive, dim=1)  # [B]
+        hardest_negative = masked_min(distance, negative, dim=1)
+        pair_positive = torch.maximum(hardest_positive.unsqueeze(1), hardest_positive.unsqueeze(0))
+        pair_negative = torch.minimum(hardest_negative.unsqueeze(1), hardest_negative.unsqueeze(0))
+        losses = torch.relu(pair_positive + self.margin - pair_negative)
+        kept = positive & anchors_with_triplets(positive, negative).unsqueeze(1)
+        with torch.no_grad():
+            s_ap = masked_min(similarity, positive, dim=1)
+            s_an = masked_max(similarity, negative, dim=1)
+            pair_s_ap = torch.minimum(s_ap.unsqueeze(1), s_ap.unsqueeze(0))
+            pair_s_an = torch.maximum(s_an.unsqueeze(1), s_an.unsqueeze(0))
+        self.last_stats = triplet_stats(pair_s_ap, pair_s_an, losses, kept)
+        return mean_over(losses, kept)

@@ -1,0 +1,423 @@
+"""LoOp: optimal hard negatives between two geodesic arcs (or two line segments).
+
+Given a positive pair (x1, x2) and a pair (y1, y2) of another class, LoOp looks for the closest points
+p1 on the shortest arc x1 -> x2 and p2 on the arc y1 -> y2 (LoOp paper, section 3.1, eq. 1-8):
+
+    p1 = n1 cos(a) + n2 sin(a),  a in [0, a0],   p2 = n3 cos(b) + n4 sin(b),  b in [0, b0]    (eq. 3-4)
+
+and minimises d(p1, p2) = sqrt(2 (1 - p1 . p2)), i.e. maximises s(a, b) = [cos a, sin a] G [cos b, sin b]^T
+with G the 2x2 matrix of basis inner products (G = -[[d, b], [c, a]] in the paper's eq. 5 notation).
+
+The KKT analysis (section 3.2, supplementary 4.1) leaves nine cases, solved exactly here:
+  case 0     interior: a local maximum of a bilinear form on the torus is a top singular pair of G;
+             (u, v) and (-u, -v) are both candidates;
+  cases 1-4  one angle on its bound: s = A cos t + B sin t is maximal at t = atan2(B, A);
+  cases 5-8  both on a bound: the four endpoint pairs.
+Infeasible candidates are dropped and the best feasible one is kept; the corners are always feasible, so a
+result always exists, and every candidate is evaluated exactly, so the answer is never below the optimum.
+
+Degenerate geometry: an arc whose endpoints coincide or are antipodal has no Gram-Schmidt basis (eq. 2);
+such an "arc" is represented by its two endpoints only (for antipodal points the shortest arc is not
+unique). Both arcs on one great circle make G a scaled rotation whose maxima form a ridge; the ridge
+always crosses the box boundary, where cases 1-8 find it.
+
+Gradients: the optimum is found on detached values and re-expressed as fractions t = a / a0 in [0, 1];
+the box [0, 1]^2 does not depend on the embeddings, so by Danskin's theorem the gradient of the minimum
+is the gradient of d(p1(t), p2(t)) with t held fixed. It reaches all four embeddings through p1 and p2
+(supplementary eq. 27-30), including the endpoint cases (t = 1 gives p1 = x2 exactly).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from retrieval.distances import safe_sqrt
+
+# An arc shorter (or a pair closer to antipodal) than this, in sin(a0), has no usable basis (eq. 2).
+DEGENERATE_SIN = 1e-6
+# Slack on the feasibility test of a candidate angle; a candidate accepted by it is clamped into the box.
+_ANGLE_TOL = 1e-9
+
+# Names of the candidates in the order the solver stacks them (the paper's case numbers in brackets).
+ARC_CASES = (
+    "interior(0)",
+    "interior-flipped(0)",
+    "a=0(1)",
+    "a=a0(2)",
+    "b=0(3)",
+    "b=b0(4)",
+    "corner a=0,b=0(5)",
+    "corner a=0,b=b0(6)",
+    "corner a=a0,b=0(7)",
+    "corner a=a0,b=b0(8)",
+)
+SEGMENT_CASES = (
+    "interior(0)",
+    "k1=0(1)",
+    "k1=1(2)",
+    "k2=0(3)",
+    "k2=1(4)",
+    "corner 0,0(5)",
+    "corner 0,1(6)",
+    "corner 1,0(7)",
+    "corner 1,1(8)",
+)
+
+
+@dataclass(frozen=True)
+class Solution:
+    """Optimum of one batch of problems: fractions along each arc/segment and the KKT case chosen."""
+
+    t_x: torch.Tensor  # [M] in [0, 1]: p1 = point at fraction t_x of the way from x1 to x2
+    t_y: torch.Tensor  # [M] in [0, 1]
+    case: torch.Tensor  # [M] int64 index into ARC_CASES / SEGMENT_CASES
+
+    @property
+    def at_endpoints(self) -> torch.Tensor:
+        """[M, 2] bool: p1 (resp. p2) is one of the original embeddings."""
+        return torch.stack([(self.t_x == 0) | (self.t_x == 1), (self.t_y == 0) | (self.t_y == 1)], dim=-1)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Arc solver on inner products (no gradient; float64)
+# ----------------------------------------------------------------------------------------------------
+
+
+def _wrap(angle: torch.Tensor) -> torch.Tensor:
+    return torch.atan2(torch.sin(angle), torch.cos(angle))
+
+
+def solve_arcs(
+    cx: torch.Tensor,
+    sx: torch.Tensor,
+    cy: torch.Tensor,
+    sy: torch.Tensor,
+    h: torch.Tensor,
+) -> Solution:
+    """Solve the arc problem from inner products only.
+
+    cx = x1.x2, sx = |x2 - cx x1| (= sin a0), likewise cy, sy; h[..., m, n] = <x_m, y_n> for m, n in {1, 2}.
+    Shapes [M] and [M, 2, 2]. Runs in float64 without gradient.
+    """
+    with torch.no_grad():
+        cx, sx, cy, sy, h = (v.detach().double() for v in (cx, sx, cy, sy, h))
+        deg_x = sx <= DEGENERATE_SIN
+        deg_y = sy <= DEGENERATE_SIN
+        sx = torch.where(deg_x, torch.zeros_like(sx), sx)
+        sy = torch.where(deg_y, torch.zeros_like(sy), sy)
+        sx_safe = torch.where(deg_x, torch.ones_like(sx), sx)
+        sy_safe = torch.where(deg_y, torch.ones_like(sy), sy)
+        h11, h12, h21, h22 = h[..., 0, 0], h[..., 0, 1], h[..., 1, 0], h[..., 1, 1]
+        # Basis inner products (eq. 2, 5): n1 = x1, n2 = (x2 - cx x1) / sx, n3 = y1, n4 = (y2 - cy y1) / sy.
+        g11 = h11
+        g12 = torch.where(deg_y, torch.zeros_like(h12), (h12 - cy * h11) / sy_safe)
+        g21 = torch.where(deg_x, torch.zeros_like(h21), (h21 - cx * h11) / sx_safe)
+        g22 = torch.where(
+            deg_x | deg_y,
+            torch.zeros_like(h22),
+            (h22 - cy * h21 - cx * h12 + cx * cy * h11) / (sx_safe * sy_safe),
+        )
+        a0 = torch.atan2(sx, cx)  # arc lengths in [0, pi]
+        b0 = torch.atan2(sy, cy)
+        zero = torch.zeros_like(a0)
+
+        # Case 0: top right singular vector of G = top eigenvector of G^T G (angle via atan2), u ~ G v.
+        p = g11 * g11 + g21 * g21
+        q = g11 * g12 + g21 * g22
+        r = g12 * g12 + g22 * g22
+        b_int = 0.5 * torch.atan2(2.0 * q, p - r)
+        a_int = torch.atan2(
+            g21 * torch.cos(b_int) + g22 * torch.sin(b_int), g11 * torch.cos(b_int) + g12 * torch.sin(b_int)
+        )
+        # Cases 1-4: maximise A cos t + B sin t along one edge of the box.
+        b_at_a0 = torch.atan2(g12, g11)  # a = 0: row 1 of G
+        b_at_a1 = torch.atan2(
+            torch.cos(a0) * g12 + torch.sin(a0) * g22, torch.cos(a0) * g11 + torch.sin(a0) * g21
+        )
+        a_at_b0 = torch.atan2(g21, g11)  # b = 0: column 1 of G
+        a_at_b1 = torch.atan2(
+            torch.cos(b0) * g21 + torch.sin(b0) * g22, torch.cos(b0) * g11 + torch.sin(b0) * g12
+        )
+
+        alphas = torch.stack(
+            [a_int, _wrap(a_int + math.pi), zero, a0, a_at_b0, a_at_b1, zero, zero, a0, a0], dim=-1
+        )
+        betas = torch.stack(
+            [b_int, _wrap(b_int + math.pi), b_at_a0, b_at_a1, zero, b0, zero, b0, zero, b0], dim=-1
+        )
+        free_x = torch.tensor([1, 1, 0, 0, 1, 1, 0, 0, 0, 0], dtype=torch.bool, device=a0.device)
+        free_y = torch.tensor([1, 1, 1, 1, 0, 0, 0, 0, 0, 0], dtype=torch.bool, device=a0.device)
+        feasible = (
+            (alphas >= -_ANGLE_TOL)
+            & (alphas <= a0.unsqueeze(-1) + _ANGLE_TOL)
+            & (betas >= -_ANGLE_TOL)
+            & (betas <= b0.unsqueeze(-1) + _ANGLE_TOL)
+            & ~(free_x & deg_x.unsqueeze(-1))  # a degenerate arc is its two endpoints only
+            & ~(free_y & deg_y.unsqueeze(-1))
+        )
+        ca, sa, cb, sb = torch.cos(alphas), torch.sin(alphas), torch.cos(betas), torch.sin(betas)
+        s = (
+            ca * cb * g11.unsqueeze(-1)
+            + ca * sb * g12.unsqueeze(-1)
+            + sa * cb * g21.unsqueeze(-1)
+            + sa * sb * g22.unsqueeze(-1)
+        )  # p1 . p2 = -f (eq. 5)
+        s = torch.where(feasible, s, torch.full_like(s, -math.inf))
+        case = s.argmax(dim=-1)
+        alpha = alphas.gather(-1, case.unsqueeze(-1)).squeeze(-1)
+        beta = betas.gather(-1, case.unsqueeze(-1)).squeeze(-1)
+        t_x = torch.where(a0 > 0, alpha / torch.where(a0 > 0, a0, torch.ones_like(a0)), zero).clamp(0.0, 1.0)
+        t_y = torch.where(b0 > 0, beta / torch.where(b0 > 0, b0, torch.ones_like(b0)), zero).clamp(0.0, 1.0)
+        # Corners are exact: a0 / a0 == 1 in IEEE arithmetic, but make it explicit for the degenerate arcs.
+        t_x = torch.where(case >= 8, torch.ones_like(t_x), torch.where((case == 6) | (case == 7), zero, t_x))
+        t_y = torch.where(
+            (case == 7) | (case == 9), torch.ones_like(t_y), torch.where((case == 6) | (case == 8), zero, t_y)
+        )
+        t_x = torch.where(case == 3, torch.ones_like(t_x), torch.where(case == 2, zero, t_x))
+        t_y = torch.where(case == 5, torch.ones_like(t_y), torch.where(case == 4, zero, t_y))
+    return Solution(t_x=t_x, t_y=t_y, case=case)
+
+
+def arc_coefficients(c: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(w1, w2) with w1 x1 + w2 x2 the point at fraction t along the arc x1 -> x2 (unit x1, x2; c = x1.x2).
+
+    Differentiable in c (t is a constant). Exact endpoints: t = 0 gives (1, 0) and t = 1 gives (0, 1).
+    """
+    t = t.to(c.dtype)
+    sin_a0_sq = (1.0 - c * c).clamp_min(0.0)
+    sin_a0 = safe_sqrt(sin_a0_sq)
+    usable = sin_a0 > DEGENERATE_SIN
+    sin_safe = torch.where(usable, sin_a0, torch.ones_like(sin_a0))
+    a0 = torch.atan2(sin_a0, c)
+    alpha = t * a0
+    w2 = torch.sin(alpha) / sin_safe
+    w1 = torch.cos(alpha) - c * w2  # p1 = cos(a) n1 + sin(a) n2 with n2 = (x2 - c x1) / sin(a0)
+    one, zero = torch.ones_like(c), torch.zeros_like(c)
+    at_start = (t == 0) | (~usable & (t < 0.5))
+    at_end = (t == 1) | (~usable & (t >= 0.5))
+    w1 = torch.where(at_start, one, torch.where(at_end, zero, w1))
+    w2 = torch.where(at_start, zero, torch.where(at_end, one, w2))
+    return w1, w2
+
+
+# ----------------------------------------------------------------------------------------------------
+# Segment solver (section 4.2, eq. 17-21; supplementary 4.2)
+# ----------------------------------------------------------------------------------------------------
+
+
+def solve_segments(
+    uu: torch.Tensor, vv: torch.Tensor, uv: torch.Tensor, uw: torch.Tensor, vw: torch.Tensor, ww: torch.Tensor
+) -> Solution:
+    """Closest points of p1 = x1 + k1 u and p2 = y1 + k2 v, k in [0, 1]^2, with w = x1 - y1.
+
+    f(k1, k2) = |w + k1 u - k2 v|^2 is a convex quadratic; the nine KKT cases (supplementary 4.2) are its
+    stationary point, the minimiser along each edge and the corners. Float64, no gradient.
+    """
+    with torch.no_grad():
+        uu, vv, uv, uw, vw, ww = (v.detach().double() for v in (uu, vv, uv, uw, vw, ww))
+        scale = (uu * vv).clamp_min(1e-300)
+        det = uu * vv - uv * uv
+        has_u = uu > 1e-24
+        has_v = vv > 1e-24
+        det_ok = det > 1e-12 * scale
+        det_safe = torch.where(det_ok, det, torch.ones_like(det))
+        uu_safe = torch.where(has_u, uu, torch.ones_like(uu))
+        vv_safe = torch.where(has_v, vv, torch.ones_like(vv))
+        zero, one = torch.zeros_like(uu), torch.ones_like(uu)
+        # Case 0: grad f = 0 (eq. 21 with u = x2 - x1, v = y2 - y1, w = x1 - y1).
+        k1_int = (uv * vw - vv * uw) / det_safe
+        k2_int = (uu * vw - uv * uw) / det_safe
+        k1s = torch.stack(
+            [k1_int, zero, one, -uw / uu_safe, (uv - uw) / uu_safe, zero, zero, one, one], dim=-1
+        )
+        k2s = torch.stack(
+            [k2_int, vw / vv_safe, (vw + uv) / vv_safe, zero, one, zero, one, zero, one], dim=-1
+        )
+        usable = torch.stack(
+            [
+                det_ok & has_u & has_v,
+                has_v,
+                has_v,
+                has_u,
+                has_u,
+                one.bool(),
+                one.bool(),
+                one.bool(),
+                one.bool(),
+            ],
+            dim=-1,
+        )
+        feasible = (
+            usable
+            & (k1s >= -_ANGLE_TOL)
+            & (k1s <= 1 + _ANGLE_TOL)
+            & (k2s >= -_ANGLE_TOL)
+            & (k2s <= 1 + _ANGLE_TOL)
+        )
+        k1s, k2s = k1s.clamp(0.0, 1.0), k2s.clamp(0.0, 1.0)
+        f = (
+            ww.unsqueeze(-1)
+            + k1s * k1s * uu.unsqueeze(-1)
+            + k2s * k2s * vv.unsqueeze(-1)
+            + 2 * k1s * uw.unsqueeze(-1)
+            - 2 * k2s * vw.unsqueeze(-1)
+            - 2 * k1s * k2s * uv.unsqueeze(-1)
+        )
+        f = torch.where(feasible, f, torch.full_like(f, math.inf))
+        case = f.argmin(dim=-1)
+        t_x = k1s.gather(-1, case.unsqueeze(-1)).squeeze(-1)
+        t_y = k2s.gather(-1, case.unsqueeze(-1)).squeeze(-1)
+    return Solution(t_x=t_x, t_y=t_y, case=case)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Public row-wise API
+# ----------------------------------------------------------------------------------------------------
+
+
+def _check_rows(x1: torch.Tensor, x2: torch.Tensor, y1: torch.Tensor, y2: torch.Tensor, unit: bool) -> None:
+    shapes = {t.shape for t in (x1, x2, y1, y2)}
+    if len(shapes) != 1 or x1.dim() != 2:
+        raise ValueError(
+            f"x1, x2, y1, y2 must all have the same shape [M, D]; got {[tuple(s) for s in shapes]}"
+        )
+    for name, t in (("x1", x1), ("x2", x2), ("y1", y1), ("y2", y2)):
+        if not torch.isfinite(t).all():
+            raise ValueError(f"{name} contains NaN or inf")
+        if unit and t.shape[0] > 0:
+            norms = t.detach().norm(dim=1)
+            if ((norms - 1).abs() > 1e-3).any():
+                raise ValueError(
+                    f"{name} must be unit-norm rows (got norms in [{norms.min():.4g}, {norms.max():.4g}]); "
+                    "l2-normalise first, e.g. retrieval.distances.l2_normalize"
+                )
+
+
+def _rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return (a * b).sum(dim=-1)
+
+
+def optimal_arc_distance(
+    x1: torch.Tensor,
+    x2: torch.Tensor,
+    y1: torch.Tensor,
+    y2: torch.Tensor,
+    return_points: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Minimum Euclidean distance between a point of the arc x1 -> x2 and one of the arc y1 -> y2.
+
+    Inputs [M, D], unit-norm rows. Returns d [M] (and p1, p2 [M, D] with ``return_points``), differentiable
+    in all four inputs. Exact (KKT case analysis, see the module docstring); never NaN.
+    """
+    _check_rows(x1, x2, y1, y2, unit=True)
+    xs = [t.detach().double() for t in (x1, x2, y1, y2)]
+    cx, cy = _rowdot(xs[0], xs[1]), _rowdot(xs[2], xs[3])
+    sx = (xs[1] - cx.unsqueeze(-1) * xs[0]).norm(dim=-1)  # |x2 - cx x1|: accurate for close points
+    sy = (xs[3] - cy.unsqueeze(-1) * xs[2]).norm(dim=-1)
+    h = torch.stack(
+        [
+            torch.stack([_rowdot(xs[0], xs[2]), _rowdot(xs[0], xs[3])], dim=-1),
+            torch.stack([_rowdot(xs[1], xs[2]), _rowdot(xs[1], xs[3])], dim=-1),
+        ],
+        dim=-2,
+    )
+    sol = solve_arcs(cx, sx, cy, sy, h)
+    p1 = _arc_point(x1, x2, sol.t_x)
+    p2 = _arc_point(y1, y2, sol.t_y)
+    d = safe_sqrt(((p1 - p2) ** 2).sum(dim=-1))
+    return (d, p1, p2) if return_points else d
+
+
+def _arc_point(x1: torch.Tensor, x2: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """Point at fraction t (constant) along the arc x1 -> x2, eq. 3, differentiable in x1, x2."""
+    t = t.to(x1.dtype).unsqueeze(-1)
+    c = _rowdot(x1, x2).unsqueeze(-1)
+    resid = x2 - c * x1
+    sin_a0 = safe_sqrt((resid * resid).sum(dim=-1, keepdim=True))
+    usable = sin_a0 > DEGENERATE_SIN
+    n2 = resid / torch.where(usable, sin_a0, torch.ones_like(sin_a0))
+    alpha = t * torch.atan2(sin_a0, c)
+    general = torch.cos(alpha) * x1 + torch.sin(alpha) * n2
+    start = (t == 0) | (~usable & (t < 0.5))
+    end = (t == 1) | (~usable & (t >= 0.5))
+    return torch.where(start, x1, torch.where(end, x2, general))
+
+
+def optimal_segment_distance(
+    x1: torch.Tensor,
+    x2: torch.Tensor,
+    y1: torch.Tensor,
+    y2: torch.Tensor,
+    return_points: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Minimum distance between the segments [x1, x2] and [y1, y2] (no l2-normalisation, eq. 17-21).
+
+    Inputs [M, D] (any norm). Returns d [M] (and p1, p2 with ``return_points``), differentiable.
+    """
+    _check_rows(x1, x2, y1, y2, unit=False)
+    a1, a2, b1, b2 = (t.detach().double() for t in (x1, x2, y1, y2))
+    u, v, w = a2 - a1, b2 - b1, a1 - b1
+    sol = solve_segments(
+        _rowdot(u, u), _rowdot(v, v), _rowdot(u, v), _rowdot(u, w), _rowdot(v, w), _rowdot(w, w)
+    )
+    k1 = sol.t_x.to(x1.dtype).unsqueeze(-1)
+    k2 = sol.t_y.to(x1.dtype).unsqueeze(-1)
+    p1 = (1 - k1) * x1 + k1 * x2  # eq. 17
+    p2 = (1 - k2) * y1 + k2 * y2
+    d = safe_sqrt(((p1 - p2) ** 2).sum(dim=-1))
+    return (d, p1, p2) if return_points else d
+
+
+# ----------------------------------------------------------------------------------------------------
+# Batched pair-of-pairs distances from a Gram matrix (used by the losses)
+# ----------------------------------------------------------------------------------------------------
+
+
+def _gram_block(gram: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """[C, 4, 4] block gram[idx[c, m], idx[c, n]] (differentiable gather)."""
+    return gram[idx.unsqueeze(-1), idx.unsqueeze(-2)]
+
+
+def pair_of_pairs_distances(
+    gram: torch.Tensor,
+    i: torch.Tensor,
+    j: torch.Tensor,
+    k: torch.Tensor,
+    l: torch.Tensor,  # noqa: E741 - the paper's index name
+    geometry: str = "arc",
+) -> tuple[torch.Tensor, Solution]:
+    """LoOp distance d_{i,j,k,l} for C combinations at once, from the Gram matrix of the batch.
+
+    ``geometry="arc"`` expects unit-norm embeddings (gram = cosine matrix); ``"segment"`` any embeddings.
+    The squared distance |p1 - p2|^2 is the quadratic form of the coefficients of p1, p2 in the basis
+    (x_i, x_j, x_k, x_l) against the 4x4 Gram block, so no [C, D] tensor is ever built.
+    """
+    idx = torch.stack([i, j, k, l], dim=-1)
+    block = _gram_block(gram, idx)  # [C, 4, 4]
+    if geometry == "arc":
+        cx, cy = block[:, 0, 1], block[:, 2, 3]
+        sx = safe_sqrt((1.0 - cx * cx).clamp_min(0.0))
+        sy = safe_sqrt((1.0 - cy * cy).clamp_min(0.0))
+        sol = solve_arcs(cx, sx, cy, sy, block[:, :2, 2:])
+        w1, w2 = arc_coefficients(cx, sol.t_x)
+        v1, v2 = arc_coefficients(cy, sol.t_y)
+    elif geometry == "segment":
+        g = block.detach().double()
+        # u = x_j - x_i, v = x_l - x_k, w = x_i - x_k, all inner products from the block.
+        uu = g[:, 1, 1] - 2 * g[:, 0, 1] + g[:, 0, 0]
+        vv = g[:, 3, 3] - 2 * g[:, 2, 3] + g[:, 2, 2]
+        uv = g[:, 1, 3] - g[:, 1, 2] - g[:, 0, 3] + g[:, 0, 2]
+        uw = g[:, 0, 1] - g[:, 1, 2] - g[:, 0, 0] + g[:, 0, 2]
+        vw = g[:, 0, 3] - g[:, 2, 3] - g[:, 0, 2] + g[:, 2, 2]
+        ww = g[:, 0, 0] - 2 * g[:, 0, 2] + g[:, 2, 2]
+        sol = solve_segments(uu, vv, uv, uw, vw, ww)
+        t_x, t_y = sol.t_x.to(gram.dtype), sol.t_y.to(gram.dtype)
+        w1, w2, v1, v2 = 1 - t_x, t_x, 1 - t_y, t_y
+    else:
+        raise ValueError(f"geometry must be 'arc' or 'segment', got {geometry!r}")
+    coef = torch.stack([w1, w2, -v1, -v2], dim=-1)  # p1 - p2 in the basis (x_i, x_j, x_k, x_l)
+    d2 = torch.einsum("cm,cmn,cn->c", coef, block, coef).clamp_min(0.0)
+    return safe_sqrt(d2), sol

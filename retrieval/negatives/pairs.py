@@ -1,0 +1,57 @@
+"""Positive pairs and pair-of-pairs combinations, formed from labels (never from batch positions).
+
+LoOp (Algorithm 1, section 3.4) and Symm (section 3.2) both work on a positive pair (i, j) and a pair (k, l)
+of another class. In a P x N batch (N even) the members of each class are paired in order of appearance,
+(m0, m1), (m2, m3), ..., giving B / 2 positive pairs; a class with an odd count leaves its last member
+unpaired. Every unordered combination of two pairs of different classes is then one LoOp problem:
+C = B (B - N) / 8 of them (section 3.4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class PositivePairs:
+    first: torch.Tensor  # [Pp] batch index of x_i
+    second: torch.Tensor  # [Pp] batch index of x_j
+    labels: torch.Tensor  # [Pp] class of the pair
+
+    def __len__(self) -> int:
+        return int(self.first.numel())
+
+
+def positive_pairs(labels: torch.Tensor) -> PositivePairs:
+    """Pair consecutive members of each class (vectorised: one stable sort, no loop over classes)."""
+    if labels.dim() != 1:
+        raise ValueError(f"labels must be a 1-D tensor of class indices, got shape {tuple(labels.shape)}")
+    n = labels.numel()
+    device = labels.device
+    if n == 0:
+        empty = labels.new_zeros(0, dtype=torch.long)
+        return PositivePairs(empty, empty, labels[:0])
+    order = torch.argsort(labels, stable=True)
+    sorted_labels = labels[order]
+    _, counts = torch.unique_consecutive(sorted_labels, return_counts=True)
+    starts = torch.cumsum(counts, dim=0) - counts
+    rank = torch.arange(n, device=device) - torch.repeat_interleave(starts, counts)
+    class_size = torch.repeat_interleave(counts, counts)
+    opens_pair = (rank % 2 == 0) & (rank + 1 < class_size)
+    pos = torch.nonzero(opens_pair, as_tuple=True)[0]
+    return PositivePairs(first=order[pos], second=order[pos + 1], labels=sorted_labels[pos])
+
+
+def pair_combinations(pair_labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(p, q) indices, p < q, of all combinations of two positive pairs from different classes."""
+    n = pair_labels.numel()
+    p, q = torch.triu_indices(n, n, offset=1, device=pair_labels.device)
+    keep = pair_labels[p] != pair_labels[q]
+    return p[keep], q[keep]
+
+
+def expected_combinations(batch_size: int, samples_per_class: int) -> int:
+    """C = B (B - N) / 8 (section 3.4) for a P x N batch with N even."""
+    return batch_size * (batch_size - samples_per_class) // 8

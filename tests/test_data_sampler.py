@@ -1,0 +1,85 @@
+"""ClassBalancedBatchSampler: P x N batches, adjacency, coverage, determinism, errors."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from retrieval.data import ClassBalancedBatchSampler
+
+
+def labels_with_counts(counts: list[int], seed: int = 0) -> np.ndarray:
+    labels = np.concatenate([np.full(n, c) for c, n in enumerate(counts)])
+    return np.random.default_rng(seed).permutation(labels)
+
+
+def test_batches_are_p_classes_times_n_adjacent_samples():
+    labels = labels_with_counts([5, 7, 2, 9, 4, 6, 3, 8])
+    sampler = ClassBalancedBatchSampler(labels, classes_per_batch=3, samples_per_class=2, seed=1)
+    batches = list(sampler)
+    assert len(batches) == len(sampler) == len(labels) // 6
+    for batch in batches:
+        assert len(batch) == 6 and len(set(batch)) == 6
+        blocks = [labels[batch[i : i + 2]] for i in range(0, 6, 2)]
+        assert all(len(set(block.tolist())) == 1 for block in blocks)  # one class per adjacent block
+        assert len({int(block[0]) for block in blocks}) == 3  # P distinct classes
+
+
+def test_every_class_is_visited_evenly():
+    labels = labels_with_counts([4] * 10)
+    sampler = ClassBalancedBatchSampler(labels, 4, 2, batches_per_epoch=50, seed=3)
+    visits = Counter(int(labels[batch[i]]) for batch in sampler for i in range(0, 8, 2))
+    assert sorted(visits) == list(range(10))
+    assert max(visits.values()) - min(visits.values()) <= 1  # shuffled cycles over the classes
+    seen = Counter(i for batch in sampler for i in batch)
+    assert max(seen.values()) - min(seen.values()) <= 1  # and over each class's samples
+
+
+def test_deterministic_per_seed_and_epoch():
+    labels = labels_with_counts([6] * 12)
+    a = ClassBalancedBatchSampler(labels, 4, 3, seed=7)
+    b = ClassBalancedBatchSampler(labels, 4, 3, seed=7)
+    assert list(a) == list(b) == list(a)
+    first = list(a)
+    a.set_epoch(1)
+    assert list(a) != first
+    b.set_epoch(1)
+    assert list(a) == list(b)
+    assert list(ClassBalancedBatchSampler(labels, 4, 3, seed=8)) != first
+
+
+def test_small_classes_raise_or_are_dropped():
+    labels = labels_with_counts([5, 1, 5, 2, 5])
+    with pytest.raises(
+        ValueError, match=r"2 of 5 classes have fewer than 3 samples.*--drop-small.*--per-class"
+    ):
+        ClassBalancedBatchSampler(labels, 2, 3)
+    sampler = ClassBalancedBatchSampler(labels, 2, 3, drop_small=True)
+    assert sampler.dropped_classes == [1, 3]
+    used = {int(labels[i]) for batch in sampler for i in batch}
+    assert used <= {0, 2, 4}
+    assert len(sampler) == 15 // 6
+
+
+def test_bad_arguments():
+    labels = labels_with_counts([4, 4, 4])
+    with pytest.raises(ValueError, match="samples_per_class must be >= 2"):
+        ClassBalancedBatchSampler(labels, 2, 1)
+    with pytest.raises(ValueError, match="only 3 classes have >= 2 samples but classes_per_batch=4"):
+        ClassBalancedBatchSampler(labels, 4, 2)
+    with pytest.raises(ValueError, match="only 1 classes"):
+        ClassBalancedBatchSampler(labels_with_counts([4, 1, 1]), 2, 2, drop_small=True)
+
+
+def test_works_as_torch_batch_sampler():
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    labels = labels_with_counts([3] * 6)
+    dataset = TensorDataset(torch.arange(len(labels)), torch.as_tensor(labels))
+    loader = DataLoader(dataset, batch_sampler=ClassBalancedBatchSampler(labels, 3, 2, seed=0))
+    for indices, batch_labels in loader:
+        assert torch.equal(batch_labels, torch.as_tensor(labels)[indices])
+        assert batch_labels.shape == (6,)

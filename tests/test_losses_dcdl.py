@@ -1,0 +1,247 @@
+"""DCDL (dcdl eq. 1, 2, 5; supplementary eq. 11-16) against slow float64 references and POT."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import ot
+import pytest
+import torch
+
+from retrieval import losses
+from retrieval.losses.discrepancy import (
+    DCDLLoss,
+    classwise_mmd,
+    classwise_sinkhorn,
+    mmd,
+    sinkhorn_divergence,
+    split_classes,
+)
+
+torch.set_default_dtype(torch.float32)
+
+
+def unit_cloud(n: int, dim: int, seed: int, shift: float = 0.0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, dim, generator=g, dtype=torch.float64) + shift
+    return x / x.norm(dim=1, keepdim=True)
+
+
+# ----------------------------------------------------------------------------- references
+def mmd_reference(x: np.ndarray, y: np.ndarray, kernel: str, sigma: float) -> float:
+    """Eq. 15 with the kernels of eq. 16, as explicit double loops."""
+
+    def k(u, v):
+        d = math.sqrt(sum((ui - vi) ** 2 for ui, vi in zip(u, v)))
+        return math.exp(-d / sigma) if kernel == "laplacian" else math.exp(-(d**2) / (2 * sigma**2))
+
+    n, m = len(x), len(y)
+    k_xx = sum(k(x[i], x[j]) for i in range(n) for j in range(n)) / n**2
+    k_xy = sum(k(x[i], y[j]) for i in range(n) for j in range(m)) / (n * m)
+    k_yy = sum(k(y[i], y[j]) for i in range(m) for j in range(m)) / m**2
+    return k_xx - 2 * k_xy + k_yy
+
+
+def entropic_ot_reference(x: np.ndarray, y: np.ndarray, eps: float) -> float:
+    """W_eps of eq. 11: min <D^p, T> + eps sum T (log T - 1), D^p = |u - v|^2 / 2, uniform marginals.
+    The plan comes from POT's log-domain Sinkhorn; the objective is evaluated here in float64."""
+    a = np.full(len(x), 1.0 / len(x))
+    b = np.full(len(y), 1.0 / len(y))
+    cost = 0.5 * ot.dist(x, y, metric="sqeuclidean")
+    plan = ot.sinkhorn(a, b, cost, eps, method="sinkhorn_log", numItermax=200_000, stopThr=1e-12, warn=False)
+    entropy = np.where(plan > 0, plan * (np.log(np.where(plan > 0, plan, 1.0)) - 1.0), 0.0)
+    return float((cost * plan).sum() + eps * entropy.sum())
+
+
+def sinkhorn_divergence_reference(x: np.ndarray, y: np.ndarray, eps: float) -> float:
+    """Eq. 13."""
+    return entropic_ot_reference(x, y, eps) - 0.5 * (
+        entropic_ot_reference(x, x, eps) + entropic_ot_reference(y, y, eps)
+    )
+
+
+def class_sets(z: torch.Tensor, labels: torch.Tensor, min_count: int = 2):
+    """(k, Z_k+, Z_k-) for the classes DCDL uses (eq. 1), by a plain loop."""
+    for k in sorted(set(labels.tolist())):
+        members = labels == k
+        if members.sum() >= min_count and (~members).sum() >= 1:
+            yield k, z[members], z[~members]
+
+
+# ----------------------------------------------------------------------------- MMD
+@pytest.mark.parametrize("kernel", ["laplacian", "gaussian"])
+@pytest.mark.parametrize("sigma", [0.05, 0.7])
+def test_mmd_matches_double_loop(kernel, sigma):
+    x, y = unit_cloud(5, 3, 0), unit_cloud(7, 3, 1, shift=0.3)
+    got = mmd(x, y, kernel, sigma).item()
+    assert got == pytest.approx(mmd_reference(x.numpy(), y.numpy(), kernel, sigma), rel=1e-10, abs=1e-12)
+
+
+@pytest.mark.parametrize("kernel", ["laplacian", "gaussian"])
+def test_classwise_mmd_matches_per_class_loop(kernel):
+    z = unit_cloud(11, 4, 2)
+    labels = torch.tensor([0, 0, 0, 1, 1, 2, 3, 3, 3, 3, 4])  # classes 2 and 4 are singletons: skipped
+    got = classwise_mmd(z, labels, kernel, sigma=0.5)
+    expected = [mmd_reference(p.numpy(), n.numpy(), kernel, 0.5) for _, p, n in class_sets(z, labels)]
+    assert got.shape == (3,)
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-10)
+
+
+@pytest.mark.parametrize("kernel", ["laplacian", "gaussian"])
+def test_classwise_mmd_gradcheck(kernel):
+    z = unit_cloud(7, 3, 3).requires_grad_(True)
+    labels = torch.tensor([0, 0, 1, 1, 1, 2, 2])
+    assert torch.autograd.gradcheck(lambda e: classwise_mmd(e, labels, kernel, sigma=0.5), (z,))
+
+
+# ----------------------------------------------------------------------------- Sinkhorn
+@pytest.mark.parametrize("eps", [2.5e-3, 0.05])
+def test_sinkhorn_divergence_matches_pot(eps):
+    x, y = unit_cloud(5, 3, 4), unit_cloud(7, 3, 5, shift=0.5)
+    expected = sinkhorn_divergence_reference(x.numpy(), y.numpy(), eps)
+    got = sinkhorn_divergence(x, y, epsilon=eps, scaling=0.99).item()
+    assert got == pytest.approx(expected, rel=2e-4)
+    # The default annealing (fewer Sinkhorn iterations) is an approximation within a few percent.
+    assert sinkhorn_divergence(x, y, epsilon=eps).item() == pytest.approx(expected, rel=0.03)
+
+
+def test_sinkhorn_epsilon_is_blur_squared():
+    """A wrong blur <-> epsilon mapping (blur = eps) would give a clearly different value."""
+    x, y = unit_cloud(5, 3, 6), unit_cloud(6, 3, 7, shift=0.4)
+    eps = 0.05
+    right = sinkhorn_divergence_reference(x.numpy(), y.numpy(), eps)
+    wrong = sinkhorn_divergence_reference(x.numpy(), y.numpy(), eps**2)
+    got = sinkhorn_divergence(x, y, epsilon=eps, scaling=0.99).item()
+    assert got == pytest.approx(right, rel=2e-4)
+    assert abs(got - wrong) > 10 * abs(got - right)
+
+
+def test_sinkhorn_divergence_is_zero_between_equal_clouds():
+    x = unit_cloud(6, 3, 8)
+    assert abs(sinkhorn_divergence(x, x.clone()).item()) < 1e-9
+
+
+def test_classwise_sinkhorn_padding_changes_nothing():
+    z = unit_cloud(12, 4, 9)
+    labels = torch.tensor([0, 0, 0, 0, 1, 1, 2, 2, 2, 5, 5, 7])  # unequal sizes -> padded batches
+    got = classwise_sinkhorn(z, labels, scaling=0.99)
+    expected = [sinkhorn_divergence(p, n, scaling=0.99).item() for _, p, n in class_sets(z, labels)]
+    assert got.shape == (4,)
+    np.testing.assert_allclose(got.detach().numpy(), expected, rtol=1e-4)
+
+
+def test_classwise_sinkhorn_gradient_matches_finite_differences():
+    z = unit_cloud(8, 3, 10)
+    labels = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2])
+    direction = unit_cloud(8, 3, 11)
+
+    def value(e):
+        return classwise_sinkhorn(e, labels, epsilon=0.05, scaling=0.995).sum()
+
+    zg = z.clone().requires_grad_(True)
+    (grad,) = torch.autograd.grad(value(zg), zg)
+    h = 1e-5
+    numeric = (value(z + h * direction) - value(z - h * direction)).item() / (2 * h)
+    assert (grad * direction).sum().item() == pytest.approx(numeric, rel=1e-3, abs=1e-6)
+
+
+# ----------------------------------------------------------------------------- the loss
+def clustered_batch(classes: int, per_class: int, dim: int = 16, spread: float = 0.6, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    centres = torch.randn(classes, dim, generator=g)
+    labels = torch.arange(classes).repeat_interleave(per_class)
+    return centres[labels] + spread * torch.randn(len(labels), dim, generator=g), labels
+
+
+@pytest.mark.parametrize("phi", ["mmd_laplacian", "mmd_gaussian", "sinkhorn"])
+def test_dcdl_is_local_plus_lambda_times_minus_sum_over_classes(phi):
+    z, labels = clustered_batch(4, 3, dim=8)
+    loss = losses.build("dcdl", phi=phi, local="triplet", local_kwargs={"margin": 0.5}, sigma=0.5, scaling=0.99)
+    local = losses.build("triplet", margin=0.5)
+    zn = (z / z.norm(dim=1, keepdim=True)).double()
+    if phi == "sinkhorn":
+        phis = [sinkhorn_divergence_reference(p.numpy(), n.numpy(), 2.5e-3) for _, p, n in class_sets(zn, labels)]
+        rel = 2e-4
+    else:
+        kernel = phi.split("_")[1]
+        phis = [mmd_reference(p.numpy(), n.numpy(), kernel, 0.5) for _, p, n in class_sets(zn, labels)]
+        rel = 1e-5
+    expected_lambda = 0.5 if phi == "sinkhorn" else 0.2  # the paper's values
+    assert loss.lam == expected_lambda
+    expected = local(z, labels).item() + expected_lambda * -sum(phis)  # eq. 2 and 5
+    assert loss(z, labels).item() == pytest.approx(expected, rel=rel)
+    assert loss.last_stats["dcdl_classes"] == 4
+
+
+def test_class_reduction_mean_divides_by_classes_used():
+    z, labels = clustered_batch(5, 2)
+    total = losses.build("dcdl", phi="mmd_gaussian", local=None, lam=1.0, sigma=0.5)
+    mean = losses.build("dcdl", phi="mmd_gaussian", local=None, lam=1.0, sigma=0.5, class_reduction="mean")
+    assert mean(z, labels).item() == pytest.approx(total(z, labels).item() / 5, rel=1e-6)
+
+
+@pytest.mark.parametrize("phi", ["mmd_laplacian", "sinkhorn"])
+def test_degenerate_batches_are_finite(phi):
+    z = torch.randn(6, 8, requires_grad=True)
+    one_class = torch.zeros(6, dtype=torch.long)
+    singletons = torch.arange(6)
+    for labels in (one_class, singletons):
+        loss = DCDLLoss(phi=phi, local=None)(z, labels)
+        assert torch.isfinite(loss) and loss.item() == 0.0
+        (grad,) = torch.autograd.grad(loss, z)
+        assert torch.isfinite(grad).all()
+    # one class with 2 samples, the rest singletons: only that class counts
+    labels = torch.tensor([0, 0, 1, 2, 3, 4])
+    loss_fn = DCDLLoss(phi=phi, local=None, lam=1.0)
+    value = loss_fn(z, labels)
+    assert torch.isfinite(value) and value.item() < 0 and loss_fn.last_stats["dcdl_classes"] == 1
+    # with the triplet local loss on a single-class batch the total is finite too
+    assert torch.isfinite(DCDLLoss(phi=phi)(z, one_class))
+
+
+def test_split_classes_skips_small_classes_and_full_batch_class():
+    split = split_classes(torch.tensor([3, 3, 3, 8, 9, 9]), min_samples_per_class=2)
+    assert split.classes.tolist() == [3, 9]
+    np.testing.assert_allclose(split.positive_weights.sum(1).numpy(), 1.0)
+    np.testing.assert_allclose(split.negative_weights.sum(1).numpy(), 1.0)
+    assert split_classes(torch.zeros(4, dtype=torch.long)).classes.numel() == 0
+
+
+@pytest.mark.parametrize("phi", ["mmd_laplacian", "mmd_gaussian", "sinkhorn"])
+def test_gradients_flow_and_training_separates_classes(phi):
+    """A few Adam steps on L_phi alone increase the class-wise discrepancy (the aim of eq. 2)."""
+    z0, labels = clustered_batch(3, 4, dim=6, spread=2.0, seed=1)
+    z = z0.clone().requires_grad_(True)
+    loss_fn = losses.build("dcdl", phi=phi, local=None, lam=1.0, sigma=0.5)
+    optimiser = torch.optim.Adam([z], lr=0.05)
+    first = None
+    for _ in range(15):
+        optimiser.zero_grad()
+        loss = loss_fn(z, labels)
+        loss.backward()
+        assert torch.isfinite(z.grad).all() and z.grad.abs().sum() > 0
+        first = loss.item() if first is None else first
+        optimiser.step()
+    assert loss_fn(z, labels).item() < first - 1e-3
+
+
+@pytest.mark.parametrize("local", ["npair", "angular", "angular_npair"])
+def test_paper_local_losses_build(local):
+    z, labels = clustered_batch(4, 2)
+    value = losses.build("dcdl", phi="mmd_laplacian", local=local)(z.requires_grad_(True), labels)
+    value.backward()
+    assert torch.isfinite(value)
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="phi"):
+        DCDLLoss(phi="wasserstein")
+    with pytest.raises(ValueError, match="cannot be 'dcdl'"):
+        DCDLLoss(local="dcdl")
+    with pytest.raises(ValueError, match="epsilon"):
+        DCDLLoss(epsilon=0.0)
+    with pytest.raises(ValueError, match="class_reduction"):
+        DCDLLoss(class_reduction="max")
+    with pytest.raises(ValueError, match="embeddings"):
+        DCDLLoss(local=None)(torch.randn(4, 3), torch.zeros(5, dtype=torch.long))

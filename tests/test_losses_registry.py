@@ -1,0 +1,181 @@
+"""Every registered loss: builds with defaults, finite on a normal batch, backward, float32, degenerate
+batches (finite, connected, no NaN) and clear errors for batches the sampler should not produce."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from retrieval.losses import available, build
+
+PAIR_LOSSES = [
+    "contrastive",
+    "triplet",
+    "hphn_triplet",
+    "nca_triplet",
+    "sct",
+    "lifted",
+    "lifted_min",
+    "generalized_lifted",
+    "npair",
+    "angular",
+    "angular_npair",
+    "binomial",
+    "raw",
+    "ms",
+]
+# losses whose every term needs a positive and a negative of the same anchor (no triplet -> nothing to learn)
+TRIPLET_LIKE = [n for n in PAIR_LOSSES if n not in {"contrastive", "binomial", "raw"}]
+
+
+def normal_batch(dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.arange(8).repeat_interleave(4)
+    labels = labels[torch.randperm(len(labels), generator=g)]
+    x = torch.randn(len(labels), 16, generator=g).to(dtype)
+    return x.requires_grad_(True), labels
+
+
+def test_every_paper_loss_is_registered():
+    assert set(PAIR_LOSSES) <= set(available())
+
+
+@pytest.mark.parametrize("name", available())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_builds_with_defaults_and_trains(name, dtype):
+    x, labels = normal_batch(dtype)
+    loss = build(name)
+    value = loss(x, labels)
+    assert value.dim() == 0 and value.dtype == dtype
+    assert torch.isfinite(value)
+    value.backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+    assert x.grad.abs().sum() > 0
+    stats = getattr(loss, "last_stats", {})
+    assert isinstance(stats, dict) and all(isinstance(v, float) for v in stats.values())
+
+
+def test_requested_early_builds():
+    assert build("triplet", margin=0.2).margin == 0.2
+    ms = build("ms")
+    assert (ms.alpha, ms.beta, ms.gamma, ms.vthm_margin, ms.miner) == (2.0, 50.0, 0.5, 0.1, "vthm")
+
+
+# --- degenerate batches ------------------------------------------------------------------------------------
+def _finite_and_connected(loss, x, labels):
+    value = loss(x, labels)
+    assert torch.isfinite(value), float(value)
+    assert value.requires_grad
+    (grad,) = torch.autograd.grad(value, x)
+    assert torch.isfinite(grad).all()
+    return value, grad
+
+
+@pytest.mark.parametrize("name", PAIR_LOSSES)
+def test_single_class_batch(name):
+    x = torch.randn(6, 8).requires_grad_(True)
+    labels = torch.zeros(6, dtype=torch.long)
+    value, grad = _finite_and_connected(build(name), x, labels)
+    if name in TRIPLET_LIKE:  # no negative: no triplet, nothing to learn
+        assert value.item() == 0.0
+        assert (grad == 0).all()
+
+
+@pytest.mark.parametrize("name", PAIR_LOSSES)
+@pytest.mark.parametrize("value_of_all", [0.0, 0.3])
+def test_all_embeddings_equal(name, value_of_all):
+    x = torch.full((8, 4), value_of_all).requires_grad_(True)
+    labels = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    _finite_and_connected(build(name), x, labels)
+
+
+def _separated_batch():
+    """Four tight, orthogonal clusters: every triplet is easy, VTHM mines nothing, SHN has no violations."""
+    labels = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    x = torch.eye(4)[labels] + 1e-3 * torch.randn(8, 4, generator=torch.Generator().manual_seed(0))
+    return x.requires_grad_(True), labels
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs"),
+    [
+        ("ms", {}),
+        ("raw", {"miner": "vthm"}),
+        ("binomial", {"miner": "vthm"}),
+        ("triplet", {"mining": "semihard"}),
+        ("triplet", {"mining": "hard"}),
+        ("hphn_triplet", {}),
+        ("lifted_min", {}),
+        ("generalized_lifted", {"margin": -3.0}),
+    ],
+)
+def test_nothing_mined_gives_zero_connected_loss(name, kwargs):
+    x, labels = _separated_batch()
+    loss = build(name, **kwargs)
+    value, grad = _finite_and_connected(loss, x, labels)
+    assert value.item() == 0.0
+    assert (grad == 0).all()
+
+
+def test_vthm_mines_nothing_on_separated_batch():
+    x, labels = _separated_batch()
+    loss = build("ms")
+    loss(x, labels)
+    assert loss.last_stats == {"positive_pairs_kept": 0.0, "negative_pairs_kept": 0.0}
+
+
+def test_semihard_nca_without_semihard_negative():
+    # each anchor's positive is opposite to it (s = -1), every negative is orthogonal (s = 0): no SHN
+    x = torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0], [0.0, -1.0]]).requires_grad_(True)
+    labels = torch.tensor([0, 0, 1, 1])
+    loss = build("nca_triplet", mining="semihard")
+    value, grad = _finite_and_connected(loss, x, labels)
+    assert value.item() == 0.0 and (grad == 0).all()
+    assert loss.last_stats["triplets"] == 0.0
+
+
+# --- errors ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", PAIR_LOSSES)
+def test_batch_without_positive_pairs_names_the_sampler_setting(name):
+    x = torch.randn(5, 8)
+    with pytest.raises(ValueError, match="--per-class 2"):
+        build(name)(x, torch.arange(5))
+
+
+@pytest.mark.parametrize("name", ["npair", "angular", "angular_npair"])
+def test_npair_family_needs_a_positive_for_every_anchor(name):
+    x = torch.randn(5, 8)
+    with pytest.raises(ValueError, match="positive for every anchor.*--per-class 2"):
+        build(name)(x, torch.tensor([0, 0, 1, 1, 2]))
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs"),
+    [
+        ("triplet", {"mining": "batch-all"}),
+        ("nca_triplet", {"mining": "all"}),
+        ("sct", {"hard_rule": "threshold"}),
+        ("contrastive", {"form": "hinge"}),
+        ("binomial", {"miner": "semihard"}),
+        ("angular", {"alpha": 90.0}),
+    ],
+)
+def test_bad_hyperparameters_are_refused(name, kwargs):
+    with pytest.raises(ValueError, match="must be|degrees"):
+        build(name, **kwargs)
+
+
+def test_bad_shapes_are_refused():
+    loss = build("triplet")
+    with pytest.raises(ValueError, match=r"\[batch, dim\]"):
+        loss(torch.randn(4), torch.tensor([0, 0, 1, 1]))
+    with pytest.raises(ValueError, match="labels must be"):
+        loss(torch.randn(4, 3), torch.tensor([0, 0, 1]))
+
+
+def test_pairs_come_from_labels_not_positions():
+    x, labels = normal_batch(torch.float64)
+    perm = torch.randperm(len(labels), generator=torch.Generator().manual_seed(5))
+    for name in PAIR_LOSSES:
+        loss = build(name)
+        assert torch.allclose(loss(x, labels), loss(x[perm], labels[perm]), atol=1e-10), name

@@ -1,0 +1,262 @@
+"""LoOp geometry: the exact KKT solution against brute-force grid oracles, degenerate cases, gradients."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from retrieval.negatives.loop import (
+    ARC_CASES,
+    optimal_arc_distance,
+    optimal_segment_distance,
+    pair_of_pairs_distances,
+)
+from retrieval.negatives.pairs import expected_combinations, pair_combinations, positive_pairs
+
+F64 = torch.float64
+
+
+def unit(*shape: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=g, dtype=F64)
+    return x / x.norm(dim=-1, keepdim=True)
+
+
+# --- oracles ------------------------------------------------------------------------------------------
+
+
+def slerp(x1: torch.Tensor, x2: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """Points at fractions t [G] along the shortest arc (slerp formula, independent of eq. 2-3)."""
+    a0 = torch.arccos((x1 @ x2).clamp(-1, 1))
+    if a0 < 1e-12:
+        return x1.expand(len(t), -1)
+    return (torch.sin((1 - t) * a0)[:, None] * x1 + torch.sin(t * a0)[:, None] * x2) / torch.sin(a0)
+
+
+def lerp(x1: torch.Tensor, x2: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    return (1 - t)[:, None] * x1 + t[:, None] * x2
+
+
+def grid_oracle(x1, x2, y1, y2, curve=slerp, n: int = 81, rounds: int = 5, keep: int = 4) -> float:
+    """Dense grid over both parameters, then refine around the `keep` best cells, `rounds` times."""
+    boxes = [(0.0, 1.0, 0.0, 1.0)]
+    best = math.inf
+    for _ in range(rounds):
+        found = []
+        for lo1, hi1, lo2, hi2 in boxes:
+            t1 = torch.linspace(lo1, hi1, n, dtype=F64)
+            t2 = torch.linspace(lo2, hi2, n, dtype=F64)
+            d = torch.cdist(curve(x1, x2, t1), curve(y1, y2, t2))
+            vals, flat = d.flatten().topk(keep, largest=False)
+            step1, step2 = (hi1 - lo1) / (n - 1), (hi2 - lo2) / (n - 1)
+            for v, f in zip(vals.tolist(), flat.tolist()):
+                a, b = t1[f // n].item(), t2[f % n].item()
+                found.append((v, (max(a - step1, 0), min(a + step1, 1), max(b - step2, 0), min(b + step2, 1))))
+        found.sort(key=lambda item: item[0])
+        best = min(best, found[0][0])
+        boxes = [box for _, box in found[:keep]]
+    return best
+
+
+def endpoint_min(x1, x2, y1, y2) -> torch.Tensor:
+    pts_x, pts_y = torch.stack([x1, x2], 1), torch.stack([y1, y2], 1)
+    return torch.cdist(pts_x, pts_y).flatten(1).amin(1)
+
+
+def on_arc(p, x1, x2, tol=1e-9) -> bool:
+    ang = lambda a, b: 2 * torch.arcsin(((a - b).norm(dim=-1) / 2).clamp(max=1))  # noqa: E731 - accurate
+    return bool(((ang(x1, p) + ang(p, x2) - ang(x1, x2)).abs() < tol).all() and ((p.norm(dim=-1) - 1).abs() < tol).all())
+
+
+# --- arc: random cases -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dim,count", [(2, 30), (3, 100), (8, 60), (64, 60)])
+def test_arc_distance_matches_grid_oracle(dim: int, count: int) -> None:
+    x = unit(4, count, dim, seed=dim)
+    # Mix in short arcs and near-by pairs so that every KKT case occurs.
+    x[1, : count // 3] = unit(count // 3, dim, seed=dim + 100) * 0.3 + x[0, : count // 3]
+    x[1] = x[1] / x[1].norm(dim=-1, keepdim=True)
+    d, p1, p2 = optimal_arc_distance(x[0], x[1], x[2], x[3], return_points=True)
+    assert torch.isfinite(d).all()
+    assert on_arc(p1, x[0], x[1]) and on_arc(p2, x[2], x[3])
+    assert torch.allclose(d, (p1 - p2).norm(dim=-1), atol=1e-12)
+    assert (d <= endpoint_min(x[0], x[1], x[2], x[3]) + 1e-12).all()
+    oracle = torch.tensor([grid_oracle(x[0, m], x[1, m], x[2, m], x[3, m]) for m in range(count)], dtype=F64)
+    assert (d <= oracle + 1e-9).all()  # ours are points on the arcs, so never below the true minimum
+    assert torch.allclose(d, oracle, atol=1e-4), (d - oracle).abs().max()
+
+
+def test_every_kkt_case_occurs_and_is_exact() -> None:
+    """Across random problems the interior, one-boundary and corner cases are all exercised."""
+    from retrieval.negatives.loop import solve_arcs
+
+    x = unit(4, 3000, 3, seed=7)
+    x[1] = x[0] + 0.8 * (x[1] - x[0])
+    x[1] = x[1] / x[1].norm(dim=-1, keepdim=True)
+    cx, cy = (x[0] * x[1]).sum(-1), (x[2] * x[3]).sum(-1)
+    sx, sy = (x[1] - cx[:, None] * x[0]).norm(dim=-1), (x[3] - cy[:, None] * x[2]).norm(dim=-1)
+    h = torch.einsum("amd,bmd->mab", x[:2], x[2:])
+    case = solve_arcs(cx, sx, cy, sy, h).case
+    names = {ARC_CASES[c].split("(")[1] for c in case.unique().tolist()}
+    assert names == {f"{k})" for k in range(9)}, names
+
+
+# --- arc: degenerate geometry ------------------------------------------------------------------------
+
+
+def _check(x1, x2, y1, y2, expected: float | None = None, atol: float = 1e-6) -> torch.Tensor:
+    rows = [t.reshape(1, -1).clone().requires_grad_(True) for t in (x1, x2, y1, y2)]
+    d, p1, p2 = optimal_arc_distance(*rows, return_points=True)
+    d.sum().backward()
+    assert torch.isfinite(d).all() and torch.isfinite(p1).all() and torch.isfinite(p2).all()
+    assert all(torch.isfinite(r.grad).all() for r in rows)
+    assert d.item() <= endpoint_min(*[r.detach() for r in rows]).item() + 1e-6
+    if expected is not None:
+        assert d.item() == pytest.approx(expected, abs=atol)
+    return d.detach()
+
+
+def test_degenerate_identical_endpoints() -> None:
+    x, y = unit(2, 5, seed=3)
+    _check(x, x, y, y, expected=(x - y).norm().item())
+    y2 = unit(5, seed=4)
+    _check(x, x, y, y2, expected=grid_oracle(x, x, y, y2), atol=1e-4)  # point to arc
+
+
+def test_degenerate_antipodal_pair_uses_endpoints() -> None:
+    x, y1, y2 = unit(3, 6, seed=5)
+    # No unique shortest arc between antipodal points: the "arc" is its two endpoints.
+    d = _check(x, -x, y1, y2)
+    expected = min(grid_oracle(x, x, y1, y2), grid_oracle(-x, -x, y1, y2))
+    assert d.item() == pytest.approx(expected, abs=1e-4)
+
+
+def test_degenerate_same_great_circle() -> None:
+    e = lambda a: torch.tensor([math.cos(a), math.sin(a), 0.0], dtype=F64)  # noqa: E731
+    _check(e(0.0), e(1.0), e(0.5), e(2.0), expected=0.0)  # overlapping arcs
+    _check(e(0.0), e(1.0), e(1.5), e(2.5), expected=2 * math.sin(0.25))  # disjoint arcs: gap of 0.5 rad
+    _check(e(0.0), e(1.0), e(2.5), e(1.5), expected=2 * math.sin(0.25))  # reversed direction
+    _check(e(0.0), e(1.0), e(0.0), e(1.0), expected=0.0)  # the same arc
+    _check(e(0.0), e(1.0), e(1.0), e(0.0), expected=0.0)
+
+
+def test_degenerate_intersecting_arcs() -> None:
+    e1, e2, e3 = torch.eye(3, dtype=F64)
+    s = 1 / math.sqrt(2)
+    # x-arc from e1 to e2 crosses the y-arc from (e3 + e1 + e2)/.. to (-e3 + e1 + e2)/.. in its middle.
+    mid = (e1 + e2) * s
+    y1 = (mid + 0.5 * e3) / (mid + 0.5 * e3).norm()
+    y2 = (mid - 0.7 * e3) / (mid - 0.7 * e3).norm()
+    _check(e1, e2, y1, y2, expected=0.0, atol=1e-7)
+    _check(e1, e2, e1, e3, expected=0.0)  # arcs sharing an endpoint
+
+
+def test_degenerate_float32_close_points_no_nan() -> None:
+    x = unit(4, 50, 16, seed=11).float()
+    x[1] = x[0] + 1e-7 * torch.randn(50, 16)
+    x[3] = -x[2]
+    x = x / x.norm(dim=-1, keepdim=True)
+    rows = [t.clone().requires_grad_(True) for t in x]
+    d = optimal_arc_distance(*rows)
+    d.sum().backward()
+    assert torch.isfinite(d).all() and all(torch.isfinite(r.grad).all() for r in rows)
+    assert (d <= endpoint_min(*x) + 1e-5).all()
+
+
+def test_rejects_bad_input() -> None:
+    x = unit(3, 4)
+    with pytest.raises(ValueError, match="unit-norm"):
+        optimal_arc_distance(x * 2, x, x, x)
+    with pytest.raises(ValueError, match="same shape"):
+        optimal_arc_distance(x, x[:2], x, x)
+    with pytest.raises(ValueError, match="NaN"):
+        optimal_arc_distance(x, x, x, torch.full_like(x, float("nan")))
+
+
+# --- gradients (supplementary eq. 27-30) ------------------------------------------------------------
+
+
+def test_arc_gradient_matches_finite_differences() -> None:
+    """Angles held constant at the optimum (Danskin): autograd agrees with finite differences."""
+    raw = [t.clone().requires_grad_(True) for t in torch.randn(4, 12, 5, dtype=F64, generator=torch.Generator().manual_seed(2))]
+
+    def f(a, b, c, d):
+        n = lambda t: t / t.norm(dim=-1, keepdim=True)  # noqa: E731
+        return optimal_arc_distance(n(a), n(b), n(c), n(d))
+
+    assert torch.autograd.gradcheck(f, raw, eps=1e-6, atol=1e-6)
+
+
+def test_gradient_reaches_all_four_embeddings_interior_case() -> None:
+    from retrieval.negatives.loop import solve_arcs
+
+    x = unit(4, 200, 5, seed=21)
+    cx, cy = (x[0] * x[1]).sum(-1), (x[2] * x[3]).sum(-1)
+    sx, sy = (x[1] - cx[:, None] * x[0]).norm(dim=-1), (x[3] - cy[:, None] * x[2]).norm(dim=-1)
+    case = solve_arcs(cx, sx, cy, sy, torch.einsum("amd,bmd->mab", x[:2], x[2:])).case
+    m = int(torch.nonzero(case <= 1)[0])  # an interior optimum (case 0): p1, p2 strictly inside both arcs
+    rows = [x[r, m : m + 1].clone().requires_grad_(True) for r in range(4)]
+    d = optimal_arc_distance(*rows)
+    d.sum().backward()
+    assert d.item() > 0.1
+    assert all(r.grad.abs().sum() > 1e-3 for r in rows)
+
+
+# --- segments (section 4.2) --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dim", [2, 3, 16])
+def test_segment_distance_matches_grid_oracle(dim: int) -> None:
+    g = torch.Generator().manual_seed(dim)
+    x = torch.randn(4, 60, dim, dtype=F64, generator=g)
+    x[1, :10] = x[0, :10]  # a point against a segment
+    x[3, 10:20] = x[2, 10:20] + 2.0 * (x[1, 10:20] - x[0, 10:20])  # parallel segments
+    d, p1, p2 = optimal_segment_distance(x[0], x[1], x[2], x[3], return_points=True)
+    oracle = torch.tensor([grid_oracle(*x[:, m], curve=lerp) for m in range(60)], dtype=F64)
+    assert (d <= oracle + 1e-9).all()
+    assert torch.allclose(d, oracle, atol=1e-4), (d - oracle).abs().max()
+    assert (d <= endpoint_min(*x) + 1e-12).all()
+
+
+def test_segment_gradient_matches_finite_differences() -> None:
+    raw = [t.clone().requires_grad_(True) for t in torch.randn(4, 10, 4, dtype=F64, generator=torch.Generator().manual_seed(9))]
+    assert torch.autograd.gradcheck(optimal_segment_distance, raw, eps=1e-6, atol=1e-6)
+
+
+# --- pairs and the batched (Gram) path ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("batch,per_class", [(8, 2), (32, 4), (128, 4), (48, 8)])
+def test_pair_of_pairs_count(batch: int, per_class: int) -> None:
+    labels = torch.arange(batch // per_class).repeat_interleave(per_class)
+    labels = labels[torch.randperm(batch, generator=torch.Generator().manual_seed(0))]
+    pairs = positive_pairs(labels)
+    assert len(pairs) == batch // 2
+    assert (labels[pairs.first] == labels[pairs.second]).all() and (pairs.first != pairs.second).all()
+    used = torch.cat([pairs.first, pairs.second])
+    assert used.unique().numel() == batch
+    p, q = pair_combinations(pairs.labels)
+    assert p.numel() == expected_combinations(batch, per_class) == batch * (batch - per_class) // 8
+    assert (pairs.labels[p] != pairs.labels[q]).all()
+
+
+def test_positive_pairs_follow_labels_and_skip_odd_leftovers() -> None:
+    labels = torch.tensor([5, 1, 5, 1, 1, 5, 5, 9])
+    pairs = positive_pairs(labels)
+    assert sorted(zip(pairs.first.tolist(), pairs.second.tolist())) == [(0, 2), (1, 3), (5, 6)]
+
+
+@pytest.mark.parametrize("geometry", ["arc", "segment"])
+def test_gram_path_equals_explicit_points(geometry: str) -> None:
+    x = unit(24, 7, seed=4)
+    x[3] = x[2]  # a degenerate positive pair
+    labels = torch.arange(6).repeat_interleave(4)
+    pairs = positive_pairs(labels)
+    p, q = pair_combinations(pairs.labels)
+    i, j, k, l = pairs.first[p], pairs.second[p], pairs.first[q], pairs.second[q]  # noqa: E741
+    d, _ = pair_of_pairs_distances(x @ x.T, i, j, k, l, geometry)
+    explicit = optimal_arc_distance if geometry == "arc" else optimal_segment_distance
+    assert torch.allclose(d, explicit(x[i], x[j], x[k], x[l]), atol=1e-7)

@@ -1,0 +1,160 @@
+"""The training loop: improvement, resume, checkpoints, divergence, config and CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from cli.main import main
+from retrieval.models import load_embedder
+from train import TrainConfig, TrainingDiverged, train
+
+
+@pytest.fixture(scope="module")
+def feature_cache(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("features"))
+
+
+def digits_config(out, feature_cache, **overrides) -> TrainConfig:
+    """Frozen pretrained EfficientNet-Lite0 features of sklearn digits, a trained head: seconds on CPU."""
+    values = dict(
+        dataset="digits", dataset_kwargs={"protocol": "standard"}, backbone="efficientnet_lite0",
+        pretrained=True, image_size=32, freeze_backbone=True, embedding_dim=64, loss="ms",
+        batch_size=40, per_class=4, epochs=3, lr=1e-3, workers=0, out=str(out), feature_cache=feature_cache,
+    )
+    values.update(overrides)
+    return TrainConfig(**values)
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_short_training_improves_recall(tmp_path, feature_cache):
+    report = train(digits_config(tmp_path / "run", feature_cache), progress=False)
+    before, after = report["baseline"]["recall@1"], report["last"]["recall@1"]
+    assert after > before + 0.02, (before, after)
+    assert report["last"]["map@r"] > report["baseline"]["map@r"]
+    run = tmp_path / "run"
+    for name in ("config.json", "metrics.jsonl", "last.pt", "best.pt", "report.json", "curves.png", "recall.png"):
+        assert (run / name).is_file(), name
+    rows = read_jsonl(run / "metrics.jsonl")
+    assert [r["epoch"] for r in rows] == [0, 1, 2, 3]
+    assert all(r["steps"] > 0 and r["skipped_steps"] == 0 for r in rows[1:])
+    best = torch.load(run / "best.pt", weights_only=False)
+    assert best["metrics"]["recall@1"] == max(r["recall@1"] for r in rows[1:])
+    config = json.loads((run / "config.json").read_text())
+    assert config["train"]["loss"] == "ms" and config["model"]["input_size"] == 32
+
+
+def test_training_is_deterministic_and_resumes_exactly(tmp_path, feature_cache):
+    straight = train(digits_config(tmp_path / "a", feature_cache, epochs=3), progress=False)
+    again = train(digits_config(tmp_path / "b", feature_cache, epochs=3), progress=False)
+    assert straight["last"]["loss"] == again["last"]["loss"]
+
+    # Stop after 2 of 3 epochs (as if killed), then resume: the same numbers as the straight run.
+    partial = digits_config(tmp_path / "c", feature_cache, epochs=3)
+    trainer_cls = __import__("train.trainer", fromlist=["Trainer"]).Trainer
+    t = trainer_cls(partial, progress=False)
+    t.setup()
+    t.baseline = t.evaluate()
+    t.history.append({"epoch": 0, **t.baseline})
+    for epoch in range(2):
+        row = {"epoch": epoch + 1, **t.train_epoch(epoch), **t.evaluate()}
+        t.history.append(row)
+        from train.trainer import atomic_save
+
+        atomic_save(t.checkpoint(epoch + 1, row), tmp_path / "c" / "last.pt")
+    resumed = train(digits_config(tmp_path / "c", feature_cache, epochs=3, resume=True), progress=False)
+    assert resumed["last"]["loss"] == pytest.approx(straight["last"]["loss"], rel=1e-6)
+    assert resumed["last"]["recall@1"] == pytest.approx(straight["last"]["recall@1"])
+    assert [r["epoch"] for r in read_jsonl(tmp_path / "c" / "metrics.jsonl")] == [0, 1, 2, 3]
+
+
+def test_existing_run_is_not_overwritten(tmp_path, feature_cache):
+    train(digits_config(tmp_path / "run", feature_cache, epochs=1), progress=False)
+    before = (tmp_path / "run" / "last.pt").read_bytes()
+    with pytest.raises(FileExistsError, match="--resume"):
+        train(digits_config(tmp_path / "run", feature_cache, epochs=1), progress=False)
+    assert (tmp_path / "run" / "last.pt").read_bytes() == before
+
+
+class NaNEvery(torch.nn.Module):
+    """A loss that is NaN on chosen steps (to exercise the skip-and-stop logic)."""
+
+    def __init__(self, bad_steps):
+        super().__init__()
+        self.bad_steps, self.calls = set(bad_steps), 0
+
+    def forward(self, embeddings, labels):
+        self.calls += 1
+        value = (embeddings * embeddings).mean()
+        return value * float("nan") if self.calls in self.bad_steps else value
+
+
+def test_non_finite_steps_are_skipped_then_stop(tmp_path, feature_cache, monkeypatch):
+    import train.trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module.losses, "build", lambda *a, **k: NaNEvery({2, 5}))
+    report = train(digits_config(tmp_path / "ok", feature_cache, epochs=1), progress=False)
+    assert report["history"][1]["skipped_steps"] == 2
+    assert all(torch.isfinite(p).all() for p in load_embedder(tmp_path / "ok" / "last.pt").parameters())
+
+    monkeypatch.setattr(trainer_module.losses, "build", lambda *a, **k: NaNEvery(range(3, 100)))
+    with pytest.raises(TrainingDiverged, match="5 steps in a row"):
+        train(digits_config(tmp_path / "bad", feature_cache, epochs=1), progress=False)
+
+
+def test_full_finetuning_path_writes_a_loadable_checkpoint(tmp_path):
+    cfg = TrainConfig(dataset="digits", backbone="resnet18", pretrained=False, image_size=32, embedding_dim=16,
+                      loss="triplet", batch_size=8, per_class=2, epochs=1, batches_per_epoch=2, workers=0,
+                      eval_limit=60, out=str(tmp_path / "full"))
+    report = train(cfg, progress=False)
+    assert report["history"][1]["steps"] == 2
+    model = load_embedder(tmp_path / "full" / "best.pt")
+    assert model.config["input_size"] == 32 and model.config["embedding_dim"] == 16
+
+
+def test_label_noise_is_recorded(tmp_path, feature_cache):
+    train(digits_config(tmp_path / "noisy", feature_cache, epochs=1, label_noise="symmetric:0.3"), progress=False)
+    info = json.loads((tmp_path / "noisy" / "config.json").read_text())["label_noise"]
+    assert info["mode"] == "symmetric" and info["rate"] == 0.3 and info["flipped"] > 0
+
+
+def test_config_validation_names_the_fix():
+    with pytest.raises(ValueError, match="--per-class must be >= 2"):
+        TrainConfig(per_class=1)
+    with pytest.raises(ValueError, match="multiple of --per-class"):
+        TrainConfig(batch_size=30, per_class=4)
+    with pytest.raises(ValueError, match="--label-noise"):
+        TrainConfig(label_noise="gaussian:0.1")
+
+
+def test_cli_train_with_config_file_and_evaluate(tmp_path, feature_cache):
+    config = tmp_path / "run.toml"
+    config.write_text(
+        'dataset = "digits"\nbackbone = "efficientnet_lite0"\nimage_size = 32\nfreeze_backbone = true\n'
+        'embedding_dim = 32\nbatch_size = 40\nper_class = 4\nepochs = 5\nworkers = 0\n'
+        f'feature_cache = "{feature_cache}"\n'
+        '[dataset_kwargs]\nprotocol = "standard"\n[loss]\nname = "triplet"\nmargin = 0.1\n'
+    )
+    runner = CliRunner()
+    out = tmp_path / "cli-run"
+    result = runner.invoke(main, ["train", "--config", str(config), "--epochs", "1", "--loss-param", "margin=0.3",
+                                  "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    saved = json.loads((out / "config.json").read_text())["train"]
+    assert saved["epochs"] == 1 and saved["loss"] == "triplet" and saved["loss_kwargs"] == {"margin": 0.3}
+    assert saved["dataset_kwargs"] == {"protocol": "standard"}
+
+    result = runner.invoke(main, ["evaluate", "--checkpoint", str(out / "best.pt"), "--workers", "0"])
+    assert result.exit_code == 0, result.output
+    metrics = json.loads(result.output[result.output.index("{"):])
+    assert 0 < metrics["recall@1"] <= 1 and "map@r" in metrics
+    assert (out / "eval_report.json").is_file()
+
+    result = runner.invoke(main, ["train", "--per-class", "1", "--out", str(tmp_path / "x")])
+    assert result.exit_code != 0 and "--per-class must be >= 2" in result.output

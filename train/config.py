@@ -1,0 +1,140 @@
+"""Training configuration: one dataclass, loadable from TOML and overridable by command-line options."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+# Losses that need unnormalised embeddings (N-pair regularises the norm itself).
+UNNORMALIZED_LOSSES = {"npair"}
+
+
+@dataclass
+class TrainConfig:
+    # data
+    dataset: str = "emoji"
+    data: str | None = None
+    dataset_kwargs: dict[str, Any] = field(default_factory=dict)
+    eval_split: str = "test"  # inshop: "query" (the gallery split is then "gallery")
+    label_noise: str | None = None  # "symmetric:0.3" | "asymmetric:0.2" (fashion-mnist transitions)
+    drop_small: bool = False
+    # model
+    backbone: str = "efficientnet_lite0"
+    pretrained: bool = True
+    weights: str | None = None
+    embedding_dim: int = 512
+    normalize: bool | None = None  # None: chosen by the loss
+    freeze_bn: bool = True
+    freeze_backbone: bool = False
+    image_size: int | None = None  # None: the backbone's own
+    # loss
+    loss: str = "ms"
+    loss_kwargs: dict[str, Any] = field(default_factory=dict)
+    negatives: str | None = None
+    aux_ce: float = 0.0
+    # optimisation
+    batch_size: int = 64
+    per_class: int = 4
+    batches_per_epoch: int | None = None
+    epochs: int = 10
+    optimizer: str = "adamw"
+    lr: float = 1e-3
+    backbone_lr: float | None = None  # None: lr / 10
+    weight_decay: float = 1e-4
+    schedule: str = "cosine"  # cosine | step | constant
+    warmup_epochs: int = 0
+    grad_clip: float | None = 10.0
+    max_bad_steps: int = 5
+    # runtime
+    seed: int = 0
+    device: str = "auto"
+    amp: bool = True  # only on CUDA
+    workers: int | None = None
+    eval_every: int = 1
+    eval_before: bool = True
+    eval_batch_size: int = 128
+    eval_limit: int | None = None  # evaluate on at most this many test images (seeded subset)
+    feature_cache: str | None = None  # where --freeze-backbone caches features (default ~/.cache/retrieval)
+    out: str = "runs/latest"
+    resume: bool = False
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def classes_per_batch(self) -> int:
+        return self.batch_size // self.per_class
+
+    @property
+    def use_normalize(self) -> bool:
+        return (self.loss not in UNNORMALIZED_LOSSES) if self.normalize is None else self.normalize
+
+    def validate(self) -> None:
+        errors = []
+        if self.per_class < 2:
+            errors.append(f"--per-class must be >= 2 (a class needs a positive pair), got {self.per_class}")
+        elif self.batch_size % self.per_class or self.batch_size // self.per_class < 2:
+            errors.append(
+                f"--batch-size ({self.batch_size}) must be a multiple of --per-class ({self.per_class}) with at "
+                "least 2 classes per batch"
+            )
+        if self.optimizer not in {"adam", "adamw", "sgd"}:
+            errors.append(f"--optimizer must be adam, adamw or sgd, got {self.optimizer!r}")
+        if self.schedule not in {"cosine", "step", "constant"}:
+            errors.append(f"--schedule must be cosine, step or constant, got {self.schedule!r}")
+        if self.epochs < 1:
+            errors.append(f"--epochs must be >= 1, got {self.epochs}")
+        if self.lr <= 0:
+            errors.append(f"--lr must be > 0, got {self.lr}")
+        if self.label_noise:
+            mode, _, rate = self.label_noise.partition(":")
+            try:
+                ok = mode in {"symmetric", "asymmetric"} and 0 <= float(rate) < 1
+            except ValueError:
+                ok = False
+            if not ok:
+                errors.append(f"--label-noise must look like symmetric:0.3 or asymmetric:0.2, got {self.label_noise!r}")
+        if errors:
+            raise ValueError("; ".join(errors))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def from_sources(cls, file: str | Path | None = None, **overrides: Any) -> TrainConfig:
+        """Defaults < TOML/JSON file < explicit overrides (command-line options)."""
+        values: dict[str, Any] = {}
+        if file is not None:
+            values.update(load_config_file(file))
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        unknown = set(values) - cls.field_names()
+        if unknown:
+            raise ValueError(f"unknown training option(s) {sorted(unknown)}; known: {sorted(cls.field_names())}")
+        return cls(**values)
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file not found: {path}")
+    text = path.read_text()
+    data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    # `[loss]` table in TOML: name + hyperparameters.
+    loss = data.pop("loss", None)
+    if isinstance(loss, dict):
+        loss = dict(loss)
+        if "name" in loss:
+            data["loss"] = loss.pop("name")
+        data.setdefault("loss_kwargs", {}).update(loss)
+    elif loss is not None:
+        data["loss"] = loss
+    return {k.replace("-", "_"): v for k, v in data.items()}

@@ -1,0 +1,123 @@
+"""The run report: report.json plus the pictures people would rather look at than read."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPORT_FORMAT = "retrieval-report/1"
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_training_curves(history: list[dict[str, Any]], path: Path) -> Path | None:
+    trained = [r for r in history if r.get("epoch", 0) > 0 and "loss" in r]
+    if not trained:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    epochs = [r["epoch"] for r in trained]
+    axes[0].plot(epochs, [r["loss"] for r in trained], "o-", color="tab:purple")
+    axes[0].set(title="training loss", xlabel="epoch")
+    evals = [r for r in history if "recall@1" in r]
+    for key, color in (("recall@1", "tab:blue"), ("map@r", "tab:orange"), ("nmi", "tab:green")):
+        if evals and key in evals[0]:
+            axes[1].plot([r["epoch"] for r in evals], [r[key] for r in evals], "o-", label=key, color=color)
+    axes[1].set(title="evaluation (epoch 0 = before training)", xlabel="epoch", ylim=(0, 1))
+    axes[1].legend()
+    for key, color in (("hard_fraction_train", "tab:red"), ("hard_fraction_test", "tab:gray")):
+        rows = [r for r in history if key in r]
+        if rows:
+            axes[2].plot([r["epoch"] for r in rows], [r[key] for r in rows], "o-", label=key, color=color)
+    axes[2].set(title="fraction of hard triplets (S_an > S_ap)", xlabel="epoch", ylim=(0, 1))
+    if axes[2].lines:
+        axes[2].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_recall_at_k(curves: dict[str, dict[str, float]], path: Path) -> Path | None:
+    """Recall@K lines, one per model (e.g. pretrained-only vs trained)."""
+    curves = {name: m for name, m in curves.items() if m}
+    if not curves:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    ks: list[int] = []
+    for i, (name, metrics) in enumerate(curves.items()):
+        ks = sorted(int(k.split("@")[1]) for k in metrics if k.startswith("recall@"))
+        values = [metrics[f"recall@{k}"] for k in ks]
+        ax.plot(ks, values, "o-", label=name)
+        offset = (0, -13) if i == 0 and len(curves) > 1 else (0, 6)  # first curve's labels below its points
+        for k, v in zip(ks, values, strict=True):
+            ax.annotate(f"{v:.3f}", (k, v), textcoords="offset points", xytext=offset, ha="center", fontsize=8)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ks, [str(k) for k in ks])
+    ax.set(xlabel="K", ylabel="Recall@K", ylim=(0, 1.05), title="Recall@K on the test split")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def triplet_plots(out: Path, test: tuple[np.ndarray, np.ndarray], train_sample) -> dict[str, str]:
+    try:
+        from retrieval.analysis import plot_triplet_diagram, triplet_diagram
+    except ImportError:
+        return {}
+    plots = {}
+    for split, data in (("test", test), ("train", train_sample)):
+        if data is None:
+            continue
+        path = out / f"triplet_{split}.png"
+        plot_triplet_diagram(triplet_diagram(*data), path, title=f"triplet diagram ({split})")
+        plots[f"triplet_{split}"] = path.name
+    return plots
+
+
+def write_report(
+    out: Path,
+    run_config: dict[str, Any],
+    history: list[dict[str, Any]],
+    baseline: dict[str, float] | None,
+    best: dict[str, Any] | None,
+    last: dict[str, Any] | None,
+    test_embeddings: tuple[np.ndarray, np.ndarray],
+    train_sample: tuple[np.ndarray, np.ndarray] | None,
+) -> dict[str, Any]:
+    plots: dict[str, str] = {}
+    if plot_training_curves(history, out / "curves.png"):
+        plots["curves"] = "curves.png"
+    if plot_recall_at_k({"pretrained only": baseline or {}, "trained (last)": last or {}}, out / "recall.png"):
+        plots["recall"] = "recall.png"
+    plots.update(triplet_plots(out, test_embeddings, train_sample))
+    report = {
+        "format": REPORT_FORMAT,
+        "kind": "train",
+        "config": run_config,
+        "baseline": baseline,
+        "best": best,
+        "last": last,
+        "metrics": last or baseline,
+        "history": history,
+        "plots": plots,
+        "checkpoints": {"best": "best.pt", "last": "last.pt"},
+    }
+    tmp = out / ".report.json.tmp"
+    tmp.write_text(json.dumps(report, indent=2, default=float))
+    os.replace(tmp, out / "report.json")
+    return report

@@ -1,0 +1,410 @@
+"""The training loop behind ``retrieval train``."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from retrieval import losses
+from retrieval.data import ClassBalancedBatchSampler, build_transforms, inject_label_noise, load_dataset
+from retrieval.evaluation import embed_eval_sets, evaluate_embeddings, load_eval_sets
+from retrieval.inference import default_workers, resolve_device
+from retrieval.models import CHECKPOINT_FORMAT, Embedder, config_hash, create_embedder
+from train.config import TrainConfig
+from train.features import cached_features
+from train.report import write_report
+
+HARD_FRACTION_SAMPLES = 2000  # anchors used for the per-epoch hard-triplet fraction
+
+
+class TrainingDiverged(RuntimeError):
+    """Raised after ``max_bad_steps`` consecutive non-finite losses."""
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def atomic_save(obj: Any, path: Path) -> None:
+    """Write to a temporary file in the same folder, then rename: a crash never leaves half a checkpoint."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def build_optimizer(cfg: TrainConfig, model: Embedder, extra: list[nn.Parameter]) -> torch.optim.Optimizer:
+    backbone_params = [p for p in model.backbone.parameters() if p.requires_grad]
+    head_params = list(model.head.parameters()) + extra
+    groups = [{"params": head_params, "lr": cfg.lr, "name": "head"}]
+    if backbone_params:
+        groups.append({"params": backbone_params, "lr": cfg.backbone_lr or cfg.lr / 10, "name": "backbone"})
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(groups, momentum=0.9, weight_decay=cfg.weight_decay, nesterov=True)
+    cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
+    return cls(groups, weight_decay=cfg.weight_decay)
+
+
+def build_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, steps_per_epoch: int):
+    total = cfg.epochs * steps_per_epoch
+    warmup = cfg.warmup_epochs * steps_per_epoch
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if cfg.schedule == "cosine":
+            progress = (step - warmup) / max(1, total - warmup)
+            return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+        if cfg.schedule == "step":  # x0.1 at 2/3 of training
+            return 0.1 if step >= warmup + (total - warmup) * 2 // 3 else 1.0
+        return 1.0
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def _dataset_key(cfg: TrainConfig, model: Embedder, split: str) -> dict:
+    return {
+        "backbone": cfg.backbone, "pretrained": cfg.pretrained, "weights": cfg.weights,
+        "input_size": model.config["input_size"], "dataset": cfg.dataset,
+        "data": str(Path(cfg.data).resolve()) if cfg.data else None, "dataset_kwargs": cfg.dataset_kwargs,
+        "split": split, "eval_limit": cfg.eval_limit if split != "train" else None, "seed": cfg.seed,
+    }
+
+
+class Trainer:
+    """Holds the state of one run; ``run()`` trains, evaluates, checkpoints and writes the report."""
+
+    def __init__(self, cfg: TrainConfig, progress: bool = True) -> None:
+        self.cfg = cfg
+        self.progress = progress
+        self.out = Path(cfg.out)
+        self.device = resolve_device(cfg.device)
+        self.amp = cfg.amp and self.device.type == "cuda"
+        self.workers = default_workers() if cfg.workers is None else cfg.workers
+
+    # --- set-up -----------------------------------------------------------------------------------
+    def setup(self) -> None:
+        cfg = self.cfg
+        if (self.out / "last.pt").exists() and not cfg.resume:
+            raise FileExistsError(
+                f"{self.out} already holds a run (last.pt); pass --resume to continue it or choose another --out"
+            )
+        self.out.mkdir(parents=True, exist_ok=True)
+        seed_everything(cfg.seed)
+
+        self.model = create_embedder(
+            cfg.backbone, cfg.embedding_dim, pretrained=cfg.pretrained, normalize=cfg.use_normalize,
+            freeze_bn=cfg.freeze_bn, weights=cfg.weights,
+        )
+        if cfg.image_size:
+            self.model.config["input_size"] = int(cfg.image_size)
+        if cfg.freeze_backbone:
+            for p in self.model.backbone.parameters():
+                p.requires_grad_(False)
+        self.model.to(self.device)
+
+        eval_tf = build_transforms(self.model.config, train=False)
+        train_tf = eval_tf if cfg.freeze_backbone else build_transforms(self.model.config, train=True)
+        self.train_set = load_dataset(cfg.dataset, cfg.data, split="train", transform=train_tf, **cfg.dataset_kwargs)
+        self.eval_sets = load_eval_sets(cfg.dataset, cfg.data, cfg.eval_split, eval_tf, cfg.eval_limit, cfg.seed,
+                                        **cfg.dataset_kwargs)
+        self.train_labels = np.asarray(self.train_set.labels, dtype=np.int64)
+        self.noise_info = None
+        if cfg.label_noise:
+            mode, _, rate = cfg.label_noise.partition(":")
+            transitions = None
+            if mode == "asymmetric":
+                from retrieval.data import FASHION_MNIST_ASYMMETRIC
+
+                transitions = FASHION_MNIST_ASYMMETRIC
+            self.train_labels, self.noise_info = inject_label_noise(
+                self.train_labels, mode=mode, rate=float(rate), num_classes=len(self.train_set.class_names),
+                transitions=transitions, seed=cfg.seed,
+            )
+            self.train_set.labels = self.train_labels
+        self.num_classes = int(self.train_labels.max()) + 1
+
+        self.sampler = ClassBalancedBatchSampler(
+            self.train_labels, classes_per_batch=cfg.classes_per_batch, samples_per_class=cfg.per_class,
+            drop_small=cfg.drop_small, seed=cfg.seed, batches_per_epoch=cfg.batches_per_epoch,
+        )
+        self.steps_per_epoch = len(self.sampler)
+
+        self.loss_fn = losses.build(cfg.loss, negatives=cfg.negatives, **cfg.loss_kwargs).to(self.device)
+        extra = list(self.loss_fn.parameters())
+        self.aux = None
+        if cfg.aux_ce > 0:
+            from retrieval.losses.auxiliary import AuxiliaryCrossEntropy
+
+            self.aux = AuxiliaryCrossEntropy(cfg.embedding_dim, self.num_classes, weight=cfg.aux_ce).to(self.device)
+            extra += list(self.aux.parameters())
+        self.optimizer = build_optimizer(cfg, self.model, extra)
+        self.scheduler = build_scheduler(cfg, self.optimizer, self.steps_per_epoch)
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp)
+
+        self.train_features = self.eval_features = None
+        if cfg.freeze_backbone:
+            self._cache_features()
+
+        self.start_epoch, self.best_recall, self.history = 0, -1.0, []
+        self.baseline: dict[str, float] | None = None
+        if cfg.resume:
+            self._load_resume_state()
+        (self.out / "config.json").write_text(json.dumps(self.run_config(), indent=2))
+
+    def _cache_features(self) -> None:
+        cfg, backbone = self.cfg, self.model.backbone
+        args = dict(cache_dir=cfg.feature_cache, device=self.device, batch_size=cfg.eval_batch_size,
+                    workers=self.workers, amp=self.amp)
+        feats, _ = cached_features(backbone, self.train_set, _dataset_key(cfg, self.model, "train"),
+                                   desc="features train", **args)
+        self.train_features = torch.from_numpy(feats).to(self.device)
+        q, ql = cached_features(backbone, self.eval_sets.query, _dataset_key(cfg, self.model, cfg.eval_split),
+                                desc="features query", **args)
+        gallery = None
+        if self.eval_sets.gallery is not None:
+            gallery = cached_features(backbone, self.eval_sets.gallery, _dataset_key(cfg, self.model, "gallery"),
+                                      desc="features gallery", **args)
+        self.eval_features = (q, ql, gallery)
+
+    def run_config(self) -> dict[str, Any]:
+        return {
+            "train": self.cfg.to_dict(),
+            "model": self.model.config,
+            "label_noise": self.noise_info,
+            "train_size": len(self.train_labels),
+            "num_train_classes": self.num_classes,
+            "steps_per_epoch": self.steps_per_epoch,
+            "device": str(self.device),
+            "amp": self.amp,
+            "torch": torch.__version__,
+        }
+
+    # --- checkpoints -------------------------------------------------------------------------------
+    def checkpoint(self, epoch: int, metrics: dict[str, float]) -> dict[str, Any]:
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "model_config": self.model.config,
+            "state_dict": self.model.state_dict(),
+            "train_config": self.cfg.to_dict(),
+            "config_hash": config_hash(self.cfg.to_dict()),
+            "epoch": epoch,
+            "metrics": metrics,
+            "class_names": list(self.train_set.class_names),
+            # resume state
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "loss_state": self.loss_fn.state_dict(),
+            "aux_state": self.aux.state_dict() if self.aux is not None else None,
+            "best_recall": self.best_recall,
+            "history": self.history,
+            "baseline": self.baseline,
+            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+        }
+
+    def _load_resume_state(self) -> None:
+        path = self.out / "last.pt"
+        if not path.is_file():
+            raise FileNotFoundError(f"--resume: no checkpoint to resume at {path}; start without --resume")
+        ckpt = torch.load(path, map_location=self.device, weights_only=False)
+        self.model.load_state_dict(ckpt["state_dict"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.scheduler.load_state_dict(ckpt["scheduler"])
+        self.scaler.load_state_dict(ckpt["scaler"])
+        self.loss_fn.load_state_dict(ckpt["loss_state"])
+        if self.aux is not None and ckpt.get("aux_state"):
+            self.aux.load_state_dict(ckpt["aux_state"])
+        self.start_epoch = ckpt["epoch"]
+        self.best_recall = ckpt["best_recall"]
+        self.history = ckpt["history"]
+        self.baseline = ckpt.get("baseline")
+        torch.set_rng_state(ckpt["rng"]["torch"])
+        np.random.set_state(ckpt["rng"]["numpy"])
+        random.setstate(ckpt["rng"]["python"])
+        # metrics.jsonl keeps exactly the epochs the checkpoint has seen
+        self._rewrite_metrics_log()
+
+    def _rewrite_metrics_log(self) -> None:
+        tmp = self.out / ".metrics.jsonl.tmp"
+        tmp.write_text("".join(json.dumps(row) + "\n" for row in self.history))
+        os.replace(tmp, self.out / "metrics.jsonl")
+
+    # --- training ----------------------------------------------------------------------------------
+    def _batches(self, epoch: int):
+        self.sampler.set_epoch(epoch)
+        if self.cfg.freeze_backbone:
+            labels = torch.from_numpy(self.train_labels)
+            for indices in self.sampler:
+                idx = torch.as_tensor(indices)
+                yield self.train_features[idx], labels[idx]
+        else:
+            from retrieval.inference import make_loader
+
+            loader = make_loader(self.train_set, None, self.workers, self.device, batch_sampler=self.sampler,
+                                 generator=torch.Generator().manual_seed(self.cfg.seed * 1000 + epoch))
+            yield from loader
+
+    def _forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        if self.cfg.freeze_backbone:
+            return self.model.head(inputs)
+        return self.model(inputs)
+
+    def train_epoch(self, epoch: int) -> dict[str, float]:
+        self.model.train()
+        if self.cfg.freeze_backbone:
+            self.model.backbone.eval()
+        totals, stats = defaultdict(float), defaultdict(list)
+        bad_in_row = skipped = steps = seen = 0
+        start = time.perf_counter()
+        bar = tqdm(self._batches(epoch), total=self.steps_per_epoch, desc=f"epoch {epoch + 1}/{self.cfg.epochs}",
+                   disable=not self.progress, leave=False)
+        for inputs, labels in bar:
+            inputs = inputs.to(self.device, non_blocking=True)
+            labels = labels.to(self.device, non_blocking=True)
+            with torch.autocast(self.device.type, dtype=torch.float16, enabled=self.amp):
+                embeddings = self._forward(inputs)
+            embeddings = embeddings.float()  # losses always run in float32
+            loss = self.loss_fn(embeddings, labels)
+            if self.aux is not None:
+                aux_loss = self.aux(embeddings, labels)
+                totals["aux_ce"] += float(aux_loss.detach())
+                loss = loss + aux_loss
+            if not torch.isfinite(loss):
+                skipped += 1
+                bad_in_row += 1
+                self.optimizer.zero_grad(set_to_none=True)
+                if bad_in_row >= self.cfg.max_bad_steps:
+                    raise TrainingDiverged(
+                        f"loss was NaN/inf for {bad_in_row} steps in a row (epoch {epoch + 1}); lower --lr "
+                        f"(now {self.cfg.lr}) or check the loss hyperparameters; last good checkpoint: "
+                        f"{self.out / 'last.pt'}"
+                    )
+                continue
+            bad_in_row = 0
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scaler.scale(loss).backward()
+            if self.cfg.grad_clip:
+                self.scaler.unscale_(self.optimizer)
+                torch.nn.utils.clip_grad_norm_(
+                    [p for g in self.optimizer.param_groups for p in g["params"]], self.cfg.grad_clip
+                )
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self.scheduler.step()
+            steps += 1
+            seen += len(labels)
+            totals["loss"] += float(loss.detach())
+            for key, value in (getattr(self.loss_fn, "last_stats", None) or {}).items():
+                stats[key].append(float(value))
+            elapsed = time.perf_counter() - start
+            bar.set_postfix(loss=f"{totals['loss'] / steps:.4f}", img_s=f"{seen / max(elapsed, 1e-9):.0f}")
+        elapsed = time.perf_counter() - start
+        row = {
+            "loss": totals["loss"] / max(steps, 1),
+            "steps": steps,
+            "skipped_steps": skipped,
+            "images_per_s": seen / max(elapsed, 1e-9),
+            "epoch_time_s": elapsed,
+            "lr": self.optimizer.param_groups[0]["lr"],
+        }
+        if self.aux is not None:
+            row["aux_ce"] = totals["aux_ce"] / max(steps, 1)
+        row.update({f"loss_{k}": float(np.mean(v)) for k, v in stats.items()})
+        if self.device.type == "cuda":
+            row["cuda_max_memory_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
+        return row
+
+    # --- evaluation --------------------------------------------------------------------------------
+    @torch.no_grad()
+    def embed_eval(self):
+        """(query, query_labels, gallery, gallery_labels) embeddings of the evaluation split."""
+        if self.cfg.freeze_backbone:
+            self.model.head.eval()
+            q, ql, gallery = self.eval_features
+            head = lambda f: self.model.head(torch.from_numpy(f).to(self.device)).float().cpu().numpy()  # noqa: E731
+            if gallery is None:
+                return head(q), ql, None, None
+            return head(q), ql, head(gallery[0]), gallery[1]
+        return embed_eval_sets(self.model, self.eval_sets, self.device, self.cfg.eval_batch_size, self.workers,
+                               self.amp, self.progress)
+
+    @torch.no_grad()
+    def train_embeddings_sample(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """Embeddings of a fixed train subset (for the hard-triplet fraction); None when too costly."""
+        if not self.cfg.freeze_backbone:
+            return None
+        n = len(self.train_labels)
+        idx = np.sort(np.random.default_rng(self.cfg.seed).permutation(n)[: min(n, HARD_FRACTION_SAMPLES)])
+        self.model.head.eval()
+        emb = self.model.head(self.train_features[torch.from_numpy(idx)]).float().cpu().numpy()
+        return emb, self.train_labels[idx]
+
+    def evaluate(self) -> dict[str, float]:
+        q, ql, g, gl = self.embed_eval()
+        metrics = evaluate_embeddings(q, ql, g, gl)
+        metrics.update(hard_fractions(q, ql, self.train_embeddings_sample()))
+        return metrics
+
+    # --- the run -----------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        self.setup()
+        cfg = self.cfg
+        log_path = self.out / "metrics.jsonl"
+        if self.baseline is None and cfg.eval_before:
+            self.baseline = self.evaluate()
+            self.history.append({"epoch": 0, **self.baseline})
+            self._rewrite_metrics_log()
+        for epoch in range(self.start_epoch, cfg.epochs):
+            row: dict[str, Any] = {"epoch": epoch + 1, **self.train_epoch(epoch)}
+            is_eval_epoch = (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs
+            if is_eval_epoch:
+                row.update(self.evaluate())
+            self.history.append(row)
+            with log_path.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            if is_eval_epoch and row["recall@1"] > self.best_recall:
+                self.best_recall = row["recall@1"]
+                atomic_save(self.checkpoint(epoch + 1, row), self.out / "best.pt")
+            atomic_save(self.checkpoint(epoch + 1, row), self.out / "last.pt")
+            if self.progress:
+                shown = {k: round(v, 4) for k, v in row.items() if k in ("loss", "recall@1", "map@r")}
+                tqdm.write(f"epoch {epoch + 1}: {shown}")
+        return self.finish()
+
+    def finish(self) -> dict[str, Any]:
+        final = [r for r in self.history if "recall@1" in r and r["epoch"] > 0]
+        best = max(final, key=lambda r: r["recall@1"]) if final else None
+        q, ql, g, gl = self.embed_eval()
+        train_sample = self.train_embeddings_sample()
+        return write_report(self.out, self.run_config(), self.history, self.baseline, best,
+                            final[-1] if final else None, (q, ql), train_sample)
+
+
+def hard_fractions(q: np.ndarray, ql: np.ndarray, train_sample) -> dict[str, float]:
+    """Fraction of anchors whose hardest negative is closer than their positive (SCT paper, Figure 6)."""
+    try:
+        from retrieval.analysis import triplet_diagram
+    except ImportError:
+        return {}
+    out = {"hard_fraction_test": float(triplet_diagram(q, ql).hard_fraction)}
+    if train_sample is not None:
+        out["hard_fraction_train"] = float(triplet_diagram(*train_sample).hard_fraction)
+    return out
+
+
+def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
+    """Train one run as configured; returns the report (also written to RUN_DIR/report.json)."""
+    return Trainer(cfg, progress=progress).run()
