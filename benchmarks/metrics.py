@@ -5,6 +5,7 @@ Each case runs in its own subprocess so that its peak RSS (ru_maxrss) is its own
     .venv/bin/python benchmarks/metrics.py                     # random + clustered, 60000 x 512, 10 classes
     .venv/bin/python benchmarks/metrics.py --n 6000 --quick    # a fast smoke run
     .venv/bin/python benchmarks/metrics.py --knn-backends      # torch matmul+topk vs faiss IndexFlatIP
+    .venv/bin/python benchmarks/metrics.py --kinds random --retrieval-metrics recall --quick  # k = 8 only
 
 Printed: seconds and peak RSS for (a) Recall@K + MAP@R + R-precision, (b) NMI + F1, with the RSS right
 after the embeddings were created, so that the metric's own share is visible.
@@ -58,7 +59,8 @@ def run_case(args: argparse.Namespace) -> dict:
     result: dict = {"kind": args.kind, "n": args.n, "dim": args.dim, "classes": args.classes,
                     "rss_after_data_mib": round(rss_data, 1)}
     start = time.perf_counter()
-    knn_metrics = evaluate(x, y, metrics=["recall", "map@r", "r_precision"], block_size=args.block_size)
+    result["retrieval_metrics"] = args.retrieval_metrics
+    knn_metrics = evaluate(x, y, metrics=args.retrieval_metrics.split(","), block_size=args.block_size)
     result["retrieval_s"] = round(time.perf_counter() - start, 2)
     result["peak_rss_after_retrieval_mib"] = round(peak_rss_mib(), 1)
     if not args.skip_clustering:
@@ -104,6 +106,8 @@ def main() -> None:
     parser.add_argument("--classes", type=int, default=10)
     parser.add_argument("--block-size", type=int, default=None)
     parser.add_argument("--kinds", default="random,clustered")
+    parser.add_argument("--retrieval-metrics", default="recall,map@r,r_precision",
+                        help="comma-separated; 'recall' alone shows the cost of the MAP@R depth")
     parser.add_argument("--skip-clustering", action="store_true")
     parser.add_argument("--quick", action="store_true", help="alias for --skip-clustering")
     parser.add_argument("--knn-backends", action="store_true")
@@ -122,7 +126,7 @@ def main() -> None:
         return
     for kind in args.kinds.split(","):
         command = [sys.executable, __file__, "--kind", kind, "--n", str(args.n), "--dim", str(args.dim),
-                   "--classes", str(args.classes)]
+                   "--classes", str(args.classes), "--retrieval-metrics", args.retrieval_metrics]
         if args.block_size:
             command += ["--block-size", str(args.block_size)]
         if args.skip_clustering:

@@ -92,6 +92,8 @@ TRAIN_OPTIONS = [
     click.option("--workers", type=int),
     click.option("--eval-every", type=int),
     click.option("--eval-limit", type=int, help="evaluate on a seeded subset of this many images."),
+    click.option("--linear-probe/--no-linear-probe", default=None,
+                 help="also report linear-probe accuracy before and after training (DCDL protocol)."),
     click.option("--feature-cache", type=click.Path(file_okay=False)),
     click.option("--out", type=click.Path(file_okay=False), help="run directory."),
     click.option("--resume", is_flag=True, default=None, help="continue the run in --out from last.pt."),

@@ -136,20 +136,37 @@ def _prepare_space(query: torch.Tensor, gallery: torch.Tensor | None, metric: st
     return _Space(2.0 * q, g, -(g * g).sum(dim=1), (q * q).sum(dim=1))
 
 
+def _order_ties_by_index(values: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Within runs of equal values (rows already sorted descending), put lower indices first.
+
+    One integer sort on (run number, index): cheaper than two stable sorts. In float32 a 6000-deep list
+    nearly always holds a few equal neighbours, so this runs on most rows of deep blocks.
+    """
+    run = torch.zeros_like(indices)
+    run[:, 1:] = (values[:, 1:] != values[:, :-1]).cumsum(dim=1)
+    _, order = (run * (int(indices.max()) + 1) + indices).sort(dim=1)
+    return values.gather(1, order), indices.gather(1, order)
+
+
 def _topk_index_tiebreak(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k per row, best first; equal scores ordered by ascending column index (also at the k-th cut).
 
     torch.topk orders ties arbitrarily and picks arbitrary members of a tie that straddles the k-th
-    position; rows with any such tie are redone with a full stable sort (rare: real ties only).
+    position. One extra neighbour shows a straddling tie (the (k+1)-th equals the k-th); those rows are
+    redone with a full stable sort (rare: an exact tie at the cut).
     """
-    values, indices = scores.topk(k, dim=1, largest=True, sorted=True)
-    tie_inside = (values[:, 1:] == values[:, :-1]).any(dim=1)
-    tie_at_cut = (scores >= values[:, -1:]).sum(dim=1) > k
-    tied_rows = torch.nonzero(tie_inside | tie_at_cut).flatten()
-    if len(tied_rows):
-        sorted_values, sorted_indices = scores[tied_rows].sort(dim=1, descending=True, stable=True)
-        values[tied_rows] = sorted_values[:, :k]
-        indices[tied_rows] = sorted_indices[:, :k]
+    depth = min(k + 1, scores.shape[1])
+    values, indices = scores.topk(depth, dim=1, largest=True, sorted=True)
+    if depth > k:
+        tie_at_cut = torch.nonzero(values[:, k] == values[:, k - 1]).flatten()
+        values, indices = values[:, :k], indices[:, :k]
+        if len(tie_at_cut):
+            full_values, full_indices = scores[tie_at_cut].sort(dim=1, descending=True, stable=True)
+            values[tie_at_cut] = full_values[:, :k]
+            indices[tie_at_cut] = full_indices[:, :k]
+    tie_inside = torch.nonzero((values[:, 1:] == values[:, :-1]).any(dim=1)).flatten()
+    if len(tie_inside):
+        values[tie_inside], indices[tie_inside] = _order_ties_by_index(values[tie_inside], indices[tie_inside])
     return values, indices
 
 

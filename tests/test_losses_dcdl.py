@@ -33,7 +33,7 @@ def mmd_reference(x: np.ndarray, y: np.ndarray, kernel: str, sigma: float) -> fl
     """Eq. 15 with the kernels of eq. 16, as explicit double loops."""
 
     def k(u, v):
-        d = math.sqrt(sum((ui - vi) ** 2 for ui, vi in zip(u, v)))
+        d = math.sqrt(sum((ui - vi) ** 2 for ui, vi in zip(u, v, strict=True)))
         return math.exp(-d / sigma) if kernel == "laplacian" else math.exp(-(d**2) / (2 * sigma**2))
 
     n, m = len(x), len(y)
@@ -49,7 +49,7 @@ def entropic_ot_reference(x: np.ndarray, y: np.ndarray, eps: float) -> float:
     a = np.full(len(x), 1.0 / len(x))
     b = np.full(len(y), 1.0 / len(y))
     cost = 0.5 * ot.dist(x, y, metric="sqeuclidean")
-    plan = ot.sinkhorn(a, b, cost, eps, method="sinkhorn_log", numItermax=200_000, stopThr=1e-12, warn=False)
+    plan = ot.sinkhorn(a, b, cost, eps, method="sinkhorn_log", numItermax=5000, stopThr=1e-8, warn=False)
     entropy = np.where(plan > 0, plan * (np.log(np.where(plan > 0, plan, 1.0)) - 1.0), 0.0)
     return float((cost * plan).sum() + eps * entropy.sum())
 
@@ -96,25 +96,28 @@ def test_classwise_mmd_gradcheck(kernel):
 
 
 # ----------------------------------------------------------------------------- Sinkhorn
-@pytest.mark.parametrize("eps", [2.5e-3, 0.05])
+@pytest.mark.parametrize("eps", [2.5e-3, 0.2])
 def test_sinkhorn_divergence_matches_pot(eps):
     x, y = unit_cloud(5, 3, 4), unit_cloud(7, 3, 5, shift=0.5)
     expected = sinkhorn_divergence_reference(x.numpy(), y.numpy(), eps)
     got = sinkhorn_divergence(x, y, epsilon=eps, scaling=0.99).item()
     assert got == pytest.approx(expected, rel=2e-4)
-    # The default annealing (fewer Sinkhorn iterations) is an approximation within a few percent.
-    assert sinkhorn_divergence(x, y, epsilon=eps).item() == pytest.approx(expected, rel=0.03)
+    # The default annealing (fewer Sinkhorn iterations) under-converges: a few percent on these close
+    # 3-d points, about 2e-4 on 512-d batches (see DEFAULT_SCALING).
+    assert sinkhorn_divergence(x, y, epsilon=eps).item() == pytest.approx(expected, rel=0.05)
 
 
 def test_sinkhorn_epsilon_is_blur_squared():
-    """A wrong blur <-> epsilon mapping (blur = eps) would give a clearly different value."""
+    """geomloss's temperature is blur^p: the tempting mistake blur = eps lands far outside the tolerance."""
+    from geomloss import SamplesLoss
+
     x, y = unit_cloud(5, 3, 6), unit_cloud(6, 3, 7, shift=0.4)
-    eps = 0.05
+    eps = 0.2
     right = sinkhorn_divergence_reference(x.numpy(), y.numpy(), eps)
-    wrong = sinkhorn_divergence_reference(x.numpy(), y.numpy(), eps**2)
     got = sinkhorn_divergence(x, y, epsilon=eps, scaling=0.99).item()
+    wrong = SamplesLoss("sinkhorn", p=2, blur=eps, debias=True, scaling=0.99, backend="tensorized")(x, y).item()
     assert got == pytest.approx(right, rel=2e-4)
-    assert abs(got - wrong) > 10 * abs(got - right)
+    assert abs(wrong - right) > 20 * abs(got - right)
 
 
 def test_sinkhorn_divergence_is_zero_between_equal_clouds():
@@ -131,19 +134,24 @@ def test_classwise_sinkhorn_padding_changes_nothing():
     np.testing.assert_allclose(got.detach().numpy(), expected, rtol=1e-4)
 
 
-def test_classwise_sinkhorn_gradient_matches_finite_differences():
+def test_classwise_sinkhorn_gradient_matches_finite_differences_of_pot():
+    """geomloss's envelope-theorem gradient against a central difference of the POT reference of eq. 13.
+    The gradient is taken at approximately converged potentials: ~0.2 % off at scaling 0.995."""
     z = unit_cloud(8, 3, 10)
     labels = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2])
     direction = unit_cloud(8, 3, 11)
+    eps = 0.2
 
-    def value(e):
-        return classwise_sinkhorn(e, labels, epsilon=0.05, scaling=0.995).sum()
+    def reference(e):
+        return sum(
+            sinkhorn_divergence_reference(p.numpy(), n.numpy(), eps) for _, p, n in class_sets(e, labels)
+        )
 
     zg = z.clone().requires_grad_(True)
-    (grad,) = torch.autograd.grad(value(zg), zg)
-    h = 1e-5
-    numeric = (value(z + h * direction) - value(z - h * direction)).item() / (2 * h)
-    assert (grad * direction).sum().item() == pytest.approx(numeric, rel=1e-3, abs=1e-6)
+    (grad,) = torch.autograd.grad(classwise_sinkhorn(zg, labels, epsilon=eps, scaling=0.995).sum(), zg)
+    h = 1e-4
+    numeric = (reference(z + h * direction) - reference(z - h * direction)) / (2 * h)
+    assert (grad * direction).sum().item() == pytest.approx(numeric, rel=3e-3)
 
 
 # ----------------------------------------------------------------------------- the loss
@@ -156,12 +164,16 @@ def clustered_batch(classes: int, per_class: int, dim: int = 16, spread: float =
 
 @pytest.mark.parametrize("phi", ["mmd_laplacian", "mmd_gaussian", "sinkhorn"])
 def test_dcdl_is_local_plus_lambda_times_minus_sum_over_classes(phi):
-    z, labels = clustered_batch(4, 3, dim=8)
-    loss = losses.build("dcdl", phi=phi, local="triplet", local_kwargs={"margin": 0.5}, sigma=0.5, scaling=0.99)
+    z, labels = clustered_batch(3, 3, dim=8)
+    loss = losses.build(
+        "dcdl", phi=phi, local="triplet", local_kwargs={"margin": 0.5}, sigma=0.5, epsilon=0.2, scaling=0.99
+    )
     local = losses.build("triplet", margin=0.5)
     zn = (z / z.norm(dim=1, keepdim=True)).double()
     if phi == "sinkhorn":
-        phis = [sinkhorn_divergence_reference(p.numpy(), n.numpy(), 2.5e-3) for _, p, n in class_sets(zn, labels)]
+        phis = [
+            sinkhorn_divergence_reference(p.numpy(), n.numpy(), 0.2) for _, p, n in class_sets(zn, labels)
+        ]
         rel = 2e-4
     else:
         kernel = phi.split("_")[1]
@@ -170,8 +182,8 @@ def test_dcdl_is_local_plus_lambda_times_minus_sum_over_classes(phi):
     expected_lambda = 0.5 if phi == "sinkhorn" else 0.2  # the paper's values
     assert loss.lam == expected_lambda
     expected = local(z, labels).item() + expected_lambda * -sum(phis)  # eq. 2 and 5
-    assert loss(z, labels).item() == pytest.approx(expected, rel=rel)
-    assert loss.last_stats["dcdl_classes"] == 4
+    assert loss(z, labels).item() == pytest.approx(expected, rel=rel, abs=1e-6)
+    assert loss.last_stats["dcdl_classes"] == 3
 
 
 def test_class_reduction_mean_divides_by_classes_used():
@@ -245,3 +257,41 @@ def test_bad_arguments_are_named():
         DCDLLoss(class_reduction="max")
     with pytest.raises(ValueError, match="embeddings"):
         DCDLLoss(local=None)(torch.randn(4, 3), torch.zeros(5, dtype=torch.long))
+
+
+# ----------------------------------------------------------------------------- auxiliary CE head
+from retrieval.losses.auxiliary import AuxiliaryCrossEntropy  # noqa: E402
+
+
+@pytest.mark.parametrize("normalized", [False, True])
+def test_aux_ce_learns_separable_classes(normalized):
+    embeddings, labels = clustered_batch(4, 8, dim=16, spread=0.3, seed=3)
+    torch.manual_seed(0)
+    aux = AuxiliaryCrossEntropy(16, 4, weight=0.5, normalized=normalized)
+    optimiser = torch.optim.SGD(aux.parameters(), lr=0.1 if normalized else 0.5)
+    first = aux(embeddings, labels)
+    assert torch.isfinite(first)
+    # weight * CE, CE checked against the explicit formula -log softmax
+    logits = aux.logits(embeddings)
+    manual = -(logits.log_softmax(1)[torch.arange(len(labels)), labels]).mean()
+    assert first.item() == pytest.approx(0.5 * manual.item(), rel=1e-6)
+    for _ in range(30):
+        optimiser.zero_grad()
+        aux(embeddings, labels).backward()
+        optimiser.step()
+    last = aux(embeddings, labels)
+    assert last.item() < 0.5 * first.item()
+    assert aux.last_stats["aux_accuracy"] == 1.0
+
+
+def test_aux_ce_gradient_reaches_embeddings_and_bad_labels_are_named():
+    aux = AuxiliaryCrossEntropy(8, 3, weight=2.0)
+    z = torch.randn(5, 8, requires_grad=True)
+    aux(z, torch.tensor([0, 1, 2, 0, 1])).backward()
+    assert z.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="num_classes"):
+        aux(z, torch.tensor([0, 1, 3, 0, 1]))
+    with pytest.raises(ValueError, match="embedding_dim"):
+        aux(torch.randn(5, 7), torch.zeros(5, dtype=torch.long))
+    assert aux(torch.randn(0, 8), torch.zeros(0, dtype=torch.long)).item() == 0.0
+    assert AuxiliaryCrossEntropy(8, 3, normalized=True).temperature == 0.05

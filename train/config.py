@@ -59,6 +59,7 @@ class TrainConfig:
     eval_before: bool = True
     eval_batch_size: int = 128
     eval_limit: int | None = None  # evaluate on at most this many test images (seeded subset)
+    linear_probe: bool = False  # DCDL protocol: logistic regression on train embeddings (before/after training)
     feature_cache: str | None = None  # where --freeze-backbone caches features (default ~/.cache/retrieval)
     out: str = "runs/latest"
     resume: bool = False

@@ -121,6 +121,7 @@ class Trainer:
         self.eval_sets = load_eval_sets(cfg.dataset, cfg.data, cfg.eval_split, eval_tf, cfg.eval_limit, cfg.seed,
                                         **cfg.dataset_kwargs)
         self.train_labels = np.asarray(self.train_set.labels, dtype=np.int64)
+        self.clean_train_labels = self.train_labels.copy()  # the linear probe measures against true classes
         self.noise_info = None
         if cfg.label_noise:
             mode, _, rate = cfg.label_noise.partition(":")
@@ -352,11 +353,30 @@ class Trainer:
         emb = self.model.head(self.train_features[torch.from_numpy(idx)]).float().cpu().numpy()
         return emb, self.train_labels[idx]
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self, final: bool = False) -> dict[str, float]:
         q, ql, g, gl = self.embed_eval()
         metrics = evaluate_embeddings(q, ql, g, gl)
         metrics.update(hard_fractions(q, ql, self.train_embeddings_sample()))
+        if self.cfg.linear_probe and (final or not self.history):  # before and after training: it is slow
+            metrics["linear_probe"] = self.linear_probe(q, ql)
         return metrics
+
+    @torch.no_grad()
+    def linear_probe(self, q: np.ndarray, ql: np.ndarray) -> float:
+        """Logistic regression on train embeddings (clean labels), accuracy on the evaluation split."""
+        from retrieval.metrics import linear_probe
+
+        if self.cfg.freeze_backbone:
+            self.model.head.eval()
+            train_emb = self.model.head(self.train_features).float().cpu().numpy()
+        else:
+            from retrieval.inference import embed_dataset
+
+            plain = load_dataset(self.cfg.dataset, self.cfg.data, split="train",
+                                 transform=build_transforms(self.model.config, train=False), **self.cfg.dataset_kwargs)
+            train_emb, _ = embed_dataset(self.model, plain, self.cfg.eval_batch_size, self.device, self.workers,
+                                         self.amp, desc="embed train", progress=self.progress)
+        return linear_probe(train_emb, self.clean_train_labels, q, ql, seed=self.cfg.seed)
 
     # --- the run -----------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -371,7 +391,7 @@ class Trainer:
             row: dict[str, Any] = {"epoch": epoch + 1, **self.train_epoch(epoch)}
             is_eval_epoch = (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs
             if is_eval_epoch:
-                row.update(self.evaluate())
+                row.update(self.evaluate(final=epoch + 1 == cfg.epochs))
             self.history.append(row)
             with log_path.open("a") as f:
                 f.write(json.dumps(row) + "\n")

@@ -37,8 +37,10 @@ PHIS = ("mmd_laplacian", "mmd_gaussian", "sinkhorn")
 DEFAULT_LAMBDA = {"mmd_laplacian": 0.2, "mmd_gaussian": 0.2, "sinkhorn": 0.5}  # main text, "Results"
 DEFAULT_SIGMA = 0.05  # eq. 16
 DEFAULT_EPSILON = 2.5e-3  # eq. 11
-# Ratio between successive blur radii of geomloss's epsilon-scaling; closer to 1 = closer to the
-# converged Sinkhorn fixed point (0.5: about 3 % low, 0.9: about 2 %, 0.99: 1e-5; see tests).
+# Ratio between successive blur radii of geomloss's epsilon-scaling (one Sinkhorn iteration per radius);
+# closer to 1 = more iterations = closer to the converged fixed point of Algorithm 1. Measured against
+# scaling 0.995 on a 128 x 512 batch of 32 classes: values within 2e-4, gradient cosine 0.9999 at 0.9
+# (0.987 at geomloss's default 0.5). On tiny low-dimensional clouds 0.9 is a few percent low (tests).
 DEFAULT_SCALING = 0.9
 
 
@@ -64,7 +66,9 @@ def _kernel(name: str):
 
 
 # ----------------------------------------------------------------------------- two point clouds
-def mmd(x: torch.Tensor, y: torch.Tensor, kernel: str = "laplacian", sigma: float = DEFAULT_SIGMA) -> torch.Tensor:
+def mmd(
+    x: torch.Tensor, y: torch.Tensor, kernel: str = "laplacian", sigma: float = DEFAULT_SIGMA
+) -> torch.Tensor:
     """Biased MMD^2 between the uniform empirical measures on x [n, D] and y [m, D] (eq. 15)."""
     k = _kernel(kernel)
     k_xx = k(squared_euclidean_matrix(x), sigma).mean()

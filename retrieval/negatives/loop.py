@@ -96,88 +96,69 @@ def solve_arcs(
     cy: torch.Tensor,
     sy: torch.Tensor,
     h: torch.Tensor,
+    dtype: torch.dtype = torch.float64,
 ) -> Solution:
     """Solve the arc problem from inner products only.
 
     cx = x1.x2, sx = |x2 - cx x1| (= sin a0), likewise cy, sy; h[..., m, n] = <x_m, y_n> for m, n in {1, 2}.
-    Shapes [M] and [M, 2, 2]. Runs in float64 without gradient.
+    Shapes [M] and [M, 2, 2]. Runs in ``dtype`` (float64 by default) without gradient.
     """
     with torch.no_grad():
-        cx, sx, cy, sy, h = (v.detach().double() for v in (cx, sx, cy, sy, h))
-        deg_x = sx <= DEGENERATE_SIN
-        deg_y = sy <= DEGENERATE_SIN
-        sx = torch.where(deg_x, torch.zeros_like(sx), sx)
-        sy = torch.where(deg_y, torch.zeros_like(sy), sy)
-        sx_safe = torch.where(deg_x, torch.ones_like(sx), sx)
-        sy_safe = torch.where(deg_y, torch.ones_like(sy), sy)
+        c = torch.stack([cx, cy]).detach().to(dtype)  # [2, M]: the x arc, then the y arc
+        sn = torch.stack([sx, sy]).detach().to(dtype)
+        h = h.detach().to(dtype)
+        deg = sn <= DEGENERATE_SIN  # no Gram-Schmidt basis: the arc is its two endpoints
+        sn = sn.masked_fill(deg, 0.0)
+        arc = torch.atan2(sn, c)  # arc lengths a0, b0 in [0, pi]
+        sn_safe = sn.masked_fill(deg, 1.0)
         h11, h12, h21, h22 = h[..., 0, 0], h[..., 0, 1], h[..., 1, 0], h[..., 1, 1]
         # Basis inner products (eq. 2, 5): n1 = x1, n2 = (x2 - cx x1) / sx, n3 = y1, n4 = (y2 - cy y1) / sy.
         g11 = h11
-        g12 = torch.where(deg_y, torch.zeros_like(h12), (h12 - cy * h11) / sy_safe)
-        g21 = torch.where(deg_x, torch.zeros_like(h21), (h21 - cx * h11) / sx_safe)
-        g22 = torch.where(
-            deg_x | deg_y,
-            torch.zeros_like(h22),
-            (h22 - cy * h21 - cx * h12 + cx * cy * h11) / (sx_safe * sy_safe),
+        g12 = ((h12 - c[1] * h11) / sn_safe[1]).masked_fill(deg[1], 0.0)
+        g21 = ((h21 - c[0] * h11) / sn_safe[0]).masked_fill(deg[0], 0.0)
+        g22 = ((h22 - c[1] * h21 - c[0] * h12 + c[0] * c[1] * h11) / (sn_safe[0] * sn_safe[1])).masked_fill(
+            deg[0] | deg[1], 0.0
         )
-        a0 = torch.atan2(sx, cx)  # arc lengths in [0, pi]
-        b0 = torch.atan2(sy, cy)
-        zero = torch.zeros_like(a0)
-
         # Case 0: top right singular vector of G = top eigenvector of G^T G (angle via atan2), u ~ G v.
         p = g11 * g11 + g21 * g21
         q = g11 * g12 + g21 * g22
         r = g12 * g12 + g22 * g22
         b_int = 0.5 * torch.atan2(2.0 * q, p - r)
-        a_int = torch.atan2(
-            g21 * torch.cos(b_int) + g22 * torch.sin(b_int), g11 * torch.cos(b_int) + g12 * torch.sin(b_int)
+        cb_int, sb_int = torch.cos(b_int), torch.sin(b_int)
+        a_int = torch.atan2(g21 * cb_int + g22 * sb_int, g11 * cb_int + g12 * sb_int)
+        # Cases 1-4: A cos t + B sin t is maximal at t = atan2(B, A), along each edge of the box.
+        ca0, sa0 = torch.cos(arc), torch.sin(arc)
+        edge = torch.atan2(
+            torch.stack([g12, ca0[0] * g12 + sa0[0] * g22, g21, ca0[1] * g21 + sa0[1] * g22]),
+            torch.stack([g11, ca0[0] * g11 + sa0[0] * g21, g11, ca0[1] * g11 + sa0[1] * g12]),
+        )  # b at a = 0, b at a = a0 (row of G), a at b = 0, a at b = b0 (column of G)
+        a0, b0 = arc[0], arc[1]
+        zero = torch.zeros_like(a0)
+        alphas = torch.stack([a_int, _wrap(a_int + math.pi), zero, a0, edge[2], edge[3], zero, zero, a0, a0], -1)
+        betas = torch.stack([b_int, _wrap(b_int + math.pi), edge[0], edge[1], zero, b0, zero, b0, zero, b0], -1)
+        # Fractions along each arc; a candidate is feasible when both lie in [0, 1] (constraints 6-7).
+        arc_safe = arc.masked_fill(arc <= 0, 1.0).unsqueeze(-1)
+        t_xs, t_ys = alphas / arc_safe[0], betas / arc_safe[1]
+        tol = _ANGLE_TOL if dtype == torch.float64 else 1e-5
+        free = torch.tensor(
+            [[1, 1, 0, 0, 1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0, 0, 0, 0, 0]], dtype=torch.bool, device=c.device
         )
-        # Cases 1-4: maximise A cos t + B sin t along one edge of the box.
-        b_at_a0 = torch.atan2(g12, g11)  # a = 0: row 1 of G
-        b_at_a1 = torch.atan2(
-            torch.cos(a0) * g12 + torch.sin(a0) * g22, torch.cos(a0) * g11 + torch.sin(a0) * g21
-        )
-        a_at_b0 = torch.atan2(g21, g11)  # b = 0: column 1 of G
-        a_at_b1 = torch.atan2(
-            torch.cos(b0) * g21 + torch.sin(b0) * g22, torch.cos(b0) * g11 + torch.sin(b0) * g12
-        )
-
-        alphas = torch.stack(
-            [a_int, _wrap(a_int + math.pi), zero, a0, a_at_b0, a_at_b1, zero, zero, a0, a0], dim=-1
-        )
-        betas = torch.stack(
-            [b_int, _wrap(b_int + math.pi), b_at_a0, b_at_a1, zero, b0, zero, b0, zero, b0], dim=-1
-        )
-        free_x = torch.tensor([1, 1, 0, 0, 1, 1, 0, 0, 0, 0], dtype=torch.bool, device=a0.device)
-        free_y = torch.tensor([1, 1, 1, 1, 0, 0, 0, 0, 0, 0], dtype=torch.bool, device=a0.device)
         feasible = (
-            (alphas >= -_ANGLE_TOL)
-            & (alphas <= a0.unsqueeze(-1) + _ANGLE_TOL)
-            & (betas >= -_ANGLE_TOL)
-            & (betas <= b0.unsqueeze(-1) + _ANGLE_TOL)
-            & ~(free_x & deg_x.unsqueeze(-1))  # a degenerate arc is its two endpoints only
-            & ~(free_y & deg_y.unsqueeze(-1))
+            (t_xs >= -tol)
+            & (t_xs <= 1 + tol)
+            & (t_ys >= -tol)
+            & (t_ys <= 1 + tol)
+            & ~((free[0] & deg[0].unsqueeze(-1)) | (free[1] & deg[1].unsqueeze(-1)))
         )
         ca, sa, cb, sb = torch.cos(alphas), torch.sin(alphas), torch.cos(betas), torch.sin(betas)
-        s = (
-            ca * cb * g11.unsqueeze(-1)
-            + ca * sb * g12.unsqueeze(-1)
-            + sa * cb * g21.unsqueeze(-1)
-            + sa * sb * g22.unsqueeze(-1)
+        value = ca * (cb * g11.unsqueeze(-1) + sb * g12.unsqueeze(-1)) + sa * (
+            cb * g21.unsqueeze(-1) + sb * g22.unsqueeze(-1)
         )  # p1 . p2 = -f (eq. 5)
-        s = torch.where(feasible, s, torch.full_like(s, -math.inf))
-        case = s.argmax(dim=-1)
-        alpha = alphas.gather(-1, case.unsqueeze(-1)).squeeze(-1)
-        beta = betas.gather(-1, case.unsqueeze(-1)).squeeze(-1)
-        t_x = torch.where(a0 > 0, alpha / torch.where(a0 > 0, a0, torch.ones_like(a0)), zero).clamp(0.0, 1.0)
-        t_y = torch.where(b0 > 0, beta / torch.where(b0 > 0, b0, torch.ones_like(b0)), zero).clamp(0.0, 1.0)
-        # Corners are exact: a0 / a0 == 1 in IEEE arithmetic, but make it explicit for the degenerate arcs.
-        t_x = torch.where(case >= 8, torch.ones_like(t_x), torch.where((case == 6) | (case == 7), zero, t_x))
-        t_y = torch.where(
-            (case == 7) | (case == 9), torch.ones_like(t_y), torch.where((case == 6) | (case == 8), zero, t_y)
-        )
-        t_x = torch.where(case == 3, torch.ones_like(t_x), torch.where(case == 2, zero, t_x))
-        t_y = torch.where(case == 5, torch.ones_like(t_y), torch.where(case == 4, zero, t_y))
+        case = value.masked_fill(~feasible, -math.inf).argmax(dim=-1, keepdim=True)
+        # Corners and edges are exact: 0 / a0 = 0 and a0 / a0 = 1 in IEEE arithmetic.
+        t_x = t_xs.gather(-1, case).squeeze(-1).clamp(0.0, 1.0)
+        t_y = t_ys.gather(-1, case).squeeze(-1).clamp(0.0, 1.0)
+        case = case.squeeze(-1)
     return Solution(t_x=t_x, t_y=t_y, case=case)
 
 
@@ -230,12 +211,8 @@ def solve_segments(
         # Case 0: grad f = 0 (eq. 21 with u = x2 - x1, v = y2 - y1, w = x1 - y1).
         k1_int = (uv * vw - vv * uw) / det_safe
         k2_int = (uu * vw - uv * uw) / det_safe
-        k1s = torch.stack(
-            [k1_int, zero, one, -uw / uu_safe, (uv - uw) / uu_safe, zero, zero, one, one], dim=-1
-        )
-        k2s = torch.stack(
-            [k2_int, vw / vv_safe, (vw + uv) / vv_safe, zero, one, zero, one, zero, one], dim=-1
-        )
+        k1s = torch.stack([k1_int, zero, one, -uw / uu_safe, (uv - uw) / uu_safe, zero, zero, one, one], dim=-1)
+        k2s = torch.stack([k2_int, vw / vv_safe, (vw + uv) / vv_safe, zero, one, zero, one, zero, one], dim=-1)
         usable = torch.stack(
             [
                 det_ok & has_u & has_v,
@@ -251,11 +228,7 @@ def solve_segments(
             dim=-1,
         )
         feasible = (
-            usable
-            & (k1s >= -_ANGLE_TOL)
-            & (k1s <= 1 + _ANGLE_TOL)
-            & (k2s >= -_ANGLE_TOL)
-            & (k2s <= 1 + _ANGLE_TOL)
+            usable & (k1s >= -_ANGLE_TOL) & (k1s <= 1 + _ANGLE_TOL) & (k2s >= -_ANGLE_TOL) & (k2s <= 1 + _ANGLE_TOL)
         )
         k1s, k2s = k1s.clamp(0.0, 1.0), k2s.clamp(0.0, 1.0)
         f = (
@@ -281,9 +254,7 @@ def solve_segments(
 def _check_rows(x1: torch.Tensor, x2: torch.Tensor, y1: torch.Tensor, y2: torch.Tensor, unit: bool) -> None:
     shapes = {t.shape for t in (x1, x2, y1, y2)}
     if len(shapes) != 1 or x1.dim() != 2:
-        raise ValueError(
-            f"x1, x2, y1, y2 must all have the same shape [M, D]; got {[tuple(s) for s in shapes]}"
-        )
+        raise ValueError(f"x1, x2, y1, y2 must all have the same shape [M, D]; got {[tuple(s) for s in shapes]}")
     for name, t in (("x1", x1), ("x2", x2), ("y1", y1), ("y2", y2)):
         if not torch.isfinite(t).all():
             raise ValueError(f"{name} contains NaN or inf")
@@ -360,9 +331,7 @@ def optimal_segment_distance(
     _check_rows(x1, x2, y1, y2, unit=False)
     a1, a2, b1, b2 = (t.detach().double() for t in (x1, x2, y1, y2))
     u, v, w = a2 - a1, b2 - b1, a1 - b1
-    sol = solve_segments(
-        _rowdot(u, u), _rowdot(v, v), _rowdot(u, v), _rowdot(u, w), _rowdot(v, w), _rowdot(w, w)
-    )
+    sol = solve_segments(_rowdot(u, u), _rowdot(v, v), _rowdot(u, v), _rowdot(u, w), _rowdot(v, w), _rowdot(w, w))
     k1 = sol.t_x.to(x1.dtype).unsqueeze(-1)
     k2 = sol.t_y.to(x1.dtype).unsqueeze(-1)
     p1 = (1 - k1) * x1 + k1 * x2  # eq. 17
@@ -376,11 +345,6 @@ def optimal_segment_distance(
 # ----------------------------------------------------------------------------------------------------
 
 
-def _gram_block(gram: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """[C, 4, 4] block gram[idx[c, m], idx[c, n]] (differentiable gather)."""
-    return gram[idx.unsqueeze(-1), idx.unsqueeze(-2)]
-
-
 def pair_of_pairs_distances(
     gram: torch.Tensor,
     i: torch.Tensor,
@@ -392,32 +356,40 @@ def pair_of_pairs_distances(
     """LoOp distance d_{i,j,k,l} for C combinations at once, from the Gram matrix of the batch.
 
     ``geometry="arc"`` expects unit-norm embeddings (gram = cosine matrix); ``"segment"`` any embeddings.
-    The squared distance |p1 - p2|^2 is the quadratic form of the coefficients of p1, p2 in the basis
-    (x_i, x_j, x_k, x_l) against the 4x4 Gram block, so no [C, D] tensor is ever built.
+    The squared distance |p1 - p2|^2 is a quadratic form of the coefficients of p1 = w1 x_i + w2 x_j and
+    p2 = v1 x_k + v2 x_l against Gram entries, so no [C, D] tensor is ever built. The optimum is solved in
+    the dtype of ``gram`` (float64 in the tests; float32 is accurate enough to pick the KKT case).
     """
-    idx = torch.stack([i, j, k, l], dim=-1)
-    block = _gram_block(gram, idx)  # [C, 4, 4]
+    if geometry not in ("arc", "segment"):
+        raise ValueError(f"geometry must be 'arc' or 'segment', got {geometry!r}")
+    n = gram.shape[0]
+    # Gram entries (i,j) (k,l) (i,k) (i,l) (j,k) (j,l) [+ (i,i) (j,j) (k,k) (l,l)], one flat gather.
+    rows = [i, k, i, i, j, j] + ([i, j, k, l] if geometry == "segment" else [])
+    cols = [j, l, k, l, k, l] + ([i, j, k, l] if geometry == "segment" else [])
+    flat = torch.stack(rows) * n + torch.stack(cols)
+    g = gram.reshape(-1).index_select(0, flat.reshape(-1)).view(len(rows), -1)
+    cx, cy, h11, h12, h21, h22 = g[:6]
     if geometry == "arc":
-        cx, cy = block[:, 0, 1], block[:, 2, 3]
         sx = safe_sqrt((1.0 - cx * cx).clamp_min(0.0))
         sy = safe_sqrt((1.0 - cy * cy).clamp_min(0.0))
-        sol = solve_arcs(cx, sx, cy, sy, block[:, :2, 2:])
-        w1, w2 = arc_coefficients(cx, sol.t_x)
-        v1, v2 = arc_coefficients(cy, sol.t_y)
-    elif geometry == "segment":
-        g = block.detach().double()
-        # u = x_j - x_i, v = x_l - x_k, w = x_i - x_k, all inner products from the block.
-        uu = g[:, 1, 1] - 2 * g[:, 0, 1] + g[:, 0, 0]
-        vv = g[:, 3, 3] - 2 * g[:, 2, 3] + g[:, 2, 2]
-        uv = g[:, 1, 3] - g[:, 1, 2] - g[:, 0, 3] + g[:, 0, 2]
-        uw = g[:, 0, 1] - g[:, 1, 2] - g[:, 0, 0] + g[:, 0, 2]
-        vw = g[:, 0, 3] - g[:, 2, 3] - g[:, 0, 2] + g[:, 2, 2]
-        ww = g[:, 0, 0] - 2 * g[:, 0, 2] + g[:, 2, 2]
+        h = torch.stack([torch.stack([h11, h12], -1), torch.stack([h21, h22], -1)], -2)
+        sol = solve_arcs(cx, sx, cy, sy, h, dtype=gram.dtype)
+        (w1, v1), (w2, v2) = arc_coefficients(torch.stack([cx, cy]), torch.stack([sol.t_x, sol.t_y]))
+        nx1 = nx2 = ny1 = ny2 = torch.ones_like(cx)  # unit norms
+    else:
+        nx1, nx2, ny1, ny2 = g[6:]
+        gd = g.detach()
+        # u = x_j - x_i, v = x_l - x_k, w = x_i - x_k
+        uu = gd[7] - 2 * gd[0] + gd[6]
+        vv = gd[9] - 2 * gd[1] + gd[8]
+        uv = gd[5] - gd[4] - gd[3] + gd[2]
+        uw = gd[0] - gd[4] - gd[6] + gd[2]
+        vw = gd[3] - gd[1] - gd[2] + gd[8]
+        ww = gd[6] - 2 * gd[2] + gd[8]
         sol = solve_segments(uu, vv, uv, uw, vw, ww)
         t_x, t_y = sol.t_x.to(gram.dtype), sol.t_y.to(gram.dtype)
         w1, w2, v1, v2 = 1 - t_x, t_x, 1 - t_y, t_y
-    else:
-        raise ValueError(f"geometry must be 'arc' or 'segment', got {geometry!r}")
-    coef = torch.stack([w1, w2, -v1, -v2], dim=-1)  # p1 - p2 in the basis (x_i, x_j, x_k, x_l)
-    d2 = torch.einsum("cm,cmn,cn->c", coef, block, coef).clamp_min(0.0)
-    return safe_sqrt(d2), sol
+    p1_sq = w1 * w1 * nx1 + w2 * w2 * nx2 + 2 * w1 * w2 * cx
+    p2_sq = v1 * v1 * ny1 + v2 * v2 * ny2 + 2 * v1 * v2 * cy
+    cross = w1 * (v1 * h11 + v2 * h12) + w2 * (v1 * h21 + v2 * h22)
+    return safe_sqrt((p1_sq + p2_sq - 2 * cross).clamp_min(0.0)), sol

@@ -30,7 +30,7 @@ from retrieval.distances import (
 from retrieval.losses import register_negatives
 from retrieval.negatives.loop import pair_of_pairs_distances
 from retrieval.negatives.pairs import PositivePairs, pair_combinations, positive_pairs
-from retrieval.negatives.symm import IS_SYNTHETIC, symm_inner_products, symm_sq_distances, synthetic_share
+from retrieval.negatives.symm import IS_SYNTHETIC, symm_inner_products, synthetic_share
 
 _GEOMETRY = {"loop": "arc", "loop-linear": "segment"}
 
@@ -39,9 +39,7 @@ def _check_inputs(embeddings: torch.Tensor, labels: torch.Tensor) -> None:
     if embeddings.dim() != 2:
         raise ValueError(f"embeddings must be [B, D], got shape {tuple(embeddings.shape)}")
     if labels.dim() != 1 or labels.numel() != embeddings.shape[0]:
-        raise ValueError(
-            f"labels must be [B] with B = {embeddings.shape[0]} (one per row), got {tuple(labels.shape)}"
-        )
+        raise ValueError(f"labels must be [B] with B = {embeddings.shape[0]} (one per row), got {tuple(labels.shape)}")
 
 
 class _PairOfPairsLoss(nn.Module):
@@ -76,9 +74,7 @@ class _LoOpLoss(_PairOfPairsLoss):
             raise ValueError(f"LoOp method must be one of {sorted(_GEOMETRY)}, got {method!r}")
         self.method = method
 
-    def _loop_distances(
-        self, gram: torch.Tensor, pairs: PositivePairs, negative: torch.Tensor
-    ) -> torch.Tensor:
+    def _loop_distances(self, gram: torch.Tensor, pairs: PositivePairs, negative: torch.Tensor) -> torch.Tensor:
         """[Pp, Pp] matrix of d_{i,j,k,l} (symmetric; zero where ``negative`` is False)."""
         n = len(pairs)
         p, q = pair_combinations(pairs.labels)
@@ -95,8 +91,7 @@ class _LoOpLoss(_PairOfPairsLoss):
 
     def _prepare(self, embeddings: torch.Tensor, labels: torch.Tensor):
         pairs, negative = self._pairs(embeddings, labels)
-        x = l2_normalize(embeddings)  # Algorithm 1, step 3
-        gram = cosine_similarity_matrix(x)
+        gram = dot_similarity_matrix(l2_normalize(embeddings))  # Algorithm 1, step 3: unit embeddings
         if not negative.any():  # one class only: nothing to push apart
             self.last_stats = {"synthetic_negative_share": 0.0, "loop_combinations": 0.0}
             return None
@@ -209,17 +204,11 @@ class LoOpMultiSimilarityLoss(_LoOpLoss):
         pos_mask[torch.arange(len(anchors), device=gram.device), anchors] = False
         with torch.no_grad():  # mining only decides which pairs take part
             min_pos = torch.where(pos_mask, sim, torch.full_like(sim, math.inf)).amin(dim=1, keepdim=True)
-            max_neg = torch.where(neg_mask, neg_sim, torch.full_like(neg_sim, -math.inf)).amax(
-                dim=1, keepdim=True
-            )
+            max_neg = torch.where(neg_mask, neg_sim, torch.full_like(neg_sim, -math.inf)).amax(dim=1, keepdim=True)
             keep_neg = neg_mask & (neg_sim > min_pos - self.margin)
             keep_pos = pos_mask & (sim < max_neg + self.margin)
-        pos_term = (
-            masked_logsumexp(-self.alpha * (sim - self.gamma), keep_pos, dim=1, add_one=True) / self.alpha
-        )
-        neg_term = (
-            masked_logsumexp(self.beta * (neg_sim - self.gamma), keep_neg, dim=1, add_one=True) / self.beta
-        )
+        pos_term = masked_logsumexp(-self.alpha * (sim - self.gamma), keep_pos, dim=1, add_one=True) / self.alpha
+        neg_term = masked_logsumexp(self.beta * (neg_sim - self.gamma), keep_neg, dim=1, add_one=True) / self.beta
         return (pos_term + neg_term).mean()
 
 
@@ -243,7 +232,7 @@ class _SymmLoss(_PairOfPairsLoss):
         return pairs, negative, gram
 
     def _record(self, selected: torch.Tensor, negative: torch.Tensor) -> None:
-        self.last_stats = {"synthetic_negative_share": float(synthetic_share(selected[negative]))}
+        self.last_stats = {"synthetic_negative_share": float(synthetic_share(selected, negative))}
 
 
 class SymmTripletLoss(_SymmLoss):
@@ -258,13 +247,13 @@ class SymmTripletLoss(_SymmLoss):
         if feats is None:
             return zero_loss(embeddings)
         pairs, negative, gram = feats
-        sq = symm_sq_distances(gram, pairs.first, pairs.second).flatten(2)  # [Pp, Pp, 16]
-        hardest, selected = sq.min(dim=2)
+        # Unit embeddings: the nearest of the 16 pairs is the most similar one, D^2 = 2 - 2 S.
+        dots = symm_inner_products(gram, pairs.first, pairs.second).flatten(2)  # [Pp, Pp, 16]
+        best, selected = dots.max(dim=2)
+        hardest = (2.0 - 2.0 * best).clamp_min(0.0)
         self._record(selected, negative)
         d_pos_sq = (
-            gram[pairs.first, pairs.first]
-            + gram[pairs.second, pairs.second]
-            - 2.0 * gram[pairs.first, pairs.second]
+            gram[pairs.first, pairs.first] + gram[pairs.second, pairs.second] - 2.0 * gram[pairs.first, pairs.second]
         ).clamp_min(0.0)
         hinge = torch.relu(d_pos_sq.unsqueeze(1) - hardest + self.margin)
         return torch.where(negative, hinge, torch.zeros_like(hinge)).sum() / len(pairs)
@@ -282,8 +271,9 @@ class SymmLiftedLoss(_SymmLoss):
         if feats is None:
             return zero_loss(embeddings)
         pairs, negative, gram = feats
-        sq = symm_sq_distances(gram, pairs.first, pairs.second).flatten(2)
-        hardest_sq, selected = sq.min(dim=2)
+        dots = symm_inner_products(gram, pairs.first, pairs.second).flatten(2)
+        best, selected = dots.max(dim=2)
+        hardest_sq = (2.0 - 2.0 * best).clamp_min(0.0)
         self._record(selected, negative)
         hardest = safe_sqrt(hardest_sq)
         d_pos = safe_sqrt(

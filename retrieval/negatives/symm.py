@@ -32,20 +32,13 @@ def reflect(x: torch.Tensor, axis: torch.Tensor) -> torch.Tensor:
     return 2.0 * (x * u).sum(dim=-1, keepdim=True) * u - x
 
 
-def pair_point_coefficients(
-    gram_ii: torch.Tensor, gram_jj: torch.Tensor, gram_ij: torch.Tensor
-) -> torch.Tensor:
+def pair_point_coefficients(gram_ii: torch.Tensor, gram_jj: torch.Tensor, gram_ij: torch.Tensor) -> torch.Tensor:
     """[Pp, 4, 2]: x_i, x_j, x_i' (about x_j), x_j' (about x_i) as combinations of (x_i, x_j)."""
-    a_i = 2.0 * gram_ij / gram_jj.clamp_min(EPS)  # x_i' = a_i x_j - x_i
-    a_j = 2.0 * gram_ij / gram_ii.clamp_min(EPS)  # x_j' = a_j x_i - x_j
-    one, zero = torch.ones_like(a_i), torch.zeros_like(a_i)
-    rows = [
-        torch.stack([one, zero], dim=-1),
-        torch.stack([zero, one], dim=-1),
-        torch.stack([-one, a_i], dim=-1),
-        torch.stack([a_j, -one], dim=-1),
-    ]
-    return torch.stack(rows, dim=-2)
+    # x_i' = a_i x_j - x_i with a_i = 2 S_ij / S_jj; x_j' = a_j x_i - x_j with a_j = 2 S_ij / S_ii.
+    a = 2.0 * gram_ij.unsqueeze(-1) / torch.stack([gram_ii, gram_jj], dim=-1).clamp_min(EPS)  # [a_j, a_i]
+    template = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.0, -1.0]], dtype=a.dtype, device=a.device)
+    slots = torch.tensor([[0.0, 0.0], [0.0, 0.0], [0.0, 1.0], [1.0, 0.0]], dtype=a.dtype, device=a.device)
+    return template + slots * a.unsqueeze(1)  # row 2 gets a_i in column 1, row 3 gets a_j in column 0
 
 
 def symm_inner_products(gram: torch.Tensor, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
@@ -54,8 +47,10 @@ def symm_inner_products(gram: torch.Tensor, first: torch.Tensor, second: torch.T
     ``gram`` is the [B, B] inner-product matrix of the embeddings the loss works on (unit or raw).
     """
     coef = pair_point_coefficients(gram[first, first], gram[second, second], gram[first, second])
-    ends = torch.stack([first, second], dim=-1)  # [Pp, 2]
-    h = gram[ends[:, None, :, None], ends[None, :, None, :]]  # [Pp, Pp, 2, 2]: <x_(p, m), x_(q, n)>
+    ends = torch.stack([first, second], dim=-1).reshape(-1)  # x_i, x_j of pair 0, then of pair 1, ...
+    n = first.numel()
+    # index_select (backward: index_add) rather than 4-D advanced indexing (backward: sorted index_put)
+    h = gram.index_select(0, ends).index_select(1, ends).view(n, 2, n, 2).transpose(1, 2)  # [Pp, Pp, 2, 2]
     return torch.einsum("pam,pqmn,qbn->pqab", coef, h, coef)
 
 
@@ -72,12 +67,12 @@ def symm_sq_distances(gram: torch.Tensor, first: torch.Tensor, second: torch.Ten
     return (norms[:, None, :, None] + norms[None, :, None, :] - 2.0 * dots).clamp_min(0.0)
 
 
-def synthetic_share(selected: torch.Tensor, points_per_choice: int = 2) -> torch.Tensor:
+def synthetic_share(selected: torch.Tensor, used: torch.Tensor) -> torch.Tensor:
     """Share of synthetic points among the selected hardest pairs (Figure 7's ratio^(syn)).
 
     ``selected`` holds flattened indices a * 4 + b into the 4 x 4 grid (a: positive-side point,
-    b: negative-side point).
+    b: negative-side point); ``used`` marks the entries that are negative pairs.
     """
-    syn = IS_SYNTHETIC.to(selected.device)
-    count = syn[selected // 4].float() + syn[selected % 4].float()
-    return count.sum() / max(points_per_choice * selected.numel(), 1)
+    with torch.no_grad():
+        syn = (selected // 4 >= 2).float() + (selected % 4 >= 2).float()  # points 2, 3 are the synthetic ones
+        return (syn * used).sum() / (2 * used.sum()).clamp_min(1)

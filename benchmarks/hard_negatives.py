@@ -1,0 +1,84 @@
+"""Forward + backward time of the LoOp / Symm losses next to their base losses, on CPU.
+
+    .venv/bin/python benchmarks/hard_negatives.py [--batch 32 128 256] [--per-class 4] [--dim 512] [--repeats 30]
+
+Each row times ``loss(embeddings, labels).backward()`` for the base loss and its hard-negative variant,
+interleaved run by run in one process (median and best of --repeats runs after warm-up, fewer for slow
+rows), so that the ratio is measured under the same load; on a shared machine the best-of time is the
+less noisy estimate of the intrinsic cost. One torch thread by default (the CPUs are shared).
+Prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from retrieval.losses import build
+
+# (loss name, negatives method): the base loss is build(name) with the same defaults.
+VARIANTS = [
+    ("triplet", "loop"),
+    ("hphn_triplet", "loop"),
+    ("lifted_min", "loop"),
+    ("ms", "loop"),
+    ("triplet", "loop-linear"),
+    ("triplet", "symm"),
+    ("lifted", "symm"),
+    ("npair", "symm"),
+    ("angular", "symm"),
+]
+
+
+def _one_step_ms(loss: torch.nn.Module, emb: torch.Tensor, labels: torch.Tensor) -> float:
+    e = emb.clone().requires_grad_(True)
+    start = time.perf_counter()
+    loss(e, labels).backward()
+    return (time.perf_counter() - start) * 1e3
+
+
+def time_pair(
+    base: torch.nn.Module, variant: torch.nn.Module, emb: torch.Tensor, labels: torch.Tensor, repeats: int
+) -> tuple[tuple[float, float], tuple[float, float]]:
+    """(median, best) ms of one forward + backward of each, the two runs interleaved so that they share the load."""
+    for _ in range(2):  # warm-up
+        first = _one_step_ms(base, emb, labels) + _one_step_ms(variant, emb, labels)
+    repeats = max(5, min(repeats, int(3000 / max(first, 1e-3))))  # about 3 s per row at most
+    base_ms, variant_ms = [], []
+    for _ in range(repeats):
+        base_ms.append(_one_step_ms(base, emb, labels))
+        variant_ms.append(_one_step_ms(variant, emb, labels))
+    return (statistics.median(base_ms), min(base_ms)), (statistics.median(variant_ms), min(variant_ms))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, nargs="+", default=[32, 128, 256])
+    parser.add_argument("--per-class", type=int, default=4)
+    parser.add_argument("--dim", type=int, default=512)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (0: leave the default)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, N = {args.per_class}, D = {args.dim}\n")
+    print("| loss | negatives | B | base ms (median / best) | variant ms (median / best) | ratio (median / best) |")
+    print("|---|---|---|---|---|---|")
+    for batch in args.batch:
+        g = torch.Generator().manual_seed(batch)
+        labels = torch.arange(batch // args.per_class).repeat_interleave(args.per_class)
+        emb = torch.randn(batch, args.dim, generator=g)
+        for name, method in VARIANTS:
+            base, variant = time_pair(build(name), build(name, negatives=method), emb, labels, args.repeats)
+            print(
+                f"| {name} | {method} | {batch} | {base[0]:.2f} / {base[1]:.2f} | {variant[0]:.2f} / {variant[1]:.2f} "
+                f"| {variant[0] / base[0]:.2f} / {variant[1] / base[1]:.2f} |",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()

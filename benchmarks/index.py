@@ -1,0 +1,116 @@
+"""Gallery index benchmarks.
+
+1. Indexing throughput: end-to-end ``build_index`` images/s (decode in workers + embed + shards + faiss)
+   against the embedder alone on already-preprocessed batches (target ratio >= 0.9).
+2. Search: build time, tuned parameters, 1-recall@1, 10-recall@10 against exact search and p50/p99
+   single-query latency of each index type on random unit vectors.
+
+    .venv/bin/python benchmarks/index.py throughput --images 256
+    .venv/bin/python benchmarks/index.py search --n 1000000 --dim 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def throughput(args: argparse.Namespace) -> dict:
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from test_index_support import write_digits
+
+    from export import export_embedder
+    from retrieval.index import IngestOptions, build_index, load_model
+    from retrieval.models import create_embedder
+
+    work = Path(tempfile.mkdtemp(prefix="bench-index-"))
+    torch.manual_seed(0)
+    model = create_embedder(args.backbone, embedding_dim=128, pretrained=False).eval()
+    export_embedder(model, work / "model.onnx", verify=False, log=lambda m: None)
+    embedder = load_model(work / "model.onnx")
+    write_digits(work / "gallery", args.images)
+    size = embedder.model_config["input_size"]
+    batch = np.random.default_rng(0).standard_normal((args.batch_size, 3, size, size)).astype(np.float32)
+    embedder.embed(batch)  # warm-up
+    start = time.perf_counter()
+    for _ in range(args.images // args.batch_size):
+        embedder.embed(batch)
+    alone = (args.images // args.batch_size) * args.batch_size / (time.perf_counter() - start)
+    start = time.perf_counter()
+    build_index(work / "gallery", work / "idx", embedder=embedder, index_key="Flat",
+                options=IngestOptions(batch_size=args.batch_size, workers=args.workers, progress=False))
+    end_to_end = args.images / (time.perf_counter() - start)
+    return {"backbone": args.backbone, "input_size": size, "images": args.images, "batch_size": args.batch_size,
+            "workers": args.workers, "embedder_alone_img_s": round(alone, 1),
+            "end_to_end_img_s": round(end_to_end, 1), "ratio": round(end_to_end / alone, 3)}
+
+
+def search(args: argparse.Namespace) -> dict:
+    import faiss
+
+    from retrieval.index import faiss_ops
+
+    rng = np.random.default_rng(0)
+    gallery = rng.standard_normal((args.n, args.dim)).astype(np.float32)
+    gallery /= np.linalg.norm(gallery, axis=1, keepdims=True)
+    queries = rng.standard_normal((args.queries, args.dim)).astype(np.float32)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    ids = np.arange(args.n, dtype=np.int64)
+    start = time.perf_counter()
+    _, exact = faiss_ops.exact_knn(queries, [(ids, gallery)], 10)
+    results = {"n": args.n, "dim": args.dim, "queries": args.queries, "threads": faiss.omp_get_max_threads(),
+               "exact_ground_truth_s": round(time.perf_counter() - start, 1), "indexes": {}}
+    # half the queries tune the search parameters, the other half measure them
+    tune_q, test_q = queries[: args.queries // 2], queries[args.queries // 2:]
+    tune_exact, test_exact = exact[: args.queries // 2], exact[args.queries // 2:]
+    for key in args.keys:
+        key = faiss_ops.expand_key(key, args.n, args.dim)
+        start = time.perf_counter()
+        index = faiss_ops.new_index(key, args.dim)
+        if not index.is_trained:
+            index.train(gallery[rng.choice(args.n, min(args.n, args.train), replace=False)])
+        index.add_with_ids(gallery, ids)
+        built = time.perf_counter() - start
+        tuning = faiss_ops.tune_search_params(index, tune_q, tune_exact, 0.95)
+        _, found = index.search(test_q, 10)
+        latency = faiss_ops.latency_ms(lambda q, index=index: index.search(q, 10), test_q)
+        row = {"build_s": round(built, 1), "params": tuning.params, "target_met_on_tuning": tuning.target_met,
+               "recall_1_at_1": round(faiss_ops.recall_at(found, test_exact, 1, 1), 4),
+               "recall_10_at_10": round(faiss_ops.recall_at(found, test_exact, 10, 10), 4),
+               **{k: round(v, 3) for k, v in latency.items()}}
+        results["indexes"][key] = row
+        print(key, json.dumps(row), file=sys.stderr, flush=True)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="what", required=True)
+    t = sub.add_parser("throughput")
+    t.add_argument("--images", type=int, default=256)
+    t.add_argument("--batch-size", type=int, default=32)
+    t.add_argument("--workers", type=int, default=1)
+    t.add_argument("--backbone", default="resnet18")
+    s = sub.add_parser("search")
+    s.add_argument("--n", type=int, default=1_000_000)
+    s.add_argument("--dim", type=int, default=128)
+    s.add_argument("--queries", type=int, default=1000)
+    s.add_argument("--train", type=int, default=100_000)
+    s.add_argument("--keys", nargs="+", default=["Flat", "HNSW32", "IVF{K},Flat", "IVF{K},SQ8", "IVF{K},PQ{m}"])
+    args = parser.parse_args()
+    result = throughput(args) if args.what == "throughput" else search(args)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

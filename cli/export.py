@@ -1,0 +1,34 @@
+"""``retrieval export``: a training checkpoint -> one verified ONNX file with metadata."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command("export")
+@click.option("--checkpoint", required=True, type=click.Path(dir_okay=False),
+              help="training checkpoint (RUN_DIR/best.pt or last.pt).")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="ONNX file to write, e.g. model.onnx.")
+@click.option("--opset", type=click.IntRange(min=7), default=None,
+              help="ONNX opset (default: the exporter's recommended one).")
+@click.option("--fp16", is_flag=True, help="float16 weights and activations (inputs/outputs stay float32).")
+@click.option("--verify/--no-verify", default=True, show_default=True,
+              help="compare onnxruntime with PyTorch on real images at batch 1 and 7.")
+def export_command(checkpoint: str, out: str, opset: int | None, fp16: bool, verify: bool) -> None:
+    """Export a trained embedder (backbone, head, L2 norm) to ONNX with a dynamic batch axis."""
+    from export.onnx_export import ExportVerificationError, export_checkpoint
+
+    try:
+        result = export_checkpoint(checkpoint, out, opset=opset, fp16=fp16, verify=verify, log=click.echo)
+    except ExportVerificationError as exc:
+        raise click.ClickException(f"verification failed: {exc}") from exc
+    except (FileNotFoundError, ValueError) as exc:
+        raise click.ClickException(f"{type(exc).__name__}: {exc}") from exc
+    meta = result.metadata
+    click.echo(
+        f"wrote {Path(result.path)}: {meta['backbone']}, input {meta['input_size']} px, "
+        f"{meta['embedding_dim']}-d, normalized={meta['normalized']}, {result.precision}, "
+        f"model_hash {meta['model_hash']}, config_hash {meta['config_hash'] or '-'}"
+    )

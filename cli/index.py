@@ -1,0 +1,129 @@
+"""`retrieval index build|add|remove|stats` and `retrieval search`: the gallery index on the command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+IMAGES_HELP = "a folder (searched recursively for jpg/jpeg/png/webp/bmp/gif) or a manifest.csv (path,label[,split])."
+
+
+def _ingest_options(batch_size: int, workers: int | None, shard_size: int, max_pixels: int | None):
+    from retrieval.index import IngestOptions
+    from retrieval.index.decode import DEFAULT_MAX_PIXELS
+
+    return IngestOptions(batch_size=batch_size, workers=workers, shard_size=shard_size,
+                         max_pixels=max_pixels or DEFAULT_MAX_PIXELS)
+
+
+def _echo_summary(summary: dict) -> None:
+    click.echo(json.dumps(summary, indent=2, default=str))
+
+
+def ingest_options(func):
+    options = [
+        click.option("--split", default=None, help="with a manifest: index only the rows of this split."),
+        click.option("--batch-size", default=64, show_default=True, help="images per embedding batch."),
+        click.option("--workers", type=int, default=None, help="decoding workers (default: cores - 1, at most 4)."),
+        click.option("--shard-size", default=4096, show_default=True,
+                     help="images per shard (the unit of resumption)."),
+        click.option("--max-pixels", type=int, default=None,
+                     help="refuse images with more pixels (decompression bombs); default PIL's 89.5 M."),
+        click.option("--gpu", is_flag=True, help="train/search faiss on the GPU (needs faiss-gpu and a GPU)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+@click.group("index")
+def index_group() -> None:
+    """Build, update and inspect a gallery index (faiss + SQLite catalogue)."""
+
+
+@index_group.command("build")
+@click.option("--model", required=True, type=click.Path(dir_okay=False), help="exported .onnx embedder.")
+@click.option("--images", required=True, type=click.Path(), help=IMAGES_HELP)
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="index folder (resumes if interrupted).")
+@click.option("--index-key", default="auto", show_default=True,
+              help="auto | Flat | HNSW32 | IVF{K},Flat | IVF{K},PQ{m} | any faiss factory key ({K}, {m} filled in).")
+@ingest_options
+def build_command(model, images, out, index_key, split, batch_size, workers, shard_size, max_pixels, gpu) -> None:
+    """Embed every image and build the index; run the same command again to finish an interrupted build."""
+    from retrieval.index import build_index
+
+    summary = build_index(images, out, model=model, index_key=index_key, split=split, gpu=gpu,
+                          options=_ingest_options(batch_size, workers, shard_size, max_pixels))
+    _echo_summary(summary)
+
+
+@index_group.command("add")
+@click.argument("index_dir", type=click.Path(file_okay=False, exists=True))
+@click.option("--images", required=True, type=click.Path(), help=IMAGES_HELP)
+@click.option("--model", type=click.Path(dir_okay=False), help="default: the model recorded in index.json.")
+@ingest_options
+def add_command(index_dir, images, model, split, batch_size, workers, shard_size, max_pixels, gpu) -> None:
+    """Add images to an existing index without rebuilding it."""
+    from retrieval.index import add_images
+
+    summary = add_images(index_dir, images, model=model, split=split, gpu=gpu,
+                         options=_ingest_options(batch_size, workers, shard_size, max_pixels))
+    _echo_summary(summary)
+
+
+@index_group.command("remove")
+@click.argument("index_dir", type=click.Path(file_okay=False, exists=True))
+@click.option("--ids", default="", help="comma-separated catalogue ids.")
+@click.option("--paths", multiple=True, help="image path as catalogued (repeatable).")
+def remove_command(index_dir, ids, paths) -> None:
+    """Remove images (by catalogue id or path); HNSW indexes are rebuilt from the shards."""
+    from retrieval.index import remove_images
+
+    try:
+        id_list = [int(part) for part in ids.split(",") if part.strip()]
+    except ValueError as exc:
+        raise click.BadParameter(f"--ids must be comma-separated integers, got {ids!r}") from exc
+    if not id_list and not paths:
+        raise click.UsageError("give --ids and/or --paths")
+    _echo_summary(remove_images(index_dir, ids=id_list, paths=paths))
+
+
+@index_group.command("stats")
+@click.argument("index_dir", type=click.Path(file_okay=False, exists=True))
+@click.option("--queries", default=500, show_default=True, help="sampled queries for recall and latency.")
+def stats_command(index_dir, queries) -> None:
+    """Counts, index type and parameters, size on disk, recall vs exact search, p50/p99 latency."""
+    from retrieval.index import index_stats
+
+    _echo_summary(index_stats(index_dir, queries=queries))
+
+
+@click.command("search")
+@click.option("--index", "index_dir", required=True, type=click.Path(file_okay=False, exists=True))
+@click.argument("images", nargs=-1, required=True, type=click.Path(dir_okay=False, exists=True))
+@click.option("-k", "k", default=10, show_default=True, help="results per query.")
+@click.option("--model", type=click.Path(dir_okay=False), help="default: the model recorded in index.json.")
+@click.option("--gpu", is_flag=True, help="search on the GPU (needs faiss-gpu and a GPU; k <= 2048).")
+@click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table.")
+def search_command(index_dir, images, k, model, gpu, as_json) -> None:
+    """Find the k most similar gallery images to each query IMAGE."""
+    from retrieval.index import Index, load_model
+
+    with Index.open(index_dir, embedder=load_model(model) if model else None, gpu=gpu) as index:
+        results = index.search_images(list(images), k)
+    if as_json:
+        payload = [{"query": str(Path(q).resolve()), "results": [r.to_dict() for r in rs]}
+                   for q, rs in zip(images, results, strict=True)]
+        click.echo(json.dumps(payload, indent=2))
+        return
+    for query, rows in zip(images, results, strict=True):
+        click.echo(query)
+        for rank, r in enumerate(rows, 1):
+            click.echo(f"  {rank:3d}  {r.score:+.4f}  id={r.id}  label={r.label}  {r.path}")
+
+
+if __name__ == "__main__":
+    sys.exit(index_group())

@@ -1,0 +1,17 @@
+"""ONNX export of a trained embedder (``retrieval export``) and its onnxruntime runner."""
+
+from export.onnx_export import (
+    ExportResult,
+    ExportVerificationError,
+    VerificationReport,
+    export_checkpoint,
+    export_embedder,
+    sample_images,
+    verify_export,
+)
+from retrieval.onnx_runtime import OnnxEmbedder
+
+__all__ = [
+    "ExportResult", "ExportVerificationError", "OnnxEmbedder", "VerificationReport", "export_checkpoint",
+    "export_embedder", "sample_images", "verify_export",
+]

@@ -1,0 +1,302 @@
+"""Export a trained embedder (backbone + head + L2 norm) to one ONNX file and verify it against PyTorch.
+
+The graph has a dynamic batch axis (input ``images`` [batch, 3, S, S] float32, output ``embeddings``
+[batch, d] float32) and carries the metadata that ``retrieval.onnx_runtime.OnnxEmbedder`` reads. The
+exporter is torch's dynamo exporter (``torch.onnx.export(..., dynamo=True)``); the legacy TorchScript
+exporter is used only when dynamo fails for a backbone, and a log line says so.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+from PIL import Image
+from torch import nn
+
+from retrieval.models import Embedder, load_checkpoint, load_embedder
+from retrieval.onnx_runtime import (
+    INPUT_NAME,
+    OUTPUT_NAME,
+    OnnxEmbedder,
+    build_metadata,
+    embedder_model_hash,
+    preprocess_images,
+)
+
+logger = logging.getLogger(__name__)
+Log = Callable[[str], None]
+
+FP32_MAX_ABS_DIFF = 1e-4
+FP16_MIN_COSINE = 0.999
+VERIFY_BATCH_SIZES = (1, 7)
+# protobuf cannot serialise a single message over 2 GiB; bigger models keep their weights next to the file.
+PROTOBUF_LIMIT_BYTES = 2**31 - 2**26
+# Real photographs bundled with scikit-image (no download); camera and coins are grayscale.
+SAMPLE_IMAGE_NAMES = ("chelsea", "astronaut", "coffee", "rocket", "camera", "coins", "immunohistochemistry")
+
+
+class ExportVerificationError(ValueError):
+    """The exported graph's outputs differ from PyTorch's beyond the tolerance; ``report`` has the numbers."""
+
+    def __init__(self, message: str, report: VerificationReport) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+@dataclass
+class BatchCheck:
+    batch_size: int
+    max_abs_diff: float
+    min_cosine: float
+    passed: bool
+
+    def describe(self) -> str:
+        return (f"batch {self.batch_size}: max |diff| {self.max_abs_diff:.2e}, min cosine {self.min_cosine:.6f}"
+                f" [{'ok' if self.passed else 'FAIL'}]")
+
+
+@dataclass
+class VerificationReport:
+    precision: str
+    criterion: str
+    checks: list[BatchCheck]
+    images: list[str]
+
+    @property
+    def passed(self) -> bool:
+        return all(check.passed for check in self.checks)
+
+    def describe(self) -> str:
+        return "; ".join(check.describe() for check in self.checks)
+
+
+@dataclass
+class ExportResult:
+    path: Path
+    exporter: str
+    opset: int
+    precision: str
+    seconds: float
+    file_bytes: int
+    metadata: dict[str, str]
+    verification: VerificationReport | None = None
+    external_data: list[Path] = field(default_factory=list)
+
+    @property
+    def model_hash(self) -> str:
+        return self.metadata["model_hash"]
+
+
+# ---------------------------------------------------------------- images for verification
+
+def sample_images(count: int = max(VERIFY_BATCH_SIZES)) -> list[tuple[str, Image.Image]]:
+    """Real photographs (scikit-image's bundled samples, colour and grayscale) as ``(name, PIL image)``."""
+    import skimage.data
+
+    if not 1 <= count <= len(SAMPLE_IMAGE_NAMES):
+        raise ValueError(f"count must be in 1..{len(SAMPLE_IMAGE_NAMES)}, got {count}")
+    return [(name, Image.fromarray(getattr(skimage.data, name)())) for name in SAMPLE_IMAGE_NAMES[:count]]
+
+
+# ---------------------------------------------------------------- graph export
+
+def _dynamo_export(model: nn.Module, example: torch.Tensor, opset: int | None) -> onnx.ModelProto:
+    batch = torch.export.Dim("batch", min=1)
+    program = torch.onnx.export(
+        model, (example,), None, dynamo=True, verbose=False, opset_version=opset,
+        input_names=[INPUT_NAME], output_names=[OUTPUT_NAME], dynamic_shapes={"images": {0: batch}},
+    )
+    return program.model_proto
+
+
+def _legacy_export(model: nn.Module, example: torch.Tensor, opset: int | None) -> onnx.ModelProto:
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # the caller already logged the fallback
+        path = Path(tmp) / "model.onnx"
+        torch.onnx.export(
+            model, (example,), str(path), dynamo=False, opset_version=opset or 17, do_constant_folding=True,
+            input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+            dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
+        )
+        return onnx.load(str(path))
+
+
+def export_graph(model: nn.Module, input_size: int, opset: int | None, log: Log) -> tuple[onnx.ModelProto, str]:
+    """``model`` (eval mode, fp32, CPU) as an ONNX graph with a dynamic batch axis; returns (graph, exporter)."""
+    example = torch.randn(2, 3, input_size, input_size, generator=torch.Generator().manual_seed(0))
+    try:
+        proto, exporter = _dynamo_export(model, example, opset), "dynamo"
+    except Exception as exc:  # any failure of torch.export / translation: try the TorchScript exporter
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        log(f"dynamo exporter failed ({type(exc).__name__}: {first_line[:200]}); "
+            f"falling back to the legacy TorchScript exporter")
+        proto, exporter = _legacy_export(model, example, opset), "legacy"
+    batch_dim = proto.graph.input[0].type.tensor_type.shape.dim[0]
+    if not batch_dim.dim_param:
+        raise RuntimeError(f"the {exporter} exporter produced a fixed batch size ({batch_dim.dim_value}), "
+                           f"expected a dynamic batch axis")
+    return proto, exporter
+
+
+def to_fp16(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """Weights and activations in float16; inputs and outputs stay float32 so callers need not care."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    large = proto.ByteSize() > PROTOBUF_LIMIT_BYTES
+    return convert_float_to_float16(proto, keep_io_types=True, disable_shape_infer=large)
+
+
+def _opset(proto: onnx.ModelProto) -> int:
+    return next(entry.version for entry in proto.opset_import if entry.domain in ("", "ai.onnx"))
+
+
+def save_with_metadata(proto: onnx.ModelProto, path: Path, metadata: dict[str, str]) -> list[Path]:
+    """Write the model (weights inside when under 2 GiB); returns any external-data files written."""
+    del proto.metadata_props[:]
+    onnx.helper.set_model_props(proto, metadata)
+    proto.doc_string = f"retrieval embedder: {metadata['backbone']}, {metadata['embedding_dim']}-d"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if proto.ByteSize() <= PROTOBUF_LIMIT_BYTES:
+        onnx.save_model(proto, str(path))
+        return []
+    data_name = path.name + ".data"
+    onnx.save_model(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=data_name, size_threshold=1024)
+    return [path.parent / data_name]
+
+
+# ---------------------------------------------------------------- verification
+
+def _compare(reference: np.ndarray, candidate: np.ndarray) -> tuple[float, float]:
+    ref, out = reference.astype(np.float64), candidate.astype(np.float64)
+    max_abs = float(np.abs(ref - out).max())
+    norms = np.linalg.norm(ref, axis=1) * np.linalg.norm(out, axis=1)
+    cosine = (ref * out).sum(axis=1) / np.maximum(norms, 1e-12)
+    return max_abs, float(cosine.min())
+
+
+@torch.no_grad()
+def verify_export(
+    model: nn.Module,
+    onnx_path: str | Path,
+    precision: str = "fp32",
+    batch_sizes: Sequence[int] = VERIFY_BATCH_SIZES,
+    images: Sequence[tuple[str, Image.Image]] | None = None,
+    max_abs_diff: float = FP32_MAX_ABS_DIFF,
+    min_cosine: float = FP16_MIN_COSINE,
+) -> VerificationReport:
+    """Run the same preprocessed real images through PyTorch and onnxruntime (CPU) and compare.
+
+    fp32 passes when max |diff| <= ``max_abs_diff``; fp16 when every row's cosine >= ``min_cosine``.
+    Raises ``ExportVerificationError`` with the measured numbers otherwise.
+    """
+    images = list(images) if images is not None else sample_images(max(batch_sizes))
+    if len(images) < max(batch_sizes):
+        raise ValueError(f"verification at batch {max(batch_sizes)} needs that many images, got {len(images)}")
+    config = model.config
+    batch = preprocess_images([image for _, image in images], config)
+    runtime = OnnxEmbedder(onnx_path, providers="cpu")
+    model = model.eval()
+    checks = []
+    for size in batch_sizes:
+        reference = model(torch.from_numpy(batch[:size])).float().numpy()
+        candidate = runtime.embed_batch(batch[:size])
+        max_abs, cosine = _compare(reference, candidate)
+        passed = cosine >= min_cosine if precision == "fp16" else max_abs <= max_abs_diff
+        checks.append(BatchCheck(size, max_abs, cosine, bool(passed)))
+    criterion = f"min cosine >= {min_cosine}" if precision == "fp16" else f"max |diff| <= {max_abs_diff:g}"
+    report = VerificationReport(precision, criterion, checks, [name for name, _ in images])
+    if not report.passed:
+        hints = [
+            "re-export with another --opset (e.g. 17 or 18)",
+            "check that the model has no train-time behaviour left in eval mode (custom dropout, batch statistics)",
+        ]
+        if precision == "fp16":
+            hints.insert(0, "export without --fp16 (some layers overflow or lose too much precision in float16)")
+        raise ExportVerificationError(
+            f"ONNX outputs differ from PyTorch ({precision}, required {criterion}) on real images "
+            f"({', '.join(report.images)}): {report.describe()}. Try: {'; '.join(hints)}; or pass --no-verify "
+            f"to write the file anyway.",
+            report,
+        )
+    return report
+
+
+# ---------------------------------------------------------------- the export
+
+def export_embedder(
+    model: Embedder,
+    out: str | Path,
+    config_hash: str | None = None,
+    opset: int | None = None,
+    fp16: bool = False,
+    verify: bool = True,
+    log: Log | None = None,
+) -> ExportResult:
+    """Export an ``Embedder`` to ``out`` with metadata; verify against PyTorch unless ``verify=False``.
+
+    On a failed verification the file is removed and ``ExportVerificationError`` is raised.
+    """
+    log = log or logger.info
+    out = Path(out)
+    if not hasattr(model, "config"):
+        raise TypeError("export_embedder needs a retrieval Embedder (with .config); see retrieval.models")
+    # A private fp32 CPU copy in eval mode: exporting must not change the caller's model.
+    model = copy.deepcopy(model).cpu().float().eval()
+    config = dict(model.config)
+    precision = "fp16" if fp16 else "fp32"
+    norm = "L2-normalised" if config.get("normalize") else "unnormalised"
+    log(f"exporting {config['backbone']} ({config['input_size']} px, {config['embedding_dim']}-d, {norm}) "
+        f"to {out} [{precision}] with torch {torch.__version__} ...")
+    start = time.perf_counter()
+    proto, exporter = export_graph(model, int(config["input_size"]), opset, log)
+    if fp16:
+        proto = to_fp16(proto)
+    metadata = build_metadata(
+        config, embedder_model_hash(model), config_hash, precision,
+        extra={"exporter": exporter, "opset": _opset(proto), "torch_version": torch.__version__},
+    )
+    external = save_with_metadata(proto, out, metadata)
+    seconds = time.perf_counter() - start
+    size = out.stat().st_size + sum(p.stat().st_size for p in external)
+    log(f"exported in {seconds:.1f} s with the {exporter} exporter (opset {_opset(proto)}): "
+        f"{size / 2**20:.1f} MiB{' (weights in ' + external[0].name + ')' if external else ''}, "
+        f"model_hash {metadata['model_hash']}")
+    result = ExportResult(out, exporter, _opset(proto), precision, seconds, size, metadata, None, external)
+    if not verify:
+        log("verification skipped (--no-verify)")
+        return result
+    log(f"verifying with onnxruntime (CPU) against PyTorch on real images at batch sizes {VERIFY_BATCH_SIZES} ...")
+    try:
+        result.verification = verify_export(model, out, precision)
+    except ExportVerificationError:
+        for path in (out, *external):
+            path.unlink(missing_ok=True)
+        raise
+    log(f"verified ({result.verification.criterion}): {result.verification.describe()}")
+    return result
+
+
+def export_checkpoint(
+    checkpoint: str | Path,
+    out: str | Path,
+    opset: int | None = None,
+    fp16: bool = False,
+    verify: bool = True,
+    log: Log | None = None,
+) -> ExportResult:
+    """Export a training checkpoint (``retrieval-checkpoint/1``); its ``config_hash`` goes into the metadata."""
+    ckpt: dict[str, Any] = load_checkpoint(checkpoint)
+    model = load_embedder(checkpoint)
+    return export_embedder(model, out, ckpt.get("config_hash"), opset=opset, fp16=fp16, verify=verify, log=log)

@@ -1,0 +1,35 @@
+"""Gallery index: a faiss index over L2-normalised embeddings with a SQLite catalogue.
+
+``build_index`` / ``add_images`` / ``remove_images`` write an index folder (see ``IndexLayout``);
+``Index.open(folder).search(embeddings, k)`` and ``.search_images(images, k)`` query it.
+"""
+
+from retrieval.index.builder import IngestOptions, add_images, build_index, remove_images
+from retrieval.index.catalogue import Catalogue
+from retrieval.index.embedder import Embedder, ModelMismatchError, l2_normalize, load_model
+from retrieval.index.faiss_ops import AUTO_POLICY, AutoPolicy, choose_index_key
+from retrieval.index.layout import IndexLayout
+from retrieval.index.search import Index, SearchResult
+from retrieval.index.sources import IMAGE_EXTENSIONS, list_gallery
+from retrieval.index.stats import index_stats
+
+__all__ = [
+    "AUTO_POLICY",
+    "AutoPolicy",
+    "Catalogue",
+    "Embedder",
+    "IMAGE_EXTENSIONS",
+    "Index",
+    "IndexLayout",
+    "IngestOptions",
+    "ModelMismatchError",
+    "SearchResult",
+    "add_images",
+    "build_index",
+    "choose_index_key",
+    "index_stats",
+    "l2_normalize",
+    "list_gallery",
+    "load_model",
+    "remove_images",
+]

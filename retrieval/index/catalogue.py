@@ -1,0 +1,171 @@
+"""The SQLite catalogue: one row per gallery image, with its processing status.
+
+Statuses: ``pending`` (planned, not yet embedded), ``done`` (its vector is in a shard and counts as
+indexed), ``error`` (unreadable; ``error`` says why), ``duplicate`` (same sha256 as ``duplicate_of``),
+``removed`` (taken out with ``retrieval index remove``). The catalogue and the shards are the source
+of truth; the faiss file is derived from them and can always be rebuilt.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from retrieval.index.sources import GalleryItem
+
+STATUSES = ("pending", "done", "error", "duplicate", "removed")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS images (
+    id INTEGER PRIMARY KEY,
+    path TEXT NOT NULL UNIQUE,
+    label TEXT,
+    sha256 TEXT,
+    size INTEGER,
+    status TEXT NOT NULL DEFAULT 'pending',
+    error TEXT,
+    duplicate_of INTEGER,
+    shard TEXT
+);
+CREATE INDEX IF NOT EXISTS images_status ON images(status);
+CREATE INDEX IF NOT EXISTS images_sha256 ON images(sha256);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+"""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What happened to one image; written to the catalogue together with its shard."""
+
+    id: int
+    status: str
+    sha256: str | None = None
+    size: int | None = None
+    error: str | None = None
+    duplicate_of: int | None = None
+    shard: str | None = None
+
+
+class Catalogue:
+    """A thin layer over the ``images`` and ``meta`` tables; every write is one transaction."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        # isolation_level=None: explicit BEGIN/COMMIT, so a batch of updates is one atomic transaction.
+        self.db = sqlite3.connect(str(self.path), isolation_level=None, timeout=30)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")  # a committed shard survives power loss
+        self.db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> Catalogue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _transaction(self, statements: Iterable[tuple[str, Sequence[Any]]]) -> None:
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            for sql, params in statements:
+                self.db.execute(sql, params)
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
+    # --- meta
+    def get_meta(self, key: str, default: str | None = None) -> str | None:
+        row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else default
+
+    def set_meta(self, **values: str) -> None:
+        self._transaction(
+            ("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (k, v)) for k, v in values.items()
+        )
+
+    # --- planning
+    def plan(self, items: Sequence[GalleryItem]) -> int:
+        """Insert the images not yet catalogued as ``pending``, all in one transaction; returns how many.
+
+        A path already present keeps its row (and id), so planning twice is harmless; a ``removed``
+        path that is added again goes back to ``pending``.
+        """
+        before = self.db.total_changes
+        self._transaction(
+            [("INSERT OR IGNORE INTO images(path, label, status) VALUES (?, ?, 'pending')", (i.path, i.label))
+             for i in items]
+            + [("UPDATE images SET status='pending', error=NULL, duplicate_of=NULL, shard=NULL "
+                "WHERE path = ? AND status = 'removed'", (i.path,)) for i in items]
+        )
+        return self.db.total_changes - before
+
+    # --- outcomes
+    def record(self, outcomes: Iterable[Outcome]) -> None:
+        """Write the outcomes of one shard (done, error, duplicate) in one transaction."""
+        self._transaction(
+            ("UPDATE images SET status=?, sha256=?, size=?, error=?, duplicate_of=?, shard=? WHERE id=?",
+             (o.status, o.sha256, o.size, o.error, o.duplicate_of, o.shard, o.id))
+            for o in outcomes
+        )
+
+    def mark_removed(self, ids: Sequence[int]) -> None:
+        self._transaction(
+            ("UPDATE images SET status='removed' WHERE id=? AND status='done'", (int(i),)) for i in ids
+        )
+
+    # --- queries
+    def pending(self) -> list[tuple[int, str]]:
+        return self.db.execute("SELECT id, path FROM images WHERE status='pending' ORDER BY id").fetchall()
+
+    def status_of(self, ids: Sequence[int]) -> dict[int, str]:
+        out: dict[int, str] = {}
+        for chunk in _chunks([int(i) for i in ids], 900):  # SQLite's bound-parameter limit
+            marks = ",".join("?" * len(chunk))
+            out.update(self.db.execute(f"SELECT id, status FROM images WHERE id IN ({marks})", chunk))
+        return out
+
+    def ids_with_status(self, status: str) -> list[int]:
+        return [r[0] for r in self.db.execute("SELECT id FROM images WHERE status=? ORDER BY id", (status,))]
+
+    def ids_for_paths(self, paths: Sequence[str]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for chunk in _chunks(list(paths), 900):
+            marks = ",".join("?" * len(chunk))
+            out.update(self.db.execute(f"SELECT path, id FROM images WHERE path IN ({marks})", chunk))
+        return out
+
+    def done_sha256(self) -> dict[str, int]:
+        """sha256 -> id of the indexed images, to spot exact duplicates."""
+        return dict(self.db.execute("SELECT sha256, id FROM images WHERE status='done' AND sha256 IS NOT NULL"))
+
+    def rows(self, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+        out: dict[int, dict[str, Any]] = {}
+        columns = ("id", "path", "label", "sha256", "size", "status", "error", "duplicate_of")
+        for chunk in _chunks(sorted({int(i) for i in ids}), 900):
+            marks = ",".join("?" * len(chunk))
+            sql = f"SELECT {', '.join(columns)} FROM images WHERE id IN ({marks})"
+            for row in self.db.execute(sql, chunk):
+                out[row[0]] = dict(zip(columns, row, strict=True))
+        return out
+
+    def counts(self) -> dict[str, int]:
+        counts = dict.fromkeys(STATUSES, 0)
+        counts.update(self.db.execute("SELECT status, COUNT(*) FROM images GROUP BY status"))
+        counts["total"] = sum(counts[s] for s in STATUSES)
+        return counts
+
+    def problems(self, status: str, limit: int = 20) -> list[dict[str, Any]]:
+        sql = "SELECT id, path, error, duplicate_of FROM images WHERE status=? ORDER BY id LIMIT ?"
+        return [dict(zip(("id", "path", "error", "duplicate_of"), r, strict=True))
+                for r in self.db.execute(sql, (status, limit))]
+
+
+def _chunks(values: list, size: int) -> Iterable[list]:
+    for start in range(0, len(values), size):
+        yield values[start:start + size]

@@ -1,0 +1,80 @@
+"""What the index needs from a model: the ``Embedder`` protocol, loading an ONNX file, normalisation.
+
+Similarity is the inner product of L2-normalised vectors (cosine). A model that does not normalise its
+output (``normalized`` False) is normalised here, before indexing and before searching, so that stored
+and query vectors always live on the unit sphere.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """The interface of ``retrieval.onnx_runtime.OnnxEmbedder`` that indexing and search use."""
+
+    @property
+    def embedding_dim(self) -> int: ...
+
+    @property
+    def model_hash(self) -> str: ...
+
+    @property
+    def normalized(self) -> bool: ...
+
+    @property
+    def model_config(self) -> dict[str, Any]: ...
+
+    def embed(self, images: Any) -> np.ndarray: ...
+
+
+class ModelMismatchError(ValueError):
+    """A query model differs from the model that built the index."""
+
+
+def load_model(path: str | Path, providers: str = "auto") -> Embedder:
+    """Open an exported ONNX embedder (``retrieval export``)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"model file {path} not found; export one with `retrieval export`")
+    try:
+        from retrieval.onnx_runtime import OnnxEmbedder
+    except ModuleNotFoundError as exc:  # the ONNX runtime wrapper is its own part of the toolkit
+        raise RuntimeError(f"cannot load ONNX models: {exc}; is retrieval.onnx_runtime installed?") from exc
+    return OnnxEmbedder(str(path), providers=providers)
+
+
+def l2_normalize(vectors: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit length (float32, C-contiguous); an all-zero row is a clear error, not NaN."""
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    if vectors.ndim != 2:
+        raise ValueError(f"embeddings must be a 2-D array [n, d], got shape {vectors.shape}")
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    if np.any(norms == 0) or not np.all(np.isfinite(norms)):
+        raise ValueError("an embedding is all zeros or not finite; it has no direction to compare by cosine")
+    return np.ascontiguousarray(vectors / norms, dtype=np.float32)
+
+
+def prepare_vectors(vectors: np.ndarray, dim: int) -> np.ndarray:
+    """Check the dimension and normalise (cheap, and a no-op for a model that already normalises)."""
+    vectors = np.asarray(vectors, dtype=np.float32)
+    if vectors.ndim == 1:
+        vectors = vectors[None, :]
+    if vectors.ndim != 2 or vectors.shape[1] != dim:
+        raise ValueError(f"expected embeddings of shape [n, {dim}], got {tuple(vectors.shape)}")
+    return l2_normalize(vectors)
+
+
+def check_model_match(index_hash: str, index_model: str | None, embedder: Embedder, index_dir: Path) -> None:
+    """Refuse a query model other than the one that built the index."""
+    if embedder.model_hash != index_hash:
+        raise ModelMismatchError(
+            f"the index in {index_dir} was built by model {index_model or '?'} (model_hash {index_hash}), "
+            f"but the query model has model_hash {embedder.model_hash}; embeddings of different models are "
+            f"not comparable. Search with the same model, or rebuild the index with this one: "
+            f"`retrieval index build --model NEW.onnx --images ... --out NEW_INDEX_DIR`"
+        )

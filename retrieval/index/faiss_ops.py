@@ -1,0 +1,288 @@
+"""faiss index construction, automatic choice, search-parameter tuning, recall, latency, GPU helpers.
+
+Every index is ``IDMap2,<inner>`` with the inner product metric (cosine on unit vectors), so faiss ids
+are catalogue ids and the ids an index holds can always be listed (``id_map``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import faiss
+import numpy as np
+
+from retrieval.index.shards import fsync_dir
+
+GPU_MAX_K = 2048  # faiss GPU k-selection limit (also for nprobe)
+INSTALL_GPU = "pip uninstall faiss-cpu && pip install faiss-gpu (or conda install -c pytorch faiss-gpu)"
+
+
+@dataclass
+class AutoPolicy:
+    """How ``--index-key auto`` chooses; module-level ``AUTO_POLICY`` so that tests can lower the sizes."""
+
+    flat_max: int = 100_000  # exact search below this many vectors
+    hnsw_max: int = 1_000_000  # HNSW up to here (no training, high recall); IVF above (faster to build)
+    memory_fraction: float = 0.5  # raw float32 vectors above this share of free memory -> IVF-SQ8/PQ
+    target_recall: float = 0.95  # 10-recall@10 against exact search that tuning must reach
+    max_train: int = 200_000  # training sample for IVF/PQ
+    tune_queries: int = 1_000  # held-out queries for tuning and stats
+
+
+AUTO_POLICY = AutoPolicy()
+
+
+def available_memory() -> int:
+    """Bytes of memory available now (``MemAvailable``), falling back to free physical pages."""
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def ivf_lists(n: int) -> int:
+    """About 4 sqrt(n) lists (a power of two), with >= 50 training points per list (faiss' minimum)."""
+    target = 2 ** round(math.log2(max(4 * math.sqrt(max(n, 1)), 1)))
+    return int(max(1, min(target, 65_536, max(1, n // 50))))
+
+
+def pq_shape(d: int, n_train: int) -> tuple[int, int]:
+    """(m sub-quantizers, bits): 4 dimensions per 8-bit code where d allows; fewer bits for small samples."""
+    m = max(divisor for divisor in range(1, d // 2 + 1) if d % divisor == 0 and d // divisor >= 4) \
+        if d >= 8 else 1
+    bits = int(min(8, max(1, math.floor(math.log2(max(n_train, 2) / 39)))))
+    return m, bits
+
+
+def choose_index_key(n: int, d: int, memory_budget: int | None = None,
+                     policy: AutoPolicy | None = None) -> str:
+    """Flat for small galleries; HNSW32 or IVF-Flat above; IVF-SQ8, then IVF-PQ, when raw vectors exceed the budget."""
+    policy = policy or AUTO_POLICY
+    if memory_budget is None:
+        memory_budget = int(available_memory() * policy.memory_fraction)
+    if n <= policy.flat_max:
+        return "Flat"
+    if n * d * 4 > memory_budget:
+        # 8-bit scalar codes (a quarter of float32) still reach the recall target on the data we tried;
+        # PQ codes (d/4 bytes) only when even those do not fit, and then the target may be out of reach.
+        if n * d <= memory_budget:
+            return f"IVF{ivf_lists(n)},SQ8"
+        m, bits = pq_shape(d, min(n, policy.max_train))
+        return f"IVF{ivf_lists(n)},PQ{m}x{bits}"
+    if n <= policy.hnsw_max:
+        return "HNSW32"
+    return f"IVF{ivf_lists(n)},Flat"
+
+
+def expand_key(key: str, n: int, d: int) -> str:
+    """Fill the placeholders ``{K}`` (IVF lists) and ``{m}`` (PQ sub-quantizers) of a user key."""
+    m, _ = pq_shape(d, n)
+    return key.replace("{K}", str(ivf_lists(n))).replace("{m}", str(m))
+
+
+def new_index(key: str, d: int) -> faiss.Index:
+    if key.startswith("IDMap"):
+        raise ValueError(f"give the index key without IDMap (it is added for you), got {key!r}")
+    try:
+        return faiss.index_factory(d, f"IDMap2,{key}", faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError as exc:
+        raise ValueError(
+            f"faiss cannot build index key {key!r}: {str(exc).splitlines()[0]}; "
+            "use e.g. auto, Flat, HNSW32, IVF1024,Flat, IVF1024,PQ32"
+        ) from exc
+
+
+def inner(index: faiss.Index) -> faiss.Index:
+    """The index inside the IDMap2 wrapper, downcast to its concrete class."""
+    return faiss.downcast_index(index.index) if hasattr(index, "id_map") else faiss.downcast_index(index)
+
+
+def index_ids(index: faiss.Index) -> np.ndarray:
+    return faiss.vector_to_array(index.id_map).astype(np.int64)
+
+
+def needs_training(index: faiss.Index) -> bool:
+    return not index.is_trained
+
+
+# --- search parameters -----------------------------------------------------------------------------
+def _ivf(index: faiss.Index) -> Any | None:
+    try:
+        return faiss.extract_index_ivf(inner(index))
+    except RuntimeError:
+        return None
+
+
+def _refine(index: faiss.Index) -> Any | None:
+    core = inner(index)
+    return core if isinstance(core, faiss.IndexRefine) else None
+
+
+def _hnsw(index: faiss.Index) -> Any | None:
+    core = inner(index)
+    return core if isinstance(core, faiss.IndexHNSW) else None
+
+
+def set_search_params(index: faiss.Index, params: dict[str, Any]) -> None:
+    for name, value in params.items():
+        if name == "nprobe" and _ivf(index) is not None:
+            _ivf(index).nprobe = int(value)
+        elif name == "efSearch" and _hnsw(index) is not None:
+            _hnsw(index).hnsw.efSearch = int(value)
+        elif name == "k_factor" and _refine(index) is not None:
+            _refine(index).k_factor = float(value)
+        else:
+            raise ValueError(f"search parameter {name!r} does not apply to this index")
+
+
+def search_param_grid(index: faiss.Index, k: int) -> list[dict[str, Any]]:
+    """Candidate settings from cheapest to most expensive."""
+    ivf, hnsw = _ivf(index), _hnsw(index)
+    if ivf is not None:
+        probes = [p for p in (2 ** i for i in range(17)) if p < ivf.nlist] + [ivf.nlist]
+        factors = (1, 2, 4, 8, 16) if _refine(index) is not None else (None,)
+        return [{"nprobe": p} | ({"k_factor": f} if f else {}) for f in factors for p in probes]
+    if hnsw is not None:
+        return [{"efSearch": max(ef, k)} for ef in (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)]
+    return [{}]
+
+
+# --- recall and latency ----------------------------------------------------------------------------
+def exact_knn(queries: np.ndarray, shards: Iterable[tuple[np.ndarray, np.ndarray]], k: int
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-k by inner product over (ids, vectors) chunks, never holding the whole gallery."""
+    heap = faiss.ResultHeap(len(queries), k, keep_max=True)
+    for ids, vectors in shards:
+        if len(ids) == 0:
+            continue
+        scores, positions = faiss.knn(queries, vectors, min(k, len(ids)), metric=faiss.METRIC_INNER_PRODUCT)
+        labels = np.where(positions >= 0, ids[np.clip(positions, 0, None)], -1)
+        pad = k - scores.shape[1]
+        if pad:
+            scores = np.pad(scores, ((0, 0), (0, pad)), constant_values=-np.inf)
+            labels = np.pad(labels, ((0, 0), (0, pad)), constant_values=-1)
+        heap.add_result(np.ascontiguousarray(scores, dtype=np.float32), np.ascontiguousarray(labels))
+    heap.finalize()
+    return heap.D, heap.I
+
+
+def recall_at(found: np.ndarray, exact: np.ndarray, n_true: int, r: int) -> float:
+    """``n_true``-recall@``r``: share of the exact top ``n_true`` found among the first ``r`` results."""
+    truth, got = exact[:, :n_true], found[:, :r]
+    hits = [len(set(t[t >= 0]) & set(g[g >= 0])) / max(1, int((t >= 0).sum())) for t, g in zip(truth, got,
+                                                                                                 strict=True)]
+    return float(np.mean(hits)) if hits else float("nan")
+
+
+def latency_ms(search: Callable[[np.ndarray], Any], queries: np.ndarray, repeats: int = 200) -> dict[str, float]:
+    """p50/p99 wall time of single-query searches, in milliseconds."""
+    times = []
+    for i in range(min(repeats, len(queries))):
+        start = time.perf_counter()
+        search(queries[i:i + 1])
+        times.append((time.perf_counter() - start) * 1e3)
+    return {"p50_ms": float(np.percentile(times, 50)), "p99_ms": float(np.percentile(times, 99))}
+
+
+@dataclass
+class Tuning:
+    params: dict[str, Any]
+    recall_1_at_1: float
+    recall_10_at_10: float
+    target_met: bool
+
+
+def drop_self(ids: np.ndarray, self_ids: np.ndarray | None, k: int) -> np.ndarray:
+    """Results without each query's own id (queries taken from the gallery act as held-out queries)."""
+    if self_ids is None:
+        return ids[:, :k]
+    out = np.full((len(ids), k), -1, dtype=np.int64)
+    for row, (found, own) in enumerate(zip(ids, self_ids, strict=True)):
+        kept = found[found != own][:k]
+        out[row, :len(kept)] = kept
+    return out
+
+
+def tune_search_params(index: faiss.Index, queries: np.ndarray, exact_ids: np.ndarray,
+                       target: float = 0.95, k: int = 10, self_ids: np.ndarray | None = None) -> Tuning:
+    """The cheapest setting whose 10-recall@10 against exact search reaches ``target``.
+
+    Parameters are tried from cheapest to most expensive; when none reaches the target the most
+    expensive one is kept and ``target_met`` is False. With ``self_ids`` (queries that are gallery
+    vectors), each query's own id is dropped from the results, so that they measure like unseen
+    queries (``exact_ids`` must be prepared the same way).
+    """
+    last = None
+    for params in search_param_grid(index, k):
+        set_search_params(index, params)
+        _, found = index.search(queries, k + (self_ids is not None))
+        found = drop_self(found, self_ids, k)
+        last = Tuning(params, recall_at(found, exact_ids, 1, 1), recall_at(found, exact_ids, k, k), False)
+        if last.recall_10_at_10 >= target:
+            last.target_met = True
+            return last
+    return last
+
+
+# --- files -----------------------------------------------------------------------------------------
+def write_index_atomic(index: faiss.Index, path: Path) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        faiss.write_index(index, tmp)
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    fsync_dir(path.parent)
+
+
+# --- GPU -------------------------------------------------------------------------------------------
+def require_gpu() -> Any:
+    """faiss GPU resources, or a clear error saying what is missing."""
+    if not hasattr(faiss, "StandardGpuResources"):
+        raise RuntimeError(f"--gpu needs faiss with GPU support, but this faiss is CPU-only; install it: "
+                           f"{INSTALL_GPU}, or drop --gpu")
+    if faiss.get_num_gpus() < 1:
+        raise RuntimeError("--gpu was given but faiss sees no CUDA GPU (faiss.get_num_gpus() == 0); drop --gpu")
+    return faiss.StandardGpuResources()
+
+
+def check_gpu_k(k: int) -> None:
+    if k > GPU_MAX_K:
+        raise ValueError(f"faiss on GPU returns at most k={GPU_MAX_K} neighbours, asked for k={k}; lower -k")
+
+
+class GpuSearcher:
+    """Searches a CPU ``IDMap2`` index's inner index on the GPU and maps positions back to ids."""
+
+    def __init__(self, index: faiss.Index, resources: Any = None) -> None:
+        self.resources = resources or require_gpu()
+        self.ids = index_ids(index)
+        self.gpu_index = faiss.index_cpu_to_gpu(self.resources, 0, inner(index))
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        check_gpu_k(k)
+        scores, positions = self.gpu_index.search(queries, k)
+        return scores, np.where(positions >= 0, self.ids[np.clip(positions, 0, None)], -1)
+
+
+def train_on_gpu(index: faiss.Index, sample: np.ndarray, resources: Any) -> None:
+    """Train IVF coarse quantisers with GPU k-means (HNSW and Flat need no training)."""
+    ivf = _ivf(index)
+    if ivf is not None:
+        ivf.clustering_index = faiss.index_cpu_to_gpu(resources, 0, faiss.IndexFlatL2(ivf.d))
+    index.train(sample)

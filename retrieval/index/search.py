@@ -1,0 +1,121 @@
+"""``Index``: open an index folder and search it with embeddings or images."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import faiss
+import numpy as np
+
+from retrieval.index import faiss_ops
+from retrieval.index.catalogue import Catalogue
+from retrieval.index.embedder import Embedder, check_model_match, load_model, prepare_vectors
+from retrieval.index.layout import IndexLayout
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    id: int
+    path: str
+    label: str | None
+    score: float  # cosine similarity
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Index:
+    """A finished index folder: faiss index + catalogue + the model record from ``index.json``."""
+
+    def __init__(self, layout: IndexLayout, index: faiss.Index, catalogue: Catalogue, info: dict[str, Any],
+                 embedder: Embedder | None = None, gpu: bool = False) -> None:
+        self.layout, self.faiss_index, self.catalogue, self.info = layout, index, catalogue, info
+        self._embedder = None
+        self._gpu = faiss_ops.GpuSearcher(index) if gpu else None
+        if embedder is not None:
+            self.embedder = embedder
+
+    @classmethod
+    def open(cls, directory: str | Path, embedder: Embedder | None = None, gpu: bool = False) -> Index:
+        layout = IndexLayout(directory)
+        layout.require_finished()
+        info = layout.read_info()
+        index = faiss.read_index(str(layout.faiss))
+        faiss_ops.set_search_params(index, info.get("params", {}))
+        catalogue = Catalogue(layout.catalogue)
+        done = catalogue.counts()["done"]
+        if done != index.ntotal:
+            catalogue.close()
+            raise RuntimeError(f"the index in {layout.root} holds {index.ntotal} vectors but the catalogue has "
+                               f"{done} indexed images: an add/remove was interrupted; run it again to finish")
+        return cls(layout, index, catalogue, info, embedder, gpu)
+
+    def close(self) -> None:
+        self.catalogue.close()
+
+    def __enter__(self) -> Index:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __len__(self) -> int:
+        return int(self.faiss_index.ntotal)
+
+    @property
+    def dim(self) -> int:
+        return int(self.info["embedding_dim"])
+
+    @property
+    def model_hash(self) -> str:
+        return str(self.info["model_hash"])
+
+    @property
+    def embedder(self) -> Embedder:
+        """The query model: the one passed in, else the ONNX file recorded in index.json."""
+        if self._embedder is None:
+            path = self.info.get("model_path")
+            if not path:
+                raise ValueError("this index records no model path; pass an embedder to search images")
+            self.embedder = load_model(path)
+        return self._embedder
+
+    @embedder.setter
+    def embedder(self, embedder: Embedder) -> None:
+        check_model_match(self.model_hash, self.info.get("model_path"), embedder, self.layout.root)
+        self._embedder = embedder
+
+    # --- search
+    def search_arrays(self, embeddings: np.ndarray, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
+        """Vectorised search: scores float32 [n, k] and catalogue ids int64 [n, k] (-1 where fewer than k)."""
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        queries = prepare_vectors(embeddings, self.dim)
+        if self._gpu is not None:
+            return self._gpu.search(queries, k)
+        return self.faiss_index.search(queries, k)
+
+    def search(self, embeddings: np.ndarray, k: int = 10) -> list[list[SearchResult]]:
+        """Per query, the top-k results best first, with catalogue id, path, label and cosine score."""
+        scores, ids = self.search_arrays(embeddings, k)
+        rows = self.catalogue.rows(ids[ids >= 0].tolist())
+        return [
+            [SearchResult(int(i), rows[int(i)]["path"], rows[int(i)]["label"], float(s))
+             for s, i in zip(query_scores, query_ids, strict=True) if i >= 0]
+            for query_scores, query_ids in zip(scores, ids, strict=True)
+        ]
+
+    def search_images(self, images: Sequence[Any], k: int = 10, embedder: Embedder | None = None
+                      ) -> list[list[SearchResult]]:
+        """Embed images (paths or PIL images) with the index's model and search."""
+        if embedder is not None:
+            self.embedder = embedder
+        if not len(images):
+            return []
+        from retrieval.data import open_image
+
+        pil = [open_image(image) if isinstance(image, (str, Path)) else image for image in images]
+        return self.search(self.embedder.embed(pil), k)

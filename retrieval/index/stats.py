@@ -1,0 +1,54 @@
+"""``retrieval index stats``: counts, index type, size on disk, recall against exact search, latency."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from retrieval.index import faiss_ops
+from retrieval.index.builder import done_chunks, gather_rows
+from retrieval.index.search import Index
+from retrieval.index.shards import ShardStore
+
+
+def index_stats(directory: str | Path, queries: int = 500, seed: int = 1) -> dict[str, Any]:
+    """Measure the index as it is saved: recall of its search settings vs exact search, p50/p99 latency.
+
+    Queries are a random sample of the indexed vectors; each query's own id is left out of both the exact
+    and the approximate results, so that they measure like unseen queries.
+    """
+    with Index.open(directory) as index:
+        counts = index.catalogue.counts()
+        store = ShardStore(index.layout.shards)
+        done = np.asarray(index.catalogue.ids_with_status("done"), dtype=np.int64)
+        n = len(done)
+        nq = min(queries, n)
+        positions = np.random.default_rng(seed).choice(n, nq, replace=False)
+        sample, sample_ids = gather_rows(store, done, positions, with_ids=True)
+        k = min(10, n - 1)
+        if k < 1:
+            raise ValueError("recall needs at least 2 indexed images")
+        # each query's own id is dropped from both result lists: they measure like unseen queries
+        _, exact = faiss_ops.exact_knn(sample, done_chunks(store, done), k + 1)
+        exact = faiss_ops.drop_self(exact, sample_ids, k)
+        _, found = index.search_arrays(sample, k + 1)
+        found = faiss_ops.drop_self(found, sample_ids, k)
+        latency = faiss_ops.latency_ms(lambda q: index.search_arrays(q, k), sample)
+        return {
+            "index_dir": str(index.layout.root),
+            "counts": counts,
+            "vectors": len(index),
+            "index_key": index.info["index_key"],
+            "index_key_requested": index.info.get("index_key_requested"),
+            "params": index.info.get("params", {}),
+            "tuning": index.info.get("tuning"),
+            "model": {key: index.info.get(key) for key in ("model_path", "model_hash", "embedding_dim",
+                                                           "model_normalized")},
+            "size_on_disk_bytes": index.layout.size_on_disk(),
+            "queries": int(nq),
+            "recall_1_at_1": faiss_ops.recall_at(found, exact, 1, 1),
+            f"recall_{k}_at_{k}": faiss_ops.recall_at(found, exact, k, k),
+            "latency": latency,
+        }

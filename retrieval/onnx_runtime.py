@@ -1,0 +1,270 @@
+"""Run an exported embedder with onnxruntime: ``OnnxEmbedder(path).embed(images) -> [n, d] float32``.
+
+This is the core-side half of the ONNX export (the index and the server use it; it never imports
+``export/``). The metadata contract written by ``retrieval export`` lives here too, so that writer and
+reader share one definition.
+
+Images are prepared by the same functions as the PyTorch path (``retrieval.data.open_image`` for files,
+``retrieval.data.preprocess_eval`` for every image), so both runtimes see identical input tensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import nn
+
+from retrieval.data import open_image, preprocess_eval
+
+ONNX_FORMAT = "retrieval-onnx/1"
+INPUT_NAME = "images"
+OUTPUT_NAME = "embeddings"
+# metadata_props keys written by `retrieval export`; values are strings (JSON for lists and dicts).
+REQUIRED_METADATA = (
+    "format", "backbone", "embedding_dim", "input_size", "mean", "std", "normalized", "config_hash",
+    "model_hash", "model_config", "precision",
+)
+
+ImageInput = Image.Image | str | os.PathLike
+
+
+# ---------------------------------------------------------------- identity of a trained model
+
+def embedder_model_hash(model: nn.Module, model_config: Mapping[str, Any] | None = None) -> str:
+    """A 16-hex-digit fingerprint of an embedder's weights (state dict, in fp32) and preprocessing config.
+
+    The export stores it as ``model_hash``; an index built with the PyTorch model and one built with its
+    ONNX export carry the same value, so a mismatched query model can be refused.
+    """
+    config = model_config if model_config is not None else getattr(model, "config", {})
+    relevant = {k: config.get(k) for k in ("backbone", "embedding_dim", "normalize", "input_size", "mean", "std")}
+    digest = hashlib.sha256(json.dumps(relevant, sort_keys=True).encode())
+    for name, tensor in sorted(model.state_dict().items()):
+        tensor = tensor.detach().cpu()
+        if tensor.is_floating_point():
+            tensor = tensor.float()  # fp32 values: a copy held in float64 hashes the same
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+        digest.update(tensor.contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def build_metadata(
+    model_config: Mapping[str, Any],
+    model_hash: str,
+    config_hash: str | None,
+    precision: str = "fp32",
+    extra: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The ``metadata_props`` an exported embedder carries (all values are strings)."""
+    if precision not in ("fp32", "fp16"):
+        raise ValueError(f"precision must be 'fp32' or 'fp16', got {precision!r}")
+    meta = {
+        "format": ONNX_FORMAT,
+        "backbone": str(model_config["backbone"]),
+        "embedding_dim": str(int(model_config["embedding_dim"])),
+        "input_size": str(int(model_config["input_size"])),
+        "mean": json.dumps([float(v) for v in model_config["mean"]]),
+        "std": json.dumps([float(v) for v in model_config["std"]]),
+        "normalized": "true" if model_config.get("normalize") else "false",
+        "config_hash": config_hash or "",
+        "model_hash": model_hash,
+        "model_config": json.dumps(dict(model_config), sort_keys=True),
+        "precision": precision,
+        "input_name": INPUT_NAME,
+        "output_name": OUTPUT_NAME,
+    }
+    meta.update({k: str(v) for k, v in (extra or {}).items()})
+    return meta
+
+
+def parse_metadata(meta: Mapping[str, str], source: str = "model") -> dict[str, Any]:
+    """Check the metadata written by ``retrieval export`` and return a ``model_config`` dict from it."""
+    missing = [key for key in REQUIRED_METADATA if key not in meta]
+    if missing:
+        raise ValueError(
+            f"{source} has no retrieval metadata (missing {', '.join(missing)}): it was not exported by "
+            f"`retrieval export`; export the training checkpoint with `retrieval export --checkpoint CKPT "
+            f"--out model.onnx`"
+        )
+    if meta["format"] != ONNX_FORMAT:
+        raise ValueError(f"{source} has metadata format {meta['format']!r}; this version reads {ONNX_FORMAT!r}")
+    config = json.loads(meta["model_config"])
+    # The explicit keys are authoritative (they are what the graph was exported with).
+    config.update(
+        backbone=meta["backbone"],
+        embedding_dim=int(meta["embedding_dim"]),
+        input_size=int(meta["input_size"]),
+        mean=[float(v) for v in json.loads(meta["mean"])],
+        std=[float(v) for v in json.loads(meta["std"])],
+        normalize=meta["normalized"] == "true",
+    )
+    return config
+
+
+# ---------------------------------------------------------------- preprocessing shared with PyTorch
+
+def load_image(image: ImageInput) -> Image.Image:
+    """A PIL image as given, or a file opened as RGB with its EXIF orientation applied."""
+    if isinstance(image, Image.Image):
+        return image
+    if isinstance(image, (str, os.PathLike)):
+        return open_image(image)
+    raise TypeError(f"expected a PIL image or a file path, got {type(image).__name__}")
+
+
+def preprocess_images(images: Iterable[ImageInput], model_config: Mapping[str, Any]) -> np.ndarray:
+    """PIL images or paths -> float32 batch [n, 3, S, S], exactly as evaluation prepares them."""
+    tensors = [preprocess_eval(load_image(image), model_config) for image in images]
+    if not tensors:
+        size = int(model_config["input_size"])
+        return np.zeros((0, 3, size, size), dtype=np.float32)
+    return torch.stack(tensors).numpy()
+
+
+# ---------------------------------------------------------------- onnxruntime session
+
+def resolve_providers(providers: str | Sequence[str] = "auto") -> list[str]:
+    """'auto': CUDA when onnxruntime-gpu sees a GPU, else CPU; 'cpu'; 'cuda'; or an explicit list."""
+    import onnxruntime as ort
+
+    available = ort.get_available_providers()
+    if not isinstance(providers, str):
+        unknown = [p for p in providers if p not in available]
+        if unknown:
+            raise RuntimeError(f"onnxruntime providers {unknown} are not available here (available: {available})")
+        return list(providers)
+    choice = providers.lower()
+    if choice == "auto":
+        if "CUDAExecutionProvider" in available:
+            return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+        return ["CPUExecutionProvider"]
+    if choice == "cpu":
+        return ["CPUExecutionProvider"]
+    if choice == "cuda":
+        if "CUDAExecutionProvider" not in available:
+            raise RuntimeError(
+                "providers='cuda' was requested but onnxruntime has no CUDAExecutionProvider "
+                f"(available: {available}); install onnxruntime-gpu on a CUDA machine or use providers='cpu'"
+            )
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    raise ValueError(f"providers must be 'auto', 'cpu', 'cuda' or a list of provider names, got {providers!r}")
+
+
+def make_session(path: str | os.PathLike, providers: Sequence[str], intra_op_threads: int | None = None):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if intra_op_threads is not None:
+        options.intra_op_num_threads = int(intra_op_threads)
+    return ort.InferenceSession(str(path), sess_options=options, providers=list(providers))
+
+
+class OnnxEmbedder:
+    """An exported embedder run by onnxruntime.
+
+    ``embed(images)`` takes PIL images, file paths, or a preprocessed float32 batch [n, 3, S, S] and returns
+    float32 embeddings [n, d] (unit norm when the model was trained with L2 normalisation).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        providers: str | Sequence[str] = "auto",
+        intra_op_threads: int | None = None,
+        batch_size: int = 32,
+    ) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"ONNX model not found: {self.path} (create one with `retrieval export`)")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.batch_size = batch_size
+        chosen = resolve_providers(providers)
+        try:
+            self.session = make_session(self.path, chosen, intra_op_threads)
+        except Exception as exc:  # onnxruntime's InvalidProtobuf/Fail derive from Exception only
+            raise ValueError(f"{self.path} is not a readable ONNX model: {exc}") from exc
+        self._metadata = dict(self.session.get_modelmeta().custom_metadata_map)
+        self.model_config = parse_metadata(self._metadata, source=str(self.path))
+        self._input_name = self.session.get_inputs()[0].name
+        self._output_name = self._metadata.get("output_name", self.session.get_outputs()[0].name)
+
+    # -- properties
+    @property
+    def metadata(self) -> dict[str, str]:
+        return dict(self._metadata)
+
+    @property
+    def embedding_dim(self) -> int:
+        return int(self.model_config["embedding_dim"])
+
+    @property
+    def input_size(self) -> int:
+        return int(self.model_config["input_size"])
+
+    @property
+    def model_hash(self) -> str:
+        return self._metadata["model_hash"]
+
+    @property
+    def config_hash(self) -> str:
+        return self._metadata["config_hash"]
+
+    @property
+    def normalized(self) -> bool:
+        return bool(self.model_config["normalize"])
+
+    @property
+    def providers(self) -> list[str]:
+        return self.session.get_providers()
+
+    def __repr__(self) -> str:
+        return (f"OnnxEmbedder({str(self.path)!r}, backbone={self.model_config['backbone']!r}, "
+                f"dim={self.embedding_dim}, providers={self.providers})")
+
+    # -- inference
+    def preprocess(self, images: Iterable[ImageInput]) -> np.ndarray:
+        return preprocess_images(images, self.model_config)
+
+    def embed(self, images: Any) -> np.ndarray:
+        """Embeddings [n, d] float32 of PIL images / file paths (one or a sequence) or of a batch array."""
+        if isinstance(images, (np.ndarray, torch.Tensor)):
+            return self.embed_batch(images)
+        if isinstance(images, (Image.Image, str, os.PathLike)):
+            images = [images]
+        images = list(images)
+        out = np.zeros((len(images), self.embedding_dim), dtype=np.float32)
+        for start in range(0, len(images), self.batch_size):  # decode one chunk at a time
+            chunk = images[start:start + self.batch_size]
+            out[start:start + len(chunk)] = self.embed_batch(self.preprocess(chunk))
+        return out
+
+    def embed_batch(self, batch: np.ndarray | torch.Tensor) -> np.ndarray:
+        """Embeddings [n, d] float32 of a preprocessed batch [n, 3, S, S]."""
+        if isinstance(batch, torch.Tensor):
+            batch = batch.detach().cpu().numpy()
+        batch = np.asarray(batch)
+        size = self.input_size
+        if batch.ndim != 4 or batch.shape[1:] != (3, size, size):
+            raise ValueError(
+                f"expected a preprocessed batch of shape [n, 3, {size}, {size}], got {list(batch.shape)}; "
+                f"pass PIL images or file paths to embed() to have them preprocessed"
+            )
+        if not np.issubdtype(batch.dtype, np.floating):
+            raise ValueError(f"a preprocessed batch must be floating point (normalised), got dtype {batch.dtype}")
+        batch = np.ascontiguousarray(batch, dtype=np.float32)
+        out = np.zeros((len(batch), self.embedding_dim), dtype=np.float32)
+        for start in range(0, len(batch), self.batch_size):
+            chunk = batch[start:start + self.batch_size]
+            result = self.session.run([self._output_name], {self._input_name: chunk})[0]
+            out[start:start + len(chunk)] = result
+        return out

@@ -1,0 +1,291 @@
+"""Gallery indexing: self-search, resumption after kill -9, broken files, duplicates, add/remove, model checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from test_index_support import FakeEmbedder, bomb_png, jpeg_bytes, png_bytes, write_digits
+
+import retrieval.index.builder as builder
+from cli.index import index_group, search_command
+from retrieval.index import (
+    Catalogue,
+    Index,
+    IngestOptions,
+    ModelMismatchError,
+    add_images,
+    build_index,
+    index_stats,
+    remove_images,
+)
+from retrieval.index.faiss_ops import index_ids
+from retrieval.index.shards import ShardStore
+
+QUICK = IngestOptions(batch_size=8, workers=0, shard_size=8, progress=False)
+TESTS = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory) -> tuple[Path, list[Path]]:
+    root = tmp_path_factory.mktemp("digits")
+    return root / "gallery", write_digits(root / "gallery", 40)
+
+
+def copy_gallery(digits, tmp_path: Path) -> tuple[Path, list[Path]]:
+    folder, paths = digits
+    shutil.copytree(folder, tmp_path / "gallery")
+    return tmp_path / "gallery", [tmp_path / "gallery" / p.relative_to(folder) for p in paths]
+
+
+def assert_each_indexed_once(index_dir: Path, expected_paths: list[Path]) -> None:
+    """Every readable image is in the catalogue as done, once in the shards and once in faiss."""
+    with Catalogue(index_dir / "catalogue.sqlite") as catalogue:
+        done = catalogue.ids_with_status("done")
+        assert catalogue.counts()["pending"] == 0
+        rows = catalogue.rows(done)
+    assert sorted(r["path"] for r in rows.values()) == sorted(str(p.resolve()) for p in expected_paths)
+    shard_ids = np.concatenate([s.ids for s in ShardStore(index_dir / "shards")])
+    assert len(shard_ids) == len(set(shard_ids.tolist())) == len(done)
+    with Index.open(index_dir) as index:
+        ids = index_ids(index.faiss_index)
+    assert sorted(ids.tolist()) == sorted(done)
+
+
+def test_self_search_finds_each_image_first(digits, tmp_path):
+    folder, paths = digits
+    summary = build_index(folder, tmp_path / "idx", embedder=FakeEmbedder(), options=QUICK)
+    assert summary["indexed"] == 40 and summary["errors"] == 0 and summary["index_key"] == "Flat"
+    assert len(list((tmp_path / "idx" / "shards").glob("shard-*.npz"))) == 5
+    info = json.loads((tmp_path / "idx" / "index.json").read_text())
+    assert info["model_hash"] == FakeEmbedder().model_hash and info["index_key"] == "Flat"
+    with Index.open(tmp_path / "idx", embedder=FakeEmbedder()) as index:
+        results = index.search_images(paths, k=3)
+        for path, hits in zip(paths, results, strict=True):
+            assert hits[0].path == str(path.resolve())
+            assert hits[0].label == path.parent.name  # ImageFolder-style label
+            assert hits[0].score == pytest.approx(1.0, abs=1e-5)
+            assert hits[0].score >= hits[1].score >= hits[2].score
+        scores, ids = index.search_arrays(FakeEmbedder().embed(paths[:2]), k=50)  # k > gallery: padded
+        assert ids.shape == (2, 50) and (ids[:, 40:] == -1).all() and (ids[:, :40] >= 0).all()
+
+
+def test_unnormalised_model_is_normalised(digits, tmp_path):
+    folder, paths = digits
+    embedder = FakeEmbedder(normalized=False)
+    build_index(folder, tmp_path / "idx", embedder=embedder, options=QUICK)
+    vectors = np.concatenate([s.vectors for s in ShardStore(tmp_path / "idx" / "shards")])
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-5)
+    with Index.open(tmp_path / "idx", embedder=embedder) as index:
+        hits = index.search_images(paths[:1], k=1)[0]
+        assert hits[0].score == pytest.approx(1.0, abs=1e-5)  # cosine, not the raw 9x inner product
+
+
+def _run_cli(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(TESTS / "test_index_support.py"), *args], cwd=TESTS.parent,
+                            env={**os.environ, "PYTHONPATH": str(TESTS.parent), **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("pause", ["after_shard_write:2", "after_commit:3"])
+def test_resume_after_sigkill(digits, tmp_path, pause):
+    """Kill -9 after a shard is written (before / after its rows are marked), rerun: each image once."""
+    folder, paths = copy_gallery(digits, tmp_path)
+    out = tmp_path / "idx"
+    args = ["build", "--model", str(tmp_path / "fake.onnx"), "--images", str(folder), "--out", str(out),
+            "--batch-size", "4", "--shard-size", "8", "--workers", "1"]
+    (tmp_path / "fake.onnx").write_bytes(b"fake")  # the CLI checks the path; the fake model is patched in
+    process = _run_cli(args, {builder.PAUSE_ENV: pause})
+    deadline = time.monotonic() + 60
+    for line in process.stderr:  # wait for the build to reach the pause point, then kill it hard
+        if "RETRIEVAL_INDEX_PAUSED" in line or time.monotonic() > deadline:
+            break
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
+    assert process.returncode == -signal.SIGKILL
+    shards_before = len(list((out / "shards").glob("shard-*.npz")))
+    assert shards_before == int(pause.split(":")[1])
+    assert not (out / "index.faiss").exists() and not (out / "index.json").exists()
+    with Catalogue(out / "catalogue.sqlite") as catalogue:
+        counts = catalogue.counts()
+    assert counts["total"] == 40  # planned up front
+    marked = 8 * shards_before if pause.startswith("after_commit") else 8 * (shards_before - 1)
+    assert counts["done"] == marked
+
+    summary = build_index(folder, out, model=tmp_path / "fake.onnx", embedder=FakeEmbedder(), options=QUICK)
+    assert summary["reconciled_rows"] == (8 if pause.startswith("after_shard_write") else 0)
+    assert summary["indexed"] == 40 and summary["pending"] == 0
+    assert_each_indexed_once(out, paths)
+    with pytest.raises(FileExistsError, match="already holds a finished index"):
+        build_index(folder, out, embedder=FakeEmbedder(), options=QUICK)
+
+
+def test_interrupted_build_needs_the_same_model(digits, tmp_path):
+    folder, _ = digits
+    with Catalogue(tmp_path / "catalogue.sqlite") as catalogue:
+        catalogue.set_meta(state="building", model_hash=FakeEmbedder(seed=1).model_hash, index_key="auto")
+    with pytest.raises(ModelMismatchError, match="use the same model"):
+        build_index(folder, tmp_path, embedder=FakeEmbedder(), options=QUICK)
+
+
+def test_broken_files_are_recorded_and_skipped(digits, tmp_path):
+    folder, paths = copy_gallery(digits, tmp_path)
+    broken = folder / "broken"
+    broken.mkdir()
+    good_png, good_jpeg = png_bytes(), jpeg_bytes()
+    files = {
+        "empty.png": b"",
+        "truncated.png": good_png[: len(good_png) // 2],
+        "truncated.JPG": good_jpeg[: len(good_jpeg) // 2],
+        "text.jpg": b"this is not an image\n" * 10,
+        "bomb.png": bomb_png(),
+    }
+    for name, data in files.items():
+        (broken / name).write_bytes(data)
+    (folder / "notes.txt").write_text("not an image extension: never listed")
+    summary = build_index(folder, tmp_path / "idx", embedder=FakeEmbedder(), options=QUICK)
+    assert summary["indexed"] == 40 and summary["errors"] == len(files)
+    with Catalogue(tmp_path / "idx" / "catalogue.sqlite") as catalogue:
+        errors = {Path(r["path"]).name: r["error"] for r in catalogue.problems("error")}
+    assert set(errors) == set(files)
+    assert errors["empty.png"] == "empty file (0 bytes)"
+    assert errors["text.jpg"].startswith("not an image")
+    assert errors["bomb.png"].startswith("too large") and "decompression bomb" in errors["bomb.png"]
+    assert "truncated" in errors["truncated.JPG"].lower()
+    assert errors["truncated.png"]  # PIL says "truncated" or a zlib/IDAT error, depending on where it cut
+    assert_each_indexed_once(tmp_path / "idx", paths)
+
+
+def test_pixel_limit_option(digits, tmp_path):
+    folder, _ = digits
+    options = IngestOptions(workers=0, progress=False, max_pixels=32 * 32 - 1)  # every digit is 32 x 32
+    with pytest.raises(ValueError, match="no image could be indexed .*40 errors.*too large: 32x32"):
+        build_index(folder, tmp_path / "idx", embedder=FakeEmbedder(), options=options)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="running as root: chmod 000 does not stop root from reading a file")
+def test_unreadable_file_is_recorded(digits, tmp_path):
+    folder, paths = copy_gallery(digits, tmp_path)
+    paths[0].chmod(0)
+    try:
+        summary = build_index(folder, tmp_path / "idx", embedder=FakeEmbedder(), options=QUICK)
+    finally:
+        paths[0].chmod(0o644)
+    assert summary["errors"] == 1 and "permission denied" in summary["error_examples"][0]["error"]
+
+
+def test_exact_duplicates_recorded_once(digits, tmp_path):
+    folder, paths = copy_gallery(digits, tmp_path)
+    shutil.copy(paths[3], folder / "copy_a.png")
+    shutil.copy(paths[3], folder / "3" / "copy_b.PNG")
+    summary = build_index(folder, tmp_path / "idx", embedder=FakeEmbedder(), options=QUICK)
+    assert summary["indexed"] == 40 and summary["duplicates"] == 2
+    copies = [paths[3], folder / "copy_a.png", folder / "3" / "copy_b.PNG"]
+    with Catalogue(tmp_path / "idx" / "catalogue.sqlite") as catalogue:
+        dups = catalogue.problems("duplicate")
+        ids = catalogue.ids_for_paths([str(p.resolve()) for p in copies])
+        statuses = catalogue.status_of(list(ids.values()))
+    original = min(ids.values())  # the first catalogued (walk order: top-level files first) is kept
+    assert statuses[original] == "done"
+    assert {d["id"] for d in dups} == set(ids.values()) - {original}
+    assert {d["duplicate_of"] for d in dups} == {original}
+    with Index.open(tmp_path / "idx") as index:
+        assert len(index) == 40
+
+
+@pytest.mark.parametrize("key", ["Flat", "HNSW16", "IVF4,Flat"])
+def test_add_and_remove(digits, tmp_path, key):
+    folder, paths = copy_gallery(digits, tmp_path)
+    extra = tmp_path / "extra"
+    extra_paths = write_digits(extra, 10, start=600)
+    build_index(folder, tmp_path / "idx", embedder=FakeEmbedder(), index_key=key, options=QUICK)
+    summary = add_images(tmp_path / "idx", extra, embedder=FakeEmbedder(), options=QUICK)
+    assert summary["indexed"] == 50 and "added 10" in summary["updated_by"]
+    with Index.open(tmp_path / "idx", embedder=FakeEmbedder()) as index:
+        assert len(index) == 50 and index.info["index_key"] == key
+        hit = index.search_images(extra_paths[:1], k=1)[0][0]
+        assert hit.path == str(extra_paths[0].resolve())
+        removed_id = hit.id
+    summary = remove_images(tmp_path / "idx", ids=[removed_id], paths=[str(paths[0])])
+    assert summary["indexed"] == 48 and summary["removed"] == 2
+    if key.startswith("HNSW"):
+        assert "rebuild" in summary["updated_by"]  # faiss HNSW cannot remove ids
+    else:
+        assert "removed 2 in place" in summary["updated_by"]
+    with Index.open(tmp_path / "idx", embedder=FakeEmbedder()) as index:
+        assert len(index) == 48
+        hits = index.search_images([extra_paths[0], paths[0]], k=48)
+        found = {h.path for query in hits for h in query}
+        assert str(extra_paths[0].resolve()) not in found and str(paths[0].resolve()) not in found
+    # adding a removed image again brings it back
+    summary = add_images(tmp_path / "idx", folder, embedder=FakeEmbedder(), options=QUICK)
+    assert summary["indexed"] == 49
+    with pytest.raises(KeyError, match="no catalogue rows"):
+        remove_images(tmp_path / "idx", ids=[10_000])
+
+
+def test_manifest_with_split(tmp_path):
+    paths = write_digits(tmp_path / "data", 12)
+    rows = ["path,label,split"] + [f"{p.relative_to(tmp_path / 'data').as_posix()},{p.parent.name},"
+                                   f"{'test' if i % 3 == 0 else 'train'}" for i, p in enumerate(paths)]
+    (tmp_path / "data" / "manifest.csv").write_text("\n".join(rows) + "\n")
+    summary = build_index(tmp_path / "data" / "manifest.csv", tmp_path / "idx", embedder=FakeEmbedder(),
+                          split="test", options=QUICK)
+    assert summary["indexed"] == 4
+    with pytest.raises(ValueError, match="no rows with split"):
+        build_index(tmp_path / "data" / "manifest.csv", tmp_path / "idx2", embedder=FakeEmbedder(), split="val")
+
+
+def test_query_model_mismatch_is_refused(digits, tmp_path):
+    folder, paths = digits
+    build_index(folder, tmp_path / "idx", embedder=FakeEmbedder(), options=QUICK)
+    with pytest.raises(ModelMismatchError, match="built by model .*rebuild the index"):
+        Index.open(tmp_path / "idx", embedder=FakeEmbedder(seed=1))
+    with Index.open(tmp_path / "idx") as index, pytest.raises(ModelMismatchError, match="model_hash"):
+        index.search_images(paths[:1], embedder=FakeEmbedder(seed=2))
+    with pytest.raises(ModelMismatchError):
+        add_images(tmp_path / "idx", folder, embedder=FakeEmbedder(seed=1))
+
+
+def test_search_and_stats_cli(digits, tmp_path, monkeypatch):
+    folder, paths = digits
+    build_index(folder, tmp_path / "idx", embedder=FakeEmbedder(), options=QUICK)
+    monkeypatch.setattr("retrieval.index.load_model", lambda path, providers="auto": FakeEmbedder())
+    monkeypatch.setattr("retrieval.index.search.load_model", lambda path, providers="auto": FakeEmbedder())
+    result = CliRunner().invoke(search_command, ["--index", str(tmp_path / "idx"), "-k", "2", "--json",
+                                                 "--model", "m.onnx", str(paths[5])])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.output)
+    assert payload[0]["results"][0]["path"] == str(paths[5].resolve()) and len(payload[0]["results"]) == 2
+    assert set(payload[0]["results"][0]) == {"id", "path", "label", "score"}
+    result = CliRunner().invoke(index_group, ["stats", str(tmp_path / "idx"), "--queries", "20"])
+    assert result.exit_code == 0, result.output
+    stats = json.loads(result.output)
+    assert stats["counts"]["done"] == 40 and stats["recall_1_at_1"] == 1.0 and stats["recall_10_at_10"] == 1.0
+    assert stats["latency"]["p99_ms"] >= stats["latency"]["p50_ms"] > 0
+    assert stats["size_on_disk_bytes"]["total"] > stats["size_on_disk_bytes"]["shards"] > 0
+    assert index_stats(tmp_path / "idx", queries=5)["queries"] == 5
+
+
+def test_gpu_flag_without_gpu_fails_clearly(digits, tmp_path):
+    import faiss
+
+    if hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0:
+        pytest.skip("a faiss GPU is present here; this test checks the message when there is none")
+    folder, _ = digits
+    (tmp_path / "m.onnx").write_bytes(b"x")
+    result = CliRunner().invoke(index_group, ["build", "--model", str(tmp_path / "m.onnx"), "--images",
+                                              str(folder), "--out", str(tmp_path / "idx"), "--gpu"])
+    assert isinstance(result.exception, RuntimeError)
+    assert "--gpu" in str(result.exception) and ("faiss-gpu" in str(result.exception) or "no CUDA GPU" in
+                                                 str(result.exception))
+    assert not (tmp_path / "idx").exists()  # failed before doing any work

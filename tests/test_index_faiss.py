@@ -1,0 +1,126 @@
+"""faiss side of the index: automatic choice, tuning to the recall target, exact search and recall helpers."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import faiss
+import numpy as np
+import pytest
+
+from retrieval.index import faiss_ops
+from retrieval.index.builder import build_faiss
+from retrieval.index.catalogue import Catalogue, Outcome
+from retrieval.index.layout import IndexLayout
+from retrieval.index.search import Index
+from retrieval.index.shards import ShardStore
+from retrieval.index.sources import GalleryItem
+
+D = 32
+
+
+def clustered_unit_vectors(n: int, seed: int, centres: np.ndarray) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = centres[rng.integers(0, len(centres), n)] + 0.35 * rng.standard_normal((n, D))
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def write_vector_index(root, vectors: np.ndarray, shard_size: int = 1000) -> tuple[IndexLayout, Catalogue, ShardStore]:
+    """An index folder whose catalogue and shards hold ``vectors`` (no images needed)."""
+    layout = IndexLayout(root)
+    layout.root.mkdir(parents=True, exist_ok=True)
+    catalogue = Catalogue(layout.catalogue)
+    catalogue.plan([GalleryItem(f"/v/{i}.png", None) for i in range(len(vectors))])
+    store = ShardStore(layout.shards)
+    for start in range(0, len(vectors), shard_size):
+        ids = np.arange(start + 1, min(start + shard_size, len(vectors)) + 1)  # SQLite ids start at 1
+        outcomes = [Outcome(int(i), "done", f"sha{i}", 1) for i in ids]
+        name = store.write(ids, vectors[ids - 1], outcomes)
+        catalogue.record([dataclasses.replace(o, shard=name) for o in outcomes])
+    return layout, catalogue, store
+
+
+@pytest.fixture
+def small_policy(monkeypatch):
+    """Lowered thresholds so that HNSW, IVF and IVF-PQ are chosen at test sizes."""
+    policy = faiss_ops.AutoPolicy(flat_max=500, hnsw_max=2_000, tune_queries=200, max_train=20_000)
+    monkeypatch.setattr(faiss_ops, "AUTO_POLICY", policy)
+    return policy
+
+
+@pytest.mark.parametrize(("n", "budget", "expected"), [
+    (400, None, "Flat"),
+    (1_500, None, "HNSW32"),
+    (6_000, None, "IVF,Flat"),
+    (6_000, 6_000 * D * 2, "IVF,SQ8"),
+])
+def test_auto_index_reaches_recall_target(tmp_path, small_policy, monkeypatch, n, budget, expected):
+    centres = np.random.default_rng(99).standard_normal((64, D))
+    gallery = clustered_unit_vectors(n, 0, centres)
+    if budget is not None:
+        monkeypatch.setattr(faiss_ops, "available_memory", lambda: int(budget / small_policy.memory_fraction))
+    layout, catalogue, store = write_vector_index(tmp_path, gallery)
+    built = build_faiss(layout, catalogue, store, "auto", D)
+    key = built["index_key"]
+    assert key.replace(str(faiss_ops.ivf_lists(n)), "")== expected
+    assert built["tuning"]["target_met"] and built["tuning"]["recall_10_at_10"] >= 0.95
+    layout.write_info({"index_key": key, "params": built["params"], "embedding_dim": D, "model_hash": "x"})
+    catalogue.close()
+    # fresh queries from the same distribution, never seen in tuning: recall against exact search
+    queries = clustered_unit_vectors(300, 1, centres)
+    exact = np.argsort(-(queries @ gallery.T), axis=1, kind="stable")[:, :10] + 1
+    with Index.open(tmp_path) as index:
+        _, found = index.search_arrays(queries, 10)
+    assert faiss_ops.recall_at(found, exact, 10, 10) >= 0.95
+    if "IVF" in key:
+        assert 1 <= built["params"]["nprobe"] < faiss_ops.ivf_lists(n)  # tuned, not exhaustive
+    if "HNSW" in key:
+        assert built["params"]["efSearch"] >= 10
+
+
+def test_choose_index_key_thresholds():
+    big = 10**15
+    assert faiss_ops.choose_index_key(100_000, 128, big) == "Flat"
+    assert faiss_ops.choose_index_key(100_001, 128, big) == "HNSW32"
+    assert faiss_ops.choose_index_key(2_000_000, 128, big) == "IVF4096,Flat"
+    assert faiss_ops.choose_index_key(2_000_000, 128, 2_000_000 * 128 * 2) == "IVF4096,SQ8"
+    assert faiss_ops.choose_index_key(2_000_000, 128, 2_000_000 * 64) == "IVF4096,PQ32x8"
+    assert faiss_ops.expand_key("IVF{K},PQ{m}", 1_000_000, 96) == "IVF4096,PQ24"
+    with pytest.raises(ValueError, match="cannot build index key"):
+        faiss_ops.new_index("NotAKey", D)
+
+
+def test_recall_helper_matches_a_slow_loop():
+    rng = np.random.default_rng(0)
+    exact = np.stack([rng.permutation(30)[:10] for _ in range(20)])
+    found = np.where(rng.random((20, 10)) < 0.3, rng.integers(0, 30, (20, 10)), exact)
+    for n_true, r in ((1, 1), (10, 10), (1, 10)):
+        slow = []
+        for q in range(20):
+            hits = sum(1 for t in exact[q, :n_true] if t in list(found[q, :r]))
+            slow.append(hits / n_true)
+        assert faiss_ops.recall_at(found, exact, n_true, r) == pytest.approx(np.mean(slow))
+
+
+def test_exact_knn_over_chunks_matches_brute_force():
+    rng = np.random.default_rng(3)
+    gallery = rng.standard_normal((257, D)).astype(np.float32)
+    queries = rng.standard_normal((9, D)).astype(np.float32)
+    ids = np.arange(257) * 7 + 5
+    chunks = [(ids[s:s + 50], gallery[s:s + 50]) for s in range(0, 257, 50)]
+    scores, found = faiss_ops.exact_knn(queries, chunks, 10)
+    for q in range(9):
+        brute = [float(np.dot(queries[q].astype(np.float64), g)) for g in gallery.astype(np.float64)]
+        order = sorted(range(257), key=lambda i: -brute[i])[:10]
+        assert found[q].tolist() == [int(ids[i]) for i in order]
+        np.testing.assert_allclose(scores[q], [brute[i] for i in order], rtol=1e-4, atol=1e-4)
+
+
+def test_require_gpu_message():
+    if hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0:
+        assert faiss_ops.require_gpu() is not None
+        with pytest.raises(ValueError, match="at most k=2048"):
+            faiss_ops.check_gpu_k(4096)
+        return
+    with pytest.raises(RuntimeError, match="--gpu"):
+        faiss_ops.require_gpu()

@@ -1,0 +1,103 @@
+"""Shared helpers for the index tests: a fake embedder with the OnnxEmbedder interface, small galleries.
+
+(No tests here; the name only keeps it inside the index tests' files.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import struct
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+SIZE = 16
+
+
+class FakeEmbedder:
+    """A fixed random projection of the preprocessed pixels: distinct images -> distinct directions."""
+
+    def __init__(self, dim: int = 24, seed: int = 0, normalized: bool = True) -> None:
+        self.embedding_dim = dim
+        self.normalized = normalized
+        self.model_config = {"input_size": SIZE, "mean": (0.5, 0.5, 0.5), "std": (0.25, 0.25, 0.25)}
+        self.model_hash = hashlib.sha256(f"fake-{dim}-{seed}".encode()).hexdigest()[:16]
+        self.metadata = {"model_hash": self.model_hash}
+        self.projection = np.random.default_rng(seed).standard_normal((3 * SIZE * SIZE, dim)).astype(np.float32)
+        self.calls = 0
+
+    def embed_batch(self, batch: np.ndarray) -> np.ndarray:
+        self.calls += 1
+        out = np.asarray(batch, np.float32).reshape(len(batch), -1) @ self.projection
+        if self.normalized:
+            return out / np.linalg.norm(out, axis=1, keepdims=True)
+        return out * 3.0  # deliberately not unit length
+
+    def embed(self, images) -> np.ndarray:
+        if isinstance(images, np.ndarray):
+            return self.embed_batch(images)
+        from retrieval.data import build_transforms, open_image
+
+        tf = build_transforms(self.model_config, train=False)
+        pil = [open_image(i) if isinstance(i, (str, Path)) else i for i in images]
+        return self.embed_batch(np.stack([tf(p.convert("RGB")).numpy() for p in pil]))
+
+
+def write_digits(folder: Path, count: int = 40, start: int = 0) -> list[Path]:
+    """``count`` distinct sklearn digits as 32x32 PNGs in per-class sub-folders."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    paths, seen = [], set()
+    for i in range(start, len(digits.images)):
+        pixels = (digits.images[i] * 255 / 16).astype(np.uint8)
+        if pixels.tobytes() in seen:
+            continue
+        seen.add(pixels.tobytes())
+        path = folder / str(digits.target[i]) / f"digit_{i:04d}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(pixels).resize((32, 32), Image.NEAREST).convert("RGB").save(path)
+        paths.append(path)
+        if len(paths) == count:
+            break
+    return paths
+
+
+def png_bytes(size: tuple[int, int] = (32, 32), colour=(200, 30, 30)) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", size, colour).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def jpeg_bytes(size: tuple[int, int] = (64, 64)) -> bytes:
+    buffer = io.BytesIO()
+    noise = np.random.default_rng(0).integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)
+    Image.fromarray(noise).save(buffer, format="JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def bomb_png(width: int = 200_000, height: int = 200_000) -> bytes:
+    """A tiny PNG whose header declares ``width`` x ``height`` pixels (a decompression bomb's header)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\x00" * 64))
+            + chunk(b"IEND", b""))
+
+
+def run_cli_with_fake(args: list[str]) -> None:
+    """Entry point of the subprocess used by the kill tests: the real CLI with the fake model."""
+    import retrieval.index.builder as builder
+    from cli.index import index_group
+
+    builder.load_model = lambda path, providers="auto": FakeEmbedder()
+    index_group.main(args, prog_name="retrieval index")
+
+
+if __name__ == "__main__":
+    run_cli_with_fake(sys.argv[1:])
