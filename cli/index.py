@@ -8,15 +8,21 @@ from pathlib import Path
 
 import click
 
-IMAGES_HELP = "a folder (searched recursively for jpg/jpeg/png/webp/bmp/gif) or a manifest.csv (path,label[,split])."
+IMAGES_HELP = (
+    "a folder (searched recursively for jpg/jpeg/png/webp/bmp/gif) or a manifest.csv (path,label[,split])."
+)
 
 
 def _ingest_options(batch_size: int, workers: int | None, shard_size: int, max_pixels: int | None):
     from retrieval.index import IngestOptions
     from retrieval.index.decode import DEFAULT_MAX_PIXELS
 
-    return IngestOptions(batch_size=batch_size, workers=workers, shard_size=shard_size,
-                         max_pixels=max_pixels or DEFAULT_MAX_PIXELS)
+    return IngestOptions(
+        batch_size=batch_size,
+        workers=workers,
+        shard_size=shard_size,
+        max_pixels=max_pixels or DEFAULT_MAX_PIXELS,
+    )
 
 
 def _echo_summary(summary: dict) -> None:
@@ -27,12 +33,21 @@ def ingest_options(func):
     options = [
         click.option("--split", default=None, help="with a manifest: index only the rows of this split."),
         click.option("--batch-size", default=64, show_default=True, help="images per embedding batch."),
-        click.option("--workers", type=int, default=None, help="decoding workers (default: cores - 1, at most 4)."),
-        click.option("--shard-size", default=4096, show_default=True,
-                     help="images per shard (the unit of resumption)."),
-        click.option("--max-pixels", type=int, default=None,
-                     help="refuse images with more pixels (decompression bombs); default PIL's 89.5 M."),
-        click.option("--gpu", is_flag=True, help="train/search faiss on the GPU (needs faiss-gpu and a GPU)."),
+        click.option(
+            "--workers", type=int, default=None, help="decoding workers (default: cores - 1, at most 4)."
+        ),
+        click.option(
+            "--shard-size", default=4096, show_default=True, help="images per shard (the unit of resumption)."
+        ),
+        click.option(
+            "--max-pixels",
+            type=int,
+            default=None,
+            help="refuse images with more pixels (decompression bombs); default PIL's 89.5 M.",
+        ),
+        click.option(
+            "--gpu", is_flag=True, help="train/search faiss on the GPU (needs faiss-gpu and a GPU)."
+        ),
     ]
     for option in reversed(options):
         func = option(func)
@@ -47,16 +62,31 @@ def index_group() -> None:
 @index_group.command("build")
 @click.option("--model", required=True, type=click.Path(dir_okay=False), help="exported .onnx embedder.")
 @click.option("--images", required=True, type=click.Path(), help=IMAGES_HELP)
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="index folder (resumes if interrupted).")
-@click.option("--index-key", default="auto", show_default=True,
-              help="auto | Flat | HNSW32 | IVF{K},Flat | IVF{K},PQ{m} | any faiss factory key ({K}, {m} filled in).")
+@click.option(
+    "--out", required=True, type=click.Path(file_okay=False), help="index folder (resumes if interrupted)."
+)
+@click.option(
+    "--index-key",
+    default="auto",
+    show_default=True,
+    help="auto | Flat | HNSW32 | IVF{K},Flat | IVF{K},PQ{m} | any faiss factory key ({K}, {m} filled in).",
+)
 @ingest_options
-def build_command(model, images, out, index_key, split, batch_size, workers, shard_size, max_pixels, gpu) -> None:
+def build_command(
+    model, images, out, index_key, split, batch_size, workers, shard_size, max_pixels, gpu
+) -> None:
     """Embed every image and build the index; run the same command again to finish an interrupted build."""
     from retrieval.index import build_index
 
-    summary = build_index(images, out, model=model, index_key=index_key, split=split, gpu=gpu,
-                          options=_ingest_options(batch_size, workers, shard_size, max_pixels))
+    summary = build_index(
+        images,
+        out,
+        model=model,
+        index_key=index_key,
+        split=split,
+        gpu=gpu,
+        options=_ingest_options(batch_size, workers, shard_size, max_pixels),
+    )
     _echo_summary(summary)
 
 
@@ -69,8 +99,14 @@ def add_command(index_dir, images, model, split, batch_size, workers, shard_size
     """Add images to an existing index without rebuilding it."""
     from retrieval.index import add_images
 
-    summary = add_images(index_dir, images, model=model, split=split, gpu=gpu,
-                         options=_ingest_options(batch_size, workers, shard_size, max_pixels))
+    summary = add_images(
+        index_dir,
+        images,
+        model=model,
+        split=split,
+        gpu=gpu,
+        options=_ingest_options(batch_size, workers, shard_size, max_pixels),
+    )
     _echo_summary(summary)
 
 
@@ -115,8 +151,10 @@ def search_command(index_dir, images, k, model, gpu, as_json) -> None:
     with Index.open(index_dir, embedder=load_model(model) if model else None, gpu=gpu) as index:
         results = index.search_images(list(images), k)
     if as_json:
-        payload = [{"query": str(Path(q).resolve()), "results": [r.to_dict() for r in rs]}
-                   for q, rs in zip(images, results, strict=True)]
+        payload = [
+            {"query": str(Path(q).resolve()), "results": [r.to_dict() for r in rs]}
+            for q, rs in zip(images, results, strict=True)
+        ]
         click.echo(json.dumps(payload, indent=2))
         return
     for query, rows in zip(images, results, strict=True):

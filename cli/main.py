@@ -38,7 +38,8 @@ class FriendlyErrors(click.Group):
         try:
             return super().invoke(ctx)
         except (ValueError, FileNotFoundError, FileExistsError, KeyError, RuntimeError) as exc:
-            if isinstance(exc, click.ClickException):
+            # click's own Exit/Abort are RuntimeErrors in click >= 8.2: let click handle them
+            if isinstance(exc, (click.ClickException, click.exceptions.Exit, click.exceptions.Abort)):
                 raise
             message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
             raise click.ClickException(f"{type(exc).__name__}: {message}") from exc
@@ -222,19 +223,18 @@ def demo_command(out: str, epochs: int | None) -> None:
     run_demo(Path(out), epochs=epochs)
 
 
-def _register_optional_groups() -> None:
-    """Areas that live in their own modules add their command groups here."""
-    for module, attr in (("cli.data", "data_group"), ("cli.analyze", "analyze_group")):
-        try:
-            mod = __import__(module, fromlist=[attr])
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
-            continue
-        main.add_command(getattr(mod, attr))
+def _register_area_commands() -> None:
+    """Each area keeps its commands in its own module; they join the one command line here."""
+    from cli.analyze import analyze_group
+    from cli.data import data_group
+    from cli.export import export_command
+    from cli.index import index_group, search_command
+
+    for command in (data_group, analyze_group, export_command, index_group, search_command):
+        main.add_command(command)
 
 
-_register_optional_groups()
+_register_area_commands()
 
 if __name__ == "__main__":
     sys.exit(main())

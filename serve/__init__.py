@@ -1,4 +1,4 @@
-"""Serving: ``SearchService`` (index + ONNX embedder, thread-safe, micro-batched), the HTTP API and the Gradio UI.
+"""Serving: ``SearchService`` (index + ONNX embedder, thread-safe, micro-batched), HTTP API, Gradio UI.
 
 ``retrieval serve --index INDEX_DIR [--report REPORT]`` or ``python app.py`` run both on one port.
 """
@@ -6,5 +6,11 @@
 from serve.defaults import DEFAULT_INDEX_DIR, DEFAULT_REPORT, DEMO_DIR, missing_artifacts_message
 from serve.service import SearchResponse, SearchService
 
-__all__ = ["DEFAULT_INDEX_DIR", "DEFAULT_REPORT", "DEMO_DIR", "SearchResponse", "SearchService",
-           "missing_artifacts_message"]
+__all__ = [
+    "DEFAULT_INDEX_DIR",
+    "DEFAULT_REPORT",
+    "DEMO_DIR",
+    "SearchResponse",
+    "SearchService",
+    "missing_artifacts_message",
+]

@@ -25,8 +25,11 @@ FORM_SLACK = 64 * 1024  # multipart boundaries and headers, JSON punctuation
 
 
 def _too_large(limit: int) -> QueryError:
-    return QueryError(f"request body is over the limit of {limit} bytes; send a smaller image "
-                      "(or start the server with a larger --max-upload-mb)", 413)
+    return QueryError(
+        f"request body is over the limit of {limit} bytes; send a smaller image "
+        "(or start the server with a larger --max-upload-mb)",
+        413,
+    )
 
 
 async def capped_body(request: Request, limit: int) -> AsyncIterator[bytes]:
@@ -80,17 +83,42 @@ def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64
         return JSONResponse({"detail": str(exc)}, status_code=exc.status)
 
     async def in_worker(fn, *args):
-        if limiter.statistics().tasks_waiting >= max_queue:
-            return JSONResponse({"detail": f"server busy: {max_queue} searches already waiting; retry shortly"},
-                                status_code=503, headers={"Retry-After": "1"})
+        if limiter.available_tokens == 0 and limiter.statistics().tasks_waiting >= max_queue:
+            return JSONResponse(
+                {"detail": f"server busy: {max_queue} searches already waiting; retry shortly"},
+                status_code=503,
+                headers={"Retry-After": "1"},
+            )
         return await anyio.to_thread.run_sync(fn, *args, limiter=limiter)
 
-    @app.post("/search", openapi_extra={"requestBody": {"content": {
-        "multipart/form-data": {"schema": {"type": "object", "properties": {
-            "image": {"type": "string", "format": "binary"}}, "required": ["image"]}},
-        "application/json": {"schema": {"type": "object", "properties": {
-            "image": {"type": "string", "description": "base64 image file (or a data: URL)"},
-            "embedding": {"type": "array", "items": {"type": "number"}}}}}}}})
+    @app.post(
+        "/search",
+        openapi_extra={
+            "requestBody": {
+                "content": {
+                    "multipart/form-data": {
+                        "schema": {
+                            "type": "object",
+                            "properties": {"image": {"type": "string", "format": "binary"}},
+                            "required": ["image"],
+                        }
+                    },
+                    "application/json": {
+                        "schema": {
+                            "type": "object",
+                            "properties": {
+                                "image": {
+                                    "type": "string",
+                                    "description": "base64 image file (or a data: URL)",
+                                },
+                                "embedding": {"type": "array", "items": {"type": "number"}},
+                            },
+                        }
+                    },
+                }
+            }
+        },
+    )
     async def search(request: Request, k: int = Query(10, ge=1, le=MAX_K)) -> Any:
         """Top-k gallery images for an uploaded image, a base64 image, or an embedding."""
         content_type = request.headers.get("content-type", "").lower()
@@ -99,14 +127,21 @@ def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64
         elif content_type.startswith("application/json"):
             payload = await read_json(request, body_limit)
             if "embedding" in payload:
-                query = service.check_embedding(payload["embedding"])
+                query = payload["embedding"]  # checked by the service (422 for a wrong shape)
+                if isinstance(query, str):
+                    raise QueryError("'embedding' must be a list of numbers, not a string", 422)
             elif "image" in payload:
                 query = decode_base64(payload["image"], service.max_upload_bytes)
             else:
-                raise QueryError('the JSON body needs "image" (base64 image file) or "embedding" (list of numbers)')
+                raise QueryError(
+                    'the JSON body needs "image" (base64 image file) or "embedding" (list of numbers)'
+                )
         else:
-            raise QueryError("send multipart/form-data with a file field 'image', or application/json with "
-                             '"image" (base64) or "embedding"', 415)
+            raise QueryError(
+                "send multipart/form-data with a file field 'image', or application/json with "
+                '"image" (base64) or "embedding"',
+                415,
+            )
         response = await in_worker(service.search, query, k)
         return response if isinstance(response, JSONResponse) else response.to_dict()
 
@@ -134,9 +169,18 @@ def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64
     async def stats() -> dict[str, Any]:
         """Index statistics (size, type, parameters, recall vs exact search, latency) and service counters."""
         index = await anyio.to_thread.run_sync(service.index_stats)
-        return {"service": service.describe(), "batcher": service.batcher.stats(), "index": index,
-                "limits": {"max_upload_bytes": service.max_upload_bytes, "max_pixels": service.max_pixels,
-                           "max_k": MAX_K, "concurrency": concurrency, "max_queue": max_queue}}
+        return {
+            "service": service.describe(),
+            "batcher": service.batcher.stats(),
+            "index": index,
+            "limits": {
+                "max_upload_bytes": service.max_upload_bytes,
+                "max_pixels": service.max_pixels,
+                "max_k": MAX_K,
+                "concurrency": concurrency,
+                "max_queue": max_queue,
+            },
+        }
 
     @app.get("/health")
     def health() -> dict[str, Any]:

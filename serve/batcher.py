@@ -37,8 +37,13 @@ class BatchResult:
 class MicroBatcher:
     """Runs ``fn(batch [n, ...]) -> [n, d]`` on one worker thread over concatenated requests."""
 
-    def __init__(self, fn: Callable[[np.ndarray], np.ndarray], max_batch: int = 32, max_wait_ms: float = 5.0,
-                 name: str = "embed-batcher") -> None:
+    def __init__(
+        self,
+        fn: Callable[[np.ndarray], np.ndarray],
+        max_batch: int = 32,
+        max_wait_ms: float = 5.0,
+        name: str = "embed-batcher",
+    ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if max_wait_ms < 0:
@@ -133,11 +138,17 @@ class MicroBatcher:
             offset = 0
             for request in taken:
                 n = len(request.batch)
-                request.future.set_result(BatchResult(out[offset:offset + n], rows,
-                                                      (started - request.submitted) * 1000, run_ms))
+                request.future.set_result(
+                    BatchResult(out[offset : offset + n], rows, (started - request.submitted) * 1000, run_ms)
+                )
                 offset += n
 
     def stats(self) -> dict[str, float]:
-        return {"model_calls": self.calls, "requests": self.requests, "largest_batch": self.largest_batch,
-                "mean_requests_per_call": round(self.requests / self.calls, 3) if self.calls else 0.0,
-                "max_batch": self.max_batch, "max_wait_ms": self.max_wait * 1000}
+        return {
+            "model_calls": self.calls,
+            "requests": self.requests,
+            "largest_batch": self.largest_batch,
+            "mean_requests_per_call": round(self.requests / self.calls, 3) if self.calls else 0.0,
+            "max_batch": self.max_batch,
+            "max_wait_ms": self.max_wait * 1000,
+        }

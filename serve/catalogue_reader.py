@@ -1,4 +1,4 @@
-"""Read-only catalogue lookups from any thread (``retrieval.index.Catalogue`` is one connection, one thread)."""
+"""Read-only catalogue lookups from any thread (``retrieval.index.Catalogue`` is bound to one thread)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ class CatalogueReader:
         wanted = sorted({int(i) for i in ids})
         out: dict[int, dict[str, Any]] = {}
         for start in range(0, len(wanted), 900):  # SQLite's bound-parameter limit
-            chunk = wanted[start:start + 900]
+            chunk = wanted[start : start + 900]
             marks = ",".join("?" * len(chunk))
             sql = f"SELECT {', '.join(COLUMNS)} FROM images WHERE status='done' AND id IN ({marks})"
             for row in self._db().execute(sql, chunk):
@@ -51,6 +51,8 @@ class CatalogueReader:
         """Up to ``count`` indexed rows spread evenly over the catalogue (examples for the UI)."""
         total = self._db().execute("SELECT COUNT(*) FROM images WHERE status='done'").fetchone()[0]
         step = max(1, total // max(1, count))
-        sql = (f"SELECT {', '.join(COLUMNS)} FROM (SELECT *, ROW_NUMBER() OVER (ORDER BY id) - 1 AS n "
-               "FROM images WHERE status='done') WHERE n % ? = 0 ORDER BY id LIMIT ?")
+        sql = (
+            f"SELECT {', '.join(COLUMNS)} FROM (SELECT *, ROW_NUMBER() OVER (ORDER BY id) - 1 AS n "
+            "FROM images WHERE status='done') WHERE n % ? = 0 ORDER BY id LIMIT ?"
+        )
         return [dict(zip(COLUMNS, row, strict=True)) for row in self._db().execute(sql, (step, count))]

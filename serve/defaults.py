@@ -13,12 +13,16 @@ BUILD_COMMAND = "make demo"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7860
 DEFAULT_MAX_UPLOAD_BYTES = 10 * 2**20  # 10 MiB per uploaded image
-DEFAULT_MAX_PIXELS = 40_000_000  # a decoded query larger than this is refused as a possible decompression bomb
+DEFAULT_MAX_PIXELS = (
+    40_000_000  # a decoded query larger than this is refused as a possible decompression bomb
+)
 MAX_K = 1000
 
 
 def missing_artifacts_message(index_dir: Path) -> str:
     """What to run when the index the app should open is not there."""
-    return (f"no search index at {index_dir}. Build the demo artifacts (index in {DEFAULT_INDEX_DIR}, run report "
-            f"in {DEFAULT_REPORT}) with `{BUILD_COMMAND}`, or pass your own: "
-            "`python app.py --index INDEX_DIR --report REPORT.json`")
+    return (
+        f"no search index at {index_dir}. Build the demo artifacts (index in {DEFAULT_INDEX_DIR}, run report "
+        f"in {DEFAULT_REPORT}) with `{BUILD_COMMAND}`, or pass your own: "
+        "`python app.py --index INDEX_DIR --report REPORT.json`"
+    )

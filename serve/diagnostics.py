@@ -57,12 +57,24 @@ def _vectors_of(index: Index, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate([c[0] for c in chunks]), np.concatenate([c[1] for c in chunks])
 
 
-def leave_one_out(index: Index, catalogue: CatalogueReader, max_queries: int = 5000, seed: int = 0,
-                  failures_per_class: int = 3, batch: int = 1024) -> LeaveOneOut:
+def leave_one_out(
+    index: Index,
+    catalogue: CatalogueReader,
+    max_queries: int = 5000,
+    seed: int = 0,
+    failures_per_class: int = 3,
+    batch: int = 1024,
+) -> LeaveOneOut:
     labelled = catalogue.labelled()
     if not labelled:
-        return LeaveOneOut(0, float("nan"), [], False, "the catalogue has no labels (images were not in "
-                                                        "class sub-folders or a manifest with a label column)")
+        return LeaveOneOut(
+            0,
+            float("nan"),
+            [],
+            False,
+            "the catalogue has no labels (images were not in "
+            "class sub-folders or a manifest with a label column)",
+        )
     label_of = dict(labelled)
     sizes = Counter(label_of.values())
     candidates = np.array(sorted(i for i, label in labelled if sizes[label] >= 2), dtype=np.int64)
@@ -76,8 +88,8 @@ def leave_one_out(index: Index, catalogue: CatalogueReader, max_queries: int = 5
     per_class: dict[str, ClassRecall] = {}
     failures: defaultdict[str, list[Failure]] = defaultdict(list)
     for start in range(0, len(ids), batch):
-        chunk_ids = ids[start:start + batch]
-        scores, found = index.search_arrays(vectors[start:start + batch], 2)
+        chunk_ids = ids[start : start + batch]
+        scores, found = index.search_arrays(vectors[start : start + batch], 2)
         top1 = drop_self(found, chunk_ids, 1)[:, 0]
         for own, neighbour, row_scores, row_found in zip(chunk_ids, top1, scores, found, strict=True):
             label = label_of[int(own)]
@@ -87,7 +99,9 @@ def leave_one_out(index: Index, catalogue: CatalogueReader, max_queries: int = 5
             if neighbour >= 0 and neighbour_label == label:
                 stats.correct += 1
             elif len(failures[label]) < failures_per_class:
-                score = float(row_scores[list(row_found).index(neighbour)]) if neighbour >= 0 else float("nan")
+                score = (
+                    float(row_scores[list(row_found).index(neighbour)]) if neighbour >= 0 else float("nan")
+                )
                 failures[label].append(Failure(int(own), label, int(neighbour), neighbour_label, score))
     for label, stats in per_class.items():
         stats.failures = failures.get(label, [])

@@ -26,8 +26,11 @@ def decode_image(data: bytes, max_bytes: int, max_pixels: int) -> Image.Image:
     declares more than ``max_pixels`` pixels (a decompression bomb is refused before decoding).
     """
     if len(data) > max_bytes:
-        raise QueryError(f"image is {len(data)} bytes, over the limit of {max_bytes} bytes; send a smaller "
-                         "image (or start the server with a larger --max-upload-mb)", 413)
+        raise QueryError(
+            f"image is {len(data)} bytes, over the limit of {max_bytes} bytes; send a smaller "
+            "image (or start the server with a larger --max-upload-mb)",
+            413,
+        )
     if not data:
         raise QueryError("the image is empty (0 bytes)")
     try:
@@ -37,20 +40,24 @@ def decode_image(data: bytes, max_bytes: int, max_pixels: int) -> Image.Image:
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise QueryError(f"image refused as a possible decompression bomb: {exc}") from exc
     except Image.UnidentifiedImageError as exc:
-        raise QueryError("the upload is not an image PIL can read (expected JPEG, PNG, WebP, BMP or GIF)") from exc
+        raise QueryError(
+            "the upload is not an image PIL can read (expected JPEG, PNG, WebP, BMP or GIF)"
+        ) from exc
     except (OSError, ValueError, SyntaxError) as exc:  # truncated or corrupt data
         raise QueryError(f"the image could not be decoded ({type(exc).__name__}: {exc})") from exc
 
 
 def decode_base64(text: str, max_bytes: int) -> bytes:
-    """A base64 string (optionally a ``data:image/...;base64,`` URL) -> bytes; 413 when it decodes too large."""
+    """A base64 string (or a ``data:image/...;base64,`` URL) -> bytes; 413 when it decodes too large."""
     if not isinstance(text, str):
         raise QueryError("'image' must be a base64 string")
     if text.startswith("data:"):
         _, _, text = text.partition(",")
     # 4 base64 characters carry 3 bytes: refuse an oversized payload before decoding it
     if len(text) * 3 // 4 > max_bytes + 3:
-        raise QueryError(f"image is about {len(text) * 3 // 4} bytes, over the limit of {max_bytes} bytes", 413)
+        raise QueryError(
+            f"image is about {len(text) * 3 // 4} bytes, over the limit of {max_bytes} bytes", 413
+        )
     try:
         return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError) as exc:

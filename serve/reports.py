@@ -32,8 +32,11 @@ class RunReport:
         """Column name -> metrics: before/best/last for a training run, the metrics of an evaluation."""
         if self.kind == "train":
             best = self.data.get("best") or {}
-            columns = {"pretrained only": self.data.get("baseline"),
-                       f"best (epoch {best.get('epoch', '?')})": best, "last": self.data.get("last")}
+            columns = {
+                "pretrained only": self.data.get("baseline"),
+                f"best (epoch {best.get('epoch', '?')})": best,
+                "last": self.data.get("last"),
+            }
         else:
             columns = {"metrics": self.data.get("metrics")}
         return {name: values for name, values in columns.items() if values}
@@ -45,7 +48,10 @@ class RunReport:
             keys += [k for k in values if k not in keys and isinstance(values[k], (int, float))]
         recalls = sorted((k for k in keys if k.startswith("recall@")), key=lambda k: int(k.split("@")[1]))
         ordered = recalls + [k for k in METRIC_ORDER if k in keys]
-        rows = [[key] + [round(float(v[key]), 4) if key in v else None for v in columns.values()] for key in ordered]
+        rows = [
+            [key] + [round(float(v[key]), 4) if key in v else None for v in columns.values()]
+            for key in ordered
+        ]
         return ["metric", *columns], rows
 
     def plot_file(self, name: str) -> Path | None:
@@ -59,10 +65,11 @@ class RunReport:
         return path
 
     def history(self) -> list[dict[str, Any]]:
-        """Per-epoch rows from metrics.jsonl next to the report (or the checkpoint), else the report's history."""
+        """Per-epoch rows of metrics.jsonl next to the report (or checkpoint), else the report's history."""
         folders = [self.folder]
-        if self.data.get("checkpoint"):
-            folders.append((self.folder / str(self.data["checkpoint"])).parent)
+        if self.data.get("checkpoint"):  # as given on the command line: absolute, or relative to where it ran
+            checkpoint = Path(str(self.data["checkpoint"]))
+            folders += [checkpoint.parent, (self.folder / checkpoint).parent]
         for folder in folders:
             log = folder / "metrics.jsonl"
             if log.is_file():
@@ -73,16 +80,23 @@ class RunReport:
 def load_report(path: str | Path) -> RunReport:
     path = Path(path).expanduser()
     if not path.is_file():
-        raise FileNotFoundError(f"report {path} not found; `retrieval train` writes RUN_DIR/report.json and "
-                                "`retrieval evaluate` writes eval_report.json next to the checkpoint")
+        raise FileNotFoundError(
+            f"report {path} not found; `retrieval train` writes RUN_DIR/report.json and "
+            "`retrieval evaluate` writes eval_report.json next to the checkpoint"
+        )
     try:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path} is not a JSON report") from exc
-    if not isinstance(data, dict) or data.get("format") != REPORT_FORMAT or data.get("kind") not in ("train",
-                                                                                                        "evaluate"):
-        raise ValueError(f"{path} is not a report of `retrieval train` or `retrieval evaluate` "
-                         f"(format {REPORT_FORMAT}, kind train|evaluate)")
+    if (
+        not isinstance(data, dict)
+        or data.get("format") != REPORT_FORMAT
+        or data.get("kind") not in ("train", "evaluate")
+    ):
+        raise ValueError(
+            f"{path} is not a report of `retrieval train` or `retrieval evaluate` "
+            f"(format {REPORT_FORMAT}, kind train|evaluate)"
+        )
     return RunReport(path, data)
 
 
@@ -108,8 +122,10 @@ def recall_plot(report: RunReport) -> Image.Image | None:
         return _open(path)
     from train.report import plot_recall_at_k
 
-    curves = {name: {k: v for k, v in values.items() if k.startswith("recall@")}
-              for name, values in report.metric_columns().items()}
+    curves = {
+        name: {k: v for k, v in values.items() if k.startswith("recall@")}
+        for name, values in report.metric_columns().items()
+    }
     return _render(lambda out: plot_recall_at_k(curves, out))
 
 
@@ -130,6 +146,8 @@ def triplet_plot(report: RunReport) -> Image.Image | None:
 def summary_markdown(report: RunReport) -> str:
     config = report.data.get("config") or {}
     train = config.get("train", config) if isinstance(config, dict) else {}
+    if report.kind == "evaluate":
+        train = {**(report.data.get("model") or {}), "dataset": report.data.get("dataset")}
     facts = [f"**{report.kind}** report `{report.path}`"]
     for key in ("dataset", "backbone", "loss", "epochs", "embedding_dim"):
         value = train.get(key) if isinstance(train, dict) else None

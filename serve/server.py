@@ -39,23 +39,37 @@ class ServerConfig:
 
 def build_app(config: ServerConfig, service: SearchService | None = None) -> tuple[FastAPI, SearchService]:
     """The FastAPI app (API routes first, then the Gradio UI at ``/``) and the service behind it."""
-    service = service or SearchService(config.index_dir, max_batch=config.max_batch, max_wait_ms=config.max_wait_ms,
-                                       max_upload_bytes=config.max_upload_bytes, max_pixels=config.max_pixels)
+    service = service or SearchService(
+        config.index_dir,
+        max_batch=config.max_batch,
+        max_wait_ms=config.max_wait_ms,
+        max_upload_bytes=config.max_upload_bytes,
+        max_pixels=config.max_pixels,
+    )
     app = create_api(service, concurrency=config.concurrency, max_queue=config.max_queue)
     if config.ui:
         blocks, example_dir = build_ui(service, config.report)
         blocks.queue(default_concurrency_limit=GRADIO_CONCURRENCY, max_size=GRADIO_QUEUE)
-        app = gr.mount_gradio_app(app, blocks, path=UI_PATH, allowed_paths=[str(example_dir)],
-                                  max_file_size=config.max_upload_bytes, server_name=config.host,
-                                  server_port=config.port)
+        app = gr.mount_gradio_app(
+            app,
+            blocks,
+            path=UI_PATH,
+            allowed_paths=[str(example_dir)],
+            max_file_size=config.max_upload_bytes,
+            server_name=config.host,
+            server_port=config.port,
+        )
     return app, service
 
 
 def serve(config: ServerConfig) -> None:
     """Block serving until interrupted (Ctrl-C)."""
     app, service = build_app(config)
-    print(f"serving {service.describe()['vectors']} images from {config.index_dir}: UI and API on "
-          f"http://{config.host}:{config.port}/ (API docs at /docs)", flush=True)
+    print(
+        f"serving {service.describe()['vectors']} images from {config.index_dir}: UI and API on "
+        f"http://{config.host}:{config.port}/ (API docs at /docs)",
+        flush=True,
+    )
     try:
         uvicorn.run(app, host=config.host, port=config.port, log_level="warning")
     finally:

@@ -33,20 +33,31 @@ class SearchResponse:
     timing: dict[str, float] = field(default_factory=dict)  # milliseconds, plus the batch size
 
     def to_dict(self) -> dict[str, Any]:
-        return {"k": self.k, "count": len(self.results),
-                "results": [r.to_dict() | {"image_url": f"/items/{r.id}/image"} for r in self.results],
-                "timing": self.timing}
+        return {
+            "k": self.k,
+            "count": len(self.results),
+            "results": [r.to_dict() | {"image_url": f"/items/{r.id}/image"} for r in self.results],
+            "timing": self.timing,
+        }
 
 
 class SearchService:
     """Open ``index_dir`` once; ``search(image | embedding, k)`` from many threads."""
 
-    def __init__(self, index_dir: str | Path, embedder: Embedder | None = None, max_batch: int = 32,
-                 max_wait_ms: float = 5.0, max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
-                 max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
+    def __init__(
+        self,
+        index_dir: str | Path,
+        embedder: Embedder | None = None,
+        max_batch: int = 32,
+        max_wait_ms: float = 5.0,
+        max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
+    ) -> None:
         self.index_dir = Path(index_dir)
         self.index = Index.open(self.index_dir, embedder=embedder)
-        self.embedder = self.index.embedder  # loads the ONNX model recorded in index.json now, not per request
+        self.embedder = (
+            self.index.embedder
+        )  # loads the ONNX model recorded in index.json now, not per request
         self.catalogue = CatalogueReader(self.index.layout.catalogue)
         self.max_upload_bytes, self.max_pixels = int(max_upload_bytes), int(max_pixels)
         self.batcher = MicroBatcher(self._embed_batch, max_batch=max_batch, max_wait_ms=max_wait_ms)
@@ -66,10 +77,15 @@ class SearchService:
         return len(self.index)
 
     def describe(self) -> dict[str, Any]:
-        return {"index_dir": str(self.index_dir.resolve()), "vectors": len(self), "embedding_dim": self.dim,
-                "index_key": self.index.info.get("index_key"), "model_hash": self.index.model_hash,
-                "model_path": self.index.info.get("model_path"),
-                "input_size": int(self.embedder.model_config["input_size"])}
+        return {
+            "index_dir": str(self.index_dir.resolve()),
+            "vectors": len(self),
+            "embedding_dim": self.dim,
+            "index_key": self.index.info.get("index_key"),
+            "model_hash": self.index.model_hash,
+            "model_path": self.index.info.get("model_path"),
+            "input_size": int(self.embedder.model_config["input_size"]),
+        }
 
     # --- search
     def check_k(self, k: int) -> int:
@@ -84,12 +100,20 @@ class SearchService:
             prepared = time.perf_counter()
             future = submit(batch)
         result = future.result(timeout=120)
-        timing = {"preprocess_ms": (prepared - started) * 1000, "embed_ms": (time.perf_counter() - prepared) * 1000,
-                  "batch_wait_ms": result.wait_ms, "batch_size": result.batch_size}
+        timing = {
+            "preprocess_ms": (prepared - started) * 1000,
+            "embed_ms": (time.perf_counter() - prepared) * 1000,
+            "batch_wait_ms": result.wait_ms,
+            "batch_size": result.batch_size,
+        }
         return result.embeddings, timing
 
-    def search(self, query: Image.Image | bytes | np.ndarray | list[float], k: int = 10,
-               exclude_ids: tuple[int, ...] = ()) -> SearchResponse:
+    def search(
+        self,
+        query: Image.Image | bytes | np.ndarray | list[float],
+        k: int = 10,
+        exclude_ids: tuple[int, ...] = (),
+    ) -> SearchResponse:
         """Top-k of a PIL image, the bytes of an image file, or an embedding [d]; ``exclude_ids`` dropped."""
         k = self.check_k(k)
         started = time.perf_counter()
@@ -114,8 +138,11 @@ class SearchService:
         except (TypeError, ValueError) as exc:
             raise QueryError(f"'embedding' must be a list of {self.dim} numbers: {exc}", 422) from exc
         if vector.ndim != 1 or vector.shape[0] != self.dim:
-            raise QueryError(f"'embedding' must be a flat list of {self.dim} numbers (this index's dimension), "
-                             f"got shape {list(vector.shape)}", 422)
+            raise QueryError(
+                f"'embedding' must be a flat list of {self.dim} numbers (this index's dimension), "
+                f"got shape {list(vector.shape)}",
+                422,
+            )
         try:
             return prepare_vectors(vector, self.dim)
         except ValueError as exc:
@@ -123,7 +150,9 @@ class SearchService:
 
     def _search_vectors(self, embedding: np.ndarray, k: int, exclude: set[int]) -> list[SearchResult]:
         scores, ids = self.index.search_arrays(embedding, k + len(exclude))
-        keep = [(float(s), int(i)) for s, i in zip(scores[0], ids[0], strict=True) if i >= 0 and i not in exclude]
+        keep = [
+            (float(s), int(i)) for s, i in zip(scores[0], ids[0], strict=True) if i >= 0 and i not in exclude
+        ]
         rows = self.catalogue.rows([i for _, i in keep])
         return [SearchResult(i, rows[i]["path"], rows[i]["label"], s) for s, i in keep[:k] if i in rows]
 
@@ -132,7 +161,7 @@ class SearchService:
         return self.catalogue.row(image_id)
 
     def image_path(self, image_id: int) -> Path | None:
-        """The file of an indexed image, only if the catalogue has it and it is still an image file on disk."""
+        """The file of an indexed image: only if catalogued as indexed and still an image file on disk."""
         row = self.catalogue.row(image_id)
         if row is None:
             return None

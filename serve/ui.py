@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +14,12 @@ import numpy as np
 from PIL import Image
 
 from retrieval.data import open_image
+from retrieval.index import SearchResult
 from serve.reports import curves_plot, load_report, recall_plot, summary_markdown, triplet_plot
 from serve.service import SearchService
 
 THUMBNAIL = 256
+SAME_IMAGE_SCORE = 0.999  # cosine above which a result may be the query itself (then pixels are compared)
 EXAMPLE_COUNT = 12
 WORST_CLASSES = 10
 
@@ -28,32 +30,17 @@ def pixel_key(image: Image.Image) -> str:
     return hashlib.sha256(repr(rgb.shape).encode() + rgb.tobytes()).hexdigest()
 
 
-@dataclass(frozen=True)
-class Example:
-    id: int
-    label: str | None
-    file: str  # a copy in the app's own folder, so that Gradio serves nothing else of the gallery
-
-
 class ExampleSet:
-    """Gallery images offered as example queries; a query with the same pixels is known by id and label."""
+    """Gallery images offered as example queries, copied so that Gradio serves nothing else of the gallery."""
 
     def __init__(self, service: SearchService, folder: Path, count: int = EXAMPLE_COUNT) -> None:
-        self.folder = folder
-        self.examples: list[Example] = []
-        self._by_pixels: dict[str, Example] = {}
+        self.files: list[str] = []
         for row in service.catalogue.sample(count):
             path = service.image_path(row["id"])
-            if path is None:
-                continue
-            copy = folder / f"{row['id']}{path.suffix.lower()}"
-            shutil.copyfile(path, copy)
-            example = Example(row["id"], row["label"], str(copy))
-            self.examples.append(example)
-            self._by_pixels[pixel_key(open_image(copy))] = example
-
-    def identify(self, image: Image.Image) -> Example | None:
-        return self._by_pixels.get(pixel_key(image))
+            if path is not None:
+                copy = folder / f"{row['id']}{path.suffix.lower()}"
+                shutil.copyfile(path, copy)
+                self.files.append(str(copy))
 
 
 def thumbnail(path: Path | None) -> Image.Image:
@@ -68,97 +55,179 @@ class SearchTab:
     def __init__(self, service: SearchService, examples: ExampleSet) -> None:
         self.service, self.examples = service, examples
 
+    def identify(self, image: Image.Image, results: list[SearchResult]) -> SearchResult | None:
+        """The gallery item the query is (same decoded pixels as a near-1.0 top result), if any."""
+        for result in results[:3]:
+            if result.score < SAME_IMAGE_SCORE:
+                break
+            path = self.service.image_path(result.id)
+            if path is not None and pixel_key(open_image(path)) == pixel_key(image):
+                return result
+        return None
+
     def search(self, image: Image.Image | None, k: float) -> tuple[list[tuple[Image.Image, str]], str]:
         if image is None:
             raise gr.Error("Upload, paste or pick an image first.")
-        known = self.examples.identify(image)
-        exclude = (known.id,) if known is not None else ()
-        response = self.service.search(image, int(k), exclude_ids=exclude)
+        if image.width * image.height > self.service.max_pixels:
+            raise gr.Error(
+                f"The image has {image.width}x{image.height} pixels, over the limit of "
+                f"{self.service.max_pixels}."
+            )
+        k = self.service.check_k(int(k))
+        response = self.service.search(image, k + 1)  # one more: the query itself may be in the gallery
+        known = self.identify(image, response.results)
+        response.results = [r for r in response.results if known is None or r.id != known.id][:k]
         items = []
         for result in response.results:
-            caption = f"{result.label or '(no label)'} · {result.score:.3f}"
+            caption = f"{result.score:.3f} · {result.label or '(no label)'}"
             if known is not None and known.label is not None:
                 caption = ("✓ " if result.label == known.label else "✗ ") + caption
             items.append((thumbnail(self.service.image_path(result.id)), caption))
         t = response.timing
-        lines = [f"**{len(items)} results** · embed {t.get('embed_ms', 0):.1f} ms (batch of "
-                 f"{int(t.get('batch_size', 1))}) · search {t['search_ms']:.1f} ms · total {t['total_ms']:.1f} ms"]
+        lines = [
+            f"**{len(items)} results** · embed {t.get('embed_ms', 0):.1f} ms "
+            f"(batch of {int(t.get('batch_size', 1))}) · search {t['search_ms']:.1f} ms · "
+            f"total {t['total_ms']:.1f} ms"
+        ]
         if known is not None:
             correct = sum(r.label == known.label for r in response.results)
-            lines.append(f"Query is gallery image #{known.id} (label **{known.label}**), left out of its own "
-                         f"results; {correct}/{len(items)} results share its label (✓ correct, ✗ wrong).")
+            lines.append(
+                f"Query is gallery image #{known.id} (label **{known.label}**), left out of its own "
+                f"results; {correct}/{len(items)} results share its label (✓ correct, ✗ wrong)."
+            )
         return items, "\n\n".join(lines)
 
     def build(self) -> None:
         with gr.Row():
             with gr.Column(scale=1, min_width=280):
-                query = gr.Image(type="pil", sources=["upload", "clipboard"], label="Query image",
-                                 elem_id="query-image", height=280)
-                top_k = gr.Slider(1, max(1, min(100, len(self.service))), value=min(10, len(self.service)),
-                                  step=1, label="K (number of results)", elem_id="top-k")
+                query = gr.Image(
+                    type="pil",
+                    sources=["upload", "clipboard"],
+                    label="Query image",
+                    elem_id="query-image",
+                    height=280,
+                )
+                top_k = gr.Slider(
+                    1,
+                    max(1, min(100, len(self.service))),
+                    value=min(10, len(self.service)),
+                    step=1,
+                    label="K (number of results)",
+                    elem_id="top-k",
+                )
                 button = gr.Button("Search", variant="primary", elem_id="search-button")
                 timing = gr.Markdown(elem_id="search-timing")
-                if self.examples.examples:
-                    gr.Examples([[e.file] for e in self.examples.examples], inputs=[query],
-                                label="Examples from the gallery (results are marked ✓/✗ by label)",
-                                examples_per_page=EXAMPLE_COUNT)
+                if self.examples.files:
+                    gr.Examples(
+                        [[file] for file in self.examples.files],
+                        inputs=[query],
+                        label="Examples from the gallery (results are marked ✓/✗ by label)",
+                        examples_per_page=EXAMPLE_COUNT,
+                    )
             with gr.Column(scale=3):
-                gallery = gr.Gallery(label="Results", columns=5, height="auto", object_fit="contain",
-                                     elem_id="results-gallery", allow_preview=True)
+                gallery = gr.Gallery(
+                    label="Results",
+                    columns=5,
+                    height="auto",
+                    object_fit="contain",
+                    elem_id="results-gallery",
+                    allow_preview=True,
+                )
         button.click(self.search, [query, top_k], [gallery, timing], api_name="search")
 
 
 class EvaluationTab:
     def __init__(self, service: SearchService, report: Path | None) -> None:
         self.service, self.report = service, report
+        self._cache: dict[tuple[str, int], tuple] = {}
 
     def open_report(self, path: str) -> tuple[str, Any, Any, Any, Any]:
+        """The report's summary, metrics table and plots (drawn once per report file version)."""
+        try:
+            key = (str(Path(path).resolve()), Path(path).stat().st_mtime_ns) if path else None
+        except OSError:
+            key = None
+        if key is not None and key in self._cache:
+            return self._cache[key]
+        shown = self._open_report(path)
+        if key is not None:
+            self._cache = {key: shown}  # keep only the latest
+        return shown
+
+    def _open_report(self, path: str) -> tuple[str, Any, Any, Any, Any]:
         if not path:
-            return ("No report given: start with `--report RUN_DIR/report.json` (or enter a path above).",
-                    None, None, None, None)
+            return (
+                "No report given: start with `--report RUN_DIR/report.json` (or enter a path above).",
+                None,
+                None,
+                None,
+                None,
+            )
         try:
             report = load_report(path)
         except (FileNotFoundError, ValueError) as exc:
             return f"**Cannot open the report:** {exc}", None, None, None, None
         headers, rows = report.metrics_table()
-        return (summary_markdown(report), gr.Dataframe(value=rows, headers=headers), recall_plot(report),
-                curves_plot(report), triplet_plot(report))
+        return (
+            summary_markdown(report),
+            gr.Dataframe(value=rows, headers=headers),
+            recall_plot(report),
+            curves_plot(report),
+            triplet_plot(report),
+        )
 
     def worst_classes(self) -> tuple[str, Any, list[tuple[Image.Image, str]]]:
         loo = self.service.leave_one_out()
         if not loo.classes:
             return f"No per-class analysis: {loo.note}.", None, []
-        summary = (f"Leave-one-out over the index ({loo.note}, {loo.queries} queries): each labelled image is "
-                   f"searched against all others; Recall@1 = **{loo.recall_at_1:.4f}**. Worst classes:")
+        summary = (
+            f"Leave-one-out over the index ({loo.note}, {loo.queries} queries): each labelled image is "
+            f"searched against all others; Recall@1 = **{loo.recall_at_1:.4f}**. Worst classes:"
+        )
         worst = loo.classes[:WORST_CLASSES]
         rows = [[c.label, c.queries, c.correct, round(c.recall_at_1, 4)] for c in worst]
         pairs = []
         for c in worst:
             for failure in c.failures[:1]:
-                pairs.append((thumbnail(self.service.image_path(failure.query_id)),
-                              f"query #{failure.query_id}: {failure.query_label}"))
-                pairs.append((thumbnail(self.service.image_path(failure.top1_id) if failure.top1_id >= 0 else None),
-                              f"✗ top-1 #{failure.top1_id}: {failure.top1_label} ({failure.score:.3f})"))
+                pairs.append(
+                    (thumbnail(self.service.image_path(failure.query_id)), f"query: {failure.query_label}")
+                )
+                pairs.append(
+                    (
+                        thumbnail(self.service.image_path(failure.top1_id) if failure.top1_id >= 0 else None),
+                        f"✗ {failure.score:.3f} · top-1: {failure.top1_label}",
+                    )
+                )
         table = gr.Dataframe(value=rows, headers=["class", "queries", "correct top-1", "Recall@1"])
         return summary, table, pairs
 
     def build(self, demo: gr.Blocks) -> None:
         with gr.Row():
-            path = gr.Textbox(value=str(self.report or ""), label="Run report (report.json of `retrieval train` or "
-                              "`retrieval evaluate`)", scale=4, elem_id="report-path")
+            path = gr.Textbox(
+                value=str(self.report or ""),
+                label="Run report (report.json of `retrieval train` or `retrieval evaluate`)",
+                scale=4,
+                elem_id="report-path",
+            )
             button = gr.Button("Open report", scale=1)
         summary = gr.Markdown(elem_id="report-summary")
         metrics = gr.Dataframe(label="Metrics", interactive=False, elem_id="metrics-table")
         with gr.Row():
             recall = gr.Image(label="Recall@K", type="pil", interactive=False, elem_id="recall-plot")
             triplet = gr.Image(label="Triplet diagram", type="pil", interactive=False, elem_id="triplet-plot")
-        curves = gr.Image(label="Training curves (metrics.jsonl)", type="pil", interactive=False,
-                          elem_id="curves-plot")
+        curves = gr.Image(
+            label="Training curves (metrics.jsonl)", type="pil", interactive=False, elem_id="curves-plot"
+        )
         gr.Markdown("### Classes with the worst Recall@1 in this index")
         loo_summary = gr.Markdown()
         worst = gr.Dataframe(interactive=False, elem_id="worst-classes")
-        failures = gr.Gallery(label="Example failures: query, then its wrong top-1", columns=6, height="auto",
-                              object_fit="contain", elem_id="failures-gallery")
+        failures = gr.Gallery(
+            label="Example failures: query, then its wrong top-1",
+            columns=6,
+            height="auto",
+            object_fit="contain",
+            elem_id="failures-gallery",
+        )
         outputs = [summary, metrics, recall, curves, triplet]
         button.click(self.open_report, [path], outputs, api_name="open_report")
         demo.load(self.open_report, [path], outputs, api_name=False)
@@ -172,18 +241,27 @@ class IndexTab:
     def stats(self) -> tuple[Any, dict[str, Any]]:
         s = self.service.index_stats()
         k = next((key for key in s if key.startswith("recall_") and key != "recall_1_at_1"), None)
-        rows = [["vectors", s["vectors"]], ["index type", s["index_key"]],
-                ["parameters", ", ".join(f"{a}={b}" for a, b in s["params"].items()) or "(none: exact search)"],
-                ["embedding dimension", s["model"]["embedding_dim"]],
-                ["size on disk (MiB)", round(s["size_on_disk_bytes"]["total"] / 2**20, 3)],
-                ["1-recall@1 vs exact search", round(s["recall_1_at_1"], 4)]]
+        rows = [
+            ["vectors", s["vectors"]],
+            ["index type", s["index_key"]],
+            ["parameters", ", ".join(f"{a}={b}" for a, b in s["params"].items()) or "(none: exact search)"],
+            ["embedding dimension", s["model"]["embedding_dim"]],
+            ["size on disk (MiB)", round(s["size_on_disk_bytes"]["total"] / 2**20, 3)],
+            ["1-recall@1 vs exact search", round(s["recall_1_at_1"], 4)],
+        ]
         if k:
             rows.append([k.replace("_", "-", 1).replace("_at_", "@") + " vs exact search", round(s[k], 4)])
-        rows += [["search latency p50 (ms)", round(s["latency"]["p50_ms"], 3)],
-                 ["search latency p99 (ms)", round(s["latency"]["p99_ms"], 3)],
-                 ["images: errors / duplicates / removed",
-                  f"{s['counts']['error']} / {s['counts']['duplicate']} / {s['counts']['removed']}"]]
-        return gr.Dataframe(value=rows, headers=["statistic", "value"]), s | {"batcher": self.service.batcher.stats()}
+        rows += [
+            ["search latency p50 (ms)", round(s["latency"]["p50_ms"], 3)],
+            ["search latency p99 (ms)", round(s["latency"]["p99_ms"], 3)],
+            [
+                "images: errors / duplicates / removed",
+                f"{s['counts']['error']} / {s['counts']['duplicate']} / {s['counts']['removed']}",
+            ],
+        ]
+        return gr.Dataframe(value=rows, headers=["statistic", "value"]), s | {
+            "batcher": self.service.batcher.stats()
+        }
 
     def build(self, demo: gr.Blocks) -> None:
         table = gr.Dataframe(interactive=False, elem_id="index-stats")
@@ -193,15 +271,20 @@ class IndexTab:
         demo.load(self.stats, None, [table, details], api_name=False)
 
 
-def build_ui(service: SearchService, report: str | Path | None = None,
-             example_dir: Path | None = None) -> tuple[gr.Blocks, Path]:
+def build_ui(
+    service: SearchService, report: str | Path | None = None, example_dir: Path | None = None
+) -> tuple[gr.Blocks, Path]:
     """The Blocks app and the folder holding its example copies (pass it to Gradio's allowed_paths)."""
-    example_dir = example_dir or Path(tempfile.mkdtemp(prefix="retrieval-examples-"))
+    if example_dir is None:
+        example_dir = Path(tempfile.mkdtemp(prefix="retrieval-examples-"))
+        atexit.register(shutil.rmtree, example_dir, True)
     examples = ExampleSet(service, example_dir)
     info = service.describe()
     with gr.Blocks(title="Image retrieval") as demo:
-        gr.Markdown(f"## Image retrieval · {info['vectors']} images · `{info['index_key']}` · "
-                    f"{info['embedding_dim']}-d embeddings · model `{info['model_hash']}`")
+        gr.Markdown(
+            f"## Image retrieval · {info['vectors']} images · `{info['index_key']}` · "
+            f"{info['embedding_dim']}-d embeddings · model `{info['model_hash']}`"
+        )
         with gr.Tabs():
             with gr.Tab("Search", id="search"):
                 SearchTab(service, examples).build()

@@ -1,4 +1,4 @@
-"""Gallery indexing: self-search, resumption after kill -9, broken files, duplicates, add/remove, model checks."""
+"""Gallery indexing: self-search, resumption after kill -9, broken files, duplicates, add/remove, models."""
 
 from __future__ import annotations
 
@@ -91,9 +91,14 @@ def test_unnormalised_model_is_normalised(digits, tmp_path):
 
 
 def _run_cli(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(TESTS / "test_index_support.py"), *args], cwd=TESTS.parent,
-                            env={**os.environ, "PYTHONPATH": str(TESTS.parent), **(env or {})},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(TESTS / "test_index_support.py"), *args],
+        cwd=TESTS.parent,
+        env={**os.environ, "PYTHONPATH": str(TESTS.parent), **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 @pytest.mark.parametrize("pause", ["after_shard_write:2", "after_commit:3"])
@@ -101,8 +106,21 @@ def test_resume_after_sigkill(digits, tmp_path, pause):
     """Kill -9 after a shard is written (before / after its rows are marked), rerun: each image once."""
     folder, paths = copy_gallery(digits, tmp_path)
     out = tmp_path / "idx"
-    args = ["build", "--model", str(tmp_path / "fake.onnx"), "--images", str(folder), "--out", str(out),
-            "--batch-size", "4", "--shard-size", "8", "--workers", "1"]
+    args = [
+        "build",
+        "--model",
+        str(tmp_path / "fake.onnx"),
+        "--images",
+        str(folder),
+        "--out",
+        str(out),
+        "--batch-size",
+        "4",
+        "--shard-size",
+        "8",
+        "--workers",
+        "1",
+    ]
     (tmp_path / "fake.onnx").write_bytes(b"fake")  # the CLI checks the path; the fake model is patched in
     process = _run_cli(args, {builder.PAUSE_ENV: pause})
     deadline = time.monotonic() + 60
@@ -172,7 +190,9 @@ def test_pixel_limit_option(digits, tmp_path):
         build_index(folder, tmp_path / "idx", embedder=FakeEmbedder(), options=options)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="running as root: chmod 000 does not stop root from reading a file")
+@pytest.mark.skipif(
+    os.geteuid() == 0, reason="running as root: chmod 000 does not stop root from reading a file"
+)
 def test_unreadable_file_is_recorded(digits, tmp_path):
     folder, paths = copy_gallery(digits, tmp_path)
     paths[0].chmod(0)
@@ -235,14 +255,23 @@ def test_add_and_remove(digits, tmp_path, key):
 
 def test_manifest_with_split(tmp_path):
     paths = write_digits(tmp_path / "data", 12)
-    rows = ["path,label,split"] + [f"{p.relative_to(tmp_path / 'data').as_posix()},{p.parent.name},"
-                                   f"{'test' if i % 3 == 0 else 'train'}" for i, p in enumerate(paths)]
+    rows = ["path,label,split"] + [
+        f"{p.relative_to(tmp_path / 'data').as_posix()},{p.parent.name},{'test' if i % 3 == 0 else 'train'}"
+        for i, p in enumerate(paths)
+    ]
     (tmp_path / "data" / "manifest.csv").write_text("\n".join(rows) + "\n")
-    summary = build_index(tmp_path / "data" / "manifest.csv", tmp_path / "idx", embedder=FakeEmbedder(),
-                          split="test", options=QUICK)
+    summary = build_index(
+        tmp_path / "data" / "manifest.csv",
+        tmp_path / "idx",
+        embedder=FakeEmbedder(),
+        split="test",
+        options=QUICK,
+    )
     assert summary["indexed"] == 4
     with pytest.raises(ValueError, match="no rows with split"):
-        build_index(tmp_path / "data" / "manifest.csv", tmp_path / "idx2", embedder=FakeEmbedder(), split="val")
+        build_index(
+            tmp_path / "data" / "manifest.csv", tmp_path / "idx2", embedder=FakeEmbedder(), split="val"
+        )
 
 
 def test_query_model_mismatch_is_refused(digits, tmp_path):
@@ -261,8 +290,10 @@ def test_search_and_stats_cli(digits, tmp_path, monkeypatch):
     build_index(folder, tmp_path / "idx", embedder=FakeEmbedder(), options=QUICK)
     monkeypatch.setattr("retrieval.index.load_model", lambda path, providers="auto": FakeEmbedder())
     monkeypatch.setattr("retrieval.index.search.load_model", lambda path, providers="auto": FakeEmbedder())
-    result = CliRunner().invoke(search_command, ["--index", str(tmp_path / "idx"), "-k", "2", "--json",
-                                                 "--model", "m.onnx", str(paths[5])])
+    result = CliRunner().invoke(
+        search_command,
+        ["--index", str(tmp_path / "idx"), "-k", "2", "--json", "--model", "m.onnx", str(paths[5])],
+    )
     assert result.exit_code == 0, result.output
     payload = json.loads(result.output)
     assert payload[0]["results"][0]["path"] == str(paths[5].resolve()) and len(payload[0]["results"]) == 2
@@ -283,9 +314,21 @@ def test_gpu_flag_without_gpu_fails_clearly(digits, tmp_path):
         pytest.skip("a faiss GPU is present here; this test checks the message when there is none")
     folder, _ = digits
     (tmp_path / "m.onnx").write_bytes(b"x")
-    result = CliRunner().invoke(index_group, ["build", "--model", str(tmp_path / "m.onnx"), "--images",
-                                              str(folder), "--out", str(tmp_path / "idx"), "--gpu"])
+    result = CliRunner().invoke(
+        index_group,
+        [
+            "build",
+            "--model",
+            str(tmp_path / "m.onnx"),
+            "--images",
+            str(folder),
+            "--out",
+            str(tmp_path / "idx"),
+            "--gpu",
+        ],
+    )
     assert isinstance(result.exception, RuntimeError)
-    assert "--gpu" in str(result.exception) and ("faiss-gpu" in str(result.exception) or "no CUDA GPU" in
-                                                 str(result.exception))
+    assert "--gpu" in str(result.exception) and (
+        "faiss-gpu" in str(result.exception) or "no CUDA GPU" in str(result.exception)
+    )
     assert not (tmp_path / "idx").exists()  # failed before doing any work

@@ -25,7 +25,9 @@ def clustered_unit_vectors(n: int, seed: int, centres: np.ndarray) -> np.ndarray
     return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
 
 
-def write_vector_index(root, vectors: np.ndarray, shard_size: int = 1000) -> tuple[IndexLayout, Catalogue, ShardStore]:
+def write_vector_index(
+    root, vectors: np.ndarray, shard_size: int = 1000
+) -> tuple[IndexLayout, Catalogue, ShardStore]:
     """An index folder whose catalogue and shards hold ``vectors`` (no images needed)."""
     layout = IndexLayout(root)
     layout.root.mkdir(parents=True, exist_ok=True)
@@ -48,12 +50,15 @@ def small_policy(monkeypatch):
     return policy
 
 
-@pytest.mark.parametrize(("n", "budget", "expected"), [
-    (400, None, "Flat"),
-    (1_500, None, "HNSW32"),
-    (6_000, None, "IVF,Flat"),
-    (6_000, 6_000 * D * 2, "IVF,SQ8"),
-])
+@pytest.mark.parametrize(
+    ("n", "budget", "expected"),
+    [
+        (400, None, "Flat"),
+        (1_500, None, "HNSW32"),
+        (6_000, None, "IVF,Flat"),
+        (6_000, 6_000 * D * 2, "IVF,SQ8"),
+    ],
+)
 def test_auto_index_reaches_recall_target(tmp_path, small_policy, monkeypatch, n, budget, expected):
     centres = np.random.default_rng(99).standard_normal((64, D))
     gallery = clustered_unit_vectors(n, 0, centres)
@@ -62,7 +67,7 @@ def test_auto_index_reaches_recall_target(tmp_path, small_policy, monkeypatch, n
     layout, catalogue, store = write_vector_index(tmp_path, gallery)
     built = build_faiss(layout, catalogue, store, "auto", D)
     key = built["index_key"]
-    assert key.replace(str(faiss_ops.ivf_lists(n)), "")== expected
+    assert key.replace(str(faiss_ops.ivf_lists(n)), "") == expected
     assert built["tuning"]["target_met"] and built["tuning"]["recall_10_at_10"] >= 0.95
     layout.write_info({"index_key": key, "params": built["params"], "embedding_dim": D, "model_hash": "x"})
     catalogue.close()
@@ -107,7 +112,7 @@ def test_exact_knn_over_chunks_matches_brute_force():
     gallery = rng.standard_normal((257, D)).astype(np.float32)
     queries = rng.standard_normal((9, D)).astype(np.float32)
     ids = np.arange(257) * 7 + 5
-    chunks = [(ids[s:s + 50], gallery[s:s + 50]) for s in range(0, 257, 50)]
+    chunks = [(ids[s : s + 50], gallery[s : s + 50]) for s in range(0, 257, 50)]
     scores, found = faiss_ops.exact_knn(queries, chunks, 10)
     for q in range(9):
         brute = [float(np.dot(queries[q].astype(np.float64), g)) for g in gallery.astype(np.float64)]

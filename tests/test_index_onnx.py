@@ -29,15 +29,31 @@ def test_cli_build_and_search_with_real_onnx(onnx_model, tmp_path):
     model = onnx_model
     paths = write_digits(tmp_path / "gallery", 24)
     out = tmp_path / "idx"
-    result = CliRunner().invoke(index_group, ["build", "--model", str(model), "--images", str(tmp_path / "gallery"),
-                                              "--out", str(out), "--batch-size", "8", "--workers", "1"])
+    result = CliRunner().invoke(
+        index_group,
+        [
+            "build",
+            "--model",
+            str(model),
+            "--images",
+            str(tmp_path / "gallery"),
+            "--out",
+            str(out),
+            "--batch-size",
+            "8",
+            "--workers",
+            "1",
+        ],
+    )
     assert result.exit_code == 0, result.output
-    summary = json.loads(result.output[result.output.index("{"):])
+    summary = json.loads(result.output[result.output.index("{") :])
     assert summary["indexed"] == 24 and summary["errors"] == 0
     info = json.loads((out / "index.json").read_text())
     assert info["model_hash"] == load_model(model).model_hash and info["model_path"] == str(model.resolve())
 
-    result = CliRunner().invoke(search_command, ["--index", str(out), "--json", "-k", "3", *map(str, paths[:4])])
+    result = CliRunner().invoke(
+        search_command, ["--index", str(out), "--json", "-k", "3", *map(str, paths[:4])]
+    )
     assert result.exit_code == 0, result.output
     for query, payload in zip(paths[:4], json.loads(result.output), strict=True):
         assert payload["results"][0]["path"] == str(query.resolve())

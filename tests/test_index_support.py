@@ -27,7 +27,9 @@ class FakeEmbedder:
         self.model_config = {"input_size": SIZE, "mean": (0.5, 0.5, 0.5), "std": (0.25, 0.25, 0.25)}
         self.model_hash = hashlib.sha256(f"fake-{dim}-{seed}".encode()).hexdigest()[:16]
         self.metadata = {"model_hash": self.model_hash}
-        self.projection = np.random.default_rng(seed).standard_normal((3 * SIZE * SIZE, dim)).astype(np.float32)
+        self.projection = (
+            np.random.default_rng(seed).standard_normal((3 * SIZE * SIZE, dim)).astype(np.float32)
+        )
         self.calls = 0
 
     def embed_batch(self, batch: np.ndarray) -> np.ndarray:
@@ -82,12 +84,22 @@ def jpeg_bytes(size: tuple[int, int] = (64, 64)) -> bytes:
 
 def bomb_png(width: int = 200_000, height: int = 200_000) -> bytes:
     """A tiny PNG whose header declares ``width`` x ``height`` pixels (a decompression bomb's header)."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+        return (
+            struct.pack(">I", len(data))
+            + kind
+            + data
+            + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+        )
 
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\x00" * 64))
-            + chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(b"\x00" * 64))
+        + chunk(b"IEND", b"")
+    )
 
 
 def run_cli_with_fake(args: list[str]) -> None:

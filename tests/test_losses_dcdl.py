@@ -115,7 +115,8 @@ def test_sinkhorn_epsilon_is_blur_squared():
     eps = 0.2
     right = sinkhorn_divergence_reference(x.numpy(), y.numpy(), eps)
     got = sinkhorn_divergence(x, y, epsilon=eps, scaling=0.99).item()
-    wrong = SamplesLoss("sinkhorn", p=2, blur=eps, debias=True, scaling=0.99, backend="tensorized")(x, y).item()
+    wrong_loss = SamplesLoss("sinkhorn", p=2, blur=eps, debias=True, scaling=0.99, backend="tensorized")
+    wrong = wrong_loss(x, y).item()
     assert got == pytest.approx(right, rel=2e-4)
     assert abs(wrong - right) > 20 * abs(got - right)
 

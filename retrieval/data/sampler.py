@@ -71,7 +71,9 @@ class ClassBalancedBatchSampler(Sampler[list[int]]):
         if len(usable) < classes_per_batch:
             raise ValueError(
                 f"only {len(usable)} classes have >= {samples_per_class} samples but classes_per_batch="
-                f"{classes_per_batch}; lower classes_per_batch or samples_per_class"
+                f"{classes_per_batch}; a batch needs that many classes: lower classes_per_batch (--batch-size / "
+                f"--per-class classes per batch, e.g. --batch-size {len(usable) * samples_per_class}) or raise "
+                "--per-class"
             )
         self.classes = usable
         self.indices_by_class = {int(c): np.flatnonzero(labels == c) for c in usable}

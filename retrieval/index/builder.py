@@ -74,7 +74,9 @@ class ShardBuffer:
 class Ingestor:
     """Turns the pending catalogue rows into shards, recording each shard's outcomes atomically."""
 
-    def __init__(self, catalogue: Catalogue, store: ShardStore, embedder: Embedder, options: IngestOptions) -> None:
+    def __init__(
+        self, catalogue: Catalogue, store: ShardStore, embedder: Embedder, options: IngestOptions
+    ) -> None:
         self.catalogue, self.store, self.embedder, self.options = catalogue, store, embedder, options
         self.seen = catalogue.done_sha256()  # sha256 -> id of an indexed original
         self.buffer = ShardBuffer()
@@ -87,10 +89,22 @@ class Ingestor:
         dataset = GalleryDecodeDataset(pending, self.embedder.model_config, self.options.max_pixels)
         workers = self.options.workers
         workers = min(4, max(0, (os.cpu_count() or 1) - 1)) if workers is None else workers
-        loader = DataLoader(dataset, batch_size=self.options.batch_size, num_workers=workers, shuffle=False,
-                            collate_fn=collate_decoded, prefetch_factor=4 if workers else None)
-        with tqdm(total=len(pending), desc="index", unit="img", file=sys.stderr, dynamic_ncols=True,
-                  disable=not self.options.progress) as bar:
+        loader = DataLoader(
+            dataset,
+            batch_size=self.options.batch_size,
+            num_workers=workers,
+            shuffle=False,
+            collate_fn=collate_decoded,
+            prefetch_factor=4 if workers else None,
+        )
+        with tqdm(
+            total=len(pending),
+            desc="index",
+            unit="img",
+            file=sys.stderr,
+            dynamic_ncols=True,
+            disable=not self.options.progress,
+        ) as bar:
             for decoded in loader:
                 self._take(decoded)
                 if len(self.buffer) >= self.options.shard_size:
@@ -102,12 +116,15 @@ class Ingestor:
         keep = []  # positions in decoded.batch of the images to embed
         for position, record in enumerate(decoded.records):
             if record.error is not None:
-                self.buffer.outcomes.append(Outcome(record.id, "error", record.sha256, record.size, record.error))
+                self.buffer.outcomes.append(
+                    Outcome(record.id, "error", record.sha256, record.size, record.error)
+                )
                 continue
             original = self.seen.get(record.sha256)
             if original is not None:
                 self.buffer.outcomes.append(
-                    Outcome(record.id, "duplicate", record.sha256, record.size, duplicate_of=original))
+                    Outcome(record.id, "duplicate", record.sha256, record.size, duplicate_of=original)
+                )
                 continue
             self.seen[record.sha256] = record.id
             keep.append(decoded.ok_index.index(position))
@@ -132,7 +149,9 @@ class Ingestor:
 
 def reconcile(catalogue: Catalogue, store: ShardStore) -> int:
     """Record the outcomes of shards written before a crash but not yet marked; returns how many rows."""
-    recorded = {row[0] for row in catalogue.db.execute("SELECT DISTINCT shard FROM images WHERE shard IS NOT NULL")}
+    recorded = {
+        row[0] for row in catalogue.db.execute("SELECT DISTINCT shard FROM images WHERE shard IS NOT NULL")
+    }
     fixed = 0
     for name in store.names():
         if name in recorded:
@@ -154,8 +173,9 @@ def done_chunks(store: ShardStore, done: np.ndarray) -> Iterator[tuple[np.ndarra
             yield shard.ids[mask], np.ascontiguousarray(shard.vectors[mask])
 
 
-def gather_rows(store: ShardStore, done: np.ndarray, positions: np.ndarray, with_ids: bool = False
-                ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+def gather_rows(
+    store: ShardStore, done: np.ndarray, positions: np.ndarray, with_ids: bool = False
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """The vectors (and ids) at global ``positions`` (in shard order over the done rows)."""
     wanted = np.sort(positions)
     out, out_ids, offset = [], [], 0
@@ -168,8 +188,16 @@ def gather_rows(store: ShardStore, done: np.ndarray, positions: np.ndarray, with
     return (vectors, np.concatenate(out_ids)) if with_ids else vectors
 
 
-def build_faiss(layout: IndexLayout, catalogue: Catalogue, store: ShardStore, key_request: str, dim: int,
-                gpu: bool = False, policy: faiss_ops.AutoPolicy | None = None, seed: int = 0) -> dict[str, Any]:
+def build_faiss(
+    layout: IndexLayout,
+    catalogue: Catalogue,
+    store: ShardStore,
+    key_request: str,
+    dim: int,
+    gpu: bool = False,
+    policy: faiss_ops.AutoPolicy | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
     """Build, train, fill and tune a fresh faiss index from the shards; write it atomically."""
     policy = policy or faiss_ops.AUTO_POLICY
     done = np.asarray(catalogue.ids_with_status("done"), dtype=np.int64)
@@ -177,8 +205,10 @@ def build_faiss(layout: IndexLayout, catalogue: Catalogue, store: ShardStore, ke
     if n == 0:
         errors = catalogue.problems("error", 1)
         example = f"; first error: {errors[0]['path']}: {errors[0]['error']}" if errors else ""
-        raise ValueError(f"no image could be indexed into {layout.root} ({catalogue.counts()['error']} errors"
-                         f"{example}); check --images and the errors in catalogue.sqlite")
+        raise ValueError(
+            f"no image could be indexed into {layout.root} ({catalogue.counts()['error']} errors"
+            f"{example}); check --images and the errors in catalogue.sqlite"
+        )
     if key_request == "auto":
         key = faiss_ops.choose_index_key(n, dim, policy=policy)
     else:
@@ -187,7 +217,7 @@ def build_faiss(layout: IndexLayout, catalogue: Catalogue, store: ShardStore, ke
     rng = np.random.default_rng(seed)
     order = rng.permutation(n)
     n_queries = min(policy.tune_queries, max(1, n // 10))
-    query_positions, train_positions = order[:n_queries], order[n_queries:n_queries + policy.max_train]
+    query_positions, train_positions = order[:n_queries], order[n_queries : n_queries + policy.max_train]
     resources = faiss_ops.require_gpu() if gpu else None
     if not index.is_trained:
         # train on vectors other than the tuning queries, so that tuning measures held-out queries
@@ -198,8 +228,14 @@ def build_faiss(layout: IndexLayout, catalogue: Catalogue, store: ShardStore, ke
             index.train(sample)
     for ids, vectors in done_chunks(store, done):
         index.add_with_ids(vectors, ids)
-    tuning = {"params": {}, "recall_1_at_1": 1.0, "recall_10_at_10": 1.0, "target_met": True,
-              "queries": int(n_queries), "note": "exact search"}
+    tuning = {
+        "params": {},
+        "recall_1_at_1": 1.0,
+        "recall_10_at_10": 1.0,
+        "target_met": True,
+        "queries": int(n_queries),
+        "note": "exact search",
+    }
     if faiss_ops.search_param_grid(index, 10) != [{}]:
         # held-out queries: gallery vectors never used for training, their own ids dropped from results
         queries, query_ids = gather_rows(store, done, query_positions, with_ids=True)
@@ -208,15 +244,26 @@ def build_faiss(layout: IndexLayout, catalogue: Catalogue, store: ShardStore, ke
         result = faiss_ops.tune_search_params(index, queries, exact, policy.target_recall, self_ids=query_ids)
         tuning = dataclasses.asdict(result) | {"queries": int(n_queries), "target": policy.target_recall}
         if not result.target_met:
-            print(f"warning: {key} reaches only {result.recall_10_at_10:.3f} 10-recall@10 at its most expensive "
-                  f"setting {result.params}; choose a larger index key (e.g. Flat or IVF...,Flat)", file=sys.stderr)
+            print(
+                f"warning: {key} reaches only {result.recall_10_at_10:.3f} 10-recall@10 "
+                f"at its most expensive "
+                f"setting {result.params}; choose a larger index key (e.g. Flat or IVF...,Flat)",
+                file=sys.stderr,
+            )
     faiss_ops.write_index_atomic(index, layout.faiss)
-    return {"index_key": key, "index_key_requested": key_request, "params": tuning["params"], "tuning": tuning,
-            "count": int(index.ntotal), "built_on": "gpu" if gpu else "cpu"}
+    return {
+        "index_key": key,
+        "index_key_requested": key_request,
+        "params": tuning["params"],
+        "tuning": tuning,
+        "count": int(index.ntotal),
+        "built_on": "gpu" if gpu else "cpu",
+    }
 
 
-def update_faiss(layout: IndexLayout, catalogue: Catalogue, store: ShardStore, info: dict[str, Any],
-                 gpu: bool = False) -> dict[str, Any]:
+def update_faiss(
+    layout: IndexLayout, catalogue: Catalogue, store: ShardStore, info: dict[str, Any], gpu: bool = False
+) -> dict[str, Any]:
     """Bring the index in line with the ``done`` rows: remove_ids / add_with_ids, no retraining.
 
     Index types that cannot remove ids (HNSW, Refine) are rebuilt from the shards with the same key.
@@ -230,46 +277,70 @@ def update_faiss(layout: IndexLayout, catalogue: Catalogue, store: ShardStore, i
         try:
             index.remove_ids(to_remove)
         except RuntimeError:  # e.g. HNSW: no removal in faiss; rebuild from the shards instead
-            rebuilt = build_faiss(layout, catalogue, store, info["index_key"], int(info["embedding_dim"]), gpu)
-            return rebuilt | {"index_key_requested": info.get("index_key_requested", info["index_key"]),
-                              "updated_by": "rebuild (this index type cannot remove ids)"}
+            rebuilt = build_faiss(
+                layout, catalogue, store, info["index_key"], int(info["embedding_dim"]), gpu
+            )
+            return rebuilt | {
+                "index_key_requested": info.get("index_key_requested", info["index_key"]),
+                "updated_by": "rebuild (this index type cannot remove ids)",
+            }
     if len(to_add):
         for ids, vectors in done_chunks(store, to_add):
             index.add_with_ids(vectors, ids)
     faiss_ops.set_search_params(index, info.get("params", {}))
     faiss_ops.write_index_atomic(index, layout.faiss)
-    return {"count": int(index.ntotal), "updated_by": f"added {len(to_add)}, removed {len(to_remove)} in place"}
+    return {
+        "count": int(index.ntotal),
+        "updated_by": f"added {len(to_add)}, removed {len(to_remove)} in place",
+    }
 
 
 # --- commands --------------------------------------------------------------------------------------
 def _summary(catalogue: Catalogue, started: float, reconciled: int) -> dict[str, Any]:
     counts = catalogue.counts()
     return {
-        "indexed": counts["done"], "errors": counts["error"], "duplicates": counts["duplicate"],
-        "removed": counts["removed"], "pending": counts["pending"], "reconciled_rows": reconciled,
-        "error_examples": catalogue.problems("error", 10), "duplicate_examples": catalogue.problems("duplicate", 10),
+        "indexed": counts["done"],
+        "errors": counts["error"],
+        "duplicates": counts["duplicate"],
+        "removed": counts["removed"],
+        "pending": counts["pending"],
+        "reconciled_rows": reconciled,
+        "error_examples": catalogue.problems("error", 10),
+        "duplicate_examples": catalogue.problems("duplicate", 10),
         "seconds": round(time.perf_counter() - started, 2),
     }
 
 
 def _model_fields(embedder: Embedder, model_path: str | None) -> dict[str, Any]:
-    return {"model_path": str(Path(model_path).resolve()) if model_path else None,
-            "model_hash": embedder.model_hash, "embedding_dim": int(embedder.embedding_dim),
-            "model_normalized": bool(embedder.normalized),
-            "similarity": "inner product of L2-normalised vectors (cosine)"}
+    return {
+        "model_path": str(Path(model_path).resolve()) if model_path else None,
+        "model_hash": embedder.model_hash,
+        "embedding_dim": int(embedder.embedding_dim),
+        "model_normalized": bool(embedder.normalized),
+        "similarity": "inner product of L2-normalised vectors (cosine)",
+    }
 
 
 def _check_same_model(catalogue: Catalogue, embedder: Embedder, root: Path) -> None:
     built_by = catalogue.get_meta("model_hash")
     if built_by is not None and built_by != embedder.model_hash:
         raise ModelMismatchError(
-            f"{root} was started with model {catalogue.get_meta('model_path')} (model_hash {built_by}) but this "
-            f"model has model_hash {embedder.model_hash}; use the same model, or a new --out to build afresh")
+            f"{root} was started with model {catalogue.get_meta('model_path')} (model_hash {built_by}) "
+            f"but this "
+            f"model has model_hash {embedder.model_hash}; use the same model, or a new --out to build afresh"
+        )
 
 
-def build_index(images: str | Path, out: str | Path, model: str | Path | None = None, embedder: Embedder | None = None,
-                index_key: str = "auto", split: str | None = None, gpu: bool = False,
-                options: IngestOptions | None = None) -> dict[str, Any]:
+def build_index(
+    images: str | Path,
+    out: str | Path,
+    model: str | Path | None = None,
+    embedder: Embedder | None = None,
+    index_key: str = "auto",
+    split: str | None = None,
+    gpu: bool = False,
+    options: IngestOptions | None = None,
+) -> dict[str, Any]:
     """Build (or finish an interrupted build of) an index of the images in ``out``; returns a summary."""
     started = time.perf_counter()
     if gpu:
@@ -284,17 +355,24 @@ def build_index(images: str | Path, out: str | Path, model: str | Path | None = 
     with Catalogue(layout.catalogue) as catalogue:
         state = catalogue.get_meta("state")
         if state == "complete":
-            raise FileExistsError(f"{layout.root} already holds a finished index; add images with "
-                                  f"`retrieval index add {layout.root} --images ...` or choose a new --out")
+            raise FileExistsError(
+                f"{layout.root} already holds a finished index; add images with "
+                f"`retrieval index add {layout.root} --images ...` or choose a new --out"
+            )
         if state is None:
             fields = _model_fields(embedder, str(model) if model else None)
-            catalogue.set_meta(state="building", index_key=index_key,
-                               **{k: str(v) for k, v in fields.items() if v is not None})
+            catalogue.set_meta(
+                state="building",
+                index_key=index_key,
+                **{k: str(v) for k, v in fields.items() if v is not None},
+            )
         else:
             _check_same_model(catalogue, embedder, layout.root)
             if catalogue.get_meta("index_key") != index_key:
-                raise ValueError(f"the interrupted build in {layout.root} used --index-key "
-                                 f"{catalogue.get_meta('index_key')}; rerun with that key or choose a new --out")
+                raise ValueError(
+                    f"the interrupted build in {layout.root} used --index-key "
+                    f"{catalogue.get_meta('index_key')}; rerun with that key or choose a new --out"
+                )
         items = list_gallery(images, split)
         if not items:
             raise ValueError(f"no images (jpg, jpeg, png, webp, bmp, gif) found in {images}")
@@ -305,8 +383,12 @@ def build_index(images: str | Path, out: str | Path, model: str | Path | None = 
         built = build_faiss(layout, catalogue, store, index_key, int(embedder.embedding_dim), gpu)
         layout.write_info(_model_fields(embedder, catalogue.get_meta("model_path")) | built)
         catalogue.set_meta(state="complete")
-        return {"index_dir": str(layout.root), "index_key": built["index_key"], "params": built["params"],
-                **_summary(catalogue, started, reconciled)}
+        return {
+            "index_dir": str(layout.root),
+            "index_key": built["index_key"],
+            "params": built["params"],
+            **_summary(catalogue, started, reconciled),
+        }
 
 
 def _open_for_update(index_dir: str | Path) -> tuple[IndexLayout, dict[str, Any]]:
@@ -315,9 +397,15 @@ def _open_for_update(index_dir: str | Path) -> tuple[IndexLayout, dict[str, Any]
     return layout, layout.read_info()
 
 
-def add_images(index_dir: str | Path, images: str | Path, model: str | Path | None = None,
-               embedder: Embedder | None = None, split: str | None = None, gpu: bool = False,
-               options: IngestOptions | None = None) -> dict[str, Any]:
+def add_images(
+    index_dir: str | Path,
+    images: str | Path,
+    model: str | Path | None = None,
+    embedder: Embedder | None = None,
+    split: str | None = None,
+    gpu: bool = False,
+    options: IngestOptions | None = None,
+) -> dict[str, Any]:
     """Embed new images with the index's own model and add them without rebuilding (resumable too)."""
     started = time.perf_counter()
     layout, info = _open_for_update(index_dir)
@@ -339,7 +427,9 @@ def add_images(index_dir: str | Path, images: str | Path, model: str | Path | No
         return {"index_dir": str(layout.root), **updated, **_summary(catalogue, started, reconciled)}
 
 
-def remove_images(index_dir: str | Path, ids: Sequence[int] = (), paths: Sequence[str] = ()) -> dict[str, Any]:
+def remove_images(
+    index_dir: str | Path, ids: Sequence[int] = (), paths: Sequence[str] = ()
+) -> dict[str, Any]:
     """Mark images removed in the catalogue, then take them out of the faiss index."""
     started = time.perf_counter()
     layout, info = _open_for_update(index_dir)
@@ -360,5 +450,9 @@ def remove_images(index_dir: str | Path, ids: Sequence[int] = (), paths: Sequenc
         store = ShardStore(layout.shards)
         updated = update_faiss(layout, catalogue, store, info)
         layout.write_info(info | updated)
-        return {"index_dir": str(layout.root), "removed_ids": sorted(set(wanted)), **updated,
-                **_summary(catalogue, started, 0)}
+        return {
+            "index_dir": str(layout.root),
+            "removed_ids": sorted(set(wanted)),
+            **updated,
+            **_summary(catalogue, started, 0),
+        }

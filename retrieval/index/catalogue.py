@@ -98,10 +98,21 @@ class Catalogue:
         """
         before = self.db.total_changes
         self._transaction(
-            [("INSERT OR IGNORE INTO images(path, label, status) VALUES (?, ?, 'pending')", (i.path, i.label))
-             for i in items]
-            + [("UPDATE images SET status='pending', error=NULL, duplicate_of=NULL, shard=NULL "
-                "WHERE path = ? AND status = 'removed'", (i.path,)) for i in items]
+            [
+                (
+                    "INSERT OR IGNORE INTO images(path, label, status) VALUES (?, ?, 'pending')",
+                    (i.path, i.label),
+                )
+                for i in items
+            ]
+            + [
+                (
+                    "UPDATE images SET status='pending', error=NULL, duplicate_of=NULL, shard=NULL "
+                    "WHERE path = ? AND status = 'removed'",
+                    (i.path,),
+                )
+                for i in items
+            ]
         )
         return self.db.total_changes - before
 
@@ -109,8 +120,10 @@ class Catalogue:
     def record(self, outcomes: Iterable[Outcome]) -> None:
         """Write the outcomes of one shard (done, error, duplicate) in one transaction."""
         self._transaction(
-            ("UPDATE images SET status=?, sha256=?, size=?, error=?, duplicate_of=?, shard=? WHERE id=?",
-             (o.status, o.sha256, o.size, o.error, o.duplicate_of, o.shard, o.id))
+            (
+                "UPDATE images SET status=?, sha256=?, size=?, error=?, duplicate_of=?, shard=? WHERE id=?",
+                (o.status, o.sha256, o.size, o.error, o.duplicate_of, o.shard, o.id),
+            )
             for o in outcomes
         )
 
@@ -142,7 +155,9 @@ class Catalogue:
 
     def done_sha256(self) -> dict[str, int]:
         """sha256 -> id of the indexed images, to spot exact duplicates."""
-        return dict(self.db.execute("SELECT sha256, id FROM images WHERE status='done' AND sha256 IS NOT NULL"))
+        return dict(
+            self.db.execute("SELECT sha256, id FROM images WHERE status='done' AND sha256 IS NOT NULL")
+        )
 
     def rows(self, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
         out: dict[int, dict[str, Any]] = {}
@@ -162,10 +177,12 @@ class Catalogue:
 
     def problems(self, status: str, limit: int = 20) -> list[dict[str, Any]]:
         sql = "SELECT id, path, error, duplicate_of FROM images WHERE status=? ORDER BY id LIMIT ?"
-        return [dict(zip(("id", "path", "error", "duplicate_of"), r, strict=True))
-                for r in self.db.execute(sql, (status, limit))]
+        return [
+            dict(zip(("id", "path", "error", "duplicate_of"), r, strict=True))
+            for r in self.db.execute(sql, (status, limit))
+        ]
 
 
 def _chunks(values: list, size: int) -> Iterable[list]:
     for start in range(0, len(values), size):
-        yield values[start:start + size]
+        yield values[start : start + size]

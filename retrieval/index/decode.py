@@ -79,8 +79,12 @@ def decode_file(image_id: int, path: str, transform: Any, max_pixels: int) -> De
 class GalleryDecodeDataset(Dataset):
     """``dataset[i]`` decodes the i-th pending image into a ``Decoded`` record."""
 
-    def __init__(self, items: Sequence[tuple[int, str]], model_config: Mapping[str, Any],
-                 max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
+    def __init__(
+        self,
+        items: Sequence[tuple[int, str]],
+        model_config: Mapping[str, Any],
+        max_pixels: int = DEFAULT_MAX_PIXELS,
+    ) -> None:
         self.items = list(items)
         self.model_config = dict(model_config)
         self.max_pixels = int(max_pixels)

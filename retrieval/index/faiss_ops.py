@@ -59,15 +59,19 @@ def ivf_lists(n: int) -> int:
 
 def pq_shape(d: int, n_train: int) -> tuple[int, int]:
     """(m sub-quantizers, bits): 4 dimensions per 8-bit code where d allows; fewer bits for small samples."""
-    m = max(divisor for divisor in range(1, d // 2 + 1) if d % divisor == 0 and d // divisor >= 4) \
-        if d >= 8 else 1
+    m = (
+        max(divisor for divisor in range(1, d // 2 + 1) if d % divisor == 0 and d // divisor >= 4)
+        if d >= 8
+        else 1
+    )
     bits = int(min(8, max(1, math.floor(math.log2(max(n_train, 2) / 39)))))
     return m, bits
 
 
-def choose_index_key(n: int, d: int, memory_budget: int | None = None,
-                     policy: AutoPolicy | None = None) -> str:
-    """Flat for small galleries; HNSW32 or IVF-Flat above; IVF-SQ8, then IVF-PQ, when raw vectors exceed the budget."""
+def choose_index_key(
+    n: int, d: int, memory_budget: int | None = None, policy: AutoPolicy | None = None
+) -> str:
+    """Flat for small galleries; HNSW32 or IVF-Flat above; IVF-SQ8, then IVF-PQ, when memory demands."""
     policy = policy or AUTO_POLICY
     if memory_budget is None:
         memory_budget = int(available_memory() * policy.memory_fraction)
@@ -150,7 +154,7 @@ def search_param_grid(index: faiss.Index, k: int) -> list[dict[str, Any]]:
     """Candidate settings from cheapest to most expensive."""
     ivf, hnsw = _ivf(index), _hnsw(index)
     if ivf is not None:
-        probes = [p for p in (2 ** i for i in range(17)) if p < ivf.nlist] + [ivf.nlist]
+        probes = [p for p in (2**i for i in range(17)) if p < ivf.nlist] + [ivf.nlist]
         factors = (1, 2, 4, 8, 16) if _refine(index) is not None else (None,)
         return [{"nprobe": p} | ({"k_factor": f} if f else {}) for f in factors for p in probes]
     if hnsw is not None:
@@ -159,8 +163,9 @@ def search_param_grid(index: faiss.Index, k: int) -> list[dict[str, Any]]:
 
 
 # --- recall and latency ----------------------------------------------------------------------------
-def exact_knn(queries: np.ndarray, shards: Iterable[tuple[np.ndarray, np.ndarray]], k: int
-              ) -> tuple[np.ndarray, np.ndarray]:
+def exact_knn(
+    queries: np.ndarray, shards: Iterable[tuple[np.ndarray, np.ndarray]], k: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Exact top-k by inner product over (ids, vectors) chunks, never holding the whole gallery."""
     heap = faiss.ResultHeap(len(queries), k, keep_max=True)
     for ids, vectors in shards:
@@ -180,17 +185,21 @@ def exact_knn(queries: np.ndarray, shards: Iterable[tuple[np.ndarray, np.ndarray
 def recall_at(found: np.ndarray, exact: np.ndarray, n_true: int, r: int) -> float:
     """``n_true``-recall@``r``: share of the exact top ``n_true`` found among the first ``r`` results."""
     truth, got = exact[:, :n_true], found[:, :r]
-    hits = [len(set(t[t >= 0]) & set(g[g >= 0])) / max(1, int((t >= 0).sum())) for t, g in zip(truth, got,
-                                                                                                 strict=True)]
+    hits = [
+        len(set(t[t >= 0]) & set(g[g >= 0])) / max(1, int((t >= 0).sum()))
+        for t, g in zip(truth, got, strict=True)
+    ]
     return float(np.mean(hits)) if hits else float("nan")
 
 
-def latency_ms(search: Callable[[np.ndarray], Any], queries: np.ndarray, repeats: int = 200) -> dict[str, float]:
+def latency_ms(
+    search: Callable[[np.ndarray], Any], queries: np.ndarray, repeats: int = 200
+) -> dict[str, float]:
     """p50/p99 wall time of single-query searches, in milliseconds."""
     times = []
     for i in range(min(repeats, len(queries))):
         start = time.perf_counter()
-        search(queries[i:i + 1])
+        search(queries[i : i + 1])
         times.append((time.perf_counter() - start) * 1e3)
     return {"p50_ms": float(np.percentile(times, 50)), "p99_ms": float(np.percentile(times, 99))}
 
@@ -210,12 +219,18 @@ def drop_self(ids: np.ndarray, self_ids: np.ndarray | None, k: int) -> np.ndarra
     out = np.full((len(ids), k), -1, dtype=np.int64)
     for row, (found, own) in enumerate(zip(ids, self_ids, strict=True)):
         kept = found[found != own][:k]
-        out[row, :len(kept)] = kept
+        out[row, : len(kept)] = kept
     return out
 
 
-def tune_search_params(index: faiss.Index, queries: np.ndarray, exact_ids: np.ndarray,
-                       target: float = 0.95, k: int = 10, self_ids: np.ndarray | None = None) -> Tuning:
+def tune_search_params(
+    index: faiss.Index,
+    queries: np.ndarray,
+    exact_ids: np.ndarray,
+    target: float = 0.95,
+    k: int = 10,
+    self_ids: np.ndarray | None = None,
+) -> Tuning:
     """The cheapest setting whose 10-recall@10 against exact search reaches ``target``.
 
     Parameters are tried from cheapest to most expensive; when none reaches the target the most
@@ -254,10 +269,14 @@ def write_index_atomic(index: faiss.Index, path: Path) -> None:
 def require_gpu() -> Any:
     """faiss GPU resources, or a clear error saying what is missing."""
     if not hasattr(faiss, "StandardGpuResources"):
-        raise RuntimeError(f"--gpu needs faiss with GPU support, but this faiss is CPU-only; install it: "
-                           f"{INSTALL_GPU}, or drop --gpu")
+        raise RuntimeError(
+            f"--gpu needs faiss with GPU support, but this faiss is CPU-only; install it: "
+            f"{INSTALL_GPU}, or drop --gpu"
+        )
     if faiss.get_num_gpus() < 1:
-        raise RuntimeError("--gpu was given but faiss sees no CUDA GPU (faiss.get_num_gpus() == 0); drop --gpu")
+        raise RuntimeError(
+            "--gpu was given but faiss sees no CUDA GPU (faiss.get_num_gpus() == 0); drop --gpu"
+        )
     return faiss.StandardGpuResources()
 
 

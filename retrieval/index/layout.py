@@ -23,11 +23,15 @@ class IndexLayout:
 
     def require_finished(self) -> None:
         if not self.catalogue.is_file():
-            raise FileNotFoundError(f"{self.root} is not an index folder (no catalogue.sqlite); "
-                                    "build one with `retrieval index build`")
+            raise FileNotFoundError(
+                f"{self.root} is not an index folder (no catalogue.sqlite); "
+                "build one with `retrieval index build`"
+            )
         if not self.info.is_file() or not self.faiss.is_file():
-            raise FileNotFoundError(f"the index in {self.root} is not finished (an interrupted build?); run the "
-                                    "same `retrieval index build` command again to finish it")
+            raise FileNotFoundError(
+                f"the index in {self.root} is not finished (an interrupted build?); run the "
+                "same `retrieval index build` command again to finish it"
+            )
 
     def read_info(self) -> dict[str, Any]:
         info = json.loads(self.info.read_text())

@@ -30,8 +30,15 @@ class SearchResult:
 class Index:
     """A finished index folder: faiss index + catalogue + the model record from ``index.json``."""
 
-    def __init__(self, layout: IndexLayout, index: faiss.Index, catalogue: Catalogue, info: dict[str, Any],
-                 embedder: Embedder | None = None, gpu: bool = False) -> None:
+    def __init__(
+        self,
+        layout: IndexLayout,
+        index: faiss.Index,
+        catalogue: Catalogue,
+        info: dict[str, Any],
+        embedder: Embedder | None = None,
+        gpu: bool = False,
+    ) -> None:
         self.layout, self.faiss_index, self.catalogue, self.info = layout, index, catalogue, info
         self._embedder = None
         self._gpu = faiss_ops.GpuSearcher(index) if gpu else None
@@ -49,8 +56,10 @@ class Index:
         done = catalogue.counts()["done"]
         if done != index.ntotal:
             catalogue.close()
-            raise RuntimeError(f"the index in {layout.root} holds {index.ntotal} vectors but the catalogue has "
-                               f"{done} indexed images: an add/remove was interrupted; run it again to finish")
+            raise RuntimeError(
+                f"the index in {layout.root} holds {index.ntotal} vectors but the catalogue has "
+                f"{done} indexed images: an add/remove was interrupted; run it again to finish"
+            )
         return cls(layout, index, catalogue, info, embedder, gpu)
 
     def close(self) -> None:
@@ -103,13 +112,17 @@ class Index:
         scores, ids = self.search_arrays(embeddings, k)
         rows = self.catalogue.rows(ids[ids >= 0].tolist())
         return [
-            [SearchResult(int(i), rows[int(i)]["path"], rows[int(i)]["label"], float(s))
-             for s, i in zip(query_scores, query_ids, strict=True) if i >= 0]
+            [
+                SearchResult(int(i), rows[int(i)]["path"], rows[int(i)]["label"], float(s))
+                for s, i in zip(query_scores, query_ids, strict=True)
+                if i >= 0
+            ]
             for query_scores, query_ids in zip(scores, ids, strict=True)
         ]
 
-    def search_images(self, images: Sequence[Any], k: int = 10, embedder: Embedder | None = None
-                      ) -> list[list[SearchResult]]:
+    def search_images(
+        self, images: Sequence[Any], k: int = 10, embedder: Embedder | None = None
+    ) -> list[list[SearchResult]]:
         """Embed images (paths or PIL images) with the index's model and search."""
         if embedder is not None:
             self.embedder = embedder

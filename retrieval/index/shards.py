@@ -73,8 +73,12 @@ class ShardStore:
         name = self.next_name()
         records = [o.__dict__ | {"shard": name} for o in outcomes]
         buffer = io.BytesIO()
-        np.savez(buffer, ids=np.asarray(ids, dtype=np.int64), vectors=np.asarray(vectors, dtype=np.float32),
-                 outcomes=np.array(json.dumps(records)))
+        np.savez(
+            buffer,
+            ids=np.asarray(ids, dtype=np.int64),
+            vectors=np.asarray(vectors, dtype=np.float32),
+            outcomes=np.array(json.dumps(records)),
+        )
         atomic_write_bytes(self.folder / name, buffer.getvalue())
         return name
 

@@ -44,8 +44,10 @@ def index_stats(directory: str | Path, queries: int = 500, seed: int = 1) -> dic
             "index_key_requested": index.info.get("index_key_requested"),
             "params": index.info.get("params", {}),
             "tuning": index.info.get("tuning"),
-            "model": {key: index.info.get(key) for key in ("model_path", "model_hash", "embedding_dim",
-                                                           "model_normalized")},
+            "model": {
+                key: index.info.get(key)
+                for key in ("model_path", "model_hash", "embedding_dim", "model_normalized")
+            },
             "size_on_disk_bytes": index.layout.size_on_disk(),
             "queries": int(nq),
             "recall_1_at_1": faiss_ops.recall_at(found, exact, 1, 1),

@@ -12,7 +12,6 @@ import torch.nn.functional as F
 
 from retrieval.losses import register_loss
 from retrieval.losses.base import PairLoss, masked_max
-from retrieval.losses.miners import semihard_negative_mask, valid_triplets
 
 NCA_MINING = ("hard", "semihard")
 SCT_RULES = ("paper", "paper_or_threshold")
@@ -25,18 +24,21 @@ def nca_triplet_term(s_ap: torch.Tensor, s_an: torch.Tensor, temperature: float 
 
 def mine_triplets(
     similarity: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor, mining: str
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(S_an of the mined negative [a, p], kept [a, p]) for every ordered positive pair (a, p).
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(S_ap [|P|], S_an of the mined negative [|P|], kept [|P|]), one entry per ordered positive pair (a, p).
 
     hard (HN): the most similar negative of the anchor. semihard (SHN): the most similar negative that is
     less similar than the positive (S_an < S_ap); a pair without one is dropped.
     """
-    if mining == "hard":
-        candidates = valid_triplets(positive, negative)
-    else:
-        candidates = semihard_negative_mask(similarity.detach(), positive, negative)
-    s_an = masked_max(similarity.unsqueeze(1).expand_as(candidates), candidates, dim=2)
-    return s_an, candidates.any(dim=2)
+    anchor, other = positive.nonzero(as_tuple=True)
+    s_ap = similarity[anchor, other]
+    if mining == "hard":  # the same negative for every positive of an anchor: mine once per anchor, O(B^2)
+        s_an = masked_max(similarity, negative, dim=1)[anchor]
+        return s_ap, s_an, negative.any(dim=1)[anchor]
+    # semihard depends on S_ap: one [|P|, B] row of candidates per pair, never a [B, B, B] cube
+    s_anchor = similarity[anchor]
+    candidates = negative[anchor] & (s_anchor.detach() < s_ap.detach().unsqueeze(1))
+    return s_ap, masked_max(s_anchor, candidates, dim=1), candidates.any(dim=1)
 
 
 @torch.no_grad()
@@ -65,9 +67,9 @@ class NCATripletLoss(PairLoss):
 
     def from_similarity(self, similarity: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         positive, negative = self.pairs(labels)
-        s_an, kept = mine_triplets(similarity, positive, negative, self.mining)
-        losses = nca_triplet_term(similarity, s_an, self.temperature)
-        self.last_stats = _nca_stats(similarity, s_an, kept)
+        s_ap, s_an, kept = mine_triplets(similarity, positive, negative, self.mining)
+        losses = nca_triplet_term(s_ap, s_an, self.temperature)
+        self.last_stats = _nca_stats(s_ap, s_an, kept)
         return torch.where(kept, losses, torch.zeros_like(losses)).sum() / kept.sum().clamp_min(1)
 
 
@@ -106,8 +108,7 @@ class SelectivelyContrastiveTripletLoss(PairLoss):
 
     def from_similarity(self, similarity: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         positive, negative = self.pairs(labels)
-        s_an, kept = mine_triplets(similarity, positive, negative, "hard")
-        s_ap = similarity
+        s_ap, s_an, kept = mine_triplets(similarity, positive, negative, "hard")
         with torch.no_grad():
             hard = s_an > s_ap
             if self.hard_rule == "paper_or_threshold":

@@ -15,9 +15,9 @@ import math
 
 import torch
 
-from retrieval.distances import dot_similarity_matrix, label_masks, masked_logsumexp
+from retrieval.distances import gram_matrix, label_masks, masked_logsumexp
 from retrieval.losses import register_loss
-from retrieval.losses.base import PER_CLASS_HINT, PairLoss, mean_over
+from retrieval.losses.base import PER_CLASS_HINT, PairLoss
 
 
 class DotPairLoss(PairLoss):
@@ -30,7 +30,7 @@ class DotPairLoss(PairLoss):
         self.l2_reg = l2_reg
 
     def similarity(self, embeddings: torch.Tensor) -> torch.Tensor:
-        return dot_similarity_matrix(embeddings)
+        return gram_matrix(embeddings)  # = dot_similarity_matrix(embeddings), cheaper backward
 
     def check_batch(self, embeddings: torch.Tensor, labels: torch.Tensor) -> None:
         super().check_batch(embeddings, labels)
@@ -46,32 +46,57 @@ class DotPairLoss(PairLoss):
         """l2_reg * mean squared norm of the embeddings, read off the diagonal of the dot-product matrix."""
         return self.l2_reg * torch.diagonal(similarity).mean()
 
-    def tuple_losses(self, similarity: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """The per-positive-pair loss [B, B] (only positive entries are used)."""
+    def pair_losses(
+        self, similarity: torch.Tensor, anchor: torch.Tensor, other: torch.Tensor, negative: torch.Tensor
+    ) -> torch.Tensor:
+        """The loss [|P|] of each positive pair (anchor[t], other[t]); negative is the [B, B] label mask."""
         raise NotImplementedError
 
     def from_similarity(self, similarity: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        positive, _ = self.pairs(labels)
+        positive, negative = self.pairs(labels)
         with torch.no_grad():  # raw features: the norm is worth watching
             self.last_stats = {"mean_norm": float(torch.diagonal(similarity).clamp_min(0).sqrt().mean())}
-        return mean_over(self.tuple_losses(similarity, labels), positive) + self.norm_penalty(similarity)
+        # Only the positive pairs carry a loss: index them, O(|P| B) work, never a [B, B, B] cube.
+        anchor, other = positive.nonzero(as_tuple=True)
+        losses = self.pair_losses(similarity, anchor, other, negative)
+        mean = losses.sum() / max(len(losses), 1)  # 0 (still on the graph) when the batch has no pair
+        return mean + self.norm_penalty(similarity)
 
 
-def npair_losses(similarity: torch.Tensor, negative: torch.Tensor) -> torch.Tensor:
-    """[i, j]: log(1 + sum_{k: l_k != l_i} exp(S_ik - S_ij)) (symm eq. 7), for every pair (i, j)."""
-    logits = similarity.unsqueeze(1) - similarity.unsqueeze(2)  # [i, j, k] = S_ik - S_ij
-    return masked_logsumexp(logits, negative.unsqueeze(1).expand_as(logits), dim=2, add_one=True)
+def npair_losses(
+    similarity: torch.Tensor, anchor: torch.Tensor, other: torch.Tensor, negative: torch.Tensor
+) -> torch.Tensor:
+    """[t]: log(1 + sum_{k: l_k != l_i} exp(S_ik - S_ij)) (symm eq. 7) for the pair (i, j) = (anchor[t],
+    other[t]).
+
+    = log(1 + exp(LSE_{k in N_i} S_ik - S_ij)): the sum over k does not depend on j, so one masked
+    log-sum-exp per anchor, O(B^2) in all.
+    """
+    lse = masked_logsumexp(similarity, negative, dim=1)  # [B]
+    # an anchor without negatives: sum over k is empty, log(1 + 0) = 0
+    lse = torch.where(negative.any(dim=1), lse, torch.full_like(lse, -math.inf))
+    logits = lse[anchor] - similarity[anchor, other]
+    return torch.logaddexp(logits, torch.zeros_like(logits))  # log(1 + exp(.)), exact (no softplus cut-off)
 
 
-def angular_losses(similarity: torch.Tensor, negative: torch.Tensor, alpha_degrees: float) -> torch.Tensor:
-    """[i, j]: log(1 + sum_{k: l_k != l_i} exp(f^n_ijk - f^p_ij)) (symm eq. 9), with
-    f^p_ij = 2 (1 + tan^2 alpha) S_ij and f^n_ijk = 4 tan^2 alpha (S_ik + S_jk)."""
+def angular_losses(
+    similarity: torch.Tensor,
+    anchor: torch.Tensor,
+    other: torch.Tensor,
+    negative: torch.Tensor,
+    alpha_degrees: float,
+) -> torch.Tensor:
+    """[t]: log(1 + sum_{k: l_k != l_i} exp(f^n_ijk - f^p_ij)) (symm eq. 9) for the pair (i, j) =
+    (anchor[t], other[t]), with f^p_ij = 2 (1 + tan^2 alpha) S_ij and f^n_ijk = 4 tan^2 alpha (S_ik + S_jk).
+
+    One [|P|, B] row of negatives per pair.
+    """
     tan2 = math.tan(math.radians(alpha_degrees)) ** 2
-    f_positive = 2.0 * (1.0 + tan2) * similarity  # [i, j]
-    f_negative = 4.0 * tan2 * (similarity.unsqueeze(1) + similarity.unsqueeze(0))  # [i, j, k]
-    logits = f_negative - f_positive.unsqueeze(2)
+    f_positive = 2.0 * (1.0 + tan2) * similarity[anchor, other]  # [|P|]
+    f_negative = 4.0 * tan2 * (similarity[anchor] + similarity[other])  # [|P|, B]
+    logits = f_negative - f_positive.unsqueeze(1)
     # for a positive pair l_i == l_j, so "k negative to i" is also "k negative to j".
-    return masked_logsumexp(logits, negative.unsqueeze(1).expand_as(logits), dim=2, add_one=True)
+    return masked_logsumexp(logits, negative[anchor], dim=1, add_one=True)
 
 
 @register_loss("npair")
@@ -80,9 +105,10 @@ class NPairLoss(DotPairLoss):
     1/|P| sum_{(i,j) in P} log[1 + sum_{k: l_k != l_i} exp(S_ik - S_ij)] + l2_reg * mean |x|^2.
     Default l2_reg = 0 (set e.g. 0.002 as in Sohn 2016 to bound the norms)."""
 
-    def tuple_losses(self, similarity: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        _, negative = self.pairs(labels)
-        return npair_losses(similarity, negative)
+    def pair_losses(
+        self, similarity: torch.Tensor, anchor: torch.Tensor, other: torch.Tensor, negative: torch.Tensor
+    ) -> torch.Tensor:
+        return npair_losses(similarity, anchor, other, negative)
 
 
 def _check_angle(alpha: float) -> float:
@@ -100,9 +126,10 @@ class AngularLoss(DotPairLoss):
         super().__init__(l2_reg=l2_reg)
         self.alpha = _check_angle(alpha)
 
-    def tuple_losses(self, similarity: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        _, negative = self.pairs(labels)
-        return angular_losses(similarity, negative, self.alpha)
+    def pair_losses(
+        self, similarity: torch.Tensor, anchor: torch.Tensor, other: torch.Tensor, negative: torch.Tensor
+    ) -> torch.Tensor:
+        return angular_losses(similarity, anchor, other, negative, self.alpha)
 
 
 @register_loss("angular_npair")
@@ -115,7 +142,9 @@ class AngularNPairLoss(DotPairLoss):
         self.alpha = _check_angle(alpha)
         self.lambda_ang = lambda_ang
 
-    def tuple_losses(self, similarity: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        _, negative = self.pairs(labels)
-        npair = npair_losses(similarity, negative)
-        return npair + self.lambda_ang * angular_losses(similarity, negative, self.alpha)  # eq. 4
+    def pair_losses(
+        self, similarity: torch.Tensor, anchor: torch.Tensor, other: torch.Tensor, negative: torch.Tensor
+    ) -> torch.Tensor:
+        npair = npair_losses(similarity, anchor, other, negative)
+        angular = angular_losses(similarity, anchor, other, negative, self.alpha)
+        return npair + self.lambda_ang * angular  # eq. 4

@@ -12,7 +12,6 @@ from retrieval.losses.base import (
     masked_min,
     mean_over,
 )
-from retrieval.losses.miners import semihard_triplets, valid_triplets
 
 TRIPLET_MINING = ("all", "semihard", "hard")
 
@@ -56,14 +55,15 @@ class TripletLoss(DistancePairLoss):
         distance = self.distance(similarity)
         if self.mining == "hard":
             return self._batch_hard(similarity, distance, positive, negative)
-        d_ap = distance.unsqueeze(2)  # [a, p, 1]
-        d_an = distance.unsqueeze(1)  # [a, 1, n]
+        # One row per positive pair (a, p): [|P|, B] instead of a dense [B, B, B] cube (|P| = B (K - 1)).
+        a, p = positive.nonzero(as_tuple=True)
+        d_ap = distance[a, p].unsqueeze(1)  # [|P|, 1]
+        d_an = distance[a]  # [|P|, n]
         losses = torch.relu(d_ap - d_an + self.margin)  # eq. 14
-        if self.mining == "semihard":
-            kept = semihard_triplets(distance, positive, negative, self.margin)
-        else:
-            kept = valid_triplets(positive, negative)
-        self.last_stats = triplet_stats(similarity.unsqueeze(2), similarity.unsqueeze(1), losses, kept)
+        kept = negative[a]
+        if self.mining == "semihard":  # FaceNet: d_ap < d_an < d_ap + m
+            kept = kept & (d_an > d_ap) & (d_an < d_ap + self.margin)
+        self.last_stats = triplet_stats(similarity[a, p].unsqueeze(1), similarity[a], losses, kept)
         num_positive_pairs = positive.sum().clamp_min(1).to(similarity.dtype)
         return torch.where(kept, losses, torch.zeros_like(losses)).sum() / num_positive_pairs
 

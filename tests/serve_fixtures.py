@@ -1,0 +1,126 @@
+"""A small real index for the serving tests: emoji (or digits) PNGs, an ONNX EfficientNet-Lite0 at 64 px,
+a faiss index built by ``retrieval.index.build_index``, and a run report written by ``train.report``."""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+IMAGE_SIZE = 64
+EMOJI_CANDIDATES = 30  # -> about 25 classes x 2 styles
+
+
+@dataclass(frozen=True)
+class ServeArtifacts:
+    root: Path
+    gallery: Path  # a folder or a manifest.csv
+    model: Path
+    index_dir: Path
+    report: Path
+    query_paths: list[Path]  # some gallery images, labelled by their class folder
+    labels: list[str]
+
+
+def write_gallery(root: Path) -> tuple[Path, list[Path], list[str]]:
+    """Emoji in two styles per class (real retrieval task); digits when the emoji fonts are missing."""
+    try:
+        from retrieval.data.emoji import prepare_emoji
+
+        prepare_emoji(root / "emoji", image_size=IMAGE_SIZE, limit=EMOJI_CANDIDATES, progress=False)
+        manifest = root / "emoji" / "manifest.csv"
+        rows = [line.split(",") for line in manifest.read_text().splitlines()[1:]]
+        return manifest, [root / "emoji" / r[0] for r in rows], [r[1] for r in rows]
+    except FileNotFoundError:  # no emoji fonts: sklearn's digits are always there
+        from sklearn.datasets import load_digits
+
+        digits = load_digits()
+        paths, labels = [], []
+        for i in range(40):
+            path = root / "digits" / str(digits.target[i]) / f"digit_{i:04d}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            pixels = (digits.images[i] * 255 / 16).astype(np.uint8)
+            Image.fromarray(pixels).resize((32, 32), Image.NEAREST).convert("RGB").save(path)
+            paths.append(path)
+            labels.append(str(digits.target[i]))
+        return root / "digits", paths, labels
+
+
+def export_model(path: Path, image_size: int = IMAGE_SIZE) -> Path:
+    import torch
+
+    from export import export_embedder
+    from retrieval.models import create_embedder
+
+    torch.manual_seed(0)  # the random head: the same model (and model_hash) on every run
+    model = create_embedder("efficientnet_lite0", embedding_dim=32, pretrained=True).eval()
+    model.config["input_size"] = image_size
+    export_embedder(model, path, verify=False, log=lambda _: None)
+    return path
+
+
+def write_run_report(run_dir: Path, index_dir: Path) -> Path:
+    """A training report over the index's own embeddings, through the real report writer (plots included)."""
+    from retrieval.index.builder import done_chunks
+    from retrieval.index.catalogue import Catalogue
+    from retrieval.index.shards import ShardStore
+    from retrieval.metrics import evaluate
+    from train.report import write_report
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with Catalogue(index_dir / "catalogue.sqlite") as catalogue:
+        done = np.asarray(catalogue.ids_with_status("done"), dtype=np.int64)
+        rows = catalogue.rows(done.tolist())
+    ids, vectors = zip(*done_chunks(ShardStore(index_dir / "shards"), done), strict=True)
+    ids, vectors = np.concatenate(ids), np.concatenate(vectors)
+    names = sorted({rows[int(i)]["label"] for i in ids})
+    labels = np.array([names.index(rows[int(i)]["label"]) for i in ids])
+    last = evaluate(vectors, labels)
+    noise = np.random.default_rng(0).normal(size=vectors.shape).astype(np.float32)
+    baseline = evaluate(noise, labels)
+    history = [{"epoch": 0, **baseline}, {"epoch": 1, "loss": 0.9}, {"epoch": 2, "loss": 0.6, **last}]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in history))
+    write_report(
+        run_dir,
+        {"train": {"dataset": "fixture", "backbone": "efficientnet_lite0", "loss": "none", "epochs": 2}},
+        history,
+        baseline,
+        {"epoch": 2, **last},
+        last,
+        (vectors, labels),
+        None,
+    )
+    return run_dir / "report.json"
+
+
+def build_artifacts(root: Path, image_size: int = IMAGE_SIZE) -> ServeArtifacts:
+    from retrieval.index import IngestOptions, build_index
+
+    gallery, paths, labels = write_gallery(root / "data")
+    model = export_model(root / "model.onnx", image_size)
+    build_index(
+        gallery, root / "index", model=model, options=IngestOptions(batch_size=16, workers=0, progress=False)
+    )
+    report = write_run_report(root / "run", root / "index")
+    return ServeArtifacts(root, gallery, model, root / "index", report, paths, labels)
+
+
+def png_bytes(image: Image.Image | None = None, size: tuple[int, int] = (48, 48)) -> bytes:
+    image = image or Image.new("RGB", size, (200, 40, 40))
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+_BUILT: dict[str, ServeArtifacts] = {}
+
+
+def shared_artifacts(tmp_path_factory) -> ServeArtifacts:
+    """Built once per pytest session, whichever test module asks first (session fixtures are per module)."""
+    if "artifacts" not in _BUILT:
+        _BUILT["artifacts"] = build_artifacts(tmp_path_factory.mktemp("serve"))
+    return _BUILT["artifacts"]
