@@ -3,10 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-APT_PACKAGES := fonts-noto-color-emoji dataset-fashion-mnist
+APT_PACKAGES := fonts-noto-color-emoji dataset-fashion-mnist chromium
 DEMO_DIR ?= artifacts/demo
 
-.PHONY: install test lint demo clean system-deps
+.PHONY: install test lint demo serve clean system-deps
 
 install: $(STAMP)
 
@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
-# Debian packages with real offline data: the Noto emoji font and Fashion-MNIST.
+# Debian packages: real offline data (the Noto emoji font, Fashion-MNIST) and chromium for the browser test.
 system-deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -z "$$missing" ]; then echo "system packages present:$(APT_PACKAGES)"; \
@@ -30,8 +30,13 @@ test: install
 lint: install
 	$(BIN)/ruff check .
 
+# Builds the emoji data, trains, evaluates, exports ONNX, indexes the test gallery, then serves the app.
 demo: install
 	$(BIN)/retrieval demo --out $(DEMO_DIR)
+
+# The app on the artifacts `make demo` built (http://127.0.0.1:7860).
+serve: install
+	$(BIN)/python app.py
 
 clean:
 	rm -rf $(VENV) artifacts runs .pytest_cache

@@ -20,7 +20,7 @@ DEMO_RECIPE: dict[str, Any] = dict(
     embedding_dim=512, loss="ms", batch_size=64, per_class=2, epochs=15, lr=1e-3, optimizer="adamw",
     seed=0,
 )
-STEPS = 5
+STEPS = 5  # then `retrieval demo` serves the app
 
 
 def _step(number: int, text: str) -> None:

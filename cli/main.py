@@ -216,11 +216,22 @@ def backbones_command() -> None:
 @main.command("demo")
 @click.option("--out", default="artifacts/demo", show_default=True, type=click.Path(file_okay=False))
 @click.option("--epochs", default=None, type=int, help="override the recipe's number of epochs.")
-def demo_command(out: str, epochs: int | None) -> None:
-    """The main job on the embedded emoji data: prepare, train, evaluate, print the report path."""
+@click.option("--serve/--no-serve", "start_server", default=True, show_default=True,
+              help="start the app on the built index at the end.")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=7860, show_default=True, type=int)
+def demo_command(out: str, epochs: int | None, start_server: bool, host: str, port: int) -> None:
+    """The main job on the emoji data: prepare, train, evaluate, export, index, then serve the app."""
     from cli.demo import run_demo
 
     run_demo(Path(out), epochs=epochs)
+    if start_server:
+        from serve.server import ServerConfig, serve
+
+        report = Path(out) / "run" / "report.json"
+        click.secho(f"starting the app at http://{host}:{port}/ (Ctrl-C stops it; `python app.py` restarts it)",
+                    bold=True)
+        serve(ServerConfig(index_dir=Path(out) / "index", report=report, host=host, port=port))
 
 
 def _register_area_commands() -> None:
@@ -229,8 +240,9 @@ def _register_area_commands() -> None:
     from cli.data import data_group
     from cli.export import export_command
     from cli.index import index_group, search_command
+    from cli.serve import serve_command
 
-    for command in (data_group, analyze_group, export_command, index_group, search_command):
+    for command in (data_group, analyze_group, export_command, index_group, search_command, serve_command):
         main.add_command(command)
 
 
