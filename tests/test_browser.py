@@ -1,16 +1,22 @@
 """A real browser (Playwright driving Debian's chromium, headless) against the running server.
 
-Uploads an image and sees K result images; opens the Evaluation tab and sees the plots. Screenshots go
-to docs/screenshots/. Skipped, with the reason, only where Playwright or chromium is not installed.
+Uploads an image and sees K result images; opens the Evaluation tab and sees the plots. Skipped, with the
+reason, only where Playwright or chromium is not installed.
+
+The README's screenshots come from this test run against the real demo artifacts:
+    RETRIEVAL_BROWSER_DEMO=artifacts/demo RETRIEVAL_SCREENSHOTS=docs/screenshots pytest tests/test_browser.py
+Without RETRIEVAL_SCREENSHOTS the screenshots go to a temporary folder.
 """
 
 from __future__ import annotations
 
+import csv
+import os
 import shutil
 from pathlib import Path
 
 import pytest
-from serve_fixtures import shared_artifacts
+from serve_fixtures import ServeArtifacts, shared_artifacts
 
 from serve.server import BackgroundServer, ServerConfig, build_app
 
@@ -23,7 +29,7 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-SCREENSHOTS = Path(__file__).resolve().parents[1] / "docs" / "screenshots"
+DEMO_DIR = os.environ.get("RETRIEVAL_BROWSER_DEMO")  # e.g. artifacts/demo, built by `make demo`
 K = 8
 TIMEOUT_MS = 60_000
 
@@ -37,9 +43,26 @@ if not Path(CHROMIUM).is_file():
     )
 
 
+def demo_artifacts(root: Path) -> ServeArtifacts:
+    """The demo's index, report and a few labelled test-split queries (`make demo` layout)."""
+    manifest = root / "data" / "emoji" / "manifest.csv"
+    with manifest.open(newline="") as f:
+        rows = [row for row in csv.DictReader(f) if row["split"] == "test"][:24]
+    paths = [manifest.parent / row["path"] for row in rows]
+    return ServeArtifacts(root, manifest, root / "model.onnx", root / "index", root / "run" / "report.json",
+                          paths, [row["label"] for row in rows])
+
+
+@pytest.fixture(scope="module")
+def screenshots(tmp_path_factory) -> Path:
+    folder = Path(os.environ.get("RETRIEVAL_SCREENSHOTS") or tmp_path_factory.mktemp("screenshots"))
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    artifacts = shared_artifacts(tmp_path_factory)
+    artifacts = demo_artifacts(Path(DEMO_DIR)) if DEMO_DIR else shared_artifacts(tmp_path_factory)
     app, service = build_app(ServerConfig(index_dir=artifacts.index_dir, report=artifacts.report))
     with BackgroundServer(app) as running:
         yield running, artifacts
@@ -58,7 +81,7 @@ def page(server):
         browser.close()
 
 
-def test_upload_shows_k_result_images(server, page):
+def test_upload_shows_k_result_images(server, page, screenshots):
     _, artifacts = server
     # a distinctive class (the other style is easy to find) makes a clearer screenshot than a keycap digit
     index = artifacts.labels.index("00A9") if "00A9" in artifacts.labels else 5
@@ -69,18 +92,21 @@ def test_upload_shows_k_result_images(server, page):
     number.fill(str(K))
     number.press("Enter")
     page.locator("#search-button").click()
-    page.wait_for_function(f"document.querySelectorAll('#results-gallery img').length >= {K}")
+    # every result thumbnail must actually load and decode (a broken /items/{id}/image shows as blank)
+    page.wait_for_function(
+        "Array.from(document.querySelectorAll('#results-gallery img'))"
+        f".filter(img => img.complete && img.naturalWidth > 0).length >= {K}"
+    )
     assert page.locator("#results-gallery img").count() == K
     timing = page.locator("#search-timing").inner_text()
     assert f"{K} results" in timing and "ms" in timing
     assert artifacts.labels[index] in timing  # the upload is a gallery image: its label is known and shown
     captions = page.locator("#results-gallery").inner_text()
     assert captions.count("✓") + captions.count("✗") == K
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOTS / "search.png"), full_page=True)
+    page.screenshot(path=str(screenshots / "search.png"), full_page=True)
 
 
-def test_evaluation_tab_shows_the_plots(page):
+def test_evaluation_tab_shows_the_plots(page, screenshots):
     page.get_by_role("tab", name="Evaluation").click()
     for plot in ("#recall-plot", "#curves-plot", "#triplet-plot"):
         page.wait_for_selector(f"{plot} img", state="visible")
@@ -89,10 +115,10 @@ def test_evaluation_tab_shows_the_plots(page):
     assert "recall@1" in page.locator("#metrics-table").inner_text()
     page.wait_for_function("document.querySelectorAll('#failures-gallery img').length >= 2")
     page.wait_for_timeout(500)  # let the images finish painting for the screenshot
-    page.screenshot(path=str(SCREENSHOTS / "evaluation.png"), full_page=True)
+    page.screenshot(path=str(screenshots / "evaluation.png"), full_page=True)
 
 
-def test_index_tab_shows_statistics(page):
+def test_index_tab_shows_statistics(page, screenshots):
     page.get_by_role("tab", name="Index").click()
     page.wait_for_function(
         "document.querySelector('#index-stats') && "
@@ -100,4 +126,4 @@ def test_index_tab_shows_statistics(page):
     )
     text = page.locator("#index-stats").inner_text()
     assert "Flat" in text and "recall" in text
-    page.screenshot(path=str(SCREENSHOTS / "index.png"), full_page=True)
+    page.screenshot(path=str(screenshots / "index.png"), full_page=True)

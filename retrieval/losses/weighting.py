@@ -14,12 +14,21 @@ PAIR_MINERS = (None, "none", "vthm")
 
 
 class MinedPairLoss(PairLoss):
-    """A pair loss that optionally restricts P_i, N_i to the VTHM-mined pairs (unified Table 1)."""
+    """A weighted pair loss (alpha, beta, gamma of unified eq. 12/17) whose P_i, N_i are optionally the
+    VTHM-mined pairs (unified Table 1)."""
 
-    def __init__(self, miner: str | None = None, vthm_margin: float = 0.1) -> None:
+    def __init__(
+        self,
+        alpha: float = 2.0,
+        beta: float = 50.0,
+        gamma: float = 0.5,
+        miner: str | None = None,
+        vthm_margin: float = 0.1,
+    ) -> None:
         super().__init__()
         if miner not in PAIR_MINERS:
             raise ValueError(f"miner must be one of {PAIR_MINERS}, got {miner!r}")
+        self.alpha, self.beta, self.gamma = alpha, beta, gamma
         self.miner = None if miner == "none" else miner
         self.vthm_margin = vthm_margin
 
@@ -50,17 +59,6 @@ class BinomialDevianceLoss(MinedPairLoss):
     (Table 1, "Binomial+VTHM"); an empty set contributes 0.
     """
 
-    def __init__(
-        self,
-        alpha: float = 2.0,
-        beta: float = 50.0,
-        gamma: float = 0.5,
-        miner: str | None = None,
-        vthm_margin: float = 0.1,
-    ) -> None:
-        super().__init__(miner=miner, vthm_margin=vthm_margin)
-        self.alpha, self.beta, self.gamma = alpha, beta, gamma
-
     def from_similarity(self, similarity: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         positive, negative = self.mined_pairs(similarity, labels)
         positive_terms = F.softplus(self.alpha * (self.gamma - similarity))
@@ -84,17 +82,6 @@ class RAWLoss(MinedPairLoss):
 
     ``raw`` uses all pairs by default (Table 1, "RAW"); ``miner="vthm"`` gives RAW + VTHM (= ``ms``).
     """
-
-    def __init__(
-        self,
-        alpha: float = 2.0,
-        beta: float = 50.0,
-        gamma: float = 0.5,
-        miner: str | None = None,
-        vthm_margin: float = 0.1,
-    ) -> None:
-        super().__init__(miner=miner, vthm_margin=vthm_margin)
-        self.alpha, self.beta, self.gamma = alpha, beta, gamma
 
     def from_similarity(self, similarity: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         positive, negative = self.mined_pairs(similarity, labels)
