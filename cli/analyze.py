@@ -109,17 +109,17 @@ def embed_checkpoint_samples(
 ):
     """Embeddings [n, D] and labels [n] of a class-balanced subset of ``split``, through the checkpoint."""
     from retrieval.data import build_transforms, load_dataset
+    from retrieval.evaluation import checkpoint_dataset
     from retrieval.inference import embed_dataset
     from retrieval.models import load_checkpoint, load_embedder
 
-    trained = load_checkpoint(checkpoint).get("train_config", {})
-    dataset = dataset or trained.get("dataset")
-    data = data if data is not None else trained.get("data")
-    if not dataset:
-        raise click.UsageError("--dataset is required: the checkpoint does not record its data set")
+    try:
+        dataset, data, kwargs = checkpoint_dataset(load_checkpoint(checkpoint).get("train_config", {}), dataset, data)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     model = load_embedder(checkpoint)
     transform = build_transforms(model.config, train=False)
-    full = load_dataset(dataset, data, split=split, transform=transform, **trained.get("dataset_kwargs", {}))
+    full = load_dataset(dataset, data, split=split, transform=transform, **kwargs)
     subset = full.subset(class_balanced_indices(np.asarray(full.labels), per_class, max_samples, seed))
     embeddings, labels = embed_dataset(
         model.to(device), subset, device=device, workers=workers, progress=False

@@ -163,15 +163,12 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_params, limit, li
                      workers, out_path) -> None:
     """Evaluate a checkpoint: prints the metrics as JSON and writes report.json."""
     from retrieval.data import build_transforms, load_dataset
-    from retrieval.evaluation import embed_eval_sets, evaluate_embeddings, load_eval_sets
+    from retrieval.evaluation import checkpoint_dataset, embed_eval_sets, evaluate_embeddings, load_eval_sets
     from retrieval.inference import embed_dataset, resolve_device
     from retrieval.models import load_checkpoint, load_embedder
 
-    ckpt = load_checkpoint(checkpoint)
-    trained = ckpt.get("train_config", {})
-    dataset = dataset or trained.get("dataset")
-    data = data if data is not None else trained.get("data")
-    kwargs = {**trained.get("dataset_kwargs", {}), **parse_params(dataset_params, "--dataset-param")}
+    trained = load_checkpoint(checkpoint).get("train_config", {})
+    dataset, data, kwargs = checkpoint_dataset(trained, dataset, data, parse_params(dataset_params, "--dataset-param"))
     split = split or trained.get("eval_split", "test")
     dev = resolve_device(device)
     model = load_embedder(checkpoint).to(dev)

@@ -21,6 +21,16 @@ class EvalSets:
     gallery: Dataset | None = None
 
 
+def checkpoint_dataset(train_config: dict[str, Any], dataset: str | None, data: str | None,
+                       dataset_kwargs: dict[str, Any] | None = None) -> tuple[str, str | None, dict[str, Any]]:
+    """(dataset, data, dataset_kwargs): what was given, else what the checkpoint was trained on."""
+    dataset = dataset or train_config.get("dataset")
+    if not dataset:
+        raise ValueError("--dataset is required: the checkpoint does not record its data set")
+    data = data if data is not None else train_config.get("data")
+    return dataset, data, {**train_config.get("dataset_kwargs", {}), **(dataset_kwargs or {})}
+
+
 def load_eval_sets(dataset: str, root: str | None, split: str, transform, limit: int | None = None,
                    seed: int = 0, **dataset_kwargs: Any) -> EvalSets:
     from retrieval.data import load_dataset
