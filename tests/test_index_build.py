@@ -246,9 +246,23 @@ def test_add_and_remove(digits, tmp_path, key):
         hits = index.search_images([extra_paths[0], paths[0]], k=48)
         found = {h.path for query in hits for h in query}
         assert str(extra_paths[0].resolve()) not in found and str(paths[0].resolve()) not in found
-    # adding a removed image again brings it back
+    # adding a removed image again brings it back, changed meanwhile: one vector for it, the new one
+    new_content = write_digits(tmp_path / "fresh", 1, start=900)[0]
+    old_content = tmp_path / "old.png"
+    shutil.copyfile(paths[0], old_content)
+    shutil.copyfile(new_content, paths[0])
     summary = add_images(tmp_path / "idx", folder, embedder=FakeEmbedder(), options=QUICK)
     assert summary["indexed"] == 49
+    with Index.open(tmp_path / "idx", embedder=FakeEmbedder()) as index:
+        assert len(index) == 49  # opens: faiss holds exactly the catalogue's done rows
+        hit = index.search_images([new_content], k=1)[0][0]
+        assert hit.path == str(paths[0].resolve()) and hit.score == pytest.approx(1.0, abs=1e-5)
+        stale = index.search_images([old_content], k=1)[0][0]  # the old vector is gone
+        assert stale.path != str(paths[0].resolve()) or stale.score < 1.0 - 1e-4
+    # a full rebuild from the shards (what HNSW does on removal) also keeps only the current vector
+    summary = remove_images(tmp_path / "idx", ids=[removed_id])
+    with Index.open(tmp_path / "idx", embedder=FakeEmbedder()) as index:
+        assert len(index) == 49
     with pytest.raises(KeyError, match="no catalogue rows"):
         remove_images(tmp_path / "idx", ids=[10_000])
 

@@ -19,7 +19,7 @@ import dataclasses
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -149,12 +149,10 @@ class Ingestor:
 
 def reconcile(catalogue: Catalogue, store: ShardStore) -> int:
     """Record the outcomes of shards written before a crash but not yet marked; returns how many rows."""
-    recorded = {
-        row[0] for row in catalogue.db.execute("SELECT DISTINCT shard FROM images WHERE shard IS NOT NULL")
-    }
+    last = catalogue.last_recorded_shard()
     fixed = 0
     for name in store.names():
-        if name in recorded:
+        if name <= last:  # recorded (its rows may since have been removed and re-added: not stale news)
             continue
         shard = store.read(name)
         statuses = catalogue.status_of([o.id for o in shard.outcomes])
@@ -165,16 +163,20 @@ def reconcile(catalogue: Catalogue, store: ShardStore) -> int:
 
 
 # --- faiss from shards -----------------------------------------------------------------------------
-def done_chunks(store: ShardStore, done: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """(ids, vectors) of every shard, restricted to the rows that are ``done`` (sorted id array)."""
+def done_chunks(store: ShardStore, done: Mapping[int, str]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(ids, vectors) of the ``done`` rows (id -> shard, from ``Catalogue.done_shards``), shard by shard.
+
+    Each vector is read from the shard the catalogue names: an image removed and added again also has an
+    older vector in an older shard, which must not come back.
+    """
     for shard in store:
-        mask = np.isin(shard.ids, done, assume_unique=True)
+        mask = np.fromiter((done.get(int(i)) == shard.name for i in shard.ids), bool, len(shard.ids))
         if mask.any():
             yield shard.ids[mask], np.ascontiguousarray(shard.vectors[mask])
 
 
 def gather_rows(
-    store: ShardStore, done: np.ndarray, positions: np.ndarray, with_ids: bool = False
+    store: ShardStore, done: Mapping[int, str], positions: np.ndarray, with_ids: bool = False
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """The vectors (and ids) at global ``positions`` (in shard order over the done rows)."""
     wanted = np.sort(positions)
@@ -200,7 +202,7 @@ def build_faiss(
 ) -> dict[str, Any]:
     """Build, train, fill and tune a fresh faiss index from the shards; write it atomically."""
     policy = policy or faiss_ops.AUTO_POLICY
-    done = np.asarray(catalogue.ids_with_status("done"), dtype=np.int64)
+    done = catalogue.done_shards()
     n = len(done)
     if n == 0:
         errors = catalogue.problems("error", 1)
@@ -269,10 +271,11 @@ def update_faiss(
     Index types that cannot remove ids (HNSW, Refine) are rebuilt from the shards with the same key.
     """
     index = faiss.read_index(str(layout.faiss))
-    done = np.asarray(catalogue.ids_with_status("done"), dtype=np.int64)
+    done = catalogue.done_shards()
     present = faiss_ops.index_ids(index)
-    to_remove = np.setdiff1d(present, done)
-    to_add = np.setdiff1d(done, present)
+    done_ids = np.fromiter(done, np.int64, len(done))
+    to_remove = np.setdiff1d(present, done_ids)
+    to_add = np.setdiff1d(done_ids, present)
     if len(to_remove):
         try:
             index.remove_ids(to_remove)
@@ -285,7 +288,7 @@ def update_faiss(
                 "updated_by": "rebuild (this index type cannot remove ids)",
             }
     if len(to_add):
-        for ids, vectors in done_chunks(store, to_add):
+        for ids, vectors in done_chunks(store, {int(i): done[int(i)] for i in to_add}):
             index.add_with_ids(vectors, ids)
     faiss_ops.set_search_params(index, info.get("params", {}))
     faiss_ops.write_index_atomic(index, layout.faiss)

@@ -36,6 +36,8 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 """
 
 
+LAST_RECORDED_SHARD = "last_recorded_shard"
+
 @dataclass(frozen=True)
 class Outcome:
     """What happened to one image; written to the catalogue together with its shard."""
@@ -118,14 +120,29 @@ class Catalogue:
 
     # --- outcomes
     def record(self, outcomes: Iterable[Outcome]) -> None:
-        """Write the outcomes of one shard (done, error, duplicate) in one transaction."""
-        self._transaction(
+        """Write the outcomes of one shard (done, error, duplicate) in one transaction.
+
+        The same transaction remembers the newest shard recorded, so that after a crash only shards newer
+        than it are taken as unrecorded (an old shard whose rows were removed and re-added is not).
+        """
+        outcomes = list(outcomes)
+        shards = [o.shard for o in outcomes if o.shard]
+        statements = [
             (
                 "UPDATE images SET status=?, sha256=?, size=?, error=?, duplicate_of=?, shard=? WHERE id=?",
                 (o.status, o.sha256, o.size, o.error, o.duplicate_of, o.shard, o.id),
             )
             for o in outcomes
-        )
+        ]
+        if shards:  # shard names are zero-padded: string order is shard order
+            newest = max(max(shards), self.get_meta(LAST_RECORDED_SHARD, "") or "")
+            statements.append(
+                ("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (LAST_RECORDED_SHARD, newest))
+            )
+        self._transaction(statements)
+
+    def last_recorded_shard(self) -> str:
+        return self.get_meta(LAST_RECORDED_SHARD, "") or ""
 
     def mark_removed(self, ids: Sequence[int]) -> None:
         self._transaction(
@@ -142,6 +159,10 @@ class Catalogue:
             marks = ",".join("?" * len(chunk))
             out.update(self.db.execute(f"SELECT id, status FROM images WHERE id IN ({marks})", chunk))
         return out
+
+    def done_shards(self) -> dict[int, str]:
+        """id -> the shard holding its vector, for every ``done`` row, in id order."""
+        return dict(self.db.execute("SELECT id, shard FROM images WHERE status = 'done' ORDER BY id"))
 
     def ids_with_status(self, status: str) -> list[int]:
         return [r[0] for r in self.db.execute("SELECT id FROM images WHERE status=? ORDER BY id", (status,))]

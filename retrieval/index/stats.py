@@ -22,7 +22,7 @@ def index_stats(directory: str | Path, queries: int = 500, seed: int = 1) -> dic
     with Index.open(directory) as index:
         counts = index.catalogue.counts()
         store = ShardStore(index.layout.shards)
-        done = np.asarray(index.catalogue.ids_with_status("done"), dtype=np.int64)
+        done = index.catalogue.done_shards()
         n = len(done)
         nq = min(queries, n)
         positions = np.random.default_rng(seed).choice(n, nq, replace=False)
