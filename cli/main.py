@@ -173,7 +173,7 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_params, limit, li
     dev = resolve_device(device)
     model = load_embedder(checkpoint).to(dev)
     tf = build_transforms(model.config, train=False)
-    sets = load_eval_sets(dataset, data, split, tf, limit, **kwargs)
+    sets = load_eval_sets(dataset, data, split, tf, limit, seed=trained.get("seed", 0), **kwargs)
     q, ql, g, gl = embed_eval_sets(model, sets, dev, batch_size, workers)
     metrics = evaluate_embeddings(q, ql, g, gl)
     if linear_probe:

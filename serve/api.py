@@ -146,7 +146,9 @@ def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64
         return response if isinstance(response, JSONResponse) else response.to_dict()
 
     def item_or_404(item_id: str) -> dict[str, Any]:
-        row = service.item(int(item_id)) if item_id.isdigit() else None
+        # ASCII digits only, and within SQLite's integer range: anything else is simply not an id (404)
+        is_id = item_id.isascii() and item_id.isdigit() and len(item_id) <= 18
+        row = service.item(int(item_id)) if is_id else None
         if row is None:
             raise QueryError(f"no indexed image with id {item_id!r}", 404)
         return row

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from retrieval.index.builder import done_chunks
+from retrieval.index.catalogue import Catalogue
 from retrieval.index.faiss_ops import drop_self
 from retrieval.index.search import Index
 from retrieval.index.shards import ShardStore
@@ -51,7 +52,10 @@ class LeaveOneOut:
 
 def _vectors_of(index: Index, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The stored (normalised) vectors of sorted ``ids``, in shard order, with their ids."""
-    chunks = list(done_chunks(ShardStore(index.layout.shards), ids))
+    with Catalogue(index.layout.catalogue) as catalogue:  # this thread's own connection
+        shard_of = catalogue.done_shards()
+    wanted = {int(i): shard_of[int(i)] for i in ids if int(i) in shard_of}
+    chunks = list(done_chunks(ShardStore(index.layout.shards), wanted))
     if not chunks:
         return np.zeros(0, np.int64), np.zeros((0, index.dim), np.float32)
     return np.concatenate([c[0] for c in chunks]), np.concatenate([c[1] for c in chunks])

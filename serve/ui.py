@@ -136,13 +136,34 @@ class SearchTab:
         button.click(self.search, [query, top_k], [gallery, timing], api_name="search")
 
 
+MAX_REPORT_BYTES = 50 * 2**20
+
+
 class EvaluationTab:
     def __init__(self, service: SearchService, report: Path | None) -> None:
         self.service, self.report = service, report
         self._cache: dict[tuple[str, int], tuple] = {}
 
+    def allowed(self, path: str) -> str | None:
+        """Why ``path`` may not be opened from the browser, or None.
+
+        Anyone who reaches the page can type a path, so only report-sized JSON files under the server's working
+        directory or the folder above the ``--report`` it was started with (e.g. artifacts/demo) are read.
+        """
+        target = Path(path).expanduser().resolve()
+        roots = [Path.cwd().resolve()] + ([Path(self.report).resolve().parent.parent] if self.report else [])
+        if target.suffix != ".json" or not any(target.is_relative_to(root) for root in roots):
+            return (f"only report .json files under {' or '.join(str(r) for r in roots)} can be opened here; "
+                    "start the server with `--report PATH` for another one")
+        if target.is_file() and target.stat().st_size > MAX_REPORT_BYTES:
+            return f"{path} is larger than {MAX_REPORT_BYTES // 2**20} MiB: not a run report"
+        return None
+
     def open_report(self, path: str) -> tuple[str, Any, Any, Any, Any]:
         """The report's summary, metrics table and plots (drawn once per report file version)."""
+        refused = self.allowed(path) if path else None
+        if refused:
+            return f"**Cannot open the report:** {refused}", None, None, None, None
         try:
             key = (str(Path(path).resolve()), Path(path).stat().st_mtime_ns) if path else None
         except OSError:

@@ -73,8 +73,8 @@ def write_run_report(run_dir: Path, index_dir: Path) -> Path:
 
     run_dir.mkdir(parents=True, exist_ok=True)
     with Catalogue(index_dir / "catalogue.sqlite") as catalogue:
-        done = np.asarray(catalogue.ids_with_status("done"), dtype=np.int64)
-        rows = catalogue.rows(done.tolist())
+        done = catalogue.done_shards()
+        rows = catalogue.rows(list(done))
     ids, vectors = zip(*done_chunks(ShardStore(index_dir / "shards"), done), strict=True)
     ids, vectors = np.concatenate(ids), np.concatenate(vectors)
     names = sorted({rows[int(i)]["label"] for i in ids})

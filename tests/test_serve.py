@@ -271,6 +271,9 @@ def test_items_and_item_images(artifacts, client):
         "/items/..%252F..%252Fetc%252Fpasswd/image",
         "/items/%2Fetc%2Fpasswd/image",
         "/items/1/../../../etc/passwd",
+        "/items/%C2%B2",  # a non-ASCII digit
+        "/items/99999999999999999999999/image",  # beyond SQLite's integer range
+        "/items/" + "9" * 5000,
     ],
 )
 def test_items_outside_the_catalogue_are_404(client, path):
@@ -447,3 +450,19 @@ def test_report_table_for_train_and_evaluate_reports(artifacts, tmp_path):
     not_a_report.write_text("{}")
     with pytest.raises(ValueError, match="not a report"):
         load_report(not_a_report)
+
+
+def test_the_report_box_only_opens_reports_under_the_allowed_folders(artifacts, service, tmp_path, monkeypatch):
+    from serve.ui import EvaluationTab
+
+    monkeypatch.chdir(tmp_path)
+    tab = EvaluationTab(service, artifacts.report)
+    shown = tab.open_report("/etc/passwd")
+    assert "Cannot open the report" in shown[0] and "only report .json files" in shown[0]
+    assert shown[1] is None
+    outside = tmp_path.parent / "elsewhere.json"
+    assert "only report .json files" in tab.open_report(str(outside))[0]
+    assert "Cannot open" not in tab.open_report(str(artifacts.report))[0]  # the configured report opens
+    inside = tmp_path / "huge.json"
+    inside.write_bytes(b" " * (50 * 2**20 + 1))
+    assert "larger than" in tab.open_report(str(inside))[0]

@@ -131,6 +131,8 @@ def test_config_validation_names_the_fix():
         TrainConfig(batch_size=30, per_class=4)
     with pytest.raises(ValueError, match="--label-noise"):
         TrainConfig(label_noise="gaussian:0.1")
+    with pytest.raises(ValueError, match="--eval-every must be >= 1"):
+        TrainConfig(eval_every=0)
 
 
 def test_cli_train_with_config_file_and_evaluate(tmp_path, feature_cache):

@@ -90,6 +90,13 @@ class TrainConfig:
             errors.append(f"--schedule must be cosine, step or constant, got {self.schedule!r}")
         if self.epochs < 1:
             errors.append(f"--epochs must be >= 1, got {self.epochs}")
+        for name in ("eval_every", "eval_batch_size", "batch_size", "embedding_dim"):
+            if getattr(self, name) < 1:
+                errors.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.batches_per_epoch is not None and self.batches_per_epoch < 1:
+            errors.append(f"--batches-per-epoch must be >= 1, got {self.batches_per_epoch}")
+        if self.warmup_epochs < 0:
+            errors.append(f"--warmup-epochs must be >= 0, got {self.warmup_epochs}")
         if self.lr <= 0:
             errors.append(f"--lr must be > 0, got {self.lr}")
         if self.label_noise:

@@ -80,6 +80,7 @@ def _dataset_key(cfg: TrainConfig, model: Embedder, split: str) -> dict:
         "input_size": model.config["input_size"], "dataset": cfg.dataset,
         "data": str(Path(cfg.data).resolve()) if cfg.data else None, "dataset_kwargs": cfg.dataset_kwargs,
         "split": split, "eval_limit": cfg.eval_limit if split != "train" else None, "seed": cfg.seed,
+        "amp": cfg.amp and torch.cuda.is_available() and cfg.device != "cpu",  # fp16 features differ
     }
 
 
