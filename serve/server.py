@@ -37,6 +37,9 @@ class ServerConfig:
     ui: bool = True
 
 
+UI_CONNECTIONS = 32  # the browser's own connections (page, assets, Gradio queue) on top of the API's
+
+
 def build_app(config: ServerConfig, service: SearchService | None = None) -> tuple[FastAPI, SearchService]:
     """The FastAPI app (API routes first, then the Gradio UI at ``/``) and the service behind it."""
     service = service or SearchService(
@@ -71,7 +74,10 @@ def serve(config: ServerConfig) -> None:
         flush=True,
     )
     try:
-        uvicorn.run(app, host=config.host, port=config.port, log_level="warning")
+        # Request bodies are read before the search queue: cap the connections in flight so that the memory
+        # held by uploads is bounded too (beyond it uvicorn answers 503).
+        uvicorn.run(app, host=config.host, port=config.port, log_level="warning",
+                    limit_concurrency=config.concurrency + config.max_queue + UI_CONNECTIONS)
     finally:
         service.close()
 
