@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from retrieval.distances import (
-    cosine_similarity_matrix,
     dot_similarity_matrix,
+    gram_matrix,
     l2_normalize,
     masked_logsumexp,
     safe_sqrt,
@@ -30,7 +30,13 @@ from retrieval.distances import (
 from retrieval.losses import register_negatives
 from retrieval.negatives.loop import pair_of_pairs_distances
 from retrieval.negatives.pairs import PositivePairs, pair_combinations, positive_pairs
-from retrieval.negatives.symm import IS_SYNTHETIC, symm_inner_products, synthetic_share
+from retrieval.negatives.symm import (
+    IS_SYNTHETIC,
+    hardest_of_16,
+    max_over_cases,
+    symm_inner_product_planes,
+    synthetic_share,
+)
 
 _GEOMETRY = {"loop": "arc", "loop-linear": "segment"}
 
@@ -225,10 +231,8 @@ class _SymmLoss(_PairOfPairsLoss):
         if not negative.any():  # one class only: nothing to push apart
             self.last_stats = {"synthetic_negative_share": 0.0}
             return None
-        if self.normalize:
-            gram = cosine_similarity_matrix(embeddings)
-        else:
-            gram = dot_similarity_matrix(embeddings)
+        # gram_matrix: the values of x @ x.T with a one-matmul backward (the largest cost at D = 512)
+        gram = gram_matrix(l2_normalize(embeddings) if self.normalize else embeddings)
         return pairs, negative, gram
 
     def _record(self, selected: torch.Tensor, negative: torch.Tensor) -> None:
@@ -248,8 +252,7 @@ class SymmTripletLoss(_SymmLoss):
             return zero_loss(embeddings)
         pairs, negative, gram = feats
         # Unit embeddings: the nearest of the 16 pairs is the most similar one, D^2 = 2 - 2 S.
-        dots = symm_inner_products(gram, pairs.first, pairs.second).flatten(2)  # [Pp, Pp, 16]
-        best, selected = dots.max(dim=2)
+        best, selected = hardest_of_16(gram, pairs.first, pairs.second)
         hardest = (2.0 - 2.0 * best).clamp_min(0.0)
         self._record(selected, negative)
         d_pos_sq = (
@@ -271,8 +274,7 @@ class SymmLiftedLoss(_SymmLoss):
         if feats is None:
             return zero_loss(embeddings)
         pairs, negative, gram = feats
-        dots = symm_inner_products(gram, pairs.first, pairs.second).flatten(2)
-        best, selected = dots.max(dim=2)
+        best, selected = hardest_of_16(gram, pairs.first, pairs.second)
         hardest_sq = (2.0 - 2.0 * best).clamp_min(0.0)
         self._record(selected, negative)
         hardest = safe_sqrt(hardest_sq)
@@ -306,8 +308,7 @@ class SymmNPairLoss(_SymmLoss):
         if feats is None:
             return zero_loss(embeddings)
         pairs, negative, gram = feats
-        dots = symm_inner_products(gram, pairs.first, pairs.second).flatten(2)
-        hardest, selected = dots.max(dim=2)
+        hardest, selected = hardest_of_16(gram, pairs.first, pairs.second)
         self._record(selected, negative)
         s_pos = gram[pairs.first, pairs.second]
         loss = masked_logsumexp(hardest - s_pos.unsqueeze(1), negative, dim=1, add_one=True).mean()
@@ -344,11 +345,13 @@ class SymmAngularLoss(_SymmLoss):
             return zero_loss(embeddings)
         pairs, negative, gram = feats
         tan_sq = math.tan(math.radians(self.alpha)) ** 2
-        dots = symm_inner_products(gram, pairs.first, pairs.second)  # [Pp, Pp, 4, 4]
+        planes = symm_inner_product_planes(gram, pairs.first, pairs.second)  # [4, 4, Pp, Pp]
         a = torch.tensor(_ANGULAR_A, device=gram.device)
         b = torch.tensor(_ANGULAR_B, device=gram.device)
-        f_neg = 4.0 * tan_sq * (dots[:, :, a, :] + dots[:, :, b, :])  # [Pp, Pp, 3, 4]
-        hardest, selected = f_neg.flatten(2).max(dim=2)
+        # (x_p + x_q).x_r for the 12 triplets; the positive factor 4 tan^2 a is applied after the max
+        f_neg = (planes.index_select(0, a) + planes.index_select(0, b)).flatten(0, 1)  # [12, Pp, Pp]
+        hardest, selected = max_over_cases(f_neg)
+        hardest = 4.0 * tan_sq * hardest
         syn = IS_SYNTHETIC.to(gram.device)
         choice, r = selected // 4, selected % 4
         count = (syn[a[choice]].float() + syn[b[choice]].float() + syn[r].float())[negative]
