@@ -131,7 +131,9 @@ class Ingestor:
             self.buffer.outcomes.append(Outcome(record.id, "done", record.sha256, record.size))
             self.buffer.ids.append(record.id)
         if keep:
-            vectors = self.embedder.embed(np.ascontiguousarray(decoded.batch[keep]))
+            batch = decoded.batch.numpy()
+            batch = batch if len(keep) == len(batch) else np.ascontiguousarray(batch[keep])
+            vectors = self.embedder.embed(batch)
             self.buffer.vectors.append(prepare_vectors(vectors, self.embedder.embedding_dim))
 
     def _flush(self) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 from PIL import Image, ImageOps
 from torch.utils.data import Dataset
 
@@ -106,13 +107,24 @@ class GalleryDecodeDataset(Dataset):
 class DecodedBatch:
     records: list[Decoded]  # every image of the batch, arrays dropped
     ok_index: list[int]  # positions in records of the readable images, in batch order
-    batch: np.ndarray | None  # float32 [n_ok, 3, S, S]
+    batch: torch.Tensor | None  # float32 [n_ok, 3, S, S]
 
 
 def collate_decoded(records: list[Decoded]) -> DecodedBatch:
-    """Runs in the worker: stack the readable images into one contiguous batch."""
+    """Runs in the worker: stack the readable images into one contiguous batch.
+
+    The batch is a torch tensor so that the DataLoader hands it over through shared memory; a NumPy array
+    would be pickled through a pipe (about 19 MB per batch of 32 at 224 px), costing both processes CPU.
+    """
     ok = [i for i, r in enumerate(records) if r.array is not None]
-    batch = np.stack([records[i].array for i in ok]) if ok else None
+    batch = None
+    if ok:
+        arrays = [torch.from_numpy(records[i].array) for i in ok]
+        # stacked straight into shared memory: the DataLoader then passes a handle, not another copy
+        batch = torch.empty((len(ok), *arrays[0].shape), dtype=torch.float32)
+        if torch.utils.data.get_worker_info() is not None:
+            batch.share_memory_()
+        torch.stack(arrays, out=batch)
     for record in records:
         record.array = None
     return DecodedBatch(records, ok, batch)

@@ -36,8 +36,12 @@ class ModelMismatchError(ValueError):
     """A query model differs from the model that built the index."""
 
 
-def load_model(path: str | Path, providers: str = "auto") -> Embedder:
-    """Open an exported ONNX embedder (``retrieval export``)."""
+def load_model(path: str | Path, providers: str = "auto", spin: bool = False) -> Embedder:
+    """Open an exported ONNX embedder (``retrieval export``).
+
+    Indexing is a throughput job whose decoding workers need the CPU between batches, so onnxruntime's idle
+    threads sleep rather than spin by default.
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"model file {path} not found; export one with `retrieval export`")
@@ -45,7 +49,7 @@ def load_model(path: str | Path, providers: str = "auto") -> Embedder:
         from retrieval.onnx_runtime import OnnxEmbedder
     except ModuleNotFoundError as exc:  # the ONNX runtime wrapper is its own part of the toolkit
         raise RuntimeError(f"cannot load ONNX models: {exc}; is retrieval.onnx_runtime installed?") from exc
-    return OnnxEmbedder(str(path), providers=providers)
+    return OnnxEmbedder(str(path), providers=providers, spin=spin)
 
 
 def l2_normalize(vectors: np.ndarray) -> np.ndarray:
