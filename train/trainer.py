@@ -162,6 +162,7 @@ class Trainer:
 
         self.start_epoch, self.best_recall, self.history = 0, -1.0, []
         self.baseline: dict[str, float] | None = None
+        self.last_eval_embeddings: tuple[np.ndarray, np.ndarray] | None = None
         if cfg.resume:
             self._load_resume_state()
         (self.out / "config.json").write_text(json.dumps(self.run_config(), indent=2))
@@ -356,6 +357,7 @@ class Trainer:
 
     def evaluate(self, final: bool = False) -> dict[str, float]:
         q, ql, g, gl = self.embed_eval()
+        self.last_eval_embeddings = (q, ql)  # the report's plots reuse them instead of embedding again
         metrics = evaluate_embeddings(q, ql, g, gl)
         metrics.update(hard_fractions(q, ql, self.train_embeddings_sample()))
         if self.cfg.linear_probe and (final or not self.history):  # before and after training: it is slow
@@ -408,10 +410,12 @@ class Trainer:
     def finish(self) -> dict[str, Any]:
         final = [r for r in self.history if "recall@1" in r and r["epoch"] > 0]
         best = max(final, key=lambda r: r["recall@1"]) if final else None
-        q, ql, g, gl = self.embed_eval()
+        if self.last_eval_embeddings is None:  # e.g. resuming a run that had already finished
+            q, ql, _, _ = self.embed_eval()
+            self.last_eval_embeddings = (q, ql)
         train_sample = self.train_embeddings_sample()
         return write_report(self.out, self.run_config(), self.history, self.baseline, best,
-                            final[-1] if final else None, (q, ql), train_sample)
+                            final[-1] if final else None, self.last_eval_embeddings, train_sample)
 
 
 def hard_fractions(q: np.ndarray, ql: np.ndarray, train_sample) -> dict[str, float]:
