@@ -92,6 +92,8 @@ TRAIN_OPTIONS = [
     click.option("--amp/--no-amp", default=None, help="mixed precision on CUDA."),
     click.option("--workers", type=int),
     click.option("--eval-every", type=int),
+    click.option("--eval-before/--no-eval-before", default=None,
+                 help="evaluate the untrained model first (the report's 'before' column)."),
     click.option("--eval-limit", type=int, help="evaluate on a seeded subset of this many images."),
     click.option("--linear-probe/--no-linear-probe", default=None,
                  help="also report linear-probe accuracy before and after training (DCDL protocol)."),

@@ -13,6 +13,7 @@ from serve.defaults import (
     DEFAULT_MAX_UPLOAD_BYTES,
     DEFAULT_PORT,
     DEFAULT_REPORT,
+    DEFAULT_RESULTS,
     missing_artifacts_message,
 )
 
@@ -31,6 +32,13 @@ from serve.defaults import (
     default=None,
     help=f"report.json of `retrieval train`/`evaluate` for the Evaluation tab; default: {DEFAULT_REPORT} "
     "when serving the default index.",
+)
+@click.option(
+    "--results",
+    type=click.Path(dir_okay=False),
+    default=str(DEFAULT_RESULTS),
+    show_default=True,
+    help="results grid (benchmarks/quality.py) for the Results tab.",
 )
 @click.option(
     "--host", default=DEFAULT_HOST, show_default=True, help="interface to bind (loopback by default)."
@@ -73,7 +81,7 @@ from serve.defaults import (
 )
 @click.option("--no-ui", is_flag=True, help="serve the HTTP API only.")
 def serve_command(
-    index_dir, report, host, port, max_upload_mb, max_pixels, concurrency, max_batch, max_wait_ms, no_ui
+    index_dir, report, results, host, port, max_upload_mb, max_pixels, concurrency, max_batch, max_wait_ms, no_ui
 ) -> None:
     """Search service: HTTP API (POST /search, /items/{id}, /stats, /health) and the Gradio UI at /."""
     from serve.server import ServerConfig, serve
@@ -93,6 +101,7 @@ def serve_command(
         ServerConfig(
             index_dir=index_path,
             report=Path(report) if report else None,
+            results=Path(results) if results else None,
             host=host,
             port=port,
             max_upload_bytes=int(max_upload_mb * 2**20),

@@ -12,6 +12,7 @@ from typing import Any
 from PIL import Image
 
 REPORT_FORMAT = "retrieval-report/1"
+MAX_RESULTS_BYTES = 16 * 2**20
 METRIC_ORDER = ("map@r", "r_precision", "nmi", "f1", "linear_probe")
 
 
@@ -157,3 +158,35 @@ def summary_markdown(report: RunReport) -> str:
     if report.kind == "evaluate":
         facts.append(f"split: `{report.data.get('split')}`, queries: {report.data.get('num_queries')}")
     return " · ".join(facts)
+
+
+# --- the results grid (benchmarks/quality.py) ----------------------------------------------------------------
+def load_results(path: str | Path) -> dict[str, Any]:
+    """The results document of the grid; a clear error when it is missing or of another kind."""
+    from retrieval.analysis.results import RESULTS_FORMAT
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no results grid at {path}")
+    if path.stat().st_size > MAX_RESULTS_BYTES:
+        raise ValueError(f"{path} is larger than {MAX_RESULTS_BYTES // 2**20} MiB: not a results file")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc})") from exc
+    if not isinstance(data, dict) or data.get("format") != RESULTS_FORMAT:
+        raise ValueError(f"{path} is not a results file (expected format {RESULTS_FORMAT!r})")
+    return data
+
+
+def results_curve_image(results: dict[str, Any], table_id: str) -> Image.Image | None:
+    """The per-epoch curve figure of one table (e.g. SCT Figure 6), drawn from the JSON; None when it has none."""
+    from retrieval.analysis.results import plot_curves
+
+    curve = next((c for c in results.get("curves", []) if c.get("id") == table_id), None)
+    if curve is None:
+        return None
+    with tempfile.TemporaryDirectory() as folder:
+        path = plot_curves(curve, Path(folder) / "curve.png")
+        with Image.open(path) as image:
+            return image.copy()

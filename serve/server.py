@@ -13,7 +13,13 @@ import uvicorn
 from fastapi import FastAPI
 
 from serve.api import create_api
-from serve.defaults import DEFAULT_HOST, DEFAULT_MAX_PIXELS, DEFAULT_MAX_UPLOAD_BYTES, DEFAULT_PORT
+from serve.defaults import (
+    DEFAULT_HOST,
+    DEFAULT_MAX_PIXELS,
+    DEFAULT_MAX_UPLOAD_BYTES,
+    DEFAULT_PORT,
+    DEFAULT_RESULTS,
+)
 from serve.service import SearchService
 from serve.ui import build_ui
 
@@ -26,6 +32,7 @@ GRADIO_QUEUE = 64
 class ServerConfig:
     index_dir: Path
     report: Path | None = None
+    results: Path | None = DEFAULT_RESULTS
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
@@ -51,7 +58,7 @@ def build_app(config: ServerConfig, service: SearchService | None = None) -> tup
     )
     app = create_api(service, concurrency=config.concurrency, max_queue=config.max_queue)
     if config.ui:
-        blocks, example_dir = build_ui(service, config.report)
+        blocks, example_dir = build_ui(service, config.report, results=config.results)
         blocks.queue(default_concurrency_limit=GRADIO_CONCURRENCY, max_size=GRADIO_QUEUE)
         app = gr.mount_gradio_app(
             app,

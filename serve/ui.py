@@ -1,4 +1,4 @@
-"""The Gradio app: Search, Evaluation and Index tabs over one ``SearchService``."""
+"""The Gradio app: Search, Evaluation, Results and Index tabs over one ``SearchService``."""
 
 from __future__ import annotations
 
@@ -13,9 +13,19 @@ import gradio as gr
 import numpy as np
 from PIL import Image
 
+from retrieval.analysis.results import table_markdown
 from retrieval.data import open_image
 from retrieval.index import SearchResult
-from serve.reports import curves_plot, load_report, recall_plot, summary_markdown, triplet_plot
+from serve.defaults import RESULTS_COMMAND
+from serve.reports import (
+    curves_plot,
+    load_report,
+    load_results,
+    recall_plot,
+    results_curve_image,
+    summary_markdown,
+    triplet_plot,
+)
 from serve.service import SearchService
 
 THUMBNAIL = 256
@@ -255,6 +265,48 @@ class EvaluationTab:
         demo.load(self.worst_classes, None, [loo_summary, worst, failures], api_name=False)
 
 
+class ResultsTab:
+    """The results grid of ``benchmarks/quality.py``: one table at a time, its discussion and its figure."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.results: dict[str, Any] | None = None
+        self.problem = "no results file configured"
+        if path is not None:
+            try:
+                self.results = load_results(path)
+            except (FileNotFoundError, ValueError) as exc:
+                self.problem = str(exc)
+
+    def titles(self) -> list[tuple[str, str]]:
+        return [(t["title"], t["id"]) for t in (self.results or {}).get("tables", [])]
+
+    def show(self, table_id: str | None) -> tuple[str, Image.Image | None]:
+        if self.results is None:
+            return (f"**No results grid to show:** {self.problem}. Run `{RESULTS_COMMAND}` (about 1.5 h on 2 CPU "
+                    "cores; resumable) to produce docs/results.json and docs/RESULTS.md.", None)
+        table = next((t for t in self.results["tables"] if t["id"] == table_id), None)
+        if table is None:
+            return f"No table {table_id!r} in {self.path}.", None
+        setup = self.results.get("setup", {})
+        header = (f"{setup.get('runs', '?')} runs, seeds {setup.get('seeds', '?')}, created "
+                  f"{self.results.get('created', '?')} · from `{self.path}`\n\n")
+        return header + table_markdown(table, commands=True), results_curve_image(self.results, table["id"])
+
+    def build(self, demo: gr.Blocks) -> None:
+        choices = self.titles()
+        first = choices[0][1] if choices else None
+        picker = gr.Dropdown(choices=choices, value=first, label="Table", elem_id="results-table-picker")
+        text = gr.Markdown(elem_id="results-table")
+        figure = gr.Image(label="Figure", type="pil", interactive=False, elem_id="results-figure")
+        picker.change(self._shown, [picker], [text, figure], api_name="results_table")
+        demo.load(self._shown, [picker], [text, figure], api_name=False)
+
+    def _shown(self, table_id: str | None) -> tuple[str, Any]:
+        text, image = self.show(table_id)
+        return text, gr.Image(value=image, visible=image is not None)  # no empty frame for tables without one
+
+
 class IndexTab:
     def __init__(self, service: SearchService) -> None:
         self.service = service
@@ -293,7 +345,10 @@ class IndexTab:
 
 
 def build_ui(
-    service: SearchService, report: str | Path | None = None, example_dir: Path | None = None
+    service: SearchService,
+    report: str | Path | None = None,
+    example_dir: Path | None = None,
+    results: str | Path | None = None,
 ) -> tuple[gr.Blocks, Path]:
     """The Blocks app and the folder holding its example copies (pass it to Gradio's allowed_paths)."""
     if example_dir is None:
@@ -311,6 +366,8 @@ def build_ui(
                 SearchTab(service, examples).build()
             with gr.Tab("Evaluation", id="evaluation"):
                 EvaluationTab(service, Path(report) if report else None).build(demo)
+            with gr.Tab("Results", id="results"):
+                ResultsTab(Path(results) if results else None).build(demo)
             with gr.Tab("Index", id="index"):
                 IndexTab(service).build(demo)
     return demo, example_dir

@@ -11,6 +11,7 @@ Without RETRIEVAL_SCREENSHOTS the screenshots go to a temporary folder.
 from __future__ import annotations
 
 import csv
+import json
 import os
 import shutil
 from pathlib import Path
@@ -18,6 +19,8 @@ from pathlib import Path
 import pytest
 from serve_fixtures import ServeArtifacts, shared_artifacts
 
+from retrieval.analysis.results import RESULTS_FORMAT
+from serve.defaults import DEFAULT_RESULTS
 from serve.server import BackgroundServer, ServerConfig, build_app
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -60,10 +63,28 @@ def screenshots(tmp_path_factory) -> Path:
     return folder
 
 
+def small_results(folder: Path) -> Path:
+    """A results document of one table with a per-epoch curve (the real one is docs/results.json)."""
+    cell = {"mean": 0.5, "std": 0.01, "n": 3}
+    table = {"id": "sct", "title": "3. NCA triplet: HN vs SHN vs SCT", "claim": "SCT beats HN and SHN.",
+             "caveats": "frozen features", "discussion": ["Emoji: Recall@1 order SCT > HN."],
+             "columns": [{"key": "recall@1", "label": "R@1"}],
+             "blocks": [{"title": "Emoji", "short": "Emoji", "rows": [
+                 {"label": "NCA triplet, HN", "cells": {"recall@1": cell}, "command": "retrieval train --loss x"},
+                 {"label": "SCT", "cells": {"recall@1": dict(cell, mean=0.6)}, "command": "retrieval train"}]}]}
+    curve = {"id": "sct", "title": "hard triplets", "ylabel": "share",
+             "series": {"Emoji": {"NCA triplet, HN": [0.6, 0.5, 0.4], "SCT": [0.7, 0.5, 0.3]}}}
+    path = folder / "results.json"
+    path.write_text(json.dumps({"format": RESULTS_FORMAT, "setup": {"runs": 6, "seeds": [0, 1, 2]},
+                                "tables": [table], "curves": [curve]}))
+    return path
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     artifacts = demo_artifacts(Path(DEMO_DIR)) if DEMO_DIR else shared_artifacts(tmp_path_factory)
-    app, service = build_app(ServerConfig(index_dir=artifacts.index_dir, report=artifacts.report))
+    results = DEFAULT_RESULTS if DEMO_DIR else small_results(tmp_path_factory.mktemp("results"))
+    app, service = build_app(ServerConfig(index_dir=artifacts.index_dir, report=artifacts.report, results=results))
     with BackgroundServer(app) as running:
         yield running, artifacts
     service.close()
@@ -116,6 +137,23 @@ def test_evaluation_tab_shows_the_plots(page, screenshots):
     page.wait_for_function("document.querySelectorAll('#failures-gallery img').length >= 2")
     page.wait_for_timeout(500)  # let the images finish painting for the screenshot
     page.screenshot(path=str(screenshots / "evaluation.png"), full_page=True)
+
+
+def test_results_tab_shows_a_table_and_its_figure(page, screenshots):
+    page.get_by_role("tab", name="Results").click()
+    page.wait_for_function(
+        "document.querySelector('#results-table') && "
+        "document.querySelector('#results-table').innerText.includes('Discussion')"
+    )
+    text = page.locator("#results-table").inner_text()
+    assert "R@1" in text and "±" in text
+    if not DEMO_DIR:  # the small document's table has a per-epoch figure
+        assert "SCT" in text and "60.0 ± 1.0" in text
+        page.wait_for_selector("#results-figure img", state="visible")
+        box = page.locator("#results-figure img").bounding_box()
+        assert box is not None and box["width"] > 100 and box["height"] > 100
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(screenshots / "results.png"), full_page=True)
 
 
 def test_index_tab_shows_statistics(page, screenshots):

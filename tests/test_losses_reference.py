@@ -226,6 +226,15 @@ def ref_raw(x, labels, alpha=2.0, beta=50.0, gamma=0.5, miner=None):
     return total / len(labels)
 
 
+def ref_vthm_equal_weights(x, labels, margin=0.1):
+    kept_p, kept_n = ref_vthm(x, labels, margin)
+    total = x.new_zeros(())
+    for i in range(len(labels)):  # unified Table 1 "VTHM": weight 1 on every mined pair, averaged over anchors
+        total = total + sum((cos(x, i, k) for k in kept_n[i]), x.new_zeros(()))
+        total = total - sum((cos(x, i, k) for k in kept_p[i]), x.new_zeros(()))
+    return total / len(labels)
+
+
 def ref_nca_triplets(x, labels, mining):
     """[(s_ap, s_an)] for each ordered positive pair with its mined negative (sct HN / SHN)."""
     triplets = []
@@ -298,6 +307,8 @@ CASES = [
     ("raw", {"miner": "vthm"}, ref_raw),
     ("raw", {"alpha": 3.0, "beta": 10.0, "gamma": 0.2}, ref_raw),
     ("ms", {}, lambda x, y: ref_raw(x, y, miner="vthm")),
+    ("vthm", {}, ref_vthm_equal_weights),
+    ("vthm", {"margin": 0.3}, ref_vthm_equal_weights),
     ("nca_triplet", {}, ref_nca_triplet),
     ("nca_triplet", {"mining": "semihard"}, ref_nca_triplet),
     ("nca_triplet", {"temperature": 0.1}, ref_nca_triplet),
@@ -374,6 +385,10 @@ def test_batches_have_hard_and_easy_sct_triplets():
         loss = build("sct")
         loss(x, labels)
         assert loss.last_stats["hard_fraction"] == pytest.approx(hard / len(triplets))
+        for mining in ("hard", "semihard"):  # the same measure whatever the mining (SCT Figure 6)
+            nca = build("nca_triplet", mining=mining)
+            nca(x, labels)
+            assert nca.last_stats["hard_fraction"] == pytest.approx(hard / len(triplets))
         shn = ref_nca_triplets(x, labels.tolist(), "semihard")
         assert len(shn) > 0
         shn_dropped |= len(shn) < len(triplets)

@@ -13,7 +13,13 @@ from retrieval.negatives.loop import (
     optimal_segment_distance,
     pair_of_pairs_distances,
 )
-from retrieval.negatives.pairs import expected_combinations, pair_combinations, positive_pairs
+from retrieval.negatives.pairs import (
+    expected_combinations,
+    pair_combinations,
+    pair_starts_numpy,
+    pair_starts_torch,
+    positive_pairs,
+)
 
 F64 = torch.float64
 
@@ -261,6 +267,24 @@ def test_positive_pairs_follow_labels_and_skip_odd_leftovers() -> None:
     labels = torch.tensor([5, 1, 5, 1, 1, 5, 5, 9])
     pairs = positive_pairs(labels)
     assert sorted(zip(pairs.first.tolist(), pairs.second.tolist(), strict=True)) == [(0, 2), (1, 3), (5, 6)]
+
+
+def test_positive_pairs_numpy_and_device_paths_agree_with_a_loop() -> None:
+    gen = torch.Generator().manual_seed(3)
+    for trial in range(200):
+        n = int(torch.randint(1, 40, (1,), generator=gen))
+        labels = torch.randint(0, 1 + trial % 9, (n,), generator=gen)
+        expected = []
+        for c in sorted(set(labels.tolist())):
+            members = [i for i in range(n) if labels[i] == c]
+            expected += [(members[m], members[m + 1]) for m in range(0, len(members) - 1, 2)]
+        order_np, pos_np = pair_starts_numpy(labels.numpy())
+        order_t, pos_t = pair_starts_torch(labels)  # the path a CUDA tensor takes
+        assert torch.equal(torch.from_numpy(order_np), order_t) and torch.equal(torch.from_numpy(pos_np), pos_t)
+        pairs = positive_pairs(labels)
+        assert sorted(zip(pairs.first.tolist(), pairs.second.tolist(), strict=True)) == sorted(expected)
+        assert torch.equal(pairs.labels, labels[pairs.first])
+    assert len(positive_pairs(torch.zeros(0, dtype=torch.long))) == 0
 
 
 @pytest.mark.parametrize("geometry", ["arc", "segment"])

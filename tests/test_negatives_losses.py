@@ -9,7 +9,7 @@ import torch
 
 from retrieval.losses import build
 from retrieval.negatives.loop import optimal_arc_distance, optimal_segment_distance
-from retrieval.negatives.symm import reflect
+from retrieval.negatives.symm import reflect, synthetic_share, synthetic_share_on_device
 
 F64 = torch.float64
 
@@ -230,6 +230,9 @@ def test_symm_synthetic_share_matches_brute_force() -> None:
     ref_symm_triplet(emb, labels, stats=stats)
     assert 0 < stats["share"] < 1
     assert loss.last_stats["synthetic_negative_share"] == pytest.approx(stats["share"])
+    selected = torch.randint(0, 16, (7, 7), generator=torch.Generator().manual_seed(1))
+    used = torch.rand(7, 7, generator=torch.Generator().manual_seed(2)) > 0.3
+    assert float(synthetic_share(selected, used)) == pytest.approx(float(synthetic_share_on_device(selected, used)))
 
 
 # --- registry and degenerate batches -------------------------------------------------------------------

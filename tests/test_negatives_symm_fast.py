@@ -85,20 +85,22 @@ def test_inner_products_finite_for_a_zero_embedding() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
-def test_max_over_cases_matches_torch_max_with_ties(dtype: torch.dtype) -> None:
-    x = torch.randint(0, 3, (16, 5, 7), generator=torch.Generator().manual_seed(5)).to(dtype)  # many ties
+@pytest.mark.parametrize("shape", [(5, 7), (40, 41)], ids=["small-torch-max", "large-amax-route"])
+def test_max_over_cases_matches_torch_max_with_ties(dtype: torch.dtype, shape: tuple[int, int]) -> None:
+    rows, cols = shape
+    x = torch.randint(0, 3, (16, rows, cols), generator=torch.Generator().manual_seed(5)).to(dtype)  # many ties
     x[:, 0, 0] = 2.0  # a full tie: the first case wins
     values, index = max_over_cases(x.clone().requires_grad_(True))
-    expected = torch.zeros(5, 7, dtype=torch.long)
-    for r, c in itertools.product(range(5), range(7)):
+    expected = torch.zeros(rows, cols, dtype=torch.long)
+    for r, c in itertools.product(range(rows), range(cols)):
         expected[r, c] = int(torch.nonzero(x[:, r, c] == x[:, r, c].max())[0])  # the first maximum
     assert torch.equal(values, x.amax(0)) and torch.equal(index, expected)
     assert int(index[0, 0]) == 0
     leaf = x.clone().requires_grad_(True)
-    upstream = torch.arange(35, dtype=dtype).view(5, 7)
+    upstream = torch.arange(rows * cols, dtype=dtype).view(rows, cols)
     (max_over_cases(leaf)[0] * upstream).sum().backward()
     reference = torch.zeros_like(x)
-    for r, c in itertools.product(range(5), range(7)):
+    for r, c in itertools.product(range(rows), range(cols)):
         reference[expected[r, c], r, c] = upstream[r, c]  # the whole gradient to the first maximum
     assert torch.equal(leaf.grad, reference)
 

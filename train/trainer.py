@@ -79,7 +79,9 @@ def _dataset_key(cfg: TrainConfig, model: Embedder, split: str) -> dict:
         "backbone": cfg.backbone, "pretrained": cfg.pretrained, "weights": cfg.weights,
         "input_size": model.config["input_size"], "dataset": cfg.dataset,
         "data": str(Path(cfg.data).resolve()) if cfg.data else None, "dataset_kwargs": cfg.dataset_kwargs,
-        "split": split, "eval_limit": cfg.eval_limit if split != "train" else None, "seed": cfg.seed,
+        "split": split, "eval_limit": cfg.eval_limit if split != "train" else None,
+        # features do not depend on the seed, only the seeded --eval-limit subset does: seeds share a cache
+        "seed": cfg.seed if cfg.eval_limit and split != "train" else None,
         "amp": cfg.amp and torch.cuda.is_available() and cfg.device != "cpu",  # fp16 features differ
     }
 

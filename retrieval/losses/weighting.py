@@ -67,6 +67,26 @@ class BinomialDevianceLoss(MinedPairLoss):
         return per_anchor.mean()
 
 
+@register_loss("vthm")
+class VTHMLoss(MinedPairLoss):
+    """"VTHM" of the unified paper's ablation (Table 1): equal weights on the VTHM-mined pairs, the contrastive
+    loss of eq. 5 with the mined sets in place of its threshold,
+
+    (1/m) sum_i { sum_{N~_i} s_ik - sum_{P~_i} s_ik },
+
+    so every selected pair gets the weight 1/m (eq. 6 without the threshold). ``margin`` is VTHM's lambda.
+    """
+
+    def __init__(self, margin: float = 0.1) -> None:
+        super().__init__(miner="vthm", vthm_margin=margin)
+
+    def from_similarity(self, similarity: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        positive, negative = self.mined_pairs(similarity, labels)
+        zeros = torch.zeros_like(similarity)
+        per_pair = torch.where(negative, similarity, zeros) - torch.where(positive, similarity, zeros)
+        return per_pair.sum() / similarity.shape[0]
+
+
 def _row_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of each row over its mask; 0 for an empty row."""
     mask_f = mask.to(values.dtype)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -28,20 +29,38 @@ def positive_pairs(labels: torch.Tensor) -> PositivePairs:
     """Pair consecutive members of each class (vectorised: one stable sort, no loop over classes)."""
     if labels.dim() != 1:
         raise ValueError(f"labels must be a 1-D tensor of class indices, got shape {tuple(labels.shape)}")
-    n = labels.numel()
-    device = labels.device
-    if n == 0:
+    if labels.numel() == 0:
         empty = labels.new_zeros(0, dtype=torch.long)
         return PositivePairs(empty, empty, labels[:0])
+    if labels.device.type == "cpu":  # a few NumPy calls cost less than torch's per-op dispatch at B ~ 32
+        order, pos = (torch.from_numpy(a) for a in pair_starts_numpy(labels.numpy()))
+    else:
+        order, pos = pair_starts_torch(labels)
+    return PositivePairs(first=order[pos], second=order[pos + 1], labels=labels[order[pos]])
+
+
+def pair_starts_numpy(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(stable argsort of labels, sorted positions that open a pair: even rank in its class, next one same)."""
+    order = np.argsort(labels, kind="stable")
+    sorted_labels = labels[order]
+    same_as_next = sorted_labels[1:] == sorted_labels[:-1]
+    index = np.arange(len(labels))
+    class_start = np.maximum.accumulate(np.where(np.r_[True, ~same_as_next], index, 0))
+    opens = ((index - class_start) % 2 == 0)[:-1] & same_as_next
+    return order, np.flatnonzero(opens)
+
+
+def pair_starts_torch(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``pair_starts_numpy`` on the labels' own device (no host round trip on a GPU)."""
     order = torch.argsort(labels, stable=True)
     sorted_labels = labels[order]
-    _, counts = torch.unique_consecutive(sorted_labels, return_counts=True)
-    starts = torch.cumsum(counts, dim=0) - counts
-    rank = torch.arange(n, device=device) - torch.repeat_interleave(starts, counts)
-    class_size = torch.repeat_interleave(counts, counts)
-    opens_pair = (rank % 2 == 0) & (rank + 1 < class_size)
-    pos = torch.nonzero(opens_pair, as_tuple=True)[0]
-    return PositivePairs(first=order[pos], second=order[pos + 1], labels=sorted_labels[pos])
+    same_as_next = sorted_labels[1:] == sorted_labels[:-1]
+    starts = torch.ones_like(sorted_labels, dtype=torch.bool)
+    starts[1:] = ~same_as_next
+    index = torch.arange(labels.numel(), device=labels.device)
+    class_start = torch.where(starts, index, 0).cummax(0).values
+    opens = ((index - class_start) % 2 == 0)[:-1] & same_as_next
+    return order, torch.nonzero(opens, as_tuple=True)[0]
 
 
 def pair_combinations(pair_labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

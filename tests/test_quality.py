@@ -1,0 +1,205 @@
+"""The results grid (benchmarks/quality.py): runs, skips finished cells, resumes, renders; the app's Results tab."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from retrieval.analysis.results import best_rows, difference, format_cell, results_markdown, summarize
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_quality():
+    spec = importlib.util.spec_from_file_location("quality", ROOT / "benchmarks" / "quality.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["quality"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+quality = load_quality()
+Method, Table, DatasetSpec = quality.Method, quality.Table, quality.DatasetSpec
+
+DIGITS = dict(dataset="digits", image_size=32, batch_size=20, per_class=4, epochs=2, batches_per_epoch=3, workers=0)
+DATASETS = {
+    "digits": DatasetSpec("digits", "Digits", "sklearn digits, class-disjoint",
+                          dict(DIGITS, dataset_kwargs={"protocol": "disjoint"})),
+    "digits-std": DatasetSpec("digits-std", "Digits standard", "sklearn digits, all classes",
+                              dict(DIGITS, dataset_kwargs={"protocol": "standard"}, linear_probe=True)),
+}
+TABLES = [
+    Table("loop", "LoOp", "claim", "caveat", ("digits",),
+          (Method("triplet", "triplet"), Method("triplet + LoOp", "triplet", "loop"))),
+    Table("sct", "SCT", "claim", "caveat", ("digits",),
+          (Method("NCA triplet, HN", "nca_triplet", loss_kwargs={"mining": "hard"}), Method("SCT", "sct")),
+          curve="loss_hard_fraction"),
+    Table("dcdl", "DCDL", "claim", "caveat", ("digits-std",), (), noise=(None, "symmetric:0.3"),
+          blocks=(("triplet", (Method("triplet", "triplet", normalize=True),
+                               Method("triplet + Sinkhorn", "dcdl", loss_kwargs={"local": "triplet"},
+                                      normalize=True))),)),
+]
+SEEDS = [0, 1]
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory):
+    root = tmp_path_factory.mktemp("grid")
+    paths = dict(runs=root / "runs", feature_cache=str(root / "features"), markdown=root / "RESULTS.md",
+                 json_path=root / "results.json", figures=root / "figures")
+    results = quality.run_grid(TABLES, DATASETS, SEEDS, **paths)
+    return results, paths
+
+
+def test_grid_writes_every_cell_over_seeds(grid):
+    results, paths = grid
+    saved = json.loads(paths["json_path"].read_text())
+    assert saved == json.loads(json.dumps(results))
+    assert [t["id"] for t in saved["tables"]] == ["loop", "sct", "dcdl"]
+    assert saved["setup"]["runs"] == 4 + 4 + 8  # triplet is shared: each cell once per seed
+    loop = saved["tables"][0]
+    floor, base, looped = loop["blocks"][0]["rows"]
+    assert floor["floor"] and floor["cells"]["recall@1"]["n"] == 1
+    for row in (base, looped):
+        cell = row["cells"]["recall@1"]
+        assert cell["n"] == 2 and 0 < cell["mean"] <= 1 and cell["std"] >= 0
+    assert "--negatives loop" in looped["command"] and "--negatives" not in base["command"]
+    dcdl = saved["tables"][2]
+    assert [c["key"] for c in dcdl["columns"]] == ["clean", "symmetric 0.3"]
+    sinkhorn = dcdl["blocks"][0]["rows"][2]
+    assert all(sinkhorn["cells"][k]["n"] == 2 for k in ("clean", "symmetric 0.3"))
+    assert dcdl["blocks"][0]["rows"][0]["cells"]["clean"]["n"] == 1  # the floor's linear probe
+    # SCT Figure 6: one value per epoch, averaged over seeds, for both rows
+    (curve,) = saved["curves"]
+    assert set(curve["series"]["Digits"]) == {"NCA triplet, HN", "SCT"}
+    assert all(len(ys) == 2 and all(0 <= y <= 1 for y in ys) for ys in curve["series"]["Digits"].values())
+    assert (paths["figures"] / "sct_hard_fraction.png").stat().st_size > 1000
+    markdown = paths["markdown"].read_text()
+    assert "## LoOp" in markdown and "**Discussion.**" in markdown and "sct_hard_fraction.png" in markdown
+    assert "*pretrained only (no head)*" in markdown and "**" in markdown.split("## SCT")[0]
+    assert any("LoOp raises Recall@1 for" in point for point in loop["discussion"])
+
+
+def test_finished_cells_are_skipped_and_interrupted_ones_resume(grid, monkeypatch):
+    results, paths = grid
+    import train
+
+    calls = []
+
+    def fake_train(cfg, progress=True):
+        calls.append(cfg)
+        from train.trainer import Trainer
+
+        return Trainer(cfg, progress=False).run()
+
+    monkeypatch.setattr(train, "train", fake_train)
+    again = quality.run_grid(TABLES, DATASETS, SEEDS, **paths)
+    assert calls == []  # nothing was trained again
+    assert again["tables"][0]["blocks"] == results["tables"][0]["blocks"]
+
+    interrupted = paths["runs"] / "digits" / "triplet+loop" / "seed1"
+    (interrupted / "report.json").unlink()  # as if killed after its last checkpoint
+    quality.run_grid(TABLES, DATASETS, SEEDS, **paths)
+    assert len(calls) == 1 and calls[0].resume and Path(calls[0].out) == interrupted
+    quality.run_grid(TABLES, DATASETS, SEEDS, **paths)
+    assert len(calls) == 1  # a resumed run counts as finished too
+
+
+def test_cell_command_reproduces_its_configuration(tmp_path):
+    from click.testing import CliRunner
+
+    from cli.main import main
+
+    captured = {}
+
+    def fake_train(cfg, progress=True):
+        captured["cfg"] = cfg
+        return {}
+
+    import train
+
+    for method in (Method("x", "dcdl", loss_kwargs={"local": "npair", "phi": "sinkhorn"}, normalize=False),
+                   Method("y", "nca_triplet", loss_kwargs={"mining": "semihard"})):
+        run = quality.Run(TABLES[0], DATASETS["digits-std"], method, "asymmetric:0.2", 2, tmp_path / "r")
+        cfg = run.config(feature_cache=None)
+        command = quality.train_command(cfg).replace("--seed S", "--seed 2").replace("RUN", str(tmp_path / "r"))
+        args = shlex.split(command)[2:]
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(train, "train", fake_train)
+            result = CliRunner().invoke(main, ["train", *args])
+        assert result.exit_code == 0, result.output
+        assert captured["cfg"].to_dict() == cfg.to_dict()
+
+
+def test_summary_and_significance():
+    cell = summarize([0.5, 0.7])
+    assert cell["mean"] == pytest.approx(0.6) and cell["std"] == pytest.approx(math.sqrt(0.02)) and cell["n"] == 2
+    assert summarize([0.4])["std"] == 0.0 and summarize([])["n"] == 0
+    far, near = summarize([0.80, 0.81, 0.82]), summarize([0.60, 0.61, 0.62])
+    assert difference(far, near) == (pytest.approx(0.2), True)
+    assert difference(summarize([0.8]), summarize([0.6]))[1] is False  # one seed: the noise is unknown
+    assert difference(summarize([0.5, 0.9]), summarize([0.6, 0.7]))[1] is False
+    assert format_cell(far) == "81.0 ± 1.0" and format_cell(far, bold=True) == "**81.0 ± 1.0**"
+    assert format_cell(None) == "–"
+
+
+def test_best_rows_ignore_the_floor_and_keep_ties():
+    block = {"rows": [
+        {"label": "floor", "floor": True, "cells": {"r": summarize([0.99])}},
+        {"label": "a", "cells": {"r": summarize([0.5])}},
+        {"label": "b", "cells": {"r": summarize([0.7])}},
+        {"label": "c", "cells": {"r": summarize([0.7])}},
+    ]}
+    assert best_rows(block, "r") == {2, 3}
+    table = {"title": "T", "columns": [{"key": "r", "label": "R"}], "blocks": [dict(block, title="B")]}
+    text = results_markdown({"tables": [table]})
+    assert "| *floor* | 99.0 |" in text and "| b | **70.0** |" in text and "| a | 50.0 |" in text
+
+
+def test_pair_discussion_counts_gains_beyond_noise():
+    def row(label, r1, m):
+        return {"label": label, "cells": {"recall@1": summarize(r1), "map@r": summarize(m)}}
+
+    entry = {"blocks": [{"title": "Data", "short": "Data", "rows": [
+        row("triplet", [0.50, 0.51, 0.52], [0.3, 0.3, 0.3]), row("triplet + LoOp", [0.60, 0.61, 0.62], [0.4] * 3),
+        row("ms", [0.70, 0.71, 0.72], [0.5] * 3), row("ms + LoOp", [0.69, 0.71, 0.73], [0.5] * 3),
+    ]}]}
+    (point,) = quality.discuss_pairs(entry, "LoOp", "LoOp")
+    assert "raises Recall@1 for 1 of 2 losses (1 beyond seed noise, 0 clearly lower)" in point
+    assert "triplet +10.0 (MAP@R +10.0)" in point and "holds only in part" in point
+
+
+def test_results_tab_shows_tables_and_figure(grid, tmp_path):
+    from serve.ui import ResultsTab
+
+    _, paths = grid
+    tab = ResultsTab(paths["json_path"])
+    assert [i for _, i in tab.titles()] == ["loop", "sct", "dcdl"]
+    text, figure = tab.show("sct")
+    assert "## SCT" in text and "NCA triplet, HN" in text and figure is not None and figure.size[0] > 100
+    text, figure = tab.show("loop")
+    assert "triplet + LoOp" in text and figure is None
+    missing = ResultsTab(tmp_path / "none.json")
+    text, _ = missing.show(None)
+    assert "no results grid at" in text and "benchmarks/quality.py" in text
+    (tmp_path / "bad.json").write_text(json.dumps({"format": "other"}))
+    assert "not a results file" in ResultsTab(tmp_path / "bad.json").show(None)[0]
+
+
+def test_a_failing_run_is_reported_and_the_rest_still_runs(grid, tmp_path):
+    _, paths = grid
+    table = Table("loop", "LoOp", "claim", "caveat", ("digits",),
+                  (Method("triplet", "triplet"), Method("broken", "triplet", loss_kwargs={"mining": "nope"})))
+    out = dict(paths, markdown=tmp_path / "R.md", json_path=tmp_path / "r.json", figures=tmp_path / "f")
+    results = quality.run_grid([table], DATASETS, SEEDS, **out)
+    assert not results["complete"] and len(results["failures"]) == 2
+    assert "mining" in results["failures"][0]["error"]
+    rows = {r["label"]: r for r in results["tables"][0]["blocks"][0]["rows"]}
+    assert rows["triplet"]["cells"]["recall@1"]["n"] == 2 and rows["broken"]["cells"]["recall@1"]["n"] == 0
+    assert "Runs that failed" in (tmp_path / "R.md").read_text()
