@@ -1,6 +1,9 @@
 """The results grid: do the papers' methods help on real images available offline? Writes docs/RESULTS.md.
 
-    .venv/bin/python benchmarks/quality.py                   # the whole grid, about 1.5 h on 2 CPU cores
+    .venv/bin/python benchmarks/quality.py                   # the whole grid, 1.5-2 h in one process on 2 cores
+    .venv/bin/python benchmarks/quality.py --shard 0/2 &     # or in two processes (about 80 min here), then
+    .venv/bin/python benchmarks/quality.py --shard 1/2; wait
+    .venv/bin/python benchmarks/quality.py                   # ... once more: skips every run, writes the documents
     .venv/bin/python benchmarks/quality.py --tables loop symm --seeds 0 1 2 --runs artifacts/quality
 
 Every cell is one ``retrieval train`` run (the command is printed next to the cell in docs/RESULTS.md): the
@@ -567,7 +570,7 @@ def run_grid(tables: list[Table], datasets: dict[str, DatasetSpec], seeds: list[
         "complete": not failures,
         "failures": failures,
         "setup": {"seeds": seeds, "common": COMMON, "datasets": {k: {"title": datasets[k].title,
-                                                                       "overrides": datasets[k].overrides}
+                                                                       "overrides": _portable(datasets[k].overrides)}
                                                                    for k in sorted(used)},
                   "runs": len(todo), "train_seconds_total": round(seconds, 1),
                   "this_invocation_seconds": round(time.perf_counter() - start, 1)},
@@ -598,6 +601,14 @@ def run_grid(tables: list[Table], datasets: dict[str, DatasetSpec], seeds: list[
                                 f"![{curve['title']}]({rel.as_posix()})", 1)
         markdown.write_text(header + body)
     return results
+
+
+def _portable(overrides: dict[str, Any]) -> dict[str, Any]:
+    """Paths inside the repository written relative to it, as in the cells' commands."""
+    data = overrides.get("data")
+    if data and Path(data).is_relative_to(ROOT):
+        return {**overrides, "data": str(Path(data).relative_to(ROOT))}
+    return overrides
 
 
 def markdown_header(datasets: dict[str, DatasetSpec], seeds: list[int], command: str) -> str:

@@ -283,8 +283,9 @@ class ResultsTab:
 
     def show(self, table_id: str | None) -> tuple[str, Image.Image | None]:
         if self.results is None:
-            return (f"**No results grid to show:** {self.problem}. Run `{RESULTS_COMMAND}` (about 1.5 h on 2 CPU "
-                    "cores; resumable) to produce docs/results.json and docs/RESULTS.md.", None)
+            return (f"**No results grid to show:** {self.problem}. Run `{RESULTS_COMMAND}` (1.5-2 h on 2 CPU "
+                    "cores, resumable; `--shard` splits it over processes) to produce docs/results.json and "
+                    "docs/RESULTS.md.", None)
         table = next((t for t in self.results["tables"] if t["id"] == table_id), None)
         if table is None:
             return f"No table {table_id!r} in {self.path}.", None
