@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import shutil
 import sys
@@ -215,14 +216,11 @@ def plan(tables: list[Table], datasets: dict[str, DatasetSpec], seeds: list[int]
     out, seen = [], set()
     for table in tables:
         methods = table.methods or tuple(m for _, block in table.blocks for m in block)
-        for key in table.datasets:
-            for noise in table.noise:
-                for method in methods:
-                    for seed in seeds:
-                        path = cell_dir(runs, key, method, noise) / f"seed{seed}"
-                        if path not in seen:
-                            seen.add(path)
-                            out.append(Run(table, datasets[key], method, noise, seed, path))
+        for key, noise, method, seed in itertools.product(table.datasets, table.noise, methods, seeds):
+            path = cell_dir(runs, key, method, noise) / f"seed{seed}"
+            if path not in seen:
+                seen.add(path)
+                out.append(Run(table, datasets[key], method, noise, seed, path))
     return out
 
 
@@ -303,8 +301,8 @@ def train_command(cfg: TrainConfig) -> str:
             parts += [f"{flag} {k}={v}" for k, v in value.items()]
         elif isinstance(value, bool):
             parts.append(option if value else f"--no-{key.replace('_', '-')}")
-        elif key == "data" and value and Path(value).is_relative_to(ROOT):
-            parts.append(f"{option} {Path(value).relative_to(ROOT)}")  # run from the repository root
+        elif key == "data" and value:
+            parts.append(f"{option} {_in_repository(value)}")  # run from the repository root
         elif value is not None:
             parts.append(f"{option} {value}")
     return " ".join(parts + ["--seed S", "--out RUN"])
@@ -596,19 +594,20 @@ def run_grid(tables: list[Table], datasets: dict[str, DatasetSpec], seeds: list[
                 f"- `{f['run']}`: {f['error']}\n" for f in failures)
         for curve, path in figure_links:
             rel = path.relative_to(markdown.parent) if path.is_relative_to(markdown.parent) else path
-            body = body.replace(f"## {next(t['title'] for t in built if t['id'] == curve['id'])}",
-                                f"## {next(t['title'] for t in built if t['id'] == curve['id'])}\n\n"
-                                f"![{curve['title']}]({rel.as_posix()})", 1)
+            heading = "## " + next(t["title"] for t in built if t["id"] == curve["id"])
+            body = body.replace(heading, f"{heading}\n\n![{curve['title']}]({rel.as_posix()})", 1)
         markdown.write_text(header + body)
     return results
 
 
+def _in_repository(path: str) -> str:
+    """A path inside the repository written relative to it (commands and JSON then hold no machine's root)."""
+    return str(Path(path).relative_to(ROOT)) if Path(path).is_relative_to(ROOT) else path
+
+
 def _portable(overrides: dict[str, Any]) -> dict[str, Any]:
-    """Paths inside the repository written relative to it, as in the cells' commands."""
     data = overrides.get("data")
-    if data and Path(data).is_relative_to(ROOT):
-        return {**overrides, "data": str(Path(data).relative_to(ROOT))}
-    return overrides
+    return {**overrides, "data": _in_repository(data)} if data else overrides
 
 
 def markdown_header(datasets: dict[str, DatasetSpec], seeds: list[int], command: str) -> str:

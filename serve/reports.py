@@ -85,10 +85,7 @@ def load_report(path: str | Path) -> RunReport:
             f"report {path} not found; `retrieval train` writes RUN_DIR/report.json and "
             "`retrieval evaluate` writes eval_report.json next to the checkpoint"
         )
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path} is not a JSON report") from exc
+    data = _read_json(path, "report")
     if (
         not isinstance(data, dict)
         or data.get("format") != REPORT_FORMAT
@@ -99,6 +96,13 @@ def load_report(path: str | Path) -> RunReport:
             f"(format {REPORT_FORMAT}, kind train|evaluate)"
         )
     return RunReport(path, data)
+
+
+def _read_json(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path} is not a JSON {what} ({exc})") from exc
 
 
 def _render(draw: Callable[[Path], Path | None]) -> Image.Image | None:
@@ -170,10 +174,7 @@ def load_results(path: str | Path) -> dict[str, Any]:
         raise FileNotFoundError(f"no results grid at {path}")
     if path.stat().st_size > MAX_RESULTS_BYTES:
         raise ValueError(f"{path} is larger than {MAX_RESULTS_BYTES // 2**20} MiB: not a results file")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not valid JSON ({exc})") from exc
+    data = _read_json(path, "results file")
     if not isinstance(data, dict) or data.get("format") != RESULTS_FORMAT:
         raise ValueError(f"{path} is not a results file (expected format {RESULTS_FORMAT!r})")
     return data
@@ -184,9 +185,4 @@ def results_curve_image(results: dict[str, Any], table_id: str) -> Image.Image |
     from retrieval.analysis.results import plot_curves
 
     curve = next((c for c in results.get("curves", []) if c.get("id") == table_id), None)
-    if curve is None:
-        return None
-    with tempfile.TemporaryDirectory() as folder:
-        path = plot_curves(curve, Path(folder) / "curve.png")
-        with Image.open(path) as image:
-            return image.copy()
+    return None if curve is None else _render(lambda path: plot_curves(curve, path))

@@ -43,13 +43,12 @@ def mine_triplets(
 
 @torch.no_grad()
 def _nca_stats(
-    similarity: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor, kept: torch.Tensor
+    s_ap: torch.Tensor, hardest_s_an: torch.Tensor, has_negative: torch.Tensor, kept: torch.Tensor
 ) -> dict[str, float]:
-    """Mined triplets and the fraction of positive pairs whose anchor's hardest negative is more similar than
-    the positive (SCT Figure 6), measured the same way whatever the mining, so HN, SHN and SCT compare."""
-    anchor, other = positive.nonzero(as_tuple=True)
-    has_negative = negative.any(dim=1)[anchor]
-    hard = (masked_max(similarity, negative, dim=1)[anchor] > similarity[anchor, other]) & has_negative
+    """Mined triplets and the fraction of positive pairs whose anchor's hardest negative (HN mining's
+    ``mine_triplets`` output) is more similar than the positive (SCT Figure 6): the same measure whatever the
+    mining, so HN, SHN and SCT compare."""
+    hard = (hardest_s_an > s_ap) & has_negative
     return {
         "triplets": float(kept.sum()),
         "hard_fraction": float(hard.sum()) / max(int(has_negative.sum()), 1),
@@ -75,7 +74,12 @@ class NCATripletLoss(PairLoss):
         positive, negative = self.pairs(labels)
         s_ap, s_an, kept = mine_triplets(similarity, positive, negative, self.mining)
         losses = nca_triplet_term(s_ap, s_an, self.temperature)
-        self.last_stats = _nca_stats(similarity, positive, negative, kept)
+        if self.mining == "hard":
+            hardest, has_negative = s_an, kept
+        else:
+            with torch.no_grad():  # for the statistics only
+                _, hardest, has_negative = mine_triplets(similarity, positive, negative, "hard")
+        self.last_stats = _nca_stats(s_ap, hardest, has_negative, kept)
         return torch.where(kept, losses, torch.zeros_like(losses)).sum() / kept.sum().clamp_min(1)
 
 
@@ -120,6 +124,6 @@ class SelectivelyContrastiveTripletLoss(PairLoss):
             if self.hard_rule == "paper_or_threshold":
                 hard = hard | (s_an > self.threshold)
         losses = torch.where(hard, self.lam * s_an, nca_triplet_term(s_ap, s_an, self.temperature))  # eq. 13
-        self.last_stats = _nca_stats(similarity, positive, negative, kept)
+        self.last_stats = _nca_stats(s_ap, s_an, kept, kept)  # HN mining: s_an is already the hardest
         self.last_stats["contrastive_fraction"] = float((hard & kept).sum()) / max(int(kept.sum()), 1)
         return torch.where(kept, losses, torch.zeros_like(losses)).sum() / kept.sum().clamp_min(1)
