@@ -30,13 +30,7 @@ from retrieval.distances import (
 from retrieval.losses import register_negatives
 from retrieval.negatives.loop import pair_of_pairs_distances
 from retrieval.negatives.pairs import PositivePairs, pair_combinations, positive_pairs
-from retrieval.negatives.symm import (
-    IS_SYNTHETIC,
-    hardest_of_16,
-    max_over_cases,
-    symm_inner_product_planes,
-    synthetic_share,
-)
+from retrieval.negatives.symm import Combinations, hardest_combination, hardest_of_16, synthetic_share
 
 _GEOMETRY = {"loop": "arc", "loop-linear": "segment"}
 
@@ -255,9 +249,7 @@ class SymmTripletLoss(_SymmLoss):
         best, selected = hardest_of_16(gram, pairs.first, pairs.second)
         hardest = (2.0 - 2.0 * best).clamp_min(0.0)
         self._record(selected, negative)
-        d_pos_sq = (
-            gram[pairs.first, pairs.first] + gram[pairs.second, pairs.second] - 2.0 * gram[pairs.first, pairs.second]
-        ).clamp_min(0.0)
+        d_pos_sq = (2.0 - 2.0 * gram[pairs.first, pairs.second]).clamp_min(0.0)  # unit embeddings
         hinge = torch.relu(d_pos_sq.unsqueeze(1) - hardest + self.margin)
         return torch.where(negative, hinge, torch.zeros_like(hinge)).sum() / len(pairs)
 
@@ -278,14 +270,7 @@ class SymmLiftedLoss(_SymmLoss):
         hardest_sq = (2.0 - 2.0 * best).clamp_min(0.0)
         self._record(selected, negative)
         hardest = safe_sqrt(hardest_sq)
-        d_pos = safe_sqrt(
-            (
-                gram[pairs.first, pairs.first]
-                + gram[pairs.second, pairs.second]
-                - 2.0 * gram[pairs.first, pairs.second]
-            ).clamp_min(0.0)
-        )
-        inner = masked_logsumexp(self.margin - hardest, negative, dim=1) + d_pos
+        inner = masked_logsumexp(self.margin - hardest, negative, dim=1) + _pair_distances(gram, pairs)
         valid = negative.any(dim=1)
         per_pair = torch.relu(inner).pow(2)
         return torch.where(valid, per_pair, torch.zeros_like(per_pair)).sum() / len(pairs)
@@ -318,9 +303,8 @@ class SymmNPairLoss(_SymmLoss):
 
 
 # Positive-side pairs congruent to (x_i, x_j) under the reflections (same similarity): (x_i, x_j),
-# (x_i', x_j) and (x_i, x_j'), as indices into the four points of a pair.
-_ANGULAR_A = (0, 2, 0)
-_ANGULAR_B = (1, 1, 3)
+# (x_i', x_j) and (x_i, x_j'), summed as x_p + x_q (indices into the four points of a pair).
+ANGULAR_POSITIVE_SUMS = Combinations(((0, 1), (2, 1), (0, 3)))
 
 
 class SymmAngularLoss(_SymmLoss):
@@ -345,17 +329,11 @@ class SymmAngularLoss(_SymmLoss):
             return zero_loss(embeddings)
         pairs, negative, gram = feats
         tan_sq = math.tan(math.radians(self.alpha)) ** 2
-        planes = symm_inner_product_planes(gram, pairs.first, pairs.second)  # [4, 4, Pp, Pp]
-        a = torch.tensor(_ANGULAR_A, device=gram.device)
-        b = torch.tensor(_ANGULAR_B, device=gram.device)
         # (x_p + x_q).x_r for the 12 triplets; the positive factor 4 tan^2 a is applied after the max
-        f_neg = (planes.index_select(0, a) + planes.index_select(0, b)).flatten(0, 1)  # [12, Pp, Pp]
-        hardest, selected = max_over_cases(f_neg)
+        hardest, selected = hardest_combination(gram, pairs.first, pairs.second, left=ANGULAR_POSITIVE_SUMS)
         hardest = 4.0 * tan_sq * hardest
-        syn = IS_SYNTHETIC.to(gram.device)
-        choice, r = selected // 4, selected % 4
-        count = (syn[a[choice]].float() + syn[b[choice]].float() + syn[r].float())[negative]
-        self.last_stats = {"synthetic_negative_share": float(count.sum() / max(3 * count.numel(), 1))}
+        share = synthetic_share(selected, negative, left=ANGULAR_POSITIVE_SUMS)
+        self.last_stats = {"synthetic_negative_share": float(share)}
         f_pos = 2.0 * (1.0 + tan_sq) * gram[pairs.first, pairs.second]
         loss = masked_logsumexp(hardest - f_pos.unsqueeze(1), negative, dim=1, add_one=True).mean()
         if self.l2_reg:

@@ -33,9 +33,11 @@ def positive_pairs(labels: torch.Tensor) -> PositivePairs:
         empty = labels.new_zeros(0, dtype=torch.long)
         return PositivePairs(empty, empty, labels[:0])
     if labels.device.type == "cpu":  # a few NumPy calls cost less than torch's per-op dispatch at B ~ 32
-        order, pos = (torch.from_numpy(a) for a in pair_starts_numpy(labels.numpy()))
-    else:
-        order, pos = pair_starts_torch(labels)
+        values = labels.numpy()
+        order, pos = pair_starts_numpy(values)
+        first, second = order[pos], order[pos + 1]
+        return PositivePairs(*(torch.from_numpy(a) for a in (first, second, values[first])))
+    order, pos = pair_starts_torch(labels)
     return PositivePairs(first=order[pos], second=order[pos + 1], labels=labels[order[pos]])
 
 
@@ -45,7 +47,7 @@ def pair_starts_numpy(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     sorted_labels = labels[order]
     same_as_next = sorted_labels[1:] == sorted_labels[:-1]
     index = np.arange(len(labels))
-    class_start = np.maximum.accumulate(np.where(np.r_[True, ~same_as_next], index, 0))
+    class_start = np.maximum.accumulate(np.where(np.concatenate(([True], ~same_as_next)), index, 0))
     opens = ((index - class_start) % 2 == 0)[:-1] & same_as_next
     return order, np.flatnonzero(opens)
 

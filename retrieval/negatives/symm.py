@@ -5,25 +5,71 @@ x_k (section 3.1, eq. 1-2 with alpha = 2, beta = 1). Reflection keeps the norm a
 axis, so (x_k', x_l) and (x_k, x_l') are as similar as (x_k, x_l).
 
 For a positive pair (i, j) and a pair (k, l) of another class, the negative pairs are the 16 pairs of
-{x_i, x_j, x_i', x_j'} x {x_k, x_l, x_k', x_l'} (section 3.2); the loss uses the hardest one. Every point is
-a combination of its pair's two originals, x_i' = 2 (S_ij / S_jj) x_j - x_i, so the 16 inner products are
-affine in the Gram entries of the originals: nothing of size D is built per pair, and the [4, 4, Pp, Pp]
-planes come from the gathered Gram block by broadcasts (one autograd node, hand-written backward).
+{x_i, x_j, x_i', x_j'} x {x_k, x_l, x_k', x_l'} (section 3.2); the loss uses the hardest one.
+
+Every point is a combination c_0 x_i + c_1 x_j of its pair's two originals (x_i' = a_i x_j - x_i with
+a_i = 2 S_ij / S_jj), so the inner product of a point of pair p and a point of pair q is the bilinear form
+c(p)^T H_pq c(q) on the 2 x 2 Gram block H_pq of the originals: nothing of size D is built per pair.
+
+The hardest case has two implementations that the tests hold to each other. In torch (GPU, and CPU with
+many pairs) the [4, 4, Pp, Pp] planes come from the gathered Gram block by broadcasts in one autograd node
+with a hand-written backward, then a max node. On CPU with few pairs a NumPy kernel does both at once: the
+planes are C_left G C_right^T for sparse coefficient matrices C, and its backward touches only the selected
+cases (at B = 32 a torch operation costs 5-10 us of dispatch plus its autograd node, and per-operation cost
+is most of the Symm losses' extra time).
 """
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 from torch.autograd.function import once_differentiable
 
 from retrieval.distances import EPS
 
+Tensor = torch.Tensor
+
 # Order of the four points of a pair: the two originals, then their synthetic reflections.
 POINT_NAMES = ("x_i", "x_j", "x_i'", "x_j'")
-IS_SYNTHETIC = torch.tensor([False, False, True, True])
 
 
-def reflect(x: torch.Tensor, axis: torch.Tensor) -> torch.Tensor:
+# Point a of a pair as coefficients on its originals (x_i, x_j): table[0] + a_i table[1] + a_j table[2].
+# x_i' = -x_i + a_i x_j and x_j' = a_j x_i - x_j (eq. 1-2).
+_POINT_TABLE = np.array(
+    [
+        [[1, 0, -1, 0], [0, 1, 0, -1]],  # constant part, [m, point]
+        [[0, 0, 0, 0], [0, 0, 1, 0]],  # times a_i
+        [[0, 0, 0, 1], [0, 0, 0, 0]],  # times a_j
+    ],
+    dtype=np.float64,
+)
+_POINT_IS_SYNTHETIC = np.array([False, False, True, True])
+
+
+class Combinations:
+    """Rows that are sums of a pair's points: row r is the sum of the points ``parts[r]`` (indices into
+    POINT_NAMES), the same number of points in every row."""
+
+    def __init__(self, parts: tuple[tuple[int, ...], ...]) -> None:
+        if len({len(p) for p in parts}) != 1:
+            raise ValueError(f"every row must sum the same number of points, got {parts}")
+        self.parts = parts
+        self.points = len(parts[0])
+        columns = np.array(parts).T  # [points, rows]
+        self.table = sum(_POINT_TABLE[:, :, c] for c in columns)  # [3, 2, rows]
+        self.synthetic = sum(_POINT_IS_SYNTHETIC[c].astype(np.int64) for c in columns)  # [rows]
+
+    def __len__(self) -> int:
+        return len(self.parts)
+
+
+POINTS = Combinations(((0,), (1,), (2,), (3,)))
+
+
+def reflect(x: Tensor, axis: Tensor) -> Tensor:
     """x' = 2 (x . u) u - x with u = axis / |axis| (eq. 1-2, alpha = 2, beta = 1); rows of [..., D]."""
     if x.shape != axis.shape:
         raise ValueError(f"x and axis must have the same shape, got {tuple(x.shape)} and {tuple(axis.shape)}")
@@ -34,22 +80,20 @@ def reflect(x: torch.Tensor, axis: torch.Tensor) -> torch.Tensor:
     return 2.0 * (x * u).sum(dim=-1, keepdim=True) * u - x
 
 
-# Rows of the flattened 2x2 diagonal block (S_ii, S_ij, S_ji, S_jj) that divide a_i and a_j.
-_AXIS_ROWS = torch.tensor([3, 0])
+# ----------------------------------------------------------------------------------------------------
+# torch: the planes in one node with a hand-written backward, then a max node
+# ----------------------------------------------------------------------------------------------------
 
 
-def _reflection_coefficients(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _reflection_coefficients(h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """(a = (a_i, a_j), the axes' squared norms clamped to EPS, and unclamped), each [2, Pp], per pair.
 
     x_i' = a_i x_j - x_i with a_i = 2 S_ij / S_jj; x_j' = a_j x_i - x_j with a_j = 2 S_ij / S_ii (eq. 1-2).
     """
-    block = torch.diagonal(h, dim1=1, dim2=3).reshape(4, -1)  # S_ii, S_ij, S_ji, S_jj per pair
-    axis_sq = block.index_select(0, _AXIS_ROWS.to(h.device))  # S_jj (axis of x_i), S_ii (axis of x_j)
+    block = h.diagonal(0, 1, 3)  # [m, k, p]: the pair's own 2 x 2 block
+    axis_sq = block[[1, 0], [1, 0]]  # S_jj (the axis of x_i), S_ii (the axis of x_j)
     clamped = axis_sq.clamp_min(EPS)
-    return 2.0 * block[1] / clamped, clamped, axis_sq
-
-
-Tensor = torch.Tensor
+    return 2.0 * block[0, 1] / clamped, clamped, axis_sq
 
 
 def _combine(x_i: Tensor, x_j: Tensor, a_i: Tensor, a_j: Tensor, dim: int) -> Tensor:
@@ -63,41 +107,71 @@ def _uncombine(g: Tensor, x_i: Tensor, x_j: Tensor, a_i: Tensor, a_j: Tensor, di
     return g0 - g2 + a_j * g3, g1 + a_i * g2 - g3, g2 * x_j, g3 * x_i
 
 
-def _planes_forward(h: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-    """[4, 4, Pp, Pp] planes from the [2, Pp, 2, Pp] Gram block, and what the backward needs."""
-    a, clamped, axis_sq = _reflection_coefficients(h)
-    a_i, a_j = a
-    left = _combine(h[0], h[1], a_i[:, None, None], a_j[:, None, None], dim=0)  # [4, p, k, q]
-    l_i, l_j = left[:, :, 0], left[:, :, 1]  # [4, p, q]: point a of pair p against x_k, x_l of pair q
-    return _combine(l_i, l_j, a_i, a_j, dim=1), (h, left, a, clamped, axis_sq)  # [a, b, p, q]
+class _SymmPlanes(torch.autograd.Function):
+    """[2, Pp, 2, Pp] Gram block of the originals -> [4, 4, Pp, Pp] inner products of the four points.
+
+    One autograd node with a hand-written backward, so that the ~30 small ops of the forward do not each
+    record a backward node.
+    """
+
+    @staticmethod
+    def forward(ctx, h: Tensor) -> Tensor:
+        a, clamped, axis_sq = _reflection_coefficients(h)
+        a_i, a_j = a
+        left = _combine(h[0], h[1], a_i[:, None, None], a_j[:, None, None], dim=0)  # [4, p, k, q]
+        ctx.save_for_backward(h, left, a, clamped, axis_sq)
+        return _combine(left[:, :, 0], left[:, :, 1], a_i, a_j, dim=1)  # [a, b, p, q]
+
+    @staticmethod
+    @once_differentiable  # the hand-written backward is not itself differentiable
+    def backward(ctx, grad: Tensor) -> Tensor:
+        h, left, a, clamped, axis_sq = ctx.saved_tensors
+        a_i, a_j = a
+        # right factor (points of pair q), then left factor (points of pair p)
+        g_li, g_lj, g_ai_r, g_aj_r = _uncombine(grad, left[:, :, 0], left[:, :, 1], a_i, a_j, dim=1)
+        g_left = torch.stack([g_li, g_lj], dim=2)  # [4, p, k, q]
+        g_hi, g_hj, g_ai_l, g_aj_l = _uncombine(g_left, h[0], h[1], a_i[:, None, None], a_j[:, None, None], dim=0)
+        g_a = torch.stack(
+            [g_ai_r.sum(dim=(0, 1)) + g_ai_l.sum(dim=(1, 2)), g_aj_r.sum(dim=(0, 1)) + g_aj_l.sum(dim=(1, 2))]
+        )
+        g_h = torch.stack([g_hi, g_hj])
+        # a = 2 S_ij / max(axis_sq, EPS): chain rule onto the pairs' diagonal blocks
+        g_over = g_a / clamped
+        g_diag = g_h.diagonal(0, 1, 3)  # a view: writes land in g_h
+        g_diag[0, 1] += 2.0 * g_over.sum(dim=0)
+        g_axis = g_over * a * (axis_sq >= EPS)
+        g_diag[1, 1] -= g_axis[0]
+        g_diag[0, 0] -= g_axis[1]
+        return g_h
 
 
-def _planes_backward(grad: torch.Tensor, saved: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    """Gradient of the [2, Pp, 2, Pp] Gram block from that of the [4, 4, Pp, Pp] planes."""
-    h, left, a, clamped, axis_sq = saved
-    a_i, a_j = a
-    # right factor (points of pair q), then left factor (points of pair p)
-    g_li, g_lj, g_ai_r, g_aj_r = _uncombine(grad, left[:, :, 0], left[:, :, 1], a_i, a_j, dim=1)
-    g_left = torch.stack([g_li, g_lj], dim=2)  # [4, p, k, q]
-    g_hi, g_hj, g_ai_l, g_aj_l = _uncombine(g_left, h[0], h[1], a_i[:, None, None], a_j[:, None, None], dim=0)
-    g_a = torch.stack(
-        [g_ai_r.sum(dim=(0, 1)) + g_ai_l.sum(dim=(1, 2)), g_aj_r.sum(dim=(0, 1)) + g_aj_l.sum(dim=(1, 2))]
-    )
-    g_h = torch.stack([g_hi, g_hj])
-    # a = 2 S_ij / max(axis_sq, EPS): chain rule onto the pairs' diagonal blocks
-    g_over = g_a / clamped
-    g_diag = torch.diagonal(g_h, dim1=1, dim2=3)  # a view: writes land in g_h
-    g_diag[0, 1] += 2.0 * g_over.sum(dim=0)
-    g_axis = g_over * a * (axis_sq >= EPS)
-    g_diag[1, 1] -= g_axis[0]
-    g_diag[0, 0] -= g_axis[1]
-    return g_h
+def _sum_rows(planes: Tensor, combinations: Combinations, dim: int) -> Tensor:
+    """Point planes -> rows of ``combinations`` along ``dim`` (each row the sum of its points)."""
+    if combinations is POINTS:
+        return planes
+    columns = torch.tensor(combinations.parts, device=planes.device).T  # [points, rows]
+    return sum(planes.index_select(dim, c) for c in columns)
+
+
+def combination_inner_products(
+    gram: Tensor, first: Tensor, second: Tensor, left: Combinations = POINTS, right: Combinations = POINTS
+) -> Tensor:
+    """[rows_left, rows_right, Pp, Pp]: <left row a of pair p, right row b of pair q>.
+
+    ``gram`` is the [B, B] inner-product matrix of the embeddings the loss works on (unit or raw); pair p is
+    (first[p], second[p]).
+    """
+    n = first.numel()
+    ends = torch.cat([first, second])
+    # index_select (backward: index_add) rather than advanced indexing (backward: sorted index_put)
+    h = gram.index_select(0, ends).index_select(1, ends).view(2, n, 2, n)  # [m, p, k, q]
+    return _sum_rows(_sum_rows(_SymmPlanes.apply(h), left, 0), right, 1)
 
 
 SMALL_CASE_SIZE = 1024  # entries per case up to which torch.max(dim=0) beats the amax route on CPU
 
 
-def _first_max(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _first_max(x: Tensor) -> tuple[Tensor, Tensor]:
     """(amax over dim 0, first index of the max), without ``max(dim)``: on CPU it (and any comparison that
     makes bools) is 5-30x slower than ``amax`` and float arithmetic on a [16, 64, 64] tensor. Below about
     1,000 entries per case the opposite holds (fixed per-op cost dominates), so small inputs use ``max``,
@@ -112,53 +186,11 @@ def _first_max(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return values, (key * n).round_().long()
 
 
-def _scatter_to_index(grad: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor:
-    """Backward of taking entry ``index`` along a new dim 0 of size n."""
-    return grad.new_zeros((n, *grad.shape)).scatter_(0, index.unsqueeze(0), grad.unsqueeze(0))
-
-
-class _SymmPlanes(torch.autograd.Function):
-    """[2, Pp, 2, Pp] Gram block of the originals -> [4, 4, Pp, Pp] inner products of the four points.
-
-    One autograd node with a hand-written backward, so that the ~30 small ops of the forward do not each
-    record a backward node (at B = 32 per-op overhead is most of the Symm losses' extra cost).
-    """
-
-    @staticmethod
-    def forward(ctx, h: torch.Tensor) -> torch.Tensor:
-        planes, saved = _planes_forward(h)
-        ctx.save_for_backward(*saved)
-        return planes
-
-    @staticmethod
-    @once_differentiable  # the hand-written backward is not itself differentiable
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        return _planes_backward(grad, ctx.saved_tensors)
-
-
-class _HardestOf16(torch.autograd.Function):
-    """Gram block -> (largest of the 16 inner products, its index a * 4 + b), [Pp, Pp] each, in one node."""
-
-    @staticmethod
-    def forward(ctx, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        planes, saved = _planes_forward(h)
-        values, index = _first_max(planes.flatten(0, 1))
-        ctx.save_for_backward(index, *saved)
-        ctx.mark_non_differentiable(index)
-        return values, index
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad: torch.Tensor, _grad_index: torch.Tensor | None) -> torch.Tensor:
-        index, *saved = ctx.saved_tensors
-        return _planes_backward(_scatter_to_index(grad, index, 16).view(4, 4, *grad.shape), saved)
-
-
 class _MaxOverFirstDim(torch.autograd.Function):
     """(max, first index of the max) over dim 0: the values and gradient of ``x.max(dim=0)``."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(ctx, x: Tensor) -> tuple[Tensor, Tensor]:
         values, index = _first_max(x)
         ctx.save_for_backward(index)
         ctx.n = x.shape[0]
@@ -167,79 +199,180 @@ class _MaxOverFirstDim(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad: torch.Tensor, _grad_index: torch.Tensor | None) -> torch.Tensor:
+    def backward(ctx, grad: Tensor, _grad_index: Tensor | None) -> Tensor:
         (index,) = ctx.saved_tensors
-        return _scatter_to_index(grad, index, ctx.n)
+        return grad.new_zeros((ctx.n, *grad.shape)).scatter_(0, index.unsqueeze(0), grad.unsqueeze(0))
 
 
-def max_over_cases(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x.max(dim=0)`` (values, indices; the first maximum on ties) for a NaN-free float tensor."""
-    if x.shape[0] == 0:
-        raise ValueError("max_over_cases: dim 0 is empty, there is no case to take the maximum of")
-    return _MaxOverFirstDim.apply(x)
+# ----------------------------------------------------------------------------------------------------
+# NumPy: the CPU kernel for few pairs
+# ----------------------------------------------------------------------------------------------------
 
 
-def _gram_block(gram: torch.Tensor, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
-    """[2, Pp, 2, Pp] block [m, p, k, q] = <original m of pair p, original k of pair q>."""
-    n = first.numel()
-    # index_select (backward: index_add) rather than advanced indexing (backward: sorted index_put)
-    ends = torch.cat([first, second])
-    return gram.index_select(0, ends).index_select(1, ends).view(2, n, 2, n)
+@functools.lru_cache(maxsize=32)
+def _tables(combinations: Combinations, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """(constant part [2 rows, 1], the a_i / a_j part [2, 2 rows]) of the coefficients, row m * rows + r."""
+    table = combinations.table.reshape(3, -1).astype(dtype)
+    return table[0][:, None], np.ascontiguousarray(table[1:])
+
+
+@dataclass
+class _Kernel:
+    """The forward's arrays that the backward needs."""
+
+    gram: np.ndarray  # [B, B]
+    diagonal: tuple[np.ndarray, np.ndarray, np.ndarray]  # flat positions of S_ii, S_ij, S_jj in gram
+    columns: tuple[np.ndarray, np.ndarray]  # flat positions of (p, first[p]), (p, second[p]) in a [Pp, B] block
+    a: np.ndarray  # [2, Pp]: a_i, a_j
+    axis_sq: np.ndarray  # [2, Pp]: S_jj, S_ii
+    clamped: np.ndarray  # axis_sq clamped to EPS
+    matrices: tuple[np.ndarray, np.ndarray]  # C_left [rows_l Pp, B], C_right [rows_r Pp, B]
+    left_gram: np.ndarray  # C_left G
+    combinations: tuple[Combinations, Combinations]
+
+
+def _coefficient_matrix(combinations: Combinations, a: np.ndarray, columns: tuple[np.ndarray, ...], n: int):
+    """[rows Pp, B]: row r * Pp + p holds the coefficients of row r of pair p at the columns of its originals."""
+    const, per_a = _tables(combinations, a.dtype)
+    pairs = a.shape[1]
+    coef = (const + per_a.T @ a).reshape(2, len(combinations), pairs)  # [m, r, p]
+    matrix = np.zeros((len(combinations), pairs * n), a.dtype)
+    matrix[:, columns[0]] = coef[0]
+    matrix[:, columns[1]] = coef[1]
+    return matrix.reshape(-1, n)
+
+
+def _kernel_forward(
+    gram: np.ndarray, first: np.ndarray, second: np.ndarray, left: Combinations, right: Combinations
+) -> tuple[np.ndarray, np.ndarray, _Kernel]:
+    n, pairs = gram.shape[0], first.size
+    flat = gram.reshape(-1)
+    diagonal = (first * n + first, first * n + second, second * n + second)
+    axis_sq = np.stack([flat[diagonal[2]], flat[diagonal[0]]])
+    clamped = np.maximum(axis_sq, EPS)
+    a = 2.0 * flat[diagonal[1]] / clamped
+    rows = np.arange(pairs) * n
+    columns = (rows + first, rows + second)
+    c_left, c_right = (_coefficient_matrix(c, a, columns, n) for c in (left, right))
+    left_gram = c_left @ gram
+    planes = (left_gram @ c_right.T).reshape(len(left), pairs, len(right), pairs)
+    cases = planes.transpose(1, 3, 0, 2).reshape(pairs, pairs, -1)  # [p, q, a * rows_right + b]
+    index = cases.argmax(-1)  # the first maximum
+    saved = _Kernel(gram, diagonal, columns, a, axis_sq, clamped, (c_left, c_right), left_gram, (left, right))
+    return cases.max(-1), index, saved
+
+
+def _kernel_backward(grad: np.ndarray, index: np.ndarray, k: _Kernel) -> np.ndarray:
+    """Gradient of the [B, B] Gram matrix from that of the [Pp, Pp] hardest values."""
+    (left, right), (c_left, c_right) = k.combinations, k.matrices
+    n, pairs = k.gram.shape[0], index.shape[0]
+    g_cases = np.zeros((pairs * pairs, len(left) * len(right)), grad.dtype)
+    g_cases[np.arange(pairs * pairs), index.reshape(-1)] = grad.reshape(-1)
+    g_planes = g_cases.reshape(pairs, pairs, len(left), len(right)).transpose(2, 0, 3, 1)
+    g_planes = g_planes.reshape(len(left) * pairs, len(right) * pairs)
+    g_planes_right = g_planes @ c_right
+    g_gram = c_left.T @ g_planes_right  # planes = C_l G C_r^T
+    g_a = 0.0
+    for combinations, g_matrix in ((left, g_planes_right @ k.gram.T), (right, g_planes.T @ k.left_gram)):
+        flat = g_matrix.reshape(len(combinations), pairs * n)
+        g_coef = np.concatenate([flat[:, k.columns[0]], flat[:, k.columns[1]]])  # [m * rows + r, p]
+        g_a = g_a + _tables(combinations, grad.dtype)[1] @ g_coef
+    # a_i = 2 S_ij / max(S_jj, EPS), a_j = 2 S_ij / max(S_ii, EPS): onto the pairs' own Gram entries
+    g_over = g_a / k.clamped
+    g_axis = g_over * k.a * (k.axis_sq >= EPS)
+    flat = g_gram.reshape(-1)
+    ii, ij, jj = k.diagonal
+    np.add.at(flat, ij, 2.0 * (g_over[0] + g_over[1]))  # add.at: correct even if pairs share a sample
+    np.add.at(flat, jj, -g_axis[0])
+    np.add.at(flat, ii, -g_axis[1])
+    return g_gram
+
+
+class _HardestCombinationKernel(torch.autograd.Function):
+    """Gram [B, B] -> (largest <left row of pair p, right row of pair q>, its index a * rows_right + b)."""
+
+    @staticmethod
+    def forward(ctx, gram: Tensor, first: Tensor, second: Tensor, left: Combinations, right: Combinations):
+        values, ctx.index, ctx.kernel = _kernel_forward(gram.numpy(), first.numpy(), second.numpy(), left, right)
+        index = torch.from_numpy(ctx.index)
+        ctx.mark_non_differentiable(index)
+        return torch.from_numpy(values), index
+
+    @staticmethod
+    @once_differentiable  # the hand-written backward is not itself differentiable
+    def backward(ctx, grad: Tensor, _grad_index: Tensor | None):
+        return torch.from_numpy(_kernel_backward(grad.numpy(), ctx.index, ctx.kernel)), None, None, None, None
+
+
+# ----------------------------------------------------------------------------------------------------
+# Public functions
+# ----------------------------------------------------------------------------------------------------
+
+NUMPY_MAX_PAIRS = 40  # CPU: the NumPy kernel up to this many positive pairs, torch above (equal cost at 40)
+
+
+def hardest_combination(
+    gram: Tensor, first: Tensor, second: Tensor, left: Combinations = POINTS, right: Combinations = POINTS
+) -> tuple[Tensor, Tensor]:
+    """[Pp, Pp] largest inner product of a left row of pair p and a right row of pair q, and its index
+    a * len(right) + b (the first on ties).
+
+    The values and gradient of ``combination_inner_products(...).flatten(0, 1).max(dim=0)``.
+    """
+    on_cpu = gram.device.type == "cpu" and gram.dtype in (torch.float32, torch.float64)
+    if on_cpu and first.numel() <= NUMPY_MAX_PAIRS:
+        return _HardestCombinationKernel.apply(gram, first, second, left, right)
+    planes = combination_inner_products(gram, first, second, left, right)
+    return _MaxOverFirstDim.apply(planes.flatten(0, 1))
 
 
 def hardest_of_16(gram: Tensor, first: Tensor, second: Tensor) -> tuple[Tensor, Tensor]:
-    """[Pp, Pp] largest of the 16 inner products of pairs p and q, and its index a * 4 + b (first on ties).
-
-    The values and gradient of ``symm_inner_products(...).flatten(2).max(dim=2)``, in one autograd node.
-    """
-    return _HardestOf16.apply(_gram_block(gram, first, second))
+    """[Pp, Pp] largest of the 16 inner products of pairs p and q, and its index a * 4 + b (first on ties)."""
+    return hardest_combination(gram, first, second)
 
 
-def symm_inner_product_planes(gram: torch.Tensor, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
-    """[4, 4, Pp, Pp]: entry [a, b, p, q] is <point a of pair p, point b of pair q>.
-
-    ``gram`` is the [B, B] inner-product matrix of the embeddings the loss works on (unit or raw). The 16
-    cases are the outer dimensions so that reductions over them run over contiguous planes.
-    """
-    return _SymmPlanes.apply(_gram_block(gram, first, second))
-
-
-def symm_inner_products(gram: torch.Tensor, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+def symm_inner_products(gram: Tensor, first: Tensor, second: Tensor) -> Tensor:
     """[Pp, Pp, 4, 4]: <point a of pair p, point b of pair q> for every two positive pairs p, q."""
-    return symm_inner_product_planes(gram, first, second).permute(2, 3, 0, 1)
+    return combination_inner_products(gram, first, second).permute(2, 3, 0, 1)
 
 
-def point_sq_norms(gram: torch.Tensor, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+def point_sq_norms(gram: Tensor, first: Tensor, second: Tensor) -> Tensor:
     """[Pp, 4] squared norms of the four points of each pair (reflection keeps the norm)."""
     n_i, n_j = gram[first, first], gram[second, second]
     return torch.stack([n_i, n_j, n_i, n_j], dim=-1)
 
 
-def symm_sq_distances(gram: torch.Tensor, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+def symm_sq_distances(gram: Tensor, first: Tensor, second: Tensor) -> Tensor:
     """[Pp, Pp, 4, 4] squared Euclidean distances between the points of pair p and those of pair q."""
     dots = symm_inner_products(gram, first, second)
     norms = point_sq_norms(gram, first, second)
     return (norms[:, None, :, None] + norms[None, :, None, :] - 2.0 * dots).clamp_min(0.0)
 
 
-# Number of synthetic points (0, 1 or 2) in each of the 16 pairs, indexed a * 4 + b.
-_SYNTHETIC_COUNT = (IS_SYNTHETIC.view(4, 1).float() + IS_SYNTHETIC.view(1, 4).float()).flatten()
+def _synthetic_counts(left: Combinations, right: Combinations) -> np.ndarray:
+    """Synthetic points in each case a * len(right) + b."""
+    return (left.synthetic[:, None] + right.synthetic[None, :]).ravel()
 
 
-def synthetic_share(selected: torch.Tensor, used: torch.Tensor) -> torch.Tensor:
-    """Share of synthetic points among the selected hardest pairs (Figure 7's ratio^(syn)).
+def synthetic_share(
+    selected: Tensor, used: Tensor, left: Combinations = POINTS, right: Combinations = POINTS
+) -> Tensor:
+    """Share of synthetic points among the points of the selected hardest cases (Figure 7's ratio^(syn)).
 
-    ``selected`` holds flattened indices a * 4 + b into the 4 x 4 grid (a: positive-side point,
-    b: negative-side point); ``used`` marks the entries that are negative pairs.
+    ``selected`` holds flattened case indices a * len(right) + b (as ``hardest_combination`` returns them);
+    ``used`` marks the entries that are negative pairs.
     """
+    points = left.points + right.points
     if selected.device.type == "cpu":  # NumPy: a few microseconds instead of eight torch dispatches
-        counts = _SYNTHETIC_COUNT.numpy()[selected.numpy()][used.numpy()]
-        return torch.tensor(counts.sum() / max(2 * counts.size, 1), dtype=torch.float32)
-    return synthetic_share_on_device(selected, used)
+        counts = _synthetic_counts(left, right)[selected.numpy()][used.numpy()]
+        return torch.tensor(counts.sum() / max(points * counts.size, 1), dtype=torch.float32)
+    return synthetic_share_on_device(selected, used, left, right)
 
 
 @torch.no_grad()
-def synthetic_share_on_device(selected: torch.Tensor, used: torch.Tensor) -> torch.Tensor:
+def synthetic_share_on_device(
+    selected: Tensor, used: Tensor, left: Combinations = POINTS, right: Combinations = POINTS
+) -> Tensor:
     """``synthetic_share`` without leaving the tensors' device (the path a GPU batch takes)."""
-    syn = _SYNTHETIC_COUNT.to(selected.device)[selected]  # points 2, 3 are the synthetic ones
-    return (syn * used).sum() / (2 * used.sum()).clamp_min(1)
+    counts = torch.as_tensor(_synthetic_counts(left, right), dtype=torch.float32, device=selected.device)
+    return (counts[selected] * used).sum() / ((left.points + right.points) * used.sum()).clamp_min(1)
