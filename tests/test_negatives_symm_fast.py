@@ -180,13 +180,20 @@ def test_hardest_combination_takes_the_first_of_exact_ties(left: Combinations, b
     assert ties >= 8  # the case really has ties to break
 
 
-def test_hardest_of_16_gradient_passes_gradcheck(backend: str) -> None:
-    """Finite differences on a non-symmetric Gram (every entry its own input), pairs of several classes."""
-    pairs = positive_pairs(torch.tensor([0, 1, 0, 1, 2, 2, 2, 2]))
+@pytest.mark.parametrize("left", [POINTS, ANGULAR], ids=["16-points", "12-angular"])
+@pytest.mark.parametrize(
+    "first, second",
+    [([0, 2, 4, 6], [1, 3, 5, 7]), ([0, 2, 0, 5], [1, 3, 4, 5])],
+    ids=["disjoint-pairs", "shared-sample-and-pair-of-one-sample"],
+)
+def test_hardest_combination_gradient_passes_gradcheck(left, first, second, backend: str) -> None:
+    """Finite differences on a non-symmetric Gram (every entry its own input): the independent check of both
+    hand-written backwards, also where pairs share a sample or a pair is one sample twice."""
+    first, second = torch.tensor(first), torch.tensor(second)
     gram = randn(8, 8, seed=9) + 4.0 * torch.eye(8, dtype=F64)  # diagonal well away from 0, no near-ties
-    weights = randn(len(pairs), len(pairs), seed=10)
+    weights = randn(4, 4, seed=10)
     assert torch.autograd.gradcheck(
-        lambda g: hardest_of_16(g, pairs.first, pairs.second)[0] * weights, (gram.requires_grad_(True),)
+        lambda g: hardest_combination(g, first, second, left=left)[0] * weights, (gram.requires_grad_(True),)
     )
 
 
@@ -200,20 +207,49 @@ def test_hardest_of_16_finite_for_a_zero_embedding(backend: str) -> None:
     assert torch.isfinite(values).all() and torch.isfinite(gram.grad).all()
 
 
-def test_kernel_refuses_double_backward_rather_than_being_wrong(monkeypatch) -> None:
-    monkeypatch.setattr(symm, "NUMPY_MAX_PAIRS", 10**6)  # the torch path is twice differentiable
+def test_double_backward_is_refused_not_wrong(backend: str) -> None:
     pairs = positive_pairs(torch.tensor([0, 0, 1, 1]))
     gram = (randn(4, 3, seed=8) @ randn(4, 3, seed=8).T).requires_grad_(True)
     values, _ = hardest_of_16(gram, pairs.first, pairs.second)
-    (grad,) = torch.autograd.grad(values.sum(), gram, create_graph=True)
-    with pytest.raises(RuntimeError):
+    upstream = torch.ones_like(values, requires_grad=True)  # so that the gradient itself has a graph
+    (grad,) = torch.autograd.grad(values, gram, upstream, create_graph=True)
+    with pytest.raises(RuntimeError, match="twice"):
         grad.sum().backward()
+
+
+def test_default_route_and_edge_inputs_of_the_kernel() -> None:
+    """B = 32 takes the NumPy kernel; a transposed Gram and int32 indices give the same result; no pairs give
+    empty outputs; an in-place change of the Gram before backward is an error, not a wrong gradient."""
+    x = randn(32, 6, seed=11)
+    pairs = positive_pairs(torch.arange(8).repeat_interleave(4))
+    symmetric = x @ x.T
+    symmetric = (symmetric + symmetric.T) / 2  # exactly symmetric, so its transpose has the same entries
+    gram = symmetric.clone().requires_grad_(True)
+    values, index = hardest_of_16(gram, pairs.first, pairs.second)
+    assert "Kernel" in type(values.grad_fn).__name__
+    values.sum().backward()
+    transposed = symmetric.clone().T.requires_grad_(True)  # a non-contiguous view
+    assert not transposed.is_contiguous()
+    values_t, index_t = hardest_of_16(transposed, pairs.first.int(), pairs.second.int())
+    values_t.sum().backward()
+    assert torch.allclose(values_t, values, atol=1e-12) and torch.equal(index_t, index)
+    assert torch.allclose(transposed.grad, gram.grad, atol=1e-12)
+    none = torch.zeros(0, dtype=torch.long)
+    assert hardest_of_16(gram, none, none)[0].shape == (0, 0)
+    fresh = (x @ x.T).requires_grad_(True)
+    leaf = fresh.clone()
+    values, _ = hardest_of_16(leaf, pairs.first, pairs.second)
+    leaf.mul_(3.0)
+    with pytest.raises(RuntimeError, match="inplace"):
+        values.sum().backward()
 
 
 def test_combinations_sum_points_and_count_synthetics() -> None:
     assert ANGULAR.points == 2 and list(ANGULAR.synthetic) == [0, 1, 1]
     with pytest.raises(ValueError, match="same number of points"):
         Combinations(((0,), (1, 2)))
+    with pytest.raises(ValueError, match="0-3"):
+        Combinations(((-1,), (0,)))
     selected = torch.randint(0, 12, (7, 7), generator=torch.Generator().manual_seed(1))
     used = torch.rand(7, 7, generator=torch.Generator().manual_seed(2)) > 0.3
     synthetic = 0

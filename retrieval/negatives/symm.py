@@ -51,12 +51,14 @@ _POINT_IS_SYNTHETIC = np.array([False, False, True, True])
 
 class Combinations:
     """Rows that are sums of a pair's points: row r is the sum of the points ``parts[r]`` (indices into
-    POINT_NAMES), the same number of points in every row."""
+    POINT_NAMES), the same number of points in every row. Treat as immutable (kernels cache by identity)."""
 
     def __init__(self, parts: tuple[tuple[int, ...], ...]) -> None:
-        if len({len(p) for p in parts}) != 1:
-            raise ValueError(f"every row must sum the same number of points, got {parts}")
-        self.parts = parts
+        if not parts or len({len(p) for p in parts}) != 1 or not parts[0]:
+            raise ValueError(f"rows must be non-empty and sum the same number of points, got {parts}")
+        if not all(0 <= point < len(POINT_NAMES) for row in parts for point in row):
+            raise ValueError(f"points are indices into {POINT_NAMES} (0-3), got {parts}")
+        self.parts = tuple(tuple(row) for row in parts)
         self.points = len(parts[0])
         columns = np.array(parts).T  # [points, rows]
         self.table = sum(_POINT_TABLE[:, :, c] for c in columns)  # [3, 2, rows]
@@ -94,6 +96,14 @@ def _reflection_coefficients(h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     axis_sq = block[[1, 0], [1, 0]]  # S_jj (the axis of x_i), S_ii (the axis of x_j)
     clamped = axis_sq.clamp_min(EPS)
     return 2.0 * block[0, 1] / clamped, clamped, axis_sq
+
+
+def _reflection_backward(g_a, a, clamped, axis_sq):
+    """Chain rule of a = (a_i, a_j) = 2 S_ij / max((S_jj, S_ii), EPS), for torch tensors and NumPy arrays alike:
+    the gradients of S_ij, S_jj and S_ii of each pair from that of a ([2, Pp] each)."""
+    g_over = g_a / clamped
+    g_axis = g_over * a * (axis_sq >= EPS)
+    return 2.0 * g_over.sum(0), -g_axis[0], -g_axis[1]
 
 
 def _combine(x_i: Tensor, x_j: Tensor, a_i: Tensor, a_j: Tensor, dim: int) -> Tensor:
@@ -135,19 +145,17 @@ class _SymmPlanes(torch.autograd.Function):
             [g_ai_r.sum(dim=(0, 1)) + g_ai_l.sum(dim=(1, 2)), g_aj_r.sum(dim=(0, 1)) + g_aj_l.sum(dim=(1, 2))]
         )
         g_h = torch.stack([g_hi, g_hj])
-        # a = 2 S_ij / max(axis_sq, EPS): chain rule onto the pairs' diagonal blocks
-        g_over = g_a / clamped
         g_diag = g_h.diagonal(0, 1, 3)  # a view: writes land in g_h
-        g_diag[0, 1] += 2.0 * g_over.sum(dim=0)
-        g_axis = g_over * a * (axis_sq >= EPS)
-        g_diag[1, 1] -= g_axis[0]
-        g_diag[0, 0] -= g_axis[1]
+        g_ij, g_jj, g_ii = _reflection_backward(g_a, a, clamped, axis_sq)
+        g_diag[0, 1] += g_ij
+        g_diag[1, 1] += g_jj
+        g_diag[0, 0] += g_ii
         return g_h
 
 
 def _sum_rows(planes: Tensor, combinations: Combinations, dim: int) -> Tensor:
     """Point planes -> rows of ``combinations`` along ``dim`` (each row the sum of its points)."""
-    if combinations is POINTS:
+    if combinations.parts == POINTS.parts:
         return planes
     columns = torch.tensor(combinations.parts, device=planes.device).T  # [points, rows]
     return sum(planes.index_select(dim, c) for c in columns)
@@ -217,10 +225,9 @@ def _tables(combinations: Combinations, dtype: np.dtype) -> tuple[np.ndarray, np
 
 
 @dataclass
-class _Kernel:
-    """The forward's arrays that the backward needs."""
+class _KernelSaved:
+    """What the kernel's backward needs from its forward (besides the Gram matrix and the selected cases)."""
 
-    gram: np.ndarray  # [B, B]
     diagonal: tuple[np.ndarray, np.ndarray, np.ndarray]  # flat positions of S_ii, S_ij, S_jj in gram
     columns: tuple[np.ndarray, np.ndarray]  # flat positions of (p, first[p]), (p, second[p]) in a [Pp, B] block
     a: np.ndarray  # [2, Pp]: a_i, a_j
@@ -238,19 +245,20 @@ def _coefficient_matrix(combinations: Combinations, a: np.ndarray, columns: tupl
     coef = (const + per_a.T @ a).reshape(2, len(combinations), pairs)  # [m, r, p]
     matrix = np.zeros((len(combinations), pairs * n), a.dtype)
     matrix[:, columns[0]] = coef[0]
-    matrix[:, columns[1]] = coef[1]
+    matrix[:, columns[1]] += coef[1]  # += : a pair (i, i) of one sample gets both coefficients
     return matrix.reshape(-1, n)
 
 
 def _kernel_forward(
     gram: np.ndarray, first: np.ndarray, second: np.ndarray, left: Combinations, right: Combinations
-) -> tuple[np.ndarray, np.ndarray, _Kernel]:
+) -> tuple[np.ndarray, np.ndarray, _KernelSaved]:
     n, pairs = gram.shape[0], first.size
-    flat = gram.reshape(-1)
+    first, second = first.astype(np.int64, copy=False), second.astype(np.int64, copy=False)
+    entries = gram.reshape(-1)
     diagonal = (first * n + first, first * n + second, second * n + second)
-    axis_sq = np.stack([flat[diagonal[2]], flat[diagonal[0]]])
+    axis_sq = np.stack([entries[diagonal[2]], entries[diagonal[0]]])
     clamped = np.maximum(axis_sq, EPS)
-    a = 2.0 * flat[diagonal[1]] / clamped
+    a = 2.0 * entries[diagonal[1]] / clamped
     rows = np.arange(pairs) * n
     columns = (rows + first, rows + second)
     c_left, c_right = (_coefficient_matrix(c, a, columns, n) for c in (left, right))
@@ -258,14 +266,14 @@ def _kernel_forward(
     planes = (left_gram @ c_right.T).reshape(len(left), pairs, len(right), pairs)
     cases = planes.transpose(1, 3, 0, 2).reshape(pairs, pairs, -1)  # [p, q, a * rows_right + b]
     index = cases.argmax(-1)  # the first maximum
-    saved = _Kernel(gram, diagonal, columns, a, axis_sq, clamped, (c_left, c_right), left_gram, (left, right))
+    saved = _KernelSaved(diagonal, columns, a, axis_sq, clamped, (c_left, c_right), left_gram, (left, right))
     return cases.max(-1), index, saved
 
 
-def _kernel_backward(grad: np.ndarray, index: np.ndarray, k: _Kernel) -> np.ndarray:
+def _kernel_backward(grad: np.ndarray, index: np.ndarray, gram: np.ndarray, saved: _KernelSaved) -> np.ndarray:
     """Gradient of the [B, B] Gram matrix from that of the [Pp, Pp] hardest values."""
-    (left, right), (c_left, c_right) = k.combinations, k.matrices
-    n, pairs = k.gram.shape[0], index.shape[0]
+    (left, right), (c_left, c_right) = saved.combinations, saved.matrices
+    n, pairs = gram.shape[0], index.shape[0]
     g_cases = np.zeros((pairs * pairs, len(left) * len(right)), grad.dtype)
     g_cases[np.arange(pairs * pairs), index.reshape(-1)] = grad.reshape(-1)
     g_planes = g_cases.reshape(pairs, pairs, len(left), len(right)).transpose(2, 0, 3, 1)
@@ -273,18 +281,17 @@ def _kernel_backward(grad: np.ndarray, index: np.ndarray, k: _Kernel) -> np.ndar
     g_planes_right = g_planes @ c_right
     g_gram = c_left.T @ g_planes_right  # planes = C_l G C_r^T
     g_a = 0.0
-    for combinations, g_matrix in ((left, g_planes_right @ k.gram.T), (right, g_planes.T @ k.left_gram)):
-        flat = g_matrix.reshape(len(combinations), pairs * n)
-        g_coef = np.concatenate([flat[:, k.columns[0]], flat[:, k.columns[1]]])  # [m * rows + r, p]
+    for combinations, g_matrix in ((left, g_planes_right @ gram.T), (right, g_planes.T @ saved.left_gram)):
+        by_pair = g_matrix.reshape(len(combinations), pairs * n)
+        g_coef = np.concatenate([by_pair[:, saved.columns[0]], by_pair[:, saved.columns[1]]])  # [m * rows + r, p]
         g_a = g_a + _tables(combinations, grad.dtype)[1] @ g_coef
-    # a_i = 2 S_ij / max(S_jj, EPS), a_j = 2 S_ij / max(S_ii, EPS): onto the pairs' own Gram entries
-    g_over = g_a / k.clamped
-    g_axis = g_over * k.a * (k.axis_sq >= EPS)
-    flat = g_gram.reshape(-1)
-    ii, ij, jj = k.diagonal
-    np.add.at(flat, ij, 2.0 * (g_over[0] + g_over[1]))  # add.at: correct even if pairs share a sample
-    np.add.at(flat, jj, -g_axis[0])
-    np.add.at(flat, ii, -g_axis[1])
+    # a onto the pairs' own Gram entries; add.at: correct even if pairs share a sample
+    g_entries = g_gram.reshape(-1)
+    ii, ij, jj = saved.diagonal
+    g_ij, g_jj, g_ii = _reflection_backward(g_a, saved.a, saved.clamped, saved.axis_sq)
+    np.add.at(g_entries, ij, g_ij)
+    np.add.at(g_entries, jj, g_jj)
+    np.add.at(g_entries, ii, g_ii)
     return g_gram
 
 
@@ -293,15 +300,17 @@ class _HardestCombinationKernel(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, gram: Tensor, first: Tensor, second: Tensor, left: Combinations, right: Combinations):
-        values, ctx.index, ctx.kernel = _kernel_forward(gram.numpy(), first.numpy(), second.numpy(), left, right)
-        index = torch.from_numpy(ctx.index)
+        values, index, ctx.kernel = _kernel_forward(gram.numpy(), first.numpy(), second.numpy(), left, right)
+        index = torch.from_numpy(index)
+        ctx.save_for_backward(gram, index)  # through autograd: an in-place change to either is an error
         ctx.mark_non_differentiable(index)
         return torch.from_numpy(values), index
 
     @staticmethod
     @once_differentiable  # the hand-written backward is not itself differentiable
     def backward(ctx, grad: Tensor, _grad_index: Tensor | None):
-        return torch.from_numpy(_kernel_backward(grad.numpy(), ctx.index, ctx.kernel)), None, None, None, None
+        gram, index = (t.detach().numpy() for t in ctx.saved_tensors)
+        return torch.from_numpy(_kernel_backward(grad.numpy(), index, gram, ctx.kernel)), None, None, None, None
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -320,7 +329,7 @@ def hardest_combination(
     The values and gradient of ``combination_inner_products(...).flatten(0, 1).max(dim=0)``.
     """
     on_cpu = gram.device.type == "cpu" and gram.dtype in (torch.float32, torch.float64)
-    if on_cpu and first.numel() <= NUMPY_MAX_PAIRS:
+    if on_cpu and 0 < first.numel() <= NUMPY_MAX_PAIRS:
         return _HardestCombinationKernel.apply(gram, first, second, left, right)
     planes = combination_inner_products(gram, first, second, left, right)
     return _MaxOverFirstDim.apply(planes.flatten(0, 1))
