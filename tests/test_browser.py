@@ -102,6 +102,14 @@ def page(server):
         browser.close()
 
 
+def text_once_shown(page, selector: str, text: str) -> str:
+    """Wait until the element's text contains ``text`` (the app fills it after the tab loads); return its text."""
+    page.wait_for_function(
+        "([selector, text]) => document.querySelector(selector)?.innerText.includes(text)", arg=[selector, text]
+    )
+    return page.locator(selector).inner_text()
+
+
 def test_upload_shows_k_result_images(server, page, screenshots):
     _, artifacts = server
     # a distinctive class (the other style is easy to find) makes a clearer screenshot than a keycap digit
@@ -141,11 +149,7 @@ def test_evaluation_tab_shows_the_plots(page, screenshots):
 
 def test_results_tab_shows_a_table_and_its_figure(page, screenshots):
     page.get_by_role("tab", name="Results").click()
-    page.wait_for_function(
-        "document.querySelector('#results-table') && "
-        "document.querySelector('#results-table').innerText.includes('Discussion')"
-    )
-    text = page.locator("#results-table").inner_text()
+    text = text_once_shown(page, "#results-table", "Discussion")
     assert "R@1" in text and "±" in text
     if not DEMO_DIR:  # the small document's table has a per-epoch figure
         assert "SCT" in text and "60.0 ± 1.0" in text
@@ -158,10 +162,6 @@ def test_results_tab_shows_a_table_and_its_figure(page, screenshots):
 
 def test_index_tab_shows_statistics(page, screenshots):
     page.get_by_role("tab", name="Index").click()
-    page.wait_for_function(
-        "document.querySelector('#index-stats') && "
-        "document.querySelector('#index-stats').innerText.includes('vectors')"
-    )
-    text = page.locator("#index-stats").inner_text()
+    text = text_once_shown(page, "#index-stats", "vectors")
     assert "Flat" in text and "recall" in text
     page.screenshot(path=str(screenshots / "index.png"), full_page=True)

@@ -135,7 +135,7 @@ class Catalogue:
             for o in outcomes
         ]
         if shards:  # shard names are zero-padded: string order is shard order
-            newest = max(max(shards), self.get_meta(LAST_RECORDED_SHARD, "") or "")
+            newest = max(max(shards), self.last_recorded_shard())
             statements.append(
                 ("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (LAST_RECORDED_SHARD, newest))
             )

@@ -30,7 +30,7 @@ from retrieval.distances import (
 from retrieval.losses import register_negatives
 from retrieval.negatives.loop import pair_of_pairs_distances
 from retrieval.negatives.pairs import PositivePairs, pair_combinations, positive_pairs
-from retrieval.negatives.symm import Combinations, hardest_combination, hardest_of_16, synthetic_share
+from retrieval.negatives.symm import POINTS, Combinations, hardest_combination, hardest_of_16, synthetic_share
 
 _GEOMETRY = {"loop": "arc", "loop-linear": "segment"}
 
@@ -229,8 +229,9 @@ class _SymmLoss(_PairOfPairsLoss):
         gram = gram_matrix(l2_normalize(embeddings) if self.normalize else embeddings)
         return pairs, negative, gram
 
-    def _record(self, selected: torch.Tensor, negative: torch.Tensor) -> None:
-        self.last_stats = {"synthetic_negative_share": float(synthetic_share(selected, negative))}
+    def _record(self, selected: torch.Tensor, negative: torch.Tensor, left: Combinations = POINTS) -> None:
+        share = synthetic_share(selected, negative, left=left)
+        self.last_stats = {"synthetic_negative_share": float(share)}
 
 
 class SymmTripletLoss(_SymmLoss):
@@ -332,8 +333,7 @@ class SymmAngularLoss(_SymmLoss):
         # (x_p + x_q).x_r for the 12 triplets; the positive factor 4 tan^2 a is applied after the max
         hardest, selected = hardest_combination(gram, pairs.first, pairs.second, left=ANGULAR_POSITIVE_SUMS)
         hardest = 4.0 * tan_sq * hardest
-        share = synthetic_share(selected, negative, left=ANGULAR_POSITIVE_SUMS)
-        self.last_stats = {"synthetic_negative_share": float(share)}
+        self._record(selected, negative, left=ANGULAR_POSITIVE_SUMS)
         f_pos = 2.0 * (1.0 + tan_sq) * gram[pairs.first, pairs.second]
         loss = masked_logsumexp(hardest - f_pos.unsqueeze(1), negative, dim=1, add_one=True).mean()
         if self.l2_reg:

@@ -94,8 +94,14 @@ def _reflection_coefficients(h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """
     block = h.diagonal(0, 1, 3)  # [m, k, p]: the pair's own 2 x 2 block
     axis_sq = block[[1, 0], [1, 0]]  # S_jj (the axis of x_i), S_ii (the axis of x_j)
-    clamped = axis_sq.clamp_min(EPS)
-    return 2.0 * block[0, 1] / clamped, clamped, axis_sq
+    return (*_reflection_forward(block[0, 1], axis_sq), axis_sq)
+
+
+def _reflection_forward(s_ij, axis_sq):
+    """(a = 2 S_ij / max(axis_sq, EPS), the clamped axis_sq), for torch tensors and NumPy arrays alike; axis_sq
+    is [2, Pp] = (S_jj, S_ii), so a = (a_i, a_j) (eq. 1-2)."""
+    clamped = axis_sq.clip(min=EPS)
+    return 2.0 * s_ij / clamped, clamped
 
 
 def _reflection_backward(g_a, a, clamped, axis_sq):
@@ -257,8 +263,7 @@ def _kernel_forward(
     entries = gram.reshape(-1)
     diagonal = (first * n + first, first * n + second, second * n + second)
     axis_sq = np.stack([entries[diagonal[2]], entries[diagonal[0]]])
-    clamped = np.maximum(axis_sq, EPS)
-    a = 2.0 * entries[diagonal[1]] / clamped
+    a, clamped = _reflection_forward(entries[diagonal[1]], axis_sq)
     rows = np.arange(pairs) * n
     columns = (rows + first, rows + second)
     c_left, c_right = (_coefficient_matrix(c, a, columns, n) for c in (left, right))
