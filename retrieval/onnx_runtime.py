@@ -23,6 +23,7 @@ from PIL import Image
 from torch import nn
 
 from retrieval.data import open_image, preprocess_eval
+from retrieval.data.decode import parse_background
 
 ONNX_FORMAT = "retrieval-onnx/1"
 INPUT_NAME = "images"
@@ -32,6 +33,8 @@ REQUIRED_METADATA = (
     "format", "backbone", "embedding_dim", "input_size", "mean", "std", "normalized", "config_hash",
     "model_hash", "model_config", "precision",
 )
+# The model-config keys that change what an image becomes: part of a model's identity with its weights.
+IDENTITY_KEYS = ("backbone", "embedding_dim", "normalize", "input_size", "mean", "std", "background")
 
 ImageInput = Image.Image | str | os.PathLike
 
@@ -45,14 +48,31 @@ def embedder_model_hash(model: nn.Module, model_config: Mapping[str, Any] | None
     ONNX export carry the same value, so a mismatched query model can be refused.
     """
     config = model_config if model_config is not None else getattr(model, "config", {})
-    relevant = {k: config.get(k) for k in ("backbone", "embedding_dim", "normalize", "input_size", "mean", "std")}
-    digest = hashlib.sha256(json.dumps(relevant, sort_keys=True).encode())
+    digest = _identity_digest(config)
     for name, tensor in sorted(model.state_dict().items()):
         tensor = tensor.detach().cpu()
         if tensor.is_floating_point():
             tensor = tensor.float()  # fp32 values: a copy held in float64 hashes the same
         digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
         digest.update(tensor.contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def _identity_digest(model_config: Mapping[str, Any]) -> Any:
+    relevant = {k: model_config.get(k) for k in IDENTITY_KEYS}
+    relevant["background"] = list(parse_background(relevant["background"]))  # older configs: the default
+    return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode())
+
+
+def onnx_model_hash(path: str | os.PathLike, model_config: Mapping[str, Any]) -> str:
+    """A 16-hex-digit fingerprint computed from an ONNX file itself: its graph and weights (metadata left out)
+    and the preprocessing it is run with. Two files share it only if they compute the same embeddings."""
+    import onnx
+
+    proto = onnx.load(str(path))  # external weights, if any, are loaded and hashed too
+    proto.ClearField("metadata_props")
+    digest = _identity_digest(model_config)
+    digest.update(proto.SerializeToString(deterministic=True))
     return digest.hexdigest()[:16]
 
 
@@ -73,6 +93,7 @@ def build_metadata(
         "input_size": str(int(model_config["input_size"])),
         "mean": json.dumps([float(v) for v in model_config["mean"]]),
         "std": json.dumps([float(v) for v in model_config["std"]]),
+        "background": json.dumps(list(parse_background(model_config.get("background")))),
         "normalized": "true" if model_config.get("normalize") else "false",
         "config_hash": config_hash or "",
         "model_hash": model_hash,
@@ -105,8 +126,32 @@ def parse_metadata(meta: Mapping[str, str], source: str = "model") -> dict[str, 
         mean=[float(v) for v in json.loads(meta["mean"])],
         std=[float(v) for v in json.loads(meta["std"])],
         normalize=meta["normalized"] == "true",
+        # files exported before the background was recorded were meant for opaque images: white is the default
+        background=list(parse_background(json.loads(meta["background"]) if "background" in meta else None)),
     )
     return config
+
+
+def check_graph_matches(session: Any, model_config: Mapping[str, Any], source: str) -> None:
+    """The metadata must describe the graph: input [n, 3, S, S] with S = input_size, output [n, embedding_dim]."""
+    inputs, outputs = session.get_inputs(), session.get_outputs()
+    if len(inputs) != 1 or len(outputs) < 1:
+        raise ValueError(f"{source} has {len(inputs)} inputs and {len(outputs)} outputs; an embedder has one "
+                         "image input and an embedding output; export it with `retrieval export`")
+    size, dim = int(model_config["input_size"]), int(model_config["embedding_dim"])
+    found = list(inputs[0].shape)  # ints where the graph fixes a size, names where it is dynamic
+    if len(found) != 4 or found[1] != 3 or any(d != size for d in found[2:] if isinstance(d, int)):
+        raise ValueError(
+            f"{source}: its metadata says input_size {size} but the graph's input has shape {found} "
+            f"(expected [batch, 3, {size}, {size}]); the metadata was edited or belongs to another model. "
+            "Re-export the checkpoint with `retrieval export`"
+        )
+    out_shape = list(outputs[0].shape)
+    if len(out_shape) != 2 or (isinstance(out_shape[1], int) and out_shape[1] != dim):
+        raise ValueError(
+            f"{source}: its metadata says embedding_dim {dim} but the graph's output has shape {out_shape}; "
+            "the metadata was edited or belongs to another model. Re-export the checkpoint with `retrieval export`"
+        )
 
 
 # ---------------------------------------------------------------- preprocessing shared with PyTorch
@@ -201,6 +246,9 @@ class OnnxEmbedder:
             raise ValueError(f"{self.path} is not a readable ONNX model: {exc}") from exc
         self._metadata = dict(self.session.get_modelmeta().custom_metadata_map)
         self.model_config = parse_metadata(self._metadata, source=str(self.path))
+        check_graph_matches(self.session, self.model_config, str(self.path))
+        # identity from the file's own graph and weights: metadata alone could be copied onto another model
+        self._model_hash = onnx_model_hash(self.path, self.model_config)
         self._input_name = self.session.get_inputs()[0].name
         self._output_name = self._metadata.get("output_name", self.session.get_outputs()[0].name)
 
@@ -219,6 +267,12 @@ class OnnxEmbedder:
 
     @property
     def model_hash(self) -> str:
+        """Computed from the file when opened (``onnx_model_hash``); indexes record it and compare it."""
+        return self._model_hash
+
+    @property
+    def source_model_hash(self) -> str:
+        """The PyTorch weights' fingerprint the export wrote into the metadata (lineage, not identity)."""
         return self._metadata["model_hash"]
 
     @property

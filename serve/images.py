@@ -1,14 +1,22 @@
-"""Turning untrusted query bytes into a PIL image, with the errors an HTTP client can act on."""
+"""Turning untrusted query bytes into an image, with the errors an HTTP client can act on.
+
+Decoding is ``retrieval.data.decode.read_image``, the function every other path uses too. It is CPU-bound and
+takes up to a few hundred MB for the largest image the limits admit, so at most ``DECODE_SLOTS`` run at once:
+the server's memory is bounded by that, not by the number of requests in flight.
+"""
 
 from __future__ import annotations
 
 import base64
 import binascii
-import warnings
+import threading
 
 from PIL import Image
 
-from retrieval.index.decode import read_image_bytes
+from retrieval.data.decode import DecodedImage, ImageDecodeError, read_image
+
+DECODE_SLOTS = 2
+_decode_slots = threading.BoundedSemaphore(DECODE_SLOTS)
 
 
 class QueryError(ValueError):
@@ -19,11 +27,17 @@ class QueryError(ValueError):
         self.status = status
 
 
-def decode_image(data: bytes, max_bytes: int, max_pixels: int) -> Image.Image:
-    """Bytes of an image file -> RGB PIL image (EXIF orientation applied), fully decoded now.
+QUERY_MESSAGES = {
+    "empty": "the image is empty (0 bytes)",
+    "not_image": "the upload is not an image we can read (expected JPEG, PNG, WebP, BMP or GIF)",
+}
 
-    413 when the file is over ``max_bytes``; 400 when it is empty, not an image, truncated, or
-    declares more than ``max_pixels`` pixels (a decompression bomb is refused before decoding).
+
+def decode_query(data: bytes, max_bytes: int, max_pixels: int) -> DecodedImage:
+    """Bytes of an image file -> ``DecodedImage`` (RGB or RGBA, notes such as 'animated'), fully decoded now.
+
+    413 when the file is over ``max_bytes``; 400 when it is empty, not an image, truncated, or declares more
+    than ``max_pixels`` pixels (a decompression bomb is refused before decoding).
     """
     if len(data) > max_bytes:
         raise QueryError(
@@ -31,20 +45,18 @@ def decode_image(data: bytes, max_bytes: int, max_pixels: int) -> Image.Image:
             "image (or start the server with a larger --max-upload-mb)",
             413,
         )
-    if not data:
-        raise QueryError("the image is empty (0 bytes)")
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            return read_image_bytes(data, max_pixels)
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise QueryError(f"image refused as a possible decompression bomb: {exc}") from exc
-    except Image.UnidentifiedImageError as exc:
-        raise QueryError(
-            "the upload is not an image PIL can read (expected JPEG, PNG, WebP, BMP or GIF)"
-        ) from exc
-    except (OSError, ValueError, SyntaxError) as exc:  # truncated or corrupt data
-        raise QueryError(f"the image could not be decoded ({type(exc).__name__}: {exc})") from exc
+        with _decode_slots:
+            return read_image(data, max_pixels)
+    except ImageDecodeError as exc:
+        if exc.kind == "too_large":
+            raise QueryError(f"image refused as a possible decompression bomb: {exc}") from exc
+        raise QueryError(QUERY_MESSAGES.get(exc.kind, str(exc))) from exc
+
+
+def decode_image(data: bytes, max_bytes: int, max_pixels: int) -> Image.Image:
+    """``decode_query`` without the notes: the decoded image itself."""
+    return decode_query(data, max_bytes, max_pixels).image
 
 
 def decode_base64(text: str, max_bytes: int) -> bytes:

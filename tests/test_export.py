@@ -17,7 +17,7 @@ from export import ExportVerificationError, OnnxEmbedder, export_embedder, sampl
 from retrieval import onnx_runtime
 from retrieval.data import open_image, preprocess_eval
 from retrieval.models import CHECKPOINT_FORMAT, config_hash, create_embedder
-from retrieval.onnx_runtime import embedder_model_hash, preprocess_images, resolve_providers
+from retrieval.onnx_runtime import embedder_model_hash, onnx_model_hash, preprocess_images, resolve_providers
 
 SIZE = 64  # small inputs keep the tests fast; the graph is the same as at 224
 
@@ -108,7 +108,9 @@ def test_metadata_round_trip(lite0, lite0_export):
     assert props["model_hash"] == embedder_model_hash(lite0)
     runtime = OnnxEmbedder(result.path)
     assert runtime.embedding_dim == 32 and runtime.input_size == SIZE and runtime.normalized
-    assert runtime.model_hash == embedder_model_hash(lite0) and runtime.config_hash == "cafe0123"
+    # identity is computed from the file's graph and weights; the metadata keeps the PyTorch weights' hash
+    assert runtime.source_model_hash == embedder_model_hash(lite0) and runtime.config_hash == "cafe0123"
+    assert runtime.model_hash == onnx_model_hash(result.path, runtime.model_config) != runtime.source_model_hash
     assert runtime.metadata == props
     for key in ("backbone", "embedding_dim", "normalize", "input_size", "mean", "std", "feature_dim"):
         assert runtime.model_config[key] == lite0.config[key]

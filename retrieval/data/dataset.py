@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image, ImageOps
+from PIL import Image
 from torch.utils.data import Dataset
+
+from retrieval.data.decode import read_image
 
 Sample = str | np.ndarray
 
@@ -21,9 +23,8 @@ def default_data_dir() -> Path:
 
 
 def open_image(path: str | os.PathLike) -> Image.Image:
-    """Open an image file as RGB with its EXIF orientation applied (phone photos are often rotated)."""
-    with Image.open(path) as image:
-        return ImageOps.exif_transpose(image).convert("RGB")
+    """An image file decoded by ``read_image``: RGB or RGBA (transparency is flattened by the transforms)."""
+    return read_image(path).image
 
 
 def array_to_image(array: np.ndarray) -> Image.Image:

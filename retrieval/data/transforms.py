@@ -1,4 +1,4 @@
-"""Image transforms from a model config (``input_size``, ``mean``, ``std``).
+"""Image transforms from a model config (``input_size``, ``mean``, ``std``, ``background``).
 
 The eval pipeline is also a plain function, ``preprocess_eval``, so that indexing, serving and the
 ONNX export all prepare images exactly as evaluation does.
@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from PIL import Image
 from torchvision.transforms import v2
+
+from retrieval.data.decode import DEFAULT_BACKGROUND, FlattenAlpha
 
 RESIZE_RATIO = 1.14  # resize to 1.14 x crop size, then crop (the usual 256 -> 224)
 
@@ -34,8 +36,13 @@ def _normalize(model_config: Mapping[str, Any]) -> v2.Normalize:
     return v2.Normalize(mean=[float(m) for m in mean], std=[float(s) for s in std])
 
 
+def background_of(model_config: Mapping[str, Any]) -> FlattenAlpha:
+    """The step that composites transparent pixels onto the model's background (white for older models)."""
+    return FlattenAlpha(model_config.get("background") or DEFAULT_BACKGROUND)
+
+
 def build_transforms(model_config: Mapping[str, Any], train: bool) -> v2.Compose:
-    """PIL image -> float32 tensor [3, S, S], normalised; random crop and flip when ``train``."""
+    """PIL image (RGB or RGBA) -> float32 tensor [3, S, S], normalised; random crop and flip when ``train``."""
     size = _input_size(model_config)
     resize = v2.Resize(int(size * RESIZE_RATIO), antialias=True)
     if train:
@@ -43,10 +50,13 @@ def build_transforms(model_config: Mapping[str, Any], train: bool) -> v2.Compose
     else:
         geometry = [resize, v2.CenterCrop(size)]
     return v2.Compose(
-        [*geometry, v2.ToImage(), v2.ToDtype(torch.float32, scale=True), _normalize(model_config)]
+        [
+            background_of(model_config), *geometry, v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
+            _normalize(model_config),
+        ]
     )
 
 
 def preprocess_eval(image: Image.Image, model_config: Mapping[str, Any]) -> torch.Tensor:
-    """The evaluation preprocessing of one image: RGB, resize, centre crop, scale to [0, 1], normalise."""
-    return build_transforms(model_config, train=False)(image.convert("RGB"))
+    """The evaluation preprocessing of one image: flatten transparency, resize, centre crop, scale, normalise."""
+    return build_transforms(model_config, train=False)(image)

@@ -1,27 +1,25 @@
 """Reading, checking and preprocessing gallery images in DataLoader workers.
 
 A bad file never stops a build: each image comes back either as a preprocessed array or as an error
-reason (empty file, unreadable, not an image, truncated, or over the pixel limit, which guards against
-decompression bombs). The sha256 of the file's bytes is computed here, so exact duplicates are found
-without decoding twice.
+reason from ``retrieval.data.decode.read_image`` (empty, not a regular file, not an image, truncated, or over
+the pixel limit). The sha256 of the file's bytes is computed here, so exact duplicates are found without
+decoding twice.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps
 from torch.utils.data import Dataset
 
-# PIL's own default limit (about 89.5 megapixels, a 1 GB RGBA buffer); larger images are refused.
-DEFAULT_MAX_PIXELS = Image.MAX_IMAGE_PIXELS or 89_478_485
+from retrieval.data.decode import DEFAULT_MAX_PIXELS, ImageDecodeError, open_regular_file, read_image
+
+HASH_CHUNK = 1 << 20
 
 
 @dataclass
@@ -33,43 +31,38 @@ class Decoded:
     error: str | None = None
 
 
-def read_image_bytes(data: bytes, max_pixels: int) -> Image.Image:
-    """Decode fully (so truncation shows up now) and return an RGB image with EXIF orientation applied."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", Image.DecompressionBombWarning)
-        with Image.open(io.BytesIO(data)) as image:
-            width, height = image.size
-            if width * height > max_pixels:
-                raise Image.DecompressionBombError(
-                    f"{width}x{height} = {width * height} pixels exceeds the limit of {max_pixels} "
-                    "(possible decompression bomb; raise --max-pixels to allow it)"
-                )
-            image.load()
-            return ImageOps.exif_transpose(image).convert("RGB")
+ERROR_LABELS = {
+    "empty": "empty file", "not_file": "not a regular file", "not_image": "not an image", "too_large": "too large",
+    "truncated": "truncated image", "unreadable": "unreadable",
+}
 
 
 def describe_error(exc: BaseException) -> str:
-    if isinstance(exc, (Image.DecompressionBombError, Image.DecompressionBombWarning)):
-        return f"too large: {exc}"
-    if isinstance(exc, Image.UnidentifiedImageError):
-        return "not an image (unrecognised format)"
+    """The reason recorded in the catalogue for an image that could not be indexed."""
+    if isinstance(exc, ImageDecodeError):
+        return f"{ERROR_LABELS[exc.kind]}: {exc}"
     if isinstance(exc, PermissionError):
         return f"unreadable: permission denied ({exc.strerror})"
-    if isinstance(exc, OSError) and "truncated" in str(exc).lower():
-        return f"truncated image: {exc}"
+    if isinstance(exc, FileNotFoundError):
+        return "unreadable: the file is gone"
     return f"unreadable: {type(exc).__name__}: {exc}"
 
 
 def decode_file(image_id: int, path: str, transform: Any, max_pixels: int) -> Decoded:
+    """Hash the file's bytes (streamed, for duplicate detection), then decode and preprocess it."""
     result = Decoded(image_id)
     try:
-        with open(path, "rb") as handle:
-            data = handle.read()
-        result.size, result.sha256 = len(data), hashlib.sha256(data).hexdigest()
-        if not data:
-            result.error = "empty file (0 bytes)"
-            return result
-        image = read_image_bytes(data, max_pixels)
+        with open_regular_file(path) as handle:
+            digest, size = hashlib.sha256(), 0
+            while chunk := handle.read(HASH_CHUNK):
+                digest.update(chunk)
+                size += len(chunk)
+            result.size, result.sha256 = size, digest.hexdigest()
+            if not size:
+                result.error = "empty file (0 bytes)"
+                return result
+            handle.seek(0)
+            image = read_image(handle, max_pixels).image
         result.array = np.asarray(transform(image), dtype=np.float32)
     except Exception as exc:  # noqa: BLE001  (any failure of one file is recorded, never fatal)
         result.error = describe_error(exc)

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from retrieval.data.decode import DEFAULT_BACKGROUND
 from retrieval.distances import l2_normalize
 from retrieval.models.backbones import create_backbone
 
@@ -90,6 +91,7 @@ def create_embedder(
         "input_size": int(spec.input_size),
         "mean": [float(v) for v in spec.mean],
         "std": [float(v) for v in spec.std],
+        "background": list(DEFAULT_BACKGROUND),  # transparent pixels are composited onto this colour
         "pretrained": bool(pretrained or weights is not None),
     }
     return Embedder(spec.module, head, config)
