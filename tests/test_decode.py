@@ -152,12 +152,23 @@ def test_a_broken_icc_profile_is_a_note_not_a_failure():
     assert decoded.image.getpixel((0, 0)) == (255, 0, 0) and "ICC" in decoded.notes[0]
 
 
-def test_exif_orientation_is_applied():
-    image = Image.new("RGB", (40, 20), (0, 0, 255))
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_exif_orientation_is_applied_as_pil_does(orientation):
+    from PIL import ImageOps
+
+    image = Image.fromarray(np.arange(6 * 4 * 3, dtype=np.uint8).reshape(4, 6, 3) * 2)  # asymmetric pixels
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    data = encode(image, exif=exif.tobytes())
+    expected = ImageOps.exif_transpose(Image.open(io.BytesIO(data)))
+    assert np.array_equal(np.asarray(read_image(data).image), np.asarray(expected.convert("RGB")))
+
+
+def test_exif_orientation_survives_shrinking():
     exif = Image.Exif()
     exif[0x0112] = 6  # rotate 90 degrees clockwise to display
-    decoded = read_image(encode(image, "JPEG", exif=exif.tobytes())).image
-    assert decoded.size == (20, 40)
+    decoded = read_image(encode(Image.new("RGB", (2400, 1600), (0, 0, 255)), "JPEG", exif=exif.tobytes())).image
+    assert decoded.size == (800, 1200)  # decoded at half scale (short side >= 768), then turned upright
 
 
 def test_animated_gif_gives_its_first_frame_and_says_so():

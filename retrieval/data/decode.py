@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 import numpy as np
-from PIL import Image, ImageCms, ImageColor, ImageOps, UnidentifiedImageError
+from PIL import Image, ImageCms, ImageColor, UnidentifiedImageError
 
 # A 40-megapixel RGBA image decodes into 160 MB: with the reductions below, one decode stays under 300 MB.
 DEFAULT_MAX_PIXELS = 40_000_000
@@ -131,16 +131,16 @@ def _decode(handle: BinaryIO, max_pixels: int) -> DecodedImage:
 def _normalise(image: Image.Image, frames: int) -> DecodedImage:
     """A loaded image -> reduced, 8-bit, sRGB, upright RGB or RGBA."""
     notes = [f"animated image: the first of its {frames} frames was used"] if frames > 1 else []
-    fmt = image.format or "?"
-    icc = image.info.get("icc_profile")
-    exif_source = image
-    image = _shrink(image)
-    image = _to_8bit(image)
-    image = _to_rgb_or_rgba(image)
+    fmt, icc, orientation = image.format or "?", image.info.get("icc_profile"), _orientation(image)
+    image = _to_8bit(_shrink(image))
+    if image.mode in ("P", "PA", "1", "La", "RGBa") or "transparency" in image.info:
+        image = _to_rgb_or_rgba(image)  # palette and colour-key transparency become an alpha channel first
     if icc:
         image, note = _to_srgb(image, icc)
         notes += [note] if note else []
-    image = ImageOps.exif_transpose(image) if _has_orientation(exif_source) else image
+    image = _to_rgb_or_rgba(image)
+    if orientation in _TRANSPOSE:
+        image = image.transpose(_TRANSPOSE[orientation])
     return DecodedImage(image, fmt, frames, tuple(notes))
 
 
@@ -207,11 +207,11 @@ def _to_rgb_or_rgba(image: Image.Image) -> Image.Image:
 
 
 def _to_srgb(image: Image.Image, icc: bytes) -> tuple[Image.Image, str | None]:
-    """Colours converted from the embedded ICC profile to sRGB; alpha is carried over unchanged."""
+    """Colours converted from the embedded ICC profile (RGB, CMYK or grey) to sRGB; alpha carried over."""
     try:
         profile = ImageCms.ImageCmsProfile(io.BytesIO(icc))
-        alpha = image.getchannel("A") if image.mode == "RGBA" else None
-        colour = image.convert("RGB") if alpha is not None else image
+        alpha = image.getchannel("A") if image.mode in ("RGBA", "LA") else None
+        colour = image.convert(image.mode[:-1]) if alpha is not None else image
         converted = ImageCms.profileToProfile(colour, profile, _SRGB, outputMode="RGB")
         if alpha is not None:
             converted.putalpha(alpha)
@@ -220,11 +220,19 @@ def _to_srgb(image: Image.Image, icc: bytes) -> tuple[Image.Image, str | None]:
         return image, f"its ICC colour profile could not be used ({exc}); colours were taken as sRGB"
 
 
-def _has_orientation(image: Image.Image) -> bool:
+# EXIF orientation -> the transposition that shows the image upright (as ImageOps.exif_transpose does)
+_TRANSPOSE = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
+
+
+def _orientation(image: Image.Image) -> int:
     try:
-        return image.getexif().get(0x0112, 1) not in (0, 1)
-    except Exception:  # noqa: BLE001  (broken EXIF: no rotation rather than no image)
-        return False
+        return int(image.getexif().get(0x0112, 1))
+    except Exception:  # noqa: BLE001  (broken EXIF: upright rather than no image)
+        return 1
 
 
 # --- transparency ------------------------------------------------------------------------------------
