@@ -270,3 +270,32 @@ def test_decoding_any_image_the_limits_admit_stays_under_300_mb(tmp_path):
                                 capture_output=True, text=True, timeout=120, env=os.environ | {"OMP_NUM_THREADS": "1"})
         assert result.returncode == 0, result.stderr
         assert float(result.stdout) < 300, f"{name}: {result.stdout.strip()} MB above idle"
+
+
+BUILD_PROBE = textwrap.dedent("""
+    import resource, sys
+    from pathlib import Path
+    from retrieval.index import IngestOptions, build_index
+    from tests.test_index_support import FakeEmbedder
+    options = IngestOptions(workers=0, progress=False)
+    build_index(sys.argv[2], Path(sys.argv[3]) / "warm", embedder=FakeEmbedder(), options=options)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    summary = build_index(sys.argv[1], Path(sys.argv[3]) / "hostile", embedder=FakeEmbedder(), options=options)
+    assert summary["indexed"] == 2, summary
+    print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
+""")
+
+
+@pytest.mark.slow
+def test_index_build_of_a_hostile_gallery_stays_under_300_mb(tmp_path):
+    """The 169-byte 30000 x 1 PNG took ``index build`` to 2.2 GB; now it is one more small image."""
+    hostile, warm = tmp_path / "hostile", tmp_path / "warm"
+    for folder in (hostile, warm):
+        folder.mkdir()
+        Image.new("RGB", (64, 64), (1, 2, 3)).save(folder / "plain.png")
+    Image.new("RGB", (30000, 1), (10, 200, 30)).save(hostile / "wide.png")
+    Image.new("RGB", (48, 64), (10, 20, 30)).save(warm / "second.png")  # the warm-up build is benign
+    result = subprocess.run([sys.executable, "-c", BUILD_PROBE, str(hostile), str(warm), str(tmp_path)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120, env=os.environ | {"OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr
+    assert float(result.stdout) < 300

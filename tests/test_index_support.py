@@ -46,7 +46,7 @@ class FakeEmbedder:
 
         tf = build_transforms(self.model_config, train=False)
         pil = [open_image(i) if isinstance(i, (str, Path)) else i for i in images]
-        return self.embed_batch(np.stack([tf(p.convert("RGB")).numpy() for p in pil]))
+        return self.embed_batch(np.stack([tf(p).numpy() for p in pil]))
 
 
 def write_digits(folder: Path, count: int = 40, start: int = 0) -> list[Path]:
