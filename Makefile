@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-APT_PACKAGES := fonts-noto-color-emoji dataset-fashion-mnist chromium
+APT_PACKAGES := fonts-noto-color-emoji dataset-fashion-mnist chromium nginx
 DEMO_DIR ?= artifacts/demo
 
 .PHONY: install test lint demo serve clean system-deps
@@ -17,7 +17,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
-# Debian packages: real offline data (the Noto emoji font, Fashion-MNIST) and chromium for the browser test.
+# Debian packages: real offline data (the Noto emoji font, Fashion-MNIST), chromium for the browser test and
+# nginx for the deployment (deploy/nginx.conf) and its test; nginx is installed, not started.
 system-deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -z "$$missing" ]; then echo "system packages present:$(APT_PACKAGES)"; \

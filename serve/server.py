@@ -84,9 +84,14 @@ def serve(config: ServerConfig) -> None:
         # Request bodies are read before the search queue: cap the connections in flight so that the memory
         # held by uploads is bounded too (beyond it uvicorn answers 503).
         uvicorn.run(app, host=config.host, port=config.port, log_level="warning",
-                    limit_concurrency=config.concurrency + config.max_queue + UI_CONNECTIONS)
+                    limit_concurrency=connection_limit(config))
     finally:
         service.close()
+
+
+def connection_limit(config: ServerConfig) -> int:
+    """Connections uvicorn keeps open at once (beyond them it answers 503): the API's and the browser's."""
+    return config.concurrency + config.max_queue + UI_CONNECTIONS
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -98,9 +103,14 @@ def free_port(host: str = "127.0.0.1") -> int:
 class BackgroundServer:
     """uvicorn in a thread on a loopback port (tests and the load benchmark)."""
 
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int | None = None) -> None:
+    def __init__(
+        self, app: FastAPI, host: str = "127.0.0.1", port: int | None = None, limit_concurrency: int | None = None
+    ) -> None:
         self.host, self.port = host, port or free_port(host)
-        self.server = uvicorn.Server(uvicorn.Config(app, host=self.host, port=self.port, log_level="warning"))
+        config = uvicorn.Config(
+            app, host=self.host, port=self.port, log_level="warning", limit_concurrency=limit_concurrency
+        )
+        self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
 
     @property

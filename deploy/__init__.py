@@ -1,0 +1,1 @@
+"""Deployment: deploy/nginx.conf (nginx in front of `retrieval serve`) and its non-root launcher."""
