@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -64,7 +66,7 @@ class ServerConfig:
         """How the server is protected, for the start-up message."""
         api = (f"API needs `Authorization: Bearer <token>` (from --token-file or {API_TOKEN_ENV}; "
                f"{', '.join(PUBLIC_PATHS)} open)" if self.api_token else "API open, no token")
-        ui = ("" if not self.ui else f"; Gradio app needs a login ({len(self.ui_auth)} users)" if self.ui_auth
+        ui = ("" if not self.ui else f"; Gradio app needs one of {len(self.ui_auth)} logins" if self.ui_auth
               else "; Gradio app open, no login")
         if is_loopback(self.host):
             where = "loopback only"
@@ -72,7 +74,7 @@ class ServerConfig:
             where = "on the network"
         else:
             where = "ON THE NETWORK WITHOUT AUTHENTICATION (--insecure)"
-        origins = f"; browser calls from {', '.join(self.cors_origins)} allowed" if self.cors_origins else ""
+        origins = f" except from {', '.join(self.cors_origins)}" if self.cors_origins else ""
         return f"{where}: {api}{ui}; cross-origin browser calls refused{origins}"
 
 
@@ -135,6 +137,9 @@ def serve(config: ServerConfig) -> None:
         f"http://{config.host}:{config.port}/ (API docs at /docs)\n{config.access_summary()}",
         flush=True,
     )
+    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again: as SystemExit, so that the
+    # `finally` below and the atexit hooks (the private upload folder is removed) still run.
+    signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
     try:
         # Request bodies are read before the search queue: cap the connections in flight so that the memory
         # held by uploads is bounded too (beyond it uvicorn answers 503).

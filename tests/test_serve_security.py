@@ -75,6 +75,7 @@ def gradio_call(url: str, path: str, **kwargs) -> str:
     if started.status_code == 200:
         event = started.json()["event_id"]
         answer += httpx.get(f"{url}/gradio_api/call/search/{event}", timeout=10, **kwargs).text
+        answer = answer.replace(event, "EVENT")  # a fresh id per call: not a difference between paths
     return answer
 
 
