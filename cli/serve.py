@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from serve.defaults import (
+    API_TOKEN_ENV,
     DEFAULT_HOST,
     DEFAULT_INDEX_DIR,
     DEFAULT_MAX_PIXELS,
@@ -14,6 +15,10 @@ from serve.defaults import (
     DEFAULT_PORT,
     DEFAULT_REPORT,
     DEFAULT_RESULTS,
+    DEFAULT_UPLOAD_CACHE_BYTES,
+    DEFAULT_UPLOAD_MAX_AGE_S,
+    MIN_TOKEN_CHARS,
+    PUBLIC_PATHS,
     missing_artifacts_message,
 )
 
@@ -41,7 +46,11 @@ from serve.defaults import (
     help="results grid (benchmarks/quality.py) for the Results tab.",
 )
 @click.option(
-    "--host", default=DEFAULT_HOST, show_default=True, help="interface to bind (loopback by default)."
+    "--host",
+    default=DEFAULT_HOST,
+    show_default=True,
+    help="interface to bind (loopback by default). Any other host needs --token-file (and --auth-file unless "
+    "--no-ui), or --insecure.",
 )
 @click.option("--port", default=DEFAULT_PORT, show_default=True, type=click.IntRange(0, 65535))
 @click.option(
@@ -80,11 +89,72 @@ from serve.defaults import (
     help="how long a micro-batch waits for more queries that are already on their way.",
 )
 @click.option("--no-ui", is_flag=True, help="serve the HTTP API only.")
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    help=f"file whose first line is the bearer token every API call must send (`Authorization: Bearer TOKEN`; "
+    f"{', '.join(PUBLIC_PATHS)} stays open for load balancers); at least {MIN_TOKEN_CHARS} characters. Or set "
+    f"{API_TOKEN_ENV}. Never on the command line: `ps` shows it to every user.",
+)
+@click.option(
+    "--auth-file",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    help="file of `user:password` lines (blank lines and # comments skipped): the Gradio app asks for one of "
+    "these logins. Keep it readable by you only (chmod 600).",
+)
+@click.option(
+    "--insecure",
+    is_flag=True,
+    help="serve a non-loopback --host without authentication (anyone who reaches the port can search).",
+)
+@click.option(
+    "--cors-origin",
+    "cors_origins",
+    multiple=True,
+    metavar="ORIGIN",
+    help="another web origin (e.g. https://app.example.com) whose pages may call this server from a browser; "
+    "repeatable. Requests from any other origin get 403.",
+)
+@click.option(
+    "--upload-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="the Gradio app's upload and cache folder, this server's alone (its old files are deleted); default: a "
+    "new private folder per start, removed at exit.",
+)
+@click.option(
+    "--upload-max-age",
+    default=DEFAULT_UPLOAD_MAX_AGE_S,
+    show_default=True,
+    type=click.FloatRange(1, None),
+    help="seconds an uploaded or cached file is kept.",
+)
+@click.option(
+    "--upload-cache-mb",
+    default=DEFAULT_UPLOAD_CACHE_BYTES / 2**20,
+    show_default=True,
+    type=click.FloatRange(1, None),
+    help="the upload folder's size bound; beyond it the oldest files are deleted.",
+)
 def serve_command(
-    index_dir, report, results, host, port, max_upload_mb, max_pixels, concurrency, max_batch, max_wait_ms, no_ui
+    index_dir, report, results, host, port, max_upload_mb, max_pixels, concurrency, max_batch, max_wait_ms, no_ui,
+    token_file, auth_file, insecure, cors_origins, upload_dir, upload_max_age, upload_cache_mb,
 ) -> None:
     """Search service: HTTP API (POST /search, /items/{id}, /stats, /health) and the Gradio UI at /."""
+    from serve.security import ConfigError, check_exposure, read_api_token, read_auth_file, readable_by_others
     from serve.server import ServerConfig, serve
+
+    try:
+        api_token = read_api_token(token_file)
+        ui_auth = read_auth_file(auth_file) if auth_file else None
+        check_exposure(host, api_token, ui_auth, not no_ui, insecure)  # before anything loads
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    for secrets_file in (token_file, auth_file):
+        if secrets_file and readable_by_others(secrets_file):
+            click.echo(f"warning: {secrets_file} is readable by other users; `chmod 600 {secrets_file}`", err=True)
 
     if index_dir is None:
         index_dir = DEFAULT_INDEX_DIR
@@ -97,18 +167,27 @@ def serve_command(
         raise click.ClickException(
             f"report {report} not found (`retrieval train` writes RUN_DIR/report.json)"
         )
-    serve(
-        ServerConfig(
-            index_dir=index_path,
-            report=Path(report) if report else None,
-            results=Path(results) if results else None,
-            host=host,
-            port=port,
-            max_upload_bytes=int(max_upload_mb * 2**20),
-            max_pixels=max_pixels,
-            concurrency=concurrency,
-            max_batch=max_batch,
-            max_wait_ms=max_wait_ms,
-            ui=not no_ui,
-        )
+    config = ServerConfig(
+        index_dir=index_path,
+        report=Path(report) if report else None,
+        results=Path(results) if results else None,
+        host=host,
+        port=port,
+        max_upload_bytes=int(max_upload_mb * 2**20),
+        max_pixels=max_pixels,
+        concurrency=concurrency,
+        max_batch=max_batch,
+        max_wait_ms=max_wait_ms,
+        ui=not no_ui,
+        api_token=api_token,
+        ui_auth=ui_auth,
+        insecure=insecure,
+        cors_origins=tuple(origin.rstrip("/") for origin in cors_origins),
+        upload_dir=Path(upload_dir) if upload_dir else None,
+        upload_max_age_s=upload_max_age,
+        upload_cache_bytes=int(upload_cache_mb * 2**20),
     )
+    try:
+        serve(config)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from exc

@@ -29,3 +29,12 @@ def missing_artifacts_message(index_dir: Path) -> str:
         f"in {DEFAULT_REPORT}) with `{BUILD_COMMAND}`, or pass your own: "
         "`python app.py --index INDEX_DIR --report REPORT.json`"
     )
+
+# --- exposure and the Gradio upload cache (docs/SECURITY.md lists these) --------------------------------
+API_TOKEN_ENV = "RETRIEVAL_API_TOKEN"  # the API's bearer token, when not given by --token-file
+MIN_TOKEN_CHARS = 16  # shorter tokens are refused: guessable
+PUBLIC_PATHS = ("/health",)  # answered without the token: load balancers probe them and hold no secret
+DEFAULT_UPLOAD_MAX_AGE_S = 3600  # uploads and Gradio's result copies older than this are deleted
+DEFAULT_UPLOAD_CACHE_BYTES = 512 * 2**20  # beyond this on disk, the oldest files in the cache are deleted
+UPLOAD_PRUNE_INTERVAL_S = 10  # how often the cache is pruned (between prunes it may grow by the uploads made)
+GRADIO_JSON_BODY_LIMIT = 2**20  # Gradio event bodies only name uploaded files: 1 MiB is ample (413 beyond)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -11,17 +13,26 @@ from pathlib import Path
 import gradio as gr
 import uvicorn
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.routing import APIRoute
 
 from serve.api import create_api
 from serve.defaults import (
+    API_TOKEN_ENV,
     DEFAULT_HOST,
     DEFAULT_MAX_PIXELS,
     DEFAULT_MAX_UPLOAD_BYTES,
     DEFAULT_PORT,
     DEFAULT_RESULTS,
+    DEFAULT_UPLOAD_CACHE_BYTES,
+    DEFAULT_UPLOAD_MAX_AGE_S,
+    PUBLIC_PATHS,
+    UPLOAD_PRUNE_INTERVAL_S,
 )
+from serve.security import BearerToken, SameOriginOnly, check_exposure, is_loopback
 from serve.service import SearchService
 from serve.ui import build_ui
+from serve.upload_cache import UploadedFilesOnly, UploadPruner, lock_file_access, use_upload_folder
 
 UI_PATH = "/"
 GRADIO_CONCURRENCY = 4  # Gradio events running at once; more wait in its queue
@@ -42,13 +53,40 @@ class ServerConfig:
     max_batch: int = 32
     max_wait_ms: float = 5.0
     ui: bool = True
+    api_token: str | None = None  # Bearer token the API routes require (all but PUBLIC_PATHS)
+    ui_auth: list[tuple[str, str]] | None = None  # the Gradio app's user:password logins
+    insecure: bool = False  # allow a non-loopback host without authentication
+    cors_origins: tuple[str, ...] = ()  # other web origins allowed to call the server from a browser
+    upload_dir: Path | None = None  # None: a private folder per process
+    upload_max_age_s: float = DEFAULT_UPLOAD_MAX_AGE_S
+    upload_cache_bytes: int = DEFAULT_UPLOAD_CACHE_BYTES
+    upload_prune_interval_s: float = UPLOAD_PRUNE_INTERVAL_S
+
+    def access_summary(self) -> str:
+        """How the server is protected, for the start-up message."""
+        api = (f"API needs `Authorization: Bearer <token>` (from --token-file or {API_TOKEN_ENV}; "
+               f"{', '.join(PUBLIC_PATHS)} open)" if self.api_token else "API open, no token")
+        ui = ("" if not self.ui else f"; Gradio app needs one of {len(self.ui_auth)} logins" if self.ui_auth
+              else "; Gradio app open, no login")
+        if is_loopback(self.host):
+            where = "loopback only"
+        elif self.api_token and (self.ui_auth or not self.ui):
+            where = "on the network"
+        else:
+            where = "ON THE NETWORK WITHOUT AUTHENTICATION (--insecure)"
+        origins = f" except from {', '.join(self.cors_origins)}" if self.cors_origins else ""
+        return f"{where}: {api}{ui}; cross-origin browser calls refused{origins}"
 
 
 UI_CONNECTIONS = 32  # the browser's own connections (page, assets, Gradio queue) on top of the API's
 
 
 def build_app(config: ServerConfig, service: SearchService | None = None) -> tuple[FastAPI, SearchService]:
-    """The FastAPI app (API routes first, then the Gradio UI at ``/``) and the service behind it."""
+    """The FastAPI app (API routes first, then the Gradio UI at ``/``) and the service behind it.
+
+    Refuses (serve.security.ExposureError) a non-loopback host without authentication unless ``insecure``.
+    """
+    check_exposure(config.host, config.api_token, config.ui_auth, config.ui, config.insecure)
     service = service or SearchService(
         config.index_dir,
         max_batch=config.max_batch,
@@ -57,7 +95,13 @@ def build_app(config: ServerConfig, service: SearchService | None = None) -> tup
         max_pixels=config.max_pixels,
     )
     app = create_api(service, concurrency=config.concurrency, max_queue=config.max_queue)
+    api_routes = [route for route in app.routes if isinstance(route, APIRoute) and route.path not in PUBLIC_PATHS]
+
+    def is_api_call(path: str) -> bool:
+        return any(route.path_regex.match(path) for route in api_routes)
+
     if config.ui:
+        upload_dir = use_upload_folder(config.upload_dir)  # before the Blocks exist: they read it when built
         blocks, example_dir = build_ui(service, config.report, results=config.results)
         blocks.queue(default_concurrency_limit=GRADIO_CONCURRENCY, max_size=GRADIO_QUEUE)
         app = gr.mount_gradio_app(
@@ -68,7 +112,20 @@ def build_app(config: ServerConfig, service: SearchService | None = None) -> tup
             max_file_size=config.max_upload_bytes,
             server_name=config.host,
             server_port=config.port,
+            auth=config.ui_auth or None,
+            show_error=False,  # only gr.Error messages reach the client: other errors name server paths
         )
+        lock_file_access(blocks)
+        UploadPruner(blocks, upload_dir, config.upload_max_age_s, config.upload_cache_bytes,
+                     config.upload_prune_interval_s).attach(app)
+        app.add_middleware(UploadedFilesOnly, folder=upload_dir)
+    # Outermost last: origin check, then CORS (answers preflights, so a 401 still carries its headers), then token.
+    if config.api_token:
+        app.add_middleware(BearerToken, token=config.api_token, protected=is_api_call)
+    # The parent's own CORSMiddleware: Gradio then adds none of its own (see gr.mount_gradio_app).
+    app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
+                       allow_headers=["Authorization", "Content-Type"])
+    app.add_middleware(SameOriginOnly, allowed=config.cors_origins)
     return app, service
 
 
@@ -77,9 +134,12 @@ def serve(config: ServerConfig) -> None:
     app, service = build_app(config)
     print(
         f"serving {service.describe()['vectors']} images from {config.index_dir}: UI and API on "
-        f"http://{config.host}:{config.port}/ (API docs at /docs)",
+        f"http://{config.host}:{config.port}/ (API docs at /docs)\n{config.access_summary()}",
         flush=True,
     )
+    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again: as SystemExit, so that the
+    # `finally` below and the atexit hooks (the private upload folder is removed) still run.
+    signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
     try:
         # Request bodies are read before the search queue: cap the connections in flight so that the memory
         # held by uploads is bounded too (beyond it uvicorn answers 503).

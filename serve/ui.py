@@ -357,7 +357,7 @@ def build_ui(
         atexit.register(shutil.rmtree, example_dir, True)
     examples = ExampleSet(service, example_dir)
     info = service.describe()
-    with gr.Blocks(title="Image retrieval") as demo:
+    with gr.Blocks(title="Image retrieval", analytics_enabled=False) as demo:
         gr.Markdown(
             f"## Image retrieval · {info['vectors']} images · `{info['index_key']}` · "
             f"{info['embedding_dim']}-d embeddings · model `{info['model_hash']}`"

@@ -1,0 +1,254 @@
+"""The Gradio app's files: a folder of its own, only uploaded files as event inputs, pruned by age and size.
+
+Gradio copies every file an event names into its cache and serves the cache at ``/gradio_api/file=``. Its guard
+(``processing_utils._check_allowed``: event inputs must lie in the upload folder) only runs once
+``blocks.has_launched`` is set, which ``launch()`` does and ``gr.mount_gradio_app`` does not; and its cache is
+the machine-wide ``/tmp/gradio`` that every Gradio app of every user shares. This module mends both and adds a
+guard of its own in front of Gradio (URLs included, which Gradio would download) with one answer for any file
+that was not uploaded, so that nothing tells whether a path exists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import gradio as gr
+from fastapi import FastAPI
+from gradio import processing_utils
+from gradio.context import LocalContext
+from gradio.exceptions import InvalidPathError
+from gradio_client.utils import is_file_obj_with_meta
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from serve.defaults import GRADIO_JSON_BODY_LIMIT
+from serve.security import ConfigError
+
+GRADIO_API_PREFIX = "/gradio_api/"
+SHARED_GRADIO_FOLDER = Path(tempfile.gettempdir()) / "gradio"  # Gradio's default: every app on the machine
+NOT_UPLOADED = (
+    "this call names a file that was not uploaded to this app. Upload the file first (POST /gradio_api/upload, "
+    "which gradio_client's handle_file() does for you) and pass the path that the upload returns"
+)
+
+_process_folder: Path | None = None
+
+
+def use_upload_folder(requested: Path | None = None) -> Path:
+    """Point Gradio (``GRADIO_TEMP_DIR``, process-wide) at this server's own upload folder and return it.
+
+    None: a new private folder (mode 0700) for this process, removed at exit. A given folder is created 0700 and
+    is this server's alone: the pruner deletes its files. One process serves one folder (Gradio reads the
+    variable on every check), so a second, different folder in the same process is refused.
+    """
+    global _process_folder
+    if requested is None:
+        if _process_folder is None:
+            _process_folder = Path(tempfile.mkdtemp(prefix="retrieval-gradio-")).resolve()
+            atexit.register(shutil.rmtree, _process_folder, True)
+        folder = _process_folder
+    else:
+        folder = Path(requested).expanduser().resolve()
+        if folder == SHARED_GRADIO_FOLDER.resolve():
+            raise ConfigError(f"{folder} is Gradio's machine-wide default folder, shared with every other Gradio "
+                             "app: pass a folder of this server's own to --upload-dir")
+        if folder.exists() and not folder.is_dir():
+            raise ConfigError(f"--upload-dir {folder} exists and is not a folder")
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if _process_folder is not None and _process_folder != folder:
+            raise ConfigError(f"this process already keeps Gradio uploads in {_process_folder}; Gradio's folder is "
+                             "process-wide (GRADIO_TEMP_DIR), start another process for another folder")
+        _process_folder = folder
+    os.environ["GRADIO_TEMP_DIR"] = str(folder)
+    return folder
+
+
+def lock_file_access(blocks: gr.Blocks) -> None:
+    """Make Gradio's own "event inputs only from the upload folder" check effective on a mounted app, and prove it.
+
+    ``launch()`` sets both flags; a mounted app must too: ``has_launched`` turns the check on and ``is_running``
+    stops Gradio from marking SVG copies as static (served inline: script on this origin). Refuses to serve
+    (RuntimeError) if this Gradio version lets a file from outside the upload folder through.
+    """
+    blocks.has_launched = True
+    blocks.is_running = True
+    probe = Path(__file__).resolve()  # exists, and is not in the upload folder
+    token = LocalContext.blocks.set(blocks)
+    try:
+        processing_utils._check_allowed(probe, check_in_upload_folder=True)
+    except InvalidPathError:
+        return
+    finally:
+        LocalContext.blocks.reset(token)
+    raise RuntimeError(f"gradio {gr.__version__} accepts event inputs outside its upload folder on a mounted app; "
+                       "refusing to serve (pin the gradio version in pyproject.toml that this check passes with)")
+
+
+def _named_files(value: Any) -> Iterable[str]:
+    """Every path named by a FileData object (the shape Gradio copies into its cache) anywhere in a JSON value."""
+    if is_file_obj_with_meta(value):
+        yield value["path"]
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _named_files(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _named_files(item)
+
+
+def is_uploaded(path: str, folder: Path) -> bool:
+    """Whether ``path`` lies in the upload folder (symlinks and ``..`` resolved); URLs never do."""
+    if "://" in path:
+        return False
+    try:
+        return Path(os.path.realpath(path)).is_relative_to(folder)
+    except (OSError, ValueError):  # NUL bytes, undecodable names
+        return False
+
+
+class UploadedFilesOnly:
+    """ASGI middleware: a Gradio call (JSON POST under /gradio_api/) may name only files in the upload folder.
+
+    In front of Gradio's own check: it covers URLs too (which Gradio would download into its cache) and answers
+    every other path with the same 400, whether or not it exists, without echoing it.
+    """
+
+    def __init__(self, app: ASGIApp, folder: Path, limit: int = GRADIO_JSON_BODY_LIMIT) -> None:
+        self.app, self.folder, self.limit = app, folder.resolve(), limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH") or not scope["path"].startswith(
+            GRADIO_API_PREFIX
+        ):
+            await self.app(scope, receive, send)
+            return
+        content_type = dict(scope["headers"]).get(b"content-type", b"").lower()
+        if content_type.startswith(b"multipart/"):  # the upload route itself: Gradio caps its size
+            await self.app(scope, receive, send)
+            return
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                response = JSONResponse({"detail": f"a Gradio call body is limited to {self.limit} bytes; upload "
+                                         "files with POST /gradio_api/upload and pass their paths"}, 413)
+                await response(scope, receive, send)
+                return
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        try:
+            payload = json.loads(body)
+        except (ValueError, RecursionError):
+            payload = None  # not JSON: Gradio refuses it itself
+        if payload is not None and not all(is_uploaded(path, self.folder) for path in _named_files(payload)):
+            await JSONResponse({"detail": NOT_UPLOADED}, 400)(scope, receive, send)
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def prune_folder(folder: Path, max_age_s: float, max_bytes: int, keep: Iterable[str] = (),
+                 now: float | None = None) -> list[Path]:
+    """Delete files older than ``max_age_s``, then the oldest until the rest take ``max_bytes`` or less on disk.
+
+    ``keep`` (Gradio's example copies) are counted but never deleted. Age is the later of mtime and ctime
+    (Gradio touches a cached copy it hands out again). Returns the deleted files; empty subfolders go too.
+    """
+    now = time.time() if now is None else now
+    keep = set(keep)
+    files = []
+    for root, _, names in os.walk(folder):
+        for name in names:
+            path = Path(root) / name
+            try:
+                st = path.lstat()
+            except OSError:
+                continue
+            files.append((max(st.st_mtime, st.st_ctime), max(st.st_size, st.st_blocks * 512), path))
+    files.sort(key=lambda f: f[0])
+    total = sum(size for _, size, _ in files)
+    removed = []
+    for changed, size, path in files:
+        if str(path) in keep or (now - changed <= max_age_s and total <= max_bytes):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        total -= size
+        removed.append(path)
+    for root, dirs, _ in os.walk(folder, topdown=False):
+        for name in dirs:
+            with contextlib.suppress(OSError):  # not empty, or gone
+                (Path(root) / name).rmdir()
+    return removed
+
+
+class UploadPruner:
+    """Keeps the upload folder of a mounted Blocks within an age and a size, from the app's lifespan."""
+
+    def __init__(self, blocks: gr.Blocks, folder: Path, max_age_s: float, max_bytes: int, interval_s: float) -> None:
+        self.blocks, self.folder = blocks, folder
+        self.max_age_s, self.max_bytes, self.interval_s = max_age_s, max_bytes, interval_s
+
+    def kept(self) -> set[str]:
+        return set().union(*(getattr(block, "keep_in_cache", set()) for block in self.blocks.blocks.values()))
+
+    def prune(self, max_age_s: float | None = None) -> list[Path]:
+        """One pass; Gradio's own lists of its temporary files forget the deleted ones (no unbounded growth)."""
+        removed = prune_folder(self.folder, self.max_age_s if max_age_s is None else max_age_s, self.max_bytes,
+                               self.kept())
+        gone = {str(path) for path in removed}
+        for files in list(self.blocks.temp_file_sets):
+            files.difference_update(gone)
+        return removed
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await anyio.to_thread.run_sync(self.prune)
+            except Exception as exc:  # noqa: BLE001 - a failed pass must not end pruning for good
+                print(f"pruning the upload folder {self.folder} failed: {exc!r}", file=sys.stderr, flush=True)
+            await asyncio.sleep(self.interval_s)
+
+    def attach(self, app: FastAPI) -> None:
+        """Prune while ``app`` serves; on shutdown delete every upload (the examples stay)."""
+        inner = app.router.lifespan_context
+
+        @contextlib.asynccontextmanager
+        async def lifespan(parent: Any) -> AsyncIterator[Any]:
+            async with inner(parent) as state:
+                task = asyncio.create_task(self.run())
+                try:
+                    yield state
+                finally:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+                    self.blocks.is_running = False  # ends Gradio's heartbeat loops
+                    self.prune(max_age_s=-1)
+
+        app.router.lifespan_context = lifespan
