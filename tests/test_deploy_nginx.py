@@ -282,6 +282,15 @@ def test_page_api_and_gradio_event_through_nginx(nginx, artifacts):
     assert f"label **{artifacts.labels[2]}**" in timing
 
 
+def test_browser_requests_from_the_page_pass_and_other_origins_are_refused_through_nginx(nginx, artifacts):
+    """The app compares Origin with Host: nginx must pass the Host the browser wrote, port included."""
+    files = {"image": ("q.png", artifacts.query_paths[0].read_bytes())}
+    own = httpx.post(nginx + "/search?k=3", files=files, headers={"Origin": nginx}, timeout=60)
+    assert own.status_code == 200, own.text
+    other = httpx.post(nginx + "/search?k=3", files=files, headers={"Origin": "http://evil.example"}, timeout=60)
+    assert other.status_code == 403
+
+
 def test_nginx_takes_every_body_the_app_takes_and_refuses_larger_ones_itself(nginx):
     # the largest body `retrieval serve` accepts (serve/api.py body_limit) passes nginx and reaches the app
     app_limit = DEFAULT_MAX_UPLOAD_BYTES * 4 // 3 + FORM_SLACK
