@@ -42,6 +42,17 @@ class CatalogueReader:
     def row(self, image_id: int) -> dict[str, Any] | None:
         return self.rows([image_id]).get(int(image_id))
 
+    def row_by_sha256(self, sha256: str) -> dict[str, Any] | None:
+        """The indexed row whose file has this sha256 (exact duplicates are catalogued as ``duplicate``)."""
+        sql = f"SELECT {', '.join(COLUMNS)} FROM images WHERE status='done' AND sha256 = ? ORDER BY id LIMIT 1"
+        row = self._db().execute(sql, (sha256,)).fetchone()
+        return None if row is None else dict(zip(COLUMNS, row, strict=True))
+
+    def path_range(self) -> tuple[str | None, str | None]:
+        """The first and last path of the indexed rows in string order (None, None when there are none)."""
+        first, last = self._db().execute("SELECT MIN(path), MAX(path) FROM images WHERE status='done'").fetchone()
+        return first, last
+
     def labelled(self) -> list[tuple[int, str]]:
         """(id, label) of every indexed image that has a label, by id."""
         sql = "SELECT id, label FROM images WHERE status='done' AND label IS NOT NULL ORDER BY id"

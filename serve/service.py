@@ -7,11 +7,16 @@ caller's thread. Catalogue lookups use per-thread read-only SQLite connections.
 
 from __future__ import annotations
 
+import hashlib
+import math
+import numbers
+import os
+import stat
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from pathlib import Path, PurePath
+from typing import IO, Any
 
 import numpy as np
 from PIL import Image
@@ -25,20 +30,59 @@ from serve.defaults import DEFAULT_MAX_PIXELS, DEFAULT_MAX_UPLOAD_BYTES, MAX_K
 from serve.diagnostics import LeaveOneOut, leave_one_out
 from serve.images import QueryError, decode_image
 
+# What an image file is served as, by extension (the catalogue only holds these extensions).
+IMAGE_MEDIA_TYPES = {
+    ".jpg": "image/jpeg",
+    ".jpeg": "image/jpeg",
+    ".png": "image/png",
+    ".webp": "image/webp",
+    ".bmp": "image/bmp",
+    ".gif": "image/gif",
+}
+
+
+def image_url(image_id: int) -> str:
+    return f"/items/{image_id}/image"
+
+
+@dataclass(frozen=True)
+class QueryItem:
+    """The gallery item a query image is: same file bytes (sha256) as that catalogued, indexed file."""
+
+    id: int
+    path: str  # relative to the gallery root
+    label: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "path": self.path, "label": self.label, "image_url": image_url(self.id)}
+
 
 @dataclass
 class SearchResponse:
-    results: list[SearchResult]
+    results: list[SearchResult]  # paths relative to the gallery root
     k: int
     timing: dict[str, float] = field(default_factory=dict)  # milliseconds, plus the batch size
+    query_item: QueryItem | None = None  # the query is this gallery item (identical file bytes)
+    excluded_self: bool = False  # ... and it was left out of the results
+    notes: list[str] = field(default_factory=list)  # how the query was read (e.g. an animated image's frame)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "k": self.k,
             "count": len(self.results),
-            "results": [r.to_dict() | {"image_url": f"/items/{r.id}/image"} for r in self.results],
+            "results": [r.to_dict() | {"image_url": image_url(r.id)} for r in self.results],
+            "query_item": self.query_item.to_dict() if self.query_item else None,
+            "excluded_self": self.excluded_self,
+            "notes": list(self.notes),
             "timing": self.timing,
         }
+
+
+def common_folder(first: str, last: str) -> str:
+    """The deepest folder holding every path that sorts between ``first`` and ``last`` (absolute paths)."""
+    prefix = os.path.commonprefix([first, last])  # every path in between starts with it too
+    folder = prefix[: prefix.rfind("/") + 1]
+    return folder.rstrip("/") or "/"
 
 
 class SearchService:
@@ -59,6 +103,7 @@ class SearchService:
             self.index.embedder
         )  # loads the ONNX model recorded in index.json now, not per request
         self.catalogue = CatalogueReader(self.index.layout.catalogue)
+        self.gallery_root = self._gallery_root()
         self.max_upload_bytes, self.max_pixels = int(max_upload_bytes), int(max_pixels)
         self.batcher = MicroBatcher(self._embed_batch, max_batch=max_batch, max_wait_ms=max_wait_ms)
         self._lock = threading.Lock()
@@ -67,6 +112,22 @@ class SearchService:
 
     def _embed_batch(self, batch: np.ndarray) -> np.ndarray:
         return self.embedder.embed(batch)
+
+    def _gallery_root(self) -> PurePath:
+        """The folder that response paths are relative to: index.json's ``gallery_root``, else the catalogue's
+        common parent folder (computed once, here)."""
+        recorded = self.index.info.get("gallery_root")
+        if recorded:
+            return PurePath(recorded)
+        first, last = self.catalogue.path_range()
+        return PurePath(common_folder(first, last) if first and last else "/")
+
+    def public_path(self, path: str) -> str:
+        """A catalogued path as clients see it: relative to the gallery root, never the server's absolute path."""
+        pure = PurePath(path)
+        if pure.is_relative_to(self.gallery_root):
+            return pure.relative_to(self.gallery_root).as_posix()
+        return pure.name  # catalogued outside the recorded root (e.g. added later from elsewhere)
 
     # --- facts
     @property
@@ -78,7 +139,7 @@ class SearchService:
 
     def describe(self) -> dict[str, Any]:
         return {
-            "index_dir": str(self.index_dir.resolve()),
+            "index_dir": str(self.index_dir.resolve()),  # for the operator (logs, UI); the API shows names only
             "vectors": len(self),
             "embedding_dim": self.dim,
             "index_key": self.index.info.get("index_key"),
@@ -113,14 +174,25 @@ class SearchService:
         query: Image.Image | bytes | np.ndarray | list[float],
         k: int = 10,
         exclude_ids: tuple[int, ...] = (),
+        exclude_self: bool = False,
     ) -> SearchResponse:
-        """Top-k of a PIL image, the bytes of an image file, or an embedding [d]; ``exclude_ids`` dropped."""
+        """Top-k of a PIL image, the bytes of an image file, or an embedding [d]; ``exclude_ids`` dropped.
+
+        For image bytes, ``query_item`` is the gallery item with identical bytes (if any); ``exclude_self``
+        leaves it out of the results (a query picked from the gallery is not its own answer).
+        """
         k = self.check_k(k)
         started = time.perf_counter()
         timing: dict[str, float] = {}
+        query_item = None
         if isinstance(query, (bytes, bytearray)):
-            query = decode_image(bytes(query), self.max_upload_bytes, self.max_pixels)
+            query = bytes(query)
+            query_item = self.query_item(query)
+            query = decode_image(query, self.max_upload_bytes, self.max_pixels)
             timing["decode_ms"] = (time.perf_counter() - started) * 1000
+        excluded_self = exclude_self and query_item is not None
+        if excluded_self:
+            exclude_ids = (*exclude_ids, query_item.id)
         if isinstance(query, Image.Image):
             embedding, embed_timing = self.embed_images([query])
             timing.update(embed_timing)
@@ -130,23 +202,61 @@ class SearchService:
         results = self._search_vectors(embedding, k, set(exclude_ids))
         timing["search_ms"] = (time.perf_counter() - search_started) * 1000
         timing["total_ms"] = (time.perf_counter() - started) * 1000
-        return SearchResponse(results, k, {key: round(v, 3) for key, v in timing.items()})
+        timing = {key: round(v, 3) for key, v in timing.items()}
+        notes: list[str] = []  # to be filled from the image decoder's report (e.g. an animated image's frames)
+        return SearchResponse(results, k, timing, query_item, excluded_self, notes)
+
+    def query_item(self, data: bytes) -> QueryItem | None:
+        """The indexed gallery item whose file has exactly these bytes (catalogue sha256), if any."""
+        row = self.catalogue.row_by_sha256(hashlib.sha256(data).hexdigest())
+        return None if row is None else QueryItem(row["id"], self.public_path(row["path"]), row["label"])
 
     def check_embedding(self, embedding: Any) -> np.ndarray:
-        try:
-            vector = np.asarray(embedding, dtype=np.float32)
-        except (TypeError, ValueError) as exc:
-            raise QueryError(f"'embedding' must be a list of {self.dim} numbers: {exc}", 422) from exc
-        if vector.ndim != 1 or vector.shape[0] != self.dim:
+        """A query embedding -> unit float32 vector [d]; 422 for anything but ``d`` finite numbers, not all zero.
+
+        Only real numbers count (JSON numbers; not bools, strings, nulls or nested lists, which NumPy would
+        coerce). The direction is what matters, so any finite magnitude is accepted: the vector is scaled by
+        its largest component in float64 before it is normalised (1e30 everywhere would overflow a float32 norm).
+        """
+        if isinstance(embedding, np.ndarray):
+            if embedding.dtype.kind not in "iuf":
+                raise QueryError(f"'embedding' must hold numbers, got an array of {embedding.dtype}", 422)
+            shape = list(embedding.shape)
+        elif isinstance(embedding, (list, tuple)):
+            shape = [len(embedding)]
+        else:
+            raise QueryError(f"'embedding' must be a list of {self.dim} numbers, not {_json_type(embedding)}", 422)
+        if shape != [self.dim]:
             raise QueryError(
-                f"'embedding' must be a flat list of {self.dim} numbers (this index's dimension), "
-                f"got shape {list(vector.shape)}",
+                f"'embedding' must be a flat list of {self.dim} numbers (this index's dimension), got shape {shape}",
                 422,
             )
+        if not isinstance(embedding, np.ndarray):
+            for position, value in enumerate(embedding):
+                if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+                    raise QueryError(
+                        f"'embedding' must be a flat list of {self.dim} numbers, but item {position} is "
+                        f"{_json_type(value)}",
+                        422,
+                    )
         try:
-            return prepare_vectors(vector, self.dim)
-        except ValueError as exc:
-            raise QueryError(str(exc), 422) from exc
+            vector = np.asarray(embedding, dtype=np.float64)
+        except OverflowError as exc:  # a JSON integer beyond the float64 range
+            raise QueryError(f"'embedding' has a number beyond the float64 range (about 1.8e308): {exc}", 422) from exc
+        if not np.all(np.isfinite(vector)):
+            position = int(np.flatnonzero(~np.isfinite(vector))[0])
+            raise QueryError(
+                f"'embedding' item {position} is {vector[position]}: every component must be a finite number "
+                "(within the float64 range)",
+                422,
+            )
+        largest = float(np.max(np.abs(vector)))
+        if largest == 0:
+            raise QueryError(
+                "'embedding' is all zeros: it has no direction to compare by cosine; send a non-zero vector", 422
+            )
+        vector = vector / largest  # now within [-1, 1]: the norm below cannot overflow nor underflow
+        return prepare_vectors((vector / math.sqrt(float(vector @ vector))).astype(np.float32), self.dim)[0]
 
     def _search_vectors(self, embedding: np.ndarray, k: int, exclude: set[int]) -> list[SearchResult]:
         scores, ids = self.index.search_arrays(embedding, k + len(exclude))
@@ -154,21 +264,64 @@ class SearchService:
             (float(s), int(i)) for s, i in zip(scores[0], ids[0], strict=True) if i >= 0 and i not in exclude
         ]
         rows = self.catalogue.rows([i for _, i in keep])
-        return [SearchResult(i, rows[i]["path"], rows[i]["label"], s) for s, i in keep[:k] if i in rows]
+        return [
+            SearchResult(i, self.public_path(rows[i]["path"]), rows[i]["label"], s)
+            for s, i in keep[:k]
+            if i in rows
+        ]
 
     # --- catalogue
     def item(self, image_id: int) -> dict[str, Any] | None:
-        return self.catalogue.row(image_id)
-
-    def image_path(self, image_id: int) -> Path | None:
-        """The file of an indexed image: only if catalogued as indexed and still an image file on disk."""
+        """An indexed image's catalogue entry as clients see it (path relative to the gallery root)."""
         row = self.catalogue.row(image_id)
         if row is None:
             return None
-        path = Path(row["path"])
-        if path.suffix.lower() not in IMAGE_EXTENSIONS or not path.is_file():
+        return {
+            "id": row["id"],
+            "path": self.public_path(row["path"]),
+            "label": row["label"],
+            "sha256": row["sha256"],
+            "size": row["size"],
+            "image_url": image_url(row["id"]),
+        }
+
+    def _catalogued_image(self, image_id: int) -> Path | None:
+        row = self.catalogue.row(image_id)
+        if row is None or Path(row["path"]).suffix.lower() not in IMAGE_EXTENSIONS:
             return None
-        return path
+        return Path(row["path"])
+
+    def image_path(self, image_id: int) -> Path | None:
+        """The file of an indexed image, for callers that open it by path (the UI): only if catalogued as
+        indexed and still a regular file that is not a symlink (``open_image_file`` is the race-free way)."""
+        path = self._catalogued_image(image_id)
+        try:
+            return path if path is not None and stat.S_ISREG(os.lstat(path).st_mode) else None
+        except OSError:
+            return None
+
+    def open_image_file(self, image_id: int) -> tuple[IO[bytes], int, str]:
+        """The open file of an indexed image, its size and media type; 404 (QueryError) when it is not there.
+
+        The file itself is opened without following a final symlink (a symlink that replaced a gallery file
+        is not followed to its target; parent folders may be symlinks), and it must be a regular file, as
+        seen on the opened descriptor: nothing can be swapped in between a check and the open.
+        """
+        path = self._catalogued_image(image_id)
+        if path is None:
+            raise QueryError(f"no indexed image with id {image_id}", 404)
+        try:  # O_NONBLOCK: a FIFO put in its place must not block the open
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        except OSError as exc:  # ELOOP: the final component is a symlink
+            reason = "was replaced by a symlink" if os.path.islink(path) else "is gone"
+            raise QueryError(f"image {image_id} is catalogued but its file {reason}; it is not served", 404) from exc
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            os.close(fd)
+            raise QueryError(
+                f"image {image_id} is catalogued but its file is not a regular file; it is not served", 404
+            )
+        return os.fdopen(fd, "rb"), info.st_size, IMAGE_MEDIA_TYPES[path.suffix.lower()]
 
     # --- slower summaries, computed once
     def index_stats(self) -> dict[str, Any]:
@@ -186,3 +339,18 @@ class SearchService:
     def close(self) -> None:
         self.batcher.close()
         self.index.close()
+
+
+def _json_type(value: Any) -> str:
+    """How a JSON value that is not a number is named in an error message."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"a boolean ({str(value).lower()})"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, (list, tuple)):
+        return "a list (nested lists are not accepted)"
+    if isinstance(value, dict):
+        return "an object"
+    return f"a {type(value).__name__}"

@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import atexit
-import hashlib
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import gradio as gr
-import numpy as np
 from PIL import Image
 
 from retrieval.analysis.results import table_markdown
 from retrieval.data import open_image
-from retrieval.index import SearchResult
 from serve.defaults import RESULTS_COMMAND
+from serve.images import QueryError
 from serve.reports import (
     curves_plot,
     load_report,
@@ -29,15 +27,8 @@ from serve.reports import (
 from serve.service import SearchService
 
 THUMBNAIL = 256
-SAME_IMAGE_SCORE = 0.999  # cosine above which a result may be the query itself (then pixels are compared)
 EXAMPLE_COUNT = 12
 WORST_CLASSES = 10
-
-
-def pixel_key(image: Image.Image) -> str:
-    """Identity of decoded pixels, to recognise a query that is one of the gallery examples."""
-    rgb = np.asarray(image.convert("RGB"))
-    return hashlib.sha256(repr(rgb.shape).encode() + rgb.tobytes()).hexdigest()
 
 
 class ExampleSet:
@@ -65,28 +56,18 @@ class SearchTab:
     def __init__(self, service: SearchService, examples: ExampleSet) -> None:
         self.service, self.examples = service, examples
 
-    def identify(self, image: Image.Image, results: list[SearchResult]) -> SearchResult | None:
-        """The gallery item the query is (same decoded pixels as a near-1.0 top result), if any."""
-        for result in results[:3]:
-            if result.score < SAME_IMAGE_SCORE:
-                break
-            path = self.service.image_path(result.id)
-            if path is not None and pixel_key(open_image(path)) == pixel_key(image):
-                return result
-        return None
-
-    def search(self, image: Image.Image | None, k: float) -> tuple[list[tuple[Image.Image, str]], str]:
+    def search(self, image: str | None, k: float) -> tuple[list[tuple[Image.Image, str]], str]:
+        """Search by the uploaded file's bytes, as the API does: a query that is a gallery item (identical
+        bytes) is recognised and left out of its own results (``exclude_self``)."""
         if image is None:
             raise gr.Error("Upload, paste or pick an image first.")
-        if image.width * image.height > self.service.max_pixels:
-            raise gr.Error(
-                f"The image has {image.width}x{image.height} pixels, over the limit of "
-                f"{self.service.max_pixels}."
-            )
-        k = self.service.check_k(int(k))
-        response = self.service.search(image, k + 1)  # one more: the query itself may be in the gallery
-        known = self.identify(image, response.results)
-        response.results = [r for r in response.results if known is None or r.id != known.id][:k]
+        with open(image, "rb") as handle:  # one byte over the limit is enough for the service to refuse it
+            data = handle.read(self.service.max_upload_bytes + 1)
+        try:
+            response = self.service.search(data, self.service.check_k(int(k)), exclude_self=True)
+        except QueryError as exc:
+            raise gr.Error(str(exc)) from exc
+        known = response.query_item
         items = []
         for result in response.results:
             caption = f"{result.score:.3f} · {result.label or '(no label)'}"
@@ -111,7 +92,8 @@ class SearchTab:
         with gr.Row():
             with gr.Column(scale=1, min_width=280):
                 query = gr.Image(
-                    type="pil",
+                    type="filepath",  # the uploaded file itself (its bytes identify a gallery item)
+                    image_mode=None,
                     sources=["upload", "clipboard"],
                     label="Query image",
                     elem_id="query-image",

@@ -21,7 +21,7 @@ class SearchResult:
     id: int
     path: str
     label: str | None
-    score: float  # cosine similarity
+    score: float  # cosine similarity, within [-1, 1]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -99,13 +99,17 @@ class Index:
 
     # --- search
     def search_arrays(self, embeddings: np.ndarray, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
-        """Vectorised search: scores float32 [n, k] and catalogue ids int64 [n, k] (-1 where fewer than k)."""
+        """Vectorised search: cosine scores float32 [n, k] and catalogue ids int64 [n, k] (-1 where fewer than k).
+
+        Scores are clipped to [-1, 1]: float32 rounding (or an approximate index's reconstruction) can put an
+        inner product of unit vectors just outside the range a cosine can take.
+        """
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         queries = prepare_vectors(embeddings, self.dim)
-        if self._gpu is not None:
-            return self._gpu.search(queries, k)
-        return self.faiss_index.search(queries, k)
+        searcher = self._gpu if self._gpu is not None else self.faiss_index
+        scores, ids = searcher.search(queries, k)
+        return np.clip(scores, -1.0, 1.0, out=scores), ids
 
     def search(self, embeddings: np.ndarray, k: int = 10) -> list[list[SearchResult]]:
         """Per query, the top-k results best first, with catalogue id, path, label and cosine score."""
