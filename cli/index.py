@@ -1,4 +1,7 @@
-"""`retrieval index build|add|remove|stats` and `retrieval search`: the gallery index on the command line."""
+"""`retrieval index build|add|remove|repair|stats` and `retrieval search`: the gallery index on the command line.
+
+The writers (build, add, remove, repair) lock the index folder: a second writer is refused at once.
+"""
 
 from __future__ import annotations
 
@@ -29,9 +32,11 @@ def _echo_summary(summary: dict) -> None:
     click.echo(json.dumps(summary, indent=2, default=str))
 
 
+split_option = click.option("--split", default=None, help="with a manifest: index only the rows of this split.")
+
+
 def ingest_options(func):
     options = [
-        click.option("--split", default=None, help="with a manifest: index only the rows of this split."),
         click.option("--batch-size", default=64, show_default=True, help="images per embedding batch."),
         click.option(
             "--workers", type=int, default=None, help="decoding workers (default: cores - 1, at most 4)."
@@ -71,11 +76,12 @@ def index_group() -> None:
     show_default=True,
     help="auto | Flat | HNSW32 | IVF{K},Flat | IVF{K},PQ{m} | any faiss factory key ({K}, {m} filled in).",
 )
+@split_option
 @ingest_options
 def build_command(
     model, images, out, index_key, split, batch_size, workers, shard_size, max_pixels, gpu
 ) -> None:
-    """Embed every image and build the index; run the same command again to finish an interrupted build."""
+    """Embed every image and build the index; rerun it (or `index repair OUT`) to finish an interrupted build."""
     from retrieval.index import build_index
 
     summary = build_index(
@@ -94,6 +100,7 @@ def build_command(
 @click.argument("index_dir", type=click.Path(file_okay=False, exists=True))
 @click.option("--images", required=True, type=click.Path(), help=IMAGES_HELP)
 @click.option("--model", type=click.Path(dir_okay=False), help="default: the model recorded in index.json.")
+@split_option
 @ingest_options
 def add_command(index_dir, images, model, split, batch_size, workers, shard_size, max_pixels, gpu) -> None:
     """Add images to an existing index without rebuilding it."""
@@ -127,6 +134,28 @@ def remove_command(index_dir, ids, paths) -> None:
     _echo_summary(remove_images(index_dir, ids=id_list, paths=paths))
 
 
+@index_group.command("repair")
+@click.argument("index_dir", type=click.Path(file_okay=False, exists=True))
+@click.option("--model", type=click.Path(dir_okay=False), help="default: the model recorded in index.json.")
+@click.option("--rebuild", is_flag=True, help="rebuild the faiss part from the shards instead of updating it.")
+@ingest_options
+def repair_command(index_dir, model, rebuild, batch_size, workers, shard_size, max_pixels, gpu) -> None:
+    """Finish an interrupted build/add, or mend an index whose faiss part and catalogue disagree.
+
+    Embeds only images that no shard holds, then checks that faiss holds exactly the indexed images.
+    """
+    from retrieval.index import repair_index
+
+    summary = repair_index(
+        index_dir,
+        model=model,
+        rebuild=rebuild,
+        gpu=gpu,
+        options=_ingest_options(batch_size, workers, shard_size, max_pixels),
+    )
+    _echo_summary(summary)
+
+
 @index_group.command("stats")
 @click.argument("index_dir", type=click.Path(file_okay=False, exists=True))
 @click.option("--queries", default=500, show_default=True, help="sampled queries for recall and latency.")
@@ -147,6 +176,7 @@ def stats_command(index_dir, queries) -> None:
 def search_command(index_dir, images, k, model, gpu, as_json) -> None:
     """Find the k most similar gallery images to each query IMAGE."""
     from retrieval.index import Index, load_model
+    from retrieval.index.sources import printable_path
 
     with Index.open(index_dir, embedder=load_model(model) if model else None, gpu=gpu) as index:
         results = index.search_images(list(images), k)
@@ -158,9 +188,11 @@ def search_command(index_dir, images, k, model, gpu, as_json) -> None:
         click.echo(json.dumps(payload, indent=2))
         return
     for query, rows in zip(images, results, strict=True):
-        click.echo(query)
-        for rank, r in enumerate(rows, 1):
-            click.echo(f"  {rank:3d}  {r.score:+.4f}  id={r.id}  label={r.label}  {r.path}")
+        click.echo(printable_path(query, limit=None))
+        for rank, r in enumerate(rows, 1):  # names may hold newlines or bytes that are not UTF-8
+            label = None if r.label is None else printable_path(r.label, limit=None)
+            path = printable_path(r.path, limit=None)
+            click.echo(f"  {rank:3d}  {r.score:+.4f}  id={r.id}  label={label}  {path}")
 
 
 if __name__ == "__main__":

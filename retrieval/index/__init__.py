@@ -1,14 +1,15 @@
 """Gallery index: a faiss index over L2-normalised embeddings with a SQLite catalogue.
 
-``build_index`` / ``add_images`` / ``remove_images`` write an index folder (see ``IndexLayout``);
+``build_index`` / ``add_images`` / ``remove_images`` / ``repair_index`` write an index folder (see
+``IndexLayout``; one writer at a time);
 ``Index.open(folder).search(embeddings, k)`` and ``.search_images(images, k)`` query it.
 """
 
-from retrieval.index.builder import IngestOptions, add_images, build_index, remove_images
+from retrieval.index.builder import IngestOptions, add_images, build_index, remove_images, repair_index
 from retrieval.index.catalogue import Catalogue
 from retrieval.index.embedder import Embedder, ModelMismatchError, l2_normalize, load_model
 from retrieval.index.faiss_ops import AUTO_POLICY, AutoPolicy, choose_index_key
-from retrieval.index.layout import IndexLayout
+from retrieval.index.layout import IndexLayout, IndexLockedError
 from retrieval.index.search import Index, SearchResult
 from retrieval.index.sources import IMAGE_EXTENSIONS, list_gallery
 from retrieval.index.stats import index_stats
@@ -21,6 +22,7 @@ __all__ = [
     "IMAGE_EXTENSIONS",
     "Index",
     "IndexLayout",
+    "IndexLockedError",
     "IngestOptions",
     "ModelMismatchError",
     "SearchResult",
@@ -32,4 +34,5 @@ __all__ = [
     "list_gallery",
     "load_model",
     "remove_images",
+    "repair_index",
 ]

@@ -11,6 +11,12 @@ Resumability, step by step (a kill -9 at any point loses nothing and duplicates 
 4. faiss: the index is rebuilt from the shards (rows ``done``) and written atomically, then
    ``index.json``; ``add``/``remove`` update it in place by set difference between the ids the index
    holds and the ``done`` rows, which is idempotent too.
+
+One writer at a time: every command here holds the folder's writer lock (``IndexLayout.write_lock``)
+for its whole run. ``repair_index`` finishes or mends whatever a crash (or, before the lock, two writers
+at once) left: it reconciles the shards, points each ``done`` row at a shard that holds its vector
+(re-embedding only rows no shard holds), embeds the pending rows, brings faiss in line and checks that
+faiss holds exactly the ``done`` ids. Every "unfinished" or "inconsistent" message names it.
 """
 
 from __future__ import annotations
@@ -32,9 +38,9 @@ from retrieval.index import faiss_ops
 from retrieval.index.catalogue import Catalogue, Outcome
 from retrieval.index.decode import DEFAULT_MAX_PIXELS, DecodedBatch, GalleryDecodeDataset, collate_decoded
 from retrieval.index.embedder import Embedder, ModelMismatchError, load_model, prepare_vectors
-from retrieval.index.layout import IndexLayout
+from retrieval.index.layout import IndexLayout, repair_command
 from retrieval.index.shards import ShardStore
-from retrieval.index.sources import list_gallery
+from retrieval.index.sources import Gallery, is_utf8, list_gallery, printable_path
 
 DEFAULT_SHARD_SIZE = 4096
 # Test hook: "after_shard_write:N" or "after_commit:N" makes the build stop (sleep) after its N-th shard,
@@ -164,6 +170,47 @@ def reconcile(catalogue: Catalogue, store: ShardStore) -> int:
     return fixed
 
 
+def missing_vectors(catalogue: Catalogue, store: ShardStore) -> set[int]:
+    """Ids of ``done`` rows whose vector is not in the shard the catalogue names (reads only the ids)."""
+    done = catalogue.done_shards()
+    missing = set(done)
+    for name in store.names():
+        if missing:
+            missing.difference_update(i for i in store.read_ids(name).tolist() if done.get(i) == name)
+    return missing
+
+
+def mend_done_rows(catalogue: Catalogue, store: ShardStore) -> dict[str, int]:
+    """Give every ``done`` row a shard holding its vector: re-point it to another shard that holds the
+    same image (same sha256), else send it back to ``pending`` to be embedded again.
+
+    Two writers at once could overwrite each other's shards (same next name) and leave rows so.
+    """
+    missing = missing_vectors(catalogue, store)
+    if not missing:
+        return {"repointed": 0, "requeued": 0}
+    rows = catalogue.rows(sorted(missing))
+    found: dict[int, str] = {}
+    for name in reversed(store.names()):  # newest first
+        shard = store.read(name)
+        held = set(shard.ids.tolist())
+        for o in shard.outcomes:
+            if o.id in missing and o.id not in found and o.status == "done" and o.id in held:
+                if o.sha256 is not None and o.sha256 == rows[o.id]["sha256"]:
+                    found[o.id] = name
+    repointed = [
+        Outcome(i, "done", rows[i]["sha256"], rows[i]["size"], shard=name) for i, name in sorted(found.items())
+    ]
+    requeued = [Outcome(i, "pending") for i in sorted(missing - found.keys())]
+    catalogue.record(repointed + requeued)
+    return {"repointed": len(repointed), "requeued": len(requeued)}
+
+
+def mend(catalogue: Catalogue, store: ShardStore) -> dict[str, int]:
+    """Steps every writer runs first: record unrecorded shards, then check each done row's vector."""
+    return {"reconciled": reconcile(catalogue, store), **mend_done_rows(catalogue, store)}
+
+
 # --- faiss from shards -----------------------------------------------------------------------------
 def done_chunks(store: ShardStore, done: Mapping[int, str]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """(ids, vectors) of the ``done`` rows (id -> shard, from ``Catalogue.done_shards``), shard by shard.
@@ -207,10 +254,10 @@ def build_faiss(
     done = catalogue.done_shards()
     n = len(done)
     if n == 0:
-        errors = catalogue.problems("error", 1)
-        example = f"; first error: {errors[0]['path']}: {errors[0]['error']}" if errors else ""
+        errors = catalogue.error_examples(1)
+        example = f"; first error: {printable_path(errors[0]['path'])}: {errors[0]['error']}" if errors else ""
         raise ValueError(
-            f"no image could be indexed into {layout.root} ({catalogue.counts()['error']} errors"
+            f"no image could be indexed into {layout.root} ({catalogue.error_count()} errors"
             f"{example}); check --images and the errors in catalogue.sqlite"
         )
     if key_request == "auto":
@@ -254,6 +301,7 @@ def build_faiss(
                 f"setting {result.params}; choose a larger index key (e.g. Flat or IVF...,Flat)",
                 file=sys.stderr,
             )
+    require_same_ids(layout, index, done)
     faiss_ops.write_index_atomic(index, layout.faiss)
     return {
         "index_key": key,
@@ -265,52 +313,88 @@ def build_faiss(
     }
 
 
-def update_faiss(
-    layout: IndexLayout, catalogue: Catalogue, store: ShardStore, info: dict[str, Any], gpu: bool = False
-) -> dict[str, Any]:
-    """Bring the index in line with the ``done`` rows: remove_ids / add_with_ids, no retraining.
+def faiss_mismatch(index: faiss.Index, done: Mapping[int, str]) -> str | None:
+    """How the ids in faiss differ from the catalogue's ``done`` rows, or None when they agree."""
+    present = np.sort(faiss_ops.index_ids(index))
+    expected = np.fromiter(sorted(done), np.int64, len(done))
+    if np.array_equal(present, expected):
+        return None
+    lacking, extra = len(np.setdiff1d(expected, present)), len(np.setdiff1d(present, expected))
+    return (
+        f"its faiss part holds {len(present)} vectors but the catalogue has {len(expected)} indexed images "
+        f"({lacking} missing from faiss, {extra} not indexed in the catalogue)"
+    )
 
-    Index types that cannot remove ids (HNSW, Refine) are rebuilt from the shards with the same key.
+
+def require_same_ids(layout: IndexLayout, index: faiss.Index, done: Mapping[int, str]) -> None:
+    """Refuse to write a faiss index that disagrees with the catalogue (naming the repair command)."""
+    problem = faiss_mismatch(index, done)
+    if problem is not None:
+        raise layout.inconsistent(problem)
+
+
+def update_faiss(
+    layout: IndexLayout,
+    catalogue: Catalogue,
+    store: ShardStore,
+    info: dict[str, Any],
+    gpu: bool = False,
+    index: faiss.Index | None = None,
+) -> dict[str, Any]:
+    """Bring the index (read from ``layout.faiss`` unless given) in line with the ``done`` rows; no retraining.
+
+    Flat storage removes ids in place. Other types are emptied and filled again from the shards, keeping
+    their training: an IVF index keeps its rows' old positions on removal and HNSW cannot remove at all,
+    and either would leave the IDMap2 wrapper pointing at the wrong rows.
     """
-    index = faiss.read_index(str(layout.faiss))
+    index = faiss.read_index(str(layout.faiss)) if index is None else index
     done = catalogue.done_shards()
     present = faiss_ops.index_ids(index)
     done_ids = np.fromiter(done, np.int64, len(done))
     to_remove = np.setdiff1d(present, done_ids)
     to_add = np.setdiff1d(done_ids, present)
-    if len(to_remove):
+    updated_by = f"added {len(to_add)}, removed {len(to_remove)} in place"
+    if len(to_remove) and not isinstance(faiss_ops.inner(index), faiss.IndexFlatCodes):
         try:
-            index.remove_ids(to_remove)
-        except RuntimeError:  # e.g. HNSW: no removal in faiss; rebuild from the shards instead
-            rebuilt = build_faiss(
-                layout, catalogue, store, info["index_key"], int(info["embedding_dim"]), gpu
-            )
+            index.reset()
+        except RuntimeError:  # no reset either: build afresh from the shards with the same key
+            rebuilt = build_faiss(layout, catalogue, store, info["index_key"], int(info["embedding_dim"]), gpu)
             return rebuilt | {
                 "index_key_requested": info.get("index_key_requested", info["index_key"]),
                 "updated_by": "rebuild (this index type cannot remove ids)",
             }
+        to_remove, to_add = np.zeros(0, np.int64), done_ids
+        updated_by = (
+            f"rebuild from the shards, keeping its training ({len(done_ids)} vectors; this index type "
+            "cannot remove ids in place)"
+        )
+    if not len(to_remove) and not len(to_add):
+        return {"count": int(index.ntotal), "updated_by": "nothing to change"}
+    if len(to_remove):
+        index.remove_ids(to_remove)
     if len(to_add):
         for ids, vectors in done_chunks(store, {int(i): done[int(i)] for i in to_add}):
             index.add_with_ids(vectors, ids)
     faiss_ops.set_search_params(index, info.get("params", {}))
+    require_same_ids(layout, index, done)
     faiss_ops.write_index_atomic(index, layout.faiss)
-    return {
-        "count": int(index.ntotal),
-        "updated_by": f"added {len(to_add)}, removed {len(to_remove)} in place",
-    }
+    return {"count": int(index.ntotal), "updated_by": updated_by}
 
 
 # --- commands --------------------------------------------------------------------------------------
-def _summary(catalogue: Catalogue, started: float, reconciled: int) -> dict[str, Any]:
+def _summary(catalogue: Catalogue, started: float, mended: Mapping[str, int]) -> dict[str, Any]:
     counts = catalogue.counts()
     return {
         "indexed": counts["done"],
-        "errors": counts["error"],
+        "errors": catalogue.error_count(),
         "duplicates": counts["duplicate"],
         "removed": counts["removed"],
         "pending": counts["pending"],
-        "reconciled_rows": reconciled,
-        "error_examples": catalogue.problems("error", 10),
+        "reconciled_rows": mended.get("reconciled", 0),
+        "repointed_rows": mended.get("repointed", 0),
+        "requeued_rows": mended.get("requeued", 0),
+        "not_listed": counts["not_listed"],
+        "error_examples": catalogue.error_examples(10),
         "duplicate_examples": catalogue.problems("duplicate", 10),
         "seconds": round(time.perf_counter() - started, 2),
     }
@@ -326,6 +410,21 @@ def _model_fields(embedder: Embedder, model_path: str | None) -> dict[str, Any]:
     }
 
 
+def _info_from_meta(catalogue: Catalogue) -> dict[str, Any]:
+    """The model and gallery fields of ``index.json``, from what the build recorded when it started."""
+    get = catalogue.get_meta
+    info = {
+        "model_path": get("model_path"),
+        "model_hash": get("model_hash"),
+        "embedding_dim": int(get("embedding_dim") or 0),
+        "model_normalized": get("model_normalized") == "True",
+        "similarity": get("similarity"),
+    }
+    if get("gallery_root") is not None:
+        info["gallery_root"] = get("gallery_root")
+    return info
+
+
 def _check_same_model(catalogue: Catalogue, embedder: Embedder, root: Path) -> None:
     built_by = catalogue.get_meta("model_hash")
     if built_by is not None and built_by != embedder.model_hash:
@@ -334,6 +433,34 @@ def _check_same_model(catalogue: Catalogue, embedder: Embedder, root: Path) -> N
             f"but this "
             f"model has model_hash {embedder.model_hash}; use the same model, or a new --out to build afresh"
         )
+
+
+def _list(images: str | Path, split: str | None) -> Gallery:
+    gallery = list_gallery(images, split)
+    if not gallery.items:
+        example = f"; e.g. {gallery.errors[0].path}: {gallery.errors[0].error}" if gallery.errors else ""
+        raise ValueError(
+            f"no images (jpg, jpeg, png, webp, bmp, gif) found in {images}"
+            f"{f' ({len(gallery.errors)} paths could not be listed{example})' if gallery.errors else ''}"
+        )
+    return gallery
+
+
+def _inconsistency(layout: IndexLayout, catalogue: Catalogue, store: ShardStore) -> str | None:
+    """Why a finished index is not whole (unembedded rows, lost vectors, faiss off the catalogue), or None."""
+    if not layout.faiss.is_file() or not layout.info.is_file():
+        return "its faiss part or index.json is missing"
+    pending = catalogue.counts()["pending"]
+    if pending:
+        return f"{pending} catalogued images were never embedded"
+    missing = missing_vectors(catalogue, store)
+    if missing:
+        return f"{len(missing)} indexed images have no vector in their shard"
+    try:
+        index = faiss.read_index(str(layout.faiss))
+    except RuntimeError as exc:
+        return f"its faiss part cannot be read ({str(exc).splitlines()[0]})"
+    return faiss_mismatch(index, catalogue.done_shards())
 
 
 def build_index(
@@ -357,13 +484,28 @@ def build_index(
     options = options or IngestOptions()
     layout = IndexLayout(out)
     layout.root.mkdir(parents=True, exist_ok=True)
-    with Catalogue(layout.catalogue) as catalogue:
+    with layout.write_lock("build an index in"), Catalogue(layout.catalogue) as catalogue:
         state = catalogue.get_meta("state")
+        store = ShardStore(layout.shards)
         if state == "complete":
+            problem = _inconsistency(layout, catalogue, store)
+            if problem is not None:
+                raise FileExistsError(
+                    f"{layout.root} already holds a finished index, but {problem}; run "
+                    f"`{repair_command(layout.root)}` to mend it"
+                )
             raise FileExistsError(
                 f"{layout.root} already holds a finished index; add images with "
                 f"`retrieval index add {layout.root} --images ...` or choose a new --out"
             )
+        if state is not None:
+            _check_same_model(catalogue, embedder, layout.root)
+            if catalogue.get_meta("index_key") != index_key:
+                raise ValueError(
+                    f"the interrupted build in {layout.root} used --index-key "
+                    f"{catalogue.get_meta('index_key')}; rerun with that key or choose a new --out"
+                )
+        gallery = _list(images, split)
         if state is None:
             fields = _model_fields(embedder, str(model) if model else None)
             catalogue.set_meta(
@@ -371,35 +513,31 @@ def build_index(
                 index_key=index_key,
                 **{k: str(v) for k, v in fields.items() if v is not None},
             )
-        else:
-            _check_same_model(catalogue, embedder, layout.root)
-            if catalogue.get_meta("index_key") != index_key:
-                raise ValueError(
-                    f"the interrupted build in {layout.root} used --index-key "
-                    f"{catalogue.get_meta('index_key')}; rerun with that key or choose a new --out"
-                )
-        items = list_gallery(images, split)
-        if not items:
-            raise ValueError(f"no images (jpg, jpeg, png, webp, bmp, gif) found in {images}")
-        catalogue.plan(items)
-        store = ShardStore(layout.shards)
-        reconciled = reconcile(catalogue, store)
+        if catalogue.get_meta("gallery_root") is None:  # what repair re-lists if planning never finished
+            catalogue.set_meta(
+                gallery_root=gallery.root, gallery_images=str(Path(images).expanduser().resolve()),
+                **({"gallery_split": split} if split is not None else {}),
+            )
+        catalogue.plan(gallery.items, gallery.source, gallery.errors)
+        mended = mend(catalogue, store)
         Ingestor(catalogue, store, embedder, options).run()
         built = build_faiss(layout, catalogue, store, index_key, int(embedder.embedding_dim), gpu)
-        layout.write_info(_model_fields(embedder, catalogue.get_meta("model_path")) | built)
+        layout.write_info(_info_from_meta(catalogue) | built)
         catalogue.set_meta(state="complete")
         return {
             "index_dir": str(layout.root),
             "index_key": built["index_key"],
             "params": built["params"],
-            **_summary(catalogue, started, reconciled),
+            **_summary(catalogue, started, mended),
         }
 
 
-def _open_for_update(index_dir: str | Path) -> tuple[IndexLayout, dict[str, Any]]:
-    layout = IndexLayout(index_dir)
+def _require_complete(layout: IndexLayout, catalogue: Catalogue) -> dict[str, Any]:
+    """index.json of a finished index (``add``/``remove`` work only on one), else the error naming repair."""
     layout.require_finished()
-    return layout, layout.read_info()
+    if catalogue.get_meta("state") != "complete":
+        raise layout.unfinished()
+    return layout.read_info()
 
 
 def add_images(
@@ -413,23 +551,25 @@ def add_images(
 ) -> dict[str, Any]:
     """Embed new images with the index's own model and add them without rebuilding (resumable too)."""
     started = time.perf_counter()
-    layout, info = _open_for_update(index_dir)
-    if embedder is None:
-        path = model or info.get("model_path")
-        if path is None:
-            raise ValueError("this index records no model path; pass --model")
-        embedder = load_model(path)
+    layout = IndexLayout(index_dir)
+    layout.require_catalogue()
     options = options or IngestOptions()
-    with Catalogue(layout.catalogue) as catalogue:
+    with layout.write_lock("add images to"), Catalogue(layout.catalogue) as catalogue:
+        info = _require_complete(layout, catalogue)
+        if embedder is None:
+            path = model or info.get("model_path")
+            if path is None:
+                raise ValueError("this index records no model path; pass --model")
+            embedder = load_model(path)
         _check_same_model(catalogue, embedder, layout.root)
-        items = list_gallery(images, split)
-        catalogue.plan(items)
+        gallery = list_gallery(images, split)
+        catalogue.plan(gallery.items, gallery.source, gallery.errors)
         store = ShardStore(layout.shards)
-        reconciled = reconcile(catalogue, store)
+        mended = mend(catalogue, store)
         Ingestor(catalogue, store, embedder, options).run()
         updated = update_faiss(layout, catalogue, store, info, gpu)
         layout.write_info(info | updated)
-        return {"index_dir": str(layout.root), **updated, **_summary(catalogue, started, reconciled)}
+        return {"index_dir": str(layout.root), **updated, **_summary(catalogue, started, mended)}
 
 
 def remove_images(
@@ -437,13 +577,15 @@ def remove_images(
 ) -> dict[str, Any]:
     """Mark images removed in the catalogue, then take them out of the faiss index."""
     started = time.perf_counter()
-    layout, info = _open_for_update(index_dir)
-    with Catalogue(layout.catalogue) as catalogue:
+    layout = IndexLayout(index_dir)
+    layout.require_catalogue()
+    with layout.write_lock("remove images from"), Catalogue(layout.catalogue) as catalogue:
+        info = _require_complete(layout, catalogue)
         wanted = [int(i) for i in ids]
         if paths:
             resolved = [str(Path(p).expanduser().resolve()) for p in paths]
-            found = catalogue.ids_for_paths(resolved)
-            missing = [p for p in resolved if p not in found]
+            found = catalogue.ids_for_paths([p for p in resolved if is_utf8(p)])  # others are never catalogued
+            missing = [printable_path(p) for p in resolved if p not in found]
             if missing:
                 raise KeyError(f"not in the catalogue: {', '.join(missing[:5])}")
             wanted += list(found.values())
@@ -459,5 +601,85 @@ def remove_images(
             "index_dir": str(layout.root),
             "removed_ids": sorted(set(wanted)),
             **updated,
-            **_summary(catalogue, started, 0),
+            **_summary(catalogue, started, {}),
         }
+
+
+def repair_index(
+    index_dir: str | Path,
+    model: str | Path | None = None,
+    embedder: Embedder | None = None,
+    rebuild: bool = False,
+    gpu: bool = False,
+    options: IngestOptions | None = None,
+) -> dict[str, Any]:
+    """Finish an interrupted build/add, or mend an index whose parts disagree; returns a summary.
+
+    Re-embeds only images that no shard holds (the model is loaded only then). faiss is updated in
+    place (or rebuilt from the shards: an unfinished build, an unreadable faiss file, or ``rebuild``),
+    and the result is checked: faiss holds exactly the catalogue's ``done`` ids.
+    """
+    started = time.perf_counter()
+    options = options or IngestOptions()
+    layout = IndexLayout(index_dir)
+    layout.require_catalogue()
+    with layout.write_lock("repair"), Catalogue(layout.catalogue) as catalogue:
+        state = catalogue.get_meta("state")
+        if state is None or catalogue.get_meta("model_hash") is None:
+            raise FileNotFoundError(
+                f"{layout.root} holds no started build, so there is nothing to repair; build it with "
+                f"`retrieval index build --model ... --images ... --out {layout.root}`"
+            )
+        store = ShardStore(layout.shards)
+        mended = mend(catalogue, store)
+        source = catalogue.get_meta("gallery_images")
+        if catalogue.counts()["total"] == 0 and source is not None:  # killed while planning: plan again
+            gallery = _list(source, catalogue.get_meta("gallery_split"))
+            catalogue.plan(gallery.items, gallery.source, gallery.errors)
+        if catalogue.counts()["pending"]:
+            if embedder is None:
+                path = model or catalogue.get_meta("model_path")
+                if path is None:
+                    raise ValueError(
+                        f"{catalogue.counts()['pending']} images of {layout.root} need embedding and the "
+                        "index records no model path; pass --model"
+                    )
+                embedder = load_model(path)
+            _check_same_model(catalogue, embedder, layout.root)
+            Ingestor(catalogue, store, embedder, options).run()
+        info = _info_from_meta(catalogue)
+        old = _readable_info(layout) if state == "complete" else None
+        index = _readable_faiss(layout) if old is not None and not rebuild else None
+        if old is not None and index is not None:
+            updated = update_faiss(layout, catalogue, store, old, gpu, index=index)
+            info = old | updated
+        else:
+            key = old["index_key"] if old is not None else catalogue.get_meta("index_key") or "auto"
+            built = build_faiss(layout, catalogue, store, key, info["embedding_dim"], gpu)
+            if old is not None:
+                built["index_key_requested"] = old.get("index_key_requested", key)
+            info = (old or {}) | info | built
+        layout.write_info(info)
+        catalogue.set_meta(state="complete")
+        return {
+            "index_dir": str(layout.root),
+            "index_key": info["index_key"],
+            "faiss": info.get("updated_by", "rebuilt from the shards"),
+            "vectors": info["count"],
+            **_summary(catalogue, started, mended),
+        }
+
+
+def _readable_info(layout: IndexLayout) -> dict[str, Any] | None:
+    try:
+        info = layout.read_info()
+    except (OSError, ValueError):
+        return None
+    return info if "index_key" in info and "embedding_dim" in info else None
+
+
+def _readable_faiss(layout: IndexLayout) -> faiss.Index | None:
+    try:
+        return faiss.read_index(str(layout.faiss))
+    except RuntimeError:  # missing or damaged: rebuilt from the shards
+        return None

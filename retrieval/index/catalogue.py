@@ -4,6 +4,9 @@ Statuses: ``pending`` (planned, not yet embedded), ``done`` (its vector is in a 
 indexed), ``error`` (unreadable; ``error`` says why), ``duplicate`` (same sha256 as ``duplicate_of``),
 ``removed`` (taken out with ``retrieval index remove``). The catalogue and the shards are the source
 of truth; the faiss file is derived from them and can always be rebuilt.
+
+Paths the listing could not take (a name that is not UTF-8, a folder that cannot be read) have no image
+row: they are kept in ``listing_errors``, per ``--images`` source, and reported with the image errors.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from retrieval.index.sources import GalleryItem
+from retrieval.index.sources import GalleryItem, ListingError
 
 STATUSES = ("pending", "done", "error", "duplicate", "removed")
 
@@ -33,10 +36,17 @@ CREATE TABLE IF NOT EXISTS images (
 CREATE INDEX IF NOT EXISTS images_status ON images(status);
 CREATE INDEX IF NOT EXISTS images_sha256 ON images(sha256);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS listing_errors (
+    source TEXT NOT NULL,
+    path TEXT NOT NULL,
+    error TEXT NOT NULL,
+    PRIMARY KEY (source, path)
+);
 """
 
 
 LAST_RECORDED_SHARD = "last_recorded_shard"
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -92,12 +102,17 @@ class Catalogue:
         )
 
     # --- planning
-    def plan(self, items: Sequence[GalleryItem]) -> int:
+    def plan(
+        self, items: Sequence[GalleryItem], source: str | None = None, errors: Sequence[ListingError] = ()
+    ) -> int:
         """Insert the images not yet catalogued as ``pending``, all in one transaction; returns how many.
 
         A path already present keeps its row (and id), so planning twice is harmless; a ``removed``
-        path that is added again goes back to ``pending``.
+        path that is added again goes back to ``pending``. With a ``source`` (``Gallery.source``), the same
+        transaction replaces that source's listing errors by ``errors`` (a folder made readable drops its).
         """
+        if errors and source is None:
+            raise ValueError("listing errors are kept per source: give the source they were found in")
         before = self.db.total_changes
         self._transaction(
             [
@@ -114,6 +129,14 @@ class Catalogue:
                     (i.path,),
                 )
                 for i in items
+            ]
+            + ([("DELETE FROM listing_errors WHERE source = ?", (source,))] if source is not None else [])
+            + [
+                (
+                    "INSERT OR REPLACE INTO listing_errors(source, path, error) VALUES (?, ?, ?)",
+                    (source, e.path, e.error),
+                )
+                for e in errors
             ]
         )
         return self.db.total_changes - before
@@ -191,10 +214,26 @@ class Catalogue:
         return out
 
     def counts(self) -> dict[str, int]:
+        """Images per status, ``total`` images, and ``not_listed``: paths the listing could not take."""
         counts = dict.fromkeys(STATUSES, 0)
         counts.update(self.db.execute("SELECT status, COUNT(*) FROM images GROUP BY status"))
         counts["total"] = sum(counts[s] for s in STATUSES)
+        counts["not_listed"] = self.db.execute("SELECT COUNT(*) FROM listing_errors").fetchone()[0]
         return counts
+
+    def error_count(self) -> int:
+        """Images that could not be read plus paths that could not be listed: the build's errors."""
+        counts = self.counts()
+        return counts["error"] + counts["not_listed"]
+
+    def error_examples(self, limit: int = 10) -> list[dict[str, Any]]:
+        """Up to ``limit`` errors: the listing's first (id None: never catalogued), then the images'."""
+        sql = "SELECT path, error FROM listing_errors ORDER BY source, path LIMIT ?"
+        listed = [
+            {"id": None, "path": path, "error": error, "duplicate_of": None}
+            for path, error in self.db.execute(sql, (limit,))
+        ]
+        return listed + self.problems("error", limit - len(listed)) if len(listed) < limit else listed
 
     def problems(self, status: str, limit: int = 20) -> list[dict[str, Any]]:
         sql = "SELECT id, path, error, duplicate_of FROM images WHERE status=? ORDER BY id LIMIT ?"

@@ -1,18 +1,68 @@
-"""The files of an index folder, and the JSON record of how the index was built."""
+"""The files of an index folder, the JSON record of how the index was built, and the writer's lock.
+
+One writer at a time: ``build``, ``add``, ``remove`` and ``repair`` hold an exclusive ``flock`` on
+``INDEX_DIR/writer.lock`` for their whole run; a second writer is refused at once with the holder's PID
+and command. The kernel drops the lock when its holder dies (even by kill -9), so it never goes stale.
+Readers (search, serve) take no lock: every file they read is replaced atomically.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
+import shlex
+import socket
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from retrieval.index.shards import atomic_write_bytes
+from retrieval.index.sources import printable_path
 
 FORMAT = "retrieval-index/1"
+LOCK_NAME = "writer.lock"
+# A refused writer retries this long first: a reader's probe (``IndexLayout.writer``) holds the lock
+# for microseconds, and must not make a writer give up.
+LOCK_RETRY_SECONDS = 0.3
+
+# Lock descriptors this process holds. A forked child (a DataLoader worker) closes its copies at once, so
+# that the lock dies with its holder and not with the holder's last worker.
+_HELD_LOCK_FDS: dict[int, Path] = {}  # descriptor -> resolved lock file
+
+
+def _close_inherited_locks() -> None:
+    for fd in _HELD_LOCK_FDS:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD_LOCK_FDS.clear()
+
+
+os.register_at_fork(after_in_child=_close_inherited_locks)
+
+
+class IndexLockedError(RuntimeError):
+    """Another process is writing this index folder."""
+
+
+def repair_command(root: Path) -> str:
+    """The command that finishes or mends the index in ``root`` (every message points to it)."""
+    return f"retrieval index repair {shlex.quote(str(root))}"
+
+
+def describe_writer(holder: dict[str, Any]) -> str:
+    """'PID 123 on host, running `retrieval index build ...` since ...', from the lock file's record."""
+    if not holder.get("pid"):
+        return "a process that is just starting (its PID is not yet recorded)"
+    command = printable_path(str(holder.get("command", "?")), limit=300)
+    return f"PID {holder['pid']} on {holder.get('host', '?')}, running `{command}` since {holder.get('started', '?')}"
 
 
 class IndexLayout:
-    """INDEX_DIR/catalogue.sqlite, shards/shard-NNNNNN.npz, index.faiss, index.json."""
+    """INDEX_DIR/catalogue.sqlite, shards/shard-NNNNNN.npz, index.faiss, index.json, writer.lock."""
 
     def __init__(self, directory: str | Path) -> None:
         self.root = Path(directory).expanduser()
@@ -20,18 +70,45 @@ class IndexLayout:
         self.shards = self.root / "shards"
         self.faiss = self.root / "index.faiss"
         self.info = self.root / "index.json"
+        self.lock_file = self.root / LOCK_NAME
 
-    def require_finished(self) -> None:
+    def require_catalogue(self) -> None:
         if not self.catalogue.is_file():
             raise FileNotFoundError(
                 f"{self.root} is not an index folder (no catalogue.sqlite); "
                 "build one with `retrieval index build`"
             )
+
+    def require_finished(self) -> None:
+        self.require_catalogue()
         if not self.info.is_file() or not self.faiss.is_file():
-            raise FileNotFoundError(
-                f"the index in {self.root} is not finished (an interrupted build?); run the "
-                "same `retrieval index build` command again to finish it"
+            writer = self.writer()
+            if writer is not None:
+                raise FileNotFoundError(
+                    f"the index in {self.root} is being built by {describe_writer(writer)}; "
+                    "use it when that finishes"
+                )
+            raise self.unfinished()
+
+    def unfinished(self) -> FileNotFoundError:
+        """The error for an index whose build never finished: repair finishes it."""
+        return FileNotFoundError(
+            f"the index in {self.root} is not finished (an interrupted build?); run "
+            f"`{repair_command(self.root)}` to finish it"
+        )
+
+    def inconsistent(self, detail: str) -> RuntimeError:
+        """The error for an index whose parts disagree: wait for its writer, or repair it."""
+        writer = self.writer()
+        if writer is not None:
+            return RuntimeError(
+                f"the index in {self.root} is being written by {describe_writer(writer)} ({detail}); "
+                "try again when that finishes"
             )
+        return RuntimeError(
+            f"the index in {self.root} is inconsistent: {detail} (a build/add/remove was interrupted, or "
+            f"two writers ran at once); run `{repair_command(self.root)}` to mend it"
+        )
 
     def read_info(self) -> dict[str, Any]:
         info = json.loads(self.info.read_text())
@@ -51,3 +128,73 @@ class IndexLayout:
         out = {"catalogue": catalogue, "shards": shards, "faiss": size(self.faiss), "info": size(self.info)}
         out["total"] = sum(out.values())
         return out
+
+    # --- the writer's lock
+    @contextlib.contextmanager
+    def write_lock(self, operation: str) -> Iterator[None]:
+        """Hold the folder's exclusive writer lock for the block; refuse at once if another writer has it."""
+        fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            deadline = time.monotonic() + LOCK_RETRY_SECONDS
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise IndexLockedError(
+                            f"cannot {operation} {self.root}: it is being written by "
+                            f"{describe_writer(_read_holder(fd))}; wait for that to finish (searching "
+                            "the index needs no lock), then run your command again"
+                        ) from None
+                    time.sleep(0.02)
+        except BaseException:
+            os.close(fd)
+            raise
+        _HELD_LOCK_FDS[fd] = self.lock_file.resolve()
+        try:
+            holder = {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "command": shlex.join(sys.argv) if sys.argv and sys.argv[0] else operation,
+                "operation": operation,
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            }
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(holder).encode(), 0)
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)  # no stale holder record once released
+            _HELD_LOCK_FDS.pop(fd, None)
+            os.close(fd)  # releases the lock
+
+    def writer(self) -> dict[str, Any] | None:
+        """The holder's record if another process holds the writer lock now, else None.
+
+        A probe: it holds a shared lock for an instant (a writer starting then retries, see
+        ``LOCK_RETRY_SECONDS``). This process's own lock does not count.
+        """
+        if self.lock_file.resolve() in _HELD_LOCK_FDS.values():
+            return None
+        try:
+            fd = os.open(self.lock_file, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return _read_holder(fd)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        finally:
+            os.close(fd)
+
+
+def _read_holder(fd: int) -> dict[str, Any]:
+    try:
+        record = json.loads(os.pread(fd, 8192, 0) or b"{}")
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}

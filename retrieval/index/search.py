@@ -54,11 +54,10 @@ class Index:
         faiss_ops.set_search_params(index, info.get("params", {}))
         catalogue = Catalogue(layout.catalogue)
         done = catalogue.counts()["done"]
-        if done != index.ntotal:
+        if done != index.ntotal:  # a cheap check; ``index stats`` and the writers compare the ids
             catalogue.close()
-            raise RuntimeError(
-                f"the index in {layout.root} holds {index.ntotal} vectors but the catalogue has "
-                f"{done} indexed images: an add/remove was interrupted; run it again to finish"
+            raise layout.inconsistent(
+                f"its faiss part holds {index.ntotal} vectors but the catalogue has {done} indexed images"
             )
         return cls(layout, index, catalogue, info, embedder, gpu)
 

@@ -87,6 +87,11 @@ class ShardStore:
             outcomes = [Outcome(**r) for r in json.loads(str(data["outcomes"]))] if with_outcomes else []
             return Shard(name, data["ids"], data["vectors"], outcomes)
 
+    def read_ids(self, name: str) -> np.ndarray:
+        """The catalogue ids a shard holds vectors for (without loading the vectors)."""
+        with np.load(self.folder / name, allow_pickle=False) as data:
+            return data["ids"]
+
     def __iter__(self) -> Iterator[Shard]:
         for name in self.names():
             yield self.read(name, with_outcomes=False)

@@ -1,13 +1,24 @@
-"""Where the gallery images come from: a folder walked recursively, or a manifest CSV."""
+"""Where the gallery images come from: a folder walked recursively, or a manifest CSV.
+
+File names are hostile input. On Linux a name is any bytes but NUL and ``/``; Python hands names that
+are not UTF-8 over as surrogate escapes, which SQLite cannot store. Such a name (and a folder that cannot
+be listed, a manifest path with a NUL byte or one longer than ``MAX_PATH_BYTES``) is never catalogued: it
+becomes a ``ListingError`` that the build reports with the name escaped (``printable_path``), and the
+rest of the gallery is indexed. Names with newlines or other control characters are valid and indexed
+as they are; only their display is escaped.
+"""
 
 from __future__ import annotations
 
 import csv
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif"})
+MAX_PATH_BYTES = 4096  # Linux PATH_MAX: the kernel refuses longer paths anyway
+DISPLAY_LIMIT = 512  # characters of an escaped path shown in a message
+NOT_UTF8 = "file name is not valid UTF-8; rename it"
 
 
 @dataclass(frozen=True)
@@ -16,7 +27,67 @@ class GalleryItem:
     label: str | None
 
 
-def list_gallery(images: str | Path, split: str | None = None) -> list[GalleryItem]:
+@dataclass(frozen=True)
+class ListingError:
+    """A path the listing could not take (the path escaped by ``printable_path``) and why."""
+
+    path: str
+    error: str
+
+
+@dataclass
+class Gallery:
+    """The images of one ``--images`` source, what could not be listed, and the folder paths are under."""
+
+    source: str  # the folder or manifest, resolved and printable: listing errors are refreshed per source
+    root: str  # the --images folder, or the manifest's folder
+    items: list[GalleryItem] = field(default_factory=list)
+    errors: list[ListingError] = field(default_factory=list)
+
+
+def printable_path(path: str | os.PathLike[str], limit: int | None = DISPLAY_LIMIT) -> str:
+    r"""One readable line for any path: bytes that are not UTF-8 as ``\xNN``, control and format
+    characters (newline, right-to-left override...) and backslashes escaped; cut to ``limit`` characters
+    (None: never cut).
+
+    The result is valid UTF-8 (no surrogates), so it can be stored and printed anywhere.
+    """
+    out = []
+    for char in os.fspath(path):
+        code = ord(char)
+        if 0xDC80 <= code <= 0xDCFF:  # a surrogate escape: one raw byte of a name that is not UTF-8
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif char == "\\":
+            out.append("\\\\")
+        elif not char.isprintable():
+            out.append(char.encode("unicode_escape").decode("ascii"))
+        else:
+            out.append(char)
+    text = "".join(out)
+    return text if limit is None or len(text) <= limit else f"{text[: limit - 40]}...({len(text)} characters in all)"
+
+
+def is_utf8(text: str) -> bool:
+    """False for strings holding surrogates (names that were not UTF-8), which SQLite cannot store."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def path_problem(path: str) -> str | None:
+    """Why this path cannot be catalogued, or None."""
+    if not is_utf8(path):
+        return NOT_UTF8
+    if "\x00" in path:
+        return "path contains a NUL byte (no file can have that name)"
+    if len(path.encode("utf-8")) > MAX_PATH_BYTES:
+        return f"path is longer than {MAX_PATH_BYTES} bytes (the system limit); move the file higher up"
+    return None
+
+
+def list_gallery(images: str | Path, split: str | None = None) -> Gallery:
     """Every image under a folder (recursive, extension in any case) or every row of a manifest CSV.
 
     In a folder, an image in a sub-folder is labelled by that sub-folder's name (ImageFolder style);
@@ -24,6 +95,8 @@ def list_gallery(images: str | Path, split: str | None = None) -> list[GalleryIt
     relative to the manifest's folder; ``split`` keeps only the rows of that split.
     """
     images = Path(images).expanduser()
+    if not is_utf8(str(images.resolve())):
+        raise ValueError(f"--images {printable_path(images.resolve())}: the name is not valid UTF-8; rename it")
     if images.is_dir():
         if split is not None:
             raise ValueError("--split filters a manifest's rows; it does not apply to a folder of images")
@@ -35,36 +108,73 @@ def list_gallery(images: str | Path, split: str | None = None) -> list[GalleryIt
     raise FileNotFoundError(f"--images {images} does not exist")
 
 
-def walk_folder(root: Path) -> list[GalleryItem]:
+def walk_folder(root: Path) -> Gallery:
+    """The images under ``root``; sub-folders that cannot be listed and unusable names become errors."""
     root = root.resolve()
-    items = []
-    for folder, dirs, files in os.walk(root):
+    gallery = Gallery(source=printable_path(root), root=str(root))
+
+    def unlisted(exc: OSError) -> None:
+        folder = exc.filename if exc.filename is not None else root
+        gallery.errors.append(
+            ListingError(
+                printable_path(folder),
+                f"folder not listed ({exc.strerror or exc}): its images are left out; make it readable, "
+                "then add them with `retrieval index add INDEX --images ...`",
+            )
+        )
+
+    for folder, dirs, files in os.walk(root, onerror=unlisted):
         dirs.sort()  # deterministic order, so that ids follow the folder order
         for name in sorted(files):
             if Path(name).suffix.lower() in IMAGE_EXTENSIONS:
                 path = Path(folder) / name
+                problem = path_problem(str(path))
+                if problem is not None:
+                    gallery.errors.append(ListingError(printable_path(path), problem))
+                    continue
                 label = path.parent.name if path.parent != root else None
-                items.append(GalleryItem(str(path), label))
-    return items
+                gallery.items.append(GalleryItem(str(path), label))
+    return gallery
 
 
-def read_manifest(manifest: Path, split: str | None = None) -> list[GalleryItem]:
+def read_manifest(manifest: Path, split: str | None = None) -> Gallery:
+    """The rows of a manifest; a row naming an unusable path, or with a label that is not UTF-8, is an error."""
     base = manifest.resolve().parent
-    with open(manifest, newline="", encoding="utf-8") as handle:
+    gallery = Gallery(source=printable_path(manifest.resolve()), root=str(base))
+    # surrogateescape: bytes that are not UTF-8 reach the row checks below instead of failing the whole file
+    with open(manifest, newline="", encoding="utf-8-sig", errors="surrogateescape") as handle:
         reader = csv.DictReader(handle)
-        fields = reader.fieldnames or []
-        if "path" not in fields:
-            raise ValueError(f"manifest {manifest} needs a header with a 'path' column (path,label[,split])")
-        if split is not None and "split" not in fields:
-            raise ValueError(f"--split {split} given but manifest {manifest} has no 'split' column")
-        items = []
-        for row in reader:
-            if split is not None and row.get("split") != split:
-                continue
-            path = Path(row["path"]).expanduser()
-            path = path if path.is_absolute() else base / path
-            label = row.get("label") or None
-            items.append(GalleryItem(str(path), label))
-    if split is not None and not items:
+        try:
+            fields = reader.fieldnames or []
+            if "path" not in fields:
+                raise ValueError(
+                    f"manifest {manifest} needs a header with a 'path' column (path,label[,split])"
+                )
+            if split is not None and "split" not in fields:
+                raise ValueError(f"--split {split} given but manifest {manifest} has no 'split' column")
+            for row in reader:
+                if split is not None and row.get("split") != split:
+                    continue
+                _take_row(gallery, base, row, reader.line_num)
+        except csv.Error as exc:  # e.g. a field over csv's 128 KiB limit: no sane path is that long
+            raise ValueError(f"manifest {manifest} line {reader.line_num}: {exc}; fix that row") from exc
+    if split is not None and not gallery.items and not gallery.errors:
         raise ValueError(f"manifest {manifest} has no rows with split == {split!r}")
-    return items
+    return gallery
+
+
+def _take_row(gallery: Gallery, base: Path, row: dict[str, str | None], line: int) -> None:
+    raw = row.get("path") or ""
+    if not raw.strip():
+        gallery.errors.append(ListingError(f"(manifest line {line})", "the row has no path"))
+        return
+    path = Path(raw).expanduser()
+    path = str(path if path.is_absolute() else base / path)
+    problem = path_problem(path)
+    label = row.get("label") or None
+    if problem is None and label is not None and not is_utf8(label):
+        problem = f"label {printable_path(label)} is not valid UTF-8; fix it in the manifest"
+    if problem is not None:
+        gallery.errors.append(ListingError(printable_path(path), f"{problem} (manifest line {line})"))
+        return
+    gallery.items.append(GalleryItem(path, label))

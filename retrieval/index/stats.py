@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from retrieval.index import faiss_ops
-from retrieval.index.builder import done_chunks, gather_rows
+from retrieval.index.builder import done_chunks, faiss_mismatch, gather_rows
 from retrieval.index.search import Index
 from retrieval.index.shards import ShardStore
 
@@ -23,6 +23,9 @@ def index_stats(directory: str | Path, queries: int = 500, seed: int = 1) -> dic
         counts = index.catalogue.counts()
         store = ShardStore(index.layout.shards)
         done = index.catalogue.done_shards()
+        mismatch = faiss_mismatch(index.faiss_index, done)  # the ids, not only their number
+        if mismatch is not None:
+            raise index.layout.inconsistent(mismatch)
         n = len(done)
         nq = min(queries, n)
         positions = np.random.default_rng(seed).choice(n, nq, replace=False)
@@ -39,6 +42,8 @@ def index_stats(directory: str | Path, queries: int = 500, seed: int = 1) -> dic
         return {
             "index_dir": str(index.layout.root),
             "counts": counts,
+            "errors": index.catalogue.error_count(),
+            "error_examples": index.catalogue.error_examples(10),
             "vectors": len(index),
             "index_key": index.info["index_key"],
             "index_key_requested": index.info.get("index_key_requested"),
