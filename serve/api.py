@@ -48,6 +48,9 @@ class ErrorDetail(BaseModel):
 ERROR_STATUSES = {
     400: "Malformed request: invalid JSON or multipart, invalid base64, or a file that is not a readable image "
     "(or a possible decompression bomb)",
+    401: "This server requires an API token (it was started with --token-file or RETRIEVAL_API_TOKEN) and the "
+    "request has none or a wrong one: send `Authorization: Bearer <token>`",
+    403: "Cross-origin request refused: the Origin header names neither this server nor a --cors-origin",
     404: "No indexed image with this id, or its file is gone or was replaced (then it is not served)",
     413: "The request body or the image is over the upload limit",
     415: "Neither multipart/form-data nor application/json",
@@ -315,7 +318,7 @@ def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64
     @app.post(
         "/search",
         response_model=SearchResponseModel,
-        responses=error_responses(400, 413, 415, 422, 503),
+        responses=error_responses(400, 401, 403, 413, 415, 422, 503),
         openapi_extra={"requestBody": search_request_body(service.dim)},
     )
     async def search(
@@ -354,7 +357,7 @@ def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64
             raise QueryError(f"no indexed image with id {item_id[:40]!r}", 404)
         return row
 
-    @app.get("/items/{item_id}", response_model=ItemModel, responses=error_responses(404))
+    @app.get("/items/{item_id}", response_model=ItemModel, responses=error_responses(401, 403, 404))
     def item(item_id: ItemId) -> dict[str, Any]:
         """The catalogue entry of an indexed image."""
         return item_or_404(item_id)
@@ -364,7 +367,7 @@ def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64
     @app.get(
         "/items/{item_id}/image",
         response_class=Response,
-        responses={200: {"description": "the image file", "content": image_content}} | error_responses(404),
+        responses={200: {"description": "the image file", "content": image_content}} | error_responses(401, 403, 404),
     )
     def item_image(item_id: ItemId) -> Response:
         """The image file itself; only regular files of indexed catalogue rows are ever served."""
@@ -374,7 +377,7 @@ def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64
             file_chunks(handle), media_type=media_type, headers={"content-length": str(size)}
         )
 
-    @app.get("/stats", response_model=StatsModel)
+    @app.get("/stats", response_model=StatsModel, responses=error_responses(401, 403))
     async def stats() -> dict[str, Any]:
         """Index statistics (size, type, parameters, recall vs exact search, latency) and service counters."""
         index = await anyio.to_thread.run_sync(service.index_stats)
@@ -392,7 +395,7 @@ def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64
             },
         }
 
-    @app.get("/health", response_model=HealthModel)
+    @app.get("/health", response_model=HealthModel, responses=error_responses(403))
     def health() -> dict[str, Any]:
         """Liveness: the number of indexed vectors and their dimension."""
         return {"status": "ok", "vectors": len(service), "embedding_dim": service.dim}

@@ -28,7 +28,7 @@ from serve.batcher import MicroBatcher
 from serve.catalogue_reader import CatalogueReader
 from serve.defaults import DEFAULT_MAX_PIXELS, DEFAULT_MAX_UPLOAD_BYTES, MAX_K
 from serve.diagnostics import LeaveOneOut, leave_one_out
-from serve.images import QueryError, decode_image
+from serve.images import QueryError, decode_query
 
 # What an image file is served as, by extension (the catalogue only holds these extensions).
 IMAGE_MEDIA_TYPES = {
@@ -184,11 +184,12 @@ class SearchService:
         k = self.check_k(k)
         started = time.perf_counter()
         timing: dict[str, float] = {}
-        query_item = None
+        query_item, notes = None, []
         if isinstance(query, (bytes, bytearray)):
             query = bytes(query)
             query_item = self.query_item(query)
-            query = decode_image(query, self.max_upload_bytes, self.max_pixels)
+            decoded = decode_query(query, self.max_upload_bytes, self.max_pixels)
+            query, notes = decoded.image, list(decoded.notes)
             timing["decode_ms"] = (time.perf_counter() - started) * 1000
         excluded_self = exclude_self and query_item is not None
         if excluded_self:
@@ -203,7 +204,6 @@ class SearchService:
         timing["search_ms"] = (time.perf_counter() - search_started) * 1000
         timing["total_ms"] = (time.perf_counter() - started) * 1000
         timing = {key: round(v, 3) for key, v in timing.items()}
-        notes: list[str] = []  # to be filled from the image decoder's report (e.g. an animated image's frames)
         return SearchResponse(results, k, timing, query_item, excluded_self, notes)
 
     def query_item(self, data: bytes) -> QueryItem | None:

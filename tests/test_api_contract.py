@@ -305,7 +305,8 @@ def test_the_app_identifies_a_gallery_query_the_same_way(artifacts, service, cli
 def test_the_openapi_document_declares_every_status_and_body(client):
     doc = client.get("/openapi.json").json()
     search = doc["paths"]["/search"]["post"]
-    assert set(search["responses"]) == {"200", "400", "413", "415", "422", "503"}
+    # 401: only with a token configured; 403: a cross-origin request (serve.security)
+    assert set(search["responses"]) == {"200", "400", "401", "403", "413", "415", "422", "503"}
     assert search["responses"]["422"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorDetail")
     assert search["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith(
         "/SearchResponseModel"
@@ -318,7 +319,7 @@ def test_the_openapi_document_declares_every_status_and_body(client):
     assert notes["type"] == "array" and "animated" in notes["description"]
     image = doc["paths"]["/items/{item_id}/image"]["get"]["responses"]
     assert {"image/png", "image/jpeg", "image/webp"} <= set(image["200"]["content"]) and "404" in image
-    assert set(doc["paths"]["/items/{item_id}"]["get"]["responses"]) == {"200", "404"}
+    assert set(doc["paths"]["/items/{item_id}"]["get"]["responses"]) == {"200", "401", "403", "404"}
     for route in ("/stats", "/health"):
         assert doc["paths"][route]["get"]["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
     assert "HTTPValidationError" not in doc["components"]["schemas"]  # FastAPI's list-shaped 422 is not sent
@@ -405,3 +406,13 @@ def test_docs_pages_load_their_assets_from_this_server(client, page, assets):
             assert len(response.content) > 50_000, url  # the real bundles, not a stub
             kinds.add(kind.split("/")[-1])
     assert assets <= kinds
+
+
+def test_an_animated_query_is_searched_by_its_first_frame_and_the_response_says_so(client):
+    frames = [Image.new("RGB", (48, 48), colour) for colour in ((200, 40, 40), (40, 200, 40))]
+    buffer = io.BytesIO()
+    frames[0].save(buffer, "GIF", save_all=True, append_images=frames[1:], duration=100, loop=0)
+    animated = client.post("/search?k=3", files={"image": ("anim.gif", buffer.getvalue())}).json()
+    assert animated["notes"] == ["animated image: the first of its 2 frames was used"]
+    still = client.post("/search?k=3", files={"image": ("still.png", png_bytes(frames[0]))}).json()
+    assert still["notes"] == [] and [r["id"] for r in still["results"]] == [r["id"] for r in animated["results"]]
