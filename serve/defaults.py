@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from retrieval.data.decode import DEFAULT_MAX_PIXELS  # noqa: F401  (the one decoder's limit, re-exported)
+
 # `make demo` writes these (relative to the working directory, like `retrieval demo --out artifacts/demo`).
 DEMO_DIR = Path("artifacts/demo")
 DEFAULT_INDEX_DIR = DEMO_DIR / "index"
@@ -16,9 +18,6 @@ RESULTS_COMMAND = "python benchmarks/quality.py"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7860
 DEFAULT_MAX_UPLOAD_BYTES = 10 * 2**20  # 10 MiB per uploaded image
-DEFAULT_MAX_PIXELS = (
-    40_000_000  # a decoded query larger than this is refused as a possible decompression bomb
-)
 MAX_K = 1000
 
 
