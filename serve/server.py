@@ -21,7 +21,7 @@ from serve.defaults import (
     DEFAULT_RESULTS,
 )
 from serve.service import SearchService
-from serve.ui import build_ui
+from serve.ui import UI_CSS, build_ui
 
 UI_PATH = "/"
 GRADIO_CONCURRENCY = 4  # Gradio events running at once; more wait in its queue
@@ -66,6 +66,7 @@ def build_app(config: ServerConfig, service: SearchService | None = None) -> tup
             path=UI_PATH,
             allowed_paths=[str(example_dir)],
             max_file_size=config.max_upload_bytes,
+            css=UI_CSS,
             server_name=config.host,
             server_port=config.port,
         )
