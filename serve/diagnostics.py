@@ -1,14 +1,18 @@
 """Where the index fails: leave-one-out top-1 of every labelled gallery item, per-class Recall@1.
 
 Each labelled, indexed image is searched against the rest of the index (its own id is dropped from the
-results); it counts as correct when its nearest other image has the same label. Classes with a single
+results); it counts as correct when its nearest other image has the same label. The rank of the first
+result with the query's label (1 = correct top-1) tells a near miss from a lost cause. Classes with a single
 labelled image cannot be right and are left out. Works for any index whose catalogue has labels.
 """
 
 from __future__ import annotations
 
+import sqlite3
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -29,23 +33,38 @@ class Failure:
     score: float
 
 
+RANK_DEPTH = 100  # results searched per query for the first correct one; deeper counts as RANK_DEPTH + 1
+
+
 @dataclass
 class ClassRecall:
     label: str
     queries: int
     correct: int
     failures: list[Failure] = field(default_factory=list)
+    first_ranks: list[int] = field(default_factory=list)  # per query: rank of the first same-label result
+    depth: int = RANK_DEPTH  # ranks beyond it were not searched (recorded as depth + 1)
 
     @property
     def recall_at_1(self) -> float:
         return self.correct / self.queries
+
+    @property
+    def mean_first_rank(self) -> float:
+        """Mean rank of the first correct result (1 = always top-1); a query without one in the top
+        ``depth`` counts as ``depth + 1``, so this is a lower bound when ``beyond_depth`` > 0."""
+        return sum(self.first_ranks) / len(self.first_ranks) if self.first_ranks else float("nan")
+
+    @property
+    def beyond_depth(self) -> int:
+        return sum(rank > self.depth for rank in self.first_ranks)
 
 
 @dataclass
 class LeaveOneOut:
     queries: int  # labelled images searched
     recall_at_1: float  # over all of them
-    classes: list[ClassRecall]  # worst Recall@1 first
+    classes: list[ClassRecall]  # worst first: lowest Recall@1, then highest mean rank of the first correct
     sampled: bool  # True when a random subset of the labelled images was searched
     note: str = ""
 
@@ -89,28 +108,57 @@ def leave_one_out(
         rng = np.random.default_rng(seed)
         candidates = np.sort(rng.choice(candidates, max_queries, replace=False))
     ids, vectors = _vectors_of(index, candidates)
+    depth = max(1, min(RANK_DEPTH, len(index) - 1))
     per_class: dict[str, ClassRecall] = {}
     failures: defaultdict[str, list[Failure]] = defaultdict(list)
     for start in range(0, len(ids), batch):
         chunk_ids = ids[start : start + batch]
-        scores, found = index.search_arrays(vectors[start : start + batch], 2)
-        top1 = drop_self(found, chunk_ids, 1)[:, 0]
-        for own, neighbour, row_scores, row_found in zip(chunk_ids, top1, scores, found, strict=True):
+        scores, found = index.search_arrays(vectors[start : start + batch], depth + 1)
+        others = drop_self(found, chunk_ids, depth)
+        for own, row_others, row_scores, row_found in zip(chunk_ids, others, scores, found, strict=True):
             label = label_of[int(own)]
-            stats = per_class.setdefault(label, ClassRecall(label, 0, 0))
+            stats = per_class.setdefault(label, ClassRecall(label, 0, 0, depth=depth))
             stats.queries += 1
-            neighbour_label = label_of.get(int(neighbour))
-            if neighbour >= 0 and neighbour_label == label:
+            first = next((rank for rank, other in enumerate(row_others, 1)
+                          if other >= 0 and label_of.get(int(other)) == label), depth + 1)
+            stats.first_ranks.append(first)
+            neighbour = int(row_others[0])
+            if first == 1:
                 stats.correct += 1
             elif len(failures[label]) < failures_per_class:
-                score = (
-                    float(row_scores[list(row_found).index(neighbour)]) if neighbour >= 0 else float("nan")
-                )
-                failures[label].append(Failure(int(own), label, int(neighbour), neighbour_label, score))
+                score = float(row_scores[list(row_found).index(neighbour)]) if neighbour >= 0 else float("nan")
+                failures[label].append(Failure(int(own), label, neighbour, label_of.get(neighbour), score))
     for label, stats in per_class.items():
         stats.failures = failures.get(label, [])
-    classes = sorted(per_class.values(), key=lambda c: (c.recall_at_1, -c.queries, c.label))
+    classes = sorted(per_class.values(), key=lambda c: (c.recall_at_1, -c.mean_first_rank, -c.queries, c.label))
     total = sum(c.queries for c in classes)
     recall = sum(c.correct for c in classes) / total
     note = f"a random sample of {max_queries} labelled images" if sampled else "every labelled image"
     return LeaveOneOut(total, recall, classes, sampled, note)
+
+
+@dataclass(frozen=True)
+class Duplicate:
+    """A gallery file the index skipped because its bytes equal an indexed one (its twin)."""
+
+    id: int
+    path: str
+    label: str | None
+    twin_id: int
+    twin_path: str | None
+    twin_label: str | None
+
+
+def duplicates(catalogue_path: str | Path, limit: int = 200) -> tuple[int, list[Duplicate]]:
+    """How many catalogue rows are exact duplicates, and up to ``limit`` of them with their twins."""
+    uri = f"{Path(catalogue_path).resolve().as_uri()}?mode=ro"
+    with sqlite3.connect(uri, uri=True, timeout=30) as db:
+        total = db.execute("SELECT COUNT(*) FROM images WHERE status='duplicate'").fetchone()[0]
+        rows: list[Any] = db.execute(
+            "SELECT d.id, d.path, d.label, d.duplicate_of, t.path, t.label FROM images d "
+            "LEFT JOIN images t ON t.id = d.duplicate_of WHERE d.status='duplicate' ORDER BY d.id LIMIT ?",
+            (int(limit),),
+        ).fetchall()
+    db.close()
+    return int(total), [Duplicate(int(r[0]), r[1], r[2], int(r[3]) if r[3] is not None else -1, r[4], r[5])
+                        for r in rows]

@@ -50,7 +50,7 @@ def decode_query(data: bytes, max_bytes: int, max_pixels: int) -> DecodedImage:
             return read_image(data, max_pixels)
     except ImageDecodeError as exc:
         if exc.kind == "too_large":
-            raise QueryError(f"image refused as a possible decompression bomb: {exc}") from exc
+            raise QueryError(f"image refused: {exc}") from exc
         raise QueryError(QUERY_MESSAGES.get(exc.kind, str(exc))) from exc
 
 

@@ -1,10 +1,15 @@
-"""Reading a run report (``retrieval train`` or ``retrieval evaluate``) for the Evaluation tab."""
+"""Reading a run report (``retrieval train`` or ``retrieval evaluate``) for the Evaluation tab, and its plots.
+
+Every metric the app shows is a percentage (0-100, one decimal), like the results grid (docs/RESULTS.md);
+similarity scores stay cosines in [-1, 1]. Plots are drawn here, each line with its own marker and line style
+so that lines lying on top of each other (MAP@R = Recall@1 when each query has one relevant item) stay visible.
+"""
 
 from __future__ import annotations
 
+import io
 import json
-import tempfile
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +19,19 @@ from PIL import Image
 REPORT_FORMAT = "retrieval-report/1"
 MAX_RESULTS_BYTES = 16 * 2**20
 METRIC_ORDER = ("map@r", "r_precision", "nmi", "f1", "linear_probe")
+METRIC_UNIT = "%"
+# (marker, line style) per line: overlapping lines stay distinguishable, in colour and in grey
+LINE_STYLES = (("o", "-"), ("s", "--"), ("^", ":"), ("D", "-."), ("v", (0, (5, 1))), ("P", (0, (3, 1, 1, 1))))
+MAP_EQUALS_RECALL_NOTE = (
+    "**Why MAP@R equals Recall@1 here:** every query has exactly one relevant item (R = 1; in the emoji test "
+    "split the only other image of an emoji is its drawing in the other style), so MAP@R averages the precision "
+    "at rank 1 alone, 1 when the top result is right and 0 otherwise, which is Recall@1 (and R-precision)."
+)
+
+
+def percent(value: float) -> float:
+    """A fraction in [0, 1] as the percentage the app shows (one decimal)."""
+    return round(100 * float(value), 1)
 
 
 @dataclass
@@ -43,17 +61,21 @@ class RunReport:
         return {name: values for name, values in columns.items() if values}
 
     def metrics_table(self) -> tuple[list[str], list[list[Any]]]:
+        """Header and rows (metric, then one value per column), values in percent."""
         columns = self.metric_columns()
         keys: list[str] = []
         for values in columns.values():
             keys += [k for k in values if k not in keys and isinstance(values[k], (int, float))]
         recalls = sorted((k for k in keys if k.startswith("recall@")), key=lambda k: int(k.split("@")[1]))
         ordered = recalls + [k for k in METRIC_ORDER if k in keys]
-        rows = [
-            [key] + [round(float(v[key]), 4) if key in v else None for v in columns.values()]
-            for key in ordered
-        ]
+        rows = [[key] + [percent(v[key]) if key in v else None for v in columns.values()] for key in ordered]
         return ["metric", *columns], rows
+
+    def map_equals_recall(self) -> bool:
+        """MAP@R and Recall@1 agree in every column that has both (one relevant item per query)."""
+        columns = self.metric_columns().values()
+        pairs = [(v["map@r"], v["recall@1"]) for v in columns if "map@r" in v and "recall@1" in v]
+        return bool(pairs) and all(abs(float(a) - float(b)) < 1e-9 for a, b in pairs)
 
     def plot_file(self, name: str) -> Path | None:
         """A picture the report lists under ``plots``; only files inside the report's own folder."""
@@ -105,13 +127,32 @@ def _read_json(path: Path, what: str) -> Any:
         raise ValueError(f"{path} is not a JSON {what} ({exc})") from exc
 
 
-def _render(draw: Callable[[Path], Path | None]) -> Image.Image | None:
-    with tempfile.TemporaryDirectory(prefix="retrieval-plot-") as folder:
-        path = draw(Path(folder) / "plot.png")
-        if path is None:
-            return None
-        with Image.open(path) as image:
-            return image.convert("RGB")
+def _figure(width: float, height: float, panels: int = 1):
+    """A matplotlib figure without pyplot (no global state: safe in Gradio's worker threads) and its axes."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(width, height))
+    axes = figure.subplots(1, panels, squeeze=False)[0]
+    return figure, list(axes)
+
+
+def _image(figure) -> Image.Image:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight", pad_inches=0.15)
+    buffer.seek(0)
+    with Image.open(buffer) as image:
+        return image.convert("RGB")
+
+
+def _lines(ax, series: dict[str, tuple[Sequence[float], Sequence[float]]]) -> None:
+    """One line per series, each with its own marker and line style, and a legend."""
+    for i, (name, (xs, ys)) in enumerate(series.items()):
+        marker, style = LINE_STYLES[i % len(LINE_STYLES)]
+        ax.plot(xs, ys, marker=marker, linestyle=style, markersize=6 - (i % 3), linewidth=1.6, label=name,
+                markerfacecolor="none" if i % 2 else None)
+    if series:
+        ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
 
 
 def _open(path: Path | None) -> Image.Image | None:
@@ -122,26 +163,53 @@ def _open(path: Path | None) -> Image.Image | None:
 
 
 def recall_plot(report: RunReport) -> Image.Image | None:
-    """The report's Recall@K plot, or one drawn from its metrics (an evaluation report has none)."""
-    if (path := report.plot_file("recall")) is not None:
-        return _open(path)
-    from train.report import plot_recall_at_k
-
-    curves = {
-        name: {k: v for k, v in values.items() if k.startswith("recall@")}
-        for name, values in report.metric_columns().items()
-    }
-    return _render(lambda out: plot_recall_at_k(curves, out))
+    """Recall@K (%) against K, one line per model (pretrained only, best, last; or the evaluated one)."""
+    series = {}
+    for name, values in report.metric_columns().items():
+        ks = sorted(int(k.split("@")[1]) for k in values if k.startswith("recall@"))
+        if ks:
+            series[name] = (ks, [percent(values[f"recall@{k}"]) for k in ks])
+    if not series:
+        return None
+    figure, (ax,) = _figure(5.8, 3.9)
+    _lines(ax, series)
+    for i, (xs, ys) in enumerate(series.values()):
+        offset = (0, -13) if i == 0 and len(series) > 1 else (0, 6)  # first line's numbers below its points
+        for x, y in zip(xs, ys, strict=True):
+            ax.annotate(f"{y:.1f}", (x, y), textcoords="offset points", xytext=offset, ha="center", fontsize=7)
+    ks = sorted({k for xs, _ in series.values() for k in xs})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ks, [str(k) for k in ks])
+    ax.set(xlabel="K", ylabel=f"Recall@K ({METRIC_UNIT})", ylim=(0, 105), title="Recall@K on the test split")
+    return _image(figure)
 
 
 def curves_plot(report: RunReport) -> Image.Image | None:
-    """Training curves drawn from metrics.jsonl."""
+    """Training curves from metrics.jsonl: loss, evaluation metrics (%) and hard-triplet share (%) per epoch."""
     history = report.history()
-    if not history:
+    trained = [r for r in history if r.get("epoch", 0) > 0 and "loss" in r]
+    if not trained:
         return None
-    from train.report import plot_training_curves
+    from matplotlib.ticker import MaxNLocator
 
-    return _render(lambda out: plot_training_curves(history, out))
+    evals = [r for r in history if "recall@1" in r]
+    panels = [("training loss", "", {"loss": ([r["epoch"] for r in trained], [r["loss"] for r in trained])})]
+    for title, keys in (("evaluation (epoch 0 = before training)", ("recall@1", "map@r", "nmi")),
+                        ("hard triplets (S_an > S_ap)", ("hard_fraction_train", "hard_fraction_test"))):
+        rows = evals if keys[0] == "recall@1" else history
+        series = {key: ([r["epoch"] for r in rows if key in r], [percent(r[key]) for r in rows if key in r])
+                  for key in keys if any(key in r for r in rows)}
+        if series:  # a panel only for what the log has
+            panels.append((title, METRIC_UNIT, series))
+    figure, axes = _figure(4.5 * len(panels), 3.8, len(panels))
+    for ax, (title, unit, series) in zip(axes, panels, strict=True):
+        _lines(ax, series)
+        ax.set(title=title, xlabel="epoch", ylabel=unit)
+        if unit:
+            ax.set_ylim(0, 100)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    figure.tight_layout()
+    return _image(figure)
 
 
 def triplet_plot(report: RunReport) -> Image.Image | None:
@@ -181,8 +249,18 @@ def load_results(path: str | Path) -> dict[str, Any]:
 
 
 def results_curve_image(results: dict[str, Any], table_id: str) -> Image.Image | None:
-    """The per-epoch curve figure of one table (e.g. SCT Figure 6), drawn from the JSON; None when it has none."""
-    from retrieval.analysis.results import plot_curves
-
+    """The per-epoch curve figure of one table (e.g. SCT Figure 6) in percent; None when it has none."""
     curve = next((c for c in results.get("curves", []) if c.get("id") == table_id), None)
-    return None if curve is None else _render(lambda path: plot_curves(curve, path))
+    if curve is None or not curve.get("series"):
+        return None
+    from matplotlib.ticker import MaxNLocator
+
+    blocks = curve["series"]
+    figure, axes = _figure(5.8 * len(blocks), 4.2, len(blocks))
+    for ax, (block, lines) in zip(axes, blocks.items(), strict=True):
+        _lines(ax, {label: (range(1, len(ys) + 1), [percent(y) for y in ys]) for label, ys in lines.items()})
+        ax.set(title=block, xlabel="epoch", ylabel=f"{curve.get('ylabel', '')} ({METRIC_UNIT})", ylim=(0, None))
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    figure.suptitle(curve.get("title", ""))
+    figure.tight_layout()
+    return _image(figure)

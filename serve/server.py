@@ -31,7 +31,7 @@ from serve.defaults import (
 )
 from serve.security import BearerToken, SameOriginOnly, check_exposure, is_loopback
 from serve.service import SearchService
-from serve.ui import build_ui
+from serve.ui import UI_CSS, build_ui
 from serve.upload_cache import UploadedFilesOnly, UploadPruner, lock_file_access, use_upload_folder
 
 UI_PATH = "/"
@@ -110,6 +110,7 @@ def build_app(config: ServerConfig, service: SearchService | None = None) -> tup
             path=UI_PATH,
             allowed_paths=[str(example_dir)],
             max_file_size=config.max_upload_bytes,
+            css=UI_CSS,
             server_name=config.host,
             server_port=config.port,
             auth=config.ui_auth or None,

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import atexit
+import html
+import json
+import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +17,17 @@ from PIL import Image
 
 from retrieval.analysis.results import table_markdown
 from retrieval.data import open_image
+from retrieval.data.emoji import emoji_name, is_code_point_sequence
 from serve.defaults import RESULTS_COMMAND
-from serve.images import QueryError
+from serve.diagnostics import duplicates
+from serve.images import QueryError, decode_base64
 from serve.reports import (
+    MAP_EQUALS_RECALL_NOTE,
+    METRIC_UNIT,
     curves_plot,
     load_report,
     load_results,
+    percent,
     recall_plot,
     results_curve_image,
     summary_markdown,
@@ -29,6 +38,133 @@ from serve.service import SearchService
 THUMBNAIL = 256
 EXAMPLE_COUNT = 12
 WORST_CLASSES = 10
+DUPLICATES_SHOWN = 50
+INFO_JSON_BYTES = 1 << 20  # a data set's info.json is a few KiB; anything bigger is not one
+NO_IMAGE = "Upload, paste or pick an image first."
+# Passed to gr.mount_gradio_app (serve.server): Gradio 6 takes page CSS there, not in gr.Blocks.
+UI_CSS = """
+/* Results and failures grow with their content: Gradio caps a gallery at 55vh with an inner scrollbar. */
+#results-gallery .grid-wrap, #failures-gallery .grid-wrap { max-height: none !important; min-height: 0 !important;
+  overflow-y: visible !important; }
+/* Captions sit under their image and wrap instead of being cut with an ellipsis (long emoji names, narrow
+   screens); the enlarged view's caption wraps too. */
+#results-gallery .thumbnail-lg, #failures-gallery .thumbnail-lg { aspect-ratio: auto; height: auto;
+  display: flex; flex-direction: column; }
+#results-gallery .thumbnail-lg > img, #failures-gallery .thumbnail-lg > img { aspect-ratio: 1; height: auto; }
+#results-gallery .caption-label, #failures-gallery .caption-label { position: static; max-width: none;
+  white-space: normal; text-overflow: clip; overflow-wrap: anywhere; border: none; border-radius: 0;
+  line-height: 1.25; opacity: 1 !important; }
+#results-gallery .caption, #failures-gallery .caption { white-space: normal; text-overflow: clip;
+  overflow-wrap: anywhere; }
+/* Narrow screens: two columns, so that thumbnails and their captions keep a readable size. */
+@media (max-width: 720px) {
+  #results-gallery .grid-container, #failures-gallery .grid-container {
+    grid-template-columns: repeat(2, minmax(0, 1fr)) !important; }
+}
+"""
+
+
+def read_upload_file(path: Path, max_bytes: int) -> bytes:
+    """An uploaded file's bytes for ``decode_image``, which refuses those over ``max_bytes`` with the API's text.
+
+    Gradio's upload route already refuses files over the same limit (``max_file_size``); the read stops at twice
+    the limit all the same, so that memory stays bounded whatever lands in Gradio's cache.
+    """
+    try:
+        with path.open("rb") as handle:
+            return handle.read(2 * max_bytes + 1)
+    except OSError as exc:
+        raise QueryError(f"the uploaded file could not be read ({exc.strerror or type(exc).__name__})") from exc
+
+
+def read_dataset_info(folder: Path, levels: int = 2) -> dict[str, Any] | None:
+    """The ``info.json`` that ``retrieval data prepare`` writes, in ``folder`` or up to ``levels`` folders above."""
+    for candidate in [folder, *folder.parents][: levels + 1]:
+        info = candidate / "info.json"
+        try:
+            if info.is_file() and info.stat().st_size <= INFO_JSON_BYTES:
+                data = json.loads(info.read_text(encoding="utf-8"))
+                if isinstance(data, dict) and isinstance(data.get("dataset"), str):
+                    return data
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+@dataclass(frozen=True)
+class GalleryFacts:
+    """What the index holds, for the page's opening line and its labels."""
+
+    images: int
+    labelled: int
+    classes: int
+    example_labels: list[str]
+    folder: Path | None  # the folder holding the gallery's files
+    dataset: dict[str, Any] | None  # that data set's info.json, when it is one `retrieval data prepare` made
+    unicode_labels: bool  # every label is a code-point sequence (1F600, 1F469-200D-1F52C): shown with its name
+
+    @classmethod
+    def of(cls, service: SearchService) -> GalleryFacts:
+        labels = [label for _, label in service.catalogue.labelled()]
+        classes = sorted(set(labels))
+        paths = [row["path"] for row in service.catalogue.sample(200)]
+        try:
+            folder = Path(os.path.commonpath([str(Path(p).parent) for p in paths])) if paths else None
+        except ValueError:  # files on different drives
+            folder = None
+        return cls(
+            images=len(service),
+            labelled=len(labels),
+            classes=len(classes),
+            example_labels=classes[: min(3, len(classes))],
+            folder=folder,
+            dataset=read_dataset_info(folder) if folder else None,
+            unicode_labels=bool(classes) and all(is_code_point_sequence(c) for c in classes),
+        )
+
+    def label_text(self, label: str | None) -> str:
+        """A label as shown: ``1F600 · GRINNING FACE`` for code points Python's unicodedata names, else as is."""
+        if label is None:
+            return "(no label)"
+        name = emoji_name(label) if self.unicode_labels else None
+        return f"{label} · {name}" if name else label
+
+    def short_path(self, path: str | None) -> str:
+        """A gallery file's path relative to the gallery folder (the page need not show server folders)."""
+        if path is None:
+            return "(missing)"
+        if self.folder is not None and Path(path).is_relative_to(self.folder):
+            return str(Path(path).relative_to(self.folder))
+        return Path(path).name
+
+    def intro_markdown(self, service: SearchService) -> str:
+        """The opening lines: what the gallery holds and where from, what to try, what the score means."""
+        info = service.describe()
+        if self.labelled:
+            labels = ", ".join(f"`{self.label_text(label)}`" for label in self.example_labels)
+            kind = "Unicode code points with their names" if self.unicode_labels else "class names"
+            holds = (f"**{self.images} images** in **{self.classes} classes** ({self.labelled} labelled; labels are "
+                     f"{kind}, e.g. {labels})")
+        else:
+            holds = f"**{self.images} images** without labels"
+        source = ""
+        if self.dataset is not None:
+            styles = self.dataset.get("styles")
+            source = f" from the `{self.dataset['dataset']}` data set"
+            if self.dataset["dataset"] == "emoji" and isinstance(styles, list) and len(styles) >= 2:
+                source += (f", every emoji drawn in {len(styles)} styles ({', '.join(map(str, styles))}): a query "
+                           "should find the same emoji drawn by the other artist")
+        where = f" Files under `{self.folder}`" if self.folder else ""
+        return (
+            f"**The gallery:** {holds}{source}.{where}; index `{service.index_dir}` (index.json: "
+            f"`{info['index_key']}`, {info['embedding_dim']}-d embeddings of model `{info['model_hash']}`, "
+            "labels from its catalogue).\n\n"
+            "**Try it:** upload or paste an image (or click one of the examples below the results) and press "
+            "Search: the K gallery images nearest to it appear, best first. A query that is itself a gallery "
+            "image is left out of its own results, and each result is marked ✓ (same label) or ✗.\n\n"
+            "**Score:** the cosine similarity of the L2-normalised embeddings, from -1 to 1 (1 = identical "
+            f"direction, 0 = unrelated). Metrics (Evaluation, Results and Index tabs) are in percent ({METRIC_UNIT})."
+        )
 
 
 class ExampleSet:
@@ -53,24 +189,36 @@ def thumbnail(path: Path | None) -> Image.Image:
 
 
 class SearchTab:
-    def __init__(self, service: SearchService, examples: ExampleSet) -> None:
-        self.service, self.examples = service, examples
+    def __init__(self, service: SearchService, examples: ExampleSet, facts: GalleryFacts | None = None) -> None:
+        self.service, self.examples, self.facts = service, examples, facts or GalleryFacts.of(service)
 
-    def search(self, image: str | None, k: float) -> tuple[list[tuple[Image.Image, str]], str]:
-        """Search by the uploaded file's bytes, as the API does: a query that is a gallery item (identical
-        bytes) is recognised and left out of its own results (``exclude_self``)."""
-        if image is None:
-            raise gr.Error("Upload, paste or pick an image first.")
-        with open(image, "rb") as handle:  # one byte over the limit is enough for the service to refuse it
-            data = handle.read(self.service.max_upload_bytes + 1)
+    def read_upload(self, upload: Any) -> bytes:
+        """The query component's file (or a pasted ``data:`` URL) as bytes, read no further than the service needs
+        to refuse an oversized one."""
+        if not upload:
+            raise QueryError(NO_IMAGE)
+        if isinstance(upload, str):  # a file path (the component's value when called from Python)
+            upload = {"path": upload}
+        if isinstance(upload, dict) and str(upload.get("url") or "").startswith("data:"):
+            return decode_base64(upload["url"], self.service.max_upload_bytes)  # a pasted image sent inline
+        if isinstance(upload, dict) and upload.get("path"):
+            return read_upload_file(Path(upload["path"]), self.service.max_upload_bytes)
+        raise QueryError("the query is not an uploaded image file")
+
+    def search(self, upload: Any, k: float) -> tuple[list[tuple[Image.Image, str]], str]:
+        """Search with the uploaded file's bytes exactly as the API does: the same decoder and messages, and a
+        query that is a gallery item (identical bytes) is left out of its own results (``exclude_self``)."""
         try:
+            data = self.read_upload(upload)
             response = self.service.search(data, self.service.check_k(int(k)), exclude_self=True)
         except QueryError as exc:
-            raise gr.Error(str(exc)) from exc
+            # the API's 4xx detail, as text (Gradio renders messages as HTML), without a traceback in the log
+            message = html.escape(str(exc))
+            raise gr.Error(message, title="Cannot search with this image", print_exception=False) from None
         known = response.query_item
         items = []
         for result in response.results:
-            caption = f"{result.score:.3f} · {result.label or '(no label)'}"
+            caption = f"{result.score:.3f} · {self.facts.label_text(result.label)}"
             if known is not None and known.label is not None:
                 caption = ("✓ " if result.label == known.label else "✗ ") + caption
             items.append((thumbnail(self.service.image_path(result.id)), caption))
@@ -82,17 +230,25 @@ class SearchTab:
         ]
         if known is not None:
             correct = sum(r.label == known.label for r in response.results)
+            name = self.facts.label_text(known.label).removeprefix(str(known.label)).removeprefix(" · ")
             lines.append(
-                f"Query is gallery image #{known.id} (label **{known.label}**), left out of its own "
-                f"results; {correct}/{len(items)} results share its label (✓ correct, ✗ wrong)."
+                f"Query is gallery image #{known.id} (label **{known.label}**{f' · {name}' if name else ''}), left "
+                f"out of its own results; {correct}/{len(items)} results share its label (✓ correct, ✗ wrong)."
             )
-        return items, "\n\n".join(lines)
+        notes = "".join(f"⚠️ {note}\n\n" for note in response.notes)  # e.g. an animated image's first frame
+        return items, notes + "\n\n".join(lines)
+
+    @staticmethod
+    def close_preview() -> Any:
+        """Close the results' enlarged view (runs before each search, so the new results show as a grid)."""
+        return gr.Gallery(selected_index=None)
 
     def build(self) -> None:
-        with gr.Row():
+        with gr.Row(equal_height=False):
             with gr.Column(scale=1, min_width=280):
+                # the uploaded file itself (preprocess=False below): decoded by the API's decoder, not Gradio's
                 query = gr.Image(
-                    type="filepath",  # the uploaded file itself (its bytes identify a gallery item)
+                    type="filepath",
                     image_mode=None,
                     sources=["upload", "clipboard"],
                     label="Query image",
@@ -109,31 +265,39 @@ class SearchTab:
                 )
                 button = gr.Button("Search", variant="primary", elem_id="search-button")
                 timing = gr.Markdown(elem_id="search-timing")
-                if self.examples.files:
-                    gr.Examples(
-                        [[file] for file in self.examples.files],
-                        inputs=[query],
-                        label="Examples from the gallery (results are marked ✓/✗ by label)",
-                        examples_per_page=EXAMPLE_COUNT,
-                    )
-            with gr.Column(scale=3):
+            with gr.Column(scale=3, min_width=280):
                 gallery = gr.Gallery(
-                    label="Results",
+                    label="Results (cosine similarity · label)",
                     columns=5,
                     height="auto",
                     object_fit="contain",
                     elem_id="results-gallery",
                     allow_preview=True,
                 )
-        button.click(self.search, [query, top_k], [gallery, timing], api_name="search")
+        # after the results, so that on a narrow screen (one column) the results come first
+        if self.examples.files:
+            examples = gr.Examples(
+                [[file] for file in self.examples.files],
+                inputs=[query],
+                label="Examples from the gallery: click one to search with it (results are marked ✓/✗ by label)",
+                examples_per_page=EXAMPLE_COUNT,
+                elem_id="search-examples",
+            )
+            examples.load_input_event.then(
+                self.close_preview, None, gallery, queue=False, show_progress="hidden", api_visibility="private"
+            ).then(self.search, [query, top_k], [gallery, timing], preprocess=False, api_visibility="private")
+        # the enlarged view closes first: Gallery keeps it open on the same index when only its value changes
+        button.click(
+            self.close_preview, None, gallery, queue=False, show_progress="hidden", api_visibility="private"
+        ).then(self.search, [query, top_k], [gallery, timing], api_name="search", preprocess=False)
 
 
 MAX_REPORT_BYTES = 50 * 2**20
 
 
 class EvaluationTab:
-    def __init__(self, service: SearchService, report: Path | None) -> None:
-        self.service, self.report = service, report
+    def __init__(self, service: SearchService, report: Path | None, facts: GalleryFacts | None = None) -> None:
+        self.service, self.report, self.facts = service, report, facts or GalleryFacts.of(service)
         self._cache: dict[tuple[str, int], tuple] = {}
 
     def allowed(self, path: str) -> str | None:
@@ -181,8 +345,11 @@ class EvaluationTab:
         except (FileNotFoundError, ValueError) as exc:
             return f"**Cannot open the report:** {exc}", None, None, None, None
         headers, rows = report.metrics_table()
+        summary = summary_markdown(report)
+        if report.map_equals_recall():
+            summary += f"\n\n{MAP_EQUALS_RECALL_NOTE}"
         return (
-            summary_markdown(report),
+            summary,
             gr.Dataframe(value=rows, headers=headers),
             recall_plot(report),
             curves_plot(report),
@@ -190,29 +357,45 @@ class EvaluationTab:
         )
 
     def worst_classes(self) -> tuple[str, Any, list[tuple[Image.Image, str]]]:
+        """Leave-one-out per class: the worst classes (Recall@1, then rank of the first correct) and failures."""
         loo = self.service.leave_one_out()
         if not loo.classes:
             return f"No per-class analysis: {loo.note}.", None, []
+        depth = loo.classes[0].depth
         summary = (
-            f"Leave-one-out over the index ({loo.note}, {loo.queries} queries): each labelled image is "
-            f"searched against all others; Recall@1 = **{loo.recall_at_1:.4f}**. Worst classes:"
+            f"Leave-one-out over the index ({loo.note}, {loo.queries} queries): each labelled image is searched "
+            f"against all others; Recall@1 = **{percent(loo.recall_at_1)} {METRIC_UNIT}**. Worst classes first: "
+            "lowest Recall@1, then the highest mean rank of the first result with the right label (1 = always "
+            f"top-1; a query with none in the top {depth} counts as {depth + 1})."
         )
         worst = loo.classes[:WORST_CLASSES]
-        rows = [[c.label, c.queries, c.correct, round(c.recall_at_1, 4)] for c in worst]
+        rows = [[self.facts.label_text(c.label), c.queries, c.correct, percent(c.recall_at_1),
+                 round(c.mean_first_rank, 1), ", ".join(map(str, c.first_ranks[:8]))] for c in worst]
         pairs = []
         for c in worst:
             for failure in c.failures[:1]:
-                pairs.append(
-                    (thumbnail(self.service.image_path(failure.query_id)), f"query: {failure.query_label}")
-                )
-                pairs.append(
-                    (
-                        thumbnail(self.service.image_path(failure.top1_id) if failure.top1_id >= 0 else None),
-                        f"✗ {failure.score:.3f} · top-1: {failure.top1_label}",
-                    )
-                )
-        table = gr.Dataframe(value=rows, headers=["class", "queries", "correct top-1", "Recall@1"])
-        return summary, table, pairs
+                pairs.append((thumbnail(self.service.image_path(failure.query_id)),
+                              f"query: {self.facts.label_text(failure.query_label)}"))
+                top1 = self.service.image_path(failure.top1_id) if failure.top1_id >= 0 else None
+                pairs.append((thumbnail(top1),
+                              f"✗ {failure.score:.3f} · top-1: {self.facts.label_text(failure.top1_label)}"))
+        headers = ["class", "queries", "correct top-1", f"Recall@1 ({METRIC_UNIT})", "mean rank of first correct",
+                   "first-correct rank per query"]
+        return summary, gr.Dataframe(value=rows, headers=headers), pairs
+
+    def duplicates(self) -> tuple[str, Any]:
+        """The gallery files the index skipped as exact copies (same sha256) of an indexed one, with their twins."""
+        total, found = duplicates(self.service.index.layout.catalogue, DUPLICATES_SHOWN)
+        if not total:
+            return "No duplicates: every gallery file has distinct bytes.", gr.Dataframe(value=None, visible=False)
+        shown = f" (the first {len(found)} below)" if total > len(found) else ""
+        text = (f"**Skipped as duplicates: {total}**{shown}. Their bytes equal those of an indexed file (the twin), "
+                "so only the twin is searched; where the two carry different labels, the twin stands for both.")
+        label, where = self.facts.label_text, self.facts.short_path
+        rows = [[d.id, label(d.label), where(d.path), d.twin_id, label(d.twin_label), where(d.twin_path)]
+                for d in found]
+        headers = ["skipped id", "its label", "file", "twin id (indexed)", "twin's label", "twin's file"]
+        return text, gr.Dataframe(value=rows, headers=headers, visible=True)
 
     def build(self, demo: gr.Blocks) -> None:
         with gr.Row():
@@ -224,15 +407,18 @@ class EvaluationTab:
             )
             button = gr.Button("Open report", scale=1)
         summary = gr.Markdown(elem_id="report-summary")
-        metrics = gr.Dataframe(label="Metrics", interactive=False, elem_id="metrics-table")
+        metrics = gr.Dataframe(label=f"Metrics, in percent ({METRIC_UNIT})", interactive=False,
+                               elem_id="metrics-table")
+        # plots carry their own titles: no label badge over them
         with gr.Row():
-            recall = gr.Image(label="Recall@K", type="pil", interactive=False, elem_id="recall-plot")
-            triplet = gr.Image(label="Triplet diagram", type="pil", interactive=False, elem_id="triplet-plot")
-        curves = gr.Image(
-            label="Training curves (metrics.jsonl)", type="pil", interactive=False, elem_id="curves-plot"
-        )
+            recall = gr.Image(label="Recall@K", show_label=False, type="pil", interactive=False,
+                              elem_id="recall-plot")
+            triplet = gr.Image(label="Triplet diagram", show_label=False, type="pil", interactive=False,
+                               elem_id="triplet-plot")
+        curves = gr.Image(label="Training curves (metrics.jsonl)", show_label=False, type="pil", interactive=False,
+                          elem_id="curves-plot")
         gr.Markdown("### Classes with the worst Recall@1 in this index")
-        loo_summary = gr.Markdown()
+        loo_summary = gr.Markdown(elem_id="worst-summary")
         worst = gr.Dataframe(interactive=False, elem_id="worst-classes")
         failures = gr.Gallery(
             label="Example failures: query, then its wrong top-1",
@@ -241,10 +427,14 @@ class EvaluationTab:
             object_fit="contain",
             elem_id="failures-gallery",
         )
+        gr.Markdown("### Duplicates skipped by the index")
+        duplicates_text = gr.Markdown(elem_id="duplicates-summary")
+        duplicates_table = gr.Dataframe(interactive=False, elem_id="duplicates-table")
         outputs = [summary, metrics, recall, curves, triplet]
         button.click(self.open_report, [path], outputs, api_name="open_report")
         demo.load(self.open_report, [path], outputs, api_name=False)
         demo.load(self.worst_classes, None, [loo_summary, worst, failures], api_name=False)
+        demo.load(self.duplicates, None, [duplicates_text, duplicates_table], api_name=False)
 
 
 class ResultsTab:
@@ -273,7 +463,8 @@ class ResultsTab:
             return f"No table {table_id!r} in {self.path}.", None
         setup = self.results.get("setup", {})
         header = (f"{setup.get('runs', '?')} runs, seeds {setup.get('seeds', '?')}, created "
-                  f"{self.results.get('created', '?')} · from `{self.path}`\n\n")
+                  f"{self.results.get('created', '?')} · from `{self.path}` · metrics in percent "
+                  f"({METRIC_UNIT}), mean ± standard deviation over seeds\n\n")
         return header + table_markdown(table, commands=True), results_curve_image(self.results, table["id"])
 
     def build(self, demo: gr.Blocks) -> None:
@@ -281,7 +472,7 @@ class ResultsTab:
         first = choices[0][1] if choices else None
         picker = gr.Dropdown(choices=choices, value=first, label="Table", elem_id="results-table-picker")
         text = gr.Markdown(elem_id="results-table")
-        figure = gr.Image(label="Figure", type="pil", interactive=False, elem_id="results-figure")
+        figure = gr.Image(label="Figure", show_label=False, type="pil", interactive=False, elem_id="results-figure")
         picker.change(self._shown, [picker], [text, figure], api_name="results_table")
         demo.load(self._shown, [picker], [text, figure], api_name=False)
 
@@ -303,10 +494,11 @@ class IndexTab:
             ["parameters", ", ".join(f"{a}={b}" for a, b in s["params"].items()) or "(none: exact search)"],
             ["embedding dimension", s["model"]["embedding_dim"]],
             ["size on disk (MiB)", round(s["size_on_disk_bytes"]["total"] / 2**20, 3)],
-            ["1-recall@1 vs exact search", round(s["recall_1_at_1"], 4)],
+            [f"1-recall@1 vs exact search ({METRIC_UNIT})", percent(s["recall_1_at_1"])],
         ]
         if k:
-            rows.append([k.replace("_", "-", 1).replace("_at_", "@") + " vs exact search", round(s[k], 4)])
+            name = k.replace("_", "-", 1).replace("_at_", "@")
+            rows.append([f"{name} vs exact search ({METRIC_UNIT})", percent(s[k])])
         rows += [
             ["search latency p50 (ms)", round(s["latency"]["p50_ms"], 3)],
             ["search latency p99 (ms)", round(s["latency"]["p99_ms"], 3)],
@@ -338,17 +530,19 @@ def build_ui(
         example_dir = Path(tempfile.mkdtemp(prefix="retrieval-examples-"))
         atexit.register(shutil.rmtree, example_dir, True)
     examples = ExampleSet(service, example_dir)
+    facts = GalleryFacts.of(service)
     info = service.describe()
     with gr.Blocks(title="Image retrieval", analytics_enabled=False) as demo:
         gr.Markdown(
             f"## Image retrieval · {info['vectors']} images · `{info['index_key']}` · "
             f"{info['embedding_dim']}-d embeddings · model `{info['model_hash']}`"
         )
+        gr.Markdown(facts.intro_markdown(service), elem_id="intro")
         with gr.Tabs():
             with gr.Tab("Search", id="search"):
-                SearchTab(service, examples).build()
+                SearchTab(service, examples, facts).build()
             with gr.Tab("Evaluation", id="evaluation"):
-                EvaluationTab(service, Path(report) if report else None).build(demo)
+                EvaluationTab(service, Path(report) if report else None, facts).build(demo)
             with gr.Tab("Results", id="results"):
                 ResultsTab(Path(results) if results else None).build(demo)
             with gr.Tab("Index", id="index"):

@@ -1,6 +1,9 @@
 """A real browser (Playwright driving Debian's chromium, headless) against the running server.
 
-Uploads an image and sees K result images; opens the Evaluation tab and sees the plots. Skipped, with the
+The page explains itself (what the gallery holds, what to try, what the score means); an upload shows K named
+results that grow with K without an inner scrollbar; an example click searches; a new search closes the enlarged
+view; bad uploads show the API's message and no traceback; a 400 px screen shows results before examples with
+whole captions; the Evaluation tab explains MAP@R = Recall@1 and orders the worst classes. Skipped, with the
 reason, only where Playwright or chromium is not installed.
 
 The README's screenshots come from this test run against the real demo artifacts:
@@ -17,10 +20,13 @@ import shutil
 from pathlib import Path
 
 import pytest
-from serve_fixtures import ServeArtifacts, shared_artifacts
+from serve_fixtures import ServeArtifacts, png_bytes, shared_artifacts
+from test_index_support import bomb_png
 
 from retrieval.analysis.results import RESULTS_FORMAT
-from serve.defaults import DEFAULT_RESULTS
+from retrieval.data.emoji import emoji_name, is_code_point_sequence
+from serve.defaults import DEFAULT_MAX_PIXELS, DEFAULT_MAX_UPLOAD_BYTES, DEFAULT_RESULTS
+from serve.images import QueryError, decode_image
 from serve.server import BackgroundServer, ServerConfig, build_app
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -91,15 +97,26 @@ def server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def page(server):
+def browser():
     with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.set_default_timeout(TIMEOUT_MS)
-        page.goto(server[0].url + "/")
-        page.wait_for_selector("#query-image")
-        yield page
-        browser.close()
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield launched
+        launched.close()
+
+
+def open_page(browser, server, width: int = 1400, height: int = 1000):
+    page = browser.new_page(viewport={"width": width, "height": height})
+    page.set_default_timeout(TIMEOUT_MS)
+    page.goto(server[0].url + "/")
+    page.wait_for_selector("#query-image")
+    return page
+
+
+@pytest.fixture(scope="module")
+def page(browser, server):
+    page = open_page(browser, server)
+    yield page
+    page.close()
 
 
 def text_once_shown(page, selector: str, text: str) -> str:
@@ -110,39 +127,190 @@ def text_once_shown(page, selector: str, text: str) -> str:
     return page.locator(selector).inner_text()
 
 
-def test_upload_shows_k_result_images(server, page, screenshots):
-    _, artifacts = server
-    # a distinctive class (the other style is easy to find) makes a clearer screenshot than a keycap digit
-    index = artifacts.labels.index("00A9") if "00A9" in artifacts.labels else 5
-    query = artifacts.query_paths[index]
-    page.locator("#query-image input[type=file]").set_input_files(str(query))
+def named(label: str) -> str:
+    """A label as the page shows it: with its Unicode name for emoji code points."""
+    name = emoji_name(label) if is_code_point_sequence(label) else None
+    return f"{label} · {name}" if name else label
+
+
+def upload_and_search(page, path: Path, k: int) -> None:
+    page.locator("#query-image input[type=file]").set_input_files(str(path))
     page.wait_for_selector("#query-image img")
     number = page.locator("#top-k input[type=number]")
-    number.fill(str(K))
+    number.fill(str(k))
     number.press("Enter")
     page.locator("#search-button").click()
     # every result thumbnail must actually load and decode (a broken /items/{id}/image shows as blank)
     page.wait_for_function(
-        "Array.from(document.querySelectorAll('#results-gallery img'))"
-        f".filter(img => img.complete && img.naturalWidth > 0).length >= {K}"
+        "k => document.querySelectorAll('#results-gallery img').length === k && Array.from(document.querySelectorAll("
+        "'#results-gallery img')).every(img => img.complete && img.naturalWidth > 0)", arg=k
     )
+
+
+def no_inner_scroll(page, gallery: str) -> None:
+    """Every result lies inside the gallery's box and the gallery does not scroll inside itself."""
+    scroll, client = page.evaluate(
+        "s => { const g = document.querySelector(s); return [g.scrollHeight, g.clientHeight] }", f"{gallery} .grid-wrap"
+    )
+    assert scroll <= client + 1, (gallery, scroll, client)
+    box = page.locator(gallery).bounding_box()
+    last = page.locator(f"{gallery} .thumbnail-item").last.bounding_box()
+    assert last["y"] + last["height"] <= box["y"] + box["height"] + 1
+
+
+def test_the_page_says_what_the_gallery_is_and_what_the_score_means(server, page):
+    _, artifacts = server
+    intro = page.locator("#intro").inner_text()
+    classes = len(set(artifacts.labels)) if not DEMO_DIR else None
+    assert "images" in intro and "classes" in intro and "index.json" in intro
+    if classes:
+        assert f"{classes} classes" in intro
+    assert "upload or paste" in intro and "examples" in intro
+    assert "cosine similarity" in intro and "L2-normalised" in intro and "1 = identical direction" in intro
+    if all(is_code_point_sequence(label) for label in artifacts.labels):
+        assert "emoji" in intro and " · " in intro  # e.g. `0023-FE0F-20E3 · KEYCAP NUMBER SIGN`
+
+
+def test_upload_shows_k_named_results_that_grow_with_k(server, page, screenshots):
+    _, artifacts = server
+    # a distinctive class (the other style is easy to find) makes a clearer screenshot than a keycap digit
+    index = artifacts.labels.index("00A9") if "00A9" in artifacts.labels else 5
+    query = artifacts.query_paths[index]
+    upload_and_search(page, query, 4)
+    small = page.locator("#results-gallery").bounding_box()["height"]
+    upload_and_search(page, query, K)
     assert page.locator("#results-gallery img").count() == K
+    assert page.locator("#results-gallery").bounding_box()["height"] > small  # the area grows with K
+    no_inner_scroll(page, "#results-gallery")
     timing = page.locator("#search-timing").inner_text()
     assert f"{K} results" in timing and "ms" in timing
-    assert artifacts.labels[index] in timing  # the upload is a gallery image: its label is known and shown
-    captions = page.locator("#results-gallery").inner_text()
-    assert captions.count("✓") + captions.count("✗") == K
+    assert named(artifacts.labels[index]) in timing  # the upload is a gallery image: its label is known and shown
+    captions = page.locator("#results-gallery .caption-label").all_inner_texts()
+    assert len(captions) == K and all(c[0] in "✓✗" for c in captions)
+    for caption in captions:  # ✓ 0.912 · 1F600 · GRINNING FACE
+        label = caption.split(" · ")[1]
+        assert caption.endswith(named(label)), caption
+    page.wait_for_timeout(300)
     page.screenshot(path=str(screenshots / "search.png"), full_page=True)
 
 
-def test_evaluation_tab_shows_the_plots(page, screenshots):
+def test_a_new_search_closes_the_enlarged_view(page):
+    page.locator("#results-gallery .thumbnail-item").first.click()
+    page.wait_for_selector("#results-gallery .preview", state="visible")
+    assert named_caption_shown(page)
+    page.locator("#search-button").click()
+    page.wait_for_selector("#results-gallery .preview", state="detached")
+    page.wait_for_function(f"document.querySelectorAll('#results-gallery img').length === {K}")
+
+
+def named_caption_shown(page) -> bool:
+    """The enlarged view's caption carries the label (and its name, for emoji)."""
+    caption = page.locator("#results-gallery .preview .caption").inner_text()
+    return " · " in caption and len(caption.split(" · ")) >= 2
+
+
+def test_clicking_an_example_runs_the_search(server, page):
+    page.locator("#query-image button[aria-label='Remove Image']").first.click()
+    page.wait_for_selector("#query-image img", state="detached")
+    page.locator("#search-examples button").nth(1).click()
+    text_once_shown(page, "#search-timing", "Query is gallery image")
+    page.wait_for_function("document.querySelectorAll('#results-gallery img').length > 0")
+    assert page.locator("#query-image img").count() == 1  # the example fills the query box too
+
+
+def api_message(data: bytes) -> str:
+    """What POST /search answers for these bytes: serve.images.decode_image's message (the API's decoder)."""
+    try:
+        decode_image(data, DEFAULT_MAX_UPLOAD_BYTES, DEFAULT_MAX_PIXELS)
+    except QueryError as exc:
+        return str(exc)
+    raise AssertionError("the upload was expected to be refused")
+
+
+def test_bad_uploads_show_the_api_message_and_no_traceback(page, screenshots, tmp_path):
+    good = png_bytes()
+    cases = {
+        "not-an-image.png": b"hello, I am a text file\n",
+        "empty.png": b"",
+        "truncated.png": good[: len(good) // 2],
+        "bomb.png": bomb_png(8000, 6000),  # 48 megapixels declared, over the 40 MP limit
+    }
+    for name, data in cases.items():
+        (tmp_path / name).write_bytes(data)
+        page.locator("#query-image input[type=file]").set_input_files(str(tmp_path / name))
+        page.wait_for_selector("#query-image img", state="attached")
+        page.locator("#search-button").click()
+        expected = api_message(data)
+        toast = text_once_shown(page, ".toast-body", expected[:40])
+        assert expected in toast, (name, toast)
+        body = page.locator("body").inner_text()
+        assert "Traceback" not in body and "/gradio/" not in body and str(tmp_path) not in body, name
+        if name == "bomb.png":
+            page.screenshot(path=str(screenshots / "bad-upload.png"))
+        page.locator(".toast-close").first.click()
+        page.locator("#query-image button[aria-label='Remove Image']").first.click()
+        page.wait_for_selector("#query-image img", state="detached")
+    # over the upload limit: refused before it is sent (Gradio's own check of the same limit), with the limit
+    large = tmp_path / "large.png"
+    large.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(DEFAULT_MAX_UPLOAD_BYTES))
+    page.locator("#query-image input[type=file]").set_input_files(str(large))
+    toast = text_once_shown(page, ".toast-body", "maximum allowed size")
+    assert "large.png" in toast and "Traceback" not in page.locator("body").inner_text()
+    page.locator(".toast-close").first.click()
+
+
+def test_narrow_screen_shows_results_before_examples_with_whole_captions(browser, server, screenshots):
+    _, artifacts = server
+    page = open_page(browser, server, width=400, height=900)
+    try:
+        upload_and_search(page, artifacts.query_paths[-1], K)
+        results = page.locator("#results-gallery").bounding_box()
+        examples = page.locator("#search-examples").bounding_box()
+        assert results["y"] + results["height"] <= examples["y"] + 1  # results first, examples after
+        assert page.evaluate("document.documentElement.scrollWidth") <= 400  # nothing wider than the screen
+        no_inner_scroll(page, "#results-gallery")
+        cut = page.evaluate(
+            "Array.from(document.querySelectorAll('#results-gallery .caption-label')).filter(c => {"
+            " const item = c.closest('.thumbnail-item').getBoundingClientRect(), box = c.getBoundingClientRect();"
+            " return c.scrollWidth > c.clientWidth + 1 || c.scrollHeight > c.clientHeight + 1"
+            "  || box.bottom > item.bottom + 1 || box.right > item.right + 1 }).map(c => c.innerText)"
+        )
+        assert cut == []
+        page.screenshot(path=str(screenshots / "search-narrow.png"), full_page=True)
+    finally:
+        page.close()
+
+
+def table_rows(page, selector: str, columns: int) -> list[list[str]]:
+    """The cells of a Gradio Dataframe as shown (header row skipped)."""
+    lines = [line.strip() for line in page.locator(selector).inner_text().splitlines() if line.strip()]
+    cells = lines[columns:]
+    return [cells[i : i + columns] for i in range(0, len(cells) - columns + 1, columns)]
+
+
+def test_evaluation_tab_explains_and_orders(server, page, screenshots):
+    _, artifacts = server
     page.get_by_role("tab", name="Evaluation").click()
     for plot in ("#recall-plot", "#curves-plot", "#triplet-plot"):
         page.wait_for_selector(f"{plot} img", state="visible")
         box = page.locator(f"{plot} img").bounding_box()
         assert box is not None and box["width"] > 100 and box["height"] > 100, plot
+        label = page.locator(f"{plot} [data-testid=block-label]")
+        assert label.count() == 0 or not label.first.is_visible(), plot  # no badge over the plot's title
     assert "recall@1" in page.locator("#metrics-table").inner_text()
+    assert "percent" in page.locator("#metrics-table").inner_text()
+    if not DEMO_DIR:  # two images per class: one relevant item per query
+        assert "Why MAP@R equals Recall@1" in text_once_shown(page, "#report-summary", "MAP@R")
+    text_once_shown(page, "#worst-summary", "mean rank of the first")
+    rows = table_rows(page, "#worst-classes", 6)
+    assert rows, page.locator("#worst-classes").inner_text()
+    keys = [(float(row[3]), -float(row[4])) for row in rows]
+    assert keys == sorted(keys)  # lowest Recall@1 first, then the farthest first correct result
+    if all(is_code_point_sequence(label) for label in artifacts.labels):
+        assert all(row[0] == named(row[0].split(" · ")[0]) and " · " in row[0] for row in rows)
+    assert "duplicates" in page.locator("#duplicates-summary").inner_text().lower()
     page.wait_for_function("document.querySelectorAll('#failures-gallery img').length >= 2")
+    no_inner_scroll(page, "#failures-gallery")
     page.wait_for_timeout(500)  # let the images finish painting for the screenshot
     page.screenshot(path=str(screenshots / "evaluation.png"), full_page=True)
 
@@ -150,7 +318,7 @@ def test_evaluation_tab_shows_the_plots(page, screenshots):
 def test_results_tab_shows_a_table_and_its_figure(page, screenshots):
     page.get_by_role("tab", name="Results").click()
     text = text_once_shown(page, "#results-table", "Discussion")
-    assert "R@1" in text and "±" in text
+    assert "R@1" in text and "±" in text and "percent" in text
     if not DEMO_DIR:  # the small document's table has a per-epoch figure
         assert "SCT" in text and "60.0 ± 1.0" in text
         page.wait_for_selector("#results-figure img", state="visible")
@@ -160,8 +328,8 @@ def test_results_tab_shows_a_table_and_its_figure(page, screenshots):
     page.screenshot(path=str(screenshots / "results.png"), full_page=True)
 
 
-def test_index_tab_shows_statistics(page, screenshots):
+def test_index_tab_shows_statistics_in_percent(page, screenshots):
     page.get_by_role("tab", name="Index").click()
     text = text_once_shown(page, "#index-stats", "vectors")
-    assert "Flat" in text and "recall" in text
+    assert "Flat" in text and "recall@1 vs exact search (%)" in text
     page.screenshot(path=str(screenshots / "index.png"), full_page=True)

@@ -22,9 +22,11 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import shutil
 import sys
 import time
+import unicodedata
 from collections.abc import Callable, Iterable
 from importlib import metadata
 from pathlib import Path
@@ -90,6 +92,60 @@ def openmoji_sequences() -> list[str]:
 def sequence_text(sequence: str) -> str:
     """``"1F469-200D-1F52C"`` -> the string of those code points."""
     return "".join(chr(int(part, 16)) for part in sequence.split("-"))
+
+
+CODE_POINT_SEQUENCE = re.compile(r"[0-9A-F]{4,6}(-[0-9A-F]{4,6})*")
+ZWJ, KEYCAP = 0x200D, 0x20E3
+VARIATION_SELECTORS = frozenset({0xFE0E, 0xFE0F})
+REGIONAL_INDICATORS = range(0x1F1E6, 0x1F200)
+TAGS = range(0xE0020, 0xE007F)  # tag characters spell a subdivision (gbeng); U+E007F cancels
+
+
+def is_code_point_sequence(label: str) -> bool:
+    """True for labels named like OpenMoji's files: upper-case hex code points joined by ``-``."""
+    return bool(CODE_POINT_SEQUENCE.fullmatch(label)) and all(int(p, 16) <= 0x10FFFF for p in label.split("-"))
+
+
+def _component_name(code_points: list[int]) -> str | None:
+    """The name of one ZWJ-free part: a flag, a keycap, a tag sequence, or its characters' names."""
+    tags = "".join(chr(cp - 0xE0000) for cp in code_points if cp in TAGS)
+    base = [cp for cp in code_points if cp not in VARIATION_SELECTORS and cp not in TAGS and cp != 0xE007F]
+    if len(base) == 2 and all(cp in REGIONAL_INDICATORS for cp in base):
+        return "FLAG: " + "".join(chr(ord("A") + cp - REGIONAL_INDICATORS.start) for cp in base)
+    keycap = KEYCAP in base
+    base = [cp for cp in base if cp != KEYCAP]
+    try:
+        names = [unicodedata.name(chr(cp)) for cp in base]
+    except ValueError:  # a code point this Python's Unicode database does not name (newer, private use)
+        return None
+    if not names:
+        return None
+    name = ("KEYCAP " if keycap else "") + ", ".join(names)
+    if tags:  # e.g. WAVING BLACK FLAG + "gbeng" -> England's flag
+        name += f" ({tags[:2].upper()}-{tags[2:].upper()})" if len(tags) > 2 else f" ({tags.upper()})"
+    return name
+
+
+def emoji_name(label: str) -> str | None:
+    """``"1F600"`` -> ``"GRINNING FACE"``; ``"1F469-200D-1F52C"`` -> ``"WOMAN + MICROSCOPE"``; None if not named.
+
+    Unicode names from ``unicodedata`` (Python's Unicode version): variation selectors are dropped, ZWJ
+    joins parts with ``+``, two regional indicators read ``FLAG: GB``, ``X FE0F 20E3`` reads ``KEYCAP X``.
+    None when the label is not a code-point sequence or any part has no name in this Python.
+    """
+    if not is_code_point_sequence(label):
+        return None
+    code_points = [int(part, 16) for part in label.split("-")]
+    parts: list[list[int]] = [[]]
+    for cp in code_points:
+        if cp == ZWJ:
+            parts.append([])
+        else:
+            parts[-1].append(cp)
+    names = [_component_name(part) for part in parts if part]
+    if not names or any(name is None for name in names):
+        return None
+    return " + ".join(names)  # type: ignore[arg-type]
 
 
 def is_skin_tone_variant(sequence: str) -> bool:

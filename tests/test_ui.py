@@ -1,0 +1,201 @@
+"""The Gradio app's pieces without a browser: label names, upload decoding, leave-one-out ranks, duplicates, units."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import shutil
+
+import gradio as gr
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from serve_fixtures import png_bytes, shared_artifacts
+from test_index_support import bomb_png
+
+from retrieval.data.emoji import emoji_name, is_code_point_sequence
+from serve.api import create_api
+from serve.diagnostics import duplicates
+from serve.reports import load_report, percent
+from serve.service import SearchService
+from serve.ui import EvaluationTab, ExampleSet, GalleryFacts, SearchTab
+
+pytestmark = pytest.mark.timeout(300)
+MAX_UPLOAD = 200_000
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+    return shared_artifacts(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def service(artifacts):
+    svc = SearchService(artifacts.index_dir, max_upload_bytes=MAX_UPLOAD, max_pixels=4_000_000)
+    yield svc
+    svc.close()
+
+
+@pytest.fixture(scope="module")
+def search_tab(service, tmp_path_factory):
+    return SearchTab(service, ExampleSet(service, tmp_path_factory.mktemp("examples"), count=2))
+
+
+def emoji_fixture(artifacts) -> bool:
+    return all(is_code_point_sequence(label) for label in artifacts.labels)
+
+
+# --- label names ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("label", "name"),
+    [
+        ("1F600", "GRINNING FACE"),
+        ("1F469-200D-1F52C", "WOMAN + MICROSCOPE"),  # ZWJ sequence: parts joined with +
+        ("2764-FE0F", "HEAVY BLACK HEART"),  # the variation selector is not part of the name
+        ("1F1EC-1F1E7", "FLAG: GB"),  # two regional indicators
+        ("0023-FE0F-20E3", "KEYCAP NUMBER SIGN"),
+        ("1F3F4-E0067-E0062-E0065-E006E-E0067-E007F", "WAVING BLACK FLAG (GB-ENG)"),  # tag sequence
+        ("E000", None),  # private use: no Unicode name, no guess
+        ("cat", None),
+        ("001.Black_footed_Albatross", None),
+    ],
+)
+def test_emoji_names_from_unicodedata(label, name):
+    assert emoji_name(label) == name
+
+
+def test_labels_are_shown_with_names_only_for_code_point_galleries(artifacts, service):
+    facts = GalleryFacts.of(service)
+    assert facts.images == len(service) and facts.classes == len(set(artifacts.labels))
+    label = artifacts.labels[0]
+    if emoji_fixture(artifacts):
+        assert facts.unicode_labels and facts.label_text(label) == f"{label} · {emoji_name(label)}"
+        assert facts.dataset is not None and facts.dataset["dataset"] == "emoji"
+    else:  # the digits fallback: class names stay as they are
+        assert not facts.unicode_labels and facts.label_text(label) == label
+    plain = GalleryFacts(3, 3, 2, ["cat"], None, None, unicode_labels=False)
+    assert plain.label_text("1F600") == "1F600" and plain.label_text(None) == "(no label)"
+    intro = facts.intro_markdown(service)
+    for fact in (f"{len(service)} images", f"{facts.classes} classes", "index.json", "upload or paste",
+                 "examples", "cosine similarity", "L2-normalised", "1 = identical direction"):
+        assert fact in intro, fact
+
+
+# --- uploads: the API's decoder and the API's messages --------------------------------------------------------
+def bad_uploads() -> dict[str, bytes]:
+    good = png_bytes()
+    return {
+        "text named .png": b"hello, I am not an image\n",
+        "empty file": b"",
+        "truncated": good[: len(good) // 2],
+        "decompression bomb": bomb_png(4000, 4000),
+        "too large": b"\x89PNG\r\n\x1a\n" + bytes(MAX_UPLOAD),
+    }
+
+
+@pytest.mark.parametrize("kind", list(bad_uploads()))
+def test_bad_uploads_get_the_api_message(service, search_tab, tmp_path, kind):
+    data = bad_uploads()[kind]
+    with TestClient(create_api(service)) as client:  # the API's multipart upload, as the page uploads a file
+        api = client.post("/search?k=3", files={"image": ("upload.png", data, "image/png")})
+    assert 400 <= api.status_code < 500
+    path = tmp_path / "upload.png"
+    path.write_bytes(data)
+    with pytest.raises(gr.Error) as raised:
+        search_tab.search({"path": str(path), "orig_name": "upload.png"}, 3)
+    assert raised.value.message == html.escape(api.json()["detail"])
+    assert str(tmp_path) not in raised.value.message and "Traceback" not in raised.value.message
+
+
+def test_no_upload_asks_for_an_image(search_tab):
+    with pytest.raises(gr.Error, match="Upload, paste or pick an image"):
+        search_tab.search(None, 3)
+
+
+def test_a_pasted_data_url_is_decoded_like_an_upload(search_tab, artifacts):
+    url = "data:image/png;base64," + base64.b64encode(artifacts.query_paths[0].read_bytes()).decode()
+    items, text = search_tab.search({"url": url}, 4)
+    assert len(items) == 4 and "4 results" in text
+
+
+def test_search_results_name_the_labels(search_tab, artifacts):
+    items, text = search_tab.search({"path": str(artifacts.query_paths[1])}, 5)
+    captions = [caption for _, caption in items]
+    assert len(captions) == 5 and all(c[0] in "✓✗" for c in captions)
+    if emoji_fixture(artifacts):
+        for caption in captions:  # mark score · label · NAME
+            _, label, name = caption.split(" · ")
+            assert name == emoji_name(label)
+        assert f"label **{artifacts.labels[1]}** · {emoji_name(artifacts.labels[1])}" in text
+
+
+# --- Evaluation tab ------------------------------------------------------------------------------------------
+def test_leave_one_out_ranks_of_the_first_correct_match_brute_force(artifacts, service):
+    """Rank of the first same-label result per query, against an exact loop over the stored vectors."""
+    from serve.diagnostics import _vectors_of
+
+    loo = service.leave_one_out()
+    label_of = dict(service.catalogue.labelled())
+    ids, vectors = _vectors_of(service.index, np.array(sorted(label_of), np.int64))
+    scores = vectors @ vectors.T
+    expected: dict[str, list[int]] = {}
+    for row, own in enumerate(ids):
+        order = [int(ids[j]) for j in np.argsort(-scores[row], kind="stable") if ids[j] != own]
+        first = next(rank for rank, other in enumerate(order, 1) if label_of[other] == label_of[int(own)])
+        expected.setdefault(label_of[int(own)], []).append(min(first, loo.classes[0].depth + 1))
+    for c in loo.classes:
+        assert c.first_ranks == expected[c.label]
+        assert c.correct == sum(rank == 1 for rank in c.first_ranks)
+    keys = [(c.recall_at_1, -c.mean_first_rank) for c in loo.classes]
+    assert keys == sorted(keys)  # worst Recall@1 first, then the farthest first correct result
+
+
+def test_worst_classes_table_is_ordered_and_named(artifacts, service):
+    summary, table, pairs = EvaluationTab(service, artifacts.report).worst_classes()
+    assert "mean rank of the first" in summary and "%" in summary
+    rows = table.constructor_args["value"]
+    assert table.constructor_args["headers"][3] == "Recall@1 (%)"
+    keys = [(row[3], -row[4]) for row in rows]
+    assert keys == sorted(keys)
+    assert all(0 <= row[3] <= 100 for row in rows)
+    if emoji_fixture(artifacts):
+        assert all(" · " in row[0] for row in rows) and all(" · " in caption for _, caption in pairs)
+
+
+def test_metrics_are_percent_and_map_at_r_is_explained(artifacts, service):
+    report = load_report(artifacts.report)
+    raw = json.loads(artifacts.report.read_text())["last"]
+    rows = {row[0]: row[-1] for row in report.metrics_table()[1]}
+    assert rows["recall@1"] == percent(raw["recall@1"]) == round(100 * raw["recall@1"], 1)
+    summary = EvaluationTab(service, artifacts.report).open_report(str(artifacts.report))[0]
+    # two images per class: one relevant item per query, so MAP@R = Recall@1, and the page says why
+    assert report.map_equals_recall() and "Why MAP@R equals Recall@1" in summary and "R = 1" in summary
+
+
+def test_duplicates_are_listed_with_their_twins(artifacts, tmp_path):
+    from retrieval.index import IngestOptions, build_index
+
+    gallery = tmp_path / "gallery"
+    sources = artifacts.query_paths[:4]
+    for i, source in enumerate(sources):
+        (gallery / artifacts.labels[i]).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, gallery / artifacts.labels[i] / f"{i}.png")
+    (gallery / "copies").mkdir()
+    shutil.copyfile(sources[0], gallery / "copies" / "same-bytes.png")  # the twin of 0.png
+    build_index(gallery, tmp_path / "index", model=artifacts.model,
+                options=IngestOptions(batch_size=8, workers=0, progress=False))
+    total, found = duplicates(tmp_path / "index" / "catalogue.sqlite")
+    assert total == 1 and len(found) == 1
+    (copy,) = found
+    assert {copy.label, copy.twin_label} == {"copies", artifacts.labels[0]}  # whichever was indexed first
+    assert {copy.path, copy.twin_path} == {str(gallery / "copies" / "same-bytes.png"),
+                                           str(gallery / artifacts.labels[0] / "0.png")}
+    svc = SearchService(tmp_path / "index")
+    try:
+        text, table = EvaluationTab(svc, None).duplicates()
+    finally:
+        svc.close()
+    assert "Skipped as duplicates: 1" in text
+    (row,) = table.constructor_args["value"]
+    assert row[0] == copy.id and row[3] == copy.twin_id
