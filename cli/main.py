@@ -99,7 +99,12 @@ TRAIN_OPTIONS = [
                  help="also report linear-probe accuracy before and after training (DCDL protocol)."),
     click.option("--feature-cache", type=click.Path(file_okay=False)),
     click.option("--out", type=click.Path(file_okay=False), help="run directory."),
-    click.option("--resume", is_flag=True, default=None, help="continue the run in --out from last.pt."),
+    click.option("--resume", is_flag=True, default=None,
+                 help="continue the run in --out from last.pt (mid-epoch when --checkpoint-every wrote it)."),
+    click.option("--checkpoint-every", type=int, metavar="STEPS",
+                 help="also write last.pt every STEPS optimizer steps, so --resume continues inside an epoch."),
+    click.option("--on-bad-image", type=click.Choice(["skip", "fail"]),
+                 help="an image that cannot be read: skip it with a warning (default) or stop the run."),
 ]
 
 

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, Subset
 
+from retrieval.data.dataset import BadImageLog
 from retrieval.inference import embed_dataset
 
 
@@ -19,6 +20,11 @@ class EvalSets:
 
     query: Dataset
     gallery: Dataset | None = None
+
+    @property
+    def num_images(self) -> int:
+        """Images in the query and gallery sets together."""
+        return len(self.query) + (len(self.gallery) if self.gallery is not None else 0)
 
 
 def checkpoint_dataset(train_config: dict[str, Any], dataset: str | None, data: str | None,
@@ -61,10 +67,13 @@ def evaluate_embeddings(query: np.ndarray, query_labels: np.ndarray, gallery: np
 
 
 def embed_eval_sets(model: nn.Module, sets: EvalSets, device: torch.device | str, batch_size: int = 128,
-                    workers: int | None = None, amp: bool = False, progress: bool = True):
-    q, ql = embed_dataset(model, sets.query, batch_size, device, workers, amp, desc="embed query", progress=progress)
+                    workers: int | None = None, amp: bool = False, progress: bool = True,
+                    bad_images: BadImageLog | None = None):
+    """(query, query_labels, gallery, gallery_labels) embeddings; an unreadable image loses its row and label."""
+    q, ql = embed_dataset(model, sets.query, batch_size, device, workers, amp, desc="embed query", progress=progress,
+                          bad_images=bad_images)
     if sets.gallery is None:
         return q, ql, None, None
     g, gl = embed_dataset(model, sets.gallery, batch_size, device, workers, amp, desc="embed gallery",
-                          progress=progress)
+                          progress=progress, bad_images=bad_images)
     return q, ql, g, gl

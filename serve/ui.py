@@ -285,7 +285,8 @@ class SearchTab:
             )
             examples.load_input_event.then(
                 self.close_preview, None, gallery, queue=False, show_progress="hidden", api_visibility="private"
-            ).then(self.search, [query, top_k], [gallery, timing], preprocess=False, api_visibility="private")
+            ).then(self.search, [query, top_k], [gallery, timing], preprocess=False, api_name="example_search",
+                   api_visibility="private")
         # the enlarged view closes first: Gallery keeps it open on the same index when only its value changes
         button.click(
             self.close_preview, None, gallery, queue=False, show_progress="hidden", api_visibility="private"

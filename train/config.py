@@ -63,6 +63,8 @@ class TrainConfig:
     feature_cache: str | None = None  # where --freeze-backbone caches features (default ~/.cache/retrieval)
     out: str = "runs/latest"
     resume: bool = False
+    checkpoint_every: int | None = None  # also write last.pt every this many optimizer steps (mid-epoch resume)
+    on_bad_image: str = "skip"  # skip | fail: what an image that cannot be read does to the run
 
     def __post_init__(self) -> None:
         self.validate()
@@ -95,6 +97,10 @@ class TrainConfig:
                 errors.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.batches_per_epoch is not None and self.batches_per_epoch < 1:
             errors.append(f"--batches-per-epoch must be >= 1, got {self.batches_per_epoch}")
+        if self.checkpoint_every is not None and self.checkpoint_every < 1:
+            errors.append(f"--checkpoint-every must be >= 1 (optimizer steps), got {self.checkpoint_every}")
+        if self.on_bad_image not in {"skip", "fail"}:
+            errors.append(f"--on-bad-image must be skip or fail, got {self.on_bad_image!r}")
         if self.warmup_epochs < 0:
             errors.append(f"--warmup-epochs must be >= 0, got {self.warmup_epochs}")
         if self.lr <= 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -12,7 +13,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from retrieval.inference import embed_dataset
+from retrieval.data import BadImageLog, BadSample
+from retrieval.inference import Embedded, embed_samples
 
 
 def default_cache_dir() -> Path:
@@ -30,18 +32,31 @@ def cached_features(
     workers: int | None,
     amp: bool,
     desc: str,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Backbone features [n, F] and labels, read from the cache when ``key`` matches an earlier run."""
+    bad_images: BadImageLog | None = None,
+    progress: bool = True,
+) -> Embedded:
+    """Backbone features of the images that load, read from the cache when ``key`` matches an earlier run.
+
+    The images that failed are cached too (as ``bad``) and go to ``bad_images`` on every read, so a run that reads
+    the cache warns, skips or stops exactly as the run that wrote it.
+    """
+    bad_images = BadImageLog("fail") if bad_images is None else bad_images
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
     path = cache_dir / f"{digest}.npz"
     if path.is_file():
         with np.load(path) as data:
-            return data["features"], data["labels"]
-    features, labels = embed_dataset(backbone, dataset, batch_size, device, workers, amp, desc=desc)
+            features, labels = data["features"], data["labels"]
+            # caches written before bad images were skipped hold every image (a bad one stopped those runs)
+            indices = data["indices"] if "indices" in data else np.arange(len(features), dtype=np.int64)
+            bad = [BadSample(**r) for r in json.loads(str(data["bad"]))] if "bad" in data else []
+        bad_images.add(bad)
+        return Embedded(features, labels, indices, bad)
+    result = embed_samples(backbone, dataset, batch_size, device, workers, amp, desc, progress, bad_images)
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}.npz")
-    np.savez(tmp, features=features, labels=labels)
+    np.savez(tmp, features=result.embeddings, labels=result.labels, indices=result.indices,
+             bad=np.array(json.dumps([dataclasses.asdict(b) for b in result.bad])))
     os.replace(tmp, path)
     (cache_dir / f"{digest}.json").write_text(json.dumps(key, indent=1, sort_keys=True, default=str))
-    return features, labels
+    return result

@@ -98,7 +98,9 @@ def write_report(
     last: dict[str, Any] | None,
     test_embeddings: tuple[np.ndarray, np.ndarray],
     train_sample: tuple[np.ndarray, np.ndarray] | None,
+    bad_images: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    """Write RUN_DIR/report.json and its plots; ``bad_images`` lists the files the run skipped, each once."""
     plots: dict[str, str] = {}
     if plot_training_curves(history, out / "curves.png"):
         plots["curves"] = "curves.png"
@@ -115,6 +117,7 @@ def write_report(
         "metrics": last or baseline,
         "history": history,
         "plots": plots,
+        "bad_images": bad_images or [],
         "checkpoints": {"best": "best.pt", "last": "last.pt"},
     }
     tmp = out / ".report.json.tmp"

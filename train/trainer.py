@@ -6,8 +6,9 @@ import json
 import math
 import os
 import random
+import sys
 import time
-from collections import defaultdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,19 +18,51 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from retrieval import losses
-from retrieval.data import ClassBalancedBatchSampler, build_transforms, inject_label_noise, load_dataset
+from retrieval.data import (
+    BadImageLog,
+    ClassBalancedBatchSampler,
+    WithSampleSeeds,
+    build_transforms,
+    inject_label_noise,
+    load_dataset,
+)
 from retrieval.evaluation import embed_eval_sets, evaluate_embeddings, load_eval_sets
-from retrieval.inference import default_workers, resolve_device
+from retrieval.inference import default_workers, embed_samples, make_loader, resolve_device
 from retrieval.models import CHECKPOINT_FORMAT, Embedder, config_hash, create_embedder
 from train.config import TrainConfig
 from train.features import cached_features
 from train.report import write_report
 
 HARD_FRACTION_SAMPLES = 2000  # anchors used for the per-epoch hard-triplet fraction
+BAD_IMAGE_FIX = "fix or remove the file, or pass --on-bad-image skip to train without it"
 
 
 class TrainingDiverged(RuntimeError):
     """Raised after ``max_bad_steps`` consecutive non-finite losses."""
+
+
+@dataclass
+class EpochProgress:
+    """Where an epoch stands and its running sums: a mid-epoch checkpoint keeps it so the epoch ends the same."""
+
+    epoch: int
+    batch: int = 0  # batches taken from the sampler
+    steps: int = 0  # optimizer steps
+    skipped_steps: int = 0  # non-finite loss, or fewer than 2 images left after unreadable ones were dropped
+    bad_in_row: int = 0
+    seen: int = 0  # images in the optimizer steps
+    skipped_images: int = 0  # images of the epoch's batches that could not be read
+    elapsed: float = 0.0
+    totals: dict[str, float] = field(default_factory=dict)
+    stats: dict[str, list[float]] = field(default_factory=dict)
+
+    def add(self, key: str, value: float) -> None:
+        self.totals[key] = self.totals.get(key, 0.0) + value
+
+
+def warn_line(message: str) -> None:
+    """One warning line on stderr, above any progress bar."""
+    tqdm.write(f"warning: {message}", file=sys.stderr)
 
 
 def seed_everything(seed: int) -> None:
@@ -106,6 +139,7 @@ class Trainer:
             )
         self.out.mkdir(parents=True, exist_ok=True)
         seed_everything(cfg.seed)
+        self.bad_images = BadImageLog(cfg.on_bad_image, fix=BAD_IMAGE_FIX, warn=warn_line)
 
         self.model = create_embedder(
             cfg.backbone, cfg.embedding_dim, pretrained=cfg.pretrained, normalize=cfg.use_normalize,
@@ -163,6 +197,7 @@ class Trainer:
             self._cache_features()
 
         self.start_epoch, self.best_recall, self.history = 0, -1.0, []
+        self.resume_progress: EpochProgress | None = None
         self.baseline: dict[str, float] | None = None
         self.last_eval_embeddings: tuple[np.ndarray, np.ndarray] | None = None
         if cfg.resume:
@@ -172,17 +207,21 @@ class Trainer:
     def _cache_features(self) -> None:
         cfg, backbone = self.cfg, self.model.backbone
         args = dict(cache_dir=cfg.feature_cache, device=self.device, batch_size=cfg.eval_batch_size,
-                    workers=self.workers, amp=self.amp)
-        feats, _ = cached_features(backbone, self.train_set, _dataset_key(cfg, self.model, "train"),
-                                   desc="features train", **args)
-        self.train_features = torch.from_numpy(feats).to(self.device)
-        q, ql = cached_features(backbone, self.eval_sets.query, _dataset_key(cfg, self.model, cfg.eval_split),
+                    workers=self.workers, amp=self.amp, bad_images=self.bad_images, progress=self.progress)
+        train = cached_features(backbone, self.train_set, _dataset_key(cfg, self.model, "train"),
+                                desc="features train", **args)
+        self.train_features = torch.from_numpy(train.embeddings).to(self.device)
+        self.train_feature_indices = train.indices  # the train images that loaded, one per feature row
+        # feature row of each train image, -1 where it could not be read (batches then leave it out)
+        self.train_feature_row = np.full(len(self.train_labels), -1, dtype=np.int64)
+        self.train_feature_row[train.indices] = np.arange(len(train.indices))
+        query = cached_features(backbone, self.eval_sets.query, _dataset_key(cfg, self.model, cfg.eval_split),
                                 desc="features query", **args)
         gallery = None
         if self.eval_sets.gallery is not None:
             gallery = cached_features(backbone, self.eval_sets.gallery, _dataset_key(cfg, self.model, "gallery"),
                                       desc="features gallery", **args)
-        self.eval_features = (q, ql, gallery)
+        self.eval_features = (query, gallery)
 
     def run_config(self) -> dict[str, Any]:
         return {
@@ -198,7 +237,11 @@ class Trainer:
         }
 
     # --- checkpoints -------------------------------------------------------------------------------
-    def checkpoint(self, epoch: int, metrics: dict[str, float]) -> dict[str, Any]:
+    def checkpoint(self, epoch: int, metrics: dict[str, Any], progress: EpochProgress | None = None) -> dict[str, Any]:
+        """Model and everything a resume needs; ``epoch`` epochs are complete, ``progress`` is the one under way."""
+        rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
         return {
             "format": CHECKPOINT_FORMAT,
             "model_config": self.model.config,
@@ -217,7 +260,10 @@ class Trainer:
             "best_recall": self.best_recall,
             "history": self.history,
             "baseline": self.baseline,
-            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+            "bad_images": self.bad_images.records(),
+            "steps_per_epoch": self.steps_per_epoch,
+            "in_epoch": asdict(progress) if progress is not None else None,
+            "rng": rng,
         }
 
     def _load_resume_state(self) -> None:
@@ -236,9 +282,19 @@ class Trainer:
         self.best_recall = ckpt["best_recall"]
         self.history = ckpt["history"]
         self.baseline = ckpt.get("baseline")
-        torch.set_rng_state(ckpt["rng"]["torch"])
+        self.bad_images.restore(ckpt.get("bad_images", []))
+        if ckpt.get("in_epoch"):
+            if ckpt["steps_per_epoch"] != self.steps_per_epoch:
+                raise ValueError(
+                    f"--resume: {path} stopped inside an epoch of {ckpt['steps_per_epoch']} batches but this "
+                    f"configuration has {self.steps_per_epoch}; resume with the run's own options (config.json)"
+                )
+            self.resume_progress = EpochProgress(**ckpt["in_epoch"])
+        torch.set_rng_state(ckpt["rng"]["torch"].cpu())
         np.random.set_state(ckpt["rng"]["numpy"])
         random.setstate(ckpt["rng"]["python"])
+        if "cuda" in ckpt["rng"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all([state.cpu() for state in ckpt["rng"]["cuda"]])
         # metrics.jsonl keeps exactly the epochs the checkpoint has seen
         self._rewrite_metrics_log()
 
@@ -248,35 +304,48 @@ class Trainer:
         os.replace(tmp, self.out / "metrics.jsonl")
 
     # --- training ----------------------------------------------------------------------------------
-    def _batches(self, epoch: int):
-        self.sampler.set_epoch(epoch)
+    def _batches(self, epoch: int, start: int):
+        """(inputs, labels, images that could not be read) for each batch of ``epoch`` from batch ``start`` on."""
+        self.sampler.set_epoch(epoch, start)
         if self.cfg.freeze_backbone:
             labels = torch.from_numpy(self.train_labels)
             for indices in self.sampler:
-                idx = torch.as_tensor(indices)
-                yield self.train_features[idx], labels[idx]
+                idx = np.asarray(indices, dtype=np.int64)
+                rows = self.train_feature_row[idx]
+                ok = rows >= 0
+                yield (self.train_features[torch.from_numpy(rows[ok])], labels[torch.from_numpy(idx[ok])],
+                       int(np.count_nonzero(~ok)))
         else:
-            from retrieval.inference import make_loader
-
-            loader = make_loader(self.train_set, None, self.workers, self.device, batch_sampler=self.sampler,
+            # per-sample seeds: augmentation does not depend on the workers or on where a run resumed; the own
+            # generator keeps the DataLoader from drawing on the global RNG that the checkpoints save
+            loader = make_loader(self.train_set, None, self.workers, self.device,
+                                 batch_sampler=WithSampleSeeds(self.sampler),
                                  generator=torch.Generator().manual_seed(self.cfg.seed * 1000 + epoch))
-            yield from loader
+            for batch in loader:
+                self.bad_images.add(batch.bad)
+                yield batch.inputs, batch.labels, len(batch.bad)
 
     def _forward(self, inputs: torch.Tensor) -> torch.Tensor:
         if self.cfg.freeze_backbone:
             return self.model.head(inputs)
         return self.model(inputs)
 
-    def train_epoch(self, epoch: int) -> dict[str, float]:
+    def train_epoch(self, epoch: int, progress: EpochProgress | None = None) -> dict[str, float]:
+        """Train one epoch (from where ``progress`` stopped, if given); returns its metrics row."""
         self.model.train()
         if self.cfg.freeze_backbone:
             self.model.backbone.eval()
-        totals, stats = defaultdict(float), defaultdict(list)
-        bad_in_row = skipped = steps = seen = 0
-        start = time.perf_counter()
-        bar = tqdm(self._batches(epoch), total=self.steps_per_epoch, desc=f"epoch {epoch + 1}/{self.cfg.epochs}",
-                   disable=not self.progress, leave=False)
-        for inputs, labels in bar:
+        state = progress or EpochProgress(epoch)
+        every = self.cfg.checkpoint_every
+        start = time.perf_counter() - state.elapsed
+        bar = tqdm(self._batches(epoch, state.batch), total=self.steps_per_epoch, initial=state.batch,
+                   desc=f"epoch {epoch + 1}/{self.cfg.epochs}", disable=not self.progress, leave=False)
+        for inputs, labels, unreadable in bar:
+            state.batch += 1
+            state.skipped_images += unreadable
+            if labels is None or len(labels) < 2:  # (almost) every image of the batch failed to load
+                state.skipped_steps += 1
+                continue
             inputs = inputs.to(self.device, non_blocking=True)
             labels = labels.to(self.device, non_blocking=True)
             with torch.autocast(self.device.type, dtype=torch.float16, enabled=self.amp):
@@ -285,20 +354,20 @@ class Trainer:
             loss = self.loss_fn(embeddings, labels)
             if self.aux is not None:
                 aux_loss = self.aux(embeddings, labels)
-                totals["aux_ce"] += float(aux_loss.detach())
+                state.add("aux_ce", float(aux_loss.detach()))
                 loss = loss + aux_loss
             if not torch.isfinite(loss):
-                skipped += 1
-                bad_in_row += 1
+                state.skipped_steps += 1
+                state.bad_in_row += 1
                 self.optimizer.zero_grad(set_to_none=True)
-                if bad_in_row >= self.cfg.max_bad_steps:
+                if state.bad_in_row >= self.cfg.max_bad_steps:
                     raise TrainingDiverged(
-                        f"loss was NaN/inf for {bad_in_row} steps in a row (epoch {epoch + 1}); lower --lr "
+                        f"loss was NaN/inf for {state.bad_in_row} steps in a row (epoch {epoch + 1}); lower --lr "
                         f"(now {self.cfg.lr}) or check the loss hyperparameters; last good checkpoint: "
                         f"{self.out / 'last.pt'}"
                     )
                 continue
-            bad_in_row = 0
+            state.bad_in_row = 0
             self.optimizer.zero_grad(set_to_none=True)
             self.scaler.scale(loss).backward()
             if self.cfg.grad_clip:
@@ -309,25 +378,36 @@ class Trainer:
             self.scaler.step(self.optimizer)
             self.scaler.update()
             self.scheduler.step()
-            steps += 1
-            seen += len(labels)
-            totals["loss"] += float(loss.detach())
+            state.steps += 1
+            state.seen += len(labels)
+            state.add("loss", float(loss.detach()))
             for key, value in (getattr(self.loss_fn, "last_stats", None) or {}).items():
-                stats[key].append(float(value))
-            elapsed = time.perf_counter() - start
-            bar.set_postfix(loss=f"{totals['loss'] / steps:.4f}", img_s=f"{seen / max(elapsed, 1e-9):.0f}")
+                state.stats.setdefault(key, []).append(float(value))
+            state.elapsed = time.perf_counter() - start
+            bar.set_postfix(loss=f"{state.totals['loss'] / state.steps:.4f}",
+                            img_s=f"{state.seen / max(state.elapsed, 1e-9):.0f}")
+            if every and self.scheduler.last_epoch % every == 0:  # last_epoch counts the optimizer steps
+                last = self.history[-1] if self.history else {}
+                atomic_save(self.checkpoint(epoch, last, progress=state), self.out / "last.pt")
+        if state.seen == 0 and state.skipped_images:
+            raise ValueError(
+                f"no training image of epoch {epoch + 1} could be read ({state.skipped_images} failed; the warnings "
+                "above name them): check the data folder"
+            )
         elapsed = time.perf_counter() - start
+        steps = state.steps
         row = {
-            "loss": totals["loss"] / max(steps, 1),
+            "loss": state.totals.get("loss", 0.0) / max(steps, 1),
             "steps": steps,
-            "skipped_steps": skipped,
-            "images_per_s": seen / max(elapsed, 1e-9),
+            "skipped_steps": state.skipped_steps,
+            "skipped_images": state.skipped_images,
+            "images_per_s": state.seen / max(elapsed, 1e-9),
             "epoch_time_s": elapsed,
             "lr": self.optimizer.param_groups[0]["lr"],
         }
         if self.aux is not None:
-            row["aux_ce"] = totals["aux_ce"] / max(steps, 1)
-        row.update({f"loss_{k}": float(np.mean(v)) for k, v in stats.items()})
+            row["aux_ce"] = state.totals.get("aux_ce", 0.0) / max(steps, 1)
+        row.update({f"loss_{k}": float(np.mean(v)) for k, v in state.stats.items()})
         if self.device.type == "cuda":
             row["cuda_max_memory_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
         return row
@@ -338,29 +418,33 @@ class Trainer:
         """(query, query_labels, gallery, gallery_labels) embeddings of the evaluation split."""
         if self.cfg.freeze_backbone:
             self.model.head.eval()
-            q, ql, gallery = self.eval_features
+            query, gallery = self.eval_features
             head = lambda f: self.model.head(torch.from_numpy(f).to(self.device)).float().cpu().numpy()  # noqa: E731
             if gallery is None:
-                return head(q), ql, None, None
-            return head(q), ql, head(gallery[0]), gallery[1]
+                return head(query.embeddings), query.labels, None, None
+            return head(query.embeddings), query.labels, head(gallery.embeddings), gallery.labels
         return embed_eval_sets(self.model, self.eval_sets, self.device, self.cfg.eval_batch_size, self.workers,
-                               self.amp, self.progress)
+                               self.amp, self.progress, bad_images=self.bad_images)
 
     @torch.no_grad()
     def train_embeddings_sample(self) -> tuple[np.ndarray, np.ndarray] | None:
         """Embeddings of a fixed train subset (for the hard-triplet fraction); None when too costly."""
         if not self.cfg.freeze_backbone:
             return None
-        n = len(self.train_labels)
+        n = len(self.train_feature_indices)  # the train images that could be read
         idx = np.sort(np.random.default_rng(self.cfg.seed).permutation(n)[: min(n, HARD_FRACTION_SAMPLES)])
         self.model.head.eval()
         emb = self.model.head(self.train_features[torch.from_numpy(idx)]).float().cpu().numpy()
-        return emb, self.train_labels[idx]
+        return emb, self.train_labels[self.train_feature_indices[idx]]
 
     def evaluate(self, final: bool = False) -> dict[str, float]:
         q, ql, g, gl = self.embed_eval()
         self.last_eval_embeddings = (q, ql)  # the report's plots reuse them instead of embedding again
         metrics = evaluate_embeddings(q, ql, g, gl)
+        # unreadable images lose both their embedding and their label: say how many were left
+        evaluated = len(ql) + (len(gl) if gl is not None else 0)
+        metrics["eval_images"] = evaluated
+        metrics["eval_skipped_images"] = self.eval_sets.num_images - evaluated
         metrics.update(hard_fractions(q, ql, self.train_embeddings_sample()))
         if self.cfg.linear_probe and (final or not self.history):  # before and after training: it is slow
             metrics["linear_probe"] = self.linear_probe(q, ql)
@@ -374,14 +458,14 @@ class Trainer:
         if self.cfg.freeze_backbone:
             self.model.head.eval()
             train_emb = self.model.head(self.train_features).float().cpu().numpy()
+            loaded = self.train_feature_indices
         else:
-            from retrieval.inference import embed_dataset
-
             plain = load_dataset(self.cfg.dataset, self.cfg.data, split="train",
                                  transform=build_transforms(self.model.config, train=False), **self.cfg.dataset_kwargs)
-            train_emb, _ = embed_dataset(self.model, plain, self.cfg.eval_batch_size, self.device, self.workers,
-                                         self.amp, desc="embed train", progress=self.progress)
-        return linear_probe(train_emb, self.clean_train_labels, q, ql, seed=self.cfg.seed)
+            embedded = embed_samples(self.model, plain, self.cfg.eval_batch_size, self.device, self.workers,
+                                     self.amp, desc="embed train", progress=self.progress, bad_images=self.bad_images)
+            train_emb, loaded = embedded.embeddings, embedded.indices
+        return linear_probe(train_emb, self.clean_train_labels[loaded], q, ql, seed=self.cfg.seed)
 
     # --- the run -----------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -393,7 +477,8 @@ class Trainer:
             self.history.append({"epoch": 0, **self.baseline})
             self._rewrite_metrics_log()
         for epoch in range(self.start_epoch, cfg.epochs):
-            row: dict[str, Any] = {"epoch": epoch + 1, **self.train_epoch(epoch)}
+            progress, self.resume_progress = self.resume_progress, None  # a mid-epoch resume's epoch comes first
+            row: dict[str, Any] = {"epoch": epoch + 1, **self.train_epoch(epoch, progress)}
             is_eval_epoch = (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs
             if is_eval_epoch:
                 row.update(self.evaluate(final=epoch + 1 == cfg.epochs))
@@ -417,7 +502,8 @@ class Trainer:
             self.last_eval_embeddings = (q, ql)
         train_sample = self.train_embeddings_sample()
         return write_report(self.out, self.run_config(), self.history, self.baseline, best,
-                            final[-1] if final else None, self.last_eval_embeddings, train_sample)
+                            final[-1] if final else None, self.last_eval_embeddings, train_sample,
+                            bad_images=self.bad_images.records())
 
 
 def hard_fractions(q: np.ndarray, ql: np.ndarray, train_sample) -> dict[str, float]:

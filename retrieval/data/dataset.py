@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
+import torch
 from PIL import Image
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, Subset, default_collate
 
 from retrieval.data.decode import read_image
 
@@ -159,3 +162,133 @@ def limit_per_class(dataset: ImageDataset, limit: int | None) -> ImageDataset:
             counts[label] = counts.get(label, 0) + 1
             keep.append(index)
     return dataset.subset(keep)
+
+
+# --- images that fail to load ----------------------------------------------------------------------
+# A DataLoader worker that raises loses the exception's type and buries the file name in a re-raised traceback,
+# so a sample that fails to load comes back as a ``BadSample`` record; ``collate_dropping_bad`` takes the records
+# out of the batch and the main process decides (``BadImageLog``): warn and skip, or stop with a clear error.
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BadSample:
+    """A sample that could not be loaded: its position in the dataset read, its file (or array) and why."""
+
+    index: int
+    source: str
+    reason: str
+
+
+class BadImageError(ValueError):
+    """An image could not be read and the run was told to stop on such files."""
+
+
+def describe_load_error(exc: BaseException, source: str) -> str:
+    """Why loading failed, in a few words (the exception's own text kept where it helps)."""
+    if isinstance(exc, FileNotFoundError):
+        return "missing file"
+    if isinstance(exc, PermissionError):
+        return f"unreadable: permission denied ({exc.strerror})"
+    if os.path.isfile(source) and os.path.getsize(source) == 0:
+        return "empty file (0 bytes)"
+    if isinstance(exc, Image.DecompressionBombError):
+        return f"too large: {exc}"
+    if isinstance(exc, Image.UnidentifiedImageError):
+        return "not an image (unrecognised format)"
+    if "truncated" in str(exc).lower():
+        return f"truncated image: {exc}"
+    return f"unreadable: {type(exc).__name__}: {exc}"
+
+
+def sample_source(dataset: Dataset, index: int) -> str:
+    """The file behind ``dataset[index]`` (through ``Subset`` wrappers), or a description of the in-memory sample."""
+    while isinstance(dataset, Subset):
+        index, dataset = int(dataset.indices[index]), dataset.dataset
+    samples = getattr(dataset, "samples", None)
+    if samples is not None and isinstance(samples[index], (str, os.PathLike)):
+        return os.fspath(samples[index])
+    return f"in-memory sample #{index} of {dataset!r}"
+
+
+class CatchBadSamples(Dataset):
+    """``dataset`` for a DataLoader: key ``i`` gives ``(i, dataset[i])``, or a ``BadSample`` when loading fails.
+
+    A key ``(i, seed)`` seeds torch's RNG for that one sample (the caller's RNG state is kept), so random
+    augmentation depends on the key alone, not on which worker loads it or where a run was resumed.
+    """
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[int, Any] | BadSample:
+        index, seed = key if isinstance(key, tuple) else (key, None)
+        try:
+            if seed is None:
+                return index, self.dataset[index]
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                return index, self.dataset[index]
+        except Exception as exc:  # noqa: BLE001  (any failure of one sample is reported, never fatal here)
+            source = sample_source(self.dataset, index)
+            return BadSample(index, source, describe_load_error(exc, source))
+
+
+class LoadedBatch(NamedTuple):
+    """A collated batch without its bad samples: ``inputs``/``labels`` are None when none loaded."""
+
+    inputs: Any
+    labels: torch.Tensor | None
+    indices: torch.Tensor  # dataset positions of the rows of inputs
+    bad: list[BadSample]
+
+
+def collate_dropping_bad(items: list[tuple[int, Any] | BadSample]) -> LoadedBatch:
+    """Collate the ``(i, (image, label))`` items of ``CatchBadSamples``; ``BadSample`` records go to ``.bad``."""
+    bad = [item for item in items if isinstance(item, BadSample)]
+    good = [item for item in items if not isinstance(item, BadSample)]
+    if not good:
+        return LoadedBatch(None, None, torch.empty(0, dtype=torch.int64), bad)
+    inputs, labels = default_collate([sample for _, sample in good])
+    return LoadedBatch(inputs, labels, torch.tensor([index for index, _ in good], dtype=torch.int64), bad)
+
+
+class BadImageLog:
+    """The images that failed to load in one run, each once: warn and skip them, or stop (``policy="fail"``)."""
+
+    POLICIES = ("skip", "fail")
+
+    def __init__(self, policy: str = "fail", fix: str = "fix or remove the file",
+                 warn: Callable[[str], None] = log.warning) -> None:
+        if policy not in self.POLICIES:
+            raise ValueError(f"bad-image policy must be one of {self.POLICIES}, got {policy!r}")
+        self.policy = policy
+        self.fix = fix  # the end of the "fail" error: what to do about it
+        self.warn = warn  # takes the one-line warning for each new file
+        self._by_source: dict[str, BadSample] = {}
+
+    def add(self, bad: Iterable[BadSample]) -> None:
+        """Record samples that failed: one warning line per new file, or ``BadImageError`` under "fail"."""
+        for sample in bad:
+            if self.policy == "fail":
+                raise BadImageError(f"cannot read image {sample.source}: {sample.reason}; {self.fix}")
+            if sample.source not in self._by_source:
+                self._by_source[sample.source] = sample
+                self.warn(f"skipping unreadable image {sample.source}: {sample.reason}")
+
+    def __len__(self) -> int:
+        return len(self._by_source)
+
+    def records(self) -> list[dict[str, Any]]:
+        """``[{"file", "reason"}]`` in the order the files were met (JSON-able, for reports and checkpoints)."""
+        return [{"file": s.source, "reason": s.reason} for s in self._by_source.values()]
+
+    def restore(self, records: Iterable[dict[str, Any]]) -> None:
+        """Take back the ``records()`` of an earlier part of the run (no second warning for them)."""
+        for record in records:
+            self._by_source.setdefault(record["file"], BadSample(-1, record["file"], record["reason"]))
+

@@ -2,7 +2,8 @@
 
 Metric losses need positives in every batch; this sampler guarantees them. Classes are visited in
 shuffled cycles (every class once per cycle) and each class's images in shuffled cycles too, so an
-epoch covers the data evenly. The shuffle is seeded by ``(seed, epoch)``: call ``set_epoch``.
+epoch covers the data evenly. The batches are a function of ``(seed, epoch)`` alone: call ``set_epoch``;
+``set_epoch(epoch, start=k)`` skips the first ``k`` batches (a run resumed in the middle of an epoch).
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ class ClassBalancedBatchSampler(Sampler[list[int]]):
         self.samples_per_class = samples_per_class
         self.seed = seed
         self.epoch = 0
+        self.start = 0
         usable_samples = sum(len(v) for v in self.indices_by_class.values())
         default = max(1, usable_samples // (classes_per_batch * samples_per_class))
         if batches_per_epoch is not None and batches_per_epoch < 1:
@@ -92,19 +94,44 @@ class ClassBalancedBatchSampler(Sampler[list[int]]):
     def batch_size(self) -> int:
         return self.classes_per_batch * self.samples_per_class
 
-    def set_epoch(self, epoch: int) -> None:
-        """Use a different (still deterministic) shuffle for each epoch."""
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Use a different (still deterministic) shuffle for each epoch; iterate from batch ``start`` of it."""
+        if not 0 <= start <= self.batches_per_epoch:
+            raise ValueError(f"start must lie in 0..{self.batches_per_epoch} (batches per epoch), got {start}")
         self.epoch = epoch
+        self.start = start
 
     def __len__(self) -> int:
-        return self.batches_per_epoch
+        """Batches left in the epoch (all of them unless ``set_epoch(..., start)`` skipped some)."""
+        return self.batches_per_epoch - self.start
 
     def __iter__(self) -> Iterator[list[int]]:
         rng = np.random.default_rng([self.seed, self.epoch])
         class_queue = _CyclicQueue(self.classes, rng)
         sample_queues = {c: _CyclicQueue(idx, rng) for c, idx in self.indices_by_class.items()}
-        for _ in range(self.batches_per_epoch):
+        for position in range(self.batches_per_epoch):
             batch: list[int] = []
             for cls in class_queue.take(self.classes_per_batch):
                 batch.extend(sample_queues[cls].take(self.samples_per_class))
-            yield batch
+            if position >= self.start:  # the skipped batches are drawn all the same: the queues' state needs them
+                yield batch
+
+
+class WithSampleSeeds(Sampler[list[tuple[int, int]]]):
+    """``sampler``'s batches with a seed per sample: ``[(index, seed), ...]`` for ``CatchBadSamples``.
+
+    The seed is a function of (sampler seed, epoch, batch position, place in the batch), so random augmentation
+    does not depend on the number of workers or on where a run was resumed.
+    """
+
+    def __init__(self, sampler: ClassBalancedBatchSampler) -> None:
+        self.sampler = sampler
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        sampler = self.sampler
+        for position, batch in enumerate(sampler, start=sampler.start):
+            seeds = np.random.default_rng([sampler.seed, sampler.epoch, position]).integers(2**63, size=len(batch))
+            yield [(int(index), int(seed)) for index, seed in zip(batch, seeds, strict=True)]
