@@ -236,7 +236,8 @@ def finished_report(run_dir: Path, cfg: TrainConfig) -> dict[str, Any] | None:
 
 def _same_run(saved: dict[str, Any], cfg: TrainConfig) -> bool:
     """Same configuration, whether or not the run was resumed on the way."""
-    return {**saved, "resume": False} == {**cfg.to_dict(), "resume": False}
+    defaults = TrainConfig().to_dict()  # options added since a run was saved take their default
+    return {**defaults, **saved, "resume": False} == {**cfg.to_dict(), "resume": False}
 
 
 def execute(run: Run, feature_cache: str | None) -> dict[str, Any]:

@@ -72,6 +72,9 @@ TRAIN_OPTIONS = [
     click.option("--freeze-backbone/--no-freeze-backbone", default=None,
                  help="cache backbone features once and train only the head (fast on CPU)."),
     click.option("--image-size", type=int),
+    click.option("--background", metavar="COLOUR",
+                 help="colour that transparent pixels are composited onto (name, #RRGGBB or R,G,B; default white); "
+                      "recorded with the model so the index and the queries use it too."),
     click.option("--loss", help="a registered loss (see `retrieval losses`)."),
     click.option("--loss-param", "loss_params", multiple=True, metavar="KEY=VALUE",
                  help="loss hyperparameter, e.g. margin=0.2 (repeatable)."),

@@ -160,3 +160,17 @@ def test_cli_train_with_config_file_and_evaluate(tmp_path, feature_cache):
 
     result = runner.invoke(main, ["train", "--per-class", "1", "--out", str(tmp_path / "x")])
     assert result.exit_code != 0 and "--per-class must be >= 2" in result.output
+
+
+def test_background_is_recorded_with_the_model_and_travels_to_onnx(tmp_path, feature_cache):
+    """--background is a model setting like mean/std: checkpoint, ONNX metadata, and the index's preprocessing."""
+    from export import export_checkpoint
+    from retrieval.onnx_runtime import OnnxEmbedder
+
+    train(digits_config(tmp_path / "run", feature_cache, epochs=1, background="#102030"), progress=False)
+    model = load_embedder(tmp_path / "run" / "best.pt")
+    assert model.config["background"] == [16, 32, 48]
+    export_checkpoint(tmp_path / "run" / "best.pt", tmp_path / "model.onnx", verify=False, log=lambda _: None)
+    assert OnnxEmbedder(tmp_path / "model.onnx").model_config["background"] == [16, 32, 48]
+    with pytest.raises(ValueError, match="--background"):
+        digits_config(tmp_path / "bad", feature_cache, background="no-such-colour").validate()

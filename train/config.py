@@ -10,6 +10,8 @@ from typing import Any
 
 import tomllib
 
+from retrieval.data.decode import parse_background
+
 # Losses that need unnormalised embeddings (N-pair regularises the norm itself).
 UNNORMALIZED_LOSSES = {"npair"}
 
@@ -32,6 +34,7 @@ class TrainConfig:
     freeze_bn: bool = True
     freeze_backbone: bool = False
     image_size: int | None = None  # None: the backbone's own
+    background: str = "white"  # transparent pixels are composited onto this colour (recorded with the model)
     # loss
     loss: str = "ms"
     loss_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -99,6 +102,10 @@ class TrainConfig:
             errors.append(f"--batches-per-epoch must be >= 1, got {self.batches_per_epoch}")
         if self.checkpoint_every is not None and self.checkpoint_every < 1:
             errors.append(f"--checkpoint-every must be >= 1 (optimizer steps), got {self.checkpoint_every}")
+        try:
+            parse_background(self.background)
+        except ValueError as exc:
+            errors.append(f"--background: {exc}")
         if self.on_bad_image not in {"skip", "fail"}:
             errors.append(f"--on-bad-image must be skip or fail, got {self.on_bad_image!r}")
         if self.warmup_epochs < 0:

@@ -26,6 +26,7 @@ from retrieval.data import (
     inject_label_noise,
     load_dataset,
 )
+from retrieval.data.decode import DEFAULT_BACKGROUND, parse_background
 from retrieval.evaluation import embed_eval_sets, evaluate_embeddings, load_eval_sets
 from retrieval.inference import default_workers, embed_samples, make_loader, resolve_device
 from retrieval.models import CHECKPOINT_FORMAT, Embedder, config_hash, create_embedder
@@ -116,6 +117,9 @@ def _dataset_key(cfg: TrainConfig, model: Embedder, split: str) -> dict:
         # features do not depend on the seed, only the seeded --eval-limit subset does: seeds share a cache
         "seed": cfg.seed if cfg.eval_limit and split != "train" else None,
         "amp": cfg.amp and torch.cuda.is_available() and cfg.device != "cpu",  # fp16 features differ
+        # only transparent images depend on it; keys made before it was recorded stay valid for the default
+        **({"background": model.config["background"]}
+           if model.config["background"] != list(DEFAULT_BACKGROUND) else {}),
     }
 
 
@@ -147,6 +151,7 @@ class Trainer:
         )
         if cfg.image_size:
             self.model.config["input_size"] = int(cfg.image_size)
+        self.model.config["background"] = list(parse_background(cfg.background))
         if cfg.freeze_backbone:
             for p in self.model.backbone.parameters():
                 p.requires_grad_(False)

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset, Subset, default_collate
 
-from retrieval.data.decode import read_image
+from retrieval.data.decode import describe_decode_error, read_image
 
 Sample = str | np.ndarray
 
@@ -185,23 +185,6 @@ class BadImageError(ValueError):
     """An image could not be read and the run was told to stop on such files."""
 
 
-def describe_load_error(exc: BaseException, source: str) -> str:
-    """Why loading failed, in a few words (the exception's own text kept where it helps)."""
-    if isinstance(exc, FileNotFoundError):
-        return "missing file"
-    if isinstance(exc, PermissionError):
-        return f"unreadable: permission denied ({exc.strerror})"
-    if os.path.isfile(source) and os.path.getsize(source) == 0:
-        return "empty file (0 bytes)"
-    if isinstance(exc, Image.DecompressionBombError):
-        return f"too large: {exc}"
-    if isinstance(exc, Image.UnidentifiedImageError):
-        return "not an image (unrecognised format)"
-    if "truncated" in str(exc).lower():
-        return f"truncated image: {exc}"
-    return f"unreadable: {type(exc).__name__}: {exc}"
-
-
 def sample_source(dataset: Dataset, index: int) -> str:
     """The file behind ``dataset[index]`` (through ``Subset`` wrappers), or a description of the in-memory sample."""
     while isinstance(dataset, Subset):
@@ -235,7 +218,7 @@ class CatchBadSamples(Dataset):
                 return index, self.dataset[index]
         except Exception as exc:  # noqa: BLE001  (any failure of one sample is reported, never fatal here)
             source = sample_source(self.dataset, index)
-            return BadSample(index, source, describe_load_error(exc, source))
+            return BadSample(index, source, describe_decode_error(exc))
 
 
 class LoadedBatch(NamedTuple):

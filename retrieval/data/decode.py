@@ -52,6 +52,23 @@ class ImageDecodeError(ValueError):
         self.kind = kind
 
 
+ERROR_LABELS = {
+    "empty": "empty file", "not_file": "not a regular file", "not_image": "not an image", "too_large": "too large",
+    "truncated": "truncated image", "unreadable": "unreadable",
+}
+
+
+def describe_decode_error(exc: BaseException) -> str:
+    """Why an image file could not be used, in the words the index's error list and training reports share."""
+    if isinstance(exc, ImageDecodeError):
+        return "empty file (0 bytes)" if exc.kind == "empty" else f"{ERROR_LABELS[exc.kind]}: {exc}"
+    if isinstance(exc, FileNotFoundError):
+        return "missing file"
+    if isinstance(exc, PermissionError):
+        return f"unreadable: permission denied ({exc.strerror})"
+    return f"unreadable: {type(exc).__name__}: {exc}"
+
+
 @dataclass(frozen=True)
 class DecodedImage:
     """``image`` is RGB or RGBA (8 bits, sRGB); ``notes`` say what the decoder changed that a user should know."""
@@ -81,18 +98,18 @@ def read_image(
     Raises ``ImageDecodeError`` for anything unusable; never returns a half-decoded image.
     """
     if isinstance(source, (bytes, bytearray, memoryview)):
-        if not len(source):
-            raise ImageDecodeError("empty", "the image is empty (0 bytes)")
         return _decode(io.BytesIO(source), max_pixels)
     if isinstance(source, (str, os.PathLike)):
         with open_regular_file(source) as handle:
-            if os.fstat(handle.fileno()).st_size == 0:
-                raise ImageDecodeError("empty", "the image file is empty (0 bytes)")
             return _decode(handle, max_pixels)
     return _decode(source, max_pixels)
 
 
 def _decode(handle: BinaryIO, max_pixels: int) -> DecodedImage:
+    start = handle.tell()
+    if not handle.read(1):
+        raise ImageDecodeError("empty", "the image is empty (0 bytes)")
+    handle.seek(start)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from retrieval.data.decode import DEFAULT_MAX_PIXELS, ImageDecodeError, open_regular_file, read_image
+from retrieval.data.decode import DEFAULT_MAX_PIXELS, describe_decode_error, open_regular_file, read_image
 
 HASH_CHUNK = 1 << 20
 
@@ -31,23 +31,6 @@ class Decoded:
     error: str | None = None
 
 
-ERROR_LABELS = {
-    "empty": "empty file", "not_file": "not a regular file", "not_image": "not an image", "too_large": "too large",
-    "truncated": "truncated image", "unreadable": "unreadable",
-}
-
-
-def describe_error(exc: BaseException) -> str:
-    """The reason recorded in the catalogue for an image that could not be indexed."""
-    if isinstance(exc, ImageDecodeError):
-        return f"{ERROR_LABELS[exc.kind]}: {exc}"
-    if isinstance(exc, PermissionError):
-        return f"unreadable: permission denied ({exc.strerror})"
-    if isinstance(exc, FileNotFoundError):
-        return "unreadable: the file is gone"
-    return f"unreadable: {type(exc).__name__}: {exc}"
-
-
 def decode_file(image_id: int, path: str, transform: Any, max_pixels: int) -> Decoded:
     """Hash the file's bytes (streamed, for duplicate detection), then decode and preprocess it."""
     result = Decoded(image_id)
@@ -58,14 +41,11 @@ def decode_file(image_id: int, path: str, transform: Any, max_pixels: int) -> De
                 digest.update(chunk)
                 size += len(chunk)
             result.size, result.sha256 = size, digest.hexdigest()
-            if not size:
-                result.error = "empty file (0 bytes)"
-                return result
             handle.seek(0)
             image = read_image(handle, max_pixels).image
         result.array = np.asarray(transform(image), dtype=np.float32)
     except Exception as exc:  # noqa: BLE001  (any failure of one file is recorded, never fatal)
-        result.error = describe_error(exc)
+        result.error = describe_decode_error(exc)
         result.array = None
     return result
 
