@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
-from serve_fixtures import png_bytes, shared_artifacts
+from serve_fixtures import png_bytes
 
 from retrieval.index import Index
 from retrieval.index.builder import done_chunks
@@ -28,24 +28,6 @@ from serve.server import BackgroundServer, ServerConfig, build_app
 from serve.service import SearchService
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module")
-def artifacts(tmp_path_factory):
-    return shared_artifacts(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def service(artifacts):
-    svc = SearchService(artifacts.index_dir, max_upload_bytes=200_000, max_pixels=4_000_000)
-    yield svc
-    svc.close()
-
-
-@pytest.fixture(scope="module")
-def client(service):
-    with TestClient(create_api(service)) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")

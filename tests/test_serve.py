@@ -11,9 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from fastapi.testclient import TestClient
 from PIL import Image
-from serve_fixtures import png_bytes, shared_artifacts
+from serve_fixtures import png_bytes
 from test_index_support import bomb_png
 
 from retrieval.index import Index
@@ -22,27 +21,9 @@ from serve.api import create_api
 from serve.batcher import MicroBatcher
 from serve.images import QueryError
 from serve.server import BackgroundServer, ServerConfig, build_app
-from serve.service import SearchResponse, SearchService
+from serve.service import SearchResponse
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module")
-def artifacts(tmp_path_factory):
-    return shared_artifacts(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def service(artifacts):
-    svc = SearchService(artifacts.index_dir, max_upload_bytes=200_000, max_pixels=4_000_000)
-    yield svc
-    svc.close()
-
-
-@pytest.fixture(scope="module")
-def client(service):
-    with TestClient(create_api(service)) as c:
-        yield c
 
 
 def gallery_relative(artifacts, path) -> str:
