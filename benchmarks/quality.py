@@ -274,13 +274,15 @@ def floor_metrics(dataset: DatasetSpec, runs: Path, feature_cache: str | None) -
             return saved["metrics"]
     trainer = Trainer(cfg, progress=True)
     trainer.setup()  # loads (or extracts and caches) the backbone features the grid's runs share
-    q, ql, gallery = trainer.eval_features
-    metrics = evaluate_embeddings(q, ql, *(gallery or (None, None)))
+    query, gallery = trainer.eval_features  # features of the images that loaded (rows and labels alike)
+    q, ql = query.embeddings, query.labels
+    metrics = evaluate_embeddings(q, ql, *((gallery.embeddings, gallery.labels) if gallery else (None, None)))
     if cfg.linear_probe:
         from retrieval.metrics import linear_probe
 
-        metrics["linear_probe"] = linear_probe(trainer.train_features.cpu().numpy(), trainer.clean_train_labels,
-                                               q, ql, seed=cfg.seed)
+        train_labels = trainer.clean_train_labels[trainer.train_feature_indices]
+        metrics["linear_probe"] = linear_probe(trainer.train_features.cpu().numpy(), train_labels, q, ql,
+                                               seed=cfg.seed)
     path.write_text(json.dumps({"config": cfg.to_dict(), "metrics": metrics}, indent=1))
     return metrics
 

@@ -329,7 +329,8 @@ def test_a_burst_from_one_address_is_cut_to_429_by_nginx(nginx):
             statuses[status] += 1
             if status == 429:
                 assert b"<center>nginx</center>" in reply  # refused by nginx, never reached the app
-    assert set(statuses) <= {400, 429} and statuses[429] >= 50 and statuses[400] >= 20, statuses  # 400: the app
+    # 422: the app's own answer to the request's empty JSON object (it reached the app)
+    assert set(statuses) <= {422, 429} and statuses[429] >= 50 and statuses[422] >= 20, statuses
 
 
 def test_slow_uploads_wait_in_nginx_not_in_uvicorn(nginx, app_server, artifacts):
