@@ -131,3 +131,24 @@ def test_full_prepare(tmp_path):
     assert abs(info["train_classes"] - info["test_classes"]) <= 1
     assert info["skin_tone_variants_skipped"] > 1000
     assert seconds < 90
+
+
+@pytest.mark.parametrize("sequence", SAMPLES[:3])
+def test_a_transparent_rendering_decodes_to_the_white_one(sequence):
+    """The renderer's transparent variant (benchmarks/transparent_queries.py's queries): black under alpha 0, and
+    the decoder + flatten_alpha turns its PNG bytes back into the white rendering the data set holds."""
+    import io
+
+    from retrieval.data.decode import flatten_alpha, read_image
+
+    white = default_renderers(image_size=64)["noto"].render(sequence)
+    clear = default_renderers(image_size=64, background=None)["noto"].render(sequence)
+    assert clear.mode == "RGBA" and clear.getpixel((0, 0)) == (0, 0, 0, 0)
+    buffer = io.BytesIO()
+    clear.save(buffer, format="PNG")
+    decoded = read_image(buffer.getvalue()).image
+    assert decoded.mode == "RGBA"
+    flat = np.asarray(flatten_alpha(decoded)).astype(np.int16)
+    assert np.abs(flat - np.asarray(white).astype(np.int16)).max() <= 2  # rounding of the two blends
+    dropped = np.asarray(decoded.convert("RGB")).astype(np.int16)  # what a plain convert("RGB") embedded
+    assert np.abs(dropped - np.asarray(white).astype(np.int16)).mean() > 50

@@ -184,10 +184,9 @@ def assert_same_run(a: Path, b: Path) -> None:
     for key in state_a:
         assert torch.allclose(state_a[key].float(), state_b[key].float(), rtol=0, atol=1e-6), key
     rows_a, rows_b = read_jsonl(a / "metrics.jsonl"), read_jsonl(b / "metrics.jsonl")
-    assert len(rows_a) == len(rows_b)
-    for row_a, row_b in zip(rows_a, rows_b):
+    strip = lambda row: {k: v for k, v in row.items() if k not in TIMING_KEYS}  # noqa: E731
+    for row_a, row_b in zip(rows_a, rows_b, strict=True):
         # same steps, same counts; float sums may differ in the last bits (threads differ between the runs)
-        strip = lambda row: {k: v for k, v in row.items() if k not in TIMING_KEYS}  # noqa: E731
         assert strip(row_a) == pytest.approx(strip(row_b), rel=1e-6, abs=1e-9)
     assert all(row["loss"] > 0 for row in rows_a[1:])  # the weights did move: equal weights mean something
     report_a, report_b = (json.loads((run / "report.json").read_text()) for run in (a, b))

@@ -157,9 +157,14 @@ def is_skin_tone_variant(sequence: str) -> bool:
 
 
 class EmojiRenderer:
-    """Draws one emoji of one colour font, centred on a white square of ``image_size`` pixels."""
+    """Draws one emoji of one colour font, centred on a square of ``image_size`` pixels.
 
-    def __init__(self, font_path: str | Path, font_size: int, image_size: int = 128, margin: int = 8) -> None:
+    The square is ``background`` (white, as the data set is drawn), or transparent (an RGBA image whose transparent
+    pixels hold black, as many exported icons do) when ``background`` is None.
+    """
+
+    def __init__(self, font_path: str | Path, font_size: int, image_size: int = 128, margin: int = 8,
+                 background: tuple[int, int, int] | None = WHITE) -> None:
         from fontTools.ttLib import TTFont  # a matplotlib dependency; only needed to read the cmap
 
         layout = ImageFont.Layout.RAQM if features.check("raqm") else ImageFont.Layout.BASIC
@@ -169,6 +174,7 @@ class EmojiRenderer:
         self.advance = self.font.getlength("\U0001f600")  # every emoji glyph has this advance
         self.image_size = image_size
         self.margin = margin
+        self.background = background
 
     def supports(self, sequence: str) -> bool:
         """All code points mapped and the sequence shapes to one glyph (one advance wide)."""
@@ -178,7 +184,7 @@ class EmojiRenderer:
         return abs(self.font.getlength(sequence_text(sequence)) - self.advance) < 0.5
 
     def render(self, sequence: str) -> Image.Image | None:
-        """The emoji as an RGB image, or None when it renders blank (nothing but background)."""
+        """The emoji as an RGB (RGBA when transparent) image, or None when it renders blank (nothing but background)."""
         text = sequence_text(sequence)
         left, top, right, bottom = self.font.getbbox(text)
         if right <= left or bottom <= top:
@@ -194,16 +200,24 @@ class EmojiRenderer:
         glyph = glyph.resize(
             (max(1, round(glyph.width * scale)), max(1, round(glyph.height * scale))), Image.LANCZOS
         )
-        image = Image.new("RGB", (self.image_size, self.image_size), WHITE)
-        image.paste(
-            glyph, ((self.image_size - glyph.width) // 2, (self.image_size - glyph.height) // 2), glyph
-        )
-        if np.asarray(image).min() >= 250:  # white glyph on white: nothing visible
+        offset = ((self.image_size - glyph.width) // 2, (self.image_size - glyph.height) // 2)
+        on_white = Image.new("RGB", (self.image_size, self.image_size), WHITE)
+        on_white.paste(glyph, offset, glyph)
+        if np.asarray(on_white).min() >= 250:  # white glyph on white: nothing visible
             return None
-        return image
+        if self.background is None:
+            image = Image.new("RGBA", on_white.size, (0, 0, 0, 0))
+            image.alpha_composite(glyph, offset)
+            return image
+        if self.background != WHITE:
+            image = Image.new("RGB", on_white.size, self.background)
+            image.paste(glyph, offset, glyph)
+            return image
+        return on_white
 
 
-def default_renderers(image_size: int = 128) -> dict[str, EmojiRenderer]:
+def default_renderers(image_size: int = 128, background: tuple[int, int, int] | None = WHITE
+                      ) -> dict[str, EmojiRenderer]:
     """Renderers for both styles; a clear install command when either source is missing."""
     missing = []
     try:
@@ -219,8 +233,8 @@ def default_renderers(image_size: int = 128) -> dict[str, EmojiRenderer]:
             "the emoji data set needs both emoji styles; install the missing one(s): " + " and ".join(missing)
         )
     return {
-        "noto": EmojiRenderer(noto, NOTO_BITMAP_SIZE, image_size),
-        "openmoji": EmojiRenderer(openmoji, OPENMOJI_SIZE, image_size),
+        "noto": EmojiRenderer(noto, NOTO_BITMAP_SIZE, image_size, background=background),
+        "openmoji": EmojiRenderer(openmoji, OPENMOJI_SIZE, image_size, background=background),
     }
 
 
