@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
-from serve.defaults import MAX_K
+from serve.defaults import API_DOCS_PATH, MAX_K
 from serve.images import QueryError, decode_base64
 from serve.service import IMAGE_MEDIA_TYPES, SearchService
 
@@ -294,6 +294,7 @@ def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64
         summary="Image retrieval over a faiss index",
         version="1",
         static_url=DOCS_ASSETS,
+        docs_url=API_DOCS_PATH,
     )
     limiter = anyio.CapacityLimiter(concurrency)
     body_limit = service.max_upload_bytes * 4 // 3 + FORM_SLACK  # base64 inflates by 4/3

@@ -115,6 +115,7 @@ def build_app(config: ServerConfig, service: SearchService | None = None) -> tup
             server_port=config.port,
             auth=config.ui_auth or None,
             show_error=False,  # only gr.Error messages reach the client: other errors name server paths
+            footer_links=["settings"],  # no "Use via API" to Gradio's internal API: the page links our JSON API docs
         )
         lock_file_access(blocks)
         UploadPruner(blocks, upload_dir, config.upload_max_age_s, config.upload_cache_bytes,

@@ -18,7 +18,7 @@ from PIL import Image
 from retrieval.analysis.results import table_markdown
 from retrieval.data import open_image
 from retrieval.data.emoji import emoji_name, is_code_point_sequence
-from serve.defaults import RESULTS_COMMAND
+from serve.defaults import API_DOCS_PATH, RESULTS_COMMAND
 from serve.diagnostics import duplicates
 from serve.images import QueryError, decode_base64
 from serve.reports import (
@@ -163,7 +163,10 @@ class GalleryFacts:
             "Search: the K gallery images nearest to it appear, best first. A query that is itself a gallery "
             "image is left out of its own results, and each result is marked ✓ (same label) or ✗.\n\n"
             "**Score:** the cosine similarity of the L2-normalised embeddings, from -1 to 1 (1 = identical "
-            f"direction, 0 = unrelated). Metrics (Evaluation, Results and Index tabs) are in percent ({METRIC_UNIT})."
+            "direction, 0 = unrelated). Metrics (Evaluation, Results and Index tabs) are in percent "
+            f"({METRIC_UNIT}).\n\n"
+            f"**From a program:** the JSON API, documented at [{API_DOCS_PATH}]({API_DOCS_PATH}) (OpenAPI; also "
+            "/redoc): `POST /search` with an image file or an embedding."
         )
 
 

@@ -339,3 +339,15 @@ def test_index_tab_shows_statistics_in_percent(page, screenshots):
     text = text_once_shown(page, "#index-stats", "vectors")
     assert "Flat" in text and "recall@1 vs exact search (%)" in text
     page.screenshot(path=str(screenshots / "index.png"), full_page=True)
+
+
+def test_the_page_links_our_json_api_docs_not_gradios(page):
+    """Issue 13: the app's API link leads to the JSON API's documentation (served offline), not Gradio's API page."""
+    page.goto(page.url.split("?")[0])
+    page.wait_for_selector("#search-button")
+    assert page.get_by_text("Use via API").count() == 0
+    link = page.locator("a[href='/docs']")
+    assert link.count() >= 1
+    page.goto(page.url.split("?")[0].rstrip("/") + link.first.get_attribute("href"))  # the link opens a new tab
+    page.wait_for_selector(".swagger-ui .info .title")  # Swagger UI rendered from our own assets, no network
+    assert "retrieval search" in page.locator(".swagger-ui .info .title").inner_text()
