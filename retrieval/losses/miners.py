@@ -13,19 +13,27 @@ from retrieval.losses.base import masked_max, masked_min
 
 @torch.no_grad()
 def vthm(
-    similarity: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor, margin: float = 0.1
+    similarity: torch.Tensor,
+    positive: torch.Tensor,
+    negative: torch.Tensor,
+    margin: float = 0.1,
+    negative_similarity: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Valid-triplet hard mining (unified paper, section 5.1): masks of the kept positive and negative pairs.
 
     For anchor i with hardest positive p* = argmin_{P_i} s_ip and hardest negative n* = argmax_{N_i} s_in:
     a negative j is kept when s_ij > s_ip* - margin, a positive j when s_ij < s_in* + margin.
     An anchor without positives (or without negatives) has no valid triplet, so nothing of it is kept.
+    ``negative_similarity`` (rows of anchors, columns the ``negative`` mask's) holds the negatives when they
+    are not columns of ``similarity``, e.g. a hard-negative method's synthetic ones.
     """
+    if negative_similarity is None:
+        negative_similarity = similarity
     has_positive = positive.any(dim=1, keepdim=True)
     has_negative = negative.any(dim=1, keepdim=True)
     hardest_positive = masked_min(similarity, positive, dim=1).unsqueeze(1)
-    hardest_negative = masked_max(similarity, negative, dim=1).unsqueeze(1)
-    kept_negative = negative & has_positive & (similarity > hardest_positive - margin)
+    hardest_negative = masked_max(negative_similarity, negative, dim=1).unsqueeze(1)
+    kept_negative = negative & has_positive & (negative_similarity > hardest_positive - margin)
     kept_positive = positive & has_negative & (similarity < hardest_negative + margin)
     return kept_positive, kept_negative
 
