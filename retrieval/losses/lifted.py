@@ -84,9 +84,8 @@ class LiftedMinLoss(DistancePairLoss):
 
     def from_pair_terms(self, terms: PairTerms) -> torch.Tensor:
         """LoOp section 3.3.3: [d_ij + m - min_(k,l) d_(ij)(kl)]_+ averaged over the positive pairs."""
-        nearest_negative = masked_min(terms.negative_distance(self.squared), terms.negative, dim=1)
+        nearest_negative, valid = terms.nearest_negative(self.squared)
         hinge = torch.relu(self.distance(terms.positive_similarity()) + self.margin - nearest_negative)
-        valid = terms.negative.any(dim=1)
         return torch.where(valid, hinge, torch.zeros_like(hinge)).sum() / len(terms.pairs)
 
 

@@ -6,9 +6,9 @@ Miners only select; the losses weight. Every miner works on a similarity (or dis
 
 from __future__ import annotations
 
-import torch
+import math
 
-from retrieval.losses.base import masked_max, masked_min
+import torch
 
 
 @torch.no_grad()
@@ -29,12 +29,11 @@ def vthm(
     """
     if negative_similarity is None:
         negative_similarity = similarity
-    has_positive = positive.any(dim=1, keepdim=True)
-    has_negative = negative.any(dim=1, keepdim=True)
-    hardest_positive = masked_min(similarity, positive, dim=1).unsqueeze(1)
-    hardest_negative = masked_max(negative_similarity, negative, dim=1).unsqueeze(1)
-    kept_negative = negative & has_positive & (negative_similarity > hardest_positive - margin)
-    kept_positive = positive & has_negative & (similarity < hardest_negative + margin)
+    # +-inf where an anchor has no positive (negative): then no comparison holds and nothing of it is kept
+    hardest_positive = torch.where(positive, similarity, math.inf).amin(dim=1, keepdim=True)
+    hardest_negative = torch.where(negative, negative_similarity, -math.inf).amax(dim=1, keepdim=True)
+    kept_negative = negative & (negative_similarity > hardest_positive - margin)
+    kept_positive = positive & (similarity < hardest_negative + margin)
     return kept_positive, kept_negative
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from retrieval.loss_registry import register_loss
@@ -126,9 +128,9 @@ class HPHNTripletLoss(DistancePairLoss):
         """LoOp section 3.3.2: the hardest batch positive of i or j, the hardest negative of the pair (i, j)
         against the pairs of other classes, averaged over the positive pairs."""
         # The hardest positive is the least similar one: max_k d_ik = d(min_k s_ik).
-        hardest_positive = self.distance(masked_min(terms.gram, terms.same_class(), dim=1))
+        least_similar = torch.where(terms.same_class(), terms.gram, math.inf).amin(dim=1)
+        hardest_positive = self.distance(least_similar)
         pair_positive = torch.maximum(hardest_positive[terms.pairs.first], hardest_positive[terms.pairs.second])
-        pair_negative = masked_min(terms.negative_distance(self.squared), terms.negative, dim=1)
+        pair_negative, valid = terms.nearest_negative(self.squared)
         hinge = torch.relu(pair_positive + self.margin - pair_negative)
-        valid = terms.negative.any(dim=1)
         return torch.where(valid, hinge, torch.zeros_like(hinge)).sum() / len(terms.pairs)

@@ -120,9 +120,7 @@ class RAWLoss(MinedPairLoss):
         negative_similarity = terms.negative_similarity(pair_of_anchor)  # [A, Pp]
         negative = terms.negative[pair_of_anchor]
         if self.miner == "vthm":
-            positive, negative = vthm(
-                similarity.detach(), positive, negative, self.vthm_margin, negative_similarity.detach()
-            )
+            positive, negative = vthm(similarity, positive, negative, self.vthm_margin, negative_similarity)
         return self._raw(similarity, positive, negative_similarity, negative)
 
     def _raw(

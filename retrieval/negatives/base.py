@@ -9,6 +9,7 @@ them into a value; ``retrieval.losses.build(name, negatives=method)`` composes t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -46,6 +47,12 @@ class PairTerms:
         if self.hardest_is_distance:
             return self.hardest.pow(2) if squared else self.hardest
         return unit_distance(self.hardest, squared)
+
+    def nearest_negative(self, squared: bool = False) -> tuple[Tensor, Tensor]:
+        """([Pp] distance of each pair's nearest negative over the pairs of other classes, [Pp] bool: it has one;
+        the distance is inf where it has none)."""
+        distance = self.negative_distance(squared)
+        return torch.where(self.negative, distance, math.inf).amin(dim=1), self.negative.any(dim=1)
 
     def same_class(self) -> Tensor:
         """[B, B] bool: positives of the batch (same label, i != j)."""

@@ -30,6 +30,7 @@ from retrieval.negatives.points import (
     POINTS,
     Combinations,
     combine,
+    pair_gram_block,
     reflection_coefficients,
     reflection_forward,
     sum_rows,
@@ -52,11 +53,7 @@ def hardest_combination(
     on_cpu = gram.device.type == "cpu" and gram.dtype in (torch.float32, torch.float64)
     if on_cpu and 0 < first.numel() <= NUMPY_MAX_PAIRS:
         return _HardestCombinationKernel.apply(gram, first, second, left, right)
-    n = first.numel()
-    ends = torch.cat([first, second])
-    # index_select (backward: index_add) rather than advanced indexing (backward: sorted index_put)
-    h = gram.index_select(0, ends).index_select(1, ends).view(2, n, 2, n)  # [m, p, k, q]
-    planes = sum_rows(sum_rows(_SymmPlanes.apply(h), left, 0), right, 1)
+    planes = sum_rows(sum_rows(_SymmPlanes.apply(pair_gram_block(gram, first, second)), left, 0), right, 1)
     return _MaxOverFirstDim.apply(planes.flatten(0, 1))
 
 

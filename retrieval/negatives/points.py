@@ -53,6 +53,14 @@ class Combinations:
 POINTS = Combinations(((0,), (1,), (2,), (3,)))
 
 
+def pair_gram_block(gram: Tensor, first: Tensor, second: Tensor) -> Tensor:
+    """[2, Pp, 2, Pp] = <original m of pair p, original k of pair q> (originals: 0 = x_i, 1 = x_j)."""
+    n = first.numel()
+    ends = torch.cat([first, second])
+    # index_select (backward: index_add) rather than advanced indexing (backward: sorted index_put)
+    return gram.index_select(0, ends).index_select(1, ends).view(2, n, 2, n)
+
+
 def reflection_forward(s_ij, axis_sq):
     """(a = 2 S_ij / max(axis_sq, EPS), the clamped axis_sq), for torch tensors and NumPy arrays alike; axis_sq
     is [2, Pp] = (S_jj, S_ii), so a = (a_i, a_j) (eq. 1-2)."""

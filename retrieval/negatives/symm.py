@@ -28,6 +28,7 @@ from retrieval.negatives.points import (
     POINTS,
     Combinations,
     combine,
+    pair_gram_block,
     reflection_coefficients,
     sum_rows,
     synthetic_counts,
@@ -76,9 +77,7 @@ def combination_inner_products(
     ``gram`` is the [B, B] inner-product matrix of the embeddings the loss works on (unit or raw); pair p is
     (first[p], second[p]).
     """
-    n = first.numel()
-    ends = torch.cat([first, second])
-    h = gram.index_select(0, ends).index_select(1, ends).view(2, n, 2, n)  # [m, p, k, q]
+    h = pair_gram_block(gram, first, second)  # [m, p, k, q]
     (a_i, a_j), _, _ = reflection_coefficients(h)
     left_points = combine(h[0], h[1], a_i[:, None, None], a_j[:, None, None], dim=0)  # [4, p, k, q]
     planes = combine(left_points[:, :, 0], left_points[:, :, 1], a_i, a_j, dim=1)  # [a, b, p, q]
