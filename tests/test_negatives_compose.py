@@ -105,8 +105,8 @@ def test_a_new_method_is_one_class_and_works_with_every_pair_loss(real_pairs_met
     emb, labels = batch(seed=7)
     triplet = build("triplet", negatives=real_pairs_method, margin=0.5)
     x = torch.nn.functional.normalize(emb, dim=1)
-    pairs = [(i, j) for c in range(4) for i, j in [tuple((labels == c).nonzero().flatten().tolist()[t : t + 2])
-                                                    for t in (0, 2)]]  # fmt: skip
+    members = [(labels == c).nonzero().flatten().tolist() for c in range(4)]
+    pairs = [(m[t], m[t + 1]) for m in members for t in range(0, len(m) - 1, 2)]  # in order of appearance
     expected = sum(
         torch.relu((x[i] - x[j]).norm() - min((x[a] - x[b]).norm() for a in (i, j) for b in (k, l)) + 0.5)
         for i, j in pairs
