@@ -61,6 +61,12 @@ def safe_sqrt(x: torch.Tensor, eps: float = EPS) -> torch.Tensor:
     return torch.where(positive, torch.sqrt(torch.where(positive, x, torch.ones_like(x))), torch.zeros_like(x))
 
 
+def unit_distance(similarity: torch.Tensor, squared: bool = False) -> torch.Tensor:
+    """Euclidean distance of unit vectors from their cosine similarity: d^2 = 2 - 2 S (loop section 3.3)."""
+    d2 = (2.0 - 2.0 * similarity).clamp_min(0.0)
+    return d2 if squared else safe_sqrt(d2)
+
+
 def euclidean_distance_matrix(
     x: torch.Tensor, y: torch.Tensor | None = None, squared: bool = False
 ) -> torch.Tensor:

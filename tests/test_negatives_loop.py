@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from retrieval.negatives.kernels import pair_starts_numpy
 from retrieval.negatives.loop import (
     ARC_CASES,
     optimal_arc_distance,
@@ -16,7 +17,6 @@ from retrieval.negatives.loop import (
 from retrieval.negatives.pairs import (
     expected_combinations,
     pair_combinations,
-    pair_starts_numpy,
     pair_starts_torch,
     positive_pairs,
 )

@@ -8,7 +8,7 @@ import itertools
 import pytest
 import torch
 
-from retrieval.negatives import symm
+from retrieval.negatives import kernels
 from retrieval.negatives.pairs import positive_pairs
 from retrieval.negatives.symm import (
     POINTS,
@@ -96,7 +96,7 @@ def test_inner_products_finite_for_a_zero_embedding() -> None:
 @pytest.fixture(params=["numpy", "torch"])
 def backend(request, monkeypatch) -> str:
     """Run the hardest-case node in NumPy (CPU, few pairs) or in torch (GPU, many pairs) whatever the size."""
-    monkeypatch.setattr(symm, "NUMPY_MAX_PAIRS", 10**6 if request.param == "numpy" else -1)
+    monkeypatch.setattr(kernels, "NUMPY_MAX_PAIRS", 10**6 if request.param == "numpy" else -1)
     return request.param
 
 
@@ -108,7 +108,7 @@ def test_max_over_cases_matches_a_scan_with_ties(dtype: torch.dtype, shape: tupl
     x = torch.randint(0, 3, (16, rows, cols), generator=torch.Generator().manual_seed(5)).to(dtype)  # many ties
     x[:, 0, 0] = 2.0  # a full tie: the first case wins
     leaf = x.clone().requires_grad_(True)
-    values, index = symm._MaxOverFirstDim.apply(leaf)
+    values, index = kernels._MaxOverFirstDim.apply(leaf)
     expected = torch.zeros(rows, cols, dtype=torch.long)
     for r, c in itertools.product(range(rows), range(cols)):
         expected[r, c] = int(torch.nonzero(x[:, r, c] == x[:, r, c].max())[0])  # the first maximum

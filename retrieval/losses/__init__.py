@@ -1,75 +1,59 @@
-"""Deep-metric-learning losses: one registry, ``build(name, **hparams)``.
+"""Deep-metric-learning losses: one registry, ``build(name, negatives=None, **hparams)``.
 
 Every loss is an ``nn.Module`` called as ``loss(embeddings, labels)`` and returns a scalar tensor.
-Pairs are formed from labels, never from positions in the batch.
+Pairs are formed from labels, never from positions in the batch. ``negatives="loop" | "loop-linear" | "symm"``
+feeds a loss's pair-level form (``PairLoss.from_pair_terms``) with a hard-negative method of
+``retrieval.negatives``; the registries live in the leaf module ``retrieval.loss_registry``.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from typing import Any
 
 from torch import nn
 
+# Importing the loss modules and the hard-negative methods runs their registration decorators.
+import retrieval.negatives  # noqa: F401
+from retrieval.loss_registry import COMBINATION_DEFAULTS, LOSSES, NEGATIVES, register_loss
+from retrieval.losses import discrepancy, pair  # noqa: F401
+from retrieval.losses.base import PairLoss
 from retrieval.losses.weights import pair_weights  # noqa: F401  (the weight view, unified Theorem 3.1)
-from retrieval.registry import Registry
+from retrieval.losses.with_negatives import HardNegativeLoss
 
-LOSSES: Registry[nn.Module] = Registry("loss")
-# (loss name, negatives method) -> factory, for the hard-negative generation methods (LoOp, Symm).
-NEGATIVE_LOSSES: dict[tuple[str, str], Any] = {}
-
-
-def register_loss(name: str):
-    """Decorator: ``@register_loss("triplet")`` on a class or factory function."""
-    return LOSSES.register(name)
-
-
-def register_negatives(loss_name: str, method: str):
-    """Decorator registering ``build(loss_name, negatives=method)``."""
-
-    def decorator(factory):
-        key = (loss_name, method)
-        if key in NEGATIVE_LOSSES:
-            raise KeyError(f"loss {loss_name!r} with negatives={method!r} is registered twice")
-        NEGATIVE_LOSSES[key] = factory
-        return factory
-
-    return decorator
+__all__ = ["HardNegativeLoss", "available", "available_negatives", "build", "composable", "register_loss"]
 
 
 def available() -> list[str]:
-    _import_all()
+    """Names of the registered losses."""
     return LOSSES.names()
 
 
+def composable(name: str, negatives: str) -> bool:
+    """Whether loss ``name`` has a pair-level form that the hard-negative method ``negatives`` can feed."""
+    if name not in LOSSES or negatives not in NEGATIVES:
+        return False
+    loss_cls, method_cls = LOSSES.get(name), NEGATIVES.get(negatives)
+    return (
+        isinstance(loss_cls, type)
+        and issubclass(loss_cls, PairLoss)
+        and loss_cls.from_pair_terms is not PairLoss.from_pair_terms
+        and method_cls.works_with(loss_cls.cosine_similarity, loss_cls.positive_rows)
+    )
+
+
 def available_negatives() -> list[tuple[str, str]]:
-    _import_all()
-    return sorted(NEGATIVE_LOSSES)
+    """Every (loss, hard-negative method) that ``build(loss, negatives=method)`` accepts."""
+    return [(n, m) for n in LOSSES.names() for m in NEGATIVES.names() if composable(n, m)]
 
 
 def build(name: str, negatives: str | None = None, **hparams: Any) -> nn.Module:
     """Build a registered loss; ``negatives="loop" | "loop-linear" | "symm"`` adds hard-negative generation."""
-    _import_all()
     if negatives in (None, "none", "batch"):
         return LOSSES.build(name, **hparams)
-    key = (name, negatives)
-    if key not in NEGATIVE_LOSSES:
-        combos = ", ".join(f"{n}+{m}" for n, m in sorted(NEGATIVE_LOSSES)) or "none yet"
+    if not composable(name, negatives):
+        combos = ", ".join(f"{n}+{m}" for n, m in available_negatives()) or "none yet"
         raise ValueError(
             f"the papers define no loss {name!r} with negatives={negatives!r}; combinations that exist: {combos}"
         )
-    return NEGATIVE_LOSSES[key](**hparams)
-
-
-def _import_all() -> None:
-    # Importing the modules runs their @register_loss decorators.
-    from retrieval.losses import (
-        discrepancy,  # noqa: F401
-        pair,  # noqa: F401
-    )
-
-    # The hard-negative methods register themselves when present (find_spec also copes with
-    # retrieval/negatives/ existing without its __init__.py yet, where the import raises a plain ImportError).
-    if importlib.util.find_spec("retrieval.negatives.losses") is not None:
-        importlib.import_module("retrieval.negatives.losses")
+    loss = LOSSES.build(name, **{**COMBINATION_DEFAULTS.get((name, negatives), {}), **hparams})
+    return HardNegativeLoss(loss, NEGATIVES.build(negatives))

@@ -3,6 +3,10 @@
 A pair-based loss (unified paper, section 3) is a function H(S, y) of the similarity matrix S. Every loss here
 computes ``S = similarity(embeddings)`` once and then ``from_similarity(S, labels)``; that split is what lets
 ``retrieval.losses.pair_weights`` differentiate the loss with respect to S (Theorem 3.1).
+
+A loss that can take hard negatives (LoOp, Symm) also has a pair-level form, ``from_pair_terms``: the same
+equation over the batch's positive pairs and, for each, the hardest negative of every pair of another class,
+as a hard-negative method of ``retrieval.negatives`` computes them (``build(name, negatives=method)``).
 """
 
 from __future__ import annotations
@@ -10,7 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from retrieval.distances import cosine_similarity_matrix, label_masks, safe_sqrt
+from retrieval.distances import cosine_similarity_matrix, label_masks, unit_distance
+from retrieval.negatives.base import PairTerms
 
 PER_CLASS_HINT = "use --per-class 2 or more (ClassBalancedBatchSampler samples_per_class >= 2)"
 
@@ -22,8 +27,12 @@ class PairLoss(nn.Module):
     products) and ``check_batch`` (stricter batch requirements).
     """
 
-    # True when S is the cosine similarity matrix, the variable of the weight view (pair_weights).
+    # True when S is the cosine similarity matrix, the variable of the weight view (pair_weights); False: raw
+    # inner products (a hard-negative method then works on the unnormalised embeddings).
     cosine_similarity: bool = True
+    # Positive-side rows the pair-level form compares with the negatives (a ``symm.Combinations``); None: the
+    # points of the positive pair themselves.
+    positive_rows = None
 
     def __init__(self) -> None:
         super().__init__()
@@ -40,6 +49,10 @@ class PairLoss(nn.Module):
         return label_masks(labels)
 
     def from_similarity(self, similarity: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def from_pair_terms(self, terms: PairTerms) -> torch.Tensor:
+        """The loss over positive pairs and their hardest negatives; only losses with a pair-level form have it."""
         raise NotImplementedError
 
     # --- batch checks -----------------------------------------------------------------------------------
@@ -74,8 +87,7 @@ class DistancePairLoss(PairLoss):
         self.squared = squared
 
     def distance(self, similarity: torch.Tensor) -> torch.Tensor:
-        d2 = (2.0 - 2.0 * similarity).clamp_min(0.0)
-        return d2 if self.squared else safe_sqrt(d2)
+        return unit_distance(similarity, self.squared)
 
 
 def anchors_with_triplets(positive: torch.Tensor, negative: torch.Tensor) -> torch.Tensor:

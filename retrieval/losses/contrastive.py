@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from retrieval.losses import register_loss
+from retrieval.loss_registry import register_loss
 from retrieval.losses.base import DistancePairLoss
 
 CONTRASTIVE_FORMS = ("cosine", "distance")

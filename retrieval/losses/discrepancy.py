@@ -31,7 +31,7 @@ from geomloss import SamplesLoss
 from torch import nn
 
 from retrieval.distances import l2_normalize, safe_sqrt, squared_euclidean_matrix, zero_loss
-from retrieval.losses import build, register_loss
+from retrieval.loss_registry import LOSSES, register_loss
 
 PHIS = ("mmd_laplacian", "mmd_gaussian", "sinkhorn")
 DEFAULT_LAMBDA = {"mmd_laplacian": 0.2, "mmd_gaussian": 0.2, "sinkhorn": 0.5}  # main text, "Results"
@@ -228,7 +228,7 @@ class DCDLLoss(nn.Module):
         self.min_samples_per_class = min_samples_per_class
         if phi == "sinkhorn":
             _sinkhorn_samples_loss(epsilon, scaling)  # validate the settings now, not at the first batch
-        self.local = None if local in (None, "none") else build(local, **(local_kwargs or {}))
+        self.local = None if local in (None, "none") else LOSSES.build(local, **(local_kwargs or {}))
         self.last_stats: dict[str, float] = {}
 
     def discrepancies(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from retrieval.distances import masked_logsumexp
-from retrieval.losses import register_loss
+from retrieval.loss_registry import register_loss
 from retrieval.losses.base import (
     DistancePairLoss,
     PairLoss,
@@ -15,6 +15,7 @@ from retrieval.losses.base import (
     masked_min,
     mean_over,
 )
+from retrieval.negatives.base import PairTerms
 
 
 def _pairs_with_negatives(positive: torch.Tensor, negative: torch.Tensor) -> torch.Tensor:
@@ -49,6 +50,14 @@ class LiftedStructureLoss(DistancePairLoss):
         self.last_stats = {"active_pair_fraction": active_fraction(losses, kept)}
         return 0.5 * mean_over(losses, kept)
 
+    def from_pair_terms(self, terms: PairTerms) -> torch.Tensor:
+        """Symm eq. 6: [log sum_(k,l) exp(m - D_(ij)(kl)) + D_ij]_+^2 averaged over the positive pairs, D_(ij)(kl)
+        the hardest negative of the two pairs."""
+        negatives = masked_logsumexp(self.margin - terms.negative_distance(self.squared), terms.negative, dim=1)
+        per_pair = torch.relu(negatives + self.distance(terms.positive_similarity())).pow(2)
+        valid = terms.negative.any(dim=1)
+        return torch.where(valid, per_pair, torch.zeros_like(per_pair)).sum() / len(terms.pairs)
+
 
 @register_loss("lifted_min")
 class LiftedMinLoss(DistancePairLoss):
@@ -72,6 +81,12 @@ class LiftedMinLoss(DistancePairLoss):
         kept = _pairs_with_negatives(positive, negative)
         self.last_stats = {"active_pair_fraction": active_fraction(losses, kept)}
         return mean_over(losses, kept)
+
+    def from_pair_terms(self, terms: PairTerms) -> torch.Tensor:
+        """LoOp section 3.3.3: [d_ij + m - min_(k,l) d_(ij)(kl)]_+ averaged over the positive pairs."""
+        nearest_negative, valid = terms.nearest_negative(self.squared)
+        hinge = torch.relu(self.distance(terms.positive_similarity()) + self.margin - nearest_negative)
+        return torch.where(valid, hinge, torch.zeros_like(hinge)).sum() / len(terms.pairs)
 
 
 @register_loss("generalized_lifted")

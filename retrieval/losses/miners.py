@@ -6,27 +6,34 @@ Miners only select; the losses weight. Every miner works on a similarity (or dis
 
 from __future__ import annotations
 
-import torch
+import math
 
-from retrieval.losses.base import masked_max, masked_min
+import torch
 
 
 @torch.no_grad()
 def vthm(
-    similarity: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor, margin: float = 0.1
+    similarity: torch.Tensor,
+    positive: torch.Tensor,
+    negative: torch.Tensor,
+    margin: float = 0.1,
+    negative_similarity: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Valid-triplet hard mining (unified paper, section 5.1): masks of the kept positive and negative pairs.
 
     For anchor i with hardest positive p* = argmin_{P_i} s_ip and hardest negative n* = argmax_{N_i} s_in:
     a negative j is kept when s_ij > s_ip* - margin, a positive j when s_ij < s_in* + margin.
     An anchor without positives (or without negatives) has no valid triplet, so nothing of it is kept.
+    ``negative_similarity`` (rows of anchors, columns the ``negative`` mask's) holds the negatives when they
+    are not columns of ``similarity``, e.g. a hard-negative method's synthetic ones.
     """
-    has_positive = positive.any(dim=1, keepdim=True)
-    has_negative = negative.any(dim=1, keepdim=True)
-    hardest_positive = masked_min(similarity, positive, dim=1).unsqueeze(1)
-    hardest_negative = masked_max(similarity, negative, dim=1).unsqueeze(1)
-    kept_negative = negative & has_positive & (similarity > hardest_positive - margin)
-    kept_positive = positive & has_negative & (similarity < hardest_negative + margin)
+    if negative_similarity is None:
+        negative_similarity = similarity
+    # +-inf where an anchor has no positive (negative): then no comparison holds and nothing of it is kept
+    hardest_positive = torch.where(positive, similarity, math.inf).amin(dim=1, keepdim=True)
+    hardest_negative = torch.where(negative, negative_similarity, -math.inf).amax(dim=1, keepdim=True)
+    kept_negative = negative & (negative_similarity > hardest_positive - margin)
+    kept_positive = positive & (similarity < hardest_negative + margin)
     return kept_positive, kept_negative
 
 

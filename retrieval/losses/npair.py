@@ -16,8 +16,10 @@ import math
 import torch
 
 from retrieval.distances import gram_matrix, label_masks, masked_logsumexp
-from retrieval.losses import register_loss
+from retrieval.loss_registry import register_loss
 from retrieval.losses.base import PER_CLASS_HINT, PairLoss
+from retrieval.negatives.base import PairTerms
+from retrieval.negatives.symm import ANGULAR_POSITIVE_SUMS
 
 
 class DotPairLoss(PairLoss):
@@ -110,6 +112,13 @@ class NPairLoss(DotPairLoss):
     ) -> torch.Tensor:
         return npair_losses(similarity, anchor, other, negative)
 
+    def from_pair_terms(self, terms: PairTerms) -> torch.Tensor:
+        """Symm eq. 8: mean over positive pairs of log(1 + sum_(k,l) exp(S_(ij)(kl) - S_ij)), S_(ij)(kl) the
+        hardest negative inner product of the two pairs."""
+        logits = terms.negative_similarity() - terms.positive_similarity().unsqueeze(1)
+        loss = masked_logsumexp(logits, terms.negative, dim=1, add_one=True).mean()
+        return loss + self.norm_penalty(terms.gram) if self.l2_reg else loss
+
 
 def _check_angle(alpha: float) -> float:
     if not 0.0 < alpha < 90.0:
@@ -122,6 +131,9 @@ class AngularLoss(DotPairLoss):
     """Angular loss, symm eq. 9, alpha in degrees. Default alpha = 30 (the DCDL paper's value for L_Ang;
     the symm paper gives none)."""
 
+    # f^n = 4 tan^2 a (x_p + x_q).x_r: the negative side compares sums of two points of the positive pair
+    positive_rows = ANGULAR_POSITIVE_SUMS
+
     def __init__(self, alpha: float = 30.0, l2_reg: float = 0.0) -> None:
         super().__init__(l2_reg=l2_reg)
         self.alpha = _check_angle(alpha)
@@ -130,6 +142,16 @@ class AngularLoss(DotPairLoss):
         self, similarity: torch.Tensor, anchor: torch.Tensor, other: torch.Tensor, negative: torch.Tensor
     ) -> torch.Tensor:
         return angular_losses(similarity, anchor, other, negative, self.alpha)
+
+    def from_pair_terms(self, terms: PairTerms) -> torch.Tensor:
+        """Symm eq. 10: f^p = 2 (1 + tan^2 a) S_ij and f^n the hardest 4 tan^2 a (x_p + x_q).x_r of 12 triplets,
+        (p, q) one of the three pairs congruent to (x_i, x_j), r one of the four points of the other pair."""
+        tan_sq = math.tan(math.radians(self.alpha)) ** 2
+        f_negative = 4.0 * tan_sq * terms.negative_similarity()  # the factor is positive: applied after the max
+        f_positive = 2.0 * (1.0 + tan_sq) * terms.positive_similarity()
+        logits = f_negative - f_positive.unsqueeze(1)
+        loss = masked_logsumexp(logits, terms.negative, dim=1, add_one=True).mean()
+        return loss + self.norm_penalty(terms.gram) if self.l2_reg else loss
 
 
 @register_loss("angular_npair")

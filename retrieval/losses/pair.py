@@ -1,7 +1,7 @@
 """The pair-based losses of the loss library; importing this module registers them all.
 
 Each topic lives in its own module (one job each); this module only imports them so that
-``retrieval.losses._import_all`` sees every ``@register_loss``:
+``retrieval.losses`` (which imports it) runs every ``@register_loss``:
 
 - contrastive.py  contrastive (unified eq. 5; distance form)
 - triplet.py      triplet (loop eq. 14 / symm eq. 3), hphn_triplet (loop 3.3.2)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from retrieval.losses import register_loss
+from retrieval.loss_registry import register_loss
 from retrieval.losses.base import (
     DistancePairLoss,
     anchors_with_triplets,
@@ -12,6 +14,7 @@ from retrieval.losses.base import (
     masked_min,
     mean_over,
 )
+from retrieval.negatives.base import PairTerms
 
 TRIPLET_MINING = ("all", "semihard", "hard")
 
@@ -80,6 +83,15 @@ class TripletLoss(DistancePairLoss):
         self.last_stats = triplet_stats(s_ap, s_an, losses, valid)
         return mean_over(losses, valid)
 
+    def from_pair_terms(self, terms: PairTerms) -> torch.Tensor:
+        """LoOp eq. 15 / Symm eq. 4 (squared): (1/|P|) sum over pair (i, j) and pair (k, l) of another class of
+        [d_ij - d_(ij)(kl) + m]_+, d_(ij)(kl) the hardest negative of the two pairs."""
+        if self.mining != "all":
+            raise ValueError(f"triplet mining={self.mining!r} has no pair-level form; hard negatives use 'all'")
+        d_positive = self.distance(terms.positive_similarity())
+        hinge = torch.relu(d_positive.unsqueeze(1) - terms.negative_distance(self.squared) + self.margin)
+        return torch.where(terms.negative, hinge, torch.zeros_like(hinge)).sum() / len(terms.pairs)
+
 
 @register_loss("hphn_triplet")
 class HPHNTripletLoss(DistancePairLoss):
@@ -111,3 +123,14 @@ class HPHNTripletLoss(DistancePairLoss):
             pair_s_an = torch.maximum(s_an.unsqueeze(1), s_an.unsqueeze(0))
         self.last_stats = triplet_stats(pair_s_ap, pair_s_an, losses, kept)
         return mean_over(losses, kept)
+
+    def from_pair_terms(self, terms: PairTerms) -> torch.Tensor:
+        """LoOp section 3.3.2: the hardest batch positive of i or j, the hardest negative of the pair (i, j)
+        against the pairs of other classes, averaged over the positive pairs."""
+        # The hardest positive is the least similar one: max_k d_ik = d(min_k s_ik).
+        least_similar = torch.where(terms.same_class(), terms.gram, math.inf).amin(dim=1)
+        hardest_positive = self.distance(least_similar)
+        pair_positive = torch.maximum(hardest_positive[terms.pairs.first], hardest_positive[terms.pairs.second])
+        pair_negative, valid = terms.nearest_negative(self.squared)
+        hinge = torch.relu(pair_positive + self.margin - pair_negative)
+        return torch.where(valid, hinge, torch.zeros_like(hinge)).sum() / len(terms.pairs)

@@ -6,9 +6,10 @@ import torch
 import torch.nn.functional as F
 
 from retrieval.distances import masked_logsumexp
-from retrieval.losses import register_loss
+from retrieval.loss_registry import register_loss
 from retrieval.losses.base import PairLoss
 from retrieval.losses.miners import vthm
+from retrieval.negatives.base import PairTerms
 
 PAIR_MINERS = (None, "none", "vthm")
 
@@ -105,8 +106,34 @@ class RAWLoss(MinedPairLoss):
 
     def from_similarity(self, similarity: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         positive, negative = self.mined_pairs(similarity, labels)
+        return self._raw(similarity, positive, similarity, negative)
+
+    def from_pair_terms(self, terms: PairTerms) -> torch.Tensor:
+        """Eq. 17 with hard negatives (LoOp section 3.3.4): anchor i of pair (i, j) has the batch positives
+        s_ik and, as negatives, the hardest negative similarities of its pair against every pair of another
+        class; VTHM (when mined) keeps them by the same rule as in the batch."""
+        pairs = terms.pairs
+        anchors = torch.cat([pairs.first, pairs.second])
+        pair_of_anchor = torch.arange(len(pairs), device=anchors.device).repeat(2)
+        similarity = terms.gram[anchors]  # [A, B]
+        positive = terms.same_class()[anchors]
+        negative_similarity = terms.negative_similarity(pair_of_anchor)  # [A, Pp]
+        negative = terms.negative[pair_of_anchor]
+        if self.miner == "vthm":
+            positive, negative = vthm(similarity, positive, negative, self.vthm_margin, negative_similarity)
+        return self._raw(similarity, positive, negative_similarity, negative)
+
+    def _raw(
+        self,
+        similarity: torch.Tensor,
+        positive: torch.Tensor,
+        negative_similarity: torch.Tensor,
+        negative: torch.Tensor,
+    ) -> torch.Tensor:
+        """Eq. 17, averaged over the anchors (rows): positives from ``similarity``, negatives from
+        ``negative_similarity`` (the same matrix for batch negatives)."""
         positive_part = masked_logsumexp(-self.alpha * (similarity - self.gamma), positive, add_one=True)
-        negative_part = masked_logsumexp(self.beta * (similarity - self.gamma), negative, add_one=True)
+        negative_part = masked_logsumexp(self.beta * (negative_similarity - self.gamma), negative, add_one=True)
         return (positive_part / self.alpha + negative_part / self.beta).mean()  # eq. 17
 
 

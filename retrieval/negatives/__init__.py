@@ -1,14 +1,28 @@
 """Hard-negative generation: LoOp (optimal points between arcs/segments) and Symmetrical Synthesis.
 
-The losses that use them live in ``retrieval.negatives.losses`` and register themselves with
-``retrieval.losses.register_negatives``; build them with ``retrieval.losses.build(name, negatives=...)``.
+Each method is a ``HardNegativeMethod`` registered with ``@register_negatives`` (``retrieval.loss_registry``):
+for a batch's positive pairs it returns ``PairTerms`` (positive terms, hardest negatives, mask, statistics),
+which a loss's pair-level form consumes; build the pair with ``retrieval.losses.build(name, negatives=...)``.
+Importing this package registers the methods.
 """
 
-from retrieval.negatives.loop import optimal_arc_distance, optimal_segment_distance, pair_of_pairs_distances
+from retrieval.negatives.base import HardNegativeMethod, PairTerms
+from retrieval.negatives.loop import (
+    LoOp,
+    LoOpLinear,
+    optimal_arc_distance,
+    optimal_segment_distance,
+    pair_of_pairs_distances,
+)
 from retrieval.negatives.pairs import expected_combinations, pair_combinations, positive_pairs
-from retrieval.negatives.symm import reflect
+from retrieval.negatives.symm import SymmetricalSynthesis, reflect
 
 __all__ = [
+    "HardNegativeMethod",
+    "LoOp",
+    "LoOpLinear",
+    "PairTerms",
+    "SymmetricalSynthesis",
     "expected_combinations",
     "optimal_arc_distance",
     "optimal_segment_distance",

@@ -34,7 +34,10 @@ from dataclasses import dataclass
 
 import torch
 
-from retrieval.distances import safe_sqrt
+from retrieval.distances import dot_similarity_matrix, l2_normalize, safe_sqrt
+from retrieval.loss_registry import register_negatives
+from retrieval.negatives.base import HardNegativeMethod
+from retrieval.negatives.pairs import PositivePairs, pair_combinations
 
 # An arc shorter (or a pair closer to antipodal) than this, in sin(a0), has no usable basis (eq. 2).
 DEGENERATE_SIN = 1e-6
@@ -393,3 +396,51 @@ def pair_of_pairs_distances(
     p2_sq = v1 * v1 * ny1 + v2 * v2 * ny2 + 2 * v1 * v2 * cy
     cross = w1 * (v1 * h11 + v2 * h12) + w2 * (v1 * h21 + v2 * h22)
     return safe_sqrt((p1_sq + p2_sq - 2 * cross).clamp_min(0.0)), sol
+
+
+# ----------------------------------------------------------------------------------------------------
+# The hard-negative methods (section 3.3): the LoOp distance of every two pairs of different classes
+# ----------------------------------------------------------------------------------------------------
+
+
+@register_negatives("loop")
+class LoOp(HardNegativeMethod):
+    """LoOp on arcs (Algorithm 1): the hardest negative of pairs p = (i, j) and q = (k, l) is d_{i,j,k,l}, the
+    distance of the closest points of the arc x_i -> x_j and the arc x_k -> x_l, on unit embeddings.
+
+    ``synthetic_negative_share``: the share of closest points p1, p2 that are not an embedding;
+    ``loop_combinations``: the number of LoOp problems, C = B (B - N) / 8 (section 3.4).
+    """
+
+    geometry = "arc"
+    unit_only = True  # Algorithm 1, step 3: unit embeddings (the segment form normalises too)
+    hardest_is_distance = True
+    empty_stats = {"synthetic_negative_share": 0.0, "loop_combinations": 0.0}
+
+    def gram(self, embeddings: torch.Tensor, unit: bool) -> torch.Tensor:
+        return dot_similarity_matrix(l2_normalize(embeddings))
+
+    def hardest(
+        self, gram: torch.Tensor, pairs: PositivePairs, negative: torch.Tensor, rows: object | None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """[Pp, Pp] matrix of d_{i,j,k,l} (symmetric; zero where ``negative`` is False)."""
+        n = len(pairs)
+        p, q = pair_combinations(pairs.labels)
+        d, sol = pair_of_pairs_distances(
+            gram, pairs.first[p], pairs.second[p], pairs.first[q], pairs.second[q], self.geometry
+        )
+        synthetic = (~sol.at_endpoints).float()
+        stats = {
+            "synthetic_negative_share": float(synthetic.mean()) if synthetic.numel() else 0.0,
+            "loop_combinations": float(p.numel()),
+        }
+        full = gram.new_zeros(n, n)
+        return full.index_put((torch.cat([p, q]), torch.cat([q, p])), torch.cat([d, d])), stats
+
+
+@register_negatives("loop-linear")
+class LoOpLinear(LoOp):
+    """LoOp on line segments (section 4.2, eq. 17-21): the closest points of the segments [x_i, x_j] and
+    [x_k, x_l] of the unit embeddings."""
+
+    geometry = "segment"

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
+
+from retrieval.negatives.kernels import pair_starts_numpy
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ def positive_pairs(labels: torch.Tensor) -> PositivePairs:
     if labels.numel() == 0:
         empty = labels.new_zeros(0, dtype=torch.long)
         return PositivePairs(empty, empty, labels[:0])
-    if labels.device.type == "cpu":  # a few NumPy calls cost less than torch's per-op dispatch at B ~ 32
+    if labels.device.type == "cpu":  # the NumPy kernel: cheaper than torch's per-op dispatch at B ~ 32
         values = labels.numpy()
         order, pos = pair_starts_numpy(values)
         first, second = order[pos], order[pos + 1]
@@ -41,19 +42,9 @@ def positive_pairs(labels: torch.Tensor) -> PositivePairs:
     return PositivePairs(first=order[pos], second=order[pos + 1], labels=labels[order[pos]])
 
 
-def pair_starts_numpy(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(stable argsort of labels, sorted positions that open a pair: even rank in its class, next one same)."""
-    order = np.argsort(labels, kind="stable")
-    sorted_labels = labels[order]
-    same_as_next = sorted_labels[1:] == sorted_labels[:-1]
-    index = np.arange(len(labels))
-    class_start = np.maximum.accumulate(np.where(np.concatenate(([True], ~same_as_next)), index, 0))
-    opens = ((index - class_start) % 2 == 0)[:-1] & same_as_next
-    return order, np.flatnonzero(opens)
-
-
 def pair_starts_torch(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``pair_starts_numpy`` on the labels' own device (no host round trip on a GPU)."""
+    """(stable argsort of labels, sorted positions that open a pair: even rank in its class, next one same), on
+    the labels' own device (no host round trip on a GPU; ``kernels.pair_starts_numpy`` is the CPU kernel)."""
     order = torch.argsort(labels, stable=True)
     sorted_labels = labels[order]
     same_as_next = sorted_labels[1:] == sorted_labels[:-1]

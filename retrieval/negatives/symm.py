@@ -7,68 +7,55 @@ axis, so (x_k', x_l) and (x_k, x_l') are as similar as (x_k, x_l).
 For a positive pair (i, j) and a pair (k, l) of another class, the negative pairs are the 16 pairs of
 {x_i, x_j, x_i', x_j'} x {x_k, x_l, x_k', x_l'} (section 3.2); the loss uses the hardest one.
 
-Every point is a combination c_0 x_i + c_1 x_j of its pair's two originals (x_i' = a_i x_j - x_i with
-a_i = 2 S_ij / S_jj), so the inner product of a point of pair p and a point of pair q is the bilinear form
-c(p)^T H_pq c(q) on the 2 x 2 Gram block H_pq of the originals: nothing of size D is built per pair.
-
-The hardest case has two implementations that the tests hold to each other. In torch (GPU, and CPU with
-many pairs) the [4, 4, Pp, Pp] planes come from the gathered Gram block by broadcasts in one autograd node
-with a hand-written backward, then a max node. On CPU with few pairs a NumPy kernel does both at once: the
-planes are C_left G C_right^T for sparse coefficient matrices C, and its backward touches only the selected
-cases (at B = 32 a torch operation costs 5-10 us of dispatch plus its autograd node, and per-operation cost
-is most of the Symm losses' extra time).
+Every point is a combination c_0 x_i + c_1 x_j of its pair's two originals (``points.py``), so the inner
+product of a point of pair p and a point of pair q is the bilinear form c(p)^T H_pq c(q) on the 2 x 2 Gram
+block H_pq of the originals: nothing of size D is built per pair. This module holds the readable torch form
+(``combination_inner_products``, differentiable by autograd); ``hardest_combination`` runs the speed kernels
+of ``kernels.py``, which compute the same values and gradients.
 """
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass
-
-import numpy as np
 import torch
-from torch.autograd.function import once_differentiable
 
-from retrieval.distances import EPS
+from retrieval.distances import EPS, gram_matrix, l2_normalize
+from retrieval.loss_registry import register_negatives
+from retrieval.negatives.base import HardNegativeMethod
+from retrieval.negatives.kernels import hardest_combination, synthetic_share_numpy
+from retrieval.negatives.pairs import PositivePairs
+from retrieval.negatives.points import (
+    POINT_NAMES,
+    POINTS,
+    Combinations,
+    combine,
+    pair_gram_block,
+    reflection_coefficients,
+    sum_rows,
+    synthetic_counts,
+)
 
 Tensor = torch.Tensor
 
-# Order of the four points of a pair: the two originals, then their synthetic reflections.
-POINT_NAMES = ("x_i", "x_j", "x_i'", "x_j'")
+__all__ = [
+    "ANGULAR_POSITIVE_SUMS",
+    "POINTS",
+    "POINT_NAMES",
+    "Combinations",
+    "SymmetricalSynthesis",
+    "combination_inner_products",
+    "hardest_combination",
+    "hardest_of_16",
+    "point_sq_norms",
+    "reflect",
+    "symm_inner_products",
+    "symm_sq_distances",
+    "synthetic_share",
+    "synthetic_share_on_device",
+]
 
-
-# Point a of a pair as coefficients on its originals (x_i, x_j): table[0] + a_i table[1] + a_j table[2].
-# x_i' = -x_i + a_i x_j and x_j' = a_j x_i - x_j (eq. 1-2).
-_POINT_TABLE = np.array(
-    [
-        [[1, 0, -1, 0], [0, 1, 0, -1]],  # constant part, [m, point]
-        [[0, 0, 0, 0], [0, 0, 1, 0]],  # times a_i
-        [[0, 0, 0, 1], [0, 0, 0, 0]],  # times a_j
-    ],
-    dtype=np.float64,
-)
-_POINT_IS_SYNTHETIC = np.array([False, False, True, True])
-
-
-class Combinations:
-    """Rows that are sums of a pair's points: row r is the sum of the points ``parts[r]`` (indices into
-    POINT_NAMES), the same number of points in every row. Treat as immutable (kernels cache by identity)."""
-
-    def __init__(self, parts: tuple[tuple[int, ...], ...]) -> None:
-        if not parts or len({len(p) for p in parts}) != 1 or not parts[0]:
-            raise ValueError(f"rows must be non-empty and sum the same number of points, got {parts}")
-        if not all(0 <= point < len(POINT_NAMES) for row in parts for point in row):
-            raise ValueError(f"points are indices into {POINT_NAMES} (0-3), got {parts}")
-        self.parts = tuple(tuple(row) for row in parts)
-        self.points = len(parts[0])
-        columns = np.array(parts).T  # [points, rows]
-        self.table = sum(_POINT_TABLE[:, :, c] for c in columns)  # [3, 2, rows]
-        self.synthetic = sum(_POINT_IS_SYNTHETIC[c].astype(np.int64) for c in columns)  # [rows]
-
-    def __len__(self) -> int:
-        return len(self.parts)
-
-
-POINTS = Combinations(((0,), (1,), (2,), (3,)))
+# Positive-side pairs congruent to (x_i, x_j) under the reflections (same similarity): (x_i, x_j),
+# (x_i', x_j) and (x_i, x_j'), summed as x_p + x_q (the angular loss's negative side, eq. 10).
+ANGULAR_POSITIVE_SUMS = Combinations(((0, 1), (2, 1), (0, 3)))
 
 
 def reflect(x: Tensor, axis: Tensor) -> Tensor:
@@ -82,91 +69,6 @@ def reflect(x: Tensor, axis: Tensor) -> Tensor:
     return 2.0 * (x * u).sum(dim=-1, keepdim=True) * u - x
 
 
-# ----------------------------------------------------------------------------------------------------
-# torch: the planes in one node with a hand-written backward, then a max node
-# ----------------------------------------------------------------------------------------------------
-
-
-def _reflection_coefficients(h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(a = (a_i, a_j), the axes' squared norms clamped to EPS, and unclamped), each [2, Pp], per pair.
-
-    x_i' = a_i x_j - x_i with a_i = 2 S_ij / S_jj; x_j' = a_j x_i - x_j with a_j = 2 S_ij / S_ii (eq. 1-2).
-    """
-    block = h.diagonal(0, 1, 3)  # [m, k, p]: the pair's own 2 x 2 block
-    axis_sq = block[[1, 0], [1, 0]]  # S_jj (the axis of x_i), S_ii (the axis of x_j)
-    return (*_reflection_forward(block[0, 1], axis_sq), axis_sq)
-
-
-def _reflection_forward(s_ij, axis_sq):
-    """(a = 2 S_ij / max(axis_sq, EPS), the clamped axis_sq), for torch tensors and NumPy arrays alike; axis_sq
-    is [2, Pp] = (S_jj, S_ii), so a = (a_i, a_j) (eq. 1-2)."""
-    clamped = axis_sq.clip(min=EPS)
-    return 2.0 * s_ij / clamped, clamped
-
-
-def _reflection_backward(g_a, a, clamped, axis_sq):
-    """Chain rule of a = (a_i, a_j) = 2 S_ij / max((S_jj, S_ii), EPS), for torch tensors and NumPy arrays alike:
-    the gradients of S_ij, S_jj and S_ii of each pair from that of a ([2, Pp] each)."""
-    g_over = g_a / clamped
-    g_axis = g_over * a * (axis_sq >= EPS)
-    return 2.0 * g_over.sum(0), -g_axis[0], -g_axis[1]
-
-
-def _combine(x_i: Tensor, x_j: Tensor, a_i: Tensor, a_j: Tensor, dim: int) -> Tensor:
-    """Stack (x_i, x_j, a_i x_j - x_i, a_j x_i - x_j) along ``dim``: originals, then reflections."""
-    return torch.stack([x_i, x_j, a_i * x_j - x_i, a_j * x_i - x_j], dim=dim)
-
-
-def _uncombine(g: Tensor, x_i: Tensor, x_j: Tensor, a_i: Tensor, a_j: Tensor, dim: int) -> tuple[Tensor, ...]:
-    """Backward of ``_combine``: gradients of x_i, x_j and of a_i, a_j (not yet summed over broadcasts)."""
-    g0, g1, g2, g3 = g.unbind(dim)
-    return g0 - g2 + a_j * g3, g1 + a_i * g2 - g3, g2 * x_j, g3 * x_i
-
-
-class _SymmPlanes(torch.autograd.Function):
-    """[2, Pp, 2, Pp] Gram block of the originals -> [4, 4, Pp, Pp] inner products of the four points.
-
-    One autograd node with a hand-written backward, so that the ~30 small ops of the forward do not each
-    record a backward node.
-    """
-
-    @staticmethod
-    def forward(ctx, h: Tensor) -> Tensor:
-        a, clamped, axis_sq = _reflection_coefficients(h)
-        a_i, a_j = a
-        left = _combine(h[0], h[1], a_i[:, None, None], a_j[:, None, None], dim=0)  # [4, p, k, q]
-        ctx.save_for_backward(h, left, a, clamped, axis_sq)
-        return _combine(left[:, :, 0], left[:, :, 1], a_i, a_j, dim=1)  # [a, b, p, q]
-
-    @staticmethod
-    @once_differentiable  # the hand-written backward is not itself differentiable
-    def backward(ctx, grad: Tensor) -> Tensor:
-        h, left, a, clamped, axis_sq = ctx.saved_tensors
-        a_i, a_j = a
-        # right factor (points of pair q), then left factor (points of pair p)
-        g_li, g_lj, g_ai_r, g_aj_r = _uncombine(grad, left[:, :, 0], left[:, :, 1], a_i, a_j, dim=1)
-        g_left = torch.stack([g_li, g_lj], dim=2)  # [4, p, k, q]
-        g_hi, g_hj, g_ai_l, g_aj_l = _uncombine(g_left, h[0], h[1], a_i[:, None, None], a_j[:, None, None], dim=0)
-        g_a = torch.stack(
-            [g_ai_r.sum(dim=(0, 1)) + g_ai_l.sum(dim=(1, 2)), g_aj_r.sum(dim=(0, 1)) + g_aj_l.sum(dim=(1, 2))]
-        )
-        g_h = torch.stack([g_hi, g_hj])
-        g_diag = g_h.diagonal(0, 1, 3)  # a view: writes land in g_h
-        g_ij, g_jj, g_ii = _reflection_backward(g_a, a, clamped, axis_sq)
-        g_diag[0, 1] += g_ij
-        g_diag[1, 1] += g_jj
-        g_diag[0, 0] += g_ii
-        return g_h
-
-
-def _sum_rows(planes: Tensor, combinations: Combinations, dim: int) -> Tensor:
-    """Point planes -> rows of ``combinations`` along ``dim`` (each row the sum of its points)."""
-    if combinations.parts == POINTS.parts:
-        return planes
-    columns = torch.tensor(combinations.parts, device=planes.device).T  # [points, rows]
-    return sum(planes.index_select(dim, c) for c in columns)
-
-
 def combination_inner_products(
     gram: Tensor, first: Tensor, second: Tensor, left: Combinations = POINTS, right: Combinations = POINTS
 ) -> Tensor:
@@ -175,169 +77,11 @@ def combination_inner_products(
     ``gram`` is the [B, B] inner-product matrix of the embeddings the loss works on (unit or raw); pair p is
     (first[p], second[p]).
     """
-    n = first.numel()
-    ends = torch.cat([first, second])
-    # index_select (backward: index_add) rather than advanced indexing (backward: sorted index_put)
-    h = gram.index_select(0, ends).index_select(1, ends).view(2, n, 2, n)  # [m, p, k, q]
-    return _sum_rows(_sum_rows(_SymmPlanes.apply(h), left, 0), right, 1)
-
-
-SMALL_CASE_SIZE = 1024  # entries per case up to which torch.max(dim=0) beats the amax route on CPU
-
-
-def _first_max(x: Tensor) -> tuple[Tensor, Tensor]:
-    """(amax over dim 0, first index of the max), without ``max(dim)``: on CPU it (and any comparison that
-    makes bools) is 5-30x slower than ``amax`` and float arithmetic on a [16, 64, 64] tensor. Below about
-    1,000 entries per case the opposite holds (fixed per-op cost dominates), so small inputs use ``max``,
-    which also returns the first index on ties."""
-    if x[0].numel() <= SMALL_CASE_SIZE:
-        return x.max(dim=0)
-    n = x.shape[0]
-    values = x.amax(dim=0)
-    case = torch.arange(n, dtype=x.dtype, device=x.device).view(-1, *([1] * (x.dim() - 1)))
-    # key = sign(max - x) + case / n: below 1 exactly at the maxima, smallest at the first one
-    key = (values - x).sign_().add_(case, alpha=1.0 / n).amin(dim=0)
-    return values, (key * n).round_().long()
-
-
-class _MaxOverFirstDim(torch.autograd.Function):
-    """(max, first index of the max) over dim 0: the values and gradient of ``x.max(dim=0)``."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor) -> tuple[Tensor, Tensor]:
-        values, index = _first_max(x)
-        ctx.save_for_backward(index)
-        ctx.n = x.shape[0]
-        ctx.mark_non_differentiable(index)
-        return values, index
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad: Tensor, _grad_index: Tensor | None) -> Tensor:
-        (index,) = ctx.saved_tensors
-        return grad.new_zeros((ctx.n, *grad.shape)).scatter_(0, index.unsqueeze(0), grad.unsqueeze(0))
-
-
-# ----------------------------------------------------------------------------------------------------
-# NumPy: the CPU kernel for few pairs
-# ----------------------------------------------------------------------------------------------------
-
-
-@functools.lru_cache(maxsize=32)
-def _tables(combinations: Combinations, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """(constant part [2 rows, 1], the a_i / a_j part [2, 2 rows]) of the coefficients, row m * rows + r."""
-    table = combinations.table.reshape(3, -1).astype(dtype)
-    return table[0][:, None], np.ascontiguousarray(table[1:])
-
-
-@dataclass
-class _KernelSaved:
-    """What the kernel's backward needs from its forward (besides the Gram matrix and the selected cases)."""
-
-    diagonal: tuple[np.ndarray, np.ndarray, np.ndarray]  # flat positions of S_ii, S_ij, S_jj in gram
-    columns: tuple[np.ndarray, np.ndarray]  # flat positions of (p, first[p]), (p, second[p]) in a [Pp, B] block
-    a: np.ndarray  # [2, Pp]: a_i, a_j
-    axis_sq: np.ndarray  # [2, Pp]: S_jj, S_ii
-    clamped: np.ndarray  # axis_sq clamped to EPS
-    matrices: tuple[np.ndarray, np.ndarray]  # C_left [rows_l Pp, B], C_right [rows_r Pp, B]
-    left_gram: np.ndarray  # C_left G
-    combinations: tuple[Combinations, Combinations]
-
-
-def _coefficient_matrix(combinations: Combinations, a: np.ndarray, columns: tuple[np.ndarray, ...], n: int):
-    """[rows Pp, B]: row r * Pp + p holds the coefficients of row r of pair p at the columns of its originals."""
-    const, per_a = _tables(combinations, a.dtype)
-    pairs = a.shape[1]
-    coef = (const + per_a.T @ a).reshape(2, len(combinations), pairs)  # [m, r, p]
-    matrix = np.zeros((len(combinations), pairs * n), a.dtype)
-    matrix[:, columns[0]] = coef[0]
-    matrix[:, columns[1]] += coef[1]  # += : a pair (i, i) of one sample gets both coefficients
-    return matrix.reshape(-1, n)
-
-
-def _kernel_forward(
-    gram: np.ndarray, first: np.ndarray, second: np.ndarray, left: Combinations, right: Combinations
-) -> tuple[np.ndarray, np.ndarray, _KernelSaved]:
-    n, pairs = gram.shape[0], first.size
-    first, second = first.astype(np.int64, copy=False), second.astype(np.int64, copy=False)
-    entries = gram.reshape(-1)
-    diagonal = (first * n + first, first * n + second, second * n + second)
-    axis_sq = np.stack([entries[diagonal[2]], entries[diagonal[0]]])
-    a, clamped = _reflection_forward(entries[diagonal[1]], axis_sq)
-    rows = np.arange(pairs) * n
-    columns = (rows + first, rows + second)
-    c_left, c_right = (_coefficient_matrix(c, a, columns, n) for c in (left, right))
-    left_gram = c_left @ gram
-    planes = (left_gram @ c_right.T).reshape(len(left), pairs, len(right), pairs)
-    cases = planes.transpose(1, 3, 0, 2).reshape(pairs, pairs, -1)  # [p, q, a * rows_right + b]
-    index = cases.argmax(-1)  # the first maximum
-    saved = _KernelSaved(diagonal, columns, a, axis_sq, clamped, (c_left, c_right), left_gram, (left, right))
-    return cases.max(-1), index, saved
-
-
-def _kernel_backward(grad: np.ndarray, index: np.ndarray, gram: np.ndarray, saved: _KernelSaved) -> np.ndarray:
-    """Gradient of the [B, B] Gram matrix from that of the [Pp, Pp] hardest values."""
-    (left, right), (c_left, c_right) = saved.combinations, saved.matrices
-    n, pairs = gram.shape[0], index.shape[0]
-    g_cases = np.zeros((pairs * pairs, len(left) * len(right)), grad.dtype)
-    g_cases[np.arange(pairs * pairs), index.reshape(-1)] = grad.reshape(-1)
-    g_planes = g_cases.reshape(pairs, pairs, len(left), len(right)).transpose(2, 0, 3, 1)
-    g_planes = g_planes.reshape(len(left) * pairs, len(right) * pairs)
-    g_planes_right = g_planes @ c_right
-    g_gram = c_left.T @ g_planes_right  # planes = C_l G C_r^T
-    g_a = 0.0
-    for combinations, g_matrix in ((left, g_planes_right @ gram.T), (right, g_planes.T @ saved.left_gram)):
-        by_pair = g_matrix.reshape(len(combinations), pairs * n)
-        g_coef = np.concatenate([by_pair[:, saved.columns[0]], by_pair[:, saved.columns[1]]])  # [m * rows + r, p]
-        g_a = g_a + _tables(combinations, grad.dtype)[1] @ g_coef
-    # a onto the pairs' own Gram entries; add.at: correct even if pairs share a sample
-    g_entries = g_gram.reshape(-1)
-    ii, ij, jj = saved.diagonal
-    g_ij, g_jj, g_ii = _reflection_backward(g_a, saved.a, saved.clamped, saved.axis_sq)
-    np.add.at(g_entries, ij, g_ij)
-    np.add.at(g_entries, jj, g_jj)
-    np.add.at(g_entries, ii, g_ii)
-    return g_gram
-
-
-class _HardestCombinationKernel(torch.autograd.Function):
-    """Gram [B, B] -> (largest <left row of pair p, right row of pair q>, its index a * rows_right + b)."""
-
-    @staticmethod
-    def forward(ctx, gram: Tensor, first: Tensor, second: Tensor, left: Combinations, right: Combinations):
-        values, index, ctx.kernel = _kernel_forward(gram.numpy(), first.numpy(), second.numpy(), left, right)
-        index = torch.from_numpy(index)
-        ctx.save_for_backward(gram, index)  # through autograd: an in-place change to either is an error
-        ctx.mark_non_differentiable(index)
-        return torch.from_numpy(values), index
-
-    @staticmethod
-    @once_differentiable  # the hand-written backward is not itself differentiable
-    def backward(ctx, grad: Tensor, _grad_index: Tensor | None):
-        gram, index = (t.detach().numpy() for t in ctx.saved_tensors)
-        return torch.from_numpy(_kernel_backward(grad.numpy(), index, gram, ctx.kernel)), None, None, None, None
-
-
-# ----------------------------------------------------------------------------------------------------
-# Public functions
-# ----------------------------------------------------------------------------------------------------
-
-NUMPY_MAX_PAIRS = 40  # CPU: the NumPy kernel up to this many positive pairs, torch above (equal cost at 40)
-
-
-def hardest_combination(
-    gram: Tensor, first: Tensor, second: Tensor, left: Combinations = POINTS, right: Combinations = POINTS
-) -> tuple[Tensor, Tensor]:
-    """[Pp, Pp] largest inner product of a left row of pair p and a right row of pair q, and its index
-    a * len(right) + b (the first on ties).
-
-    The values and gradient of ``combination_inner_products(...).flatten(0, 1).max(dim=0)``.
-    """
-    on_cpu = gram.device.type == "cpu" and gram.dtype in (torch.float32, torch.float64)
-    if on_cpu and 0 < first.numel() <= NUMPY_MAX_PAIRS:
-        return _HardestCombinationKernel.apply(gram, first, second, left, right)
-    planes = combination_inner_products(gram, first, second, left, right)
-    return _MaxOverFirstDim.apply(planes.flatten(0, 1))
+    h = pair_gram_block(gram, first, second)  # [m, p, k, q]
+    (a_i, a_j), _, _ = reflection_coefficients(h)
+    left_points = combine(h[0], h[1], a_i[:, None, None], a_j[:, None, None], dim=0)  # [4, p, k, q]
+    planes = combine(left_points[:, :, 0], left_points[:, :, 1], a_i, a_j, dim=1)  # [a, b, p, q]
+    return sum_rows(sum_rows(planes, left, 0), right, 1)
 
 
 def hardest_of_16(gram: Tensor, first: Tensor, second: Tensor) -> tuple[Tensor, Tensor]:
@@ -363,11 +107,6 @@ def symm_sq_distances(gram: Tensor, first: Tensor, second: Tensor) -> Tensor:
     return (norms[:, None, :, None] + norms[None, :, None, :] - 2.0 * dots).clamp_min(0.0)
 
 
-def _synthetic_counts(left: Combinations, right: Combinations) -> np.ndarray:
-    """Synthetic points in each case a * len(right) + b."""
-    return (left.synthetic[:, None] + right.synthetic[None, :]).ravel()
-
-
 def synthetic_share(
     selected: Tensor, used: Tensor, left: Combinations = POINTS, right: Combinations = POINTS
 ) -> Tensor:
@@ -376,10 +115,8 @@ def synthetic_share(
     ``selected`` holds flattened case indices a * len(right) + b (as ``hardest_combination`` returns them);
     ``used`` marks the entries that are negative pairs.
     """
-    points = left.points + right.points
-    if selected.device.type == "cpu":  # NumPy: a few microseconds instead of eight torch dispatches
-        counts = _synthetic_counts(left, right)[selected.numpy()][used.numpy()]
-        return torch.tensor(counts.sum() / max(points * counts.size, 1), dtype=torch.float32)
+    if selected.device.type == "cpu":
+        return synthetic_share_numpy(selected, used, left, right)
     return synthetic_share_on_device(selected, used, left, right)
 
 
@@ -388,5 +125,29 @@ def synthetic_share_on_device(
     selected: Tensor, used: Tensor, left: Combinations = POINTS, right: Combinations = POINTS
 ) -> Tensor:
     """``synthetic_share`` without leaving the tensors' device (the path a GPU batch takes)."""
-    counts = torch.as_tensor(_synthetic_counts(left, right), dtype=torch.float32, device=selected.device)
+    counts = torch.as_tensor(synthetic_counts(left, right), dtype=torch.float32, device=selected.device)
     return (counts[selected] * used).sum() / ((left.points + right.points) * used.sum()).clamp_min(1)
+
+
+@register_negatives("symm", loss_defaults={"triplet": {"squared": True}})  # eq. 4: squared distances
+class SymmetricalSynthesis(HardNegativeMethod):
+    """Symm (section 3.2): the hardest negative of pairs p, q is the most similar of the 16 pairs of their
+    points (of the loss's ``positive_rows`` against the 4 points for the angular loss, eq. 10), on unit
+    embeddings or, for the losses on raw inner products (N-pair, angular, section 4.2), on raw ones.
+
+    ``synthetic_negative_share``: the share of synthetic points in the hardest pairs used (Figure 7).
+    """
+
+    supports_rows = True
+    empty_stats = {"synthetic_negative_share": 0.0}
+
+    def gram(self, embeddings: Tensor, unit: bool) -> Tensor:
+        # gram_matrix: the values of x @ x.T with a one-matmul backward (the largest cost at D = 512)
+        return gram_matrix(l2_normalize(embeddings) if unit else embeddings)
+
+    def hardest(
+        self, gram: Tensor, pairs: PositivePairs, negative: Tensor, rows: Combinations | None
+    ) -> tuple[Tensor, dict[str, float]]:
+        left = POINTS if rows is None else rows
+        hardest, selected = hardest_combination(gram, pairs.first, pairs.second, left=left)
+        return hardest, {"synthetic_negative_share": float(synthetic_share(selected, negative, left=left))}

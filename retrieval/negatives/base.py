@@ -1,0 +1,111 @@
+"""What a hard-negative method hands a loss: ``PairTerms``, and the base class of the methods.
+
+A hard-negative method (LoOp, Symm; in the spirit of a pytorch-metric-learning miner) has one job: for the
+batch's positive pairs (i, j), formed from labels, it returns the Gram matrix the positive terms are read from,
+the hardest negative of every pair p against every pair q of another class (real or synthetic), the mask of
+those pairs of pairs and its statistics. A loss with a pair-level form (``PairLoss.from_pair_terms``) turns
+them into a value; ``retrieval.losses.build(name, negatives=method)`` composes the two.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from retrieval.distances import label_masks, unit_distance
+from retrieval.negatives.pairs import PositivePairs, positive_pairs
+
+Tensor = torch.Tensor
+
+
+@dataclass(frozen=True)
+class PairTerms:
+    """Positive and hardest-negative terms of a batch's positive pairs p = (first[p], second[p])."""
+
+    pairs: PositivePairs
+    labels: Tensor  # [B] the batch's labels, on the embeddings' device
+    gram: Tensor  # [B, B] inner products of the embeddings the method worked on (unit or raw)
+    negative: Tensor  # [Pp, Pp] bool: pairs p and q are of different classes (the terms a loss may use)
+    hardest: Tensor | None  # [Pp, Pp] hardest negative of pair p against pair q; None: one class, no negative
+    hardest_is_distance: bool  # True: ``hardest`` holds distances of unit vectors, False: inner products
+    stats: dict[str, float]
+
+    def positive_similarity(self) -> Tensor:
+        """[Pp] inner product of each positive pair, S_ij."""
+        return self.gram[self.pairs.first, self.pairs.second]
+
+    def negative_similarity(self, rows: Tensor | None = None) -> Tensor:
+        """[Pp, Pp] (or the ``rows`` of it) inner products of the hardest negatives (s = 1 - d^2 / 2 on the unit
+        sphere when the method measures distances)."""
+        hardest = self.hardest if rows is None else self.hardest[rows]
+        return 1.0 - hardest.pow(2) / 2.0 if self.hardest_is_distance else hardest
+
+    def negative_distance(self, squared: bool = False) -> Tensor:
+        """[Pp, Pp] Euclidean (or squared) distances of the hardest negatives; unit embeddings only."""
+        if self.hardest_is_distance:
+            return self.hardest.pow(2) if squared else self.hardest
+        return unit_distance(self.hardest, squared)
+
+    def nearest_negative(self, squared: bool = False) -> tuple[Tensor, Tensor]:
+        """([Pp] distance of each pair's nearest negative over the pairs of other classes, [Pp] bool: it has one;
+        the distance is inf where it has none)."""
+        distance = self.negative_distance(squared)
+        return torch.where(self.negative, distance, math.inf).amin(dim=1), self.negative.any(dim=1)
+
+    def same_class(self) -> Tensor:
+        """[B, B] bool: positives of the batch (same label, i != j)."""
+        return label_masks(self.labels)[0]
+
+
+class HardNegativeMethod:
+    """Base of the hard-negative methods; a subclass implements ``gram`` and ``hardest``.
+
+    ``unit_only``: the method is defined on the unit sphere only (it then works with the losses on cosine
+    similarities). ``rows`` (``PairLoss.positive_rows``) names sums of a pair's points on the positive side
+    (Symm's angular loss); ``None`` is the pair's points themselves, the only rows every method supports.
+    """
+
+    unit_only: bool = False
+    supports_rows: bool = False  # True: ``hardest`` accepts rows other than None
+    hardest_is_distance: bool = False  # what ``hardest`` returns: distances of unit vectors or inner products
+    empty_stats: dict[str, float] = {}  # statistics of a batch with one class (no negative pair)
+
+    @classmethod
+    def works_with(cls, cosine_similarity: bool, rows: object | None) -> bool:
+        """Whether a loss on cosine similarities (or raw inner products) with these positive-side rows can use it."""
+        return (cosine_similarity or not cls.unit_only) and (rows is None or cls.supports_rows)
+
+    def gram(self, embeddings: Tensor, unit: bool) -> Tensor:
+        """[B, B] inner products of the embeddings (L2-normalised first when ``unit``)."""
+        raise NotImplementedError
+
+    def hardest(
+        self, gram: Tensor, pairs: PositivePairs, negative: Tensor, rows: object | None
+    ) -> tuple[Tensor, dict[str, float]]:
+        """([Pp, Pp] hardest negative of pair p against pair q, statistics); entries outside ``negative`` are
+        ignored by the losses."""
+        raise NotImplementedError
+
+    def pair_terms(self, embeddings: Tensor, labels: Tensor, unit: bool, rows: object | None = None) -> PairTerms:
+        """The batch's positive pairs and their hardest negatives, for ``PairLoss.from_pair_terms``."""
+        if embeddings.dim() != 2:
+            raise ValueError(f"embeddings must be [B, D], got shape {tuple(embeddings.shape)}")
+        if labels.dim() != 1 or labels.numel() != embeddings.shape[0]:
+            raise ValueError(
+                f"labels must be [B] with B = {embeddings.shape[0]} (one per row), got {tuple(labels.shape)}"
+            )
+        labels = labels.to(embeddings.device)
+        pairs = positive_pairs(labels)
+        if len(pairs) == 0:
+            raise ValueError(
+                "LoOp/Symm losses need positive pairs, but every label appears once in the batch; use "
+                "--per-class 2 or more (an even number: ClassBalancedBatchSampler samples_per_class)"
+            )
+        negative = pairs.labels.view(-1, 1) != pairs.labels.view(1, -1)
+        gram = self.gram(embeddings, unit)
+        if not negative.any():  # one class only: nothing to push apart
+            return PairTerms(pairs, labels, gram, negative, None, self.hardest_is_distance, dict(self.empty_stats))
+        hardest, stats = self.hardest(gram, pairs, negative, rows)
+        return PairTerms(pairs, labels, gram, negative, hardest, self.hardest_is_distance, stats)
