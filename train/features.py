@@ -25,6 +25,7 @@ from retrieval.data import BadImageLog, BadSample, WithSampleSeeds, build_transf
 from retrieval.data.decode import DEFAULT_BACKGROUND
 from retrieval.evaluation import EvalSets, embed_eval_sets
 from retrieval.inference import Embedded, embed_samples, make_loader
+from retrieval.io import atomic_write
 from retrieval.models import Embedder
 from train.config import TrainConfig
 
@@ -272,9 +273,12 @@ def cached_features(
         return Embedded(features, labels, indices, bad)
     result = embed_samples(backbone, dataset, batch_size, device, workers, amp, desc, progress, bad_images)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}.npz")
-    np.savez(tmp, features=result.embeddings, labels=result.labels, indices=result.indices,
-             bad=np.array(json.dumps([dataclasses.asdict(b) for b in result.bad])))
-    os.replace(tmp, path)
+
+    def write(tmp: Path) -> None:
+        with tmp.open("wb") as handle:  # a file, not a name: np.savez would append ".npz" to the name
+            np.savez(handle, features=result.embeddings, labels=result.labels, indices=result.indices,
+                     bad=np.array(json.dumps([dataclasses.asdict(b) for b in result.bad])))
+
+    atomic_write(path, write)
     (cache_dir / f"{digest}.json").write_text(json.dumps(key, indent=1, sort_keys=True, default=str))
     return result

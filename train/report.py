@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from retrieval.io import atomic_write
 
 REPORT_FORMAT = "retrieval-report/1"
 
@@ -120,7 +121,5 @@ def write_report(
         "bad_images": bad_images or [],
         "checkpoints": {"best": "best.pt", "last": "last.pt"},
     }
-    tmp = out / ".report.json.tmp"
-    tmp.write_text(json.dumps(report, indent=2, default=float))
-    os.replace(tmp, out / "report.json")
+    atomic_write(out / "report.json", json.dumps(report, indent=2, default=float))
     return report

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import sys
 import time
@@ -22,6 +21,7 @@ from retrieval.data import BadImageLog, ClassBalancedBatchSampler, build_transfo
 from retrieval.data.decode import parse_background
 from retrieval.evaluation import evaluate_embeddings, load_eval_sets
 from retrieval.inference import default_workers, resolve_device
+from retrieval.io import atomic_write
 from retrieval.models import CHECKPOINT_FORMAT, Embedder, config_hash, create_embedder
 from train.config import TrainConfig
 from train.features import Embedding, FeatureSource, feature_source_class
@@ -65,10 +65,8 @@ def seed_everything(seed: int) -> None:
 
 
 def atomic_save(obj: Any, path: Path) -> None:
-    """Write to a temporary file in the same folder, then rename: a crash never leaves half a checkpoint."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    """Save a checkpoint whole or not at all: a crash never leaves half a checkpoint."""
+    atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
 def build_optimizer(cfg: TrainConfig, model: Embedder, extra: list[nn.Parameter]) -> torch.optim.Optimizer:
@@ -274,9 +272,7 @@ class Trainer:
         self._rewrite_metrics_log()
 
     def _rewrite_metrics_log(self) -> None:
-        tmp = self.out / ".metrics.jsonl.tmp"
-        tmp.write_text("".join(json.dumps(row) + "\n" for row in self.history))
-        os.replace(tmp, self.out / "metrics.jsonl")
+        atomic_write(self.out / "metrics.jsonl", "".join(json.dumps(row) + "\n" for row in self.history))
 
     # --- training ----------------------------------------------------------------------------------
     def train_epoch(self, epoch: int, progress: EpochProgress | None = None) -> dict[str, float]:
