@@ -176,6 +176,7 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_params, limit, li
     from retrieval.evaluation import checkpoint_dataset, embed_eval_sets, evaluate_embeddings, load_eval_sets
     from retrieval.inference import embed_dataset, resolve_device
     from retrieval.models import load_checkpoint, load_embedder
+    from retrieval.reports import evaluate_report, save_report
 
     trained = load_checkpoint(checkpoint).get("train_config", {})
     dataset, data, kwargs = checkpoint_dataset(trained, dataset, data, parse_params(dataset_params, "--dataset-param"))
@@ -192,11 +193,8 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_params, limit, li
         train_set = load_dataset(dataset, data, split="train", transform=tf, **kwargs)
         tr, trl = embed_dataset(model, train_set, batch_size, dev, workers, desc="embed train")
         metrics["linear_probe"] = probe(tr, trl, q, ql)
-    report = {"format": "retrieval-report/1", "kind": "evaluate", "checkpoint": str(checkpoint),
-              "dataset": dataset, "data": data, "split": split, "dataset_kwargs": kwargs,
-              "num_queries": int(len(ql)), "model": model.config, "metrics": metrics}
     out = Path(out_path) if out_path else Path(checkpoint).with_name("eval_report.json")
-    out.write_text(json.dumps(report, indent=2))
+    save_report(evaluate_report(checkpoint, dataset, data, split, kwargs, len(ql), model.config, metrics), out)
     click.echo(json.dumps({**metrics, "report": str(out)}, indent=2))
 
 

@@ -20,12 +20,20 @@ from retrieval.losses.base import PairLoss
 from retrieval.losses.weights import pair_weights  # noqa: F401  (the weight view, unified Theorem 3.1)
 from retrieval.losses.with_negatives import HardNegativeLoss
 
-__all__ = ["HardNegativeLoss", "available", "available_negatives", "build", "composable", "register_loss"]
+__all__ = [
+    "HardNegativeLoss", "available", "available_negatives", "build", "composable", "register_loss", "wants_normalized",
+]
 
 
 def available() -> list[str]:
     """Names of the registered losses."""
     return LOSSES.names()
+
+
+def wants_normalized(name: str) -> bool:
+    """Whether loss ``name`` trains on L2-normalised embeddings by default: its class's ``normalized_embeddings``
+    (True for a loss that does not say)."""
+    return bool(getattr(LOSSES.get(name), "normalized_embeddings", True))
 
 
 def composable(name: str, negatives: str) -> bool:
