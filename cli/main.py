@@ -1,4 +1,5 @@
-"""The one ``retrieval`` command line: data, train, evaluate, analyze, demo (export/index/serve join later)."""
+"""The one ``retrieval`` command line: train, evaluate, losses, backbones and demo here; data, analyze, export,
+index, search and serve from their areas' modules (``_register_area_commands``)."""
 
 from __future__ import annotations
 
@@ -159,7 +160,8 @@ def _headline(metrics: dict | None) -> dict | None:
 @click.option("--checkpoint", required=True, type=click.Path(dir_okay=False))
 @click.option("--dataset", help="default: the dataset the checkpoint was trained on.")
 @click.option("--data", help="default: the checkpoint's --data.")
-@click.option("--split", default=None, help="test (default); inshop: query (against gallery).")
+@click.option("--split", default=None,
+              help="default: the checkpoint's evaluation split (test; inshop: query, against the gallery).")
 @click.option("--dataset-param", "dataset_params", multiple=True, metavar="KEY=VALUE")
 @click.option("--limit", type=int, help="evaluate on a seeded subset of this many images.")
 @click.option("--linear-probe/--no-linear-probe", default=False,
@@ -171,7 +173,8 @@ def _headline(metrics: dict | None) -> dict | None:
               help="report file (default: next to the checkpoint).")
 def evaluate_command(checkpoint, dataset, data, split, dataset_params, limit, linear_probe, batch_size, device,
                      workers, out_path) -> None:
-    """Evaluate a checkpoint: prints the metrics as JSON and writes report.json."""
+    """Evaluate a checkpoint: prints the metrics as JSON and writes an evaluate report (eval_report.json next to
+    the checkpoint, or --out)."""
     from retrieval.data import build_transforms, load_dataset
     from retrieval.evaluation import checkpoint_dataset, embed_eval_sets, evaluate_embeddings, load_eval_sets
     from retrieval.inference import embed_dataset, resolve_device

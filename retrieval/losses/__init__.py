@@ -1,9 +1,14 @@
 """Deep-metric-learning losses: one registry, ``build(name, negatives=None, **hparams)``.
 
 Every loss is an ``nn.Module`` called as ``loss(embeddings, labels)`` and returns a scalar tensor.
-Pairs are formed from labels, never from positions in the batch. ``negatives="loop" | "loop-linear" | "symm"``
-feeds a loss's pair-level form (``PairLoss.from_pair_terms``) with a hard-negative method of
-``retrieval.negatives``; the registries live in the leaf module ``retrieval.loss_registry``.
+Pairs are formed from labels, never from positions in the batch. The pair-based losses are listed in
+``losses/pair.py``; ``dcdl`` (discrepancy.py) adds a class-discrepancy term to any of them; the auxiliary
+cross-entropy (auxiliary.py) is not registered: the trainer adds it (``--aux-ce``).
+
+``negatives=None`` trains on the batch's own negatives; ``"loop" | "loop-linear" | "symm"`` feeds the loss's
+pair-level form (``PairLoss.from_pair_terms``) with a hard-negative method of ``retrieval.negatives``
+(``available_negatives()`` lists the combinations). The registries live in the leaf module
+``retrieval.loss_registry``. ``wants_normalized(name)`` says whether a loss trains on L2-normalised embeddings.
 """
 
 from __future__ import annotations
@@ -55,7 +60,8 @@ def available_negatives() -> list[tuple[str, str]]:
 
 
 def build(name: str, negatives: str | None = None, **hparams: Any) -> nn.Module:
-    """Build a registered loss; ``negatives="loop" | "loop-linear" | "symm"`` adds hard-negative generation."""
+    """Build a registered loss; ``negatives="loop" | "loop-linear" | "symm"`` adds hard-negative generation
+    (None, "none" or "batch": the batch's own negatives)."""
     if negatives in (None, "none", "batch"):
         return LOSSES.build(name, **hparams)
     if not composable(name, negatives):
