@@ -42,7 +42,8 @@ from retrieval.analysis.results import (  # noqa: E402
     results_markdown,
     summarize,
 )
-from train.config import UNNORMALIZED_LOSSES, TrainConfig  # noqa: E402
+from retrieval.losses import wants_normalized  # noqa: E402
+from train.config import TrainConfig  # noqa: E402
 
 RETRIEVAL_COLUMNS = [("recall@1", "R@1"), ("recall@2", "R@2"), ("recall@4", "R@4"), ("recall@8", "R@8"),
                      ("map@r", "MAP@R"), ("nmi", "NMI"), ("f1", "F1")]
@@ -126,7 +127,7 @@ def _pairs(losses: list[str], negatives: str, label: str) -> tuple[Method, ...]:
 def _dcdl_blocks() -> tuple[tuple[str, tuple[Method, ...]], ...]:
     blocks = []
     for local in ("triplet", "npair", "angular", "angular_npair"):
-        normalize = local not in UNNORMALIZED_LOSSES  # the same model output with and without the discrepancy
+        normalize = wants_normalized(local)  # the same model output with and without the discrepancy
         blocks.append((local, (
             Method(local, local, normalize=normalize),
             Method(f"{local} + MMD-Laplacian", "dcdl", loss_kwargs={"local": local, "phi": "mmd_laplacian"},

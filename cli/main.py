@@ -1,4 +1,5 @@
-"""The one ``retrieval`` command line: data, train, evaluate, analyze, demo (export/index/serve join later)."""
+"""The one ``retrieval`` command line: train, evaluate, losses, backbones and demo here; data, analyze, export,
+index, search and serve from their areas' modules (``_register_area_commands``)."""
 
 from __future__ import annotations
 
@@ -159,7 +160,8 @@ def _headline(metrics: dict | None) -> dict | None:
 @click.option("--checkpoint", required=True, type=click.Path(dir_okay=False))
 @click.option("--dataset", help="default: the dataset the checkpoint was trained on.")
 @click.option("--data", help="default: the checkpoint's --data.")
-@click.option("--split", default=None, help="test (default); inshop: query (against gallery).")
+@click.option("--split", default=None,
+              help="default: the checkpoint's evaluation split (test; inshop: query, against the gallery).")
 @click.option("--dataset-param", "dataset_params", multiple=True, metavar="KEY=VALUE")
 @click.option("--limit", type=int, help="evaluate on a seeded subset of this many images.")
 @click.option("--linear-probe/--no-linear-probe", default=False,
@@ -171,11 +173,13 @@ def _headline(metrics: dict | None) -> dict | None:
               help="report file (default: next to the checkpoint).")
 def evaluate_command(checkpoint, dataset, data, split, dataset_params, limit, linear_probe, batch_size, device,
                      workers, out_path) -> None:
-    """Evaluate a checkpoint: prints the metrics as JSON and writes report.json."""
+    """Evaluate a checkpoint: prints the metrics as JSON and writes an evaluate report (eval_report.json next to
+    the checkpoint, or --out)."""
     from retrieval.data import build_transforms, load_dataset
     from retrieval.evaluation import checkpoint_dataset, embed_eval_sets, evaluate_embeddings, load_eval_sets
     from retrieval.inference import embed_dataset, resolve_device
     from retrieval.models import load_checkpoint, load_embedder
+    from retrieval.reports import evaluate_report, save_report
 
     trained = load_checkpoint(checkpoint).get("train_config", {})
     dataset, data, kwargs = checkpoint_dataset(trained, dataset, data, parse_params(dataset_params, "--dataset-param"))
@@ -192,11 +196,8 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_params, limit, li
         train_set = load_dataset(dataset, data, split="train", transform=tf, **kwargs)
         tr, trl = embed_dataset(model, train_set, batch_size, dev, workers, desc="embed train")
         metrics["linear_probe"] = probe(tr, trl, q, ql)
-    report = {"format": "retrieval-report/1", "kind": "evaluate", "checkpoint": str(checkpoint),
-              "dataset": dataset, "data": data, "split": split, "dataset_kwargs": kwargs,
-              "num_queries": int(len(ql)), "model": model.config, "metrics": metrics}
     out = Path(out_path) if out_path else Path(checkpoint).with_name("eval_report.json")
-    out.write_text(json.dumps(report, indent=2))
+    save_report(evaluate_report(checkpoint, dataset, data, split, kwargs, len(ql), model.config, metrics), out)
     click.echo(json.dumps({**metrics, "report": str(out)}, indent=2))
 
 

@@ -67,17 +67,6 @@ def unit_distance(similarity: torch.Tensor, squared: bool = False) -> torch.Tens
     return d2 if squared else safe_sqrt(d2)
 
 
-def euclidean_distance_matrix(
-    x: torch.Tensor, y: torch.Tensor | None = None, squared: bool = False
-) -> torch.Tensor:
-    d2 = squared_euclidean_matrix(x, y)
-    return d2 if squared else safe_sqrt(d2)
-
-
-def clamped_acos(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    return torch.acos(x.clamp(-1.0 + eps, 1.0 - eps))
-
-
 def masked_logsumexp(
     x: torch.Tensor, mask: torch.Tensor, dim: int = -1, add_one: bool = False, keepdim: bool = False
 ) -> torch.Tensor:

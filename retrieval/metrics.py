@@ -364,35 +364,25 @@ def kmeans_assign(embeddings: Any, num_clusters: int, niter: int = 50, seed: int
     return assignment.ravel().astype(np.int64)
 
 
-def _contingency(true_codes: np.ndarray, cluster_codes: np.ndarray) -> np.ndarray:
-    _, t = np.unique(true_codes, return_inverse=True)
-    _, c = np.unique(cluster_codes, return_inverse=True)
-    table = np.zeros((t.max() + 1, c.max() + 1), dtype=np.int64)
-    np.add.at(table, (t.ravel(), c.ravel()), 1)
-    return table
-
-
-def _pairs(counts: np.ndarray) -> int:
-    counts = counts.astype(np.int64)
-    return int((counts * (counts - 1) // 2).sum())
-
-
 def pair_f1(true_labels: Any, cluster_labels: Any) -> float:
     """Pair-counting clustering F1 (Song et al. 2016, lifted structure, sec. 5).
 
     Over all unordered pairs: precision = pairs in the same cluster and class / pairs in the same
-    cluster; recall = the same / pairs in the same class; F1 = 2PR / (P + R). Computed from the
-    class x cluster contingency table. A 0/0 precision or recall counts as 0, except when there are no
-    same-class and no same-cluster pairs at all (all singletons on both sides), which agree perfectly: 1.0.
+    cluster; recall = the same / pairs in the same class; F1 = 2PR / (P + R). The pair counts come from
+    scikit-learn's ``pair_confusion_matrix`` (from a sparse contingency table; it counts ordered pairs, twice the
+    unordered ones, which leaves the ratios as they are). A 0/0 precision or recall counts as 0, except when there
+    are no same-class and no same-cluster pairs at all (all singletons on both sides), which agree perfectly: 1.0.
     """
+    from sklearn.metrics.cluster import pair_confusion_matrix
+
     true_arr = _as_label_array(true_labels, len(np.asarray(true_labels)), "true_labels")
     cluster_arr = _as_label_array(cluster_labels, len(true_arr), "cluster_labels")
     if len(true_arr) == 0:
         raise ValueError("pair_f1 needs at least one item")
-    table = _contingency(true_arr, cluster_arr)
-    together_and_same = _pairs(table)
-    same_cluster = _pairs(table.sum(axis=0))
-    same_class = _pairs(table.sum(axis=1))
+    (_, apart_same_cluster), (apart_same_class, together_and_same) = pair_confusion_matrix(true_arr, cluster_arr)
+    together_and_same = int(together_and_same)
+    same_cluster = together_and_same + int(apart_same_cluster)
+    same_class = together_and_same + int(apart_same_class)
     if same_cluster == 0 and same_class == 0:
         return 1.0
     precision = together_and_same / same_cluster if same_cluster else 0.0

@@ -16,7 +16,8 @@ from typing import Any
 
 from PIL import Image
 
-REPORT_FORMAT = "retrieval-report/1"
+from retrieval.reports import REPORT_FORMAT, REPORT_KINDS
+
 MAX_RESULTS_BYTES = 16 * 2**20
 METRIC_ORDER = ("map@r", "r_precision", "nmi", "f1", "linear_probe")
 METRIC_UNIT = "%"
@@ -111,11 +112,11 @@ def load_report(path: str | Path) -> RunReport:
     if (
         not isinstance(data, dict)
         or data.get("format") != REPORT_FORMAT
-        or data.get("kind") not in ("train", "evaluate")
+        or data.get("kind") not in REPORT_KINDS
     ):
         raise ValueError(
             f"{path} is not a report of `retrieval train` or `retrieval evaluate` "
-            f"(format {REPORT_FORMAT}, kind train|evaluate)"
+            f"(format {REPORT_FORMAT}, kind {'|'.join(REPORT_KINDS)})"
         )
     return RunReport(path, data)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from retrieval.losses import available, build
+from retrieval.losses import available, build, wants_normalized
 
 PAIR_LOSSES = [
     "contrastive",
@@ -53,6 +53,15 @@ def test_builds_with_defaults_and_trains(name, dtype):
     assert x.grad.abs().sum() > 0
     stats = getattr(loss, "last_stats", {})
     assert isinstance(stats, dict) and all(isinstance(v, float) for v in stats.values())
+
+
+def test_the_loss_class_says_whether_it_wants_normalised_embeddings():
+    # N-pair keeps raw norms (symm section 4.2); every other loss, DCDL included, trains on unit embeddings
+    assert [n for n in available() if not wants_normalized(n)] == ["npair"]
+    from train.config import TrainConfig
+
+    assert not TrainConfig(loss="npair").use_normalize and TrainConfig(loss="angular").use_normalize
+    assert TrainConfig(loss="npair", normalize=True).use_normalize  # an explicit --normalize wins
 
 
 def test_requested_early_builds():

@@ -314,6 +314,54 @@ def test_pair_f1_matches_pair_loop():
     assert pair_f1(true, clusters) == pytest.approx(0.5)
 
 
+def reference_pair_f1_counts(true_labels, cluster_labels) -> float:
+    """The pair loop with pair_f1's rules for 0/0: both sides all singletons -> 1, one empty side -> 0."""
+    tp = same_class = same_cluster = 0
+    n = len(true_labels)
+    for i in range(n):
+        for j in range(i + 1, n):
+            a, b = true_labels[i] == true_labels[j], cluster_labels[i] == cluster_labels[j]
+            tp, same_class, same_cluster = tp + (a and b), same_class + a, same_cluster + b
+    if same_class == 0 and same_cluster == 0:
+        return 1.0
+    precision = tp / same_cluster if same_cluster else 0.0
+    recall = tp / same_class if same_class else 0.0
+    return 0.0 if precision + recall == 0 else 2 * precision * recall / (precision + recall)
+
+
+def contingency_pair_f1(true_labels, cluster_labels) -> float:
+    """pair_f1 as it was before scikit-learn's pair_confusion_matrix: pair counts from a dense contingency table."""
+    _, t = np.unique(true_labels, return_inverse=True)
+    _, c = np.unique(cluster_labels, return_inverse=True)
+    table = np.zeros((t.max() + 1, c.max() + 1), dtype=np.int64)
+    np.add.at(table, (t.ravel(), c.ravel()), 1)
+    pairs = lambda counts: int((counts * (counts - 1) // 2).sum())  # noqa: E731
+    together, same_cluster, same_class = pairs(table), pairs(table.sum(axis=0)), pairs(table.sum(axis=1))
+    if same_cluster == 0 and same_class == 0:
+        return 1.0
+    precision = together / same_cluster if same_cluster else 0.0
+    recall = together / same_class if same_class else 0.0
+    return 0.0 if precision + recall == 0 else 2.0 * precision * recall / (precision + recall)
+
+
+def test_pair_f1_keeps_its_values_on_random_and_degenerate_labelings():
+    rng = np.random.default_rng(12)
+    cases = [(rng.integers(0, rng.integers(1, 8), size=n), rng.integers(0, rng.integers(1, 8), size=n))
+             for n in rng.integers(1, 40, size=60)]
+    y = rng.integers(0, 5, size=30)
+    cases += [
+        (y, y), (y, 7 - y),  # the clustering is the classes (renamed): F1 = 1
+        (y, np.zeros(30, int)), (np.zeros(30, int), y),  # a single cluster / a single class
+        (np.zeros(30, int), np.zeros(30, int)), (np.arange(30), np.arange(30)),  # one group / all singletons
+        (np.arange(30), np.zeros(30, int)), (np.array([3]), np.array([9])),  # singletons vs one cluster; one item
+        (np.array(["b", "a", "b", "c"]), np.array([1, 1, 0, 0])),  # string classes
+    ]
+    for true, clusters in cases:
+        got = pair_f1(true, clusters)
+        assert got == contingency_pair_f1(true, clusters)  # the same float as before, not just close
+        assert got == pytest.approx(reference_pair_f1_counts(list(true), list(clusters)), abs=1e-12)
+
+
 def test_pair_f1_degenerate_cases_are_finite():
     assert pair_f1([0, 1, 2], [5, 6, 7]) == 1.0  # all singletons on both sides agree
     assert pair_f1([0, 1, 2], [0, 0, 0]) == 0.0  # no same-class pairs: recall 0/0 -> 0

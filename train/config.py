@@ -12,9 +12,6 @@ import tomllib
 
 from retrieval.data.decode import parse_background
 
-# Losses that need unnormalised embeddings (N-pair regularises the norm itself).
-UNNORMALIZED_LOSSES = {"npair"}
-
 
 @dataclass
 class TrainConfig:
@@ -30,7 +27,7 @@ class TrainConfig:
     pretrained: bool = True
     weights: str | None = None
     embedding_dim: int = 512
-    normalize: bool | None = None  # None: chosen by the loss
+    normalize: bool | None = None  # None: chosen by the loss (retrieval.losses.wants_normalized)
     freeze_bn: bool = True
     freeze_backbone: bool = False
     image_size: int | None = None  # None: the backbone's own
@@ -78,7 +75,12 @@ class TrainConfig:
 
     @property
     def use_normalize(self) -> bool:
-        return (self.loss not in UNNORMALIZED_LOSSES) if self.normalize is None else self.normalize
+        """Whether the model L2-normalises its embeddings: ``normalize`` if given, else what the loss wants."""
+        if self.normalize is not None:
+            return self.normalize
+        from retrieval.losses import wants_normalized  # torch: only when a run is built
+
+        return wants_normalized(self.loss)
 
     def validate(self) -> None:
         errors = []

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-REPORT_FORMAT = "retrieval-report/1"
+from retrieval.reports import save_report, train_report
 
 
 def _plt():
@@ -107,20 +105,6 @@ def write_report(
     if plot_recall_at_k({"pretrained only": baseline or {}, "trained (last)": last or {}}, out / "recall.png"):
         plots["recall"] = "recall.png"
     plots.update(triplet_plots(out, test_embeddings, train_sample))
-    report = {
-        "format": REPORT_FORMAT,
-        "kind": "train",
-        "config": run_config,
-        "baseline": baseline,
-        "best": best,
-        "last": last,
-        "metrics": last or baseline,
-        "history": history,
-        "plots": plots,
-        "bad_images": bad_images or [],
-        "checkpoints": {"best": "best.pt", "last": "last.pt"},
-    }
-    tmp = out / ".report.json.tmp"
-    tmp.write_text(json.dumps(report, indent=2, default=float))
-    os.replace(tmp, out / "report.json")
+    report = train_report(run_config, history, baseline, best, last, plots, bad_images)
+    save_report(report, out / "report.json")
     return report

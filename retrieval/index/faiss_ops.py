@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from typing import Any
 import faiss
 import numpy as np
 
-from retrieval.index.shards import fsync_dir
+from retrieval.io import atomic_write
 
 GPU_MAX_K = 2048  # faiss GPU k-selection limit (also for nprobe)
 INSTALL_GPU = "pip uninstall faiss-cpu && pip install faiss-gpu (or conda install -c pytorch faiss-gpu)"
@@ -252,17 +251,7 @@ def tune_search_params(
 
 # --- files -----------------------------------------------------------------------------------------
 def write_index_atomic(index: faiss.Index, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        faiss.write_index(index, tmp)
-        with open(tmp, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    fsync_dir(path.parent)
+    atomic_write(path, lambda tmp: faiss.write_index(index, str(tmp)))
 
 
 # --- GPU -------------------------------------------------------------------------------------------

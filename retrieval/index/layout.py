@@ -20,8 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from retrieval.index.shards import atomic_write_bytes
 from retrieval.index.sources import printable_path
+from retrieval.io import atomic_write
 
 FORMAT = "retrieval-index/1"
 LOCK_NAME = "writer.lock"
@@ -117,7 +117,7 @@ class IndexLayout:
         return info
 
     def write_info(self, info: dict[str, Any]) -> None:
-        atomic_write_bytes(self.info, (json.dumps({"format": FORMAT, **info}, indent=2) + "\n").encode())
+        atomic_write(self.info, (json.dumps({"format": FORMAT, **info}, indent=2) + "\n").encode())
 
     def size_on_disk(self) -> dict[str, int]:
         def size(path: Path) -> int:

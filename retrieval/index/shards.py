@@ -9,7 +9,6 @@ the catalogue, can be reconciled without decoding its images again.
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from retrieval.index.catalogue import Outcome
+from retrieval.io import TEMPORARY_GLOB, atomic_write, fsync_dir
 
 SHARD_PATTERN = re.compile(r"^shard-(\d{6,})\.npz$")
 
@@ -30,33 +30,11 @@ class Shard:
     outcomes: list[Outcome]  # done rows (with sha256, size) and the batch's errors and duplicates
 
 
-def fsync_dir(folder: Path) -> None:
-    """Make a rename durable (no-op where directories cannot be opened, e.g. Windows)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
 class ShardStore:
     def __init__(self, folder: str | Path) -> None:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
-        for stale in self.folder.glob(".*.tmp-*"):  # a write interrupted before its rename
+        for stale in self.folder.glob(TEMPORARY_GLOB):  # a write interrupted before its rename
             stale.unlink(missing_ok=True)
 
     def names(self) -> list[str]:
@@ -79,7 +57,7 @@ class ShardStore:
             vectors=np.asarray(vectors, dtype=np.float32),
             outcomes=np.array(json.dumps(records)),
         )
-        atomic_write_bytes(self.folder / name, buffer.getvalue())
+        atomic_write(self.folder / name, buffer.getvalue())
         return name
 
     def read(self, name: str, with_outcomes: bool = True) -> Shard:

@@ -1,9 +1,14 @@
 """Deep-metric-learning losses: one registry, ``build(name, negatives=None, **hparams)``.
 
 Every loss is an ``nn.Module`` called as ``loss(embeddings, labels)`` and returns a scalar tensor.
-Pairs are formed from labels, never from positions in the batch. ``negatives="loop" | "loop-linear" | "symm"``
-feeds a loss's pair-level form (``PairLoss.from_pair_terms``) with a hard-negative method of
-``retrieval.negatives``; the registries live in the leaf module ``retrieval.loss_registry``.
+Pairs are formed from labels, never from positions in the batch. The pair-based losses are listed in
+``losses/pair.py``; ``dcdl`` (discrepancy.py) adds a class-discrepancy term to any of them; the auxiliary
+cross-entropy (auxiliary.py) is not registered: the trainer adds it (``--aux-ce``).
+
+``negatives=None`` trains on the batch's own negatives; ``"loop" | "loop-linear" | "symm"`` feeds the loss's
+pair-level form (``PairLoss.from_pair_terms``) with a hard-negative method of ``retrieval.negatives``
+(``available_negatives()`` lists the combinations). The registries live in the leaf module
+``retrieval.loss_registry``. ``wants_normalized(name)`` says whether a loss trains on L2-normalised embeddings.
 """
 
 from __future__ import annotations
@@ -20,12 +25,20 @@ from retrieval.losses.base import PairLoss
 from retrieval.losses.weights import pair_weights  # noqa: F401  (the weight view, unified Theorem 3.1)
 from retrieval.losses.with_negatives import HardNegativeLoss
 
-__all__ = ["HardNegativeLoss", "available", "available_negatives", "build", "composable", "register_loss"]
+__all__ = [
+    "HardNegativeLoss", "available", "available_negatives", "build", "composable", "register_loss", "wants_normalized",
+]
 
 
 def available() -> list[str]:
     """Names of the registered losses."""
     return LOSSES.names()
+
+
+def wants_normalized(name: str) -> bool:
+    """Whether loss ``name`` trains on L2-normalised embeddings by default: its class's ``normalized_embeddings``
+    (True for a loss that does not say)."""
+    return bool(getattr(LOSSES.get(name), "normalized_embeddings", True))
 
 
 def composable(name: str, negatives: str) -> bool:
@@ -47,7 +60,8 @@ def available_negatives() -> list[tuple[str, str]]:
 
 
 def build(name: str, negatives: str | None = None, **hparams: Any) -> nn.Module:
-    """Build a registered loss; ``negatives="loop" | "loop-linear" | "symm"`` adds hard-negative generation."""
+    """Build a registered loss; ``negatives="loop" | "loop-linear" | "symm"`` adds hard-negative generation
+    (None, "none" or "batch": the batch's own negatives)."""
     if negatives in (None, "none", "batch"):
         return LOSSES.build(name, **hparams)
     if not composable(name, negatives):

@@ -30,6 +30,9 @@ class PairLoss(nn.Module):
     # True when S is the cosine similarity matrix, the variable of the weight view (pair_weights); False: raw
     # inner products (a hard-negative method then works on the unnormalised embeddings).
     cosine_similarity: bool = True
+    # Whether the model feeding this loss L2-normalises its embeddings by default (``--normalize`` unset); ask
+    # ``retrieval.losses.wants_normalized(name)``.
+    normalized_embeddings: bool = True
     # Positive-side rows the pair-level form compares with the negatives (a ``symm.Combinations``); None: the
     # points of the positive pair themselves.
     positive_rows = None

@@ -50,11 +50,3 @@ def semihard_triplets(
     d_ap = distance.unsqueeze(2)
     d_an = distance.unsqueeze(1)
     return valid_triplets(positive, negative) & (d_an > d_ap) & (d_an < d_ap + margin)
-
-
-@torch.no_grad()
-def semihard_negative_mask(
-    similarity: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor
-) -> torch.Tensor:
-    """[a, p, n] bool: negatives less similar than the positive, S_an < S_ap (sct's SHN selection)."""
-    return valid_triplets(positive, negative) & (similarity.unsqueeze(1) < similarity.unsqueeze(2))

@@ -107,6 +107,8 @@ class NPairLoss(DotPairLoss):
     1/|P| sum_{(i,j) in P} log[1 + sum_{k: l_k != l_i} exp(S_ik - S_ij)] + l2_reg * mean |x|^2.
     Default l2_reg = 0 (set e.g. 0.002 as in Sohn 2016 to bound the norms)."""
 
+    normalized_embeddings = False  # N-pair keeps the raw norms (its l2_reg regularises them)
+
     def pair_losses(
         self, similarity: torch.Tensor, anchor: torch.Tensor, other: torch.Tensor, negative: torch.Tensor
     ) -> torch.Tensor:

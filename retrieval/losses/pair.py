@@ -8,7 +8,8 @@ Each topic lives in its own module (one job each); this module only imports them
 - nca.py          nca_triplet (sct eq. 1), sct (sct eq. 13)
 - lifted.py       lifted (symm eq. 5), lifted_min (loop eq. 16), generalized_lifted (unified eq. 9)
 - npair.py        npair (symm eq. 7), angular (symm eq. 9), angular_npair (dcdl eq. 4)
-- weighting.py    binomial (unified eq. 12), raw (eq. 17), ms (eq. 17 + VTHM, section 5.1)
+- weighting.py    binomial (unified eq. 12), vthm (Table 1: equal weights on VTHM pairs), raw (eq. 17),
+                  ms (eq. 17 + VTHM, section 5.1)
 """
 
 from __future__ import annotations

@@ -57,17 +57,6 @@ ARC_CASES = (
     "corner a=a0,b=0(7)",
     "corner a=a0,b=b0(8)",
 )
-SEGMENT_CASES = (
-    "interior(0)",
-    "k1=0(1)",
-    "k1=1(2)",
-    "k2=0(3)",
-    "k2=1(4)",
-    "corner 0,0(5)",
-    "corner 0,1(6)",
-    "corner 1,0(7)",
-    "corner 1,1(8)",
-)
 
 
 @dataclass(frozen=True)
@@ -76,7 +65,7 @@ class Solution:
 
     t_x: torch.Tensor  # [M] in [0, 1]: p1 = point at fraction t_x of the way from x1 to x2
     t_y: torch.Tensor  # [M] in [0, 1]
-    case: torch.Tensor  # [M] int64 index into ARC_CASES / SEGMENT_CASES
+    case: torch.Tensor  # [M] int64: ARC_CASES index, or the segment solver's case number (its docstring)
 
     @property
     def at_endpoints(self) -> torch.Tensor:
@@ -198,7 +187,8 @@ def solve_segments(
     """Closest points of p1 = x1 + k1 u and p2 = y1 + k2 v, k in [0, 1]^2, with w = x1 - y1.
 
     f(k1, k2) = |w + k1 u - k2 v|^2 is a convex quadratic; the nine KKT cases (supplementary 4.2) are its
-    stationary point, the minimiser along each edge and the corners. Float64, no gradient.
+    stationary point, the minimiser along each edge and the corners. Float64, no gradient. ``case`` numbers them:
+    0 stationary, 1 k1=0, 2 k1=1, 3 k2=0, 4 k2=1, corners (k1, k2) 5 (0,0), 6 (0,1), 7 (1,0), 8 (1,1).
     """
     with torch.no_grad():
         uu, vv, uv, uw, vw, ww = (v.detach().double() for v in (uu, vv, uv, uw, vw, ww))

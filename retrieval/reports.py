@@ -1,0 +1,59 @@
+"""The run report format (``report.json``): written by ``retrieval train`` and ``retrieval evaluate``, read by the app.
+
+One place for the format: ``train_report`` and ``evaluate_report`` build the two kinds, ``save_report`` writes
+either, and the reader (``serve.reports.load_report``) checks ``REPORT_FORMAT`` and ``REPORT_KINDS`` from here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from retrieval.io import atomic_write
+
+REPORT_FORMAT = "retrieval-report/1"
+REPORT_KINDS = ("train", "evaluate")
+
+
+def train_report(config: dict[str, Any], history: list[dict[str, Any]], baseline: dict[str, float] | None,
+                 best: dict[str, Any] | None, last: dict[str, Any] | None, plots: dict[str, str],
+                 bad_images: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A training run's report: the run's config, the epoch-0 baseline, the best and last evaluated epochs, the
+    history (= metrics.jsonl), plot file names relative to the report, the skipped images and the checkpoints."""
+    return {
+        "format": REPORT_FORMAT,
+        "kind": "train",
+        "config": config,
+        "baseline": baseline,
+        "best": best,
+        "last": last,
+        "metrics": last or baseline,
+        "history": history,
+        "plots": plots,
+        "bad_images": bad_images or [],
+        "checkpoints": {"best": "best.pt", "last": "last.pt"},
+    }
+
+
+def evaluate_report(checkpoint: str | Path, dataset: str, data: str | None, split: str,
+                    dataset_kwargs: dict[str, Any], num_queries: int, model: dict[str, Any],
+                    metrics: dict[str, float]) -> dict[str, Any]:
+    """An evaluation's report: which checkpoint, on which data and split, and its metrics."""
+    return {
+        "format": REPORT_FORMAT,
+        "kind": "evaluate",
+        "checkpoint": str(checkpoint),
+        "dataset": dataset,
+        "data": data,
+        "split": split,
+        "dataset_kwargs": dataset_kwargs,
+        "num_queries": int(num_queries),
+        "model": model,
+        "metrics": metrics,
+    }
+
+
+def save_report(report: dict[str, Any], path: str | Path) -> None:
+    """Write a report as indented JSON, whole or not at all (numpy scalars become floats)."""
+    atomic_write(path, json.dumps(report, indent=2, default=float))
