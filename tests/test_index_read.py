@@ -14,8 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 from test_index_support import FakeEmbedder, write_digits
 
+from cli.index import search_command
 from retrieval.index import Index, IngestOptions, build_index, index_stats, remove_images
 from retrieval.index.builder import done_chunks
 from retrieval.index.catalogue import Catalogue
@@ -205,3 +207,6 @@ def test_k_is_checked_in_one_place(built):
                 call()
         with pytest.raises(ValueError, match=f"at most {MAX_K} can be left out"):
             index.search(built[2][0], 5, exclude_ids=range(MAX_K + 1))
+    # the CLI refuses it before loading any model
+    result = CliRunner().invoke(search_command, ["--index", str(built[0]), "-k", "0", str(built[0] / "index.json")])
+    assert result.exit_code == 2 and f"k must be an integer between 1 and {MAX_K}, got '0'" in result.output
