@@ -209,4 +209,4 @@ def test_k_is_checked_in_one_place(built):
             index.search(built[2][0], 5, exclude_ids=range(MAX_K + 1))
     # the CLI refuses it before loading any model
     result = CliRunner().invoke(search_command, ["--index", str(built[0]), "-k", "0", str(built[0] / "index.json")])
-    assert result.exit_code == 2 and f"k must be an integer between 1 and {MAX_K}, got '0'" in result.output
+    assert result.exit_code == 2 and f"k must be an integer between 1 and {MAX_K}, got 0" in result.output

@@ -23,7 +23,7 @@ MAX_K = 1000  # the most results one query may ask for (the API, the app and the
 def check_k(k: object, name: str = "k") -> int:
     """``k`` as an int, or a ValueError saying it must be an integer in [1, MAX_K] (``name``: how it is called)."""
     if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= MAX_K:
-        raise ValueError(f"{name} must be an integer between 1 and {MAX_K}, got {str(k)[:40]!r}")
+        raise ValueError(f"{name} must be an integer between 1 and {MAX_K}, got {repr(k)[:40]}")
     return int(k)
 
 
@@ -142,7 +142,7 @@ class Index:
         if len(exclude) > MAX_K:
             raise ValueError(f"exclude_ids holds {len(exclude)} ids; at most {MAX_K} can be left out")
         scores, ids = self._search(embeddings, k + len(exclude))
-        rows = self.catalogue.rows(np.unique(ids[ids >= 0]).tolist(), status="done")
+        rows = self.catalogue.rows(ids[ids >= 0].tolist(), status="done")
         results = []
         for query_scores, query_ids in zip(scores.tolist(), ids.tolist(), strict=True):
             kept = [(s, i) for s, i in zip(query_scores, query_ids, strict=True) if i in rows and i not in exclude]
