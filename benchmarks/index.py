@@ -4,15 +4,20 @@
    against the embedder alone on already-preprocessed batches (target ratio >= 0.9).
 2. Search: build time, tuned parameters, 1-recall@1, 10-recall@10 against exact search and p50/p99
    single-query latency of each index type on random unit vectors.
+3. Read path: ``Index.open`` and single-query ``Index.search`` (faiss + catalogue rows) on a Flat index folder,
+   optionally against another checkout of the code (``--against DIR``, e.g. ``git archive main | tar -x -C DIR``):
+   each round runs both in fresh processes, one after the other; the ratio of their best rounds is reported.
 
     .venv/bin/python benchmarks/index.py throughput --images 1024 --rounds 5
     .venv/bin/python benchmarks/index.py search --n 1000000 --dim 128
+    .venv/bin/python benchmarks/index.py read --n 20000 --against /tmp/before --rounds 3
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -120,6 +125,78 @@ def search(args: argparse.Namespace) -> dict:
     return results
 
 
+def write_vector_index(folder: Path, n: int, dim: int) -> Path:
+    """A Flat index folder over ``n`` random unit vectors (catalogue rows, shards, faiss, index.json)."""
+    import dataclasses
+
+    from retrieval.index.builder import build_faiss
+    from retrieval.index.catalogue import Catalogue, Outcome
+    from retrieval.index.layout import IndexLayout
+    from retrieval.index.shards import ShardStore
+    from retrieval.index.sources import GalleryItem
+
+    vectors = np.random.default_rng(0).standard_normal((n, dim)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    layout = IndexLayout(folder)
+    folder.mkdir(parents=True)
+    store = ShardStore(layout.shards)
+    with Catalogue(layout.catalogue) as catalogue:
+        catalogue.plan([GalleryItem(f"/gallery/class{i % 100}/{i}.png", f"class{i % 100}") for i in range(n)])
+        for start in range(0, n, 4096):
+            ids = np.arange(start + 1, min(start + 4096, n) + 1)  # SQLite ids start at 1
+            outcomes = [Outcome(int(i), "done", f"{i:064x}", 1) for i in ids]
+            name = store.write(ids, vectors[ids - 1], outcomes)
+            catalogue.record([dataclasses.replace(o, shard=name) for o in outcomes])
+        built = build_faiss(layout, catalogue, store, "Flat", dim)
+        catalogue.set_meta(state="complete")
+    layout.write_info({"index_key": "Flat", "params": {}, "embedding_dim": dim, "model_hash": "bench"} | built)
+    return folder
+
+
+def read_once(args: argparse.Namespace) -> dict:
+    """Open the index, then time single-query searches (k = 10) of random unit vectors (this process's code)."""
+    from retrieval.index import Index
+
+    queries = np.random.default_rng(1).standard_normal((args.queries, args.dim)).astype(np.float32)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    start = time.perf_counter()
+    index = Index.open(args.index)
+    opened = time.perf_counter() - start
+    for query in queries[:50]:  # warm-up
+        index.search(query, 10)
+    times = []
+    for query in queries:
+        start = time.perf_counter()
+        index.search(query, 10)
+        times.append((time.perf_counter() - start) * 1e3)
+    index.close()
+    return {"open_ms": opened * 1e3, "p50_ms": float(np.percentile(times, 50)),
+            "p99_ms": float(np.percentile(times, 99)), "mean_ms": float(np.mean(times))}  # fmt: skip
+
+
+def read(args: argparse.Namespace) -> dict:
+    """The read path of this checkout, and of ``--against`` if given, in alternating fresh processes."""
+    work = Path(tempfile.mkdtemp(prefix="bench-read-"))
+    index = write_vector_index(work / "idx", args.n, args.dim)
+    codes = {"this": str(Path(__file__).resolve().parents[1])} | ({"against": args.against} if args.against else {})
+    runs: dict[str, list[dict]] = {name: [] for name in codes}
+    for _ in range(args.rounds):
+        for name, code in codes.items():
+            command = [sys.executable, __file__, "read", "--code", code, "--index", str(index),
+                       "--dim", str(args.dim), "--queries", str(args.queries)]  # fmt: skip
+            output = subprocess.run(command, check=True, capture_output=True, text=True, cwd=code).stdout
+            runs[name].append(json.loads(output))
+    result: dict = {"n": args.n, "dim": args.dim, "queries": args.queries, "rounds": args.rounds}
+    for name, rows in runs.items():
+        # the best round of each: other jobs on a shared machine only ever add time
+        result[name] = {key: round(float(np.min([r[key] for r in rows])), 4) for key in rows[0]}
+    if args.against:
+        result["ratio_this_over_against"] = {
+            key: round(result["this"][key] / result["against"][key], 3) for key in result["this"]
+        }
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -139,8 +216,20 @@ def main() -> None:
     s.add_argument(
         "--keys", nargs="+", default=["Flat", "HNSW32", "IVF{K},Flat", "IVF{K},SQ8", "IVF{K},PQ{m}"]
     )
+    r = sub.add_parser("read")
+    r.add_argument("--n", type=int, default=20_000)
+    r.add_argument("--dim", type=int, default=64)
+    r.add_argument("--queries", type=int, default=2000)
+    r.add_argument("--rounds", type=int, default=3)
+    r.add_argument("--against", help="another checkout of the code (its root folder) to compare with")
+    r.add_argument("--code", help=argparse.SUPPRESS)  # internal: time this checkout's code on --index
+    r.add_argument("--index", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    result = throughput(args) if args.what == "throughput" else search(args)
+    if args.what == "read" and args.code:
+        sys.path.insert(0, args.code)  # before any import of retrieval
+        print(json.dumps(read_once(args)))
+        return
+    result = {"throughput": throughput, "search": search, "read": read}[args.what](args)
     print(json.dumps(result, indent=2))
 
 

@@ -91,9 +91,10 @@ def run_load(
 
 
 def gallery_images(index_dir: Path, count: int = 64) -> list[bytes]:
-    from serve.catalogue_reader import CatalogueReader
+    from retrieval.index.catalogue import CatalogueReader
 
-    rows = CatalogueReader(index_dir / "catalogue.sqlite").sample(count)
+    with CatalogueReader(index_dir / "catalogue.sqlite") as catalogue:
+        rows = catalogue.sample(count)
     return [Path(r["path"]).read_bytes() for r in rows if Path(r["path"]).is_file()]
 
 

@@ -166,12 +166,22 @@ def stats_command(index_dir, queries) -> None:
     _echo_summary(index_stats(index_dir, queries=queries))
 
 
+def _check_k(_ctx: click.Context, _param: click.Parameter, k: int) -> int:
+    """-k within the range every search accepts (``retrieval.index.search.check_k``), before the model loads."""
+    from retrieval.index.search import check_k
+
+    try:
+        return check_k(k)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
 @click.command("search")
 @click.option("--index", "index_dir", required=True, type=click.Path(file_okay=False, exists=True))
 @click.argument("images", nargs=-1, required=True, type=click.Path(dir_okay=False, exists=True))
-@click.option("-k", "k", default=10, show_default=True, help="results per query.")
+@click.option("-k", "k", type=int, default=10, show_default=True, callback=_check_k, help="results per query.")
 @click.option("--model", type=click.Path(dir_okay=False), help="default: the model recorded in index.json.")
-@click.option("--gpu", is_flag=True, help="search on the GPU (needs faiss-gpu and a GPU; k <= 2048).")
+@click.option("--gpu", is_flag=True, help="search on the GPU (needs faiss-gpu and a GPU).")
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table.")
 def search_command(index_dir, images, k, model, gpu, as_json) -> None:
     """Find the k most similar gallery images to each query IMAGE."""

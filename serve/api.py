@@ -24,7 +24,8 @@ from pydantic import BaseModel, Field
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
-from serve.defaults import API_DOCS_PATH, MAX_K
+from retrieval.index.search import MAX_K, check_k
+from serve.defaults import API_DOCS_PATH
 from serve.images import QueryError, decode_base64
 from serve.service import IMAGE_MEDIA_TYPES, SearchService
 
@@ -224,8 +225,11 @@ def json_query(payload: dict[str, Any], service: SearchService) -> tuple[Any, in
     k = payload.get("k")
     if isinstance(k, float) and k.is_integer():  # JSON has one number type: 5.0 is the integer 5
         k = int(k)
-    if "k" in payload and (isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K):
-        raise QueryError(f'"k" must be an integer between 1 and {MAX_K}, got {json.dumps(k)[:40]}', 422)
+    if "k" in payload:
+        try:
+            k = check_k(k, name='"k"')
+        except ValueError as exc:
+            raise QueryError(str(exc), 422) from exc
     if "embedding" in payload:
         return payload["embedding"], k  # checked by the service (422 for anything but d finite numbers)
     if "image" in payload:
@@ -324,7 +328,11 @@ def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64
     )
     async def search(
         request: Request,
-        k: int = Query(DEFAULT_K, ge=1, le=MAX_K, description="number of results (also accepted as JSON \"k\")"),
+        k: int = Query(  # the range is documented here and checked by the service (check_k)
+            DEFAULT_K,
+            description="number of results (also accepted as JSON \"k\")",
+            json_schema_extra={"minimum": 1, "maximum": MAX_K},
+        ),
         exclude_self: bool = Query(
             False,
             description="leave out the gallery item whose file has exactly the query's bytes (query_item), "

@@ -18,7 +18,6 @@ RESULTS_COMMAND = "python benchmarks/quality.py"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7860
 DEFAULT_MAX_UPLOAD_BYTES = 10 * 2**20  # 10 MiB per uploaded image
-MAX_K = 1000
 API_DOCS_PATH = "/docs"  # the JSON API's Swagger UI (ReDoc at /redoc); the app links here, not to Gradio's API page
 
 

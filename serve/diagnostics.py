@@ -8,20 +8,17 @@ labelled image cannot be right and are left out. Works for any index whose catal
 
 from __future__ import annotations
 
-import sqlite3
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from retrieval.index.builder import done_chunks
-from retrieval.index.catalogue import Catalogue
+from retrieval.index.catalogue import CatalogueReader
 from retrieval.index.faiss_ops import drop_self
 from retrieval.index.search import Index
 from retrieval.index.shards import ShardStore
-from serve.catalogue_reader import CatalogueReader
 
 
 @dataclass(frozen=True)
@@ -71,10 +68,9 @@ class LeaveOneOut:
 
 def _vectors_of(index: Index, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The stored (normalised) vectors of sorted ``ids``, in shard order, with their ids."""
-    with Catalogue(index.layout.catalogue) as catalogue:  # this thread's own connection
-        shard_of = catalogue.done_shards()
+    shard_of = index.catalogue.done_shards()
     wanted = {int(i): shard_of[int(i)] for i in ids if int(i) in shard_of}
-    chunks = list(done_chunks(ShardStore(index.layout.shards), wanted))
+    chunks = list(done_chunks(ShardStore(index.layout.shards, read_only=True), wanted))
     if not chunks:
         return np.zeros(0, np.int64), np.zeros((0, index.dim), np.float32)
     return np.concatenate([c[0] for c in chunks]), np.concatenate([c[1] for c in chunks])
@@ -82,13 +78,12 @@ def _vectors_of(index: Index, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def leave_one_out(
     index: Index,
-    catalogue: CatalogueReader,
     max_queries: int = 5000,
     seed: int = 0,
     failures_per_class: int = 3,
     batch: int = 1024,
 ) -> LeaveOneOut:
-    labelled = catalogue.labelled()
+    labelled = index.catalogue.labelled()
     if not labelled:
         return LeaveOneOut(
             0,
@@ -151,14 +146,13 @@ class Duplicate:
 
 def duplicates(catalogue_path: str | Path, limit: int = 200) -> tuple[int, list[Duplicate]]:
     """How many catalogue rows are exact duplicates, and up to ``limit`` of them with their twins."""
-    uri = f"{Path(catalogue_path).resolve().as_uri()}?mode=ro"
-    with sqlite3.connect(uri, uri=True, timeout=30) as db:
-        total = db.execute("SELECT COUNT(*) FROM images WHERE status='duplicate'").fetchone()[0]
-        rows: list[Any] = db.execute(
-            "SELECT d.id, d.path, d.label, d.duplicate_of, t.path, t.label FROM images d "
-            "LEFT JOIN images t ON t.id = d.duplicate_of WHERE d.status='duplicate' ORDER BY d.id LIMIT ?",
-            (int(limit),),
-        ).fetchall()
-    db.close()
-    return int(total), [Duplicate(int(r[0]), r[1], r[2], int(r[3]) if r[3] is not None else -1, r[4], r[5])
-                        for r in rows]
+    with CatalogueReader(catalogue_path) as catalogue:
+        total, pairs = catalogue.duplicates(limit)
+    return total, [
+        Duplicate(
+            copy["id"], copy["path"], copy["label"],
+            copy["duplicate_of"] if copy["duplicate_of"] is not None else -1,
+            twin["path"] if twin else None, twin["label"] if twin else None,
+        )
+        for copy, twin in pairs
+    ]  # fmt: skip

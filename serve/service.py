@@ -1,12 +1,13 @@
 """``SearchService``: one opened index (ONNX embedder + faiss + catalogue) answering searches from any thread.
 
 Image queries are preprocessed in the caller's thread and embedded by a ``MicroBatcher``, so requests
-that arrive together share one model call; the faiss search itself is thread-safe and runs in the
-caller's thread. Catalogue lookups use per-thread read-only SQLite connections.
+that arrive together share one model call; the search itself is ``Index.search`` (faiss is thread-safe, the
+catalogue is read through per-thread read-only connections) and runs in the caller's thread.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import numbers
@@ -23,10 +24,10 @@ from PIL import Image
 
 from retrieval.index import IMAGE_EXTENSIONS, Index, SearchResult, index_stats
 from retrieval.index.embedder import Embedder, prepare_vectors
+from retrieval.index.search import check_k
 from retrieval.onnx_runtime import preprocess_images
 from serve.batcher import MicroBatcher
-from serve.catalogue_reader import CatalogueReader
-from serve.defaults import DEFAULT_MAX_PIXELS, DEFAULT_MAX_UPLOAD_BYTES, MAX_K
+from serve.defaults import DEFAULT_MAX_PIXELS, DEFAULT_MAX_UPLOAD_BYTES
 from serve.diagnostics import LeaveOneOut, leave_one_out
 from serve.images import QueryError, decode_query
 
@@ -86,7 +87,7 @@ def common_folder(first: str, last: str) -> str:
 
 
 class SearchService:
-    """Open ``index_dir`` once; ``search(image | embedding, k)`` from many threads."""
+    """Open ``index_dir`` once; ``search(image | embedding, k)`` from many threads: an ``Index`` plus the batcher."""
 
     def __init__(
         self,
@@ -99,10 +100,8 @@ class SearchService:
     ) -> None:
         self.index_dir = Path(index_dir)
         self.index = Index.open(self.index_dir, embedder=embedder)
-        self.embedder = (
-            self.index.embedder
-        )  # loads the ONNX model recorded in index.json now, not per request
-        self.catalogue = CatalogueReader(self.index.layout.catalogue)
+        self.embedder = self.index.embedder  # loads the ONNX model recorded in index.json now, not per request
+        self.catalogue = self.index.catalogue  # the index's read-only, per-thread catalogue reader
         self.gallery_root = self._gallery_root()
         self.max_upload_bytes, self.max_pixels = int(max_upload_bytes), int(max_pixels)
         self.batcher = MicroBatcher(self._embed_batch, max_batch=max_batch, max_wait_ms=max_wait_ms)
@@ -149,11 +148,6 @@ class SearchService:
         }
 
     # --- search
-    def check_k(self, k: int) -> int:
-        if not 1 <= int(k) <= MAX_K:
-            raise QueryError(f"k must be between 1 and {MAX_K}, got {k}", 422)
-        return int(k)
-
     def embed_images(self, images: list[Image.Image]) -> tuple[np.ndarray, dict[str, float]]:
         started = time.perf_counter()
         with self.batcher.reservation() as submit:
@@ -181,7 +175,10 @@ class SearchService:
         For image bytes, ``query_item`` is the gallery item with identical bytes (if any); ``exclude_self``
         leaves it out of the results (a query picked from the gallery is not its own answer).
         """
-        k = self.check_k(k)
+        try:
+            k = check_k(k)
+        except ValueError as exc:
+            raise QueryError(str(exc), 422) from exc
         started = time.perf_counter()
         timing: dict[str, float] = {}
         query_item, notes = None, []
@@ -200,7 +197,10 @@ class SearchService:
         else:
             embedding = self.check_embedding(query)
         search_started = time.perf_counter()
-        results = self._search_vectors(embedding, k, set(exclude_ids))
+        results = [
+            dataclasses.replace(r, path=self.public_path(r.path))
+            for r in self.index.search(embedding, k, exclude_ids)[0]
+        ]
         timing["search_ms"] = (time.perf_counter() - search_started) * 1000
         timing["total_ms"] = (time.perf_counter() - started) * 1000
         timing = {key: round(v, 3) for key, v in timing.items()}
@@ -258,22 +258,10 @@ class SearchService:
         vector = vector / largest  # now within [-1, 1]: the norm below cannot overflow nor underflow
         return prepare_vectors((vector / math.sqrt(float(vector @ vector))).astype(np.float32), self.dim)[0]
 
-    def _search_vectors(self, embedding: np.ndarray, k: int, exclude: set[int]) -> list[SearchResult]:
-        scores, ids = self.index.search_arrays(embedding, k + len(exclude))
-        keep = [
-            (float(s), int(i)) for s, i in zip(scores[0], ids[0], strict=True) if i >= 0 and i not in exclude
-        ]
-        rows = self.catalogue.rows([i for _, i in keep])
-        return [
-            SearchResult(i, self.public_path(rows[i]["path"]), rows[i]["label"], s)
-            for s, i in keep[:k]
-            if i in rows
-        ]
-
     # --- catalogue
     def item(self, image_id: int) -> dict[str, Any] | None:
         """An indexed image's catalogue entry as clients see it (path relative to the gallery root)."""
-        row = self.catalogue.row(image_id)
+        row = self.catalogue.indexed_row(image_id)
         if row is None:
             return None
         return {
@@ -286,7 +274,7 @@ class SearchService:
         }
 
     def _catalogued_image(self, image_id: int) -> Path | None:
-        row = self.catalogue.row(image_id)
+        row = self.catalogue.indexed_row(image_id)
         if row is None or Path(row["path"]).suffix.lower() not in IMAGE_EXTENSIONS:
             return None
         return Path(row["path"])
@@ -333,7 +321,7 @@ class SearchService:
     def leave_one_out(self) -> LeaveOneOut:
         with self._lock:
             if self._loo is None:
-                self._loo = leave_one_out(self.index, self.catalogue)
+                self._loo = leave_one_out(self.index)
             return self._loo
 
     def close(self) -> None:

@@ -213,7 +213,7 @@ class SearchTab:
         query that is a gallery item (identical bytes) is left out of its own results (``exclude_self``)."""
         try:
             data = self.read_upload(upload)
-            response = self.service.search(data, self.service.check_k(int(k)), exclude_self=True)
+            response = self.service.search(data, int(k), exclude_self=True)
         except QueryError as exc:
             # the API's 4xx detail, as text (Gradio renders messages as HTML), without a traceback in the log
             message = html.escape(str(exc))

@@ -236,6 +236,16 @@ def test_a_deeply_nested_json_body_is_a_clear_400(client):
     assert response.status_code == 400 and "nested too deeply" in response.json()["detail"]
 
 
+def test_k_in_the_query_is_checked_by_the_one_check_and_documented(client):
+    """The query's k is checked where every search checks it (check_k); the document still states the range."""
+    for bad in (0, 1001):
+        response = client.post(f"/search?k={bad}", json={"embedding": [1.0] * 32})
+        assert response.status_code == 422, bad
+        assert response.json()["detail"] == f"k must be an integer between 1 and 1000, got {bad}"
+    (k,) = [p for p in client.get("/openapi.json").json()["paths"]["/search"]["post"]["parameters"] if p["name"] == "k"]
+    assert k["schema"]["minimum"] == 1 and k["schema"]["maximum"] == 1000
+
+
 def test_fastapi_validation_errors_have_the_string_detail_too(client):
     response = client.post("/search?k=ten", json={"embedding": [1.0] * 32})
     assert response.status_code == 422 and isinstance(response.json()["detail"], str)

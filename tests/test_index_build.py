@@ -14,9 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from test_index_support import FakeEmbedder, bomb_png, jpeg_bytes, png_bytes, write_digits
+from test_index_support import PAUSE_ENV, PAUSED, FakeEmbedder, bomb_png, jpeg_bytes, png_bytes, write_digits
 
-import retrieval.index.builder as builder
 from cli.index import index_group, search_command
 from retrieval.index import (
     Catalogue,
@@ -122,10 +121,10 @@ def test_resume_after_sigkill(digits, tmp_path, pause):
         "1",
     ]
     (tmp_path / "fake.onnx").write_bytes(b"fake")  # the CLI checks the path; the fake model is patched in
-    process = _run_cli(args, {builder.PAUSE_ENV: pause})
+    process = _run_cli(args, {PAUSE_ENV: pause})
     deadline = time.monotonic() + 60
     for line in process.stderr:  # wait for the build to reach the pause point, then kill it hard
-        if "RETRIEVAL_INDEX_PAUSED" in line or time.monotonic() > deadline:
+        if PAUSED in line or time.monotonic() > deadline:
             break
     os.kill(process.pid, signal.SIGKILL)
     process.wait(timeout=30)

@@ -129,3 +129,37 @@ def test_require_gpu_message():
         return
     with pytest.raises(RuntimeError, match="--gpu"):
         faiss_ops.require_gpu()
+
+
+@pytest.mark.parametrize(
+    ("key", "cheap", "dear"),
+    [
+        ("IVF16,Flat", {"nprobe": 1}, {"nprobe": 16}),
+        ("HNSW16", {"efSearch": 10}, {"efSearch": 512}),
+        ("IVF16,PQ8x4,Refine(Flat)", {"nprobe": 1, "k_factor": 1}, {"nprobe": 16, "k_factor": 8}),
+    ],
+)
+def test_search_params_reach_the_wrapped_index(key, cheap, dear):
+    """faiss' ParameterSpace sets nprobe / efSearch / k_factor through the IDMap2 (and Refine) wrappers: read back
+    from the index that uses them; the dearer setting finds more of the exact neighbours (so the search used them)."""
+    centres = np.random.default_rng(5).standard_normal((16, D))
+    gallery = clustered_unit_vectors(2_000, 0, centres)
+    queries = clustered_unit_vectors(50, 1, centres)
+    index = faiss_ops.new_index(key, D)
+    index.train(gallery)
+    index.add_with_ids(gallery, np.arange(2_000) + 1)
+    exact = np.argsort(-(queries @ gallery.T), axis=1, kind="stable")[:, :10] + 1
+    recall = []
+    for params in (cheap, dear):
+        faiss_ops.set_search_params(index, params)
+        core = faiss.downcast_index(index.index)
+        if "nprobe" in params:
+            assert faiss.extract_index_ivf(index).nprobe == params["nprobe"]
+        if "efSearch" in params:
+            assert core.hnsw.efSearch == params["efSearch"]
+        if "k_factor" in params:
+            assert core.k_factor == params["k_factor"]
+        recall.append(faiss_ops.recall_at(index.search(queries, 10)[1], exact, 10, 10))
+    assert recall[0] < recall[1]
+    with pytest.raises(ValueError, match="'efSearch' does not apply"):
+        faiss_ops.set_search_params(faiss_ops.new_index("Flat", D), {"efSearch": 16})

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from test_index_build import QUICK, _run_cli, assert_each_indexed_once, copy_gallery
-from test_index_support import FakeEmbedder, write_digits
+from test_index_support import PAUSE_ENV, PAUSED, FakeEmbedder, write_digits
 
 import retrieval.index.builder as builder
 from cli.index import index_group, search_command
@@ -55,10 +55,10 @@ def cli_args(tmp_path: Path, folder: Path, out: Path) -> list[str]:
 
 def start_paused(args: list[str], pause: str) -> subprocess.Popen:
     """Run the CLI until it stops at the pause point (holding the writer lock), and return it."""
-    process = _run_cli(args, {builder.PAUSE_ENV: pause})
+    process = _run_cli(args, {PAUSE_ENV: pause})
     deadline = time.monotonic() + 90
     for line in process.stderr:
-        if "RETRIEVAL_INDEX_PAUSED" in line:
+        if PAUSED in line:
             return process
         assert time.monotonic() < deadline, "the build never reached its pause point"
     process.kill()

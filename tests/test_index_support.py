@@ -102,12 +102,55 @@ def bomb_png(width: int = 200_000, height: int = 200_000) -> bytes:
     )
 
 
+# The kill tests' pause points: "after_shard_write:N" stops the build once its N-th shard file is in place but
+# before its rows are recorded; "after_commit:N" once those rows are recorded too.
+PAUSE_ENV = "RETRIEVAL_INDEX_TEST_PAUSE"
+PAUSED = "RETRIEVAL_INDEX_PAUSED"  # printed to stderr when the build has stopped there
+
+
+def pause_build_at(point: str) -> None:
+    """Wrap the builder's two durable steps (``ShardStore.write``, ``Catalogue.record``) in this process so that
+    the build stops at ``point``, printing ``PAUSED`` and sleeping until the test kills it."""
+    import time
+
+    from retrieval.index.catalogue import Catalogue
+    from retrieval.index.shards import ShardStore
+
+    step, number = point.split(":")
+    written: list[str] = []  # the shards this process wrote, in order
+    write, record = ShardStore.write, Catalogue.record
+
+    def stop() -> None:
+        print(f"{PAUSED} {point}", file=sys.stderr, flush=True)
+        time.sleep(600)
+
+    def write_then_pause(self, ids, vectors, outcomes):
+        name = write(self, ids, vectors, outcomes)
+        written.append(name)
+        if step == "after_shard_write" and len(written) == int(number):
+            stop()
+        return name
+
+    def record_then_pause(self, outcomes):
+        outcomes = list(outcomes)
+        record(self, outcomes)
+        if step == "after_commit" and len(written) == int(number) and any(o.shard == written[-1] for o in outcomes):
+            stop()
+
+    ShardStore.write, Catalogue.record = write_then_pause, record_then_pause
+
+
 def run_cli_with_fake(args: list[str]) -> None:
-    """Entry point of the subprocess used by the kill tests: the real CLI with the fake model."""
+    """Entry point of the subprocess used by the kill tests: the real CLI with the fake model (and the pause
+    point named by ``PAUSE_ENV``, if any)."""
+    import os
+
     import retrieval.index.builder as builder
     from cli.index import index_group
 
     builder.load_model = lambda path, providers="auto": FakeEmbedder()
+    if os.environ.get(PAUSE_ENV):
+        pause_build_at(os.environ[PAUSE_ENV])
     index_group.main(args, prog_name="retrieval index")
 
 

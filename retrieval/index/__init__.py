@@ -2,11 +2,12 @@
 
 ``build_index`` / ``add_images`` / ``remove_images`` / ``repair_index`` write an index folder (see
 ``IndexLayout``; one writer at a time);
-``Index.open(folder).search(embeddings, k)`` and ``.search_images(images, k)`` query it.
+``Index.open(folder).search(embeddings, k, exclude_ids=())`` and ``.search_images(images, k)`` query it, reading
+the catalogue through a read-only, per-thread ``CatalogueReader`` (the one read path; it never writes the folder).
 """
 
 from retrieval.index.builder import IngestOptions, add_images, build_index, remove_images, repair_index
-from retrieval.index.catalogue import Catalogue
+from retrieval.index.catalogue import Catalogue, CatalogueReader
 from retrieval.index.embedder import Embedder, ModelMismatchError, l2_normalize, load_model
 from retrieval.index.faiss_ops import AUTO_POLICY, AutoPolicy, choose_index_key
 from retrieval.index.layout import IndexLayout, IndexLockedError
@@ -18,6 +19,7 @@ __all__ = [
     "AUTO_POLICY",
     "AutoPolicy",
     "Catalogue",
+    "CatalogueReader",
     "Embedder",
     "IMAGE_EXTENSIONS",
     "Index",

@@ -43,16 +43,6 @@ from retrieval.index.shards import ShardStore
 from retrieval.index.sources import Gallery, is_utf8, list_gallery, printable_path
 
 DEFAULT_SHARD_SIZE = 4096
-# Test hook: "after_shard_write:N" or "after_commit:N" makes the build stop (sleep) after its N-th shard,
-# so that a test can kill it at a known point.
-PAUSE_ENV = "RETRIEVAL_INDEX_TEST_PAUSE"
-
-
-def _test_pause(point: str, shard_number: int) -> None:
-    wanted = os.environ.get(PAUSE_ENV, "")
-    if wanted and wanted == f"{point}:{shard_number}":
-        print(f"RETRIEVAL_INDEX_PAUSED {wanted}", file=sys.stderr, flush=True)
-        time.sleep(600)
 
 
 @dataclasses.dataclass
@@ -86,7 +76,6 @@ class Ingestor:
         self.catalogue, self.store, self.embedder, self.options = catalogue, store, embedder, options
         self.seen = catalogue.done_sha256()  # sha256 -> id of an indexed original
         self.buffer = ShardBuffer()
-        self.shards_written = 0
 
     def run(self) -> None:
         pending = self.catalogue.pending()
@@ -148,10 +137,7 @@ class Ingestor:
         d = self.embedder.embedding_dim
         vectors = np.concatenate(self.buffer.vectors) if self.buffer.vectors else np.zeros((0, d), np.float32)
         name = self.store.write(np.asarray(self.buffer.ids, np.int64), vectors, self.buffer.outcomes)
-        self.shards_written += 1
-        _test_pause("after_shard_write", self.shards_written)
         self.catalogue.record([dataclasses.replace(o, shard=name) for o in self.buffer.outcomes])
-        _test_pause("after_commit", self.shards_written)
         self.buffer = ShardBuffer()
 
 

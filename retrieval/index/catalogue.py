@@ -7,11 +7,17 @@ of truth; the faiss file is derived from them and can always be rebuilt.
 
 Paths the listing could not take (a name that is not UTF-8, a folder that cannot be read) have no image
 row: they are kept in ``listing_errors``, per ``--images`` source, and reported with the image errors.
+
+The schema and the row columns are defined here once. Two classes share every read query
+(``CatalogueQueries``): ``Catalogue``, the writers' one connection (it creates the schema, WAL journal), and
+``CatalogueReader``, the search path's read-only connections, one per thread, which never write.
 """
 
 from __future__ import annotations
 
 import sqlite3
+import threading
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +51,12 @@ CREATE TABLE IF NOT EXISTS listing_errors (
 """
 
 
+# The columns of a catalogue row as ``rows`` and the other row queries return it (a dict per row).
+ROW_COLUMNS = ("id", "path", "label", "sha256", "size", "status", "error", "duplicate_of")
+_STATUS = ROW_COLUMNS.index("status")
+_COLUMNS = ", ".join(ROW_COLUMNS)
+_SELECT_ROWS = f"SELECT {_COLUMNS} FROM images"
+
 LAST_RECORDED_SHARD = "last_recorded_shard"
 
 
@@ -61,7 +73,132 @@ class Outcome:
     shard: str | None = None
 
 
-class Catalogue:
+class CatalogueQueries:
+    """Every read query of the catalogue, over ``self.db`` (the writer's connection, or the reader's one for the
+    calling thread)."""
+
+    db: sqlite3.Connection
+
+    # --- meta
+    def get_meta(self, key: str, default: str | None = None) -> str | None:
+        row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else default
+
+    def last_recorded_shard(self) -> str:
+        return self.get_meta(LAST_RECORDED_SHARD, "") or ""
+
+    # --- queries
+    def pending(self) -> list[tuple[int, str]]:
+        return self.db.execute("SELECT id, path FROM images WHERE status='pending' ORDER BY id").fetchall()
+
+    def status_of(self, ids: Sequence[int]) -> dict[int, str]:
+        out: dict[int, str] = {}
+        for chunk in _chunks([int(i) for i in ids], 900):  # SQLite's bound-parameter limit
+            marks = ",".join("?" * len(chunk))
+            out.update(self.db.execute(f"SELECT id, status FROM images WHERE id IN ({marks})", chunk))
+        return out
+
+    def done_shards(self) -> dict[int, str]:
+        """id -> the shard holding its vector, for every ``done`` row, in id order."""
+        return dict(self.db.execute("SELECT id, shard FROM images WHERE status = 'done' ORDER BY id"))
+
+    def ids_with_status(self, status: str) -> list[int]:
+        return [r[0] for r in self.db.execute("SELECT id FROM images WHERE status=? ORDER BY id", (status,))]
+
+    def ids_for_paths(self, paths: Sequence[str]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for chunk in _chunks(list(paths), 900):
+            marks = ",".join("?" * len(chunk))
+            out.update(self.db.execute(f"SELECT path, id FROM images WHERE path IN ({marks})", chunk))
+        return out
+
+    def done_sha256(self) -> dict[str, int]:
+        """sha256 -> id of the indexed images, to spot exact duplicates."""
+        return dict(
+            self.db.execute("SELECT sha256, id FROM images WHERE status='done' AND sha256 IS NOT NULL")
+        )
+
+    def rows(self, ids: Sequence[int], status: str | None = None) -> dict[int, dict[str, Any]]:
+        """id -> row (``ROW_COLUMNS``) for the ``ids`` catalogued (with ``status``, if given); others are absent."""
+        out: dict[int, dict[str, Any]] = {}
+        for chunk in _chunks(sorted({int(i) for i in ids}), 900):
+            marks = ",".join("?" * len(chunk))
+            for row in self.db.execute(f"{_SELECT_ROWS} WHERE id IN ({marks})", chunk):
+                if status is None or row[_STATUS] == status:  # tested here: by primary key alone the lookup is faster
+                    out[row[0]] = _row(row)
+        return out
+
+    # --- the indexed (``done``) rows, as search and serve see them
+    def indexed_row(self, image_id: int) -> dict[str, Any] | None:
+        return self.rows([image_id], "done").get(int(image_id))
+
+    def indexed_count(self) -> int:
+        return self.db.execute("SELECT COUNT(*) FROM images WHERE status='done'").fetchone()[0]
+
+    def row_by_sha256(self, sha256: str) -> dict[str, Any] | None:
+        """The indexed row whose file has this sha256 (exact duplicates are catalogued as ``duplicate``)."""
+        sql = f"{_SELECT_ROWS} WHERE status='done' AND sha256 = ? ORDER BY id LIMIT 1"
+        row = self.db.execute(sql, (sha256,)).fetchone()
+        return None if row is None else _row(row)
+
+    def path_range(self) -> tuple[str | None, str | None]:
+        """The first and last path of the indexed rows in string order (None, None when there are none)."""
+        first, last = self.db.execute("SELECT MIN(path), MAX(path) FROM images WHERE status='done'").fetchone()
+        return first, last
+
+    def labelled(self) -> list[tuple[int, str]]:
+        """(id, label) of every indexed image that has a label, by id."""
+        sql = "SELECT id, label FROM images WHERE status='done' AND label IS NOT NULL ORDER BY id"
+        return [(int(i), str(label)) for i, label in self.db.execute(sql)]
+
+    def sample(self, count: int) -> list[dict[str, Any]]:
+        """Up to ``count`` indexed rows spread evenly over the catalogue (examples for the UI)."""
+        step = max(1, self.indexed_count() // max(1, count))
+        sql = (
+            f"SELECT {_COLUMNS} FROM (SELECT *, ROW_NUMBER() OVER (ORDER BY id) - 1 AS n FROM images "
+            "WHERE status='done') WHERE n % ? = 0 ORDER BY id LIMIT ?"
+        )
+        return [_row(row) for row in self.db.execute(sql, (step, count))]
+
+    def duplicates(self, limit: int) -> tuple[int, list[tuple[dict[str, Any], dict[str, Any] | None]]]:
+        """How many rows are exact duplicates, and up to ``limit`` of them (by id) with their twin's row."""
+        total = self.db.execute("SELECT COUNT(*) FROM images WHERE status='duplicate'").fetchone()[0]
+        sql = f"{_SELECT_ROWS} WHERE status='duplicate' ORDER BY id LIMIT ?"
+        copies = [_row(row) for row in self.db.execute(sql, (int(limit),))]
+        twins = self.rows([c["duplicate_of"] for c in copies if c["duplicate_of"] is not None])
+        return int(total), [(c, twins.get(c["duplicate_of"])) for c in copies]
+
+    def counts(self) -> dict[str, int]:
+        """Images per status, ``total`` images, and ``not_listed``: paths the listing could not take."""
+        counts = dict.fromkeys(STATUSES, 0)
+        counts.update(self.db.execute("SELECT status, COUNT(*) FROM images GROUP BY status"))
+        counts["total"] = sum(counts[s] for s in STATUSES)
+        counts["not_listed"] = self.db.execute("SELECT COUNT(*) FROM listing_errors").fetchone()[0]
+        return counts
+
+    def error_count(self) -> int:
+        """Images that could not be read plus paths that could not be listed: the build's errors."""
+        counts = self.counts()
+        return counts["error"] + counts["not_listed"]
+
+    def error_examples(self, limit: int = 10) -> list[dict[str, Any]]:
+        """Up to ``limit`` errors: the listing's first (id None: never catalogued), then the images'."""
+        sql = "SELECT path, error FROM listing_errors ORDER BY source, path LIMIT ?"
+        listed = [
+            {"id": None, "path": path, "error": error, "duplicate_of": None}
+            for path, error in self.db.execute(sql, (limit,))
+        ]
+        return listed + self.problems("error", limit - len(listed)) if len(listed) < limit else listed
+
+    def problems(self, status: str, limit: int = 20) -> list[dict[str, Any]]:
+        sql = "SELECT id, path, error, duplicate_of FROM images WHERE status=? ORDER BY id LIMIT ?"
+        return [
+            dict(zip(("id", "path", "error", "duplicate_of"), r, strict=True))
+            for r in self.db.execute(sql, (status, limit))
+        ]
+
+
+class Catalogue(CatalogueQueries):
     """A thin layer over the ``images`` and ``meta`` tables; every write is one transaction."""
 
     def __init__(self, path: str | Path) -> None:
@@ -90,11 +227,6 @@ class Catalogue:
             self.db.execute("ROLLBACK")
             raise
         self.db.execute("COMMIT")
-
-    # --- meta
-    def get_meta(self, key: str, default: str | None = None) -> str | None:
-        row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return row[0] if row else default
 
     def set_meta(self, **values: str) -> None:
         self._transaction(
@@ -164,83 +296,79 @@ class Catalogue:
             )
         self._transaction(statements)
 
-    def last_recorded_shard(self) -> str:
-        return self.get_meta(LAST_RECORDED_SHARD, "") or ""
-
     def mark_removed(self, ids: Sequence[int]) -> None:
         self._transaction(
             ("UPDATE images SET status='removed' WHERE id=? AND status='done'", (int(i),)) for i in ids
         )
 
-    # --- queries
-    def pending(self) -> list[tuple[int, str]]:
-        return self.db.execute("SELECT id, path FROM images WHERE status='pending' ORDER BY id").fetchall()
 
-    def status_of(self, ids: Sequence[int]) -> dict[int, str]:
-        out: dict[int, str] = {}
-        for chunk in _chunks([int(i) for i in ids], 900):  # SQLite's bound-parameter limit
-            marks = ",".join("?" * len(chunk))
-            out.update(self.db.execute(f"SELECT id, status FROM images WHERE id IN ({marks})", chunk))
-        return out
+class _Connection(sqlite3.Connection):
+    """A plain SQLite connection that can be referenced weakly (``CatalogueReader.close`` finds the live ones)."""
 
-    def done_shards(self) -> dict[int, str]:
-        """id -> the shard holding its vector, for every ``done`` row, in id order."""
-        return dict(self.db.execute("SELECT id, shard FROM images WHERE status = 'done' ORDER BY id"))
 
-    def ids_with_status(self, status: str) -> list[int]:
-        return [r[0] for r in self.db.execute("SELECT id FROM images WHERE status=? ORDER BY id", (status,))]
+class CatalogueReader(CatalogueQueries):
+    """Read-only catalogue queries from any thread: one read-only SQLite connection per thread, opened lazily.
 
-    def ids_for_paths(self, paths: Sequence[str]) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for chunk in _chunks(list(paths), 900):
-            marks = ",".join("?" * len(chunk))
-            out.update(self.db.execute(f"SELECT path, id FROM images WHERE path IN ({marks})", chunk))
-        return out
+    Connections are opened with ``mode=ro``: nothing here can write the database or create its schema. A writer
+    (``Catalogue``, another process) may commit meanwhile; WAL readers see each commit whole. In a folder that
+    this process cannot write and that no writer has open (no ``-shm`` file), SQLite cannot set up WAL's shared
+    memory; the catalogue is then read as an immutable file (``immutable=1``), i.e. a frozen index.
+    """
 
-    def done_sha256(self) -> dict[str, int]:
-        """sha256 -> id of the indexed images, to spot exact duplicates."""
-        return dict(
-            self.db.execute("SELECT sha256, id FROM images WHERE status='done' AND sha256 IS NOT NULL")
-        )
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path).resolve()
+        if not self.path.is_file():
+            raise FileNotFoundError(f"catalogue {self.path} not found")
+        self._uri = f"{self.path.as_uri()}?mode=ro"
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._live: weakref.WeakSet[_Connection] = weakref.WeakSet()  # a thread's goes when the thread ends
+        self._closed = False
+        self.db  # noqa: B018  (open this thread's connection now: an unreadable file fails here, not mid-search)
 
-    def rows(self, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
-        out: dict[int, dict[str, Any]] = {}
-        columns = ("id", "path", "label", "sha256", "size", "status", "error", "duplicate_of")
-        for chunk in _chunks(sorted({int(i) for i in ids}), 900):
-            marks = ",".join("?" * len(chunk))
-            sql = f"SELECT {', '.join(columns)} FROM images WHERE id IN ({marks})"
-            for row in self.db.execute(sql, chunk):
-                out[row[0]] = dict(zip(columns, row, strict=True))
-        return out
+    @property
+    def db(self) -> sqlite3.Connection:  # type: ignore[override]
+        """This thread's connection."""
+        db = getattr(self._local, "db", None)
+        if db is None:
+            db = self._local.db = self._connect()
+        return db
 
-    def counts(self) -> dict[str, int]:
-        """Images per status, ``total`` images, and ``not_listed``: paths the listing could not take."""
-        counts = dict.fromkeys(STATUSES, 0)
-        counts.update(self.db.execute("SELECT status, COUNT(*) FROM images GROUP BY status"))
-        counts["total"] = sum(counts[s] for s in STATUSES)
-        counts["not_listed"] = self.db.execute("SELECT COUNT(*) FROM listing_errors").fetchone()[0]
-        return counts
+    def _connect(self) -> sqlite3.Connection:
+        with self._lock:
+            if self._closed:
+                raise sqlite3.ProgrammingError(f"the catalogue reader of {self.path} is closed")
+        # check_same_thread=False only so that close() can close it; it is used by its own thread alone
+        options = {"uri": True, "timeout": 30, "check_same_thread": False, "factory": _Connection}
+        db = sqlite3.connect(self._uri, **options)
+        try:
+            db.execute("PRAGMA schema_version").fetchone()  # the first read: WAL's shared memory is set up here
+        except sqlite3.OperationalError as exc:
+            db.close()
+            if getattr(exc, "sqlite_errorname", "") != "SQLITE_READONLY_DIRECTORY":
+                raise
+            db = sqlite3.connect(f"{self._uri}&immutable=1", **options)
+        with self._lock:
+            self._live.add(db)
+        return db
 
-    def error_count(self) -> int:
-        """Images that could not be read plus paths that could not be listed: the build's errors."""
-        counts = self.counts()
-        return counts["error"] + counts["not_listed"]
+    def close(self) -> None:
+        """Close every thread's connection; using the reader afterwards is an error."""
+        with self._lock:
+            self._closed = True
+            live = list(self._live)
+        for db in live:
+            db.close()
 
-    def error_examples(self, limit: int = 10) -> list[dict[str, Any]]:
-        """Up to ``limit`` errors: the listing's first (id None: never catalogued), then the images'."""
-        sql = "SELECT path, error FROM listing_errors ORDER BY source, path LIMIT ?"
-        listed = [
-            {"id": None, "path": path, "error": error, "duplicate_of": None}
-            for path, error in self.db.execute(sql, (limit,))
-        ]
-        return listed + self.problems("error", limit - len(listed)) if len(listed) < limit else listed
+    def __enter__(self) -> CatalogueReader:
+        return self
 
-    def problems(self, status: str, limit: int = 20) -> list[dict[str, Any]]:
-        sql = "SELECT id, path, error, duplicate_of FROM images WHERE status=? ORDER BY id LIMIT ?"
-        return [
-            dict(zip(("id", "path", "error", "duplicate_of"), r, strict=True))
-            for r in self.db.execute(sql, (status, limit))
-        ]
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _row(values: Sequence[Any]) -> dict[str, Any]:
+    return dict(zip(ROW_COLUMNS, values, strict=True))
 
 
 def _chunks(values: list, size: int) -> Iterable[list]:

@@ -115,10 +115,6 @@ def index_ids(index: faiss.Index) -> np.ndarray:
     return faiss.vector_to_array(index.id_map).astype(np.int64)
 
 
-def needs_training(index: faiss.Index) -> bool:
-    return not index.is_trained
-
-
 # --- search parameters -----------------------------------------------------------------------------
 def _ivf(index: faiss.Index) -> Any | None:
     try:
@@ -137,16 +133,21 @@ def _hnsw(index: faiss.Index) -> Any | None:
     return core if isinstance(core, faiss.IndexHNSW) else None
 
 
+# index.json's names for search parameters -> faiss ParameterSpace's, where they differ (IndexRefine's k_factor)
+FAISS_PARAMETER_NAMES = {"k_factor": "k_factor_rf"}
+
+
 def set_search_params(index: faiss.Index, params: dict[str, Any]) -> None:
+    """Set search-time parameters (nprobe, efSearch, k_factor) with faiss' ``ParameterSpace``, which finds the
+    index they belong to inside the IDMap2, Refine and pre-transform wrappers."""
+    if not params:
+        return
+    space = faiss.ParameterSpace()
     for name, value in params.items():
-        if name == "nprobe" and _ivf(index) is not None:
-            _ivf(index).nprobe = int(value)
-        elif name == "efSearch" and _hnsw(index) is not None:
-            _hnsw(index).hnsw.efSearch = int(value)
-        elif name == "k_factor" and _refine(index) is not None:
-            _refine(index).k_factor = float(value)
-        else:
-            raise ValueError(f"search parameter {name!r} does not apply to this index")
+        try:
+            space.set_index_parameter(index, FAISS_PARAMETER_NAMES.get(name, name), float(value))
+        except RuntimeError as exc:
+            raise ValueError(f"search parameter {name!r} does not apply to this index") from exc
 
 
 def search_param_grid(index: faiss.Index, k: int) -> list[dict[str, Any]]:

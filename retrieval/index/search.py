@@ -1,8 +1,10 @@
-"""``Index``: open an index folder and search it with embeddings or images."""
+"""``Index``: open an index folder and search it with embeddings or images (the one read path: the CLI, the
+service and the app all search through it)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import numbers
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -11,9 +13,18 @@ import faiss
 import numpy as np
 
 from retrieval.index import faiss_ops
-from retrieval.index.catalogue import Catalogue
+from retrieval.index.catalogue import CatalogueReader
 from retrieval.index.embedder import Embedder, check_model_match, load_model, prepare_vectors
 from retrieval.index.layout import IndexLayout
+
+MAX_K = 1000  # the most results one query may ask for (the API, the app and the CLI share it)
+
+
+def check_k(k: object, name: str = "k") -> int:
+    """``k`` as an int, or a ValueError saying it must be an integer in [1, MAX_K] (``name``: how it is called)."""
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= MAX_K:
+        raise ValueError(f"{name} must be an integer between 1 and {MAX_K}, got {repr(k)[:40]}")
+    return int(k)
 
 
 @dataclass(frozen=True)
@@ -28,13 +39,17 @@ class SearchResult:
 
 
 class Index:
-    """A finished index folder: faiss index + catalogue + the model record from ``index.json``."""
+    """A finished index folder: faiss index + catalogue + the model record from ``index.json``.
+
+    Opening and searching only read the folder (the catalogue through a read-only ``CatalogueReader``, one
+    connection per thread), so one ``Index`` serves searches from many threads, and a read-only folder works.
+    """
 
     def __init__(
         self,
         layout: IndexLayout,
         index: faiss.Index,
-        catalogue: Catalogue,
+        catalogue: CatalogueReader,
         info: dict[str, Any],
         embedder: Embedder | None = None,
         gpu: bool = False,
@@ -52,14 +67,18 @@ class Index:
         info = layout.read_info()
         index = faiss.read_index(str(layout.faiss))
         faiss_ops.set_search_params(index, info.get("params", {}))
-        catalogue = Catalogue(layout.catalogue)
-        done = catalogue.counts()["done"]
+        catalogue = CatalogueReader(layout.catalogue)
+        done = catalogue.indexed_count()
         if done != index.ntotal:  # a cheap check; ``index stats`` and the writers compare the ids
             catalogue.close()
             raise layout.inconsistent(
                 f"its faiss part holds {index.ntotal} vectors but the catalogue has {done} indexed images"
             )
-        return cls(layout, index, catalogue, info, embedder, gpu)
+        try:
+            return cls(layout, index, catalogue, info, embedder, gpu)
+        except BaseException:  # e.g. the embedder is another model's
+            catalogue.close()
+            raise
 
     def close(self) -> None:
         self.catalogue.close()
@@ -98,30 +117,37 @@ class Index:
 
     # --- search
     def search_arrays(self, embeddings: np.ndarray, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
-        """Vectorised search: cosine scores float32 [n, k] and catalogue ids int64 [n, k] (-1 where fewer than k).
+        """Vectorised search: cosine scores float32 [n, k] and catalogue ids int64 [n, k] (-1 where fewer than k)."""
+        return self._search(embeddings, check_k(k))
 
-        Scores are clipped to [-1, 1]: float32 rounding (or an approximate index's reconstruction) can put an
-        inner product of unit vectors just outside the range a cosine can take.
-        """
-        if k < 1:
-            raise ValueError(f"k must be >= 1, got {k}")
+    def _search(self, embeddings: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """faiss' top-k, any k >= 1. Scores are clipped to [-1, 1]: float32 rounding (or an approximate index's
+        reconstruction) can put an inner product of unit vectors just outside the range a cosine can take."""
         queries = prepare_vectors(embeddings, self.dim)
         searcher = self._gpu if self._gpu is not None else self.faiss_index
         scores, ids = searcher.search(queries, k)
         return np.clip(scores, -1.0, 1.0, out=scores), ids
 
-    def search(self, embeddings: np.ndarray, k: int = 10) -> list[list[SearchResult]]:
-        """Per query, the top-k results best first, with catalogue id, path, label and cosine score."""
-        scores, ids = self.search_arrays(embeddings, k)
-        rows = self.catalogue.rows(ids[ids >= 0].tolist())
-        return [
-            [
-                SearchResult(int(i), rows[int(i)]["path"], rows[int(i)]["label"], float(s))
-                for s, i in zip(query_scores, query_ids, strict=True)
-                if i >= 0
-            ]
-            for query_scores, query_ids in zip(scores, ids, strict=True)
-        ]
+    def search(
+        self, embeddings: np.ndarray, k: int = 10, exclude_ids: Collection[int] = ()
+    ) -> list[list[SearchResult]]:
+        """Per query, the top-k indexed images best first, with catalogue id, path, label and cosine score.
+
+        ``exclude_ids`` are left out of every query's results, which still hold k where the index has enough:
+        faiss is asked for k + len(exclude_ids). An image removed by a writer since this index was opened (the
+        catalogue no longer marks it indexed, the faiss index in memory still holds it) is left out too.
+        """
+        k = check_k(k)
+        exclude = {int(i) for i in exclude_ids}
+        if len(exclude) > MAX_K:
+            raise ValueError(f"exclude_ids holds {len(exclude)} ids; at most {MAX_K} can be left out")
+        scores, ids = self._search(embeddings, k + len(exclude))
+        rows = self.catalogue.rows(ids[ids >= 0].tolist(), status="done")
+        results = []
+        for query_scores, query_ids in zip(scores.tolist(), ids.tolist(), strict=True):
+            kept = [(s, i) for s, i in zip(query_scores, query_ids, strict=True) if i in rows and i not in exclude]
+            results.append([SearchResult(i, rows[i]["path"], rows[i]["label"], s) for s, i in kept[:k]])
+        return results
 
     def search_images(
         self, images: Sequence[Any], k: int = 10, embedder: Embedder | None = None

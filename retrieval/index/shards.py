@@ -31,8 +31,11 @@ class Shard:
 
 
 class ShardStore:
-    def __init__(self, folder: str | Path) -> None:
+    def __init__(self, folder: str | Path, read_only: bool = False) -> None:
+        """The shards in ``folder``; a writer's store (the default) creates it and deletes interrupted writes."""
         self.folder = Path(folder)
+        if read_only:
+            return
         self.folder.mkdir(parents=True, exist_ok=True)
         for stale in self.folder.glob(TEMPORARY_GLOB):  # a write interrupted before its rename
             stale.unlink(missing_ok=True)
@@ -73,10 +76,3 @@ class ShardStore:
     def __iter__(self) -> Iterator[Shard]:
         for name in self.names():
             yield self.read(name, with_outcomes=False)
-
-    def remove(self, name: str) -> None:
-        (self.folder / name).unlink(missing_ok=True)
-        fsync_dir(self.folder)
-
-    def size_bytes(self) -> int:
-        return sum((self.folder / n).stat().st_size for n in self.names())

@@ -21,7 +21,7 @@ def index_stats(directory: str | Path, queries: int = 500, seed: int = 1) -> dic
     """
     with Index.open(directory) as index:
         counts = index.catalogue.counts()
-        store = ShardStore(index.layout.shards)
+        store = ShardStore(index.layout.shards, read_only=True)
         done = index.catalogue.done_shards()
         mismatch = faiss_mismatch(index.faiss_index, done)  # the ids, not only their number
         if mismatch is not None:
