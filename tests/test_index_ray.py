@@ -169,7 +169,7 @@ def shard_count(out: Path) -> int:
 @pytest.fixture(scope="module")
 def big_gallery(tmp_path_factory) -> tuple[Path, list[Path]]:
     folder = tmp_path_factory.mktemp("big") / "images"
-    return folder, write_digits(folder, 240)
+    return folder, write_digits(folder, 160)
 
 
 def test_driver_killed_while_embedding_then_resumed(cluster, model, big_gallery, tmp_path):
@@ -179,12 +179,12 @@ def test_driver_killed_while_embedding_then_resumed(cluster, model, big_gallery,
     _wait_for(lambda: shard_count(out) >= 2, process)
     _kill(process)
     written = shard_count(out)
-    assert 2 <= written < 30 and not (out / "index.faiss").exists()  # killed mid-way through the 30 shards
+    assert 2 <= written < 20 and not (out / "index.faiss").exists()  # killed mid-way through the 20 shards
     summary = build_index(folder, out, model=model, options=ray_options(address=cluster))
-    assert summary["indexed"] == 240 and summary["pending"] == 0
+    assert summary["indexed"] == 160 and summary["pending"] == 0
     assert_each_indexed_once(out, paths)
     with Catalogue(out / "catalogue.sqlite") as catalogue:  # the resumed run embedded only the rest
-        assert json.loads(catalogue.get_meta("throughput"))["ray"]["images"] <= 240 - 8 * (written - 1)
+        assert json.loads(catalogue.get_meta("throughput"))["ray"]["images"] <= 160 - 8 * (written - 1)
 
 
 def test_driver_killed_while_building_faiss_then_resumed(cluster, model, big_gallery, tmp_path):
@@ -195,12 +195,12 @@ def test_driver_killed_while_building_faiss_then_resumed(cluster, model, big_gal
         if line.startswith("building the faiss index"):
             break
     _kill(process)
-    assert not (out / "index.faiss").exists() and shard_count(out) == 30
+    assert not (out / "index.faiss").exists() and shard_count(out) == 20
     with Catalogue(out / "catalogue.sqlite") as catalogue:
         assert catalogue.counts()["pending"] == 0 and catalogue.get_meta("state") == "building"
     summary = build_index(folder, out, model=model, index_key="IVF4,Flat", options=ray_options(address=cluster))
-    assert summary["indexed"] == 240 and summary["index_key"] == "IVF4,Flat"
-    assert shard_count(out) == 30  # nothing embedded again
+    assert summary["indexed"] == 160 and summary["index_key"] == "IVF4,Flat"
+    assert shard_count(out) == 20  # nothing embedded again
     assert_each_indexed_once(out, paths)
 
 
@@ -228,7 +228,9 @@ def test_killed_ray_worker_is_replaced_and_nothing_is_lost(cluster, model, big_g
         os.kill(pid, signal.SIGKILL)
     output, errors = process.communicate(timeout=300)
     assert process.returncode == 0, errors[-3000:]
-    assert shard_count(out) < 30 + 1 and json.loads(output)["indexed"] == 240
+    assert victims and "worker died" in output + errors  # it did die mid-run, and Ray ran its work again
+    summary = json.loads(output[output.index('{\n  "index_dir"'):])  # Ray reports the dead worker on stdout too
+    assert summary["indexed"] == 160 and summary["pending"] == 0
     assert_each_indexed_once(out, paths)
 
 
