@@ -42,7 +42,7 @@ from retrieval.index.decode import Decoded, decode_file
 from retrieval.index.embedder import Embedder, ModelMismatchError, load_model, prepare_vectors
 from retrieval.index.shards import ShardStore
 
-DECODE_MEMORY = 320 * 2**20  # one decode stays under 300 MB (retrieval.data.decode.read_image)
+DECODE_MEMORY = 2**30  # the worker (torch for the preprocessing, ~650 MB) and one decode (< 300 MB, read_image)
 RAY_INSTALL = 'pip install "ray[data]>=2.40"'
 START_CLUSTER = (
     "start one with `ray start --head` (then `ray start --address=HEAD_IP:6379` on the other machines), "
@@ -261,7 +261,7 @@ class RayIngestor(Ingestor):
             },
             batch_size=batch_size,
             batch_format="numpy",
-            # the memory one task may use: one image decode (bounded by read_image) and the batch, in and out;
+            # the memory one task may use: its worker, one image decode and the batch, in and out;
             # requesting it also keeps decoding a stage of its own (Ray Data fuses stages with equal
             # resources into the actors, whose CPUs or GPUs should only embed)
             memory=DECODE_MEMORY + 2 * batch_size * 3 * size * size * 4,
