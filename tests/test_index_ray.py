@@ -285,3 +285,29 @@ def test_without_ray_the_engine_names_the_install_command(model, gallery, tmp_pa
     result = CliRunner().invoke(index_group, _build_args(model, folder, tmp_path / "idx", "local"))
     assert isinstance(result.exception, RuntimeError)
     assert RAY_INSTALL == 'pip install "ray[data]>=2.40"' and RAY_INSTALL in str(result.exception)
+
+
+def test_parquet_shards_round_trip_in_one_numbering_with_npz(tmp_path):
+    from retrieval.index.catalogue import Outcome
+
+    store = ShardStore(tmp_path)
+    store.write(np.array([1]), np.ones((1, 3), np.float32), [Outcome(1, "done", "a", 5)])
+    only_errors = [Outcome(2, "error", None, 0, "empty file (0 bytes)")]
+    assert store.write_parquet(np.zeros(0, np.int64), np.zeros((0, 3), np.float32), only_errors, {2: "/x/é.png"}) == (
+        "shard-000001.parquet"
+    )
+    vectors = np.arange(6, dtype=np.float32).reshape(2, 3)
+    outcomes = [Outcome(4, "done", "b", 7), Outcome(5, "duplicate", "b", 7, duplicate_of=4), Outcome(3, "done", "c", 9)]
+    name = store.write_parquet(np.array([3, 4]), vectors, outcomes, {3: "/x/3.png", 4: "/x/4.png", 5: "/x/5.png"})
+    assert store.names() == ["shard-000000.npz", "shard-000001.parquet", "shard-000002.parquet"]
+    assert name == store.names()[-1]
+    empty = store.read("shard-000001.parquet")
+    assert empty.ids.shape == (0,) and empty.vectors.shape == (0, 3)
+    assert empty.outcomes[0].error == "empty file (0 bytes)"
+    shard = store.read(name)
+    assert shard.ids.tolist() == [4, 3]  # the rows that hold a vector, in row order, each with its own vector
+    np.testing.assert_array_equal(shard.vectors, vectors[[1, 0]])
+    assert [(o.id, o.status, o.duplicate_of, o.shard) for o in shard.outcomes] == [
+        (4, "done", None, name), (5, "duplicate", 4, name), (3, "done", None, name)
+    ]
+    assert store.read_ids(name).tolist() == [4, 3] and store.next_name() == "shard-000003.npz"
