@@ -232,10 +232,18 @@ class RayIngestor(Ingestor):
             dynamic_ncols=True,
             disable=not self.options.progress,
         ) as bar:
+            started, waiting = time.perf_counter(), True
             for start in range(0, len(pending), self.ray_options.wave_size):
                 wave = pending[start : start + self.ray_options.wave_size]
                 self.paths = dict(wave)
                 for batch in self._embedded(wave):
+                    if waiting:  # start-up: workers import torch, actors load the model
+                        print(
+                            f"ray: first embeddings after {time.perf_counter() - started:.1f} s",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                        waiting = False
                     self._take_embedded(batch)
                     if len(self.buffer) >= self.options.shard_size:
                         self._flush()
