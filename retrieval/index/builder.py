@@ -112,20 +112,19 @@ class Ingestor:
             collate_fn=collate_decoded,
             prefetch_factor=4 if workers else None,
         )
-        with tqdm(
-            total=len(pending),
-            desc="index",
-            unit="img",
-            file=sys.stderr,
-            dynamic_ncols=True,
-            disable=not self.options.progress,
-        ) as bar:
+        with self.progress_bar(len(pending)) as bar:
             for decoded in loader:
                 self._take(decoded)
                 if len(self.buffer) >= self.options.shard_size:
                     self._flush()
                 bar.update(len(decoded.records))
         self._flush()
+
+    def progress_bar(self, total: int, desc: str = "index") -> tqdm:
+        """Images done so far, on stderr (off with ``options.progress``)."""
+        return tqdm(
+            total=total, desc=desc, unit="img", file=sys.stderr, dynamic_ncols=True, disable=not self.options.progress
+        )
 
     def admit(self, record: Decoded) -> bool:
         """Buffer the outcome of one decoded image; True when its vector belongs in the shard (the caller

@@ -33,7 +33,6 @@ from typing import Any
 
 import faiss
 import numpy as np
-from tqdm.auto import tqdm
 
 from retrieval.index import faiss_ops
 from retrieval.index.builder import Chunks, IngestOptions, Ingestor, add_sequentially
@@ -224,14 +223,7 @@ class RayIngestor(Ingestor):
         pending = self.catalogue.pending()
         if not pending:
             return
-        with tqdm(
-            total=len(pending),
-            desc="index (ray)",
-            unit="img",
-            file=sys.stderr,
-            dynamic_ncols=True,
-            disable=not self.options.progress,
-        ) as bar:
+        with self.progress_bar(len(pending), "index (ray)") as bar:
             started, waiting = time.perf_counter(), True
             for start in range(0, len(pending), self.ray_options.wave_size):
                 wave = pending[start : start + self.ray_options.wave_size]
