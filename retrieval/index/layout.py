@@ -125,7 +125,10 @@ class IndexLayout:
 
         catalogue = sum(size(p) for p in self.root.glob("catalogue.sqlite*"))
         shards = sum(size(p) for p in self.shards.glob("shard-*")) if self.shards.is_dir() else 0
-        out = {"catalogue": catalogue, "shards": shards, "faiss": size(self.faiss), "info": size(self.info)}
+        ivfdata = sum(size(p) for p in self.root.glob("index-*.ivfdata"))  # an IVF merged on disk (Ray engine)
+        out = {
+            "catalogue": catalogue, "shards": shards, "faiss": size(self.faiss) + ivfdata, "info": size(self.info)
+        }
         out["total"] = sum(out.values())
         return out
 
