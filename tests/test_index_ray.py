@@ -311,3 +311,22 @@ def test_parquet_shards_round_trip_in_one_numbering_with_npz(tmp_path):
         (4, "done", None, name), (5, "duplicate", 4, name), (3, "done", None, name)
     ]
     assert store.read_ids(name).tolist() == [4, 3] and store.next_name() == "shard-000003.npz"
+
+
+def test_parquet_manifest_is_listed_like_the_csv_one(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from retrieval.index import list_gallery
+
+    paths = write_digits(tmp_path / "data", 6)
+    rows = [(p.relative_to(tmp_path / "data").as_posix(), p.parent.name, "test" if i % 2 else "train")
+            for i, p in enumerate(paths)] + [("", "x", "test")]  # a row without a path: a listing error
+    (tmp_path / "data" / "m.csv").write_text("path,label,split\n" + "".join(f"{a},{b},{c}\n" for a, b, c in rows))
+    columns = dict(zip(("path", "label", "split"), map(list, zip(*rows, strict=True)), strict=True))
+    pq.write_table(pa.table(columns), tmp_path / "data" / "m.parquet")
+    for split in (None, "test"):
+        from_csv = list_gallery(tmp_path / "data" / "m.csv", split)
+        from_parquet = list_gallery(tmp_path / "data" / "m.parquet", split)
+        assert from_parquet.items == from_csv.items and len(from_parquet.items) == (6 if split is None else 3)
+        assert [e.error.split(" (")[0] for e in from_parquet.errors] == ["the row has no path"]
