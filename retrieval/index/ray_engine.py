@@ -136,7 +136,8 @@ class RayEngine:
         model_path = getattr(embedder, "path", None) or catalogue.get_meta("model_path")
         if model_path is None:
             raise ValueError("--engine ray loads the model in each actor from its file: give --model")
-        RayIngestor(catalogue, store, embedder, options, self.options, str(model_path)).run()
+        # absolute: the actors' working folder is not this one
+        RayIngestor(catalogue, store, embedder, options, self.options, str(Path(model_path).resolve())).run()
 
     def add_vectors(self, index: faiss.Index, chunks: Chunks, workdir: Path, count: int) -> faiss.Index:
         """Per-shard Ray tasks for an IVF index, merged here; any other index is filled in this process."""
