@@ -11,6 +11,14 @@
     .venv/bin/python benchmarks/index.py throughput --images 1024 --rounds 5
     .venv/bin/python benchmarks/index.py search --n 1000000 --dim 128
     .venv/bin/python benchmarks/index.py read --n 20000 --against /tmp/before --rounds 3
+
+4. Ray engine against the local engine: end-to-end ``build_index`` images/s of both on the same gallery,
+   interleaved rounds, on a local Ray cluster started once (target ratio ray / local >= 0.85).
+5. The Ray engine's IVF path from precomputed embeddings: parquet shards -> train on a sample -> per-shard
+   add in Ray tasks -> merge; time of each step, the driver's peak RSS, recall against exact search.
+
+    .venv/bin/python benchmarks/index.py ray-throughput --images 2000 --rounds 3
+    .venv/bin/python benchmarks/index.py ray-ivf --n 1000000 --dim 128
 """
 
 from __future__ import annotations
@@ -74,6 +82,156 @@ def throughput(args: argparse.Namespace) -> dict:
         "end_to_end_img_s": [round(v, 1) for v in end_to_end],
         "ratios": [round(r, 3) for r in ratios],
         "median_ratio": round(float(np.median(ratios)), 3),
+    }
+
+
+def ray_throughput(args: argparse.Namespace) -> dict:
+    import ray
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from test_index_support import write_digits
+
+    from export import export_embedder
+    from retrieval.index import IngestOptions, build_index
+    from retrieval.index.ray_engine import RayOptions
+    from retrieval.models import create_embedder
+
+    work = Path(tempfile.mkdtemp(prefix="bench-ray-"))
+    torch.manual_seed(0)
+    model = create_embedder(args.backbone, embedding_dim=128, pretrained=False).eval()
+    model.config["input_size"] = args.input_size
+    export_embedder(model, work / "model.onnx", verify=False, log=lambda m: None)
+    write_digits(work / "gallery", min(args.images, 1700))
+    extra = args.images - min(args.images, 1700)  # sklearn has ~1,790 distinct digits: the rest are flipped copies
+    if extra:
+        from PIL import Image
+
+        for i, path in enumerate(sorted((work / "gallery").rglob("*.png"))[:extra]):
+            Image.open(path).transpose(Image.FLIP_LEFT_RIGHT).save(path.with_name(f"flip_{i:04d}.png"))
+    # the cluster starts once (as a `ray start` cluster would be running); 3 logical CPUs on 2 cores: an actor
+    # with 2 onnxruntime threads plus a decode task, as the local engine runs 2 threads plus a decode worker
+    started = time.perf_counter()
+    ray.init(address="local", num_cpus=args.ray_cpus, include_dashboard=False, log_to_driver=False)
+    cluster_start = time.perf_counter() - started
+    local_options = IngestOptions(batch_size=args.batch_size, workers=args.workers, progress=False)
+    ray_options = IngestOptions(
+        batch_size=args.batch_size,
+        progress=False,
+        engine="ray",
+        ray=RayOptions(address="auto", actors=1, cpus_per_actor=args.cpus_per_actor),
+    )
+    import contextlib
+    import io
+    import re
+
+    local, ray_rates, ray_after_start = [], [], []
+    for round_number in range(args.rounds):  # interleaved, so that both see the same machine state
+        for name, options, rates in (("local", local_options, local), ("ray", ray_options, ray_rates)):
+            log = io.StringIO()
+            start = time.perf_counter()
+            with contextlib.redirect_stderr(log):
+                summary = build_index(
+                    work / "gallery", work / f"{name}{round_number}", model=work / "model.onnx", index_key="Flat",
+                    options=options,
+                )
+            seconds = time.perf_counter() - start
+            rates.append(summary["indexed"] / seconds)
+            startup = re.search(r"ray: first embeddings after ([\d.]+) s", log.getvalue())
+            if startup:  # the rate once the workers run (the first batch's images left out)
+                first = float(startup.group(1))
+                ray_after_start.append((summary["indexed"] - args.batch_size) / (seconds - first))
+            print(name, round(rates[-1], 1), startup and startup.group(0), file=sys.stderr, flush=True)
+    ray.shutdown()
+    ratios = [r / lo for lo, r in zip(local, ray_rates, strict=True)]
+    return {
+        "backbone": args.backbone,
+        "input_size": args.input_size,
+        "images": args.images,
+        "batch_size": args.batch_size,
+        "local_workers": args.workers,
+        "ray_cpus": args.ray_cpus,
+        "ray_cpus_per_actor": args.cpus_per_actor,
+        "cluster_start_s": round(cluster_start, 1),
+        "local_img_s": [round(v, 1) for v in local],
+        "ray_img_s": [round(v, 1) for v in ray_rates],
+        "ratios": [round(r, 3) for r in ratios],
+        "median_ratio": round(float(np.median(ratios)), 3),
+        "ray_after_startup_img_s": [round(v, 1) for v in ray_after_start],
+        "median_ratio_after_ray_startup": round(
+            float(np.median([r / lo for lo, r in zip(local, ray_after_start, strict=True)])), 3
+        ),
+    }
+
+
+def ray_ivf(args: argparse.Namespace) -> dict:
+    import dataclasses
+    import resource
+
+    import ray
+
+    from retrieval.index import faiss_ops
+    from retrieval.index.builder import build_faiss
+    from retrieval.index.catalogue import Catalogue, Outcome
+    from retrieval.index.layout import IndexLayout
+    from retrieval.index.ray_engine import RayEngine, RayOptions
+    from retrieval.index.shards import ShardStore
+    from retrieval.index.sources import GalleryItem
+
+    rng = np.random.default_rng(0)
+    centres = rng.standard_normal((args.clusters, args.dim)).astype(np.float32)
+    layout = IndexLayout(tempfile.mkdtemp(prefix="bench-ray-ivf-"))
+    steps = {}
+    start = time.perf_counter()
+    catalogue = Catalogue(layout.catalogue)
+    catalogue.plan([GalleryItem(f"/v/{i}.jpg", None) for i in range(args.n)])
+    store = ShardStore(layout.shards)
+    for first in range(0, args.n, args.shard_size):
+        ids = np.arange(first + 1, min(first + args.shard_size, args.n) + 1)  # SQLite ids start at 1
+        x = centres[rng.integers(0, args.clusters, len(ids))] + args.noise * rng.standard_normal((len(ids), args.dim))
+        x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+        outcomes = [Outcome(int(i), "done", f"{i:064x}", 1) for i in ids]
+        name = store.write_parquet(ids, x, outcomes, {int(i): f"/v/{i - 1}.jpg" for i in ids})
+        catalogue.record([dataclasses.replace(o, shard=name) for o in outcomes])
+    steps["shards_s"] = round(time.perf_counter() - start, 1)
+    ray.init(address="local", num_cpus=args.ray_cpus, include_dashboard=False, log_to_driver=False)
+    engine = RayEngine(RayOptions(address="auto", merge_on_disk=args.on_disk or None))
+    policy = dataclasses.replace(faiss_ops.AUTO_POLICY, max_train=args.train)
+    start = time.perf_counter()
+    with engine:
+        built = build_faiss(
+            layout, catalogue, store, args.key, args.dim, policy=policy, add_vectors=engine.add_vectors
+        )
+    steps["train_add_merge_tune_s"] = round(time.perf_counter() - start, 1)
+    ray.shutdown()
+    # held-out queries from the same distribution against exact search over every shard
+    queries = centres[rng.integers(0, args.clusters, args.queries)] + args.noise * rng.standard_normal(
+        (args.queries, args.dim)
+    )
+    queries = (queries / np.linalg.norm(queries, axis=1, keepdims=True)).astype(np.float32)
+    done = catalogue.done_shards()
+    from retrieval.index.builder import done_chunks
+    from retrieval.index.search import Index
+
+    _, exact = faiss_ops.exact_knn(queries, done_chunks(store, done), 10)
+    catalogue.set_meta(state="complete")
+    layout.write_info({"model_hash": "bench", "embedding_dim": args.dim, "model_path": None} | built)
+    with Index.open(layout.root) as index:
+        _, found = index.search_arrays(queries, 10)
+    catalogue.close()
+    return {
+        "n": args.n,
+        "dim": args.dim,
+        "shard_size": args.shard_size,
+        "index_key": built["index_key"],
+        "params": built["params"],
+        "train_sample": args.train,
+        **steps,
+        "driver_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "tuning_recall_10_at_10": built["tuning"]["recall_10_at_10"],
+        "heldout_recall_10_at_10": round(faiss_ops.recall_at(found, exact, 10, 10), 4),
+        "queries": args.queries,
+        "size_on_disk": layout.size_on_disk(),
     }
 
 
@@ -224,12 +382,34 @@ def main() -> None:
     r.add_argument("--against", help="another checkout of the code (its root folder) to compare with")
     r.add_argument("--code", help=argparse.SUPPRESS)  # internal: time this checkout's code on --index
     r.add_argument("--index", help=argparse.SUPPRESS)
+    r = sub.add_parser("ray-throughput")
+    r.add_argument("--images", type=int, default=2000)
+    r.add_argument("--batch-size", type=int, default=64)
+    r.add_argument("--workers", type=int, default=1, help="the local engine's decode workers")
+    r.add_argument("--rounds", type=int, default=3)
+    r.add_argument("--backbone", default="efficientnet_lite0")
+    r.add_argument("--input-size", type=int, default=128)
+    r.add_argument("--ray-cpus", type=int, default=3, help="logical CPUs of the local Ray cluster")
+    r.add_argument("--cpus-per-actor", type=float, default=2.0, help="= onnxruntime threads of the actor")
+    v = sub.add_parser("ray-ivf")
+    v.add_argument("--n", type=int, default=1_000_000)
+    v.add_argument("--dim", type=int, default=128)
+    v.add_argument("--clusters", type=int, default=1000)
+    v.add_argument("--noise", type=float, default=1.0, help="std of the points around their centre (per dimension)")
+    v.add_argument("--shard-size", type=int, default=50_000)
+    v.add_argument("--key", default="IVF{K},Flat")
+    v.add_argument("--train", type=int, default=200_000)
+    v.add_argument("--queries", type=int, default=1000)
+    v.add_argument("--ray-cpus", type=int, default=2)
+    v.add_argument("--on-disk", action="store_true", help="merge with faiss.contrib.ondisk into an .ivfdata file")
     args = parser.parse_args()
     if args.what == "read" and args.code:
         sys.path.insert(0, args.code)  # before any import of retrieval
         print(json.dumps(read_once(args)))
         return
-    result = {"throughput": throughput, "search": search, "read": read}[args.what](args)
+    commands = {"throughput": throughput, "search": search, "read": read, "ray-throughput": ray_throughput,
+                "ray-ivf": ray_ivf}
+    result = commands[args.what](args)
     print(json.dumps(result, indent=2))
 
 

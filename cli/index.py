@@ -5,6 +5,7 @@ The writers (build, add, remove, repair) lock the index folder: a second writer 
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from pathlib import Path
@@ -12,19 +13,35 @@ from pathlib import Path
 import click
 
 IMAGES_HELP = (
-    "a folder (searched recursively for jpg/jpeg/png/webp/bmp/gif) or a manifest.csv (path,label[,split])."
+    "a folder (searched recursively for jpg/jpeg/png/webp/bmp/gif), a manifest.csv (path,label[,split]) or a "
+    ".parquet file with the same columns."
 )
 
 
-def _ingest_options(batch_size: int, workers: int | None, shard_size: int, max_pixels: int | None):
+def _ingest_options(
+    batch_size: int, workers: int | None, shard_size: int, max_pixels: int | None, engine: dict | None = None
+):
     from retrieval.index import IngestOptions
     from retrieval.index.decode import DEFAULT_MAX_PIXELS
 
+    engine = engine or {}
+    ray = None
+    if engine.get("engine") == "ray":
+        from retrieval.index.ray_engine import RayOptions  # imports without Ray; Ray is needed to connect
+
+        ray = RayOptions(
+            address=engine["ray_address"],
+            actors=engine["ray_actors"],
+            gpus_per_actor=engine["ray_gpus_per_actor"],
+            cpus_per_actor=engine["ray_cpus_per_actor"],
+        )
     return IngestOptions(
         batch_size=batch_size,
         workers=workers,
         shard_size=shard_size,
         max_pixels=max_pixels or DEFAULT_MAX_PIXELS,
+        engine=engine.get("engine", "local"),
+        ray=ray,
     )
 
 
@@ -59,6 +76,45 @@ def ingest_options(func):
     return func
 
 
+def engine_options(func):
+    """--engine and the Ray cluster options, collected into one ``engine`` dict argument."""
+    options = [
+        click.option(
+            "--engine",
+            type=click.Choice(["local", "ray"]),
+            default="local",
+            show_default=True,
+            help="local: decode + embed in this process; ray: Ray Data on a Ray cluster (pip install 'ray[data]').",
+        ),
+        click.option(
+            "--ray-address",
+            default="auto",
+            show_default=True,
+            help="auto (the running cluster, see `ray start`), local (start Ray here), ray://HOST:PORT or HOST:PORT.",
+        ),
+        click.option("--ray-actors", default=1, show_default=True, help="embedding actors (each loads the model)."),
+        click.option(
+            "--ray-gpus-per-actor",
+            default=0.0,
+            show_default=True,
+            help="GPUs per embedding actor (onnxruntime CUDA provider when onnxruntime-gpu is installed).",
+        ),
+        click.option(
+            "--ray-cpus-per-actor", default=1.0, show_default=True, help="CPUs (onnxruntime threads) per actor."
+        ),
+    ]
+    names = ("engine", "ray_address", "ray_actors", "ray_gpus_per_actor", "ray_cpus_per_actor")
+
+    def wrapper(*args, **kwargs):
+        kwargs["engine"] = {name: kwargs.pop(name) for name in names}
+        return func(*args, **kwargs)
+
+    wrapper = functools.update_wrapper(wrapper, func)
+    for option in reversed(options):
+        wrapper = option(wrapper)
+    return wrapper
+
+
 @click.group("index")
 def index_group() -> None:
     """Build, update and inspect a gallery index (faiss + SQLite catalogue)."""
@@ -78,8 +134,9 @@ def index_group() -> None:
 )
 @split_option
 @ingest_options
+@engine_options
 def build_command(
-    model, images, out, index_key, split, batch_size, workers, shard_size, max_pixels, gpu
+    model, images, out, index_key, split, batch_size, workers, shard_size, max_pixels, gpu, engine
 ) -> None:
     """Embed every image and build the index; rerun it (or `index repair OUT`) to finish an interrupted build."""
     from retrieval.index import build_index
@@ -91,7 +148,7 @@ def build_command(
         index_key=index_key,
         split=split,
         gpu=gpu,
-        options=_ingest_options(batch_size, workers, shard_size, max_pixels),
+        options=_ingest_options(batch_size, workers, shard_size, max_pixels, engine),
     )
     _echo_summary(summary)
 
@@ -102,7 +159,8 @@ def build_command(
 @click.option("--model", type=click.Path(dir_okay=False), help="default: the model recorded in index.json.")
 @split_option
 @ingest_options
-def add_command(index_dir, images, model, split, batch_size, workers, shard_size, max_pixels, gpu) -> None:
+@engine_options
+def add_command(index_dir, images, model, split, batch_size, workers, shard_size, max_pixels, gpu, engine) -> None:
     """Add images to an existing index without rebuilding it."""
     from retrieval.index import add_images
 
@@ -112,7 +170,7 @@ def add_command(index_dir, images, model, split, batch_size, workers, shard_size
         model=model,
         split=split,
         gpu=gpu,
-        options=_ingest_options(batch_size, workers, shard_size, max_pixels),
+        options=_ingest_options(batch_size, workers, shard_size, max_pixels, engine),
     )
     _echo_summary(summary)
 

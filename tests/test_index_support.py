@@ -49,6 +49,43 @@ class FakeEmbedder:
         return self.embed_batch(np.stack([tf(p).numpy() for p in pil]))
 
 
+def write_projection_onnx(path: Path, dim: int = 24, seed: int = 0) -> Path:
+    """A real (tiny) ONNX embedder with the export metadata: flatten, a fixed random projection, L2 norm.
+
+    onnxruntime runs it like any exported model; the Ray engine's actors load it from the file.
+    """
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from retrieval.onnx_runtime import INPUT_NAME, OUTPUT_NAME, build_metadata
+
+    weights = np.random.default_rng(seed).standard_normal((3 * SIZE * SIZE, dim)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Flatten", [INPUT_NAME], ["flat"], axis=1),
+            helper.make_node("MatMul", ["flat", "weights"], ["projected"]),
+            helper.make_node("LpNormalization", ["projected"], [OUTPUT_NAME], axis=1, p=2),
+        ],
+        "projection",
+        [helper.make_tensor_value_info(INPUT_NAME, TensorProto.FLOAT, ["batch", 3, SIZE, SIZE])],
+        [helper.make_tensor_value_info(OUTPUT_NAME, TensorProto.FLOAT, ["batch", dim])],
+        [numpy_helper.from_array(weights, "weights")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    config = {
+        "backbone": "projection-test",
+        "embedding_dim": dim,
+        "normalize": True,
+        "input_size": SIZE,
+        "mean": [0.5, 0.5, 0.5],
+        "std": [0.25, 0.25, 0.25],
+    }
+    for key, value in build_metadata(config, f"projection-{dim}-{seed}", None).items():
+        model.metadata_props.add(key=key, value=value)
+    onnx.save(model, str(path))
+    return path
+
+
 def write_digits(folder: Path, count: int = 40, start: int = 0) -> list[Path]:
     """``count`` distinct sklearn digits as 32x32 PNGs in per-class sub-folders."""
     from sklearn.datasets import load_digits

@@ -22,10 +22,11 @@ faiss holds exactly the ``done`` ids. Every "unfinished" or "inconsistent" messa
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,13 @@ from tqdm.auto import tqdm
 
 from retrieval.index import faiss_ops
 from retrieval.index.catalogue import Catalogue, Outcome
-from retrieval.index.decode import DEFAULT_MAX_PIXELS, DecodedBatch, GalleryDecodeDataset, collate_decoded
+from retrieval.index.decode import (
+    DEFAULT_MAX_PIXELS,
+    Decoded,
+    DecodedBatch,
+    GalleryDecodeDataset,
+    collate_decoded,
+)
 from retrieval.index.embedder import Embedder, ModelMismatchError, load_model, prepare_vectors
 from retrieval.index.layout import IndexLayout, repair_command
 from retrieval.index.shards import ShardStore
@@ -52,6 +59,8 @@ class IngestOptions:
     shard_size: int = DEFAULT_SHARD_SIZE
     max_pixels: int = DEFAULT_MAX_PIXELS
     progress: bool = True
+    engine: str = "local"  # a key of ENGINES
+    ray: Any = None  # ``ray_engine.RayOptions`` for ``engine="ray"`` (None: its defaults)
 
 
 # --- ingest ----------------------------------------------------------------------------------------
@@ -92,14 +101,7 @@ class Ingestor:
             collate_fn=collate_decoded,
             prefetch_factor=4 if workers else None,
         )
-        with tqdm(
-            total=len(pending),
-            desc="index",
-            unit="img",
-            file=sys.stderr,
-            dynamic_ncols=True,
-            disable=not self.options.progress,
-        ) as bar:
+        with self.progress_bar(len(pending)) as bar:
             for decoded in loader:
                 self._take(decoded)
                 if len(self.buffer) >= self.options.shard_size:
@@ -107,38 +109,111 @@ class Ingestor:
                 bar.update(len(decoded.records))
         self._flush()
 
+    def progress_bar(self, total: int, desc: str = "index") -> tqdm:
+        """Images done so far, on stderr (off with ``options.progress``)."""
+        return tqdm(
+            total=total, desc=desc, unit="img", file=sys.stderr, dynamic_ncols=True, disable=not self.options.progress
+        )
+
+    def admit(self, record: Decoded) -> bool:
+        """Buffer the outcome of one decoded image; True when its vector belongs in the shard (the caller
+        then appends it): readable and not an exact duplicate of an image already indexed."""
+        if record.error is not None:
+            self.buffer.outcomes.append(Outcome(record.id, "error", record.sha256, record.size, record.error))
+            return False
+        original = self.seen.get(record.sha256)
+        if original is not None:
+            self.buffer.outcomes.append(
+                Outcome(record.id, "duplicate", record.sha256, record.size, duplicate_of=original)
+            )
+            return False
+        self.seen[record.sha256] = record.id
+        self.buffer.outcomes.append(Outcome(record.id, "done", record.sha256, record.size))
+        self.buffer.ids.append(record.id)
+        return True
+
     def _take(self, decoded: DecodedBatch) -> None:
-        keep = []  # positions in decoded.batch of the images to embed
-        for position, record in enumerate(decoded.records):
-            if record.error is not None:
-                self.buffer.outcomes.append(
-                    Outcome(record.id, "error", record.sha256, record.size, record.error)
-                )
-                continue
-            original = self.seen.get(record.sha256)
-            if original is not None:
-                self.buffer.outcomes.append(
-                    Outcome(record.id, "duplicate", record.sha256, record.size, duplicate_of=original)
-                )
-                continue
-            self.seen[record.sha256] = record.id
-            keep.append(decoded.ok_index.index(position))
-            self.buffer.outcomes.append(Outcome(record.id, "done", record.sha256, record.size))
-            self.buffer.ids.append(record.id)
+        # positions in decoded.batch of the images to embed
+        keep = [decoded.ok_index.index(p) for p, record in enumerate(decoded.records) if self.admit(record)]
         if keep:
             batch = decoded.batch.numpy()
             batch = batch if len(keep) == len(batch) else np.ascontiguousarray(batch[keep])
             vectors = self.embedder.embed(batch)
             self.buffer.vectors.append(prepare_vectors(vectors, self.embedder.embedding_dim))
 
+    def _write_shard(self, ids: np.ndarray, vectors: np.ndarray, outcomes: list[Outcome]) -> str:
+        return self.store.write(ids, vectors, outcomes)
+
     def _flush(self) -> None:
         if not len(self.buffer):
             return
         d = self.embedder.embedding_dim
         vectors = np.concatenate(self.buffer.vectors) if self.buffer.vectors else np.zeros((0, d), np.float32)
-        name = self.store.write(np.asarray(self.buffer.ids, np.int64), vectors, self.buffer.outcomes)
+        name = self._write_shard(np.asarray(self.buffer.ids, np.int64), vectors, self.buffer.outcomes)
         self.catalogue.record([dataclasses.replace(o, shard=name) for o in self.buffer.outcomes])
         self.buffer = ShardBuffer()
+
+
+# --- engines: who decodes and embeds, and who fills faiss ---------------------------------------------
+Chunks = Iterable[tuple[np.ndarray, np.ndarray]]
+
+
+def add_sequentially(index: faiss.Index, chunks: Chunks, workdir: Path | None = None, count: int = 0) -> faiss.Index:
+    """Add (ids, vectors) chunks to a trained index in this process (the signature of ``add_vectors``)."""
+    for ids, vectors in chunks:
+        index.add_with_ids(vectors, ids)
+    return index
+
+
+class LocalEngine:
+    """``--engine local``: decode in DataLoader workers, embed in this process, fill faiss here."""
+
+    name = "local"
+
+    def __enter__(self) -> LocalEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def ingest(self, catalogue: Catalogue, store: ShardStore, embedder: Embedder, options: IngestOptions) -> None:
+        Ingestor(catalogue, store, embedder, options).run()
+
+    def add_vectors(self, index: faiss.Index, chunks: Chunks, workdir: Path, count: int) -> faiss.Index:
+        return add_sequentially(index, chunks)
+
+
+def _ray_engine(options: IngestOptions) -> Any:
+    from retrieval.index.ray_engine import RayEngine  # Ray itself is imported only when it connects
+
+    return RayEngine(options.ray)
+
+
+ENGINES: dict[str, Callable[[IngestOptions], Any]] = {"local": lambda options: LocalEngine(), "ray": _ray_engine}
+
+
+def open_engine(options: IngestOptions) -> Any:
+    """The engine ``options.engine`` names, as a context manager (the Ray one connects to its cluster)."""
+    if options.engine not in ENGINES:
+        raise ValueError(f"unknown --engine {options.engine!r}; choose one of {', '.join(ENGINES)}")
+    return ENGINES[options.engine](options)
+
+
+THROUGHPUT_META = "throughput"
+
+
+def ingest(engine: Any, catalogue: Catalogue, store: ShardStore, embedder: Embedder, options: IngestOptions) -> None:
+    """Embed the pending rows with ``engine`` and add the run to its throughput record (``index stats``)."""
+    pending = catalogue.counts()["pending"]
+    started = time.perf_counter()
+    engine.ingest(catalogue, store, embedder, options)
+    if pending:
+        record = json.loads(catalogue.get_meta(THROUGHPUT_META) or "{}")
+        seconds = time.perf_counter() - started
+        total = record.get(engine.name, {"images": 0, "seconds": 0.0, "runs": 0})
+        total = {"images": total["images"] + pending, "seconds": total["seconds"] + seconds, "runs": total["runs"] + 1}
+        record[engine.name] = total | {"images_per_s": round(total["images"] / max(total["seconds"], 1e-9), 1)}
+        catalogue.set_meta(**{THROUGHPUT_META: json.dumps(record)})
 
 
 def reconcile(catalogue: Catalogue, store: ShardStore) -> int:
@@ -234,8 +309,13 @@ def build_faiss(
     gpu: bool = False,
     policy: faiss_ops.AutoPolicy | None = None,
     seed: int = 0,
+    add_vectors: Callable[[faiss.Index, Chunks, Path, int], faiss.Index] = add_sequentially,
 ) -> dict[str, Any]:
-    """Build, train, fill and tune a fresh faiss index from the shards; write it atomically."""
+    """Build, train, fill and tune a fresh faiss index from the shards; write it atomically.
+
+    ``add_vectors(trained index, shard chunks, index folder, vector count)`` fills it and returns the filled
+    index (an engine's own, e.g. Ray's per-shard tasks and merge).
+    """
     policy = policy or faiss_ops.AUTO_POLICY
     done = catalogue.done_shards()
     n = len(done)
@@ -263,8 +343,7 @@ def build_faiss(
             faiss_ops.train_on_gpu(index, sample, resources)
         else:
             index.train(sample)
-    for ids, vectors in done_chunks(store, done):
-        index.add_with_ids(vectors, ids)
+    index = add_vectors(index, done_chunks(store, done), layout.root, n)
     tuning = {
         "params": {},
         "recall_1_at_1": 1.0,
@@ -459,7 +538,11 @@ def build_index(
     gpu: bool = False,
     options: IngestOptions | None = None,
 ) -> dict[str, Any]:
-    """Build (or finish an interrupted build of) an index of the images in ``out``; returns a summary."""
+    """Build (or finish an interrupted build of) an index of the images in ``out``; returns a summary.
+
+    ``options.engine`` chooses who decodes and embeds (``local``, or ``ray`` on a Ray cluster); every
+    engine writes the same folder layout, so an index is resumed, searched and updated the same way.
+    """
     started = time.perf_counter()
     if gpu:
         faiss_ops.require_gpu()  # fail before any work
@@ -470,7 +553,8 @@ def build_index(
     options = options or IngestOptions()
     layout = IndexLayout(out)
     layout.root.mkdir(parents=True, exist_ok=True)
-    with layout.write_lock("build an index in"), Catalogue(layout.catalogue) as catalogue:
+    engine = open_engine(options)
+    with engine, layout.write_lock("build an index in"), Catalogue(layout.catalogue) as catalogue:
         state = catalogue.get_meta("state")
         store = ShardStore(layout.shards)
         if state == "complete":
@@ -506,8 +590,11 @@ def build_index(
             )
         catalogue.plan(gallery.items, gallery.source, gallery.errors)
         mended = mend(catalogue, store)
-        Ingestor(catalogue, store, embedder, options).run()
-        built = build_faiss(layout, catalogue, store, index_key, int(embedder.embedding_dim), gpu)
+        ingest(engine, catalogue, store, embedder, options)
+        print(f"building the faiss index of {layout.root}", file=sys.stderr, flush=True)
+        built = build_faiss(
+            layout, catalogue, store, index_key, int(embedder.embedding_dim), gpu, add_vectors=engine.add_vectors
+        )
         layout.write_info(_info_from_meta(catalogue) | built)
         catalogue.set_meta(state="complete")
         return {
@@ -540,7 +627,8 @@ def add_images(
     layout = IndexLayout(index_dir)
     layout.require_catalogue()
     options = options or IngestOptions()
-    with layout.write_lock("add images to"), Catalogue(layout.catalogue) as catalogue:
+    engine = open_engine(options)
+    with engine, layout.write_lock("add images to"), Catalogue(layout.catalogue) as catalogue:
         info = _require_complete(layout, catalogue)
         if embedder is None:
             path = model or info.get("model_path")
@@ -552,7 +640,7 @@ def add_images(
         catalogue.plan(gallery.items, gallery.source, gallery.errors)
         store = ShardStore(layout.shards)
         mended = mend(catalogue, store)
-        Ingestor(catalogue, store, embedder, options).run()
+        ingest(engine, catalogue, store, embedder, options)
         updated = update_faiss(layout, catalogue, store, info, gpu)
         layout.write_info(info | updated)
         return {"index_dir": str(layout.root), **updated, **_summary(catalogue, started, mended)}

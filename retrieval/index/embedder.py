@@ -36,7 +36,9 @@ class ModelMismatchError(ValueError):
     """A query model differs from the model that built the index."""
 
 
-def load_model(path: str | Path, providers: str = "auto", spin: bool = False) -> Embedder:
+def load_model(
+    path: str | Path, providers: str = "auto", spin: bool = False, intra_op_threads: int | None = None
+) -> Embedder:
     """Open an exported ONNX embedder (``retrieval export``).
 
     Indexing is a throughput job whose decoding workers need the CPU between batches, so onnxruntime's idle
@@ -49,7 +51,7 @@ def load_model(path: str | Path, providers: str = "auto", spin: bool = False) ->
         from retrieval.onnx_runtime import OnnxEmbedder
     except ModuleNotFoundError as exc:  # the ONNX runtime wrapper is its own part of the toolkit
         raise RuntimeError(f"cannot load ONNX models: {exc}; is retrieval.onnx_runtime installed?") from exc
-    return OnnxEmbedder(str(path), providers=providers, spin=spin)
+    return OnnxEmbedder(str(path), providers=providers, spin=spin, intra_op_threads=intra_op_threads)
 
 
 def l2_normalize(vectors: np.ndarray) -> np.ndarray:

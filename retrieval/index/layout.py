@@ -62,7 +62,7 @@ def describe_writer(holder: dict[str, Any]) -> str:
 
 
 class IndexLayout:
-    """INDEX_DIR/catalogue.sqlite, shards/shard-NNNNNN.npz, index.faiss, index.json, writer.lock."""
+    """INDEX_DIR/catalogue.sqlite, shards/shard-NNNNNN.npz or .parquet, index.faiss, index.json, writer.lock."""
 
     def __init__(self, directory: str | Path) -> None:
         self.root = Path(directory).expanduser()
@@ -124,8 +124,11 @@ class IndexLayout:
             return path.stat().st_size if path.is_file() else 0
 
         catalogue = sum(size(p) for p in self.root.glob("catalogue.sqlite*"))
-        shards = sum(size(p) for p in self.shards.glob("*.npz")) if self.shards.is_dir() else 0
-        out = {"catalogue": catalogue, "shards": shards, "faiss": size(self.faiss), "info": size(self.info)}
+        shards = sum(size(p) for p in self.shards.glob("shard-*")) if self.shards.is_dir() else 0
+        ivfdata = sum(size(p) for p in self.root.glob("index-*.ivfdata"))  # an IVF merged on disk (Ray engine)
+        out = {
+            "catalogue": catalogue, "shards": shards, "faiss": size(self.faiss) + ivfdata, "info": size(self.info)
+        }
         out["total"] = sum(out.values())
         return out
 

@@ -1,4 +1,9 @@
-"""Embedding shards: ``shards/shard-NNNNNN.npz`` files holding catalogue ids, vectors and outcomes.
+"""Embedding shards: ``shards/shard-NNNNNN.npz`` (local engine) or ``shard-NNNNNN.parquet`` (Ray engine)
+files holding catalogue ids, vectors and outcomes; one store reads both, numbered in one sequence.
+
+A parquet shard has one row per image of its batch: ``id``, ``path``, ``status``, ``sha256``, ``size``,
+``error``, ``duplicate_of`` and ``embedding`` (float32 [d], null unless the row is ``done``); it needs
+``pyarrow`` (installed with Ray: ``pip install "ray[data]>=2.40"``).
 
 A shard is written to a temporary file, fsynced and renamed into place (``os.replace`` is atomic), so
 a shard file is either complete or absent. Besides the vectors it carries the outcomes of its batch
@@ -10,16 +15,17 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from retrieval.index.catalogue import Outcome
-from retrieval.io import TEMPORARY_GLOB, atomic_write, fsync_dir
+from retrieval.io import TEMPORARY_GLOB, atomic_write
 
-SHARD_PATTERN = re.compile(r"^shard-(\d{6,})\.npz$")
+SHARD_PATTERN = re.compile(r"^shard-(\d{6,})\.(npz|parquet)$")
+OUTCOME_COLUMNS = ("id", "status", "sha256", "size", "error", "duplicate_of")
 
 
 @dataclass
@@ -43,9 +49,9 @@ class ShardStore:
     def names(self) -> list[str]:
         return sorted(p.name for p in self.folder.iterdir() if SHARD_PATTERN.match(p.name))
 
-    def next_name(self) -> str:
+    def next_name(self, suffix: str = "npz") -> str:
         numbers = [int(SHARD_PATTERN.match(n).group(1)) for n in self.names()]
-        return f"shard-{(max(numbers) + 1 if numbers else 0):06d}.npz"
+        return f"shard-{(max(numbers) + 1 if numbers else 0):06d}.{suffix}"
 
     def write(self, ids: np.ndarray, vectors: np.ndarray, outcomes: list[Outcome]) -> str:
         """Write one shard atomically and return its name."""
@@ -63,16 +69,72 @@ class ShardStore:
         atomic_write(self.folder / name, buffer.getvalue())
         return name
 
+    def write_parquet(
+        self, ids: np.ndarray, vectors: np.ndarray, outcomes: list[Outcome], paths: Mapping[int, str]
+    ) -> str:
+        """Write one parquet shard atomically (``vectors[i]`` belongs to ``ids[i]``); return its name."""
+        pa, pq = _pyarrow()
+        name = self.next_name("parquet")
+        vectors = np.asarray(vectors, dtype=np.float32)
+        row_of = {int(i): row for row, i in enumerate(np.asarray(ids).tolist())}
+        embedding = pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), vectors.shape[1])
+        take = pa.array([row_of.get(o.id) for o in outcomes], pa.int64())  # null: no vector for that row
+        columns = {c: [getattr(o, c) for o in outcomes] for c in OUTCOME_COLUMNS}
+        table = pa.table(
+            {
+                "id": pa.array(columns["id"], pa.int64()),
+                "path": pa.array([paths[o.id] for o in outcomes], pa.string()),
+                **{c: pa.array(columns[c], pa.string()) for c in ("status", "sha256", "error")},
+                **{c: pa.array(columns[c], pa.int64()) for c in ("size", "duplicate_of")},
+                "embedding": embedding.take(take),
+            }
+        )
+        buffer = pa.BufferOutputStream()
+        pq.write_table(table, buffer)
+        atomic_write(self.folder / name, buffer.getvalue().to_pybytes())
+        return name
+
+    def _read_parquet(self, name: str, with_outcomes: bool) -> Shard:
+        _, pq = _pyarrow()
+        columns = ["id", "embedding"] + (list(OUTCOME_COLUMNS[1:]) if with_outcomes else [])
+        table = pq.read_table(self.folder / name, columns=columns)
+        embedding = table.column("embedding").combine_chunks()
+        held = embedding.is_valid().to_numpy(zero_copy_only=False)
+        ids = table.column("id").to_numpy()[held].astype(np.int64)
+        valid = embedding.filter(embedding.is_valid())
+        d = embedding.type.list_size
+        vectors = np.asarray(valid.values.to_numpy(zero_copy_only=False), np.float32).reshape(len(ids), d)
+        outcomes = []
+        if with_outcomes:
+            rows = table.drop_columns(["embedding"]).to_pylist()
+            outcomes = [Outcome(**row, shard=name) for row in rows]
+        return Shard(name, ids, vectors, outcomes)
+
     def read(self, name: str, with_outcomes: bool = True) -> Shard:
+        if name.endswith(".parquet"):
+            return self._read_parquet(name, with_outcomes)
         with np.load(self.folder / name, allow_pickle=False) as data:
             outcomes = [Outcome(**r) for r in json.loads(str(data["outcomes"]))] if with_outcomes else []
             return Shard(name, data["ids"], data["vectors"], outcomes)
 
     def read_ids(self, name: str) -> np.ndarray:
         """The catalogue ids a shard holds vectors for (without loading the vectors)."""
+        if name.endswith(".parquet"):
+            return self._read_parquet(name, with_outcomes=False).ids
         with np.load(self.folder / name, allow_pickle=False) as data:
             return data["ids"]
 
     def __iter__(self) -> Iterator[Shard]:
         for name in self.names():
             yield self.read(name, with_outcomes=False)
+
+
+def _pyarrow():
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ModuleNotFoundError as exc:
+        raise RuntimeError(
+            'parquet shards (written by `--engine ray`) need pyarrow: pip install "ray[data]>=2.40"'
+        ) from exc
+    return pa, pq

@@ -1,4 +1,4 @@
-"""Where the gallery images come from: a folder walked recursively, or a manifest CSV.
+"""Where the gallery images come from: a folder walked recursively, a manifest CSV, or a parquet file.
 
 File names are hostile input. On Linux a name is any bytes but NUL and ``/``; Python hands names that
 are not UTF-8 over as surrogate escapes, which SQLite cannot store. Such a name (and a folder that cannot
@@ -92,7 +92,8 @@ def list_gallery(images: str | Path, split: str | None = None) -> Gallery:
 
     In a folder, an image in a sub-folder is labelled by that sub-folder's name (ImageFolder style);
     an image at the top level has no label. A manifest has columns ``path,label[,split]`` with paths
-    relative to the manifest's folder; ``split`` keeps only the rows of that split.
+    relative to the manifest's folder; ``split`` keeps only the rows of that split. A parquet file
+    with the same columns is read the same way (one row per image: the usual listing of a big catalogue).
     """
     images = Path(images).expanduser()
     if not is_utf8(str(images.resolve())):
@@ -103,8 +104,12 @@ def list_gallery(images: str | Path, split: str | None = None) -> Gallery:
         return walk_folder(images)
     if images.is_file() and images.suffix.lower() == ".csv":
         return read_manifest(images, split)
+    if images.is_file() and images.suffix.lower() == ".parquet":
+        return read_parquet_manifest(images, split)
     if images.exists():
-        raise ValueError(f"--images must be a folder or a manifest .csv (path,label[,split]), got {images}")
+        raise ValueError(
+            f"--images must be a folder or a manifest .csv or .parquet (path,label[,split]), got {images}"
+        )
     raise FileNotFoundError(f"--images {images} does not exist")
 
 
@@ -158,6 +163,37 @@ def read_manifest(manifest: Path, split: str | None = None) -> Gallery:
                 _take_row(gallery, base, row, reader.line_num)
         except csv.Error as exc:  # e.g. a field over csv's 128 KiB limit: no sane path is that long
             raise ValueError(f"manifest {manifest} line {reader.line_num}: {exc}; fix that row") from exc
+    if split is not None and not gallery.items and not gallery.errors:
+        raise ValueError(f"manifest {manifest} has no rows with split == {split!r}")
+    return gallery
+
+
+def read_parquet_manifest(manifest: Path, split: str | None = None) -> Gallery:
+    """The rows of a parquet manifest (columns path[, label][, split]), with the CSV manifest's row rules."""
+    try:
+        import pyarrow.parquet as pq
+    except ModuleNotFoundError as exc:
+        raise RuntimeError(f'a parquet manifest needs pyarrow: pip install "ray[data]>=2.40" ({exc})') from exc
+    base = manifest.resolve().parent
+    gallery = Gallery(source=printable_path(manifest.resolve()), root=str(base))
+    try:
+        handle = pq.ParquetFile(manifest)
+    except Exception as exc:  # noqa: BLE001  (pyarrow raises its own errors for a damaged file)
+        raise ValueError(f"manifest {manifest} is not a readable parquet file: {exc}") from exc
+    fields = set(handle.schema_arrow.names)
+    if "path" not in fields:
+        raise ValueError(f"manifest {manifest} needs a 'path' column (path[, label][, split])")
+    if split is not None and "split" not in fields:
+        raise ValueError(f"--split {split} given but manifest {manifest} has no 'split' column")
+    columns = [c for c in ("path", "label", "split") if c in fields]
+    line = 0
+    for batch in handle.iter_batches(columns=columns):
+        for row in batch.to_pylist():
+            line += 1
+            if split is not None and row.get("split") != split:
+                continue
+            row = {k: None if v is None else str(v) for k, v in row.items()}
+            _take_row(gallery, base, row, line)
     if split is not None and not gallery.items and not gallery.errors:
         raise ValueError(f"manifest {manifest} has no rows with split == {split!r}")
     return gallery

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from retrieval.index import faiss_ops
-from retrieval.index.builder import done_chunks, faiss_mismatch, gather_rows
+from retrieval.index.builder import THROUGHPUT_META, done_chunks, faiss_mismatch, gather_rows
 from retrieval.index.search import Index
 from retrieval.index.shards import ShardStore
 
@@ -44,6 +45,8 @@ def index_stats(directory: str | Path, queries: int = 500, seed: int = 1) -> dic
             "counts": counts,
             "errors": index.catalogue.error_count(),
             "error_examples": index.catalogue.error_examples(10),
+            # per engine: images decoded + embedded + written to shards, seconds, images/s (faiss not included)
+            "throughput": json.loads(index.catalogue.get_meta(THROUGHPUT_META) or "{}"),
             "vectors": len(index),
             "index_key": index.info["index_key"],
             "index_key_requested": index.info.get("index_key_requested"),

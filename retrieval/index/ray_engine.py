@@ -1,0 +1,375 @@
+"""``--engine ray``: decode and embed a gallery with Ray Data on a Ray cluster, fill faiss in parallel tasks.
+
+The driver (this process) keeps every job of the local engine that touches the index folder, with the same
+functions: it lists the gallery, plans the catalogue, writes each shard atomically and records its outcomes
+(``builder.Ingestor``), so resumption after a kill -9 works exactly as for a local build. Ray does the heavy,
+stateless parts:
+
+- Ray Data reads, hashes, decodes and preprocesses the pending images in CPU tasks (``decode.decode_file``: the
+  same decoder, preprocessing and bad-file rules), then embeds them in an actor pool that loads the ONNX model
+  once per actor (onnxruntime's CUDA provider when the actor has a GPU and onnxruntime-gpu is installed). The
+  driver streams the embeddings back in order and writes them as parquet shards (``ShardStore.write_parquet``).
+- For an IVF index key, ``build_faiss`` trains the coarse quantizer on a random sample of the shards (as for a
+  local build); every shard's vectors are then added to a copy of the trained index in a Ray task, and the
+  per-shard indexes are merged: in memory, or with faiss' ``contrib.ondisk.merge_ondisk`` into an
+  ``.ivfdata`` file when the index would not fit in memory. Other keys (Flat, HNSW) are filled in the driver.
+
+The images and the model file must be readable at the same paths on every node (shared storage), as for any
+Ray batch-inference job. Ray is imported only when the engine connects, so the core imports without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import json
+import socket
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import faiss
+import numpy as np
+
+from retrieval.index import faiss_ops
+from retrieval.index.builder import Chunks, IngestOptions, Ingestor, add_sequentially
+from retrieval.index.catalogue import Catalogue
+from retrieval.index.decode import Decoded, decode_file
+from retrieval.index.embedder import Embedder, ModelMismatchError, load_model, prepare_vectors
+from retrieval.index.shards import ShardStore
+
+DECODE_MEMORY = 2**30  # the worker (torch for the preprocessing, ~650 MB) and one decode (< 300 MB, read_image)
+RAY_INSTALL = 'pip install "ray[data]>=2.40"'
+START_CLUSTER = (
+    "start one with `ray start --head` (then `ray start --address=HEAD_IP:6379` on the other machines), "
+    "or use --ray-address local to start Ray on this machine only"
+)
+
+
+@dataclasses.dataclass
+class RayOptions:
+    """Where the cluster is and how the embedding actor pool is shaped."""
+
+    address: str = "auto"  # auto | local | ray://HOST:PORT | HOST:PORT
+    actors: int = 1  # embedding actors (each loads the model once)
+    gpus_per_actor: float = 0.0
+    cpus_per_actor: float = 1.0  # also onnxruntime's thread count in each actor
+    connect_timeout: float = 10.0  # seconds to reach an explicit address
+    wave_size: int = 100_000  # pending images per Ray Data run (bounds the driver's memory)
+    merge_on_disk: bool | None = None  # IVF merge into an .ivfdata file; None: when it would not fit in memory
+    add_tasks_in_flight: int = 4  # per-shard faiss tasks submitted ahead of the merge
+
+
+def import_ray() -> Any:
+    """The ``ray`` module, or the error that says how to install it."""
+    try:
+        import ray
+        import ray.data  # noqa: F401  (Ray Data comes with the [data] extra)
+    except ImportError as exc:
+        raise RuntimeError(
+            f"--engine ray needs Ray Data, which is not installed ({exc}); install it with: {RAY_INSTALL}"
+        ) from exc
+    return ray
+
+
+def _probe(address: str, timeout: float) -> None:
+    """Fail fast when nothing listens at ``[ray://]HOST:PORT`` (ray.init would wait much longer)."""
+    hostport = address.removeprefix("ray://")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(
+            f"--ray-address {address!r} is not auto, local, ray://HOST:PORT or HOST:PORT; for a cluster started with "
+            "`ray start --head`, give HEAD_IP:6379 (or auto on a machine of the cluster)"
+        )
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except OSError as exc:
+        raise ConnectionError(
+            f"cannot reach the Ray cluster at {address} within {timeout:g} s ({exc}); {START_CLUSTER}"
+        ) from exc
+
+
+def connect(address: str, timeout: float = 10.0) -> bool:
+    """Join (or start, for ``local``) a Ray cluster; True when this call started the connection.
+
+    A process already connected (``ray.init`` called before, e.g. by a test) keeps its connection.
+    """
+    ray = import_ray()
+    if ray.is_initialized():
+        return False
+    if address not in ("auto", "local"):
+        _probe(address, timeout)
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=True)
+    except ConnectionError as exc:
+        raise ConnectionError(f"cannot connect to the Ray cluster at {address!r} ({exc}); {START_CLUSTER}") from exc
+    return True
+
+
+class RayEngine:
+    """The ``ray`` entry of ``builder.ENGINES``: a context manager holding the cluster connection."""
+
+    name = "ray"
+
+    def __init__(self, options: RayOptions | None = None) -> None:
+        self.options = options or RayOptions()
+        if self.options.actors < 1:
+            raise ValueError(f"--ray-actors must be >= 1, got {self.options.actors}")
+        if self.options.gpus_per_actor < 0 or self.options.cpus_per_actor <= 0:
+            raise ValueError("--ray-gpus-per-actor must be >= 0 and --ray-cpus-per-actor > 0")
+        self._started = False
+
+    def __enter__(self) -> RayEngine:
+        self._started = connect(self.options.address, self.options.connect_timeout)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._started:
+            import_ray().shutdown()
+            self._started = False
+
+    def ingest(self, catalogue: Catalogue, store: ShardStore, embedder: Embedder, options: IngestOptions) -> None:
+        model_path = getattr(embedder, "path", None) or catalogue.get_meta("model_path")
+        if model_path is None:
+            raise ValueError("--engine ray loads the model in each actor from its file: give --model")
+        # absolute: the actors' working folder is not this one
+        RayIngestor(catalogue, store, embedder, options, self.options, str(Path(model_path).resolve())).run()
+
+    def add_vectors(self, index: faiss.Index, chunks: Chunks, workdir: Path, count: int) -> faiss.Index:
+        """Per-shard Ray tasks for an IVF index, merged here; any other index is filled in this process."""
+        core = faiss_ops.inner(index)
+        if not isinstance(core, faiss.IndexIVF) or not hasattr(index, "id_map") or index.ntotal:
+            return add_sequentially(index, chunks)
+        on_disk = self.options.merge_on_disk
+        if on_disk is None:  # the merged lists (codes + ids) against the memory the auto policy may use
+            budget = faiss_ops.available_memory() * faiss_ops.AUTO_POLICY.memory_fraction
+            on_disk = count * (core.code_size + 8) > budget
+        return ShardedIvfBuilder(index, core, workdir, on_disk, self.options.add_tasks_in_flight).fill(chunks)
+
+
+# --- Ray Data stages ---------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=4)
+def _transform(config_json: str) -> Any:
+    from retrieval.data import build_transforms
+
+    return build_transforms(json.loads(config_json), train=False)
+
+
+def decode_rows(batch: dict[str, np.ndarray], config_json: str, max_pixels: int) -> dict[str, np.ndarray]:
+    """Ray Data task: hash, decode and preprocess a batch of (id, path) rows with ``decode.decode_file``."""
+    transform = _transform(config_json)
+    size = int(json.loads(config_json)["input_size"])
+    rows = zip(batch["id"], batch["path"], strict=True)
+    records = [decode_file(int(i), str(path), transform, max_pixels) for i, path in rows]
+    pixels = np.zeros((len(records), 3, size, size), np.float32)  # unreadable rows stay zero and are not embedded
+    for row, record in enumerate(records):
+        if record.array is not None:
+            pixels[row] = record.array
+    return {
+        "id": np.asarray(batch["id"], np.int64),
+        "ok": np.array([r.error is None for r in records]),
+        "sha256": np.array([r.sha256 or "" for r in records], object),
+        "size": np.array([-1 if r.size is None else r.size for r in records], np.int64),
+        "error": np.array([r.error or "" for r in records], object),
+        "pixels": pixels,
+    }
+
+
+class BatchEmbedder:
+    """Ray Data actor: loads the ONNX model once, embeds the readable rows of each batch (unit vectors)."""
+
+    def __init__(self, model_path: str, model_hash: str, threads: int) -> None:
+        import onnxruntime
+        import ray
+
+        on_gpu = bool(ray.get_gpu_ids()) and "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+        self.embedder = load_model(model_path, providers="cuda" if on_gpu else "cpu", intra_op_threads=threads)
+        if self.embedder.model_hash != model_hash:
+            raise ModelMismatchError(
+                f"{model_path} on this node has model_hash {self.embedder.model_hash}, the driver's has "
+                f"{model_hash}; give every node the same model file"
+            )
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        ok = np.asarray(batch["ok"], bool)
+        dim = int(self.embedder.embedding_dim)
+        vectors = np.zeros((len(ok), dim), np.float32)
+        if ok.any():
+            pixels = np.ascontiguousarray(batch["pixels"][ok])
+            vectors[ok] = prepare_vectors(self.embedder.embed(pixels), dim)
+        return {key: batch[key] for key in ("id", "ok", "sha256", "size", "error")} | {"embedding": vectors}
+
+
+class RayIngestor(Ingestor):
+    """``Ingestor`` whose images are decoded and embedded by Ray Data; shards are written as parquet here."""
+
+    def __init__(
+        self,
+        catalogue: Catalogue,
+        store: ShardStore,
+        embedder: Embedder,
+        options: IngestOptions,
+        ray_options: RayOptions,
+        model_path: str,
+    ) -> None:
+        super().__init__(catalogue, store, embedder, options)
+        self.ray_options, self.model_path = ray_options, model_path
+        self.paths: dict[int, str] = {}
+
+    def run(self) -> None:
+        pending = self.catalogue.pending()
+        if not pending:
+            return
+        with self.progress_bar(len(pending), "index (ray)") as bar:
+            started, waiting = time.perf_counter(), True
+            for start in range(0, len(pending), self.ray_options.wave_size):
+                wave = pending[start : start + self.ray_options.wave_size]
+                self.paths = dict(wave)
+                for batch in self._embedded(wave):
+                    if waiting:  # start-up: workers import torch, actors load the model
+                        print(
+                            f"ray: first embeddings after {time.perf_counter() - started:.1f} s",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                        waiting = False
+                    self._take_embedded(batch)
+                    if len(self.buffer) >= self.options.shard_size:
+                        self._flush()
+                    bar.update(len(batch["id"]))
+                self._flush()
+
+    def _embedded(self, rows: Sequence[tuple[int, str]]) -> Iterator[dict[str, np.ndarray]]:
+        """The rows' decode + embed results, streamed back in the rows' order."""
+        ray = import_ray()
+        context = ray.data.DataContext.get_current()
+        context.execution_options.preserve_order = True  # the first copy of a duplicate is kept, as locally
+        context.enable_progress_bars = False  # the driver's own bar counts images
+        batch_size, size = self.options.batch_size, int(self.embedder.model_config["input_size"])
+        opts = self.ray_options
+        dataset = ray.data.from_items(
+            [{"id": int(i), "path": p} for i, p in rows], override_num_blocks=max(1, -(-len(rows) // (4 * batch_size)))
+        )
+        dataset = dataset.map_batches(
+            decode_rows,
+            fn_kwargs={
+                "config_json": json.dumps(dict(self.embedder.model_config)),
+                "max_pixels": self.options.max_pixels,
+            },
+            batch_size=batch_size,
+            batch_format="numpy",
+            # the memory one task may use: its worker, one image decode and the batch, in and out;
+            # requesting it also keeps decoding a stage of its own (Ray Data fuses stages with equal
+            # resources into the actors, whose CPUs or GPUs should only embed)
+            memory=DECODE_MEMORY + 2 * batch_size * 3 * size * size * 4,
+        )
+        dataset = dataset.map_batches(
+            BatchEmbedder,
+            fn_constructor_kwargs={
+                "model_path": self.model_path,
+                "model_hash": self.embedder.model_hash,
+                "threads": max(1, int(opts.cpus_per_actor)),
+            },
+            batch_size=batch_size,
+            batch_format="numpy",
+            compute=ray.data.ActorPoolStrategy(size=opts.actors),
+            num_cpus=opts.cpus_per_actor,
+            num_gpus=opts.gpus_per_actor or None,
+        )
+        yield from dataset.iter_batches(batch_size=batch_size, batch_format="numpy", prefetch_batches=2)
+
+    def _take_embedded(self, batch: dict[str, np.ndarray]) -> None:
+        columns = zip(batch["id"], batch["ok"], batch["sha256"], batch["size"], batch["error"], strict=True)
+        wanted = [
+            self.admit(Decoded(int(i), None if size < 0 else int(size), sha or None, None, None if ok else error))
+            for i, ok, sha, size, error in columns
+        ]
+        if any(wanted):
+            self.buffer.vectors.append(np.ascontiguousarray(np.asarray(batch["embedding"], np.float32)[wanted]))
+
+    def _write_shard(self, ids: np.ndarray, vectors: np.ndarray, outcomes: list) -> str:
+        return self.store.write_parquet(ids, vectors, outcomes, self.paths)
+
+
+# --- faiss: per-shard tasks and merge ----------------------------------------------------------------
+def add_shard(trained: bytes, positions: np.ndarray, vectors: np.ndarray) -> np.ndarray:
+    """Ray task: the trained, empty IVF index with one shard's vectors added under their global positions."""
+    index = faiss.deserialize_index(np.frombuffer(trained, np.uint8))
+    index.add_with_ids(np.ascontiguousarray(vectors, np.float32), np.ascontiguousarray(positions, np.int64))
+    return faiss.serialize_index(index)
+
+
+class ShardedIvfBuilder:
+    """Fills an empty trained ``IDMap2,IVF...`` index from per-shard indexes built in Ray tasks.
+
+    Inside the IVF, a vector's id is its global position (shard order); the IDMap2 wrapper maps positions to
+    catalogue ids, exactly as a sequential ``add_with_ids`` would have.
+    """
+
+    def __init__(
+        self, index: faiss.Index, ivf: faiss.IndexIVF, workdir: Path, on_disk: bool, in_flight: int = 4
+    ) -> None:
+        self.index, self.ivf, self.workdir = index, ivf, Path(workdir)
+        self.on_disk, self.max_in_flight = on_disk, max(1, in_flight)
+
+    def fill(self, chunks: Chunks) -> faiss.Index:
+        ray = import_ray()
+        task = ray.remote(num_cpus=1)(add_shard)
+        trained = ray.put(faiss.serialize_index(self.ivf).tobytes())
+        all_ids: list[np.ndarray] = []
+        parts_dir = self.workdir / "ivf-parts"  # the per-shard indexes of an on-disk merge
+        if self.on_disk:
+            parts_dir.mkdir(exist_ok=True)
+        parts: list[str] = []
+        in_flight: list[Any] = []
+        offset = 0
+
+        def merge_oldest() -> None:
+            part = faiss.deserialize_index(ray.get(in_flight.pop(0)))
+            if self.on_disk:
+                parts.append(str(parts_dir / f"part-{len(parts):06d}.index"))
+                faiss.write_index(part, parts[-1])
+            else:
+                self.ivf.merge_from(part, 0)
+
+        started, shards = time.perf_counter(), 0
+        for ids, vectors in chunks:
+            shards += 1
+            positions = np.arange(offset, offset + len(ids), dtype=np.int64)
+            offset += len(ids)
+            all_ids.append(np.asarray(ids, np.int64))
+            in_flight.append(task.remote(trained, positions, vectors))
+            while len(in_flight) > self.max_in_flight:
+                merge_oldest()
+        while in_flight:
+            merge_oldest()
+        if self.on_disk:
+            self._merge_on_disk(parts, parts_dir)
+        ids = np.concatenate(all_ids) if all_ids else np.zeros(0, np.int64)
+        faiss.copy_array_to_vector(ids, self.index.id_map)
+        self.index.ntotal = self.ivf.ntotal
+        self.index.construct_rev_map()
+        print(
+            f"faiss: {offset} vectors added in {shards} per-shard Ray tasks and merged "
+            f"({'on disk' if self.on_disk else 'in memory'}) in {time.perf_counter() - started:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+        return self.index
+
+    def _merge_on_disk(self, parts: list[str], parts_dir: Path) -> None:
+        """Merge the per-shard lists into a new ``index-<time>.ivfdata`` that the written index.faiss names."""
+        from faiss.contrib.ondisk import merge_ondisk
+
+        if not (self.workdir / "index.faiss").exists():  # a build killed before: nothing refers to older data
+            for stale in self.workdir.glob("index-*.ivfdata"):
+                with contextlib.suppress(OSError):
+                    stale.unlink()
+        merge_ondisk(self.ivf, parts, str(self.workdir / f"index-{time.time_ns()}.ivfdata"))
+        for part in parts:
+            Path(part).unlink(missing_ok=True)
+        parts_dir.rmdir()
