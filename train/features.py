@@ -14,7 +14,8 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from retrieval.data import BadImageLog, BadSample
-from retrieval.inference import Embedded, embed_samples
+from retrieval.distributed import embed_sharded, every_rank, rank_and_world
+from retrieval.inference import Embedded
 
 
 def default_cache_dir() -> Path:
@@ -38,13 +39,15 @@ def cached_features(
     """Backbone features of the images that load, read from the cache when ``key`` matches an earlier run.
 
     The images that failed are cached too (as ``bad``) and go to ``bad_images`` on every read, so a run that reads
-    the cache warns, skips or stops exactly as the run that wrote it.
+    the cache warns, skips or stops exactly as the run that wrote it. Under torch.distributed the ranks extract
+    their parts of the data set, every rank gets the merged features and rank 0 writes the cache.
     """
     bad_images = BadImageLog("fail") if bad_images is None else bad_images
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
     path = cache_dir / f"{digest}.npz"
-    if path.is_file():
+    rank, _ = rank_and_world()
+    if every_rank(path.is_file(), device):  # a rank that does not see the file yet makes all extract
         with np.load(path) as data:
             features, labels = data["features"], data["labels"]
             # caches written before bad images were skipped hold every image (a bad one stopped those runs)
@@ -52,7 +55,9 @@ def cached_features(
             bad = [BadSample(**r) for r in json.loads(str(data["bad"]))] if "bad" in data else []
         bad_images.add(bad)
         return Embedded(features, labels, indices, bad)
-    result = embed_samples(backbone, dataset, batch_size, device, workers, amp, desc, progress, bad_images)
+    result = embed_sharded(backbone, dataset, batch_size, device, workers, amp, desc, progress, bad_images)
+    if rank != 0:
+        return result
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}.npz")
     np.savez(tmp, features=result.embeddings, labels=result.labels, indices=result.indices,

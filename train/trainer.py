@@ -21,16 +21,19 @@ from retrieval import losses
 from retrieval.data import (
     BadImageLog,
     ClassBalancedBatchSampler,
+    DistributedClassBalancedBatchSampler,
     WithSampleSeeds,
     build_transforms,
     inject_label_noise,
     load_dataset,
 )
 from retrieval.data.decode import DEFAULT_BACKGROUND, parse_background
+from retrieval.distributed import GlobalBatchObjective
 from retrieval.evaluation import embed_eval_sets, evaluate_embeddings, load_eval_sets
-from retrieval.inference import default_workers, embed_samples, make_loader, resolve_device
+from retrieval.inference import default_workers, embed_samples, make_loader
 from retrieval.models import CHECKPOINT_FORMAT, Embedder, config_hash, create_embedder
 from train.config import TrainConfig
+from train.distributed import DataParallelStep, init_distributed, restarted
 from train.features import cached_features
 from train.report import write_report
 
@@ -130,14 +133,19 @@ class Trainer:
         self.cfg = cfg
         self.progress = progress
         self.out = Path(cfg.out)
-        self.device = resolve_device(cfg.device)
+        self.ctx = init_distributed(cfg.device, cfg.dist_timeout)  # one process: rank 0 of 1
+        self.device = self.ctx.device
+        self.main = self.ctx.is_main  # rank 0 alone writes the run directory
+        self.progress = progress and self.main
         self.amp = cfg.amp and self.device.type == "cuda"
         self.workers = default_workers() if cfg.workers is None else cfg.workers
 
     # --- set-up -----------------------------------------------------------------------------------
     def setup(self) -> None:
         cfg = self.cfg
-        if (self.out / "last.pt").exists() and not cfg.resume:
+        # a worker that torchrun restarted (--max-restarts) continues from the last checkpoint
+        self.resume = cfg.resume or (restarted() and (self.out / "last.pt").exists())
+        if (self.out / "last.pt").exists() and not self.resume:
             raise FileExistsError(
                 f"{self.out} already holds a run (last.pt); pass --resume to continue it or choose another --out"
             )
@@ -179,10 +187,11 @@ class Trainer:
             self.train_set.labels = self.train_labels
         self.num_classes = int(self.train_labels.max()) + 1
 
-        self.sampler = ClassBalancedBatchSampler(
-            self.train_labels, classes_per_batch=cfg.classes_per_batch, samples_per_class=cfg.per_class,
-            drop_small=cfg.drop_small, seed=cfg.seed, batches_per_epoch=cfg.batches_per_epoch,
-        )
+        sampling = dict(drop_small=cfg.drop_small, seed=cfg.seed, batches_per_epoch=cfg.batches_per_epoch)
+        if self.ctx.distributed:  # each rank takes its part of the same global batches
+            sampling.update(rank=self.ctx.rank, world_size=self.ctx.world_size)
+        sampler_cls = DistributedClassBalancedBatchSampler if self.ctx.distributed else ClassBalancedBatchSampler
+        self.sampler = sampler_cls(self.train_labels, cfg.classes_per_batch, cfg.per_class, **sampling)
         self.steps_per_epoch = len(self.sampler)
 
         self.loss_fn = losses.build(cfg.loss, negatives=cfg.negatives, **cfg.loss_kwargs).to(self.device)
@@ -195,6 +204,9 @@ class Trainer:
             extra += list(self.aux.parameters())
         self.optimizer = build_optimizer(cfg, self.model, extra)
         self.scheduler = build_scheduler(cfg, self.optimizer, self.steps_per_epoch)
+        self.objective = GlobalBatchObjective(self.loss_fn, gather=cfg.gather)
+        self.step = DataParallelStep(self.model.head if cfg.freeze_backbone else self.model, self.aux, self.loss_fn,
+                                    self.ctx, sync_bn=cfg.sync_bn)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp)
 
         self.train_features = self.eval_features = None
@@ -205,9 +217,10 @@ class Trainer:
         self.resume_progress: EpochProgress | None = None
         self.baseline: dict[str, float] | None = None
         self.last_eval_embeddings: tuple[np.ndarray, np.ndarray] | None = None
-        if cfg.resume:
+        if self.resume:
             self._load_resume_state()
-        (self.out / "config.json").write_text(json.dumps(self.run_config(), indent=2))
+        if self.main:
+            (self.out / "config.json").write_text(json.dumps(self.run_config(), indent=2))
 
     def _cache_features(self) -> None:
         cfg, backbone = self.cfg, self.model.backbone
@@ -237,6 +250,7 @@ class Trainer:
             "num_train_classes": self.num_classes,
             "steps_per_epoch": self.steps_per_epoch,
             "device": str(self.device),
+            "world_size": self.ctx.world_size,
             "amp": self.amp,
             "torch": torch.__version__,
         }
@@ -301,7 +315,8 @@ class Trainer:
         if "cuda" in ckpt["rng"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all([state.cpu() for state in ckpt["rng"]["cuda"]])
         # metrics.jsonl keeps exactly the epochs the checkpoint has seen
-        self._rewrite_metrics_log()
+        if self.main:
+            self._rewrite_metrics_log()
 
     def _rewrite_metrics_log(self) -> None:
         tmp = self.out / ".metrics.jsonl.tmp"
@@ -330,11 +345,6 @@ class Trainer:
                 self.bad_images.add(batch.bad)
                 yield batch.inputs, batch.labels, len(batch.bad)
 
-    def _forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        if self.cfg.freeze_backbone:
-            return self.model.head(inputs)
-        return self.model(inputs)
-
     def train_epoch(self, epoch: int, progress: EpochProgress | None = None) -> dict[str, float]:
         """Train one epoch (from where ``progress`` stopped, if given); returns its metrics row."""
         self.model.train()
@@ -348,20 +358,18 @@ class Trainer:
         for inputs, labels, unreadable in bar:
             state.batch += 1
             state.skipped_images += unreadable
-            if labels is None or len(labels) < 2:  # (almost) every image of the batch failed to load
+            if not self.step.usable(labels, self.cfg.gather):  # (almost) every image of the batch failed to load
                 state.skipped_steps += 1
                 continue
             inputs = inputs.to(self.device, non_blocking=True)
             labels = labels.to(self.device, non_blocking=True)
-            with torch.autocast(self.device.type, dtype=torch.float16, enabled=self.amp):
-                embeddings = self._forward(inputs)
-            embeddings = embeddings.float()  # losses always run in float32
-            loss = self.loss_fn(embeddings, labels)
-            if self.aux is not None:
-                aux_loss = self.aux(embeddings, labels)
-                state.add("aux_ce", float(aux_loss.detach()))
-                loss = loss + aux_loss
-            if not torch.isfinite(loss):
+            embeddings, aux_loss = self.step(inputs, labels, self.amp)  # float32: losses always run in float32
+            # the global batch's loss (gathered over the ranks) plus the auxiliary head's per-sample terms
+            objective = self.objective(embeddings, labels, aux_loss)
+            loss = objective.total
+            if objective.local_terms is not None:
+                state.add("aux_ce", float(objective.local_terms))
+            if not torch.isfinite(loss):  # the same value on every rank: all skip together
                 state.skipped_steps += 1
                 state.bad_in_row += 1
                 self.optimizer.zero_grad(set_to_none=True)
@@ -374,7 +382,7 @@ class Trainer:
                 continue
             state.bad_in_row = 0
             self.optimizer.zero_grad(set_to_none=True)
-            self.scaler.scale(loss).backward()
+            self.scaler.scale(objective.backward).backward()
             if self.cfg.grad_clip:
                 self.scaler.unscale_(self.optimizer)
                 torch.nn.utils.clip_grad_norm_(
@@ -385,13 +393,13 @@ class Trainer:
             self.scheduler.step()
             state.steps += 1
             state.seen += len(labels)
-            state.add("loss", float(loss.detach()))
+            state.add("loss", float(loss))
             for key, value in (getattr(self.loss_fn, "last_stats", None) or {}).items():
                 state.stats.setdefault(key, []).append(float(value))
             state.elapsed = time.perf_counter() - start
             bar.set_postfix(loss=f"{state.totals['loss'] / state.steps:.4f}",
                             img_s=f"{state.seen / max(state.elapsed, 1e-9):.0f}")
-            if every and self.scheduler.last_epoch % every == 0:  # last_epoch counts the optimizer steps
+            if every and self.main and self.scheduler.last_epoch % every == 0:  # last_epoch counts optimizer steps
                 last = self.history[-1] if self.history else {}
                 atomic_save(self.checkpoint(epoch, last, progress=state), self.out / "last.pt")
         if state.seen == 0 and state.skipped_images:
@@ -429,7 +437,7 @@ class Trainer:
                 return head(query.embeddings), query.labels, None, None
             return head(query.embeddings), query.labels, head(gallery.embeddings), gallery.labels
         return embed_eval_sets(self.model, self.eval_sets, self.device, self.cfg.eval_batch_size, self.workers,
-                               self.amp, self.progress, bad_images=self.bad_images)
+                               self.amp, self.progress, bad_images=self.bad_images, sharded=self.ctx.distributed)
 
     @torch.no_grad()
     def train_embeddings_sample(self) -> tuple[np.ndarray, np.ndarray] | None:
@@ -443,8 +451,13 @@ class Trainer:
         return emb, self.train_labels[self.train_feature_indices[idx]]
 
     def evaluate(self, final: bool = False) -> dict[str, float]:
+        """Metrics of the evaluation split: embedded sharded over the ranks, computed once (rank 0), shared."""
         q, ql, g, gl = self.embed_eval()
         self.last_eval_embeddings = (q, ql)  # the report's plots reuse them instead of embedding again
+        return self.ctx.from_main(self._metrics(q, ql, g, gl, final) if self.main else None)
+
+    def _metrics(self, q: np.ndarray, ql: np.ndarray, g: np.ndarray | None, gl: np.ndarray | None,
+                 final: bool) -> dict[str, float]:
         metrics = evaluate_embeddings(q, ql, g, gl)
         # unreadable images lose both their embedding and their label: say how many were left
         evaluated = len(ql) + (len(gl) if gl is not None else 0)
@@ -480,7 +493,8 @@ class Trainer:
         if self.baseline is None and cfg.eval_before:
             self.baseline = self.evaluate()
             self.history.append({"epoch": 0, **self.baseline})
-            self._rewrite_metrics_log()
+            if self.main:
+                self._rewrite_metrics_log()
         for epoch in range(self.start_epoch, cfg.epochs):
             progress, self.resume_progress = self.resume_progress, None  # a mid-epoch resume's epoch comes first
             row: dict[str, Any] = {"epoch": epoch + 1, **self.train_epoch(epoch, progress)}
@@ -488,12 +502,15 @@ class Trainer:
             if is_eval_epoch:
                 row.update(self.evaluate(final=epoch + 1 == cfg.epochs))
             self.history.append(row)
-            with log_path.open("a") as f:
-                f.write(json.dumps(row) + "\n")
+            if self.main:
+                with log_path.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
             if is_eval_epoch and row["recall@1"] > self.best_recall:
                 self.best_recall = row["recall@1"]
-                atomic_save(self.checkpoint(epoch + 1, row), self.out / "best.pt")
-            atomic_save(self.checkpoint(epoch + 1, row), self.out / "last.pt")
+                if self.main:
+                    atomic_save(self.checkpoint(epoch + 1, row), self.out / "best.pt")
+            if self.main:
+                atomic_save(self.checkpoint(epoch + 1, row), self.out / "last.pt")
             if self.progress:
                 shown = {k: round(v, 4) for k, v in row.items() if k in ("loss", "recall@1", "map@r")}
                 tqdm.write(f"epoch {epoch + 1}: {shown}")
@@ -505,6 +522,8 @@ class Trainer:
         if self.last_eval_embeddings is None:  # e.g. resuming a run that had already finished
             q, ql, _, _ = self.embed_eval()
             self.last_eval_embeddings = (q, ql)
+        if not self.main:
+            return {}
         train_sample = self.train_embeddings_sample()
         return write_report(self.out, self.run_config(), self.history, self.baseline, best,
                             final[-1] if final else None, self.last_eval_embeddings, train_sample,
@@ -524,5 +543,12 @@ def hard_fractions(q: np.ndarray, ql: np.ndarray, train_sample) -> dict[str, flo
 
 
 def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
-    """Train one run as configured; returns the report (also written to RUN_DIR/report.json)."""
-    return Trainer(cfg, progress=progress).run()
+    """Train one run as configured; returns the report (also written to RUN_DIR/report.json; {} on ranks > 0).
+
+    Under torchrun (WORLD_SIZE > 1) it joins the process group, and leaves it at the end if it joined it."""
+    joined = torch.distributed.is_initialized()
+    try:
+        return Trainer(cfg, progress=progress).run()
+    finally:
+        if not joined and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
