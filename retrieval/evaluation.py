@@ -12,7 +12,6 @@ from torch.utils.data import Dataset, Subset
 
 from retrieval.data.dataset import BadImageLog
 from retrieval.distributed import embed_sharded
-from retrieval.inference import embed_samples
 
 
 @dataclass
@@ -69,15 +68,14 @@ def evaluate_embeddings(query: np.ndarray, query_labels: np.ndarray, gallery: np
 
 def embed_eval_sets(model: nn.Module, sets: EvalSets, device: torch.device | str, batch_size: int = 128,
                     workers: int | None = None, amp: bool = False, progress: bool = True,
-                    bad_images: BadImageLog | None = None, sharded: bool = False):
+                    bad_images: BadImageLog | None = None):
     """(query, query_labels, gallery, gallery_labels) embeddings; an unreadable image loses its row and label.
 
-    ``sharded``: under torch.distributed, each rank embeds its part and every rank gets all rows
-    (``retrieval.distributed.embed_sharded``)."""
-    embed = embed_sharded if sharded else embed_samples
+    Under torch.distributed each rank embeds its part and every rank gets all rows, each image once
+    (``retrieval.distributed.embed_sharded``; in one process it is ``embed_samples``)."""
 
     def rows(dataset: Dataset, desc: str) -> tuple[np.ndarray, np.ndarray]:
-        result = embed(model, dataset, batch_size, device, workers, amp, desc, progress, bad_images)
+        result = embed_sharded(model, dataset, batch_size, device, workers, amp, desc, progress, bad_images)
         return result.embeddings, result.labels
 
     q, ql = rows(sets.query, "embed query")

@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -66,13 +67,16 @@ class DistContext:
 
 
 class TrainStep(nn.Module):
-    """What a step trains, as one module for DDP: the network (the head on cached features, else the embedder),
-    the auxiliary head (per-sample, local) and the loss (its parameters, if any, are kept in sync; it is called
-    on the gathered batch by ``GlobalBatchObjective``, not here)."""
+    """What a step trains, as one module for DDP: the embedder run by the feature source's ``forward`` (the head
+    on cached features, else the whole model; frozen parameters are left out of DDP), the auxiliary head
+    (per-sample, local) and the loss (its parameters, if any, are kept in sync; it is called on the gathered batch
+    by ``GlobalBatchObjective``, not here)."""
 
-    def __init__(self, net: nn.Module, aux: nn.Module | None, loss: nn.Module) -> None:
+    def __init__(self, net: nn.Module, forward: Callable[[nn.Module, torch.Tensor], torch.Tensor],
+                 aux: nn.Module | None, loss: nn.Module) -> None:
         super().__init__()
         self.net = net
+        self.net_forward = forward
         self.aux = aux
         self.loss = loss
 
@@ -80,7 +84,7 @@ class TrainStep(nn.Module):
                 amp: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(float32 embeddings [b, D], the auxiliary head's mean loss over this rank's b samples or None)."""
         with torch.autocast(inputs.device.type, dtype=torch.float16, enabled=amp):
-            embeddings = self.net(inputs)
+            embeddings = self.net_forward(self.net, inputs)
         embeddings = embeddings.float()
         return embeddings, (self.aux(embeddings, labels) if self.aux is not None else None)
 
@@ -89,10 +93,10 @@ class DataParallelStep:
     """Runs ``TrainStep`` on this rank: through DistributedDataParallel (gradients averaged over the ranks) when
     there are several, as it is in one process."""
 
-    def __init__(self, net: nn.Module, aux: nn.Module | None, loss: nn.Module, ctx: DistContext,
-                 sync_bn: bool = False) -> None:
+    def __init__(self, net: nn.Module, forward: Callable[[nn.Module, torch.Tensor], torch.Tensor],
+                 aux: nn.Module | None, loss: nn.Module, ctx: DistContext, sync_bn: bool = False) -> None:
         self.ctx = ctx
-        module = TrainStep(net, aux, loss)
+        module = TrainStep(net, forward, aux, loss)
         if sync_bn:
             if ctx.device.type != "cuda":
                 raise ValueError("--sync-bn needs CUDA GPUs (torch's SyncBatchNorm runs on GPUs only); leave it out "

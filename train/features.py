@@ -1,4 +1,10 @@
-"""--freeze-backbone: compute backbone features once, cache them on disk, train only the head."""
+"""Where the trainer's inputs come from: cached backbone features (frozen backbone) or images (fine-tuning).
+
+``CachedFeatures`` and ``ImagePipeline`` hold everything that differs between ``--freeze-backbone`` and fine-tuning:
+the model's trainable part and train mode, the batches of an epoch, the forward pass, the embedded evaluation split,
+the train embeddings of the linear probe and the train sample of the hard-triplet fraction. The trainer picks one
+with ``feature_source(cfg)`` and never asks ``freeze_backbone`` again.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +12,228 @@ import dataclasses
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from retrieval.data import BadImageLog, BadSample
+from retrieval.data import BadImageLog, BadSample, WithSampleSeeds, build_transforms, load_dataset
+from retrieval.data.decode import DEFAULT_BACKGROUND
 from retrieval.distributed import embed_sharded, every_rank, rank_and_world
-from retrieval.inference import Embedded
+from retrieval.evaluation import EvalSets, embed_eval_sets
+from retrieval.inference import Embedded, embed_samples, make_loader
+from retrieval.models import Embedder
+from train.config import TrainConfig
+
+Batch = tuple[torch.Tensor, torch.Tensor, int]  # (inputs, labels, images of the batch that could not be read)
+EvalEmbeddings = tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]
+
+
+@dataclasses.dataclass
+class Embedding:
+    """How a source embeds a whole split: device, batch size, workers, autocast, progress bars, unreadable images."""
+
+    device: torch.device
+    batch_size: int
+    workers: int | None
+    amp: bool
+    progress: bool
+    bad_images: BadImageLog
+
+
+class FeatureSource(Protocol):
+    """The inputs of one training run and how the model turns them into embeddings."""
+
+    def train_mode(self, model: Embedder) -> None:
+        """Put the model in training mode (the parts that train)."""
+
+    def batches(self, sampler, epoch: int, start: int) -> Iterator[Batch]:
+        """The batches of ``epoch`` from the sampler's batch ``start`` on."""
+
+    def forward(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+        """Embeddings [B, D] of one batch of inputs."""
+
+    def embed_eval(self, model: Embedder) -> EvalEmbeddings:
+        """(query, query_labels, gallery, gallery_labels) embeddings of the evaluation split."""
+
+    def train_embeddings(self, model: Embedder) -> tuple[np.ndarray, np.ndarray]:
+        """(embeddings [n, D], train image index of each row) of every train image that loads, without augmentation."""
+
+    def train_sample(self, model: Embedder, seed: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """(embeddings, train image index of each row) of a fixed train subset; None when too costly to embed."""
+
+
+def feature_source_class(cfg: TrainConfig) -> type[CachedFeatures] | type[ImagePipeline]:
+    """The feature source a configuration trains from: the one place that reads ``freeze_backbone``."""
+    return CachedFeatures if cfg.freeze_backbone else ImagePipeline
+
+
+class CachedFeatures:
+    """--freeze-backbone: the backbone's features of every image, computed once (and cached on disk); only the head
+    trains and runs."""
+
+    SAMPLE_SIZE = 2000  # train images of the hard-triplet fraction's sample
+
+    def __init__(self, train: Embedded, query: Embedded, gallery: Embedded | None, labels: np.ndarray,
+                 device: torch.device) -> None:
+        self.train_features = torch.from_numpy(train.embeddings).to(device)
+        self.train_feature_indices = train.indices  # the train images that loaded, one per feature row
+        # feature row of each train image, -1 where it could not be read (batches then leave it out)
+        self.train_feature_row = np.full(len(labels), -1, dtype=np.int64)
+        self.train_feature_row[train.indices] = np.arange(len(train.indices))
+        self.labels = torch.from_numpy(labels)
+        self.eval_features = (query, gallery)
+        self.device = device
+
+    @staticmethod
+    def prepare_model(model: Embedder) -> None:
+        """Freeze the backbone: its features are computed once."""
+        for p in model.backbone.parameters():
+            p.requires_grad_(False)
+
+    @staticmethod
+    def train_transform(model_config: dict):
+        """The features are cached once, so the train images are not augmented."""
+        return build_transforms(model_config, train=False)
+
+    @classmethod
+    def build(cls, cfg: TrainConfig, model: Embedder, train_set: Dataset, labels: np.ndarray, eval_sets: EvalSets,
+              embedding: Embedding) -> CachedFeatures:
+        """Read the features of the train and evaluation images from the cache, or compute and cache them."""
+        args = dict(cache_dir=cfg.feature_cache, device=embedding.device, batch_size=embedding.batch_size,
+                    workers=embedding.workers, amp=embedding.amp, bad_images=embedding.bad_images,
+                    progress=embedding.progress)
+        train = cached_features(model.backbone, train_set, dataset_key(cfg, model, "train"), desc="features train",
+                                **args)
+        query = cached_features(model.backbone, eval_sets.query, dataset_key(cfg, model, cfg.eval_split),
+                                desc="features query", **args)
+        gallery = None
+        if eval_sets.gallery is not None:
+            gallery = cached_features(model.backbone, eval_sets.gallery, dataset_key(cfg, model, "gallery"),
+                                      desc="features gallery", **args)
+        return cls(train, query, gallery, labels, embedding.device)
+
+    def train_mode(self, model: Embedder) -> None:
+        model.train()
+        model.backbone.eval()
+
+    def batches(self, sampler, epoch: int, start: int) -> Iterator[Batch]:
+        sampler.set_epoch(epoch, start)
+        for indices in sampler:
+            idx = np.asarray(indices, dtype=np.int64)
+            rows = self.train_feature_row[idx]
+            ok = rows >= 0
+            yield (self.train_features[torch.from_numpy(rows[ok])], self.labels[torch.from_numpy(idx[ok])],
+                   int(np.count_nonzero(~ok)))
+
+    def forward(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+        return model.head(inputs)
+
+    def _head(self, model: Embedder, features: np.ndarray | torch.Tensor) -> np.ndarray:
+        if isinstance(features, np.ndarray):
+            features = torch.from_numpy(features).to(self.device)
+        return model.head(features).float().cpu().numpy()
+
+    @torch.no_grad()
+    def embed_eval(self, model: Embedder) -> EvalEmbeddings:
+        model.head.eval()
+        query, gallery = self.eval_features
+        if gallery is None:
+            return self._head(model, query.embeddings), query.labels, None, None
+        return (self._head(model, query.embeddings), query.labels, self._head(model, gallery.embeddings),
+                gallery.labels)
+
+    @torch.no_grad()
+    def train_embeddings(self, model: Embedder) -> tuple[np.ndarray, np.ndarray]:
+        model.head.eval()
+        return self._head(model, self.train_features), self.train_feature_indices
+
+    @torch.no_grad()
+    def train_sample(self, model: Embedder, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        n = len(self.train_feature_indices)  # the train images that could be read
+        idx = np.sort(np.random.default_rng(seed).permutation(n)[: min(n, self.SAMPLE_SIZE)])
+        model.head.eval()
+        return self._head(model, self.train_features[torch.from_numpy(idx)]), self.train_feature_indices[idx]
+
+
+class ImagePipeline:
+    """Fine-tuning: augmented train images through the whole model; the evaluation split embedded image by image."""
+
+    def __init__(self, cfg: TrainConfig, train_set: Dataset, eval_sets: EvalSets, embedding: Embedding) -> None:
+        self.cfg = cfg
+        self.train_set = train_set
+        self.eval_sets = eval_sets
+        self.embedding = embedding
+
+    @staticmethod
+    def prepare_model(model: Embedder) -> None:
+        """Every part of the model trains."""
+
+    @staticmethod
+    def train_transform(model_config: dict):
+        """The augmenting train pipeline."""
+        return build_transforms(model_config, train=True)
+
+    @classmethod
+    def build(cls, cfg: TrainConfig, model: Embedder, train_set: Dataset, labels: np.ndarray, eval_sets: EvalSets,
+              embedding: Embedding) -> ImagePipeline:
+        """The images are read batch by batch (``labels`` are the train set's own)."""
+        return cls(cfg, train_set, eval_sets, embedding)
+
+    def train_mode(self, model: Embedder) -> None:
+        model.train()
+
+    def batches(self, sampler, epoch: int, start: int) -> Iterator[Batch]:
+        sampler.set_epoch(epoch, start)
+        run = self.embedding
+        # per-sample seeds: augmentation does not depend on the workers or on where a run resumed; the own
+        # generator keeps the DataLoader from drawing on the global RNG that the checkpoints save
+        loader = make_loader(self.train_set, None, run.workers, run.device, batch_sampler=WithSampleSeeds(sampler),
+                             generator=torch.Generator().manual_seed(self.cfg.seed * 1000 + epoch))
+        for batch in loader:
+            run.bad_images.add(batch.bad)
+            yield batch.inputs, batch.labels, len(batch.bad)
+
+    def forward(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+        return model(inputs)
+
+    @torch.no_grad()
+    def embed_eval(self, model: Embedder) -> EvalEmbeddings:
+        run = self.embedding
+        return embed_eval_sets(model, self.eval_sets, run.device, run.batch_size, run.workers, run.amp, run.progress,
+                               bad_images=run.bad_images)
+
+    @torch.no_grad()
+    def train_embeddings(self, model: Embedder) -> tuple[np.ndarray, np.ndarray]:
+        cfg, run = self.cfg, self.embedding
+        plain = load_dataset(cfg.dataset, cfg.data, split="train",
+                             transform=build_transforms(model.config, train=False), **cfg.dataset_kwargs)
+        embedded = embed_samples(model, plain, run.batch_size, run.device, run.workers, run.amp, desc="embed train",
+                                 progress=run.progress, bad_images=run.bad_images)
+        return embedded.embeddings, embedded.indices
+
+    def train_sample(self, model: Embedder, seed: int) -> None:
+        return None  # embedding train images again every epoch costs as much as the evaluation
+
+
+def dataset_key(cfg: TrainConfig, model: Embedder, split: str) -> dict:
+    """What the backbone features of ``split`` depend on: the cache key."""
+    return {
+        "backbone": cfg.backbone, "pretrained": cfg.pretrained, "weights": cfg.weights,
+        "input_size": model.config["input_size"], "dataset": cfg.dataset,
+        "data": str(Path(cfg.data).resolve()) if cfg.data else None, "dataset_kwargs": cfg.dataset_kwargs,
+        "split": split, "eval_limit": cfg.eval_limit if split != "train" else None,
+        # features do not depend on the seed, only the seeded --eval-limit subset does: seeds share a cache
+        "seed": cfg.seed if cfg.eval_limit and split != "train" else None,
+        "amp": cfg.amp and torch.cuda.is_available() and cfg.device != "cpu",  # fp16 features differ
+        # only transparent images depend on it; keys made before it was recorded stay valid for the default
+        **({"background": model.config["background"]}
+           if model.config["background"] != list(DEFAULT_BACKGROUND) else {}),
+    }
 
 
 def default_cache_dir() -> Path:

@@ -22,22 +22,20 @@ from retrieval.data import (
     BadImageLog,
     ClassBalancedBatchSampler,
     DistributedClassBalancedBatchSampler,
-    WithSampleSeeds,
     build_transforms,
     inject_label_noise,
     load_dataset,
 )
-from retrieval.data.decode import DEFAULT_BACKGROUND, parse_background
+from retrieval.data.decode import parse_background
 from retrieval.distributed import GlobalBatchObjective
-from retrieval.evaluation import embed_eval_sets, evaluate_embeddings, load_eval_sets
-from retrieval.inference import default_workers, embed_samples, make_loader
+from retrieval.evaluation import evaluate_embeddings, load_eval_sets
+from retrieval.inference import default_workers
 from retrieval.models import CHECKPOINT_FORMAT, Embedder, config_hash, create_embedder
 from train.config import TrainConfig
 from train.distributed import DataParallelStep, init_distributed, restarted
-from train.features import cached_features
+from train.features import Embedding, FeatureSource, feature_source_class
 from train.report import write_report
 
-HARD_FRACTION_SAMPLES = 2000  # anchors used for the per-epoch hard-triplet fraction
 BAD_IMAGE_FIX = "fix or remove the file, or pass --on-bad-image skip to train without it"
 
 
@@ -111,21 +109,6 @@ def build_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, steps_pe
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def _dataset_key(cfg: TrainConfig, model: Embedder, split: str) -> dict:
-    return {
-        "backbone": cfg.backbone, "pretrained": cfg.pretrained, "weights": cfg.weights,
-        "input_size": model.config["input_size"], "dataset": cfg.dataset,
-        "data": str(Path(cfg.data).resolve()) if cfg.data else None, "dataset_kwargs": cfg.dataset_kwargs,
-        "split": split, "eval_limit": cfg.eval_limit if split != "train" else None,
-        # features do not depend on the seed, only the seeded --eval-limit subset does: seeds share a cache
-        "seed": cfg.seed if cfg.eval_limit and split != "train" else None,
-        "amp": cfg.amp and torch.cuda.is_available() and cfg.device != "cpu",  # fp16 features differ
-        # only transparent images depend on it; keys made before it was recorded stay valid for the default
-        **({"background": model.config["background"]}
-           if model.config["background"] != list(DEFAULT_BACKGROUND) else {}),
-    }
-
-
 class Trainer:
     """Holds the state of one run; ``run()`` trains, evaluates, checkpoints and writes the report."""
 
@@ -160,14 +143,13 @@ class Trainer:
         if cfg.image_size:
             self.model.config["input_size"] = int(cfg.image_size)
         self.model.config["background"] = list(parse_background(cfg.background))
-        if cfg.freeze_backbone:
-            for p in self.model.backbone.parameters():
-                p.requires_grad_(False)
+        source = feature_source_class(cfg)
+        source.prepare_model(self.model)
         self.model.to(self.device)
 
         eval_tf = build_transforms(self.model.config, train=False)
-        train_tf = eval_tf if cfg.freeze_backbone else build_transforms(self.model.config, train=True)
-        self.train_set = load_dataset(cfg.dataset, cfg.data, split="train", transform=train_tf, **cfg.dataset_kwargs)
+        self.train_set = load_dataset(cfg.dataset, cfg.data, split="train",
+                                      transform=source.train_transform(self.model.config), **cfg.dataset_kwargs)
         self.eval_sets = load_eval_sets(cfg.dataset, cfg.data, cfg.eval_split, eval_tf, cfg.eval_limit, cfg.seed,
                                         **cfg.dataset_kwargs)
         self.train_labels = np.asarray(self.train_set.labels, dtype=np.int64)
@@ -205,13 +187,14 @@ class Trainer:
         self.optimizer = build_optimizer(cfg, self.model, extra)
         self.scheduler = build_scheduler(cfg, self.optimizer, self.steps_per_epoch)
         self.objective = GlobalBatchObjective(self.loss_fn, gather=cfg.gather)
-        self.step = DataParallelStep(self.model.head if cfg.freeze_backbone else self.model, self.aux, self.loss_fn,
-                                    self.ctx, sync_bn=cfg.sync_bn)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp)
 
-        self.train_features = self.eval_features = None
-        if cfg.freeze_backbone:
-            self._cache_features()
+        embedding = Embedding(self.device, cfg.eval_batch_size, self.workers, self.amp, self.progress, self.bad_images)
+        self.features: FeatureSource = source.build(cfg, self.model, self.train_set, self.train_labels,
+                                                    self.eval_sets, embedding)
+        # what a step runs: through DDP when there are several processes
+        self.step = DataParallelStep(self.model, self.features.forward, self.aux, self.loss_fn, self.ctx,
+                                     sync_bn=cfg.sync_bn)
 
         self.start_epoch, self.best_recall, self.history = 0, -1.0, []
         self.resume_progress: EpochProgress | None = None
@@ -222,24 +205,18 @@ class Trainer:
         if self.main:
             (self.out / "config.json").write_text(json.dumps(self.run_config(), indent=2))
 
-    def _cache_features(self) -> None:
-        cfg, backbone = self.cfg, self.model.backbone
-        args = dict(cache_dir=cfg.feature_cache, device=self.device, batch_size=cfg.eval_batch_size,
-                    workers=self.workers, amp=self.amp, bad_images=self.bad_images, progress=self.progress)
-        train = cached_features(backbone, self.train_set, _dataset_key(cfg, self.model, "train"),
-                                desc="features train", **args)
-        self.train_features = torch.from_numpy(train.embeddings).to(self.device)
-        self.train_feature_indices = train.indices  # the train images that loaded, one per feature row
-        # feature row of each train image, -1 where it could not be read (batches then leave it out)
-        self.train_feature_row = np.full(len(self.train_labels), -1, dtype=np.int64)
-        self.train_feature_row[train.indices] = np.arange(len(train.indices))
-        query = cached_features(backbone, self.eval_sets.query, _dataset_key(cfg, self.model, cfg.eval_split),
-                                desc="features query", **args)
-        gallery = None
-        if self.eval_sets.gallery is not None:
-            gallery = cached_features(backbone, self.eval_sets.gallery, _dataset_key(cfg, self.model, "gallery"),
-                                      desc="features gallery", **args)
-        self.eval_features = (query, gallery)
+    # the frozen backbone's cached features, read by the results grid's floor (benchmarks/quality.py)
+    @property
+    def train_features(self) -> torch.Tensor:
+        return self.features.train_features
+
+    @property
+    def train_feature_indices(self) -> np.ndarray:
+        return self.features.train_feature_indices
+
+    @property
+    def eval_features(self):
+        return self.features.eval_features
 
     def run_config(self) -> dict[str, Any]:
         return {
@@ -324,37 +301,15 @@ class Trainer:
         os.replace(tmp, self.out / "metrics.jsonl")
 
     # --- training ----------------------------------------------------------------------------------
-    def _batches(self, epoch: int, start: int):
-        """(inputs, labels, images that could not be read) for each batch of ``epoch`` from batch ``start`` on."""
-        self.sampler.set_epoch(epoch, start)
-        if self.cfg.freeze_backbone:
-            labels = torch.from_numpy(self.train_labels)
-            for indices in self.sampler:
-                idx = np.asarray(indices, dtype=np.int64)
-                rows = self.train_feature_row[idx]
-                ok = rows >= 0
-                yield (self.train_features[torch.from_numpy(rows[ok])], labels[torch.from_numpy(idx[ok])],
-                       int(np.count_nonzero(~ok)))
-        else:
-            # per-sample seeds: augmentation does not depend on the workers or on where a run resumed; the own
-            # generator keeps the DataLoader from drawing on the global RNG that the checkpoints save
-            loader = make_loader(self.train_set, None, self.workers, self.device,
-                                 batch_sampler=WithSampleSeeds(self.sampler),
-                                 generator=torch.Generator().manual_seed(self.cfg.seed * 1000 + epoch))
-            for batch in loader:
-                self.bad_images.add(batch.bad)
-                yield batch.inputs, batch.labels, len(batch.bad)
-
     def train_epoch(self, epoch: int, progress: EpochProgress | None = None) -> dict[str, float]:
         """Train one epoch (from where ``progress`` stopped, if given); returns its metrics row."""
-        self.model.train()
-        if self.cfg.freeze_backbone:
-            self.model.backbone.eval()
+        self.features.train_mode(self.model)
         state = progress or EpochProgress(epoch)
         every = self.cfg.checkpoint_every
         start = time.perf_counter() - state.elapsed
-        bar = tqdm(self._batches(epoch, state.batch), total=self.steps_per_epoch, initial=state.batch,
-                   desc=f"epoch {epoch + 1}/{self.cfg.epochs}", disable=not self.progress, leave=False)
+        bar = tqdm(self.features.batches(self.sampler, epoch, state.batch), total=self.steps_per_epoch,
+                   initial=state.batch, desc=f"epoch {epoch + 1}/{self.cfg.epochs}", disable=not self.progress,
+                   leave=False)
         for inputs, labels, unreadable in bar:
             state.batch += 1
             state.skipped_images += unreadable
@@ -426,29 +381,17 @@ class Trainer:
         return row
 
     # --- evaluation --------------------------------------------------------------------------------
-    @torch.no_grad()
     def embed_eval(self):
         """(query, query_labels, gallery, gallery_labels) embeddings of the evaluation split."""
-        if self.cfg.freeze_backbone:
-            self.model.head.eval()
-            query, gallery = self.eval_features
-            head = lambda f: self.model.head(torch.from_numpy(f).to(self.device)).float().cpu().numpy()  # noqa: E731
-            if gallery is None:
-                return head(query.embeddings), query.labels, None, None
-            return head(query.embeddings), query.labels, head(gallery.embeddings), gallery.labels
-        return embed_eval_sets(self.model, self.eval_sets, self.device, self.cfg.eval_batch_size, self.workers,
-                               self.amp, self.progress, bad_images=self.bad_images, sharded=self.ctx.distributed)
+        return self.features.embed_eval(self.model)
 
-    @torch.no_grad()
     def train_embeddings_sample(self) -> tuple[np.ndarray, np.ndarray] | None:
         """Embeddings of a fixed train subset (for the hard-triplet fraction); None when too costly."""
-        if not self.cfg.freeze_backbone:
+        sample = self.features.train_sample(self.model, self.cfg.seed)
+        if sample is None:
             return None
-        n = len(self.train_feature_indices)  # the train images that could be read
-        idx = np.sort(np.random.default_rng(self.cfg.seed).permutation(n)[: min(n, HARD_FRACTION_SAMPLES)])
-        self.model.head.eval()
-        emb = self.model.head(self.train_features[torch.from_numpy(idx)]).float().cpu().numpy()
-        return emb, self.train_labels[self.train_feature_indices[idx]]
+        emb, indices = sample
+        return emb, self.train_labels[indices]
 
     def evaluate(self, final: bool = False) -> dict[str, float]:
         """Metrics of the evaluation split: embedded sharded over the ranks, computed once (rank 0), shared."""
@@ -473,16 +416,7 @@ class Trainer:
         """Logistic regression on train embeddings (clean labels), accuracy on the evaluation split."""
         from retrieval.metrics import linear_probe
 
-        if self.cfg.freeze_backbone:
-            self.model.head.eval()
-            train_emb = self.model.head(self.train_features).float().cpu().numpy()
-            loaded = self.train_feature_indices
-        else:
-            plain = load_dataset(self.cfg.dataset, self.cfg.data, split="train",
-                                 transform=build_transforms(self.model.config, train=False), **self.cfg.dataset_kwargs)
-            embedded = embed_samples(self.model, plain, self.cfg.eval_batch_size, self.device, self.workers,
-                                     self.amp, desc="embed train", progress=self.progress, bad_images=self.bad_images)
-            train_emb, loaded = embedded.embeddings, embedded.indices
+        train_emb, loaded = self.features.train_embeddings(self.model)
         return linear_probe(train_emb, self.clean_train_labels[loaded], q, ql, seed=self.cfg.seed)
 
     # --- the run -----------------------------------------------------------------------------------
