@@ -108,6 +108,7 @@ TRAIN_OPTIONS = [
                  help="also write last.pt every STEPS optimizer steps, so --resume continues inside an epoch."),
     click.option("--on-bad-image", type=click.Choice(["skip", "fail"]),
                  help="an image that cannot be read: skip it with a warning (default) or stop the run."),
+    click.option("--plots/--no-plots", default=None, help="draw the report's plots (default: yes)."),
     click.option("--gather/--no-gather", default=None,
                  help="several processes: the loss sees the global batch, all ranks' embeddings (default), or "
                       "only each rank's part."),

@@ -68,6 +68,7 @@ class TrainConfig:
     resume: bool = False
     checkpoint_every: int | None = None  # also write last.pt every this many optimizer steps (mid-epoch resume)
     on_bad_image: str = "skip"  # skip | fail: what an image that cannot be read does to the run
+    plots: bool = True  # the report's PNG plots (seconds of matplotlib per run)
     # several processes (torchrun; see train/distributed.py)
     gather: bool = True  # the loss sees the global batch (all ranks' embeddings); False: each rank's own part
     sync_bn: bool = False  # SyncBatchNorm over the ranks, for backbones trained with BN (--no-freeze-bn); CUDA only

@@ -461,7 +461,7 @@ class Trainer:
         train_sample = self.train_embeddings_sample()
         return write_report(self.out, self.run_config(), self.history, self.baseline, best,
                             final[-1] if final else None, self.last_eval_embeddings, train_sample,
-                            bad_images=self.bad_images.records())
+                            bad_images=self.bad_images.records(), with_plots=self.cfg.plots)
 
 
 def hard_fractions(q: np.ndarray, ql: np.ndarray, train_sample) -> dict[str, float]:
