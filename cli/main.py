@@ -162,8 +162,7 @@ def train_command(config_file, dataset_params, loss_params, nproc, max_restarts,
         if code:
             raise click.ClickException(f"the {nproc}-process run failed (torchrun exit code {code}); the errors "
                                        f"above name the rank; --resume continues it from {cfg.out}/last.pt")
-        click.echo(json.dumps(_summary(cfg, json.loads((Path(cfg.out) / "report.json").read_text())), indent=2))
-        return
+        return  # rank 0 printed the summary
     report = train(cfg)
     if report:  # rank 0 (the others return no report)
         click.echo(json.dumps(_summary(cfg, report), indent=2))

@@ -257,21 +257,28 @@ def assert_same(a: Path, b: Path) -> None:
         assert strip(row_b) == pytest.approx(strip(row_a), rel=1e-6, abs=1e-9)
 
 
-def worker_pids(agent: int) -> dict[int, int]:
-    """{RANK: pid} of torchrun's worker processes (children of its agent process)."""
-    children = set()
-    for task in Path(f"/proc/{agent}/task").iterdir():
-        children |= {int(p) for p in (task / "children").read_text().split()}
-    ranks = {}
-    for pid in children:
+def worker_pids(ancestor: int) -> dict[int, int]:
+    """{RANK: pid} of the torchrun workers below process ``ancestor`` (found through /proc)."""
+    ranks, todo = {}, [ancestor]
+    while todo:
+        pid = todo.pop()
         try:
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                todo += [int(p) for p in (task / "children").read_text().split()]
             environ = dict(item.split("=", 1) for item in Path(f"/proc/{pid}/environ").read_text().split("\0")
                            if "=" in item)
         except OSError:
             continue
-        if "RANK" in environ:
+        if "RANK" in environ and "TORCHELASTIC_RUN_ID" in environ:
             ranks[int(environ["RANK"])] = pid
     return ranks
+
+
+def wait_for(path: Path, proc: subprocess.Popen, seconds: float = 180) -> None:
+    deadline = time.monotonic() + seconds
+    while not path.is_file():  # training is under way in both ranks
+        assert proc.poll() is None and time.monotonic() < deadline, "the job did not start training"
+        time.sleep(0.05)
 
 
 @pytest.mark.slow
@@ -280,10 +287,7 @@ def test_a_rank_that_dies_stops_the_job_with_a_message(frozen_runs, tmp_path):
                         epochs=50)
     proc = train_job(cfg, tmp_path, "--checkpoint-every", "1")
     try:
-        deadline = time.monotonic() + 180
-        while not (tmp_path / "dies" / "last.pt").is_file():  # training is under way in both ranks
-            assert proc.poll() is None and time.monotonic() < deadline, "the job did not start training"
-            time.sleep(0.05)
+        wait_for(tmp_path / "dies" / "last.pt", proc)
         ranks = worker_pids(proc.pid)
         assert sorted(ranks) == [0, 1], ranks
         os.kill(ranks[1], signal.SIGKILL)
@@ -295,3 +299,31 @@ def test_a_rank_that_dies_stops_the_job_with_a_message(frozen_runs, tmp_path):
     assert proc.returncode != 0 and took < 60
     message = err.decode()
     assert "ChildFailedError" in message and "Signal 9 (SIGKILL)" in message, message[-3000:]
+
+
+@pytest.mark.slow
+def test_nproc_shortcut_restarts_a_dead_rank_and_resumes_from_last_pt(frozen_runs, tmp_path):
+    """`retrieval train --nproc 2 --max-restarts 1`: rank 1 is killed inside epoch 2; torchrun restarts both ranks,
+    which continue from last.pt and finish the run."""
+    cfg = frozen_config(tmp_path / "restarts", frozen_runs / "cache-ranks", "ms", {}, None, 0.0,
+                        batches_per_epoch=3, epochs=3, checkpoint_every=1)
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg.to_dict()))
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "train", "--config", str(tmp_path / "cfg.json"),
+                             "--nproc", "2", "--max-restarts", "1"], env=env(), cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        last = tmp_path / "restarts" / "last.pt"
+        wait_for(last, proc)
+        while torch.load(last, weights_only=False, mmap=True)["scheduler"]["last_epoch"] < 4:  # inside epoch 2
+            assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+            time.sleep(0.02)
+        os.kill(worker_pids(proc.pid)[1], signal.SIGKILL)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        stop(proc)
+    assert proc.returncode == 0, err.decode()[-4000:]
+    assert "failed (exitcode: -9) local_rank: 1" in err.decode()  # torchrun saw the death, then restarted
+    rows = read_jsonl(tmp_path / "restarts" / "metrics.jsonl")  # the restart continued: no second "epoch 1"
+    assert [r["epoch"] for r in rows] == [1, 2, 3] and all(r["steps"] == 3 for r in rows)
+    summary = out.decode()  # the --nproc shortcut prints rank 0's summary after its epoch lines
+    assert json.loads(summary[summary.index('{\n  "run"'):])["after"]["recall@1"] > 0  # printed once

@@ -152,8 +152,13 @@ def init_distributed(device: str = "auto", timeout_s: float = 1800.0) -> DistCon
     else:
         target = resolve_device(device)
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timedelta(seconds=timeout_s),
-                                device_id=target if use_cuda else None)
+        timeout = timedelta(seconds=timeout_s)
+        # torchrun's store outlives a restart (--max-restarts): keys of the dead attempt would be read as this
+        # one's (gloo then dials the old ranks' addresses), so every attempt uses keys of its own
+        store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
+        store = dist.PrefixStore(f"retrieval/attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+        dist.init_process_group("nccl" if use_cuda else "gloo", store=store, rank=rank, world_size=world,
+                                timeout=timeout, device_id=target if use_cuda else None)
     rank, world = rank_and_world()
     return DistContext(rank, world, local_rank, target)
 
