@@ -92,7 +92,12 @@ TRAIN_OPTIONS = [
     click.option("--warmup-epochs", type=int),
     click.option("--seed", type=int),
     click.option("--device", help="auto|cpu|cuda"),
-    click.option("--amp/--no-amp", default=None, help="mixed precision on CUDA."),
+    click.option("--amp", type=click.Choice(["auto", "fp16", "bf16", "off"]),
+                 help="mixed precision: auto (default: fp16 on CUDA, none on CPU), fp16 (GradScaler), bf16, off; "
+                      "fp16 and bf16 need CUDA."),
+    click.option("--channels-last/--no-channels-last", default=None, help="NHWC convolutions (CUDA only)."),
+    click.option("--compile/--no-compile", "compile", default=None, help="torch.compile the training step (CUDA "
+                                                                          "only)."),
     click.option("--workers", type=int),
     click.option("--eval-every", type=int),
     click.option("--eval-before/--no-eval-before", default=None,

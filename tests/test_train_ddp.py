@@ -203,6 +203,28 @@ def test_evaluation_sharded_over_ranks_counts_every_image_once(tune_runs):
         {k: v for k, v in one.items() if k not in TIMING_KEYS}, abs=1e-6)
 
 
+# --- options that need a GPU, and options that do not fit ------------------------------------------------------------
+@pytest.mark.parametrize("option, message", [
+    (dict(amp="bf16"), "--amp bf16 need"), (dict(amp="fp16"), "--amp fp16 need"),
+    (dict(channels_last=True), "--channels-last need"), (dict(compile=True), "--compile need"),
+])
+def test_gpu_options_are_refused_without_cuda(image_folder, tmp_path, option, message):
+    from train.trainer import Trainer
+
+    with pytest.raises(ValueError, match=f"{message}.*CUDA GPU but this run is on cpu"):
+        Trainer(tune_config(image_folder, tmp_path / "run", "ms", {}, None, 0.0, **option))
+
+
+def test_sync_bn_needs_cuda_and_trained_batchnorm(image_folder, tmp_path):
+    with pytest.raises(ValueError, match="--sync-bn .* needs --no-freeze-bn"):
+        tune_config(image_folder, tmp_path / "a", "ms", {}, None, 0.0, sync_bn=True)
+    with pytest.raises(ValueError, match="--sync-bn needs CUDA GPUs"):
+        train(tune_config(image_folder, tmp_path / "b", "ms", {}, None, 0.0, sync_bn=True, freeze_bn=False),
+              progress=False)
+    with pytest.raises(ValueError, match="--amp must be one of"):
+        tune_config(image_folder, tmp_path / "c", "ms", {}, None, 0.0, amp="fp8")
+
+
 # --- failures: SIGKILL and resume; a rank that dies ----------------------------------------------------------------
 def train_job(cfg: TrainConfig, folder: Path, *extra: str, torchrun_args: tuple[str, ...] = ()) -> subprocess.Popen:
     """`retrieval train` (python -m cli.main) under torchrun, in a process group of its own."""

@@ -14,6 +14,7 @@ from retrieval.data.decode import parse_background
 
 # Losses that need unnormalised embeddings (N-pair regularises the norm itself).
 UNNORMALIZED_LOSSES = {"npair"}
+AMP_CHOICES = (True, False, "auto", "fp16", "bf16", "off")
 
 
 @dataclass
@@ -56,7 +57,9 @@ class TrainConfig:
     # runtime
     seed: int = 0
     device: str = "auto"
-    amp: bool = True  # only on CUDA
+    amp: bool | str = True  # True/"auto": fp16 on CUDA, none on CPU; "fp16" | "bf16": CUDA only; False/"off"
+    channels_last: bool = False  # NHWC memory format for convolutions (CUDA only)
+    compile: bool = False  # torch.compile the training step (CUDA only)
     workers: int | None = None
     eval_every: int = 1
     eval_before: bool = True
@@ -113,6 +116,8 @@ class TrainConfig:
             errors.append(f"--background: {exc}")
         if self.on_bad_image not in {"skip", "fail"}:
             errors.append(f"--on-bad-image must be skip or fail, got {self.on_bad_image!r}")
+        if self.amp not in AMP_CHOICES:
+            errors.append(f"--amp must be one of auto, fp16, bf16, off, got {self.amp!r}")
         if not self.dist_timeout > 0:
             errors.append(f"--dist-timeout must be > 0 seconds, got {self.dist_timeout}")
         if self.sync_bn and (self.freeze_bn or self.freeze_backbone):

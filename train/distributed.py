@@ -79,11 +79,14 @@ class TrainStep(nn.Module):
         self.net_forward = forward
         self.aux = aux
         self.loss = loss
+        self.channels_last = False
 
     def forward(self, inputs: torch.Tensor, labels: torch.Tensor,
-                amp: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+                amp: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(float32 embeddings [b, D], the auxiliary head's mean loss over this rank's b samples or None)."""
-        with torch.autocast(inputs.device.type, dtype=torch.float16, enabled=amp):
+        if self.channels_last and inputs.dim() == 4:
+            inputs = inputs.contiguous(memory_format=torch.channels_last)
+        with torch.autocast(inputs.device.type, dtype=amp or torch.float32, enabled=amp is not None):
             embeddings = self.net_forward(self.net, inputs)
         embeddings = embeddings.float()
         return embeddings, (self.aux(embeddings, labels) if self.aux is not None else None)
@@ -94,20 +97,24 @@ class DataParallelStep:
     there are several, as it is in one process."""
 
     def __init__(self, net: nn.Module, forward: Callable[[nn.Module, torch.Tensor], torch.Tensor],
-                 aux: nn.Module | None, loss: nn.Module, ctx: DistContext, sync_bn: bool = False) -> None:
+                 aux: nn.Module | None, loss: nn.Module, ctx: DistContext, sync_bn: bool = False,
+                 channels_last: bool = False, compile_step: bool = False) -> None:
         self.ctx = ctx
         module = TrainStep(net, forward, aux, loss)
+        if channels_last:  # gpu_options refused it without CUDA
+            module.channels_last = True
+            net.to(memory_format=torch.channels_last)
         if sync_bn:
             if ctx.device.type != "cuda":
                 raise ValueError("--sync-bn needs CUDA GPUs (torch's SyncBatchNorm runs on GPUs only); leave it out "
                                  "on CPU (BatchNorm is frozen by default: --freeze-bn)")
             module.net = nn.SyncBatchNorm.convert_sync_batchnorm(module.net)
-        self.module = module
+        self.module = torch.compile(module) if compile_step else module
         if ctx.distributed:
             self.module = DistributedDataParallel(
-                module, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+                self.module, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
 
-    def __call__(self, inputs: torch.Tensor, labels: torch.Tensor, amp: bool):
+    def __call__(self, inputs: torch.Tensor, labels: torch.Tensor, amp: torch.dtype | None):
         return self.module(inputs, labels, amp)
 
     def usable(self, labels: torch.Tensor | None, gather: bool) -> bool:
@@ -117,6 +124,21 @@ class DataParallelStep:
         if not self.ctx.distributed:
             return count >= 2
         return self.ctx.all_true(count >= (1 if gather else 2))
+
+
+def gpu_options(amp: bool | str, channels_last: bool, compile_step: bool, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype of ``--amp`` (None: full precision); refuses the GPU-only options without CUDA."""
+    cuda = device.type == "cuda"
+    asked = [name for name, on in (("--amp " + str(amp), amp in ("fp16", "bf16")), ("--channels-last", channels_last),
+                                   ("--compile", compile_step)) if on]
+    if asked and not cuda:
+        raise ValueError(f"{', '.join(asked)} need(s) a CUDA GPU but this run is on {device}: leave them out "
+                         "(or run where torch.cuda.is_available())")
+    if amp == "bf16":
+        return torch.bfloat16
+    if amp == "fp16" or (amp in (True, "auto") and cuda):
+        return torch.float16
+    return None
 
 
 def env_world_size() -> int:

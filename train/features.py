@@ -229,7 +229,8 @@ def dataset_key(cfg: TrainConfig, model: Embedder, split: str) -> dict:
         "split": split, "eval_limit": cfg.eval_limit if split != "train" else None,
         # features do not depend on the seed, only the seeded --eval-limit subset does: seeds share a cache
         "seed": cfg.seed if cfg.eval_limit and split != "train" else None,
-        "amp": cfg.amp and torch.cuda.is_available() and cfg.device != "cpu",  # fp16 features differ
+        # fp16 features differ
+        "amp": bool(cfg.amp not in (False, "off") and torch.cuda.is_available() and cfg.device != "cpu"),
         # only transparent images depend on it; keys made before it was recorded stay valid for the default
         **({"background": model.config["background"]}
            if model.config["background"] != list(DEFAULT_BACKGROUND) else {}),

@@ -32,7 +32,7 @@ from retrieval.evaluation import evaluate_embeddings, load_eval_sets
 from retrieval.inference import default_workers
 from retrieval.models import CHECKPOINT_FORMAT, Embedder, config_hash, create_embedder
 from train.config import TrainConfig
-from train.distributed import DataParallelStep, init_distributed, restarted
+from train.distributed import DataParallelStep, gpu_options, init_distributed, restarted
 from train.features import Embedding, FeatureSource, feature_source_class
 from train.report import write_report
 
@@ -120,7 +120,8 @@ class Trainer:
         self.device = self.ctx.device
         self.main = self.ctx.is_main  # rank 0 alone writes the run directory
         self.progress = progress and self.main
-        self.amp = cfg.amp and self.device.type == "cuda"
+        self.amp_dtype = gpu_options(cfg.amp, cfg.channels_last, cfg.compile, self.device)
+        self.amp = self.amp_dtype is not None
         self.workers = default_workers() if cfg.workers is None else cfg.workers
 
     # --- set-up -----------------------------------------------------------------------------------
@@ -187,14 +188,14 @@ class Trainer:
         self.optimizer = build_optimizer(cfg, self.model, extra)
         self.scheduler = build_scheduler(cfg, self.optimizer, self.steps_per_epoch)
         self.objective = GlobalBatchObjective(self.loss_fn, gather=cfg.gather)
-        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp)
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)  # bf16 needs none
 
         embedding = Embedding(self.device, cfg.eval_batch_size, self.workers, self.amp, self.progress, self.bad_images)
         self.features: FeatureSource = source.build(cfg, self.model, self.train_set, self.train_labels,
                                                     self.eval_sets, embedding)
         # what a step runs: through DDP when there are several processes
         self.step = DataParallelStep(self.model, self.features.forward, self.aux, self.loss_fn, self.ctx,
-                                     sync_bn=cfg.sync_bn)
+                                     sync_bn=cfg.sync_bn, channels_last=cfg.channels_last, compile_step=cfg.compile)
 
         self.start_epoch, self.best_recall, self.history = 0, -1.0, []
         self.resume_progress: EpochProgress | None = None
@@ -318,7 +319,7 @@ class Trainer:
                 continue
             inputs = inputs.to(self.device, non_blocking=True)
             labels = labels.to(self.device, non_blocking=True)
-            embeddings, aux_loss = self.step(inputs, labels, self.amp)  # float32: losses always run in float32
+            embeddings, aux_loss = self.step(inputs, labels, self.amp_dtype)  # float32: losses always run in float32
             # the global batch's loss (gathered over the ranks) plus the auxiliary head's per-sample terms
             objective = self.objective(embeddings, labels, aux_loss)
             loss = objective.total
