@@ -80,8 +80,10 @@ def assert_equivalent(one: Path, ranks: Path, rel: float = 1e-5) -> None:
     for key in w_one:
         assert torch.allclose(w_ranks[key].double(), w_one[key].double(), rtol=1e-5, atol=1e-5), key
     assert any(r.get("loss", 0) != 0 for r in rows_one)  # the weights did move: equal weights mean something
-    report = json.loads((ranks / "report.json").read_text())
+    report, alone = (json.loads((run / "report.json").read_text()) for run in (ranks, one))
     assert report["config"]["world_size"] == 2
+    # rank 0's report lists the unreadable images that any rank met
+    assert sorted(b["file"] for b in report["bad_images"]) == sorted(b["file"] for b in alone["bad_images"])
 
 
 # --- the frozen-feature path: pretrained EfficientNet-Lite0 features of sklearn digits ----------------------------
@@ -101,15 +103,19 @@ def frozen_config(out: Path, cache: Path, loss: str, loss_kwargs: dict, negative
 def frozen_runs(tmp_path_factory) -> Path:
     """Every case trained by 2 ranks (features extracted sharded into cache-ranks/), and by one process."""
     root = tmp_path_factory.mktemp("ddp-frozen")
-    ranks = [frozen_config(root / "ranks" / name, root / "cache-ranks", *case) for name, *case in CASES]
-    ranks.append(frozen_config(root / "ranks" / "ms-no-gather", root / "cache-ranks", "ms", {}, None, 0.0,
-                               gather=False))
-    # 2 epochs of 4 steps: the uninterrupted run that the killed-and-resumed run must equal
-    ranks.append(frozen_config(root / "ranks" / "long", root / "cache-ranks", "ms", {}, "loop", 0.0,
-                               batches_per_epoch=4, epochs=2))
-    run_ranks(ranks, root)
-    for name, *case in CASES:
-        train(frozen_config(root / "one" / name, root / "cache-one", *case), progress=False)
+    extra = [frozen_config(root / "ranks" / "ms-no-gather", root / "cache-ranks", "ms", {}, None, 0.0, gather=False),
+             # 2 epochs of 4 steps: the uninterrupted run that the killed-and-resumed run must equal
+             frozen_config(root / "ranks" / "long", root / "cache-ranks", "ms", {}, "loop", 0.0,
+                           batches_per_epoch=4, epochs=2)]
+    return ranks_and_one(lambda who, *case: frozen_config(root / who / case[0], root / f"cache-{who}", *case[1:]),
+                         CASES, extra, root)
+
+
+def ranks_and_one(make, cases, extra: list[TrainConfig], root: Path) -> Path:
+    """Each case (and ``extra``) trained in one 2-rank job into root/ranks/NAME, each case alone into root/one/NAME."""
+    run_ranks([make("ranks", *case) for case in cases] + extra, root)
+    for case in cases:
+        train(make("one", *case), progress=False)
     return root
 
 
@@ -181,16 +187,23 @@ FINE_TUNE_CASES = [c for c in CASES if c[0] in ("triplet-semihard", "ms-loop", "
 @pytest.fixture(scope="module")
 def tune_runs(tmp_path_factory, image_folder) -> Path:
     root = tmp_path_factory.mktemp("ddp-tune")
-    run_ranks([tune_config(image_folder, root / "ranks" / name, *case) for name, *case in FINE_TUNE_CASES], root)
-    for name, *case in FINE_TUNE_CASES:
-        train(tune_config(image_folder, root / "one" / name, *case), progress=False)
-    return root
+    return ranks_and_one(lambda who, *case: tune_config(image_folder, root / who / case[0], *case[1:]),
+                         FINE_TUNE_CASES, [], root)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [c[0] for c in FINE_TUNE_CASES])
 def test_fine_tuning_two_ranks_equal_one_process(tune_runs, name):
     assert_equivalent(tune_runs / "one" / name, tune_runs / "ranks" / name)
+
+
+@pytest.mark.slow
+def test_unreadable_train_images_are_counted_over_all_ranks(tune_runs):
+    rows = [r for case in FINE_TUNE_CASES for r in read_jsonl(tune_runs / "ranks" / case[0] / "metrics.jsonl")]
+    assert sum(r.get("skipped_images", 0) for r in rows) > 0  # the cases did meet the unreadable files
+    files = {b["file"] for case in FINE_TUNE_CASES
+             for b in json.loads((tune_runs / "ranks" / case[0] / "report.json").read_text())["bad_images"]}
+    assert {Path(f).name for f in files} == {"text.png", "empty.png"}
 
 
 @pytest.mark.slow

@@ -117,13 +117,27 @@ class DataParallelStep:
     def __call__(self, inputs: torch.Tensor, labels: torch.Tensor, amp: torch.dtype | None):
         return self.module(inputs, labels, amp)
 
-    def usable(self, labels: torch.Tensor | None, gather: bool) -> bool:
-        """Whether every rank trains on this batch: at least 2 images in all (gathered) or on each rank (local),
-        and at least one on each rank; decided together, since a rank cannot skip a step the others take."""
+    def batch_counts(self, labels: torch.Tensor | None, unreadable: int, gather: bool) -> tuple[bool, int, int]:
+        """(whether every rank trains on this batch, its images, its unreadable images), over the global batch.
+
+        A step needs at least 2 images in all (gathered) or on each rank (local), and at least one on each rank;
+        the ranks decide together, since a rank cannot skip a step the others take."""
         count = 0 if labels is None else len(labels)
         if not self.ctx.distributed:
-            return count >= 2
-        return self.ctx.all_true(count >= (1 if gather else 2))
+            return count >= 2, count, unreadable
+        short = int(count < (1 if gather else 2))
+        sums = torch.tensor([count, unreadable, short], dtype=torch.int64, device=self.ctx.device)
+        dist.all_reduce(sums)
+        count, unreadable, short = (int(v) for v in sums.tolist())
+        return short == 0, count, unreadable
+
+    def all_records(self, records: list[dict]) -> list[dict]:
+        """Every rank's ``records`` (e.g. the unreadable images each met), rank 0's first."""
+        if not self.ctx.distributed:
+            return records
+        everyone: list = [None] * self.ctx.world_size
+        dist.all_gather_object(everyone, records)
+        return [record for part in everyone for record in part]
 
 
 def gpu_options(amp: bool | str, channels_last: bool, compile_step: bool, device: torch.device) -> torch.dtype | None:

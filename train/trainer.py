@@ -313,8 +313,10 @@ class Trainer:
                    leave=False)
         for inputs, labels, unreadable in bar:
             state.batch += 1
+            # counts of the global batch (summed over the ranks)
+            usable, images, unreadable = self.step.batch_counts(labels, unreadable, self.cfg.gather)
             state.skipped_images += unreadable
-            if not self.step.usable(labels, self.cfg.gather):  # (almost) every image of the batch failed to load
+            if not usable:  # (almost) every image of the batch failed to load
                 state.skipped_steps += 1
                 continue
             inputs = inputs.to(self.device, non_blocking=True)
@@ -348,7 +350,7 @@ class Trainer:
             self.scaler.update()
             self.scheduler.step()
             state.steps += 1
-            state.seen += len(labels)
+            state.seen += images
             state.add("loss", float(loss))
             for key, value in (getattr(self.loss_fn, "last_stats", None) or {}).items():
                 state.stats.setdefault(key, []).append(float(value))
@@ -358,6 +360,7 @@ class Trainer:
             if every and self.main and self.scheduler.last_epoch % every == 0:  # last_epoch counts optimizer steps
                 last = self.history[-1] if self.history else {}
                 atomic_save(self.checkpoint(epoch, last, progress=state), self.out / "last.pt")
+        self.bad_images.restore(self.step.all_records(self.bad_images.records()))  # the report lists every rank's
         if state.seen == 0 and state.skipped_images:
             raise ValueError(
                 f"no training image of epoch {epoch + 1} could be read ({state.skipped_images} failed; the warnings "
