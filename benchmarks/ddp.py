@@ -5,10 +5,11 @@
 
 Both runs do the same work per optimizer step: a global batch of --batch random images (P x K labels, K = 4)
 through ``create_embedder(backbone)`` (fine-tuning, frozen BN), the loss on the global batch, backward, AdamW.
-One process uses ``torch.set_num_threads(ranks)`` (and, for reference, 1 thread); the distributed run has
---ranks gloo ranks of one thread each, each with its B / ranks part, DDP and ``GlobalBatchObjective`` (all-gather of embeddings and labels). Reported:
-images/s over the timed steps (after --warmup) and, for the ranks, the milliseconds per step spent in the
-all-gather of the [B, D] embeddings (timed apart, same tensors). Prints a Markdown table.
+One process uses ``torch.set_num_threads(ranks)`` (and, for reference, 1 thread); the distributed run has --ranks
+gloo ranks of one thread each, each with its B / ranks part, DDP and ``GlobalBatchObjective`` (all-gather of
+embeddings and labels). Reported: images/s over the timed steps (after --warmup) and, for the ranks, the
+milliseconds per step spent in the all-gather of the [B, D] embeddings (timed apart, same tensors). Prints a
+Markdown table.
 """
 
 from __future__ import annotations

@@ -249,7 +249,10 @@ def train_job(cfg: TrainConfig, folder: Path, *extra: str, torchrun_args: tuple[
 
 
 def stop(proc: subprocess.Popen) -> None:
+    """Kill the job: its workers (torchrun may start them in sessions of their own), then its process group."""
     if proc.poll() is None:
+        for pid in worker_pids(proc.pid).values():
+            os.kill(pid, signal.SIGKILL)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
 
@@ -362,3 +365,21 @@ def test_nproc_shortcut_restarts_a_dead_rank_and_resumes_from_last_pt(frozen_run
     assert [r["epoch"] for r in rows] == [1, 2, 3] and all(r["steps"] == 3 for r in rows)
     summary = out.decode()  # the --nproc shortcut prints rank 0's summary after its epoch lines
     assert json.loads(summary[summary.index('{\n  "run"'):])["after"]["recall@1"] > 0  # printed once
+
+
+@pytest.mark.slow
+def test_a_rank_that_hangs_fails_the_others_after_the_dist_timeout(frozen_runs, tmp_path):
+    """A rank frozen by SIGSTOP does not die, so torchrun cannot see it: --dist-timeout bounds the others' wait."""
+    cfg = frozen_config(tmp_path / "hangs", frozen_runs / "cache-ranks", "ms", {}, None, 0.0, batches_per_epoch=50,
+                        epochs=50, dist_timeout=5.0)
+    proc = train_job(cfg, tmp_path, "--checkpoint-every", "1")
+    try:
+        wait_for(tmp_path / "hangs" / "last.pt", proc)
+        os.kill(worker_pids(proc.pid)[1], signal.SIGSTOP)
+        stopped = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - stopped
+    finally:
+        stop(proc)
+    assert proc.returncode != 0 and took < 60
+    assert "ChildFailedError" in err.decode(), err.decode()[-3000:]
