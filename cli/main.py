@@ -93,7 +93,12 @@ TRAIN_OPTIONS = [
     click.option("--warmup-epochs", type=int),
     click.option("--seed", type=int),
     click.option("--device", help="auto|cpu|cuda"),
-    click.option("--amp/--no-amp", default=None, help="mixed precision on CUDA."),
+    click.option("--amp", type=click.Choice(["auto", "fp16", "bf16", "off"]),
+                 help="mixed precision: auto (default: fp16 on CUDA, none on CPU), fp16 (GradScaler), bf16, off; "
+                      "fp16 and bf16 need CUDA."),
+    click.option("--channels-last/--no-channels-last", default=None, help="NHWC convolutions (CUDA only)."),
+    click.option("--compile/--no-compile", "compile", default=None, help="torch.compile the training step (CUDA "
+                                                                          "only)."),
     click.option("--workers", type=int),
     click.option("--eval-every", type=int),
     click.option("--eval-before/--no-eval-before", default=None,
@@ -109,6 +114,14 @@ TRAIN_OPTIONS = [
                  help="also write last.pt every STEPS optimizer steps, so --resume continues inside an epoch."),
     click.option("--on-bad-image", type=click.Choice(["skip", "fail"]),
                  help="an image that cannot be read: skip it with a warning (default) or stop the run."),
+    click.option("--plots/--no-plots", default=None, help="draw the report's plots (default: yes)."),
+    click.option("--gather/--no-gather", default=None,
+                 help="several processes: the loss sees the global batch, all ranks' embeddings (default), or "
+                      "only each rank's part."),
+    click.option("--sync-bn/--no-sync-bn", default=None,
+                 help="several GPUs: synchronise BatchNorm statistics (with --no-freeze-bn)."),
+    click.option("--dist-timeout", type=float, metavar="SECONDS",
+                 help="several processes: how long a rank waits for the others before it fails (default 1800)."),
 ]
 
 
@@ -136,16 +149,35 @@ def config_from_options(config_file: str | None, dataset_params: tuple[str, ...]
 
 @main.command("train")
 @train_options
-def train_command(config_file, dataset_params, loss_params, **options) -> None:
+@click.option("--nproc", type=int, metavar="N",
+              help="train in N processes on this machine (torchrun; one per GPU on CUDA). Several machines: "
+                   "torchrun ... -m cli.main train (docs/SCALE.md).")
+@click.option("--max-restarts", type=int, default=0, show_default=True,
+              help="with --nproc: restart the processes this many times after a failure (from last.pt).")
+def train_command(config_file, dataset_params, loss_params, nproc, max_restarts, **options) -> None:
     """Train an embedder; writes config.json, metrics.jsonl, last.pt, best.pt, report.json to --out."""
     from train import train
 
     cfg = config_from_options(config_file, dataset_params, loss_params, **options)
+    if nproc is not None and nproc > 1:
+        from train.distributed import env_world_size, launch
+
+        if env_world_size() > 1:
+            raise click.UsageError("--nproc launches the processes itself: leave it out under torchrun")
+        code = launch(nproc, cfg.to_dict(), Path(cfg.out), max_restarts=max_restarts)
+        if code:
+            raise click.ClickException(f"the {nproc}-process run failed (torchrun exit code {code}); the errors "
+                                       f"above name the rank; --resume continues it from {cfg.out}/last.pt")
+        return  # rank 0 printed the summary
     report = train(cfg)
-    summary = {"run": cfg.out, "report": str(Path(cfg.out) / "report.json"),
-               "before": _headline(report.get("baseline")), "after": _headline(report.get("last")),
-               "best": _headline(report.get("best"))}
-    click.echo(json.dumps(summary, indent=2))
+    if report:  # rank 0 (the others return no report)
+        click.echo(json.dumps(_summary(cfg, report), indent=2))
+
+
+def _summary(cfg: TrainConfig, report: dict) -> dict:
+    return {"run": cfg.out, "report": str(Path(cfg.out) / "report.json"),
+            "before": _headline(report.get("baseline")), "after": _headline(report.get("last")),
+            "best": _headline(report.get("best"))}
 
 
 def _headline(metrics: dict | None) -> dict | None:

@@ -11,7 +11,7 @@ from torch import nn
 from torch.utils.data import Dataset, Subset
 
 from retrieval.data.dataset import BadImageLog
-from retrieval.inference import embed_dataset
+from retrieval.distributed import embed_sharded
 
 
 @dataclass
@@ -69,11 +69,17 @@ def evaluate_embeddings(query: np.ndarray, query_labels: np.ndarray, gallery: np
 def embed_eval_sets(model: nn.Module, sets: EvalSets, device: torch.device | str, batch_size: int = 128,
                     workers: int | None = None, amp: bool = False, progress: bool = True,
                     bad_images: BadImageLog | None = None):
-    """(query, query_labels, gallery, gallery_labels) embeddings; an unreadable image loses its row and label."""
-    q, ql = embed_dataset(model, sets.query, batch_size, device, workers, amp, desc="embed query", progress=progress,
-                          bad_images=bad_images)
+    """(query, query_labels, gallery, gallery_labels) embeddings; an unreadable image loses its row and label.
+
+    Under torch.distributed each rank embeds its part and every rank gets all rows, each image once
+    (``retrieval.distributed.embed_sharded``; in one process it is ``embed_samples``)."""
+
+    def rows(dataset: Dataset, desc: str) -> tuple[np.ndarray, np.ndarray]:
+        result = embed_sharded(model, dataset, batch_size, device, workers, amp, desc, progress, bad_images)
+        return result.embeddings, result.labels
+
+    q, ql = rows(sets.query, "embed query")
     if sets.gallery is None:
         return q, ql, None, None
-    g, gl = embed_dataset(model, sets.gallery, batch_size, device, workers, amp, desc="embed gallery",
-                          progress=progress, bad_images=bad_images)
+    g, gl = rows(sets.gallery, "embed gallery")
     return q, ql, g, gl

@@ -83,3 +83,35 @@ def test_works_as_torch_batch_sampler():
     for indices, batch_labels in loader:
         assert torch.equal(batch_labels, torch.as_tensor(labels)[indices])
         assert batch_labels.shape == (6,)
+
+
+# --- distributed: every rank's part of the same global batches -------------------------------------------------
+def test_distributed_parts_side_by_side_are_the_one_process_batches():
+    from retrieval.data import DistributedClassBalancedBatchSampler, WithSampleSeeds
+
+    labels = labels_with_counts([5, 7, 4, 9, 4, 6, 3, 8])
+    one = ClassBalancedBatchSampler(labels, 3, 4, seed=5, batches_per_epoch=9, drop_small=True)
+    for world in (2, 3, 4):
+        ranks = [DistributedClassBalancedBatchSampler(labels, 3, 4, rank=r, world_size=world, seed=5,
+                                                      batches_per_epoch=9, drop_small=True) for r in range(world)]
+        for epoch, start in ((0, 0), (3, 0), (3, 4)):  # start: a run resumed inside the epoch
+            one.set_epoch(epoch, start)
+            for sampler in ranks:
+                sampler.set_epoch(epoch, start)
+            assert {len(s) for s in ranks} == {len(one)} == {9 - start}  # the same epoch length on every rank
+            parts = [list(s) for s in ranks]
+            assert all(len(p) == 12 // world for batches in parts for p in batches)
+            assert [sum(step, []) for step in zip(*parts, strict=True)] == list(one)
+            # augmentation seeds are the global batch's: the same sample gets the same seed at any world size
+            seeded = [list(WithSampleSeeds(s)) for s in ranks]
+            assert [sum(step, []) for step in zip(*seeded, strict=True)] == list(WithSampleSeeds(one))
+
+
+def test_distributed_batch_must_divide_by_the_world_size():
+    from retrieval.data import DistributedClassBalancedBatchSampler
+
+    labels = labels_with_counts([6] * 6)
+    with pytest.raises(ValueError, match=r"B = 6 .*world size 4.*multiple of 4 .*e.g. 4 or 8"):
+        DistributedClassBalancedBatchSampler(labels, 3, 2, rank=0, world_size=4)
+    with pytest.raises(ValueError, match="rank must lie"):
+        DistributedClassBalancedBatchSampler(labels, 3, 2, rank=2, world_size=2)

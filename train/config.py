@@ -12,6 +12,8 @@ import tomllib
 
 from retrieval.data.decode import parse_background
 
+AMP_CHOICES = (True, False, "auto", "fp16", "bf16", "off")
+
 
 @dataclass
 class TrainConfig:
@@ -53,7 +55,9 @@ class TrainConfig:
     # runtime
     seed: int = 0
     device: str = "auto"
-    amp: bool = True  # only on CUDA
+    amp: bool | str = True  # True/"auto": fp16 on CUDA, none on CPU; "fp16" | "bf16": CUDA only; False/"off"
+    channels_last: bool = False  # NHWC memory format for convolutions (CUDA only)
+    compile: bool = False  # torch.compile the training step (CUDA only)
     workers: int | None = None
     eval_every: int = 1
     eval_before: bool = True
@@ -65,6 +69,11 @@ class TrainConfig:
     resume: bool = False
     checkpoint_every: int | None = None  # also write last.pt every this many optimizer steps (mid-epoch resume)
     on_bad_image: str = "skip"  # skip | fail: what an image that cannot be read does to the run
+    plots: bool = True  # the report's PNG plots (seconds of matplotlib per run)
+    # several processes (torchrun; see train/distributed.py)
+    gather: bool = True  # the loss sees the global batch (all ranks' embeddings); False: each rank's own part
+    sync_bn: bool = False  # SyncBatchNorm over the ranks, for backbones trained with BN (--no-freeze-bn); CUDA only
+    dist_timeout: float = 1800.0  # seconds a rank waits for the others in a collective before it fails
 
     def __post_init__(self) -> None:
         self.validate()
@@ -110,6 +119,13 @@ class TrainConfig:
             errors.append(f"--background: {exc}")
         if self.on_bad_image not in {"skip", "fail"}:
             errors.append(f"--on-bad-image must be skip or fail, got {self.on_bad_image!r}")
+        if self.amp not in AMP_CHOICES:
+            errors.append(f"--amp must be one of auto, fp16, bf16, off, got {self.amp!r}")
+        if not self.dist_timeout > 0:
+            errors.append(f"--dist-timeout must be > 0 seconds, got {self.dist_timeout}")
+        if self.sync_bn and (self.freeze_bn or self.freeze_backbone):
+            errors.append("--sync-bn synchronises BatchNorm that trains: it needs --no-freeze-bn and no "
+                          "--freeze-backbone (frozen BatchNorm needs nothing)")
         if self.warmup_epochs < 0:
             errors.append(f"--warmup-epochs must be >= 0, got {self.warmup_epochs}")
         if self.lr <= 0:

@@ -23,6 +23,7 @@ from torch.utils.data import Dataset
 
 from retrieval.data import BadImageLog, BadSample, WithSampleSeeds, build_transforms, load_dataset
 from retrieval.data.decode import DEFAULT_BACKGROUND
+from retrieval.distributed import embed_sharded, every_rank, rank_and_world
 from retrieval.evaluation import EvalSets, embed_eval_sets
 from retrieval.inference import Embedded, embed_samples, make_loader
 from retrieval.io import atomic_write
@@ -229,7 +230,8 @@ def dataset_key(cfg: TrainConfig, model: Embedder, split: str) -> dict:
         "split": split, "eval_limit": cfg.eval_limit if split != "train" else None,
         # features do not depend on the seed, only the seeded --eval-limit subset does: seeds share a cache
         "seed": cfg.seed if cfg.eval_limit and split != "train" else None,
-        "amp": cfg.amp and torch.cuda.is_available() and cfg.device != "cpu",  # fp16 features differ
+        # fp16 features differ
+        "amp": bool(cfg.amp not in (False, "off") and torch.cuda.is_available() and cfg.device != "cpu"),
         # only transparent images depend on it; keys made before it was recorded stay valid for the default
         **({"background": model.config["background"]}
            if model.config["background"] != list(DEFAULT_BACKGROUND) else {}),
@@ -257,13 +259,15 @@ def cached_features(
     """Backbone features of the images that load, read from the cache when ``key`` matches an earlier run.
 
     The images that failed are cached too (as ``bad``) and go to ``bad_images`` on every read, so a run that reads
-    the cache warns, skips or stops exactly as the run that wrote it.
+    the cache warns, skips or stops exactly as the run that wrote it. Under torch.distributed the ranks extract
+    their parts of the data set, every rank gets the merged features and rank 0 writes the cache.
     """
     bad_images = BadImageLog("fail") if bad_images is None else bad_images
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
     path = cache_dir / f"{digest}.npz"
-    if path.is_file():
+    rank, _ = rank_and_world()
+    if every_rank(path.is_file(), device):  # a rank that does not see the file yet makes all extract
         with np.load(path) as data:
             features, labels = data["features"], data["labels"]
             # caches written before bad images were skipped hold every image (a bad one stopped those runs)
@@ -271,7 +275,9 @@ def cached_features(
             bad = [BadSample(**r) for r in json.loads(str(data["bad"]))] if "bad" in data else []
         bad_images.add(bad)
         return Embedded(features, labels, indices, bad)
-    result = embed_samples(backbone, dataset, batch_size, device, workers, amp, desc, progress, bad_images)
+    result = embed_sharded(backbone, dataset, batch_size, device, workers, amp, desc, progress, bad_images)
+    if rank != 0:
+        return result
     cache_dir.mkdir(parents=True, exist_ok=True)
 
     def write(tmp: Path) -> None:

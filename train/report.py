@@ -97,14 +97,18 @@ def write_report(
     test_embeddings: tuple[np.ndarray, np.ndarray],
     train_sample: tuple[np.ndarray, np.ndarray] | None,
     bad_images: list[dict[str, Any]] | None = None,
+    with_plots: bool = True,
 ) -> dict[str, Any]:
-    """Write RUN_DIR/report.json and its plots; ``bad_images`` lists the files the run skipped, each once."""
+    """Write RUN_DIR/report.json and its plots (``with_plots``); ``bad_images`` lists the files the run skipped,
+    each once."""
     plots: dict[str, str] = {}
-    if plot_training_curves(history, out / "curves.png"):
+    if with_plots and plot_training_curves(history, out / "curves.png"):
         plots["curves"] = "curves.png"
-    if plot_recall_at_k({"pretrained only": baseline or {}, "trained (last)": last or {}}, out / "recall.png"):
+    if with_plots and plot_recall_at_k({"pretrained only": baseline or {}, "trained (last)": last or {}},
+                                       out / "recall.png"):
         plots["recall"] = "recall.png"
-    plots.update(triplet_plots(out, test_embeddings, train_sample))
+    if with_plots:
+        plots.update(triplet_plots(out, test_embeddings, train_sample))
     report = train_report(run_config, history, baseline, best, last, plots, bad_images)
     save_report(report, out / "report.json")
     return report

@@ -17,13 +17,22 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from retrieval import losses
-from retrieval.data import BadImageLog, ClassBalancedBatchSampler, build_transforms, inject_label_noise, load_dataset
+from retrieval.data import (
+    BadImageLog,
+    ClassBalancedBatchSampler,
+    DistributedClassBalancedBatchSampler,
+    build_transforms,
+    inject_label_noise,
+    load_dataset,
+)
 from retrieval.data.decode import parse_background
+from retrieval.distributed import GlobalBatchObjective
 from retrieval.evaluation import evaluate_embeddings, load_eval_sets
 from retrieval.inference import default_workers, resolve_device
 from retrieval.io import atomic_write
 from retrieval.models import CHECKPOINT_FORMAT, Embedder, config_hash, create_embedder
 from train.config import TrainConfig
+from train.distributed import DataParallelStep, gpu_options, init_distributed, restarted
 from train.features import Embedding, FeatureSource, feature_source_class
 from train.report import write_report
 
@@ -105,14 +114,20 @@ class Trainer:
         self.cfg = cfg
         self.progress = progress
         self.out = Path(cfg.out)
-        self.device = resolve_device(cfg.device)
-        self.amp = cfg.amp and self.device.type == "cuda"
+        self.ctx = init_distributed(cfg.device, cfg.dist_timeout)  # one process: rank 0 of 1
+        self.device = self.ctx.device
+        self.main = self.ctx.is_main  # rank 0 alone writes the run directory
+        self.progress = progress and self.main
+        self.amp_dtype = gpu_options(cfg.amp, cfg.channels_last, cfg.compile, self.device)
+        self.amp = self.amp_dtype is not None
         self.workers = default_workers() if cfg.workers is None else cfg.workers
 
     # --- set-up -----------------------------------------------------------------------------------
     def setup(self) -> None:
         cfg = self.cfg
-        if (self.out / "last.pt").exists() and not cfg.resume:
+        # a worker that torchrun restarted (--max-restarts) continues from the last checkpoint
+        self.resume = cfg.resume or (restarted() and (self.out / "last.pt").exists())
+        if (self.out / "last.pt").exists() and not self.resume:
             raise FileExistsError(
                 f"{self.out} already holds a run (last.pt); pass --resume to continue it or choose another --out"
             )
@@ -153,10 +168,11 @@ class Trainer:
             self.train_set.labels = self.train_labels
         self.num_classes = int(self.train_labels.max()) + 1
 
-        self.sampler = ClassBalancedBatchSampler(
-            self.train_labels, classes_per_batch=cfg.classes_per_batch, samples_per_class=cfg.per_class,
-            drop_small=cfg.drop_small, seed=cfg.seed, batches_per_epoch=cfg.batches_per_epoch,
-        )
+        sampling = dict(drop_small=cfg.drop_small, seed=cfg.seed, batches_per_epoch=cfg.batches_per_epoch)
+        if self.ctx.distributed:  # each rank takes its part of the same global batches
+            sampling.update(rank=self.ctx.rank, world_size=self.ctx.world_size)
+        sampler_cls = DistributedClassBalancedBatchSampler if self.ctx.distributed else ClassBalancedBatchSampler
+        self.sampler = sampler_cls(self.train_labels, cfg.classes_per_batch, cfg.per_class, **sampling)
         self.steps_per_epoch = len(self.sampler)
 
         self.loss_fn = losses.build(cfg.loss, negatives=cfg.negatives, **cfg.loss_kwargs).to(self.device)
@@ -169,19 +185,24 @@ class Trainer:
             extra += list(self.aux.parameters())
         self.optimizer = build_optimizer(cfg, self.model, extra)
         self.scheduler = build_scheduler(cfg, self.optimizer, self.steps_per_epoch)
-        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp)
+        self.objective = GlobalBatchObjective(self.loss_fn, gather=cfg.gather)
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)  # bf16 needs none
 
         embedding = Embedding(self.device, cfg.eval_batch_size, self.workers, self.amp, self.progress, self.bad_images)
         self.features: FeatureSource = source.build(cfg, self.model, self.train_set, self.train_labels,
                                                     self.eval_sets, embedding)
+        # what a step runs: through DDP when there are several processes
+        self.step = DataParallelStep(self.model, self.features.forward, self.aux, self.loss_fn, self.ctx,
+                                     sync_bn=cfg.sync_bn, channels_last=cfg.channels_last, compile_step=cfg.compile)
 
         self.start_epoch, self.best_recall, self.history = 0, -1.0, []
         self.resume_progress: EpochProgress | None = None
         self.baseline: dict[str, float] | None = None
         self.last_eval_embeddings: tuple[np.ndarray, np.ndarray] | None = None
-        if cfg.resume:
+        if self.resume:
             self._load_resume_state()
-        (self.out / "config.json").write_text(json.dumps(self.run_config(), indent=2))
+        if self.main:
+            (self.out / "config.json").write_text(json.dumps(self.run_config(), indent=2))
 
     # the frozen backbone's cached features, read by the results grid's floor (benchmarks/quality.py)
     @property
@@ -205,6 +226,7 @@ class Trainer:
             "num_train_classes": self.num_classes,
             "steps_per_epoch": self.steps_per_epoch,
             "device": str(self.device),
+            "world_size": self.ctx.world_size,
             "amp": self.amp,
             "torch": torch.__version__,
         }
@@ -269,7 +291,8 @@ class Trainer:
         if "cuda" in ckpt["rng"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all([state.cpu() for state in ckpt["rng"]["cuda"]])
         # metrics.jsonl keeps exactly the epochs the checkpoint has seen
-        self._rewrite_metrics_log()
+        if self.main:
+            self._rewrite_metrics_log()
 
     def _rewrite_metrics_log(self) -> None:
         atomic_write(self.out / "metrics.jsonl", "".join(json.dumps(row) + "\n" for row in self.history))
@@ -286,21 +309,21 @@ class Trainer:
                    leave=False)
         for inputs, labels, unreadable in bar:
             state.batch += 1
+            # counts of the global batch (summed over the ranks)
+            usable, images, unreadable = self.step.batch_counts(labels, unreadable, self.cfg.gather)
             state.skipped_images += unreadable
-            if labels is None or len(labels) < 2:  # (almost) every image of the batch failed to load
+            if not usable:  # (almost) every image of the batch failed to load
                 state.skipped_steps += 1
                 continue
             inputs = inputs.to(self.device, non_blocking=True)
             labels = labels.to(self.device, non_blocking=True)
-            with torch.autocast(self.device.type, dtype=torch.float16, enabled=self.amp):
-                embeddings = self.features.forward(self.model, inputs)
-            embeddings = embeddings.float()  # losses always run in float32
-            loss = self.loss_fn(embeddings, labels)
-            if self.aux is not None:
-                aux_loss = self.aux(embeddings, labels)
-                state.add("aux_ce", float(aux_loss.detach()))
-                loss = loss + aux_loss
-            if not torch.isfinite(loss):
+            embeddings, aux_loss = self.step(inputs, labels, self.amp_dtype)  # float32: losses always run in float32
+            # the global batch's loss (gathered over the ranks) plus the auxiliary head's per-sample terms
+            objective = self.objective(embeddings, labels, aux_loss)
+            loss = objective.total
+            if objective.local_terms is not None:
+                state.add("aux_ce", float(objective.local_terms))
+            if not torch.isfinite(loss):  # the same value on every rank: all skip together
                 state.skipped_steps += 1
                 state.bad_in_row += 1
                 self.optimizer.zero_grad(set_to_none=True)
@@ -313,7 +336,7 @@ class Trainer:
                 continue
             state.bad_in_row = 0
             self.optimizer.zero_grad(set_to_none=True)
-            self.scaler.scale(loss).backward()
+            self.scaler.scale(objective.backward).backward()
             if self.cfg.grad_clip:
                 self.scaler.unscale_(self.optimizer)
                 torch.nn.utils.clip_grad_norm_(
@@ -323,16 +346,17 @@ class Trainer:
             self.scaler.update()
             self.scheduler.step()
             state.steps += 1
-            state.seen += len(labels)
-            state.add("loss", float(loss.detach()))
+            state.seen += images
+            state.add("loss", float(loss))
             for key, value in (getattr(self.loss_fn, "last_stats", None) or {}).items():
                 state.stats.setdefault(key, []).append(float(value))
             state.elapsed = time.perf_counter() - start
             bar.set_postfix(loss=f"{state.totals['loss'] / state.steps:.4f}",
                             img_s=f"{state.seen / max(state.elapsed, 1e-9):.0f}")
-            if every and self.scheduler.last_epoch % every == 0:  # last_epoch counts the optimizer steps
+            if every and self.main and self.scheduler.last_epoch % every == 0:  # last_epoch counts optimizer steps
                 last = self.history[-1] if self.history else {}
                 atomic_save(self.checkpoint(epoch, last, progress=state), self.out / "last.pt")
+        self.bad_images.restore(self.step.all_records(self.bad_images.records()))  # the report lists every rank's
         if state.seen == 0 and state.skipped_images:
             raise ValueError(
                 f"no training image of epoch {epoch + 1} could be read ({state.skipped_images} failed; the warnings "
@@ -370,8 +394,13 @@ class Trainer:
         return emb, self.train_labels[indices]
 
     def evaluate(self, final: bool = False) -> dict[str, float]:
+        """Metrics of the evaluation split: embedded sharded over the ranks, computed once (rank 0), shared."""
         q, ql, g, gl = self.embed_eval()
         self.last_eval_embeddings = (q, ql)  # the report's plots reuse them instead of embedding again
+        return self.ctx.from_main(self._metrics(q, ql, g, gl, final) if self.main else None)
+
+    def _metrics(self, q: np.ndarray, ql: np.ndarray, g: np.ndarray | None, gl: np.ndarray | None,
+                 final: bool) -> dict[str, float]:
         metrics = evaluate_embeddings(q, ql, g, gl)
         # unreadable images lose both their embedding and their label: say how many were left
         evaluated = len(ql) + (len(gl) if gl is not None else 0)
@@ -398,7 +427,8 @@ class Trainer:
         if self.baseline is None and cfg.eval_before:
             self.baseline = self.evaluate()
             self.history.append({"epoch": 0, **self.baseline})
-            self._rewrite_metrics_log()
+            if self.main:
+                self._rewrite_metrics_log()
         for epoch in range(self.start_epoch, cfg.epochs):
             progress, self.resume_progress = self.resume_progress, None  # a mid-epoch resume's epoch comes first
             row: dict[str, Any] = {"epoch": epoch + 1, **self.train_epoch(epoch, progress)}
@@ -406,12 +436,15 @@ class Trainer:
             if is_eval_epoch:
                 row.update(self.evaluate(final=epoch + 1 == cfg.epochs))
             self.history.append(row)
-            with log_path.open("a") as f:
-                f.write(json.dumps(row) + "\n")
+            if self.main:
+                with log_path.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
             if is_eval_epoch and row["recall@1"] > self.best_recall:
                 self.best_recall = row["recall@1"]
-                atomic_save(self.checkpoint(epoch + 1, row), self.out / "best.pt")
-            atomic_save(self.checkpoint(epoch + 1, row), self.out / "last.pt")
+                if self.main:
+                    atomic_save(self.checkpoint(epoch + 1, row), self.out / "best.pt")
+            if self.main:
+                atomic_save(self.checkpoint(epoch + 1, row), self.out / "last.pt")
             if self.progress:
                 shown = {k: round(v, 4) for k, v in row.items() if k in ("loss", "recall@1", "map@r")}
                 tqdm.write(f"epoch {epoch + 1}: {shown}")
@@ -423,10 +456,12 @@ class Trainer:
         if self.last_eval_embeddings is None:  # e.g. resuming a run that had already finished
             q, ql, _, _ = self.embed_eval()
             self.last_eval_embeddings = (q, ql)
+        if not self.main:
+            return {}
         train_sample = self.train_embeddings_sample()
         return write_report(self.out, self.run_config(), self.history, self.baseline, best,
                             final[-1] if final else None, self.last_eval_embeddings, train_sample,
-                            bad_images=self.bad_images.records())
+                            bad_images=self.bad_images.records(), with_plots=self.cfg.plots)
 
 
 def hard_fractions(q: np.ndarray, ql: np.ndarray, train_sample) -> dict[str, float]:
@@ -442,5 +477,12 @@ def hard_fractions(q: np.ndarray, ql: np.ndarray, train_sample) -> dict[str, flo
 
 
 def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
-    """Train one run as configured; returns the report (also written to RUN_DIR/report.json)."""
-    return Trainer(cfg, progress=progress).run()
+    """Train one run as configured; returns the report (also written to RUN_DIR/report.json; {} on ranks > 0).
+
+    Under torchrun (WORLD_SIZE > 1) it joins the process group, and leaves it at the end if it joined it."""
+    joined = torch.distributed.is_initialized()
+    try:
+        return Trainer(cfg, progress=progress).run()
+    finally:
+        if not joined and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()

@@ -16,7 +16,7 @@ from retrieval.data.dataset import (
 )
 from retrieval.data.emoji import prepare_emoji
 from retrieval.data.noise import FASHION_MNIST_ASYMMETRIC, inject_label_noise
-from retrieval.data.sampler import ClassBalancedBatchSampler, WithSampleSeeds
+from retrieval.data.sampler import ClassBalancedBatchSampler, DistributedClassBalancedBatchSampler, WithSampleSeeds
 from retrieval.data.transforms import build_transforms, preprocess_eval
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "CatchBadSamples",
     "ClassBalancedBatchSampler",
     "DATASETS",
+    "DistributedClassBalancedBatchSampler",
     "FASHION_MNIST_ASYMMETRIC",
     "ImageDataset",
     "LoadedBatch",

@@ -4,10 +4,15 @@ Metric losses need positives in every batch; this sampler guarantees them. Class
 shuffled cycles (every class once per cycle) and each class's images in shuffled cycles too, so an
 epoch covers the data evenly. The batches are a function of ``(seed, epoch)`` alone: call ``set_epoch``;
 ``set_epoch(epoch, start=k)`` skips the first ``k`` batches (a run resumed in the middle of an epoch).
+
+Under torch.distributed, ``DistributedClassBalancedBatchSampler`` draws the very same global batches on every
+rank (same ``(seed, epoch)``) and gives each rank its equal, contiguous part of each: the ranks' parts put side by
+side in rank order are the one-process batch, and every rank has the same number of batches.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -105,7 +110,16 @@ class ClassBalancedBatchSampler(Sampler[list[int]]):
         """Batches left in the epoch (all of them unless ``set_epoch(..., start)`` skipped some)."""
         return self.batches_per_epoch - self.start
 
+    def part(self, batch: list) -> list:
+        """This process's part of a global batch: all of it (the distributed sampler takes a slice)."""
+        return batch
+
     def __iter__(self) -> Iterator[list[int]]:
+        for batch in self.global_batches():
+            yield self.part(batch)
+
+    def global_batches(self) -> Iterator[list[int]]:
+        """The epoch's batches from ``start`` on, whole (the same on every rank)."""
         rng = np.random.default_rng([self.seed, self.epoch])
         class_queue = _CyclicQueue(self.classes, rng)
         sample_queues = {c: _CyclicQueue(idx, rng) for c, idx in self.indices_by_class.items()}
@@ -117,11 +131,44 @@ class ClassBalancedBatchSampler(Sampler[list[int]]):
                 yield batch
 
 
+class DistributedClassBalancedBatchSampler(ClassBalancedBatchSampler):
+    """Rank ``rank``'s part of each ``ClassBalancedBatchSampler`` batch: samples ``[rank * b, (rank + 1) * b)``
+    of the global batch of B = ``classes_per_batch * samples_per_class``, with b = B / ``world_size``.
+
+    Every rank draws the same global sequence from ``(seed, epoch)``, so the parts put side by side in rank
+    order are exactly the one-process batches, in order; ``len`` and ``set_epoch(epoch, start)`` (a mid-epoch
+    resume) are the global sampler's, hence the same on every rank.
+    """
+
+    def __init__(self, labels: Sequence[int] | np.ndarray, classes_per_batch: int, samples_per_class: int,
+                 rank: int, world_size: int, **kwargs) -> None:
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"rank must lie in 0..world_size-1 with world_size >= 1, got rank {rank} of {world_size}")
+        batch = classes_per_batch * samples_per_class
+        if batch % world_size:
+            step = math.lcm(world_size, samples_per_class)
+            fits = sorted({max(step, batch // step * step), (batch // step + 1) * step})
+            raise ValueError(
+                f"the global batch B = {batch} (--batch-size: {classes_per_batch} classes x {samples_per_class} "
+                f"per class) does not divide by the world size {world_size} (processes); every rank takes an equal "
+                f"part of each batch: choose a --batch-size that is a multiple of {step} (world size and "
+                f"--per-class), e.g. {' or '.join(map(str, fits))}, or another number of processes"
+            )
+        super().__init__(labels, classes_per_batch, samples_per_class, **kwargs)
+        self.rank = rank
+        self.world_size = world_size
+
+    def part(self, batch: list) -> list:
+        size = len(batch) // self.world_size
+        return batch[self.rank * size : (self.rank + 1) * size]
+
+
 class WithSampleSeeds(Sampler[list[tuple[int, int]]]):
     """``sampler``'s batches with a seed per sample: ``[(index, seed), ...]`` for ``CatchBadSamples``.
 
     The seed is a function of (sampler seed, epoch, batch position, place in the batch), so random augmentation
-    does not depend on the number of workers or on where a run was resumed.
+    does not depend on the number of workers or on where a run was resumed; under a distributed sampler the seeds
+    are those of the global batch, so a sample gets the same augmentation whatever the number of ranks.
     """
 
     def __init__(self, sampler: ClassBalancedBatchSampler) -> None:
@@ -132,6 +179,6 @@ class WithSampleSeeds(Sampler[list[tuple[int, int]]]):
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
         sampler = self.sampler
-        for position, batch in enumerate(sampler, start=sampler.start):
+        for position, batch in enumerate(sampler.global_batches(), start=sampler.start):
             seeds = np.random.default_rng([sampler.seed, sampler.epoch, position]).integers(2**63, size=len(batch))
-            yield [(int(index), int(seed)) for index, seed in zip(batch, seeds, strict=True)]
+            yield sampler.part([(int(index), int(seed)) for index, seed in zip(batch, seeds, strict=True)])

@@ -1,0 +1,155 @@
+"""Cross-rank batches for data-parallel training (plain ``torch.distributed``; one process per rank).
+
+A metric loss couples the samples of a batch (every anchor against every negative), so the loss of each rank's
+local part is not the loss of the global batch. ``GlobalBatchObjective`` all-gathers the embeddings and labels of
+all ranks, keeps the gradient of the rank's own rows (the other rows are constants here: their rank
+differentiates them) and scales the loss by the world size W. DDP then AVERAGES the ranks' gradients:
+
+    (1 / W) sum_r W dL/dtheta |through rank r's rows = dL/dtheta  (the one-process gradient of the global batch)
+
+Per-sample terms (the auxiliary cross-entropy head) stay local: their mean over the global batch is
+sum_r (n_r / N) mean_r, so rank r scales its local mean by W n_r / N before DDP averages.
+
+Without a process group (one process) everything here is the identity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def rank_and_world() -> tuple[int, int]:
+    """(rank, world size) of the default process group; (0, 1) without one."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def shard_range(size: int, rank: int, world_size: int) -> range:
+    """Rank ``rank``'s contiguous part of ``range(size)``: parts differ by at most one item, none repeats one."""
+    return range(rank * size // world_size, (rank + 1) * size // world_size)
+
+
+def every_rank(flag: bool, device: torch.device | str = "cpu") -> bool:
+    """True when ``flag`` holds on every rank: a decision all ranks must take together."""
+    _, world = rank_and_world()
+    if world == 1:
+        return flag
+    value = torch.tensor([int(flag)], dtype=torch.int64, device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MIN)
+    return bool(value.item())
+
+
+def all_gather_rows(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """Every rank's ``tensor`` [n_r, ...] (n_r may differ between ranks), in rank order; no gradient.
+
+    The ranks exchange their row counts first, pad to the largest and cut the padding off again, so the result
+    holds each row exactly once.
+    """
+    _, world = rank_and_world()
+    if world == 1:
+        return [tensor]
+    count = torch.tensor([tensor.shape[0]], dtype=torch.int64, device=tensor.device)
+    counts = [torch.empty_like(count) for _ in range(world)]
+    dist.all_gather(counts, count)
+    sizes = [int(c) for c in counts]
+    padded = tensor.new_zeros((max(sizes), *tensor.shape[1:]))
+    padded[: tensor.shape[0]] = tensor
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded.contiguous())
+    return [part[:size] for part, size in zip(parts, sizes, strict=True)]
+
+
+def gather_with_own_gradient(tensor: torch.Tensor) -> torch.Tensor:
+    """[N, ...] rows of all ranks in rank order; the rank's own rows are ``tensor`` itself, with its gradient."""
+    rank, world = rank_and_world()
+    if world == 1:
+        return tensor
+    parts = all_gather_rows(tensor.detach())
+    parts[rank] = tensor
+    return torch.cat(parts)
+
+
+@dataclass
+class StepLoss:
+    """One step's objective: ``backward`` for this rank's autograd, ``total`` / ``local_terms`` the values of the
+    one-process objective on the global batch (detached, the same on every rank)."""
+
+    backward: torch.Tensor
+    total: torch.Tensor
+    local_terms: torch.Tensor | None
+
+
+class GlobalBatchObjective(nn.Module):
+    """``loss(embeddings, labels)`` over the global batch (``gather=True``) or each rank's part (``gather=False``:
+    the local-batch loss that plain DDP computes; DDP then averages the ranks' losses), plus local per-sample terms.
+
+    ``loss`` parameters are used directly by every rank on the same global batch, so each rank's gradient for
+    them is already the whole one; a hook divides the W-fold scaled gradient back so that DDP's average is exact.
+    """
+
+    def __init__(self, loss: nn.Module, gather: bool = True) -> None:
+        super().__init__()
+        self.loss = loss
+        self.gather = gather
+        _, world = rank_and_world()
+        if gather and world > 1:
+            for parameter in loss.parameters():
+                parameter.register_hook(lambda grad, w=world: grad / w)
+
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor,
+                local_terms: torch.Tensor | None = None) -> StepLoss:
+        """``local_terms``: the mean of this rank's per-sample terms (a scalar tensor) or None."""
+        _, world = rank_and_world()
+        local = embeddings.new_zeros(()) if local_terms is None else local_terms
+        if world == 1:
+            loss = self.loss(embeddings, labels)
+            total = loss + local
+            return StepLoss(total, total.detach(), None if local_terms is None else local.detach())
+        if self.gather:
+            everyone = torch.cat(all_gather_rows(labels))
+            share = labels.shape[0] / everyone.shape[0]  # n_r / N: this rank's weight in the global mean
+            loss = self.loss(gather_with_own_gradient(embeddings), everyone)
+            backward = world * (loss + share * local)
+            parts = torch.stack([loss.detach() / world + share * local.detach(), share * local.detach()])
+        else:
+            loss = self.loss(embeddings, labels)
+            backward = loss + local
+            parts = torch.stack([backward.detach(), local.detach()]) / world
+        dist.all_reduce(parts)  # sum over ranks: the global objective and the global mean of the local terms
+        return StepLoss(backward, parts[0], None if local_terms is None else parts[1])
+
+
+def embed_sharded(model: nn.Module, dataset, batch_size: int, device: torch.device, workers: int | None = None,
+                  amp: bool = False, desc: str = "embed", progress: bool = True, bad_images=None):
+    """``inference.embed_samples`` with the dataset split over the ranks: each embeds its contiguous part, then
+    every rank gets all rows in dataset order, each image once (no padding duplicates), and every rank's
+    unreadable images in ``bad_images``. One process: ``embed_samples`` itself."""
+    from torch.utils.data import Subset
+
+    from retrieval.data.dataset import BadImageLog
+    from retrieval.inference import Embedded, embed_samples
+
+    rank, world = rank_and_world()
+    if world == 1:
+        return embed_samples(model, dataset, batch_size, device, workers, amp, desc, progress, bad_images)
+    if len(dataset) < world:
+        raise ValueError(f"cannot split {len(dataset)} images over {world} processes: use fewer processes")
+    bad_images = BadImageLog("fail") if bad_images is None else bad_images
+    shard = shard_range(len(dataset), rank, world)
+    part = embed_samples(model, Subset(dataset, list(shard)), batch_size, device, workers, amp,
+                         f"{desc} [rank {rank}]", progress and rank == 0, bad_images)
+
+    def gathered(array) -> torch.Tensor:
+        return torch.cat([t.cpu() for t in all_gather_rows(torch.from_numpy(array).to(device))])
+
+    everyone_bad: list = [None] * world
+    dist.all_gather_object(everyone_bad, [replace(b, index=b.index + shard.start) for b in part.bad])
+    bad = [sample for samples in everyone_bad for sample in samples]
+    bad_images.add(bad)
+    return Embedded(gathered(part.embeddings).numpy(), gathered(part.labels).numpy(),
+                    gathered(part.indices + shard.start).numpy(), bad)

@@ -1,0 +1,216 @@
+"""Several training processes (torchrun / torch.distributed): the process group, the rank's device, the launcher.
+
+The training entry point is the ``retrieval`` command itself, run by torchrun once per rank:
+
+    torchrun --nproc-per-node 8 -m cli.main train --config run.toml            # one machine, 8 GPUs
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29400 -m cli.main train ...
+
+``retrieval train ... --nproc N`` launches the same on this machine (``torch.distributed.run --standalone``).
+Each process reads RANK, WORLD_SIZE and LOCAL_RANK (set by torchrun); backend NCCL with one GPU per process
+(``cuda:LOCAL_RANK``), gloo on CPU. Without WORLD_SIZE > 1 training runs in one process, as before.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from retrieval.distributed import every_rank, rank_and_world
+from retrieval.inference import resolve_device
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Where this process stands: rank, world size, local rank and the device it trains on."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 alone writes checkpoints, metrics.jsonl and the report."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
+
+    def from_main(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank (e.g. the metrics rank 0 computed)."""
+        if not self.distributed:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def all_true(self, flag: bool) -> bool:
+        """True when ``flag`` holds on every rank (a decision all ranks must take together)."""
+        return every_rank(flag, self.device)
+
+
+class TrainStep(nn.Module):
+    """What a step trains, as one module for DDP: the embedder run by the feature source's ``forward`` (the head
+    on cached features, else the whole model; frozen parameters are left out of DDP), the auxiliary head
+    (per-sample, local) and the loss (its parameters, if any, are kept in sync; it is called on the gathered batch
+    by ``GlobalBatchObjective``, not here)."""
+
+    def __init__(self, net: nn.Module, forward: Callable[[nn.Module, torch.Tensor], torch.Tensor],
+                 aux: nn.Module | None, loss: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+        self.net_forward = forward
+        self.aux = aux
+        self.loss = loss
+        self.channels_last = False
+
+    def forward(self, inputs: torch.Tensor, labels: torch.Tensor,
+                amp: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(float32 embeddings [b, D], the auxiliary head's mean loss over this rank's b samples or None)."""
+        if self.channels_last and inputs.dim() == 4:
+            inputs = inputs.contiguous(memory_format=torch.channels_last)
+        with torch.autocast(inputs.device.type, dtype=amp or torch.float32, enabled=amp is not None):
+            embeddings = self.net_forward(self.net, inputs)
+        embeddings = embeddings.float()
+        return embeddings, (self.aux(embeddings, labels) if self.aux is not None else None)
+
+
+class DataParallelStep:
+    """Runs ``TrainStep`` on this rank: through DistributedDataParallel (gradients averaged over the ranks) when
+    there are several, as it is in one process."""
+
+    def __init__(self, net: nn.Module, forward: Callable[[nn.Module, torch.Tensor], torch.Tensor],
+                 aux: nn.Module | None, loss: nn.Module, ctx: DistContext, sync_bn: bool = False,
+                 channels_last: bool = False, compile_step: bool = False) -> None:
+        self.ctx = ctx
+        module = TrainStep(net, forward, aux, loss)
+        if channels_last:  # gpu_options refused it without CUDA
+            module.channels_last = True
+            net.to(memory_format=torch.channels_last)
+        if sync_bn:
+            if ctx.device.type != "cuda":
+                raise ValueError("--sync-bn needs CUDA GPUs (torch's SyncBatchNorm runs on GPUs only); leave it out "
+                                 "on CPU (BatchNorm is frozen by default: --freeze-bn)")
+            module.net = nn.SyncBatchNorm.convert_sync_batchnorm(module.net)
+        self.module = torch.compile(module) if compile_step else module
+        if ctx.distributed:
+            self.module = DistributedDataParallel(
+                self.module, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+
+    def __call__(self, inputs: torch.Tensor, labels: torch.Tensor, amp: torch.dtype | None):
+        return self.module(inputs, labels, amp)
+
+    def batch_counts(self, labels: torch.Tensor | None, unreadable: int, gather: bool) -> tuple[bool, int, int]:
+        """(whether every rank trains on this batch, its images, its unreadable images), over the global batch.
+
+        A step needs at least 2 images in all (gathered) or on each rank (local), and at least one on each rank;
+        the ranks decide together, since a rank cannot skip a step the others take."""
+        count = 0 if labels is None else len(labels)
+        if not self.ctx.distributed:
+            return count >= 2, count, unreadable
+        short = int(count < (1 if gather else 2))
+        sums = torch.tensor([count, unreadable, short], dtype=torch.int64, device=self.ctx.device)
+        dist.all_reduce(sums)
+        count, unreadable, short = (int(v) for v in sums.tolist())
+        return short == 0, count, unreadable
+
+    def all_records(self, records: list[dict]) -> list[dict]:
+        """Every rank's ``records`` (e.g. the unreadable images each met), rank 0's first."""
+        if not self.ctx.distributed:
+            return records
+        everyone: list = [None] * self.ctx.world_size
+        dist.all_gather_object(everyone, records)
+        return [record for part in everyone for record in part]
+
+
+def gpu_options(amp: bool | str, channels_last: bool, compile_step: bool, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype of ``--amp`` (None: full precision); refuses the GPU-only options without CUDA."""
+    cuda = device.type == "cuda"
+    asked = [name for name, on in (("--amp " + str(amp), amp in ("fp16", "bf16")), ("--channels-last", channels_last),
+                                   ("--compile", compile_step)) if on]
+    if asked and not cuda:
+        raise ValueError(f"{', '.join(asked)} need(s) a CUDA GPU but this run is on {device}: leave them out "
+                         "(or run where torch.cuda.is_available())")
+    if amp == "bf16":
+        return torch.bfloat16
+    if amp == "fp16" or (amp in (True, "auto") and cuda):
+        return torch.float16
+    return None
+
+
+def env_world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def restarted() -> bool:
+    """True in a worker that torchrun restarted (``--max-restarts``): the run continues from last.pt."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+
+
+def init_distributed(device: str = "auto", timeout_s: float = 1800.0) -> DistContext:
+    """Join the process group torchrun describes (if WORLD_SIZE > 1 and not joined yet); the rank's device.
+
+    ``timeout_s`` bounds every collective: a rank that waits longer for a peer fails with an error instead of
+    hanging (torchrun also stops the other ranks as soon as one process dies).
+    """
+    world = env_world_size()
+    if world <= 1:
+        return DistContext(0, 1, 0, resolve_device(device))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    if use_cuda:
+        if not torch.cuda.is_available():
+            raise RuntimeError("--device cuda was requested but no CUDA GPU is available; use --device cpu")
+        if local_rank >= torch.cuda.device_count():
+            raise RuntimeError(
+                f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} GPU(s) here: start at most one "
+                "process per GPU (--nproc-per-node)"
+            )
+        torch.cuda.set_device(local_rank)
+        target = torch.device("cuda", local_rank)
+    else:
+        target = resolve_device(device)
+    if not dist.is_initialized():
+        timeout = timedelta(seconds=timeout_s)
+        # torchrun's store outlives a restart (--max-restarts): keys of the dead attempt would be read as this
+        # one's (gloo then dials the old ranks' addresses), so every attempt uses keys of its own
+        store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
+        store = dist.PrefixStore(f"retrieval/attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+        dist.init_process_group("nccl" if use_cuda else "gloo", store=store, rank=rank, world_size=world,
+                                timeout=timeout, device_id=target if use_cuda else None)
+    rank, world = rank_and_world()
+    return DistContext(rank, world, local_rank, target)
+
+
+def launch(nproc: int, cfg_dict: dict[str, Any], out: Path, max_restarts: int = 0) -> int:
+    """Run ``retrieval train`` in ``nproc`` processes on this machine through torchrun; returns its exit code.
+
+    The configuration travels as a JSON file (``out/launch.json``), so every rank runs exactly it.
+    """
+    if nproc < 2:
+        raise ValueError(f"--nproc must be >= 2 to launch several processes, got {nproc}")
+    out.mkdir(parents=True, exist_ok=True)
+    config = out / "launch.json"
+    config.write_text(json.dumps(cfg_dict, indent=1))
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+               f"--max-restarts={max_restarts}", "-m", "cli.main", "train", "--config", str(config)]
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    return subprocess.run(command, env=env).returncode
