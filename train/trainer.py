@@ -28,7 +28,7 @@ from retrieval.data import (
 from retrieval.data.decode import parse_background
 from retrieval.distributed import GlobalBatchObjective
 from retrieval.evaluation import evaluate_embeddings, load_eval_sets
-from retrieval.inference import default_workers, resolve_device
+from retrieval.inference import default_workers
 from retrieval.io import atomic_write
 from retrieval.models import CHECKPOINT_FORMAT, Embedder, config_hash, create_embedder
 from train.config import TrainConfig
