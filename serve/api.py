@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Iterator
-from pathlib import PurePath
 from typing import IO, Annotated, Any, Literal
 
 import anyio
@@ -277,20 +276,6 @@ def validation_message(exc: RequestValidationError) -> str:
     return "; ".join(problems)
 
 
-def public_stats(service: SearchService, index: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The service and index statistics with the server's paths reduced to file names."""
-
-    def name(path: Any) -> Any:
-        return PurePath(path).name if path else path
-
-    described = service.describe()
-    described |= {"index_dir": name(described["index_dir"]), "model_path": name(described["model_path"])}
-    index = index | {"index_dir": name(index.get("index_dir"))}
-    if isinstance(index.get("model"), dict):
-        index["model"] = index["model"] | {"model_path": name(index["model"].get("model_path"))}
-    return described, index
-
-
 # --- the app ----------------------------------------------------------------------------------------------
 def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64) -> FastAPI:
     app = FastAPIOffline(
@@ -389,8 +374,7 @@ def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64
     @app.get("/stats", response_model=StatsModel, responses=error_responses(401, 403))
     async def stats() -> dict[str, Any]:
         """Index statistics (size, type, parameters, recall vs exact search, latency) and service counters."""
-        index = await anyio.to_thread.run_sync(service.index_stats)
-        described, index = public_stats(service, index)
+        described, index = await anyio.to_thread.run_sync(service.public_stats)
         return {
             "service": described,
             "batcher": service.batcher.stats(),

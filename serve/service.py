@@ -318,6 +318,33 @@ class SearchService:
                 self._stats = index_stats(self.index_dir, queries=200)
             return self._stats
 
+    def public_stats(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``describe()`` and ``index_stats()`` as clients may see them (API ``/stats``, the app's Index tab): the
+        index and model as file names, gallery files relative to the gallery root, no server folder anywhere."""
+
+        def name(path: Any) -> Any:
+            return PurePath(path).name if path else path
+
+        def scrub(text: Any) -> Any:  # error messages may quote a server path
+            if not isinstance(text, str):
+                return text
+            for folder, shown in ((str(self.gallery_root), "<gallery>"), (str(self.index_dir.resolve()), "<index>")):
+                text = text.replace(folder, shown) if folder not in ("", "/", ".") else text
+            return text
+
+        described = self.describe()
+        described |= {"index_dir": name(described["index_dir"]), "model_path": name(described["model_path"])}
+        index = self.index_stats()
+        index = index | {"index_dir": name(index.get("index_dir"))}
+        if isinstance(index.get("model"), dict):
+            index["model"] = index["model"] | {"model_path": name(index["model"].get("model_path"))}
+        index["error_examples"] = [
+            row | {"path": self.public_path(row["path"]) if row.get("path") else row.get("path"),
+                   "error": scrub(row.get("error"))}
+            for row in index.get("error_examples", [])
+        ]
+        return described, index
+
     def leave_one_out(self) -> LeaveOneOut:
         with self._lock:
             if self._loo is None:

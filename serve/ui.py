@@ -154,9 +154,9 @@ class GalleryFacts:
             if self.dataset["dataset"] == "emoji" and isinstance(styles, list) and len(styles) >= 2:
                 source += (f", every emoji drawn in {len(styles)} styles ({', '.join(map(str, styles))}): a query "
                            "should find the same emoji drawn by the other artist")
-        where = f" Files under `{self.folder}`" if self.folder else ""
+        where = f" Files in the gallery folder `{self.folder.name}`" if self.folder else ""  # names, no server paths
         return (
-            f"**The gallery:** {holds}{source}.{where}; index `{service.index_dir}` (index.json: "
+            f"**The gallery:** {holds}{source}.{where}; index `{service.index_dir.name}` (index.json: "
             f"`{info['index_key']}`, {info['embedding_dim']}-d embeddings of model `{info['model_hash']}`, "
             "labels from its catalogue).\n\n"
             "**Try it:** upload or paste an image (or click one of the examples below the results) and press "
@@ -490,7 +490,7 @@ class IndexTab:
         self.service = service
 
     def stats(self) -> tuple[Any, dict[str, Any]]:
-        s = self.service.index_stats()
+        _, s = self.service.public_stats()
         k = next((key for key in s if key.startswith("recall_") and key != "recall_1_at_1"), None)
         rows = [
             ["vectors", s["vectors"]],

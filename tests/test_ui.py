@@ -199,3 +199,31 @@ def test_duplicates_are_listed_with_their_twins(artifacts, tmp_path):
     assert "Skipped as duplicates: 1" in text
     (row,) = table.constructor_args["value"]
     assert row[0] == copy.id and row[3] == copy.twin_id
+
+
+def test_no_server_path_reaches_the_page_or_the_stats(artifacts, tmp_path):
+    """The opening lines, the Index tab and GET /stats name the gallery, the index and the model by file name and
+    bad files relative to the gallery: a visitor learns no folder of the server (issue 12's threat model)."""
+    from retrieval.index import IngestOptions, build_index
+    from serve.ui import IndexTab
+
+    gallery = tmp_path / "secret-folder" / "gallery"
+    for i, source in enumerate(artifacts.query_paths[:3]):
+        (gallery / artifacts.labels[i]).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, gallery / artifacts.labels[i] / f"{i}.png")
+    (gallery / "broken").mkdir()
+    (gallery / "broken" / "not-an-image.png").write_bytes(b"hello, I am text\n")
+    build_index(gallery, tmp_path / "index", model=artifacts.model,
+                options=IngestOptions(batch_size=8, workers=0, progress=False))
+    svc = SearchService(tmp_path / "index")
+    try:
+        intro = GalleryFacts.of(svc).intro_markdown(svc)
+        _, shown = IndexTab(svc).stats()
+        with TestClient(create_api(svc)) as client:
+            served = client.get("/stats").json()
+    finally:
+        svc.close()
+    assert "`gallery`" in intro and "`index`" in intro
+    assert [row["path"] for row in shown["error_examples"]] == ["broken/not-an-image.png"]
+    for text in (intro, json.dumps(shown), json.dumps(served)):
+        assert str(tmp_path) not in text and "secret-folder" not in text
