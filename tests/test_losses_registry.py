@@ -75,10 +75,12 @@ def _finite_and_connected(loss, x, labels):
 def test_single_class_batch(name):
     x = torch.randn(6, 8).requires_grad_(True)
     labels = torch.zeros(6, dtype=torch.long)
-    value, grad = _finite_and_connected(build(name), x, labels)
-    if name in TRIPLET_LIKE:  # no negative: no triplet, nothing to learn
-        assert value.item() == 0.0
-        assert (grad == 0).all()
+    loss = build(name)
+    value, grad = _finite_and_connected(loss, x, labels)
+    if name in TRIPLET_LIKE:  # no negative: no triplet, nothing to learn but the raw-feature norm penalty
+        l2_reg = getattr(loss, "l2_reg", 0.0)
+        assert value.item() == pytest.approx(l2_reg * (x.detach() ** 2).sum(1).mean().item(), abs=1e-7)
+        assert torch.allclose(grad, 2 * l2_reg * x.detach() / len(x), atol=1e-7)
 
 
 @pytest.mark.parametrize("name", PAIR_LOSSES)

@@ -184,7 +184,12 @@ def ref_symm_npair(emb, labels):
             if c2 != c
         ]  # noqa: E501, E741
         terms.append(torch.log1p(sum(torch.exp(v - emb[i] @ emb[j]) for v in s)))  # eq. 8
-    return torch.stack(terms).mean()
+    return torch.stack(terms).mean() + norm_penalty(emb)
+
+
+def norm_penalty(emb, l2_reg=0.002):
+    """Sohn 2016's embedding-norm regulariser (lambda = 0.002), which symm section 3.1 relies on."""
+    return l2_reg * sum((emb[i] ** 2).sum() for i in range(len(emb))) / len(emb)
 
 
 def ref_symm_angular(emb, labels, alpha=30.0):
@@ -203,7 +208,7 @@ def ref_symm_angular(emb, labels, alpha=30.0):
                     ).max()
                 )  # noqa: E501
         terms.append(torch.log1p(sum(torch.exp(v - f_p) for v in f_n)))  # eq. 10
-    return torch.stack(terms).mean()
+    return torch.stack(terms).mean() + norm_penalty(emb)
 
 
 @pytest.mark.parametrize(
