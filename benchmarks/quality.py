@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
+from fnmatch import fnmatch
 import json
 import shutil
 import sys
@@ -42,6 +43,7 @@ from retrieval.analysis.results import (  # noqa: E402
     results_markdown,
     summarize,
 )
+from retrieval.losses.discrepancy import PAPER_LOCAL_KWARGS  # noqa: E402
 from train.config import UNNORMALIZED_LOSSES, TrainConfig  # noqa: E402
 
 RETRIEVAL_COLUMNS = [("recall@1", "R@1"), ("recall@2", "R@2"), ("recall@4", "R@4"), ("recall@8", "R@8"),
@@ -128,7 +130,7 @@ def _dcdl_blocks() -> tuple[tuple[str, tuple[Method, ...]], ...]:
     for local in ("triplet", "npair", "angular", "angular_npair"):
         normalize = local not in UNNORMALIZED_LOSSES  # the same model output with and without the discrepancy
         blocks.append((local, (
-            Method(local, local, normalize=normalize),
+            Method(local, local, loss_kwargs=PAPER_LOCAL_KWARGS.get(local, {}), normalize=normalize),  # dcdl eq. 3
             Method(f"{local} + MMD-Laplacian", "dcdl", loss_kwargs={"local": local, "phi": "mmd_laplacian"},
                    normalize=normalize),
             Method(f"{local} + Sinkhorn", "dcdl", loss_kwargs={"local": local, "phi": "sinkhorn"},
@@ -211,13 +213,20 @@ def cell_dir(runs: Path, dataset: str, method: Method, noise: str | None) -> Pat
     return runs / dataset / (method.slug() + (f"@{noise.replace(':', '-')}" if noise else ""))
 
 
-def plan(tables: list[Table], datasets: dict[str, DatasetSpec], seeds: list[int], runs: Path) -> list[Run]:
-    """Every (table, dataset, method, noise, seed); a cell shared by two tables (e.g. triplet) appears once."""
+def plan(tables: list[Table], datasets: dict[str, DatasetSpec], seeds: list[int], runs: Path,
+         cells: tuple[str, ...] = ("*",), skip_cells: tuple[str, ...] = ()) -> list[Run]:
+    """Every (table, dataset, method, noise, seed); a cell shared by two tables (e.g. triplet) appears once.
+
+    ``cells`` / ``skip_cells``: shell patterns on the cell folder name (e.g. ``'*phi=sinkhorn*'``) that keep / drop
+    runs, to run the cheap cells of a grid first."""
     out, seen = [], set()
     for table in tables:
         methods = table.methods or tuple(m for _, block in table.blocks for m in block)
         for key, noise, method, seed in itertools.product(table.datasets, table.noise, methods, seeds):
             path = cell_dir(runs, key, method, noise) / f"seed{seed}"
+            name = path.parent.name
+            if not any(fnmatch(name, p) for p in cells) or any(fnmatch(name, p) for p in skip_cells):
+                continue
             if path not in seen:
                 seen.add(path)
                 out.append(Run(table, datasets[key], method, noise, seed, path))
@@ -539,7 +548,8 @@ def curves(tables: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # --- the grid ---------------------------------------------------------------------------------------------------
 def run_grid(tables: list[Table], datasets: dict[str, DatasetSpec], seeds: list[int], runs: Path,
              feature_cache: str | None = None, markdown: Path | None = None, json_path: Path | None = None,
-             figures: Path | None = None, header: str = "", shard: tuple[int, int] = (0, 1)) -> dict[str, Any]:
+             figures: Path | None = None, header: str = "", shard: tuple[int, int] = (0, 1),
+             cells: tuple[str, ...] = ("*",), skip_cells: tuple[str, ...] = ()) -> dict[str, Any]:
     """Run (or skip) every cell, then write the results JSON, the Markdown and the figures.
 
     ``shard=(k, n)`` runs only every n-th run starting at k (n processes share the grid, one per core); the
@@ -548,7 +558,7 @@ def run_grid(tables: list[Table], datasets: dict[str, DatasetSpec], seeds: list[
     start = time.perf_counter()
     used = {key for t in tables for key in t.datasets}
     floors = {key: floor_metrics(datasets[key], runs, feature_cache) for key in datasets if key in used}
-    todo = plan(tables, datasets, seeds, runs)[shard[0]::shard[1]]
+    todo = plan(tables, datasets, seeds, runs, cells, skip_cells)[shard[0]::shard[1]]
     runs_by_cell: dict[Path, list[dict]] = {}
     seconds = 0.0
     bar = tqdm(todo, desc="results grid", unit="run")
@@ -660,6 +670,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="run only every N-th run from the K-th (e.g. 0/2 and 1/2 in two processes, one per "
                              "core); writes no documents: run once more without it to write them")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's own; 1 with --shard)")
+    parser.add_argument("--cells", nargs="+", default=["*"], metavar="PATTERN",
+                        help="only cells whose folder name matches one of these shell patterns")
+    parser.add_argument("--skip-cells", nargs="+", default=[], metavar="PATTERN",
+                        help="leave out cells whose folder name matches one of these patterns (e.g. '*sinkhorn*')")
     args = parser.parse_args(argv)
     try:
         shard = tuple(int(v) for v in args.shard.split("/"))
@@ -679,7 +693,7 @@ def main(argv: list[str] | None = None) -> None:
         tables = [dataclasses.replace(t, datasets=tuple(d for d in t.datasets if d in args.datasets)) for t in tables]
     datasets = default_datasets(args.emoji_data.resolve())
     if args.list:
-        for run in plan(tables, datasets, args.seeds, args.runs):
+        for run in plan(tables, datasets, args.seeds, args.runs, tuple(args.cells), tuple(args.skip_cells)):
             cfg = run.config(args.feature_cache)
             done = "done" if finished_report(run.out, cfg) else "todo"
             print(f"{done}  {run.out}  {train_command(cfg).replace('--seed S', f'--seed {run.seed}')}")
@@ -692,7 +706,8 @@ def main(argv: list[str] | None = None) -> None:
     header = markdown_header({k: v for k, v in datasets.items() if any(k in t.datasets for t in tables)},
                              args.seeds, command)
     if shard[1] > 1:
-        results = run_grid(tables, datasets, args.seeds, args.runs, args.feature_cache, shard=shard)
+        results = run_grid(tables, datasets, args.seeds, args.runs, args.feature_cache, shard=shard,
+                           cells=tuple(args.cells), skip_cells=tuple(args.skip_cells))
         print(f"shard {args.shard}: {results['setup']['runs']} runs done; run without --shard to write the documents")
         return
     results = run_grid(tables, datasets, args.seeds, args.runs, args.feature_cache, args.markdown, args.json,
