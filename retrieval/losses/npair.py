@@ -26,7 +26,6 @@ from retrieval.losses.base import PER_CLASS_HINT, PairLoss
 from retrieval.negatives.base import PairTerms
 from retrieval.negatives.symm import ANGULAR_POSITIVE_SUMS
 
-
 # lambda of the embedding-norm regulariser (Sohn 2016's N-pair; TensorFlow npairs_loss reg_lambda default)
 DEFAULT_L2_REG = 0.002
 
