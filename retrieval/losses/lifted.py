@@ -15,7 +15,7 @@ from retrieval.losses.base import (
     masked_min,
     mean_over,
 )
-from retrieval.negatives.base import PairTerms
+from retrieval.negatives.base import PairTerms, check_negative_pairs
 
 
 def _pairs_with_negatives(positive: torch.Tensor, negative: torch.Tensor) -> torch.Tensor:
@@ -68,9 +68,10 @@ class LiftedMinLoss(DistancePairLoss):
     Default margin m = 1 (Oh Song et al.; the LoOp paper does not state its value).
     """
 
-    def __init__(self, margin: float = 1.0, squared: bool = False) -> None:
+    def __init__(self, margin: float = 1.0, squared: bool = False, negative_pairs: str = "consecutive") -> None:
         super().__init__(squared=squared)
         self.margin = margin
+        self.negative_pairs = check_negative_pairs(negative_pairs)  # with LoOp: which pairs (k, l) the min spans
 
     def from_similarity(self, similarity: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         positive, negative = self.pairs(labels)

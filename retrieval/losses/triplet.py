@@ -14,7 +14,7 @@ from retrieval.losses.base import (
     masked_min,
     mean_over,
 )
-from retrieval.negatives.base import PairTerms
+from retrieval.negatives.base import PairTerms, check_negative_pairs
 
 TRIPLET_MINING = ("all", "semihard", "hard")
 # What the summed hinge of "all" / "semihard" is divided by: the positive pairs |P| (loop eq. 14) or the number of
@@ -117,9 +117,10 @@ class HPHNTripletLoss(DistancePairLoss):
     same as over unordered pairs). Pairs of a class with no negative in the batch contribute nothing.
     """
 
-    def __init__(self, margin: float = 0.2, squared: bool = False) -> None:
+    def __init__(self, margin: float = 0.2, squared: bool = False, negative_pairs: str = "consecutive") -> None:
         super().__init__(squared=squared)
         self.margin = margin
+        self.negative_pairs = check_negative_pairs(negative_pairs)  # with LoOp: which pairs (k, l) the min spans
 
     def from_similarity(self, similarity: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         positive, negative = self.pairs(labels)
