@@ -147,7 +147,7 @@ def floor_metrics(dataset: DatasetSpec, runs: Path, feature_cache: str | None) -
     cfg = TrainConfig(**{**COMMON, **dataset.overrides, "out": str(path.parent), "feature_cache": feature_cache})
     if path.is_file():
         saved = json.loads(path.read_text())
-        if saved["config"] == cfg.to_dict():
+        if _same_run(saved["config"], cfg):  # options added since take their default
             return saved["metrics"]
     trainer = Trainer(cfg, progress=True)
     trainer.setup()  # loads (or extracts and caches) the backbone features the grid's runs share

@@ -60,7 +60,10 @@ TRAIN_OPTIONS = [
     click.option("--dataset-param", "dataset_params", multiple=True, metavar="KEY=VALUE",
                  help="dataset option, e.g. protocol=disjoint or limit_per_class=100 (repeatable)."),
     click.option("--eval-split", help="split to evaluate on (test; inshop: query)."),
-    click.option("--label-noise", help="symmetric:RATE or asymmetric:RATE (fashion-mnist transitions)."),
+    click.option("--label-noise", help="symmetric:RATE or asymmetric:RATE (similar-class flips: known tables for "
+                                       "fashion-mnist and digits, else --label-noise-transitions)."),
+    click.option("--label-noise-transitions", type=click.Path(dir_okay=False),
+                 help="asymmetric noise table: JSON {\"from class\": \"to class\"} or CSV from,to (class names)."),
     click.option("--drop-small/--no-drop-small", default=None, help="drop classes with fewer than --per-class images."),
     click.option("--backbone", help="resnet18|resnet50|googlenet|efficientnet_b0|convnext_tiny|vit_b_16|"
                                     "efficientnet_lite0|timm:<name>"),
