@@ -206,10 +206,15 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_params, limit, li
 # --- listings -------------------------------------------------------------------------------------
 @main.command("losses")
 def losses_command() -> None:
-    """List the registered losses and hard-negative combinations."""
+    """List the registered losses (paper equation, defaults, readings) and hard-negative combinations."""
     from retrieval import losses
 
-    click.echo("losses: " + ", ".join(losses.available()))
+    for name in losses.available():
+        info = losses.describe(name)
+        click.echo(f"{name}: {info['equation']}")
+        click.echo("  defaults: " + (", ".join(f"{k}={v}" for k, v in info["defaults"].items()) or "none"))
+        for option, text in info["readings"].items():
+            click.echo(f"  {option}: {text}")
     combos = losses.available_negatives()
     click.echo("with --negatives: " + (", ".join(f"{n}+{m}" for n, m in combos) or "none"))
 

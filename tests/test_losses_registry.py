@@ -181,3 +181,22 @@ def test_pairs_come_from_labels_not_positions():
     for name in PAIR_LOSSES:
         loss = build(name)
         assert torch.allclose(loss(x, labels), loss(x[perm], labels[perm]), atol=1e-10), name
+
+
+def test_losses_listing_prints_equation_defaults_and_readings():
+    """`retrieval losses` reads each loss class's own equation, signature defaults and readings (issue 17)."""
+    from click.testing import CliRunner
+
+    from cli.main import main
+    from retrieval.losses import describe
+
+    for name in PAIR_LOSSES + ["dcdl"]:
+        assert describe(name)["equation"], name  # every loss names its paper equation
+    dcdl = describe("dcdl")
+    assert dcdl["defaults"]["local_form"] == "paper" and "tau = 0.5" in dcdl["readings"]["local_form"]
+    assert describe("npair")["defaults"]["l2_reg"] == 0.002
+    assert describe("hphn_triplet")["defaults"]["negative_pairs"] == "consecutive"
+    assert describe("ms")["defaults"]["positive_rule"] == "batch"
+    out = CliRunner().invoke(main, ["losses"]).output
+    assert "dcdl: dcdl eq. 2 and 5" in out and "local_form=paper" in out and "negative_pairs:" in out
+    assert "with --negatives: " in out

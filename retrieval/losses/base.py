@@ -36,6 +36,10 @@ class PairLoss(nn.Module):
     # The other-class pairs (k, l) a hard-negative method forms for each positive pair: "consecutive" (LoOp's
     # Algorithm 1) or "all" (every same-class pair; ``retrieval.negatives.base.NEGATIVE_PAIRS``).
     negative_pairs = "consecutive"
+    # What ``retrieval losses`` prints: the paper equation the loss implements, and for each option where a paper
+    # can be read two ways (or where we chose a value the paper does not give) what the choices mean.
+    paper_equation: str = ""
+    readings: dict[str, str] = {}
 
     def __init__(self) -> None:
         super().__init__()

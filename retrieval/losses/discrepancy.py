@@ -190,6 +190,16 @@ class DCDLLoss(nn.Module):
     the scale independent of the classes per batch.
     """
 
+    paper_equation = "dcdl eq. 2 and 5 (eq. 1, 3; supp. eq. 11-16)"
+    readings = {
+        "local_form": (
+            "'paper' = the local loss of dcdl eq. 3 as the paper runs it (triplet: squared distances, "
+            "semi-hard mining, mean over the mined triplets, tau = 0.5; default) or 'loop' = the "
+            "registered loss's own defaults (the LoOp / Symm triplet)"
+        ),
+        'tolerance': 'Sinkhorn iterates until no dual potential moves by more than this (converged, default 1e-6)',
+    }
+
     def __init__(
         self,
         phi: str = "sinkhorn",

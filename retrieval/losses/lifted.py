@@ -34,6 +34,8 @@ class LiftedStructureLoss(DistancePairLoss):
     Default margin m = 1 (Oh Song et al.). Pairs of a class with no negative in the batch contribute 0.
     """
 
+    paper_equation = "symm eq. 5 (Oh Song et al. 2016); + Symm: symm eq. 6"
+
     def __init__(self, margin: float = 1.0, squared: bool = False) -> None:
         super().__init__(squared=squared)
         self.margin = margin
@@ -67,6 +69,15 @@ class LiftedMinLoss(DistancePairLoss):
 
     Default margin m = 1 (Oh Song et al.; the LoOp paper does not state its value).
     """
+
+    paper_equation = "loop eq. 16 (hinge/min form); + LoOp: loop section 3.3.3"
+    readings = {
+        "negative_pairs": (
+            "with LoOp, the other-class pairs (k, l) of the min: 'consecutive' = Algorithm 1's pairs (the"
+            " C = B (B - N) / 8 problems of loop section 3.4, default) or 'all' = every same-class pair "
+            "(the equation read literally)"
+        ),
+    }
 
     def __init__(self, margin: float = 1.0, squared: bool = False, negative_pairs: str = "consecutive") -> None:
         super().__init__(squared=squared)
@@ -102,6 +113,8 @@ class GeneralizedLiftedLoss(PairLoss):
     yields eq. 10-11. Default lambda = 1 (the paper gives none). Anchors without a positive or a negative
     contribute 0.
     """
+
+    paper_equation = "unified eq. 9 (Hermans et al.)"
 
     def __init__(self, margin: float = 1.0) -> None:
         super().__init__()

@@ -34,6 +34,10 @@ class DotPairLoss(PairLoss):
     """Base of the N-pair family: dot-product similarities, a positive per anchor, an L2 norm penalty."""
 
     cosine_similarity = False
+    readings = {
+        "l2_reg": "Sohn 2016's norm regulariser l2_reg * mean |x|^2 on the raw features, default 0.002 (the N-pair "
+                  "reference implementation's lambda; symm section 3.1 relies on it); 0 turns it off",
+    }
 
     def __init__(self, l2_reg: float = DEFAULT_L2_REG) -> None:
         super().__init__()
@@ -115,6 +119,8 @@ class NPairLoss(DotPairLoss):
     1/|P| sum_{(i,j) in P} log[1 + sum_{k: l_k != l_i} exp(S_ik - S_ij)] + l2_reg * mean |x|^2.
     Default l2_reg = 0.002 (``DEFAULT_L2_REG``; 0 turns the norm penalty off)."""
 
+    paper_equation = "symm eq. 7 (Sohn 2016); + Symm: symm eq. 8"
+
     def pair_losses(
         self, similarity: torch.Tensor, anchor: torch.Tensor, other: torch.Tensor, negative: torch.Tensor
     ) -> torch.Tensor:
@@ -138,6 +144,8 @@ def _check_angle(alpha: float) -> float:
 class AngularLoss(DotPairLoss):
     """Angular loss, symm eq. 9, alpha in degrees. Default alpha = 30 (the DCDL paper's value for L_Ang;
     the symm paper gives none)."""
+
+    paper_equation = "symm eq. 9 (Wang et al. 2017); + Symm: symm eq. 10"
 
     # f^n = 4 tan^2 a (x_p + x_q).x_r: the negative side compares sums of two points of the positive pair
     positive_rows = ANGULAR_POSITIVE_SUMS
@@ -166,6 +174,8 @@ class AngularLoss(DotPairLoss):
 class AngularNPairLoss(DotPairLoss):
     """N-pair + lambda_ang * angular (dcdl eq. 4): lambda_ang = 2, alpha = 45 degrees (DCDL section 4);
     the L2 penalty is added once."""
+
+    paper_equation = "dcdl eq. 4 (N-pair + lambda_ang * angular)"
 
     def __init__(self, alpha: float = 45.0, lambda_ang: float = 2.0, l2_reg: float = DEFAULT_L2_REG) -> None:
         super().__init__(l2_reg=l2_reg)

@@ -52,6 +52,21 @@ class TripletLoss(DistancePairLoss):
     the mined triplets; 0 when none is kept).
     """
 
+    paper_equation = (
+        "loop eq. 14 (symm eq. 3 with squared=True; dcdl eq. 3 as dcdl runs it: squared, semihard, "
+        "reduction=triplets); + LoOp: loop eq. 15; + Symm: symm eq. 4"
+    )
+    readings = {
+        "reduction": (
+            "'positive_pairs' = the hinge sum over |P| (loop eq. 14, default) or 'triplets' = the mean "
+            "over the kept triplets (dcdl eq. 3)"
+        ),
+        "mining": (
+            "'all' (loop eq. 14), 'semihard' (FaceNet, Schroff et al. 2015 sec. 3.2: d_ap < d_an < d_ap +"
+            " m) or 'hard' (batch-hard)"
+        ),
+    }
+
     def __init__(
         self, margin: float = 0.2, mining: str = "all", squared: bool = False, reduction: str = "positive_pairs"
     ) -> None:
@@ -116,6 +131,15 @@ class HPHNTripletLoss(DistancePairLoss):
     averaged over the positive pairs P (ordered pairs; the term is symmetric in i, j so the mean is the
     same as over unordered pairs). Pairs of a class with no negative in the batch contribute nothing.
     """
+
+    paper_equation = "loop section 3.3.2; + LoOp: its LoOp form"
+    readings = {
+        "negative_pairs": (
+            "with LoOp, the other-class pairs (k, l) of the min: 'consecutive' = Algorithm 1's pairs (the"
+            " C = B (B - N) / 8 problems of loop section 3.4, default) or 'all' = every same-class pair "
+            "(the equation read literally)"
+        ),
+    }
 
     def __init__(self, margin: float = 0.2, squared: bool = False, negative_pairs: str = "consecutive") -> None:
         super().__init__(squared=squared)

@@ -60,6 +60,8 @@ class BinomialDevianceLoss(MinedPairLoss):
     (Table 1, "Binomial+VTHM"); an empty set contributes 0.
     """
 
+    paper_equation = "unified eq. 12"
+
     def from_similarity(self, similarity: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         positive, negative = self.mined_pairs(similarity, labels)
         positive_terms = F.softplus(self.alpha * (self.gamma - similarity))
@@ -77,6 +79,8 @@ class VTHMLoss(MinedPairLoss):
 
     so every selected pair gets the weight 1/m (eq. 6 without the threshold). ``margin`` is VTHM's lambda.
     """
+
+    paper_equation = 'unified Table 1, "VTHM" (equal weights on VTHM-mined pairs)'
 
     def __init__(self, margin: float = 0.1) -> None:
         super().__init__(miner="vthm", vthm_margin=margin)
@@ -107,6 +111,8 @@ class RAWLoss(MinedPairLoss):
     with: "batch", the batch's negatives (LoOp section 3.3.4: the rule for hard positives "remains unchanged"),
     or "loop", the largest LoOp negative similarity of the anchor's pair.
     """
+
+    paper_equation = "unified eq. 17; + LoOp: loop section 3.3.4"
 
     positive_rule = "batch"
 
@@ -159,6 +165,15 @@ class MultiSimilarityLoss(RAWLoss):
     empty; with VTHM both sets are empty together (a kept negative n means s_in > s_ip* - margin, so the
     hardest positive p* is kept, and vice versa), so the two agree.
     """
+
+    paper_equation = "unified eq. 17 + VTHM (section 5.1) = MS; + LoOp: loop section 3.3.4"
+    readings = {
+        "positive_rule": (
+            "with LoOp and VTHM, what the positive rule s_ij < max s_in + eps compares with: 'batch' = "
+            "the batch's negatives (loop 3.3.4: the rule 'remains unchanged', default) or 'loop' = the "
+            "largest LoOp negative similarity"
+        ),
+    }
 
     def __init__(
         self,
