@@ -342,7 +342,8 @@ def _run_seconds(run_dir: Path) -> float:
 
 
 def _kept_tables(json_path: Path, run_ids: set[str]) -> dict[str, Any] | None:
-    """The tables (and their curves) of an existing results file that this call does not run."""
+    """The tables (and their curves) of an existing results file that this call does not run; their title, claim
+    and caveats are refreshed from the grid's definitions (a caveat about a changed default reaches them)."""
     if not json_path.is_file():
         return None
     previous = json.loads(json_path.read_text())
@@ -352,6 +353,11 @@ def _kept_tables(json_path: Path, run_ids: set[str]) -> dict[str, Any] | None:
     if not tables:
         return None
     ids = {t["id"] for t in tables}
+    texts = {t.id: t for t in TABLES}
+    for table in tables:  # the numbers stay; the words (title, claim, caveats) are the grid's current ones
+        if table["id"] in texts:
+            table.update(title=texts[table["id"]].title, claim=texts[table["id"]].claim,
+                         caveats=texts[table["id"]].caveats)
     return {"tables": tables, "curves": [c for c in previous.get("curves", []) if c["id"] in ids],
             "created": previous.get("created", "?"), "setup": previous.get("setup", {})}
 
