@@ -15,7 +15,7 @@ from retrieval.losses.base import (
     masked_min,
     mean_over,
 )
-from retrieval.negatives.base import PairTerms, check_negative_pairs
+from retrieval.negatives.base import NEGATIVE_PAIRS_READING, PairTerms, check_negative_pairs
 
 
 def _pairs_with_negatives(positive: torch.Tensor, negative: torch.Tensor) -> torch.Tensor:
@@ -71,13 +71,7 @@ class LiftedMinLoss(DistancePairLoss):
     """
 
     paper_equation = "loop eq. 16 (hinge/min form); + LoOp: loop section 3.3.3"
-    readings = {
-        "negative_pairs": (
-            "with LoOp, the other-class pairs (k, l) of the min: 'consecutive' = Algorithm 1's pairs (the"
-            " C = B (B - N) / 8 problems of loop section 3.4, default) or 'all' = every same-class pair "
-            "(the equation read literally)"
-        ),
-    }
+    readings = {"negative_pairs": NEGATIVE_PAIRS_READING}
 
     def __init__(self, margin: float = 1.0, squared: bool = False, negative_pairs: str = "consecutive") -> None:
         super().__init__(squared=squared)

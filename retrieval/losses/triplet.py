@@ -14,7 +14,7 @@ from retrieval.losses.base import (
     masked_min,
     mean_over,
 )
-from retrieval.negatives.base import PairTerms, check_negative_pairs
+from retrieval.negatives.base import NEGATIVE_PAIRS_READING, PairTerms, check_negative_pairs
 
 TRIPLET_MINING = ("all", "semihard", "hard")
 # What the summed hinge of "all" / "semihard" is divided by: the positive pairs |P| (loop eq. 14) or the number of
@@ -133,13 +133,7 @@ class HPHNTripletLoss(DistancePairLoss):
     """
 
     paper_equation = "loop section 3.3.2; + LoOp: its LoOp form"
-    readings = {
-        "negative_pairs": (
-            "with LoOp, the other-class pairs (k, l) of the min: 'consecutive' = Algorithm 1's pairs (the"
-            " C = B (B - N) / 8 problems of loop section 3.4, default) or 'all' = every same-class pair "
-            "(the equation read literally)"
-        ),
-    }
+    readings = {"negative_pairs": NEGATIVE_PAIRS_READING}
 
     def __init__(self, margin: float = 0.2, squared: bool = False, negative_pairs: str = "consecutive") -> None:
         super().__init__(squared=squared)

@@ -19,6 +19,10 @@ from retrieval.negatives.pairs import PositivePairs, all_positive_pairs, positiv
 
 Tensor = torch.Tensor
 NEGATIVE_PAIRS = ("consecutive", "all")  # the other-class pairs (k, l) a positive pair meets (pair_terms)
+NEGATIVE_PAIRS_READING = (  # what a loss with a min over those pairs prints for ``retrieval losses``
+    "with LoOp, the other-class pairs (k, l) of the min: 'consecutive' = Algorithm 1's pairs (the C = B (B - N) / 8 "
+    "problems of loop section 3.4, default) or 'all' = every same-class pair (the equation read literally)"
+)
 
 
 def check_negative_pairs(value: str) -> str:
