@@ -197,7 +197,7 @@ class DCDLLoss(nn.Module):
             "semi-hard mining, mean over the mined triplets, tau = 0.5; default) or 'loop' = the "
             "registered loss's own defaults (the LoOp / Symm triplet)"
         ),
-        'tolerance': 'Sinkhorn iterates until no dual potential moves by more than this (converged, default 1e-6)',
+        "tolerance": "Sinkhorn iterates until no dual potential moves by more than this (converged; default 1e-6)",
     }
 
     def __init__(

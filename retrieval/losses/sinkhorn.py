@@ -8,10 +8,9 @@ kernel exp(-C / 2.5e-3) underflows): first with symmetric, averaged updates (Fey
 between optimal transport and MMD", Algorithm 3.5: the same scheme as geomloss) along an annealing
 eps_t = max(diameter^2 * scaling^(2t), eps) that warm-starts them, then at eps with alternating, over-relaxed
 updates until no potential moves by more than ``tolerance`` (so the value is the converged fixed point, not the
-end of a fixed schedule). The
-gradient comes from one last differentiable update with the converged potentials held fixed (envelope
-theorem), as geomloss does. Its entropic term is eps * KL(T | a b^T); eq. 11 has eps * sum T (log T - 1):
-the two differ by a constant that cancels in eq. 13.
+end of a fixed schedule). The gradient comes from one last differentiable update with the converged potentials
+held fixed (envelope theorem), as geomloss does. Its entropic term is eps * KL(T | a b^T); eq. 11 has
+eps * sum T (log T - 1): the two differ by a constant that cancels in eq. 13.
 
 Problems come as a batch [K, n, D] / [K, m, D] with weights [K, n] / [K, m]; a weight of 0 marks padding.
 """
