@@ -265,7 +265,7 @@ def run_grid(tables: list[Table], datasets: dict[str, DatasetSpec], seeds: list[
     seconds = 0.0
     bar = tqdm(todo, desc="results grid", unit="run")
     failures = []
-    unfinished = set()
+    unfinished, finished = set(), 0
     for run in bar:
         bar.set_postfix_str(f"{run.dataset.key} {run.method.label} {_noise_label(run.noise)} seed {run.seed}", False)
         if not train:
@@ -275,6 +275,7 @@ def run_grid(tables: list[Table], datasets: dict[str, DatasetSpec], seeds: list[
                 continue
             runs_by_cell.setdefault(run.out.parent, []).append(report)
             seconds += _run_seconds(run.out)
+            finished += 1
             continue
         try:
             report = execute(run, feature_cache)
@@ -296,7 +297,8 @@ def run_grid(tables: list[Table], datasets: dict[str, DatasetSpec], seeds: list[
         "setup": {"seeds": seeds, "common": COMMON, "datasets": {k: {"title": datasets[k].title,
                                                                        "overrides": _portable(datasets[k].overrides)}
                                                                    for k in sorted(used)},
-                  "runs": len(todo), "train_seconds_total": round(seconds, 1),
+                  "runs": len(todo) if train else finished,  # report-only: the runs that had finished
+                  "train_seconds_total": round(seconds, 1),
                   "this_invocation_seconds": round(time.perf_counter() - start, 1)},
         "tables": built,
         "curves": curves(built),
@@ -374,7 +376,8 @@ def _grid_size(setup: dict[str, Any]) -> str:
             f"{earlier.get('train_seconds_total', 0) / 60:.0f} min in all, the sum of the runs' own times); tables "
             f"{', '.join(kept['tables'])} are kept from it as they were. Re-run since"
             + (f" with `{setup['command']}`" if setup.get("command") else "")
-            + f": {setup['runs']} runs ({setup['train_seconds_total'] / 60:.0f} min of training in that invocation)")
+            + f": {setup['runs']} runs ({setup['train_seconds_total'] / 60:.0f} min of training and evaluation, "
+            "the sum of the runs' own times)")
     missing = setup.get("cells_not_finished", [])
     if missing:
         text += f"; {len(missing)} cells had not finished all their seeds and are left empty"
