@@ -61,7 +61,10 @@ TRAIN_OPTIONS = [
     click.option("--dataset-param", "dataset_params", multiple=True, metavar="KEY=VALUE",
                  help="dataset option, e.g. protocol=disjoint or limit_per_class=100 (repeatable)."),
     click.option("--eval-split", help="split to evaluate on (test; inshop: query)."),
-    click.option("--label-noise", help="symmetric:RATE or asymmetric:RATE (fashion-mnist transitions)."),
+    click.option("--label-noise", help="symmetric:RATE or asymmetric:RATE (similar-class flips: known tables for "
+                                       "fashion-mnist and digits, else --label-noise-transitions)."),
+    click.option("--label-noise-transitions", type=click.Path(dir_okay=False),
+                 help="asymmetric noise table: JSON {\"from class\": \"to class\"} or CSV from,to (class names)."),
     click.option("--drop-small/--no-drop-small", default=None, help="drop classes with fewer than --per-class images."),
     click.option("--backbone", help="resnet18|resnet50|googlenet|efficientnet_b0|convnext_tiny|vit_b_16|"
                                     "efficientnet_lite0|timm:<name>"),
@@ -236,10 +239,15 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_params, limit, li
 # --- listings -------------------------------------------------------------------------------------
 @main.command("losses")
 def losses_command() -> None:
-    """List the registered losses and hard-negative combinations."""
+    """List the registered losses (paper equation, defaults, readings) and hard-negative combinations."""
     from retrieval import losses
 
-    click.echo("losses: " + ", ".join(losses.available()))
+    for name in losses.available():
+        info = losses.describe(name)
+        click.echo(f"{name}: {info['equation']}")
+        click.echo("  defaults: " + (", ".join(f"{k}={v}" for k, v in info["defaults"].items()) or "none"))
+        for option, text in info["readings"].items():
+            click.echo(f"  {option}: {text}")
     combos = losses.available_negatives()
     click.echo("with --negatives: " + (", ".join(f"{n}+{m}" for n, m in combos) or "none"))
 

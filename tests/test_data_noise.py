@@ -80,3 +80,41 @@ def test_bad_arguments():
         inject_label_noise(np.zeros(4, int), "symmetric", 0.1)
     with pytest.raises(ValueError, match="num_classes=2"):
         inject_label_noise(labels, "symmetric", 0.1, num_classes=2)
+
+
+# --- per data set transitions (issue 17): by class name, a known table, a user's table, or a clear refusal ------
+def test_known_tables_by_class_name():
+    from retrieval.data import asymmetric_transitions
+    from retrieval.data.builtin import DIGITS_CLASSES
+
+    mapping, info = asymmetric_transitions("fashion-mnist", list(FASHION_MNIST_CLASSES))
+    assert mapping == FASHION_MNIST_ASYMMETRIC  # shirt <-> t-shirt, pullover -> coat, sneaker -> sandal
+    assert ["sneaker", "sandal"] in info["transitions_by_name"]
+    digits, _ = asymmetric_transitions("digits", list(DIGITS_CLASSES))
+    assert digits == {2: 7, 3: 8, 5: 6, 6: 5, 7: 1}  # Patrini et al. 2017's MNIST table
+    # a class-disjoint half keeps only the pairs with both classes in it (re-indexed by name, not by number)
+    half, info = asymmetric_transitions("fashion-mnist", ["t-shirt", "trouser", "pullover", "dress", "coat"])
+    assert half == {2: 4} and info["transitions_by_name"] == [["pullover", "coat"]]
+
+
+def test_unknown_dataset_is_refused_with_the_fix():
+    from retrieval.data import asymmetric_transitions
+
+    with pytest.raises(ValueError, match="--label-noise-transitions FILE"):
+        asymmetric_transitions("folder", ["cat", "dog", "fox"])
+
+
+@pytest.mark.parametrize("suffix", [".json", ".csv"])
+def test_transitions_file(tmp_path, suffix):
+    from retrieval.data import asymmetric_transitions
+
+    path = tmp_path / f"t{suffix}"
+    path.write_text('{"cat": "fox", "dog": "wolf"}' if suffix == ".json" else "from,to\ncat,fox\ndog,wolf\n")
+    mapping, info = asymmetric_transitions("folder", ["cat", "dog", "fox", "wolf"], path)
+    assert mapping == {0: 2, 1: 3} and info["transitions_source"] == str(path)
+    # the file wins over a known table; a name outside the split is an error naming the classes
+    path.write_text('{"cat": "lion"}' if suffix == ".json" else "cat,lion\n")
+    with pytest.raises(ValueError, match="not in the training split.*lion"):
+        asymmetric_transitions("fashion-mnist", ["cat", "dog"], path)
+    with pytest.raises(ValueError, match="no file"):
+        asymmetric_transitions("folder", ["cat"], tmp_path / "missing.json")

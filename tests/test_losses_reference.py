@@ -156,18 +156,26 @@ def dot(x, i, j):
     return x[i] @ x[j]
 
 
-def ref_npair(x, labels, l2_reg=0.0):
+# Sohn 2016's embedding-norm regulariser, lambda = 0.002 (the N-pair reference implementation's reg_lambda):
+# on by default for the raw-feature losses (symm section 3.1 relies on it).
+NORM_REG = 0.002
+
+
+def norm_penalty(x, labels, l2_reg):
+    return l2_reg * sum((x[i] ** 2).sum() for i in range(len(labels))) / len(labels)
+
+
+def ref_npair(x, labels, l2_reg=NORM_REG):
     pairs = positive_pairs(labels)
     total = x.new_zeros(())
     for i, j in pairs:  # symm eq. 7 on raw features
         total = total + torch.log(
             1 + sum(torch.exp(dot(x, i, k) - dot(x, i, j)) for k in negatives(labels, i))
         )
-    penalty = l2_reg * sum((x[i] ** 2).sum() for i in range(len(labels))) / len(labels)
-    return total / len(pairs) + penalty
+    return total / len(pairs) + norm_penalty(x, labels, l2_reg)
 
 
-def ref_angular(x, labels, alpha=30.0, l2_reg=0.0):
+def ref_angular(x, labels, alpha=30.0, l2_reg=NORM_REG):
     t2 = math.tan(math.radians(alpha)) ** 2
     pairs = positive_pairs(labels)
     total = x.new_zeros(())
@@ -175,12 +183,13 @@ def ref_angular(x, labels, alpha=30.0, l2_reg=0.0):
         f_p = 2 * (1 + t2) * dot(x, i, j)
         inner = sum(torch.exp(4 * t2 * (x[i] + x[j]) @ x[k] - f_p) for k in negatives(labels, i))
         total = total + torch.log(1 + inner)
-    penalty = l2_reg * sum((x[i] ** 2).sum() for i in range(len(labels))) / len(labels)
-    return total / len(pairs) + penalty
+    return total / len(pairs) + norm_penalty(x, labels, l2_reg)
 
 
-def ref_angular_npair(x, labels, alpha=45.0, lambda_ang=2.0):
-    return ref_npair(x, labels) + lambda_ang * ref_angular(x, labels, alpha)  # dcdl eq. 4
+def ref_angular_npair(x, labels, alpha=45.0, lambda_ang=2.0, l2_reg=NORM_REG):
+    # dcdl eq. 4, the norm penalty once
+    npair_and_angular = ref_npair(x, labels, 0.0) + lambda_ang * ref_angular(x, labels, alpha, 0.0)
+    return npair_and_angular + norm_penalty(x, labels, l2_reg)
 
 
 def ref_vthm(x, labels, margin=0.1):
@@ -297,7 +306,9 @@ CASES = [
     ("generalized_lifted", {"margin": 0.2}, ref_generalized_lifted),
     ("npair", {}, ref_npair),
     ("npair", {"l2_reg": 0.01}, ref_npair),
+    ("npair", {"l2_reg": 0.0}, ref_npair),
     ("angular", {}, ref_angular),
+    ("angular_npair", {"l2_reg": 0.0}, ref_angular_npair),
     ("angular", {"alpha": 40.0, "l2_reg": 0.01}, ref_angular),
     ("angular_npair", {}, ref_angular_npair),
     ("binomial", {}, ref_binomial),

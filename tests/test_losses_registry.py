@@ -84,10 +84,12 @@ def _finite_and_connected(loss, x, labels):
 def test_single_class_batch(name):
     x = torch.randn(6, 8).requires_grad_(True)
     labels = torch.zeros(6, dtype=torch.long)
-    value, grad = _finite_and_connected(build(name), x, labels)
-    if name in TRIPLET_LIKE:  # no negative: no triplet, nothing to learn
-        assert value.item() == 0.0
-        assert (grad == 0).all()
+    loss = build(name)
+    value, grad = _finite_and_connected(loss, x, labels)
+    if name in TRIPLET_LIKE:  # no negative: no triplet, nothing to learn but the raw-feature norm penalty
+        l2_reg = getattr(loss, "l2_reg", 0.0)
+        assert value.item() == pytest.approx(l2_reg * (x.detach() ** 2).sum(1).mean().item(), abs=1e-7)
+        assert torch.allclose(grad, 2 * l2_reg * x.detach() / len(x), atol=1e-7)
 
 
 @pytest.mark.parametrize("name", PAIR_LOSSES)
@@ -188,3 +190,22 @@ def test_pairs_come_from_labels_not_positions():
     for name in PAIR_LOSSES:
         loss = build(name)
         assert torch.allclose(loss(x, labels), loss(x[perm], labels[perm]), atol=1e-10), name
+
+
+def test_losses_listing_prints_equation_defaults_and_readings():
+    """`retrieval losses` reads each loss class's own equation, signature defaults and readings (issue 17)."""
+    from click.testing import CliRunner
+
+    from cli.main import main
+    from retrieval.losses import describe
+
+    for name in PAIR_LOSSES + ["dcdl"]:
+        assert describe(name)["equation"], name  # every loss names its paper equation
+    dcdl = describe("dcdl")
+    assert dcdl["defaults"]["local_form"] == "paper" and "tau = 0.5" in dcdl["readings"]["local_form"]
+    assert describe("npair")["defaults"]["l2_reg"] == 0.002
+    assert describe("hphn_triplet")["defaults"]["negative_pairs"] == "consecutive"
+    assert describe("ms")["defaults"]["positive_rule"] == "batch"
+    out = CliRunner().invoke(main, ["losses"]).output
+    assert "dcdl: dcdl eq. 2 and 5" in out and "local_form=paper" in out and "negative_pairs:" in out
+    assert "with --negatives: " in out

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from retrieval.loss_registry import NEGATIVES
 from retrieval.losses import build
 from retrieval.negatives.loop import optimal_arc_distance, optimal_segment_distance
 from retrieval.negatives.symm import reflect, synthetic_share, synthetic_share_on_device
@@ -68,27 +69,39 @@ def _hardest_negative(x, pairs, i, j, c, linear=False):
     return torch.stack([loop_d(x, i, j, k, l, linear) for k, l, c2 in pairs if c2 != c]).min()  # noqa: E741
 
 
-def ref_loop_hphn(emb, labels, margin=0.2):
+def ref_all_pairs(labels: torch.Tensor) -> list[tuple[int, int, int]]:
+    """Every same-class pair k < l: the min over c[i] != c[k] = c[l] of LoOp section 3.3 read literally."""
+    y = labels.tolist()
+    return [(k, l, y[k]) for k in range(len(y)) for l in range(k + 1, len(y)) if y[k] == y[l]]  # noqa: E741
+
+
+def _negative_pairs(labels, negative_pairs):
+    return ref_pairs(labels) if negative_pairs == "consecutive" else ref_all_pairs(labels)
+
+
+def ref_loop_hphn(emb, labels, margin=0.2, negative_pairs="consecutive"):
     x = emb / emb.norm(dim=1, keepdim=True)
-    pairs = ref_pairs(labels)
+    pairs, others = ref_pairs(labels), _negative_pairs(labels, negative_pairs)
     total = emb.new_zeros(())
     for i, j, c in pairs:
         same = [k for k in range(len(labels)) if labels[k] == c]
         hp = torch.stack([(x[a] - x[k]).norm() for a in (i, j) for k in same if k != a]).max()
-        total = total + torch.relu(hp + margin - _hardest_negative(x, pairs, i, j, c))
+        total = total + torch.relu(hp + margin - _hardest_negative(x, others, i, j, c))
     return total / len(pairs)
 
 
-def ref_loop_lifted_min(emb, labels, margin=1.0):
+def ref_loop_lifted_min(emb, labels, margin=1.0, negative_pairs="consecutive"):
     x = emb / emb.norm(dim=1, keepdim=True)
-    pairs = ref_pairs(labels)
+    pairs, others = ref_pairs(labels), _negative_pairs(labels, negative_pairs)
     total = emb.new_zeros(())
     for i, j, c in pairs:
-        total = total + torch.relu((x[i] - x[j]).norm() + margin - _hardest_negative(x, pairs, i, j, c))
+        total = total + torch.relu((x[i] - x[j]).norm() + margin - _hardest_negative(x, others, i, j, c))
     return total / len(pairs)
 
 
-def ref_loop_ms(emb, labels, alpha=2.0, beta=50.0, gamma=0.5, eps=0.1):
+def ref_loop_ms(emb, labels, alpha=2.0, beta=50.0, gamma=0.5, eps=0.1, positive_rule="batch"):
+    """LoOp section 3.3.4: negatives s_{i,k,j,l} kept by s > min_pos - eps; positives kept by the rule that
+    "remains unchanged", s < max over the batch negatives + eps ("batch"), or against the LoOp ones ("loop")."""
     x = emb / emb.norm(dim=1, keepdim=True)
     pairs = ref_pairs(labels)
     terms = []
@@ -96,7 +109,9 @@ def ref_loop_ms(emb, labels, alpha=2.0, beta=50.0, gamma=0.5, eps=0.1):
         neg = [1 - loop_d(x, i, j, k, l) ** 2 / 2 for k, l, c2 in pairs if c2 != c]  # s_{i,k,j,l}  # noqa: E741
         for a in (i, j):
             pos = [x[a] @ x[k] for k in range(len(labels)) if labels[k] == c and k != a]
-            min_pos, max_neg = min(float(s.detach()) for s in pos), max(float(s.detach()) for s in neg)
+            batch_neg = [x[a] @ x[k] for k in range(len(labels)) if labels[k] != c]
+            min_pos = min(float(s.detach()) for s in pos)
+            max_neg = max(float(s.detach()) for s in (batch_neg if positive_rule == "batch" else neg))
             pos_sum = sum((torch.exp(-alpha * (s - gamma)) for s in pos if s < max_neg + eps), emb.new_zeros(()))
             neg_sum = sum((torch.exp(beta * (s - gamma)) for s in neg if s > min_pos - eps), emb.new_zeros(()))
             terms.append(torch.log1p(pos_sum) / alpha + torch.log1p(neg_sum) / beta)
@@ -104,20 +119,53 @@ def ref_loop_ms(emb, labels, alpha=2.0, beta=50.0, gamma=0.5, eps=0.1):
 
 
 @pytest.mark.parametrize(
-    "name,method,reference",
+    "name,method,kwargs,reference",
     [
-        ("triplet", "loop", ref_loop_triplet),
-        ("triplet", "loop-linear", lambda e, y: ref_loop_triplet(e, y, linear=True)),
-        ("hphn_triplet", "loop", ref_loop_hphn),
-        ("lifted_min", "loop", ref_loop_lifted_min),
-        ("ms", "loop", ref_loop_ms),
+        ("triplet", "loop", {}, ref_loop_triplet),
+        ("triplet", "loop-linear", {}, lambda e, y: ref_loop_triplet(e, y, linear=True)),
+        ("hphn_triplet", "loop", {}, ref_loop_hphn),
+        ("hphn_triplet", "loop", {"negative_pairs": "all"}, lambda e, y: ref_loop_hphn(e, y, negative_pairs="all")),
+        ("lifted_min", "loop", {}, ref_loop_lifted_min),
+        ("lifted_min", "loop", {"negative_pairs": "all"},
+         lambda e, y: ref_loop_lifted_min(e, y, negative_pairs="all")),
+        ("ms", "loop", {}, ref_loop_ms),
+        ("ms", "loop", {"positive_rule": "loop"}, lambda e, y: ref_loop_ms(e, y, positive_rule="loop")),
     ],
+    ids=["triplet", "triplet-linear", "hphn", "hphn-all-pairs", "lifted_min", "lifted_min-all-pairs", "ms",
+         "ms-loop-positive-rule"],
 )
-def test_loop_losses_match_reference(name, method, reference) -> None:
+def test_loop_losses_match_reference(name, method, kwargs, reference) -> None:
     emb, labels = batch(seed=1)
     if name == "ms":  # spread similarities so that the mining keeps some pairs and drops others
         emb = emb + 1.5 * torch.nn.functional.one_hot(labels, emb.shape[1]).to(F64)
-    assert_matches_reference(build(name, negatives=method), reference, emb, labels)
+    assert_matches_reference(build(name, negatives=method, **kwargs), reference, emb, labels)
+
+
+@pytest.mark.parametrize("name", ["hphn_triplet", "lifted_min"])
+def test_loop_negative_pairs_readings_differ_with_more_than_two_per_class(name) -> None:
+    """With 4 samples per class Algorithm 1 forms 2 pairs per class, the literal reading 6: the min over more
+    pairs is smaller, so the loss is larger; with 2 per class the readings coincide."""
+    emb, labels = batch(seed=5, classes=3, per_class=4)
+    consecutive = build(name, negatives="loop")(emb, labels)
+    every = build(name, negatives="loop", negative_pairs="all")(emb, labels)
+    assert every.item() > consecutive.item()
+    emb2, labels2 = batch(seed=5, classes=4, per_class=2)
+    assert build(name, negatives="loop", negative_pairs="all")(emb2, labels2).item() == pytest.approx(
+        build(name, negatives="loop")(emb2, labels2).item(), rel=1e-12)
+
+
+def test_ms_positive_rule_readings_differ() -> None:
+    emb, labels = batch(seed=1)
+    emb = emb + 1.5 * torch.nn.functional.one_hot(labels, emb.shape[1]).to(F64)
+    batch_rule = build("ms", negatives="loop")(emb, labels)
+    loop_rule = build("ms", negatives="loop", positive_rule="loop")(emb, labels)
+    assert batch_rule.item() != pytest.approx(loop_rule.item(), rel=1e-6)
+    with pytest.raises(ValueError, match="positive_rule"):
+        build("ms", positive_rule="both")
+    with pytest.raises(ValueError, match="negative_pairs"):
+        build("hphn_triplet", negative_pairs="some")
+    with pytest.raises(ValueError, match="consecutive"):  # Symm has no literal reading to offer
+        NEGATIVES.build("symm").pair_terms(emb, labels, True, None, "all")
 
 
 def test_loop_triplet_gradient_matches_finite_differences() -> None:
@@ -184,7 +232,12 @@ def ref_symm_npair(emb, labels):
             if c2 != c
         ]  # noqa: E501, E741
         terms.append(torch.log1p(sum(torch.exp(v - emb[i] @ emb[j]) for v in s)))  # eq. 8
-    return torch.stack(terms).mean()
+    return torch.stack(terms).mean() + norm_penalty(emb)
+
+
+def norm_penalty(emb, l2_reg=0.002):
+    """Sohn 2016's embedding-norm regulariser (lambda = 0.002), which symm section 3.1 relies on."""
+    return l2_reg * sum((emb[i] ** 2).sum() for i in range(len(emb))) / len(emb)
 
 
 def ref_symm_angular(emb, labels, alpha=30.0):
@@ -203,7 +256,7 @@ def ref_symm_angular(emb, labels, alpha=30.0):
                     ).max()
                 )  # noqa: E501
         terms.append(torch.log1p(sum(torch.exp(v - f_p) for v in f_n)))  # eq. 10
-    return torch.stack(terms).mean()
+    return torch.stack(terms).mean() + norm_penalty(emb)
 
 
 @pytest.mark.parametrize(

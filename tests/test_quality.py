@@ -203,3 +203,34 @@ def test_a_failing_run_is_reported_and_the_rest_still_runs(grid, tmp_path):
     rows = {r["label"]: r for r in results["tables"][0]["blocks"][0]["rows"]}
     assert rows["triplet"]["cells"]["recall@1"]["n"] == 2 and rows["broken"]["cells"]["recall@1"]["n"] == 0
     assert "Runs that failed" in (tmp_path / "R.md").read_text()
+
+
+def test_rerunning_one_table_keeps_the_others_and_shows_only_complete_cells(grid, monkeypatch):
+    """`--tables dcdl --report-only`: the other tables stay exactly as they were in results.json; a cell with a
+    seed missing is left empty rather than shown with fewer seeds; nothing is trained."""
+    results, paths = grid
+    import train
+
+    monkeypatch.setattr(train, "train", lambda cfg, progress=True: pytest.fail("report-only must not train"))
+    before = json.loads(paths["json_path"].read_text())
+    dcdl_table = [t for t in TABLES if t.id == "dcdl"]
+    quality.run_grid(dcdl_table, DATASETS, SEEDS, **paths, train=False)
+    saved = json.loads(paths["json_path"].read_text())
+    assert [t["id"] for t in saved["tables"]] == ["loop", "sct", "dcdl"]
+    words = ("title", "claim", "caveats")  # a kept table's numbers stay; its words are the grid's current ones
+    for kept, old in zip(saved["tables"][:2], before["tables"][:2], strict=True):
+        assert {k: v for k, v in kept.items() if k not in words} == {k: v for k, v in old.items() if k not in words}
+        assert kept["caveats"] == next(t.caveats for t in quality.TABLES if t.id == kept["id"])
+    assert saved["curves"] == before["curves"]
+    assert saved["tables"][2]["blocks"] == before["tables"][2]["blocks"]
+    assert saved["setup"]["kept"]["tables"] == ["loop", "sct"]
+    assert "are kept from it as they were" in paths["markdown"].read_text()
+
+    sinkhorn = dcdl_table[0].blocks[0][1][1]
+    missing = quality.cell_dir(paths["runs"], "digits-std", sinkhorn, None) / "seed1" / "report.json"
+    missing.unlink()
+    again = quality.run_grid(dcdl_table, DATASETS, SEEDS, **paths, train=False)
+    row = again["tables"][2]["blocks"][0]["rows"][2]
+    assert row["label"] == "triplet + Sinkhorn"
+    assert row["cells"]["clean"]["n"] == 0 and row["cells"]["symmetric 0.3"]["n"] == 2
+    assert len(again["setup"]["cells_not_finished"]) == 1

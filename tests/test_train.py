@@ -124,6 +124,21 @@ def test_label_noise_is_recorded(tmp_path, feature_cache):
     assert info["mode"] == "symmetric" and info["rate"] == 0.3 and info["flipped"] > 0
 
 
+def test_asymmetric_noise_uses_the_datasets_own_table(tmp_path, feature_cache):
+    """digits flip along their own similar classes (2 -> 7, ...), recorded in config.json by name; a data set
+    without a table is refused before training with the option that fixes it."""
+    train(digits_config(tmp_path / "asym", feature_cache, epochs=1, label_noise="asymmetric:0.4"), progress=False)
+    info = json.loads((tmp_path / "asym" / "config.json").read_text())["label_noise"]
+    assert info["transitions"] == [[2, 7], [3, 8], [5, 6], [6, 5], [7, 1]] and info["flipped"] > 0
+    assert info["transitions_source"] == "known table for digits" and ["2", "7"] in info["transitions_by_name"]
+    table = tmp_path / "t.csv"
+    table.write_text("0,8\n")
+    train(digits_config(tmp_path / "own", feature_cache, epochs=1, label_noise="asymmetric:0.4",
+                        label_noise_transitions=str(table)), progress=False)
+    info = json.loads((tmp_path / "own" / "config.json").read_text())["label_noise"]
+    assert info["transitions"] == [[0, 8]] and info["transitions_by_name"] == [["0", "8"]]
+
+
 def test_config_validation_names_the_fix():
     with pytest.raises(ValueError, match="--per-class must be >= 2"):
         TrainConfig(per_class=1)

@@ -22,7 +22,8 @@ class TrainConfig:
     data: str | None = None
     dataset_kwargs: dict[str, Any] = field(default_factory=dict)
     eval_split: str = "test"  # inshop: "query" (the gallery split is then "gallery")
-    label_noise: str | None = None  # "symmetric:0.3" | "asymmetric:0.2" (fashion-mnist transitions)
+    label_noise: str | None = None  # "symmetric:0.3" | "asymmetric:0.2" (retrieval.data.noise transitions)
+    label_noise_transitions: str | None = None  # asymmetric: a JSON / CSV table of class names, from -> to
     drop_small: bool = False
     # model
     backbone: str = "efficientnet_lite0"

@@ -21,6 +21,7 @@ from retrieval.data import (
     BadImageLog,
     ClassBalancedBatchSampler,
     DistributedClassBalancedBatchSampler,
+    asymmetric_transitions,
     build_transforms,
     inject_label_noise,
     load_dataset,
@@ -156,15 +157,15 @@ class Trainer:
         self.noise_info = None
         if cfg.label_noise:
             mode, _, rate = cfg.label_noise.partition(":")
-            transitions = None
-            if mode == "asymmetric":
-                from retrieval.data import FASHION_MNIST_ASYMMETRIC
-
-                transitions = FASHION_MNIST_ASYMMETRIC
+            transitions, chosen = None, {}
+            if mode == "asymmetric":  # per data set, by class name (retrieval.data.noise)
+                transitions, chosen = asymmetric_transitions(cfg.dataset, self.train_set.class_names,
+                                                             cfg.label_noise_transitions)
             self.train_labels, self.noise_info = inject_label_noise(
                 self.train_labels, mode=mode, rate=float(rate), num_classes=len(self.train_set.class_names),
                 transitions=transitions, seed=cfg.seed,
             )
+            self.noise_info.update(chosen)
             self.train_set.labels = self.train_labels
         self.num_classes = int(self.train_labels.max()) + 1
 

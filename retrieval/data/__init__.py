@@ -15,7 +15,7 @@ from retrieval.data.dataset import (
     open_image,
 )
 from retrieval.data.emoji import prepare_emoji
-from retrieval.data.noise import FASHION_MNIST_ASYMMETRIC, inject_label_noise
+from retrieval.data.noise import FASHION_MNIST_ASYMMETRIC, asymmetric_transitions, inject_label_noise
 from retrieval.data.sampler import ClassBalancedBatchSampler, DistributedClassBalancedBatchSampler, WithSampleSeeds
 from retrieval.data.transforms import build_transforms, preprocess_eval
 
@@ -28,6 +28,7 @@ __all__ = [
     "DATASETS",
     "DistributedClassBalancedBatchSampler",
     "FASHION_MNIST_ASYMMETRIC",
+    "asymmetric_transitions",
     "ImageDataset",
     "LoadedBatch",
     "WithSampleSeeds",

@@ -13,6 +13,7 @@ pair-level form (``PairLoss.from_pair_terms``) with a hard-negative method of ``
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from torch import nn
@@ -26,7 +27,8 @@ from retrieval.losses.weights import pair_weights  # noqa: F401  (the weight vie
 from retrieval.losses.with_negatives import HardNegativeLoss
 
 __all__ = [
-    "HardNegativeLoss", "available", "available_negatives", "build", "composable", "register_loss", "wants_normalized",
+    "HardNegativeLoss", "available", "available_negatives", "build", "composable", "describe", "register_loss",
+    "wants_normalized",
 ]
 
 
@@ -71,3 +73,13 @@ def build(name: str, negatives: str | None = None, **hparams: Any) -> nn.Module:
         )
     loss = LOSSES.build(name, **{**COMBINATION_DEFAULTS.get((name, negatives), {}), **hparams})
     return HardNegativeLoss(loss, NEGATIVES.build(negatives))
+
+
+def describe(name: str) -> dict[str, Any]:
+    """What a registered loss implements: its paper equation, its defaults (from its signature, the one place
+    they are set) and, per option where a paper reads two ways, what the choices mean."""
+    cls = LOSSES.get(name)
+    parameters = inspect.signature(cls).parameters.values()
+    defaults = {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
+    return {"equation": getattr(cls, "paper_equation", ""), "defaults": defaults,
+            "readings": dict(getattr(cls, "readings", {}))}

@@ -36,6 +36,13 @@ class PairLoss(nn.Module):
     # Positive-side rows the pair-level form compares with the negatives (a ``symm.Combinations``); None: the
     # points of the positive pair themselves.
     positive_rows = None
+    # The other-class pairs (k, l) a hard-negative method forms for each positive pair: "consecutive" (LoOp's
+    # Algorithm 1) or "all" (every same-class pair; ``retrieval.negatives.base.NEGATIVE_PAIRS``).
+    negative_pairs = "consecutive"
+    # What ``retrieval losses`` prints: the paper equation the loss implements, and for each option where a paper
+    # can be read two ways (or where we chose a value the paper does not give) what the choices mean.
+    paper_equation: str = ""
+    readings: dict[str, str] = {}
 
     def __init__(self) -> None:
         super().__init__()

@@ -23,6 +23,8 @@ class ContrastiveLoss(DistancePairLoss):
     L2-normalised embeddings (d^2 = 2 - 2 s), ``squared=True`` for squared distances.
     """
 
+    paper_equation = "unified eq. 5 (form=cosine); Hadsell et al. 2006 (form=distance)"
+
     def __init__(
         self,
         form: str = "cosine",

@@ -14,6 +14,12 @@ phi is one of
     "sinkhorn": the Sinkhorn divergence of eq. 13, SD = W_eps(U, V) - (W_eps(U, U) + W_eps(V, V)) / 2, with
         W_eps of eq. 11 (p = 2, cost D^p(u, v) = |u - v|^2 / 2, epsilon = 2.5e-3), lambda = 0.5.
 
+The local loss (eq. 3) takes the paper's form by default (``local_form="paper"``): for triplet that is
+squared distances, FaceNet's semi-hard mining (supplementary: "L_Trip enforces semi-hard triplet mining"),
+the mean over the mined triplets and tau = 0.5 (section 4 and the supplementary's implementation details: "we
+set the value of tau in L_Trip to 0.5"). ``local_form="loop"`` keeps the registered loss's own defaults
+(for triplet the LoOp / Symm form: non-squared distances, margin 0.2, all triplets, divided by |P|).
+
 The paper constrains |z_i| = 1, so the discrepancy is computed on L2-normalised embeddings
 (``normalize=True``); the local loss gets the embeddings unchanged and normalises as it defines.
 Classes with fewer than ``min_samples_per_class`` samples (the paper keeps at least r per class "to avoid
@@ -27,21 +33,23 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from geomloss import SamplesLoss
 from torch import nn
 
 from retrieval.distances import l2_normalize, safe_sqrt, squared_euclidean_matrix, zero_loss
 from retrieval.loss_registry import LOSSES, register_loss
+from retrieval.losses.sinkhorn import DEFAULT_SCALING, DEFAULT_TOLERANCE, sinkhorn_divergence_batch
 
 PHIS = ("mmd_laplacian", "mmd_gaussian", "sinkhorn")
 DEFAULT_LAMBDA = {"mmd_laplacian": 0.2, "mmd_gaussian": 0.2, "sinkhorn": 0.5}  # main text, "Results"
 DEFAULT_SIGMA = 0.05  # eq. 16
 DEFAULT_EPSILON = 2.5e-3  # eq. 11
-# Ratio between successive blur radii of geomloss's epsilon-scaling (one Sinkhorn iteration per radius);
-# closer to 1 = more iterations = closer to the converged fixed point of Algorithm 1. Measured against
-# scaling 0.995 on a 128 x 512 batch of 32 classes: values within 2e-4, gradient cosine 0.9999 at 0.9
-# (0.987 at geomloss's default 0.5). On tiny low-dimensional clouds 0.9 is a few percent low (tests).
-DEFAULT_SCALING = 0.9
+# The local loss of eq. 3 as the paper runs it, per local loss name (``local_form="paper"``); the other local
+# losses of eq. 3 (N-pair, angular, their sum) are the registered losses' own definitions and defaults.
+PAPER_LOCAL_KWARGS: dict[str, dict[str, Any]] = {
+    # eq. 3: squared distances, mean over the mined triplets; supp.: semi-hard mining; sec. 4: tau = 0.5
+    "triplet": {"squared": True, "mining": "semihard", "margin": 0.5, "reduction": "triplets"},
+}
+LOCAL_FORMS = ("paper", "loop")
 
 
 # ----------------------------------------------------------------------------- kernels, eq. 16
@@ -78,33 +86,17 @@ def mmd(
 
 
 def sinkhorn_divergence(
-    x: torch.Tensor, y: torch.Tensor, epsilon: float = DEFAULT_EPSILON, scaling: float = DEFAULT_SCALING
+    x: torch.Tensor,
+    y: torch.Tensor,
+    epsilon: float = DEFAULT_EPSILON,
+    scaling: float = DEFAULT_SCALING,
+    tolerance: float = DEFAULT_TOLERANCE,
 ) -> torch.Tensor:
-    """Sinkhorn divergence SD_eps (eq. 13) between uniform measures on x [n, D] and y [m, D].
-
-    geomloss solves eq. 11 in the log domain (a plain kernel exp(-C / 2.5e-3) underflows). Its
-    conventions match the paper's: for p = 2 its cost is |x - y|^2 / 2 and its temperature is
-    epsilon = blur^p, hence blur = sqrt(epsilon). Its entropic term is eps * KL(T | a b^T) where eq. 11
-    has eps * sum T (log T - 1); the two differ by eps * (sum a log a + sum b log b - 1), a constant
-    that cancels exactly in the debiased combination of eq. 13.
-    """
-    return _sinkhorn_samples_loss(epsilon, scaling)(x, y)
-
-
-def _sinkhorn_samples_loss(epsilon: float, scaling: float, diameter: float | None = None) -> SamplesLoss:
-    if not epsilon > 0:
-        raise ValueError(f"epsilon must be > 0 (the paper uses 2.5e-3), got {epsilon}")
-    if not 0 < scaling < 1:
-        raise ValueError(f"scaling must be in (0, 1) (closer to 1 = more Sinkhorn iterations), got {scaling}")
-    return SamplesLoss(
-        "sinkhorn",
-        p=2,
-        blur=epsilon**0.5,  # geomloss: epsilon = blur^p
-        debias=True,  # eq. 13
-        scaling=scaling,
-        diameter=diameter,
-        backend="tensorized",
-    )
+    """Sinkhorn divergence SD_eps (eq. 13) between uniform measures on x [n, D] and y [m, D], converged
+    (``retrieval.losses.sinkhorn``; p = 2, cost |x - y|^2 / 2)."""
+    a = x.new_full((1, len(x)), 1.0 / len(x))
+    b = y.new_full((1, len(y)), 1.0 / len(y))
+    return sinkhorn_divergence_batch(x[None], a, y[None], b, epsilon, scaling, tolerance)[0]
 
 
 # ----------------------------------------------------------------------------- class-wise, eq. 1-2
@@ -152,19 +144,19 @@ def classwise_sinkhorn(
     epsilon: float = DEFAULT_EPSILON,
     scaling: float = DEFAULT_SCALING,
     min_samples_per_class: int = 2,
+    tolerance: float = DEFAULT_TOLERANCE,
 ) -> torch.Tensor:
     """[K] SD_eps(Z_k+, Z_k-) (eq. 13) for every usable class, solved as one batch of K problems.
 
     Z_k+ and Z_k- are gathered into padded [K, n_max, D] and [K, m_max, D] clouds; padding points get
-    weight 0, which geomloss excludes (log-weight -1e5), so every problem is only as large as its class.
+    weight 0 (log-weight -inf), so every problem is only as large as its class.
     """
     split = split_classes(labels, min_samples_per_class, embeddings.dtype)
     if split.classes.numel() == 0:
         return embeddings.new_zeros(0)
     x, a = _gather_padded(embeddings, split.members, split.positive_weights)
     y, b = _gather_padded(embeddings, ~split.members, split.negative_weights)
-    diameter = _diameter(embeddings)
-    return _sinkhorn_samples_loss(epsilon, scaling, diameter)(a, x, b, y)
+    return sinkhorn_divergence_batch(x, a, y, b, epsilon, scaling, tolerance, _diameter(embeddings))
 
 
 def _gather_padded(
@@ -178,8 +170,7 @@ def _gather_padded(
 
 
 def _diameter(embeddings: torch.Tensor) -> float:
-    """max |x_i - x_j|, where geomloss's epsilon annealing starts (its own bound, the bounding-box
-    diagonal, is ~5x larger for 512-d unit vectors and would cost extra iterations)."""
+    """max |x_i - x_j| over the whole batch, where the epsilon annealing starts."""
     with torch.no_grad():
         return max(float(squared_euclidean_matrix(embeddings).max().sqrt()), 1e-3)
 
@@ -191,10 +182,23 @@ class DCDLLoss(nn.Module):
 
     ``local``: any registered loss name (the paper uses triplet, npair, angular, angular_npair) with
     ``local_kwargs``; ``None`` or "none" trains on lambda * L_phi alone (supplementary Table 2 ablation).
+    ``local_form="paper"`` starts the local loss from eq. 3 as the paper runs it (``PAPER_LOCAL_KWARGS``),
+    "loop" from the registered loss's own defaults; ``local_kwargs`` override either.
+    ``tolerance``: Sinkhorn iterates until no dual potential moves by more than this (converged).
     ``lam=None`` takes the paper's value for ``phi`` (0.2 for MMD, 0.5 for Sinkhorn).
     ``class_reduction="sum"`` follows eq. 2; "mean" divides by the number of classes used, which keeps
     the scale independent of the classes per batch.
     """
+
+    paper_equation = "dcdl eq. 2 and 5 (eq. 1, 3; supp. eq. 11-16)"
+    readings = {
+        "local_form": (
+            "'paper' = the local loss of dcdl eq. 3 as the paper runs it (triplet: squared distances, "
+            "semi-hard mining, mean over the mined triplets, tau = 0.5; default) or 'loop' = the "
+            "registered loss's own defaults (the LoOp / Symm triplet)"
+        ),
+        "tolerance": "Sinkhorn iterates until no dual potential moves by more than this (converged; default 1e-6)",
+    }
 
     def __init__(
         self,
@@ -208,6 +212,8 @@ class DCDLLoss(nn.Module):
         normalize: bool = True,
         class_reduction: str = "sum",
         min_samples_per_class: int = 2,
+        local_form: str = "paper",
+        tolerance: float = DEFAULT_TOLERANCE,
     ) -> None:
         super().__init__()
         if phi not in PHIS:
@@ -218,24 +224,35 @@ class DCDLLoss(nn.Module):
             raise ValueError(f"min_samples_per_class must be >= 1, got {min_samples_per_class}")
         if local == "dcdl":
             raise ValueError("the local loss of DCDL cannot be 'dcdl' itself; use e.g. local='triplet'")
+        if local_form not in LOCAL_FORMS:
+            raise ValueError(f"local_form must be 'paper' (dcdl eq. 3 as the paper runs it) or 'loop' (the "
+                             f"registered loss's defaults, the LoOp / Symm triplet), got {local_form!r}")
         self.phi = phi
         self.lam = DEFAULT_LAMBDA[phi] if lam is None else float(lam)
         self.sigma = sigma
         self.epsilon = epsilon
         self.scaling = scaling
+        self.tolerance = tolerance
+        self.local_form = local_form
         self.normalize = normalize
         self.class_reduction = class_reduction
         self.min_samples_per_class = min_samples_per_class
-        if phi == "sinkhorn":
-            _sinkhorn_samples_loss(epsilon, scaling)  # validate the settings now, not at the first batch
-        self.local = None if local in (None, "none") else LOSSES.build(local, **(local_kwargs or {}))
+        if not epsilon > 0 or not 0 < scaling < 1 or not tolerance > 0:
+            raise ValueError(f"Sinkhorn needs epsilon > 0 (paper: 2.5e-3), 0 < scaling < 1 and tolerance > 0, got "
+                             f"epsilon={epsilon}, scaling={scaling}, tolerance={tolerance}")
+        if local in (None, "none"):
+            self.local = None
+        else:
+            form = PAPER_LOCAL_KWARGS.get(local, {}) if local_form == "paper" else {}
+            self.local = LOSSES.build(local, **{**form, **(local_kwargs or {})})
         self.last_stats: dict[str, float] = {}
 
     def discrepancies(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """[K] phi(Z_k+, Z_k-) for the usable classes of the batch."""
         z = l2_normalize(embeddings) if self.normalize else embeddings
         if self.phi == "sinkhorn":
-            return classwise_sinkhorn(z, labels, self.epsilon, self.scaling, self.min_samples_per_class)
+            return classwise_sinkhorn(z, labels, self.epsilon, self.scaling, self.min_samples_per_class,
+                                      self.tolerance)
         kernel = "laplacian" if self.phi == "mmd_laplacian" else "gaussian"
         return classwise_mmd(z, labels, kernel, self.sigma, self.min_samples_per_class)
 

@@ -15,7 +15,7 @@ from retrieval.losses.base import (
     masked_min,
     mean_over,
 )
-from retrieval.negatives.base import PairTerms
+from retrieval.negatives.base import NEGATIVE_PAIRS_READING, PairTerms, check_negative_pairs
 
 
 def _pairs_with_negatives(positive: torch.Tensor, negative: torch.Tensor) -> torch.Tensor:
@@ -33,6 +33,8 @@ class LiftedStructureLoss(DistancePairLoss):
     P the positive pairs (the term is symmetric in i, j, so ordered or unordered pairs give the same mean).
     Default margin m = 1 (Oh Song et al.). Pairs of a class with no negative in the batch contribute 0.
     """
+
+    paper_equation = "symm eq. 5 (Oh Song et al. 2016); + Symm: symm eq. 6"
 
     def __init__(self, margin: float = 1.0, squared: bool = False) -> None:
         super().__init__(squared=squared)
@@ -68,9 +70,13 @@ class LiftedMinLoss(DistancePairLoss):
     Default margin m = 1 (Oh Song et al.; the LoOp paper does not state its value).
     """
 
-    def __init__(self, margin: float = 1.0, squared: bool = False) -> None:
+    paper_equation = "loop eq. 16 (hinge/min form); + LoOp: loop section 3.3.3"
+    readings = {"negative_pairs": NEGATIVE_PAIRS_READING}
+
+    def __init__(self, margin: float = 1.0, squared: bool = False, negative_pairs: str = "consecutive") -> None:
         super().__init__(squared=squared)
         self.margin = margin
+        self.negative_pairs = check_negative_pairs(negative_pairs)  # with LoOp: which pairs (k, l) the min spans
 
     def from_similarity(self, similarity: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         positive, negative = self.pairs(labels)
@@ -101,6 +107,8 @@ class GeneralizedLiftedLoss(PairLoss):
     yields eq. 10-11. Default lambda = 1 (the paper gives none). Anchors without a positive or a negative
     contribute 0.
     """
+
+    paper_equation = "unified eq. 9 (Hermans et al.)"
 
     def __init__(self, margin: float = 1.0) -> None:
         super().__init__()

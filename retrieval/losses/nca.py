@@ -63,6 +63,8 @@ class NCATripletLoss(PairLoss):
     (1.0 = eq. 1; the authors' code uses 0.1).
     """
 
+    paper_equation = "sct eq. 1"
+
     def __init__(self, mining: str = "hard", temperature: float = 1.0) -> None:
         super().__init__()
         if mining not in NCA_MINING:
@@ -98,6 +100,8 @@ class SelectivelyContrastiveTripletLoss(PairLoss):
     ``temperature`` (0.1 in their code). ``temperature=None`` means 1.0 for ``"paper"`` (eq. 13 has no
     temperature) and 0.1 for ``"paper_or_threshold"``.
     """
+
+    paper_equation = "sct eq. 13"
 
     def __init__(
         self,

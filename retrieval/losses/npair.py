@@ -1,7 +1,12 @@
 """N-pair-style losses on raw (not L2-normalised) features: N-pair, angular, and N-pair + angular.
 
 symm section 4.2: "N-pair and angular loss use non-l2-normalized features", so S_ij = x_i^T x_j here and
-the norm is kept in check by an optional penalty ``l2_reg * mean_i |x_i|^2`` (= l2_reg * mean diag(S)).
+the norm is kept in check by the penalty ``l2_reg * mean_i |x_i|^2`` (= l2_reg * mean diag(S)), on by default:
+symm section 3.1 relies on it ("N-pair and angular loss regularize the norm ... (Sohn 2016; Wang et al. 2017)").
+The default lambda = 0.002 is the N-pair reference implementation's (TensorFlow ``npairs_loss(reg_lambda=0.002)``,
+which adds 0.25 * lambda * (mean |anchor|^2 + mean |positive|^2), i.e. lambda / 2 * mean |x|^2 when every sample is
+both); Sohn 2016 (not in docs' paper set) states the regulariser, not a number we could check. ``l2_reg=0`` turns
+it off (the previous default).
 
 The papers build batches of N pairs (one positive per anchor). Eq. 7 and 9 of symm are written over all
 positive pairs P and all negatives k with l_k != l_i, which is how we generalise to more than 2 samples per
@@ -21,13 +26,20 @@ from retrieval.losses.base import PER_CLASS_HINT, PairLoss
 from retrieval.negatives.base import PairTerms
 from retrieval.negatives.symm import ANGULAR_POSITIVE_SUMS
 
+# lambda of the embedding-norm regulariser (Sohn 2016's N-pair; TensorFlow npairs_loss reg_lambda default)
+DEFAULT_L2_REG = 0.002
+
 
 class DotPairLoss(PairLoss):
-    """Base of the N-pair family: dot-product similarities, a positive per anchor, optional L2 penalty."""
+    """Base of the N-pair family: dot-product similarities, a positive per anchor, an L2 norm penalty."""
 
     cosine_similarity = False
+    readings = {
+        "l2_reg": "Sohn 2016's norm regulariser l2_reg * mean |x|^2 on the raw features, default 0.002 (the N-pair "
+                  "reference implementation's lambda; symm section 3.1 relies on it); 0 turns it off",
+    }
 
-    def __init__(self, l2_reg: float = 0.0) -> None:
+    def __init__(self, l2_reg: float = DEFAULT_L2_REG) -> None:
         super().__init__()
         self.l2_reg = l2_reg
 
@@ -105,7 +117,9 @@ def angular_losses(
 class NPairLoss(DotPairLoss):
     """Multi-class N-pair loss, symm eq. 7:
     1/|P| sum_{(i,j) in P} log[1 + sum_{k: l_k != l_i} exp(S_ik - S_ij)] + l2_reg * mean |x|^2.
-    Default l2_reg = 0 (set e.g. 0.002 as in Sohn 2016 to bound the norms)."""
+    Default l2_reg = 0.002 (``DEFAULT_L2_REG``; 0 turns the norm penalty off)."""
+
+    paper_equation = "symm eq. 7 (Sohn 2016); + Symm: symm eq. 8"
 
     normalized_embeddings = False  # N-pair keeps the raw norms (its l2_reg regularises them)
 
@@ -133,10 +147,12 @@ class AngularLoss(DotPairLoss):
     """Angular loss, symm eq. 9, alpha in degrees. Default alpha = 30 (the DCDL paper's value for L_Ang;
     the symm paper gives none)."""
 
+    paper_equation = "symm eq. 9 (Wang et al. 2017); + Symm: symm eq. 10"
+
     # f^n = 4 tan^2 a (x_p + x_q).x_r: the negative side compares sums of two points of the positive pair
     positive_rows = ANGULAR_POSITIVE_SUMS
 
-    def __init__(self, alpha: float = 30.0, l2_reg: float = 0.0) -> None:
+    def __init__(self, alpha: float = 30.0, l2_reg: float = DEFAULT_L2_REG) -> None:
         super().__init__(l2_reg=l2_reg)
         self.alpha = _check_angle(alpha)
 
@@ -161,7 +177,9 @@ class AngularNPairLoss(DotPairLoss):
     """N-pair + lambda_ang * angular (dcdl eq. 4): lambda_ang = 2, alpha = 45 degrees (DCDL section 4);
     the L2 penalty is added once."""
 
-    def __init__(self, alpha: float = 45.0, lambda_ang: float = 2.0, l2_reg: float = 0.0) -> None:
+    paper_equation = "dcdl eq. 4 (N-pair + lambda_ang * angular)"
+
+    def __init__(self, alpha: float = 45.0, lambda_ang: float = 2.0, l2_reg: float = DEFAULT_L2_REG) -> None:
         super().__init__(l2_reg=l2_reg)
         self.alpha = _check_angle(alpha)
         self.lambda_ang = lambda_ang

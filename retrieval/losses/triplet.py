@@ -14,9 +14,12 @@ from retrieval.losses.base import (
     masked_min,
     mean_over,
 )
-from retrieval.negatives.base import PairTerms
+from retrieval.negatives.base import NEGATIVE_PAIRS_READING, PairTerms, check_negative_pairs
 
 TRIPLET_MINING = ("all", "semihard", "hard")
+# What the summed hinge of "all" / "semihard" is divided by: the positive pairs |P| (loop eq. 14) or the number of
+# mined triplets (dcdl eq. 3, where |P| "represents the number of triplets").
+TRIPLET_REDUCTIONS = ("positive_pairs", "triplets")
 
 
 @torch.no_grad()
@@ -44,14 +47,37 @@ class TripletLoss(DistancePairLoss):
         divided by |P| (a batch with few semi-hard triplets gives a small loss, as in eq. 14).
       - ``"hard"``: batch-hard (Hermans et al.): per anchor the farthest positive and the nearest negative,
         averaged over anchors that have both.
+
+    ``reduction="triplets"`` divides the sum by the number of kept triplets instead (dcdl eq. 3: a mean over
+    the mined triplets; 0 when none is kept).
     """
 
-    def __init__(self, margin: float = 0.2, mining: str = "all", squared: bool = False) -> None:
+    paper_equation = (
+        "loop eq. 14 (symm eq. 3 with squared=True; dcdl eq. 3 as dcdl runs it: squared, semihard, "
+        "reduction=triplets); + LoOp: loop eq. 15; + Symm: symm eq. 4"
+    )
+    readings = {
+        "reduction": (
+            "'positive_pairs' = the hinge sum over |P| (loop eq. 14, default) or 'triplets' = the mean "
+            "over the kept triplets (dcdl eq. 3)"
+        ),
+        "mining": (
+            "'all' (loop eq. 14), 'semihard' (FaceNet, Schroff et al. 2015 sec. 3.2: d_ap < d_an < d_ap +"
+            " m) or 'hard' (batch-hard)"
+        ),
+    }
+
+    def __init__(
+        self, margin: float = 0.2, mining: str = "all", squared: bool = False, reduction: str = "positive_pairs"
+    ) -> None:
         super().__init__(squared=squared)
         if mining not in TRIPLET_MINING:
             raise ValueError(f"triplet mining must be one of {TRIPLET_MINING}, got {mining!r}")
+        if reduction not in TRIPLET_REDUCTIONS:
+            raise ValueError(f"triplet reduction must be one of {TRIPLET_REDUCTIONS}, got {reduction!r}")
         self.margin = margin
         self.mining = mining
+        self.reduction = reduction
 
     def from_similarity(self, similarity: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         positive, negative = self.pairs(labels)
@@ -67,8 +93,10 @@ class TripletLoss(DistancePairLoss):
         if self.mining == "semihard":  # FaceNet: d_ap < d_an < d_ap + m
             kept = kept & (d_an > d_ap) & (d_an < d_ap + self.margin)
         self.last_stats = triplet_stats(similarity[a, p].unsqueeze(1), similarity[a], losses, kept)
+        if self.reduction == "triplets":  # dcdl eq. 3
+            return mean_over(losses, kept)
         num_positive_pairs = positive.sum().clamp_min(1).to(similarity.dtype)
-        return torch.where(kept, losses, torch.zeros_like(losses)).sum() / num_positive_pairs
+        return torch.where(kept, losses, torch.zeros_like(losses)).sum() / num_positive_pairs  # loop eq. 14
 
     def _batch_hard(
         self, similarity: torch.Tensor, distance: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor
@@ -86,8 +114,9 @@ class TripletLoss(DistancePairLoss):
     def from_pair_terms(self, terms: PairTerms) -> torch.Tensor:
         """LoOp eq. 15 / Symm eq. 4 (squared): (1/|P|) sum over pair (i, j) and pair (k, l) of another class of
         [d_ij - d_(ij)(kl) + m]_+, d_(ij)(kl) the hardest negative of the two pairs."""
-        if self.mining != "all":
-            raise ValueError(f"triplet mining={self.mining!r} has no pair-level form; hard negatives use 'all'")
+        if self.mining != "all" or self.reduction != "positive_pairs":
+            raise ValueError(f"triplet mining={self.mining!r}, reduction={self.reduction!r} has no pair-level form; "
+                             "hard negatives use mining='all', reduction='positive_pairs'")
         d_positive = self.distance(terms.positive_similarity())
         hinge = torch.relu(d_positive.unsqueeze(1) - terms.negative_distance(self.squared) + self.margin)
         return torch.where(terms.negative, hinge, torch.zeros_like(hinge)).sum() / len(terms.pairs)
@@ -103,9 +132,13 @@ class HPHNTripletLoss(DistancePairLoss):
     same as over unordered pairs). Pairs of a class with no negative in the batch contribute nothing.
     """
 
-    def __init__(self, margin: float = 0.2, squared: bool = False) -> None:
+    paper_equation = "loop section 3.3.2; + LoOp: its LoOp form"
+    readings = {"negative_pairs": NEGATIVE_PAIRS_READING}
+
+    def __init__(self, margin: float = 0.2, squared: bool = False, negative_pairs: str = "consecutive") -> None:
         super().__init__(squared=squared)
         self.margin = margin
+        self.negative_pairs = check_negative_pairs(negative_pairs)  # with LoOp: which pairs (k, l) the min spans
 
     def from_similarity(self, similarity: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         positive, negative = self.pairs(labels)

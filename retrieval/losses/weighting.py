@@ -60,6 +60,8 @@ class BinomialDevianceLoss(MinedPairLoss):
     (Table 1, "Binomial+VTHM"); an empty set contributes 0.
     """
 
+    paper_equation = "unified eq. 12"
+
     def from_similarity(self, similarity: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         positive, negative = self.mined_pairs(similarity, labels)
         positive_terms = F.softplus(self.alpha * (self.gamma - similarity))
@@ -77,6 +79,8 @@ class VTHMLoss(MinedPairLoss):
 
     so every selected pair gets the weight 1/m (eq. 6 without the threshold). ``margin`` is VTHM's lambda.
     """
+
+    paper_equation = 'unified Table 1, "VTHM" (equal weights on VTHM-mined pairs)'
 
     def __init__(self, margin: float = 0.1) -> None:
         super().__init__(miner="vthm", vthm_margin=margin)
@@ -102,7 +106,15 @@ class RAWLoss(MinedPairLoss):
                 + 1/beta  log[1 + sum_{N~_i} exp( beta (s_ik - gamma))] }.
 
     ``raw`` uses all pairs by default (Table 1, "RAW"); ``miner="vthm"`` gives RAW + VTHM (= ``ms``).
+
+    With hard negatives (LoOp), ``positive_rule`` says what VTHM's positive rule s_ij < max s_in + eps compares
+    with: "batch", the batch's negatives (LoOp section 3.3.4: the rule for hard positives "remains unchanged"),
+    or "loop", the largest LoOp negative similarity of the anchor's pair.
     """
+
+    paper_equation = "unified eq. 17; + LoOp: loop section 3.3.4"
+
+    positive_rule = "batch"
 
     def from_similarity(self, similarity: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         positive, negative = self.mined_pairs(similarity, labels)
@@ -120,7 +132,11 @@ class RAWLoss(MinedPairLoss):
         negative_similarity = terms.negative_similarity(pair_of_anchor)  # [A, Pp]
         negative = terms.negative[pair_of_anchor]
         if self.miner == "vthm":
-            positive, negative = vthm(similarity, positive, negative, self.vthm_margin, negative_similarity)
+            kept_positive, negative = vthm(similarity, positive, negative, self.vthm_margin, negative_similarity)
+            if self.positive_rule == "batch":  # the unchanged rule: against the batch's own negatives
+                batch_negative = terms.labels[anchors].view(-1, 1) != terms.labels.view(1, -1)
+                kept_positive, _ = vthm(similarity, positive, batch_negative, self.vthm_margin)
+            positive = kept_positive
         return self._raw(similarity, positive, negative_similarity, negative)
 
     def _raw(
@@ -137,6 +153,9 @@ class RAWLoss(MinedPairLoss):
         return (positive_part / self.alpha + negative_part / self.beta).mean()  # eq. 17
 
 
+POSITIVE_RULES = ("batch", "loop")  # with LoOp: VTHM's positive rule against batch or LoOp negatives
+
+
 @register_loss("ms")
 class MultiSimilarityLoss(RAWLoss):
     """Multi-similarity loss = RAW (eq. 17) over the VTHM-mined pairs (section 5.1), the unified paper's full
@@ -147,6 +166,15 @@ class MultiSimilarityLoss(RAWLoss):
     hardest positive p* is kept, and vice versa), so the two agree.
     """
 
+    paper_equation = "unified eq. 17 + VTHM (section 5.1) = MS; + LoOp: loop section 3.3.4"
+    readings = {
+        "positive_rule": (
+            "with LoOp and VTHM, what the positive rule s_ij < max s_in + eps compares with: 'batch' = "
+            "the batch's negatives (loop 3.3.4: the rule 'remains unchanged', default) or 'loop' = the "
+            "largest LoOp negative similarity"
+        ),
+    }
+
     def __init__(
         self,
         alpha: float = 2.0,
@@ -154,5 +182,10 @@ class MultiSimilarityLoss(RAWLoss):
         gamma: float = 0.5,
         margin: float = 0.1,
         miner: str | None = "vthm",
+        positive_rule: str = "batch",
     ) -> None:
         super().__init__(alpha=alpha, beta=beta, gamma=gamma, miner=miner, vthm_margin=margin)
+        if positive_rule not in POSITIVE_RULES:
+            raise ValueError(f"positive_rule must be 'batch' (LoOp 3.3.4: the rule is unchanged, batch negatives) or "
+                             f"'loop' (against the largest LoOp negative similarity), got {positive_rule!r}")
+        self.positive_rule = positive_rule

@@ -21,7 +21,8 @@ class HardNegativeLoss(nn.Module):
         self.last_stats: dict[str, float] = {}
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        terms = self.method.pair_terms(embeddings, labels, self.loss.cosine_similarity, self.loss.positive_rows)
+        terms = self.method.pair_terms(embeddings, labels, self.loss.cosine_similarity, self.loss.positive_rows,
+                                       self.loss.negative_pairs)
         self.last_stats = terms.stats
         if terms.hardest is None:  # one class only: nothing to push apart
             return zero_loss(embeddings)

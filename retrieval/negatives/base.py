@@ -15,9 +15,22 @@ from dataclasses import dataclass
 import torch
 
 from retrieval.distances import label_masks, unit_distance
-from retrieval.negatives.pairs import PositivePairs, positive_pairs
+from retrieval.negatives.pairs import PositivePairs, all_positive_pairs, positive_pairs
 
 Tensor = torch.Tensor
+NEGATIVE_PAIRS = ("consecutive", "all")  # the other-class pairs (k, l) a positive pair meets (pair_terms)
+NEGATIVE_PAIRS_READING = (  # what a loss with a min over those pairs prints for ``retrieval losses``
+    "with LoOp, the other-class pairs (k, l) of the min: 'consecutive' = Algorithm 1's pairs (the C = B (B - N) / 8 "
+    "problems of loop section 3.4, default) or 'all' = every same-class pair (the equation read literally)"
+)
+
+
+def check_negative_pairs(value: str) -> str:
+    """``value`` when it names a reading of the other-class pairs (``NEGATIVE_PAIRS``), else a clear error."""
+    if value not in NEGATIVE_PAIRS:
+        raise ValueError(f"negative_pairs must be 'consecutive' (LoOp Algorithm 1's pairs) or 'all' (every same-class "
+                         f"pair, LoOp section 3.3 read literally), got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -27,8 +40,8 @@ class PairTerms:
     pairs: PositivePairs
     labels: Tensor  # [B] the batch's labels, on the embeddings' device
     gram: Tensor  # [B, B] inner products of the embeddings the method worked on (unit or raw)
-    negative: Tensor  # [Pp, Pp] bool: pairs p and q are of different classes (the terms a loss may use)
-    hardest: Tensor | None  # [Pp, Pp] hardest negative of pair p against pair q; None: one class, no negative
+    negative: Tensor  # [Pp, Q] bool: pairs p and q are of different classes (the terms a loss may use)
+    hardest: Tensor | None  # [Pp, Q] hardest negative of pair p against pair q; None: one class, no negative
     hardest_is_distance: bool  # True: ``hardest`` holds distances of unit vectors, False: inner products
     stats: dict[str, float]
 
@@ -68,6 +81,7 @@ class HardNegativeMethod:
     """
 
     unit_only: bool = False
+    supports_all_pairs: bool = False  # True: ``hardest`` accepts other-class pairs beyond Algorithm 1's (``columns``)
     supports_rows: bool = False  # True: ``hardest`` accepts rows other than None
     hardest_is_distance: bool = False  # what ``hardest`` returns: distances of unit vectors or inner products
     empty_stats: dict[str, float] = {}  # statistics of a batch with one class (no negative pair)
@@ -82,14 +96,27 @@ class HardNegativeMethod:
         raise NotImplementedError
 
     def hardest(
-        self, gram: Tensor, pairs: PositivePairs, negative: Tensor, rows: object | None
+        self, gram: Tensor, pairs: PositivePairs, negative: Tensor, rows: object | None,
+        columns: PositivePairs | None = None,
     ) -> tuple[Tensor, dict[str, float]]:
-        """([Pp, Pp] hardest negative of pair p against pair q, statistics); entries outside ``negative`` are
-        ignored by the losses."""
+        """([Pp, Q] hardest negative of pair p against pair q, statistics); entries outside ``negative`` are
+        ignored by the losses. The pairs q are ``columns`` when given, else the positive pairs themselves."""
         raise NotImplementedError
 
-    def pair_terms(self, embeddings: Tensor, labels: Tensor, unit: bool, rows: object | None = None) -> PairTerms:
-        """The batch's positive pairs and their hardest negatives, for ``PairLoss.from_pair_terms``."""
+    def pair_terms(
+        self, embeddings: Tensor, labels: Tensor, unit: bool, rows: object | None = None,
+        negative_pairs: str = "consecutive",
+    ) -> PairTerms:
+        """The batch's positive pairs and their hardest negatives, for ``PairLoss.from_pair_terms``.
+
+        ``negative_pairs``: the other-class pairs (k, l) each positive pair meets: "consecutive", the batch's
+        positive pairs as Algorithm 1 forms them (LoOp section 3.4 counts C = B (B - N) / 8 such problems),
+        or "all", every same-class pair k < l (the min over c[i] != c[k] = c[l] of LoOp section 3.3 read
+        literally; differs from "consecutive" with more than 2 samples per class)."""
+        check_negative_pairs(negative_pairs)
+        if negative_pairs == "all" and not self.supports_all_pairs:
+            raise ValueError(f"{type(self).__name__} forms its negatives from Algorithm 1's pairs only; "
+                             "use negative_pairs='consecutive'")
         if embeddings.dim() != 2:
             raise ValueError(f"embeddings must be [B, D], got shape {tuple(embeddings.shape)}")
         if labels.dim() != 1 or labels.numel() != embeddings.shape[0]:
@@ -103,9 +130,11 @@ class HardNegativeMethod:
                 "LoOp/Symm losses need positive pairs, but every label appears once in the batch; use "
                 "--per-class 2 or more (an even number: ClassBalancedBatchSampler samples_per_class)"
             )
-        negative = pairs.labels.view(-1, 1) != pairs.labels.view(1, -1)
+        columns = all_positive_pairs(labels) if negative_pairs == "all" else None
+        negative = pairs.labels.view(-1, 1) != (pairs if columns is None else columns).labels.view(1, -1)
         gram = self.gram(embeddings, unit)
         if not negative.any():  # one class only: nothing to push apart
             return PairTerms(pairs, labels, gram, negative, None, self.hardest_is_distance, dict(self.empty_stats))
-        hardest, stats = self.hardest(gram, pairs, negative, rows)
+        hardest, stats = (self.hardest(gram, pairs, negative, rows) if columns is None
+                          else self.hardest(gram, pairs, negative, rows, columns))
         return PairTerms(pairs, labels, gram, negative, hardest, self.hardest_is_distance, stats)

@@ -404,6 +404,7 @@ class LoOp(HardNegativeMethod):
 
     geometry = "arc"
     unit_only = True  # Algorithm 1, step 3: unit embeddings (the segment form normalises too)
+    supports_all_pairs = True
     hardest_is_distance = True
     empty_stats = {"synthetic_negative_share": 0.0, "loop_combinations": 0.0}
 
@@ -411,20 +412,26 @@ class LoOp(HardNegativeMethod):
         return dot_similarity_matrix(l2_normalize(embeddings))
 
     def hardest(
-        self, gram: torch.Tensor, pairs: PositivePairs, negative: torch.Tensor, rows: object | None
+        self, gram: torch.Tensor, pairs: PositivePairs, negative: torch.Tensor, rows: object | None,
+        columns: PositivePairs | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """[Pp, Pp] matrix of d_{i,j,k,l} (symmetric; zero where ``negative`` is False)."""
-        n = len(pairs)
-        p, q = pair_combinations(pairs.labels)
-        d, sol = pair_of_pairs_distances(
-            gram, pairs.first[p], pairs.second[p], pairs.first[q], pairs.second[q], self.geometry
-        )
+        """[Pp, Q] matrix of d_{i,j,k,l} (zero where ``negative`` is False): against the positive pairs
+        themselves (symmetric, each problem solved once) or against every pair of ``columns``."""
+        if columns is None:
+            p, q = pair_combinations(pairs.labels)
+            k, l = pairs.first[q], pairs.second[q]  # noqa: E741
+        else:
+            p, q = negative.nonzero(as_tuple=True)
+            k, l = columns.first[q], columns.second[q]  # noqa: E741
+        d, sol = pair_of_pairs_distances(gram, pairs.first[p], pairs.second[p], k, l, self.geometry)
         synthetic = (~sol.at_endpoints).float()
         stats = {
             "synthetic_negative_share": float(synthetic.mean()) if synthetic.numel() else 0.0,
             "loop_combinations": float(p.numel()),
         }
-        full = gram.new_zeros(n, n)
+        full = gram.new_zeros(negative.shape)
+        if columns is not None:
+            return full.index_put((p, q), d), stats
         return full.index_put((torch.cat([p, q]), torch.cat([q, p])), torch.cat([d, d])), stats
 
 

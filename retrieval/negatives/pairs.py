@@ -56,6 +56,13 @@ def pair_starts_torch(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return order, torch.nonzero(opens, as_tuple=True)[0]
 
 
+def all_positive_pairs(labels: torch.Tensor) -> PositivePairs:
+    """Every unordered same-class pair (k, l), k < l, of the batch (loop eq. 15 read literally)."""
+    k, l = torch.triu_indices(labels.numel(), labels.numel(), offset=1, device=labels.device)  # noqa: E741
+    same = labels[k] == labels[l]
+    return PositivePairs(first=k[same], second=l[same], labels=labels[k[same]])
+
+
 def pair_combinations(pair_labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(p, q) indices, p < q, of all combinations of two positive pairs from different classes."""
     n = pair_labels.numel()
