@@ -114,7 +114,7 @@ def test_a_read_only_index_folder_can_be_searched(built):
         for path in [index_dir, *index_dir.rglob("*")]:
             path.chmod(0o555 if path.is_dir() else 0o444)
         before = snapshot(index_dir)
-        context = multiprocessing.get_context("spawn")  # fork would copy thread pools (OpenMP, faiss) mid-use: deadlocks
+        context = multiprocessing.get_context("spawn")  # a fork copies thread pools (OpenMP, faiss) mid-use: deadlocks
         queue = context.Queue()
         uid = NOBODY if os.geteuid() == 0 else None
         child = context.Process(target=_search_as, args=(uid, index_dir, queries, exclude, queue))
