@@ -360,8 +360,14 @@ def _kept_tables(json_path: Path, run_ids: set[str]) -> dict[str, Any] | None:
         if table["id"] in texts:
             table.update(title=texts[table["id"]].title, claim=texts[table["id"]].claim,
                          caveats=texts[table["id"]].caveats)
+    # tables the previous file had itself kept come from that file's origin, not from its re-run
+    origin = previous.get("setup", {}).get("kept")
+    if origin and ids <= set(origin.get("tables", [])):
+        created, setup = origin.get("from", "?"), origin.get("setup", {})
+    else:
+        created, setup = previous.get("created", "?"), previous.get("setup", {})
     return {"tables": tables, "curves": [c for c in previous.get("curves", []) if c["id"] in ids],
-            "created": previous.get("created", "?"), "setup": previous.get("setup", {})}
+            "created": created, "setup": setup}
 
 
 def _grid_size(setup: dict[str, Any]) -> str:

@@ -225,6 +225,10 @@ def test_rerunning_one_table_keeps_the_others_and_shows_only_complete_cells(grid
     assert saved["tables"][2]["blocks"] == before["tables"][2]["blocks"]
     assert saved["setup"]["kept"]["tables"] == ["loop", "sct"]
     assert "are kept from it as they were" in paths["markdown"].read_text()
+    quality.run_grid(dcdl_table, DATASETS, SEEDS, **paths, train=False)  # re-run again: the kept tables' origin stays
+    twice = json.loads(paths["json_path"].read_text())
+    assert twice["setup"]["kept"]["from"] == before["created"]
+    assert twice["setup"]["kept"]["setup"]["runs"] == before["setup"]["runs"]
 
     sinkhorn = dcdl_table[0].blocks[0][1][1]
     missing = quality.cell_dir(paths["runs"], "digits-std", sinkhorn, None) / "seed1" / "report.json"
