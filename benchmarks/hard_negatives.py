@@ -1,6 +1,7 @@
-"""Forward + backward time of the LoOp / Symm losses next to their base losses, on CPU.
+"""Forward + backward time of the LoOp / Symm losses next to their base losses, on CPU (or a CUDA GPU).
 
     .venv/bin/python benchmarks/hard_negatives.py [--batch 32 128 256] [--per-class 4] [--dim 512] [--repeats 30]
+                                                  [--device cpu|cuda]
 
 Each row times ``loss(embeddings, labels).backward()`` for the base loss and its hard-negative variant,
 interleaved run by run in one process (median and best of --repeats runs after warm-up, fewer for slow
@@ -35,8 +36,12 @@ VARIANTS = [
 
 def _one_step_ms(loss: torch.nn.Module, emb: torch.Tensor, labels: torch.Tensor) -> float:
     e = emb.clone().requires_grad_(True)
+    if e.is_cuda:  # GPU work is asynchronous: time from an idle device to the end of the backward
+        torch.cuda.synchronize()
     start = time.perf_counter()
     loss(e, labels).backward()
+    if e.is_cuda:
+        torch.cuda.synchronize()
     return (time.perf_counter() - start) * 1e3
 
 
@@ -61,18 +66,22 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0: leave the default)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, N = {args.per_class}, D = {args.dim}\n")
+    where = torch.cuda.get_device_name() if args.device == "cuda" else f"{torch.get_num_threads()} threads"
+    print(f"torch {torch.__version__}, {where}, N = {args.per_class}, D = {args.dim}\n")
     print("| loss | negatives | B | base ms (median / best) | variant ms (median / best) | ratio (median / best) |")
     print("|---|---|---|---|---|---|")
     for batch in args.batch:
         g = torch.Generator().manual_seed(batch)
         labels = torch.arange(batch // args.per_class).repeat_interleave(args.per_class)
-        emb = torch.randn(batch, args.dim, generator=g)
+        emb = torch.randn(batch, args.dim, generator=g).to(args.device)
+        labels = labels.to(args.device)
         for name, method in VARIANTS:
-            base, variant = time_pair(build(name), build(name, negatives=method), emb, labels, args.repeats)
+            base, variant = time_pair(build(name).to(args.device), build(name, negatives=method).to(args.device),
+                                      emb, labels, args.repeats)
             print(
                 f"| {name} | {method} | {batch} | {base[0]:.2f} / {base[1]:.2f} | {variant[0]:.2f} / {variant[1]:.2f} "
                 f"| {variant[0] / base[0]:.2f} / {variant[1] / base[1]:.2f} |",

