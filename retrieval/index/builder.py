@@ -412,14 +412,17 @@ def update_faiss(
     their training: an IVF index keeps its rows' old positions on removal and HNSW cannot remove at all,
     and either would leave the IDMap2 wrapper pointing at the wrong rows.
     """
-    index = faiss.read_index(str(layout.faiss)) if index is None else index
+    index = faiss_ops.read_index(layout.faiss) if index is None else index
     done = catalogue.done_shards()
     present = faiss_ops.index_ids(index)
     done_ids = np.fromiter(done, np.int64, len(done))
     to_remove = np.setdiff1d(present, done_ids)
     to_add = np.setdiff1d(done_ids, present)
     updated_by = f"added {len(to_add)}, removed {len(to_remove)} in place"
+    emptied = False
     if len(to_remove) and not isinstance(faiss_ops.inner(index), faiss.IndexFlatCodes):
+        faiss_ops.detach_on_disk_lists(index, layout.root, keep_entries=False)  # emptied next: nothing to copy
+        emptied = True
         try:
             index.reset()
         except RuntimeError:  # no reset either: build afresh from the shards with the same key
@@ -435,6 +438,8 @@ def update_faiss(
         )
     if not len(to_remove) and not len(to_add):
         return {"count": int(index.ntotal), "updated_by": "nothing to change"}
+    if not emptied:  # changed in place, but never in the lists file that index.faiss names and readers map
+        faiss_ops.detach_on_disk_lists(index, layout.root)
     if len(to_remove):
         index.remove_ids(to_remove)
     if len(to_add):
@@ -522,7 +527,7 @@ def _inconsistency(layout: IndexLayout, catalogue: Catalogue, store: ShardStore)
     if missing:
         return f"{len(missing)} indexed images have no vector in their shard"
     try:
-        index = faiss.read_index(str(layout.faiss))
+        index = faiss_ops.read_index(layout.faiss)
     except RuntimeError as exc:
         return f"its faiss part cannot be read ({str(exc).splitlines()[0]})"
     return faiss_mismatch(index, catalogue.done_shards())
@@ -754,6 +759,6 @@ def _readable_info(layout: IndexLayout) -> dict[str, Any] | None:
 
 def _readable_faiss(layout: IndexLayout) -> faiss.Index | None:
     try:
-        return faiss.read_index(str(layout.faiss))
+        return faiss_ops.read_index(layout.faiss)
     except RuntimeError:  # missing or damaged: rebuilt from the shards
         return None

@@ -6,10 +6,13 @@ are catalogue ids and the ids an index holds can always be listed (``id_map``).
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import math
 import os
+import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -251,8 +254,91 @@ def tune_search_params(
 
 
 # --- files -----------------------------------------------------------------------------------------
+# An IVF index merged on disk (the Ray engine's ``merge_ondisk``) keeps its lists in a file beside index.faiss.
+ON_DISK_LISTS = "index-*.ivfdata"
+
+
+def read_index(path: str | Path) -> faiss.Index:
+    """Read an ``index.faiss``; lists kept on disk are mapped read-only from the file beside it.
+
+    faiss records the lists file by absolute path; ``IO_FLAG_ONDISK_SAME_DIR`` looks for it in the folder of
+    ``path`` instead, so that an index folder still opens after it was moved or copied to another machine.
+    """
+    path = Path(path).resolve()
+    if not any(path.parent.glob(ON_DISK_LISTS)):
+        return faiss.read_index(str(path))
+    with faiss_prints_to_stderr():
+        return faiss.read_index(str(path), faiss.IO_FLAG_ONDISK_SAME_DIR | faiss.IO_FLAG_READ_ONLY)
+
+
+def on_disk_lists(index: faiss.Index) -> Any | None:
+    """The ``OnDiskInvertedLists`` of an IVF index whose lists live in a file, else None."""
+    ivf = _ivf(index)
+    lists = faiss.downcast_InvertedLists(ivf.invlists) if ivf is not None else None
+    return lists if isinstance(lists, faiss.OnDiskInvertedLists) else None
+
+
+def detach_on_disk_lists(index: faiss.Index, folder: Path, keep_entries: bool = True) -> bool:
+    """Copy-on-write: give an index with on-disk lists a new lists file in ``folder`` before it is changed.
+
+    The new file holds the old lists' entries (or none, with ``keep_entries`` False: the caller empties the
+    index anyway), so changes never touch the file that the current index.faiss names and that searching
+    processes map: a crash mid-update leaves the old index whole, and the old file is only deleted once the new
+    index.faiss is in place (``write_index_atomic``). False, and nothing done, for lists held in memory.
+    """
+    old = on_disk_lists(index)
+    if old is None:
+        return False
+    ivf = _ivf(index)
+    new_path = Path(folder).resolve() / f"index-{time.time_ns()}.ivfdata"
+    with faiss_prints_to_stderr():
+        new = faiss.OnDiskInvertedLists(ivf.nlist, ivf.code_size, str(new_path))
+        if keep_entries:
+            sources = faiss.InvertedListsPtrVector()
+            sources.push_back(old)
+            new.merge_from_multiple(sources.data(), sources.size())
+    ivf.replace_invlists(new, True)
+    new.this.disown()  # the index owns (and frees) it now
+    return True
+
+
 def write_index_atomic(index: faiss.Index, path: Path) -> None:
-    atomic_write(path, lambda tmp: faiss.write_index(index, str(tmp)))
+    """Write index.faiss atomically; lists kept on disk are synced to their file first, and lists files that
+    the new index.faiss does not name (replaced by ``detach_on_disk_lists``, or left by a killed build) are
+    deleted after it is in place (a process that still maps one keeps reading it until it reopens)."""
+    path = Path(path)
+    lists = on_disk_lists(index)
+    keep = Path(lists.filename).name if lists is not None else None
+    if lists is not None:
+        with open(lists.filename, "rb+") as handle:  # the mapped pages reach the disk before index.faiss names them
+            os.fsync(handle.fileno())
+    with faiss_prints_to_stderr():
+        atomic_write(path, lambda tmp: faiss.write_index(index, str(tmp)))
+    for stale in path.parent.glob(ON_DISK_LISTS):
+        if stale.name != keep:
+            with contextlib.suppress(OSError):
+                stale.unlink()
+
+
+@contextlib.contextmanager
+def faiss_prints_to_stderr() -> Iterator[None]:
+    """faiss reports on-disk list work with printf on C's stdout; send it to stderr while this block runs, so
+    that stdout stays machine-readable (the CLI prints JSON there)."""
+    try:
+        libc = ctypes.CDLL(None)
+    except OSError:  # no C library to flush (not POSIX): leave stdout alone
+        yield
+        return
+    sys.stdout.flush()
+    libc.fflush(None)
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        libc.fflush(None)
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 # --- GPU -------------------------------------------------------------------------------------------

@@ -65,7 +65,7 @@ class Index:
         layout = IndexLayout(directory)
         layout.require_finished()
         info = layout.read_info()
-        index = faiss.read_index(str(layout.faiss))
+        index = faiss_ops.read_index(layout.faiss)
         faiss_ops.set_search_params(index, info.get("params", {}))
         catalogue = CatalogueReader(layout.catalogue)
         done = catalogue.indexed_count()
