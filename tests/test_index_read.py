@@ -210,3 +210,21 @@ def test_k_is_checked_in_one_place(built):
     # the CLI refuses it before loading any model
     result = CliRunner().invoke(search_command, ["--index", str(built[0]), "-k", "0", str(built[0] / "index.json")])
     assert result.exit_code == 2 and f"k must be an integer between 1 and {MAX_K}, got 0" in result.output
+
+
+def test_a_catalogue_from_before_listing_errors_were_kept_is_read(built, tmp_path):
+    """Catalogues written before the listing_errors table existed: stats and search read them without a writer."""
+    index_dir = tmp_path / "old"
+    shutil.copytree(built[0], index_dir)
+    with sqlite3.connect(index_dir / "catalogue.sqlite") as db:
+        db.execute("DROP TABLE listing_errors")
+    stats = index_stats(index_dir, queries=5)
+    assert stats["counts"]["done"] == 40 and stats["counts"]["not_listed"] == 0
+    with Index.open(index_dir) as index:
+        assert index.catalogue.error_examples(5) == [] and len(index) == 40
+    assert not _has_table(index_dir / "catalogue.sqlite", "listing_errors")  # the reader created nothing
+
+
+def _has_table(path: Path, name: str) -> bool:
+    with sqlite3.connect(path) as db:
+        return db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (name,)).fetchone() is not None

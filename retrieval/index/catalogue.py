@@ -173,8 +173,15 @@ class CatalogueQueries:
         counts = dict.fromkeys(STATUSES, 0)
         counts.update(self.db.execute("SELECT status, COUNT(*) FROM images GROUP BY status"))
         counts["total"] = sum(counts[s] for s in STATUSES)
-        counts["not_listed"] = self.db.execute("SELECT COUNT(*) FROM listing_errors").fetchone()[0]
+        counts["not_listed"] = self.db.execute("SELECT COUNT(*) FROM listing_errors").fetchone()[0] \
+            if self._has_listing_errors() else 0
         return counts
+
+    def _has_listing_errors(self) -> bool:
+        """Catalogues written before the listing's errors were kept have no such table until a writer opens them
+        (the schema is created with IF NOT EXISTS); a read-only reader must not fail on them."""
+        sql = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'listing_errors'"
+        return self.db.execute(sql).fetchone() is not None
 
     def error_count(self) -> int:
         """Images that could not be read plus paths that could not be listed: the build's errors."""
@@ -186,7 +193,7 @@ class CatalogueQueries:
         sql = "SELECT path, error FROM listing_errors ORDER BY source, path LIMIT ?"
         listed = [
             {"id": None, "path": path, "error": error, "duplicate_of": None}
-            for path, error in self.db.execute(sql, (limit,))
+            for path, error in (self.db.execute(sql, (limit,)) if self._has_listing_errors() else ())
         ]
         return listed + self.problems("error", limit - len(listed)) if len(listed) < limit else listed
 
