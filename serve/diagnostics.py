@@ -10,12 +10,11 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
 from retrieval.index.builder import done_chunks
-from retrieval.index.catalogue import CatalogueReader
+from retrieval.index.catalogue import CatalogueQueries
 from retrieval.index.faiss_ops import drop_self
 from retrieval.index.search import Index
 from retrieval.index.shards import ShardStore
@@ -144,10 +143,10 @@ class Duplicate:
     twin_label: str | None
 
 
-def duplicates(catalogue_path: str | Path, limit: int = 200) -> tuple[int, list[Duplicate]]:
-    """How many catalogue rows are exact duplicates, and up to ``limit`` of them with their twins."""
-    with CatalogueReader(catalogue_path) as catalogue:
-        total, pairs = catalogue.duplicates(limit)
+def duplicates(catalogue: CatalogueQueries, limit: int = 200) -> tuple[int, list[Duplicate]]:
+    """How many catalogue rows are exact duplicates, and up to ``limit`` of them with their twins (read through
+    an open catalogue, e.g. the service's reader, so that a click opens no connection of its own)."""
+    total, pairs = catalogue.duplicates(limit)
     return total, [
         Duplicate(
             copy["id"], copy["path"], copy["label"],

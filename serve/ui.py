@@ -389,7 +389,7 @@ class EvaluationTab:
 
     def duplicates(self) -> tuple[str, Any]:
         """The gallery files the index skipped as exact copies (same sha256) of an indexed one, with their twins."""
-        total, found = duplicates(self.service.index.layout.catalogue, DUPLICATES_SHOWN)
+        total, found = duplicates(self.service.index.catalogue, DUPLICATES_SHOWN)
         if not total:
             return "No duplicates: every gallery file has distinct bytes.", gr.Dataframe(value=None, visible=False)
         shown = f" (the first {len(found)} below)" if total > len(found) else ""

@@ -15,6 +15,7 @@ from serve_fixtures import png_bytes, shared_artifacts
 from test_index_support import bomb_png
 
 from retrieval.data.emoji import emoji_name, is_code_point_sequence
+from retrieval.index.catalogue import CatalogueReader
 from serve.api import create_api
 from serve.diagnostics import duplicates
 from serve.reports import load_report, percent
@@ -185,7 +186,8 @@ def test_duplicates_are_listed_with_their_twins(artifacts, tmp_path):
     shutil.copyfile(sources[0], gallery / "copies" / "same-bytes.png")  # the twin of 0.png
     build_index(gallery, tmp_path / "index", model=artifacts.model,
                 options=IngestOptions(batch_size=8, workers=0, progress=False))
-    total, found = duplicates(tmp_path / "index" / "catalogue.sqlite")
+    with CatalogueReader(tmp_path / "index" / "catalogue.sqlite") as catalogue:
+        total, found = duplicates(catalogue)
     assert total == 1 and len(found) == 1
     (copy,) = found
     assert {copy.label, copy.twin_label} == {"copies", artifacts.labels[0]}  # whichever was indexed first
