@@ -169,6 +169,27 @@ def test_embedding_actor_module_loads_and_embeds_without_torch(model, tmp_path):
     np.testing.assert_allclose(np.load(tmp_path / "out.npy"), projection_reference(model, pixels), atol=1e-5)
 
 
+def test_lazy_packages_keep_their_public_names():
+    """``retrieval.index`` and ``retrieval.data`` import on first use: every name of ``__all__`` is there, and the
+    data-set registry is filled by its loader modules even in a fresh process that asks for nothing else."""
+    import retrieval.data
+    import retrieval.index
+
+    for package in (retrieval.index, retrieval.data):
+        missing = [name for name in package.__all__ if getattr(package, name, None) is None]
+        assert not missing, f"{package.__name__} lacks {missing}"
+        assert set(package.__all__) <= set(dir(package))
+    with pytest.raises(AttributeError, match="no attribute 'nonexistent'"):
+        retrieval.index.nonexistent  # noqa: B018
+    script = "from retrieval.data import DATASETS; print(' '.join(DATASETS.names()))"
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT,
+        env=os.environ | {"PYTHONPATH": str(ROOT)},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert {"digits", "cub", "emoji"} <= set(result.stdout.split())  # one of builtin, official and emoji each
+
+
 def test_embedding_actor_on_ray_runs_without_torch(cluster, model):
     """The actor class that Ray Data starts, as a real Ray actor: what its worker process imported, what it returns."""
     from retrieval.index.ray_actor import BatchEmbedder
