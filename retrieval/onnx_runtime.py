@@ -5,7 +5,9 @@ This is the core-side half of the ONNX export (the index and the server use it; 
 reader share one definition.
 
 Images are prepared by the same functions as the PyTorch path (``retrieval.data.open_image`` for files,
-``retrieval.data.preprocess_eval`` for every image), so both runtimes see identical input tensors.
+``retrieval.data.preprocess_eval`` for every image), so both runtimes see identical input tensors. Those (and torch)
+are imported only when images are preprocessed here: a process that embeds preprocessed batches, such as a Ray
+embedding actor, runs without torch.
 """
 
 from __future__ import annotations
@@ -13,17 +15,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from PIL import Image
-from torch import nn
 
-from retrieval.data import open_image, preprocess_eval
 from retrieval.data.decode import parse_background
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 ONNX_FORMAT = "retrieval-onnx/1"
 INPUT_NAME = "images"
@@ -161,17 +165,29 @@ def load_image(image: ImageInput) -> Image.Image:
     if isinstance(image, Image.Image):
         return image
     if isinstance(image, (str, os.PathLike)):
+        from retrieval.data import open_image
+
         return open_image(image)
     raise TypeError(f"expected a PIL image or a file path, got {type(image).__name__}")
 
 
 def preprocess_images(images: Iterable[ImageInput], model_config: Mapping[str, Any]) -> np.ndarray:
     """PIL images or paths -> float32 batch [n, 3, S, S], exactly as evaluation prepares them."""
+    import torch
+
+    from retrieval.data import preprocess_eval
+
     tensors = [preprocess_eval(load_image(image), model_config) for image in images]
     if not tensors:
         size = int(model_config["input_size"])
         return np.zeros((0, 3, size, size), dtype=np.float32)
     return torch.stack(tensors).numpy()
+
+
+def _is_torch_tensor(value: Any) -> bool:
+    """Whether ``value`` is a torch tensor, without importing torch (a tensor exists only once torch is imported)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
 
 
 # ---------------------------------------------------------------- onnxruntime session
@@ -297,7 +313,7 @@ class OnnxEmbedder:
 
     def embed(self, images: Any) -> np.ndarray:
         """Embeddings [n, d] float32 of PIL images / file paths (one or a sequence) or of a batch array."""
-        if isinstance(images, (np.ndarray, torch.Tensor)):
+        if isinstance(images, np.ndarray) or _is_torch_tensor(images):
             return self.embed_batch(images)
         if isinstance(images, (Image.Image, str, os.PathLike)):
             images = [images]
@@ -310,7 +326,7 @@ class OnnxEmbedder:
 
     def embed_batch(self, batch: np.ndarray | torch.Tensor) -> np.ndarray:
         """Embeddings [n, d] float32 of a preprocessed batch [n, 3, S, S]."""
-        if isinstance(batch, torch.Tensor):
+        if _is_torch_tensor(batch):
             batch = batch.detach().cpu().numpy()
         batch = np.asarray(batch)
         size = self.input_size

@@ -21,7 +21,7 @@ import ray
 from click.testing import CliRunner
 from test_index_build import assert_each_indexed_once
 from test_index_faiss import clustered_unit_vectors, write_vector_index
-from test_index_support import bomb_png, jpeg_bytes, png_bytes, write_digits, write_projection_onnx
+from test_index_support import SIZE, bomb_png, jpeg_bytes, png_bytes, write_digits, write_projection_onnx
 
 from cli.index import index_group
 from retrieval.index import Catalogue, Index, IngestOptions, build_index, faiss_ops, index_stats, load_model
@@ -129,6 +129,96 @@ def test_ray_build_equals_local_build(cluster, model, gallery, tmp_path):
     with Index.open(tmp_path / "ray") as index:
         assert index.search_images(extra[:1], k=1)[0][0].path == str(extra[0].resolve())
     assert index_stats(tmp_path / "ray", queries=10)["throughput"]["ray"]["runs"] == 2
+
+
+def projection_reference(model: Path, pixels: np.ndarray) -> np.ndarray:
+    """The projection model's embeddings computed in float64 from the weights in its file: flatten, project, L2."""
+    import onnx
+    from onnx import numpy_helper
+
+    (weights,) = [numpy_helper.to_array(t) for t in onnx.load(str(model)).graph.initializer]
+    projected = pixels.reshape(len(pixels), -1).astype(np.float64) @ weights.astype(np.float64)
+    return projected / np.linalg.norm(projected, axis=1, keepdims=True)
+
+
+TORCH_FREE_ACTOR = """
+import sys
+
+import numpy as np
+
+from retrieval.index import ray_actor
+
+assert "torch" not in sys.modules, "importing retrieval.index.ray_actor imported torch"
+embedder = ray_actor.load_model(sys.argv[1], providers="cpu", intra_op_threads=1)
+pixels = np.load(sys.argv[2])
+np.save(sys.argv[3], ray_actor.prepare_vectors(embedder.embed(pixels), embedder.embedding_dim))
+loaded = sorted(name for name in sys.modules if name == "torch" or name.startswith(("torch.", "torchvision")))
+assert not loaded, f"loading the model and embedding imported {loaded[:5]}"
+"""
+
+
+def test_embedding_actor_module_loads_and_embeds_without_torch(model, tmp_path):
+    """Ray starts each actor in a fresh process: its module must not import torch (~4.5 s here per actor)."""
+    pixels = np.random.default_rng(1).standard_normal((5, 3, SIZE, SIZE)).astype(np.float32)
+    np.save(tmp_path / "pixels.npy", pixels)
+    result = subprocess.run(
+        [sys.executable, "-c", TORCH_FREE_ACTOR, str(model), str(tmp_path / "pixels.npy"), str(tmp_path / "out.npy")],
+        capture_output=True, text=True, timeout=120, cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    np.testing.assert_allclose(np.load(tmp_path / "out.npy"), projection_reference(model, pixels), atol=1e-5)
+
+
+def test_lazy_packages_keep_their_public_names():
+    """``retrieval.index`` and ``retrieval.data`` import on first use: every name of ``__all__`` is there, and the
+    data-set registry is filled by its loader modules even in a fresh process that asks for nothing else."""
+    import retrieval.data
+    import retrieval.index
+
+    for package in (retrieval.index, retrieval.data):
+        missing = [name for name in package.__all__ if getattr(package, name, None) is None]
+        assert not missing, f"{package.__name__} lacks {missing}"
+        assert set(package.__all__) <= set(dir(package))
+    with pytest.raises(AttributeError, match="no attribute 'nonexistent'"):
+        retrieval.index.nonexistent  # noqa: B018
+    script = "from retrieval.data import DATASETS; print(' '.join(DATASETS.names()))"
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT,
+        env=os.environ | {"PYTHONPATH": str(ROOT)},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert {"digits", "cub", "emoji"} <= set(result.stdout.split())  # one of builtin, official and emoji each
+
+
+def test_embedding_actor_on_ray_runs_without_torch(cluster, model):
+    """The actor class that Ray Data starts, as a real Ray actor: what its worker process imported, what it returns."""
+    from retrieval.index.ray_actor import BatchEmbedder
+
+    actor = ray.remote(num_cpus=1)(BatchEmbedder).remote(str(model), load_model(model).model_hash, 1)
+    pixels = np.random.default_rng(2).standard_normal((4, 3, SIZE, SIZE)).astype(np.float32)
+    batch = {
+        "id": np.arange(4), "ok": np.array([True, False, True, True]), "sha256": np.array(["a", "", "c", "d"], object),
+        "size": np.array([1, -1, 3, 4]), "error": np.array(["", "truncated", "", ""], object), "pixels": pixels,
+    }
+    try:
+        # a closure run inside the actor's process (Ray's developer method for this): its modules and one batch
+        loaded, out = ray.get(
+            actor.__ray_call__.remote(
+                lambda embedder, rows: (
+                    sorted(m for m in sys.modules if m == "torch" or m.startswith(("torch.", "torchvision"))),
+                    embedder(rows),
+                ),
+                batch,
+            ),
+            timeout=120,
+        )
+    finally:
+        ray.kill(actor)
+    assert loaded == [], f"the embedding actor imported {loaded[:5]}"
+    assert list(out) == ["id", "ok", "sha256", "size", "error", "embedding"]
+    np.testing.assert_array_equal(out["embedding"][1], 0)  # unreadable rows are not embedded
+    ok = batch["ok"]
+    np.testing.assert_allclose(out["embedding"][ok], projection_reference(model, pixels[ok]), atol=1e-5)
 
 
 def _driver(args: list[str]) -> subprocess.Popen:

@@ -7,7 +7,8 @@ stateless parts:
 
 - Ray Data reads, hashes, decodes and preprocesses the pending images in CPU tasks (``decode.decode_file``: the
   same decoder, preprocessing and bad-file rules), then embeds them in an actor pool that loads the ONNX model
-  once per actor (onnxruntime's CUDA provider when the actor has a GPU and onnxruntime-gpu is installed). The
+  once per actor (``ray_actor.BatchEmbedder``: onnxruntime's CUDA provider when the actor has a GPU and
+  onnxruntime-gpu is installed; its module never imports torch, which every fresh actor process would pay). The
   driver streams the embeddings back in order and writes them as parquet shards (``ShardStore.write_parquet``).
 - For an IVF index key, ``build_faiss`` trains the coarse quantizer on a random sample of the shards (as for a
   local build); every shard's vectors are then added to a copy of the trained index in a Ray task, and the
@@ -38,7 +39,8 @@ from retrieval.index import faiss_ops
 from retrieval.index.builder import Chunks, IngestOptions, Ingestor, add_sequentially
 from retrieval.index.catalogue import Catalogue
 from retrieval.index.decode import Decoded, decode_file
-from retrieval.index.embedder import Embedder, ModelMismatchError, load_model, prepare_vectors
+from retrieval.index.embedder import Embedder
+from retrieval.index.ray_actor import BatchEmbedder
 from retrieval.index.shards import ShardStore
 
 DECODE_MEMORY = 2**30  # the worker (torch for the preprocessing, ~650 MB) and one decode (< 300 MB, read_image)
@@ -179,31 +181,6 @@ def decode_rows(batch: dict[str, np.ndarray], config_json: str, max_pixels: int)
     }
 
 
-class BatchEmbedder:
-    """Ray Data actor: loads the ONNX model once, embeds the readable rows of each batch (unit vectors)."""
-
-    def __init__(self, model_path: str, model_hash: str, threads: int) -> None:
-        import onnxruntime
-        import ray
-
-        on_gpu = bool(ray.get_gpu_ids()) and "CUDAExecutionProvider" in onnxruntime.get_available_providers()
-        self.embedder = load_model(model_path, providers="cuda" if on_gpu else "cpu", intra_op_threads=threads)
-        if self.embedder.model_hash != model_hash:
-            raise ModelMismatchError(
-                f"{model_path} on this node has model_hash {self.embedder.model_hash}, the driver's has "
-                f"{model_hash}; give every node the same model file"
-            )
-
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        ok = np.asarray(batch["ok"], bool)
-        dim = int(self.embedder.embedding_dim)
-        vectors = np.zeros((len(ok), dim), np.float32)
-        if ok.any():
-            pixels = np.ascontiguousarray(batch["pixels"][ok])
-            vectors[ok] = prepare_vectors(self.embedder.embed(pixels), dim)
-        return {key: batch[key] for key in ("id", "ok", "sha256", "size", "error")} | {"embedding": vectors}
-
-
 class RayIngestor(Ingestor):
     """``Ingestor`` whose images are decoded and embedded by Ray Data; shards are written as parquet here."""
 
@@ -230,7 +207,7 @@ class RayIngestor(Ingestor):
                 wave = pending[start : start + self.ray_options.wave_size]
                 self.paths = dict(wave)
                 for batch in self._embedded(wave):
-                    if waiting:  # start-up: workers import torch, actors load the model
+                    if waiting:  # start-up: decode workers import torch, the actors start and load the model
                         print(
                             f"ray: first embeddings after {time.perf_counter() - started:.1f} s",
                             file=sys.stderr,
