@@ -1,7 +1,7 @@
 """Package names imported on first use (PEP 562), so that importing one light submodule stays light.
 
-A Ray embedding actor imports ``retrieval.index.ray_actor`` (onnxruntime and numpy): with eager package
-``__init__`` files it would also import torch (~4.5 s per fresh worker process) through the builder's decoding.
+Ray's decode tasks and embedding actors import ``retrieval.index.ray_stages`` (PIL, numpy, onnxruntime): with eager
+package ``__init__`` files they would also import torch (~4.5 s per fresh worker process) through the builder.
 """
 
 from __future__ import annotations

@@ -50,3 +50,58 @@ def test_timm_style_size_and_errors():
         build_transforms({**CONFIG, "input_size": None}, train=False)
     with pytest.raises(ValueError, match="mean"):
         build_transforms({"input_size": 8}, train=True)
+
+
+def torchvision_eval(config):
+    """The evaluation pipeline as torchvision's v2 steps (what EvalPreprocess replaced): the reference."""
+    from torchvision.transforms import v2
+
+    from retrieval.data.transforms import background_of
+
+    size = config["input_size"] if isinstance(config["input_size"], int) else config["input_size"][-1]
+    return v2.Compose([background_of(config), v2.Resize(int(size * 1.14), antialias=True), v2.CenterCrop(size),
+                       v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
+                       v2.Normalize(mean=list(config["mean"]), std=list(config["std"]))])
+
+
+def random_images(count: int):
+    """Photos-like and odd images: every orientation, sizes near the crop, tiny ones, grey, RGBA, palette."""
+    rng = np.random.default_rng(0)
+    for i in range(count):
+        w, h = (int(v) for v in rng.integers(1, 300, 2))
+        pixels = rng.integers(0, 256, (h, w, 4), dtype=np.uint8)
+        mode = ("RGB", "RGBA", "L", "P", "LA")[i % 5]
+        image = Image.fromarray(pixels, "RGBA")
+        yield image.convert(mode) if mode != "RGBA" else image
+
+
+@pytest.mark.parametrize("size", [1, 7, 32, 64, 224])
+def test_eval_preprocess_equals_torchvision_bit_for_bit(size):
+    from retrieval.data.eval_preprocess import EvalPreprocess
+
+    config = {**CONFIG, "input_size": size, "background": [20, 200, 90]}
+    reference, ours = torchvision_eval(config), EvalPreprocess(config)
+    images = list(random_images(60)) + [Image.new("RGB", (size, size)), Image.new("RGB", (int(size * 1.14), 500))]
+    for image in images:
+        expected = reference(image).numpy()
+        got = ours(image)
+        assert got.dtype == np.float32 and got.shape == expected.shape == (3, size, size)
+        assert np.array_equal(got, expected), (image.size, image.mode)
+
+
+def test_eval_preprocess_needs_no_torch(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys; import numpy as np; from PIL import Image\n"
+        "from retrieval.data.eval_preprocess import EvalPreprocess\n"
+        "out = EvalPreprocess({'input_size': 16, 'mean': (0.5,) * 3, 'std': (0.5,) * 3})(Image.new('RGBA', (30, 20)))\n"
+        "assert out.shape == (3, 16, 16)\n"
+        "assert not [m for m in sys.modules if m.split('.')[0] in ('torch', 'torchvision')], 'torch was imported'\n"
+    )
+    repo = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, timeout=120,
+                            env={"PYTHONPATH": str(repo), "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr[-2000:]

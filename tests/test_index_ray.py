@@ -142,31 +142,46 @@ def projection_reference(model: Path, pixels: np.ndarray) -> np.ndarray:
 
 
 TORCH_FREE_ACTOR = """
+import json
 import sys
 
 import numpy as np
 
-from retrieval.index import ray_actor
+from retrieval.index import ray_stages
 
-assert "torch" not in sys.modules, "importing retrieval.index.ray_actor imported torch"
-embedder = ray_actor.load_model(sys.argv[1], providers="cpu", intra_op_threads=1)
+assert "torch" not in sys.modules, "importing retrieval.index.ray_stages imported torch"
+embedder = ray_stages.load_model(sys.argv[1], providers="cpu", intra_op_threads=1)
 pixels = np.load(sys.argv[2])
-np.save(sys.argv[3], ray_actor.prepare_vectors(embedder.embed(pixels), embedder.embedding_dim))
+np.save(sys.argv[3], ray_stages.prepare_vectors(embedder.embed(pixels), embedder.embedding_dim))
+config = json.dumps(embedder.model_config)
+decoded = ray_stages.decode_rows({"id": np.array([1, 2]), "path": np.array([sys.argv[4], sys.argv[5]], object)},
+                                 config, 10**7)
+np.save(sys.argv[6], decoded["pixels"])
+assert decoded["ok"].tolist() == [True, False] and decoded["error"][1]
 loaded = sorted(name for name in sys.modules if name == "torch" or name.startswith(("torch.", "torchvision")))
-assert not loaded, f"loading the model and embedding imported {loaded[:5]}"
+assert not loaded, f"loading the model, decoding and embedding imported {loaded[:5]}"
 """
 
 
-def test_embedding_actor_module_loads_and_embeds_without_torch(model, tmp_path):
-    """Ray starts each actor in a fresh process: its module must not import torch (~4.5 s here per actor)."""
+def test_ray_stages_decode_and_embed_without_torch(model, gallery, tmp_path):
+    """Ray runs the decode tasks and each actor in fresh processes: their module must not import torch (~4.5 s here
+    per process), and the decode task prepares an image exactly as the local engine (and evaluation) does."""
+    from retrieval.data import open_image, preprocess_eval
+
     pixels = np.random.default_rng(1).standard_normal((5, 3, SIZE, SIZE)).astype(np.float32)
     np.save(tmp_path / "pixels.npy", pixels)
+    image = next(p for p in sorted(gallery[0].rglob("*.png")) if p.stat().st_size > 100)
+    (tmp_path / "broken.png").write_bytes(b"not an image")
+    args = [model, tmp_path / "pixels.npy", tmp_path / "out.npy", image, tmp_path / "broken.png", tmp_path / "dec.npy"]
     result = subprocess.run(
-        [sys.executable, "-c", TORCH_FREE_ACTOR, str(model), str(tmp_path / "pixels.npy"), str(tmp_path / "out.npy")],
+        [sys.executable, "-c", TORCH_FREE_ACTOR, *map(str, args)],
         capture_output=True, text=True, timeout=120, cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     np.testing.assert_allclose(np.load(tmp_path / "out.npy"), projection_reference(model, pixels), atol=1e-5)
+    decoded = np.load(tmp_path / "dec.npy")
+    expected = preprocess_eval(open_image(image), load_model(model).model_config).numpy()
+    assert np.array_equal(decoded[0], expected) and not decoded[1].any()
 
 
 def test_lazy_packages_keep_their_public_names():
@@ -192,7 +207,7 @@ def test_lazy_packages_keep_their_public_names():
 
 def test_embedding_actor_on_ray_runs_without_torch(cluster, model):
     """The actor class that Ray Data starts, as a real Ray actor: what its worker process imported, what it returns."""
-    from retrieval.index.ray_actor import BatchEmbedder
+    from retrieval.index.ray_stages import BatchEmbedder
 
     actor = ray.remote(num_cpus=1)(BatchEmbedder).remote(str(model), load_model(model).model_hash, 1)
     pixels = np.random.default_rng(2).standard_normal((4, 3, SIZE, SIZE)).astype(np.float32)
@@ -420,3 +435,4 @@ def test_parquet_manifest_is_listed_like_the_csv_one(tmp_path):
         from_parquet = list_gallery(tmp_path / "data" / "m.parquet", split)
         assert from_parquet.items == from_csv.items and len(from_parquet.items) == (6 if split is None else 3)
         assert [e.error.split(" (")[0] for e in from_parquet.errors] == ["the row has no path"]
+

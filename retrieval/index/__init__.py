@@ -5,8 +5,9 @@
 ``Index.open(folder).search(embeddings, k, exclude_ids=())`` and ``.search_images(images, k)`` query it, reading
 the catalogue through a read-only, per-thread ``CatalogueReader`` (the one read path; it never writes the folder).
 
-The public names are imported on first use (PEP 562): a process that needs one submodule, such as a Ray embedding
-actor (``ray_actor``: onnxruntime and numpy only), does not pay for torch, which the builder's decoding imports.
+The public names are imported on first use (PEP 562): a process that needs one submodule, such as Ray's decode
+tasks and embedding actors (``ray_stages``: PIL, numpy, onnxruntime), does not pay for torch, which the builder
+imports.
 """
 
 from __future__ import annotations

@@ -1,54 +1,23 @@
-"""Reading, checking and preprocessing gallery images in DataLoader workers.
+"""The local engine's decoding in DataLoader workers: ``gallery_file.decode_file`` per image, batched.
 
 A bad file never stops a build: each image comes back either as a preprocessed array or as an error
-reason from ``retrieval.data.decode.read_image`` (empty, not a regular file, not an image, truncated, or over
-the pixel limit). The sha256 of the file's bytes is computed here, so exact duplicates are found without
-decoding twice.
+reason (see ``gallery_file``).
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from retrieval.data.decode import DEFAULT_MAX_PIXELS, describe_decode_error, open_regular_file, read_image
+from retrieval.data.decode import DEFAULT_MAX_PIXELS
+from retrieval.data.eval_preprocess import EvalPreprocess
+from retrieval.index.gallery_file import Decoded, decode_file
 
-HASH_CHUNK = 1 << 20
-
-
-@dataclass
-class Decoded:
-    id: int
-    size: int | None = None
-    sha256: str | None = None
-    array: np.ndarray | None = None  # float32 [3, S, S] when readable
-    error: str | None = None
-
-
-def decode_file(image_id: int, path: str, transform: Any, max_pixels: int) -> Decoded:
-    """Hash the file's bytes (streamed, for duplicate detection), then decode and preprocess it."""
-    result = Decoded(image_id)
-    try:
-        with open_regular_file(path) as handle:
-            digest, size = hashlib.sha256(), 0
-            while chunk := handle.read(HASH_CHUNK):
-                digest.update(chunk)
-                size += len(chunk)
-            result.size, result.sha256 = size, digest.hexdigest()
-            handle.seek(0)
-            image = read_image(handle, max_pixels).image
-        result.array = np.asarray(transform(image), dtype=np.float32)
-    except Exception as exc:  # noqa: BLE001  (any failure of one file is recorded, never fatal)
-        result.error = describe_decode_error(exc)
-        result.array = None
-    return result
-
+__all__ = ["Decoded", "DecodedBatch", "GalleryDecodeDataset", "collate_decoded", "decode_file"]
 
 class GalleryDecodeDataset(Dataset):
     """``dataset[i]`` decodes the i-th pending image into a ``Decoded`` record."""
@@ -69,9 +38,7 @@ class GalleryDecodeDataset(Dataset):
 
     def __getitem__(self, index: int) -> Decoded:
         if self._transform is None:  # built lazily: once per worker process
-            from retrieval.data import build_transforms
-
-            self._transform = build_transforms(self.model_config, train=False)
+            self._transform = EvalPreprocess(self.model_config)
         image_id, path = self.items[index]
         return decode_file(image_id, path, self._transform, self.max_pixels)
 

@@ -7,7 +7,7 @@ stateless parts:
 
 - Ray Data reads, hashes, decodes and preprocesses the pending images in CPU tasks (``decode.decode_file``: the
   same decoder, preprocessing and bad-file rules), then embeds them in an actor pool that loads the ONNX model
-  once per actor (``ray_actor.BatchEmbedder``: onnxruntime's CUDA provider when the actor has a GPU and
+  once per actor (``ray_stages.BatchEmbedder``: onnxruntime's CUDA provider when the actor has a GPU and
   onnxruntime-gpu is installed; its module never imports torch, which every fresh actor process would pay). The
   driver streams the embeddings back in order and writes them as parquet shards (``ShardStore.write_parquet``).
 - For an IVF index key, ``build_faiss`` trains the coarse quantizer on a random sample of the shards (as for a
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import json
 import socket
 import sys
@@ -38,12 +37,12 @@ import numpy as np
 from retrieval.index import faiss_ops
 from retrieval.index.builder import Chunks, IngestOptions, Ingestor, add_sequentially
 from retrieval.index.catalogue import Catalogue
-from retrieval.index.decode import Decoded, decode_file
 from retrieval.index.embedder import Embedder
-from retrieval.index.ray_actor import BatchEmbedder
+from retrieval.index.gallery_file import Decoded
+from retrieval.index.ray_stages import BatchEmbedder, decode_rows
 from retrieval.index.shards import ShardStore
 
-DECODE_MEMORY = 2**30  # the worker (torch for the preprocessing, ~650 MB) and one decode (< 300 MB, read_image)
+DECODE_MEMORY = 2**30  # the worker process (no torch: ~200 MB) and one decode (< 300 MB, read_image), with margin
 RAY_INSTALL = 'pip install "ray[data]>=2.40"'
 START_CLUSTER = (
     "start one with `ray start --head` (then `ray start --address=HEAD_IP:6379` on the other machines), "
@@ -151,34 +150,6 @@ class RayEngine:
             budget = faiss_ops.available_memory() * faiss_ops.AUTO_POLICY.memory_fraction
             on_disk = count * (core.code_size + 8) > budget
         return ShardedIvfBuilder(index, core, workdir, on_disk, self.options.add_tasks_in_flight).fill(chunks)
-
-
-# --- Ray Data stages ---------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=4)
-def _transform(config_json: str) -> Any:
-    from retrieval.data import build_transforms
-
-    return build_transforms(json.loads(config_json), train=False)
-
-
-def decode_rows(batch: dict[str, np.ndarray], config_json: str, max_pixels: int) -> dict[str, np.ndarray]:
-    """Ray Data task: hash, decode and preprocess a batch of (id, path) rows with ``decode.decode_file``."""
-    transform = _transform(config_json)
-    size = int(json.loads(config_json)["input_size"])
-    rows = zip(batch["id"], batch["path"], strict=True)
-    records = [decode_file(int(i), str(path), transform, max_pixels) for i, path in rows]
-    pixels = np.zeros((len(records), 3, size, size), np.float32)  # unreadable rows stay zero and are not embedded
-    for row, record in enumerate(records):
-        if record.array is not None:
-            pixels[row] = record.array
-    return {
-        "id": np.asarray(batch["id"], np.int64),
-        "ok": np.array([r.error is None for r in records]),
-        "sha256": np.array([r.sha256 or "" for r in records], object),
-        "size": np.array([-1 if r.size is None else r.size for r in records], np.int64),
-        "error": np.array([r.error or "" for r in records], object),
-        "pixels": pixels,
-    }
 
 
 class RayIngestor(Ingestor):

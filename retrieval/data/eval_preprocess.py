@@ -1,0 +1,80 @@
+"""The evaluation preprocessing in PIL and NumPy, without torch: the one definition of what an image becomes
+before a model sees it (evaluation, indexing with either engine, the ONNX runtime, serving).
+
+PIL image -> composite transparency onto the model's background -> resize the short side to
+``int(1.14 * S)`` (bilinear, PIL's antialiased resampling) -> centre crop S x S -> float32 in [0, 1] ->
+(x - mean) / std, channels first: float32 [3, S, S]. This is torchvision's ``v2.Resize / CenterCrop / ToImage /
+ToDtype(scale=True) / Normalize`` on a PIL image, step for step and bit for bit (tests/test_data_transforms.py);
+it is written without torch so that processes that only decode and preprocess (Ray Data's decode tasks) do not
+spend seconds importing torch and torchvision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from retrieval.data.decode import DEFAULT_BACKGROUND, flatten_alpha, parse_background
+
+RESIZE_RATIO = 1.14  # resize to 1.14 x crop size, then crop (the usual 256 -> 224)
+
+
+def input_size(model_config: Mapping[str, Any]) -> int:
+    """The square input side S of a model config (an int, or timm's (3, S, S))."""
+    size = model_config.get("input_size")
+    if isinstance(size, (tuple, list)):  # timm style (3, H, W)
+        if len(size) != 3 or size[1] != size[2]:
+            raise ValueError(f"input_size must be an int or a square (3, S, S), got {size}")
+        size = size[-1]
+    if not isinstance(size, int) or size < 1:
+        raise ValueError(f"model_config['input_size'] must be a positive int, got {size!r}")
+    return size
+
+
+def mean_and_std(model_config: Mapping[str, Any]) -> tuple[list[float], list[float]]:
+    """The per-channel normalisation of a model config, checked: 3 means and 3 non-zero deviations."""
+    mean, std = model_config.get("mean"), model_config.get("std")
+    if mean is None or std is None or len(mean) != 3 or len(std) != 3:
+        raise ValueError("model_config needs 'mean' and 'std', each 3 numbers (per RGB channel)")
+    if not all(float(s) for s in std):
+        raise ValueError(f"model_config['std'] must be non-zero, got {list(std)}")
+    return [float(m) for m in mean], [float(s) for s in std]
+
+
+def resized_size(width: int, height: int, short_side: int) -> tuple[int, int]:
+    """(width, height) with the short side at ``short_side`` and the long one scaled, truncated as torchvision."""
+    if width <= height:
+        return short_side, int(short_side * height / width)
+    return int(short_side * width / height), short_side
+
+
+class EvalPreprocess:
+    """``EvalPreprocess(model_config)(pil_image) -> float32 [3, S, S]``; picklable for worker processes."""
+
+    def __init__(self, model_config: Mapping[str, Any]) -> None:
+        self.size = input_size(model_config)
+        self.short_side = int(self.size * RESIZE_RATIO)
+        mean, std = mean_and_std(model_config)
+        self.mean = np.asarray(mean, np.float32).reshape(3, 1, 1)
+        self.std = np.asarray(std, np.float32).reshape(3, 1, 1)
+        self.background = parse_background(model_config.get("background") or DEFAULT_BACKGROUND)
+
+    def __call__(self, image: Image.Image) -> np.ndarray:
+        if not isinstance(image, Image.Image):
+            raise TypeError(f"the evaluation preprocessing takes a PIL image, got {type(image).__name__}")
+        image = flatten_alpha(image, self.background)
+        new_size = resized_size(image.width, image.height, self.short_side)
+        if new_size != image.size:
+            image = image.resize(new_size, resample=Image.BILINEAR)
+        top = int(round((image.height - self.size) / 2.0))  # the resized short side is >= S: no padding
+        left = int(round((image.width - self.size) / 2.0))
+        image = image.crop((left, top, left + self.size, top + self.size))
+        pixels = np.asarray(image, dtype=np.uint8).transpose(2, 0, 1).astype(np.float32)
+        pixels *= np.float32(1.0 / 255.0)
+        return (pixels - self.mean) / self.std
+
+    def __repr__(self) -> str:
+        return f"EvalPreprocess(size={self.size}, background={self.background})"

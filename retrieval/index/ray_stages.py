@@ -1,0 +1,71 @@
+"""The Ray Data stages of ``--engine ray`` (``ray_engine``): the decode task and the embedding actor, in a module
+of their own that never imports torch.
+
+Ray runs them in worker processes that import the module defining them: every actor in a fresh process, the
+decode tasks in the job's new workers. The decode task uses the local engine's ``gallery_file.decode_file``
+with the torch-free ``EvalPreprocess``, and the actor runs onnxruntime, so these imports (numpy, PIL,
+onnxruntime) keep torch and torchvision (~3-5 s to import on a 2-core machine) off each command's start.
+``tests/test_index_ray.py`` checks that it stays so.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+import numpy as np
+
+from retrieval.data.eval_preprocess import EvalPreprocess
+from retrieval.index.embedder import ModelMismatchError, load_model, prepare_vectors
+from retrieval.index.gallery_file import decode_file
+
+
+@functools.lru_cache(maxsize=4)
+def _preprocess(config_json: str) -> Any:
+    return EvalPreprocess(json.loads(config_json))
+
+
+def decode_rows(batch: dict[str, np.ndarray], config_json: str, max_pixels: int) -> dict[str, np.ndarray]:
+    """Ray Data task: hash, decode and preprocess a batch of (id, path) rows with ``gallery_file.decode_file``."""
+    preprocess = _preprocess(config_json)
+    size = preprocess.size
+    rows = zip(batch["id"], batch["path"], strict=True)
+    records = [decode_file(int(i), str(path), preprocess, max_pixels) for i, path in rows]
+    pixels = np.zeros((len(records), 3, size, size), np.float32)  # unreadable rows stay zero and are not embedded
+    for row, record in enumerate(records):
+        if record.array is not None:
+            pixels[row] = record.array
+    return {
+        "id": np.asarray(batch["id"], np.int64),
+        "ok": np.array([r.error is None for r in records]),
+        "sha256": np.array([r.sha256 or "" for r in records], object),
+        "size": np.array([-1 if r.size is None else r.size for r in records], np.int64),
+        "error": np.array([r.error or "" for r in records], object),
+        "pixels": pixels,
+    }
+
+
+class BatchEmbedder:
+    """Ray Data actor: loads the ONNX model once, embeds the readable rows of each batch (unit vectors)."""
+
+    def __init__(self, model_path: str, model_hash: str, threads: int) -> None:
+        import onnxruntime
+        import ray
+
+        on_gpu = bool(ray.get_gpu_ids()) and "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+        self.embedder = load_model(model_path, providers="cuda" if on_gpu else "cpu", intra_op_threads=threads)
+        if self.embedder.model_hash != model_hash:
+            raise ModelMismatchError(
+                f"{model_path} on this node has model_hash {self.embedder.model_hash}, the driver's has "
+                f"{model_hash}; give every node the same model file"
+            )
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        ok = np.asarray(batch["ok"], bool)
+        dim = int(self.embedder.embedding_dim)
+        vectors = np.zeros((len(ok), dim), np.float32)
+        if ok.any():
+            pixels = np.ascontiguousarray(batch["pixels"][ok])
+            vectors[ok] = prepare_vectors(self.embedder.embed(pixels), dim)
+        return {key: batch[key] for key in ("id", "ok", "sha256", "size", "error")} | {"embedding": vectors}
