@@ -6,14 +6,13 @@ CI has no GPU, so this module is skipped there (pytest -ra prints the reason); r
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from test_train_ddp import png_bytes
 
 from retrieval.losses import available, available_negatives, build, wants_normalized
 
@@ -70,13 +69,6 @@ def test_degenerate_batch_is_finite_on_cuda(name):
 
 
 # --- training with the GPU options ------------------------------------------------------------------------------------
-def png_bytes(color: tuple[int, int, int], seed: int, size: int = 24) -> bytes:
-    noise = np.random.default_rng(seed).integers(0, 256, (size, size, 3))
-    buffer = io.BytesIO()
-    Image.fromarray((0.75 * noise + 0.25 * np.array(color)).astype(np.uint8)).save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
 @pytest.fixture(scope="module")
 def image_folder(tmp_path_factory) -> Path:
     """4 classes, 8 train and 4 test images each, plus one unreadable training file."""
