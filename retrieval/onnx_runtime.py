@@ -4,10 +4,9 @@ This is the core-side half of the ONNX export (the index and the server use it; 
 ``export/``). The metadata contract written by ``retrieval export`` lives here too, so that writer and
 reader share one definition.
 
-Images are prepared by the same functions as the PyTorch path (``retrieval.data.open_image`` for files,
-``retrieval.data.preprocess_eval`` for every image), so both runtimes see identical input tensors. Those (and torch)
-are imported only when images are preprocessed here: a process that embeds preprocessed batches, such as a Ray
-embedding actor, runs without torch.
+Images are prepared by the same functions as the PyTorch path (``read_image`` for files, then
+``eval_preprocess.EvalPreprocess``, which the PyTorch path wraps as a tensor), so both runtimes see identical input
+tensors. None of it imports torch: a process that only embeds (a Ray actor, the server) runs without it.
 """
 
 from __future__ import annotations
@@ -23,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from PIL import Image
 
-from retrieval.data.decode import parse_background
+from retrieval.data.decode import parse_background, read_image
+from retrieval.data.eval_preprocess import EvalPreprocess
 
 if TYPE_CHECKING:
     import torch
@@ -165,23 +165,17 @@ def load_image(image: ImageInput) -> Image.Image:
     if isinstance(image, Image.Image):
         return image
     if isinstance(image, (str, os.PathLike)):
-        from retrieval.data import open_image
-
-        return open_image(image)
+        return read_image(image).image  # what ``retrieval.data.open_image`` does, without its torch-using module
     raise TypeError(f"expected a PIL image or a file path, got {type(image).__name__}")
 
 
 def preprocess_images(images: Iterable[ImageInput], model_config: Mapping[str, Any]) -> np.ndarray:
     """PIL images or paths -> float32 batch [n, 3, S, S], exactly as evaluation prepares them."""
-    import torch
-
-    from retrieval.data import preprocess_eval
-
-    tensors = [preprocess_eval(load_image(image), model_config) for image in images]
-    if not tensors:
-        size = int(model_config["input_size"])
-        return np.zeros((0, 3, size, size), dtype=np.float32)
-    return torch.stack(tensors).numpy()
+    preprocess = EvalPreprocess(model_config)  # the one evaluation preprocessing (torch paths wrap it)
+    arrays = [preprocess(load_image(image)) for image in images]
+    if not arrays:
+        return np.zeros((0, 3, preprocess.size, preprocess.size), dtype=np.float32)
+    return np.stack(arrays)
 
 
 def _is_torch_tensor(value: Any) -> bool:
