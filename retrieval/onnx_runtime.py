@@ -4,7 +4,7 @@ This is the core-side half of the ONNX export (the index and the server use it; 
 ``export/``). The metadata contract written by ``retrieval export`` lives here too, so that writer and
 reader share one definition.
 
-Images are prepared by the same functions as the PyTorch path (``read_image`` for files, then
+Images are prepared by the same functions as the PyTorch path (``open_image`` for files, then
 ``eval_preprocess.EvalPreprocess``, which the PyTorch path wraps as a tensor), so both runtimes see identical input
 tensors. None of it imports torch: a process that only embeds (a Ray actor, the server) runs without it.
 """
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from PIL import Image
 
-from retrieval.data.decode import parse_background, read_image
+from retrieval.data.decode import open_image, parse_background
 from retrieval.data.eval_preprocess import EvalPreprocess
 
 if TYPE_CHECKING:
@@ -165,7 +165,7 @@ def load_image(image: ImageInput) -> Image.Image:
     if isinstance(image, Image.Image):
         return image
     if isinstance(image, (str, os.PathLike)):
-        return read_image(image).image  # what ``retrieval.data.open_image`` does, without its torch-using module
+        return open_image(image)
     raise TypeError(f"expected a PIL image or a file path, got {type(image).__name__}")
 
 

@@ -22,8 +22,8 @@ if TYPE_CHECKING:
         collate_dropping_bad,
         default_data_dir,
         limit_per_class,
-        open_image,
     )
+    from retrieval.data.decode import open_image
     from retrieval.data.emoji import prepare_emoji
     from retrieval.data.noise import FASHION_MNIST_ASYMMETRIC, asymmetric_transitions, inject_label_noise
     from retrieval.data.sampler import (
@@ -46,8 +46,8 @@ _SOURCES = {
         "collate_dropping_bad",
         "default_data_dir",
         "limit_per_class",
-        "open_image",
     ),
+    "decode": ("open_image",),
     "emoji": ("prepare_emoji",),
     "noise": ("FASHION_MNIST_ASYMMETRIC", "asymmetric_transitions", "inject_label_noise"),
     "sampler": ("ClassBalancedBatchSampler", "DistributedClassBalancedBatchSampler", "WithSampleSeeds"),

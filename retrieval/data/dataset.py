@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset, Subset, default_collate
 
-from retrieval.data.decode import describe_decode_error, read_image
+from retrieval.data.decode import describe_decode_error, open_image
 
 Sample = str | np.ndarray
 
@@ -23,11 +23,6 @@ def default_data_dir() -> Path:
     """Where prepared data sets live: ``$RETRIEVAL_DATA_DIR`` or ``~/.cache/retrieval``."""
     env = os.environ.get("RETRIEVAL_DATA_DIR")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "retrieval"
-
-
-def open_image(path: str | os.PathLike) -> Image.Image:
-    """An image file decoded by ``read_image``: RGB or RGBA (transparency is flattened by the transforms)."""
-    return read_image(path).image
 
 
 def array_to_image(array: np.ndarray) -> Image.Image:

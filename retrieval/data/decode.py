@@ -105,6 +105,11 @@ def read_image(
     return _decode(source, max_pixels)
 
 
+def open_image(path: str | os.PathLike) -> Image.Image:
+    """An image file decoded by ``read_image``: RGB or RGBA (transparency is flattened by the transforms)."""
+    return read_image(path).image
+
+
 def _decode(handle: BinaryIO, max_pixels: int) -> DecodedImage:
     start = handle.tell()
     if not handle.read(1):

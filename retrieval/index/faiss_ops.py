@@ -258,6 +258,11 @@ def tune_search_params(
 ON_DISK_LISTS = "index-*.ivfdata"
 
 
+def new_lists_file(folder: str | Path) -> Path:
+    """A fresh ``index-<time>.ivfdata`` path in ``folder`` (matched by ``ON_DISK_LISTS``), absolute."""
+    return Path(folder).resolve() / f"index-{time.time_ns()}.ivfdata"
+
+
 def read_index(path: str | Path) -> faiss.Index:
     """Read an ``index.faiss``; lists kept on disk are mapped read-only from the file beside it.
 
@@ -290,9 +295,8 @@ def detach_on_disk_lists(index: faiss.Index, folder: Path, keep_entries: bool = 
     if old is None:
         return False
     ivf = _ivf(index)
-    new_path = Path(folder).resolve() / f"index-{time.time_ns()}.ivfdata"
     with faiss_prints_to_stderr():
-        new = faiss.OnDiskInvertedLists(ivf.nlist, ivf.code_size, str(new_path))
+        new = faiss.OnDiskInvertedLists(ivf.nlist, ivf.code_size, str(new_lists_file(folder)))
         if keep_entries:
             sources = faiss.InvertedListsPtrVector()
             sources.push_back(old)

@@ -5,10 +5,11 @@ functions: it lists the gallery, plans the catalogue, writes each shard atomical
 (``builder.Ingestor``), so resumption after a kill -9 works exactly as for a local build. Ray does the heavy,
 stateless parts:
 
-- Ray Data reads, hashes, decodes and preprocesses the pending images in CPU tasks (``decode.decode_file``: the
-  same decoder, preprocessing and bad-file rules), then embeds them in an actor pool that loads the ONNX model
-  once per actor (``ray_stages.BatchEmbedder``: onnxruntime's CUDA provider when the actor has a GPU and
-  onnxruntime-gpu is installed; its module never imports torch, which every fresh actor process would pay). The
+- Ray Data reads, hashes, decodes and preprocesses the pending images in CPU tasks (``ray_stages.decode_rows``
+  over ``gallery_file.decode_file``: the local engine's decoder, preprocessing and bad-file rules), then embeds
+  them in an actor pool that loads the ONNX model once per actor (``ray_stages.BatchEmbedder``: onnxruntime's CUDA
+  provider when the actor has a GPU and onnxruntime-gpu is installed; that module never imports torch, which every
+  fresh worker process would pay). The
   driver streams the embeddings back in order and writes them as parquet shards (``ShardStore.write_parquet``).
 - For an IVF index key, ``build_faiss`` trains the coarse quantizer on a random sample of the shards (as for a
   local build); every shard's vectors are then added to a copy of the trained index in a Ray task, and the
@@ -314,10 +315,11 @@ class ShardedIvfBuilder:
         from faiss.contrib.ondisk import merge_ondisk
 
         if not (self.workdir / "index.faiss").exists():  # a build killed before: nothing refers to older data
-            for stale in self.workdir.glob("index-*.ivfdata"):
+            for stale in self.workdir.glob(faiss_ops.ON_DISK_LISTS):
                 with contextlib.suppress(OSError):
                     stale.unlink()
-        merge_ondisk(self.ivf, parts, str(self.workdir / f"index-{time.time_ns()}.ivfdata"))
+        with faiss_ops.faiss_prints_to_stderr():  # merge_ondisk reports with printf: stdout stays the CLI's JSON
+            merge_ondisk(self.ivf, parts, str(faiss_ops.new_lists_file(self.workdir)))
         for part in parts:
             Path(part).unlink(missing_ok=True)
         parts_dir.rmdir()

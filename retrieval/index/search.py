@@ -157,7 +157,7 @@ class Index:
             self.embedder = embedder
         if not len(images):
             return []
-        from retrieval.data import open_image
+        from retrieval.data.decode import open_image
 
         pil = [open_image(image) if isinstance(image, (str, Path)) else image for image in images]
         return self.search(self.embedder.embed(pil), k)
