@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -85,6 +86,12 @@ def throughput(args: argparse.Namespace) -> dict:
     }
 
 
+def busy_cpu_seconds() -> float:
+    """CPU seconds this machine spent busy (all cores, every process, ended ones too), from /proc/stat (Linux)."""
+    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, Path("/proc/stat").read_text().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def ray_throughput(args: argparse.Namespace) -> dict:
     import ray
     import torch
@@ -103,12 +110,16 @@ def ray_throughput(args: argparse.Namespace) -> dict:
     model.config["input_size"] = args.input_size
     export_embedder(model, work / "model.onnx", verify=False, log=lambda m: None)
     write_digits(work / "gallery", min(args.images, 1700))
-    extra = args.images - min(args.images, 1700)  # sklearn has ~1,790 distinct digits: the rest are flipped copies
-    if extra:
-        from PIL import Image
+    # sklearn has ~1,790 distinct digits: the rest are mirrored and rotated copies (7 per digit, up to 13,600)
+    from PIL import Image
 
-        for i, path in enumerate(sorted((work / "gallery").rglob("*.png"))[:extra]):
-            Image.open(path).transpose(Image.FLIP_LEFT_RIGHT).save(path.with_name(f"flip_{i:04d}.png"))
+    originals = sorted((work / "gallery").rglob("*.png"))
+    variants = [(op, path) for op in Image.Transpose for path in originals]
+    for i, (op, path) in enumerate(variants[: args.images - len(originals)]):
+        Image.open(path).transpose(op).save(path.with_name(f"{op.name.lower()}_{i:05d}.png"))
+    count = sum(1 for _ in (work / "gallery").rglob("*.png"))
+    if count != args.images:
+        raise SystemExit(f"the gallery has {count} images, not {args.images} (at most {8 * len(originals)})")
     # the cluster starts once (as a `ray start` cluster would be running); 3 logical CPUs on 2 cores: an actor
     # with 2 onnxruntime threads plus a decode task, as the local engine runs 2 threads plus a decode worker
     started = time.perf_counter()
@@ -125,10 +136,12 @@ def ray_throughput(args: argparse.Namespace) -> dict:
     import io
     import re
 
-    local, ray_rates, ray_after_start = [], [], []
+    local, ray_rates, ray_after_start, indexed = [], [], [], set()
+    cpu: dict[str, list[float]] = {"local": [], "ray": []}
     for round_number in range(args.rounds):  # interleaved, so that both see the same machine state
         for name, options, rates in (("local", local_options, local), ("ray", ray_options, ray_rates)):
             log = io.StringIO()
+            busy = busy_cpu_seconds()
             start = time.perf_counter()
             with contextlib.redirect_stderr(log):
                 summary = build_index(
@@ -136,18 +149,21 @@ def ray_throughput(args: argparse.Namespace) -> dict:
                     options=options,
                 )
             seconds = time.perf_counter() - start
+            cpu[name].append(round(busy_cpu_seconds() - busy, 2))
             rates.append(summary["indexed"] / seconds)
+            indexed.add(summary["indexed"])  # byte-identical copies are catalogued once, by both engines
             startup = re.search(r"ray: first embeddings after ([\d.]+) s", log.getvalue())
             if startup:  # the rate once the workers run (the first batch's images left out)
                 first = float(startup.group(1))
                 ray_after_start.append((summary["indexed"] - args.batch_size) / (seconds - first))
-            print(name, round(rates[-1], 1), startup and startup.group(0), file=sys.stderr, flush=True)
+            print(name, round(rates[-1], 1), startup and startup.group(0), cpu[name][-1], file=sys.stderr, flush=True)
     ray.shutdown()
     ratios = [r / lo for lo, r in zip(local, ray_rates, strict=True)]
     return {
         "backbone": args.backbone,
         "input_size": args.input_size,
         "images": args.images,
+        "indexed": sorted(indexed),
         "batch_size": args.batch_size,
         "local_workers": args.workers,
         "ray_cpus": args.ray_cpus,
@@ -158,6 +174,7 @@ def ray_throughput(args: argparse.Namespace) -> dict:
         "ratios": [round(r, 3) for r in ratios],
         "median_ratio": round(float(np.median(ratios)), 3),
         "ray_after_startup_img_s": [round(v, 1) for v in ray_after_start],
+        "cpu_seconds_per_round": cpu,
         "median_ratio_after_ray_startup": round(
             float(np.median([r / lo for lo, r in zip(local, ray_after_start, strict=True)])), 3
         ),

@@ -89,6 +89,30 @@ def test_eval_preprocess_equals_torchvision_bit_for_bit(size):
         assert np.array_equal(got, expected), (image.size, image.mode)
 
 
+def test_crop_then_batched_normalize_equals_the_whole_preprocess():
+    """Ray's decode tasks ship uint8 crops and the actor normalises a batch: the input must not change a bit."""
+    from retrieval.data.eval_preprocess import EvalPreprocess
+
+    preprocess = EvalPreprocess({**CONFIG, "input_size": 24, "background": [20, 200, 90]})
+    images = list(random_images(40))
+    crops = np.stack([preprocess.crop(image) for image in images])
+    assert crops.dtype == np.uint8 and crops.shape == (40, 3, 24, 24)
+    batched = preprocess.normalize(crops)
+    assert batched.dtype == np.float32
+    for image, row in zip(images, batched, strict=True):
+        assert np.array_equal(row, preprocess(image)), (image.size, image.mode)
+
+
+def test_normalize_rejects_what_crop_does_not_make():
+    from retrieval.data.eval_preprocess import EvalPreprocess
+
+    preprocess = EvalPreprocess({**CONFIG, "input_size": 8})
+    with pytest.raises(ValueError, match="uint8"):
+        preprocess.normalize(np.zeros((2, 3, 8, 8), np.float32))
+    with pytest.raises(ValueError, match=r"3, 8, 8"):
+        preprocess.normalize(np.zeros((2, 3, 9, 8), np.uint8))
+
+
 def test_eval_preprocess_needs_no_torch(tmp_path):
     import subprocess
     import sys

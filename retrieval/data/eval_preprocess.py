@@ -63,6 +63,11 @@ class EvalPreprocess:
         self.background = parse_background(model_config.get("background") or DEFAULT_BACKGROUND)
 
     def __call__(self, image: Image.Image) -> np.ndarray:
+        return self.normalize(self.crop(image))
+
+    def crop(self, image: Image.Image) -> np.ndarray:
+        """The geometric steps alone (background, resize, centre crop): uint8 [3, S, S], a quarter of the bytes
+        of the model input, for stages that hand pixels to another process (Ray's decode tasks)."""
         if not isinstance(image, Image.Image):
             raise TypeError(f"the evaluation preprocessing takes a PIL image, got {type(image).__name__}")
         image = flatten_alpha(image, self.background)
@@ -72,9 +77,19 @@ class EvalPreprocess:
         top = int(round((image.height - self.size) / 2.0))  # the resized short side is >= S: no padding
         left = int(round((image.width - self.size) / 2.0))
         image = image.crop((left, top, left + self.size, top + self.size))
-        pixels = np.asarray(image, dtype=np.uint8).transpose(2, 0, 1).astype(np.float32)
-        pixels *= np.float32(1.0 / 255.0)
-        return (pixels - self.mean) / self.std
+        return np.ascontiguousarray(np.asarray(image, dtype=np.uint8).transpose(2, 0, 1))
+
+    def normalize(self, pixels: np.ndarray) -> np.ndarray:
+        """uint8 [..., 3, S, S] from ``crop`` -> the model input, float32 (x / 255 - mean) / std, same shape; the
+        same float32 operations per element whether one image or a batch, so the result is identical."""
+        if pixels.dtype != np.uint8 or pixels.shape[-3:] != (3, self.size, self.size):
+            raise ValueError(f"normalize takes uint8 [..., 3, {self.size}, {self.size}], got {pixels.dtype} "
+                             f"{list(pixels.shape)}")
+        scaled = pixels.astype(np.float32)
+        scaled *= np.float32(1.0 / 255.0)
+        scaled -= self.mean  # in place: the same float32 operations, without two batch-sized temporaries
+        scaled /= self.std
+        return scaled
 
     def __repr__(self) -> str:
         return f"EvalPreprocess(size={self.size}, background={self.background})"

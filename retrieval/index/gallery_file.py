@@ -24,7 +24,7 @@ class Decoded:
     id: int
     size: int | None = None
     sha256: str | None = None
-    array: np.ndarray | None = None  # float32 [3, S, S] when readable
+    array: np.ndarray | None = None  # the transform's output when readable (float32 or uint8 [3, S, S])
     error: str | None = None
 
 
@@ -40,7 +40,7 @@ def decode_file(image_id: int, path: str, transform: Any, max_pixels: int) -> De
             result.size, result.sha256 = size, digest.hexdigest()
             handle.seek(0)
             image = read_image(handle, max_pixels).image
-        result.array = np.asarray(transform(image), dtype=np.float32)
+        result.array = np.asarray(transform(image))
     except Exception as exc:  # noqa: BLE001  (any failure of one file is recorded, never fatal)
         result.error = describe_decode_error(exc)
         result.array = None

@@ -214,7 +214,7 @@ class RayIngestor(Ingestor):
             # the memory one task may use: its worker, one image decode and the batch, in and out;
             # requesting it also keeps decoding a stage of its own (Ray Data fuses stages with equal
             # resources into the actors, whose CPUs or GPUs should only embed)
-            memory=DECODE_MEMORY + 2 * batch_size * 3 * size * size * 4,
+            memory=DECODE_MEMORY + 2 * batch_size * 3 * size * size,  # uint8 crops
         )
         dataset = dataset.map_batches(
             BatchEmbedder,
