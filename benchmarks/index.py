@@ -119,7 +119,8 @@ def ray_throughput(args: argparse.Namespace) -> dict:
         Image.open(path).transpose(op).save(path.with_name(f"{op.name.lower()}_{i:05d}.png"))
     count = sum(1 for _ in (work / "gallery").rglob("*.png"))
     if count != args.images:
-        raise SystemExit(f"the gallery has {count} images, not {args.images} (at most {8 * len(originals)})")
+        most = (1 + len(Image.Transpose)) * len(originals)
+        raise SystemExit(f"the gallery has {count} images, not {args.images} (at most {most})")
     # the cluster starts once (as a `ray start` cluster would be running); 3 logical CPUs on 2 cores: an actor
     # with 2 onnxruntime threads plus a decode task, as the local engine runs 2 threads plus a decode worker
     started = time.perf_counter()

@@ -9,8 +9,8 @@ stateless parts:
   over ``gallery_file.decode_file``: the local engine's decoder, preprocessing and bad-file rules), then embeds
   them in an actor pool that loads the ONNX model once per actor (``ray_stages.BatchEmbedder``: onnxruntime's CUDA
   provider when the actor has a GPU and onnxruntime-gpu is installed; that module never imports torch, which every
-  fresh worker process would pay). The
-  driver streams the embeddings back in order and writes them as parquet shards (``ShardStore.write_parquet``).
+  fresh worker process would pay). The driver streams the embeddings back in order and writes them as parquet
+  shards (``ShardStore.write_parquet``).
 - For an IVF index key, ``build_faiss`` trains the coarse quantizer on a random sample of the shards (as for a
   local build); every shard's vectors are then added to a copy of the trained index in a Ray task, and the
   per-shard indexes are merged: in memory, or with faiss' ``contrib.ondisk.merge_ondisk`` into an
