@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from train_paused import PAUSED
 
 from train import TrainConfig, train
 
@@ -262,23 +264,23 @@ def test_two_ranks_killed_mid_epoch_resume_equals_an_uninterrupted_run(frozen_ru
     straight = frozen_runs / "ranks" / "long"
     cfg = frozen_config(tmp_path / "killed", frozen_runs / "cache-ranks", "ms", {}, "loop", 0.0,
                         batches_per_epoch=4, epochs=2)
-    last = tmp_path / "killed" / "last.pt"
-    proc = train_job(cfg, tmp_path, "--checkpoint-every", "1")
+    path = tmp_path / "killed.json"
+    path.write_text(json.dumps(cfg.to_dict()))
+    # rank 0 stops after writing last.pt at epoch 2, batch 2 of 4 (polling for it raced a fast run)
+    command = torchrun("tests/train_paused.py", "1:2", "train", "--config", str(path), "--checkpoint-every", "1")
+    proc = subprocess.Popen(command, env=env(), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    watchdog = threading.Timer(240, stop, (proc,))  # a job that never pauses is killed: its stderr then ends
+    watchdog.start()
     try:
-        deadline = time.monotonic() + 240
-        position = None
-        while time.monotonic() < deadline and proc.poll() is None and position is None:
-            if last.is_file():
-                os.killpg(proc.pid, signal.SIGSTOP)  # hold every rank still while last.pt is read
-                state = torch.load(last, weights_only=False, mmap=True)["in_epoch"]
-                if state and state["epoch"] >= 1 and 0 < state["batch"] < 4:
-                    position = state
-                    os.killpg(proc.pid, signal.SIGKILL)
-                else:
-                    os.killpg(proc.pid, signal.SIGCONT)
-            time.sleep(0.005)
-        assert position is not None, f"no mid-epoch checkpoint caught (rc {proc.poll()})"
+        for line in proc.stderr:
+            if PAUSED in line:
+                break
+        else:
+            raise AssertionError(f"the job ended before its pause point (rc {proc.wait()})")
+        assert torch.load(tmp_path / "killed" / "last.pt", weights_only=False)["in_epoch"]["batch"] == 2
     finally:
+        watchdog.cancel()
         stop(proc)
         proc.stderr.close()
     resumed = train_job(cfg, tmp_path, "--checkpoint-every", "1", "--resume")
