@@ -118,6 +118,15 @@ from serve.defaults import (
     "repeatable. Requests from any other origin get 403.",
 )
 @click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="a host name clients reach the server by (e.g. search.example.com, the name nginx passes on); "
+    "repeatable. localhost and IP addresses are always answered; any other Host header gets 400 (a web page "
+    "could otherwise point its own name at this server: DNS rebinding).",
+)
+@click.option(
     "--upload-dir",
     type=click.Path(file_okay=False),
     default=None,
@@ -140,7 +149,7 @@ from serve.defaults import (
 )
 def serve_command(
     index_dir, report, results, host, port, max_upload_mb, max_pixels, concurrency, max_batch, max_wait_ms, no_ui,
-    token_file, auth_file, insecure, cors_origins, upload_dir, upload_max_age, upload_cache_mb,
+    token_file, auth_file, insecure, cors_origins, allowed_hosts, upload_dir, upload_max_age, upload_cache_mb,
 ) -> None:
     """Search service: HTTP API (POST /search, /items/{id}, /stats, /health) and the Gradio UI at /."""
     from serve.security import ConfigError, check_exposure, read_api_token, read_auth_file, readable_by_others
@@ -163,10 +172,6 @@ def serve_command(
     index_path = Path(index_dir)
     if not (index_path / "index.json").is_file():
         raise click.ClickException(missing_artifacts_message(index_path))
-    if report is not None and not Path(report).is_file():
-        raise click.ClickException(
-            f"report {report} not found (`retrieval train` writes RUN_DIR/report.json)"
-        )
     config = ServerConfig(
         index_dir=index_path,
         report=Path(report) if report else None,
@@ -183,6 +188,7 @@ def serve_command(
         ui_auth=ui_auth,
         insecure=insecure,
         cors_origins=tuple(origin.rstrip("/") for origin in cors_origins),
+        allowed_hosts=tuple(allowed_hosts),
         upload_dir=Path(upload_dir) if upload_dir else None,
         upload_max_age_s=upload_max_age,
         upload_cache_bytes=int(upload_cache_mb * 2**20),

@@ -71,12 +71,27 @@ def _identity_digest(model_config: Mapping[str, Any]) -> Any:
 def onnx_model_hash(path: str | os.PathLike, model_config: Mapping[str, Any]) -> str:
     """A 16-hex-digit fingerprint computed from an ONNX file itself: its graph and weights (metadata left out)
     and the preprocessing it is run with. Two files share it only if they compute the same embeddings."""
+    return proto_model_hash(read_onnx_model(path), model_config)
+
+
+def read_onnx_model(path: str | os.PathLike) -> Any:
+    """The ``onnx.ModelProto`` of a file, read once with any external weights inlined: hash and run this one
+    object, never a second read of a file that can be replaced in between."""
     import onnx
 
-    proto = onnx.load(str(path))  # external weights, if any, are loaded and hashed too
+    return onnx.load(str(path))  # external weights, if any, are loaded into the proto
+
+
+def proto_model_hash(proto: Any, model_config: Mapping[str, Any]) -> str:
+    """``onnx_model_hash`` of a loaded model proto (its metadata is left out, and left in place)."""
+    metadata = list(proto.metadata_props)
     proto.ClearField("metadata_props")
+    try:
+        graph_and_weights = proto.SerializeToString(deterministic=True)
+    finally:
+        proto.metadata_props.extend(metadata)
     digest = _identity_digest(model_config)
-    digest.update(proto.SerializeToString(deterministic=True))
+    digest.update(graph_and_weights)
     return digest.hexdigest()[:16]
 
 
@@ -213,7 +228,7 @@ def resolve_providers(providers: str | Sequence[str] = "auto") -> list[str]:
     raise ValueError(f"providers must be 'auto', 'cpu', 'cuda' or a list of provider names, got {providers!r}")
 
 
-def make_session(path: str | os.PathLike, providers: Sequence[str], intra_op_threads: int | None = None,
+def make_session(model: str | os.PathLike | bytes, providers: Sequence[str], intra_op_threads: int | None = None,
                  spin: bool = True):
     """``spin=False``: idle threads sleep instead of busy-waiting, leaving the CPU to data-loading processes
     (throughput jobs such as indexing); spinning only shortens the latency of the next call."""
@@ -225,7 +240,8 @@ def make_session(path: str | os.PathLike, providers: Sequence[str], intra_op_thr
         options.intra_op_num_threads = int(intra_op_threads)
     if not spin:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(str(path), sess_options=options, providers=list(providers))
+    source = model if isinstance(model, bytes) else str(model)  # bytes: the very model that was hashed
+    return ort.InferenceSession(source, sess_options=options, providers=list(providers))
 
 
 class OnnxEmbedder:
@@ -250,15 +266,19 @@ class OnnxEmbedder:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.batch_size = batch_size
         chosen = resolve_providers(providers)
+        # One read of the file: the session runs exactly the bytes that are hashed below (a file swapped
+        # between two reads could otherwise run other weights under this model's identity).
         try:
-            self.session = make_session(self.path, chosen, intra_op_threads, spin=spin)
-        except Exception as exc:  # onnxruntime's InvalidProtobuf/Fail derive from Exception only
+            proto = read_onnx_model(self.path)
+            self.session = make_session(proto.SerializeToString(), chosen, intra_op_threads, spin=spin)
+        except Exception as exc:  # onnx's DecodeError and onnxruntime's InvalidProtobuf/Fail derive from Exception
             raise ValueError(f"{self.path} is not a readable ONNX model: {exc}") from exc
         self._metadata = dict(self.session.get_modelmeta().custom_metadata_map)
         self.model_config = parse_metadata(self._metadata, source=str(self.path))
         check_graph_matches(self.session, self.model_config, str(self.path))
-        # identity from the file's own graph and weights: metadata alone could be copied onto another model
-        self._model_hash = onnx_model_hash(self.path, self.model_config)
+        # identity from the model's own graph and weights: metadata alone could be copied onto another model
+        self._model_hash = proto_model_hash(proto, self.model_config)
+        del proto
         self._input_name = self.session.get_inputs()[0].name
         self._output_name = self._metadata.get("output_name", self.session.get_outputs()[0].name)
 

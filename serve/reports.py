@@ -16,8 +16,10 @@ from typing import Any
 
 from PIL import Image
 
+from retrieval.io import read_capped
 from retrieval.reports import REPORT_FORMAT, REPORT_KINDS
 
+MAX_REPORT_BYTES = 50 * 2**20  # a run report is a few KiB: anything this big is not one
 MAX_RESULTS_BYTES = 16 * 2**20
 METRIC_ORDER = ("map@r", "r_precision", "nmi", "f1", "linear_probe")
 METRIC_UNIT = "%"
@@ -108,7 +110,7 @@ def load_report(path: str | Path) -> RunReport:
             f"report {path} not found; `retrieval train` writes RUN_DIR/report.json and "
             "`retrieval evaluate` writes eval_report.json next to the checkpoint"
         )
-    data = _read_json(path, "report")
+    data = _read_json(path, "report", MAX_REPORT_BYTES)
     if (
         not isinstance(data, dict)
         or data.get("format") != REPORT_FORMAT
@@ -121,10 +123,13 @@ def load_report(path: str | Path) -> RunReport:
     return RunReport(path, data)
 
 
-def _read_json(path: Path, what: str) -> Any:
+def _read_json(path: Path, what: str, limit: int) -> Any:
+    """A JSON file of at most ``limit`` bytes, read only if it is a regular file (never blocks on a FIFO)."""
     try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return json.loads(read_capped(path, limit, f"JSON {what}"))
+    except OSError as exc:
+        raise FileNotFoundError(f"{what} {path} cannot be read ({exc.strerror or exc})") from exc
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise ValueError(f"{path} is not a JSON {what} ({exc})") from exc
 
 
@@ -241,9 +246,7 @@ def load_results(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no results grid at {path}")
-    if path.stat().st_size > MAX_RESULTS_BYTES:
-        raise ValueError(f"{path} is larger than {MAX_RESULTS_BYTES // 2**20} MiB: not a results file")
-    data = _read_json(path, "results file")
+    data = _read_json(path, "results file", MAX_RESULTS_BYTES)
     if not isinstance(data, dict) or data.get("format") != RESULTS_FORMAT:
         raise ValueError(f"{path} is not a results file (expected format {RESULTS_FORMAT!r})")
     return data

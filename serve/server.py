@@ -7,6 +7,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,7 +15,8 @@ import gradio as gr
 import uvicorn
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.routing import APIRoute
+from starlette.routing import Mount
+from starlette.types import Scope
 
 from serve.api import create_api
 from serve.defaults import (
@@ -29,10 +31,27 @@ from serve.defaults import (
     PUBLIC_PATHS,
     UPLOAD_PRUNE_INTERVAL_S,
 )
-from serve.security import BearerToken, SameOriginOnly, check_exposure, is_loopback
+from serve.reports import load_report
+from serve.security import (
+    AllowedHosts,
+    BearerToken,
+    ConfigError,
+    LoginRequired,
+    SameOriginOnly,
+    check_exposure,
+    is_loopback,
+    request_cookies,
+)
 from serve.service import SearchService
 from serve.ui import UI_CSS, build_ui
-from serve.upload_cache import UploadedFilesOnly, UploadPruner, lock_file_access, use_upload_folder
+from serve.upload_cache import (
+    GRADIO_API_PREFIX,
+    UploadedFilesOnly,
+    UploadPruner,
+    UploadRecords,
+    lock_file_access,
+    use_upload_folder,
+)
 
 UI_PATH = "/"
 GRADIO_CONCURRENCY = 4  # Gradio events running at once; more wait in its queue
@@ -57,6 +76,7 @@ class ServerConfig:
     ui_auth: list[tuple[str, str]] | None = None  # the Gradio app's user:password logins
     insecure: bool = False  # allow a non-loopback host without authentication
     cors_origins: tuple[str, ...] = ()  # other web origins allowed to call the server from a browser
+    allowed_hosts: tuple[str, ...] = ()  # host names clients use (besides localhost and IP addresses)
     upload_dir: Path | None = None  # None: a private folder per process
     upload_max_age_s: float = DEFAULT_UPLOAD_MAX_AGE_S
     upload_cache_bytes: int = DEFAULT_UPLOAD_CACHE_BYTES
@@ -75,7 +95,13 @@ class ServerConfig:
         else:
             where = "ON THE NETWORK WITHOUT AUTHENTICATION (--insecure)"
         origins = f" except from {', '.join(self.cors_origins)}" if self.cors_origins else ""
-        return f"{where}: {api}{ui}; cross-origin browser calls refused{origins}"
+        names = ", ".join(("localhost", "loopback addresses" if is_loopback(self.host) else "IP addresses",
+                           *self.allowed_hosts))
+        summary = f"{where}: {api}{ui}; cross-origin browser calls refused{origins}; host names answered: {names}"
+        if not is_loopback(self.host):
+            summary += ("\nOn a network, serve through nginx (deploy/nginx.conf; docs/SECURITY.md): uvicorn alone has "
+                        "no header timeout, and a few slow clients (slowloris) can hold every connection")
+        return summary
 
 
 UI_CONNECTIONS = 32  # the browser's own connections (page, assets, Gradio queue) on top of the API's
@@ -87,6 +113,7 @@ def build_app(config: ServerConfig, service: SearchService | None = None) -> tup
     Refuses (serve.security.ExposureError) a non-loopback host without authentication unless ``insecure``.
     """
     check_exposure(config.host, config.api_token, config.ui_auth, config.ui, config.insecure)
+    check_report(config.report)
     service = service or SearchService(
         config.index_dir,
         max_batch=config.max_batch,
@@ -95,7 +122,9 @@ def build_app(config: ServerConfig, service: SearchService | None = None) -> tup
         max_pixels=config.max_pixels,
     )
     app = create_api(service, concurrency=config.concurrency, max_queue=config.max_queue)
-    api_routes = [route for route in app.routes if isinstance(route, APIRoute) and route.path not in PUBLIC_PATHS]
+    # The token covers every route of the API app (the JSON API, its OpenAPI document, /docs and its assets) but
+    # PUBLIC_PATHS; the Gradio app mounted below has its own login.
+    api_routes = [route for route in app.routes if getattr(route, "path", None) not in PUBLIC_PATHS]
 
     def is_api_call(path: str) -> bool:
         return any(route.path_regex.match(path) for route in api_routes)
@@ -120,15 +149,51 @@ def build_app(config: ServerConfig, service: SearchService | None = None) -> tup
         lock_file_access(blocks)
         UploadPruner(blocks, upload_dir, config.upload_max_age_s, config.upload_cache_bytes,
                      config.upload_prune_interval_s).attach(app)
-        app.add_middleware(UploadedFilesOnly, folder=upload_dir)
-    # Outermost last: origin check, then CORS (answers preflights, so a 401 still carries its headers), then token.
+        app.add_middleware(UploadedFilesOnly, records=UploadRecords(blocks))
+        if config.ui_auth:
+            app.add_middleware(LoginRequired, logged_in=gradio_login_check(app), protected=is_gradio_action)
+    # Outermost last: host check, origin check, then CORS (answers preflights, so a 401 still carries its headers),
+    # then the token.
     if config.api_token:
         app.add_middleware(BearerToken, token=config.api_token, protected=is_api_call)
     # The parent's own CORSMiddleware: Gradio then adds none of its own (see gr.mount_gradio_app).
     app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
                        allow_headers=["Authorization", "Content-Type"])
-    app.add_middleware(SameOriginOnly, allowed=config.cors_origins)
+    app.add_middleware(SameOriginOnly, allowed=config.cors_origins, events_prefix=GRADIO_API_PREFIX)
+    app.add_middleware(AllowedHosts, bind_host=config.host, allowed_names=config.allowed_hosts)
     return app, service
+
+
+def check_report(report: Path | None) -> None:
+    """Refuse (ConfigError) a ``--report`` that is not a run report: its folder is what the page may open."""
+    if report is None:
+        return
+    try:
+        load_report(report)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--report: {exc}") from exc
+
+
+def is_gradio_action(method: str, path: str) -> bool:
+    """Every POST to the Gradio app's API (events, uploads, cancel, reset): none may run without the login."""
+    return method == "POST" and path.startswith(GRADIO_API_PREFIX)
+
+
+def gradio_login_check(app: FastAPI) -> Callable[[Scope], bool]:
+    """Whether a request carries the login cookie of the Gradio app mounted in ``app``, as Gradio's own
+    ``get_current_user`` reads it. Refuses to serve (RuntimeError) if this Gradio version keeps logins elsewhere."""
+    gradio_app = next(route.app for route in app.routes if isinstance(route, Mount) and hasattr(route.app, "tokens"))
+    cookie_id, tokens = getattr(gradio_app, "cookie_id", None), getattr(gradio_app, "tokens", None)
+    if not isinstance(cookie_id, str) or not isinstance(tokens, dict):
+        raise RuntimeError(f"gradio {gr.__version__} keeps its logins in another form; refusing to serve without "
+                           "a login check on its cancel/reset routes (pin the gradio version in pyproject.toml)")
+
+    def logged_in(scope: Scope) -> bool:
+        cookies = request_cookies(scope)
+        token = cookies.get(f"access-token-{cookie_id}") or cookies.get(f"access-token-unsecure-{cookie_id}")
+        return token is not None and tokens.get(token) is not None
+
+    return logged_in
 
 
 def serve(config: ServerConfig) -> None:

@@ -34,8 +34,10 @@ from serve.reports import (
     triplet_plot,
 )
 from serve.service import SearchService
+from serve.upload_cache import UploadRecords
 
 THUMBNAIL = 256
+MAX_SLIDER_K = 100  # the K slider's top: the app shows at most this many results (the API allows MAX_K)
 EXAMPLE_COUNT = 12
 WORST_CLASSES = 10
 DUPLICATES_SHOWN = 50
@@ -62,19 +64,6 @@ UI_CSS = """
     grid-template-columns: repeat(2, minmax(0, 1fr)) !important; }
 }
 """
-
-
-def read_upload_file(path: Path, max_bytes: int) -> bytes:
-    """An uploaded file's bytes for ``decode_image``, which refuses those over ``max_bytes`` with the API's text.
-
-    Gradio's upload route already refuses files over the same limit (``max_file_size``); the read stops at twice
-    the limit all the same, so that memory stays bounded whatever lands in Gradio's cache.
-    """
-    try:
-        with path.open("rb") as handle:
-            return handle.read(2 * max_bytes + 1)
-    except OSError as exc:
-        raise QueryError(f"the uploaded file could not be read ({exc.strerror or type(exc).__name__})") from exc
 
 
 def read_dataset_info(folder: Path, levels: int = 2) -> dict[str, Any] | None:
@@ -192,28 +181,41 @@ def thumbnail(path: Path | None) -> Image.Image:
 
 
 class SearchTab:
-    def __init__(self, service: SearchService, examples: ExampleSet, facts: GalleryFacts | None = None) -> None:
-        self.service, self.examples, self.facts = service, examples, facts or GalleryFacts.of(service)
+    def __init__(self, service: SearchService, examples: ExampleSet, uploads: UploadRecords,
+                 facts: GalleryFacts | None = None) -> None:
+        self.service, self.examples, self.uploads = service, examples, uploads
+        self.facts = facts or GalleryFacts.of(service)
+
+    def max_k(self) -> int:
+        """The slider's top, and the largest K a call may ask for."""
+        return max(1, min(MAX_SLIDER_K, len(self.service)))
 
     def read_upload(self, upload: Any) -> bytes:
-        """The query component's file (or a pasted ``data:`` URL) as bytes, read no further than the service needs
-        to refuse an oversized one."""
+        """The query component's file (only one Gradio recorded as uploaded here, see ``UploadRecords``) or a
+        pasted ``data:`` URL, as bytes, read no further than the service needs to refuse an oversized one."""
         if not upload:
             raise QueryError(NO_IMAGE)
-        if isinstance(upload, str):  # a file path (the component's value when called from Python)
-            upload = {"path": upload}
-        if isinstance(upload, dict) and str(upload.get("url") or "").startswith("data:"):
+        if isinstance(upload, dict) and isinstance(upload.get("url"), str) and upload["url"].startswith("data:"):
             return decode_base64(upload["url"], self.service.max_upload_bytes)  # a pasted image sent inline
-        if isinstance(upload, dict) and upload.get("path"):
-            return read_upload_file(Path(upload["path"]), self.service.max_upload_bytes)
-        raise QueryError("the query is not an uploaded image file")
+        path = upload.get("path") if isinstance(upload, dict) else upload  # a plain string: the same rule
+        return self.uploads.read(path, self.service.max_upload_bytes)
+
+    def check_k(self, k: Any) -> int:
+        """K as the slider allows it: a whole number from 1 to ``max_k()`` (a call can send anything)."""
+        top = self.max_k()
+        if isinstance(k, float) and k.is_integer():  # JSON numbers: 5.0 is 5 (NaN and inf are not whole)
+            k = int(k)
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= top:
+            raise QueryError(f"K must be a whole number from 1 to {top}, got {str(k)[:20]!r}")
+        return int(k)
 
     def search(self, upload: Any, k: float) -> tuple[list[tuple[Image.Image, str]], str]:
         """Search with the uploaded file's bytes exactly as the API does: the same decoder and messages, and a
         query that is a gallery item (identical bytes) is left out of its own results (``exclude_self``)."""
         try:
+            k = self.check_k(k)
             data = self.read_upload(upload)
-            response = self.service.search(data, int(k), exclude_self=True)
+            response = self.service.search(data, k, exclude_self=True)
         except QueryError as exc:
             # the API's 4xx detail, as text (Gradio renders messages as HTML), without a traceback in the log
             message = html.escape(str(exc))
@@ -260,7 +262,7 @@ class SearchTab:
                 )
                 top_k = gr.Slider(
                     1,
-                    max(1, min(100, len(self.service))),
+                    self.max_k(),
                     value=min(10, len(self.service)),
                     step=1,
                     label="K (number of results)",
@@ -296,27 +298,27 @@ class SearchTab:
         ).then(self.search, [query, top_k], [gallery, timing], api_name="search", preprocess=False)
 
 
-MAX_REPORT_BYTES = 50 * 2**20
-
-
 class EvaluationTab:
     def __init__(self, service: SearchService, report: Path | None, facts: GalleryFacts | None = None) -> None:
         self.service, self.report, self.facts = service, report, facts or GalleryFacts.of(service)
         self._cache: dict[tuple[str, int], tuple] = {}
 
-    def allowed(self, path: str) -> str | None:
-        """Why ``path`` may not be opened from the browser, or None.
+    def report_folders(self) -> list[Path]:
+        """The folders whose reports the page may open: the server's working folder and the run folder of its
+        ``--report``; never a filesystem root (a report or a server started there would open the whole disk)."""
+        folders = [Path.cwd().resolve()] + ([Path(self.report).resolve().parent] if self.report else [])
+        return [folder for folder in folders if folder != Path(folder.anchor)]
 
-        Anyone who reaches the page can type a path, so only report-sized JSON files under the server's working
-        directory or the folder above the ``--report`` it was started with (e.g. artifacts/demo) are read.
+    def allowed(self, path: str) -> str | None:
+        """Why ``path`` may not be opened from the browser, or None (the message names no server folder).
+
+        Anyone who reaches the page can type a path, so only ``.json`` files in ``report_folders()`` are read,
+        and only as run reports (``load_report`` checks their size, that they are regular files, and their format).
         """
         target = Path(path).expanduser().resolve()
-        roots = [Path.cwd().resolve()] + ([Path(self.report).resolve().parent.parent] if self.report else [])
-        if target.suffix != ".json" or not any(target.is_relative_to(root) for root in roots):
-            return (f"only report .json files under {' or '.join(str(r) for r in roots)} can be opened here; "
-                    "start the server with `--report PATH` for another one")
-        if target.is_file() and target.stat().st_size > MAX_REPORT_BYTES:
-            return f"{path} is larger than {MAX_REPORT_BYTES // 2**20} MiB: not a run report"
+        if target.suffix != ".json" or not any(target.is_relative_to(folder) for folder in self.report_folders()):
+            return ("only report .json files in the server's working folder or in the run folder of its --report "
+                    "can be opened here; start the server with `--report PATH` for another one")
         return None
 
     def open_report(self, path: str) -> tuple[str, Any, Any, Any, Any]:
@@ -544,7 +546,7 @@ def build_ui(
         gr.Markdown(facts.intro_markdown(service), elem_id="intro")
         with gr.Tabs():
             with gr.Tab("Search", id="search"):
-                SearchTab(service, examples, facts).build()
+                SearchTab(service, examples, UploadRecords(demo), facts).build()
             with gr.Tab("Evaluation", id="evaluation"):
                 EvaluationTab(service, Path(report) if report else None, facts).build(demo)
             with gr.Tab("Results", id="results"):

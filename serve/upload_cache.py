@@ -6,6 +6,10 @@ Gradio copies every file an event names into its cache and serves the cache at `
 the machine-wide ``/tmp/gradio`` that every Gradio app of every user shares. This module mends both and adds a
 guard of its own in front of Gradio (URLs included, which Gradio would download) with one answer for any file
 that was not uploaded, so that nothing tells whether a path exists.
+
+What an event may open is decided by Gradio's own records (``UploadRecords``: the paths its upload route saved,
+and the example copies it made), never by the shape of the request: a file reference with or without ``meta``,
+a plain string or a URL is read only if Gradio recorded exactly that path.
 """
 
 from __future__ import annotations
@@ -33,15 +37,19 @@ from gradio_client.utils import is_file_obj_with_meta
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from retrieval.data.decode import ImageDecodeError, open_regular_file
 from serve.defaults import GRADIO_JSON_BODY_LIMIT
+from serve.images import QueryError
 from serve.security import ConfigError
 
 GRADIO_API_PREFIX = "/gradio_api/"
+GRADIO_UPLOAD_PATHS = ("/gradio_api/upload", "/gradio_api/upload/")  # multipart bodies: Gradio caps and records them
 SHARED_GRADIO_FOLDER = Path(tempfile.gettempdir()) / "gradio"  # Gradio's default: every app on the machine
 NOT_UPLOADED = (
     "this call names a file that was not uploaded to this app. Upload the file first (POST /gradio_api/upload, "
     "which gradio_client's handle_file() does for you) and pass the path that the upload returns"
 )
+UPLOAD_GONE = "the uploaded file is no longer kept (uploads are deleted after a while): upload it again"
 
 _process_folder: Path | None = None
 
@@ -96,11 +104,46 @@ def lock_file_access(blocks: gr.Blocks) -> None:
                        "refusing to serve (pin the gradio version in pyproject.toml that this check passes with)")
 
 
+def kept_files(blocks: gr.Blocks) -> set[str]:
+    """The example copies Gradio made for the app's components (kept for the server's lifetime)."""
+    return set().union(*(getattr(block, "keep_in_cache", set()) for block in blocks.blocks.values()))
+
+
+class UploadRecords:
+    """Gradio's own records of the files this app received: its upload route's ``upload_file_set`` and the
+    components' example copies. The only files an event may open, whatever shape its reference has."""
+
+    def __init__(self, blocks: gr.Blocks) -> None:
+        self.blocks = blocks
+
+    def holds(self, path: Any) -> bool:
+        """Whether ``path`` is, character for character, a path Gradio recorded (the pruner forgets deleted ones)."""
+        return isinstance(path, str) and (path in self.blocks.upload_file_set or path in kept_files(self.blocks))
+
+    def read(self, path: Any, max_bytes: int) -> bytes:
+        """A recorded file's bytes, read no further than ``2 * max_bytes + 1`` (Gradio's upload route already
+        refuses larger files; the caller refuses those over ``max_bytes`` naming their size, memory stays bounded).
+
+        Anything not recorded gets the one NOT_UPLOADED answer (no existence oracle, no path echoed); a
+        recorded path is still opened as a regular file only (never blocks on a FIFO put in its place).
+        """
+        if not self.holds(path):
+            raise QueryError(NOT_UPLOADED)
+        try:
+            with open_regular_file(path) as handle:
+                return handle.read(2 * max_bytes + 1)
+        except (OSError, ImageDecodeError):
+            raise QueryError(UPLOAD_GONE) from None
+
+
 def _named_files(value: Any) -> Iterable[str]:
-    """Every path named by a FileData object (the shape Gradio copies into its cache) anywhere in a JSON value."""
-    if is_file_obj_with_meta(value):
-        yield value["path"]
-    elif isinstance(value, dict):
+    """Every path named by a file reference anywhere in a JSON value: any object with a ``path`` (Gradio's
+    FileData, with or without its ``meta``) or a ``url`` that is not an inline ``data:`` URL."""
+    if isinstance(value, dict):
+        if is_file_obj_with_meta(value) or "path" in value:
+            yield value.get("path") if isinstance(value.get("path"), str) else repr(value.get("path"))
+        elif isinstance(value.get("url"), str) and not value["url"].startswith("data:"):
+            yield value["url"]
         for item in value.values():
             yield from _named_files(item)
     elif isinstance(value, list):
@@ -108,25 +151,16 @@ def _named_files(value: Any) -> Iterable[str]:
             yield from _named_files(item)
 
 
-def is_uploaded(path: str, folder: Path) -> bool:
-    """Whether ``path`` lies in the upload folder (symlinks and ``..`` resolved); URLs never do."""
-    if "://" in path:
-        return False
-    try:
-        return Path(os.path.realpath(path)).is_relative_to(folder)
-    except (OSError, ValueError):  # NUL bytes, undecodable names
-        return False
-
-
 class UploadedFilesOnly:
-    """ASGI middleware: a Gradio call (JSON POST under /gradio_api/) may name only files in the upload folder.
+    """ASGI middleware: a Gradio call (a POST under /gradio_api/) is one JSON body naming only recorded files.
 
-    In front of Gradio's own check: it covers URLs too (which Gradio would download into its cache) and answers
-    every other path with the same 400, whether or not it exists, without echoing it.
+    In front of Gradio and of the handlers' own check (``UploadRecords.read``): it answers every file reference
+    that Gradio did not record (any shape, URLs included, which Gradio would download) with the same 400, whether
+    or not the file exists, without echoing it. Only the upload route takes another body (multipart).
     """
 
-    def __init__(self, app: ASGIApp, folder: Path, limit: int = GRADIO_JSON_BODY_LIMIT) -> None:
-        self.app, self.folder, self.limit = app, folder.resolve(), limit
+    def __init__(self, app: ASGIApp, records: UploadRecords, limit: int = GRADIO_JSON_BODY_LIMIT) -> None:
+        self.app, self.records, self.limit = app, records, limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH") or not scope["path"].startswith(
@@ -134,8 +168,11 @@ class UploadedFilesOnly:
         ):
             await self.app(scope, receive, send)
             return
-        content_type = dict(scope["headers"]).get(b"content-type", b"").lower()
-        if content_type.startswith(b"multipart/"):  # the upload route itself: Gradio caps its size
+        content_types = [value for name, value in scope["headers"] if name.lower() == b"content-type"]
+        if len(content_types) > 1:  # which one a parser reads is not for this middleware to guess
+            await JSONResponse({"detail": "send one Content-Type header, not several"}, 400)(scope, receive, send)
+            return
+        if scope["path"] in GRADIO_UPLOAD_PATHS:
             await self.app(scope, receive, send)
             return
         chunks, size, more = [], 0, True
@@ -156,8 +193,10 @@ class UploadedFilesOnly:
         try:
             payload = json.loads(body)
         except (ValueError, RecursionError):
-            payload = None  # not JSON: Gradio refuses it itself
-        if payload is not None and not all(is_uploaded(path, self.folder) for path in _named_files(payload)):
+            await JSONResponse({"detail": "a Gradio call is a JSON body (files go to POST /gradio_api/upload)"},
+                               400)(scope, receive, send)
+            return
+        if not all(self.records.holds(path) for path in _named_files(payload)):
             await JSONResponse({"detail": NOT_UPLOADED}, 400)(scope, receive, send)
             return
         replayed = False
@@ -214,13 +253,10 @@ class UploadPruner:
         self.blocks, self.folder = blocks, folder
         self.max_age_s, self.max_bytes, self.interval_s = max_age_s, max_bytes, interval_s
 
-    def kept(self) -> set[str]:
-        return set().union(*(getattr(block, "keep_in_cache", set()) for block in self.blocks.blocks.values()))
-
     def prune(self, max_age_s: float | None = None) -> list[Path]:
         """One pass; Gradio's own lists of its temporary files forget the deleted ones (no unbounded growth)."""
         removed = prune_folder(self.folder, self.max_age_s if max_age_s is None else max_age_s, self.max_bytes,
-                               self.kept())
+                               kept_files(self.blocks))
         gone = {str(path) for path in removed}
         for files in list(self.blocks.temp_file_sets):
             files.difference_update(gone)

@@ -281,15 +281,19 @@ def test_exclude_self_drops_the_gallery_item_with_the_query_bytes(artifacts, ser
 
 def test_the_app_identifies_a_gallery_query_the_same_way(artifacts, service, client, tmp_path):
     """SearchTab.search and the API share SearchService's rule: same bytes, same item, left out of its results."""
-    from serve.ui import ExampleSet, SearchTab
+    import gradio as gr
 
-    tab = SearchTab(service, ExampleSet(service, tmp_path, count=1))
+    from serve.ui import ExampleSet, SearchTab
+    from serve.upload_cache import UploadRecords
+
+    tab = SearchTab(service, ExampleSet(service, tmp_path, count=1), UploadRecords(gr.Blocks()))
     path = artifacts.query_paths[12]
+    copy = tmp_path / "renamed.png"
+    copy.write_bytes(path.read_bytes())  # another name, same bytes: still the gallery item
+    tab.uploads.blocks.upload_file_set.update({str(path), str(copy)})  # as Gradio records uploaded files
     api = client.post("/search?k=5&exclude_self=true", files={"image": ("q.png", path.read_bytes(), "image/png")})
     items, text = tab.search(str(path), 5)
     assert len(items) == 5 and f"Query is gallery image #{api.json()['query_item']['id']}" in text
-    copy = tmp_path / "renamed.png"
-    copy.write_bytes(path.read_bytes())  # another name, same bytes: still the gallery item
     assert f"#{api.json()['query_item']['id']}" in tab.search(str(copy), 5)[1]
 
 

@@ -100,3 +100,37 @@ def test_edited_preprocessing_is_a_different_model(model_path, tmp_path):
 def test_metadata_that_disagrees_with_the_graph_is_a_clear_error(model_path, tmp_path, key, value, match):
     with pytest.raises(ValueError, match=match + ".*retrieval export"):
         OnnxEmbedder(edited(model_path, tmp_path / "bad.onnx", **{key: value}))
+
+
+def test_the_hash_is_of_the_weights_that_run_even_when_the_file_is_swapped_while_loading(model_path, tmp_path,
+                                                                                         monkeypatch):
+    """Issue 24.5: the model was run from one read of the file and hashed from another; a file replaced in
+    between ran other weights under the first file's hash. Now one read serves both."""
+    import onnxruntime
+
+    from onnx import numpy_helper
+
+    proto = onnx.load(str(model_path))
+    head = max(proto.graph.initializer, key=lambda t: (len(t.dims) == 2, t.dims[0] if t.dims else 0))
+    head.CopyFrom(numpy_helper.from_array(-numpy_helper.to_array(head), head.name))  # other weights, same metadata
+    other = tmp_path / "other.onnx"
+    onnx.save(proto, str(other))
+    honest = {path: OnnxEmbedder(path) for path in (model_path, other)}
+    assert honest[model_path].model_hash != honest[other].model_hash
+
+    served = tmp_path / "served.onnx"
+    served.write_bytes(model_path.read_bytes())
+    real_session = onnxruntime.InferenceSession
+
+    def session_then_swap(*args, **kwargs):  # the attacker replaces the file right after the session read it
+        session = real_session(*args, **kwargs)
+        (tmp_path / "next.onnx").write_bytes(other.read_bytes())
+        (tmp_path / "next.onnx").replace(served)
+        return session
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", session_then_swap)
+    loaded = OnnxEmbedder(served)
+    monkeypatch.undo()
+    image = [sticker(64)]
+    ran = next(path for path, runtime in honest.items() if np.allclose(runtime.embed(image), loaded.embed(image)))
+    assert loaded.model_hash == honest[ran].model_hash

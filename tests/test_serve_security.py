@@ -4,6 +4,7 @@ loopback, and refuses cross-origin browser requests. Real servers over HTTP on a
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import threading
@@ -265,3 +266,202 @@ def test_an_allowed_origin_gets_cors_headers(secured):
     foreign = httpx.post(f"{secured.url}/search?k=3", json={"embedding": [1.0] + [0.0] * 31},
                          headers={"Origin": FOREIGN_ORIGIN, **auth}, timeout=10)
     assert foreign.status_code == 403
+
+
+# --- round 2 (issue 24) -------------------------------------------------------------------------------
+def call_event(url: str, api_name: str, data: list, headers: dict | None = None, **kwargs) -> str:
+    """The whole answer to a Gradio event called with raw ``data`` (any shape), as a hostile client sends it."""
+    started = httpx.post(f"{url}/gradio_api/call/{api_name}", content=json.dumps({"data": data}),
+                         headers={"Content-Type": "application/json", **(headers or {})}, timeout=10, **kwargs)
+    answer = f"{started.status_code} {started.text}"
+    if started.status_code == 200:
+        event = started.json()["event_id"]
+        answer += httpx.get(f"{url}/gradio_api/call/{api_name}/{event}", timeout=10, **kwargs).text
+        answer = answer.replace(event, "EVENT")
+    return answer
+
+
+def queue_join(url: str, api_name: str, data: list) -> str:
+    """A call through the browser's own route (``queue/join`` by function index), which also reaches the
+    private ``example_search`` event; the answer is the event stream of that session."""
+    config = httpx.get(f"{url}/config", timeout=10).json()
+    fn_index = next(d["id"] for d in config["dependencies"] if d.get("api_name") == api_name)
+    session = f"s{time.monotonic_ns()}"
+    joined = httpx.post(f"{url}/gradio_api/queue/join", json={
+        "data": data, "fn_index": fn_index, "session_hash": session, "event_data": None, "trigger_id": None},
+        timeout=10)
+    if joined.status_code != 200:
+        return f"{joined.status_code} {joined.text}"
+    with httpx.stream("GET", f"{url}/gradio_api/queue/data", params={"session_hash": session}, timeout=10) as events:
+        return "".join(line for line in events.iter_lines() if "process_completed" in line or "error" in line)
+
+
+REFERENCES = {  # every shape a file reference can take in a Gradio event's data
+    "without meta": lambda path: {"path": path},
+    "with meta": lambda path: {"path": path, "meta": {"_type": "gradio.FileData"}},
+    "plain string": lambda path: path,
+    "with url": lambda path: {"path": path, "url": f"http://127.0.0.1/gradio_api/file={path}"},
+}
+
+
+@pytest.mark.parametrize("shape", list(REFERENCES))
+def test_no_reference_shape_opens_a_server_file_or_tells_it_exists(plain, artifacts, shape):
+    """Issue 24.1: a reference without ``meta`` was opened as it was (an existence oracle, any image on the host
+    searched). Only files Gradio recorded as uploaded are ever read, whatever the shape."""
+    reference = REFERENCES[shape]
+    answers = {path: call_event(plain.url, "search", [reference(path), 3])
+               for path in ("/etc/hostname", "/no/such/file", "/etc/shadow", str(artifacts.query_paths[0]))}
+    assert len(set(answers.values())) == 1, answers  # the same answer, existing file, image or not
+    answer = answers["/etc/hostname"]
+    assert "results" not in answer and "/etc" not in answer
+    if shape != "plain string":  # Gradio itself refuses a string where its Image data belongs, before any check
+        assert "upload" in answer
+
+
+def test_the_private_example_event_opens_no_server_file_either(plain, artifacts):
+    answers = {path: queue_join(plain.url, "example_search", [{"path": path}, 3])
+               for path in ("/no/such/file", str(artifacts.query_paths[0]), "/dev/zero")}
+    assert len(set(answers.values())) == 1 and "results" not in answers["/no/such/file"], answers
+
+
+def test_a_url_or_a_second_content_type_header_does_not_get_past_the_check(plain):
+    reference = call_event(plain.url, "search", [{"path": "/no/such/file"}, 3])
+    assert call_event(plain.url, "search", [{"url": "http://127.0.0.1:9/x.png"}, 3]) == reference
+    doubled = httpx.post(f"{plain.url}/gradio_api/call/search", content=json.dumps({"data": ["/etc/hostname", 3]}),
+                         headers=[("Content-Type", "multipart/form-data; boundary=x"),
+                                  ("Content-Type", "application/json")], timeout=10)
+    assert doubled.status_code == 400 and "one Content-Type" in doubled.text
+    form = httpx.post(f"{plain.url}/gradio_api/call/search", files={"data": ("x", b"/etc/hostname")}, timeout=10)
+    assert form.status_code == 400 and "JSON" in form.text
+
+
+def test_fifo_references_leave_no_thread_stuck(plain, tmp_path):
+    """Four calls naming a FIFO used to leave four server threads blocked and the app answering heartbeats only."""
+    fifo = tmp_path / "pipe.png"
+    os.mkfifo(fifo)
+    started = time.monotonic()
+    answers = [call_event(plain.url, "search", [{"path": str(fifo)}, 3]) for _ in range(4)]
+    assert time.monotonic() - started < 10 and all("results" not in a for a in answers)
+    uploaded = httpx.post(f"{plain.url}/gradio_api/upload", files={"files": ("q.png", png_bytes(), "image/png")})
+    assert "results" in call_event(plain.url, "search", [{"path": uploaded.json()[0]}, 3])
+
+
+def test_an_uploaded_file_still_searches_in_every_shape(plain):
+    for shape, reference in REFERENCES.items():
+        if shape == "plain string":
+            continue  # not an Image value: Gradio refuses it, uploaded or not
+        uploaded = httpx.post(f"{plain.url}/gradio_api/upload", files={"files": ("q.png", png_bytes(), "image/png")})
+        assert "results" in call_event(plain.url, "search", [reference(uploaded.json()[0]), 3]), shape
+
+
+def test_a_foreign_host_name_is_refused_dns_rebinding(plain):
+    """Issue 24.2: any Host was answered, so a page whose name resolves to 127.0.0.1 drove the server."""
+    port = plain.port
+    evil = {"Host": f"evil.example:{port}", "Origin": f"http://evil.example:{port}"}
+    for method, path in (("GET", "/stats"), ("GET", "/health"), ("GET", "/"), ("GET", "/config")):
+        refused = httpx.request(method, f"{plain.url}{path}", headers=evil, timeout=10)
+        assert refused.status_code == 400 and "--allowed-host" in refused.json()["detail"], path
+    assert call_event(plain.url, "search", [{"path": "/x"}, 3], headers=evil).startswith("400")
+    assert httpx.get(f"{plain.url}/stats", headers={"Host": f"evil.example:{port}"}, timeout=10).status_code == 400
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"LOCALHOST:{port}"):
+        assert httpx.get(f"{plain.url}/stats", headers={"Host": host}, timeout=10).status_code == 200, host
+
+
+def test_a_configured_host_name_is_answered(artifacts):
+    server, service = served(artifacts, allowed_hosts=("search.example",), ui=False)
+    with server:
+        ok = httpx.get(f"{server.url}/health", headers={"Host": f"search.example:{server.port}"}, timeout=10)
+        other = httpx.get(f"{server.url}/health", headers={"Host": f"other.example:{server.port}"}, timeout=10)
+    service.close()
+    assert ok.status_code == 200 and other.status_code == 400
+
+
+def test_which_host_names_a_server_answers_to():
+    from serve.security import host_allowed, host_name
+
+    assert host_name("Example.COM:8080") == "example.com" and host_name("[::1]:7860") == "::1"
+    assert host_name("bad host:x") is None
+    for name in ("localhost", "127.0.0.1", "127.0.0.9", "::1"):
+        assert host_allowed(name, "127.0.0.1")
+    assert not host_allowed("10.0.0.5", "127.0.0.1")  # loopback server: loopback addresses only
+    assert host_allowed("10.0.0.5", "0.0.0.0") and host_allowed("search.example", "0.0.0.0", ["search.example"])
+    for name in ("evil.example", "localhost.evil.example", "127.0.0.1.nip.io", None, ""):
+        assert not host_allowed(name, "0.0.0.0") and not host_allowed(name, "127.0.0.1")
+
+
+def test_a_cross_site_call_of_an_event_stream_is_refused_without_an_origin(plain):
+    started = httpx.post(f"{plain.url}/gradio_api/call/index_stats", json={"data": []}, timeout=10)
+    stream = f"{plain.url}/gradio_api/call/index_stats/{started.json()['event_id']}"
+    refused = httpx.get(stream, headers={"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "cors"}, timeout=10)
+    assert refused.status_code == 403
+    assert httpx.get(stream, headers={"Sec-Fetch-Site": "same-origin"}, timeout=10).status_code == 200
+
+
+def test_the_token_also_covers_the_api_document_and_its_assets(secured):
+    """Issue 24.6: /openapi.json and /docs-assets/* answered without the token."""
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    for path in ("/openapi.json", "/docs", "/redoc", "/docs-assets/swagger-ui.css"):
+        assert httpx.get(f"{secured.url}{path}", timeout=10).status_code == 401, path
+        assert httpx.get(f"{secured.url}{path}", headers=auth, timeout=10).status_code == 200, path
+
+
+def test_gradio_cancel_and_reset_need_the_login(secured):
+    body = {"session_hash": "x", "fn_index": 0, "event_id": "y"}
+    for route in ("cancel", "reset"):
+        for kwargs in ({"json": body}, {"files": {"f": ("a", b"b")}}):
+            answer = httpx.post(f"{secured.url}/gradio_api/{route}", timeout=10, **kwargs)
+            assert answer.status_code == 401, (route, kwargs, answer.status_code)
+    with httpx.Client(base_url=secured.url, timeout=10) as browser:
+        assert browser.post("/login", data={"username": LOGIN[0], "password": LOGIN[1]}).status_code == 200
+        assert browser.post("/gradio_api/reset", json={"event_id": "y"}).status_code == 200
+
+
+@pytest.mark.parametrize("k", [1000, 101, 0, -1, 2.5, "5", None, [3], True, float("nan")])
+def test_the_app_refuses_a_k_beyond_its_slider(plain, k):
+    uploaded = httpx.post(f"{plain.url}/gradio_api/upload", files={"files": ("q.png", png_bytes(), "image/png")})
+    data = [{"path": uploaded.json()[0]}, k]
+    body = json.dumps({"data": data}, allow_nan=True)
+    started = httpx.post(f"{plain.url}/gradio_api/call/search", content=body,
+                         headers={"Content-Type": "application/json"}, timeout=10)
+    answer = httpx.get(f"{plain.url}/gradio_api/call/search/{started.json()['event_id']}", timeout=10).text
+    assert "results" not in answer and "event: error" in answer, answer
+
+
+def test_a_report_that_is_not_a_run_report_is_refused_at_start(artifacts, tmp_path):
+    """Issue 24.6: --report /etc/shadow started and made / the folder the page may open."""
+    from serve.security import ConfigError
+
+    for report in ("/etc/shadow", "/etc/hostname", str(tmp_path / "missing.json"), "/dev/zero"):
+        with pytest.raises(ConfigError, match="--report"):
+            build_app(ServerConfig(index_dir=artifacts.index_dir, report=Path(report)))
+        result = CliRunner().invoke(serve_command, ["--index", str(artifacts.index_dir), "--report", report])
+        assert result.exit_code != 0 and "--report" in result.output, (report, result.output)
+
+
+def test_the_report_box_opens_nothing_beyond_the_run_folder_and_names_no_server_folder(artifacts, service,
+                                                                                      tmp_path, monkeypatch):
+    from serve.ui import EvaluationTab
+
+    monkeypatch.chdir("/")  # a server started in / must not open the whole disk
+    tab = EvaluationTab(service, artifacts.report)
+    assert tab.report_folders() == [artifacts.report.resolve().parent]
+    sibling = artifacts.report.resolve().parent.parent / "report.json"  # the old rule reached one folder up
+    sibling.write_text(artifacts.report.read_text())
+    try:
+        refused = tab.open_report(str(sibling))[0]
+    finally:
+        sibling.unlink()
+    assert "only report .json files" in refused
+    assert str(artifacts.report.resolve().parent.parent) not in refused and str(Path.cwd()) not in refused
+    fifo = artifacts.report.resolve().parent / "pipe.json"
+    os.mkfifo(fifo)
+    try:
+        started = time.monotonic()
+        assert "Cannot open the report" in tab.open_report(str(fifo))[0] and time.monotonic() - started < 2
+    finally:
+        fifo.unlink()
+
+
+def test_a_network_server_says_it_belongs_behind_nginx(artifacts):
+    assert "nginx" in ServerConfig(index_dir=artifacts.index_dir, host="0.0.0.0", insecure=True).access_summary()
+    assert "nginx" not in ServerConfig(index_dir=artifacts.index_dir).access_summary()

@@ -21,6 +21,7 @@ from serve.diagnostics import duplicates
 from serve.reports import load_report, percent
 from serve.service import SearchService
 from serve.ui import EvaluationTab, ExampleSet, GalleryFacts, SearchTab
+from serve.upload_cache import NOT_UPLOADED, UploadRecords
 
 pytestmark = pytest.mark.timeout(300)
 MAX_UPLOAD = 200_000
@@ -40,7 +41,14 @@ def service(artifacts):
 
 @pytest.fixture(scope="module")
 def search_tab(service, tmp_path_factory):
-    return SearchTab(service, ExampleSet(service, tmp_path_factory.mktemp("examples"), count=2))
+    return SearchTab(service, ExampleSet(service, tmp_path_factory.mktemp("examples"), count=2),
+                     UploadRecords(gr.Blocks()))
+
+
+def uploaded(tab: SearchTab, path) -> dict[str, str]:
+    """``path`` as Gradio's upload route records a file it saved, and the reference the page then sends."""
+    tab.uploads.blocks.upload_file_set.add(str(path))
+    return {"path": str(path), "orig_name": "upload.png"}
 
 
 def emoji_fixture(artifacts) -> bool:
@@ -104,7 +112,7 @@ def test_bad_uploads_get_the_api_message(service, search_tab, tmp_path, kind):
     path = tmp_path / "upload.png"
     path.write_bytes(data)
     with pytest.raises(gr.Error) as raised:
-        search_tab.search({"path": str(path), "orig_name": "upload.png"}, 3)
+        search_tab.search(uploaded(search_tab, path), 3)
     assert raised.value.message == html.escape(api.json()["detail"])
     assert str(tmp_path) not in raised.value.message and "Traceback" not in raised.value.message
 
@@ -121,7 +129,7 @@ def test_a_pasted_data_url_is_decoded_like_an_upload(search_tab, artifacts):
 
 
 def test_search_results_name_the_labels(search_tab, artifacts):
-    items, text = search_tab.search({"path": str(artifacts.query_paths[1])}, 5)
+    items, text = search_tab.search(uploaded(search_tab, artifacts.query_paths[1]), 5)
     captions = [caption for _, caption in items]
     assert len(captions) == 5 and all(c[0] in "✓✗" for c in captions)
     if emoji_fixture(artifacts):
