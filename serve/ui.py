@@ -453,8 +453,8 @@ class ResultsTab:
         if path is not None:
             try:
                 self.results = load_results(path)
-            except (FileNotFoundError, ValueError) as exc:
-                self.problem = str(exc)
+            except (FileNotFoundError, ValueError) as exc:  # the page names the file, not the server's folders
+                self.problem = str(exc).replace(str(path), path.name)
 
     def titles(self) -> list[tuple[str, str]]:
         return [(t["title"], t["id"]) for t in (self.results or {}).get("tables", [])]
@@ -466,10 +466,10 @@ class ResultsTab:
                     "docs/RESULTS.md.", None)
         table = next((t for t in self.results["tables"] if t["id"] == table_id), None)
         if table is None:
-            return f"No table {table_id!r} in {self.path}.", None
+            return f"No table {str(table_id)[:80]!r} in {self.path.name}.", None
         setup = self.results.get("setup", {})
         header = (f"{setup.get('runs', '?')} runs, seeds {setup.get('seeds', '?')}, created "
-                  f"{self.results.get('created', '?')} · from `{self.path}` · metrics in percent "
+                  f"{self.results.get('created', '?')} · from `{self.path.name}` · metrics in percent "
                   f"({METRIC_UNIT}), mean ± standard deviation over seeds\n\n")
         return header + table_markdown(table, commands=True), results_curve_image(self.results, table["id"])
 

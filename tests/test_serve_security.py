@@ -465,3 +465,15 @@ def test_the_report_box_opens_nothing_beyond_the_run_folder_and_names_no_server_
 def test_a_network_server_says_it_belongs_behind_nginx(artifacts):
     assert "nginx" in ServerConfig(index_dir=artifacts.index_dir, host="0.0.0.0", insecure=True).access_summary()
     assert "nginx" not in ServerConfig(index_dir=artifacts.index_dir).access_summary()
+
+
+def test_the_results_tab_names_its_file_not_the_server_folders(tmp_path):
+    from serve.ui import ResultsTab
+
+    missing = ResultsTab(tmp_path / "deep" / "results.json").show(None)[0]
+    real = ResultsTab(Path(__file__).resolve().parents[1] / "docs" / "results.json")
+    table = real.titles()[0][1]
+    shown = [missing, real.show(table)[0], real.show("no-such-table")[0]]
+    assert "results.json" in shown[1] and "no-such-table" in shown[2]
+    for text in shown:
+        assert str(tmp_path) not in text and str(Path(__file__).resolve().parents[1]) not in text, text
