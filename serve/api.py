@@ -390,8 +390,9 @@ def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64
 
     @app.get("/health", response_model=HealthModel, responses=error_responses(403))
     def health() -> dict[str, Any]:
-        """Liveness: the number of indexed vectors and their dimension."""
-        return {"status": "ok", "vectors": len(service), "embedding_dim": service.dim}
+        """Liveness: the number of vectors the server searches now (it follows the index's writers) and their
+        dimension."""
+        return {"status": "ok", **service.health()}
 
     fastapi_openapi = app.openapi
 

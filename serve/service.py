@@ -1,8 +1,13 @@
-"""``SearchService``: one opened index (ONNX embedder + faiss + catalogue) answering searches from any thread.
+"""``SearchService``: an index folder (ONNX embedder + faiss + catalogue) answering searches from any thread,
+and following its writers.
 
 Image queries are preprocessed in the caller's thread and embedded by a ``MicroBatcher``, so requests
 that arrive together share one model call; the search itself is ``Index.search`` (faiss is thread-safe, the
 catalogue is read through per-thread read-only connections) and runs in the caller's thread.
+
+The index is served as ``ServedIndex`` states (``retrieval.index.live``): a watcher swaps in a new state about a
+second after a writer (``retrieval index add/remove/...``) finishes, and each request uses the one state it took
+at its start, so it sees the index before or after a change, never a mix (see ``retrieval.index.live``).
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ import numpy as np
 from PIL import Image
 
 from retrieval.index import IMAGE_EXTENSIONS, Index, SearchResult, index_stats
+from retrieval.index.catalogue import CatalogueReader
 from retrieval.index.embedder import Embedder, prepare_vectors
+from retrieval.index.live import RELOAD_INTERVAL_S, LiveIndex, Snapshot
 from retrieval.index.search import check_k
 from retrieval.onnx_runtime import preprocess_images
 from serve.batcher import MicroBatcher
@@ -86,8 +93,95 @@ def common_folder(first: str, last: str) -> str:
     return folder.rstrip("/") or "/"
 
 
+class _Model:
+    """An embedder and its micro-batcher, shared by the states of the index that record the same model."""
+
+    def __init__(self, embedder: Embedder, max_batch: int, max_wait_ms: float) -> None:
+        self.embedder = embedder
+        self.batcher = MicroBatcher(embedder.embed, max_batch=max_batch, max_wait_ms=max_wait_ms)
+        self.users = 0  # open states that use it; the batcher stops with the last
+        self._lock = threading.Lock()
+
+    def use(self) -> _Model:
+        with self._lock:
+            self.users += 1
+        return self
+
+    def release(self) -> None:
+        with self._lock:
+            self.users -= 1
+            last = self.users == 0
+        if last:
+            self.batcher.close()
+
+
+class ServedIndex:
+    """One opened state of the index: a consistent ``Snapshot``, the model that embeds its queries, its caches.
+
+    A request takes one (``SearchService.live.acquire``) and answers from it alone: results, query item, items.
+    """
+
+    def __init__(self, snapshot: Snapshot, model: _Model) -> None:
+        self.index, self.identity = snapshot, snapshot.identity
+        self.gallery_root = _gallery_root(snapshot)
+        self.model = model.use()
+        self._lock = threading.Lock()
+        self._stats: dict[str, Any] | None = None
+        self._loo: LeaveOneOut | None = None
+
+    @property
+    def embedder(self) -> Embedder:
+        return self.model.embedder
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def public_path(self, path: str) -> str:
+        """A catalogued path as clients see it: relative to the gallery root, never the server's absolute path."""
+        pure = PurePath(path)
+        if pure.is_relative_to(self.gallery_root):
+            return pure.relative_to(self.gallery_root).as_posix()
+        return pure.name  # catalogued outside the recorded root (e.g. added later from elsewhere)
+
+    def query_item(self, data: bytes) -> QueryItem | None:
+        """The item of this state whose file has exactly these bytes (catalogue sha256), if any."""
+        row = self.index.indexed_by_sha256(hashlib.sha256(data).hexdigest())
+        return None if row is None else QueryItem(row["id"], self.public_path(row["path"]), row["label"])
+
+    def index_stats(self) -> dict[str, Any]:
+        with self._lock:
+            if self._stats is None:
+                self._stats = index_stats(self.index.layout.root, queries=200)
+            return self._stats
+
+    def leave_one_out(self) -> LeaveOneOut:
+        with self._lock:
+            if self._loo is None:
+                self._loo = leave_one_out(self.index)
+            return self._loo
+
+    def close(self) -> None:
+        self.index.close()
+        self.model.release()
+
+
+def _gallery_root(index: Index) -> PurePath:
+    """The folder that response paths are relative to: index.json's ``gallery_root``, else the catalogue's
+    common parent folder (computed once per state)."""
+    recorded = index.info.get("gallery_root")
+    if recorded:
+        return PurePath(recorded)
+    first, last = index.catalogue.path_range()
+    return PurePath(common_folder(first, last) if first and last else "/")
+
+
 class SearchService:
-    """Open ``index_dir`` once; ``search(image | embedding, k)`` from many threads: an ``Index`` plus the batcher."""
+    """Open ``index_dir``; ``search(image | embedding, k)`` from many threads, over the index's current state.
+
+    ``live`` swaps in a new ``ServedIndex`` within about ``reload_interval_s`` once a writer (``retrieval index
+    add/remove/repair/build``) has finished; None: never. The facts below (``index``, ``catalogue``, ``len``...)
+    are the current state's; a request holds one state throughout (``live.acquire``).
+    """
 
     def __init__(
         self,
@@ -97,61 +191,99 @@ class SearchService:
         max_wait_ms: float = 5.0,
         max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
         max_pixels: int = DEFAULT_MAX_PIXELS,
+        reload_interval_s: float | None = RELOAD_INTERVAL_S,
     ) -> None:
         self.index_dir = Path(index_dir)
-        self.index = Index.open(self.index_dir, embedder=embedder)
-        self.embedder = self.index.embedder  # loads the ONNX model recorded in index.json now, not per request
-        self.catalogue = self.index.catalogue  # the index's read-only, per-thread catalogue reader
-        self.gallery_root = self._gallery_root()
         self.max_upload_bytes, self.max_pixels = int(max_upload_bytes), int(max_pixels)
-        self.batcher = MicroBatcher(self._embed_batch, max_batch=max_batch, max_wait_ms=max_wait_ms)
-        self._lock = threading.Lock()
-        self._stats: dict[str, Any] | None = None
-        self._loo: LeaveOneOut | None = None
+        self._embedder, self._batching = embedder, (max_batch, max_wait_ms)
+        self.live: LiveIndex[ServedIndex] = LiveIndex(self.index_dir, self._open_state, reload_interval_s)
 
-    def _embed_batch(self, batch: np.ndarray) -> np.ndarray:
-        return self.embedder.embed(batch)
+    def _open_state(self, previous: ServedIndex | None) -> ServedIndex:
+        """The folder's state now; its model is the previous state's unless the index records another one."""
+        if previous is None:  # the first open: as Index.open, it takes a consistent index even during a writer
+            snapshot = Snapshot.open(self.index_dir, embedder=self._embedder, writer_free=False)
+        else:
+            snapshot = Snapshot.open(self.index_dir)
+        model = None
+        try:
+            if previous is not None and previous.index.model_hash == snapshot.model_hash:
+                model = previous.model
+                snapshot.embedder = model.embedder
+            else:  # loads the ONNX model recorded in index.json now, not per request
+                model = _Model(snapshot.embedder, *self._batching)
+            return ServedIndex(snapshot, model)
+        except BaseException:
+            snapshot.close()
+            if model is not None and model.users == 0:
+                model.batcher.close()
+            raise
 
-    def _gallery_root(self) -> PurePath:
-        """The folder that response paths are relative to: index.json's ``gallery_root``, else the catalogue's
-        common parent folder (computed once, here)."""
-        recorded = self.index.info.get("gallery_root")
-        if recorded:
-            return PurePath(recorded)
-        first, last = self.catalogue.path_range()
-        return PurePath(common_folder(first, last) if first and last else "/")
+    def reload(self) -> bool:
+        """Swap in the index folder's new state now if a writer changed it; whether it swapped."""
+        return self.live.reload()
 
-    def public_path(self, path: str) -> str:
-        """A catalogued path as clients see it: relative to the gallery root, never the server's absolute path."""
-        pure = PurePath(path)
-        if pure.is_relative_to(self.gallery_root):
-            return pure.relative_to(self.gallery_root).as_posix()
-        return pure.name  # catalogued outside the recorded root (e.g. added later from elsewhere)
+    # --- facts (of the current state)
+    @property
+    def state(self) -> ServedIndex:
+        return self.live.current
 
-    # --- facts
+    @property
+    def index(self) -> Index:
+        return self.state.index
+
+    @property
+    def catalogue(self) -> CatalogueReader:
+        """The index's read-only, per-thread catalogue reader."""
+        return self.state.index.catalogue
+
+    @property
+    def embedder(self) -> Embedder:
+        return self.state.embedder
+
+    @property
+    def batcher(self) -> MicroBatcher:
+        return self.state.model.batcher
+
+    @property
+    def gallery_root(self) -> PurePath:
+        return self.state.gallery_root
+
     @property
     def dim(self) -> int:
         return self.index.dim
 
     def __len__(self) -> int:
-        return len(self.index)
+        return len(self.state)
 
-    def describe(self) -> dict[str, Any]:
+    def health(self) -> dict[str, int]:
+        """The vectors and dimension of one state (GET /health)."""
+        state = self.state
+        return {"vectors": len(state), "embedding_dim": state.index.dim}
+
+    def public_path(self, path: str) -> str:
+        return self.state.public_path(path)
+
+    def describe(self, state: ServedIndex | None = None) -> dict[str, Any]:
+        state = self.state if state is None else state
         return {
             "index_dir": str(self.index_dir.resolve()),  # for the operator (logs, UI); the API shows names only
-            "vectors": len(self),
-            "embedding_dim": self.dim,
-            "index_key": self.index.info.get("index_key"),
-            "model_hash": self.index.model_hash,
-            "model_path": self.index.info.get("model_path"),
-            "input_size": int(self.embedder.model_config["input_size"]),
+            "vectors": len(state),
+            "embedding_dim": state.index.dim,
+            "index_key": state.index.info.get("index_key"),
+            "model_hash": state.index.model_hash,
+            "model_path": state.index.info.get("model_path"),
+            "input_size": int(state.embedder.model_config["input_size"]),
         }
 
     # --- search
-    def embed_images(self, images: list[Image.Image]) -> tuple[np.ndarray, dict[str, float]]:
+    def embed_images(
+        self, images: list[Image.Image], state: ServedIndex | None = None
+    ) -> tuple[np.ndarray, dict[str, float]]:
+        """Embed with the model of ``state`` (default: the current one) through its micro-batcher."""
+        model = (self.state if state is None else state).model
         started = time.perf_counter()
-        with self.batcher.reservation() as submit:
-            batch = preprocess_images(images, self.embedder.model_config)
+        with model.batcher.reservation() as submit:
+            batch = preprocess_images(images, model.embedder.model_config)
             prepared = time.perf_counter()
             future = submit(batch)
         result = future.result(timeout=120)
@@ -173,18 +305,30 @@ class SearchService:
         """Top-k of a PIL image, the bytes of an image file, or an embedding [d]; ``exclude_ids`` dropped.
 
         For image bytes, ``query_item`` is the gallery item with identical bytes (if any); ``exclude_self``
-        leaves it out of the results (a query picked from the gallery is not its own answer).
+        leaves it out of the results (a query picked from the gallery is not its own answer). The whole
+        search uses one state of the index, even if a newer one is swapped in meanwhile.
         """
         try:
             k = check_k(k)
         except ValueError as exc:
             raise QueryError(str(exc), 422) from exc
+        with self.live.acquire() as state:
+            return self._search(state, query, k, exclude_ids, exclude_self)
+
+    def _search(
+        self,
+        state: ServedIndex,
+        query: Image.Image | bytes | np.ndarray | list[float],
+        k: int,
+        exclude_ids: tuple[int, ...],
+        exclude_self: bool,
+    ) -> SearchResponse:
         started = time.perf_counter()
         timing: dict[str, float] = {}
         query_item, notes = None, []
         if isinstance(query, (bytes, bytearray)):
             query = bytes(query)
-            query_item = self.query_item(query)
+            query_item = state.query_item(query)
             decoded = decode_query(query, self.max_upload_bytes, self.max_pixels)
             query, notes = decoded.image, list(decoded.notes)
             timing["decode_ms"] = (time.perf_counter() - started) * 1000
@@ -192,14 +336,14 @@ class SearchService:
         if excluded_self:
             exclude_ids = (*exclude_ids, query_item.id)
         if isinstance(query, Image.Image):
-            embedding, embed_timing = self.embed_images([query])
+            embedding, embed_timing = self.embed_images([query], state)
             timing.update(embed_timing)
         else:
-            embedding = self.check_embedding(query)
+            embedding = check_embedding(query, state.index.dim)
         search_started = time.perf_counter()
         results = [
-            dataclasses.replace(r, path=self.public_path(r.path))
-            for r in self.index.search(embedding, k, exclude_ids)[0]
+            dataclasses.replace(r, path=state.public_path(r.path))
+            for r in state.index.search(embedding, k, exclude_ids)[0]
         ]
         timing["search_ms"] = (time.perf_counter() - search_started) * 1000
         timing["total_ms"] = (time.perf_counter() - started) * 1000
@@ -208,73 +352,28 @@ class SearchService:
 
     def query_item(self, data: bytes) -> QueryItem | None:
         """The indexed gallery item whose file has exactly these bytes (catalogue sha256), if any."""
-        row = self.catalogue.row_by_sha256(hashlib.sha256(data).hexdigest())
-        return None if row is None else QueryItem(row["id"], self.public_path(row["path"]), row["label"])
-
-    def check_embedding(self, embedding: Any) -> np.ndarray:
-        """A query embedding -> unit float32 vector [d]; 422 for anything but ``d`` finite numbers, not all zero.
-
-        Only real numbers count (JSON numbers; not bools, strings, nulls or nested lists, which NumPy would
-        coerce). The direction is what matters, so any finite magnitude is accepted: the vector is scaled by
-        its largest component in float64 before it is normalised (1e30 everywhere would overflow a float32 norm).
-        """
-        if isinstance(embedding, np.ndarray):
-            if embedding.dtype.kind not in "iuf":
-                raise QueryError(f"'embedding' must hold numbers, got an array of {embedding.dtype}", 422)
-            shape = list(embedding.shape)
-        elif isinstance(embedding, (list, tuple)):
-            shape = [len(embedding)]
-        else:
-            raise QueryError(f"'embedding' must be a list of {self.dim} numbers, not {_json_type(embedding)}", 422)
-        if shape != [self.dim]:
-            raise QueryError(
-                f"'embedding' must be a flat list of {self.dim} numbers (this index's dimension), got shape {shape}",
-                422,
-            )
-        if not isinstance(embedding, np.ndarray):
-            for position, value in enumerate(embedding):
-                if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-                    raise QueryError(
-                        f"'embedding' must be a flat list of {self.dim} numbers, but item {position} is "
-                        f"{_json_type(value)}",
-                        422,
-                    )
-        try:
-            vector = np.asarray(embedding, dtype=np.float64)
-        except OverflowError as exc:  # a JSON integer beyond the float64 range
-            raise QueryError(f"'embedding' has a number beyond the float64 range (about 1.8e308): {exc}", 422) from exc
-        if not np.all(np.isfinite(vector)):
-            position = int(np.flatnonzero(~np.isfinite(vector))[0])
-            raise QueryError(
-                f"'embedding' item {position} is {vector[position]}: every component must be a finite number "
-                "(within the float64 range)",
-                422,
-            )
-        largest = float(np.max(np.abs(vector)))
-        if largest == 0:
-            raise QueryError(
-                "'embedding' is all zeros: it has no direction to compare by cosine; send a non-zero vector", 422
-            )
-        vector = vector / largest  # now within [-1, 1]: the norm below cannot overflow nor underflow
-        return prepare_vectors((vector / math.sqrt(float(vector @ vector))).astype(np.float32), self.dim)[0]
+        with self.live.acquire() as state:
+            return state.query_item(data)
 
     # --- catalogue
     def item(self, image_id: int) -> dict[str, Any] | None:
         """An indexed image's catalogue entry as clients see it (path relative to the gallery root)."""
-        row = self.catalogue.indexed_row(image_id)
-        if row is None:
-            return None
-        return {
-            "id": row["id"],
-            "path": self.public_path(row["path"]),
-            "label": row["label"],
-            "sha256": row["sha256"],
-            "size": row["size"],
-            "image_url": image_url(row["id"]),
-        }
+        with self.live.acquire() as state:
+            row = state.index.indexed_row(image_id)
+            if row is None:
+                return None
+            return {
+                "id": row["id"],
+                "path": state.public_path(row["path"]),
+                "label": row["label"],
+                "sha256": row["sha256"],
+                "size": row["size"],
+                "image_url": image_url(row["id"]),
+            }
 
     def _catalogued_image(self, image_id: int) -> Path | None:
-        row = self.catalogue.indexed_row(image_id)
+        with self.live.acquire() as state:
+            row = state.index.indexed_row(image_id)
         if row is None or Path(row["path"]).suffix.lower() not in IMAGE_EXTENSIONS:
             return None
         return Path(row["path"])
@@ -311,49 +410,97 @@ class SearchService:
             )
         return os.fdopen(fd, "rb"), info.st_size, IMAGE_MEDIA_TYPES[path.suffix.lower()]
 
-    # --- slower summaries, computed once
+    # --- slower summaries, computed once per state
     def index_stats(self) -> dict[str, Any]:
-        with self._lock:
-            if self._stats is None:
-                self._stats = index_stats(self.index_dir, queries=200)
-            return self._stats
+        with self.live.acquire() as state:
+            return state.index_stats()
 
     def public_stats(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """``describe()`` and ``index_stats()`` as clients may see them (API ``/stats``, the app's Index tab): the
-        index and model as file names, gallery files relative to the gallery root, no server folder anywhere."""
+        """``describe()`` and ``index_stats()`` of one state as clients may see them (API ``/stats``, the app's
+        Index tab): the index and model as file names, gallery files relative to the gallery root, no server
+        folder anywhere."""
+        with self.live.acquire() as state:
+            return self._public_stats(state)
 
+    def _public_stats(self, state: ServedIndex) -> tuple[dict[str, Any], dict[str, Any]]:
         def name(path: Any) -> Any:
             return PurePath(path).name if path else path
 
         def scrub(text: Any) -> Any:  # error messages may quote a server path
             if not isinstance(text, str):
                 return text
-            for folder, shown in ((str(self.gallery_root), "<gallery>"), (str(self.index_dir.resolve()), "<index>")):
+            for folder, shown in ((str(state.gallery_root), "<gallery>"), (str(self.index_dir.resolve()), "<index>")):
                 text = text.replace(folder, shown) if folder not in ("", "/", ".") else text
             return text
 
-        described = self.describe()
+        described = self.describe(state)
         described |= {"index_dir": name(described["index_dir"]), "model_path": name(described["model_path"])}
-        index = self.index_stats()
+        index = state.index_stats()
         index = index | {"index_dir": name(index.get("index_dir"))}
         if isinstance(index.get("model"), dict):
             index["model"] = index["model"] | {"model_path": name(index["model"].get("model_path"))}
         index["error_examples"] = [
-            row | {"path": self.public_path(row["path"]) if row.get("path") else row.get("path"),
+            row | {"path": state.public_path(row["path"]) if row.get("path") else row.get("path"),
                    "error": scrub(row.get("error"))}
             for row in index.get("error_examples", [])
         ]
         return described, index
 
     def leave_one_out(self) -> LeaveOneOut:
-        with self._lock:
-            if self._loo is None:
-                self._loo = leave_one_out(self.index)
-            return self._loo
+        with self.live.acquire() as state:
+            return state.leave_one_out()
 
     def close(self) -> None:
-        self.batcher.close()
-        self.index.close()
+        """Stop watching the folder; each state's catalogue and batcher close once no request holds it."""
+        self.live.close()
+
+
+def check_embedding(embedding: Any, dim: int) -> np.ndarray:
+    """A query embedding -> unit float32 vector [d]; 422 for anything but ``d`` finite numbers, not all zero.
+
+    Only real numbers count (JSON numbers; not bools, strings, nulls or nested lists, which NumPy would
+    coerce). The direction is what matters, so any finite magnitude is accepted: the vector is scaled by
+    its largest component in float64 before it is normalised (1e30 everywhere would overflow a float32 norm).
+    """
+    if isinstance(embedding, np.ndarray):
+        if embedding.dtype.kind not in "iuf":
+            raise QueryError(f"'embedding' must hold numbers, got an array of {embedding.dtype}", 422)
+        shape = list(embedding.shape)
+    elif isinstance(embedding, (list, tuple)):
+        shape = [len(embedding)]
+    else:
+        raise QueryError(f"'embedding' must be a list of {dim} numbers, not {_json_type(embedding)}", 422)
+    if shape != [dim]:
+        raise QueryError(
+            f"'embedding' must be a flat list of {dim} numbers (this index's dimension), got shape {shape}",
+            422,
+        )
+    if not isinstance(embedding, np.ndarray):
+        for position, value in enumerate(embedding):
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+                raise QueryError(
+                    f"'embedding' must be a flat list of {dim} numbers, but item {position} is "
+                    f"{_json_type(value)}",
+                    422,
+                )
+    try:
+        vector = np.asarray(embedding, dtype=np.float64)
+    except OverflowError as exc:  # a JSON integer beyond the float64 range
+        raise QueryError(f"'embedding' has a number beyond the float64 range (about 1.8e308): {exc}", 422) from exc
+    if not np.all(np.isfinite(vector)):
+        position = int(np.flatnonzero(~np.isfinite(vector))[0])
+        raise QueryError(
+            f"'embedding' item {position} is {vector[position]}: every component must be a finite number "
+            "(within the float64 range)",
+            422,
+        )
+    largest = float(np.max(np.abs(vector)))
+    if largest == 0:
+        raise QueryError(
+            "'embedding' is all zeros: it has no direction to compare by cosine; send a non-zero vector", 422
+        )
+    vector = vector / largest  # now within [-1, 1]: the norm below cannot overflow nor underflow
+    return prepare_vectors((vector / math.sqrt(float(vector @ vector))).astype(np.float32), dim)[0]
 
 
 def _json_type(value: Any) -> str:

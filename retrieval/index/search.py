@@ -1,5 +1,5 @@
 """``Index``: open an index folder and search it with embeddings or images (the one read path: the CLI, the
-service and the app all search through it)."""
+service and the app all search through it; a server holds ``live.Snapshot``s of it, see ``retrieval.index.live``)."""
 
 from __future__ import annotations
 
@@ -115,6 +115,18 @@ class Index:
         check_model_match(self.model_hash, self.info.get("model_path"), embedder, self.layout.root)
         self._embedder = embedder
 
+    # --- the indexed rows (a ``live.Snapshot`` answers for the ids it held when opened instead)
+    def indexed_rows(self, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """id -> catalogue row of the ``ids`` the catalogue marks indexed now; others are absent."""
+        return self.catalogue.rows(ids, status="done")
+
+    def indexed_row(self, image_id: int) -> dict[str, Any] | None:
+        return self.indexed_rows([image_id]).get(int(image_id))
+
+    def indexed_by_sha256(self, sha256: str) -> dict[str, Any] | None:
+        """The indexed row whose file has this sha256 (exact duplicates are catalogued as ``duplicate``)."""
+        return self.catalogue.row_by_sha256(sha256)
+
     # --- search
     def search_arrays(self, embeddings: np.ndarray, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
         """Vectorised search: cosine scores float32 [n, k] and catalogue ids int64 [n, k] (-1 where fewer than k)."""
@@ -135,14 +147,15 @@ class Index:
 
         ``exclude_ids`` are left out of every query's results, which still hold k where the index has enough:
         faiss is asked for k + len(exclude_ids). An image removed by a writer since this index was opened (the
-        catalogue no longer marks it indexed, the faiss index in memory still holds it) is left out too.
+        catalogue no longer marks it indexed, the faiss index in memory still holds it) is left out too (a
+        ``live.Snapshot`` keeps it instead: it answers as the index was when opened).
         """
         k = check_k(k)
         exclude = {int(i) for i in exclude_ids}
         if len(exclude) > MAX_K:
             raise ValueError(f"exclude_ids holds {len(exclude)} ids; at most {MAX_K} can be left out")
         scores, ids = self._search(embeddings, k + len(exclude))
-        rows = self.catalogue.rows(ids[ids >= 0].tolist(), status="done")
+        rows = self.indexed_rows(ids[ids >= 0].tolist())
         results = []
         for query_scores, query_ids in zip(scores.tolist(), ids.tolist(), strict=True):
             kept = [(s, i) for s, i in zip(query_scores, query_ids, strict=True) if i in rows and i not in exclude]
