@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from retrieval.index.live import RELOAD_INTERVAL_S
 from serve.defaults import (
     API_TOKEN_ENV,
     DEFAULT_HOST,
@@ -88,6 +89,14 @@ from serve.defaults import (
     type=click.FloatRange(0, 1000),
     help="how long a micro-batch waits for more queries that are already on their way.",
 )
+@click.option(
+    "--reload-interval",
+    default=RELOAD_INTERVAL_S,
+    show_default=True,
+    type=click.FloatRange(0, 3600),
+    help="seconds between checks of the index folder: once a writer (`retrieval index add/remove/...`) finishes, "
+    "the server swaps in the new index without a restart; 0 turns it off.",
+)
 @click.option("--no-ui", is_flag=True, help="serve the HTTP API only.")
 @click.option(
     "--token-file",
@@ -148,8 +157,9 @@ from serve.defaults import (
     help="the upload folder's size bound; beyond it the oldest files are deleted.",
 )
 def serve_command(
-    index_dir, report, results, host, port, max_upload_mb, max_pixels, concurrency, max_batch, max_wait_ms, no_ui,
-    token_file, auth_file, insecure, cors_origins, allowed_hosts, upload_dir, upload_max_age, upload_cache_mb,
+    index_dir, report, results, host, port, max_upload_mb, max_pixels, concurrency, max_batch, max_wait_ms,
+    reload_interval, no_ui, token_file, auth_file, insecure, cors_origins, allowed_hosts, upload_dir, upload_max_age,
+    upload_cache_mb,
 ) -> None:
     """Search service: HTTP API (POST /search, /items/{id}, /stats, /health) and the Gradio UI at /."""
     from serve.security import ConfigError, check_exposure, read_api_token, read_auth_file, readable_by_others
@@ -183,6 +193,7 @@ def serve_command(
         concurrency=concurrency,
         max_batch=max_batch,
         max_wait_ms=max_wait_ms,
+        reload_interval_s=reload_interval or None,
         ui=not no_ui,
         api_token=api_token,
         ui_auth=ui_auth,

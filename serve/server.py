@@ -18,6 +18,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from starlette.routing import Mount
 from starlette.types import Scope
 
+from retrieval.index.live import RELOAD_INTERVAL_S
 from serve.api import create_api
 from serve.defaults import (
     API_TOKEN_ENV,
@@ -71,6 +72,7 @@ class ServerConfig:
     max_queue: int = 64
     max_batch: int = 32
     max_wait_ms: float = 5.0
+    reload_interval_s: float | None = RELOAD_INTERVAL_S  # how often the index folder is checked for a writer's changes
     ui: bool = True
     api_token: str | None = None  # Bearer token the API routes require (all but PUBLIC_PATHS)
     ui_auth: list[tuple[str, str]] | None = None  # the Gradio app's user:password logins
@@ -120,6 +122,7 @@ def build_app(config: ServerConfig, service: SearchService | None = None) -> tup
         max_wait_ms=config.max_wait_ms,
         max_upload_bytes=config.max_upload_bytes,
         max_pixels=config.max_pixels,
+        reload_interval_s=config.reload_interval_s,
     )
     app = create_api(service, concurrency=config.concurrency, max_queue=config.max_queue)
     # The token covers every route of the API app (the JSON API, its OpenAPI document, /docs and its assets) but
