@@ -1,22 +1,19 @@
 """Turning untrusted query bytes into an image, with the errors an HTTP client can act on.
 
-Decoding is ``retrieval.data.decode.read_image``, the function every other path uses too. It is CPU-bound and
-takes up to a few hundred MB for the largest image the limits admit, so at most ``DECODE_SLOTS`` run at once:
-the server's memory is bounded by that, not by the number of requests in flight.
+Decoding is ``retrieval.data.decode.read_image``, the function every other path uses too. It estimates from the
+header what a decode will hold, refuses an image over ``MAX_DECODE_BYTES`` (one decode stays under 300 MB), and the
+decodes running at once share ``DECODE_BUDGET`` (twice that): the server's memory for decoding is bounded by that
+budget, not by the number of requests in flight, while many small images still decode at once.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import threading
 
 from PIL import Image
 
 from retrieval.data.decode import DecodedImage, ImageDecodeError, read_image
-
-DECODE_SLOTS = 2
-_decode_slots = threading.BoundedSemaphore(DECODE_SLOTS)
 
 
 class QueryError(ValueError):
@@ -37,7 +34,7 @@ def decode_query(data: bytes, max_bytes: int, max_pixels: int) -> DecodedImage:
     """Bytes of an image file -> ``DecodedImage`` (RGB or RGBA, notes such as 'animated'), fully decoded now.
 
     413 when the file is over ``max_bytes``; 400 when it is empty, not an image, truncated, or declares more
-    than ``max_pixels`` pixels (a decompression bomb is refused before decoding).
+    than ``max_pixels`` pixels or more memory than one decode may use (refused before decoding).
     """
     if len(data) > max_bytes:
         raise QueryError(
@@ -46,8 +43,7 @@ def decode_query(data: bytes, max_bytes: int, max_pixels: int) -> DecodedImage:
             413,
         )
     try:
-        with _decode_slots:
-            return read_image(data, max_pixels)
+        return read_image(data, max_pixels)  # waits for its share of DECODE_BUDGET
     except ImageDecodeError as exc:
         if exc.kind == "too_large":
             raise QueryError(f"image refused: {exc}") from exc

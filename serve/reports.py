@@ -222,12 +222,13 @@ def triplet_plot(report: RunReport) -> Image.Image | None:
     return _open(report.plot_file("triplet_test") or report.plot_file("triplet_train"))
 
 
-def summary_markdown(report: RunReport) -> str:
+def summary_markdown(report: RunReport, shown: str | None = None) -> str:
+    """The report's kind, where it is (``shown``: as the reader named it; default its file name) and its setup."""
     config = report.data.get("config") or {}
     train = config.get("train", config) if isinstance(config, dict) else {}
     if report.kind == "evaluate":
         train = {**(report.data.get("model") or {}), "dataset": report.data.get("dataset")}
-    facts = [f"**{report.kind}** report `{report.path}`"]
+    facts = [f"**{report.kind}** report `{shown or report.path.name}`"]
     for key in ("dataset", "backbone", "loss", "epochs", "embedding_dim"):
         value = train.get(key) if isinstance(train, dict) else None
         value = value if value is not None else report.data.get(key)

@@ -152,7 +152,7 @@ def build_app(config: ServerConfig, service: SearchService | None = None) -> tup
         lock_file_access(blocks)
         UploadPruner(blocks, upload_dir, config.upload_max_age_s, config.upload_cache_bytes,
                      config.upload_prune_interval_s).attach(app)
-        app.add_middleware(UploadedFilesOnly, records=UploadRecords(blocks))
+        app.add_middleware(UploadedFilesOnly, records=UploadRecords(blocks), max_upload_bytes=config.max_upload_bytes)
         if config.ui_auth:
             app.add_middleware(LoginRequired, logged_in=gradio_login_check(app), protected=is_gradio_action)
     # Outermost last: host check, origin check, then CORS (answers preflights, so a 401 still carries its headers),

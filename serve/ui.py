@@ -298,6 +298,13 @@ class SearchTab:
         ).then(self.search, [query, top_k], [gallery, timing], api_name="search", preprocess=False)
 
 
+REPORT_REFUSED = (
+    "**Cannot open the report:** this page opens run reports (.json files written by `retrieval train` or "
+    "`retrieval evaluate`) in the server's working folder or in the run folder of its --report, and this is not "
+    "one of them. Start the server with `--report PATH` for another one."
+)  # one answer for every refusal: it tells neither whether a file exists nor where the server's folders are
+
+
 class EvaluationTab:
     def __init__(self, service: SearchService, report: Path | None, facts: GalleryFacts | None = None) -> None:
         self.service, self.report, self.facts = service, report, facts or GalleryFacts.of(service)
@@ -309,58 +316,52 @@ class EvaluationTab:
         folders = [Path.cwd().resolve()] + ([Path(self.report).resolve().parent] if self.report else [])
         return [folder for folder in folders if folder != Path(folder.anchor)]
 
-    def allowed(self, path: str) -> str | None:
-        """Why ``path`` may not be opened from the browser, or None (the message names no server folder).
+    def shown_path(self) -> str:
+        """The ``--report`` as the page shows it: relative to the working folder, else its file name (which
+        ``target`` finds in the run folder), never a server folder."""
+        if not self.report:
+            return ""
+        resolved = Path(self.report).resolve()
+        return str(resolved.relative_to(Path.cwd().resolve())) if resolved.is_relative_to(Path.cwd().resolve()) \
+            else resolved.name
 
-        Anyone who reaches the page can type a path, so only ``.json`` files in ``report_folders()`` are read,
-        and only as run reports (``load_report`` checks their size, that they are regular files, and their format).
-        """
-        target = Path(path).expanduser().resolve()
-        if target.suffix != ".json" or not any(target.is_relative_to(folder) for folder in self.report_folders()):
-            return ("only report .json files in the server's working folder or in the run folder of its --report "
-                    "can be opened here; start the server with `--report PATH` for another one")
+    def target(self, path: str) -> Path | None:
+        """The file a typed path names if the page may open it, else None. A relative path is looked up in the
+        working folder, then in the run folder; ``~`` is not expanded (it would name the server user's home)."""
+        folders = self.report_folders()
+        typed = Path(path)
+        for candidate in [typed] if typed.is_absolute() else [folder / typed for folder in folders]:
+            resolved = candidate.resolve()
+            if resolved.suffix == ".json" and any(resolved.is_relative_to(f) for f in folders) and resolved.exists():
+                return resolved
         return None
 
     def open_report(self, path: str) -> tuple[str, Any, Any, Any, Any]:
         """The report's summary, metrics table and plots (drawn once per report file version)."""
-        refused = self.allowed(path) if path else None
-        if refused:
-            return f"**Cannot open the report:** {refused}", None, None, None, None
+        if not path:
+            return "No report given: start with `--report RUN_DIR/report.json` (or enter a path above).", \
+                None, None, None, None
+        target = self.target(path)
         try:
-            key = (str(Path(path).resolve()), Path(path).stat().st_mtime_ns) if path else None
+            key = (str(target), target.stat().st_mtime_ns) if target is not None else None
         except OSError:
             key = None
-        if key is not None and key in self._cache:
+        if key is None:
+            return REPORT_REFUSED, None, None, None, None
+        if key in self._cache:
             return self._cache[key]
-        shown = self._open_report(path)
-        if key is not None:
-            self._cache = {key: shown}  # keep only the latest
-        return shown
-
-    def _open_report(self, path: str) -> tuple[str, Any, Any, Any, Any]:
-        if not path:
-            return (
-                "No report given: start with `--report RUN_DIR/report.json` (or enter a path above).",
-                None,
-                None,
-                None,
-                None,
-            )
         try:
-            report = load_report(path)
-        except (FileNotFoundError, ValueError) as exc:
-            return f"**Cannot open the report:** {exc}", None, None, None, None
+            report = load_report(target)
+        except (OSError, ValueError):
+            return REPORT_REFUSED, None, None, None, None
         headers, rows = report.metrics_table()
-        summary = summary_markdown(report)
+        summary = summary_markdown(report, shown=path)
         if report.map_equals_recall():
             summary += f"\n\n{MAP_EQUALS_RECALL_NOTE}"
-        return (
-            summary,
-            gr.Dataframe(value=rows, headers=headers),
-            recall_plot(report),
-            curves_plot(report),
-            triplet_plot(report),
-        )
+        shown = (summary, gr.Dataframe(value=rows, headers=headers), recall_plot(report), curves_plot(report),
+                 triplet_plot(report))
+        self._cache = {key: shown}  # keep only the latest
+        return shown
 
     def worst_classes(self) -> tuple[str, Any, list[tuple[Image.Image, str]]]:
         """Leave-one-out per class: the worst classes (Recall@1, then rank of the first correct) and failures."""
@@ -406,7 +407,7 @@ class EvaluationTab:
     def build(self, demo: gr.Blocks) -> None:
         with gr.Row():
             path = gr.Textbox(
-                value=str(self.report or ""),
+                value=self.shown_path(),
                 label="Run report (report.json of `retrieval train` or `retrieval evaluate`)",
                 scale=4,
                 elem_id="report-path",

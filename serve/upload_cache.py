@@ -44,6 +44,8 @@ from serve.security import ConfigError
 
 GRADIO_API_PREFIX = "/gradio_api/"
 GRADIO_UPLOAD_PATHS = ("/gradio_api/upload", "/gradio_api/upload/")  # multipart bodies: Gradio caps and records them
+GRADIO_FILE_ROUTE = "/gradio_api/file="  # Gradio serves files (and fetches URLs) named after it
+UPLOAD_SLACK = 64 * 1024  # multipart boundaries and part headers around the one uploaded file
 SHARED_GRADIO_FOLDER = Path(tempfile.gettempdir()) / "gradio"  # Gradio's default: every app on the machine
 NOT_UPLOADED = (
     "this call names a file that was not uploaded to this app. Upload the file first (POST /gradio_api/upload, "
@@ -80,6 +82,9 @@ def use_upload_folder(requested: Path | None = None) -> Path:
                              "process-wide (GRADIO_TEMP_DIR), start another process for another folder")
         _process_folder = folder
     os.environ["GRADIO_TEMP_DIR"] = str(folder)
+    # Gradio's file route also serves its examples cache (by default .gradio/cached_examples under the working
+    # folder, where another app may have left files): point it into this server's own folder too.
+    os.environ["GRADIO_EXAMPLES_CACHE"] = str(folder / "cached_examples")
     return folder
 
 
@@ -159,13 +164,19 @@ class UploadedFilesOnly:
     or not the file exists, without echoing it. Only the upload route takes another body (multipart).
     """
 
-    def __init__(self, app: ASGIApp, records: UploadRecords, limit: int = GRADIO_JSON_BODY_LIMIT) -> None:
+    def __init__(self, app: ASGIApp, records: UploadRecords, max_upload_bytes: int,
+                 limit: int = GRADIO_JSON_BODY_LIMIT) -> None:
         self.app, self.records, self.limit = app, records, limit
+        self.upload_limit = max_upload_bytes + UPLOAD_SLACK
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH") or not scope["path"].startswith(
-            GRADIO_API_PREFIX
-        ):
+        if scope["type"] != "http" or not scope["path"].startswith(GRADIO_API_PREFIX):
+            await self.app(scope, receive, send)
+            return
+        if scope["path"].startswith(GRADIO_FILE_ROUTE) and "://" in scope["path"]:  # Gradio would fetch the URL
+            await JSONResponse({"detail": NOT_UPLOADED}, 400)(scope, receive, send)
+            return
+        if scope["method"] not in ("POST", "PUT", "PATCH"):
             await self.app(scope, receive, send)
             return
         content_types = [value for name, value in scope["headers"] if name.lower() == b"content-type"]
@@ -173,6 +184,10 @@ class UploadedFilesOnly:
             await JSONResponse({"detail": "send one Content-Type header, not several"}, 400)(scope, receive, send)
             return
         if scope["path"] in GRADIO_UPLOAD_PATHS:
+            refusal = self.upload_refusal(scope)
+            if refusal is not None:
+                await refusal(scope, receive, send)
+                return
             await self.app(scope, receive, send)
             return
         chunks, size, more = [], 0, True
@@ -209,6 +224,17 @@ class UploadedFilesOnly:
             return await receive()
 
         await self.app(scope, replay, send)
+
+    def upload_refusal(self, scope: Scope) -> JSONResponse | None:
+        """An upload is one image: its declared length must fit one file of the upload limit (Gradio would take
+        up to 1000 files a request, gigabytes written before the next prune)."""
+        lengths = [value for name, value in scope["headers"] if name.lower() == b"content-length"]
+        if len(lengths) != 1 or not lengths[0].isdigit():
+            return JSONResponse({"detail": "an upload needs one Content-Length header"}, 411)
+        if int(lengths[0]) > self.upload_limit:
+            return JSONResponse({"detail": f"an upload is one image of at most {self.upload_limit - UPLOAD_SLACK} "
+                                 "bytes (start the server with a larger --max-upload-mb)"}, 413)
+        return None
 
 
 def prune_folder(folder: Path, max_age_s: float, max_bytes: int, keep: Iterable[str] = (),

@@ -107,7 +107,6 @@ def test_the_hash_is_of_the_weights_that_run_even_when_the_file_is_swapped_while
     """Issue 24.5: the model was run from one read of the file and hashed from another; a file replaced in
     between ran other weights under the first file's hash. Now one read serves both."""
     import onnxruntime
-
     from onnx import numpy_helper
 
     proto = onnx.load(str(model_path))

@@ -441,16 +441,19 @@ def test_report_table_for_train_and_evaluate_reports(artifacts, tmp_path):
 
 
 def test_the_report_box_only_opens_reports_under_the_allowed_folders(artifacts, service, tmp_path, monkeypatch):
-    from serve.ui import EvaluationTab
+    from serve.ui import REPORT_REFUSED, EvaluationTab
 
     monkeypatch.chdir(tmp_path)
     tab = EvaluationTab(service, artifacts.report)
     shown = tab.open_report("/etc/passwd")
-    assert "Cannot open the report" in shown[0] and "only report .json files" in shown[0]
-    assert shown[1] is None
+    assert shown[0] == REPORT_REFUSED and shown[1] is None
     outside = tmp_path.parent / "elsewhere.json"
-    assert "only report .json files" in tab.open_report(str(outside))[0]
+    outside.write_text(artifacts.report.read_text())
+    try:
+        assert tab.open_report(str(outside))[0] == REPORT_REFUSED
+    finally:
+        outside.unlink()
     assert "Cannot open" not in tab.open_report(str(artifacts.report))[0]  # the configured report opens
     inside = tmp_path / "huge.json"
     inside.write_bytes(b" " * (50 * 2**20 + 1))
-    assert "larger than" in tab.open_report(str(inside))[0]
+    assert tab.open_report(str(inside))[0] == REPORT_REFUSED

@@ -440,7 +440,7 @@ def test_a_report_that_is_not_a_run_report_is_refused_at_start(artifacts, tmp_pa
 
 def test_the_report_box_opens_nothing_beyond_the_run_folder_and_names_no_server_folder(artifacts, service,
                                                                                       tmp_path, monkeypatch):
-    from serve.ui import EvaluationTab
+    from serve.ui import REPORT_REFUSED, EvaluationTab
 
     monkeypatch.chdir("/")  # a server started in / must not open the whole disk
     tab = EvaluationTab(service, artifacts.report)
@@ -451,15 +451,32 @@ def test_the_report_box_opens_nothing_beyond_the_run_folder_and_names_no_server_
         refused = tab.open_report(str(sibling))[0]
     finally:
         sibling.unlink()
-    assert "only report .json files" in refused
-    assert str(artifacts.report.resolve().parent.parent) not in refused and str(Path.cwd()) not in refused
-    fifo = artifacts.report.resolve().parent / "pipe.json"
+    assert refused == REPORT_REFUSED
+    run = artifacts.report.resolve().parent
+    fifo, not_a_report = run / "pipe.json", run / "other.json"
     os.mkfifo(fifo)
+    not_a_report.write_text("{}")
     try:
         started = time.monotonic()
-        assert "Cannot open the report" in tab.open_report(str(fifo))[0] and time.monotonic() - started < 2
+        answers = {typed: tab.open_report(typed)[0] for typed in (
+            str(fifo), str(not_a_report), str(run / "missing.json"), "~/../proc/self/cwd/x.json", "missing.json")}
+        assert time.monotonic() - started < 2
     finally:
         fifo.unlink()
+        not_a_report.unlink()
+    assert set(answers.values()) == {REPORT_REFUSED}  # no existence oracle, no home folder, no server folder
+    assert tab.open_report("report.json")[0] != REPORT_REFUSED  # a bare name is looked up in the run folder
+
+
+def test_the_page_shows_the_report_without_its_server_folder(artifacts, service, tmp_path, monkeypatch):
+    """The --report path (absolute, outside the working folder) was shown whole in the text box and summary."""
+    from serve.ui import EvaluationTab
+
+    monkeypatch.chdir(tmp_path)
+    tab = EvaluationTab(service, artifacts.report.resolve())
+    assert tab.shown_path() == "report.json"
+    summary = tab.open_report(tab.shown_path())[0]
+    assert "report.json" in summary and str(artifacts.report.resolve().parent) not in summary
 
 
 def test_a_network_server_says_it_belongs_behind_nginx(artifacts):
@@ -477,3 +494,27 @@ def test_the_results_tab_names_its_file_not_the_server_folders(tmp_path):
     assert "results.json" in shown[1] and "no-such-table" in shown[2]
     for text in shown:
         assert str(tmp_path) not in text and str(Path(__file__).resolve().parents[1]) not in text, text
+
+
+def test_gradio_serves_no_examples_cache_of_the_working_folder_and_fetches_no_url(artifacts, tmp_path, monkeypatch):
+    """Gradio's file route also served .gradio/cached_examples under the working folder (another app's files),
+    and it fetches URLs named after it."""
+    secret = tmp_path / ".gradio" / "cached_examples" / "sub" / "notes.txt"
+    secret.parent.mkdir(parents=True)
+    secret.write_text("from another app")
+    monkeypatch.chdir(tmp_path)
+    server, service = served(artifacts)
+    with server:
+        for named in (".gradio/cached_examples/sub/notes.txt", str(secret), "http://127.0.0.1:9/x.png"):
+            answer = httpx.get(f"{server.url}/gradio_api/file={named}", timeout=10)
+            assert answer.status_code != 200 and "from another app" not in answer.text, named
+    service.close()
+
+
+def test_an_upload_is_one_image_of_the_upload_limit(plain):
+    """Gradio takes up to 1000 files a request: one request wrote gigabytes before the next prune."""
+    files = [("files", (f"q{i}.png", b"x" * 2**20, "image/png")) for i in range(12)]  # 12 MiB > 10 MiB
+    answer = httpx.post(f"{plain.url}/gradio_api/upload", files=files, timeout=30)
+    assert answer.status_code == 413 and "--max-upload-mb" in answer.text
+    assert httpx.post(f"{plain.url}/gradio_api/upload", files={"files": ("q.png", png_bytes(), "image/png")},
+                      timeout=10).status_code == 200

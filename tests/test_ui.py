@@ -21,7 +21,7 @@ from serve.diagnostics import duplicates
 from serve.reports import load_report, percent
 from serve.service import SearchService
 from serve.ui import EvaluationTab, ExampleSet, GalleryFacts, SearchTab
-from serve.upload_cache import NOT_UPLOADED, UploadRecords
+from serve.upload_cache import UploadRecords
 
 pytestmark = pytest.mark.timeout(300)
 MAX_UPLOAD = 200_000
