@@ -9,9 +9,15 @@ are decoded alike:
 - the pixel count is checked from the header before any pixel is decoded (decompression bombs; a large JPEG
   is decoded at 1/2, 1/4 or 1/8 scale and the limit applies to that), files that are not regular files
   (``/dev/zero``, FIFOs) are refused before they are read;
+- so is the memory the decode will hold (``estimate_decode_bytes``: bytes per pixel measured for each format,
+  libwebp's canvases, every coefficient of a progressive JPEG): an image over ``MAX_DECODE_BYTES`` is refused,
+  so one decode stays under 300 MB; the decodes running at once share ``DECODE_BUDGET`` (twice that), and the
+  heap a large decode freed is given back to the system (``trim_heap``);
 - a decoded image is reduced right away: an extreme aspect ratio is cropped around the centre to
   ``MAX_ASPECT``:1 (an evaluation centre crop never looks further out) and a very large image is shrunk by an
-  integer factor while its short side stays >= ``MIN_SHORT_SIDE``, so later resizes stay small;
+  integer factor while its short side stays >= ``MIN_SHORT_SIDE``, so later resizes stay small; the reduced
+  image is built strip by strip, each strip converted (bit depth, colours, orientation) on the way, so no
+  full-size copy of the decoded image is ever made;
 - 16- and 32-bit greyscale is scaled to 8 bits by its range (never clipped), CMYK and images with an ICC
   profile are converted to sRGB, the EXIF orientation is applied, an animated image gives its first frame;
 - transparency is kept (RGBA) and composited onto the model's background colour by ``FlattenAlpha``, the
@@ -21,19 +27,34 @@ are decoded alike:
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import ctypes
 import io
 import os
 import stat
+import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
 import numpy as np
 from PIL import Image, ImageCms, ImageColor, UnidentifiedImageError
 
-# A 40-megapixel RGBA image decodes into 160 MB: with the reductions below, one decode stays under 300 MB.
+# A 40-megapixel RGBA image decodes into 160 MB; what a decode holds beside the image is estimated below.
 DEFAULT_MAX_PIXELS = 40_000_000
+MIB = 2**20
+MAX_DECODE_BYTES = 280 * MIB  # one decode's estimated peak; the documented promise is < 300 MB above idle
+DECODE_BUDGET_BYTES = 2 * MAX_DECODE_BYTES  # what the decodes running at once in a process may hold together
+TRIM_BYTES = 32 * MIB  # after a decode estimated at this or more, freed heap is given back to the system
+# What a decode holds beside the decoded image (Pillow: 1 byte a pixel for 1, L, P; 2 for 16-bit grey; 4 else),
+# measured with benchmarks/decode_memory.py (docs/BENCHMARKS.md, "Decoder memory per format"; Pillow 12.3):
+WEBP_DECODER_BYTES = 12  # per pixel: libwebp's two RGBA canvases and the frame's copy as Python bytes (16 in all)
+BMP_RLE_DECODER_BYTES = 2  # per pixel: Pillow's RLE decoder (Python) builds the pixels in a bytearray, then copies
+JPEG_COEFFICIENT_BYTES = 128  # per 8x8 block: libjpeg keeps every coefficient of a progressive or multi-scan JPEG
+STRIP_BYTES_PER_PIXEL = 24  # per pixel of a strip being reduced: its crop and conversions (17 measured at most)
+DECODER_BYTES = 8 * MIB  # the decoders' own buffers (rows, zlib window, Huffman tables) and allocator slack
 MAX_ASPECT = 8  # longer side / shorter side kept after decoding (centre crop beyond it)
 MIN_SHORT_SIDE = 768  # large images are shrunk by an integer factor while the short side stays >= this
 STRIP_PIXELS = 1 << 20  # pixels per strip when cropping and shrinking
@@ -77,6 +98,7 @@ class DecodedImage:
     format: str
     frames: int = 1
     notes: tuple[str, ...] = ()
+    estimated_bytes: int = 0  # the peak memory its decode was estimated to hold (``estimate_decode_bytes``)
 
 
 def open_regular_file(path: str | os.PathLike) -> BinaryIO:
@@ -89,6 +111,66 @@ def open_regular_file(path: str | os.PathLike) -> BinaryIO:
     return os.fdopen(fd, "rb")
 
 
+class DecodeBudget:
+    """Bytes the decodes running at once may hold together: ``reserve`` waits, in arrival order, until one fits.
+
+    A reservation larger than the whole budget is clamped to it (it then runs alone), so none waits forever.
+    """
+
+    def __init__(self, total_bytes: int) -> None:
+        self.total, self.held = int(total_bytes), 0
+        self._changed = threading.Condition()
+        self._queue: collections.deque[object] = collections.deque()
+
+    @contextlib.contextmanager
+    def reserve(self, nbytes: int) -> Iterator[int]:
+        """Hold ``nbytes`` of the budget (clamped to 0..total) for the ``with`` block; waits until they fit."""
+        nbytes, ticket = min(max(int(nbytes), 0), self.total), object()
+        with self._changed:
+            self._queue.append(ticket)
+            try:  # first come, first served: a large decode is not starved by a stream of small ones
+                self._changed.wait_for(lambda: self._queue[0] is ticket and self.held + nbytes <= self.total)
+                self.held += nbytes
+            finally:
+                self._queue.remove(ticket)
+                self._changed.notify_all()  # the next in line may fit too
+        try:
+            yield nbytes
+        finally:
+            with self._changed:
+                self.held -= nbytes
+                self._changed.notify_all()
+
+
+DECODE_BUDGET = DecodeBudget(DECODE_BUDGET_BYTES)
+if hasattr(os, "register_at_fork"):  # a forked worker (DataLoader) has memory of its own, and no lock held in it
+    os.register_at_fork(after_in_child=lambda: DECODE_BUDGET.__init__(DECODE_BUDGET.total))
+
+
+def _load_malloc_trim() -> Callable[[int], int] | None:
+    try:  # glibc only (Linux); musl, macOS and Windows have no malloc_trim and return memory on their own terms
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
+
+
+_MALLOC_TRIM = _load_malloc_trim()
+
+
+def trim_heap() -> None:
+    """Give the heap memory freed so far back to the system (glibc's ``malloc_trim``); a no-op elsewhere.
+
+    glibc keeps the freed blocks of a large decode: it raises its mmap threshold once a big block is freed, so
+    the next 16 MB blocks of Pillow's images come from the heap, and every thread has a heap (arena) of its own.
+    Decoding the worst images in a server's 16 threads, the process stayed 0.9 to 1.5 GB above idle afterwards
+    (and peaked at 3x the decode budget); ``read_image`` calls this after every large decode (``TRIM_BYTES``).
+    """
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
 def read_image(
     source: bytes | bytearray | memoryview | str | os.PathLike | BinaryIO,
     max_pixels: int = DEFAULT_MAX_PIXELS,
@@ -98,11 +180,15 @@ def read_image(
     Raises ``ImageDecodeError`` for anything unusable; never returns a half-decoded image.
     """
     if isinstance(source, (bytes, bytearray, memoryview)):
-        return _decode(io.BytesIO(source), max_pixels)
-    if isinstance(source, (str, os.PathLike)):
+        decoded = _decode(io.BytesIO(source), max_pixels)
+    elif isinstance(source, (str, os.PathLike)):
         with open_regular_file(source) as handle:
-            return _decode(handle, max_pixels)
-    return _decode(source, max_pixels)
+            decoded = _decode(handle, max_pixels)
+    else:
+        decoded = _decode(source, max_pixels)
+    if decoded.estimated_bytes >= TRIM_BYTES:  # the file's full-size pixels and decoder are gone by now
+        trim_heap()
+    return decoded
 
 
 def open_image(path: str | os.PathLike) -> Image.Image:
@@ -115,27 +201,18 @@ def _decode(handle: BinaryIO, max_pixels: int) -> DecodedImage:
     if not handle.read(1):
         raise ImageDecodeError("empty", "the image is empty (0 bytes)")
     handle.seek(start)
+    canvas = _webp_canvas(handle, start)
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), contextlib.ExitStack() as held:
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(handle, formats=ACCEPTED_FORMATS) as image:
-                width, height = image.size
-                if image.format == "JPEG":  # decode at 1/2, 1/4 or 1/8 scale straight from the DCT when large
-                    factor = min(width, height) // MIN_SHORT_SIDE
-                    if factor >= 2:
-                        image.draft(image.mode, (width // factor, height // factor))
-                decoded_w, decoded_h = image.size  # what will be held in memory: the limit applies to it
-                if decoded_w * decoded_h > max_pixels:
-                    raise ImageDecodeError(
-                        "too_large",
-                        f"{width}x{height} = {width * height} pixels is over the limit of {max_pixels} "
-                        "(possible decompression bomb); send a smaller image or raise --max-pixels",
-                    )
-                frames = int(getattr(image, "n_frames", 1) or 1)
-                if frames > 1:
-                    image.seek(0)
-                image.load()
-                return _normalise(image, frames)
+            if canvas is not None:  # Pillow's WebP plugin has libwebp allocate its canvases as it opens the file
+                held.enter_context(DECODE_BUDGET.reserve(_check_memory("WEBP", canvas, _webp_bytes(canvas))))
+            image = held.enter_context(Image.open(handle, formats=ACCEPTED_FORMATS))
+            frames, estimate = _plan(image, handle, start, max_pixels)
+            if canvas is None:
+                held.enter_context(DECODE_BUDGET.reserve(estimate))
+            image.load()
+            return _normalise(image, frames, estimate)
     except ImageDecodeError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
@@ -144,26 +221,182 @@ def _decode(handle: BinaryIO, max_pixels: int) -> DecodedImage:
         raise ImageDecodeError(
             "not_image", f"unrecognised format; accepted formats are {', '.join(ACCEPTED_FORMATS)}"
         ) from exc
-    except (OSError, ValueError, SyntaxError, EOFError, MemoryError) as exc:
+    except (OSError, ValueError, SyntaxError, EOFError, MemoryError, ImageCms.PyCMSError) as exc:
         text = f"{type(exc).__name__}: {exc}"
         kind = "truncated" if "truncated" in text.lower() or isinstance(exc, EOFError) else "unreadable"
         raise ImageDecodeError(kind, f"the image could not be decoded ({text}); the file is damaged") from exc
 
 
-def _normalise(image: Image.Image, frames: int) -> DecodedImage:
-    """A loaded image -> reduced, 8-bit, sRGB, upright RGB or RGBA."""
+def _plan(image: Image.Image, handle: BinaryIO, start: int, max_pixels: int) -> tuple[int, int]:
+    """Frames and estimated peak bytes of an opened image, refused over the limits before any pixel is decoded."""
+    width, height = image.size
+    jpeg = image.format in ("JPEG", "MPO")  # MPO: a phone's JPEG with a second picture after it
+    if jpeg:  # decode at 1/2, 1/4 or 1/8 scale straight from the DCT when large
+        factor = min(width, height) // MIN_SHORT_SIDE
+        if factor >= 2:
+            image.draft(image.mode, (width // factor, height // factor))
+    decoded_w, decoded_h = image.size  # what will be held in memory: the limit applies to it
+    if decoded_w * decoded_h > max_pixels:
+        raise ImageDecodeError(
+            "too_large",
+            f"{width}x{height} = {width * height} pixels is over the limit of {max_pixels} "
+            "(possible decompression bomb); send a smaller image or raise --max-pixels",
+        )
+    frames = int(getattr(image, "n_frames", 1) or 1)
+    if frames > 1:
+        image.seek(0)
+    buffered = jpeg and _jpeg_buffers_coefficients(image, handle, start)
+    estimate = estimate_decode_bytes(image, (width, height), buffered)
+    return frames, _check_memory(image.format or "image", (width, height), estimate, buffered)
+
+
+# --- memory ---------------------------------------------------------------------------------------------
+def estimate_decode_bytes(image: Image.Image, source_size: tuple[int, int], buffered_jpeg: bool = False) -> int:
+    """Peak bytes ``read_image`` holds for an opened, not yet decoded image (after ``draft``), from its header.
+
+    The decoded image, what its decoder holds beside it, and the reduced RGB(A) image built from it strip by
+    strip; per-format factors measured (docs/BENCHMARKS.md, "Decoder memory per format"). An upper bound.
+    """
+    if image.format == "WEBP":
+        return _webp_bytes(image.size)
+    pixels = image.width * image.height
+    if any(tile.codec_name == "bmp_rle" for tile in image.tile):
+        decoder = pixels * BMP_RLE_DECODER_BYTES
+    elif buffered_jpeg:  # every DCT coefficient of the file at its full size, whatever the draft scale
+        decoder = _jpeg_blocks(image.layer, *source_size) * JPEG_COEFFICIENT_BYTES
+    else:
+        decoder = 0
+    # these decoders free their buffers when they finish, before the reduced image is built
+    return pixels * _bytes_per_pixel(image.mode) + max(decoder, _reduced_bytes(image.size)) + DECODER_BYTES
+
+
+def _webp_bytes(size: tuple[int, int]) -> int:
+    """Every WebP (still or animated, lossy or lossless, RGB or RGBA) is decoded by libwebp's WebPAnimDecoder,
+    whose canvases live as long as the image: they are still there while the reduced image is built."""
+    return size[0] * size[1] * (4 + WEBP_DECODER_BYTES) + _reduced_bytes(size) + DECODER_BYTES
+
+
+def _reduced_bytes(size: tuple[int, int]) -> int:
+    """The reduced RGB(A) image built from a decoded one of ``size`` (4 bytes a pixel in Pillow), and a strip."""
+    (left, top, right, bottom), factor = _region_and_factor(*size)
+    pixels = -(-(right - left) // factor) * -(-(bottom - top) // factor)
+    return pixels * 4 + min(size[0] * size[1], STRIP_PIXELS) * STRIP_BYTES_PER_PIXEL
+
+
+def _webp_canvas(handle: BinaryIO, start: int) -> tuple[int, int] | None:
+    """The canvas size a WebP file declares (its first chunk), or None for other files; read from its first bytes."""
+    head = handle.read(30)
+    handle.seek(start)
+    if len(head) < 30 or head[:4] != b"RIFF" or head[8:12] != b"WEBP":
+        return None
+    if head[12:16] == b"VP8X":  # extended: 24-bit canvas width - 1 and height - 1
+        return 1 + int.from_bytes(head[24:27], "little"), 1 + int.from_bytes(head[27:30], "little")
+    if head[12:16] == b"VP8L" and head[20] == 0x2F:  # lossless: 14-bit width - 1 and height - 1
+        bits = int.from_bytes(head[21:25], "little")
+        return 1 + (bits & 0x3FFF), 1 + (bits >> 14 & 0x3FFF)
+    if head[12:16] == b"VP8 ":  # lossy: a key frame's 14-bit width and height after its start code
+        return int.from_bytes(head[26:28], "little") & 0x3FFF, int.from_bytes(head[28:30], "little") & 0x3FFF
+    return None
+
+
+def _check_memory(fmt: str, size: tuple[int, int], estimate: int, buffered_jpeg: bool = False) -> int:
+    """``estimate``, or ``ImageDecodeError("too_large")`` when it is over ``MAX_DECODE_BYTES``."""
+    if estimate > MAX_DECODE_BYTES:
+        raise ImageDecodeError("too_large", _too_much_memory(fmt, size, estimate, buffered_jpeg))
+    return estimate
+
+
+def _bytes_per_pixel(mode: str) -> int:
+    """What Pillow holds per pixel: 1 byte for 1, L and P, 2 for 16-bit grey, 4 for every other mode."""
+    return 1 if mode in ("1", "L", "P") else 2 if mode.startswith("I;16") else 4
+
+
+def _jpeg_blocks(layers: Sequence[tuple[int, int, int, int]], width: int, height: int) -> int:
+    """8x8 blocks in all components of a JPEG of ``width`` x ``height`` with these (id, h, v, table) samplings."""
+    h_max = max([h for _, h, _, _ in layers] + [1])
+    v_max = max([v for _, _, v, _ in layers] + [1])
+    return sum(-(-width * h // (8 * h_max)) * -(-height * v // (8 * v_max)) for _, h, v, _ in layers)
+
+
+def _jpeg_buffers_coefficients(image: Image.Image, handle: BinaryIO, start: int) -> bool:
+    """Whether libjpeg keeps the whole image's coefficients: progressive, or a first scan without every component
+    (libjpeg's ``has_multiple_scans``); then a reduced-scale decode still holds 2 bytes a sample at full size."""
+    if image.info.get("progressive") or image.info.get("progression"):
+        return True
+    if len(image.layer) == 1:
+        return False
+    position = handle.tell()
+    try:
+        handle.seek(start + 2)  # after SOI: every segment before the first scan says its length
+        while len(marker := handle.read(2)) == 2 and marker[0] == 0xFF:
+            if marker[1] == 0xFF:  # a fill byte
+                handle.seek(-1, os.SEEK_CUR)
+                continue
+            length = int.from_bytes(handle.read(2), "big")
+            if marker[1] == 0xDA:  # start of scan: its first byte is the number of components in it
+                return handle.read(1) != bytes([len(image.layer)])
+            handle.seek(length - 2, os.SEEK_CUR)
+        return True  # no scan header where one belongs: assume the worst
+    finally:
+        handle.seek(position)
+
+
+def _too_much_memory(fmt: str, size: tuple[int, int], estimate: int, buffered_jpeg: bool) -> str:
+    """Why an image is refused for its memory, and what to send instead."""
+    width, height = size
+    fixed = DECODER_BYTES + STRIP_PIXELS * STRIP_BYTES_PER_PIXEL  # the part of the estimate that does not scale
+    fits = max(1, int(width * height * (MAX_DECODE_BYTES - fixed) / max(1, estimate - fixed) / 1e6))
+    if fmt == "WEBP":
+        how = (f"re-encode it as PNG or JPEG (libwebp holds {4 + WEBP_DECODER_BYTES} bytes a pixel while decoding, "
+               f"PNG 4) or send one of at most about {fits} megapixels")
+    elif buffered_jpeg:
+        how = (f"save it as a baseline (not progressive) JPEG, which is decoded at reduced scale in little memory, "
+               f"or send one of at most about {fits} megapixels")
+    else:
+        how = f"send one of at most about {fits} megapixels"
+    return (f"a {fmt} of {width}x{height} would hold about {estimate / MIB:.0f} MB while decoding, over the "
+            f"{MAX_DECODE_BYTES / MIB:.0f} MB one decode may use; {how}; --max-pixels does not raise this limit")
+
+
+# --- normalisation -------------------------------------------------------------------------------------
+def _normalise(image: Image.Image, frames: int, estimate: int = 0) -> DecodedImage:
+    """A loaded image -> reduced, 8-bit, sRGB, upright RGB or RGBA, built strip by strip into one new image.
+
+    Each strip of the kept region is cropped, reduced and converted (bit depth, palette, colour profile, RGB(A),
+    orientation) before the next: beside the decoded image only the result and one strip are held.
+    """
     notes = [f"animated image: the first of its {frames} frames was used"] if frames > 1 else []
     fmt, icc, orientation = image.format or "?", image.info.get("icc_profile"), _orientation(image)
-    image = _to_8bit(_shrink(image))
-    if image.mode in ("P", "PA", "1", "La", "RGBa") or "transparency" in image.info:
-        image = _to_rgb_or_rgba(image)  # palette and colour-key transparency become an alpha channel first
-    if icc:
-        image, note = _to_srgb(image, icc)
-        notes += [note] if note else []
-    image = _to_rgb_or_rgba(image)
-    if orientation in _TRANSPOSE:
-        image = image.transpose(_TRANSPOSE[orientation])
-    return DecodedImage(image, fmt, frames, tuple(notes))
+    width, height = image.size
+    (left, top, right, bottom), factor = _region_and_factor(width, height)
+    transpose = _TRANSPOSE.get(orientation)
+    if (
+        image.mode in ("RGB", "RGBA") and "transparency" not in image.info and not icc and transpose is None
+        and factor == 1 and (right - left, bottom - top) == (width, height)
+        and fmt != "WEBP"  # a WebP image holds libwebp's two canvases (8 bytes a pixel) as long as it lives
+    ):
+        return DecodedImage(image, fmt, frames, tuple(notes), estimate)
+    samples = _sample_range(image)
+    to_srgb, note = _srgb_transform(icc, _prepare(image.crop((0, 0, 1, 1)), samples).mode) if icc else (None, None)
+    notes += [note] if note else []
+    out_w, out_h = -(-(right - left) // factor), -(-(bottom - top) // factor)
+    swap = transpose in _SWAPS_AXES
+    out: Image.Image | None = None
+    rows = max(factor, (STRIP_PIXELS // max(1, right - left)) // factor * factor)
+    for y in range(top, bottom, rows):
+        strip = _prepare(image.crop((left, y, right, min(bottom, y + rows))), samples, factor)
+        if to_srgb is not None:
+            strip = _apply_srgb(strip, to_srgb)
+        strip = _to_rgb_or_rgba(strip)
+        if out is None:
+            out = Image.new(strip.mode, (out_h, out_w) if swap else (out_w, out_h))
+        row, count = (y - top) // factor, strip.height
+        if transpose is not None:  # where the strip lands in the upright image
+            strip = strip.transpose(transpose)
+            row = out_h - row - count if transpose in _REVERSES_ROWS else row
+        out.paste(strip, (row, 0) if swap else (0, row))
+    assert out is not None
+    return DecodedImage(out, fmt, frames, tuple(notes), estimate)
 
 
 def _region_and_factor(width: int, height: int) -> tuple[tuple[int, int, int, int], int]:
@@ -174,48 +407,38 @@ def _region_and_factor(width: int, height: int) -> tuple[tuple[int, int, int, in
     return (left, top, left + keep_w, top + keep_h), max(1, short // MIN_SHORT_SIDE)
 
 
-def _shrink(image: Image.Image) -> Image.Image:
-    """Crop to the kept region and shrink it, strip by strip: no full-size copy of the decoded image is made
-    (PIL's own ``reduce`` of RGBA makes a premultiplied copy of the whole image first)."""
-    width, height = image.size
-    (left, top, right, bottom), factor = _region_and_factor(width, height)
-    if factor == 1 and (right - left, bottom - top) == (width, height):
-        return image
-    out = None
-    rows = max(factor, (STRIP_PIXELS // max(1, right - left)) // factor * factor)
-    for y in range(top, bottom, rows):
-        strip = image.crop((left, y, right, min(bottom, y + rows)))
-        if strip.mode.startswith("I;16"):
-            strip = strip.convert("I")  # PIL reduces 32-bit integers, not 16-bit
-        elif _has_alpha(strip) and strip.mode != "RGBA":  # palette or colour-key transparency: alpha now
-            strip = strip.convert("RGBA")
-        elif strip.mode in ("P", "1"):
-            strip = strip.convert("RGB")
-        if factor > 1:
-            strip = strip.reduce(factor)
-        if out is None:
-            out = Image.new(strip.mode, (-(-(right - left) // factor), -(-(bottom - top) // factor)))
-        out.paste(strip, (0, (y - top) // factor))
-    out.info = {key: value for key, value in image.info.items() if key != "transparency"}
-    return out
+def _prepare(strip: Image.Image, samples: tuple[float, float] | None, factor: int = 1) -> Image.Image:
+    """A strip reduced by ``factor``, in 8 bits; palette and colour-key transparency become RGB(A) first."""
+    if strip.mode.startswith("I;16"):
+        strip = strip.convert("I")  # PIL reduces 32-bit integers, not 16-bit
+    elif strip.mode in ("P", "PA", "1", "La", "RGBa") or (samples is None and "transparency" in strip.info):
+        strip = _to_rgb_or_rgba(strip)
+    if factor > 1:
+        strip = strip.reduce(factor)
+    return strip if samples is None else _to_8bit(strip, *samples)
 
 
-def _to_8bit(image: Image.Image) -> Image.Image:
-    """16/32-bit integer and float modes scaled by their range to 0..255 (PIL's convert would clip)."""
-    if image.mode not in ("I", "F") and not image.mode.startswith("I;16"):
-        return image
-    values = np.asarray(image, dtype=np.float32)
+def _sample_range(image: Image.Image) -> tuple[float, float] | None:
+    """The range 16/32-bit integer and float samples are scaled from to 0..255 (PIL's convert would clip)."""
     if image.mode.startswith("I;16"):
-        low, high = 0.0, 65535.0
-    elif image.mode == "I" and values.size and values.min() >= 0 and values.max() <= 65535:
-        low, high = 0.0, 65535.0  # 16-bit samples held in 32 bits (PNG greyscale in older Pillow)
-    elif image.mode == "F" and values.size and values.min() >= 0 and values.max() <= 1:
-        low, high = 0.0, 1.0
-    else:  # any other range: stretch what is there
-        low, high = (float(values.min()), float(values.max())) if values.size else (0.0, 1.0)
-    scale = 255.0 / (high - low) if high > low else 0.0
-    values = np.clip((values - low) * scale + 0.5, 0, 255).astype(np.uint8)
-    return Image.fromarray(values, mode="L")
+        return 0.0, 65535.0
+    if image.mode not in ("I", "F"):
+        return None
+    low, high = image.getextrema()
+    if image.mode == "I" and low >= 0 and high <= 65535:
+        return 0.0, 65535.0  # 16-bit samples held in 32 bits (PNG greyscale in older Pillow)
+    if image.mode == "F" and low >= 0 and high <= 1:
+        return 0.0, 1.0
+    return float(low), float(high)  # any other range: stretch what is there
+
+
+def _to_8bit(image: Image.Image, low: float, high: float) -> Image.Image:
+    """A 16/32-bit integer or float image scaled from low..high to an 8-bit greyscale one."""
+    values = np.array(image, dtype=np.float32)  # a copy: scaled in place, without temporaries
+    values -= low
+    values *= 255.0 / (high - low) if high > low else 0.0
+    values += 0.5
+    return Image.fromarray(np.clip(values, 0, 255, out=values).astype(np.uint8), mode="L")
 
 
 def _has_alpha(image: Image.Image) -> bool:
@@ -228,18 +451,23 @@ def _to_rgb_or_rgba(image: Image.Image) -> Image.Image:
     return image if image.mode == "RGB" else image.convert("RGB")  # CMYK without a profile: PIL's formula
 
 
-def _to_srgb(image: Image.Image, icc: bytes) -> tuple[Image.Image, str | None]:
-    """Colours converted from the embedded ICC profile (RGB, CMYK or grey) to sRGB; alpha carried over."""
+def _srgb_transform(icc: bytes, mode: str) -> tuple[ImageCms.ImageCmsTransform | None, str | None]:
+    """The transform from the embedded ICC profile (RGB, CMYK or grey) to sRGB for strips of ``mode``."""
     try:
         profile = ImageCms.ImageCmsProfile(io.BytesIO(icc))
-        alpha = image.getchannel("A") if image.mode in ("RGBA", "LA") else None
-        colour = image.convert(image.mode[:-1]) if alpha is not None else image
-        converted = ImageCms.profileToProfile(colour, profile, _SRGB, outputMode="RGB")
-        if alpha is not None:
-            converted.putalpha(alpha)
-        return converted, None
+        colour = mode[:-1] if mode in ("RGBA", "LA") else mode
+        return ImageCms.buildTransform(profile, _SRGB, colour, "RGB"), None
     except (ImageCms.PyCMSError, OSError, ValueError, TypeError) as exc:
-        return image, f"its ICC colour profile could not be used ({exc}); colours were taken as sRGB"
+        return None, f"its ICC colour profile could not be used ({exc}); colours were taken as sRGB"
+
+
+def _apply_srgb(image: Image.Image, transform: ImageCms.ImageCmsTransform) -> Image.Image:
+    """Colours converted to sRGB; alpha carried over."""
+    alpha = image.getchannel("A") if image.mode in ("RGBA", "LA") else None
+    converted = ImageCms.applyTransform(image.convert(image.mode[:-1]) if alpha is not None else image, transform)
+    if alpha is not None:
+        converted.putalpha(alpha)
+    return converted
 
 
 # EXIF orientation -> the transposition that shows the image upright (as ImageOps.exif_transpose does)
@@ -248,6 +476,10 @@ _TRANSPOSE = {
     5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
     8: Image.Transpose.ROTATE_90,
 }
+_SWAPS_AXES = (Image.Transpose.TRANSPOSE, Image.Transpose.ROTATE_270, Image.Transpose.TRANSVERSE,
+               Image.Transpose.ROTATE_90)  # a strip of rows becomes a strip of columns
+_REVERSES_ROWS = (Image.Transpose.ROTATE_180, Image.Transpose.FLIP_TOP_BOTTOM, Image.Transpose.ROTATE_270,
+                  Image.Transpose.TRANSVERSE)  # the first rows land last
 
 
 def _orientation(image: Image.Image) -> int:
