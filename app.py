@@ -6,7 +6,7 @@
 Same options as `retrieval serve`; see `python app.py --help`.
 """
 
-from cli.serve import serve_command
+from retrieval.cli.serve import serve_command
 
 if __name__ == "__main__":
     serve_command(prog_name="python app.py")

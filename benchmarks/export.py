@@ -29,8 +29,8 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 import torch  # noqa: E402
+from retrieval.export.onnx_export import export_embedder  # noqa: E402
 
-from export.onnx_export import export_embedder  # noqa: E402
 from retrieval.models import PretrainedWeightsMissing, create_embedder  # noqa: E402
 
 

@@ -25,9 +25,9 @@ for step in $steps; do
     sinkhorn) python3 benchmarks/gpu.py sinkhorn | tee "$OUT/sinkhorn.md" ;;
     train) python3 benchmarks/gpu.py train | tee "$OUT/train.md" ;;
     e2e)  # the real command end to end: digits, pretrained EfficientNet-Lite0 fine-tuned on the GPU
-      python3 -m cli.main train --dataset digits --device cuda --amp bf16 --channels-last --image-size 128 \
+      python3 -m retrieval train --dataset digits --device cuda --amp bf16 --channels-last --image-size 128 \
         --loss ms --batch-size 40 --per-class 8 --epochs 4 --lr 1e-3 --workers 8 --out /tmp/e2e-run 2>&1 | tail -8
-      python3 -m cli.main export --checkpoint /tmp/e2e-run/best.pt --out /tmp/e2e-run/model.onnx 2>&1 | tail -4
+      python3 -m retrieval export --checkpoint /tmp/e2e-run/best.pt --out /tmp/e2e-run/model.onnx 2>&1 | tail -4
       python3 -c "import json; r = json.load(open('/tmp/e2e-run/report.json')); \
         print({k: round(r[k]['recall@1'], 4) for k in ('baseline', 'last')}, \
               [round(h['images_per_s']) for h in r['history'] if 'images_per_s' in h])" | tee "$OUT/e2e.txt" ;;

@@ -41,9 +41,9 @@ def throughput(args: argparse.Namespace) -> dict:
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from retrieval.export import export_embedder
     from test_index_support import write_digits
 
-    from export import export_embedder
     from retrieval.index import IngestOptions, build_index, load_model
     from retrieval.models import create_embedder
 
@@ -97,9 +97,9 @@ def ray_throughput(args: argparse.Namespace) -> dict:
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from retrieval.export import export_embedder
     from test_index_support import write_digits
 
-    from export import export_embedder
     from retrieval.index import IngestOptions, build_index
     from retrieval.index.ray_engine import RayOptions
     from retrieval.models import create_embedder

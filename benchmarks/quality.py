@@ -39,6 +39,8 @@ from tqdm.auto import tqdm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from retrieval.train.config import TrainConfig  # noqa: E402
+
 from benchmarks.quality_discussion import (  # noqa: E402
     DISCUSSIONS,
     curves,
@@ -57,7 +59,6 @@ from benchmarks.quality_grid import (  # noqa: E402
     default_datasets,
 )
 from retrieval.analysis.results import RESULTS_FORMAT, plot_curves, results_markdown, summarize  # noqa: E402
-from train.config import TrainConfig  # noqa: E402
 
 
 # --- one run -------------------------------------------------------------------------------------------------------
@@ -119,7 +120,7 @@ def _same_run(saved: dict[str, Any], cfg: TrainConfig) -> bool:
 
 def execute(run: Run, feature_cache: str | None) -> dict[str, Any]:
     """Train the run unless it already finished; an interrupted run resumes, a stale one starts again."""
-    from train import train
+    from retrieval.train import train
 
     cfg = run.config(feature_cache)
     report = finished_report(run.out, cfg)
@@ -140,8 +141,9 @@ def execute(run: Run, feature_cache: str | None) -> dict[str, Any]:
 
 def floor_metrics(dataset: DatasetSpec, runs: Path, feature_cache: str | None) -> dict[str, float]:
     """The pretrained backbone's own L2-normalised features, no head: what training has to beat."""
+    from retrieval.train.trainer import Trainer
+
     from retrieval.evaluation import evaluate_embeddings
-    from train.trainer import Trainer
 
     path = runs / dataset.key / "floor" / "metrics.json"
     cfg = TrainConfig(**{**COMMON, **dataset.overrides, "out": str(path.parent), "feature_cache": feature_cache})

@@ -130,7 +130,7 @@ def main() -> None:
             )
         )
         return
-    from serve.server import BackgroundServer, ServerConfig, build_app
+    from retrieval.serve.server import BackgroundServer, ServerConfig, build_app
 
     index_dir = args.index
     if args.fixture:

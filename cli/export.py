@@ -18,7 +18,7 @@ import click
               help="compare onnxruntime with PyTorch on real images at batch 1 and 7.")
 def export_command(checkpoint: str, out: str, opset: int | None, fp16: bool, verify: bool) -> None:
     """Export a trained embedder (backbone, head, L2 norm) to ONNX with a dynamic batch axis."""
-    from export.onnx_export import ExportVerificationError, export_checkpoint
+    from retrieval.export.onnx_export import ExportVerificationError, export_checkpoint
 
     try:
         result = export_checkpoint(checkpoint, out, opset=opset, fp16=fp16, verify=verify, log=click.echo)

@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import click
-
-from train.config import TrainConfig
+from retrieval.train.config import TrainConfig
 
 
 def parse_params(pairs: tuple[str, ...], option: str) -> dict[str, Any]:
@@ -139,7 +138,7 @@ def config_from_options(config_file: str | None, dataset_params: tuple[str, ...]
     overrides = {k: v for k, v in options.items() if v is not None}
     file_values = {}
     if config_file:
-        from train.config import load_config_file
+        from retrieval.train.config import load_config_file
 
         file_values = load_config_file(config_file)
     if dataset_params:
@@ -154,16 +153,16 @@ def config_from_options(config_file: str | None, dataset_params: tuple[str, ...]
 @train_options
 @click.option("--nproc", type=int, metavar="N",
               help="train in N processes on this machine (torchrun; one per GPU on CUDA). Several machines: "
-                   "torchrun ... -m cli.main train (docs/SCALE.md).")
+                   "torchrun ... -m retrieval train (docs/SCALE.md).")
 @click.option("--max-restarts", type=int, default=0, show_default=True,
               help="with --nproc: restart the processes this many times after a failure (from last.pt).")
 def train_command(config_file, dataset_params, loss_params, nproc, max_restarts, **options) -> None:
     """Train an embedder; writes config.json, metrics.jsonl, last.pt, best.pt, report.json to --out."""
-    from train import train
+    from retrieval.train import train
 
     cfg = config_from_options(config_file, dataset_params, loss_params, **options)
     if nproc is not None and nproc > 1:
-        from train.distributed import env_world_size, launch
+        from retrieval.train.distributed import env_world_size, launch
 
         if env_world_size() > 1:
             raise click.UsageError("--nproc launches the processes itself: leave it out under torchrun")
@@ -270,11 +269,11 @@ def backbones_command() -> None:
 @click.option("--port", default=7860, show_default=True, type=int)
 def demo_command(out: str, epochs: int | None, start_server: bool, host: str, port: int) -> None:
     """The main job on the emoji data: prepare, train, evaluate, export, index, then serve the app."""
-    from cli.demo import run_demo
+    from retrieval.cli.demo import run_demo
 
     run_demo(Path(out), epochs=epochs)
     if start_server:
-        from serve.server import ServerConfig, serve
+        from retrieval.serve.server import ServerConfig, serve
 
         report = Path(out) / "run" / "report.json"
         click.secho(f"starting the app at http://{host}:{port}/ (Ctrl-C stops it; `python app.py` restarts it)",
@@ -284,11 +283,11 @@ def demo_command(out: str, epochs: int | None, start_server: bool, host: str, po
 
 def _register_area_commands() -> None:
     """Each area keeps its commands in its own module; they join the one command line here."""
-    from cli.analyze import analyze_group
-    from cli.data import data_group
-    from cli.export import export_command
-    from cli.index import index_group, search_command
-    from cli.serve import serve_command
+    from retrieval.cli.analyze import analyze_group
+    from retrieval.cli.data import data_group
+    from retrieval.cli.export import export_command
+    from retrieval.cli.index import index_group, search_command
+    from retrieval.cli.serve import serve_command
 
     for command in (data_group, analyze_group, export_command, index_group, search_command, serve_command):
         main.add_command(command)

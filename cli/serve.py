@@ -5,9 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-
-from retrieval.index.live import RELOAD_INTERVAL_S
-from serve.defaults import (
+from retrieval.serve.defaults import (
     API_TOKEN_ENV,
     DEFAULT_HOST,
     DEFAULT_INDEX_DIR,
@@ -22,6 +20,8 @@ from serve.defaults import (
     PUBLIC_PATHS,
     missing_artifacts_message,
 )
+
+from retrieval.index.live import RELOAD_INTERVAL_S
 
 
 @click.command("serve")
@@ -162,8 +162,8 @@ def serve_command(
     upload_cache_mb,
 ) -> None:
     """Search service: HTTP API (POST /search, /items/{id}, /stats, /health) and the Gradio UI at /."""
-    from serve.security import ConfigError, check_exposure, read_api_token, read_auth_file, readable_by_others
-    from serve.server import ServerConfig, serve
+    from retrieval.serve.security import ConfigError, check_exposure, read_api_token, read_auth_file, readable_by_others
+    from retrieval.serve.server import ServerConfig, serve
 
     try:
         api_token = read_api_token(token_file)

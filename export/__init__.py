@@ -1,6 +1,6 @@
 """ONNX export of a trained embedder (``retrieval export``) and its onnxruntime runner."""
 
-from export.onnx_export import (
+from retrieval.export.onnx_export import (
     ExportResult,
     ExportVerificationError,
     VerificationReport,
@@ -9,6 +9,7 @@ from export.onnx_export import (
     sample_images,
     verify_export,
 )
+
 from retrieval.onnx_runtime import OnnxEmbedder
 
 __all__ = [

@@ -3,8 +3,8 @@
 ``retrieval serve --index INDEX_DIR [--report REPORT]`` or ``python app.py`` run both on one port.
 """
 
-from serve.defaults import DEFAULT_INDEX_DIR, DEFAULT_REPORT, DEMO_DIR, missing_artifacts_message
-from serve.service import SearchResponse, SearchService
+from retrieval.serve.defaults import DEFAULT_INDEX_DIR, DEFAULT_REPORT, DEMO_DIR, missing_artifacts_message
+from retrieval.serve.service import SearchResponse, SearchService
 
 __all__ = [
     "DEFAULT_INDEX_DIR",

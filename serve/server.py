@@ -15,12 +15,8 @@ import gradio as gr
 import uvicorn
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
-from starlette.routing import Mount
-from starlette.types import Scope
-
-from retrieval.index.live import RELOAD_INTERVAL_S
-from serve.api import create_api
-from serve.defaults import (
+from retrieval.serve.api import create_api
+from retrieval.serve.defaults import (
     API_TOKEN_ENV,
     DEFAULT_HOST,
     DEFAULT_MAX_PIXELS,
@@ -32,8 +28,8 @@ from serve.defaults import (
     PUBLIC_PATHS,
     UPLOAD_PRUNE_INTERVAL_S,
 )
-from serve.reports import load_report
-from serve.security import (
+from retrieval.serve.reports import load_report
+from retrieval.serve.security import (
     AllowedHosts,
     BearerToken,
     ConfigError,
@@ -43,9 +39,9 @@ from serve.security import (
     is_loopback,
     request_cookies,
 )
-from serve.service import SearchService
-from serve.ui import UI_CSS, build_ui
-from serve.upload_cache import (
+from retrieval.serve.service import SearchService
+from retrieval.serve.ui import UI_CSS, build_ui
+from retrieval.serve.upload_cache import (
     GRADIO_API_PREFIX,
     UploadedFilesOnly,
     UploadPruner,
@@ -53,6 +49,10 @@ from serve.upload_cache import (
     lock_file_access,
     use_upload_folder,
 )
+from starlette.routing import Mount
+from starlette.types import Scope
+
+from retrieval.index.live import RELOAD_INTERVAL_S
 
 UI_PATH = "/"
 GRADIO_CONCURRENCY = 4  # Gradio events running at once; more wait in its queue

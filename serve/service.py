@@ -26,6 +26,10 @@ from typing import IO, Any
 
 import numpy as np
 from PIL import Image
+from retrieval.serve.batcher import MicroBatcher
+from retrieval.serve.defaults import DEFAULT_MAX_PIXELS, DEFAULT_MAX_UPLOAD_BYTES
+from retrieval.serve.diagnostics import LeaveOneOut, leave_one_out
+from retrieval.serve.images import QueryError, decode_query
 
 from retrieval.index import IMAGE_EXTENSIONS, Index, SearchResult, index_stats
 from retrieval.index.catalogue import CatalogueReader
@@ -33,10 +37,6 @@ from retrieval.index.embedder import Embedder, prepare_vectors
 from retrieval.index.live import RELOAD_INTERVAL_S, LiveIndex, Snapshot
 from retrieval.index.search import check_k
 from retrieval.onnx_runtime import preprocess_images
-from serve.batcher import MicroBatcher
-from serve.defaults import DEFAULT_MAX_PIXELS, DEFAULT_MAX_UPLOAD_BYTES
-from serve.diagnostics import LeaveOneOut, leave_one_out
-from serve.images import QueryError, decode_query
 
 # What an image file is served as, by extension (the catalogue only holds these extensions).
 IMAGE_MEDIA_TYPES = {

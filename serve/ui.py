@@ -14,14 +14,10 @@ from typing import Any
 
 import gradio as gr
 from PIL import Image
-
-from retrieval.analysis.results import table_markdown
-from retrieval.data import open_image
-from retrieval.data.emoji import emoji_name, is_code_point_sequence
-from serve.defaults import API_DOCS_PATH, RESULTS_COMMAND
-from serve.diagnostics import duplicates
-from serve.images import QueryError, decode_base64
-from serve.reports import (
+from retrieval.serve.defaults import API_DOCS_PATH, RESULTS_COMMAND
+from retrieval.serve.diagnostics import duplicates
+from retrieval.serve.images import QueryError, decode_base64
+from retrieval.serve.reports import (
     MAP_EQUALS_RECALL_NOTE,
     METRIC_UNIT,
     curves_plot,
@@ -33,8 +29,12 @@ from serve.reports import (
     summary_markdown,
     triplet_plot,
 )
-from serve.service import SearchService
-from serve.upload_cache import UploadRecords
+from retrieval.serve.service import SearchService
+from retrieval.serve.upload_cache import UploadRecords
+
+from retrieval.analysis.results import table_markdown
+from retrieval.data import open_image
+from retrieval.data.emoji import emoji_name, is_code_point_sequence
 
 THUMBNAIL = 256
 MAX_SLIDER_K = 100  # the K slider's top: the app shows at most this many results (the API allows MAX_K)

@@ -34,13 +34,13 @@ from gradio import processing_utils
 from gradio.context import LocalContext
 from gradio.exceptions import InvalidPathError
 from gradio_client.utils import is_file_obj_with_meta
+from retrieval.serve.defaults import GRADIO_JSON_BODY_LIMIT
+from retrieval.serve.images import QueryError
+from retrieval.serve.security import ConfigError
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from retrieval.data.decode import ImageDecodeError, open_regular_file
-from serve.defaults import GRADIO_JSON_BODY_LIMIT
-from serve.images import QueryError
-from serve.security import ConfigError
 
 GRADIO_API_PREFIX = "/gradio_api/"
 GRADIO_UPLOAD_PATHS = ("/gradio_api/upload", "/gradio_api/upload/")  # multipart bodies: Gradio caps and records them

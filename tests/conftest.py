@@ -16,7 +16,7 @@ def artifacts(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def service(artifacts):
-    from serve.service import SearchService
+    from retrieval.serve.service import SearchService
 
     svc = SearchService(artifacts.index_dir, max_upload_bytes=200_000, max_pixels=4_000_000)
     yield svc
@@ -26,8 +26,7 @@ def service(artifacts):
 @pytest.fixture(scope="module")
 def client(service):
     from fastapi.testclient import TestClient
-
-    from serve.api import create_api
+    from retrieval.serve.api import create_api
 
     with TestClient(create_api(service)) as c:
         yield c

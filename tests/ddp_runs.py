@@ -12,8 +12,7 @@ import json
 import sys
 
 import torch.distributed as dist
-
-from train import TrainConfig, train
+from retrieval.train import TrainConfig, train
 
 if __name__ == "__main__":
     dist.init_process_group("gloo")

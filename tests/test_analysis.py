@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from retrieval.cli.analyze import analyze_group, class_balanced_indices
 
-from cli.analyze import analyze_group, class_balanced_indices
 from retrieval import losses
 from retrieval.analysis import plot_pair_weights, plot_triplet_diagram, triplet_diagram
 from retrieval.losses.weights import pair_weights

@@ -20,14 +20,14 @@ import shutil
 from pathlib import Path
 
 import pytest
+from retrieval.serve.defaults import DEFAULT_MAX_PIXELS, DEFAULT_MAX_UPLOAD_BYTES, DEFAULT_RESULTS
+from retrieval.serve.images import QueryError, decode_image
+from retrieval.serve.server import BackgroundServer, ServerConfig, build_app
 from serve_fixtures import ServeArtifacts, png_bytes, shared_artifacts
 from test_index_support import bomb_png
 
 from retrieval.analysis.results import RESULTS_FORMAT
 from retrieval.data.emoji import emoji_name, is_code_point_sequence
-from serve.defaults import DEFAULT_MAX_PIXELS, DEFAULT_MAX_UPLOAD_BYTES, DEFAULT_RESULTS
-from serve.images import QueryError, decode_image
-from serve.server import BackgroundServer, ServerConfig, build_app
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = [

@@ -85,7 +85,7 @@ def image_folder(tmp_path_factory) -> Path:
 
 
 def config(root: Path, out: Path, **overrides):
-    from train import TrainConfig
+    from retrieval.train import TrainConfig
 
     values = dict(dataset="folder", data=str(root), backbone="timm:resnet18", pretrained=False, image_size=32,
                   embedding_dim=16, loss="ms", batch_size=8, per_class=2, batches_per_epoch=3, epochs=2,
@@ -110,7 +110,7 @@ GPU_OPTIONS = {
 @pytest.mark.slow
 @pytest.mark.parametrize("option", list(GPU_OPTIONS))
 def test_training_runs_on_cuda_with_each_gpu_option(image_folder, tmp_path, option):
-    from train import train
+    from retrieval.train import train
 
     report = train(config(image_folder, tmp_path / option, **GPU_OPTIONS[option]), progress=False)
     history = [json.loads(line) for line in (tmp_path / option / "metrics.jsonl").read_text().splitlines()]
@@ -125,7 +125,7 @@ def test_training_runs_on_cuda_with_each_gpu_option(image_folder, tmp_path, opti
 @pytest.mark.slow
 def test_fp32_training_on_cuda_follows_the_cpu(image_folder, tmp_path):
     """The same seeded run, full precision: the first epoch's loss agrees between CPU and GPU."""
-    from train import train
+    from retrieval.train import train
 
     runs = {}
     for device in ("cpu", "cuda"):
@@ -140,7 +140,7 @@ def test_fp32_training_on_cuda_follows_the_cpu(image_folder, tmp_path):
 @pytest.mark.slow
 def test_fp16_training_resumes_on_cuda(image_folder, tmp_path):
     """last.pt of an fp16 run holds the grad scaler and the CUDA RNG; --resume continues to the planned epochs."""
-    from train import train
+    from retrieval.train import train
 
     train(config(image_folder, tmp_path / "run", amp="fp16", epochs=1, eval_every=100), progress=False)
     ckpt = torch.load(tmp_path / "run" / "last.pt", map_location="cpu", weights_only=False)

@@ -12,10 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
+import retrieval.cli.demo as demo
 import torch
-
-import cli.demo as demo
-from train.config import TrainConfig
+from retrieval.train.config import TrainConfig
 
 
 class FakeSteps:
@@ -24,8 +23,8 @@ class FakeSteps:
         self.config_hash = "config-1"
         self.model_hash = "model-1"
         monkeypatch.setattr("retrieval.data.emoji.prepare_emoji", self.prepare)
-        monkeypatch.setattr("train.train", self.train)
-        monkeypatch.setattr("export.export_checkpoint", self.export)
+        monkeypatch.setattr("retrieval.train.train", self.train)
+        monkeypatch.setattr("retrieval.export.export_checkpoint", self.export)
         monkeypatch.setattr("retrieval.index.build_index", self.build_index)
         monkeypatch.setattr("retrieval.onnx_runtime.OnnxEmbedder", self.embedder)
 

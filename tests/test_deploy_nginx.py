@@ -20,11 +20,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from retrieval.serve.api import FORM_SLACK
+from retrieval.serve.defaults import DEFAULT_MAX_UPLOAD_BYTES
+from retrieval.serve.server import BackgroundServer, ServerConfig, build_app, connection_limit, free_port
 from serve_fixtures import png_bytes, shared_artifacts
-
-from serve.api import FORM_SLACK
-from serve.defaults import DEFAULT_MAX_UPLOAD_BYTES
-from serve.server import BackgroundServer, ServerConfig, build_app, connection_limit, free_port
 
 # deploy/ is not an installed package: load the launcher from the checkout, as `python -m deploy.nginx_local` does
 _spec = importlib.util.spec_from_file_location(

@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 import ray
 from click.testing import CliRunner
+from retrieval.cli.index import index_group
 from test_index_build import assert_each_indexed_once
 from test_index_faiss import clustered_unit_vectors, write_vector_index
 from test_index_support import SIZE, bomb_png, jpeg_bytes, png_bytes, write_digits, write_projection_onnx
 
-from cli.index import index_group
 from retrieval.index import Catalogue, Index, IngestOptions, build_index, faiss_ops, index_stats, load_model
 from retrieval.index.builder import build_faiss
 from retrieval.index.ray_engine import RAY_INSTALL, RayEngine, RayOptions
@@ -242,7 +242,7 @@ def test_embedding_actor_on_ray_runs_without_torch(cluster, model):
 def _driver(args: list[str]) -> subprocess.Popen:
     """``retrieval index ...`` in its own process (the driver that the kill tests kill)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "index", *args],
+        [sys.executable, "-m", "retrieval", "index", *args],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
         stdout=subprocess.PIPE,

@@ -58,7 +58,7 @@ def test_builds_with_defaults_and_trains(name, dtype):
 def test_the_loss_class_says_whether_it_wants_normalised_embeddings():
     # N-pair keeps raw norms (symm section 4.2); every other loss, DCDL included, trains on unit embeddings
     assert [n for n in available() if not wants_normalized(n)] == ["npair"]
-    from train.config import TrainConfig
+    from retrieval.train.config import TrainConfig
 
     assert not TrainConfig(loss="npair").use_normalize and TrainConfig(loss="angular").use_normalize
     assert TrainConfig(loss="npair", normalize=True).use_normalize  # an explicit --normalize wins
@@ -195,8 +195,8 @@ def test_pairs_come_from_labels_not_positions():
 def test_losses_listing_prints_equation_defaults_and_readings():
     """`retrieval losses` reads each loss class's own equation, signature defaults and readings (issue 17)."""
     from click.testing import CliRunner
+    from retrieval.cli.main import main
 
-    from cli.main import main
     from retrieval.losses import describe
 
     for name in PAIR_LOSSES + ["dcdl"]:

@@ -88,13 +88,13 @@ def test_grid_writes_every_cell_over_seeds(grid):
 
 def test_finished_cells_are_skipped_and_interrupted_ones_resume(grid, monkeypatch):
     results, paths = grid
-    import train
+    from retrieval import train
 
     calls = []
 
     def fake_train(cfg, progress=True):
         calls.append(cfg)
-        from train.trainer import Trainer
+        from retrieval.train.trainer import Trainer
 
         return Trainer(cfg, progress=False).run()
 
@@ -113,8 +113,7 @@ def test_finished_cells_are_skipped_and_interrupted_ones_resume(grid, monkeypatc
 
 def test_cell_command_reproduces_its_configuration(tmp_path):
     from click.testing import CliRunner
-
-    from cli.main import main
+    from retrieval.cli.main import main
 
     captured = {}
 
@@ -122,7 +121,7 @@ def test_cell_command_reproduces_its_configuration(tmp_path):
         captured["cfg"] = cfg
         return {}
 
-    import train
+    from retrieval import train
 
     for method in (Method("x", "dcdl", loss_kwargs={"local": "npair", "phi": "sinkhorn"}, normalize=False),
                    Method("y", "nca_triplet", loss_kwargs={"mining": "semihard"})):
@@ -176,7 +175,7 @@ def test_pair_discussion_counts_gains_beyond_noise():
 
 
 def test_results_tab_shows_tables_and_figure(grid, tmp_path):
-    from serve.ui import ResultsTab
+    from retrieval.serve.ui import ResultsTab
 
     _, paths = grid
     tab = ResultsTab(paths["json_path"])
@@ -209,7 +208,7 @@ def test_rerunning_one_table_keeps_the_others_and_shows_only_complete_cells(grid
     """`--tables dcdl --report-only`: the other tables stay exactly as they were in results.json; a cell with a
     seed missing is left empty rather than shown with fewer seeds; nothing is trained."""
     results, paths = grid
-    import train
+    from retrieval import train
 
     monkeypatch.setattr(train, "train", lambda cfg, progress=True: pytest.fail("report-only must not train"))
     before = json.loads(paths["json_path"].read_text())

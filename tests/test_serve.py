@@ -12,16 +12,16 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 from PIL import Image
+from retrieval.serve.api import create_api
+from retrieval.serve.batcher import MicroBatcher
+from retrieval.serve.images import QueryError
+from retrieval.serve.server import BackgroundServer, ServerConfig, build_app
+from retrieval.serve.service import SearchResponse
 from serve_fixtures import png_bytes
 from test_index_support import bomb_png
 
 from retrieval.index import Index
 from retrieval.onnx_runtime import OnnxEmbedder
-from serve.api import create_api
-from serve.batcher import MicroBatcher
-from serve.images import QueryError
-from serve.server import BackgroundServer, ServerConfig, build_app
-from serve.service import SearchResponse
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -402,15 +402,14 @@ def test_load_16_clients_no_errors(artifacts, live_server):
 
 def test_cli_refuses_missing_index_with_the_build_command(tmp_path):
     from click.testing import CliRunner
-
-    from cli.serve import serve_command
+    from retrieval.cli.serve import serve_command
 
     result = CliRunner().invoke(serve_command, ["--index", str(tmp_path / "nope")])
     assert result.exit_code != 0 and "make demo" in result.output and "no search index" in result.output
 
 
 def test_report_table_for_train_and_evaluate_reports(artifacts, tmp_path):
-    from serve.reports import curves_plot, load_report, recall_plot, triplet_plot
+    from retrieval.serve.reports import curves_plot, load_report, recall_plot, triplet_plot
 
     train = load_report(artifacts.report)
     headers, rows = train.metrics_table()
@@ -441,7 +440,7 @@ def test_report_table_for_train_and_evaluate_reports(artifacts, tmp_path):
 
 
 def test_the_report_box_only_opens_reports_under_the_allowed_folders(artifacts, service, tmp_path, monkeypatch):
-    from serve.ui import REPORT_REFUSED, EvaluationTab
+    from retrieval.serve.ui import REPORT_REFUSED, EvaluationTab
 
     monkeypatch.chdir(tmp_path)
     tab = EvaluationTab(service, artifacts.report)

@@ -23,12 +23,12 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
+from retrieval.serve.api import create_api
+from retrieval.serve.server import BackgroundServer, ServerConfig, build_app
+from retrieval.serve.service import SearchService
 from serve_fixtures import png_bytes
 
 from retrieval.index import remove_images
-from serve.api import create_api
-from serve.server import BackgroundServer, ServerConfig, build_app
-from serve.service import SearchService
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -55,7 +55,7 @@ def new_image(tmp_path: Path) -> tuple[Path, bytes]:
 
 def run_writer(*args: str | Path) -> None:
     """``retrieval index ARGS`` in its own process (a real writer: it takes the folder's lock)."""
-    command = [sys.executable, "-m", "cli.main", "index", *map(str, args)]
+    command = [sys.executable, "-m", "retrieval", "index", *map(str, args)]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-2000:]
 

@@ -17,12 +17,11 @@ from click.testing import CliRunner
 from gradio import processing_utils
 from gradio.context import LocalContext
 from gradio.exceptions import InvalidPathError
+from retrieval.cli.serve import serve_command
+from retrieval.serve.security import ExposureError
+from retrieval.serve.server import BackgroundServer, ServerConfig, build_app
+from retrieval.serve.upload_cache import prune_folder
 from serve_fixtures import png_bytes, shared_artifacts
-
-from cli.serve import serve_command
-from serve.security import ExposureError
-from serve.server import BackgroundServer, ServerConfig, build_app
-from serve.upload_cache import prune_folder
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -377,7 +376,7 @@ def test_a_configured_host_name_is_answered(artifacts):
 
 
 def test_which_host_names_a_server_answers_to():
-    from serve.security import host_allowed, host_name
+    from retrieval.serve.security import host_allowed, host_name
 
     assert host_name("Example.COM:8080") == "example.com" and host_name("[::1]:7860") == "::1"
     assert host_name("bad host:x") is None
@@ -429,7 +428,7 @@ def test_the_app_refuses_a_k_beyond_its_slider(plain, k):
 
 def test_a_report_that_is_not_a_run_report_is_refused_at_start(artifacts, tmp_path):
     """Issue 24.6: --report /etc/shadow started and made / the folder the page may open."""
-    from serve.security import ConfigError
+    from retrieval.serve.security import ConfigError
 
     for report in ("/etc/shadow", "/etc/hostname", str(tmp_path / "missing.json"), "/dev/zero"):
         with pytest.raises(ConfigError, match="--report"):
@@ -440,7 +439,7 @@ def test_a_report_that_is_not_a_run_report_is_refused_at_start(artifacts, tmp_pa
 
 def test_the_report_box_opens_nothing_beyond_the_run_folder_and_names_no_server_folder(artifacts, service,
                                                                                       tmp_path, monkeypatch):
-    from serve.ui import REPORT_REFUSED, EvaluationTab
+    from retrieval.serve.ui import REPORT_REFUSED, EvaluationTab
 
     monkeypatch.chdir("/")  # a server started in / must not open the whole disk
     tab = EvaluationTab(service, artifacts.report)
@@ -470,7 +469,7 @@ def test_the_report_box_opens_nothing_beyond_the_run_folder_and_names_no_server_
 
 def test_the_page_shows_the_report_without_its_server_folder(artifacts, service, tmp_path, monkeypatch):
     """The --report path (absolute, outside the working folder) was shown whole in the text box and summary."""
-    from serve.ui import EvaluationTab
+    from retrieval.serve.ui import EvaluationTab
 
     monkeypatch.chdir(tmp_path)
     tab = EvaluationTab(service, artifacts.report.resolve())
@@ -485,7 +484,7 @@ def test_a_network_server_says_it_belongs_behind_nginx(artifacts):
 
 
 def test_the_results_tab_names_its_file_not_the_server_folders(tmp_path):
-    from serve.ui import ResultsTab
+    from retrieval.serve.ui import ResultsTab
 
     missing = ResultsTab(tmp_path / "deep" / "results.json").show(None)[0]
     real = ResultsTab(Path(__file__).resolve().parents[1] / "docs" / "results.json")

@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
+from retrieval.cli.main import main
+from retrieval.train import TrainConfig, TrainingDiverged, train
 
-from cli.main import main
 from retrieval.models import load_embedder
-from train import TrainConfig, TrainingDiverged, train
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def test_training_is_deterministic_and_resumes_exactly(tmp_path, feature_cache):
 
     # Stop after 2 of 3 epochs (as if killed), then resume: the same numbers as the straight run.
     partial = digits_config(tmp_path / "c", feature_cache, epochs=3)
-    trainer_cls = __import__("train.trainer", fromlist=["Trainer"]).Trainer
+    trainer_cls = __import__("retrieval.train.trainer", fromlist=["Trainer"]).Trainer
     t = trainer_cls(partial, progress=False)
     t.setup()
     t.baseline = t.evaluate()
@@ -65,7 +65,7 @@ def test_training_is_deterministic_and_resumes_exactly(tmp_path, feature_cache):
     for epoch in range(2):
         row = {"epoch": epoch + 1, **t.train_epoch(epoch), **t.evaluate()}
         t.history.append(row)
-        from train.trainer import atomic_save
+        from retrieval.train.trainer import atomic_save
 
         atomic_save(t.checkpoint(epoch + 1, row), tmp_path / "c" / "last.pt")
     resumed = train(digits_config(tmp_path / "c", feature_cache, epochs=3, resume=True), progress=False)
@@ -96,7 +96,7 @@ class NaNEvery(torch.nn.Module):
 
 
 def test_non_finite_steps_are_skipped_then_stop(tmp_path, feature_cache, monkeypatch):
-    import train.trainer as trainer_module
+    import retrieval.train.trainer as trainer_module
 
     monkeypatch.setattr(trainer_module.losses, "build", lambda *a, **k: NaNEvery({2, 5}))
     report = train(digits_config(tmp_path / "ok", feature_cache, epochs=1), progress=False)
@@ -179,7 +179,8 @@ def test_cli_train_with_config_file_and_evaluate(tmp_path, feature_cache):
 
 def test_background_is_recorded_with_the_model_and_travels_to_onnx(tmp_path, feature_cache):
     """--background is a model setting like mean/std: checkpoint, ONNX metadata, and the index's preprocessing."""
-    from export import export_checkpoint
+    from retrieval.export import export_checkpoint
+
     from retrieval.onnx_runtime import OnnxEmbedder
 
     train(digits_config(tmp_path / "run", feature_cache, epochs=1, background="#102030"), progress=False)

@@ -20,9 +20,8 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from retrieval.train import TrainConfig, train
 from train_paused import PAUSED
-
-from train import TrainConfig, train
 
 REPO = Path(__file__).resolve().parents[1]
 # (name, loss, loss_kwargs, negatives, aux_ce): every loss family and both hard-negative methods, plus the
@@ -224,7 +223,7 @@ def test_evaluation_sharded_over_ranks_counts_every_image_once(tune_runs):
     (dict(channels_last=True), "--channels-last need"), (dict(compile=True), "--compile need"),
 ])
 def test_gpu_options_are_refused_without_cuda(image_folder, tmp_path, option, message):
-    from train.trainer import Trainer
+    from retrieval.train.trainer import Trainer
 
     with pytest.raises(ValueError, match=f"{message}.*CUDA GPU but this run is on cpu"):
         Trainer(tune_config(image_folder, tmp_path / "run", "ms", {}, None, 0.0, **option))
@@ -245,7 +244,7 @@ def train_job(cfg: TrainConfig, folder: Path, *extra: str, torchrun_args: tuple[
     """`retrieval train` (python -m cli.main) under torchrun, in a process group of its own."""
     path = folder / f"{Path(cfg.out).name}.json"
     path.write_text(json.dumps(cfg.to_dict()))
-    command = torchrun(*torchrun_args, "-m", "cli.main", "train", "--config", str(path), *extra)
+    command = torchrun(*torchrun_args, "-m", "retrieval", "train", "--config", str(path), *extra)
     return subprocess.Popen(command, env=env(), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True)
 
@@ -348,7 +347,7 @@ def test_nproc_shortcut_restarts_a_dead_rank_and_resumes_from_last_pt(frozen_run
     cfg = frozen_config(tmp_path / "restarts", frozen_runs / "cache-ranks", "ms", {}, None, 0.0,
                         batches_per_epoch=3, epochs=3, checkpoint_every=1)
     (tmp_path / "cfg.json").write_text(json.dumps(cfg.to_dict()))
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "train", "--config", str(tmp_path / "cfg.json"),
+    proc = subprocess.Popen([sys.executable, "-m", "retrieval", "train", "--config", str(tmp_path / "cfg.json"),
                              "--nproc", "2", "--max-restarts", "1"], env=env(), cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True)
     try:
@@ -385,3 +384,28 @@ def test_a_rank_that_hangs_fails_the_others_after_the_dist_timeout(frozen_runs, 
         stop(proc)
     assert proc.returncode != 0 and took < 60
     assert "ChildFailedError" in err.decode(), err.decode()[-3000:]
+
+
+# --- launching from a user's folder --------------------------------------------------------------------------------
+@pytest.fixture
+def research_folder(tmp_path) -> Path:
+    """A folder holding the commonest script names, which `python -m` puts first on sys.path (they used to shadow
+    our top-level packages: "No module named 'train.config'; 'train' is not a package")."""
+    folder = tmp_path / "project"
+    folder.mkdir()
+    for name in ("train.py", "serve.py", "export.py", "cli.py"):
+        (folder / name).write_text("raise SystemExit('the user script ran instead of the toolkit')\n")
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["nproc", "torchrun"])
+def test_multi_process_training_starts_from_a_folder_with_train_py(frozen_runs, research_folder, launcher):
+    cfg = frozen_config(research_folder / "run", frozen_runs / "cache-ranks", "ms", {}, None, 0.0, epochs=1)
+    (research_folder / "run.json").write_text(json.dumps(cfg.to_dict()))
+    command = (torchrun("-m", "retrieval", "train", "--config", "run.json") if launcher == "torchrun"
+               else [str(Path(sys.executable).with_name("retrieval")), "train", "--config", "run.json", "--nproc", "2"])
+    user_env = {k: v for k, v in env().items() if k != "PYTHONPATH"}  # the installed package, nothing of the repo's
+    result = subprocess.run(command, env=user_env, cwd=research_folder, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert [r["epoch"] for r in read_jsonl(research_folder / "run" / "metrics.jsonl")] == [1]

@@ -16,10 +16,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 from PIL import Image
+from retrieval.cli.main import main
+from retrieval.train import TrainConfig, train
 
-from cli.main import main
 from retrieval.data import ClassBalancedBatchSampler
-from train import TrainConfig, train
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = ("a", "b", "c", "d")
@@ -160,14 +160,14 @@ def train_env() -> dict[str, str]:
 
 def run_train(args: list[str]) -> None:
     """`retrieval train` in a process of its own, as ``kill_inside_an_epoch`` runs it."""
-    result = subprocess.run([sys.executable, "-m", "cli.main", "train", *args], env=train_env(), cwd=REPO,
+    result = subprocess.run([sys.executable, "-m", "retrieval", "train", *args], env=train_env(), cwd=REPO,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
 
 
 def kill_inside_an_epoch(args: list[str], last: Path, steps_per_epoch: int) -> dict:
     """Start `retrieval train`, SIGKILL it once last.pt holds a checkpoint from inside epoch 2 or later."""
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "train", *args], env=train_env(), cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "retrieval", "train", *args], env=train_env(), cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 240

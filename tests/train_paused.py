@@ -17,7 +17,7 @@ PAUSED = "RETRIEVAL_TRAIN_PAUSED"
 
 def pause_after_checkpoint(epoch: int, batch: int) -> None:
     """Wrap the trainer's ``atomic_save`` so that the process stops after saving the ``(epoch, batch)`` checkpoint."""
-    import train.trainer as trainer
+    import retrieval.train.trainer as trainer
 
     save = trainer.atomic_save
 
@@ -34,6 +34,6 @@ def pause_after_checkpoint(epoch: int, batch: int) -> None:
 if __name__ == "__main__":
     epoch, batch = map(int, sys.argv[1].split(":"))
     pause_after_checkpoint(epoch, batch)
-    from cli.main import main
+    from retrieval.cli.main import main
 
     sys.exit(main(args=sys.argv[2:], prog_name="retrieval"))

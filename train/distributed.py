@@ -2,8 +2,8 @@
 
 The training entry point is the ``retrieval`` command itself, run by torchrun once per rank:
 
-    torchrun --nproc-per-node 8 -m cli.main train --config run.toml            # one machine, 8 GPUs
-    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29400 -m cli.main train ...
+    torchrun --nproc-per-node 8 -m retrieval train --config run.toml            # one machine, 8 GPUs
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29400 -m retrieval train ...
 
 ``retrieval train ... --nproc N`` launches the same on this machine (``torch.distributed.run --standalone``).
 Each process reads RANK, WORLD_SIZE and LOCAL_RANK (set by torchrun); backend NCCL with one GPU per process
@@ -210,7 +210,7 @@ def launch(nproc: int, cfg_dict: dict[str, Any], out: Path, max_restarts: int = 
     config = out / "launch.json"
     config.write_text(json.dumps(cfg_dict, indent=1))
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               f"--max-restarts={max_restarts}", "-m", "cli.main", "train", "--config", str(config)]
+               f"--max-restarts={max_restarts}", "-m", "retrieval", "train", "--config", str(config)]
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     return subprocess.run(command, env=env).returncode

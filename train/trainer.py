@@ -13,6 +13,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from retrieval.train.config import TrainConfig
+from retrieval.train.distributed import DataParallelStep, gpu_options, init_distributed, restarted
+from retrieval.train.features import Embedding, FeatureSource, feature_source_class
+from retrieval.train.report import write_report
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -32,10 +36,6 @@ from retrieval.evaluation import evaluate_embeddings, load_eval_sets
 from retrieval.inference import default_workers
 from retrieval.io import atomic_write
 from retrieval.models import CHECKPOINT_FORMAT, Embedder, config_hash, create_embedder
-from train.config import TrainConfig
-from train.distributed import DataParallelStep, gpu_options, init_distributed, restarted
-from train.features import Embedding, FeatureSource, feature_source_class
-from train.report import write_report
 
 BAD_IMAGE_FIX = "fix or remove the file, or pass --on-bad-image skip to train without it"
 
