@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -47,8 +48,29 @@ class FriendlyErrors(click.Group):
 
 @click.group(cls=FriendlyErrors, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(package_name="retrieval")
-def main() -> None:
+@click.option("--verbose/--quiet", "-v/-q", default=None,
+              help="notices on stderr: also the debug ones (-v), or only warnings and errors (-q).")
+@click.pass_context
+def main(ctx: click.Context, verbose: bool | None) -> None:
     """Image embedding retrieval: train an embedder, evaluate it, export it, index and search a gallery."""
+    show_notices(ctx, logging.INFO if verbose is None else logging.DEBUG if verbose else logging.WARNING)
+
+
+def show_notices(ctx: click.Context, level: int) -> None:
+    """Print the library's notices (``logging`` under ``retrieval``) from ``level`` up on stderr, as plain lines, while
+    the command runs."""
+    handler = logging.StreamHandler(sys.stderr)  # this invocation's stderr: click's test runner swaps it
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger = logging.getLogger("retrieval")
+    previous_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(level)
+
+    def restore() -> None:
+        logger.removeHandler(handler)
+        logger.setLevel(previous_level)
+
+    ctx.call_on_close(restore)
 
 
 # --- train ----------------------------------------------------------------------------------------

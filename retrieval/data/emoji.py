@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 import re
 import shutil
@@ -35,10 +36,12 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont, features
 
-from retrieval.data.catalog import DATASETS, check_split
 from retrieval.data.dataset import ImageDataset, default_data_dir
+from retrieval.data.registry import DATASETS, check_split
 
 Transform = Callable[[Image.Image], Any] | None
+
+log = logging.getLogger(__name__)
 
 STYLES = ("noto", "openmoji")
 NOTO_INSTALL = "apt-get install fonts-noto-color-emoji"
@@ -398,10 +401,7 @@ def load_emoji(
                 f"emoji: expected {manifest.resolve()} "
                 f"(made by `retrieval data prepare emoji --out {folder}`)"
             )
-        print(
-            f"emoji: preparing the data set in {folder} (once; set RETRIEVAL_DATA_DIR to move it)",
-            file=sys.stderr,
-        )
+        log.info("emoji: preparing the data set in %s (once; set RETRIEVAL_DATA_DIR to move it)", folder)
         prepare_emoji(folder, progress=True)
     with open(manifest, newline="", encoding="utf-8") as handle:
         rows = [row for row in csv.DictReader(handle) if row["split"] == split]
