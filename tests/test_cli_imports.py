@@ -8,18 +8,40 @@ import logging
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import click
 import pytest
 from click.testing import CliRunner
 from retrieval.cli.main import main
 
+ROOT = Path(__file__).resolve().parents[1]
+# Runs first in the fresh process: on the first import of torch, it notes which lines of ours led to it and prints
+# them (JSON, null for none) as the last line of stdout.
+TORCH_TRIPWIRE = f"""
+import atexit, json, sys, traceback
 
-def run_fresh(code: str) -> str:
-    """Run ``code`` in a fresh interpreter; its stdout."""
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120)
+class TorchTripwire:
+    chain = None
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" and TorchTripwire.chain is None:
+            TorchTripwire.chain = [f"{{frame.filename[len({str(ROOT)!r}) + 1:]}}:{{frame.lineno}}"
+                                   for frame in traceback.extract_stack() if frame.filename.startswith({str(ROOT)!r})]
+        return None
+
+sys.meta_path.insert(0, TorchTripwire())
+atexit.register(lambda: print(json.dumps(TorchTripwire.chain)))
+"""
+
+
+def run_fresh(code: str) -> tuple[str, list[str] | None]:
+    """Run ``code`` in a fresh interpreter: its stdout, and the lines of ours that first imported torch (or None)."""
+    result = subprocess.run([sys.executable, "-c", TORCH_TRIPWIRE + textwrap.dedent(code)], capture_output=True,
+                            text=True, timeout=120, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout
+    out, _, chain = result.stdout.rstrip("\n").rpartition("\n")
+    return out, json.loads(chain)
 
 
 @pytest.mark.parametrize(
@@ -30,17 +52,13 @@ def run_fresh(code: str) -> str:
     ],
 )
 def test_the_command_line_and_the_train_config_load_no_torch(statement):
-    out = run_fresh(f"""
-        import sys
-        {statement}
-        print(sorted(name for name in sys.modules if name.split(".")[0] in ("torch", "torchvision")))
-    """)
-    assert out.strip() == "[]", f"{statement!r} imported {out.strip()}"
+    _, chain = run_fresh(statement)
+    assert chain is None, f"{statement!r} imported torch through " + " -> ".join(chain)
 
 
 def test_help_of_every_command_loads_no_torch():
     """``retrieval --help`` and every (sub)command's ``--help``, one after the other in one fresh process."""
-    out = run_fresh("""
+    out, chain = run_fresh("""
         import contextlib, io, json, sys
         import click
         from retrieval.cli.main import main
@@ -64,19 +82,20 @@ def test_help_of_every_command_loads_no_torch():
     assert {"", "train", "evaluate", "index build", "search", "serve", "export", "data prepare"} <= set(report)
     assert all(entry["code"] == 0 and entry["usage"] for entry in report.values()), report
     loading = [path or "--help" for path, entry in report.items() if entry["torch"]]
-    assert not loading, f"torch was imported first by: {loading[0]}"
+    assert not loading, f"{loading[0]} imported torch through " + " -> ".join(chain)
 
 
 def test_the_catalogue_lists_every_data_set_on_import():
     """The loaders register themselves when imported: ``retrieval.data.catalog`` imports them all, so its ``DATASETS``
     is complete without going through the package's lazy names (it was empty before)."""
-    first, complete = json.loads(run_fresh("""
+    out, _ = run_fresh("""
         import json
         from retrieval.data.catalog import DATASETS
         first = DATASETS.names()
         from retrieval.data import builtin, emoji, official  # every loader module
         print(json.dumps([first, DATASETS.names()]))
-    """))
+    """)
+    first, complete = json.loads(out)
     assert first == complete
     assert {"folder", "csv", "cub", "cars196", "sop", "inshop", "emoji", "fashion-mnist", "digits"} <= set(first)
 
