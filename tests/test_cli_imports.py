@@ -49,9 +49,10 @@ def run_fresh(code: str) -> tuple[str, list[str] | None]:
     [
         "import retrieval.cli.main",
         "from retrieval.train import TrainConfig; TrainConfig.from_sources(epochs=2).to_dict()",
+        "from retrieval.data import prepare_emoji",  # `retrieval data prepare emoji` renders without torch
     ],
 )
-def test_the_command_line_and_the_train_config_load_no_torch(statement):
+def test_the_command_line_and_what_its_light_commands_use_load_no_torch(statement):
     _, chain = run_fresh(statement)
     assert chain is None, f"{statement!r} imported torch through " + " -> ".join(chain)
 

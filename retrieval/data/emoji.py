@@ -31,13 +31,16 @@ import unicodedata
 from collections.abc import Callable, Iterable
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont, features
 
-from retrieval.data.dataset import ImageDataset, default_data_dir
 from retrieval.data.registry import DATASETS, check_split
+
+# retrieval.data.dataset imports torch: the loader imports it when it runs, so rendering the set loads no torch.
+if TYPE_CHECKING:
+    from retrieval.data.dataset import ImageDataset
 
 Transform = Callable[[Image.Image], Any] | None
 
@@ -384,6 +387,8 @@ def _readme(info: dict[str, Any]) -> str:
 
 
 def default_emoji_dir() -> Path:
+    from retrieval.data.dataset import default_data_dir
+
     return default_data_dir() / "emoji"
 
 
@@ -392,6 +397,8 @@ def load_emoji(
     root: str | Path | None = None, split: str = "train", transform: Transform = None
 ) -> ImageDataset:
     """The prepared emoji tree; with ``root=None`` the cache folder, rendered on first use."""
+    from retrieval.data.dataset import ImageDataset
+
     check_split("emoji", split)
     folder = Path(root).expanduser() if root is not None else default_emoji_dir()
     manifest = folder / "manifest.csv"
