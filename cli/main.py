@@ -7,6 +7,7 @@ import ast
 import json
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,24 +54,24 @@ class FriendlyErrors(click.Group):
 @click.pass_context
 def main(ctx: click.Context, verbose: bool | None) -> None:
     """Image embedding retrieval: train an embedder, evaluate it, export it, index and search a gallery."""
-    show_notices(ctx, logging.INFO if verbose is None else logging.DEBUG if verbose else logging.WARNING)
+    ctx.call_on_close(show_notices(logging.INFO if verbose is None else logging.DEBUG if verbose else logging.WARNING))
 
 
-def show_notices(ctx: click.Context, level: int) -> None:
-    """Print the library's notices (``logging`` under ``retrieval``) from ``level`` up on stderr, as plain lines, while
-    the command runs."""
-    handler = logging.StreamHandler(sys.stderr)  # this invocation's stderr: click's test runner swaps it
+def show_notices(level: int) -> Callable[[], None]:
+    """Print the library's notices (``logging`` under ``retrieval``) from ``level`` up on stderr, as plain lines;
+    returns the function that undoes it."""
+    handler = logging.StreamHandler(sys.stderr)  # the stderr of now: click's test runner swaps it per invocation
     handler.setFormatter(logging.Formatter("%(message)s"))
     logger = logging.getLogger("retrieval")
     previous_level = logger.level
     logger.addHandler(handler)
     logger.setLevel(level)
 
-    def restore() -> None:
+    def undo() -> None:
         logger.removeHandler(handler)
         logger.setLevel(previous_level)
 
-    ctx.call_on_close(restore)
+    return undo
 
 
 # --- train ----------------------------------------------------------------------------------------
