@@ -59,17 +59,17 @@ def main(ctx: click.Context, verbose: bool | None) -> None:
 
 def show_notices(level: int) -> Callable[[], None]:
     """Print the library's notices (``logging`` under ``retrieval``) from ``level`` up on stderr, as plain lines;
-    returns the function that undoes it."""
+    returns the function that undoes it. Other libraries' loggers keep their levels."""
     handler = logging.StreamHandler(sys.stderr)  # the stderr of now: click's test runner swaps it per invocation
     handler.setFormatter(logging.Formatter("%(message)s"))
-    logger = logging.getLogger("retrieval")
-    previous_level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(level)
+    root, library = logging.getLogger(), logging.getLogger("retrieval")
+    previous_level = library.level
+    root.addHandler(handler)  # on the root: a later logging.basicConfig() does nothing, so nothing prints twice
+    library.setLevel(level)
 
     def undo() -> None:
-        logger.removeHandler(handler)
-        logger.setLevel(previous_level)
+        root.removeHandler(handler)
+        library.setLevel(previous_level)
 
     return undo
 

@@ -117,6 +117,7 @@ def noisy_command():
         log.debug("a debug notice")
         log.info("an info notice")
         log.warning("a warning")
+        logging.getLogger("another.library").info("another library's info")  # keeps its level (WARNING)
         click.echo("the output")
 
     yield "noisy"
@@ -129,10 +130,10 @@ def noisy_command():
      (["--quiet"], ["a warning"])],
 )
 def test_notices_go_to_stderr_as_plain_lines_at_the_chosen_level(noisy_command, options, shown):
-    logger = logging.getLogger("retrieval")
-    handlers, level = list(logger.handlers), logger.level
+    root, library = logging.getLogger(), logging.getLogger("retrieval")
+    before = (list(root.handlers), library.level)
     result = CliRunner().invoke(main, [*options, noisy_command])
     assert result.exit_code == 0, result.output
     assert result.stdout == "the output\n"
     assert result.stderr.splitlines() == shown
-    assert (logger.handlers, logger.level) == (handlers, level)  # set up for the command only
+    assert (root.handlers, library.level) == before  # set up for the command only
