@@ -8,7 +8,6 @@ from typing import Any
 
 import click
 import numpy as np
-import torch
 
 CHECKPOINT_HELP = "embed images of --dataset with this checkpoint (default: a synthetic random batch)."
 
@@ -71,6 +70,8 @@ def checkpoint_options(func):
 
 def synthetic_batch(classes: int, per_class: int, dim: int, spread: float, seed: int):
     """P x N unit vectors with class structure: random class centres plus isotropic noise, normalised."""
+    import torch
+
     g = torch.Generator().manual_seed(seed)
     centres = torch.randn(classes, dim, generator=g)
     labels = torch.arange(classes).repeat_interleave(per_class)
@@ -108,6 +109,8 @@ def embed_checkpoint_samples(
     workers: int = 0,
 ):
     """Embeddings [n, D] and labels [n] of a class-balanced subset of ``split``, through the checkpoint."""
+    import torch
+
     from retrieval.data import build_transforms, load_dataset
     from retrieval.evaluation import checkpoint_dataset
     from retrieval.inference import embed_dataset
@@ -181,6 +184,8 @@ def weights_command(
     out,
 ) -> None:
     """Plot the weight each pair gets from a loss against the pair's cosine similarity."""
+    import torch
+
     from retrieval import losses
     from retrieval.analysis import plot_pair_weights
     from retrieval.losses.weights import pair_weights

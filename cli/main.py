@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import ast
 import json
+import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +49,29 @@ class FriendlyErrors(click.Group):
 
 @click.group(cls=FriendlyErrors, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(package_name="retrieval")
-def main() -> None:
+@click.option("--verbose/--quiet", "-v/-q", default=None,
+              help="notices on stderr: also the debug ones (-v), or only warnings and errors (-q).")
+@click.pass_context
+def main(ctx: click.Context, verbose: bool | None) -> None:
     """Image embedding retrieval: train an embedder, evaluate it, export it, index and search a gallery."""
+    ctx.call_on_close(show_notices(logging.INFO if verbose is None else logging.DEBUG if verbose else logging.WARNING))
+
+
+def show_notices(level: int) -> Callable[[], None]:
+    """Print the library's notices (``logging`` under ``retrieval``) from ``level`` up on stderr, as plain lines;
+    returns the function that undoes it. Other libraries' loggers keep their levels."""
+    handler = logging.StreamHandler(sys.stderr)  # the stderr of now: click's test runner swaps it per invocation
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    root, library = logging.getLogger(), logging.getLogger("retrieval")
+    previous_level = library.level
+    root.addHandler(handler)  # on the root: a later logging.basicConfig() does nothing, so nothing prints twice
+    library.setLevel(level)
+
+    def undo() -> None:
+        root.removeHandler(handler)
+        library.setLevel(previous_level)
+
+    return undo
 
 
 # --- train ----------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Package names imported on first use (PEP 562), so that importing one light submodule stays light.
 
-Ray's decode tasks and embedding actors import ``retrieval.index.ray_stages`` (PIL, numpy, onnxruntime): with eager
-package ``__init__`` files they would also import torch (~4.5 s per fresh worker process) through the builder.
+A package whose public names include torch-backed ones lists each name once, under the submodule that defines it:
+a process that needs only a light submodule (the decoder in a Ray actor or in the server, ``TrainConfig`` in the
+command line) then never pays for torch (~4 s in a fresh process).
 """
 
 from __future__ import annotations

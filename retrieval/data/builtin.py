@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from retrieval.data.catalog import DATASETS, check_split
 from retrieval.data.dataset import ImageDataset
+from retrieval.data.registry import DATASETS, check_split
 
 Transform = Callable[[Image.Image], Any] | None
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 import re
 import shutil
@@ -30,15 +31,20 @@ import unicodedata
 from collections.abc import Callable, Iterable
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont, features
 
-from retrieval.data.catalog import DATASETS, check_split
-from retrieval.data.dataset import ImageDataset, default_data_dir
+from retrieval.data.registry import DATASETS, check_split
+
+# retrieval.data.dataset imports torch: the loader imports it when it runs, so rendering the set loads no torch.
+if TYPE_CHECKING:
+    from retrieval.data.dataset import ImageDataset
 
 Transform = Callable[[Image.Image], Any] | None
+
+log = logging.getLogger(__name__)
 
 STYLES = ("noto", "openmoji")
 NOTO_INSTALL = "apt-get install fonts-noto-color-emoji"
@@ -381,6 +387,8 @@ def _readme(info: dict[str, Any]) -> str:
 
 
 def default_emoji_dir() -> Path:
+    from retrieval.data.dataset import default_data_dir
+
     return default_data_dir() / "emoji"
 
 
@@ -389,6 +397,8 @@ def load_emoji(
     root: str | Path | None = None, split: str = "train", transform: Transform = None
 ) -> ImageDataset:
     """The prepared emoji tree; with ``root=None`` the cache folder, rendered on first use."""
+    from retrieval.data.dataset import ImageDataset
+
     check_split("emoji", split)
     folder = Path(root).expanduser() if root is not None else default_emoji_dir()
     manifest = folder / "manifest.csv"
@@ -398,10 +408,7 @@ def load_emoji(
                 f"emoji: expected {manifest.resolve()} "
                 f"(made by `retrieval data prepare emoji --out {folder}`)"
             )
-        print(
-            f"emoji: preparing the data set in {folder} (once; set RETRIEVAL_DATA_DIR to move it)",
-            file=sys.stderr,
-        )
+        log.info("emoji: preparing the data set in %s (once; set RETRIEVAL_DATA_DIR to move it)", folder)
         prepare_emoji(folder, progress=True)
     with open(manifest, newline="", encoding="utf-8") as handle:
         rows = [row for row in csv.DictReader(handle) if row["split"] == split]

@@ -18,14 +18,14 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from retrieval.data.catalog import (
+from retrieval.data.dataset import ImageDataset, class_disjoint_halves, encode_labels
+from retrieval.data.registry import (
     DATASETS,
     check_split,
     require_file,
     require_first_image,
     require_root,
 )
-from retrieval.data.dataset import ImageDataset, class_disjoint_halves, encode_labels
 
 Transform = Callable[[Image.Image], Any] | None
 
