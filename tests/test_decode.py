@@ -313,8 +313,9 @@ def test_a_one_strip_compressed_tiff_is_estimated_with_libtiffs_strip_buffer(mon
     (encode(noise("RGB", (64, 64)), "PPM")[:2000], ("truncated",)),
     (encode(noise("1", (64, 64)), "PPM")[:200], ("truncated",)),
     (b"P6 64", ("truncated", "unreadable")),  # within the header
-], ids=["tiff", "tiff_deflate", "tiff_strip", "tiff_tags", "ppm", "pbm", "ppm_header"])
-def test_a_truncated_tiff_or_pnm_is_refused_as_damaged(data, kinds):
+    (raw_tiff(2, 1, (32, 32, 32), bytes(24), sample_format=3), ("unreadable",)),  # whole, but not read by Pillow
+], ids=["tiff", "tiff_deflate", "tiff_strip", "tiff_tags", "ppm", "pbm", "ppm_header", "tiff_float_rgb"])
+def test_a_truncated_or_unreadable_tiff_or_pnm_is_refused_as_damaged(data, kinds):
     with pytest.raises(ImageDecodeError) as info:
         read_image(data)
     assert info.value.kind in kinds, info.value

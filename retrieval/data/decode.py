@@ -54,7 +54,11 @@ TRIM_BYTES = 32 * MIB  # after a decode estimated at this or more, freed heap is
 # measured with benchmarks/decode_memory.py (docs/BENCHMARKS.md, "Decoder memory per format"; Pillow 12.3):
 WEBP_DECODER_BYTES = 12  # per pixel: libwebp's two RGBA canvases and the frame's copy as Python bytes (16 in all)
 BMP_RLE_DECODER_BYTES = 2  # per pixel: Pillow's RLE decoder (Python) builds the pixels in a bytearray, then copies
-TIFF_DECODER_BYTES = 4  # per pixel of a strip or tile at least (libtiff's RGBA path); more for deeper samples
+# per pixel of one strip or tile of a compressed TIFF, at least (libtiff's RGBA path; its samples as stored when
+# more): a one-strip 40-megapixel RGB deflate TIFF peaked 267 MB above idle (estimate 313), a one-strip float
+# one 305 MB (313), measured as tests/test_decode.py's ESTIMATE_PROBE does; an uncompressed TIFF or a binary PNM
+# is read by Pillow's raw decoder straight into the image (160 MB for 40 megapixels of RGB)
+TIFF_DECODER_BYTES = 4
 JPEG_COEFFICIENT_BYTES = 128  # per 8x8 block: libjpeg keeps every coefficient of a progressive or multi-scan JPEG
 STRIP_BYTES_PER_PIXEL = 24  # per pixel of a strip being reduced: its crop and conversions (17 measured at most)
 DECODER_BYTES = 8 * MIB  # the decoders' own buffers (rows, zlib window, Huffman tables) and allocator slack
@@ -243,10 +247,8 @@ def _decode(handle: BinaryIO, max_pixels: int) -> DecodedImage:
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise ImageDecodeError("too_large", f"possible decompression bomb: {exc}") from exc
     except UnidentifiedImageError as exc:
-        if _starts_like_tiff(handle, start):  # its first page is described at the end: cut short, it cannot open
-            raise ImageDecodeError(
-                "truncated", "a TIFF whose first page could not be read; the file is damaged or truncated"
-            ) from exc
+        if (tiff_error := _unopened_tiff(handle, start)) is not None:
+            raise tiff_error from exc
         raise ImageDecodeError(
             "not_image", f"unrecognised format; accepted formats are {', '.join(ACCEPTED_FORMATS)}"
         ) from exc
@@ -256,10 +258,21 @@ def _decode(handle: BinaryIO, max_pixels: int) -> DecodedImage:
         raise ImageDecodeError(kind, f"the image could not be decoded ({text}); the file is damaged") from exc
 
 
-def _starts_like_tiff(handle: BinaryIO, start: int) -> bool:
-    """Whether the file begins with a TIFF (or BigTIFF) signature."""
+def _unopened_tiff(handle: BinaryIO, start: int) -> ImageDecodeError | None:
+    """Why a file with a TIFF (or BigTIFF) signature did not open, or None when it has none."""
     handle.seek(start)
-    return handle.read(4) in (b"II*\0", b"MM\0*", b"II+\0", b"MM\0+")
+    head = handle.read(16)
+    big = head[:4] in (b"II+\0", b"MM\0+")
+    if not big and head[:4] not in (b"II*\0", b"MM\0*"):
+        return None
+    first_page = int.from_bytes(head[8:16] if big else head[4:8], "little" if head[:2] == b"II" else "big")
+    size = handle.seek(0, os.SEEK_END) - start
+    if first_page >= size:  # writers often put the page's tags after its pixels, at the very end
+        return ImageDecodeError("truncated", "a TIFF cut short before its first page's tags; the file is truncated")
+    return ImageDecodeError(
+        "unreadable", "a TIFF whose first page cannot be read (damaged tags, or a layout Pillow does not read, such "
+        "as floating-point RGB); convert it to PNG or an 8- or 16-bit TIFF",
+    )
 
 
 def _plan(image: Image.Image, handle: BinaryIO, start: int, max_pixels: int) -> tuple[int, int]:
@@ -277,8 +290,7 @@ def _plan(image: Image.Image, handle: BinaryIO, start: int, max_pixels: int) -> 
             f"{width}x{height} = {width * height} pixels is over the limit of {max_pixels} "
             "(possible decompression bomb); send a smaller image or raise --max-pixels",
         )
-    slow = {tile.codec_name for tile in image.tile} & set(SLOW_DECODERS)
-    if slow:
+    if any(tile.codec_name in SLOW_DECODERS for tile in image.tile):
         raise ImageDecodeError(
             "unreadable",
             "this PNM variant (plain text, or a maxval other than 255, or 65535 for greyscale) is decoded by Pillow "
