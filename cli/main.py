@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 from retrieval.cli.help_text import backbone_names, dataset_names, lazy_help_option, loss_names, negatives_names
+from retrieval.serve.defaults import DEFAULT_HOST, DEFAULT_PORT
 from retrieval.train.config import TrainConfig
 
 
@@ -265,8 +266,8 @@ def backbones_command() -> None:
 @click.option("--epochs", default=None, type=int, help="override the recipe's number of epochs.")
 @click.option("--serve/--no-serve", "start_server", default=True, show_default=True,
               help="start the app on the built index at the end.")
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=7860, show_default=True, type=int)
+@click.option("--host", default=DEFAULT_HOST, show_default=True)
+@click.option("--port", default=DEFAULT_PORT, show_default=True, type=int)
 def demo_command(out: str, epochs: int | None, start_server: bool, host: str, port: int) -> None:
     """The main job on the emoji data: prepare, train, evaluate, export, index, then serve the app."""
     from retrieval.cli.demo import run_demo

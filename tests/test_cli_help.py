@@ -9,6 +9,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 from retrieval.cli.main import main
+from retrieval.serve.defaults import DEFAULT_HOST, DEFAULT_PORT
 
 from retrieval.data import DATASETS
 from retrieval.data.decode import DEFAULT_MAX_PIXELS, IMAGE_EXTENSIONS
@@ -48,3 +49,9 @@ def test_help_texts_import_no_registry_until_shown():
             "print(sorted(m for m in ('torch', 'PIL', 'retrieval.losses', 'retrieval.models') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr
+
+
+@pytest.mark.parametrize("command", ["serve", "demo"])
+def test_serve_and_demo_bind_the_one_default_host_and_port(command):
+    text = help_text(command)
+    assert f"[default: {DEFAULT_HOST}]" in text and re.search(rf"--port INTEGER.*?\[default: {DEFAULT_PORT}\b", text)
