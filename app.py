@@ -1,7 +1,7 @@
 """Start the Gradio app (and the HTTP API) on the demo artifacts that `make demo` builds.
 
     python app.py                                   # artifacts/demo/index + artifacts/demo/run/report.json
-    python app.py --index INDEX_DIR --report REPORT.json [--host 127.0.0.1] [--port 7860]
+    python app.py --index INDEX_DIR --report REPORT.json [--host HOST] [--port PORT]
 
 Same options as `retrieval serve`; see `python app.py --help`.
 """

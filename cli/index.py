@@ -11,11 +11,14 @@ import sys
 from pathlib import Path
 
 import click
+from retrieval.cli.help_text import default_max_pixels, image_extensions, lazy_help_option
 
-IMAGES_HELP = (
-    "a folder (searched recursively for jpg/jpeg/png/webp/bmp/gif), a manifest.csv (path,label[,split]) or a "
-    ".parquet file with the same columns."
-)
+from retrieval.workers import DEFAULT_WORKERS_TEXT
+
+
+def images_help() -> str:
+    return (f"a folder (searched recursively for {image_extensions()}), a manifest.csv (path,label[,split]) or a "
+            ".parquet file with the same columns.")
 
 
 def _ingest_options(
@@ -56,16 +59,16 @@ def ingest_options(func):
     options = [
         click.option("--batch-size", default=64, show_default=True, help="images per embedding batch."),
         click.option(
-            "--workers", type=int, default=None, help="decoding workers (default: cores - 1, at most 4)."
+            "--workers", type=int, default=None, help=f"decoding workers (default: {DEFAULT_WORKERS_TEXT})."
         ),
         click.option(
             "--shard-size", default=4096, show_default=True, help="images per shard (the unit of resumption)."
         ),
-        click.option(
+        lazy_help_option(
             "--max-pixels",
             type=int,
             default=None,
-            help="refuse images with more pixels (decompression bombs); default PIL's 89.5 M.",
+            help_text=lambda: f"refuse images with more pixels (decompression bombs); default {default_max_pixels()}.",
         ),
         click.option(
             "--gpu", is_flag=True, help="train/search faiss on the GPU (needs faiss-gpu and a GPU)."
@@ -122,7 +125,7 @@ def index_group() -> None:
 
 @index_group.command("build")
 @click.option("--model", required=True, type=click.Path(dir_okay=False), help="exported .onnx embedder.")
-@click.option("--images", required=True, type=click.Path(), help=IMAGES_HELP)
+@lazy_help_option("--images", required=True, type=click.Path(), help_text=images_help)
 @click.option(
     "--out", required=True, type=click.Path(file_okay=False), help="index folder (resumes if interrupted)."
 )
@@ -155,7 +158,7 @@ def build_command(
 
 @index_group.command("add")
 @click.argument("index_dir", type=click.Path(file_okay=False, exists=True))
-@click.option("--images", required=True, type=click.Path(), help=IMAGES_HELP)
+@lazy_help_option("--images", required=True, type=click.Path(), help_text=images_help)
 @click.option("--model", type=click.Path(dir_okay=False), help="default: the model recorded in index.json.")
 @split_option
 @ingest_options

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import click
+from retrieval.cli.help_text import backbone_names, dataset_names, lazy_help_option, loss_names, negatives_names
+from retrieval.serve.defaults import DEFAULT_HOST, DEFAULT_PORT
 from retrieval.train.config import TrainConfig
 
 
@@ -78,7 +80,7 @@ def show_notices(level: int) -> Callable[[], None]:
 TRAIN_OPTIONS = [
     click.option("--config", "config_file", type=click.Path(dir_okay=False),
                  help="TOML/JSON file; options override it."),
-    click.option("--dataset", help="folder|csv|cub|cars196|sop|inshop|emoji|fashion-mnist|digits"),
+    lazy_help_option("--dataset", help_text=lambda: " | ".join(dataset_names())),
     click.option("--data", help="dataset root (folder, manifest or official layout)."),
     click.option("--dataset-param", "dataset_params", multiple=True, metavar="KEY=VALUE",
                  help="dataset option, e.g. protocol=disjoint or limit_per_class=100 (repeatable)."),
@@ -88,8 +90,7 @@ TRAIN_OPTIONS = [
     click.option("--label-noise-transitions", type=click.Path(dir_okay=False),
                  help="asymmetric noise table: JSON {\"from class\": \"to class\"} or CSV from,to (class names)."),
     click.option("--drop-small/--no-drop-small", default=None, help="drop classes with fewer than --per-class images."),
-    click.option("--backbone", help="resnet18|resnet50|googlenet|efficientnet_b0|convnext_tiny|vit_b_16|"
-                                    "efficientnet_lite0|timm:<name>"),
+    lazy_help_option("--backbone", help_text=lambda: " | ".join(backbone_names())),
     click.option("--pretrained/--no-pretrained", default=None, help="ImageNet weights from the local cache."),
     click.option("--weights", type=click.Path(dir_okay=False), help="local backbone weights file."),
     click.option("--embedding-dim", type=int),
@@ -101,10 +102,10 @@ TRAIN_OPTIONS = [
     click.option("--background", metavar="COLOUR",
                  help="colour that transparent pixels are composited onto (name, #RRGGBB or R,G,B; default white); "
                       "recorded with the model so the index and the queries use it too."),
-    click.option("--loss", help="a registered loss (see `retrieval losses`)."),
+    lazy_help_option("--loss", help_text=lambda: f"{' | '.join(loss_names())} (see `retrieval losses`)."),
     click.option("--loss-param", "loss_params", multiple=True, metavar="KEY=VALUE",
                  help="loss hyperparameter, e.g. margin=0.2 (repeatable)."),
-    click.option("--negatives", help="hard-negative generation: loop | loop-linear | symm."),
+    lazy_help_option("--negatives", help_text=lambda: f"hard-negative generation: {' | '.join(negatives_names())}."),
     click.option("--aux-ce", type=float, help="weight of an auxiliary cross-entropy head (0 = off)."),
     click.option("--batch-size", type=int),
     click.option("--per-class", type=int, help="samples per class in a batch (N >= 2)."),
@@ -288,8 +289,8 @@ def backbones_command() -> None:
 @click.option("--epochs", default=None, type=int, help="override the recipe's number of epochs.")
 @click.option("--serve/--no-serve", "start_server", default=True, show_default=True,
               help="start the app on the built index at the end.")
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=7860, show_default=True, type=int)
+@click.option("--host", default=DEFAULT_HOST, show_default=True)
+@click.option("--port", default=DEFAULT_PORT, show_default=True, type=int)
 def demo_command(out: str, epochs: int | None, start_server: bool, host: str, port: int) -> None:
     """The main job on the emoji data: prepare, train, evaluate, export, index, then serve the app."""
     from retrieval.cli.demo import run_demo

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -12,6 +11,7 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
 from retrieval.data.dataset import BadImageLog, BadSample, CatchBadSamples, collate_dropping_bad
+from retrieval.workers import default_workers
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -20,10 +20,6 @@ def resolve_device(device: str = "auto") -> torch.device:
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError("--device cuda was requested but no CUDA GPU is available; use --device cpu")
     return torch.device(device)
-
-
-def default_workers() -> int:
-    return min(4, max(0, (os.cpu_count() or 1) - 1))
 
 
 def make_loader(dataset: Dataset, batch_size: int | None, workers: int | None = None,

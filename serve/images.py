@@ -13,7 +13,7 @@ import binascii
 
 from PIL import Image
 
-from retrieval.data.decode import DecodedImage, ImageDecodeError, read_image
+from retrieval.data.decode import ACCEPTED_FORMATS, DecodedImage, ImageDecodeError, read_image
 
 
 class QueryError(ValueError):
@@ -26,7 +26,7 @@ class QueryError(ValueError):
 
 QUERY_MESSAGES = {
     "empty": "the image is empty (0 bytes)",
-    "not_image": "the upload is not an image we can read (expected JPEG, PNG, WebP, BMP or GIF)",
+    "not_image": f"the upload is not an image we can read (expected {', '.join(ACCEPTED_FORMATS)})",
 }
 
 

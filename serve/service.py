@@ -31,22 +31,13 @@ from retrieval.serve.defaults import DEFAULT_MAX_PIXELS, DEFAULT_MAX_UPLOAD_BYTE
 from retrieval.serve.diagnostics import LeaveOneOut, leave_one_out
 from retrieval.serve.images import QueryError, decode_query
 
+from retrieval.data.decode import IMAGE_MEDIA_TYPES  # what an image file is served as (the catalogue's extensions)
 from retrieval.index import IMAGE_EXTENSIONS, Index, SearchResult, index_stats
 from retrieval.index.catalogue import CatalogueReader
 from retrieval.index.embedder import Embedder, prepare_vectors
 from retrieval.index.live import RELOAD_INTERVAL_S, LiveIndex, Snapshot
 from retrieval.index.search import check_k
 from retrieval.onnx_runtime import preprocess_images
-
-# What an image file is served as, by extension (the catalogue only holds these extensions).
-IMAGE_MEDIA_TYPES = {
-    ".jpg": "image/jpeg",
-    ".jpeg": "image/jpeg",
-    ".png": "image/png",
-    ".webp": "image/webp",
-    ".bmp": "image/bmp",
-    ".gif": "image/gif",
-}
 
 
 def image_url(image_id: int) -> str:

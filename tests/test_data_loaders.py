@@ -11,6 +11,8 @@ from PIL import Image
 
 from retrieval.data import DATASETS, ImageDataset, limit_per_class, load_dataset
 from retrieval.data.builtin import FASHION_MNIST_CLASSES, FASHION_MNIST_DIR
+from retrieval.data.decode import IMAGE_EXTENSIONS
+from retrieval.index.sources import list_gallery
 
 COLORS = [(200, 30, 30), (30, 200, 30), (30, 30, 200), (200, 200, 30), (30, 200, 200), (200, 30, 200)]
 
@@ -130,6 +132,26 @@ def test_folder_without_split_is_class_disjoint_halves(tmp_path):
     assert len(train) == 6 and len(test) == 4
     check_contiguous(train)
     check_contiguous(test)
+
+
+def test_folder_and_gallery_take_exactly_the_decoders_image_files(tmp_path):
+    """Issue 25.4: the folder data set listed .tif, .tiff, .ppm and .pgm, which the decoder refused, and the gallery
+    listing took no TIFF at all; both now take the decoder's extensions (any case), and every file they take decodes."""
+    others = [".tga", ".ico", ".psd", ".svg", ".txt"]
+    for c, cls in enumerate(["a", "b"]):
+        for extension in sorted(IMAGE_EXTENSIONS) + others:
+            path = tmp_path / "train" / cls / f"x{extension.upper() if c else extension}"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if extension in (".svg", ".txt", ".psd"):
+                path.write_text("<svg/>")
+            else:
+                Image.new("RGB", (12, 8), COLORS[c]).save(path, Image.registered_extensions()[extension])
+    train = load_dataset("folder", tmp_path, "train")
+    gallery = list_gallery(tmp_path / "train")
+    assert sorted(Path(p).suffix.lower() for p in train.samples) == sorted([*IMAGE_EXTENSIONS] * 2) == sorted(
+        Path(item.path).suffix.lower() for item in gallery.items
+    )
+    assert all(train.load_image(i).size == (12, 8) for i in range(len(train)))
 
 
 def test_folder_errors_name_the_path(tmp_path):

@@ -24,7 +24,10 @@ from retrieval.data.decode import (
     DECODE_BUDGET,
     DECODE_BUDGET_BYTES,
     DEFAULT_MAX_PIXELS,
+    IMAGE_EXTENSIONS,
+    IMAGE_FORMATS,
     MAX_ASPECT,
+    MAX_COUNTED_PAGES,
     MAX_DECODE_BYTES,
     MIB,
     DecodeBudget,
@@ -203,12 +206,143 @@ def test_animated_gif_gives_its_first_frame_and_says_so():
     assert decoded.notes == ("animated image: the first of its 3 frames was used",)
 
 
+# --- TIFF and PNM -----------------------------------------------------------------------------------
+def raw_tiff(width: int, height: int, bits: tuple[int, ...], data: bytes, photometric: int = 2,
+             sample_format: int = 1) -> bytes:
+    """An uncompressed one-strip little-endian TIFF of any bit depth (Pillow writes neither 16-bit RGB nor lies)."""
+    entries = [(256, 4, 1, width), (257, 4, 1, height), (259, 3, 1, 1), (262, 3, 1, photometric),
+               (277, 3, 1, len(bits)), (278, 4, 1, height), (279, 4, 1, len(data)), (339, 3, 1, sample_format)]
+    bits_offset = 8 + 2 + 12 * (len(entries) + 2) + 4
+    entries += [(258, 3, len(bits), bits[0] if len(bits) == 1 else bits_offset),
+                (273, 4, 1, bits_offset + (2 * len(bits) if len(bits) > 1 else 0))]
+    entries.sort()
+    ifd = struct.pack("<H", len(entries)) + b"".join(struct.pack("<HHII", *entry) for entry in entries)
+    extra = struct.pack(f"<{len(bits)}H", *bits) if len(bits) > 1 else b""
+    return b"II*\0" + struct.pack("<I", 8) + ifd + struct.pack("<I", 0) + extra + data
+
+
+def tiff_pages(count: int) -> bytes:
+    """A multi-page TIFF whose page i is a one-colour 16 x 16 RGB image of grey level i."""
+    buffer = io.BytesIO()
+    pages = [Image.new("RGB", (16, 16), (i, i, i)) for i in range(count)]
+    pages[0].save(buffer, "TIFF", save_all=True, append_images=pages[1:])
+    return buffer.getvalue()
+
+
+def noise(mode: str, size=(24, 16)) -> Image.Image:
+    rng = np.random.default_rng(0)
+    channels = {"1": 0, "L": 0, "RGB": 3, "RGBA": 4}[mode]
+    shape = size[::-1] + ((channels,) if channels else ())
+    image = Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8), "L" if mode == "1" else mode)
+    return image.convert("1") if mode == "1" else image
+
+
+@pytest.mark.parametrize("mode,fmt,params", [
+    ("RGB", "TIFF", {}), ("RGB", "TIFF", {"compression": "tiff_deflate"}), ("RGB", "TIFF", {"compression": "tiff_lzw"}),
+    ("RGBA", "TIFF", {"compression": "tiff_deflate"}), ("L", "TIFF", {"compression": "packbits"}),
+    ("1", "TIFF", {"compression": "group4"}), ("RGB", "TIFF", {"compression": "tiff_deflate", "tile": (16, 16)}),
+    ("RGB", "PPM", {}), ("L", "PPM", {}), ("1", "PPM", {}),
+])
+def test_tiff_and_binary_pnm_decode_to_their_pixels(mode, fmt, params):
+    image = noise(mode)
+    if "tile" in params:  # Pillow writes tiles through libtiff's tag options
+        params = {"compression": params["compression"], "tiffinfo": {322: 16, 323: 16}}
+    decoded = read_image(encode(image, fmt, **params))
+    want = image.convert("RGBA" if mode == "RGBA" else "RGB")
+    assert decoded.format == fmt and decoded.image.mode == want.mode
+    assert np.array_equal(np.asarray(decoded.image), np.asarray(want))
+
+
+def test_sixteen_bit_and_float_tiff_are_scaled_like_16_bit_png():
+    grey = np.array([[0, 257 * 64, 257 * 128, 65535]], np.uint16).repeat(4, 0)
+    decoded = read_image(encode(Image.fromarray(grey), "TIFF", compression="tiff_deflate")).image
+    assert [decoded.getpixel((x, 0))[0] for x in range(4)] == [0, 64, 128, 255]
+    rgb16 = np.array([[[0, 257 * 64, 65535], [257 * 128, 65535, 0]]], "<u2")
+    decoded = read_image(raw_tiff(2, 1, (16, 16, 16), rgb16.tobytes())).image  # as Pillow reads a 16-bit RGB PNG
+    assert decoded.mode == "RGB" and np.asarray(decoded).tolist() == [[[0, 64, 255], [128, 255, 0]]]
+    floats = np.array([[0.0, 0.25, 0.5, 1.0]], "<f4")
+    decoded = read_image(raw_tiff(4, 1, (32,), floats.tobytes(), photometric=1, sample_format=3)).image
+    assert [decoded.getpixel((x, 0))[0] for x in range(4)] == [0, 64, 128, 255]
+    sixteen_bit_pgm = b"P5 4 1 65535\n" + grey[0].astype(">u2").tobytes()
+    assert np.asarray(read_image(sixteen_bit_pgm).image)[0, :, 0].tolist() == [0, 64, 128, 255]
+
+
+def test_a_multi_page_tiff_gives_its_first_page_and_counts_pages_only_so_far():
+    decoded = read_image(tiff_pages(3))
+    assert decoded.frames == 3 and decoded.image.getpixel((8, 8)) == (0, 0, 0)
+    assert decoded.notes == ("multi-page TIFF: the first of its 3 pages was used",)
+    started = time.perf_counter()  # Pillow's n_frames would parse all 400 pages
+    decoded = read_image(tiff_pages(400))
+    assert decoded.frames == MAX_COUNTED_PAGES and decoded.image.getpixel((8, 8)) == (0, 0, 0)
+    assert decoded.notes == (f"multi-page TIFF: the first of its {MAX_COUNTED_PAGES} or more pages was used",)
+    assert time.perf_counter() - started < 1
+
+
+@pytest.mark.parametrize("data", [
+    raw_tiff(200_000, 200_000, (8, 8, 8), b""),  # over Pillow's own bomb limit
+    raw_tiff(7000, 7000, (8,), b"", photometric=1),  # over DEFAULT_MAX_PIXELS
+    b"P6 200000 200000 255\n", b"P5 7000 7000 255\n", b"P4 70000 7000\n",
+], ids=["tiff_bomb", "tiff_over_limit", "ppm_bomb", "pgm_over_limit", "pbm_over_limit"])
+def test_a_huge_tiff_or_pnm_header_is_refused_before_decoding(data):
+    started = time.perf_counter()
+    with pytest.raises(ImageDecodeError, match="decompression bomb") as info:
+        read_image(data)
+    assert info.value.kind == "too_large" and time.perf_counter() - started < 1
+
+
+def test_a_one_strip_compressed_tiff_is_estimated_with_libtiffs_strip_buffer(monkeypatch):
+    """libtiff decodes a strip into a buffer of its own: one strip of a compressed TIFF holds the whole image."""
+    image = Image.new("RGB", (4000, 4000), (10, 200, 30))
+    strips, one_strip = (encode(image, "TIFF", compression="tiff_deflate", strip_size=size) for size in (2**16, 2**40))
+    assert Image.open(io.BytesIO(one_strip)).tag_v2[278] == 4000
+    small, whole = read_image(strips).estimated_bytes, read_image(one_strip).estimated_bytes
+    assert small < 4000 * 4000 * 4 + 40 * MIB  # the decoded image, the reduced one, small strips
+    assert whole >= 4000 * 4000 * (4 + 3)  # and a strip buffer of the whole image (3 bytes a pixel at least)
+    monkeypatch.setattr(decode_module, "MAX_DECODE_BYTES", (small + whole) // 2)
+    assert read_image(strips).image.size == (800, 800)
+    with pytest.raises(ImageDecodeError, match="a TIFF of 4000x4000 would hold") as info:
+        read_image(one_strip)
+    assert info.value.kind == "too_large"
+
+
+@pytest.mark.parametrize("data,kinds", [
+    (encode(noise("RGB", (64, 64)), "TIFF")[:2000], ("truncated",)),  # pixels cut short
+    (encode(noise("RGB", (64, 64)), "TIFF", compression="tiff_deflate")[:2000], ("truncated",)),  # its page's tags
+    (raw_tiff(64, 64, (8, 8, 8), b"\0" * 500), ("truncated",)),
+    (raw_tiff(64, 64, (8, 8, 8), b"\0" * 500)[:60], ("truncated", "unreadable")),  # within the tags
+    (encode(noise("RGB", (64, 64)), "PPM")[:2000], ("truncated",)),
+    (encode(noise("1", (64, 64)), "PPM")[:200], ("truncated",)),
+    (b"P6 64", ("truncated", "unreadable")),  # within the header
+    (raw_tiff(2, 1, (32, 32, 32), bytes(24), sample_format=3), ("unreadable",)),  # whole, but not read by Pillow
+], ids=["tiff", "tiff_deflate", "tiff_strip", "tiff_tags", "ppm", "pbm", "ppm_header", "tiff_float_rgb"])
+def test_a_truncated_or_unreadable_tiff_or_pnm_is_refused_as_damaged(data, kinds):
+    with pytest.raises(ImageDecodeError) as info:
+        read_image(data)
+    assert info.value.kind in kinds, info.value
+
+
+@pytest.mark.parametrize("data", [b"P3 2 1 255\n1 2 3 4 5 6\n", b"P2 2 1 255\n1 2\n", b"P1 2 1\n0 1\n",
+                                  b"P6 1 1 1023\n\0\0\0\0\0\0", b"P5 1 1 4095\n\0\0"])
+def test_pnm_that_pillow_decodes_in_python_is_refused_with_the_fix(data):
+    """Plain (ASCII) PNM and odd maxvals go through Pillow's Python decoders: 3 s a megapixel, minutes an image."""
+    with pytest.raises(ImageDecodeError, match="convert it to binary PNM") as info:
+        read_image(data)
+    assert info.value.kind == "unreadable"
+
+
+def test_image_extensions_are_those_of_the_formats_the_decoder_opens():
+    assert {".tif", ".tiff", ".ppm", ".pgm", ".pbm", ".jpg", ".png", ".webp"} <= IMAGE_EXTENSIONS
+    assert ".tga" not in IMAGE_EXTENSIONS and ".ico" not in IMAGE_EXTENSIONS
+    for fmt, types in IMAGE_FORMATS.items():  # each extension names a format Pillow registers it under
+        assert {Image.registered_extensions()[extension] for extension in types} == {fmt}
+
+
 # --- hostile input ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("data,kind", [
     (b"", "empty"),
     (b"this is not an image\n" * 10, "not_image"),
     (b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\n", "not_image"),  # never handed to Ghostscript
-    (encode(Image.new("RGB", (8, 8)), "TIFF"), "not_image"),  # formats outside the gallery's are refused
+    (encode(Image.new("RGB", (8, 8)), "ICO"), "not_image"),  # formats outside the gallery's are refused
     (encode(Image.new("RGB", (64, 64), (1, 2, 3)))[:80], "truncated"),
 ])
 def test_unusable_bytes_are_refused_with_their_kind(data, kind):
@@ -353,8 +487,16 @@ WORST = {  # name -> (size, function size -> bytes): the costliest images of eac
     "lossless.webp": (SQUARE, flat("RGBA", "WEBP", lossless=True)),
     "lossless_long.webp": (WEBP_LONG, flat("RGBA", "WEBP", lossless=True)),
     "largest_admitted.webp": ((4000, 4000), flat("RGBA", "WEBP", lossless=True)),
+    "rgb_at_limit.tif": ((SIDE, int(SIDE * 1.1)), flat("RGB", "TIFF", (10, 200, 30), compression="tiff_deflate")),
+    "rgb_one_strip.tif": ((SIDE, int(SIDE * 1.1)), flat("RGB", "TIFF", (10, 200, 30), compression="tiff_deflate",
+                                                        strip_size=2**40)),  # libtiff: a strip buffer of 40 Mpx
+    "float_one_strip_long.tif": (LONG, flat("F", "TIFF", 0.5, compression="tiff_deflate", strip_size=2**40)),
+    "rgb_at_limit.ppm": ((SIDE, int(SIDE * 1.1)), flat("RGB", "PPM", (10, 200, 30))),
+    "grey16_long.pgm": (LONG, flat("I;16", "PPM", 40000)),
 }
-REFUSED = {"progressive_444.jpg", "lossless.webp", "lossless_long.webp"}  # over MAX_DECODE_BYTES: too_large
+REFUSED = {  # over MAX_DECODE_BYTES: too_large
+    "progressive_444.jpg", "lossless.webp", "lossless_long.webp", "rgb_one_strip.tif", "float_one_strip_long.tif",
+}
 
 
 def write_worst(folder: Path, name: str) -> tuple[Path, Path]:
@@ -395,6 +537,7 @@ ESTIMATE_PROBE = """
 @pytest.mark.parametrize("name", [
     "lossless.webp", "lossless_long.webp", "rgba_long.png", "rgba_long_icc_exif.png", "grey16_long.png",
     "transparent_long.gif", "rle8_long.bmp", "cmyk_long.jpg", "progressive_long.jpg", "progressive_444.jpg",
+    "rgb_one_strip.tif", "float_one_strip_long.tif", "rgb_at_limit.ppm", "grey16_long.pgm",
 ])
 def test_memory_estimate_is_an_upper_bound_and_close(name, tmp_path):
     """``estimate_decode_bytes`` (from the header) against the measured peak: never below it, at most twice it."""

@@ -4,8 +4,9 @@ Every path that reads an image (training data sets, the index builders, ``retrie
 Gradio upload, export verification) calls ``read_image``, so the gallery, the queries and the training data
 are decoded alike:
 
-- only the formats a gallery may hold are opened (JPEG, PNG, WebP, BMP, GIF): no plugin for exotic
-  formats ever sees untrusted bytes;
+- only the formats a gallery may hold are opened (``IMAGE_FORMATS``: JPEG, PNG, WebP, BMP, GIF, TIFF, binary
+  PNM): no plugin for exotic formats ever sees untrusted bytes, and the data sets, the gallery listing and the
+  API take the file extensions of these formats (``IMAGE_EXTENSIONS``) and no others;
 - the pixel count is checked from the header before any pixel is decoded (decompression bombs; a large JPEG
   is decoded at 1/2, 1/4 or 1/8 scale and the limit applies to that), files that are not regular files
   (``/dev/zero``, FIFOs) are refused before they are read;
@@ -19,7 +20,8 @@ are decoded alike:
   image is built strip by strip, each strip converted (bit depth, colours, orientation) on the way, so no
   full-size copy of the decoded image is ever made;
 - 16- and 32-bit greyscale is scaled to 8 bits by its range (never clipped), CMYK and images with an ICC
-  profile are converted to sRGB, the EXIF orientation is applied, an animated image gives its first frame;
+  profile are converted to sRGB, the EXIF orientation is applied, an animated image gives its first frame (a
+  multi-page TIFF its first page);
 - transparency is kept (RGBA) and composited onto the model's background colour by ``FlattenAlpha``, the
   first step of every preprocessing pipeline (``retrieval.data.transforms``), so that the colour is a model
   setting recorded with the model like mean and std.
@@ -52,13 +54,40 @@ TRIM_BYTES = 32 * MIB  # after a decode estimated at this or more, freed heap is
 # measured with benchmarks/decode_memory.py (docs/BENCHMARKS.md, "Decoder memory per format"; Pillow 12.3):
 WEBP_DECODER_BYTES = 12  # per pixel: libwebp's two RGBA canvases and the frame's copy as Python bytes (16 in all)
 BMP_RLE_DECODER_BYTES = 2  # per pixel: Pillow's RLE decoder (Python) builds the pixels in a bytearray, then copies
+# per pixel of one strip or tile of a compressed TIFF, at least (libtiff's RGBA path; its samples as stored when
+# more): a one-strip 40-megapixel RGB deflate TIFF peaked 267 MB above idle (estimate 313), a one-strip float
+# one 305 MB (313), measured as tests/test_decode.py's ESTIMATE_PROBE does; an uncompressed TIFF or a binary PNM
+# is read by Pillow's raw decoder straight into the image (160 MB for 40 megapixels of RGB)
+TIFF_DECODER_BYTES = 4
 JPEG_COEFFICIENT_BYTES = 128  # per 8x8 block: libjpeg keeps every coefficient of a progressive or multi-scan JPEG
 STRIP_BYTES_PER_PIXEL = 24  # per pixel of a strip being reduced: its crop and conversions (17 measured at most)
 DECODER_BYTES = 8 * MIB  # the decoders' own buffers (rows, zlib window, Huffman tables) and allocator slack
 MAX_ASPECT = 8  # longer side / shorter side kept after decoding (centre crop beyond it)
 MIN_SHORT_SIDE = 768  # large images are shrunk by an integer factor while the short side stays >= this
 STRIP_PIXELS = 1 << 20  # pixels per strip when cropping and shrinking
-ACCEPTED_FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "GIF")  # JPEG includes phone MPO files
+# The formats ``read_image`` opens (Pillow's names), each with the file extensions it is kept under and the media
+# type it is served as: the project's one list of image files (data sets, gallery listing, uploads, image route).
+# Not opened: TGA (no signature, so any unrecognised file would parse as one), ICO/CUR (the sizes in their
+# directory are not those decoded), and every other Pillow plugin.
+IMAGE_FORMATS: dict[str, dict[str, str]] = {
+    "JPEG": {".jpg": "image/jpeg", ".jpeg": "image/jpeg"},  # includes phone MPO files
+    "PNG": {".png": "image/png"},
+    "WEBP": {".webp": "image/webp"},
+    "BMP": {".bmp": "image/bmp"},
+    "GIF": {".gif": "image/gif"},
+    "TIFF": {".tif": "image/tiff", ".tiff": "image/tiff"},
+    "PPM": {  # binary PNM only (see ``SLOW_DECODERS``)
+        ".pbm": "image/x-portable-bitmap", ".pgm": "image/x-portable-graymap", ".ppm": "image/x-portable-pixmap",
+        ".pnm": "image/x-portable-anymap",
+    },
+}
+ACCEPTED_FORMATS = tuple(IMAGE_FORMATS)
+IMAGE_MEDIA_TYPES = {extension: media for types in IMAGE_FORMATS.values() for extension, media in types.items()}
+IMAGE_EXTENSIONS = frozenset(IMAGE_MEDIA_TYPES)
+# Pillow decoders written in Python, about 3 s a megapixel (minutes for an image under the pixel limit): plain
+# (ASCII) PNM, and binary PNM whose maxval is not 255 (nor 65535 for greyscale). Refused, with the fix.
+SLOW_DECODERS = ("ppm_plain", "ppm")
+MAX_COUNTED_PAGES = 16  # a TIFF's pages are counted up to this: each costs a parse (a file may hold 100,000)
 DEFAULT_BACKGROUND = (255, 255, 255)  # transparent pixels become white unless a model says otherwise
 _SRGB = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB"))
 
@@ -218,6 +247,8 @@ def _decode(handle: BinaryIO, max_pixels: int) -> DecodedImage:
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise ImageDecodeError("too_large", f"possible decompression bomb: {exc}") from exc
     except UnidentifiedImageError as exc:
+        if (tiff_error := _unopened_tiff(handle, start)) is not None:
+            raise tiff_error from exc
         raise ImageDecodeError(
             "not_image", f"unrecognised format; accepted formats are {', '.join(ACCEPTED_FORMATS)}"
         ) from exc
@@ -225,6 +256,23 @@ def _decode(handle: BinaryIO, max_pixels: int) -> DecodedImage:
         text = f"{type(exc).__name__}: {exc}"
         kind = "truncated" if "truncated" in text.lower() or isinstance(exc, EOFError) else "unreadable"
         raise ImageDecodeError(kind, f"the image could not be decoded ({text}); the file is damaged") from exc
+
+
+def _unopened_tiff(handle: BinaryIO, start: int) -> ImageDecodeError | None:
+    """Why a file with a TIFF (or BigTIFF) signature did not open, or None when it has none."""
+    handle.seek(start)
+    head = handle.read(16)
+    big = head[:4] in (b"II+\0", b"MM\0+")
+    if not big and head[:4] not in (b"II*\0", b"MM\0*"):
+        return None
+    first_page = int.from_bytes(head[8:16] if big else head[4:8], "little" if head[:2] == b"II" else "big")
+    size = handle.seek(0, os.SEEK_END) - start
+    if first_page >= size:  # writers often put the page's tags after its pixels, at the very end
+        return ImageDecodeError("truncated", "a TIFF cut short before its first page's tags; the file is truncated")
+    return ImageDecodeError(
+        "unreadable", "a TIFF whose first page cannot be read (damaged tags, or a layout Pillow does not read, such "
+        "as floating-point RGB); convert it to PNG or an 8- or 16-bit TIFF",
+    )
 
 
 def _plan(image: Image.Image, handle: BinaryIO, start: int, max_pixels: int) -> tuple[int, int]:
@@ -242,12 +290,36 @@ def _plan(image: Image.Image, handle: BinaryIO, start: int, max_pixels: int) -> 
             f"{width}x{height} = {width * height} pixels is over the limit of {max_pixels} "
             "(possible decompression bomb); send a smaller image or raise --max-pixels",
         )
-    frames = int(getattr(image, "n_frames", 1) or 1)
-    if frames > 1:
-        image.seek(0)
+    if any(tile.codec_name in SLOW_DECODERS for tile in image.tile):
+        raise ImageDecodeError(
+            "unreadable",
+            "this PNM variant (plain text, or a maxval other than 255, or 65535 for greyscale) is decoded by Pillow "
+            "in Python, minutes for a large image; convert it to binary PNM with 8-bit samples (P4, P5, P6) or PNG",
+        )
+    frames = _count_frames(image)
     buffered = jpeg and _jpeg_buffers_coefficients(image, handle, start)
     estimate = estimate_decode_bytes(image, (width, height), buffered)
     return frames, _check_memory(image.format or "image", (width, height), estimate, buffered)
+
+
+def _count_frames(image: Image.Image) -> int:
+    """Frames of an animation, or a TIFF's pages up to ``MAX_COUNTED_PAGES``; the image is left on its first."""
+    if image.format != "TIFF":
+        frames = int(getattr(image, "n_frames", 1) or 1)
+        if frames > 1:
+            image.seek(0)
+        return frames
+    pages = 1  # Pillow's n_frames parses every page: 2 minutes for an 11 MB file of 100,000 one-pixel pages
+    try:
+        while getattr(image, "is_animated", False) and pages < MAX_COUNTED_PAGES:
+            image.seek(pages)
+            pages += 1
+    except (EOFError, OSError, ValueError, SyntaxError):  # no further page, or a damaged one: the first is used
+        pass
+    finally:
+        if image.tell() != 0:
+            image.seek(0)
+    return pages
 
 
 # --- memory ---------------------------------------------------------------------------------------------
@@ -262,12 +334,27 @@ def estimate_decode_bytes(image: Image.Image, source_size: tuple[int, int], buff
     pixels = image.width * image.height
     if any(tile.codec_name == "bmp_rle" for tile in image.tile):
         decoder = pixels * BMP_RLE_DECODER_BYTES
+    elif any(tile.codec_name == "libtiff" for tile in image.tile):  # compressed TIFF (uncompressed: Pillow's own)
+        decoder = _tiff_buffer_bytes(image)
     elif buffered_jpeg:  # every DCT coefficient of the file at its full size, whatever the draft scale
         decoder = _jpeg_blocks(image.layer, *source_size) * JPEG_COEFFICIENT_BYTES
     else:
         decoder = 0
     # these decoders free their buffers when they finish, before the reduced image is built
     return pixels * _bytes_per_pixel(image.mode) + max(decoder, _reduced_bytes(image.size)) + DECODER_BYTES
+
+
+def _tiff_buffer_bytes(image: Image.Image) -> int:
+    """libtiff's buffer for one strip or tile of a TIFF (a compressed TIFF is often one strip: the whole image),
+    with its samples as stored; at least 4 bytes a pixel, as YCbCr and old-style JPEG are decoded through RGBA."""
+    tags, (width, height) = image.tag_v2, image.size
+    if 322 in tags and 323 in tags:  # TileWidth, TileLength
+        pixels = int(tags[322]) * int(tags[323])
+    else:  # RowsPerStrip, absent: one strip
+        pixels = width * min(height, int(tags.get(278, height)))
+    bits = tags.get(258, (1,))  # BitsPerSample, one value per sample
+    bits = sum(bits) if isinstance(bits, tuple) else int(bits) * int(tags.get(277, 1))
+    return pixels * max(TIFF_DECODER_BYTES, -(-bits // 8))
 
 
 def _webp_bytes(size: tuple[int, int]) -> int:
@@ -365,8 +452,12 @@ def _normalise(image: Image.Image, frames: int, estimate: int = 0) -> DecodedIma
     Each strip of the kept region is cropped, reduced and converted (bit depth, palette, colour profile, RGB(A),
     orientation) before the next: beside the decoded image only the result and one strip are held.
     """
-    notes = [f"animated image: the first of its {frames} frames was used"] if frames > 1 else []
     fmt, icc, orientation = image.format or "?", image.info.get("icc_profile"), _orientation(image)
+    if fmt == "TIFF":
+        pages = f"{frames} or more" if frames >= MAX_COUNTED_PAGES else f"{frames}"
+        notes = [f"multi-page TIFF: the first of its {pages} pages was used"] if frames > 1 else []
+    else:
+        notes = [f"animated image: the first of its {frames} frames was used"] if frames > 1 else []
     width, height = image.size
     (left, top, right, bottom), factor = _region_and_factor(width, height)
     transpose = _TRANSPOSE.get(orientation)

@@ -19,6 +19,7 @@ import numpy as np
 from PIL import Image
 
 from retrieval.data.dataset import ImageDataset, class_disjoint_halves, encode_labels
+from retrieval.data.decode import IMAGE_EXTENSIONS
 from retrieval.data.registry import (
     DATASETS,
     check_split,
@@ -28,10 +29,6 @@ from retrieval.data.registry import (
 )
 
 Transform = Callable[[Image.Image], Any] | None
-
-IMAGE_SUFFIXES = frozenset(
-    {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
-)
 
 
 def _split_by_class(paths: list[str], names: list[str], keep: set, transform: Transform) -> ImageDataset:
@@ -66,7 +63,7 @@ def _scan_class_folders(folder: Path) -> tuple[list[str], list[str]]:
     paths, names = [], []
     for class_dir in sorted(p for p in folder.iterdir() if p.is_dir()):
         for file in sorted(class_dir.rglob("*")):
-            if file.suffix.lower() in IMAGE_SUFFIXES and file.is_file():
+            if file.suffix.lower() in IMAGE_EXTENSIONS and file.is_file():
                 paths.append(str(file))
                 names.append(class_dir.name)
     if not paths:

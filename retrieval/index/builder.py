@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -47,7 +46,8 @@ from retrieval.index.decode import (
 from retrieval.index.embedder import Embedder, ModelMismatchError, load_model, prepare_vectors
 from retrieval.index.layout import IndexLayout, repair_command
 from retrieval.index.shards import ShardStore
-from retrieval.index.sources import Gallery, is_utf8, list_gallery, printable_path
+from retrieval.index.sources import IMAGE_EXTENSIONS, Gallery, is_utf8, list_gallery, printable_path
+from retrieval.workers import default_workers
 
 DEFAULT_SHARD_SIZE = 4096
 
@@ -91,8 +91,7 @@ class Ingestor:
         if not pending:
             return
         dataset = GalleryDecodeDataset(pending, self.embedder.model_config, self.options.max_pixels)
-        workers = self.options.workers
-        workers = min(4, max(0, (os.cpu_count() or 1) - 1)) if workers is None else workers
+        workers = default_workers() if self.options.workers is None else self.options.workers
         loader = DataLoader(
             dataset,
             batch_size=self.options.batch_size,
@@ -510,7 +509,7 @@ def _list(images: str | Path, split: str | None) -> Gallery:
     if not gallery.items:
         example = f"; e.g. {gallery.errors[0].path}: {gallery.errors[0].error}" if gallery.errors else ""
         raise ValueError(
-            f"no images (jpg, jpeg, png, webp, bmp, gif) found in {images}"
+            f"no images ({', '.join(sorted(IMAGE_EXTENSIONS))}) found in {images}"
             f"{f' ({len(gallery.errors)} paths could not be listed{example})' if gallery.errors else ''}"
         )
     return gallery

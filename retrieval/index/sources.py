@@ -15,7 +15,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif"})
+from retrieval.data.decode import IMAGE_EXTENSIONS  # the decoder's formats: the gallery lists only these files
+
 MAX_PATH_BYTES = 4096  # Linux PATH_MAX: the kernel refuses longer paths anyway
 DISPLAY_LIMIT = 512  # characters of an escaped path shown in a message
 NOT_UTF8 = "file name is not valid UTF-8; rename it"
