@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from retrieval.index import faiss_ops
-from retrieval.index.builder import build_faiss
 from retrieval.index.catalogue import Catalogue, Outcome
+from retrieval.index.faiss_build import build_faiss
 from retrieval.index.layout import IndexLayout
 from retrieval.index.search import Index
 from retrieval.index.shards import ShardStore

@@ -31,6 +31,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import numpy as np
 
 from retrieval.index import faiss_ops
+from retrieval.index.catalogue import Status
 from retrieval.index.embedder import Embedder
 from retrieval.index.layout import IndexLayout, describe_writer
 from retrieval.index.search import Index
@@ -88,7 +89,7 @@ class Snapshot(Index):
             raise
         try:
             snapshot.ids = np.sort(faiss_ops.index_ids(snapshot.faiss_index))
-            done = np.asarray(snapshot.catalogue.ids_with_status("done"), dtype=np.int64)
+            done = np.asarray(snapshot.catalogue.ids_with_status(Status.DONE), dtype=np.int64)
             _require_unchanged(layout, before, writer_free)
             if not np.array_equal(snapshot.ids, done):  # the same count (Index.open) but other ids
                 raise layout.inconsistent("the ids in its faiss part differ from the catalogue's indexed images")
