@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -116,6 +117,9 @@ def engine_options(func):
 @click.group("index")
 def index_group() -> None:
     """Build, update and inspect a gallery index (faiss + SQLite catalogue)."""
+    # the writers' notices (retrieval.index.* loggers) on stderr; stdout stays the JSON summary. A no-op when the
+    # process has configured logging already.
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
 
 
 @index_group.command("build")
