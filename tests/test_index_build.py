@@ -402,3 +402,26 @@ def test_gpu_flag_without_gpu_fails_clearly(digits, tmp_path):
         "faiss-gpu" in str(result.exception) or "no CUDA GPU" in str(result.exception)
     )
     assert not (tmp_path / "idx").exists()  # failed before doing any work
+
+
+WRITER_MODULES = {f"retrieval.index.{name}" for name in ("writer", "engines", "ingest", "mend", "faiss_build")}
+
+
+@pytest.mark.parametrize(
+    ("module", "must_not_load"),
+    [
+        # the read side: search, stats, the live view, the serving diagnostics
+        ("retrieval.index.stats", WRITER_MODULES | {"torch"}),
+        ("retrieval.index.live", WRITER_MODULES | {"torch"}),
+        ("retrieval.serve.diagnostics", WRITER_MODULES | {"torch"}),
+        ("retrieval.index", WRITER_MODULES | {"torch"}),  # the package: its writer commands load on first use
+        # no circle: the interface knows no engine, an engine knows neither the registry nor the commands
+        ("retrieval.index.engine", WRITER_MODULES | {"retrieval.index.ray_engine", "torch"}),
+        ("retrieval.index.ray_engine", {"retrieval.index.writer", "retrieval.index.engines", "ray"}),
+    ],
+)
+def test_import_graph(module, must_not_load):
+    code = f"import sys, {module}; print(sorted(set({sorted(must_not_load)!r}) & set(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", code], cwd=TESTS.parent, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "[]", f"importing {module} loaded {result.stdout.strip()}"

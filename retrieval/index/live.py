@@ -13,7 +13,7 @@ grace has passed, for callers that peek at ``current`` without holding it). A fa
 logs one line and is retried when the folder changes again or after ``RETRY_FAILED_S`` (at the next tick if a
 writer raced the open).
 
-Read side only: nothing here writes the folder or imports the builder (nor torch).
+Read side only: nothing here writes the folder or imports the writer (nor torch).
 """
 
 from __future__ import annotations
