@@ -101,7 +101,7 @@ def ray_throughput(args: argparse.Namespace) -> dict:
     from test_index_support import write_digits
 
     from retrieval.index import IngestOptions, build_index
-    from retrieval.index.ray_engine import RayOptions
+    from retrieval.index.engine import RayOptions
     from retrieval.models import create_embedder
 
     work = Path(tempfile.mkdtemp(prefix="bench-ray-"))
@@ -190,9 +190,10 @@ def ray_ivf(args: argparse.Namespace) -> dict:
 
     from retrieval.index import faiss_ops
     from retrieval.index.catalogue import Catalogue, Outcome
+    from retrieval.index.engine import RayOptions
     from retrieval.index.faiss_build import build_faiss
     from retrieval.index.layout import IndexLayout
-    from retrieval.index.ray_engine import RayEngine, RayOptions
+    from retrieval.index.ray_engine import RayEngine
     from retrieval.index.shards import ShardStore
     from retrieval.index.sources import GalleryItem
 

@@ -26,8 +26,9 @@ from test_index_faiss import clustered_unit_vectors, write_vector_index
 from test_index_support import SIZE, bomb_png, jpeg_bytes, png_bytes, write_digits, write_projection_onnx
 
 from retrieval.index import Catalogue, Index, IngestOptions, build_index, faiss_ops, index_stats, load_model
+from retrieval.index.engine import RayOptions
 from retrieval.index.faiss_build import build_faiss
-from retrieval.index.ray_engine import RAY_INSTALL, RayEngine, RayOptions
+from retrieval.index.ray_engine import RAY_INSTALL, RayEngine
 from retrieval.index.shards import ShardStore
 
 ROOT = Path(__file__).resolve().parents[1]
