@@ -171,7 +171,7 @@ class RayIngestor(Ingestor):
                 wave = pending[start : start + self.ray_options.wave_size]
                 self.paths = dict(wave)
                 for batch in self._embedded(wave):
-                    if waiting:  # start-up: decode workers import torch, the actors start and load the model
+                    if waiting:  # start-up: the decode workers and the actors start, the actors load the model
                         log.info("ray: first embeddings after %.1f s", time.perf_counter() - started)
                         waiting = False
                     self._take_embedded(batch)
