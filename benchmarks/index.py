@@ -101,7 +101,7 @@ def ray_throughput(args: argparse.Namespace) -> dict:
     from test_index_support import write_digits
 
     from retrieval.index import IngestOptions, build_index
-    from retrieval.index.ray_engine import RayOptions
+    from retrieval.index.engine import RayOptions
     from retrieval.models import create_embedder
 
     work = Path(tempfile.mkdtemp(prefix="bench-ray-"))
@@ -189,10 +189,11 @@ def ray_ivf(args: argparse.Namespace) -> dict:
     import ray
 
     from retrieval.index import faiss_ops
-    from retrieval.index.builder import build_faiss
     from retrieval.index.catalogue import Catalogue, Outcome
+    from retrieval.index.engine import RayOptions
+    from retrieval.index.faiss_build import build_faiss
     from retrieval.index.layout import IndexLayout
-    from retrieval.index.ray_engine import RayEngine, RayOptions
+    from retrieval.index.ray_engine import RayEngine
     from retrieval.index.shards import ShardStore
     from retrieval.index.sources import GalleryItem
 
@@ -228,8 +229,8 @@ def ray_ivf(args: argparse.Namespace) -> dict:
     )
     queries = (queries / np.linalg.norm(queries, axis=1, keepdims=True)).astype(np.float32)
     done = catalogue.done_shards()
-    from retrieval.index.builder import done_chunks
     from retrieval.index.search import Index
+    from retrieval.index.vectors import done_chunks
 
     _, exact = faiss_ops.exact_knn(queries, done_chunks(store, done), 10)
     catalogue.set_meta(state="complete")
@@ -305,8 +306,8 @@ def write_vector_index(folder: Path, n: int, dim: int) -> Path:
     """A Flat index folder over ``n`` random unit vectors (catalogue rows, shards, faiss, index.json)."""
     import dataclasses
 
-    from retrieval.index.builder import build_faiss
     from retrieval.index.catalogue import Catalogue, Outcome
+    from retrieval.index.faiss_build import build_faiss
     from retrieval.index.layout import IndexLayout
     from retrieval.index.shards import ShardStore
     from retrieval.index.sources import GalleryItem

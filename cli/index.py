@@ -24,14 +24,12 @@ def images_help() -> str:
 def _ingest_options(
     batch_size: int, workers: int | None, shard_size: int, max_pixels: int | None, engine: dict | None = None
 ):
-    from retrieval.index import IngestOptions
-    from retrieval.index.decode import DEFAULT_MAX_PIXELS
+    from retrieval.data.decode import DEFAULT_MAX_PIXELS
+    from retrieval.index.engine import IngestOptions, RayOptions
 
     engine = engine or {}
     ray = None
     if engine.get("engine") == "ray":
-        from retrieval.index.ray_engine import RayOptions  # imports without Ray; Ray is needed to connect
-
         ray = RayOptions(
             address=engine["ray_address"],
             actors=engine["ray_actors"],
@@ -200,7 +198,8 @@ def remove_command(index_dir, ids, paths) -> None:
 @click.option("--model", type=click.Path(dir_okay=False), help="default: the model recorded in index.json.")
 @click.option("--rebuild", is_flag=True, help="rebuild the faiss part from the shards instead of updating it.")
 @ingest_options
-def repair_command(index_dir, model, rebuild, batch_size, workers, shard_size, max_pixels, gpu) -> None:
+@engine_options
+def repair_command(index_dir, model, rebuild, batch_size, workers, shard_size, max_pixels, gpu, engine) -> None:
     """Finish an interrupted build/add, or mend an index whose faiss part and catalogue disagree.
 
     Embeds only images that no shard holds, then checks that faiss holds exactly the indexed images.
@@ -212,7 +211,7 @@ def repair_command(index_dir, model, rebuild, batch_size, workers, shard_size, m
         model=model,
         rebuild=rebuild,
         gpu=gpu,
-        options=_ingest_options(batch_size, workers, shard_size, max_pixels),
+        options=_ingest_options(batch_size, workers, shard_size, max_pixels, engine),
     )
     _echo_summary(summary)
 

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from retrieval.index.builder import done_chunks
 from retrieval.index.catalogue import CatalogueQueries
 from retrieval.index.faiss_ops import drop_self
 from retrieval.index.search import Index
 from retrieval.index.shards import ShardStore
+from retrieval.index.vectors import done_chunks
 
 
 @dataclass(frozen=True)

@@ -67,9 +67,9 @@ def write_run_report(run_dir: Path, index_dir: Path) -> Path:
     """A training report over the index's own embeddings, through the real report writer (plots included)."""
     from retrieval.train.report import write_report
 
-    from retrieval.index.builder import done_chunks
     from retrieval.index.catalogue import Catalogue
     from retrieval.index.shards import ShardStore
+    from retrieval.index.vectors import done_chunks
     from retrieval.metrics import evaluate
 
     run_dir.mkdir(parents=True, exist_ok=True)

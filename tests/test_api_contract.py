@@ -24,8 +24,8 @@ from retrieval.serve.service import SearchService
 from serve_fixtures import png_bytes
 
 from retrieval.index import Index
-from retrieval.index.builder import done_chunks
 from retrieval.index.shards import ShardStore
+from retrieval.index.vectors import done_chunks
 
 pytestmark = pytest.mark.timeout(300)
 

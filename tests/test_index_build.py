@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -18,6 +19,7 @@ from retrieval.cli.index import index_group, search_command
 from test_index_support import PAUSE_ENV, PAUSED, FakeEmbedder, bomb_png, jpeg_bytes, png_bytes, write_digits
 
 from retrieval.index import (
+    AutoPolicy,
     Catalogue,
     Index,
     IngestOptions,
@@ -26,9 +28,14 @@ from retrieval.index import (
     build_index,
     index_stats,
     remove_images,
+    repair_index,
 )
+from retrieval.index.catalogue import THROUGHPUT_META
+from retrieval.index.engines import ENGINES
 from retrieval.index.faiss_ops import index_ids
+from retrieval.index.ingest import LocalEngine
 from retrieval.index.shards import ShardStore
+from retrieval.index.sources import GalleryItem
 
 QUICK = IngestOptions(batch_size=8, workers=0, shard_size=8, progress=False)
 TESTS = Path(__file__).parent
@@ -266,6 +273,56 @@ def test_add_and_remove(digits, tmp_path, key):
         remove_images(tmp_path / "idx", ids=[10_000])
 
 
+def test_the_policy_of_the_options_chooses_the_index_key(digits, tmp_path):
+    """``--index-key auto`` follows ``IngestOptions.policy`` through build, add and repair (no global to patch)."""
+    folder, _ = digits
+    policy = AutoPolicy(flat_max=10, hnsw_max=1_000, tune_queries=20)  # 40 images: HNSW instead of Flat
+    options = dataclasses.replace(QUICK, policy=policy)
+    summary = build_index(folder, tmp_path / "idx", embedder=FakeEmbedder(), options=options)
+    assert summary["index_key"] == "HNSW32"
+    assert build_index(folder, tmp_path / "flat", embedder=FakeEmbedder(), options=QUICK)["index_key"] == "Flat"
+    summary = repair_index(tmp_path / "idx", embedder=FakeEmbedder(), rebuild=True, options=options)
+    assert summary["index_key"] == "HNSW32"
+
+
+class RecordingEngine(LocalEngine):
+    """The local engine, noting which of its steps the writer ran through it."""
+
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def ingest(self, *args, **kwargs) -> None:
+        self.calls.append("ingest")
+        super().ingest(*args, **kwargs)
+
+    def add_vectors(self, *args, **kwargs):
+        self.calls.append("add_vectors")
+        return super().add_vectors(*args, **kwargs)
+
+
+def test_repair_embeds_with_the_engine_the_options_choose(digits, tmp_path, monkeypatch):
+    """``repair_index`` used to embed with the local ``Ingestor`` whatever ``options.engine`` said."""
+    folder, _ = copy_gallery(digits, tmp_path)
+    engine = RecordingEngine()
+    monkeypatch.setitem(ENGINES, "recording", lambda options: engine)
+    options = dataclasses.replace(QUICK, engine="recording")
+    build_index(folder, tmp_path / "idx", embedder=FakeEmbedder(), options=options)
+    assert engine.calls == ["ingest", "add_vectors"]
+    extra = write_digits(tmp_path / "extra", 3, start=600)
+    with Catalogue(tmp_path / "idx" / "catalogue.sqlite") as catalogue:  # as an add killed before embedding
+        catalogue.plan([GalleryItem(str(p.resolve()), None) for p in extra])
+    engine.calls.clear()
+    summary = repair_index(tmp_path / "idx", embedder=FakeEmbedder(), rebuild=True, options=options)
+    assert summary["indexed"] == 43 and summary["pending"] == 0
+    assert engine.calls == ["ingest", "add_vectors"]
+    with Catalogue(tmp_path / "idx" / "catalogue.sqlite") as catalogue:  # its throughput record counts the repair
+        assert json.loads(catalogue.get_meta(THROUGHPUT_META))["recording"]["images"] == 43
+    with pytest.raises(ValueError, match="unknown --engine 'nope'; choose one of local, ray, recording"):
+        build_index(folder, tmp_path / "x", embedder=FakeEmbedder(), options=dataclasses.replace(QUICK, engine="nope"))
+
+
 def test_manifest_with_split(tmp_path):
     paths = write_digits(tmp_path / "data", 12)
     rows = ["path,label,split"] + [
@@ -345,3 +402,26 @@ def test_gpu_flag_without_gpu_fails_clearly(digits, tmp_path):
         "faiss-gpu" in str(result.exception) or "no CUDA GPU" in str(result.exception)
     )
     assert not (tmp_path / "idx").exists()  # failed before doing any work
+
+
+WRITER_MODULES = {f"retrieval.index.{name}" for name in ("writer", "engines", "ingest", "mend", "faiss_build")}
+
+
+@pytest.mark.parametrize(
+    ("module", "must_not_load"),
+    [
+        # the read side: search, stats, the live view, the serving diagnostics
+        ("retrieval.index.stats", WRITER_MODULES | {"torch"}),
+        ("retrieval.index.live", WRITER_MODULES | {"torch"}),
+        ("retrieval.serve.diagnostics", WRITER_MODULES | {"torch"}),
+        ("retrieval.index", WRITER_MODULES | {"torch"}),  # the package: its writer commands load on first use
+        # no circle: the interface knows no engine, an engine knows neither the registry nor the commands
+        ("retrieval.index.engine", WRITER_MODULES | {"retrieval.index.ray_engine", "torch"}),
+        ("retrieval.index.ray_engine", {"retrieval.index.writer", "retrieval.index.engines", "ray"}),
+    ],
+)
+def test_import_graph(module, must_not_load):
+    code = f"import sys, {module}; print(sorted(set({sorted(must_not_load)!r}) & set(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", code], cwd=TESTS.parent, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "[]", f"importing {module} loaded {result.stdout.strip()}"

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from retrieval.index import faiss_ops
-from retrieval.index.builder import build_faiss
 from retrieval.index.catalogue import Catalogue, Outcome
+from retrieval.index.faiss_build import build_faiss
 from retrieval.index.layout import IndexLayout
 from retrieval.index.search import Index
 from retrieval.index.shards import ShardStore
@@ -43,11 +43,9 @@ def write_vector_index(
 
 
 @pytest.fixture
-def small_policy(monkeypatch):
-    """Lowered thresholds so that HNSW, IVF and IVF-PQ are chosen at test sizes."""
-    policy = faiss_ops.AutoPolicy(flat_max=500, hnsw_max=2_000, tune_queries=200, max_train=20_000)
-    monkeypatch.setattr(faiss_ops, "AUTO_POLICY", policy)
-    return policy
+def small_policy():
+    """Lowered thresholds so that HNSW, IVF and IVF-PQ are chosen at test sizes (passed to ``build_faiss``)."""
+    return faiss_ops.AutoPolicy(flat_max=500, hnsw_max=2_000, tune_queries=200, max_train=20_000)
 
 
 @pytest.mark.parametrize(
@@ -65,7 +63,7 @@ def test_auto_index_reaches_recall_target(tmp_path, small_policy, monkeypatch, n
     if budget is not None:
         monkeypatch.setattr(faiss_ops, "available_memory", lambda: int(budget / small_policy.memory_fraction))
     layout, catalogue, store = write_vector_index(tmp_path, gallery)
-    built = build_faiss(layout, catalogue, store, "auto", D)
+    built = build_faiss(layout, catalogue, store, "auto", D, policy=small_policy)
     key = built["index_key"]
     assert key.replace(str(faiss_ops.ivf_lists(n)), "") == expected
     assert built["tuning"]["target_met"] and built["tuning"]["recall_10_at_10"] >= 0.95

@@ -21,7 +21,7 @@ from retrieval.cli.main import main
 from test_index_build import QUICK, _run_cli, assert_each_indexed_once, copy_gallery
 from test_index_support import PAUSE_ENV, PAUSED, FakeEmbedder, write_digits
 
-import retrieval.index.builder as builder
+import retrieval.index.writer as writer
 from retrieval.index import (
     Catalogue,
     Index,
@@ -33,6 +33,7 @@ from retrieval.index import (
     repair_index,
 )
 from retrieval.index.faiss_ops import index_ids, set_search_params
+from retrieval.index.mend import missing_vectors
 from retrieval.index.shards import ShardStore
 
 NOBODY = 65534
@@ -210,7 +211,7 @@ def assert_whole(out: Path, paths: list[Path]) -> None:
     with Catalogue(out / "catalogue.sqlite") as catalogue:
         done = catalogue.done_shards()
         assert sorted(r["path"] for r in catalogue.rows(list(done)).values()) == sorted(map(str, paths))
-        assert not builder.missing_vectors(catalogue, ShardStore(out / "shards"))
+        assert not missing_vectors(catalogue, ShardStore(out / "shards"))
     with Index.open(out, embedder=FakeEmbedder()) as index:
         assert sorted(index_ids(index.faiss_index).tolist()) == sorted(done)
         hits = index.search_images(paths, k=1)
@@ -272,7 +273,7 @@ def test_repair_finishes_a_half_built_index(digits, tmp_path, monkeypatch):
     with Catalogue(out / "catalogue.sqlite") as catalogue:
         assert catalogue.counts()["done"] == 16
     embedder = FakeEmbedder()  # stands in for the model the build recorded
-    monkeypatch.setattr(builder, "load_model", lambda path, providers="auto": embedder)
+    monkeypatch.setattr(writer, "load_model", lambda path, providers="auto": embedder)
     repaired = CliRunner().invoke(main, ["index", "repair", str(out), "--batch-size", "8", "--workers", "0"])
     assert repaired.exit_code == 0, repaired.output
     summary = json.loads(repaired.stdout)

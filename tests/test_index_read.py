@@ -19,10 +19,10 @@ from retrieval.cli.index import search_command
 from test_index_support import FakeEmbedder, write_digits
 
 from retrieval.index import Index, IngestOptions, build_index, index_stats, remove_images
-from retrieval.index.builder import done_chunks
 from retrieval.index.catalogue import Catalogue
 from retrieval.index.search import MAX_K, check_k
 from retrieval.index.shards import ShardStore
+from retrieval.index.vectors import done_chunks
 
 QUICK = IngestOptions(batch_size=8, workers=0, shard_size=8, progress=False)
 NOBODY = 65534

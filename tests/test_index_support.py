@@ -146,7 +146,7 @@ PAUSED = "RETRIEVAL_INDEX_PAUSED"  # printed to stderr when the build has stoppe
 
 
 def pause_build_at(point: str) -> None:
-    """Wrap the builder's two durable steps (``ShardStore.write``, ``Catalogue.record``) in this process so that
+    """Wrap the writer's two durable steps (``ShardStore.write``, ``Catalogue.record``) in this process so that
     the build stops at ``point``, printing ``PAUSED`` and sleeping until the test kills it."""
     import time
 
@@ -184,9 +184,9 @@ def run_cli_with_fake(args: list[str]) -> None:
 
     from retrieval.cli.index import index_group
 
-    import retrieval.index.builder as builder
+    import retrieval.index.writer as writer
 
-    builder.load_model = lambda path, providers="auto": FakeEmbedder()
+    writer.load_model = lambda path, providers="auto": FakeEmbedder()
     if os.environ.get(PAUSE_ENV):
         pause_build_at(os.environ[PAUSE_ENV])
     index_group.main(args, prog_name="retrieval index")

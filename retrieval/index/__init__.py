@@ -1,65 +1,46 @@
 """Gallery index: a faiss index over L2-normalised embeddings with a SQLite catalogue.
 
-``build_index`` / ``add_images`` / ``remove_images`` / ``repair_index`` write an index folder (see
-``IndexLayout``; one writer at a time);
-``Index.open(folder).search(embeddings, k, exclude_ids=())`` and ``.search_images(images, k)`` query it, reading
-the catalogue through a read-only, per-thread ``CatalogueReader`` (the one read path; it never writes the folder).
+``build_index`` / ``add_images`` / ``remove_images`` / ``repair_index`` (``writer``) write an index folder (see
+``IndexLayout``; one writer at a time); ``Index.open(folder).search(embeddings, k, exclude_ids=())`` and
+``.search_images(images, k)`` query it, reading the catalogue through a read-only, per-thread ``CatalogueReader``
+(the one read path; it never writes the folder).
 
-The public names are imported on first use (PEP 562): a process that needs one submodule, such as Ray's decode
-tasks and embedding actors (``ray_stages``: PIL, numpy, onnxruntime), does not pay for torch, which the builder
-imports.
+The read side is imported here; the writer's commands on first use (PEP 562): they import torch (the local engine
+decodes in DataLoader workers), which neither a search service nor Ray's worker processes (they import
+``ray_stages``, and so this package) should pay for.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import importlib
+from typing import Any
 
-from retrieval.lazy import lazy_exports
+from retrieval.index.catalogue import Catalogue, CatalogueReader, Status
+from retrieval.index.embedder import Embedder, ModelMismatchError, l2_normalize, load_model
+from retrieval.index.engine import IngestOptions
+from retrieval.index.faiss_ops import AUTO_POLICY, AutoPolicy, choose_index_key
+from retrieval.index.layout import IndexLayout, IndexLockedError
+from retrieval.index.search import Index, SearchResult
+from retrieval.index.sources import IMAGE_EXTENSIONS, list_gallery
+from retrieval.index.stats import index_stats
 
-if TYPE_CHECKING:
-    from retrieval.index.builder import IngestOptions, add_images, build_index, remove_images, repair_index
-    from retrieval.index.catalogue import Catalogue, CatalogueReader
-    from retrieval.index.embedder import Embedder, ModelMismatchError, l2_normalize, load_model
-    from retrieval.index.faiss_ops import AUTO_POLICY, AutoPolicy, choose_index_key
-    from retrieval.index.layout import IndexLayout, IndexLockedError
-    from retrieval.index.search import Index, SearchResult
-    from retrieval.index.sources import IMAGE_EXTENSIONS, list_gallery
-    from retrieval.index.stats import index_stats
+_WRITER_COMMANDS = ("add_images", "build_index", "remove_images", "repair_index")  # in ``retrieval.index.writer``
 
-# public name -> the submodule that defines it
-_SOURCES = {
-    "builder": ("IngestOptions", "add_images", "build_index", "remove_images", "repair_index"),
-    "catalogue": ("Catalogue", "CatalogueReader"),
-    "embedder": ("Embedder", "ModelMismatchError", "l2_normalize", "load_model"),
-    "faiss_ops": ("AUTO_POLICY", "AutoPolicy", "choose_index_key"),
-    "layout": ("IndexLayout", "IndexLockedError"),
-    "search": ("Index", "SearchResult"),
-    "sources": ("IMAGE_EXTENSIONS", "list_gallery"),
-    "stats": ("index_stats",),
-}
-__getattr__, __dir__ = lazy_exports(__name__, _SOURCES)
+
+def __getattr__(name: str) -> Any:
+    if name not in _WRITER_COMMANDS:  # also lets ``from retrieval.index import submodule`` import it
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.writer"), name)
+    globals()[name] = value  # later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WRITER_COMMANDS))
+
 
 __all__ = [
-    "AUTO_POLICY",
-    "AutoPolicy",
-    "Catalogue",
-    "CatalogueReader",
-    "Embedder",
-    "IMAGE_EXTENSIONS",
-    "Index",
-    "IndexLayout",
-    "IndexLockedError",
-    "IngestOptions",
-    "ModelMismatchError",
-    "SearchResult",
-    "add_images",
-    "build_index",
-    "choose_index_key",
-    "index_stats",
-    "l2_normalize",
-    "list_gallery",
-    "load_model",
-    "remove_images",
-    "repair_index",
+    "AUTO_POLICY", "AutoPolicy", "Catalogue", "CatalogueReader", "Embedder", "IMAGE_EXTENSIONS", "Index",
+    "IndexLayout", "IndexLockedError", "IngestOptions", "ModelMismatchError", "SearchResult", "Status",
+    "choose_index_key", "index_stats", "l2_normalize", "list_gallery", "load_model", *_WRITER_COMMANDS,
 ]
-

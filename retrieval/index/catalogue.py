@@ -20,21 +20,34 @@ import threading
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from retrieval.index.sources import GalleryItem, ListingError
 
-STATUSES = ("pending", "done", "error", "duplicate", "removed")
 
-SCHEMA = """
+class Status(str, Enum):
+    """A catalogue row's processing status; stored in SQLite and in the shards as its value."""
+
+    PENDING = "pending"
+    DONE = "done"
+    ERROR = "error"
+    DUPLICATE = "duplicate"
+    REMOVED = "removed"
+
+    def __str__(self) -> str:  # the value in f-strings and messages, on every Python version
+        return self.value
+
+
+SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS images (
     id INTEGER PRIMARY KEY,
     path TEXT NOT NULL UNIQUE,
     label TEXT,
     sha256 TEXT,
     size INTEGER,
-    status TEXT NOT NULL DEFAULT 'pending',
+    status TEXT NOT NULL DEFAULT '{Status.PENDING}',
     error TEXT,
     duplicate_of INTEGER,
     shard TEXT
@@ -58,6 +71,7 @@ _COLUMNS = ", ".join(ROW_COLUMNS)
 _SELECT_ROWS = f"SELECT {_COLUMNS} FROM images"
 
 LAST_RECORDED_SHARD = "last_recorded_shard"
+THROUGHPUT_META = "throughput"  # per engine: images decoded + embedded + written to shards, seconds, images/s
 
 
 @dataclass(frozen=True)
@@ -65,12 +79,15 @@ class Outcome:
     """What happened to one image; written to the catalogue together with its shard."""
 
     id: int
-    status: str
+    status: Status
     sha256: str | None = None
     size: int | None = None
     error: str | None = None
     duplicate_of: int | None = None
     shard: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", Status(self.status))  # shards store the value: read back as a Status
 
 
 class CatalogueQueries:
@@ -89,20 +106,21 @@ class CatalogueQueries:
 
     # --- queries
     def pending(self) -> list[tuple[int, str]]:
-        return self.db.execute("SELECT id, path FROM images WHERE status='pending' ORDER BY id").fetchall()
+        return self.db.execute("SELECT id, path FROM images WHERE status=? ORDER BY id", (Status.PENDING,)).fetchall()
 
-    def status_of(self, ids: Sequence[int]) -> dict[int, str]:
-        out: dict[int, str] = {}
+    def status_of(self, ids: Sequence[int]) -> dict[int, Status]:
+        out: dict[int, Status] = {}
         for chunk in _chunks([int(i) for i in ids], 900):  # SQLite's bound-parameter limit
             marks = ",".join("?" * len(chunk))
-            out.update(self.db.execute(f"SELECT id, status FROM images WHERE id IN ({marks})", chunk))
+            rows = self.db.execute(f"SELECT id, status FROM images WHERE id IN ({marks})", chunk)
+            out.update((i, Status(status)) for i, status in rows)
         return out
 
     def done_shards(self) -> dict[int, str]:
         """id -> the shard holding its vector, for every ``done`` row, in id order."""
-        return dict(self.db.execute("SELECT id, shard FROM images WHERE status = 'done' ORDER BY id"))
+        return dict(self.db.execute("SELECT id, shard FROM images WHERE status = ? ORDER BY id", (Status.DONE,)))
 
-    def ids_with_status(self, status: str) -> list[int]:
+    def ids_with_status(self, status: Status) -> list[int]:
         return [r[0] for r in self.db.execute("SELECT id FROM images WHERE status=? ORDER BY id", (status,))]
 
     def ids_for_paths(self, paths: Sequence[str]) -> dict[str, int]:
@@ -115,10 +133,10 @@ class CatalogueQueries:
     def done_sha256(self) -> dict[str, int]:
         """sha256 -> id of the indexed images, to spot exact duplicates."""
         return dict(
-            self.db.execute("SELECT sha256, id FROM images WHERE status='done' AND sha256 IS NOT NULL")
+            self.db.execute("SELECT sha256, id FROM images WHERE status=? AND sha256 IS NOT NULL", (Status.DONE,))
         )
 
-    def rows(self, ids: Sequence[int], status: str | None = None) -> dict[int, dict[str, Any]]:
+    def rows(self, ids: Sequence[int], status: Status | None = None) -> dict[int, dict[str, Any]]:
         """id -> row (``ROW_COLUMNS``) for the ``ids`` catalogued (with ``status``, if given); others are absent."""
         out: dict[int, dict[str, Any]] = {}
         for chunk in _chunks(sorted({int(i) for i in ids}), 900):
@@ -130,49 +148,51 @@ class CatalogueQueries:
 
     # --- the indexed (``done``) rows, as search and serve see them
     def indexed_row(self, image_id: int) -> dict[str, Any] | None:
-        return self.rows([image_id], "done").get(int(image_id))
+        return self.rows([image_id], Status.DONE).get(int(image_id))
 
     def indexed_count(self) -> int:
-        return self.db.execute("SELECT COUNT(*) FROM images WHERE status='done'").fetchone()[0]
+        return self.db.execute("SELECT COUNT(*) FROM images WHERE status=?", (Status.DONE,)).fetchone()[0]
 
     def row_by_sha256(self, sha256: str) -> dict[str, Any] | None:
         """The indexed row whose file has this sha256 (exact duplicates are catalogued as ``duplicate``)."""
-        sql = f"{_SELECT_ROWS} WHERE status='done' AND sha256 = ? ORDER BY id LIMIT 1"
-        row = self.db.execute(sql, (sha256,)).fetchone()
+        sql = f"{_SELECT_ROWS} WHERE status=? AND sha256 = ? ORDER BY id LIMIT 1"
+        row = self.db.execute(sql, (Status.DONE, sha256)).fetchone()
         return None if row is None else _row(row)
 
     def path_range(self) -> tuple[str | None, str | None]:
         """The first and last path of the indexed rows in string order (None, None when there are none)."""
-        first, last = self.db.execute("SELECT MIN(path), MAX(path) FROM images WHERE status='done'").fetchone()
+        sql = "SELECT MIN(path), MAX(path) FROM images WHERE status=?"
+        first, last = self.db.execute(sql, (Status.DONE,)).fetchone()
         return first, last
 
     def labelled(self) -> list[tuple[int, str]]:
         """(id, label) of every indexed image that has a label, by id."""
-        sql = "SELECT id, label FROM images WHERE status='done' AND label IS NOT NULL ORDER BY id"
-        return [(int(i), str(label)) for i, label in self.db.execute(sql)]
+        sql = "SELECT id, label FROM images WHERE status=? AND label IS NOT NULL ORDER BY id"
+        return [(int(i), str(label)) for i, label in self.db.execute(sql, (Status.DONE,))]
 
     def sample(self, count: int) -> list[dict[str, Any]]:
         """Up to ``count`` indexed rows spread evenly over the catalogue (examples for the UI)."""
         step = max(1, self.indexed_count() // max(1, count))
         sql = (
             f"SELECT {_COLUMNS} FROM (SELECT *, ROW_NUMBER() OVER (ORDER BY id) - 1 AS n FROM images "
-            "WHERE status='done') WHERE n % ? = 0 ORDER BY id LIMIT ?"
+            "WHERE status=?) WHERE n % ? = 0 ORDER BY id LIMIT ?"
         )
-        return [_row(row) for row in self.db.execute(sql, (step, count))]
+        return [_row(row) for row in self.db.execute(sql, (Status.DONE, step, count))]
 
     def duplicates(self, limit: int) -> tuple[int, list[tuple[dict[str, Any], dict[str, Any] | None]]]:
         """How many rows are exact duplicates, and up to ``limit`` of them (by id) with their twin's row."""
-        total = self.db.execute("SELECT COUNT(*) FROM images WHERE status='duplicate'").fetchone()[0]
-        sql = f"{_SELECT_ROWS} WHERE status='duplicate' ORDER BY id LIMIT ?"
-        copies = [_row(row) for row in self.db.execute(sql, (int(limit),))]
+        total = self.db.execute("SELECT COUNT(*) FROM images WHERE status=?", (Status.DUPLICATE,)).fetchone()[0]
+        sql = f"{_SELECT_ROWS} WHERE status=? ORDER BY id LIMIT ?"
+        copies = [_row(row) for row in self.db.execute(sql, (Status.DUPLICATE, int(limit)))]
         twins = self.rows([c["duplicate_of"] for c in copies if c["duplicate_of"] is not None])
         return int(total), [(c, twins.get(c["duplicate_of"])) for c in copies]
 
     def counts(self) -> dict[str, int]:
-        """Images per status, ``total`` images, and ``not_listed``: paths the listing could not take."""
-        counts = dict.fromkeys(STATUSES, 0)
+        """Images per status (keyed by its value), ``total`` images, and ``not_listed``: paths the listing could
+        not take."""
+        counts = dict.fromkeys((s.value for s in Status), 0)
         counts.update(self.db.execute("SELECT status, COUNT(*) FROM images GROUP BY status"))
-        counts["total"] = sum(counts[s] for s in STATUSES)
+        counts["total"] = sum(counts[s.value] for s in Status)
         counts["not_listed"] = self.db.execute("SELECT COUNT(*) FROM listing_errors").fetchone()[0] \
             if self._has_listing_errors() else 0
         return counts
@@ -186,7 +206,7 @@ class CatalogueQueries:
     def error_count(self) -> int:
         """Images that could not be read plus paths that could not be listed: the build's errors."""
         counts = self.counts()
-        return counts["error"] + counts["not_listed"]
+        return counts[Status.ERROR.value] + counts["not_listed"]
 
     def error_examples(self, limit: int = 10) -> list[dict[str, Any]]:
         """Up to ``limit`` errors: the listing's first (id None: never catalogued), then the images'."""
@@ -195,9 +215,9 @@ class CatalogueQueries:
             {"id": None, "path": path, "error": error, "duplicate_of": None}
             for path, error in (self.db.execute(sql, (limit,)) if self._has_listing_errors() else ())
         ]
-        return listed + self.problems("error", limit - len(listed)) if len(listed) < limit else listed
+        return listed + self.problems(Status.ERROR, limit - len(listed)) if len(listed) < limit else listed
 
-    def problems(self, status: str, limit: int = 20) -> list[dict[str, Any]]:
+    def problems(self, status: Status, limit: int = 20) -> list[dict[str, Any]]:
         sql = "SELECT id, path, error, duplicate_of FROM images WHERE status=? ORDER BY id LIMIT ?"
         return [
             dict(zip(("id", "path", "error", "duplicate_of"), r, strict=True))
@@ -256,16 +276,16 @@ class Catalogue(CatalogueQueries):
         self._transaction(
             [
                 (
-                    "INSERT OR IGNORE INTO images(path, label, status) VALUES (?, ?, 'pending')",
-                    (i.path, i.label),
+                    "INSERT OR IGNORE INTO images(path, label, status) VALUES (?, ?, ?)",
+                    (i.path, i.label, Status.PENDING),
                 )
                 for i in items
             ]
             + [
                 (
-                    "UPDATE images SET status='pending', error=NULL, duplicate_of=NULL, shard=NULL "
-                    "WHERE path = ? AND status = 'removed'",
-                    (i.path,),
+                    "UPDATE images SET status=?, error=NULL, duplicate_of=NULL, shard=NULL "
+                    "WHERE path = ? AND status = ?",
+                    (Status.PENDING, i.path, Status.REMOVED),
                 )
                 for i in items
             ]
@@ -305,7 +325,8 @@ class Catalogue(CatalogueQueries):
 
     def mark_removed(self, ids: Sequence[int]) -> None:
         self._transaction(
-            ("UPDATE images SET status='removed' WHERE id=? AND status='done'", (int(i),)) for i in ids
+            ("UPDATE images SET status=? WHERE id=? AND status=?", (Status.REMOVED, int(i), Status.DONE))
+            for i in ids
         )
 
 

@@ -26,9 +26,10 @@ GPU_MAX_K = 2048  # faiss GPU k-selection limit (also for nprobe)
 INSTALL_GPU = "pip uninstall faiss-cpu && pip install faiss-gpu (or conda install -c pytorch faiss-gpu)"
 
 
-@dataclass
+@dataclass(frozen=True)
 class AutoPolicy:
-    """How ``--index-key auto`` chooses; module-level ``AUTO_POLICY`` so that tests can lower the sizes."""
+    """How ``--index-key auto`` chooses and tunes; ``AUTO_POLICY`` by default, another one (e.g. lower sizes in tests)
+    is passed as ``policy`` (``IngestOptions.policy`` for the index commands)."""
 
     flat_max: int = 100_000  # exact search below this many vectors
     hnsw_max: int = 1_000_000  # HNSW up to here (no training, high recall); IVF above (faster to build)

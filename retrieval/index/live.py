@@ -13,7 +13,7 @@ grace has passed, for callers that peek at ``current`` without holding it). A fa
 logs one line and is retried when the folder changes again or after ``RETRY_FAILED_S`` (at the next tick if a
 writer raced the open).
 
-Read side only: nothing here writes the folder or imports the builder (nor torch).
+Read side only: nothing here writes the folder or imports the writer (nor torch).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import numpy as np
 
 from retrieval.index import faiss_ops
+from retrieval.index.catalogue import Status
 from retrieval.index.embedder import Embedder
 from retrieval.index.layout import IndexLayout, describe_writer
 from retrieval.index.search import Index
@@ -88,7 +89,7 @@ class Snapshot(Index):
             raise
         try:
             snapshot.ids = np.sort(faiss_ops.index_ids(snapshot.faiss_index))
-            done = np.asarray(snapshot.catalogue.ids_with_status("done"), dtype=np.int64)
+            done = np.asarray(snapshot.catalogue.ids_with_status(Status.DONE), dtype=np.int64)
             _require_unchanged(layout, before, writer_free)
             if not np.array_equal(snapshot.ids, done):  # the same count (Index.open) but other ids
                 raise layout.inconsistent("the ids in its faiss part differ from the catalogue's indexed images")

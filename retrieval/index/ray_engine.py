@@ -2,7 +2,7 @@
 
 The driver (this process) keeps every job of the local engine that touches the index folder, with the same
 functions: it lists the gallery, plans the catalogue, writes each shard atomically and records its outcomes
-(``builder.Ingestor``), so resumption after a kill -9 works exactly as for a local build. Ray does the heavy,
+(``ingest.Ingestor``), so resumption after a kill -9 works exactly as for a local build. Ray does the heavy,
 stateless parts:
 
 - Ray Data reads, hashes, decodes and preprocesses the pending images in CPU tasks (``ray_stages.decode_rows``
@@ -23,10 +23,9 @@ Ray batch-inference job. Ray is imported only when the engine connects, so the c
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
+import logging
 import socket
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -36,12 +35,14 @@ import faiss
 import numpy as np
 
 from retrieval.index import faiss_ops
-from retrieval.index.builder import Chunks, IngestOptions, Ingestor, add_sequentially
-from retrieval.index.catalogue import Catalogue
+from retrieval.index.catalogue import Catalogue, Outcome
 from retrieval.index.embedder import Embedder
+from retrieval.index.engine import IngestOptions, RayOptions, add_sequentially
 from retrieval.index.gallery_file import Decoded
+from retrieval.index.ingest import Ingestor
 from retrieval.index.ray_stages import BatchEmbedder, decode_rows
 from retrieval.index.shards import ShardStore
+from retrieval.index.vectors import Chunks
 
 DECODE_MEMORY = 2**30  # the worker process (no torch: ~200 MB) and one decode (< 300 MB, read_image), with margin
 RAY_INSTALL = 'pip install "ray[data]>=2.40"'
@@ -50,19 +51,7 @@ START_CLUSTER = (
     "or use --ray-address local to start Ray on this machine only"
 )
 
-
-@dataclasses.dataclass
-class RayOptions:
-    """Where the cluster is and how the embedding actor pool is shaped."""
-
-    address: str = "auto"  # auto | local | ray://HOST:PORT | HOST:PORT
-    actors: int = 1  # embedding actors (each loads the model once)
-    gpus_per_actor: float = 0.0
-    cpus_per_actor: float = 1.0  # also onnxruntime's thread count in each actor
-    connect_timeout: float = 10.0  # seconds to reach an explicit address
-    wave_size: int = 100_000  # pending images per Ray Data run (bounds the driver's memory)
-    merge_on_disk: bool | None = None  # IVF merge into an .ivfdata file; None: when it would not fit in memory
-    add_tasks_in_flight: int = 4  # per-shard faiss tasks submitted ahead of the merge
+log = logging.getLogger(__name__)
 
 
 def import_ray() -> Any:
@@ -113,12 +102,15 @@ def connect(address: str, timeout: float = 10.0) -> bool:
 
 
 class RayEngine:
-    """The ``ray`` entry of ``builder.ENGINES``: a context manager holding the cluster connection."""
+    """``--engine ray`` (an ``IngestEngine``): a context manager holding the cluster connection.
+
+    ``policy`` bounds the memory an IVF merge may take before it merges on disk (``RayOptions.merge_on_disk``).
+    """
 
     name = "ray"
 
-    def __init__(self, options: RayOptions | None = None) -> None:
-        self.options = options or RayOptions()
+    def __init__(self, options: RayOptions | None = None, policy: faiss_ops.AutoPolicy = faiss_ops.AUTO_POLICY) -> None:
+        self.options, self.policy = options or RayOptions(), policy
         if self.options.actors < 1:
             raise ValueError(f"--ray-actors must be >= 1, got {self.options.actors}")
         if self.options.gpus_per_actor < 0 or self.options.cpus_per_actor <= 0:
@@ -148,7 +140,7 @@ class RayEngine:
             return add_sequentially(index, chunks)
         on_disk = self.options.merge_on_disk
         if on_disk is None:  # the merged lists (codes + ids) against the memory the auto policy may use
-            budget = faiss_ops.available_memory() * faiss_ops.AUTO_POLICY.memory_fraction
+            budget = faiss_ops.available_memory() * self.policy.memory_fraction
             on_disk = count * (core.code_size + 8) > budget
         return ShardedIvfBuilder(index, core, workdir, on_disk, self.options.add_tasks_in_flight).fill(chunks)
 
@@ -179,12 +171,8 @@ class RayIngestor(Ingestor):
                 wave = pending[start : start + self.ray_options.wave_size]
                 self.paths = dict(wave)
                 for batch in self._embedded(wave):
-                    if waiting:  # start-up: decode workers import torch, the actors start and load the model
-                        print(
-                            f"ray: first embeddings after {time.perf_counter() - started:.1f} s",
-                            file=sys.stderr,
-                            flush=True,
-                        )
+                    if waiting:  # start-up: the decode workers and the actors start, the actors load the model
+                        log.info("ray: first embeddings after %.1f s", time.perf_counter() - started)
                         waiting = False
                     self._take_embedded(batch)
                     if len(self.buffer) >= self.options.shard_size:
@@ -240,7 +228,7 @@ class RayIngestor(Ingestor):
         if any(wanted):
             self.buffer.vectors.append(np.ascontiguousarray(np.asarray(batch["embedding"], np.float32)[wanted]))
 
-    def _write_shard(self, ids: np.ndarray, vectors: np.ndarray, outcomes: list) -> str:
+    def _write_shard(self, ids: np.ndarray, vectors: np.ndarray, outcomes: list[Outcome]) -> str:
         return self.store.write_parquet(ids, vectors, outcomes, self.paths)
 
 
@@ -302,11 +290,9 @@ class ShardedIvfBuilder:
         faiss.copy_array_to_vector(ids, self.index.id_map)
         self.index.ntotal = self.ivf.ntotal
         self.index.construct_rev_map()
-        print(
-            f"faiss: {offset} vectors added in {shards} per-shard Ray tasks and merged "
-            f"({'on disk' if self.on_disk else 'in memory'}) in {time.perf_counter() - started:.1f} s",
-            file=sys.stderr,
-            flush=True,
+        log.info(
+            "faiss: %d vectors added in %d per-shard Ray tasks and merged (%s) in %.1f s",
+            offset, shards, "on disk" if self.on_disk else "in memory", time.perf_counter() - started,
         )
         return self.index
 

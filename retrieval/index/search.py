@@ -13,7 +13,7 @@ import faiss
 import numpy as np
 
 from retrieval.index import faiss_ops
-from retrieval.index.catalogue import CatalogueReader
+from retrieval.index.catalogue import CatalogueReader, Status
 from retrieval.index.embedder import Embedder, check_model_match, load_model, prepare_vectors
 from retrieval.index.layout import IndexLayout
 
@@ -118,7 +118,7 @@ class Index:
     # --- the indexed rows (a ``live.Snapshot`` answers for the ids it held when opened instead)
     def indexed_rows(self, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
         """id -> catalogue row of the ``ids`` the catalogue marks indexed now; others are absent."""
-        return self.catalogue.rows(ids, status="done")
+        return self.catalogue.rows(ids, status=Status.DONE)
 
     def indexed_row(self, image_id: int) -> dict[str, Any] | None:
         return self.indexed_rows([image_id]).get(int(image_id))

@@ -9,9 +9,10 @@ from typing import Any
 import numpy as np
 
 from retrieval.index import faiss_ops
-from retrieval.index.builder import THROUGHPUT_META, done_chunks, faiss_mismatch, gather_rows
+from retrieval.index.catalogue import THROUGHPUT_META
 from retrieval.index.search import Index
 from retrieval.index.shards import ShardStore
+from retrieval.index.vectors import done_chunks, faiss_mismatch, gather_rows
 
 
 def index_stats(directory: str | Path, queries: int = 500, seed: int = 1) -> dict[str, Any]:

@@ -1,0 +1,21 @@
+"""The ingest engines by name (``--engine``): each entry makes an ``IngestEngine`` from the command's options."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from retrieval.index.engine import IngestEngine, IngestOptions
+from retrieval.index.ingest import LocalEngine
+from retrieval.index.ray_engine import RayEngine  # Ray itself is imported only when it connects
+
+ENGINES: dict[str, Callable[[IngestOptions], IngestEngine]] = {
+    "local": lambda options: LocalEngine(),
+    "ray": lambda options: RayEngine(options.ray, options.policy),
+}
+
+
+def open_engine(options: IngestOptions) -> IngestEngine:
+    """The engine ``options.engine`` names, not yet entered (the Ray one connects to its cluster on ``with``)."""
+    if options.engine not in ENGINES:
+        raise ValueError(f"unknown --engine {options.engine!r}; choose one of {', '.join(ENGINES)}")
+    return ENGINES[options.engine](options)

@@ -1,0 +1,369 @@
+"""The index writer's commands: ``build_index``, ``add_images``, ``remove_images``, ``repair_index``.
+
+Each plans the catalogue, mends what a crash left (``mend``), embeds the pending rows with the engine the options
+choose (``engines``, ``ingest``) and builds or updates faiss (``faiss_build``).
+
+Resumability, step by step (a kill -9 at any point loses nothing and duplicates nothing):
+1. plan: every gallery path gets a ``pending`` catalogue row in one transaction (idempotent: a path
+   already catalogued keeps its row and id);
+2. ingest (``ingest``): pending images are decoded in DataLoader workers and embedded in batches; a shard file
+   (ids, vectors and the outcomes of its images) is written atomically, then its rows are marked
+   done/error/duplicate in one transaction;
+3. reconcile (``mend``, at the start of every run): a shard written but not yet recorded (a kill between the
+   two steps of 2) has its outcomes recorded from the file itself;
+4. faiss (``faiss_build``): the index is rebuilt from the shards (rows ``done``) and written atomically, then
+   ``index.json``; ``add``/``remove`` update it in place by set difference between the ids the index
+   holds and the ``done`` rows, which is idempotent too.
+
+One writer at a time: every command here holds the folder's writer lock (``IndexLayout.write_lock``)
+for its whole run. ``repair_index`` finishes or mends whatever a crash (or, before the lock, two writers
+at once) left: it reconciles the shards, points each ``done`` row at a shard that holds its vector
+(re-embedding only rows no shard holds), embeds the pending rows, brings faiss in line and checks that
+faiss holds exactly the ``done`` ids. Every "unfinished" or "inconsistent" message names it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import faiss
+
+from retrieval.index import faiss_ops
+from retrieval.index.catalogue import Catalogue, Status
+from retrieval.index.embedder import Embedder, ModelMismatchError, load_model
+from retrieval.index.engine import IngestOptions
+from retrieval.index.engines import open_engine
+from retrieval.index.faiss_build import build_faiss, update_faiss
+from retrieval.index.ingest import ingest
+from retrieval.index.layout import IndexLayout, repair_command
+from retrieval.index.mend import mend, missing_vectors
+from retrieval.index.shards import ShardStore
+from retrieval.index.sources import IMAGE_EXTENSIONS, Gallery, is_utf8, list_gallery, printable_path
+from retrieval.index.vectors import faiss_mismatch
+
+log = logging.getLogger(__name__)
+
+
+def _summary(catalogue: Catalogue, started: float, mended: Mapping[str, int]) -> dict[str, Any]:
+    counts = catalogue.counts()
+    return {
+        "indexed": counts[Status.DONE.value],
+        "errors": catalogue.error_count(),
+        "duplicates": counts[Status.DUPLICATE.value],
+        "removed": counts[Status.REMOVED.value],
+        "pending": counts[Status.PENDING.value],
+        "reconciled_rows": mended.get("reconciled", 0),
+        "repointed_rows": mended.get("repointed", 0),
+        "requeued_rows": mended.get("requeued", 0),
+        "not_listed": counts["not_listed"],
+        "error_examples": catalogue.error_examples(10),
+        "duplicate_examples": catalogue.problems(Status.DUPLICATE, 10),
+        "seconds": round(time.perf_counter() - started, 2),
+    }
+
+
+def _model_fields(embedder: Embedder, model_path: str | None) -> dict[str, Any]:
+    return {
+        "model_path": str(Path(model_path).resolve()) if model_path else None,
+        "model_hash": embedder.model_hash,
+        "embedding_dim": int(embedder.embedding_dim),
+        "model_normalized": bool(embedder.normalized),
+        "similarity": "inner product of L2-normalised vectors (cosine)",
+    }
+
+
+def _info_from_meta(catalogue: Catalogue) -> dict[str, Any]:
+    """The model and gallery fields of ``index.json``, from what the build recorded when it started."""
+    get = catalogue.get_meta
+    info = {
+        "model_path": get("model_path"),
+        "model_hash": get("model_hash"),
+        "embedding_dim": int(get("embedding_dim") or 0),
+        "model_normalized": get("model_normalized") == "True",
+        "similarity": get("similarity"),
+    }
+    if get("gallery_root") is not None:
+        info["gallery_root"] = get("gallery_root")
+    return info
+
+
+def _check_same_model(catalogue: Catalogue, embedder: Embedder, root: Path) -> None:
+    built_by = catalogue.get_meta("model_hash")
+    if built_by is not None and built_by != embedder.model_hash:
+        raise ModelMismatchError(
+            f"{root} was started with model {catalogue.get_meta('model_path')} (model_hash {built_by}) "
+            f"but this "
+            f"model has model_hash {embedder.model_hash}; use the same model, or a new --out to build afresh"
+        )
+
+
+def _list(images: str | Path, split: str | None) -> Gallery:
+    gallery = list_gallery(images, split)
+    if not gallery.items:
+        example = f"; e.g. {gallery.errors[0].path}: {gallery.errors[0].error}" if gallery.errors else ""
+        raise ValueError(
+            f"no images ({', '.join(sorted(IMAGE_EXTENSIONS))}) found in {images}"
+            f"{f' ({len(gallery.errors)} paths could not be listed{example})' if gallery.errors else ''}"
+        )
+    return gallery
+
+
+def _inconsistency(layout: IndexLayout, catalogue: Catalogue, store: ShardStore) -> str | None:
+    """Why a finished index is not whole (unembedded rows, lost vectors, faiss off the catalogue), or None."""
+    if not layout.faiss.is_file() or not layout.info.is_file():
+        return "its faiss part or index.json is missing"
+    pending = catalogue.counts()[Status.PENDING.value]
+    if pending:
+        return f"{pending} catalogued images were never embedded"
+    missing = missing_vectors(catalogue, store)
+    if missing:
+        return f"{len(missing)} indexed images have no vector in their shard"
+    try:
+        index = faiss_ops.read_index(layout.faiss)
+    except RuntimeError as exc:
+        return f"its faiss part cannot be read ({str(exc).splitlines()[0]})"
+    return faiss_mismatch(index, catalogue.done_shards())
+
+
+def build_index(
+    images: str | Path,
+    out: str | Path,
+    model: str | Path | None = None,
+    embedder: Embedder | None = None,
+    index_key: str = "auto",
+    split: str | None = None,
+    gpu: bool = False,
+    options: IngestOptions | None = None,
+) -> dict[str, Any]:
+    """Build (or finish an interrupted build of) an index of the images in ``out``; returns a summary.
+
+    ``options.engine`` chooses who decodes and embeds (``local``, or ``ray`` on a Ray cluster); every
+    engine writes the same folder layout, so an index is resumed, searched and updated the same way.
+    """
+    started = time.perf_counter()
+    if gpu:
+        faiss_ops.require_gpu()  # fail before any work
+    if embedder is None:
+        if model is None:
+            raise ValueError("give --model (an exported .onnx file) to embed the images with")
+        embedder = load_model(model)
+    options = options or IngestOptions()
+    layout = IndexLayout(out)
+    layout.root.mkdir(parents=True, exist_ok=True)
+    engine = open_engine(options)
+    with engine, layout.write_lock("build an index in"), Catalogue(layout.catalogue) as catalogue:
+        state = catalogue.get_meta("state")
+        store = ShardStore(layout.shards)
+        if state == "complete":
+            problem = _inconsistency(layout, catalogue, store)
+            if problem is not None:
+                raise FileExistsError(
+                    f"{layout.root} already holds a finished index, but {problem}; run "
+                    f"`{repair_command(layout.root)}` to mend it"
+                )
+            raise FileExistsError(
+                f"{layout.root} already holds a finished index; add images with "
+                f"`retrieval index add {layout.root} --images ...` or choose a new --out"
+            )
+        if state is not None:
+            _check_same_model(catalogue, embedder, layout.root)
+            if catalogue.get_meta("index_key") != index_key:
+                raise ValueError(
+                    f"the interrupted build in {layout.root} used --index-key "
+                    f"{catalogue.get_meta('index_key')}; rerun with that key or choose a new --out"
+                )
+        gallery = _list(images, split)
+        if state is None:
+            fields = _model_fields(embedder, str(model) if model else None)
+            catalogue.set_meta(
+                state="building",
+                index_key=index_key,
+                **{k: str(v) for k, v in fields.items() if v is not None},
+            )
+        if catalogue.get_meta("gallery_root") is None:  # what repair re-lists if planning never finished
+            catalogue.set_meta(
+                gallery_root=gallery.root, gallery_images=str(Path(images).expanduser().resolve()),
+                **({"gallery_split": split} if split is not None else {}),
+            )
+        catalogue.plan(gallery.items, gallery.source, gallery.errors)
+        mended = mend(catalogue, store)
+        ingest(engine, catalogue, store, embedder, options)
+        log.info("building the faiss index of %s", layout.root)
+        built = build_faiss(
+            layout, catalogue, store, index_key, int(embedder.embedding_dim), gpu,
+            policy=options.policy, add_vectors=engine.add_vectors,
+        )
+        layout.write_info(_info_from_meta(catalogue) | built)
+        catalogue.set_meta(state="complete")
+        return {
+            "index_dir": str(layout.root),
+            "index_key": built["index_key"],
+            "params": built["params"],
+            **_summary(catalogue, started, mended),
+        }
+
+
+def _require_complete(layout: IndexLayout, catalogue: Catalogue) -> dict[str, Any]:
+    """index.json of a finished index (``add``/``remove`` work only on one), else the error naming repair."""
+    layout.require_finished()
+    if catalogue.get_meta("state") != "complete":
+        raise layout.unfinished()
+    return layout.read_info()
+
+
+def add_images(
+    index_dir: str | Path,
+    images: str | Path,
+    model: str | Path | None = None,
+    embedder: Embedder | None = None,
+    split: str | None = None,
+    gpu: bool = False,
+    options: IngestOptions | None = None,
+) -> dict[str, Any]:
+    """Embed new images with the index's own model and add them without rebuilding (resumable too)."""
+    started = time.perf_counter()
+    layout = IndexLayout(index_dir)
+    layout.require_catalogue()
+    options = options or IngestOptions()
+    engine = open_engine(options)
+    with engine, layout.write_lock("add images to"), Catalogue(layout.catalogue) as catalogue:
+        info = _require_complete(layout, catalogue)
+        if embedder is None:
+            path = model or info.get("model_path")
+            if path is None:
+                raise ValueError("this index records no model path; pass --model")
+            embedder = load_model(path)
+        _check_same_model(catalogue, embedder, layout.root)
+        gallery = list_gallery(images, split)
+        catalogue.plan(gallery.items, gallery.source, gallery.errors)
+        store = ShardStore(layout.shards)
+        mended = mend(catalogue, store)
+        ingest(engine, catalogue, store, embedder, options)
+        updated = update_faiss(layout, catalogue, store, info, gpu, policy=options.policy)
+        layout.write_info(info | updated)
+        return {"index_dir": str(layout.root), **updated, **_summary(catalogue, started, mended)}
+
+
+def remove_images(
+    index_dir: str | Path,
+    ids: Sequence[int] = (),
+    paths: Sequence[str] = (),
+    policy: faiss_ops.AutoPolicy = faiss_ops.AUTO_POLICY,
+) -> dict[str, Any]:
+    """Mark images removed in the catalogue, then take them out of the faiss index (``policy``: for an index type
+    that must be rebuilt from the shards)."""
+    started = time.perf_counter()
+    layout = IndexLayout(index_dir)
+    layout.require_catalogue()
+    with layout.write_lock("remove images from"), Catalogue(layout.catalogue) as catalogue:
+        info = _require_complete(layout, catalogue)
+        wanted = [int(i) for i in ids]
+        if paths:
+            resolved = [str(Path(p).expanduser().resolve()) for p in paths]
+            found = catalogue.ids_for_paths([p for p in resolved if is_utf8(p)])  # others are never catalogued
+            missing = [printable_path(p) for p in resolved if p not in found]
+            if missing:
+                raise KeyError(f"not in the catalogue: {', '.join(missing[:5])}")
+            wanted += list(found.values())
+        statuses = catalogue.status_of(wanted)
+        unknown = [i for i in wanted if i not in statuses]
+        if unknown:
+            raise KeyError(f"no catalogue rows with ids {unknown[:10]}")
+        catalogue.mark_removed(wanted)
+        store = ShardStore(layout.shards)
+        updated = update_faiss(layout, catalogue, store, info, policy=policy)
+        layout.write_info(info | updated)
+        return {
+            "index_dir": str(layout.root),
+            "removed_ids": sorted(set(wanted)),
+            **updated,
+            **_summary(catalogue, started, {}),
+        }
+
+
+def repair_index(
+    index_dir: str | Path,
+    model: str | Path | None = None,
+    embedder: Embedder | None = None,
+    rebuild: bool = False,
+    gpu: bool = False,
+    options: IngestOptions | None = None,
+) -> dict[str, Any]:
+    """Finish an interrupted build/add, or mend an index whose parts disagree; returns a summary.
+
+    Re-embeds only images that no shard holds (the model is loaded only then). faiss is updated in
+    place (or rebuilt from the shards: an unfinished build, an unreadable faiss file, or ``rebuild``),
+    and the result is checked: faiss holds exactly the catalogue's ``done`` ids.
+    """
+    started = time.perf_counter()
+    options = options or IngestOptions()
+    layout = IndexLayout(index_dir)
+    layout.require_catalogue()
+    engine = open_engine(options)
+    with engine, layout.write_lock("repair"), Catalogue(layout.catalogue) as catalogue:
+        state = catalogue.get_meta("state")
+        if state is None or catalogue.get_meta("model_hash") is None:
+            raise FileNotFoundError(
+                f"{layout.root} holds no started build, so there is nothing to repair; build it with "
+                f"`retrieval index build --model ... --images ... --out {layout.root}`"
+            )
+        store = ShardStore(layout.shards)
+        mended = mend(catalogue, store)
+        source = catalogue.get_meta("gallery_images")
+        if catalogue.counts()["total"] == 0 and source is not None:  # killed while planning: plan again
+            gallery = _list(source, catalogue.get_meta("gallery_split"))
+            catalogue.plan(gallery.items, gallery.source, gallery.errors)
+        if catalogue.counts()[Status.PENDING.value]:
+            if embedder is None:
+                path = model or catalogue.get_meta("model_path")
+                if path is None:
+                    raise ValueError(
+                        f"{catalogue.counts()[Status.PENDING.value]} images of {layout.root} need embedding and the "
+                        "index records no model path; pass --model"
+                    )
+                embedder = load_model(path)
+            _check_same_model(catalogue, embedder, layout.root)
+            ingest(engine, catalogue, store, embedder, options)
+        info = _info_from_meta(catalogue)
+        old = _readable_info(layout) if state == "complete" else None
+        index = _readable_faiss(layout) if old is not None and not rebuild else None
+        if old is not None and index is not None:
+            updated = update_faiss(layout, catalogue, store, old, gpu, index=index, policy=options.policy)
+            info = old | updated
+        else:
+            key = old["index_key"] if old is not None else catalogue.get_meta("index_key") or "auto"
+            built = build_faiss(
+                layout, catalogue, store, key, info["embedding_dim"], gpu,
+                policy=options.policy, add_vectors=engine.add_vectors,
+            )
+            if old is not None:
+                built["index_key_requested"] = old.get("index_key_requested", key)
+            info = (old or {}) | info | built
+        layout.write_info(info)
+        catalogue.set_meta(state="complete")
+        return {
+            "index_dir": str(layout.root),
+            "index_key": info["index_key"],
+            "faiss": info.get("updated_by", "rebuilt from the shards"),
+            "vectors": info["count"],
+            **_summary(catalogue, started, mended),
+        }
+
+
+def _readable_info(layout: IndexLayout) -> dict[str, Any] | None:
+    try:
+        info = layout.read_info()
+    except (OSError, ValueError):
+        return None
+    return info if "index_key" in info and "embedding_dim" in info else None
+
+
+def _readable_faiss(layout: IndexLayout) -> faiss.Index | None:
+    try:
+        return faiss_ops.read_index(layout.faiss)
+    except RuntimeError:  # missing or damaged: rebuilt from the shards
+        return None
