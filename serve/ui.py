@@ -14,7 +14,7 @@ from typing import Any
 
 import gradio as gr
 from PIL import Image
-from retrieval.serve.defaults import API_DOCS_PATH, RESULTS_COMMAND
+from retrieval.serve.defaults import API_DOCS_PATH
 from retrieval.serve.diagnostics import duplicates
 from retrieval.serve.images import QueryError, decode_base64
 from retrieval.serve.reports import (
@@ -32,7 +32,7 @@ from retrieval.serve.reports import (
 from retrieval.serve.service import SearchService
 from retrieval.serve.upload_cache import UploadRecords
 
-from retrieval.analysis.results import table_markdown
+from retrieval.analysis.results import RESULTS_COMMAND, table_markdown
 from retrieval.data import open_image
 from retrieval.data.emoji import emoji_name, is_code_point_sequence
 
@@ -445,7 +445,7 @@ class EvaluationTab:
 
 
 class ResultsTab:
-    """The results grid of ``benchmarks/quality.py``: one table at a time, its discussion and its figure."""
+    """The results grid of ``retrieval results run``: one table at a time, its discussion and its figure."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
