@@ -89,7 +89,7 @@ class GalleryFacts:
     classes: int
     example_labels: list[str]
     folder: Path | None  # the folder holding the gallery's files
-    dataset: dict[str, Any] | None  # that data set's info.json, when it is one `retrieval data prepare` made
+    dataset: dict[str, Any] | None  # info.json of a `retrieval data prepare` folder: "dataset", "description"
     unicode_labels: bool  # every label is a code-point sequence (1F600, 1F469-200D-1F52C): shown with its name
 
     @classmethod
@@ -138,11 +138,10 @@ class GalleryFacts:
             holds = f"**{self.images} images** without labels"
         source = ""
         if self.dataset is not None:
-            styles = self.dataset.get("styles")
             source = f" from the `{self.dataset['dataset']}` data set"
-            if self.dataset["dataset"] == "emoji" and isinstance(styles, list) and len(styles) >= 2:
-                source += (f", every emoji drawn in {len(styles)} styles ({', '.join(map(str, styles))}): a query "
-                           "should find the same emoji drawn by the other artist")
+            description = self.dataset.get("description")  # what a query should find, as its preparer says
+            if isinstance(description, str) and description:
+                source += f", {description}"
         where = f" Files in the gallery folder `{self.folder.name}`" if self.folder else ""  # names, no server paths
         return (
             f"**The gallery:** {holds}{source}.{where}; index `{service.index_dir.name}` (index.json: "
