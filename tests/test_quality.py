@@ -174,7 +174,7 @@ def test_results_tab_shows_tables_and_figure(grid, tmp_path):
     assert "triplet + LoOp" in text and figure is None
     missing = ResultsTab(tmp_path / "none.json")
     text, _ = missing.show(None)
-    assert "no results grid at" in text and "benchmarks/grid_runner.py" in text
+    assert "no results grid at" in text and "retrieval results run" in text
     (tmp_path / "bad.json").write_text(json.dumps({"format": "other"}))
     assert "not a results file" in ResultsTab(tmp_path / "bad.json").show(None)[0]
 
@@ -225,3 +225,40 @@ def test_rerunning_one_table_keeps_the_others_and_shows_only_complete_cells(grid
     assert row["label"] == "triplet + Sinkhorn"
     assert row["cells"]["clean"]["n"] == 0 and row["cells"]["symmetric 0.3"]["n"] == 2
     assert len(again["setup"]["cells_not_finished"]) == 1
+
+
+def test_results_command_runs_the_grid_with_its_options(tmp_path, monkeypatch):
+    """`retrieval results run|report` (formerly `python benchmarks/quality.py`): the options reach the runner, and
+    the documents name the command that re-runs them."""
+    from click.testing import CliRunner
+    from retrieval.cli.main import main
+
+    calls = []
+
+    def fake_run_grid(tables, datasets, seeds, runs, feature_cache=None, markdown=None, json_path=None, figures=None,
+                      header="", **options):
+        calls.append(dict(tables=[t.id for t in tables], seeds=seeds, runs=runs, json_path=json_path,
+                          header=header, **options))
+        return {"setup": {"runs": 0, "train_seconds_total": 0.0}}
+
+    monkeypatch.setattr(grid_runner, "run_grid", fake_run_grid)
+    paths = ["--runs", str(tmp_path / "runs"), "--json", str(tmp_path / "r.json"), "--markdown",
+             str(tmp_path / "R.md"), "--figures", str(tmp_path / "f")]
+    result = CliRunner().invoke(main, ["results", "report", "--tables", "dcdl", "--seeds", "0,1", "--seeds", "2",
+                                       "--skip-cells", "*sinkhorn*", *paths])
+    assert result.exit_code == 0, result.output
+    (call,) = calls
+    assert call["tables"] == ["dcdl"] and call["seeds"] == [0, 1, 2] and call["train"] is False
+    assert call["command"] == "retrieval results run --tables dcdl" and call["skip_cells"] == ("*sinkhorn*",)
+    assert "Produced by `retrieval results run --tables dcdl`" in call["header"]
+
+    result = CliRunner().invoke(main, ["results", "run", "--tables", "loop,sct", "--shard", "1/2", "--datasets",
+                                       "fmnist-disjoint", *paths])
+    assert result.exit_code == 0, result.output
+    assert calls[-1]["tables"] == ["loop", "sct"] and calls[-1]["shard"] == (1, 2) and "command" not in calls[-1]
+    assert "run `retrieval results report`" in result.output
+
+    result = CliRunner().invoke(main, ["results", "run", "--tables", "nope", *paths])
+    assert result.exit_code != 0 and "choose from loop, symm, sct, unified, dcdl" in result.output
+    result = CliRunner().invoke(main, ["results", "run", "--shard", "2/2", *paths])
+    assert result.exit_code != 0 and "K/N" in result.output
