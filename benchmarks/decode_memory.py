@@ -16,112 +16,77 @@ holds afterwards (what the decoder gave back); ``--no-trim`` turns ``trim_heap``
 from __future__ import annotations
 
 import argparse
-import io
 import json
-import struct
 import subprocess
 import sys
-import zlib
+from collections.abc import Callable
 from pathlib import Path
 
-from PIL import Image, ImageCms
+from PIL import Image
 
-ROOT = Path(__file__).resolve().parents[1]
+from retrieval.data.synthetic import bmp_rle8, encode, flat, png_rgba16, turned_with_profile
+
 SQUARE, LONG, WEBP_LONG, JPEG_MAX = (6324, 6324), (1535, 26058), (1535, 16383), (9459, 9459)
 
 
-def encode(image: Image.Image, fmt: str, **params) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, fmt, **params)
-    return buffer.getvalue()
+# The colours of the one-colour images, per mode.
+COLOURS = {"RGBA": (10, 200, 30, 128), "RGB": (10, 200, 30), "CMYK": (10, 200, 30, 0), "I;16": 40000, "LA": (5, 128)}
 
 
-def rotated_with_profile() -> dict:
-    """An EXIF orientation (6: turn 90 degrees) and an sRGB ICC profile: the decoder's extra conversions."""
-    exif = Image.Exif()
-    exif[0x0112] = 6
-    return {"exif": exif.tobytes(), "icc_profile": ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes()}
+def solid(mode: str, fmt: str, **params) -> Callable[[tuple[int, int]], bytes]:
+    """A function size -> the bytes of a one-colour image in ``mode`` (its colour from ``COLOURS``)."""
+    return flat(mode, fmt, COLOURS.get(mode, 3), **params)
 
 
-def png_chunk(kind: bytes, body: bytes) -> bytes:
-    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
-
-
-def png_rgba16(width: int, height: int) -> bytes:
-    """A 16-bit RGBA PNG (Pillow cannot write one), rows of zeros."""
-    packer, row = zlib.compressobj(1), bytes(1 + width * 8)
-    data = b"".join(packer.compress(row) for _ in range(height)) + packer.flush()
-    header = struct.pack(">IIBBBBB", width, height, 16, 6, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", header) + png_chunk(b"IDAT", data) + png_chunk(b"IEND", b"")
-
-
-def bmp_rle8(width: int, height: int) -> bytes:
-    """An RLE8 BMP (Pillow cannot write one): runs of 255 pixels, decoded by Pillow's Python decoder."""
-    row = bytes((255, 1)) * (width // 255) + (bytes((width % 255, 1)) if width % 255 else b"") + b"\0\0"
-    data = row * height + b"\0\1"
-    palette = b"".join(bytes((i, i, 0, 0)) for i in range(256))
-    info = struct.pack("<IiiHHIIiiII", 40, width, height, 1, 8, 1, len(data), 2835, 2835, 256, 0)
-    offset = 14 + len(info) + len(palette)
-    return b"BM" + struct.pack("<IHHI", offset + len(data), 0, 0, offset) + info + palette + data
-
-
-def animated(fmt: str, mode: str, size: tuple[int, int], **params) -> bytes:
-    first, second = Image.new(mode, size, 0), Image.new(mode, size, 1 if mode == "P" else (9, 9, 9, 255))
-    return encode(first, fmt, save_all=True, append_images=[second], duration=100, **params)
-
-
-def flat(mode: str, size: tuple[int, int]) -> Image.Image:
-    colour = {"RGBA": (10, 200, 30, 128), "RGB": (10, 200, 30), "CMYK": (10, 200, 30, 0), "I;16": 40000,
-              "LA": (5, 128)}.get(mode, 3)
-    return Image.new(mode, size, colour)
+def animated(fmt: str, mode: str, **params) -> Callable[[tuple[int, int]], bytes]:
+    """A function size -> the bytes of a two-frame animation."""
+    second = 1 if mode == "P" else (9, 9, 9, 255)
+    return lambda size: encode(Image.new(mode, size, 0), fmt, save_all=True,
+                               append_images=[Image.new(mode, size, second)], duration=100, **params)
 
 
 # name -> (size, bytes of an image of that size)
 CASES = {
-    "webp lossless RGBA": (SQUARE, lambda s: encode(flat("RGBA", s), "WEBP", lossless=True)),
-    "webp lossless RGB": (SQUARE, lambda s: encode(flat("RGB", s), "WEBP", lossless=True)),
-    "webp lossy RGB": (SQUARE, lambda s: encode(flat("RGB", s), "WEBP", quality=80)),
-    "webp lossy RGBA": (SQUARE, lambda s: encode(flat("RGBA", s), "WEBP", quality=80)),
-    "webp animated (2 frames)": (SQUARE, lambda s: animated("WEBP", "RGBA", s, lossless=True)),
-    "webp RGBA, long": (WEBP_LONG, lambda s: encode(flat("RGBA", s), "WEBP", lossless=True)),
-    "webp largest admitted": ((4000, 4000), lambda s: encode(flat("RGBA", s), "WEBP", lossless=True)),
-    "png RGBA": (SQUARE, lambda s: encode(flat("RGBA", s), "PNG", compress_level=1)),
-    "png RGBA, long": (LONG, lambda s: encode(flat("RGBA", s), "PNG", compress_level=1)),
-    "png RGBA, long, ICC + EXIF": (LONG, lambda s: encode(flat("RGBA", s), "PNG", compress_level=1,
-                                                          **rotated_with_profile())),
-    "png RGB + colour key, long": (LONG, lambda s: encode(flat("RGB", s), "PNG", compress_level=1,
-                                                          transparency=(10, 200, 30))),
-    "png P + tRNS, long": (LONG, lambda s: encode(flat("P", s), "PNG", compress_level=1, transparency=3)),
-    "png LA, long": (LONG, lambda s: encode(flat("LA", s), "PNG", compress_level=1)),
-    "png I;16": (SQUARE, lambda s: encode(flat("I;16", s), "PNG", compress_level=1)),
-    "png I;16, long": (LONG, lambda s: encode(flat("I;16", s), "PNG", compress_level=1)),
-    "png RGBA 16-bit, long": (LONG, lambda s: png_rgba16(*s)),
-    "png APNG (2 frames), long": (LONG, lambda s: animated("PNG", "RGBA", s, compress_level=1)),
-    "gif": (SQUARE, lambda s: encode(flat("P", s), "GIF")),
-    "gif + transparency, long": (LONG, lambda s: encode(flat("P", s), "GIF", transparency=3)),
-    "gif animated (2 frames)": (SQUARE, lambda s: animated("GIF", "P", s)),
-    "bmp 32-bit": (SQUARE, lambda s: encode(flat("RGBA", s), "BMP")),
-    "bmp 24-bit, long": (LONG, lambda s: encode(flat("RGB", s), "BMP")),
-    "bmp 1-bit, long": (LONG, lambda s: encode(Image.new("1", s, 1), "BMP")),
-    "bmp RLE8, long": (LONG, lambda s: bmp_rle8(*s)),
-    "jpeg baseline (1/8 scale)": (JPEG_MAX, lambda s: encode(flat("RGB", s), "JPEG", subsampling=0)),
-    "jpeg baseline, long": (LONG, lambda s: encode(flat("RGB", s), "JPEG")),
-    "jpeg CMYK, long": (LONG, lambda s: encode(flat("CMYK", s), "JPEG")),
-    "jpeg baseline, long, ICC + EXIF": (LONG, lambda s: encode(flat("RGB", s), "JPEG", **rotated_with_profile())),
-    "jpeg progressive 4:2:0, long": (LONG, lambda s: encode(flat("RGB", s), "JPEG", progressive=True)),
-    "jpeg progressive 4:4:4 (1/8 scale)": (JPEG_MAX, lambda s: encode(flat("RGB", s), "JPEG", progressive=True,
-                                                                       subsampling=0)),
-    "jpeg progressive 4:2:0 (1/8 scale)": (JPEG_MAX, lambda s: encode(flat("RGB", s), "JPEG", progressive=True)),
-    "jpeg progressive grey (1/8 scale)": (JPEG_MAX, lambda s: encode(flat("L", s), "JPEG", progressive=True)),
-    "jpeg progressive CMYK (1/8 scale)": (JPEG_MAX, lambda s: encode(flat("CMYK", s), "JPEG", progressive=True)),
+    "webp lossless RGBA": (SQUARE, solid("RGBA", "WEBP", lossless=True)),
+    "webp lossless RGB": (SQUARE, solid("RGB", "WEBP", lossless=True)),
+    "webp lossy RGB": (SQUARE, solid("RGB", "WEBP", quality=80)),
+    "webp lossy RGBA": (SQUARE, solid("RGBA", "WEBP", quality=80)),
+    "webp animated (2 frames)": (SQUARE, animated("WEBP", "RGBA", lossless=True)),
+    "webp RGBA, long": (WEBP_LONG, solid("RGBA", "WEBP", lossless=True)),
+    "webp largest admitted": ((4000, 4000), solid("RGBA", "WEBP", lossless=True)),
+    "png RGBA": (SQUARE, solid("RGBA", "PNG", compress_level=1)),
+    "png RGBA, long": (LONG, solid("RGBA", "PNG", compress_level=1)),
+    "png RGBA, long, ICC + EXIF": (LONG, solid("RGBA", "PNG", compress_level=1, **turned_with_profile())),
+    "png RGB + colour key, long": (LONG, solid("RGB", "PNG", compress_level=1, transparency=(10, 200, 30))),
+    "png P + tRNS, long": (LONG, solid("P", "PNG", compress_level=1, transparency=3)),
+    "png LA, long": (LONG, solid("LA", "PNG", compress_level=1)),
+    "png I;16": (SQUARE, solid("I;16", "PNG", compress_level=1)),
+    "png I;16, long": (LONG, solid("I;16", "PNG", compress_level=1)),
+    "png RGBA 16-bit, long": (LONG, png_rgba16),
+    "png APNG (2 frames), long": (LONG, animated("PNG", "RGBA", compress_level=1)),
+    "gif": (SQUARE, solid("P", "GIF")),
+    "gif + transparency, long": (LONG, solid("P", "GIF", transparency=3)),
+    "gif animated (2 frames)": (SQUARE, animated("GIF", "P")),
+    "bmp 32-bit": (SQUARE, solid("RGBA", "BMP")),
+    "bmp 24-bit, long": (LONG, solid("RGB", "BMP")),
+    "bmp 1-bit, long": (LONG, flat("1", "BMP", 1)),
+    "bmp RLE8, long": (LONG, bmp_rle8),
+    "jpeg baseline (1/8 scale)": (JPEG_MAX, solid("RGB", "JPEG", subsampling=0)),
+    "jpeg baseline, long": (LONG, solid("RGB", "JPEG")),
+    "jpeg CMYK, long": (LONG, solid("CMYK", "JPEG")),
+    "jpeg baseline, long, ICC + EXIF": (LONG, solid("RGB", "JPEG", **turned_with_profile())),
+    "jpeg progressive 4:2:0, long": (LONG, solid("RGB", "JPEG", progressive=True)),
+    "jpeg progressive 4:4:4 (1/8 scale)": (JPEG_MAX, solid("RGB", "JPEG", progressive=True, subsampling=0)),
+    "jpeg progressive 4:2:0 (1/8 scale)": (JPEG_MAX, solid("RGB", "JPEG", progressive=True)),
+    "jpeg progressive grey (1/8 scale)": (JPEG_MAX, solid("L", "JPEG", progressive=True)),
+    "jpeg progressive CMYK (1/8 scale)": (JPEG_MAX, solid("CMYK", "JPEG", progressive=True)),
 }
 
 PROBE = r"""
 import gc, importlib.util, json, sys
 from concurrent.futures import ThreadPoolExecutor
-sys.path.insert(0, sys.argv[1])
-decoder, no_limit, no_trim, threads = sys.argv[2], sys.argv[3] == "1", sys.argv[4] == "1", int(sys.argv[5])
-small, paths = sys.argv[6], sys.argv[7:]
+decoder, no_limit, no_trim, threads = sys.argv[1], sys.argv[2] == "1", sys.argv[3] == "1", int(sys.argv[4])
+small, paths = sys.argv[5], sys.argv[6:]
 if decoder:
     spec = importlib.util.spec_from_file_location("decode_under_test", decoder)
     decode = importlib.util.module_from_spec(spec)
@@ -169,7 +134,7 @@ def files(case: str, folder: Path) -> tuple[Path, Path]:
 
 def probe(paths: list[Path], small: Path, args: argparse.Namespace, threads: int = 1) -> dict:
     options = [args.decoder, "1" if args.no_limit else "0", "1" if args.no_trim else "0", str(threads)]
-    command = [sys.executable, "-c", PROBE, str(ROOT), *options, str(small), *map(str, paths)]
+    command = [sys.executable, "-c", PROBE, *options, str(small), *map(str, paths)]
     return json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
 
 

@@ -16,22 +16,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-# Run as a script, this file's folder comes first on sys.path and its name would shadow the `export` package.
-HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
+import numpy as np
+import onnxruntime as ort
+import torch
+from retrieval.export.onnx_export import export_embedder
 
-import numpy as np  # noqa: E402
-import onnxruntime as ort  # noqa: E402
-import torch  # noqa: E402
-from retrieval.export.onnx_export import export_embedder  # noqa: E402
-
-from retrieval.models import PretrainedWeightsMissing, create_embedder  # noqa: E402
+from retrieval.models import PretrainedWeightsMissing, create_embedder
 
 
 def make_session(path: Path, threads: int, level: ort.GraphOptimizationLevel) -> ort.InferenceSession:

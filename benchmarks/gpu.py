@@ -17,11 +17,8 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # option name -> (amp dtype, channels_last, compile, TF32 matmuls/convolutions)
 OPTIONS = {

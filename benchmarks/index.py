@@ -34,16 +34,12 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 
 def throughput(args: argparse.Namespace) -> dict:
     import torch
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from retrieval.export import export_embedder
-    from test_index_support import write_digits
 
+    from retrieval.data.synthetic import write_digits
     from retrieval.index import IngestOptions, build_index, load_model
     from retrieval.models import create_embedder
 
@@ -95,11 +91,9 @@ def busy_cpu_seconds() -> float:
 def ray_throughput(args: argparse.Namespace) -> dict:
     import ray
     import torch
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from retrieval.export import export_embedder
-    from test_index_support import write_digits
 
+    from retrieval.data.synthetic import write_digits
     from retrieval.index import IngestOptions, build_index
     from retrieval.index.engine import RayOptions
     from retrieval.models import create_embedder
@@ -423,7 +417,10 @@ def main() -> None:
     v.add_argument("--on-disk", action="store_true", help="merge with faiss.contrib.ondisk into an .ivfdata file")
     args = parser.parse_args()
     if args.what == "read" and args.code:
-        sys.path.insert(0, args.code)  # before any import of retrieval
+        # The checkout to time comes first on the path, before any import of retrieval: its `retrieval` package
+        # (the read path, retrieval.index) is then imported instead of the installed one, so that two versions of
+        # the code are timed on the same index in the same way.
+        sys.path.insert(0, args.code)
         print(json.dumps(read_once(args)))
         return
     commands = {"throughput": throughput, "search": search, "read": read, "ray-throughput": ray_throughput,

@@ -15,17 +15,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from retrieval import losses  # noqa: E402
+from retrieval import losses
 
 DIM = 512
 

@@ -19,9 +19,6 @@ import resource
 import subprocess
 import sys
 import time
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def peak_rss_mib() -> float:
@@ -115,7 +112,6 @@ def main() -> None:
     parser.add_argument("--kind", help=argparse.SUPPRESS)  # internal: run one case in this process
     args = parser.parse_args()
     args.skip_clustering = args.skip_clustering or args.quick
-    sys.path.insert(0, str(ROOT))
 
     if args.kind:
         print(json.dumps(run_case(args)))

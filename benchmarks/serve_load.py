@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/serve_load.py --index artifacts/demo/index            # starts the server
     .venv/bin/python benchmarks/serve_load.py --url http://127.0.0.1:7860 --images DIR  # a running one
-    .venv/bin/python benchmarks/serve_load.py --fixture                               # the test index
+    .venv/bin/python benchmarks/serve_load.py --fixture                               # a small digits index
 
 Each client uploads gallery images to ``POST /search`` (multipart) in a loop; the run is bounded by
 ``--searches`` and ``--time-limit``. Prints p50/p99 latency, throughput and errors as JSON.
@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+import socket
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def run_load(
@@ -90,6 +89,48 @@ def run_load(
     }
 
 
+@contextmanager
+def serving(app: Any) -> Iterator[str]:
+    """``app`` served by uvicorn in a thread on a free loopback port, for the time of the block; yields its URL."""
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the server did not start")
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+def fixture_index(root: Path, image_size: int, images: int = 200) -> Path:
+    """A small real index: scikit-learn's digits embedded by EfficientNet-Lite0 (offline weights) in ONNX."""
+    import torch
+    from retrieval.export import export_embedder
+
+    from retrieval.data.synthetic import write_digits
+    from retrieval.index import IngestOptions, build_index
+    from retrieval.models import create_embedder
+
+    torch.manual_seed(0)
+    model = create_embedder("efficientnet_lite0", embedding_dim=32, pretrained=True).eval()
+    model.config["input_size"] = image_size
+    export_embedder(model, root / "model.onnx", verify=False, log=lambda _: None)
+    write_digits(root / "gallery", images)
+    options = IngestOptions(batch_size=16, workers=0, progress=False)
+    build_index(root / "gallery", root / "index", model=root / "model.onnx", options=options)
+    return root / "index"
+
+
 def gallery_images(index_dir: Path, count: int = 64) -> list[bytes]:
     from retrieval.index.catalogue import CatalogueReader
 
@@ -105,7 +146,7 @@ def main() -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--index", type=Path, help="start a server (API only) on this index")
     source.add_argument("--url", help="a running server on loopback")
-    source.add_argument("--fixture", action="store_true", help="build the small test index and serve it")
+    source.add_argument("--fixture", action="store_true", help="build a small digits index and serve it")
     parser.add_argument("--images", type=Path, help="with --url: a folder of query images")
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--searches", type=int, default=200)
@@ -130,19 +171,16 @@ def main() -> None:
             )
         )
         return
-    from retrieval.serve.server import BackgroundServer, ServerConfig, build_app
+    from retrieval.serve.server import ServerConfig, build_app
 
     index_dir = args.index
     if args.fixture:
-        sys.path.insert(0, str(ROOT / "tests"))
-        from serve_fixtures import build_artifacts
-
-        index_dir = build_artifacts(Path(tempfile.mkdtemp(prefix="serve-load-")), args.image_size).index_dir
+        index_dir = fixture_index(Path(tempfile.mkdtemp(prefix="serve-load-")), args.image_size)
     app, service = build_app(ServerConfig(index_dir=index_dir, ui=args.ui, max_batch=args.max_batch))
     images = gallery_images(index_dir)
-    with BackgroundServer(app) as server:
-        run_load(server.url, images, args.clients, min(32, args.searches), args.k, args.time_limit)  # warm-up
-        result = run_load(server.url, images, args.clients, args.searches, args.k, args.time_limit)
+    with serving(app) as url:
+        run_load(url, images, args.clients, min(32, args.searches), args.k, args.time_limit)  # warm-up
+        result = run_load(url, images, args.clients, args.searches, args.k, args.time_limit)
     result |= {"index": service.describe(), "batcher": service.batcher.stats()}
     service.close()
     print(json.dumps(result, indent=2))

@@ -13,17 +13,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import ot
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from retrieval.losses.discrepancy import DEFAULT_EPSILON, _gather_padded, classwise_sinkhorn, split_classes  # noqa: E402
+from retrieval.losses.discrepancy import DEFAULT_EPSILON, _gather_padded, classwise_sinkhorn, split_classes
 
 
 def batch(classes: int, per_class: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,17 +17,14 @@ import csv
 import io
 import json
 import random
-import sys
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from retrieval.data.decode import flatten_alpha, read_image  # noqa: E402
-from retrieval.data.emoji import default_renderers  # noqa: E402
-from retrieval.index import Index  # noqa: E402
+from retrieval.data.decode import flatten_alpha, read_image
+from retrieval.data.emoji import default_renderers
+from retrieval.index import Index
 
 READINGS = {
     "as uploaded, before the fix (convert RGB)": lambda png: Image.open(io.BytesIO(png)).convert("RGB"),

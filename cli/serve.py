@@ -44,7 +44,7 @@ from retrieval.index.live import RELOAD_INTERVAL_S
     type=click.Path(dir_okay=False),
     default=str(DEFAULT_RESULTS),
     show_default=True,
-    help="results grid (benchmarks/quality.py) for the Results tab.",
+    help="results grid (retrieval results run) for the Results tab.",
 )
 @click.option(
     "--host",

@@ -11,9 +11,8 @@ DEMO_DIR = Path("artifacts/demo")
 DEFAULT_INDEX_DIR = DEMO_DIR / "index"
 DEFAULT_REPORT = DEMO_DIR / "run" / "report.json"
 BUILD_COMMAND = "make demo"
-# `python benchmarks/quality.py` writes the results grid here (in the repository, next to docs/RESULTS.md).
+# `retrieval results run` writes the results grid here (in the repository, next to docs/RESULTS.md).
 DEFAULT_RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results.json"
-RESULTS_COMMAND = "python benchmarks/quality.py"
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7860

@@ -11,8 +11,6 @@ from __future__ import annotations
 import base64
 import binascii
 
-from PIL import Image
-
 from retrieval.data.decode import ACCEPTED_FORMATS, DecodedImage, ImageDecodeError, read_image
 
 
@@ -48,11 +46,6 @@ def decode_query(data: bytes, max_bytes: int, max_pixels: int) -> DecodedImage:
         if exc.kind == "too_large":
             raise QueryError(f"image refused: {exc}") from exc
         raise QueryError(QUERY_MESSAGES.get(exc.kind, str(exc))) from exc
-
-
-def decode_image(data: bytes, max_bytes: int, max_pixels: int) -> Image.Image:
-    """``decode_query`` without the notes: the decoded image itself."""
-    return decode_query(data, max_bytes, max_pixels).image
 
 
 def decode_base64(text: str, max_bytes: int) -> bytes:

@@ -239,7 +239,7 @@ def summary_markdown(report: RunReport, shown: str | None = None) -> str:
     return " · ".join(facts)
 
 
-# --- the results grid (benchmarks/quality.py) ----------------------------------------------------------------
+# --- the results grid (retrieval results run) -----------------------------------------------------------------
 def load_results(path: str | Path) -> dict[str, Any]:
     """The results document of the grid; a clear error when it is missing or of another kind."""
     from retrieval.analysis.results import RESULTS_FORMAT

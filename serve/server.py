@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import signal
-import socket
 import sys
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -222,40 +219,3 @@ def serve(config: ServerConfig) -> None:
 def connection_limit(config: ServerConfig) -> int:
     """Connections uvicorn keeps open at once (beyond them it answers 503): the API's and the browser's."""
     return config.concurrency + config.max_queue + UI_CONNECTIONS
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-class BackgroundServer:
-    """uvicorn in a thread on a loopback port (tests and the load benchmark)."""
-
-    def __init__(
-        self, app: FastAPI, host: str = "127.0.0.1", port: int | None = None, limit_concurrency: int | None = None
-    ) -> None:
-        self.host, self.port = host, port or free_port(host)
-        config = uvicorn.Config(
-            app, host=self.host, port=self.port, log_level="warning", limit_concurrency=limit_concurrency
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def __enter__(self) -> BackgroundServer:
-        self.thread.start()
-        deadline = time.monotonic() + 60
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"the server did not start on {self.url}")
-            time.sleep(0.05)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)

@@ -14,7 +14,7 @@ from typing import Any
 
 import gradio as gr
 from PIL import Image
-from retrieval.serve.defaults import API_DOCS_PATH, RESULTS_COMMAND
+from retrieval.serve.defaults import API_DOCS_PATH
 from retrieval.serve.diagnostics import duplicates
 from retrieval.serve.images import QueryError, decode_base64
 from retrieval.serve.reports import (
@@ -32,7 +32,7 @@ from retrieval.serve.reports import (
 from retrieval.serve.service import SearchService
 from retrieval.serve.upload_cache import UploadRecords
 
-from retrieval.analysis.results import table_markdown
+from retrieval.analysis.results import RESULTS_COMMAND, table_markdown
 from retrieval.data import open_image
 from retrieval.data.emoji import emoji_name, is_code_point_sequence
 
@@ -89,7 +89,7 @@ class GalleryFacts:
     classes: int
     example_labels: list[str]
     folder: Path | None  # the folder holding the gallery's files
-    dataset: dict[str, Any] | None  # that data set's info.json, when it is one `retrieval data prepare` made
+    dataset: dict[str, Any] | None  # info.json of a `retrieval data prepare` folder: "dataset", "description"
     unicode_labels: bool  # every label is a code-point sequence (1F600, 1F469-200D-1F52C): shown with its name
 
     @classmethod
@@ -138,11 +138,10 @@ class GalleryFacts:
             holds = f"**{self.images} images** without labels"
         source = ""
         if self.dataset is not None:
-            styles = self.dataset.get("styles")
             source = f" from the `{self.dataset['dataset']}` data set"
-            if self.dataset["dataset"] == "emoji" and isinstance(styles, list) and len(styles) >= 2:
-                source += (f", every emoji drawn in {len(styles)} styles ({', '.join(map(str, styles))}): a query "
-                           "should find the same emoji drawn by the other artist")
+            description = self.dataset.get("description")  # what a query should find, as its preparer says
+            if isinstance(description, str) and description:
+                source += f", {description}"
         where = f" Files in the gallery folder `{self.folder.name}`" if self.folder else ""  # names, no server paths
         return (
             f"**The gallery:** {holds}{source}.{where}; index `{service.index_dir.name}` (index.json: "
@@ -445,7 +444,7 @@ class EvaluationTab:
 
 
 class ResultsTab:
-    """The results grid of ``benchmarks/quality.py``: one table at a time, its discussion and its figure."""
+    """The results grid of ``retrieval results run``: one table at a time, its discussion and its figure."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path

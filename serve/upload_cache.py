@@ -18,9 +18,9 @@ import asyncio
 import atexit
 import contextlib
 import json
+import logging
 import os
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterable
@@ -41,6 +41,8 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from retrieval.data.decode import ImageDecodeError, open_regular_file
+
+log = logging.getLogger(__name__)
 
 GRADIO_API_PREFIX = "/gradio_api/"
 GRADIO_UPLOAD_PATHS = ("/gradio_api/upload", "/gradio_api/upload/")  # multipart bodies: Gradio caps and records them
@@ -293,7 +295,7 @@ class UploadPruner:
             try:
                 await anyio.to_thread.run_sync(self.prune)
             except Exception as exc:  # noqa: BLE001 - a failed pass must not end pruning for good
-                print(f"pruning the upload folder {self.folder} failed: {exc!r}", file=sys.stderr, flush=True)
+                log.warning("pruning the upload folder %s failed: %r", self.folder, exc)
             await asyncio.sleep(self.interval_s)
 
     def attach(self, app: FastAPI) -> None:

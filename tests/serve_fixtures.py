@@ -1,10 +1,14 @@
 """A small real index for the serving tests: emoji (or digits) PNGs, an ONNX EfficientNet-Lite0 at 64 px,
-a faiss index built by ``retrieval.index.build_index``, and a run report written by ``train.report``."""
+a faiss index built by ``retrieval.index.build_index``, and a run report written by ``train.report``; and
+``BackgroundServer``, an app served on a loopback port for the tests that speak HTTP."""
 
 from __future__ import annotations
 
 import io
 import json
+import socket
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,6 +119,45 @@ def png_bytes(image: Image.Image | None = None, size: tuple[int, int] = (48, 48)
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
     return buffer.getvalue()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nobody listens on now (the tests' servers and nginx bind it next)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class BackgroundServer:
+    """uvicorn in a thread on a loopback port, for the time of a ``with`` block."""
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int | None = None,
+                 limit_concurrency: int | None = None) -> None:
+        import uvicorn
+
+        self.host, self.port = host, port or free_port(host)
+        config = uvicorn.Config(
+            app, host=self.host, port=self.port, log_level="warning", limit_concurrency=limit_concurrency
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def __enter__(self) -> BackgroundServer:
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the server did not start on {self.url}")
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
 
 
 _BUILT: dict[str, ServeArtifacts] = {}

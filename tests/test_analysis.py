@@ -13,7 +13,8 @@ from click.testing import CliRunner
 from retrieval.cli.analyze import analyze_group, class_balanced_indices
 
 from retrieval import losses
-from retrieval.analysis import plot_pair_weights, plot_triplet_diagram, triplet_diagram
+from retrieval.analysis.plots import plot_pair_weights, plot_triplet_diagram
+from retrieval.analysis.triplet_diagram import triplet_diagram
 from retrieval.losses.weights import pair_weights
 
 

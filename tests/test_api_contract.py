@@ -19,9 +19,9 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 from retrieval.serve.api import create_api
-from retrieval.serve.server import BackgroundServer, ServerConfig, build_app
+from retrieval.serve.server import ServerConfig, build_app
 from retrieval.serve.service import SearchService
-from serve_fixtures import png_bytes
+from serve_fixtures import BackgroundServer, png_bytes
 
 from retrieval.index import Index
 from retrieval.index.shards import ShardStore

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 from retrieval.serve.defaults import DEFAULT_MAX_PIXELS, DEFAULT_MAX_UPLOAD_BYTES, DEFAULT_RESULTS
-from retrieval.serve.images import QueryError, decode_image
-from retrieval.serve.server import BackgroundServer, ServerConfig, build_app
-from serve_fixtures import ServeArtifacts, png_bytes, shared_artifacts
+from retrieval.serve.images import QueryError, decode_query
+from retrieval.serve.server import ServerConfig, build_app
+from serve_fixtures import BackgroundServer, ServeArtifacts, png_bytes, shared_artifacts
 from test_index_support import bomb_png
 
 from retrieval.analysis.results import RESULTS_FORMAT
@@ -225,9 +225,9 @@ def test_clicking_an_example_runs_the_search(server, page):
 
 
 def api_message(data: bytes) -> str:
-    """What POST /search answers for these bytes: serve.images.decode_image's message (the API's decoder)."""
+    """What POST /search answers for these bytes: serve.images.decode_query's message (the API's decoder)."""
     try:
-        decode_image(data, DEFAULT_MAX_UPLOAD_BYTES, DEFAULT_MAX_PIXELS)
+        decode_query(data, DEFAULT_MAX_UPLOAD_BYTES, DEFAULT_MAX_PIXELS)
     except QueryError as exc:
         return str(exc)
     raise AssertionError("the upload was expected to be refused")

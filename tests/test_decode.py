@@ -11,12 +11,11 @@ import sys
 import textwrap
 import threading
 import time
-import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image, ImageCms
+from PIL import Image
 
 from retrieval.data import build_transforms, open_image
 from retrieval.data import decode as decode_module
@@ -36,15 +35,10 @@ from retrieval.data.decode import (
     parse_background,
     read_image,
 )
+from retrieval.data.synthetic import bmp_rle8, bomb_png, encode, flat, png_rgba16, turned_with_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = {"input_size": 32, "mean": [0.5] * 3, "std": [0.5] * 3}
-
-
-def encode(image: Image.Image, fmt: str = "PNG", **params) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, format=fmt, **params)
-    return buffer.getvalue()
 
 
 def sticker(size: int = 48) -> Image.Image:
@@ -351,18 +345,6 @@ def test_unusable_bytes_are_refused_with_their_kind(data, kind):
     assert info.value.kind == kind or (kind == "truncated" and info.value.kind == "unreadable")
 
 
-def png_chunk(kind: bytes, body: bytes) -> bytes:
-    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
-
-
-def bomb_png(width: int, height: int) -> bytes:
-    """A tiny PNG whose header declares width x height pixels."""
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", header) + png_chunk(b"IDAT", zlib.compress(b"")) + png_chunk(
-        b"IEND", b""
-    )
-
-
 def test_pixel_limit_is_checked_before_decoding():
     started = time.perf_counter()
     with pytest.raises(ImageDecodeError, match="decompression bomb") as info:
@@ -435,41 +417,9 @@ MEMORY_PROBE = """
 """
 
 
-def png_rgba16(size: tuple[int, int]) -> bytes:
-    """A 16-bit RGBA PNG (Pillow cannot write one): rows of zeros."""
-    width, height = size
-    packer, row = zlib.compressobj(1), bytes(1 + width * 8)
-    data = b"".join(packer.compress(row) for _ in range(height)) + packer.flush()
-    header = struct.pack(">IIBBBBB", width, height, 16, 6, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", header) + png_chunk(b"IDAT", data) + png_chunk(b"IEND", b"")
-
-
-def bmp_rle8(size: tuple[int, int]) -> bytes:
-    """An RLE8 BMP (Pillow cannot write one), decoded by Pillow's Python RLE decoder."""
-    width, height = size
-    row = bytes((255, 1)) * (width // 255) + (bytes((width % 255, 1)) if width % 255 else b"") + b"\0\0"
-    data = row * height + b"\0\1"
-    palette = b"".join(bytes((i, i, 0, 0)) for i in range(256))
-    info = struct.pack("<IiiHHIIiiII", 40, width, height, 1, 8, 1, len(data), 2835, 2835, 256, 0)
-    offset = 14 + len(info) + len(palette)
-    return b"BM" + struct.pack("<IHHI", offset + len(data), 0, 0, offset) + info + palette + data
-
-
-def turned_with_profile() -> dict:
-    """EXIF orientation 6 (turn 90 degrees) and an sRGB ICC profile: the decoder's costliest conversions."""
-    exif = Image.Exif()
-    exif[0x0112] = 6
-    return {"exif": exif.tobytes(), "icc_profile": ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes()}
-
-
 SIDE = int((DEFAULT_MAX_PIXELS / 1.1) ** 0.5)
 SQUARE, LONG, WEBP_LONG = (6324, 6324), (1535, 26058), (1535, 16383)  # 40 Mpx; 8:1 kept, not shrunk; WebP's widest
 PILLOW_LIMIT = (9459, 9459)  # the most pixels PIL opens (a JPEG this large is then decoded at 1/8 scale)
-def flat(mode: str, fmt: str = "PNG", colour=None, **params):
-    """A function size -> the bytes of a one-colour image in ``mode`` saved as ``fmt``."""
-    return lambda size: encode(Image.new(mode, size, colour), fmt, **params)
-
-
 WORST = {  # name -> (size, function size -> bytes): the costliest images of each format under the limits
     "wide.png": ((30000, 1), flat("RGB", colour=(10, 200, 30))),  # 169 bytes; 2.4 GB once
     "rgba_at_limit.png": ((SIDE, int(SIDE * 1.1)), flat("RGBA", colour=(10, 200, 30, 128), compress_level=1)),

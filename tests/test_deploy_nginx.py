@@ -22,8 +22,8 @@ import httpx
 import pytest
 from retrieval.serve.api import FORM_SLACK
 from retrieval.serve.defaults import DEFAULT_MAX_UPLOAD_BYTES
-from retrieval.serve.server import BackgroundServer, ServerConfig, build_app, connection_limit, free_port
-from serve_fixtures import png_bytes, shared_artifacts
+from retrieval.serve.server import ServerConfig, build_app, connection_limit
+from serve_fixtures import BackgroundServer, free_port, png_bytes, shared_artifacts
 
 # deploy/ is not an installed package: load the launcher from the checkout, as `python -m deploy.nginx_local` does
 _spec = importlib.util.spec_from_file_location(

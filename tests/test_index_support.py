@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import io
-import struct
 import sys
-import zlib
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
+
+from retrieval.data.synthetic import bomb_png, write_digits  # noqa: F401  (the index tests import them here)
 
 SIZE = 16
 
@@ -86,26 +86,6 @@ def write_projection_onnx(path: Path, dim: int = 24, seed: int = 0) -> Path:
     return path
 
 
-def write_digits(folder: Path, count: int = 40, start: int = 0) -> list[Path]:
-    """``count`` distinct sklearn digits as 32x32 PNGs in per-class sub-folders."""
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    paths, seen = [], set()
-    for i in range(start, len(digits.images)):
-        pixels = (digits.images[i] * 255 / 16).astype(np.uint8)
-        if pixels.tobytes() in seen:
-            continue
-        seen.add(pixels.tobytes())
-        path = folder / str(digits.target[i]) / f"digit_{i:04d}.png"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(pixels).resize((32, 32), Image.NEAREST).convert("RGB").save(path)
-        paths.append(path)
-        if len(paths) == count:
-            break
-    return paths
-
-
 def png_bytes(size: tuple[int, int] = (32, 32), colour=(200, 30, 30)) -> bytes:
     buffer = io.BytesIO()
     Image.new("RGB", size, colour).save(buffer, format="PNG")
@@ -117,26 +97,6 @@ def jpeg_bytes(size: tuple[int, int] = (64, 64)) -> bytes:
     noise = np.random.default_rng(0).integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)
     Image.fromarray(noise).save(buffer, format="JPEG", quality=90)
     return buffer.getvalue()
-
-
-def bomb_png(width: int = 200_000, height: int = 200_000) -> bytes:
-    """A tiny PNG whose header declares ``width`` x ``height`` pixels (a decompression bomb's header)."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return (
-            struct.pack(">I", len(data))
-            + kind
-            + data
-            + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-        )
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", header)
-        + chunk(b"IDAT", zlib.compress(b"\x00" * 64))
-        + chunk(b"IEND", b"")
-    )
 
 
 # The kill tests' pause points: "after_shard_write:N" stops the build once its N-th shard file is in place but

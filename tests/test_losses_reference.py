@@ -14,7 +14,7 @@ import torch
 
 from retrieval.distances import cosine_similarity_matrix, label_masks
 from retrieval.losses import build
-from retrieval.losses.miners import semihard_triplets, vthm
+from retrieval.losses.miners import vthm
 
 ATOL = 1e-8
 
@@ -54,6 +54,12 @@ def negatives(labels, i):
 
 def positive_pairs(labels):
     return [(i, j) for i in range(len(labels)) for j in positives(labels, i)]
+
+
+def semihard_triplets(distance, positive, negative, margin):
+    """[a, p, n] bool: triplets (y_a == y_p, a != p, y_a != y_n) with d_ap < d_an < d_ap + margin (FaceNet)."""
+    d_ap, d_an = distance.unsqueeze(2), distance.unsqueeze(1)
+    return positive.unsqueeze(2) & negative.unsqueeze(1) & (d_an > d_ap) & (d_an < d_ap + margin)
 
 
 def f(v) -> float:

@@ -1,31 +1,19 @@
-"""The results grid (benchmarks/quality.py): runs, skips finished cells, resumes, renders; the app's Results tab."""
+"""The results grid (`retrieval results run`): runs, skips finished cells, resumes, renders; the app's Results tab."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import shlex
-import sys
 from pathlib import Path
 
 import pytest
+import retrieval.train.grid as grid_runner
 
+from retrieval.analysis.grid import TABLES as GRID_TABLES
+from retrieval.analysis.grid import DatasetSpec, Method, Table
+from retrieval.analysis.grid_discussion import discuss_pairs
 from retrieval.analysis.results import best_rows, difference, format_cell, results_markdown, summarize
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_quality():
-    spec = importlib.util.spec_from_file_location("quality", ROOT / "benchmarks" / "quality.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["quality"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-quality = load_quality()
-Method, Table, DatasetSpec = quality.Method, quality.Table, quality.DatasetSpec
 
 DIGITS = dict(dataset="digits", image_size=32, batch_size=20, per_class=4, epochs=2, batches_per_epoch=3, workers=0)
 DATASETS = {
@@ -53,7 +41,7 @@ def grid(tmp_path_factory):
     root = tmp_path_factory.mktemp("grid")
     paths = dict(runs=root / "runs", feature_cache=str(root / "features"), markdown=root / "RESULTS.md",
                  json_path=root / "results.json", figures=root / "figures")
-    results = quality.run_grid(TABLES, DATASETS, SEEDS, **paths)
+    results = grid_runner.run_grid(TABLES, DATASETS, SEEDS, **paths)
     return results, paths
 
 
@@ -99,15 +87,15 @@ def test_finished_cells_are_skipped_and_interrupted_ones_resume(grid, monkeypatc
         return Trainer(cfg, progress=False).run()
 
     monkeypatch.setattr(train, "train", fake_train)
-    again = quality.run_grid(TABLES, DATASETS, SEEDS, **paths)
+    again = grid_runner.run_grid(TABLES, DATASETS, SEEDS, **paths)
     assert calls == []  # nothing was trained again
     assert again["tables"][0]["blocks"] == results["tables"][0]["blocks"]
 
     interrupted = paths["runs"] / "digits" / "triplet+loop" / "seed1"
     (interrupted / "report.json").unlink()  # as if killed after its last checkpoint
-    quality.run_grid(TABLES, DATASETS, SEEDS, **paths)
+    grid_runner.run_grid(TABLES, DATASETS, SEEDS, **paths)
     assert len(calls) == 1 and calls[0].resume and Path(calls[0].out) == interrupted
-    quality.run_grid(TABLES, DATASETS, SEEDS, **paths)
+    grid_runner.run_grid(TABLES, DATASETS, SEEDS, **paths)
     assert len(calls) == 1  # a resumed run counts as finished too
 
 
@@ -125,9 +113,9 @@ def test_cell_command_reproduces_its_configuration(tmp_path):
 
     for method in (Method("x", "dcdl", loss_kwargs={"local": "npair", "phi": "sinkhorn"}, normalize=False),
                    Method("y", "nca_triplet", loss_kwargs={"mining": "semihard"})):
-        run = quality.Run(TABLES[0], DATASETS["digits-std"], method, "asymmetric:0.2", 2, tmp_path / "r")
+        run = grid_runner.Run(TABLES[0], DATASETS["digits-std"], method, "asymmetric:0.2", 2, tmp_path / "r")
         cfg = run.config(feature_cache=None)
-        command = quality.train_command(cfg).replace("--seed S", "--seed 2").replace("RUN", str(tmp_path / "r"))
+        command = grid_runner.train_command(cfg).replace("--seed S", "--seed 2").replace("RUN", str(tmp_path / "r"))
         args = shlex.split(command)[2:]
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(train, "train", fake_train)
@@ -169,7 +157,7 @@ def test_pair_discussion_counts_gains_beyond_noise():
         row("triplet", [0.50, 0.51, 0.52], [0.3, 0.3, 0.3]), row("triplet + LoOp", [0.60, 0.61, 0.62], [0.4] * 3),
         row("ms", [0.70, 0.71, 0.72], [0.5] * 3), row("ms + LoOp", [0.69, 0.71, 0.73], [0.5] * 3),
     ]}]}
-    (point,) = quality.discuss_pairs(entry, "LoOp", "LoOp")
+    (point,) = discuss_pairs(entry, "LoOp", "LoOp")
     assert "raises Recall@1 for 1 of 2 losses (1 beyond seed noise, 0 clearly lower)" in point
     assert "triplet +10.0 (MAP@R +10.0)" in point and "holds only in part" in point
 
@@ -186,7 +174,7 @@ def test_results_tab_shows_tables_and_figure(grid, tmp_path):
     assert "triplet + LoOp" in text and figure is None
     missing = ResultsTab(tmp_path / "none.json")
     text, _ = missing.show(None)
-    assert "no results grid at" in text and "benchmarks/quality.py" in text
+    assert "no results grid at" in text and "retrieval results run" in text
     (tmp_path / "bad.json").write_text(json.dumps({"format": "other"}))
     assert "not a results file" in ResultsTab(tmp_path / "bad.json").show(None)[0]
 
@@ -196,7 +184,7 @@ def test_a_failing_run_is_reported_and_the_rest_still_runs(grid, tmp_path):
     table = Table("loop", "LoOp", "claim", "caveat", ("digits",),
                   (Method("triplet", "triplet"), Method("broken", "triplet", loss_kwargs={"mining": "nope"})))
     out = dict(paths, markdown=tmp_path / "R.md", json_path=tmp_path / "r.json", figures=tmp_path / "f")
-    results = quality.run_grid([table], DATASETS, SEEDS, **out)
+    results = grid_runner.run_grid([table], DATASETS, SEEDS, **out)
     assert not results["complete"] and len(results["failures"]) == 2
     assert "mining" in results["failures"][0]["error"]
     rows = {r["label"]: r for r in results["tables"][0]["blocks"][0]["rows"]}
@@ -213,27 +201,64 @@ def test_rerunning_one_table_keeps_the_others_and_shows_only_complete_cells(grid
     monkeypatch.setattr(train, "train", lambda cfg, progress=True: pytest.fail("report-only must not train"))
     before = json.loads(paths["json_path"].read_text())
     dcdl_table = [t for t in TABLES if t.id == "dcdl"]
-    quality.run_grid(dcdl_table, DATASETS, SEEDS, **paths, train=False)
+    grid_runner.run_grid(dcdl_table, DATASETS, SEEDS, **paths, train=False)
     saved = json.loads(paths["json_path"].read_text())
     assert [t["id"] for t in saved["tables"]] == ["loop", "sct", "dcdl"]
     words = ("title", "claim", "caveats")  # a kept table's numbers stay; its words are the grid's current ones
     for kept, old in zip(saved["tables"][:2], before["tables"][:2], strict=True):
         assert {k: v for k, v in kept.items() if k not in words} == {k: v for k, v in old.items() if k not in words}
-        assert kept["caveats"] == next(t.caveats for t in quality.TABLES if t.id == kept["id"])
+        assert kept["caveats"] == next(t.caveats for t in GRID_TABLES if t.id == kept["id"])
     assert saved["curves"] == before["curves"]
     assert saved["tables"][2]["blocks"] == before["tables"][2]["blocks"]
     assert saved["setup"]["kept"]["tables"] == ["loop", "sct"]
     assert "are kept from it as they were" in paths["markdown"].read_text()
-    quality.run_grid(dcdl_table, DATASETS, SEEDS, **paths, train=False)  # re-run again: the kept tables' origin stays
+    grid_runner.run_grid(dcdl_table, DATASETS, SEEDS, **paths, train=False)  # again: the kept tables' origin stays
     twice = json.loads(paths["json_path"].read_text())
     assert twice["setup"]["kept"]["from"] == before["created"]
     assert twice["setup"]["kept"]["setup"]["runs"] == before["setup"]["runs"]
 
     sinkhorn = dcdl_table[0].blocks[0][1][1]
-    missing = quality.cell_dir(paths["runs"], "digits-std", sinkhorn, None) / "seed1" / "report.json"
+    missing = grid_runner.cell_dir(paths["runs"], "digits-std", sinkhorn, None) / "seed1" / "report.json"
     missing.unlink()
-    again = quality.run_grid(dcdl_table, DATASETS, SEEDS, **paths, train=False)
+    again = grid_runner.run_grid(dcdl_table, DATASETS, SEEDS, **paths, train=False)
     row = again["tables"][2]["blocks"][0]["rows"][2]
     assert row["label"] == "triplet + Sinkhorn"
     assert row["cells"]["clean"]["n"] == 0 and row["cells"]["symmetric 0.3"]["n"] == 2
     assert len(again["setup"]["cells_not_finished"]) == 1
+
+
+def test_results_command_runs_the_grid_with_its_options(tmp_path, monkeypatch):
+    """`retrieval results run|report` (formerly `python benchmarks/quality.py`): the options reach the runner, and
+    the documents name the command that re-runs them."""
+    from click.testing import CliRunner
+    from retrieval.cli.main import main
+
+    calls = []
+
+    def fake_run_grid(tables, datasets, seeds, runs, feature_cache=None, markdown=None, json_path=None, figures=None,
+                      header="", **options):
+        calls.append(dict(tables=[t.id for t in tables], seeds=seeds, runs=runs, json_path=json_path,
+                          header=header, **options))
+        return {"setup": {"runs": 0, "train_seconds_total": 0.0}}
+
+    monkeypatch.setattr(grid_runner, "run_grid", fake_run_grid)
+    paths = ["--runs", str(tmp_path / "runs"), "--json", str(tmp_path / "r.json"), "--markdown",
+             str(tmp_path / "R.md"), "--figures", str(tmp_path / "f")]
+    result = CliRunner().invoke(main, ["results", "report", "--tables", "dcdl", "--seeds", "0,1", "--seeds", "2",
+                                       "--skip-cells", "*sinkhorn*", *paths])
+    assert result.exit_code == 0, result.output
+    (call,) = calls
+    assert call["tables"] == ["dcdl"] and call["seeds"] == [0, 1, 2] and call["train"] is False
+    assert call["command"] == "retrieval results run --tables dcdl" and call["skip_cells"] == ("*sinkhorn*",)
+    assert "Produced by `retrieval results run --tables dcdl`" in call["header"]
+
+    result = CliRunner().invoke(main, ["results", "run", "--tables", "loop,sct", "--shard", "1/2", "--datasets",
+                                       "fmnist-disjoint", *paths])
+    assert result.exit_code == 0, result.output
+    assert calls[-1]["tables"] == ["loop", "sct"] and calls[-1]["shard"] == (1, 2) and "command" not in calls[-1]
+    assert "run `retrieval results report`" in result.output
+
+    result = CliRunner().invoke(main, ["results", "run", "--tables", "nope", *paths])
+    assert result.exit_code != 0 and "choose from loop, symm, sct, unified, dcdl" in result.output
+    result = CliRunner().invoke(main, ["results", "run", "--shard", "2/2", *paths])
+    assert result.exit_code != 0 and "K/N" in result.output

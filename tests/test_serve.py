@@ -15,9 +15,9 @@ from PIL import Image
 from retrieval.serve.api import create_api
 from retrieval.serve.batcher import MicroBatcher
 from retrieval.serve.images import QueryError
-from retrieval.serve.server import BackgroundServer, ServerConfig, build_app
+from retrieval.serve.server import ServerConfig, build_app
 from retrieval.serve.service import SearchResponse
-from serve_fixtures import png_bytes
+from serve_fixtures import BackgroundServer, png_bytes
 from test_index_support import bomb_png
 
 from retrieval.index import Index

@@ -19,9 +19,9 @@ from gradio.context import LocalContext
 from gradio.exceptions import InvalidPathError
 from retrieval.cli.serve import serve_command
 from retrieval.serve.security import ExposureError
-from retrieval.serve.server import BackgroundServer, ServerConfig, build_app
+from retrieval.serve.server import ServerConfig, build_app
 from retrieval.serve.upload_cache import prune_folder
-from serve_fixtures import png_bytes, shared_artifacts
+from serve_fixtures import BackgroundServer, png_bytes, shared_artifacts
 
 pytestmark = pytest.mark.timeout(300)
 

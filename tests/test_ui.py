@@ -81,6 +81,8 @@ def test_labels_are_shown_with_names_only_for_code_point_galleries(artifacts, se
     if emoji_fixture(artifacts):
         assert facts.unicode_labels and facts.label_text(label) == f"{label} · {emoji_name(label)}"
         assert facts.dataset is not None and facts.dataset["dataset"] == "emoji"
+        # what a query should find comes from the data set's info.json, not from the UI knowing the emoji set
+        assert "a query should find the same emoji drawn by the other artist" in facts.intro_markdown(service)
     else:  # the digits fallback: class names stay as they are
         assert not facts.unicode_labels and facts.label_text(label) == label
     plain = GalleryFacts(3, 3, 2, ["cat"], None, None, unicode_labels=False)

@@ -74,7 +74,8 @@ def plot_recall_at_k(curves: dict[str, dict[str, float]], path: Path) -> Path | 
 
 def triplet_plots(out: Path, test: tuple[np.ndarray, np.ndarray], train_sample) -> dict[str, str]:
     try:
-        from retrieval.analysis import plot_triplet_diagram, triplet_diagram
+        from retrieval.analysis.plots import plot_triplet_diagram
+        from retrieval.analysis.triplet_diagram import triplet_diagram
     except ImportError:
         return {}
     plots = {}

@@ -468,7 +468,7 @@ class Trainer:
 def hard_fractions(q: np.ndarray, ql: np.ndarray, train_sample) -> dict[str, float]:
     """Fraction of anchors whose hardest negative is closer than their positive (SCT paper, Figure 6)."""
     try:
-        from retrieval.analysis import triplet_diagram
+        from retrieval.analysis.triplet_diagram import triplet_diagram
     except ImportError:
         return {}
     out = {"hard_fraction_test": float(triplet_diagram(q, ql).hard_fraction)}

@@ -1,12 +1,7 @@
-"""Analysis figures: the triplet diagram (SCT paper) and weight vs similarity plots (unified paper)."""
+"""Analysis: the triplet diagram (SCT paper) and weight vs similarity plots (unified paper) in ``triplet_diagram``
+and ``plots``; the results grid's definition (``grid``), its written discussion (``grid_discussion``) and its
+document (``results``: JSON -> Markdown, read by the app's Results tab).
 
-from retrieval.analysis.plots import plot_pair_weights, plot_triplet_diagram
-from retrieval.analysis.triplet_diagram import POSITIVE_CHOICES, TripletDiagram, triplet_diagram
-
-__all__ = [
-    "POSITIVE_CHOICES",
-    "TripletDiagram",
-    "plot_pair_weights",
-    "plot_triplet_diagram",
-    "triplet_diagram",
-]
+Import from the submodules: the package imports nothing, so that the app reading a results document (``results``,
+no torch) does not load the plots' torch.
+"""

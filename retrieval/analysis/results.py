@@ -1,4 +1,4 @@
-"""The results grid (``benchmarks/quality.py``) as data: aggregation, Markdown tables and the hard-fraction plot.
+"""The results grid (``retrieval results run``) as data: aggregation, Markdown tables and the hard-fraction plot.
 
 One JSON document (format ``retrieval-results/1``) is written by the grid and read by ``docs/RESULTS.md`` and by
 the app's Results tab, so both show the same numbers. Shape::
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 RESULTS_FORMAT = "retrieval-results/1"
+RESULTS_COMMAND = "retrieval results run"  # runs the grid and writes the document (retrieval.cli.results)
 
 
 def summarize(values: Sequence[float]) -> dict[str, float]:

@@ -348,6 +348,9 @@ def prepare_emoji(
         "images": len(rows),
         "image_size": image_size,
         "styles": list(renderers),
+        # shown by the app under its search box: what a query should find
+        "description": (f"every emoji drawn in {len(renderers)} styles ({', '.join(renderers)}): a query should find "
+                        "the same emoji drawn by the other artist") if len(renderers) >= 2 else None,
         "include_skin_tones": include_skin_tones,
         "limit": limit,
         **counts,

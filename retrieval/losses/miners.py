@@ -35,18 +35,3 @@ def vthm(
     kept_negative = negative & (negative_similarity > hardest_positive - margin)
     kept_positive = positive & (similarity < hardest_negative + margin)
     return kept_positive, kept_negative
-
-
-def valid_triplets(positive: torch.Tensor, negative: torch.Tensor) -> torch.Tensor:
-    """[a, p, n] bool: y_a == y_p, a != p, y_a != y_n."""
-    return positive.unsqueeze(2) & negative.unsqueeze(1)
-
-
-@torch.no_grad()
-def semihard_triplets(
-    distance: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor, margin: float
-) -> torch.Tensor:
-    """[a, p, n] bool: valid triplets with d_ap < d_an < d_ap + margin (FaceNet's semi-hard negatives)."""
-    d_ap = distance.unsqueeze(2)
-    d_an = distance.unsqueeze(1)
-    return valid_triplets(positive, negative) & (d_an > d_ap) & (d_an < d_ap + margin)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.quality_grid import COMMON, DatasetSpec
+from retrieval.analysis.grid import COMMON, DatasetSpec
 from retrieval.analysis.results import difference
 
 

@@ -1,6 +1,7 @@
 """The results grid as data: the datasets, their training budget, and the tables (methods, claims, caveats).
 
-``benchmarks/quality.py`` runs it; ``benchmarks/quality_discussion.py`` writes what the numbers say.
+``retrieval.train.grid`` runs it (``retrieval results run``); ``retrieval.analysis.grid_discussion`` writes what
+the numbers say.
 """
 
 from __future__ import annotations
@@ -166,7 +167,7 @@ TABLES = [
           "paper's: one 10 x 6 batch for every local loss (the paper: at least 10 per class for triplet, 2 for the "
           "others), a 512-d head (the paper: 64-d) on frozen features, 800 steps. A cell is shown only with all "
           "three seeds; cells empty here did not finish in the time of the re-run (the line at the top counts them; "
-          "`python benchmarks/quality.py --tables dcdl --list` shows which runs are done).",
+          "`retrieval results run --tables dcdl --list` shows which runs are done).",
           ("fmnist-standard",), (), noise=tuple(NOISE_SETTINGS), blocks=_dcdl_blocks()),
 ]
 TABLE_IDS = [t.id for t in TABLES]

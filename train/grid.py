@@ -1,13 +1,5 @@
-"""The results grid: do the papers' methods help on real images available offline? Writes docs/RESULTS.md.
-
-This module runs the grid; the grid itself (datasets, tables, methods) is data in ``quality_grid.py`` and the
-written discussion of the numbers is ``quality_discussion.py``.
-
-    .venv/bin/python benchmarks/quality.py                   # the whole grid, 1.5-2 h in one process on 2 cores
-    .venv/bin/python benchmarks/quality.py --shard 0/2 &     # or in two processes (about 80 min here), then
-    .venv/bin/python benchmarks/quality.py --shard 1/2; wait
-    .venv/bin/python benchmarks/quality.py                   # ... once more: skips every run, writes the documents
-    .venv/bin/python benchmarks/quality.py --tables loop symm --seeds 0 1 2 --runs artifacts/quality
+"""The results grid runner: trains every cell of ``retrieval.analysis.grid`` with ``retrieval.train.train`` and writes
+docs/RESULTS.md, docs/results.json (the app's Results tab) and the figures. ``retrieval results run`` calls it.
 
 Every cell is one ``retrieval train`` run (the command is printed next to the cell in docs/RESULTS.md): the
 offline-pretrained EfficientNet-Lite0 stays frozen (its features are cached once per dataset) and a linear
@@ -16,49 +8,27 @@ method of a dataset; only the loss (and its hard-negative generation) changes. E
 tables show mean ± standard deviation. The grid is resumable: a finished run (report.json matching its
 configuration) is skipped, an interrupted one resumes from its last.pt.
 
-Outputs: RUNS/<dataset>/<cell>/seed<S>/ (the usual run folder), docs/RESULTS.md (tables, discussion,
-commands), docs/results.json (the same as data; the app's Results tab shows it) and docs/results/*.png.
+Outputs: RUNS/<dataset>/<cell>/seed<S>/ (the usual run folder), the Markdown (tables, discussion, commands), the
+results JSON (the same as data) and the figures.
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import itertools
 import json
 import shutil
-import sys
 import time
 from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
+from retrieval.train.config import TrainConfig
 from tqdm.auto import tqdm
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from retrieval.train.config import TrainConfig  # noqa: E402
-
-from benchmarks.quality_discussion import (  # noqa: E402
-    DISCUSSIONS,
-    curves,
-    discuss_floor,
-    discuss_pairs,  # noqa: F401  (part of the module's interface)
-    markdown_header,
-)
-from benchmarks.quality_grid import (  # noqa: E402
-    COMMON,
-    RETRIEVAL_COLUMNS,
-    TABLE_IDS,
-    TABLES,
-    DatasetSpec,
-    Method,
-    Table,
-    default_datasets,
-)
-from retrieval.analysis.results import RESULTS_FORMAT, plot_curves, results_markdown, summarize  # noqa: E402
+from retrieval.analysis.grid import COMMON, RETRIEVAL_COLUMNS, TABLE_IDS, TABLES, DatasetSpec, Method, Table
+from retrieval.analysis.grid_discussion import DISCUSSIONS, curves, discuss_floor
+from retrieval.analysis.results import RESULTS_FORMAT, plot_curves, results_markdown, summarize
 
 
 # --- one run -------------------------------------------------------------------------------------------------------
@@ -393,91 +363,12 @@ def _grid_size(setup: dict[str, Any]) -> str:
 
 
 def _in_repository(path: str) -> str:
-    """A path inside the repository written relative to it (commands and JSON then hold no machine's root)."""
-    return str(Path(path).relative_to(ROOT)) if Path(path).is_relative_to(ROOT) else path
+    """A path inside the working folder (the repository's root) written relative to it: commands and JSON then
+    hold no machine's root."""
+    root = Path.cwd()
+    return str(Path(path).relative_to(root)) if Path(path).is_relative_to(root) else path
 
 
 def _portable(overrides: dict[str, Any]) -> dict[str, Any]:
     data = overrides.get("data")
     return {**overrides, "data": _in_repository(data)} if data else overrides
-
-
-
-def ensure_emoji(emoji_dir: Path) -> None:
-    if not (emoji_dir / "manifest.csv").is_file():
-        from retrieval.data.emoji import prepare_emoji
-
-        print(f"rendering the emoji data set into {emoji_dir}")
-        prepare_emoji(emoji_dir)
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tables", nargs="+", choices=TABLE_IDS, default=TABLE_IDS)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--datasets", nargs="+", help="only these datasets (default: each table's own)")
-    parser.add_argument("--runs", type=Path, default=ROOT / "artifacts" / "quality")
-    parser.add_argument("--emoji-data", type=Path, default=ROOT / "artifacts" / "demo" / "data" / "emoji",
-                        help="rendered emoji data (made here when missing; `make demo` uses the same folder)")
-    parser.add_argument("--feature-cache", help="backbone feature cache (default ~/.cache/retrieval/features)")
-    parser.add_argument("--markdown", type=Path, default=ROOT / "docs" / "RESULTS.md")
-    parser.add_argument("--json", type=Path, default=ROOT / "docs" / "results.json")
-    parser.add_argument("--figures", type=Path, default=ROOT / "docs" / "results")
-    parser.add_argument("--list", action="store_true", help="print each run's command and whether it is done")
-    parser.add_argument("--shard", default="0/1", metavar="K/N",
-                        help="run only every N-th run from the K-th (e.g. 0/2 and 1/2 in two processes, one per "
-                             "core); writes no documents: run once more without it to write them")
-    parser.add_argument("--threads", type=int, help="torch threads (default: torch's own; 1 with --shard)")
-    parser.add_argument("--report-only", action="store_true",
-                        help="train nothing: write the documents from the finished runs (a cell needs all its seeds)")
-    parser.add_argument("--cells", nargs="+", default=["*"], metavar="PATTERN",
-                        help="only cells whose folder name matches one of these shell patterns")
-    parser.add_argument("--skip-cells", nargs="+", default=[], metavar="PATTERN",
-                        help="leave out cells whose folder name matches one of these patterns (e.g. '*sinkhorn*')")
-    args = parser.parse_args(argv)
-    try:
-        shard = tuple(int(v) for v in args.shard.split("/"))
-        if len(shard) != 2 or not 0 <= shard[0] < shard[1]:
-            raise ValueError
-    except ValueError:
-        parser.error(f"--shard must be K/N with 0 <= K < N, got {args.shard!r}")
-    threads = args.threads or (1 if shard[1] > 1 else None)
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
-    if len(set(args.seeds)) < 3:
-        print("note: fewer than 3 seeds; standard deviations will be rough", file=sys.stderr)
-    tables = [t for t in TABLES if t.id in args.tables]
-    if args.datasets:
-        tables = [dataclasses.replace(t, datasets=tuple(d for d in t.datasets if d in args.datasets)) for t in tables]
-    datasets = default_datasets(args.emoji_data.resolve())
-    if args.list:
-        for run in plan(tables, datasets, args.seeds, args.runs, tuple(args.cells), tuple(args.skip_cells)):
-            cfg = run.config(args.feature_cache)
-            done = "done" if finished_report(run.out, cfg) else "todo"
-            print(f"{done}  {run.out}  {train_command(cfg).replace('--seed S', f'--seed {run.seed}')}")
-        return
-    if any("emoji" in t.datasets for t in tables):
-        ensure_emoji(args.emoji_data)
-    command = "python benchmarks/quality.py"
-    if args.tables != TABLE_IDS:
-        command += " --tables " + " ".join(args.tables)
-    merging = args.json.is_file() and args.tables != TABLE_IDS  # the other tables are kept from args.json
-    shown = TABLES if merging else tables
-    header = markdown_header({k: v for k, v in datasets.items() if any(k in t.datasets for t in shown)},
-                             args.seeds, "python benchmarks/quality.py" if merging else command)
-    if shard[1] > 1:
-        results = run_grid(tables, datasets, args.seeds, args.runs, args.feature_cache, shard=shard,
-                           cells=tuple(args.cells), skip_cells=tuple(args.skip_cells))
-        print(f"shard {args.shard}: {results['setup']['runs']} runs done; run without --shard to write the documents")
-        return
-    results = run_grid(tables, datasets, args.seeds, args.runs, args.feature_cache, args.markdown, args.json,
-                       args.figures, header, cells=tuple(args.cells), skip_cells=tuple(args.skip_cells),
-                       train=not args.report_only, command=command)
-    print(f"{results['setup']['runs']} runs; training time {results['setup']['train_seconds_total']:.0f} s; "
-          f"wrote {args.markdown} and {args.json}")
-
-
-if __name__ == "__main__":
-    main()
