@@ -5,13 +5,20 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
+repo=$PWD
+# The packages as the project installs them (train/, serve/, export/ and cli/ are retrieval's subpackages), made of
+# links, so that nothing needs building there. Python runs from that folder: `python -m` puts the working folder
+# first on sys.path, and the repository's own retrieval/ lacks the subpackages.
+src=/tmp/retrieval-src
+rm -rf "$src" && mkdir -p "$src" && cp -rs "$repo/retrieval" "$src/retrieval" || exit 1
+for app in train serve export cli; do ln -s "$repo/$app" "$src/retrieval/$app"; done
+export PYTHONPATH=$src
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || exit 1
-  export PYTHONPATH=/tmp/site:$PWD
-else
-  export PYTHONPATH=$PWD
+  export PYTHONPATH=/tmp/site:$src
 fi
+cd "$src" || exit 1
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
@@ -19,11 +26,11 @@ steps=${*:-tests losses sinkhorn train e2e}
 for step in $steps; do
   echo "=== $step ($(date -u +%H:%M:%S))"
   case $step in
-    tests) python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py 2>&1 | tee "$OUT/tests.txt" | tail -25 ;;
-    losses) python3 benchmarks/hard_negatives.py --device cuda --batch 32 128 256 1024 --repeats 30 \
+    tests) python3 -m pytest -q -p no:cacheprovider "$repo/tests/test_cuda.py" 2>&1 | tee "$OUT/tests.txt" | tail -25 ;;
+    losses) python3 "$repo"/benchmarks/hard_negatives.py --device cuda --batch 32 128 256 1024 --repeats 30 \
               | tee "$OUT/hard_negatives.md" ;;
-    sinkhorn) python3 benchmarks/gpu.py sinkhorn | tee "$OUT/sinkhorn.md" ;;
-    train) python3 benchmarks/gpu.py train | tee "$OUT/train.md" ;;
+    sinkhorn) python3 "$repo"/benchmarks/gpu.py sinkhorn | tee "$OUT/sinkhorn.md" ;;
+    train) python3 "$repo"/benchmarks/gpu.py train | tee "$OUT/train.md" ;;
     e2e)  # the real command end to end: digits, pretrained EfficientNet-Lite0 fine-tuned on the GPU
       python3 -m retrieval train --dataset digits --device cuda --amp bf16 --channels-last --image-size 128 \
         --loss ms --batch-size 40 --per-class 8 --epochs 4 --lr 1e-3 --workers 8 --out /tmp/e2e-run 2>&1 | tail -8
