@@ -13,7 +13,7 @@ from retrieval.models import (
     efficientnet_lite0_classifier,
     load_embedder,
 )
-from retrieval.models.embedder import CHECKPOINT_FORMAT, load_checkpoint
+from retrieval.models.checkpoint import CHECKPOINT_FORMAT, load_checkpoint
 
 # ImageNet classes 281-285 are the domestic cats (tabby, tiger cat, Persian, Siamese, Egyptian cat).
 IMAGENET_CATS = set(range(281, 286))

@@ -60,11 +60,11 @@ def test_training_is_deterministic_and_resumes_exactly(tmp_path, feature_cache):
     trainer_cls = __import__("retrieval.train.trainer", fromlist=["Trainer"]).Trainer
     t = trainer_cls(partial, progress=False)
     t.setup()
-    t.baseline = t.evaluate()
-    t.history.append({"epoch": 0, **t.baseline})
+    t.record.baseline = t.evaluate()
+    t.record.history.append({"epoch": 0, **t.record.baseline})
     for epoch in range(2):
         row = {"epoch": epoch + 1, **t.train_epoch(epoch), **t.evaluate()}
-        t.history.append(row)
+        t.record.history.append(row)
         from retrieval.train.trainer import atomic_save
 
         atomic_save(t.checkpoint(epoch + 1, row), tmp_path / "c" / "last.pt")

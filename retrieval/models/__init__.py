@@ -1,4 +1,4 @@
-"""Backbones and the embedder (``create_embedder``, ``load_embedder``)."""
+"""Backbones, the embedder (``create_embedder``, ``load_embedder``) and its checkpoint (``Checkpoint``)."""
 
 from retrieval.models.backbones import (
     BACKBONES,
@@ -9,18 +9,11 @@ from retrieval.models.backbones import (
     efficientnet_lite0_classifier,
     register_backbone,
 )
-from retrieval.models.embedder import (
-    CHECKPOINT_FORMAT,
-    Embedder,
-    EmbeddingHead,
-    config_hash,
-    create_embedder,
-    load_checkpoint,
-    load_embedder,
-)
+from retrieval.models.checkpoint import CHECKPOINT_FORMAT, Checkpoint, config_hash, load_checkpoint
+from retrieval.models.embedder import Embedder, EmbeddingHead, create_embedder, load_embedder
 
 __all__ = [
-    "BACKBONES", "Backbone", "CHECKPOINT_FORMAT", "Embedder", "EmbeddingHead", "PretrainedWeightsMissing",
+    "BACKBONES", "Backbone", "CHECKPOINT_FORMAT", "Checkpoint", "Embedder", "EmbeddingHead", "PretrainedWeightsMissing",
     "backbone_names", "config_hash", "create_backbone", "create_embedder", "efficientnet_lite0_classifier",
     "load_checkpoint", "load_embedder", "register_backbone",
 ]
