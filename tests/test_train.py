@@ -82,6 +82,17 @@ def test_existing_run_is_not_overwritten(tmp_path, feature_cache):
     assert (tmp_path / "run" / "last.pt").read_bytes() == before
 
 
+def test_resume_refuses_a_model_only_checkpoint(tmp_path, feature_cache):
+    from retrieval.models import CHECKPOINT_FORMAT, create_embedder
+
+    model = create_embedder("resnet18", 16)
+    (tmp_path / "run").mkdir()
+    torch.save({"format": CHECKPOINT_FORMAT, "model_config": model.config, "state_dict": model.state_dict()},
+               tmp_path / "run" / "last.pt")
+    with pytest.raises(ValueError, match="model only, no training state"):
+        train(digits_config(tmp_path / "run", feature_cache, epochs=1, resume=True), progress=False)
+
+
 class NaNEvery(torch.nn.Module):
     """A loss that is NaN on chosen steps (to exercise the skip-and-stop logic)."""
 
