@@ -43,7 +43,15 @@ from retrieval.distributed import GlobalBatchObjective
 from retrieval.evaluation import evaluate_embeddings, load_eval_sets
 from retrieval.inference import default_workers
 from retrieval.io import atomic_write
-from retrieval.models import Checkpoint, Embedder, config_hash, create_embedder, load_checkpoint
+from retrieval.models import (
+    BEST_CHECKPOINT,
+    LAST_CHECKPOINT,
+    Checkpoint,
+    Embedder,
+    config_hash,
+    create_embedder,
+    load_checkpoint,
+)
 
 BAD_IMAGE_FIX = "fix or remove the file, or pass --on-bad-image skip to train without it"
 
@@ -108,6 +116,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, progress: bool = True) -> None:
         self.cfg = cfg
         self.out = Path(cfg.out)
+        self.last_path = self.out / LAST_CHECKPOINT
         self.ctx = init_distributed(cfg.device, cfg.dist_timeout)  # one process: rank 0 of 1
         self.progress = progress and self.ctx.is_main
         self.amp_dtype = gpu_options(cfg.amp, cfg.channels_last, cfg.compile, self.device)
@@ -134,10 +143,11 @@ class Trainer:
         """Build the model, data, optimizer and sampler (``data``, ``parts``, ``record``); resume if asked."""
         cfg = self.cfg
         # a worker that torchrun restarted (--max-restarts) continues from the last checkpoint
-        resume = cfg.resume or (restarted() and (self.out / "last.pt").exists())
-        if (self.out / "last.pt").exists() and not resume:
+        resume = cfg.resume or (restarted() and self.last_path.exists())
+        if self.last_path.exists() and not resume:
             raise FileExistsError(
-                f"{self.out} already holds a run (last.pt); pass --resume to continue it or choose another --out"
+                f"{self.out} already holds a run ({LAST_CHECKPOINT}); pass --resume to continue it or choose another "
+                "--out"
             )
         self.out.mkdir(parents=True, exist_ok=True)
         seed_everything(cfg.seed)
@@ -232,7 +242,7 @@ class Trainer:
         atomic_save(self.checkpoint(epoch, metrics, progress), self.out / name)
 
     def _load_resume_state(self) -> None:
-        path = self.out / "last.pt"
+        path = self.last_path
         if not path.is_file():
             raise FileNotFoundError(f"--resume: no checkpoint to resume at {path}; start without --resume")
         ckpt = load_checkpoint(path, map_location=self.device)
@@ -273,9 +283,9 @@ class Trainer:
         if evaluated and row["recall@1"] > self.record.best_recall:
             self.record.best_recall = row["recall@1"]
             if self.main:
-                self._save("best.pt", epoch + 1, row)
+                self._save(BEST_CHECKPOINT, epoch + 1, row)
         if self.main:
-            self._save("last.pt", epoch + 1, row)
+            self._save(LAST_CHECKPOINT, epoch + 1, row)
 
     # --- training ----------------------------------------------------------------------------------
     def train_epoch(self, epoch: int, progress: EpochProgress | None = None) -> dict[str, float]:
@@ -316,8 +326,9 @@ class Trainer:
             state.elapsed = time.perf_counter() - start
             bar.set_postfix(loss=f"{state.totals['loss'] / state.steps:.4f}",
                             img_s=f"{state.seen / max(state.elapsed, 1e-9):.0f}")
-            if self._mid_epoch_checkpoint_due():
-                self._save("last.pt", epoch, self.record.history[-1] if self.record.history else {}, progress=state)
+            if self._mid_epoch_checkpoint_due():  # the metrics of the last epoch complete
+                last_row = self.record.history[-1] if self.record.history else {}
+                self._save(LAST_CHECKPOINT, epoch, last_row, progress=state)
         self.bad_images.restore(parts.step.all_records(self.bad_images.records()))  # the report lists every rank's
         if state.seen == 0 and state.skipped_images:
             raise ValueError(
@@ -347,7 +358,7 @@ class Trainer:
             raise TrainingDiverged(
                 f"loss was NaN/inf for {state.bad_in_row} steps in a row (epoch {state.epoch + 1}); lower --lr "
                 f"(now {self.cfg.lr}) or check the loss hyperparameters; last good checkpoint: "
-                f"{self.out / 'last.pt'}"
+                f"{self.last_path}"
             )
 
     def _epoch_row(self, state: EpochProgress, elapsed: float) -> dict[str, float]:

@@ -9,11 +9,18 @@ from retrieval.models.backbones import (
     efficientnet_lite0_classifier,
     register_backbone,
 )
-from retrieval.models.checkpoint import CHECKPOINT_FORMAT, Checkpoint, config_hash, load_checkpoint
+from retrieval.models.checkpoint import (
+    BEST_CHECKPOINT,
+    CHECKPOINT_FORMAT,
+    LAST_CHECKPOINT,
+    Checkpoint,
+    config_hash,
+    load_checkpoint,
+)
 from retrieval.models.embedder import Embedder, EmbeddingHead, create_embedder, load_embedder
 
 __all__ = [
-    "BACKBONES", "Backbone", "CHECKPOINT_FORMAT", "Checkpoint", "Embedder", "EmbeddingHead", "PretrainedWeightsMissing",
-    "backbone_names", "config_hash", "create_backbone", "create_embedder", "efficientnet_lite0_classifier",
-    "load_checkpoint", "load_embedder", "register_backbone",
+    "BACKBONES", "BEST_CHECKPOINT", "Backbone", "CHECKPOINT_FORMAT", "Checkpoint", "Embedder", "EmbeddingHead",
+    "LAST_CHECKPOINT", "PretrainedWeightsMissing", "backbone_names", "config_hash", "create_backbone",
+    "create_embedder", "efficientnet_lite0_classifier", "load_checkpoint", "load_embedder", "register_backbone",
 ]

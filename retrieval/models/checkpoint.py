@@ -17,6 +17,8 @@ from typing import Any
 import torch
 
 CHECKPOINT_FORMAT = "retrieval-checkpoint/1"
+LAST_CHECKPOINT = "last.pt"  # in a run folder: the newest checkpoint, which --resume continues
+BEST_CHECKPOINT = "best.pt"  # in a run folder: the checkpoint of the best recall@1
 
 
 @dataclass
@@ -71,5 +73,6 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     """Read a checkpoint file written by ``retrieval train`` (or any file of the same format)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"checkpoint not found: {path} (a training run writes RUN_DIR/best.pt and last.pt)")
+        raise FileNotFoundError(f"checkpoint not found: {path} (a training run writes RUN_DIR/{BEST_CHECKPOINT} and "
+                                f"{LAST_CHECKPOINT})")
     return Checkpoint.from_dict(torch.load(path, map_location=map_location, weights_only=False), source=str(path))
