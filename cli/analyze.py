@@ -117,7 +117,7 @@ def embed_checkpoint_samples(
     from retrieval.models import load_checkpoint, load_embedder
 
     try:
-        dataset, data, kwargs = checkpoint_dataset(load_checkpoint(checkpoint).get("train_config", {}), dataset, data)
+        dataset, data, kwargs = checkpoint_dataset(load_checkpoint(checkpoint).train_config, dataset, data)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     model = load_embedder(checkpoint)

@@ -239,7 +239,7 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_params, limit, li
     from retrieval.models import load_checkpoint, load_embedder
     from retrieval.reports import evaluate_report, save_report
 
-    trained = load_checkpoint(checkpoint).get("train_config", {})
+    trained = load_checkpoint(checkpoint).train_config
     dataset, data, kwargs = checkpoint_dataset(trained, dataset, data, parse_params(dataset_params, "--dataset-param"))
     split = split or trained.get("eval_split", "test")
     dev = resolve_device(device)

@@ -16,7 +16,6 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
@@ -297,6 +296,6 @@ def export_checkpoint(
     log: Log | None = None,
 ) -> ExportResult:
     """Export a training checkpoint (``retrieval-checkpoint/1``); its ``config_hash`` goes into the metadata."""
-    ckpt: dict[str, Any] = load_checkpoint(checkpoint)
+    hash_of_run = load_checkpoint(checkpoint).config_hash
     model = load_embedder(checkpoint)
-    return export_embedder(model, out, ckpt.get("config_hash"), opset=opset, fp16=fp16, verify=verify, log=log)
+    return export_embedder(model, out, hash_of_run, opset=opset, fp16=fp16, verify=verify, log=log)

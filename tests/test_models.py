@@ -13,7 +13,7 @@ from retrieval.models import (
     efficientnet_lite0_classifier,
     load_embedder,
 )
-from retrieval.models.embedder import CHECKPOINT_FORMAT, load_checkpoint
+from retrieval.models.checkpoint import CHECKPOINT_FORMAT, Checkpoint, load_checkpoint
 
 # ImageNet classes 281-285 are the domestic cats (tabby, tiger cat, Persian, Siamese, Egyptian cat).
 IMAGENET_CATS = set(range(281, 286))
@@ -150,3 +150,15 @@ def test_checkpoint_round_trip(tmp_path):
     torch.save({"something": "else"}, tmp_path / "bad.pt")
     with pytest.raises(ValueError, match="not a retrieval checkpoint"):
         load_checkpoint(tmp_path / "bad.pt")
+
+
+def test_checkpoint_schema_keeps_the_file_format():
+    """The on-disk keys stay those of retrieval-checkpoint/1, in order, and a file read back writes the same dict."""
+    keys = ["format", "model_config", "state_dict", "train_config", "config_hash", "epoch", "metrics", "class_names",
+            "optimizer", "scheduler", "scaler", "loss_state", "aux_state", "best_recall", "history", "baseline",
+            "bad_images", "steps_per_epoch", "in_epoch", "rng"]
+    on_disk = {key: f"value of {key}" for key in keys} | {"format": CHECKPOINT_FORMAT}
+    checkpoint = Checkpoint.from_dict(on_disk)
+    assert list(checkpoint.to_dict()) == keys and checkpoint.to_dict() == on_disk and checkpoint.resumable
+    model_only = Checkpoint.from_dict({"format": CHECKPOINT_FORMAT, "model_config": {}, "state_dict": {}})
+    assert not model_only.resumable and model_only.train_config == {} and model_only.config_hash is None

@@ -60,11 +60,11 @@ def test_training_is_deterministic_and_resumes_exactly(tmp_path, feature_cache):
     trainer_cls = __import__("retrieval.train.trainer", fromlist=["Trainer"]).Trainer
     t = trainer_cls(partial, progress=False)
     t.setup()
-    t.baseline = t.evaluate()
-    t.history.append({"epoch": 0, **t.baseline})
+    t.record.baseline = t.evaluate()
+    t.record.history.append({"epoch": 0, **t.record.baseline})
     for epoch in range(2):
         row = {"epoch": epoch + 1, **t.train_epoch(epoch), **t.evaluate()}
-        t.history.append(row)
+        t.record.history.append(row)
         from retrieval.train.trainer import atomic_save
 
         atomic_save(t.checkpoint(epoch + 1, row), tmp_path / "c" / "last.pt")
@@ -80,6 +80,17 @@ def test_existing_run_is_not_overwritten(tmp_path, feature_cache):
     with pytest.raises(FileExistsError, match="--resume"):
         train(digits_config(tmp_path / "run", feature_cache, epochs=1), progress=False)
     assert (tmp_path / "run" / "last.pt").read_bytes() == before
+
+
+def test_resume_refuses_a_model_only_checkpoint(tmp_path, feature_cache):
+    from retrieval.models import CHECKPOINT_FORMAT, create_embedder
+
+    model = create_embedder("resnet18", 16)
+    (tmp_path / "run").mkdir()
+    torch.save({"format": CHECKPOINT_FORMAT, "model_config": model.config, "state_dict": model.state_dict()},
+               tmp_path / "run" / "last.pt")
+    with pytest.raises(ValueError, match="model only, no training state"):
+        train(digits_config(tmp_path / "run", feature_cache, epochs=1, resume=True), progress=False)
 
 
 class NaNEvery(torch.nn.Module):

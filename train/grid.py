@@ -123,14 +123,15 @@ def floor_metrics(dataset: DatasetSpec, runs: Path, feature_cache: str | None) -
             return saved["metrics"]
     trainer = Trainer(cfg, progress=True)
     trainer.setup()  # loads (or extracts and caches) the backbone features the grid's runs share
-    query, gallery = trainer.eval_features  # features of the images that loaded (rows and labels alike)
+    features = trainer.parts.features  # CachedFeatures: the grid's runs keep the backbone frozen
+    query, gallery = features.eval_features  # features of the images that loaded (rows and labels alike)
     q, ql = query.embeddings, query.labels
     metrics = evaluate_embeddings(q, ql, *((gallery.embeddings, gallery.labels) if gallery else (None, None)))
     if cfg.linear_probe:
         from retrieval.metrics import linear_probe
 
-        train_labels = trainer.clean_train_labels[trainer.train_feature_indices]
-        metrics["linear_probe"] = linear_probe(trainer.train_features.cpu().numpy(), train_labels, q, ql,
+        train_labels = trainer.data.clean_train_labels[features.train_feature_indices]
+        metrics["linear_probe"] = linear_probe(features.train_features.cpu().numpy(), train_labels, q, ql,
                                                seed=cfg.seed)
     path.write_text(json.dumps({"config": cfg.to_dict(), "metrics": metrics}, indent=1))
     return metrics

@@ -7,7 +7,7 @@ import math
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,14 @@ from retrieval.train.config import TrainConfig
 from retrieval.train.distributed import DataParallelStep, gpu_options, init_distributed, restarted
 from retrieval.train.features import Embedding, FeatureSource, feature_source_class
 from retrieval.train.report import write_report
+from retrieval.train.state import (
+    EpochProgress,
+    RunRecord,
+    TrainData,
+    TrainParts,
+    restore_rng_states,
+    rng_states,
+)
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -35,32 +43,21 @@ from retrieval.distributed import GlobalBatchObjective
 from retrieval.evaluation import evaluate_embeddings, load_eval_sets
 from retrieval.inference import default_workers
 from retrieval.io import atomic_write
-from retrieval.models import CHECKPOINT_FORMAT, Embedder, config_hash, create_embedder
+from retrieval.models import (
+    BEST_CHECKPOINT,
+    LAST_CHECKPOINT,
+    Checkpoint,
+    Embedder,
+    config_hash,
+    create_embedder,
+    load_checkpoint,
+)
 
 BAD_IMAGE_FIX = "fix or remove the file, or pass --on-bad-image skip to train without it"
 
 
 class TrainingDiverged(RuntimeError):
     """Raised after ``max_bad_steps`` consecutive non-finite losses."""
-
-
-@dataclass
-class EpochProgress:
-    """Where an epoch stands and its running sums: a mid-epoch checkpoint keeps it so the epoch ends the same."""
-
-    epoch: int
-    batch: int = 0  # batches taken from the sampler
-    steps: int = 0  # optimizer steps
-    skipped_steps: int = 0  # non-finite loss, or fewer than 2 images left after unreadable ones were dropped
-    bad_in_row: int = 0
-    seen: int = 0  # images in the optimizer steps
-    skipped_images: int = 0  # images of the epoch's batches that could not be read
-    elapsed: float = 0.0
-    totals: dict[str, float] = field(default_factory=dict)
-    stats: dict[str, list[float]] = field(default_factory=dict)
-
-    def add(self, key: str, value: float) -> None:
-        self.totals[key] = self.totals.get(key, 0.0) + value
 
 
 def warn_line(message: str) -> None:
@@ -111,121 +108,103 @@ def build_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, steps_pe
 class Trainer:
     """Holds the state of one run; ``run()`` trains, evaluates, checkpoints and writes the report."""
 
+    # built by setup()
+    data: TrainData
+    parts: TrainParts
+    record: RunRecord
+
     def __init__(self, cfg: TrainConfig, progress: bool = True) -> None:
         self.cfg = cfg
-        self.progress = progress
         self.out = Path(cfg.out)
+        self.last_path = self.out / LAST_CHECKPOINT
         self.ctx = init_distributed(cfg.device, cfg.dist_timeout)  # one process: rank 0 of 1
-        self.device = self.ctx.device
-        self.main = self.ctx.is_main  # rank 0 alone writes the run directory
-        self.progress = progress and self.main
+        self.progress = progress and self.ctx.is_main
         self.amp_dtype = gpu_options(cfg.amp, cfg.channels_last, cfg.compile, self.device)
-        self.amp = self.amp_dtype is not None
         self.workers = default_workers() if cfg.workers is None else cfg.workers
+        self.bad_images = BadImageLog(cfg.on_bad_image, fix=BAD_IMAGE_FIX, warn=warn_line)
+        self.resume_progress: EpochProgress | None = None  # the epoch a mid-epoch checkpoint stopped in
+        self.last_eval_embeddings: tuple[np.ndarray, np.ndarray] | None = None  # the report's plots reuse them
+
+    @property
+    def device(self) -> torch.device:
+        return self.ctx.device
+
+    @property
+    def main(self) -> bool:
+        """Whether this is rank 0, which alone writes the run folder."""
+        return self.ctx.is_main
+
+    @property
+    def amp(self) -> bool:
+        return self.amp_dtype is not None
 
     # --- set-up -----------------------------------------------------------------------------------
     def setup(self) -> None:
+        """Build the model, data, optimizer and sampler (``data``, ``parts``, ``record``); resume if asked."""
         cfg = self.cfg
         # a worker that torchrun restarted (--max-restarts) continues from the last checkpoint
-        self.resume = cfg.resume or (restarted() and (self.out / "last.pt").exists())
-        if (self.out / "last.pt").exists() and not self.resume:
+        resume = cfg.resume or (restarted() and self.last_path.exists())
+        if self.last_path.exists() and not resume:
             raise FileExistsError(
-                f"{self.out} already holds a run (last.pt); pass --resume to continue it or choose another --out"
+                f"{self.out} already holds a run ({LAST_CHECKPOINT}); pass --resume to continue it or choose another "
+                "--out"
             )
         self.out.mkdir(parents=True, exist_ok=True)
         seed_everything(cfg.seed)
-        self.bad_images = BadImageLog(cfg.on_bad_image, fix=BAD_IMAGE_FIX, warn=warn_line)
 
-        self.model = create_embedder(
+        model = create_embedder(
             cfg.backbone, cfg.embedding_dim, pretrained=cfg.pretrained, normalize=cfg.use_normalize,
             freeze_bn=cfg.freeze_bn, weights=cfg.weights,
         )
         if cfg.image_size:
-            self.model.config["input_size"] = int(cfg.image_size)
-        self.model.config["background"] = list(parse_background(cfg.background))
+            model.config["input_size"] = int(cfg.image_size)
+        model.config["background"] = list(parse_background(cfg.background))
         source = feature_source_class(cfg)
-        source.prepare_model(self.model)
-        self.model.to(self.device)
-
-        eval_tf = build_transforms(self.model.config, train=False)
-        self.train_set = load_dataset(cfg.dataset, cfg.data, split="train",
-                                      transform=source.train_transform(self.model.config), **cfg.dataset_kwargs)
-        self.eval_sets = load_eval_sets(cfg.dataset, cfg.data, cfg.eval_split, eval_tf, cfg.eval_limit, cfg.seed,
-                                        **cfg.dataset_kwargs)
-        self.train_labels = np.asarray(self.train_set.labels, dtype=np.int64)
-        self.clean_train_labels = self.train_labels.copy()  # the linear probe measures against true classes
-        self.noise_info = None
-        if cfg.label_noise:
-            mode, _, rate = cfg.label_noise.partition(":")
-            transitions, chosen = None, {}
-            if mode == "asymmetric":  # per data set, by class name (retrieval.data.noise)
-                transitions, chosen = asymmetric_transitions(cfg.dataset, self.train_set.class_names,
-                                                             cfg.label_noise_transitions)
-            self.train_labels, self.noise_info = inject_label_noise(
-                self.train_labels, mode=mode, rate=float(rate), num_classes=len(self.train_set.class_names),
-                transitions=transitions, seed=cfg.seed,
-            )
-            self.noise_info.update(chosen)
-            self.train_set.labels = self.train_labels
-        self.num_classes = int(self.train_labels.max()) + 1
+        source.prepare_model(model)
+        model.to(self.device)
+        self.data = data = load_train_data(cfg, model.config, source.train_transform(model.config))
 
         sampling = dict(drop_small=cfg.drop_small, seed=cfg.seed, batches_per_epoch=cfg.batches_per_epoch)
         if self.ctx.distributed:  # each rank takes its part of the same global batches
             sampling.update(rank=self.ctx.rank, world_size=self.ctx.world_size)
         sampler_cls = DistributedClassBalancedBatchSampler if self.ctx.distributed else ClassBalancedBatchSampler
-        self.sampler = sampler_cls(self.train_labels, cfg.classes_per_batch, cfg.per_class, **sampling)
-        self.steps_per_epoch = len(self.sampler)
+        sampler = sampler_cls(data.train_labels, cfg.classes_per_batch, cfg.per_class, **sampling)
 
-        self.loss_fn = losses.build(cfg.loss, negatives=cfg.negatives, **cfg.loss_kwargs).to(self.device)
-        extra = list(self.loss_fn.parameters())
-        self.aux = None
+        loss_fn = losses.build(cfg.loss, negatives=cfg.negatives, **cfg.loss_kwargs).to(self.device)
+        extra = list(loss_fn.parameters())
+        aux = None
         if cfg.aux_ce > 0:
             from retrieval.losses.auxiliary import AuxiliaryCrossEntropy
 
-            self.aux = AuxiliaryCrossEntropy(cfg.embedding_dim, self.num_classes, weight=cfg.aux_ce).to(self.device)
-            extra += list(self.aux.parameters())
-        self.optimizer = build_optimizer(cfg, self.model, extra)
-        self.scheduler = build_scheduler(cfg, self.optimizer, self.steps_per_epoch)
-        self.objective = GlobalBatchObjective(self.loss_fn, gather=cfg.gather)
-        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)  # bf16 needs none
+            aux = AuxiliaryCrossEntropy(cfg.embedding_dim, data.num_classes, weight=cfg.aux_ce).to(self.device)
+            extra += list(aux.parameters())
+        optimizer = build_optimizer(cfg, model, extra)
+        scheduler = build_scheduler(cfg, optimizer, len(sampler))
+        objective = GlobalBatchObjective(loss_fn, gather=cfg.gather)
+        scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)  # bf16 needs none
 
         embedding = Embedding(self.device, cfg.eval_batch_size, self.workers, self.amp, self.progress, self.bad_images)
-        self.features: FeatureSource = source.build(cfg, self.model, self.train_set, self.train_labels,
-                                                    self.eval_sets, embedding)
+        features: FeatureSource = source.build(cfg, model, data.train_set, data.train_labels, data.eval_sets,
+                                               embedding)
         # what a step runs: through DDP when there are several processes
-        self.step = DataParallelStep(self.model, self.features.forward, self.aux, self.loss_fn, self.ctx,
-                                     sync_bn=cfg.sync_bn, channels_last=cfg.channels_last, compile_step=cfg.compile)
+        step = DataParallelStep(model, features.forward, aux, loss_fn, self.ctx, sync_bn=cfg.sync_bn,
+                                channels_last=cfg.channels_last, compile_step=cfg.compile)
+        self.parts = TrainParts(model, loss_fn, aux, optimizer, scheduler, scaler, objective, sampler, features, step)
 
-        self.start_epoch, self.best_recall, self.history = 0, -1.0, []
-        self.resume_progress: EpochProgress | None = None
-        self.baseline: dict[str, float] | None = None
-        self.last_eval_embeddings: tuple[np.ndarray, np.ndarray] | None = None
-        if self.resume:
+        self.record = RunRecord()
+        if resume:
             self._load_resume_state()
         if self.main:
             (self.out / "config.json").write_text(json.dumps(self.run_config(), indent=2))
 
-    # the frozen backbone's cached features, read by the results grid's floor (benchmarks/quality.py)
-    @property
-    def train_features(self) -> torch.Tensor:
-        return self.features.train_features
-
-    @property
-    def train_feature_indices(self) -> np.ndarray:
-        return self.features.train_feature_indices
-
-    @property
-    def eval_features(self):
-        return self.features.eval_features
-
     def run_config(self) -> dict[str, Any]:
         return {
             "train": self.cfg.to_dict(),
-            "model": self.model.config,
-            "label_noise": self.noise_info,
-            "train_size": len(self.train_labels),
-            "num_train_classes": self.num_classes,
-            "steps_per_epoch": self.steps_per_epoch,
+            "model": self.parts.model.config,
+            "label_noise": self.data.noise_info,
+            "train_size": len(self.data.train_labels),
+            "num_train_classes": self.data.num_classes,
+            "steps_per_epoch": self.parts.steps_per_epoch,
             "device": str(self.device),
             "world_size": self.ctx.world_size,
             "amp": self.amp,
@@ -234,136 +213,156 @@ class Trainer:
 
     # --- checkpoints -------------------------------------------------------------------------------
     def checkpoint(self, epoch: int, metrics: dict[str, Any], progress: EpochProgress | None = None) -> dict[str, Any]:
-        """Model and everything a resume needs; ``epoch`` epochs are complete, ``progress`` is the one under way."""
-        rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.get_rng_state_all()
-        return {
-            "format": CHECKPOINT_FORMAT,
-            "model_config": self.model.config,
-            "state_dict": self.model.state_dict(),
-            "train_config": self.cfg.to_dict(),
-            "config_hash": config_hash(self.cfg.to_dict()),
-            "epoch": epoch,
-            "metrics": metrics,
-            "class_names": list(self.train_set.class_names),
-            # resume state
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(),
-            "loss_state": self.loss_fn.state_dict(),
-            "aux_state": self.aux.state_dict() if self.aux is not None else None,
-            "best_recall": self.best_recall,
-            "history": self.history,
-            "baseline": self.baseline,
-            "bad_images": self.bad_images.records(),
-            "steps_per_epoch": self.steps_per_epoch,
-            "in_epoch": asdict(progress) if progress is not None else None,
-            "rng": rng,
-        }
+        """The on-disk checkpoint: model and everything a resume needs; ``epoch`` epochs are complete, ``progress``
+        is the one under way."""
+        parts, record = self.parts, self.record
+        return Checkpoint(
+            model_config=parts.model.config,
+            state_dict=parts.model.state_dict(),
+            train_config=self.cfg.to_dict(),
+            config_hash=config_hash(self.cfg.to_dict()),
+            epoch=epoch,
+            metrics=metrics,
+            class_names=list(self.data.train_set.class_names),
+            optimizer=parts.optimizer.state_dict(),
+            scheduler=parts.scheduler.state_dict(),
+            scaler=parts.scaler.state_dict(),
+            loss_state=parts.loss_fn.state_dict(),
+            aux_state=parts.aux.state_dict() if parts.aux is not None else None,
+            best_recall=record.best_recall,
+            history=record.history,
+            baseline=record.baseline,
+            bad_images=self.bad_images.records(),
+            steps_per_epoch=parts.steps_per_epoch,
+            in_epoch=asdict(progress) if progress is not None else None,
+            rng=rng_states(),
+        ).to_dict()
+
+    def _save(self, name: str, epoch: int, metrics: dict[str, Any], progress: EpochProgress | None = None) -> None:
+        atomic_save(self.checkpoint(epoch, metrics, progress), self.out / name)
 
     def _load_resume_state(self) -> None:
-        path = self.out / "last.pt"
+        path = self.last_path
         if not path.is_file():
             raise FileNotFoundError(f"--resume: no checkpoint to resume at {path}; start without --resume")
-        ckpt = torch.load(path, map_location=self.device, weights_only=False)
-        self.model.load_state_dict(ckpt["state_dict"])
-        self.optimizer.load_state_dict(ckpt["optimizer"])
-        self.scheduler.load_state_dict(ckpt["scheduler"])
-        self.scaler.load_state_dict(ckpt["scaler"])
-        self.loss_fn.load_state_dict(ckpt["loss_state"])
-        if self.aux is not None and ckpt.get("aux_state"):
-            self.aux.load_state_dict(ckpt["aux_state"])
-        self.start_epoch = ckpt["epoch"]
-        self.best_recall = ckpt["best_recall"]
-        self.history = ckpt["history"]
-        self.baseline = ckpt.get("baseline")
-        self.bad_images.restore(ckpt.get("bad_images", []))
-        if ckpt.get("in_epoch"):
-            if ckpt["steps_per_epoch"] != self.steps_per_epoch:
+        ckpt = load_checkpoint(path, map_location=self.device)
+        if not ckpt.resumable:
+            raise ValueError(f"--resume: {path} holds a model only, no training state; start without --resume")
+        parts = self.parts
+        parts.model.load_state_dict(ckpt.state_dict)
+        parts.optimizer.load_state_dict(ckpt.optimizer)
+        parts.scheduler.load_state_dict(ckpt.scheduler)
+        parts.scaler.load_state_dict(ckpt.scaler)
+        parts.loss_fn.load_state_dict(ckpt.loss_state)
+        if parts.aux is not None and ckpt.aux_state:
+            parts.aux.load_state_dict(ckpt.aux_state)
+        self.record = RunRecord(ckpt.epoch, ckpt.best_recall, ckpt.history, ckpt.baseline)
+        self.bad_images.restore(ckpt.bad_images)
+        if ckpt.in_epoch:
+            if ckpt.steps_per_epoch != parts.steps_per_epoch:
                 raise ValueError(
-                    f"--resume: {path} stopped inside an epoch of {ckpt['steps_per_epoch']} batches but this "
-                    f"configuration has {self.steps_per_epoch}; resume with the run's own options (config.json)"
+                    f"--resume: {path} stopped inside an epoch of {ckpt.steps_per_epoch} batches but this "
+                    f"configuration has {parts.steps_per_epoch}; resume with the run's own options (config.json)"
                 )
-            self.resume_progress = EpochProgress(**ckpt["in_epoch"])
-        torch.set_rng_state(ckpt["rng"]["torch"].cpu())
-        np.random.set_state(ckpt["rng"]["numpy"])
-        random.setstate(ckpt["rng"]["python"])
-        if "cuda" in ckpt["rng"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all([state.cpu() for state in ckpt["rng"]["cuda"]])
+            self.resume_progress = EpochProgress(**ckpt.in_epoch)
+        restore_rng_states(ckpt.rng)
         # metrics.jsonl keeps exactly the epochs the checkpoint has seen
         if self.main:
             self._rewrite_metrics_log()
 
     def _rewrite_metrics_log(self) -> None:
-        atomic_write(self.out / "metrics.jsonl", "".join(json.dumps(row) + "\n" for row in self.history))
+        atomic_write(self.out / "metrics.jsonl", "".join(json.dumps(row) + "\n" for row in self.record.history))
+
+    def _mid_epoch_checkpoint_due(self) -> bool:
+        """--checkpoint-every: rank 0 saves last.pt every that many optimizer steps of the run."""
+        every = self.cfg.checkpoint_every
+        return bool(every) and self.main and self.parts.scheduler.last_epoch % every == 0  # counts optimizer steps
+
+    def _save_epoch_end(self, epoch: int, row: dict[str, Any], evaluated: bool) -> None:
+        """After an epoch: best.pt when its recall@1 is the best yet (every rank tracks it), then last.pt."""
+        if evaluated and row["recall@1"] > self.record.best_recall:
+            self.record.best_recall = row["recall@1"]
+            if self.main:
+                self._save(BEST_CHECKPOINT, epoch + 1, row)
+        if self.main:
+            self._save(LAST_CHECKPOINT, epoch + 1, row)
 
     # --- training ----------------------------------------------------------------------------------
     def train_epoch(self, epoch: int, progress: EpochProgress | None = None) -> dict[str, float]:
         """Train one epoch (from where ``progress`` stopped, if given); returns its metrics row."""
-        self.features.train_mode(self.model)
+        parts = self.parts
+        parts.features.train_mode(parts.model)
         state = progress or EpochProgress(epoch)
-        every = self.cfg.checkpoint_every
         start = time.perf_counter() - state.elapsed
-        bar = tqdm(self.features.batches(self.sampler, epoch, state.batch), total=self.steps_per_epoch,
+        bar = tqdm(parts.features.batches(parts.sampler, epoch, state.batch), total=parts.steps_per_epoch,
                    initial=state.batch, desc=f"epoch {epoch + 1}/{self.cfg.epochs}", disable=not self.progress,
                    leave=False)
         for inputs, labels, unreadable in bar:
             state.batch += 1
             # counts of the global batch (summed over the ranks)
-            usable, images, unreadable = self.step.batch_counts(labels, unreadable, self.cfg.gather)
+            usable, images, unreadable = parts.step.batch_counts(labels, unreadable, self.cfg.gather)
             state.skipped_images += unreadable
             if not usable:  # (almost) every image of the batch failed to load
                 state.skipped_steps += 1
                 continue
             inputs = inputs.to(self.device, non_blocking=True)
             labels = labels.to(self.device, non_blocking=True)
-            embeddings, aux_loss = self.step(inputs, labels, self.amp_dtype)  # float32: losses always run in float32
+            embeddings, aux_loss = parts.step(inputs, labels, self.amp_dtype)  # float32: losses run in float32
             # the global batch's loss (gathered over the ranks) plus the auxiliary head's per-sample terms
-            objective = self.objective(embeddings, labels, aux_loss)
+            objective = parts.objective(embeddings, labels, aux_loss)
             loss = objective.total
             if objective.local_terms is not None:
                 state.add("aux_ce", float(objective.local_terms))
             if not torch.isfinite(loss):  # the same value on every rank: all skip together
-                state.skipped_steps += 1
-                state.bad_in_row += 1
-                self.optimizer.zero_grad(set_to_none=True)
-                if state.bad_in_row >= self.cfg.max_bad_steps:
-                    raise TrainingDiverged(
-                        f"loss was NaN/inf for {state.bad_in_row} steps in a row (epoch {epoch + 1}); lower --lr "
-                        f"(now {self.cfg.lr}) or check the loss hyperparameters; last good checkpoint: "
-                        f"{self.out / 'last.pt'}"
-                    )
+                self._skip_non_finite(state)
                 continue
             state.bad_in_row = 0
-            self.optimizer.zero_grad(set_to_none=True)
-            self.scaler.scale(objective.backward).backward()
-            if self.cfg.grad_clip:
-                self.scaler.unscale_(self.optimizer)
-                torch.nn.utils.clip_grad_norm_(
-                    [p for g in self.optimizer.param_groups for p in g["params"]], self.cfg.grad_clip
-                )
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-            self.scheduler.step()
+            self._optimizer_step(objective.backward)
             state.steps += 1
             state.seen += images
             state.add("loss", float(loss))
-            for key, value in (getattr(self.loss_fn, "last_stats", None) or {}).items():
+            for key, value in (getattr(parts.loss_fn, "last_stats", None) or {}).items():
                 state.stats.setdefault(key, []).append(float(value))
             state.elapsed = time.perf_counter() - start
             bar.set_postfix(loss=f"{state.totals['loss'] / state.steps:.4f}",
                             img_s=f"{state.seen / max(state.elapsed, 1e-9):.0f}")
-            if every and self.main and self.scheduler.last_epoch % every == 0:  # last_epoch counts optimizer steps
-                last = self.history[-1] if self.history else {}
-                atomic_save(self.checkpoint(epoch, last, progress=state), self.out / "last.pt")
-        self.bad_images.restore(self.step.all_records(self.bad_images.records()))  # the report lists every rank's
+            if self._mid_epoch_checkpoint_due():  # the metrics of the last epoch complete
+                last_row = self.record.history[-1] if self.record.history else {}
+                self._save(LAST_CHECKPOINT, epoch, last_row, progress=state)
+        self.bad_images.restore(parts.step.all_records(self.bad_images.records()))  # the report lists every rank's
         if state.seen == 0 and state.skipped_images:
             raise ValueError(
                 f"no training image of epoch {epoch + 1} could be read ({state.skipped_images} failed; the warnings "
                 "above name them): check the data folder"
             )
-        elapsed = time.perf_counter() - start
+        return self._epoch_row(state, time.perf_counter() - start)
+
+    def _optimizer_step(self, backward: torch.Tensor) -> None:
+        """One optimizer step on ``backward``'s gradients: loss scaling, --grad-clip, then the schedule."""
+        optimizer, scaler = self.parts.optimizer, self.parts.scaler
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(backward).backward()
+        if self.cfg.grad_clip:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], self.cfg.grad_clip)
+        scaler.step(optimizer)
+        scaler.update()
+        self.parts.scheduler.step()
+
+    def _skip_non_finite(self, state: EpochProgress) -> None:
+        """A NaN/inf loss: skip the step, and stop the run after --max-bad-steps of them in a row."""
+        state.skipped_steps += 1
+        state.bad_in_row += 1
+        self.parts.optimizer.zero_grad(set_to_none=True)
+        if state.bad_in_row >= self.cfg.max_bad_steps:
+            raise TrainingDiverged(
+                f"loss was NaN/inf for {state.bad_in_row} steps in a row (epoch {state.epoch + 1}); lower --lr "
+                f"(now {self.cfg.lr}) or check the loss hyperparameters; last good checkpoint: "
+                f"{self.last_path}"
+            )
+
+    def _epoch_row(self, state: EpochProgress, elapsed: float) -> dict[str, float]:
+        """The epoch's metrics row: mean loss (and loss statistics), step and image counts, speed, learning rate."""
         steps = state.steps
         row = {
             "loss": state.totals.get("loss", 0.0) / max(steps, 1),
@@ -372,9 +371,9 @@ class Trainer:
             "skipped_images": state.skipped_images,
             "images_per_s": state.seen / max(elapsed, 1e-9),
             "epoch_time_s": elapsed,
-            "lr": self.optimizer.param_groups[0]["lr"],
+            "lr": self.parts.optimizer.param_groups[0]["lr"],
         }
-        if self.aux is not None:
+        if self.parts.aux is not None:
             row["aux_ce"] = state.totals.get("aux_ce", 0.0) / max(steps, 1)
         row.update({f"loss_{k}": float(np.mean(v)) for k, v in state.stats.items()})
         if self.device.type == "cuda":
@@ -384,15 +383,15 @@ class Trainer:
     # --- evaluation --------------------------------------------------------------------------------
     def embed_eval(self):
         """(query, query_labels, gallery, gallery_labels) embeddings of the evaluation split."""
-        return self.features.embed_eval(self.model)
+        return self.parts.features.embed_eval(self.parts.model)
 
     def train_embeddings_sample(self) -> tuple[np.ndarray, np.ndarray] | None:
         """Embeddings of a fixed train subset (for the hard-triplet fraction); None when too costly."""
-        sample = self.features.train_sample(self.model, self.cfg.seed)
+        sample = self.parts.features.train_sample(self.parts.model, self.cfg.seed)
         if sample is None:
             return None
         emb, indices = sample
-        return emb, self.train_labels[indices]
+        return emb, self.data.train_labels[indices]
 
     def evaluate(self, final: bool = False) -> dict[str, float]:
         """Metrics of the evaluation split: embedded sharded over the ranks, computed once (rank 0), shared."""
@@ -406,9 +405,9 @@ class Trainer:
         # unreadable images lose both their embedding and their label: say how many were left
         evaluated = len(ql) + (len(gl) if gl is not None else 0)
         metrics["eval_images"] = evaluated
-        metrics["eval_skipped_images"] = self.eval_sets.num_images - evaluated
+        metrics["eval_skipped_images"] = self.data.eval_sets.num_images - evaluated
         metrics.update(hard_fractions(q, ql, self.train_embeddings_sample()))
-        if self.cfg.linear_probe and (final or not self.history):  # before and after training: it is slow
+        if self.cfg.linear_probe and (final or not self.record.history):  # before and after training: it is slow
             metrics["linear_probe"] = self.linear_probe(q, ql)
         return metrics
 
@@ -417,42 +416,38 @@ class Trainer:
         """Logistic regression on train embeddings (clean labels), accuracy on the evaluation split."""
         from retrieval.metrics import linear_probe
 
-        train_emb, loaded = self.features.train_embeddings(self.model)
-        return linear_probe(train_emb, self.clean_train_labels[loaded], q, ql, seed=self.cfg.seed)
+        train_emb, loaded = self.parts.features.train_embeddings(self.parts.model)
+        return linear_probe(train_emb, self.data.clean_train_labels[loaded], q, ql, seed=self.cfg.seed)
 
     # --- the run -----------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         self.setup()
-        cfg = self.cfg
+        cfg, record = self.cfg, self.record
         log_path = self.out / "metrics.jsonl"
-        if self.baseline is None and cfg.eval_before:
-            self.baseline = self.evaluate()
-            self.history.append({"epoch": 0, **self.baseline})
+        if record.baseline is None and cfg.eval_before:
+            record.baseline = self.evaluate()
+            record.history.append({"epoch": 0, **record.baseline})
             if self.main:
                 self._rewrite_metrics_log()
-        for epoch in range(self.start_epoch, cfg.epochs):
+        for epoch in range(record.start_epoch, cfg.epochs):
             progress, self.resume_progress = self.resume_progress, None  # a mid-epoch resume's epoch comes first
             row: dict[str, Any] = {"epoch": epoch + 1, **self.train_epoch(epoch, progress)}
-            is_eval_epoch = (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs
-            if is_eval_epoch:
+            evaluated = (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs
+            if evaluated:
                 row.update(self.evaluate(final=epoch + 1 == cfg.epochs))
-            self.history.append(row)
+            record.history.append(row)
             if self.main:
                 with log_path.open("a") as f:
                     f.write(json.dumps(row) + "\n")
-            if is_eval_epoch and row["recall@1"] > self.best_recall:
-                self.best_recall = row["recall@1"]
-                if self.main:
-                    atomic_save(self.checkpoint(epoch + 1, row), self.out / "best.pt")
-            if self.main:
-                atomic_save(self.checkpoint(epoch + 1, row), self.out / "last.pt")
+            self._save_epoch_end(epoch, row, evaluated)
             if self.progress:
                 shown = {k: round(v, 4) for k, v in row.items() if k in ("loss", "recall@1", "map@r")}
                 tqdm.write(f"epoch {epoch + 1}: {shown}")
         return self.finish()
 
     def finish(self) -> dict[str, Any]:
-        final = [r for r in self.history if "recall@1" in r and r["epoch"] > 0]
+        history = self.record.history
+        final = [r for r in history if "recall@1" in r and r["epoch"] > 0]
         best = max(final, key=lambda r: r["recall@1"]) if final else None
         if self.last_eval_embeddings is None:  # e.g. resuming a run that had already finished
             q, ql, _, _ = self.embed_eval()
@@ -460,9 +455,33 @@ class Trainer:
         if not self.main:
             return {}
         train_sample = self.train_embeddings_sample()
-        return write_report(self.out, self.run_config(), self.history, self.baseline, best,
+        return write_report(self.out, self.run_config(), history, self.record.baseline, best,
                             final[-1] if final else None, self.last_eval_embeddings, train_sample,
                             bad_images=self.bad_images.records(), with_plots=self.cfg.plots)
+
+
+def load_train_data(cfg: TrainConfig, model_config: dict[str, Any], train_transform) -> TrainData:
+    """The train split (with any --label-noise injected) and the evaluation split, as the model wants them."""
+    eval_tf = build_transforms(model_config, train=False)
+    train_set = load_dataset(cfg.dataset, cfg.data, split="train", transform=train_transform, **cfg.dataset_kwargs)
+    eval_sets = load_eval_sets(cfg.dataset, cfg.data, cfg.eval_split, eval_tf, cfg.eval_limit, cfg.seed,
+                               **cfg.dataset_kwargs)
+    labels = np.asarray(train_set.labels, dtype=np.int64)
+    clean = labels.copy()
+    noise_info = None
+    if cfg.label_noise:
+        mode, _, rate = cfg.label_noise.partition(":")
+        transitions, chosen = None, {}
+        if mode == "asymmetric":  # per data set, by class name (retrieval.data.noise)
+            transitions, chosen = asymmetric_transitions(cfg.dataset, train_set.class_names,
+                                                         cfg.label_noise_transitions)
+        labels, noise_info = inject_label_noise(
+            labels, mode=mode, rate=float(rate), num_classes=len(train_set.class_names),
+            transitions=transitions, seed=cfg.seed,
+        )
+        noise_info.update(chosen)
+        train_set.labels = labels
+    return TrainData(train_set, eval_sets, labels, clean, noise_info)
 
 
 def hard_fractions(q: np.ndarray, ql: np.ndarray, train_sample) -> dict[str, float]:

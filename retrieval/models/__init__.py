@@ -1,4 +1,4 @@
-"""Backbones and the embedder (``create_embedder``, ``load_embedder``)."""
+"""Backbones, the embedder (``create_embedder``, ``load_embedder``) and its checkpoint (``Checkpoint``)."""
 
 from retrieval.models.backbones import (
     BACKBONES,
@@ -9,18 +9,18 @@ from retrieval.models.backbones import (
     efficientnet_lite0_classifier,
     register_backbone,
 )
-from retrieval.models.embedder import (
+from retrieval.models.checkpoint import (
+    BEST_CHECKPOINT,
     CHECKPOINT_FORMAT,
-    Embedder,
-    EmbeddingHead,
+    LAST_CHECKPOINT,
+    Checkpoint,
     config_hash,
-    create_embedder,
     load_checkpoint,
-    load_embedder,
 )
+from retrieval.models.embedder import Embedder, EmbeddingHead, create_embedder, load_embedder
 
 __all__ = [
-    "BACKBONES", "Backbone", "CHECKPOINT_FORMAT", "Embedder", "EmbeddingHead", "PretrainedWeightsMissing",
-    "backbone_names", "config_hash", "create_backbone", "create_embedder", "efficientnet_lite0_classifier",
-    "load_checkpoint", "load_embedder", "register_backbone",
+    "BACKBONES", "BEST_CHECKPOINT", "Backbone", "CHECKPOINT_FORMAT", "Checkpoint", "Embedder", "EmbeddingHead",
+    "LAST_CHECKPOINT", "PretrainedWeightsMissing", "backbone_names", "config_hash", "create_backbone",
+    "create_embedder", "efficientnet_lite0_classifier", "load_checkpoint", "load_embedder", "register_backbone",
 ]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -14,8 +12,7 @@ from torch import nn
 from retrieval.data.decode import DEFAULT_BACKGROUND
 from retrieval.distances import l2_normalize
 from retrieval.models.backbones import create_backbone
-
-CHECKPOINT_FORMAT = "retrieval-checkpoint/1"
+from retrieval.models.checkpoint import load_checkpoint
 
 
 class EmbeddingHead(nn.Module):
@@ -121,28 +118,14 @@ def load_backbone_weights(module: nn.Module, path: str | os.PathLike) -> None:
     module.load_state_dict(remapped)
 
 
-def config_hash(config: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint not found: {path} (a training run writes RUN_DIR/best.pt and last.pt)")
-    ckpt = torch.load(path, map_location=map_location, weights_only=False)
-    if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{path} is not a retrieval checkpoint (expected format {CHECKPOINT_FORMAT!r})")
-    return ckpt
-
-
 def load_embedder(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> Embedder:
     """Rebuild an embedder from a checkpoint, without touching any pretrained-weights source."""
     ckpt = load_checkpoint(path, map_location)
-    cfg = ckpt["model_config"]
+    cfg = ckpt.model_config
     model = create_embedder(
         cfg["backbone"], cfg["embedding_dim"], pretrained=False, normalize=cfg["normalize"],
         freeze_bn=cfg["freeze_bn"],
     )
     model.config.update(cfg)  # input size, normalisation and provenance as trained
-    model.load_state_dict(ckpt["state_dict"])
+    model.load_state_dict(ckpt.state_dict)
     return model.eval()

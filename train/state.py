@@ -1,0 +1,102 @@
+"""The trainer's state, declared: what ``Trainer.setup`` builds and what a checkpoint carries from run to run."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from retrieval.train.distributed import DataParallelStep
+from retrieval.train.features import FeatureSource
+from torch import nn
+from torch.utils.data import Dataset
+
+from retrieval.data import ClassBalancedBatchSampler
+from retrieval.distributed import GlobalBatchObjective
+from retrieval.evaluation import EvalSets
+from retrieval.models import Embedder
+
+
+@dataclass
+class TrainData:
+    """The run's data: train split (labels as trained, noise included), evaluation split, the true labels."""
+
+    train_set: Dataset
+    eval_sets: EvalSets
+    train_labels: np.ndarray  # what the loss sees: with --label-noise, some are flipped
+    clean_train_labels: np.ndarray  # the true classes, which the linear probe measures against
+    noise_info: dict[str, Any] | None  # what --label-noise flipped (config.json), None without it
+
+    @property
+    def num_classes(self) -> int:
+        """Classes of the train labels (ids run from 0)."""
+        return int(self.train_labels.max()) + 1
+
+
+@dataclass
+class TrainParts:
+    """What trains: the model, its loss (and auxiliary head), the optimizer with its schedule, the batches."""
+
+    model: Embedder
+    loss_fn: nn.Module
+    aux: nn.Module | None  # --aux-ce's classifier head, None without it
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR  # stepped once per optimizer step
+    scaler: torch.amp.GradScaler  # enabled for --amp fp16 only
+    objective: GlobalBatchObjective
+    sampler: ClassBalancedBatchSampler  # or its distributed variant: this rank's part of each global batch
+    features: FeatureSource  # cached backbone features (frozen backbone) or images
+    step: DataParallelStep  # the forward pass, through DDP when there are several processes
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Batches of one epoch (the sampler's length)."""
+        return len(self.sampler)
+
+
+@dataclass
+class RunRecord:
+    """Where the run stands between epochs; a checkpoint keeps it, a resume restores it."""
+
+    start_epoch: int = 0  # epochs complete when this process started
+    best_recall: float = -1.0  # recall@1 of best.pt
+    history: list[dict[str, Any]] = field(default_factory=list)  # metrics.jsonl's rows
+    baseline: dict[str, float] | None = None  # the metrics before training (--eval-before)
+
+
+@dataclass
+class EpochProgress:
+    """Where an epoch stands and its running sums: a mid-epoch checkpoint keeps it so the epoch ends the same."""
+
+    epoch: int
+    batch: int = 0  # batches taken from the sampler
+    steps: int = 0  # optimizer steps
+    skipped_steps: int = 0  # non-finite loss, or fewer than 2 images left after unreadable ones were dropped
+    bad_in_row: int = 0
+    seen: int = 0  # images in the optimizer steps
+    skipped_images: int = 0  # images of the epoch's batches that could not be read
+    elapsed: float = 0.0
+    totals: dict[str, float] = field(default_factory=dict)
+    stats: dict[str, list[float]] = field(default_factory=dict)
+
+    def add(self, key: str, value: float) -> None:
+        self.totals[key] = self.totals.get(key, 0.0) + value
+
+
+def rng_states() -> dict[str, Any]:
+    """Every random generator the run draws from (torch, numpy, python, and CUDA's when there is one)."""
+    rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    return rng
+
+
+def restore_rng_states(rng: dict[str, Any]) -> None:
+    """Put back the generators ``rng_states`` saved (CUDA's only where there is a GPU)."""
+    torch.set_rng_state(rng["torch"].cpu())
+    np.random.set_state(rng["numpy"])
+    random.setstate(rng["python"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([state.cpu() for state in rng["cuda"]])
