@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 
-from retrieval.data.decode import ACCEPTED_FORMATS, DecodedImage, ImageDecodeError, read_image
+from retrieval.data.decode import ACCEPTED_FORMATS_TEXT, DecodedImage, ImageDecodeError, read_image
 
 
 class QueryError(ValueError):
@@ -24,7 +24,7 @@ class QueryError(ValueError):
 
 QUERY_MESSAGES = {
     "empty": "the image is empty (0 bytes)",
-    "not_image": f"the upload is not an image we can read (expected {', '.join(ACCEPTED_FORMATS)})",
+    "not_image": f"the upload is not an image we can read (expected {ACCEPTED_FORMATS_TEXT})",
 }
 
 

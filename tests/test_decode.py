@@ -272,6 +272,104 @@ def test_a_multi_page_tiff_gives_its_first_page_and_counts_pages_only_so_far():
     assert time.perf_counter() - started < 1
 
 
+def tags_sharing_one_block(tags: int, block: int, image_entries: list[tuple[int, int, int, int]] = (),
+                           prefix: bytes = b"") -> bytes:
+    """A little-endian TIFF structure whose ``tags`` private tags all point at one ``block``-byte run of it (legal
+    offsets, overlapping data: Pillow copies the run once per tag); ``image_entries`` and ``prefix`` (the pixels,
+    right after the directory) make it an image."""
+    count = len(image_entries) + tags
+    data_at = 8 + 2 + 12 * count + 4
+    entries = sorted([*image_entries, *((40000 + i, 7, block, data_at + len(prefix)) for i in range(tags))])
+    directory = struct.pack("<H", count) + b"".join(struct.pack("<HHII", *entry) for entry in entries)
+    return b"II*\0" + struct.pack("<I", 8) + directory + struct.pack("<I", 0) + prefix + bytes(block)
+
+
+def grey_tiff_sharing_tags(tags: int, block: int) -> bytes:
+    """A 4 x 4 greyscale TIFF with ``tags`` tags sharing one block of tag data."""
+    data_at = 8 + 2 + 12 * (9 + tags) + 4
+    image = [(256, 3, 1, 4), (257, 3, 1, 4), (258, 3, 1, 8), (259, 3, 1, 1), (262, 3, 1, 1), (273, 4, 1, data_at),
+             (277, 3, 1, 1), (278, 3, 1, 4), (279, 4, 1, 16)]
+    return tags_sharing_one_block(tags, block, image, prefix=bytes(range(16)))
+
+
+def peak_python_bytes(work) -> int:
+    """The peak of Python's own allocations (Pillow's tag data are bytes objects) while ``work()`` runs."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        work()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_tiff_whose_tags_share_their_data_is_refused_before_pillow_copies_it():
+    """500 tags pointing at one 200 KB block: Pillow copied 100 MB on opening the 206 KB file, before any check."""
+    hostile = grey_tiff_sharing_tags(500, 200_000)
+
+    def decode():
+        with pytest.raises(ImageDecodeError, match="refer to 100000000 bytes") as info:
+            read_image(hostile)
+        assert info.value.kind == "unreadable"
+
+    assert peak_python_bytes(decode) < 10 * MIB
+
+
+def test_a_tiff_with_its_own_tag_data_decodes_and_counts_it():
+    one_tag = read_image(grey_tiff_sharing_tags(1, 100_000))
+    assert np.asarray(one_tag.image)[1, 0, 0] == 4 and one_tag.estimated_bytes > 3 * 100_000
+    assert read_image(grey_tiff_sharing_tags(0, 0)).estimated_bytes < one_tag.estimated_bytes - 3 * 100_000 + 1
+
+
+def test_an_exif_block_whose_tags_share_their_data_is_ignored_not_copied():
+    exif = b"Exif\0\0" + tags_sharing_one_block(400, 100_000)  # 100 KB asking for 40 MB
+    hostile = encode(Image.new("RGB", (8, 8), (200, 10, 10)), "PNG", exif=exif)
+    decoded = []
+    assert peak_python_bytes(lambda: decoded.append(read_image(hostile))) < 10 * MIB
+    assert decoded[0].image.getpixel((0, 0)) == (200, 10, 10)
+
+
+def test_one_bits_per_sample_value_counts_for_every_sample():
+    from types import SimpleNamespace
+
+    from retrieval.data.decode import _tiff_buffer_bytes
+
+    strip = SimpleNamespace(tag_v2={258: (16,), 277: 3, 278: 10}, size=(100, 10))  # 16-bit RGB, one strip
+    assert _tiff_buffer_bytes(strip) == 100 * 10 * 6
+
+
+def test_a_damaged_second_tiff_page_is_an_image_decode_error_or_ignored():
+    data = raw_tiff(4, 4, (8,), bytes(range(16)), photometric=1)
+    next_page = 8 + 2 + 12 * struct.unpack_from("<H", data, 8)[0]  # the first page's "next page" pointer
+    for second in (b"\0\0" + bytes(4), b"\1\0" + struct.pack("<HHII", 256, 3, 1, 4) + bytes(4)):  # no dimensions
+        damaged = data[:next_page] + struct.pack("<I", len(data)) + data[next_page + 4:] + second
+        try:
+            decoded = read_image(damaged)
+        except ImageDecodeError:
+            continue
+        assert np.asarray(decoded.image)[1, 0, 0] == 4
+
+
+@pytest.mark.parametrize("data,match", [
+    (b"P6\n#" + b"x" * 10_000_000 + b"\n4 4 255\n" + bytes(48), "does not end within 4096 bytes"),
+    (b"P5 4 4\n", "does not end"),
+    (b"Pf\n4 4\n-1.0\n" + bytes(64), "floating-point PFM"),
+    (b"PyP 4 4\n" + bytes(16), "binary PNM"),
+    (b"P2 2 1 255\n0 255\n", "plain text P1-P3"),
+], ids=["long_comment", "unfinished", "pfm", "pillow_own", "plain"])
+def test_only_binary_pnm_with_a_short_header_reaches_pillow(data, match):
+    started = time.perf_counter()
+    with pytest.raises(ImageDecodeError, match=match) as info:
+        read_image(data)
+    assert info.value.kind == "unreadable" and time.perf_counter() - started < 0.5
+
+
+def test_messages_name_the_formats_as_people_know_them():
+    with pytest.raises(ImageDecodeError, match="accepted formats are JPEG, PNG, WebP, BMP, GIF, TIFF, binary PNM"):
+        read_image(b"not an image at all")
+
+
 @pytest.mark.parametrize("data", [
     raw_tiff(200_000, 200_000, (8, 8, 8), b""),  # over Pillow's own bomb limit
     raw_tiff(7000, 7000, (8,), b"", photometric=1),  # over DEFAULT_MAX_PIXELS

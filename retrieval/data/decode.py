@@ -34,7 +34,9 @@ import contextlib
 import ctypes
 import io
 import os
+import re
 import stat
+import struct
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -43,6 +45,8 @@ from typing import BinaryIO
 
 import numpy as np
 from PIL import Image, ImageCms, ImageColor, UnidentifiedImageError
+
+from retrieval.data.tiff_tags import TagDataError, is_tiff, tag_data_bytes
 
 # A 40-megapixel RGBA image decodes into 160 MB; what a decode holds beside the image is estimated below.
 DEFAULT_MAX_PIXELS = 40_000_000
@@ -82,12 +86,23 @@ IMAGE_FORMATS: dict[str, dict[str, str]] = {
     },
 }
 ACCEPTED_FORMATS = tuple(IMAGE_FORMATS)
+# the formats as messages name them (Pillow's names are what ``Image.open`` takes)
+ACCEPTED_FORMATS_TEXT = ", ".join({"WEBP": "WebP", "PPM": "binary PNM"}.get(name, name)
+                                  for name in ACCEPTED_FORMATS)
 IMAGE_MEDIA_TYPES = {extension: media for types in IMAGE_FORMATS.values() for extension, media in types.items()}
 IMAGE_EXTENSIONS = frozenset(IMAGE_MEDIA_TYPES)
 # Pillow decoders written in Python, about 3 s a megapixel (minutes for an image under the pixel limit): plain
 # (ASCII) PNM, and binary PNM whose maxval is not 255 (nor 65535 for greyscale). Refused, with the fix.
 SLOW_DECODERS = ("ppm_plain", "ppm")
 MAX_COUNTED_PAGES = 16  # a TIFF's pages are counted up to this: each costs a parse (a file may hold 100,000)
+# Pillow holds a TIFF page's tag data once when it opens the file, once more when it reads the EXIF (the first
+# page again) and once for the page it counts, all before any pixel: ``tiff_tags.tag_data_bytes`` walks them first
+TIFF_TAG_COPIES = 3
+# Pillow reads a PNM header (magic, size, maxval, comments) a byte at a time: one that does not end within this
+# is refused before Pillow sees it (a 10 MB comment takes seconds)
+MAX_PNM_HEADER_BYTES = 4096
+PNM_MAGICS = (b"P4", b"P5", b"P6")  # binary PNM; Pillow's PPM plugin also opens P1-P3, PFM (Pf, PF) and Py* files
+_PNM_NUMBER = re.compile(rb"(?:\s|#[^\r\n]*[\r\n])*(\d+)")
 DEFAULT_BACKGROUND = (255, 255, 255)  # transparent pixels become white unless a model says otherwise
 _SRGB = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB"))
 
@@ -230,6 +245,7 @@ def _decode(handle: BinaryIO, max_pixels: int) -> DecodedImage:
     if not handle.read(1):
         raise ImageDecodeError("empty", "the image is empty (0 bytes)")
     handle.seek(start)
+    tag_bytes = _check_before_opening(handle, start)
     canvas = _webp_canvas(handle, start)
     try:
         with warnings.catch_warnings(), contextlib.ExitStack() as held:
@@ -237,7 +253,7 @@ def _decode(handle: BinaryIO, max_pixels: int) -> DecodedImage:
             if canvas is not None:  # Pillow's WebP plugin has libwebp allocate its canvases as it opens the file
                 held.enter_context(DECODE_BUDGET.reserve(_check_memory("WEBP", canvas, _webp_bytes(canvas))))
             image = held.enter_context(Image.open(handle, formats=ACCEPTED_FORMATS))
-            frames, estimate = _plan(image, handle, start, max_pixels)
+            frames, estimate = _plan(image, handle, start, max_pixels, TIFF_TAG_COPIES * tag_bytes)
             if canvas is None:
                 held.enter_context(DECODE_BUDGET.reserve(estimate))
             image.load()
@@ -249,13 +265,68 @@ def _decode(handle: BinaryIO, max_pixels: int) -> DecodedImage:
     except UnidentifiedImageError as exc:
         if (tiff_error := _unopened_tiff(handle, start)) is not None:
             raise tiff_error from exc
-        raise ImageDecodeError(
-            "not_image", f"unrecognised format; accepted formats are {', '.join(ACCEPTED_FORMATS)}"
-        ) from exc
-    except (OSError, ValueError, SyntaxError, EOFError, MemoryError, ImageCms.PyCMSError) as exc:
+        message = f"unrecognised format; accepted formats are {ACCEPTED_FORMATS_TEXT}"
+        raise ImageDecodeError("not_image", message) from exc
+    # what Pillow's plugins raise on damaged files (its TIFF plugin also TypeError, KeyError, struct.error, ...)
+    except (OSError, ValueError, SyntaxError, EOFError, MemoryError, ImageCms.PyCMSError, TypeError, KeyError,
+            IndexError, ZeroDivisionError, struct.error) as exc:
         text = f"{type(exc).__name__}: {exc}"
         kind = "truncated" if "truncated" in text.lower() or isinstance(exc, EOFError) else "unreadable"
         raise ImageDecodeError(kind, f"the image could not be decoded ({text}); the file is damaged") from exc
+
+
+def _check_before_opening(handle: BinaryIO, start: int) -> int:
+    """What Pillow would do before its own checks run: a TIFF's tag data (returned, in bytes: refused when its
+    tags overlap or it is over what one decode may hold) and a PNM's header (refused unless binary and short)."""
+    head = handle.read(MAX_PNM_HEADER_BYTES)
+    handle.seek(start)
+    if head[:1] == b"P" and head[1:2] in b"0123456fFy":  # what Pillow's PPM plugin takes for its own
+        _check_pnm_header(head)
+        return 0
+    if not is_tiff(head):
+        return 0
+    size = handle.seek(0, os.SEEK_END) - start
+
+    def read_at(offset: int, count: int) -> bytes:
+        handle.seek(start + offset)
+        return handle.read(count)
+
+    try:
+        tag_bytes = tag_data_bytes(read_at, size, MAX_COUNTED_PAGES)
+    except TagDataError as exc:
+        raise ImageDecodeError("unreadable", f"a TIFF page that cannot be used: {exc}; the file is damaged") from exc
+    finally:
+        handle.seek(start)
+    if TIFF_TAG_COPIES * tag_bytes > MAX_DECODE_BYTES:
+        raise ImageDecodeError(
+            "too_large", f"a TIFF page holds {tag_bytes / MIB:.0f} MB of tag data (metadata such as layers or "
+            f"previews), which the decoder copies {TIFF_TAG_COPIES} times, over the {MAX_DECODE_BYTES / MIB:.0f} MB "
+            "one decode may use; save the image without its extra metadata",
+        )
+    return tag_bytes
+
+
+def _check_pnm_header(head: bytes) -> None:
+    """Refuse a PNM that is not binary PNM (P4, P5, P6) or whose header does not end within ``head``."""
+    if head[:2] not in PNM_MAGICS:
+        raise ImageDecodeError(
+            "unreadable",
+            "this PNM variant (plain text P1-P3, floating-point PFM, or another of Pillow's own) is not read (Pillow "
+            "decodes some in Python, minutes for a large image); convert it to binary PNM (P4, P5, P6) or PNG",
+        )
+    position = 2
+    for _ in range(2 if head[:2] == b"P4" else 3):  # width, height and (but for P4) maxval
+        match = _PNM_NUMBER.match(head, position)
+        if match is None:
+            break
+        position = match.end()
+    else:
+        if position < len(head) and head[position:position + 1].isspace():
+            return
+    raise ImageDecodeError(
+        "unreadable", f"a PNM header (size, maxval, comments) that does not end within {MAX_PNM_HEADER_BYTES} bytes "
+        "as binary PNM's does; the file is damaged, or convert it to PNG",
+    )
 
 
 def _unopened_tiff(handle: BinaryIO, start: int) -> ImageDecodeError | None:
@@ -275,8 +346,9 @@ def _unopened_tiff(handle: BinaryIO, start: int) -> ImageDecodeError | None:
     )
 
 
-def _plan(image: Image.Image, handle: BinaryIO, start: int, max_pixels: int) -> tuple[int, int]:
-    """Frames and estimated peak bytes of an opened image, refused over the limits before any pixel is decoded."""
+def _plan(image: Image.Image, handle: BinaryIO, start: int, max_pixels: int, held: int = 0) -> tuple[int, int]:
+    """Frames and estimated peak bytes of an opened image (``held``: bytes its header made Pillow hold already),
+    refused over the limits before any pixel is decoded."""
     width, height = image.size
     jpeg = image.format in ("JPEG", "MPO")  # MPO: a phone's JPEG with a second picture after it
     if jpeg:  # decode at 1/2, 1/4 or 1/8 scale straight from the DCT when large
@@ -298,7 +370,7 @@ def _plan(image: Image.Image, handle: BinaryIO, start: int, max_pixels: int) -> 
         )
     frames = _count_frames(image)
     buffered = jpeg and _jpeg_buffers_coefficients(image, handle, start)
-    estimate = estimate_decode_bytes(image, (width, height), buffered)
+    estimate = estimate_decode_bytes(image, (width, height), buffered) + held
     return frames, _check_memory(image.format or "image", (width, height), estimate, buffered)
 
 
@@ -314,7 +386,7 @@ def _count_frames(image: Image.Image) -> int:
         while getattr(image, "is_animated", False) and pages < MAX_COUNTED_PAGES:
             image.seek(pages)
             pages += 1
-    except (EOFError, OSError, ValueError, SyntaxError):  # no further page, or a damaged one: the first is used
+    except Exception:  # noqa: BLE001  (no further page, or a damaged one, whatever Pillow raises: the first is used)
         pass
     finally:
         if image.tell() != 0:
@@ -352,8 +424,9 @@ def _tiff_buffer_bytes(image: Image.Image) -> int:
         pixels = int(tags[322]) * int(tags[323])
     else:  # RowsPerStrip, absent: one strip
         pixels = width * min(height, int(tags.get(278, height)))
-    bits = tags.get(258, (1,))  # BitsPerSample, one value per sample
-    bits = sum(bits) if isinstance(bits, tuple) else int(bits) * int(tags.get(277, 1))
+    bits = tags.get(258, (1,))  # BitsPerSample: one value per sample, or one for all of SamplesPerPixel
+    bits = bits if isinstance(bits, tuple) else (int(bits),)
+    bits = max(sum(bits), max(bits) * int(tags.get(277, 1)))
     return pixels * max(TIFF_DECODER_BYTES, -(-bits // 8))
 
 
@@ -574,10 +647,33 @@ _REVERSES_ROWS = (Image.Transpose.ROTATE_180, Image.Transpose.FLIP_TOP_BOTTOM, I
 
 
 def _orientation(image: Image.Image) -> int:
+    if not _exif_tags_fit(image):
+        return 1
     try:
         return int(image.getexif().get(0x0112, 1))
     except Exception:  # noqa: BLE001  (broken EXIF: upright rather than no image)
         return 1
+
+
+def _exif_tags_fit(image: Image.Image) -> bool:
+    """Whether the EXIF block Pillow would parse refers to no more tag data than it holds (its tags may overlap:
+    a small block could ask for gigabytes). A TIFF's own pages were checked before it was opened."""
+    if image.format == "TIFF":
+        return True
+    exif = image.info.get("exif")
+    if exif is None and "Raw profile type exif" in image.info:  # how Pillow reads a PNG's hex EXIF text
+        try:
+            exif = bytes.fromhex("".join(image.info["Raw profile type exif"].split("\n")[3:]))
+        except ValueError:
+            return False
+    if not exif:
+        return True
+    data = exif[6:] if exif.startswith(b"Exif\0\0") else exif
+    try:
+        tag_data_bytes(lambda offset, count: data[offset:offset + count], len(data), 1)
+    except TagDataError:
+        return False
+    return True
 
 
 # --- transparency ------------------------------------------------------------------------------------
