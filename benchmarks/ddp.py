@@ -28,11 +28,11 @@ REPO = Path(__file__).resolve().parents[1]
 def steps(args: argparse.Namespace) -> dict:
     """Time ``args.steps`` optimizer steps in this process (one rank of a torchrun job or the only process)."""
     import torch
-    from retrieval.train.distributed import DataParallelStep, init_distributed
 
     from retrieval import losses
     from retrieval.distributed import GlobalBatchObjective, all_gather_rows, rank_and_world
     from retrieval.models import create_embedder
+    from retrieval.train.distributed import DataParallelStep, init_distributed
 
     ctx = init_distributed("cpu")
     rank, world = rank_and_world()

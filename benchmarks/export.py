@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import torch
-from retrieval.export.onnx_export import export_embedder
 
+from retrieval.export.onnx_export import export_embedder
 from retrieval.models import PretrainedWeightsMissing, create_embedder
 
 

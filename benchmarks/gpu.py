@@ -33,11 +33,10 @@ OPTIONS = {
 
 def time_train_steps(backbone: str, option: str, size: int, batch: int, steps: int, warmup: int) -> tuple[float, float]:
     """(images/s, peak GPU MiB) of ``steps`` optimizer steps of the trainer's step, after ``warmup`` steps."""
-    from retrieval.train.distributed import DataParallelStep, init_distributed
-
     from retrieval import losses
     from retrieval.distributed import GlobalBatchObjective
     from retrieval.models import create_embedder
+    from retrieval.train.distributed import DataParallelStep, init_distributed
 
     amp, channels_last, compile_step, tf32 = OPTIONS[option]
     torch.backends.cuda.matmul.allow_tf32 = tf32

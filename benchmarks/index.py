@@ -37,9 +37,9 @@ import numpy as np
 
 def throughput(args: argparse.Namespace) -> dict:
     import torch
-    from retrieval.export import export_embedder
 
     from retrieval.data.synthetic import write_digits
+    from retrieval.export import export_embedder
     from retrieval.index import IngestOptions, build_index, load_model
     from retrieval.models import create_embedder
 
@@ -91,9 +91,9 @@ def busy_cpu_seconds() -> float:
 def ray_throughput(args: argparse.Namespace) -> dict:
     import ray
     import torch
-    from retrieval.export import export_embedder
 
     from retrieval.data.synthetic import write_digits
+    from retrieval.export import export_embedder
     from retrieval.index import IngestOptions, build_index
     from retrieval.index.engine import RayOptions
     from retrieval.models import create_embedder

@@ -115,9 +115,9 @@ def serving(app: Any) -> Iterator[str]:
 def fixture_index(root: Path, image_size: int, images: int = 200) -> Path:
     """A small real index: scikit-learn's digits embedded by EfficientNet-Lite0 (offline weights) in ONNX."""
     import torch
-    from retrieval.export import export_embedder
 
     from retrieval.data.synthetic import write_digits
+    from retrieval.export import export_embedder
     from retrieval.index import IngestOptions, build_index
     from retrieval.models import create_embedder
 

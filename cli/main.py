@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+
 from retrieval.cli.help_text import backbone_names, dataset_names, lazy_help_option, loss_names, negatives_names
 from retrieval.serve.defaults import DEFAULT_HOST, DEFAULT_PORT
 from retrieval.train.config import TrainConfig

@@ -16,9 +16,9 @@ import dataclasses
 from pathlib import Path
 
 import click
-from retrieval.serve.defaults import DEFAULT_RESULTS, DEMO_DIR
 
 from retrieval.analysis.results import RESULTS_COMMAND
+from retrieval.serve.defaults import DEFAULT_RESULTS, DEMO_DIR
 
 DEFAULT_RUNS = Path("artifacts/quality")
 DEFAULT_SEEDS = (0, 1, 2)
@@ -102,10 +102,9 @@ def run_grid_command(tables: tuple[str, ...], seeds: tuple[str, ...], datasets: 
                      cells: tuple[str, ...], skip_cells: tuple[str, ...], train: bool, list_runs: bool = False,
                      shard: tuple[int, int] = (0, 1)) -> None:
     """What ``run`` and ``report`` share: choose the tables, then list, run a shard, or run and write."""
-    from retrieval.train.grid import finished_report, plan, run_grid, train_command
-
     from retrieval.analysis.grid import TABLE_IDS, TABLES, default_datasets
     from retrieval.analysis.grid_discussion import markdown_header
+    from retrieval.train.grid import finished_report, plan, run_grid, train_command
 
     table_ids = _words(tables) or TABLE_IDS
     unknown = sorted(set(table_ids) - set(TABLE_IDS))

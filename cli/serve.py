@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+
+from retrieval.index.live import RELOAD_INTERVAL_S
 from retrieval.serve.defaults import (
     API_TOKEN_ENV,
     DEFAULT_HOST,
@@ -20,8 +22,6 @@ from retrieval.serve.defaults import (
     PUBLIC_PATHS,
     missing_artifacts_message,
 )
-
-from retrieval.index.live import RELOAD_INTERVAL_S
 
 
 @click.command("serve")

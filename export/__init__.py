@@ -9,7 +9,6 @@ from retrieval.export.onnx_export import (
     sample_images,
     verify_export,
 )
-
 from retrieval.onnx_runtime import OnnxEmbedder
 
 __all__ = [

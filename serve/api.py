@@ -20,13 +20,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi_offline import FastAPIOffline
 from pydantic import BaseModel, Field
-from retrieval.serve.defaults import API_DOCS_PATH
-from retrieval.serve.images import QueryError, decode_base64
-from retrieval.serve.service import IMAGE_MEDIA_TYPES, SearchService
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
 from retrieval.index.search import MAX_K, check_k
+from retrieval.serve.defaults import API_DOCS_PATH
+from retrieval.serve.images import QueryError, decode_base64
+from retrieval.serve.service import IMAGE_MEDIA_TYPES, SearchService
 
 FORM_SLACK = 64 * 1024  # multipart boundaries and headers, JSON punctuation
 DEFAULT_K = 10

@@ -15,11 +15,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from retrieval.serve.defaults import API_TOKEN_ENV, MIN_TOKEN_CHARS
 from starlette.datastructures import Headers
 from starlette.requests import cookie_parser
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from retrieval.serve.defaults import API_TOKEN_ENV, MIN_TOKEN_CHARS
 
 DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
 CROSS_SITE = ("cross-site", "same-site")  # Sec-Fetch-Site values of a request another site's page made

@@ -12,6 +12,10 @@ import gradio as gr
 import uvicorn
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
+from starlette.routing import Mount
+from starlette.types import Scope
+
+from retrieval.index.live import RELOAD_INTERVAL_S
 from retrieval.serve.api import create_api
 from retrieval.serve.defaults import (
     API_TOKEN_ENV,
@@ -46,10 +50,6 @@ from retrieval.serve.upload_cache import (
     lock_file_access,
     use_upload_folder,
 )
-from starlette.routing import Mount
-from starlette.types import Scope
-
-from retrieval.index.live import RELOAD_INTERVAL_S
 
 UI_PATH = "/"
 GRADIO_CONCURRENCY = 4  # Gradio events running at once; more wait in its queue

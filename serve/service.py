@@ -26,10 +26,6 @@ from typing import IO, Any
 
 import numpy as np
 from PIL import Image
-from retrieval.serve.batcher import MicroBatcher
-from retrieval.serve.defaults import DEFAULT_MAX_PIXELS, DEFAULT_MAX_UPLOAD_BYTES
-from retrieval.serve.diagnostics import LeaveOneOut, leave_one_out
-from retrieval.serve.images import QueryError, decode_query
 
 from retrieval.data.decode import IMAGE_MEDIA_TYPES  # what an image file is served as (the catalogue's extensions)
 from retrieval.index import IMAGE_EXTENSIONS, Index, SearchResult, index_stats
@@ -38,6 +34,10 @@ from retrieval.index.embedder import Embedder, prepare_vectors
 from retrieval.index.live import RELOAD_INTERVAL_S, LiveIndex, Snapshot
 from retrieval.index.search import check_k
 from retrieval.onnx_runtime import preprocess_images
+from retrieval.serve.batcher import MicroBatcher
+from retrieval.serve.defaults import DEFAULT_MAX_PIXELS, DEFAULT_MAX_UPLOAD_BYTES
+from retrieval.serve.diagnostics import LeaveOneOut, leave_one_out
+from retrieval.serve.images import QueryError, decode_query
 
 
 def image_url(image_id: int) -> str:

@@ -14,6 +14,10 @@ from typing import Any
 
 import gradio as gr
 from PIL import Image
+
+from retrieval.analysis.results import RESULTS_COMMAND, table_markdown
+from retrieval.data import open_image
+from retrieval.data.emoji import emoji_name, is_code_point_sequence
 from retrieval.serve.defaults import API_DOCS_PATH
 from retrieval.serve.diagnostics import duplicates
 from retrieval.serve.images import QueryError, decode_base64
@@ -31,10 +35,6 @@ from retrieval.serve.reports import (
 )
 from retrieval.serve.service import SearchService
 from retrieval.serve.upload_cache import UploadRecords
-
-from retrieval.analysis.results import RESULTS_COMMAND, table_markdown
-from retrieval.data import open_image
-from retrieval.data.emoji import emoji_name, is_code_point_sequence
 
 THUMBNAIL = 256
 MAX_SLIDER_K = 100  # the K slider's top: the app shows at most this many results (the API allows MAX_K)

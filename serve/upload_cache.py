@@ -34,13 +34,13 @@ from gradio import processing_utils
 from gradio.context import LocalContext
 from gradio.exceptions import InvalidPathError
 from gradio_client.utils import is_file_obj_with_meta
-from retrieval.serve.defaults import GRADIO_JSON_BODY_LIMIT
-from retrieval.serve.images import QueryError
-from retrieval.serve.security import ConfigError
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from retrieval.data.decode import ImageDecodeError, open_regular_file
+from retrieval.serve.defaults import GRADIO_JSON_BODY_LIMIT
+from retrieval.serve.images import QueryError
+from retrieval.serve.security import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -26,6 +26,7 @@ def service(artifacts):
 @pytest.fixture(scope="module")
 def client(service):
     from fastapi.testclient import TestClient
+
     from retrieval.serve.api import create_api
 
     with TestClient(create_api(service)) as c:

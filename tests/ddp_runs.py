@@ -12,6 +12,7 @@ import json
 import sys
 
 import torch.distributed as dist
+
 from retrieval.train import TrainConfig, train
 
 if __name__ == "__main__":

@@ -56,8 +56,8 @@ def write_gallery(root: Path) -> tuple[Path, list[Path], list[str]]:
 
 def export_model(path: Path, image_size: int = IMAGE_SIZE) -> Path:
     import torch
-    from retrieval.export import export_embedder
 
+    from retrieval.export import export_embedder
     from retrieval.models import create_embedder
 
     torch.manual_seed(0)  # the random head: the same model (and model_hash) on every run
@@ -69,12 +69,11 @@ def export_model(path: Path, image_size: int = IMAGE_SIZE) -> Path:
 
 def write_run_report(run_dir: Path, index_dir: Path) -> Path:
     """A training report over the index's own embeddings, through the real report writer (plots included)."""
-    from retrieval.train.report import write_report
-
     from retrieval.index.catalogue import Catalogue
     from retrieval.index.shards import ShardStore
     from retrieval.index.vectors import done_chunks
     from retrieval.metrics import evaluate
+    from retrieval.train.report import write_report
 
     run_dir.mkdir(parents=True, exist_ok=True)
     with Catalogue(index_dir / "catalogue.sqlite") as catalogue:

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from retrieval.cli.analyze import analyze_group, class_balanced_indices
 
 from retrieval import losses
 from retrieval.analysis.plots import plot_pair_weights, plot_triplet_diagram
 from retrieval.analysis.triplet_diagram import triplet_diagram
+from retrieval.cli.analyze import analyze_group, class_balanced_indices
 from retrieval.losses.weights import pair_weights
 
 

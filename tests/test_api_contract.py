@@ -18,14 +18,14 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
-from retrieval.serve.api import create_api
-from retrieval.serve.server import ServerConfig, build_app
-from retrieval.serve.service import SearchService
 from serve_fixtures import BackgroundServer, png_bytes
 
 from retrieval.index import Index
 from retrieval.index.shards import ShardStore
 from retrieval.index.vectors import done_chunks
+from retrieval.serve.api import create_api
+from retrieval.serve.server import ServerConfig, build_app
+from retrieval.serve.service import SearchService
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -282,6 +282,7 @@ def test_exclude_self_drops_the_gallery_item_with_the_query_bytes(artifacts, ser
 def test_the_app_identifies_a_gallery_query_the_same_way(artifacts, service, client, tmp_path):
     """SearchTab.search and the API share SearchService's rule: same bytes, same item, left out of its results."""
     import gradio as gr
+
     from retrieval.serve.ui import ExampleSet, SearchTab
     from retrieval.serve.upload_cache import UploadRecords
 

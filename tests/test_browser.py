@@ -20,14 +20,14 @@ import shutil
 from pathlib import Path
 
 import pytest
-from retrieval.serve.defaults import DEFAULT_MAX_PIXELS, DEFAULT_MAX_UPLOAD_BYTES, DEFAULT_RESULTS
-from retrieval.serve.images import QueryError, decode_query
-from retrieval.serve.server import ServerConfig, build_app
 from serve_fixtures import BackgroundServer, ServeArtifacts, png_bytes, shared_artifacts
 from test_index_support import bomb_png
 
 from retrieval.analysis.results import RESULTS_FORMAT
 from retrieval.data.emoji import emoji_name, is_code_point_sequence
+from retrieval.serve.defaults import DEFAULT_MAX_PIXELS, DEFAULT_MAX_UPLOAD_BYTES, DEFAULT_RESULTS
+from retrieval.serve.images import QueryError, decode_query
+from retrieval.serve.server import ServerConfig, build_app
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = [

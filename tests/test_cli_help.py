@@ -8,13 +8,13 @@ import sys
 
 import pytest
 from click.testing import CliRunner
-from retrieval.cli.main import main
-from retrieval.serve.defaults import DEFAULT_HOST, DEFAULT_PORT
 
+from retrieval.cli.main import main
 from retrieval.data import DATASETS
 from retrieval.data.decode import DEFAULT_MAX_PIXELS, IMAGE_EXTENSIONS
 from retrieval.loss_registry import LOSSES, NEGATIVES
 from retrieval.models.backbones import BACKBONES
+from retrieval.serve.defaults import DEFAULT_HOST, DEFAULT_PORT
 from retrieval.workers import DEFAULT_WORKERS_TEXT
 
 

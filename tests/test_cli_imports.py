@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner
+
 from retrieval.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from click.testing import CliRunner
-from retrieval.cli.data import data_group
 
+from retrieval.cli.data import data_group
 from retrieval.data import load_dataset
 
 

@@ -12,8 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-import retrieval.cli.demo as demo
 import torch
+
+import retrieval.cli.demo as demo
 from retrieval.train.config import TrainConfig
 
 

@@ -20,10 +20,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from serve_fixtures import BackgroundServer, free_port, png_bytes, shared_artifacts
+
 from retrieval.serve.api import FORM_SLACK
 from retrieval.serve.defaults import DEFAULT_MAX_UPLOAD_BYTES
 from retrieval.serve.server import ServerConfig, build_app, connection_limit
-from serve_fixtures import BackgroundServer, free_port, png_bytes, shared_artifacts
 
 # deploy/ is not an installed package: load the launcher from the checkout, as `python -m deploy.nginx_local` does
 _spec = importlib.util.spec_from_file_location(

@@ -5,17 +5,17 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-import retrieval.export.onnx_export as onnx_export
 import torch
 from click.testing import CliRunner
 from onnx import numpy_helper
 from PIL import Image
-from retrieval.cli.export import export_command
-from retrieval.export import ExportVerificationError, OnnxEmbedder, export_embedder, sample_images, verify_export
 from torch import nn
 
+import retrieval.export.onnx_export as onnx_export
 from retrieval import onnx_runtime
+from retrieval.cli.export import export_command
 from retrieval.data import open_image, preprocess_eval
+from retrieval.export import ExportVerificationError, OnnxEmbedder, export_embedder, sample_images, verify_export
 from retrieval.models import CHECKPOINT_FORMAT, config_hash, create_embedder
 from retrieval.onnx_runtime import embedder_model_hash, onnx_model_hash, preprocess_images, resolve_providers
 

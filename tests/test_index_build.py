@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from retrieval.cli.index import index_group, search_command
 from test_index_support import PAUSE_ENV, PAUSED, FakeEmbedder, bomb_png, jpeg_bytes, png_bytes, write_digits
 
+from retrieval.cli.index import index_group, search_command
 from retrieval.index import (
     AutoPolicy,
     Catalogue,

@@ -16,12 +16,12 @@ import faiss
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from retrieval.cli.index import index_group, search_command
-from retrieval.cli.main import main
 from test_index_build import QUICK, _run_cli, assert_each_indexed_once, copy_gallery
 from test_index_support import PAUSE_ENV, PAUSED, FakeEmbedder, write_digits
 
 import retrieval.index.writer as writer
+from retrieval.cli.index import index_group, search_command
+from retrieval.cli.main import main
 from retrieval.index import (
     Catalogue,
     Index,

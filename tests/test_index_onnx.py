@@ -7,16 +7,15 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
-from retrieval.cli.index import index_group, search_command
 from test_index_support import FakeEmbedder, write_digits
 
+from retrieval.cli.index import index_group, search_command
 from retrieval.index import Index, ModelMismatchError, load_model
 
 
 @pytest.fixture(scope="module")
 def onnx_model(tmp_path_factory):
     from retrieval.export import export_embedder
-
     from retrieval.models import create_embedder
 
     root = tmp_path_factory.mktemp("onnx")

@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 import ray
 from click.testing import CliRunner
-from retrieval.cli.index import index_group
 from test_index_build import assert_each_indexed_once
 from test_index_faiss import clustered_unit_vectors, write_vector_index
 from test_index_support import SIZE, bomb_png, jpeg_bytes, png_bytes, write_digits, write_projection_onnx
 
+from retrieval.cli.index import index_group
 from retrieval.index import Catalogue, Index, IngestOptions, build_index, faiss_ops, index_stats, load_model
 from retrieval.index.engine import RayOptions
 from retrieval.index.faiss_build import build_faiss

@@ -142,9 +142,8 @@ def run_cli_with_fake(args: list[str]) -> None:
     point named by ``PAUSE_ENV``, if any)."""
     import os
 
-    from retrieval.cli.index import index_group
-
     import retrieval.index.writer as writer
+    from retrieval.cli.index import index_group
 
     writer.load_model = lambda path, providers="auto": FakeEmbedder()
     if os.environ.get(PAUSE_ENV):

@@ -195,8 +195,8 @@ def test_pairs_come_from_labels_not_positions():
 def test_losses_listing_prints_equation_defaults_and_readings():
     """`retrieval losses` reads each loss class's own equation, signature defaults and readings (issue 17)."""
     from click.testing import CliRunner
-    from retrieval.cli.main import main
 
+    from retrieval.cli.main import main
     from retrieval.losses import describe
 
     for name in PAIR_LOSSES + ["dcdl"]:

@@ -64,8 +64,8 @@ def metadata_of(path) -> dict[str, str]:
 
 def test_model_hash_comes_from_the_weights_not_the_metadata(model_path, tmp_path):
     import torch
-    from retrieval.export import export_embedder
 
+    from retrieval.export import export_embedder
     from retrieval.models import create_embedder
 
     torch.manual_seed(1)  # another random head: a different model

@@ -8,8 +8,8 @@ import shlex
 from pathlib import Path
 
 import pytest
-import retrieval.train.grid as grid_runner
 
+import retrieval.train.grid as grid_runner
 from retrieval.analysis.grid import TABLES as GRID_TABLES
 from retrieval.analysis.grid import DatasetSpec, Method, Table
 from retrieval.analysis.grid_discussion import discuss_pairs
@@ -101,6 +101,7 @@ def test_finished_cells_are_skipped_and_interrupted_ones_resume(grid, monkeypatc
 
 def test_cell_command_reproduces_its_configuration(tmp_path):
     from click.testing import CliRunner
+
     from retrieval.cli.main import main
 
     captured = {}
@@ -231,6 +232,7 @@ def test_results_command_runs_the_grid_with_its_options(tmp_path, monkeypatch):
     """`retrieval results run|report` (formerly `python benchmarks/quality.py`): the options reach the runner, and
     the documents name the command that re-runs them."""
     from click.testing import CliRunner
+
     from retrieval.cli.main import main
 
     calls = []

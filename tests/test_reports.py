@@ -3,9 +3,9 @@
 import json
 
 import numpy as np
-from retrieval.serve.reports import load_report
 
 from retrieval.reports import REPORT_FORMAT, evaluate_report, save_report, train_report
+from retrieval.serve.reports import load_report
 
 
 def test_train_and_evaluate_reports_round_trip_through_the_reader(tmp_path):

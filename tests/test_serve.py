@@ -12,16 +12,16 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 from PIL import Image
-from retrieval.serve.api import create_api
-from retrieval.serve.batcher import MicroBatcher
-from retrieval.serve.images import QueryError
-from retrieval.serve.server import ServerConfig, build_app
-from retrieval.serve.service import SearchResponse
 from serve_fixtures import BackgroundServer, png_bytes
 from test_index_support import bomb_png
 
 from retrieval.index import Index
 from retrieval.onnx_runtime import OnnxEmbedder
+from retrieval.serve.api import create_api
+from retrieval.serve.batcher import MicroBatcher
+from retrieval.serve.images import QueryError
+from retrieval.serve.server import ServerConfig, build_app
+from retrieval.serve.service import SearchResponse
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -402,6 +402,7 @@ def test_load_16_clients_no_errors(artifacts, live_server):
 
 def test_cli_refuses_missing_index_with_the_build_command(tmp_path):
     from click.testing import CliRunner
+
     from retrieval.cli.serve import serve_command
 
     result = CliRunner().invoke(serve_command, ["--index", str(tmp_path / "nope")])

@@ -23,12 +23,12 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
-from retrieval.serve.api import create_api
-from retrieval.serve.server import ServerConfig, build_app
-from retrieval.serve.service import SearchService
 from serve_fixtures import BackgroundServer, png_bytes
 
 from retrieval.index import remove_images
+from retrieval.serve.api import create_api
+from retrieval.serve.server import ServerConfig, build_app
+from retrieval.serve.service import SearchService
 
 pytestmark = pytest.mark.timeout(240)
 

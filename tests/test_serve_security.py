@@ -17,11 +17,12 @@ from click.testing import CliRunner
 from gradio import processing_utils
 from gradio.context import LocalContext
 from gradio.exceptions import InvalidPathError
+from serve_fixtures import BackgroundServer, png_bytes, shared_artifacts
+
 from retrieval.cli.serve import serve_command
 from retrieval.serve.security import ExposureError
 from retrieval.serve.server import ServerConfig, build_app
 from retrieval.serve.upload_cache import prune_folder
-from serve_fixtures import BackgroundServer, png_bytes, shared_artifacts
 
 pytestmark = pytest.mark.timeout(300)
 

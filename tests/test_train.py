@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
-from retrieval.cli.main import main
-from retrieval.train import TrainConfig, TrainingDiverged, train
 
+from retrieval.cli.main import main
 from retrieval.models import load_embedder
+from retrieval.train import TrainConfig, TrainingDiverged, train
 
 
 @pytest.fixture(scope="module")
@@ -191,7 +191,6 @@ def test_cli_train_with_config_file_and_evaluate(tmp_path, feature_cache):
 def test_background_is_recorded_with_the_model_and_travels_to_onnx(tmp_path, feature_cache):
     """--background is a model setting like mean/std: checkpoint, ONNX metadata, and the index's preprocessing."""
     from retrieval.export import export_checkpoint
-
     from retrieval.onnx_runtime import OnnxEmbedder
 
     train(digits_config(tmp_path / "run", feature_cache, epochs=1, background="#102030"), progress=False)

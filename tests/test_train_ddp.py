@@ -20,8 +20,9 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from retrieval.train import TrainConfig, train
 from train_paused import PAUSED
+
+from retrieval.train import TrainConfig, train
 
 REPO = Path(__file__).resolve().parents[1]
 # (name, loss, loss_kwargs, negatives, aux_ce): every loss family and both hard-negative methods, plus the

@@ -16,10 +16,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 from PIL import Image
-from retrieval.cli.main import main
-from retrieval.train import TrainConfig, train
 
+from retrieval.cli.main import main
 from retrieval.data import ClassBalancedBatchSampler
+from retrieval.train import TrainConfig, train
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = ("a", "b", "c", "d")

@@ -11,17 +11,17 @@ import gradio as gr
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from serve_fixtures import png_bytes, shared_artifacts
+from test_index_support import bomb_png
+
+from retrieval.data.emoji import emoji_name, is_code_point_sequence
+from retrieval.index.catalogue import CatalogueReader
 from retrieval.serve.api import create_api
 from retrieval.serve.diagnostics import duplicates
 from retrieval.serve.reports import load_report, percent
 from retrieval.serve.service import SearchService
 from retrieval.serve.ui import EvaluationTab, ExampleSet, GalleryFacts, SearchTab
 from retrieval.serve.upload_cache import UploadRecords
-from serve_fixtures import png_bytes, shared_artifacts
-from test_index_support import bomb_png
-
-from retrieval.data.emoji import emoji_name, is_code_point_sequence
-from retrieval.index.catalogue import CatalogueReader
 
 pytestmark = pytest.mark.timeout(300)
 MAX_UPLOAD = 200_000
@@ -216,9 +216,8 @@ def test_duplicates_are_listed_with_their_twins(artifacts, tmp_path):
 def test_no_server_path_reaches_the_page_or_the_stats(artifacts, tmp_path):
     """The opening lines, the Index tab and GET /stats name the gallery, the index and the model by file name and
     bad files relative to the gallery: a visitor learns no folder of the server (issue 12's threat model)."""
-    from retrieval.serve.ui import IndexTab
-
     from retrieval.index import IngestOptions, build_index
+    from retrieval.serve.ui import IndexTab
 
     gallery = tmp_path / "secret-folder" / "gallery"
     for i, source in enumerate(artifacts.query_paths[:3]):

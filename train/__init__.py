@@ -4,9 +4,8 @@
 every command and imports torch only when it trains.
 """
 
-from retrieval.train.config import TrainConfig
-
 from retrieval.lazy import lazy_exports
+from retrieval.train.config import TrainConfig
 
 # public name -> the submodule that defines it (torch)
 _SOURCES = {"trainer": ("TrainingDiverged", "train")}

@@ -18,7 +18,6 @@ from typing import Protocol
 
 import numpy as np
 import torch
-from retrieval.train.config import TrainConfig
 from torch import nn
 from torch.utils.data import Dataset
 
@@ -29,6 +28,7 @@ from retrieval.evaluation import EvalSets, embed_eval_sets
 from retrieval.inference import Embedded, embed_samples, make_loader
 from retrieval.io import atomic_write
 from retrieval.models import Embedder
+from retrieval.train.config import TrainConfig
 
 Batch = tuple[torch.Tensor, torch.Tensor, int]  # (inputs, labels, images of the batch that could not be read)
 EvalEmbeddings = tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]

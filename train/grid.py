@@ -23,12 +23,12 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
-from retrieval.train.config import TrainConfig
 from tqdm.auto import tqdm
 
 from retrieval.analysis.grid import COMMON, RETRIEVAL_COLUMNS, TABLE_IDS, TABLES, DatasetSpec, Method, Table
 from retrieval.analysis.grid_discussion import DISCUSSIONS, curves, discuss_floor
 from retrieval.analysis.results import RESULTS_FORMAT, plot_curves, results_markdown, summarize
+from retrieval.train.config import TrainConfig
 
 
 # --- one run -------------------------------------------------------------------------------------------------------
@@ -111,9 +111,8 @@ def execute(run: Run, feature_cache: str | None) -> dict[str, Any]:
 
 def floor_metrics(dataset: DatasetSpec, runs: Path, feature_cache: str | None) -> dict[str, float]:
     """The pretrained backbone's own L2-normalised features, no head: what training has to beat."""
-    from retrieval.train.trainer import Trainer
-
     from retrieval.evaluation import evaluate_embeddings
+    from retrieval.train.trainer import Trainer
 
     path = runs / dataset.key / "floor" / "metrics.json"
     cfg = TrainConfig(**{**COMMON, **dataset.overrides, "out": str(path.parent), "feature_cache": feature_cache})

@@ -8,8 +8,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from retrieval.train.distributed import DataParallelStep
-from retrieval.train.features import FeatureSource
 from torch import nn
 from torch.utils.data import Dataset
 
@@ -17,6 +15,8 @@ from retrieval.data import ClassBalancedBatchSampler
 from retrieval.distributed import GlobalBatchObjective
 from retrieval.evaluation import EvalSets
 from retrieval.models import Embedder
+from retrieval.train.distributed import DataParallelStep
+from retrieval.train.features import FeatureSource
 
 
 @dataclass

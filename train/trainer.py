@@ -13,18 +13,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from retrieval.train.config import TrainConfig
-from retrieval.train.distributed import DataParallelStep, gpu_options, init_distributed, restarted
-from retrieval.train.features import Embedding, FeatureSource, feature_source_class
-from retrieval.train.report import write_report
-from retrieval.train.state import (
-    EpochProgress,
-    RunRecord,
-    TrainData,
-    TrainParts,
-    restore_rng_states,
-    rng_states,
-)
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -51,6 +39,18 @@ from retrieval.models import (
     config_hash,
     create_embedder,
     load_checkpoint,
+)
+from retrieval.train.config import TrainConfig
+from retrieval.train.distributed import DataParallelStep, gpu_options, init_distributed, restarted
+from retrieval.train.features import Embedding, FeatureSource, feature_source_class
+from retrieval.train.report import write_report
+from retrieval.train.state import (
+    EpochProgress,
+    RunRecord,
+    TrainData,
+    TrainParts,
+    restore_rng_states,
+    rng_states,
 )
 
 BAD_IMAGE_FIX = "fix or remove the file, or pass --on-bad-image skip to train without it"
