@@ -46,7 +46,7 @@ from typing import BinaryIO
 import numpy as np
 from PIL import Image, ImageCms, ImageColor, UnidentifiedImageError
 
-from retrieval.data.tiff_tags import TagDataError, is_tiff, tag_data_bytes
+from retrieval.data.tiff_tags import TagDataError, is_tiff, tag_memory_bytes
 
 # A 40-megapixel RGBA image decodes into 160 MB; what a decode holds beside the image is estimated below.
 DEFAULT_MAX_PIXELS = 40_000_000
@@ -95,9 +95,11 @@ IMAGE_EXTENSIONS = frozenset(IMAGE_MEDIA_TYPES)
 # (ASCII) PNM, and binary PNM whose maxval is not 255 (nor 65535 for greyscale). Refused, with the fix.
 SLOW_DECODERS = ("ppm_plain", "ppm")
 MAX_COUNTED_PAGES = 16  # a TIFF's pages are counted up to this: each costs a parse (a file may hold 100,000)
-# Pillow holds a TIFF page's tag data once when it opens the file, once more when it reads the EXIF (the first
-# page again) and once for the page it counts, all before any pixel: ``tiff_tags.tag_data_bytes`` walks them first
-TIFF_TAG_COPIES = 3
+# What Pillow holds for a TIFF's tags (``tiff_tags.tag_memory_bytes``: its pages' tag data and unpacked numbers,
+# walked before Pillow reads them) counts this many times: the first page is read again for its EXIF
+TIFF_TAG_COPIES = 2
+# an EXIF block (JPEG, PNG, WebP) whose tags would cost more than this is not read: the image stays as stored
+MAX_EXIF_BYTES = 16 * MIB
 # Pillow reads a PNM header (magic, size, maxval, comments) a byte at a time: one that does not end within this
 # is refused before Pillow sees it (a 10 MB comment takes seconds)
 MAX_PNM_HEADER_BYTES = 4096
@@ -292,16 +294,16 @@ def _check_before_opening(handle: BinaryIO, start: int) -> int:
         return handle.read(count)
 
     try:
-        tag_bytes = tag_data_bytes(read_at, size, MAX_COUNTED_PAGES)
+        tag_bytes = tag_memory_bytes(read_at, size, MAX_COUNTED_PAGES)
     except TagDataError as exc:
         raise ImageDecodeError("unreadable", f"a TIFF page that cannot be used: {exc}; the file is damaged") from exc
     finally:
         handle.seek(start)
     if TIFF_TAG_COPIES * tag_bytes > MAX_DECODE_BYTES:
         raise ImageDecodeError(
-            "too_large", f"a TIFF page holds {tag_bytes / MIB:.0f} MB of tag data (metadata such as layers or "
-            f"previews), which the decoder copies {TIFF_TAG_COPIES} times, over the {MAX_DECODE_BYTES / MIB:.0f} MB "
-            "one decode may use; save the image without its extra metadata",
+            "too_large", f"a TIFF whose tags (metadata, strip and tile lists) would hold about "
+            f"{TIFF_TAG_COPIES * tag_bytes / MIB:.0f} MB before any pixel, over the {MAX_DECODE_BYTES / MIB:.0f} MB "
+            "one decode may use; save the image without its extra metadata, in fewer strips or pages",
         )
     return tag_bytes
 
@@ -657,7 +659,8 @@ def _orientation(image: Image.Image) -> int:
 
 def _exif_tags_fit(image: Image.Image) -> bool:
     """Whether the EXIF block Pillow would parse refers to no more tag data than it holds (its tags may overlap:
-    a small block could ask for gigabytes). A TIFF's own pages were checked before it was opened."""
+    a small block could ask for gigabytes) and costs at most ``MAX_EXIF_BYTES`` once its numbers are unpacked.
+    A TIFF's own pages were checked before it was opened."""
     if image.format == "TIFF":
         return True
     exif = image.info.get("exif")
@@ -670,10 +673,9 @@ def _exif_tags_fit(image: Image.Image) -> bool:
         return True
     data = exif[6:] if exif.startswith(b"Exif\0\0") else exif
     try:
-        tag_data_bytes(lambda offset, count: data[offset:offset + count], len(data), 1)
+        return tag_memory_bytes(lambda offset, count: data[offset:offset + count], len(data), 1) <= MAX_EXIF_BYTES
     except TagDataError:
         return False
-    return True
 
 
 # --- transparency ------------------------------------------------------------------------------------
