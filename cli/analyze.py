@@ -9,6 +9,8 @@ from typing import Any
 import click
 import numpy as np
 
+from retrieval.cli.options import apply_options
+
 CHECKPOINT_HELP = "embed images of --dataset with this checkpoint (default: a synthetic random batch)."
 
 
@@ -63,9 +65,7 @@ def checkpoint_options(func):
             help="data-loader processes for --checkpoint (0: load in this process, best for small sets).",
         ),
     ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+    return apply_options(func, options)
 
 
 def synthetic_batch(classes: int, per_class: int, dim: int, spread: float, seed: int):

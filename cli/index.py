@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from retrieval.cli.help_text import default_max_pixels, image_extensions, lazy_help_option
+from retrieval.cli.options import apply_options
 from retrieval.workers import DEFAULT_WORKERS_TEXT
 
 
@@ -72,9 +73,7 @@ def ingest_options(func):
             "--gpu", is_flag=True, help="train/search faiss on the GPU (needs faiss-gpu and a GPU)."
         ),
     ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+    return apply_options(func, options)
 
 
 def engine_options(func):
@@ -111,9 +110,7 @@ def engine_options(func):
         return func(*args, **kwargs)
 
     wrapper = functools.update_wrapper(wrapper, func)
-    for option in reversed(options):
-        wrapper = option(wrapper)
-    return wrapper
+    return apply_options(wrapper, options)
 
 
 @click.group("index")

@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from retrieval.cli.help_text import backbone_names, dataset_names, lazy_help_option, loss_names, negatives_names
+from retrieval.cli.options import apply_options
 from retrieval.serve.defaults import DEFAULT_HOST, DEFAULT_PORT
 from retrieval.train.config import TrainConfig
 
@@ -153,9 +154,7 @@ TRAIN_OPTIONS = [
 
 
 def train_options(func):
-    for option in reversed(TRAIN_OPTIONS):
-        func = option(func)
-    return func
+    return apply_options(func, TRAIN_OPTIONS)
 
 
 def config_from_options(config_file: str | None, dataset_params: tuple[str, ...], loss_params: tuple[str, ...],

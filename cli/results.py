@@ -18,6 +18,7 @@ from pathlib import Path
 import click
 
 from retrieval.analysis.results import RESULTS_COMMAND
+from retrieval.cli.options import apply_options
 from retrieval.serve.defaults import DEFAULT_RESULTS, DEMO_DIR
 
 DEFAULT_RUNS = Path("artifacts/quality")
@@ -57,9 +58,7 @@ GRID_OPTIONS = [
 
 
 def grid_options(func):
-    for option in reversed(GRID_OPTIONS):
-        func = option(func)
-    return func
+    return apply_options(func, GRID_OPTIONS)
 
 
 @click.group("results")
