@@ -46,7 +46,7 @@ from typing import BinaryIO
 import numpy as np
 from PIL import Image, ImageCms, ImageColor, UnidentifiedImageError
 
-from retrieval.data.tiff_tags import TagDataError, is_tiff, tag_memory_bytes
+from retrieval.data.tiff_tags import TagDataError, header, is_tiff, tag_memory_bytes
 
 # A 40-megapixel RGBA image decodes into 160 MB; what a decode holds beside the image is estimated below.
 DEFAULT_MAX_PIXELS = 40_000_000
@@ -91,9 +91,9 @@ ACCEPTED_FORMATS_TEXT = ", ".join({"WEBP": "WebP", "PPM": "binary PNM"}.get(name
                                   for name in ACCEPTED_FORMATS)
 IMAGE_MEDIA_TYPES = {extension: media for types in IMAGE_FORMATS.values() for extension, media in types.items()}
 IMAGE_EXTENSIONS = frozenset(IMAGE_MEDIA_TYPES)
-# Pillow decoders written in Python, about 3 s a megapixel (minutes for an image under the pixel limit): plain
-# (ASCII) PNM, and binary PNM whose maxval is not 255 (nor 65535 for greyscale). Refused, with the fix.
-SLOW_DECODERS = ("ppm_plain", "ppm")
+# Pillow decoders written in Python, about 3 s a megapixel (minutes for an image under the pixel limit): binary
+# PNM whose maxval is not 255 (nor 65535 for greyscale). Refused, with the fix (plain PNM never reaches Pillow).
+SLOW_DECODERS = ("ppm",)
 MAX_COUNTED_PAGES = 16  # a TIFF's pages are counted up to this: each costs a parse (a file may hold 100,000)
 # What Pillow holds for a TIFF's tags (``tiff_tags.tag_memory_bytes``: its pages' tag data and unpacked numbers,
 # walked before Pillow reads them) counts this many times: the first page is read again for its EXIF
@@ -334,11 +334,10 @@ def _check_pnm_header(head: bytes) -> None:
 def _unopened_tiff(handle: BinaryIO, start: int) -> ImageDecodeError | None:
     """Why a file with a TIFF (or BigTIFF) signature did not open, or None when it has none."""
     handle.seek(start)
-    head = handle.read(16)
-    big = head[:4] in (b"II+\0", b"MM\0+")
-    if not big and head[:4] not in (b"II*\0", b"MM\0*"):
+    try:
+        _, _, first_page = header(handle.read(16))
+    except TagDataError:
         return None
-    first_page = int.from_bytes(head[8:16] if big else head[4:8], "little" if head[:2] == b"II" else "big")
     size = handle.seek(0, os.SEEK_END) - start
     if first_page >= size:  # writers often put the page's tags after its pixels, at the very end
         return ImageDecodeError("truncated", "a TIFF cut short before its first page's tags; the file is truncated")
@@ -367,7 +366,7 @@ def _plan(image: Image.Image, handle: BinaryIO, start: int, max_pixels: int, hel
     if any(tile.codec_name in SLOW_DECODERS for tile in image.tile):
         raise ImageDecodeError(
             "unreadable",
-            "this PNM variant (plain text, or a maxval other than 255, or 65535 for greyscale) is decoded by Pillow "
+            "a PNM with a maxval other than 255 (or 65535 for greyscale) is decoded by Pillow "
             "in Python, minutes for a large image; convert it to binary PNM with 8-bit samples (P4, P5, P6) or PNG",
         )
     frames = _count_frames(image)

@@ -29,6 +29,16 @@ def is_tiff(head: bytes) -> bool:
     return head[:4] in CLASSIC or head[:4] in BIG
 
 
+def header(head: bytes) -> tuple[str, bool, int]:
+    """(byte order, BigTIFF?, offset of the first directory) of a structure that starts with ``head`` (16 bytes);
+    ``TagDataError`` when it has no TIFF signature."""
+    big = head[:4] in BIG
+    order = BIG.get(head[:4]) or CLASSIC.get(head[:4])
+    if order is None:
+        raise TagDataError("not a TIFF structure")
+    return order, big, int.from_bytes(head[8:16] if big else head[4:8], order)
+
+
 def tag_memory_bytes(read_at: Callable[[int, int], bytes], size: int, max_directories: int) -> int:
     """What Pillow holds for the tags of the first ``max_directories`` directories, read one after the other (the
     sum: each is read, and its numbers unpacked, as pages are counted): bytes kept as they are, numbers at
@@ -38,18 +48,13 @@ def tag_memory_bytes(read_at: Callable[[int, int], bytes], size: int, max_direct
     Raises ``TagDataError`` when one directory's tags refer to more bytes than the structure holds (they overlap: a
     real file never needs that) or it claims more than ``MAX_ENTRIES`` entries.
     """
-    head = read_at(0, 16)
-    big = head[:4] in BIG
-    order = BIG.get(head[:4]) or CLASSIC.get(head[:4])
-    if order is None:
-        raise TagDataError("not a TIFF structure")
+    order, big, offset = header(read_at(0, 16))
 
     def number(raw: bytes) -> int:
         return int.from_bytes(raw, order)
 
     # the count field is as wide as the inline value field: 4 bytes in a classic TIFF, 8 in a BigTIFF
     count_bytes, entry_bytes, inline_bytes = (8, 20, 8) if big else (2, 12, 4)
-    offset = number(head[8:16] if big else head[4:8])
     seen: set[int] = set()
     memory = 0
     while offset and offset < size and offset not in seen and len(seen) < max_directories:
