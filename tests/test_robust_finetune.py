@@ -15,11 +15,6 @@ from retrieval.models.weight_space import interpolate_weights
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-def small_model(seed: int = 0) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.LazyLinear(5)).eval()
-
-
 def mlp(seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 3))
@@ -77,11 +72,11 @@ def test_interpolation_keep_finetuned_and_dtype_of_finetuned():
     start, fine = two_states()
     start["3.weight"] = torch.zeros(2, 6)  # another head size: its start value is irrelevant when kept
     del start["3.bias"]
-    fine_half = {k: (v.to(torch.float64) if torch.is_floating_point(v) else v) for k, v in fine.items()}
-    out = interpolate_weights(start, fine_half, 0.5, keep_finetuned=lambda key: key.startswith("3."))
-    assert torch.equal(out["3.weight"], fine_half["3.weight"]) and torch.equal(out["3.bias"], fine_half["3.bias"])
+    fine64 = {k: (v.to(torch.float64) if torch.is_floating_point(v) else v) for k, v in fine.items()}
+    out = interpolate_weights(start, fine64, 0.5, keep_finetuned=lambda key: key.startswith("3."))
+    assert torch.equal(out["3.weight"], fine64["3.weight"]) and torch.equal(out["3.bias"], fine64["3.bias"])
     assert out["0.weight"].dtype == torch.float64
-    torch.testing.assert_close(out["0.weight"], 0.5 * start["0.weight"].double() + 0.5 * fine_half["0.weight"])
+    torch.testing.assert_close(out["0.weight"], 0.5 * start["0.weight"].double() + 0.5 * fine64["0.weight"])
 
 
 def test_interpolation_refuses_bad_inputs():
@@ -157,11 +152,8 @@ def test_l2sp_anchor_is_a_copy_and_survives_state_dict_round_trip():
     assert resumed().item() == drifted
 
 
-def test_l2sp_gradcheck_and_refusals():
-    p = nn.Parameter(torch.randn(3, 2, dtype=torch.float64))
-    penalty = L2SPPenalty([("w", p)], weight=2.0)
-    assert torch.autograd.gradcheck(lambda w: 0.5 * 2.0 * ((w - penalty.anchor__w.double()) ** 2).sum(),
-                                    (p.detach().clone().requires_grad_(),))
+def test_l2sp_refusals_and_degenerate_inputs():
+    p = nn.Parameter(torch.randn(3, 2))
     with pytest.raises(ValueError):
         L2SPPenalty([("a.b", p), ("a__b", p)], weight=1.0)
     with pytest.raises(ValueError):

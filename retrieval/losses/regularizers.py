@@ -35,7 +35,8 @@ class L2SPPenalty(nn.Module):
     anchor the head here.
 
     ``forward()`` returns a float32 scalar on the parameters' device (0 for no parameters); its gradient with
-    respect to w is alpha * (w - w0).
+    respect to w is alpha * (w - w0). Keep the penalty on the model's device (``penalty.to(device)``): an anchor
+    on another device is copied over at every call.
     """
 
     def __init__(self, named_parameters: Iterable[tuple[str, nn.Parameter]], weight: float) -> None:
@@ -50,11 +51,6 @@ class L2SPPenalty(nn.Module):
                 raise ValueError(f"parameter {name!r} is given twice or collides with another name's anchor")
             self.register_buffer(buffer_name, param.detach().to(torch.float32, copy=True))
             self._params.append((buffer_name, param))
-
-    @property
-    def names(self) -> list[str]:
-        """The anchor buffer names, in the order the parameters were given."""
-        return [name for name, _ in self._params]
 
     def forward(self) -> torch.Tensor:
         """alpha/2 * sum over anchored parameters of ||w - w0||^2, a float32 scalar."""
