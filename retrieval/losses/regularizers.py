@@ -32,7 +32,7 @@ class L2SPPenalty(nn.Module):
 
     The paper's second term, beta/2 * ||w_Sbar||^2 on the layers that have no pretrained value (the embedding
     head), is plain L2 shrinkage: leave it to the optimiser's weight decay on the head's param group and do not
-    anchor the head here.
+    anchor the head here (AdamW's decoupled decay is the usual stand-in, not the same update as this gradient).
 
     ``forward()`` returns a float32 scalar on the parameters' device (0 for no parameters); its gradient with
     respect to w is alpha * (w - w0). Keep the penalty on the model's device (``penalty.to(device)``): an anchor

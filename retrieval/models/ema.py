@@ -22,6 +22,8 @@ class WeightEMA:
     - ``use_buffers=True`` averages buffers too (BatchNorm running statistics; frozen ones, which never change,
       stay equal to the model's). Integer buffers such as num_batches_tracked are averaged and truncated, so
       they lag the model's count: nothing reads them unless BatchNorm's momentum is None;
+    - parameters and buffers are paired by position (``zip`` without strict): update with the same architecture
+      the EMA was built from (the unwrapped model under DDP, ``ddp.module``);
     - the float update is ``torch._foreach_lerp_(ema, w, 1 - decay)``: equal to the formula above up to rounding.
 
     ``module`` is the averaged model (its parameters do not require grad; put it in eval mode to evaluate).
