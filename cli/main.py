@@ -109,6 +109,22 @@ TRAIN_OPTIONS = [
                  help="loss hyperparameter, e.g. margin=0.2 (repeatable)."),
     lazy_help_option("--negatives", help_text=lambda: f"hard-negative generation: {' | '.join(negatives_names())}."),
     click.option("--aux-ce", type=float, help="weight of an auxiliary cross-entropy head (0 = off)."),
+    # robust fine-tuning (docs/ROBUST.md)
+    click.option("--lp-epochs", type=int, metavar="N",
+                 help="LP-FT: train the head alone on the fixed pretrained backbone for N epochs, then everything."),
+    click.option("--l2sp", type=float, metavar="WEIGHT",
+                 help="L2-SP: penalty toward the starting backbone weights instead of weight decay (e.g. 0.01)."),
+    click.option("--distill", type=float, metavar="WEIGHT",
+                 help="feature distillation toward the frozen starting backbone (e.g. 1.0; 0 = off)."),
+    click.option("--layer-decay", type=float, metavar="FACTOR",
+                 help="layer-wise learning-rate decay: each backbone layer nearer the input x FACTOR (1 = off)."),
+    click.option("--ema", type=float, metavar="DECAY",
+                 help="evaluate and save an exponential moving average of the weights (e.g. 0.998; 0 = off)."),
+    click.option("--wise-alpha", metavar="ALPHA|auto",
+                 help="WiSE-FT: also write wise.pt = (1 - ALPHA) start + ALPHA fine-tuned; auto: chosen on "
+                      "--val-fraction and --eval-extra validation data."),
+    click.option("--wise-tolerance", type=float,
+                 help="--wise-alpha auto: out-of-domain Recall@1 it may lose against the start (default 0.02)."),
     click.option("--batch-size", type=int),
     click.option("--per-class", type=int, help="samples per class in a batch (N >= 2)."),
     click.option("--batches-per-epoch", type=int),
@@ -132,6 +148,13 @@ TRAIN_OPTIONS = [
     click.option("--eval-before/--no-eval-before", default=None,
                  help="evaluate the untrained model first (the report's 'before' column)."),
     click.option("--eval-limit", type=int, help="evaluate on a seeded subset of this many images."),
+    click.option("--eval-extra", multiple=True, metavar="NAME|FOLDER",
+                 help="also evaluate out of domain on this data set (NAME or NAME:SPLIT) or image folder, at every "
+                      "evaluation (repeatable), beside the pretrained backbone at its own resolution."),
+    click.option("--eval-extra-limit", type=int, help="images of each --eval-extra set (half val, half test; "
+                                                      "default 1000)."),
+    click.option("--val-fraction", type=float,
+                 help="hold this fraction of the train classes out as validation data (for --wise-alpha auto)."),
     click.option("--linear-probe/--no-linear-probe", default=None,
                  help="also report linear-probe accuracy before and after training (DCDL protocol)."),
     click.option("--feature-cache", type=click.Path(file_okay=False)),
@@ -159,7 +182,8 @@ def train_options(func):
 
 def config_from_options(config_file: str | None, dataset_params: tuple[str, ...], loss_params: tuple[str, ...],
                         **options: Any) -> TrainConfig:
-    overrides = {k: v for k, v in options.items() if v is not None}
+    # a repeatable option not given is (): the config file's list stands
+    overrides = {k: list(v) if isinstance(v, tuple) else v for k, v in options.items() if v is not None and v != ()}
     file_values = {}
     if config_file:
         from retrieval.train.config import load_config_file

@@ -15,6 +15,7 @@ Without a process group (one process) everything here is the identity.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import torch
@@ -81,12 +82,13 @@ class StepLoss:
 
     backward: torch.Tensor
     total: torch.Tensor
-    local_terms: torch.Tensor | None
+    local_terms: dict[str, torch.Tensor]  # each per-sample term's mean over the global batch, by name
 
 
 class GlobalBatchObjective(nn.Module):
     """``loss(embeddings, labels)`` over the global batch (``gather=True``) or each rank's part (``gather=False``:
-    the local-batch loss that plain DDP computes; DDP then averages the ranks' losses), plus local per-sample terms.
+    the local-batch loss that plain DDP computes; DDP then averages the ranks' losses), plus local per-sample terms
+    (an auxiliary classifier, feature distillation), each the mean over this rank's samples.
 
     ``loss`` parameters are used directly by every rank on the same global batch, so each rank's gradient for
     them is already the whole one; a hook divides the W-fold scaled gradient back so that DDP's average is exact.
@@ -102,26 +104,28 @@ class GlobalBatchObjective(nn.Module):
                 parameter.register_hook(lambda grad, w=world: grad / w)
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor,
-                local_terms: torch.Tensor | None = None) -> StepLoss:
-        """``local_terms``: the mean of this rank's per-sample terms (a scalar tensor) or None."""
+                local_terms: Mapping[str, torch.Tensor] | None = None) -> StepLoss:
+        """``local_terms``: name -> the mean of this rank's per-sample values of that term (scalar tensors)."""
         _, world = rank_and_world()
-        local = embeddings.new_zeros(()) if local_terms is None else local_terms
+        terms = dict(local_terms or {})
+        local = sum(terms.values(), embeddings.new_zeros(()))
         if world == 1:
             loss = self.loss(embeddings, labels)
             total = loss + local
-            return StepLoss(total, total.detach(), None if local_terms is None else local.detach())
+            return StepLoss(total, total.detach(), {name: value.detach() for name, value in terms.items()})
         if self.gather:
             everyone = torch.cat(all_gather_rows(labels))
             share = labels.shape[0] / everyone.shape[0]  # n_r / N: this rank's weight in the global mean
             loss = self.loss(gather_with_own_gradient(embeddings), everyone)
             backward = world * (loss + share * local)
-            parts = torch.stack([loss.detach() / world + share * local.detach(), share * local.detach()])
+            parts = torch.stack([loss.detach() / world + share * local.detach(),
+                                 *(share * value.detach() for value in terms.values())])
         else:
             loss = self.loss(embeddings, labels)
             backward = loss + local
-            parts = torch.stack([backward.detach(), local.detach()]) / world
-        dist.all_reduce(parts)  # sum over ranks: the global objective and the global mean of the local terms
-        return StepLoss(backward, parts[0], None if local_terms is None else parts[1])
+            parts = torch.stack([backward.detach(), *(value.detach() for value in terms.values())]) / world
+        dist.all_reduce(parts)  # sum over ranks: the global objective and the global mean of each local term
+        return StepLoss(backward, parts[0], dict(zip(terms, parts[1:], strict=True)))
 
 
 def embed_sharded(model: nn.Module, dataset, batch_size: int, device: torch.device, workers: int | None = None,

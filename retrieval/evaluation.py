@@ -66,6 +66,13 @@ def evaluate_embeddings(query: np.ndarray, query_labels: np.ndarray, gallery: np
     return evaluate(query, query_labels, gallery, gallery_labels, ks=ks, metrics=names)
 
 
+def leave_one_out_metrics(embeddings: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """Recall@K (K = 1, 2, 4, 8 where the set is large enough), MAP@R and R-precision, each image a query
+    against all others: the metrics of a validation or out-of-domain set, without the costly clustering."""
+    ks = tuple(k for k in (1, 2, 4, 8) if k < len(labels)) or (1,)
+    return evaluate_embeddings(embeddings, labels, ks=ks, with_clustering=False)
+
+
 def embed_eval_sets(model: nn.Module, sets: EvalSets, device: torch.device | str, batch_size: int = 128,
                     workers: int | None = None, amp: bool = False, progress: bool = True,
                     bad_images: BadImageLog | None = None):
@@ -83,3 +90,64 @@ def embed_eval_sets(model: nn.Module, sets: EvalSets, device: torch.device | str
         return q, ql, None, None
     g, gl = rows(sets.gallery, "embed gallery")
     return q, ql, g, gl
+
+
+# --- evaluation beyond the training domain (--eval-extra) -----------------------------------------------------
+EXTRA_SPLIT_SEED = 0  # every run splits an extra set the same way, so runs compare on the same images
+EXTRA_LAYOUT = "a registered data set name (NAME or NAME:SPLIT, default split test) or an image folder (folder/CLASS/*)"
+
+
+@dataclass
+class ExtraSet:
+    """An out-of-domain set: ``test`` is reported at every evaluation, ``val`` (the other images of the same
+    classes) chooses WiSE-FT's mixing weight without looking at ``test``."""
+
+    name: str
+    val: Dataset
+    test: Dataset
+
+
+def extra_set_name(spec: str) -> str:
+    """The name an extra set is reported under: the data set (and split) or the folder's name."""
+    from pathlib import Path
+
+    path = Path(spec).expanduser()
+    return path.name or str(path) if path.is_dir() else spec
+
+
+def load_extra_set(spec: str, transform, limit: int | None = None) -> ExtraSet:
+    """An ``--eval-extra`` set, split per class into alternating halves (val, test), at most ``limit`` images in all.
+
+    ``spec`` is a folder of class sub-folders, or a registered data set ``NAME`` / ``NAME:SPLIT`` (default split
+    ``test``). Classes with fewer than 4 images are left out: each half needs 2 for leave-one-out Recall@1."""
+    from pathlib import Path
+
+    from retrieval.data import load_dataset
+    from retrieval.data.catalog import DATASETS
+    from retrieval.data.dataset import ImageDataset
+    from retrieval.data.official import scan_class_folders
+
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        samples, names = scan_class_folders(path)
+        dataset = ImageDataset.from_class_names(samples, names, transform)
+    else:
+        name, _, split = spec.partition(":")
+        if name not in DATASETS.names():
+            raise ValueError(f"--eval-extra {spec!r}: no such folder and no registered data set {name!r}; give "
+                             f"{EXTRA_LAYOUT}; data sets: {', '.join(DATASETS.names())}")
+        dataset = load_dataset(name, None, split=split or "test", transform=transform)
+    labels = np.asarray(dataset.labels)
+    rng = np.random.default_rng(EXTRA_SPLIT_SEED)
+    per_class = {c: rng.permutation(np.flatnonzero(labels == c)) for c in np.unique(labels)}
+    per_class = {c: idx for c, idx in per_class.items() if len(idx) >= 4}
+    if len(per_class) < 2:
+        raise ValueError(f"--eval-extra {spec!r}: needs at least 2 classes with 4 or more images each "
+                         f"(found {len(per_class)}); give {EXTRA_LAYOUT}")
+    if limit is not None:  # the same number of images from every class, as far as the limit allows
+        keep = max(4, limit // len(per_class))
+        per_class = {c: idx[:keep] for c, idx in per_class.items()}
+    val = np.sort(np.concatenate([idx[0::2] for idx in per_class.values()]))
+    test = np.sort(np.concatenate([idx[1::2] for idx in per_class.values()]))
+    return ExtraSet(extra_set_name(spec), dataset.subset(val.tolist()), dataset.subset(test.tolist()))
+

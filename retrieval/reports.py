@@ -17,13 +17,19 @@ REPORT_KINDS = ("train", "evaluate")
 # a training run folder's checkpoints (their contents: ``retrieval.models.checkpoint``)
 LAST_CHECKPOINT = "last.pt"  # the newest, which --resume continues
 BEST_CHECKPOINT = "best.pt"  # the one of the best recall@1
+WISE_CHECKPOINT = "wise.pt"  # --wise-alpha: the WiSE-FT mix of the start and the fine-tuned weights
 
 
 def train_report(config: dict[str, Any], history: list[dict[str, Any]], baseline: dict[str, float] | None,
                  best: dict[str, Any] | None, last: dict[str, Any] | None, plots: dict[str, str],
-                 bad_images: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                 bad_images: list[dict[str, Any]] | None = None, reference: dict[str, Any] | None = None,
+                 wise: dict[str, Any] | None = None) -> dict[str, Any]:
     """A training run's report: the run's config, the epoch-0 baseline, the best and last evaluated epochs, the
-    history (= metrics.jsonl), plot file names relative to the report, the skipped images and the checkpoints."""
+    history (= metrics.jsonl), plot file names relative to the report, the skipped images and the checkpoints.
+
+    Each metrics dict may hold ``extra``: set name -> metrics of an --eval-extra (out-of-domain) set; ``reference``
+    holds those of the pretrained backbone at its own resolution, ``wise`` the WiSE-FT mix (its curve over alpha,
+    the alpha taken and its metrics)."""
     return {
         "format": REPORT_FORMAT,
         "kind": "train",
@@ -35,7 +41,10 @@ def train_report(config: dict[str, Any], history: list[dict[str, Any]], baseline
         "history": history,
         "plots": plots,
         "bad_images": bad_images or [],
-        "checkpoints": {"best": BEST_CHECKPOINT, "last": LAST_CHECKPOINT},
+        "reference": reference,
+        "wise": wise,
+        "checkpoints": {"best": BEST_CHECKPOINT, "last": LAST_CHECKPOINT,
+                        **({"wise": WISE_CHECKPOINT} if wise else {})},
     }
 
 

@@ -54,23 +54,37 @@ class RunReport:
         """Column name -> metrics: before/best/last for a training run, the metrics of an evaluation."""
         if self.kind == "train":
             best = self.data.get("best") or {}
+            wise = self.data.get("wise") or {}
+            reference = self.data.get("reference") or {}
             columns = {
                 "pretrained only": self.data.get("baseline"),
                 f"best (epoch {best.get('epoch', '?')})": best,
                 "last": self.data.get("last"),
+                f"WiSE-FT (alpha {wise.get('alpha', 0):g})": wise.get("metrics"),
+                # what a user would otherwise take: out-of-domain rows only
+                f"pretrained backbone, {reference.get('input_size')} px": {"extra": {
+                    name: parts.get("test") for name, parts in (reference.get("sets") or {}).items()}}
+                if reference.get("sets") else None,
             }
         else:
             columns = {"metrics": self.data.get("metrics")}
         return {name: values for name, values in columns.items() if values}
 
     def metrics_table(self) -> tuple[list[str], list[list[Any]]]:
-        """Header and rows (metric, then one value per column), values in percent."""
-        columns = self.metric_columns()
+        """Header and rows (metric, then one value per column), values in percent; the out-of-domain sets'
+        (--eval-extra) rows follow the test split's, named ``SET: metric``."""
+        columns = {name: flat_metrics(values) for name, values in self.metric_columns().items()}
         keys: list[str] = []
         for values in columns.values():
             keys += [k for k in values if k not in keys and isinstance(values[k], (int, float))]
-        recalls = sorted((k for k in keys if k.startswith("recall@")), key=lambda k: int(k.split("@")[1]))
-        ordered = recalls + [k for k in METRIC_ORDER if k in keys]
+
+        def ordered_keys(prefix: str) -> list[str]:
+            own = [k.removeprefix(prefix) for k in keys if k.startswith(prefix) and ": " not in k.removeprefix(prefix)]
+            recalls = sorted((k for k in own if k.startswith("recall@")), key=lambda k: int(k.split("@")[1]))
+            return [prefix + k for k in recalls + [k for k in METRIC_ORDER if k in own]]
+
+        extra_sets = sorted({k.split(": ", 1)[0] for k in keys if ": " in k})
+        ordered = ordered_keys("") + [key for name in extra_sets for key in ordered_keys(f"{name}: ")]
         rows = [[key] + [percent(v[key]) if key in v else None for v in columns.values()] for key in ordered]
         return ["metric", *columns], rows
 
@@ -101,6 +115,14 @@ class RunReport:
             if log.is_file():
                 return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
         return list(self.data.get("history") or [])
+
+
+def flat_metrics(values: dict[str, Any]) -> dict[str, Any]:
+    """A metrics dict with its out-of-domain sets (``extra``: set -> metrics) as ``SET: metric`` keys."""
+    flat = {k: v for k, v in values.items() if k != "extra"}
+    for name, metrics in (values.get("extra") or {}).items():
+        flat.update({f"{name}: {k}": v for k, v in (metrics or {}).items()})
+    return flat
 
 
 def load_report(path: str | Path) -> RunReport:
@@ -198,9 +220,11 @@ def curves_plot(report: RunReport) -> Image.Image | None:
         return None
     from matplotlib.ticker import MaxNLocator
 
+    history = [flat_metrics(r) for r in history]
     evals = [r for r in history if "recall@1" in r]
+    extra = sorted({k for r in evals for k in r if k.endswith(": recall@1")})  # out-of-domain sets (--eval-extra)
     panels = [("training loss", "", {"loss": ([r["epoch"] for r in trained], [r["loss"] for r in trained])})]
-    for title, keys in (("evaluation (epoch 0 = before training)", ("recall@1", "map@r", "nmi")),
+    for title, keys in (("evaluation (epoch 0 = before training)", ("recall@1", "map@r", "nmi", *extra)),
                         ("hard triplets (S_an > S_ap)", ("hard_fraction_train", "hard_fraction_test"))):
         rows = evals if keys[0] == "recall@1" else history
         series = {key: ([r["epoch"] for r in rows if key in r], [percent(r[key]) for r in rows if key in r])
@@ -220,6 +244,16 @@ def curves_plot(report: RunReport) -> Image.Image | None:
 
 def triplet_plot(report: RunReport) -> Image.Image | None:
     return _open(report.plot_file("triplet_test") or report.plot_file("triplet_train"))
+
+
+def domains_plot(report: RunReport) -> Image.Image | None:
+    """The run's in-domain vs out-of-domain Recall@1 per epoch (--eval-extra), as the training drew it."""
+    return _open(report.plot_file("domains"))
+
+
+def wise_plot(report: RunReport) -> Image.Image | None:
+    """The run's WiSE-FT curve: validation Recall@1 against the mixing weight (--wise-alpha)."""
+    return _open(report.plot_file("wise"))
 
 
 def summary_markdown(report: RunReport, shown: str | None = None) -> str:

@@ -25,6 +25,7 @@ from retrieval.serve.reports import (
     MAP_EQUALS_RECALL_NOTE,
     METRIC_UNIT,
     curves_plot,
+    domains_plot,
     load_report,
     load_results,
     percent,
@@ -32,6 +33,7 @@ from retrieval.serve.reports import (
     results_curve_image,
     summary_markdown,
     triplet_plot,
+    wise_plot,
 )
 from retrieval.serve.service import SearchService
 from retrieval.serve.upload_cache import UploadRecords
@@ -304,6 +306,11 @@ REPORT_REFUSED = (
 )  # one answer for every refusal: it tells neither whether a file exists nor where the server's folders are
 
 
+def shown_picture(image: Image.Image | None) -> Any:
+    """An optional picture: shown when the report has it, hidden otherwise."""
+    return gr.update(value=image, visible=image is not None)
+
+
 class EvaluationTab:
     def __init__(self, service: SearchService, report: Path | None, facts: GalleryFacts | None = None) -> None:
         self.service, self.report, self.facts = service, report, facts or GalleryFacts.of(service)
@@ -335,30 +342,30 @@ class EvaluationTab:
                 return resolved
         return None
 
-    def open_report(self, path: str) -> tuple[str, Any, Any, Any, Any]:
+    def open_report(self, path: str) -> tuple[Any, ...]:
         """The report's summary, metrics table and plots (drawn once per report file version)."""
         if not path:
             return "No report given: start with `--report RUN_DIR/report.json` (or enter a path above).", \
-                None, None, None, None
+                None, None, None, None, *[shown_picture(None)] * 2
         target = self.target(path)
         try:
             key = (str(target), target.stat().st_mtime_ns) if target is not None else None
         except OSError:
             key = None
         if key is None:
-            return REPORT_REFUSED, None, None, None, None
+            return REPORT_REFUSED, None, None, None, None, *[shown_picture(None)] * 2
         if key in self._cache:
             return self._cache[key]
         try:
             report = load_report(target)
         except (OSError, ValueError):
-            return REPORT_REFUSED, None, None, None, None
+            return REPORT_REFUSED, None, None, None, None, *[shown_picture(None)] * 2
         headers, rows = report.metrics_table()
         summary = summary_markdown(report, shown=path)
         if report.map_equals_recall():
             summary += f"\n\n{MAP_EQUALS_RECALL_NOTE}"
         shown = (summary, gr.Dataframe(value=rows, headers=headers), recall_plot(report), curves_plot(report),
-                 triplet_plot(report))
+                 triplet_plot(report), *(shown_picture(picture(report)) for picture in (domains_plot, wise_plot)))
         self._cache = {key: shown}  # keep only the latest
         return shown
 
@@ -423,6 +430,11 @@ class EvaluationTab:
                                elem_id="triplet-plot")
         curves = gr.Image(label="Training curves (metrics.jsonl)", show_label=False, type="pil", interactive=False,
                           elem_id="curves-plot")
+        with gr.Row():  # filled for runs with --eval-extra / --wise-alpha, hidden otherwise
+            domains = gr.Image(label="In and out of domain", show_label=False, type="pil", interactive=False,
+                               elem_id="domains-plot", visible=False)
+            wise = gr.Image(label="WiSE-FT", show_label=False, type="pil", interactive=False, elem_id="wise-plot",
+                            visible=False)
         gr.Markdown("### Classes with the worst Recall@1 in this index")
         loo_summary = gr.Markdown(elem_id="worst-summary")
         worst = gr.Dataframe(interactive=False, elem_id="worst-classes")
@@ -436,7 +448,7 @@ class EvaluationTab:
         gr.Markdown("### Duplicates skipped by the index")
         duplicates_text = gr.Markdown(elem_id="duplicates-summary")
         duplicates_table = gr.Dataframe(interactive=False, elem_id="duplicates-table")
-        outputs = [summary, metrics, recall, curves, triplet]
+        outputs = [summary, metrics, recall, curves, triplet, domains, wise]
         button.click(self.open_report, [path], outputs, api_name="open_report")
         demo.load(self.open_report, [path], outputs, api_name=False)
         demo.load(self.worst_classes, None, [loo_summary, worst, failures], api_name=False)

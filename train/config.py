@@ -40,6 +40,14 @@ class TrainConfig:
     loss_kwargs: dict[str, Any] = field(default_factory=dict)
     negatives: str | None = None
     aux_ce: float = 0.0
+    # robust fine-tuning: keep what the pretrained backbone knew (docs/ROBUST.md)
+    lp_epochs: int = 0  # LP-FT: train the head alone (backbone fixed) for this many epochs, then everything
+    l2sp: float = 0.0  # L2-SP: weight of the penalty toward the starting backbone weights (replaces its decay)
+    distill: float = 0.0  # weight of feature distillation toward the frozen starting backbone
+    layer_decay: float = 1.0  # layer-wise learning-rate decay of the backbone (1 = one learning rate)
+    ema: float = 0.0  # decay of an exponential moving average of the weights (0 = off); the EMA is evaluated
+    wise_alpha: float | str | None = None  # WiSE-FT: mix (1 - a) start + a fine-tuned; a number, "auto" or None
+    wise_tolerance: float = 0.02  # "auto": the largest in-domain Recall@1 whose out-of-domain loss is within this
     # optimisation
     batch_size: int = 64
     per_class: int = 4
@@ -64,6 +72,9 @@ class TrainConfig:
     eval_before: bool = True
     eval_batch_size: int = 128
     eval_limit: int | None = None  # evaluate on at most this many test images (seeded subset)
+    eval_extra: list[str] = field(default_factory=list)  # out-of-domain sets: data set names or image folders
+    eval_extra_limit: int | None = 1000  # images of each extra set (half val, half test)
+    val_fraction: float = 0.0  # train classes held out as an in-domain validation split (WiSE-FT "auto")
     linear_probe: bool = False  # DCDL protocol: logistic regression on train embeddings (before/after training)
     feature_cache: str | None = None  # where --freeze-backbone caches features (default ~/.cache/retrieval)
     out: str = "runs/latest"
@@ -139,8 +150,45 @@ class TrainConfig:
                 ok = False
             if not ok:
                 errors.append(f"--label-noise must look like symmetric:0.3 or asymmetric:0.2, got {self.label_noise!r}")
+        errors += self._robust_errors()
         if errors:
             raise ValueError("; ".join(errors))
+
+    def _robust_errors(self) -> list[str]:
+        """What is wrong with the robust fine-tuning and extra-evaluation options."""
+        errors = []
+        if not 0 <= self.lp_epochs < self.epochs:
+            errors.append(f"--lp-epochs must be >= 0 and below --epochs ({self.epochs}) so that fine-tuning follows, "
+                          f"got {self.lp_epochs}")
+        for name in ("l2sp", "distill", "aux_ce"):
+            if not getattr(self, name) >= 0:
+                errors.append(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        if not 0 < self.layer_decay <= 1:
+            errors.append(f"--layer-decay must be in (0, 1] (1 = off), got {self.layer_decay}")
+        if not 0 <= self.ema < 1:
+            errors.append(f"--ema must be in [0, 1) (0 = off; e.g. 0.999), got {self.ema}")
+        if not 0 <= self.val_fraction < 0.5:
+            errors.append(f"--val-fraction must be in [0, 0.5), got {self.val_fraction}")
+        if self.eval_extra_limit is not None and self.eval_extra_limit < 8:
+            errors.append(f"--eval-extra-limit must be >= 8 images, got {self.eval_extra_limit}")
+        if self.wise_alpha is not None and self.wise_alpha != "auto":
+            try:
+                self.wise_alpha = float(self.wise_alpha)
+                ok = 0 <= self.wise_alpha <= 1
+            except (TypeError, ValueError):
+                ok = False
+            if not ok:
+                errors.append(f"--wise-alpha must be a number in [0, 1] or auto, got {self.wise_alpha!r}")
+        if self.wise_alpha == "auto" and not (self.val_fraction > 0 or self.eval_extra):
+            errors.append("--wise-alpha auto chooses on validation data: give --val-fraction (e.g. 0.1) and/or "
+                          "--eval-extra, or a number")
+        fine_tuning = [f"--{name.replace('_', '-')}" for name, on in (
+            ("lp_epochs", self.lp_epochs), ("l2sp", self.l2sp), ("distill", self.distill),
+            ("layer_decay", self.layer_decay != 1), ("wise_alpha", self.wise_alpha is not None)) if on]
+        if self.freeze_backbone and fine_tuning:
+            errors.append(f"{', '.join(fine_tuning)} act(s) on the backbone while it fine-tunes; leave out "
+                          "--freeze-backbone")
+        return errors
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -29,6 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from retrieval.distributed import every_rank, rank_and_world
 from retrieval.inference import resolve_device
+from retrieval.losses.regularizers import feature_distillation
 
 
 @dataclass(frozen=True)
@@ -68,28 +69,47 @@ class DistContext:
 
 class TrainStep(nn.Module):
     """What a step trains, as one module for DDP: the embedder run by the feature source's ``forward`` (the head
-    on cached features, else the whole model; frozen parameters are left out of DDP), the auxiliary head
-    (per-sample, local) and the loss (its parameters, if any, are kept in sync; it is called on the gathered batch
-    by ``GlobalBatchObjective``, not here)."""
+    on cached features, else the whole model; frozen parameters are left out of DDP), the per-sample terms of this
+    rank (the auxiliary head; feature distillation toward ``teacher``, weighted ``distill``) and the loss (its
+    parameters, if any, are kept in sync; it is called on the gathered batch by ``GlobalBatchObjective``, not here).
+
+    ``backbone_fixed`` (LP-FT's first phase) runs the backbone without gradients, in eval mode: only the head
+    learns."""
 
     def __init__(self, net: nn.Module, forward: Callable[[nn.Module, torch.Tensor], torch.Tensor],
-                 aux: nn.Module | None, loss: nn.Module) -> None:
+                 aux: nn.Module | None, loss: nn.Module, teacher: nn.Module | None = None,
+                 distill: float = 0.0) -> None:
         super().__init__()
         self.net = net
         self.net_forward = forward
         self.aux = aux
         self.loss = loss
+        self.teacher = teacher  # frozen: DDP leaves its parameters alone (requires_grad False)
+        self.distill = distill
         self.channels_last = False
+        self.backbone_fixed = False
 
     def forward(self, inputs: torch.Tensor, labels: torch.Tensor,
-                amp: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(float32 embeddings [b, D], the auxiliary head's mean loss over this rank's b samples or None)."""
+                amp: torch.dtype | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(float32 embeddings [b, D], name -> mean over this rank's b samples of each per-sample term)."""
         if self.channels_last and inputs.dim() == 4:
             inputs = inputs.contiguous(memory_format=torch.channels_last)
+        terms = {}
         with torch.autocast(inputs.device.type, dtype=amp or torch.float32, enabled=amp is not None):
-            embeddings = self.net_forward(self.net, inputs)
+            if self.teacher is None and not self.backbone_fixed:
+                embeddings = self.net_forward(self.net, inputs)
+            else:
+                with torch.set_grad_enabled(torch.is_grad_enabled() and not self.backbone_fixed):
+                    features = self.net.backbone(inputs)
+                embeddings = self.net.head(features)
+                if self.teacher is not None:
+                    with torch.no_grad():
+                        target = self.teacher(inputs)
+                    terms["distill"] = self.distill * feature_distillation(features.float(), target.float())
         embeddings = embeddings.float()
-        return embeddings, (self.aux(embeddings, labels) if self.aux is not None else None)
+        if self.aux is not None:
+            terms["aux_ce"] = self.aux(embeddings, labels)
+        return embeddings, terms
 
 
 class DataParallelStep:
@@ -98,9 +118,12 @@ class DataParallelStep:
 
     def __init__(self, net: nn.Module, forward: Callable[[nn.Module, torch.Tensor], torch.Tensor],
                  aux: nn.Module | None, loss: nn.Module, ctx: DistContext, sync_bn: bool = False,
-                 channels_last: bool = False, compile_step: bool = False) -> None:
+                 channels_last: bool = False, compile_step: bool = False, teacher: nn.Module | None = None,
+                 distill: float = 0.0, phases: bool = False) -> None:
+        """``phases``: the backbone is fixed for a while (LP-FT), so DDP must expect parameters without gradients."""
         self.ctx = ctx
-        module = TrainStep(net, forward, aux, loss)
+        module = TrainStep(net, forward, aux, loss, teacher, distill)
+        self.inner = module
         if channels_last:  # gpu_options refused it without CUDA
             module.channels_last = True
             net.to(memory_format=torch.channels_last)
@@ -112,10 +135,15 @@ class DataParallelStep:
         self.module = torch.compile(module) if compile_step else module
         if ctx.distributed:
             self.module = DistributedDataParallel(
-                self.module, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+                self.module, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+                find_unused_parameters=phases)
 
     def __call__(self, inputs: torch.Tensor, labels: torch.Tensor, amp: torch.dtype | None):
         return self.module(inputs, labels, amp)
+
+    def fix_backbone(self, fixed: bool) -> None:
+        """LP-FT: run the backbone without gradients (True) or train it with the rest (False)."""
+        self.inner.backbone_fixed = fixed
 
     def batch_counts(self, labels: torch.Tensor | None, unreadable: int, gather: bool) -> tuple[bool, int, int]:
         """(whether every rank trains on this batch, its images, its unreadable images), over the global batch.

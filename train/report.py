@@ -72,6 +72,57 @@ def plot_recall_at_k(curves: dict[str, dict[str, float]], path: Path) -> Path | 
     return path
 
 
+def plot_domains(history: list[dict[str, Any]], reference: dict[str, Any] | None, path: Path) -> Path | None:
+    """Recall@1 per epoch on the test split and on each --eval-extra set, with the pretrained backbone at its own
+    resolution as a dashed line: the in-domain gain and the out-of-domain change side by side."""
+    evals = [r for r in history if "recall@1" in r and r.get("extra")]
+    if not evals:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.2, 3.9))
+    epochs = [r["epoch"] for r in evals]
+    ax.plot(epochs, [r["recall@1"] for r in evals], "o-", color="tab:blue", label="test split (in domain)")
+    colors = ("tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
+    for i, name in enumerate(evals[-1]["extra"]):
+        color = colors[i % len(colors)]
+        rows = [r for r in evals if name in r["extra"]]
+        ax.plot([r["epoch"] for r in rows], [r["extra"][name]["recall@1"] for r in rows], "s--", color=color,
+                label=f"{name} (out of domain)")
+        ref = ((reference or {}).get("sets") or {}).get(name, {}).get("test")
+        if ref:
+            ax.axhline(ref["recall@1"], color=color, linestyle=":", linewidth=1.2,
+                       label=f"{name}: pretrained backbone at {reference['input_size']} px")
+    ax.set(title="Recall@1 in and out of the training domain (epoch 0 = before training)", xlabel="epoch",
+           ylabel="Recall@1", ylim=(0, 1))
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_wise(wise: dict[str, Any] | None, path: Path) -> Path | None:
+    """WiSE-FT: validation Recall@1 in and out of domain against the mixing weight alpha, the alpha taken marked."""
+    curve = (wise or {}).get("curve") or []
+    if not curve:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.6, 3.8))
+    alphas = [p["alpha"] for p in curve]
+    for key, label, style in (("in_domain", "in domain (held-out train classes)", "o-"),
+                              ("out_of_domain", "out of domain (extra sets' val part)", "s--")):
+        if curve[0].get(key) is not None:
+            ax.plot(alphas, [p[key] for p in curve], style, label=label)
+    ax.axvline(wise["alpha"], color="gray", linestyle=":", label=f"alpha taken: {wise['alpha']:g} ({wise['chosen']})")
+    ax.set(title="WiSE-FT: (1 - alpha) start + alpha fine-tuned", xlabel="alpha (0 = start, 1 = fine-tuned)",
+           ylabel="validation Recall@1", ylim=(0, 1))
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def triplet_plots(out: Path, test: tuple[np.ndarray, np.ndarray], train_sample) -> dict[str, str]:
     try:
         from retrieval.analysis.plots import plot_triplet_diagram
@@ -99,6 +150,8 @@ def write_report(
     train_sample: tuple[np.ndarray, np.ndarray] | None,
     bad_images: list[dict[str, Any]] | None = None,
     with_plots: bool = True,
+    reference: dict[str, Any] | None = None,
+    wise: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write RUN_DIR/report.json and its plots (``with_plots``); ``bad_images`` lists the files the run skipped,
     each once."""
@@ -108,8 +161,12 @@ def write_report(
     if with_plots and plot_recall_at_k({"pretrained only": baseline or {}, "trained (last)": last or {}},
                                        out / "recall.png"):
         plots["recall"] = "recall.png"
+    if with_plots and plot_domains(history, reference, out / "domains.png"):
+        plots["domains"] = "domains.png"
+    if with_plots and plot_wise(wise, out / "wise.png"):
+        plots["wise"] = "wise.png"
     if with_plots:
         plots.update(triplet_plots(out, test_embeddings, train_sample))
-    report = train_report(run_config, history, baseline, best, last, plots, bad_images)
+    report = train_report(run_config, history, baseline, best, last, plots, bad_images, reference, wise)
     save_report(report, out / "report.json")
     return report

@@ -13,10 +13,11 @@ from torch.utils.data import Dataset
 
 from retrieval.data import ClassBalancedBatchSampler
 from retrieval.distributed import GlobalBatchObjective
-from retrieval.evaluation import EvalSets
+from retrieval.evaluation import EvalSets, ExtraSet
 from retrieval.models import Embedder
 from retrieval.train.distributed import DataParallelStep
 from retrieval.train.features import FeatureSource
+from retrieval.train.robust import RobustFineTuning
 
 
 @dataclass
@@ -28,6 +29,8 @@ class TrainData:
     train_labels: np.ndarray  # what the loss sees: with --label-noise, some are flipped
     clean_train_labels: np.ndarray  # the true classes, which the linear probe measures against
     noise_info: dict[str, Any] | None  # what --label-noise flipped (config.json), None without it
+    val_set: Dataset | None = None  # --val-fraction: the held-out train classes (WiSE-FT's in-domain validation)
+    extra_sets: list[ExtraSet] = field(default_factory=list)  # --eval-extra: out-of-domain sets
 
     @property
     def num_classes(self) -> int:
@@ -49,6 +52,7 @@ class TrainParts:
     sampler: ClassBalancedBatchSampler  # or its distributed variant: this rank's part of each global batch
     features: FeatureSource  # cached backbone features (frozen backbone) or images
     step: DataParallelStep  # the forward pass, through DDP when there are several processes
+    robust: RobustFineTuning  # the weights fine-tuning started from, and what keeps the model near them
 
     @property
     def steps_per_epoch(self) -> int:
@@ -64,6 +68,7 @@ class RunRecord:
     best_recall: float = -1.0  # recall@1 of best.pt
     history: list[dict[str, Any]] = field(default_factory=list)  # metrics.jsonl's rows
     baseline: dict[str, float] | None = None  # the metrics before training (--eval-before)
+    reference: dict[str, Any] | None = None  # --eval-extra: the pretrained backbone at its own resolution
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import random
@@ -27,13 +28,14 @@ from retrieval.data import (
     load_dataset,
 )
 from retrieval.data.decode import parse_background
-from retrieval.distributed import GlobalBatchObjective
-from retrieval.evaluation import evaluate_embeddings, load_eval_sets
+from retrieval.distributed import GlobalBatchObjective, embed_sharded
+from retrieval.evaluation import evaluate_embeddings, leave_one_out_metrics, load_eval_sets, load_extra_set
 from retrieval.inference import default_workers
 from retrieval.io import atomic_write
 from retrieval.models import (
     BEST_CHECKPOINT,
     LAST_CHECKPOINT,
+    WISE_CHECKPOINT,
     Checkpoint,
     Embedder,
     config_hash,
@@ -42,8 +44,9 @@ from retrieval.models import (
 )
 from retrieval.train.config import TrainConfig
 from retrieval.train.distributed import DataParallelStep, gpu_options, init_distributed, restarted
-from retrieval.train.features import Embedding, FeatureSource, feature_source_class
+from retrieval.train.features import Embedding, FeatureSource, cached_features, feature_source_class
 from retrieval.train.report import write_report
+from retrieval.train.robust import WISE_ALPHAS, RobustFineTuning, backbone_param_groups, choose_alpha, snapshot
 from retrieval.train.state import (
     EpochProgress,
     RunRecord,
@@ -77,11 +80,8 @@ def atomic_save(obj: Any, path: Path) -> None:
 
 
 def build_optimizer(cfg: TrainConfig, model: Embedder, extra: list[nn.Parameter]) -> torch.optim.Optimizer:
-    backbone_params = [p for p in model.backbone.parameters() if p.requires_grad]
     head_params = list(model.head.parameters()) + extra
-    groups = [{"params": head_params, "lr": cfg.lr, "name": "head"}]
-    if backbone_params:
-        groups.append({"params": backbone_params, "lr": cfg.backbone_lr or cfg.lr / 10, "name": "backbone"})
+    groups = [{"params": head_params, "lr": cfg.lr, "name": "head"}, *backbone_param_groups(cfg, model)]
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(groups, momentum=0.9, weight_decay=cfg.weight_decay, nesterov=True)
     cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
@@ -156,12 +156,14 @@ class Trainer:
             cfg.backbone, cfg.embedding_dim, pretrained=cfg.pretrained, normalize=cfg.use_normalize,
             freeze_bn=cfg.freeze_bn, weights=cfg.weights,
         )
+        native_size = model.config["input_size"]
         if cfg.image_size:
             model.config["input_size"] = int(cfg.image_size)
         model.config["background"] = list(parse_background(cfg.background))
         source = feature_source_class(cfg)
         source.prepare_model(model)
         model.to(self.device)
+        robust = RobustFineTuning.build(cfg, model).to(self.device)
         self.data = data = load_train_data(cfg, model.config, source.train_transform(model.config))
 
         sampling = dict(drop_small=cfg.drop_small, seed=cfg.seed, batches_per_epoch=cfg.batches_per_epoch)
@@ -183,15 +185,20 @@ class Trainer:
         objective = GlobalBatchObjective(loss_fn, gather=cfg.gather)
         scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)  # bf16 needs none
 
-        embedding = Embedding(self.device, cfg.eval_batch_size, self.workers, self.amp, self.progress, self.bad_images)
+        self.embedding = embedding = Embedding(self.device, cfg.eval_batch_size, self.workers, self.amp, self.progress,
+                                               self.bad_images)
         features: FeatureSource = source.build(cfg, model, data.train_set, data.train_labels, data.eval_sets,
                                                embedding)
         # what a step runs: through DDP when there are several processes
         step = DataParallelStep(model, features.forward, aux, loss_fn, self.ctx, sync_bn=cfg.sync_bn,
-                                channels_last=cfg.channels_last, compile_step=cfg.compile)
-        self.parts = TrainParts(model, loss_fn, aux, optimizer, scheduler, scaler, objective, sampler, features, step)
+                                channels_last=cfg.channels_last, compile_step=cfg.compile, teacher=robust.teacher,
+                                distill=cfg.distill, phases=cfg.lp_epochs > 0)
+        self.parts = TrainParts(model, loss_fn, aux, optimizer, scheduler, scaler, objective, sampler, features, step,
+                                robust)
 
         self.record = RunRecord()
+        if data.extra_sets and not resume:  # resuming: the checkpoint has it
+            self.record.reference = self.reference_metrics(native_size)
         if resume:
             self._load_resume_state()
         if self.main:
@@ -216,9 +223,10 @@ class Trainer:
         """The on-disk checkpoint: model and everything a resume needs; ``epoch`` epochs are complete, ``progress``
         is the one under way."""
         parts, record = self.parts, self.record
+        evaluated = parts.robust.eval_model(parts.model)
         return Checkpoint(
             model_config=parts.model.config,
-            state_dict=parts.model.state_dict(),
+            state_dict=evaluated.state_dict(),  # the model people use: the EMA when there is one
             train_config=self.cfg.to_dict(),
             config_hash=config_hash(self.cfg.to_dict()),
             epoch=epoch,
@@ -236,6 +244,9 @@ class Trainer:
             steps_per_epoch=parts.steps_per_epoch,
             in_epoch=asdict(progress) if progress is not None else None,
             rng=rng_states(),
+            training_weights=parts.model.state_dict() if evaluated is not parts.model else None,
+            robust=parts.robust.state_dict(),
+            reference=record.reference,
         ).to_dict()
 
     def _save(self, name: str, epoch: int, metrics: dict[str, Any], progress: EpochProgress | None = None) -> None:
@@ -249,14 +260,16 @@ class Trainer:
         if not ckpt.resumable:
             raise ValueError(f"--resume: {path} holds a model only, no training state; start without --resume")
         parts = self.parts
-        parts.model.load_state_dict(ckpt.state_dict)
+        parts.model.load_state_dict(ckpt.training_weights or ckpt.state_dict)
+        if ckpt.robust is not None:
+            parts.robust.load_state_dict(ckpt.robust)
         parts.optimizer.load_state_dict(ckpt.optimizer)
         parts.scheduler.load_state_dict(ckpt.scheduler)
         parts.scaler.load_state_dict(ckpt.scaler)
         parts.loss_fn.load_state_dict(ckpt.loss_state)
         if parts.aux is not None and ckpt.aux_state:
             parts.aux.load_state_dict(ckpt.aux_state)
-        self.record = RunRecord(ckpt.epoch, ckpt.best_recall, ckpt.history, ckpt.baseline)
+        self.record = RunRecord(ckpt.epoch, ckpt.best_recall, ckpt.history, ckpt.baseline, ckpt.reference)
         self.bad_images.restore(ckpt.bad_images)
         if ckpt.in_epoch:
             if ckpt.steps_per_epoch != parts.steps_per_epoch:
@@ -290,9 +303,15 @@ class Trainer:
     # --- training ----------------------------------------------------------------------------------
     def train_epoch(self, epoch: int, progress: EpochProgress | None = None) -> dict[str, float]:
         """Train one epoch (from where ``progress`` stopped, if given); returns its metrics row."""
-        parts = self.parts
-        parts.features.train_mode(parts.model)
+        parts, cfg = self.parts, self.cfg
         state = progress or EpochProgress(epoch)
+        head_only = epoch < cfg.lp_epochs  # LP-FT: the head learns on the pretrained features first
+        if cfg.lp_epochs and epoch == cfg.lp_epochs and state.batch == 0:
+            parts.robust.restart_from(parts.model)  # fine-tuning starts from the trained head
+        parts.step.fix_backbone(head_only)
+        parts.features.train_mode(parts.model)
+        if head_only:
+            parts.model.backbone.eval()
         start = time.perf_counter() - state.elapsed
         bar = tqdm(parts.features.batches(parts.sampler, epoch, state.batch), total=parts.steps_per_epoch,
                    initial=state.batch, desc=f"epoch {epoch + 1}/{self.cfg.epochs}", disable=not self.progress,
@@ -307,17 +326,22 @@ class Trainer:
                 continue
             inputs = inputs.to(self.device, non_blocking=True)
             labels = labels.to(self.device, non_blocking=True)
-            embeddings, aux_loss = parts.step(inputs, labels, self.amp_dtype)  # float32: losses run in float32
-            # the global batch's loss (gathered over the ranks) plus the auxiliary head's per-sample terms
-            objective = parts.objective(embeddings, labels, aux_loss)
-            loss = objective.total
-            if objective.local_terms is not None:
-                state.add("aux_ce", float(objective.local_terms))
+            embeddings, local_terms = parts.step(inputs, labels, self.amp_dtype)  # float32: losses run in float32
+            # the global batch's loss (gathered over the ranks) plus the per-sample terms (auxiliary head, distillation)
+            objective = parts.objective(embeddings, labels, local_terms)
+            loss, backward = objective.total, objective.backward
+            penalty = None if head_only else parts.robust.penalty_term()  # the same on every rank
+            if penalty is not None:
+                loss, backward = loss + penalty.detach(), backward + penalty
+                state.add("l2sp", float(penalty))
+            for name, value in objective.local_terms.items():
+                state.add(name, float(value))
             if not torch.isfinite(loss):  # the same value on every rank: all skip together
                 self._skip_non_finite(state)
                 continue
             state.bad_in_row = 0
-            self._optimizer_step(objective.backward)
+            self._optimizer_step(backward)
+            parts.robust.after_step(parts.model)
             state.steps += 1
             state.seen += images
             state.add("loss", float(loss))
@@ -373,8 +397,8 @@ class Trainer:
             "epoch_time_s": elapsed,
             "lr": self.parts.optimizer.param_groups[0]["lr"],
         }
-        if self.parts.aux is not None:
-            row["aux_ce"] = state.totals.get("aux_ce", 0.0) / max(steps, 1)
+        # the per-sample and penalty terms (aux_ce, distill, l2sp), each a mean over the epoch's steps
+        row.update({key: total / max(steps, 1) for key, total in state.totals.items() if key != "loss"})
         row.update({f"loss_{k}": float(np.mean(v)) for k, v in state.stats.items()})
         if self.device.type == "cuda":
             row["cuda_max_memory_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
@@ -383,11 +407,55 @@ class Trainer:
     # --- evaluation --------------------------------------------------------------------------------
     def embed_eval(self):
         """(query, query_labels, gallery, gallery_labels) embeddings of the evaluation split."""
-        return self.parts.features.embed_eval(self.parts.model)
+        return self.parts.features.embed_eval(self.eval_model)
+
+    @property
+    def eval_model(self) -> Embedder:
+        """The weights evaluated and saved: the EMA of the weights when --ema is on, else the model itself."""
+        return self.parts.robust.eval_model(self.parts.model)
+
+    def _embed(self, model: nn.Module, dataset, desc: str) -> tuple[np.ndarray, np.ndarray]:
+        """(embeddings, labels) of a data set's images that load, sharded over the ranks."""
+        run = self.embedding
+        result = embed_sharded(model, dataset, run.batch_size, run.device, run.workers, run.amp, desc, run.progress,
+                               run.bad_images)
+        return result.embeddings, result.labels
+
+    def _recall_at_1(self, model: nn.Module, dataset, desc: str) -> dict[str, float]:
+        """Leave-one-out Recall@K and MAP@R of ``model`` on one data set (computed on rank 0, shared)."""
+        emb, labels = self._embed(model, dataset, desc)
+        return self.ctx.from_main(leave_one_out_metrics(emb, labels) if self.main else None)
+
+    def extra_metrics(self, model: nn.Module, part: str = "test") -> dict[str, dict[str, float]]:
+        """Metrics of every --eval-extra set's ``part`` (test or val), by set name."""
+        return {extra.name: self._recall_at_1(model, getattr(extra, part), f"embed {extra.name} ({part})")
+                for extra in self.data.extra_sets}
+
+    def reference_metrics(self, native_size: int) -> dict[str, Any]:
+        """What a user would otherwise take: the pretrained backbone's pooled features at its own resolution, on
+        each extra set's val and test parts (features cached: every run of the same backbone shares them)."""
+        cfg, run = self.cfg, self.embedding
+        native = {**self.parts.model.config, "input_size": native_size}
+        out: dict[str, Any] = {"input_size": native_size, "sets": {}}
+        for extra in self.data.extra_sets:
+            sets = {}
+            for part in ("val", "test"):
+                dataset = copy.copy(getattr(extra, part))
+                dataset.transform = build_transforms(native, train=False)
+                key = {"reference": extra.name, "part": part, "limit": cfg.eval_extra_limit, "backbone": cfg.backbone,
+                       "pretrained": cfg.pretrained, "weights": cfg.weights, "input_size": native_size,
+                       "background": native["background"], "amp": run.amp, "images": len(dataset)}
+                features = cached_features(self.parts.model.backbone, dataset, key, cfg.feature_cache, run.device,
+                                           run.batch_size, run.workers, run.amp, f"reference {extra.name} ({part})",
+                                           run.bad_images, run.progress)
+                sets[part] = self.ctx.from_main(
+                    leave_one_out_metrics(features.embeddings, features.labels) if self.main else None)
+            out["sets"][extra.name] = sets
+        return out
 
     def train_embeddings_sample(self) -> tuple[np.ndarray, np.ndarray] | None:
         """Embeddings of a fixed train subset (for the hard-triplet fraction); None when too costly."""
-        sample = self.parts.features.train_sample(self.parts.model, self.cfg.seed)
+        sample = self.parts.features.train_sample(self.eval_model, self.cfg.seed)
         if sample is None:
             return None
         emb, indices = sample
@@ -397,7 +465,10 @@ class Trainer:
         """Metrics of the evaluation split: embedded sharded over the ranks, computed once (rank 0), shared."""
         q, ql, g, gl = self.embed_eval()
         self.last_eval_embeddings = (q, ql)  # the report's plots reuse them instead of embedding again
-        return self.ctx.from_main(self._metrics(q, ql, g, gl, final) if self.main else None)
+        metrics = self.ctx.from_main(self._metrics(q, ql, g, gl, final) if self.main else None)
+        if self.data.extra_sets:
+            metrics["extra"] = self.extra_metrics(self.eval_model)
+        return metrics
 
     def _metrics(self, q: np.ndarray, ql: np.ndarray, g: np.ndarray | None, gl: np.ndarray | None,
                  final: bool) -> dict[str, float]:
@@ -416,7 +487,7 @@ class Trainer:
         """Logistic regression on train embeddings (clean labels), accuracy on the evaluation split."""
         from retrieval.metrics import linear_probe
 
-        train_emb, loaded = self.parts.features.train_embeddings(self.parts.model)
+        train_emb, loaded = self.parts.features.train_embeddings(self.eval_model)
         return linear_probe(train_emb, self.data.clean_train_labels[loaded], q, ql, seed=self.cfg.seed)
 
     # --- the run -----------------------------------------------------------------------------------
@@ -452,20 +523,75 @@ class Trainer:
         if self.last_eval_embeddings is None:  # e.g. resuming a run that had already finished
             q, ql, _, _ = self.embed_eval()
             self.last_eval_embeddings = (q, ql)
+        wise = self.wise_ft() if self.cfg.wise_alpha is not None else None
         if not self.main:
             return {}
         train_sample = self.train_embeddings_sample()
         return write_report(self.out, self.run_config(), history, self.record.baseline, best,
                             final[-1] if final else None, self.last_eval_embeddings, train_sample,
-                            bad_images=self.bad_images.records(), with_plots=self.cfg.plots)
+                            bad_images=self.bad_images.records(), with_plots=self.cfg.plots,
+                            reference=self.record.reference, wise=wise)
+
+    # --- WiSE-FT -------------------------------------------------------------------------------------
+    def validation_point(self, model: nn.Module) -> dict[str, Any]:
+        """Recall@1 of ``model`` on the validation data: the held-out train classes and each extra set's val part."""
+        point: dict[str, Any] = {"in_domain": None, "out_of_domain": None}
+        if self.data.val_set is not None:
+            point["in_domain"] = self._recall_at_1(model, self.data.val_set, "embed val")["recall@1"]
+        if self.data.extra_sets:
+            per_set = {name: m["recall@1"] for name, m in self.extra_metrics(model, "val").items()}
+            point["extra"] = per_set
+            point["out_of_domain"] = float(np.mean(list(per_set.values())))
+        return point
+
+    def wise_ft(self) -> dict[str, Any]:
+        """WiSE-FT: mix the start and the fine-tuned weights along WISE_ALPHAS on the validation data, take the
+        given or chosen alpha, evaluate that model on the test data and save it as an ordinary checkpoint."""
+        cfg, robust = self.cfg, self.parts.robust
+        finetuned = self.eval_model
+        weights = snapshot(finetuned)
+        mixed = copy.deepcopy(finetuned).eval()  # the mixes are loaded into this copy
+        curve = []
+        if self.data.val_set is not None or self.data.extra_sets:
+            for alpha in WISE_ALPHAS:
+                mixed.load_state_dict(robust.mix(weights, alpha))
+                curve.append({"alpha": alpha, **self.validation_point(mixed)})
+        alpha = choose_alpha(curve, cfg.wise_tolerance) if cfg.wise_alpha == "auto" else float(cfg.wise_alpha)
+        mixed.load_state_dict(robust.mix(weights, alpha))
+        q, ql, g, gl = self.parts.features.embed_eval(mixed)
+        metrics = self.ctx.from_main(evaluate_embeddings(q, ql, g, gl) if self.main else None)
+        if self.data.extra_sets:
+            metrics["extra"] = self.extra_metrics(mixed)
+        if self.main:
+            checkpoint = Checkpoint(
+                model_config={**mixed.config, "wise_alpha": alpha}, state_dict=mixed.state_dict(),
+                train_config=cfg.to_dict(), config_hash=config_hash({**cfg.to_dict(), "wise_alpha": alpha}),
+                epoch=self.record.history[-1]["epoch"] if self.record.history else 0, metrics=metrics,
+                class_names=list(self.data.train_set.class_names),
+            )
+            atomic_save(checkpoint.to_dict(), self.out / WISE_CHECKPOINT)
+        if self.progress:
+            tqdm.write(f"WiSE-FT: alpha {alpha:g} ({'chosen on validation' if cfg.wise_alpha == 'auto' else 'given'})"
+                       f", recall@1 {metrics['recall@1']:.4f}; model in {self.out / WISE_CHECKPOINT}")
+        return {"alpha": alpha, "chosen": "validation" if cfg.wise_alpha == "auto" else "given",
+                "tolerance": cfg.wise_tolerance, "curve": curve, "metrics": metrics, "checkpoint": WISE_CHECKPOINT}
 
 
 def load_train_data(cfg: TrainConfig, model_config: dict[str, Any], train_transform) -> TrainData:
-    """The train split (with any --label-noise injected) and the evaluation split, as the model wants them."""
+    """The train split (less any --val-fraction of its classes, with any --label-noise injected), the evaluation
+    split, the validation classes and the --eval-extra sets, as the model wants them."""
     eval_tf = build_transforms(model_config, train=False)
     train_set = load_dataset(cfg.dataset, cfg.data, split="train", transform=train_transform, **cfg.dataset_kwargs)
     eval_sets = load_eval_sets(cfg.dataset, cfg.data, cfg.eval_split, eval_tf, cfg.eval_limit, cfg.seed,
                                **cfg.dataset_kwargs)
+    val_set = None
+    if cfg.val_fraction > 0:
+        train_set, val_set = hold_out_classes(train_set, cfg.val_fraction, cfg.seed)
+        val_set.transform = eval_tf
+    extra_sets = [load_extra_set(spec, eval_tf, cfg.eval_extra_limit) for spec in cfg.eval_extra]
+    names = [extra.name for extra in extra_sets]
+    if len(set(names)) < len(names):
+        raise ValueError(f"--eval-extra: two sets have the same name ({names}); give each set once")
     labels = np.asarray(train_set.labels, dtype=np.int64)
     clean = labels.copy()
     noise_info = None
@@ -481,7 +607,19 @@ def load_train_data(cfg: TrainConfig, model_config: dict[str, Any], train_transf
         )
         noise_info.update(chosen)
         train_set.labels = labels
-    return TrainData(train_set, eval_sets, labels, clean, noise_info)
+    return TrainData(train_set, eval_sets, labels, clean, noise_info, val_set, extra_sets)
+
+
+def hold_out_classes(dataset, fraction: float, seed: int):
+    """(train, validation): a seeded ``fraction`` of the classes (at least 2) moves to the validation split."""
+    classes = np.unique(dataset.labels)
+    count = max(2, round(fraction * len(classes)))
+    if len(classes) - count < 2:
+        raise ValueError(f"--val-fraction {fraction}: the train split has {len(classes)} classes, too few to hold "
+                         f"{count} out and train on the rest; lower it or leave it out")
+    held = np.random.default_rng(seed).choice(classes, count, replace=False)
+    is_val = np.isin(dataset.labels, held)
+    return dataset.subset(np.flatnonzero(~is_val)), dataset.subset(np.flatnonzero(is_val))
 
 
 def hard_fractions(q: np.ndarray, ql: np.ndarray, train_sample) -> dict[str, float]:

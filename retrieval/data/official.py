@@ -59,7 +59,8 @@ FOLDER_LAYOUT = (
 )
 
 
-def _scan_class_folders(folder: Path) -> tuple[list[str], list[str]]:
+def scan_class_folders(folder: Path) -> tuple[list[str], list[str]]:
+    """(image paths, class names) of ``folder/CLASS/**/image``, sorted: every run reads the same list."""
     paths, names = [], []
     for class_dir in sorted(p for p in folder.iterdir() if p.is_dir()):
         for file in sorted(class_dir.rglob("*")):
@@ -84,9 +85,9 @@ def load_folder(root: str | Path | None, split: str = "train", transform: Transf
             raise FileNotFoundError(
                 f"folder: split folder {split_dir.resolve()} is missing; expected layout: {FOLDER_LAYOUT}"
             )
-        paths, names = _scan_class_folders(split_dir)
+        paths, names = scan_class_folders(split_dir)
         return ImageDataset.from_class_names(paths, names, transform)
-    paths, names = _scan_class_folders(base)
+    paths, names = scan_class_folders(base)
     return _split_by_class(paths, names, class_disjoint_halves(names)[split], transform)
 
 

@@ -46,6 +46,9 @@ class Checkpoint:
     steps_per_epoch: int | None = None
     in_epoch: dict[str, Any] | None = None  # the epoch under way (a mid-epoch checkpoint), as EpochProgress fields
     rng: dict[str, Any] | None = None  # "torch", "numpy", "python" and, on CUDA, "cuda" generator states
+    training_weights: dict[str, torch.Tensor] | None = None  # --ema: the trained weights (state_dict is the EMA)
+    robust: dict[str, Any] | None = None  # the fine-tuning start and the EMA state (train/robust.py)
+    reference: dict[str, Any] | None = None  # --eval-extra: the pretrained backbone's metrics at its resolution
 
     @property
     def resumable(self) -> bool:
