@@ -231,3 +231,29 @@ def test_train_help_lists_the_presets():
     assert result.exit_code == 0
     assert "crop-flip (default): crop scale 0.08-1 ratio 0.75-1.33, flip;" in text
     assert "strong: crop scale 0.08-1 ratio 0.75-1.33, flip, colour jitter 0.3, TrivialAugmentWide" in text
+
+
+def test_the_feature_sources_take_the_augmentation():
+    from retrieval.train.features import CachedFeatures, ImagePipeline
+
+    strong = resolve_augmentation("strong")
+    steps = ImagePipeline.train_transform(CONFIG, strong).transforms
+    assert any(isinstance(step, v2.TrivialAugmentWide) for step in steps)
+    assert any(isinstance(step, v2.ColorJitter) for step in steps)
+    image = rgb()
+    assert torch.equal(CachedFeatures.train_transform(CONFIG, strong)(image), build_transforms(CONFIG, False)(image))
+
+
+def test_fine_tuning_trains_with_the_configured_augmentation(tmp_path):
+    import json
+
+    from retrieval.train import train
+
+    cfg = TrainConfig(dataset="digits", backbone="resnet18", pretrained=False, image_size=32, embedding_dim=16,
+                      loss="triplet", batch_size=8, per_class=2, epochs=1, batches_per_epoch=2, workers=0,
+                      eval_limit=40, eval_before=False, plots=False, out=str(tmp_path / "run"), augment="strong",
+                      crop_scale=[0.5, 1.0])
+    report = train(cfg, progress=False)
+    assert report["history"][-1]["steps"] == 2
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())["train"]
+    assert (saved["augment"], saved["crop_scale"]) == ("strong", [0.5, 1.0])
