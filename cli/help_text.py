@@ -59,6 +59,14 @@ def negatives_names() -> list[str]:
     return NEGATIVES.names()
 
 
+def augmentation_help() -> str:
+    """The augmentation presets (``retrieval.data.augment.AUGMENTATIONS``), each with what it does."""
+    from retrieval.data.augment import AUGMENTATIONS, DEFAULT_AUGMENTATION, augmentation_names
+
+    return "; ".join(f"{name}{' (default)' if name == DEFAULT_AUGMENTATION else ''}: "
+                     f"{AUGMENTATIONS.build(name).describe()}" for name in augmentation_names())
+
+
 def image_extensions() -> str:
     """The decoder's file extensions (``IMAGE_EXTENSIONS``) as ``bmp/gif/...``: what a gallery folder holds."""
     from retrieval.data.decode import IMAGE_EXTENSIONS

@@ -13,8 +13,16 @@ from typing import Any
 
 import click
 
-from retrieval.cli.help_text import backbone_names, dataset_names, lazy_help_option, loss_names, negatives_names
+from retrieval.cli.help_text import (
+    augmentation_help,
+    backbone_names,
+    dataset_names,
+    lazy_help_option,
+    loss_names,
+    negatives_names,
+)
 from retrieval.cli.options import apply_options
+from retrieval.data.augment import AUTO_AUGMENT_CHOICES
 from retrieval.serve.defaults import DEFAULT_HOST, DEFAULT_PORT
 from retrieval.train.config import TrainConfig
 
@@ -35,6 +43,20 @@ def parse_params(pairs: tuple[str, ...], option: str) -> dict[str, Any]:
                 continue
         params[key.replace("-", "_")] = value
     return params
+
+
+def float_pair(ctx: click.Context, param: click.Parameter, value: str | None) -> list[float] | None:
+    """Click callback: ``"0.35,1"`` -> ``[0.35, 1.0]``; anything but two numbers is a usage error."""
+    if value is None:
+        return None
+    parts = value.split(",")
+    try:
+        if len(parts) != 2:
+            raise ValueError
+        return [float(part) for part in parts]
+    except ValueError:
+        raise click.BadParameter(f"expected MIN,MAX (two numbers with a comma, e.g. 0.35,1), got {value!r}",
+                                 ctx=ctx, param=param) from None
 
 
 class FriendlyErrors(click.Group):
@@ -104,6 +126,15 @@ TRAIN_OPTIONS = [
     click.option("--background", metavar="COLOUR",
                  help="colour that transparent pixels are composited onto (name, #RRGGBB or R,G,B; default white); "
                       "recorded with the model so the index and the queries use it too."),
+    lazy_help_option("--augment", metavar="PRESET", help_text=lambda: f"training augmentation: {augmentation_help()}."),
+    click.option("--crop-scale", metavar="MIN,MAX", callback=float_pair,
+                 help="random crop's share of the image's area, 0 < MIN <= MAX <= 1 (crop-flip: 0.08,1)."),
+    click.option("--crop-ratio", metavar="MIN,MAX", callback=float_pair,
+                 help="random crop's width / height range (crop-flip: 0.75,1.333)."),
+    click.option("--color-jitter", type=float, metavar="STRENGTH",
+                 help="brightness, contrast and saturation jitter (hue: a quarter of it); 0 = off."),
+    click.option("--auto-augment", type=click.Choice(list(AUTO_AUGMENT_CHOICES)),
+                 help="trivial: TrivialAugmentWide, rand: RandAugment, none: off (default: the preset's)."),
     lazy_help_option("--loss", help_text=lambda: f"{' | '.join(loss_names())} (see `retrieval losses`)."),
     click.option("--loss-param", "loss_params", multiple=True, metavar="KEY=VALUE",
                  help="loss hyperparameter, e.g. margin=0.2 (repeatable)."),

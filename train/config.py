@@ -10,6 +10,14 @@ from typing import Any
 
 import tomllib
 
+from retrieval.data.augment import (
+    AUGMENTATIONS,
+    DEFAULT_AUGMENTATION,
+    Augmentation,
+    AugmentationError,
+    augmentation_names,
+    resolve_augmentation,
+)
 from retrieval.data.decode import parse_background
 
 AMP_CHOICES = (True, False, "auto", "fp16", "bf16", "off")
@@ -35,6 +43,12 @@ class TrainConfig:
     freeze_backbone: bool = False
     image_size: int | None = None  # None: the backbone's own
     background: str = "white"  # transparent pixels are composited onto this colour (recorded with the model)
+    # augmentation (retrieval.data.augment): a preset; the fields below override its values when not None
+    augment: str = DEFAULT_AUGMENTATION  # crop-flip | light | strong | none (AUGMENTATIONS)
+    crop_scale: list[float] | None = None  # [min, max] fraction of the image's area a random crop keeps
+    crop_ratio: list[float] | None = None  # [min, max] width / height of a random crop
+    color_jitter: float | None = None  # brightness = contrast = saturation = value, hue = value / 4; 0 = off
+    auto_augment: str | None = None  # none | trivial (TrivialAugmentWide) | rand (RandAugment)
     # loss
     loss: str = "ms"
     loss_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -103,6 +117,28 @@ class TrainConfig:
 
         return wants_normalized(self.loss)
 
+    def augmentation(self) -> Augmentation:
+        """The training augmentation: the ``augment`` preset with the fields that are set replacing its values."""
+        return resolve_augmentation(self.augment, crop_scale=self.crop_scale, crop_ratio=self.crop_ratio,
+                                    color_jitter=self.color_jitter, auto_augment=self.auto_augment)
+
+    def _augmentation_errors(self) -> list[str]:
+        """What is wrong with the augmentation fields, each naming its option."""
+        if self.augment not in AUGMENTATIONS:
+            return [f"--augment must be one of {', '.join(augmentation_names())}, got {self.augment!r}"]
+        try:
+            augmentation = self.augmentation()
+        except AugmentationError as exc:
+            return [f"--{name.replace('_', '-')} {problem}" for name, problem in exc.problems.items()]
+        # cached features are one forward pass per image: no augmentation other than "none" can reach them
+        unaugmented = (AUGMENTATIONS.build(DEFAULT_AUGMENTATION), AUGMENTATIONS.build("none"))
+        if self.freeze_backbone and augmentation not in unaugmented:
+            return ["--freeze-backbone trains on backbone features computed once, without augmentation, so it "
+                    f"cannot use the augmentation asked for ({augmentation.describe()}): leave out --augment, "
+                    "--crop-scale, --crop-ratio, --color-jitter and --auto-augment, or fine-tune without "
+                    "--freeze-backbone"]
+        return []
+
     def validate(self) -> None:
         errors = []
         if self.per_class < 2:
@@ -129,6 +165,7 @@ class TrainConfig:
             parse_background(self.background)
         except ValueError as exc:
             errors.append(f"--background: {exc}")
+        errors += self._augmentation_errors()
         if self.on_bad_image not in {"skip", "fail"}:
             errors.append(f"--on-bad-image must be skip or fail, got {self.on_bad_image!r}")
         if self.amp not in AMP_CHOICES:

@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from retrieval.data import BadImageLog, BadSample, WithSampleSeeds, build_transforms, load_dataset
+from retrieval.data.augment import Augmentation
 from retrieval.data.decode import DEFAULT_BACKGROUND
 from retrieval.distributed import embed_sharded, every_rank, rank_and_world
 from retrieval.evaluation import EvalSets, embed_eval_sets
@@ -97,8 +98,9 @@ class CachedFeatures:
             p.requires_grad_(False)
 
     @staticmethod
-    def train_transform(model_config: dict):
-        """The features are cached once, so the train images are not augmented."""
+    def train_transform(model_config: dict, augmentation: Augmentation):
+        """The features are cached once, so the train images are not augmented (``augmentation`` is unused:
+        ``TrainConfig.validate`` refuses one that would augment)."""
         return build_transforms(model_config, train=False)
 
     @classmethod
@@ -175,9 +177,9 @@ class ImagePipeline:
         """Every part of the model trains."""
 
     @staticmethod
-    def train_transform(model_config: dict):
+    def train_transform(model_config: dict, augmentation: Augmentation):
         """The augmenting train pipeline."""
-        return build_transforms(model_config, train=True)
+        return build_transforms(model_config, train=True, augmentation=augmentation)
 
     @classmethod
     def build(cls, cfg: TrainConfig, model: Embedder, train_set: Dataset, labels: np.ndarray, eval_sets: EvalSets,

@@ -164,7 +164,7 @@ class Trainer:
         source.prepare_model(model)
         model.to(self.device)
         robust = RobustFineTuning.build(cfg, model).to(self.device)
-        self.data = data = load_train_data(cfg, model.config, source.train_transform(model.config))
+        self.data = data = load_train_data(cfg, model.config, source.train_transform(model.config, cfg.augmentation()))
 
         sampling = dict(drop_small=cfg.drop_small, seed=cfg.seed, batches_per_epoch=cfg.batches_per_epoch)
         if self.ctx.distributed:  # each rank takes its part of the same global batches

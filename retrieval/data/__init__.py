@@ -8,6 +8,7 @@ from retrieval.lazy import lazy_exports
 
 # public name -> the submodule that defines it
 _SOURCES = {
+    "augment": ("AUGMENTATIONS", "Augmentation", "resolve_augmentation"),
     "catalog": ("DATASETS", "load_dataset"),
     "dataset": (
         "BadImageError",

@@ -1,8 +1,9 @@
 """Image transforms from a model config (``input_size``, ``mean``, ``std``, ``background``).
 
-Training augments with torchvision; evaluation is ``eval_preprocess.EvalPreprocess`` (PIL and NumPy, no torch)
-returned as a tensor here, and also the plain function ``preprocess_eval``, so that indexing, serving and the
-ONNX export all prepare images exactly as evaluation does.
+Training augments with torchvision as an ``augment.Augmentation`` says (default: the crop-flip preset); evaluation
+is ``eval_preprocess.EvalPreprocess`` (PIL and NumPy, no torch) returned as a tensor here, and also the plain
+function ``preprocess_eval``, so that indexing, serving and the ONNX export all prepare images exactly as evaluation
+does.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 from PIL import Image
 from torchvision.transforms import v2
 
+from retrieval.data.augment import DEFAULT_AUGMENTATION, Augmentation, resolve_augmentation
 from retrieval.data.decode import DEFAULT_BACKGROUND, FlattenAlpha
 from retrieval.data.eval_preprocess import RESIZE_RATIO, EvalPreprocess, input_size, mean_and_std
 
@@ -41,18 +43,36 @@ def background_of(model_config: Mapping[str, Any]) -> FlattenAlpha:
     return FlattenAlpha(model_config.get("background") or DEFAULT_BACKGROUND)
 
 
-def build_transforms(model_config: Mapping[str, Any], train: bool) -> v2.Compose | EvalTransform:
-    """PIL image (RGB or RGBA) -> float32 tensor [3, S, S], normalised; random crop and flip when ``train``."""
+def build_transforms(
+    model_config: Mapping[str, Any], train: bool, augmentation: Augmentation | None = None
+) -> v2.Compose | EvalTransform:
+    """PIL image (RGB or RGBA) -> float32 tensor [3, S, S], normalised; ``augmentation`` when ``train`` (None: the
+    default preset, crop-flip)."""
     if not train:
         return EvalTransform(model_config)
+    aug = augmentation if augmentation is not None else resolve_augmentation(DEFAULT_AUGMENTATION)
     size = input_size(model_config)
-    return v2.Compose(
-        [
-            background_of(model_config), v2.Resize(int(size * RESIZE_RATIO), antialias=True),
-            v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip(), v2.ToImage(),
-            v2.ToDtype(torch.float32, scale=True), _normalize(model_config),
-        ]
-    )
+    background = background_of(model_config)
+    steps: list[Any] = [background, v2.Resize(int(size * RESIZE_RATIO), antialias=True)]
+    if aug.random_crop:
+        steps.append(v2.RandomResizedCrop(size, scale=aug.crop_scale, ratio=aug.crop_ratio, antialias=True))
+    else:
+        steps.append(v2.CenterCrop(size))
+    if aug.flip:
+        steps.append(v2.RandomHorizontalFlip())
+    # auto-augment and jitter work on uint8 pixels (PIL here), so they come before scaling and normalising; the
+    # corners that rotations and shears uncover take the background colour, as transparent pixels do
+    fill = tuple(int(c) for c in background.background)
+    if aug.auto_augment == "trivial":
+        steps.append(v2.TrivialAugmentWide(fill=fill))
+    elif aug.auto_augment == "rand":
+        steps.append(v2.RandAugment(fill=fill))
+    if aug.color_jitter:
+        v = aug.color_jitter
+        steps.append(v2.ColorJitter(brightness=v, contrast=v, saturation=v, hue=aug.hue))
+    steps += [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), _normalize(model_config)]
+    # every op above draws from torch's global RNG, which CatchBadSamples seeds per sample
+    return v2.Compose(steps)
 
 
 def preprocess_eval(image: Image.Image, model_config: Mapping[str, Any]) -> torch.Tensor:
