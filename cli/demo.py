@@ -49,7 +49,7 @@ def train_model(recipe: dict[str, Any]) -> dict[str, Any]:
     wanted = TrainConfig(**recipe).to_dict()
     if report_path.is_file():
         report = json.loads(report_path.read_text())
-        if report["config"]["train"] == wanted and (run_dir / BEST_CHECKPOINT).is_file():
+        if report["config"]["train"] == wanted and (run_dir / delivered_checkpoint(report)).is_file():
             _step(2, f"training: up to date in {run_dir}")
             return report
     _step(2, f"training {recipe['backbone']} + {recipe['loss']} on emoji into {run_dir}")
@@ -58,12 +58,28 @@ def train_model(recipe: dict[str, Any]) -> dict[str, Any]:
     return train(TrainConfig(**recipe))
 
 
+def delivered_checkpoint(report: dict[str, Any]) -> str:
+    """The model the recipe delivers (exported, indexed, served): the WiSE-FT mix when the run made one."""
+    return (report.get("checkpoints") or {}).get("wise", BEST_CHECKPOINT)
+
+
 def show_evaluation(report: dict[str, Any], report_path: Path) -> None:
-    before, after = report.get("baseline") or {}, report.get("last") or {}
+    before = report.get("baseline") or {}
+    wise = report.get("wise")
+    after = wise["metrics"] if wise else report.get("last") or {}
+    trained = f"WiSE-FT (alpha {wise['alpha']:g})" if wise else "trained"
     _step(3, "evaluation on the unseen test emoji (retrieval across the two artists' styles):")
     for key in ("recall@1", "recall@2", "recall@4", "recall@8", "map@r", "nmi", "f1"):
         if key in after:
-            click.echo(f"  {key:>10}: pretrained only {before.get(key, float('nan')):.4f} -> trained {after[key]:.4f}")
+            click.echo(f"  {key:>10}: pretrained only {before.get(key, float('nan')):.4f} -> {trained} "
+                       f"{after[key]:.4f}")
+    reference = report.get("reference") or {}
+    for name, metrics in (after.get("extra") or {}).items():  # out of domain: what fine-tuning must not lose
+        native = ((reference.get("sets") or {}).get(name) or {}).get("test") or {}
+        click.echo(f"  out of domain, {name} recall@1: pretrained backbone at {reference.get('input_size')} px "
+                   f"{native.get('recall@1', float('nan')):.4f}, before training "
+                   f"{((before.get('extra') or {}).get(name) or {}).get('recall@1', float('nan')):.4f} -> {trained} "
+                   f"{metrics['recall@1']:.4f}")
     click.echo(f"  report: {report_path}")
 
 
@@ -112,6 +128,6 @@ def run_demo(out: Path, epochs: int | None = None) -> dict[str, Any]:
     prepare_data(data_dir)
     report = train_model(recipe)
     show_evaluation(report, run_dir / "report.json")
-    export_model(run_dir / BEST_CHECKPOINT, out / "model.onnx")
+    export_model(run_dir / delivered_checkpoint(report), out / "model.onnx")
     index_gallery(out / "model.onnx", data_dir / "manifest.csv", out / "index")
     return report

@@ -7,8 +7,8 @@ differentiates them) and scales the loss by the world size W. DDP then AVERAGES 
 
     (1 / W) sum_r W dL/dtheta |through rank r's rows = dL/dtheta  (the one-process gradient of the global batch)
 
-Per-sample terms (the auxiliary cross-entropy head) stay local: their mean over the global batch is
-sum_r (n_r / N) mean_r, so rank r scales its local mean by W n_r / N before DDP averages.
+Per-sample terms (the auxiliary cross-entropy head, feature distillation) stay local: their mean over the global
+batch is sum_r (n_r / N) mean_r, so rank r scales its local mean by W n_r / N before DDP averages.
 
 Without a process group (one process) everything here is the identity.
 """

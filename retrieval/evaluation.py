@@ -103,6 +103,7 @@ class ExtraSet:
     classes) chooses WiSE-FT's mixing weight without looking at ``test``."""
 
     name: str
+    source: str  # the folder (resolved) or NAME:SPLIT it was read from
     val: Dataset
     test: Dataset
 
@@ -112,14 +113,16 @@ def extra_set_name(spec: str) -> str:
     from pathlib import Path
 
     path = Path(spec).expanduser()
-    return path.name or str(path) if path.is_dir() else spec
+    name = path.name or str(path) if path.is_dir() else spec
+    return name.replace(": ", " ")  # the app names a set's rows "SET: metric"
 
 
 def load_extra_set(spec: str, transform, limit: int | None = None) -> ExtraSet:
     """An ``--eval-extra`` set, split per class into alternating halves (val, test), at most ``limit`` images in all.
 
     ``spec`` is a folder of class sub-folders, or a registered data set ``NAME`` / ``NAME:SPLIT`` (default split
-    ``test``). Classes with fewer than 4 images are left out: each half needs 2 for leave-one-out Recall@1."""
+    ``test``). Classes with fewer than 4 images are left out: each half needs 2 for leave-one-out Recall@1. The
+    limit takes the same number of images from every class, at least 4 (so a set of many classes may exceed it)."""
     from pathlib import Path
 
     from retrieval.data import load_dataset
@@ -131,12 +134,18 @@ def load_extra_set(spec: str, transform, limit: int | None = None) -> ExtraSet:
     if path.is_dir():
         samples, names = scan_class_folders(path)
         dataset = ImageDataset.from_class_names(samples, names, transform)
+        source = str(path.resolve())
     else:
         name, _, split = spec.partition(":")
         if name not in DATASETS.names():
             raise ValueError(f"--eval-extra {spec!r}: no such folder and no registered data set {name!r}; give "
                              f"{EXTRA_LAYOUT}; data sets: {', '.join(DATASETS.names())}")
-        dataset = load_dataset(name, None, split=split or "test", transform=transform)
+        try:
+            dataset = load_dataset(name, None, split=split or "test", transform=transform)
+        except (FileNotFoundError, ValueError) as exc:
+            raise ValueError(f"--eval-extra {spec!r}: {exc}. A registered set given by name is read from its own "
+                             f"place (fashion-mnist, digits, emoji are); for another, give its image folder") from None
+        source = f"{name}:{split or 'test'}"
     labels = np.asarray(dataset.labels)
     rng = np.random.default_rng(EXTRA_SPLIT_SEED)
     per_class = {c: rng.permutation(np.flatnonzero(labels == c)) for c in np.unique(labels)}
@@ -149,5 +158,5 @@ def load_extra_set(spec: str, transform, limit: int | None = None) -> ExtraSet:
         per_class = {c: idx[:keep] for c, idx in per_class.items()}
     val = np.sort(np.concatenate([idx[0::2] for idx in per_class.values()]))
     test = np.sort(np.concatenate([idx[1::2] for idx in per_class.values()]))
-    return ExtraSet(extra_set_name(spec), dataset.subset(val.tolist()), dataset.subset(test.tolist()))
+    return ExtraSet(extra_set_name(spec), source, dataset.subset(val.tolist()), dataset.subset(test.tolist()))
 

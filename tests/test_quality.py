@@ -87,9 +87,13 @@ def test_finished_cells_are_skipped_and_interrupted_ones_resume(grid, monkeypatc
         return Trainer(cfg, progress=False).run()
 
     monkeypatch.setattr(train, "train", fake_train)
+    hand = f"{grid_runner.HAND_WRITTEN[0]}\n## Robust fine-tuning\n\nmeasured by hand\n{grid_runner.HAND_WRITTEN[1]}"
+    paths["markdown"].write_text(paths["markdown"].read_text() + "\n" + hand + "\n")
     again = grid_runner.run_grid(TABLES, DATASETS, SEEDS, **paths)
     assert calls == []  # nothing was trained again
     assert again["tables"][0]["blocks"] == results["tables"][0]["blocks"]
+    markdown = paths["markdown"].read_text()
+    assert markdown.count(hand) == 1 and "## LoOp" in markdown  # the grid's tables rewritten, the hand part kept
 
     interrupted = paths["runs"] / "digits" / "triplet+loop" / "seed1"
     (interrupted / "report.json").unlink()  # as if killed after its last checkpoint

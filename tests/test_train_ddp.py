@@ -61,8 +61,8 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def weights(run: Path) -> dict[str, torch.Tensor]:
-    return torch.load(run / "last.pt", weights_only=False)["state_dict"]
+def weights(run: Path, name: str = "last.pt") -> dict[str, torch.Tensor]:
+    return torch.load(run / name, weights_only=False)["state_dict"]
 
 
 def assert_equivalent(one: Path, ranks: Path, rel: float = 1e-5) -> None:
@@ -71,7 +71,7 @@ def assert_equivalent(one: Path, ranks: Path, rel: float = 1e-5) -> None:
     assert [r["epoch"] for r in rows_one] == [r["epoch"] for r in rows_ranks]
     for a, b in zip(rows_one, rows_ranks, strict=True):
         assert b.get("steps", 1) == a.get("steps", 1) and b.get("skipped_images") == a.get("skipped_images")
-        for key in ("loss", "aux_ce"):
+        for key in ("loss", "aux_ce", "distill", "l2sp"):
             if key in a:
                 assert b[key] == pytest.approx(a[key], rel=rel, abs=1e-7), (key, a["epoch"])
         if "recall@1" in a:  # the evaluation: the same image count and metrics
@@ -186,17 +186,48 @@ FINE_TUNE_CASES = [c for c in CASES if c[0] in ("triplet-semihard", "ms-loop", "
                                                  "sct", "ms-aux-ce")]
 
 
+# robust fine-tuning (train/robust.py), each option alone; "wise" also evaluates out of domain, sharded
+ROBUST_CASES = {"lp-ft": dict(lp_epochs=1), "l2sp": dict(l2sp=0.5), "distill": dict(distill=1.0),
+                "layer-decay": dict(layer_decay=0.5), "ema": dict(ema=0.5), "wise": dict(wise_alpha="auto")}
+
+
+def robust_config(root: Path, out: Path, name: str) -> TrainConfig:
+    extra = [str(root / "test")] if name == "wise" else []
+    return tune_config(root, out, "ms", {}, None, 0.0, eval_extra=extra, **ROBUST_CASES[name])
+
+
 @pytest.fixture(scope="module")
 def tune_runs(tmp_path_factory, image_folder) -> Path:
+    """The fine-tuning cases and the robust fine-tuning options, trained by 2 ranks (one job) and by one process."""
     root = tmp_path_factory.mktemp("ddp-tune")
-    return ranks_and_one(lambda who, *case: tune_config(image_folder, root / who / case[0], *case[1:]),
-                         FINE_TUNE_CASES, [], root)
+    robust = [robust_config(image_folder, root / "ranks" / name, name) for name in ROBUST_CASES]
+    ranks_and_one(lambda who, *case: tune_config(image_folder, root / who / case[0], *case[1:]),
+                  FINE_TUNE_CASES, robust, root)
+    for name in ROBUST_CASES:
+        train(robust_config(image_folder, root / "one" / name, name), progress=False)
+    return root
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [c[0] for c in FINE_TUNE_CASES])
 def test_fine_tuning_two_ranks_equal_one_process(tune_runs, name):
     assert_equivalent(tune_runs / "one" / name, tune_runs / "ranks" / name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(ROBUST_CASES))
+def test_robust_fine_tuning_two_ranks_equal_one_process(tune_runs, name):
+    assert_equivalent(tune_runs / "one" / name, tune_runs / "ranks" / name)
+    if name == "wise":  # the mix, its curve and its out-of-domain evaluation
+        one, ranks = (json.loads((tune_runs / who / name / "report.json").read_text())["wise"]
+                      for who in ("one", "ranks"))
+        assert ranks["alpha"] == one["alpha"]
+        assert [p["out_of_domain"] for p in ranks["curve"]] == pytest.approx([p["out_of_domain"] for p in one["curve"]],
+                                                                             abs=1e-6)
+        assert ranks["metrics"]["extra"]["test"] == pytest.approx(one["metrics"]["extra"]["test"], abs=1e-6)
+        for key, value in weights(tune_runs / "one" / name, "wise.pt").items():
+            assert torch.allclose(weights(tune_runs / "ranks" / name, "wise.pt")[key].double(), value.double(),
+                                  rtol=1e-5, atol=1e-5), key
 
 
 @pytest.mark.slow

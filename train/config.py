@@ -194,7 +194,9 @@ class TrainConfig:
     def _robust_errors(self) -> list[str]:
         """What is wrong with the robust fine-tuning and extra-evaluation options."""
         errors = []
-        if not 0 <= self.lp_epochs < self.epochs:
+        if isinstance(self.lp_epochs, bool) or not isinstance(self.lp_epochs, int):
+            errors.append(f"--lp-epochs must be a whole number of epochs, got {self.lp_epochs!r}")
+        elif not 0 <= self.lp_epochs < self.epochs:
             errors.append(f"--lp-epochs must be >= 0 and below --epochs ({self.epochs}) so that fine-tuning follows, "
                           f"got {self.lp_epochs}")
         for name in ("l2sp", "distill", "aux_ce"):
@@ -208,7 +210,18 @@ class TrainConfig:
             errors.append(f"--val-fraction must be in [0, 0.5), got {self.val_fraction}")
         if self.eval_extra_limit is not None and self.eval_extra_limit < 8:
             errors.append(f"--eval-extra-limit must be >= 8 images, got {self.eval_extra_limit}")
-        if self.wise_alpha is not None and self.wise_alpha != "auto":
+        if not 0 <= self.wise_tolerance <= 1:
+            errors.append(f"--wise-tolerance must be in [0, 1] (Recall@1 it may lose), got {self.wise_tolerance}")
+        if isinstance(self.eval_extra, str):  # a TOML/JSON string where a list was meant
+            self.eval_extra = [self.eval_extra]
+        if any(not str(spec).strip() for spec in self.eval_extra):
+            errors.append("--eval-extra needs a data set name or an image folder, got an empty value")
+        if self.val_fraction > 0 and self.wise_alpha is None:
+            errors.append("--val-fraction holds train classes out for WiSE-FT's validation only; give --wise-alpha "
+                          "too, or leave --val-fraction out (the classes would be lost to training for nothing)")
+        if isinstance(self.wise_alpha, bool):
+            errors.append(f"--wise-alpha must be a number in [0, 1] or auto, got {self.wise_alpha!r}")
+        elif self.wise_alpha is not None and self.wise_alpha != "auto":
             try:
                 self.wise_alpha = float(self.wise_alpha)
                 ok = 0 <= self.wise_alpha <= 1

@@ -102,7 +102,7 @@ class TrainStep(nn.Module):
                 with torch.set_grad_enabled(torch.is_grad_enabled() and not self.backbone_fixed):
                     features = self.net.backbone(inputs)
                 embeddings = self.net.head(features)
-                if self.teacher is not None:
+                if self.teacher is not None and not self.backbone_fixed:  # LP-FT's head phase: student = teacher
                     with torch.no_grad():
                         target = self.teacher(inputs)
                     terms["distill"] = self.distill * feature_distillation(features.float(), target.float())

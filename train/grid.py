@@ -307,8 +307,19 @@ def run_grid(tables: list[Table], datasets: dict[str, DatasetSpec], seeds: list[
             rel = path.relative_to(markdown.parent) if path.is_relative_to(markdown.parent) else path
             heading = "## " + next(t["title"] for t in results["tables"] if t["id"] == curve["id"])
             body = body.replace(heading, f"{heading}\n\n![{curve['title']}]({rel.as_posix()})", 1)
-        markdown.write_text(header + body)
+        kept_text = hand_written(markdown.read_text()) if markdown.is_file() else ""
+        markdown.write_text(header + body + (f"\n{kept_text}\n" if kept_text else ""))
     return results
+
+
+HAND_WRITTEN = ("<!-- hand-written:start -->", "<!-- hand-written:end -->")
+
+
+def hand_written(text: str) -> str:
+    """The part of docs/RESULTS.md between the HAND_WRITTEN markers (sections the grid does not produce, e.g.
+    robust fine-tuning), markers included, so that rewriting the grid's tables keeps it; "" when there is none."""
+    start, end = text.find(HAND_WRITTEN[0]), text.find(HAND_WRITTEN[1])
+    return text[start:end + len(HAND_WRITTEN[1])] if 0 <= start < end else ""
 
 
 def _run_seconds(run_dir: Path) -> float:

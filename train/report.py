@@ -74,7 +74,7 @@ def plot_recall_at_k(curves: dict[str, dict[str, float]], path: Path) -> Path | 
 
 def plot_domains(history: list[dict[str, Any]], reference: dict[str, Any] | None, path: Path) -> Path | None:
     """Recall@1 per epoch on the test split and on each --eval-extra set, with the pretrained backbone at its own
-    resolution as a dashed line: the in-domain gain and the out-of-domain change side by side."""
+    resolution as a dotted line: the in-domain gain and the out-of-domain change side by side."""
     evals = [r for r in history if "recall@1" in r and r.get("extra")]
     if not evals:
         return None
@@ -92,8 +92,11 @@ def plot_domains(history: list[dict[str, Any]], reference: dict[str, Any] | None
         if ref:
             ax.axhline(ref["recall@1"], color=color, linestyle=":", linewidth=1.2,
                        label=f"{name}: pretrained backbone at {reference['input_size']} px")
-    ax.set(title="Recall@1 in and out of the training domain (epoch 0 = before training)", xlabel="epoch",
-           ylabel="Recall@1", ylim=(0, 1))
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set(title="Recall@1 in and out of domain", xlabel="epoch (0 = before training)", ylabel="Recall@1",
+           ylim=(0, 1.03))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -115,7 +118,7 @@ def plot_wise(wise: dict[str, Any] | None, path: Path) -> Path | None:
             ax.plot(alphas, [p[key] for p in curve], style, label=label)
     ax.axvline(wise["alpha"], color="gray", linestyle=":", label=f"alpha taken: {wise['alpha']:g} ({wise['chosen']})")
     ax.set(title="WiSE-FT: (1 - alpha) start + alpha fine-tuned", xlabel="alpha (0 = start, 1 = fine-tuned)",
-           ylabel="validation Recall@1", ylim=(0, 1))
+           ylabel="validation Recall@1", ylim=(0, 1.03))
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

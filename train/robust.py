@@ -36,6 +36,7 @@ class RobustFineTuning:
 
     start: dict[str, torch.Tensor]  # the model fine-tuning started from (after LP-FT's head phase)
     head_trained_at_start: bool  # LP-FT: the start's head is meaningful, so WiSE-FT mixes it too
+    keep_start: bool  # WiSE-FT will mix toward the start: checkpoints keep it
     penalty: L2SPPenalty | None = None
     teacher: nn.Module | None = None
     ema: WeightEMA | None = None
@@ -50,7 +51,7 @@ class RobustFineTuning:
             teacher = copy.deepcopy(model.backbone).eval().requires_grad_(False)
         if cfg.ema > 0:
             ema = WeightEMA(model, cfg.ema)
-        return cls(snapshot(model), cfg.lp_epochs > 0, penalty, teacher, ema)
+        return cls(snapshot(model), cfg.lp_epochs > 0, cfg.wise_alpha is not None, penalty, teacher, ema)
 
     def to(self, device: torch.device) -> RobustFineTuning:
         for module in (self.penalty, self.teacher):
@@ -74,10 +75,14 @@ class RobustFineTuning:
         self.start = snapshot(model)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"start": self.start, "ema": self.ema.state_dict() if self.ema is not None else None}
+        """What a resume needs: the start when WiSE-FT will mix toward it (the L2-SP anchor and the teacher are
+        the pretrained weights, which set-up rebuilds), and the EMA."""
+        return {"start": self.start if self.keep_start else None,
+                "ema": self.ema.state_dict() if self.ema is not None else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.start = state["start"]
+        if state.get("start") is not None:
+            self.start = {key: value.cpu() for key, value in state["start"].items()}
         if self.ema is not None and state.get("ema") is not None:
             self.ema.load_state_dict(state["ema"])
 
@@ -111,6 +116,6 @@ def choose_alpha(curve: list[dict[str, Any]], tolerance: float) -> float:
         return max(points, key=lambda p: (p["in_domain"], -p["alpha"]))["alpha"]
     if points[0].get("in_domain") is None:
         return max(points, key=lambda p: (p["out_of_domain"], -p["alpha"]))["alpha"]
-    floor = points[0]["out_of_domain"] - tolerance
+    floor = points[0]["out_of_domain"] - max(tolerance, 0.0)
     allowed = [p for p in points if p["out_of_domain"] >= floor]  # alpha 0 always is
     return max(allowed, key=lambda p: (p["in_domain"], -p["alpha"]))["alpha"]

@@ -331,15 +331,16 @@ class Trainer:
             objective = parts.objective(embeddings, labels, local_terms)
             loss, backward = objective.total, objective.backward
             penalty = None if head_only else parts.robust.penalty_term()  # the same on every rank
+            terms = dict(objective.local_terms)
             if penalty is not None:
                 loss, backward = loss + penalty.detach(), backward + penalty
-                state.add("l2sp", float(penalty))
-            for name, value in objective.local_terms.items():
-                state.add(name, float(value))
+                terms["l2sp"] = penalty.detach()
             if not torch.isfinite(loss):  # the same value on every rank: all skip together
                 self._skip_non_finite(state)
                 continue
             state.bad_in_row = 0
+            for name, value in terms.items():  # the logged terms of the steps taken
+                state.add(name, float(value))
             self._optimizer_step(backward)
             parts.robust.after_step(parts.model)
             state.steps += 1
@@ -433,25 +434,26 @@ class Trainer:
 
     def reference_metrics(self, native_size: int) -> dict[str, Any]:
         """What a user would otherwise take: the pretrained backbone's pooled features at its own resolution, on
-        each extra set's val and test parts (features cached: every run of the same backbone shares them)."""
+        each extra set's test part (features cached: every run of the same backbone shares them)."""
+        with torch.random.fork_rng(devices=[]):  # loaders draw seeds: a cache hit must not change the training
+            return self._reference_metrics(native_size)
+
+    def _reference_metrics(self, native_size: int) -> dict[str, Any]:
         cfg, run = self.cfg, self.embedding
         native = {**self.parts.model.config, "input_size": native_size}
-        out: dict[str, Any] = {"input_size": native_size, "sets": {}}
+        sets = {}
         for extra in self.data.extra_sets:
-            sets = {}
-            for part in ("val", "test"):
-                dataset = copy.copy(getattr(extra, part))
-                dataset.transform = build_transforms(native, train=False)
-                key = {"reference": extra.name, "part": part, "limit": cfg.eval_extra_limit, "backbone": cfg.backbone,
-                       "pretrained": cfg.pretrained, "weights": cfg.weights, "input_size": native_size,
-                       "background": native["background"], "amp": run.amp, "images": len(dataset)}
-                features = cached_features(self.parts.model.backbone, dataset, key, cfg.feature_cache, run.device,
-                                           run.batch_size, run.workers, run.amp, f"reference {extra.name} ({part})",
-                                           run.bad_images, run.progress)
-                sets[part] = self.ctx.from_main(
-                    leave_one_out_metrics(features.embeddings, features.labels) if self.main else None)
-            out["sets"][extra.name] = sets
-        return out
+            dataset = copy.copy(extra.test)
+            dataset.transform = build_transforms(native, train=False)
+            key = {"reference": extra.source, "part": "test", "limit": cfg.eval_extra_limit, "backbone": cfg.backbone,
+                   "pretrained": cfg.pretrained, "weights": cfg.weights, "input_size": native_size,
+                   "background": native["background"], "amp": run.amp, "images": len(dataset)}
+            features = cached_features(self.parts.model.backbone, dataset, key, cfg.feature_cache, run.device,
+                                       run.batch_size, run.workers, run.amp, f"reference {extra.name}", run.bad_images,
+                                       run.progress)
+            sets[extra.name] = {"test": self.ctx.from_main(
+                leave_one_out_metrics(features.embeddings, features.labels) if self.main else None)}
+        return {"input_size": native_size, "sets": sets}
 
     def train_embeddings_sample(self) -> tuple[np.ndarray, np.ndarray] | None:
         """Embeddings of a fixed train subset (for the hard-triplet fraction); None when too costly."""
@@ -591,7 +593,8 @@ def load_train_data(cfg: TrainConfig, model_config: dict[str, Any], train_transf
     extra_sets = [load_extra_set(spec, eval_tf, cfg.eval_extra_limit) for spec in cfg.eval_extra]
     names = [extra.name for extra in extra_sets]
     if len(set(names)) < len(names):
-        raise ValueError(f"--eval-extra: two sets have the same name ({names}); give each set once")
+        raise ValueError(f"--eval-extra: two sets have the same name ({names}); each set is reported under its "
+                         "folder's name: give each set once, or rename one of the folders")
     labels = np.asarray(train_set.labels, dtype=np.int64)
     clean = labels.copy()
     noise_info = None

@@ -23,11 +23,12 @@ def _anchor_name(param_name: str) -> str:
 
 
 class L2SPPenalty(nn.Module):
-    """L2-SP (Li, Grandvalet, Davoine, ICML 2018, eq. 3): alpha/2 * sum ||w - w0||^2 over the anchored parameters.
+    """L2-SP (Li, Grandvalet, Davoine, ICML 2018), its first term: alpha/2 * sum ||w - w0||^2 over the anchored params.
 
     The constructor anchors the given (name, parameter) pairs at their current values: a detached float32 copy
     of each is kept as a buffer, so the anchor is part of this module's ``state_dict`` and ``load_state_dict``
-    restores it on resume (build the penalty, then load: the loaded anchor replaces the current weights).
+    restores it (build the penalty, then load: the loaded anchor replaces the current weights); the trainer instead
+    rebuilds it from the pretrained weights on resume.
     The parameters themselves are referenced, not registered: the penalty owns no parameters.
 
     The paper's second term, beta/2 * ||w_Sbar||^2 on the layers that have no pretrained value (the embedding

@@ -1,6 +1,6 @@
 """Weight-space ensembling of a zero-shot/pretrained and a fine-tuned model (WiSE-FT).
 
-Wortsman et al., "Robust fine-tuning of zero-shot models", CVPR 2022, eq. 1:
+Wortsman et al., "Robust fine-tuning of zero-shot models", CVPR 2022: the weight-space ensemble
 theta_alpha = (1 - alpha) * theta_0 + alpha * theta_1, applied key by key to two state dicts.
 """
 
