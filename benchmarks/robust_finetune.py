@@ -39,6 +39,8 @@ METHODS: dict[str, dict[str, Any]] = {
     "layer-decay": dict(layer_decay=0.8),
     "ema": dict(ema=0.99),
     "backbone-lr-3e-4": dict(backbone_lr=3e-4),
+    "backbone-lr-1e-3": dict(backbone_lr=1e-3),
+    "backbone-lr-3e-4+distill-0.3": dict(backbone_lr=3e-4, distill=0.3),
 }
 
 

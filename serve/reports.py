@@ -270,7 +270,21 @@ def summary_markdown(report: RunReport, shown: str | None = None) -> str:
             facts.append(f"{key}: `{value}`")
     if report.kind == "evaluate":
         facts.append(f"split: `{report.data.get('split')}`, queries: {report.data.get('num_queries')}")
-    return " · ".join(facts)
+    return " · ".join(facts) + out_of_domain_markdown(report)
+
+
+def out_of_domain_markdown(report: RunReport) -> str:
+    """One line per --eval-extra set: Recall@1 of the pretrained backbone at its own resolution, before training,
+    after it and of the WiSE-FT mix, so the in-domain gain is read beside what the other domain lost."""
+    reference = report.data.get("reference") or {}
+    columns = [(name, values) for name, values in report.metric_columns().items() if values.get("extra")]
+    lines = []
+    for name in (reference.get("sets") or {}):
+        shown = [f"{column} {percent(values['extra'][name]['recall@1'])} {METRIC_UNIT}"
+                 for column, values in columns if (values["extra"].get(name) or {}).get("recall@1") is not None]
+        if shown:
+            lines.append(f"- **{name}**: " + " · ".join(shown))
+    return ("\n\n**Out of domain (--eval-extra), Recall@1:**\n" + "\n".join(lines)) if lines else ""
 
 
 # --- the results grid (retrieval results run) -----------------------------------------------------------------

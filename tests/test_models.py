@@ -162,3 +162,6 @@ def test_checkpoint_schema_keeps_the_file_format():
     assert list(checkpoint.to_dict()) == keys and checkpoint.to_dict() == on_disk and checkpoint.resumable
     model_only = Checkpoint.from_dict({"format": CHECKPOINT_FORMAT, "model_config": {}, "state_dict": {}})
     assert not model_only.resumable and model_only.train_config == {} and model_only.config_hash is None
+    robust = {"training_weights": {"w": torch.ones(1)}, "robust": {"start": {}}, "reference": {"recall@1": 0.5}}
+    with_robust = Checkpoint.from_dict(on_disk | robust).to_dict()
+    assert list(with_robust) == keys + list(robust) and with_robust["reference"] == {"recall@1": 0.5}

@@ -187,7 +187,14 @@ def test_wise_ft_auto_draws_the_curve_and_chooses_on_validation(images, tmp_path
     for point in wise["curve"]:
         assert 0 <= point["in_domain"] <= 1 and 0 <= point["out_of_domain"] <= 1 and "other" in point["extra"]
     assert {"domains", "wise"} <= set(report["plots"]) and (run / "wise.png").is_file()
-    assert (run / "domains.png").is_file()
+    from retrieval.serve.reports import domains_plot, load_report, summary_markdown, wise_plot
+
+    opened = load_report(run / "report.json")  # what the app's Evaluation tab shows
+    assert domains_plot(opened).size[0] > 300 and wise_plot(opened).size[0] > 300
+    assert "**other**: pretrained only" in summary_markdown(opened) and "pretrained backbone, 160 px" in \
+        summary_markdown(opened)
+    headers, _ = opened.metrics_table()
+    assert f"WiSE-FT (alpha {wise['alpha']:g})" in headers
 
 
 def test_eval_extra_is_reported_before_and_after_training_beside_the_reference(images, tmp_path):
@@ -206,6 +213,10 @@ def test_eval_extra_is_reported_before_and_after_training_beside_the_reference(i
     headers, table = load_report(run / "report.json").metrics_table()
     names = [r[0] for r in table]
     assert "other: recall@1" in names and names.index("other: recall@1") > names.index("recall@1")
+    from retrieval.serve.reports import domains_plot, wise_plot
+
+    assert wise_plot(load_report(run / "report.json")) is None  # no --wise-alpha, no picture (the tab hides it)
+    assert domains_plot(load_report(run / "report.json")) is None  # --no-plots
     row = table[names.index("other: recall@1")]
     assert row[headers.index("pretrained backbone, 160 px")] == pytest.approx(
         100 * reference["sets"]["other"]["test"]["recall@1"], abs=0.051)

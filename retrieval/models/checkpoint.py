@@ -19,6 +19,9 @@ import torch
 from retrieval.reports import BEST_CHECKPOINT, LAST_CHECKPOINT
 
 CHECKPOINT_FORMAT = "retrieval-checkpoint/1"
+# keys added to retrieval-checkpoint/1 after its first release: written only when a run has them, so a file
+# from a run without them reads back and writes the same dict
+_WRITTEN_WHEN_SET = frozenset({"training_weights", "robust", "reference"})
 
 
 @dataclass
@@ -57,7 +60,8 @@ class Checkpoint:
 
     def to_dict(self) -> dict[str, Any]:
         """The on-disk form (no copies: tensors are shared with the model and optimizer)."""
-        return {"format": CHECKPOINT_FORMAT, **{f.name: getattr(self, f.name) for f in fields(self)}}
+        return {"format": CHECKPOINT_FORMAT, **{f.name: getattr(self, f.name) for f in fields(self)
+                                                 if f.name not in _WRITTEN_WHEN_SET or getattr(self, f.name) is not None}}
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "checkpoint") -> Checkpoint:
