@@ -60,8 +60,8 @@ class Checkpoint:
 
     def to_dict(self) -> dict[str, Any]:
         """The on-disk form (no copies: tensors are shared with the model and optimizer)."""
-        return {"format": CHECKPOINT_FORMAT, **{f.name: getattr(self, f.name) for f in fields(self)
-                                                 if f.name not in _WRITTEN_WHEN_SET or getattr(self, f.name) is not None}}
+        written = (f.name for f in fields(self) if f.name not in _WRITTEN_WHEN_SET or getattr(self, f.name) is not None)
+        return {"format": CHECKPOINT_FORMAT, **{name: getattr(self, name) for name in written}}
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "checkpoint") -> Checkpoint:
