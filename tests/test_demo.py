@@ -101,3 +101,9 @@ def test_demo_recipe_is_a_valid_training_config():
     cfg = TrainConfig(**demo.DEMO_RECIPE)
     assert cfg.per_class == 2  # emoji: exactly one image per artist and class
     assert cfg.classes_per_batch >= 2
+
+
+def test_demo_recipe_reports_an_out_of_domain_set_and_delivers_wise_ft():
+    cfg = TrainConfig(**demo.DEMO_RECIPE)
+    assert cfg.eval_extra == ["fashion-mnist"]  # shipped offline (Debian dataset-fashion-mnist)
+    assert cfg.wise_alpha == "auto" and cfg.val_fraction > 0  # alpha chosen on held-out train classes
