@@ -34,8 +34,8 @@ def batch(name: str, classes: int = 8, per_class: int = 4, dim: int = 64, seed: 
 
 def loss_and_grad(name: str, negatives: str | None, x: torch.Tensor, labels: torch.Tensor, device: str,
                   dtype: torch.dtype) -> tuple[float, np.ndarray]:
-    torch.manual_seed(0)  # losses with parameters (DCDL's) start from the same values on both devices
-    loss = build(name, negatives=negatives).to(device=device, dtype=dtype)
+    torch.manual_seed(0)  # the proxy losses start from the same proxies on both devices
+    loss = build(name, negatives=negatives, num_classes=8, embedding_dim=x.shape[1]).to(device=device, dtype=dtype)
     leaf = x.detach().to(device=device, dtype=dtype).clone().requires_grad_(True)
     value = loss(leaf, labels.to(device))
     value.backward()
@@ -59,10 +59,10 @@ def test_degenerate_batch_is_finite_on_cuda(name):
     labels = torch.zeros(8, dtype=torch.long, device="cuda")
     leaf = x.requires_grad_(True)
     try:
-        value = build(name).cuda()(leaf, labels)
+        value = build(name, num_classes=8, embedding_dim=16).cuda()(leaf, labels)
     except ValueError:  # a loss may refuse a batch without negatives: that is the CPU's behaviour too
         with pytest.raises(ValueError):
-            build(name)(x.detach().cpu().requires_grad_(True), labels.cpu())
+            build(name, num_classes=8, embedding_dim=16)(x.detach().cpu().requires_grad_(True), labels.cpu())
         return
     value.backward()
     assert torch.isfinite(value) and torch.isfinite(leaf.grad).all()

@@ -44,7 +44,7 @@ def test_every_paper_loss_is_registered():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_builds_with_defaults_and_trains(name, dtype):
     x, labels = normal_batch(dtype)
-    loss = build(name)
+    loss = build(name, num_classes=8, embedding_dim=16)  # the pair losses ignore both; the proxy losses need them
     value = loss(x, labels)
     assert value.dim() == 0 and value.dtype == dtype
     assert torch.isfinite(value)

@@ -36,6 +36,9 @@ CASES = [
     ("nca_triplet", "nca_triplet", {}, None, 0.0),
     ("sct", "sct", {}, None, 0.0),
     ("ms-aux-ce", "ms", {}, None, 0.5),
+    # proxy losses: the proxies are the loss's parameters, replicated on every rank (DDP averages their gradients)
+    ("proxy_anchor", "proxy_anchor", {}, None, 0.0),
+    ("soft_triple", "soft_triple", {"centers": 3}, None, 0.0),
 ]
 TIMING_KEYS = {"images_per_s", "epoch_time_s"}
 
@@ -62,7 +65,9 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def weights(run: Path, name: str = "last.pt") -> dict[str, torch.Tensor]:
-    return torch.load(run / name, weights_only=False)["state_dict"]
+    """The model's weights and the loss's own (proxies), by name."""
+    checkpoint = torch.load(run / name, weights_only=False)
+    return {**checkpoint["state_dict"], **{f"loss.{k}": v for k, v in (checkpoint["loss_state"] or {}).items()}}
 
 
 def assert_equivalent(one: Path, ranks: Path, rel: float = 1e-5) -> None:
@@ -183,7 +188,7 @@ def tune_config(root: Path, out: Path, loss: str, loss_kwargs: dict, negatives: 
 
 
 FINE_TUNE_CASES = [c for c in CASES if c[0] in ("triplet-semihard", "ms-loop", "npair-symm", "dcdl-sinkhorn",
-                                                 "sct", "ms-aux-ce")]
+                                                 "sct", "ms-aux-ce", "proxy_anchor")]
 
 
 # robust fine-tuning (train/robust.py), each option alone; "wise" also evaluates out of domain, sharded

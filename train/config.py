@@ -70,6 +70,7 @@ class TrainConfig:
     optimizer: str = "adamw"
     lr: float = 1e-3
     backbone_lr: float | None = None  # None: lr / 10
+    loss_lr: float | None = None  # a proxy loss's proxies; None: its paper's (the loss class's proxy_lr), else lr
     weight_decay: float = 1e-4
     schedule: str = "cosine"  # cosine | step | constant
     warmup_epochs: int = 0
@@ -179,6 +180,8 @@ class TrainConfig:
             errors.append(f"--warmup-epochs must be >= 0, got {self.warmup_epochs}")
         if self.lr <= 0:
             errors.append(f"--lr must be > 0, got {self.lr}")
+        if self.loss_lr is not None and not self.loss_lr > 0:
+            errors.append(f"--loss-lr must be > 0, got {self.loss_lr}")
         if self.label_noise:
             mode, _, rate = self.label_noise.partition(":")
             try:

@@ -79,9 +79,20 @@ def atomic_save(obj: Any, path: Path) -> None:
     atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
-def build_optimizer(cfg: TrainConfig, model: Embedder, extra: list[nn.Parameter]) -> torch.optim.Optimizer:
-    head_params = list(model.head.parameters()) + extra
-    groups = [{"params": head_params, "lr": cfg.lr, "name": "head"}, *backbone_param_groups(cfg, model)]
+def loss_lr(cfg: TrainConfig, loss_fn: nn.Module) -> float:
+    """The learning rate of the loss's own parameters (proxies): --loss-lr, else its paper's, else --lr."""
+    if cfg.loss_lr is not None:
+        return cfg.loss_lr
+    return getattr(loss_fn, "proxy_lr", None) or cfg.lr
+
+
+def build_optimizer(cfg: TrainConfig, model: Embedder, loss_fn: nn.Module,
+                    extra: list[nn.Parameter]) -> torch.optim.Optimizer:
+    """Groups: the head (and ``extra``, the auxiliary head) at --lr, the loss's proxies, the backbone's layers."""
+    groups = [{"params": list(model.head.parameters()) + extra, "lr": cfg.lr, "name": "head"}]
+    if proxies := list(loss_fn.parameters()):
+        groups.append({"params": proxies, "lr": loss_lr(cfg, loss_fn), "name": "loss"})
+    groups += backbone_param_groups(cfg, model)
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(groups, momentum=0.9, weight_decay=cfg.weight_decay, nesterov=True)
     cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
@@ -172,15 +183,16 @@ class Trainer:
         sampler_cls = DistributedClassBalancedBatchSampler if self.ctx.distributed else ClassBalancedBatchSampler
         sampler = sampler_cls(data.train_labels, cfg.classes_per_batch, cfg.per_class, **sampling)
 
-        loss_fn = losses.build(cfg.loss, negatives=cfg.negatives, **cfg.loss_kwargs).to(self.device)
-        extra = list(loss_fn.parameters())
+        loss_fn = losses.build(cfg.loss, negatives=cfg.negatives, num_classes=data.num_classes,
+                               embedding_dim=cfg.embedding_dim, **cfg.loss_kwargs).to(self.device)
+        extra = []
         aux = None
         if cfg.aux_ce > 0:
             from retrieval.losses.auxiliary import AuxiliaryCrossEntropy
 
             aux = AuxiliaryCrossEntropy(cfg.embedding_dim, data.num_classes, weight=cfg.aux_ce).to(self.device)
             extra += list(aux.parameters())
-        optimizer = build_optimizer(cfg, model, extra)
+        optimizer = build_optimizer(cfg, model, loss_fn, extra)
         scheduler = build_scheduler(cfg, optimizer, len(sampler))
         objective = GlobalBatchObjective(loss_fn, gather=cfg.gather)
         scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)  # bf16 needs none

@@ -21,14 +21,14 @@ from torch import nn
 # Importing the loss modules and the hard-negative methods runs their registration decorators.
 import retrieval.negatives  # noqa: F401
 from retrieval.loss_registry import COMBINATION_DEFAULTS, LOSSES, NEGATIVES, register_loss
-from retrieval.losses import discrepancy, pair  # noqa: F401
+from retrieval.losses import discrepancy, pair, proxy  # noqa: F401
 from retrieval.losses.base import PairLoss
 from retrieval.losses.weights import pair_weights  # noqa: F401  (the weight view, unified Theorem 3.1)
 from retrieval.losses.with_negatives import HardNegativeLoss
 
 __all__ = [
-    "HardNegativeLoss", "available", "available_negatives", "build", "composable", "describe", "register_loss",
-    "wants_normalized",
+    "HardNegativeLoss", "available", "available_negatives", "build", "composable", "describe", "needs_classes",
+    "register_loss", "wants_normalized",
 ]
 
 
@@ -41,6 +41,12 @@ def wants_normalized(name: str) -> bool:
     """Whether loss ``name`` trains on L2-normalised embeddings by default: its class's ``normalized_embeddings``
     (True for a loss that does not say)."""
     return bool(getattr(LOSSES.get(name), "normalized_embeddings", True))
+
+
+def needs_classes(name: str) -> bool:
+    """Whether loss ``name`` learns per-class parameters (proxies): ``build`` then needs num_classes and
+    embedding_dim."""
+    return bool(getattr(LOSSES.get(name), "needs_classes", False))
 
 
 def composable(name: str, negatives: str) -> bool:
@@ -61,9 +67,19 @@ def available_negatives() -> list[tuple[str, str]]:
     return [(n, m) for n in LOSSES.names() for m in NEGATIVES.names() if composable(n, m)]
 
 
-def build(name: str, negatives: str | None = None, **hparams: Any) -> nn.Module:
+def build(name: str, negatives: str | None = None, num_classes: int | None = None, embedding_dim: int | None = None,
+          **hparams: Any) -> nn.Module:
     """Build a registered loss; ``negatives="loop" | "loop-linear" | "symm"`` adds hard-negative generation
-    (None, "none" or "batch": the batch's own negatives)."""
+    (None, "none" or "batch": the batch's own negatives). ``num_classes`` and ``embedding_dim`` size a proxy
+    loss's proxies (``needs_classes``); the pair losses have none and ignore them."""
+    if needs_classes(name):
+        if num_classes is None or embedding_dim is None:
+            raise ValueError(f"loss {name!r} learns a proxy per class: build it with num_classes= (the training "
+                             "classes) and embedding_dim=")
+        if negatives not in (None, "none", "batch"):
+            raise ValueError(f"loss {name!r} compares samples with proxies, not with the batch's negatives: "
+                             f"--negatives {negatives} does not apply to it; leave --negatives out")
+        return LOSSES.build(name, num_classes=num_classes, embedding_dim=embedding_dim, **hparams)
     if negatives in (None, "none", "batch"):
         return LOSSES.build(name, **hparams)
     if not composable(name, negatives):
@@ -81,5 +97,7 @@ def describe(name: str) -> dict[str, Any]:
     cls = LOSSES.get(name)
     parameters = inspect.signature(cls).parameters.values()
     defaults = {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
+    if getattr(cls, "proxy_lr", None) is not None:
+        defaults["--loss-lr"] = cls.proxy_lr
     return {"equation": getattr(cls, "paper_equation", ""), "defaults": defaults,
             "readings": dict(getattr(cls, "readings", {}))}
