@@ -140,6 +140,14 @@ TRAIN_OPTIONS = [
                  help="loss hyperparameter, e.g. margin=0.2 (repeatable)."),
     lazy_help_option("--negatives", help_text=lambda: f"hard-negative generation: {' | '.join(negatives_names())}."),
     click.option("--aux-ce", type=float, help="weight of an auxiliary cross-entropy head (0 = off)."),
+    click.option("--memory", type=click.Choice(["xbm", "none"]),
+                 help="xbm: the loss also sees a queue of past embeddings (cross-batch memory, Wang et al. 2020)."),
+    click.option("--memory-size", type=int, metavar="N", help="embeddings the memory holds (default 4096)."),
+    click.option("--memory-warmup", type=int, metavar="STEPS",
+                 help="optimizer steps before the loss sees the memory (default: one epoch)."),
+    click.option("--chunks", type=int, metavar="N",
+                 help="embed each batch in N chunks without keeping activations, then re-run each with its part of "
+                      "the gradient: the whole batch's exact step in 1/N of the activation memory."),
     # robust fine-tuning (docs/ROBUST.md)
     click.option("--lp-epochs", type=int, metavar="N",
                  help="LP-FT: train the head alone on the fixed pretrained backbone for N epochs, then everything."),
@@ -199,6 +207,13 @@ TRAIN_OPTIONS = [
     click.option("--on-bad-image", type=click.Choice(["skip", "fail"]),
                  help="an image that cannot be read: skip it with a warning (default) or stop the run."),
     click.option("--plots/--no-plots", default=None, help="draw the report's plots (default: yes)."),
+    click.option("--tensorboard/--no-tensorboard", default=None,
+                 help="write TensorBoard event files to RUN/tensorboard (default: yes; `tensorboard --logdir RUN`)."),
+    click.option("--mlflow/--no-mlflow", default=None,
+                 help="also track the run in MLflow: --mlflow-uri, else MLFLOW_TRACKING_URI, else a SQLite store "
+                      "beside the run folder (RUN/../mlflow.db)."),
+    click.option("--mlflow-uri", metavar="URI", help="the MLflow tracking URI (implies --mlflow), e.g. "
+                                                     "sqlite:///runs/mlflow.db or http://host:5000."),
     click.option("--gather/--no-gather", default=None,
                  help="several processes: the loss sees the global batch, all ranks' embeddings (default), or "
                       "only each rank's part."),
@@ -286,12 +301,26 @@ def _headline(metrics: dict | None) -> dict | None:
 @click.option("--workers", type=int)
 @click.option("--out", "out_path", type=click.Path(dir_okay=False),
               help="report file (default: next to the checkpoint).")
+@click.option("--pictures/--no-pictures", default=True, show_default=True,
+              help="also draw a grid of queries with their top 5 (retrieval.png) and a 2-D map of the embeddings "
+                   "(embedding_map.png) next to the report.")
+@click.option("--map", "map_method", type=click.Choice(["auto", "umap", "tsne"]), default="auto", show_default=True,
+              help="the embedding map: UMAP (umap-learn, when installed) or t-SNE (scikit-learn).")
 def evaluate_command(checkpoint, dataset, data, split, dataset_params, limit, linear_probe, batch_size, device,
-                     workers, out_path) -> None:
+                     workers, out_path, pictures, map_method) -> None:
     """Evaluate a checkpoint: prints the metrics as JSON and writes an evaluate report (eval_report.json next to
     the checkpoint, or --out)."""
+    from retrieval.analysis.pictures import draw_evaluation_pictures
     from retrieval.data import build_transforms, load_dataset
-    from retrieval.evaluation import checkpoint_dataset, embed_eval_sets, evaluate_embeddings, load_eval_sets
+    from retrieval.evaluation import (
+        checkpoint_dataset,
+        class_names,
+        embed_eval_rows,
+        eval_arrays,
+        evaluate_embeddings,
+        load_eval_sets,
+        row_loader,
+    )
     from retrieval.inference import embed_dataset, resolve_device
     from retrieval.models import load_checkpoint, load_embedder
     from retrieval.reports import evaluate_report, save_report
@@ -303,7 +332,8 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_params, limit, li
     model = load_embedder(checkpoint).to(dev)
     tf = build_transforms(model.config, train=False)
     sets = load_eval_sets(dataset, data, split, tf, limit, seed=trained.get("seed", 0), **kwargs)
-    q, ql, g, gl = embed_eval_sets(model, sets, dev, batch_size, workers)
+    query, gallery = embed_eval_rows(model, sets, dev, batch_size, workers)
+    q, ql, g, gl = eval_arrays(query, gallery)
     metrics = evaluate_embeddings(q, ql, g, gl)
     if linear_probe:
         from retrieval.metrics import linear_probe as probe
@@ -312,7 +342,16 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_params, limit, li
         tr, trl = embed_dataset(model, train_set, batch_size, dev, workers, desc="embed train")
         metrics["linear_probe"] = probe(tr, trl, q, ql)
     out = Path(out_path) if out_path else Path(checkpoint).with_name("eval_report.json")
-    save_report(evaluate_report(checkpoint, dataset, data, split, kwargs, len(ql), model.config, metrics), out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    plots = {}
+    if pictures:
+        names = class_names(sets.query)
+        plots = draw_evaluation_pictures(
+            out.parent, q, ql, row_loader(sets.query, query.indices), g, gl,
+            row_loader(sets.gallery, gallery.indices) if gallery is not None else None,
+            lambda label: names[label], seed=trained.get("seed", 0), method=map_method)
+    report = evaluate_report(checkpoint, dataset, data, split, kwargs, len(ql), model.config, metrics, plots)
+    save_report(report, out)
     click.echo(json.dumps({**metrics, "report": str(out)}, indent=2))
 
 
@@ -369,10 +408,11 @@ def _register_area_commands() -> None:
     from retrieval.cli.export import export_command
     from retrieval.cli.index import index_group, search_command
     from retrieval.cli.results import results_group
+    from retrieval.cli.runs import runs_group
     from retrieval.cli.serve import serve_command
 
     for command in (data_group, analyze_group, export_command, index_group, search_command, serve_command,
-                    results_group):
+                    results_group, runs_group):
         main.add_command(command)
 
 

@@ -73,23 +73,51 @@ def leave_one_out_metrics(embeddings: np.ndarray, labels: np.ndarray) -> dict[st
     return evaluate_embeddings(embeddings, labels, ks=ks, with_clustering=False)
 
 
+def embed_eval_rows(model: nn.Module, sets: EvalSets, device: torch.device | str, batch_size: int = 128,
+                    workers: int | None = None, amp: bool = False, progress: bool = True,
+                    bad_images: BadImageLog | None = None):
+    """(query, gallery or None) as ``Embedded``: the embeddings, labels and dataset position of every image that
+    loads. Under torch.distributed each rank embeds its part and every rank gets all rows, each image once
+    (``retrieval.distributed.embed_sharded``; in one process it is ``embed_samples``)."""
+
+    def rows(dataset: Dataset, desc: str):
+        return embed_sharded(model, dataset, batch_size, device, workers, amp, desc, progress, bad_images)
+
+    query = rows(sets.query, "embed query")
+    return query, (rows(sets.gallery, "embed gallery") if sets.gallery is not None else None)
+
+
 def embed_eval_sets(model: nn.Module, sets: EvalSets, device: torch.device | str, batch_size: int = 128,
                     workers: int | None = None, amp: bool = False, progress: bool = True,
                     bad_images: BadImageLog | None = None):
-    """(query, query_labels, gallery, gallery_labels) embeddings; an unreadable image loses its row and label.
+    """(query, query_labels, gallery, gallery_labels) embeddings; an unreadable image loses its row and label."""
+    return eval_arrays(*embed_eval_rows(model, sets, device, batch_size, workers, amp, progress, bad_images))
 
-    Under torch.distributed each rank embeds its part and every rank gets all rows, each image once
-    (``retrieval.distributed.embed_sharded``; in one process it is ``embed_samples``)."""
 
-    def rows(dataset: Dataset, desc: str) -> tuple[np.ndarray, np.ndarray]:
-        result = embed_sharded(model, dataset, batch_size, device, workers, amp, desc, progress, bad_images)
-        return result.embeddings, result.labels
+def eval_arrays(query, gallery) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """(query, query_labels, gallery, gallery_labels) of the ``Embedded`` query and gallery (or None)."""
+    if gallery is None:
+        return query.embeddings, query.labels, None, None
+    return query.embeddings, query.labels, gallery.embeddings, gallery.labels
 
-    q, ql = rows(sets.query, "embed query")
-    if sets.gallery is None:
-        return q, ql, None, None
-    g, gl = rows(sets.gallery, "embed gallery")
-    return q, ql, g, gl
+
+def dataset_image(dataset: Dataset, index: int):
+    """The PIL image (no transform) of sample ``index`` of an ``ImageDataset`` or of a ``Subset`` of one."""
+    while isinstance(dataset, Subset):
+        dataset, index = dataset.dataset, int(dataset.indices[index])
+    return dataset.load_image(index)
+
+
+def row_loader(dataset: Dataset, rows: np.ndarray):
+    """``load(row)``: the PIL image of embedding row ``row``, whose dataset position is ``rows[row]``."""
+    return lambda row: dataset_image(dataset, int(rows[row]))
+
+
+def class_names(dataset: Dataset) -> list[str]:
+    """The class names of an ``ImageDataset`` (or of the one under a ``Subset``), indexed by label."""
+    while isinstance(dataset, Subset):
+        dataset = dataset.dataset
+    return list(dataset.class_names)
 
 
 # --- evaluation beyond the training domain (--eval-extra) -----------------------------------------------------

@@ -50,8 +50,9 @@ def train_report(config: dict[str, Any], history: list[dict[str, Any]], baseline
 
 def evaluate_report(checkpoint: str | Path, dataset: str, data: str | None, split: str,
                     dataset_kwargs: dict[str, Any], num_queries: int, model: dict[str, Any],
-                    metrics: dict[str, float]) -> dict[str, Any]:
-    """An evaluation's report: which checkpoint, on which data and split, and its metrics."""
+                    metrics: dict[str, float], plots: dict[str, str] | None = None) -> dict[str, Any]:
+    """An evaluation's report: which checkpoint, on which data and split, its metrics and its pictures (file names
+    relative to the report)."""
     return {
         "format": REPORT_FORMAT,
         "kind": "evaluate",
@@ -63,6 +64,7 @@ def evaluate_report(checkpoint: str | Path, dataset: str, data: str | None, spli
         "num_queries": int(num_queries),
         "model": model,
         "metrics": metrics,
+        "plots": dict(plots or {}),
     }
 
 

@@ -256,6 +256,16 @@ def wise_plot(report: RunReport) -> Image.Image | None:
     return _open(report.plot_file("wise"))
 
 
+def retrieval_plot(report: RunReport) -> Image.Image | None:
+    """Queries of the evaluation with their top 5, right and wrong marked, as the run or evaluation drew them."""
+    return _open(report.plot_file("retrieval"))
+
+
+def embedding_map_plot(report: RunReport) -> Image.Image | None:
+    """The evaluation's embeddings in 2-D (UMAP or t-SNE), coloured by class."""
+    return _open(report.plot_file("embedding_map"))
+
+
 def summary_markdown(report: RunReport, shown: str | None = None) -> str:
     """The report's kind, where it is (``shown``: as the reader named it; default its file name) and its setup."""
     config = report.data.get("config") or {}

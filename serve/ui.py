@@ -26,11 +26,13 @@ from retrieval.serve.reports import (
     METRIC_UNIT,
     curves_plot,
     domains_plot,
+    embedding_map_plot,
     load_report,
     load_results,
     percent,
     recall_plot,
     results_curve_image,
+    retrieval_plot,
     summary_markdown,
     triplet_plot,
     wise_plot,
@@ -306,6 +308,10 @@ REPORT_REFUSED = (
 )  # one answer for every refusal: it tells neither whether a file exists nor where the server's folders are
 
 
+# the Evaluation tab's pictures shown only when the report has them, in their order on the page
+OPTIONAL_PLOTS = (domains_plot, wise_plot, retrieval_plot, embedding_map_plot)
+
+
 def shown_picture(image: Image.Image | None) -> Any:
     """An optional picture: shown when the report has it, hidden otherwise."""
     return gr.update(value=image, visible=image is not None)
@@ -346,26 +352,26 @@ class EvaluationTab:
         """The report's summary, metrics table and plots (drawn once per report file version)."""
         if not path:
             return "No report given: start with `--report RUN_DIR/report.json` (or enter a path above).", \
-                None, None, None, None, *[shown_picture(None)] * 2
+                None, None, None, None, *[shown_picture(None)] * len(OPTIONAL_PLOTS)
         target = self.target(path)
         try:
             key = (str(target), target.stat().st_mtime_ns) if target is not None else None
         except OSError:
             key = None
         if key is None:
-            return REPORT_REFUSED, None, None, None, None, *[shown_picture(None)] * 2
+            return REPORT_REFUSED, None, None, None, None, *[shown_picture(None)] * len(OPTIONAL_PLOTS)
         if key in self._cache:
             return self._cache[key]
         try:
             report = load_report(target)
         except (OSError, ValueError):
-            return REPORT_REFUSED, None, None, None, None, *[shown_picture(None)] * 2
+            return REPORT_REFUSED, None, None, None, None, *[shown_picture(None)] * len(OPTIONAL_PLOTS)
         headers, rows = report.metrics_table()
         summary = summary_markdown(report, shown=path)
         if report.map_equals_recall():
             summary += f"\n\n{MAP_EQUALS_RECALL_NOTE}"
         shown = (summary, gr.Dataframe(value=rows, headers=headers), recall_plot(report), curves_plot(report),
-                 triplet_plot(report), *(shown_picture(picture(report)) for picture in (domains_plot, wise_plot)))
+                 triplet_plot(report), *(shown_picture(picture(report)) for picture in OPTIONAL_PLOTS))
         self._cache = {key: shown}  # keep only the latest
         return shown
 
@@ -435,6 +441,11 @@ class EvaluationTab:
                                elem_id="domains-plot", visible=False)
             wise = gr.Image(label="WiSE-FT", show_label=False, type="pil", interactive=False, elem_id="wise-plot",
                             visible=False)
+        with gr.Row():  # the evaluation's pictures, when the report has them
+            retrieval_grid = gr.Image(label="Queries and their top 5", show_label=False, type="pil",
+                                      interactive=False, elem_id="retrieval-plot", visible=False)
+            embedding_map = gr.Image(label="Embedding map", show_label=False, type="pil", interactive=False,
+                                     elem_id="embedding-map-plot", visible=False)
         gr.Markdown("### Classes with the worst Recall@1 in this index")
         loo_summary = gr.Markdown(elem_id="worst-summary")
         worst = gr.Dataframe(interactive=False, elem_id="worst-classes")
@@ -448,7 +459,7 @@ class EvaluationTab:
         gr.Markdown("### Duplicates skipped by the index")
         duplicates_text = gr.Markdown(elem_id="duplicates-summary")
         duplicates_table = gr.Dataframe(interactive=False, elem_id="duplicates-table")
-        outputs = [summary, metrics, recall, curves, triplet, domains, wise]
+        outputs = [summary, metrics, recall, curves, triplet, domains, wise, retrieval_grid, embedding_map]
         button.click(self.open_report, [path], outputs, api_name="open_report")
         demo.load(self.open_report, [path], outputs, api_name=False)
         demo.load(self.worst_classes, None, [loo_summary, worst, failures], api_name=False)

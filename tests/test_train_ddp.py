@@ -89,6 +89,7 @@ def assert_equivalent(one: Path, ranks: Path, rel: float = 1e-5) -> None:
     assert any(r.get("loss", 0) != 0 for r in rows_one)  # the weights did move: equal weights mean something
     report, alone = (json.loads((run / "report.json").read_text()) for run in (ranks, one))
     assert report["config"]["world_size"] == 2
+    assert len(list((ranks / "tensorboard").glob("events.out.tfevents.*"))) == 1  # rank 0 alone tracks
     # rank 0's report lists the unreadable images that any rank met
     assert sorted(b["file"] for b in report["bad_images"]) == sorted(b["file"] for b in alone["bad_images"])
 

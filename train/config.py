@@ -54,6 +54,10 @@ class TrainConfig:
     loss_kwargs: dict[str, Any] = field(default_factory=dict)
     negatives: str | None = None
     aux_ce: float = 0.0
+    memory: str | None = None  # "xbm": a cross-batch memory of past embeddings (retrieval/losses/memory.py)
+    memory_size: int = 4096  # embeddings the memory holds
+    memory_warmup: int | None = None  # optimizer steps before the loss sees the memory; None: one epoch
+    chunks: int = 1  # gradient cache: embed each (rank's) batch in this many chunks, exact large batches
     # robust fine-tuning: keep what the pretrained backbone knew (docs/ROBUST.md)
     lp_epochs: int = 0  # LP-FT: train the head alone (backbone fixed) for this many epochs, then everything
     l2sp: float = 0.0  # L2-SP: weight of the penalty toward the starting backbone weights (replaces its decay)
@@ -97,6 +101,9 @@ class TrainConfig:
     checkpoint_every: int | None = None  # also write last.pt every this many optimizer steps (mid-epoch resume)
     on_bad_image: str = "skip"  # skip | fail: what an image that cannot be read does to the run
     plots: bool = True  # the report's PNG plots (seconds of matplotlib per run)
+    tensorboard: bool = True  # TensorBoard event files in RUN/tensorboard (train/tracking.py)
+    mlflow: bool = False  # also track in MLflow (mlflow_uri, else MLFLOW_TRACKING_URI, else RUN/../mlflow.db)
+    mlflow_uri: str | None = None  # an MLflow tracking URI; implies mlflow
     # several processes (torchrun; see train/distributed.py)
     gather: bool = True  # the loss sees the global batch (all ranks' embeddings); False: each rank's own part
     sync_bn: bool = False  # SyncBatchNorm over the ranks, for backbones trained with BN (--no-freeze-bn); CUDA only
@@ -191,6 +198,7 @@ class TrainConfig:
             if not ok:
                 errors.append(f"--label-noise must look like symmetric:0.3 or asymmetric:0.2, got {self.label_noise!r}")
         errors += self._robust_errors()
+        errors += self._memory_errors()
         if errors:
             raise ValueError("; ".join(errors))
 
@@ -241,6 +249,33 @@ class TrainConfig:
         if self.freeze_backbone and fine_tuning:
             errors.append(f"{', '.join(fine_tuning)} act(s) on the backbone while it fine-tunes; leave out "
                           "--freeze-backbone")
+        return errors
+
+    def _memory_errors(self) -> list[str]:
+        """What is wrong with --memory and --chunks."""
+        errors = []
+        if self.memory not in (None, "none", "xbm"):
+            errors.append(f"--memory must be xbm (cross-batch memory) or none, got {self.memory!r}")
+        if self.memory_size < 1:
+            errors.append(f"--memory-size must be >= 1 embeddings, got {self.memory_size}")
+        if self.memory_warmup is not None and self.memory_warmup < 0:
+            errors.append(f"--memory-warmup must be >= 0 optimizer steps, got {self.memory_warmup}")
+        if self.memory == "xbm" and self.negatives not in (None, "none", "batch"):
+            errors.append(f"--memory xbm with --negatives {self.negatives}: the hard-negative methods solve a problem "
+                          "per pair of positive pairs, so a memory of thousands of rows makes millions of them; use "
+                          "the memory with the plain pair losses")
+        if self.memory == "xbm" and not self.gather:
+            errors.append("--memory xbm needs --gather (the default): the memory takes the global batch, so that "
+                          "every process holds the same queue")
+        if isinstance(self.chunks, bool) or not isinstance(self.chunks, int) or self.chunks < 1:
+            errors.append(f"--chunks must be a whole number >= 1, got {self.chunks!r}")
+        elif self.chunks > 1:
+            if self.aux_ce or self.distill:
+                errors.append("--chunks re-runs the model chunk by chunk with the gradient of the embeddings only; "
+                              "the per-sample terms --aux-ce and --distill are not covered: leave them out")
+            if not (self.freeze_bn or self.freeze_backbone):
+                errors.append("--chunks with --no-freeze-bn: BatchNorm in training mode normalises each chunk by its "
+                              "own statistics, so the step would not be the whole batch's; keep --freeze-bn")
         return errors
 
     def to_dict(self) -> dict[str, Any]:

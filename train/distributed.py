@@ -12,6 +12,7 @@ Each process reads RANK, WORLD_SIZE and LOCAL_RANK (set by torchrun); backend NC
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -141,6 +142,39 @@ class DataParallelStep:
     def __call__(self, inputs: torch.Tensor, labels: torch.Tensor, amp: torch.dtype | None):
         return self.module(inputs, labels, amp)
 
+    def chunked(self, inputs: torch.Tensor, labels: torch.Tensor, amp: torch.dtype | None,
+                chunks: int) -> tuple[torch.Tensor, Callable[[], None]]:
+        """The gradient cache (Gao et al. 2021, --chunks): the batch's embeddings computed chunk by chunk without
+        keeping activations, as a leaf that takes the loss's gradient, and ``replay()``, which runs each chunk
+        again with its activations and pushes its rows of that gradient into the weights. The sum over the chunks
+        is the whole batch's gradient: the step equals the unchunked one where the forward is deterministic
+        (frozen BatchNorm). Random layers (dropout, drop connect) draw their masks per chunk; the replay restores
+        each chunk's random state, so its gradient is that of the masks its first pass drew."""
+        input_parts, label_parts = inputs.tensor_split(chunks), labels.tensor_split(chunks)
+        states, outputs = [], []
+        with torch.no_grad():
+            for x, y in zip(input_parts, label_parts, strict=True):
+                states.append(_random_state(x.device))
+                outputs.append(self.module(x, y, amp)[0] if len(x) else x.new_zeros((0, 0)))
+        after = _random_state(inputs.device)
+        embeddings = torch.cat([o for o in outputs if len(o)]).requires_grad_(True)
+        sizes = [len(o) for o in outputs]
+
+        def replay() -> None:
+            grads = embeddings.grad.split(sizes) if embeddings.grad is not None else [None] * len(sizes)
+            last = max(i for i, n in enumerate(sizes) if n)
+            for i, (x, y, state, grad) in enumerate(zip(input_parts, label_parts, states, grads, strict=True)):
+                if not len(x) or grad is None:
+                    continue
+                _set_random_state(state, x.device)
+                # DDP reduces the gradients once, after the last chunk's backward
+                sync = self.ctx.distributed and i < last
+                with self.module.no_sync() if sync else contextlib.nullcontext():
+                    self.module(x, y, amp)[0].backward(grad)
+            _set_random_state(after, inputs.device)
+
+        return embeddings, replay
+
     def fix_backbone(self, fixed: bool) -> None:
         """LP-FT: run the backbone without gradients (True) or train it with the rest (False)."""
         self.inner.backbone_fixed = fixed
@@ -166,6 +200,17 @@ class DataParallelStep:
         everyone: list = [None] * self.ctx.world_size
         dist.all_gather_object(everyone, records)
         return [record for part in everyone for record in part]
+
+
+def _random_state(device: torch.device) -> tuple:
+    """The CPU (and the device's CUDA) random state, to replay a forward's random draws."""
+    return torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+
+
+def _set_random_state(state: tuple, device: torch.device) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)
 
 
 def gpu_options(amp: bool | str, channels_last: bool, compile_step: bool, device: torch.device) -> torch.dtype | None:

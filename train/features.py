@@ -25,7 +25,7 @@ from retrieval.data import BadImageLog, BadSample, WithSampleSeeds, build_transf
 from retrieval.data.augment import Augmentation
 from retrieval.data.decode import DEFAULT_BACKGROUND
 from retrieval.distributed import embed_sharded, every_rank, rank_and_world
-from retrieval.evaluation import EvalSets, embed_eval_sets
+from retrieval.evaluation import EvalSets, embed_eval_rows, eval_arrays
 from retrieval.inference import Embedded, embed_samples, make_loader
 from retrieval.io import atomic_write
 from retrieval.models import Embedder
@@ -61,6 +61,9 @@ class FeatureSource(Protocol):
 
     def embed_eval(self, model: Embedder) -> EvalEmbeddings:
         """(query, query_labels, gallery, gallery_labels) embeddings of the evaluation split."""
+
+    def eval_indices(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """The dataset position of each row ``embed_eval`` returned (query, gallery or None)."""
 
     def train_embeddings(self, model: Embedder) -> tuple[np.ndarray, np.ndarray]:
         """(embeddings [n, D], train image index of each row) of every train image that loads, without augmentation."""
@@ -150,6 +153,10 @@ class CachedFeatures:
         return (self._head(model, query.embeddings), query.labels, self._head(model, gallery.embeddings),
                 gallery.labels)
 
+    def eval_indices(self) -> tuple[np.ndarray, np.ndarray | None]:
+        query, gallery = self.eval_features
+        return query.indices, gallery.indices if gallery is not None else None
+
     @torch.no_grad()
     def train_embeddings(self, model: Embedder) -> tuple[np.ndarray, np.ndarray]:
         model.head.eval()
@@ -167,6 +174,7 @@ class ImagePipeline:
     """Fine-tuning: augmented train images through the whole model; the evaluation split embedded image by image."""
 
     def __init__(self, cfg: TrainConfig, train_set: Dataset, eval_sets: EvalSets, embedding: Embedding) -> None:
+        self._eval_indices: tuple[np.ndarray, np.ndarray | None] = (np.zeros(0, np.int64), None)
         self.cfg = cfg
         self.train_set = train_set
         self.eval_sets = eval_sets
@@ -207,8 +215,13 @@ class ImagePipeline:
     @torch.no_grad()
     def embed_eval(self, model: Embedder) -> EvalEmbeddings:
         run = self.embedding
-        return embed_eval_sets(model, self.eval_sets, run.device, run.batch_size, run.workers, run.amp, run.progress,
-                               bad_images=run.bad_images)
+        query, gallery = embed_eval_rows(model, self.eval_sets, run.device, run.batch_size, run.workers, run.amp,
+                                         run.progress, bad_images=run.bad_images)
+        self._eval_indices = (query.indices, gallery.indices if gallery is not None else None)
+        return eval_arrays(query, gallery)
+
+    def eval_indices(self) -> tuple[np.ndarray, np.ndarray | None]:
+        return self._eval_indices
 
     @torch.no_grad()
     def train_embeddings(self, model: Embedder) -> tuple[np.ndarray, np.ndarray]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -155,9 +156,10 @@ def write_report(
     with_plots: bool = True,
     reference: dict[str, Any] | None = None,
     wise: dict[str, Any] | None = None,
+    pictures: Callable[[], dict[str, str]] | None = None,
 ) -> dict[str, Any]:
     """Write RUN_DIR/report.json and its plots (``with_plots``); ``bad_images`` lists the files the run skipped,
-    each once."""
+    each once; ``pictures()`` draws more plots into the run folder and returns their names."""
     plots: dict[str, str] = {}
     if with_plots and plot_training_curves(history, out / "curves.png"):
         plots["curves"] = "curves.png"
@@ -170,6 +172,8 @@ def write_report(
         plots["wise"] = "wise.png"
     if with_plots:
         plots.update(triplet_plots(out, test_embeddings, train_sample))
+    if with_plots and pictures is not None:
+        plots.update(pictures())
     report = train_report(run_config, history, baseline, best, last, plots, bad_images, reference, wise)
     save_report(report, out / "report.json")
     return report

@@ -18,6 +18,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from retrieval import losses
+from retrieval.analysis.pictures import draw_evaluation_pictures
 from retrieval.data import (
     BadImageLog,
     ClassBalancedBatchSampler,
@@ -29,7 +30,14 @@ from retrieval.data import (
 )
 from retrieval.data.decode import parse_background
 from retrieval.distributed import GlobalBatchObjective, embed_sharded
-from retrieval.evaluation import evaluate_embeddings, leave_one_out_metrics, load_eval_sets, load_extra_set
+from retrieval.evaluation import (
+    class_names,
+    evaluate_embeddings,
+    leave_one_out_metrics,
+    load_eval_sets,
+    load_extra_set,
+    row_loader,
+)
 from retrieval.inference import default_workers
 from retrieval.io import atomic_write
 from retrieval.models import (
@@ -44,7 +52,7 @@ from retrieval.models import (
 )
 from retrieval.train.config import TrainConfig
 from retrieval.train.distributed import DataParallelStep, gpu_options, init_distributed, restarted
-from retrieval.train.features import Embedding, FeatureSource, cached_features, feature_source_class
+from retrieval.train.features import Embedding, EvalEmbeddings, FeatureSource, cached_features, feature_source_class
 from retrieval.train.report import write_report
 from retrieval.train.robust import WISE_ALPHAS, RobustFineTuning, backbone_param_groups, choose_alpha, snapshot
 from retrieval.train.state import (
@@ -55,6 +63,7 @@ from retrieval.train.state import (
     restore_rng_states,
     rng_states,
 )
+from retrieval.train.tracking import Tracking, mlflow_uri_from
 
 BAD_IMAGE_FIX = "fix or remove the file, or pass --on-bad-image skip to train without it"
 
@@ -77,6 +86,17 @@ def seed_everything(seed: int) -> None:
 def atomic_save(obj: Any, path: Path) -> None:
     """Save a checkpoint whole or not at all: a crash never leaves half a checkpoint."""
     atomic_write(path, lambda tmp: torch.save(obj, tmp))
+
+
+def with_memory(cfg: TrainConfig, loss_fn: nn.Module, steps_per_epoch: int) -> nn.Module:
+    """--memory xbm: the loss with a cross-batch memory (warm-up: --memory-warmup steps, else one epoch)."""
+    from retrieval.losses.memory import CrossBatchMemory
+
+    if losses.needs_classes(cfg.loss):
+        raise ValueError(f"--memory xbm with --loss {cfg.loss}: a proxy loss compares each sample with the class "
+                         "proxies, not with other samples, so a memory of past samples changes nothing; leave it out")
+    warmup = steps_per_epoch if cfg.memory_warmup is None else cfg.memory_warmup
+    return CrossBatchMemory(loss_fn, cfg.memory_size, cfg.embedding_dim, warmup)
 
 
 def loss_lr(cfg: TrainConfig, loss_fn: nn.Module) -> float:
@@ -134,7 +154,8 @@ class Trainer:
         self.workers = default_workers() if cfg.workers is None else cfg.workers
         self.bad_images = BadImageLog(cfg.on_bad_image, fix=BAD_IMAGE_FIX, warn=warn_line)
         self.resume_progress: EpochProgress | None = None  # the epoch a mid-epoch checkpoint stopped in
-        self.last_eval_embeddings: tuple[np.ndarray, np.ndarray] | None = None  # the report's plots reuse them
+        self.last_eval: EvalEmbeddings | None = None  # the last evaluation's embeddings: the report's plots reuse them
+        self.tracking = Tracking([])  # TensorBoard / MLflow, opened by setup() on rank 0
 
     @property
     def device(self) -> torch.device:
@@ -185,6 +206,9 @@ class Trainer:
 
         loss_fn = losses.build(cfg.loss, negatives=cfg.negatives, num_classes=data.num_classes,
                                embedding_dim=cfg.embedding_dim, **cfg.loss_kwargs).to(self.device)
+        step_loss = loss_fn  # its parameters train inside the step (DDP keeps them equal); the memory stays outside
+        if cfg.memory == "xbm":
+            loss_fn = with_memory(cfg, loss_fn, len(sampler)).to(self.device)
         extra = []
         aux = None
         if cfg.aux_ce > 0:
@@ -192,7 +216,7 @@ class Trainer:
 
             aux = AuxiliaryCrossEntropy(cfg.embedding_dim, data.num_classes, weight=cfg.aux_ce).to(self.device)
             extra += list(aux.parameters())
-        optimizer = build_optimizer(cfg, model, loss_fn, extra)
+        optimizer = build_optimizer(cfg, model, step_loss, extra)
         scheduler = build_scheduler(cfg, optimizer, len(sampler))
         objective = GlobalBatchObjective(loss_fn, gather=cfg.gather)
         scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)  # bf16 needs none
@@ -202,7 +226,7 @@ class Trainer:
         features: FeatureSource = source.build(cfg, model, data.train_set, data.train_labels, data.eval_sets,
                                                embedding)
         # what a step runs: through DDP when there are several processes
-        step = DataParallelStep(model, features.forward, aux, loss_fn, self.ctx, sync_bn=cfg.sync_bn,
+        step = DataParallelStep(model, features.forward, aux, step_loss, self.ctx, sync_bn=cfg.sync_bn,
                                 channels_last=cfg.channels_last, compile_step=cfg.compile, teacher=robust.teacher,
                                 distill=cfg.distill, phases=cfg.lp_epochs > 0)
         self.parts = TrainParts(model, loss_fn, aux, optimizer, scheduler, scaler, objective, sampler, features, step,
@@ -214,6 +238,9 @@ class Trainer:
         if resume:
             self._load_resume_state()
         if self.main:
+            self.tracking = Tracking.open(self.out, self.run_config(), cfg.tensorboard,
+                                          mlflow_uri_from(cfg.mlflow_uri, cfg.mlflow, self.out),
+                                          resume_step=self.parts.scheduler.last_epoch + 1 if resume else None)
             (self.out / "config.json").write_text(json.dumps(self.run_config(), indent=2))
 
     def run_config(self) -> dict[str, Any]:
@@ -228,6 +255,7 @@ class Trainer:
             "world_size": self.ctx.world_size,
             "amp": self.amp,
             "torch": torch.__version__,
+            "tracking": self.tracking.where(),
         }
 
     # --- checkpoints -------------------------------------------------------------------------------
@@ -338,7 +366,12 @@ class Trainer:
                 continue
             inputs = inputs.to(self.device, non_blocking=True)
             labels = labels.to(self.device, non_blocking=True)
-            embeddings, local_terms = parts.step(inputs, labels, self.amp_dtype)  # float32: losses run in float32
+            replay = None  # --chunks: re-runs the chunks with their part of the gradient after the backward
+            if cfg.chunks > 1:
+                embeddings, replay = parts.step.chunked(inputs, labels, self.amp_dtype, cfg.chunks)
+                local_terms = {}
+            else:  # float32 embeddings: losses run in float32
+                embeddings, local_terms = parts.step(inputs, labels, self.amp_dtype)
             # the global batch's loss (gathered over the ranks) plus the per-sample terms (auxiliary head, distillation)
             objective = parts.objective(embeddings, labels, local_terms)
             loss, backward = objective.total, objective.backward
@@ -353,11 +386,12 @@ class Trainer:
             state.bad_in_row = 0
             for name, value in terms.items():  # the logged terms of the steps taken
                 state.add(name, float(value))
-            self._optimizer_step(backward)
+            self._optimizer_step(backward, replay)
             parts.robust.after_step(parts.model)
             state.steps += 1
             state.seen += images
             state.add("loss", float(loss))
+            self.tracking.step(parts.scheduler.last_epoch, float(loss))
             for key, value in (getattr(parts.loss_fn, "last_stats", None) or {}).items():
                 state.stats.setdefault(key, []).append(float(value))
             state.elapsed = time.perf_counter() - start
@@ -374,11 +408,14 @@ class Trainer:
             )
         return self._epoch_row(state, time.perf_counter() - start)
 
-    def _optimizer_step(self, backward: torch.Tensor) -> None:
-        """One optimizer step on ``backward``'s gradients: loss scaling, --grad-clip, then the schedule."""
+    def _optimizer_step(self, backward: torch.Tensor, replay=None) -> None:
+        """One optimizer step on ``backward``'s gradients (and ``replay()``'s, the chunks of --chunks): loss scaling,
+        --grad-clip, then the schedule."""
         optimizer, scaler = self.parts.optimizer, self.parts.scaler
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(backward).backward()
+        if replay is not None:
+            replay()
         if self.cfg.grad_clip:
             scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], self.cfg.grad_clip)
@@ -478,7 +515,7 @@ class Trainer:
     def evaluate(self, final: bool = False) -> dict[str, float]:
         """Metrics of the evaluation split: embedded sharded over the ranks, computed once (rank 0), shared."""
         q, ql, g, gl = self.embed_eval()
-        self.last_eval_embeddings = (q, ql)  # the report's plots reuse them instead of embedding again
+        self.last_eval = (q, ql, g, gl)  # the report's plots reuse them instead of embedding again
         metrics = self.ctx.from_main(self._metrics(q, ql, g, gl, final) if self.main else None)
         if self.data.extra_sets:
             metrics["extra"] = self.extra_metrics(self.eval_model)
@@ -506,12 +543,25 @@ class Trainer:
 
     # --- the run -----------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
+        try:
+            return self._run()
+        except BaseException as exc:
+            self.tracking.fail("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+            raise
+
+    def _track_epoch(self, row: dict[str, Any]) -> None:
+        optimizer = self.parts.optimizer
+        self.tracking.epoch(row, self.parts.scheduler.last_epoch,
+                            {group.get("name", str(i)): group["lr"] for i, group in enumerate(optimizer.param_groups)})
+
+    def _run(self) -> dict[str, Any]:
         self.setup()
         cfg, record = self.cfg, self.record
         log_path = self.out / "metrics.jsonl"
         if record.baseline is None and cfg.eval_before:
             record.baseline = self.evaluate()
             record.history.append({"epoch": 0, **record.baseline})
+            self._track_epoch(record.history[-1])
             if self.main:
                 self._rewrite_metrics_log()
         for epoch in range(record.start_epoch, cfg.epochs):
@@ -521,6 +571,7 @@ class Trainer:
             if evaluated:
                 row.update(self.evaluate(final=epoch + 1 == cfg.epochs))
             record.history.append(row)
+            self._track_epoch(row)
             if self.main:
                 with log_path.open("a") as f:
                     f.write(json.dumps(row) + "\n")
@@ -534,17 +585,30 @@ class Trainer:
         history = self.record.history
         final = [r for r in history if "recall@1" in r and r["epoch"] > 0]
         best = max(final, key=lambda r: r["recall@1"]) if final else None
-        if self.last_eval_embeddings is None:  # e.g. resuming a run that had already finished
-            q, ql, _, _ = self.embed_eval()
-            self.last_eval_embeddings = (q, ql)
+        if self.last_eval is None:  # e.g. resuming a run that had already finished
+            self.last_eval = self.embed_eval()
         wise = self.wise_ft() if self.cfg.wise_alpha is not None else None
         if not self.main:
             return {}
         train_sample = self.train_embeddings_sample()
-        return write_report(self.out, self.run_config(), history, self.record.baseline, best,
-                            final[-1] if final else None, self.last_eval_embeddings, train_sample,
-                            bad_images=self.bad_images.records(), with_plots=self.cfg.plots,
-                            reference=self.record.reference, wise=wise)
+        report = write_report(self.out, self.run_config(), history, self.record.baseline, best,
+                              final[-1] if final else None, self.last_eval[:2], train_sample,
+                              bad_images=self.bad_images.records(), with_plots=self.cfg.plots,
+                              reference=self.record.reference, wise=wise,
+                              pictures=self.evaluation_pictures if self.cfg.plots else None)
+        self.tracking.finish(self.out, report.get("plots", {}), self.parts.scheduler.last_epoch)
+        return report
+
+    def evaluation_pictures(self) -> dict[str, str]:
+        """The last evaluation's query grid and embedding map, drawn into the run folder (report plot names)."""
+        q, ql, g, gl = self.last_eval
+        query_rows, gallery_rows = self.parts.features.eval_indices()
+        sets = self.data.eval_sets
+        names = class_names(sets.query)
+        return draw_evaluation_pictures(
+            self.out, q, ql, row_loader(sets.query, query_rows), g, gl,
+            row_loader(sets.gallery, gallery_rows) if sets.gallery is not None else None,
+            lambda label: names[label], seed=self.cfg.seed)
 
     # --- WiSE-FT -------------------------------------------------------------------------------------
     def validation_point(self, model: nn.Module) -> dict[str, Any]:

@@ -1,0 +1,80 @@
+"""Cross-batch memory (XBM; Wang, Zhang, Huang & Scott, "Cross-Batch Memory for Embedding Learning", CVPR 2020).
+
+Embeddings drift slowly once training has warmed up, so the embeddings of past batches are still good stand-ins
+for the current model's: a FIFO queue of the last ``size`` embeddings (and labels) gives every step many more
+positives and negatives than the batch holds, at the cost of a matrix product with the queue.
+
+``CrossBatchMemory(loss, size, embedding_dim, warmup)`` wraps any loss called as ``loss(embeddings, labels)``:
+after ``warmup`` steps, the step's loss is the wrapped loss on the batch concatenated with the queue
+(``loss(cat(E, M), cat(y, y_M))``, the queue's rows detached: constants, as in the paper, where the memory holds
+features with no gradient); before, on the batch alone. Then the batch enters the queue, oldest rows leaving first.
+The queue is buffers of the module, so checkpoints hold it and ``--resume`` restores it.
+
+Reading of the paper: XBM's loss (its eq. 5 and 7) sums a pair loss over the anchors of the batch against the
+memory. With our losses, which take one set of embeddings, the anchors are the batch and the memory together;
+the terms of a memory anchor move the batch rows that are its positives and negatives, as the memory's half of
+the symmetric similarity matrix would. Under data parallelism the wrapped loss sees the gathered global batch,
+so every rank enqueues the same rows and the queues stay equal.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class CrossBatchMemory(nn.Module):
+    """A loss with a queue of past embeddings and labels that the loss sees as extra rows after ``warmup`` steps."""
+
+    def __init__(self, loss: nn.Module, size: int, embedding_dim: int, warmup: int = 0) -> None:
+        super().__init__()
+        if int(size) < 1:
+            raise ValueError(f"--memory-size must be >= 1 embeddings, got {size}")
+        if int(warmup) < 0:
+            raise ValueError(f"--memory-warmup must be >= 0 steps, got {warmup}")
+        self.loss = loss
+        self.size, self.warmup = int(size), int(warmup)
+        self.register_buffer("embeddings", torch.zeros(self.size, int(embedding_dim)))
+        self.register_buffer("labels", torch.zeros(self.size, dtype=torch.long))
+        self.register_buffer("filled", torch.zeros((), dtype=torch.long))  # rows in use
+        self.register_buffer("position", torch.zeros((), dtype=torch.long))  # where the next row goes
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))  # batches seen
+        self.last_stats: dict[str, float] = {}
+
+    @property
+    def active(self) -> bool:
+        """Whether the next batch sees the memory (the warm-up is over and the queue holds rows)."""
+        return int(self.steps) >= self.warmup and int(self.filled) > 0
+
+    def memory(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(embeddings [m, D], labels [m]) in the queue, oldest first."""
+        filled, position = int(self.filled), int(self.position)
+        order = torch.arange(position - filled, position, device=self.labels.device) % self.size
+        return self.embeddings[order], self.labels[order]
+
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if self.active:
+            stored, stored_labels = self.memory()
+            value = self.loss(torch.cat([embeddings, stored.to(embeddings.dtype)]), torch.cat([labels, stored_labels]))
+        else:
+            value = self.loss(embeddings, labels)
+        self.last_stats = {**getattr(self.loss, "last_stats", {}),
+                           "memory_rows": float(self.filled) if self.active else 0.0}
+        if self.training:
+            self.enqueue(embeddings.detach(), labels)
+        return value
+
+    @torch.no_grad()
+    def enqueue(self, embeddings: torch.Tensor, labels: torch.Tensor) -> None:
+        """Add a batch to the queue (the newest ``size`` rows when the batch alone is larger)."""
+        embeddings, labels = embeddings[-self.size:], labels[-self.size:]
+        count = len(labels)
+        slots = (int(self.position) + torch.arange(count, device=self.labels.device)) % self.size
+        self.embeddings[slots] = embeddings.to(self.embeddings.dtype)
+        self.labels[slots] = labels.to(self.labels.device)
+        self.position.fill_((int(self.position) + count) % self.size)
+        self.filled.fill_(min(self.size, int(self.filled) + count))
+        self.steps += 1
+
+    def extra_repr(self) -> str:
+        return f"size={self.size}, warmup={self.warmup}"

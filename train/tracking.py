@@ -1,0 +1,205 @@
+"""Experiment tracking: TensorBoard event files in every run folder, and MLflow when asked (``--mlflow``).
+
+Both are the real packages (``torch.utils.tensorboard`` writing TensorBoard's event files; ``mlflow``'s client),
+never a hand-written format. Rank 0 alone tracks (the trainer builds no tracker on the other ranks).
+
+What is logged: every optimizer step's loss (TensorBoard only: a database write per step would slow MLflow down);
+per epoch, every number of the metrics.jsonl row (loss, the loss statistics such as hard-negative shares, speed,
+each metric, each --eval-extra set's metrics) and the learning rate of every optimizer group; at the end, the
+report's plots (TensorBoard images, MLflow artifacts) and, to MLflow, the run's configuration as parameters.
+A resumed run continues its MLflow run (its id is kept in the run folder) and drops the TensorBoard events
+logged after the checkpoint it resumed from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+TENSORBOARD_DIR = "tensorboard"
+MLFLOW_RUN_FILE = "mlflow_run.json"  # the MLflow run id of this run folder, so --resume continues it
+MLFLOW_EXPERIMENT = "retrieval"
+TRACK_EXTRA = "pip install 'retrieval[track]' (make install does)"
+
+
+def default_mlflow_uri(out: Path) -> str:
+    """MLflow's store when --mlflow gives none and MLFLOW_TRACKING_URI is unset: one SQLite file beside the run
+    folders, so that every run of a folder of runs lands in one store (``mlflow ui --backend-store-uri`` it)."""
+    return f"sqlite:///{(out.resolve().parent / 'mlflow.db').as_posix()}"
+
+
+def flat_numbers(row: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    """The numbers of a metrics row, nested dicts flattened with '/' (``extra/fashion-mnist/recall@1``)."""
+    out: dict[str, float] = {}
+    for key, value in row.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flat_numbers(value, f"{name}/"))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and key != "epoch":
+            out[name] = float(value)
+    return out
+
+
+def mlflow_name(name: str) -> str:
+    """A metric or parameter name MLflow accepts (letters, digits, _ - . space : /): recall@1 -> recall_at_1."""
+    return re.sub(r"[^\w\-. :/]", "_", name.replace("@", "_at_"))
+
+
+class TensorBoardLog:
+    """TensorBoard event files in RUN/tensorboard."""
+
+    def __init__(self, out: Path, resume_step: int | None) -> None:
+        """``resume_step``: the first step a resumed run takes; the events logged from it on are dropped."""
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.folder = out / TENSORBOARD_DIR
+        # purge_step: a resumed run drops the events logged after its checkpoint (they are logged again)
+        self.writer = SummaryWriter(str(self.folder), purge_step=resume_step)
+
+    def step(self, step: int, loss: float) -> None:
+        self.writer.add_scalar("train/loss_step", loss, step)
+
+    def epoch(self, epoch: int, step: int, numbers: dict[str, float]) -> None:
+        for name, value in numbers.items():
+            self.writer.add_scalar(name, value, step)
+        self.writer.add_scalar("epoch", epoch, step)
+        self.writer.flush()
+
+    def images(self, plots: dict[str, Path], step: int) -> None:
+        import numpy as np
+        from PIL import Image
+
+        for name, path in plots.items():
+            with Image.open(path) as image:
+                self.writer.add_image(f"plots/{name}", np.asarray(image.convert("RGB")), step, dataformats="HWC")
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class MlflowLog:
+    """One MLflow run per run folder, in the tracking store ``uri``."""
+
+    def __init__(self, out: Path, uri: str, run_name: str, params: dict[str, Any]) -> None:
+        try:
+            from mlflow.tracking import MlflowClient
+        except ImportError as exc:
+            raise RuntimeError(f"--mlflow needs the mlflow package: {TRACK_EXTRA}") from exc
+        self.uri = uri
+        self.client = MlflowClient(uri)
+        record = out / MLFLOW_RUN_FILE
+        if record.is_file():  # a resumed run continues its MLflow run
+            self.run_id = json.loads(record.read_text())["run_id"]
+            self.client.update_run(self.run_id, status="RUNNING")
+            return
+        experiment = self.client.get_experiment_by_name(MLFLOW_EXPERIMENT)
+        experiment_id = experiment.experiment_id if experiment else self._create_experiment(out)
+        self.run_id = self.client.create_run(experiment_id, run_name=run_name).info.run_id
+        record.write_text(json.dumps({"tracking_uri": uri, "run_id": self.run_id}))
+        from mlflow.entities import Param
+
+        values = [Param(mlflow_name(k), str(v)[:6000]) for k, v in sorted(flat_params(params).items())]
+        for start in range(0, len(values), 100):  # MLflow takes at most 100 parameters per batch
+            self.client.log_batch(self.run_id, params=values[start:start + 100])
+
+    def _create_experiment(self, out: Path) -> str:
+        # artifacts beside a local store (SQLite file or folder), not in the working folder
+        location = None
+        if self.uri.startswith("sqlite:///"):
+            location = (Path(self.uri.removeprefix("sqlite:///")).parent / "mlartifacts").resolve().as_uri()
+        return self.client.create_experiment(MLFLOW_EXPERIMENT, artifact_location=location)
+
+    def step(self, step: int, loss: float) -> None:
+        pass  # per epoch only (see the module docstring)
+
+    def epoch(self, epoch: int, step: int, numbers: dict[str, float]) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(mlflow_name(name), value, now, step) for name, value in numbers.items()]
+        metrics.append(Metric("epoch", float(epoch), now, step))
+        for start in range(0, len(metrics), 1000):
+            self.client.log_batch(self.run_id, metrics=metrics[start:start + 1000])
+
+    def images(self, plots: dict[str, Path], step: int) -> None:
+        for path in plots.values():
+            self.client.log_artifact(self.run_id, str(path), "plots")
+
+    def close(self, status: str = "FINISHED") -> None:
+        self.client.set_terminated(self.run_id, status)
+
+
+def flat_params(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested configuration as ``a/b`` keys (lists kept as JSON text)."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and value:
+            out.update(flat_params(value, f"{prefix}{key}/"))
+        else:
+            out[f"{prefix}{key}"] = json.dumps(value) if isinstance(value, (list, dict)) else value
+    return out
+
+
+class Tracking:
+    """The trackers of one run (TensorBoard always when ``tensorboard``; MLflow when ``mlflow_uri``); each call
+    goes to all of them."""
+
+    def __init__(self, logs: list) -> None:
+        self.logs = logs
+
+    @classmethod
+    def open(cls, out: Path, run_config: dict[str, Any], tensorboard: bool, mlflow_uri: str | None,
+             resume_step: int | None) -> Tracking:
+        logs: list = []
+        if tensorboard:
+            logs.append(TensorBoardLog(out, resume_step))
+        if mlflow_uri:
+            logs.append(MlflowLog(out, mlflow_uri, out.name, run_config))
+        return cls(logs)
+
+    def where(self) -> dict[str, Any]:
+        """Where this run's tracking went (for config.json and the summary)."""
+        found: dict[str, Any] = {}
+        for log in self.logs:
+            if isinstance(log, TensorBoardLog):
+                found["tensorboard"] = TENSORBOARD_DIR
+            else:
+                found["mlflow"] = {"tracking_uri": log.uri, "run_id": log.run_id}
+        return found
+
+    def step(self, step: int, loss: float) -> None:
+        for log in self.logs:
+            log.step(step, loss)
+
+    def epoch(self, row: dict[str, Any], step: int, learning_rates: dict[str, float]) -> None:
+        numbers = flat_numbers(row)
+        numbers.update({f"lr/{name}": lr for name, lr in learning_rates.items()})
+        for log in self.logs:
+            log.epoch(int(row.get("epoch", 0)), step, numbers)
+
+    def finish(self, out: Path, plots: dict[str, str], step: int) -> None:
+        paths = {name: out / file for name, file in plots.items() if (out / file).is_file()}
+        for log in self.logs:
+            log.images(paths, step)
+            log.close()
+        self.logs = []
+
+    def fail(self, status: str = "FAILED") -> None:
+        """The run stopped (an error: FAILED, Ctrl-C: KILLED): close the files, mark the MLflow run."""
+        for log in self.logs:
+            log.close(status) if isinstance(log, MlflowLog) else log.close()
+        self.logs = []
+
+
+def mlflow_uri_from(option: str | None, enabled: bool, out: Path) -> str | None:
+    """The MLflow store of a run: --mlflow-uri, else (with --mlflow) MLFLOW_TRACKING_URI, else a SQLite file
+    beside the run folder; None when MLflow is off."""
+    if option:
+        return option
+    if not enabled:
+        return None
+    return os.environ.get("MLFLOW_TRACKING_URI") or default_mlflow_uri(out)
