@@ -192,9 +192,11 @@ FINE_TUNE_CASES = [c for c in CASES if c[0] in ("triplet-semihard", "ms-loop", "
                                                  "sct", "ms-aux-ce", "proxy_anchor")]
 
 
-# robust fine-tuning (train/robust.py), each option alone; "wise" also evaluates out of domain, sharded
+# robust fine-tuning (train/robust.py), the cross-batch memory and the gradient cache, each option alone; "wise"
+# also evaluates out of domain, sharded
 ROBUST_CASES = {"lp-ft": dict(lp_epochs=1), "l2sp": dict(l2sp=0.5), "distill": dict(distill=1.0),
-                "layer-decay": dict(layer_decay=0.5), "ema": dict(ema=0.5), "wise": dict(wise_alpha="auto")}
+                "layer-decay": dict(layer_decay=0.5), "ema": dict(ema=0.5), "wise": dict(wise_alpha="auto"),
+                "xbm": dict(memory="xbm", memory_size=12, memory_warmup=1), "chunks": dict(chunks=2)}
 
 
 def robust_config(root: Path, out: Path, name: str) -> TrainConfig:

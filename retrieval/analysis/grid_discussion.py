@@ -149,7 +149,28 @@ def discuss_floor(entry: dict[str, Any]) -> list[str]:
     return points
 
 
+def discuss_proxy(entry: dict[str, Any]) -> list[str]:
+    """Table 6: the ranking, where the best proxy loss stands against MS, and what the memory adds to each loss."""
+    points = discuss_ranking(entry) + discuss_pairs(entry, "XBM", "XBM")
+    proxies = ("Proxy-Anchor", "ProxyNCA++", "NormSoftmax", "CosFace", "ArcFace", "SoftTriple")
+    for block in entry["blocks"]:
+        rows = _rows(block)
+        done = [rows[label] for label in proxies if label in rows and _complete(rows[label]["cells"].get("recall@1"))]
+        ms = rows.get("MS")
+        if not done or ms is None or not _complete(ms["cells"].get("recall@1")):
+            continue
+        best = max(done, key=lambda r: r["cells"]["recall@1"]["mean"])
+        delta, clear = difference(best["cells"]["recall@1"], ms["cells"]["recall@1"])
+        verdict = ("the proxy papers' claim holds here" if delta > 0 and clear else
+                   "the proxy papers' claim does not hold here" if delta < 0 and clear else
+                   "within seed noise of each other")
+        points.append(f"{block['short']}: the best proxy loss, {best['label']}, is {_points(delta)} Recall@1 points "
+                      f"from MS: {verdict}.")
+    return points
+
+
 DISCUSSIONS = {
+    "proxy": discuss_proxy,
     "loop": lambda e: discuss_pairs(e, "LoOp", "LoOp"),
     "symm": lambda e: discuss_pairs(e, "Symm", "Symm"),
     "sct": discuss_sct,

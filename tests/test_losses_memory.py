@@ -1,0 +1,117 @@
+"""Cross-batch memory (XBM): the queue, its warm-up, and the loss it gives against the loss on the concatenated
+batch; in the trainer, --resume restores it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from retrieval.losses import build
+from retrieval.losses.memory import CrossBatchMemory
+
+
+def batch(seed: int, size: int = 8, dim: int = 6, classes: int = 4):
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.arange(classes).repeat_interleave(size // classes)
+    return torch.randn(size, dim, generator=g, dtype=torch.float64), labels
+
+
+@pytest.mark.parametrize("name", ["triplet", "ms", "lifted", "npair", "contrastive", "dcdl"])
+def test_empty_memory_is_the_plain_loss_and_a_filled_one_the_concatenated_batch(name):
+    loss = build(name)
+    memory = CrossBatchMemory(build(name), size=100, embedding_dim=6).double()
+    first, first_labels = batch(0)
+    assert memory(first, first_labels).item() == pytest.approx(loss(first, first_labels).item(), rel=1e-12)
+    second, second_labels = batch(1)
+    x = second.clone().requires_grad_(True)
+    value = memory(x, second_labels)
+    value.backward()
+    y = second.clone().requires_grad_(True)
+    expected = loss(torch.cat([y, first]), torch.cat([second_labels, first_labels]))
+    expected.backward()
+    assert value.item() == pytest.approx(expected.item(), rel=1e-12)
+    assert torch.allclose(x.grad, y.grad, rtol=1e-10, atol=1e-12)  # the memory rows are constants
+
+
+def test_the_queue_is_first_in_first_out_and_bounded():
+    memory = CrossBatchMemory(build("ms"), size=5, embedding_dim=2)
+    for step in range(3):
+        memory.enqueue(torch.full((2, 2), float(step)), torch.tensor([step, step]))
+    stored, labels = memory.memory()
+    assert labels.tolist() == [0, 1, 1, 2, 2] and stored[:, 0].tolist() == [0, 1, 1, 2, 2]
+    memory.enqueue(torch.arange(14.0).view(7, 2), torch.arange(7))  # larger than the queue: its newest rows
+    assert memory.memory()[1].tolist() == [2, 3, 4, 5, 6] and int(memory.filled) == 5
+
+
+def test_the_memory_waits_for_its_warm_up():
+    memory = CrossBatchMemory(build("ms"), size=100, embedding_dim=6, warmup=2).double()
+    plain = build("ms")
+    for seed in range(2):  # steps 0 and 1: the batch alone (but the queue fills)
+        x, labels = batch(seed)
+        assert memory(x, labels).item() == pytest.approx(plain(x, labels).item())
+        assert memory.last_stats["memory_rows"] == 0.0
+    x, labels = batch(5)
+    memory(x, labels)
+    assert memory.last_stats["memory_rows"] == 16.0
+
+
+def test_the_memory_is_part_of_the_state_dict():
+    memory = CrossBatchMemory(build("ms"), size=10, embedding_dim=6).double()
+    for seed in range(3):
+        memory(*batch(seed))
+    copy = CrossBatchMemory(build("ms"), size=10, embedding_dim=6).double()
+    copy.load_state_dict(memory.state_dict())
+    x, labels = batch(9)
+    assert copy(x, labels).item() == memory(x, labels).item()
+
+
+def test_bad_settings_are_refused():
+    from retrieval.train import TrainConfig
+
+    with pytest.raises(ValueError, match="--memory-size must be >= 1"):
+        TrainConfig(memory="xbm", memory_size=0)
+    with pytest.raises(ValueError, match="--negatives loop"):
+        TrainConfig(memory="xbm", negatives="loop")
+    with pytest.raises(ValueError, match="needs --gather"):
+        TrainConfig(memory="xbm", gather=False)
+
+
+def digits_config(out, cache, **overrides):
+    from retrieval.train import TrainConfig
+
+    values = dict(dataset="digits", dataset_kwargs={"protocol": "standard", "limit_per_class": 30},
+                  backbone="efficientnet_lite0", pretrained=True, image_size=32, freeze_backbone=True,
+                  embedding_dim=16, loss="ms", memory="xbm", memory_size=50, memory_warmup=2, batch_size=20,
+                  per_class=4, batches_per_epoch=3, epochs=3, optimizer="sgd", lr=0.05, eval_before=False,
+                  eval_every=100, workers=0, device="cpu", out=str(out), feature_cache=str(cache), plots=False,
+                  tensorboard=False)
+    values.update(overrides)
+    return TrainConfig(**values)
+
+
+def test_a_resumed_run_restores_the_memory_and_equals_the_uninterrupted_one(tmp_path):
+    from retrieval.train import train
+    from retrieval.train.trainer import Trainer, atomic_save
+
+    straight = train(digits_config(tmp_path / "straight", tmp_path / "cache"), progress=False)
+    partial = Trainer(digits_config(tmp_path / "resumed", tmp_path / "cache"), progress=False)
+    partial.setup()
+    for epoch in range(2):
+        row = {"epoch": epoch + 1, **partial.train_epoch(epoch)}
+        partial.record.history.append(row)
+        atomic_save(partial.checkpoint(epoch + 1, row), tmp_path / "resumed" / "last.pt")
+    assert int(partial.parts.loss_fn.filled) == 50  # 6 batches of 20 went in: the queue is full
+    resumed = train(digits_config(tmp_path / "resumed", tmp_path / "cache", resume=True), progress=False)
+    assert resumed["last"]["loss"] == pytest.approx(straight["last"]["loss"], rel=1e-6)
+    assert resumed["last"]["loss_memory_rows"] == 50.0
+    a, b = (torch.load(tmp_path / run / "last.pt", weights_only=False) for run in ("straight", "resumed"))
+    assert torch.equal(a["loss_state"]["labels"], b["loss_state"]["labels"])
+    for key, value in a["state_dict"].items():
+        assert torch.allclose(value, b["state_dict"][key], atol=1e-6), key
+
+
+def test_a_proxy_loss_refuses_the_memory(tmp_path):
+    from retrieval.train import train
+
+    with pytest.raises(ValueError, match="changes nothing"):
+        train(digits_config(tmp_path / "run", tmp_path / "cache", loss="proxy_anchor"), progress=False)
