@@ -115,3 +115,15 @@ def test_a_proxy_loss_refuses_the_memory(tmp_path):
 
     with pytest.raises(ValueError, match="changes nothing"):
         train(digits_config(tmp_path / "run", tmp_path / "cache", loss="proxy_anchor"), progress=False)
+
+
+@pytest.mark.parametrize(("name", "kwargs"), [("triplet", {}), ("triplet", {"mining": "semihard"}),
+                                              ("nca_triplet", {"mining": "semihard"})])
+def test_a_memory_over_few_classes_is_refused_before_the_triplet_terms_are_allocated(monkeypatch, name, kwargs):
+    import retrieval.losses.base as base
+
+    monkeypatch.setattr(base, "MAX_PAIR_ROW_ELEMENTS", 500)
+    memory = CrossBatchMemory(build(name, **kwargs), size=40, embedding_dim=6, warmup=0)
+    memory(*batch(0))  # 8 rows: 8 x 1 positives x 8 = 64 terms
+    with pytest.raises(ValueError, match=r"positive pairs x 16 samples.*--memory-size"):
+        memory(*batch(1))  # with the 8 in memory: 16 rows, 48 positive pairs x 16 samples

@@ -89,3 +89,25 @@ def test_without_mlflow_only_tensorboard_and_no_tensorboard_turns_it_off(tmp_pat
     assert not (tmp_path / "mlflow.db").exists()
     train(digits_config(tmp_path / "b", tmp_path / "cache", epochs=1, plots=False, tensorboard=False), progress=False)
     assert not (tmp_path / "b" / "tensorboard").exists()
+
+
+def test_a_tracker_that_fails_is_dropped_and_the_run_goes_on(tmp_path, caplog):
+    from retrieval.train.tracking import MlflowLog, Tracking
+
+    class Broken(MlflowLog):
+        def __init__(self):
+            self.closed = False
+
+        def epoch(self, *args):
+            raise ConnectionError("tracking server unreachable")
+
+        def close(self, status="FINISHED"):
+            self.closed = True
+
+    broken = Broken()
+    tracking = Tracking([broken])
+    with caplog.at_level("WARNING", logger="retrieval.train.tracking"):
+        tracking.epoch({"epoch": 1, "loss": 0.5}, 3, {"head": 1e-3})
+        tracking.epoch({"epoch": 2, "loss": 0.4}, 6, {"head": 1e-3})  # no second warning: it was dropped
+    assert tracking.logs == [] and len(caplog.records) == 1
+    assert "MLflow tracking stopped (epoch: tracking server unreachable); the run goes on" in caplog.text

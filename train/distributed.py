@@ -168,8 +168,8 @@ class DataParallelStep:
                     continue
                 _set_random_state(state, x.device)
                 # DDP reduces the gradients once, after the last chunk's backward
-                sync = self.ctx.distributed and i < last
-                with self.module.no_sync() if sync else contextlib.nullcontext():
+                defer = self.ctx.distributed and i < last
+                with self.module.no_sync() if defer else contextlib.nullcontext():
                     self.module(x, y, amp)[0].backward(grad)
             _set_random_state(after, inputs.device)
 

@@ -14,11 +14,14 @@ logged after the checkpoint it resumed from.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import time
 from pathlib import Path
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 TENSORBOARD_DIR = "tensorboard"
 MLFLOW_RUN_FILE = "mlflow_run.json"  # the MLflow run id of this run folder, so --resume continues it
@@ -52,6 +55,8 @@ def mlflow_name(name: str) -> str:
 class TensorBoardLog:
     """TensorBoard event files in RUN/tensorboard."""
 
+    name = "TensorBoard"
+
     def __init__(self, out: Path, resume_step: int | None) -> None:
         """``resume_step``: the first step a resumed run takes; the events logged from it on are dropped."""
         from torch.utils.tensorboard import SummaryWriter
@@ -83,6 +88,8 @@ class TensorBoardLog:
 
 class MlflowLog:
     """One MLflow run per run folder, in the tracking store ``uri``."""
+
+    name = "MLflow"
 
     def __init__(self, out: Path, uri: str, run_name: str, params: dict[str, Any]) -> None:
         try:
@@ -171,27 +178,38 @@ class Tracking:
                 found["mlflow"] = {"tracking_uri": log.uri, "run_id": log.run_id}
         return found
 
+    def _each(self, call: str, *args: Any) -> None:
+        """``log.call(*args)`` on every log; a log that fails (a tracking server gone, a full disk) is dropped with
+        a warning: tracking never stops a training run."""
+        for log in list(self.logs):
+            try:
+                getattr(log, call)(*args)
+            except Exception as exc:  # noqa: BLE001 - any failure of a tracker is reported, the run goes on
+                self.logs.remove(log)
+                logger.warning("%s tracking stopped (%s: %s); the run goes on, metrics.jsonl and report.json "
+                               "still hold everything", log.name, call, exc)
+
     def step(self, step: int, loss: float) -> None:
-        for log in self.logs:
-            log.step(step, loss)
+        self._each("step", step, loss)
 
     def epoch(self, row: dict[str, Any], step: int, learning_rates: dict[str, float]) -> None:
         numbers = flat_numbers(row)
         numbers.update({f"lr/{name}": lr for name, lr in learning_rates.items()})
-        for log in self.logs:
-            log.epoch(int(row.get("epoch", 0)), step, numbers)
+        self._each("epoch", int(row.get("epoch", 0)), step, numbers)
 
     def finish(self, out: Path, plots: dict[str, str], step: int) -> None:
         paths = {name: out / file for name, file in plots.items() if (out / file).is_file()}
-        for log in self.logs:
-            log.images(paths, step)
-            log.close()
+        self._each("images", paths, step)
+        self._each("close")
         self.logs = []
 
     def fail(self, status: str = "FAILED") -> None:
         """The run stopped (an error: FAILED, Ctrl-C: KILLED): close the files, mark the MLflow run."""
         for log in self.logs:
-            log.close(status) if isinstance(log, MlflowLog) else log.close()
+            try:
+                log.close(status) if isinstance(log, MlflowLog) else log.close()
+            except Exception as exc:  # noqa: BLE001 - the run's own error is the one to show
+                logger.warning("could not close %s tracking: %s", log.name, exc)
         self.logs = []
 
 

@@ -595,7 +595,7 @@ class Trainer:
                               final[-1] if final else None, self.last_eval[:2], train_sample,
                               bad_images=self.bad_images.records(), with_plots=self.cfg.plots,
                               reference=self.record.reference, wise=wise,
-                              pictures=self.evaluation_pictures if self.cfg.plots else None)
+                              pictures=self.evaluation_pictures)
         self.tracking.finish(self.out, report.get("plots", {}), self.parts.scheduler.last_epoch)
         return report
 

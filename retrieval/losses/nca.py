@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from retrieval.loss_registry import register_loss
-from retrieval.losses.base import PairLoss, masked_max
+from retrieval.losses.base import PairLoss, check_pair_rows, masked_max
 
 NCA_MINING = ("hard", "semihard")
 SCT_RULES = ("paper", "paper_or_threshold")
@@ -36,6 +36,7 @@ def mine_triplets(
         s_an = masked_max(similarity, negative, dim=1)[anchor]
         return s_ap, s_an, negative.any(dim=1)[anchor]
     # semihard depends on S_ap: one [|P|, B] row of candidates per pair, never a [B, B, B] cube
+    check_pair_rows(len(anchor), similarity.shape[1], "semi-hard NCA triplet")
     s_anchor = similarity[anchor]
     candidates = negative[anchor] & (s_anchor.detach() < s_ap.detach().unsqueeze(1))
     return s_ap, masked_max(s_anchor, candidates, dim=1), candidates.any(dim=1)

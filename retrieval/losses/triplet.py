@@ -10,6 +10,7 @@ from retrieval.loss_registry import register_loss
 from retrieval.losses.base import (
     DistancePairLoss,
     anchors_with_triplets,
+    check_pair_rows,
     masked_max,
     masked_min,
     mean_over,
@@ -85,6 +86,7 @@ class TripletLoss(DistancePairLoss):
         if self.mining == "hard":
             return self._batch_hard(similarity, distance, positive, negative)
         # One row per positive pair (a, p): [|P|, B] instead of a dense [B, B, B] cube (|P| = B (K - 1)).
+        check_pair_rows(int(positive.sum()), len(labels), type(self).__name__)
         a, p = positive.nonzero(as_tuple=True)
         d_ap = distance[a, p].unsqueeze(1)  # [|P|, 1]
         d_an = distance[a]  # [|P|, n]
