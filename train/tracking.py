@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from retrieval.analysis.runs import flatten
+
 logger = logging.getLogger(__name__)
 
 TENSORBOARD_DIR = "tensorboard"
@@ -109,7 +111,8 @@ class MlflowLog:
         record.write_text(json.dumps({"tracking_uri": uri, "run_id": self.run_id}))
         from mlflow.entities import Param
 
-        values = [Param(mlflow_name(k), str(v)[:6000]) for k, v in sorted(flat_params(params).items())]
+        values = [Param(mlflow_name(k), (json.dumps(v) if isinstance(v, (list, dict)) else str(v))[:6000])
+                  for k, v in sorted(flatten(params).items())]
         for start in range(0, len(values), 100):  # MLflow takes at most 100 parameters per batch
             self.client.log_batch(self.run_id, params=values[start:start + 100])
 
@@ -138,17 +141,6 @@ class MlflowLog:
 
     def close(self, status: str = "FINISHED") -> None:
         self.client.set_terminated(self.run_id, status)
-
-
-def flat_params(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """A nested configuration as ``a/b`` keys (lists kept as JSON text)."""
-    out: dict[str, Any] = {}
-    for key, value in config.items():
-        if isinstance(value, dict) and value:
-            out.update(flat_params(value, f"{prefix}{key}/"))
-        else:
-            out[f"{prefix}{key}"] = json.dumps(value) if isinstance(value, (list, dict)) else value
-    return out
 
 
 class Tracking:
