@@ -30,7 +30,9 @@ from retrieval.onnx_runtime import (
     OnnxEmbedder,
     build_metadata,
     embedder_model_hash,
+    onnx_model_hash,
     preprocess_images,
+    proto_model_hash,
 )
 
 logger = logging.getLogger(__name__)
@@ -164,7 +166,6 @@ def save_with_metadata(proto: onnx.ModelProto, path: Path, metadata: dict[str, s
     """Write the model (weights inside when under 2 GiB); returns any external-data files written."""
     del proto.metadata_props[:]
     onnx.helper.set_model_props(proto, metadata)
-    proto.doc_string = f"retrieval embedder: {metadata['backbone']}, {metadata['embedding_dim']}-d"
     path.parent.mkdir(parents=True, exist_ok=True)
     if proto.ByteSize() <= PROTOBUF_LIMIT_BYTES:
         onnx.save_model(proto, str(path))
@@ -173,6 +174,14 @@ def save_with_metadata(proto: onnx.ModelProto, path: Path, metadata: dict[str, s
     onnx.save_model(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=data_name, size_threshold=1024)
     return [path.parent / data_name]
+
+
+def rewrite_metadata(path: Path, metadata: dict[str, str]) -> None:
+    """Replace the metadata of a written model, leaving its graph, weights and any external-data file as they are."""
+    main = onnx.load(str(path), load_external_data=False)
+    del main.metadata_props[:]
+    onnx.helper.set_model_props(main, metadata)
+    onnx.save_model(main, str(path))
 
 
 # ---------------------------------------------------------------- verification
@@ -262,11 +271,19 @@ def export_embedder(
     proto, exporter = export_graph(model, int(config["input_size"]), opset, log)
     if fp16:
         proto = to_fp16(proto)
+    proto.doc_string = f"retrieval embedder: {config['backbone']}, {config['embedding_dim']}-d"
+    # one identity everywhere: the hash of the file's own graph and weights, the one the index and search compute
+    # when they open it; the PyTorch weights' fingerprint is kept as lineage
     metadata = build_metadata(
-        config, embedder_model_hash(model), config_hash, precision,
-        extra={"exporter": exporter, "opset": _opset(proto), "torch_version": torch.__version__},
+        config, proto_model_hash(proto, config), config_hash, precision,
+        extra={"exporter": exporter, "opset": _opset(proto), "torch_version": torch.__version__,
+               "source_model_hash": embedder_model_hash(model)},
     )
     external = save_with_metadata(proto, out, metadata)
+    written = onnx_model_hash(out, config)  # the file is the authority (external weights serialise differently)
+    if written != metadata["model_hash"]:
+        metadata["model_hash"] = written
+        rewrite_metadata(out, metadata)
     seconds = time.perf_counter() - start
     size = out.stat().st_size + sum(p.stat().st_size for p in external)
     log(f"exported in {seconds:.1f} s with the {exporter} exporter (opset {_opset(proto)}): "

@@ -48,8 +48,8 @@ ImageInput = Image.Image | str | os.PathLike
 def embedder_model_hash(model: nn.Module, model_config: Mapping[str, Any] | None = None) -> str:
     """A 16-hex-digit fingerprint of an embedder's weights (state dict, in fp32) and preprocessing config.
 
-    The export stores it as ``model_hash``; an index built with the PyTorch model and one built with its
-    ONNX export carry the same value, so a mismatched query model can be refused.
+    The export stores it as ``source_model_hash`` (lineage: which PyTorch weights a file came from); the identity
+    of an ONNX file, its ``model_hash``, is ``onnx_model_hash``.
     """
     config = model_config if model_config is not None else getattr(model, "config", {})
     digest = _identity_digest(config)
@@ -302,8 +302,9 @@ class OnnxEmbedder:
 
     @property
     def source_model_hash(self) -> str:
-        """The PyTorch weights' fingerprint the export wrote into the metadata (lineage, not identity)."""
-        return self._metadata["model_hash"]
+        """The PyTorch weights' fingerprint the export wrote into the metadata (lineage, not identity); files of
+        older exports have it under ``model_hash``."""
+        return self._metadata.get("source_model_hash") or self._metadata["model_hash"]
 
     @property
     def config_hash(self) -> str:

@@ -105,12 +105,14 @@ def test_metadata_round_trip(lite0, lite0_export):
     assert props["embedding_dim"] == "32" and props["input_size"] == str(SIZE)
     assert props["backbone"] == "efficientnet_lite0" and props["normalized"] == "true"
     assert props["config_hash"] == "cafe0123" and props["precision"] == "fp32"
-    assert props["model_hash"] == embedder_model_hash(lite0)
     runtime = OnnxEmbedder(result.path)
     assert runtime.embedding_dim == 32 and runtime.input_size == SIZE and runtime.normalized
-    # identity is computed from the file's graph and weights; the metadata keeps the PyTorch weights' hash
-    assert runtime.source_model_hash == embedder_model_hash(lite0) and runtime.config_hash == "cafe0123"
-    assert runtime.model_hash == onnx_model_hash(result.path, runtime.model_config) != runtime.source_model_hash
+    # one model, one hash (issue 28): what the export prints and stores is what every reader computes from the
+    # file's graph and weights; the PyTorch weights' fingerprint is kept as lineage
+    assert props["model_hash"] == result.model_hash == runtime.model_hash
+    assert runtime.model_hash == onnx_model_hash(result.path, runtime.model_config)
+    assert props["source_model_hash"] == runtime.source_model_hash == embedder_model_hash(lite0)
+    assert runtime.source_model_hash != runtime.model_hash and runtime.config_hash == "cafe0123"
     assert runtime.metadata == props
     for key in ("backbone", "embedding_dim", "normalize", "input_size", "mean", "std", "feature_dim"):
         assert runtime.model_config[key] == lite0.config[key]
@@ -196,6 +198,8 @@ def test_cli_export_fp16_unnormalised_then_embed(tmp_path, image_files):
     assert "exporting resnet18" in run.output and "verified (min cosine >= 0.999)" in run.output
     runtime = OnnxEmbedder(out)
     assert runtime.metadata["precision"] == "fp16" and not runtime.normalized
+    # the hash the command prints is the one the file is known by everywhere (the fp16 graph's own)
+    assert f"model_hash {runtime.model_hash}" in run.output and runtime.metadata["model_hash"] == runtime.model_hash
     assert runtime.config_hash == config_hash(train_config)
     weights = [i for i in onnx.load(str(out)).graph.initializer if len(i.dims) == 4]
     assert weights and all(i.data_type == onnx.TensorProto.FLOAT16 for i in weights)
@@ -296,3 +300,20 @@ def test_preprocess_images_is_the_eval_pipeline(image_files):
     assert batch.dtype == np.float32 and batch.shape == (len(paths), 3, 48, 48)
     np.testing.assert_array_equal(batch, expected)
     assert onnx_runtime.load_image(paths[0]).mode == "RGB"
+
+
+def test_a_model_with_external_weights_is_known_by_the_hash_it_prints(tmp_path, monkeypatch):
+    """Weights over protobuf's 2 GiB go to a .data file (here forced with a tiny limit): the stored and printed
+    model_hash is still the one readers compute from the file."""
+    import retrieval.export.onnx_export as onnx_export
+
+    monkeypatch.setattr(onnx_export, "PROTOBUF_LIMIT_BYTES", 1000)
+    torch.manual_seed(0)
+    model = create_embedder("resnet18", embedding_dim=8, pretrained=False).eval()
+    model.config["input_size"] = SIZE
+    printed = []
+    result = onnx_export.export_embedder(model, tmp_path / "big.onnx", verify=False, log=printed.append)
+    assert result.external_data == [tmp_path / "big.onnx.data"]
+    runtime = OnnxEmbedder(result.path)
+    assert runtime.metadata["model_hash"] == result.model_hash == runtime.model_hash
+    assert any(f"model_hash {runtime.model_hash}" in line for line in printed)

@@ -50,6 +50,7 @@ def test_cli_build_and_search_with_real_onnx(onnx_model, tmp_path):
     assert summary["indexed"] == 24 and summary["errors"] == 0
     info = json.loads((out / "index.json").read_text())
     assert info["model_hash"] == load_model(model).model_hash and info["model_path"] == str(model.resolve())
+    assert info["model_hash"] == load_model(model).metadata["model_hash"]  # what the export printed and stored
 
     result = CliRunner().invoke(
         search_command, ["--index", str(out), "--json", "-k", "3", *map(str, paths[:4])]
