@@ -255,11 +255,15 @@ def config_from_options(config_file: str | None, dataset_params: tuple[str, ...]
 def train_command(config_file, dataset_params, loss_params, nproc, max_restarts, **options) -> None:
     """Train an embedder; writes config.json, metrics.jsonl, last.pt, best.pt, report.json to --out."""
     from retrieval.train import train
+    from retrieval.train.config import new_run_folder
+    from retrieval.train.distributed import env_world_size, launch
 
     cfg = config_from_options(config_file, dataset_params, loss_params, **options)
+    if cfg.out is None:  # a new folder per run, so that a second run never meets the first one's files
+        if env_world_size() > 1:
+            raise click.UsageError("under torchrun, give --out: every process must write the same run folder")
+        cfg.out = new_run_folder()
     if nproc is not None and nproc > 1:
-        from retrieval.train.distributed import env_world_size, launch
-
         if env_world_size() > 1:
             raise click.UsageError("--nproc launches the processes itself: leave it out under torchrun")
         code = launch(nproc, cfg.to_dict(), Path(cfg.out), max_restarts=max_restarts)

@@ -113,6 +113,17 @@ def row_loader(dataset: Dataset, rows: np.ndarray):
     return lambda row: dataset_image(dataset, int(rows[row]))
 
 
+def present_class_names(dataset: Dataset) -> list[str]:
+    """The names of the classes that have at least one sample in ``dataset`` (an ``ImageDataset`` or a
+    ``Subset`` of one), in label order."""
+    indices = None
+    while isinstance(dataset, Subset):
+        indices = np.asarray(dataset.indices) if indices is None else np.asarray(dataset.indices)[indices]
+        dataset = dataset.dataset
+    labels = np.asarray(dataset.labels) if indices is None else np.asarray(dataset.labels)[indices]
+    return [dataset.class_names[label] for label in np.unique(labels)]
+
+
 def class_names(dataset: Dataset) -> list[str]:
     """The class names of an ``ImageDataset`` (or of the one under a ``Subset``), indexed by label."""
     while isinstance(dataset, Subset):

@@ -23,9 +23,11 @@ WISE_CHECKPOINT = "wise.pt"  # --wise-alpha: the WiSE-FT mix of the start and th
 def train_report(config: dict[str, Any], history: list[dict[str, Any]], baseline: dict[str, float] | None,
                  best: dict[str, Any] | None, last: dict[str, Any] | None, plots: dict[str, str],
                  bad_images: list[dict[str, Any]] | None = None, reference: dict[str, Any] | None = None,
-                 wise: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A training run's report: the run's config, the epoch-0 baseline, the best and last evaluated epochs, the
-    history (= metrics.jsonl), plot file names relative to the report, the skipped images and the checkpoints.
+                 wise: dict[str, Any] | None = None, class_split: dict[str, Any] | None = None,
+                 best_metric: str = "recall@1") -> dict[str, Any]:
+    """A training run's report: the run's config, the epoch-0 baseline, the best and last evaluated epochs (and the
+    metric that chose ``best``), the history (= metrics.jsonl), plot file names relative to the report, the skipped
+    images, the checkpoints and the classes of each split (``class_split``).
 
     Each metrics dict may hold ``extra``: set name -> metrics of an --eval-extra (out-of-domain) set; ``reference``
     holds those of the pretrained backbone at its own resolution, ``wise`` the WiSE-FT mix (its curve over alpha,
@@ -36,6 +38,7 @@ def train_report(config: dict[str, Any], history: list[dict[str, Any]], baseline
         "config": config,
         "baseline": baseline,
         "best": best,
+        "best_metric": best_metric,
         "last": last,
         "metrics": last or baseline,
         "history": history,
@@ -43,6 +46,7 @@ def train_report(config: dict[str, Any], history: list[dict[str, Any]], baseline
         "bad_images": bad_images or [],
         "reference": reference,
         "wise": wise,
+        "class_split": class_split,
         "checkpoints": {"best": BEST_CHECKPOINT, "last": LAST_CHECKPOINT,
                         **({"wise": WISE_CHECKPOINT} if wise else {})},
     }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,16 @@ from retrieval.data.augment import (
 from retrieval.data.decode import parse_background
 
 AMP_CHOICES = (True, False, "auto", "fp16", "bf16", "off")
+RUNS_ROOT = "runs"  # where a run without --out goes
+
+
+def new_run_folder(root: str | Path = RUNS_ROOT) -> str:
+    """A run folder that does not exist yet: ROOT/YYYYmmdd-HHMMSS, then -2, -3, ... within the same second."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    candidate, number = Path(root) / stamp, 2
+    while candidate.exists():
+        candidate, number = Path(root) / f"{stamp}-{number}", number + 1
+    return str(candidate)
 
 
 @dataclass
@@ -96,7 +107,7 @@ class TrainConfig:
     val_fraction: float = 0.0  # train classes held out as an in-domain validation split (WiSE-FT "auto")
     linear_probe: bool = False  # DCDL protocol: logistic regression on train embeddings (before/after training)
     feature_cache: str | None = None  # where --freeze-backbone caches features (default ~/.cache/retrieval)
-    out: str = "runs/latest"
+    out: str | None = None  # the run folder; None: a new one, runs/YYYYmmdd-HHMMSS (new_run_folder)
     resume: bool = False
     checkpoint_every: int | None = None  # also write last.pt every this many optimizer steps (mid-epoch resume)
     on_bad_image: str = "skip"  # skip | fail: what an image that cannot be read does to the run
@@ -167,6 +178,8 @@ class TrainConfig:
                 errors.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.batches_per_epoch is not None and self.batches_per_epoch < 1:
             errors.append(f"--batches-per-epoch must be >= 1, got {self.batches_per_epoch}")
+        if self.resume and not self.out:
+            errors.append("--resume continues a run: give its folder with --out")
         if self.checkpoint_every is not None and self.checkpoint_every < 1:
             errors.append(f"--checkpoint-every must be >= 1 (optimizer steps), got {self.checkpoint_every}")
         try:

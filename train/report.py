@@ -157,6 +157,8 @@ def write_report(
     reference: dict[str, Any] | None = None,
     wise: dict[str, Any] | None = None,
     pictures: Callable[[], dict[str, str]] | None = None,
+    class_split: dict[str, Any] | None = None,
+    best_metric: str = "recall@1",
 ) -> dict[str, Any]:
     """Write RUN_DIR/report.json and its plots (``with_plots``); ``bad_images`` lists the files the run skipped,
     each once; ``pictures()`` draws more plots into the run folder and returns their names."""
@@ -174,6 +176,7 @@ def write_report(
         plots.update(triplet_plots(out, test_embeddings, train_sample))
     if with_plots and pictures is not None:
         plots.update(pictures())
-    report = train_report(run_config, history, baseline, best, last, plots, bad_images, reference, wise)
+    report = train_report(run_config, history, baseline, best, last, plots, bad_images, reference, wise,
+                          class_split, best_metric)
     save_report(report, out / "report.json")
     return report

@@ -6,6 +6,7 @@ import copy
 import json
 import math
 import random
+import shutil
 import sys
 import time
 from dataclasses import asdict
@@ -36,6 +37,7 @@ from retrieval.evaluation import (
     leave_one_out_metrics,
     load_eval_sets,
     load_extra_set,
+    present_class_names,
     row_loader,
 )
 from retrieval.inference import default_workers
@@ -50,8 +52,8 @@ from retrieval.models import (
     create_embedder,
     load_checkpoint,
 )
-from retrieval.train.config import TrainConfig
-from retrieval.train.distributed import DataParallelStep, gpu_options, init_distributed, restarted
+from retrieval.train.config import TrainConfig, new_run_folder
+from retrieval.train.distributed import DataParallelStep, env_world_size, gpu_options, init_distributed, restarted
 from retrieval.train.features import Embedding, EvalEmbeddings, FeatureSource, cached_features, feature_source_class
 from retrieval.train.report import write_report
 from retrieval.train.robust import WISE_ALPHAS, RobustFineTuning, backbone_param_groups, choose_alpha, snapshot
@@ -66,6 +68,8 @@ from retrieval.train.state import (
 from retrieval.train.tracking import Tracking, mlflow_uri_from
 
 BAD_IMAGE_FIX = "fix or remove the file, or pass --on-bad-image skip to train without it"
+BEST_METRIC = "recall@1"  # the evaluation metric whose highest value makes best.pt
+MAX_LISTED_CLASSES = 1000  # the report lists the class names of a split up to this many
 
 
 class TrainingDiverged(RuntimeError):
@@ -145,6 +149,10 @@ class Trainer:
     record: RunRecord
 
     def __init__(self, cfg: TrainConfig, progress: bool = True) -> None:
+        if cfg.out is None:  # a new folder per run (the command line resolves it before the processes start)
+            if env_world_size() > 1:
+                raise ValueError("several processes need the run folder given (--out): each would make its own")
+            cfg.out = new_run_folder()
         self.cfg = cfg
         self.out = Path(cfg.out)
         self.last_path = self.out / LAST_CHECKPOINT
@@ -333,8 +341,8 @@ class Trainer:
 
     def _save_epoch_end(self, epoch: int, row: dict[str, Any], evaluated: bool) -> None:
         """After an epoch: best.pt when its recall@1 is the best yet (every rank tracks it), then last.pt."""
-        if evaluated and row["recall@1"] > self.record.best_recall:
-            self.record.best_recall = row["recall@1"]
+        if evaluated and row[BEST_METRIC] > self.record.best_recall:
+            self.record.best_recall = row[BEST_METRIC]
             if self.main:
                 self._save(BEST_CHECKPOINT, epoch + 1, row)
         if self.main:
@@ -554,8 +562,19 @@ class Trainer:
         self.tracking.epoch(row, self.parts.scheduler.last_epoch,
                             {group.get("name", str(i)): group["lr"] for i, group in enumerate(optimizer.param_groups)})
 
+    def _set_up(self) -> None:
+        """``setup()``; a folder it made for a run that then fails before training is removed again (with what it
+        had written: nothing a later run needs), so a mistyped option leaves no empty run behind."""
+        made = not self.out.exists()
+        try:
+            self.setup()
+        except BaseException:
+            if made and self.main:
+                shutil.rmtree(self.out, ignore_errors=True)
+            raise
+
     def _run(self) -> dict[str, Any]:
-        self.setup()
+        self._set_up()
         cfg, record = self.cfg, self.record
         log_path = self.out / "metrics.jsonl"
         if record.baseline is None and cfg.eval_before:
@@ -584,7 +603,7 @@ class Trainer:
     def finish(self) -> dict[str, Any]:
         history = self.record.history
         final = [r for r in history if "recall@1" in r and r["epoch"] > 0]
-        best = max(final, key=lambda r: r["recall@1"]) if final else None
+        best = max(final, key=lambda r: r[BEST_METRIC]) if final else None
         if self.last_eval is None:  # e.g. resuming a run that had already finished
             self.last_eval = self.embed_eval()
         wise = self.wise_ft() if self.cfg.wise_alpha is not None else None
@@ -595,9 +614,27 @@ class Trainer:
                               final[-1] if final else None, self.last_eval[:2], train_sample,
                               bad_images=self.bad_images.records(), with_plots=self.cfg.plots,
                               reference=self.record.reference, wise=wise,
-                              pictures=self.evaluation_pictures)
+                              pictures=self.evaluation_pictures, class_split=self.class_split(),
+                              best_metric=BEST_METRIC)
         self.tracking.finish(self.out, report.get("plots", {}), self.parts.scheduler.last_epoch)
         return report
+
+    def class_split(self) -> dict[str, Any]:
+        """Which classes (and how many images) each split holds, and how many class names train and test share
+        (0: a class-disjoint protocol)."""
+        data = self.data
+        parts = {"train": data.train_set, "validation": data.val_set, "test": data.eval_sets.query,
+                 "gallery": data.eval_sets.gallery}
+
+        def part(dataset) -> dict[str, Any]:
+            names = present_class_names(dataset)
+            listed = {"class_names": names} if len(names) <= MAX_LISTED_CLASSES else {}
+            return {"classes": len(names), "images": len(dataset), **listed}
+
+        split = {name: part(dataset) for name, dataset in parts.items() if dataset is not None}
+        split["shared_train_test_classes"] = len(set(present_class_names(data.train_set))
+                                                 & set(present_class_names(parts["test"])))
+        return split
 
     def evaluation_pictures(self) -> dict[str, str]:
         """The last evaluation's query grid and embedding map, drawn into the run folder (report plot names)."""
