@@ -69,8 +69,9 @@ class FriendlyErrors(click.Group):
             # click's own Exit/Abort are RuntimeErrors in click >= 8.2: let click handle them
             if isinstance(exc, (click.ClickException, click.exceptions.Exit, click.exceptions.Abort)):
                 raise
+            # the message speaks for itself: no exception class name in front of it
             message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-            raise click.ClickException(f"{type(exc).__name__}: {message}") from exc
+            raise click.ClickException(str(message)) from exc
 
 
 @click.group(cls=FriendlyErrors, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})

@@ -269,8 +269,33 @@ def test_add_and_remove(digits, tmp_path, key):
     summary = remove_images(tmp_path / "idx", ids=[removed_id])
     with Index.open(tmp_path / "idx", embedder=FakeEmbedder()) as index:
         assert len(index) == 49
-    with pytest.raises(KeyError, match="no catalogue rows"):
+    with pytest.raises(ValueError, match="nothing was removed: no catalogue rows"):
         remove_images(tmp_path / "idx", ids=[10_000])
+
+
+def test_paths_the_tools_print_are_accepted_back(digits, tmp_path, monkeypatch):
+    """Issue 28, point 4: a path relative to the gallery (as the API and the app show it) or to the working folder
+    names the same image; one file can be added; a list with an unknown id removes nothing and says so."""
+    folder, paths = copy_gallery(digits, tmp_path)
+    build_index(folder, tmp_path / "idx", embedder=FakeEmbedder(), options=QUICK)
+    shown = paths[0].resolve().relative_to(folder.resolve()).as_posix()  # e.g. "3/img-0003.png", as the API says
+    monkeypatch.chdir(tmp_path / "idx")  # somewhere the relative path means nothing
+    summary = remove_images(tmp_path / "idx", paths=[shown])
+    assert summary["removed"] == 1 and summary["indexed"] == 39
+    monkeypatch.chdir(folder)  # from the gallery folder: the same relative path, resolved from here
+    with pytest.raises(ValueError, match="nothing was removed: not in the catalogue"):
+        remove_images(tmp_path / "idx", paths=["no/such.png"])
+    with Index.open(tmp_path / "idx", embedder=FakeEmbedder()) as index:
+        kept_id = index.search_images([paths[1]], k=1)[0][0].id
+    with pytest.raises(ValueError, match=rf"nothing was removed: no catalogue rows with ids 9999.*--ids {kept_id}$"):
+        remove_images(tmp_path / "idx", ids=[kept_id, 9999])
+    with Index.open(tmp_path / "idx", embedder=FakeEmbedder()) as index:
+        assert len(index) == 39  # nothing was removed
+    single = write_digits(tmp_path / "one", 1, start=700)[0]
+    summary = add_images(tmp_path / "idx", single, embedder=FakeEmbedder(), options=QUICK)
+    assert summary["indexed"] == 40
+    with Index.open(tmp_path / "idx", embedder=FakeEmbedder()) as index:
+        assert index.search_images([single], k=1)[0][0].path == str(single.resolve())
 
 
 def test_the_policy_of_the_options_chooses_the_index_key(digits, tmp_path):

@@ -89,7 +89,8 @@ def path_problem(path: str) -> str | None:
 
 
 def list_gallery(images: str | Path, split: str | None = None) -> Gallery:
-    """Every image under a folder (recursive, extension in any case) or every row of a manifest CSV.
+    """Every image under a folder (recursive, extension in any case), one image file, or every row of a manifest
+    CSV.
 
     In a folder, an image in a sub-folder is labelled by that sub-folder's name (ImageFolder style);
     an image at the top level has no label. A manifest has columns ``path,label[,split]`` with paths
@@ -107,11 +108,27 @@ def list_gallery(images: str | Path, split: str | None = None) -> Gallery:
         return read_manifest(images, split)
     if images.is_file() and images.suffix.lower() == ".parquet":
         return read_parquet_manifest(images, split)
+    if images.is_file() and images.suffix.lower() in IMAGE_EXTENSIONS:
+        return single_image(images, split)
     if images.exists():
         raise ValueError(
-            f"--images must be a folder or a manifest .csv or .parquet (path,label[,split]), got {images}"
+            f"--images must be a folder, one image or a manifest .csv or .parquet (path,label[,split]), got {images}"
         )
     raise FileNotFoundError(f"--images {images} does not exist")
+
+
+def single_image(image: Path, split: str | None = None) -> Gallery:
+    """One image file as a gallery (``index add INDEX --images photo.jpg``): no label, its folder as the root."""
+    if split is not None:
+        raise ValueError("--split filters a manifest's rows; it does not apply to one image")
+    path = image.resolve()
+    gallery = Gallery(source=printable_path(path), root=str(path.parent))
+    problem = path_problem(str(path))
+    if problem is not None:
+        gallery.errors.append(ListingError(printable_path(path), problem))
+    else:
+        gallery.items.append(GalleryItem(str(path), None))
+    return gallery
 
 
 def walk_folder(root: Path) -> Gallery:

@@ -263,16 +263,21 @@ def remove_images(
         info = _require_complete(layout, catalogue)
         wanted = [int(i) for i in ids]
         if paths:
-            resolved = [str(Path(p).expanduser().resolve()) for p in paths]
-            found = catalogue.ids_for_paths([p for p in resolved if is_utf8(p)])  # others are never catalogued
-            missing = [printable_path(p) for p in resolved if p not in found]
+            root = info.get("gallery_root") or catalogue.get_meta("gallery_root")
+            found = {given: catalogue_id(catalogue, given, root) for given in paths}
+            missing = [printable_path(given) for given, found_id in found.items() if found_id is None]
             if missing:
-                raise KeyError(f"not in the catalogue: {', '.join(missing[:5])}")
+                where = f", or relative to the gallery {printable_path(root)}" if root else ""
+                raise ValueError(f"nothing was removed: not in the catalogue: {', '.join(missing[:5])} (a path is "
+                                 f"taken as given, from the working folder{where})")
             wanted += list(found.values())
         statuses = catalogue.status_of(wanted)
         unknown = [i for i in wanted if i not in statuses]
         if unknown:
-            raise KeyError(f"no catalogue rows with ids {unknown[:10]}")
+            known = [i for i in wanted if i in statuses]
+            rest = f"; to remove the others: --ids {','.join(map(str, known))}" if known else ""
+            raise ValueError(f"nothing was removed: no catalogue rows with ids {', '.join(map(str, unknown[:10]))} "
+                             f"(`retrieval index stats` shows the ids in use){rest}")
         catalogue.mark_removed(wanted)
         store = ShardStore(layout.shards)
         updated = update_faiss(layout, catalogue, store, info, policy=policy)
@@ -283,6 +288,17 @@ def remove_images(
             **updated,
             **_summary(catalogue, started, {}),
         }
+
+
+def catalogue_id(catalogue: Catalogue, given: str, gallery_root: str | None) -> int | None:
+    """The id of the catalogued image ``given`` names: an absolute path, a path from the working folder, or a
+    path relative to the gallery root (as the API and the app show them); None when none is catalogued."""
+    candidates = [Path(given).expanduser().resolve()]
+    if gallery_root and not Path(given).is_absolute():
+        candidates.append((Path(gallery_root) / given).resolve())
+    paths = [str(p) for p in candidates if is_utf8(str(p))]  # others are never catalogued
+    found = catalogue.ids_for_paths(paths)
+    return next((found[p] for p in paths if p in found), None)
 
 
 def repair_index(
