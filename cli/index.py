@@ -54,6 +54,17 @@ def _echo_summary(summary: dict) -> None:
 split_option = click.option("--split", default=None, help="with a manifest: index only the rows of this split.")
 
 
+def _label_help() -> str:
+    from retrieval.index.sources import LABEL_RULES
+
+    return ("where an image's label comes from: " + "; ".join(f"{name}: {text}" for name, text in LABEL_RULES.items())
+            + ". `index add` keeps the index's rule.")
+
+
+label_option = lazy_help_option("--label-from", metavar="parent|top|manifest|none", default=None,
+                                help_text=_label_help)
+
+
 def ingest_options(func):
     options = [
         click.option("--batch-size", default=64, show_default=True, help="images per embedding batch."),
@@ -131,10 +142,11 @@ def index_group() -> None:
     help="auto | Flat | HNSW32 | IVF{K},Flat | IVF{K},PQ{m} | any faiss factory key ({K}, {m} filled in).",
 )
 @split_option
+@label_option
 @ingest_options
 @engine_options
 def build_command(
-    model, images, out, index_key, split, batch_size, workers, shard_size, max_pixels, gpu, engine
+    model, images, out, index_key, split, label_from, batch_size, workers, shard_size, max_pixels, gpu, engine
 ) -> None:
     """Embed every image and build the index; rerun it (or `index repair OUT`) to finish an interrupted build."""
     from retrieval.index import build_index
@@ -147,6 +159,7 @@ def build_command(
         split=split,
         gpu=gpu,
         options=_ingest_options(batch_size, workers, shard_size, max_pixels, engine),
+        label_from=label_from,
     )
     _echo_summary(summary)
 
@@ -156,10 +169,12 @@ def build_command(
 @lazy_help_option("--images", required=True, type=click.Path(), help_text=images_help)
 @click.option("--model", type=click.Path(dir_okay=False), help="default: the model recorded in index.json.")
 @split_option
+@label_option
 @ingest_options
 @engine_options
-def add_command(index_dir, images, model, split, batch_size, workers, shard_size, max_pixels, gpu, engine) -> None:
-    """Add images to an existing index without rebuilding it."""
+def add_command(index_dir, images, model, split, label_from, batch_size, workers, shard_size, max_pixels, gpu,
+                engine) -> None:
+    """Add images (a folder, one image or a manifest) to an existing index without rebuilding it."""
     from retrieval.index import add_images
 
     summary = add_images(
@@ -169,6 +184,7 @@ def add_command(index_dir, images, model, split, batch_size, workers, shard_size
         split=split,
         gpu=gpu,
         options=_ingest_options(batch_size, workers, shard_size, max_pixels, engine),
+        label_from=label_from,
     )
     _echo_summary(summary)
 

@@ -44,6 +44,62 @@ class Gallery:
     root: str  # the --images folder, or the manifest's folder
     items: list[GalleryItem] = field(default_factory=list)
     errors: list[ListingError] = field(default_factory=list)
+    kind: str = "folder"  # folder | manifest | image
+
+
+# --label-from: where an image's label comes from
+LABEL_RULES = {
+    "parent": "the name of the folder the image is in (a folder gallery's default)",
+    "top": "the name of the first folder under the gallery folder, however deep the image is",
+    "manifest": "the manifest's label column (a manifest's default)",
+    "none": "no labels",
+}
+
+
+def default_label_rule(kind: str) -> str:
+    """The rule a gallery of this kind gets when --label-from is not given."""
+    return "manifest" if kind == "manifest" else "parent"
+
+
+def apply_label_rule(gallery: Gallery, rule: str) -> Gallery:
+    """The gallery with each image labelled by ``rule`` (``LABEL_RULES``); "manifest" keeps the manifest's labels."""
+    if rule not in LABEL_RULES:
+        raise ValueError(f"--label-from must be one of {', '.join(LABEL_RULES)}, got {rule!r}")
+    if rule == "manifest":
+        if gallery.kind != "manifest":
+            raise ValueError(f"--label-from manifest takes a manifest's label column, but {gallery.source} is "
+                             f"{'one image' if gallery.kind == 'image' else 'a folder'}: use parent, top or none")
+        return gallery
+    root = Path(gallery.root)
+    gallery.items = [GalleryItem(item.path, _path_label(Path(item.path), root, rule, gallery.kind))
+                     for item in gallery.items]
+    return gallery
+
+
+def _path_label(path: Path, root: Path, rule: str, kind: str) -> str | None:
+    if rule == "none":
+        return None
+    if kind == "image":  # one image: its own folder names it (parent), there is no gallery folder above (top)
+        return path.parent.name if rule == "parent" else None
+    try:
+        parts = path.relative_to(root).parts
+    except ValueError:  # a manifest row outside the manifest's folder: its own folder
+        parts = (path.parent.name, path.name)
+    if len(parts) < 2:
+        return None  # an image at the top of the gallery has no label
+    return parts[-2] if rule == "parent" else parts[0]
+
+
+def label_summary(gallery: Gallery, rule: str, shown: int = 10) -> dict:
+    """What the build says about the labels it found: the rule, the classes, the largest ones and their counts."""
+    counts: dict[str, int] = {}
+    for item in gallery.items:
+        if item.label is not None:
+            counts[item.label] = counts.get(item.label, 0) + 1
+    largest = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:shown]
+    return {"from": rule, "rule": LABEL_RULES[rule], "classes": len(counts),
+            "unlabelled": sum(item.label is None for item in gallery.items),
+            "largest_classes": dict(largest)}
 
 
 def printable_path(path: str | os.PathLike[str], limit: int | None = DISPLAY_LIMIT) -> str:
@@ -122,7 +178,7 @@ def single_image(image: Path, split: str | None = None) -> Gallery:
     if split is not None:
         raise ValueError("--split filters a manifest's rows; it does not apply to one image")
     path = image.resolve()
-    gallery = Gallery(source=printable_path(path), root=str(path.parent))
+    gallery = Gallery(source=printable_path(path), root=str(path.parent), kind="image")
     problem = path_problem(str(path))
     if problem is not None:
         gallery.errors.append(ListingError(printable_path(path), problem))
@@ -163,7 +219,7 @@ def walk_folder(root: Path) -> Gallery:
 def read_manifest(manifest: Path, split: str | None = None) -> Gallery:
     """The rows of a manifest; a row naming an unusable path, or with a label that is not UTF-8, is an error."""
     base = manifest.resolve().parent
-    gallery = Gallery(source=printable_path(manifest.resolve()), root=str(base))
+    gallery = Gallery(source=printable_path(manifest.resolve()), root=str(base), kind="manifest")
     # surrogateescape: bytes that are not UTF-8 reach the row checks below instead of failing the whole file
     with open(manifest, newline="", encoding="utf-8-sig", errors="surrogateescape") as handle:
         reader = csv.DictReader(handle)
@@ -193,7 +249,7 @@ def read_parquet_manifest(manifest: Path, split: str | None = None) -> Gallery:
     except ModuleNotFoundError as exc:
         raise RuntimeError(f'a parquet manifest needs pyarrow: pip install "ray[data]>=2.40" ({exc})') from exc
     base = manifest.resolve().parent
-    gallery = Gallery(source=printable_path(manifest.resolve()), root=str(base))
+    gallery = Gallery(source=printable_path(manifest.resolve()), root=str(base), kind="manifest")
     try:
         handle = pq.ParquetFile(manifest)
     except Exception as exc:  # noqa: BLE001  (pyarrow raises its own errors for a damaged file)

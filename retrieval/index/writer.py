@@ -42,7 +42,16 @@ from retrieval.index.ingest import ingest
 from retrieval.index.layout import IndexLayout, repair_command
 from retrieval.index.mend import mend, missing_vectors
 from retrieval.index.shards import ShardStore
-from retrieval.index.sources import IMAGE_EXTENSIONS, Gallery, is_utf8, list_gallery, printable_path
+from retrieval.index.sources import (
+    IMAGE_EXTENSIONS,
+    Gallery,
+    apply_label_rule,
+    default_label_rule,
+    is_utf8,
+    label_summary,
+    list_gallery,
+    printable_path,
+)
 from retrieval.index.vectors import faiss_mismatch
 
 log = logging.getLogger(__name__)
@@ -101,15 +110,34 @@ def _check_same_model(catalogue: Catalogue, embedder: Embedder, root: Path) -> N
         )
 
 
-def _list(images: str | Path, split: str | None) -> Gallery:
+def _labelled(images: str | Path, split: str | None, catalogue: Catalogue, label_from: str | None,
+              ) -> tuple[Gallery, str]:
+    """The gallery and the label rule it was labelled with: --label-from, else the one the index recorded (where
+    it applies to this kind of source), else the kind's default; an index keeps the rule of its first listing."""
     gallery = list_gallery(images, split)
+    recorded = catalogue.get_meta("label_from")
+    rule = label_from or recorded
+    if rule is None or (label_from is None and rule == "manifest" and gallery.kind != "manifest"):
+        rule = default_label_rule(gallery.kind)
+    if recorded is not None and label_from is not None and label_from != recorded:
+        raise ValueError(f"this index labels its images by --label-from {recorded}; give that rule (or leave "
+                         "--label-from out), or build a new index to label another way")
+    apply_label_rule(gallery, rule)
+    if recorded is None:
+        catalogue.set_meta(label_from=rule)
+    return gallery, rule
+
+
+def _list(images: str | Path, split: str | None, catalogue: Catalogue, label_from: str | None = None,
+          ) -> tuple[Gallery, str]:
+    gallery, rule = _labelled(images, split, catalogue, label_from)
     if not gallery.items:
         example = f"; e.g. {gallery.errors[0].path}: {gallery.errors[0].error}" if gallery.errors else ""
         raise ValueError(
             f"no images ({', '.join(sorted(IMAGE_EXTENSIONS))}) found in {images}"
             f"{f' ({len(gallery.errors)} paths could not be listed{example})' if gallery.errors else ''}"
         )
-    return gallery
+    return gallery, rule
 
 
 def _inconsistency(layout: IndexLayout, catalogue: Catalogue, store: ShardStore) -> str | None:
@@ -138,8 +166,12 @@ def build_index(
     split: str | None = None,
     gpu: bool = False,
     options: IngestOptions | None = None,
+    label_from: str | None = None,
 ) -> dict[str, Any]:
     """Build (or finish an interrupted build of) an index of the images in ``out``; returns a summary.
+
+    ``label_from`` (``sources.LABEL_RULES``): where an image's label comes from; default: its folder's name (a
+    folder) or the label column (a manifest). The summary says which classes it found.
 
     ``options.engine`` chooses who decodes and embeds (``local``, or ``ray`` on a Ray cluster); every
     engine writes the same folder layout, so an index is resumed, searched and updated the same way.
@@ -176,7 +208,7 @@ def build_index(
                     f"the interrupted build in {layout.root} used --index-key "
                     f"{catalogue.get_meta('index_key')}; rerun with that key or choose a new --out"
                 )
-        gallery = _list(images, split)
+        gallery, rule = _list(images, split, catalogue, label_from)
         if state is None:
             fields = _model_fields(embedder, str(model) if model else None)
             catalogue.set_meta(
@@ -203,6 +235,7 @@ def build_index(
             "index_dir": str(layout.root),
             "index_key": built["index_key"],
             "params": built["params"],
+            "labels": label_summary(gallery, rule),
             **_summary(catalogue, started, mended),
         }
 
@@ -223,8 +256,10 @@ def add_images(
     split: str | None = None,
     gpu: bool = False,
     options: IngestOptions | None = None,
+    label_from: str | None = None,
 ) -> dict[str, Any]:
-    """Embed new images with the index's own model and add them without rebuilding (resumable too)."""
+    """Embed new images with the index's own model and add them without rebuilding (resumable too); labelled by
+    the index's own --label-from rule unless told otherwise."""
     started = time.perf_counter()
     layout = IndexLayout(index_dir)
     layout.require_catalogue()
@@ -238,14 +273,15 @@ def add_images(
                 raise ValueError("this index records no model path; pass --model")
             embedder = load_model(path)
         _check_same_model(catalogue, embedder, layout.root)
-        gallery = list_gallery(images, split)
+        gallery, rule = _labelled(images, split, catalogue, label_from)
         catalogue.plan(gallery.items, gallery.source, gallery.errors)
         store = ShardStore(layout.shards)
         mended = mend(catalogue, store)
         ingest(engine, catalogue, store, embedder, options)
         updated = update_faiss(layout, catalogue, store, info, gpu, policy=options.policy)
         layout.write_info(info | updated)
-        return {"index_dir": str(layout.root), **updated, **_summary(catalogue, started, mended)}
+        return {"index_dir": str(layout.root), **updated, "labels": label_summary(gallery, rule),
+                **_summary(catalogue, started, mended)}
 
 
 def remove_images(
@@ -331,7 +367,7 @@ def repair_index(
         mended = mend(catalogue, store)
         source = catalogue.get_meta("gallery_images")
         if catalogue.counts()["total"] == 0 and source is not None:  # killed while planning: plan again
-            gallery = _list(source, catalogue.get_meta("gallery_split"))
+            gallery, _ = _list(source, catalogue.get_meta("gallery_split"), catalogue)
             catalogue.plan(gallery.items, gallery.source, gallery.errors)
         if catalogue.counts()[Status.PENDING.value]:
             if embedder is None:

@@ -1,0 +1,85 @@
+"""--label-from (issue 28, point 2): where a gallery image's label comes from, said at build time, kept by add."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+from test_index_support import FakeEmbedder
+
+from retrieval.index import add_images, build_index
+from retrieval.index.engine import IngestOptions
+
+QUICK = IngestOptions(workers=0)
+
+
+def write_images(folder, count: int, start: int) -> None:
+    """``count`` distinct small PNGs directly in ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(start, start + count):
+        pixels = np.random.default_rng(i).integers(0, 256, (16, 16, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(folder / f"img_{i:03d}.png")
+
+
+@pytest.fixture
+def nested(tmp_path):
+    """shapes/star/variants/deep/*.png, shapes/star/*.png, shapes/moon/*.png and one image at the top."""
+    root = tmp_path / "shapes"
+    for folder, count, start in (("star/variants/deep", 3, 0), ("star", 2, 10), ("moon", 4, 20), (".", 1, 30)):
+        write_images(root / folder, count, start)
+    return root
+
+
+@pytest.mark.parametrize(("rule", "expected"), [
+    ("parent", {"deep": 3, "star": 2, "moon": 4}),
+    ("top", {"star": 5, "moon": 4}),
+    ("none", {}),
+])
+def test_each_rule_labels_as_documented_and_the_summary_counts_the_classes(nested, tmp_path, rule, expected):
+    summary = build_index(nested, tmp_path / "idx", embedder=FakeEmbedder(), options=QUICK, label_from=rule)
+    labels = summary["labels"]
+    assert labels["from"] == rule and labels["classes"] == len(expected)
+    assert labels["largest_classes"] == dict(sorted(expected.items(), key=lambda kv: (-kv[1], kv[0])))
+    assert labels["unlabelled"] == 10 - sum(expected.values())  # the top-level image never has a label
+
+
+def test_the_default_is_the_parent_folder_and_add_keeps_the_index_rule(nested, tmp_path):
+    summary = build_index(nested, tmp_path / "idx", embedder=FakeEmbedder(), options=QUICK, label_from="top")
+    assert summary["labels"]["from"] == "top"
+    extra = tmp_path / "more" / "star" / "new" / "deeper"
+    write_images(extra, 2, 40)
+    added = add_images(tmp_path / "idx", tmp_path / "more", embedder=FakeEmbedder(), options=QUICK)
+    assert added["labels"]["from"] == "top" and added["labels"]["largest_classes"] == {"star": 2}
+    with pytest.raises(ValueError, match="labels its images by --label-from top"):
+        add_images(tmp_path / "idx", tmp_path / "more", embedder=FakeEmbedder(), options=QUICK, label_from="parent")
+    default = build_index(nested, tmp_path / "idx2", embedder=FakeEmbedder(), options=QUICK)
+    assert default["labels"]["from"] == "parent"
+
+
+def test_manifest_rule_needs_a_manifest(nested, tmp_path):
+    with pytest.raises(ValueError, match="--label-from manifest takes a manifest's label column"):
+        build_index(nested, tmp_path / "idx", embedder=FakeEmbedder(), options=QUICK, label_from="manifest")
+    manifest = tmp_path / "list.csv"
+    images = sorted(p for p in nested.rglob("*.png"))
+    manifest.write_text("path,label\n" + "".join(f"{p},{'round' if 'moon' in str(p) else 'pointy'}\n"
+                                                  for p in images))
+    summary = build_index(manifest, tmp_path / "idx", embedder=FakeEmbedder(), options=QUICK)
+    assert summary["labels"]["from"] == "manifest" and summary["labels"]["classes"] == 2
+
+
+def test_the_command_line_prints_the_rule_and_the_classes(nested, tmp_path, monkeypatch):
+    from retrieval.cli.index import index_group
+
+    monkeypatch.setattr("retrieval.index.writer.load_model", lambda path, providers="auto": FakeEmbedder())
+    shutil.rmtree(nested / "star" / "variants")
+    result = CliRunner().invoke(index_group, ["build", "--model", "m.onnx", "--images", str(nested), "--out",
+                                              str(tmp_path / "idx"), "--workers", "0", "--label-from", "top"])
+    assert result.exit_code == 0, result.output
+    labels = json.loads(result.output[result.output.index("{\n"):])["labels"]
+    assert labels["largest_classes"] == {"moon": 4, "star": 2} and "first folder under" in labels["rule"]
+    help_text = " ".join(CliRunner().invoke(index_group, ["build", "--help"]).output.split())
+    assert "--label-from" in help_text and "the name of the folder the image is in" in help_text
