@@ -254,28 +254,69 @@ def _check_k(_ctx: click.Context, _param: click.Parameter, k: int) -> int:
 @click.argument("images", nargs=-1, required=True, type=click.Path(dir_okay=False, exists=True))
 @click.option("-k", "k", type=int, default=10, show_default=True, callback=_check_k, help="results per query.")
 @click.option("--model", type=click.Path(dir_okay=False), help="default: the model recorded in index.json.")
+@click.option("--exclude-self", is_flag=True,
+              help="leave out the gallery image that is the query itself (the same file bytes), as the app and the "
+                   "API do.")
 @click.option("--gpu", is_flag=True, help="search on the GPU (needs faiss-gpu and a GPU).")
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table.")
-def search_command(index_dir, images, k, model, gpu, as_json) -> None:
-    """Find the k most similar gallery images to each query IMAGE."""
+def search_command(index_dir, images, k, model, exclude_self, gpu, as_json) -> None:
+    """Find the k most similar gallery images to each query IMAGE. A query that cannot be read is named with the
+    reason, the others are answered, and the command then exits with status 1."""
     from retrieval.index import Index, load_model
     from retrieval.index.sources import printable_path
 
     with Index.open(index_dir, embedder=load_model(model) if model else None, gpu=gpu) as index:
-        results = index.search_images(list(images), k)
+        answers = _answers(index, images, k, exclude_self)
     if as_json:
-        payload = [
-            {"query": str(Path(q).resolve()), "results": [r.to_dict() for r in rs]}
-            for q, rs in zip(images, results, strict=True)
-        ]
-        click.echo(json.dumps(payload, indent=2))
-        return
-    for query, rows in zip(images, results, strict=True):
-        click.echo(printable_path(query, limit=None))
-        for rank, r in enumerate(rows, 1):  # names may hold newlines or bytes that are not UTF-8
-            label = None if r.label is None else printable_path(r.label, limit=None)
-            path = printable_path(r.path, limit=None)
-            click.echo(f"  {rank:3d}  {r.score:+.4f}  id={r.id}  label={label}  {path}")
+        click.echo(json.dumps(answers, indent=2))
+    else:
+        for answer in answers:
+            click.echo(printable_path(answer["query"], limit=None))
+            if "error" in answer:
+                click.echo(f"  cannot search with it: {answer['error']}")
+                continue
+            if answer.get("excluded_self") is not None:
+                click.echo(f"  (left out: id={answer['excluded_self']}, the query itself)")
+            for rank, r in enumerate(answer["results"], 1):  # names may hold newlines or bytes that are not UTF-8
+                label = None if r["label"] is None else printable_path(r["label"], limit=None)
+                path = printable_path(r["path"], limit=None)
+                click.echo(f"  {rank:3d}  {r['score']:+.4f}  id={r['id']}  label={label}  {path}")
+    failed = [a for a in answers if "error" in a]
+    if failed:
+        shown = ", ".join(printable_path(a["query"]) for a in failed[:3])
+        raise click.ClickException(f"{len(failed)} of {len(answers)} queries could not be read ({shown}); the "
+                                   "others were answered above")
+
+
+def _answers(index, queries: tuple[str, ...], k: int, exclude_self: bool) -> list[dict]:
+    """Each query's answer, in order: its results (and the id left out as the query itself), or the reason it
+    cannot be searched. The readable queries are embedded in one batch."""
+    import hashlib
+
+    from retrieval.data.decode import ImageDecodeError, open_image
+
+    answers, images = [], []
+    for query in queries:
+        answer = {"query": str(Path(query).resolve())}
+        try:
+            images.append(open_image(query))
+        except (ImageDecodeError, OSError) as exc:
+            answer["error"] = str(exc)
+        answers.append(answer)
+    readable = [a for a in answers if "error" not in a]
+    embeddings = index.embedder.embed(images) if images else []
+    for answer, query, embedding in zip(readable, [a["query"] for a in readable], embeddings, strict=True):
+        excluded = None
+        if exclude_self:
+            digest = hashlib.sha256()
+            with open(query, "rb") as handle:  # the decoder has read it whole: a bounded regular file
+                for block in iter(lambda h=handle: h.read(1 << 20), b""):
+                    digest.update(block)
+            row = index.indexed_by_sha256(digest.hexdigest())
+            excluded = None if row is None else int(row["id"])
+        found = index.search(embedding[None], k, exclude_ids=() if excluded is None else (excluded,))[0]
+        answer.update(results=[r.to_dict() for r in found], excluded_self=excluded)
+    return answers
 
 
 if __name__ == "__main__":

@@ -450,3 +450,24 @@ def test_import_graph(module, must_not_load):
     result = subprocess.run([sys.executable, "-c", code], cwd=TESTS.parent, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "[]", f"importing {module} loaded {result.stdout.strip()}"
+
+
+def test_search_answers_the_good_queries_names_the_bad_and_can_exclude_itself(digits, tmp_path, monkeypatch):
+    folder, paths = copy_gallery(digits, tmp_path)
+    build_index(folder, tmp_path / "idx", embedder=FakeEmbedder(), options=QUICK)
+    monkeypatch.setattr("retrieval.index.load_model", lambda path, providers="auto": FakeEmbedder())
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    args = ["--index", str(tmp_path / "idx"), "--model", "m.onnx", "-k", "3"]
+    result = CliRunner().invoke(search_command, [*args, str(paths[0]), str(broken), str(paths[1])])
+    assert result.exit_code == 1
+    lines = result.output.splitlines()
+    assert lines[0] == str(paths[0].resolve()) and str(paths[0].resolve()) in lines[1]  # top-1: itself
+    assert lines[4] == str(broken.resolve()) and lines[5].startswith("  cannot search with it: ")
+    assert lines[6] == str(paths[1].resolve())
+    assert "1 of 3 queries could not be read" in result.output and "Error" not in lines[5]
+    payload = json.loads(CliRunner().invoke(search_command, [*args, "--json", "--exclude-self", str(paths[0])])
+                         .output)
+    own = payload[0]["excluded_self"]
+    assert own is not None and all(r["id"] != own for r in payload[0]["results"])
+    assert len(payload[0]["results"]) == 3 and payload[0]["results"][0]["path"] != str(paths[0].resolve())
