@@ -237,6 +237,12 @@ def read_image(
     return decoded
 
 
+def _pixels(limit: int) -> str:
+    """A pixel limit as people read it: ``40,000,000 pixels (about 6324 x 6324)``."""
+    side = int(limit ** 0.5)
+    return f"{limit:,} pixels (about {side} x {side})"
+
+
 def open_image(path: str | os.PathLike) -> Image.Image:
     """An image file decoded by ``read_image``: RGB or RGBA (transparency is flattened by the transforms)."""
     return read_image(path).image
@@ -263,7 +269,10 @@ def _decode(handle: BinaryIO, max_pixels: int) -> DecodedImage:
     except ImageDecodeError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise ImageDecodeError("too_large", f"possible decompression bomb: {exc}") from exc
+        limit = min(max_pixels, Image.MAX_IMAGE_PIXELS or max_pixels)  # Pillow's own limit applies first
+        raise ImageDecodeError("too_large", f"the image declares more pixels than the limit of {_pixels(limit)} "
+                                            "(a possible decompression bomb); resize it below that and send it "
+                                            "again") from exc
     except UnidentifiedImageError as exc:
         if (tiff_error := _unopened_tiff(handle, start)) is not None:
             raise tiff_error from exc
@@ -360,8 +369,9 @@ def _plan(image: Image.Image, handle: BinaryIO, start: int, max_pixels: int, hel
     if decoded_w * decoded_h > max_pixels:
         raise ImageDecodeError(
             "too_large",
-            f"{width}x{height} = {width * height} pixels is over the limit of {max_pixels} "
-            "(possible decompression bomb); send a smaller image or raise --max-pixels",
+            f"{width} x {height} = {width * height:,} pixels is over the limit of {_pixels(max_pixels)} (a possible "
+            "decompression bomb); resize it below that and send it again (where you run the server or the index, "
+            "--max-pixels raises the limit)",
         )
     if any(tile.codec_name in SLOW_DECODERS for tile in image.tile):
         raise ImageDecodeError(
