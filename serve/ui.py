@@ -222,7 +222,9 @@ class SearchTab:
         except QueryError as exc:
             # the API's 4xx detail, as text (Gradio renders messages as HTML), without a traceback in the log
             message = html.escape(str(exc))
-            raise gr.Error(message, title="Cannot search with this image", print_exception=False) from None
+            # duration None: the message stays until the reader closes it (a toast that fades is missed)
+            raise gr.Error(message, title="Cannot search with this image", duration=None,
+                           print_exception=False) from None
         known = response.query_item
         items = []
         for result in response.results:

@@ -116,6 +116,7 @@ def test_bad_uploads_get_the_api_message(service, search_tab, tmp_path, kind):
     with pytest.raises(gr.Error) as raised:
         search_tab.search(uploaded(search_tab, path), 3)
     assert raised.value.message == html.escape(api.json()["detail"])
+    assert raised.value.duration is None  # stays on screen until closed
     assert str(tmp_path) not in raised.value.message and "Traceback" not in raised.value.message
 
 
