@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from retrieval.io import atomic_write
+from retrieval.io import atomic_write, read_capped
 
 REPORT_FORMAT = "retrieval-report/1"
 REPORT_KINDS = ("train", "evaluate")
@@ -18,6 +18,25 @@ REPORT_KINDS = ("train", "evaluate")
 LAST_CHECKPOINT = "last.pt"  # the newest, which --resume continues
 BEST_CHECKPOINT = "best.pt"  # the one of the best recall@1
 WISE_CHECKPOINT = "wise.pt"  # --wise-alpha: the WiSE-FT mix of the start and the fine-tuned weights
+# one row per optimizer step: {"step", "epoch" (fractional: 1.5 = half-way through the second epoch), "loss"}
+STEPS_LOG = "steps.jsonl"
+MAX_STEPS_LOG_BYTES = 64 * 2**20  # about a million steps; a longer log is drawn per epoch instead
+STEP_POINTS = 2000  # the most points a per-step curve draws (a longer log is thinned evenly)
+
+
+def read_steps(folder: str | Path, points: int = STEP_POINTS) -> list[dict[str, float]]:
+    """The per-step rows of a run folder's steps.jsonl, thinned to at most ``points``; [] when there is none
+    (or it is too large or unreadable: the curves fall back to one point per epoch)."""
+    path = Path(folder) / STEPS_LOG
+    if not path.is_file():
+        return []
+    try:
+        rows = [json.loads(line) for line in read_capped(path, MAX_STEPS_LOG_BYTES, "steps log").splitlines()
+                if line.strip()]
+    except (OSError, ValueError):
+        return []
+    stride = max(1, -(-len(rows) // points))
+    return rows[::stride]
 
 
 def train_report(config: dict[str, Any], history: list[dict[str, Any]], baseline: dict[str, float] | None,

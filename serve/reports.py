@@ -17,7 +17,7 @@ from typing import Any
 from PIL import Image
 
 from retrieval.io import read_capped
-from retrieval.reports import REPORT_FORMAT, REPORT_KINDS
+from retrieval.reports import REPORT_FORMAT, REPORT_KINDS, read_steps
 
 MAX_REPORT_BYTES = 50 * 2**20  # a run report is a few KiB: anything this big is not one
 MAX_RESULTS_BYTES = 16 * 2**20
@@ -176,6 +176,7 @@ def _lines(ax, series: dict[str, tuple[Sequence[float], Sequence[float]]]) -> No
     """One line per series, each with its own marker and line style, and a legend."""
     for i, (name, (xs, ys)) in enumerate(series.items()):
         marker, style = LINE_STYLES[i % len(LINE_STYLES)]
+        marker = marker if len(xs) <= 60 else None  # a per-step curve: a line, not thousands of markers
         ax.plot(xs, ys, marker=marker, linestyle=style, markersize=6 - (i % 3), linewidth=1.6, label=name,
                 markerfacecolor="none" if i % 2 else None)
     if series:
@@ -223,7 +224,12 @@ def curves_plot(report: RunReport) -> Image.Image | None:
     history = [flat_metrics(r) for r in history]
     evals = [r for r in history if "recall@1" in r]
     extra = sorted({k for r in evals for k in r if k.endswith(": recall@1")})  # out-of-domain sets (--eval-extra)
-    panels = [("training loss", "", {"loss": ([r["epoch"] for r in trained], [r["loss"] for r in trained])})]
+    losses = {"loss": ([r["epoch"] for r in trained], [r["loss"] for r in trained])}
+    steps = read_steps(report.folder)  # per optimizer step, each at its place in its epoch, when the run has them
+    if steps:
+        losses = {"loss per step": ([r["epoch"] for r in steps], [r["loss"] for r in steps]),
+                  "epoch mean": losses["loss"]}
+    panels = [("training loss", "", losses)]
     for title, keys in (("evaluation (epoch 0 = before training)", ("recall@1", "map@r", "nmi", *extra)),
                         ("hard triplets (S_an > S_ap)", ("hard_fraction_train", "hard_fraction_test"))):
         rows = evals if keys[0] == "recall@1" else history

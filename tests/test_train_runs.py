@@ -58,3 +58,30 @@ def test_out_is_needed_under_torchrun_and_with_resume(in_tmp, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     result = CliRunner().invoke(main, DIGITS)
     assert result.exit_code != 0 and "under torchrun, give --out" in result.output
+
+
+def test_the_loss_is_logged_and_drawn_per_step(tmp_path):
+    from retrieval.reports import read_steps
+    from retrieval.serve.reports import curves_plot, load_report
+    from retrieval.train import TrainConfig, train
+    from retrieval.train.trainer import Trainer, atomic_save
+
+    def config(**overrides):
+        return TrainConfig(dataset="digits", dataset_kwargs={"protocol": "disjoint", "limit_per_class": 20},
+                           backbone="efficientnet_lite0", image_size=32, freeze_backbone=True, embedding_dim=16,
+                           batch_size=16, per_class=4, batches_per_epoch=4, epochs=2, workers=0, device="cpu",
+                           out=str(tmp_path / "run"), feature_cache=str(tmp_path / "cache"), tensorboard=False,
+                           **overrides)
+
+    partial = Trainer(config(), progress=False)  # epoch 1 saved, epoch 2 half-done when "killed"
+    partial.setup()
+    row = {"epoch": 1, **partial.train_epoch(0)}
+    partial.record.history.append(row)
+    atomic_save(partial.checkpoint(1, row), tmp_path / "run" / "last.pt")
+    partial.train_epoch(1)
+    report = train(config(resume=True), progress=False)
+    steps = read_steps(tmp_path / "run")
+    assert [r["step"] for r in steps] == list(range(1, 9))  # the re-done steps once each
+    assert [r["epoch"] for r in steps] == [0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0]
+    assert sum(r["loss"] for r in steps[4:]) / 4 == pytest.approx(report["last"]["loss"], rel=1e-6)
+    assert curves_plot(load_report(tmp_path / "run" / "report.json")) is not None

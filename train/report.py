@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from retrieval.reports import save_report, train_report
+from retrieval.reports import read_steps, save_report, train_report
 
 
 def _plt():
@@ -20,15 +20,23 @@ def _plt():
     return plt
 
 
-def plot_training_curves(history: list[dict[str, Any]], path: Path) -> Path | None:
+def plot_training_curves(history: list[dict[str, Any]], path: Path,
+                         steps: list[dict[str, float]] | None = None) -> Path | None:
+    """Loss (per optimizer step when ``steps`` has them, else per epoch), evaluation metrics and hard-triplet
+    shares against the epoch."""
     trained = [r for r in history if r.get("epoch", 0) > 0 and "loss" in r]
     if not trained:
         return None
     plt = _plt()
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     epochs = [r["epoch"] for r in trained]
-    axes[0].plot(epochs, [r["loss"] for r in trained], "o-", color="tab:purple")
+    if steps:  # each step at its place in its epoch (1.5: half-way through the second); the epoch means on top
+        axes[0].plot([r["epoch"] for r in steps], [r["loss"] for r in steps], "-", color="tab:purple", alpha=0.45,
+                     linewidth=0.8, label="each step")
+    axes[0].plot(epochs, [r["loss"] for r in trained], "o-", color="tab:purple", label="epoch mean")
     axes[0].set(title="training loss", xlabel="epoch")
+    if steps:
+        axes[0].legend(fontsize=8)
     evals = [r for r in history if "recall@1" in r]
     for key, color in (("recall@1", "tab:blue"), ("map@r", "tab:orange"), ("nmi", "tab:green")):
         if evals and key in evals[0]:
@@ -163,7 +171,7 @@ def write_report(
     """Write RUN_DIR/report.json and its plots (``with_plots``); ``bad_images`` lists the files the run skipped,
     each once; ``pictures()`` draws more plots into the run folder and returns their names."""
     plots: dict[str, str] = {}
-    if with_plots and plot_training_curves(history, out / "curves.png"):
+    if with_plots and plot_training_curves(history, out / "curves.png", read_steps(out)):
         plots["curves"] = "curves.png"
     if with_plots and plot_recall_at_k({"pretrained only": baseline or {}, "trained (last)": last or {}},
                                        out / "recall.png"):

@@ -52,6 +52,7 @@ from retrieval.models import (
     create_embedder,
     load_checkpoint,
 )
+from retrieval.reports import STEPS_LOG
 from retrieval.train.config import TrainConfig, new_run_folder
 from retrieval.train.distributed import DataParallelStep, env_world_size, gpu_options, init_distributed, restarted
 from retrieval.train.features import Embedding, EvalEmbeddings, FeatureSource, cached_features, feature_source_class
@@ -327,9 +328,25 @@ class Trainer:
                 )
             self.resume_progress = EpochProgress(**ckpt.in_epoch)
         restore_rng_states(ckpt.rng)
-        # metrics.jsonl keeps exactly the epochs the checkpoint has seen
+        # metrics.jsonl and steps.jsonl keep exactly the epochs and steps the checkpoint has seen
         if self.main:
             self._rewrite_metrics_log()
+            self._rewrite_steps_log()
+
+    def _log_step(self, epoch: float, loss: float) -> None:
+        """One optimizer step's loss: steps.jsonl (the report's per-step curve) and the trackers (rank 0)."""
+        step = self.parts.scheduler.last_epoch
+        self.tracking.step(step, loss)
+        if self.main:
+            with (self.out / STEPS_LOG).open("a") as f:
+                f.write(json.dumps({"step": step, "epoch": round(epoch, 6), "loss": loss}) + "\n")
+
+    def _rewrite_steps_log(self) -> None:
+        """A resumed run's steps.jsonl keeps the steps its checkpoint has taken (the later ones are taken again)."""
+        path, done = self.out / STEPS_LOG, self.parts.scheduler.last_epoch
+        if path.is_file():
+            kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= done]
+            atomic_write(path, "".join(line + "\n" for line in kept))
 
     def _rewrite_metrics_log(self) -> None:
         atomic_write(self.out / "metrics.jsonl", "".join(json.dumps(row) + "\n" for row in self.record.history))
@@ -399,7 +416,7 @@ class Trainer:
             state.steps += 1
             state.seen += images
             state.add("loss", float(loss))
-            self.tracking.step(parts.scheduler.last_epoch, float(loss))
+            self._log_step(epoch + state.batch / parts.steps_per_epoch, float(loss))
             for key, value in (getattr(parts.loss_fn, "last_stats", None) or {}).items():
                 state.stats.setdefault(key, []).append(float(value))
             state.elapsed = time.perf_counter() - start
