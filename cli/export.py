@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
@@ -16,7 +17,8 @@ import click
 @click.option("--fp16", is_flag=True, help="float16 weights and activations (inputs/outputs stay float32).")
 @click.option("--verify/--no-verify", default=True, show_default=True,
               help="compare onnxruntime with PyTorch on real images at batch 1 and 7.")
-def export_command(checkpoint: str, out: str, opset: int | None, fp16: bool, verify: bool) -> None:
+@click.option("--json", "as_json", is_flag=True, help="end with the file's metadata as JSON (for programs).")
+def export_command(checkpoint: str, out: str, opset: int | None, fp16: bool, verify: bool, as_json: bool) -> None:
     """Export a trained embedder (backbone, head, L2 norm) to ONNX with a dynamic batch axis."""
     from retrieval.export.onnx_export import ExportVerificationError, export_checkpoint
 
@@ -25,10 +27,15 @@ def export_command(checkpoint: str, out: str, opset: int | None, fp16: bool, ver
     except ExportVerificationError as exc:
         raise click.ClickException(f"verification failed: {exc}") from exc
     except (FileNotFoundError, ValueError) as exc:
-        raise click.ClickException(f"{type(exc).__name__}: {exc}") from exc
+        raise click.ClickException(str(exc)) from exc
     meta = result.metadata
+    if as_json:
+        click.echo(json.dumps({"path": str(result.path), "precision": result.precision, "metadata": meta,
+                               "verified": result.verification is not None}, indent=2))
+        return
     click.echo(
         f"wrote {Path(result.path)}: {meta['backbone']}, input {meta['input_size']} px, "
         f"{meta['embedding_dim']}-d, normalized={meta['normalized']}, {result.precision}, "
         f"model_hash {meta['model_hash']}, config_hash {meta['config_hash'] or '-'}"
     )
+    click.echo(f"next: retrieval index build --model {result.path} --images YOUR_IMAGES --out INDEX")

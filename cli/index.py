@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -47,8 +48,32 @@ def _ingest_options(
     )
 
 
-def _echo_summary(summary: dict) -> None:
-    click.echo(json.dumps(summary, indent=2, default=str))
+json_option = click.option("--json", "as_json", is_flag=True, help="print the whole summary as JSON (for programs).")
+
+
+def _finish(summary: dict, as_json: bool, line: str, next_step: str | None = None) -> None:
+    """How an index command ends: one line for people and the next command to run, or the summary as JSON."""
+    if as_json:
+        click.echo(json.dumps(summary, indent=2, default=str))
+        return
+    click.echo(line)
+    if next_step:
+        click.echo(f"next: {next_step}")
+
+
+def _problems(errors: int, duplicates: int) -> str:
+    return f"{errors} could not be read, {duplicates} duplicates skipped"
+
+
+def _labels(summary: dict) -> str:
+    labels = summary.get("labels") or {}
+    if not labels.get("classes"):
+        return "no labels"
+    return f"{labels['classes']} classes by --label-from {labels['from']}"
+
+
+def _serve_next(index_dir: str) -> str:
+    return f"retrieval serve --index {index_dir}   (or: retrieval search --index {index_dir} IMAGE)"
 
 
 split_option = click.option("--split", default=None, help="with a manifest: index only the rows of this split.")
@@ -145,8 +170,10 @@ def index_group() -> None:
 @label_option
 @ingest_options
 @engine_options
+@json_option
 def build_command(
-    model, images, out, index_key, split, label_from, batch_size, workers, shard_size, max_pixels, gpu, engine
+    model, images, out, index_key, split, label_from, batch_size, workers, shard_size, max_pixels, gpu, engine,
+    as_json,
 ) -> None:
     """Embed every image and build the index; rerun it (or `index repair OUT`) to finish an interrupted build."""
     from retrieval.index import build_index
@@ -161,7 +188,10 @@ def build_command(
         options=_ingest_options(batch_size, workers, shard_size, max_pixels, engine),
         label_from=label_from,
     )
-    _echo_summary(summary)
+    _finish(summary, as_json,
+            f"indexed {summary['indexed']} images into {summary['index_dir']} ({summary['index_key']}, "
+            f"{_labels(summary)}; {_problems(summary['errors'], summary['duplicates'])}) in {summary['seconds']:.0f} s",
+            _serve_next(summary["index_dir"]))
 
 
 @index_group.command("add")
@@ -172,8 +202,9 @@ def build_command(
 @label_option
 @ingest_options
 @engine_options
+@json_option
 def add_command(index_dir, images, model, split, label_from, batch_size, workers, shard_size, max_pixels, gpu,
-                engine) -> None:
+                engine, as_json) -> None:
     """Add images (a folder, one image or a manifest) to an existing index without rebuilding it."""
     from retrieval.index import add_images
 
@@ -186,14 +217,21 @@ def add_command(index_dir, images, model, split, label_from, batch_size, workers
         options=_ingest_options(batch_size, workers, shard_size, max_pixels, engine),
         label_from=label_from,
     )
-    _echo_summary(summary)
+    added = summary["this_run"]
+    _finish(summary, as_json,
+            f"added {added['added']} images to {summary['index_dir']} ({_labels(summary)}; "
+            f"{_problems(added['errors'], added['duplicates'])}); it now holds {summary['indexed']}",
+            _serve_next(summary["index_dir"]))
 
 
 @index_group.command("remove")
 @click.argument("index_dir", type=click.Path(file_okay=False, exists=True))
 @click.option("--ids", default="", help="comma-separated catalogue ids.")
-@click.option("--paths", multiple=True, help="image path as catalogued (repeatable).")
-def remove_command(index_dir, ids, paths) -> None:
+@click.option("--paths", multiple=True,
+              help="image path as the tools print it: relative to the gallery, from the working folder, or absolute "
+                   "(repeatable).")
+@json_option
+def remove_command(index_dir, ids, paths, as_json) -> None:
     """Remove images (by catalogue id or path); HNSW indexes are rebuilt from the shards."""
     from retrieval.index import remove_images
 
@@ -203,7 +241,9 @@ def remove_command(index_dir, ids, paths) -> None:
         raise click.BadParameter(f"--ids must be comma-separated integers, got {ids!r}") from exc
     if not id_list and not paths:
         raise click.UsageError("give --ids and/or --paths")
-    _echo_summary(remove_images(index_dir, ids=id_list, paths=paths))
+    summary = remove_images(index_dir, ids=id_list, paths=paths)
+    _finish(summary, as_json, f"removed {len(summary['removed_ids'])} images from {summary['index_dir']}; "
+                              f"{summary['indexed']} remain indexed", f"retrieval index stats {summary['index_dir']}")
 
 
 @index_group.command("repair")
@@ -212,7 +252,9 @@ def remove_command(index_dir, ids, paths) -> None:
 @click.option("--rebuild", is_flag=True, help="rebuild the faiss part from the shards instead of updating it.")
 @ingest_options
 @engine_options
-def repair_command(index_dir, model, rebuild, batch_size, workers, shard_size, max_pixels, gpu, engine) -> None:
+@json_option
+def repair_command(index_dir, model, rebuild, batch_size, workers, shard_size, max_pixels, gpu, engine,
+                   as_json) -> None:
     """Finish an interrupted build/add, or mend an index whose faiss part and catalogue disagree.
 
     Embeds only images that no shard holds, then checks that faiss holds exactly the indexed images.
@@ -226,17 +268,27 @@ def repair_command(index_dir, model, rebuild, batch_size, workers, shard_size, m
         gpu=gpu,
         options=_ingest_options(batch_size, workers, shard_size, max_pixels, engine),
     )
-    _echo_summary(summary)
+    _finish(summary, as_json, f"repaired {summary['index_dir']}: {summary['vectors']} images searchable "
+                              f"({summary['faiss']}; {_problems(summary['errors'], summary['duplicates'])})",
+            _serve_next(summary["index_dir"]))
 
 
 @index_group.command("stats")
 @click.argument("index_dir", type=click.Path(file_okay=False, exists=True))
 @click.option("--queries", default=500, show_default=True, help="sampled queries for recall and latency.")
-def stats_command(index_dir, queries) -> None:
+@json_option
+def stats_command(index_dir, queries, as_json) -> None:
     """Counts, index type and parameters, size on disk, recall vs exact search, p50/p99 latency."""
     from retrieval.index import index_stats
 
-    _echo_summary(index_stats(index_dir, queries=queries))
+    stats = index_stats(index_dir, queries=queries)
+    k = max(int(key.split("_")[1]) for key in stats if re.fullmatch(r"recall_(\d+)_at_\1", key))
+    recall = stats[f"recall_{k}_at_{k}"]
+    _finish(stats, as_json,
+            f"{stats['index_dir']}: {stats['vectors']} images, {stats['index_key']}, "
+            f"{stats['size_on_disk_bytes']['total'] / 2**20:.1f} MiB; recall@{k} {recall:.3f} against exact search, "
+            f"p50 {stats['latency']['p50_ms']:.2f} ms per query ({stats['errors']} files could not be read; "
+            "--json lists them)", _serve_next(stats["index_dir"]))
 
 
 def _check_k(_ctx: click.Context, _param: click.Parameter, k: int) -> int:

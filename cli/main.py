@@ -253,7 +253,8 @@ def config_from_options(config_file: str | None, dataset_params: tuple[str, ...]
                    "torchrun ... -m retrieval train (docs/SCALE.md).")
 @click.option("--max-restarts", type=int, default=0, show_default=True,
               help="with --nproc: restart the processes this many times after a failure (from last.pt).")
-def train_command(config_file, dataset_params, loss_params, nproc, max_restarts, **options) -> None:
+@click.option("--json", "as_json", is_flag=True, help="end with the run's summary as JSON (for programs).")
+def train_command(config_file, dataset_params, loss_params, nproc, max_restarts, as_json, **options) -> None:
     """Train an embedder; writes config.json, metrics.jsonl, last.pt, best.pt, report.json to --out."""
     from retrieval.train import train
     from retrieval.train.config import new_run_folder
@@ -273,8 +274,20 @@ def train_command(config_file, dataset_params, loss_params, nproc, max_restarts,
                                        f"above name the rank; --resume continues it from {cfg.out}/last.pt")
         return  # rank 0 printed the summary
     report = train(cfg)
-    if report:  # rank 0 (the others return no report)
-        click.echo(json.dumps(_summary(cfg, report), indent=2))
+    if not report:  # ranks > 0 return no report
+        return
+    summary = _summary(cfg, report)
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    before, after, best = (summary[key] or {} for key in ("before", "after", "best"))
+    change = f"{before['recall@1']:.4f} -> " if "recall@1" in before else ""
+    best_epoch = (report.get("best") or {}).get("epoch")
+    click.echo(f"trained {cfg.out}: recall@1 {change}{after.get('recall@1', float('nan')):.4f}"
+               + (f" (best {best['recall@1']:.4f} at epoch {best_epoch}, in best.pt)" if "recall@1" in best else "")
+               + f"; report {summary['report']}")
+    checkpoint = Path(cfg.out) / ("wise.pt" if report.get("wise") else "best.pt")
+    click.echo(f"next: retrieval export --checkpoint {checkpoint} --out {Path(cfg.out) / 'model.onnx'}")
 
 
 def _summary(cfg: TrainConfig, report: dict) -> dict:

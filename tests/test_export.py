@@ -200,6 +200,7 @@ def test_cli_export_fp16_unnormalised_then_embed(tmp_path, image_files):
     assert runtime.metadata["precision"] == "fp16" and not runtime.normalized
     # the hash the command prints is the one the file is known by everywhere (the fp16 graph's own)
     assert f"model_hash {runtime.model_hash}" in run.output and runtime.metadata["model_hash"] == runtime.model_hash
+    assert run.output.splitlines()[-1] == f"next: retrieval index build --model {out} --images YOUR_IMAGES --out INDEX"
     assert runtime.config_hash == config_hash(train_config)
     weights = [i for i in onnx.load(str(out)).graph.initializer if len(i.dims) == 4]
     assert weights and all(i.data_type == onnx.TensorProto.FLOAT16 for i in weights)

@@ -393,7 +393,7 @@ def test_search_and_stats_cli(digits, tmp_path, monkeypatch):
     payload = json.loads(result.output)
     assert payload[0]["results"][0]["path"] == str(paths[5].resolve()) and len(payload[0]["results"]) == 2
     assert set(payload[0]["results"][0]) == {"id", "path", "label", "score"}
-    result = CliRunner().invoke(index_group, ["stats", str(tmp_path / "idx"), "--queries", "20"])
+    result = CliRunner().invoke(index_group, ["stats", str(tmp_path / "idx"), "--queries", "20", "--json"])
     assert result.exit_code == 0, result.output
     stats = json.loads(result.output)
     assert stats["counts"]["done"] == 40 and stats["recall_1_at_1"] == 1.0 and stats["recall_10_at_10"] == 1.0
@@ -471,3 +471,34 @@ def test_search_answers_the_good_queries_names_the_bad_and_can_exclude_itself(di
     own = payload[0]["excluded_self"]
     assert own is not None and all(r["id"] != own for r in payload[0]["results"])
     assert len(payload[0]["results"]) == 3 and payload[0]["results"][0]["path"] != str(paths[0].resolve())
+
+
+def test_index_commands_end_with_a_line_for_people_and_the_next_command(digits, tmp_path, monkeypatch):
+    """Issue 28, point 5: one summary line and the next command (JSON only with --json); add reports what it did."""
+    folder, paths = copy_gallery(digits, tmp_path)
+    monkeypatch.setattr("retrieval.index.writer.load_model", lambda path, providers="auto": FakeEmbedder())
+    (tmp_path / "m.onnx").write_bytes(b"x")
+    (folder / "broken.png").write_bytes(b"not a png")
+    out = str(tmp_path / "idx")
+    built = CliRunner().invoke(index_group, ["build", "--model", str(tmp_path / "m.onnx"), "--images", str(folder),
+                                             "--out", out, "--workers", "0"])
+    assert built.exit_code == 0, built.output
+    lines = [line for line in built.stdout.splitlines() if line.strip()]
+    assert lines[-2].startswith(f"indexed 40 images into {out} (") and "1 could not be read" in lines[-2]
+    assert lines[-1] == f"next: retrieval serve --index {out}   (or: retrieval search --index {out} IMAGE)"
+    more = tmp_path / "more"
+    write_digits(more, 3, start=800)
+    added = CliRunner().invoke(index_group, ["add", out, "--images", str(more), "--workers", "0"])
+    assert added.exit_code == 0, added.output
+    line = [line for line in added.stdout.splitlines() if line.startswith("added")][0]
+    assert line.startswith(f"added 3 images to {out}") and "0 could not be read" in line  # not the build's error
+    assert line.endswith("it now holds 43")
+    shown = paths[0].resolve().relative_to(folder.resolve()).as_posix()  # as the API prints it
+    removed = CliRunner().invoke(index_group, ["remove", out, "--paths", shown])
+    assert removed.exit_code == 0, removed.output
+    assert removed.stdout.splitlines() == [f"removed 1 images from {out}; 42 remain indexed",
+                                           f"next: retrieval index stats {out}"]
+    stats = CliRunner().invoke(index_group, ["stats", out, "--queries", "10"])
+    assert stats.stdout.splitlines()[0].startswith(f"{out}: 42 images, Flat,") and "recall@10" in stats.stdout
+    as_json = CliRunner().invoke(index_group, ["stats", out, "--queries", "10", "--json"])
+    assert json.loads(as_json.stdout)["vectors"] == 42

@@ -274,7 +274,7 @@ def test_repair_finishes_a_half_built_index(digits, tmp_path, monkeypatch):
         assert catalogue.counts()["done"] == 16
     embedder = FakeEmbedder()  # stands in for the model the build recorded
     monkeypatch.setattr(writer, "load_model", lambda path, providers="auto": embedder)
-    repaired = CliRunner().invoke(main, ["index", "repair", str(out), "--batch-size", "8", "--workers", "0"])
+    repaired = CliRunner().invoke(main, ["index", "repair", str(out), "--batch-size", "8", "--workers", "0", "--json"])
     assert repaired.exit_code == 0, repaired.output
     summary = json.loads(repaired.stdout)
     assert summary["indexed"] == 40 and summary["pending"] == 0 and summary["vectors"] == 40

@@ -77,7 +77,8 @@ def test_the_command_line_prints_the_rule_and_the_classes(nested, tmp_path, monk
     monkeypatch.setattr("retrieval.index.writer.load_model", lambda path, providers="auto": FakeEmbedder())
     shutil.rmtree(nested / "star" / "variants")
     result = CliRunner().invoke(index_group, ["build", "--model", "m.onnx", "--images", str(nested), "--out",
-                                              str(tmp_path / "idx"), "--workers", "0", "--label-from", "top"])
+                                              str(tmp_path / "idx"), "--workers", "0", "--label-from", "top",
+                                              "--json"])
     assert result.exit_code == 0, result.output
     labels = json.loads(result.output[result.output.index("{\n"):])["labels"]
     assert labels["largest_classes"] == {"moon": 4, "star": 2} and "first folder under" in labels["rule"]

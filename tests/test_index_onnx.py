@@ -43,6 +43,7 @@ def test_cli_build_and_search_with_real_onnx(onnx_model, tmp_path):
             "8",
             "--workers",
             "1",
+            "--json",
         ],
     )
     assert result.exit_code == 0, result.output

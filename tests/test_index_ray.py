@@ -124,7 +124,8 @@ def test_ray_build_equals_local_build(cluster, model, gallery, tmp_path):
     assert stats["throughput"]["ray"]["images"] == 66 and stats["throughput"]["ray"]["images_per_s"] > 0
     assert {Path(e["path"]).name for e in stats["error_examples"]} == set(BROKEN)
     extra = write_digits(tmp_path / "extra", 5, start=700)
-    args = ["add", str(tmp_path / "ray"), "--images", str(tmp_path / "extra"), "--engine", "ray", "--batch-size", "4"]
+    args = ["add", str(tmp_path / "ray"), "--images", str(tmp_path / "extra"), "--engine", "ray", "--batch-size", "4",
+            "--json"]
     result = CliRunner().invoke(index_group, args)
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["indexed"] == 65
@@ -255,7 +256,7 @@ def _driver(args: list[str]) -> subprocess.Popen:
 
 def _build_args(model: Path, folder: Path, out: Path, address: str, *extra: str) -> list[str]:
     return ["build", "--model", str(model), "--images", str(folder), "--out", str(out), "--engine", "ray",
-            "--ray-address", address, "--batch-size", "4", "--shard-size", "8", *extra]
+            "--ray-address", address, "--batch-size", "4", "--shard-size", "8", "--json", *extra]
 
 
 def _wait_for(condition, process: subprocess.Popen, timeout: float = 120) -> None:

@@ -24,12 +24,16 @@ def in_tmp(tmp_path, monkeypatch):
 
 
 def test_runs_without_out_get_a_new_folder_each(in_tmp):
-    first = CliRunner().invoke(main, DIGITS)
+    first = CliRunner().invoke(main, [*DIGITS, "--json"])
     assert first.exit_code == 0, first.output
     second = CliRunner().invoke(main, DIGITS)
     assert second.exit_code == 0, second.output  # the second run does not meet the first one's last.pt
     runs = sorted((in_tmp / "runs").iterdir())
     assert len(runs) == 2 and all((run / "report.json").is_file() for run in runs)
+    # without --json: one line for people, then the next command
+    assert second.stdout.splitlines()[-2].startswith(f"trained {runs[1].relative_to(in_tmp)}: recall@1 ")
+    assert second.stdout.splitlines()[-1] == (f"next: retrieval export --checkpoint {runs[1].relative_to(in_tmp)}/"
+                                              f"best.pt --out {runs[1].relative_to(in_tmp)}/model.onnx")
     assert json.loads(first.output[first.output.index("{\n  \"run\""):])["run"] == str(runs[0].relative_to(in_tmp))
 
     report = json.loads((runs[0] / "report.json").read_text())

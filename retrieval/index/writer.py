@@ -75,6 +75,13 @@ def _summary(catalogue: Catalogue, started: float, mended: Mapping[str, int]) ->
     }
 
 
+def _tally(catalogue: Catalogue) -> dict[str, int]:
+    """The counts ``index add`` reports as what it did: their change over the call."""
+    counts = catalogue.counts()
+    return {"added": counts[Status.DONE.value], "errors": catalogue.error_count(),
+            "duplicates": counts[Status.DUPLICATE.value]}
+
+
 def _model_fields(embedder: Embedder, model_path: str | None) -> dict[str, Any]:
     return {
         "model_path": str(Path(model_path).resolve()) if model_path else None,
@@ -274,14 +281,16 @@ def add_images(
             embedder = load_model(path)
         _check_same_model(catalogue, embedder, layout.root)
         gallery, rule = _labelled(images, split, catalogue, label_from)
+        before = _tally(catalogue)
         catalogue.plan(gallery.items, gallery.source, gallery.errors)
         store = ShardStore(layout.shards)
         mended = mend(catalogue, store)
         ingest(engine, catalogue, store, embedder, options)
         updated = update_faiss(layout, catalogue, store, info, gpu, policy=options.policy)
         layout.write_info(info | updated)
+        this_run = {key: value - before[key] for key, value in _tally(catalogue).items()}
         return {"index_dir": str(layout.root), **updated, "labels": label_summary(gallery, rule),
-                **_summary(catalogue, started, mended)}
+                "this_run": this_run, **_summary(catalogue, started, mended)}
 
 
 def remove_images(
