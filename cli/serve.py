@@ -42,9 +42,9 @@ from retrieval.serve.defaults import (
 @click.option(
     "--results",
     type=click.Path(dir_okay=False),
-    default=str(DEFAULT_RESULTS),
-    show_default=True,
-    help="results grid (retrieval results run) for the Results tab.",
+    default=None,
+    help=f"results grid (retrieval results run) for the Results tab; default: {DEFAULT_RESULTS.name} of this "
+    "project when serving the default (demo) index. Without one the tab is left out.",
 )
 @click.option(
     "--host",
@@ -175,10 +175,12 @@ def serve_command(
         if secrets_file and readable_by_others(secrets_file):
             click.echo(f"warning: {secrets_file} is readable by other users; `chmod 600 {secrets_file}`", err=True)
 
-    if index_dir is None:
+    if index_dir is None:  # the demo: its run report and this project's results grid belong to it
         index_dir = DEFAULT_INDEX_DIR
         if report is None and DEFAULT_REPORT.is_file():
             report = DEFAULT_REPORT
+        if results is None and DEFAULT_RESULTS.is_file():
+            results = DEFAULT_RESULTS
     index_path = Path(index_dir)
     if not (index_path / "index.json").is_file():
         raise click.ClickException(missing_artifacts_message(index_path))

@@ -23,7 +23,6 @@ from retrieval.serve.defaults import (
     DEFAULT_MAX_PIXELS,
     DEFAULT_MAX_UPLOAD_BYTES,
     DEFAULT_PORT,
-    DEFAULT_RESULTS,
     DEFAULT_UPLOAD_CACHE_BYTES,
     DEFAULT_UPLOAD_MAX_AGE_S,
     PUBLIC_PATHS,
@@ -60,7 +59,7 @@ GRADIO_QUEUE = 64
 class ServerConfig:
     index_dir: Path
     report: Path | None = None
-    results: Path | None = DEFAULT_RESULTS
+    results: Path | None = None  # the Results tab's grid; None: no Results tab (the CLI gives the demo its own)
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES

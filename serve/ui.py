@@ -353,29 +353,35 @@ class EvaluationTab:
     def open_report(self, path: str) -> tuple[Any, ...]:
         """The report's summary, metrics table and plots (drawn once per report file version)."""
         if not path:
-            return "No report given: start with `--report RUN_DIR/report.json` (or enter a path above).", \
-                None, None, None, None, *[shown_picture(None)] * len(OPTIONAL_PLOTS)
+            return ("No run report is open: start the server with `--report RUN_DIR/report.json`, or enter a "
+                    "report's path above, to see a run's metrics and curves here.", *self.nothing_shown())
         target = self.target(path)
         try:
             key = (str(target), target.stat().st_mtime_ns) if target is not None else None
         except OSError:
             key = None
         if key is None:
-            return REPORT_REFUSED, None, None, None, None, *[shown_picture(None)] * len(OPTIONAL_PLOTS)
+            return REPORT_REFUSED, *self.nothing_shown()
         if key in self._cache:
             return self._cache[key]
         try:
             report = load_report(target)
         except (OSError, ValueError):
-            return REPORT_REFUSED, None, None, None, None, *[shown_picture(None)] * len(OPTIONAL_PLOTS)
+            return REPORT_REFUSED, *self.nothing_shown()
         headers, rows = report.metrics_table()
         summary = summary_markdown(report, shown=path)
         if report.map_equals_recall():
             summary += f"\n\n{MAP_EQUALS_RECALL_NOTE}"
-        shown = (summary, gr.Dataframe(value=rows, headers=headers), recall_plot(report), curves_plot(report),
-                 triplet_plot(report), *(shown_picture(picture(report)) for picture in OPTIONAL_PLOTS))
+        shown = (summary, gr.update(value=rows, headers=headers, visible=True),
+                 *(shown_picture(picture(report)) for picture in (recall_plot, curves_plot, triplet_plot)),
+                 *(shown_picture(picture(report)) for picture in OPTIONAL_PLOTS))
         self._cache = {key: shown}  # keep only the latest
         return shown
+
+    @staticmethod
+    def nothing_shown() -> tuple[Any, ...]:
+        """The report's table and pictures when no report is open: hidden, not empty."""
+        return (gr.update(value=None, visible=False), *[shown_picture(None)] * (3 + len(OPTIONAL_PLOTS)))
 
     def worst_classes(self) -> tuple[str, Any, list[tuple[Image.Image, str]]]:
         """Leave-one-out per class: the worst classes (Recall@1, then rank of the first correct) and failures."""
@@ -419,6 +425,7 @@ class EvaluationTab:
         return text, gr.Dataframe(value=rows, headers=headers, visible=True)
 
     def build(self, demo: gr.Blocks) -> None:
+        gr.Markdown("## Run report (a training or evaluation run: its own data, not necessarily this index's)")
         with gr.Row():
             path = gr.Textbox(
                 value=self.shown_path(),
@@ -429,15 +436,15 @@ class EvaluationTab:
             button = gr.Button("Open report", scale=1)
         summary = gr.Markdown(elem_id="report-summary")
         metrics = gr.Dataframe(label=f"Metrics, in percent ({METRIC_UNIT})", interactive=False,
-                               elem_id="metrics-table")
-        # plots carry their own titles: no label badge over them
+                               elem_id="metrics-table", visible=False)
+        # plots carry their own titles: no label badge over them; each shown only when the report has it
         with gr.Row():
             recall = gr.Image(label="Recall@K", show_label=False, type="pil", interactive=False,
-                              elem_id="recall-plot")
+                              elem_id="recall-plot", visible=False)
             triplet = gr.Image(label="Triplet diagram", show_label=False, type="pil", interactive=False,
-                               elem_id="triplet-plot")
+                               elem_id="triplet-plot", visible=False)
         curves = gr.Image(label="Training curves (metrics.jsonl)", show_label=False, type="pil", interactive=False,
-                          elem_id="curves-plot")
+                          elem_id="curves-plot", visible=False)
         with gr.Row():  # filled for runs with --eval-extra / --wise-alpha, hidden otherwise
             domains = gr.Image(label="In and out of domain", show_label=False, type="pil", interactive=False,
                                elem_id="domains-plot", visible=False)
@@ -448,7 +455,9 @@ class EvaluationTab:
                                       interactive=False, elem_id="retrieval-plot", visible=False)
             embedding_map = gr.Image(label="Embedding map", show_label=False, type="pil", interactive=False,
                                      elem_id="embedding-map-plot", visible=False)
-        gr.Markdown("### Classes with the worst Recall@1 in this index")
+        # what follows is measured on the index being served, whatever report is open above
+        gr.Markdown(f"## The index being served ({self.service.index_dir.name})\n"
+                    "### Classes with the worst Recall@1 in this index")
         loo_summary = gr.Markdown(elem_id="worst-summary")
         worst = gr.Dataframe(interactive=False, elem_id="worst-classes")
         failures = gr.Gallery(
@@ -574,8 +583,9 @@ def build_ui(
                 SearchTab(service, examples, UploadRecords(demo), facts).build()
             with gr.Tab("Evaluation", id="evaluation"):
                 EvaluationTab(service, Path(report) if report else None, facts).build(demo)
-            with gr.Tab("Results", id="results"):
-                ResultsTab(Path(results) if results else None).build(demo)
+            if results is not None:  # a results grid belongs to the data it was measured on: only when given
+                with gr.Tab("Results", id="results"):
+                    ResultsTab(Path(results)).build(demo)
             with gr.Tab("Index", id="index"):
                 IndexTab(service).build(demo)
     return demo, example_dir

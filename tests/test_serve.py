@@ -446,7 +446,8 @@ def test_the_report_box_only_opens_reports_under_the_allowed_folders(artifacts, 
     monkeypatch.chdir(tmp_path)
     tab = EvaluationTab(service, artifacts.report)
     shown = tab.open_report("/etc/passwd")
-    assert shown[0] == REPORT_REFUSED and shown[1] is None
+    assert shown[0] == REPORT_REFUSED and shown[1]["value"] is None and shown[1]["visible"] is False
+    assert all(picture["visible"] is False for picture in shown[2:])  # hidden, not empty
     outside = tmp_path.parent / "elsewhere.json"
     outside.write_text(artifacts.report.read_text())
     try:

@@ -240,3 +240,26 @@ def test_no_server_path_reaches_the_page_or_the_stats(artifacts, tmp_path):
     assert [row["path"] for row in shown["error_examples"]] == ["broken/not-an-image.png"]
     for text in (intro, json.dumps(shown), json.dumps(served)):
         assert str(tmp_path) not in text and "secret-folder" not in text
+
+
+def tab_labels(demo) -> list[str]:
+    return [block.label for block in demo.blocks.values() if isinstance(block, gr.Tab)]
+
+
+def test_a_users_own_index_gets_no_results_tab_and_no_empty_report_parts(service, tmp_path):
+    """Issue 28, point 1: the project's results grid is the demo's, not a user's index's; without a report the
+    Evaluation tab's table and pictures are hidden, not empty, and the index's own analysis has its own heading."""
+    from retrieval.serve.ui import EvaluationTab, build_ui
+
+    (tmp_path / "examples").mkdir()
+    (tmp_path / "examples2").mkdir()
+    demo, _ = build_ui(service, report=None, example_dir=tmp_path / "examples", results=None)
+    assert "Results" not in tab_labels(demo) and "Evaluation" in tab_labels(demo)
+    demo, _ = build_ui(service, report=None, example_dir=tmp_path / "examples2", results=tmp_path / "grid.json")
+    assert "Results" in tab_labels(demo)  # asked for: shown (with the reason if it cannot be read)
+    shown = EvaluationTab(service, None).open_report("")
+    assert shown[0].startswith("No run report is open")
+    assert all(part["visible"] is False for part in shown[1:])
+    headings = [block.value or "" for block in demo.blocks.values() if isinstance(block, gr.Markdown)]
+    assert any(text.startswith("## Run report") for text in headings)
+    assert any(text.startswith(f"## The index being served ({service.index_dir.name})") for text in headings)
