@@ -130,6 +130,16 @@ class GalleryFacts:
             return str(Path(path).relative_to(self.folder))
         return Path(path).name
 
+    def purpose(self) -> str:
+        """The page's first line: what the gallery is for, in one plain sentence (its info.json's "purpose", as its
+        preparer wrote it, else what any gallery offers)."""
+        purpose = (self.dataset or {}).get("purpose")
+        if isinstance(purpose, str) and purpose.strip():
+            return purpose.strip()
+        if self.labelled:
+            return "Find the images of this gallery most like yours, and whether they share its label."
+        return "Find the images of this gallery most like yours."
+
     def intro_markdown(self, service: SearchService) -> str:
         """The opening lines: what the gallery holds and where from, what to try, what the score means."""
         info = service.describe()
@@ -301,6 +311,8 @@ class SearchTab:
         button.click(
             self.close_preview, None, gallery, queue=False, show_progress="hidden", api_visibility="private"
         ).then(self.search, [query, top_k], [gallery, timing], api_name="search", preprocess=False)
+        # what the gallery is and how to read the results: after the search itself, so the upload box comes first
+        gr.Markdown(self.facts.intro_markdown(self.service), elem_id="intro")
 
 
 REPORT_REFUSED = (
@@ -362,21 +374,21 @@ class EvaluationTab:
             key = None
         if key is None:
             return REPORT_REFUSED, *self.nothing_shown()
-        if key in self._cache:
-            return self._cache[key]
-        try:
-            report = load_report(target)
-        except (OSError, ValueError):
-            return REPORT_REFUSED, *self.nothing_shown()
-        headers, rows = report.metrics_table()
-        summary = summary_markdown(report, shown=path)
-        if report.map_equals_recall():
-            summary += f"\n\n{MAP_EQUALS_RECALL_NOTE}"
-        shown = (summary, gr.update(value=rows, headers=headers, visible=True),
-                 *(shown_picture(picture(report)) for picture in (recall_plot, curves_plot, triplet_plot)),
-                 *(shown_picture(picture(report)) for picture in OPTIONAL_PLOTS))
-        self._cache = {key: shown}  # keep only the latest
-        return shown
+        if key not in self._cache:
+            try:
+                report = load_report(target)
+            except (OSError, ValueError):
+                return REPORT_REFUSED, *self.nothing_shown()
+            headers, rows = report.metrics_table()
+            summary = summary_markdown(report, shown=path)
+            if report.map_equals_recall():
+                summary += f"\n\n{MAP_EQUALS_RECALL_NOTE}"
+            pictures = [picture(report) for picture in (recall_plot, curves_plot, triplet_plot, *OPTIONAL_PLOTS)]
+            self._cache = {key: (summary, headers, rows, pictures)}  # keep only the latest
+        # the drawn pictures are cached; the updates are made afresh for each page (Gradio consumes them)
+        summary, headers, rows, pictures = self._cache[key]
+        return (summary, gr.update(value=rows, headers=headers, visible=True),
+                *(shown_picture(picture) for picture in pictures))
 
     @staticmethod
     def nothing_shown() -> tuple[Any, ...]:
@@ -435,16 +447,17 @@ class EvaluationTab:
             )
             button = gr.Button("Open report", scale=1)
         summary = gr.Markdown(elem_id="report-summary")
+        visible = self.report is not None  # the page's first state; open_report hides what a report lacks
         metrics = gr.Dataframe(label=f"Metrics, in percent ({METRIC_UNIT})", interactive=False,
-                               elem_id="metrics-table", visible=False)
+                               elem_id="metrics-table", visible=visible)
         # plots carry their own titles: no label badge over them; each shown only when the report has it
         with gr.Row():
             recall = gr.Image(label="Recall@K", show_label=False, type="pil", interactive=False,
-                              elem_id="recall-plot", visible=False)
+                              elem_id="recall-plot", visible=visible)
             triplet = gr.Image(label="Triplet diagram", show_label=False, type="pil", interactive=False,
-                               elem_id="triplet-plot", visible=False)
+                               elem_id="triplet-plot", visible=visible)
         curves = gr.Image(label="Training curves (metrics.jsonl)", show_label=False, type="pil", interactive=False,
-                          elem_id="curves-plot", visible=False)
+                          elem_id="curves-plot", visible=visible)
         with gr.Row():  # filled for runs with --eval-extra / --wise-alpha, hidden otherwise
             domains = gr.Image(label="In and out of domain", show_label=False, type="pil", interactive=False,
                                elem_id="domains-plot", visible=False)
@@ -573,11 +586,12 @@ def build_ui(
     facts = GalleryFacts.of(service)
     info = service.describe()
     with gr.Blocks(title="Image retrieval", analytics_enabled=False) as demo:
-        gr.Markdown(
-            f"## Image retrieval · {info['vectors']} images · `{info['index_key']}` · "
-            f"{info['embedding_dim']}-d embeddings · model `{info['model_hash']}`"
-        )
-        gr.Markdown(facts.intro_markdown(service), elem_id="intro")
+        gr.Markdown(f"## {facts.purpose()}", elem_id="purpose")  # first, in plain words; the details fold away
+        with gr.Accordion("Index and model", open=False, elem_id="about"):
+            gr.Markdown(
+                f"**Image retrieval** · {info['vectors']} images · `{info['index_key']}` · "
+                f"{info['embedding_dim']}-d embeddings · model `{info['model_hash']}`", elem_id="technical-header"
+            )
         with gr.Tabs():
             with gr.Tab("Search", id="search"):
                 SearchTab(service, examples, UploadRecords(demo), facts).build()

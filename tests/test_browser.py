@@ -158,8 +158,27 @@ def no_inner_scroll(page, gallery: str) -> None:
     assert last["y"] + last["height"] <= box["y"] + box["height"] + 1
 
 
+def test_the_first_screen_says_its_purpose_and_shows_the_upload_box(browser, server, screenshots):
+    """Issue 28, point 8: one plain sentence first, the technical header folded away, and on a phone-sized
+    window the upload box in view without scrolling."""
+    page = open_page(browser, server, width=390, height=760)
+    try:
+        purpose = page.locator("#purpose").inner_text().strip()
+        assert purpose in ("Find the images of this gallery most like yours, and whether they share its label.",
+                           "Find the same emoji drawn by another artist.")
+        first = page.evaluate("document.querySelector('#purpose').getBoundingClientRect().top")
+        assert first < 120  # the first thing on the page
+        assert not page.locator("#technical-header").is_visible()  # folded away until asked for
+        upload = page.locator("#query-image").bounding_box()
+        assert upload["y"] < 760 and upload["y"] + min(upload["height"], 200) <= 760  # in view, no scrolling
+        page.screenshot(path=str(screenshots / "first-screen-narrow.png"))
+    finally:
+        page.close()
+
+
 def test_the_page_says_what_the_gallery_is_and_what_the_score_means(server, page):
     _, artifacts = server
+    page.get_by_role("tab", name="Search").click()
     intro = page.locator("#intro").inner_text()
     classes = len(set(artifacts.labels)) if not DEMO_DIR else None
     assert "images" in intro and "classes" in intro and "index.json" in intro

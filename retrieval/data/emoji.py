@@ -351,6 +351,8 @@ def prepare_emoji(
         # shown by the app under its search box: what a query should find
         "description": (f"every emoji drawn in {len(renderers)} styles ({', '.join(renderers)}): a query should find "
                         "the same emoji drawn by the other artist") if len(renderers) >= 2 else None,
+        # the app's first line: what the gallery is for, in one plain sentence
+        "purpose": "Find the same emoji drawn by another artist." if len(renderers) >= 2 else None,
         "include_skin_tones": include_skin_tones,
         "limit": limit,
         **counts,
