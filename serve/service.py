@@ -21,7 +21,7 @@ import stat
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path, PurePath
+from pathlib import Path, PurePath, PurePosixPath
 from typing import IO, Any
 
 import numpy as np
@@ -33,6 +33,7 @@ from retrieval.index.catalogue import CatalogueReader
 from retrieval.index.embedder import Embedder, prepare_vectors
 from retrieval.index.live import RELOAD_INTERVAL_S, LiveIndex, Snapshot
 from retrieval.index.search import check_k
+from retrieval.index.sources import printable_path
 from retrieval.onnx_runtime import preprocess_images
 from retrieval.serve.batcher import MicroBatcher
 from retrieval.serve.defaults import DEFAULT_MAX_PIXELS, DEFAULT_MAX_UPLOAD_BYTES
@@ -44,6 +45,12 @@ def image_url(image_id: int) -> str:
     return f"/items/{image_id}/image"
 
 
+def display_name(path: str) -> str:
+    """How the app and the API name a gallery image to people: its file name, printable (no folders, no server
+    paths)."""
+    return printable_path(PurePosixPath(path).name)
+
+
 @dataclass(frozen=True)
 class QueryItem:
     """The gallery item a query image is: same file bytes (sha256) as that catalogued, indexed file."""
@@ -53,7 +60,8 @@ class QueryItem:
     label: str | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "path": self.path, "label": self.label, "image_url": image_url(self.id)}
+        return {"id": self.id, "path": self.path, "name": display_name(self.path), "label": self.label,
+                "image_url": image_url(self.id)}
 
 
 @dataclass
@@ -69,7 +77,8 @@ class SearchResponse:
         return {
             "k": self.k,
             "count": len(self.results),
-            "results": [r.to_dict() | {"image_url": image_url(r.id)} for r in self.results],
+            "results": [r.to_dict() | {"name": display_name(r.path), "image_url": image_url(r.id)}
+                        for r in self.results],
             "query_item": self.query_item.to_dict() if self.query_item else None,
             "excluded_self": self.excluded_self,
             "notes": list(self.notes),
@@ -356,6 +365,7 @@ class SearchService:
             return {
                 "id": row["id"],
                 "path": state.public_path(row["path"]),
+                "name": display_name(row["path"]),
                 "label": row["label"],
                 "sha256": row["sha256"],
                 "size": row["size"],

@@ -37,7 +37,7 @@ from retrieval.serve.reports import (
     triplet_plot,
     wise_plot,
 )
-from retrieval.serve.service import SearchService
+from retrieval.serve.service import SearchService, display_name
 from retrieval.serve.upload_cache import UploadRecords
 
 THUMBNAIL = 256
@@ -238,7 +238,7 @@ class SearchTab:
         known = response.query_item
         items = []
         for result in response.results:
-            caption = f"{result.score:.3f} · {self.facts.label_text(result.label)}"
+            caption = f"{result.score:.3f} · {self.facts.label_text(result.label)} · {display_name(result.path)}"
             if known is not None and known.label is not None:
                 caption = ("✓ " if result.label == known.label else "✗ ") + caption
             items.append((thumbnail(self.service.image_path(result.id)), caption))

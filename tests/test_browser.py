@@ -206,9 +206,10 @@ def test_upload_shows_k_named_results_that_grow_with_k(server, page, screenshots
     assert named(artifacts.labels[index]) in timing  # the upload is a gallery image: its label is known and shown
     captions = page.locator("#results-gallery .caption-label").all_inner_texts()
     assert len(captions) == K and all(c[0] in "✓✗" for c in captions)
-    for caption in captions:  # ✓ 0.912 · 1F600 · GRINNING FACE
-        label = caption.split(" · ")[1]
-        assert caption.endswith(named(label)), caption
+    for caption in captions:  # ✓ 0.912 · 1F600 · GRINNING FACE · noto.png: the label, then the file's name
+        label, name = caption.split(" · ")[1], caption.rsplit(" · ", 1)[1]
+        assert caption.removesuffix(f" · {name}").endswith(named(label)), caption
+        assert name.lower().endswith((".png", ".jpg", ".jpeg", ".webp")) and "/" not in name, caption
     page.wait_for_timeout(300)
     page.screenshot(path=str(screenshots / "search.png"), full_page=True)
 

@@ -135,9 +135,14 @@ def test_search_results_name_the_labels(search_tab, artifacts):
     items, text = search_tab.search(uploaded(search_tab, artifacts.query_paths[1]), 5)
     captions = [caption for _, caption in items]
     assert len(captions) == 5 and all(c[0] in "✓✗" for c in captions)
+    # every caption ends with the result's file name, the one the API gives as "name" (issue 28)
+    api_names = [r["name"] for r in search_tab.service.search(artifacts.query_paths[1].read_bytes(), 5,
+                                                               exclude_self=True).to_dict()["results"]]
+    assert [caption.rsplit(" · ", 1)[1] for caption in captions] == api_names
+    assert all(name.endswith((".png", ".jpg", ".jpeg", ".webp")) and "/" not in name for name in api_names)
     if emoji_fixture(artifacts):
-        for caption in captions:  # mark score · label · NAME
-            _, label, name = caption.split(" · ")
+        for caption in captions:  # mark score · label · code-point NAME · file name
+            _, label, name, _ = caption.split(" · ")
             assert name == emoji_name(label)
         assert f"label **{artifacts.labels[1]}** · {emoji_name(artifacts.labels[1])}" in text
 
