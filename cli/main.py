@@ -268,7 +268,8 @@ def train_command(config_file, dataset_params, loss_params, nproc, max_restarts,
     if nproc is not None and nproc > 1:
         if env_world_size() > 1:
             raise click.UsageError("--nproc launches the processes itself: leave it out under torchrun")
-        code = launch(nproc, cfg.to_dict(), Path(cfg.out), max_restarts=max_restarts)
+        code = launch(nproc, cfg.to_dict(), Path(cfg.out), max_restarts=max_restarts,
+                      extra_args=("--json",) if as_json else ())
         if code:
             raise click.ClickException(f"the {nproc}-process run failed (torchrun exit code {code}); the errors "
                                        f"above name the rank; --resume continues it from {cfg.out}/last.pt")

@@ -192,7 +192,8 @@ def test_broken_files_are_recorded_and_skipped(digits, tmp_path):
 def test_pixel_limit_option(digits, tmp_path):
     folder, _ = digits
     options = IngestOptions(workers=0, progress=False, max_pixels=32 * 32 - 1)  # every digit is 32 x 32
-    with pytest.raises(ValueError, match="no image could be indexed .*40 errors.*too large: 32x32"):
+    with pytest.raises(ValueError, match="no image could be indexed .*40 errors.*too large: 32 x 32 = 1,024 pixels "
+                                         "is over the limit of 1,023 pixels"):
         build_index(folder, tmp_path / "idx", embedder=FakeEmbedder(), options=options)
 
 

@@ -137,7 +137,7 @@ def test_stdout_stays_json_for_an_on_disk_index(on_disk):
     """faiss prints its on-disk messages with printf; the CLI's stdout must still parse as JSON."""
     index_dir, _ = on_disk
     result = subprocess.run(
-        [sys.executable, "-m", "retrieval", "index", "stats", str(index_dir), "--queries", "5"],
+        [sys.executable, "-m", "retrieval", "index", "stats", str(index_dir), "--queries", "5", "--json"],
         capture_output=True, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]

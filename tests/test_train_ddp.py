@@ -388,8 +388,8 @@ def test_nproc_shortcut_restarts_a_dead_rank_and_resumes_from_last_pt(frozen_run
                         batches_per_epoch=3, epochs=3, checkpoint_every=1)
     (tmp_path / "cfg.json").write_text(json.dumps(cfg.to_dict()))
     proc = subprocess.Popen([sys.executable, "-m", "retrieval", "train", "--config", str(tmp_path / "cfg.json"),
-                             "--nproc", "2", "--max-restarts", "1"], env=env(), cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
+                             "--nproc", "2", "--max-restarts", "1", "--json"], env=env(), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
         last = tmp_path / "restarts" / "last.pt"
         wait_for(last, proc)

@@ -272,10 +272,12 @@ def init_distributed(device: str = "auto", timeout_s: float = 1800.0) -> DistCon
     return DistContext(rank, world, local_rank, target)
 
 
-def launch(nproc: int, cfg_dict: dict[str, Any], out: Path, max_restarts: int = 0) -> int:
+def launch(nproc: int, cfg_dict: dict[str, Any], out: Path, max_restarts: int = 0,
+           extra_args: tuple[str, ...] = ()) -> int:
     """Run ``retrieval train`` in ``nproc`` processes on this machine through torchrun; returns its exit code.
 
-    The configuration travels as a JSON file (``out/launch.json``), so every rank runs exactly it.
+    The configuration travels as a JSON file (``out/launch.json``), so every rank runs exactly it; ``extra_args``
+    are the command's own options (``--json``), which are not part of it.
     """
     if nproc < 2:
         raise ValueError(f"--nproc must be >= 2 to launch several processes, got {nproc}")
@@ -283,7 +285,7 @@ def launch(nproc: int, cfg_dict: dict[str, Any], out: Path, max_restarts: int = 
     config = out / "launch.json"
     config.write_text(json.dumps(cfg_dict, indent=1))
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               f"--max-restarts={max_restarts}", "-m", "retrieval", "train", "--config", str(config)]
+               f"--max-restarts={max_restarts}", "-m", "retrieval", "train", "--config", str(config), *extra_args]
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     return subprocess.run(command, env=env).returncode
