@@ -342,30 +342,28 @@ def search_command(index_dir, images, k, model, exclude_self, gpu, as_json) -> N
 
 def _answers(index, queries: tuple[str, ...], k: int, exclude_self: bool) -> list[dict]:
     """Each query's answer, in order: its results (and the id left out as the query itself), or the reason it
-    cannot be searched. The readable queries are embedded in one batch."""
-    import hashlib
+    cannot be searched. Each file is opened once (hashed, then decoded, as the index builder does); the readable
+    queries are embedded in one batch."""
+    from retrieval.data.decode import ImageDecodeError, open_regular_file, read_image
+    from retrieval.index.gallery_file import file_digest
 
-    from retrieval.data.decode import ImageDecodeError, open_image
-
-    answers, images = [], []
+    answers, images, digests = [], [], []
     for query in queries:
         answer = {"query": str(Path(query).resolve())}
         try:
-            images.append(open_image(query))
+            with open_regular_file(query) as handle:
+                sha256, _ = file_digest(handle)
+                handle.seek(0)
+                images.append(read_image(handle).image)
+            digests.append(sha256)
         except (ImageDecodeError, OSError) as exc:
             answer["error"] = str(exc)
         answers.append(answer)
     readable = [a for a in answers if "error" not in a]
     embeddings = index.embedder.embed(images) if images else []
-    for answer, query, embedding in zip(readable, [a["query"] for a in readable], embeddings, strict=True):
-        excluded = None
-        if exclude_self:
-            digest = hashlib.sha256()
-            with open(query, "rb") as handle:  # the decoder has read it whole: a bounded regular file
-                for block in iter(lambda h=handle: h.read(1 << 20), b""):
-                    digest.update(block)
-            row = index.indexed_by_sha256(digest.hexdigest())
-            excluded = None if row is None else int(row["id"])
+    for answer, sha256, embedding in zip(readable, digests, embeddings, strict=True):
+        row = index.indexed_by_sha256(sha256) if exclude_self else None
+        excluded = None if row is None else int(row["id"])
         found = index.search(embedding[None], k, exclude_ids=() if excluded is None else (excluded,))[0]
         answer.update(results=[r.to_dict() for r in found], excluded_self=excluded)
     return answers

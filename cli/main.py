@@ -329,16 +329,14 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_params, limit, li
                      workers, out_path, pictures, map_method) -> None:
     """Evaluate a checkpoint: prints the metrics as JSON and writes an evaluate report (eval_report.json next to
     the checkpoint, or --out)."""
-    from retrieval.analysis.pictures import draw_evaluation_pictures
     from retrieval.data import build_transforms, load_dataset
     from retrieval.evaluation import (
         checkpoint_dataset,
-        class_names,
         embed_eval_rows,
         eval_arrays,
+        eval_set_pictures,
         evaluate_embeddings,
         load_eval_sets,
-        row_loader,
     )
     from retrieval.inference import embed_dataset, resolve_device
     from retrieval.models import load_checkpoint, load_embedder
@@ -364,11 +362,9 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_params, limit, li
     out.parent.mkdir(parents=True, exist_ok=True)
     plots = {}
     if pictures:
-        names = class_names(sets.query)
-        plots = draw_evaluation_pictures(
-            out.parent, q, ql, row_loader(sets.query, query.indices), g, gl,
-            row_loader(sets.gallery, gallery.indices) if gallery is not None else None,
-            lambda label: names[label], seed=trained.get("seed", 0), method=map_method)
+        plots = eval_set_pictures(out.parent, sets, (q, ql, g, gl), query.indices,
+                                  gallery.indices if gallery is not None else None, seed=trained.get("seed", 0),
+                                  method=map_method)
     report = evaluate_report(checkpoint, dataset, data, split, kwargs, len(ql), model.config, metrics, plots)
     save_report(report, out)
     click.echo(json.dumps({**metrics, "report": str(out)}, indent=2))

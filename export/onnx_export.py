@@ -280,10 +280,11 @@ def export_embedder(
                "source_model_hash": embedder_model_hash(model)},
     )
     external = save_with_metadata(proto, out, metadata)
-    written = onnx_model_hash(out, config)  # the file is the authority (external weights serialise differently)
-    if written != metadata["model_hash"]:
-        metadata["model_hash"] = written
-        rewrite_metadata(out, metadata)
+    if external:  # weights moved to a .data file serialise differently: the file as written is the authority
+        written = onnx_model_hash(out, config)
+        if written != metadata["model_hash"]:
+            metadata["model_hash"] = written
+            rewrite_metadata(out, metadata)
     seconds = time.perf_counter() - start
     size = out.stat().st_size + sum(p.stat().st_size for p in external)
     log(f"exported in {seconds:.1f} s with the {exporter} exporter (opset {_opset(proto)}): "

@@ -124,6 +124,21 @@ def present_class_names(dataset: Dataset) -> list[str]:
     return [dataset.class_names[label] for label in np.unique(labels)]
 
 
+def eval_set_pictures(folder, sets: EvalSets, embedded: tuple, query_rows: np.ndarray,
+                      gallery_rows: np.ndarray | None, seed: int = 0, method: str = "auto") -> dict[str, str]:
+    """The query grid and the embedding map of an evaluation (``embedded`` = (query, query_labels, gallery,
+    gallery_labels), whose rows are the data sets' positions ``query_rows`` / ``gallery_rows``), drawn into
+    ``folder``; returns the report's plot names."""
+    from retrieval.analysis.pictures import draw_evaluation_pictures
+
+    q, ql, g, gl = embedded
+    names = class_names(sets.query)
+    return draw_evaluation_pictures(
+        folder, q, ql, row_loader(sets.query, query_rows), g, gl,
+        row_loader(sets.gallery, gallery_rows) if sets.gallery is not None else None,
+        lambda label: names[label], seed=seed, method=method)
+
+
 def class_names(dataset: Dataset) -> list[str]:
     """The class names of an ``ImageDataset`` (or of the one under a ``Subset``), indexed by label."""
     while isinstance(dataset, Subset):

@@ -37,16 +37,10 @@ def default_mlflow_uri(out: Path) -> str:
     return f"sqlite:///{(out.resolve().parent / 'mlflow.db').as_posix()}"
 
 
-def flat_numbers(row: dict[str, Any], prefix: str = "") -> dict[str, float]:
+def flat_numbers(row: dict[str, Any]) -> dict[str, float]:
     """The numbers of a metrics row, nested dicts flattened with '/' (``extra/fashion-mnist/recall@1``)."""
-    out: dict[str, float] = {}
-    for key, value in row.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(flat_numbers(value, f"{name}/"))
-        elif isinstance(value, (int, float)) and not isinstance(value, bool) and key != "epoch":
-            out[name] = float(value)
-    return out
+    return {name: float(value) for name, value in flatten(row).items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and name != "epoch"}
 
 
 def mlflow_name(name: str) -> str:
@@ -106,7 +100,7 @@ class MlflowLog:
             self.client.update_run(self.run_id, status="RUNNING")
             return
         experiment = self.client.get_experiment_by_name(MLFLOW_EXPERIMENT)
-        experiment_id = experiment.experiment_id if experiment else self._create_experiment(out)
+        experiment_id = experiment.experiment_id if experiment else self._create_experiment()
         self.run_id = self.client.create_run(experiment_id, run_name=run_name).info.run_id
         record.write_text(json.dumps({"tracking_uri": uri, "run_id": self.run_id}))
         from mlflow.entities import Param
@@ -116,7 +110,7 @@ class MlflowLog:
         for start in range(0, len(values), 100):  # MLflow takes at most 100 parameters per batch
             self.client.log_batch(self.run_id, params=values[start:start + 100])
 
-    def _create_experiment(self, out: Path) -> str:
+    def _create_experiment(self) -> str:
         # artifacts beside a local store (SQLite file or folder), not in the working folder
         location = None
         if self.uri.startswith("sqlite:///"):

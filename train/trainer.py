@@ -19,7 +19,6 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from retrieval import losses
-from retrieval.analysis.pictures import draw_evaluation_pictures
 from retrieval.data import (
     BadImageLog,
     ClassBalancedBatchSampler,
@@ -32,13 +31,12 @@ from retrieval.data import (
 from retrieval.data.decode import parse_background
 from retrieval.distributed import GlobalBatchObjective, embed_sharded
 from retrieval.evaluation import (
-    class_names,
+    eval_set_pictures,
     evaluate_embeddings,
     leave_one_out_metrics,
     load_eval_sets,
     load_extra_set,
     present_class_names,
-    row_loader,
 )
 from retrieval.inference import default_workers
 from retrieval.io import atomic_write
@@ -642,27 +640,18 @@ class Trainer:
         data = self.data
         parts = {"train": data.train_set, "validation": data.val_set, "test": data.eval_sets.query,
                  "gallery": data.eval_sets.gallery}
-
-        def part(dataset) -> dict[str, Any]:
-            names = present_class_names(dataset)
-            listed = {"class_names": names} if len(names) <= MAX_LISTED_CLASSES else {}
-            return {"classes": len(names), "images": len(dataset), **listed}
-
-        split = {name: part(dataset) for name, dataset in parts.items() if dataset is not None}
-        split["shared_train_test_classes"] = len(set(present_class_names(data.train_set))
-                                                 & set(present_class_names(parts["test"])))
+        names = {part: present_class_names(dataset) for part, dataset in parts.items() if dataset is not None}
+        split: dict[str, Any] = {
+            part: {"classes": len(found), "images": len(parts[part]),
+                   **({"class_names": found} if len(found) <= MAX_LISTED_CLASSES else {})}
+            for part, found in names.items()}
+        split["shared_train_test_classes"] = len(set(names["train"]) & set(names["test"]))
         return split
 
     def evaluation_pictures(self) -> dict[str, str]:
         """The last evaluation's query grid and embedding map, drawn into the run folder (report plot names)."""
-        q, ql, g, gl = self.last_eval
-        query_rows, gallery_rows = self.parts.features.eval_indices()
-        sets = self.data.eval_sets
-        names = class_names(sets.query)
-        return draw_evaluation_pictures(
-            self.out, q, ql, row_loader(sets.query, query_rows), g, gl,
-            row_loader(sets.gallery, gallery_rows) if sets.gallery is not None else None,
-            lambda label: names[label], seed=self.cfg.seed)
+        return eval_set_pictures(self.out, self.data.eval_sets, self.last_eval, *self.parts.features.eval_indices(),
+                                 seed=self.cfg.seed)
 
     # --- WiSE-FT -------------------------------------------------------------------------------------
     def validation_point(self, model: nn.Module) -> dict[str, Any]:

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from retrieval.io import read_capped
+
 # the final metrics a comparison shows, when the runs have them (report.json's "last" row)
 FINAL_METRICS = ("recall@1", "recall@8", "map@r", "nmi")
 # configuration keys that differ between any two runs without saying anything about the method
@@ -31,10 +33,9 @@ class Run:
     wise: dict[str, Any] | None  # report.json's WiSE-FT block, if the run made one
 
 
-def _read_json(path: Path) -> Any:
-    if path.stat().st_size > MAX_RUN_FILE_BYTES:
-        raise ValueError(f"{path} is larger than {MAX_RUN_FILE_BYTES // 2**20} MiB: not a run's file")
-    return json.loads(path.read_text())
+def _read(path: Path) -> str:
+    """A run file's text: a regular file of at most ``MAX_RUN_FILE_BYTES`` (``retrieval.io.read_capped``)."""
+    return read_capped(path, MAX_RUN_FILE_BYTES, "run's file").decode()
 
 
 def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -55,13 +56,11 @@ def load_run(path: str | Path) -> Run:
     if not config_file.is_file() or not metrics_file.is_file():
         raise FileNotFoundError(f"{folder} is not a run folder of `retrieval train` (it needs config.json and "
                                 "metrics.jsonl): give the folder passed to --out")
-    if metrics_file.stat().st_size > MAX_RUN_FILE_BYTES:
-        raise ValueError(f"{metrics_file} is larger than {MAX_RUN_FILE_BYTES // 2**20} MiB: not a run's file")
-    history = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
-    report = _read_json(folder / "report.json") if (folder / "report.json").is_file() else {}
+    history = [json.loads(line) for line in _read(metrics_file).splitlines() if line.strip()]
+    report = json.loads(_read(folder / "report.json")) if (folder / "report.json").is_file() else {}
     evaluated = [row for row in history if "recall@1" in row]
     last = report.get("last") or (evaluated[-1] if evaluated else {})
-    return Run(folder, folder.name, flatten(_read_json(config_file)), history, last, report.get("wise"))
+    return Run(folder, folder.name, flatten(json.loads(_read(config_file))), history, last, report.get("wise"))
 
 
 def unique_names(runs: list[Run]) -> None:

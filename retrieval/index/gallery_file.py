@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -28,16 +28,21 @@ class Decoded:
     error: str | None = None
 
 
+def file_digest(handle: BinaryIO) -> tuple[str, int]:
+    """(sha256 hex, size in bytes) of an open file's bytes from where it stands, read in chunks."""
+    digest, size = hashlib.sha256(), 0
+    while chunk := handle.read(HASH_CHUNK):
+        digest.update(chunk)
+        size += len(chunk)
+    return digest.hexdigest(), size
+
+
 def decode_file(image_id: int, path: str, transform: Any, max_pixels: int) -> Decoded:
     """Hash the file's bytes (streamed, for duplicate detection), then decode and preprocess it."""
     result = Decoded(image_id)
     try:
         with open_regular_file(path) as handle:
-            digest, size = hashlib.sha256(), 0
-            while chunk := handle.read(HASH_CHUNK):
-                digest.update(chunk)
-                size += len(chunk)
-            result.size, result.sha256 = size, digest.hexdigest()
+            result.sha256, result.size = file_digest(handle)
             handle.seek(0)
             image = read_image(handle, max_pixels).image
         result.array = np.asarray(transform(image))

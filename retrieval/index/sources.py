@@ -148,10 +148,11 @@ def list_gallery(images: str | Path, split: str | None = None) -> Gallery:
     """Every image under a folder (recursive, extension in any case), one image file, or every row of a manifest
     CSV.
 
-    In a folder, an image in a sub-folder is labelled by that sub-folder's name (ImageFolder style);
-    an image at the top level has no label. A manifest has columns ``path,label[,split]`` with paths
-    relative to the manifest's folder; ``split`` keeps only the rows of that split. A parquet file
-    with the same columns is read the same way (one row per image: the usual listing of a big catalogue).
+    In a folder, an image in a sub-folder is labelled by that sub-folder's name (ImageFolder style, the
+    ``parent`` rule; ``apply_label_rule`` relabels by another); an image at the top level has no label. A
+    manifest has columns ``path,label[,split]`` with paths relative to the manifest's folder; ``split`` keeps
+    only the rows of that split. A parquet file with the same columns is read the same way (one row per image:
+    the usual listing of a big catalogue).
     """
     images = Path(images).expanduser()
     if not is_utf8(str(images.resolve())):
@@ -211,8 +212,7 @@ def walk_folder(root: Path) -> Gallery:
                 if problem is not None:
                     gallery.errors.append(ListingError(printable_path(path), problem))
                     continue
-                label = path.parent.name if path.parent != root else None
-                gallery.items.append(GalleryItem(str(path), label))
+                gallery.items.append(GalleryItem(str(path), _path_label(path, root, "parent", "folder")))
     return gallery
 
 
