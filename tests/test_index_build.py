@@ -503,3 +503,18 @@ def test_index_commands_end_with_a_line_for_people_and_the_next_command(digits, 
     assert stats.stdout.splitlines()[0].startswith(f"{out}: 42 images, Flat,") and "recall@10" in stats.stdout
     as_json = CliRunner().invoke(index_group, ["stats", out, "--queries", "10", "--json"])
     assert json.loads(as_json.stdout)["vectors"] == 42
+
+
+def test_search_names_a_fifo_query_without_waiting_on_it(digits, tmp_path, monkeypatch):
+    """A query path that is a FIFO (or another non-regular file) is refused before reading, never waited on."""
+    folder, paths = copy_gallery(digits, tmp_path)
+    build_index(folder, tmp_path / "idx", embedder=FakeEmbedder(), options=QUICK)
+    monkeypatch.setattr("retrieval.index.load_model", lambda path, providers="auto": FakeEmbedder())
+    fifo = tmp_path / "query.png"
+    os.mkfifo(fifo)
+    started = time.monotonic()
+    result = CliRunner().invoke(search_command, ["--index", str(tmp_path / "idx"), "--model", "m.onnx", "-k", "2",
+                                                 "--exclude-self", str(fifo), str(paths[2])])
+    assert time.monotonic() - started < 30 and result.exit_code == 1
+    assert "not a regular file" in result.output and "1 of 2 queries could not be read" in result.output
+    assert str(paths[2].resolve()) in result.output
