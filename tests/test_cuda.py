@@ -164,3 +164,46 @@ def test_autocast_embeddings_match_full_precision():
     half = embed_samples(model, data, batch_size=8, device="cuda", workers=0, amp=True, progress=False)
     cosine = (np.asarray(full.embeddings) * np.asarray(half.embeddings)).sum(axis=1)
     assert cosine.min() > 0.999
+
+
+def read_rows(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loss", ["ms", "proxy_anchor"])
+def test_chunked_step_equals_the_whole_batch_on_cuda(image_folder, tmp_path, loss, monkeypatch):
+    """--chunks on the GPU: the same losses and weights as the unchunked fp32 step (BatchNorm frozen, as required).
+
+    cuDNN runs float32 convolutions in TF32 by default, and picks its algorithm by batch size, so a chunk and the
+    whole batch round differently (~1e-3 relative); exact float32 convolutions make the comparison meaningful."""
+    from retrieval.train import train
+
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+
+    runs = {}
+    for chunks in (1, 3):
+        runs[chunks] = tmp_path / f"chunks{chunks}"
+        train(config(image_folder, runs[chunks], amp="off", loss=loss, chunks=chunks, freeze_bn=True, eval_every=100,
+                     eval_before=False, tensorboard=False), progress=False)
+    one, chunked = read_rows(runs[1]), read_rows(runs[3])
+    assert [r["loss"] for r in chunked] == pytest.approx([r["loss"] for r in one], rel=1e-4, abs=1e-6)
+    wa, wb = (torch.load(runs[c] / "last.pt", map_location="cpu", weights_only=False) for c in (1, 3))
+    for part in ("state_dict", "loss_state"):
+        for key, value in (wa[part] or {}).items():
+            gap = (wb[part][key].double() - value.double()).abs().max().item() if value.numel() else 0.0
+            assert torch.allclose(wb[part][key].double(), value.double(), rtol=1e-4, atol=1e-5), (part, key, gap)
+
+
+@pytest.mark.slow
+def test_cross_batch_memory_trains_on_cuda_in_fp16(image_folder, tmp_path):
+    """--memory xbm under fp16 autocast: the memory fills with the step's embeddings and the losses stay finite."""
+    from retrieval.train import train
+
+    train(config(image_folder, tmp_path / "xbm", amp="fp16", memory="xbm", memory_size=16, memory_warmup=0,
+                 epochs=2, eval_every=100, tensorboard=False), progress=False)
+    history = [row for row in read_rows(tmp_path / "xbm") if "loss" in row]
+    assert len(history) == 2 and all(np.isfinite(r["loss"]) and r.get("skipped_steps", 0) == 0 for r in history)
+    ckpt = torch.load(tmp_path / "xbm" / "last.pt", map_location="cpu", weights_only=False)
+    filled = [value for key, value in ckpt["loss_state"].items() if key.endswith("filled")]
+    assert filled and int(filled[0]) == 16, "the memory holds the last 16 embeddings"
