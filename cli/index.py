@@ -88,6 +88,10 @@ def _label_help() -> str:
 
 label_option = lazy_help_option("--label-from", metavar="parent|top|manifest|none", default=None,
                                 help_text=_label_help)
+relabel_option = lazy_help_option(
+    "--label-from", metavar="parent|top|manifest|none", default=None,
+    help_text=lambda: "relabel the index's gallery images by this rule (labels only, nothing is re-embedded); "
+                      + _label_help().removesuffix(" `index add` keeps the index's rule."))
 
 
 def ingest_options(func):
@@ -250,14 +254,16 @@ def remove_command(index_dir, ids, paths, as_json) -> None:
 @click.argument("index_dir", type=click.Path(file_okay=False, exists=True))
 @click.option("--model", type=click.Path(dir_okay=False), help="default: the model recorded in index.json.")
 @click.option("--rebuild", is_flag=True, help="rebuild the faiss part from the shards instead of updating it.")
+@relabel_option
 @ingest_options
 @engine_options
 @json_option
-def repair_command(index_dir, model, rebuild, batch_size, workers, shard_size, max_pixels, gpu, engine,
+def repair_command(index_dir, model, rebuild, label_from, batch_size, workers, shard_size, max_pixels, gpu, engine,
                    as_json) -> None:
     """Finish an interrupted build/add, or mend an index whose faiss part and catalogue disagree.
 
-    Embeds only images that no shard holds, then checks that faiss holds exactly the indexed images.
+    Embeds only images that no shard holds, then checks that faiss holds exactly the indexed images. With
+    --label-from, first relabels the gallery's images by that rule.
     """
     from retrieval.index import repair_index
 
@@ -267,8 +273,11 @@ def repair_command(index_dir, model, rebuild, batch_size, workers, shard_size, m
         rebuild=rebuild,
         gpu=gpu,
         options=_ingest_options(batch_size, workers, shard_size, max_pixels, engine),
+        label_from=label_from,
     )
-    _finish(summary, as_json, f"repaired {summary['index_dir']}: {summary['vectors']} images searchable "
+    relabelled = (f"relabelled {summary['labels']['relabelled']} images, now {_labels(summary)}; "
+                  if "labels" in summary else "")
+    _finish(summary, as_json, f"repaired {summary['index_dir']}: {relabelled}{summary['vectors']} images searchable "
                               f"({summary['faiss']}; {_problems(summary['errors'], summary['duplicates'])})",
             _serve_next(summary["index_dir"]))
 

@@ -274,19 +274,53 @@ def embedding_map_plot(report: RunReport) -> Image.Image | None:
 
 def summary_markdown(report: RunReport, shown: str | None = None) -> str:
     """The report's kind, where it is (``shown``: as the reader named it; default its file name) and its setup."""
-    config = report.data.get("config") or {}
-    train = config.get("train", config) if isinstance(config, dict) else {}
-    if report.kind == "evaluate":
-        train = {**(report.data.get("model") or {}), "dataset": report.data.get("dataset")}
+    train = run_settings(report)
     facts = [f"**{report.kind}** report `{shown or report.path.name}`"]
     for key in ("dataset", "backbone", "loss", "epochs", "embedding_dim"):
-        value = train.get(key) if isinstance(train, dict) else None
+        value = train.get(key)
         value = value if value is not None else report.data.get(key)
         if value is not None:
             facts.append(f"{key}: `{value}`")
     if report.kind == "evaluate":
         facts.append(f"split: `{report.data.get('split')}`, queries: {report.data.get('num_queries')}")
     return " · ".join(facts) + out_of_domain_markdown(report)
+
+
+def run_settings(report: RunReport) -> dict[str, Any]:
+    """The run's settings: a training run's config, or an evaluation's model with its data set and data."""
+    if report.kind == "evaluate":
+        return {**(report.data.get("model") or {}), "dataset": report.data.get("dataset"),
+                "data": report.data.get("data")}
+    config = report.data.get("config") or {}
+    train = config.get("train", config) if isinstance(config, dict) else {}
+    return train if isinstance(train, dict) else {}
+
+
+def report_data(report: RunReport) -> tuple[str | None, str | None]:
+    """The data set name and the data folder (or manifest) the run was measured on, as the report records them."""
+    settings = run_settings(report)
+    dataset, data = settings.get("dataset"), settings.get("data")
+    return (str(dataset) if dataset is not None else None), (str(data) if data else None)
+
+
+def same_data(data: str | None, gallery_root: str | None) -> bool:
+    """Whether a run's data folder and an index's gallery folder are the same files (one holds the other)."""
+    if not data or not gallery_root:
+        return False
+    run, gallery = Path(data).expanduser().resolve(), Path(gallery_root).expanduser().resolve()
+    run = run.parent if run.suffix else run  # a manifest file: its folder
+    return run == gallery or gallery.is_relative_to(run) or run.is_relative_to(gallery)
+
+
+def data_relation_markdown(report: RunReport, gallery_root: str | None, index_name: str) -> str:
+    """One line saying whether the report measured the images of the index being served, so that a run on
+    another data set is not read as this index's quality."""
+    dataset, data = report_data(report)
+    named = f"`{dataset}`" + (f" (`{Path(data).name}`)" if data else "") if dataset else "its own data"
+    if same_data(data, gallery_root):
+        return f"\n\n**Data:** this run measured {named}, the images of the index being served (`{index_name}`)."
+    return (f"\n\n**Another data set:** this run measured {named}, not the images of the index being served "
+            f"(`{index_name}`, below). Its metrics and pictures describe that run only.")
 
 
 def out_of_domain_markdown(report: RunReport) -> str:

@@ -25,6 +25,7 @@ from retrieval.serve.reports import (
     MAP_EQUALS_RECALL_NOTE,
     METRIC_UNIT,
     curves_plot,
+    data_relation_markdown,
     domains_plot,
     embedding_map_plot,
     load_report,
@@ -380,7 +381,8 @@ class EvaluationTab:
             except (OSError, ValueError):
                 return REPORT_REFUSED, *self.nothing_shown()
             headers, rows = report.metrics_table()
-            summary = summary_markdown(report, shown=path)
+            summary = summary_markdown(report, shown=path) + data_relation_markdown(
+                report, self.service.state.index.info.get("gallery_root"), self.service.index_dir.name)
             if report.map_equals_recall():
                 summary += f"\n\n{MAP_EQUALS_RECALL_NOTE}"
             pictures = [picture(report) for picture in (recall_plot, curves_plot, triplet_plot, *OPTIONAL_PLOTS)]

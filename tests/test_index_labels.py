@@ -84,3 +84,49 @@ def test_the_command_line_prints_the_rule_and_the_classes(nested, tmp_path, monk
     assert labels["largest_classes"] == {"moon": 4, "star": 2} and "first folder under" in labels["rule"]
     help_text = " ".join(CliRunner().invoke(index_group, ["build", "--help"]).output.split())
     assert "--label-from" in help_text and "the name of the folder the image is in" in help_text
+
+
+def catalogue_labels(index_dir) -> dict[str, str | None]:
+    from retrieval.index.catalogue import Catalogue
+
+    with Catalogue(index_dir / "catalogue.sqlite") as catalogue:
+        rows = catalogue.rows([int(i) for (i,) in catalogue.db.execute("SELECT id FROM images")])
+    return {row["path"].split("shapes/", 1)[-1]: row["label"] for row in rows.values()}
+
+
+def test_repair_relabels_the_index_without_embedding_again(nested, tmp_path, monkeypatch):
+    """A star under star/variants/deep was labelled `deep`: `index repair --label-from top` relabels the index
+    (labels only), a server's next state sees it, and `index add` then keeps the new rule."""
+    from retrieval.cli.index import index_group
+    from retrieval.cli.main import main
+    from retrieval.index import Index
+
+    build_index(nested, tmp_path / "idx", embedder=FakeEmbedder(), options=QUICK)
+    assert catalogue_labels(tmp_path / "idx")["star/variants/deep/img_000.png"] == "deep"
+    shards = sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "idx" / "shards").iterdir())
+
+    def no_embedding(*_args, **_kwargs):
+        raise AssertionError("relabelling must not embed")
+
+    monkeypatch.setattr("retrieval.index.writer.load_model", no_embedding)
+    result = CliRunner().invoke(index_group, ["repair", str(tmp_path / "idx"), "--label-from", "top"])
+    assert result.exit_code == 0, result.output
+    assert "relabelled 3 images, now 2 classes by --label-from top" in result.output
+    labels = catalogue_labels(tmp_path / "idx")
+    assert labels["star/variants/deep/img_000.png"] == "star" and labels["moon/img_020.png"] == "moon"
+    assert labels["img_030.png"] is None
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "idx" / "shards").iterdir()) == shards
+    with Index.open(tmp_path / "idx") as index:  # what a server opens next
+        assert sorted({label for _, label in index.catalogue.labelled()}) == ["moon", "star"]
+    write_images(tmp_path / "more" / "moon" / "new", 1, 50)
+    added = add_images(tmp_path / "idx", tmp_path / "more", embedder=FakeEmbedder(), options=QUICK)
+    assert added["labels"]["from"] == "top" and added["labels"]["largest_classes"] == {"moon": 1}
+    refused = CliRunner().invoke(main, ["index", "repair", str(tmp_path / "idx"), "--label-from", "manifest"])
+    assert refused.exit_code != 0 and "--label-from manifest takes a manifest's label column" in refused.output
+    assert catalogue_labels(tmp_path / "idx")["star/variants/deep/img_000.png"] == "star"  # nothing lost
+
+
+def test_a_refused_rule_names_the_relabel_command(nested, tmp_path):
+    build_index(nested, tmp_path / "idx", embedder=FakeEmbedder(), options=QUICK)
+    with pytest.raises(ValueError, match="retrieval index repair INDEX --label-from top"):
+        add_images(tmp_path / "idx", nested, embedder=FakeEmbedder(), options=QUICK, label_from="top")

@@ -323,6 +323,13 @@ class Catalogue(CatalogueQueries):
             )
         self._transaction(statements)
 
+    def set_labels(self, labels: Sequence[tuple[str, str | None]]) -> int:
+        """Set the label of each catalogued ``(path, label)``, in one transaction; returns how many changed."""
+        before = self.db.total_changes
+        self._transaction(("UPDATE images SET label=? WHERE path=? AND label IS NOT ?", (label, path, label))
+                          for path, label in labels)
+        return self.db.total_changes - before
+
     def mark_removed(self, ids: Sequence[int]) -> None:
         self._transaction(
             ("UPDATE images SET status=? WHERE id=? AND status=?", (Status.REMOVED, int(i), Status.DONE))

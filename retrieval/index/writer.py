@@ -128,7 +128,8 @@ def _labelled(images: str | Path, split: str | None, catalogue: Catalogue, label
         rule = default_label_rule(gallery.kind)
     if recorded is not None and label_from is not None and label_from != recorded:
         raise ValueError(f"this index labels its images by --label-from {recorded}; give that rule (or leave "
-                         "--label-from out), or build a new index to label another way")
+                         f"--label-from out), or relabel the whole index first: retrieval index repair INDEX "
+                         f"--label-from {label_from} (nothing is re-embedded)")
     apply_label_rule(gallery, rule)
     if recorded is None:
         catalogue.set_meta(label_from=rule)
@@ -346,6 +347,19 @@ def catalogue_id(catalogue: Catalogue, given: str, gallery_root: str | None) -> 
     return next((found[p] for p in paths if p in found), None)
 
 
+def relabel(catalogue: Catalogue, rule: str) -> dict[str, Any]:
+    """Label the images of the index's recorded gallery by ``rule`` (labels only: nothing is re-embedded). Images
+    that ``index add`` took from other folders keep their labels."""
+    source = catalogue.get_meta("gallery_images")
+    if source is None:
+        raise ValueError("this index records no gallery folder or manifest to relabel from; build it again with "
+                         "--label-from")
+    gallery = apply_label_rule(list_gallery(source, catalogue.get_meta("gallery_split")), rule)
+    changed = catalogue.set_labels([(item.path, item.label) for item in gallery.items])
+    catalogue.set_meta(label_from=rule)
+    return {**label_summary(gallery, rule), "relabelled": changed}
+
+
 def repair_index(
     index_dir: str | Path,
     model: str | Path | None = None,
@@ -353,12 +367,14 @@ def repair_index(
     rebuild: bool = False,
     gpu: bool = False,
     options: IngestOptions | None = None,
+    label_from: str | None = None,
 ) -> dict[str, Any]:
     """Finish an interrupted build/add, or mend an index whose parts disagree; returns a summary.
 
     Re-embeds only images that no shard holds (the model is loaded only then). faiss is updated in
     place (or rebuilt from the shards: an unfinished build, an unreadable faiss file, or ``rebuild``),
-    and the result is checked: faiss holds exactly the catalogue's ``done`` ids.
+    and the result is checked: faiss holds exactly the catalogue's ``done`` ids. ``label_from`` relabels the
+    gallery's images by that rule first (``relabel``).
     """
     started = time.perf_counter()
     options = options or IngestOptions()
@@ -372,6 +388,7 @@ def repair_index(
                 f"{layout.root} holds no started build, so there is nothing to repair; build it with "
                 f"`retrieval index build --model ... --images ... --out {layout.root}`"
             )
+        labels = relabel(catalogue, label_from) if label_from is not None else None
         store = ShardStore(layout.shards)
         mended = mend(catalogue, store)
         source = catalogue.get_meta("gallery_images")
@@ -411,6 +428,7 @@ def repair_index(
             "index_key": info["index_key"],
             "faiss": info.get("updated_by", "rebuilt from the shards"),
             "vectors": info["count"],
+            **({"labels": labels} if labels is not None else {}),
             **_summary(catalogue, started, mended),
         }
 
