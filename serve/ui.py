@@ -53,7 +53,7 @@ UI_CSS = """
 /* Results and failures grow with their content: Gradio caps a gallery at 55vh with an inner scrollbar. */
 #results-gallery .grid-wrap, #failures-gallery .grid-wrap { max-height: none !important; min-height: 0 !important;
   overflow-y: visible !important; }
-/* Captions sit under their image and wrap instead of being cut with an ellipsis (long emoji names, narrow
+/* Captions sit under their image and wrap instead of being cut with an ellipsis (long label names, narrow
    screens); the enlarged view's caption wraps too. */
 #results-gallery .thumbnail-lg, #failures-gallery .thumbnail-lg { aspect-ratio: auto; height: auto;
   display: flex; flex-direction: column; }
@@ -397,11 +397,13 @@ class EvaluationTab:
         """The report's table and pictures when no report is open: hidden, not empty."""
         return (gr.update(value=None, visible=False), *[shown_picture(None)] * (3 + len(OPTIONAL_PLOTS)))
 
-    def worst_classes(self) -> tuple[str, Any, list[tuple[Image.Image, str]]]:
-        """Leave-one-out per class: the worst classes (Recall@1, then rank of the first correct) and failures."""
+    def worst_classes(self) -> tuple[str, Any, Any]:
+        """Leave-one-out per class: the worst classes (Recall@1, then rank of the first correct) and failures; the
+        table and the failures are hidden when there are none."""
         loo = self.service.leave_one_out()
         if not loo.classes:
-            return f"No per-class analysis: {loo.note}.", None, []
+            return (f"No per-class analysis: {loo.note}.", gr.Dataframe(value=None, visible=False),
+                    gr.Gallery(value=None, visible=False))
         depth = loo.classes[0].depth
         summary = (
             f"Leave-one-out over the index ({loo.note}, {loo.queries} queries): each labelled image is searched "
@@ -422,7 +424,10 @@ class EvaluationTab:
                               f"✗ {failure.score:.3f} · top-1: {self.facts.label_text(failure.top1_label)}"))
         headers = ["class", "queries", "correct top-1", f"Recall@1 ({METRIC_UNIT})", "mean rank of first correct",
                    "first-correct rank per query"]
-        return summary, gr.Dataframe(value=rows, headers=headers), pairs
+        if not pairs:
+            summary += " No query's top-1 has another label, so there are no failures to show."
+        return summary, gr.Dataframe(value=rows, headers=headers, visible=True), gr.Gallery(value=pairs,
+                                                                                            visible=bool(pairs))
 
     def duplicates(self) -> tuple[str, Any]:
         """The gallery files the index skipped as exact copies (same sha256) of an indexed one, with their twins."""

@@ -1,6 +1,10 @@
-"""Fixtures shared by the serving tests: the small real index of ``serve_fixtures``, a service and an API client."""
+"""Fixtures shared by the serving tests: the small real index of ``serve_fixtures``, a service and an API client,
+and the browser tests' screenshot folder."""
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import pytest
 from serve_fixtures import shared_artifacts
@@ -31,3 +35,12 @@ def client(service):
 
     with TestClient(create_api(service)) as c:
         yield c
+
+
+@pytest.fixture(scope="module")
+def screenshots(tmp_path_factory) -> Path:
+    """Where the browser tests save screenshots: $RETRIEVAL_SCREENSHOTS (the README's are docs/screenshots), else a
+    temporary folder; resolved, since a test may change the working folder."""
+    folder = Path(os.environ.get("RETRIEVAL_SCREENSHOTS") or tmp_path_factory.mktemp("screenshots")).resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder

@@ -62,13 +62,6 @@ def demo_artifacts(root: Path) -> ServeArtifacts:
                           paths, [row["label"] for row in rows])
 
 
-@pytest.fixture(scope="module")
-def screenshots(tmp_path_factory) -> Path:
-    folder = Path(os.environ.get("RETRIEVAL_SCREENSHOTS") or tmp_path_factory.mktemp("screenshots"))
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
-
-
 def small_results(folder: Path) -> Path:
     """A results document of one table with a per-epoch curve (the real one is docs/results.json)."""
     cell = {"mean": 0.5, "std": 0.01, "n": 3}
@@ -337,6 +330,9 @@ def test_evaluation_tab_explains_and_orders(server, page, screenshots):
     assert "duplicates" in page.locator("#duplicates-summary").inner_text().lower()
     page.wait_for_function("document.querySelectorAll('#failures-gallery img').length >= 2")
     no_inner_scroll(page, "#failures-gallery")
+    page.locator("#failures-gallery").scroll_into_view_if_needed()
+    page.wait_for_function("Array.from(document.querySelectorAll('#failures-gallery img'))"
+                           ".every(img => img.complete && img.naturalWidth > 0)")  # every picture decoded
     page.wait_for_timeout(500)  # let the images finish painting for the screenshot
     page.screenshot(path=str(screenshots / "evaluation.png"), full_page=True)
 

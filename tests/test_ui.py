@@ -169,7 +169,9 @@ def test_leave_one_out_ranks_of_the_first_correct_match_brute_force(artifacts, s
 
 
 def test_worst_classes_table_is_ordered_and_named(artifacts, service):
-    summary, table, pairs = EvaluationTab(service, artifacts.report).worst_classes()
+    summary, table, failures = EvaluationTab(service, artifacts.report).worst_classes()
+    pairs = failures.constructor_args["value"]
+    assert failures.constructor_args["visible"] == bool(pairs)
     assert "mean rank of the first" in summary and "%" in summary
     rows = table.constructor_args["value"]
     assert table.constructor_args["headers"][3] == "Recall@1 (%)"
