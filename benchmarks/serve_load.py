@@ -3,9 +3,15 @@
     .venv/bin/python benchmarks/serve_load.py --index artifacts/demo/index            # starts the server
     .venv/bin/python benchmarks/serve_load.py --url http://127.0.0.1:7860 --images DIR  # a running one
     .venv/bin/python benchmarks/serve_load.py --fixture                               # a small digits index
+    .venv/bin/python benchmarks/serve_load.py --fixture --observability-cost 6        # metrics + access log on/off
 
 Each client uploads gallery images to ``POST /search`` (multipart) in a loop; the run is bounded by
 ``--searches`` and ``--time-limit``. Prints p50/p99 latency, throughput and errors as JSON.
+
+``--observability-cost ROUNDS`` serves the index twice in one process, with ``/metrics`` and the access log (written
+to a file, as a server's stderr would be) and without them (``ServerConfig(observe=False)``), and loads them in
+interleaved rounds (on, off, off, on, ...) while a scraper reads ``/metrics`` every ``--scrape-interval`` seconds:
+the ratio of the medians is the cost of observing.
 """
 
 from __future__ import annotations
@@ -112,6 +118,99 @@ def serving(app: Any) -> Iterator[str]:
         sock.close()
 
 
+def observability_cost(
+    index_dir: Path,
+    images: list[bytes],
+    rounds: int,
+    clients: int,
+    searches: int,
+    k: int,
+    time_limit_s: float,
+    log_format: str = "text",
+    scrape_interval_s: float = 1.0,
+    max_batch: int = 32,
+) -> dict[str, Any]:
+    """Throughput with metrics + access log (on) and without (off), in interleaved rounds on one shared service."""
+    import logging
+
+    import httpx
+
+    from retrieval.serve.observability import ACCESS_LOGGER, TEXT_FORMAT, JsonFormatter
+    from retrieval.serve.server import ServerConfig, build_app
+
+    log_file = Path(tempfile.mkdtemp(prefix="serve-access-")) / "access.log"
+    handler = logging.FileHandler(log_file)
+    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
+    access = logging.getLogger(ACCESS_LOGGER)
+    access.addHandler(handler)
+    access.setLevel(logging.INFO)
+    access.propagate = False  # the file only, as `retrieval serve` writes its own handler's lines only
+    config = ServerConfig(index_dir=index_dir, ui=False, reload_interval_s=None, max_batch=max_batch)
+    on_app, service = build_app(config)
+    off_app, _ = build_app(ServerConfig(index_dir=index_dir, ui=False, observe=False), service=service)
+    runs: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}
+    with serving(on_app) as on_url, serving(off_app) as off_url:
+        urls = {"on": on_url, "off": off_url}
+        warm = {mode: run_load(url, images, clients, min(32, searches), k, time_limit_s)  # both servers warm
+                for mode, url in urls.items()}
+        for round_ in range(rounds):
+            order = ("on", "off") if round_ % 2 == 0 else ("off", "on")  # ABBA: drift cancels out
+            for mode in order:
+                stop = threading.Event()
+                scraper = threading.Thread(target=_scrape_until, args=(urls["on"], stop, scrape_interval_s))
+                if mode == "on":
+                    scraper.start()
+                runs[mode].append(run_load(urls[mode], images, clients, searches, k, time_limit_s))
+                stop.set()
+                if mode == "on":
+                    scraper.join()
+        metrics = httpx.get(f"{on_url}/metrics", timeout=10).text
+    service.close()
+    access.removeHandler(handler)
+    handler.close()
+    counted = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                  if line.startswith('retrieval_http_requests_total{method="POST",route="/search",status="200"}'))
+    served_on = sum(run["completed"] for run in runs["on"]) + warm["on"]["completed"]
+    lines = sum(1 for _ in log_file.open())
+
+    pairs = [round(on["throughput_per_s"] / off["throughput_per_s"], 3) for on, off in zip(runs["on"], runs["off"],
+                                                                                          strict=True)]
+
+    def median(mode: str, key: str) -> float:
+        return float(np.median([run[key] for run in runs[mode]]))
+
+    return {
+        "rounds": rounds,
+        "clients": clients,
+        "searches_per_round": searches,
+        "log_format": log_format,
+        "scrape_interval_s": scrape_interval_s,
+        "throughput_per_s": {mode: [run["throughput_per_s"] for run in runs[mode]] for mode in runs},
+        "p50_ms": {mode: [run["p50_ms"] for run in runs[mode]] for mode in runs},
+        "errors": {mode: sum(run["errors"] for run in runs[mode]) for mode in runs},
+        "median_throughput_per_s": {mode: median(mode, "throughput_per_s") for mode in runs},
+        "median_p50_ms": {mode: median(mode, "p50_ms") for mode in runs},
+        "throughput_ratio_on_off": round(median("on", "throughput_per_s") / median("off", "throughput_per_s"), 3),
+        # each round's on/off pair ran back to back: the median of their ratios is the least drift-prone figure
+        "pair_ratios_on_off": pairs,
+        "median_pair_ratio_on_off": round(float(np.median(pairs)), 3),
+        "p50_ratio_on_off": round(median("on", "p50_ms") / median("off", "p50_ms"), 3),
+        "searches_counted_by_metrics": counted,
+        "searches_served_with_metrics": served_on,
+        "access_log_lines": lines,
+        "access_log_bytes": log_file.stat().st_size,
+    }
+
+
+def _scrape_until(url: str, stop: threading.Event, interval_s: float) -> None:
+    """GET /metrics every ``interval_s`` seconds until ``stop`` is set (a Prometheus far keener than the usual 15 s)."""
+    import httpx
+
+    with httpx.Client(base_url=url, timeout=10) as http:
+        while not stop.wait(interval_s):
+            http.get("/metrics").raise_for_status()
+
+
 def fixture_index(root: Path, image_size: int, images: int = 200) -> Path:
     """A small real index: scikit-learn's digits embedded by EfficientNet-Lite0 (offline weights) in ONNX."""
     import torch
@@ -157,6 +256,12 @@ def main() -> None:
     parser.add_argument(
         "--ui", action="store_true", help="mount the Gradio UI too, as `retrieval serve` does"
     )
+    parser.add_argument("--observability-cost", type=int, metavar="ROUNDS", default=0,
+                        help="measure /metrics + the access log on vs off in ROUNDS interleaved rounds (API only)")
+    parser.add_argument("--log-format", choices=("text", "json"), default="text",
+                        help="with --observability-cost: the access log's format")
+    parser.add_argument("--scrape-interval", type=float, default=1.0,
+                        help="with --observability-cost: seconds between two scrapes of /metrics")
     args = parser.parse_args()
 
     if args.url:
@@ -176,8 +281,13 @@ def main() -> None:
     index_dir = args.index
     if args.fixture:
         index_dir = fixture_index(Path(tempfile.mkdtemp(prefix="serve-load-")), args.image_size)
-    app, service = build_app(ServerConfig(index_dir=index_dir, ui=args.ui, max_batch=args.max_batch))
     images = gallery_images(index_dir)
+    if args.observability_cost:
+        result = observability_cost(index_dir, images, args.observability_cost, args.clients, args.searches, args.k,
+                                    args.time_limit, args.log_format, args.scrape_interval, args.max_batch)
+        print(json.dumps(result, indent=2))
+        return
+    app, service = build_app(ServerConfig(index_dir=index_dir, ui=args.ui, max_batch=args.max_batch))
     with serving(app) as url:
         run_load(url, images, args.clients, min(32, args.searches), args.k, args.time_limit)  # warm-up
         result = run_load(url, images, args.clients, args.searches, args.k, args.time_limit)

@@ -300,6 +300,45 @@ def stats_command(index_dir, queries, as_json) -> None:
             "--json lists them)", _serve_next(stats["index_dir"]))
 
 
+@index_group.command("export")
+@click.argument("index_dir", type=click.Path(file_okay=False, exists=True))
+@click.option("--format", "fmt", type=click.Choice(["parquet", "npy"], case_sensitive=False), default="parquet",
+              show_default=True,
+              help="parquet: one table with an embedding column (pandas, vector databases); npy: embeddings/*.npy + "
+                   "metadata/*.parquet in the same row order (autofaiss, clip-retrieval's layout).")
+@click.option("--out", required=True, type=click.Path(),
+              help="FILE.parquet (one file, --format parquet) or a folder of part files; written under a temporary "
+                   "name and renamed into place when complete.")
+@click.option("--overwrite", is_flag=True,
+              help="replace --out if it is a file or an earlier export folder (never another folder).")
+@click.option("--rows-per-file", type=click.IntRange(min=1), default=1_000_000, show_default=True,
+              help="rows per part file of a folder export.")
+@click.option("--absolute-paths", is_flag=True,
+              help="write the catalogue's absolute paths instead of paths relative to the gallery (as the API shows).")
+@json_option
+def export_command(index_dir, fmt, out, overwrite, rows_per_file, absolute_paths, as_json) -> None:
+    """Write the searchable images' ids, paths, labels, metadata and embeddings as parquet or npy files that pandas,
+    autofaiss and vector databases read as they are (removed, duplicate and unreadable images are left out)."""
+    import shlex
+
+    from retrieval.index.table_export import export_index
+
+    summary = export_index(index_dir, out, fmt, overwrite=overwrite, rows_per_file=rows_per_file,
+                           absolute_paths=absolute_paths)
+    where = summary["out"]
+    if summary["format"] == "npy":
+        next_step = (f"autofaiss build_index --embeddings {shlex.quote(where + '/embeddings')} --metric_type ip   "
+                     f"(rows: {shlex.quote(where + '/metadata')})")
+    else:
+        next_step = "python -c " + shlex.quote(f"import pandas; print(pandas.read_parquet({json.dumps(where)}).head())")
+    files, size = len(summary["files"]), summary["bytes"]
+    _finish(summary, as_json,
+            f"exported {summary['rows']} images ({summary['embedding_dim']}-d float32 embeddings, model_hash "
+            f"{summary['model_hash']}) from {summary['index_dir']} to {where} as {summary['format']} "
+            f"({files} file{'s' if files != 1 else ''}, "
+            f"{f'{size / 2**20:.1f} MiB' if size >= 2**20 else f'{size / 2**10:.1f} KiB'})", next_step)
+
+
 def _check_k(_ctx: click.Context, _param: click.Parameter, k: int) -> int:
     """-k within the range every search accepts (``retrieval.index.search.check_k``), before the model loads."""
     from retrieval.index.search import check_k
@@ -307,6 +346,18 @@ def _check_k(_ctx: click.Context, _param: click.Parameter, k: int) -> int:
     try:
         return check_k(k)
     except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
+def _check_where(_ctx: click.Context, _param: click.Parameter, where: str | None):
+    """--where parsed before the index and the model load (``retrieval.index.filters``)."""
+    if where is None:
+        return None
+    from retrieval.index.filters import FilterError, parse_filter
+
+    try:
+        return parse_filter(where)
+    except FilterError as exc:
         raise click.BadParameter(str(exc)) from exc
 
 
@@ -318,16 +369,24 @@ def _check_k(_ctx: click.Context, _param: click.Parameter, k: int) -> int:
 @click.option("--exclude-self", is_flag=True,
               help="leave out the gallery image that is the query itself (the same file bytes), as the app and the "
                    "API do.")
+@click.option("--where", "where", metavar="EXPR", callback=_check_where,
+              help='search only the gallery images whose catalogue columns match, e.g. --where \'label = "cat" and '
+                   'price < 20\' (columns: id, path, label and a manifest\'s own, such as split; = != < <= > >=, '
+                   'in (...), and, or, not).')
 @click.option("--gpu", is_flag=True, help="search on the GPU (needs faiss-gpu and a GPU).")
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table.")
-def search_command(index_dir, images, k, model, exclude_self, gpu, as_json) -> None:
+def search_command(index_dir, images, k, model, exclude_self, where, gpu, as_json) -> None:
     """Find the k most similar gallery images to each query IMAGE. A query that cannot be read is named with the
     reason, the others are answered, and the command then exits with status 1."""
     from retrieval.index import Index, load_model
     from retrieval.index.sources import printable_path
 
     with Index.open(index_dir, embedder=load_model(model) if model else None, gpu=gpu) as index:
-        answers = _answers(index, images, k, exclude_self)
+        if where is not None:
+            matching = len(index.matching_ids(where))  # a column the index lacks fails here, before embedding
+            if not as_json:
+                click.echo(f"--where matches {matching} of {len(index)} indexed images")
+        answers = _answers(index, images, k, exclude_self, where)
     if as_json:
         click.echo(json.dumps(answers, indent=2))
     else:
@@ -349,7 +408,7 @@ def search_command(index_dir, images, k, model, exclude_self, gpu, as_json) -> N
                                    "others were answered above")
 
 
-def _answers(index, queries: tuple[str, ...], k: int, exclude_self: bool) -> list[dict]:
+def _answers(index, queries: tuple[str, ...], k: int, exclude_self: bool, where=None) -> list[dict]:
     """Each query's answer, in order: its results (and the id left out as the query itself), or the reason it
     cannot be searched. Each file is opened once (hashed, then decoded, as the index builder does); the readable
     queries are embedded in one batch."""
@@ -373,7 +432,7 @@ def _answers(index, queries: tuple[str, ...], k: int, exclude_self: bool) -> lis
     for answer, sha256, embedding in zip(readable, digests, embeddings, strict=True):
         row = index.indexed_by_sha256(sha256) if exclude_self else None
         excluded = None if row is None else int(row["id"])
-        found = index.search(embedding[None], k, exclude_ids=() if excluded is None else (excluded,))[0]
+        found = index.search(embedding[None], k, exclude_ids=() if excluded is None else (excluded,), where=where)[0]
         answer.update(results=[r.to_dict() for r in found], excluded_self=excluded)
     return answers
 

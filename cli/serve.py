@@ -18,6 +18,8 @@ from retrieval.serve.defaults import (
     DEFAULT_RESULTS,
     DEFAULT_UPLOAD_CACHE_BYTES,
     DEFAULT_UPLOAD_MAX_AGE_S,
+    LOG_FORMATS,
+    LOG_LEVELS,
     MIN_TOKEN_CHARS,
     PUBLIC_PATHS,
     missing_artifacts_message,
@@ -156,12 +158,27 @@ from retrieval.serve.defaults import (
     type=click.FloatRange(1, None),
     help="the upload folder's size bound; beyond it the oldest files are deleted.",
 )
+@click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS),
+    default="info",
+    show_default=True,
+    help="the server's log lines on stderr: info adds one access-log line per request (request id, method, route, "
+    "status, milliseconds, client; never bodies or tokens).",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(LOG_FORMATS),
+    default="text",
+    show_default=True,
+    help="json: one object per line (for a log shipper).",
+)
 def serve_command(
     index_dir, report, results, host, port, max_upload_mb, max_pixels, concurrency, max_batch, max_wait_ms,
     reload_interval, no_ui, token_file, auth_file, insecure, cors_origins, allowed_hosts, upload_dir, upload_max_age,
-    upload_cache_mb,
+    upload_cache_mb, log_level, log_format,
 ) -> None:
-    """Search service: HTTP API (POST /search, /items/{id}, /stats, /health) and the Gradio UI at /."""
+    """Search service: HTTP API (POST /search, /items/{id}, /stats, /health, /metrics) and the Gradio UI at /."""
     from retrieval.serve.security import ConfigError, check_exposure, read_api_token, read_auth_file, readable_by_others
     from retrieval.serve.server import ServerConfig, serve
 
@@ -205,6 +222,8 @@ def serve_command(
         upload_dir=Path(upload_dir) if upload_dir else None,
         upload_max_age_s=upload_max_age,
         upload_cache_bytes=int(upload_cache_mb * 2**20),
+        log_level=log_level,
+        log_format=log_format,
     )
     try:
         serve(config)

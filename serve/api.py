@@ -1,4 +1,4 @@
-"""The HTTP API (FastAPI): POST /search, GET /items/{id}, /items/{id}/image, /stats, /health.
+"""The HTTP API (FastAPI): POST /search, GET /items/{id}, /items/{id}/image, /stats, /health, /metrics.
 
 Request bodies are read through a byte cap, so an oversized upload is refused (413) without being
 stored; searches run in worker threads behind a capacity limiter (at most ``concurrency`` at once,
@@ -23,14 +23,20 @@ from pydantic import BaseModel, Field
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
+from retrieval.index.filters import MAX_FILTER_CHARS
 from retrieval.index.search import MAX_K, check_k
 from retrieval.serve.defaults import API_DOCS_PATH
 from retrieval.serve.images import QueryError, decode_base64
+from retrieval.serve.observability import install_observability
 from retrieval.serve.service import IMAGE_MEDIA_TYPES, SearchService
 
 FORM_SLACK = 64 * 1024  # multipart boundaries and headers, JSON punctuation
 DEFAULT_K = 10
-JSON_KEYS = ("image", "embedding", "k")  # the keys a JSON search body may have
+JSON_KEYS = ("image", "embedding", "k", "where")  # the keys a JSON search body may have
+WHERE_HELP = ('a filter on the catalogue\'s columns (id, path, label and a manifest\'s own columns such as split), '
+              'e.g. label = "cat" and price < 20: = != < <= > >=, in (...), not in (...), and, or, not, '
+              'parentheses, quoted strings and numbers; only matching images are searched, and none matching gives '
+              'no results')
 FLOAT64_MAX = 1.7976931348623157e308
 ItemId = Annotated[str, PathParameter(description="catalogue id of an indexed image (search results give it)",
                                       examples=["1"])]
@@ -166,6 +172,8 @@ def search_request_body(dim: int) -> dict[str, Any]:
                             "contains": {"not": {"const": 0}},
                         },
                         "k": {"type": "integer", "minimum": 1, "maximum": MAX_K, "description": "number of results"},
+                        "where": {"type": "string", "minLength": 1, "maxLength": MAX_FILTER_CHARS,
+                                  "description": WHERE_HELP},
                     },
                     "additionalProperties": False,
                     "oneOf": [{"required": ["image"]}, {"required": ["embedding"]}],
@@ -215,8 +223,8 @@ def _names(keys: list[str], limit: int = 5) -> str:
     return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
 
 
-def json_query(payload: dict[str, Any], service: SearchService) -> tuple[Any, int | None]:
-    """The query (image bytes or embedding list) and the body's ``k`` (None if absent) of a JSON body."""
+def json_query(payload: dict[str, Any], service: SearchService) -> tuple[Any, int | None, str | None]:
+    """The query (image bytes or embedding list), the body's ``k`` and ``where`` (None if absent) of a JSON body."""
     unknown = sorted(key for key in payload if key not in JSON_KEYS)
     if unknown:
         raise QueryError(
@@ -232,12 +240,15 @@ def json_query(payload: dict[str, Any], service: SearchService) -> tuple[Any, in
             k = check_k(k, name='"k"')
         except ValueError as exc:
             raise QueryError(str(exc), 422) from exc
+    where = payload.get("where")
+    if where is not None and not isinstance(where, str):
+        raise QueryError('"where" must be a string expression, e.g. "label = \'cat\'"', 422)
     if "embedding" in payload:
-        return payload["embedding"], k  # checked by the service (422 for anything but d finite numbers)
+        return payload["embedding"], k, where  # checked by the service (422 for anything but d finite numbers)
     if "image" in payload:
         if not isinstance(payload["image"], str):
             raise QueryError("'image' must be a string: the image file in base64 (or a data: URL)", 422)
-        return decode_base64(payload["image"], service.max_upload_bytes), k
+        return decode_base64(payload["image"], service.max_upload_bytes), k, where
     raise QueryError('the JSON body needs "image" (base64 image file) or "embedding" (list of numbers)', 422)
 
 
@@ -280,7 +291,7 @@ def validation_message(exc: RequestValidationError) -> str:
 
 
 # --- the app ----------------------------------------------------------------------------------------------
-def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64) -> FastAPI:
+def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64, observe: bool = True) -> FastAPI:
     app = FastAPIOffline(
         title="retrieval search",
         summary="Image retrieval over a faiss index",
@@ -326,13 +337,19 @@ def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64
             description="leave out the gallery item whose file has exactly the query's bytes (query_item), "
             "as the app does for a query picked from the gallery; image queries only",
         ),
+        where: str | None = Query(None, description=f"{WHERE_HELP} (also accepted as JSON \"where\")",
+                                  json_schema_extra={"minLength": 1, "maxLength": MAX_FILTER_CHARS}),
     ) -> Any:
         """Top-k gallery images for an uploaded image, a base64 image, or an embedding."""
         content_type = request.headers.get("content-type", "").lower()
         if content_type.startswith("multipart/form-data"):
             query: Any = await read_upload(request, body_limit)
         elif content_type.startswith("application/json"):
-            query, body_k = json_query(await read_json(request, body_limit), service)
+            query, body_k, body_where = json_query(await read_json(request, body_limit), service)
+            if body_where is not None:
+                if where is not None and body_where != where:
+                    raise QueryError('"where" differs between the JSON body and the query; send one', 422)
+                where = body_where
             if body_k is not None:
                 if "k" in request.query_params and body_k != k:
                     raise QueryError(f'"k" is {body_k} in the JSON body but {k} in the query; send one', 422)
@@ -343,7 +360,7 @@ def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64
                 '"image" (base64) or "embedding"',
                 415,
             )
-        response = await in_worker(service.search, query, k, (), exclude_self)
+        response = await in_worker(service.search, query, k, (), exclude_self, where)
         return response if isinstance(response, JSONResponse) else response.to_dict()
 
     def item_or_404(item_id: str) -> dict[str, Any]:
@@ -413,4 +430,6 @@ def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64
         return app.openapi_schema
 
     app.openapi = openapi
+    if observe:  # GET /metrics, request metrics and the access log (serve/observability.py)
+        install_observability(app, service, error_responses(401, 403))
     return app

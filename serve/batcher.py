@@ -54,6 +54,10 @@ class MicroBatcher:
         self._closed = False
         self._cond = threading.Condition()
         self.calls = self.requests = self.largest_batch = 0
+        # model calls per batch size (rows), the last slot for batches over max_batch; rows embedded in all:
+        # /metrics reads them as a histogram (fixed size, so a reader never sees it resized)
+        self.batch_sizes = [0] * (max_batch + 2)
+        self.rows = 0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -135,6 +139,8 @@ class MicroBatcher:
             self.calls += 1
             self.requests += len(taken)
             self.largest_batch = max(self.largest_batch, rows)
+            self.batch_sizes[min(rows, self.max_batch + 1)] += 1
+            self.rows += rows
             offset = 0
             for request in taken:
                 n = len(request.batch)
@@ -142,6 +148,11 @@ class MicroBatcher:
                     BatchResult(out[offset : offset + n], rows, (started - request.submitted) * 1000, run_ms)
                 )
                 offset += n
+
+    @property
+    def queued(self) -> int:
+        """Requests submitted and waiting for a model call (a racy read: for monitoring)."""
+        return len(self._queue)
 
     def stats(self) -> dict[str, float]:
         return {

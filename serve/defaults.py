@@ -18,6 +18,8 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7860
 DEFAULT_MAX_UPLOAD_BYTES = 10 * 2**20  # 10 MiB per uploaded image
 API_DOCS_PATH = "/docs"  # the JSON API's Swagger UI (ReDoc at /redoc); the app links here, not to Gradio's API page
+LOG_LEVELS = ("debug", "info", "warning", "error")  # `retrieval serve --log-level`; info: the access log too
+LOG_FORMATS = ("text", "json")  # `--log-format`
 
 
 def missing_artifacts_message(index_dir: Path) -> str:

@@ -28,6 +28,7 @@ from retrieval.serve.defaults import (
     PUBLIC_PATHS,
     UPLOAD_PRUNE_INTERVAL_S,
 )
+from retrieval.serve.observability import configure_logging, outermost
 from retrieval.serve.reports import load_report
 from retrieval.serve.security import (
     AllowedHosts,
@@ -79,6 +80,9 @@ class ServerConfig:
     upload_max_age_s: float = DEFAULT_UPLOAD_MAX_AGE_S
     upload_cache_bytes: int = DEFAULT_UPLOAD_CACHE_BYTES
     upload_prune_interval_s: float = UPLOAD_PRUNE_INTERVAL_S
+    observe: bool = True  # GET /metrics and the access log (serve/observability.py)
+    log_level: str = "info"  # the server's log lines on stderr (`serve`): debug, info (the access log), warning, error
+    log_format: str = "text"  # or json: one object per line
 
     def access_summary(self) -> str:
         """How the server is protected, for the start-up message."""
@@ -120,7 +124,7 @@ def build_app(config: ServerConfig, service: SearchService | None = None) -> tup
         max_pixels=config.max_pixels,
         reload_interval_s=config.reload_interval_s,
     )
-    app = create_api(service, concurrency=config.concurrency, max_queue=config.max_queue)
+    app = create_api(service, concurrency=config.concurrency, max_queue=config.max_queue, observe=config.observe)
     # The token covers every route of the API app (the JSON API, its OpenAPI document, /docs and its assets) but
     # PUBLIC_PATHS; the Gradio app mounted below has its own login.
     api_routes = [route for route in app.routes if getattr(route, "path", None) not in PUBLIC_PATHS]
@@ -160,6 +164,7 @@ def build_app(config: ServerConfig, service: SearchService | None = None) -> tup
                        allow_headers=["Authorization", "Content-Type"])
     app.add_middleware(SameOriginOnly, allowed=config.cors_origins, events_prefix=GRADIO_API_PREFIX)
     app.add_middleware(AllowedHosts, bind_host=config.host, allowed_names=config.allowed_hosts)
+    outermost(app)  # the request log and metrics in front of all: what the layers above refuse is counted too
     return app, service
 
 
@@ -206,13 +211,21 @@ def serve(config: ServerConfig) -> None:
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again: as SystemExit, so that the
     # `finally` below and the atexit hooks (the private upload folder is removed) still run.
     signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
+    restore_logging = configure_logging(config.log_level, config.log_format)
     try:
         # Request bodies are read before the search queue: cap the connections in flight so that the memory
         # held by uploads is bounded too (beyond it uvicorn answers 503).
-        uvicorn.run(app, host=config.host, port=config.port, log_level="warning",
-                    limit_concurrency=connection_limit(config))
+        # uvicorn logs through our handler (log_config=None) and without its access log: ours has the request id
+        uvicorn.run(app, host=config.host, port=config.port, log_level=uvicorn_level(config.log_level),
+                    log_config=None, access_log=False, limit_concurrency=connection_limit(config))
     finally:
         service.close()
+        restore_logging()
+
+
+def uvicorn_level(level: str) -> str:
+    """uvicorn's own level: its start-up lines at info repeat our start message, so info shows its warnings."""
+    return "warning" if level == "info" else level
 
 
 def connection_limit(config: ServerConfig) -> int:

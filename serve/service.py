@@ -31,6 +31,7 @@ from retrieval.data.decode import IMAGE_MEDIA_TYPES  # what an image file is ser
 from retrieval.index import IMAGE_EXTENSIONS, Index, SearchResult, index_stats
 from retrieval.index.catalogue import CatalogueReader
 from retrieval.index.embedder import Embedder, prepare_vectors
+from retrieval.index.filters import Filter, FilterError, parse_filter
 from retrieval.index.live import RELOAD_INTERVAL_S, LiveIndex, Snapshot
 from retrieval.index.search import check_k
 from retrieval.index.sources import printable_path
@@ -86,13 +87,6 @@ class SearchResponse:
         }
 
 
-def common_folder(first: str, last: str) -> str:
-    """The deepest folder holding every path that sorts between ``first`` and ``last`` (absolute paths)."""
-    prefix = os.path.commonprefix([first, last])  # every path in between starts with it too
-    folder = prefix[: prefix.rfind("/") + 1]
-    return folder.rstrip("/") or "/"
-
-
 class _Model:
     """An embedder and its micro-batcher, shared by the states of the index that record the same model."""
 
@@ -123,7 +117,7 @@ class ServedIndex:
 
     def __init__(self, snapshot: Snapshot, model: _Model) -> None:
         self.index, self.identity = snapshot, snapshot.identity
-        self.gallery_root = _gallery_root(snapshot)
+        self.gallery_root = snapshot.gallery_root
         self.model = model.use()
         self._lock = threading.Lock()
         self._stats: dict[str, Any] | None = None
@@ -138,10 +132,7 @@ class ServedIndex:
 
     def public_path(self, path: str) -> str:
         """A catalogued path as clients see it: relative to the gallery root, never the server's absolute path."""
-        pure = PurePath(path)
-        if pure.is_relative_to(self.gallery_root):
-            return pure.relative_to(self.gallery_root).as_posix()
-        return pure.name  # catalogued outside the recorded root (e.g. added later from elsewhere)
+        return self.index.public_path(path)
 
     def query_item(self, data: bytes) -> QueryItem | None:
         """The item of this state whose file has exactly these bytes (catalogue sha256), if any."""
@@ -165,15 +156,6 @@ class ServedIndex:
         self.model.release()
 
 
-def _gallery_root(index: Index) -> PurePath:
-    """The folder that response paths are relative to: index.json's ``gallery_root``, else the catalogue's
-    common parent folder (computed once per state)."""
-    recorded = index.info.get("gallery_root")
-    if recorded:
-        return PurePath(recorded)
-    first, last = index.catalogue.path_range()
-    return PurePath(common_folder(first, last) if first and last else "/")
-
 
 class SearchService:
     """Open ``index_dir``; ``search(image | embedding, k)`` from many threads, over the index's current state.
@@ -196,6 +178,7 @@ class SearchService:
         self.index_dir = Path(index_dir)
         self.max_upload_bytes, self.max_pixels = int(max_upload_bytes), int(max_pixels)
         self._embedder, self._batching = embedder, (max_batch, max_wait_ms)
+        self.generation = 0  # states opened, each swapped in at once (1: the first); /metrics counts reloads by it
         self.live: LiveIndex[ServedIndex] = LiveIndex(self.index_dir, self._open_state, reload_interval_s)
 
     def _open_state(self, previous: ServedIndex | None) -> ServedIndex:
@@ -211,7 +194,9 @@ class SearchService:
                 snapshot.embedder = model.embedder
             else:  # loads the ONNX model recorded in index.json now, not per request
                 model = _Model(snapshot.embedder, *self._batching)
-            return ServedIndex(snapshot, model)
+            state = ServedIndex(snapshot, model)
+            self.generation += 1  # opens are serialised (LiveIndex's reload lock, or the constructor)
+            return state
         except BaseException:
             snapshot.close()
             if model is not None and model.users == 0:
@@ -301,19 +286,22 @@ class SearchService:
         k: int = 10,
         exclude_ids: tuple[int, ...] = (),
         exclude_self: bool = False,
+        where: str | None = None,
     ) -> SearchResponse:
         """Top-k of a PIL image, the bytes of an image file, or an embedding [d]; ``exclude_ids`` dropped.
 
         For image bytes, ``query_item`` is the gallery item with identical bytes (if any); ``exclude_self``
-        leaves it out of the results (a query picked from the gallery is not its own answer). The whole
-        search uses one state of the index, even if a newer one is swapped in meanwhile.
+        leaves it out of the results (a query picked from the gallery is not its own answer). ``where``: only
+        the catalogue rows matching it (``retrieval.index.filters``; a malformed one is a 422 naming the
+        problem). The whole search uses one state of the index, even if a newer one is swapped in meanwhile.
         """
         try:
             k = check_k(k)
+            where_filter = parse_filter(where) if where is not None else None
         except ValueError as exc:
             raise QueryError(str(exc), 422) from exc
         with self.live.acquire() as state:
-            return self._search(state, query, k, exclude_ids, exclude_self)
+            return self._search(state, query, k, exclude_ids, exclude_self, where_filter)
 
     def _search(
         self,
@@ -322,6 +310,7 @@ class SearchService:
         k: int,
         exclude_ids: tuple[int, ...],
         exclude_self: bool,
+        where: Filter | None = None,
     ) -> SearchResponse:
         started = time.perf_counter()
         timing: dict[str, float] = {}
@@ -341,10 +330,11 @@ class SearchService:
         else:
             embedding = check_embedding(query, state.index.dim)
         search_started = time.perf_counter()
-        results = [
-            dataclasses.replace(r, path=state.public_path(r.path))
-            for r in state.index.search(embedding, k, exclude_ids)[0]
-        ]
+        try:
+            found = state.index.search(embedding, k, exclude_ids, where=where)[0]
+        except FilterError as exc:  # e.g. a column this index does not have
+            raise QueryError(str(exc), 422) from exc
+        results = [dataclasses.replace(r, path=state.public_path(r.path)) for r in found]
         timing["search_ms"] = (time.perf_counter() - search_started) * 1000
         timing["total_ms"] = (time.perf_counter() - started) * 1000
         timing = {key: round(v, 3) for key, v in timing.items()}

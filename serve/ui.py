@@ -18,6 +18,7 @@ from PIL import Image
 from retrieval.analysis.results import RESULTS_COMMAND, table_markdown
 from retrieval.data import open_image
 from retrieval.data.emoji import emoji_name, is_code_point_sequence
+from retrieval.index.filters import MAX_FILTER_CHARS, MAX_IN_VALUES
 from retrieval.serve.defaults import API_DOCS_PATH
 from retrieval.serve.diagnostics import duplicates
 from retrieval.serve.images import QueryError, decode_base64
@@ -223,19 +224,39 @@ class SearchTab:
             raise QueryError(f"K must be a whole number from 1 to {top}, got {str(k)[:20]!r}")
         return int(k)
 
-    def search(self, upload: Any, k: float) -> tuple[list[tuple[Image.Image, str]], str]:
+    @staticmethod
+    def where(labels: Any, where: Any) -> str | None:
+        """The filter of the picker (labels) and the where box, as one ``where`` expression (None: no filter)."""
+        parts = []
+        if labels:
+            if not isinstance(labels, list) or not all(isinstance(v, str) for v in labels):
+                raise QueryError("the label filter must be a list of labels", 422)
+            if len(labels) > MAX_IN_VALUES:
+                raise QueryError(f"pick at most {MAX_IN_VALUES} labels", 422)
+            quoted = ", ".join('"' + label.replace('"', '""') + '"' for label in labels)
+            parts.append(f"label in ({quoted})")
+        if where is not None and not isinstance(where, str):
+            raise QueryError("the filter must be text, e.g. split = \"test\"", 422)
+        if where and where.strip():
+            parts.append(f"({where})" if parts else where)
+        return " and ".join(parts) or None
+
+    def search(self, upload: Any, k: float, labels: Any = None, where: Any = None
+               ) -> tuple[list[tuple[Image.Image, str]], str]:
         """Search with the uploaded file's bytes exactly as the API does: the same decoder and messages, and a
-        query that is a gallery item (identical bytes) is left out of its own results (``exclude_self``)."""
+        query that is a gallery item (identical bytes) is left out of its own results (``exclude_self``);
+        ``labels`` (the picker) and ``where`` (the filter box) restrict the results as the API's where does."""
         try:
             k = self.check_k(k)
             data = self.read_upload(upload)
-            response = self.service.search(data, k, exclude_self=True)
+            condition = self.where(labels, where)
+            response = self.service.search(data, k, exclude_self=True, where=condition)
         except QueryError as exc:
             # the API's 4xx detail, as text (Gradio renders messages as HTML), without a traceback in the log
             message = html.escape(str(exc))
             # duration None: the message stays until the reader closes it (a toast that fades is missed)
-            raise gr.Error(message, title="Cannot search with this image", duration=None,
-                           print_exception=False) from None
+            title = "Cannot use this filter" if str(exc).startswith("where") else "Cannot search with this image"
+            raise gr.Error(message, title=title, duration=None, print_exception=False) from None
         known = response.query_item
         items = []
         for result in response.results:
@@ -244,8 +265,9 @@ class SearchTab:
                 caption = ("✓ " if result.label == known.label else "✗ ") + caption
             items.append((thumbnail(self.service.image_path(result.id)), caption))
         t = response.timing
+        filtered = f" matching `{condition}`" if condition else ""
         lines = [
-            f"**{len(items)} results** · embed {t.get('embed_ms', 0):.1f} ms "
+            f"**{len(items)} results**{filtered} · embed {t.get('embed_ms', 0):.1f} ms "
             f"(batch of {int(t.get('batch_size', 1))}) · search {t['search_ms']:.1f} ms · "
             f"total {t['total_ms']:.1f} ms"
         ]
@@ -284,6 +306,18 @@ class SearchTab:
                     label="K (number of results)",
                     elem_id="top-k",
                 )
+                with gr.Accordion("Filter the gallery", open=False, elem_id="filter"):
+                    labels = sorted({label for _, label in self.service.catalogue.labelled()})
+                    label_pick = gr.Dropdown(
+                        choices=[(self.facts.label_text(label), label) for label in labels[:MAX_IN_VALUES]],
+                        multiselect=True, value=[], label="Only these labels", elem_id="label-filter",
+                        visible=bool(labels),
+                    )
+                    where_box = gr.Textbox(
+                        label=f"Only images where (columns: {', '.join(self.service.index.filter_table.names())})",
+                        placeholder='e.g. path < "m" and id > 100', max_length=MAX_FILTER_CHARS,
+                        elem_id="where-filter",
+                    )
                 button = gr.Button("Search", variant="primary", elem_id="search-button")
                 timing = gr.Markdown(elem_id="search-timing")
             with gr.Column(scale=3, min_width=280):
@@ -306,12 +340,13 @@ class SearchTab:
             )
             examples.load_input_event.then(
                 self.close_preview, None, gallery, queue=False, show_progress="hidden", api_visibility="private"
-            ).then(self.search, [query, top_k], [gallery, timing], preprocess=False, api_name="example_search",
-                   api_visibility="private")
+            ).then(self.search, [query, top_k, label_pick, where_box], [gallery, timing], preprocess=False,
+                   api_name="example_search", api_visibility="private")
         # the enlarged view closes first: Gallery keeps it open on the same index when only its value changes
         button.click(
             self.close_preview, None, gallery, queue=False, show_progress="hidden", api_visibility="private"
-        ).then(self.search, [query, top_k], [gallery, timing], api_name="search", preprocess=False)
+        ).then(self.search, [query, top_k, label_pick, where_box], [gallery, timing], api_name="search",
+               preprocess=False)
         # what the gallery is and how to read the results: after the search itself, so the upload box comes first
         gr.Markdown(self.facts.intro_markdown(self.service), elem_id="intro")
 

@@ -191,3 +191,29 @@ def test_the_index_tab_names_this_index(page):
     text = text_once_shown(page, "#index-stats", "vectors")
     assert "24" in text
     no_emoji_text(page)
+
+
+def test_the_filter_picker_and_box_restrict_the_results(folder_server, page):
+    """Issue 29, point 1: the app's label picker and where box search only the matching images; a malformed
+    filter stays on screen with the problem named."""
+    _, _, files = folder_server
+    page.get_by_role("tab", name="Search").click()
+    page.locator("#filter").get_by_text("Filter the gallery").click()
+    picker = page.locator("#label-filter input")
+    picker.click()
+    page.get_by_role("option", name="circle", exact=True).click()
+    page.keyboard.press("Escape")
+    star = next(f for f in files if f.name.startswith("star"))
+    upload_and_search(page, star, 4)
+    captions = page.locator("#results-gallery .caption-label").all_inner_texts()
+    assert captions and all(caption.split(" · ")[1] == "circle" and caption[0] == "✗" for caption in captions)
+    assert 'label in ("circle")' in page.locator("#search-timing").inner_text()
+    page.locator("#where-filter textarea").fill('path >= "circle/variants/pale"')
+    page.locator("#search-button").click()
+    page.wait_for_function("document.querySelector('#search-timing')?.innerText.includes('circle/variants/pale')")
+    page.wait_for_function("document.querySelectorAll('#results-gallery img').length === 2")  # pale/old: 2 circles
+    page.locator("#where-filter textarea").fill("label ==")
+    page.locator("#search-button").click()
+    toast = text_once_shown(page, ".toast-body", "expected a quoted string or a number")
+    assert "position" in toast and "Traceback" not in page.locator("body").inner_text()
+    page.locator(".toast-close").first.click()

@@ -336,7 +336,7 @@ def test_gradio_client_search_returns_k_results(artifacts, live_server):
     from gradio_client import Client, handle_file
 
     client = Client(live_server.url + "/", verbose=False)
-    gallery, timing = client.predict(handle_file(str(artifacts.query_paths[2])), 6, api_name="/search")
+    gallery, timing = client.predict(handle_file(str(artifacts.query_paths[2])), 6, [], "", api_name="/search")
     assert len(gallery) == 6
     assert all(item["image"] and item["caption"] for item in gallery)
     # a gallery example is recognised by its pixels: it is left out of its own results, which are marked

@@ -270,3 +270,21 @@ def test_a_users_own_index_gets_no_results_tab_and_no_empty_report_parts(service
     headings = [block.value or "" for block in demo.blocks.values() if isinstance(block, gr.Markdown)]
     assert any(text.startswith("## Run report") for text in headings)
     assert any(text.startswith(f"## The index being served ({service.index_dir.name})") for text in headings)
+
+
+def test_the_filter_picker_and_box_make_one_where_that_quotes_labels():
+    """The app's label picker and where box become one expression of the filter language; a label holding a
+    quote is quoted, not able to end the string; anything but a list of labels is refused."""
+    from retrieval.index.filters import parse_filter
+    from retrieval.serve.images import QueryError
+
+    assert SearchTab.where([], "") is None and SearchTab.where(None, "  ") is None
+    assert SearchTab.where(["cat"], "") == 'label in ("cat")'
+    combined = SearchTab.where(['a"b', "c"], 'split = "test" or id < 3')
+    assert combined == 'label in ("a""b", "c") and (split = "test" or id < 3)'
+    assert parse_filter(combined).columns() == ["label", "split", "id"]
+    for bad in ("cat", [3], [["x"]]):
+        with pytest.raises(QueryError, match="list of labels"):
+            SearchTab.where(bad, "")
+    with pytest.raises(QueryError, match="at most 1000 labels"):
+        SearchTab.where(["x"] * 1001, "")

@@ -15,6 +15,7 @@ The schema and the row columns are defined here once. Two classes share every re
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 import weakref
@@ -55,6 +56,8 @@ CREATE TABLE IF NOT EXISTS images (
 CREATE INDEX IF NOT EXISTS images_status ON images(status);
 CREATE INDEX IF NOT EXISTS images_sha256 ON images(sha256);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+-- a manifest row's other columns (JSON object), for a search's `where`; absent for folder galleries
+CREATE TABLE IF NOT EXISTS metadata (id INTEGER PRIMARY KEY, data TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS listing_errors (
     source TEXT NOT NULL,
     path TEXT NOT NULL,
@@ -164,6 +167,21 @@ class CatalogueQueries:
         sql = "SELECT MIN(path), MAX(path) FROM images WHERE status=?"
         first, last = self.db.execute(sql, (Status.DONE,)).fetchone()
         return first, last
+
+    def filter_rows(self) -> tuple[list[int], list[str], list[str | None], dict[int, str]]:
+        """The indexed rows' ids, paths and labels in id order, and id -> metadata JSON (a manifest's columns)."""
+        ids, paths, labels = [], [], []
+        for i, path, label in self.db.execute(
+                "SELECT id, path, label FROM images WHERE status=? ORDER BY id", (Status.DONE,)):
+            ids.append(int(i))
+            paths.append(path)
+            labels.append(label)
+        try:
+            sql = "SELECT m.id, m.data FROM metadata m JOIN images i ON i.id = m.id WHERE i.status=?"
+            extra = {int(i): data for i, data in self.db.execute(sql, (Status.DONE,))}
+        except sqlite3.OperationalError:  # a catalogue written before metadata was kept
+            extra = {}
+        return ids, paths, labels, extra
 
     def labelled(self) -> list[tuple[int, str]]:
         """(id, label) of every indexed image that has a label, by id."""
@@ -288,6 +306,14 @@ class Catalogue(CatalogueQueries):
                     (Status.PENDING, i.path, Status.REMOVED),
                 )
                 for i in items
+            ]
+            + [
+                (
+                    "INSERT OR IGNORE INTO metadata(id, data) SELECT id, ? FROM images WHERE path = ?",
+                    (json.dumps(i.extra, ensure_ascii=False), i.path),
+                )
+                for i in items
+                if i.extra
             ]
             + ([("DELETE FROM listing_errors WHERE source = ?", (source,))] if source is not None else [])
             + [

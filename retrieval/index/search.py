@@ -3,10 +3,13 @@ service and the app all search through it; a server holds ``live.Snapshot``s of 
 
 from __future__ import annotations
 
+import functools
 import numbers
+import os
+import threading
 from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 import faiss
@@ -15,6 +18,7 @@ import numpy as np
 from retrieval.index import faiss_ops
 from retrieval.index.catalogue import CatalogueReader, Status
 from retrieval.index.embedder import Embedder, check_model_match, load_model, prepare_vectors
+from retrieval.index.filters import Filter, FilterTable, parse_filter
 from retrieval.index.layout import IndexLayout
 
 MAX_K = 1000  # the most results one query may ask for (the API, the app and the CLI share it)
@@ -25,6 +29,26 @@ def check_k(k: object, name: str = "k") -> int:
     if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= MAX_K:
         raise ValueError(f"{name} must be an integer between 1 and {MAX_K}, got {repr(k)[:40]}")
     return int(k)
+
+
+def gallery_root(info: dict[str, Any], catalogue: CatalogueReader) -> PurePath:
+    """The folder that paths shown to people and programs are relative to: index.json's ``gallery_root``, else
+    the deepest folder holding every catalogued path."""
+    recorded = info.get("gallery_root")
+    if recorded:
+        return PurePath(recorded)
+    first, last = catalogue.path_range()
+    if not first or not last:
+        return PurePath("/")
+    prefix = os.path.commonprefix([first, last])  # every path sorting in between starts with it too
+    return PurePath(prefix[: prefix.rfind("/") + 1].rstrip("/") or "/")
+
+
+def public_path(path: str, root: PurePath) -> str:
+    """A catalogued path as the API, the app and exports show it: relative to the gallery root, never a server's
+    absolute path; the file name alone for one catalogued outside the root (added later from elsewhere)."""
+    pure = PurePath(path)
+    return pure.relative_to(root).as_posix() if pure.is_relative_to(root) else pure.name
 
 
 @dataclass(frozen=True)
@@ -56,6 +80,8 @@ class Index:
     ) -> None:
         self.layout, self.faiss_index, self.catalogue, self.info = layout, index, catalogue, info
         self._embedder = None
+        self._filter_table: FilterTable | None = None
+        self._filter_lock = threading.Lock()
         self._gpu = faiss_ops.GpuSearcher(index) if gpu else None
         if embedder is not None:
             self.embedder = embedder
@@ -127,6 +153,28 @@ class Index:
         """The indexed row whose file has this sha256 (exact duplicates are catalogued as ``duplicate``)."""
         return self.catalogue.row_by_sha256(sha256)
 
+    @functools.cached_property
+    def gallery_root(self) -> PurePath:
+        return gallery_root(self.info, self.catalogue)
+
+    def public_path(self, path: str) -> str:
+        """``path`` relative to this index's gallery root (``public_path``)."""
+        return public_path(path, self.gallery_root)
+
+    # --- filters
+    @property
+    def filter_table(self) -> FilterTable:
+        """The indexed rows' filterable columns, read from the catalogue on first use."""
+        with self._filter_lock:
+            if self._filter_table is None:
+                ids, paths, labels, extra = self.catalogue.filter_rows()
+                self._filter_table = FilterTable(ids, [self.public_path(p) for p in paths], labels, extra)
+            return self._filter_table
+
+    def matching_ids(self, where: str | Filter) -> np.ndarray:
+        """The sorted ids of the indexed rows that match a ``where`` expression (FilterError if it is bad)."""
+        return self.filter_table.matching(parse_filter(where) if isinstance(where, str) else where)
+
     # --- search
     def search_arrays(self, embeddings: np.ndarray, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
         """Vectorised search: cosine scores float32 [n, k] and catalogue ids int64 [n, k] (-1 where fewer than k)."""
@@ -140,21 +188,46 @@ class Index:
         scores, ids = searcher.search(queries, k)
         return np.clip(scores, -1.0, 1.0, out=scores), ids
 
+    def search_selected(self, embeddings: np.ndarray, k: int, selected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """faiss' top-k among the ``selected`` ids (sorted int64) alone: through an ``IDSelector`` (exact for Flat,
+        IVF and HNSW probing widened by the selection's share, ``faiss_ops.filtered_search_params``), else by
+        over-fetching the unfiltered search and keeping the selected ids."""
+        queries = prepare_vectors(embeddings, self.dim)
+        if not len(selected):
+            return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
+        fraction = len(selected) / max(len(self), 1)
+        selected = np.ascontiguousarray(selected, dtype=np.int64)
+        selector = faiss.IDSelectorBatch(len(selected), faiss.swig_ptr(selected))
+        params = faiss_ops.filtered_search_params(self.faiss_index, selector, fraction)
+        if params is not None:
+            scores, ids = self.faiss_index.search(queries, min(k, len(selected)), params=params)
+        else:
+            scores, ids = faiss_ops.post_filtered_search(self.faiss_index, queries, k, selected)
+        del params, selector  # faiss read the selector through a pointer until here
+        return np.clip(scores, -1.0, 1.0, out=scores), ids
+
     def search(
-        self, embeddings: np.ndarray, k: int = 10, exclude_ids: Collection[int] = ()
+        self, embeddings: np.ndarray, k: int = 10, exclude_ids: Collection[int] = (),
+        where: str | Filter | None = None,
     ) -> list[list[SearchResult]]:
         """Per query, the top-k indexed images best first, with catalogue id, path, label and cosine score.
 
         ``exclude_ids`` are left out of every query's results, which still hold k where the index has enough:
         faiss is asked for k + len(exclude_ids). An image removed by a writer since this index was opened (the
         catalogue no longer marks it indexed, the faiss index in memory still holds it) is left out too (a
-        ``live.Snapshot`` keeps it instead: it answers as the index was when opened).
+        ``live.Snapshot`` keeps it instead: it answers as the index was when opened). ``where`` keeps only the
+        rows that match it (``retrieval.index.filters``): fewer than k results when fewer match.
         """
         k = check_k(k)
         exclude = {int(i) for i in exclude_ids}
         if len(exclude) > MAX_K:
             raise ValueError(f"exclude_ids holds {len(exclude)} ids; at most {MAX_K} can be left out")
-        scores, ids = self._search(embeddings, k + len(exclude))
+        if where is not None:
+            selected = self.matching_ids(where)
+            selected = np.setdiff1d(selected, np.fromiter(exclude, np.int64, len(exclude)), assume_unique=True)
+            scores, ids = self.search_selected(embeddings, k, selected)
+        else:
+            scores, ids = self._search(embeddings, k + len(exclude))
         rows = self.indexed_rows(ids[ids >= 0].tolist())
         results = []
         for query_scores, query_ids in zip(scores.tolist(), ids.tolist(), strict=True):

@@ -26,6 +26,8 @@ NOT_UTF8 = "file name is not valid UTF-8; rename it"
 class GalleryItem:
     path: str  # absolute, so that the catalogue does not depend on the working directory
     label: str | None
+    # a manifest's other columns (split included): what a search's `where` filters on; strings or numbers
+    extra: dict[str, str | float | int] | None = None
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,7 @@ def apply_label_rule(gallery: Gallery, rule: str) -> Gallery:
                              f"{'one image' if gallery.kind == 'image' else 'a folder'}: use parent, top or none")
         return gallery
     root = Path(gallery.root)
-    gallery.items = [GalleryItem(item.path, _path_label(Path(item.path), root, rule, gallery.kind))
+    gallery.items = [GalleryItem(item.path, _path_label(Path(item.path), root, rule, gallery.kind), item.extra)
                      for item in gallery.items]
     return gallery
 
@@ -259,32 +261,54 @@ def read_parquet_manifest(manifest: Path, split: str | None = None) -> Gallery:
         raise ValueError(f"manifest {manifest} needs a 'path' column (path[, label][, split])")
     if split is not None and "split" not in fields:
         raise ValueError(f"--split {split} given but manifest {manifest} has no 'split' column")
-    columns = [c for c in ("path", "label", "split") if c in fields]
     line = 0
-    for batch in handle.iter_batches(columns=columns):
+    for batch in handle.iter_batches():
         for row in batch.to_pylist():
             line += 1
             if split is not None and row.get("split") != split:
                 continue
-            row = {k: None if v is None else str(v) for k, v in row.items()}
+            row = {k: v if v is None or isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
+                   for k, v in row.items()}
             _take_row(gallery, base, row, line)
     if split is not None and not gallery.items and not gallery.errors:
         raise ValueError(f"manifest {manifest} has no rows with split == {split!r}")
     return gallery
 
 
-def _take_row(gallery: Gallery, base: Path, row: dict[str, str | None], line: int) -> None:
-    raw = row.get("path") or ""
+MAX_EXTRA_COLUMNS = 64  # a manifest's columns kept for filters, beyond path and label
+MAX_EXTRA_CHARS = 1024  # one value, as text
+
+
+def _extra(row: dict[str, object]) -> dict[str, str | float | int] | None:
+    """A manifest row's columns beside path and label that a `where` can name (identifier-like names, bounded)."""
+    extra: dict[str, str | float | int] = {}
+    for key, value in row.items():
+        if key in ("path", "label") or value is None or value == "" or not isinstance(key, str):
+            continue
+        if not key.isidentifier() or not key.isascii() or len(extra) >= MAX_EXTRA_COLUMNS:
+            continue
+        if isinstance(value, float) and value != value:  # NaN: missing
+            continue
+        extra[key] = value if isinstance(value, (int, float)) else str(value)[:MAX_EXTRA_CHARS]
+    return extra or None
+
+
+def _take_row(gallery: Gallery, base: Path, row: dict[str, object], line: int) -> None:
+    raw = str(row.get("path") or "")
     if not raw.strip():
         gallery.errors.append(ListingError(f"(manifest line {line})", "the row has no path"))
         return
     path = Path(raw).expanduser()
     path = str(path if path.is_absolute() else base / path)
     problem = path_problem(path)
-    label = row.get("label") or None
+    label = str(row["label"]) if row.get("label") not in (None, "") else None
     if problem is None and label is not None and not is_utf8(label):
         problem = f"label {printable_path(label)} is not valid UTF-8; fix it in the manifest"
     if problem is not None:
         gallery.errors.append(ListingError(printable_path(path), f"{problem} (manifest line {line})"))
         return
-    gallery.items.append(GalleryItem(path, label))
+    extra = _extra(row)
+    if extra is not None and not all(is_utf8(v) for v in extra.values() if isinstance(v, str)):
+        gallery.errors.append(ListingError(printable_path(path), f"a column is not valid UTF-8 (manifest line {line})"))
+        return
+    gallery.items.append(GalleryItem(path, label, extra))

@@ -1,0 +1,262 @@
+"""Filters (issue 29, point 1): the `where` language against a slow reference, manifest columns kept in the
+catalogue, exact top-k of the matching rows on a Flat index, at least the unfiltered recall on IVF, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+from test_index_support import FakeEmbedder
+
+from retrieval.index import Index, build_index, remove_images
+from retrieval.index.engine import IngestOptions
+from retrieval.index.filters import FilterError, FilterTable, parse_filter
+
+QUICK = IngestOptions(workers=0)
+COLOURS = ("red", "green", "blue", "it's")  # a quote inside a value
+
+
+# --- the language against a reference ---------------------------------------------------------------------------
+def random_expression(rng: random.Random, depth: int = 0):
+    """(text, evaluate(row) -> True/False/None) of a random expression over label (text), price and id (numbers)."""
+    kind = rng.choice(["cmp", "cmp", "in", "not", "and", "or"] if depth < 3 else ["cmp", "in"])
+    if kind == "cmp":
+        column = rng.choice(["label", "price", "id"])
+        op = rng.choice(["=", "!=", "<", "<=", ">", ">="])
+        value = rng.choice(["cat", "dog", "cow", "ant"]) if column == "label" else float(rng.randint(0, 12))
+        literal = f'"{value}"' if column == "label" else f"{value:g}"
+
+        def evaluate(row, column=column, op=op, value=value):
+            v = row.get(column)
+            if v is None:
+                return None
+            return {"=": v == value, "!=": v != value, "<": v < value, "<=": v <= value, ">": v > value,
+                    ">=": v >= value}[op]
+
+        return f"{column} {op} {literal}", evaluate
+    if kind == "in":
+        values = rng.sample(["cat", "dog", "cow", "bee"], rng.randint(1, 3))
+        negated = rng.random() < 0.5
+        text = f"label {'not in' if negated else 'in'} ({', '.join(repr(v) for v in values)})"
+
+        def evaluate(row, values=values, negated=negated):
+            v = row.get("label")
+            return None if v is None else (v not in values if negated else v in values)
+
+        return text, evaluate
+    if kind == "not":
+        text, inner = random_expression(rng, depth + 1)
+        return f"not ({text})", lambda row: None if inner(row) is None else not inner(row)
+    (lt, left), (rt, right) = random_expression(rng, depth + 1), random_expression(rng, depth + 1)
+
+    def both(row):
+        a, b = left(row), right(row)
+        if a is False or b is False:
+            return False
+        return None if a is None or b is None else True
+
+    def either(row):
+        a, b = left(row), right(row)
+        if a is True or b is True:
+            return True
+        return None if a is None or b is None else False
+
+    return f"({lt}) {kind.upper() if rng.random() < 0.3 else kind} ({rt})", both if kind == "and" else either
+
+
+def test_random_expressions_match_a_three_valued_reference():
+    rng = random.Random(0)
+    labels = [rng.choice(["cat", "dog", "cow", None]) for _ in range(60)]
+    prices = [rng.choice([None, *range(12)]) for _ in range(60)]
+    ids = list(range(1, 61))
+    extra = {i: json.dumps({"price": p}) for i, p in zip(ids, prices, strict=True) if p is not None}
+    table = FilterTable(ids, [f"{i}.png" for i in ids], labels, extra)
+    rows = [{"id": float(i), "label": lab, "price": None if p is None else float(p)}
+            for i, lab, p in zip(ids, labels, prices, strict=True)]
+    for _ in range(300):
+        text, evaluate = random_expression(rng)
+        expected = [row["id"] for row in rows if evaluate(row) is True]
+        assert table.matching(parse_filter(text)).tolist() == expected, text
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("", "empty"),
+    ('label = "cat" and', "expected a column name"),
+    ('label == "cat"', "expected a quoted string or a number at position 8"),
+    ('label = "cat"; DROP TABLE images', "unexpected character ';' at position 14"),
+    ('(label = "cat"', "expected ')'"),
+    ('label in ()', "expected a quoted string or a number"),
+    ('label not "cat"', "expected 'in' after 'not'"),
+    ("price = 1e999", "out of range"),
+    ("(" * 40 + 'label = "a"' + ")" * 40, "nested deeper than 32"),
+    ("label = 'x' or " * 300 + "label = 'y'", "characters; at most"),
+    ("price in (" + ",".join(["1"] * 1001) + ")", "more than 1000 values"),
+])
+def test_malformed_expressions_name_the_problem(text, message):
+    with pytest.raises(FilterError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_filter(text)
+
+
+def test_strings_and_numbers_are_not_mixed_and_unknown_columns_are_named():
+    table = FilterTable([1, 2], ["a.png", "b.png"], ["cat", None], {1: '{"price": 3}'})
+    with pytest.raises(FilterError, match="column 'label' holds text; compare it with a quoted string"):
+        table.matching(parse_filter("label = 3"))
+    with pytest.raises(FilterError, match="column 'price' holds numbers"):
+        table.matching(parse_filter("price = '3'"))
+    with pytest.raises(FilterError, match="no column 'colour' in this index; the columns are: id, path, label, price"):
+        table.matching(parse_filter("colour = 'red'"))
+    assert table.matching(parse_filter("path = 'a.png'")).tolist() == [1]
+
+
+# --- an index over a manifest with its own columns --------------------------------------------------------------
+@pytest.fixture(scope="module")
+def manifest_index(tmp_path_factory):
+    """48 images; a manifest with label, split, colour (text, with a quote) and price (numbers) columns."""
+    root = tmp_path_factory.mktemp("filters")
+    rng = np.random.default_rng(0)
+    lines = ["path,label,split,colour,price"]
+    for i in range(48):
+        Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(root / f"img_{i:02d}.png")
+        colour = COLOURS[i % 4].replace('"', '""')
+        price = "" if i % 7 == 0 else str(i % 12 + 0.5)
+        lines.append(f'img_{i:02d}.png,class{i % 6},{"test" if i % 3 else "train"},"{colour}",{price}')
+    (root / "manifest.csv").write_text("\n".join(lines) + "\n")
+    build_index(root / "manifest.csv", root / "flat", embedder=FakeEmbedder(), options=QUICK, index_key="Flat")
+    return root
+
+
+def exact_top(index: Index, query: np.ndarray, matching: np.ndarray, k: int) -> list[int]:
+    """The slow, obvious filtered top-k: every matching row's vector from faiss, scored, sorted."""
+    vectors = np.stack([index.faiss_index.reconstruct(int(i)) for i in matching])
+    order = np.argsort(-(vectors @ query), kind="stable")
+    return [int(matching[j]) for j in order[:k]]
+
+
+def test_manifest_columns_are_kept_and_typed(manifest_index):
+    with Index.open(manifest_index / "flat") as index:
+        table = index.filter_table
+        assert table.names() == ["id", "path", "label", "split", "colour", "price"]
+        assert not table.column("price").is_text and table.column("colour").is_text
+        assert len(index.matching_ids("colour = \"it's\"")) == 12  # the quoted quote came through
+        assert len(index.matching_ids('path = "img_03.png"')) == 1  # as results show it: relative to the gallery
+        assert len(index.matching_ids("price > 11")) == sum(1 for i in range(48) if i % 7 and i % 12 + 0.5 > 11)
+        assert len(index.matching_ids("price < 100")) == sum(1 for i in range(48) if i % 7)  # empty: missing
+
+
+@pytest.mark.parametrize("where", [
+    'split = "test"', 'colour in ("red", "blue") and price < 6', 'not (label = "class1") or price >= 10',
+    'label = "class3" and split = "train"',
+])
+def test_flat_filtered_search_is_the_exact_top_k_of_the_matching_rows(manifest_index, where):
+    embedder = FakeEmbedder()
+    queries = embedder.embed([manifest_index / f"img_{i:02d}.png" for i in (1, 8, 30)])
+    with Index.open(manifest_index / "flat", embedder=embedder) as index:
+        matching = index.matching_ids(where)
+        assert 0 < len(matching) < len(index)
+        for query in queries:
+            found = index.search(query[None], 5, where=where)[0]
+            assert [r.id for r in found] == exact_top(index, query, matching, 5)
+            assert all(r.id in set(matching.tolist()) for r in found)
+
+
+def test_a_filter_matching_nothing_gives_no_results_and_exclusions_still_apply(manifest_index):
+    embedder = FakeEmbedder()
+    query = embedder.embed([manifest_index / "img_04.png"])
+    with Index.open(manifest_index / "flat", embedder=embedder) as index:
+        assert index.search(query, 5, where='label = "no such class"') == [[]]
+        own = index.search(query, 1)[0][0].id
+        found = index.search(query, 3, exclude_ids=(own,), where=f"id = {own} or label = 'class4'")[0]
+        assert own not in [r.id for r in found] and len(found) == 3  # class4 has 8 images
+
+
+def test_removed_images_are_not_matched(manifest_index, tmp_path):
+    import shutil
+
+    shutil.copytree(manifest_index / "flat", tmp_path / "flat")
+    with Index.open(tmp_path / "flat") as index:
+        target = int(index.matching_ids("label = 'class0'")[0])
+    remove_images(tmp_path / "flat", ids=[target])
+    with Index.open(tmp_path / "flat") as index:
+        assert target not in index.matching_ids("label = 'class0'").tolist()
+
+
+@pytest.mark.parametrize("key", ["IVF128,Flat", "IVF128,SQ8,RFlat"])  # IVF; a refine wrapper around IVF-SQ8
+def test_ivf_filtered_recall_is_at_least_the_unfiltered_recall(key):
+    """On IVF the filter goes through faiss' IDSelector with nprobe widened by the selection's share (or, where
+    faiss cannot filter, over-fetching): recall against the exact filtered top-k is at least the unfiltered
+    search's recall against the exact top-k."""
+    import faiss
+
+    from retrieval.index import faiss_ops
+    from retrieval.index.search import Index as SearchIndex
+
+    rng = np.random.default_rng(0)
+    n, d, k = 20_000, 32, 10
+    vectors = rng.standard_normal((n, d)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    ids = np.arange(n, dtype=np.int64)
+    index = faiss.index_factory(d, f"IDMap2,{key}", faiss.METRIC_INNER_PRODUCT)
+    index.train(vectors)
+    index.add_with_ids(vectors, ids)
+    faiss_ops.set_search_params(index, {"nprobe": 4} | ({"k_factor": 4} if "RFlat" in key else {}))
+    searcher = SearchIndex.__new__(SearchIndex)  # only the faiss part is needed
+    searcher.faiss_index, searcher.info = index, {"embedding_dim": d}
+    queries = rng.standard_normal((50, d)).astype(np.float32)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    scores = queries @ vectors.T
+    unfiltered = np.mean([len(set(f) & set(np.argsort(-s)[:k])) / k
+                          for f, s in zip(index.search(queries, k)[1], scores, strict=True)])
+    for share in (0.1, 0.01):
+        selected = np.sort(rng.choice(n, int(n * share), replace=False)).astype(np.int64)
+        _, found = searcher.search_selected(queries, k, selected)
+        exact = [selected[np.argsort(-s[selected])[:k]] for s in scores]
+        recall = np.mean([len(set(f) & set(e)) / k for f, e in zip(found, exact, strict=True)])
+        assert set(found.ravel()) - {-1} <= set(selected.tolist())
+        assert recall >= unfiltered, (share, recall, unfiltered)
+
+
+def test_the_command_line_filters_and_names_bad_expressions(manifest_index, monkeypatch):
+    from retrieval.cli.main import main
+
+    monkeypatch.setattr("retrieval.index.load_model", lambda path, providers="auto": FakeEmbedder())
+    query = str(manifest_index / "img_05.png")
+    search = ["search", "--index", str(manifest_index / "flat"), "--model", "m.onnx", query]
+    result = CliRunner().invoke(main, [*search, "-k", "4",
+                                       "--where", "split = 'train' and price >= 2", "--json"])
+    assert result.exit_code == 0, result.output
+    answer = json.loads(result.output)[0]
+    with Index.open(manifest_index / "flat") as index:
+        allowed = set(index.matching_ids("split = 'train' and price >= 2").tolist())
+    assert answer["results"] and all(r["id"] in allowed for r in answer["results"])
+    shown = CliRunner().invoke(main, [*search, "--where",
+                                      "label = 'class2'"])
+    assert shown.exit_code == 0 and "--where matches 8 of 48 indexed images" in shown.output
+    bad = CliRunner().invoke(main, [*search, "--where", "label =="])
+    assert bad.exit_code == 2 and "expected a quoted string or a number" in bad.output
+    unknown = CliRunner().invoke(main, [*search, "--where",
+                                        "size > 3"])
+    assert unknown.exit_code == 1 and "no column 'size' in this index" in unknown.output
+    assert "Traceback" not in unknown.output and "FilterError" not in unknown.output
+
+
+def test_post_filtering_keeps_only_selected_ids_in_score_order():
+    """The fallback for an index faiss cannot filter: over-fetch, keep the selected ids, best first."""
+    import faiss
+
+    from retrieval.index import faiss_ops
+
+    rng = np.random.default_rng(1)
+    vectors = rng.standard_normal((2000, 16)).astype(np.float32)
+    index = faiss.index_factory(16, "IDMap2,Flat", faiss.METRIC_INNER_PRODUCT)
+    index.add_with_ids(vectors, np.arange(2000, dtype=np.int64) * 2)
+    selected = np.arange(0, 4000, 20, dtype=np.int64)  # 10 %
+    query = rng.standard_normal((1, 16)).astype(np.float32)
+    scores, ids = faiss_ops.post_filtered_search(index, query, 7, selected)
+    expected = selected[np.argsort(-(vectors[selected // 2] @ query[0]))[:7]]
+    assert ids[0].tolist() == expected.tolist() and np.all(np.diff(scores[0]) <= 0)
+    none = faiss_ops.post_filtered_search(index, query, 3, np.array([1], dtype=np.int64))  # odd: not in the index
+    assert none[1].tolist() == [[-1, -1, -1]]
