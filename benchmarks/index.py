@@ -296,8 +296,9 @@ def search(args: argparse.Namespace) -> dict:
     return results
 
 
-def write_vector_index(folder: Path, n: int, dim: int) -> Path:
-    """A Flat index folder over ``n`` random unit vectors (catalogue rows, shards, faiss, index.json)."""
+def write_vector_index(folder: Path, n: int, dim: int, key: str = "Flat", clusters: int = 0) -> Path:
+    """An index folder (faiss ``key``, default Flat) over ``n`` random unit vectors (catalogue rows, shards, faiss,
+    index.json); with ``clusters``, around that many centres (as embeddings of many classes are), else uniform."""
     import dataclasses
 
     from retrieval.index.catalogue import Catalogue, Outcome
@@ -306,7 +307,12 @@ def write_vector_index(folder: Path, n: int, dim: int) -> Path:
     from retrieval.index.shards import ShardStore
     from retrieval.index.sources import GalleryItem
 
-    vectors = np.random.default_rng(0).standard_normal((n, dim)).astype(np.float32)
+    rng = np.random.default_rng(0)
+    vectors = rng.standard_normal((n, dim)).astype(np.float32)
+    if clusters:
+        centres = rng.standard_normal((clusters, dim)).astype(np.float32)
+        centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+        vectors = centres[rng.integers(0, clusters, n)] + vectors * (0.6 / np.sqrt(dim))
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     layout = IndexLayout(folder)
     folder.mkdir(parents=True)
@@ -318,9 +324,10 @@ def write_vector_index(folder: Path, n: int, dim: int) -> Path:
             outcomes = [Outcome(int(i), "done", f"{i:064x}", 1) for i in ids]
             name = store.write(ids, vectors[ids - 1], outcomes)
             catalogue.record([dataclasses.replace(o, shard=name) for o in outcomes])
-        built = build_faiss(layout, catalogue, store, "Flat", dim)
+        catalogue.set_meta(model_hash="bench", embedding_dim=str(dim), index_key=key)
+        built = build_faiss(layout, catalogue, store, key, dim)
         catalogue.set_meta(state="complete")
-    layout.write_info({"index_key": "Flat", "params": {}, "embedding_dim": dim, "model_hash": "bench"} | built)
+    layout.write_info({"params": {}, "embedding_dim": dim, "model_hash": "bench"} | built)
     return folder
 
 

@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/serve_load.py --url http://127.0.0.1:7860 --images DIR  # a running one
     .venv/bin/python benchmarks/serve_load.py --fixture                               # a small digits index
     .venv/bin/python benchmarks/serve_load.py --fixture --observability-cost 6        # metrics + access log on/off
+    .venv/bin/python benchmarks/serve_load.py --fixture --batch-compare 6 --batch-size 32  # /search vs /search/batch
 
 Each client uploads gallery images to ``POST /search`` (multipart) in a loop; the run is bounded by
 ``--searches`` and ``--time-limit``. Prints p50/p99 latency, throughput and errors as JSON.
@@ -12,6 +13,11 @@ Each client uploads gallery images to ``POST /search`` (multipart) in a loop; th
 to a file, as a server's stderr would be) and without them (``ServerConfig(observe=False)``), and loads them in
 interleaved rounds (on, off, off, on, ...) while a scraper reads ``/metrics`` every ``--scrape-interval`` seconds:
 the ratio of the medians is the cost of observing.
+
+``--batch-compare ROUNDS`` sends the same ``--batch-size`` N images, in interleaved rounds on one server, as N
+``POST /search`` calls one after another (one client), as N clients at once (one ``/search`` each, which the
+micro-batcher may merge) and as one ``POST /search/batch`` of N, ``--repeats`` times per round each; it prints the
+images/s of each and the model calls each made per N images.
 """
 
 from __future__ import annotations
@@ -202,6 +208,69 @@ def observability_cost(
     }
 
 
+def batch_compare(
+    index_dir: Path,
+    images: list[bytes],
+    rounds: int,
+    batch_size: int,
+    k: int,
+    repeats: int = 3,
+    max_batch: int = 32,
+) -> dict[str, Any]:
+    """Images/s of N single searches (one after another, and N clients at once) vs one batch of N, interleaved."""
+    import httpx
+
+    from retrieval.serve.server import ServerConfig, build_app
+
+    app, service = build_app(ServerConfig(index_dir=index_dir, ui=False, reload_interval_s=None, max_batch=max_batch))
+    chosen = [images[i % len(images)] for i in range(batch_size)]
+    files = [("image", (f"q{i}.png", data)) for i, data in enumerate(chosen)]
+    speeds: dict[str, list[float]] = {"single": [], "concurrent": [], "batch": []}
+    calls = dict.fromkeys(speeds, 0)
+    errors = dict.fromkeys(speeds, 0)
+    with serving(app) as url, httpx.Client(base_url=url, timeout=60) as http:
+
+        def single() -> int:
+            return sum(http.post(f"/search?k={k}", files={"image": ("q.png", data)}).status_code != 200
+                       for data in chosen)
+
+        def concurrent() -> int:
+            return run_load(url, chosen, batch_size, batch_size, k, 120.0)["errors"]
+
+        def batch() -> int:
+            response = http.post(f"/search/batch?k={k}", files=files)
+            if response.status_code != 200:
+                return batch_size
+            return sum("error" in answer for answer in response.json()["results"])
+
+        modes = {"single": single, "concurrent": concurrent, "batch": batch}
+        for run in modes.values():  # warm-up: sessions, the model's first calls at each batch size
+            run()
+        for round_ in range(rounds):
+            order = list(modes) if round_ % 2 == 0 else list(reversed(modes))  # ABC CBA: drift cancels out
+            for mode in order:
+                before = service.batcher.calls
+                began = time.perf_counter()
+                errors[mode] += sum(modes[mode]() for _ in range(repeats))
+                speeds[mode].append(round(batch_size * repeats / (time.perf_counter() - began), 2))
+                calls[mode] += service.batcher.calls - before
+    service.close()
+    median = {mode: float(np.median(values)) for mode, values in speeds.items()}
+    return {
+        "rounds": rounds,
+        "batch_size": batch_size,
+        "repeats_per_round": repeats,
+        "k": k,
+        "max_batch": max_batch,
+        "images_per_s": speeds,
+        "median_images_per_s": median,
+        "speedup_batch_vs_single": round(median["batch"] / median["single"], 2),
+        "speedup_batch_vs_concurrent": round(median["batch"] / median["concurrent"], 2),
+        "model_calls_per_n_images": {mode: round(calls[mode] / (rounds * repeats), 2) for mode in calls},
+        "errors": errors,
+    }
+
+
 def _scrape_until(url: str, stop: threading.Event, interval_s: float) -> None:
     """GET /metrics every ``interval_s`` seconds until ``stop`` is set (a Prometheus far keener than the usual 15 s)."""
     import httpx
@@ -262,6 +331,10 @@ def main() -> None:
                         help="with --observability-cost: the access log's format")
     parser.add_argument("--scrape-interval", type=float, default=1.0,
                         help="with --observability-cost: seconds between two scrapes of /metrics")
+    parser.add_argument("--batch-compare", type=int, metavar="ROUNDS", default=0,
+                        help="N single /search calls vs one /search/batch of N, in ROUNDS interleaved rounds")
+    parser.add_argument("--batch-size", type=int, default=32, help="with --batch-compare: N, the images per batch")
+    parser.add_argument("--repeats", type=int, default=3, help="with --batch-compare: each mode's runs per round")
     args = parser.parse_args()
 
     if args.url:
@@ -282,6 +355,11 @@ def main() -> None:
     if args.fixture:
         index_dir = fixture_index(Path(tempfile.mkdtemp(prefix="serve-load-")), args.image_size)
     images = gallery_images(index_dir)
+    if args.batch_compare:
+        result = batch_compare(index_dir, images, args.batch_compare, args.batch_size, args.k, args.repeats,
+                               args.max_batch)
+        print(json.dumps(result, indent=2))
+        return
     if args.observability_cost:
         result = observability_cost(index_dir, images, args.observability_cost, args.clients, args.searches, args.k,
                                     args.time_limit, args.log_format, args.scrape_interval, args.max_batch)

@@ -170,18 +170,29 @@ def index_group() -> None:
     show_default=True,
     help="auto | Flat | HNSW32 | IVF{K},Flat | IVF{K},PQ{m} | any faiss factory key ({K}, {m} filled in).",
 )
+@click.option("--max-index-memory", metavar="SIZE", callback=lambda _c, _p, v: _parse_size(v),
+              help="with --index-key auto: the best index whose estimated RAM fits, e.g. 4G, 512M (as autofaiss "
+                   "does; `index stats` shows the choice).")
+@click.option("--max-query-ms", type=click.FloatRange(min=0, min_open=True), metavar="MS",
+              help="tune the search settings (nprobe, efSearch) for the best recall whose median time per query "
+                   "stays under MS milliseconds.")
 @split_option
 @label_option
 @ingest_options
 @engine_options
 @json_option
 def build_command(
-    model, images, out, index_key, split, label_from, batch_size, workers, shard_size, max_pixels, gpu, engine,
-    as_json,
+    model, images, out, index_key, max_index_memory, max_query_ms, split, label_from, batch_size, workers, shard_size,
+    max_pixels, gpu, engine, as_json,
 ) -> None:
     """Embed every image and build the index; rerun it (or `index repair OUT`) to finish an interrupted build."""
+    import dataclasses
+
     from retrieval.index import build_index
 
+    options = _ingest_options(batch_size, workers, shard_size, max_pixels, engine)
+    options = dataclasses.replace(options, policy=dataclasses.replace(
+        options.policy, max_index_memory=max_index_memory, max_query_ms=max_query_ms))
     summary = build_index(
         images,
         out,
@@ -189,13 +200,49 @@ def build_command(
         index_key=index_key,
         split=split,
         gpu=gpu,
-        options=_ingest_options(batch_size, workers, shard_size, max_pixels, engine),
+        options=options,
         label_from=label_from,
     )
     _finish(summary, as_json,
             f"indexed {summary['indexed']} images into {summary['index_dir']} ({summary['index_key']}, "
-            f"{_labels(summary)}; {_problems(summary['errors'], summary['duplicates'])}) in {summary['seconds']:.0f} s",
-            _serve_next(summary["index_dir"]))
+            f"{_labels(summary)}; {_problems(summary['errors'], summary['duplicates'])}) in {summary['seconds']:.0f} s"
+            f"{_budget_text(summary.get('budget'))}", _serve_next(summary["index_dir"]))
+
+
+SIZE_UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KIB": 2**10, "M": 2**20, "MB": 2**20, "MIB": 2**20,
+              "G": 2**30, "GB": 2**30, "GIB": 2**30, "T": 2**40, "TB": 2**40, "TIB": 2**40}
+
+
+def _parse_size(text: str | None) -> int | None:
+    """``4G``, ``512M``, ``1.5GiB`` or bytes -> bytes (binary units: what free and top show)."""
+    if text is None:
+        return None
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
+    unit = match.group(2).upper() if match else None
+    if match is None or unit not in SIZE_UNITS or float(match.group(1)) <= 0:
+        raise click.BadParameter(f"{text!r} is not a size; write e.g. 4G, 512M or 1.5GiB")
+    return int(float(match.group(1)) * SIZE_UNITS[unit])
+
+
+def _size_text(size: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size} bytes"
+
+
+def _budget_text(budget: dict | None) -> str:
+    """What the budgets chose and measured, for the one-line summaries of build and stats."""
+    if not budget:
+        return ""
+    parts = []
+    if budget.get("max_index_memory") is not None:
+        parts.append(f"about {_size_text(budget['estimated_bytes'])} of --max-index-memory "
+                     f"{_size_text(budget['max_index_memory'])}")
+    if budget.get("max_query_ms") is not None:
+        met = "within" if budget.get("latency_met") else "OVER"
+        parts.append(f"{budget['latency_ms']:.2f} ms per query, {met} --max-query-ms {budget['max_query_ms']:g}")
+    return "; " + ", ".join(parts)
 
 
 @index_group.command("add")
@@ -297,7 +344,7 @@ def stats_command(index_dir, queries, as_json) -> None:
             f"{stats['index_dir']}: {stats['vectors']} images, {stats['index_key']}, "
             f"{stats['size_on_disk_bytes']['total'] / 2**20:.1f} MiB; recall@{k} {recall:.3f} against exact search, "
             f"p50 {stats['latency']['p50_ms']:.2f} ms per query ({stats['errors']} files could not be read; "
-            "--json lists them)", _serve_next(stats["index_dir"]))
+            f"--json lists them){_budget_text(stats.get('budget'))}", _serve_next(stats["index_dir"]))
 
 
 @index_group.command("export")

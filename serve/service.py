@@ -20,6 +20,7 @@ import os
 import stat
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath, PurePosixPath
 from typing import IO, Any
@@ -33,13 +34,20 @@ from retrieval.index.catalogue import CatalogueReader
 from retrieval.index.embedder import Embedder, prepare_vectors
 from retrieval.index.filters import Filter, FilterError, parse_filter
 from retrieval.index.live import RELOAD_INTERVAL_S, LiveIndex, Snapshot
-from retrieval.index.search import check_k
+from retrieval.index.search import MAX_K, check_k
 from retrieval.index.sources import printable_path
 from retrieval.onnx_runtime import preprocess_images
 from retrieval.serve.batcher import MicroBatcher
-from retrieval.serve.defaults import DEFAULT_MAX_PIXELS, DEFAULT_MAX_UPLOAD_BYTES
+from retrieval.serve.defaults import (
+    DEFAULT_MAX_PIXELS,
+    DEFAULT_MAX_UPLOAD_BYTES,
+    MAX_BATCH_QUERIES,
+    MAX_BATCH_UPLOAD_BYTES,
+)
 from retrieval.serve.diagnostics import LeaveOneOut, leave_one_out
 from retrieval.serve.images import QueryError, decode_query
+
+Query = Image.Image | bytes | np.ndarray | list[float]  # an image, an image file's bytes, or an embedding [d]
 
 
 def image_url(image_id: int) -> str:
@@ -295,11 +303,7 @@ class SearchService:
         the catalogue rows matching it (``retrieval.index.filters``; a malformed one is a 422 naming the
         problem). The whole search uses one state of the index, even if a newer one is swapped in meanwhile.
         """
-        try:
-            k = check_k(k)
-            where_filter = parse_filter(where) if where is not None else None
-        except ValueError as exc:
-            raise QueryError(str(exc), 422) from exc
+        k, where_filter = checked_k_and_where(k, where)
         with self.live.acquire() as state:
             return self._search(state, query, k, exclude_ids, exclude_self, where_filter)
 
@@ -316,11 +320,7 @@ class SearchService:
         timing: dict[str, float] = {}
         query_item, notes = None, []
         if isinstance(query, (bytes, bytearray)):
-            query = bytes(query)
-            query_item = state.query_item(query)
-            decoded = decode_query(query, self.max_upload_bytes, self.max_pixels)
-            query, notes = decoded.image, list(decoded.notes)
-            timing["decode_ms"] = (time.perf_counter() - started) * 1000
+            query, query_item, notes, timing["decode_ms"] = self._decode(state, bytes(query))
         excluded_self = exclude_self and query_item is not None
         if excluded_self:
             exclude_ids = (*exclude_ids, query_item.id)
@@ -339,6 +339,107 @@ class SearchService:
         timing["total_ms"] = (time.perf_counter() - started) * 1000
         timing = {key: round(v, 3) for key, v in timing.items()}
         return SearchResponse(results, k, timing, query_item, excluded_self, notes)
+
+    def search_batch(
+        self,
+        queries: Sequence[Query | QueryError],
+        k: int = 10,
+        exclude_self: bool = False,
+        where: str | None = None,
+    ) -> list[SearchResponse | QueryError]:
+        """Top-k of each query (as ``search``), in order: the images embedded in ONE model call, one faiss search.
+
+        Rules: 1..``MAX_BATCH_QUERIES`` queries; ``k``, ``where`` and ``exclude_self`` apply to every query; an
+        invalid embedding, k or filter refuses the whole batch (422, the query named by its position). Only what
+        decoding alone can tell is per query: an image that cannot be decoded (or is over the size or pixel
+        limit) is answered by its ``QueryError`` in place, as is a ``QueryError`` the caller passes (e.g. bad
+        base64), and the other queries are answered. Per-query timing: its own ``decode_ms``; the stages the
+        batch shares (preprocess, embed, search, total) give the batch's time.
+        """
+        check_batch_size(len(queries))
+        k, where_filter = checked_k_and_where(k, where)
+        with self.live.acquire() as state:
+            return self._search_batch(state, list(queries), k, exclude_self, where_filter)
+
+    def _search_batch(
+        self,
+        state: ServedIndex,
+        queries: list[Query | QueryError],
+        k: int,
+        exclude_self: bool,
+        where: Filter | None,
+    ) -> list[SearchResponse | QueryError]:
+        started = time.perf_counter()
+        vectors: dict[int, np.ndarray] = {}  # position -> unit vector
+        for position, query in enumerate(queries):  # embeddings first: a bad one refuses the batch before any decode
+            if not isinstance(query, (QueryError, Image.Image, bytes, bytearray)):
+                try:
+                    vectors[position] = check_embedding(query, state.index.dim)
+                except QueryError as exc:
+                    raise QueryError(f"queries[{position}]: {exc}", exc.status) from exc
+        answers: list[SearchResponse | QueryError] = [SearchResponse([], k) for _ in queries]
+        images: dict[int, Image.Image] = {}
+        own: dict[int, int] = {}  # position -> the gallery item it leaves out (exclude_self)
+        for position, query in enumerate(queries):
+            answer = answers[position]
+            if isinstance(query, QueryError):
+                answers[position] = query
+            elif isinstance(query, Image.Image):
+                images[position] = query
+            elif isinstance(query, (bytes, bytearray)):
+                try:
+                    images[position], answer.query_item, answer.notes, decode_ms = self._decode(state, bytes(query))
+                except QueryError as exc:  # this query only: the others are answered
+                    answers[position] = exc
+                    continue
+                answer.timing["decode_ms"] = decode_ms
+                answer.excluded_self = exclude_self and answer.query_item is not None
+                if answer.excluded_self:
+                    own[position] = answer.query_item.id  # type: ignore[union-attr]
+        shared: dict[str, float] = {}
+        if images:  # the whole batch in one reservation: one model call, never query by query
+            embedded, shared = self.embed_images(list(images.values()), state)
+            vectors |= dict(zip(images, embedded, strict=True))
+        searched = sorted(vectors)
+        if searched:
+            search_started = time.perf_counter()
+            found = self._search_vectors(state, np.stack([vectors[p] for p in searched]), k,
+                                         [own.get(p) for p in searched], where)
+            search_ms = (time.perf_counter() - search_started) * 1000
+            for position, results in zip(searched, found, strict=True):
+                answer = answers[position]
+                assert isinstance(answer, SearchResponse)
+                answer.results = [dataclasses.replace(r, path=state.public_path(r.path)) for r in results]
+                timing = answer.timing | (shared if position in images else {}) | {
+                    "search_ms": search_ms, "total_ms": (time.perf_counter() - started) * 1000}
+                answer.timing = {key: round(value, 3) for key, value in timing.items()}
+        return answers
+
+    def _decode(self, state: ServedIndex, data: bytes) -> tuple[Image.Image, QueryItem | None, list[str], float]:
+        """An image file's bytes -> the image, the gallery item with these bytes, decoding notes, milliseconds."""
+        started = time.perf_counter()
+        decoded = decode_query(data, self.max_upload_bytes, self.max_pixels)
+        return decoded.image, state.query_item(data), list(decoded.notes), (time.perf_counter() - started) * 1000
+
+    def _search_vectors(
+        self, state: ServedIndex, vectors: np.ndarray, k: int, own: list[int | None], where: Filter | None
+    ) -> list[list[SearchResult]]:
+        """One faiss search of unit ``vectors`` [n, d]; query i leaves out its own gallery item ``own[i]``.
+
+        ``Index.search`` leaves the same ids out of every query, so one more row is asked for and each query drops
+        its own item itself (what ``search`` does with ``exclude_ids``: faiss is asked for k + 1 either way).
+        """
+        fetch = k + 1 if any(item is not None for item in own) else k
+        try:
+            if fetch <= MAX_K:
+                found = state.index.search(vectors, fetch, where=where)
+                return [[r for r in results if r.id != item][:k] for results, item in zip(found, own, strict=True)]
+            # k = MAX_K with exclude_self: one more row is beyond check_k, so those queries are searched alone
+            found = state.index.search(vectors, k, where=where)
+            return [results if item is None else state.index.search(vectors[i : i + 1], k, (item,), where=where)[0]
+                    for i, (results, item) in enumerate(zip(found, own, strict=True))]
+        except FilterError as exc:  # e.g. a column this index does not have
+            raise QueryError(str(exc), 422) from exc
 
     def query_item(self, data: bytes) -> QueryItem | None:
         """The indexed gallery item whose file has exactly these bytes (catalogue sha256), if any."""
@@ -444,6 +545,27 @@ class SearchService:
     def close(self) -> None:
         """Stop watching the folder; each state's catalogue and batcher close once no request holds it."""
         self.live.close()
+
+
+def checked_k_and_where(k: object, where: str | None) -> tuple[int, Filter | None]:
+    """``k`` and the parsed ``where`` of a search, or a 422 naming what is wrong with them."""
+    try:
+        return check_k(k), (parse_filter(where) if where is not None else None)
+    except ValueError as exc:
+        raise QueryError(str(exc), 422) from exc
+
+
+def batch_upload_bytes(max_upload_bytes: int) -> int:
+    """The image bytes one batch may carry in all: the per-image limit for every query, capped (but never below
+    one image's limit)."""
+    return min(max_upload_bytes * MAX_BATCH_QUERIES, max(MAX_BATCH_UPLOAD_BYTES, max_upload_bytes))
+
+
+def check_batch_size(count: int) -> None:
+    """The one rule on a batch's size: 1 to ``MAX_BATCH_QUERIES`` queries, else a 422 that names the limit."""
+    if not 1 <= count <= MAX_BATCH_QUERIES:
+        raise QueryError(f"a batch holds 1 to {MAX_BATCH_QUERIES} queries (the server's limit), got {count}; "
+                         "split it into several requests", 422)
 
 
 def check_embedding(embedding: Any, dim: int) -> np.ndarray:

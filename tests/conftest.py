@@ -1,5 +1,5 @@
 """Fixtures shared by the serving tests: the small real index of ``serve_fixtures``, a service and an API client,
-and the browser tests' screenshot folder."""
+and the browser tests' screenshot folder; and the suite's offline mode for pretrained weights."""
 
 from __future__ import annotations
 
@@ -8,6 +8,10 @@ from pathlib import Path
 
 import pytest
 from serve_fixtures import shared_artifacts
+
+# Tests never download: pretrained weights come from local caches or shipped packages only (a test of the online
+# path removes this and fakes the download). Set here, it reaches the CLI's subprocesses too.
+os.environ.setdefault("RETRIEVAL_OFFLINE", "1")
 
 # The serving imports stay inside the fixtures: test modules that never serve (tests/test_cuda.py on a GPU
 # machine without the web stack, say) must not need fastapi to be collected.

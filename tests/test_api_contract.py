@@ -319,6 +319,17 @@ def test_the_openapi_document_declares_every_status_and_body(client):
     for route in ("/stats", "/health"):
         assert doc["paths"][route]["get"]["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
     assert "HTTPValidationError" not in doc["components"]["schemas"]  # FastAPI's list-shaped 422 is not sent
+    batch = doc["paths"]["/search/batch"]["post"]
+    assert set(batch["responses"]) == set(search["responses"])
+    assert batch["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith(
+        "/BatchSearchResponseModel"
+    )
+    entries = doc["components"]["schemas"]["BatchSearchResponseModel"]["properties"]["results"]["items"]["anyOf"]
+    assert [e["$ref"].rsplit("/", 1)[1] for e in entries] == ["SearchResponseModel", "BatchQueryErrorModel"]
+    queries = batch["requestBody"]["content"]["application/json"]["schema"]["properties"]["queries"]
+    assert queries["maxItems"] == 64 and queries["items"]["properties"]["embedding"]["minItems"] == 32
+    files = batch["requestBody"]["content"]["multipart/form-data"]["schema"]["properties"]["image"]
+    assert files["type"] == "array" and files["maxItems"] == 64
 
 
 @pytest.mark.slow
@@ -328,8 +339,9 @@ def test_schemathesis_finds_no_disagreement_between_the_document_and_the_server(
     data refused, no 5xx) over examples, coverage, fuzzing and stateful phases, against a real server.
 
     One hook supplies what a schema cannot say about valid data: an ``image`` must be an image file (a real PNG,
-    as schemathesis itself does for typed file uploads), a ``where`` must be an expression of the filter language
-    (a grammar, not a pattern), and ``k`` and ``where`` in the query and in the JSON body must agree.
+    as schemathesis itself does for typed file uploads; each of POST /search/batch's files and JSON queries too),
+    a ``where`` must be an expression of the filter language (a grammar, not a pattern), and ``k``, ``where`` and
+    ``exclude_self`` in the query and in the JSON body must agree.
     """
     import schemathesis
     from schemathesis.engine import StopReason, events, from_schema
@@ -358,11 +370,17 @@ def test_schemathesis_finds_no_disagreement_between_the_document_and_the_server(
                 return case
             if "where" in case.body:
                 case.body["where"] = "id >= 0"
+            encoded = base64.b64encode(image).decode()
             if "image" in case.body:
-                multipart = case.media_type.startswith("multipart/")
-                case.body["image"] = image if multipart else base64.b64encode(image).decode()
-            if case.media_type == "application/json" and "k" in case.body and "k" in (case.query or {}):
-                case.query["k"] = case.body["k"]
+                one = image if case.media_type.startswith("multipart/") else encoded
+                given = case.body["image"]  # POST /search/batch's multipart field is a list of files
+                case.body["image"] = [one] * len(given) if isinstance(given, list) else one
+            for query in case.body.get("queries", []) if isinstance(case.body.get("queries"), list) else []:
+                if isinstance(query, dict) and "image" in query:  # POST /search/batch's JSON queries
+                    query["image"] = encoded
+            for name in ("k", "exclude_self"):  # given in the JSON body and the query: they must agree
+                if case.media_type == "application/json" and name in case.body and name in (case.query or {}):
+                    case.query[name] = case.body[name]
             return case
 
         started = time.monotonic()

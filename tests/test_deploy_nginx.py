@@ -310,6 +310,30 @@ def test_nginx_takes_every_body_the_app_takes_and_refuses_larger_ones_itself(ngi
     assert b'"detail"' not in reply and seconds < 5  # nginx's page, not the app's JSON
 
 
+BATCH_MAX_BODY = int(re.search(r"location = /search/batch \{[^}]*client_max_body_size (\d+)m;", SITE)[1]) * 2**20
+
+
+def test_a_batch_has_its_own_body_cap_and_rate_in_nginx(nginx):
+    """POST /search/batch: every body the app takes passes (its batch limit), a larger one is nginx's 413; a
+    burst of batches from one address reaches the app 1 + 2 times, the rest are nginx's 429."""
+    from retrieval.serve.service import batch_upload_bytes
+
+    app_limit = batch_upload_bytes(DEFAULT_MAX_UPLOAD_BYTES) * 4 // 3 + FORM_SLACK
+    assert app_limit <= BATCH_MAX_BODY < app_limit + 2**20, "the batch cap no longer matches the app's limit"
+    reply, seconds = raw_exchange(
+        port_of(nginx),
+        b"POST /search/batch HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % (BATCH_MAX_BODY + 1),
+        CLIENT_IP,
+    )
+    assert reply.startswith(b"HTTP/1.1 413 ") and b"<center>nginx</center>" in reply and seconds < 5, reply[:200]
+    statuses = Counter()
+    for _ in range(8):
+        answer = httpx.post(nginx + "/search/batch", json={"queries": []}, timeout=30)
+        statuses[answer.status_code] += 1
+    assert statuses[429] >= 4 and set(statuses) <= {422, 429} and statuses[422] <= 3, statuses  # 422: the app's
+
+
 def test_a_burst_from_one_address_is_cut_to_429_by_nginx(nginx):
     """100 searches at once from one address: at most 32 in flight (limit_conn) and 1 + 40 in a burst
     (limit_req) reach the app; nginx answers the rest with 429."""

@@ -184,11 +184,11 @@ def test_removed_images_are_not_matched(manifest_index, tmp_path):
         assert target not in index.matching_ids("label = 'class0'").tolist()
 
 
-@pytest.mark.parametrize("key", ["IVF128,Flat", "IVF128,SQ8,RFlat"])  # IVF; a refine wrapper around IVF-SQ8
-def test_ivf_filtered_recall_is_at_least_the_unfiltered_recall(key):
-    """On IVF the filter goes through faiss' IDSelector with nprobe widened by the selection's share (or, where
-    faiss cannot filter, over-fetching): recall against the exact filtered top-k is at least the unfiltered
-    search's recall against the exact top-k."""
+@pytest.mark.parametrize("key", ["IVF128,Flat", "IVF128,SQ8,RFlat", "HNSW32"])  # a refine wrapper; a graph
+def test_filtered_recall_is_at_least_the_unfiltered_recall(key):
+    """On IVF and HNSW the filter goes through faiss' IDSelector with nprobe / efSearch widened by the selection's
+    share: recall against the exact filtered top-k is at least the unfiltered search's recall against the exact
+    top-k."""
     import faiss
 
     from retrieval.index import faiss_ops
@@ -202,7 +202,8 @@ def test_ivf_filtered_recall_is_at_least_the_unfiltered_recall(key):
     index = faiss.index_factory(d, f"IDMap2,{key}", faiss.METRIC_INNER_PRODUCT)
     index.train(vectors)
     index.add_with_ids(vectors, ids)
-    faiss_ops.set_search_params(index, {"nprobe": 4} | ({"k_factor": 4} if "RFlat" in key else {}))
+    faiss_ops.set_search_params(index, {"efSearch": 16} if key.startswith("HNSW") else
+                                {"nprobe": 4} | ({"k_factor": 4} if "RFlat" in key else {}))
     searcher = SearchIndex.__new__(SearchIndex)  # only the faiss part is needed
     searcher.faiss_index, searcher.info = index, {"embedding_dim": d}
     queries = rng.standard_normal((50, d)).astype(np.float32)

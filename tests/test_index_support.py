@@ -49,27 +49,39 @@ class FakeEmbedder:
         return self.embed_batch(np.stack([tf(p).numpy() for p in pil]))
 
 
-def write_projection_onnx(path: Path, dim: int = 24, seed: int = 0) -> Path:
+def write_projection_onnx(path: Path, dim: int = 24, seed: int = 0, convs: int = 0, channels: int = 64) -> Path:
     """A real (tiny) ONNX embedder with the export metadata: flatten, a fixed random projection, L2 norm.
 
-    onnxruntime runs it like any exported model; the Ray engine's actors load it from the file.
+    onnxruntime runs it like any exported model; the Ray engine's actors load it from the file. ``convs`` > 0 puts
+    that many 3x3 convolutions (3 -> ``channels`` ... -> 3, same size) first: real compute per image (~19 MFLOP
+    per inner layer at 64 channels) for tests that need embedding to take a while, with a small file.
     """
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     from retrieval.onnx_runtime import INPUT_NAME, OUTPUT_NAME, build_metadata
 
-    weights = np.random.default_rng(seed).standard_normal((3 * SIZE * SIZE, dim)).astype(np.float32)
+    rng = np.random.default_rng(seed)
+    weights = rng.standard_normal((3 * SIZE * SIZE, dim)).astype(np.float32)
+    nodes, initializers, source = [], [numpy_helper.from_array(weights, "weights")], INPUT_NAME
+    widths = [3] + [channels] * max(0, convs - 1) + [3] if convs else []
+    for layer, (c_in, c_out) in enumerate(zip(widths, widths[1:], strict=False)):
+        kernel = (rng.standard_normal((c_out, c_in, 3, 3)) / np.sqrt(9 * c_in)).astype(np.float32)
+        initializers.append(numpy_helper.from_array(kernel, f"conv{layer}"))
+        nodes.append(helper.make_node("Conv", [source, f"conv{layer}"], [f"c{layer}"], pads=[1, 1, 1, 1]))
+        nodes.append(helper.make_node("Relu", [f"c{layer}"], [f"r{layer}"]))
+        source = f"r{layer}"
     graph = helper.make_graph(
         [
-            helper.make_node("Flatten", [INPUT_NAME], ["flat"], axis=1),
+            *nodes,
+            helper.make_node("Flatten", [source], ["flat"], axis=1),
             helper.make_node("MatMul", ["flat", "weights"], ["projected"]),
             helper.make_node("LpNormalization", ["projected"], [OUTPUT_NAME], axis=1, p=2),
         ],
         "projection",
         [helper.make_tensor_value_info(INPUT_NAME, TensorProto.FLOAT, ["batch", 3, SIZE, SIZE])],
         [helper.make_tensor_value_info(OUTPUT_NAME, TensorProto.FLOAT, ["batch", dim])],
-        [numpy_helper.from_array(weights, "weights")],
+        initializers,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     config = {
@@ -80,7 +92,8 @@ def write_projection_onnx(path: Path, dim: int = 24, seed: int = 0) -> Path:
         "mean": [0.5, 0.5, 0.5],
         "std": [0.25, 0.25, 0.25],
     }
-    for key, value in build_metadata(config, f"projection-{dim}-{seed}", None).items():
+    name = f"projection-{dim}-{seed}" + (f"-conv{convs}x{channels}" if convs else "")
+    for key, value in build_metadata(config, name, None).items():
         model.metadata_props.add(key=key, value=value)
     onnx.save(model, str(path))
     return path

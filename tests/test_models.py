@@ -95,7 +95,7 @@ def test_pretrained_backbone_uses_packaged_weights():
 def test_missing_torchvision_weights_say_where_to_put_them(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_HOME", str(tmp_path))
     with pytest.raises(PretrainedWeightsMissing, match=str(tmp_path)) as info:
-        create_embedder("resnet18", pretrained=True)
+        create_embedder("resnet18", pretrained=True, offline=True)
     assert "--weights" in str(info.value)
 
 
@@ -107,13 +107,16 @@ def test_torchvision_weights_from_the_cache(tmp_path, monkeypatch):
     url = torchvision.models.ResNet18_Weights.DEFAULT.url
     (tmp_path / "hub" / "checkpoints").mkdir(parents=True)
     torch.save(reference.state_dict(), tmp_path / "hub" / "checkpoints" / url.rsplit("/", 1)[-1])
-    model = create_embedder("resnet18", pretrained=True)
+    model = create_embedder("resnet18", pretrained=True, offline=True)
     torch.testing.assert_close(model.backbone.conv1.weight, reference.conv1.weight)
 
 
-def test_missing_timm_weights_fail_clearly():
-    with pytest.raises(PretrainedWeightsMissing, match="timm model"):
-        create_embedder("timm:resnet18", pretrained=True)
+def test_missing_timm_weights_fail_clearly(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))  # an empty cache, whatever this machine holds
+    with pytest.raises(PretrainedWeightsMissing, match="'timm:resnet18' are not in the local cache"):
+        create_embedder("timm:resnet18", pretrained=True, offline=True)
 
 
 def test_local_weights_file(tmp_path):

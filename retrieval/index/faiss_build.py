@@ -52,6 +52,13 @@ def build_faiss(
         key = faiss_ops.choose_index_key(n, dim, policy=policy)
     else:
         key = faiss_ops.expand_key(key_request, n, dim)
+    estimate = faiss_ops.estimated_index_bytes(key, n, dim) if policy.max_index_memory is not None else None
+    if estimate is not None and estimate > policy.max_index_memory:  # an explicit key over the budget
+        raise ValueError(
+            f"--index-key {key} needs about {estimate / 2**20:.0f} MiB for {n} vectors, over --max-index-memory "
+            f"{policy.max_index_memory / 2**20:.0f} MiB; rerun with --index-key auto to get the best index that "
+            "fits (the embeddings are kept: only the faiss part is built again)"
+        )
     index = faiss_ops.new_index(key, dim)
     rng = np.random.default_rng(seed)
     order = rng.permutation(n)
@@ -80,15 +87,32 @@ def build_faiss(
         queries, query_ids = gather_rows(store, done, query_positions, with_ids=True)
         _, exact = faiss_ops.exact_knn(queries, done_chunks(store, done), 11)
         exact = faiss_ops.drop_self(exact, query_ids, 10)
-        result = faiss_ops.tune_search_params(index, queries, exact, policy.target_recall, self_ids=query_ids)
+        result = faiss_ops.tune_search_params(index, queries, exact, policy.target_recall, self_ids=query_ids,
+                                              max_query_ms=policy.max_query_ms)
         tuning = dataclasses.asdict(result) | {"queries": int(n_queries), "target": policy.target_recall}
         if not result.target_met:
             log.warning(
-                "%s reaches only %.3f 10-recall@10 at its most expensive setting %s; choose a larger index key "
-                "(e.g. Flat or IVF...,Flat)", key, result.recall_10_at_10, result.params
+                "%s reaches only %.3f 10-recall@10 at the setting chosen (%s); choose a larger index key "
+                "(e.g. Flat or IVF...,Flat)%s", key, result.recall_10_at_10, result.params,
+                " or allow more --max-query-ms" if policy.max_query_ms is not None else "",
             )
+    elif policy.max_query_ms is not None:  # exact search: only its time can miss the budget
+        queries = gather_rows(store, done, query_positions)
+        latency = faiss_ops.latency_ms(lambda q: index.search(q, 10), queries, repeats=100)["p50_ms"]
+        tuning |= {"latency_ms": round(latency, 4), "latency_met": latency <= policy.max_query_ms}
+    if tuning.get("latency_met") is False:
+        log.warning("%s answers one query in %.2f ms at its fastest setting, over --max-query-ms %g",
+                    key, tuning["latency_ms"], policy.max_query_ms)
     require_same_ids(layout, index, done)
     faiss_ops.write_index_atomic(index, layout.faiss)
+    budget = {}
+    if policy.max_index_memory is not None or policy.max_query_ms is not None:
+        budget = {"budget": {
+            "max_index_memory": policy.max_index_memory, "estimated_bytes": estimate,
+            "memory_met": None if policy.max_index_memory is None else estimate <= policy.max_index_memory,
+            "max_query_ms": policy.max_query_ms, "latency_ms": tuning.get("latency_ms"),
+            "latency_met": tuning.get("latency_met"),
+        }}
     return {
         "index_key": key,
         "index_key_requested": key_request,
@@ -96,6 +120,7 @@ def build_faiss(
         "tuning": tuning,
         "count": int(index.ntotal),
         "built_on": "gpu" if gpu else "cpu",
+        **budget,
     }
 
 

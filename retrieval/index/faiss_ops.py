@@ -10,6 +10,7 @@ import contextlib
 import ctypes
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -37,6 +38,10 @@ class AutoPolicy:
     target_recall: float = 0.95  # 10-recall@10 against exact search that tuning must reach
     max_train: int = 200_000  # training sample for IVF/PQ
     tune_queries: int = 1_000  # held-out queries for tuning and stats
+    # budgets (`index build --max-index-memory --max-query-ms`): the index's estimated RAM, and the p50 time of one
+    # query that tuning may spend; None: no such limit
+    max_index_memory: int | None = None
+    max_query_ms: float | None = None
 
 
 AUTO_POLICY = AutoPolicy()
@@ -71,11 +76,63 @@ def pq_shape(d: int, n_train: int) -> tuple[int, int]:
     return m, bits
 
 
+IDMAP2_BYTES_PER_VECTOR = 48  # IndexIDMap2: the id (8 bytes) and its entry in the reverse hash map (~40)
+
+
+def estimated_index_bytes(key: str, n: int, d: int) -> int:
+    """RAM an index of ``n`` vectors of dimension ``d`` takes with faiss key ``key`` (inside our IDMap2): codes,
+    list ids, graph links and quantizers, as autofaiss estimates them; within 1 % of faiss' serialised size plus
+    the reverse id map for Flat, HNSW and IVF-Flat/SQ8/PQ (tests/test_index_budgets.py)."""
+    ids = n * IDMAP2_BYTES_PER_VECTOR
+    if key == "Flat":
+        return n * d * 4 + ids
+    hnsw = re.fullmatch(r"HNSW(\d+)", key)
+    if hnsw:  # level 0 has 2M links of 4 bytes, the upper levels about 1 / M of that again
+        links = 2 * int(hnsw.group(1)) * 4
+        return n * (d * 4 + links + links // int(hnsw.group(1)) + 8) + ids
+    ivf = re.fullmatch(r"IVF(\d+),(Flat|SQ8|PQ(\d+)(?:x(\d+))?)", key)
+    if ivf:
+        lists, code = int(ivf.group(1)), ivf.group(2)
+        per_vector = {"Flat": d * 4, "SQ8": d}.get(code) or math.ceil(int(ivf.group(3)) * int(ivf.group(4) or 8) / 8)
+        quantizer = lists * d * 4 + (2 ** int(ivf.group(4) or 8) * d * 4 if code.startswith("PQ") else 0)
+        return n * (per_vector + 8) + quantizer + ids
+    raise ValueError(f"no memory estimate for index key {key!r}; give --index-key auto with --max-index-memory")
+
+
+def _budget_candidates(n: int, d: int, policy: AutoPolicy) -> list[str]:
+    """The keys ``auto`` considers under a memory budget, best recall first."""
+    lists = ivf_lists(n)
+    keys = (["Flat"] if n <= policy.flat_max else []) + (["HNSW32"] if n <= policy.hnsw_max else [])
+    keys += [f"IVF{lists},Flat", f"IVF{lists},SQ8"]
+    m, bits = pq_shape(d, min(n, policy.max_train))
+    while m >= 1:
+        keys.append(f"IVF{lists},PQ{m}x{bits}")
+        m = m // 2 if m % 2 == 0 and d % (m // 2 or 1) == 0 else 0
+    return keys
+
+
+def choose_within_memory(n: int, d: int, budget: int, policy: AutoPolicy) -> str:
+    """The best key whose estimated RAM fits ``budget`` bytes; ValueError naming the smallest when none does."""
+    candidates = _budget_candidates(n, d, policy)
+    for key in candidates:
+        if estimated_index_bytes(key, n, d) <= budget:
+            return key
+    smallest = candidates[-1]
+    raise ValueError(
+        f"--max-index-memory {budget / 2**20:.0f} MiB is too small for {n} vectors of dimension {d}: the smallest "
+        f"index ({smallest}) needs about {estimated_index_bytes(smallest, n, d) / 2**20:.0f} MiB (the ids alone "
+        f"{n * (IDMAP2_BYTES_PER_VECTOR + 8) / 2**20:.0f} MiB); give a larger budget"
+    )
+
+
 def choose_index_key(
     n: int, d: int, memory_budget: int | None = None, policy: AutoPolicy | None = None
 ) -> str:
-    """Flat for small galleries; HNSW32 or IVF-Flat above; IVF-SQ8, then IVF-PQ, when memory demands."""
+    """Flat for small galleries; HNSW32 or IVF-Flat above; IVF-SQ8, then IVF-PQ, when memory demands. Under an
+    explicit budget (``policy.max_index_memory``) the best key whose estimated RAM fits it."""
     policy = policy or AUTO_POLICY
+    if policy.max_index_memory is not None:
+        return choose_within_memory(n, d, policy.max_index_memory, policy)
     if memory_budget is None:
         memory_budget = int(available_memory() * policy.memory_fraction)
     if n <= policy.flat_max:
@@ -257,6 +314,8 @@ class Tuning:
     recall_1_at_1: float
     recall_10_at_10: float
     target_met: bool
+    latency_ms: float | None = None  # p50 of one query at these params (measured under a --max-query-ms budget)
+    latency_met: bool | None = None
 
 
 def drop_self(ids: np.ndarray, self_ids: np.ndarray | None, k: int) -> np.ndarray:
@@ -277,14 +336,18 @@ def tune_search_params(
     target: float = 0.95,
     k: int = 10,
     self_ids: np.ndarray | None = None,
+    max_query_ms: float | None = None,
 ) -> Tuning:
-    """The cheapest setting whose 10-recall@10 against exact search reaches ``target``.
+    """The cheapest setting whose 10-recall@10 against exact search reaches ``target`` (within ``max_query_ms``
+    per query when given: ``_tune_within_latency``).
 
     Parameters are tried from cheapest to most expensive; when none reaches the target the most
     expensive one is kept and ``target_met`` is False. With ``self_ids`` (queries that are gallery
     vectors), each query's own id is dropped from the results, so that they measure like unseen
     queries (``exact_ids`` must be prepared the same way).
     """
+    if max_query_ms is not None:
+        return _tune_within_latency(index, queries, exact_ids, target, k, self_ids, max_query_ms)
     last = None
     for params in search_param_grid(index, k):
         set_search_params(index, params)
@@ -295,6 +358,33 @@ def tune_search_params(
             last.target_met = True
             return last
     return last
+
+
+def _tune_within_latency(index: faiss.Index, queries: np.ndarray, exact_ids: np.ndarray, target: float, k: int,
+                         self_ids: np.ndarray | None, max_query_ms: float) -> Tuning:
+    """Under a latency budget: the cheapest setting reaching ``target`` within ``max_query_ms`` (p50 of single
+    queries), else the best recall within it, else (nothing is that fast) the fastest setting, marked unmet."""
+    within: list[Tuning] = []
+    fastest: Tuning | None = None
+    for params in search_param_grid(index, k):
+        set_search_params(index, params)
+        _, found = index.search(queries, k + (self_ids is not None))
+        found = drop_self(found, self_ids, k)
+        latency = latency_ms(lambda q: index.search(q, k), queries, repeats=100)["p50_ms"]
+        tuning = Tuning(params, recall_at(found, exact_ids, 1, 1), recall_at(found, exact_ids, k, k),
+                        False, round(latency, 4), latency <= max_query_ms)
+        tuning.target_met = tuning.recall_10_at_10 >= target
+        fastest = tuning if fastest is None or latency < fastest.latency_ms else fastest
+        if not tuning.latency_met:
+            if within:  # settings only get slower from here
+                break
+            continue
+        within.append(tuning)
+        if tuning.target_met:
+            break
+    chosen = max(within, key=lambda t: (t.target_met, t.recall_10_at_10, -t.latency_ms)) if within else fastest
+    set_search_params(index, chosen.params)
+    return chosen
 
 
 # --- files -----------------------------------------------------------------------------------------

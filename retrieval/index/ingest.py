@@ -146,6 +146,9 @@ def ingest(
         record = json.loads(catalogue.get_meta(THROUGHPUT_META) or "{}")
         seconds = time.perf_counter() - started
         total = record.get(engine.name, {"images": 0, "seconds": 0.0, "runs": 0})
-        total = {"images": total["images"] + pending, "seconds": total["seconds"] + seconds, "runs": total["runs"] + 1}
+        total |= {"images": total["images"] + pending, "seconds": total["seconds"] + seconds, "runs": total["runs"] + 1}
+        # an engine's own timings of the run (Ray: its start-up and actor seconds, for ``ray_engine.estimate_engines``)
+        for key, value in getattr(engine, "run_facts", {}).items():
+            total[key] = round(total.get(key, 0) + value, 3)
         record[engine.name] = total | {"images_per_s": round(total["images"] / max(total["seconds"], 1e-9), 1)}
         catalogue.set_meta(**{THROUGHPUT_META: json.dumps(record)})

@@ -22,12 +22,14 @@ Ray batch-inference job. Ray is imported only when the engine connects, so the c
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import dataclasses
 import json
 import logging
 import socket
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +37,11 @@ import faiss
 import numpy as np
 
 from retrieval.index import faiss_ops
-from retrieval.index.catalogue import Catalogue, Outcome
+from retrieval.index.catalogue import THROUGHPUT_META, Catalogue, Outcome
 from retrieval.index.embedder import Embedder
 from retrieval.index.engine import IngestOptions, RayOptions, add_sequentially
 from retrieval.index.gallery_file import Decoded
-from retrieval.index.ingest import Ingestor
+from retrieval.index.ingest import Ingestor, ShardBuffer
 from retrieval.index.ray_stages import BatchEmbedder, decode_rows
 from retrieval.index.shards import ShardStore
 from retrieval.index.vectors import Chunks
@@ -50,6 +52,15 @@ START_CLUSTER = (
     "start one with `ray start --head` (then `ray start --address=HEAD_IP:6379` on the other machines), "
     "or use --ray-address local to start Ray on this machine only"
 )
+
+# Where a small gallery is faster locally (``estimate_engines``): the rates when neither this index's throughput
+# record (catalogue meta ``THROUGHPUT_META``) holds a measured run. Measured on the 2-core reference machine,
+# docs/BENCHMARKS.md, "Ray engine (issue 16)", runs A-C (uint8 crops):
+LOCAL_IMAGES_PER_S = 370.0  # the local engine end to end (325-424 img/s over runs A-C)
+RAY_ACTOR_IMAGES_PER_S = 390.0  # one embedding actor after the job's start-up (run B, 10,000 images: 385-399 img/s)
+RAY_STARTUP_S = 4.0  # Ray Data's fixed cost per job until the first embeddings (2.7-4.9 s warm, 5.7 s cold)
+# Ray Data jobs started again after the cluster lost a node, an actor or objects under a job (``RayIngestor``)
+MAX_JOB_RETRIES = 3
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +127,7 @@ class RayEngine:
         if self.options.gpus_per_actor < 0 or self.options.cpus_per_actor <= 0:
             raise ValueError("--ray-gpus-per-actor must be >= 0 and --ray-cpus-per-actor > 0")
         self._started = False
+        self.run_facts: dict[str, float] = {}  # the last ingest's start-up and actor time (``ingest.ingest`` sums them)
 
     def __enter__(self) -> RayEngine:
         self._started = connect(self.options.address, self.options.connect_timeout)
@@ -131,7 +143,9 @@ class RayEngine:
         if model_path is None:
             raise ValueError("--engine ray loads the model in each actor from its file: give --model")
         # absolute: the actors' working folder is not this one
-        RayIngestor(catalogue, store, embedder, options, self.options, str(Path(model_path).resolve())).run()
+        ingestor = RayIngestor(catalogue, store, embedder, options, self.options, str(Path(model_path).resolve()))
+        ingestor.run()
+        self.run_facts = ingestor.facts
 
     def add_vectors(self, index: faiss.Index, chunks: Chunks, workdir: Path, count: int) -> faiss.Index:
         """Per-shard Ray tasks for an IVF index, merged here; any other index is filled in this process."""
@@ -145,8 +159,65 @@ class RayEngine:
         return ShardedIvfBuilder(index, core, workdir, on_disk, self.options.add_tasks_in_flight).fill(chunks)
 
 
+@dataclasses.dataclass(frozen=True)
+class EngineEstimate:
+    """How long ``images`` would take on each engine, and what the rates came from."""
+
+    images: int
+    local_s: float
+    ray_s: float
+    startup_s: float
+    source: str
+
+    @property
+    def local_is_sooner(self) -> bool:
+        """True when the local engine would finish before Ray (Ray's fixed start-up not yet paid back)."""
+        return self.local_s < self.ray_s
+
+    def message(self) -> str:
+        """The one line ``--engine ray`` prints before a gallery the local engine would finish sooner."""
+        return (
+            f"about {self.images:,} images: the local engine would take ~{_seconds(self.local_s)} s, Ray "
+            f"~{_seconds(self.ray_s)} s including its ~{_seconds(self.startup_s)} s start-up ({self.source}); "
+            "use --engine local for small galleries"
+        )
+
+
+def _seconds(value: float) -> str:
+    """Seconds as the estimate prints them: tenths under 10 s (a small gallery's ~0.3 s), whole seconds above."""
+    return f"{value:.1f}" if value < 10 else f"{value:.0f}"
+
+
+def estimate_engines(images: int, record: Mapping[str, Any], actors: int = 1) -> EngineEstimate:
+    """Local against Ray time for ``images``, from a throughput record (``THROUGHPUT_META``) where it has measured
+    runs, else the documented defaults; Ray's steady rate is per actor times ``actors`` (each on its own cores)."""
+    local, ray = record.get("local") or {}, record.get("ray") or {}
+    sources = []
+    local_rate = LOCAL_IMAGES_PER_S
+    if local.get("seconds", 0) > 0 and local.get("images", 0) > 0:
+        local_rate = local["images"] / local["seconds"]
+        sources.append("local: this index's record")
+    actor_rate, startup = RAY_ACTOR_IMAGES_PER_S, RAY_STARTUP_S
+    if ray.get("measured_runs", 0) > 0 and ray.get("actor_seconds", 0) > 0:  # runs that timed their start-up
+        actor_rate = ray["measured_images"] / ray["actor_seconds"]
+        startup = ray["startup_seconds"] / ray["measured_runs"]
+        sources.append("ray: this index's record")
+    source = "; ".join(sources) if sources else "rates measured in docs/BENCHMARKS.md"
+    if len(sources) == 1:
+        source += ", the other from docs/BENCHMARKS.md"
+    return EngineEstimate(
+        images, images / local_rate, startup + images / (actor_rate * max(1, actors)), startup, source
+    )
+
+
 class RayIngestor(Ingestor):
-    """``Ingestor`` whose images are decoded and embedded by Ray Data; shards are written as parquet here."""
+    """``Ingestor`` whose images are decoded and embedded by Ray Data; shards are written as parquet here.
+
+    Fault tolerance: Ray Data restarts a dead actor (``max_restarts=-1``) and retries its tasks, also on another
+    node; when a job fails anyway because the cluster lost a node, an actor or the objects under it, the rows not
+    yet written to a shard are still ``pending`` in the catalogue, so the wave runs again over just those
+    (``MAX_JOB_RETRIES`` times): every image lands in exactly one shard.
+    """
 
     def __init__(
         self,
@@ -160,25 +231,76 @@ class RayIngestor(Ingestor):
         super().__init__(catalogue, store, embedder, options)
         self.ray_options, self.model_path = ray_options, model_path
         self.paths: dict[int, str] = {}
+        self.buffer_nodes: collections.Counter[str] = collections.Counter()  # node id -> images of the buffer
+        self.nodes: collections.Counter[str] = collections.Counter()  # node id -> images embedded there
+        self.facts: dict[str, float] = {}  # start-up and actor time of this run, for the throughput record
+        self.retries = 0
 
     def run(self) -> None:
         pending = self.catalogue.pending()
         if not pending:
             return
+        self._advise(len(pending))
         with self.progress_bar(len(pending), "index (ray)") as bar:
-            started, waiting = time.perf_counter(), True
+            self.started, self.first = time.perf_counter(), None
             for start in range(0, len(pending), self.ray_options.wave_size):
                 wave = pending[start : start + self.ray_options.wave_size]
-                self.paths = dict(wave)
-                for batch in self._embedded(wave):
-                    if waiting:  # start-up: the decode workers and the actors start, the actors load the model
-                        log.info("ray: first embeddings after %.1f s", time.perf_counter() - started)
-                        waiting = False
-                    self._take_embedded(batch)
-                    if len(self.buffer) >= self.options.shard_size:
-                        self._flush()
-                    bar.update(len(batch["id"]))
+                self.paths, rows = dict(wave), wave
+                while True:
+                    try:
+                        self._run_wave(rows, bar)
+                        break
+                    except Exception as exc:
+                        if self.retries >= MAX_JOB_RETRIES or not lost_to_the_cluster(exc):
+                            raise
+                        rows = self._replan(wave, bar, exc)
+        if self.first is not None:
+            steady = time.perf_counter() - self.first
+            self.facts = {
+                "startup_seconds": self.first - self.started,
+                "actor_seconds": steady * self.ray_options.actors,
+                "measured_images": len(pending),
+                "measured_runs": 1,
+            }
+        if self.nodes:
+            log.info("ray: embedded on %d node(s): %s", len(self.nodes),
+                     ", ".join(f"{node[:12]} {n} images" for node, n in self.nodes.most_common()))
+
+    def _advise(self, images: int) -> None:
+        """Say so (never refuse) when the local engine would finish this gallery before Ray's start-up pays off."""
+        record = json.loads(self.catalogue.get_meta(THROUGHPUT_META) or "{}")
+        estimate = estimate_engines(images, record, self.ray_options.actors)
+        if estimate.local_is_sooner:
+            log.warning("%s", estimate.message())
+
+    def _run_wave(self, rows: Sequence[tuple[int, str]], bar: Any) -> None:
+        """One Ray Data job over ``rows``: take its batches in order, write full shards and the rest."""
+        for batch in self._embedded(rows):
+            if self.first is None:  # start-up: the decode workers and the actors start, the actors load the model
+                self.first = time.perf_counter()
+                log.info("ray: first embeddings after %.1f s", self.first - self.started)
+            self._take_embedded(batch)
+            if len(self.buffer) >= self.options.shard_size:
                 self._flush()
+            bar.update(len(batch["id"]))
+        self._flush()
+
+    def _replan(self, wave: Sequence[tuple[int, str]], bar: Any, exc: BaseException) -> list[tuple[int, str]]:
+        """After a job lost to the cluster: forget the unwritten buffer and return the wave's rows still pending."""
+        self.retries += 1
+        dropped = len(self.buffer)
+        bar.update(-dropped)
+        self.buffer, self.buffer_nodes = ShardBuffer(), collections.Counter()
+        self.seen = self.catalogue.done_sha256()  # the dropped rows were admitted: they are not indexed yet
+        still = {i for i, _ in self.catalogue.pending()}
+        rows = [row for row in wave if row[0] in still]
+        log.warning(
+            "ray: the job lost part of the cluster (%s: %s); running the %d images not yet in a shard again "
+            "(%d dropped from the unwritten shard; retry %d of %d)",
+            type(exc).__name__, str(exc).splitlines()[0][:200] if str(exc) else "", len(rows), dropped,
+            self.retries, MAX_JOB_RETRIES,
+        )
+        return rows
 
     def _embedded(self, rows: Sequence[tuple[int, str]]) -> Iterator[dict[str, np.ndarray]]:
         """The rows' decode + embed results, streamed back in the rows' order."""
@@ -227,9 +349,35 @@ class RayIngestor(Ingestor):
         ]
         if any(wanted):
             self.buffer.vectors.append(np.ascontiguousarray(np.asarray(batch["embedding"], np.float32)[wanted]))
+        self.buffer_nodes.update(str(node) for node in batch["node"])
 
     def _write_shard(self, ids: np.ndarray, vectors: np.ndarray, outcomes: list[Outcome]) -> str:
-        return self.store.write_parquet(ids, vectors, outcomes, self.paths)
+        # which nodes embedded the shard's rows: what a multi-node run did, readable from each shard
+        metadata = {"embedded_on": json.dumps(dict(self.buffer_nodes))}
+        name = self.store.write_parquet(ids, vectors, outcomes, self.paths, metadata)
+        self.nodes.update(self.buffer_nodes)
+        self.buffer_nodes = collections.Counter()
+        return name
+
+
+def lost_to_the_cluster(exc: BaseException) -> bool:
+    """True when ``exc`` (or an exception it was raised from) is Ray losing a node, an actor or an object, not an
+    error of our code (a bad model file fails at once instead of three more times)."""
+    ray = import_ray()
+    lost = (
+        ray.exceptions.NodeDiedError, ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedError,
+        ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError,
+    )
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if "ModelMismatchError" in type(current).__name__ or "UserCodeException" in type(current).__name__:
+            return False
+        if isinstance(current, lost):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 # --- faiss: per-shard tasks and merge ----------------------------------------------------------------

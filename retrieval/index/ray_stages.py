@@ -53,7 +53,7 @@ def decode_rows(batch: dict[str, np.ndarray], config_json: str, max_pixels: int)
 
 class BatchEmbedder:
     """Ray Data actor: loads the ONNX model once, normalises and embeds the readable rows of each batch
-    (``decode_rows``' uint8 crops) into unit vectors."""
+    (``decode_rows``' uint8 crops) into unit vectors, each row marked with the id of the node that embedded it."""
 
     def __init__(self, model_path: str, model_hash: str, threads: int) -> None:
         import onnxruntime
@@ -67,6 +67,8 @@ class BatchEmbedder:
                 f"{model_hash}; give every node the same model file"
             )
         self.preprocess = EvalPreprocess(self.embedder.model_config)
+        # which node embedded each row: the driver records it per shard (the shard's ``embedded_on`` metadata)
+        self.node_id = ray.get_runtime_context().get_node_id()
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         ok = np.asarray(batch["ok"], bool)
@@ -75,4 +77,7 @@ class BatchEmbedder:
         if ok.any():
             pixels = self.preprocess.normalize(np.asarray(batch["pixels"])[ok])
             vectors[ok] = prepare_vectors(self.embedder.embed(pixels), dim)
-        return {key: batch[key] for key in ("id", "ok", "sha256", "size", "error")} | {"embedding": vectors}
+        return {key: batch[key] for key in ("id", "ok", "sha256", "size", "error")} | {
+            "embedding": vectors,
+            "node": np.full(len(ok), self.node_id, object),
+        }

@@ -70,9 +70,15 @@ class ShardStore:
         return name
 
     def write_parquet(
-        self, ids: np.ndarray, vectors: np.ndarray, outcomes: list[Outcome], paths: Mapping[int, str]
+        self,
+        ids: np.ndarray,
+        vectors: np.ndarray,
+        outcomes: list[Outcome],
+        paths: Mapping[int, str],
+        metadata: Mapping[str, str] | None = None,
     ) -> str:
-        """Write one parquet shard atomically (``vectors[i]`` belongs to ``ids[i]``); return its name."""
+        """Write one parquet shard atomically (``vectors[i]`` belongs to ``ids[i]``), ``metadata`` in its schema
+        (informational: readers ignore it); return its name."""
         pa, pq = _pyarrow()
         name = self.next_name("parquet")
         vectors = np.asarray(vectors, dtype=np.float32)
@@ -89,6 +95,8 @@ class ShardStore:
                 "embedding": embedding.take(take),
             }
         )
+        if metadata:
+            table = table.replace_schema_metadata(dict(metadata))
         buffer = pa.BufferOutputStream()
         pq.write_table(table, buffer)
         atomic_write(self.folder / name, buffer.getvalue().to_pybytes())

@@ -53,6 +53,8 @@ def index_stats(directory: str | Path, queries: int = 500, seed: int = 1) -> dic
             "index_key_requested": index.info.get("index_key_requested"),
             "params": index.info.get("params", {}),
             "tuning": index.info.get("tuning"),
+            # --max-index-memory / --max-query-ms: the limits, the estimate and the latency tuning measured
+            **({"budget": index.info["budget"]} if index.info.get("budget") else {}),
             "model": {
                 key: index.info.get(key)
                 for key in ("model_path", "model_hash", "embedding_dim", "model_normalized")

@@ -243,6 +243,7 @@ def build_index(
             "index_dir": str(layout.root),
             "index_key": built["index_key"],
             "params": built["params"],
+            **({"budget": built["budget"]} if "budget" in built else {}),
             "labels": label_summary(gallery, rule),
             **_summary(catalogue, started, mended),
         }

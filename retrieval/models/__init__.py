@@ -18,11 +18,12 @@ from retrieval.models.checkpoint import (
     load_checkpoint,
 )
 from retrieval.models.embedder import Embedder, EmbeddingHead, create_embedder, load_embedder
+from retrieval.models.weights import WeightsDownloadFailed, WeightsLocation, offline_scope, resolve_weights
 from retrieval.reports import WISE_CHECKPOINT
 
 __all__ = [
     "BACKBONES", "BEST_CHECKPOINT", "Backbone", "CHECKPOINT_FORMAT", "Checkpoint", "Embedder", "EmbeddingHead",
     "LAST_CHECKPOINT", "PretrainedWeightsMissing", "backbone_names", "config_hash", "create_backbone",
     "create_embedder", "efficientnet_lite0_classifier", "load_checkpoint", "load_embedder", "register_backbone",
-    "WISE_CHECKPOINT",
+    "WISE_CHECKPOINT", "WeightsDownloadFailed", "WeightsLocation", "offline_scope", "resolve_weights",
 ]

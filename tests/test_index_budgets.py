@@ -1,0 +1,95 @@
+"""Budgets (issue 29, point 6): `index build --max-index-memory SIZE --max-query-ms MS` picks the index type by
+its estimated RAM and its search settings by measured time per query, and `index stats` says what it chose."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import faiss
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+from test_index_support import FakeEmbedder
+
+from retrieval.index import faiss_ops
+
+N, D = 20_000, 64
+
+
+@pytest.fixture(scope="module")
+def vectors() -> np.ndarray:
+    x = np.random.default_rng(0).standard_normal((N, D)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("key", ["Flat", "HNSW32", "IVF128,Flat", "IVF128,SQ8", "IVF128,PQ16x4"])
+def test_the_memory_estimate_matches_what_faiss_stores(vectors, key):
+    """faiss' serialised index (codes, ids, links, quantizers) plus IDMap2's reverse map of ~40 bytes per id."""
+    index = faiss_ops.new_index(key, D)
+    if not index.is_trained:
+        index.train(vectors)
+    index.add_with_ids(vectors, np.arange(N, dtype=np.int64))
+    stored = len(faiss.serialize_index(index)) + 40 * N
+    assert faiss_ops.estimated_index_bytes(key, N, D) == pytest.approx(stored, rel=0.01)
+
+
+def test_a_shrinking_budget_walks_down_from_exact_to_compressed_codes():
+    policy = faiss_ops.AutoPolicy(flat_max=N, hnsw_max=N)
+    budgets = np.geomspace(10**8, 1.4 * 10**6, 40).astype(int)
+    chosen = [faiss_ops.choose_within_memory(N, D, int(budget), policy) for budget in budgets]
+    sizes = [faiss_ops.estimated_index_bytes(key, N, D) for key in chosen]
+    assert all(size <= budget for size, budget in zip(sizes, budgets, strict=True))
+    assert sizes == sorted(sizes, reverse=True)  # a smaller budget never takes a larger index
+    kinds = list(dict.fromkeys(key.split(",")[-1] if "," in key else key for key in chosen))
+    assert kinds[0] == "Flat" and "SQ8" in kinds and kinds[-1].startswith("PQ")
+    with pytest.raises(ValueError, match="--max-index-memory 1 MiB is too small for 20000 vectors"):
+        faiss_ops.choose_within_memory(N, D, 2**20, policy)
+    policy = faiss_ops.AutoPolicy(max_index_memory=int(budgets[-1]))
+    assert faiss_ops.choose_index_key(N, D, policy=policy) == chosen[-1]
+
+
+def test_tuning_under_a_latency_budget_keeps_within_it_or_says_it_cannot(vectors):
+    index = faiss_ops.new_index("IVF256,Flat", D)
+    index.train(vectors)
+    index.add_with_ids(vectors, np.arange(N, dtype=np.int64))
+    queries = vectors[:200] + 0.01
+    _, exact = faiss_ops.exact_knn(queries, [(np.arange(N, dtype=np.int64), vectors)], 10)
+    plain = faiss_ops.tune_search_params(index, queries, exact, 0.95)
+    generous = faiss_ops.tune_search_params(index, queries, exact, 0.95, max_query_ms=1e6)
+    assert generous.params == plain.params and generous.latency_met and generous.target_met
+    impossible = faiss_ops.tune_search_params(index, queries, exact, 0.95, max_query_ms=1e-9)
+    assert impossible.latency_met is False and impossible.params == {"nprobe": 1}  # the fastest setting
+    tight = faiss_ops.tune_search_params(index, queries, exact, 1.0, max_query_ms=generous.latency_ms * 3)
+    assert tight.latency_met and tight.latency_ms <= generous.latency_ms * 3
+
+
+def test_the_command_line_builds_under_budgets_and_stats_says_what_it_chose(tmp_path, monkeypatch):
+    from retrieval.cli.main import main
+
+    rng = np.random.default_rng(0)
+    for i in range(60):
+        (tmp_path / "g" / f"c{i % 3}").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(tmp_path / "g" / f"c{i % 3}/{i}.png")
+    monkeypatch.setattr("retrieval.index.writer.load_model", lambda path, providers="auto": FakeEmbedder())
+    result = CliRunner().invoke(main, ["index", "build", "--model", "m.onnx", "--images", str(tmp_path / "g"),
+                                       "--out", str(tmp_path / "idx"), "--workers", "0", "--max-index-memory",
+                                       "100K", "--max-query-ms", "50"])
+    assert result.exit_code == 0, result.output
+    assert re.search(r"about \d+\.\d KiB of --max-index-memory 100\.0 KiB", result.output), result.output
+    assert "within --max-query-ms 50" in result.output
+    info = json.loads((tmp_path / "idx" / "index.json").read_text())
+    budget = info["budget"]
+    assert budget["max_index_memory"] == 100 * 1024 and budget["estimated_bytes"] <= 100 * 1024
+    assert budget["memory_met"] and budget["latency_met"] and budget["latency_ms"] <= 50
+    stats = CliRunner().invoke(main, ["index", "stats", str(tmp_path / "idx"), "--json"])
+    assert json.loads(stats.output[stats.output.index("{"):])["budget"] == budget
+    for bad, message in (("4X", "is not a size"), ("-1G", "is not a size")):
+        refused = CliRunner().invoke(main, ["index", "build", "--model", "m.onnx", "--images", str(tmp_path / "g"),
+                                            "--out", str(tmp_path / "other"), "--max-index-memory", bad])
+        assert refused.exit_code == 2 and message in refused.output
+    over = CliRunner().invoke(main, ["index", "build", "--model", "m.onnx", "--images", str(tmp_path / "g"),
+                                     "--out", str(tmp_path / "flat"), "--workers", "0", "--index-key", "Flat",
+                                     "--max-index-memory", "1K"])
+    assert over.exit_code == 1 and "--index-key Flat needs about" in over.output and "--index-key auto" in over.output
