@@ -376,6 +376,8 @@ def batch_json(
             raise QueryError(f'{subject} must be an object: {{"image": BASE64}} or {{"embedding": [...]}}', 422)
         check_keys(entry, QUERY_KEYS, subject)
         kind, value = query_entry(entry, subject)
+        if kind == "image" and not value:  # the schema's minLength: the request is malformed, not one query
+            raise QueryError(f"{subject}: 'image' is empty; send the image file in base64", 422)
         if kind == "image":
             try:
                 value = decode_base64(value, service.max_upload_bytes)

@@ -270,13 +270,14 @@ class SearchService:
 
     # --- search
     def embed_images(
-        self, images: list[Image.Image], state: ServedIndex | None = None
+        self, images: list[Image.Image] | np.ndarray, state: ServedIndex | None = None
     ) -> tuple[np.ndarray, dict[str, float]]:
-        """Embed with the model of ``state`` (default: the current one) through its micro-batcher."""
+        """Embed with the model of ``state`` (default: the current one) through its micro-batcher; ``images``: PIL
+        images, or a batch already preprocessed for this model ([n, 3, S, S], ``preprocess_images``)."""
         model = (self.state if state is None else state).model
         started = time.perf_counter()
         with model.batcher.reservation() as submit:
-            batch = preprocess_images(images, model.embedder.model_config)
+            batch = images if isinstance(images, np.ndarray) else preprocess_images(images, model.embedder.model_config)
             prepared = time.perf_counter()
             future = submit(batch)
         result = future.result(timeout=120)
@@ -378,27 +379,32 @@ class SearchService:
                 except QueryError as exc:
                     raise QueryError(f"queries[{position}]: {exc}", exc.status) from exc
         answers: list[SearchResponse | QueryError] = [SearchResponse([], k) for _ in queries]
-        images: dict[int, Image.Image] = {}
+        # each image becomes the model's small input as soon as it is decoded: a batch never holds 64 decoded
+        # images at once (a tiny PNG can declare tens of megapixels within the pixel limit)
+        images: dict[int, np.ndarray] = {}
+        config = state.model.embedder.model_config
         own: dict[int, int] = {}  # position -> the gallery item it leaves out (exclude_self)
         for position, query in enumerate(queries):
             answer = answers[position]
             if isinstance(query, QueryError):
                 answers[position] = query
             elif isinstance(query, Image.Image):
-                images[position] = query
+                images[position] = preprocess_images([query], config)[0]
             elif isinstance(query, (bytes, bytearray)):
                 try:
-                    images[position], answer.query_item, answer.notes, decode_ms = self._decode(state, bytes(query))
+                    decoded, answer.query_item, answer.notes, decode_ms = self._decode(state, bytes(query))
                 except QueryError as exc:  # this query only: the others are answered
                     answers[position] = exc
                     continue
+                images[position] = preprocess_images([decoded], config)[0]
+                del decoded
                 answer.timing["decode_ms"] = decode_ms
                 answer.excluded_self = exclude_self and answer.query_item is not None
                 if answer.excluded_self:
                     own[position] = answer.query_item.id  # type: ignore[union-attr]
         shared: dict[str, float] = {}
         if images:  # the whole batch in one reservation: one model call, never query by query
-            embedded, shared = self.embed_images(list(images.values()), state)
+            embedded, shared = self.embed_images(np.stack(list(images.values())), state)
             vectors |= dict(zip(images, embedded, strict=True))
         searched = sorted(vectors)
         if searched:

@@ -198,7 +198,7 @@ def test_filtered_recall_is_at_least_the_unfiltered_recall(key):
     n, d, k = 20_000, 32, 10
     vectors = rng.standard_normal((n, d)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-    ids = np.arange(n, dtype=np.int64)
+    ids = np.arange(n, dtype=np.int64) * 3 + 7  # catalogue ids are not faiss' positions
     index = faiss.index_factory(d, f"IDMap2,{key}", faiss.METRIC_INNER_PRODUCT)
     index.train(vectors)
     index.add_with_ids(vectors, ids)
@@ -209,12 +209,14 @@ def test_filtered_recall_is_at_least_the_unfiltered_recall(key):
     queries = rng.standard_normal((50, d)).astype(np.float32)
     queries /= np.linalg.norm(queries, axis=1, keepdims=True)
     scores = queries @ vectors.T
-    unfiltered = np.mean([len(set(f) & set(np.argsort(-s)[:k])) / k
-                          for f, s in zip(index.search(queries, k)[1], scores, strict=True)])
+    unfiltered_ids = ids[np.argsort(-scores, axis=1)[:, :k]]
+    unfiltered = np.mean([len(set(f) & set(e)) / k for f, e in zip(index.search(queries, k)[1], unfiltered_ids,
+                                                                    strict=True)])
     for share in (0.1, 0.01):
-        selected = np.sort(rng.choice(n, int(n * share), replace=False)).astype(np.int64)
+        rows = np.sort(rng.choice(n, int(n * share), replace=False))
+        selected = ids[rows]
         _, found = searcher.search_selected(queries, k, selected)
-        exact = [selected[np.argsort(-s[selected])[:k]] for s in scores]
+        exact = [selected[np.argsort(-s[rows])[:k]] for s in scores]
         recall = np.mean([len(set(f) & set(e)) / k for f, e in zip(found, exact, strict=True)])
         assert set(found.ravel()) - {-1} <= set(selected.tolist())
         assert recall >= unfiltered, (share, recall, unfiltered)
@@ -261,3 +263,28 @@ def test_post_filtering_keeps_only_selected_ids_in_score_order():
     assert ids[0].tolist() == expected.tolist() and np.all(np.diff(scores[0]) <= 0)
     none = faiss_ops.post_filtered_search(index, query, 3, np.array([1], dtype=np.int64))  # odd: not in the index
     assert none[1].tolist() == [[-1, -1, -1]]
+
+
+def test_a_parquet_manifest_keeps_scalar_columns_only(tmp_path):
+    """Strings and numbers become filter columns; a column of image bytes or records is neither read nor kept,
+    and the kept columns are chosen once from the schema (not row by row)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from retrieval.index.sources import MAX_EXTRA_COLUMNS, list_gallery
+
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(tmp_path / f"{i}.png")
+    table = pa.table({
+        "path": [f"{i}.png" for i in range(3)], "label": ["a", "b", "a"], "price": [1.5, 2.0, None],
+        "count": [1, 2, 3], "image": [{"bytes": b"\x89PNG" * 100, "path": "x"}] * 3, "blob": [b"\x00" * 50] * 3,
+        "bad name": ["x"] * 3,
+    })
+    pq.write_table(table, tmp_path / "m.parquet")
+    gallery = list_gallery(tmp_path / "m.parquet")
+    assert [item.extra for item in gallery.items] == [{"price": 1.5, "count": 1}, {"price": 2.0, "count": 2},
+                                                      {"count": 3}]
+    wide = pa.table({"path": ["0.png"], **{f"c{i}": [i] for i in range(MAX_EXTRA_COLUMNS + 10)}})
+    pq.write_table(wide, tmp_path / "wide.parquet")
+    assert len(list_gallery(tmp_path / "wide.parquet").items[0].extra) == MAX_EXTRA_COLUMNS

@@ -218,14 +218,18 @@ def filtered_search_params(index: faiss.Index, selector: faiss.IDSelector, fract
     this index type: the caller post-filters then."""
     widen = FILTER_WIDEN / max(fraction, 1e-9)
     ivf, hnsw, refine = _ivf(index), _hnsw(index), _refine(index)
-    if refine is not None:  # the selector goes to the base index; the refine step re-ranks what it returns
-        base = faiss.SearchParametersIVF(sel=selector, nprobe=int(min(ivf.nlist, math.ceil(ivf.nprobe * widen)))) \
-            if ivf is not None else faiss.SearchParameters(sel=selector)
+    nprobe = int(min(ivf.nlist, math.ceil(ivf.nprobe * widen))) if ivf is not None else 0
+    if refine is not None:
+        # the selector goes to the base index (the refine step re-ranks what it returns); IDMap2 translates only
+        # the outer params' selector to its internal positions, so this one is translated here
+        translated = faiss.IDSelectorTranslated(index.id_map, selector)
+        base = faiss.SearchParametersIVF(sel=translated, nprobe=nprobe) if ivf is not None else \
+            faiss.SearchParameters(sel=translated)
         params = faiss.IndexRefineSearchParameters(k_factor=refine.k_factor, base_index_params=base)
-        params.referenced_objects = [base, selector]  # SWIG keeps only pointers to them
+        params.referenced_objects = [base, translated, selector]  # SWIG keeps only pointers to them
         return params
     if ivf is not None:
-        return faiss.SearchParametersIVF(sel=selector, nprobe=int(min(ivf.nlist, math.ceil(ivf.nprobe * widen))))
+        return faiss.SearchParametersIVF(sel=selector, nprobe=nprobe)
     if hnsw is not None:
         ef = int(min(MAX_FILTERED_EF, math.ceil(hnsw.hnsw.efSearch * widen)))
         return faiss.SearchParametersHNSW(sel=selector, efSearch=ef)
@@ -241,12 +245,17 @@ MAX_FILTERED_EF = 4096  # HNSW's widened efSearch under a filter stops here
 FILTER_WIDEN = 2.0
 
 
+MAX_POST_FILTER_FETCH = 16_384  # results one post-filtered query fetches at most (memory and sort per request)
+
+
 def post_filtered_search(index: faiss.Index, queries: np.ndarray, k: int, selected: np.ndarray
                          ) -> tuple[np.ndarray, np.ndarray]:
-    """Top-k among the ``selected`` ids (sorted int64) by over-fetching: the unfiltered top 2k / share + k, of
-    which the selected ones are kept in score order (ids -1 and scores -inf where fewer were found)."""
+    """Top-k among the ``selected`` ids (sorted int64) by over-fetching: the unfiltered top 2k / share + k (at
+    most ``MAX_POST_FILTER_FETCH``), of which the selected ones are kept in score order (ids -1 and scores -inf
+    where fewer were found). For index types faiss cannot filter; it misses matches an unfiltered search does not
+    reach (docs/BENCHMARKS.md, "Filtered search")."""
     fraction = len(selected) / max(index.ntotal, 1)
-    fetch = int(min(index.ntotal, math.ceil(2 * k / max(fraction, 1e-9)) + k))
+    fetch = int(min(index.ntotal, MAX_POST_FILTER_FETCH, math.ceil(2 * k / max(fraction, 1e-9)) + k))
     scores, ids = index.search(queries, fetch)
     keep = np.isin(ids, selected)
     order = np.argsort(~keep, axis=1, kind="stable")[:, :k]  # the kept ones first, in score order
@@ -376,7 +385,7 @@ def _tune_within_latency(index: faiss.Index, queries: np.ndarray, exact_ids: np.
         tuning.target_met = tuning.recall_10_at_10 >= target
         fastest = tuning if fastest is None or latency < fastest.latency_ms else fastest
         if not tuning.latency_met:
-            if within:  # settings only get slower from here
+            if within and _refine(index) is None:  # one nprobe/efSearch axis: settings only get slower from here
                 break
             continue
         within.append(tuning)

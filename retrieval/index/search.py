@@ -164,7 +164,8 @@ class Index:
     # --- filters
     @property
     def filter_table(self) -> FilterTable:
-        """The indexed rows' filterable columns, read from the catalogue on first use."""
+        """The indexed rows' filterable columns, read from the catalogue on first use (a ``live.Snapshot`` reads
+        them then, not when it opened: a writer's relabel or removal since then shows in its filters)."""
         with self._filter_lock:
             if self._filter_table is None:
                 ids, paths, labels, extra = self.catalogue.filter_rows()
@@ -191,7 +192,8 @@ class Index:
     def search_selected(self, embeddings: np.ndarray, k: int, selected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """faiss' top-k among the ``selected`` ids (sorted int64) alone: through an ``IDSelector`` (exact for Flat,
         IVF and HNSW probing widened by the selection's share, ``faiss_ops.filtered_search_params``), else by
-        over-fetching the unfiltered search and keeping the selected ids."""
+        over-fetching the unfiltered search and keeping the selected ids. Always on the CPU index (the GPU
+        searcher takes no selector)."""
         queries = prepare_vectors(embeddings, self.dim)
         if not len(selected):
             return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -233,10 +234,11 @@ def read_manifest(manifest: Path, split: str | None = None) -> Gallery:
                 )
             if split is not None and "split" not in fields:
                 raise ValueError(f"--split {split} given but manifest {manifest} has no 'split' column")
+            extras = extra_columns(fields)
             for row in reader:
                 if split is not None and row.get("split") != split:
                     continue
-                _take_row(gallery, base, row, reader.line_num)
+                _take_row(gallery, base, row, reader.line_num, extras)
         except csv.Error as exc:  # e.g. a field over csv's 128 KiB limit: no sane path is that long
             raise ValueError(f"manifest {manifest} line {reader.line_num}: {exc}; fix that row") from exc
     if split is not None and not gallery.items and not gallery.errors:
@@ -261,15 +263,22 @@ def read_parquet_manifest(manifest: Path, split: str | None = None) -> Gallery:
         raise ValueError(f"manifest {manifest} needs a 'path' column (path[, label][, split])")
     if split is not None and "split" not in fields:
         raise ValueError(f"--split {split} given but manifest {manifest} has no 'split' column")
+    import pyarrow as pa
+
+    # strings and numbers only: a column of image bytes or nested records is neither read nor kept
+    scalar = [f.name for f in handle.schema_arrow if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
+              or pa.types.is_integer(f.type) or pa.types.is_floating(f.type)]
+    extras = extra_columns(scalar)
+    columns = [c for c in ("path", "label") if c in fields] + extras
     line = 0
-    for batch in handle.iter_batches():
+    for batch in handle.iter_batches(batch_size=4096, columns=columns):
         for row in batch.to_pylist():
             line += 1
             if split is not None and row.get("split") != split:
                 continue
             row = {k: v if v is None or isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
                    for k, v in row.items()}
-            _take_row(gallery, base, row, line)
+            _take_row(gallery, base, row, line, extras)
     if split is not None and not gallery.items and not gallery.errors:
         raise ValueError(f"manifest {manifest} has no rows with split == {split!r}")
     return gallery
@@ -279,21 +288,25 @@ MAX_EXTRA_COLUMNS = 64  # a manifest's columns kept for filters, beyond path and
 MAX_EXTRA_CHARS = 1024  # one value, as text
 
 
-def _extra(row: dict[str, object]) -> dict[str, str | float | int] | None:
-    """A manifest row's columns beside path and label that a `where` can name (identifier-like names, bounded)."""
+def extra_columns(fields: Sequence[str]) -> list[str]:
+    """The manifest's columns beside path and label that are kept for a `where` (split among them): names a filter
+    can write (ASCII identifiers), the first ``MAX_EXTRA_COLUMNS`` of the header, chosen once per manifest."""
+    kept = [f for f in fields if isinstance(f, str) and f not in ("path", "label") and f.isidentifier() and f.isascii()]
+    return kept[:MAX_EXTRA_COLUMNS]
+
+
+def _extra(row: dict[str, object], columns: Sequence[str]) -> dict[str, str | float | int] | None:
+    """A manifest row's values of the kept ``columns`` (missing and NaN values left out; text bounded)."""
     extra: dict[str, str | float | int] = {}
-    for key, value in row.items():
-        if key in ("path", "label") or value is None or value == "" or not isinstance(key, str):
-            continue
-        if not key.isidentifier() or not key.isascii() or len(extra) >= MAX_EXTRA_COLUMNS:
-            continue
-        if isinstance(value, float) and value != value:  # NaN: missing
+    for key in columns:
+        value = row.get(key)
+        if value is None or value == "" or (isinstance(value, float) and value != value):  # NaN: missing
             continue
         extra[key] = value if isinstance(value, (int, float)) else str(value)[:MAX_EXTRA_CHARS]
     return extra or None
 
 
-def _take_row(gallery: Gallery, base: Path, row: dict[str, object], line: int) -> None:
+def _take_row(gallery: Gallery, base: Path, row: dict[str, object], line: int, extras: Sequence[str] = ()) -> None:
     raw = str(row.get("path") or "")
     if not raw.strip():
         gallery.errors.append(ListingError(f"(manifest line {line})", "the row has no path"))
@@ -307,7 +320,7 @@ def _take_row(gallery: Gallery, base: Path, row: dict[str, object], line: int) -
     if problem is not None:
         gallery.errors.append(ListingError(printable_path(path), f"{problem} (manifest line {line})"))
         return
-    extra = _extra(row)
+    extra = _extra(row, extras)
     if extra is not None and not all(is_utf8(v) for v in extra.values() if isinstance(v, str)):
         gallery.errors.append(ListingError(printable_path(path), f"a column is not valid UTF-8 (manifest line {line})"))
         return
