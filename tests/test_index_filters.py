@@ -185,7 +185,7 @@ def test_removed_images_are_not_matched(manifest_index, tmp_path):
 
 
 @pytest.mark.parametrize("key", ["IVF128,Flat", "IVF128,SQ8,RFlat", "HNSW32"])  # a refine wrapper; a graph
-def test_filtered_recall_is_at_least_the_unfiltered_recall(key):
+def test_filtered_recall_is_at_least_the_unfiltered_recall(key, monkeypatch):
     """On IVF and HNSW the filter goes through faiss' IDSelector with nprobe / efSearch widened by the selection's
     share: recall against the exact filtered top-k is at least the unfiltered search's recall against the exact
     top-k."""
@@ -194,6 +194,7 @@ def test_filtered_recall_is_at_least_the_unfiltered_recall(key):
     from retrieval.index import faiss_ops
     from retrieval.index.search import Index as SearchIndex
 
+    monkeypatch.setattr(faiss_ops, "EXACT_SELECTION_MAX", 0)  # the selector's path, also for small selections
     rng = np.random.default_rng(0)
     n, d, k = 20_000, 32, 10
     vectors = rng.standard_normal((n, d)).astype(np.float32)
@@ -288,3 +289,32 @@ def test_a_parquet_manifest_keeps_scalar_columns_only(tmp_path):
     wide = pa.table({"path": ["0.png"], **{f"c{i}": [i] for i in range(MAX_EXTRA_COLUMNS + 10)}})
     pq.write_table(wide, tmp_path / "wide.parquet")
     assert len(list_gallery(tmp_path / "wide.parquet").items[0].extra) == MAX_EXTRA_COLUMNS
+
+
+@pytest.mark.parametrize("key", ["HNSW32", "Flat"])
+def test_a_small_selection_is_scored_exactly_from_the_stored_vectors(key):
+    """Below EXACT_SELECTION_MAX rows an index that stores its vectors answers exactly: on HNSW, where a share of
+    0.05 % would need more than the capped efSearch, the results equal the brute-force top-k."""
+    import faiss
+
+    from retrieval.index import faiss_ops
+    from retrieval.index.search import Index as SearchIndex
+
+    rng = np.random.default_rng(2)
+    n, d, k = 20_000, 32, 10
+    vectors = rng.standard_normal((n, d)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    ids = np.arange(n, dtype=np.int64) * 5 + 11
+    index = faiss.index_factory(d, f"IDMap2,{key}", faiss.METRIC_INNER_PRODUCT)
+    index.add_with_ids(vectors, ids)
+    searcher = SearchIndex.__new__(SearchIndex)
+    searcher.faiss_index, searcher.info = index, {"embedding_dim": d}
+    rows = np.sort(rng.choice(n, 10, replace=False))  # 0.05 %: exactly k rows
+    queries = rng.standard_normal((20, d)).astype(np.float32)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    scores, found = searcher.search_selected(queries, k, ids[rows])
+    for query, got, got_scores in zip(queries, found, scores, strict=True):
+        order = np.argsort(-(vectors[rows] @ query))
+        assert got.tolist() == ids[rows][order].tolist()
+        assert np.allclose(got_scores, (vectors[rows] @ query)[order], atol=1e-6)
+    assert len(ids[rows]) <= faiss_ops.EXACT_SELECTION_MAX

@@ -246,6 +246,28 @@ FILTER_WIDEN = 2.0
 
 
 MAX_POST_FILTER_FETCH = 16_384  # results one post-filtered query fetches at most (memory and sort per request)
+# A selection this small is scored exactly from the vectors an index stores uncompressed (Flat, HNSW-Flat): 8,192
+# rows of 512 floats are 16 MiB, and HNSW's widened efSearch (capped) loses recall below about 1 % of the index
+EXACT_SELECTION_MAX = 8_192
+
+
+def stored_vectors(index: faiss.Index, ids: np.ndarray) -> np.ndarray | None:
+    """The float32 vectors [n, d] an index stores for ``ids`` where it keeps them exactly (Flat, HNSW-Flat); None
+    for one that compresses them or keeps them in lists (IVF, PQ, SQ)."""
+    if not isinstance(inner(index), (faiss.IndexFlat, faiss.IndexHNSWFlat)):
+        return None
+    return index.reconstruct_batch(np.ascontiguousarray(ids, dtype=np.int64))
+
+
+def exact_among(queries: np.ndarray, vectors: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Inner-product top-k of each query among ``vectors`` (whose ids are ``ids``), best first: scores float32
+    [q, min(k, n)], ids int64."""
+    scores = queries @ vectors.T
+    k = min(k, len(ids))
+    top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+    top_scores = np.take_along_axis(scores, top, 1)
+    order = np.argsort(-top_scores, axis=1, kind="stable")
+    return np.take_along_axis(top_scores, order, 1).astype(np.float32), ids[np.take_along_axis(top, order, 1)]
 
 
 def post_filtered_search(index: faiss.Index, queries: np.ndarray, k: int, selected: np.ndarray

@@ -190,15 +190,21 @@ class Index:
         return np.clip(scores, -1.0, 1.0, out=scores), ids
 
     def search_selected(self, embeddings: np.ndarray, k: int, selected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """faiss' top-k among the ``selected`` ids (sorted int64) alone: through an ``IDSelector`` (exact for Flat,
-        IVF and HNSW probing widened by the selection's share, ``faiss_ops.filtered_search_params``), else by
-        over-fetching the unfiltered search and keeping the selected ids. Always on the CPU index (the GPU
+        """faiss' top-k among the ``selected`` ids (sorted int64) alone: exactly from the stored vectors for a small
+        selection on an index that keeps them (``faiss_ops.EXACT_SELECTION_MAX``), else through an ``IDSelector``
+        (exact for Flat, IVF and HNSW probing widened by the selection's share, ``faiss_ops.filtered_search_params``),
+        else by over-fetching the unfiltered search and keeping the selected ids. Always on the CPU index (the GPU
         searcher takes no selector)."""
         queries = prepare_vectors(embeddings, self.dim)
         if not len(selected):
             return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
         fraction = len(selected) / max(len(self), 1)
         selected = np.ascontiguousarray(selected, dtype=np.int64)
+        vectors = faiss_ops.stored_vectors(self.faiss_index, selected) \
+            if len(selected) <= faiss_ops.EXACT_SELECTION_MAX else None
+        if vectors is not None:
+            scores, ids = faiss_ops.exact_among(queries, vectors, selected, k)
+            return np.clip(scores, -1.0, 1.0, out=scores), ids
         selector = faiss.IDSelectorBatch(len(selected), faiss.swig_ptr(selected))
         params = faiss_ops.filtered_search_params(self.faiss_index, selector, fraction)
         if params is not None:
