@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -273,7 +274,10 @@ def test_one_access_line_per_request_with_the_echoed_request_id(server):
         seen = settled_records(records, len(responses))
     ids = [response.headers["x-request-id"] for response in responses]
     assert ids[0] == "client-id_1.2" and len(set(ids)) == len(ids)
-    assert sorted(record.access["request_id"] for record in seen) == sorted(ids)  # one line each, no other
+    # one line each (the logger is the process's: a line of another test's server may come in the same window)
+    lines = Counter(record.access["request_id"] for record in seen)
+    assert all(lines[request_id] == 1 for request_id in ids), lines
+    seen = [record for record in seen if record.access["request_id"] in ids]
     by_id = {record.access["request_id"]: record for record in seen}
     for response, request_id in zip(responses, ids, strict=True):
         fields = by_id[request_id].access
@@ -303,11 +307,12 @@ def test_a_hostile_request_id_is_replaced_not_logged(server, case, given):
     headers = [("X-Request-ID", "ok-1"), ("X-Request-ID", "ok-2")] if given is None else [("X-Request-ID", given)]
     with access_records() as records:
         response = httpx.get(f"{running.url}/health", headers=headers, timeout=10)
-        (record,) = settled_records(records, 1)
+        seen = settled_records(records, 1)
     assert response.status_code == 200
     echoed = response.headers["x-request-id"]
-    assert echoed == record.access["request_id"] and len(echoed) == 32 and echoed.isalnum()
-    logged = JsonFormatter().format(record) + record.getMessage()
+    (record,) = [r for r in seen if r.access["request_id"] == echoed]  # another server's line may share the logger
+    assert len(echoed) == 32 and echoed.isalnum()
+    logged = "".join(JsonFormatter().format(r) + r.getMessage() for r in seen)
     shown = given.decode("latin-1") if isinstance(given, bytes) else given or "ok-1"
     assert shown not in logged
 
