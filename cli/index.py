@@ -382,8 +382,7 @@ def export_command(index_dir, fmt, out, overwrite, rows_per_file, absolute_paths
     _finish(summary, as_json,
             f"exported {summary['rows']} images ({summary['embedding_dim']}-d float32 embeddings, model_hash "
             f"{summary['model_hash']}) from {summary['index_dir']} to {where} as {summary['format']} "
-            f"({files} file{'s' if files != 1 else ''}, "
-            f"{f'{size / 2**20:.1f} MiB' if size >= 2**20 else f'{size / 2**10:.1f} KiB'})", next_step)
+            f"({files} file{'s' if files != 1 else ''}, {_size_text(size)})", next_step)
 
 
 def _check_k(_ctx: click.Context, _param: click.Parameter, k: int) -> int:

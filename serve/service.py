@@ -142,6 +142,16 @@ class ServedIndex:
         """A catalogued path as clients see it: relative to the gallery root, never the server's absolute path."""
         return self.index.public_path(path)
 
+    def search(self, vectors: np.ndarray, k: int, exclude_ids: tuple[int, ...] = (),
+               where: Filter | None = None) -> list[list[SearchResult]]:
+        """``Index.search`` with the paths as clients see them; a filter this index cannot answer (a column it
+        lacks) is a 422."""
+        try:
+            found = self.index.search(vectors, k, exclude_ids, where=where)
+        except FilterError as exc:
+            raise QueryError(str(exc), 422) from exc
+        return [[dataclasses.replace(r, path=self.public_path(r.path)) for r in results] for results in found]
+
     def query_item(self, data: bytes) -> QueryItem | None:
         """The item of this state whose file has exactly these bytes (catalogue sha256), if any."""
         row = self.index.indexed_by_sha256(hashlib.sha256(data).hexdigest())
@@ -331,11 +341,7 @@ class SearchService:
         else:
             embedding = check_embedding(query, state.index.dim)
         search_started = time.perf_counter()
-        try:
-            found = state.index.search(embedding, k, exclude_ids, where=where)[0]
-        except FilterError as exc:  # e.g. a column this index does not have
-            raise QueryError(str(exc), 422) from exc
-        results = [dataclasses.replace(r, path=state.public_path(r.path)) for r in found]
+        results = state.search(embedding, k, exclude_ids, where)[0]
         timing["search_ms"] = (time.perf_counter() - search_started) * 1000
         timing["total_ms"] = (time.perf_counter() - started) * 1000
         timing = {key: round(v, 3) for key, v in timing.items()}
@@ -415,7 +421,7 @@ class SearchService:
             for position, results in zip(searched, found, strict=True):
                 answer = answers[position]
                 assert isinstance(answer, SearchResponse)
-                answer.results = [dataclasses.replace(r, path=state.public_path(r.path)) for r in results]
+                answer.results = results
                 timing = answer.timing | (shared if position in images else {}) | {
                     "search_ms": search_ms, "total_ms": (time.perf_counter() - started) * 1000}
                 answer.timing = {key: round(value, 3) for key, value in timing.items()}
@@ -436,16 +442,13 @@ class SearchService:
         its own item itself (what ``search`` does with ``exclude_ids``: faiss is asked for k + 1 either way).
         """
         fetch = k + 1 if any(item is not None for item in own) else k
-        try:
-            if fetch <= MAX_K:
-                found = state.index.search(vectors, fetch, where=where)
-                return [[r for r in results if r.id != item][:k] for results, item in zip(found, own, strict=True)]
-            # k = MAX_K with exclude_self: one more row is beyond check_k, so those queries are searched alone
-            found = state.index.search(vectors, k, where=where)
-            return [results if item is None else state.index.search(vectors[i : i + 1], k, (item,), where=where)[0]
-                    for i, (results, item) in enumerate(zip(found, own, strict=True))]
-        except FilterError as exc:  # e.g. a column this index does not have
-            raise QueryError(str(exc), 422) from exc
+        if fetch <= MAX_K:
+            found = state.search(vectors, fetch, where=where)
+            return [[r for r in results if r.id != item][:k] for results, item in zip(found, own, strict=True)]
+        # k = MAX_K with exclude_self: one more row is beyond check_k, so those queries are searched alone
+        found = state.search(vectors, k, where=where)
+        return [results if item is None else state.search(vectors[i : i + 1], k, (item,), where=where)[0]
+                for i, (results, item) in enumerate(zip(found, own, strict=True))]
 
     def query_item(self, data: bytes) -> QueryItem | None:
         """The indexed gallery item whose file has exactly these bytes (catalogue sha256), if any."""
