@@ -16,23 +16,38 @@ query, capped (``batch_upload_bytes``).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import IO, Annotated, Any, Literal
 
-import anyio
 from fastapi import FastAPI, Query, Request
 from fastapi import Path as PathParameter
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi_offline import FastAPIOffline
 from pydantic import BaseModel, Field
-from starlette.datastructures import UploadFile
-from starlette.formparsers import MultiPartException, MultiPartParser
 
 from retrieval.index.filters import MAX_FILTER_CHARS
 from retrieval.index.search import MAX_K, check_k
-from retrieval.serve.defaults import API_DOCS_PATH, MAX_BATCH_QUERIES
+from retrieval.serve.admission import BodyBudget, Busy, ClientGone, ClientWatch, WorkLane
+from retrieval.serve.bodies import (
+    FORM_SLACK,
+    check_keys,
+    declared_length,
+    parse_json_object,
+    read_body,
+    read_uploads,
+    too_large,
+)
+from retrieval.serve.defaults import (
+    API_DOCS_PATH,
+    BATCH_CONCURRENCY,
+    BATCH_QUEUE_IMAGES,
+    BODY_BUDGET_BYTES,
+    MAX_BATCH_QUERIES,
+)
 from retrieval.serve.images import QueryError, decode_base64
 from retrieval.serve.observability import install_observability
 from retrieval.serve.service import (
@@ -43,8 +58,11 @@ from retrieval.serve.service import (
     check_batch_size,
 )
 
-FORM_SLACK = 64 * 1024  # multipart boundaries and headers, JSON punctuation
 DEFAULT_K = 10
+MAX_SEARCH_DEPTH = 4  # {"embedding": [...]} is 2 deep: room to name a nested list in an embedding
+MAX_BATCH_DEPTH = 6  # {"queries": [{"embedding": [...]}]} is 4 deep
+PARSE_CONCURRENCY = 2  # JSON bodies parsed at once (each within the body budget)
+SUMMARY_QUEUE = 8  # GET /stats waiting for the one thread that computes the index's summary
 QUERY_KEYS = ("image", "embedding")  # one query: exactly one of these
 JSON_KEYS = (*QUERY_KEYS, "k", "where")  # the keys a JSON search body may have
 BATCH_KEYS = ("queries", "k", "where", "exclude_self")  # the keys a JSON batch body may have
@@ -176,6 +194,7 @@ class StatsModel(BaseModel):
     service: dict[str, Any] = Field(description="the index and model being served (names, not server paths)")
     batcher: dict[str, Any] = Field(description="model calls and how many requests shared them")
     index: dict[str, Any] = Field(description="size, type, parameters, recall vs exact search, latency")
+    admission: dict[str, Any] = Field(description="searches and batches running and waiting, request bytes held")
     limits: LimitsModel
 
 
@@ -271,54 +290,6 @@ def batch_request_body(dim: int) -> dict[str, Any]:
 
 
 # --- reading bodies ---------------------------------------------------------------------------------------
-def _too_large(limit: int) -> QueryError:
-    return QueryError(
-        f"request body is over the limit of {limit} bytes; send a smaller image "
-        "(or start the server with a larger --max-upload-mb)",
-        413,
-    )
-
-
-async def capped_body(request: Request, limit: int) -> AsyncIterator[bytes]:
-    """The request body, chunk by chunk; 413 as soon as it exceeds ``limit`` bytes."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _too_large(limit)
-    received = 0
-    async for chunk in request.stream():
-        received += len(chunk)
-        if received > limit:
-            raise _too_large(limit)
-        yield chunk
-
-
-async def read_json(request: Request, limit: int,
-                    shape: str = '{"image": BASE64} or {"embedding": [...]}') -> dict[str, Any]:
-    """The JSON object of a body of at most ``limit`` bytes; ``shape`` says what it should look like."""
-    body = b"".join([chunk async for chunk in capped_body(request, limit)])
-    try:
-        payload = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise QueryError(f"the body is not valid JSON: {exc}") from exc
-    except RecursionError as exc:  # thousands of nested brackets
-        raise QueryError("the JSON body is nested too deeply; send a flat object") from exc
-    if not isinstance(payload, dict):
-        raise QueryError(f"the JSON body must be an object: {shape}", 422)
-    return payload
-
-
-def _names(keys: list[str], limit: int = 5) -> str:
-    shown = ", ".join(repr(key[:40]) for key in keys[:limit])
-    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
-
-
-def check_keys(payload: dict[str, Any], allowed: tuple[str, ...], subject: str = "the JSON body") -> None:
-    """422 naming the keys of ``payload`` that are not ``allowed``."""
-    unknown = sorted(key for key in payload if key not in allowed)
-    if unknown:
-        raise QueryError(f"unknown key(s) in {subject}: {_names(unknown)}; allowed keys: {', '.join(allowed)}", 422)
-
-
 def body_k_and_where(payload: dict[str, Any]) -> tuple[int | None, str | None]:
     """A JSON body's ``k`` (checked by ``check_k``) and ``where`` (a string), None where absent."""
     k = payload.get("k")
@@ -401,36 +372,6 @@ def agreed(name: str, body: Any, query: Any, in_query: bool) -> Any:
     return body
 
 
-async def read_uploads(request: Request, limit: int, max_files: int = 1) -> list[bytes]:
-    """The files of the multipart field ``image`` (1 to ``max_files``), from a body of at most ``limit`` bytes."""
-    parser = MultiPartParser(request.headers, capped_body(request, limit), max_files=max_files, max_fields=10)
-    try:
-        form = await parser.parse()
-    except MultiPartException as exc:
-        if exc.message.startswith("Too many files"):  # starlette's words: more file parts than max_files
-            raise QueryError(f"too many image files: at most {max_files} in one request", 422) from exc
-        raise QueryError(f"malformed multipart upload: {exc.message}") from exc
-    try:
-        unknown = sorted(key for key in form if key != "image")
-        if unknown:
-            raise QueryError(
-                f"unknown multipart field(s): {_names(unknown)}; the only field is 'image' (the file)", 422
-            )
-        uploads = form.getlist("image")
-        if not uploads:
-            raise QueryError("multipart upload has no field 'image'; send the file as image=@query.jpg")
-        if not all(isinstance(upload, UploadFile) for upload in uploads):
-            raise QueryError("the multipart field 'image' must be a file, not a text value")
-        return [await upload.read() for upload in uploads]  # type: ignore[union-attr]
-    finally:
-        await form.close()
-
-
-async def read_upload(request: Request, limit: int) -> bytes:
-    """The one image file of a multipart body (field ``image``)."""
-    return (await read_uploads(request, limit))[0]
-
-
 def file_chunks(handle: IO[bytes]) -> Iterator[bytes]:
     with handle:
         while chunk := handle.read(FILE_CHUNK):
@@ -448,7 +389,73 @@ def validation_message(exc: RequestValidationError) -> str:
 
 
 # --- the app ----------------------------------------------------------------------------------------------
-def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64, observe: bool = True) -> FastAPI:
+def search_value_bound(dim: int) -> int:
+    """The JSON values one search body may hold: an embedding of ``dim`` numbers, each perhaps a (refused) list,
+    and the keys around it."""
+    return 2 * dim + 64
+
+
+def parse_search_body(body: bytes, service: SearchService) -> tuple[Any, int | None, str | None]:
+    """A JSON search body -> ``json_query``'s query, ``k`` and ``where``; CPU work (run off the event loop)."""
+    payload = parse_json_object(body, search_value_bound(service.dim), MAX_SEARCH_DEPTH,
+                                '{"image": BASE64} or {"embedding": [...]}')
+    return json_query(payload, service)
+
+
+def parse_batch_body(body: bytes, service: SearchService) -> tuple[list[Any], int | None, str | None, bool | None]:
+    """A JSON batch body -> ``batch_json``'s queries, ``k``, ``where``, ``exclude_self``; CPU work (off the loop)."""
+    payload = parse_json_object(body, MAX_BATCH_QUERIES * search_value_bound(service.dim), MAX_BATCH_DEPTH,
+                                '{"queries": [{"image": BASE64} | {"embedding": [...]}, ...]}')
+    return batch_json(payload, service)
+
+
+def json_response(content: Any, status_code: int = 200) -> Response:
+    """``content`` as a JSON response, rendered where this is called (a worker thread: a large answer is
+    megabytes of text, never rendered on the event loop)."""
+    return Response(json.dumps(content, separators=(",", ":"), default=_plain_number).encode(),
+                    status_code=status_code, media_type="application/json")
+
+
+def _plain_number(value: Any) -> Any:
+    if hasattr(value, "item"):  # a NumPy scalar
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+def busy_response(exc: Busy) -> JSONResponse:
+    """The 503 of work the server cannot take now."""
+    return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": str(exc.retry_after_s)})
+
+
+CLIENT_CLOSED = 499  # what the access log and metrics record for work dropped because its client went (nginx's)
+
+
+class ApiLimits:
+    """What the API lets in at once (docs/SECURITY.md "Availability"): the lanes and the body budget."""
+
+    def __init__(self, service: SearchService, concurrency: int, max_queue: int,
+                 batch_concurrency: int = BATCH_CONCURRENCY, batch_queue_images: int = BATCH_QUEUE_IMAGES,
+                 body_budget_bytes: int = BODY_BUDGET_BYTES) -> None:
+        self.body_limit = service.max_upload_bytes * 4 // 3 + FORM_SLACK  # base64 inflates by 4/3
+        self.batch_body_limit = batch_upload_bytes(service.max_upload_bytes) * 4 // 3 + FORM_SLACK
+        self.bodies = BodyBudget(max(body_budget_bytes, self.batch_body_limit))
+        self.searches = WorkLane("searches", concurrency, max_queue)
+        self.batches = WorkLane("batches", batch_concurrency, max(batch_queue_images, MAX_BATCH_QUERIES), "images")
+        self.parsing = WorkLane("parsing", PARSE_CONCURRENCY, max_queue, "bodies")
+        self.summaries = WorkLane("summaries", 1, SUMMARY_QUEUE, "requests")  # /stats: computed once per state
+
+    def stats(self) -> dict[str, Any]:
+        """The lanes and the body budget now (GET /stats)."""
+        return {"searches": self.searches.stats(), "batches": self.batches.stats(),
+                "body_bytes_held": self.bodies.held, "body_bytes_budget": self.bodies.total}
+
+
+def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64, observe: bool = True,
+               batch_concurrency: int = BATCH_CONCURRENCY, batch_queue_images: int = BATCH_QUEUE_IMAGES,
+               body_budget_bytes: int = BODY_BUDGET_BYTES) -> FastAPI:
+    """The JSON API over ``service``: single searches in ``concurrency`` threads of their own (``max_queue``
+    waiting), batches in ``batch_concurrency`` others (``batch_queue_images`` images waiting), request bodies
+    within ``body_budget_bytes`` together; /health and /metrics answer on the event loop."""
     app = FastAPIOffline(
         title="retrieval search",
         summary="Image retrieval over a faiss index",
@@ -456,9 +463,8 @@ def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64
         static_url=DOCS_ASSETS,
         docs_url=API_DOCS_PATH,
     )
-    limiter = anyio.CapacityLimiter(concurrency)
-    body_limit = service.max_upload_bytes * 4 // 3 + FORM_SLACK  # base64 inflates by 4/3
-    batch_body_limit = batch_upload_bytes(service.max_upload_bytes) * 4 // 3 + FORM_SLACK
+    limits = ApiLimits(service, concurrency, max_queue, batch_concurrency, batch_queue_images, body_budget_bytes)
+    app.state.limits = limits
 
     @app.exception_handler(QueryError)
     async def query_error(_: Request, exc: QueryError) -> JSONResponse:
@@ -468,14 +474,45 @@ def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse({"detail": validation_message(exc)}, status_code=422)
 
-    async def in_worker(fn, *args):
-        if limiter.available_tokens == 0 and limiter.statistics().tasks_waiting >= max_queue:
-            return JSONResponse(
-                {"detail": f"server busy: {max_queue} searches already waiting; retry shortly"},
-                status_code=503,
-                headers={"Retry-After": "1"},
-            )
-        return await anyio.to_thread.run_sync(fn, *args, limiter=limiter)
+    @app.exception_handler(Busy)
+    async def busy(_: Request, exc: Busy) -> JSONResponse:
+        return busy_response(exc)
+
+    @app.exception_handler(ClientGone)
+    async def client_gone(_: Request, __: ClientGone) -> Response:
+        return Response(status_code=CLIENT_CLOSED)  # nobody reads it: for the access log and the metrics
+
+    @contextlib.asynccontextmanager
+    async def body_held(request: Request, limit: int) -> AsyncIterator[None]:
+        """Room in the body budget for this request's body (its declared length, else ``limit``) until it is
+        answered: what waits for a turn holds at most the budget together."""
+        declared = declared_length(request)
+        if declared is not None and declared > limit:
+            raise too_large(limit)
+        reserved = await limits.bodies.acquire(limit if declared is None else declared)
+        try:
+            yield
+        finally:
+            await limits.bodies.release(reserved)
+
+    async def answered(lane: WorkLane, request: Request, work: Any, *args: Any, cost: int = 1) -> Response:
+        """``work(*args)`` (returning a Response, rendered in its thread) in ``lane``, dropped if the client goes."""
+        watch = ClientWatch(request.receive).start()
+        try:
+            return await lane.run(work, *args, watch.gone, cost=cost, watch=watch)
+        finally:
+            watch.stop()
+
+    def search_answer(query: Any, k: int, exclude_self: bool, where: str | None, _: threading.Event) -> Response:
+        return json_response(service.search(query, k, (), exclude_self, where).to_dict())
+
+    def batch_answer(queries: list[Any], k: int, exclude_self: bool, where: str | None,
+                     gone: threading.Event) -> Response:
+        answers = service.search_batch(queries, k, exclude_self, where, cancelled=gone.is_set)
+        queries.clear()  # the image bytes: not held while the answer is rendered
+        return json_response({"count": len(answers), "results": [
+            answer.to_dict() if isinstance(answer, SearchResponse) else {"error": str(answer), "status": answer.status}
+            for answer in answers]})
 
     @app.post(
         "/search",
@@ -491,20 +528,23 @@ def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64
     ) -> Any:
         """Top-k gallery images for an uploaded image, a base64 image, or an embedding."""
         content_type = request.headers.get("content-type", "").lower()
-        if content_type.startswith("multipart/form-data"):
-            query: Any = await read_upload(request, body_limit)
-        elif content_type.startswith("application/json"):
-            query, body_k, body_where = json_query(await read_json(request, body_limit), service)
-            where = agreed("where", body_where, where, where is not None)
-            k = agreed("k", body_k, k, "k" in request.query_params)
-        else:
+        if not content_type.startswith(("multipart/form-data", "application/json")):
             raise QueryError(
                 "send multipart/form-data with a file field 'image', or application/json with "
                 '"image" (base64) or "embedding"',
                 415,
             )
-        response = await in_worker(service.search, query, k, (), exclude_self, where)
-        return response if isinstance(response, JSONResponse) else response.to_dict()
+        limits.searches.admit(1)  # refuse at once when the lane is full: before reading a byte
+        async with body_held(request, limits.body_limit):
+            if content_type.startswith("multipart/form-data"):
+                query: Any = (await read_uploads(request, limits.body_limit))[0]
+            else:
+                body = await read_body(request, limits.body_limit)
+                query, body_k, body_where = await limits.parsing.run(parse_search_body, body, service)
+                del body
+                where = agreed("where", body_where, where, where is not None)
+                k = agreed("k", body_k, k, "k" in request.query_params)
+            return await answered(limits.searches, request, search_answer, query, k, exclude_self, where)
 
     @app.post(
         "/search/batch",
@@ -522,27 +562,29 @@ def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64
         """Top-k for each of up to MAX_BATCH_QUERIES images or embeddings: the images are embedded in one model
         call and all queries searched at once. An image that cannot be read gets an error entry in its place."""
         content_type = request.headers.get("content-type", "").lower()
-        if content_type.startswith("multipart/form-data"):
-            queries: list[Any] = await read_uploads(request, batch_body_limit, MAX_BATCH_QUERIES)
-        elif content_type.startswith("application/json"):
-            payload = await read_json(request, batch_body_limit, '{"queries": [{"image": BASE64} | '
-                                      '{"embedding": [...]}, ...]}')
-            queries, body_k, body_where, body_exclude = batch_json(payload, service)
-            where = agreed("where", body_where, where, where is not None)
-            k = agreed("k", body_k, k, "k" in request.query_params)
-            exclude_self = agreed("exclude_self", body_exclude, exclude_self, "exclude_self" in request.query_params)
-        else:
+        if not content_type.startswith(("multipart/form-data", "application/json")):
             raise QueryError(
                 "send multipart/form-data with the file field 'image' once per image, or application/json with "
                 '{"queries": [{"image": BASE64} | {"embedding": [...]}, ...]}',
                 415,
             )
-        answers = await in_worker(service.search_batch, queries, k, exclude_self, where)
-        if isinstance(answers, JSONResponse):  # busy: 503
-            return answers
-        return {"count": len(answers), "results": [
-            answer.to_dict() if isinstance(answer, SearchResponse) else {"error": str(answer), "status": answer.status}
-            for answer in answers]}
+        limits.batches.admit(1)
+        async with body_held(request, limits.batch_body_limit):
+            if content_type.startswith("multipart/form-data"):
+                queries: list[Any] = await read_uploads(request, limits.batch_body_limit, MAX_BATCH_QUERIES)
+            else:
+                body = await read_body(request, limits.batch_body_limit)
+                queries, body_k, body_where, body_exclude = await limits.parsing.run(parse_batch_body, body, service)
+                del body
+                where = agreed("where", body_where, where, where is not None)
+                k = agreed("k", body_k, k, "k" in request.query_params)
+                exclude_self = agreed("exclude_self", body_exclude, exclude_self,
+                                      "exclude_self" in request.query_params)
+            images = sum(isinstance(query, (bytes, bytearray)) for query in queries)
+            # a batch of embeddings alone is as cheap as a few searches: it does not wait behind image batches
+            lane = limits.batches if images else limits.searches
+            return await answered(lane, request, batch_answer, queries, k, exclude_self, where,
+                                  cost=max(images, 1))
 
     def item_or_404(item_id: str) -> dict[str, Any]:
         # ASCII digits only, and within SQLite's integer range: anything else is simply not an id (404)
@@ -572,14 +614,15 @@ def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64
             file_chunks(handle), media_type=media_type, headers={"content-length": str(size)}
         )
 
-    @app.get("/stats", response_model=StatsModel, responses=error_responses(401, 403))
+    @app.get("/stats", response_model=StatsModel, responses=error_responses(401, 403, 503))
     async def stats() -> dict[str, Any]:
         """Index statistics (size, type, parameters, recall vs exact search, latency) and service counters."""
-        described, index = await anyio.to_thread.run_sync(service.public_stats)
+        described, index = await limits.summaries.run(service.public_stats)
         return {
             "service": described,
             "batcher": service.batcher.stats(),
             "index": index,
+            "admission": limits.stats(),
             "limits": {
                 "max_upload_bytes": service.max_upload_bytes,
                 "max_pixels": service.max_pixels,
@@ -592,7 +635,7 @@ def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64
         }
 
     @app.get("/health", response_model=HealthModel, responses=error_responses(403))
-    def health() -> dict[str, Any]:
+    async def health() -> dict[str, Any]:
         """Liveness: the number of vectors the server searches now (it follows the index's writers) and their
         dimension."""
         return {"status": "ok", **service.health()}

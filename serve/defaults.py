@@ -40,3 +40,8 @@ DEFAULT_UPLOAD_MAX_AGE_S = 3600  # uploads and Gradio's result copies older than
 DEFAULT_UPLOAD_CACHE_BYTES = 512 * 2**20  # beyond this on disk, the oldest files in the cache are deleted
 UPLOAD_PRUNE_INTERVAL_S = 10  # how often the cache is pruned (between prunes it may grow by the uploads made)
 GRADIO_JSON_BODY_LIMIT = 2**20  # Gradio event bodies only name uploaded files: 1 MiB is ample (413 beyond)
+
+# --- availability: what the API takes in at once (docs/SECURITY.md "Availability") ----------------------------
+BATCH_CONCURRENCY = 1  # image batches searched at once, in threads of their own: single searches never wait for them
+BATCH_QUEUE_IMAGES = 2 * MAX_BATCH_QUERIES  # images of batches waiting for their turn; beyond: 503
+BODY_BUDGET_BYTES = 128 * 2**20  # request bodies held at once (read, parsed, waiting); beyond: wait, then 503

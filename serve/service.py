@@ -20,7 +20,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath, PurePosixPath
 from typing import IO, Any
@@ -37,6 +37,7 @@ from retrieval.index.live import RELOAD_INTERVAL_S, LiveIndex, Snapshot
 from retrieval.index.search import MAX_K, check_k
 from retrieval.index.sources import printable_path
 from retrieval.onnx_runtime import preprocess_images
+from retrieval.serve.admission import ClientGone
 from retrieval.serve.batcher import MicroBatcher
 from retrieval.serve.defaults import (
     DEFAULT_MAX_PIXELS,
@@ -91,7 +92,7 @@ class SearchResponse:
             "query_item": self.query_item.to_dict() if self.query_item else None,
             "excluded_self": self.excluded_self,
             "notes": list(self.notes),
-            "timing": self.timing,
+            "timing": {stage: float(value) for stage, value in self.timing.items()},
         }
 
 
@@ -353,6 +354,7 @@ class SearchService:
         k: int = 10,
         exclude_self: bool = False,
         where: str | None = None,
+        cancelled: Callable[[], bool] | None = None,
     ) -> list[SearchResponse | QueryError]:
         """Top-k of each query (as ``search``), in order: the images embedded in ONE model call, one faiss search.
 
@@ -361,12 +363,13 @@ class SearchService:
         decoding alone can tell is per query: an image that cannot be decoded (or is over the size or pixel
         limit) is answered by its ``QueryError`` in place, as is a ``QueryError`` the caller passes (e.g. bad
         base64), and the other queries are answered. Per-query timing: its own ``decode_ms``; the stages the
-        batch shares (preprocess, embed, search, total) give the batch's time.
+        batch shares (preprocess, embed, search, total) give the batch's time. ``cancelled()`` is asked before each
+        image: once true (the client has gone), the batch stops with ``ClientGone``.
         """
         check_batch_size(len(queries))
         k, where_filter = checked_k_and_where(k, where)
         with self.live.acquire() as state:
-            return self._search_batch(state, list(queries), k, exclude_self, where_filter)
+            return self._search_batch(state, list(queries), k, exclude_self, where_filter, cancelled)
 
     def _search_batch(
         self,
@@ -375,6 +378,7 @@ class SearchService:
         k: int,
         exclude_self: bool,
         where: Filter | None,
+        cancelled: Callable[[], bool] | None = None,
     ) -> list[SearchResponse | QueryError]:
         started = time.perf_counter()
         vectors: dict[int, np.ndarray] = {}  # position -> unit vector
@@ -397,6 +401,8 @@ class SearchService:
             elif isinstance(query, Image.Image):
                 images[position] = preprocess_images([query], config)[0]
             elif isinstance(query, (bytes, bytearray)):
+                if cancelled is not None and cancelled():  # nobody waits for the answer: stop between images
+                    raise ClientGone()
                 try:
                     decoded, answer.query_item, answer.notes, decode_ms = self._decode(state, bytes(query))
                 except QueryError as exc:  # this query only: the others are answered

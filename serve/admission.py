@@ -1,0 +1,199 @@
+"""Admission: what the server lets in, budgeted by what work costs, and dropped when its client has gone.
+
+Contract:
+
+- ``BodyBudget``: the request bytes the API holds at once (bodies read, parsed, decoded). A request reserves its
+  declared length (or its cap) before its body is read; when the budget cannot be had within ``wait_s`` it is
+  answered 503, so many waiting uploads never add up to gigabytes.
+- ``WorkLane``: blocking work run in threads of the lane's own (at most ``concurrency`` at once), with at most
+  ``max_waiting`` units of cost waiting (a single search costs 1, a batch its images); beyond that ``Busy`` (503).
+  Lanes share no thread pool with each other or with the rest of the app, so a lane full of batches never holds
+  back single searches, and /health (answered on the event loop) never waits for a thread.
+- ``ClientWatch``: a request's "client has gone" flag (a ``threading.Event``), set when the server sees the
+  connection close. ``WorkLane.run`` drops work whose client has gone before it starts (also while it waits for
+  its turn); the work itself checks ``gone`` between images (``SearchService.search_batch``).
+
+Everything here runs on the event loop except the work itself, and none of it grows with a client's bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import anyio
+from starlette.types import Receive
+
+T = TypeVar("T")
+
+
+class Busy(Exception):
+    """The server cannot take this work now (HTTP 503 with Retry-After)."""
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class ClientGone(Exception):
+    """The client closed the connection: its work is dropped (nobody is left to answer)."""
+
+
+class BodyBudget:
+    """At most ``total`` request bytes held at once; ``reserve(n)`` waits up to ``wait_s`` for room, else Busy."""
+
+    def __init__(self, total: int, wait_s: float = 10.0) -> None:
+        self.total, self.wait_s = int(total), wait_s
+        self.held = 0
+        self._freed: asyncio.Condition | None = None  # made on the loop that first uses it
+
+    def _condition(self) -> asyncio.Condition:
+        if self._freed is None:
+            self._freed = asyncio.Condition()
+        return self._freed
+
+    async def acquire(self, size: int) -> int:
+        """Reserve ``size`` bytes (at most ``total``); returns what was reserved, to give back to ``release``."""
+        size = min(int(size), self.total)
+        freed = self._condition()
+        async with freed:
+            try:
+                await asyncio.wait_for(freed.wait_for(lambda: self.held + size <= self.total), self.wait_s)
+            except TimeoutError:
+                raise Busy(f"server busy: {self.held} bytes of requests are being read or searched (the limit is "
+                           f"{self.total}); retry shortly", retry_after_s=2) from None
+            self.held += size
+        return size
+
+    async def release(self, size: int) -> None:
+        """Give back what ``acquire`` reserved."""
+        freed = self._condition()
+        async with freed:
+            self.held -= size
+            freed.notify_all()
+
+
+class ClientWatch:
+    """Sets ``gone`` when the client's connection closes. Start it once the request body has been read whole: from
+    then on, the only message the server can receive for this request is ``http.disconnect``."""
+
+    def __init__(self, receive: Receive) -> None:
+        self.receive = receive
+        self.gone = threading.Event()  # read by the worker thread between images
+        self._task: asyncio.Task[None] | None = None
+
+    async def _watch(self) -> None:
+        while True:
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                self.gone.set()
+                return
+            if message["type"] != "http.request":  # nothing else is expected: stop watching, drop nothing
+                return
+
+    def start(self) -> ClientWatch:
+        """Begin watching (on the running loop)."""
+        self._task = asyncio.get_running_loop().create_task(self._watch())
+        return self
+
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        """The watching task: done once the client has gone (or watching stopped)."""
+        return self._task
+
+    def stop(self) -> None:
+        """Stop watching (the answer is sent, or the work is over)."""
+        if self._task is not None:
+            self._task.cancel()
+
+
+class WorkLane:
+    """Blocking work in at most ``concurrency`` threads of its own; at most ``max_waiting`` cost units queued."""
+
+    def __init__(self, name: str, concurrency: int, max_waiting: int, unit: str = "searches") -> None:
+        if concurrency < 1 or max_waiting < 0:
+            raise ValueError(f"lane {name}: concurrency must be >= 1 and max_waiting >= 0")
+        self.name, self.unit = name, unit
+        self.concurrency, self.max_waiting = concurrency, max_waiting
+        self.limiter = anyio.CapacityLimiter(concurrency)
+        self.waiting = 0  # cost units waiting for a thread (only touched on the event loop)
+        self.running = 0
+        self.dropped = 0  # work dropped because its client had gone
+
+    def admit(self, cost: int) -> None:
+        """Busy when the lane's threads are all taken and ``cost`` more units would exceed its waiting limit."""
+        if self.running >= self.concurrency and self.waiting + cost > self.max_waiting:
+            raise Busy(f"server busy: {self.waiting} {self.unit} already waiting (the limit is {self.max_waiting}); "
+                       "retry shortly")
+
+    async def run(self, fn: Callable[..., T], *args: Any, cost: int = 1, watch: ClientWatch | None = None) -> T:
+        """``fn(*args)`` in one of the lane's threads; Busy if the lane is full, ClientGone if the client went
+        before the work started (it then never starts) or while it ran (its answer is not sent)."""
+        self.admit(cost)
+        gone = watch.gone if watch is not None else None
+
+        def start_then_run() -> T:
+            if gone is not None and gone.is_set():
+                raise ClientGone()
+            return fn(*args)
+
+        borrower = object()  # the turn is the request's, whichever task waited for it
+        self.waiting += cost
+        try:
+            await self._take_thread(borrower, watch)
+        finally:
+            self.waiting -= cost
+        self.running += 1
+        try:
+            # the lane's limiter is held: the thread itself needs no other token
+            return await anyio.to_thread.run_sync(start_then_run, limiter=_UNLIMITED.get())
+        except ClientGone:
+            self.dropped += 1
+            raise
+        finally:
+            self.running -= 1
+            self.limiter.release_on_behalf_of(borrower)
+
+    async def _take_thread(self, borrower: object, watch: ClientWatch | None) -> None:
+        """Wait for one of the lane's threads; ClientGone (holding none) if the client leaves meanwhile."""
+        if watch is None or watch.task is None:
+            await self.limiter.acquire_on_behalf_of(borrower)
+            return
+        turn = asyncio.ensure_future(self.limiter.acquire_on_behalf_of(borrower))
+        await asyncio.wait({turn, watch.task}, return_when=asyncio.FIRST_COMPLETED)
+        if turn.done() and not turn.cancelled() and turn.exception() is None:
+            return
+        if not watch.gone.is_set():  # the watcher ended for another reason: keep waiting for the turn
+            await turn
+            return
+        turn.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await turn
+        if turn.done() and not turn.cancelled() and turn.exception() is None:  # the turn came as it was cancelled
+            self.limiter.release_on_behalf_of(borrower)
+        self.dropped += 1
+        raise ClientGone()
+
+    def stats(self) -> dict[str, int]:
+        """What the lane is doing now (a racy read: for monitoring)."""
+        return {"running": self.running, "waiting": self.waiting, "concurrency": self.concurrency,
+                "max_waiting": self.max_waiting, "dropped_client_gone": self.dropped}
+
+
+class _UnlimitedLimiter:
+    """A limiter with room for every thread a lane starts (the lane's own limiter bounds them), one per loop."""
+
+    def __init__(self) -> None:
+        self._limiters: dict[int, anyio.CapacityLimiter] = {}
+
+    def get(self) -> anyio.CapacityLimiter:
+        loop = id(asyncio.get_running_loop())
+        if loop not in self._limiters:
+            self._limiters[loop] = anyio.CapacityLimiter(10_000)
+        return self._limiters[loop]
+
+
+_UNLIMITED = _UnlimitedLimiter()
