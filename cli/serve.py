@@ -138,6 +138,14 @@ from retrieval.serve.defaults import (
     "could otherwise point its own name at this server: DNS rebinding).",
 )
 @click.option(
+    "--forwarded-allow-ips",
+    default=None,
+    metavar="IPS",
+    help="the proxy in front of the server (comma-separated IP addresses or networks, e.g. 127.0.0.1 for "
+    "deploy/nginx.conf on this machine): from it the client address (access log) and scheme are taken from "
+    "X-Forwarded-For/-Proto. Default: no proxy, those headers are ignored (any client could forge them).",
+)
+@click.option(
     "--upload-dir",
     type=click.Path(file_okay=False),
     default=None,
@@ -175,8 +183,8 @@ from retrieval.serve.defaults import (
 )
 def serve_command(
     index_dir, report, results, host, port, max_upload_mb, max_pixels, concurrency, max_batch, max_wait_ms,
-    reload_interval, no_ui, token_file, auth_file, insecure, cors_origins, allowed_hosts, upload_dir, upload_max_age,
-    upload_cache_mb, log_level, log_format,
+    reload_interval, no_ui, token_file, auth_file, insecure, cors_origins, allowed_hosts, forwarded_allow_ips,
+    upload_dir, upload_max_age, upload_cache_mb, log_level, log_format,
 ) -> None:
     """Search service: HTTP API (POST /search, /items/{id}, /stats, /health, /metrics) and the Gradio UI at /."""
     from retrieval.serve.security import ConfigError, check_exposure, read_api_token, read_auth_file, readable_by_others
@@ -219,6 +227,7 @@ def serve_command(
         insecure=insecure,
         cors_origins=tuple(origin.rstrip("/") for origin in cors_origins),
         allowed_hosts=tuple(allowed_hosts),
+        forwarded_allow_ips=forwarded_allow_ips,
         upload_dir=Path(upload_dir) if upload_dir else None,
         upload_max_age_s=upload_max_age,
         upload_cache_bytes=int(upload_cache_mb * 2**20),

@@ -104,8 +104,10 @@ ERROR_STATUSES = {
     415: "Neither multipart/form-data nor application/json",
     422: "Well-formed but invalid: k out of range, unknown JSON keys or form fields, image and embedding together, "
     "an embedding of the wrong length, with non-numbers, non-finite numbers or all zeros, a malformed where, "
+    "a JSON body of more values than the request can use or numbers of over 1,000 characters, "
     f"a batch of no queries or more than {MAX_BATCH_QUERIES}",
-    503: "Too many searches already waiting; retry after the Retry-After seconds",
+    503: "Too many searches (or image batches) already waiting, or too many request bytes held at once; retry after "
+    "the Retry-After seconds",
 }
 
 
@@ -347,6 +349,7 @@ def batch_json(
             raise QueryError(f'{subject} must be an object: {{"image": BASE64}} or {{"embedding": [...]}}', 422)
         check_keys(entry, QUERY_KEYS, subject)
         kind, value = query_entry(entry, subject)
+        entry.clear()  # its base64 text is decoded below: held once, not twice, while the batch waits
         if kind == "image" and not value:  # the schema's minLength: the request is malformed, not one query
             raise QueryError(f"{subject}: 'image' is empty; send the image file in base64", 422)
         if kind == "image":

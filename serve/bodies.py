@@ -10,7 +10,7 @@ Numbers are refused past ``MAX_NUMBER_CHARS`` characters (Python's integer parse
 from __future__ import annotations
 
 import json
-import re
+import secrets
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,7 +22,6 @@ from starlette.requests import Request
 from retrieval.serve.images import QueryError
 
 FORM_SLACK = 64 * 1024  # multipart boundaries and headers, JSON punctuation
-JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # one JSON string, escapes included (no backtracking)
 BRACKETS = bytes(range(256)).translate(None, b"[]{}")  # every byte but the brackets: deleted to measure depth
 MAX_NUMBER_CHARS = 1000  # a float64 needs at most 309 digits; Python refuses integers past 4,300 digits
 
@@ -55,20 +54,87 @@ async def capped_body(request: Request, limit: int) -> AsyncIterator[bytes]:
         yield chunk
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body of at most ``limit`` bytes (only bytes moved: parse it off the event loop)."""
-    return b"".join([chunk async for chunk in capped_body(request, limit)])
+async def read_body(request: Request, limit: int) -> bytearray:
+    """The whole body of at most ``limit`` bytes, grown chunk by chunk (no copy of the whole on the event loop);
+    parse it off the loop."""
+    body = bytearray()
+    async for chunk in capped_body(request, limit):
+        body += chunk
+    return body
 
 
-def json_values(skeleton: bytes) -> int:
-    """How many values a JSON text without its strings holds at most: its commas and openings, plus one."""
-    return skeleton.count(b",") + skeleton.count(b"[") + skeleton.count(b"{") + 1
+PRINTABLE_ASCII = bytes(range(0x20, 0x7F)).replace(b"\\", b"")  # what a string may hold to be taken as it is
+LONG_STRING = 4096  # strings at least this long are lifted out of the text before it is parsed
 
 
-def json_depth(skeleton: bytes, max_brackets: int) -> int:
-    """The deepest nesting of brackets among the first ``max_brackets`` of a JSON text without its strings (memory:
-    four bytes per bracket looked at)."""
-    brackets = np.frombuffer(skeleton.translate(None, BRACKETS)[:max_brackets], dtype=np.uint8)
+class JsonText:
+    """A JSON text with its strings located by ``memchr`` (``bytes.find``, no regex): ``structure`` is the text with
+    every string emptied (to count values and nesting), ``compact`` the text with each long string replaced by a
+    placeholder, so that ``json.loads`` (which holds the GIL throughout) parses kilobytes, not megabytes; ``long``
+    maps each placeholder to its string. At most ``max_quotes`` quotes are looked at (more: ``too_many``)."""
+
+    def __init__(self, body: bytes | bytearray, max_quotes: int) -> None:
+        self.structure: bytes | bytearray
+        self.compact: bytes | bytearray
+        self.too_many = body.count(b'"') > max_quotes
+        self.long: dict[str, str] = {}
+        if self.too_many:
+            self.structure = self.compact = b""
+            return
+        tag = secrets.token_hex(8)  # no client can guess it, so no string of theirs is taken for a placeholder
+        structure, compact, copied, cursor = [], [], 0, 0
+        while (start := body.find(b'"', cursor)) >= 0:
+            end = _closing_quote(body, start)
+            if end < 0:  # unterminated: json.loads names the problem
+                break
+            structure.append(body[copied:start] + b'""')
+            raw = body[start + 1 : end] if end - start > LONG_STRING else b""
+            if raw and not raw.translate(None, PRINTABLE_ASCII):  # no escapes, no control characters: as parsed
+                placeholder = f"{tag}:{len(self.long)}"
+                self.long[placeholder] = raw.decode("ascii")
+                compact.append(body[copied:start] + b'"' + placeholder.encode() + b'"')
+            else:
+                compact.append(body[copied : end + 1])
+            copied = cursor = end + 1
+        if not copied:  # no string: nothing to take out (and no copy of a body of brackets)
+            self.structure = self.compact = body
+            return
+        structure.append(body[copied:])
+        compact.append(body[copied:])
+        self.structure, self.compact = b"".join(structure), b"".join(compact)
+
+    def restore(self, value: Any) -> Any:
+        """``value`` (parsed from ``compact``) with each placeholder replaced by its string."""
+        if isinstance(value, str):
+            return self.long.get(value, value)
+        if isinstance(value, list):
+            return [self.restore(item) for item in value]
+        if isinstance(value, dict):
+            return {key: self.restore(item) for key, item in value.items()}
+        return value
+
+
+def _closing_quote(body: bytes | bytearray, start: int) -> int:
+    """The position of the quote that ends the string opened at ``start`` (one not escaped), or -1."""
+    end = start
+    while (end := body.find(b'"', end + 1)) >= 0:
+        backslashes = 0
+        while body[end - 1 - backslashes] == 0x5C:  # 0x5C: a backslash
+            backslashes += 1
+        if backslashes % 2 == 0:
+            return end
+    return -1
+
+
+def json_values(structure: bytes) -> int:
+    """How many values a JSON text with its strings emptied holds at most: its commas and openings, plus one."""
+    return structure.count(b",") + structure.count(b"[") + structure.count(b"{") + 1
+
+
+def json_depth(structure: bytes, max_bytes: int) -> int:
+    """The deepest nesting of brackets within the first ``max_bytes`` of a JSON text with its strings emptied (a
+    lower bound past them; memory: four bytes per byte looked at)."""
+    brackets = np.frombuffer(structure[:max_bytes].translate(None, BRACKETS), dtype=np.uint8)
     if not len(brackets):
         return 0
     steps = np.where((brackets == ord("[")) | (brackets == ord("{")), 1, -1).astype(np.int32)
@@ -89,20 +155,24 @@ def _bounded_float(text: str) -> float:
     return float(text)
 
 
-def parse_json_object(body: bytes, max_values: int, max_depth: int, shape: str) -> dict[str, Any]:
+def parse_json_object(body: bytes | bytearray, max_values: int, max_depth: int, shape: str) -> dict[str, Any]:
     """The JSON object of ``body``, refused before parsing when it holds more than ``max_values`` values or nests
-    deeper than ``max_depth``; ``shape`` says what the object should look like. CPU work: call it off the loop."""
-    skeleton = JSON_STRING.sub(b'""', body)  # linear, in C; strings cannot hide brackets or commas then
-    values, depth = json_values(skeleton), json_depth(skeleton, 2 * max_values + 2)
-    del skeleton
+    deeper than ``max_depth``; ``shape`` says what the object should look like. CPU work: call it off the loop.
+    A ``bytearray`` body is emptied once its strings are taken out of it (the memory goes back at once)."""
+    text = JsonText(body, 4 * max_values + 64)  # a value is at most a key and a string: four quotes
+    if isinstance(body, bytearray) and text.compact is not body:
+        body.clear()  # the caller's copy of the text: its bytes now live in text.long, not twice
+    values = max_values + 1 if text.too_many else json_values(text.structure)
+    depth = json_depth(text.structure, 8 * max_values + 64)
     if depth > max_depth:
         raise QueryError(f"the JSON body is nested too deeply ({depth} levels or more; this request has at most "
                          f"{max_depth}); send a flat object: {shape}")
     if values > max_values:
-        raise QueryError(f"the JSON body holds about {values} values, more than this request can use "
-                         f"({max_values}); send {shape}", 413)
+        raise QueryError(f"the JSON body holds more values than this request can use ({max_values}); send {shape}",
+                         422)
     try:
-        payload = json.loads(body, parse_int=_bounded_int, parse_float=_bounded_float)
+        payload = text.restore(json.loads(text.compact, parse_int=_bounded_int, parse_float=_bounded_float))
+        del text  # the long strings are now held by the payload alone: each caller may drop them as it goes
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise QueryError(f"the body is not valid JSON: {exc}") from exc
     except RecursionError as exc:  # a skeleton the counts missed (it cannot be: kept as the last guard)

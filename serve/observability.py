@@ -21,12 +21,15 @@ Contract:
   fields ``request_id``, ``method``, ``route``, ``status``, ``duration_ms``, ``client`` (the record's ``access``
   attribute; ``JsonFormatter`` writes them as one JSON object per line). The request id is the client's
   ``X-Request-ID`` when that is a short safe token (``REQUEST_ID``), else a new one; the response carries it back in
-  ``X-Request-ID``. Never logged: bodies, headers other than the id, query strings, raw paths, tokens.
+  ``X-Request-ID``. ``client`` is the peer's IP address, or the X-Forwarded-For one where uvicorn trusts the peer as
+  a proxy (``retrieval serve --forwarded-allow-ips``); a value that is not an IP address is logged as ``invalid``.
+  Never logged: bodies, headers other than the id, query strings, raw paths, tokens.
 - ``configure_logging(level, fmt)``: the server's stderr (the ``retrieval`` and ``uvicorn`` loggers), text or JSON.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import re
@@ -53,11 +56,32 @@ METRICS_PATH = "/metrics"
 ACCESS_LOGGER = "retrieval.access"
 REQUEST_ID_HEADER = "X-Request-ID"
 REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")  # a client's id is kept only when it is this: safe in any log line
+ZONE_ID = re.compile(r"[A-Za-z0-9._-]{1,16}")  # an IPv6 zone (interface name): Python accepts any text there
+INVALID_CLIENT = "invalid"  # logged for a client address that is not an IP address (a forged X-Forwarded-For)
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})  # others: "OTHER" (bounded labels)
 UI_ROUTE, UNMATCHED_ROUTE = "ui", "unmatched"
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 access_log = logging.getLogger(ACCESS_LOGGER)
+
+
+def client_of(scope: Scope) -> str | None:
+    """The request's client address as an IP address in text (``INVALID_CLIENT`` for anything else), or None.
+
+    Behind a trusted proxy uvicorn puts the X-Forwarded-For value here as the client sent it: any length, any
+    characters; only what parses as an address may reach a log line."""
+    client = scope.get("client")
+    if not client:
+        return None
+    host = client[0]
+    try:
+        address = ipaddress.ip_address(host) if isinstance(host, str) and len(host) <= 64 else None
+    except ValueError:
+        address = None
+    zone = getattr(address, "scope_id", None)  # IPv6 only
+    if address is None or (zone is not None and not ZONE_ID.fullmatch(zone)):
+        return INVALID_CLIENT
+    return str(address)
 
 
 def request_id_of(scope: Scope) -> str:
@@ -131,9 +155,8 @@ class Observability:
         self.requests.labels(method, route, str(status)).inc()
         self.latency.labels(method, route).observe(seconds)
         if access_log.isEnabledFor(logging.INFO):
-            client = scope.get("client")
             fields = {"request_id": request_id, "method": method, "route": route, "status": status,
-                      "duration_ms": round(seconds * 1000, 2), "client": client[0] if client else None}
+                      "duration_ms": round(seconds * 1000, 2), "client": client_of(scope)}
             access_log.info("%s %s %s %d %.2fms client=%s", request_id, method, route, status,
                             fields["duration_ms"], fields["client"], extra={"access": fields})
 
@@ -179,8 +202,10 @@ def install_observability(app: FastAPI, service: SearchService,
     documented = {200: {"description": "Prometheus metrics in the text exposition format",
                         "content": {"text/plain": {"schema": {"type": "string"}}}}} | (responses or {})
 
+    # async: answered on the event loop (it only reads counters and /proc), so an exhausted thread pool never
+    # blocks a scrape
     @app.get(METRICS_PATH, response_class=Response, responses=documented)
-    def metrics() -> Response:
+    async def metrics() -> Response:
         """Prometheus metrics: requests by route and status, latencies, the micro-batcher, the index's size."""
         return observability.metrics()
 

@@ -7,8 +7,10 @@ so that lines lying on top of each other (MAP@R = Recall@1 when each query has o
 
 from __future__ import annotations
 
+import html
 import io
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +32,62 @@ MAP_EQUALS_RECALL_NOTE = (
     "split the only other image of an emoji is its drawing in the other style), so MAP@R averages the precision "
     "at rank 1 alone, 1 when the top result is right and 0 otherwise, which is Recall@1 (and R-precision)."
 )
+
+
+# --- text from users on the page -----------------------------------------------------------------------------
+# Labels (folder names, a manifest's column), a gallery's info.json, a manifest's column names and a run report's
+# fields are anyone's text: the page shows them as text, never as Markdown or HTML, and never whole when long.
+MAX_SHOWN_CHARS = 200  # a label, a name, a report's field
+MAX_PROSE_CHARS = 500  # a data set's description and purpose, sentences its preparer wrote
+ELLIPSIS = "…"
+# Every ASCII character Gradio's Markdown (marked with GFM) reads as syntax inside a line: code spans, emphasis,
+# strikethrough, links and images, raw HTML, entities, table cells, headings, maths. A backslash before any ASCII
+# punctuation shows it as itself (CommonMark), so text escaped this way renders as exactly that text.
+MARKDOWN_SPECIAL = re.compile(r"[\\`*_~\[\]()<>&|#!$]")
+# GFM links bare URLs and e-mail addresses without any of the above: a backslash inside "://", after "www" and
+# before "@" breaks each pattern and still shows the character.
+MARKDOWN_AUTOLINK = re.compile(r"(?i)(?<=[a-z0-9])(?=://)|(?<=\bwww)(?=\.)|(?=@)")
+# control characters, the line and paragraph separators, and the bidirectional overrides that make text read
+# other than it is stored: shown as spaces
+UNSHOWN = dict.fromkeys([*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029, *range(0x202A, 0x202F),
+                         *range(0x2066, 0x206A)], " ")
+
+
+def shown_text(value: object, limit: int = MAX_SHOWN_CHARS) -> str:
+    """Text from users as one line of at most ``limit`` characters (runs of spaces and line breaks as one space;
+    a longer text cut, ending with an ellipsis)."""
+    raw = str(value)
+    window = limit * 4 + 16  # enough for ``limit`` characters after collapsing spaces; never the whole of 5 MB
+    text = " ".join(raw[:window].translate(UNSHOWN).split())
+    if len(text) > limit or len(raw) > window:
+        text = text[: limit - len(ELLIPSIS)].rstrip() + ELLIPSIS
+    return text
+
+
+def markdown_text(value: object, limit: int = MAX_SHOWN_CHARS) -> str:
+    """Text from users for a Markdown component, escaped so that it renders as that text: no tag, link, image,
+    code span, emphasis or table of its own, on one line of at most ``limit`` characters."""
+    text = MARKDOWN_SPECIAL.sub(r"\\\g<0>", shown_text(value, limit))
+    return MARKDOWN_AUTOLINK.sub("\\\\", text)
+
+
+def markdown_code(value: object, limit: int = MAX_SHOWN_CHARS) -> str:
+    """Text from users as a Markdown code span: fenced by more backticks than any run inside it, so that the
+    text cannot close it (a code span's content is shown literally: no Markdown, no HTML)."""
+    text = shown_text(value, limit)
+    if not text:
+        return "` `"
+    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+    padded = f" {text} " if fence != "`" or text.startswith(" ") else text  # CommonMark strips one space a side
+    return f"{fence}{padded}{fence}"
+
+
+def html_text(value: object, limit: int | None = MAX_SHOWN_CHARS) -> str:
+    """Text from users for HTML (a gr.HTML, an error toast): escaped, and cut at ``limit`` characters."""
+    text = str(value)
+    if limit is not None and len(text) > limit:
+        text = text[: limit - len(ELLIPSIS)] + ELLIPSIS
+    return html.escape(text, quote=True)
 
 
 def percent(value: float) -> float:
@@ -72,7 +130,8 @@ class RunReport:
 
     def metrics_table(self) -> tuple[list[str], list[list[Any]]]:
         """Header and rows (metric, then one value per column), values in percent; the out-of-domain sets'
-        (--eval-extra) rows follow the test split's, named ``SET: metric``."""
+        (--eval-extra) rows follow the test split's, named ``SET: metric``. Names are the report's text, cut for
+        the page (``shown_text``): show them as text, not Markdown."""
         columns = {name: flat_metrics(values) for name, values in self.metric_columns().items()}
         keys: list[str] = []
         for values in columns.values():
@@ -85,8 +144,9 @@ class RunReport:
 
         extra_sets = sorted({k.split(": ", 1)[0] for k in keys if ": " in k})
         ordered = ordered_keys("") + [key for name in extra_sets for key in ordered_keys(f"{name}: ")]
-        rows = [[key] + [percent(v[key]) if key in v else None for v in columns.values()] for key in ordered]
-        return ["metric", *columns], rows
+        rows = [[shown_text(key)] + [percent(v[key]) if key in v else None for v in columns.values()]
+                for key in ordered]
+        return ["metric", *(shown_text(name) for name in columns)], rows
 
     def map_equals_recall(self) -> bool:
         """MAP@R and Recall@1 agree in every column that has both (one relevant item per query)."""
@@ -273,16 +333,18 @@ def embedding_map_plot(report: RunReport) -> Image.Image | None:
 
 
 def summary_markdown(report: RunReport, shown: str | None = None) -> str:
-    """The report's kind, where it is (``shown``: as the reader named it; default its file name) and its setup."""
+    """The report's kind, where it is (``shown``: as the reader named it; default its file name) and its setup,
+    as Markdown with every field of the report escaped (a report is anyone's file)."""
     train = run_settings(report)
-    facts = [f"**{report.kind}** report `{shown or report.path.name}`"]
+    facts = [f"**{markdown_text(report.kind)}** report {markdown_code(shown or report.path.name)}"]
     for key in ("dataset", "backbone", "loss", "epochs", "embedding_dim"):
         value = train.get(key)
         value = value if value is not None else report.data.get(key)
         if value is not None:
-            facts.append(f"{key}: `{value}`")
+            facts.append(f"{key}: {markdown_code(value)}")
     if report.kind == "evaluate":
-        facts.append(f"split: `{report.data.get('split')}`, queries: {report.data.get('num_queries')}")
+        facts.append(f"split: {markdown_code(report.data.get('split'))}, "
+                     f"queries: {markdown_text(report.data.get('num_queries'))}")
     return " · ".join(facts) + out_of_domain_markdown(report)
 
 
@@ -316,11 +378,13 @@ def data_relation_markdown(report: RunReport, gallery_root: str | None, index_na
     """One line saying whether the report measured the images of the index being served, so that a run on
     another data set is not read as this index's quality."""
     dataset, data = report_data(report)
-    named = f"`{dataset}`" + (f" (`{Path(data).name}`)" if data else "") if dataset else "its own data"
+    named = markdown_code(dataset) + (f" ({markdown_code(Path(data).name)})" if data else "") if dataset \
+        else "its own data"
+    index = markdown_code(index_name)
     if same_data(data, gallery_root):
-        return f"\n\n**Data:** this run measured {named}, the images of the index being served (`{index_name}`)."
+        return f"\n\n**Data:** this run measured {named}, the images of the index being served ({index})."
     return (f"\n\n**Another data set:** this run measured {named}, not the images of the index being served "
-            f"(`{index_name}`, below). Its metrics and pictures describe that run only.")
+            f"({index}, below). Its metrics and pictures describe that run only.")
 
 
 def out_of_domain_markdown(report: RunReport) -> str:
@@ -330,10 +394,10 @@ def out_of_domain_markdown(report: RunReport) -> str:
     columns = [(name, values) for name, values in report.metric_columns().items() if values.get("extra")]
     lines = []
     for name in (reference.get("sets") or {}):
-        shown = [f"{column} {percent(values['extra'][name]['recall@1'])} {METRIC_UNIT}"
+        shown = [f"{markdown_text(column)} {percent(values['extra'][name]['recall@1'])} {METRIC_UNIT}"
                  for column, values in columns if (values["extra"].get(name) or {}).get("recall@1") is not None]
         if shown:
-            lines.append(f"- **{name}**: " + " · ".join(shown))
+            lines.append(f"- **{markdown_text(name)}**: " + " · ".join(shown))
     return ("\n\n**Out of domain (--eval-extra), Recall@1:**\n" + "\n".join(lines)) if lines else ""
 
 

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 from starlette.datastructures import Headers
 from starlette.requests import cookie_parser
 from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from retrieval.serve.defaults import API_TOKEN_ENV, MIN_TOKEN_CHARS
 
@@ -250,3 +250,33 @@ class LoginRequired:
 def request_cookies(scope: Scope) -> dict[str, str]:
     """The request's cookies (Starlette's parser)."""
     return cookie_parser(Headers(scope=scope).get("cookie", ""))
+
+
+SAFE_PAGE_HEADERS = (
+    # an image or link on the page that points at another site is fetched without telling it our page's address
+    (b"referrer-policy", b"same-origin"),
+    # a response is only ever read as the type it declares (an uploaded "image" is never run as a script or page)
+    (b"x-content-type-options", b"nosniff"),
+)
+
+
+class SafePageHeaders:
+    """ASGI middleware: every HTTP response carries ``Referrer-Policy: same-origin`` and
+    ``X-Content-Type-Options: nosniff`` (a value the app set itself is replaced, never sent twice)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                names = {name for name, _ in SAFE_PAGE_HEADERS}
+                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() not in names]
+                message = {**message, "headers": [*headers, *SAFE_PAGE_HEADERS]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)

@@ -35,6 +35,7 @@ from retrieval.serve.security import (
     BearerToken,
     ConfigError,
     LoginRequired,
+    SafePageHeaders,
     SameOriginOnly,
     check_exposure,
     is_loopback,
@@ -76,6 +77,9 @@ class ServerConfig:
     insecure: bool = False  # allow a non-loopback host without authentication
     cors_origins: tuple[str, ...] = ()  # other web origins allowed to call the server from a browser
     allowed_hosts: tuple[str, ...] = ()  # host names clients use (besides localhost and IP addresses)
+    # the proxies (comma-separated IPs, uvicorn's syntax) whose X-Forwarded-For/-Proto uvicorn believes; None: no
+    # proxy, the headers are ignored (else any local client could forge the address the access log records)
+    forwarded_allow_ips: str | None = None
     upload_dir: Path | None = None  # None: a private folder per process
     upload_max_age_s: float = DEFAULT_UPLOAD_MAX_AGE_S
     upload_cache_bytes: int = DEFAULT_UPLOAD_CACHE_BYTES
@@ -164,6 +168,7 @@ def build_app(config: ServerConfig, service: SearchService | None = None) -> tup
                        allow_headers=["Authorization", "Content-Type"])
     app.add_middleware(SameOriginOnly, allowed=config.cors_origins, events_prefix=GRADIO_API_PREFIX)
     app.add_middleware(AllowedHosts, bind_host=config.host, allowed_names=config.allowed_hosts)
+    app.add_middleware(SafePageHeaders)  # outside the security layers: their refusals carry the headers too
     outermost(app)  # the request log and metrics in front of all: what the layers above refuse is counted too
     return app, service
 
@@ -216,8 +221,11 @@ def serve(config: ServerConfig) -> None:
         # Request bodies are read before the search queue: cap the connections in flight so that the memory
         # held by uploads is bounded too (beyond it uvicorn answers 503).
         # uvicorn logs through our handler (log_config=None) and without its access log: ours has the request id
+        # Forwarded headers only from the proxies the operator named: uvicorn's default trusts them from 127.0.0.1
         uvicorn.run(app, host=config.host, port=config.port, log_level=uvicorn_level(config.log_level),
-                    log_config=None, access_log=False, limit_concurrency=connection_limit(config))
+                    log_config=None, access_log=False, limit_concurrency=connection_limit(config),
+                    proxy_headers=config.forwarded_allow_ips is not None,
+                    forwarded_allow_ips=config.forwarded_allow_ips)
     finally:
         service.close()
         restore_logging()

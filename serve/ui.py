@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import html
 import json
 import os
 import shutil
@@ -24,17 +23,22 @@ from retrieval.serve.diagnostics import duplicates
 from retrieval.serve.images import QueryError, decode_base64
 from retrieval.serve.reports import (
     MAP_EQUALS_RECALL_NOTE,
+    MAX_PROSE_CHARS,
     METRIC_UNIT,
     curves_plot,
     data_relation_markdown,
     domains_plot,
     embedding_map_plot,
+    html_text,
     load_report,
     load_results,
+    markdown_code,
+    markdown_text,
     percent,
     recall_plot,
     results_curve_image,
     retrieval_plot,
+    shown_text,
     summary_markdown,
     triplet_plot,
     wise_plot,
@@ -49,6 +53,12 @@ WORST_CLASSES = 10
 DUPLICATES_SHOWN = 50
 INFO_JSON_BYTES = 1 << 20  # a data set's info.json is a few KiB; anything bigger is not one
 NO_IMAGE = "Upload, paste or pick an image first."
+MAX_ERROR_CHARS = 2000  # the API's messages are a few lines; one that echoes a long filter is cut
+MAX_COLUMNS_SHOWN = 20  # a manifest's filter columns named in the where box's label
+MAX_COLUMN_CHARS = 40  # each of those names (the index allows 64)
+MAX_PICKED_LABEL_CHARS = 1000  # the label picker offers labels up to this long (a where holds 4,000 characters)
+# Markdown components showing text from users: no LaTeX ($$ ... $$ in a label would be typeset as maths)
+NO_LATEX: list[dict[str, Any]] = []
 # Passed to gr.mount_gradio_app (serve.server): Gradio 6 takes page CSS there, not in gr.Blocks.
 UI_CSS = """
 /* Results and failures grow with their content: Gradio caps a gallery at 55vh with an inner scrollbar. */
@@ -117,36 +127,42 @@ class GalleryFacts:
             unicode_labels=bool(classes) and all(is_code_point_sequence(c) for c in classes),
         )
 
+    def label_name(self, label: str | None) -> str | None:
+        """The Unicode name of a code-point label (``GRINNING FACE`` for ``1F600``), else None."""
+        return emoji_name(label) if label is not None and self.unicode_labels else None
+
     def label_text(self, label: str | None) -> str:
-        """A label as shown: ``1F600 · GRINNING FACE`` for code points Python's unicodedata names, else as is."""
+        """A label as shown, as plain text: ``1F600 · GRINNING FACE`` for code points Python's unicodedata names,
+        else as is; one line, cut at ``MAX_SHOWN_CHARS`` (escape it for Markdown: ``markdown_text``)."""
         if label is None:
             return "(no label)"
-        name = emoji_name(label) if self.unicode_labels else None
-        return f"{label} · {name}" if name else label
+        name = self.label_name(label)
+        return shown_text(f"{label} · {name}" if name else label)
 
     def short_path(self, path: str | None) -> str:
         """A gallery file's path relative to the gallery folder (the page need not show server folders)."""
         if path is None:
             return "(missing)"
         if self.folder is not None and Path(path).is_relative_to(self.folder):
-            return str(Path(path).relative_to(self.folder))
-        return Path(path).name
+            return shown_text(Path(path).relative_to(self.folder))
+        return shown_text(Path(path).name)
 
     def purpose(self) -> str:
         """The page's first line: what the gallery is for, in one plain sentence (its info.json's "purpose", as its
-        preparer wrote it, else what any gallery offers)."""
+        preparer wrote it, else what any gallery offers), as plain text."""
         purpose = (self.dataset or {}).get("purpose")
         if isinstance(purpose, str) and purpose.strip():
-            return purpose.strip()
+            return shown_text(purpose, MAX_PROSE_CHARS)
         if self.labelled:
             return "Find the images of this gallery most like yours, and whether they share its label."
         return "Find the images of this gallery most like yours."
 
     def intro_markdown(self, service: SearchService) -> str:
-        """The opening lines: what the gallery holds and where from, what to try, what the score means."""
+        """The opening lines: what the gallery holds and where from, what to try, what the score means (every
+        name and label in it escaped: they are anyone's text)."""
         info = service.describe()
         if self.labelled:
-            labels = ", ".join(f"`{self.label_text(label)}`" for label in self.example_labels)
+            labels = ", ".join(markdown_code(self.label_text(label)) for label in self.example_labels)
             kind = "Unicode code points with their names" if self.unicode_labels else "class names"
             holds = (f"**{self.images} images** in **{self.classes} classes** ({self.labelled} labelled; labels are "
                      f"{kind}, e.g. {labels})")
@@ -154,15 +170,16 @@ class GalleryFacts:
             holds = f"**{self.images} images** without labels"
         source = ""
         if self.dataset is not None:
-            source = f" from the `{self.dataset['dataset']}` data set"
+            source = f" from the {markdown_code(self.dataset['dataset'])} data set"
             description = self.dataset.get("description")  # what a query should find, as its preparer says
             if isinstance(description, str) and description:
-                source += f", {description}"
-        where = f" Files in the gallery folder `{self.folder.name}`" if self.folder else ""  # names, no server paths
+                source += f", {markdown_text(description, MAX_PROSE_CHARS)}"
+        # names, no server paths
+        where = f" Files in the gallery folder {markdown_code(self.folder.name)}" if self.folder else ""
         return (
-            f"**The gallery:** {holds}{source}.{where}; index `{service.index_dir.name}` (index.json: "
-            f"`{info['index_key']}`, {info['embedding_dim']}-d embeddings of model `{info['model_hash']}`, "
-            "labels from its catalogue).\n\n"
+            f"**The gallery:** {holds}{source}.{where}; index {markdown_code(service.index_dir.name)} (index.json: "
+            f"{markdown_code(info['index_key'])}, {info['embedding_dim']}-d embeddings of model "
+            f"{markdown_code(info['model_hash'])}, labels from its catalogue).\n\n"
             "**Try it:** upload or paste an image (or click one of the examples below the results) and press "
             "Search: the K gallery images nearest to it appear, best first. A query that is itself a gallery "
             "image is left out of its own results, and each result is marked ✓ (same label) or ✗.\n\n"
@@ -253,19 +270,20 @@ class SearchTab:
             response = self.service.search(data, k, exclude_self=True, where=condition)
         except QueryError as exc:
             # the API's 4xx detail, as text (Gradio renders messages as HTML), without a traceback in the log
-            message = html.escape(str(exc))
+            message = html_text(exc, MAX_ERROR_CHARS)
             # duration None: the message stays until the reader closes it (a toast that fades is missed)
             title = "Cannot use this filter" if str(exc).startswith("where") else "Cannot search with this image"
             raise gr.Error(message, title=title, duration=None, print_exception=False) from None
         known = response.query_item
         items = []
-        for result in response.results:
-            caption = f"{result.score:.3f} · {self.facts.label_text(result.label)} · {display_name(result.path)}"
+        for result in response.results:  # captions are shown as text; label_text and shown_text bound them
+            caption = (f"{result.score:.3f} · {self.facts.label_text(result.label)} · "
+                       f"{shown_text(display_name(result.path))}")
             if known is not None and known.label is not None:
                 caption = ("✓ " if result.label == known.label else "✗ ") + caption
             items.append((thumbnail(self.service.image_path(result.id)), caption))
         t = response.timing
-        filtered = f" matching `{condition}`" if condition else ""
+        filtered = f" matching {markdown_code(condition)}" if condition else ""  # its labels are anyone's text
         lines = [
             f"**{len(items)} results**{filtered} · embed {t.get('embed_ms', 0):.1f} ms "
             f"(batch of {int(t.get('batch_size', 1))}) · search {t['search_ms']:.1f} ms · "
@@ -273,12 +291,14 @@ class SearchTab:
         ]
         if known is not None:
             correct = sum(r.label == known.label for r in response.results)
-            name = self.facts.label_text(known.label).removeprefix(str(known.label)).removeprefix(" · ")
+            name = self.facts.label_name(known.label)
+            label = markdown_text(known.label) if known.label is not None else "(no label)"
             lines.append(
-                f"Query is gallery image #{known.id} (label **{known.label}**{f' · {name}' if name else ''}), left "
+                f"Query is gallery image #{known.id} (label **{label}**{f' · {name}' if name else ''}), left "
                 f"out of its own results; {correct}/{len(items)} results share its label (✓ correct, ✗ wrong)."
             )
-        notes = "".join(f"⚠️ {note}\n\n" for note in response.notes)  # e.g. an animated image's first frame
+        # e.g. an animated image's first frame
+        notes = "".join(f"⚠️ {markdown_text(note, MAX_PROSE_CHARS)}\n\n" for note in response.notes)
         return items, notes + "\n\n".join(lines)
 
     @staticmethod
@@ -307,19 +327,21 @@ class SearchTab:
                     elem_id="top-k",
                 )
                 with gr.Accordion("Filter the gallery", open=False, elem_id="filter"):
-                    labels = sorted({label for _, label in self.service.catalogue.labelled()})
+                    # a label longer than a filter may be is left out: the page's config would carry it whole
+                    labels = sorted({label for _, label in self.service.catalogue.labelled()
+                                     if len(label) <= MAX_PICKED_LABEL_CHARS})
                     label_pick = gr.Dropdown(
                         choices=[(self.facts.label_text(label), label) for label in labels[:MAX_IN_VALUES]],
                         multiselect=True, value=[], label="Only these labels", elem_id="label-filter",
                         visible=bool(labels),
                     )
                     where_box = gr.Textbox(
-                        label=f"Only images where (columns: {', '.join(self.service.index.filter_table.names())})",
+                        label=f"Only images where (columns: {self.column_names()})",
                         placeholder='e.g. path < "m" and id > 100', max_length=MAX_FILTER_CHARS,
                         elem_id="where-filter",
                     )
                 button = gr.Button("Search", variant="primary", elem_id="search-button")
-                timing = gr.Markdown(elem_id="search-timing")
+                timing = gr.Markdown(elem_id="search-timing", latex_delimiters=NO_LATEX)
             with gr.Column(scale=3, min_width=280):
                 gallery = gr.Gallery(
                     label="Results (cosine similarity · label)",
@@ -348,7 +370,14 @@ class SearchTab:
         ).then(self.search, [query, top_k, label_pick, where_box], [gallery, timing], api_name="search",
                preprocess=False)
         # what the gallery is and how to read the results: after the search itself, so the upload box comes first
-        gr.Markdown(self.facts.intro_markdown(self.service), elem_id="intro")
+        gr.Markdown(self.facts.intro_markdown(self.service), elem_id="intro", latex_delimiters=NO_LATEX)
+
+    def column_names(self) -> str:
+        """The columns a where may name (a manifest's, so anyone's text): the first ``MAX_COLUMNS_SHOWN``, each
+        cut, as plain text (a label is not Markdown)."""
+        names = list(self.service.index.filter_table.names())
+        shown = ", ".join(shown_text(name, MAX_COLUMN_CHARS) for name in names[:MAX_COLUMNS_SHOWN])
+        return shown + (f", … ({len(names) - MAX_COLUMNS_SHOWN} more)" if len(names) > MAX_COLUMNS_SHOWN else "")
 
 
 REPORT_REFUSED = (
@@ -415,7 +444,7 @@ class EvaluationTab:
                 report = load_report(target)
             except (OSError, ValueError):
                 return REPORT_REFUSED, *self.nothing_shown()
-            headers, rows = report.metrics_table()
+            headers, rows = report.metrics_table()  # shown as text (Dataframe's "str"), cut by metrics_table
             summary = summary_markdown(report, shown=path) + data_relation_markdown(
                 report, self.service.state.index.info.get("gallery_root"), self.service.index_dir.name)
             if report.map_equals_recall():
@@ -480,6 +509,7 @@ class EvaluationTab:
 
     def build(self, demo: gr.Blocks) -> None:
         gr.Markdown("## Run report (a training or evaluation run: its own data, not necessarily this index's)")
+        # the report's fields and the gallery's labels are anyone's text: escaped where they are put in, no LaTeX
         with gr.Row():
             path = gr.Textbox(
                 value=self.shown_path(),
@@ -488,7 +518,7 @@ class EvaluationTab:
                 elem_id="report-path",
             )
             button = gr.Button("Open report", scale=1)
-        summary = gr.Markdown(elem_id="report-summary")
+        summary = gr.Markdown(elem_id="report-summary", latex_delimiters=NO_LATEX)
         visible = self.report is not None  # the page's first state; open_report hides what a report lacks
         metrics = gr.Dataframe(label=f"Metrics, in percent ({METRIC_UNIT})", interactive=False,
                                elem_id="metrics-table", visible=visible)
@@ -511,9 +541,9 @@ class EvaluationTab:
             embedding_map = gr.Image(label="Embedding map", show_label=False, type="pil", interactive=False,
                                      elem_id="embedding-map-plot", visible=False)
         # what follows is measured on the index being served, whatever report is open above
-        gr.Markdown(f"## The index being served ({self.service.index_dir.name})\n"
-                    "### Classes with the worst Recall@1 in this index")
-        loo_summary = gr.Markdown(elem_id="worst-summary")
+        gr.Markdown(f"## The index being served ({markdown_text(self.service.index_dir.name)})\n"
+                    "### Classes with the worst Recall@1 in this index", latex_delimiters=NO_LATEX)
+        loo_summary = gr.Markdown(elem_id="worst-summary", latex_delimiters=NO_LATEX)
         worst = gr.Dataframe(interactive=False, elem_id="worst-classes")
         failures = gr.Gallery(
             label="Example failures: query, then its wrong top-1",
@@ -523,7 +553,7 @@ class EvaluationTab:
             elem_id="failures-gallery",
         )
         gr.Markdown("### Duplicates skipped by the index")
-        duplicates_text = gr.Markdown(elem_id="duplicates-summary")
+        duplicates_text = gr.Markdown(elem_id="duplicates-summary", latex_delimiters=NO_LATEX)
         duplicates_table = gr.Dataframe(interactive=False, elem_id="duplicates-table")
         outputs = [summary, metrics, recall, curves, triplet, domains, wise, retrieval_grid, embedding_map]
         button.click(self.open_report, [path], outputs, api_name="open_report")
@@ -546,19 +576,21 @@ class ResultsTab:
                 self.problem = str(exc).replace(str(path), path.name)
 
     def titles(self) -> list[tuple[str, str]]:
-        return [(t["title"], t["id"]) for t in (self.results or {}).get("tables", [])]
+        return [(shown_text(t["title"]), t["id"]) for t in (self.results or {}).get("tables", [])]
 
     def show(self, table_id: str | None) -> tuple[str, Image.Image | None]:
         if self.results is None:
-            return (f"**No results grid to show:** {self.problem}. Run `{RESULTS_COMMAND}` (1.5-2 h on 2 CPU "
+            problem = markdown_text(self.problem, MAX_PROSE_CHARS)  # names the file, which is anyone's
+            return (f"**No results grid to show:** {problem}. Run `{RESULTS_COMMAND}` (1.5-2 h on 2 CPU "
                     "cores, resumable; `--shard` splits it over processes) to produce docs/results.json and "
                     "docs/RESULTS.md.", None)
         table = next((t for t in self.results["tables"] if t["id"] == table_id), None)
         if table is None:
-            return f"No table {str(table_id)[:80]!r} in {self.path.name}.", None
+            return f"No table {markdown_code(table_id, 80)} in {markdown_code(self.path.name)}.", None
         setup = self.results.get("setup", {})
-        header = (f"{setup.get('runs', '?')} runs, seeds {setup.get('seeds', '?')}, created "
-                  f"{self.results.get('created', '?')} · from `{self.path.name}` · metrics in percent "
+        header = (f"{markdown_text(setup.get('runs', '?'))} runs, seeds {markdown_text(setup.get('seeds', '?'))}, "
+                  f"created {markdown_text(self.results.get('created', '?'))} · from {markdown_code(self.path.name)} "
+                  "· metrics in percent "
                   f"({METRIC_UNIT}), mean ± standard deviation over seeds\n\n")
         return header + table_markdown(table, commands=True), results_curve_image(self.results, table["id"])
 
@@ -628,11 +660,14 @@ def build_ui(
     facts = GalleryFacts.of(service)
     info = service.describe()
     with gr.Blocks(title="Image retrieval", analytics_enabled=False) as demo:
-        gr.Markdown(f"## {facts.purpose()}", elem_id="purpose")  # first, in plain words; the details fold away
+        # first, in plain words; the details fold away
+        gr.Markdown(f"## {markdown_text(facts.purpose(), MAX_PROSE_CHARS)}", elem_id="purpose",
+                    latex_delimiters=NO_LATEX)
         with gr.Accordion("Index and model", open=False, elem_id="about"):
             gr.Markdown(
-                f"**Image retrieval** · {info['vectors']} images · `{info['index_key']}` · "
-                f"{info['embedding_dim']}-d embeddings · model `{info['model_hash']}`", elem_id="technical-header"
+                f"**Image retrieval** · {info['vectors']} images · {markdown_code(info['index_key'])} · "
+                f"{info['embedding_dim']}-d embeddings · model {markdown_code(info['model_hash'])}",
+                elem_id="technical-header"
             )
         with gr.Tabs():
             with gr.Tab("Search", id="search"):

@@ -38,6 +38,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from retrieval.data.decode import ImageDecodeError, open_regular_file
+from retrieval.serve.bodies import JsonText, json_depth, json_values
 from retrieval.serve.defaults import GRADIO_JSON_BODY_LIMIT
 from retrieval.serve.images import QueryError
 from retrieval.serve.security import ConfigError
@@ -47,6 +48,8 @@ log = logging.getLogger(__name__)
 GRADIO_API_PREFIX = "/gradio_api/"
 GRADIO_UPLOAD_PATHS = ("/gradio_api/upload", "/gradio_api/upload/")  # multipart bodies: Gradio caps and records them
 GRADIO_FILE_ROUTE = "/gradio_api/file="  # Gradio serves files (and fetches URLs) named after it
+GRADIO_MAX_VALUES = 4096  # an event names a file, k, a filter and chosen labels: far fewer values
+GRADIO_MAX_DEPTH = 16  # Gradio's event body nests its inputs a few levels deep
 UPLOAD_SLACK = 64 * 1024  # multipart boundaries and part headers around the one uploaded file
 SHARED_GRADIO_FOLDER = Path(tempfile.gettempdir()) / "gradio"  # Gradio's default: every app on the machine
 NOT_UPLOADED = (
@@ -207,6 +210,10 @@ class UploadedFilesOnly:
             chunks.append(chunk)
             more = message.get("more_body", False)
         body = b"".join(chunks)
+        refusal = gradio_body_refusal(body)
+        if refusal is not None:
+            await refusal(scope, receive, send)
+            return
         try:
             payload = json.loads(body)
         except (ValueError, RecursionError):
@@ -237,6 +244,17 @@ class UploadedFilesOnly:
             return JSONResponse({"detail": f"an upload is one image of at most {self.upload_limit - UPLOAD_SLACK} "
                                  "bytes (start the server with a larger --max-upload-mb)"}, 413)
         return None
+
+
+def gradio_body_refusal(body: bytes) -> JSONResponse | None:
+    """A 413 for a call body of more values or deeper nesting than an event of this app has: measured before it is
+    parsed, here and then again by Gradio, both on the event loop (bounded: at most ``GRADIO_JSON_BODY_LIMIT``)."""
+    text = JsonText(body, 4 * GRADIO_MAX_VALUES)
+    if (text.too_many or json_values(text.structure) > GRADIO_MAX_VALUES
+            or json_depth(text.structure, 8 * GRADIO_MAX_VALUES) > GRADIO_MAX_DEPTH):
+        return JSONResponse({"detail": f"a Gradio call holds at most {GRADIO_MAX_VALUES} values nested at most "
+                             f"{GRADIO_MAX_DEPTH} deep: this app's events take a few inputs"}, 413)
+    return None
 
 
 def prune_folder(folder: Path, max_age_s: float, max_bytes: int, keep: Iterable[str] = (),

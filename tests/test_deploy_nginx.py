@@ -357,6 +357,64 @@ def test_a_burst_from_one_address_is_cut_to_429_by_nginx(nginx):
     assert set(statuses) <= {422, 429} and statuses[429] >= 50 and statuses[422] >= 20, statuses
 
 
+def burst(port: int, request: bytes, source: str, count: int) -> Counter:
+    """``count`` copies of ``request`` sent at once from ``source``: how many got each status. A 429 must be nginx's
+    page (it never reached the app)."""
+    socks = [socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0))
+             for _ in range(count)]
+    for sock in socks:
+        sock.sendall(request)
+    statuses = Counter()
+    for sock in socks:
+        with sock:
+            reply = b""
+            while chunk := sock.recv(65536):
+                reply += chunk
+            status = int(reply.split(b" ", 2)[1])
+            statuses[status] += 1
+            if status == 429:
+                assert b"<center>nginx</center>" in reply, reply[:300]
+    return statuses
+
+
+RATE_PER_S, BURST = (int(value) for value in re.search(
+    r"zone=retrieval_search:\S+ rate=(\d+)r/s;[\s\S]*?location = /search \{\s*limit_req zone=retrieval_search "
+    r"burst=(\d+) nodelay;", SITE).groups())
+# Gradio's REST routes for the app's events: each call is a search, like POST /search and queue/join. One source
+# address per route, so that neither shares nginx's per-address state with another test.
+GRADIO_REST_CALLS = [("/gradio_api/call/search", "127.0.0.4"), ("/gradio_api/call/v2/search", "127.0.0.5"),
+                     ("/gradio_api/run/search", "127.0.0.6"), ("/gradio_api/api/search/", "127.0.0.7")]
+
+
+@pytest.mark.parametrize(("path", "source"), GRADIO_REST_CALLS, ids=[path for path, _ in GRADIO_REST_CALLS])
+def test_gradio_rest_calls_of_an_event_are_rate_limited_like_searches(nginx, path, source):
+    """100 calls of the app's event from one address through Gradio's REST routes, 25 at a time (under the 32 in
+    flight of limit_conn, so that only the rate limit can refuse them): 1 + 40 (the searches' burst) and what the
+    rate refills meanwhile reach the app, nginx answers the rest with 429. Before, all 100 reached the app."""
+    body = b'{"data": []}'  # the app refuses it cheaply (no image): what is measured is what gets through nginx
+    request = (b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (path.encode(), len(body), body))
+    statuses, started = Counter(), time.monotonic()
+    for _ in range(4):
+        statuses += burst(port_of(nginx), request, source, 25)
+    refilled = RATE_PER_S * (time.monotonic() - started) + 1
+    print(f"\n{path}: {dict(statuses)}, {refilled - 1:.0f} requests refilled during the calls")
+    reached = sum(count for status, count in statuses.items() if status != 429)
+    assert 1 <= reached <= 1 + BURST + refilled, (statuses, refilled)  # the route itself still works through nginx
+    assert statuses[429] >= 100 - 1 - BURST - refilled, (statuses, refilled)
+
+
+def test_the_result_stream_of_a_gradio_call_is_not_rate_limited(nginx):
+    """GET /gradio_api/call/NAME/EVENT_ID (the results of a call, a server-sent event stream) is not a search:
+    a burst of them is never cut by the searches' rate."""
+    request = (b"GET /gradio_api/call/search/no-such-event HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+               b"Connection: close\r\n\r\n")
+    statuses = Counter()
+    for _ in range(3):  # 3 x 25: over the searches' burst of 40, under the 32 in flight of limit_conn
+        statuses += burst(port_of(nginx), request, "127.0.0.8", 25)
+    assert 429 not in statuses, statuses
+
+
 def test_slow_uploads_wait_in_nginx_not_in_uvicorn(nginx, app_server, artifacts):
     """40 uploads that trickle in: uvicorn runs none of them (nginx reads bodies first); beyond 32 per address
     nginx answers 429; a normal client is served meanwhile."""

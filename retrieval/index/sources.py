@@ -6,6 +6,12 @@ be listed, a manifest path with a NUL byte or one longer than ``MAX_PATH_BYTES``
 becomes a ``ListingError`` that the build reports with the name escaped (``printable_path``), and the
 rest of the gallery is indexed. Names with newlines or other control characters are valid and indexed
 as they are; only their display is escaped.
+
+A manifest is hostile input too. Its columns beside path and label are kept per image (filters, the export's
+columns), so a header whose kept columns include a name the index uses itself (``RESERVED_COLUMNS``: the export
+would write two columns of one name) or a name longer than ``MAX_COLUMN_NAME_CHARS`` is refused as a whole, the
+message naming the column. A label longer than ``MAX_LABEL_CHARS`` (labels are sent to every page of the app and
+matched whole by filters, so they are never cut) makes its row a ``ListingError`` naming the manifest line.
 """
 
 from __future__ import annotations
@@ -19,6 +25,11 @@ from pathlib import Path
 from retrieval.data.decode import IMAGE_EXTENSIONS  # the decoder's formats: the gallery lists only these files
 
 MAX_PATH_BYTES = 4096  # Linux PATH_MAX: the kernel refuses longer paths anyway
+MAX_LABEL_CHARS = 256  # a folder name (255 bytes at most) always fits; a manifest's label is refused beyond it
+MAX_COLUMN_NAME_CHARS = 64  # a manifest column's name: a filter names it, the app and the export show it
+# Names the index's own columns have where a manifest's kept columns also go (the export's columns, the filters'
+# built-in ones): a manifest column of one of these names would be a second column of that name.
+RESERVED_COLUMNS = ("id", "sha256", "size", "embedding")
 DISPLAY_LIMIT = 512  # characters of an escaped path shown in a message
 NOT_UTF8 = "file name is not valid UTF-8; rename it"
 
@@ -234,7 +245,7 @@ def read_manifest(manifest: Path, split: str | None = None) -> Gallery:
                 )
             if split is not None and "split" not in fields:
                 raise ValueError(f"--split {split} given but manifest {manifest} has no 'split' column")
-            extras = extra_columns(fields)
+            extras = extra_columns(fields, manifest)
             for row in reader:
                 if split is not None and row.get("split") != split:
                     continue
@@ -268,7 +279,7 @@ def read_parquet_manifest(manifest: Path, split: str | None = None) -> Gallery:
     # strings and numbers only: a column of image bytes or nested records is neither read nor kept
     scalar = [f.name for f in handle.schema_arrow if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
               or pa.types.is_integer(f.type) or pa.types.is_floating(f.type)]
-    extras = extra_columns(scalar)
+    extras = extra_columns(scalar, manifest)
     columns = [c for c in ("path", "label") if c in fields] + extras
     line = 0
     for batch in handle.iter_batches(batch_size=4096, columns=columns):
@@ -288,11 +299,24 @@ MAX_EXTRA_COLUMNS = 64  # a manifest's columns kept for filters, beyond path and
 MAX_EXTRA_CHARS = 1024  # one value, as text
 
 
-def extra_columns(fields: Sequence[str]) -> list[str]:
+def extra_columns(fields: Sequence[str], manifest: str | os.PathLike[str] = "the manifest") -> list[str]:
     """The manifest's columns beside path and label that are kept for a `where` (split among them): names a filter
-    can write (ASCII identifiers), the first ``MAX_EXTRA_COLUMNS`` of the header, chosen once per manifest."""
+    can write (ASCII identifiers), the first ``MAX_EXTRA_COLUMNS`` of the header, chosen once per manifest.
+
+    Raises ValueError for a kept name that is reserved (``RESERVED_COLUMNS``) or longer than
+    ``MAX_COLUMN_NAME_CHARS``, naming the column and the fix."""
     kept = [f for f in fields if isinstance(f, str) and f not in ("path", "label") and f.isidentifier() and f.isascii()]
-    return kept[:MAX_EXTRA_COLUMNS]
+    kept = kept[:MAX_EXTRA_COLUMNS]
+    shown = printable_path(manifest)
+    for name in kept:
+        if len(name) > MAX_COLUMN_NAME_CHARS:
+            raise ValueError(f"manifest {shown}: column {name[:40]}... has a name of {len(name)} characters, longer "
+                             f"than {MAX_COLUMN_NAME_CHARS}; rename it (at most {MAX_COLUMN_NAME_CHARS} characters)")
+        if name in RESERVED_COLUMNS:
+            raise ValueError(f"manifest {shown}: column {name!r} has a name the index uses for its own column "
+                             f"({', '.join(RESERVED_COLUMNS)} are reserved); rename it, e.g. to source_{name}, or "
+                             "drop it from the manifest")
+    return kept
 
 
 def _extra(row: dict[str, object], columns: Sequence[str]) -> dict[str, str | float | int] | None:
@@ -317,6 +341,9 @@ def _take_row(gallery: Gallery, base: Path, row: dict[str, object], line: int, e
     label = str(row["label"]) if row.get("label") not in (None, "") else None
     if problem is None and label is not None and not is_utf8(label):
         problem = f"label {printable_path(label)} is not valid UTF-8; fix it in the manifest"
+    if problem is None and label is not None and len(label) > MAX_LABEL_CHARS:
+        problem = (f"label {printable_path(label, 60)} has {len(label)} characters, more than {MAX_LABEL_CHARS}; "
+                   f"shorten it in the manifest (labels are kept whole, never cut)")
     if problem is not None:
         gallery.errors.append(ListingError(printable_path(path), f"{problem} (manifest line {line})"))
         return

@@ -3,7 +3,9 @@
 Only the ``done`` rows (what a search can return) are written, in id order: ``id``, ``path`` as the API shows it
 (relative to the gallery root), ``label``, a manifest's ``split`` where the catalogue kept it, ``sha256``, ``size``
 (bytes), any further catalogue column (a manifest's other columns, kept per row in the ``metadata`` table; a name
-that clashes gets a ``manifest_`` prefix), and the stored (L2-normalised, float32) embedding. Two formats:
+that clashes with a column already written gets a ``manifest_`` prefix, and ``_2``, ``_3``... if that is taken too:
+every column name is written once), and the stored (L2-normalised, float32) embedding. Building from a manifest
+refuses such names (``sources.RESERVED_COLUMNS``); the renaming is for catalogues written before that. Two formats:
 
 ``parquet``
     ``OUT.parquet`` (one file) or ``OUT/`` (a folder of ``part-NNNNN.parquet`` files of ``rows_per_file`` rows):
@@ -244,9 +246,21 @@ def _read_snapshot(db: sqlite3.Connection) -> Iterator[None]:
 Column = tuple[str, str, pa.DataType]  # (exported name, source name, arrow type)
 
 
+def _unique(name: str, taken: set[str], prefix: str) -> str:
+    """``name``, else ``prefix + name``, else that with ``_2``, ``_3``...: the first not in ``taken`` (added to it).
+    Two columns of one name would make an export that pandas and pyarrow refuse to read."""
+    chosen = name if name not in taken else prefix + name
+    number = 2
+    while chosen in taken:
+        chosen, number = f"{prefix}{name}_{number}", number + 1
+    taken.add(chosen)
+    return chosen
+
+
 def _extra_columns(db: sqlite3.Connection) -> list[Column]:
     """Columns of the ``images`` table beyond the known ones (a newer schema's), typed by their SQLite affinity."""
     known = set(ROW_COLUMNS) | set(_NOT_EXPORTED)
+    taken = {*_EXPORTED, *_RESERVED}
     extras = []
     for _, name, declared, *_ in db.execute("PRAGMA table_info(images)"):
         if name in known:
@@ -255,7 +269,7 @@ def _extra_columns(db: sqlite3.Connection) -> list[Column]:
         real = any(t in declared for t in ("REAL", "FLOA", "DOUB"))
         kind = (pa.int64() if "INT" in declared else pa.float64() if real
                 else pa.binary() if "BLOB" in declared else pa.string())
-        extras.append((f"catalogue_{name}" if name in _RESERVED else name, name, kind))
+        extras.append((_unique(name, taken, "catalogue_"), name, kind))
     return extras
 
 
@@ -277,7 +291,7 @@ def _metadata_columns(db: sqlite3.Connection, taken: set[str]) -> list[Column]:
     for key, seen in kinds.items():
         seen.discard("null")
         kind = pa.string() if not seen or "str" in seen else pa.int64() if seen == {"int"} else pa.float64()
-        columns.append((f"manifest_{key}" if key in taken else key, key, kind))
+        columns.append((_unique(key, taken, "manifest_"), key, kind))
     return columns
 
 
