@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import math
 import numbers
 import os
@@ -29,10 +30,11 @@ import numpy as np
 from PIL import Image
 
 from retrieval.data.decode import IMAGE_MEDIA_TYPES  # what an image file is served as (the catalogue's extensions)
-from retrieval.index import IMAGE_EXTENSIONS, Index, SearchResult, index_stats
+from retrieval.index import IMAGE_EXTENSIONS, Index, SearchResult
 from retrieval.index.catalogue import CatalogueReader
 from retrieval.index.embedder import Embedder, prepare_vectors
 from retrieval.index.filters import Filter, FilterError, parse_filter
+from retrieval.index.layout import InconsistentIndexError
 from retrieval.index.live import RELOAD_INTERVAL_S, LiveIndex, Snapshot
 from retrieval.index.search import MAX_K, check_k
 from retrieval.index.sources import printable_path
@@ -47,6 +49,8 @@ from retrieval.serve.defaults import (
 )
 from retrieval.serve.diagnostics import LeaveOneOut, leave_one_out
 from retrieval.serve.images import QueryError, decode_query
+
+log = logging.getLogger(__name__)
 
 Query = Image.Image | bytes | np.ndarray | list[float]  # an image, an image file's bytes, or an embedding [d]
 
@@ -131,6 +135,8 @@ class ServedIndex:
         self._lock = threading.Lock()
         self._stats: dict[str, Any] | None = None
         self._loo: LeaveOneOut | None = None
+        self._warned_lock = threading.Lock()
+        self._warned = False  # whether this state logged that it cannot answer (once per state)
 
     @property
     def embedder(self) -> Embedder:
@@ -146,29 +152,53 @@ class ServedIndex:
     def search(self, vectors: np.ndarray, k: int, exclude_ids: tuple[int, ...] = (),
                where: Filter | None = None) -> list[list[SearchResult]]:
         """``Index.search`` with the paths as clients see them; a filter this index cannot answer (a column it
-        lacks) is a 422."""
+        lacks) is a 422, and what this state cannot answer (the index changed under it) a 503."""
         try:
-            found = self.index.search(vectors, k, exclude_ids, where=where)
+            found = self._answer(self.index.search, vectors, k, exclude_ids, where=where)
         except FilterError as exc:
             raise QueryError(str(exc), 422) from exc
         return [[dataclasses.replace(r, path=self.public_path(r.path)) for r in results] for results in found]
 
     def query_item(self, data: bytes) -> QueryItem | None:
         """The item of this state whose file has exactly these bytes (catalogue sha256), if any."""
-        row = self.index.indexed_by_sha256(hashlib.sha256(data).hexdigest())
+        row = self._answer(self.index.indexed_by_sha256, hashlib.sha256(data).hexdigest())
         return None if row is None else QueryItem(row["id"], self.public_path(row["path"]), row["label"])
 
     def index_stats(self) -> dict[str, Any]:
+        """``index stats`` of this state (its own faiss index and ids: the folder is not opened again), once."""
         with self._lock:
             if self._stats is None:
-                self._stats = index_stats(self.index.layout.root, queries=200)
+                self._stats = self._answer(self.index.stats, queries=200)
             return self._stats
 
     def leave_one_out(self) -> LeaveOneOut:
+        """Leave-one-out recall of this state's labelled images, once."""
         with self._lock:
             if self._loo is None:
-                self._loo = leave_one_out(self.index)
+                self._loo = self._answer(leave_one_out, self.index)
             return self._loo
+
+    def _answer(self, call: Any, *args: Any, **kwargs: Any) -> Any:
+        """``call(*args, **kwargs)``; what this state cannot answer from itself (``InconsistentIndexError``: the
+        index changed under it) is a 503 that says why, logged once per state: never a 500."""
+        try:
+            return call(*args, **kwargs)
+        except InconsistentIndexError as exc:
+            raise self._unanswerable(exc) from exc
+
+    def _unanswerable(self, exc: Exception) -> QueryError:
+        """The 503 for ``exc``, without the server's folders; the first of this state is logged in full."""
+        with self._warned_lock:
+            first, self._warned = not self._warned, True
+        if first:
+            log.warning("the served index state (%d vectors) cannot answer a request: %s",
+                                                len(self), exc)
+        reason = str(exc)
+        root = self.index.layout.root
+        for folder in {str(root.resolve()), str(root.absolute())}:
+            reason = reason.replace(folder, "<index>")
+        return QueryError(f"the index changed under this server in a way it cannot answer from the state it "
+                          f"serves: {reason} (the server swaps in the index by itself once it is whole)", 503)
 
     def close(self) -> None:
         self.index.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -33,8 +34,10 @@ class ServerProcess:
         self.process: subprocess.Popen | None = None
 
     def __enter__(self) -> ServerProcess:
-        self.process = subprocess.Popen(self.command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                        text=True, env=os.environ | {"PYTHONUNBUFFERED": "1"})
+        # its log goes to a file: a pipe nobody reads fills up, and then every log line blocks the server
+        self.log = tempfile.TemporaryFile()
+        self.process = subprocess.Popen(self.command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=self.log,
+                                        env=os.environ | {"PYTHONUNBUFFERED": "1"})
         deadline = time.monotonic() + 120
         while True:
             try:
@@ -44,7 +47,8 @@ class ServerProcess:
                 pass
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.process.kill()
-                raise RuntimeError(f"the server did not start: {self.process.communicate()[1][-3000:]}")
+                self.process.wait()
+                raise RuntimeError(f"the server did not start: {self.stderr()[-3000:]}")
             time.sleep(0.2)
 
     def __exit__(self, *exc: object) -> None:
@@ -55,6 +59,12 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        self.log.close()
+
+    def stderr(self) -> str:
+        """What the server has logged so far."""
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
 
     def rss_mb(self) -> float:
         """Resident memory now."""

@@ -7,12 +7,12 @@ import asyncio
 import json
 import os
 import re
-import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
+from availability import HealthProbe
 from click.testing import CliRunner
 from gradio import processing_utils
 from gradio.context import LocalContext
@@ -117,27 +117,14 @@ def test_gradio_itself_refuses_files_outside_the_upload_folder(plain):
 
 
 def test_dev_zero_is_refused_while_health_keeps_answering(plain):
-    latencies: list[float] = []
-    stop = threading.Event()
-
-    def probe() -> None:
-        while not stop.is_set():
-            start = time.monotonic()
-            assert httpx.get(f"{plain.url}/health", timeout=5).status_code == 200
-            latencies.append(time.monotonic() - start)
-            time.sleep(0.05)
-
-    prober = threading.Thread(target=probe, daemon=True)
-    prober.start()
-    time.sleep(0.2)
-    start = time.monotonic()
-    answer = gradio_call(plain.url, "/dev/zero")
-    took = time.monotonic() - start
-    time.sleep(0.3)
-    stop.set()
-    prober.join(timeout=10)
+    with HealthProbe(plain.url) as probe:
+        time.sleep(0.2)
+        start = time.monotonic()
+        answer = gradio_call(plain.url, "/dev/zero")
+        took = time.monotonic() - start
+        time.sleep(0.3)
     assert answer == gradio_call(plain.url, "/no/such/file") and took < 2, (answer, took)
-    assert len(latencies) >= 3 and max(latencies) < 1.0, latencies
+    assert probe.failures == [] and len(probe.latencies) >= 3 and probe.worst < 1.0, probe.latencies
     assert files_named("zero") == []
 
 

@@ -19,7 +19,7 @@ import json
 import sqlite3
 import threading
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -168,20 +168,34 @@ class CatalogueQueries:
         first, last = self.db.execute(sql, (Status.DONE,)).fetchone()
         return first, last
 
-    def filter_rows(self) -> tuple[list[int], list[str], list[str | None], dict[int, str]]:
-        """The indexed rows' ids, paths and labels in id order, and id -> metadata JSON (a manifest's columns)."""
+    def filter_rows(
+        self, within: Collection[int] | None = None, status: Status | None = Status.DONE
+    ) -> tuple[list[int], list[str], list[str | None], dict[int, str]]:
+        """The ids, paths and labels in id order of the rows with ``status`` (None: any) whose id is ``within``
+        (None: any), and id -> metadata JSON (a manifest's columns) of those rows."""
+        wanted = None if within is None else {int(i) for i in within}
+        where, params = ("WHERE i.status=?", (status,)) if status is not None else ("", ())
         ids, paths, labels = [], [], []
-        for i, path, label in self.db.execute(
-                "SELECT id, path, label FROM images WHERE status=? ORDER BY id", (Status.DONE,)):
-            ids.append(int(i))
-            paths.append(path)
-            labels.append(label)
+        for i, path, label in self.db.execute(f"SELECT i.id, i.path, i.label FROM images i {where} ORDER BY i.id",
+                                              params):
+            if wanted is None or i in wanted:
+                ids.append(int(i))
+                paths.append(path)
+                labels.append(label)
+        kept = set(ids)
         try:
-            sql = "SELECT m.id, m.data FROM metadata m JOIN images i ON i.id = m.id WHERE i.status=?"
-            extra = {int(i): data for i, data in self.db.execute(sql, (Status.DONE,))}
+            sql = f"SELECT m.id, m.data FROM metadata m JOIN images i ON i.id = m.id {where}"
+            extra = {int(i): data for i, data in self.db.execute(sql, params) if i in kept}
         except sqlite3.OperationalError:  # a catalogue written before metadata was kept
             extra = {}
         return ids, paths, labels, extra
+
+    def shards_of(self, ids: Collection[int]) -> dict[int, str]:
+        """id -> the shard the catalogue names for the vector of each of ``ids`` that has one, whatever its status
+        (a row sent back to ``pending`` has none), in id order."""
+        wanted = {int(i) for i in ids}
+        sql = "SELECT id, shard FROM images WHERE shard IS NOT NULL ORDER BY id"
+        return {int(i): shard for i, shard in self.db.execute(sql) if i in wanted}
 
     def labelled(self) -> list[tuple[int, str]]:
         """(id, label) of every indexed image that has a label, by id."""

@@ -11,6 +11,7 @@ import ctypes
 import math
 import os
 import re
+import struct
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -21,7 +22,8 @@ from typing import Any
 import faiss
 import numpy as np
 
-from retrieval.io import atomic_write
+from retrieval.index.layout import repair_command
+from retrieval.io import NotRegularFileError, atomic_write, open_regular
 
 GPU_MAX_K = 2048  # faiss GPU k-selection limit (also for nprobe)
 INSTALL_GPU = "pip uninstall faiss-cpu && pip install faiss-gpu (or conda install -c pytorch faiss-gpu)"
@@ -428,13 +430,88 @@ def new_lists_file(folder: str | Path) -> Path:
     return Path(folder).resolve() / f"index-{time.time_ns()}.ivfdata"
 
 
+class DamagedIndexFileError(RuntimeError):
+    """An index.faiss whose content does not fit its size or kind: refused before faiss reads it."""
+
+
+# faiss' index header: fourcc, d (int32), ntotal (int64), two unused int64, is_trained (byte), metric (int32); a
+# metric above 1 adds a float argument. Then per kind: IndexFlat's vectors (a count of floats, then the floats);
+# IndexIDMap/IDMap2's inner index, then its ids (a count, then int64s).
+_HEADER = struct.Struct("<4siqqq?i")
+_COUNT = struct.Struct("<Q")
+_FLAT = (b"IxFI", b"IxF2", b"IxFl")  # inner product, L2, other metric
+_ID_MAPS = (b"IxM2", b"IxMp")
+
+
+def _header(head: bytes, offset: int, path: Path) -> tuple[bytes, int, int, int]:
+    """(fourcc, d, ntotal, the offset after the header) of the index header at ``offset``."""
+    if len(head) < offset + _HEADER.size:
+        raise DamagedIndexFileError(f"{path} ends inside its header")
+    fourcc, d, ntotal, _, _, _, metric = _HEADER.unpack_from(head, offset)
+    return fourcc, d, ntotal, offset + _HEADER.size + (4 if metric > 1 else 0)
+
+
+def check_index_file(path: str | Path) -> None:
+    """Refuse (``DamagedIndexFileError``) an index.faiss whose header declares more than its size can hold, before
+    faiss reads it: faiss allocates what the file declares first, so a forged count costs that much memory.
+
+    Exact for IndexFlat (alone or in an IDMap/IDMap2); for another index in an IDMap2 a bound: its ids alone take
+    8 bytes per vector in this file (IVF lists kept on disk are in another file, the ids are not).
+    """
+    path = Path(path)
+    try:
+        handle = open_regular(path)
+    except NotRegularFileError as exc:
+        raise DamagedIndexFileError(f"{path} is not a regular file") from exc
+    except OSError:
+        return  # missing or unreadable: faiss says so as it always did (a writer's repair rebuilds on its error)
+    with handle:
+        size = os.fstat(handle.fileno()).st_size
+        head = handle.read(2 * (_HEADER.size + 4) + _COUNT.size)
+        fourcc, d, ntotal, at = _header(head, 0, path)
+        if d <= 0 or ntotal < 0:
+            raise DamagedIndexFileError(f"{path} declares {ntotal} vectors of dimension {d}")
+        ids_at = None
+        if fourcc in _ID_MAPS:
+            if ntotal * 8 > size:
+                raise DamagedIndexFileError(f"{path} declares {ntotal} vectors, whose ids alone take "
+                                            f"{ntotal * 8} bytes, but the file holds {size} bytes")
+            inner_fourcc, inner_d, inner_ntotal, inner_at = _header(head, at, path)
+            if (inner_d, inner_ntotal) != (d, ntotal):
+                raise DamagedIndexFileError(f"{path} declares {ntotal} vectors of dimension {d}, its inner index "
+                                            f"{inner_ntotal} of dimension {inner_d}")
+            if inner_fourcc not in _FLAT:
+                return
+            fourcc, at = inner_fourcc, inner_at
+            ids_at = at + _COUNT.size + ntotal * d * 4
+        if fourcc not in _FLAT:
+            return
+        expected = at + _COUNT.size + ntotal * d * 4 + (_COUNT.size + ntotal * 8 if ids_at is not None else 0)
+        if size != expected:
+            raise DamagedIndexFileError(f"{path} declares {ntotal} vectors of dimension {d} ({expected} bytes) "
+                                        f"but the file holds {size} bytes")
+        counts = [(at, ntotal * d)] + ([(ids_at, ntotal)] if ids_at is not None else [])
+        for offset, wanted in counts:
+            handle.seek(offset)
+            (declared,) = _COUNT.unpack(handle.read(_COUNT.size))
+            if declared != wanted:
+                raise DamagedIndexFileError(f"{path} declares {ntotal} vectors but one of its arrays {declared} "
+                                            f"entries instead of {wanted}")
+
+
 def read_index(path: str | Path) -> faiss.Index:
     """Read an ``index.faiss``; lists kept on disk are mapped read-only from the file beside it.
 
     faiss records the lists file by absolute path; ``IO_FLAG_ONDISK_SAME_DIR`` looks for it in the folder of
-    ``path`` instead, so that an index folder still opens after it was moved or copied to another machine.
+    ``path`` instead, so that an index folder still opens after it was moved or copied to another machine. A file
+    that cannot be the index its header declares is refused first (``check_index_file``), with the fix named.
     """
     path = Path(path).resolve()
+    try:
+        check_index_file(path)
+    except DamagedIndexFileError as exc:
+        fix = f"`{repair_command(path.parent)} --rebuild` to rebuild it from the shards"
+        raise DamagedIndexFileError(f"{exc}: it is damaged or was not written by this program; run {fix}") from None
     if not any(path.parent.glob(ON_DISK_LISTS)):
         return faiss.read_index(str(path))
     with faiss_prints_to_stderr():

@@ -14,6 +14,7 @@ import json
 import os
 import shlex
 import socket
+import stat
 import sys
 import time
 from collections.abc import Iterator
@@ -21,13 +22,16 @@ from pathlib import Path
 from typing import Any
 
 from retrieval.index.sources import printable_path
-from retrieval.io import atomic_write
+from retrieval.io import NotRegularFileError, atomic_write, read_capped
 
 FORMAT = "retrieval-index/1"
 LOCK_NAME = "writer.lock"
 # A refused writer retries this long first: a reader's probe (``IndexLayout.writer``) holds the lock
 # for microseconds, and must not make a writer give up.
 LOCK_RETRY_SECONDS = 0.3
+# index.json holds the build's record (key, model, tuning): kilobytes. Anything far larger is not one, and is not
+# read whole (a sparse file of a gigabyte would cost that much memory at every open).
+MAX_INFO_BYTES = 4 * 2**20
 
 # Lock descriptors this process holds. A forked child (a DataLoader worker) closes its copies at once, so
 # that the lock dies with its holder and not with the holder's last worker.
@@ -48,6 +52,10 @@ class IndexLockedError(RuntimeError):
     """Another process is writing this index folder."""
 
 
+class InconsistentIndexError(RuntimeError):
+    """The parts of an index disagree (a writer is at work, or one was interrupted): wait for it, or repair."""
+
+
 def repair_command(root: Path) -> str:
     """The command that finishes or mends the index in ``root`` (every message points to it)."""
     return f"retrieval index repair {shlex.quote(str(root))}"
@@ -55,6 +63,8 @@ def repair_command(root: Path) -> str:
 
 def describe_writer(holder: dict[str, Any]) -> str:
     """'PID 123 on host, running `retrieval index build ...` since ...', from the lock file's record."""
+    if holder.get("problem"):
+        return f"an unknown process ({holder['problem']})"
     if not holder.get("pid"):
         return "a process that is just starting (its PID is not yet recorded)"
     command = printable_path(str(holder.get("command", "?")), limit=300)
@@ -97,21 +107,33 @@ class IndexLayout:
             f"`{repair_command(self.root)}` to finish it"
         )
 
-    def inconsistent(self, detail: str) -> RuntimeError:
+    def inconsistent(self, detail: str) -> InconsistentIndexError:
         """The error for an index whose parts disagree: wait for its writer, or repair it."""
         writer = self.writer()
         if writer is not None:
-            return RuntimeError(
+            return InconsistentIndexError(
                 f"the index in {self.root} is being written by {describe_writer(writer)} ({detail}); "
                 "try again when that finishes"
             )
-        return RuntimeError(
+        return InconsistentIndexError(
             f"the index in {self.root} is inconsistent: {detail} (a build/add/remove was interrupted, or "
             f"two writers ran at once); run `{repair_command(self.root)}` to mend it"
         )
 
     def read_info(self) -> dict[str, Any]:
-        info = json.loads(self.info.read_text())
+        """index.json's record; ValueError if it is not one (too large, not JSON, another format)."""
+        try:
+            data = read_capped(self.info, MAX_INFO_BYTES, "index record")
+        except NotRegularFileError as exc:
+            raise ValueError(f"{self.info} is not a regular file; run `{repair_command(self.root)}` to write it "
+                             "again") from exc
+        except ValueError as exc:
+            raise ValueError(f"{self.info} is larger than {MAX_INFO_BYTES // 2**20} MiB, far more than the record "
+                             f"of an index: it is damaged; run `{repair_command(self.root)}` to write it again"
+                             ) from exc
+        info = json.loads(data)
+        if not isinstance(info, dict):
+            raise ValueError(f"{self.info} holds no JSON object; run `{repair_command(self.root)}` to write it again")
         if info.get("format") != FORMAT:
             raise ValueError(f"{self.info} has format {info.get('format')!r}, expected {FORMAT!r}")
         return info
@@ -136,8 +158,12 @@ class IndexLayout:
     @contextlib.contextmanager
     def write_lock(self, operation: str) -> Iterator[None]:
         """Hold the folder's exclusive writer lock for the block; refuse at once if another writer has it."""
-        fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        # O_NONBLOCK: something other than a file put in its place must not block the open (checked below)
+        fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise IndexLockedError(f"cannot {operation} {self.root}: {self.lock_file} is not a regular file; "
+                                       "remove it (writers create it again) and run your command again")
             deadline = time.monotonic() + LOCK_RETRY_SECONDS
             while True:
                 try:
@@ -176,15 +202,18 @@ class IndexLayout:
         """The holder's record if another process holds the writer lock now, else None.
 
         A probe: it holds a shared lock for an instant (a writer starting then retries, see
-        ``LOCK_RETRY_SECONDS``). This process's own lock does not count.
+        ``LOCK_RETRY_SECONDS``). This process's own lock does not count. It never blocks: a lock file that is not
+        a regular file (a FIFO put in its place) counts as held, by a holder that the record describes.
         """
         if self.lock_file.resolve() in _HELD_LOCK_FDS.values():
             return None
         try:
-            fd = os.open(self.lock_file, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(self.lock_file, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         except OSError:
             return None
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return {"problem": f"{self.lock_file} is not a regular file; remove it (writers create it again)"}
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -3,15 +3,17 @@
 ``Snapshot`` is an ``Index`` opened at one moment with a seqlock (no writer holds the lock and the watched files
 are unchanged before and after the open, and faiss holds exactly the catalogue's indexed ids). It remembers the
 ids it holds and answers from them alone, not from the live catalogue status: until it is replaced, it answers
-as the index was when it was opened (a writer's remove does not leave it with fewer than k results).
+as the index was when it was opened (a writer's remove does not leave it with fewer than k results; the rows a
+writer adds, or a writer killed mid-run left, are not among its filters, items or statistics). What it cannot
+answer from itself raises ``InconsistentIndexError``, never a lookup error of faiss.
 
 ``LiveIndex`` holds the current state built on a snapshot (any object with ``identity``, ``close()`` and
 ``len()``) and a watcher thread that polls the folder's files (``folder_identity``) every ``interval_s`` seconds:
 once a writer has finished, it opens a new state and swaps it in with one reference assignment. A request takes
 the state once (``acquire``) and uses only it; a replaced state is closed once no request holds it (and a short
 grace has passed, for callers that peek at ``current`` without holding it). A failed open keeps the old state,
-logs one line and is retried when the folder changes again or after ``RETRY_FAILED_S`` (at the next tick if a
-writer raced the open).
+logs one line and is retried only when the folder's files change again (at the next tick if a writer raced the
+open): opening damaged files again costs as much as the first time and cannot succeed.
 
 Read side only: nothing here writes the folder or imports the writer (nor torch).
 """
@@ -35,12 +37,12 @@ from retrieval.index.catalogue import Status
 from retrieval.index.embedder import Embedder
 from retrieval.index.layout import IndexLayout, describe_writer
 from retrieval.index.search import Index
+from retrieval.index.stats import opened_index_stats
 
 log = logging.getLogger(__name__)
 
 RELOAD_INTERVAL_S = 1.0  # how often a server looks for a writer's changes
 RETIRE_GRACE_S = 10.0  # a replaced state stays open this long after its last user, for callers that only peeked
-RETRY_FAILED_S = 30.0  # a folder that failed to open is tried again after this long, or at once when it changes
 
 # (device, inode, mtime_ns, size) per watched file, None where it is missing. Writers replace index.faiss and
 # then index.json atomically at the end of every run (build, add, remove, repair); a new catalogue file is a new
@@ -99,14 +101,6 @@ class Snapshot(Index):
         snapshot.identity = before
         return snapshot
 
-    def holds(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
-        """Per id, whether this snapshot holds it (bool array)."""
-        ids = np.asarray(ids, dtype=np.int64)
-        if not len(self.ids):
-            return np.zeros(ids.shape, dtype=bool)
-        positions = np.minimum(np.searchsorted(self.ids, ids), len(self.ids) - 1)
-        return self.ids[positions] == ids
-
     def indexed_rows(self, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
         """Catalogue rows of the ids held when opened, whatever a writer marked them since."""
         held = [int(i) for i, kept in zip(ids, self.holds(ids), strict=True) if kept]
@@ -118,6 +112,15 @@ class Snapshot(Index):
         ids = [row[0] for row in self.catalogue.db.execute(sql, (sha256,))]
         held = [i for i, kept in zip(ids, self.holds(ids), strict=True) if kept]
         return self.catalogue.rows(held[:1]).get(held[0]) if held else None
+
+    def filter_rows(self) -> tuple[list[int], list[str], list[str | None], dict[int, str]]:
+        """The rows of the ids held when opened, whatever a writer marked them since (its relabels show)."""
+        return self.catalogue.filter_rows(within=self.ids, status=None)
+
+    def stats(self, queries: int = 500, seed: int = 1) -> dict[str, Any]:
+        """``index stats`` of this snapshot: its own faiss index and the ids it holds, the folder not opened again
+        (InconsistentIndexError when the catalogue no longer records the vectors of some of them)."""
+        return opened_index_stats(self, self.ids, queries=queries, seed=seed)
 
 
 def _require_no_writer(layout: IndexLayout) -> None:
@@ -239,10 +242,10 @@ class LiveIndex(Generic[S]):
             return True
 
     def _failed_lately(self, identity: Identity) -> bool:
-        """Whether these very files failed to open less than ``RETRY_FAILED_S`` ago (opening a large index is not
-        free: an index left inconsistent by a killed writer is not reopened every tick)."""
+        """Whether these very files failed to open (they are tried again once they change: opening is not free,
+        a damaged file can make faiss allocate what it declares, and unchanged files fail the same way)."""
         failed = self._failed
-        return failed is not None and failed[0] == identity and time.monotonic() - failed[2] < RETRY_FAILED_S
+        return failed is not None and failed[0] == identity
 
     def _log_failure(self, identity: Identity, exc: Exception, served: int) -> None:
         """One line per distinct problem, not one per attempt."""

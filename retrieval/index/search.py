@@ -141,6 +141,20 @@ class Index:
         check_model_match(self.model_hash, self.info.get("model_path"), embedder, self.layout.root)
         self._embedder = embedder
 
+    # --- the ids its faiss part holds
+    @functools.cached_property
+    def ids(self) -> np.ndarray:
+        """The ids its faiss part holds, sorted int64 (a ``live.Snapshot`` sets them when it opens)."""
+        return np.sort(faiss_ops.index_ids(self.faiss_index))
+
+    def holds(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Per id, whether its faiss part holds it (bool array)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if not len(self.ids):
+            return np.zeros(ids.shape, dtype=bool)
+        positions = np.minimum(np.searchsorted(self.ids, ids), len(self.ids) - 1)
+        return self.ids[positions] == ids
+
     # --- the indexed rows (a ``live.Snapshot`` answers for the ids it held when opened instead)
     def indexed_rows(self, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
         """id -> catalogue row of the ``ids`` the catalogue marks indexed now; others are absent."""
@@ -164,13 +178,18 @@ class Index:
     # --- filters
     @property
     def filter_table(self) -> FilterTable:
-        """The indexed rows' filterable columns, read from the catalogue on first use (a ``live.Snapshot`` reads
-        them then, not when it opened: a writer's relabel or removal since then shows in its filters)."""
+        """The filterable columns of the rows it answers for (``filter_rows``), read from the catalogue on first
+        use: a writer's relabel since the index was opened shows in its filters."""
         with self._filter_lock:
             if self._filter_table is None:
-                ids, paths, labels, extra = self.catalogue.filter_rows()
+                ids, paths, labels, extra = self.filter_rows()
                 self._filter_table = FilterTable(ids, [self.public_path(p) for p in paths], labels, extra)
             return self._filter_table
+
+    def filter_rows(self) -> tuple[list[int], list[str], list[str | None], dict[int, str]]:
+        """The rows a filter chooses among: those the catalogue marks indexed now and faiss holds (rows a writer
+        indexed after this index was opened are not in its faiss part, and cannot be searched)."""
+        return self.catalogue.filter_rows(within=self.ids, status=Status.DONE)
 
     def matching_ids(self, where: str | Filter) -> np.ndarray:
         """The sorted ids of the indexed rows that match a ``where`` expression (FilterError if it is bad)."""
@@ -196,6 +215,8 @@ class Index:
         else by over-fetching the unfiltered search and keeping the selected ids. Always on the CPU index (the GPU
         searcher takes no selector)."""
         queries = prepare_vectors(embeddings, self.dim)
+        selected = np.asarray(selected, dtype=np.int64)
+        selected = selected[self.holds(selected)]  # an id faiss lacks cannot be reconstructed nor found
         if not len(selected):
             return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
         fraction = len(selected) / max(len(self), 1)

@@ -10,6 +10,7 @@ import numpy as np
 
 from retrieval.index import faiss_ops
 from retrieval.index.catalogue import THROUGHPUT_META
+from retrieval.index.layout import InconsistentIndexError
 from retrieval.index.search import Index
 from retrieval.index.shards import ShardStore
 from retrieval.index.vectors import done_chunks, faiss_mismatch, gather_rows
@@ -22,46 +23,65 @@ def index_stats(directory: str | Path, queries: int = 500, seed: int = 1) -> dic
     and the approximate results, so that they measure like unseen queries.
     """
     with Index.open(directory) as index:
-        counts = index.catalogue.counts()
-        store = ShardStore(index.layout.shards, read_only=True)
+        return opened_index_stats(index, queries=queries, seed=seed)
+
+
+def opened_index_stats(
+    index: Index, ids: np.ndarray | None = None, queries: int = 500, seed: int = 1
+) -> dict[str, Any]:
+    """``index_stats`` of an opened index, without opening the folder again. ``ids`` (sorted): the ids it answers
+    for, whatever the catalogue marks them now (a server's state, ``live.Snapshot``); their vectors are read
+    from the shards the catalogue names for them. None: the catalogue's indexed rows, which faiss must hold.
+    InconsistentIndexError when the catalogue names no vector for some of them."""
+    counts = index.catalogue.counts()
+    store = ShardStore(index.layout.shards, read_only=True)
+    if ids is None:
         done = index.catalogue.done_shards()
         mismatch = faiss_mismatch(index.faiss_index, done)  # the ids, not only their number
         if mismatch is not None:
             raise index.layout.inconsistent(mismatch)
-        n = len(done)
-        nq = min(queries, n)
-        positions = np.random.default_rng(seed).choice(n, nq, replace=False)
-        sample, sample_ids = gather_rows(store, done, positions, with_ids=True)
-        k = min(10, n - 1)
-        if k < 1:
-            raise ValueError("recall needs at least 2 indexed images")
-        # each query's own id is dropped from both result lists: they measure like unseen queries
-        _, exact = faiss_ops.exact_knn(sample, done_chunks(store, done), k + 1)
-        exact = faiss_ops.drop_self(exact, sample_ids, k)
-        _, found = index.search_arrays(sample, k + 1)
-        found = faiss_ops.drop_self(found, sample_ids, k)
-        latency = faiss_ops.latency_ms(lambda q: index.search_arrays(q, k), sample)
-        return {
-            "index_dir": str(index.layout.root),
-            "counts": counts,
-            "errors": index.catalogue.error_count(),
-            "error_examples": index.catalogue.error_examples(10),
-            # per engine: images decoded + embedded + written to shards, seconds, images/s (faiss not included)
-            "throughput": json.loads(index.catalogue.get_meta(THROUGHPUT_META) or "{}"),
-            "vectors": len(index),
-            "index_key": index.info["index_key"],
-            "index_key_requested": index.info.get("index_key_requested"),
-            "params": index.info.get("params", {}),
-            "tuning": index.info.get("tuning"),
-            # --max-index-memory / --max-query-ms: the limits, the estimate and the latency tuning measured
-            **({"budget": index.info["budget"]} if index.info.get("budget") else {}),
-            "model": {
-                key: index.info.get(key)
-                for key in ("model_path", "model_hash", "embedding_dim", "model_normalized")
-            },
-            "size_on_disk_bytes": index.layout.size_on_disk(),
-            "queries": int(nq),
-            "recall_1_at_1": faiss_ops.recall_at(found, exact, 1, 1),
-            f"recall_{k}_at_{k}": faiss_ops.recall_at(found, exact, k, k),
-            "latency": latency,
-        }
+    else:
+        done = index.catalogue.shards_of(ids)
+        if len(done) != len(ids):  # sent back to pending by a writer since: its vector is not recorded now
+            raise InconsistentIndexError(
+                f"the catalogue records no vector for {len(ids) - len(done)} of the {len(ids)} images this "
+                "index state serves (a writer changed them since it was opened); the statistics come back "
+                "once the index is whole again: wait for its writer, or run `retrieval index repair` on it"
+            )
+    n = len(done)
+    nq = min(queries, n)
+    positions = np.random.default_rng(seed).choice(n, nq, replace=False)
+    sample, sample_ids = gather_rows(store, done, positions, with_ids=True)
+    k = min(10, n - 1)
+    if k < 1:
+        raise ValueError("recall needs at least 2 indexed images")
+    # each query's own id is dropped from both result lists: they measure like unseen queries
+    _, exact = faiss_ops.exact_knn(sample, done_chunks(store, done), k + 1)
+    exact = faiss_ops.drop_self(exact, sample_ids, k)
+    _, found = index.search_arrays(sample, k + 1)
+    found = faiss_ops.drop_self(found, sample_ids, k)
+    latency = faiss_ops.latency_ms(lambda q: index.search_arrays(q, k), sample)
+    return {
+        "index_dir": str(index.layout.root),
+        "counts": counts,
+        "errors": index.catalogue.error_count(),
+        "error_examples": index.catalogue.error_examples(10),
+        # per engine: images decoded + embedded + written to shards, seconds, images/s (faiss not included)
+        "throughput": json.loads(index.catalogue.get_meta(THROUGHPUT_META) or "{}"),
+        "vectors": len(index),
+        "index_key": index.info["index_key"],
+        "index_key_requested": index.info.get("index_key_requested"),
+        "params": index.info.get("params", {}),
+        "tuning": index.info.get("tuning"),
+        # --max-index-memory / --max-query-ms: the limits, the estimate and the latency tuning measured
+        **({"budget": index.info["budget"]} if index.info.get("budget") else {}),
+        "model": {
+            key: index.info.get(key)
+            for key in ("model_path", "model_hash", "embedding_dim", "model_normalized")
+        },
+        "size_on_disk_bytes": index.layout.size_on_disk(),
+        "queries": int(nq),
+        "recall_1_at_1": faiss_ops.recall_at(found, exact, 1, 1),
+        f"recall_{k}_at_{k}": faiss_ops.recall_at(found, exact, k, k),
+        "latency": latency,
+    }

@@ -1,0 +1,250 @@
+"""One client must not freeze the server or starve everyone's searches: `retrieval serve` in a process of its own,
+attacked on loopback for a bounded time while /health and ordinary searches are timed and its memory read from
+/proc. Every assert runs in the test's own thread (the probes only record)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+from availability import HealthProbe, ServerProcess
+from fastapi.testclient import TestClient
+from PIL import Image
+from serve_fixtures import BackgroundServer, shared_artifacts
+
+from retrieval.serve import api as api_module
+from retrieval.serve.api import create_api
+from retrieval.serve.service import SearchService
+
+pytestmark = [pytest.mark.timeout(600),
+              pytest.mark.skipif(not hasattr(__import__("os"), "sched_getaffinity"), reason="Linux /proc")]
+
+HEALTH_TARGET_S = 1.0  # docs/SECURITY.md "Availability": the targets under every attack
+SEARCH_TARGET_S = 10.0
+MEMORY_TARGET_MB = 600
+MB = 2**20
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+    return shared_artifacts(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def server(artifacts):
+    with ServerProcess(artifacts.index_dir) as running:
+        yield running
+
+
+def embedding(server: ServerProcess) -> list[float]:
+    dim = httpx.get(f"{server.url}/health").json()["embedding_dim"]
+    return np.random.default_rng(7).normal(size=dim).tolist()
+
+
+def in_threads(count: int, work) -> list[threading.Thread]:
+    threads = [threading.Thread(target=work, daemon=True) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def test_a_body_of_nested_empty_arrays_is_refused_without_stalling_health(server):
+    """42 MB of ``[[[]]],...`` to /search/batch: json.loads on the event loop held /health for ~10 s and 1.7 GB."""
+    body = b'{"queries": [' + b",".join([b"[[[]]]"] * (42 * MB // 7)) + b"]}"
+    statuses: list[int] = []
+
+    def send() -> None:
+        for _ in range(2):
+            statuses.append(httpx.post(f"{server.url}/search/batch", content=body, timeout=120,
+                                       headers={"content-type": "application/json"}).status_code)
+
+    idle = server.reset_peak()
+    with HealthProbe(server.url) as probe:
+        for thread in in_threads(2, send):
+            thread.join(180)
+    assert statuses == [422] * 4
+    assert probe.failures == [] and probe.worst < HEALTH_TARGET_S, probe.worst
+    assert server.peak_mb() - idle < MEMORY_TARGET_MB
+
+
+def lossless_webp(side: int = 4000) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (side, side), (20, 120, 220)).save(buffer, format="WEBP", lossless=True)
+    return buffer.getvalue()
+
+
+def test_abandoned_image_batches_are_dropped_and_searches_are_answered(server):
+    """8 clients send 64 copies of a 16-megapixel WebP (a few hundred bytes each) and hang up after 3 s: before, the
+    batches kept decoding and a plain search got no answer for over two minutes."""
+    webp = lossless_webp()
+    assert len(webp) < 2000
+    files = [("image", ("q.webp", webp, "image/webp"))] * 64
+    deadline = time.monotonic() + 12
+    outcomes: list[str] = []
+
+    def hang_up() -> None:
+        while time.monotonic() < deadline:
+            try:
+                outcomes.append(str(httpx.post(f"{server.url}/search/batch", files=files, timeout=3).status_code))
+            except httpx.TimeoutException:
+                outcomes.append("hung up")
+
+    vector = embedding(server)
+    before = httpx.get(f"{server.url}/stats").json()["admission"]["batches"]["dropped_client_gone"]
+    search_times: list[float] = []
+    with HealthProbe(server.url) as probe:
+        attackers = in_threads(8, hang_up)
+        time.sleep(2)
+        while time.monotonic() < deadline:
+            started = time.monotonic()
+            answer = httpx.post(f"{server.url}/search?k=5", json={"embedding": vector}, timeout=60)
+            search_times.append(time.monotonic() - started)
+            assert answer.status_code == 200
+            time.sleep(0.5)
+        for thread in attackers:
+            thread.join(60)
+    assert "hung up" in outcomes
+    assert probe.failures == [] and probe.worst < HEALTH_TARGET_S, probe.worst
+    assert search_times and max(search_times) < SEARCH_TARGET_S, search_times
+    # the abandoned batches were dropped (between images, or before their turn) and the lane is free again
+    time.sleep(1)
+    batches = httpx.get(f"{server.url}/stats").json()["admission"]["batches"]
+    assert batches["dropped_client_gone"] > before and batches["running"] == 0 and batches["waiting"] == 0, batches
+    started = time.monotonic()
+    assert httpx.post(f"{server.url}/search/batch", files=files[:2], timeout=60).status_code == 200
+    assert time.monotonic() - started < SEARCH_TARGET_S
+
+
+def noise_png(side: int, seed: int) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 256, (side, side, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG", compress_level=0)
+    return buffer.getvalue()
+
+
+def test_json_batches_waiting_their_turn_hold_bounded_memory(server):
+    """16 clients send 40 MB JSON batches at once: before, every waiting batch held its parsed body and decoded
+    bytes (85-95 MB each, +2 GB for 24); now the bodies held at once share one byte budget."""
+    image = base64.b64encode(noise_png(400, 0)).decode()
+    body = json.dumps({"queries": [{"image": image}] * 64}).encode()
+    assert len(body) > 38 * MB
+    statuses: list[int] = []
+
+    def send() -> None:
+        statuses.append(httpx.post(f"{server.url}/search/batch", content=body, timeout=180,
+                                   headers={"content-type": "application/json"}).status_code)
+
+    idle = server.reset_peak()
+    with HealthProbe(server.url) as probe:
+        for thread in in_threads(16, send):
+            thread.join(200)
+    assert len(statuses) == 16 and set(statuses) <= {200, 503} and 200 in statuses, statuses
+    assert probe.failures == [] and probe.worst < HEALTH_TARGET_S, probe.worst
+    assert server.peak_mb() - idle < MEMORY_TARGET_MB
+
+
+def test_gradio_call_bodies_of_nested_arrays_are_refused_before_they_are_parsed(server):
+    """1 MiB Gradio call bodies were parsed twice on the event loop (our upload filter, then Gradio)."""
+    body = b'{"data": [' + b",".join([b"[[[]]]"] * (MB // 7 - 20)) + b'], "fn_index": 0, "session_hash": "x"}'
+    statuses: list[int] = []
+    deadline = time.monotonic() + 8
+
+    def send() -> None:
+        while time.monotonic() < deadline:
+            statuses.append(httpx.post(f"{server.url}/gradio_api/queue/join", content=body, timeout=60,
+                                       headers={"content-type": "application/json"}).status_code)
+
+    with HealthProbe(server.url) as probe:
+        for thread in in_threads(16, send):
+            thread.join(60)
+    assert statuses and set(statuses) == {413}, set(statuses)
+    assert probe.failures == [] and probe.worst < HEALTH_TARGET_S, probe.worst
+
+
+# --- in one process: where the work runs ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def service(artifacts):
+    opened = SearchService(artifacts.index_dir, reload_interval_s=None)
+    yield opened
+    opened.close()
+
+
+def test_answers_are_rendered_in_a_worker_thread_not_on_the_event_loop(service, monkeypatch):
+    """64 embeddings x k=1000 is megabytes of JSON: pydantic and jsonable_encoder rendered it on the loop."""
+    threads: list[str] = []
+    render = api_module.json_response
+
+    def recorded(content, status_code=200):
+        threads.append(threading.current_thread().name)
+        return render(content, status_code)
+
+    monkeypatch.setattr(api_module, "json_response", recorded)
+    with BackgroundServer(create_api(service)) as running:
+        vector = np.ones(service.dim).tolist()
+        single = httpx.post(f"{running.url}/search?k=3", json={"embedding": vector})
+        batch = httpx.post(f"{running.url}/search/batch?k=3", json={"queries": [{"embedding": vector}] * 4})
+    assert single.status_code == 200 and single.json()["count"] == 3
+    assert batch.status_code == 200 and [r["count"] for r in batch.json()["results"]] == [3] * 4
+    assert len(threads) == 2 and "uvicorn" not in threads, threads  # BackgroundServer's loop thread is "uvicorn"
+
+
+@pytest.mark.parametrize("body", [
+    '{"k": ' + "9" * 5000 + ', "embedding": [1]}',
+    '{"embedding": [' + "1" * 5000 + "]}",
+    '{"embedding": [0.' + "1" * 5000 + "]}",
+])
+def test_a_number_of_thousands_of_digits_is_a_clear_422(service, body):
+    """Python refuses to parse integers past 4,300 digits: that was an HTTP 500 with a traceback."""
+    with TestClient(create_api(service)) as client:
+        for route in ("/search", "/search/batch"):
+            sent = body if route == "/search" else '{"queries": [' + body + "]}"
+            answer = client.post(route, content=sent, headers={"content-type": "application/json"})
+            assert answer.status_code == 422 and "numbers are limited" in answer.json()["detail"], answer.text
+
+
+def test_a_full_lane_refuses_at_once_and_a_departed_client_leaves_its_queue(service):
+    """The batch lane takes one batch at a time and counts waiting images; a client that hangs up while its batch
+    waits is dropped before the batch starts."""
+    release, started = threading.Event(), threading.Event()
+    real = service.search_batch
+
+    def slow_batch(*args, **kwargs):
+        started.set()
+        release.wait(30)
+        return real(*args, **kwargs)
+
+    service.search_batch = slow_batch
+    try:
+        app = create_api(service, batch_queue_images=64)
+        with BackgroundServer(app) as running:
+            image = noise_png(32, 1)
+            files = [("image", ("q.png", image, "image/png"))] * 64
+            holder = threading.Thread(target=lambda: httpx.post(f"{running.url}/search/batch", files=files[:1],
+                                                                timeout=60), daemon=True)
+            holder.start()
+            assert started.wait(20)
+            with pytest.raises(httpx.TimeoutException):  # waits behind the holder, then hangs up
+                httpx.post(f"{running.url}/search/batch", files=files, timeout=1.5)
+            time.sleep(0.5)
+            lane = app.state.limits.batches
+            assert lane.waiting == 0 and lane.dropped == 1  # it left the queue without ever running
+            full = [threading.Thread(target=lambda: httpx.post(f"{running.url}/search/batch", files=files,
+                                                               timeout=60), daemon=True)]
+            full[0].start()
+            time.sleep(0.5)
+            refused = httpx.post(f"{running.url}/search/batch", files=files[:1], timeout=10)
+            assert refused.status_code == 503 and refused.headers["retry-after"]
+            assert "images already waiting" in refused.json()["detail"]
+            vector = np.ones(service.dim).tolist()  # a single search has a lane of its own
+            assert httpx.post(f"{running.url}/search?k=3", json={"embedding": vector}, timeout=5).status_code == 200
+            release.set()
+            holder.join(30)
+            full[0].join(30)
+    finally:
+        service.search_batch = real
