@@ -76,6 +76,23 @@ class BodyBudget:
             freed.notify_all()
 
 
+class HeldBytes:
+    """One request's share of a ``BodyBudget``, taken as its bytes arrive and given back all at once."""
+
+    def __init__(self, budget: BodyBudget) -> None:
+        self.budget, self.bytes = budget, 0
+
+    async def take(self, size: int) -> None:
+        """Room for ``size`` more bytes (waits, then Busy)."""
+        self.bytes += await self.budget.acquire(size)
+
+    async def release(self) -> None:
+        """Give back everything taken."""
+        taken, self.bytes = self.bytes, 0
+        if taken:
+            await self.budget.release(taken)
+
+
 class ClientWatch:
     """Sets ``gone`` when the client's connection closes. Start it once the request body has been read whole: from
     then on, the only message the server can receive for this request is ``http.disconnect``."""

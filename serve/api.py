@@ -31,7 +31,7 @@ from pydantic import BaseModel, Field
 
 from retrieval.index.filters import MAX_FILTER_CHARS
 from retrieval.index.search import MAX_K, check_k
-from retrieval.serve.admission import BodyBudget, Busy, ClientGone, ClientWatch, WorkLane
+from retrieval.serve.admission import BodyBudget, Busy, ClientGone, ClientWatch, HeldBytes, WorkLane
 from retrieval.serve.bodies import (
     FORM_SLACK,
     check_keys,
@@ -99,6 +99,7 @@ ERROR_STATUSES = {
     "request has none or a wrong one: send `Authorization: Bearer <token>`",
     403: "Cross-origin request refused: the Origin header names neither this server nor a --cors-origin",
     404: "No indexed image with this id, or its file is gone or was replaced (then it is not served)",
+    408: "The request body took too long to arrive",
     413: "The request body or the image is over the upload limit (for a batch: the per-image limit for each of "
     f"{MAX_BATCH_QUERIES} images, capped; see /stats limits)",
     415: "Neither multipart/form-data nor application/json",
@@ -486,17 +487,17 @@ def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64
         return Response(status_code=CLIENT_CLOSED)  # nobody reads it: for the access log and the metrics
 
     @contextlib.asynccontextmanager
-    async def body_held(request: Request, limit: int) -> AsyncIterator[None]:
-        """Room in the body budget for this request's body (its declared length, else ``limit``) until it is
-        answered: what waits for a turn holds at most the budget together."""
+    async def body_held(request: Request, limit: int) -> AsyncIterator[HeldBytes]:
+        """This request's share of the body budget, taken as its bytes arrive and held until it is answered: what
+        waits for a turn holds at most the budget together."""
         declared = declared_length(request)
         if declared is not None and declared > limit:
             raise too_large(limit)
-        reserved = await limits.bodies.acquire(limit if declared is None else declared)
+        held = HeldBytes(limits.bodies)
         try:
-            yield
+            yield held
         finally:
-            await limits.bodies.release(reserved)
+            await held.release()
 
     async def answered(lane: WorkLane, request: Request, work: Any, *args: Any, cost: int = 1) -> Response:
         """``work(*args)`` (returning a Response, rendered in its thread) in ``lane``, dropped if the client goes."""
@@ -520,7 +521,7 @@ def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64
     @app.post(
         "/search",
         response_model=SearchResponseModel,
-        responses=error_responses(400, 401, 403, 413, 415, 422, 503),
+        responses=error_responses(400, 401, 403, 408, 413, 415, 422, 503),
         openapi_extra={"requestBody": search_request_body(service.dim)},
     )
     async def search(
@@ -538,11 +539,11 @@ def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64
                 415,
             )
         limits.searches.admit(1)  # refuse at once when the lane is full: before reading a byte
-        async with body_held(request, limits.body_limit):
+        async with body_held(request, limits.body_limit) as held:
             if content_type.startswith("multipart/form-data"):
-                query: Any = (await read_uploads(request, limits.body_limit))[0]
+                query: Any = (await read_uploads(request, limits.body_limit, held=held))[0]
             else:
-                body = await read_body(request, limits.body_limit)
+                body = await read_body(request, limits.body_limit, held)
                 query, body_k, body_where = await limits.parsing.run(parse_search_body, body, service)
                 del body
                 where = agreed("where", body_where, where, where is not None)
@@ -552,7 +553,7 @@ def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64
     @app.post(
         "/search/batch",
         response_model=BatchSearchResponseModel,
-        responses=error_responses(400, 401, 403, 413, 415, 422, 503),
+        responses=error_responses(400, 401, 403, 408, 413, 415, 422, 503),
         openapi_extra={"requestBody": batch_request_body(service.dim)},
     )
     async def search_batch(
@@ -572,11 +573,11 @@ def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64
                 415,
             )
         limits.batches.admit(1)
-        async with body_held(request, limits.batch_body_limit):
+        async with body_held(request, limits.batch_body_limit) as held:
             if content_type.startswith("multipart/form-data"):
-                queries: list[Any] = await read_uploads(request, limits.batch_body_limit, MAX_BATCH_QUERIES)
+                queries: list[Any] = await read_uploads(request, limits.batch_body_limit, MAX_BATCH_QUERIES, held)
             else:
-                body = await read_body(request, limits.batch_body_limit)
+                body = await read_body(request, limits.batch_body_limit, held)
                 queries, body_k, body_where, body_exclude = await limits.parsing.run(parse_batch_body, body, service)
                 del body
                 where = agreed("where", body_where, where, where is not None)

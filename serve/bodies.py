@@ -9,6 +9,8 @@ Numbers are refused past ``MAX_NUMBER_CHARS`` characters (Python's integer parse
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import secrets
 from collections.abc import AsyncIterator
@@ -17,10 +19,12 @@ from typing import Any
 import numpy as np
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
+from retrieval.serve.admission import ClientGone, HeldBytes
 from retrieval.serve.images import QueryError
 
+BODY_READ_TIMEOUT_S = 60.0  # a 43 MB batch at 1 MB/s still arrives; nginx buffers bodies before the server sees them
 FORM_SLACK = 64 * 1024  # multipart boundaries and headers, JSON punctuation
 BRACKETS = bytes(range(256)).translate(None, b"[]{}")  # every byte but the brackets: deleted to measure depth
 MAX_NUMBER_CHARS = 1000  # a float64 needs at most 309 digits; Python refuses integers past 4,300 digits
@@ -41,26 +45,44 @@ def declared_length(request: Request) -> int | None:
     return int(declared) if declared is not None and declared.isascii() and declared.isdigit() else None
 
 
-async def capped_body(request: Request, limit: int) -> AsyncIterator[bytes]:
-    """The request body, chunk by chunk; 413 as soon as it exceeds ``limit`` bytes."""
+async def capped_body(request: Request, limit: int, held: HeldBytes | None = None) -> AsyncIterator[bytes]:
+    """The request body, chunk by chunk; 413 as soon as it exceeds ``limit`` bytes. With ``held``, the body takes its
+    room in the body budget (its declared length, else ``limit``) when its first bytes arrive: a connection that
+    sends headers and nothing else holds none, and a body that has started is never starved half-way."""
     declared = declared_length(request)
     if declared is not None and declared > limit:
         raise too_large(limit)
     received = 0
-    async for chunk in request.stream():
-        received += len(chunk)
-        if received > limit:
-            raise too_large(limit)
-        yield chunk
+    try:
+        async for chunk in request.stream():
+            if held is not None and not held.bytes and chunk:
+                await held.take(limit if declared is None else declared)
+            received += len(chunk)
+            if received > limit:
+                raise too_large(limit)
+            yield chunk
+    except ClientDisconnect:
+        raise ClientGone() from None
 
 
-async def read_body(request: Request, limit: int) -> bytearray:
+async def read_body(request: Request, limit: int, held: HeldBytes | None = None) -> bytearray:
     """The whole body of at most ``limit`` bytes, grown chunk by chunk (no copy of the whole on the event loop);
     parse it off the loop."""
     body = bytearray()
-    async for chunk in capped_body(request, limit):
-        body += chunk
+    async with body_deadline():
+        async for chunk in capped_body(request, limit, held):
+            body += chunk
     return body
+
+
+@contextlib.asynccontextmanager
+async def body_deadline(seconds: float = BODY_READ_TIMEOUT_S) -> AsyncIterator[None]:
+    """408 when the body takes longer than ``seconds`` to arrive (a slow sender holds its share of the budget)."""
+    try:
+        async with asyncio.timeout(seconds):
+            yield
+    except TimeoutError:
+        raise QueryError(f"the request body took longer than {seconds:.0f} s to arrive; send it at once", 408) from None
 
 
 PRINTABLE_ASCII = bytes(range(0x20, 0x7F)).replace(b"\\", b"")  # what a string may hold to be taken as it is
@@ -118,12 +140,22 @@ def _closing_quote(body: bytes | bytearray, start: int) -> int:
     """The position of the quote that ends the string opened at ``start`` (one not escaped), or -1."""
     end = start
     while (end := body.find(b'"', end + 1)) >= 0:
-        backslashes = 0
-        while body[end - 1 - backslashes] == 0x5C:  # 0x5C: a backslash
-            backslashes += 1
-        if backslashes % 2 == 0:
+        if _backslashes_before(body, start + 1, end) % 2 == 0:
             return end
     return -1
+
+
+def _backslashes_before(body: bytes | bytearray, low: int, end: int) -> int:
+    """How many backslashes stand right before ``end`` (not before ``low``): measured by ``rstrip`` in C over a
+    window that doubles, so a run of a million costs a few copies, not a million steps of Python."""
+    window = 64
+    while True:
+        first = max(low, end - window)
+        chunk = body[first:end]
+        run = len(chunk) - len(chunk.rstrip(b"\\"))
+        if run < len(chunk) or first == low:
+            return run
+        window *= 2
 
 
 def json_values(structure: bytes) -> int:
@@ -194,11 +226,12 @@ def check_keys(payload: dict[str, Any], allowed: tuple[str, ...], subject: str =
         raise QueryError(f"unknown key(s) in {subject}: {_names(unknown)}; allowed keys: {', '.join(allowed)}", 422)
 
 
-async def read_uploads(request: Request, limit: int, max_files: int = 1) -> list[bytes]:
+async def read_uploads(request: Request, limit: int, max_files: int = 1, held: HeldBytes | None = None) -> list[bytes]:
     """The files of the multipart field ``image`` (1 to ``max_files``), from a body of at most ``limit`` bytes."""
-    parser = MultiPartParser(request.headers, capped_body(request, limit), max_files=max_files, max_fields=10)
+    parser = MultiPartParser(request.headers, capped_body(request, limit, held), max_files=max_files, max_fields=10)
     try:
-        form = await parser.parse()
+        async with body_deadline():
+            form = await parser.parse()
     except MultiPartException as exc:
         if exc.message.startswith("Too many files"):  # starlette's words: more file parts than max_files
             raise QueryError(f"too many image files: at most {max_files} in one request", 422) from exc

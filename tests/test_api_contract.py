@@ -302,7 +302,7 @@ def test_the_openapi_document_declares_every_status_and_body(client):
     doc = client.get("/openapi.json").json()
     search = doc["paths"]["/search"]["post"]
     # 401: only with a token configured; 403: a cross-origin request (serve.security)
-    assert set(search["responses"]) == {"200", "400", "401", "403", "413", "415", "422", "503"}
+    assert set(search["responses"]) == {"200", "400", "401", "403", "408", "413", "415", "422", "503"}
     assert search["responses"]["422"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorDetail")
     assert search["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith(
         "/SearchResponseModel"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import socket
 import threading
 import time
 
@@ -248,3 +249,43 @@ def test_a_full_lane_refuses_at_once_and_a_departed_client_leaves_its_queue(serv
             full[0].join(30)
     finally:
         service.search_batch = real
+
+
+def raw_request(url: str, head: str, body: bytes = b"") -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    connection = socket.create_connection((host, int(port)), timeout=10)
+    connection.sendall(head.replace("\n", "\r\n").encode() + b"\r\n" + body)
+    return connection
+
+
+def test_connections_that_send_headers_and_no_body_hold_no_body_budget(service):
+    """Chunked bodies that never arrive reserved the whole cap each: three of them filled the budget, and every
+    other search waited 10 s for a 503."""
+    with BackgroundServer(create_api(service)) as running:
+        holders = [raw_request(running.url, "POST /search/batch HTTP/1.1\nHost: 127.0.0.1\n"
+                               "Content-Type: application/json\nTransfer-Encoding: chunked\n") for _ in range(4)]
+        try:
+            time.sleep(0.5)
+            started = time.monotonic()
+            answer = httpx.post(f"{running.url}/search?k=3", json={"embedding": np.ones(service.dim).tolist()},
+                                timeout=30)
+            took = time.monotonic() - started
+        finally:
+            for holder in holders:
+                holder.close()
+    assert answer.status_code == 200 and took < 2, (answer.status_code, took)
+
+
+def test_a_client_that_hangs_up_in_the_middle_of_its_body_is_no_server_error(service):
+    """The body's ClientDisconnect reached Starlette as an HTTP 500 with a traceback."""
+    with BackgroundServer(create_api(service)) as running:
+        for route in ("/search", "/search/batch"):
+            for kind in ("application/json", "multipart/form-data; boundary=x"):
+                connection = raw_request(running.url, f"POST {route} HTTP/1.1\nHost: 127.0.0.1\n"
+                                         f"Content-Type: {kind}\nContent-Length: 100\n", b'{"embed')
+                connection.close()
+        time.sleep(1)
+        metrics = httpx.get(f"{running.url}/metrics").text
+    statuses = {line.split('status="')[1].split('"')[0] for line in metrics.splitlines()
+                if line.startswith("retrieval_http_requests_total{") and 'route="/search' in line}
+    assert "499" in statuses and "500" not in statuses, statuses  # a cut multipart body may read as malformed (400)
