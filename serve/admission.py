@@ -43,10 +43,11 @@ class ClientGone(Exception):
 
 
 class BodyBudget:
-    """At most ``total`` request bytes held at once; ``reserve(n)`` waits up to ``wait_s`` for room, else Busy."""
+    """At most ``total`` request bytes held at once; ``acquire(n)`` waits up to ``wait_s`` for room, else Busy. A body
+    must arrive within ``read_timeout_s`` (``serve.bodies``: 408), so a slow sender holds its room for no longer."""
 
-    def __init__(self, total: int, wait_s: float = 10.0) -> None:
-        self.total, self.wait_s = int(total), wait_s
+    def __init__(self, total: int, wait_s: float = 10.0, read_timeout_s: float = 60.0) -> None:
+        self.total, self.wait_s, self.read_timeout_s = int(total), wait_s, read_timeout_s
         self.held = 0
         self._freed: asyncio.Condition | None = None  # made on the loop that first uses it
 

@@ -46,6 +46,7 @@ from retrieval.serve.defaults import (
     BATCH_CONCURRENCY,
     BATCH_QUEUE_IMAGES,
     BODY_BUDGET_BYTES,
+    BODY_READ_TIMEOUT_S,
     MAX_BATCH_QUERIES,
 )
 from retrieval.serve.images import QueryError, decode_base64
@@ -439,10 +440,10 @@ class ApiLimits:
 
     def __init__(self, service: SearchService, concurrency: int, max_queue: int,
                  batch_concurrency: int = BATCH_CONCURRENCY, batch_queue_images: int = BATCH_QUEUE_IMAGES,
-                 body_budget_bytes: int = BODY_BUDGET_BYTES) -> None:
+                 body_budget_bytes: int = BODY_BUDGET_BYTES, body_timeout_s: float = BODY_READ_TIMEOUT_S) -> None:
         self.body_limit = service.max_upload_bytes * 4 // 3 + FORM_SLACK  # base64 inflates by 4/3
         self.batch_body_limit = batch_upload_bytes(service.max_upload_bytes) * 4 // 3 + FORM_SLACK
-        self.bodies = BodyBudget(max(body_budget_bytes, self.batch_body_limit))
+        self.bodies = BodyBudget(max(body_budget_bytes, self.batch_body_limit), read_timeout_s=body_timeout_s)
         self.searches = WorkLane("searches", concurrency, max_queue)
         self.batches = WorkLane("batches", batch_concurrency, max(batch_queue_images, MAX_BATCH_QUERIES), "images")
         self.parsing = WorkLane("parsing", PARSE_CONCURRENCY, max_queue, "bodies")
@@ -456,10 +457,11 @@ class ApiLimits:
 
 def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64, observe: bool = True,
                batch_concurrency: int = BATCH_CONCURRENCY, batch_queue_images: int = BATCH_QUEUE_IMAGES,
-               body_budget_bytes: int = BODY_BUDGET_BYTES) -> FastAPI:
+               body_budget_bytes: int = BODY_BUDGET_BYTES, body_timeout_s: float = BODY_READ_TIMEOUT_S) -> FastAPI:
     """The JSON API over ``service``: single searches in ``concurrency`` threads of their own (``max_queue``
     waiting), batches in ``batch_concurrency`` others (``batch_queue_images`` images waiting), request bodies
-    within ``body_budget_bytes`` together; /health and /metrics answer on the event loop."""
+    within ``body_budget_bytes`` together, each arriving within ``body_timeout_s``; /health and /metrics answer on
+    the event loop."""
     app = FastAPIOffline(
         title="retrieval search",
         summary="Image retrieval over a faiss index",
@@ -467,7 +469,8 @@ def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64
         static_url=DOCS_ASSETS,
         docs_url=API_DOCS_PATH,
     )
-    limits = ApiLimits(service, concurrency, max_queue, batch_concurrency, batch_queue_images, body_budget_bytes)
+    limits = ApiLimits(service, concurrency, max_queue, batch_concurrency, batch_queue_images, body_budget_bytes,
+                       body_timeout_s)
     app.state.limits = limits
 
     @app.exception_handler(QueryError)

@@ -22,9 +22,9 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import ClientDisconnect, Request
 
 from retrieval.serve.admission import ClientGone, HeldBytes
+from retrieval.serve.defaults import BODY_READ_TIMEOUT_S
 from retrieval.serve.images import QueryError
 
-BODY_READ_TIMEOUT_S = 60.0  # a 43 MB batch at 1 MB/s still arrives; nginx buffers bodies before the server sees them
 FORM_SLACK = 64 * 1024  # multipart boundaries and headers, JSON punctuation
 BRACKETS = bytes(range(256)).translate(None, b"[]{}")  # every byte but the brackets: deleted to measure depth
 MAX_NUMBER_CHARS = 1000  # a float64 needs at most 309 digits; Python refuses integers past 4,300 digits
@@ -69,20 +69,22 @@ async def read_body(request: Request, limit: int, held: HeldBytes | None = None)
     """The whole body of at most ``limit`` bytes, grown chunk by chunk (no copy of the whole on the event loop);
     parse it off the loop."""
     body = bytearray()
-    async with body_deadline():
+    async with body_deadline(held):
         async for chunk in capped_body(request, limit, held):
             body += chunk
     return body
 
 
 @contextlib.asynccontextmanager
-async def body_deadline(seconds: float = BODY_READ_TIMEOUT_S) -> AsyncIterator[None]:
-    """408 when the body takes longer than ``seconds`` to arrive (a slow sender holds its share of the budget)."""
+async def body_deadline(held: HeldBytes | None) -> AsyncIterator[None]:
+    """408 when the body takes longer than its budget's ``read_timeout_s`` to arrive (a slow sender holds its share
+    of the budget meanwhile)."""
+    seconds = held.budget.read_timeout_s if held is not None else BODY_READ_TIMEOUT_S
     try:
         async with asyncio.timeout(seconds):
             yield
     except TimeoutError:
-        raise QueryError(f"the request body took longer than {seconds:.0f} s to arrive; send it at once", 408) from None
+        raise QueryError(f"the request body took longer than {seconds:g} s to arrive; send it at once", 408) from None
 
 
 PRINTABLE_ASCII = bytes(range(0x20, 0x7F)).replace(b"\\", b"")  # what a string may hold to be taken as it is
@@ -226,11 +228,12 @@ def check_keys(payload: dict[str, Any], allowed: tuple[str, ...], subject: str =
         raise QueryError(f"unknown key(s) in {subject}: {_names(unknown)}; allowed keys: {', '.join(allowed)}", 422)
 
 
-async def read_uploads(request: Request, limit: int, max_files: int = 1, held: HeldBytes | None = None) -> list[bytes]:
+async def read_uploads(request: Request, limit: int, max_files: int = 1,
+                       held: HeldBytes | None = None) -> list[bytes]:
     """The files of the multipart field ``image`` (1 to ``max_files``), from a body of at most ``limit`` bytes."""
     parser = MultiPartParser(request.headers, capped_body(request, limit, held), max_files=max_files, max_fields=10)
     try:
-        async with body_deadline():
+        async with body_deadline(held):
             form = await parser.parse()
     except MultiPartException as exc:
         if exc.message.startswith("Too many files"):  # starlette's words: more file parts than max_files

@@ -45,3 +45,4 @@ GRADIO_JSON_BODY_LIMIT = 2**20  # Gradio event bodies only name uploaded files: 
 BATCH_CONCURRENCY = 1  # image batches searched at once, in threads of their own: single searches never wait for them
 BATCH_QUEUE_IMAGES = 2 * MAX_BATCH_QUERIES  # images of batches waiting for their turn; beyond: 503
 BODY_BUDGET_BYTES = 128 * 2**20  # request bodies held at once (read, parsed, waiting); beyond: wait, then 503
+BODY_READ_TIMEOUT_S = 60.0  # a body arrives within this (43 MB at 1 MB/s does); nginx buffers bodies before us

@@ -289,3 +289,23 @@ def test_a_client_that_hangs_up_in_the_middle_of_its_body_is_no_server_error(ser
     statuses = {line.split('status="')[1].split('"')[0] for line in metrics.splitlines()
                 if line.startswith("retrieval_http_requests_total{") and 'route="/search' in line}
     assert "499" in statuses and "500" not in statuses, statuses  # a cut multipart body may read as malformed (400)
+
+
+def test_a_body_that_trickles_in_is_cut_off_at_its_deadline_and_gives_its_budget_back(service):
+    """A slow sender held its share of the body budget for as long as it liked."""
+    app = create_api(service, body_timeout_s=1.5)
+    with BackgroundServer(app) as running:
+        starts = {"application/json": b'{"embedding": [', "multipart/form-data; boundary=x":
+                  b'--x\r\nContent-Disposition: form-data; name="image"; filename="q.png"\r\n\r\n\x89PNG'}
+        for kind, start in starts.items():
+            connection = raw_request(running.url, f"POST /search HTTP/1.1\nHost: 127.0.0.1\nContent-Type: {kind}\n"
+                                     "Content-Length: 100000\n", start)
+            try:
+                time.sleep(0.5)
+                assert app.state.limits.bodies.held == 100_000  # the declared length, from its first bytes on
+                connection.settimeout(10)
+                answer = connection.recv(4096).decode()
+            finally:
+                connection.close()
+            assert answer.startswith("HTTP/1.1 408") and "took longer than" in answer, answer[:200]
+            assert app.state.limits.bodies.held == 0
