@@ -35,11 +35,9 @@ from retrieval.serve.admission import BodyBudget, Busy, ClientGone, ClientWatch,
 from retrieval.serve.bodies import (
     FORM_SLACK,
     check_keys,
-    declared_length,
     parse_json_object,
     read_body,
     read_uploads,
-    too_large,
 )
 from retrieval.serve.defaults import (
     API_DOCS_PATH,
@@ -490,12 +488,9 @@ def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64
         return Response(status_code=CLIENT_CLOSED)  # nobody reads it: for the access log and the metrics
 
     @contextlib.asynccontextmanager
-    async def body_held(request: Request, limit: int) -> AsyncIterator[HeldBytes]:
-        """This request's share of the body budget, taken as its bytes arrive and held until it is answered: what
-        waits for a turn holds at most the budget together."""
-        declared = declared_length(request)
-        if declared is not None and declared > limit:
-            raise too_large(limit)
+    async def body_held() -> AsyncIterator[HeldBytes]:
+        """This request's share of the body budget (taken by ``capped_body`` when its first bytes arrive), held until
+        it is answered: the bodies read, parsed or waiting for a turn hold at most the budget together."""
         held = HeldBytes(limits.bodies)
         try:
             yield held
@@ -542,7 +537,7 @@ def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64
                 415,
             )
         limits.searches.admit(1)  # refuse at once when the lane is full: before reading a byte
-        async with body_held(request, limits.body_limit) as held:
+        async with body_held() as held:
             if content_type.startswith("multipart/form-data"):
                 query: Any = (await read_uploads(request, limits.body_limit, held=held))[0]
             else:
@@ -576,7 +571,7 @@ def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64
                 415,
             )
         limits.batches.admit(1)
-        async with body_held(request, limits.batch_body_limit) as held:
+        async with body_held() as held:
             if content_type.startswith("multipart/form-data"):
                 queries: list[Any] = await read_uploads(request, limits.batch_body_limit, MAX_BATCH_QUERIES, held)
             else:
