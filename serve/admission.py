@@ -25,9 +25,11 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import anyio
-from starlette.types import Receive
+from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 T = TypeVar("T")
+CLIENT_CLOSED = 499  # what the access log and metrics record for work dropped because its client went (nginx's)
 
 
 class Busy(Exception):
@@ -215,3 +217,61 @@ class _UnlimitedLimiter:
 
 
 _UNLIMITED = _UnlimitedLimiter()
+
+
+class LengthRequired:
+    """ASGI middleware: a request body must come with a Content-Length; chunked ones get 411 before any is read.
+
+    uvicorn's HTTP parser handles each chunk of a chunked body on the event loop: a body sent a byte per chunk
+    costs microseconds per byte there, before any limit of the app can count it (one client held /health for
+    seconds). Browsers, gradio_client and nginx (which buffers bodies) all send a Content-Length.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and any(name.lower() == b"transfer-encoding" for name, _ in scope["headers"]):
+            detail = ("send the request body with a Content-Length header: chunked bodies are not accepted "
+                      "(give the client the whole body, e.g. bytes rather than a generator)")
+            # Connection: close, or uvicorn goes on parsing the chunks to reach the next request
+            await JSONResponse({"detail": detail}, status_code=411, headers={"connection": "close"})(scope, receive,
+                                                                                                    send)
+            return
+        await self.app(scope, receive, send)
+
+
+async def read_whole_body(receive: Receive, limit: int, deadline_s: float) -> bytes | Response:
+    """A request's body through a middleware: the bytes, or the answer to send instead (413 past ``limit``, 408 past
+    ``deadline_s``, 499 when the client hangs up), read without any parsing."""
+    chunks, size = [], 0
+    try:
+        async with asyncio.timeout(deadline_s):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return Response(status_code=CLIENT_CLOSED)
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    return JSONResponse({"detail": f"the request body is over its limit of {limit} bytes"}, 413)
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    return b"".join(chunks)
+    except TimeoutError:
+        return JSONResponse({"detail": f"the request body took longer than {deadline_s:g} s to arrive; send it "
+                             "at once"}, 408)
+
+
+def replayed(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that gives ``body`` (already read) once, then what the connection says next."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay

@@ -31,7 +31,7 @@ from pydantic import BaseModel, Field
 
 from retrieval.index.filters import MAX_FILTER_CHARS
 from retrieval.index.search import MAX_K, check_k
-from retrieval.serve.admission import BodyBudget, Busy, ClientGone, ClientWatch, HeldBytes, WorkLane
+from retrieval.serve.admission import CLIENT_CLOSED, BodyBudget, Busy, ClientGone, ClientWatch, HeldBytes, WorkLane
 from retrieval.serve.bodies import (
     FORM_SLACK,
     check_keys,
@@ -428,9 +428,6 @@ def _plain_number(value: Any) -> Any:
 def busy_response(exc: Busy) -> JSONResponse:
     """The 503 of work the server cannot take now."""
     return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": str(exc.retry_after_s)})
-
-
-CLIENT_CLOSED = 499  # what the access log and metrics record for work dropped because its client went (nginx's)
 
 
 class ApiLimits:

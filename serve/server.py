@@ -16,6 +16,7 @@ from starlette.routing import Mount
 from starlette.types import Scope
 
 from retrieval.index.live import RELOAD_INTERVAL_S
+from retrieval.serve.admission import LengthRequired
 from retrieval.serve.api import create_api
 from retrieval.serve.defaults import (
     API_TOKEN_ENV,
@@ -168,6 +169,7 @@ def build_app(config: ServerConfig, service: SearchService | None = None) -> tup
                        allow_headers=["Authorization", "Content-Type"])
     app.add_middleware(SameOriginOnly, allowed=config.cors_origins, events_prefix=GRADIO_API_PREFIX)
     app.add_middleware(AllowedHosts, bind_host=config.host, allowed_names=config.allowed_hosts)
+    app.add_middleware(LengthRequired)  # a chunked body is refused before uvicorn parses its chunks on the loop
     app.add_middleware(SafePageHeaders)  # outside the security layers: their refusals carry the headers too
     outermost(app)  # the request log and metrics in front of all: what the layers above refuse is counted too
     return app, service

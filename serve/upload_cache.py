@@ -35,11 +35,12 @@ from gradio.context import LocalContext
 from gradio.exceptions import InvalidPathError
 from gradio_client.utils import is_file_obj_with_meta
 from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from retrieval.data.decode import ImageDecodeError, open_regular_file
+from retrieval.serve.admission import read_whole_body, replayed
 from retrieval.serve.bodies import JsonText, json_depth, json_values
-from retrieval.serve.defaults import GRADIO_JSON_BODY_LIMIT
+from retrieval.serve.defaults import BODY_READ_TIMEOUT_S, GRADIO_JSON_BODY_LIMIT
 from retrieval.serve.images import QueryError
 from retrieval.serve.security import ConfigError
 
@@ -48,6 +49,7 @@ log = logging.getLogger(__name__)
 GRADIO_API_PREFIX = "/gradio_api/"
 GRADIO_UPLOAD_PATHS = ("/gradio_api/upload", "/gradio_api/upload/")  # multipart bodies: Gradio caps and records them
 GRADIO_FILE_ROUTE = "/gradio_api/file="  # Gradio serves files (and fetches URLs) named after it
+MAX_UPLOAD_PARTS = 4  # files in one upload request: the app's image box sends one
 GRADIO_MAX_VALUES = 4096  # an event names a file, k, a filter and chosen labels: far fewer values
 GRADIO_MAX_DEPTH = 16  # Gradio's event body nests its inputs a few levels deep
 UPLOAD_SLACK = 64 * 1024  # multipart boundaries and part headers around the one uploaded file
@@ -193,23 +195,23 @@ class UploadedFilesOnly:
             if refusal is not None:
                 await refusal(scope, receive, send)
                 return
-            await self.app(scope, receive, send)
+            body = await read_whole_body(receive, self.upload_limit, BODY_READ_TIMEOUT_S)
+            if isinstance(body, bytes):
+                refusal = upload_parts_refusal(scope, body)
+            else:
+                refusal, body = body, b""
+            if refusal is not None:
+                await refusal(scope, receive, send)
+                return
+            await self.app(scope, replayed(body, receive), send)
             return
-        chunks, size, more = [], 0, True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.limit:
-                response = JSONResponse({"detail": f"a Gradio call body is limited to {self.limit} bytes; upload "
-                                         "files with POST /gradio_api/upload and pass their paths"}, 413)
-                await response(scope, receive, send)
-                return
-            chunks.append(chunk)
-            more = message.get("more_body", False)
-        body = b"".join(chunks)
+        body = await read_whole_body(receive, self.limit, BODY_READ_TIMEOUT_S)
+        if not isinstance(body, bytes):
+            if body.status_code == 413:
+                body = JSONResponse({"detail": f"a Gradio call body is limited to {self.limit} bytes; upload "
+                                     "files with POST /gradio_api/upload and pass their paths"}, 413)
+            await body(scope, receive, send)
+            return
         refusal = gradio_body_refusal(body)
         if refusal is not None:
             await refusal(scope, receive, send)
@@ -223,16 +225,7 @@ class UploadedFilesOnly:
         if not all(self.records.holds(path) for path in _named_files(payload)):
             await JSONResponse({"detail": NOT_UPLOADED}, 400)(scope, receive, send)
             return
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replayed(body, receive), send)
 
     def upload_refusal(self, scope: Scope) -> JSONResponse | None:
         """An upload is one image: its declared length must fit one file of the upload limit (Gradio would take
@@ -244,6 +237,21 @@ class UploadedFilesOnly:
             return JSONResponse({"detail": f"an upload is one image of at most {self.upload_limit - UPLOAD_SLACK} "
                                  "bytes (start the server with a larger --max-upload-mb)"}, 413)
         return None
+
+
+def upload_parts_refusal(scope: Scope, body: bytes) -> JSONResponse | None:
+    """A 400 for an upload of more parts than the app's one image needs, counted by its boundary in C before
+    Gradio's parser (which handles every part on the event loop, and takes up to 1,000 files) sees it."""
+    content_type = next((value for name, value in scope["headers"] if name.lower() == b"content-type"), b"")
+    _, _, boundary = content_type.partition(b"boundary=")
+    boundary = boundary.split(b";")[0].strip().strip(b'"')
+    if not boundary:
+        return JSONResponse({"detail": "an upload is multipart/form-data with a boundary"}, 400)
+    parts = body.count(b"--" + boundary) - 1  # the last delimiter closes the body
+    if parts > MAX_UPLOAD_PARTS:
+        return JSONResponse({"detail": f"an upload holds at most {MAX_UPLOAD_PARTS} files (the app sends one "
+                             f"image), this one about {parts}"}, 400)
+    return None
 
 
 def gradio_body_refusal(body: bytes) -> JSONResponse | None:

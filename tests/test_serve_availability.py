@@ -4,6 +4,7 @@ attacked on loopback for a bounded time while /health and ordinary searches are 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -311,3 +312,76 @@ def test_a_body_that_trickles_in_is_cut_off_at_its_deadline_and_gives_its_budget
                 connection.close()
             assert answer.startswith("HTTP/1.1 408") and "took longer than" in answer, answer[:200]
             assert app.state.limits.bodies.held == 0
+
+
+def test_a_chunked_body_is_refused_before_its_chunks_are_parsed_and_the_connection_closed(server):
+    """uvicorn parsed a body sent a byte per chunk on the event loop: one client held /health for a second, eight
+    for nine (the app's limits count body bytes, and never saw them)."""
+    connection = raw_request(server.url, "POST /search HTTP/1.1\nHost: 127.0.0.1\nContent-Type: application/json\n"
+                             "Transfer-Encoding: chunked\n", b"1\r\n{\r\n")
+    connection.settimeout(10)
+    answer = b""
+    try:
+        while part := connection.recv(4096):
+            answer += part
+            connection.sendall(b"1\r\n \r\n" * 1000)  # more chunks: nobody parses them, the connection is closed
+    except (ConnectionResetError, BrokenPipeError):
+        pass
+    finally:
+        connection.close()
+    assert answer.startswith(b"HTTP/1.1 411") and b"Content-Length" in answer, answer[:300]
+    assert httpx.post(f"{server.url}/search?k=3", json={"embedding": embedding(server)}).status_code == 200
+
+
+def multipart_upload(parts: list[bytes]) -> tuple[bytes, str]:
+    boundary = "b0undary"
+    body = b"".join(f'--{boundary}\r\nContent-Disposition: form-data; name="files"; filename="f{i}.png"\r\n'
+                    f"Content-Type: image/png\r\n\r\n".encode() + part + b"\r\n" for i, part in enumerate(parts))
+    return body + f"--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
+
+
+def test_a_gradio_upload_of_thousands_of_parts_is_refused_before_gradio_parses_it(server):
+    """Gradio's upload route parses every part on the event loop (up to 1,000 files written a request)."""
+    body, content_type = multipart_upload([b"x" * 10] * 5000)
+    started = time.monotonic()
+    answer = httpx.post(f"{server.url}/gradio_api/upload", content=body, headers={"content-type": content_type})
+    assert answer.status_code == 400 and "at most 4 files" in answer.json()["detail"]
+    assert time.monotonic() - started < 1
+    one, content_type = multipart_upload([noise_png(48, 2)])
+    assert httpx.post(f"{server.url}/gradio_api/upload", content=one,
+                      headers={"content-type": content_type}).status_code == 200
+
+
+def test_a_gradio_upload_cut_short_is_a_499_not_a_500(server):
+    """Gradio's upload route raised ClientDisconnect as an HTTP 500 with a traceback."""
+    body, content_type = multipart_upload([noise_png(48, 3)])
+    connection = raw_request(server.url, f"POST /gradio_api/upload HTTP/1.1\nHost: 127.0.0.1\nContent-Type: "
+                             f"{content_type}\nContent-Length: 1000000\n", body)
+    time.sleep(0.5)
+    connection.close()
+    time.sleep(1)
+    log = server.stderr()
+    assert "Traceback" not in log and " ui 500 " not in log and " ui 499 " in log, log[-2000:]
+
+
+def test_a_middleware_body_read_stops_at_its_limit_deadline_or_a_departed_client():
+    """What the Gradio routes' bodies are read through: bounded in bytes and time, a hang-up answered as 499."""
+    from retrieval.serve.admission import read_whole_body
+
+    def messages(*sent):
+        queue = list(sent)
+
+        async def receive():
+            if queue:
+                return queue.pop(0)
+            await asyncio.sleep(3600)  # a client that sends nothing more
+        return receive
+
+    chunk = {"type": "http.request", "body": b"x" * 10, "more_body": True}
+    last = {"type": "http.request", "body": b"y", "more_body": False}
+    assert asyncio.run(read_whole_body(messages(chunk, last), 100, 5)) == b"x" * 10 + b"y"
+    assert asyncio.run(read_whole_body(messages(*[chunk] * 20), 100, 5)).status_code == 413
+    assert asyncio.run(read_whole_body(messages(chunk, {"type": "http.disconnect"}), 100, 5)).status_code == 499
+    started = time.monotonic()
+    assert asyncio.run(read_whole_body(messages(chunk), 100, 0.3)).status_code == 408
+    assert time.monotonic() - started < 2
