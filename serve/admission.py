@@ -2,9 +2,10 @@
 
 Contract:
 
-- ``BodyBudget``: the request bytes the API holds at once (bodies read, parsed, decoded). A request reserves its
-  declared length (or its cap) before its body is read; when the budget cannot be had within ``wait_s`` it is
-  answered 503, so many waiting uploads never add up to gigabytes.
+- ``BodyBudget``: the request bytes the API holds at once (bodies read, parsed, decoded). A request takes its
+  declared length (or its cap) when its body's first bytes arrive (``HeldBytes``, ``serve.bodies.capped_body``:
+  headers alone hold nothing); when the budget cannot be had within ``wait_s`` it is answered 503, so many waiting
+  uploads never add up to gigabytes, and a body must arrive within ``read_timeout_s`` (408).
 - ``WorkLane``: blocking work run in threads of the lane's own (at most ``concurrency`` at once), with at most
   ``max_waiting`` units of cost waiting (a single search costs 1, a batch its images); beyond that ``Busy`` (503).
   Lanes share no thread pool with each other or with the rest of the app, so a lane full of batches never holds
@@ -12,6 +13,9 @@ Contract:
 - ``ClientWatch``: a request's "client has gone" flag (a ``threading.Event``), set when the server sees the
   connection close. ``WorkLane.run`` drops work whose client has gone before it starts (also while it waits for
   its turn); the work itself checks ``gone`` between images (``SearchService.search_batch``).
+
+- ``LengthRequired``: a chunked request body is refused (411) before uvicorn parses its chunks on the event loop.
+  ``read_whole_body``: a middleware's bounded read of a body (the Gradio routes', ``serve.upload_cache``).
 
 Everything here runs on the event loop except the work itself, and none of it grows with a client's bytes.
 """
@@ -151,7 +155,7 @@ class WorkLane:
 
     async def run(self, fn: Callable[..., T], *args: Any, cost: int = 1, watch: ClientWatch | None = None) -> T:
         """``fn(*args)`` in one of the lane's threads; Busy if the lane is full, ClientGone if the client went
-        before the work started (it then never starts) or while it ran (its answer is not sent)."""
+        before the work started (it then never starts; work that checks ``watch.gone`` stops early itself)."""
         self.admit(cost)
         gone = watch.gone if watch is not None else None
 
@@ -183,19 +187,27 @@ class WorkLane:
             await self.limiter.acquire_on_behalf_of(borrower)
             return
         turn = asyncio.ensure_future(self.limiter.acquire_on_behalf_of(borrower))
-        await asyncio.wait({turn, watch.task}, return_when=asyncio.FIRST_COMPLETED)
+        try:
+            await asyncio.wait({turn, watch.task}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # this request is cancelled itself (shutdown): its turn must not be taken later
+            await self._give_up(turn, borrower)
+            raise
         if turn.done() and not turn.cancelled() and turn.exception() is None:
             return
         if not watch.gone.is_set():  # the watcher ended for another reason: keep waiting for the turn
             await turn
             return
+        await self._give_up(turn, borrower)
+        self.dropped += 1
+        raise ClientGone()
+
+    async def _give_up(self, turn: asyncio.Future[None], borrower: object) -> None:
+        """Stop waiting for ``turn``; a thread it got meanwhile is given back."""
         turn.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await turn
         if turn.done() and not turn.cancelled() and turn.exception() is None:  # the turn came as it was cancelled
             self.limiter.release_on_behalf_of(borrower)
-        self.dropped += 1
-        raise ClientGone()
 
     def stats(self) -> dict[str, int]:
         """What the lane is doing now (a racy read: for monitoring)."""
