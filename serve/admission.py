@@ -32,6 +32,8 @@ import anyio
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from retrieval.serve.defaults import BODY_READ_TIMEOUT_S
+
 T = TypeVar("T")
 CLIENT_CLOSED = 499  # what the access log and metrics record for work dropped because its client went (nginx's)
 
@@ -52,7 +54,7 @@ class BodyBudget:
     """At most ``total`` request bytes held at once; ``acquire(n)`` waits up to ``wait_s`` for room, else Busy. A body
     must arrive within ``read_timeout_s`` (``serve.bodies``: 408), so a slow sender holds its room for no longer."""
 
-    def __init__(self, total: int, wait_s: float = 10.0, read_timeout_s: float = 60.0) -> None:
+    def __init__(self, total: int, wait_s: float = 10.0, read_timeout_s: float = BODY_READ_TIMEOUT_S) -> None:
         self.total, self.wait_s, self.read_timeout_s = int(total), wait_s, read_timeout_s
         self.held = 0
         self._freed: asyncio.Condition | None = None  # made on the loop that first uses it
