@@ -1,10 +1,11 @@
 """Reading request bodies of untrusted size and shape: bytes through a cap, JSON checked before it is parsed.
 
 Contract: ``read_body`` and ``read_uploads`` run on the event loop and only move bytes (through ``limit``: 413 as
-soon as a body is over it; 408 past the budget's deadline; a client hanging up is ``ClientGone``, a 499). ``parse_json_object`` is CPU work that grows with the body, so callers run it in a
-thread: it first measures the body's skeleton (strings removed: how many values, how deeply nested) against the
-caller's bounds, refusing a body of a million empty arrays before ``json.loads`` allocates them, then parses it.
-Numbers are refused past ``MAX_NUMBER_CHARS`` characters (Python's integer parser would raise on 4,300 digits).
+soon as a body is over it; 408 past the budget's deadline; a client hanging up is ``ClientGone``, a 499).
+``parse_json_object`` is CPU work that grows with the body, so callers run it in a thread: it first measures the
+body's skeleton (strings removed: how many values, how deeply nested) against the caller's bounds, refusing a body
+of a million empty arrays before ``json.loads`` allocates them, then parses it. Numbers are refused past
+``MAX_NUMBER_CHARS`` characters (Python's integer parser would raise on 4,300 digits).
 """
 
 from __future__ import annotations
