@@ -8,8 +8,8 @@ Contract:
   uploads never add up to gigabytes, and a body must arrive within ``read_timeout_s`` (408).
 - ``WorkLane``: blocking work run in threads of the lane's own (at most ``concurrency`` at once), with at most
   ``max_waiting`` units of cost waiting (a single search costs 1, a batch its images); beyond that ``Busy`` (503).
-  Lanes share no thread pool with each other or with the rest of the app, so a lane full of batches never holds
-  back single searches, and /health (answered on the event loop) never waits for a thread.
+  Lanes share no thread limiter with each other or with the rest of the app, so a lane full of batches never
+  holds back single searches, and /health (answered on the event loop) never waits for a thread.
 - ``ClientWatch``: a request's "client has gone" flag (a ``threading.Event``), set when the server sees the
   connection close. ``WorkLane.run`` drops work whose client has gone before it starts (also while it waits for
   its turn); the work itself checks ``gone`` between images (``SearchService.search_batch``).
@@ -79,9 +79,9 @@ class BodyBudget:
 
     async def release(self, size: int) -> None:
         """Give back what ``acquire`` reserved."""
+        self.held -= size  # first: a release cancelled while it waits for the lock still gives the bytes back
         freed = self._condition()
         async with freed:
-            self.held -= size
             freed.notify_all()
 
 
@@ -151,7 +151,7 @@ class WorkLane:
 
     def admit(self, cost: int) -> None:
         """Busy when the lane's threads are all taken and ``cost`` more units would exceed its waiting limit."""
-        if self.running >= self.concurrency and self.waiting + cost > self.max_waiting:
+        if self.limiter.available_tokens == 0 and self.waiting + cost > self.max_waiting:
             raise Busy(f"server busy: {self.waiting} {self.unit} already waiting (the limit is {self.max_waiting}); "
                        "retry shortly")
 

@@ -135,7 +135,7 @@ class JsonText:
         if isinstance(value, list):
             return [self.restore(item) for item in value]
         if isinstance(value, dict):
-            return {key: self.restore(item) for key, item in value.items()}
+            return {self.long.get(key, key): self.restore(item) for key, item in value.items()}
         return value
 
 
@@ -166,10 +166,10 @@ def json_values(structure: bytes) -> int:
     return structure.count(b",") + structure.count(b"[") + structure.count(b"{") + 1
 
 
-def json_depth(structure: bytes, max_bytes: int) -> int:
-    """The deepest nesting of brackets within the first ``max_bytes`` of a JSON text with its strings emptied (a
-    lower bound past them; memory: four bytes per byte looked at)."""
-    brackets = np.frombuffer(structure[:max_bytes].translate(None, BRACKETS), dtype=np.uint8)
+def json_depth(structure: bytes | bytearray, max_brackets: int) -> int:
+    """The deepest nesting among the first ``max_brackets`` brackets of a JSON text with its strings emptied (a
+    lower bound past them; memory: four bytes per bracket looked at)."""
+    brackets = np.frombuffer(structure.translate(None, BRACKETS)[:max_brackets], dtype=np.uint8)
     if not len(brackets):
         return 0
     steps = np.where((brackets == ord("[")) | (brackets == ord("{")), 1, -1).astype(np.int32)
@@ -194,11 +194,13 @@ def parse_json_object(body: bytes | bytearray, max_values: int, max_depth: int, 
     """The JSON object of ``body``, refused before parsing when it holds more than ``max_values`` values or nests
     deeper than ``max_depth``; ``shape`` says what the object should look like. CPU work: call it off the loop.
     A ``bytearray`` body is emptied once its strings are taken out of it (the memory goes back at once)."""
+    if b"\x00" in body[:4]:  # UTF-16 or UTF-32, which json.loads would read: the string scan below reads UTF-8
+        raise QueryError("the JSON body must be UTF-8 (this one looks like UTF-16 or UTF-32)")
     text = JsonText(body, 4 * max_values + 64)  # a value is at most a key and a string: four quotes
     if isinstance(body, bytearray) and text.compact is not body:
         body.clear()  # the caller's copy of the text: its bytes now live in text.long, not twice
     values = max_values + 1 if text.too_many else json_values(text.structure)
-    depth = json_depth(text.structure, 8 * max_values + 64)
+    depth = json_depth(text.structure, 2 * max_values + 2)
     if depth > max_depth:
         raise QueryError(f"the JSON body is nested too deeply ({depth} levels or more; this request has at most "
                          f"{max_depth}); send a flat object: {shape}")
@@ -210,7 +212,7 @@ def parse_json_object(body: bytes | bytearray, max_values: int, max_depth: int, 
         del text  # the long strings are now held by the payload alone: each caller may drop them as it goes
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise QueryError(f"the body is not valid JSON: {exc}") from exc
-    except RecursionError as exc:  # a skeleton the counts missed (it cannot be: kept as the last guard)
+    except RecursionError as exc:  # past the brackets json_depth looked at: kept as the last guard
         raise QueryError("the JSON body is nested too deeply; send a flat object") from exc
     if not isinstance(payload, dict):
         raise QueryError(f"the JSON body must be an object: {shape}", 422)

@@ -243,8 +243,8 @@ def upload_parts_refusal(scope: Scope, body: bytes) -> JSONResponse | None:
     """A 400 for an upload of more parts than the app's one image needs, counted by its boundary in C before
     Gradio's parser (which handles every part on the event loop, and takes up to 1,000 files) sees it."""
     content_type = next((value for name, value in scope["headers"] if name.lower() == b"content-type"), b"")
-    _, _, boundary = content_type.partition(b"boundary=")
-    boundary = boundary.split(b";")[0].strip().strip(b'"')
+    start = content_type.lower().find(b"boundary=")  # the parameter's name in any case; its value as sent
+    boundary = content_type[start + len(b"boundary="):].split(b";")[0].strip().strip(b'"') if start >= 0 else b""
     if not boundary:
         return JSONResponse({"detail": "an upload is multipart/form-data with a boundary"}, 400)
     parts = body.count(b"--" + boundary) - 1  # the last delimiter closes the body
@@ -259,7 +259,7 @@ def gradio_body_refusal(body: bytes) -> JSONResponse | None:
     parsed, here and then again by Gradio, both on the event loop (bounded: at most ``GRADIO_JSON_BODY_LIMIT``)."""
     text = JsonText(body, 4 * GRADIO_MAX_VALUES)
     if (text.too_many or json_values(text.structure) > GRADIO_MAX_VALUES
-            or json_depth(text.structure, 8 * GRADIO_MAX_VALUES) > GRADIO_MAX_DEPTH):
+            or json_depth(text.structure, 2 * GRADIO_MAX_VALUES + 2) > GRADIO_MAX_DEPTH):
         return JSONResponse({"detail": f"a Gradio call holds at most {GRADIO_MAX_VALUES} values nested at most "
                              f"{GRADIO_MAX_DEPTH} deep: this app's events take a few inputs"}, 413)
     return None

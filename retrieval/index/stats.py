@@ -10,7 +10,6 @@ import numpy as np
 
 from retrieval.index import faiss_ops
 from retrieval.index.catalogue import THROUGHPUT_META
-from retrieval.index.layout import InconsistentIndexError
 from retrieval.index.search import Index
 from retrieval.index.shards import ShardStore
 from retrieval.index.vectors import done_chunks, faiss_mismatch, gather_rows
@@ -43,11 +42,9 @@ def opened_index_stats(
     else:
         done = index.catalogue.shards_of(ids)
         if len(done) != len(ids):  # sent back to pending by a writer since: its vector is not recorded now
-            raise InconsistentIndexError(
-                f"the catalogue records no vector for {len(ids) - len(done)} of the {len(ids)} images this "
-                "index state serves (a writer changed them since it was opened); the statistics come back "
-                "once the index is whole again: wait for its writer, or run `retrieval index repair` on it"
-            )
+            raise index.layout.inconsistent(
+                f"the catalogue records no vector for {len(ids) - len(done)} of the {len(ids)} images this index "
+                "state serves: a writer changed them since it was opened")
     n = len(done)
     nq = min(queries, n)
     positions = np.random.default_rng(seed).choice(n, nq, replace=False)
