@@ -9,12 +9,13 @@ from typing import Any
 import click
 import numpy as np
 
+from retrieval.cli.errors import OptionGroup
 from retrieval.cli.options import apply_options
 
 CHECKPOINT_HELP = "embed images of --dataset with this checkpoint (default: a synthetic random batch)."
 
 
-@click.group("analyze")
+@click.group("analyze", cls=OptionGroup)
 def analyze_group() -> None:
     """Figures that explain a loss or a trained embedding."""
 

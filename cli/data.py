@@ -9,10 +9,12 @@ from pathlib import Path
 
 import click
 
+from retrieval.cli.errors import OptionGroup
+
 EXPORTABLE = ("emoji", "fashion-mnist", "digits")
 
 
-@click.group("data")
+@click.group("data", cls=OptionGroup)
 def data_group() -> None:
     """Prepare data sets (render emoji, export built-in sets as image folders)."""
 

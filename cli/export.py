@@ -7,8 +7,10 @@ from pathlib import Path
 
 import click
 
+from retrieval.cli.errors import OptionCommand
 
-@click.command("export")
+
+@click.command("export", cls=OptionCommand)
 @click.option("--checkpoint", required=True, type=click.Path(dir_okay=False),
               help="training checkpoint (RUN_DIR/best.pt or last.pt).")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="ONNX file to write, e.g. model.onnx.")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from retrieval.cli.errors import OptionCommand, OptionGroup
 from retrieval.cli.help_text import default_max_pixels, image_extensions, lazy_help_option
 from retrieval.cli.options import apply_options
 from retrieval.workers import DEFAULT_WORKERS_TEXT
@@ -153,7 +154,7 @@ def engine_options(func):
     return apply_options(wrapper, options)
 
 
-@click.group("index")
+@click.group("index", cls=OptionGroup)
 def index_group() -> None:
     """Build, update and inspect a gallery index (faiss + SQLite catalogue)."""
 
@@ -407,7 +408,7 @@ def _check_where(_ctx: click.Context, _param: click.Parameter, where: str | None
         raise click.BadParameter(str(exc)) from exc
 
 
-@click.command("search")
+@click.command("search", cls=OptionCommand)
 @click.option("--index", "index_dir", required=True, type=click.Path(file_okay=False, exists=True))
 @click.argument("images", nargs=-1, required=True, type=click.Path(dir_okay=False, exists=True))
 @click.option("-k", "k", type=int, default=10, show_default=True, callback=_check_k, help="results per query.")

@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from retrieval.cli.errors import OptionGroup
 from retrieval.cli.help_text import (
     augmentation_help,
     backbone_names,
@@ -59,7 +60,7 @@ def float_pair(ctx: click.Context, param: click.Parameter, value: str | None) ->
                                  ctx=ctx, param=param) from None
 
 
-class FriendlyErrors(click.Group):
+class FriendlyErrors(OptionGroup):
     """Turn the library's expected errors into one clear line instead of a traceback."""
 
     def invoke(self, ctx: click.Context) -> Any:

@@ -18,6 +18,7 @@ from pathlib import Path
 import click
 
 from retrieval.analysis.results import RESULTS_COMMAND
+from retrieval.cli.errors import OptionGroup
 from retrieval.cli.options import apply_options
 from retrieval.serve.defaults import DEFAULT_RESULTS, DEMO_DIR
 
@@ -61,7 +62,7 @@ def grid_options(func):
     return apply_options(func, GRID_OPTIONS)
 
 
-@click.group("results")
+@click.group("results", cls=OptionGroup)
 def results_group() -> None:
     """The results grid: do the papers' methods help on real images available offline?"""
 

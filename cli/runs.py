@@ -7,8 +7,10 @@ from pathlib import Path
 
 import click
 
+from retrieval.cli.errors import OptionGroup
 
-@click.group("runs")
+
+@click.group("runs", cls=OptionGroup)
 def runs_group() -> None:
     """Look at training runs (the folders `retrieval train --out` wrote)."""
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from retrieval.cli.errors import OptionCommand
 from retrieval.index.live import RELOAD_INTERVAL_S
 from retrieval.serve.defaults import (
     API_TOKEN_ENV,
@@ -26,7 +27,7 @@ from retrieval.serve.defaults import (
 )
 
 
-@click.command("serve")
+@click.command("serve", cls=OptionCommand)
 @click.option(
     "--index",
     "index_dir",
