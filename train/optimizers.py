@@ -1,0 +1,72 @@
+"""The optimizer and learning-rate schedule registries (timm style): adding one is one decorated function.
+
+Importing this module imports no torch: ``TrainConfig`` reads the names from here to check ``optimizer`` and
+``schedule``; an optimizer factory imports torch when it builds one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from retrieval.registry import Registry
+
+# name -> factory(param_groups, weight_decay) -> torch.optim.Optimizer; each group carries its own "lr"
+OPTIMIZERS: Registry[Any] = Registry("optimizer")
+# name -> factor(step, steps) -> float: the learning rate's multiplier at ``step`` of the ``steps`` after warmup
+SCHEDULES: Registry[float] = Registry("schedule")
+
+
+@OPTIMIZERS.register("adamw")
+def adamw(param_groups: list[dict], weight_decay: float) -> Any:
+    """AdamW (decoupled weight decay)."""
+    import torch
+
+    return torch.optim.AdamW(param_groups, weight_decay=weight_decay)
+
+
+@OPTIMIZERS.register("adam")
+def adam(param_groups: list[dict], weight_decay: float) -> Any:
+    """Adam (weight decay added to the gradient)."""
+    import torch
+
+    return torch.optim.Adam(param_groups, weight_decay=weight_decay)
+
+
+@OPTIMIZERS.register("sgd")
+def sgd(param_groups: list[dict], weight_decay: float) -> Any:
+    """SGD with Nesterov momentum 0.9."""
+    import torch
+
+    return torch.optim.SGD(param_groups, momentum=0.9, weight_decay=weight_decay, nesterov=True)
+
+
+@SCHEDULES.register("cosine")
+def cosine_schedule(step: int, steps: int) -> float:
+    """Half a cosine from 1 to 0."""
+    return 0.5 * (1 + math.cos(math.pi * min(1.0, step / max(1, steps))))
+
+
+@SCHEDULES.register("step")
+def step_schedule(step: int, steps: int) -> float:
+    """1, then 0.1 from two thirds of training on."""
+    return 0.1 if step >= steps * 2 // 3 else 1.0
+
+
+@SCHEDULES.register("constant")
+def constant_schedule(step: int, steps: int) -> float:
+    """1 throughout."""
+    return 1.0
+
+
+def schedule_factor(name: str, warmup_steps: int, total_steps: int) -> Callable[[int], float]:
+    """The multiplier of the base learning rate at each optimizer step: linear warmup, then schedule ``name``."""
+    shape = SCHEDULES.get(name)
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        return shape(step - warmup_steps, total_steps - warmup_steps)
+
+    return factor
