@@ -249,11 +249,11 @@ def batch_compare(
         for round_ in range(rounds):
             order = list(modes) if round_ % 2 == 0 else list(reversed(modes))  # ABC CBA: drift cancels out
             for mode in order:
-                before = service.batcher.calls
+                before = service.current().batcher.calls
                 began = time.perf_counter()
                 errors[mode] += sum(modes[mode]() for _ in range(repeats))
                 speeds[mode].append(round(batch_size * repeats / (time.perf_counter() - began), 2))
-                calls[mode] += service.batcher.calls - before
+                calls[mode] += service.current().batcher.calls - before
     service.close()
     median = {mode: float(np.median(values)) for mode, values in speeds.items()}
     return {
@@ -369,7 +369,7 @@ def main() -> None:
     with serving(app) as url:
         run_load(url, images, args.clients, min(32, args.searches), args.k, args.time_limit)  # warm-up
         result = run_load(url, images, args.clients, args.searches, args.k, args.time_limit)
-    result |= {"index": service.describe(), "batcher": service.batcher.stats()}
+    result |= {"index": service.describe(), "batcher": service.current().batcher.stats()}
     service.close()
     print(json.dumps(result, indent=2))
 

@@ -50,6 +50,7 @@ from starlette.routing import Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from retrieval.serve.defaults import LOG_FORMATS, LOG_LEVELS
+from retrieval.serve.routes import leaf_routes
 from retrieval.serve.service import SearchService
 
 METRICS_PATH = "/metrics"
@@ -100,7 +101,7 @@ class ServiceCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         """The index's size and generation and the current model's micro-batcher, as they are now."""
-        state = self.service.state  # one state for every figure of this scrape
+        state = self.service.current()  # one state for every figure of this scrape
         generation = self.service.generation
         yield GaugeMetricFamily("retrieval_index_vectors", "vectors in the index searched now", value=len(state))
         yield GaugeMetricFamily("retrieval_index_generation",
@@ -139,7 +140,7 @@ class Observability:
     def route_of(self, scope: Scope) -> str:
         """The template of the app's route that the path matches (any method), ``ui`` or ``unmatched``."""
         if self._templates is None:  # routes are complete once serving starts (the UI is mounted after the API)
-            self._templates = list(self.app.routes)
+            self._templates = list(leaf_routes(self.app.routes))
         for route in self._templates:
             path_regex = getattr(route, "path_regex", None)
             if path_regex is not None and path_regex.match(scope["path"]):

@@ -31,6 +31,7 @@ from retrieval.serve.defaults import (
 )
 from retrieval.serve.observability import configure_logging, outermost
 from retrieval.serve.reports import load_report
+from retrieval.serve.routes import leaf_routes
 from retrieval.serve.security import (
     AllowedHosts,
     BearerToken,
@@ -132,7 +133,7 @@ def build_app(config: ServerConfig, service: SearchService | None = None) -> tup
     app = create_api(service, concurrency=config.concurrency, max_queue=config.max_queue, observe=config.observe)
     # The token covers every route of the API app (the JSON API, its OpenAPI document, /docs and its assets) but
     # PUBLIC_PATHS; the Gradio app mounted below has its own login.
-    api_routes = [route for route in app.routes if getattr(route, "path", None) not in PUBLIC_PATHS]
+    api_routes = [route for route in leaf_routes(app.routes) if getattr(route, "path", None) not in PUBLIC_PATHS]
 
     def is_api_call(path: str) -> bool:
         return any(route.path_regex.match(path) for route in api_routes)

@@ -43,7 +43,7 @@ from retrieval.serve.reports import (
     triplet_plot,
     wise_plot,
 )
-from retrieval.serve.service import SearchService, display_name
+from retrieval.serve.service import SearchService, ServedIndex, display_name
 from retrieval.serve.upload_cache import UploadRecords
 
 THUMBNAIL = 256
@@ -110,15 +110,22 @@ class GalleryFacts:
 
     @classmethod
     def of(cls, service: SearchService) -> GalleryFacts:
-        labels = [label for _, label in service.catalogue.labelled()]
+        """The facts of the state served now (one state for all of them)."""
+        with service.acquire() as state:
+            return cls.of_state(state)
+
+    @classmethod
+    def of_state(cls, state: ServedIndex) -> GalleryFacts:
+        """The facts of one served state."""
+        labels = [label for _, label in state.catalogue.labelled()]
         classes = sorted(set(labels))
-        paths = [row["path"] for row in service.catalogue.sample(200)]
+        paths = [row["path"] for row in state.catalogue.sample(200)]
         try:
             folder = Path(os.path.commonpath([str(Path(p).parent) for p in paths])) if paths else None
         except ValueError:  # files on different drives
             folder = None
         return cls(
-            images=len(service),
+            images=len(state),
             labelled=len(labels),
             classes=len(classes),
             example_labels=classes[: min(3, len(classes))],
@@ -196,12 +203,13 @@ class ExampleSet:
 
     def __init__(self, service: SearchService, folder: Path, count: int = EXAMPLE_COUNT) -> None:
         self.files: list[str] = []
-        for row in service.catalogue.sample(count):
-            path = service.image_path(row["id"])
-            if path is not None:
-                copy = folder / f"{row['id']}{path.suffix.lower()}"
-                shutil.copyfile(path, copy)
-                self.files.append(str(copy))
+        with service.acquire() as state:  # the rows and their files from one state
+            for row in state.catalogue.sample(count):
+                path = service.image_path(row["id"], state)
+                if path is not None:
+                    copy = folder / f"{row['id']}{path.suffix.lower()}"
+                    shutil.copyfile(path, copy)
+                    self.files.append(str(copy))
 
 
 def thumbnail(path: Path | None) -> Image.Image:
@@ -328,7 +336,7 @@ class SearchTab:
                 )
                 with gr.Accordion("Filter the gallery", open=False, elem_id="filter"):
                     # a label longer than a filter may be is left out: the page's config would carry it whole
-                    labels = sorted({label for _, label in self.service.catalogue.labelled()
+                    labels = sorted({label for _, label in self.service.current().catalogue.labelled()
                                      if len(label) <= MAX_PICKED_LABEL_CHARS})
                     label_pick = gr.Dropdown(
                         choices=[(self.facts.label_text(label), label) for label in labels[:MAX_IN_VALUES]],
@@ -375,7 +383,7 @@ class SearchTab:
     def column_names(self) -> str:
         """The columns a where may name (a manifest's, so anyone's text): the first ``MAX_COLUMNS_SHOWN``, each
         cut, as plain text (a label is not Markdown)."""
-        names = list(self.service.index.filter_table.names())
+        names = list(self.service.current().index.filter_table.names())
         shown = ", ".join(shown_text(name, MAX_COLUMN_CHARS) for name in names[:MAX_COLUMNS_SHOWN])
         return shown + (f", … ({len(names) - MAX_COLUMNS_SHOWN} more)" if len(names) > MAX_COLUMNS_SHOWN else "")
 
@@ -446,7 +454,7 @@ class EvaluationTab:
                 return REPORT_REFUSED, *self.nothing_shown()
             headers, rows = report.metrics_table()  # shown as text (Dataframe's "str"), cut by metrics_table
             summary = summary_markdown(report, shown=path) + data_relation_markdown(
-                report, self.service.state.index.info.get("gallery_root"), self.service.index_dir.name)
+                report, self.service.current().index.info.get("gallery_root"), self.service.index_dir.name)
             if report.map_equals_recall():
                 summary += f"\n\n{MAP_EQUALS_RECALL_NOTE}"
             pictures = [picture(report) for picture in (recall_plot, curves_plot, triplet_plot, *OPTIONAL_PLOTS)]
@@ -495,7 +503,8 @@ class EvaluationTab:
 
     def duplicates(self) -> tuple[str, Any]:
         """The gallery files the index skipped as exact copies (same sha256) of an indexed one, with their twins."""
-        total, found = duplicates(self.service.index.catalogue, DUPLICATES_SHOWN)
+        with self.service.acquire() as state:
+            total, found = duplicates(state.catalogue, DUPLICATES_SHOWN)
         if not total:
             return "No duplicates: every gallery file has distinct bytes.", gr.Dataframe(value=None, visible=False)
         shown = f" (the first {len(found)} below)" if total > len(found) else ""
@@ -613,7 +622,10 @@ class IndexTab:
         self.service = service
 
     def stats(self) -> tuple[Any, dict[str, Any]]:
-        _, s = self.service.public_stats()
+        """The table and the details of one state: its statistics and its model's batcher."""
+        with self.service.acquire() as state:
+            _, s = self.service.public_stats(state)
+            batcher = state.batcher.stats()
         k = next((key for key in s if key.startswith("recall_") and key != "recall_1_at_1"), None)
         rows = [
             ["vectors", s["vectors"]],
@@ -635,7 +647,7 @@ class IndexTab:
             ],
         ]
         return gr.Dataframe(value=rows, headers=["statistic", "value"]), s | {
-            "batcher": self.service.batcher.stats()
+            "batcher": batcher
         }
 
     def build(self, demo: gr.Blocks) -> None:

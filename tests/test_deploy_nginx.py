@@ -22,7 +22,7 @@ import httpx
 import pytest
 from serve_fixtures import BackgroundServer, free_port, png_bytes, shared_artifacts
 
-from retrieval.serve.api import FORM_SLACK
+from retrieval.serve.bodies import FORM_SLACK
 from retrieval.serve.defaults import DEFAULT_MAX_UPLOAD_BYTES
 from retrieval.serve.server import ServerConfig, build_app, connection_limit
 

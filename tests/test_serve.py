@@ -8,6 +8,7 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -72,12 +73,12 @@ def test_concurrent_service_searches_are_batched_and_correct(artifacts, service)
         barrier.wait()
         return service.search(images[i], k=1).results[0].id
 
-    before = service.batcher.stats()
+    before = service.current().batcher.stats()
     with ThreadPoolExecutor(16) as pool:
         found = list(pool.map(one, range(16)))
-    rows = service.catalogue.rows(found)
+    rows = service.current().catalogue.rows(found)
     assert [rows[i]["path"] for i in found] == [str(p.resolve()) for p in artifacts.query_paths[:16]]
-    after = service.batcher.stats()
+    after = service.current().batcher.stats()
     calls, requests = after["model_calls"] - before["model_calls"], after["requests"] - before["requests"]
     assert requests == 16 and calls < 16  # some requests shared a model call
     assert after["largest_batch"] >= 2
@@ -296,10 +297,13 @@ def test_stats_and_health(artifacts, client):
 class BlockingService:
     """Stands in for SearchService where a search must stay busy until the test lets it finish."""
 
-    max_upload_bytes, max_pixels, dim = 1000, 1000, 2
+    max_upload_bytes, max_pixels = 1000, 1000
 
     def __init__(self) -> None:
         self.started, self.release = threading.Event(), threading.Event()
+
+    def current(self) -> SimpleNamespace:
+        return SimpleNamespace(dim=2)  # the served state's one fact the API reads before a search
 
     def search(self, query, k, *_):
         self.started.set()

@@ -20,8 +20,8 @@ from fastapi.testclient import TestClient
 from PIL import Image
 from serve_fixtures import BackgroundServer, shared_artifacts
 
-from retrieval.serve import api as api_module
 from retrieval.serve.api import create_api
+from retrieval.serve.routes import search as search_routes
 from retrieval.serve.service import SearchService
 
 pytestmark = [pytest.mark.timeout(600),
@@ -180,15 +180,15 @@ def service(artifacts):
 def test_answers_are_rendered_in_a_worker_thread_not_on_the_event_loop(service, monkeypatch):
     """64 embeddings x k=1000 is megabytes of JSON: pydantic and jsonable_encoder rendered it on the loop."""
     threads: list[str] = []
-    render = api_module.json_response
+    render = search_routes.json_response
 
     def recorded(content, status_code=200):
         threads.append(threading.current_thread().name)
         return render(content, status_code)
 
-    monkeypatch.setattr(api_module, "json_response", recorded)
+    monkeypatch.setattr(search_routes, "json_response", recorded)
     with BackgroundServer(create_api(service)) as running:
-        vector = np.ones(service.dim).tolist()
+        vector = np.ones(service.current().dim).tolist()
         single = httpx.post(f"{running.url}/search?k=3", json={"embedding": vector})
         batch = httpx.post(f"{running.url}/search/batch?k=3", json={"queries": [{"embedding": vector}] * 4})
     assert single.status_code == 200 and single.json()["count"] == 3
@@ -243,7 +243,7 @@ def test_a_full_lane_refuses_at_once_and_a_departed_client_leaves_its_queue(serv
             refused = httpx.post(f"{running.url}/search/batch", files=files[:1], timeout=10)
             assert refused.status_code == 503 and refused.headers["retry-after"]
             assert "images already waiting" in refused.json()["detail"]
-            vector = np.ones(service.dim).tolist()  # a single search has a lane of its own
+            vector = np.ones(service.current().dim).tolist()  # a single search has a lane of its own
             assert httpx.post(f"{running.url}/search?k=3", json={"embedding": vector}, timeout=5).status_code == 200
             release.set()
             holder.join(30)
@@ -267,9 +267,9 @@ def test_connections_that_send_headers_and_no_body_hold_no_body_budget(service):
                                "Content-Type: application/json\nTransfer-Encoding: chunked\n") for _ in range(4)]
         try:
             time.sleep(0.5)
+            vector = np.ones(service.current().dim).tolist()
             started = time.monotonic()
-            answer = httpx.post(f"{running.url}/search?k=3", json={"embedding": np.ones(service.dim).tolist()},
-                                timeout=30)
+            answer = httpx.post(f"{running.url}/search?k=3", json={"embedding": vector}, timeout=30)
             took = time.monotonic() - started
         finally:
             for holder in holders:

@@ -62,7 +62,7 @@ def b64(data: bytes) -> str:
 
 
 def embedding(service, seed: int) -> list[float]:
-    return np.random.default_rng(seed).standard_normal(service.dim).tolist()
+    return np.random.default_rng(seed).standard_normal(service.current().dim).tolist()
 
 
 def test_a_batch_of_images_answers_what_the_same_searches_answer_one_by_one(server, artifacts):
@@ -107,9 +107,9 @@ def test_a_batch_of_embeddings_and_a_mixed_batch(server, service, artifacts):
 
 
 def test_where_applies_to_every_query(server, service, artifacts):
-    labels = sorted({label for _, label in service.catalogue.labelled()})
+    labels = sorted({label for _, label in service.current().catalogue.labelled()})
     where = f'label in ("{labels[0]}", "{labels[1]}") or id < 3'
-    allowed = set(service.index.matching_ids(where).tolist())
+    allowed = set(service.current().index.matching_ids(where).tolist())
     queries = [{"embedding": embedding(service, seed)} for seed in range(3)]
     queries.append({"image": b64(artifacts.query_paths[20].read_bytes())})
     response = post_json(server, {"queries": queries, "where": where, "k": 4})
@@ -187,7 +187,7 @@ def test_an_oversized_body_is_refused_before_it_is_read(server, service):
 
 def test_the_images_of_a_batch_go_through_the_model_in_one_call(server, service, artifacts):
     images = [path.read_bytes() for path in artifacts.query_paths[:40]]  # more than the micro-batcher's max_batch
-    batcher = service.batcher
+    batcher = service.current().batcher
     calls, rows, sizes = batcher.calls, batcher.rows, list(batcher.batch_sizes)
     response = post_files(server, images, k=1)
     assert response.status_code == 200, response.text

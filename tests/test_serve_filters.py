@@ -20,7 +20,7 @@ def server(service):
 
 def exact_filtered(service, embedding: np.ndarray, where: str, k: int) -> list[int]:
     """The slow top-k: every matching vector, scored with the query, best first."""
-    index = service.index
+    index = service.current().index
     matching = index.matching_ids(where)
     vectors = np.stack([index.faiss_index.reconstruct(int(i)) for i in matching])
     query = embedding / np.linalg.norm(embedding)
@@ -28,11 +28,11 @@ def exact_filtered(service, embedding: np.ndarray, where: str, k: int) -> list[i
 
 
 def some_embedding(service, seed: int = 0) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal(service.dim).astype(np.float32)
+    return np.random.default_rng(seed).standard_normal(service.current().dim).astype(np.float32)
 
 
 def test_the_json_where_gives_the_exact_top_k_of_the_matching_rows(server, service):
-    labels = sorted({label for _, label in service.catalogue.labelled()})
+    labels = sorted({label for _, label in service.current().catalogue.labelled()})
     where = f'label in ("{labels[0]}", "{labels[1]}", "{labels[2]}") or id < 5'
     for seed in range(3):
         embedding = some_embedding(service, seed)
@@ -44,13 +44,13 @@ def test_the_json_where_gives_the_exact_top_k_of_the_matching_rows(server, servi
 
 def test_where_in_the_query_filters_an_upload(server, service, artifacts):
     query = artifacts.query_paths[0]
-    split = "test" if len(service.index.matching_ids('split = "test"')) else None
+    split = "test" if len(service.current().index.matching_ids('split = "test"')) else None
     where = f'split = "{split}"' if split else f'label = "{artifacts.labels[0]}"'
     with open(query, "rb") as handle:
         response = httpx.post(server.url + "/search", params={"k": 5, "where": where},
                               files={"image": ("q.png", handle, "image/png")}, timeout=30)
     assert response.status_code == 200, response.text
-    allowed = set(service.index.matching_ids(where).tolist())
+    allowed = set(service.current().index.matching_ids(where).tolist())
     results = response.json()["results"]
     assert results and all(r["id"] in allowed for r in results)
 

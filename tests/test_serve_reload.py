@@ -221,12 +221,12 @@ def test_an_index_built_with_another_model_is_searched_with_that_model(artifacts
     service.live.grace_s = 0
     data = artifacts.query_paths[5].read_bytes()
     try:
-        blue = service.state.model
+        blue = service.current().model
         assert service.search(data, 1).results[0].score == pytest.approx(1, abs=1e-4)
         (tmp_path / "next").symlink_to(tmp_path / "green", target_is_directory=True)
         os.replace(tmp_path / "next", served)
         assert service.reload() is True
-        assert service.embedder.model_hash != blue.embedder.model_hash and service.state.model is not blue
+        assert service.current().embedder.model_hash != blue.embedder.model_hash and service.current().model is not blue
         found = service.search(data, 1)
         assert found.results[0].id == found.query_item.id and found.results[0].score == pytest.approx(1, abs=1e-4)
         with pytest.raises(RuntimeError, match="closed"):

@@ -20,6 +20,7 @@ from gradio.exceptions import InvalidPathError
 from serve_fixtures import BackgroundServer, png_bytes, shared_artifacts
 
 from retrieval.cli.serve import serve_command
+from retrieval.serve.routes import leaf_routes
 from retrieval.serve.security import ExposureError
 from retrieval.serve.server import ServerConfig, build_app
 from retrieval.serve.upload_cache import prune_folder
@@ -103,7 +104,7 @@ def test_urls_and_escapes_from_the_upload_folder_get_the_same_refusal(plain, pat
 
 def test_gradio_itself_refuses_files_outside_the_upload_folder(plain):
     """Gradio's own check (has_launched) is on for the mounted app: the depth below the HTTP guard."""
-    mounts = plain.server.config.app.routes
+    mounts = leaf_routes(plain.server.config.app.routes)
     blocks = next(route.app.get_blocks() for route in mounts if hasattr(route.app, "get_blocks"))
     image = next(b for b in blocks.blocks.values() if getattr(b, "elem_id", None) == "query-image")
     token = LocalContext.blocks.set(blocks)

@@ -20,7 +20,7 @@ from serve_fixtures import png_bytes
 from retrieval.index.filters import parse_filter
 from retrieval.index.search import Index
 from retrieval.serve.api import create_api
-from retrieval.serve.service import SearchService
+from retrieval.serve.service import SearchService, ServedIndex
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -56,13 +56,13 @@ def killed_writer_rows(index_dir: Path, count: int = 3) -> list[int]:
 
 
 def embedding_of(service: SearchService) -> list[float]:
-    return np.random.default_rng(3).standard_normal(service.dim).astype(np.float32).tolist()
+    return np.random.default_rng(3).standard_normal(service.current().dim).astype(np.float32).tolist()
 
 
 def test_a_filtered_search_answers_from_the_served_ids_after_a_killed_writer(served, index_dir):
     """The filter is built from the served ids alone: rows a writer marked indexed since are not among them."""
     service, client = served
-    held = set(service.index.ids.tolist())
+    held = set(service.current().index.ids.tolist())
     new = killed_writer_rows(index_dir)
     for where in ("id >= 0", 'label = "new"', f"id = {new[0]}"):
         response = client.post("/search", json={"embedding": embedding_of(service), "k": 5, "where": where})
@@ -83,7 +83,7 @@ def test_stats_and_items_answer_from_the_served_state_after_a_killed_writer(serv
     stats = response.json()["index"]
     assert stats["vectors"] == vectors and stats["queries"] > 0 and 0 <= stats["recall_1_at_1"] <= 1
     assert client.get(f"/items/{new[0]}").status_code == 404
-    assert client.get(f"/items/{int(service.index.ids[0])}").status_code == 200
+    assert client.get(f"/items/{int(service.current().index.ids[0])}").status_code == 200
 
 
 def test_a_state_held_across_a_real_writer_answers_filtered_searches(artifacts, index_dir, tmp_path):
@@ -113,7 +113,7 @@ def test_what_a_state_cannot_answer_is_a_503_logged_once(served, index_dir, capl
     """A served image whose vector the catalogue no longer records (removed and planned again by a writer that
     was killed) leaves /stats unanswerable from this state: a 503 that says why, one warning per state."""
     service, client = served
-    gone = int(service.index.ids[0])
+    gone = int(service.current().index.ids[0])
     with sqlite3.connect(index_dir / "catalogue.sqlite") as db:
         db.execute("UPDATE images SET status = 'pending', shard = NULL WHERE id = ?", (gone,))
     with caplog.at_level(logging.WARNING):
@@ -135,3 +135,26 @@ def test_a_plain_index_filters_only_the_ids_its_faiss_part_holds(index_dir):
         vector = np.random.default_rng(0).standard_normal(index.dim).astype(np.float32)
         assert not set(index.matching_ids("id >= 0").tolist()) & set(new)
         assert len(index.search(vector, 4, where="id >= 0")[0]) == 4
+
+
+def test_stats_answer_from_one_state_when_a_reload_swaps_it_mid_request(served, artifacts, monkeypatch):
+    """A reload between two reads of one /stats request (the index's summary, then the model's counters) leaves
+    the answer one state's: the counters are those of the model of the state the summary describes."""
+    service, client = served
+    first = service.current()
+    service.search(artifacts.query_paths[0].read_bytes(), 1)  # the first state's model has answered a query
+    fresh = service._open_state(None)  # a state with a model (and micro-batcher) of its own: no calls yet
+    summarise = ServedIndex.index_stats
+
+    def summarise_then_reload(state: ServedIndex) -> dict:
+        summary = summarise(state)
+        if state is first and service.live.current is first:
+            service.live._swap(fresh)  # what a reload does, between this read and the request's next one
+        return summary
+
+    monkeypatch.setattr(ServedIndex, "index_stats", summarise_then_reload)
+    response = client.get("/stats")
+    assert response.status_code == 200, response.text
+    assert service.live.current is fresh  # the reload did happen mid-request
+    assert first.model.batcher.stats()["model_calls"] >= 1 and fresh.model.batcher.stats()["model_calls"] == 0
+    assert response.json()["batcher"] == first.model.batcher.stats()

@@ -153,8 +153,8 @@ def test_leave_one_out_ranks_of_the_first_correct_match_brute_force(artifacts, s
     from retrieval.serve.diagnostics import _vectors_of
 
     loo = service.leave_one_out()
-    label_of = dict(service.catalogue.labelled())
-    ids, vectors = _vectors_of(service.index, np.array(sorted(label_of), np.int64))
+    label_of = dict(service.current().catalogue.labelled())
+    ids, vectors = _vectors_of(service.current().index, np.array(sorted(label_of), np.int64))
     scores = vectors @ vectors.T
     expected: dict[str, list[int]] = {}
     for row, own in enumerate(ids):

@@ -1,0 +1,239 @@
+"""The API's documented shapes: response models, the error statuses each route declares, the request bodies and
+query parameters of the searches (what ``/openapi.json`` says; the routes and ``openapi`` use them)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import Path as PathParameter
+from fastapi import Query
+from pydantic import BaseModel, Field
+
+from retrieval.index.filters import MAX_FILTER_CHARS
+from retrieval.index.search import MAX_K
+from retrieval.serve.defaults import MAX_BATCH_QUERIES
+from retrieval.serve.service import IMAGE_MEDIA_TYPES
+
+DEFAULT_K = 10
+EXCLUDE_SELF_HELP = ("leave out the gallery item whose file has exactly the query's bytes (query_item), as the app "
+                     "does for a query picked from the gallery; image queries only")
+WHERE_HELP = ('a filter on the catalogue\'s columns (id, path, label and a manifest\'s own columns such as split), '
+              'e.g. label = "cat" and price < 20: = != < <= > >=, in (...), not in (...), and, or, not, '
+              'parentheses, quoted strings and numbers; only matching images are searched, and none matching gives '
+              'no results')
+FLOAT64_MAX = 1.7976931348623157e308
+ItemId = Annotated[str, PathParameter(description="catalogue id of an indexed image (search results give it)",
+                                      examples=["1"])]
+# the query-string parameters of POST /search and /search/batch (k's range is checked by check_k, documented here)
+KParameter = Annotated[int, Query(description="number of results (also accepted as JSON \"k\")",
+                                  json_schema_extra={"minimum": 1, "maximum": MAX_K})]
+WhereParameter = Annotated[str | None, Query(description=f"{WHERE_HELP} (also accepted as JSON \"where\")",
+                                             json_schema_extra={"minLength": 1, "maxLength": MAX_FILTER_CHARS})]
+IMAGE_TYPES = ", ".join(dict.fromkeys(IMAGE_MEDIA_TYPES.values()))  # the media types an image upload may have
+
+
+# --- the documented shapes -------------------------------------------------------------------------------
+class ErrorDetail(BaseModel):
+    """Every error response: what is wrong and how to fix it."""
+
+    detail: str = Field(description="what is wrong with the request and what to do instead")
+
+
+ERROR_STATUSES = {
+    400: "Malformed request: invalid JSON or multipart, invalid base64, or a file that is not a readable image "
+    "(or a possible decompression bomb)",
+    401: "This server requires an API token (it was started with --token-file or RETRIEVAL_API_TOKEN) and the "
+    "request has none or a wrong one: send `Authorization: Bearer <token>`",
+    403: "Cross-origin request refused: the Origin header names neither this server nor a --cors-origin",
+    404: "No indexed image with this id, or its file is gone or was replaced (then it is not served)",
+    408: "The request body took too long to arrive",
+    413: "The request body or the image is over the upload limit (for a batch: the per-image limit for each of "
+    f"{MAX_BATCH_QUERIES} images, capped; see /stats limits)",
+    415: "Neither multipart/form-data nor application/json",
+    422: "Well-formed but invalid: k out of range, unknown JSON keys or form fields, image and embedding together, "
+    "an embedding of the wrong length, with non-numbers, non-finite numbers or all zeros, a malformed where, "
+    "a JSON body of more values than the request can use or numbers of over 1,000 characters, "
+    f"a batch of no queries or more than {MAX_BATCH_QUERIES}",
+    503: "Too many searches (or image batches) already waiting, or too many request bytes held at once; retry after "
+    "the Retry-After seconds",
+}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` entries for these error statuses, all with the ``{"detail": str}`` body."""
+    return {status: {"model": ErrorDetail, "description": ERROR_STATUSES[status]} for status in statuses}
+
+
+class Result(BaseModel):
+    id: int = Field(description="catalogue id (GET /items/{id})")
+    path: str = Field(description="the image's path relative to the gallery root")
+    name: str = Field(description="the image's file name, as the app captions it (no folders)")
+    label: str | None = Field(description="its label (class folder or manifest label), if any")
+    score: float = Field(ge=-1, le=1, description="cosine similarity to the query")
+    image_url: str = Field(description="where to fetch the image file")
+
+
+class QueryItemModel(BaseModel):
+    """The gallery item whose file has exactly the query's bytes."""
+
+    id: int
+    path: str = Field(description="relative to the gallery root")
+    name: str = Field(description="the image's file name, as the app captions it (no folders)")
+    label: str | None
+    image_url: str
+
+
+class SearchResponseModel(BaseModel):
+    k: int = Field(description="the k asked for (fewer results when the gallery is smaller)")
+    count: int = Field(description="number of results")
+    results: list[Result] = Field(description="best first")
+    query_item: QueryItemModel | None = Field(
+        description="for an image query: the gallery item with identical file bytes (sha256), else null"
+    )
+    excluded_self: bool = Field(description="true when query_item was left out of the results (exclude_self)")
+    notes: list[str] = Field(
+        description="notes on how the query was read, e.g. that an animated image was searched by one of its "
+        "frames; empty when there is nothing to note"
+    )
+    timing: dict[str, float] = Field(description="milliseconds per stage (decode, preprocess, embed, search, total) "
+                                     "and the model batch size")
+
+
+class BatchQueryErrorModel(BaseModel):
+    """A query of a batch that could not be answered (its image could not be read); the others are answered."""
+
+    error: str = Field(description="what is wrong with this query")
+    status: int = Field(ge=400, le=499, description="the HTTP status POST /search would answer it with")
+
+
+class BatchSearchResponseModel(BaseModel):
+    count: int = Field(description="number of queries (and of entries in results)")
+    results: list[SearchResponseModel | BatchQueryErrorModel] = Field(
+        description="one entry per query, in the order sent: a search response, or an error for a query whose "
+        "image could not be read"
+    )
+
+
+class ItemModel(BaseModel):
+    id: int
+    path: str = Field(description="relative to the gallery root")
+    name: str = Field(description="the image's file name, as the app captions it (no folders)")
+    label: str | None
+    sha256: str | None = Field(description="sha256 of the file's bytes, hex")
+    size: int | None = Field(description="file size in bytes")
+    image_url: str
+
+
+class HealthModel(BaseModel):
+    status: Literal["ok"]
+    vectors: int
+    embedding_dim: int
+
+
+class LimitsModel(BaseModel):
+    max_upload_bytes: int
+    max_pixels: int
+    max_k: int
+    max_batch_queries: int = Field(description="queries in one POST /search/batch")
+    max_batch_upload_bytes: int = Field(description="image bytes in one POST /search/batch, all images together")
+    concurrency: int
+    max_queue: int
+
+
+class StatsModel(BaseModel):
+    service: dict[str, Any] = Field(description="the index and model being served (names, not server paths)")
+    batcher: dict[str, Any] = Field(description="model calls and how many requests shared them")
+    index: dict[str, Any] = Field(description="size, type, parameters, recall vs exact search, latency")
+    admission: dict[str, Any] = Field(description="searches and batches running and waiting, request bytes held")
+    limits: LimitsModel
+
+
+def query_properties(dim: int) -> dict[str, Any]:
+    """The JSON schema properties of one query, "image" or "embedding" (POST /search and each batch query)."""
+    return {
+        "image": {
+            "type": "string",
+            "minLength": 1,
+            "description": f"an image file ({IMAGE_TYPES}) in base64, or as a data: URL",
+        },
+        "embedding": {
+            "type": "array",
+            "description": f"a query embedding: {dim} finite numbers, not all zero (any magnitude: "
+            "only its direction counts)",
+            "items": {"type": "number", "minimum": -FLOAT64_MAX, "maximum": FLOAT64_MAX},
+            "minItems": dim,
+            "maxItems": dim,
+            "contains": {"not": {"const": 0}},
+        },
+    }
+
+
+ONE_QUERY = [{"required": ["image"]}, {"required": ["embedding"]}]
+K_PROPERTY = {"type": "integer", "minimum": 1, "maximum": MAX_K, "description": "number of results"}
+WHERE_PROPERTY = {"type": "string", "minLength": 1, "maxLength": MAX_FILTER_CHARS, "description": WHERE_HELP}
+
+
+def multipart_body(files: dict[str, Any]) -> dict[str, Any]:
+    """The multipart/form-data part of a request body whose only field is ``image``, described by ``files``."""
+    return {
+        "schema": {"type": "object", "properties": {"image": files}, "required": ["image"],
+                   "additionalProperties": False},
+        "encoding": {"image": {"contentType": IMAGE_TYPES}},
+    }
+
+
+def search_request_body(dim: int) -> dict[str, Any]:
+    """The OpenAPI request body of POST /search: an image file upload, or a JSON object."""
+    return {
+        "required": True,
+        "content": {
+            "multipart/form-data": multipart_body({"type": "string", "format": "binary",
+                                                   "description": "the image file"}),
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "description": 'exactly one of "image" and "embedding"; "k" here and in the query must agree',
+                    "properties": query_properties(dim) | {"k": K_PROPERTY, "where": WHERE_PROPERTY},
+                    "additionalProperties": False,
+                    "oneOf": ONE_QUERY,
+                }
+            },
+        },
+    }
+
+
+def batch_request_body(dim: int) -> dict[str, Any]:
+    """The OpenAPI request body of POST /search/batch: several image files, or a JSON list of queries."""
+    return {
+        "required": True,
+        "content": {
+            "multipart/form-data": multipart_body({
+                "type": "array", "minItems": 1, "maxItems": MAX_BATCH_QUERIES,
+                "items": {"type": "string", "format": "binary"},
+                "description": f"the image files: the field 'image' repeated, 1 to {MAX_BATCH_QUERIES} times",
+            }),
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "description": '"k", "where" and "exclude_self" apply to every query; here and in the query '
+                    "they must agree",
+                    "properties": {
+                        "queries": {
+                            "type": "array",
+                            "minItems": 1,
+                            "maxItems": MAX_BATCH_QUERIES,
+                            "description": f"1 to {MAX_BATCH_QUERIES} queries, each exactly one of \"image\" and "
+                            '"embedding"',
+                            "items": {"type": "object", "properties": query_properties(dim),
+                                      "additionalProperties": False, "oneOf": ONE_QUERY},
+                        },
+                        "k": K_PROPERTY,
+                        "where": WHERE_PROPERTY,
+                        "exclude_self": {"type": "boolean", "description": EXCLUDE_SELF_HELP},
+                    },
+                    "required": ["queries"],
+                    "additionalProperties": False,
+                }
+            },
+        },
+    }
