@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 APT_PACKAGES := fonts-noto-color-emoji dataset-fashion-mnist chromium nginx
 DEMO_DIR ?= artifacts/demo
 
-.PHONY: install test lint demo serve clean system-deps
+.PHONY: install test lint demo serve clean system-deps docs
 
 install: $(STAMP)
 
@@ -41,3 +41,7 @@ serve: install
 
 clean:
 	rm -rf $(VENV) artifacts runs .pytest_cache
+
+# The options table of docs/TRAINING.md, made from TrainConfig's declarations (a test checks it is current).
+docs: install
+	$(BIN)/python -m retrieval.cli.config_options docs/TRAINING.md

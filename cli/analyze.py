@@ -9,8 +9,10 @@ from typing import Any
 import click
 import numpy as np
 
-from retrieval.cli.errors import OptionGroup
+from retrieval.cli.config_options import parse_params, shared_option
+from retrieval.cli.errors import OptionGroup, option_message
 from retrieval.cli.options import apply_options
+from retrieval.train.config import TrainConfig
 
 CHECKPOINT_HELP = "embed images of --dataset with this checkpoint (default: a synthetic random batch)."
 
@@ -120,7 +122,7 @@ def embed_checkpoint_samples(
     try:
         dataset, data, kwargs = checkpoint_dataset(load_checkpoint(checkpoint).train_config, dataset, data)
     except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
+        raise click.UsageError(option_message(click.get_current_context().command, exc)) from None
     model = load_embedder(checkpoint)
     transform = build_transforms(model.config, train=False)
     full = load_dataset(dataset, data, split=split, transform=transform, **kwargs)
@@ -162,13 +164,16 @@ def parse_loss_kwargs(raw: str | None) -> dict[str, Any]:
 @click.option(
     "--loss", "loss_name", required=True, help="a registered pair-based loss, e.g. ms, binomial, raw."
 )
-@click.option("--loss-kwargs", help="JSON object of loss hyperparameters, e.g. '{\"margin\": 0.2}'.")
+@shared_option(TrainConfig, "loss_kwargs")
+@click.option("--loss-kwargs", "loss_kwargs_json", metavar="JSON",
+              help="the loss's hyperparameters as one JSON object, e.g. '{\"margin\": 0.2}' (--loss-param wins).")
 @checkpoint_options
 @click.option("--title", help="figure title (default: the loss and its settings).")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="PNG file to write.")
 def weights_command(
     loss_name,
     loss_kwargs,
+    loss_kwargs_json,
     checkpoint,
     dataset,
     data,
@@ -191,7 +196,7 @@ def weights_command(
     from retrieval.analysis.plots import plot_pair_weights
     from retrieval.losses.weights import pair_weights
 
-    kwargs = parse_loss_kwargs(loss_kwargs)
+    kwargs = {**parse_loss_kwargs(loss_kwargs_json), **parse_params(loss_kwargs, "--loss-param")}
     loss = losses.build(loss_name, **kwargs)
     embeddings, labels = analysis_inputs(
         checkpoint, dataset, data, split, max_samples, per_class, classes, dim, spread, seed, device, workers

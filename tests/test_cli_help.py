@@ -1,4 +1,4 @@
-"""Help texts are built from the facts they name (issue 25.4): registries, the decoder's formats, default workers."""
+"""Help texts are built from the facts they name: registries, the decoder's formats, default workers."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from click.testing import CliRunner
 
 from retrieval.cli.main import main
 from retrieval.data import DATASETS
-from retrieval.data.decode import DEFAULT_MAX_PIXELS, IMAGE_EXTENSIONS
+from retrieval.data.decode import DEFAULT_MAX_PIXELS
+from retrieval.data.formats import IMAGE_EXTENSIONS
 from retrieval.loss_registry import LOSSES, NEGATIVES
 from retrieval.models.backbones import BACKBONES
 from retrieval.serve.defaults import DEFAULT_HOST, DEFAULT_PORT
@@ -33,7 +34,7 @@ def names(text: str) -> set[str]:
 ])
 def test_train_help_names_every_registered_name(option, registry):
     text = help_text("train")
-    shown = text[text.index(f"{option} TEXT"):][:600]
+    shown = text[text.index(f"{option} NAME"):][:600]
     assert registry.names() and set(registry.names()) <= names(shown), shown
 
 

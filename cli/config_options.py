@@ -1,0 +1,209 @@
+"""Click options and the docs' reference table, made from the options a config dataclass declares
+(``retrieval.train.options``): an option's name, type, default, help, choices and range are written once there."""
+
+from __future__ import annotations
+
+import ast
+import json
+import typing
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import click
+
+from retrieval.cli.help_text import (
+    augmentation_help,
+    backbone_names,
+    dataset_names,
+    lazy_help_option,
+    loss_names,
+    negatives_names,
+)
+from retrieval.train.options import DeclaredOption, declared_options, hint_members, type_name
+
+# a declaration's ``listing`` -> the text that lists the registry's names, computed when --help shows it
+LISTINGS: dict[str, Callable[[], str]] = {
+    "datasets": lambda: " | ".join(dataset_names()),
+    "backbones": lambda: " | ".join(backbone_names()),
+    "losses": lambda: " | ".join(loss_names()),
+    "negatives": lambda: " | ".join(negatives_names()),
+    "augmentations": augmentation_help,
+}
+
+
+def parse_params(pairs: Iterable[str], option: str) -> dict[str, Any]:
+    """``key=value`` pairs; values are Python/JSON literals when they parse (0.1, true, "x"), else strings."""
+    params: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint=option)
+        value: Any = raw
+        for parse in (json.loads, ast.literal_eval):
+            try:
+                value = parse(raw)
+                break
+            except (ValueError, SyntaxError):
+                continue
+        params[key.replace("-", "_")] = value
+    return params
+
+
+def float_pair(ctx: click.Context, param: click.Parameter, value: str | None) -> list[float] | None:
+    """Click callback: ``"0.35,1"`` -> ``[0.35, 1.0]``; anything but two numbers is a usage error."""
+    if value is None:
+        return None
+    parts = value.split(",")
+    try:
+        if len(parts) != 2:
+            raise ValueError
+        return [float(part) for part in parts]
+    except ValueError:
+        raise click.BadParameter(f"expected MIN,MAX (two numbers with a comma, e.g. 0.35,1), got {value!r}",
+                                 ctx=ctx, param=param) from None
+
+
+class NumberOrWord(click.ParamType):
+    """A number, or one of the words an option allows besides numbers (``--wise-alpha auto``)."""
+
+    name = "number-or-word"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            return value  # the config's check names a word it does not allow
+
+
+def default_text(declared: DeclaredOption) -> str | None:
+    """The default as --help and the docs show it, or None when there is nothing to show."""
+    if declared.spec.default_text is not None:
+        return declared.spec.default_text
+    value = declared.default
+    if value is None or value == [] or value == {}:
+        return None
+    if isinstance(value, bool):
+        return declared.flag if value else f"--no-{declared.flag[2:]}" if declared.spec.negatable else None
+    return str(value)
+
+
+def _default_suffix(declared: DeclaredOption) -> str:
+    shown = default_text(declared)
+    return f" [default: {shown}]" if shown else ""
+
+
+def click_option(declared: DeclaredOption, *aliases: str, help: str | None = None,
+                 default: Any = None) -> Callable:
+    """The click option of one declared option; ``aliases`` are further flags, ``help`` and ``default`` replace
+    the declaration's where another command gives the option another meaning of "not given"."""
+    spec, flag = declared.spec, declared.flag
+    members = [m for m in hint_members(declared.hint) if m is not type(None)]
+    origins = [typing.get_origin(m) or m for m in members]
+    attrs: dict[str, Any] = {"default": default, "metavar": spec.metavar}
+    decls = [flag, *aliases]
+    if members == [bool]:
+        if spec.negatable:
+            decls = [f"{flag}/--no-{flag[2:]}", *aliases]
+        else:
+            attrs.update(is_flag=True)
+        attrs.pop("metavar")
+    elif origins == [dict]:
+        attrs.update(multiple=True)
+    elif origins == [list] and typing.get_args(members[0]) == (str,):
+        attrs.update(multiple=True)
+    elif origins == [list]:
+        attrs.update(callback=float_pair)
+    elif set(members) == {float, str}:
+        attrs.update(type=NumberOrWord())
+    elif spec.choices is not None and spec.metavar is None:  # with a metavar, the help lists them instead
+        attrs.update(type=click.Choice([str(c) for c in spec.allowed() or () if isinstance(c, str)]))
+        attrs.pop("metavar")
+    elif spec.path is not None:
+        attrs.update(type=click.Path(dir_okay=spec.path != "file", file_okay=spec.path != "dir"))
+    elif members and members[0] in (int, float):
+        attrs.update(type=members[0])
+    text, suffix = (help, "") if help is not None else (spec.help, _default_suffix(declared))
+    if spec.listing is not None and help is None:  # a listing's registry imports torch: train's help only
+        listing = LISTINGS[spec.listing]
+        return lazy_help_option(*decls, declared.name, help_text=lambda: f"{text} Choices: {listing()}.{suffix}",
+                                **attrs)
+    return click.option(*decls, declared.name, help=text + suffix, **attrs)
+
+
+def config_options(cls: type) -> list[Callable]:
+    """The click options of every option ``cls`` declares, in declaration order."""
+    return [click_option(declared) for declared in declared_options(cls)]
+
+
+def shared_option(cls: type, name: str, *aliases: str, help: str | None = None, default: Any = None) -> Callable:
+    """Option ``name`` of ``cls`` on another command (``evaluate --eval-limit``), with that command's help."""
+    declared = {d.name: d for d in declared_options(cls)}[name]
+    return click_option(declared, *aliases, help=help, default=default)
+
+
+def option_values(cls: type, file_values: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+    """The options given on the command line as ``cls``'s field values: a table's KEY=VALUE pairs join the config
+    file's table, a repeatable option not given leaves the file's list, an option not given is left out."""
+    values = {}
+    for declared in declared_options(cls):
+        value = options.get(declared.name)
+        if value is None or value == ():
+            continue
+        if isinstance(declared.default, dict):
+            value = {**file_values.get(declared.name, {}), **parse_params(value, declared.flag)}
+        elif isinstance(value, tuple):
+            value = list(value)
+        values[declared.name] = value
+    return values
+
+
+def options_markdown(cls: type) -> str:
+    """The reference table of ``cls``'s options, one Markdown table per section (what the docs show)."""
+    lines: list[str] = []
+    section = None
+    for declared in declared_options(cls):
+        spec = declared.spec
+        if spec.section != section:
+            section = spec.section
+            lines += ["", f"#### {section}", "", "| option | config key | type | default | allowed | what it does |",
+                      "| --- | --- | --- | --- | --- | --- |"]
+        allowed = spec.allowed()
+        if allowed is not None:
+            allowed_text = ", ".join(f"`{c}`" for c in allowed if isinstance(c, str))
+        elif spec.listing is not None:
+            allowed_text = f"registered {spec.listing}"
+        else:
+            allowed_text = (spec.range_text() + (f" {spec.unit}" if spec.unit else "")).strip()
+        shown = str(declared.default).lower() if isinstance(declared.default, bool) and \
+            declared.spec.default_text is None else default_text(declared)
+        cells = [f"`{declared.flag}`", f"`{declared.name}`", type_name(declared.hint), shown and f"{shown}",
+                 allowed_text, spec.help]
+        lines.append("| " + " | ".join((cell or "").replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(lines[1:]) + "\n"
+
+
+MARKERS = ("<!-- options:start -->", "<!-- options:end -->")
+
+
+def with_reference(document: str, table: str) -> str:
+    """``document`` with ``table`` between the two option markers (which must be there, in order)."""
+    start, end = document.find(MARKERS[0]), document.find(MARKERS[1])
+    if start < 0 or end < start:
+        raise ValueError(f"the document has no {MARKERS[0]} ... {MARKERS[1]} block for the options table")
+    return document[:start + len(MARKERS[0])] + "\n" + table + document[end:]
+
+
+def write_reference(path: str) -> None:
+    """Write the training options' table into the document at ``path`` (between the option markers)."""
+    from pathlib import Path
+
+    from retrieval.train.config import TrainConfig
+
+    document = Path(path)
+    document.write_text(with_reference(document.read_text(), options_markdown(TrainConfig)))
+
+
+if __name__ == "__main__":
+    import sys
+
+    write_reference(sys.argv[1])
