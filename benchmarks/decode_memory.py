@@ -99,10 +99,13 @@ if decoder:
     spec.loader.exec_module(decode)
 else:
     import retrieval.data.decode as decode
-if no_limit and hasattr(decode, "MAX_DECODE_BYTES"):
-    decode.MAX_DECODE_BYTES = 2**40
-if no_trim:
-    decode._MALLOC_TRIM = None
+import retrieval.data.decode_budget as budget, retrieval.data.decode_memory as memory
+for module in (decode, memory):  # an older decode.py given with --decoder holds its limit and trim itself
+    if no_limit and hasattr(module, "MAX_DECODE_BYTES"):
+        module.MAX_DECODE_BYTES = 2**40
+for module in (decode, budget):
+    if no_trim and hasattr(module, "_MALLOC_TRIM"):
+        module._MALLOC_TRIM = None
 
 def status(key):
     return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(key)) / 1024

@@ -20,7 +20,7 @@ import time
 import faiss
 import numpy as np
 
-from retrieval.index import faiss_ops
+from retrieval.index import faiss_params, faiss_search
 
 
 def near(centres: np.ndarray, n: int, rng: np.random.Generator, spread: float = 0.6) -> tuple[np.ndarray, np.ndarray]:
@@ -110,7 +110,7 @@ def main() -> None:
     ivf = faiss.index_factory(args.dim, f"IDMap2,IVF{args.lists},Flat", faiss.METRIC_INNER_PRODUCT)
     ivf.train(vectors[rng.choice(args.n, min(args.n, 200_000), replace=False)])
     ivf.add_with_ids(vectors, ids)
-    faiss_ops.set_search_params(ivf, {"nprobe": args.nprobe})
+    faiss_params.set_search_params(ivf, {"nprobe": args.nprobe})
     indexes[f"IVF{args.lists},Flat"] = ivf
     print(f"(IVF built in {time.perf_counter() - start:.0f} s)\n")
 
@@ -133,7 +133,7 @@ def main() -> None:
         exact = exact_filtered(vectors, queries, selected, args.k)
         selector = faiss.IDSelectorBatch(len(selected), faiss.swig_ptr(selected))
         for key, index in indexes.items():
-            methods = {"IDSelector, probing x 2/share (ours)": faiss_ops.filtered_search_params(index, selector,
+            methods = {"IDSelector, probing x 2/share (ours)": faiss_search.filtered_search_params(index, selector,
                                                                                              fraction)}
             if key != "Flat":
                 methods["IDSelector, nprobe unchanged"] = faiss.SearchParametersIVF(sel=selector, nprobe=args.nprobe)
@@ -146,7 +146,7 @@ def main() -> None:
                 found, ms = timed(lambda q, params=params, index=index: index.search(q, args.k, params=params),
                                   queries)
                 print(f"| {name} | {key} | {method} | {recall(found, exact):.3f} | {ms:.2f} |")
-            found, ms = timed(lambda q, index=index, selected=selected: faiss_ops.post_filtered_search(
+            found, ms = timed(lambda q, index=index, selected=selected: faiss_search.post_filtered_search(
                 index, q, args.k, selected), queries)
             print(f"| {name} | {key} | post-filter, over-fetch 2k/share + k | {recall(found, exact):.3f} | {ms:.2f} |")
     filter_cost(args.n, rng)

@@ -182,7 +182,7 @@ def ray_ivf(args: argparse.Namespace) -> dict:
 
     import ray
 
-    from retrieval.index import faiss_ops
+    from retrieval.index import faiss_keys, faiss_measure
     from retrieval.index.catalogue import Catalogue, Outcome
     from retrieval.index.engine import RayOptions
     from retrieval.index.faiss_build import build_faiss
@@ -209,7 +209,7 @@ def ray_ivf(args: argparse.Namespace) -> dict:
     steps["shards_s"] = round(time.perf_counter() - start, 1)
     ray.init(address="local", num_cpus=args.ray_cpus, include_dashboard=False, log_to_driver=False)
     engine = RayEngine(RayOptions(address="auto", merge_on_disk=args.on_disk or None))
-    policy = dataclasses.replace(faiss_ops.AUTO_POLICY, max_train=args.train)
+    policy = dataclasses.replace(faiss_keys.AUTO_POLICY, max_train=args.train)
     start = time.perf_counter()
     with engine:
         built = build_faiss(
@@ -226,7 +226,7 @@ def ray_ivf(args: argparse.Namespace) -> dict:
     from retrieval.index.search import Index
     from retrieval.index.vectors import done_chunks
 
-    _, exact = faiss_ops.exact_knn(queries, done_chunks(store, done), 10)
+    _, exact = faiss_measure.exact_knn(queries, done_chunks(store, done), 10)
     catalogue.set_meta(state="complete")
     layout.write_info({"model_hash": "bench", "embedding_dim": args.dim, "model_path": None} | built)
     with Index.open(layout.root) as index:
@@ -242,7 +242,7 @@ def ray_ivf(args: argparse.Namespace) -> dict:
         **steps,
         "driver_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "tuning_recall_10_at_10": built["tuning"]["recall_10_at_10"],
-        "heldout_recall_10_at_10": round(faiss_ops.recall_at(found, exact, 10, 10), 4),
+        "heldout_recall_10_at_10": round(faiss_measure.recall_at(found, exact, 10, 10), 4),
         "queries": args.queries,
         "size_on_disk": layout.size_on_disk(),
     }
@@ -251,7 +251,7 @@ def ray_ivf(args: argparse.Namespace) -> dict:
 def search(args: argparse.Namespace) -> dict:
     import faiss
 
-    from retrieval.index import faiss_ops
+    from retrieval.index import faiss_keys, faiss_measure, faiss_tuning
 
     rng = np.random.default_rng(0)
     gallery = rng.standard_normal((args.n, args.dim)).astype(np.float32)
@@ -260,7 +260,7 @@ def search(args: argparse.Namespace) -> dict:
     queries /= np.linalg.norm(queries, axis=1, keepdims=True)
     ids = np.arange(args.n, dtype=np.int64)
     start = time.perf_counter()
-    _, exact = faiss_ops.exact_knn(queries, [(ids, gallery)], 10)
+    _, exact = faiss_measure.exact_knn(queries, [(ids, gallery)], 10)
     results = {
         "n": args.n,
         "dim": args.dim,
@@ -273,22 +273,22 @@ def search(args: argparse.Namespace) -> dict:
     tune_q, test_q = queries[: args.queries // 2], queries[args.queries // 2 :]
     tune_exact, test_exact = exact[: args.queries // 2], exact[args.queries // 2 :]
     for key in args.keys:
-        key = faiss_ops.expand_key(key, args.n, args.dim)
+        key = faiss_keys.expand_key(key, args.n, args.dim)
         start = time.perf_counter()
-        index = faiss_ops.new_index(key, args.dim)
+        index = faiss_keys.new_index(key, args.dim)
         if not index.is_trained:
             index.train(gallery[rng.choice(args.n, min(args.n, args.train), replace=False)])
         index.add_with_ids(gallery, ids)
         built = time.perf_counter() - start
-        tuning = faiss_ops.tune_search_params(index, tune_q, tune_exact, 0.95)
+        tuning = faiss_tuning.tune_search_params(index, tune_q, tune_exact, 0.95)
         _, found = index.search(test_q, 10)
-        latency = faiss_ops.latency_ms(lambda q, index=index: index.search(q, 10), test_q)
+        latency = faiss_measure.latency_ms(lambda q, index=index: index.search(q, 10), test_q)
         row = {
             "build_s": round(built, 1),
             "params": tuning.params,
             "target_met_on_tuning": tuning.target_met,
-            "recall_1_at_1": round(faiss_ops.recall_at(found, test_exact, 1, 1), 4),
-            "recall_10_at_10": round(faiss_ops.recall_at(found, test_exact, 10, 10), 4),
+            "recall_1_at_1": round(faiss_measure.recall_at(found, test_exact, 1, 1), 4),
+            "recall_10_at_10": round(faiss_measure.recall_at(found, test_exact, 10, 10), 4),
             **{k: round(v, 3) for k, v in latency.items()},
         }
         results["indexes"][key] = row

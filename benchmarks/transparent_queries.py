@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from retrieval.data.decode import flatten_alpha, read_image
+from retrieval.data.colour import flatten_alpha
+from retrieval.data.decode import read_image
 from retrieval.data.emoji import default_renderers
 from retrieval.index import Index
 

@@ -69,7 +69,7 @@ def augmentation_help() -> str:
 
 def image_extensions() -> str:
     """The decoder's file extensions (``IMAGE_EXTENSIONS``) as ``bmp/gif/...``: what a gallery folder holds."""
-    from retrieval.data.decode import IMAGE_EXTENSIONS
+    from retrieval.data.formats import IMAGE_EXTENSIONS
 
     return "/".join(sorted(extension.lstrip(".") for extension in IMAGE_EXTENSIONS))
 

@@ -87,13 +87,6 @@ def embed_eval_rows(model: nn.Module, sets: EvalSets, device: torch.device | str
     return query, (rows(sets.gallery, "embed gallery") if sets.gallery is not None else None)
 
 
-def embed_eval_sets(model: nn.Module, sets: EvalSets, device: torch.device | str, batch_size: int = 128,
-                    workers: int | None = None, amp: bool = False, progress: bool = True,
-                    bad_images: BadImageLog | None = None):
-    """(query, query_labels, gallery, gallery_labels) embeddings; an unreadable image loses its row and label."""
-    return eval_arrays(*embed_eval_rows(model, sets, device, batch_size, workers, amp, progress, bad_images))
-
-
 def eval_arrays(query, gallery) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
     """(query, query_labels, gallery, gallery_labels) of the ``Embedded`` query and gallery (or None)."""
     if gallery is None:

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from PIL import Image
 
-from retrieval.data.decode import open_image, parse_background
+from retrieval.data.colour import parse_background
+from retrieval.data.decode import open_image
 from retrieval.data.eval_preprocess import EvalPreprocess
 
 if TYPE_CHECKING:

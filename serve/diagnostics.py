@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from retrieval.index.catalogue import CatalogueQueries
-from retrieval.index.faiss_ops import drop_self
+from retrieval.index.faiss_measure import drop_self
 from retrieval.index.search import Index
 from retrieval.index.shards import ShardStore
 from retrieval.index.vectors import done_chunks
@@ -48,12 +48,8 @@ class ClassRecall:
     @property
     def mean_first_rank(self) -> float:
         """Mean rank of the first correct result (1 = always top-1); a query without one in the top
-        ``depth`` counts as ``depth + 1``, so this is a lower bound when ``beyond_depth`` > 0."""
+        ``depth`` counts as ``depth + 1``, so this is a lower bound when some query has none within ``depth``."""
         return sum(self.first_ranks) / len(self.first_ranks) if self.first_ranks else float("nan")
-
-    @property
-    def beyond_depth(self) -> int:
-        return sum(rank > self.depth for rank in self.first_ranks)
 
 
 @dataclass

@@ -11,7 +11,8 @@ from __future__ import annotations
 import base64
 import binascii
 
-from retrieval.data.decode import ACCEPTED_FORMATS_TEXT, DecodedImage, ImageDecodeError, read_image
+from retrieval.data.decode import DecodedImage, ImageDecodeError, read_image
+from retrieval.data.formats import ACCEPTED_FORMATS_TEXT
 
 
 class QueryError(ValueError):

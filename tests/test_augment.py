@@ -18,7 +18,7 @@ from retrieval.data.augment import (
     AugmentationError,
     resolve_augmentation,
 )
-from retrieval.data.decode import FlattenAlpha
+from retrieval.data.colour import FlattenAlpha
 from retrieval.data.eval_preprocess import RESIZE_RATIO
 from retrieval.train.config import TrainConfig
 

@@ -139,7 +139,8 @@ def test_a_transparent_rendering_decodes_to_the_white_one(sequence):
     the decoder + flatten_alpha turns its PNG bytes back into the white rendering the data set holds."""
     import io
 
-    from retrieval.data.decode import flatten_alpha, read_image
+    from retrieval.data.colour import flatten_alpha
+    from retrieval.data.decode import read_image
 
     white = default_renderers(image_size=64)["noto"].render(sequence)
     clear = default_renderers(image_size=64, background=None)["noto"].render(sequence)

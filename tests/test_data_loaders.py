@@ -11,7 +11,7 @@ from PIL import Image
 
 from retrieval.data import DATASETS, ImageDataset, limit_per_class, load_dataset
 from retrieval.data.builtin import FASHION_MNIST_CLASSES, FASHION_MNIST_DIR
-from retrieval.data.decode import IMAGE_EXTENSIONS
+from retrieval.data.formats import IMAGE_EXTENSIONS
 from retrieval.index.sources import list_gallery
 
 COLORS = [(200, 30, 30), (30, 200, 30), (30, 30, 200), (200, 200, 30), (30, 200, 200), (200, 30, 200)]

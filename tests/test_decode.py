@@ -18,23 +18,12 @@ import pytest
 from PIL import Image
 
 from retrieval.data import build_transforms, open_image
-from retrieval.data import decode as decode_module
-from retrieval.data.decode import (
-    DECODE_BUDGET,
-    DECODE_BUDGET_BYTES,
-    DEFAULT_MAX_PIXELS,
-    IMAGE_EXTENSIONS,
-    IMAGE_FORMATS,
-    MAX_ASPECT,
-    MAX_COUNTED_PAGES,
-    MAX_DECODE_BYTES,
-    MIB,
-    DecodeBudget,
-    ImageDecodeError,
-    flatten_alpha,
-    parse_background,
-    read_image,
-)
+from retrieval.data import decode_memory as memory_module
+from retrieval.data.colour import flatten_alpha, parse_background
+from retrieval.data.decode import DEFAULT_MAX_PIXELS, MAX_COUNTED_PAGES, ImageDecodeError, read_image
+from retrieval.data.decode_budget import DECODE_BUDGET, DECODE_BUDGET_BYTES, DecodeBudget
+from retrieval.data.decode_memory import MAX_ASPECT, MAX_DECODE_BYTES, MIB
+from retrieval.data.formats import IMAGE_EXTENSIONS, IMAGE_FORMATS
 from retrieval.data.synthetic import bmp_rle8, bomb_png, encode, flat, png_rgba16, turned_with_profile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -182,7 +171,7 @@ def test_reduction_strip_by_strip_equals_the_whole_image_operations(orientation,
     """The reduced image is built strip by strip, each strip turned upright: the same pixels as whole-image ops."""
     from PIL import ImageOps
 
-    monkeypatch.setattr(decode_module, "STRIP_PIXELS", 20000)  # a hundred strips
+    monkeypatch.setattr(memory_module, "STRIP_PIXELS", 20000)  # a hundred strips
     pixels = np.random.default_rng(orientation).integers(0, 256, (1540, 1600, 4), np.uint8)
     exif = Image.Exif()
     exif[0x0112] = orientation
@@ -368,7 +357,7 @@ def test_an_exif_block_whose_tags_share_their_data_is_ignored_not_copied():
 def test_one_bits_per_sample_value_counts_for_every_sample():
     from types import SimpleNamespace
 
-    from retrieval.data.decode import _tiff_buffer_bytes
+    from retrieval.data.decode_memory import _tiff_buffer_bytes
 
     strip = SimpleNamespace(tag_v2={258: (16,), 277: 3, 278: 10}, size=(100, 10))  # 16-bit RGB, one strip
     assert _tiff_buffer_bytes(strip) == 100 * 10 * 6
@@ -428,7 +417,7 @@ def test_a_one_strip_compressed_tiff_is_estimated_with_libtiffs_strip_buffer(mon
     small, whole = read_image(strips).estimated_bytes, read_image(one_strip).estimated_bytes
     assert small < 4000 * 4000 * 4 + 40 * MIB  # the decoded image, the reduced one, small strips
     assert whole >= 4000 * 4000 * (4 + 3)  # and a strip buffer of the whole image (3 bytes a pixel at least)
-    monkeypatch.setattr(decode_module, "MAX_DECODE_BYTES", (small + whole) // 2)
+    monkeypatch.setattr(memory_module, "MAX_DECODE_BYTES", (small + whole) // 2)
     assert read_image(strips).image.size == (800, 800)
     with pytest.raises(ImageDecodeError, match="a TIFF of 4000x4000 would hold") as info:
         read_image(one_strip)
@@ -609,7 +598,8 @@ def test_decoding_any_image_the_limits_admit_stays_under_300_mb(tmp_path):
 
 ESTIMATE_PROBE = """
     import retrieval.data.decode as decode
-    decode.MAX_DECODE_BYTES = 2**40  # measure the images it refuses too
+    import retrieval.data.decode_memory as memory
+    memory.MAX_DECODE_BYTES = 2**40  # measure the images it refuses too
     for _ in range(2):
         decode.read_image(sys.argv[2])
     idle = reset_peak()
@@ -679,7 +669,7 @@ def test_a_progressive_jpeg_is_estimated_at_its_full_size(monkeypatch):
     baseline, progressive = encode(image, "JPEG", subsampling=0), encode(image, "JPEG", subsampling=0, progressive=True)
     assert read_image(baseline).estimated_bytes < 40 * MIB  # 775 x 775 decoded, nothing else held
     assert read_image(progressive).estimated_bytes > 6200 * 6200 * 6  # 2 bytes a sample, 3 samples a pixel
-    monkeypatch.setattr(decode_module, "MAX_DECODE_BYTES", 100 * MIB)
+    monkeypatch.setattr(memory_module, "MAX_DECODE_BYTES", 100 * MIB)
     assert read_image(baseline).image.size == (775, 775)
     with pytest.raises(ImageDecodeError, match="baseline .not progressive. JPEG") as info:
         read_image(progressive)
@@ -692,7 +682,7 @@ def test_a_multi_scan_baseline_jpeg_is_estimated_like_a_progressive_one(monkeypa
     scan = data.index(b"\xff\xda")
     assert data[scan + 4] == 3  # the first scan holds the three components
     one_component_scan = data[: scan + 4] + b"\x01" + data[scan + 5 :]  # its header, as a multi-scan file's
-    monkeypatch.setattr(decode_module, "MAX_DECODE_BYTES", 100 * MIB)
+    monkeypatch.setattr(memory_module, "MAX_DECODE_BYTES", 100 * MIB)
     with pytest.raises(ImageDecodeError, match="would hold about 2[0-9][0-9] MB") as info:
         read_image(one_component_scan)  # refused from the header, before libjpeg would have complained
     assert info.value.kind == "too_large"

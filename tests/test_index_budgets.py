@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from PIL import Image
 from test_index_support import FakeEmbedder
 
-from retrieval.index import faiss_ops
+from retrieval.index import faiss_keys, faiss_measure, faiss_tuning
 
 N, D = 20_000, 64
 
@@ -27,41 +27,41 @@ def vectors() -> np.ndarray:
 @pytest.mark.parametrize("key", ["Flat", "HNSW32", "IVF128,Flat", "IVF128,SQ8", "IVF128,PQ16x4"])
 def test_the_memory_estimate_matches_what_faiss_stores(vectors, key):
     """faiss' serialised index (codes, ids, links, quantizers) plus IDMap2's reverse map of ~40 bytes per id."""
-    index = faiss_ops.new_index(key, D)
+    index = faiss_keys.new_index(key, D)
     if not index.is_trained:
         index.train(vectors)
     index.add_with_ids(vectors, np.arange(N, dtype=np.int64))
     stored = len(faiss.serialize_index(index)) + 40 * N
-    assert faiss_ops.estimated_index_bytes(key, N, D) == pytest.approx(stored, rel=0.01)
+    assert faiss_keys.estimated_index_bytes(key, N, D) == pytest.approx(stored, rel=0.01)
 
 
 def test_a_shrinking_budget_walks_down_from_exact_to_compressed_codes():
-    policy = faiss_ops.AutoPolicy(flat_max=N, hnsw_max=N)
+    policy = faiss_keys.AutoPolicy(flat_max=N, hnsw_max=N)
     budgets = np.geomspace(10**8, 1.4 * 10**6, 40).astype(int)
-    chosen = [faiss_ops.choose_within_memory(N, D, int(budget), policy) for budget in budgets]
-    sizes = [faiss_ops.estimated_index_bytes(key, N, D) for key in chosen]
+    chosen = [faiss_keys.choose_within_memory(N, D, int(budget), policy) for budget in budgets]
+    sizes = [faiss_keys.estimated_index_bytes(key, N, D) for key in chosen]
     assert all(size <= budget for size, budget in zip(sizes, budgets, strict=True))
     assert sizes == sorted(sizes, reverse=True)  # a smaller budget never takes a larger index
     kinds = list(dict.fromkeys(key.split(",")[-1] if "," in key else key for key in chosen))
     assert kinds[0] == "Flat" and "SQ8" in kinds and kinds[-1].startswith("PQ")
     with pytest.raises(ValueError, match="--max-index-memory 1 MiB is too small for 20000 vectors"):
-        faiss_ops.choose_within_memory(N, D, 2**20, policy)
-    policy = faiss_ops.AutoPolicy(max_index_memory=int(budgets[-1]))
-    assert faiss_ops.choose_index_key(N, D, policy=policy) == chosen[-1]
+        faiss_keys.choose_within_memory(N, D, 2**20, policy)
+    policy = faiss_keys.AutoPolicy(max_index_memory=int(budgets[-1]))
+    assert faiss_keys.choose_index_key(N, D, policy=policy) == chosen[-1]
 
 
 def test_tuning_under_a_latency_budget_keeps_within_it_or_says_it_cannot(vectors):
-    index = faiss_ops.new_index("IVF256,Flat", D)
+    index = faiss_keys.new_index("IVF256,Flat", D)
     index.train(vectors)
     index.add_with_ids(vectors, np.arange(N, dtype=np.int64))
     queries = vectors[:200] + 0.01
-    _, exact = faiss_ops.exact_knn(queries, [(np.arange(N, dtype=np.int64), vectors)], 10)
-    plain = faiss_ops.tune_search_params(index, queries, exact, 0.95)
-    generous = faiss_ops.tune_search_params(index, queries, exact, 0.95, max_query_ms=1e6)
+    _, exact = faiss_measure.exact_knn(queries, [(np.arange(N, dtype=np.int64), vectors)], 10)
+    plain = faiss_tuning.tune_search_params(index, queries, exact, 0.95)
+    generous = faiss_tuning.tune_search_params(index, queries, exact, 0.95, max_query_ms=1e6)
     assert generous.params == plain.params and generous.latency_met and generous.target_met
-    impossible = faiss_ops.tune_search_params(index, queries, exact, 0.95, max_query_ms=1e-9)
+    impossible = faiss_tuning.tune_search_params(index, queries, exact, 0.95, max_query_ms=1e-9)
     assert impossible.latency_met is False and impossible.params == {"nprobe": 1}  # the fastest setting
-    tight = faiss_ops.tune_search_params(index, queries, exact, 1.0, max_query_ms=generous.latency_ms * 3)
+    tight = faiss_tuning.tune_search_params(index, queries, exact, 1.0, max_query_ms=generous.latency_ms * 3)
     assert tight.latency_met and tight.latency_ms <= generous.latency_ms * 3
 
 

@@ -32,7 +32,7 @@ from retrieval.index import (
 )
 from retrieval.index.catalogue import THROUGHPUT_META
 from retrieval.index.engines import ENGINES
-from retrieval.index.faiss_ops import index_ids
+from retrieval.index.faiss_params import index_ids
 from retrieval.index.ingest import LocalEngine
 from retrieval.index.shards import ShardStore
 from retrieval.index.sources import GalleryItem
@@ -430,7 +430,8 @@ def test_gpu_flag_without_gpu_fails_clearly(digits, tmp_path):
     assert not (tmp_path / "idx").exists()  # failed before doing any work
 
 
-WRITER_MODULES = {f"retrieval.index.{name}" for name in ("writer", "engines", "ingest", "mend", "faiss_build")}
+WRITER_MODULES = {f"retrieval.index.{name}" for name in (
+    "writer", "engines", "ingest", "mend", "faiss_build", "faiss_tuning")}
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import faiss
 import numpy as np
 import pytest
 
-from retrieval.index import faiss_ops
+from retrieval.index import faiss_gpu, faiss_keys, faiss_measure, faiss_params
 from retrieval.index.catalogue import Catalogue, Outcome
 from retrieval.index.faiss_build import build_faiss
 from retrieval.index.layout import IndexLayout
@@ -45,7 +45,7 @@ def write_vector_index(
 @pytest.fixture
 def small_policy():
     """Lowered thresholds so that HNSW, IVF and IVF-PQ are chosen at test sizes (passed to ``build_faiss``)."""
-    return faiss_ops.AutoPolicy(flat_max=500, hnsw_max=2_000, tune_queries=200, max_train=20_000)
+    return faiss_keys.AutoPolicy(flat_max=500, hnsw_max=2_000, tune_queries=200, max_train=20_000)
 
 
 @pytest.mark.parametrize(
@@ -61,11 +61,11 @@ def test_auto_index_reaches_recall_target(tmp_path, small_policy, monkeypatch, n
     centres = np.random.default_rng(99).standard_normal((64, D))
     gallery = clustered_unit_vectors(n, 0, centres)
     if budget is not None:
-        monkeypatch.setattr(faiss_ops, "available_memory", lambda: int(budget / small_policy.memory_fraction))
+        monkeypatch.setattr(faiss_keys, "available_memory", lambda: int(budget / small_policy.memory_fraction))
     layout, catalogue, store = write_vector_index(tmp_path, gallery)
     built = build_faiss(layout, catalogue, store, "auto", D, policy=small_policy)
     key = built["index_key"]
-    assert key.replace(str(faiss_ops.ivf_lists(n)), "") == expected
+    assert key.replace(str(faiss_keys.ivf_lists(n)), "") == expected
     assert built["tuning"]["target_met"] and built["tuning"]["recall_10_at_10"] >= 0.95
     layout.write_info({"index_key": key, "params": built["params"], "embedding_dim": D, "model_hash": "x"})
     catalogue.close()
@@ -74,23 +74,23 @@ def test_auto_index_reaches_recall_target(tmp_path, small_policy, monkeypatch, n
     exact = np.argsort(-(queries @ gallery.T), axis=1, kind="stable")[:, :10] + 1
     with Index.open(tmp_path) as index:
         _, found = index.search_arrays(queries, 10)
-    assert faiss_ops.recall_at(found, exact, 10, 10) >= 0.95
+    assert faiss_measure.recall_at(found, exact, 10, 10) >= 0.95
     if "IVF" in key:
-        assert 1 <= built["params"]["nprobe"] < faiss_ops.ivf_lists(n)  # tuned, not exhaustive
+        assert 1 <= built["params"]["nprobe"] < faiss_keys.ivf_lists(n)  # tuned, not exhaustive
     if "HNSW" in key:
         assert built["params"]["efSearch"] >= 10
 
 
 def test_choose_index_key_thresholds():
     big = 10**15
-    assert faiss_ops.choose_index_key(100_000, 128, big) == "Flat"
-    assert faiss_ops.choose_index_key(100_001, 128, big) == "HNSW32"
-    assert faiss_ops.choose_index_key(2_000_000, 128, big) == "IVF4096,Flat"
-    assert faiss_ops.choose_index_key(2_000_000, 128, 2_000_000 * 128 * 2) == "IVF4096,SQ8"
-    assert faiss_ops.choose_index_key(2_000_000, 128, 2_000_000 * 64) == "IVF4096,PQ32x8"
-    assert faiss_ops.expand_key("IVF{K},PQ{m}", 1_000_000, 96) == "IVF4096,PQ24"
+    assert faiss_keys.choose_index_key(100_000, 128, big) == "Flat"
+    assert faiss_keys.choose_index_key(100_001, 128, big) == "HNSW32"
+    assert faiss_keys.choose_index_key(2_000_000, 128, big) == "IVF4096,Flat"
+    assert faiss_keys.choose_index_key(2_000_000, 128, 2_000_000 * 128 * 2) == "IVF4096,SQ8"
+    assert faiss_keys.choose_index_key(2_000_000, 128, 2_000_000 * 64) == "IVF4096,PQ32x8"
+    assert faiss_keys.expand_key("IVF{K},PQ{m}", 1_000_000, 96) == "IVF4096,PQ24"
     with pytest.raises(ValueError, match="cannot build index key"):
-        faiss_ops.new_index("NotAKey", D)
+        faiss_keys.new_index("NotAKey", D)
 
 
 def test_recall_helper_matches_a_slow_loop():
@@ -102,7 +102,7 @@ def test_recall_helper_matches_a_slow_loop():
         for q in range(20):
             hits = sum(1 for t in exact[q, :n_true] if t in list(found[q, :r]))
             slow.append(hits / n_true)
-        assert faiss_ops.recall_at(found, exact, n_true, r) == pytest.approx(np.mean(slow))
+        assert faiss_measure.recall_at(found, exact, n_true, r) == pytest.approx(np.mean(slow))
 
 
 def test_exact_knn_over_chunks_matches_brute_force():
@@ -111,7 +111,7 @@ def test_exact_knn_over_chunks_matches_brute_force():
     queries = rng.standard_normal((9, D)).astype(np.float32)
     ids = np.arange(257) * 7 + 5
     chunks = [(ids[s : s + 50], gallery[s : s + 50]) for s in range(0, 257, 50)]
-    scores, found = faiss_ops.exact_knn(queries, chunks, 10)
+    scores, found = faiss_measure.exact_knn(queries, chunks, 10)
     for q in range(9):
         brute = [float(np.dot(queries[q].astype(np.float64), g)) for g in gallery.astype(np.float64)]
         order = sorted(range(257), key=lambda i: -brute[i])[:10]
@@ -121,12 +121,12 @@ def test_exact_knn_over_chunks_matches_brute_force():
 
 def test_require_gpu_message():
     if hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0:
-        assert faiss_ops.require_gpu() is not None
+        assert faiss_gpu.require_gpu() is not None
         with pytest.raises(ValueError, match="at most k=2048"):
-            faiss_ops.check_gpu_k(4096)
+            faiss_gpu.check_gpu_k(4096)
         return
     with pytest.raises(RuntimeError, match="--gpu"):
-        faiss_ops.require_gpu()
+        faiss_gpu.require_gpu()
 
 
 @pytest.mark.parametrize(
@@ -143,13 +143,13 @@ def test_search_params_reach_the_wrapped_index(key, cheap, dear):
     centres = np.random.default_rng(5).standard_normal((16, D))
     gallery = clustered_unit_vectors(2_000, 0, centres)
     queries = clustered_unit_vectors(50, 1, centres)
-    index = faiss_ops.new_index(key, D)
+    index = faiss_keys.new_index(key, D)
     index.train(gallery)
     index.add_with_ids(gallery, np.arange(2_000) + 1)
     exact = np.argsort(-(queries @ gallery.T), axis=1, kind="stable")[:, :10] + 1
     recall = []
     for params in (cheap, dear):
-        faiss_ops.set_search_params(index, params)
+        faiss_params.set_search_params(index, params)
         core = faiss.downcast_index(index.index)
         if "nprobe" in params:
             assert faiss.extract_index_ivf(index).nprobe == params["nprobe"]
@@ -157,7 +157,7 @@ def test_search_params_reach_the_wrapped_index(key, cheap, dear):
             assert core.hnsw.efSearch == params["efSearch"]
         if "k_factor" in params:
             assert core.k_factor == params["k_factor"]
-        recall.append(faiss_ops.recall_at(index.search(queries, 10)[1], exact, 10, 10))
+        recall.append(faiss_measure.recall_at(index.search(queries, 10)[1], exact, 10, 10))
     assert recall[0] < recall[1]
     with pytest.raises(ValueError, match="'efSearch' does not apply"):
-        faiss_ops.set_search_params(faiss_ops.new_index("Flat", D), {"efSearch": 16})
+        faiss_params.set_search_params(faiss_keys.new_index("Flat", D), {"efSearch": 16})

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from retrieval.index import faiss_ops
+from retrieval.index import faiss_files, faiss_keys
 from retrieval.index.layout import IndexLayout, IndexLockedError
 from retrieval.serve.api import create_api
 from retrieval.serve.service import SearchService
@@ -80,8 +80,8 @@ def test_a_forged_flat_count_is_refused_before_faiss_reads_the_file(index_dir, m
 
     monkeypatch.setattr(faiss, "read_index", read_index)
     started = time.monotonic()
-    with pytest.raises(faiss_ops.DamagedIndexFileError, match=r"declares 4194304 vectors.*--rebuild"):
-        faiss_ops.read_index(index_dir / "index.faiss")
+    with pytest.raises(faiss_files.DamagedIndexFileError, match=r"declares 4194304 vectors.*--rebuild"):
+        faiss_files.read_index(index_dir / "index.faiss")
     assert time.monotonic() - started < 1
 
 
@@ -91,8 +91,8 @@ def test_a_forged_count_costs_no_large_allocation():
     # VmHWM: this process's peak resident memory (ru_maxrss would carry pytest's own peak over the fork)
     code = f"""
 import re, struct, faiss, numpy as np
-from retrieval.index import faiss_ops
-index = faiss_ops.new_index("Flat", 64)
+from retrieval.index import faiss_files, faiss_keys
+index = faiss_keys.new_index("Flat", 64)
 index.add_with_ids(np.random.rand(50, 64).astype("float32"), np.arange(50))
 faiss.write_index(index, "index.faiss")
 data = bytearray(open("index.faiss", "rb").read())
@@ -100,7 +100,7 @@ struct.pack_into("<q", data, 8, {FORGED}); struct.pack_into("<q", data, {HEADER 
 struct.pack_into("<Q", data, {2 * HEADER}, {FORGED * 64})
 open("index.faiss", "wb").write(data)
 try:
-    faiss_ops.read_index("index.faiss")
+    faiss_files.read_index("index.faiss")
 except RuntimeError as exc:
     peak_kib = re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)
     print(type(exc).__name__, int(peak_kib) // 1024)
@@ -114,19 +114,19 @@ except RuntimeError as exc:
 @pytest.mark.parametrize("key", ["HNSW8", "IVF4,Flat"])
 def test_a_forged_count_of_another_kind_is_bounded_by_the_file_size(tmp_path, key):
     """Within IDMap2 every vector's id takes 8 bytes of index.faiss: a count beyond size / 8 is refused."""
-    index = faiss_ops.new_index(key, 16)
+    index = faiss_keys.new_index(key, 16)
     vectors = np.random.default_rng(0).random((200, 16), dtype=np.float32)
     index.train(vectors)
     index.add_with_ids(vectors[:20], np.arange(20))
     path = tmp_path / "index.faiss"
     faiss.write_index(index, str(path))
-    faiss_ops.read_index(path)  # the real one opens
+    faiss_files.read_index(path)  # the real one opens
     data = bytearray(path.read_bytes())
     struct.pack_into("<q", data, 8, 2**40)
     struct.pack_into("<q", data, HEADER + 8, 2**40)
     path.write_bytes(bytes(data))
-    with pytest.raises(faiss_ops.DamagedIndexFileError, match="ids alone"):
-        faiss_ops.read_index(path)
+    with pytest.raises(faiss_files.DamagedIndexFileError, match="ids alone"):
+        faiss_files.read_index(path)
 
 
 def test_a_server_keeps_serving_and_logs_a_forged_index_once(index_dir, caplog):
@@ -212,7 +212,7 @@ def test_a_server_neither_blocks_nor_swaps_while_writer_lock_is_a_fifo(index_dir
         os.utime(index_dir / "index.json")  # a new identity: the reload gets as far as probing the lock
         assert returns_within(service.reload) is False
         with TestClient(create_api(service), raise_server_exceptions=False) as client:
-            for path in ("/stats", "/health", f"/items/{int(service.current().index.ids[0])}"):
+            for path in ("/stats", "/health", f"/items/{int(service.index.ids[0])}"):
                 response = returns_within(lambda path=path: client.get(path), 30)
                 assert response.status_code == 200, (path, response.text)
     finally:

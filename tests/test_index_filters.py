@@ -191,10 +191,10 @@ def test_filtered_recall_is_at_least_the_unfiltered_recall(key, monkeypatch):
     top-k."""
     import faiss
 
-    from retrieval.index import faiss_ops
+    from retrieval.index import faiss_params, faiss_search
     from retrieval.index.search import Index as SearchIndex
 
-    monkeypatch.setattr(faiss_ops, "EXACT_SELECTION_MAX", 0)  # the selector's path, also for small selections
+    monkeypatch.setattr(faiss_search, "EXACT_SELECTION_MAX", 0)  # the selector's path, also for small selections
     rng = np.random.default_rng(0)
     n, d, k = 20_000, 32, 10
     vectors = rng.standard_normal((n, d)).astype(np.float32)
@@ -203,7 +203,7 @@ def test_filtered_recall_is_at_least_the_unfiltered_recall(key, monkeypatch):
     index = faiss.index_factory(d, f"IDMap2,{key}", faiss.METRIC_INNER_PRODUCT)
     index.train(vectors)
     index.add_with_ids(vectors, ids)
-    faiss_ops.set_search_params(index, {"efSearch": 16} if key.startswith("HNSW") else
+    faiss_params.set_search_params(index, {"efSearch": 16} if key.startswith("HNSW") else
                                 {"nprobe": 4} | ({"k_factor": 4} if "RFlat" in key else {}))
     searcher = SearchIndex.__new__(SearchIndex)  # only the faiss part is needed
     searcher.faiss_index, searcher.info = index, {"embedding_dim": d}
@@ -251,7 +251,7 @@ def test_post_filtering_keeps_only_selected_ids_in_score_order():
     """The fallback for an index faiss cannot filter: over-fetch, keep the selected ids, best first."""
     import faiss
 
-    from retrieval.index import faiss_ops
+    from retrieval.index import faiss_search
 
     rng = np.random.default_rng(1)
     vectors = rng.standard_normal((2000, 16)).astype(np.float32)
@@ -259,10 +259,10 @@ def test_post_filtering_keeps_only_selected_ids_in_score_order():
     index.add_with_ids(vectors, np.arange(2000, dtype=np.int64) * 2)
     selected = np.arange(0, 4000, 20, dtype=np.int64)  # 10 %
     query = rng.standard_normal((1, 16)).astype(np.float32)
-    scores, ids = faiss_ops.post_filtered_search(index, query, 7, selected)
+    scores, ids = faiss_search.post_filtered_search(index, query, 7, selected)
     expected = selected[np.argsort(-(vectors[selected // 2] @ query[0]))[:7]]
     assert ids[0].tolist() == expected.tolist() and np.all(np.diff(scores[0]) <= 0)
-    none = faiss_ops.post_filtered_search(index, query, 3, np.array([1], dtype=np.int64))  # odd: not in the index
+    none = faiss_search.post_filtered_search(index, query, 3, np.array([1], dtype=np.int64))  # odd: not in the index
     assert none[1].tolist() == [[-1, -1, -1]]
 
 
@@ -297,7 +297,7 @@ def test_a_small_selection_is_scored_exactly_from_the_stored_vectors(key):
     0.05 % would need more than the capped efSearch, the results equal the brute-force top-k."""
     import faiss
 
-    from retrieval.index import faiss_ops
+    from retrieval.index import faiss_search
     from retrieval.index.search import Index as SearchIndex
 
     rng = np.random.default_rng(2)
@@ -317,4 +317,4 @@ def test_a_small_selection_is_scored_exactly_from_the_stored_vectors(key):
         order = np.argsort(-(vectors[rows] @ query))
         assert got.tolist() == ids[rows][order].tolist()
         assert np.allclose(got_scores, (vectors[rows] @ query)[order], atol=1e-6)
-    assert len(ids[rows]) <= faiss_ops.EXACT_SELECTION_MAX
+    assert len(ids[rows]) <= faiss_search.EXACT_SELECTION_MAX

@@ -32,7 +32,7 @@ from retrieval.index import (
     remove_images,
     repair_index,
 )
-from retrieval.index.faiss_ops import index_ids, set_search_params
+from retrieval.index.faiss_params import index_ids, set_search_params
 from retrieval.index.mend import missing_vectors
 from retrieval.index.shards import ShardStore
 

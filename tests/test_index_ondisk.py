@@ -16,7 +16,16 @@ import pytest
 from test_index_build import QUICK, copy_gallery
 from test_index_support import FakeEmbedder, write_digits
 
-from retrieval.index import Index, add_images, build_index, faiss_ops, l2_normalize, remove_images, repair_index
+from retrieval.index import (
+    Index,
+    add_images,
+    build_index,
+    faiss_files,
+    faiss_params,
+    l2_normalize_rows,
+    remove_images,
+    repair_index,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -48,12 +57,12 @@ def lists_files(index_dir: Path) -> list[str]:
 
 def named_lists_file(index_dir: Path) -> str:
     with Index.open(index_dir) as index:
-        return Path(faiss_ops.on_disk_lists(index.faiss_index).filename).name
+        return Path(faiss_files.on_disk_lists(index.faiss_index).filename).name
 
 
 def named_lists_file_raw(index_dir: Path) -> str:
     """The lists file that index.faiss names, read without the catalogue's checks."""
-    return Path(faiss_ops.on_disk_lists(faiss_ops.read_index(index_dir / "index.faiss")).filename).name
+    return Path(faiss_files.on_disk_lists(faiss_files.read_index(index_dir / "index.faiss")).filename).name
 
 
 @pytest.fixture
@@ -66,7 +75,7 @@ def on_disk(digits, tmp_path) -> tuple[Path, list[Path]]:
 
 def search_all(index_dir: Path, queries: list[Path], k: int = 5) -> list[list[tuple[str, float]]]:
     with Index.open(index_dir, embedder=FakeEmbedder()) as index:
-        faiss_ops.set_search_params(index.faiss_index, {"nprobe": 4})
+        faiss_params.set_search_params(index.faiss_index, {"nprobe": 4})
         return [[(h.path, round(h.score, 5)) for h in hits] for hits in index.search_images(queries, k=k)]
 
 
@@ -74,7 +83,7 @@ def test_an_on_disk_index_folder_opens_after_it_is_moved(on_disk, tmp_path):
     index_dir, paths = on_disk
     before = search_all(index_dir, paths[:5])
     with Index.open(index_dir) as index:
-        assert faiss_ops.on_disk_lists(index.faiss_index) is not None and len(index) == 40
+        assert faiss_files.on_disk_lists(index.faiss_index) is not None and len(index) == 40
     moved = tmp_path / "elsewhere" / "idx"
     shutil.move(str(index_dir), moved)
     assert search_all(moved, paths[:5]) == before  # faiss recorded the old absolute path; it is not used
@@ -85,7 +94,7 @@ def test_updates_write_a_new_lists_file_and_delete_the_old_one(on_disk, tmp_path
     extra = write_digits(tmp_path / "extra", 6, start=600)
     assert lists_files(index_dir) == ["index-1.ivfdata"]
     with Index.open(index_dir, embedder=FakeEmbedder()) as reader:  # a server that opened the index before
-        faiss_ops.set_search_params(reader.faiss_index, {"nprobe": 4})
+        faiss_params.set_search_params(reader.faiss_index, {"nprobe": 4})
         seen_before = [[h.path for h in hits] for hits in reader.search_images(paths[:5], k=5)]
         summary = add_images(index_dir, tmp_path / "extra", embedder=FakeEmbedder(), options=QUICK)
         assert summary["indexed"] == 46 and "added 6" in summary["updated_by"]
@@ -105,11 +114,11 @@ def test_updates_write_a_new_lists_file_and_delete_the_old_one(on_disk, tmp_path
 
 def test_a_failed_update_leaves_the_on_disk_index_whole(on_disk, tmp_path, monkeypatch):
     index_dir, _ = on_disk
-    queries = l2_normalize(np.random.default_rng(0).standard_normal((20, FakeEmbedder().embedding_dim)))
+    queries = l2_normalize_rows(np.random.default_rng(0).standard_normal((20, FakeEmbedder().embedding_dim)))
 
     def raw_search() -> tuple[int, np.ndarray]:
-        index = faiss_ops.read_index(index_dir / "index.faiss")
-        faiss_ops.set_search_params(index, {"nprobe": 4})
+        index = faiss_files.read_index(index_dir / "index.faiss")
+        faiss_params.set_search_params(index, {"nprobe": 4})
         return index.ntotal, index.search(np.asarray(queries, np.float32), 10)[1]
 
     count, before = raw_search()
@@ -119,7 +128,7 @@ def test_a_failed_update_leaves_the_on_disk_index_whole(on_disk, tmp_path, monke
         raise OSError("disk full (simulated) before index.faiss was replaced")
 
     with monkeypatch.context() as patch:
-        patch.setattr(faiss_ops, "write_index_atomic", crash)
+        patch.setattr(faiss_files, "write_index_atomic", crash)
         with pytest.raises(OSError, match="simulated"):
             add_images(index_dir, tmp_path / "extra", embedder=FakeEmbedder(), options=QUICK)
     # the lists file that index.faiss names was not touched: the faiss part is the old one, whole

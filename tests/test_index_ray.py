@@ -25,7 +25,17 @@ from test_index_faiss import clustered_unit_vectors, write_vector_index
 from test_index_support import SIZE, bomb_png, jpeg_bytes, png_bytes, write_digits, write_projection_onnx
 
 from retrieval.cli.index import index_group
-from retrieval.index import Catalogue, Index, IngestOptions, build_index, faiss_ops, index_stats, load_model
+from retrieval.index import (
+    Catalogue,
+    Index,
+    IngestOptions,
+    build_index,
+    faiss_keys,
+    faiss_measure,
+    faiss_params,
+    index_stats,
+    load_model,
+)
 from retrieval.index.engine import RayOptions
 from retrieval.index.faiss_build import build_faiss
 from retrieval.index.ray_engine import RAY_INSTALL, RayEngine
@@ -355,7 +365,7 @@ def test_killed_ray_worker_is_replaced_and_nothing_is_lost(cluster, model, big_g
 def test_ivf_from_shards_trained_on_a_sample_added_per_shard_and_merged(cluster, tmp_path, caplog):
     centres = np.random.default_rng(0).standard_normal((64, 32))
     vectors = clustered_unit_vectors(12_000, 1, centres)
-    policy = faiss_ops.AutoPolicy(flat_max=1_000, hnsw_max=2_000, tune_queries=300, max_train=4_000)
+    policy = faiss_keys.AutoPolicy(flat_max=1_000, hnsw_max=2_000, tune_queries=300, max_train=4_000)
     built = {}
     for mode in ("memory", "disk"):
         layout, catalogue, store = write_vector_index(tmp_path / mode, vectors, shard_size=1_500)
@@ -377,13 +387,13 @@ def test_ivf_from_shards_trained_on_a_sample_added_per_shard_and_merged(cluster,
     # held-out queries: the merged index at its tuned nprobe against exact search over every vector
     queries = clustered_unit_vectors(500, 2, centres)
     ids = np.arange(1, len(vectors) + 1)
-    _, exact = faiss_ops.exact_knn(queries, [(ids, vectors)], 10)
+    _, exact = faiss_measure.exact_knn(queries, [(ids, vectors)], 10)
     for mode in ("memory", "disk"):
         with Index.open(tmp_path / mode) as index:
             assert len(index) == 12_000
-            assert isinstance(faiss_ops.inner(index.faiss_index), faiss.IndexIVF)
+            assert isinstance(faiss_params.inner(index.faiss_index), faiss.IndexIVF)
             _, found = index.search_arrays(queries, 10)
-        assert faiss_ops.recall_at(found, exact, 10, 10) >= 0.95
+        assert faiss_measure.recall_at(found, exact, 10, 10) >= 0.95
         assert index_stats(tmp_path / mode, queries=100)["recall_10_at_10"] >= 0.9
 
 

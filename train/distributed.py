@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from retrieval.distributed import every_rank, rank_and_world
+from retrieval.distributed import rank_and_world
 from retrieval.inference import resolve_device
 from retrieval.losses.regularizers import feature_distillation
 
@@ -62,10 +62,6 @@ class DistContext:
         box = [obj]
         dist.broadcast_object_list(box, src=0)
         return box[0]
-
-    def all_true(self, flag: bool) -> bool:
-        """True when ``flag`` holds on every rank (a decision all ranks must take together)."""
-        return every_rank(flag, self.device)
 
 
 class TrainStep(nn.Module):

@@ -23,7 +23,7 @@ from torch.utils.data import Dataset
 
 from retrieval.data import BadImageLog, BadSample, WithSampleSeeds, build_transforms, load_dataset
 from retrieval.data.augment import Augmentation
-from retrieval.data.decode import DEFAULT_BACKGROUND
+from retrieval.data.colour import DEFAULT_BACKGROUND
 from retrieval.distributed import embed_sharded, every_rank, rank_and_world
 from retrieval.evaluation import EvalSets, embed_eval_rows, eval_arrays
 from retrieval.inference import Embedded, embed_samples, make_loader

@@ -28,7 +28,7 @@ from retrieval.data import (
     inject_label_noise,
     load_dataset,
 )
-from retrieval.data.decode import parse_background
+from retrieval.data.colour import parse_background
 from retrieval.distributed import GlobalBatchObjective, embed_sharded
 from retrieval.evaluation import (
     eval_set_pictures,

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from retrieval.data.decode import DEFAULT_BACKGROUND, flatten_alpha, parse_background
+from retrieval.data.colour import DEFAULT_BACKGROUND, flatten_alpha, parse_background
 
 RESIZE_RATIO = 1.14  # resize to 1.14 x crop size, then crop (the usual 256 -> 224)
 

@@ -19,7 +19,7 @@ import numpy as np
 from PIL import Image
 
 from retrieval.data.dataset import ImageDataset, class_disjoint_halves, encode_labels
-from retrieval.data.decode import IMAGE_EXTENSIONS
+from retrieval.data.formats import IMAGE_EXTENSIONS
 from retrieval.data.registry import (
     DATASETS,
     check_split,

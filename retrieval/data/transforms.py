@@ -16,7 +16,7 @@ from PIL import Image
 from torchvision.transforms import v2
 
 from retrieval.data.augment import DEFAULT_AUGMENTATION, Augmentation, resolve_augmentation
-from retrieval.data.decode import DEFAULT_BACKGROUND, FlattenAlpha
+from retrieval.data.colour import DEFAULT_BACKGROUND, FlattenAlpha
 from retrieval.data.eval_preprocess import RESIZE_RATIO, EvalPreprocess, input_size, mean_and_std
 
 

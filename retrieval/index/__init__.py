@@ -16,9 +16,9 @@ import importlib
 from typing import Any
 
 from retrieval.index.catalogue import Catalogue, CatalogueReader, Status
-from retrieval.index.embedder import Embedder, ModelMismatchError, l2_normalize, load_model
+from retrieval.index.embedder import ImageEmbedder, ModelMismatchError, l2_normalize_rows, load_model
 from retrieval.index.engine import IngestOptions
-from retrieval.index.faiss_ops import AUTO_POLICY, AutoPolicy, choose_index_key
+from retrieval.index.faiss_keys import AUTO_POLICY, AutoPolicy, choose_index_key
 from retrieval.index.layout import IndexLayout, IndexLockedError
 from retrieval.index.search import Index, SearchResult
 from retrieval.index.sources import IMAGE_EXTENSIONS, list_gallery
@@ -40,7 +40,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "AUTO_POLICY", "AutoPolicy", "Catalogue", "CatalogueReader", "Embedder", "IMAGE_EXTENSIONS", "Index",
+    "AUTO_POLICY", "AutoPolicy", "Catalogue", "CatalogueReader", "IMAGE_EXTENSIONS", "ImageEmbedder", "Index",
     "IndexLayout", "IndexLockedError", "IngestOptions", "ModelMismatchError", "SearchResult", "Status",
-    "choose_index_key", "index_stats", "l2_normalize", "list_gallery", "load_model", *_WRITER_COMMANDS,
+    "choose_index_key", "index_stats", "l2_normalize_rows", "list_gallery", "load_model", *_WRITER_COMMANDS,
 ]

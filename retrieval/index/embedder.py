@@ -1,4 +1,4 @@
-"""What the index needs from a model: the ``Embedder`` protocol, loading an ONNX file, normalisation.
+"""What the index needs from a model: the ``ImageEmbedder`` protocol, loading an ONNX file, normalisation.
 
 Similarity is the inner product of L2-normalised vectors (cosine). A model that does not normalise its
 output (``normalized`` False) is normalised here, before indexing and before searching, so that stored
@@ -14,7 +14,7 @@ import numpy as np
 
 
 @runtime_checkable
-class Embedder(Protocol):
+class ImageEmbedder(Protocol):
     """The interface of ``retrieval.onnx_runtime.OnnxEmbedder`` that indexing and search use."""
 
     @property
@@ -38,7 +38,7 @@ class ModelMismatchError(ValueError):
 
 def load_model(
     path: str | Path, providers: str = "auto", spin: bool = False, intra_op_threads: int | None = None
-) -> Embedder:
+) -> ImageEmbedder:
     """Open an exported ONNX embedder (``retrieval export``).
 
     Indexing is a throughput job whose decoding workers need the CPU between batches, so onnxruntime's idle
@@ -54,7 +54,7 @@ def load_model(
     return OnnxEmbedder(str(path), providers=providers, spin=spin, intra_op_threads=intra_op_threads)
 
 
-def l2_normalize(vectors: np.ndarray) -> np.ndarray:
+def l2_normalize_rows(vectors: np.ndarray) -> np.ndarray:
     """Rows scaled to unit length (float32, C-contiguous); an all-zero row is a clear error, not NaN."""
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
     if vectors.ndim != 2:
@@ -72,10 +72,12 @@ def prepare_vectors(vectors: np.ndarray, dim: int) -> np.ndarray:
         vectors = vectors[None, :]
     if vectors.ndim != 2 or vectors.shape[1] != dim:
         raise ValueError(f"expected embeddings of shape [n, {dim}], got {tuple(vectors.shape)}")
-    return l2_normalize(vectors)
+    return l2_normalize_rows(vectors)
 
 
-def check_model_match(index_hash: str, index_model: str | None, embedder: Embedder, index_dir: Path) -> None:
+def check_model_match(
+    index_hash: str, index_model: str | None, embedder: ImageEmbedder, index_dir: Path
+) -> None:
     """Refuse a query model other than the one that built the index."""
     if embedder.model_hash != index_hash:
         raise ModelMismatchError(

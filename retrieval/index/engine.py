@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Protocol
 import faiss
 
 from retrieval.data.decode import DEFAULT_MAX_PIXELS
-from retrieval.index.faiss_ops import AUTO_POLICY, AutoPolicy
+from retrieval.index.faiss_keys import AUTO_POLICY, AutoPolicy
 from retrieval.index.vectors import Chunks
 
 if TYPE_CHECKING:
     from retrieval.index.catalogue import Catalogue
-    from retrieval.index.embedder import Embedder
+    from retrieval.index.embedder import ImageEmbedder
     from retrieval.index.shards import ShardStore
 
 DEFAULT_SHARD_SIZE = 4096
@@ -63,7 +63,7 @@ class IngestEngine(Protocol):
 
     def __exit__(self, *exc: object) -> None: ...
 
-    def ingest(self, catalogue: Catalogue, store: ShardStore, embedder: Embedder, options: IngestOptions) -> None:
+    def ingest(self, catalogue: Catalogue, store: ShardStore, embedder: ImageEmbedder, options: IngestOptions) -> None:
         """Embed the catalogue's pending rows into shards, recording each shard's outcomes atomically."""
         ...
 

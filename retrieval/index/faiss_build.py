@@ -12,7 +12,7 @@ from typing import Any
 import faiss
 import numpy as np
 
-from retrieval.index import faiss_ops
+from retrieval.index import faiss_files, faiss_gpu, faiss_keys, faiss_measure, faiss_params, faiss_tuning
 from retrieval.index.catalogue import Catalogue
 from retrieval.index.engine import AddVectors, add_sequentially
 from retrieval.index.layout import IndexLayout
@@ -30,7 +30,7 @@ def build_faiss(
     key_request: str,
     dim: int,
     gpu: bool = False,
-    policy: faiss_ops.AutoPolicy = faiss_ops.AUTO_POLICY,
+    policy: faiss_keys.AutoPolicy = faiss_keys.AUTO_POLICY,
     seed: int = 0,
     add_vectors: AddVectors | None = None,
 ) -> dict[str, Any]:
@@ -49,27 +49,27 @@ def build_faiss(
             f"{example}); check --images and the errors in catalogue.sqlite"
         )
     if key_request == "auto":
-        key = faiss_ops.choose_index_key(n, dim, policy=policy)
+        key = faiss_keys.choose_index_key(n, dim, policy=policy)
     else:
-        key = faiss_ops.expand_key(key_request, n, dim)
-    estimate = faiss_ops.estimated_index_bytes(key, n, dim) if policy.max_index_memory is not None else None
+        key = faiss_keys.expand_key(key_request, n, dim)
+    estimate = faiss_keys.estimated_index_bytes(key, n, dim) if policy.max_index_memory is not None else None
     if estimate is not None and estimate > policy.max_index_memory:  # an explicit key over the budget
         raise ValueError(
             f"--index-key {key} needs about {estimate / 2**20:.0f} MiB for {n} vectors, over --max-index-memory "
             f"{policy.max_index_memory / 2**20:.0f} MiB; rerun with --index-key auto to get the best index that "
             "fits (the embeddings are kept: only the faiss part is built again)"
         )
-    index = faiss_ops.new_index(key, dim)
+    index = faiss_keys.new_index(key, dim)
     rng = np.random.default_rng(seed)
     order = rng.permutation(n)
     n_queries = min(policy.tune_queries, max(1, n // 10))
     query_positions, train_positions = order[:n_queries], order[n_queries : n_queries + policy.max_train]
-    resources = faiss_ops.require_gpu() if gpu else None
+    resources = faiss_gpu.require_gpu() if gpu else None
     if not index.is_trained:
         # train on vectors other than the tuning queries, so that tuning measures held-out queries
         sample = gather_rows(store, done, train_positions if len(train_positions) else order)
         if resources is not None:
-            faiss_ops.train_on_gpu(index, sample, resources)
+            faiss_gpu.train_on_gpu(index, sample, resources)
         else:
             index.train(sample)
     chunks = done_chunks(store, done)
@@ -82,12 +82,12 @@ def build_faiss(
         "queries": int(n_queries),
         "note": "exact search",
     }
-    if faiss_ops.search_param_grid(index, 10) != [{}]:
+    if faiss_params.search_param_grid(index, 10) != [{}]:
         # held-out queries: gallery vectors never used for training, their own ids dropped from results
         queries, query_ids = gather_rows(store, done, query_positions, with_ids=True)
-        _, exact = faiss_ops.exact_knn(queries, done_chunks(store, done), 11)
-        exact = faiss_ops.drop_self(exact, query_ids, 10)
-        result = faiss_ops.tune_search_params(index, queries, exact, policy.target_recall, self_ids=query_ids,
+        _, exact = faiss_measure.exact_knn(queries, done_chunks(store, done), 11)
+        exact = faiss_measure.drop_self(exact, query_ids, 10)
+        result = faiss_tuning.tune_search_params(index, queries, exact, policy.target_recall, self_ids=query_ids,
                                               max_query_ms=policy.max_query_ms)
         tuning = dataclasses.asdict(result) | {"queries": int(n_queries), "target": policy.target_recall}
         if not result.target_met:
@@ -98,13 +98,13 @@ def build_faiss(
             )
     elif policy.max_query_ms is not None:  # exact search: only its time can miss the budget
         queries = gather_rows(store, done, query_positions)
-        latency = faiss_ops.latency_ms(lambda q: index.search(q, 10), queries, repeats=100)["p50_ms"]
+        latency = faiss_measure.latency_ms(lambda q: index.search(q, 10), queries, repeats=100)["p50_ms"]
         tuning |= {"latency_ms": round(latency, 4), "latency_met": latency <= policy.max_query_ms}
     if tuning.get("latency_met") is False:
         log.warning("%s answers one query in %.2f ms at its fastest setting, over --max-query-ms %g",
                     key, tuning["latency_ms"], policy.max_query_ms)
     require_same_ids(layout, index, done)
-    faiss_ops.write_index_atomic(index, layout.faiss)
+    faiss_files.write_index_atomic(index, layout.faiss)
     budget = {}
     if policy.max_index_memory is not None or policy.max_query_ms is not None:
         budget = {"budget": {
@@ -138,7 +138,7 @@ def update_faiss(
     info: dict[str, Any],
     gpu: bool = False,
     index: faiss.Index | None = None,
-    policy: faiss_ops.AutoPolicy = faiss_ops.AUTO_POLICY,
+    policy: faiss_keys.AutoPolicy = faiss_keys.AUTO_POLICY,
 ) -> dict[str, Any]:
     """Bring the index (read from ``layout.faiss`` unless given) in line with the ``done`` rows; no retraining.
 
@@ -146,16 +146,16 @@ def update_faiss(
     their training: an IVF index keeps its rows' old positions on removal and HNSW cannot remove at all,
     and either would leave the IDMap2 wrapper pointing at the wrong rows.
     """
-    index = faiss_ops.read_index(layout.faiss) if index is None else index
+    index = faiss_files.read_index(layout.faiss) if index is None else index
     done = catalogue.done_shards()
-    present = faiss_ops.index_ids(index)
+    present = faiss_params.index_ids(index)
     done_ids = np.fromiter(done, np.int64, len(done))
     to_remove = np.setdiff1d(present, done_ids)
     to_add = np.setdiff1d(done_ids, present)
     updated_by = f"added {len(to_add)}, removed {len(to_remove)} in place"
     emptied = False
-    if len(to_remove) and not isinstance(faiss_ops.inner(index), faiss.IndexFlatCodes):
-        faiss_ops.detach_on_disk_lists(index, layout.root, keep_entries=False)  # emptied next: nothing to copy
+    if len(to_remove) and not isinstance(faiss_params.inner(index), faiss.IndexFlatCodes):
+        faiss_files.detach_on_disk_lists(index, layout.root, keep_entries=False)  # emptied next: nothing to copy
         emptied = True
         try:
             index.reset()
@@ -174,13 +174,13 @@ def update_faiss(
     if not len(to_remove) and not len(to_add):
         return {"count": int(index.ntotal), "updated_by": "nothing to change"}
     if not emptied:  # changed in place, but never in the lists file that index.faiss names and readers map
-        faiss_ops.detach_on_disk_lists(index, layout.root)
+        faiss_files.detach_on_disk_lists(index, layout.root)
     if len(to_remove):
         index.remove_ids(to_remove)
     if len(to_add):
         for ids, vectors in done_chunks(store, {int(i): done[int(i)] for i in to_add}):
             index.add_with_ids(vectors, ids)
-    faiss_ops.set_search_params(index, info.get("params", {}))
+    faiss_params.set_search_params(index, info.get("params", {}))
     require_same_ids(layout, index, done)
-    faiss_ops.write_index_atomic(index, layout.faiss)
+    faiss_files.write_index_atomic(index, layout.faiss)
     return {"count": int(index.ntotal), "updated_by": updated_by}

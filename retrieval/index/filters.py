@@ -32,7 +32,6 @@ MAX_DEPTH = 32  # nested parentheses / not
 MAX_IN_VALUES = 1000
 MAX_TERMS = 200  # comparisons in one expression
 
-COMPARISONS = ("=", "!=", "<", "<=", ">", ">=")
 KEYWORDS = ("and", "or", "not", "in")
 
 

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from retrieval.index.catalogue import THROUGHPUT_META, Catalogue, Outcome, Status
 from retrieval.index.decode import Decoded, DecodedBatch, GalleryDecodeDataset, collate_decoded
-from retrieval.index.embedder import Embedder, prepare_vectors
+from retrieval.index.embedder import ImageEmbedder, prepare_vectors
 from retrieval.index.engine import IngestEngine, IngestOptions, add_sequentially
 from retrieval.index.shards import ShardStore
 from retrieval.index.vectors import Chunks
@@ -43,7 +43,7 @@ class Ingestor:
     """Turns the pending catalogue rows into shards, recording each shard's outcomes atomically."""
 
     def __init__(
-        self, catalogue: Catalogue, store: ShardStore, embedder: Embedder, options: IngestOptions
+        self, catalogue: Catalogue, store: ShardStore, embedder: ImageEmbedder, options: IngestOptions
     ) -> None:
         self.catalogue, self.store, self.embedder, self.options = catalogue, store, embedder, options
         self.seen = catalogue.done_sha256()  # sha256 -> id of an indexed original
@@ -127,7 +127,7 @@ class LocalEngine:
     def __exit__(self, *exc: object) -> None:
         pass
 
-    def ingest(self, catalogue: Catalogue, store: ShardStore, embedder: Embedder, options: IngestOptions) -> None:
+    def ingest(self, catalogue: Catalogue, store: ShardStore, embedder: ImageEmbedder, options: IngestOptions) -> None:
         Ingestor(catalogue, store, embedder, options).run()
 
     def add_vectors(self, index: faiss.Index, chunks: Chunks, workdir: Path, count: int) -> faiss.Index:
@@ -136,7 +136,7 @@ class LocalEngine:
 
 
 def ingest(
-    engine: IngestEngine, catalogue: Catalogue, store: ShardStore, embedder: Embedder, options: IngestOptions
+    engine: IngestEngine, catalogue: Catalogue, store: ShardStore, embedder: ImageEmbedder, options: IngestOptions
 ) -> None:
     """Embed the pending rows with ``engine`` and add the run to its throughput record (``index stats``)."""
     pending = catalogue.counts()[Status.PENDING.value]

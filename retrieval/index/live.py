@@ -32,9 +32,9 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
-from retrieval.index import faiss_ops
+from retrieval.index import faiss_params
 from retrieval.index.catalogue import Status
-from retrieval.index.embedder import Embedder
+from retrieval.index.embedder import ImageEmbedder
 from retrieval.index.layout import IndexLayout, describe_writer
 from retrieval.index.search import Index
 from retrieval.index.stats import opened_index_stats
@@ -75,7 +75,7 @@ class Snapshot(Index):
 
     @classmethod
     def open(
-        cls, directory: str | Path, embedder: Embedder | None = None, gpu: bool = False, writer_free: bool = True
+        cls, directory: str | Path, embedder: ImageEmbedder | None = None, gpu: bool = False, writer_free: bool = True
     ) -> Snapshot:
         """Open under a seqlock: IndexChanging if the files changed meanwhile, or (``writer_free``) if a writer
         holds the folder, even one whose index is still consistent (a server's first open takes that one)."""
@@ -90,7 +90,7 @@ class Snapshot(Index):
                 _require_unchanged(layout, before, writer_free, exc)
             raise
         try:
-            snapshot.ids = np.sort(faiss_ops.index_ids(snapshot.faiss_index))
+            snapshot.ids = np.sort(faiss_params.index_ids(snapshot.faiss_index))
             done = np.asarray(snapshot.catalogue.ids_with_status(Status.DONE), dtype=np.int64)
             _require_unchanged(layout, before, writer_free)
             if not np.array_equal(snapshot.ids, done):  # the same count (Index.open) but other ids

@@ -36,9 +36,9 @@ from typing import Any
 import faiss
 import numpy as np
 
-from retrieval.index import faiss_ops
+from retrieval.index import faiss_files, faiss_keys, faiss_params
 from retrieval.index.catalogue import THROUGHPUT_META, Catalogue, Outcome
-from retrieval.index.embedder import Embedder
+from retrieval.index.embedder import ImageEmbedder
 from retrieval.index.engine import IngestOptions, RayOptions, add_sequentially
 from retrieval.index.gallery_file import Decoded
 from retrieval.index.ingest import Ingestor, ShardBuffer
@@ -120,7 +120,9 @@ class RayEngine:
 
     name = "ray"
 
-    def __init__(self, options: RayOptions | None = None, policy: faiss_ops.AutoPolicy = faiss_ops.AUTO_POLICY) -> None:
+    def __init__(
+        self, options: RayOptions | None = None, policy: faiss_keys.AutoPolicy = faiss_keys.AUTO_POLICY
+    ) -> None:
         self.options, self.policy = options or RayOptions(), policy
         if self.options.actors < 1:
             raise ValueError(f"--ray-actors must be >= 1, got {self.options.actors}")
@@ -138,7 +140,7 @@ class RayEngine:
             import_ray().shutdown()
             self._started = False
 
-    def ingest(self, catalogue: Catalogue, store: ShardStore, embedder: Embedder, options: IngestOptions) -> None:
+    def ingest(self, catalogue: Catalogue, store: ShardStore, embedder: ImageEmbedder, options: IngestOptions) -> None:
         model_path = getattr(embedder, "path", None) or catalogue.get_meta("model_path")
         if model_path is None:
             raise ValueError("--engine ray loads the model in each actor from its file: give --model")
@@ -149,12 +151,12 @@ class RayEngine:
 
     def add_vectors(self, index: faiss.Index, chunks: Chunks, workdir: Path, count: int) -> faiss.Index:
         """Per-shard Ray tasks for an IVF index, merged here; any other index is filled in this process."""
-        core = faiss_ops.inner(index)
+        core = faiss_params.inner(index)
         if not isinstance(core, faiss.IndexIVF) or not hasattr(index, "id_map") or index.ntotal:
             return add_sequentially(index, chunks)
         on_disk = self.options.merge_on_disk
         if on_disk is None:  # the merged lists (codes + ids) against the memory the auto policy may use
-            budget = faiss_ops.available_memory() * self.policy.memory_fraction
+            budget = faiss_keys.available_memory() * self.policy.memory_fraction
             on_disk = count * (core.code_size + 8) > budget
         return ShardedIvfBuilder(index, core, workdir, on_disk, self.options.add_tasks_in_flight).fill(chunks)
 
@@ -223,7 +225,7 @@ class RayIngestor(Ingestor):
         self,
         catalogue: Catalogue,
         store: ShardStore,
-        embedder: Embedder,
+        embedder: ImageEmbedder,
         options: IngestOptions,
         ray_options: RayOptions,
         model_path: str,
@@ -449,11 +451,11 @@ class ShardedIvfBuilder:
         from faiss.contrib.ondisk import merge_ondisk
 
         if not (self.workdir / "index.faiss").exists():  # a build killed before: nothing refers to older data
-            for stale in self.workdir.glob(faiss_ops.ON_DISK_LISTS):
+            for stale in self.workdir.glob(faiss_files.ON_DISK_LISTS):
                 with contextlib.suppress(OSError):
                     stale.unlink()
-        with faiss_ops.faiss_prints_to_stderr():  # merge_ondisk reports with printf: stdout stays the CLI's JSON
-            merge_ondisk(self.ivf, parts, str(faiss_ops.new_lists_file(self.workdir)))
+        with faiss_files.faiss_prints_to_stderr():  # merge_ondisk reports with printf: stdout stays the CLI's JSON
+            merge_ondisk(self.ivf, parts, str(faiss_files.new_lists_file(self.workdir)))
         for part in parts:
             Path(part).unlink(missing_ok=True)
         parts_dir.rmdir()

@@ -15,9 +15,9 @@ from typing import Any
 import faiss
 import numpy as np
 
-from retrieval.index import faiss_ops
+from retrieval.index import faiss_files, faiss_gpu, faiss_params, faiss_search
 from retrieval.index.catalogue import CatalogueReader, Status
-from retrieval.index.embedder import Embedder, check_model_match, load_model, prepare_vectors
+from retrieval.index.embedder import ImageEmbedder, check_model_match, load_model, prepare_vectors
 from retrieval.index.filters import Filter, FilterTable, parse_filter
 from retrieval.index.layout import IndexLayout
 
@@ -75,24 +75,24 @@ class Index:
         index: faiss.Index,
         catalogue: CatalogueReader,
         info: dict[str, Any],
-        embedder: Embedder | None = None,
+        embedder: ImageEmbedder | None = None,
         gpu: bool = False,
     ) -> None:
         self.layout, self.faiss_index, self.catalogue, self.info = layout, index, catalogue, info
         self._embedder = None
         self._filter_table: FilterTable | None = None
         self._filter_lock = threading.Lock()
-        self._gpu = faiss_ops.GpuSearcher(index) if gpu else None
+        self._gpu = faiss_gpu.GpuSearcher(index) if gpu else None
         if embedder is not None:
             self.embedder = embedder
 
     @classmethod
-    def open(cls, directory: str | Path, embedder: Embedder | None = None, gpu: bool = False) -> Index:
+    def open(cls, directory: str | Path, embedder: ImageEmbedder | None = None, gpu: bool = False) -> Index:
         layout = IndexLayout(directory)
         layout.require_finished()
         info = layout.read_info()
-        index = faiss_ops.read_index(layout.faiss)
-        faiss_ops.set_search_params(index, info.get("params", {}))
+        index = faiss_files.read_index(layout.faiss)
+        faiss_params.set_search_params(index, info.get("params", {}))
         catalogue = CatalogueReader(layout.catalogue)
         done = catalogue.indexed_count()
         if done != index.ntotal:  # a cheap check; ``index stats`` and the writers compare the ids
@@ -127,7 +127,7 @@ class Index:
         return str(self.info["model_hash"])
 
     @property
-    def embedder(self) -> Embedder:
+    def embedder(self) -> ImageEmbedder:
         """The query model: the one passed in, else the ONNX file recorded in index.json."""
         if self._embedder is None:
             path = self.info.get("model_path")
@@ -137,7 +137,7 @@ class Index:
         return self._embedder
 
     @embedder.setter
-    def embedder(self, embedder: Embedder) -> None:
+    def embedder(self, embedder: ImageEmbedder) -> None:
         check_model_match(self.model_hash, self.info.get("model_path"), embedder, self.layout.root)
         self._embedder = embedder
 
@@ -145,7 +145,7 @@ class Index:
     @functools.cached_property
     def ids(self) -> np.ndarray:
         """The ids its faiss part holds, sorted int64 (a ``live.Snapshot`` sets them when it opens)."""
-        return np.sort(faiss_ops.index_ids(self.faiss_index))
+        return np.sort(faiss_params.index_ids(self.faiss_index))
 
     def holds(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
         """Per id, whether its faiss part holds it (bool array)."""
@@ -210,10 +210,10 @@ class Index:
 
     def search_selected(self, embeddings: np.ndarray, k: int, selected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """faiss' top-k among the ``selected`` ids (sorted int64) alone: exactly from the stored vectors for a small
-        selection on an index that keeps them (``faiss_ops.EXACT_SELECTION_MAX``), else through an ``IDSelector``
-        (exact for Flat, IVF and HNSW probing widened by the selection's share, ``faiss_ops.filtered_search_params``),
-        else by over-fetching the unfiltered search and keeping the selected ids. Always on the CPU index (the GPU
-        searcher takes no selector)."""
+        selection on an index that keeps them (``faiss_search.EXACT_SELECTION_MAX``), else through an ``IDSelector``
+        (exact for Flat, IVF and HNSW probing widened by the selection's share,
+        ``faiss_search.filtered_search_params``), else by over-fetching the unfiltered search and keeping the selected
+        ids. Always on the CPU index (the GPU searcher takes no selector)."""
         queries = prepare_vectors(embeddings, self.dim)
         selected = np.asarray(selected, dtype=np.int64)
         selected = selected[self.holds(selected)]  # an id faiss lacks cannot be reconstructed nor found
@@ -221,17 +221,17 @@ class Index:
             return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
         fraction = len(selected) / max(len(self), 1)
         selected = np.ascontiguousarray(selected, dtype=np.int64)
-        vectors = faiss_ops.stored_vectors(self.faiss_index, selected) \
-            if len(selected) <= faiss_ops.EXACT_SELECTION_MAX else None
+        vectors = faiss_search.stored_vectors(self.faiss_index, selected) \
+            if len(selected) <= faiss_search.EXACT_SELECTION_MAX else None
         if vectors is not None:
-            scores, ids = faiss_ops.exact_among(queries, vectors, selected, k)
+            scores, ids = faiss_search.exact_among(queries, vectors, selected, k)
             return np.clip(scores, -1.0, 1.0, out=scores), ids
         selector = faiss.IDSelectorBatch(len(selected), faiss.swig_ptr(selected))
-        params = faiss_ops.filtered_search_params(self.faiss_index, selector, fraction)
+        params = faiss_search.filtered_search_params(self.faiss_index, selector, fraction)
         if params is not None:
             scores, ids = self.faiss_index.search(queries, min(k, len(selected)), params=params)
         else:
-            scores, ids = faiss_ops.post_filtered_search(self.faiss_index, queries, k, selected)
+            scores, ids = faiss_search.post_filtered_search(self.faiss_index, queries, k, selected)
         del params, selector  # faiss read the selector through a pointer until here
         return np.clip(scores, -1.0, 1.0, out=scores), ids
 
@@ -265,7 +265,7 @@ class Index:
         return results
 
     def search_images(
-        self, images: Sequence[Any], k: int = 10, embedder: Embedder | None = None
+        self, images: Sequence[Any], k: int = 10, embedder: ImageEmbedder | None = None
     ) -> list[list[SearchResult]]:
         """Embed images (paths or PIL images) with the index's model and search."""
         if embedder is not None:

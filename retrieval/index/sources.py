@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from retrieval.data.decode import IMAGE_EXTENSIONS  # the decoder's formats: the gallery lists only these files
+from retrieval.data.formats import IMAGE_EXTENSIONS  # the decoder's formats: the gallery lists only these files
 
 MAX_PATH_BYTES = 4096  # Linux PATH_MAX: the kernel refuses longer paths anyway
 MAX_LABEL_CHARS = 256  # a folder name (255 bytes at most) always fits; a manifest's label is refused beyond it

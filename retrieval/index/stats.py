@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from retrieval.index import faiss_ops
+from retrieval.index import faiss_measure
 from retrieval.index.catalogue import THROUGHPUT_META
 from retrieval.index.search import Index
 from retrieval.index.shards import ShardStore
@@ -53,11 +53,11 @@ def opened_index_stats(
     if k < 1:
         raise ValueError("recall needs at least 2 indexed images")
     # each query's own id is dropped from both result lists: they measure like unseen queries
-    _, exact = faiss_ops.exact_knn(sample, done_chunks(store, done), k + 1)
-    exact = faiss_ops.drop_self(exact, sample_ids, k)
+    _, exact = faiss_measure.exact_knn(sample, done_chunks(store, done), k + 1)
+    exact = faiss_measure.drop_self(exact, sample_ids, k)
     _, found = index.search_arrays(sample, k + 1)
-    found = faiss_ops.drop_self(found, sample_ids, k)
-    latency = faiss_ops.latency_ms(lambda q: index.search_arrays(q, k), sample)
+    found = faiss_measure.drop_self(found, sample_ids, k)
+    latency = faiss_measure.latency_ms(lambda q: index.search_arrays(q, k), sample)
     return {
         "index_dir": str(index.layout.root),
         "counts": counts,
@@ -78,7 +78,7 @@ def opened_index_stats(
         },
         "size_on_disk_bytes": index.layout.size_on_disk(),
         "queries": int(nq),
-        "recall_1_at_1": faiss_ops.recall_at(found, exact, 1, 1),
-        f"recall_{k}_at_{k}": faiss_ops.recall_at(found, exact, k, k),
+        "recall_1_at_1": faiss_measure.recall_at(found, exact, 1, 1),
+        f"recall_{k}_at_{k}": faiss_measure.recall_at(found, exact, k, k),
         "latency": latency,
     }

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator, Mapping
 import faiss
 import numpy as np
 
-from retrieval.index import faiss_ops
+from retrieval.index import faiss_params
 from retrieval.index.shards import ShardStore
 
 Chunks = Iterable[tuple[np.ndarray, np.ndarray]]  # (ids, vectors) pairs, e.g. one per shard
@@ -46,7 +46,7 @@ def gather_rows(
 
 def faiss_mismatch(index: faiss.Index, done: Mapping[int, str]) -> str | None:
     """How the ids in faiss differ from the catalogue's ``done`` rows, or None when they agree."""
-    present = np.sort(faiss_ops.index_ids(index))
+    present = np.sort(faiss_params.index_ids(index))
     expected = np.fromiter(sorted(done), np.int64, len(done))
     if np.array_equal(present, expected):
         return None

@@ -32,9 +32,9 @@ from typing import Any
 
 import faiss
 
-from retrieval.index import faiss_ops
+from retrieval.index import faiss_files, faiss_gpu, faiss_keys
 from retrieval.index.catalogue import Catalogue, Status
-from retrieval.index.embedder import Embedder, ModelMismatchError, load_model
+from retrieval.index.embedder import ImageEmbedder, ModelMismatchError, load_model
 from retrieval.index.engine import IngestOptions
 from retrieval.index.engines import open_engine
 from retrieval.index.faiss_build import build_faiss, update_faiss
@@ -82,7 +82,7 @@ def _tally(catalogue: Catalogue) -> dict[str, int]:
             "duplicates": counts[Status.DUPLICATE.value]}
 
 
-def _model_fields(embedder: Embedder, model_path: str | None) -> dict[str, Any]:
+def _model_fields(embedder: ImageEmbedder, model_path: str | None) -> dict[str, Any]:
     return {
         "model_path": str(Path(model_path).resolve()) if model_path else None,
         "model_hash": embedder.model_hash,
@@ -107,7 +107,7 @@ def _info_from_meta(catalogue: Catalogue) -> dict[str, Any]:
     return info
 
 
-def _check_same_model(catalogue: Catalogue, embedder: Embedder, root: Path) -> None:
+def _check_same_model(catalogue: Catalogue, embedder: ImageEmbedder, root: Path) -> None:
     built_by = catalogue.get_meta("model_hash")
     if built_by is not None and built_by != embedder.model_hash:
         raise ModelMismatchError(
@@ -159,7 +159,7 @@ def _inconsistency(layout: IndexLayout, catalogue: Catalogue, store: ShardStore)
     if missing:
         return f"{len(missing)} indexed images have no vector in their shard"
     try:
-        index = faiss_ops.read_index(layout.faiss)
+        index = faiss_files.read_index(layout.faiss)
     except RuntimeError as exc:
         return f"its faiss part cannot be read ({str(exc).splitlines()[0]})"
     return faiss_mismatch(index, catalogue.done_shards())
@@ -169,7 +169,7 @@ def build_index(
     images: str | Path,
     out: str | Path,
     model: str | Path | None = None,
-    embedder: Embedder | None = None,
+    embedder: ImageEmbedder | None = None,
     index_key: str = "auto",
     split: str | None = None,
     gpu: bool = False,
@@ -186,7 +186,7 @@ def build_index(
     """
     started = time.perf_counter()
     if gpu:
-        faiss_ops.require_gpu()  # fail before any work
+        faiss_gpu.require_gpu()  # fail before any work
     if embedder is None:
         if model is None:
             raise ValueError("give --model (an exported .onnx file) to embed the images with")
@@ -261,7 +261,7 @@ def add_images(
     index_dir: str | Path,
     images: str | Path,
     model: str | Path | None = None,
-    embedder: Embedder | None = None,
+    embedder: ImageEmbedder | None = None,
     split: str | None = None,
     gpu: bool = False,
     options: IngestOptions | None = None,
@@ -299,7 +299,7 @@ def remove_images(
     index_dir: str | Path,
     ids: Sequence[int] = (),
     paths: Sequence[str] = (),
-    policy: faiss_ops.AutoPolicy = faiss_ops.AUTO_POLICY,
+    policy: faiss_keys.AutoPolicy = faiss_keys.AUTO_POLICY,
 ) -> dict[str, Any]:
     """Mark images removed in the catalogue, then take them out of the faiss index (``policy``: for an index type
     that must be rebuilt from the shards)."""
@@ -364,7 +364,7 @@ def relabel(catalogue: Catalogue, rule: str) -> dict[str, Any]:
 def repair_index(
     index_dir: str | Path,
     model: str | Path | None = None,
-    embedder: Embedder | None = None,
+    embedder: ImageEmbedder | None = None,
     rebuild: bool = False,
     gpu: bool = False,
     options: IngestOptions | None = None,
@@ -444,6 +444,6 @@ def _readable_info(layout: IndexLayout) -> dict[str, Any] | None:
 
 def _readable_faiss(layout: IndexLayout) -> faiss.Index | None:
     try:
-        return faiss_ops.read_index(layout.faiss)
+        return faiss_files.read_index(layout.faiss)
     except RuntimeError:  # missing or damaged: rebuilt from the shards
         return None

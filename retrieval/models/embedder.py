@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from retrieval.data.decode import DEFAULT_BACKGROUND
+from retrieval.data.colour import DEFAULT_BACKGROUND
 from retrieval.distances import l2_normalize
 from retrieval.models.backbones import create_backbone
 from retrieval.models.checkpoint import load_checkpoint

@@ -64,11 +64,6 @@ def offline_reason(offline: bool = False) -> str | None:
     return None
 
 
-def is_offline(offline: bool = False) -> bool:
-    """Whether pretrained weights must come from local caches only (the argument, the scope or the environment)."""
-    return offline_reason(offline) is not None
-
-
 @contextmanager
 def offline_scope(offline: bool = True) -> Iterator[None]:
     """Within the block, backbones are built offline when ``offline`` (an online block never undoes an outer one)."""

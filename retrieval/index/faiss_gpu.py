@@ -1,0 +1,55 @@
+"""faiss on a GPU: the resources (or an error saying what is missing), GPU search of a CPU index, GPU training."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import faiss
+import numpy as np
+
+from retrieval.index.faiss_params import index_ids, inner, ivf_of
+
+GPU_MAX_K = 2048  # faiss GPU k-selection limit (also for nprobe)
+INSTALL_GPU = "pip uninstall faiss-cpu && pip install faiss-gpu (or conda install -c pytorch faiss-gpu)"
+
+
+def require_gpu() -> Any:
+    """faiss GPU resources, or a clear error saying what is missing."""
+    if not hasattr(faiss, "StandardGpuResources"):
+        raise RuntimeError(
+            f"--gpu needs faiss with GPU support, but this faiss is CPU-only; install it: "
+            f"{INSTALL_GPU}, or drop --gpu"
+        )
+    if faiss.get_num_gpus() < 1:
+        raise RuntimeError(
+            "--gpu was given but faiss sees no CUDA GPU (faiss.get_num_gpus() == 0); drop --gpu"
+        )
+    return faiss.StandardGpuResources()
+
+
+def check_gpu_k(k: int) -> None:
+    """Refuse a ``k`` over what faiss' GPU k-selection returns."""
+    if k > GPU_MAX_K:
+        raise ValueError(f"faiss on GPU returns at most k={GPU_MAX_K} neighbours, asked for k={k}; lower -k")
+
+
+class GpuSearcher:
+    """Searches a CPU ``IDMap2`` index's inner index on the GPU and maps positions back to ids."""
+
+    def __init__(self, index: faiss.Index, resources: Any = None) -> None:
+        self.resources = resources or require_gpu()
+        self.ids = index_ids(index)
+        self.gpu_index = faiss.index_cpu_to_gpu(self.resources, 0, inner(index))
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        check_gpu_k(k)
+        scores, positions = self.gpu_index.search(queries, k)
+        return scores, np.where(positions >= 0, self.ids[np.clip(positions, 0, None)], -1)
+
+
+def train_on_gpu(index: faiss.Index, sample: np.ndarray, resources: Any) -> None:
+    """Train IVF coarse quantisers with GPU k-means (HNSW and Flat need no training)."""
+    ivf = ivf_of(index)
+    if ivf is not None:
+        ivf.clustering_index = faiss.index_cpu_to_gpu(resources, 0, faiss.IndexFlatL2(ivf.d))
+    index.train(sample)
