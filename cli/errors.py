@@ -1,7 +1,14 @@
-"""The command line's errors: a core ``ParameterError`` names the command's own option, not the Python parameter."""
+"""The command line's errors: a core ``ParameterError`` names the command's own option, not the Python parameter.
+
+A core message that names another of its parameters writes it in backticks (``rerun with `index_key` auto``); a
+command shows each such name that is one of its options as the option (``rerun with --index-key auto``), in a
+``ParameterError``'s problem and in the text of the other errors a command line expects (missing or existing
+files, bad values, failures it explains).
+"""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import click
@@ -18,6 +25,22 @@ def option_flag(command: click.Command, param: str) -> str | None:
     return None
 
 
+BACKTICKED_NAME = re.compile(r"`([A-Za-z_][A-Za-z0-9_]*)`")
+
+
+def option_text(command: click.Command, text: str) -> str:
+    """``text`` with each backticked parameter name that is one of ``command``'s options shown as the option."""
+    return BACKTICKED_NAME.sub(lambda match: option_flag(command, match.group(1)) or match.group(0), text)
+
+
+def option_message(command: click.Command, exc: BaseException) -> str:
+    """What ``command`` says for ``exc``: a ``ParameterError`` names the option, and so does every backticked name."""
+    if isinstance(exc, ParameterError):
+        flag = option_flag(command, exc.param)
+        return f"{flag or exc.param} {option_text(command, exc.problem)}"
+    return option_text(command, str(exc))
+
+
 class OptionCommand(click.Command):
     """A command whose ``ParameterError``s name its option (``--memory-size must be >= 1``)."""
 
@@ -26,9 +49,14 @@ class OptionCommand(click.Command):
             return super().invoke(ctx)
         except ParameterError as exc:
             flag = option_flag(self, exc.param)
-            if flag is None:
+            if flag is None and option_text(self, exc.problem) == exc.problem:
                 raise
-            raise click.ClickException(f"{flag} {exc.problem}") from exc
+            raise click.ClickException(option_message(self, exc)) from exc
+        except (ValueError, OSError, RuntimeError) as exc:
+            # the other errors the command line shows as one line: only those naming an option in backticks change
+            if not exc.args or not isinstance(exc.args[0], str) or option_text(self, str(exc)) == str(exc):
+                raise
+            raise click.ClickException(option_text(self, str(exc))) from exc
 
 
 class OptionGroup(click.Group):

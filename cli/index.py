@@ -8,12 +8,13 @@ from __future__ import annotations
 import functools
 import json
 import re
+import shlex
 import sys
 from pathlib import Path
 
 import click
 
-from retrieval.cli.errors import OptionCommand, OptionGroup
+from retrieval.cli.errors import OptionCommand, OptionGroup, option_message
 from retrieval.cli.help_text import default_max_pixels, image_extensions, lazy_help_option
 from retrieval.cli.options import apply_options
 from retrieval.workers import DEFAULT_WORKERS_TEXT
@@ -47,6 +48,33 @@ def _ingest_options(
         engine=engine.get("engine", "local"),
         ray=ray,
     )
+
+
+# RayOptions' fields, which the command line's options name ray_<field>
+RAY_FIELDS = ("address", "actors", "gpus_per_actor", "cpus_per_actor")
+
+
+def _write(command, index_dir, *args, **kwargs) -> dict:
+    """Run an index writer (``build_index``, ``add_images``, ``repair_index``) under the command line's names: the
+    Ray options are ``--ray-*``, and an error that another command fixes ends with that command."""
+    from retrieval.errors import ParameterError
+    from retrieval.index.writer import FinishedIndexError, LabelRuleMismatch, NothingToRepairError
+
+    folder = shlex.quote(str(index_dir))
+    try:
+        return command(*args, **kwargs)
+    except ParameterError as exc:
+        if exc.param in RAY_FIELDS:
+            raise exc.renamed(f"ray_{exc.param}") from exc
+        if not isinstance(exc, LabelRuleMismatch):
+            raise
+        context = click.get_current_context()
+        raise click.ClickException(f"{option_message(context.command, exc)}: retrieval index repair {folder} "
+                                   f"--label-from {exc.given}") from exc
+    except FinishedIndexError as exc:
+        raise click.ClickException(f"{exc} (`retrieval index add {folder} --images ...`, or another --out)") from exc
+    except NothingToRepairError as exc:
+        raise click.ClickException(f"{exc}: `retrieval index build --model ... --images ... --out {folder}`") from exc
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="print the whole summary as JSON (for programs).")
@@ -194,7 +222,9 @@ def build_command(
     options = _ingest_options(batch_size, workers, shard_size, max_pixels, engine)
     options = dataclasses.replace(options, policy=dataclasses.replace(
         options.policy, max_index_memory=max_index_memory, max_query_ms=max_query_ms))
-    summary = build_index(
+    summary = _write(
+        build_index,
+        out,
         images,
         out,
         model=model,
@@ -260,7 +290,9 @@ def add_command(index_dir, images, model, split, label_from, batch_size, workers
     """Add images (a folder, one image or a manifest) to an existing index without rebuilding it."""
     from retrieval.index import add_images
 
-    summary = add_images(
+    summary = _write(
+        add_images,
+        index_dir,
         index_dir,
         images,
         model=model,
@@ -315,7 +347,9 @@ def repair_command(index_dir, model, rebuild, label_from, batch_size, workers, s
     """
     from retrieval.index import repair_index
 
-    summary = repair_index(
+    summary = _write(
+        repair_index,
+        index_dir,
         index_dir,
         model=model,
         rebuild=rebuild,

@@ -12,6 +12,7 @@ from torch.utils.data import Dataset, Subset
 
 from retrieval.data.dataset import BadImageLog
 from retrieval.distributed import embed_sharded
+from retrieval.errors import ParameterError
 
 
 @dataclass
@@ -32,7 +33,7 @@ def checkpoint_dataset(train_config: dict[str, Any], dataset: str | None, data: 
     """(dataset, data, dataset_kwargs): what was given, else what the checkpoint was trained on."""
     dataset = dataset or train_config.get("dataset")
     if not dataset:
-        raise ValueError("--dataset is required: the checkpoint does not record its data set")
+        raise ParameterError("dataset", "is required: the checkpoint does not record its data set")
     data = data if data is not None else train_config.get("data")
     return dataset, data, {**train_config.get("dataset_kwargs", {}), **(dataset_kwargs or {})}
 
@@ -185,21 +186,22 @@ def load_extra_set(spec: str, transform, limit: int | None = None) -> ExtraSet:
     else:
         name, _, split = spec.partition(":")
         if name not in DATASETS.names():
-            raise ValueError(f"--eval-extra {spec!r}: no such folder and no registered data set {name!r}; give "
-                             f"{EXTRA_LAYOUT}; data sets: {', '.join(DATASETS.names())}")
+            raise ParameterError("spec", f"{spec!r}: no such folder and no registered data set {name!r}; give "
+                                         f"{EXTRA_LAYOUT}; data sets: {', '.join(DATASETS.names())}")
         try:
             dataset = load_dataset(name, None, split=split or "test", transform=transform)
         except (FileNotFoundError, ValueError) as exc:
-            raise ValueError(f"--eval-extra {spec!r}: {exc}. A registered set given by name is read from its own "
-                             f"place (fashion-mnist, digits, emoji are); for another, give its image folder") from None
+            raise ParameterError("spec", f"{spec!r}: {exc}. A registered set given by name is read from its own "
+                                         "place (fashion-mnist, digits, emoji are); for another, give its image "
+                                         "folder") from None
         source = f"{name}:{split or 'test'}"
     labels = np.asarray(dataset.labels)
     rng = np.random.default_rng(EXTRA_SPLIT_SEED)
     per_class = {c: rng.permutation(np.flatnonzero(labels == c)) for c in np.unique(labels)}
     per_class = {c: idx for c, idx in per_class.items() if len(idx) >= 4}
     if len(per_class) < 2:
-        raise ValueError(f"--eval-extra {spec!r}: needs at least 2 classes with 4 or more images each "
-                         f"(found {len(per_class)}); give {EXTRA_LAYOUT}")
+        raise ParameterError("spec", f"{spec!r}: needs at least 2 classes with 4 or more images each "
+                                     f"(found {len(per_class)}); give {EXTRA_LAYOUT}")
     if limit is not None:  # the same number of images from every class, as far as the limit allows
         keep = max(4, limit // len(per_class))
         per_class = {c: idx[:keep] for c, idx in per_class.items()}

@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
 from retrieval.data.dataset import BadImageLog, BadSample, CatchBadSamples, collate_dropping_bad
+from retrieval.errors import ParameterError
 from retrieval.workers import default_workers
 
 
@@ -18,7 +19,7 @@ def resolve_device(device: str = "auto") -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError("--device cuda was requested but no CUDA GPU is available; use --device cpu")
+        raise ParameterError("device", f"{device} was requested but no CUDA GPU is available; use cpu")
     return torch.device(device)
 
 

@@ -132,8 +132,7 @@ def parse_metadata(meta: Mapping[str, str], source: str = "model") -> dict[str, 
     if missing:
         raise ValueError(
             f"{source} has no retrieval metadata (missing {', '.join(missing)}): it was not exported by "
-            f"`retrieval export`; export the training checkpoint with `retrieval export --checkpoint CKPT "
-            f"--out model.onnx`"
+            "`retrieval export`; export the training checkpoint with it first"
         )
     if meta["format"] != ONNX_FORMAT:
         raise ValueError(f"{source} has metadata format {meta['format']!r}; this version reads {ONNX_FORMAT!r}")

@@ -117,7 +117,7 @@ def test_load_without_root_prepares_cache_once(tmp_path, monkeypatch):
 
 
 def test_load_with_unprepared_root_says_how(tmp_path):
-    with pytest.raises(FileNotFoundError, match="retrieval data prepare emoji --out"):
+    with pytest.raises(FileNotFoundError, match="made by prepare_emoji"):
         load_dataset("emoji", tmp_path, "train")
 
 

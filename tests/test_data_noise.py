@@ -100,7 +100,7 @@ def test_known_tables_by_class_name():
 def test_unknown_dataset_is_refused_with_the_fix():
     from retrieval.data import asymmetric_transitions
 
-    with pytest.raises(ValueError, match="--label-noise-transitions FILE"):
+    with pytest.raises(ValueError, match="table is needed.*JSON object"):
         asymmetric_transitions("folder", ["cat", "dog", "fox"])
 
 

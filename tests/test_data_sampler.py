@@ -53,7 +53,7 @@ def test_deterministic_per_seed_and_epoch():
 def test_small_classes_raise_or_are_dropped():
     labels = labels_with_counts([5, 1, 5, 2, 5])
     with pytest.raises(
-        ValueError, match=r"2 of 5 classes have fewer than 3 samples.*--drop-small.*--per-class"
+        ValueError, match=r"2 of 5 classes have fewer than 3 samples.*drop_small=True.*samples_per_class"
     ):
         ClassBalancedBatchSampler(labels, 2, 3)
     sampler = ClassBalancedBatchSampler(labels, 2, 3, drop_small=True)

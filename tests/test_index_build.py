@@ -288,7 +288,7 @@ def test_paths_the_tools_print_are_accepted_back(digits, tmp_path, monkeypatch):
         remove_images(tmp_path / "idx", paths=["no/such.png"])
     with Index.open(tmp_path / "idx", embedder=FakeEmbedder()) as index:
         kept_id = index.search_images([paths[1]], k=1)[0][0].id
-    with pytest.raises(ValueError, match=rf"nothing was removed: no catalogue rows with ids 9999.*--ids {kept_id}$"):
+    with pytest.raises(ValueError, match=rf"nothing was removed: no catalogue rows with ids 9999.*`ids` {kept_id}$"):
         remove_images(tmp_path / "idx", ids=[kept_id, 9999])
     with Index.open(tmp_path / "idx", embedder=FakeEmbedder()) as index:
         assert len(index) == 39  # nothing was removed
@@ -345,7 +345,7 @@ def test_repair_embeds_with_the_engine_the_options_choose(digits, tmp_path, monk
     assert engine.calls == ["ingest", "add_vectors"]
     with Catalogue(tmp_path / "idx" / "catalogue.sqlite") as catalogue:  # its throughput record counts the repair
         assert json.loads(catalogue.get_meta(THROUGHPUT_META))["recording"]["images"] == 43
-    with pytest.raises(ValueError, match="unknown --engine 'nope'; choose one of local, ray, recording"):
+    with pytest.raises(ValueError, match="engine 'nope' is unknown; choose one of local, ray, recording"):
         build_index(folder, tmp_path / "x", embedder=FakeEmbedder(), options=dataclasses.replace(QUICK, engine="nope"))
 
 

@@ -207,7 +207,7 @@ def test_refusals_name_the_fix_and_lose_nothing(built, tmp_path):
     _, idx = built
     precious = tmp_path / "precious.parquet"
     precious.write_bytes(b"not yours")
-    with pytest.raises(FileExistsError, match="exists and is not empty.*--overwrite"):
+    with pytest.raises(FileExistsError, match="exists and is not empty.*`overwrite`"):
         export_index(idx, precious)
     assert precious.read_bytes() == b"not yours"
     folder = tmp_path / "folder"
@@ -218,7 +218,7 @@ def test_refusals_name_the_fix_and_lose_nothing(built, tmp_path):
     with pytest.raises(FileExistsError, match="no earlier export"):
         export_index(idx, folder, "npy", overwrite=True)  # never deletes a folder it did not write
     assert (folder / "keep.txt").read_text() == "mine" and len(list(folder.iterdir())) == 1
-    with pytest.raises(ValueError, match="unknown export format 'csv'.*--format parquet.*--format npy"):
+    with pytest.raises(ValueError, match="fmt 'csv' is an unknown export format: use parquet.*or npy"):
         export_index(idx, tmp_path / "x", "csv")
     with pytest.raises(ValueError, match="outside the index folder"):
         export_index(idx, idx / "export.parquet")

@@ -54,14 +54,14 @@ def test_the_default_is_the_parent_folder_and_add_keeps_the_index_rule(nested, t
     write_images(extra, 2, 40)
     added = add_images(tmp_path / "idx", tmp_path / "more", embedder=FakeEmbedder(), options=QUICK)
     assert added["labels"]["from"] == "top" and added["labels"]["largest_classes"] == {"star": 2}
-    with pytest.raises(ValueError, match="labels its images by --label-from top"):
+    with pytest.raises(ValueError, match="parent is not the rule this index labels its images by, top"):
         add_images(tmp_path / "idx", tmp_path / "more", embedder=FakeEmbedder(), options=QUICK, label_from="parent")
     default = build_index(nested, tmp_path / "idx2", embedder=FakeEmbedder(), options=QUICK)
     assert default["labels"]["from"] == "parent"
 
 
 def test_manifest_rule_needs_a_manifest(nested, tmp_path):
-    with pytest.raises(ValueError, match="--label-from manifest takes a manifest's label column"):
+    with pytest.raises(ValueError, match="label_from manifest takes a manifest's label column"):
         build_index(nested, tmp_path / "idx", embedder=FakeEmbedder(), options=QUICK, label_from="manifest")
     manifest = tmp_path / "list.csv"
     images = sorted(p for p in nested.rglob("*.png"))
@@ -128,5 +128,5 @@ def test_repair_relabels_the_index_without_embedding_again(nested, tmp_path, mon
 
 def test_a_refused_rule_names_the_relabel_command(nested, tmp_path):
     build_index(nested, tmp_path / "idx", embedder=FakeEmbedder(), options=QUICK)
-    with pytest.raises(ValueError, match="retrieval index repair INDEX --label-from top"):
+    with pytest.raises(ValueError, match="top is not the rule .*; give that rule .*, or relabel the whole index first"):
         add_images(tmp_path / "idx", nested, embedder=FakeEmbedder(), options=QUICK, label_from="top")

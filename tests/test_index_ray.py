@@ -142,7 +142,7 @@ def test_ray_build_equals_local_build(cluster, model, gallery, tmp_path, caplog)
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["indexed"] == 65
     # 5 images: Ray's start-up (this index's own record of the build above) is not paid back, and it says so once
-    advice = [r.getMessage() for r in caplog.records if "use --engine local for small galleries" in r.getMessage()]
+    advice = [r.getMessage() for r in caplog.records if "use the local engine for small galleries" in r.getMessage()]
     assert len(advice) == 1 and advice[0].startswith("about 5 images: the local engine would take ~0.0 s, Ray ~")
     assert "ray: this index's record" in advice[0]
     with Index.open(tmp_path / "ray") as index:

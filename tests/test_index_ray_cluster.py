@@ -167,7 +167,7 @@ def test_ray_says_when_the_local_engine_would_be_sooner(caplog):
     message = estimate_engines(small, {}).message()
     local_s = ray_engine._seconds(small / local_rate)
     assert message.startswith(f"about {small:,} images: the local engine would take ~{local_s} s")
-    assert f"including its ~{startup:.1f} s start-up" in message and "--engine local" in message
+    assert f"including its ~{startup:.1f} s start-up" in message and "the local engine for small" in message
     assert f"Ray ~{ray_engine._seconds(startup + small / actor_rate)} s" in message
     # four actors pay the start-up back four times sooner (each on its own cores)
     assert not estimate_engines(int(break_even / 2), {}, actors=4).local_is_sooner
@@ -208,7 +208,7 @@ def test_ray_build_prints_the_estimate_before_the_work_only_for_a_small_gallery(
         options = IngestOptions(batch_size=4, progress=False, engine="ray", ray=RayOptions(address="local"))
         with caplog.at_level(logging.INFO, logger="retrieval.index.ray_engine"), pytest.raises(JobStarted):
             build_index(folder, tmp_path / f"idx-{startup}", model=model, options=options)
-        lines = [r.getMessage() for r in caplog.records if "use --engine local" in r.getMessage()]
+        lines = [r.getMessage() for r in caplog.records if "use the local engine" in r.getMessage()]
         assert lines == ([estimate_engines(12, {}).message()] if expected else []), lines
     assert started == [12, 12]
 

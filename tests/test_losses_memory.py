@@ -125,5 +125,5 @@ def test_a_memory_over_few_classes_is_refused_before_the_triplet_terms_are_alloc
     monkeypatch.setattr(base, "MAX_PAIR_ROW_ELEMENTS", 500)
     memory = CrossBatchMemory(build(name, **kwargs), size=40, embedding_dim=6, warmup=0)
     memory(*batch(0))  # 8 rows: 8 x 1 positives x 8 = 64 terms
-    with pytest.raises(ValueError, match=r"positive pairs x 16 samples.*--memory-size"):
+    with pytest.raises(ValueError, match=r"positive pairs x 16 samples.*cross-batch memory"):
         memory(*batch(1))  # with the 8 in memory: 16 rows, 48 positive pairs x 16 samples

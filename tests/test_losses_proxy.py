@@ -163,7 +163,7 @@ def test_every_proxy_loss_is_registered_and_needs_its_classes():
     assert {n for n in available() if needs_classes(n)} == set(PROXY_LOSSES)
     with pytest.raises(ValueError, match="num_classes="):
         build("proxy_anchor")
-    with pytest.raises(ValueError, match="--negatives loop does not apply"):
+    with pytest.raises(ValueError, match="negatives loop does not apply"):
         build("proxy_anchor", negatives="loop", num_classes=4, embedding_dim=3)
 
 

@@ -149,14 +149,14 @@ def test_semihard_nca_without_semihard_negative():
 @pytest.mark.parametrize("name", PAIR_LOSSES)
 def test_batch_without_positive_pairs_names_the_sampler_setting(name):
     x = torch.randn(5, 8)
-    with pytest.raises(ValueError, match="--per-class 2"):
+    with pytest.raises(ValueError, match="2 or more images per class"):
         build(name)(x, torch.arange(5))
 
 
 @pytest.mark.parametrize("name", ["npair", "angular", "angular_npair"])
 def test_npair_family_needs_a_positive_for_every_anchor(name):
     x = torch.randn(5, 8)
-    with pytest.raises(ValueError, match="positive for every anchor.*--per-class 2"):
+    with pytest.raises(ValueError, match="positive for every anchor.*2 or more images per class"):
         build(name)(x, torch.tensor([0, 0, 1, 1, 2]))
 
 

@@ -96,7 +96,7 @@ def test_missing_torchvision_weights_say_where_to_put_them(tmp_path, monkeypatch
     monkeypatch.setenv("TORCH_HOME", str(tmp_path))
     with pytest.raises(PretrainedWeightsMissing, match=str(tmp_path)) as info:
         create_embedder("resnet18", pretrained=True, offline=True)
-    assert "--weights" in str(info.value)
+    assert "weights=PATH" in str(info.value)
 
 
 def test_torchvision_weights_from_the_cache(tmp_path, monkeypatch):

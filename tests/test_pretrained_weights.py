@@ -96,7 +96,7 @@ def test_online_reads_the_cache_without_downloading(torch_home, online, network)
 
 def test_online_downloads_through_torchvision_with_its_hash_check(torch_home, online, monkeypatch):
     """The download torchvision's builders do: torch.hub's cache and the hash in the file name checked; a failure
-    (no network) is one clear message that suggests --offline and --no-pretrained."""
+    (no network) is one clear message that suggests offline mode and pretrained=False."""
     calls = []
 
     def unreachable(url, dst, hash_prefix=None, progress=True):
@@ -110,7 +110,7 @@ def test_online_downloads_through_torchvision_with_its_hash_check(torch_home, on
     assert calls == [(RESNET18.url, expected, RESNET18_FILE.split("-")[1].split(".")[0], True)]  # check_hash=True
     message = str(info.value)
     assert isinstance(info.value, FileNotFoundError)  # the command line shows it as one line
-    for part in ("'resnet18'", RESNET18.url, str(expected), "name resolution", "--offline", "--no-pretrained",
+    for part in ("'resnet18'", RESNET18.url, str(expected), "name resolution", "offline=True", "pretrained=False",
                  "efficientnet_lite0"):
         assert part in message, (part, message)
     assert not expected.exists()
@@ -125,7 +125,8 @@ def test_offline_with_an_empty_cache_fails_before_building(torch_home, network, 
         create_embedder("resnet50", 8, pretrained=True, offline=True)
     message = str(info.value)
     path = torch_home / "hub" / "checkpoints" / torchvision.models.ResNet50_Weights.DEFAULT.url.rsplit("/", 1)[-1]
-    for part in ("'resnet50'", str(path), "--offline", "run", "efficientnet_lite0", "--no-pretrained", "--weights"):
+    for part in ("'resnet50'", str(path), "offline=True", "run", "efficientnet_lite0", "pretrained=False",
+                 "weights=PATH"):
         assert part in message, (part, message)
     assert network == []
 
@@ -144,7 +145,7 @@ def test_hf_hub_offline_with_timm_and_no_cache_says_where_it_looked(hf_cache, on
         create_embedder(f"timm:{TIMM_MODEL}", 8, pretrained=True)
     message = str(info.value)
     for part in (f"'timm:{TIMM_MODEL}'", str(hf_cache / "models--timm--test_resnet.r160_in1k"), "HF_HUB_OFFLINE=1",
-                 "timm/test_resnet.r160_in1k", "--no-pretrained"):
+                 "timm/test_resnet.r160_in1k", "pretrained=False"):
         assert part in message, (part, message)
     assert network == []
 

@@ -55,7 +55,7 @@ def load_run(path: str | Path) -> Run:
     config_file, metrics_file = folder / "config.json", folder / "metrics.jsonl"
     if not config_file.is_file() or not metrics_file.is_file():
         raise FileNotFoundError(f"{folder} is not a run folder of `retrieval train` (it needs config.json and "
-                                "metrics.jsonl): give the folder passed to --out")
+                                "metrics.jsonl): give the folder the training run wrote into")
     history = [json.loads(line) for line in _read(metrics_file).splitlines() if line.strip()]
     report = json.loads(_read(folder / "report.json")) if (folder / "report.json").is_file() else {}
     evaluated = [row for row in history if "recall@1" in row]

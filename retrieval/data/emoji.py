@@ -274,7 +274,7 @@ def _replace_dir(partial: Path, out: Path) -> None:
         is_emoji = info.is_file() and json.loads(info.read_text()).get("dataset") == "emoji"
         if not is_emoji and any(out.iterdir()):
             shutil.rmtree(partial)
-            raise FileExistsError(f"{out} exists and is not an emoji data set; choose an empty or new --out")
+            raise FileExistsError(f"{out} exists and is not an emoji data set; choose an empty or new folder")
         shutil.rmtree(out)
     partial.rename(out)
 
@@ -411,7 +411,7 @@ def load_emoji(
         if root is not None:
             raise FileNotFoundError(
                 f"emoji: expected {manifest.resolve()} "
-                f"(made by `retrieval data prepare emoji --out {folder}`)"
+                f"(made by prepare_emoji({str(folder)!r}), `retrieval data prepare emoji` on the command line)"
             )
         log.info("emoji: preparing the data set in %s (once; set RETRIEVAL_DATA_DIR to move it)", folder)
         prepare_emoji(folder, progress=True)

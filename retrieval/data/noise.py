@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from retrieval.errors import ParameterError
+
 # Fashion-MNIST indices: 0 t-shirt, 2 pullover, 4 coat, 5 sandal, 6 shirt, 7 sneaker.
 FASHION_MNIST_ASYMMETRIC: dict[int, int] = {6: 0, 0: 6, 2: 4, 7: 5}
 
@@ -33,8 +35,8 @@ KNOWN_TRANSITIONS: dict[str, list[tuple[str, str]]] = {
     "digits": [("2", "7"), ("3", "8"), ("5", "6"), ("6", "5"), ("7", "1")],
 }
 TRANSITIONS_HINT = (
-    "pass a table of similar classes with --label-noise-transitions FILE: a JSON object "
-    '{"from class": "to class", ...} or a CSV with two columns from,to, by class name'
+    'a table of similar classes is a file: a JSON object {"from class": "to class", ...} or a CSV with two '
+    "columns from,to, by class name"
 )
 MAX_TRANSITIONS_BYTES = 1 << 20  # a transitions file is a small table
 
@@ -43,31 +45,30 @@ def read_transitions(path: str | Path) -> list[tuple[str, str]]:
     """(source, target) class-name pairs from a JSON object / list of pairs or a two-column CSV (header optional)."""
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"--label-noise-transitions: no file {str(path)!r}; {TRANSITIONS_HINT}")
+        raise ParameterError("path", f"{str(path)!r} names no file; {TRANSITIONS_HINT}")
     if path.stat().st_size > MAX_TRANSITIONS_BYTES:
-        raise ValueError(f"--label-noise-transitions: {path} is larger than {MAX_TRANSITIONS_BYTES} bytes")
+        raise ParameterError("path", f"{path} is larger than {MAX_TRANSITIONS_BYTES} bytes")
     text = path.read_text(encoding="utf-8")
     if path.suffix.lower() == ".json":
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"--label-noise-transitions: {path} is not valid JSON ({exc}); "
-                             f"{TRANSITIONS_HINT}") from None
+            raise ParameterError("path", f"{path} is not valid JSON ({exc}); {TRANSITIONS_HINT}") from None
         items = data.items() if isinstance(data, dict) else data
         try:
             pairs = [(str(a), str(b)) for a, b in items]
         except (TypeError, ValueError):
-            raise ValueError(f"--label-noise-transitions: {path} must hold an object or a list of [from, to] pairs; "
-                             f"{TRANSITIONS_HINT}") from None
+            raise ParameterError("path", f"{path} must hold an object or a list of [from, to] pairs; "
+                                         f"{TRANSITIONS_HINT}") from None
     else:
         rows = [r for r in csv.reader(text.splitlines()) if r and any(c.strip() for c in r)]
         if any(len(r) != 2 for r in rows):
-            raise ValueError(f"--label-noise-transitions: every CSV row of {path} needs two columns from,to")
+            raise ParameterError("path", f"{path}: every CSV row needs two columns from,to")
         pairs = [(a.strip(), b.strip()) for a, b in rows]
         if pairs and pairs[0] in (("from", "to"), ("source", "target")):
             pairs = pairs[1:]
     if not pairs:
-        raise ValueError(f"--label-noise-transitions: {path} holds no transition; {TRANSITIONS_HINT}")
+        raise ParameterError("path", f"{path} holds no transition; {TRANSITIONS_HINT}")
     return pairs
 
 
@@ -80,19 +81,23 @@ def asymmetric_transitions(
     class outside this split (e.g. a class-disjoint half) are left out; else a ValueError naming the fix.
     """
     if table is not None:
-        pairs, source, strict = read_transitions(table), str(table), True
+        try:
+            pairs, source, strict = read_transitions(table), str(table), True
+        except ParameterError as exc:
+            raise exc.renamed("table") from None
     elif dataset in KNOWN_TRANSITIONS:
         pairs, source, strict = KNOWN_TRANSITIONS[dataset], f"known table for {dataset}", False
     else:
-        raise ValueError(
-            f"asymmetric label noise flips classes to similar ones, and no table of similar classes is known for "
-            f"dataset {dataset!r} (known: {', '.join(sorted(KNOWN_TRANSITIONS))}); {TRANSITIONS_HINT}"
+        raise ParameterError(
+            "table", f"is needed: asymmetric label noise flips classes to similar ones, and no table of similar "
+            f"classes is known for dataset {dataset!r} (known: {', '.join(sorted(KNOWN_TRANSITIONS))}); "
+            f"{TRANSITIONS_HINT}"
         )
     index = {name: i for i, name in enumerate(class_names)}
     unknown = sorted({name for pair in pairs for name in pair if name not in index})
     if unknown and strict:
-        raise ValueError(f"--label-noise-transitions names classes that are not in the training split: {unknown[:5]}; "
-                         f"its classes are e.g. {list(class_names)[:5]}")
+        raise ParameterError("table", f"names classes that are not in the training split: {unknown[:5]}; its "
+                                      f"classes are e.g. {list(class_names)[:5]}")
     kept = [(a, b) for a, b in pairs if a in index and b in index and a != b]
     mapping = {index[a]: index[b] for a, b in kept}
     if len(mapping) < len(kept):

@@ -70,16 +70,14 @@ class ClassBalancedBatchSampler(Sampler[list[int]]):
         if len(small) and not drop_small:
             raise ValueError(
                 f"{len(small)} of {len(classes)} classes have fewer than {samples_per_class} samples "
-                f"(smallest has {counts.min()}); pass --drop-small (drop_small=True) to leave them out, "
-                f"or lower --per-class (samples_per_class)"
+                f"(smallest has {counts.min()}); pass drop_small=True to leave them out, or lower samples_per_class"
             )
         usable = classes[counts >= samples_per_class]
         if len(usable) < classes_per_batch:
             raise ValueError(
                 f"only {len(usable)} classes have >= {samples_per_class} samples but classes_per_batch="
-                f"{classes_per_batch}; a batch needs that many classes: lower classes_per_batch (--batch-size / "
-                f"--per-class classes per batch, e.g. --batch-size {len(usable) * samples_per_class}) or raise "
-                "--per-class"
+                f"{classes_per_batch}; a batch needs that many classes: lower classes_per_batch (e.g. to "
+                f"{len(usable)}: a batch of {len(usable) * samples_per_class} samples) or lower samples_per_class"
             )
         self.classes = usable
         self.indices_by_class = {int(c): np.flatnonzero(labels == c) for c in usable}
@@ -149,10 +147,10 @@ class DistributedClassBalancedBatchSampler(ClassBalancedBatchSampler):
             step = math.lcm(world_size, samples_per_class)
             fits = sorted({max(step, batch // step * step), (batch // step + 1) * step})
             raise ValueError(
-                f"the global batch B = {batch} (--batch-size: {classes_per_batch} classes x {samples_per_class} "
-                f"per class) does not divide by the world size {world_size} (processes); every rank takes an equal "
-                f"part of each batch: choose a --batch-size that is a multiple of {step} (world size and "
-                f"--per-class), e.g. {' or '.join(map(str, fits))}, or another number of processes"
+                f"the global batch B = {batch} ({classes_per_batch} classes x {samples_per_class} per class) does "
+                f"not divide by the world size {world_size} (processes); every rank takes an equal part of each "
+                f"batch: choose a batch size that is a multiple of {step} (world size and samples per class), e.g. "
+                f"{' or '.join(map(str, fits))}, or another number of processes"
             )
         super().__init__(labels, classes_per_batch, samples_per_class, **kwargs)
         self.rank = rank

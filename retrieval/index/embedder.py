@@ -83,6 +83,5 @@ def check_model_match(
         raise ModelMismatchError(
             f"the index in {index_dir} was built by model {index_model or '?'} (model_hash {index_hash}), "
             f"but the query model has model_hash {embedder.model_hash}; embeddings of different models are "
-            f"not comparable. Search with the same model, or rebuild the index with this one: "
-            f"`retrieval index build --model NEW.onnx --images ... --out NEW_INDEX_DIR`"
+            f"not comparable. Search with the same model, or rebuild the index with this one"
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from retrieval.errors import ParameterError
 from retrieval.index.engine import IngestEngine, IngestOptions
 from retrieval.index.ingest import LocalEngine
 from retrieval.index.ray_engine import RayEngine  # Ray itself is imported only when it connects
@@ -17,5 +18,5 @@ ENGINES: dict[str, Callable[[IngestOptions], IngestEngine]] = {
 def open_engine(options: IngestOptions) -> IngestEngine:
     """The engine ``options.engine`` names, not yet entered (the Ray one connects to its cluster on ``with``)."""
     if options.engine not in ENGINES:
-        raise ValueError(f"unknown --engine {options.engine!r}; choose one of {', '.join(ENGINES)}")
+        raise ParameterError("engine", f"{options.engine!r} is unknown; choose one of {', '.join(ENGINES)}")
     return ENGINES[options.engine](options)

@@ -12,6 +12,7 @@ from typing import Any
 import faiss
 import numpy as np
 
+from retrieval.errors import ParameterError
 from retrieval.index import faiss_files, faiss_gpu, faiss_keys, faiss_measure, faiss_params, faiss_tuning
 from retrieval.index.catalogue import Catalogue
 from retrieval.index.engine import AddVectors, add_sequentially
@@ -46,7 +47,7 @@ def build_faiss(
         example = f"; first error: {printable_path(errors[0]['path'])}: {errors[0]['error']}" if errors else ""
         raise ValueError(
             f"no image could be indexed into {layout.root} ({catalogue.error_count()} errors"
-            f"{example}); check --images and the errors in catalogue.sqlite"
+            f"{example}); check the gallery's images and the errors in catalogue.sqlite"
         )
     if key_request == "auto":
         key = faiss_keys.choose_index_key(n, dim, policy=policy)
@@ -54,10 +55,11 @@ def build_faiss(
         key = faiss_keys.expand_key(key_request, n, dim)
     estimate = faiss_keys.estimated_index_bytes(key, n, dim) if policy.max_index_memory is not None else None
     if estimate is not None and estimate > policy.max_index_memory:  # an explicit key over the budget
-        raise ValueError(
-            f"--index-key {key} needs about {estimate / 2**20:.0f} MiB for {n} vectors, over --max-index-memory "
-            f"{policy.max_index_memory / 2**20:.0f} MiB; rerun with --index-key auto to get the best index that "
-            "fits (the embeddings are kept: only the faiss part is built again)"
+        # the other settings are named in backticks: the command line shows them as its options
+        raise ParameterError(
+            "key_request", f"{key} needs about {estimate / 2**20:.0f} MiB for {n} vectors, over "
+            f"`max_index_memory` {policy.max_index_memory / 2**20:.0f} MiB; rerun with `index_key` auto to get the "
+            "best index that fits (the embeddings are kept: only the faiss part is built again)"
         )
     index = faiss_keys.new_index(key, dim)
     rng = np.random.default_rng(seed)
@@ -94,14 +96,15 @@ def build_faiss(
             log.warning(
                 "%s reaches only %.3f 10-recall@10 at the setting chosen (%s); choose a larger index key "
                 "(e.g. Flat or IVF...,Flat)%s", key, result.recall_10_at_10, result.params,
-                " or allow more --max-query-ms" if policy.max_query_ms is not None else "",
+                " or allow more time per query (max_query_ms)" if policy.max_query_ms is not None else "",
             )
     elif policy.max_query_ms is not None:  # exact search: only its time can miss the budget
         queries = gather_rows(store, done, query_positions)
         latency = faiss_measure.latency_ms(lambda q: index.search(q, 10), queries, repeats=100)["p50_ms"]
         tuning |= {"latency_ms": round(latency, 4), "latency_met": latency <= policy.max_query_ms}
     if tuning.get("latency_met") is False:
-        log.warning("%s answers one query in %.2f ms at its fastest setting, over --max-query-ms %g",
+        log.warning("%s answers one query in %.2f ms at its fastest setting, over the time per query allowed "
+                    "(max_query_ms) %g",
                     key, tuning["latency_ms"], policy.max_query_ms)
     require_same_ids(layout, index, done)
     faiss_files.write_index_atomic(index, layout.faiss)

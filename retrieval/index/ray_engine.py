@@ -36,6 +36,7 @@ from typing import Any
 import faiss
 import numpy as np
 
+from retrieval.errors import ParameterError
 from retrieval.index import faiss_files, faiss_keys, faiss_params
 from retrieval.index.catalogue import THROUGHPUT_META, Catalogue, Outcome
 from retrieval.index.embedder import ImageEmbedder
@@ -50,7 +51,7 @@ DECODE_MEMORY = 2**30  # the worker process (no torch: ~200 MB) and one decode (
 RAY_INSTALL = 'pip install "ray[data]>=2.40"'
 START_CLUSTER = (
     "start one with `ray start --head` (then `ray start --address=HEAD_IP:6379` on the other machines), "
-    "or use --ray-address local to start Ray on this machine only"
+    "or give the address local to start Ray on this machine only"
 )
 
 # Where a small gallery is faster locally (``estimate_engines``): the rates when neither this index's throughput
@@ -72,7 +73,7 @@ def import_ray() -> Any:
         import ray.data  # noqa: F401  (Ray Data comes with the [data] extra)
     except ImportError as exc:
         raise RuntimeError(
-            f"--engine ray needs Ray Data, which is not installed ({exc}); install it with: {RAY_INSTALL}"
+            f"the ray engine needs Ray Data, which is not installed ({exc}); install it with: {RAY_INSTALL}"
         ) from exc
     return ray
 
@@ -82,8 +83,8 @@ def _probe(address: str, timeout: float) -> None:
     hostport = address.removeprefix("ray://")
     host, _, port = hostport.rpartition(":")
     if not host or not port.isdigit():
-        raise ValueError(
-            f"--ray-address {address!r} is not auto, local, ray://HOST:PORT or HOST:PORT; for a cluster started with "
+        raise ParameterError(
+            "address", f"{address!r} is not auto, local, ray://HOST:PORT or HOST:PORT; for a cluster started with "
             "`ray start --head`, give HEAD_IP:6379 (or auto on a machine of the cluster)"
         )
     try:
@@ -125,9 +126,11 @@ class RayEngine:
     ) -> None:
         self.options, self.policy = options or RayOptions(), policy
         if self.options.actors < 1:
-            raise ValueError(f"--ray-actors must be >= 1, got {self.options.actors}")
-        if self.options.gpus_per_actor < 0 or self.options.cpus_per_actor <= 0:
-            raise ValueError("--ray-gpus-per-actor must be >= 0 and --ray-cpus-per-actor > 0")
+            raise ParameterError("actors", f"must be >= 1, got {self.options.actors}")
+        if self.options.gpus_per_actor < 0:
+            raise ParameterError("gpus_per_actor", f"must be >= 0, got {self.options.gpus_per_actor}")
+        if self.options.cpus_per_actor <= 0:
+            raise ParameterError("cpus_per_actor", f"must be > 0, got {self.options.cpus_per_actor}")
         self._started = False
         self.run_facts: dict[str, float] = {}  # the last ingest's start-up and actor time (``ingest.ingest`` sums them)
 
@@ -143,7 +146,7 @@ class RayEngine:
     def ingest(self, catalogue: Catalogue, store: ShardStore, embedder: ImageEmbedder, options: IngestOptions) -> None:
         model_path = getattr(embedder, "path", None) or catalogue.get_meta("model_path")
         if model_path is None:
-            raise ValueError("--engine ray loads the model in each actor from its file: give --model")
+            raise ValueError("the ray engine loads the model in each actor from its file: give the `model` file")
         # absolute: the actors' working folder is not this one
         ingestor = RayIngestor(catalogue, store, embedder, options, self.options, str(Path(model_path).resolve()))
         ingestor.run()
@@ -177,11 +180,11 @@ class EngineEstimate:
         return self.local_s < self.ray_s
 
     def message(self) -> str:
-        """The one line ``--engine ray`` prints before a gallery the local engine would finish sooner."""
+        """The one line the ray engine logs before a gallery the local engine would finish sooner."""
         return (
             f"about {self.images:,} images: the local engine would take ~{_seconds(self.local_s)} s, Ray "
             f"~{_seconds(self.ray_s)} s including its ~{_seconds(self.startup_s)} s start-up ({self.source}); "
-            "use --engine local for small galleries"
+            "use the local engine for small galleries"
         )
 
 

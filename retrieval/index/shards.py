@@ -143,6 +143,6 @@ def _pyarrow():
         import pyarrow.parquet as pq
     except ModuleNotFoundError as exc:
         raise RuntimeError(
-            'parquet shards (written by `--engine ray`) need pyarrow: pip install "ray[data]>=2.40"'
+            'parquet shards (written by the ray engine) need pyarrow: pip install "ray[data]>=2.40"'
         ) from exc
     return pa, pq

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from retrieval.data.formats import IMAGE_EXTENSIONS  # the decoder's formats: the gallery lists only these files
+from retrieval.errors import ParameterError
 
 MAX_PATH_BYTES = 4096  # Linux PATH_MAX: the kernel refuses longer paths anyway
 MAX_LABEL_CHARS = 256  # a folder name (255 bytes at most) always fits; a manifest's label is refused beyond it
@@ -78,11 +79,12 @@ def default_label_rule(kind: str) -> str:
 def apply_label_rule(gallery: Gallery, rule: str) -> Gallery:
     """The gallery with each image labelled by ``rule`` (``LABEL_RULES``); "manifest" keeps the manifest's labels."""
     if rule not in LABEL_RULES:
-        raise ValueError(f"--label-from must be one of {', '.join(LABEL_RULES)}, got {rule!r}")
+        raise ParameterError("rule", f"must be one of {', '.join(LABEL_RULES)}, got {rule!r}")
     if rule == "manifest":
         if gallery.kind != "manifest":
-            raise ValueError(f"--label-from manifest takes a manifest's label column, but {gallery.source} is "
-                             f"{'one image' if gallery.kind == 'image' else 'a folder'}: use parent, top or none")
+            raise ParameterError("rule", f"manifest takes a manifest's label column, but {gallery.source} is "
+                                         f"{'one image' if gallery.kind == 'image' else 'a folder'}: use parent, top "
+                                         "or none")
         return gallery
     root = Path(gallery.root)
     gallery.items = [GalleryItem(item.path, _path_label(Path(item.path), root, rule, gallery.kind), item.extra)
@@ -170,10 +172,10 @@ def list_gallery(images: str | Path, split: str | None = None) -> Gallery:
     """
     images = Path(images).expanduser()
     if not is_utf8(str(images.resolve())):
-        raise ValueError(f"--images {printable_path(images.resolve())}: the name is not valid UTF-8; rename it")
+        raise ParameterError("images", f"{printable_path(images.resolve())}: the name is not valid UTF-8; rename it")
     if images.is_dir():
         if split is not None:
-            raise ValueError("--split filters a manifest's rows; it does not apply to a folder of images")
+            raise ParameterError("split", "filters a manifest's rows; it does not apply to a folder of images")
         return walk_folder(images)
     if images.is_file() and images.suffix.lower() == ".csv":
         return read_manifest(images, split)
@@ -182,16 +184,16 @@ def list_gallery(images: str | Path, split: str | None = None) -> Gallery:
     if images.is_file() and images.suffix.lower() in IMAGE_EXTENSIONS:
         return single_image(images, split)
     if images.exists():
-        raise ValueError(
-            f"--images must be a folder, one image or a manifest .csv or .parquet (path,label[,split]), got {images}"
+        raise ParameterError(
+            "images", f"must be a folder, one image or a manifest .csv or .parquet (path,label[,split]), got {images}"
         )
-    raise FileNotFoundError(f"--images {images} does not exist")
+    raise ParameterError("images", f"{images} does not exist")
 
 
 def single_image(image: Path, split: str | None = None) -> Gallery:
     """One image file as a gallery (``index add INDEX --images photo.jpg``): no label, its folder as the root."""
     if split is not None:
-        raise ValueError("--split filters a manifest's rows; it does not apply to one image")
+        raise ParameterError("split", "filters a manifest's rows; it does not apply to one image")
     path = image.resolve()
     gallery = Gallery(source=printable_path(path), root=str(path.parent), kind="image")
     problem = path_problem(str(path))
@@ -213,7 +215,7 @@ def walk_folder(root: Path) -> Gallery:
             ListingError(
                 printable_path(folder),
                 f"folder not listed ({exc.strerror or exc}): its images are left out; make it readable, "
-                "then add them with `retrieval index add INDEX --images ...`",
+                "then add them to the index",
             )
         )
 
@@ -244,7 +246,7 @@ def read_manifest(manifest: Path, split: str | None = None) -> Gallery:
                     f"manifest {manifest} needs a header with a 'path' column (path,label[,split])"
                 )
             if split is not None and "split" not in fields:
-                raise ValueError(f"--split {split} given but manifest {manifest} has no 'split' column")
+                raise ParameterError("split", f"{split} given but manifest {manifest} has no 'split' column")
             extras = extra_columns(fields, manifest)
             for row in reader:
                 if split is not None and row.get("split") != split:
@@ -273,7 +275,7 @@ def read_parquet_manifest(manifest: Path, split: str | None = None) -> Gallery:
     if "path" not in fields:
         raise ValueError(f"manifest {manifest} needs a 'path' column (path[, label][, split])")
     if split is not None and "split" not in fields:
-        raise ValueError(f"--split {split} given but manifest {manifest} has no 'split' column")
+        raise ParameterError("split", f"{split} given but manifest {manifest} has no 'split' column")
     import pyarrow as pa
 
     # strings and numbers only: a column of image bytes or nested records is neither read nor kept

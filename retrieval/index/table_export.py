@@ -53,6 +53,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
+from retrieval.errors import ParameterError
 from retrieval.index.catalogue import ROW_COLUMNS, CatalogueReader, Status
 from retrieval.index.layout import IndexLayout, describe_writer
 from retrieval.index.search import gallery_root, public_path
@@ -147,7 +148,7 @@ def export_index(
             if isinstance(exc, OSError) and not isinstance(exc, (FileNotFoundError, FileExistsError)):
                 # disk full, no permission...: one clear line (the command line shows RuntimeErrors without a trace)
                 raise RuntimeError(f"the export to {out} failed: {exc}; nothing was written under that name (check "
-                                   "the free space and permissions there, or choose another --out)") from exc
+                                   "the free space and permissions there, or choose another `out`)") from exc
             raise
     size = out.stat().st_size if single_file else sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     return {
@@ -180,9 +181,9 @@ def read_facts(path: str | Path) -> dict[str, Any]:
 def _check_format(fmt: str) -> str:
     name = str(fmt).strip().lower().lstrip(".")
     if name not in FORMATS:
-        raise ValueError(f"unknown export format {printable_path(str(fmt), 40)!r}: use --format parquet (one table "
-                         "with the embeddings, for pandas and vector databases) or --format npy (embeddings/*.npy + "
-                         "metadata/*.parquet, for autofaiss)")
+        raise ParameterError("fmt", f"{printable_path(str(fmt), 40)!r} is an unknown export format: use parquet (one "
+                                    "table with the embeddings, for pandas and vector databases) or npy "
+                                    "(embeddings/*.npy + metadata/*.parquet, for autofaiss)")
     return name
 
 
@@ -192,26 +193,26 @@ def _check_out(out: Path, index_root: Path, overwrite: bool) -> None:
     shown = printable_path(out)
     target, root = out.resolve(), index_root.expanduser().resolve()
     if target == root or target.is_relative_to(root) or root.is_relative_to(target):
-        raise ValueError(f"--out {shown} is the index folder {printable_path(root)}, inside it or around it; "
-                         "choose a path outside the index folder")
+        raise ParameterError("out", f"{shown} is the index folder {printable_path(root)}, inside it or around it; "
+                                    "choose a path outside the index folder")
     if out.is_symlink():
-        raise ValueError(f"--out {shown} is a symbolic link; give the path it points to, or another --out")
+        raise ParameterError("out", f"{shown} is a symbolic link; give the path it points to, or another path")
     if not out.exists():
         return
     if out.is_dir():
         if not any(out.iterdir()):
             return
         if not overwrite:
-            raise FileExistsError(f"--out {shown} exists and is not empty; choose another --out, or pass --overwrite "
+            raise FileExistsError(f"`out` {shown} exists and is not empty; choose another `out`, or pass `overwrite` "
                                   "to replace an earlier export there")
         if not (out / MANIFEST).is_file():
-            raise FileExistsError(f"--out {shown} is a folder that holds no earlier export (no {MANIFEST}): "
-                                  "--overwrite replaces only exports; choose another --out or empty it yourself")
+            raise FileExistsError(f"`out` {shown} is a folder that holds no earlier export (no {MANIFEST}): "
+                                  "`overwrite` replaces only exports; choose another `out` or empty it yourself")
         return
     if not out.is_file():
-        raise ValueError(f"--out {shown} is not a regular file or folder; choose another --out")
+        raise ParameterError("out", f"{shown} is not a regular file or folder; choose another path")
     if out.stat().st_size and not overwrite:
-        raise FileExistsError(f"--out {shown} exists and is not empty; choose another --out, or pass --overwrite to "
+        raise FileExistsError(f"`out` {shown} exists and is not empty; choose another `out`, or pass `overwrite` to "
                               "replace it")
 
 

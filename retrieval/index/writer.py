@@ -32,6 +32,7 @@ from typing import Any
 
 import faiss
 
+from retrieval.errors import ParameterError
 from retrieval.index import faiss_files, faiss_gpu, faiss_keys
 from retrieval.index.catalogue import Catalogue, Status
 from retrieval.index.embedder import ImageEmbedder, ModelMismatchError, load_model
@@ -55,6 +56,24 @@ from retrieval.index.sources import (
 from retrieval.index.vectors import faiss_mismatch
 
 log = logging.getLogger(__name__)
+
+
+class FinishedIndexError(FileExistsError):
+    """A build into a folder that holds a finished index: add images to it instead, or build elsewhere."""
+
+
+class NothingToRepairError(FileNotFoundError):
+    """A repair of a folder where no build was started: build it first."""
+
+
+class LabelRuleMismatch(ParameterError):
+    """``label_from`` differs from the rule the index records; the index can be relabelled by it first."""
+
+    def __init__(self, given: str, recorded: str) -> None:
+        super().__init__("label_from", f"{given} is not the rule this index labels its images by, {recorded}; give "
+                                       "that rule (or leave it out), or relabel the whole index first (nothing is "
+                                       "re-embedded)")
+        self.given, self.recorded = given, recorded
 
 
 def _summary(catalogue: Catalogue, started: float, mended: Mapping[str, int]) -> dict[str, Any]:
@@ -113,13 +132,13 @@ def _check_same_model(catalogue: Catalogue, embedder: ImageEmbedder, root: Path)
         raise ModelMismatchError(
             f"{root} was started with model {catalogue.get_meta('model_path')} (model_hash {built_by}) "
             f"but this "
-            f"model has model_hash {embedder.model_hash}; use the same model, or a new --out to build afresh"
+            f"model has model_hash {embedder.model_hash}; use the same model, or build afresh in another folder"
         )
 
 
 def _labelled(images: str | Path, split: str | None, catalogue: Catalogue, label_from: str | None,
               ) -> tuple[Gallery, str]:
-    """The gallery and the label rule it was labelled with: --label-from, else the one the index recorded (where
+    """The gallery and the label rule it was labelled with: ``label_from``, else the one the index recorded (where
     it applies to this kind of source), else the kind's default; an index keeps the rule of its first listing."""
     gallery = list_gallery(images, split)
     recorded = catalogue.get_meta("label_from")
@@ -127,10 +146,11 @@ def _labelled(images: str | Path, split: str | None, catalogue: Catalogue, label
     if rule is None or (label_from is None and rule == "manifest" and gallery.kind != "manifest"):
         rule = default_label_rule(gallery.kind)
     if recorded is not None and label_from is not None and label_from != recorded:
-        raise ValueError(f"this index labels its images by --label-from {recorded}; give that rule (or leave "
-                         f"--label-from out), or relabel the whole index first: retrieval index repair INDEX "
-                         f"--label-from {label_from} (nothing is re-embedded)")
-    apply_label_rule(gallery, rule)
+        raise LabelRuleMismatch(label_from, recorded)
+    try:
+        apply_label_rule(gallery, rule)
+    except ParameterError as exc:
+        raise exc.renamed("label_from") from None
     if recorded is None:
         catalogue.set_meta(label_from=rule)
     return gallery, rule
@@ -189,7 +209,7 @@ def build_index(
         faiss_gpu.require_gpu()  # fail before any work
     if embedder is None:
         if model is None:
-            raise ValueError("give --model (an exported .onnx file) to embed the images with")
+            raise ParameterError("model", "is needed (an exported .onnx file) to embed the images with")
         embedder = load_model(model)
     options = options or IngestOptions()
     layout = IndexLayout(out)
@@ -205,16 +225,15 @@ def build_index(
                     f"{layout.root} already holds a finished index, but {problem}; run "
                     f"`{repair_command(layout.root)}` to mend it"
                 )
-            raise FileExistsError(
-                f"{layout.root} already holds a finished index; add images with "
-                f"`retrieval index add {layout.root} --images ...` or choose a new --out"
+            raise FinishedIndexError(
+                f"{layout.root} already holds a finished index; add images to it, or build into another folder"
             )
         if state is not None:
             _check_same_model(catalogue, embedder, layout.root)
             if catalogue.get_meta("index_key") != index_key:
-                raise ValueError(
-                    f"the interrupted build in {layout.root} used --index-key "
-                    f"{catalogue.get_meta('index_key')}; rerun with that key or choose a new --out"
+                raise ParameterError(
+                    "index_key", f"{index_key} differs from {catalogue.get_meta('index_key')}, the key the "
+                    f"interrupted build in {layout.root} used; rerun with that key, or build into another folder"
                 )
         gallery, rule = _list(images, split, catalogue, label_from)
         if state is None:
@@ -233,10 +252,15 @@ def build_index(
         mended = mend(catalogue, store)
         ingest(engine, catalogue, store, embedder, options)
         log.info("building the faiss index of %s", layout.root)
-        built = build_faiss(
-            layout, catalogue, store, index_key, int(embedder.embedding_dim), gpu,
-            policy=options.policy, add_vectors=engine.add_vectors,
-        )
+        try:
+            built = build_faiss(
+                layout, catalogue, store, index_key, int(embedder.embedding_dim), gpu,
+                policy=options.policy, add_vectors=engine.add_vectors,
+            )
+        except ParameterError as exc:
+            if exc.param != "key_request":
+                raise
+            raise exc.renamed("index_key") from None
         layout.write_info(_info_from_meta(catalogue) | built)
         catalogue.set_meta(state="complete")
         return {
@@ -268,7 +292,7 @@ def add_images(
     label_from: str | None = None,
 ) -> dict[str, Any]:
     """Embed new images with the index's own model and add them without rebuilding (resumable too); labelled by
-    the index's own --label-from rule unless told otherwise."""
+    the index's own label rule unless told otherwise."""
     started = time.perf_counter()
     layout = IndexLayout(index_dir)
     layout.require_catalogue()
@@ -279,7 +303,7 @@ def add_images(
         if embedder is None:
             path = model or info.get("model_path")
             if path is None:
-                raise ValueError("this index records no model path; pass --model")
+                raise ParameterError("model", "is needed: this index records no model path")
             embedder = load_model(path)
         _check_same_model(catalogue, embedder, layout.root)
         gallery, rule = _labelled(images, split, catalogue, label_from)
@@ -322,7 +346,7 @@ def remove_images(
         unknown = [i for i in wanted if i not in statuses]
         if unknown:
             known = [i for i in wanted if i in statuses]
-            rest = f"; to remove the others: --ids {','.join(map(str, known))}" if known else ""
+            rest = f"; to remove the others: `ids` {','.join(map(str, known))}" if known else ""
             raise ValueError(f"nothing was removed: no catalogue rows with ids {', '.join(map(str, unknown[:10]))} "
                              f"(`retrieval index stats` shows the ids in use){rest}")
         catalogue.mark_removed(wanted)
@@ -353,8 +377,8 @@ def relabel(catalogue: Catalogue, rule: str) -> dict[str, Any]:
     that ``index add`` took from other folders keep their labels."""
     source = catalogue.get_meta("gallery_images")
     if source is None:
-        raise ValueError("this index records no gallery folder or manifest to relabel from; build it again with "
-                         "--label-from")
+        raise ValueError("this index records no gallery folder or manifest to relabel from; build it again, "
+                         "labelled by the rule you want")
     gallery = apply_label_rule(list_gallery(source, catalogue.get_meta("gallery_split")), rule)
     changed = catalogue.set_labels([(item.path, item.label) for item in gallery.items])
     catalogue.set_meta(label_from=rule)
@@ -385,11 +409,12 @@ def repair_index(
     with engine, layout.write_lock("repair"), Catalogue(layout.catalogue) as catalogue:
         state = catalogue.get_meta("state")
         if state is None or catalogue.get_meta("model_hash") is None:
-            raise FileNotFoundError(
-                f"{layout.root} holds no started build, so there is nothing to repair; build it with "
-                f"`retrieval index build --model ... --images ... --out {layout.root}`"
-            )
-        labels = relabel(catalogue, label_from) if label_from is not None else None
+            raise NothingToRepairError(f"{layout.root} holds no started build, so there is nothing to repair; build it "
+                                       "first")
+        try:
+            labels = relabel(catalogue, label_from) if label_from is not None else None
+        except ParameterError as exc:
+            raise exc.renamed("label_from") from None
         store = ShardStore(layout.shards)
         mended = mend(catalogue, store)
         source = catalogue.get_meta("gallery_images")
@@ -400,9 +425,9 @@ def repair_index(
             if embedder is None:
                 path = model or catalogue.get_meta("model_path")
                 if path is None:
-                    raise ValueError(
-                        f"{catalogue.counts()[Status.PENDING.value]} images of {layout.root} need embedding and the "
-                        "index records no model path; pass --model"
+                    raise ParameterError(
+                        "model", f"is needed: {catalogue.counts()[Status.PENDING.value]} images of {layout.root} "
+                        "need embedding and the index records no model path"
                     )
                 embedder = load_model(path)
             _check_same_model(catalogue, embedder, layout.root)

@@ -20,6 +20,7 @@ from torch import nn
 
 # Importing the loss modules and the hard-negative methods runs their registration decorators.
 import retrieval.negatives  # noqa: F401
+from retrieval.errors import ParameterError
 from retrieval.loss_registry import COMBINATION_DEFAULTS, LOSSES, NEGATIVES, register_loss
 from retrieval.losses import discrepancy, pair, proxy  # noqa: F401
 from retrieval.losses.base import PairLoss
@@ -77,8 +78,8 @@ def build(name: str, negatives: str | None = None, num_classes: int | None = Non
             raise ValueError(f"loss {name!r} learns a proxy per class: build it with num_classes= (the training "
                              "classes) and embedding_dim=")
         if negatives not in (None, "none", "batch"):
-            raise ValueError(f"loss {name!r} compares samples with proxies, not with the batch's negatives: "
-                             f"--negatives {negatives} does not apply to it; leave --negatives out")
+            raise ParameterError("negatives", f"{negatives} does not apply to loss {name!r}, which compares samples "
+                                              "with proxies, not with the batch's negatives; leave it out")
         return LOSSES.build(name, num_classes=num_classes, embedding_dim=embedding_dim, **hparams)
     if negatives in (None, "none", "batch"):
         return LOSSES.build(name, **hparams)

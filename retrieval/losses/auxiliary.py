@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from retrieval.distances import l2_normalize, zero_loss
+from retrieval.errors import ParameterError
 
 
 class AuxiliaryCrossEntropy(nn.Module):
@@ -40,7 +41,7 @@ class AuxiliaryCrossEntropy(nn.Module):
                 f"got {embedding_dim} and {num_classes}"
             )
         if weight < 0:
-            raise ValueError(f"--aux-ce weight must be >= 0, got {weight}")
+            raise ParameterError("weight", f"must be >= 0, got {weight}")
         temperature = (0.05 if normalized else 1.0) if temperature is None else float(temperature)
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")

@@ -17,7 +17,7 @@ from torch import nn
 from retrieval.distances import cosine_similarity_matrix, label_masks, unit_distance
 from retrieval.negatives.base import PairTerms
 
-PER_CLASS_HINT = "use --per-class 2 or more (ClassBalancedBatchSampler samples_per_class >= 2)"
+PER_CLASS_HINT = "sample 2 or more images per class into each batch (ClassBalancedBatchSampler samples_per_class >= 2)"
 # the most elements one [positive pairs, samples] tensor may hold (2**28 float32 = 1 GiB): checked before allocating
 MAX_PAIR_ROW_ELEMENTS = 2**28
 
@@ -29,8 +29,8 @@ def check_pair_rows(pairs: int, samples: int, loss: str) -> None:
         raise ValueError(
             f"{loss}: {pairs:,} positive pairs x {samples:,} samples = {pairs * samples:.2g} terms, more than the "
             f"{MAX_PAIR_ROW_ELEMENTS:.2g} it evaluates at once ({MAX_PAIR_ROW_ELEMENTS * 4 / 2**30:.3g} GiB of "
-            "float32); use fewer images per class (--per-class), a smaller batch or --memory-size, or a loss that "
-            "works per anchor (ms, lifted, lifted_min, contrastive)")
+            "float32); use fewer samples per class, a smaller batch or a smaller cross-batch memory (its size), or a "
+            "loss that works per anchor (ms, lifted, lifted_min, contrastive)")
 
 
 class PairLoss(nn.Module):

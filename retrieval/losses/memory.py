@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from retrieval.errors import ParameterError
+
 
 class CrossBatchMemory(nn.Module):
     """A loss with a queue of past embeddings and labels that the loss sees as extra rows after ``warmup`` steps."""
@@ -29,9 +31,9 @@ class CrossBatchMemory(nn.Module):
     def __init__(self, loss: nn.Module, size: int, embedding_dim: int, warmup: int = 0) -> None:
         super().__init__()
         if int(size) < 1:
-            raise ValueError(f"--memory-size must be >= 1 embeddings, got {size}")
+            raise ParameterError("size", f"must be >= 1 embeddings, got {size}")
         if int(warmup) < 0:
-            raise ValueError(f"--memory-warmup must be >= 0 steps, got {warmup}")
+            raise ParameterError("warmup", f"must be >= 0 steps, got {warmup}")
         self.loss = loss
         self.size, self.warmup = int(size), int(warmup)
         self.register_buffer("embeddings", torch.zeros(self.size, int(embedding_dim)))

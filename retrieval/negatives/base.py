@@ -127,8 +127,8 @@ class HardNegativeMethod:
         pairs = positive_pairs(labels)
         if len(pairs) == 0:
             raise ValueError(
-                "LoOp/Symm losses need positive pairs, but every label appears once in the batch; use "
-                "--per-class 2 or more (an even number: ClassBalancedBatchSampler samples_per_class)"
+                "LoOp/Symm losses need positive pairs, but every label appears once in the batch; sample 2 or more "
+                "images per class into each batch (an even number: ClassBalancedBatchSampler samples_per_class)"
             )
         columns = all_positive_pairs(labels) if negative_pairs == "all" else None
         negative = pairs.labels.view(-1, 1) != (pairs if columns is None else columns).labels.view(1, -1)
