@@ -22,6 +22,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath, PurePosixPath
 from typing import IO, Any
@@ -30,7 +31,7 @@ import numpy as np
 from PIL import Image
 
 from retrieval.data.formats import IMAGE_MEDIA_TYPES  # what an image file is served as (the catalogue's extensions)
-from retrieval.index import IMAGE_EXTENSIONS, Index, SearchResult
+from retrieval.index import IMAGE_EXTENSIONS, SearchResult
 from retrieval.index.catalogue import CatalogueReader
 from retrieval.index.embedder import ImageEmbedder, prepare_vectors
 from retrieval.index.filters import Filter, FilterError, parse_filter
@@ -140,7 +141,23 @@ class ServedIndex:
 
     @property
     def embedder(self) -> ImageEmbedder:
+        """The ONNX model that embeds this state's queries."""
         return self.model.embedder
+
+    @property
+    def batcher(self) -> MicroBatcher:
+        """The micro-batcher of this state's model (shared with the states of the same model)."""
+        return self.model.batcher
+
+    @property
+    def catalogue(self) -> CatalogueReader:
+        """This state's read-only, per-thread catalogue reader."""
+        return self.index.catalogue
+
+    @property
+    def dim(self) -> int:
+        """The dimension of this state's vectors."""
+        return self.index.dim
 
     def __len__(self) -> int:
         return len(self.index)
@@ -210,8 +227,9 @@ class SearchService:
     """Open ``index_dir``; ``search(image | embedding, k)`` from many threads, over the index's current state.
 
     ``live`` swaps in a new ``ServedIndex`` within about ``reload_interval_s`` once a writer (``retrieval index
-    add/remove/repair/build``) has finished; None: never. The facts below (``index``, ``catalogue``, ``len``...)
-    are the current state's; a request holds one state throughout (``live.acquire``).
+    add/remove/repair/build``) has finished; None: never. The service has no per-fact accessors of the index (two
+    of them could read two states): an answer takes one state, ``current()`` or held with ``acquire()``, and reads
+    its index, catalogue, model and batcher from it.
     """
 
     def __init__(
@@ -256,49 +274,28 @@ class SearchService:
         """Swap in the index folder's new state now if a writer changed it; whether it swapped."""
         return self.live.reload()
 
-    # --- facts (of the current state)
-    @property
-    def state(self) -> ServedIndex:
+    # --- the served state: every fact of one answer is read from ONE state, taken once
+    def current(self) -> ServedIndex:
+        """The state served now, not held: a reload may replace it at any moment, so an answer takes it ONCE and
+        reads every fact from the object returned (work that takes longer holds one: ``acquire``)."""
         return self.live.current
 
-    @property
-    def index(self) -> Index:
-        return self.state.index
-
-    @property
-    def catalogue(self) -> CatalogueReader:
-        """The index's read-only, per-thread catalogue reader."""
-        return self.state.index.catalogue
-
-    @property
-    def embedder(self) -> ImageEmbedder:
-        return self.state.embedder
-
-    @property
-    def batcher(self) -> MicroBatcher:
-        return self.state.model.batcher
-
-    @property
-    def gallery_root(self) -> PurePath:
-        return self.state.gallery_root
-
-    @property
-    def dim(self) -> int:
-        return self.index.dim
+    def acquire(self) -> AbstractContextManager[ServedIndex]:
+        """The state served now, held open for the ``with`` block even if a reload replaces it meanwhile."""
+        return self.live.acquire()
 
     def __len__(self) -> int:
-        return len(self.state)
+        """The vectors served now: one fact of one state (several facts of one state: ``current()``)."""
+        return len(self.live.current)
 
     def health(self) -> dict[str, int]:
         """The vectors and dimension of one state (GET /health)."""
-        state = self.state
+        state = self.current()
         return {"vectors": len(state), "embedding_dim": state.index.dim}
 
-    def public_path(self, path: str) -> str:
-        return self.state.public_path(path)
-
     def describe(self, state: ServedIndex | None = None) -> dict[str, Any]:
-        state = self.state if state is None else state
+        """The index and model of ``state`` (default: the current one) for the operator: server paths included."""
+        state = self.current() if state is None else state
         return {
             "index_dir": str(self.index_dir.resolve()),  # for the operator (logs, UI); the API shows names only
             "vectors": len(state),
@@ -315,7 +312,7 @@ class SearchService:
     ) -> tuple[np.ndarray, dict[str, float]]:
         """Embed with the model of ``state`` (default: the current one) through its micro-batcher; ``images``: PIL
         images, or a batch already preprocessed for this model ([n, 3, S, S], ``preprocess_images``)."""
-        model = (self.state if state is None else state).model
+        model = (self.current() if state is None else state).model
         started = time.perf_counter()
         with model.batcher.reservation() as submit:
             batch = images if isinstance(images, np.ndarray) else preprocess_images(images, model.embedder.model_config)
@@ -508,17 +505,21 @@ class SearchService:
                 "image_url": image_url(row["id"]),
             }
 
-    def _catalogued_image(self, image_id: int) -> Path | None:
-        with self.live.acquire() as state:
+    def _catalogued_image(self, image_id: int, state: ServedIndex | None = None) -> Path | None:
+        if state is not None:
             row = state.index.indexed_row(image_id)
+        else:
+            with self.live.acquire() as held:
+                row = held.index.indexed_row(image_id)
         if row is None or Path(row["path"]).suffix.lower() not in IMAGE_EXTENSIONS:
             return None
         return Path(row["path"])
 
-    def image_path(self, image_id: int) -> Path | None:
-        """The file of an indexed image, for callers that open it by path (the UI): only if catalogued as
-        indexed and still a regular file that is not a symlink (``open_image_file`` is the race-free way)."""
-        path = self._catalogued_image(image_id)
+    def image_path(self, image_id: int, state: ServedIndex | None = None) -> Path | None:
+        """The file of an indexed image of ``state`` (default: the current one), for callers that open it by path
+        (the UI): only if catalogued as indexed and still a regular file that is not a symlink
+        (``open_image_file`` is the race-free way)."""
+        path = self._catalogued_image(image_id, state)
         try:
             return path if path is not None and stat.S_ISREG(os.lstat(path).st_mode) else None
         except OSError:
@@ -552,12 +553,14 @@ class SearchService:
         with self.live.acquire() as state:
             return state.index_stats()
 
-    def public_stats(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """``describe()`` and ``index_stats()`` of one state as clients may see them (API ``/stats``, the app's
-        Index tab): the index and model as file names, gallery files relative to the gallery root, no server
-        folder anywhere."""
-        with self.live.acquire() as state:
+    def public_stats(self, state: ServedIndex | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``describe()`` and ``index_stats()`` of one state (``state``, held by the caller; default: the current
+        one, held here) as clients may see them (API ``/stats``, the app's Index tab): the index and model as file
+        names, gallery files relative to the gallery root, no server folder anywhere."""
+        if state is not None:
             return self._public_stats(state)
+        with self.live.acquire() as held:
+            return self._public_stats(held)
 
     def _public_stats(self, state: ServedIndex) -> tuple[dict[str, Any], dict[str, Any]]:
         def name(path: Any) -> Any:

@@ -1,4 +1,4 @@
-"""Help texts are built from the facts they name (issue 25.4): registries, the decoder's formats, default workers."""
+"""Help texts are built from the facts they name: registries, the decoder's formats, default workers."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def names(text: str) -> set[str]:
 ])
 def test_train_help_names_every_registered_name(option, registry):
     text = help_text("train")
-    shown = text[text.index(f"{option} TEXT"):][:600]
+    shown = text[text.index(f"{option} NAME"):][:600]
     assert registry.names() and set(registry.names()) <= names(shown), shown
 
 

@@ -212,7 +212,7 @@ def test_a_server_neither_blocks_nor_swaps_while_writer_lock_is_a_fifo(index_dir
         os.utime(index_dir / "index.json")  # a new identity: the reload gets as far as probing the lock
         assert returns_within(service.reload) is False
         with TestClient(create_api(service), raise_server_exceptions=False) as client:
-            for path in ("/stats", "/health", f"/items/{int(service.index.ids[0])}"):
+            for path in ("/stats", "/health", f"/items/{int(service.current().index.ids[0])}"):
                 response = returns_within(lambda path=path: client.get(path), 30)
                 assert response.status_code == 200, (path, response.text)
     finally:
