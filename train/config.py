@@ -148,8 +148,8 @@ class TrainConfig:
     schedule: str = option("cosine", "optimisation", "the learning-rate schedule after warmup.",
                            choices=SCHEDULES.names)
     warmup_epochs: int = option(0, "optimisation", "epochs of linear learning-rate warmup.", low=0)
-    grad_clip: float | None = option(10.0, "optimisation", "clip the gradient's norm to this (none: no clipping).",
-                                     low=0, low_open=True, metavar="NORM")
+    grad_clip: float | None = option(10.0, "optimisation", "clip the gradient's norm to this (0: no clipping).",
+                                     low=0, metavar="NORM")
     max_bad_steps: int = option(5, "optimisation", "stop the run after this many optimizer steps in a row with a "
                                                    "loss that is not finite.", low=1, metavar="N")
     # runtime
