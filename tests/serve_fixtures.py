@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pytest
 from PIL import Image
 
 IMAGE_SIZE = 64
@@ -167,3 +168,13 @@ def shared_artifacts(tmp_path_factory) -> ServeArtifacts:
     if "artifacts" not in _BUILT:
         _BUILT["artifacts"] = build_artifacts(tmp_path_factory.mktemp("serve"))
     return _BUILT["artifacts"]
+
+
+def require_emoji_labels(labels: list[str]) -> None:
+    """Skip the calling test, saying why, unless every label is an emoji code-point sequence: without the emoji fonts
+    the shared gallery is digits, and an emoji check must not pass by checking digits instead."""
+    from retrieval.data.emoji import is_code_point_sequence
+
+    if not all(is_code_point_sequence(label) for label in labels):
+        pytest.skip("the gallery is digits, not emoji: the emoji fonts are missing "
+                    "(apt-get install fonts-noto-color-emoji)")

@@ -16,40 +16,31 @@ from __future__ import annotations
 import csv
 import json
 import os
-import shutil
 from pathlib import Path
 
 import pytest
-from serve_fixtures import BackgroundServer, ServeArtifacts, png_bytes, shared_artifacts
-from test_index_support import bomb_png
+from browser_pages import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    open_page,
+    playwright_or_skip,
+    text_once_shown,
+    upload_and_search,
+)
+from serve_fixtures import BackgroundServer, ServeArtifacts, png_bytes, require_emoji_labels, shared_artifacts
 
 from retrieval.analysis.results import RESULTS_FORMAT
 from retrieval.data.emoji import emoji_name, is_code_point_sequence
+from retrieval.data.synthetic import bomb_png
 from retrieval.serve.defaults import DEFAULT_MAX_PIXELS, DEFAULT_MAX_UPLOAD_BYTES, DEFAULT_RESULTS
 from retrieval.serve.images import QueryError, decode_query
 from retrieval.serve.server import ServerConfig, build_app
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 DEMO_DIR = os.environ.get("RETRIEVAL_BROWSER_DEMO")  # e.g. artifacts/demo, built by `make demo`
 K = 8
-TIMEOUT_MS = 60_000
 
 pytestmark = pytest.mark.timeout(300)
-sync_api = pytest.importorskip(
-    "playwright.sync_api", reason="Playwright is not installed: pip install playwright"
-)
-if not Path(CHROMIUM).is_file():
-    pytest.skip(
-        "no chromium browser at /usr/bin/chromium: apt-get install -y chromium", allow_module_level=True
-    )
+sync_api = playwright_or_skip()
 
 
 def demo_artifacts(root: Path) -> ServeArtifacts:
@@ -97,47 +88,18 @@ def browser():
         launched.close()
 
 
-def open_page(browser, server, width: int = 1400, height: int = 1000):
-    page = browser.new_page(viewport={"width": width, "height": height})
-    page.set_default_timeout(TIMEOUT_MS)
-    page.goto(server[0].url + "/")
-    page.wait_for_selector("#query-image")
-    return page
-
-
-@pytest.fixture(scope="module")
+@pytest.fixture
 def page(browser, server):
-    page = open_page(browser, server)
+    """A page of its own for each test: no test sees the tab, query or results another test left."""
+    page = open_page(browser, server[0].url)
     yield page
     page.close()
-
-
-def text_once_shown(page, selector: str, text: str) -> str:
-    """Wait until the element's text contains ``text`` (the app fills it after the tab loads); return its text."""
-    page.wait_for_function(
-        "([selector, text]) => document.querySelector(selector)?.innerText.includes(text)", arg=[selector, text]
-    )
-    return page.locator(selector).inner_text()
 
 
 def named(label: str) -> str:
     """A label as the page shows it: with its Unicode name for emoji code points."""
     name = emoji_name(label) if is_code_point_sequence(label) else None
     return f"{label} · {name}" if name else label
-
-
-def upload_and_search(page, path: Path, k: int) -> None:
-    page.locator("#query-image input[type=file]").set_input_files(str(path))
-    page.wait_for_selector("#query-image img")
-    number = page.locator("#top-k input[type=number]")
-    number.fill(str(k))
-    number.press("Enter")
-    page.locator("#search-button").click()
-    # every result thumbnail must actually load and decode (a broken /items/{id}/image shows as blank)
-    page.wait_for_function(
-        "k => document.querySelectorAll('#results-gallery img').length === k && Array.from(document.querySelectorAll("
-        "'#results-gallery img')).every(img => img.complete && img.naturalWidth > 0)", arg=k
-    )
 
 
 def no_inner_scroll(page, gallery: str) -> None:
@@ -152,9 +114,9 @@ def no_inner_scroll(page, gallery: str) -> None:
 
 
 def test_the_first_screen_says_its_purpose_and_shows_the_upload_box(browser, server, screenshots):
-    """Issue 28, point 8: one plain sentence first, the technical header folded away, and on a phone-sized
-    window the upload box in view without scrolling."""
-    page = open_page(browser, server, width=390, height=760)
+    """One plain sentence first, the technical header folded away, and on a phone-sized window the upload box in
+    view without scrolling."""
+    page = open_page(browser, server[0].url, width=390, height=760)
     try:
         purpose = page.locator("#purpose").inner_text().strip()
         assert purpose in ("Find the images of this gallery most like yours, and whether they share its label.",
@@ -179,8 +141,14 @@ def test_the_page_says_what_the_gallery_is_and_what_the_score_means(server, page
         assert f"{classes} classes" in intro
     assert "upload or paste" in intro and "examples" in intro
     assert "cosine similarity" in intro and "L2-normalised" in intro and "1 = identical direction" in intro
-    if all(is_code_point_sequence(label) for label in artifacts.labels):
-        assert "emoji" in intro and " · " in intro  # e.g. `0023-FE0F-20E3 · KEYCAP NUMBER SIGN`
+
+
+def test_the_page_names_an_emoji_gallerys_labels(server, page):
+    _, artifacts = server
+    require_emoji_labels(artifacts.labels)
+    page.get_by_role("tab", name="Search").click()
+    intro = page.locator("#intro").inner_text()
+    assert "emoji" in intro and " · " in intro  # e.g. `0023-FE0F-20E3 · KEYCAP NUMBER SIGN`
 
 
 def test_upload_shows_k_named_results_that_grow_with_k(server, page, screenshots):
@@ -207,7 +175,9 @@ def test_upload_shows_k_named_results_that_grow_with_k(server, page, screenshots
     page.screenshot(path=str(screenshots / "search.png"), full_page=True)
 
 
-def test_a_new_search_closes_the_enlarged_view(page):
+def test_a_new_search_closes_the_enlarged_view(server, page):
+    _, artifacts = server
+    upload_and_search(page, artifacts.query_paths[0], K)
     page.locator("#results-gallery .thumbnail-item").first.click()
     page.wait_for_selector("#results-gallery .preview", state="visible")
     assert named_caption_shown(page)
@@ -222,12 +192,9 @@ def named_caption_shown(page) -> bool:
     return " · " in caption and len(caption.split(" · ")) >= 2
 
 
-def test_clicking_an_example_runs_the_search(server, page):
-    remove = page.locator("#query-image button[aria-label='Remove Image']")
-    if remove.count():  # an earlier test left a query image
-        remove.first.click()
-        page.wait_for_selector("#query-image img", state="detached")
-    before = page.locator("#search-timing").inner_text()  # an earlier search may already name a gallery image
+def test_clicking_an_example_runs_the_search(page):
+    assert page.locator("#query-image img").count() == 0  # a page of its own: no query yet
+    before = page.locator("#search-timing").inner_text()
     page.locator("#search-examples button").nth(1).click()
     page.wait_for_function(
         "([before]) => { const text = document.querySelector('#search-timing')?.innerText ?? '';"
@@ -280,7 +247,7 @@ def test_bad_uploads_show_the_api_message_and_no_traceback(page, screenshots, tm
 
 def test_narrow_screen_shows_results_before_examples_with_whole_captions(browser, server, screenshots):
     _, artifacts = server
-    page = open_page(browser, server, width=400, height=900)
+    page = open_page(browser, server[0].url, width=400, height=900)
     try:
         upload_and_search(page, artifacts.query_paths[-1], K)
         results = page.locator("#results-gallery").bounding_box()
@@ -307,8 +274,7 @@ def table_rows(page, selector: str, columns: int) -> list[list[str]]:
     return [cells[i : i + columns] for i in range(0, len(cells) - columns + 1, columns)]
 
 
-def test_evaluation_tab_explains_and_orders(server, page, screenshots):
-    _, artifacts = server
+def test_evaluation_tab_explains_and_orders(page, screenshots):
     page.get_by_role("tab", name="Evaluation").click()
     for plot in ("#recall-plot", "#curves-plot", "#triplet-plot"):
         page.wait_for_selector(f"{plot} img", state="visible")
@@ -325,8 +291,6 @@ def test_evaluation_tab_explains_and_orders(server, page, screenshots):
     assert rows, page.locator("#worst-classes").inner_text()
     keys = [(float(row[3]), -float(row[4])) for row in rows]
     assert keys == sorted(keys)  # lowest Recall@1 first, then the farthest first correct result
-    if all(is_code_point_sequence(label) for label in artifacts.labels):
-        assert all(row[0] == named(row[0].split(" · ")[0]) and " · " in row[0] for row in rows)
     assert "duplicates" in page.locator("#duplicates-summary").inner_text().lower()
     page.wait_for_function("document.querySelectorAll('#failures-gallery img').length >= 2")
     no_inner_scroll(page, "#failures-gallery")
@@ -335,6 +299,16 @@ def test_evaluation_tab_explains_and_orders(server, page, screenshots):
                            ".every(img => img.complete && img.naturalWidth > 0)")  # every picture decoded
     page.wait_for_timeout(500)  # let the images finish painting for the screenshot
     page.screenshot(path=str(screenshots / "evaluation.png"), full_page=True)
+
+
+def test_evaluation_tab_names_an_emoji_gallerys_worst_classes(server, page):
+    _, artifacts = server
+    require_emoji_labels(artifacts.labels)
+    page.get_by_role("tab", name="Evaluation").click()
+    text_once_shown(page, "#worst-summary", "mean rank of the first")
+    rows = table_rows(page, "#worst-classes", 6)
+    assert rows, page.locator("#worst-classes").inner_text()
+    assert all(row[0] == named(row[0].split(" · ")[0]) and " · " in row[0] for row in rows)
 
 
 def test_results_tab_shows_a_table_and_its_figure(page, screenshots):
@@ -358,8 +332,7 @@ def test_index_tab_shows_statistics_in_percent(page, screenshots):
 
 
 def test_the_page_links_our_json_api_docs_not_gradios(page):
-    """Issue 13: the app's API link leads to the JSON API's documentation (served offline), not Gradio's API page."""
-    page.goto(page.url.split("?")[0])
+    """The app's API link leads to the JSON API's documentation (served offline), not Gradio's API page."""
     page.wait_for_selector("#search-button")
     assert page.get_by_text("Use via API").count() == 0
     link = page.locator("a[href='/docs']")

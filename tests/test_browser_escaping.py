@@ -9,14 +9,15 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 import pytest
+from browser_pages import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, playwright_or_skip, text_once_shown, upload_and_search
+from hostile_text import FORM, HOSTILE, build_hostile_index
 from serve_fixtures import BackgroundServer, shared_artifacts
-from test_browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, sync_api, text_once_shown, upload_and_search
-from test_ui_escaping import FORM, HOSTILE, build_hostile_index
 
 from retrieval.serve.reports import shown_text
 from retrieval.serve.server import ServerConfig, build_app
 
 pytestmark = pytest.mark.timeout(300)
+sync_api = playwright_or_skip()
 
 
 @pytest.fixture(scope="module")

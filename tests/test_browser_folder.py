@@ -1,4 +1,4 @@
-"""The app on a user's own folder, in a real browser (issue 28): an index built from generated images in nested
+"""The app on a user's own folder, in a real browser: an index built from generated images in nested
 folders (labelled by --label-from top), served without a report and without a results grid.
 
 Nothing of the demo shows (no emoji text anywhere, no Results tab); result captions end with the file name; the
@@ -18,13 +18,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from browser_pages import CHROMIUM, CHROMIUM_ARGS, open_page, playwright_or_skip, text_once_shown, upload_and_search
 from PIL import Image, ImageDraw
 from serve_fixtures import BackgroundServer, shared_artifacts
-from test_browser import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, sync_api, text_once_shown, upload_and_search
 
 from retrieval.serve.server import ServerConfig, build_app
 
 pytestmark = pytest.mark.timeout(300)
+sync_api = playwright_or_skip()
 SHAPES = ("circle", "square", "triangle", "star")
 # (folder under the shape, file count): nested as a user's photo folders are; --label-from top labels by the shape
 LAYOUT = (("", 2), ("variants/deep", 2), ("variants/pale/old", 2))
@@ -103,15 +104,19 @@ def folder_server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def page(folder_server, screenshots):
+def browser():
     with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.set_default_timeout(TIMEOUT_MS)
-        page.goto(folder_server[0].url + "/")
-        page.wait_for_selector("#query-image")
-        yield page
-        browser.close()
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser, folder_server):
+    """A page of its own for each test: no test sees the tab, report, filter or results another test left."""
+    page = open_page(browser, folder_server[0].url)
+    yield page
+    page.close()
 
 
 def no_emoji_text(page) -> None:
@@ -194,8 +199,8 @@ def test_the_index_tab_names_this_index(page):
 
 
 def test_the_filter_picker_and_box_restrict_the_results(folder_server, page):
-    """Issue 29, point 1: the app's label picker and where box search only the matching images; a malformed
-    filter stays on screen with the problem named."""
+    """The app's label picker and where box search only the matching images; a malformed filter stays on screen
+    with the problem named."""
     _, _, files = folder_server
     page.get_by_role("tab", name="Search").click()
     page.locator("#filter").get_by_text("Filter the gallery").click()

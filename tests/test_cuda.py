@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_train_ddp import png_bytes
+from sample_images import noisy_png
 
 from retrieval.losses import available, available_negatives, build, wants_normalized
 
@@ -79,7 +79,7 @@ def image_folder(tmp_path_factory) -> Path:
             folder = root / split / f"class{c}"
             folder.mkdir(parents=True)
             for i in range(count):
-                (folder / f"{i}.png").write_bytes(png_bytes(color, 1000 * c + 10 * i + (split == "test")))
+                (folder / f"{i}.png").write_bytes(noisy_png(color, 1000 * c + 10 * i + (split == "test")))
     (root / "train" / "class0" / "text.png").write_bytes(b"not an image\n")
     return root
 

@@ -135,8 +135,8 @@ def test_folder_without_split_is_class_disjoint_halves(tmp_path):
 
 
 def test_folder_and_gallery_take_exactly_the_decoders_image_files(tmp_path):
-    """Issue 25.4: the folder data set listed .tif, .tiff, .ppm and .pgm, which the decoder refused, and the gallery
-    listing took no TIFF at all; both now take the decoder's extensions (any case), and every file they take decodes."""
+    """The folder data set and the gallery listing take exactly the decoder's extensions (any case, TIFF, PPM and
+    PGM included) and nothing it refuses, so every file they take decodes."""
     others = [".tga", ".ico", ".psd", ".svg", ".txt"]
     for c, cls in enumerate(["a", "b"]):
         for extension in sorted(IMAGE_EXTENSIONS) + others:

@@ -82,7 +82,7 @@ def test_bad_arguments():
         inject_label_noise(labels, "symmetric", 0.1, num_classes=2)
 
 
-# --- per data set transitions (issue 17): by class name, a known table, a user's table, or a clear refusal ------
+# --- per data set transitions: by class name, a known table, a user's table, or a clear refusal ----------------
 def test_known_tables_by_class_name():
     from retrieval.data import asymmetric_transitions
     from retrieval.data.builtin import DIGITS_CLASSES

@@ -404,7 +404,7 @@ def test_a_huge_tiff_or_pnm_header_is_refused_before_decoding(data):
     with pytest.raises(ImageDecodeError, match="decompression bomb") as info:
         read_image(data)
     assert info.value.kind == "too_large" and time.perf_counter() - started < 1
-    # the message says the limit and how to get under it, in people's words (issue 28), not Pillow's
+    # the message says the limit and how to get under it, in people's words, not Pillow's
     assert "pixels (about " in str(info.value) and "resize it below that" in str(info.value)
     assert "DOS attack" not in str(info.value)
 
@@ -639,8 +639,9 @@ CONCURRENT_PROBE = """
 @pytest.mark.slow
 @needs_proc
 def test_concurrent_worst_decodes_stay_within_the_budget_and_give_memory_back(tmp_path):
-    """16 threads, 3 waves of 16 decodes of the worst images admitted: before issue 24 (2 decode slots in the
-    server only), 3.4 GB at the peak and 0.9 GB kept afterwards; without ``trim_heap``, 1.6 GB and 1.2 GB."""
+    """16 threads, 3 waves of 16 decodes of the worst images admitted, within the budget and with the memory given
+    back (for scale: 2 decode slots in the server only reach 3.4 GB at the peak and keep 0.9 GB afterwards; without
+    ``trim_heap``, 1.6 GB and 1.2 GB)."""
     names = ("largest_admitted.webp", "rgba_long.png", "progressive_420.jpg")
     paths = [write_worst(tmp_path, name)[0] for name in names]
     small = tmp_path / "small.png"
@@ -659,7 +660,7 @@ def test_lossless_webp_at_the_pixel_limit_is_refused_for_its_memory():
         read_image(data)
     assert info.value.kind == "too_large" and time.perf_counter() - started < 1
     message = str(info.value)
-    assert "WEBP of 6324x6324" in message and "PNG or JPEG" in message and "--max-pixels does not" in message
+    assert "WEBP of 6324x6324" in message and "PNG or JPEG" in message and "`max_pixels` does not" in message
     assert read_image(encode(Image.new("RGBA", (2000, 2000)), "WEBP", lossless=True)).image.size == (1000, 1000)
 
 
@@ -802,7 +803,7 @@ def test_small_images_decode_at_once_beside_a_large_decode():
 BUILD_PROBE = """
     from pathlib import Path
     from retrieval.index import IngestOptions, build_index
-    from tests.test_index_support import FakeEmbedder
+    from tests.embedders import FakeEmbedder
     options = IngestOptions(workers=0, progress=False)
     build_index(sys.argv[2], Path(sys.argv[3]) / "warm", embedder=FakeEmbedder(), options=options)
     idle = reset_peak()

@@ -107,7 +107,7 @@ def test_metadata_round_trip(lite0, lite0_export):
     assert props["config_hash"] == "cafe0123" and props["precision"] == "fp32"
     runtime = OnnxEmbedder(result.path)
     assert runtime.embedding_dim == 32 and runtime.input_size == SIZE and runtime.normalized
-    # one model, one hash (issue 28): what the export prints and stores is what every reader computes from the
+    # one model, one hash: what the export prints and stores is what every reader computes from the
     # file's graph and weights; the PyTorch weights' fingerprint is kept as lineage
     assert props["model_hash"] == result.model_hash == runtime.model_hash
     assert runtime.model_hash == onnx_model_hash(result.path, runtime.model_config)

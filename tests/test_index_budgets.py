@@ -1,4 +1,4 @@
-"""Budgets (issue 29, point 6): `index build --max-index-memory SIZE --max-query-ms MS` picks the index type by
+"""Budgets: `index build --max-index-memory SIZE --max-query-ms MS` picks the index type by
 its estimated RAM and its search settings by measured time per query, and `index stats` says what it chose."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import faiss
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from embedders import FakeEmbedder
 from PIL import Image
-from test_index_support import FakeEmbedder
 
 from retrieval.index import faiss_keys, faiss_measure, faiss_tuning
 
@@ -44,7 +44,7 @@ def test_a_shrinking_budget_walks_down_from_exact_to_compressed_codes():
     assert sizes == sorted(sizes, reverse=True)  # a smaller budget never takes a larger index
     kinds = list(dict.fromkeys(key.split(",")[-1] if "," in key else key for key in chosen))
     assert kinds[0] == "Flat" and "SQ8" in kinds and kinds[-1].startswith("PQ")
-    with pytest.raises(ValueError, match="--max-index-memory 1 MiB is too small for 20000 vectors"):
+    with pytest.raises(ValueError, match="max_index_memory 1 MiB is too small for 20000 vectors"):
         faiss_keys.choose_within_memory(N, D, 2**20, policy)
     policy = faiss_keys.AutoPolicy(max_index_memory=int(budgets[-1]))
     assert faiss_keys.choose_index_key(N, D, policy=policy) == chosen[-1]

@@ -1,4 +1,4 @@
-"""`retrieval index export` (issue 29, point 5): an index's searchable rows as parquet or npy files that pandas,
+"""`retrieval index export`: an index's searchable rows as parquet or npy files that pandas,
 autofaiss and vector databases read as they are."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
+from embedders import FakeEmbedder
 from PIL import Image
-from test_index_support import FakeEmbedder
 
 from retrieval.cli.main import main
 from retrieval.index import CatalogueReader, IndexLayout, Status, add_images, build_index, remove_images

@@ -2,44 +2,16 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import faiss
 import numpy as np
 import pytest
+from index_builds import clustered_unit_vectors, write_vector_index
 
 from retrieval.index import faiss_gpu, faiss_keys, faiss_measure, faiss_params
-from retrieval.index.catalogue import Catalogue, Outcome
 from retrieval.index.faiss_build import build_faiss
-from retrieval.index.layout import IndexLayout
 from retrieval.index.search import Index
-from retrieval.index.shards import ShardStore
-from retrieval.index.sources import GalleryItem
 
 D = 32
-
-
-def clustered_unit_vectors(n: int, seed: int, centres: np.ndarray) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    x = centres[rng.integers(0, len(centres), n)] + 0.35 * rng.standard_normal((n, D))
-    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
-
-
-def write_vector_index(
-    root, vectors: np.ndarray, shard_size: int = 1000
-) -> tuple[IndexLayout, Catalogue, ShardStore]:
-    """An index folder whose catalogue and shards hold ``vectors`` (no images needed)."""
-    layout = IndexLayout(root)
-    layout.root.mkdir(parents=True, exist_ok=True)
-    catalogue = Catalogue(layout.catalogue)
-    catalogue.plan([GalleryItem(f"/v/{i}.png", None) for i in range(len(vectors))])
-    store = ShardStore(layout.shards)
-    for start in range(0, len(vectors), shard_size):
-        ids = np.arange(start + 1, min(start + shard_size, len(vectors)) + 1)  # SQLite ids start at 1
-        outcomes = [Outcome(int(i), "done", f"sha{i}", 1) for i in ids]
-        name = store.write(ids, vectors[ids - 1], outcomes)
-        catalogue.record([dataclasses.replace(o, shard=name) for o in outcomes])
-    return layout, catalogue, store
 
 
 @pytest.fixture
@@ -125,7 +97,7 @@ def test_require_gpu_message():
         with pytest.raises(ValueError, match="at most k=2048"):
             faiss_gpu.check_gpu_k(4096)
         return
-    with pytest.raises(RuntimeError, match="--gpu"):
+    with pytest.raises(RuntimeError, match="`gpu` "):
         faiss_gpu.require_gpu()
 
 

@@ -1,4 +1,4 @@
-"""Filters (issue 29, point 1): the `where` language against a slow reference, manifest columns kept in the
+"""Filters: the `where` language against a slow reference, manifest columns kept in the
 catalogue, exact top-k of the matching rows on a Flat index, at least the unfiltered recall on IVF, and the CLI."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import random
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from embedders import FakeEmbedder
 from PIL import Image
-from test_index_support import FakeEmbedder
 
 from retrieval.index import Index, build_index, remove_images
 from retrieval.index.engine import IngestOptions

@@ -1,4 +1,4 @@
-"""Hostile gallery names, unreadable folders, the writer lock, and `index repair` (issue 12)."""
+"""Hostile gallery names, unreadable folders, the writer lock, and `index repair`."""
 
 from __future__ import annotations
 
@@ -16,12 +16,13 @@ import faiss
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from test_index_build import QUICK, _run_cli, assert_each_indexed_once, copy_gallery
-from test_index_support import PAUSE_ENV, PAUSED, FakeEmbedder, write_digits
+from embedders import FakeEmbedder
+from index_builds import PAUSE_ENV, PAUSED, QUICK, assert_each_indexed_once, copy_gallery, run_fake_cli
 
 import retrieval.index.writer as writer
 from retrieval.cli.index import index_group, search_command
 from retrieval.cli.main import main
+from retrieval.data.synthetic import write_digits
 from retrieval.index import (
     Catalogue,
     Index,
@@ -46,7 +47,7 @@ def digits(tmp_path_factory) -> tuple[Path, list[Path]]:
 
 
 def cli_args(tmp_path: Path, folder: Path, out: Path) -> list[str]:
-    """`index build` through the real CLI with the fake model (see test_index_support.run_cli_with_fake)."""
+    """`index build` through the real CLI with the fake model (see index_builds.run_cli_with_fake)."""
     (tmp_path / "fake.onnx").write_bytes(b"fake")
     return [
         "build", "--model", str(tmp_path / "fake.onnx"), "--images", str(folder), "--out", str(out),
@@ -56,7 +57,7 @@ def cli_args(tmp_path: Path, folder: Path, out: Path) -> list[str]:
 
 def start_paused(args: list[str], pause: str) -> subprocess.Popen:
     """Run the CLI until it stops at the pause point (holding the writer lock), and return it."""
-    process = _run_cli(args, {PAUSE_ENV: pause})
+    process = run_fake_cli(args, {PAUSE_ENV: pause})
     deadline = time.monotonic() + 90
     for line in process.stderr:
         if PAUSED in line:

@@ -1,4 +1,4 @@
-"""--label-from (issue 28, point 2): where a gallery image's label comes from, said at build time, kept by add."""
+"""--label-from: where a gallery image's label comes from, said at build time, kept by add."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import shutil
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from embedders import FakeEmbedder
 from PIL import Image
-from test_index_support import FakeEmbedder
 
 from retrieval.index import add_images, build_index
 from retrieval.index.engine import IngestOptions

@@ -13,9 +13,10 @@ from pathlib import Path
 import faiss
 import numpy as np
 import pytest
-from test_index_build import QUICK, copy_gallery
-from test_index_support import FakeEmbedder, write_digits
+from embedders import FakeEmbedder
+from index_builds import QUICK, copy_gallery
 
+from retrieval.data.synthetic import write_digits
 from retrieval.index import (
     Index,
     add_images,

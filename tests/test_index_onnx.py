@@ -7,9 +7,10 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
-from test_index_support import FakeEmbedder, write_digits
+from embedders import FakeEmbedder
 
 from retrieval.cli.index import index_group, search_command
+from retrieval.data.synthetic import write_digits
 from retrieval.index import Index, ModelMismatchError, load_model
 
 

@@ -20,11 +20,12 @@ import numpy as np
 import pytest
 import ray
 from click.testing import CliRunner
-from test_index_build import assert_each_indexed_once
-from test_index_faiss import clustered_unit_vectors, write_vector_index
-from test_index_support import SIZE, bomb_png, jpeg_bytes, png_bytes, write_digits, write_projection_onnx
+from embedders import SIZE, write_projection_onnx
+from index_builds import assert_each_indexed_once, clustered_unit_vectors, write_vector_index
+from sample_images import jpeg_bytes, png_bytes
 
 from retrieval.cli.index import index_group
+from retrieval.data.synthetic import bomb_png, write_digits
 from retrieval.index import (
     Catalogue,
     Index,

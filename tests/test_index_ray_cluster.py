@@ -16,10 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import ray
+from embedders import write_projection_onnx
+from index_builds import assert_each_indexed_once
 from ray.cluster_utils import Cluster
-from test_index_build import assert_each_indexed_once
-from test_index_support import write_digits, write_projection_onnx
 
+from retrieval.data.synthetic import write_digits
 from retrieval.index import Catalogue, Index, IngestOptions, build_index, ray_engine
 from retrieval.index.engine import RayOptions
 from retrieval.index.ray_engine import RayIngestor, estimate_engines

@@ -15,9 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from test_index_support import FakeEmbedder, write_digits
+from embedders import FakeEmbedder
 
 from retrieval.cli.index import search_command
+from retrieval.data.synthetic import write_digits
 from retrieval.index import Index, IngestOptions, build_index, index_stats, remove_images
 from retrieval.index.catalogue import Catalogue
 from retrieval.index.search import MAX_K, check_k

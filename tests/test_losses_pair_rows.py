@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_losses_reference import (
+from loss_references import (
     ref_angular,
     ref_angular_npair,
     ref_nca_triplet,

@@ -193,7 +193,7 @@ def test_pairs_come_from_labels_not_positions():
 
 
 def test_losses_listing_prints_equation_defaults_and_readings():
-    """`retrieval losses` reads each loss class's own equation, signature defaults and readings (issue 17)."""
+    """`retrieval losses` reads each loss class's own equation, signature defaults and readings."""
     from click.testing import CliRunner
 
     from retrieval.cli.main import main

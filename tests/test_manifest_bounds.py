@@ -13,8 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
+from embedders import FakeEmbedder
 from PIL import Image
-from test_index_support import FakeEmbedder
 
 from retrieval.cli.main import main
 from retrieval.index import CatalogueReader, IndexLayout, build_index, sources

@@ -9,12 +9,12 @@ import onnx
 import pytest
 import skimage.data
 from PIL import Image
+from sample_images import sticker
+from serve_fixtures import export_model
 
 from retrieval.index import Index, IngestOptions, build_index
 from retrieval.index.embedder import ModelMismatchError
 from retrieval.onnx_runtime import OnnxEmbedder
-from tests.serve_fixtures import export_model
-from tests.test_decode import sticker
 
 
 @pytest.fixture(scope="module")
@@ -104,8 +104,8 @@ def test_metadata_that_disagrees_with_the_graph_is_a_clear_error(model_path, tmp
 
 def test_the_hash_is_of_the_weights_that_run_even_when_the_file_is_swapped_while_loading(model_path, tmp_path,
                                                                                          monkeypatch):
-    """Issue 24.5: the model was run from one read of the file and hashed from another; a file replaced in
-    between ran other weights under the first file's hash. Now one read serves both."""
+    """One read of the file is both run and hashed: a file replaced between two reads would run other weights
+    under the first file's hash."""
     import onnxruntime
     from onnx import numpy_helper
 

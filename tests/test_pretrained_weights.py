@@ -1,4 +1,4 @@
-"""Pretrained weights online and offline (issue 29.7): torchvision's and timm's own loaders and caches, and an
+"""Pretrained weights online and offline: torchvision's and timm's own loaders and caches, and an
 offline mode that never touches the network. Nothing here downloads: caches are fakes under tmp_path and every
 way out to the network is patched to fail and to say so."""
 

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from PIL import Image
 from serve_fixtures import BackgroundServer, png_bytes
-from test_index_support import bomb_png
 
+from retrieval.data.synthetic import bomb_png
 from retrieval.index import Index
 from retrieval.onnx_runtime import OnnxEmbedder
 from retrieval.serve.api import create_api

@@ -1,4 +1,4 @@
-"""POST /search/batch (issue 29, point 4) against the real server over HTTP: a batch answers exactly what the same
+"""POST /search/batch against the real server over HTTP: a batch answers exactly what the same
 queries sent one by one to POST /search answer (images, embeddings, both mixed, with `where` and exclude_self), its
 images go through the model in one call, an unreadable image is answered by an error in its place, and the limits
 (queries per batch, body size) are enforced and named."""

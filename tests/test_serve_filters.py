@@ -1,4 +1,4 @@
-"""POST /search with a `where` filter (issue 29, point 1), against the real server over HTTP: exactly the top-k of
+"""POST /search with a `where` filter, against the real server over HTTP: exactly the top-k of
 the matching rows (the fixture's index is Flat), in the JSON body or the query, with an upload too; a filter
 matching nothing gives no results; a malformed one is a 422 that names the problem."""
 

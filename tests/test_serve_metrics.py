@@ -1,4 +1,4 @@
-"""Issue 29.3, observability: ``GET /metrics`` (Prometheus) and the access log, against real servers over HTTP.
+"""Observability: ``GET /metrics`` (Prometheus) and the access log, against real servers over HTTP.
 
 Counters grow by exactly the requests made, under the route's template; the micro-batcher's histogram counts the
 image searches; the index gauges follow a writer's change; ``/metrics`` needs the token like the rest of the API;

@@ -1,4 +1,4 @@
-"""Serving loads no torch (issue 25.3): search runs on onnxruntime, and torch takes seconds to import.
+"""Serving loads no torch: search runs on onnxruntime, and torch takes seconds to import.
 
 Each check runs in a fresh process: a module imported by this pytest process proves nothing.
 """

@@ -1,4 +1,4 @@
-"""A running server follows its index's writers (issue 24, part 4): after ``retrieval index add/remove`` it serves
+"""A running server follows its index's writers: after ``retrieval index add/remove`` it serves
 the new state within seconds, each request from one state (old or new, never a mix), and none fails meanwhile.
 
 The writers are the real CLI, run as separate processes on a copy of the shared test index.

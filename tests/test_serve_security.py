@@ -1,4 +1,4 @@
-"""Issue 12: the served app reads only uploaded files, refuses /dev/zero, prunes its cache, needs credentials off
+"""The served app reads only uploaded files, refuses /dev/zero, prunes its cache, needs credentials off
 loopback, and refuses cross-origin browser requests. Real servers over HTTP on a loopback port."""
 
 from __future__ import annotations
@@ -256,7 +256,7 @@ def test_an_allowed_origin_gets_cors_headers(secured):
     assert foreign.status_code == 403
 
 
-# --- round 2 (issue 24) -------------------------------------------------------------------------------
+# --- a hostile client: event references, Host names, the token, k, reports, examples, uploads ---------
 def call_event(url: str, api_name: str, data: list, headers: dict | None = None, **kwargs) -> str:
     """The whole answer to a Gradio event called with raw ``data`` (any shape), as a hostile client sends it."""
     started = httpx.post(f"{url}/gradio_api/call/{api_name}", content=json.dumps({"data": data}),
@@ -294,8 +294,8 @@ REFERENCES = {  # every shape a file reference can take in a Gradio event's data
 
 @pytest.mark.parametrize("shape", list(REFERENCES))
 def test_no_reference_shape_opens_a_server_file_or_tells_it_exists(plain, artifacts, shape):
-    """Issue 24.1: a reference without ``meta`` was opened as it was (an existence oracle, any image on the host
-    searched). Only files Gradio recorded as uploaded are ever read, whatever the shape."""
+    """Only files Gradio recorded as uploaded are ever read, whatever the reference's shape: a reference without
+    ``meta`` opened as it is would be an existence oracle and search any image on the host."""
     reference = REFERENCES[shape]
     answers = {path: call_event(plain.url, "search", [reference(path), 3, [], ""])
                for path in ("/etc/hostname", "/no/such/file", "/etc/shadow", str(artifacts.query_paths[0]))}
@@ -344,7 +344,7 @@ def test_an_uploaded_file_still_searches_in_every_shape(plain):
 
 
 def test_a_foreign_host_name_is_refused_dns_rebinding(plain):
-    """Issue 24.2: any Host was answered, so a page whose name resolves to 127.0.0.1 drove the server."""
+    """Only the server's own Host names are answered: else a page whose name resolves to 127.0.0.1 drives it."""
     port = plain.port
     evil = {"Host": f"evil.example:{port}", "Origin": f"http://evil.example:{port}"}
     for method, path in (("GET", "/stats"), ("GET", "/health"), ("GET", "/"), ("GET", "/config")):
@@ -387,7 +387,7 @@ def test_a_cross_site_call_of_an_event_stream_is_refused_without_an_origin(plain
 
 
 def test_the_token_also_covers_the_api_document_and_its_assets(secured):
-    """Issue 24.6: /openapi.json and /docs-assets/* answered without the token."""
+    """/openapi.json, the docs pages and /docs-assets/* need the token too."""
     auth = {"Authorization": f"Bearer {TOKEN}"}
     for path in ("/openapi.json", "/docs", "/redoc", "/docs-assets/swagger-ui.css"):
         assert httpx.get(f"{secured.url}{path}", timeout=10).status_code == 401, path
@@ -417,7 +417,8 @@ def test_the_app_refuses_a_k_beyond_its_slider(plain, k):
 
 
 def test_a_report_that_is_not_a_run_report_is_refused_at_start(artifacts, tmp_path):
-    """Issue 24.6: --report /etc/shadow started and made / the folder the page may open."""
+    """A --report that is not a run report (/etc/shadow) stops the start: else / becomes the folder the page may
+    open."""
     from retrieval.serve.security import ConfigError
 
     for report in ("/etc/shadow", "/etc/hostname", str(tmp_path / "missing.json"), "/dev/zero"):

@@ -6,7 +6,6 @@ one-process references run here. One step per epoch, so metrics.jsonl's loss of 
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal
@@ -19,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from sample_images import noisy_png
 from train_paused import PAUSED
 
 from retrieval.train import TrainConfig, train
@@ -155,13 +154,6 @@ def test_no_gather_is_the_local_batch_loss_and_still_trains(frozen_runs):
 
 
 # --- the fine-tuning path: a random-init timm test ResNet on 32 px images, unreadable train images ---------------
-def png_bytes(color: tuple[int, int, int], seed: int, size: int = 24) -> bytes:
-    noise = np.random.default_rng(seed).integers(0, 256, (size, size, 3))
-    buffer = io.BytesIO()
-    Image.fromarray((0.75 * noise + 0.25 * np.array(color)).astype(np.uint8)).save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
 @pytest.fixture(scope="module")
 def image_folder(tmp_path_factory) -> Path:
     """4 classes; train 6 images each plus 2 unreadable files; test 4 + 4 + 4 + 3 = 15 (odd) images."""
@@ -172,7 +164,7 @@ def image_folder(tmp_path_factory) -> Path:
             folder = root / split / f"class{c}"
             folder.mkdir(parents=True)
             for i in range(count):
-                (folder / f"{i}.png").write_bytes(png_bytes(color, 1000 * c + 10 * i + (split == "test")))
+                (folder / f"{i}.png").write_bytes(noisy_png(color, 1000 * c + 10 * i + (split == "test")))
     (root / "train" / "class0" / "text.png").write_bytes(b"not an image\n")
     (root / "train" / "class2" / "empty.png").write_bytes(b"")
     return root

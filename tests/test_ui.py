@@ -6,15 +6,16 @@ import base64
 import html
 import json
 import shutil
+from types import SimpleNamespace
 
 import gradio as gr
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
-from serve_fixtures import png_bytes, shared_artifacts
-from test_index_support import bomb_png
+from serve_fixtures import png_bytes, require_emoji_labels
 
-from retrieval.data.emoji import emoji_name, is_code_point_sequence
+from retrieval.data.emoji import emoji_name
+from retrieval.data.synthetic import bomb_png
 from retrieval.index.catalogue import CatalogueReader
 from retrieval.serve.api import create_api
 from retrieval.serve.diagnostics import duplicates
@@ -24,19 +25,7 @@ from retrieval.serve.ui import EvaluationTab, ExampleSet, GalleryFacts, SearchTa
 from retrieval.serve.upload_cache import UploadRecords
 
 pytestmark = pytest.mark.timeout(300)
-MAX_UPLOAD = 200_000
-
-
-@pytest.fixture(scope="module")
-def artifacts(tmp_path_factory):
-    return shared_artifacts(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def service(artifacts):
-    svc = SearchService(artifacts.index_dir, max_upload_bytes=MAX_UPLOAD, max_pixels=4_000_000)
-    yield svc
-    svc.close()
+MAX_UPLOAD = 200_000  # the upload limit of conftest's ``service``
 
 
 @pytest.fixture(scope="module")
@@ -49,10 +38,6 @@ def uploaded(tab: SearchTab, path) -> dict[str, str]:
     """``path`` as Gradio's upload route records a file it saved, and the reference the page then sends."""
     tab.uploads.blocks.upload_file_set.add(str(path))
     return {"path": str(path), "orig_name": "upload.png"}
-
-
-def emoji_fixture(artifacts) -> bool:
-    return all(is_code_point_sequence(label) for label in artifacts.labels)
 
 
 # --- label names ---------------------------------------------------------------------------------------------
@@ -77,20 +62,42 @@ def test_emoji_names_from_unicodedata(label, name):
 def test_labels_are_shown_with_names_only_for_code_point_galleries(artifacts, service):
     facts = GalleryFacts.of(service)
     assert facts.images == len(service) and facts.classes == len(set(artifacts.labels))
-    label = artifacts.labels[0]
-    if emoji_fixture(artifacts):
-        assert facts.unicode_labels and facts.label_text(label) == f"{label} · {emoji_name(label)}"
-        assert facts.dataset is not None and facts.dataset["dataset"] == "emoji"
-        # what a query should find comes from the data set's info.json, not from the UI knowing the emoji set
-        assert "a query should find the same emoji drawn by the other artist" in facts.intro_markdown(service)
-    else:  # the digits fallback: class names stay as they are
-        assert not facts.unicode_labels and facts.label_text(label) == label
     plain = GalleryFacts(3, 3, 2, ["cat"], None, None, unicode_labels=False)
     assert plain.label_text("1F600") == "1F600" and plain.label_text(None) == "(no label)"
     intro = facts.intro_markdown(service)
     for fact in (f"{len(service)} images", f"{facts.classes} classes", "index.json", "upload or paste",
                  "examples", "cosine similarity", "L2-normalised", "1 = identical direction"):
         assert fact in intro, fact
+
+
+def test_an_emoji_gallery_shows_labels_with_their_unicode_names(artifacts, service):
+    require_emoji_labels(artifacts.labels)
+    facts = GalleryFacts.of(service)
+    label = artifacts.labels[0]
+    assert facts.unicode_labels and facts.label_text(label) == f"{label} · {emoji_name(label)}"
+    assert facts.dataset is not None and facts.dataset["dataset"] == "emoji"
+    # what a query should find comes from the data set's info.json, not from the UI knowing the emoji set
+    assert "a query should find the same emoji drawn by the other artist" in facts.intro_markdown(service)
+
+
+class DigitsState:
+    """A served state of a digits gallery (class folders 0-9) as ``GalleryFacts`` reads it, without an index."""
+
+    def __init__(self, folder) -> None:
+        rows = [(i, str(i % 10)) for i in range(20)]
+        self.catalogue = SimpleNamespace(
+            labelled=lambda: rows,
+            sample=lambda n: [{"path": str(folder / label / f"digit_{i:04d}.png")} for i, label in rows[:n]],
+        )
+
+    def __len__(self) -> int:
+        return 20
+
+
+def test_a_digits_gallery_shows_its_labels_as_they_are(tmp_path):
+    facts = GalleryFacts.of_state(DigitsState(tmp_path / "digits"))
+    assert facts.classes == 10 and not facts.unicode_labels
+    assert facts.label_text("7") == "7" and facts.label_name("7") is None
 
 
 # --- uploads: the API's decoder and the API's messages --------------------------------------------------------
@@ -135,16 +142,22 @@ def test_search_results_name_the_labels(search_tab, artifacts):
     items, text = search_tab.search(uploaded(search_tab, artifacts.query_paths[1]), 5)
     captions = [caption for _, caption in items]
     assert len(captions) == 5 and all(c[0] in "✓✗" for c in captions)
-    # every caption ends with the result's file name, the one the API gives as "name" (issue 28)
+    # every caption ends with the result's file name, the one the API gives as "name"
     api_names = [r["name"] for r in search_tab.service.search(artifacts.query_paths[1].read_bytes(), 5,
                                                                exclude_self=True).to_dict()["results"]]
     assert [caption.rsplit(" · ", 1)[1] for caption in captions] == api_names
     assert all(name.endswith((".png", ".jpg", ".jpeg", ".webp")) and "/" not in name for name in api_names)
-    if emoji_fixture(artifacts):
-        for caption in captions:  # mark score · label · code-point NAME · file name
-            _, label, name, _ = caption.split(" · ")
-            assert name == emoji_name(label)
-        assert f"label **{artifacts.labels[1]}** · {emoji_name(artifacts.labels[1])}" in text
+
+
+def test_search_results_of_an_emoji_gallery_name_the_code_points(search_tab, artifacts):
+    require_emoji_labels(artifacts.labels)
+    items, text = search_tab.search(uploaded(search_tab, artifacts.query_paths[1]), 5)
+    captions = [caption for _, caption in items]
+    assert len(captions) == 5
+    for caption in captions:  # mark score · label · code-point NAME · file name
+        _, label, name, _ = caption.split(" · ")
+        assert name == emoji_name(label)
+    assert f"label **{artifacts.labels[1]}** · {emoji_name(artifacts.labels[1])}" in text
 
 
 # --- Evaluation tab ------------------------------------------------------------------------------------------
@@ -178,8 +191,14 @@ def test_worst_classes_table_is_ordered_and_named(artifacts, service):
     keys = [(row[3], -row[4]) for row in rows]
     assert keys == sorted(keys)
     assert all(0 <= row[3] <= 100 for row in rows)
-    if emoji_fixture(artifacts):
-        assert all(" · " in row[0] for row in rows) and all(" · " in caption for _, caption in pairs)
+
+
+def test_worst_classes_of_an_emoji_gallery_are_named(artifacts, service):
+    require_emoji_labels(artifacts.labels)
+    _, table, failures = EvaluationTab(service, artifacts.report).worst_classes()
+    rows, pairs = table.constructor_args["value"], failures.constructor_args["value"]
+    assert rows
+    assert all(" · " in row[0] for row in rows) and all(" · " in caption for _, caption in pairs)
 
 
 def test_metrics_are_percent_and_map_at_r_is_explained(artifacts, service):
@@ -223,7 +242,7 @@ def test_duplicates_are_listed_with_their_twins(artifacts, tmp_path):
 
 def test_no_server_path_reaches_the_page_or_the_stats(artifacts, tmp_path):
     """The opening lines, the Index tab and GET /stats name the gallery, the index and the model by file name and
-    bad files relative to the gallery: a visitor learns no folder of the server (issue 12's threat model)."""
+    bad files relative to the gallery: a visitor learns no folder of the server (docs/SECURITY.md's threat model)."""
     from retrieval.index import IngestOptions, build_index
     from retrieval.serve.ui import IndexTab
 
@@ -254,8 +273,8 @@ def tab_labels(demo) -> list[str]:
 
 
 def test_a_users_own_index_gets_no_results_tab_and_no_empty_report_parts(service, tmp_path):
-    """Issue 28, point 1: the project's results grid is the demo's, not a user's index's; without a report the
-    Evaluation tab's table and pictures are hidden, not empty, and the index's own analysis has its own heading."""
+    """The project's results grid is the demo's, not a user's index's; without a report the Evaluation tab's table
+    and pictures are hidden, not empty, and the index's own analysis has its own heading."""
     from retrieval.serve.ui import EvaluationTab, build_ui
 
     (tmp_path / "examples").mkdir()

