@@ -109,7 +109,7 @@ def read_index(path: str | Path) -> faiss.Index:
     try:
         check_index_file(path)
     except DamagedIndexFileError as exc:
-        fix = f"`{repair_command(path.parent)} --rebuild` to rebuild it from the shards"
+        fix = f"`{repair_command(path.parent, rebuild=True)}` to rebuild it from the shards"
         raise DamagedIndexFileError(f"{exc}: it is damaged or was not written by this program; run {fix}") from None
     if not any(path.parent.glob(ON_DISK_LISTS)):
         return faiss.read_index(str(path))

@@ -17,12 +17,12 @@ def require_gpu() -> Any:
     """faiss GPU resources, or a clear error saying what is missing."""
     if not hasattr(faiss, "StandardGpuResources"):
         raise RuntimeError(
-            f"--gpu needs faiss with GPU support, but this faiss is CPU-only; install it: "
-            f"{INSTALL_GPU}, or drop --gpu"
+            f"`gpu` needs faiss with GPU support, but this faiss is CPU-only; install it: "
+            f"{INSTALL_GPU}, or leave `gpu` off"
         )
     if faiss.get_num_gpus() < 1:
         raise RuntimeError(
-            "--gpu was given but faiss sees no CUDA GPU (faiss.get_num_gpus() == 0); drop --gpu"
+            "`gpu` was asked for but faiss sees no CUDA GPU (faiss.get_num_gpus() == 0); leave `gpu` off"
         )
     return faiss.StandardGpuResources()
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import faiss
 
+from retrieval.errors import ParameterError
+
 
 @dataclass(frozen=True)
 class AutoPolicy:
@@ -83,7 +85,7 @@ def estimated_index_bytes(key: str, n: int, d: int) -> int:
         per_vector = {"Flat": d * 4, "SQ8": d}.get(code) or math.ceil(int(ivf.group(3)) * int(ivf.group(4) or 8) / 8)
         quantizer = lists * d * 4 + (2 ** int(ivf.group(4) or 8) * d * 4 if code.startswith("PQ") else 0)
         return n * (per_vector + 8) + quantizer + ids
-    raise ValueError(f"no memory estimate for index key {key!r}; give --index-key auto with --max-index-memory")
+    raise ValueError(f"no memory estimate for index key {key!r}; give `index_key` auto with `max_index_memory`")
 
 
 def _budget_candidates(n: int, d: int, policy: AutoPolicy) -> list[str]:
@@ -105,8 +107,8 @@ def choose_within_memory(n: int, d: int, budget: int, policy: AutoPolicy) -> str
         if estimated_index_bytes(key, n, d) <= budget:
             return key
     smallest = candidates[-1]
-    raise ValueError(
-        f"--max-index-memory {budget / 2**20:.0f} MiB is too small for {n} vectors of dimension {d}: the smallest "
+    raise ParameterError(
+        "max_index_memory", f"{budget / 2**20:.0f} MiB is too small for {n} vectors of dimension {d}: the smallest "
         f"index ({smallest}) needs about {estimated_index_bytes(smallest, n, d) / 2**20:.0f} MiB (the ids alone "
         f"{n * (IDMAP2_BYTES_PER_VECTOR + 8) / 2**20:.0f} MiB); give a larger budget"
     )

@@ -56,9 +56,10 @@ class InconsistentIndexError(RuntimeError):
     """The parts of an index disagree (a writer is at work, or one was interrupted): wait for it, or repair."""
 
 
-def repair_command(root: Path) -> str:
-    """The command that finishes or mends the index in ``root`` (every message points to it)."""
-    return f"retrieval index repair {shlex.quote(str(root))}"
+def repair_command(root: Path, rebuild: bool = False) -> str:
+    """The command that finishes or mends the index in ``root`` (every message points to it); ``rebuild``: the one
+    that rebuilds its faiss part from the shards."""
+    return f"retrieval index repair {shlex.quote(str(root))}" + (" --rebuild" if rebuild else "")
 
 
 def describe_writer(holder: dict[str, Any]) -> str:
