@@ -1,5 +1,5 @@
 """Click options and the docs' reference table, made from the options a config dataclass declares
-(``retrieval.train.options``): an option's name, type, default, help, choices and range are written once there."""
+(``retrieval.options``): an option's name, type, default, help, choices and range are written once there."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from retrieval.cli.help_text import (
     loss_names,
     negatives_names,
 )
-from retrieval.train.options import DeclaredOption, declared_options, hint_members, type_name
+from retrieval.options import DeclaredOption, declared_options, hint_members, type_name
 
 # a declaration's ``listing`` -> the text that lists the registry's names, computed when --help shows it
 LISTINGS: dict[str, Callable[[], str]] = {

@@ -16,8 +16,8 @@ from click.testing import CliRunner
 
 from retrieval.cli.config_options import MARKERS, options_markdown
 from retrieval.cli.main import main
+from retrieval.options import declared_options, hint_members
 from retrieval.train.config import TrainConfig
-from retrieval.train.options import declared_options, hint_members
 
 ROOT = Path(__file__).resolve().parents[1]
 DECLARED = declared_options(TrainConfig)

@@ -21,8 +21,8 @@ from retrieval.data.augment import (
     resolve_augmentation,
 )
 from retrieval.data.colour import parse_background
+from retrieval.options import declared_options, field_problem, option
 from retrieval.train.optimizers import OPTIMIZERS, SCHEDULES
-from retrieval.train.options import declared_options, field_problem, option
 from retrieval.workers import DEFAULT_WORKERS_TEXT
 
 AMP_CHOICES = (True, False, "auto", "fp16", "bf16", "off")
