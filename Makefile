@@ -42,6 +42,6 @@ serve: install
 clean:
 	rm -rf $(VENV) artifacts runs .pytest_cache
 
-# The options table of docs/TRAINING.md, made from TrainConfig's declarations (a test checks it is current).
+# The options tables in docs/, made from the configs' declarations (cli/config_options.py; a test checks them).
 docs: install
-	$(BIN)/python -m retrieval.cli.config_options docs/TRAINING.md
+	$(BIN)/python -m retrieval.cli.config_options .

@@ -182,28 +182,43 @@ def options_markdown(cls: type) -> str:
     return "\n".join(lines[1:]) + "\n"
 
 
-MARKERS = ("<!-- options:start -->", "<!-- options:end -->")
+def markers(name: str = "options") -> tuple[str, str]:
+    """The two lines of a document between which the reference table of ``name`` goes."""
+    return f"<!-- {name}:start -->", f"<!-- {name}:end -->"
 
 
-def with_reference(document: str, table: str) -> str:
-    """``document`` with ``table`` between the two option markers (which must be there, in order)."""
-    start, end = document.find(MARKERS[0]), document.find(MARKERS[1])
+MARKERS = markers()
+
+
+def with_reference(document: str, table: str, name: str = "options") -> str:
+    """``document`` with ``table`` between the two markers of ``name`` (which must be there, in order)."""
+    start_line, end_line = markers(name)
+    start, end = document.find(start_line), document.find(end_line)
     if start < 0 or end < start:
-        raise ValueError(f"the document has no {MARKERS[0]} ... {MARKERS[1]} block for the options table")
-    return document[:start + len(MARKERS[0])] + "\n" + table + document[end:]
+        raise ValueError(f"the document has no {start_line} ... {end_line} block for the {name} table")
+    return document[:start + len(start_line)] + "\n" + table + document[end:]
 
 
-def write_reference(path: str) -> None:
-    """Write the training options' table into the document at ``path`` (between the option markers)."""
-    from pathlib import Path
-
+def reference_tables() -> list[tuple[str, str, type]]:
+    """Each generated reference table: (document under the repository, marker name, the declaring config)."""
     from retrieval.train.config import TrainConfig
 
-    document = Path(path)
-    document.write_text(with_reference(document.read_text(), options_markdown(TrainConfig)))
+    return [("docs/TRAINING.md", "options", TrainConfig)]
+
+
+def write_references(root: str) -> list[str]:
+    """Write every reference table into its document under ``root``; returns the documents written."""
+    from pathlib import Path
+
+    written = []
+    for relative, name, cls in reference_tables():
+        document = Path(root) / relative
+        document.write_text(with_reference(document.read_text(), options_markdown(cls), name))
+        written.append(relative)
+    return written
 
 
 if __name__ == "__main__":
     import sys
 
-    write_reference(sys.argv[1])
+    print("wrote " + ", ".join(write_references(sys.argv[1] if len(sys.argv) > 1 else ".")))

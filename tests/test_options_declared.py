@@ -14,7 +14,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from retrieval.cli.config_options import MARKERS, options_markdown
+from retrieval.cli.config_options import markers, options_markdown, reference_tables
 from retrieval.cli.main import main
 from retrieval.options import declared_options, hint_members
 from retrieval.train.config import TrainConfig
@@ -143,12 +143,13 @@ def test_the_optimizer_and_schedule_choices_come_from_their_registries():
     assert list(train["optimizer"].type.choices) == OPTIMIZERS.names()
 
 
-def test_the_docs_options_table_is_the_one_made_from_the_declarations():
-    text = (ROOT / "docs" / "TRAINING.md").read_text()
-    start, end = text.index(MARKERS[0]) + len(MARKERS[0]), text.index(MARKERS[1])
-    assert text[start:end].strip() == options_markdown(TrainConfig).strip(), (
-        "docs/TRAINING.md's options table is out of date: run `make docs`")
-    for declared in DECLARED:
+@pytest.mark.parametrize("document,name,cls", reference_tables(), ids=[t[0] for t in reference_tables()])
+def test_the_docs_options_tables_are_the_ones_made_from_the_declarations(document, name, cls):
+    text = (ROOT / document).read_text()
+    start_line, end_line = markers(name)
+    start, end = text.index(start_line) + len(start_line), text.index(end_line)
+    assert text[start:end].strip() == options_markdown(cls).strip(), f"{document}'s table is out of date: make docs"
+    for declared in declared_options(cls):
         assert f"| `{declared.flag}` | `{declared.name}` |" in text
 
 
