@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
 from embedders import write_projection_onnx
 
@@ -55,6 +57,48 @@ def test_readme_python_example_runs(tmp_path):
         query = answer.split(" ", 1)[0]
         # each query is a gallery image: it finds itself first, by its path relative to the gallery
         assert answer.split(" ", 1)[1].startswith(f"[('{Path(query).relative_to('images').as_posix()}', "), answer
+
+
+def command_lines(text: str) -> list[list[str]]:
+    """The ``retrieval ...`` commands of the README's shell blocks, as argument lists (continuations joined)."""
+    commands = []
+    for block in re.findall(r"^```bash\n(.*?)^```", text, re.MULTILINE | re.DOTALL):
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            if words[:1] == ["retrieval"]:
+                commands.append(words[1:])
+    return commands
+
+
+def test_readme_command_line_example_is_valid(tmp_path, monkeypatch):
+    """Every command the README shows parses with the options and values the command line has, and the training
+    command's options make a valid training configuration (running them trains for minutes: not here). What an
+    earlier command would have made (a folder, a file) is made empty when a later command asks for it."""
+    from retrieval.cli.config_options import option_values
+    from retrieval.cli.main import main
+    from retrieval.train.config import TrainConfig
+
+    monkeypatch.chdir(tmp_path)
+    commands = command_lines(README.read_text(encoding="utf-8"))
+    assert [args[0] for args in commands] == ["data", "train", "export", "index", "search", "serve"], commands
+    for args in commands:
+        command, rest = main, list(args)
+        while isinstance(command, click.Group):
+            command, rest = command.commands[rest[0]], rest[1:]
+        context = None
+        for _ in range(8):
+            try:
+                context = command.make_context(args[0], list(rest))  # a wrong option or value raises UsageError
+                break
+            except click.BadParameter as exc:
+                missing = re.fullmatch(r"(File|Directory|Path) '(.+)' does not exist\.", exc.message)
+                assert missing, exc.format_message()
+                made = Path(missing.group(2))
+                made.parent.mkdir(parents=True, exist_ok=True)
+                made.mkdir() if missing.group(1) == "Directory" else made.touch()
+        assert context is not None, args
+        if command.name == "train":
+            TrainConfig(**option_values(TrainConfig, {}, context.params))
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda page: page.relative_to(ROOT).as_posix())
