@@ -205,8 +205,8 @@ def download_failed(location: WeightsLocation, error: BaseException) -> WeightsD
     return WeightsDownloadFailed(
         f"could not download the pretrained weights for backbone {location.backbone!r} from "
         f"{location.repo_id or location.url} into {location.path} ({type(error).__name__}: {detail}); is this "
-        f"machine offline? Then put the weights there (see README, Pretrained weights) and run with offline=True, or "
-        f"use {_fixes(location)}"
+        f"machine offline? Then put the weights there (see docs/TRAINING.md, Pretrained weights) and run with "
+        f"offline=True, or use {_fixes(location)}"
     )
 
 
