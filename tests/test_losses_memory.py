@@ -91,7 +91,8 @@ def digits_config(out, cache, **overrides):
 
 def test_a_resumed_run_restores_the_memory_and_equals_the_uninterrupted_one(tmp_path):
     from retrieval.train import train
-    from retrieval.train.trainer import Trainer, atomic_save
+    from retrieval.train.checkpointing import atomic_save
+    from retrieval.train.trainer import Trainer
 
     straight = train(digits_config(tmp_path / "straight", tmp_path / "cache"), progress=False)
     partial = Trainer(digits_config(tmp_path / "resumed", tmp_path / "cache"), progress=False)

@@ -261,7 +261,8 @@ def test_the_proxies_learn_at_their_own_rate_and_stay_out_of_the_model(tmp_path)
 def test_a_resumed_proxy_run_equals_the_uninterrupted_one(tmp_path):
     """Killed after epoch 2 of 3 (last.pt as the trainer writes it), resumed: the same losses, proxies and head."""
     from retrieval.train import train
-    from retrieval.train.trainer import Trainer, atomic_save
+    from retrieval.train.checkpointing import atomic_save
+    from retrieval.train.trainer import Trainer
 
     cache = tmp_path / "cache"
     straight = train(digits_config(tmp_path / "straight", cache, loss="soft_triple",

@@ -9,7 +9,8 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from retrieval.train import TrainConfig, train
-from retrieval.train.trainer import Trainer, atomic_save
+from retrieval.train.checkpointing import atomic_save
+from retrieval.train.trainer import Trainer
 
 mlflow = pytest.importorskip("mlflow", reason="MLflow comes with retrieval[track] (make install)")
 

@@ -65,7 +65,7 @@ def test_training_is_deterministic_and_resumes_exactly(tmp_path, feature_cache):
     for epoch in range(2):
         row = {"epoch": epoch + 1, **t.train_epoch(epoch), **t.evaluate()}
         t.record.history.append(row)
-        from retrieval.train.trainer import atomic_save
+        from retrieval.train.checkpointing import atomic_save
 
         atomic_save(t.checkpoint(epoch + 1, row), tmp_path / "c" / "last.pt")
     resumed = train(digits_config(tmp_path / "c", feature_cache, epochs=3, resume=True), progress=False)

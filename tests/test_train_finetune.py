@@ -71,9 +71,9 @@ class Crash(RuntimeError):
 
 def crash_after(monkeypatch, epoch: int, batch: int) -> None:
     """Make the trainer stop (an exception) once it has saved the mid-epoch checkpoint at (epoch, batch)."""
-    import retrieval.train.trainer as trainer
+    import retrieval.train.checkpointing as checkpointing
 
-    save = trainer.atomic_save
+    save = checkpointing.atomic_save
 
     def save_then_crash(state, path):
         save(state, path)
@@ -81,7 +81,7 @@ def crash_after(monkeypatch, epoch: int, batch: int) -> None:
         if (position.get("epoch"), position.get("batch")) == (epoch, batch):
             raise Crash(f"stopped at {epoch}:{batch}")
 
-    monkeypatch.setattr(trainer, "atomic_save", save_then_crash)
+    monkeypatch.setattr(checkpointing, "atomic_save", save_then_crash)
 
 
 def flat(value, prefix: str = "") -> dict:
@@ -128,17 +128,18 @@ def test_every_method_resumes_as_one_uninterrupted_run(images, tmp_path, monkeyp
 
 
 def test_lp_ft_first_phase_changes_only_the_head(images, tmp_path, monkeypatch):
+    import retrieval.train.checkpointing as checkpointing
     import retrieval.train.trainer as trainer
 
     saved = {}
-    save = trainer.atomic_save
+    save = checkpointing.atomic_save
 
     def keep(state, path):
         save(state, path)
         if Path(path).name == "last.pt" and not state.get("in_epoch"):
             saved[state["epoch"]] = {k: v.clone() for k, v in state["state_dict"].items()}
 
-    monkeypatch.setattr(trainer, "atomic_save", keep)
+    monkeypatch.setattr(checkpointing, "atomic_save", keep)
     train(config(images, tmp_path / "run", lp_epochs=1, epochs=2, eval_every=100, wise_alpha=1.0), progress=False)
     start = checkpoint(tmp_path / "run")["robust"]["start"]  # after the head phase: the head LP-FT trained
     trainer.seed_everything(0)  # as the run seeds itself before it builds the model

@@ -68,7 +68,8 @@ def test_the_loss_is_logged_and_drawn_per_step(tmp_path):
     from retrieval.reports import read_steps
     from retrieval.serve.reports import curves_plot, load_report
     from retrieval.train import TrainConfig, train
-    from retrieval.train.trainer import Trainer, atomic_save
+    from retrieval.train.checkpointing import atomic_save
+    from retrieval.train.trainer import Trainer
 
     def config(**overrides):
         return TrainConfig(dataset="digits", dataset_kwargs={"protocol": "disjoint", "limit_per_class": 20},

@@ -17,9 +17,9 @@ PAUSED = "RETRIEVAL_TRAIN_PAUSED"
 
 def pause_after_checkpoint(epoch: int, batch: int) -> None:
     """Wrap the trainer's ``atomic_save`` so that the process stops after saving the ``(epoch, batch)`` checkpoint."""
-    import retrieval.train.trainer as trainer
+    import retrieval.train.checkpointing as checkpointing
 
-    save = trainer.atomic_save
+    save = checkpointing.atomic_save
 
     def save_then_pause(checkpoint, path):
         save(checkpoint, path)
@@ -28,7 +28,7 @@ def pause_after_checkpoint(epoch: int, batch: int) -> None:
             print(f"{PAUSED} {epoch}:{batch}", file=sys.stderr, flush=True)
             time.sleep(600)
 
-    trainer.atomic_save = save_then_pause
+    checkpointing.atomic_save = save_then_pause
 
 
 if __name__ == "__main__":

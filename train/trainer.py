@@ -1,15 +1,15 @@
-"""The training loop behind ``retrieval train``."""
+"""The training loop behind ``retrieval train``: set-up, epochs of optimizer steps (AMP, gradient clipping, skipped
+non-finite steps), then the report. Checkpoints and logs are ``checkpointing.py``'s, evaluation ``evaluating.py``'s,
+the data ``data.py``'s."""
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import random
 import shutil
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -19,56 +19,22 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from retrieval import losses
-from retrieval.data import (
-    BadImageLog,
-    ClassBalancedBatchSampler,
-    DistributedClassBalancedBatchSampler,
-    asymmetric_transitions,
-    build_transforms,
-    inject_label_noise,
-    load_dataset,
-)
+from retrieval.data import BadImageLog, ClassBalancedBatchSampler, DistributedClassBalancedBatchSampler
 from retrieval.data.colour import parse_background
-from retrieval.distributed import GlobalBatchObjective, embed_sharded
-from retrieval.evaluation import (
-    eval_set_pictures,
-    evaluate_embeddings,
-    leave_one_out_metrics,
-    load_eval_sets,
-    load_extra_set,
-    present_class_names,
-)
+from retrieval.distributed import GlobalBatchObjective
 from retrieval.inference import default_workers
-from retrieval.io import atomic_write
-from retrieval.models import (
-    BEST_CHECKPOINT,
-    LAST_CHECKPOINT,
-    WISE_CHECKPOINT,
-    Checkpoint,
-    Embedder,
-    config_hash,
-    create_embedder,
-    load_checkpoint,
-)
-from retrieval.reports import STEPS_LOG
+from retrieval.models import LAST_CHECKPOINT, Embedder, create_embedder
+from retrieval.train.checkpointing import Checkpointer, resuming
 from retrieval.train.config import TrainConfig, new_run_folder
-from retrieval.train.distributed import DataParallelStep, env_world_size, gpu_options, init_distributed, restarted
-from retrieval.train.features import Embedding, EvalEmbeddings, FeatureSource, cached_features, feature_source_class
-from retrieval.train.report import write_report
-from retrieval.train.robust import WISE_ALPHAS, RobustFineTuning, backbone_param_groups, choose_alpha, snapshot
-from retrieval.train.state import (
-    EpochProgress,
-    RunRecord,
-    TrainData,
-    TrainParts,
-    restore_rng_states,
-    rng_states,
-)
+from retrieval.train.data import load_train_data
+from retrieval.train.distributed import DataParallelStep, DistContext, env_world_size, gpu_options, init_distributed
+from retrieval.train.evaluating import Evaluator
+from retrieval.train.features import Embedding, FeatureSource, feature_source_class
+from retrieval.train.robust import RobustFineTuning, backbone_param_groups
+from retrieval.train.state import EpochProgress, RunRecord, TrainData, TrainParts
 from retrieval.train.tracking import Tracking, mlflow_uri_from
 
 BAD_IMAGE_FIX = "fix or remove the file, or pass --on-bad-image skip to train without it"
-BEST_METRIC = "recall@1"  # the evaluation metric whose highest value makes best.pt
-MAX_LISTED_CLASSES = 1000  # the report lists the class names of a split up to this many
 
 
 class TrainingDiverged(RuntimeError):
@@ -81,14 +47,10 @@ def warn_line(message: str) -> None:
 
 
 def seed_everything(seed: int) -> None:
+    """Seed python's, numpy's and torch's generators."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def atomic_save(obj: Any, path: Path) -> None:
-    """Save a checkpoint whole or not at all: a crash never leaves half a checkpoint."""
-    atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
 def with_memory(cfg: TrainConfig, loss_fn: nn.Module, steps_per_epoch: int) -> nn.Module:
@@ -139,6 +101,54 @@ def build_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, steps_pe
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+def build_model(cfg: TrainConfig) -> tuple[Embedder, int]:
+    """The embedder as configured (--image-size, --background) and its backbone's own input size."""
+    model = create_embedder(
+        cfg.backbone, cfg.embedding_dim, pretrained=cfg.pretrained, normalize=cfg.use_normalize,
+        freeze_bn=cfg.freeze_bn, weights=cfg.weights,
+    )
+    native_size = model.config["input_size"]
+    if cfg.image_size:
+        model.config["input_size"] = int(cfg.image_size)
+    model.config["background"] = list(parse_background(cfg.background))
+    return model, native_size
+
+
+def build_parts(cfg: TrainConfig, *, ctx: DistContext, model: Embedder, data: TrainData, robust: RobustFineTuning,
+                source: type[FeatureSource], embedding: Embedding, amp_dtype: torch.dtype | None) -> TrainParts:
+    """What trains, around the model on the device: sampler, loss, optimizer and schedule, features, the step."""
+    sampling = dict(drop_small=cfg.drop_small, seed=cfg.seed, batches_per_epoch=cfg.batches_per_epoch)
+    if ctx.distributed:  # each rank takes its part of the same global batches
+        sampling.update(rank=ctx.rank, world_size=ctx.world_size)
+    sampler_cls = DistributedClassBalancedBatchSampler if ctx.distributed else ClassBalancedBatchSampler
+    sampler = sampler_cls(data.train_labels, cfg.classes_per_batch, cfg.per_class, **sampling)
+
+    loss_fn = losses.build(cfg.loss, negatives=cfg.negatives, num_classes=data.num_classes,
+                           embedding_dim=cfg.embedding_dim, **cfg.loss_kwargs).to(ctx.device)
+    step_loss = loss_fn  # its parameters train inside the step (DDP keeps them equal); the memory stays outside
+    if cfg.memory == "xbm":
+        loss_fn = with_memory(cfg, loss_fn, len(sampler)).to(ctx.device)
+    extra = []
+    aux = None
+    if cfg.aux_ce > 0:
+        from retrieval.losses.auxiliary import AuxiliaryCrossEntropy
+
+        aux = AuxiliaryCrossEntropy(cfg.embedding_dim, data.num_classes, weight=cfg.aux_ce).to(ctx.device)
+        extra += list(aux.parameters())
+    optimizer = build_optimizer(cfg, model, step_loss, extra)
+    scheduler = build_scheduler(cfg, optimizer, len(sampler))
+    objective = GlobalBatchObjective(loss_fn, gather=cfg.gather)
+    scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype == torch.float16)  # bf16 needs none
+
+    features = source.build(cfg, model, data.train_set, data.train_labels, data.eval_sets, embedding)
+    # what a step runs: through DDP when there are several processes
+    step = DataParallelStep(model, features.forward, aux, step_loss, ctx, sync_bn=cfg.sync_bn,
+                            channels_last=cfg.channels_last, compile_step=cfg.compile, teacher=robust.teacher,
+                            distill=cfg.distill, phases=cfg.lp_epochs > 0)
+    return TrainParts(model=model, loss_fn=loss_fn, aux=aux, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
+                      objective=objective, sampler=sampler, features=features, step=step, robust=robust)
+
+
 class Trainer:
     """Holds the state of one run; ``run()`` trains, evaluates, checkpoints and writes the report."""
 
@@ -146,6 +156,8 @@ class Trainer:
     data: TrainData
     parts: TrainParts
     record: RunRecord
+    checkpoints: Checkpointer
+    evaluation: Evaluator
 
     def __init__(self, cfg: TrainConfig, progress: bool = True) -> None:
         if cfg.out is None:  # a new folder per run (the command line resolves it before the processes start)
@@ -161,11 +173,11 @@ class Trainer:
         self.workers = default_workers() if cfg.workers is None else cfg.workers
         self.bad_images = BadImageLog(cfg.on_bad_image, fix=BAD_IMAGE_FIX, warn=warn_line)
         self.resume_progress: EpochProgress | None = None  # the epoch a mid-epoch checkpoint stopped in
-        self.last_eval: EvalEmbeddings | None = None  # the last evaluation's embeddings: the report's plots reuse them
         self.tracking = Tracking([])  # TensorBoard / MLflow, opened by setup() on rank 0
 
     @property
     def device(self) -> torch.device:
+        """The device this process trains on."""
         return self.ctx.device
 
     @property
@@ -175,75 +187,34 @@ class Trainer:
 
     @property
     def amp(self) -> bool:
+        """Whether the steps run under autocast (--amp)."""
         return self.amp_dtype is not None
 
     # --- set-up -----------------------------------------------------------------------------------
     def setup(self) -> None:
         """Build the model, data, optimizer and sampler (``data``, ``parts``, ``record``); resume if asked."""
         cfg = self.cfg
-        # a worker that torchrun restarted (--max-restarts) continues from the last checkpoint
-        resume = cfg.resume or (restarted() and self.last_path.exists())
-        if self.last_path.exists() and not resume:
-            raise FileExistsError(
-                f"{self.out} already holds a run ({LAST_CHECKPOINT}); pass --resume to continue it or choose another "
-                "--out"
-            )
+        resume = resuming(cfg, self.out)
         self.out.mkdir(parents=True, exist_ok=True)
         seed_everything(cfg.seed)
 
-        model = create_embedder(
-            cfg.backbone, cfg.embedding_dim, pretrained=cfg.pretrained, normalize=cfg.use_normalize,
-            freeze_bn=cfg.freeze_bn, weights=cfg.weights,
-        )
-        native_size = model.config["input_size"]
-        if cfg.image_size:
-            model.config["input_size"] = int(cfg.image_size)
-        model.config["background"] = list(parse_background(cfg.background))
+        model, native_size = build_model(cfg)
         source = feature_source_class(cfg)
         source.prepare_model(model)
         model.to(self.device)
         robust = RobustFineTuning.build(cfg, model).to(self.device)
         self.data = data = load_train_data(cfg, model.config, source.train_transform(model.config, cfg.augmentation()))
-
-        sampling = dict(drop_small=cfg.drop_small, seed=cfg.seed, batches_per_epoch=cfg.batches_per_epoch)
-        if self.ctx.distributed:  # each rank takes its part of the same global batches
-            sampling.update(rank=self.ctx.rank, world_size=self.ctx.world_size)
-        sampler_cls = DistributedClassBalancedBatchSampler if self.ctx.distributed else ClassBalancedBatchSampler
-        sampler = sampler_cls(data.train_labels, cfg.classes_per_batch, cfg.per_class, **sampling)
-
-        loss_fn = losses.build(cfg.loss, negatives=cfg.negatives, num_classes=data.num_classes,
-                               embedding_dim=cfg.embedding_dim, **cfg.loss_kwargs).to(self.device)
-        step_loss = loss_fn  # its parameters train inside the step (DDP keeps them equal); the memory stays outside
-        if cfg.memory == "xbm":
-            loss_fn = with_memory(cfg, loss_fn, len(sampler)).to(self.device)
-        extra = []
-        aux = None
-        if cfg.aux_ce > 0:
-            from retrieval.losses.auxiliary import AuxiliaryCrossEntropy
-
-            aux = AuxiliaryCrossEntropy(cfg.embedding_dim, data.num_classes, weight=cfg.aux_ce).to(self.device)
-            extra += list(aux.parameters())
-        optimizer = build_optimizer(cfg, model, step_loss, extra)
-        scheduler = build_scheduler(cfg, optimizer, len(sampler))
-        objective = GlobalBatchObjective(loss_fn, gather=cfg.gather)
-        scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)  # bf16 needs none
-
-        self.embedding = embedding = Embedding(self.device, cfg.eval_batch_size, self.workers, self.amp, self.progress,
-                                               self.bad_images)
-        features: FeatureSource = source.build(cfg, model, data.train_set, data.train_labels, data.eval_sets,
-                                               embedding)
-        # what a step runs: through DDP when there are several processes
-        step = DataParallelStep(model, features.forward, aux, step_loss, self.ctx, sync_bn=cfg.sync_bn,
-                                channels_last=cfg.channels_last, compile_step=cfg.compile, teacher=robust.teacher,
-                                distill=cfg.distill, phases=cfg.lp_epochs > 0)
-        self.parts = TrainParts(model, loss_fn, aux, optimizer, scheduler, scaler, objective, sampler, features, step,
-                                robust)
+        embedding = Embedding(self.device, cfg.eval_batch_size, self.workers, self.amp, self.progress, self.bad_images)
+        self.parts = build_parts(cfg, ctx=self.ctx, model=model, data=data, robust=robust, source=source,
+                                 embedding=embedding, amp_dtype=self.amp_dtype)
+        self.checkpoints = Checkpointer(cfg, self.out, self.main, self.parts, data, self.bad_images)
+        self.evaluation = Evaluator(cfg, self.ctx, self.out, self.parts, data, embedding, self.progress)
 
         self.record = RunRecord()
         if data.extra_sets and not resume:  # resuming: the checkpoint has it
-            self.record.reference = self.reference_metrics(native_size)
+            self.record.reference = self.evaluation.reference_metrics(native_size)
         if resume:
-            self._load_resume_state()
+            self.record, self.resume_progress = self.checkpoints.resume(self.device)
         if self.main:
             self.tracking = Tracking.open(self.out, self.run_config(), cfg.tensorboard,
                                           mlflow_uri_from(cfg.mlflow_uri, cfg.mlflow, self.out),
@@ -251,6 +222,7 @@ class Trainer:
             (self.out / "config.json").write_text(json.dumps(self.run_config(), indent=2))
 
     def run_config(self) -> dict[str, Any]:
+        """config.json: the training options, the model, the data and where the run ran."""
         return {
             "train": self.cfg.to_dict(),
             "model": self.parts.model.config,
@@ -265,103 +237,75 @@ class Trainer:
             "tracking": self.tracking.where(),
         }
 
-    # --- checkpoints -------------------------------------------------------------------------------
     def checkpoint(self, epoch: int, metrics: dict[str, Any], progress: EpochProgress | None = None) -> dict[str, Any]:
-        """The on-disk checkpoint: model and everything a resume needs; ``epoch`` epochs are complete, ``progress``
-        is the one under way."""
-        parts, record = self.parts, self.record
-        evaluated = parts.robust.eval_model(parts.model)
-        return Checkpoint(
-            model_config=parts.model.config,
-            state_dict=evaluated.state_dict(),  # the model people use: the EMA when there is one
-            train_config=self.cfg.to_dict(),
-            config_hash=config_hash(self.cfg.to_dict()),
-            epoch=epoch,
-            metrics=metrics,
-            class_names=list(self.data.train_set.class_names),
-            optimizer=parts.optimizer.state_dict(),
-            scheduler=parts.scheduler.state_dict(),
-            scaler=parts.scaler.state_dict(),
-            loss_state=parts.loss_fn.state_dict(),
-            aux_state=parts.aux.state_dict() if parts.aux is not None else None,
-            best_recall=record.best_recall,
-            history=record.history,
-            baseline=record.baseline,
-            bad_images=self.bad_images.records(),
-            steps_per_epoch=parts.steps_per_epoch,
-            in_epoch=asdict(progress) if progress is not None else None,
-            rng=rng_states(),
-            training_weights=parts.model.state_dict() if evaluated is not parts.model else None,
-            robust=parts.robust.state_dict(),
-            reference=record.reference,
-        ).to_dict()
+        """The on-disk checkpoint of the run as it stands: ``epoch`` epochs complete, ``progress`` the one under way."""
+        return self.checkpoints.checkpoint(self.record, epoch, metrics, progress)
 
-    def _save(self, name: str, epoch: int, metrics: dict[str, Any], progress: EpochProgress | None = None) -> None:
-        atomic_save(self.checkpoint(epoch, metrics, progress), self.out / name)
+    def evaluate(self, final: bool = False) -> dict[str, Any]:
+        """Metrics of the evaluation split (and the extra sets); the linear probe before and after training only."""
+        return self.evaluation.evaluate(probe=final or not self.record.history)
 
-    def _load_resume_state(self) -> None:
-        path = self.last_path
-        if not path.is_file():
-            raise FileNotFoundError(f"--resume: no checkpoint to resume at {path}; start without --resume")
-        ckpt = load_checkpoint(path, map_location=self.device)
-        if not ckpt.resumable:
-            raise ValueError(f"--resume: {path} holds a model only, no training state; start without --resume")
-        parts = self.parts
-        parts.model.load_state_dict(ckpt.training_weights or ckpt.state_dict)
-        if ckpt.robust is not None:
-            parts.robust.load_state_dict(ckpt.robust)
-        parts.optimizer.load_state_dict(ckpt.optimizer)
-        parts.scheduler.load_state_dict(ckpt.scheduler)
-        parts.scaler.load_state_dict(ckpt.scaler)
-        parts.loss_fn.load_state_dict(ckpt.loss_state)
-        if parts.aux is not None and ckpt.aux_state:
-            parts.aux.load_state_dict(ckpt.aux_state)
-        self.record = RunRecord(ckpt.epoch, ckpt.best_recall, ckpt.history, ckpt.baseline, ckpt.reference)
-        self.bad_images.restore(ckpt.bad_images)
-        if ckpt.in_epoch:
-            if ckpt.steps_per_epoch != parts.steps_per_epoch:
-                raise ValueError(
-                    f"--resume: {path} stopped inside an epoch of {ckpt.steps_per_epoch} batches but this "
-                    f"configuration has {parts.steps_per_epoch}; resume with the run's own options (config.json)"
-                )
-            self.resume_progress = EpochProgress(**ckpt.in_epoch)
-        restore_rng_states(ckpt.rng)
-        # metrics.jsonl and steps.jsonl keep exactly the epochs and steps the checkpoint has seen
-        if self.main:
-            self._rewrite_metrics_log()
-            self._rewrite_steps_log()
+    # --- the run -----------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        """Set up, train every epoch (evaluating and checkpointing), then write the report; returns it."""
+        try:
+            return self._run()
+        except BaseException as exc:
+            self.tracking.fail("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+            raise
 
-    def _log_step(self, epoch: float, loss: float) -> None:
-        """One optimizer step's loss: steps.jsonl (the report's per-step curve) and the trackers (rank 0)."""
-        step = self.parts.scheduler.last_epoch
-        self.tracking.step(step, loss)
-        if self.main:
-            with (self.out / STEPS_LOG).open("a") as f:
-                f.write(json.dumps({"step": step, "epoch": round(epoch, 6), "loss": loss}) + "\n")
+    def _track_epoch(self, row: dict[str, Any]) -> None:
+        optimizer = self.parts.optimizer
+        self.tracking.epoch(row, self.parts.scheduler.last_epoch,
+                            {group.get("name", str(i)): group["lr"] for i, group in enumerate(optimizer.param_groups)})
 
-    def _rewrite_steps_log(self) -> None:
-        """A resumed run's steps.jsonl keeps the steps its checkpoint has taken (the later ones are taken again)."""
-        path, done = self.out / STEPS_LOG, self.parts.scheduler.last_epoch
-        if path.is_file():
-            kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= done]
-            atomic_write(path, "".join(line + "\n" for line in kept))
+    def _set_up(self) -> None:
+        """``setup()``; a folder it made for a run that then fails before training is removed again (with what it
+        had written: nothing a later run needs), so a mistyped option leaves no empty run behind."""
+        made = not self.out.exists()
+        try:
+            self.setup()
+        except BaseException:
+            if made and self.main:
+                shutil.rmtree(self.out, ignore_errors=True)
+            raise
 
-    def _rewrite_metrics_log(self) -> None:
-        atomic_write(self.out / "metrics.jsonl", "".join(json.dumps(row) + "\n" for row in self.record.history))
+    def _run(self) -> dict[str, Any]:
+        self._set_up()
+        cfg, record = self.cfg, self.record
+        if record.baseline is None and cfg.eval_before:
+            record.baseline = self.evaluate()
+            record.history.append({"epoch": 0, **record.baseline})
+            self._track_epoch(record.history[-1])
+            self.checkpoints.rewrite_metrics_log(record.history)
+        for epoch in range(record.start_epoch, cfg.epochs):
+            progress, self.resume_progress = self.resume_progress, None  # a mid-epoch resume's epoch comes first
+            row: dict[str, Any] = {"epoch": epoch + 1, **self.train_epoch(epoch, progress)}
+            evaluated = (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs
+            if evaluated:
+                row.update(self.evaluate(final=epoch + 1 == cfg.epochs))
+            record.history.append(row)
+            self._track_epoch(row)
+            self.checkpoints.append_metrics(row)
+            self.checkpoints.save_epoch_end(record, epoch, row, evaluated)
+            if self.progress:
+                shown = {k: round(v, 4) for k, v in row.items() if k in ("loss", "recall@1", "map@r")}
+                tqdm.write(f"epoch {epoch + 1}: {shown}")
+        return self.finish()
 
-    def _mid_epoch_checkpoint_due(self) -> bool:
-        """--checkpoint-every: rank 0 saves last.pt every that many optimizer steps of the run."""
-        every = self.cfg.checkpoint_every
-        return bool(every) and self.main and self.parts.scheduler.last_epoch % every == 0  # counts optimizer steps
-
-    def _save_epoch_end(self, epoch: int, row: dict[str, Any], evaluated: bool) -> None:
-        """After an epoch: best.pt when its recall@1 is the best yet (every rank tracks it), then last.pt."""
-        if evaluated and row[BEST_METRIC] > self.record.best_recall:
-            self.record.best_recall = row[BEST_METRIC]
-            if self.main:
-                self._save(BEST_CHECKPOINT, epoch + 1, row)
-        if self.main:
-            self._save(LAST_CHECKPOINT, epoch + 1, row)
+    def finish(self) -> dict[str, Any]:
+        """After the last epoch: WiSE-FT if asked, then (rank 0) the report; returns it ({} on other ranks)."""
+        evaluation, history = self.evaluation, self.record.history
+        if evaluation.last_eval is None:  # e.g. resuming a run that had already finished
+            evaluation.last_eval = evaluation.embed_eval()
+        wise = None
+        if self.cfg.wise_alpha is not None:
+            wise = evaluation.wise_ft(history[-1]["epoch"] if history else 0)
+        if not self.main:
+            return {}
+        report = evaluation.write_report(self.run_config(), self.record, wise, self.bad_images.records())
+        self.tracking.finish(self.out, report.get("plots", {}), self.parts.scheduler.last_epoch)
+        return report
 
     # --- training ----------------------------------------------------------------------------------
     def train_epoch(self, epoch: int, progress: EpochProgress | None = None) -> dict[str, float]:
@@ -420,9 +364,8 @@ class Trainer:
             state.elapsed = time.perf_counter() - start
             bar.set_postfix(loss=f"{state.totals['loss'] / state.steps:.4f}",
                             img_s=f"{state.seen / max(state.elapsed, 1e-9):.0f}")
-            if self._mid_epoch_checkpoint_due():  # the metrics of the last epoch complete
-                last_row = self.record.history[-1] if self.record.history else {}
-                self._save(LAST_CHECKPOINT, epoch, last_row, progress=state)
+            if self.checkpoints.mid_epoch_due():
+                self.checkpoints.save_mid_epoch(self.record, epoch, state)
         self.bad_images.restore(parts.step.all_records(self.bad_images.records()))  # the report lists every rank's
         if state.seen == 0 and state.skipped_images:
             raise ValueError(
@@ -430,6 +373,12 @@ class Trainer:
                 "above name them): check the data folder"
             )
         return self._epoch_row(state, time.perf_counter() - start)
+
+    def _log_step(self, epoch: float, loss: float) -> None:
+        """One optimizer step's loss: steps.jsonl (the report's per-step curve) and the trackers (rank 0)."""
+        step = self.parts.scheduler.last_epoch
+        self.tracking.step(step, loss)
+        self.checkpoints.log_step(step, epoch, loss)
 
     def _optimizer_step(self, backward: torch.Tensor, replay=None) -> None:
         """One optimizer step on ``backward``'s gradients (and ``replay()``'s, the chunks of --chunks): loss scaling,
@@ -476,284 +425,6 @@ class Trainer:
         if self.device.type == "cuda":
             row["cuda_max_memory_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
         return row
-
-    # --- evaluation --------------------------------------------------------------------------------
-    def embed_eval(self):
-        """(query, query_labels, gallery, gallery_labels) embeddings of the evaluation split."""
-        return self.parts.features.embed_eval(self.eval_model)
-
-    @property
-    def eval_model(self) -> Embedder:
-        """The weights evaluated and saved: the EMA of the weights when --ema is on, else the model itself."""
-        return self.parts.robust.eval_model(self.parts.model)
-
-    def _embed(self, model: nn.Module, dataset, desc: str) -> tuple[np.ndarray, np.ndarray]:
-        """(embeddings, labels) of a data set's images that load, sharded over the ranks."""
-        run = self.embedding
-        result = embed_sharded(model, dataset, run.batch_size, run.device, run.workers, run.amp, desc, run.progress,
-                               run.bad_images)
-        return result.embeddings, result.labels
-
-    def _recall_at_1(self, model: nn.Module, dataset, desc: str) -> dict[str, float]:
-        """Leave-one-out Recall@K and MAP@R of ``model`` on one data set (computed on rank 0, shared)."""
-        emb, labels = self._embed(model, dataset, desc)
-        return self.ctx.from_main(leave_one_out_metrics(emb, labels) if self.main else None)
-
-    def extra_metrics(self, model: nn.Module, part: str = "test") -> dict[str, dict[str, float]]:
-        """Metrics of every --eval-extra set's ``part`` (test or val), by set name."""
-        return {extra.name: self._recall_at_1(model, getattr(extra, part), f"embed {extra.name} ({part})")
-                for extra in self.data.extra_sets}
-
-    def reference_metrics(self, native_size: int) -> dict[str, Any]:
-        """What a user would otherwise take: the pretrained backbone's pooled features at its own resolution, on
-        each extra set's test part (features cached: every run of the same backbone shares them)."""
-        with torch.random.fork_rng(devices=[]):  # loaders draw seeds: a cache hit must not change the training
-            return self._reference_metrics(native_size)
-
-    def _reference_metrics(self, native_size: int) -> dict[str, Any]:
-        cfg, run = self.cfg, self.embedding
-        native = {**self.parts.model.config, "input_size": native_size}
-        sets = {}
-        for extra in self.data.extra_sets:
-            dataset = copy.copy(extra.test)
-            dataset.transform = build_transforms(native, train=False)
-            key = {"reference": extra.source, "part": "test", "limit": cfg.eval_extra_limit, "backbone": cfg.backbone,
-                   "pretrained": cfg.pretrained, "weights": cfg.weights, "input_size": native_size,
-                   "background": native["background"], "amp": run.amp, "images": len(dataset)}
-            features = cached_features(self.parts.model.backbone, dataset, key, cfg.feature_cache, run.device,
-                                       run.batch_size, run.workers, run.amp, f"reference {extra.name}", run.bad_images,
-                                       run.progress)
-            sets[extra.name] = {"test": self.ctx.from_main(
-                leave_one_out_metrics(features.embeddings, features.labels) if self.main else None)}
-        return {"input_size": native_size, "sets": sets}
-
-    def train_embeddings_sample(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """Embeddings of a fixed train subset (for the hard-triplet fraction); None when too costly."""
-        sample = self.parts.features.train_sample(self.eval_model, self.cfg.seed)
-        if sample is None:
-            return None
-        emb, indices = sample
-        return emb, self.data.train_labels[indices]
-
-    def evaluate(self, final: bool = False) -> dict[str, float]:
-        """Metrics of the evaluation split: embedded sharded over the ranks, computed once (rank 0), shared."""
-        q, ql, g, gl = self.embed_eval()
-        self.last_eval = (q, ql, g, gl)  # the report's plots reuse them instead of embedding again
-        metrics = self.ctx.from_main(self._metrics(q, ql, g, gl, final) if self.main else None)
-        if self.data.extra_sets:
-            metrics["extra"] = self.extra_metrics(self.eval_model)
-        return metrics
-
-    def _metrics(self, q: np.ndarray, ql: np.ndarray, g: np.ndarray | None, gl: np.ndarray | None,
-                 final: bool) -> dict[str, float]:
-        metrics = evaluate_embeddings(q, ql, g, gl)
-        # unreadable images lose both their embedding and their label: say how many were left
-        evaluated = len(ql) + (len(gl) if gl is not None else 0)
-        metrics["eval_images"] = evaluated
-        metrics["eval_skipped_images"] = self.data.eval_sets.num_images - evaluated
-        metrics.update(hard_fractions(q, ql, self.train_embeddings_sample()))
-        if self.cfg.linear_probe and (final or not self.record.history):  # before and after training: it is slow
-            metrics["linear_probe"] = self.linear_probe(q, ql)
-        return metrics
-
-    @torch.no_grad()
-    def linear_probe(self, q: np.ndarray, ql: np.ndarray) -> float:
-        """Logistic regression on train embeddings (clean labels), accuracy on the evaluation split."""
-        from retrieval.metrics import linear_probe
-
-        train_emb, loaded = self.parts.features.train_embeddings(self.eval_model)
-        return linear_probe(train_emb, self.data.clean_train_labels[loaded], q, ql, seed=self.cfg.seed)
-
-    # --- the run -----------------------------------------------------------------------------------
-    def run(self) -> dict[str, Any]:
-        try:
-            return self._run()
-        except BaseException as exc:
-            self.tracking.fail("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
-            raise
-
-    def _track_epoch(self, row: dict[str, Any]) -> None:
-        optimizer = self.parts.optimizer
-        self.tracking.epoch(row, self.parts.scheduler.last_epoch,
-                            {group.get("name", str(i)): group["lr"] for i, group in enumerate(optimizer.param_groups)})
-
-    def _set_up(self) -> None:
-        """``setup()``; a folder it made for a run that then fails before training is removed again (with what it
-        had written: nothing a later run needs), so a mistyped option leaves no empty run behind."""
-        made = not self.out.exists()
-        try:
-            self.setup()
-        except BaseException:
-            if made and self.main:
-                shutil.rmtree(self.out, ignore_errors=True)
-            raise
-
-    def _run(self) -> dict[str, Any]:
-        self._set_up()
-        cfg, record = self.cfg, self.record
-        log_path = self.out / "metrics.jsonl"
-        if record.baseline is None and cfg.eval_before:
-            record.baseline = self.evaluate()
-            record.history.append({"epoch": 0, **record.baseline})
-            self._track_epoch(record.history[-1])
-            if self.main:
-                self._rewrite_metrics_log()
-        for epoch in range(record.start_epoch, cfg.epochs):
-            progress, self.resume_progress = self.resume_progress, None  # a mid-epoch resume's epoch comes first
-            row: dict[str, Any] = {"epoch": epoch + 1, **self.train_epoch(epoch, progress)}
-            evaluated = (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs
-            if evaluated:
-                row.update(self.evaluate(final=epoch + 1 == cfg.epochs))
-            record.history.append(row)
-            self._track_epoch(row)
-            if self.main:
-                with log_path.open("a") as f:
-                    f.write(json.dumps(row) + "\n")
-            self._save_epoch_end(epoch, row, evaluated)
-            if self.progress:
-                shown = {k: round(v, 4) for k, v in row.items() if k in ("loss", "recall@1", "map@r")}
-                tqdm.write(f"epoch {epoch + 1}: {shown}")
-        return self.finish()
-
-    def finish(self) -> dict[str, Any]:
-        history = self.record.history
-        final = [r for r in history if "recall@1" in r and r["epoch"] > 0]
-        best = max(final, key=lambda r: r[BEST_METRIC]) if final else None
-        if self.last_eval is None:  # e.g. resuming a run that had already finished
-            self.last_eval = self.embed_eval()
-        wise = self.wise_ft() if self.cfg.wise_alpha is not None else None
-        if not self.main:
-            return {}
-        train_sample = self.train_embeddings_sample()
-        report = write_report(self.out, self.run_config(), history, self.record.baseline, best,
-                              final[-1] if final else None, self.last_eval[:2], train_sample,
-                              bad_images=self.bad_images.records(), with_plots=self.cfg.plots,
-                              reference=self.record.reference, wise=wise,
-                              pictures=self.evaluation_pictures, class_split=self.class_split(),
-                              best_metric=BEST_METRIC)
-        self.tracking.finish(self.out, report.get("plots", {}), self.parts.scheduler.last_epoch)
-        return report
-
-    def class_split(self) -> dict[str, Any]:
-        """Which classes (and how many images) each split holds, and how many class names train and test share
-        (0: a class-disjoint protocol)."""
-        data = self.data
-        parts = {"train": data.train_set, "validation": data.val_set, "test": data.eval_sets.query,
-                 "gallery": data.eval_sets.gallery}
-        names = {part: present_class_names(dataset) for part, dataset in parts.items() if dataset is not None}
-        split: dict[str, Any] = {
-            part: {"classes": len(found), "images": len(parts[part]),
-                   **({"class_names": found} if len(found) <= MAX_LISTED_CLASSES else {})}
-            for part, found in names.items()}
-        split["shared_train_test_classes"] = len(set(names["train"]) & set(names["test"]))
-        return split
-
-    def evaluation_pictures(self) -> dict[str, str]:
-        """The last evaluation's query grid and embedding map, drawn into the run folder (report plot names)."""
-        return eval_set_pictures(self.out, self.data.eval_sets, self.last_eval, *self.parts.features.eval_indices(),
-                                 seed=self.cfg.seed)
-
-    # --- WiSE-FT -------------------------------------------------------------------------------------
-    def validation_point(self, model: nn.Module) -> dict[str, Any]:
-        """Recall@1 of ``model`` on the validation data: the held-out train classes and each extra set's val part."""
-        point: dict[str, Any] = {"in_domain": None, "out_of_domain": None}
-        if self.data.val_set is not None:
-            point["in_domain"] = self._recall_at_1(model, self.data.val_set, "embed val")["recall@1"]
-        if self.data.extra_sets:
-            per_set = {name: m["recall@1"] for name, m in self.extra_metrics(model, "val").items()}
-            point["extra"] = per_set
-            point["out_of_domain"] = float(np.mean(list(per_set.values())))
-        return point
-
-    def wise_ft(self) -> dict[str, Any]:
-        """WiSE-FT: mix the start and the fine-tuned weights along WISE_ALPHAS on the validation data, take the
-        given or chosen alpha, evaluate that model on the test data and save it as an ordinary checkpoint."""
-        cfg, robust = self.cfg, self.parts.robust
-        finetuned = self.eval_model
-        weights = snapshot(finetuned)
-        mixed = copy.deepcopy(finetuned).eval()  # the mixes are loaded into this copy
-        curve = []
-        if self.data.val_set is not None or self.data.extra_sets:
-            for alpha in WISE_ALPHAS:
-                mixed.load_state_dict(robust.mix(weights, alpha))
-                curve.append({"alpha": alpha, **self.validation_point(mixed)})
-        alpha = choose_alpha(curve, cfg.wise_tolerance) if cfg.wise_alpha == "auto" else float(cfg.wise_alpha)
-        mixed.load_state_dict(robust.mix(weights, alpha))
-        q, ql, g, gl = self.parts.features.embed_eval(mixed)
-        metrics = self.ctx.from_main(evaluate_embeddings(q, ql, g, gl) if self.main else None)
-        if self.data.extra_sets:
-            metrics["extra"] = self.extra_metrics(mixed)
-        if self.main:
-            checkpoint = Checkpoint(
-                model_config={**mixed.config, "wise_alpha": alpha}, state_dict=mixed.state_dict(),
-                train_config=cfg.to_dict(), config_hash=config_hash({**cfg.to_dict(), "wise_alpha": alpha}),
-                epoch=self.record.history[-1]["epoch"] if self.record.history else 0, metrics=metrics,
-                class_names=list(self.data.train_set.class_names),
-            )
-            atomic_save(checkpoint.to_dict(), self.out / WISE_CHECKPOINT)
-        if self.progress:
-            tqdm.write(f"WiSE-FT: alpha {alpha:g} ({'chosen on validation' if cfg.wise_alpha == 'auto' else 'given'})"
-                       f", recall@1 {metrics['recall@1']:.4f}; model in {self.out / WISE_CHECKPOINT}")
-        return {"alpha": alpha, "chosen": "validation" if cfg.wise_alpha == "auto" else "given",
-                "tolerance": cfg.wise_tolerance, "curve": curve, "metrics": metrics, "checkpoint": WISE_CHECKPOINT}
-
-
-def load_train_data(cfg: TrainConfig, model_config: dict[str, Any], train_transform) -> TrainData:
-    """The train split (less any --val-fraction of its classes, with any --label-noise injected), the evaluation
-    split, the validation classes and the --eval-extra sets, as the model wants them."""
-    eval_tf = build_transforms(model_config, train=False)
-    train_set = load_dataset(cfg.dataset, cfg.data, split="train", transform=train_transform, **cfg.dataset_kwargs)
-    eval_sets = load_eval_sets(cfg.dataset, cfg.data, cfg.eval_split, eval_tf, cfg.eval_limit, cfg.seed,
-                               **cfg.dataset_kwargs)
-    val_set = None
-    if cfg.val_fraction > 0:
-        train_set, val_set = hold_out_classes(train_set, cfg.val_fraction, cfg.seed)
-        val_set.transform = eval_tf
-    extra_sets = [load_extra_set(spec, eval_tf, cfg.eval_extra_limit) for spec in cfg.eval_extra]
-    names = [extra.name for extra in extra_sets]
-    if len(set(names)) < len(names):
-        raise ValueError(f"--eval-extra: two sets have the same name ({names}); each set is reported under its "
-                         "folder's name: give each set once, or rename one of the folders")
-    labels = np.asarray(train_set.labels, dtype=np.int64)
-    clean = labels.copy()
-    noise_info = None
-    if cfg.label_noise:
-        mode, _, rate = cfg.label_noise.partition(":")
-        transitions, chosen = None, {}
-        if mode == "asymmetric":  # per data set, by class name (retrieval.data.noise)
-            transitions, chosen = asymmetric_transitions(cfg.dataset, train_set.class_names,
-                                                         cfg.label_noise_transitions)
-        labels, noise_info = inject_label_noise(
-            labels, mode=mode, rate=float(rate), num_classes=len(train_set.class_names),
-            transitions=transitions, seed=cfg.seed,
-        )
-        noise_info.update(chosen)
-        train_set.labels = labels
-    return TrainData(train_set, eval_sets, labels, clean, noise_info, val_set, extra_sets)
-
-
-def hold_out_classes(dataset, fraction: float, seed: int):
-    """(train, validation): a seeded ``fraction`` of the classes (at least 2) moves to the validation split."""
-    classes = np.unique(dataset.labels)
-    count = max(2, round(fraction * len(classes)))
-    if len(classes) - count < 2:
-        raise ValueError(f"--val-fraction {fraction}: the train split has {len(classes)} classes, too few to hold "
-                         f"{count} out and train on the rest; lower it or leave it out")
-    held = np.random.default_rng(seed).choice(classes, count, replace=False)
-    is_val = np.isin(dataset.labels, held)
-    return dataset.subset(np.flatnonzero(~is_val)), dataset.subset(np.flatnonzero(is_val))
-
-
-def hard_fractions(q: np.ndarray, ql: np.ndarray, train_sample) -> dict[str, float]:
-    """Fraction of anchors whose hardest negative is closer than their positive (SCT paper, Figure 6)."""
-    try:
-        from retrieval.analysis.triplet_diagram import triplet_diagram
-    except ImportError:
-        return {}
-    out = {"hard_fraction_test": float(triplet_diagram(q, ql).hard_fraction)}
-    if train_sample is not None:
-        out["hard_fraction_train"] = float(triplet_diagram(*train_sample).hard_fraction)
-    return out
 
 
 def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:

@@ -1,0 +1,59 @@
+"""The run's data (``TrainData``): the train split less any validation classes, with any label noise, the
+evaluation split and the out-of-domain sets, each with the transform the model wants."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from retrieval.data import asymmetric_transitions, build_transforms, inject_label_noise, load_dataset
+from retrieval.evaluation import load_eval_sets, load_extra_set
+from retrieval.train.config import TrainConfig
+from retrieval.train.state import TrainData
+
+
+def load_train_data(cfg: TrainConfig, model_config: dict[str, Any], train_transform) -> TrainData:
+    """The train split (less any --val-fraction of its classes, with any --label-noise injected), the evaluation
+    split, the validation classes and the --eval-extra sets, as the model wants them."""
+    eval_tf = build_transforms(model_config, train=False)
+    train_set = load_dataset(cfg.dataset, cfg.data, split="train", transform=train_transform, **cfg.dataset_kwargs)
+    eval_sets = load_eval_sets(cfg.dataset, cfg.data, cfg.eval_split, eval_tf, cfg.eval_limit, cfg.seed,
+                               **cfg.dataset_kwargs)
+    val_set = None
+    if cfg.val_fraction > 0:
+        train_set, val_set = hold_out_classes(train_set, cfg.val_fraction, cfg.seed)
+        val_set.transform = eval_tf
+    extra_sets = [load_extra_set(spec, eval_tf, cfg.eval_extra_limit) for spec in cfg.eval_extra]
+    names = [extra.name for extra in extra_sets]
+    if len(set(names)) < len(names):
+        raise ValueError(f"--eval-extra: two sets have the same name ({names}); each set is reported under its "
+                         "folder's name: give each set once, or rename one of the folders")
+    labels = np.asarray(train_set.labels, dtype=np.int64)
+    clean = labels.copy()
+    noise_info = None
+    if cfg.label_noise:
+        mode, _, rate = cfg.label_noise.partition(":")
+        transitions, chosen = None, {}
+        if mode == "asymmetric":  # per data set, by class name (retrieval.data.noise)
+            transitions, chosen = asymmetric_transitions(cfg.dataset, train_set.class_names,
+                                                         cfg.label_noise_transitions)
+        labels, noise_info = inject_label_noise(
+            labels, mode=mode, rate=float(rate), num_classes=len(train_set.class_names),
+            transitions=transitions, seed=cfg.seed,
+        )
+        noise_info.update(chosen)
+        train_set.labels = labels
+    return TrainData(train_set, eval_sets, labels, clean, noise_info, val_set, extra_sets)
+
+
+def hold_out_classes(dataset, fraction: float, seed: int):
+    """(train, validation): a seeded ``fraction`` of the classes (at least 2) moves to the validation split."""
+    classes = np.unique(dataset.labels)
+    count = max(2, round(fraction * len(classes)))
+    if len(classes) - count < 2:
+        raise ValueError(f"--val-fraction {fraction}: the train split has {len(classes)} classes, too few to hold "
+                         f"{count} out and train on the rest; lower it or leave it out")
+    held = np.random.default_rng(seed).choice(classes, count, replace=False)
+    is_val = np.isin(dataset.labels, held)
+    return dataset.subset(np.flatnonzero(~is_val)), dataset.subset(np.flatnonzero(is_val))

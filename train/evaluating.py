@@ -1,0 +1,226 @@
+"""Evaluation during training: the evaluation split (and the linear probe), the --eval-extra sets and the
+pretrained reference on them, WiSE-FT's choice of the mix, and the run's report.
+
+Every rank embeds its part of a split; metrics are computed on rank 0 and shared with the others.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from retrieval.data import build_transforms
+from retrieval.distributed import embed_sharded
+from retrieval.evaluation import eval_set_pictures, evaluate_embeddings, leave_one_out_metrics, present_class_names
+from retrieval.models import WISE_CHECKPOINT, Checkpoint, Embedder, config_hash
+from retrieval.train import checkpointing
+from retrieval.train.checkpointing import BEST_METRIC
+from retrieval.train.config import TrainConfig
+from retrieval.train.distributed import DistContext
+from retrieval.train.features import Embedding, EvalEmbeddings, cached_features
+from retrieval.train.report import write_report
+from retrieval.train.robust import WISE_ALPHAS, choose_alpha, snapshot
+from retrieval.train.state import RunRecord, TrainData, TrainParts
+
+MAX_LISTED_CLASSES = 1000  # the report lists the class names of a split up to this many
+
+
+class Evaluator:
+    """Measures the model being trained on the run's evaluation data; keeps the last evaluation's embeddings."""
+
+    def __init__(self, cfg: TrainConfig, ctx: DistContext, out: Path, parts: TrainParts, data: TrainData,
+                 embedding: Embedding, progress: bool) -> None:
+        self.cfg = cfg
+        self.ctx = ctx
+        self.out = out
+        self.parts = parts
+        self.data = data
+        self.embedding = embedding
+        self.progress = progress
+        self.last_eval: EvalEmbeddings | None = None  # the last evaluation's embeddings: the report's plots reuse them
+
+    @property
+    def main(self) -> bool:
+        """Whether this is rank 0, which computes the metrics and writes the run folder."""
+        return self.ctx.is_main
+
+    @property
+    def eval_model(self) -> Embedder:
+        """The weights evaluated and saved: the EMA of the weights when --ema is on, else the model itself."""
+        return self.parts.robust.eval_model(self.parts.model)
+
+    # --- the evaluation split ----------------------------------------------------------------------
+    def embed_eval(self) -> EvalEmbeddings:
+        """(query, query_labels, gallery, gallery_labels) embeddings of the evaluation split."""
+        return self.parts.features.embed_eval(self.eval_model)
+
+    def evaluate(self, probe: bool = False) -> dict[str, Any]:
+        """Metrics of the evaluation split: embedded sharded over the ranks, computed once (rank 0), shared;
+        ``probe``: with the linear probe too (--linear-probe), which is slow."""
+        q, ql, g, gl = self.embed_eval()
+        self.last_eval = (q, ql, g, gl)  # the report's plots reuse them instead of embedding again
+        metrics = self.ctx.from_main(self._metrics(q, ql, g, gl, probe) if self.main else None)
+        if self.data.extra_sets:
+            metrics["extra"] = self.extra_metrics(self.eval_model)
+        return metrics
+
+    def _metrics(self, q: np.ndarray, ql: np.ndarray, g: np.ndarray | None, gl: np.ndarray | None,
+                 probe: bool) -> dict[str, float]:
+        metrics = evaluate_embeddings(q, ql, g, gl)
+        # unreadable images lose both their embedding and their label: say how many were left
+        evaluated = len(ql) + (len(gl) if gl is not None else 0)
+        metrics["eval_images"] = evaluated
+        metrics["eval_skipped_images"] = self.data.eval_sets.num_images - evaluated
+        metrics.update(hard_fractions(q, ql, self.train_embeddings_sample()))
+        if self.cfg.linear_probe and probe:
+            metrics["linear_probe"] = self.linear_probe(q, ql)
+        return metrics
+
+    @torch.no_grad()
+    def linear_probe(self, q: np.ndarray, ql: np.ndarray) -> float:
+        """Logistic regression on train embeddings (clean labels), accuracy on the evaluation split."""
+        from retrieval.metrics import linear_probe
+
+        train_emb, loaded = self.parts.features.train_embeddings(self.eval_model)
+        return linear_probe(train_emb, self.data.clean_train_labels[loaded], q, ql, seed=self.cfg.seed)
+
+    def train_embeddings_sample(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """Embeddings of a fixed train subset (for the hard-triplet fraction); None when too costly."""
+        sample = self.parts.features.train_sample(self.eval_model, self.cfg.seed)
+        if sample is None:
+            return None
+        emb, indices = sample
+        return emb, self.data.train_labels[indices]
+
+    # --- other data sets ---------------------------------------------------------------------------
+    def _leave_one_out(self, model: nn.Module, dataset, desc: str) -> dict[str, float]:
+        """Leave-one-out Recall@K and MAP@R of ``model`` on one data set (embedded sharded, computed on rank 0,
+        shared)."""
+        run = self.embedding
+        result = embed_sharded(model, dataset, run.batch_size, run.device, run.workers, run.amp, desc, run.progress,
+                               run.bad_images)
+        return self.ctx.from_main(leave_one_out_metrics(result.embeddings, result.labels) if self.main else None)
+
+    def extra_metrics(self, model: nn.Module, part: str = "test") -> dict[str, dict[str, float]]:
+        """Metrics of every --eval-extra set's ``part`` (test or val), by set name."""
+        return {extra.name: self._leave_one_out(model, getattr(extra, part), f"embed {extra.name} ({part})")
+                for extra in self.data.extra_sets}
+
+    def reference_metrics(self, native_size: int) -> dict[str, Any]:
+        """What a user would otherwise take: the pretrained backbone's pooled features at its own resolution, on
+        each extra set's test part (features cached: every run of the same backbone shares them)."""
+        with torch.random.fork_rng(devices=[]):  # loaders draw seeds: a cache hit must not change the training
+            return self._reference_metrics(native_size)
+
+    def _reference_metrics(self, native_size: int) -> dict[str, Any]:
+        cfg, run = self.cfg, self.embedding
+        native = {**self.parts.model.config, "input_size": native_size}
+        sets = {}
+        for extra in self.data.extra_sets:
+            dataset = copy.copy(extra.test)
+            dataset.transform = build_transforms(native, train=False)
+            key = {"reference": extra.source, "part": "test", "limit": cfg.eval_extra_limit, "backbone": cfg.backbone,
+                   "pretrained": cfg.pretrained, "weights": cfg.weights, "input_size": native_size,
+                   "background": native["background"], "amp": run.amp, "images": len(dataset)}
+            features = cached_features(self.parts.model.backbone, dataset, key, cfg.feature_cache, run.device,
+                                       run.batch_size, run.workers, run.amp, f"reference {extra.name}", run.bad_images,
+                                       run.progress)
+            sets[extra.name] = {"test": self.ctx.from_main(
+                leave_one_out_metrics(features.embeddings, features.labels) if self.main else None)}
+        return {"input_size": native_size, "sets": sets}
+
+    # --- WiSE-FT -------------------------------------------------------------------------------------
+    def validation_point(self, model: nn.Module) -> dict[str, Any]:
+        """Recall@1 of ``model`` on the validation data: the held-out train classes and each extra set's val part."""
+        point: dict[str, Any] = {"in_domain": None, "out_of_domain": None}
+        if self.data.val_set is not None:
+            point["in_domain"] = self._leave_one_out(model, self.data.val_set, "embed val")["recall@1"]
+        if self.data.extra_sets:
+            per_set = {name: m["recall@1"] for name, m in self.extra_metrics(model, "val").items()}
+            point["extra"] = per_set
+            point["out_of_domain"] = float(np.mean(list(per_set.values())))
+        return point
+
+    def wise_ft(self, epoch: int) -> dict[str, Any]:
+        """WiSE-FT: mix the start and the fine-tuned weights along WISE_ALPHAS on the validation data, take the
+        given or chosen alpha, evaluate that model on the test data and save it as an ordinary checkpoint of
+        ``epoch`` epochs."""
+        cfg, robust = self.cfg, self.parts.robust
+        finetuned = self.eval_model
+        weights = snapshot(finetuned)
+        mixed = copy.deepcopy(finetuned).eval()  # the mixes are loaded into this copy
+        curve = []
+        if self.data.val_set is not None or self.data.extra_sets:
+            for alpha in WISE_ALPHAS:
+                mixed.load_state_dict(robust.mix(weights, alpha))
+                curve.append({"alpha": alpha, **self.validation_point(mixed)})
+        alpha = choose_alpha(curve, cfg.wise_tolerance) if cfg.wise_alpha == "auto" else float(cfg.wise_alpha)
+        mixed.load_state_dict(robust.mix(weights, alpha))
+        q, ql, g, gl = self.parts.features.embed_eval(mixed)
+        metrics = self.ctx.from_main(evaluate_embeddings(q, ql, g, gl) if self.main else None)
+        if self.data.extra_sets:
+            metrics["extra"] = self.extra_metrics(mixed)
+        if self.main:
+            checkpoint = Checkpoint(
+                model_config={**mixed.config, "wise_alpha": alpha}, state_dict=mixed.state_dict(),
+                train_config=cfg.to_dict(), config_hash=config_hash({**cfg.to_dict(), "wise_alpha": alpha}),
+                epoch=epoch, metrics=metrics, class_names=list(self.data.train_set.class_names),
+            )
+            checkpointing.atomic_save(checkpoint.to_dict(), self.out / WISE_CHECKPOINT)
+        if self.progress:
+            tqdm.write(f"WiSE-FT: alpha {alpha:g} ({'chosen on validation' if cfg.wise_alpha == 'auto' else 'given'})"
+                       f", recall@1 {metrics['recall@1']:.4f}; model in {self.out / WISE_CHECKPOINT}")
+        return {"alpha": alpha, "chosen": "validation" if cfg.wise_alpha == "auto" else "given",
+                "tolerance": cfg.wise_tolerance, "curve": curve, "metrics": metrics, "checkpoint": WISE_CHECKPOINT}
+
+    # --- the report ----------------------------------------------------------------------------------
+    def write_report(self, run_config: dict[str, Any], record: RunRecord, wise: dict[str, Any] | None,
+                     bad_images: list[dict[str, Any]]) -> dict[str, Any]:
+        """report.json (and its plots) of the run as ``record`` has it: best by BEST_METRIC, last, baseline."""
+        history = record.history
+        final = [r for r in history if "recall@1" in r and r["epoch"] > 0]
+        best = max(final, key=lambda r: r[BEST_METRIC]) if final else None
+        train_sample = self.train_embeddings_sample()
+        return write_report(self.out, run_config, history, record.baseline, best,
+                            final[-1] if final else None, self.last_eval[:2], train_sample,
+                            bad_images=bad_images, with_plots=self.cfg.plots,
+                            reference=record.reference, wise=wise,
+                            pictures=self.evaluation_pictures, class_split=self.class_split(),
+                            best_metric=BEST_METRIC)
+
+    def class_split(self) -> dict[str, Any]:
+        """Which classes (and how many images) each split holds, and how many class names train and test share
+        (0: a class-disjoint protocol)."""
+        data = self.data
+        parts = {"train": data.train_set, "validation": data.val_set, "test": data.eval_sets.query,
+                 "gallery": data.eval_sets.gallery}
+        names = {part: present_class_names(dataset) for part, dataset in parts.items() if dataset is not None}
+        split: dict[str, Any] = {
+            part: {"classes": len(found), "images": len(parts[part]),
+                   **({"class_names": found} if len(found) <= MAX_LISTED_CLASSES else {})}
+            for part, found in names.items()}
+        split["shared_train_test_classes"] = len(set(names["train"]) & set(names["test"]))
+        return split
+
+    def evaluation_pictures(self) -> dict[str, str]:
+        """The last evaluation's query grid and embedding map, drawn into the run folder (report plot names)."""
+        return eval_set_pictures(self.out, self.data.eval_sets, self.last_eval, *self.parts.features.eval_indices(),
+                                 seed=self.cfg.seed)
+
+
+def hard_fractions(q: np.ndarray, ql: np.ndarray, train_sample) -> dict[str, float]:
+    """Fraction of anchors whose hardest negative is closer than their positive (SCT paper, Figure 6)."""
+    try:
+        from retrieval.analysis.triplet_diagram import triplet_diagram
+    except ImportError:
+        return {}
+    out = {"hard_fraction_test": float(triplet_diagram(q, ql).hard_fraction)}
+    if train_sample is not None:
+        out["hard_fraction_train"] = float(triplet_diagram(*train_sample).hard_fraction)
+    return out
