@@ -174,7 +174,7 @@ def test_proxies_are_the_loss_parameter_with_the_documented_shape():
     assert [name for name, _ in build("cosface", num_classes=7, embedding_dim=3).named_parameters()] == ["proxies"]
 
 
-def test_issue_hyperparameter_names_and_defaults():
+def test_proxy_losses_describe_their_hyperparameter_names_defaults_and_equation():
     assert describe("proxy_anchor")["defaults"] == {"alpha": 32.0, "margin": 0.1, "--loss-lr": 1e-2}
     assert describe("arcface")["defaults"]["scale"] == 64.0 and describe("arcface")["defaults"]["margin"] == 0.5
     assert describe("cosface")["defaults"] == {"scale": 64.0, "margin": 0.35}

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_train_ddp import png_bytes
+from sample_images import noisy_png
 
 from retrieval.evaluation import load_extra_set
 from retrieval.models import load_embedder
@@ -44,7 +44,7 @@ def images(tmp_path_factory) -> Path:
             folder.mkdir(parents=True)
             for i in range(count):
                 seed = 1000 * c + 10 * i + 7 * len(split)
-                (folder / f"{i}.png").write_bytes(png_bytes(COLORS[(c + len(split)) % len(COLORS)], seed))
+                (folder / f"{i}.png").write_bytes(noisy_png(COLORS[(c + len(split)) % len(COLORS)], seed))
     return root
 
 
@@ -255,7 +255,7 @@ def test_eval_extra_names_what_it_accepts(tmp_path):
     with pytest.raises(ValueError, match="no such folder and no registered data set 'nope'"):
         load_extra_set("nope", None)
     (tmp_path / "a").mkdir()
-    (tmp_path / "a" / "x.png").write_bytes(png_bytes((1, 2, 3), 0))
+    (tmp_path / "a" / "x.png").write_bytes(noisy_png((1, 2, 3), 0))
     with pytest.raises(ValueError, match="at least 2 classes with 4 or more images"):
         load_extra_set(str(tmp_path), None)
 

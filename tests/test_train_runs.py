@@ -1,4 +1,4 @@
-"""Run folders (issue 28, point 6): a run without --out gets a new folder, a run that fails before training leaves
+"""Run folders: a run without --out gets a new folder, a run that fails before training leaves
 none behind, and report.json says how the classes were split and which metric chose best.pt."""
 
 from __future__ import annotations

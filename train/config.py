@@ -297,7 +297,7 @@ class TrainConfig:
         """What is wrong between the robust fine-tuning and extra-evaluation options."""
         errors = []
         if self.lp_epochs >= self.epochs:
-            errors.append(f"--lp-epochs must be below --epochs ({self.epochs}) so that fine-tuning follows, "
+            errors.append(f"--lp-epochs must be >= 0 and below --epochs ({self.epochs}) so that fine-tuning follows, "
                           f"got {self.lp_epochs}")
         if any(not str(spec).strip() for spec in self.eval_extra):
             errors.append("--eval-extra needs a data set name or an image folder, got an empty value")
