@@ -7,6 +7,7 @@ import ast
 import json
 import typing
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -80,7 +81,7 @@ def default_text(declared: DeclaredOption) -> str | None:
     if declared.spec.default_text is not None:
         return declared.spec.default_text
     value = declared.default
-    if value is None or value == [] or value == {}:
+    if value is None or value == [] or value == {} or value == ():
         return None
     if isinstance(value, bool):
         return declared.flag if value else f"--no-{declared.flag[2:]}" if declared.spec.negatable else None
@@ -111,6 +112,8 @@ def click_option(declared: DeclaredOption, *aliases: str, help: str | None = Non
         attrs.update(multiple=True)
     elif origins == [list] and typing.get_args(members[0]) == (str,):
         attrs.update(multiple=True)
+    elif origins == [tuple] and typing.get_args(members[0]) == (str, ...):
+        attrs.update(multiple=True)
     elif origins == [list]:
         attrs.update(callback=float_pair)
     elif set(members) == {float, str}:
@@ -119,7 +122,8 @@ def click_option(declared: DeclaredOption, *aliases: str, help: str | None = Non
         attrs.update(type=click.Choice([str(c) for c in spec.allowed() or () if isinstance(c, str)]))
         attrs.pop("metavar")
     elif spec.path is not None:
-        attrs.update(type=click.Path(dir_okay=spec.path != "file", file_okay=spec.path != "dir"))
+        attrs.update(type=click.Path(dir_okay=spec.path != "file", file_okay=spec.path != "dir",
+                                     path_type=Path if members[0] is Path else None))
     elif members and members[0] in (int, float):
         attrs.update(type=members[0])
     text, suffix = (help, "") if help is not None else (spec.help, _default_suffix(declared))
@@ -131,8 +135,9 @@ def click_option(declared: DeclaredOption, *aliases: str, help: str | None = Non
 
 
 def config_options(cls: type) -> list[Callable]:
-    """The click options of every option ``cls`` declares, in declaration order."""
-    return [click_option(declared) for declared in declared_options(cls)]
+    """The click options of every option ``cls`` declares on the command line, in declaration order (those
+    declared ``command_line=False`` are the command's own to declare and convert)."""
+    return [click_option(declared) for declared in declared_options(cls) if declared.spec.command_line]
 
 
 def shared_option(cls: type, name: str, *aliases: str, help: str | None = None, default: Any = None) -> Callable:
@@ -151,7 +156,7 @@ def option_values(cls: type, file_values: dict[str, Any], options: dict[str, Any
             continue
         if isinstance(declared.default, dict):
             value = {**file_values.get(declared.name, {}), **parse_params(value, declared.flag)}
-        elif isinstance(value, tuple):
+        elif isinstance(value, tuple) and not isinstance(declared.default, tuple):  # a tuple field keeps its tuple
             value = list(value)
         values[declared.name] = value
     return values
@@ -201,15 +206,14 @@ def with_reference(document: str, table: str, name: str = "options") -> str:
 
 def reference_tables() -> list[tuple[str, str, type]]:
     """Each generated reference table: (document under the repository, marker name, the declaring config)."""
+    from retrieval.serve.config import ServerConfig
     from retrieval.train.config import TrainConfig
 
-    return [("docs/TRAINING.md", "options", TrainConfig)]
+    return [("docs/TRAINING.md", "options", TrainConfig), ("docs/SERVING.md", "serve-options", ServerConfig)]
 
 
 def write_references(root: str) -> list[str]:
     """Write every reference table into its document under ``root``; returns the documents written."""
-    from pathlib import Path
-
     written = []
     for relative, name, cls in reference_tables():
         document = Path(root) / relative

@@ -1,9 +1,9 @@
 """An option declared once: a dataclass field whose metadata says everything the command line, the config file,
 the checks and the docs need (no torch, no click).
 
-``TrainConfig``'s fields are declared with ``option(default, section, help, ...)``. From that one declaration:
-the config file's keys are the field names, ``field_problems`` checks a value's type, choices and range,
-``retrieval.cli.config_options`` makes the click options and the Markdown reference table.
+``TrainConfig``'s and ``ServerConfig``'s fields are declared with ``option(default, section, help, ...)``. From
+that one declaration: the config file's keys are the field names, ``field_problems`` checks a value's type,
+choices and range, ``retrieval.cli.config_options`` makes the click options and the Markdown reference table.
 """
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ import types
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 OPTION_KEY = "option"  # the key of a field's metadata that holds its OptionSpec
+REQUIRED: Any = dataclasses.MISSING  # option(REQUIRED, ...): a field that has no default
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,9 @@ class OptionSpec:
     path: str | None = None  # "file" or "dir": the value is a path of that kind
     negatable: bool = True  # a boolean shows --x/--no-x; False: only --x
     default_text: str | None = None  # what the default means when the value alone does not say it
+    # False: no click option is made from the declaration; the command declares ``flag`` itself, in the form a person
+    # gives it (a file that holds a secret, MiB for bytes), and converts that into the field
+    command_line: bool = True
 
     def allowed(self) -> list[Any] | None:
         """The allowed values, or None when any value of the type is allowed."""
@@ -89,7 +94,12 @@ def declared_options(cls: type) -> tuple[DeclaredOption, ...]:
         spec = field.metadata.get(OPTION_KEY)
         if spec is None:
             raise TypeError(f"{cls.__name__}.{field.name} is not declared with option()")
-        default = field.default_factory() if field.default is dataclasses.MISSING else field.default
+        if field.default is not dataclasses.MISSING:
+            default = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            default = field.default_factory()
+        else:  # REQUIRED: the option's default_text says what a command does without it
+            default = None
         found.append(DeclaredOption(field.name, hints[field.name], default, spec))
     return tuple(found)
 
@@ -102,7 +112,7 @@ def hint_members(hint: Any) -> tuple[Any, ...]:
 
 
 _TYPE_WORDS = {int: ("int", "a whole number"), float: ("float", "a number"), str: ("str", "a string"),
-               bool: ("bool", "true or false")}
+               bool: ("bool", "true or false"), Path: ("path", "a path")}
 
 
 def type_name(hint: Any, words: bool = False) -> str:
@@ -113,10 +123,12 @@ def type_name(hint: Any, words: bool = False) -> str:
         origin = typing.get_origin(member)
         if member is type(None):
             continue
-        if origin is list:
+        if origin is list or (origin is tuple and typing.get_args(member)[1:] == (...,)):  # tuple[str, ...] too
             item = typing.get_args(member)[0]
-            plural = "strings" if item is str else "numbers"
+            plural = {str: "strings", int: "numbers", float: "numbers"}.get(item, f"{type_name(item)} values")
             names.append(f"a list of {plural}" if words else f"list of {type_name(item)}")
+        elif origin is tuple:
+            names.append(f"({', '.join(type_name(part) for part in typing.get_args(member))})")
         elif origin is dict or member is dict:
             names.append("a table of KEY = VALUE" if words else "table")
         else:
@@ -141,6 +153,10 @@ def matches(hint: Any, value: Any) -> bool:
             ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         elif origin is list:
             ok = isinstance(value, list) and all(matches(typing.get_args(member)[0], item) for item in value)
+        elif origin is tuple:
+            args = typing.get_args(member)
+            items = args[:1] * len(value) if args[1:] == (...,) and isinstance(value, tuple) else args
+            ok = isinstance(value, tuple) and len(value) == len(items) and all(map(matches, items, value))
         elif origin is dict or member is dict:
             ok = isinstance(value, dict)
         else:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import gradio as gr
@@ -15,20 +14,10 @@ from fastapi.middleware.cors import CORSMiddleware
 from starlette.routing import Mount
 from starlette.types import Scope
 
-from retrieval.index.live import RELOAD_INTERVAL_S
 from retrieval.serve.admission import LengthRequired
 from retrieval.serve.api import create_api
-from retrieval.serve.defaults import (
-    API_TOKEN_ENV,
-    DEFAULT_HOST,
-    DEFAULT_MAX_PIXELS,
-    DEFAULT_MAX_UPLOAD_BYTES,
-    DEFAULT_PORT,
-    DEFAULT_UPLOAD_CACHE_BYTES,
-    DEFAULT_UPLOAD_MAX_AGE_S,
-    PUBLIC_PATHS,
-    UPLOAD_PRUNE_INTERVAL_S,
-)
+from retrieval.serve.config import ServerConfig
+from retrieval.serve.defaults import PUBLIC_PATHS
 from retrieval.serve.observability import configure_logging, outermost
 from retrieval.serve.reports import load_report
 from retrieval.serve.routes import leaf_routes
@@ -40,7 +29,6 @@ from retrieval.serve.security import (
     SafePageHeaders,
     SameOriginOnly,
     check_exposure,
-    is_loopback,
     request_cookies,
 )
 from retrieval.serve.service import SearchService
@@ -57,59 +45,6 @@ from retrieval.serve.upload_cache import (
 UI_PATH = "/"
 GRADIO_CONCURRENCY = 4  # Gradio events running at once; more wait in its queue
 GRADIO_QUEUE = 64
-
-
-@dataclass
-class ServerConfig:
-    index_dir: Path
-    report: Path | None = None
-    results: Path | None = None  # the Results tab's grid; None: no Results tab (the CLI gives the demo its own)
-    host: str = DEFAULT_HOST
-    port: int = DEFAULT_PORT
-    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
-    max_pixels: int = DEFAULT_MAX_PIXELS
-    concurrency: int = 8
-    max_queue: int = 64
-    max_batch: int = 32
-    max_wait_ms: float = 5.0
-    reload_interval_s: float | None = RELOAD_INTERVAL_S  # how often the index folder is checked for a writer's changes
-    ui: bool = True
-    api_token: str | None = None  # Bearer token the API routes require (all but PUBLIC_PATHS)
-    ui_auth: list[tuple[str, str]] | None = None  # the Gradio app's user:password logins
-    insecure: bool = False  # allow a non-loopback host without authentication
-    cors_origins: tuple[str, ...] = ()  # other web origins allowed to call the server from a browser
-    allowed_hosts: tuple[str, ...] = ()  # host names clients use (besides localhost and IP addresses)
-    # the proxies (comma-separated IPs, uvicorn's syntax) whose X-Forwarded-For/-Proto uvicorn believes; None: no
-    # proxy, the headers are ignored (else any local client could forge the address the access log records)
-    forwarded_allow_ips: str | None = None
-    upload_dir: Path | None = None  # None: a private folder per process
-    upload_max_age_s: float = DEFAULT_UPLOAD_MAX_AGE_S
-    upload_cache_bytes: int = DEFAULT_UPLOAD_CACHE_BYTES
-    upload_prune_interval_s: float = UPLOAD_PRUNE_INTERVAL_S
-    observe: bool = True  # GET /metrics and the access log (serve/observability.py)
-    log_level: str = "info"  # the server's log lines on stderr (`serve`): debug, info (the access log), warning, error
-    log_format: str = "text"  # or json: one object per line
-
-    def access_summary(self) -> str:
-        """How the server is protected, for the start-up message."""
-        api = (f"API needs `Authorization: Bearer <token>` (from --token-file or {API_TOKEN_ENV}; "
-               f"{', '.join(PUBLIC_PATHS)} open)" if self.api_token else "API open, no token")
-        ui = ("" if not self.ui else f"; Gradio app needs one of {len(self.ui_auth)} logins" if self.ui_auth
-              else "; Gradio app open, no login")
-        if is_loopback(self.host):
-            where = "loopback only"
-        elif self.api_token and (self.ui_auth or not self.ui):
-            where = "on the network"
-        else:
-            where = "ON THE NETWORK WITHOUT AUTHENTICATION (--insecure)"
-        origins = f" except from {', '.join(self.cors_origins)}" if self.cors_origins else ""
-        names = ", ".join(("localhost", "loopback addresses" if is_loopback(self.host) else "IP addresses",
-                           *self.allowed_hosts))
-        summary = f"{where}: {api}{ui}; cross-origin browser calls refused{origins}; host names answered: {names}"
-        if not is_loopback(self.host):
-            summary += ("\nOn a network, serve through nginx (deploy/nginx.conf; docs/SECURITY.md): uvicorn alone has "
-                        "no header timeout, and a few slow clients (slowloris) can hold every connection")
-        return summary
 
 
 UI_CONNECTIONS = 32  # the browser's own connections (page, assets, Gradio queue) on top of the API's
