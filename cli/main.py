@@ -94,16 +94,12 @@ def train_command(config_file, nproc, max_restarts, as_json, offline, **options)
     """Train an embedder; writes config.json, metrics.jsonl, last.pt, best.pt, report.json to --out."""
     from retrieval.models.weights import offline_scope, resolve_weights
     from retrieval.train import train
-    from retrieval.train.config import new_run_folder
-    from retrieval.train.distributed import env_world_size, launch
+    from retrieval.train.distributed import ensure_run_folder, env_world_size, launch
 
     cfg = config_from_options(config_file, **options)
     if cfg.pretrained and cfg.weights is None:
         resolve_weights(cfg.backbone, offline)  # offline weights that are missing: fail before any work
-    if cfg.out is None:  # a new folder per run, so that a second run never meets the first one's files
-        if env_world_size() > 1:
-            raise click.UsageError("under torchrun, give --out: every process must write the same run folder")
-        cfg.out = new_run_folder()
+    ensure_run_folder(cfg)  # before --nproc starts the processes: they all write this one folder
     if nproc is not None and nproc > 1:
         if env_world_size() > 1:
             raise click.UsageError("--nproc launches the processes itself: leave it out under torchrun")

@@ -7,6 +7,9 @@ name re-raises with ``renamed``, and the command line shows the option (``retrie
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 
 class ParameterError(ValueError):
     """``param`` has a bad value; ``problem`` says what is wrong and what to give instead (no parameter name)."""
@@ -19,3 +22,15 @@ class ParameterError(ValueError):
     def renamed(self, param: str) -> ParameterError:
         """The same problem about the caller's name for the value."""
         return ParameterError(param, self.problem)
+
+
+@contextlib.contextmanager
+def parameters_named(**names: str) -> Iterator[None]:
+    """Inside, a ``ParameterError`` about a parameter in ``names`` is raised again under the caller's name for it
+    (``parameters_named(size="memory_size")``)."""
+    try:
+        yield
+    except ParameterError as exc:
+        if exc.param not in names:
+            raise
+        raise exc.renamed(names[exc.param]) from exc

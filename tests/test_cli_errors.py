@@ -235,3 +235,26 @@ def test_the_check_finds_a_flag_however_the_message_is_built(tmp_path):
     found = flags_in_core_messages(tmp_path)
     assert {line.split(": ", 1)[1] for line in found} == {
         "--per-class", "--ids", "--no-pretrained", "--negatives", "--max-query-ms"}, found
+
+
+def test_a_caller_names_the_core_parameter_by_its_own_name():
+    from retrieval.errors import ParameterError, parameters_named
+
+    with pytest.raises(ParameterError, match="^memory_size must be >= 1") as caught:
+        with parameters_named(size="memory_size"):
+            raise ParameterError("size", "must be >= 1 embeddings, got 0")
+    assert caught.value.param == "memory_size"
+    with pytest.raises(ParameterError, match="^other "):  # a name it was not told about stays
+        with parameters_named(size="memory_size"):
+            raise ParameterError("other", "is wrong")
+
+
+def test_train_names_the_option_of_a_core_error_raised_while_the_run_is_built(tmp_path):
+    """The label-noise table is read by the core (its parameter ``table``); `retrieval train` shows the option."""
+    result = CliRunner().invoke(main, [
+        "train", "--dataset", "digits", "--label-noise", "asymmetric:0.2", "--label-noise-transitions",
+        str(tmp_path / "missing.json"), "--no-pretrained", "--freeze-backbone", "--epochs", "1",
+        "--out", str(tmp_path / "run")])
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith("Error: --label-noise-transitions ") and "names no file" in result.output, \
+        result.output

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from retrieval.data import asymmetric_transitions, build_transforms, inject_label_noise, load_dataset
+from retrieval.errors import parameters_named
 from retrieval.evaluation import load_eval_sets, load_extra_set
 from retrieval.train.config import TrainConfig
 from retrieval.train.state import TrainData
@@ -24,7 +25,8 @@ def load_train_data(cfg: TrainConfig, model_config: dict[str, Any], train_transf
     if cfg.val_fraction > 0:
         train_set, val_set = hold_out_classes(train_set, cfg.val_fraction, cfg.seed)
         val_set.transform = eval_tf
-    extra_sets = [load_extra_set(spec, eval_tf, cfg.eval_extra_limit) for spec in cfg.eval_extra]
+    with parameters_named(spec="eval_extra"):
+        extra_sets = [load_extra_set(spec, eval_tf, cfg.eval_extra_limit) for spec in cfg.eval_extra]
     names = [extra.name for extra in extra_sets]
     if len(set(names)) < len(names):
         raise ValueError(f"--eval-extra: two sets have the same name ({names}); each set is reported under its "
@@ -36,8 +38,9 @@ def load_train_data(cfg: TrainConfig, model_config: dict[str, Any], train_transf
         mode, _, rate = cfg.label_noise.partition(":")
         transitions, chosen = None, {}
         if mode == "asymmetric":  # per data set, by class name (retrieval.data.noise)
-            transitions, chosen = asymmetric_transitions(cfg.dataset, train_set.class_names,
-                                                         cfg.label_noise_transitions)
+            with parameters_named(table="label_noise_transitions"):
+                transitions, chosen = asymmetric_transitions(cfg.dataset, train_set.class_names,
+                                                             cfg.label_noise_transitions)
         labels, noise_info = inject_label_noise(
             labels, mode=mode, rate=float(rate), num_classes=len(train_set.class_names),
             transitions=transitions, seed=cfg.seed,

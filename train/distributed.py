@@ -31,6 +31,7 @@ from torch.nn.parallel import DistributedDataParallel
 from retrieval.distributed import rank_and_world
 from retrieval.inference import resolve_device
 from retrieval.losses.regularizers import feature_distillation
+from retrieval.train.config import TrainConfig, new_run_folder
 
 
 @dataclass(frozen=True)
@@ -225,7 +226,16 @@ def gpu_options(amp: bool | str, channels_last: bool, compile_step: bool, device
 
 
 def env_world_size() -> int:
+    """The number of processes torchrun started (1 without torchrun)."""
     return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def ensure_run_folder(cfg: TrainConfig) -> None:
+    """Give a run without ``out`` a new folder of its own; under torchrun every process must be given the same one."""
+    if cfg.out is None:
+        if env_world_size() > 1:
+            raise ValueError("under torchrun, give --out: every process must write the same run folder")
+        cfg.out = new_run_folder()
 
 
 def restarted() -> bool:

@@ -5,7 +5,6 @@ the data ``data.py``'s."""
 from __future__ import annotations
 
 import json
-import math
 import random
 import shutil
 import sys
@@ -22,14 +21,16 @@ from retrieval import losses
 from retrieval.data import BadImageLog, ClassBalancedBatchSampler, DistributedClassBalancedBatchSampler
 from retrieval.data.colour import parse_background
 from retrieval.distributed import GlobalBatchObjective
+from retrieval.errors import parameters_named
 from retrieval.inference import default_workers
 from retrieval.models import LAST_CHECKPOINT, Embedder, create_embedder
 from retrieval.train.checkpointing import Checkpointer, resuming
-from retrieval.train.config import TrainConfig, new_run_folder
+from retrieval.train.config import TrainConfig
 from retrieval.train.data import load_train_data
-from retrieval.train.distributed import DataParallelStep, DistContext, env_world_size, gpu_options, init_distributed
+from retrieval.train.distributed import DataParallelStep, DistContext, ensure_run_folder, gpu_options, init_distributed
 from retrieval.train.evaluating import Evaluator
 from retrieval.train.features import Embedding, FeatureSource, feature_source_class
+from retrieval.train.optimizers import OPTIMIZERS, schedule_factor
 from retrieval.train.robust import RobustFineTuning, backbone_param_groups
 from retrieval.train.state import EpochProgress, RunRecord, TrainData, TrainParts
 from retrieval.train.tracking import Tracking, mlflow_uri_from
@@ -61,7 +62,8 @@ def with_memory(cfg: TrainConfig, loss_fn: nn.Module, steps_per_epoch: int) -> n
         raise ValueError(f"--memory xbm with --loss {cfg.loss}: a proxy loss compares each sample with the class "
                          "proxies, not with other samples, so a memory of past samples changes nothing; leave it out")
     warmup = steps_per_epoch if cfg.memory_warmup is None else cfg.memory_warmup
-    return CrossBatchMemory(loss_fn, cfg.memory_size, cfg.embedding_dim, warmup)
+    with parameters_named(size="memory_size", warmup="memory_warmup"):
+        return CrossBatchMemory(loss_fn, cfg.memory_size, cfg.embedding_dim, warmup)
 
 
 def loss_lr(cfg: TrainConfig, loss_fn: nn.Module) -> float:
@@ -78,26 +80,13 @@ def build_optimizer(cfg: TrainConfig, model: Embedder, loss_fn: nn.Module,
     if proxies := list(loss_fn.parameters()):
         groups.append({"params": proxies, "lr": loss_lr(cfg, loss_fn), "name": "loss"})
     groups += backbone_param_groups(cfg, model)
-    if cfg.optimizer == "sgd":
-        return torch.optim.SGD(groups, momentum=0.9, weight_decay=cfg.weight_decay, nesterov=True)
-    cls = torch.optim.AdamW if cfg.optimizer == "adamw" else torch.optim.Adam
-    return cls(groups, weight_decay=cfg.weight_decay)
+    return OPTIMIZERS.build(cfg.optimizer, param_groups=groups, weight_decay=cfg.weight_decay)
 
 
-def build_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, steps_per_epoch: int):
-    total = cfg.epochs * steps_per_epoch
-    warmup = cfg.warmup_epochs * steps_per_epoch
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        if cfg.schedule == "cosine":
-            progress = (step - warmup) / max(1, total - warmup)
-            return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-        if cfg.schedule == "step":  # x0.1 at 2/3 of training
-            return 0.1 if step >= warmup + (total - warmup) * 2 // 3 else 1.0
-        return 1.0
-
+def build_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer,
+                    steps_per_epoch: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """The learning rate per optimizer step: --warmup-epochs of linear warmup, then the --schedule."""
+    factor = schedule_factor(cfg.schedule, cfg.warmup_epochs * steps_per_epoch, cfg.epochs * steps_per_epoch)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
@@ -133,7 +122,9 @@ def build_parts(cfg: TrainConfig, *, ctx: DistContext, model: Embedder, data: Tr
     if cfg.aux_ce > 0:
         from retrieval.losses.auxiliary import AuxiliaryCrossEntropy
 
-        aux = AuxiliaryCrossEntropy(cfg.embedding_dim, data.num_classes, weight=cfg.aux_ce).to(ctx.device)
+        with parameters_named(weight="aux_ce"):
+
+            aux = AuxiliaryCrossEntropy(cfg.embedding_dim, data.num_classes, weight=cfg.aux_ce).to(ctx.device)
         extra += list(aux.parameters())
     optimizer = build_optimizer(cfg, model, step_loss, extra)
     scheduler = build_scheduler(cfg, optimizer, len(sampler))
@@ -160,10 +151,7 @@ class Trainer:
     evaluation: Evaluator
 
     def __init__(self, cfg: TrainConfig, progress: bool = True) -> None:
-        if cfg.out is None:  # a new folder per run (the command line resolves it before the processes start)
-            if env_world_size() > 1:
-                raise ValueError("several processes need the run folder given (--out): each would make its own")
-            cfg.out = new_run_folder()
+        ensure_run_folder(cfg)
         self.cfg = cfg
         self.out = Path(cfg.out)
         self.last_path = self.out / LAST_CHECKPOINT
