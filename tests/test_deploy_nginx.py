@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serve_fixtures import BackgroundServer, free_port, png_bytes, shared_artifacts
+from serve_fixtures import BackgroundServer, free_port, png_bytes
 
 from retrieval.serve.bodies import FORM_SLACK
 from retrieval.serve.defaults import DEFAULT_MAX_UPLOAD_BYTES
@@ -54,11 +54,6 @@ ATTACK_IP, CLIENT_IP, BURST_IP = "127.0.0.1", "127.0.0.2", "127.0.0.3"
 
 
 # --- the servers -----------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def artifacts(tmp_path_factory):
-    return shared_artifacts(tmp_path_factory)
-
-
 @pytest.fixture(scope="module")
 def app_server(artifacts):
     """What `retrieval serve` runs: the API and the Gradio app, uvicorn capped at the same connection count."""

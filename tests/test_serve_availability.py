@@ -18,7 +18,7 @@ import pytest
 from availability import HealthProbe, ServerProcess
 from fastapi.testclient import TestClient
 from PIL import Image
-from serve_fixtures import BackgroundServer, shared_artifacts
+from serve_fixtures import BackgroundServer
 
 from retrieval.serve.api import create_api
 from retrieval.serve.routes import search as search_routes
@@ -31,11 +31,6 @@ HEALTH_TARGET_S = 1.0  # docs/SECURITY.md "Availability": the targets under ever
 SEARCH_TARGET_S = 10.0
 MEMORY_TARGET_MB = 600
 MB = 2**20
-
-
-@pytest.fixture(scope="module")
-def artifacts(tmp_path_factory):
-    return shared_artifacts(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -171,13 +166,14 @@ def test_gradio_call_bodies_of_nested_arrays_are_refused_before_they_are_parsed(
 
 # --- in one process: where the work runs ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def service(artifacts):
+def unwatched_service(artifacts):
+    """A service that never checks its folder for a writer's changes: nothing reloads under these tests."""
     opened = SearchService(artifacts.index_dir, reload_interval_s=None)
     yield opened
     opened.close()
 
 
-def test_answers_are_rendered_in_a_worker_thread_not_on_the_event_loop(service, monkeypatch):
+def test_answers_are_rendered_in_a_worker_thread_not_on_the_event_loop(unwatched_service, monkeypatch):
     """64 embeddings x k=1000 is megabytes of JSON: pydantic and jsonable_encoder rendered it on the loop."""
     threads: list[str] = []
     render = search_routes.json_response
@@ -187,8 +183,8 @@ def test_answers_are_rendered_in_a_worker_thread_not_on_the_event_loop(service, 
         return render(content, status_code)
 
     monkeypatch.setattr(search_routes, "json_response", recorded)
-    with BackgroundServer(create_api(service)) as running:
-        vector = np.ones(service.current().dim).tolist()
+    with BackgroundServer(create_api(unwatched_service)) as running:
+        vector = np.ones(unwatched_service.current().dim).tolist()
         single = httpx.post(f"{running.url}/search?k=3", json={"embedding": vector})
         batch = httpx.post(f"{running.url}/search/batch?k=3", json={"queries": [{"embedding": vector}] * 4})
     assert single.status_code == 200 and single.json()["count"] == 3
@@ -201,29 +197,29 @@ def test_answers_are_rendered_in_a_worker_thread_not_on_the_event_loop(service, 
     '{"embedding": [' + "1" * 5000 + "]}",
     '{"embedding": [0.' + "1" * 5000 + "]}",
 ])
-def test_a_number_of_thousands_of_digits_is_a_clear_422(service, body):
+def test_a_number_of_thousands_of_digits_is_a_clear_422(unwatched_service, body):
     """Python refuses to parse integers past 4,300 digits: that was an HTTP 500 with a traceback."""
-    with TestClient(create_api(service)) as client:
+    with TestClient(create_api(unwatched_service)) as client:
         for route in ("/search", "/search/batch"):
             sent = body if route == "/search" else '{"queries": [' + body + "]}"
             answer = client.post(route, content=sent, headers={"content-type": "application/json"})
             assert answer.status_code == 422 and "numbers are limited" in answer.json()["detail"], answer.text
 
 
-def test_a_full_lane_refuses_at_once_and_a_departed_client_leaves_its_queue(service):
+def test_a_full_lane_refuses_at_once_and_a_departed_client_leaves_its_queue(unwatched_service):
     """The batch lane takes one batch at a time and counts waiting images; a client that hangs up while its batch
     waits is dropped before the batch starts."""
     release, started = threading.Event(), threading.Event()
-    real = service.search_batch
+    real = unwatched_service.search_batch
 
     def slow_batch(*args, **kwargs):
         started.set()
         release.wait(30)
         return real(*args, **kwargs)
 
-    service.search_batch = slow_batch
+    unwatched_service.search_batch = slow_batch
     try:
-        app = create_api(service, batch_queue_images=64)
+        app = create_api(unwatched_service, batch_queue_images=64)
         with BackgroundServer(app) as running:
             image = noise_png(32, 1)
             files = [("image", ("q.png", image, "image/png"))] * 64
@@ -243,13 +239,13 @@ def test_a_full_lane_refuses_at_once_and_a_departed_client_leaves_its_queue(serv
             refused = httpx.post(f"{running.url}/search/batch", files=files[:1], timeout=10)
             assert refused.status_code == 503 and refused.headers["retry-after"]
             assert "images already waiting" in refused.json()["detail"]
-            vector = np.ones(service.current().dim).tolist()  # a single search has a lane of its own
+            vector = np.ones(unwatched_service.current().dim).tolist()  # a single search has a lane of its own
             assert httpx.post(f"{running.url}/search?k=3", json={"embedding": vector}, timeout=5).status_code == 200
             release.set()
             holder.join(30)
             full[0].join(30)
     finally:
-        service.search_batch = real
+        unwatched_service.search_batch = real
 
 
 def raw_request(url: str, head: str, body: bytes = b"") -> socket.socket:
@@ -259,15 +255,15 @@ def raw_request(url: str, head: str, body: bytes = b"") -> socket.socket:
     return connection
 
 
-def test_connections_that_send_headers_and_no_body_hold_no_body_budget(service):
+def test_connections_that_send_headers_and_no_body_hold_no_body_budget(unwatched_service):
     """Chunked bodies that never arrive reserved the whole cap each: three of them filled the budget, and every
     other search waited 10 s for a 503."""
-    with BackgroundServer(create_api(service)) as running:
+    with BackgroundServer(create_api(unwatched_service)) as running:
         holders = [raw_request(running.url, "POST /search/batch HTTP/1.1\nHost: 127.0.0.1\n"
                                "Content-Type: application/json\nTransfer-Encoding: chunked\n") for _ in range(4)]
         try:
             time.sleep(0.5)
-            vector = np.ones(service.current().dim).tolist()
+            vector = np.ones(unwatched_service.current().dim).tolist()
             started = time.monotonic()
             answer = httpx.post(f"{running.url}/search?k=3", json={"embedding": vector}, timeout=30)
             took = time.monotonic() - started
@@ -277,9 +273,9 @@ def test_connections_that_send_headers_and_no_body_hold_no_body_budget(service):
     assert answer.status_code == 200 and took < 2, (answer.status_code, took)
 
 
-def test_a_client_that_hangs_up_in_the_middle_of_its_body_is_no_server_error(service):
+def test_a_client_that_hangs_up_in_the_middle_of_its_body_is_no_server_error(unwatched_service):
     """The body's ClientDisconnect reached Starlette as an HTTP 500 with a traceback."""
-    with BackgroundServer(create_api(service)) as running:
+    with BackgroundServer(create_api(unwatched_service)) as running:
         for route in ("/search", "/search/batch"):
             for kind in ("application/json", "multipart/form-data; boundary=x"):
                 connection = raw_request(running.url, f"POST {route} HTTP/1.1\nHost: 127.0.0.1\n"
@@ -292,9 +288,9 @@ def test_a_client_that_hangs_up_in_the_middle_of_its_body_is_no_server_error(ser
     assert "499" in statuses and "500" not in statuses, statuses  # a cut multipart body may read as malformed (400)
 
 
-def test_a_body_that_trickles_in_is_cut_off_at_its_deadline_and_gives_its_budget_back(service):
+def test_a_body_that_trickles_in_is_cut_off_at_its_deadline_and_gives_its_budget_back(unwatched_service):
     """A slow sender held its share of the body budget for as long as it liked."""
-    app = create_api(service, body_timeout_s=1.5)
+    app = create_api(unwatched_service, body_timeout_s=1.5)
     with BackgroundServer(app) as running:
         starts = {"application/json": b'{"embedding": [', "multipart/form-data; boundary=x":
                   b'--x\r\nContent-Disposition: form-data; name="image"; filename="q.png"\r\n\r\n\x89PNG'}

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serve_fixtures import BackgroundServer, free_port, shared_artifacts
+from serve_fixtures import BackgroundServer, free_port
 
 from retrieval.serve.observability import ACCESS_LOGGER, INVALID_CLIENT, JsonFormatter
 from retrieval.serve.server import ServerConfig, build_app
@@ -25,11 +25,6 @@ from retrieval.serve.server import ServerConfig, build_app
 pytestmark = pytest.mark.timeout(300)
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def artifacts(tmp_path_factory):
-    return shared_artifacts(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from serve_fixtures import BackgroundServer, free_port, png_bytes, shared_artifacts
+from serve_fixtures import BackgroundServer, free_port, png_bytes
 
 from retrieval.index import remove_images
 from retrieval.serve.observability import ACCESS_LOGGER, JsonFormatter
@@ -38,11 +38,6 @@ TOKEN = "t0ken-for-the-metrics-0123456789"
 EMBEDDING = {"embedding": [1.0] + [0.0] * 31}
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-@pytest.fixture(scope="module")
-def artifacts(tmp_path_factory):
-    return shared_artifacts(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

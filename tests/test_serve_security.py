@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from gradio import processing_utils
 from gradio.context import LocalContext
 from gradio.exceptions import InvalidPathError
-from serve_fixtures import BackgroundServer, png_bytes, shared_artifacts
+from serve_fixtures import BackgroundServer, png_bytes
 
 from retrieval.cli.serve import serve_command
 from retrieval.serve.routes import leaf_routes
@@ -31,11 +31,6 @@ TOKEN = "t0ken-for-the-tests-0123456789"
 LOGIN = ("alice", "correct horse battery")
 ALLOWED_ORIGIN = "http://app.example"
 FOREIGN_ORIGIN = "http://evil.example"
-
-
-@pytest.fixture(scope="module")
-def artifacts(tmp_path_factory):
-    return shared_artifacts(tmp_path_factory)
 
 
 def served(artifacts, **settings) -> tuple[BackgroundServer, object]:

@@ -108,3 +108,24 @@ def test_tests_are_named_and_explained_without_tracker_numbers():
 
 def test_no_module_defines_a_test_twice():
     assert offences(twice_defined_tests) == {}
+
+
+def fixture_names(source: str) -> set[str]:
+    """The fixtures ``source`` defines at module level (functions decorated with ``pytest.fixture``)."""
+    names = set()
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for decorator in node.decorator_list:
+                target = decorator.func if isinstance(decorator, ast.Call) else decorator
+                if isinstance(target, ast.Attribute) and target.attr == "fixture":
+                    names.add(node.name)
+    return names
+
+
+def test_no_module_redefines_a_conftest_fixture():
+    """A fixture conftest.py shares is used as it is; a module's copy would drift from it."""
+    shared = fixture_names((TESTS / "conftest.py").read_text(encoding="utf-8"))
+    assert shared and fixture_names('@pytest.fixture(scope="module")\ndef artifacts():\n    pass\n') == {"artifacts"}
+    copies = {path.name: sorted(fixture_names(path.read_text(encoding="utf-8")) & shared)
+              for path in MODULES if path.name != "conftest.py"}
+    assert {name: found for name, found in copies.items() if found} == {}
