@@ -26,7 +26,7 @@ steps=${*:-tests losses sinkhorn train e2e chunks proxy}
 for step in $steps; do
   echo "=== $step ($(date -u +%H:%M:%S))"
   case $step in
-    tests) python3 -m pytest -q -p no:cacheprovider "$repo/tests/test_cuda.py" "$repo/tests/test_robust_finetune.py" \
+    tests) python3 -m pytest -q -p no:cacheprovider "$repo/tests/project/test_cuda.py" "$repo/tests/models/test_robust_finetune.py" \
              2>&1 | tee "$OUT/tests.txt" | tail -25 ;;
     losses) python3 "$repo"/benchmarks/hard_negatives.py --device cuda --batch 32 128 256 1024 --repeats 30 \
               | tee "$OUT/hard_negatives.md" ;;

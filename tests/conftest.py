@@ -13,7 +13,7 @@ from serve_fixtures import shared_artifacts
 # path removes this and fakes the download). Set here, it reaches the CLI's subprocesses too.
 os.environ.setdefault("RETRIEVAL_OFFLINE", "1")
 
-# The serving imports stay inside the fixtures: test modules that never serve (tests/test_cuda.py on a GPU
+# The serving imports stay inside the fixtures: test modules that never serve (tests/project/test_cuda.py on a GPU
 # machine without the web stack, say) must not need fastapi to be collected.
 
 

@@ -2,7 +2,7 @@
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 tests/ddp_runs.py CONFIGS.json
 
-CONFIGS.json holds a list of ``TrainConfig`` dicts; tests/test_train_ddp.py launches it so that one pair of
+CONFIGS.json holds a list of ``TrainConfig`` dicts; tests/train/test_train_ddp.py launches it so that one pair of
 processes (one torch import, one rendezvous) trains every configuration of a group.
 """
 

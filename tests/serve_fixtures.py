@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -178,3 +181,31 @@ def require_emoji_labels(labels: list[str]) -> None:
     if not all(is_code_point_sequence(label) for label in labels):
         pytest.skip("the gallery is digits, not emoji: the emoji fonts are missing "
                     "(apt-get install fonts-noto-color-emoji)")
+
+
+class Records(logging.Handler):
+    """A logging handler that keeps the records it is given."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@contextmanager
+def access_records() -> Iterator[list[logging.LogRecord]]:
+    """The access log's records while the block runs (the logger at INFO, as `retrieval serve` sets it; it is the
+    process's logger: filter by request id)."""
+    from retrieval.serve.observability import ACCESS_LOGGER
+
+    logger, handler = logging.getLogger(ACCESS_LOGGER), Records()
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield handler.records
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)

@@ -24,7 +24,7 @@ WEBP_DECODER_BYTES = 12  # per pixel: libwebp's two RGBA canvases and the frame'
 BMP_RLE_DECODER_BYTES = 2  # per pixel: Pillow's RLE decoder (Python) builds the pixels in a bytearray, then copies
 # per pixel of one strip or tile of a compressed TIFF, at least (libtiff's RGBA path; its samples as stored when
 # more): a one-strip 40-megapixel RGB deflate TIFF peaked 267 MB above idle (estimate 313), a one-strip float
-# one 305 MB (313), measured as tests/test_decode.py's ESTIMATE_PROBE does; an uncompressed TIFF or a binary PNM
+# one 305 MB (313), measured as tests/data/test_decode.py's ESTIMATE_PROBE does; an uncompressed TIFF or a binary PNM
 # is read by Pillow's raw decoder straight into the image (160 MB for 40 megapixels of RGB)
 TIFF_DECODER_BYTES = 4
 JPEG_COEFFICIENT_BYTES = 128  # per 8x8 block: libjpeg keeps every coefficient of a progressive or multi-scan JPEG

@@ -4,7 +4,7 @@ before a model sees it (evaluation, indexing with either engine, the ONNX runtim
 PIL image -> composite transparency onto the model's background -> resize the short side to
 ``int(1.14 * S)`` (bilinear, PIL's antialiased resampling) -> centre crop S x S -> float32 in [0, 1] ->
 (x - mean) / std, channels first: float32 [3, S, S]. This is torchvision's ``v2.Resize / CenterCrop / ToImage /
-ToDtype(scale=True) / Normalize`` on a PIL image, step for step and bit for bit (tests/test_data_transforms.py);
+ToDtype(scale=True) / Normalize`` on a PIL image, step for step and bit for bit (tests/data/test_data_transforms.py);
 it is written without torch so that processes that only decode and preprocess (Ray Data's decode tasks) do not
 spend seconds importing torch and torchvision.
 """

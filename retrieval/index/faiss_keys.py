@@ -71,7 +71,7 @@ IDMAP2_BYTES_PER_VECTOR = 48  # IndexIDMap2: the id (8 bytes) and its entry in t
 def estimated_index_bytes(key: str, n: int, d: int) -> int:
     """RAM an index of ``n`` vectors of dimension ``d`` takes with faiss key ``key`` (inside our IDMap2): codes,
     list ids, graph links and quantizers, as autofaiss estimates them; within 1 % of faiss' serialised size plus
-    the reverse id map for Flat, HNSW and IVF-Flat/SQ8/PQ (tests/test_index_budgets.py)."""
+    the reverse id map for Flat, HNSW and IVF-Flat/SQ8/PQ (tests/index/test_index_budgets.py)."""
     ids = n * IDMAP2_BYTES_PER_VECTOR
     if key == "Flat":
         return n * d * 4 + ids

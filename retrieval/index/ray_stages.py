@@ -6,7 +6,7 @@ decode tasks in the job's new workers. The decode task uses the local engine's `
 with the torch-free ``EvalPreprocess`` (its crop; the actor normalises), and the actor runs onnxruntime, so
 these imports (numpy, PIL, onnxruntime) keep torch and torchvision (~3-5 s to import on a 2-core machine) off
 each command's start.
-``tests/test_index_ray.py`` checks that it stays so.
+``tests/index/test_index_ray.py`` checks that it stays so.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The readable, differentiable torch forms are in ``symm.py`` (``combination_inner_products``, then a max over the
 cases) and ``pairs.py``; the kernels here compute the same values and gradients faster, and
-``tests/test_negatives_symm_fast.py`` holds them to the readable forms. This module owns the size thresholds:
+``tests/losses/test_negatives_symm_fast.py`` holds them to the readable forms. This module owns the size thresholds:
 
 - CPU, float32/64, at most ``NUMPY_MAX_PAIRS`` positive pairs: a NumPy kernel does the hardest case at once.
   The planes are C_left G C_right^T for sparse coefficient matrices C, and its backward touches only the

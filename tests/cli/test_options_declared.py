@@ -1,0 +1,185 @@
+"""Each training option is declared once (``TrainConfig``'s fields); the command line, the config file, the checks
+and the docs' table are made from the declaration, and every flag the package prints exists."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import re
+import typing
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from retrieval.cli.config_options import markers, options_markdown, reference_tables
+from retrieval.cli.main import main
+from retrieval.options import declared_options, hint_members
+from retrieval.train.config import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+DECLARED = declared_options(TrainConfig)
+COMMAND_ONLY = {"config_file", "nproc", "max_restarts", "as_json", "offline"}  # how to run, not what
+# flags of other programs that our messages tell people to run (torchrun, ray, tensorboard, mlflow, autofaiss)
+OTHER_PROGRAMS = {"--nproc-per-node", "--nnodes", "--rdzv-backend", "--rdzv-endpoint", "--standalone", "--address",
+                  "--head", "--logdir", "--backend-store-uri", "--embeddings", "--metric"}
+FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9]*(?:-[a-z0-9]+)*(?![\w{*-])")
+
+
+@pytest.fixture
+def captured_train(monkeypatch) -> list[TrainConfig]:
+    """`retrieval train` with a train() that only records the configuration it was given."""
+    import retrieval.train
+
+    configs: list[TrainConfig] = []
+    monkeypatch.setattr(retrieval.train, "train", lambda cfg: configs.append(cfg))
+    return configs
+
+
+def test_every_field_is_declared_with_a_section_and_help():
+    assert [d.name for d in DECLARED] == [f.name for f in dataclasses.fields(TrainConfig)]
+    assert all(d.spec.section and d.spec.help.endswith(".") for d in DECLARED), [d.name for d in DECLARED
+                                                                                  if not d.spec.help.endswith(".")]
+
+
+def test_train_command_has_one_option_per_declared_field_and_nothing_else():
+    params = {p.name: p for p in main.commands["train"].params}
+    assert set(params) == {d.name for d in DECLARED} | COMMAND_ONLY
+    for declared in DECLARED:
+        assert declared.flag in params[declared.name].opts, declared.name
+
+
+def _cli_samples(declared) -> list[tuple[list[str], object]]:
+    """Command-line arguments that set ``declared`` to a value other than its default, and that value."""
+    members = [m for m in hint_members(declared.hint) if m is not type(None)]
+    flag, default, spec = declared.flag, declared.default, declared.spec
+    if members == [bool]:
+        return [([flag if not default else f"--no-{flag[2:]}"], not default)]
+    if typing.get_origin(members[0]) is dict:
+        return [([flag, "k=0.5", flag, "name=x"], {"k": 0.5, "name": "x"})]
+    if typing.get_origin(members[0]) is list:
+        return ([([flag, "a", flag, "b"], ["a", "b"])] if typing.get_args(members[0]) == (str,)
+                else [([flag, "0.5,1"], [0.5, 1.0])])
+    if set(members) == {float, str}:
+        return [([flag, "0.5"], 0.5), ([flag, "auto"], "auto")]
+    allowed = spec.allowed()
+    if allowed is not None:
+        return [([flag, value], value) for value in allowed if isinstance(value, str) and value != default]
+    if spec.listing is not None:
+        from retrieval.cli.config_options import LISTINGS
+
+        names = re.findall(r"[\w:-]+", LISTINGS[spec.listing]())
+        return [([flag, name], name) for name in names if name != default and name in LISTINGS[spec.listing]()][:3]
+    if members[0] in (int, float):
+        kind = members[0]
+        low = spec.low if spec.low is not None else 0
+        numbers = [(default or low) * 2, (default or 0) + 1, low + 1, (low + (spec.high or low + 1)) / 2]
+        return [([flag, str(kind(n))], kind(n)) for n in numbers if kind(n) != default]
+    return [([flag, text], text) for text in ("symmetric:0.2", "black", "cpu", "some-value") if text != default]
+
+
+# options whose non-default value needs another option with it (a rule that relates them)
+COMPANIONS = {"resume": ["--out", "RUN"], "val_fraction": ["--wise-alpha", "0.5"],
+              "sync_bn": ["--no-freeze-bn"], "wise_alpha": ["--val-fraction", "0.1"], "backbone": ["--no-pretrained"]}
+
+
+@pytest.mark.parametrize("declared", DECLARED, ids=[d.name for d in DECLARED])
+def test_every_declared_option_reaches_the_config_from_the_command_line(declared, captured_train, tmp_path):
+    for args, expected in _cli_samples(declared):
+        companions = [tmp_path / "run" if a == "RUN" else a for a in COMPANIONS.get(declared.name, [])]
+        result = CliRunner().invoke(main, ["train", *args, *map(str, companions)])
+        if result.exit_code == 0:
+            assert getattr(captured_train[-1], declared.name) == expected
+            return
+    pytest.fail(f"no sample value of {declared.flag} was accepted; last output: {result.output}")
+
+
+@pytest.mark.parametrize("declared", DECLARED, ids=[d.name for d in DECLARED])
+def test_every_declared_option_is_a_config_file_key(declared, tmp_path):
+    """A config file may set every option by its field name; a wrong type is named by its flag."""
+    path = tmp_path / "run.json"
+    if declared.default is not None:
+        path.write_text(json.dumps({declared.name: declared.default}))
+        assert getattr(TrainConfig.from_sources(path), declared.name) == declared.default
+    wrong = [1, 2] if typing.get_origin(hint_members(declared.hint)[0]) is not list else {"a": 1}
+    path.write_text(json.dumps({declared.name: wrong}))
+    with pytest.raises(ValueError, match=re.escape(declared.flag) + " must be"):
+        TrainConfig.from_sources(path)
+
+
+RANGED = [d for d in DECLARED if d.spec.low is not None or d.spec.high is not None]
+
+
+@pytest.mark.parametrize("declared", RANGED, ids=[d.name for d in RANGED])
+def test_a_value_outside_the_declared_range_is_refused_by_flag(declared):
+    spec = declared.spec
+    outside = [spec.low - 1 if spec.low is not None else None, spec.high + 1 if spec.high is not None else None,
+               spec.low if spec.low_open else None, spec.high if spec.high_open else None, float("nan")]
+    kind = int if int in hint_members(declared.hint) else float
+    for value in outside:
+        if value is None or (kind is int and value != value):
+            continue
+        with pytest.raises(ValueError, match=re.escape(f"{declared.flag} must be {spec.range_text()}")):
+            TrainConfig(**{declared.name: kind(value)})
+
+
+CHOOSING = [d for d in DECLARED if d.spec.choices is not None]
+
+
+@pytest.mark.parametrize("declared", CHOOSING, ids=[d.name for d in CHOOSING])
+def test_a_value_outside_the_declared_choices_is_refused_by_flag(declared):
+    with pytest.raises(ValueError, match=re.escape(f"{declared.flag} must be one of")):
+        TrainConfig(**{declared.name: "no-such-choice"})
+
+
+def test_the_optimizer_and_schedule_choices_come_from_their_registries():
+    from retrieval.train.optimizers import OPTIMIZERS, SCHEDULES
+
+    choices = {d.name: d.spec.allowed() for d in DECLARED}
+    assert choices["optimizer"] == OPTIMIZERS.names() and choices["schedule"] == SCHEDULES.names()
+    train = {p.name: p for p in main.commands["train"].params}
+    assert list(train["optimizer"].type.choices) == OPTIMIZERS.names()
+
+
+@pytest.mark.parametrize("document,name,cls", reference_tables(), ids=[t[0] for t in reference_tables()])
+def test_the_docs_options_tables_are_the_ones_made_from_the_declarations(document, name, cls):
+    text = (ROOT / document).read_text()
+    start_line, end_line = markers(name)
+    start, end = text.index(start_line) + len(start_line), text.index(end_line)
+    assert text[start:end].strip() == options_markdown(cls).strip(), f"{document}'s table is out of date: make docs"
+    for declared in declared_options(cls):
+        assert f"| `{declared.flag}` | `{declared.name}` |" in text
+
+
+def test_train_and_evaluate_share_the_names_of_shared_options():
+    """An option both commands have is spelled the same: `--eval-limit`, `--eval-batch-size`, `--dataset-param`."""
+    flags = {opt for p in main.commands["evaluate"].params for opt in p.opts}
+    assert {"--eval-limit", "--eval-batch-size", "--dataset-param", "--dataset", "--data", "--linear-probe",
+            "--device", "--workers"} <= flags
+    assert "--loss-param" in {opt for p in main.commands["analyze"].commands["weights"].params for opt in p.opts}
+
+
+def _all_flags(command: click.Command) -> set[str]:
+    flags = {opt for p in command.params for opt in [*getattr(p, "opts", []), *getattr(p, "secondary_opts", [])]}
+    for sub in getattr(command, "commands", {}).values():
+        flags |= _all_flags(sub)
+    return flags
+
+
+def test_every_flag_the_package_prints_exists():
+    """Messages, help and docstrings of the installed package name only flags some command has."""
+    known = _all_flags(main) | {"--help", "--version"} | OTHER_PROGRAMS
+    unknown = {}
+    for folder in ("retrieval", "cli", "train", "serve", "export"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    for flag in set(FLAG.findall(node.value)) - known:
+                        unknown.setdefault(flag, f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not unknown, f"flags that no command has: {unknown}"
+
+
+def test_the_flag_scan_finds_a_flag_no_command_has():
+    assert FLAG.findall("use --grad-clip 5, --ray-* or --no-{name}") == ["--grad-clip"]

@@ -1,0 +1,209 @@
+"""On a CUDA GPU: every loss agrees with the CPU in float64, and training runs with each GPU option.
+
+CI has no GPU, so this module is skipped there (pytest -ra prints the reason); run it on a GPU machine with
+``pytest tests/project/test_cuda.py``. docs/BENCHMARKS.md ("GPU") records the last run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from sample_images import noisy_png
+
+from retrieval.losses import available, available_negatives, build, wants_normalized
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available())")
+
+CASES = [(name, None) for name in available()] + available_negatives()
+
+
+def batch(name: str, classes: int = 8, per_class: int = 4, dim: int = 64, seed: int = 0):
+    """Shuffled P x N labels and float64 embeddings (unit rows for the losses that train on unit vectors)."""
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.arange(classes).repeat_interleave(per_class)
+    labels = labels[torch.randperm(len(labels), generator=g)]
+    x = torch.randn(len(labels), dim, generator=g, dtype=torch.float64)
+    if wants_normalized(name):
+        x = torch.nn.functional.normalize(x, dim=1)
+    return x, labels
+
+
+def loss_and_grad(name: str, negatives: str | None, x: torch.Tensor, labels: torch.Tensor, device: str,
+                  dtype: torch.dtype) -> tuple[float, np.ndarray]:
+    torch.manual_seed(0)  # the proxy losses start from the same proxies on both devices
+    loss = build(name, negatives=negatives, num_classes=8, embedding_dim=x.shape[1]).to(device=device, dtype=dtype)
+    leaf = x.detach().to(device=device, dtype=dtype).clone().requires_grad_(True)
+    value = loss(leaf, labels.to(device))
+    value.backward()
+    return float(value.detach()), leaf.grad.double().cpu().numpy()
+
+
+@pytest.mark.parametrize("name, negatives", CASES, ids=[f"{n}-{m or 'batch'}" for n, m in CASES])
+def test_loss_on_cuda_matches_cpu_float64(name, negatives):
+    x, labels = batch(name)
+    ref_value, ref_grad = loss_and_grad(name, negatives, x, labels, "cpu", torch.float64)
+    value, grad = loss_and_grad(name, negatives, x, labels, "cuda", torch.float32)
+    assert np.isfinite(value) and np.isfinite(grad).all()
+    assert value == pytest.approx(ref_value, rel=1e-4, abs=1e-5)
+    assert np.linalg.norm(grad - ref_grad) <= 1e-3 * np.linalg.norm(ref_grad) + 1e-6
+
+
+@pytest.mark.parametrize("name", available())
+def test_degenerate_batch_is_finite_on_cuda(name):
+    """One class only, and identical embeddings: finite loss and gradient, as on the CPU."""
+    x = torch.ones(8, 16, device="cuda") / 4.0
+    labels = torch.zeros(8, dtype=torch.long, device="cuda")
+    leaf = x.requires_grad_(True)
+    try:
+        value = build(name, num_classes=8, embedding_dim=16).cuda()(leaf, labels)
+    except ValueError:  # a loss may refuse a batch without negatives: that is the CPU's behaviour too
+        with pytest.raises(ValueError):
+            build(name, num_classes=8, embedding_dim=16)(x.detach().cpu().requires_grad_(True), labels.cpu())
+        return
+    value.backward()
+    assert torch.isfinite(value) and torch.isfinite(leaf.grad).all()
+
+
+# --- training with the GPU options ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def image_folder(tmp_path_factory) -> Path:
+    """4 classes, 8 train and 4 test images each, plus one unreadable training file."""
+    root = tmp_path_factory.mktemp("cuda-images")
+    colors = [(200, 30, 30), (30, 200, 30), (30, 30, 200), (200, 200, 30)]
+    for split, count in (("train", 8), ("test", 4)):
+        for c, color in enumerate(colors):
+            folder = root / split / f"class{c}"
+            folder.mkdir(parents=True)
+            for i in range(count):
+                (folder / f"{i}.png").write_bytes(noisy_png(color, 1000 * c + 10 * i + (split == "test")))
+    (root / "train" / "class0" / "text.png").write_bytes(b"not an image\n")
+    return root
+
+
+def config(root: Path, out: Path, **overrides):
+    from retrieval.train import TrainConfig
+
+    values = dict(dataset="folder", data=str(root), backbone="timm:resnet18", pretrained=False, image_size=32,
+                  embedding_dim=16, loss="ms", batch_size=8, per_class=2, batches_per_epoch=3, epochs=2,
+                  optimizer="sgd", lr=0.05, eval_every=1, workers=0, device="cuda", out=str(out), plots=False,
+                  freeze_bn=False)
+    values.update(overrides)
+    return TrainConfig(**values)
+
+
+GPU_OPTIONS = {
+    "fp32": dict(amp="off"),
+    "fp16": dict(amp="fp16"),
+    "bf16": dict(amp="bf16"),
+    "bf16-channels-last": dict(amp="bf16", channels_last=True),
+    "fp16-compile": dict(amp="fp16", compile=True),
+    "dcdl-loop-fp16": dict(amp="fp16", loss="dcdl", loss_kwargs={"phi": "sinkhorn"}),
+    "ms-loop-bf16": dict(amp="bf16", negatives="loop"),
+    "npair-symm-fp16": dict(amp="fp16", loss="npair", negatives="symm"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("option", list(GPU_OPTIONS))
+def test_training_runs_on_cuda_with_each_gpu_option(image_folder, tmp_path, option):
+    from retrieval.train import train
+
+    report = train(config(image_folder, tmp_path / option, **GPU_OPTIONS[option]), progress=False)
+    history = [json.loads(line) for line in (tmp_path / option / "metrics.jsonl").read_text().splitlines()]
+    losses = [row["loss"] for row in history if "loss" in row]
+    assert len(losses) == 2 and all(np.isfinite(losses))
+    assert all(row.get("skipped_steps", 0) == 0 for row in history)
+    assert any(row.get("cuda_max_memory_mb", 0) > 0 for row in history)
+    assert report["bad_images"], "the unreadable training file is reported"
+    assert np.isfinite(report["last"]["recall@1"])
+
+
+@pytest.mark.slow
+def test_fp32_training_on_cuda_follows_the_cpu(image_folder, tmp_path):
+    """The same seeded run, full precision: the first epoch's loss agrees between CPU and GPU."""
+    from retrieval.train import train
+
+    runs = {}
+    for device in ("cpu", "cuda"):
+        train(config(image_folder, tmp_path / device, amp="off", device=device, epochs=1, eval_every=100,
+                     eval_before=False), progress=False)
+        runs[device] = [json.loads(line) for line in (tmp_path / device / "metrics.jsonl").read_text().splitlines()]
+    cpu_loss = next(r["loss"] for r in runs["cpu"] if "loss" in r)
+    gpu_loss = next(r["loss"] for r in runs["cuda"] if "loss" in r)
+    assert gpu_loss == pytest.approx(cpu_loss, rel=1e-2)
+
+
+@pytest.mark.slow
+def test_fp16_training_resumes_on_cuda(image_folder, tmp_path):
+    """last.pt of an fp16 run holds the grad scaler and the CUDA RNG; --resume continues to the planned epochs."""
+    from retrieval.train import train
+
+    train(config(image_folder, tmp_path / "run", amp="fp16", epochs=1, eval_every=100), progress=False)
+    ckpt = torch.load(tmp_path / "run" / "last.pt", map_location="cpu", weights_only=False)
+    assert "cuda" in ckpt["rng"]
+    train(config(image_folder, tmp_path / "run", amp="fp16", epochs=2, eval_every=100, resume=True), progress=False)
+    history = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["epoch"] for row in history if "loss" in row] == [1, 2]
+
+
+def test_autocast_embeddings_match_full_precision():
+    """Evaluation's autocast (fp16) embeddings of a real backbone point where the float32 ones do."""
+    from torch.utils.data import TensorDataset
+
+    from retrieval.inference import embed_samples
+    from retrieval.models import create_embedder
+
+    torch.manual_seed(0)
+    model = create_embedder("timm:resnet18", pretrained=False, embedding_dim=32, normalize=True).cuda()
+    data = TensorDataset(torch.rand(24, 3, 64, 64), torch.arange(24))
+    full = embed_samples(model, data, batch_size=8, device="cuda", workers=0, amp=False, progress=False)
+    half = embed_samples(model, data, batch_size=8, device="cuda", workers=0, amp=True, progress=False)
+    cosine = (np.asarray(full.embeddings) * np.asarray(half.embeddings)).sum(axis=1)
+    assert cosine.min() > 0.999
+
+
+def read_rows(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loss", ["ms", "proxy_anchor"])
+def test_chunked_step_equals_the_whole_batch_on_cuda(image_folder, tmp_path, loss, monkeypatch):
+    """--chunks on the GPU: the same losses and weights as the unchunked fp32 step (BatchNorm frozen, as required).
+
+    cuDNN runs float32 convolutions in TF32 by default, and picks its algorithm by batch size, so a chunk and the
+    whole batch round differently (~1e-3 relative); exact float32 convolutions make the comparison meaningful."""
+    from retrieval.train import train
+
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+
+    runs = {}
+    for chunks in (1, 3):
+        runs[chunks] = tmp_path / f"chunks{chunks}"
+        train(config(image_folder, runs[chunks], amp="off", loss=loss, chunks=chunks, freeze_bn=True, eval_every=100,
+                     eval_before=False, tensorboard=False), progress=False)
+    one, chunked = read_rows(runs[1]), read_rows(runs[3])
+    assert [r["loss"] for r in chunked] == pytest.approx([r["loss"] for r in one], rel=1e-4, abs=1e-6)
+    wa, wb = (torch.load(runs[c] / "last.pt", map_location="cpu", weights_only=False) for c in (1, 3))
+    for part in ("state_dict", "loss_state"):
+        for key, value in (wa[part] or {}).items():
+            gap = (wb[part][key].double() - value.double()).abs().max().item() if value.numel() else 0.0
+            assert torch.allclose(wb[part][key].double(), value.double(), rtol=1e-4, atol=1e-5), (part, key, gap)
+
+
+@pytest.mark.slow
+def test_cross_batch_memory_trains_on_cuda_in_fp16(image_folder, tmp_path):
+    """--memory xbm under fp16 autocast: the memory fills with the step's embeddings and the losses stay finite."""
+    from retrieval.train import train
+
+    train(config(image_folder, tmp_path / "xbm", amp="fp16", memory="xbm", memory_size=16, memory_warmup=0,
+                 epochs=2, eval_every=100, tensorboard=False), progress=False)
+    history = [row for row in read_rows(tmp_path / "xbm") if "loss" in row]
+    assert len(history) == 2 and all(np.isfinite(r["loss"]) and r.get("skipped_steps", 0) == 0 for r in history)
+    ckpt = torch.load(tmp_path / "xbm" / "last.pt", map_location="cpu", weights_only=False)
+    filled = [value for key, value in ckpt["loss_state"].items() if key.endswith("filled")]
+    assert filled and int(filled[0]) == 16, "the memory holds the last 16 embeddings"
