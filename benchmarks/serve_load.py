@@ -249,11 +249,12 @@ def batch_compare(
         for round_ in range(rounds):
             order = list(modes) if round_ % 2 == 0 else list(reversed(modes))  # ABC CBA: drift cancels out
             for mode in order:
-                before = service.current().batcher.calls
+                batcher = service.current().batcher  # one state's counter, before and after
+                before = batcher.calls
                 began = time.perf_counter()
                 errors[mode] += sum(modes[mode]() for _ in range(repeats))
                 speeds[mode].append(round(batch_size * repeats / (time.perf_counter() - began), 2))
-                calls[mode] += service.current().batcher.calls - before
+                calls[mode] += batcher.calls - before
     service.close()
     median = {mode: float(np.median(values)) for mode, values in speeds.items()}
     return {

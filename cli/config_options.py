@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import typing
 from collections.abc import Callable, Iterable
@@ -20,7 +21,7 @@ from retrieval.cli.help_text import (
     loss_names,
     negatives_names,
 )
-from retrieval.options import DeclaredOption, declared_options, hint_members, type_name
+from retrieval.options import DeclaredOption, declared_options, field_problem, hint_members, type_name
 
 # a declaration's ``listing`` -> the text that lists the registry's names, computed when --help shows it
 LISTINGS: dict[str, Callable[[], str]] = {
@@ -70,6 +71,7 @@ class NumberOrWord(click.ParamType):
     name = "number-or-word"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """A float when ``value`` reads as one, else the word as it is."""
         try:
             return float(value)
         except (TypeError, ValueError):
@@ -94,9 +96,10 @@ def _default_suffix(declared: DeclaredOption) -> str:
 
 
 def click_option(declared: DeclaredOption, *aliases: str, help: str | None = None,
-                 default: Any = None) -> Callable:
+                 default: Any = None, checked: bool = False) -> Callable:
     """The click option of one declared option; ``aliases`` are further flags, ``help`` and ``default`` replace
-    the declaration's where another command gives the option another meaning of "not given"."""
+    the declaration's where another command gives the option another meaning of "not given"; ``checked``: click
+    checks the value against the declaration (for a command whose values reach no config that checks them)."""
     spec, flag = declared.spec, declared.flag
     members = [m for m in hint_members(declared.hint) if m is not type(None)]
     origins = [typing.get_origin(m) or m for m in members]
@@ -126,6 +129,8 @@ def click_option(declared: DeclaredOption, *aliases: str, help: str | None = Non
                                      path_type=Path if members[0] is Path else None))
     elif members and members[0] in (int, float):
         attrs.update(type=members[0])
+    if checked and "callback" not in attrs:
+        attrs["callback"] = functools.partial(_checked, declared)
     text, suffix = (help, "") if help is not None else (spec.help, _default_suffix(declared))
     if spec.listing is not None and help is None:  # a listing's registry imports torch: train's help only
         listing = LISTINGS[spec.listing]
@@ -143,7 +148,16 @@ def config_options(cls: type) -> list[Callable]:
 def shared_option(cls: type, name: str, *aliases: str, help: str | None = None, default: Any = None) -> Callable:
     """Option ``name`` of ``cls`` on another command (``evaluate --eval-limit``), with that command's help."""
     declared = {d.name: d for d in declared_options(cls)}[name]
-    return click_option(declared, *aliases, help=help, default=default)
+    # no config checks it on this command: its declared range is checked as the value is read
+    return click_option(declared, *aliases, help=help, default=default, checked=bool(declared.spec.range_text()))
+
+
+def _checked(declared: DeclaredOption, ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """Click callback: ``value`` within the option's declared range (the problem named as click names options)."""
+    problem = None if value is None else field_problem(declared, value)
+    if problem is not None:
+        raise click.BadParameter(problem.removeprefix(f"{declared.flag} "), ctx=ctx, param=param)
+    return value
 
 
 def option_values(cls: type, file_values: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:

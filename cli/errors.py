@@ -45,6 +45,7 @@ class OptionCommand(click.Command):
     """A command whose ``ParameterError``s name its option (``--memory-size must be >= 1``)."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        """Run the command; its core errors name this command's options."""
         try:
             return super().invoke(ctx)
         except ParameterError as exc:

@@ -459,10 +459,15 @@ def _check_where(_ctx: click.Context, _param: click.Parameter, where: str | None
 def search_command(index_dir, images, k, model, exclude_self, where, gpu, as_json) -> None:
     """Find the k most similar gallery images to each query IMAGE. A query that cannot be read is named with the
     reason, the others are answered, and the command then exits with status 1."""
-    from retrieval.index import Index, load_model
+    from retrieval.index import Index, ModelMismatchError, load_model
     from retrieval.index.sources import printable_path
 
-    with Index.open(index_dir, embedder=load_model(model) if model else None, gpu=gpu) as index:
+    try:
+        opened = Index.open(index_dir, embedder=load_model(model) if model else None, gpu=gpu)
+    except ModelMismatchError as exc:
+        raise click.ClickException(f"{exc}: retrieval index build --model {shlex.quote(str(model))} --images GALLERY "
+                                   "--out NEW_INDEX") from exc
+    with opened as index:
         if where is not None:
             matching = len(index.matching_ids(where))  # a column the index lacks fails here, before embedding
             if not as_json:

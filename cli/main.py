@@ -84,7 +84,7 @@ def config_from_options(config_file: str | None, **options: Any) -> TrainConfig:
     from retrieval.train.config import load_config_file
 
     file_values = load_config_file(config_file) if config_file else {}
-    return TrainConfig.from_sources(config_file, **option_values(TrainConfig, file_values, options))
+    return TrainConfig.from_values({**file_values, **option_values(TrainConfig, file_values, options)})
 
 
 @main.command("train")

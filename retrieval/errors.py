@@ -8,6 +8,7 @@ name re-raises with ``renamed``, and the command line shows the option (``retrie
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 
 
@@ -24,13 +25,39 @@ class ParameterError(ValueError):
         return ParameterError(param, self.problem)
 
 
+BACKTICKED = re.compile(r"`([A-Za-z_][A-Za-z0-9_]*)`")
+
+
+def with_names(text: str, names: dict[str, str]) -> str:
+    """``text`` with each backticked parameter in ``names`` written as the caller names it: a plain name in
+    backticks, or the caller's own text when it holds backticks itself (``"`batch_size` / `per_class`"``)."""
+
+    def caller(match: re.Match) -> str:
+        name = names.get(match.group(1))
+        if name is None:
+            return match.group(0)
+        return name if "`" in name else f"`{name}`"
+
+    return BACKTICKED.sub(caller, text)
+
+
 @contextlib.contextmanager
 def parameters_named(**names: str) -> Iterator[None]:
-    """Inside, a ``ParameterError`` about a parameter in ``names`` is raised again under the caller's name for it
-    (``parameters_named(size="memory_size")``)."""
+    """Inside, the core's errors speak of the caller's names: a ``ParameterError`` about a parameter in ``names`` is
+    raised again under the caller's name (``parameters_named(size="memory_size")``), and each backticked parameter
+    in ``names`` that its text (or a plain ValueError's) mentions is renamed too."""
     try:
         yield
     except ParameterError as exc:
-        if exc.param not in names:
+        param = names.get(exc.param, exc.param)
+        if "`" in param:
+            param = exc.param
+        problem = with_names(exc.problem, names)
+        if (param, problem) == (exc.param, exc.problem):
             raise
-        raise exc.renamed(names[exc.param]) from exc
+        raise ParameterError(param, problem) from exc
+    except ValueError as exc:
+        text = str(exc)
+        if type(exc) is not ValueError or with_names(text, names) == text:
+            raise
+        raise ValueError(with_names(text, names)) from exc

@@ -2,7 +2,7 @@
 the checks and the docs need (no torch, no click).
 
 ``TrainConfig``'s and ``ServerConfig``'s fields are declared with ``option(default, section, help, ...)``. From
-that one declaration: the config file's keys are the field names, ``field_problems`` checks a value's type,
+that one declaration: the config file's keys are the field names, ``field_problem`` checks a value's type,
 choices and range, ``retrieval.cli.config_options`` makes the click options and the Markdown reference table.
 """
 
@@ -170,14 +170,19 @@ def field_problem(option: DeclaredOption, value: Any) -> str | None:
     """What is wrong with ``value`` for ``option`` alone (type, choices, range), naming its flag; None if nothing."""
     spec, flag = option.spec, option.flag
     if not matches(option.hint, value):
-        listed = spec.metavar is not None and any(typing.get_origin(m) is list for m in hint_members(option.hint))
-        shape = f"{spec.metavar}, " if listed else ""
+        members = [m for m in hint_members(option.hint) if m is not type(None)]
+        # a list, or a number that a word may replace (ALPHA|auto): the metavar says the shape
+        shaped = spec.metavar is not None and (len(members) > 1 or typing.get_origin(members[0]) is list)
+        if shaped and len(members) > 1:
+            return f"{flag} must be {spec.metavar}, got {value!r}"
+        shape = f"{spec.metavar}, " if shaped else ""
         return f"{flag} must be {shape}{type_name(option.hint, words=True)}, got {value!r}"
     allowed = spec.allowed()
     if allowed is not None and value is not None and value not in allowed:
         shown = [str(choice) for choice in allowed if isinstance(choice, str)] or [str(c) for c in allowed]
         return f"{flag} must be one of {', '.join(shown)}, got {value!r}"
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and not _in_range(spec, value):
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and spec.range_text() \
+            and not _in_range(spec, value):
         unit = f" {spec.unit}" if spec.unit else ""
         return f"{flag} must be {spec.range_text()}{unit}, got {value!r}"
     return None

@@ -224,6 +224,7 @@ class TrainConfig:
 
     @property
     def classes_per_batch(self) -> int:
+        """Classes in a batch: --batch-size / --per-class."""
         return self.batch_size // self.per_class
 
     @property
@@ -256,8 +257,8 @@ class TrainConfig:
         return []
 
     def validate(self) -> None:
-        """Raise ValueError naming every problem: first each option alone (type, choices, range, from its
-        declaration), then the rules that relate options."""
+        """Raise ValueError naming the problems: every option alone that is wrong (type, choices, range, from its
+        declaration); when each is right, every rule that relates options and is broken."""
         errors = [problem for declared in declared_options(type(self))
                   if (problem := field_problem(declared, getattr(self, declared.name))) is not None]
         if not errors:
@@ -338,26 +339,31 @@ class TrainConfig:
         return errors
 
     def to_dict(self) -> dict[str, Any]:
+        """The settings as plain data (config.json, a checkpoint's train_config)."""
         return dataclasses.asdict(self)
 
     @classmethod
     def field_names(cls) -> set[str]:
+        """The settings' names: the keys a config file may hold."""
         return {f.name for f in dataclasses.fields(cls)}
 
     @classmethod
     def from_sources(cls, file: str | Path | None = None, **overrides: Any) -> TrainConfig:
-        """Defaults < TOML/JSON file < explicit overrides (command-line options)."""
-        values: dict[str, Any] = {}
-        if file is not None:
-            values.update(load_config_file(file))
-        values.update({k: v for k, v in overrides.items() if v is not None})
+        """Defaults < TOML/JSON file < explicit overrides (command-line options; None: not given)."""
+        values: dict[str, Any] = load_config_file(file) if file is not None else {}
+        return cls.from_values({**values, **{k: v for k, v in overrides.items() if v is not None}})
+
+    @classmethod
+    def from_values(cls, values: dict[str, Any]) -> TrainConfig:
+        """The config of ``values`` (field names; the others keep their defaults); an unknown name is refused."""
         unknown = set(values) - cls.field_names()
         if unknown:
             raise ValueError(f"unknown training option(s) {sorted(unknown)}; known: {sorted(cls.field_names())}")
         return cls(**values)
 
-
 def load_config_file(path: str | Path) -> dict[str, Any]:
+    """A TOML or JSON config file's values by field name (``-`` read as ``_``; a ``[loss]`` table gives ``loss``
+    and ``loss_kwargs``)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"config file not found: {path}")

@@ -3,18 +3,19 @@ evaluation split and the out-of-domain sets, each with the transform the model w
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from retrieval.data import asymmetric_transitions, build_transforms, inject_label_noise, load_dataset
+from retrieval.data import ImageDataset, asymmetric_transitions, build_transforms, inject_label_noise, load_dataset
 from retrieval.errors import parameters_named
 from retrieval.evaluation import load_eval_sets, load_extra_set
 from retrieval.train.config import TrainConfig
 from retrieval.train.state import TrainData
 
 
-def load_train_data(cfg: TrainConfig, model_config: dict[str, Any], train_transform) -> TrainData:
+def load_train_data(cfg: TrainConfig, model_config: dict[str, Any], train_transform: Callable) -> TrainData:
     """The train split (less any --val-fraction of its classes, with any --label-noise injected), the evaluation
     split, the validation classes and the --eval-extra sets, as the model wants them."""
     eval_tf = build_transforms(model_config, train=False)
@@ -50,7 +51,7 @@ def load_train_data(cfg: TrainConfig, model_config: dict[str, Any], train_transf
     return TrainData(train_set, eval_sets, labels, clean, noise_info, val_set, extra_sets)
 
 
-def hold_out_classes(dataset, fraction: float, seed: int):
+def hold_out_classes(dataset: ImageDataset, fraction: float, seed: int) -> tuple[ImageDataset, ImageDataset]:
     """(train, validation): a seeded ``fraction`` of the classes (at least 2) moves to the validation split."""
     classes = np.unique(dataset.labels)
     count = max(2, round(fraction * len(classes)))

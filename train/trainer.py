@@ -110,7 +110,8 @@ def build_parts(cfg: TrainConfig, *, ctx: DistContext, model: Embedder, data: Tr
     if ctx.distributed:  # each rank takes its part of the same global batches
         sampling.update(rank=ctx.rank, world_size=ctx.world_size)
     sampler_cls = DistributedClassBalancedBatchSampler if ctx.distributed else ClassBalancedBatchSampler
-    sampler = sampler_cls(data.train_labels, cfg.classes_per_batch, cfg.per_class, **sampling)
+    with parameters_named(samples_per_class="per_class", classes_per_batch="`batch_size` / `per_class`"):
+        sampler = sampler_cls(data.train_labels, cfg.classes_per_batch, cfg.per_class, **sampling)
 
     loss_fn = losses.build(cfg.loss, negatives=cfg.negatives, num_classes=data.num_classes,
                            embedding_dim=cfg.embedding_dim, **cfg.loss_kwargs).to(ctx.device)
@@ -123,7 +124,6 @@ def build_parts(cfg: TrainConfig, *, ctx: DistContext, model: Embedder, data: Tr
         from retrieval.losses.auxiliary import AuxiliaryCrossEntropy
 
         with parameters_named(weight="aux_ce"):
-
             aux = AuxiliaryCrossEntropy(cfg.embedding_dim, data.num_classes, weight=cfg.aux_ce).to(ctx.device)
         extra += list(aux.parameters())
     optimizer = build_optimizer(cfg, model, step_loss, extra)

@@ -259,8 +259,8 @@ def _plan(image: Image.Image, handle: BinaryIO, start: int, max_pixels: int, hel
         raise ImageDecodeError(
             "too_large",
             f"{width} x {height} = {width * height:,} pixels is over the limit of {_pixels(max_pixels)} (a possible "
-            "decompression bomb); resize it below that and send it again (where you run the server or the index, "
-            "`max_pixels` raises the limit)",
+            "decompression bomb); resize it below that and send it again (whoever runs the server or the index can "
+            "raise their pixel limit)",
         )
     if any(tile.codec_name in SLOW_DECODERS for tile in image.tile):
         raise ImageDecodeError(

@@ -159,4 +159,4 @@ def too_much_memory(fmt: str, size: tuple[int, int], estimate: int, buffered_jpe
     else:
         how = f"send one of at most about {fits} megapixels"
     return (f"a {fmt} of {width}x{height} would hold about {estimate / MIB:.0f} MB while decoding, over the "
-            f"{MAX_DECODE_BYTES / MIB:.0f} MB one decode may use; {how}; `max_pixels` does not raise this limit")
+            f"{MAX_DECODE_BYTES / MIB:.0f} MB one decode may use; {how}; a higher pixel limit does not raise this one")

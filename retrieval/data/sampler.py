@@ -60,24 +60,24 @@ class ClassBalancedBatchSampler(Sampler[list[int]]):
         labels = np.asarray(labels).reshape(-1)
         if samples_per_class < 2:
             raise ValueError(
-                "samples_per_class must be >= 2 (metric losses need a positive pair), "
+                "`samples_per_class` must be >= 2 (metric losses need a positive pair), "
                 f"got {samples_per_class}"
             )
         if classes_per_batch < 1:
-            raise ValueError(f"classes_per_batch must be >= 1, got {classes_per_batch}")
+            raise ValueError(f"`classes_per_batch` must be >= 1, got {classes_per_batch}")
         classes, counts = np.unique(labels, return_counts=True)
         small = classes[counts < samples_per_class]
         if len(small) and not drop_small:
             raise ValueError(
                 f"{len(small)} of {len(classes)} classes have fewer than {samples_per_class} samples "
-                f"(smallest has {counts.min()}); pass drop_small=True to leave them out, or lower samples_per_class"
+                f"(smallest has {counts.min()}); pass `drop_small` to leave them out, or lower `samples_per_class`"
             )
         usable = classes[counts >= samples_per_class]
         if len(usable) < classes_per_batch:
             raise ValueError(
-                f"only {len(usable)} classes have >= {samples_per_class} samples but classes_per_batch="
-                f"{classes_per_batch}; a batch needs that many classes: lower classes_per_batch (e.g. to "
-                f"{len(usable)}: a batch of {len(usable) * samples_per_class} samples) or lower samples_per_class"
+                f"only {len(usable)} classes have >= {samples_per_class} samples but `classes_per_batch` is "
+                f"{classes_per_batch}; a batch needs that many classes: lower `classes_per_batch` (e.g. to "
+                f"{len(usable)}: a batch of {len(usable) * samples_per_class} samples) or `samples_per_class`"
             )
         self.classes = usable
         self.indices_by_class = {int(c): np.flatnonzero(labels == c) for c in usable}
@@ -90,7 +90,7 @@ class ClassBalancedBatchSampler(Sampler[list[int]]):
         usable_samples = sum(len(v) for v in self.indices_by_class.values())
         default = max(1, usable_samples // (classes_per_batch * samples_per_class))
         if batches_per_epoch is not None and batches_per_epoch < 1:
-            raise ValueError(f"batches_per_epoch must be >= 1, got {batches_per_epoch}")
+            raise ValueError(f"`batches_per_epoch` must be >= 1, got {batches_per_epoch}")
         self.batches_per_epoch = batches_per_epoch or default
 
     @property

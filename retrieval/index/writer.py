@@ -32,7 +32,7 @@ from typing import Any
 
 import faiss
 
-from retrieval.errors import ParameterError
+from retrieval.errors import ParameterError, parameters_named
 from retrieval.index import faiss_files, faiss_gpu, faiss_keys
 from retrieval.index.catalogue import Catalogue, Status
 from retrieval.index.embedder import ImageEmbedder, ModelMismatchError, load_model
@@ -147,10 +147,8 @@ def _labelled(images: str | Path, split: str | None, catalogue: Catalogue, label
         rule = default_label_rule(gallery.kind)
     if recorded is not None and label_from is not None and label_from != recorded:
         raise LabelRuleMismatch(label_from, recorded)
-    try:
+    with parameters_named(rule="label_from"):
         apply_label_rule(gallery, rule)
-    except ParameterError as exc:
-        raise exc.renamed("label_from") from None
     if recorded is None:
         catalogue.set_meta(label_from=rule)
     return gallery, rule
@@ -252,15 +250,11 @@ def build_index(
         mended = mend(catalogue, store)
         ingest(engine, catalogue, store, embedder, options)
         log.info("building the faiss index of %s", layout.root)
-        try:
+        with parameters_named(key_request="index_key"):
             built = build_faiss(
                 layout, catalogue, store, index_key, int(embedder.embedding_dim), gpu,
                 policy=options.policy, add_vectors=engine.add_vectors,
             )
-        except ParameterError as exc:
-            if exc.param != "key_request":
-                raise
-            raise exc.renamed("index_key") from None
         layout.write_info(_info_from_meta(catalogue) | built)
         catalogue.set_meta(state="complete")
         return {
@@ -411,10 +405,8 @@ def repair_index(
         if state is None or catalogue.get_meta("model_hash") is None:
             raise NothingToRepairError(f"{layout.root} holds no started build, so there is nothing to repair; build it "
                                        "first")
-        try:
+        with parameters_named(rule="label_from"):  # only the rule's errors: the gallery's keep their names
             labels = relabel(catalogue, label_from) if label_from is not None else None
-        except ParameterError as exc:
-            raise exc.renamed("label_from") from None
         store = ShardStore(layout.shards)
         mended = mend(catalogue, store)
         source = catalogue.get_meta("gallery_images")

@@ -11,7 +11,7 @@ from torch import nn
 
 from retrieval.data.colour import DEFAULT_BACKGROUND
 from retrieval.distances import l2_normalize
-from retrieval.errors import ParameterError
+from retrieval.errors import ParameterError, parameters_named
 from retrieval.models.backbones import create_backbone
 from retrieval.models.checkpoint import load_checkpoint
 
@@ -76,10 +76,8 @@ def create_embedder(
         raise ValueError(f"embedding_dim must be >= 1, got {embedding_dim}")
     spec = create_backbone(backbone, pretrained=pretrained and weights is None, offline=offline)
     if weights is not None:
-        try:
+        with parameters_named(path="weights"):
             load_backbone_weights(spec.module, weights)
-        except ParameterError as exc:
-            raise exc.renamed("weights") from None
     for module in spec.module.modules():
         if freeze_bn and isinstance(module, nn.modules.batchnorm._BatchNorm):
             for p in module.parameters():

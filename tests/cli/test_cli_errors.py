@@ -258,3 +258,23 @@ def test_train_names_the_option_of_a_core_error_raised_while_the_run_is_built(tm
     assert result.exit_code == 1, result.output
     assert result.output.startswith("Error: --label-noise-transitions ") and "names no file" in result.output, \
         result.output
+
+
+def test_search_with_another_model_names_the_command_that_rebuilds_the_index(artifacts, tmp_path):
+    from embedders import write_projection_onnx
+
+    other = write_projection_onnx(tmp_path / "other.onnx", seed=5)
+    result = CliRunner().invoke(main, ["search", "--index", str(artifacts.index_dir), "--model", str(other),
+                                       str(artifacts.query_paths[0])])
+    assert result.exit_code == 1, result.output
+    assert "not comparable" in result.output and "retrieval index build --model" in result.output, result.output
+
+
+def test_train_shows_the_samplers_parameters_as_its_options(tmp_path):
+    """The sampler names its parameters (`samples_per_class`, `drop_small`); `retrieval train` shows the flags."""
+    result = CliRunner().invoke(main, [
+        "train", "--dataset", "digits", "--per-class", "400", "--batch-size", "800", "--no-pretrained",
+        "--freeze-backbone", "--epochs", "1", "--out", str(tmp_path / "run")])
+    assert result.exit_code == 1, result.output
+    assert "fewer than 400 samples" in result.output, result.output
+    assert "pass --drop-small" in result.output and "lower --per-class" in result.output, result.output

@@ -125,6 +125,16 @@ def test_a_value_outside_the_declared_range_is_refused_by_flag(declared):
             TrainConfig(**{declared.name: kind(value)})
 
 
+NUMBERS = [d for d in DECLARED if float in hint_members(d.hint)]
+
+
+@pytest.mark.parametrize("declared", NUMBERS, ids=[d.name for d in NUMBERS])
+def test_a_number_that_is_not_a_number_is_refused_by_flag_with_what_it_must_be(declared):
+    with pytest.raises(ValueError, match=re.escape(declared.flag) + r" must be \S") as caught:
+        TrainConfig(**{declared.name: float("nan")})
+    assert "must be ," not in str(caught.value)
+
+
 CHOOSING = [d for d in DECLARED if d.spec.choices is not None]
 
 
@@ -183,3 +193,12 @@ def test_every_flag_the_package_prints_exists():
 
 def test_the_flag_scan_finds_a_flag_no_command_has():
     assert FLAG.findall("use --grad-clip 5, --ray-* or --no-{name}") == ["--grad-clip"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--eval-limit", "0"], "must be >= 1 images, got 0"), (["--limit", "0"], "must be >= 1 images, got 0"),
+    (["--eval-batch-size", "0"], "must be >= 1, got 0"), (["--workers", "-1"], "must be >= 0, got -1"),
+])
+def test_evaluate_checks_the_declared_range_of_the_options_it_shares(args, message, tmp_path):
+    result = CliRunner().invoke(main, ["evaluate", "--checkpoint", str(tmp_path / "none.pt"), *args])
+    assert result.exit_code == 2 and message in result.output, result.output

@@ -53,7 +53,7 @@ def test_deterministic_per_seed_and_epoch():
 def test_small_classes_raise_or_are_dropped():
     labels = labels_with_counts([5, 1, 5, 2, 5])
     with pytest.raises(
-        ValueError, match=r"2 of 5 classes have fewer than 3 samples.*drop_small=True.*samples_per_class"
+        ValueError, match=r"2 of 5 classes have fewer than 3 samples.*`drop_small`.*`samples_per_class`"
     ):
         ClassBalancedBatchSampler(labels, 2, 3)
     sampler = ClassBalancedBatchSampler(labels, 2, 3, drop_small=True)
@@ -65,9 +65,9 @@ def test_small_classes_raise_or_are_dropped():
 
 def test_bad_arguments():
     labels = labels_with_counts([4, 4, 4])
-    with pytest.raises(ValueError, match="samples_per_class must be >= 2"):
+    with pytest.raises(ValueError, match="`samples_per_class` must be >= 2"):
         ClassBalancedBatchSampler(labels, 2, 1)
-    with pytest.raises(ValueError, match="only 3 classes have >= 2 samples but classes_per_batch=4"):
+    with pytest.raises(ValueError, match="only 3 classes have >= 2 samples but `classes_per_batch` is 4"):
         ClassBalancedBatchSampler(labels, 4, 2)
     with pytest.raises(ValueError, match="only 1 classes"):
         ClassBalancedBatchSampler(labels_with_counts([4, 1, 1]), 2, 2, drop_small=True)
