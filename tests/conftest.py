@@ -1,5 +1,5 @@
 """Fixtures shared by the serving tests: the small real index of ``serve_fixtures``, a service and an API client,
-and the browser tests' screenshot folder; and the suite's offline mode for pretrained weights."""
+and the browser tests' browser and screenshot folder; and the suite's offline mode for pretrained weights."""
 
 from __future__ import annotations
 
@@ -48,3 +48,14 @@ def screenshots(tmp_path_factory) -> Path:
     folder = Path(os.environ.get("RETRIEVAL_SCREENSHOTS") or tmp_path_factory.mktemp("screenshots")).resolve()
     folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium under Playwright for the browser tests' pages (skips when either is missing)."""
+    from browser_pages import CHROMIUM, CHROMIUM_ARGS, playwright_or_skip
+
+    with playwright_or_skip().sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield launched
+        launched.close()

@@ -1,18 +1,25 @@
-"""Small images made in memory for the tests: plain and noisy PNGs, a noisy JPEG, a transparent sticker."""
+"""Small images made in memory for the tests: any image as PNG bytes, plain and noisy PNGs, a noisy JPEG, a
+transparent sticker; and folders of distinct noise PNGs written to disk."""
 
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
 
+def encode_png(image: Image.Image) -> bytes:
+    """``image`` as the bytes of a PNG file."""
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
 def png_bytes(size: tuple[int, int] = (32, 32), colour=(200, 30, 30)) -> bytes:
     """One flat colour: the cheapest valid PNG (its truncations make broken ones)."""
-    buffer = io.BytesIO()
-    Image.new("RGB", size, colour).save(buffer, format="PNG")
-    return buffer.getvalue()
+    return encode_png(Image.new("RGB", size, colour))
 
 
 def jpeg_bytes(size: tuple[int, int] = (64, 64)) -> bytes:
@@ -38,3 +45,15 @@ def sticker(size: int = 48) -> Image.Image:
     pixels = np.zeros((size, size, 4), np.uint8)
     pixels[inside] = (220, 30, 30, 255)
     return Image.fromarray(pixels, "RGBA")
+
+
+def write_images(folder: Path, count: int, start: int = 0) -> list[Path]:
+    """``count`` distinct 16 px noise PNGs directly in ``folder``, img_{start:03d}.png on, each seeded by its number
+    (the same number, the same image)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(start, start + count):
+        pixels = np.random.default_rng(i).integers(0, 256, (16, 16, 3), dtype=np.uint8)
+        paths.append(folder / f"img_{i:03d}.png")
+        Image.fromarray(pixels).save(paths[-1])
+    return paths

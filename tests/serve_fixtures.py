@@ -1,26 +1,34 @@
 """A small real index for the serving tests: emoji (or digits) PNGs, an ONNX EfficientNet-Lite0 at 64 px,
 a faiss index built by ``retrieval.index.build_index``, and a run report written by ``train.report``; and
-``BackgroundServer``, an app served on a loopback port for the tests that speak HTTP."""
+``BackgroundServer``, an app served on a loopback port for the tests that speak HTTP; ``serve_with_json_logs``, the
+`retrieval serve` command itself."""
 
 from __future__ import annotations
 
-import io
 import json
 import logging
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pytest
 from PIL import Image
+from sample_images import png_bytes
 
 IMAGE_SIZE = 64
 EMOJI_CANDIDATES = 30  # -> about 25 classes x 2 styles
+REPO = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -117,11 +125,9 @@ def build_artifacts(root: Path, image_size: int = IMAGE_SIZE) -> ServeArtifacts:
     return ServeArtifacts(root, gallery, model, root / "index", report, paths, labels)
 
 
-def png_bytes(image: Image.Image | None = None, size: tuple[int, int] = (48, 48)) -> bytes:
-    image = image or Image.new("RGB", size, (200, 40, 40))
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return buffer.getvalue()
+QUERY_COLOUR = (200, 40, 40)
+# the image the serving tests upload when any valid image will do: a flat red square
+QUERY_PNG = png_bytes((48, 48), QUERY_COLOUR)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -129,6 +135,36 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def serve_with_json_logs(index_dir: Path, options: list[str], use: Callable[[str], T]) -> tuple[T, list[dict]]:
+    """Start `retrieval serve --log-format json` on a free port with ``options``, wait for its /health (request id
+    "probe"), call ``use`` with its URL, stop it with SIGTERM; ``use``'s answer and every line it logged, as JSON
+    (every line must be one JSON object)."""
+    import httpx
+
+    port = free_port()
+    command = [sys.executable, "-m", "retrieval", "serve", "--index", str(index_dir), "--no-ui", "--port", str(port),
+               "--reload-interval", "0", "--log-format", "json", "--log-level", "info", *options]
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=os.environ | {"PYTHONUNBUFFERED": "1", "PYTHONIOENCODING": "utf-8"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{url}/health", headers={"X-Request-ID": "probe"}, timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
+            time.sleep(0.2)
+        answer = use(url)
+        time.sleep(0.5)  # the access lines of the last requests are written after their responses
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+    return answer, [json.loads(line) for line in stderr.splitlines() if line.strip()]
 
 
 class BackgroundServer:

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 from embedders import FakeEmbedder
-from PIL import Image
+from sample_images import write_images
 
 from retrieval.cli.main import main
 from retrieval.index import CatalogueReader, IndexLayout, Status, add_images, build_index, remove_images
@@ -27,16 +27,6 @@ from retrieval.index.vectors import done_chunks
 
 QUICK = IngestOptions(workers=0, shard_size=4)  # several shards even for a small gallery
 DIM = 24
-
-
-def write_images(folder: Path, count: int, start: int) -> list[Path]:
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for i in range(start, start + count):
-        pixels = np.random.default_rng(i).integers(0, 256, (16, 16, 3), dtype=np.uint8)
-        paths.append(folder / f"img_{i:03d}.png")
-        Image.fromarray(pixels).save(paths[-1])
-    return paths
 
 
 @pytest.fixture(scope="module")

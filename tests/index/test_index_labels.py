@@ -5,24 +5,15 @@ from __future__ import annotations
 import json
 import shutil
 
-import numpy as np
 import pytest
 from click.testing import CliRunner
 from embedders import FakeEmbedder
-from PIL import Image
+from sample_images import write_images
 
 from retrieval.index import add_images, build_index
 from retrieval.index.engine import IngestOptions
 
 QUICK = IngestOptions(workers=0)
-
-
-def write_images(folder, count: int, start: int) -> None:
-    """``count`` distinct small PNGs directly in ``folder``."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for i in range(start, start + count):
-        pixels = np.random.default_rng(i).integers(0, 256, (16, 16, 3), dtype=np.uint8)
-        Image.fromarray(pixels).save(folder / f"img_{i:03d}.png")
 
 
 @pytest.fixture

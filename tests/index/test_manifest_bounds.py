@@ -7,14 +7,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 from embedders import FakeEmbedder
-from PIL import Image
+from sample_images import write_images
 
 from retrieval.cli.main import main
 from retrieval.index import CatalogueReader, IndexLayout, build_index, sources
@@ -24,16 +23,6 @@ from retrieval.index.table_export import export_index
 
 QUICK = IngestOptions(workers=0, shard_size=4)
 DIM = 8
-
-
-def write_images(folder: Path, count: int) -> list[str]:
-    folder.mkdir(parents=True, exist_ok=True)
-    names = []
-    for i in range(count):
-        pixels = np.random.default_rng(i).integers(0, 256, (16, 16, 3), dtype=np.uint8)
-        names.append(f"img_{i:03d}.png")
-        Image.fromarray(pixels).save(folder / names[-1])
-    return names
 
 
 def write_manifest(folder: Path, columns: dict[str, list], kind: str) -> Path:
@@ -51,7 +40,7 @@ def write_manifest(folder: Path, columns: dict[str, list], kind: str) -> Path:
 @pytest.mark.parametrize("kind", ["csv", "parquet"])
 @pytest.mark.parametrize("reserved", [*RESERVED_COLUMNS])
 def test_a_manifest_column_named_like_the_index_own_is_refused_naming_it(tmp_path, reserved, kind):
-    names = write_images(tmp_path, 2)
+    names = [path.name for path in write_images(tmp_path, 2)]
     manifest = write_manifest(tmp_path, {"path": names, "label": ["a", "b"], reserved: ["x", "y"]}, kind)
     with pytest.raises(ValueError, match=rf"column '{reserved}' has a name the index uses.*rename it") as refused:
         build_index(manifest, tmp_path / "idx", embedder=FakeEmbedder(DIM), options=QUICK)
@@ -62,7 +51,7 @@ def test_the_command_line_says_which_column_to_rename(tmp_path, monkeypatch):
     from retrieval.index import writer
 
     monkeypatch.setattr(writer, "load_model", lambda *_args, **_kwargs: FakeEmbedder(DIM))  # no ONNX file needed
-    names = write_images(tmp_path, 2)
+    names = [path.name for path in write_images(tmp_path, 2)]
     manifest = write_manifest(tmp_path, {"path": names, "label": ["a", "b"], "sha256": ["x", "y"]}, "csv")
     result = CliRunner().invoke(main, ["index", "build", "--images", str(manifest), "--out", str(tmp_path / "idx"),
                                        "--model", str(tmp_path / "model.onnx"), "--workers", "0"])
@@ -73,7 +62,7 @@ def test_the_command_line_says_which_column_to_rename(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("kind", ["csv", "parquet"])
 def test_a_column_name_over_the_bound_is_refused(tmp_path, kind):
-    names = write_images(tmp_path, 2)
+    names = [path.name for path in write_images(tmp_path, 2)]
     longest, over = "c" * MAX_COLUMN_NAME_CHARS, "d" * (MAX_COLUMN_NAME_CHARS + 1)
     ok = write_manifest(tmp_path, {"path": names, longest: ["1", "2"]}, kind)
     assert [item.extra for item in list_gallery(ok).items] == [{longest: "1"}, {longest: "2"}]
@@ -86,7 +75,7 @@ def test_a_column_name_over_the_bound_is_refused(tmp_path, kind):
 def test_a_label_over_the_bound_is_refused_whole_never_cut(tmp_path):
     """A 5 MB label (parquet has no field limit) and one just over the bound: their rows are errors naming the
     manifest line and the limit; a label of exactly the bound is indexed whole."""
-    names = write_images(tmp_path, 4)
+    names = [path.name for path in write_images(tmp_path, 4)]
     labels = ["ok", "x" * MAX_LABEL_CHARS, "y" * (MAX_LABEL_CHARS + 1), "z" * 5_000_000]
     manifest = write_manifest(tmp_path, {"path": names, "label": labels}, "parquet")
     summary = build_index(manifest, tmp_path / "idx", embedder=FakeEmbedder(DIM), options=QUICK)
@@ -101,7 +90,7 @@ def test_a_label_over_the_bound_is_refused_whole_never_cut(tmp_path):
 
 
 def test_a_csv_label_over_the_bound_is_refused(tmp_path):
-    names = write_images(tmp_path, 2)
+    names = [path.name for path in write_images(tmp_path, 2)]
     manifest = write_manifest(tmp_path, {"path": names, "label": ["a", "l" * 1000]}, "csv")
     gallery = list_gallery(manifest)
     assert [item.label for item in gallery.items] == ["a"]
@@ -113,7 +102,7 @@ def test_an_export_never_writes_two_columns_of_one_name(tmp_path, monkeypatch):
     """An index built before the check (the reserved names let through) from a manifest with sha256, a
     manifest_sha256 of its own, embedding and id: every export reads back with pandas, each column once, every
     manifest value kept under some column."""
-    names = write_images(tmp_path, 3)
+    names = [path.name for path in write_images(tmp_path, 3)]
     manifest = {"path": names, "label": ["a", "b", "a"], "sha256": ["s0", "s1", "s2"],
                 "manifest_sha256": ["m0", "m1", "m2"], "embedding": ["e0", "e1", "e2"], "id": ["i0", "i1", "i2"]}
     monkeypatch.setattr(sources, "RESERVED_COLUMNS", (), raising=False)

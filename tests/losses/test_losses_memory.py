@@ -3,8 +3,11 @@ batch; in the trainer, --resume restores it."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
+from train_configs import digits_config
 
 from retrieval.losses import build
 from retrieval.losses.memory import CrossBatchMemory
@@ -76,17 +79,9 @@ def test_bad_settings_are_refused():
         TrainConfig(memory="xbm", gather=False)
 
 
-def digits_config(out, cache, **overrides):
-    from retrieval.train import TrainConfig
-
-    values = dict(dataset="digits", dataset_kwargs={"protocol": "standard", "limit_per_class": 30},
-                  backbone="efficientnet_lite0", pretrained=True, image_size=32, freeze_backbone=True,
-                  embedding_dim=16, loss="ms", memory="xbm", memory_size=50, memory_warmup=2, batch_size=20,
-                  per_class=4, batches_per_epoch=3, epochs=3, optimizer="sgd", lr=0.05, eval_before=False,
-                  eval_every=100, workers=0, device="cpu", out=str(out), feature_cache=str(cache), plots=False,
-                  tensorboard=False)
-    values.update(overrides)
-    return TrainConfig(**values)
+# a queue that fills within the first epoch and is used from the third step; only the loss and the state matter
+xbm_config = functools.partial(digits_config, memory="xbm", memory_size=50, memory_warmup=2, optimizer="sgd",
+                               lr=0.05, eval_before=False, eval_every=100, plots=False, tensorboard=False)
 
 
 def test_a_resumed_run_restores_the_memory_and_equals_the_uninterrupted_one(tmp_path):
@@ -94,15 +89,15 @@ def test_a_resumed_run_restores_the_memory_and_equals_the_uninterrupted_one(tmp_
     from retrieval.train.checkpointing import atomic_save
     from retrieval.train.trainer import Trainer
 
-    straight = train(digits_config(tmp_path / "straight", tmp_path / "cache"), progress=False)
-    partial = Trainer(digits_config(tmp_path / "resumed", tmp_path / "cache"), progress=False)
+    straight = train(xbm_config(tmp_path / "straight", tmp_path / "cache"), progress=False)
+    partial = Trainer(xbm_config(tmp_path / "resumed", tmp_path / "cache"), progress=False)
     partial.setup()
     for epoch in range(2):
         row = {"epoch": epoch + 1, **partial.train_epoch(epoch)}
         partial.record.history.append(row)
         atomic_save(partial.checkpoint(epoch + 1, row), tmp_path / "resumed" / "last.pt")
     assert int(partial.parts.loss_fn.filled) == 50  # 6 batches of 20 went in: the queue is full
-    resumed = train(digits_config(tmp_path / "resumed", tmp_path / "cache", resume=True), progress=False)
+    resumed = train(xbm_config(tmp_path / "resumed", tmp_path / "cache", resume=True), progress=False)
     assert resumed["last"]["loss"] == pytest.approx(straight["last"]["loss"], rel=1e-6)
     assert resumed["last"]["loss_memory_rows"] == 50.0
     a, b = (torch.load(tmp_path / run / "last.pt", weights_only=False) for run in ("straight", "resumed"))
@@ -115,7 +110,7 @@ def test_a_proxy_loss_refuses_the_memory(tmp_path):
     from retrieval.train import train
 
     with pytest.raises(ValueError, match="changes nothing"):
-        train(digits_config(tmp_path / "run", tmp_path / "cache", loss="proxy_anchor"), progress=False)
+        train(xbm_config(tmp_path / "run", tmp_path / "cache", loss="proxy_anchor"), progress=False)
 
 
 @pytest.mark.parametrize(("name", "kwargs"), [("triplet", {}), ("triplet", {"mining": "semihard"}),

@@ -4,10 +4,12 @@ learning rate and keeps them across --resume."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
 import torch
+from train_configs import digits_config
 
 from retrieval.losses import available, build, describe, needs_classes
 
@@ -228,32 +230,24 @@ def test_a_trained_proxy_loss_separates_classes():
 
 
 # --- in the trainer ---------------------------------------------------------------------------------------------
-def digits_config(out, cache, **overrides):
-    from retrieval.train import TrainConfig
-
-    values = dict(dataset="digits", dataset_kwargs={"protocol": "standard", "limit_per_class": 30},
-                  backbone="efficientnet_lite0", pretrained=True, image_size=32, freeze_backbone=True,
-                  embedding_dim=16, loss="proxy_anchor", batch_size=20, per_class=4, batches_per_epoch=3, epochs=3,
-                  lr=1e-3, eval_before=False, eval_every=100, workers=0, device="cpu", out=str(out),
-                  feature_cache=str(cache), plots=False)
-    values.update(overrides)
-    return TrainConfig(**values)
+# the proxies' own learning rate and their state are what these tests look at: no evaluation, no plots
+proxy_config = functools.partial(digits_config, loss="proxy_anchor", eval_before=False, eval_every=100, plots=False)
 
 
 def test_the_proxies_learn_at_their_own_rate_and_stay_out_of_the_model(tmp_path):
     from retrieval.train.trainer import Trainer
 
-    trainer = Trainer(digits_config(tmp_path / "a", tmp_path / "cache"), progress=False)
+    trainer = Trainer(proxy_config(tmp_path / "a", tmp_path / "cache"), progress=False)
     trainer.setup()
     groups = {g["name"]: g for g in trainer.parts.optimizer.param_groups}
     assert groups["loss"]["lr"] == 1e-2 and groups["head"]["lr"] == 1e-3  # the paper's 100x
     assert groups["loss"]["params"][0] is trainer.parts.loss_fn.proxies
     assert trainer.parts.loss_fn.proxies.shape == (10, 16)  # digits: 10 training classes
 
-    trainer = Trainer(digits_config(tmp_path / "b", tmp_path / "cache", loss="arcface", loss_lr=0.5), progress=False)
+    trainer = Trainer(proxy_config(tmp_path / "b", tmp_path / "cache", loss="arcface", loss_lr=0.5), progress=False)
     trainer.setup()
     assert {g["name"]: g["lr"] for g in trainer.parts.optimizer.param_groups}["loss"] == 0.5  # --loss-lr wins
-    trainer = Trainer(digits_config(tmp_path / "c", tmp_path / "cache", loss="cosface"), progress=False)
+    trainer = Trainer(proxy_config(tmp_path / "c", tmp_path / "cache", loss="cosface"), progress=False)
     trainer.setup()
     assert {g["name"]: g["lr"] for g in trainer.parts.optimizer.param_groups}["loss"] == 1e-3  # no paper rate: --lr
 
@@ -265,16 +259,16 @@ def test_a_resumed_proxy_run_equals_the_uninterrupted_one(tmp_path):
     from retrieval.train.trainer import Trainer
 
     cache = tmp_path / "cache"
-    straight = train(digits_config(tmp_path / "straight", cache, loss="soft_triple",
+    straight = train(proxy_config(tmp_path / "straight", cache, loss="soft_triple",
                                    loss_kwargs={"centers": 3}), progress=False)
-    partial = Trainer(digits_config(tmp_path / "resumed", cache, loss="soft_triple", loss_kwargs={"centers": 3}),
+    partial = Trainer(proxy_config(tmp_path / "resumed", cache, loss="soft_triple", loss_kwargs={"centers": 3}),
                       progress=False)
     partial.setup()
     for epoch in range(2):
         row = {"epoch": epoch + 1, **partial.train_epoch(epoch)}
         partial.record.history.append(row)
         atomic_save(partial.checkpoint(epoch + 1, row), tmp_path / "resumed" / "last.pt")
-    resumed = train(digits_config(tmp_path / "resumed", cache, loss="soft_triple", loss_kwargs={"centers": 3},
+    resumed = train(proxy_config(tmp_path / "resumed", cache, loss="soft_triple", loss_kwargs={"centers": 3},
                                   resume=True), progress=False)
     assert resumed["last"]["loss"] == pytest.approx(straight["last"]["loss"], rel=1e-6)
     a, b = (torch.load(tmp_path / run / "last.pt", weights_only=False) for run in ("straight", "resumed"))

@@ -6,12 +6,12 @@ CI has no GPU, so this module is skipped there (pytest -ra prints the reason); r
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from run_files import metrics_rows
 from sample_images import noisy_png
 
 from retrieval.losses import available, available_negatives, build, wants_normalized
@@ -113,7 +113,7 @@ def test_training_runs_on_cuda_with_each_gpu_option(image_folder, tmp_path, opti
     from retrieval.train import train
 
     report = train(config(image_folder, tmp_path / option, **GPU_OPTIONS[option]), progress=False)
-    history = [json.loads(line) for line in (tmp_path / option / "metrics.jsonl").read_text().splitlines()]
+    history = metrics_rows(tmp_path / option)
     losses = [row["loss"] for row in history if "loss" in row]
     assert len(losses) == 2 and all(np.isfinite(losses))
     assert all(row.get("skipped_steps", 0) == 0 for row in history)
@@ -131,7 +131,7 @@ def test_fp32_training_on_cuda_follows_the_cpu(image_folder, tmp_path):
     for device in ("cpu", "cuda"):
         train(config(image_folder, tmp_path / device, amp="off", device=device, epochs=1, eval_every=100,
                      eval_before=False), progress=False)
-        runs[device] = [json.loads(line) for line in (tmp_path / device / "metrics.jsonl").read_text().splitlines()]
+        runs[device] = metrics_rows(tmp_path / device)
     cpu_loss = next(r["loss"] for r in runs["cpu"] if "loss" in r)
     gpu_loss = next(r["loss"] for r in runs["cuda"] if "loss" in r)
     assert gpu_loss == pytest.approx(cpu_loss, rel=1e-2)
@@ -146,7 +146,7 @@ def test_fp16_training_resumes_on_cuda(image_folder, tmp_path):
     ckpt = torch.load(tmp_path / "run" / "last.pt", map_location="cpu", weights_only=False)
     assert "cuda" in ckpt["rng"]
     train(config(image_folder, tmp_path / "run", amp="fp16", epochs=2, eval_every=100, resume=True), progress=False)
-    history = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    history = metrics_rows(tmp_path / "run")
     assert [row["epoch"] for row in history if "loss" in row] == [1, 2]
 
 
@@ -166,10 +166,6 @@ def test_autocast_embeddings_match_full_precision():
     assert cosine.min() > 0.999
 
 
-def read_rows(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("loss", ["ms", "proxy_anchor"])
 def test_chunked_step_equals_the_whole_batch_on_cuda(image_folder, tmp_path, loss, monkeypatch):
@@ -186,7 +182,7 @@ def test_chunked_step_equals_the_whole_batch_on_cuda(image_folder, tmp_path, los
         runs[chunks] = tmp_path / f"chunks{chunks}"
         train(config(image_folder, runs[chunks], amp="off", loss=loss, chunks=chunks, freeze_bn=True, eval_every=100,
                      eval_before=False, tensorboard=False), progress=False)
-    one, chunked = read_rows(runs[1]), read_rows(runs[3])
+    one, chunked = metrics_rows(runs[1]), metrics_rows(runs[3])
     assert [r["loss"] for r in chunked] == pytest.approx([r["loss"] for r in one], rel=1e-4, abs=1e-6)
     wa, wb = (torch.load(runs[c] / "last.pt", map_location="cpu", weights_only=False) for c in (1, 3))
     for part in ("state_dict", "loss_state"):
@@ -202,7 +198,7 @@ def test_cross_batch_memory_trains_on_cuda_in_fp16(image_folder, tmp_path):
 
     train(config(image_folder, tmp_path / "xbm", amp="fp16", memory="xbm", memory_size=16, memory_warmup=0,
                  epochs=2, eval_every=100, tensorboard=False), progress=False)
-    history = [row for row in read_rows(tmp_path / "xbm") if "loss" in row]
+    history = [row for row in metrics_rows(tmp_path / "xbm") if "loss" in row]
     assert len(history) == 2 and all(np.isfinite(r["loss"]) and r.get("skipped_steps", 0) == 0 for r in history)
     ckpt = torch.load(tmp_path / "xbm" / "last.pt", map_location="cpu", weights_only=False)
     filled = [value for key, value in ckpt["loss_state"].items() if key.endswith("filled")]

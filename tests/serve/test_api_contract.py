@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
-from serve_fixtures import BackgroundServer, png_bytes
+from sample_images import encode_png, png_bytes
+from serve_fixtures import QUERY_COLOUR, QUERY_PNG, BackgroundServer
 
 from retrieval.index import Index
 from retrieval.index.shards import ShardStore
@@ -223,11 +224,11 @@ def test_unknown_keys_and_two_queries_are_refused(client, stored):
     assert "'filter', 'top_k'" in detail and "allowed keys: image, embedding, k" in detail
     many = search_json(client, {"embedding": vector} | {f"x{i:02d}" * 30: 1 for i in range(50)})
     assert many.status_code == 422 and "and 45 more" in many.json()["detail"] and len(many.text) < 600
-    both = search_json(client, {"embedding": vector, "image": base64.b64encode(png_bytes()).decode()})
+    both = search_json(client, {"embedding": vector, "image": base64.b64encode(QUERY_PNG).decode()})
     assert both.status_code == 422 and "not both" in both.json()["detail"]
     neither = search_json(client, {"k": 3})
     assert neither.status_code == 422 and '"image"' in neither.json()["detail"]
-    form = client.post("/search", files={"image": ("q.png", png_bytes(), "image/png"), "k": (None, "3")})
+    form = client.post("/search", files={"image": ("q.png", QUERY_PNG, "image/png"), "k": (None, "3")})
     assert form.status_code == 422 and "unknown multipart field(s): 'k'" in form.json()["detail"]
 
 
@@ -346,7 +347,7 @@ def test_schemathesis_finds_no_disagreement_between_the_document_and_the_server(
     import schemathesis
     from schemathesis.engine import StopReason, events, from_schema
 
-    image = png_bytes(size=(16, 16))
+    image = png_bytes((16, 16), QUERY_COLOUR)
     config = schemathesis.Config.from_dict(
         {
             "seed": 1,
@@ -435,5 +436,5 @@ def test_an_animated_query_is_searched_by_its_first_frame_and_the_response_says_
     frames[0].save(buffer, "GIF", save_all=True, append_images=frames[1:], duration=100, loop=0)
     animated = client.post("/search?k=3", files={"image": ("anim.gif", buffer.getvalue())}).json()
     assert animated["notes"] == ["animated image: the first of its 2 frames was used"]
-    still = client.post("/search?k=3", files={"image": ("still.png", png_bytes(frames[0]))}).json()
+    still = client.post("/search?k=3", files={"image": ("still.png", encode_png(frames[0]))}).json()
     assert still["notes"] == [] and [r["id"] for r in still["results"]] == [r["id"] for r in animated["results"]]

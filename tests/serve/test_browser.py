@@ -20,14 +20,12 @@ from pathlib import Path
 
 import pytest
 from browser_pages import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
     open_page,
     playwright_or_skip,
     text_once_shown,
     upload_and_search,
 )
-from serve_fixtures import BackgroundServer, ServeArtifacts, png_bytes, require_emoji_labels, shared_artifacts
+from serve_fixtures import QUERY_PNG, BackgroundServer, ServeArtifacts, require_emoji_labels, shared_artifacts
 
 from retrieval.analysis.results import RESULTS_FORMAT
 from retrieval.data.emoji import emoji_name, is_code_point_sequence
@@ -78,14 +76,6 @@ def server(tmp_path_factory):
     with BackgroundServer(app) as running:
         yield running, artifacts
     service.close()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        yield launched
-        launched.close()
 
 
 @pytest.fixture
@@ -214,7 +204,7 @@ def api_message(data: bytes) -> str:
 
 
 def test_bad_uploads_show_the_api_message_and_no_traceback(page, screenshots, tmp_path):
-    good = png_bytes()
+    good = QUERY_PNG
     cases = {
         "not-an-image.png": b"hello, I am a text file\n",
         "empty.png": b"",

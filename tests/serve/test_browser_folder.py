@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from browser_pages import CHROMIUM, CHROMIUM_ARGS, open_page, playwright_or_skip, text_once_shown, upload_and_search
+from browser_pages import open_page, playwright_or_skip, text_once_shown, upload_and_search
 from PIL import Image, ImageDraw
 from serve_fixtures import BackgroundServer, shared_artifacts
 
@@ -101,14 +101,6 @@ def folder_server(tmp_path_factory):
     with BackgroundServer(app) as running:
         yield running, root, files
     service.close()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        yield launched
-        launched.close()
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serve_fixtures import BackgroundServer, free_port, png_bytes
+from serve_fixtures import QUERY_PNG, BackgroundServer, free_port
 
 from retrieval.serve.bodies import FORM_SLACK
 from retrieval.serve.defaults import DEFAULT_MAX_UPLOAD_BYTES
@@ -427,7 +427,7 @@ def test_slow_uploads_wait_in_nginx_not_in_uvicorn(nginx, app_server, artifacts)
                     sock.sendall(b" " * 10)
                 except OSError:  # refused (429) and closed by nginx
                     pass
-        outcomes = normal_client(nginx, png_bytes(), 1.0)
+        outcomes = normal_client(nginx, QUERY_PNG, 1.0)
     answered, _, _ = select.select(socks, [], [], 1.0)  # the uploads still in progress have no answer
     refused = 0
     for sock in answered:

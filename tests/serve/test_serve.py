@@ -13,7 +13,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from PIL import Image
-from serve_fixtures import BackgroundServer, png_bytes
+from sample_images import encode_png
+from serve_fixtures import QUERY_PNG, BackgroundServer
 
 from retrieval.data.synthetic import bomb_png
 from retrieval.index import Index
@@ -184,10 +185,10 @@ def test_k_out_of_range_is_422(artifacts, client, k):
     [
         (b"this is not an image at all", 400, "not an image"),
         (b"", 400, "empty"),
-        (png_bytes()[:60], 400, "could not be decoded"),  # truncated PNG
+        (QUERY_PNG[:60], 400, "could not be decoded"),  # truncated PNG
         (bomb_png(), 400, "decompression bomb"),  # 200000 x 200000 pixels declared in a tiny file
         (
-            png_bytes(Image.fromarray(np.random.default_rng(0).integers(0, 255, (300, 300, 3), np.uint8))),
+            encode_png(Image.fromarray(np.random.default_rng(0).integers(0, 255, (300, 300, 3), np.uint8))),
             413,
             "over the limit",
         ),
@@ -200,7 +201,7 @@ def test_bad_uploads_get_clear_4xx(client, payload, status, message):
 
 
 def test_pixel_limit_is_a_bomb_guard(client):
-    big = png_bytes(Image.new("RGB", (2100, 2000), (10, 10, 10)))  # 4.2 MP > 4 MP limit, small file
+    big = encode_png(Image.new("RGB", (2100, 2000), (10, 10, 10)))  # 4.2 MP > 4 MP limit, small file
     response = upload(client, big)
     assert response.status_code == 400 and "decompression bomb" in response.json()["detail"]
 
@@ -225,7 +226,7 @@ def test_oversized_body_is_refused_before_parsing(client):
         ({"json": [1, 2]}, 422, "object"),
         ({"content": b"{not json", "headers": {"content-type": "application/json"}}, 400, "not valid JSON"),
         ({"content": b"raw", "headers": {"content-type": "text/plain"}}, 415, "multipart"),
-        ({"files": {"other": ("q.png", png_bytes(), "image/png")}}, 422, "unknown multipart field(s): 'other'"),
+        ({"files": {"other": ("q.png", QUERY_PNG, "image/png")}}, 422, "unknown multipart field(s): 'other'"),
         ({"files": {"image": (None, "text")}}, 400, "must be a file"),
     ],
 )

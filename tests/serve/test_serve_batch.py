@@ -12,7 +12,8 @@ import httpx
 import numpy as np
 import pytest
 from PIL import Image
-from serve_fixtures import BackgroundServer, png_bytes
+from sample_images import encode_png, png_bytes
+from serve_fixtures import QUERY_COLOUR, BackgroundServer
 
 from retrieval.serve.api import create_api
 from retrieval.serve.defaults import MAX_BATCH_QUERIES
@@ -126,7 +127,7 @@ def test_where_applies_to_every_query(server, service, artifacts):
 def test_an_unreadable_image_is_named_in_its_place_and_the_others_are_answered(server, artifacts):
     good = [artifacts.query_paths[i].read_bytes() for i in (1, 2)]
     noise = Image.fromarray(np.random.default_rng(0).integers(0, 255, (300, 300, 3), np.uint8))
-    response = post_files(server, [good[0], b"this is not an image", good[1], png_bytes(noise)], k=3)
+    response = post_files(server, [good[0], b"this is not an image", good[1], encode_png(noise)], k=3)
     assert response.status_code == 200, response.text
     results = response.json()["results"]
     assert response.json()["count"] == 4
@@ -164,7 +165,7 @@ def test_more_queries_than_the_limit_are_refused_naming_it(server, service):
     queries = [{"embedding": embedding(service, 0)}] * (MAX_BATCH_QUERIES + 1)
     response = post_json(server, {"queries": queries})
     assert response.status_code == 422 and f"1 to {MAX_BATCH_QUERIES} queries" in response.json()["detail"]
-    files = post_files(server, [png_bytes(size=(8, 8))] * (MAX_BATCH_QUERIES + 1))
+    files = post_files(server, [png_bytes((8, 8), QUERY_COLOUR)] * (MAX_BATCH_QUERIES + 1))
     assert files.status_code == 422 and f"at most {MAX_BATCH_QUERIES}" in files.json()["detail"]
     at_limit = post_json(server, {"queries": queries[:MAX_BATCH_QUERIES], "k": 2})
     assert at_limit.status_code == 200 and at_limit.json()["count"] == MAX_BATCH_QUERIES

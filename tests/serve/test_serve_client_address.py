@@ -4,26 +4,19 @@
 from __future__ import annotations
 
 import inspect
-import json
 import logging
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from serve_fixtures import BackgroundServer, access_records, free_port
+from serve_fixtures import BackgroundServer, access_records, serve_with_json_logs
 
 from retrieval.serve.observability import ACCESS_LOGGER, INVALID_CLIENT, JsonFormatter
 from retrieval.serve.server import ServerConfig, build_app
 
 pytestmark = pytest.mark.timeout(300)
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -84,29 +77,11 @@ def test_a_forwarded_ip_address_from_a_trusted_proxy_is_logged(proxied):
 def serve_and_call(index_dir: Path, options: list[str], calls: list[dict[str, str]]) -> list[dict]:
     """Start `retrieval serve --log-format json` with ``options``, GET /health with each header set, stop it; the
     access log's JSON lines."""
-    port = free_port()
-    command = [sys.executable, "-m", "retrieval", "serve", "--index", str(index_dir), "--no-ui", "--port", str(port),
-               "--reload-interval", "0", "--log-format", "json", "--log-level", "info", *options]
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env=os.environ | {"PYTHONUNBUFFERED": "1", "PYTHONIOENCODING": "utf-8"})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{url}/health", headers={"X-Request-ID": "probe"}, timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
-            time.sleep(0.2)
+    def call(url: str) -> None:
         for headers in calls:
             assert httpx.get(f"{url}/health", headers=headers, timeout=10).status_code == 200
-        time.sleep(0.5)
-    finally:
-        process.send_signal(signal.SIGTERM)
-        _, stderr = process.communicate(timeout=60)
-    lines = [json.loads(line) for line in stderr.splitlines() if line.strip()]
+
+    _, lines = serve_with_json_logs(index_dir, options, call)
     return [line for line in lines if line["logger"] == ACCESS_LOGGER and line["request_id"] != "probe"]
 
 

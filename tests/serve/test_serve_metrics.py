@@ -10,21 +10,16 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
-import signal
 import socket
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from serve_fixtures import BackgroundServer, access_records, free_port, png_bytes
+from serve_fixtures import QUERY_PNG, BackgroundServer, access_records, serve_with_json_logs
 
 from retrieval.index import remove_images
 from retrieval.serve.observability import ACCESS_LOGGER, JsonFormatter
@@ -32,7 +27,6 @@ from retrieval.serve.server import ServerConfig, build_app
 
 pytestmark = pytest.mark.timeout(300)
 
-ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "t0ken-for-the-metrics-0123456789"
 EMBEDDING = {"embedding": [1.0] + [0.0] * 31}
 
@@ -240,7 +234,7 @@ def test_one_access_line_per_request_with_the_echoed_request_id(server):
             http.get("/items/1"),
             http.get("/items/424242"),
             http.post("/search?k=2", json=secret_body, headers={"Authorization": "Bearer not-logged-0123456789"}),
-            http.post("/search?k=2", files={"image": ("q.png", png_bytes())}),
+            http.post("/search?k=2", files={"image": ("q.png", QUERY_PNG)}),
         ]
         seen = settled_records(records, len(responses))
     ids = [response.headers["x-request-id"] for response in responses]
@@ -305,30 +299,12 @@ def test_a_newline_in_the_request_id_never_reaches_the_log(server):
 
 # --- `retrieval serve --log-format json` -------------------------------------------------------------------------
 def test_retrieval_serve_writes_one_json_line_per_request_and_no_uvicorn_access_line(artifacts):
-    port = free_port()
-    command = [sys.executable, "-m", "retrieval", "serve", "--index", str(artifacts.index_dir), "--no-ui",
-               "--port", str(port), "--reload-interval", "0", "--log-format", "json", "--log-level", "info"]
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env=os.environ | {"PYTHONUNBUFFERED": "1"})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{url}/health", headers={"X-Request-ID": "probe"}, timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
-            time.sleep(0.2)
-        ids = [httpx.get(f"{url}/items/1", timeout=10).headers["x-request-id"],
-               httpx.post(f"{url}/search?k=2", json=EMBEDDING, timeout=30).headers["x-request-id"],
-               httpx.get(f"{url}/metrics", headers={"X-Request-ID": "scrape-7"}, timeout=10).headers["x-request-id"]]
-        time.sleep(0.5)
-    finally:
-        process.send_signal(signal.SIGTERM)
-        _, stderr = process.communicate(timeout=60)
-    lines = [json.loads(line) for line in stderr.splitlines() if line.strip()]  # every line is one JSON object
+    def call(url: str) -> list[str]:
+        return [httpx.get(f"{url}/items/1", timeout=10).headers["x-request-id"],
+                httpx.post(f"{url}/search?k=2", json=EMBEDDING, timeout=30).headers["x-request-id"],
+                httpx.get(f"{url}/metrics", headers={"X-Request-ID": "scrape-7"}, timeout=10).headers["x-request-id"]]
+
+    ids, lines = serve_with_json_logs(artifacts.index_dir, [], call)  # every line is one JSON object
     access = [line for line in lines if line["logger"] == ACCESS_LOGGER]
     answered = [line["request_id"] for line in access if line["request_id"] != "probe"]
     assert answered == ids and ids[2] == "scrape-7", lines

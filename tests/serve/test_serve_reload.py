@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
-from serve_fixtures import BackgroundServer, png_bytes
+from sample_images import encode_png
+from serve_fixtures import BackgroundServer
 
 from retrieval.index import remove_images
 from retrieval.serve.api import create_api
@@ -46,7 +47,7 @@ def copy_index(artifacts, tmp_path: Path) -> Path:
 def new_image(tmp_path: Path) -> tuple[Path, bytes]:
     """A folder holding one image unlike the gallery's (noise), and the image file's bytes."""
     pixels = np.random.default_rng(24).integers(0, 256, (64, 64, 3), dtype=np.uint8)
-    data = png_bytes(Image.fromarray(pixels))
+    data = encode_png(Image.fromarray(pixels))
     path = tmp_path / "new" / "fresh" / "noise.png"
     path.parent.mkdir(parents=True)
     path.write_bytes(data)

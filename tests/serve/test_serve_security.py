@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from gradio import processing_utils
 from gradio.context import LocalContext
 from gradio.exceptions import InvalidPathError
-from serve_fixtures import BackgroundServer, png_bytes
+from serve_fixtures import QUERY_PNG, BackgroundServer
 
 from retrieval.cli.serve import serve_command
 from retrieval.serve.routes import leaf_routes
@@ -132,7 +132,7 @@ def test_uploads_through_gradio_still_search_and_stay_in_the_private_folder(arti
         handle_file(str(artifacts.query_paths[3])), 5, [], "", api_name="/search"
     )
     assert len(gallery) == 5 and "results" in timing
-    uploaded = httpx.post(f"{plain.url}/gradio_api/upload", files={"files": ("q.png", png_bytes(), "image/png")})
+    uploaded = httpx.post(f"{plain.url}/gradio_api/upload", files={"files": ("q.png", QUERY_PNG, "image/png")})
     assert uploaded.status_code == 200
     path = uploaded.json()[0]
     assert Path(path).is_relative_to(upload_folder())
@@ -164,7 +164,7 @@ def test_the_server_prunes_uploads_and_keeps_its_examples(artifacts):
         config = httpx.get(f"{server.url}/config", timeout=10).json()
         examples = [Path(sample[0]["path"]) for c in config["components"] if c.get("type") == "dataset"
                     for sample in c["props"]["samples"]]
-        uploaded = httpx.post(f"{server.url}/gradio_api/upload", files={"files": ("q.png", png_bytes(), "image/png")})
+        uploaded = httpx.post(f"{server.url}/gradio_api/upload", files={"files": ("q.png", QUERY_PNG, "image/png")})
         path = Path(uploaded.json()[0])
         assert path.exists()
         deadline = time.monotonic() + 10
@@ -211,7 +211,7 @@ def test_the_gradio_app_needs_a_login(artifacts, secured):
     from gradio_client import Client, handle_file
 
     assert httpx.get(f"{secured.url}/config", timeout=10).status_code == 401
-    upload = httpx.post(f"{secured.url}/gradio_api/upload", files={"files": ("q.png", png_bytes(), "image/png")})
+    upload = httpx.post(f"{secured.url}/gradio_api/upload", files={"files": ("q.png", QUERY_PNG, "image/png")})
     assert upload.status_code == 401 and files_named("q.png") == []
     assert gradio_call(secured.url, str(upload_folder() / "0" / "q.png")).startswith("401")
     with httpx.Client(base_url=secured.url, timeout=10) as browser:
@@ -226,11 +226,11 @@ def test_the_gradio_app_needs_a_login(artifacts, secured):
 
 # --- 5. cross-origin requests -------------------------------------------------------------------------
 def test_cross_origin_requests_are_refused_and_same_origin_ones_served(plain):
-    files = {"image": ("q.png", png_bytes(), "image/png")}
+    files = {"image": ("q.png", QUERY_PNG, "image/png")}
     refused = httpx.post(f"{plain.url}/search?k=3", files=files, headers={"Origin": FOREIGN_ORIGIN}, timeout=10)
     assert refused.status_code == 403 and "--cors-origin" in refused.json()["detail"]
     assert "access-control-allow-origin" not in refused.headers
-    upload = httpx.post(f"{plain.url}/gradio_api/upload", files={"files": ("q.png", png_bytes(), "image/png")},
+    upload = httpx.post(f"{plain.url}/gradio_api/upload", files={"files": ("q.png", QUERY_PNG, "image/png")},
                         headers={"Origin": "null"}, timeout=10)
     assert upload.status_code == 403  # the Gradio routes too (its login cookie is SameSite=None)
     for headers in ({"Origin": plain.url}, {}):  # the page itself; curl and scripts send no Origin
@@ -326,7 +326,7 @@ def test_fifo_references_leave_no_thread_stuck(plain, tmp_path):
     started = time.monotonic()
     answers = [call_event(plain.url, "search", [{"path": str(fifo)}, 3, [], ""]) for _ in range(4)]
     assert time.monotonic() - started < 10 and all("results" not in a for a in answers)
-    uploaded = httpx.post(f"{plain.url}/gradio_api/upload", files={"files": ("q.png", png_bytes(), "image/png")})
+    uploaded = httpx.post(f"{plain.url}/gradio_api/upload", files={"files": ("q.png", QUERY_PNG, "image/png")})
     assert "results" in call_event(plain.url, "search", [{"path": uploaded.json()[0]}, 3, [], ""])
 
 
@@ -334,7 +334,7 @@ def test_an_uploaded_file_still_searches_in_every_shape(plain):
     for shape, reference in REFERENCES.items():
         if shape == "plain string":
             continue  # not an Image value: Gradio refuses it, uploaded or not
-        uploaded = httpx.post(f"{plain.url}/gradio_api/upload", files={"files": ("q.png", png_bytes(), "image/png")})
+        uploaded = httpx.post(f"{plain.url}/gradio_api/upload", files={"files": ("q.png", QUERY_PNG, "image/png")})
         assert "results" in call_event(plain.url, "search", [reference(uploaded.json()[0]), 3, [], ""]), shape
 
 
@@ -402,7 +402,7 @@ def test_gradio_cancel_and_reset_need_the_login(secured):
 
 @pytest.mark.parametrize("k", [1000, 101, 0, -1, 2.5, "5", None, [3], True, float("nan")])
 def test_the_app_refuses_a_k_beyond_its_slider(plain, k):
-    uploaded = httpx.post(f"{plain.url}/gradio_api/upload", files={"files": ("q.png", png_bytes(), "image/png")})
+    uploaded = httpx.post(f"{plain.url}/gradio_api/upload", files={"files": ("q.png", QUERY_PNG, "image/png")})
     data = [{"path": uploaded.json()[0]}, k, [], ""]
     body = json.dumps({"data": data}, allow_nan=True)
     started = httpx.post(f"{plain.url}/gradio_api/call/search", content=body,
@@ -501,5 +501,5 @@ def test_an_upload_is_one_image_of_the_upload_limit(plain):
     files = [("files", (f"q{i}.png", b"x" * 2**20, "image/png")) for i in range(12)]  # 12 MiB > 10 MiB
     answer = httpx.post(f"{plain.url}/gradio_api/upload", files=files, timeout=30)
     assert answer.status_code == 413 and "--max-upload-mb" in answer.text
-    assert httpx.post(f"{plain.url}/gradio_api/upload", files={"files": ("q.png", png_bytes(), "image/png")},
+    assert httpx.post(f"{plain.url}/gradio_api/upload", files={"files": ("q.png", QUERY_PNG, "image/png")},
                       timeout=10).status_code == 200

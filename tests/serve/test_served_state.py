@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
-from serve_fixtures import png_bytes
+from sample_images import encode_png
 
 from retrieval.index.filters import parse_filter
 from retrieval.index.search import Index
@@ -93,7 +93,7 @@ def test_a_state_held_across_a_real_writer_answers_filtered_searches(artifacts, 
     folder = tmp_path / "new" / "fresh"
     folder.mkdir(parents=True)
     pixels = np.random.default_rng(24).integers(0, 256, (64, 64, 3), dtype=np.uint8)
-    (folder / "noise.png").write_bytes(png_bytes(Image.fromarray(pixels)))
+    (folder / "noise.png").write_bytes(encode_png(Image.fromarray(pixels)))
     try:
         with service.live.acquire() as old:
             command = [sys.executable, "-m", "retrieval", "index", "add", str(index_dir), "--images",

@@ -12,7 +12,7 @@ import gradio as gr
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
-from serve_fixtures import png_bytes, require_emoji_labels
+from serve_fixtures import QUERY_PNG, require_emoji_labels
 
 from retrieval.data.emoji import emoji_name
 from retrieval.data.synthetic import bomb_png
@@ -102,7 +102,7 @@ def test_a_digits_gallery_shows_its_labels_as_they_are(tmp_path):
 
 # --- uploads: the API's decoder and the API's messages --------------------------------------------------------
 def bad_uploads() -> dict[str, bytes]:
-    good = png_bytes()
+    good = QUERY_PNG
     return {
         "text named .png": b"hello, I am not an image\n",
         "empty file": b"",

@@ -6,22 +6,15 @@ from __future__ import annotations
 import json
 
 import pytest
+from run_files import metrics_rows
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from train_configs import digits_config
 
-from retrieval.train import TrainConfig, train
+from retrieval.train import train
 from retrieval.train.checkpointing import atomic_save
 from retrieval.train.trainer import Trainer
 
 mlflow = pytest.importorskip("mlflow", reason="MLflow comes with retrieval[track] (make install)")
-
-
-def digits_config(out, cache, **overrides) -> TrainConfig:
-    values = dict(dataset="digits", dataset_kwargs={"protocol": "standard", "limit_per_class": 30},
-                  backbone="efficientnet_lite0", pretrained=True, image_size=32, freeze_backbone=True,
-                  embedding_dim=16, loss="ms", batch_size=20, per_class=4, batches_per_epoch=3, epochs=2, lr=1e-3,
-                  workers=0, device="cpu", out=str(out), feature_cache=str(cache))
-    values.update(overrides)
-    return TrainConfig(**values)
 
 
 def tensorboard_of(run) -> EventAccumulator:
@@ -33,10 +26,10 @@ def tensorboard_of(run) -> EventAccumulator:
 def test_tensorboard_and_mlflow_hold_the_run(tmp_path):
     uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
     (tmp_path / "store").mkdir()
-    report = train(digits_config(tmp_path / "run", tmp_path / "cache", mlflow_uri=uri, eval_extra=["fashion-mnist"],
-                                 eval_extra_limit=40), progress=False)
+    report = train(digits_config(tmp_path / "run", tmp_path / "cache", epochs=2, mlflow_uri=uri,
+                                 eval_extra=["fashion-mnist"], eval_extra_limit=40), progress=False)
     run = tmp_path / "run"
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics_rows(run)
 
     events = tensorboard_of(run)
     scalars = set(events.Tags()["scalars"])

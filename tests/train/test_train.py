@@ -7,6 +7,8 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
+from run_files import read_jsonl
+from train_configs import digits_config
 
 from retrieval.cli.main import main
 from retrieval.models import load_embedder
@@ -18,23 +20,16 @@ def feature_cache(tmp_path_factory):
     return str(tmp_path_factory.mktemp("features"))
 
 
-def digits_config(out, feature_cache, **overrides) -> TrainConfig:
-    """Frozen pretrained EfficientNet-Lite0 features of sklearn digits, a trained head: seconds on CPU."""
-    values = dict(
-        dataset="digits", dataset_kwargs={"protocol": "standard"}, backbone="efficientnet_lite0",
-        pretrained=True, image_size=32, freeze_backbone=True, embedding_dim=64, loss="ms",
-        batch_size=40, per_class=4, epochs=3, lr=1e-3, workers=0, out=str(out), feature_cache=feature_cache,
-    )
-    values.update(overrides)
-    return TrainConfig(**values)
-
-
-def read_jsonl(path):
-    return [json.loads(line) for line in path.read_text().splitlines()]
+def all_digits_config(out, feature_cache, **overrides) -> TrainConfig:
+    """All of sklearn digits (no limit a class), a 64-d head, whole epochs of 40-image batches, on the default
+    device: enough data that a short training measurably improves recall."""
+    return digits_config(out, feature_cache, **{"dataset_kwargs": {"protocol": "standard"}, "embedding_dim": 64,
+                                                "batch_size": 40, "batches_per_epoch": None, "device": "auto",
+                                                **overrides})
 
 
 def test_short_training_improves_recall(tmp_path, feature_cache):
-    report = train(digits_config(tmp_path / "run", feature_cache), progress=False)
+    report = train(all_digits_config(tmp_path / "run", feature_cache), progress=False)
     before, after = report["baseline"]["recall@1"], report["last"]["recall@1"]
     assert after > before + 0.02, (before, after)
     assert report["last"]["map@r"] > report["baseline"]["map@r"]
@@ -51,12 +46,12 @@ def test_short_training_improves_recall(tmp_path, feature_cache):
 
 
 def test_training_is_deterministic_and_resumes_exactly(tmp_path, feature_cache):
-    straight = train(digits_config(tmp_path / "a", feature_cache, epochs=3), progress=False)
-    again = train(digits_config(tmp_path / "b", feature_cache, epochs=3), progress=False)
+    straight = train(all_digits_config(tmp_path / "a", feature_cache, epochs=3), progress=False)
+    again = train(all_digits_config(tmp_path / "b", feature_cache, epochs=3), progress=False)
     assert straight["last"]["loss"] == again["last"]["loss"]
 
     # Stop after 2 of 3 epochs (as if killed), then resume: the same numbers as the straight run.
-    partial = digits_config(tmp_path / "c", feature_cache, epochs=3)
+    partial = all_digits_config(tmp_path / "c", feature_cache, epochs=3)
     trainer_cls = __import__("retrieval.train.trainer", fromlist=["Trainer"]).Trainer
     t = trainer_cls(partial, progress=False)
     t.setup()
@@ -68,17 +63,17 @@ def test_training_is_deterministic_and_resumes_exactly(tmp_path, feature_cache):
         from retrieval.train.checkpointing import atomic_save
 
         atomic_save(t.checkpoint(epoch + 1, row), tmp_path / "c" / "last.pt")
-    resumed = train(digits_config(tmp_path / "c", feature_cache, epochs=3, resume=True), progress=False)
+    resumed = train(all_digits_config(tmp_path / "c", feature_cache, epochs=3, resume=True), progress=False)
     assert resumed["last"]["loss"] == pytest.approx(straight["last"]["loss"], rel=1e-6)
     assert resumed["last"]["recall@1"] == pytest.approx(straight["last"]["recall@1"])
     assert [r["epoch"] for r in read_jsonl(tmp_path / "c" / "metrics.jsonl")] == [0, 1, 2, 3]
 
 
 def test_existing_run_is_not_overwritten(tmp_path, feature_cache):
-    train(digits_config(tmp_path / "run", feature_cache, epochs=1), progress=False)
+    train(all_digits_config(tmp_path / "run", feature_cache, epochs=1), progress=False)
     before = (tmp_path / "run" / "last.pt").read_bytes()
     with pytest.raises(FileExistsError, match="--resume"):
-        train(digits_config(tmp_path / "run", feature_cache, epochs=1), progress=False)
+        train(all_digits_config(tmp_path / "run", feature_cache, epochs=1), progress=False)
     assert (tmp_path / "run" / "last.pt").read_bytes() == before
 
 
@@ -90,7 +85,7 @@ def test_resume_refuses_a_model_only_checkpoint(tmp_path, feature_cache):
     torch.save({"format": CHECKPOINT_FORMAT, "model_config": model.config, "state_dict": model.state_dict()},
                tmp_path / "run" / "last.pt")
     with pytest.raises(ValueError, match="model only, no training state"):
-        train(digits_config(tmp_path / "run", feature_cache, epochs=1, resume=True), progress=False)
+        train(all_digits_config(tmp_path / "run", feature_cache, epochs=1, resume=True), progress=False)
 
 
 class NaNEvery(torch.nn.Module):
@@ -110,13 +105,13 @@ def test_non_finite_steps_are_skipped_then_stop(tmp_path, feature_cache, monkeyp
     import retrieval.train.trainer as trainer_module
 
     monkeypatch.setattr(trainer_module.losses, "build", lambda *a, **k: NaNEvery({2, 5}))
-    report = train(digits_config(tmp_path / "ok", feature_cache, epochs=1), progress=False)
+    report = train(all_digits_config(tmp_path / "ok", feature_cache, epochs=1), progress=False)
     assert report["history"][1]["skipped_steps"] == 2
     assert all(torch.isfinite(p).all() for p in load_embedder(tmp_path / "ok" / "last.pt").parameters())
 
     monkeypatch.setattr(trainer_module.losses, "build", lambda *a, **k: NaNEvery(range(3, 100)))
     with pytest.raises(TrainingDiverged, match="5 steps in a row"):
-        train(digits_config(tmp_path / "bad", feature_cache, epochs=1), progress=False)
+        train(all_digits_config(tmp_path / "bad", feature_cache, epochs=1), progress=False)
 
 
 def test_full_finetuning_path_writes_a_loadable_checkpoint(tmp_path):
@@ -130,7 +125,7 @@ def test_full_finetuning_path_writes_a_loadable_checkpoint(tmp_path):
 
 
 def test_label_noise_is_recorded(tmp_path, feature_cache):
-    train(digits_config(tmp_path / "noisy", feature_cache, epochs=1, label_noise="symmetric:0.3"), progress=False)
+    train(all_digits_config(tmp_path / "noisy", feature_cache, epochs=1, label_noise="symmetric:0.3"), progress=False)
     info = json.loads((tmp_path / "noisy" / "config.json").read_text())["label_noise"]
     assert info["mode"] == "symmetric" and info["rate"] == 0.3 and info["flipped"] > 0
 
@@ -138,13 +133,13 @@ def test_label_noise_is_recorded(tmp_path, feature_cache):
 def test_asymmetric_noise_uses_the_datasets_own_table(tmp_path, feature_cache):
     """digits flip along their own similar classes (2 -> 7, ...), recorded in config.json by name; a data set
     without a table is refused before training with the option that fixes it."""
-    train(digits_config(tmp_path / "asym", feature_cache, epochs=1, label_noise="asymmetric:0.4"), progress=False)
+    train(all_digits_config(tmp_path / "asym", feature_cache, epochs=1, label_noise="asymmetric:0.4"), progress=False)
     info = json.loads((tmp_path / "asym" / "config.json").read_text())["label_noise"]
     assert info["transitions"] == [[2, 7], [3, 8], [5, 6], [6, 5], [7, 1]] and info["flipped"] > 0
     assert info["transitions_source"] == "known table for digits" and ["2", "7"] in info["transitions_by_name"]
     table = tmp_path / "t.csv"
     table.write_text("0,8\n")
-    train(digits_config(tmp_path / "own", feature_cache, epochs=1, label_noise="asymmetric:0.4",
+    train(all_digits_config(tmp_path / "own", feature_cache, epochs=1, label_noise="asymmetric:0.4",
                         label_noise_transitions=str(table)), progress=False)
     info = json.loads((tmp_path / "own" / "config.json").read_text())["label_noise"]
     assert info["transitions"] == [[0, 8]] and info["transitions_by_name"] == [["0", "8"]]
@@ -193,10 +188,10 @@ def test_background_is_recorded_with_the_model_and_travels_to_onnx(tmp_path, fea
     from retrieval.export import export_checkpoint
     from retrieval.onnx_runtime import OnnxEmbedder
 
-    train(digits_config(tmp_path / "run", feature_cache, epochs=1, background="#102030"), progress=False)
+    train(all_digits_config(tmp_path / "run", feature_cache, epochs=1, background="#102030"), progress=False)
     model = load_embedder(tmp_path / "run" / "best.pt")
     assert model.config["background"] == [16, 32, 48]
     export_checkpoint(tmp_path / "run" / "best.pt", tmp_path / "model.onnx", verify=False, log=lambda _: None)
     assert OnnxEmbedder(tmp_path / "model.onnx").model_config["background"] == [16, 32, 48]
     with pytest.raises(ValueError, match="--background"):
-        digits_config(tmp_path / "bad", feature_cache, background="no-such-colour").validate()
+        all_digits_config(tmp_path / "bad", feature_cache, background="no-such-colour").validate()

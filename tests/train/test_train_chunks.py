@@ -3,12 +3,11 @@ weights, on the frozen-feature and the fine-tuning paths, for every loss family;
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 import torch
 from PIL import Image
+from run_files import metrics_rows
 from torch import nn
 
 from retrieval.train import TrainConfig, train
@@ -27,12 +26,8 @@ FAMILIES = [
 ]
 
 
-def rows(run):
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-
-
 def assert_same_step(one, chunked):
-    a, b = rows(one), rows(chunked)
+    a, b = metrics_rows(one), metrics_rows(chunked)
     assert len(a) == len(b)
     for x, y in zip(a, b, strict=True):
         assert y["loss"] == pytest.approx(x["loss"], rel=1e-5, abs=1e-7)

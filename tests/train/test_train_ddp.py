@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from run_files import read_jsonl
 from sample_images import noisy_png
 from train_paused import PAUSED
 
@@ -57,10 +58,6 @@ def run_ranks(configs: list[TrainConfig], folder: Path) -> None:
     result = subprocess.run(torchrun("tests/ddp_runs.py", str(path)), env=env(), cwd=REPO, capture_output=True,
                             text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-6000:]
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def weights(run: Path, name: str = "last.pt") -> dict[str, torch.Tensor]:

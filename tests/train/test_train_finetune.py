@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from run_files import read_jsonl
 from sample_images import noisy_png
 
 from retrieval.evaluation import load_extra_set
@@ -55,10 +56,6 @@ def config(images: Path, out: Path, **overrides) -> TrainConfig:
                   plots=False, eval_extra=[str(images / "other")])
     values.update(overrides)
     return TrainConfig(**values)
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def checkpoint(run: Path, name: str = "last.pt") -> dict:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal
@@ -15,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from PIL import Image
+from run_files import read_jsonl
+from sample_images import noisy_png
 
 from retrieval.cli.main import main
 from retrieval.data import ClassBalancedBatchSampler
@@ -24,15 +24,6 @@ from retrieval.train import TrainConfig, train
 REPO = Path(__file__).resolve().parents[2]
 CLASSES = ("a", "b", "c", "d")
 TIMING_KEYS = {"images_per_s", "epoch_time_s"}
-
-
-def png_bytes(color: tuple[int, int, int], seed: int, size: int = 24) -> bytes:
-    """Mostly noise with a faint class colour: hard enough that the loss mines pairs (a loss of 0 trains nothing)."""
-    noise = np.random.default_rng(seed).integers(0, 256, (size, size, 3))
-    pixels = (0.75 * noise + 0.25 * np.array(color)).astype(np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format="PNG")
-    return buffer.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +36,9 @@ def folder_with_bad_images(tmp_path_factory) -> tuple[Path, dict[str, str]]:
             folder = root / split / cls
             folder.mkdir(parents=True)
             for i in range(per_class):
-                (folder / f"{i}.png").write_bytes(png_bytes(colors[cls], hash((split, cls, i)) % 2**32))
+                (folder / f"{i}.png").write_bytes(noisy_png(colors[cls], hash((split, cls, i)) % 2**32))
     bad = {
-        root / "train" / "a" / "truncated.png": png_bytes((0, 0, 0), 1, size=64)[:300],
+        root / "train" / "a" / "truncated.png": noisy_png((0, 0, 0), 1, size=64)[:300],
         root / "train" / "b" / "text.png": b"this is a text file, not an image\n",
         root / "train" / "c" / "empty.png": b"",
         root / "test" / "d" / "broken.png": b"\x89PNG\r\n\x1a\n" + b"\x00" * 40,
@@ -69,10 +60,6 @@ def tiny_config(root: Path, out: Path, **overrides) -> TrainConfig:
                   lr=1e-3, workers=0, device="cpu", out=str(out))  # CPU: bit-exact resumes
     values.update(overrides)
     return TrainConfig(**values)
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def check_bad_images_recorded(run: Path, reasons: dict[str, str], report: dict) -> list[dict]:
