@@ -202,3 +202,16 @@ def test_the_flag_scan_finds_a_flag_no_command_has():
 def test_evaluate_checks_the_declared_range_of_the_options_it_shares(args, message, tmp_path):
     result = CliRunner().invoke(main, ["evaluate", "--checkpoint", str(tmp_path / "none.pt"), *args])
     assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_train_help_shows_the_default_of_every_option_that_has_one():
+    """What a run does when an option is left out: each option with a default says it in --help."""
+    from retrieval.cli.config_options import default_text
+
+    output = CliRunner().invoke(main, ["train", "--help"], terminal_width=200).output
+    entries = re.split(r"\n  (?=-)", output)  # one entry per option, from its flags to the next option's
+    for declared in DECLARED:
+        shown = default_text(declared)
+        if shown is not None:
+            entry = next(e for e in entries if re.match(re.escape(declared.flag) + r"[ /,\n]", e))
+            assert f"[default: {shown}]" in re.sub(r"\s+", " ", entry), entry
