@@ -442,10 +442,18 @@ def _check_where(_ctx: click.Context, _param: click.Parameter, where: str | None
         raise click.BadParameter(str(exc)) from exc
 
 
+DEFAULT_MAX_QUERIES = 1000  # query images one search takes: a folder given by mistake is refused, not embedded
+QUERY_BATCH = 32  # queries decoded and embedded together, so that a folder's images are never all held at once
+
+
 @click.command("search", cls=OptionCommand)
 @click.option("--index", "index_dir", required=True, type=click.Path(file_okay=False, exists=True))
-@click.argument("images", nargs=-1, required=True, type=click.Path(dir_okay=False, exists=True))
+# No existence check here: a query that cannot be opened is answered with its reason, as an undecodable one is.
+@click.argument("images", nargs=-1, required=True, type=click.Path())
 @click.option("-k", "k", type=int, default=10, show_default=True, callback=_check_k, help="results per query.")
+@click.option("--max-queries", type=click.IntRange(min=1), default=DEFAULT_MAX_QUERIES, show_default=True,
+              help="the most query images one search takes, each image in a folder counted; more are refused "
+                   "before the model loads.")
 @click.option("--model", type=click.Path(dir_okay=False), help="default: the model recorded in index.json.")
 @click.option("--exclude-self", is_flag=True,
               help="leave out the gallery image that is the query itself (the same file bytes), as the app and the "
@@ -456,12 +464,14 @@ def _check_where(_ctx: click.Context, _param: click.Parameter, where: str | None
                    'in (...), and, or, not).')
 @click.option("--gpu", is_flag=True, help="search on the GPU (needs faiss-gpu and a GPU).")
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table.")
-def search_command(index_dir, images, k, model, exclude_self, where, gpu, as_json) -> None:
-    """Find the k most similar gallery images to each query IMAGE. A query that cannot be read is named with the
-    reason, the others are answered, and the command then exits with status 1."""
+def search_command(index_dir, images, k, max_queries, model, exclude_self, where, gpu, as_json) -> None:
+    """Find the k most similar gallery images to each query IMAGE (a folder: every image in it, recursively, sorted
+    by path). A query that cannot be read is named with the reason, the others are answered, and the command then
+    exits with status 1."""
     from retrieval.index import Index, ModelMismatchError, load_model
     from retrieval.index.sources import printable_path
 
+    queries = _query_list(images, max_queries)
     try:
         opened = Index.open(index_dir, embedder=load_model(model) if model else None, gpu=gpu)
     except ModelMismatchError as exc:
@@ -472,7 +482,7 @@ def search_command(index_dir, images, k, model, exclude_self, where, gpu, as_jso
             matching = len(index.matching_ids(where))  # a column the index lacks fails here, before embedding
             if not as_json:
                 click.echo(f"--where matches {matching} of {len(index)} indexed images")
-        answers = _answers(index, images, k, exclude_self, where)
+        answers = _answers(index, queries, k, exclude_self, where)
     if as_json:
         click.echo(json.dumps(answers, indent=2))
     else:
@@ -494,24 +504,81 @@ def search_command(index_dir, images, k, model, exclude_self, where, gpu, as_jso
                                    "others were answered above")
 
 
-def _answers(index, queries: tuple[str, ...], k: int, exclude_self: bool, where=None) -> list[dict]:
+def _query_list(images: tuple[str, ...], max_queries: int) -> list[tuple[str, str | None]]:
+    """The query files in order, each with the reason it cannot be searched (None: not known yet); a folder gives its
+    images, found as the index builder finds them and sorted by path. Refuses more than ``max_queries``."""
+    from retrieval.data.formats import IMAGE_EXTENSIONS
+    from retrieval.index.sources import printable_path, walk_folder
+
+    queries: list[tuple[str, str | None]] = []
+    for image in images:
+        folder = Path(image)
+        if not _is_folder(folder):
+            queries.append((image, None))  # opened later: a missing or unreadable file is answered with its reason
+        else:
+            gallery = walk_folder(folder, limit=max_queries - len(queries))
+            found = sorted(item.path for item in gallery.items)
+            queries.extend((path, None) for path in found)
+            queries.extend((error.path, error.error) for error in gallery.errors)
+            if not found and not gallery.errors:
+                extensions = ", ".join(sorted(IMAGE_EXTENSIONS))
+                queries.append((image, f"a folder with no image in it (searched recursively for {extensions}); "
+                                       "give a folder that holds images, or image files"))
+        if len(queries) > max_queries:
+            raise click.UsageError(
+                f"more than {max_queries} query images (counting the images in {printable_path(image)}): pass fewer "
+                "images or a smaller folder, or raise --max-queries", ctx=click.get_current_context(silent=True))
+    return queries
+
+
+def _is_folder(path: Path) -> bool:
+    """Whether a query names a folder; a path that cannot even be looked at is left to the open that names why."""
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
+
+
+def _open_problem(exc: OSError) -> str:
+    """Why a query file could not be opened, and what to do about it."""
+    if isinstance(exc, FileNotFoundError):
+        return "no such file; check the path"
+    if isinstance(exc, PermissionError):
+        return "not readable (permission denied); make it readable by this user"
+    return f"cannot be opened ({exc.strerror or exc}); check that it is a readable image file"
+
+
+def _answers(index, queries: list[tuple[str, str | None]], k: int, exclude_self: bool, where=None) -> list[dict]:
     """Each query's answer, in order: its results (and the id left out as the query itself), or the reason it
     cannot be searched. Each file is opened once (hashed, then decoded, as the index builder does); the readable
-    queries are embedded in one batch."""
+    queries are embedded ``QUERY_BATCH`` at a time."""
+    answers = []
+    for start in range(0, len(queries), QUERY_BATCH):
+        answers.extend(_answer_batch(index, queries[start:start + QUERY_BATCH], k, exclude_self, where))
+    return answers
+
+
+def _answer_batch(index, queries: list[tuple[str, str | None]], k: int, exclude_self: bool, where=None) -> list[dict]:
+    """``_answers`` for one batch of queries: decoded, embedded together and searched."""
     from retrieval.data.decode import ImageDecodeError, open_regular_file, read_image
     from retrieval.index.gallery_file import file_digest
 
     answers, images, digests = [], [], []
-    for query in queries:
-        answer = {"query": str(Path(query).resolve())}
+    for query, problem in queries:
+        answer = {"query": _resolved(query)}
         try:
-            with open_regular_file(query) as handle:
-                sha256, _ = file_digest(handle)
-                handle.seek(0)
-                images.append(read_image(handle).image)
-            digests.append(sha256)
-        except (ImageDecodeError, OSError) as exc:
+            if problem is not None:
+                answer["error"] = problem
+            else:
+                with open_regular_file(query) as handle:
+                    sha256, _ = file_digest(handle)
+                    handle.seek(0)
+                    images.append(read_image(handle).image)
+                digests.append(sha256)
+        except ImageDecodeError as exc:
             answer["error"] = str(exc)
+        except OSError as exc:
+            answer["error"] = _open_problem(exc)
         answers.append(answer)
     readable = [a for a in answers if "error" not in a]
     embeddings = index.embedder.embed(images) if images else []
@@ -521,6 +588,14 @@ def _answers(index, queries: tuple[str, ...], k: int, exclude_self: bool, where=
         found = index.search(embedding[None], k, exclude_ids=() if excluded is None else (excluded,), where=where)[0]
         answer.update(results=[r.to_dict() for r in found], excluded_self=excluded)
     return answers
+
+
+def _resolved(query: str) -> str:
+    """The query's absolute path as the answer names it; a path that cannot be resolved (a symlink loop) as given."""
+    try:
+        return str(Path(query).resolve())
+    except (OSError, RuntimeError):
+        return str(Path(query).absolute())
 
 
 if __name__ == "__main__":

@@ -68,6 +68,15 @@ def scan_class_folders(folder: Path) -> tuple[list[str], list[str]]:
                 paths.append(str(file))
                 names.append(class_dir.name)
     if not paths:
+        loose = sum(1 for file in folder.iterdir() if file.suffix.lower() in IMAGE_EXTENSIONS and file.is_file())
+        if loose:
+            # a flat folder: its images are there, but nothing says which class each one is
+            raise ValueError(
+                f"folder: {folder.resolve()} holds {loose} image{'s' if loose != 1 else ''} at its top level and no "
+                "class folders; the folder data set takes each image's label from the folder it is in "
+                "(FOLDER/CLASS/IMAGE). Move the images into one sub-folder per class, or list them with their "
+                "labels in a manifest (path,label) and use the csv data set"
+            )
         raise ValueError(
             f"folder: no images found under {folder.resolve()}; expected layout: {FOLDER_LAYOUT}"
         )

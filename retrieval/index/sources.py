@@ -204,8 +204,12 @@ def single_image(image: Path, split: str | None = None) -> Gallery:
     return gallery
 
 
-def walk_folder(root: Path) -> Gallery:
-    """The images under ``root``; sub-folders that cannot be listed and unusable names become errors."""
+def walk_folder(root: Path, limit: int | None = None) -> Gallery:
+    """The images under ``root``; sub-folders that cannot be listed and unusable names become errors.
+
+    With ``limit``, the walk stops once it holds more than ``limit`` images, so that a caller that refuses a folder
+    that big need not list all of it.
+    """
     root = root.resolve()
     gallery = Gallery(source=printable_path(root), root=str(root))
 
@@ -229,6 +233,8 @@ def walk_folder(root: Path) -> Gallery:
                     gallery.errors.append(ListingError(printable_path(path), problem))
                     continue
                 gallery.items.append(GalleryItem(str(path), _path_label(path, root, "parent", "folder")))
+                if limit is not None and len(gallery.items) > limit:
+                    return gallery
     return gallery
 
 

@@ -166,6 +166,23 @@ def test_folder_errors_name_the_path(tmp_path):
         load_dataset("folder", tmp_path, "val")
 
 
+def test_a_flat_folder_of_images_is_told_how_to_label_them(tmp_path):
+    """Images at the top level with no class folders: the message counts them and names both ways to label them."""
+    for i in range(3):
+        write_image(tmp_path / "flat" / f"{i}.png", COLORS[i])
+    (tmp_path / "flat" / "notes.txt").write_text("not an image")
+    with pytest.raises(ValueError) as raised:
+        load_dataset("folder", tmp_path / "flat")
+    message = str(raised.value)
+    assert "no images found" not in message and "holds 3 images at its top level" in message
+    assert "FOLDER/CLASS/IMAGE" in message and "one sub-folder per class" in message and "csv data set" in message
+    assert "--" not in message
+    (tmp_path / "empty" / "a").mkdir(parents=True)
+    (tmp_path / "empty" / "a" / "notes.png.txt").write_text("not an image")
+    with pytest.raises(ValueError, match="no images found"):  # a folder with truly no image keeps its message
+        load_dataset("folder", tmp_path / "empty")
+
+
 def test_csv_manifest_with_split_column(tmp_path):
     rows = ["path,label,split"]
     for i, (label, split) in enumerate([("7", "train"), ("7", "train"), ("3", "train"), ("9", "test")]):
