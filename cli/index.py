@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from retrieval.cli.errors import OptionCommand, OptionGroup, option_message
+from retrieval.cli.errors import OptionCommand, OptionGroup, option_message, where_problem
 from retrieval.cli.help_text import default_max_pixels, image_extensions, lazy_help_option
 from retrieval.cli.options import apply_options
 from retrieval.workers import DEFAULT_WORKERS_TEXT
@@ -439,7 +439,29 @@ def _check_where(_ctx: click.Context, _param: click.Parameter, where: str | None
     try:
         return parse_filter(where)
     except FilterError as exc:
-        raise click.BadParameter(str(exc)) from exc
+        raise click.BadParameter(where_problem(exc)) from exc
+
+
+def _where_summary(index, matching: int) -> str:
+    """How many indexed images --where matches; for none, how paths and labels are compared, with the index's own."""
+    summary = f"--where matches {matching} of {len(index)} indexed images"
+    if matching or not len(index):
+        return summary
+    table = index.filter_table
+    path, label = table.example("path"), table.example("label")
+    # the values a filter compares are not always what a person types: a path as the API shows it, a label verbatim
+    path_text = f" (e.g. path = {_literal(path)})" if path is not None else ""
+    label_text = f" (e.g. label = {_literal(label)})" if label is not None else ""
+    return (f"{summary}: no image matches, so every result list is empty. Paths are compared as the API shows "
+            f"them, relative to the gallery{path_text}, and labels exactly, case included{label_text}; the "
+            f"columns are: {', '.join(table.names())}")
+
+
+def _literal(value: object) -> str:
+    """A value as a --where string literal (a quote inside doubled), printable on one line."""
+    from retrieval.index.sources import printable_path
+
+    return '"' + printable_path(str(value)).replace('"', '""') + '"'
 
 
 DEFAULT_MAX_QUERIES = 1000  # query images one search takes: a folder given by mistake is refused, not embedded
@@ -481,7 +503,7 @@ def search_command(index_dir, images, k, max_queries, model, exclude_self, where
         if where is not None:
             matching = len(index.matching_ids(where))  # a column the index lacks fails here, before embedding
             if not as_json:
-                click.echo(f"--where matches {matching} of {len(index)} indexed images")
+                click.echo(_where_summary(index, matching))
         answers = _answers(index, queries, k, exclude_self, where)
     if as_json:
         click.echo(json.dumps(answers, indent=2))
