@@ -41,6 +41,23 @@ def option_message(command: click.Command, exc: BaseException) -> str:
     return option_text(command, str(exc))
 
 
+def where_problem(exc: BaseException) -> str:
+    """A filter error's text for ``Invalid value for '--where': ...`` (the option names it, so not ``where:``)."""
+    return str(exc).removeprefix("where: ")
+
+
+def bad_where(command: click.Command, exc: BaseException) -> click.Parameter | None:
+    """``command``'s ``--where`` option when ``exc`` is a filter error (an unknown column is known only once the
+    index is open), else None."""
+    if not isinstance(exc, ValueError):
+        return None
+    from retrieval.index.filters import FilterError  # only once a ValueError happened: NumPy stays out of --help
+
+    if not isinstance(exc, FilterError):
+        return None
+    return next((p for p in command.params if p.name == "where" and isinstance(p, click.Option)), None)
+
+
 class OptionCommand(click.Command):
     """A command whose ``ParameterError``s name its option (``--memory-size must be >= 1``)."""
 
@@ -54,6 +71,10 @@ class OptionCommand(click.Command):
                 raise
             raise click.ClickException(option_message(self, exc)) from exc
         except (ValueError, OSError, RuntimeError) as exc:
+            where = bad_where(self, exc)
+            if where is not None:
+                # a filter naming a column the index lacks is as bad a value as one that does not parse
+                raise click.BadParameter(where_problem(exc), ctx=ctx, param=where) from exc
             # the other errors the command line shows as one line: only those naming an option in backticks change
             if not exc.args or not isinstance(exc.args[0], str) or option_text(self, str(exc)) == str(exc):
                 raise

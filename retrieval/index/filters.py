@@ -6,14 +6,15 @@ manifest's extra columns)::
     label = "cat" and price < 20
     split in ("test", "val") or not (label != 'dog')
 
-Comparisons ``= != < <= > >=``, ``in (...)`` and ``not in (...)``, ``and``, ``or``, ``not``, parentheses, string
-literals in single or double quotes (a quote doubled inside is one quote) and numbers. Keywords are
-case-insensitive, column names are not. The text is parsed by this module into a tree and evaluated with NumPy:
-it never reaches SQL or ``eval``. A missing value (no label, no such column in a row) makes a comparison unknown,
-and unknown rows never match, as in SQL: ``label != "cat"`` leaves out unlabelled images, and so does
-``not (label = "cat")``.
+Comparisons ``= != < <= > >=`` (``<>`` is ``!=``, as in SQL), ``in (...)`` and ``not in (...)``, ``and``, ``or``,
+``not``, parentheses, string literals in single or double quotes (a quote doubled inside is one quote) and numbers.
+Keywords are case-insensitive, column names are not. The text is parsed by this module into a tree and evaluated
+with NumPy: it never reaches SQL or ``eval``. A missing value (no label, no such column in a row) makes a
+comparison unknown, and unknown rows never match, as in SQL: ``label != "cat"`` leaves out unlabelled images, and
+so does ``not (label = "cat")``.
 
-The contract: ``parse_filter(text)`` -> ``Filter`` or ``FilterError`` naming the problem and where it is;
+The contract: ``parse_filter(text)`` -> ``Filter`` or ``FilterError`` naming the problem and where it is (and,
+for another language's ``== && || !``, the word to write instead);
 ``Filter.mask(columns)`` -> bool array over the columns' rows. Sizes are bounded before any work (the text's
 length, the nesting depth, the values of one ``in``).
 """
@@ -135,6 +136,12 @@ _TOKEN = re.compile(
 )
 
 
+# other languages' operators people write from habit: (what they wrote, the word this language takes instead)
+_INSTEAD = {"&&": ("&&", "and"), "&": ("&", "and"), "||": ("||", "or"), "|": ("|", "or"), "!": ("!", "not")}
+_EXAMPLES = {"and": 'label = "cat" and price < 20', "or": 'label = "cat" or label = "dog"',
+             "not": 'not (label = "cat")', "=": 'label = "cat"'}
+
+
 @dataclass(frozen=True)
 class _Token:
     kind: str  # number | string | name | keyword | op | punct | end
@@ -152,6 +159,11 @@ def _tokens(text: str) -> list[_Token]:
             return tokens
         match = _TOKEN.match(text, at)
         if match is None or match.end() == at:
+            instead = _INSTEAD.get(text[at:at + 2]) or _INSTEAD.get(text[at])
+            if instead is not None:
+                written, word = instead
+                raise FilterError(f"where: {written!r} at position {at + 1} is not part of the language; write "
+                                  f"{word!r} instead, e.g. {_EXAMPLES[word]}")
             raise FilterError(f"where: unexpected character {text[at]!r} at position {at + 1}; use column names, "
                               "quoted strings, numbers, = != < <= > >=, in (...), and, or, not and parentheses")
         kind = match.lastgroup or ""
@@ -176,7 +188,12 @@ class _Parser:
     def fail(self, wanted: str) -> FilterError:
         token = self.token
         found = "the end of the expression" if token.kind == "end" else repr(token.text)
-        return FilterError(f"where: expected {wanted} at position {token.at + 1}, found {found}")
+        hint = ""
+        before = self.tokens[self.i - 1] if self.i else None
+        if token.kind == "op" and token.text == "=" and before is not None and before.text == "=":
+            # `==` reads as `=` followed by a stray `=`: name what was meant, not only the stray sign
+            hint = f"; compare with one '=', not '==', e.g. {_EXAMPLES['=']}"
+        return FilterError(f"where: expected {wanted} at position {token.at + 1}, found {found}{hint}")
 
     def take(self, kind: str, text: str | None = None) -> _Token | None:
         token = self.token
@@ -404,6 +421,10 @@ class FilterTable:
     def names(self) -> list[str]:
         """Every column a ``where`` may name."""
         return ["id", *self._raw]
+
+    def example(self, name: str) -> object | None:
+        """The first row's value of a column, as a filter compares it (None: no row has one, or no such column)."""
+        return next((value for value in self._raw.get(name, ()) if value is not None and value != ""), None)
 
     def column(self, name: str) -> Column | None:
         with self._lock:

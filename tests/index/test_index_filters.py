@@ -101,6 +101,26 @@ def test_malformed_expressions_name_the_problem(text, message):
         parse_filter(text)
 
 
+@pytest.mark.parametrize(("text", "message"), [
+    ('label == "cat"', "compare with one '=', not '=='"),
+    ('price == 3', "compare with one '=', not '=='"),
+    ('label = "cat" && price < 2', "'&&' at position 15 is not part of the language; write 'and' instead"),
+    ('label = "cat" || price < 2', "'||' at position 15 is not part of the language; write 'or' instead"),
+    ('!(label = "cat")', "'!' at position 1 is not part of the language; write 'not' instead"),
+    ('! label = "cat"', "write 'not' instead"),
+])
+def test_another_languages_operator_is_refused_with_the_one_to_write(text, message):
+    with pytest.raises(FilterError, match=message.replace("(", r"\(").replace("|", r"\|")):
+        parse_filter(text)
+
+
+def test_sqls_not_equal_is_not_equal():
+    """``<>`` is SQL's spelling of ``!=``: accepted, with the same meaning."""
+    table = FilterTable([1, 2, 3], ["a.png", "b.png", "c.png"], ["cat", "dog", None], {})
+    assert table.matching(parse_filter('label <> "cat"')).tolist() == [2]
+    assert parse_filter('label <> "cat"').root == parse_filter('label != "cat"').root
+
+
 def test_strings_and_numbers_are_not_mixed_and_unknown_columns_are_named():
     table = FilterTable([1, 2], ["a.png", "b.png"], ["cat", None], {1: '{"price": 3}'})
     with pytest.raises(FilterError, match="column 'label' holds text; compare it with a quoted string"):
@@ -243,7 +263,7 @@ def test_the_command_line_filters_and_names_bad_expressions(manifest_index, monk
     assert bad.exit_code == 2 and "expected a quoted string or a number" in bad.output
     unknown = CliRunner().invoke(main, [*search, "--where",
                                         "size > 3"])
-    assert unknown.exit_code == 1 and "no column 'size' in this index" in unknown.output
+    assert unknown.exit_code == 2 and "no column 'size' in this index" in unknown.output
     assert "Traceback" not in unknown.output and "FilterError" not in unknown.output
 
 
