@@ -57,7 +57,7 @@ def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64
     )
     limits = ApiLimits(service, concurrency, max_queue, batch_concurrency, batch_queue_images, body_budget_bytes,
                        body_timeout_s)
-    attach(app, ApiContext(service, limits, concurrency, max_queue))
+    attach(app, ApiContext(service, limits))
     install_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)

@@ -47,9 +47,7 @@ class ApiContext:
     """One app's shared state: the service it answers from, what it lets in at once, and its settings."""
 
     service: SearchService
-    limits: ApiLimits
-    concurrency: int  # single searches at once (GET /stats' limits)
-    max_queue: int  # single searches waiting
+    limits: ApiLimits  # its searches lane holds the concurrency and queue GET /stats reports
 
 
 def attach(app: Any, context: ApiContext) -> None:

@@ -39,8 +39,8 @@ async def stats(api: Api) -> dict[str, Any]:
             "max_k": MAX_K,
             "max_batch_queries": MAX_BATCH_QUERIES,
             "max_batch_upload_bytes": batch_upload_bytes(service.max_upload_bytes),
-            "concurrency": api.concurrency,
-            "max_queue": api.max_queue,
+            "concurrency": api.limits.searches.concurrency,
+            "max_queue": api.limits.searches.max_waiting,
         },
     }
 

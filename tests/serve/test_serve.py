@@ -285,6 +285,7 @@ def test_removed_or_missing_files_are_not_served(artifacts, service, client, tmp
 
 
 def test_stats_and_health(artifacts, client):
+    assert upload(client, artifacts.query_paths[0].read_bytes()).status_code == 200  # the batcher counts it
     health = client.get("/health").json()
     assert health == {"status": "ok", "vectors": len(artifacts.query_paths), "embedding_dim": 32}
     stats = client.get("/stats").json()
