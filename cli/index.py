@@ -447,21 +447,7 @@ def _where_summary(index, matching: int) -> str:
     summary = f"--where matches {matching} of {len(index)} indexed images"
     if matching or not len(index):
         return summary
-    table = index.filter_table
-    path, label = table.example("path"), table.example("label")
-    # the values a filter compares are not always what a person types: a path as the API shows it, a label verbatim
-    path_text = f" (e.g. path = {_literal(path)})" if path is not None else ""
-    label_text = f" (e.g. label = {_literal(label)})" if label is not None else ""
-    return (f"{summary}: no image matches, so every result list is empty. Paths are compared as the API shows "
-            f"them, relative to the gallery{path_text}, and labels exactly, case included{label_text}; the "
-            f"columns are: {', '.join(table.names())}")
-
-
-def _literal(value: object) -> str:
-    """A value as a --where string literal (a quote inside doubled), printable on one line."""
-    from retrieval.index.sources import printable_path
-
-    return '"' + printable_path(str(value)).replace('"', '""') + '"'
+    return f"{summary}: no image matches, so every result list is empty. {index.filter_table.no_match_hint()}"
 
 
 DEFAULT_MAX_QUERIES = 1000  # query images one search takes: a folder given by mistake is refused, not embedded
@@ -608,7 +594,9 @@ def _answer_batch(index, queries: list[tuple[str, str | None]], k: int, exclude_
         row = index.indexed_by_sha256(sha256) if exclude_self else None
         excluded = None if row is None else int(row["id"])
         found = index.search(embedding[None], k, exclude_ids=() if excluded is None else (excluded,), where=where)[0]
-        answer.update(results=[r.to_dict() for r in found], excluded_self=excluded)
+        # path: the spelling --where, index remove, the API and the app use; file: where it lies on this machine
+        results = [r.to_dict() | {"path": index.public_path(r.path), "file": r.path} for r in found]
+        answer.update(results=results, excluded_self=excluded)
     return answers
 
 

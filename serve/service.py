@@ -373,7 +373,8 @@ class SearchService:
         timing["search_ms"] = (time.perf_counter() - search_started) * 1000
         timing["total_ms"] = (time.perf_counter() - started) * 1000
         timing = {key: round(v, 3) for key, v in timing.items()}
-        return SearchResponse(results, k, timing, query_item, excluded_self, notes)
+        return SearchResponse(results, k, timing, query_item, excluded_self, notes + no_match_notes(state, where,
+                                                                                                    results))
 
     def search_batch(
         self,
@@ -455,6 +456,7 @@ class SearchService:
                 answer = answers[position]
                 assert isinstance(answer, SearchResponse)
                 answer.results = results
+                answer.notes += no_match_notes(state, where, results)
                 timing = answer.timing | (shared if position in images else {}) | {
                     "search_ms": search_ms, "total_ms": (time.perf_counter() - started) * 1000}
                 answer.timing = {key: round(value, 3) for key, value in timing.items()}
@@ -593,6 +595,13 @@ class SearchService:
     def close(self) -> None:
         """Stop watching the folder; each state's catalogue and batcher close once no request holds it."""
         self.live.close()
+
+
+def no_match_notes(state: ServedIndex, where: Filter | None, results: Sequence[SearchResult]) -> list[str]:
+    """A note for an empty answer whose filter matches no image of the index, saying how values are compared."""
+    if where is None or results or len(state.index.matching_ids(where)):
+        return []
+    return [f"the filter matches no image of the index. {state.index.filter_table.no_match_hint()}"]
 
 
 def checked_k_and_where(k: object, where: str | None) -> tuple[int, Filter | None]:

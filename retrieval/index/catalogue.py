@@ -133,6 +133,13 @@ class CatalogueQueries:
             out.update(self.db.execute(f"SELECT path, id FROM images WHERE path IN ({marks})", chunk))
         return out
 
+    def paths_named(self, name: str, limit: int = 3) -> list[str]:
+        """Up to ``limit`` catalogued paths whose file name is ``name``, in path order (a full scan: for messages)."""
+        escaped = name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        rows = self.db.execute("SELECT path FROM images WHERE path LIKE ? ESCAPE '\\' ORDER BY path LIMIT ?",
+                               (f"%/{escaped}", int(limit)))
+        return [row[0] for row in rows]
+
     def done_sha256(self) -> dict[str, int]:
         """sha256 -> id of the indexed images, to spot exact duplicates."""
         return dict(

@@ -426,6 +426,15 @@ class FilterTable:
         """The first row's value of a column, as a filter compares it (None: no row has one, or no such column)."""
         return next((value for value in self._raw.get(name, ()) if value is not None and value != ""), None)
 
+    def no_match_hint(self) -> str:
+        """What to check when a filter matches no row: how paths and labels compare, with this table's own values
+        (a path copied from elsewhere may be spelled differently), and the columns there are."""
+        path, label = self.example("path"), self.example("label")
+        path_text = f" (e.g. path = {_literal(path)})" if path is not None else ""
+        label_text = f" (e.g. label = {_literal(label)})" if label is not None else ""
+        return (f"Paths are compared as the API shows them, relative to the gallery{path_text}, and labels exactly, "
+                f"case included{label_text}; the columns are: {', '.join(self.names())}")
+
     def column(self, name: str) -> Column | None:
         with self._lock:
             if name not in self._columns:
@@ -438,3 +447,10 @@ class FilterTable:
     def matching(self, where: Filter) -> np.ndarray:
         """The sorted ids of the rows that match."""
         return self.ids[where.mask(self.column, self.names())]
+
+
+def _literal(value: object) -> str:
+    """A value as a filter's string literal (a quote inside doubled), printable on one line."""
+    from retrieval.index.sources import printable_path
+
+    return '"' + printable_path(str(value)).replace('"', '""') + '"'

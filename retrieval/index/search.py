@@ -6,10 +6,11 @@ from __future__ import annotations
 import functools
 import numbers
 import os
+import posixpath
 import threading
 from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path, PurePath
+from pathlib import Path, PurePath, PurePosixPath
 from typing import Any
 
 import faiss
@@ -45,10 +46,16 @@ def gallery_root(info: dict[str, Any], catalogue: CatalogueReader) -> PurePath:
 
 
 def public_path(path: str, root: PurePath) -> str:
-    """A catalogued path as the API, the app and exports show it: relative to the gallery root, never a server's
-    absolute path; the file name alone for one catalogued outside the root (added later from elsewhere)."""
-    pure = PurePath(path)
-    return pure.relative_to(root).as_posix() if pure.is_relative_to(root) else pure.name
+    """A catalogued path as the API, the app, filters, removal and exports show it: relative to the gallery root,
+    never a server's absolute path. One catalogued outside the root (``index add`` from another folder) walks up
+    with ``..`` (``../more/horse/h.jpg``): unique and stable like the absolute path it stands for, and accepted
+    back by ``index remove`` (``catalogue_id``)."""
+    pure = PurePosixPath(path)
+    if pure.is_relative_to(root):
+        return pure.relative_to(root).as_posix()
+    if not (pure.is_absolute() and PurePosixPath(root).is_absolute()):
+        return pure.as_posix()
+    return posixpath.relpath(pure.as_posix(), PurePosixPath(root).as_posix())  # both absolute: no working folder
 
 
 @dataclass(frozen=True)

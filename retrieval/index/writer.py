@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import faiss
@@ -42,6 +42,7 @@ from retrieval.index.faiss_build import build_faiss, update_faiss
 from retrieval.index.ingest import ingest
 from retrieval.index.layout import IndexLayout, repair_command
 from retrieval.index.mend import mend, missing_vectors
+from retrieval.index.search import public_path
 from retrieval.index.shards import ShardStore
 from retrieval.index.sources import (
     IMAGE_EXTENSIONS,
@@ -330,11 +331,12 @@ def remove_images(
         if paths:
             root = info.get("gallery_root") or catalogue.get_meta("gallery_root")
             found = {given: catalogue_id(catalogue, given, root) for given in paths}
-            missing = [printable_path(given) for given, found_id in found.items() if found_id is None]
+            missing = [given for given, found_id in found.items() if found_id is None]
             if missing:
                 where = f", or relative to the gallery {printable_path(root)}" if root else ""
-                raise ValueError(f"nothing was removed: not in the catalogue: {', '.join(missing[:5])} (a path is "
-                                 f"taken as given, from the working folder{where})")
+                raise ValueError(f"nothing was removed: not in the catalogue: "
+                                 f"{', '.join(printable_path(given) for given in missing[:5])} (a path is taken as "
+                                 f"given, from the working folder{where}){_same_names(catalogue, missing, root)}")
             wanted += list(found.values())
         statuses = catalogue.status_of(wanted)
         unknown = [i for i in wanted if i not in statuses]
@@ -353,6 +355,17 @@ def remove_images(
             **updated,
             **_summary(catalogue, started, {}),
         }
+
+
+def _same_names(catalogue: Catalogue, missing: Sequence[str], gallery_root: str | None) -> str:
+    """The catalogued paths with the file name of the first missing path, as the API shows them: a path copied
+    without its folders is answered with the ones it may mean."""
+    name = PurePosixPath(missing[0]).name
+    named = catalogue.paths_named(name) if name and is_utf8(name) else []  # others are never catalogued
+    if not named:
+        return ""
+    shown = [printable_path(public_path(path, PurePosixPath(gallery_root)) if gallery_root else path) for path in named]
+    return f"; catalogued images named {printable_path(name)}: {', '.join(shown)}"
 
 
 def catalogue_id(catalogue: Catalogue, given: str, gallery_root: str | None) -> int | None:

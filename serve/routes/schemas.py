@@ -93,7 +93,8 @@ class SearchResponseModel(BaseModel):
     excluded_self: bool = Field(description="true when query_item was left out of the results (exclude_self)")
     notes: list[str] = Field(
         description="notes on how the query was read, e.g. that an animated image was searched by one of its "
-        "frames; empty when there is nothing to note"
+        "frames, or that the filter matches no image of the index (with how paths and labels compare); empty when "
+        "there is nothing to note"
     )
     timing: dict[str, float] = Field(description="milliseconds per stage (decode, preprocess, embed, search, total) "
                                      "and the model batch size")

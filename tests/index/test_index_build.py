@@ -362,8 +362,10 @@ def test_search_and_stats_cli(digits, tmp_path, monkeypatch):
     )
     assert result.exit_code == 0, result.output
     payload = json.loads(result.output)
-    assert payload[0]["results"][0]["path"] == str(paths[5].resolve()) and len(payload[0]["results"]) == 2
-    assert set(payload[0]["results"][0]) == {"id", "path", "label", "score"}
+    top = payload[0]["results"][0]
+    assert top["file"] == str(paths[5].resolve()) and len(payload[0]["results"]) == 2
+    assert top["path"] == paths[5].resolve().relative_to(folder.resolve()).as_posix()  # as --where and the API
+    assert set(top) == {"id", "path", "file", "label", "score"}
     result = CliRunner().invoke(index_group, ["stats", str(tmp_path / "idx"), "--queries", "20", "--json"])
     assert result.exit_code == 0, result.output
     stats = json.loads(result.output)
@@ -433,7 +435,8 @@ def test_search_answers_the_good_queries_names_the_bad_and_can_exclude_itself(di
     result = CliRunner().invoke(search_command, [*args, str(paths[0]), str(broken), str(paths[1])])
     assert result.exit_code == 1
     lines = result.output.splitlines()
-    assert lines[0] == str(paths[0].resolve()) and str(paths[0].resolve()) in lines[1]  # top-1: itself
+    assert lines[0] == str(paths[0].resolve())  # the query as given, resolved
+    assert lines[1].endswith(f"  {paths[0].resolve().relative_to(folder.resolve()).as_posix()}")  # top-1: itself
     assert lines[4] == str(broken.resolve()) and lines[5].startswith("  cannot search with it: ")
     assert lines[6] == str(paths[1].resolve())
     assert "1 of 3 queries could not be read" in result.output and "Error" not in lines[5]
@@ -441,7 +444,7 @@ def test_search_answers_the_good_queries_names_the_bad_and_can_exclude_itself(di
                          .output)
     own = payload[0]["excluded_self"]
     assert own is not None and all(r["id"] != own for r in payload[0]["results"])
-    assert len(payload[0]["results"]) == 3 and payload[0]["results"][0]["path"] != str(paths[0].resolve())
+    assert len(payload[0]["results"]) == 3 and payload[0]["results"][0]["file"] != str(paths[0].resolve())
 
 
 def test_index_commands_end_with_a_line_for_people_and_the_next_command(digits, tmp_path, monkeypatch):

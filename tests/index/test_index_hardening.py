@@ -98,7 +98,7 @@ def test_name_not_utf8_is_recorded_and_the_rest_indexed(digits, tmp_path, monkey
     assert "new\\nline\\u202eevil\\\\x.png" in table.output.splitlines()[0]
     assert len(table.output.splitlines()) == 2
     payload = json.loads(CliRunner().invoke(search_command, [*index_args, "--json"]).output)
-    assert payload[0]["results"][0]["path"] == str(odd)
+    assert payload[0]["results"][0]["file"] == str(odd)
 
 
 def test_manifest_rows_with_unusable_paths_are_recorded(tmp_path):

@@ -59,7 +59,7 @@ def test_cli_build_and_search_with_real_onnx(onnx_model, tmp_path):
     )
     assert result.exit_code == 0, result.output
     for query, payload in zip(paths[:4], json.loads(result.output), strict=True):
-        assert payload["results"][0]["path"] == str(query.resolve())
+        assert payload["results"][0]["file"] == str(query.resolve())
         assert payload["results"][0]["score"] == pytest.approx(1.0, abs=1e-4)
 
     with pytest.raises(ModelMismatchError, match=load_model(model).model_hash + ".*rebuild"):
