@@ -25,6 +25,24 @@ def images_help() -> str:
             ".parquet file with the same columns.")
 
 
+def index_folder(command):
+    """The index folder of an ``index`` subcommand: INDEX_DIR, or ``--index`` as ``search`` and ``serve`` name it."""
+    folder = click.Path(file_okay=False, exists=True)
+
+    @functools.wraps(command)
+    def run(*args, index_dir=None, index_flag=None, **kwargs):
+        if index_dir is not None and index_flag is not None and Path(index_dir).resolve() != Path(index_flag).resolve():
+            raise click.UsageError(f"two index folders given, {index_dir} and --index {index_flag}: give one")
+        if index_dir is None and index_flag is None:
+            raise click.UsageError("give the index folder: INDEX_DIR (or --index INDEX_DIR)")
+        return command(*args, index_dir=index_dir if index_dir is not None else index_flag, **kwargs)
+
+    run = click.option("--index", "index_flag", type=folder, metavar="INDEX_DIR",
+                       help="the index folder, as `retrieval search` and `retrieval serve` name it (or give it as "
+                            "INDEX_DIR).")(run)
+    return click.argument("index_dir", type=folder, required=False)(run)
+
+
 def _ingest_options(
     batch_size: int, workers: int | None, shard_size: int, max_pixels: int | None, engine: dict | None = None
 ):
@@ -277,7 +295,7 @@ def _budget_text(budget: dict | None) -> str:
 
 
 @index_group.command("add")
-@click.argument("index_dir", type=click.Path(file_okay=False, exists=True))
+@index_folder
 @lazy_help_option("--images", required=True, type=click.Path(), help_text=images_help)
 @click.option("--model", type=click.Path(dir_okay=False), help="default: the model recorded in index.json.")
 @split_option
@@ -309,7 +327,7 @@ def add_command(index_dir, images, model, split, label_from, batch_size, workers
 
 
 @index_group.command("remove")
-@click.argument("index_dir", type=click.Path(file_okay=False, exists=True))
+@index_folder
 @click.option("--ids", default="", help="comma-separated catalogue ids.")
 @click.option("--paths", multiple=True,
               help="image path as the tools print it: relative to the gallery, from the working folder, or absolute "
@@ -331,7 +349,7 @@ def remove_command(index_dir, ids, paths, as_json) -> None:
 
 
 @index_group.command("repair")
-@click.argument("index_dir", type=click.Path(file_okay=False, exists=True))
+@index_folder
 @click.option("--model", type=click.Path(dir_okay=False), help="default: the model recorded in index.json.")
 @click.option("--rebuild", is_flag=True, help="rebuild the faiss part from the shards instead of updating it.")
 @relabel_option
@@ -365,7 +383,7 @@ def repair_command(index_dir, model, rebuild, label_from, batch_size, workers, s
 
 
 @index_group.command("stats")
-@click.argument("index_dir", type=click.Path(file_okay=False, exists=True))
+@index_folder
 @click.option("--queries", default=500, show_default=True, help="sampled queries for recall and latency.")
 @json_option
 def stats_command(index_dir, queries, as_json) -> None:
@@ -383,7 +401,7 @@ def stats_command(index_dir, queries, as_json) -> None:
 
 
 @index_group.command("export")
-@click.argument("index_dir", type=click.Path(file_okay=False, exists=True))
+@index_folder
 @click.option("--format", "fmt", type=click.Choice(["parquet", "npy"], case_sensitive=False), default="parquet",
               show_default=True,
               help="parquet: one table with an embedding column (pandas, vector databases); npy: embeddings/*.npy + "
