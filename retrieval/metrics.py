@@ -446,6 +446,7 @@ def evaluate(
     metric: str = "cosine",
     kmeans_niter: int = 50,
     seed: int = 0,
+    same_items: bool = False,
 ) -> dict[str, float]:
     """Retrieval and clustering metrics of embeddings (conventions in the module docstring).
 
@@ -457,6 +458,8 @@ def evaluate(
         block_size: queries per kNN block (None: ~64 MiB of scores per block). Results do not depend on it.
         metric: "cosine" (default), "euclidean" or "dot".
         kmeans_niter, seed: k-means iterations and seed for NMI/F1.
+        same_items: gallery row i is query row i's image embedded another way (another model): it is left out of
+            query i's list, as in leave-one-out; the rows and labels must then match.
 
     Returns:
         {"recall@K": ..., "map@r": ..., "r_precision": ..., "nmi": ..., "f1": ...} as floats in [0, 1].
@@ -468,11 +471,16 @@ def evaluate(
     q_labels = _as_label_array(query_labels, q.shape[0], "query_labels")
     if (gallery is None) != (gallery_labels is None):
         raise ValueError("pass gallery and gallery_labels together (or neither, for leave-one-out)")
-    exclude_self = gallery is None
-    g = None if exclude_self else _as_embeddings(gallery, "gallery")
+    exclude_self = gallery is None or same_items
+    g = None if gallery is None else _as_embeddings(gallery, "gallery")
+    if same_items and g is not None:
+        g_labels = _as_label_array(gallery_labels, g.shape[0], "gallery_labels")
+        if g.shape[0] != q.shape[0] or not np.array_equal(g_labels, q_labels):
+            raise ValueError("same_items needs the gallery to be the query set's images in the same order (same "
+                             f"labels); got {q.shape[0]} query and {g.shape[0]} gallery rows")
     if exclude_self:
         (q_codes,) = _encode_labels(q_labels, None)
-        g_codes = q_codes
+        g_codes = q_codes  # same_items: the gallery's labels are the query's
     else:
         g_labels = _as_label_array(gallery_labels, g.shape[0], "gallery_labels")
         q_codes, g_codes = _encode_labels(q_labels, g_labels)
