@@ -90,7 +90,9 @@ def _write(command, index_dir, *args, **kwargs) -> dict:
         raise click.ClickException(f"{option_message(context.command, exc)}: retrieval index repair {folder} "
                                    f"--label-from {exc.given}") from exc
     except FinishedIndexError as exc:
-        raise click.ClickException(f"{exc} (`retrieval index add {folder} --images ...`, or another --out)") from exc
+        raise click.ClickException(f"{exc} (`retrieval index add {folder} --images ...`, or another --out; to "
+                                   f"re-embed it with another model: `retrieval index upgrade {folder} --model "
+                                   "NEW.onnx`)") from exc
     except NothingToRepairError as exc:
         raise click.ClickException(f"{exc}: `retrieval index build --model ... --images ... --out {folder}`") from exc
 
@@ -326,6 +328,44 @@ def add_command(index_dir, images, model, split, label_from, batch_size, workers
             _serve_next(summary["index_dir"]))
 
 
+@index_group.command("upgrade")
+@index_folder
+@click.option("--model", type=click.Path(dir_okay=False, exists=True),
+              help="the new model (.onnx); default: the one of the upgrade under way, which this run resumes.")
+@click.option("--order", type=click.Choice(["uncertain", "id", "random"]), default="uncertain", show_default=True,
+              help="which images are re-embedded first: uncertain (the old embeddings whose neighbours disagree with "
+                   "their label, or lie farthest, first), id (catalogue order) or random. It matters only for a "
+                   "model declared compatible, whose vectors are served as they come.")
+@click.option("--commit-every", type=click.IntRange(min=1), default=4096, show_default=True,
+              help="images re-embedded between two publishes of a compatible model's upgrade (each publish rewrites "
+                   "the faiss part; a server swaps in each).")
+@ingest_options
+@json_option
+def upgrade_command(index_dir, model, order, commit_every, batch_size, workers, shard_size, max_pixels, gpu,
+                    as_json) -> None:
+    """Re-embed the gallery with a new model while servers keep answering (resumable: run it again after a stop).
+
+    A model declared compatible with the index's (trained with --compatible-with it) serves at once and its vectors
+    replace the old ones batch by batch; any other model's vectors are written beside the old ones and swapped in
+    at the end. Either way index.json then names the new model and the old vectors are deleted."""
+    from retrieval.index.upgrade import upgrade_index
+
+    if gpu:
+        raise click.BadParameter("the upgrade searches and trains faiss on the CPU", param_hint="--gpu")
+    summary = _write(upgrade_index, index_dir, index_dir, model=model, order=order, commit_every=commit_every,
+                     options=_ingest_options(batch_size, workers, shard_size, max_pixels, {}))
+    if summary["mode"] == "none":
+        _finish(summary, as_json, f"{summary['index_dir']} already uses model {summary['model_hash']}: nothing to do")
+        return
+    how = ("served as it came (compatible)" if summary["mode"] == "mixed"
+           else "swapped in at the end (not declared compatible)")
+    unreadable = f"; {summary['unreadable']} unreadable now, left out" if summary["unreadable"] else ""
+    _finish(summary, as_json,
+            f"upgraded {summary['index_dir']} to model {summary['model_hash']}: {summary['reembedded']} images "
+            f"re-embedded, {how}{unreadable}; {summary['deleted_shards']} shards of the old vectors deleted",
+            _serve_next(summary["index_dir"]))
+
+
 @index_group.command("remove")
 @index_folder
 @click.option("--ids", default="", help="comma-separated catalogue ids.")
@@ -501,8 +541,8 @@ def search_command(index_dir, images, k, max_queries, model, exclude_self, where
     try:
         opened = Index.open(index_dir, embedder=load_model(model) if model else None, gpu=gpu)
     except ModelMismatchError as exc:
-        raise click.ClickException(f"{exc}: retrieval index build --model {shlex.quote(str(model))} --images GALLERY "
-                                   "--out NEW_INDEX") from exc
+        raise click.ClickException(f"{exc}: retrieval index upgrade {shlex.quote(str(index_dir))} --model "
+                                   f"{shlex.quote(str(model))}") from exc
     with opened as index:
         if where is not None:
             matching = len(index.matching_ids(where))  # a column the index lacks fails here, before embedding

@@ -4,6 +4,7 @@ model file) and ``write_projection_onnx`` (a real tiny ONNX file of the same kin
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
@@ -42,8 +43,12 @@ class FakeEmbedder:
         return self.embed_batch(np.stack([tf(p).numpy() for p in pil]))
 
 
-def write_projection_onnx(path: Path, dim: int = 24, seed: int = 0, convs: int = 0, channels: int = 64) -> Path:
+def write_projection_onnx(path: Path, dim: int = 24, seed: int = 0, convs: int = 0, channels: int = 64,
+                          drift: float = 0.0, compatible_with: tuple[str, ...] = ()) -> Path:
     """A real (tiny) ONNX embedder with the export metadata: flatten, a fixed random projection, L2 norm.
+
+    ``drift`` > 0 moves the projection of seed ``seed`` by that much noise (seed + 1000): a model near the
+    undrifted one, as compatible training makes it, which ``compatible_with`` (model hashes) declares.
 
     onnxruntime runs it like any exported model; the Ray engine's actors load it from the file. ``convs`` > 0 puts
     that many 3x3 convolutions (3 -> ``channels`` ... -> 3, same size) first: real compute per image (~19 MFLOP
@@ -56,6 +61,8 @@ def write_projection_onnx(path: Path, dim: int = 24, seed: int = 0, convs: int =
 
     rng = np.random.default_rng(seed)
     weights = rng.standard_normal((3 * SIZE * SIZE, dim)).astype(np.float32)
+    if drift:
+        weights += drift * np.random.default_rng(seed + 1000).standard_normal(weights.shape).astype(np.float32)
     nodes, initializers, source = [], [numpy_helper.from_array(weights, "weights")], INPUT_NAME
     widths = [3] + [channels] * max(0, convs - 1) + [3] if convs else []
     for layer, (c_in, c_out) in enumerate(zip(widths, widths[1:], strict=False)):
@@ -86,7 +93,8 @@ def write_projection_onnx(path: Path, dim: int = 24, seed: int = 0, convs: int =
         "std": [0.25, 0.25, 0.25],
     }
     name = f"projection-{dim}-{seed}" + (f"-conv{convs}x{channels}" if convs else "")
-    for key, value in build_metadata(config, name, None).items():
+    extra = {"compatible_with": json.dumps(list(compatible_with))} if compatible_with else None
+    for key, value in build_metadata(config, name, None, extra=extra).items():
         model.metadata_props.add(key=key, value=value)
     onnx.save(model, str(path))
     return path

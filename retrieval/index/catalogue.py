@@ -41,6 +41,10 @@ class Status(str, Enum):
         return self.value
 
 
+# meta keys of an unfinished ``retrieval index upgrade`` (``retrieval.index.upgrade``): writers wait for it
+UPGRADE_MODEL_PATH = "upgrade_model_path"
+
+
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS images (
     id INTEGER PRIMARY KEY,
@@ -298,6 +302,15 @@ class Catalogue(CatalogueQueries):
         self._transaction(
             ("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (k, v)) for k, v in values.items()
         )
+
+    def delete_meta(self, *keys: str) -> None:
+        self._transaction(("DELETE FROM meta WHERE key = ?", (key,)) for key in keys)
+
+    def forget_shards(self, names: Sequence[str]) -> None:
+        """Clear the shard of the rows (not indexed ones: their vector is there) that name one of ``names``,
+        before those files are deleted."""
+        self._transaction(("UPDATE images SET shard = NULL WHERE shard = ? AND status != ?", (name, Status.DONE))
+                          for name in names)
 
     # --- planning
     def plan(

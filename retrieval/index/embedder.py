@@ -7,6 +7,8 @@ and query vectors always live on the unit sphere.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -75,13 +77,36 @@ def prepare_vectors(vectors: np.ndarray, dim: int) -> np.ndarray:
     return l2_normalize_rows(vectors)
 
 
-def check_model_match(
-    index_hash: str, index_model: str | None, embedder: ImageEmbedder, index_dir: Path
-) -> None:
-    """Refuse a query model other than the one that built the index."""
-    if embedder.model_hash != index_hash:
+COMPATIBLE_WITH = "compatible_with"  # ONNX metadata: JSON list of the model hashes a model was trained to match
+
+
+def declared_compatible(embedder: ImageEmbedder) -> frozenset[str]:
+    """The model hashes ``embedder``'s metadata declares it compatible with (trained ``compatible-with`` them:
+    its embeddings may be compared with theirs); empty for a model that declares none."""
+    raw = (getattr(embedder, "metadata", None) or {}).get(COMPATIBLE_WITH)
+    try:
+        hashes = json.loads(raw) if raw else []
+    except ValueError:
+        return frozenset()
+    return frozenset(h for h in hashes if isinstance(h, str) and h) if isinstance(hashes, list) else frozenset()
+
+
+def is_compatible(embedder: ImageEmbedder, info: Mapping[str, Any]) -> bool:
+    """Whether ``embedder`` may search (and be added to) an index whose index.json is ``info``: the same model,
+    or one declared compatible with its model (by the ONNX file's hash or its PyTorch weights' hash)."""
+    if embedder.model_hash == info.get("model_hash"):
+        return True
+    built_by = {info.get("model_hash"), info.get("source_model_hash")} - {None}
+    return bool(declared_compatible(embedder) & built_by)
+
+
+def check_model_match(info: Mapping[str, Any], embedder: ImageEmbedder, index_dir: Path) -> None:
+    """Refuse a query model other than the one that built the index, unless it is declared compatible with it."""
+    if not is_compatible(embedder, info):
         raise ModelMismatchError(
-            f"the index in {index_dir} was built by model {index_model or '?'} (model_hash {index_hash}), "
-            f"but the query model has model_hash {embedder.model_hash}; embeddings of different models are "
-            f"not comparable. Search with the same model, or rebuild the index with this one"
+            f"the index in {index_dir} was built by model {info.get('model_path') or '?'} (model_hash "
+            f"{info.get('model_hash')}), but the query model has model_hash {embedder.model_hash} and is not "
+            "declared compatible with it; embeddings of different models are not comparable. Search with the same "
+            "model, or upgrade the index to this one (retrieval index upgrade), which re-embeds the gallery while "
+            "it keeps answering"
         )

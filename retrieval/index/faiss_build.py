@@ -142,8 +142,10 @@ def update_faiss(
     gpu: bool = False,
     index: faiss.Index | None = None,
     policy: faiss_keys.AutoPolicy = faiss_keys.AUTO_POLICY,
+    changed: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """Bring the index (read from ``layout.faiss`` unless given) in line with the ``done`` rows; no retraining.
+    ``changed``: ids whose vectors the shards now hold anew (an upgrade), replaced in faiss.
 
     Flat storage removes ids in place. Other types are emptied and filled again from the shards, keeping
     their training: an IVF index keeps its rows' old positions on removal and HNSW cannot remove at all,
@@ -155,6 +157,10 @@ def update_faiss(
     done_ids = np.fromiter(done, np.int64, len(done))
     to_remove = np.setdiff1d(present, done_ids)
     to_add = np.setdiff1d(done_ids, present)
+    if changed is not None and len(changed):
+        changed = np.asarray(changed, dtype=np.int64)
+        to_remove = np.union1d(to_remove, np.intersect1d(changed, present))
+        to_add = np.union1d(to_add, np.intersect1d(changed, done_ids))
     updated_by = f"added {len(to_add)}, removed {len(to_remove)} in place"
     emptied = False
     if len(to_remove) and not isinstance(faiss_params.inner(index), faiss.IndexFlatCodes):

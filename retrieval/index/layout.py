@@ -26,6 +26,7 @@ from retrieval.io import NotRegularFileError, atomic_write, read_capped
 
 FORMAT = "retrieval-index/1"
 LOCK_NAME = "writer.lock"
+UPGRADE_LOCK_NAME = "upgrade.lock"  # held for a whole upgrade, which takes the writer lock only to publish
 # A refused writer retries this long first: a reader's probe (``IndexLayout.writer``) holds the lock
 # for microseconds, and must not make a writer give up.
 LOCK_RETRY_SECONDS = 0.3
@@ -82,6 +83,7 @@ class IndexLayout:
         self.faiss = self.root / "index.faiss"
         self.info = self.root / "index.json"
         self.lock_file = self.root / LOCK_NAME
+        self.upgrade_lock_file = self.root / UPGRADE_LOCK_NAME
 
     def require_catalogue(self) -> None:
         if not self.catalogue.is_file():
@@ -156,14 +158,21 @@ class IndexLayout:
         return out
 
     # --- the writer's lock
+    def upgrade_lock(self) -> contextlib.AbstractContextManager[None]:
+        """Hold the folder's upgrade lock for the block: one upgrade at a time (it takes the writer lock too, but
+        only while it publishes, so that servers see each step)."""
+        return self.write_lock("upgrade", self.upgrade_lock_file)
+
     @contextlib.contextmanager
-    def write_lock(self, operation: str) -> Iterator[None]:
-        """Hold the folder's exclusive writer lock for the block; refuse at once if another writer has it."""
+    def write_lock(self, operation: str, lock_file: Path | None = None) -> Iterator[None]:
+        """Hold the folder's exclusive writer lock (or ``lock_file``) for the block; refuse at once if another
+        writer has it."""
+        lock_file = self.lock_file if lock_file is None else lock_file
         # O_NONBLOCK: something other than a file put in its place must not block the open (checked below)
-        fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
+        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise IndexLockedError(f"cannot {operation} {self.root}: {self.lock_file} is not a regular file; "
+                raise IndexLockedError(f"cannot {operation} {self.root}: {lock_file} is not a regular file; "
                                        "remove it (writers create it again) and run your command again")
             deadline = time.monotonic() + LOCK_RETRY_SECONDS
             while True:
@@ -181,7 +190,7 @@ class IndexLayout:
         except BaseException:
             os.close(fd)
             raise
-        _HELD_LOCK_FDS[fd] = self.lock_file.resolve()
+        _HELD_LOCK_FDS[fd] = lock_file.resolve()
         try:
             holder = {
                 "pid": os.getpid(),

@@ -145,7 +145,7 @@ class Index:
 
     @embedder.setter
     def embedder(self, embedder: ImageEmbedder) -> None:
-        check_model_match(self.model_hash, self.info.get("model_path"), embedder, self.layout.root)
+        check_model_match(self.info, embedder, self.layout.root)
         self._embedder = embedder
 
     # --- the ids its faiss part holds

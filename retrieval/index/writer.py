@@ -34,13 +34,13 @@ import faiss
 
 from retrieval.errors import ParameterError, parameters_named
 from retrieval.index import faiss_files, faiss_gpu, faiss_keys
-from retrieval.index.catalogue import Catalogue, Status
+from retrieval.index.catalogue import UPGRADE_MODEL_PATH, Catalogue, Status
 from retrieval.index.embedder import ImageEmbedder, ModelMismatchError, load_model
 from retrieval.index.engine import IngestOptions
 from retrieval.index.engines import open_engine
 from retrieval.index.faiss_build import build_faiss, update_faiss
 from retrieval.index.ingest import ingest
-from retrieval.index.layout import IndexLayout, repair_command
+from retrieval.index.layout import IndexLayout, IndexLockedError, repair_command
 from retrieval.index.mend import mend, missing_vectors
 from retrieval.index.search import public_path
 from retrieval.index.shards import ShardStore
@@ -106,6 +106,8 @@ def _model_fields(embedder: ImageEmbedder, model_path: str | None) -> dict[str, 
     return {
         "model_path": str(Path(model_path).resolve()) if model_path else None,
         "model_hash": embedder.model_hash,
+        # the PyTorch weights it was exported from: a model trained compatible with a checkpoint names these
+        "source_model_hash": (getattr(embedder, "metadata", None) or {}).get("source_model_hash"),
         "embedding_dim": int(embedder.embedding_dim),
         "model_normalized": bool(embedder.normalized),
         "similarity": "inner product of L2-normalised vectors (cosine)",
@@ -124,6 +126,8 @@ def _info_from_meta(catalogue: Catalogue) -> dict[str, Any]:
     }
     if get("gallery_root") is not None:
         info["gallery_root"] = get("gallery_root")
+    if get("source_model_hash") is not None:
+        info["source_model_hash"] = get("source_model_hash")
     return info
 
 
@@ -133,7 +137,8 @@ def _check_same_model(catalogue: Catalogue, embedder: ImageEmbedder, root: Path)
         raise ModelMismatchError(
             f"{root} was started with model {catalogue.get_meta('model_path')} (model_hash {built_by}) "
             f"but this "
-            f"model has model_hash {embedder.model_hash}; use the same model, or build afresh in another folder"
+            f"model has model_hash {embedder.model_hash}; use the same model, or upgrade the index to this one "
+            f"(retrieval index upgrade {root}), which re-embeds its gallery while it keeps answering"
         )
 
 
@@ -268,11 +273,17 @@ def build_index(
         }
 
 
-def _require_complete(layout: IndexLayout, catalogue: Catalogue) -> dict[str, Any]:
-    """index.json of a finished index (``add``/``remove`` work only on one), else the error naming repair."""
+def _require_complete(layout: IndexLayout, catalogue: Catalogue, upgrading: bool = False) -> dict[str, Any]:
+    """index.json of a finished index (``add``/``remove`` work only on one, and not during an upgrade unless
+    ``upgrading``: the upgrade itself), else the error naming the command that finishes it."""
     layout.require_finished()
     if catalogue.get_meta("state") != "complete":
         raise layout.unfinished()
+    under_way = catalogue.get_meta(UPGRADE_MODEL_PATH)
+    if under_way is not None and not upgrading:
+        raise IndexLockedError(
+            f"{layout.root} is being upgraded to the model {under_way}; finish that first (retrieval index upgrade "
+            f"{layout.root}, which resumes it), then run your command again")
     return layout.read_info()
 
 

@@ -127,7 +127,7 @@ def test_interrupted_build_needs_the_same_model(digits, tmp_path):
     folder, _ = digits
     with Catalogue(tmp_path / "catalogue.sqlite") as catalogue:
         catalogue.set_meta(state="building", model_hash=FakeEmbedder(seed=1).model_hash, index_key="auto")
-    with pytest.raises(ModelMismatchError, match="use the same model"):
+    with pytest.raises(ModelMismatchError, match="use the same model, or upgrade the index"):
         build_index(folder, tmp_path, embedder=FakeEmbedder(), options=QUICK)
 
 
@@ -343,7 +343,7 @@ def test_manifest_with_split(tmp_path):
 def test_query_model_mismatch_is_refused(digits, tmp_path):
     folder, paths = digits
     build_index(folder, tmp_path / "idx", embedder=FakeEmbedder(), options=QUICK)
-    with pytest.raises(ModelMismatchError, match="built by model .*rebuild the index"):
+    with pytest.raises(ModelMismatchError, match="built by model .*upgrade the index to this one"):
         Index.open(tmp_path / "idx", embedder=FakeEmbedder(seed=1))
     with Index.open(tmp_path / "idx") as index, pytest.raises(ModelMismatchError, match="model_hash"):
         index.search_images(paths[:1], embedder=FakeEmbedder(seed=2))

@@ -62,7 +62,7 @@ def test_cli_build_and_search_with_real_onnx(onnx_model, tmp_path):
         assert payload["results"][0]["file"] == str(query.resolve())
         assert payload["results"][0]["score"] == pytest.approx(1.0, abs=1e-4)
 
-    with pytest.raises(ModelMismatchError, match=load_model(model).model_hash + ".*rebuild"):
+    with pytest.raises(ModelMismatchError, match=load_model(model).model_hash + ".*upgrade the index"):
         Index.open(out, embedder=FakeEmbedder())  # any other model is refused
     with Index.open(out) as index:  # the stored model path is used when none is given
         assert index.search_images([paths[1]], k=1)[0][0].path == str(paths[1].resolve())

@@ -1,0 +1,347 @@
+"""``retrieval index upgrade``: re-embed an index's gallery with a new model while servers keep answering.
+
+Two ways, chosen by what the new model declares (``embedder.is_compatible``):
+
+* mixed, for a model declared compatible with the index's (trained with ``--compatible-with`` it): index.json
+  names the new model at once, so queries are embedded by it and compared with the gallery's old vectors, which
+  backward-compatible training makes sound (Shen et al., BCT, CVPR 2020: new queries against the old gallery do at
+  least as well as old against old). The gallery is then re-embedded batch by batch, each batch published under the
+  writer lock (catalogue, faiss, index.json), so a server swaps in every step and its answers improve as the share
+  re-embedded grows. ``order="uncertain"`` re-embeds the least certain old embeddings first (the idea of FastFill,
+  Jaeckle et al., ICLR 2023, which learns an uncertainty; ours is read off the old embeddings' neighbours:
+  ``backfill_order``).
+* swap, for any other model: the new vectors are written beside the old ones while the index, untouched, keeps
+  answering with the old model; once all are embedded, one publish under the writer lock points the catalogue at
+  them, builds faiss afresh (a new embedding size is fine) and names the new model, and a server swaps the new
+  state in at once.
+
+Every answer stays complete: each indexed image has exactly one vector in faiss at every moment. Resumable after
+kill -9: new vectors go to new shards (numbered after ``upgrade_first_shard``, recorded when the upgrade starts),
+so a row whose catalogue shard is older still holds an old vector and is re-embedded by the next run; a publish
+marks the catalogue stale before it moves the rows and clears the mark once faiss and index.json follow, and a run
+that finds the mark rebuilds faiss from the shards first. One upgrade at a time (``IndexLayout.upgrade_lock``);
+other writers wait for it to finish (``writer._require_complete``). When it ends, index.json and the catalogue
+name the new model and every shard no indexed row uses (the old vectors) is deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import faiss
+import numpy as np
+from tqdm.auto import tqdm
+
+from retrieval.data.eval_preprocess import EvalPreprocess
+from retrieval.errors import ParameterError
+from retrieval.index import faiss_files, faiss_params
+from retrieval.index.catalogue import UPGRADE_MODEL_PATH, Catalogue, Outcome, Status
+from retrieval.index.embedder import ImageEmbedder, is_compatible, load_model, prepare_vectors
+from retrieval.index.engine import IngestOptions
+from retrieval.index.faiss_build import build_faiss, update_faiss
+from retrieval.index.gallery_file import decode_file
+from retrieval.index.layout import IndexLayout
+from retrieval.index.mend import mend
+from retrieval.index.shards import SHARD_PATTERN, ShardStore
+from retrieval.index.vectors import done_chunks
+from retrieval.index.writer import _model_fields, _require_complete
+from retrieval.workers import default_workers
+
+log = logging.getLogger(__name__)
+
+ORDERS = ("uncertain", "id", "random")
+DEFAULT_COMMIT_EVERY = 4096  # images re-embedded between two publishes of a mixed upgrade
+NEIGHBOURS = 10  # old neighbours that measure how certain an old embedding is
+MODEL_META = ("model_path", "model_hash", "source_model_hash", "embedding_dim", "model_normalized", "similarity")
+UPGRADE_META = ("upgrade_model_hash", UPGRADE_MODEL_PATH, "upgrade_mode", "upgrade_from", "upgrade_first_shard")
+STALE = "upgrade_stale"  # set while a publish has moved catalogue rows that faiss does not hold yet
+
+
+def shard_number(name: str) -> int:
+    """The sequence number of a shard file name (``shard-000012.npz`` -> 12)."""
+    match = SHARD_PATTERN.match(name)
+    if match is None:
+        raise ValueError(f"not a shard file name: {name!r}")
+    return int(match.group(1))
+
+
+def next_shard_number(store: ShardStore) -> int:
+    names = store.names()
+    return shard_number(names[-1]) + 1 if names else 0
+
+
+def backfill_order(store: ShardStore, catalogue: Catalogue, faiss_index: faiss.Index, ids: np.ndarray,
+                   order: str, seed: int = 0) -> np.ndarray:
+    """``ids`` in the order to re-embed them.
+
+    ``uncertain``: least certain old embedding first. With labels, an embedding's certainty is the share of its
+    ``NEIGHBOURS`` nearest old neighbours (itself left out) that carry its label, ties broken by their mean
+    similarity; without labels the mean similarity alone (an isolated embedding is the least settled). Neighbours
+    come from the index itself, at its tuned search cost. ``id``: catalogue order; ``random``: seeded shuffle."""
+    ids = np.asarray(ids, dtype=np.int64)
+    if order == "id" or len(ids) < 2:
+        return np.sort(ids)
+    if order == "random":
+        return np.random.default_rng(seed).permutation(np.sort(ids))
+    if order != "uncertain":
+        raise ParameterError("order", f"must be one of {', '.join(ORDERS)}, got {order!r}")
+    done = catalogue.done_shards()
+    wanted = {int(i): done[int(i)] for i in ids if int(i) in done}
+    labels = {int(i): row["label"] for i, row in catalogue.rows(list(wanted)).items()}
+    k = min(NEIGHBOURS + 1, int(faiss_index.ntotal))
+    agreement, closeness, order_ids = [], [], []
+    for chunk_ids, vectors in done_chunks(store, wanted):
+        scores, found = faiss_index.search(vectors, k)
+        neighbour_labels = catalogue.rows(np.unique(found[found >= 0]).tolist())
+        for row_id, row_scores, row_found in zip(chunk_ids.tolist(), scores, found, strict=True):
+            others = [(s, f) for s, f in zip(row_scores.tolist(), row_found.tolist(), strict=True)
+                      if f >= 0 and f != row_id][:NEIGHBOURS]
+            own = labels.get(row_id)
+            same = [neighbour_labels.get(f, {}).get("label") == own for _, f in others] if own is not None else []
+            agreement.append(float(np.mean(same)) if same else 1.0)
+            closeness.append(float(np.mean([s for s, _ in others])) if others else 1.0)
+            order_ids.append(row_id)
+    ranked = np.lexsort((np.asarray(order_ids), np.asarray(closeness), np.asarray(agreement)))
+    return np.asarray(order_ids, dtype=np.int64)[ranked]
+
+
+def _embed(embedder: ImageEmbedder, rows: Sequence[tuple[int, str]], options: IngestOptions,
+           pool: ThreadPoolExecutor, preprocess: Any) -> tuple[np.ndarray, np.ndarray, list[Outcome]]:
+    """(ids, unit vectors, outcomes) of ``rows`` (id, path) embedded by the new model; an unreadable file is an
+    ``error`` outcome (it leaves the index: its old vector is of another model)."""
+    decoded = list(pool.map(lambda row: decode_file(row[0], row[1], preprocess, options.max_pixels), rows))
+    ok = [d for d in decoded if d.array is not None]
+    ids = np.asarray([d.id for d in ok], dtype=np.int64)
+    dim = int(embedder.embedding_dim)
+    vectors = np.zeros((0, dim), np.float32)
+    for start in range(0, len(ok), options.batch_size):
+        batch = np.stack([d.array for d in ok[start:start + options.batch_size]]).astype(np.float32, copy=False)
+        vectors = np.concatenate([vectors, prepare_vectors(embedder.embed(batch), dim)])
+    outcomes = [Outcome(d.id, Status.DONE, d.sha256, d.size) if d.array is not None
+                else Outcome(d.id, Status.ERROR, d.sha256, d.size, error=f"unreadable when re-embedded: {d.error}")
+                for d in decoded]
+    return ids, vectors, outcomes
+
+
+def _meta_for(embedder: ImageEmbedder, model_path: str | None) -> dict[str, str]:
+    fields = _model_fields(embedder, model_path)
+    return {key: str(fields[key]) for key in MODEL_META if fields.get(key) is not None}
+
+
+def _old_rows(catalogue: Catalogue, first_shard: int) -> np.ndarray:
+    """Ids of the indexed rows whose vector is still in a shard older than the upgrade (an old model's)."""
+    return np.asarray(sorted(i for i, shard in catalogue.done_shards().items() if shard_number(shard) < first_shard),
+                      dtype=np.int64)
+
+
+def _publish(layout: IndexLayout, catalogue: Catalogue, store: ShardStore, info: dict[str, Any],
+             outcomes: list[Outcome], final_fields: dict[str, Any] | None, rebuild: bool,
+             options: IngestOptions) -> dict[str, Any]:
+    """Point the catalogue at the new vectors of ``outcomes`` (recorded with their shard), bring faiss in line and
+    write index.json; ``final_fields`` (the new model's) end the upgrade. Caller holds the writer lock."""
+    catalogue.set_meta(**{STALE: "1"})
+    catalogue.record(outcomes)
+    changed = np.asarray([o.id for o in outcomes], dtype=np.int64)
+    if rebuild:
+        key = info.get("index_key_requested", info["index_key"])
+        dim = int((final_fields or info)["embedding_dim"])
+        faiss_fields = build_faiss(layout, catalogue, store, key, dim, policy=options.policy)
+    else:
+        faiss_fields = update_faiss(layout, catalogue, store, info, changed=changed, policy=options.policy)
+        faiss_fields.pop("updated_by", None)
+    info = {**info, **faiss_fields, **(final_fields or {})}
+    if "upgrade" in info:  # how many images still hold an old vector, for stats and the app
+        first = int(catalogue.get_meta("upgrade_first_shard") or 0)
+        info["upgrade"] = {**info["upgrade"], "left": len(_old_rows(catalogue, first))}
+    layout.write_info(info)
+    catalogue.delete_meta(STALE)
+    return info
+
+
+def _delete_unused_shards(catalogue: Catalogue, store: ShardStore) -> int:
+    """Delete every shard no indexed row takes its vector from (the old model's); returns how many."""
+    used = set(catalogue.done_shards().values())
+    unused = [name for name in store.names() if name not in used]
+    catalogue.forget_shards(unused)
+    for name in unused:
+        (store.folder / name).unlink(missing_ok=True)
+    return len(unused)
+
+
+def upgrade_index(
+    index_dir: str | Path,
+    model: str | Path | None = None,
+    embedder: ImageEmbedder | None = None,
+    order: str = "uncertain",
+    commit_every: int = DEFAULT_COMMIT_EVERY,
+    options: IngestOptions | None = None,
+    on_publish: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Re-embed the index's gallery with ``model`` (mixed or swap, see the module docstring); resumes an
+    unfinished upgrade to the same model. ``on_publish(progress)`` is called after each publish (for tests and
+    curves). Returns a summary."""
+    started = time.perf_counter()
+    if order not in ORDERS:
+        raise ParameterError("order", f"must be one of {', '.join(ORDERS)}, got {order!r}")
+    if int(commit_every) < 1:
+        raise ParameterError("commit_every", f"must be >= 1 images, got {commit_every}")
+    options = options or IngestOptions()
+    layout = IndexLayout(index_dir)
+    layout.require_catalogue()
+    with layout.upgrade_lock():
+        with layout.write_lock("upgrade"), Catalogue(layout.catalogue) as catalogue:
+            recorded = catalogue.get_meta(UPGRADE_MODEL_PATH)
+            if model is None and recorded is None:
+                raise ParameterError("model", "is needed (the new .onnx file): no upgrade is under way to resume")
+            model_path = str(Path(model if model is not None else recorded).expanduser().resolve())
+            embedder = embedder or load_model(model_path)
+            info = _require_complete(layout, catalogue, upgrading=True)
+            store = ShardStore(layout.shards)
+            mend(catalogue, store)
+            state = _start(layout, catalogue, store, info, embedder, model_path)
+            info = layout.read_info()
+        summary = _run(layout, state, embedder, model_path, order, int(commit_every), options, on_publish)
+    summary["seconds"] = round(time.perf_counter() - started, 3)
+    return summary
+
+
+def _start(layout: IndexLayout, catalogue: Catalogue, store: ShardStore, info: dict[str, Any],
+           embedder: ImageEmbedder, model_path: str) -> dict[str, Any]:
+    """Record the upgrade (or check the one under way is to this model); for a mixed one, name the new model in
+    index.json at once. Returns the upgrade's state (mode, first shard, old model hash)."""
+    under_way = catalogue.get_meta("upgrade_model_hash")
+    if under_way is not None and under_way != embedder.model_hash:
+        raise ParameterError("model", f"has model_hash {embedder.model_hash}, but the upgrade under way in "
+                             f"{layout.root} is to {catalogue.get_meta(UPGRADE_MODEL_PATH)} (model_hash {under_way}); "
+                             "finish that one first (give its model, or none)")
+    if catalogue.get_meta(STALE):  # a publish was interrupted: faiss may hold vectors the catalogue moved on from
+        info = _publish(layout, catalogue, store, info, [], None, rebuild=True, options=IngestOptions())
+    if under_way is None:
+        if embedder.model_hash == info["model_hash"]:
+            return {"mode": "none", "from": info["model_hash"], "first_shard": next_shard_number(store)}
+        mode = "mixed" if is_compatible(embedder, info) and int(embedder.embedding_dim) == int(
+            info["embedding_dim"]) else "swap"
+        catalogue.set_meta(upgrade_model_hash=embedder.model_hash, upgrade_mode=mode,
+                           upgrade_from=info["model_hash"], upgrade_first_shard=str(next_shard_number(store)),
+                           **{UPGRADE_MODEL_PATH: model_path})
+        if mode == "mixed":  # queries by the new model from now on, against the old vectors (compatible)
+            new_fields = _model_fields(embedder, model_path)
+            catalogue.set_meta(**_meta_for(embedder, model_path))
+            layout.write_info({**info, **new_fields, "upgrade": {"from": info["model_hash"], "mode": mode}})
+    return {"mode": catalogue.get_meta("upgrade_mode"), "from": catalogue.get_meta("upgrade_from"),
+            "first_shard": int(catalogue.get_meta("upgrade_first_shard"))}
+
+
+def _run(layout: IndexLayout, state: dict[str, Any], embedder: ImageEmbedder, model_path: str, order: str,
+         commit_every: int, options: IngestOptions, on_publish: Callable[[dict[str, Any]], None] | None,
+         ) -> dict[str, Any]:
+    """Embed the rows still holding old vectors, publishing each batch (mixed) or all at the end (swap)."""
+    mode, first = state["mode"], state["first_shard"]
+    summary = {"index_dir": str(layout.root), "mode": mode, "from_model_hash": state["from"],
+               "model_hash": embedder.model_hash, "reembedded": 0, "unreadable": 0, "published": 0}
+    if mode == "none":
+        return summary | {"note": "the index already uses this model"}
+    with Catalogue(layout.catalogue) as catalogue:
+        store = ShardStore(layout.shards)
+        waiting = _embedded_unpublished(catalogue, store, first)
+        remaining = np.setdiff1d(_old_rows(catalogue, first), [o.id for o in waiting])
+        faiss_index = faiss_files.read_index(layout.faiss)
+        faiss_params.set_search_params(faiss_index, layout.read_info().get("params", {}))
+        ordered = backfill_order(store, catalogue, faiss_index, remaining, order)
+        del faiss_index
+        total = len(ordered) + len(waiting)
+        summary["to_reembed"] = int(total)
+    preprocess = EvalPreprocess(embedder.model_config)
+    workers = max(1, default_workers() if options.workers is None else options.workers)
+    step = commit_every if mode == "mixed" else options.shard_size
+    bar = tqdm(total=total, initial=len(waiting), desc="upgrade", unit="img", disable=not options.progress)
+    with ThreadPoolExecutor(workers) as pool, bar:
+        if mode == "mixed" and waiting:
+            _publish_batch(layout, waiting, summary, on_publish, total)
+        for start in range(0, len(ordered), step):
+            batch = ordered[start:start + step].tolist()
+            with Catalogue(layout.catalogue) as catalogue:
+                rows = catalogue.rows(batch, status=Status.DONE)
+            items = [(i, rows[i]["path"]) for i in batch if i in rows]  # removed meanwhile: nothing to do
+            outcomes = []
+            for chunk in range(0, len(items), options.shard_size):
+                ids, vectors, chunk_outcomes = _embed(embedder, items[chunk:chunk + options.shard_size], options,
+                                                      pool, preprocess)
+                name = ShardStore(layout.shards).write(ids, vectors, chunk_outcomes)
+                outcomes += [Outcome(o.id, o.status, o.sha256, o.size, o.error, shard=name if o.status ==
+                                     Status.DONE else None) for o in chunk_outcomes]
+                bar.update(len(chunk_outcomes))
+            summary["reembedded"] += sum(o.status == Status.DONE for o in outcomes)
+            summary["unreadable"] += sum(o.status == Status.ERROR for o in outcomes)
+            if mode == "mixed":
+                _publish_batch(layout, outcomes, summary, on_publish, total)
+    _finish(layout, embedder, model_path, mode, first, summary, options, on_publish, total)
+    return summary
+
+
+def _embedded_unpublished(catalogue: Catalogue, store: ShardStore, first: int) -> list[Outcome]:
+    """The new vectors a run wrote before it was stopped and that no catalogue row points at yet."""
+    done = catalogue.done_shards()
+    waiting = []
+    for name in store.names():
+        if shard_number(name) < first:
+            continue
+        shard = store.read(name)
+        held = set(shard.ids.tolist())
+        for outcome in shard.outcomes:
+            if outcome.id in done and shard_number(done[outcome.id]) < first and (
+                    outcome.status != Status.DONE or outcome.id in held):
+                waiting.append(Outcome(outcome.id, outcome.status, outcome.sha256, outcome.size, outcome.error,
+                                       shard=name if outcome.status == Status.DONE else None))
+    return waiting
+
+
+def _publish_batch(layout: IndexLayout, outcomes: list[Outcome], summary: dict[str, Any],
+                   on_publish: Callable[[dict[str, Any]], None] | None, total: int) -> None:
+    """One step of a mixed upgrade: its batch's new vectors published under the writer lock."""
+    with layout.write_lock("upgrade"), Catalogue(layout.catalogue) as catalogue:
+        store = ShardStore(layout.shards)
+        mend(catalogue, store)
+        current = catalogue.status_of([o.id for o in outcomes])
+        kept = [o for o in outcomes if current.get(o.id) == Status.DONE]  # removed meanwhile: leave it removed
+        info = _publish(layout, catalogue, store, layout.read_info(), kept, None, rebuild=False,
+                        options=IngestOptions())
+        summary["published"] += len(kept)
+    if on_publish is not None:
+        on_publish({"published": summary["published"], "total": total, "left": info["upgrade"]["left"]})
+
+
+def _finish(layout: IndexLayout, embedder: ImageEmbedder, model_path: str, mode: str, first: int,
+            summary: dict[str, Any], options: IngestOptions, on_publish: Callable[[dict[str, Any]], None] | None,
+            total: int) -> None:
+    """The last publish: every remaining new vector in (swap: all of them), faiss retrained on the new vectors
+    where it has training, the new model named, the old vectors deleted and the upgrade's records cleared."""
+    with layout.write_lock("upgrade"), Catalogue(layout.catalogue) as catalogue:
+        store = ShardStore(layout.shards)
+        mend(catalogue, store)
+        info = layout.read_info()
+        waiting = _embedded_unpublished(catalogue, store, first)
+        left = _old_rows(catalogue, first)
+        if len(np.setdiff1d(left, [o.id for o in waiting])):
+            raise RuntimeError(f"{len(left)} images of {layout.root} still hold the old model's vectors; run the "
+                               "upgrade again to re-embed them")
+        # the models this index's vectors came from before, oldest first (lineage; never a licence to search)
+        new_fields = _model_fields(embedder, model_path) | {
+            "upgraded_from": [*info.get("upgraded_from", []), catalogue.get_meta("upgrade_from")]}
+        trained = not isinstance(faiss_params.inner(faiss_files.read_index(layout.faiss)), faiss.IndexFlatCodes)
+        info.pop("upgrade", None)
+        info = _publish(layout, catalogue, store, info, waiting, new_fields, rebuild=mode == "swap" or trained,
+                        options=options)
+        summary["published"] += len(waiting)
+        catalogue.set_meta(**_meta_for(embedder, model_path))
+        summary["deleted_shards"] = _delete_unused_shards(catalogue, store)
+        catalogue.delete_meta(*UPGRADE_META)
+        summary |= {"index_key": info["index_key"], "count": info.get("count")}
+    if on_publish is not None:
+        on_publish({"published": summary["published"], "total": total, "left": 0})
+    log.info("upgraded %s to model %s", layout.root, embedder.model_hash)

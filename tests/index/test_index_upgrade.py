@@ -1,0 +1,192 @@
+"""``retrieval index upgrade``: a gallery re-embedded by a new model while the index keeps answering; mixed for a
+model declared compatible, swapped at the end for any other; kill-safe; the old vectors gone at the end."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from embedders import write_projection_onnx
+from index_builds import PAUSE_ENV, PAUSED, QUICK, run_fake_cli
+from sample_images import noisy_png
+
+from retrieval.cli.main import main
+from retrieval.index import Index, IndexLockedError, ModelMismatchError, add_images, build_index, load_model
+from retrieval.index.catalogue import Catalogue
+from retrieval.index.layout import IndexLayout
+from retrieval.index.live import Snapshot
+from retrieval.index.shards import ShardStore
+from retrieval.index.upgrade import upgrade_index
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """An old model, a new one declared compatible with it (a drifted copy) and an unrelated one of another size."""
+    root = tmp_path_factory.mktemp("upgrade_models")
+    old = write_projection_onnx(root / "old.onnx", dim=24, seed=0)
+    old_hash = load_model(old).model_hash
+    new = write_projection_onnx(root / "new.onnx", dim=24, seed=0, drift=0.3, compatible_with=(old_hash,))
+    other = write_projection_onnx(root / "other.onnx", dim=16, seed=7)
+    return {"old": old, "new": new, "other": other}
+
+
+COLOURS = [(200, 40, 40), (40, 200, 40), (40, 40, 200), (200, 200, 40)]  # one per class: classes cluster
+
+
+@pytest.fixture
+def gallery_index(tmp_path, models):
+    for label, colour in enumerate(COLOURS):
+        (tmp_path / "g" / f"class{label}").mkdir(parents=True)
+        for n in range(8):
+            (tmp_path / "g" / f"class{label}" / f"img_{n}.png").write_bytes(noisy_png(colour, 100 * label + n))
+    build_index(tmp_path / "g", tmp_path / "idx", model=models["old"], options=QUICK)
+    return tmp_path / "idx"
+
+
+def _vectors(index_dir) -> dict[int, np.ndarray]:
+    """id -> the vector faiss holds for each indexed image."""
+    with Index.open(index_dir) as index:
+        ids = np.sort(np.asarray(index.catalogue.ids_with_status("done"), dtype=np.int64))
+        return {int(i): index.faiss_index.reconstruct(int(i)) for i in ids}
+
+
+def _fresh_vectors(tmp_path, model, gallery) -> dict[str, np.ndarray]:
+    """path -> vector of a fresh build of ``gallery`` with ``model``, for comparison."""
+    build_index(gallery, tmp_path / "fresh", model=model, options=QUICK)
+    with Index.open(tmp_path / "fresh") as index:
+        rows = index.catalogue.rows(index.catalogue.ids_with_status("done"))
+        return {row["path"]: index.faiss_index.reconstruct(int(i)) for i, row in rows.items()}
+
+
+def _by_path(index_dir) -> dict[str, np.ndarray]:
+    vectors = _vectors(index_dir)
+    with Catalogue(index_dir / "catalogue.sqlite") as catalogue:
+        rows = catalogue.rows(list(vectors))
+    return {rows[i]["path"]: v for i, v in vectors.items()}
+
+
+def test_a_compatible_model_serves_at_once_and_replaces_the_vectors_batch_by_batch(gallery_index, models, tmp_path):
+    steps = []
+
+    def look(progress):  # after each publish: a reader opens a consistent state, answered by the new model
+        with Snapshot.open(gallery_index, writer_free=False) as snapshot:
+            assert snapshot.model_hash == load_model(models["new"]).model_hash and len(snapshot) == 32
+            query = snapshot.faiss_index.reconstruct(int(snapshot.ids[0]))
+            assert len(snapshot.search(query[None], 10)[0]) == 10
+        steps.append(progress)
+
+    summary = upgrade_index(gallery_index, models["new"], commit_every=8, options=QUICK, on_publish=look)
+    assert summary["mode"] == "mixed" and summary["reembedded"] == 32 and summary["unreadable"] == 0
+    assert [step["left"] for step in steps] == [24, 16, 8, 0, 0]
+    info = json.loads((gallery_index / "index.json").read_text())
+    new_hash, old_hash = load_model(models["new"]).model_hash, load_model(models["old"]).model_hash
+    assert info["model_hash"] == new_hash and info["upgraded_from"] == [old_hash] and "upgrade" not in info
+    upgraded, fresh = _by_path(gallery_index), _fresh_vectors(tmp_path, models["new"], tmp_path / "g")
+    assert upgraded.keys() == fresh.keys()
+    assert all(np.allclose(upgraded[p], fresh[p], atol=1e-6) for p in fresh)
+    # the old vectors are gone: every shard left is one the catalogue reads from
+    with Catalogue(gallery_index / "catalogue.sqlite") as catalogue:
+        assert set(ShardStore(gallery_index / "shards").names()) == set(catalogue.done_shards().values())
+        assert catalogue.get_meta("model_hash") == new_hash and catalogue.get_meta("upgrade_model_path") is None
+    with pytest.raises(ModelMismatchError, match="upgrade the index to this one"):
+        Index.open(gallery_index, embedder=load_model(models["old"]))
+
+
+def test_a_model_not_declared_compatible_is_swapped_in_at_the_end_with_its_own_size(gallery_index, models, tmp_path):
+    seen = []
+    summary = upgrade_index(gallery_index, models["other"], options=QUICK, on_publish=seen.append)
+    assert summary["mode"] == "swap" and seen == [{"published": 32, "total": 32, "left": 0}]
+    with Index.open(gallery_index) as index:
+        assert index.dim == 16 and index.model_hash == load_model(models["other"]).model_hash
+    upgraded, fresh = _by_path(gallery_index), _fresh_vectors(tmp_path, models["other"], tmp_path / "g")
+    assert all(np.allclose(upgraded[p], fresh[p], atol=1e-6) for p in fresh)
+
+
+def test_a_declared_compatible_model_searches_the_old_index_and_another_is_refused_with_the_upgrade(
+        gallery_index, models):
+    with Index.open(gallery_index, embedder=load_model(models["new"])) as index:
+        assert len(index.search_images([next((gallery_index.parent / "g").rglob("*.png"))], k=3)[0]) == 3
+    refused = CliRunner().invoke(main, ["search", "--index", str(gallery_index), "--model", str(models["other"]),
+                                        str(next((gallery_index.parent / "g").rglob("*.png")))])
+    assert refused.exit_code == 1
+    assert f"retrieval index upgrade {gallery_index} --model {models['other']}" in refused.output
+
+
+def test_the_uncertain_order_re_embeds_images_whose_neighbours_disagree_first(gallery_index, models, tmp_path):
+    """An image filed under class3 that looks like class0 (its neighbours disagree with its label) goes first."""
+    (tmp_path / "odd" / "class3").mkdir(parents=True)
+    stray = tmp_path / "odd" / "class3" / "stray.png"
+    stray.write_bytes(noisy_png(COLOURS[0], 999))
+    add_images(gallery_index, tmp_path / "odd", options=QUICK)
+    upgrade_index(gallery_index, models["new"], commit_every=1, options=QUICK)
+    with Catalogue(gallery_index / "catalogue.sqlite") as catalogue:
+        stray_id = catalogue.ids_for_paths([str(stray.resolve())])[str(stray.resolve())]
+        shards = catalogue.done_shards()
+    assert shards[stray_id] == min(shards.values())  # the first shard the upgrade wrote holds it
+
+
+def test_other_writers_wait_for_an_unfinished_upgrade_and_a_rerun_finishes_it_after_kill_9(gallery_index, models):
+    args = ["upgrade", str(gallery_index), "--model", str(models["new"]), "--commit-every", "8", "--shard-size", "4",
+            "--workers", "1"]
+    process = run_fake_cli(args, {PAUSE_ENV: "after_commit:4"})  # the second publish (4 images a shard)
+    deadline = time.monotonic() + 120
+    for line in process.stderr:
+        if PAUSED in line or time.monotonic() > deadline:
+            break
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
+    assert process.returncode == -signal.SIGKILL
+    with Snapshot.open(gallery_index) as snapshot:  # mid-upgrade: consistent, complete, the new model's queries
+        assert len(snapshot) == 32 and snapshot.model_hash == load_model(models["new"]).model_hash
+    with pytest.raises(IndexLockedError, match="is being upgraded to the model .*retrieval index upgrade"):
+        add_images(gallery_index, gallery_index.parent / "g", options=QUICK)
+    resumed = CliRunner().invoke(main, ["index", "upgrade", str(gallery_index), "--json"])  # no --model: resumes
+    assert resumed.exit_code == 0, resumed.output
+    summary = json.loads(resumed.stdout)
+    assert summary["mode"] == "mixed" and summary["to_reembed"] == 16 and summary["reembedded"] == 16
+    info = json.loads((gallery_index / "index.json").read_text())
+    assert info["model_hash"] == load_model(models["new"]).model_hash and "upgrade" not in info
+    with Catalogue(gallery_index / "catalogue.sqlite") as catalogue:
+        assert set(ShardStore(gallery_index / "shards").names()) == set(catalogue.done_shards().values())
+        assert catalogue.counts()["done"] == 32
+
+
+def test_a_server_answers_every_query_in_full_while_the_gallery_is_upgraded(gallery_index, models):
+    from retrieval.serve.service import SearchService
+
+    query = (gallery_index.parent / "g" / "class0" / "img_0.png").read_bytes()
+    service = SearchService(gallery_index, reload_interval_s=0.02)
+    answers, failures, stop = [], [], threading.Event()
+
+    def ask():
+        while not stop.is_set():
+            try:
+                answers.append((len(service.search(query, k=10).results), service.current().index.model_hash))
+            except Exception as exc:  # noqa: BLE001  (every failure is what the test counts)
+                failures.append(repr(exc))
+
+    asker = threading.Thread(target=ask)
+    asker.start()
+    try:
+        process = run_fake_cli(["upgrade", str(gallery_index), "--model", str(models["new"]), "--commit-every", "4",
+                                "--shard-size", "4", "--workers", "1"])
+        assert process.wait(timeout=300) == 0, process.stderr.read()
+        time.sleep(0.3)  # the last state swapped in
+    finally:
+        stop.set()
+        asker.join(timeout=30)
+        service.close()
+    assert not failures and answers and all(count == 10 for count, _ in answers)
+    assert answers[-1][1] == load_model(models["new"]).model_hash
+
+
+def test_an_upgrade_to_the_index_own_model_does_nothing(gallery_index, models):
+    summary = upgrade_index(gallery_index, models["old"], options=QUICK)
+    assert summary["mode"] == "none" and summary["reembedded"] == 0
+    assert IndexLayout(gallery_index).read_info()["model_hash"] == load_model(models["old"]).model_hash
