@@ -366,6 +366,41 @@ def upgrade_command(index_dir, model, order, commit_every, batch_size, workers, 
             _serve_next(summary["index_dir"]))
 
 
+@index_group.command("compare")
+@index_folder
+@click.option("--model", required=True, type=click.Path(dir_okay=False, exists=True),
+              help="the model (.onnx) to compare with the index's own, e.g. a fine-tuned one before an upgrade.")
+@click.option("--sample", type=click.IntRange(min=2), default=2000, show_default=True,
+              help="gallery images compared (seeded sample); exact neighbours among them, sample^2 work per model.")
+@click.option("-k", "k", type=click.IntRange(min=1), default=10, show_default=True, help="neighbours per image.")
+@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True, help="decoding threads.")
+@json_option
+def compare_command(index_dir, model, sample, k, workers, as_json) -> None:
+    """How much MODEL changes the gallery's neighbourhoods, no labels needed: for each sampled image, the share of
+    its k nearest images under the index's model that stay among its k nearest under MODEL. With labels, each
+    model's Recall@1 on the same images too."""
+    from retrieval.index import load_model
+    from retrieval.index.compare import compare_with_index
+    from retrieval.index.sources import printable_path
+
+    summary = compare_with_index(index_dir, load_model(model), sample=sample, k=k, workers=workers)
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    overlap = summary["overlap"]
+    click.echo(f"{summary['images']} images of {index_dir}: their {summary['k']} nearest neighbours under "
+               f"{Path(model).name} overlap those under the index's model by {overlap['mean']:.2f} on average "
+               f"(median {overlap['median']:.2f}, 10 % of images at most {overlap['p10']:.2f}; "
+               f"{overlap['share_below_half']:.0%} keep fewer than half)")
+    if summary["labels"]:
+        old, new = summary["labels"]["old"], summary["labels"]["new"]
+        click.echo(f"with the gallery's labels: Recall@1 {old['recall@1']:.3f} (index's model) -> "
+                   f"{new['recall@1']:.3f} ({Path(model).name})")
+    click.echo("changed most:")
+    for item in summary["most_changed"]:
+        click.echo(f"  {item['overlap']:.2f}  {printable_path(item['path'], limit=None)}")
+
+
 @index_group.command("remove")
 @index_folder
 @click.option("--ids", default="", help="comma-separated catalogue ids.")

@@ -28,8 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,14 +36,13 @@ import faiss
 import numpy as np
 from tqdm.auto import tqdm
 
-from retrieval.data.eval_preprocess import EvalPreprocess
 from retrieval.errors import ParameterError
 from retrieval.index import faiss_files, faiss_params
 from retrieval.index.catalogue import UPGRADE_MODEL_PATH, Catalogue, Outcome, Status
-from retrieval.index.embedder import ImageEmbedder, is_compatible, load_model, prepare_vectors
+from retrieval.index.embed_rows import RowEmbedder
+from retrieval.index.embedder import ImageEmbedder, is_compatible, load_model
 from retrieval.index.engine import IngestOptions
 from retrieval.index.faiss_build import build_faiss, update_faiss
-from retrieval.index.gallery_file import decode_file
 from retrieval.index.layout import IndexLayout
 from retrieval.index.mend import mend
 from retrieval.index.shards import SHARD_PATTERN, ShardStore
@@ -108,24 +106,6 @@ def backfill_order(store: ShardStore, catalogue: Catalogue, faiss_index: faiss.I
             order_ids.append(row_id)
     ranked = np.lexsort((np.asarray(order_ids), np.asarray(closeness), np.asarray(agreement)))
     return np.asarray(order_ids, dtype=np.int64)[ranked]
-
-
-def _embed(embedder: ImageEmbedder, rows: Sequence[tuple[int, str]], options: IngestOptions,
-           pool: ThreadPoolExecutor, preprocess: Any) -> tuple[np.ndarray, np.ndarray, list[Outcome]]:
-    """(ids, unit vectors, outcomes) of ``rows`` (id, path) embedded by the new model; an unreadable file is an
-    ``error`` outcome (it leaves the index: its old vector is of another model)."""
-    decoded = list(pool.map(lambda row: decode_file(row[0], row[1], preprocess, options.max_pixels), rows))
-    ok = [d for d in decoded if d.array is not None]
-    ids = np.asarray([d.id for d in ok], dtype=np.int64)
-    dim = int(embedder.embedding_dim)
-    vectors = np.zeros((0, dim), np.float32)
-    for start in range(0, len(ok), options.batch_size):
-        batch = np.stack([d.array for d in ok[start:start + options.batch_size]]).astype(np.float32, copy=False)
-        vectors = np.concatenate([vectors, prepare_vectors(embedder.embed(batch), dim)])
-    outcomes = [Outcome(d.id, Status.DONE, d.sha256, d.size) if d.array is not None
-                else Outcome(d.id, Status.ERROR, d.sha256, d.size, error=f"unreadable when re-embedded: {d.error}")
-                for d in decoded]
-    return ids, vectors, outcomes
 
 
 def _meta_for(embedder: ImageEmbedder, model_path: str | None) -> dict[str, str]:
@@ -256,11 +236,10 @@ def _run(layout: IndexLayout, state: dict[str, Any], embedder: ImageEmbedder, mo
         del faiss_index
         total = len(ordered) + len(waiting)
         summary["to_reembed"] = int(total)
-    preprocess = EvalPreprocess(embedder.model_config)
-    workers = max(1, default_workers() if options.workers is None else options.workers)
+    workers = default_workers() if options.workers is None else options.workers
     step = commit_every if mode == "mixed" else options.shard_size
     bar = tqdm(total=total, initial=len(waiting), desc="upgrade", unit="img", disable=not options.progress)
-    with ThreadPoolExecutor(workers) as pool, bar:
+    with RowEmbedder(embedder, options.batch_size, workers, options.max_pixels) as rows_embedder, bar:
         if mode == "mixed" and waiting:
             _publish_batch(layout, waiting, summary, on_publish, total)
         for start in range(0, len(ordered), step):
@@ -270,9 +249,12 @@ def _run(layout: IndexLayout, state: dict[str, Any], embedder: ImageEmbedder, mo
             items = [(i, rows[i]["path"]) for i in batch if i in rows]  # removed meanwhile: nothing to do
             outcomes = []
             for chunk in range(0, len(items), options.shard_size):
-                ids, vectors, chunk_outcomes = _embed(embedder, items[chunk:chunk + options.shard_size], options,
-                                                      pool, preprocess)
-                name = ShardStore(layout.shards).write(ids, vectors, chunk_outcomes)
+                embedded = rows_embedder.embed(items[chunk:chunk + options.shard_size])
+                # an unreadable file leaves the index: its old vector is another model's
+                chunk_outcomes = [Outcome(d.id, Status.DONE, d.sha256, d.size) if d.error is None else
+                                  Outcome(d.id, Status.ERROR, d.sha256, d.size,
+                                          error=f"unreadable when re-embedded: {d.error}") for d in embedded.records]
+                name = ShardStore(layout.shards).write(embedded.ids, embedded.vectors, chunk_outcomes)
                 outcomes += [Outcome(o.id, o.status, o.sha256, o.size, o.error, shard=name if o.status ==
                                      Status.DONE else None) for o in chunk_outcomes]
                 bar.update(len(chunk_outcomes))

@@ -190,3 +190,14 @@ def test_an_upgrade_to_the_index_own_model_does_nothing(gallery_index, models):
     summary = upgrade_index(gallery_index, models["old"], options=QUICK)
     assert summary["mode"] == "none" and summary["reembedded"] == 0
     assert IndexLayout(gallery_index).read_info()["model_hash"] == load_model(models["old"]).model_hash
+
+
+def test_an_image_unreadable_at_upgrade_time_leaves_the_index_with_its_reason(gallery_index, models):
+    gone = gallery_index.parent / "g" / "class1" / "img_3.png"
+    gone.write_bytes(b"not a png any more")
+    summary = upgrade_index(gallery_index, models["new"], commit_every=8, options=QUICK)
+    assert summary["unreadable"] == 1 and summary["reembedded"] == 31
+    with Index.open(gallery_index) as index:
+        assert len(index) == 31
+        errors = {row["path"]: row["error"] for row in index.catalogue.error_examples(5)}
+    assert errors[str(gone.resolve())].startswith("unreadable when re-embedded: ")

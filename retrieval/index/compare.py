@@ -1,0 +1,110 @@
+"""How much a new model changes each gallery image's neighbours, without labels: the overlap of an image's top-k
+under the new model with its top-k under the model that built the index (or any baseline), on the images it will
+serve. Labels, where the gallery has them, add each model's Recall@1 and precision@k on the same images.
+
+An overlap near 1 means the new model keeps the gallery's neighbourhoods (fine-tuning refined them); near 0, it
+orders the gallery anew, for better or worse: the images that change most are listed to be looked at. Read side
+only: the stored vectors are read from the shards, the new ones are embedded here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import faiss
+import numpy as np
+
+from retrieval.errors import ParameterError
+from retrieval.index.catalogue import CatalogueReader
+from retrieval.index.embed_rows import RowEmbedder
+from retrieval.index.embedder import ImageEmbedder
+from retrieval.index.layout import IndexLayout
+from retrieval.index.search import gallery_root, public_path
+from retrieval.index.shards import ShardStore
+from retrieval.index.vectors import done_chunks
+
+DEFAULT_SAMPLE = 2000  # gallery images compared: exact kNN among them costs sample^2 x d per model
+MOST_CHANGED = 10
+
+
+def top_k(vectors: np.ndarray, k: int) -> np.ndarray:
+    """Exact top-``k`` neighbours [n, k] of each unit row among the others (itself left out), by inner product."""
+    index = faiss.IndexFlatIP(vectors.shape[1])
+    index.add(np.ascontiguousarray(vectors, dtype=np.float32))
+    _, found = index.search(np.ascontiguousarray(vectors, dtype=np.float32), k + 1)
+    rows = np.arange(len(vectors))[:, None]
+    kept = np.where(found == rows, -1, found)  # itself, wherever ties put it
+    return np.stack([row[row >= 0][:k] for row in kept])
+
+
+def neighbour_overlap(first: np.ndarray, second: np.ndarray, k: int = 10) -> np.ndarray:
+    """Per row i: the share of i's ``k`` nearest rows under ``first`` that are among its ``k`` nearest under
+    ``second`` (rows: the same images, embedded two ways; unit vectors). float64 [n] in [0, 1]."""
+    if len(first) != len(second):
+        raise ParameterError("second", f"must embed the same {len(first)} images as first, got {len(second)} rows")
+    if not 1 <= k < len(first):
+        raise ParameterError("k", f"must be between 1 and {len(first) - 1} (the images less one), got {k}")
+    a, b = top_k(first, k), top_k(second, k)
+    return np.asarray([len(set(x.tolist()) & set(y.tolist())) / k for x, y in zip(a, b, strict=True)])
+
+
+def label_agreement(vectors: np.ndarray, labels: list[str | None], k: int) -> dict[str, float]:
+    """Recall@1 and precision@k of the labelled rows among all rows (leave-one-out)."""
+    found = top_k(vectors, k)
+    own = np.asarray([label is not None for label in labels])
+    same = np.asarray([[labels[j] == labels[i] for j in row] for i, row in enumerate(found)])
+    return {"recall@1": float(same[own, 0].mean()), f"precision@{k}": float(same[own].mean())}
+
+
+def compare_embeddings(old: np.ndarray, new: np.ndarray, paths: list[str], labels: list[str | None],
+                       k: int = 10) -> dict[str, Any]:
+    """The overlap of each image's top-k under ``new`` with its top-k under ``old``, summarised, the images that
+    change most, and each model's label agreement where there are labels."""
+    overlap = neighbour_overlap(old, new, k)
+    order = np.argsort(overlap, kind="stable")[:MOST_CHANGED]
+    summary = {
+        "images": len(paths), "k": k,
+        "overlap": {"mean": float(overlap.mean()), "median": float(np.median(overlap)),
+                    "p10": float(np.quantile(overlap, 0.1)), "p90": float(np.quantile(overlap, 0.9)),
+                    "share_below_half": float((overlap < 0.5).mean())},
+        "most_changed": [{"path": paths[i], "label": labels[i], "overlap": float(overlap[i])} for i in order],
+        "labels": None,
+    }
+    if sum(label is not None for label in labels) >= 2:
+        summary["labels"] = {"old": label_agreement(old, labels, k), "new": label_agreement(new, labels, k)}
+    return summary
+
+
+def compare_with_index(index_dir: str | Path, embedder: ImageEmbedder, sample: int = DEFAULT_SAMPLE, k: int = 10,
+                       seed: int = 0, batch_size: int = 64, workers: int = 1) -> dict[str, Any]:
+    """``compare_embeddings`` of a seeded sample of the index's images: their stored vectors (the index's model)
+    against the same files embedded by ``embedder``. Paths as the API shows them."""
+    if int(sample) < 2:
+        raise ParameterError("sample", f"must be >= 2 images, got {sample}")
+    layout = IndexLayout(index_dir)
+    layout.require_finished()
+    info = layout.read_info()
+    catalogue = CatalogueReader(layout.catalogue)
+    try:
+        done = catalogue.done_shards()
+        ids = np.fromiter(done, np.int64, len(done))
+        if len(ids) > sample:
+            ids = np.sort(np.random.default_rng(seed).choice(ids, int(sample), replace=False))
+        rows = catalogue.rows(ids.tolist())
+        root = gallery_root(info, catalogue)
+    finally:
+        catalogue.close()
+    with RowEmbedder(embedder, batch_size, workers) as rows_embedder:
+        embedded = rows_embedder.embed([(int(i), rows[int(i)]["path"]) for i in ids])
+    kept = embedded.ids  # files unreadable now are left out of both sides
+    old = dict(_stored(ShardStore(layout.shards, read_only=True), {int(i): done[int(i)] for i in kept}))
+    return compare_embeddings(np.stack([old[int(i)] for i in kept]), embedded.vectors,
+                              [public_path(rows[int(i)]["path"], root) for i in kept],
+                              [rows[int(i)]["label"] for i in kept], min(int(k), len(kept) - 1)) | {
+        "old_model_hash": info["model_hash"], "new_model_hash": embedder.model_hash,
+        "unreadable": len(ids) - len(kept)}
+
+
+def _stored(store: ShardStore, wanted: dict[int, str]):
+    for chunk_ids, vectors in done_chunks(store, wanted):
+        yield from zip(chunk_ids.tolist(), vectors, strict=True)
