@@ -110,8 +110,17 @@ def test_a_model_not_declared_compatible_is_swapped_in_at_the_end_with_its_own_s
 
 def test_a_declared_compatible_model_searches_the_old_index_and_another_is_refused_with_the_upgrade(
         gallery_index, models):
+    from retrieval.serve.service import SearchService
+
     with Index.open(gallery_index, embedder=load_model(models["new"])) as index:
         assert len(index.search_images([next((gallery_index.parent / "g").rglob("*.png"))], k=3)[0]) == 3
+    service = SearchService(gallery_index, embedder=load_model(models["new"]), reload_interval_s=None)
+    try:  # a server given the compatible model embeds its queries with it
+        query = (gallery_index.parent / "g" / "class2" / "img_1.png").read_bytes()
+        assert len(service.search(query, k=5).results) == 5
+        assert service.current().embedder.model_hash == load_model(models["new"]).model_hash
+    finally:
+        service.close()
     refused = CliRunner().invoke(main, ["search", "--index", str(gallery_index), "--model", str(models["other"]),
                                         str(next((gallery_index.parent / "g").rglob("*.png")))])
     assert refused.exit_code == 1
