@@ -92,14 +92,20 @@ def masked_logsumexp(
     return out if keepdim else out.squeeze(dim)
 
 
-def label_masks(labels: torch.Tensor, other_labels: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(positive, negative) boolean masks [n, m]; positives exclude i == j when comparing a set to itself."""
+def label_masks(
+    labels: torch.Tensor, other_labels: torch.Tensor | None = None, self_index: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(positive, negative) boolean masks [n, m]; positives exclude i == j when comparing a set to itself, and
+    against another set column ``self_index[i]`` of row i (where row i is itself; -1: it is not there)."""
     other = labels if other_labels is None else other_labels
     same = labels.view(-1, 1) == other.view(1, -1)
     negative = ~same
     positive = same
     if other_labels is None:
         positive = same & ~torch.eye(len(labels), dtype=torch.bool, device=labels.device)
+    elif self_index is not None:
+        columns = torch.arange(len(other), device=labels.device)
+        positive = same & (columns.view(1, -1) != self_index.view(-1, 1))
     return positive, negative
 
 

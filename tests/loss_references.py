@@ -1,9 +1,14 @@
 """Slow references for the pair-based losses: the papers' formulas with explicit Python loops, float64, computed
 from the raw embeddings (normalising, taking norms of differences) so that a comparison with them also checks the
-vectorised code's shortcuts; and the small labelled batches they are compared on."""
+vectorised code's shortcuts; and the small labelled batches they are compared on.
+
+A reference whose equation sums over anchors, each against its own row (``@anchor_based``), loops over the anchors
+of a ``QueryGallery``: query rows against gallery rows (the rectangular form); called as the others with
+``(x, labels)``, the gallery is the batch itself."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -46,6 +51,58 @@ def positive_pairs(labels):
     return [(i, j) for i in range(len(labels)) for j in positives(labels, i)]
 
 
+class QueryGallery:
+    """Query rows (the anchors) against gallery rows; ``self_index[i]`` is query i's own gallery row (-1: not
+    there). Without a gallery: the batch against itself."""
+
+    def __init__(self, queries, labels, gallery=None, gallery_labels=None, self_index=None):
+        self.q, self.yq = queries, [int(v) for v in labels]
+        if gallery is None:
+            self.g, self.yg, self.self_index = queries, self.yq, list(range(len(self.yq)))
+        else:
+            self.g, self.yg = gallery, [int(v) for v in gallery_labels]
+            self.self_index = [-1] * len(self.yq) if self_index is None else [int(v) for v in self_index]
+
+    @property
+    def anchors(self) -> range:
+        return range(len(self.yq))
+
+    def cos(self, i, j):
+        return unit(self.q, i) @ unit(self.g, j)
+
+    def dist(self, i, j, squared=False):
+        d2 = ((unit(self.q, i) - unit(self.g, j)) ** 2).sum()
+        return d2 if squared else d2.sqrt()
+
+    def dot(self, i, j):
+        return self.q[i] @ self.g[j]
+
+    def positives(self, i):
+        return [j for j in range(len(self.yg)) if j != self.self_index[i] and self.yg[j] == self.yq[i]]
+
+    def negatives(self, i):
+        return [k for k in range(len(self.yg)) if self.yg[k] != self.yq[i]]
+
+    def positive_pairs(self):
+        return [(i, j) for i in self.anchors for j in self.positives(i)]
+
+    def mean_squared_norm(self):
+        return sum((self.q[i] ** 2).sum() for i in self.anchors) / len(self.yq)
+
+
+def anchor_based(reference):
+    """``reference(pairs: QueryGallery, ...)`` callable as the square references are, ``reference(x, labels, ...)``."""
+
+    @functools.wraps(reference)
+    def call(*args, **kwargs):
+        if isinstance(args[0], QueryGallery):
+            return reference(*args, **kwargs)
+        x, labels, *rest = args
+        return reference(QueryGallery(x, labels), *rest, **kwargs)
+
+    return call
+
+
 def semihard_triplets(distance, positive, negative, margin):
     """[a, p, n] bool: triplets (y_a == y_p, a != p, y_a != y_n) with d_ap < d_an < d_ap + margin (FaceNet)."""
     d_ap, d_an = distance.unsqueeze(2), distance.unsqueeze(1)
@@ -65,23 +122,25 @@ def softplus(v):
 
 
 # --- references (paper formulas, loops) ---------------------------------------------------------------------
-def ref_triplet(x, labels, margin=0.2, mining="all", squared=False):
+@anchor_based
+def ref_triplet(pairs, margin=0.2, mining="all", squared=False, reduction="positive_pairs"):
+    total, count = pairs.q.new_zeros(()), 0
     if mining == "hard":  # batch-hard: per anchor, farthest positive and nearest negative
-        terms = []
-        for a in range(len(labels)):
-            if positives(labels, a) and negatives(labels, a):
-                hp = max(dist(x, a, p, squared) for p in positives(labels, a))
-                hn = min(dist(x, a, n, squared) for n in negatives(labels, a))
-                terms.append(relu(hp - hn + margin))
-        return sum(terms) / len(terms)
-    total = x.new_zeros(())
-    for a, p in positive_pairs(labels):  # loop eq. 14: sum over triplets / |P|
-        for n in negatives(labels, a):
-            d_ap, d_an = dist(x, a, p, squared), dist(x, a, n, squared)
+        for a in pairs.anchors:
+            if pairs.positives(a) and pairs.negatives(a):
+                hp = max(pairs.dist(a, p, squared) for p in pairs.positives(a))
+                hn = min(pairs.dist(a, n, squared) for n in pairs.negatives(a))
+                total, count = total + relu(hp - hn + margin), count + 1
+        return total / max(count, 1)
+    for a, p in pairs.positive_pairs():  # loop eq. 14: sum over triplets / |P|
+        for n in pairs.negatives(a):
+            d_ap, d_an = pairs.dist(a, p, squared), pairs.dist(a, n, squared)
             if mining == "semihard" and not (d_ap < d_an < d_ap + margin):
                 continue
-            total = total + relu(d_ap - d_an + margin)
-    return total / len(positive_pairs(labels))
+            total, count = total + relu(d_ap - d_an + margin), count + 1
+    if reduction == "triplets":  # dcdl eq. 3: the mean over the kept triplets
+        return total / max(count, 1)
+    return total / max(len(pairs.positive_pairs()), 1)
 
 
 def ref_hphn(x, labels, margin=0.2):
@@ -97,26 +156,22 @@ def ref_hphn(x, labels, margin=0.2):
     return sum(terms) / len(terms)
 
 
-def ref_contrastive_cosine(x, labels, threshold=0.5):
-    total = x.new_zeros(())
-    for i in range(len(labels)):
-        for j in range(len(labels)):
-            if i == j:
-                continue
-            s = cos(x, i, j)
-            total = total + (-s if labels[i] == labels[j] else relu(s - threshold))  # unified eq. 5
-    return total / len(labels)
+@anchor_based
+def ref_contrastive_cosine(pairs, threshold=0.5):
+    total = pairs.q.new_zeros(())
+    for i in pairs.anchors:
+        total = total - sum((pairs.cos(i, j) for j in pairs.positives(i)), pairs.q.new_zeros(()))  # unified eq. 5
+        total = total + sum((relu(pairs.cos(i, j) - threshold) for j in pairs.negatives(i)), pairs.q.new_zeros(()))
+    return total / len(pairs.anchors)
 
 
-def ref_contrastive_distance(x, labels, form="distance", pos_margin=0.0, neg_margin=1.0):
-    total = x.new_zeros(())
-    for i in range(len(labels)):
-        for j in range(len(labels)):
-            if i == j:
-                continue
-            d = dist(x, i, j)
-            total = total + (relu(d - pos_margin) if labels[i] == labels[j] else relu(neg_margin - d))
-    return total / len(labels)
+@anchor_based
+def ref_contrastive_distance(pairs, form="distance", pos_margin=0.0, neg_margin=1.0):
+    total = pairs.q.new_zeros(())
+    for i in pairs.anchors:
+        total = total + sum((relu(pairs.dist(i, j) - pos_margin) for j in pairs.positives(i)), pairs.q.new_zeros(()))
+        total = total + sum((relu(neg_margin - pairs.dist(i, j)) for j in pairs.negatives(i)), pairs.q.new_zeros(()))
+    return total / len(pairs.anchors)
 
 
 def ref_lifted(x, labels, margin=1.0):
@@ -139,13 +194,16 @@ def ref_lifted_min(x, labels, margin=1.0):
     return sum(terms) / len(terms)
 
 
-def ref_generalized_lifted(x, labels, margin=1.0):
-    total = x.new_zeros(())
-    for i in range(len(labels)):
-        pos = torch.log(sum(torch.exp(-cos(x, i, k)) for k in positives(labels, i)))
-        neg = torch.log(sum(torch.exp(margin + cos(x, i, k)) for k in negatives(labels, i)))
+@anchor_based
+def ref_generalized_lifted(pairs, margin=1.0):
+    total = pairs.q.new_zeros(())
+    for i in pairs.anchors:  # unified eq. 9 (sign-corrected); an anchor without a positive or negative adds 0
+        if not (pairs.positives(i) and pairs.negatives(i)):
+            continue
+        pos = torch.log(sum(torch.exp(-pairs.cos(i, k)) for k in pairs.positives(i)))
+        neg = torch.log(sum(torch.exp(margin + pairs.cos(i, k)) for k in pairs.negatives(i)))
         total = total + relu(pos + neg)
-    return total / len(labels)
+    return total / len(pairs.anchors)
 
 
 def dot(x, i, j):
@@ -161,14 +219,13 @@ def norm_penalty(x, labels, l2_reg):
     return l2_reg * sum((x[i] ** 2).sum() for i in range(len(labels))) / len(labels)
 
 
-def ref_npair(x, labels, l2_reg=NORM_REG):
-    pairs = positive_pairs(labels)
-    total = x.new_zeros(())
-    for i, j in pairs:  # symm eq. 7 on raw features
-        total = total + torch.log(
-            1 + sum(torch.exp(dot(x, i, k) - dot(x, i, j)) for k in negatives(labels, i))
-        )
-    return total / len(pairs) + norm_penalty(x, labels, l2_reg)
+@anchor_based
+def ref_npair(pairs, l2_reg=NORM_REG):
+    total = pairs.q.new_zeros(())
+    for i, j in pairs.positive_pairs():  # symm eq. 7 on raw features
+        inner = sum((torch.exp(pairs.dot(i, k) - pairs.dot(i, j)) for k in pairs.negatives(i)), pairs.q.new_zeros(()))
+        total = total + torch.log(1 + inner)
+    return total / max(len(pairs.positive_pairs()), 1) + l2_reg * pairs.mean_squared_norm()
 
 
 def ref_angular(x, labels, alpha=30.0, l2_reg=NORM_REG):
@@ -188,72 +245,77 @@ def ref_angular_npair(x, labels, alpha=45.0, lambda_ang=2.0, l2_reg=NORM_REG):
     return npair_and_angular + norm_penalty(x, labels, l2_reg)
 
 
-def ref_vthm(x, labels, margin=0.1):
+@anchor_based
+def ref_vthm(pairs, margin=0.1):
     """Unified section 5.1 with loops: sets P~_i, N~_i."""
     kept_p, kept_n = {}, {}
-    for i in range(len(labels)):
-        pos, neg = positives(labels, i), negatives(labels, i)
+    for i in pairs.anchors:
+        pos, neg = pairs.positives(i), pairs.negatives(i)
         if not pos or not neg:
             kept_p[i], kept_n[i] = [], []
             continue
-        s_hard_p = min(f(cos(x, i, k)) for k in pos)
-        s_hard_n = max(f(cos(x, i, k)) for k in neg)
-        kept_n[i] = [j for j in neg if f(cos(x, i, j)) > s_hard_p - margin]
-        kept_p[i] = [j for j in pos if f(cos(x, i, j)) < s_hard_n + margin]
+        s_hard_p = min(f(pairs.cos(i, k)) for k in pos)
+        s_hard_n = max(f(pairs.cos(i, k)) for k in neg)
+        kept_n[i] = [j for j in neg if f(pairs.cos(i, j)) > s_hard_p - margin]
+        kept_p[i] = [j for j in pos if f(pairs.cos(i, j)) < s_hard_n + margin]
     return kept_p, kept_n
 
 
-def pair_sets(x, labels, miner):
+def pair_sets(pairs, miner, margin=0.1):
     if miner == "vthm":
-        return ref_vthm(x, labels)
-    n = len(labels)
-    return {i: positives(labels, i) for i in range(n)}, {i: negatives(labels, i) for i in range(n)}
+        return ref_vthm(pairs, margin)
+    return {i: pairs.positives(i) for i in pairs.anchors}, {i: pairs.negatives(i) for i in pairs.anchors}
 
 
-def ref_binomial(x, labels, alpha=2.0, beta=50.0, gamma=0.5, miner=None):
-    kept_p, kept_n = pair_sets(x, labels, miner)
-    total = x.new_zeros(())
-    for i in range(len(labels)):  # unified eq. 12, averaged over anchors
+@anchor_based
+def ref_binomial(pairs, alpha=2.0, beta=50.0, gamma=0.5, miner=None):
+    kept_p, kept_n = pair_sets(pairs, miner)
+    total = pairs.q.new_zeros(())
+    for i in pairs.anchors:  # unified eq. 12, averaged over anchors
         if kept_p[i]:
-            total = total + sum(softplus(alpha * (gamma - cos(x, i, k))) for k in kept_p[i]) / len(kept_p[i])
+            total = total + sum(softplus(alpha * (gamma - pairs.cos(i, k))) for k in kept_p[i]) / len(kept_p[i])
         if kept_n[i]:
-            total = total + sum(softplus(beta * (cos(x, i, k) - gamma)) for k in kept_n[i]) / len(kept_n[i])
-    return total / len(labels)
+            total = total + sum(softplus(beta * (pairs.cos(i, k) - gamma)) for k in kept_n[i]) / len(kept_n[i])
+    return total / len(pairs.anchors)
 
 
-def ref_raw(x, labels, alpha=2.0, beta=50.0, gamma=0.5, miner=None):
-    kept_p, kept_n = pair_sets(x, labels, miner)
-    total = x.new_zeros(())
-    for i in range(len(labels)):  # unified eq. 17
-        pos = sum((torch.exp(-alpha * (cos(x, i, k) - gamma)) for k in kept_p[i]), x.new_zeros(()))
-        neg = sum((torch.exp(beta * (cos(x, i, k) - gamma)) for k in kept_n[i]), x.new_zeros(()))
+@anchor_based
+def ref_raw(pairs, alpha=2.0, beta=50.0, gamma=0.5, miner=None, margin=0.1):
+    kept_p, kept_n = pair_sets(pairs, miner, margin)
+    total = pairs.q.new_zeros(())
+    for i in pairs.anchors:  # unified eq. 17
+        pos = sum((torch.exp(-alpha * (pairs.cos(i, k) - gamma)) for k in kept_p[i]), pairs.q.new_zeros(()))
+        neg = sum((torch.exp(beta * (pairs.cos(i, k) - gamma)) for k in kept_n[i]), pairs.q.new_zeros(()))
         total = total + torch.log(1 + pos) / alpha + torch.log(1 + neg) / beta
-    return total / len(labels)
+    return total / len(pairs.anchors)
 
 
-def ref_vthm_equal_weights(x, labels, margin=0.1):
-    kept_p, kept_n = ref_vthm(x, labels, margin)
-    total = x.new_zeros(())
-    for i in range(len(labels)):  # unified Table 1 "VTHM": weight 1 on every mined pair, averaged over anchors
-        total = total + sum((cos(x, i, k) for k in kept_n[i]), x.new_zeros(()))
-        total = total - sum((cos(x, i, k) for k in kept_p[i]), x.new_zeros(()))
-    return total / len(labels)
+@anchor_based
+def ref_vthm_equal_weights(pairs, margin=0.1):
+    kept_p, kept_n = ref_vthm(pairs, margin)
+    total = pairs.q.new_zeros(())
+    for i in pairs.anchors:  # unified Table 1 "VTHM": weight 1 on every mined pair, averaged over anchors
+        total = total + sum((pairs.cos(i, k) for k in kept_n[i]), pairs.q.new_zeros(()))
+        total = total - sum((pairs.cos(i, k) for k in kept_p[i]), pairs.q.new_zeros(()))
+    return total / len(pairs.anchors)
 
 
-def ref_nca_triplets(x, labels, mining):
+@anchor_based
+def ref_nca_triplets(pairs, mining):
     """[(s_ap, s_an)] for each ordered positive pair with its mined negative (sct HN / SHN)."""
     triplets = []
-    for a, p in positive_pairs(labels):
-        s_ap = cos(x, a, p)
-        candidates = [n for n in negatives(labels, a) if mining == "hard" or f(cos(x, a, n)) < f(s_ap)]
+    for a, p in pairs.positive_pairs():
+        s_ap = pairs.cos(a, p)
+        candidates = [n for n in pairs.negatives(a) if mining == "hard" or f(pairs.cos(a, n)) < f(s_ap)]
         if candidates:
-            n = max(candidates, key=lambda k: f(cos(x, a, k)))
-            triplets.append((s_ap, cos(x, a, n)))
+            n = max(candidates, key=lambda k: f(pairs.cos(a, k)))
+            triplets.append((s_ap, pairs.cos(a, n)))
     return triplets
 
 
-def ref_nca_triplet(x, labels, mining="hard", temperature=1.0):
-    triplets = ref_nca_triplets(x, labels, mining)
+@anchor_based
+def ref_nca_triplet(pairs, mining="hard", temperature=1.0):
+    triplets = ref_nca_triplets(pairs, mining)
     # sct eq. 1: -log(exp(S_ap) / (exp(S_ap) + exp(S_an)))
     terms = [
         -torch.log(
@@ -261,13 +323,14 @@ def ref_nca_triplet(x, labels, mining="hard", temperature=1.0):
         )
         for s_ap, s_an in triplets
     ]
-    return sum(terms) / len(terms)
+    return sum(terms, pairs.q.new_zeros(())) / max(len(terms), 1)
 
 
-def ref_sct(x, labels, lam=1.0, hard_rule="paper", threshold=0.8, temperature=None):
+@anchor_based
+def ref_sct(pairs, lam=1.0, hard_rule="paper", threshold=0.8, temperature=None):
     temperature = temperature or (1.0 if hard_rule == "paper" else 0.1)
     terms = []
-    for s_ap, s_an in ref_nca_triplets(x, labels, "hard"):  # sct eq. 13
+    for s_ap, s_an in ref_nca_triplets(pairs, "hard"):  # sct eq. 13
         hard = f(s_an) > f(s_ap) or (hard_rule == "paper_or_threshold" and f(s_an) > threshold)
         if hard:
             terms.append(lam * s_an)
@@ -278,4 +341,25 @@ def ref_sct(x, labels, lam=1.0, hard_rule="paper", threshold=0.8, temperature=No
                     / (torch.exp(s_ap / temperature) + torch.exp(s_an / temperature))
                 )
             )
-    return sum(terms) / len(terms)
+    return sum(terms, pairs.q.new_zeros(())) / max(len(terms), 1)
+
+
+
+@anchor_based
+def ref_contrastive(pairs, form="cosine", **kwargs):
+    return ref_contrastive_cosine(pairs, **kwargs) if form == "cosine" else ref_contrastive_distance(pairs, **kwargs)
+
+
+# every loss with the rectangular form (anchors against a gallery) -> its reference, called with a QueryGallery
+ANCHOR_REFERENCES = {
+    "contrastive": ref_contrastive,
+    "triplet": ref_triplet,
+    "nca_triplet": ref_nca_triplet,
+    "sct": ref_sct,
+    "generalized_lifted": ref_generalized_lifted,
+    "npair": ref_npair,
+    "binomial": ref_binomial,
+    "vthm": ref_vthm_equal_weights,
+    "raw": ref_raw,
+    "ms": functools.partial(ref_raw, miner="vthm"),  # MS = RAW over the VTHM-mined pairs (unified section 5.1)
+}

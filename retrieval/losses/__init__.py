@@ -8,7 +8,8 @@ cross-entropy (auxiliary.py) is not registered: the trainer adds it (``--aux-ce`
 ``negatives=None`` trains on the batch's own negatives; ``"loop" | "loop-linear" | "symm"`` feeds the loss's
 pair-level form (``PairLoss.from_pair_terms``) with a hard-negative method of ``retrieval.negatives``
 (``available_negatives()`` lists the combinations). The registries live in the leaf module
-``retrieval.loss_registry``. ``wants_normalized(name)`` says whether a loss trains on L2-normalised embeddings.
+``retrieval.loss_registry``. ``wants_normalized(name)`` says whether a loss trains on L2-normalised embeddings;
+``has_rectangular_form(name)`` whether it also takes query rows against gallery rows (``PairLoss.query_gallery``).
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from retrieval.losses.weights import pair_weights  # noqa: F401  (the weight vie
 from retrieval.losses.with_negatives import HardNegativeLoss
 
 __all__ = [
-    "HardNegativeLoss", "available", "available_negatives", "build", "composable", "describe", "needs_classes",
-    "register_loss", "wants_normalized",
+    "HardNegativeLoss", "available", "available_negatives", "build", "composable", "describe", "has_rectangular_form",
+    "needs_classes", "register_loss", "wants_normalized",
 ]
 
 
@@ -48,6 +49,12 @@ def needs_classes(name: str) -> bool:
     """Whether loss ``name`` learns per-class parameters (proxies): ``build`` then needs num_classes and
     embedding_dim."""
     return bool(getattr(LOSSES.get(name), "needs_classes", False))
+
+
+def has_rectangular_form(name: str) -> bool:
+    """Whether loss ``name`` has the query x gallery form (``PairLoss.query_gallery``): its class's
+    ``rectangular``."""
+    return bool(getattr(LOSSES.get(name), "rectangular", False))
 
 
 def composable(name: str, negatives: str) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from retrieval.loss_registry import register_loss
-from retrieval.losses.base import DistancePairLoss
+from retrieval.losses.base import AnchorPairs, DistancePairLoss
 
 CONTRASTIVE_FORMS = ("cosine", "distance")
 
@@ -42,14 +42,15 @@ class ContrastiveLoss(DistancePairLoss):
         self.neg_margin = neg_margin
 
     def pair_losses(self, similarity: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(loss if the pair is positive, loss if it is negative), both [B, B]."""
+        """(loss if the pair is positive, loss if it is negative), both shaped like ``similarity``."""
         if self.form == "cosine":
             return -similarity, torch.relu(similarity - self.threshold)  # eq. 5
         distance = self.distance(similarity)
         return torch.relu(distance - self.pos_margin), torch.relu(self.neg_margin - distance)
 
-    def from_similarity(self, similarity: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        positive, negative = self.pairs(labels)
+    def from_pairs(self, pairs: AnchorPairs) -> torch.Tensor:
+        """Eq. 5 summed over each anchor's gallery pairs, averaged over the anchors."""
+        similarity, positive, negative = pairs.similarity, pairs.positive, pairs.negative
         positive_loss, negative_loss = self.pair_losses(similarity)
         zeros = torch.zeros_like(similarity)
         per_pair = torch.where(positive, positive_loss, zeros) + torch.where(negative, negative_loss, zeros)

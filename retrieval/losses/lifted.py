@@ -8,6 +8,7 @@ import torch
 from retrieval.distances import masked_logsumexp
 from retrieval.loss_registry import register_loss
 from retrieval.losses.base import (
+    AnchorPairs,
     DistancePairLoss,
     PairLoss,
     active_fraction,
@@ -35,6 +36,9 @@ class LiftedStructureLoss(DistancePairLoss):
     """
 
     paper_equation = "symm eq. 5 (Oh Song et al. 2016); + Symm: symm eq. 6"
+    rectangular = False
+    square_only = ("the term of a positive pair (i, j) sums the negatives of j as well as those of i (symm eq. 5), "
+                   "which for a gallery row j is its own row of similarities")
 
     def __init__(self, margin: float = 1.0, squared: bool = False) -> None:
         super().__init__(squared=squared)
@@ -71,6 +75,9 @@ class LiftedMinLoss(DistancePairLoss):
     """
 
     paper_equation = "loop eq. 16 (hinge/min form); + LoOp: loop section 3.3.3"
+    rectangular = False
+    square_only = ("the term of a positive pair (i, j) takes the nearest negative of j as well as of i (loop eq. 16), "
+                   "which for a gallery row j is its own row of similarities")
     readings = {"negative_pairs": NEGATIVE_PAIRS_READING}
 
     def __init__(self, margin: float = 1.0, squared: bool = False, negative_pairs: str = "consecutive") -> None:
@@ -114,8 +121,8 @@ class GeneralizedLiftedLoss(PairLoss):
         super().__init__()
         self.margin = margin
 
-    def from_similarity(self, similarity: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        positive, negative = self.pairs(labels)
+    def from_pairs(self, pairs: AnchorPairs) -> torch.Tensor:
+        similarity, positive, negative = pairs.similarity, pairs.positive, pairs.negative
         positive_part = masked_logsumexp(-similarity, positive, dim=1)
         negative_part = masked_logsumexp(self.margin + similarity, negative, dim=1)
         losses = torch.relu(positive_part + negative_part)  # eq. 9 (sign-corrected, see docstring)

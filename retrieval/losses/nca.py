@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from retrieval.loss_registry import register_loss
-from retrieval.losses.base import PairLoss, check_pair_rows, masked_max
+from retrieval.losses.base import AnchorPairs, PairLoss, check_pair_rows, masked_max
 
 NCA_MINING = ("hard", "semihard")
 SCT_RULES = ("paper", "paper_or_threshold")
@@ -73,8 +73,8 @@ class NCATripletLoss(PairLoss):
         self.mining = mining
         self.temperature = temperature
 
-    def from_similarity(self, similarity: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        positive, negative = self.pairs(labels)
+    def from_pairs(self, pairs: AnchorPairs) -> torch.Tensor:
+        similarity, positive, negative = pairs.similarity, pairs.positive, pairs.negative
         s_ap, s_an, kept = mine_triplets(similarity, positive, negative, self.mining)
         losses = nca_triplet_term(s_ap, s_an, self.temperature)
         if self.mining == "hard":
@@ -121,8 +121,8 @@ class SelectivelyContrastiveTripletLoss(PairLoss):
             temperature = 1.0 if hard_rule == "paper" else 0.1
         self.temperature = temperature
 
-    def from_similarity(self, similarity: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        positive, negative = self.pairs(labels)
+    def from_pairs(self, pairs: AnchorPairs) -> torch.Tensor:
+        similarity, positive, negative = pairs.similarity, pairs.positive, pairs.negative
         s_ap, s_an, kept = mine_triplets(similarity, positive, negative, "hard")
         with torch.no_grad():
             hard = s_an > s_ap

@@ -20,14 +20,16 @@ import math
 
 import torch
 
-from retrieval.distances import gram_matrix, label_masks, masked_logsumexp
+from retrieval.distances import dot_similarity_matrix, gram_matrix, label_masks, masked_logsumexp
 from retrieval.loss_registry import register_loss
-from retrieval.losses.base import PER_CLASS_HINT, PairLoss
+from retrieval.losses.base import PER_CLASS_HINT, AnchorPairs, PairLoss
 from retrieval.negatives.base import PairTerms
 from retrieval.negatives.symm import ANGULAR_POSITIVE_SUMS
 
 # lambda of the embedding-norm regulariser (Sohn 2016's N-pair; TensorFlow npairs_loss reg_lambda default)
 DEFAULT_L2_REG = 0.002
+ANGULAR_SQUARE_ONLY = ("angular's negative term 4 tan^2 a (x_i + x_j).x_k (symm eq. 9) reads the similarity of the "
+                       "positive j with every negative k, for a gallery row j its own row of similarities")
 
 
 class DotPairLoss(PairLoss):
@@ -43,8 +45,15 @@ class DotPairLoss(PairLoss):
         super().__init__()
         self.l2_reg = l2_reg
 
-    def similarity(self, embeddings: torch.Tensor) -> torch.Tensor:
-        return gram_matrix(embeddings)  # = dot_similarity_matrix(embeddings), cheaper backward
+    def similarity(self, embeddings: torch.Tensor, gallery: torch.Tensor | None = None) -> torch.Tensor:
+        """S_ij = x_i . y_j, raw inner products."""
+        if gallery is None:
+            return gram_matrix(embeddings)  # = dot_similarity_matrix(embeddings), cheaper backward
+        return dot_similarity_matrix(embeddings, gallery)
+
+    def self_similarity(self, embeddings: torch.Tensor) -> torch.Tensor:
+        """[B] |x_i|^2."""
+        return (embeddings * embeddings).sum(dim=1)
 
     def check_batch(self, embeddings: torch.Tensor, labels: torch.Tensor) -> None:
         super().check_batch(embeddings, labels)
@@ -56,25 +65,25 @@ class DotPairLoss(PairLoss):
                 f"sample(s) have no other sample of their class in the batch; {PER_CLASS_HINT}"
             )
 
-    def norm_penalty(self, similarity: torch.Tensor) -> torch.Tensor:
-        """l2_reg * mean squared norm of the embeddings, read off the diagonal of the dot-product matrix."""
-        return self.l2_reg * torch.diagonal(similarity).mean()
+    def norm_penalty(self, self_similarity: torch.Tensor) -> torch.Tensor:
+        """l2_reg * mean squared norm of the anchors, from their s_ii = |x_i|^2 (the dot-product diagonal)."""
+        return self.l2_reg * self_similarity.mean()
 
     def pair_losses(
         self, similarity: torch.Tensor, anchor: torch.Tensor, other: torch.Tensor, negative: torch.Tensor
     ) -> torch.Tensor:
-        """The loss [|P|] of each positive pair (anchor[t], other[t]); negative is the [B, B] label mask."""
+        """The loss [|P|] of each positive pair (anchor[t], other[t]); negative is the [B, M] label mask."""
         raise NotImplementedError
 
-    def from_similarity(self, similarity: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        positive, negative = self.pairs(labels)
+    def from_pairs(self, pairs: AnchorPairs) -> torch.Tensor:
+        """The mean over the positive pairs (anchor i, gallery j) of their loss, plus the anchors' norm penalty."""
         with torch.no_grad():  # raw features: the norm is worth watching
-            self.last_stats = {"mean_norm": float(torch.diagonal(similarity).clamp_min(0).sqrt().mean())}
-        # Only the positive pairs carry a loss: index them, O(|P| B) work, never a [B, B, B] cube.
-        anchor, other = positive.nonzero(as_tuple=True)
-        losses = self.pair_losses(similarity, anchor, other, negative)
+            self.last_stats = {"mean_norm": float(pairs.self_similarity.clamp_min(0).sqrt().mean())}
+        # Only the positive pairs carry a loss: index them, O(|P| M) work, never a [B, M, M] cube.
+        anchor, other = pairs.positive.nonzero(as_tuple=True)
+        losses = self.pair_losses(pairs.similarity, anchor, other, pairs.negative)
         mean = losses.sum() / max(len(losses), 1)  # 0 (still on the graph) when the batch has no pair
-        return mean + self.norm_penalty(similarity)
+        return mean + self.norm_penalty(pairs.self_similarity)
 
 
 def npair_losses(
@@ -133,7 +142,7 @@ class NPairLoss(DotPairLoss):
         hardest negative inner product of the two pairs."""
         logits = terms.negative_similarity() - terms.positive_similarity().unsqueeze(1)
         loss = masked_logsumexp(logits, terms.negative, dim=1, add_one=True).mean()
-        return loss + self.norm_penalty(terms.gram) if self.l2_reg else loss
+        return loss + self.norm_penalty(torch.diagonal(terms.gram)) if self.l2_reg else loss
 
 
 def _check_angle(alpha: float) -> float:
@@ -151,6 +160,8 @@ class AngularLoss(DotPairLoss):
 
     # f^n = 4 tan^2 a (x_p + x_q).x_r: the negative side compares sums of two points of the positive pair
     positive_rows = ANGULAR_POSITIVE_SUMS
+    rectangular = False
+    square_only = ANGULAR_SQUARE_ONLY
 
     def __init__(self, alpha: float = 30.0, l2_reg: float = DEFAULT_L2_REG) -> None:
         super().__init__(l2_reg=l2_reg)
@@ -169,7 +180,7 @@ class AngularLoss(DotPairLoss):
         f_positive = 2.0 * (1.0 + tan_sq) * terms.positive_similarity()
         logits = f_negative - f_positive.unsqueeze(1)
         loss = masked_logsumexp(logits, terms.negative, dim=1, add_one=True).mean()
-        return loss + self.norm_penalty(terms.gram) if self.l2_reg else loss
+        return loss + self.norm_penalty(torch.diagonal(terms.gram)) if self.l2_reg else loss
 
 
 @register_loss("angular_npair")
@@ -178,6 +189,8 @@ class AngularNPairLoss(DotPairLoss):
     the L2 penalty is added once."""
 
     paper_equation = "dcdl eq. 4 (N-pair + lambda_ang * angular)"
+    rectangular = False
+    square_only = ANGULAR_SQUARE_ONLY
 
     def __init__(self, alpha: float = 45.0, lambda_ang: float = 2.0, l2_reg: float = DEFAULT_L2_REG) -> None:
         super().__init__(l2_reg=l2_reg)

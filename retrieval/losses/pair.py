@@ -15,6 +15,6 @@ Each topic lives in its own module (one job each); this module only imports them
 from __future__ import annotations
 
 from retrieval.losses import contrastive, lifted, nca, npair, triplet, weighting  # noqa: F401
-from retrieval.losses.base import DistancePairLoss, PairLoss
+from retrieval.losses.base import AnchorPairs, DistancePairLoss, PairLoss
 
-__all__ = ["DistancePairLoss", "PairLoss"]
+__all__ = ["AnchorPairs", "DistancePairLoss", "PairLoss"]

@@ -8,6 +8,7 @@ import torch
 
 from retrieval.loss_registry import register_loss
 from retrieval.losses.base import (
+    AnchorPairs,
     DistancePairLoss,
     anchors_with_triplets,
     check_pair_rows,
@@ -80,16 +81,17 @@ class TripletLoss(DistancePairLoss):
         self.mining = mining
         self.reduction = reduction
 
-    def from_similarity(self, similarity: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        positive, negative = self.pairs(labels)
+    def from_pairs(self, pairs: AnchorPairs) -> torch.Tensor:
+        """Eq. 14 over the triplets (anchor a, gallery positive p, gallery negative n) of every anchor."""
+        similarity, positive, negative = pairs.similarity, pairs.positive, pairs.negative
         distance = self.distance(similarity)
         if self.mining == "hard":
             return self._batch_hard(similarity, distance, positive, negative)
-        # One row per positive pair (a, p): [|P|, B] instead of a dense [B, B, B] cube (|P| = B (K - 1)).
-        check_pair_rows(int(positive.sum()), len(labels), type(self).__name__)
+        # One row per positive pair (a, p): [|P|, M] instead of a dense [B, M, M] cube (|P| = B (K - 1)).
+        check_pair_rows(int(positive.sum()), similarity.shape[1], type(self).__name__)
         a, p = positive.nonzero(as_tuple=True)
         d_ap = distance[a, p].unsqueeze(1)  # [|P|, 1]
-        d_an = distance[a]  # [|P|, n]
+        d_an = distance[a]  # [|P|, M]
         losses = torch.relu(d_ap - d_an + self.margin)  # eq. 14
         kept = negative[a]
         if self.mining == "semihard":  # FaceNet: d_ap < d_an < d_ap + m
@@ -135,6 +137,9 @@ class HPHNTripletLoss(DistancePairLoss):
     """
 
     paper_equation = "loop section 3.3.2; + LoOp: its LoOp form"
+    rectangular = False
+    square_only = ("the term of a positive pair (i, j) takes the hardest positive and negative of j as well as of i "
+                   "(loop section 3.3.2), which for a gallery row j is its own row of similarities")
     readings = {"negative_pairs": NEGATIVE_PAIRS_READING}
 
     def __init__(self, margin: float = 0.2, squared: bool = False, negative_pairs: str = "consecutive") -> None:

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from retrieval.distances import masked_logsumexp
 from retrieval.loss_registry import register_loss
-from retrieval.losses.base import PairLoss
+from retrieval.losses.base import AnchorPairs, PairLoss
 from retrieval.losses.miners import vthm
 from retrieval.negatives.base import PairTerms
 
@@ -33,12 +33,11 @@ class MinedPairLoss(PairLoss):
         self.miner = None if miner == "none" else miner
         self.vthm_margin = vthm_margin
 
-    def mined_pairs(
-        self, similarity: torch.Tensor, labels: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        positive, negative = self.pairs(labels)
+    def mined_pairs(self, pairs: AnchorPairs) -> tuple[torch.Tensor, torch.Tensor]:
+        """(P_i, N_i) masks: every pair, or the VTHM-mined ones (each anchor mines its own row)."""
+        positive, negative = pairs.positive, pairs.negative
         if self.miner == "vthm":
-            kept_positive, kept_negative = vthm(similarity.detach(), positive, negative, self.vthm_margin)
+            kept_positive, kept_negative = vthm(pairs.similarity.detach(), positive, negative, self.vthm_margin)
         else:
             kept_positive, kept_negative = positive, negative
         self.last_stats = {
@@ -62,8 +61,9 @@ class BinomialDevianceLoss(MinedPairLoss):
 
     paper_equation = "unified eq. 12"
 
-    def from_similarity(self, similarity: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        positive, negative = self.mined_pairs(similarity, labels)
+    def from_pairs(self, pairs: AnchorPairs) -> torch.Tensor:
+        similarity = pairs.similarity
+        positive, negative = self.mined_pairs(pairs)
         positive_terms = F.softplus(self.alpha * (self.gamma - similarity))
         negative_terms = F.softplus(self.beta * (similarity - self.gamma))
         per_anchor = _row_mean(positive_terms, positive) + _row_mean(negative_terms, negative)
@@ -85,8 +85,9 @@ class VTHMLoss(MinedPairLoss):
     def __init__(self, margin: float = 0.1) -> None:
         super().__init__(miner="vthm", vthm_margin=margin)
 
-    def from_similarity(self, similarity: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        positive, negative = self.mined_pairs(similarity, labels)
+    def from_pairs(self, pairs: AnchorPairs) -> torch.Tensor:
+        similarity = pairs.similarity
+        positive, negative = self.mined_pairs(pairs)
         zeros = torch.zeros_like(similarity)
         per_pair = torch.where(negative, similarity, zeros) - torch.where(positive, similarity, zeros)
         return per_pair.sum() / similarity.shape[0]
@@ -116,9 +117,9 @@ class RAWLoss(MinedPairLoss):
 
     positive_rule = "batch"
 
-    def from_similarity(self, similarity: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        positive, negative = self.mined_pairs(similarity, labels)
-        return self._raw(similarity, positive, similarity, negative)
+    def from_pairs(self, pairs: AnchorPairs) -> torch.Tensor:
+        positive, negative = self.mined_pairs(pairs)
+        return self._raw(pairs.similarity, positive, pairs.similarity, negative)
 
     def from_pair_terms(self, terms: PairTerms) -> torch.Tensor:
         """Eq. 17 with hard negatives (LoOp section 3.3.4): anchor i of pair (i, j) has the batch positives
