@@ -244,12 +244,15 @@ def demo_command(out: str, epochs: int | None, start_server: bool, host: str, po
 
     run_demo(Path(out), epochs=epochs)
     if start_server:
+        from retrieval.serve.defaults import DEFAULT_RESULTS
         from retrieval.serve.server import ServerConfig, serve
 
         report = Path(out) / "run" / "report.json"
+        # the project's results grid measured the demo's data: its Results tab, as `python app.py` shows it
+        results = DEFAULT_RESULTS if DEFAULT_RESULTS.is_file() else None
         click.secho(f"starting the app at http://{host}:{port}/ (Ctrl-C stops it; `python app.py` restarts it)",
                     bold=True)
-        serve(ServerConfig(index_dir=Path(out) / "index", report=report, host=host, port=port))
+        serve(ServerConfig(index_dir=Path(out) / "index", report=report, results=results, host=host, port=port))
 
 
 def _register_area_commands() -> None:

@@ -1,4 +1,5 @@
-"""Where the index fails: leave-one-out top-1 of every labelled gallery item, per-class Recall@1.
+"""Where the index fails: leave-one-out top-1 of every labelled gallery item, per-class Recall@1; and how similar
+gallery images are to their nearest other image, the yardstick a query's best score is read against.
 
 Each labelled, indexed image is searched against the rest of the index (its own id is dropped from the
 results); it counts as correct when its nearest other image has the same label. The rank of the first
@@ -125,6 +126,58 @@ def leave_one_out(
     recall = sum(c.correct for c in classes) / total
     note = f"a random sample of {max_queries} labelled images" if sampled else "every labelled image"
     return LeaveOneOut(total, recall, classes, sampled, note)
+
+
+# A query whose best score is below what this share of gallery images reach to their nearest other image is
+# unlike the gallery: 1 % keeps the hint for queries lower than almost every gallery image's own neighbour
+UNLIKE_QUANTILE = 0.01
+NEIGHBOUR_SAMPLE = 2000  # gallery images whose nearest neighbour is measured (seeded sample beyond it)
+
+
+@dataclass(frozen=True)
+class NeighbourScores:
+    """How similar gallery images are to their nearest other image (cosine), over ``images`` of them."""
+
+    images: int
+    sampled: bool  # a seeded sample of the indexed images, not every one
+    floor: float  # the UNLIKE_QUANTILE quantile: all but that share of gallery images score at least this
+    median: float
+    quantile: float = UNLIKE_QUANTILE
+
+    def unlike(self, best_score: float) -> bool:
+        """Whether a query's best score is below what nearly every gallery image reaches to its own neighbour."""
+        return best_score < self.floor
+
+    def to_dict(self) -> dict[str, float | int | bool]:
+        """The JSON form (/stats' ``neighbour_similarity``)."""
+        return {"images": self.images, "sampled": self.sampled, "quantile": self.quantile,
+                "floor": round(self.floor, 4), "median": round(self.median, 4)}
+
+
+def neighbour_scores(index: Index, max_images: int = NEIGHBOUR_SAMPLE, seed: int = 0,
+                     batch: int = 1024) -> NeighbourScores | None:
+    """The best score of each indexed image (a seeded sample of ``max_images``) against the others, searched as a
+    query is (the index's own search settings); None when the index holds fewer than 2 images."""
+    ids = np.asarray(index.ids, dtype=np.int64)
+    if len(ids) < 2:
+        return None
+    sampled = len(ids) > max_images
+    if sampled:
+        ids = np.sort(np.random.default_rng(seed).choice(ids, max_images, replace=False))
+    ids, vectors = _vectors_of(index, ids)
+    best: list[float] = []
+    for start in range(0, len(ids), batch):
+        own = ids[start : start + batch]
+        scores, found = index.search_arrays(vectors[start : start + batch], 2)
+        for row_own, row_scores, row_found in zip(own, scores, found, strict=True):
+            others = [float(s) for s, i in zip(row_scores, row_found, strict=True) if i >= 0 and i != row_own]
+            if others:  # the first result that is not the image itself
+                best.append(others[0])
+    if not best:
+        return None
+    values = np.asarray(best)
+    return NeighbourScores(len(values), sampled, float(np.quantile(values, UNLIKE_QUANTILE)),
+                           float(np.median(values)))
 
 
 @dataclass(frozen=True)

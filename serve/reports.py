@@ -332,6 +332,40 @@ def embedding_map_plot(report: RunReport) -> Image.Image | None:
     return _open(report.plot_file("embedding_map"))
 
 
+def embedding_map_note(report: RunReport) -> str | None:
+    """Which classes and images the embedding map draws out of how many, and how they were chosen, as Markdown
+    (None when the report has no map): from what the map recorded in its PNG, else from the report's class count."""
+    from retrieval.analysis.pictures import MAP_MAX_CLASSES, MAP_MAX_POINTS, MAP_METADATA_KEY
+
+    path = report.plot_file("embedding_map")
+    if path is None:
+        return None
+    try:
+        with Image.open(path) as image:
+            facts = json.loads(getattr(image, "text", {}).get(MAP_METADATA_KEY, "null"))
+    except (OSError, ValueError):
+        facts = None
+    if not isinstance(facts, dict) or not all(isinstance(facts.get(key), int) for key in
+                                              ("classes_shown", "classes", "images_shown", "images")):
+        classes = ((report.data.get("class_split") or {}).get("test") or {}).get("classes")
+        if isinstance(classes, int) and classes > MAP_MAX_CLASSES:  # drawn before maps recorded their sample
+            return (f"**The map shows {MAP_MAX_CLASSES} of the {classes} classes evaluated** (a random sample of "
+                    f"them: more colours could not be told apart) and at most {MAP_MAX_POINTS} of their images; "
+                    "each point is one image, coloured by class.")
+        return "Each point is one image evaluated, coloured by class." + (
+            f" All {classes} classes evaluated are shown." if isinstance(classes, int) else "")
+    shown, total = facts["classes_shown"], facts["classes"]
+    method = markdown_text(facts.get("method", "a 2-D projection"))
+    seed = facts.get("seed")
+    how = f" (a random sample, seed {seed}: more colours could not be told apart)" if isinstance(seed, int) else \
+        " (a random sample: more colours could not be told apart)"
+    classes_text = (f"**The map shows {shown} of the {total} classes evaluated**{how}" if shown < total
+                    else f"**The map shows all {total} classes evaluated**")
+    images_text = f"{facts['images_shown']:,} of the {facts['images']:,} images"
+    return (f"{classes_text}, {images_text}; {method} of their embeddings, each point one image coloured by class "
+            "(nearby points: embeddings the model finds alike).")
+
+
 def summary_markdown(report: RunReport, shown: str | None = None) -> str:
     """The report's kind, where it is (``shown``: as the reader named it; default its file name) and its setup,
     as Markdown with every field of the report escaped (a report is anyone's file)."""

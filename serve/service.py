@@ -48,7 +48,7 @@ from retrieval.serve.defaults import (
     MAX_BATCH_QUERIES,
     MAX_BATCH_UPLOAD_BYTES,
 )
-from retrieval.serve.diagnostics import LeaveOneOut, leave_one_out
+from retrieval.serve.diagnostics import LeaveOneOut, NeighbourScores, leave_one_out, neighbour_scores
 from retrieval.serve.images import QueryError, decode_query
 
 log = logging.getLogger(__name__)
@@ -61,8 +61,8 @@ def image_url(image_id: int) -> str:
 
 
 def display_name(path: str) -> str:
-    """How the app and the API name a gallery image to people: its file name, printable (no folders, no server
-    paths)."""
+    """A gallery image's file name, printable (the API's ``name``: no folders, no server paths); the app names an
+    image by its ``path``, the spelling filters compare."""
     return printable_path(PurePosixPath(path).name)
 
 
@@ -87,6 +87,14 @@ class SearchResponse:
     query_item: QueryItem | None = None  # the query is this gallery item (identical file bytes)
     excluded_self: bool = False  # ... and it was left out of the results
     notes: list[str] = field(default_factory=list)  # how the query was read (e.g. an animated image's frame)
+    # the answering state's nearest-neighbour similarities, when asked for (``search(..., calibrate=True)``)
+    neighbours: NeighbourScores | None = None
+
+    def unlike_gallery(self) -> bool:
+        """Whether the best result scores below what nearly every gallery image reaches to its own nearest
+        neighbour (needs ``neighbours``; a query that is a gallery image never is)."""
+        return (self.neighbours is not None and bool(self.results) and self.query_item is None
+                and self.neighbours.unlike(self.results[0].score))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -136,6 +144,8 @@ class ServedIndex:
         self._lock = threading.Lock()
         self._stats: dict[str, Any] | None = None
         self._loo: LeaveOneOut | None = None
+        self._neighbours: tuple[NeighbourScores | None] | None = None  # (None,): measured, fewer than 2 images
+        self._neighbours_lock = threading.Lock()  # not the summaries' lock: a search never waits for leave-one-out
         self._warned_lock = threading.Lock()
         self._warned = False  # whether this state logged that it cannot answer (once per state)
 
@@ -194,6 +204,13 @@ class ServedIndex:
             if self._loo is None:
                 self._loo = self._answer(leave_one_out, self.index)
             return self._loo
+
+    def neighbour_scores(self) -> NeighbourScores | None:
+        """How similar this state's images are to their nearest other image, once (None: fewer than 2 images)."""
+        with self._neighbours_lock:
+            if self._neighbours is None:
+                self._neighbours = (self._answer(neighbour_scores, self.index),)
+            return self._neighbours[0]
 
     def _answer(self, call: Any, *args: Any, **kwargs: Any) -> Any:
         """``call(*args, **kwargs)``; what this state cannot answer from itself (``InconsistentIndexError``: the
@@ -334,17 +351,22 @@ class SearchService:
         exclude_ids: tuple[int, ...] = (),
         exclude_self: bool = False,
         where: str | None = None,
+        calibrate: bool = False,
     ) -> SearchResponse:
         """Top-k of a PIL image, the bytes of an image file, or an embedding [d]; ``exclude_ids`` dropped.
 
         For image bytes, ``query_item`` is the gallery item with identical bytes (if any); ``exclude_self``
         leaves it out of the results (a query picked from the gallery is not its own answer). ``where``: only
         the catalogue rows matching it (``retrieval.index.filters``; a malformed one is a 422 naming the
-        problem). The whole search uses one state of the index, even if a newer one is swapped in meanwhile.
+        problem). The whole search uses one state of the index, even if a newer one is swapped in meanwhile;
+        ``calibrate`` adds that state's ``neighbour_scores`` (measured once per state), for ``unlike_gallery``.
         """
         k, where_filter = checked_k_and_where(k, where)
         with self.live.acquire() as state:
-            return self._search(state, query, k, exclude_ids, exclude_self, where_filter)
+            response = self._search(state, query, k, exclude_ids, exclude_self, where_filter)
+            if calibrate:
+                response.neighbours = state.neighbour_scores()
+            return response
 
     def _search(
         self,
@@ -581,6 +603,8 @@ class SearchService:
         index = index | {"index_dir": name(index.get("index_dir"))}
         if isinstance(index.get("model"), dict):
             index["model"] = index["model"] | {"model_path": name(index["model"].get("model_path"))}
+        neighbours = state.neighbour_scores()  # what a query's best score is read against (docs/SERVING.md)
+        index["neighbour_similarity"] = neighbours.to_dict() if neighbours is not None else None
         index["error_examples"] = [
             row | {"path": state.public_path(row["path"]) if row.get("path") else row.get("path"),
                    "error": scrub(row.get("error"))}
@@ -597,11 +621,14 @@ class SearchService:
         self.live.close()
 
 
+NO_MATCH_NOTE = "the filter matches no image of the index"  # the note's start: the app tells it from the others
+
+
 def no_match_notes(state: ServedIndex, where: Filter | None, results: Sequence[SearchResult]) -> list[str]:
     """A note for an empty answer whose filter matches no image of the index, saying how values are compared."""
     if where is None or results or len(state.index.matching_ids(where)):
         return []
-    return [f"the filter matches no image of the index. {state.index.filter_table.no_match_hint()}"]
+    return [f"{NO_MATCH_NOTE}. {state.index.filter_table.no_match_hint()}"]
 
 
 def checked_k_and_where(k: object, where: str | None) -> tuple[int, Filter | None]:

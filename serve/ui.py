@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,11 +26,12 @@ from retrieval.serve.reports import (
     MAP_EQUALS_RECALL_NOTE,
     MAX_PROSE_CHARS,
     METRIC_UNIT,
+    RunReport,
     curves_plot,
     data_relation_markdown,
     domains_plot,
+    embedding_map_note,
     embedding_map_plot,
-    html_text,
     load_report,
     load_results,
     markdown_code,
@@ -43,7 +45,8 @@ from retrieval.serve.reports import (
     triplet_plot,
     wise_plot,
 )
-from retrieval.serve.service import SearchService, ServedIndex, display_name
+from retrieval.serve.service import NO_MATCH_NOTE, SearchResponse, SearchService, ServedIndex
+from retrieval.serve.stats_view import human_bytes, statistics_markdown
 from retrieval.serve.upload_cache import UploadRecords
 
 THUMBNAIL = 256
@@ -51,14 +54,23 @@ MAX_SLIDER_K = 100  # the K slider's top: the app shows at most this many result
 EXAMPLE_COUNT = 12
 WORST_CLASSES = 10
 DUPLICATES_SHOWN = 50
+PICTURE_HEIGHT = 420  # a run report's plot on the Evaluation tab, in pixels
+TALL_PICTURE_HEIGHT = 560  # the query grid (a row per query) and the embedding map with its legend
+FAILURE_COLUMNS = 10  # failure thumbnails per row
 INFO_JSON_BYTES = 1 << 20  # a data set's info.json is a few KiB; anything bigger is not one
 NO_IMAGE = "Upload, paste or pick an image first."
+METRIC_TABS = ("Evaluation", "Index")  # the tabs that show metrics on every page (Results: with a grid)
 MAX_ERROR_CHARS = 2000  # the API's messages are a few lines; one that echoes a long filter is cut
+MAX_NOTE_CHARS = 2000  # a note on the query, e.g. how a filter that matched nothing compares (it lists the columns)
+MAX_PATH_CHARS = 1000  # a gallery path in a caption: whole, so that it can be copied into the filter box
+IMAGE_STATUSES = (400, 413)  # the service's answers to an upload it cannot read (K and filter problems come first)
 MAX_COLUMNS_SHOWN = 20  # a manifest's filter columns named in the where box's label
 MAX_COLUMN_CHARS = 40  # each of those names (the index allows 64)
 MAX_PICKED_LABEL_CHARS = 1000  # the label picker offers labels up to this long (a where holds 4,000 characters)
 # Markdown components showing text from users: no LaTeX ($$ ... $$ in a label would be typeset as maths)
 NO_LATEX: list[dict[str, Any]] = []
+# Run in the page before a search: closes the pop-ups still open (they were about an earlier try).
+CLOSE_TOASTS = "() => { document.querySelectorAll('.toast-close').forEach((button) => button.click()); return []; }"
 # Passed to gr.mount_gradio_app (serve.server): Gradio 6 takes page CSS there, not in gr.Blocks.
 UI_CSS = """
 /* Results and failures grow with their content: Gradio caps a gallery at 55vh with an inner scrollbar. */
@@ -76,10 +88,17 @@ UI_CSS = """
   overflow-wrap: anywhere; }
 /* Narrow screens: two columns, so that thumbnails and their captions keep a readable size. */
 @media (max-width: 720px) {
-  #results-gallery .grid-container, #failures-gallery .grid-container {
-    grid-template-columns: repeat(2, minmax(0, 1fr)) !important; }
+  #results-gallery .grid-container { grid-template-columns: repeat(2, minmax(0, 1fr)) !important; }
+  /* failures: two query / wrong top-1 pairs a row, in smaller print (they are examples, not the answer) */
+  #failures-gallery .grid-container { grid-template-columns: repeat(4, minmax(0, 1fr)) !important; }
+  #failures-gallery .caption-label { font-size: 0.7em; }
 }
 """
+
+
+def tab_names(tabs: Sequence[str]) -> str:
+    """``Evaluation, Results and Index``: the tabs in the page's order, joined for a sentence."""
+    return ", ".join(tabs[:-1]) + f" and {tabs[-1]}" if len(tabs) > 1 else "".join(tabs)
 
 
 def read_dataset_info(folder: Path, levels: int = 2) -> dict[str, Any] | None:
@@ -146,14 +165,6 @@ class GalleryFacts:
         name = self.label_name(label)
         return shown_text(f"{label} · {name}" if name else label)
 
-    def short_path(self, path: str | None) -> str:
-        """A gallery file's path relative to the gallery folder (the page need not show server folders)."""
-        if path is None:
-            return "(missing)"
-        if self.folder is not None and Path(path).is_relative_to(self.folder):
-            return shown_text(Path(path).relative_to(self.folder))
-        return shown_text(Path(path).name)
-
     def purpose(self) -> str:
         """The page's first line: what the gallery is for, in one plain sentence (its info.json's "purpose", as its
         preparer wrote it, else what any gallery offers), as plain text."""
@@ -164,9 +175,9 @@ class GalleryFacts:
             return "Find the images of this gallery most like yours, and whether they share its label."
         return "Find the images of this gallery most like yours."
 
-    def intro_markdown(self, service: SearchService) -> str:
-        """The opening lines: what the gallery holds and where from, what to try, what the score means (every
-        name and label in it escaped: they are anyone's text)."""
+    def intro_markdown(self, service: SearchService, tabs: Sequence[str] = METRIC_TABS) -> str:
+        """The opening lines: what the gallery holds and where from, what to try, what the score means, and which
+        of the page's ``tabs`` show metrics (every name and label in it escaped: they are anyone's text)."""
         info = service.describe()
         if self.labelled:
             labels = ", ".join(markdown_code(self.label_text(label)) for label in self.example_labels)
@@ -191,8 +202,7 @@ class GalleryFacts:
             "Search: the K gallery images nearest to it appear, best first. A query that is itself a gallery "
             "image is left out of its own results, and each result is marked ✓ (same label) or ✗.\n\n"
             "**Score:** the cosine similarity of the L2-normalised embeddings, from -1 to 1 (1 = identical "
-            "direction, 0 = unrelated). Metrics (Evaluation, Results and Index tabs) are in percent "
-            f"({METRIC_UNIT}).\n\n"
+            f"direction, 0 = unrelated). Metrics ({tab_names(tabs)} tabs) are in percent ({METRIC_UNIT}).\n\n"
             f"**From a program:** the JSON API, documented at [{API_DOCS_PATH}]({API_DOCS_PATH}) (OpenAPI; also "
             "/redoc): `POST /search` with an image file or an embedding."
         )
@@ -220,11 +230,37 @@ def thumbnail(path: Path | None) -> Image.Image:
     return image
 
 
+def upload_name(upload: Any) -> str | None:
+    """The file name the visitor's browser gave an upload (None for a pasted image or an example)."""
+    name = upload.get("orig_name") if isinstance(upload, dict) else None
+    return name if isinstance(name, str) and name else None
+
+
+def failure_markdown(title: str, exc: Exception, name: str | None = None) -> str:
+    """A failed search's status line: what failed (and which file), then the API's message, escaped (it may echo
+    the visitor's filter)."""
+    named = f" {markdown_code(name)}" if name else ""
+    return f"⚠️ **{title}{named}:** {markdown_text(exc, MAX_ERROR_CHARS)}"
+
+
+def unlike_markdown(response: SearchResponse, condition: str | None) -> str:
+    """The hint for a query unlike the gallery: its best score against the gallery's own nearest-neighbour
+    similarities (``NeighbourScores``)."""
+    neighbours = response.neighbours
+    assert neighbours is not None
+    share = f"{100 * (1 - neighbours.quantile):g} %"
+    among = "among the images matching the filter " if condition else "in the gallery "
+    return (f"⚠️ **Nothing {among}is much like this image:** the best result scores "
+            f"{response.results[0].score:.3f}, while {share} of the gallery's own images have a nearest other image "
+            f"scoring {neighbours.floor:.3f} or more. The results are the least unlike it, not matches.")
+
+
 class SearchTab:
     def __init__(self, service: SearchService, examples: ExampleSet, uploads: UploadRecords,
-                 facts: GalleryFacts | None = None) -> None:
+                 facts: GalleryFacts | None = None, tabs: Sequence[str] = METRIC_TABS) -> None:
         self.service, self.examples, self.uploads = service, examples, uploads
         self.facts = facts or GalleryFacts.of(service)
+        self.tabs = tabs  # the page's tabs that show metrics, named in the opening lines
 
     def max_k(self) -> int:
         """The slider's top, and the largest K a call may ask for."""
@@ -267,47 +303,76 @@ class SearchTab:
         return " and ".join(parts) or None
 
     def search(self, upload: Any, k: float, labels: Any = None, where: Any = None
-               ) -> tuple[list[tuple[Image.Image, str]], str]:
-        """Search with the uploaded file's bytes exactly as the API does: the same decoder and messages, and a
+               ) -> tuple[list[tuple[Image.Image, str]], str, Any]:
+        """The results, the status line and the query box after a search.
+
+        It searches with the uploaded file's bytes exactly as the API does: the same decoder and messages, and a
         query that is a gallery item (identical bytes) is left out of its own results (``exclude_self``);
-        ``labels`` (the picker) and ``where`` (the filter box) restrict the results as the API's where does."""
+        ``labels`` (the picker) and ``where`` (the filter box) restrict the results as the API's where does. A
+        search that fails replaces the previous results and status with what went wrong, inline: the next search
+        replaces it in turn (a pop-up would stay over later results). An upload that cannot be read leaves the
+        query box, where the browser would show it as a broken image.
+        """
+        keep = gr.skip()
         try:
             k = self.check_k(k)
-            data = self.read_upload(upload)
             condition = self.where(labels, where)
-            response = self.service.search(data, k, exclude_self=True, where=condition)
         except QueryError as exc:
-            # the API's 4xx detail, as text (Gradio renders messages as HTML), without a traceback in the log
-            message = html_text(exc, MAX_ERROR_CHARS)
-            # duration None: the message stays until the reader closes it (a toast that fades is missed)
-            title = "Cannot use this filter" if str(exc).startswith("where") else "Cannot search with this image"
-            raise gr.Error(message, title=title, duration=None, print_exception=False) from None
+            return [], failure_markdown("Cannot search", exc), keep
+        try:
+            data = self.read_upload(upload)
+        except QueryError as exc:
+            return [], failure_markdown("Cannot search with this image", exc, upload_name(upload)), None
+        try:
+            response = self.service.search(data, k, exclude_self=True, where=condition, calibrate=True)
+        except QueryError as exc:
+            if exc.status in IMAGE_STATUSES:  # the upload itself: unreadable, too large, too many pixels
+                return [], failure_markdown("Cannot search with this image", exc, upload_name(upload)), None
+            title = "Cannot use this filter" if exc.status == 422 and condition else "Cannot search"
+            return [], failure_markdown(title, exc), keep
+        return self.results(response), self.status(response, condition), keep
+
+    def results(self, response: SearchResponse) -> list[tuple[Image.Image, str]]:
+        """The gallery's thumbnails and captions: score, label, and the path the API gives and filters compare."""
         known = response.query_item
         items = []
         for result in response.results:  # captions are shown as text; label_text and shown_text bound them
             caption = (f"{result.score:.3f} · {self.facts.label_text(result.label)} · "
-                       f"{shown_text(display_name(result.path))}")
+                       f"{shown_text(result.path, MAX_PATH_CHARS)}")
             if known is not None and known.label is not None:
                 caption = ("✓ " if result.label == known.label else "✗ ") + caption
             items.append((thumbnail(self.service.image_path(result.id)), caption))
-        t = response.timing
+        return items
+
+    def status(self, response: SearchResponse, condition: str | None) -> str:
+        """The status line of a search that ran: what it found (or why nothing), how long it took, what the query
+        is, and whether anything in the gallery is much like it."""
+        known, t, count = response.query_item, response.timing, len(response.results)
         filtered = f" matching {markdown_code(condition)}" if condition else ""  # its labels are anyone's text
-        lines = [
-            f"**{len(items)} results**{filtered} · embed {t.get('embed_ms', 0):.1f} ms "
+        lines = []
+        # e.g. an animated image's first frame; a filter that matches nothing, with how values are compared
+        lines += [f"⚠️ {markdown_text(note, MAX_NOTE_CHARS)}" for note in response.notes]
+        unmatched = any(note.startswith(NO_MATCH_NOTE) for note in response.notes)
+        if not count and condition and response.excluded_self and not unmatched:  # it matched the query alone
+            lines.append("⚠️ Only the query image itself matches the filter, and a query is left out of its own "
+                         "results.")
+        if response.unlike_gallery():
+            lines.append(unlike_markdown(response, condition))
+        lines.append(
+            f"**{count} results**{filtered} · embed {t.get('embed_ms', 0):.1f} ms "
             f"(batch of {int(t.get('batch_size', 1))}) · search {t['search_ms']:.1f} ms · "
             f"total {t['total_ms']:.1f} ms"
-        ]
+        )
         if known is not None:
             correct = sum(r.label == known.label for r in response.results)
             name = self.facts.label_name(known.label)
             label = markdown_text(known.label) if known.label is not None else "(no label)"
             lines.append(
-                f"Query is gallery image #{known.id} (label **{label}**{f' · {name}' if name else ''}), left "
-                f"out of its own results; {correct}/{len(items)} results share its label (✓ correct, ✗ wrong)."
+                f"Query is gallery image #{known.id} ({markdown_code(known.path, MAX_PATH_CHARS)}, "
+                f"label **{label}**{f' · {name}' if name else ''}), left out of its own results; "
+                f"{correct}/{count} results share its label (✓ correct, ✗ wrong)."
             )
-        # e.g. an animated image's first frame
-        notes = "".join(f"⚠️ {markdown_text(note, MAX_PROSE_CHARS)}\n\n" for note in response.notes)
-        return items, notes + "\n\n".join(lines)
+        return "\n\n".join(lines)
 
     @staticmethod
     def close_preview() -> Any:
@@ -369,16 +434,19 @@ class SearchTab:
                 elem_id="search-examples",
             )
             examples.load_input_event.then(
-                self.close_preview, None, gallery, queue=False, show_progress="hidden", api_visibility="private"
-            ).then(self.search, [query, top_k, label_pick, where_box], [gallery, timing], preprocess=False,
+                self.close_preview, None, gallery, queue=False, show_progress="hidden", api_visibility="private",
+                js=CLOSE_TOASTS,
+            ).then(self.search, [query, top_k, label_pick, where_box], [gallery, timing, query], preprocess=False,
                    api_name="example_search", api_visibility="private")
-        # the enlarged view closes first: Gallery keeps it open on the same index when only its value changes
+        # the enlarged view closes first: Gallery keeps it open on the same index when only its value changes; a
+        # pop-up still open (Gradio's own, e.g. a file over the size limit) is closed: it was about an earlier try
         button.click(
-            self.close_preview, None, gallery, queue=False, show_progress="hidden", api_visibility="private"
-        ).then(self.search, [query, top_k, label_pick, where_box], [gallery, timing], api_name="search",
+            self.close_preview, None, gallery, queue=False, show_progress="hidden", api_visibility="private",
+            js=CLOSE_TOASTS,
+        ).then(self.search, [query, top_k, label_pick, where_box], [gallery, timing, query], api_name="search",
                preprocess=False)
         # what the gallery is and how to read the results: after the search itself, so the upload box comes first
-        gr.Markdown(self.facts.intro_markdown(self.service), elem_id="intro", latex_delimiters=NO_LATEX)
+        gr.Markdown(self.facts.intro_markdown(self.service, self.tabs), elem_id="intro", latex_delimiters=NO_LATEX)
 
     def column_names(self) -> str:
         """The columns a where may name (a manifest's, so anyone's text): the first ``MAX_COLUMNS_SHOWN``, each
@@ -395,13 +463,27 @@ REPORT_REFUSED = (
 )  # one answer for every refusal: it tells neither whether a file exists nor where the server's folders are
 
 
-# the Evaluation tab's pictures shown only when the report has them, in their order on the page
-OPTIONAL_PLOTS = (domains_plot, wise_plot, retrieval_plot, embedding_map_plot)
+@dataclass(frozen=True)
+class ReportPicture:
+    """One picture of a run report on the Evaluation tab: a tab of its own, shown only when the report has it."""
+
+    key: str  # the tab's id
+    title: str  # the tab's name
+    draw: Callable[[RunReport], Image.Image | None]
+    elem_id: str
+    height: int  # on the page, in pixels: the picture fits inside (the full-screen button shows it whole)
 
 
-def shown_picture(image: Image.Image | None) -> Any:
-    """An optional picture: shown when the report has it, hidden otherwise."""
-    return gr.update(value=image, visible=image is not None)
+# in their order on the page; the tabs keep the tab as tall as one picture, not the sum of seven
+REPORT_PICTURES = (
+    ReportPicture("recall", "Recall@K", recall_plot, "recall-plot", PICTURE_HEIGHT),
+    ReportPicture("curves", "Training curves", curves_plot, "curves-plot", PICTURE_HEIGHT),
+    ReportPicture("triplet", "Hard triplets", triplet_plot, "triplet-plot", PICTURE_HEIGHT),
+    ReportPicture("domains", "In and out of domain", domains_plot, "domains-plot", PICTURE_HEIGHT),
+    ReportPicture("wise", "WiSE-FT", wise_plot, "wise-plot", PICTURE_HEIGHT),
+    ReportPicture("retrieval", "Queries and their top 5", retrieval_plot, "retrieval-plot", TALL_PICTURE_HEIGHT),
+    ReportPicture("map", "Embedding map", embedding_map_plot, "embedding-map-plot", TALL_PICTURE_HEIGHT),
+)
 
 
 class EvaluationTab:
@@ -436,7 +518,8 @@ class EvaluationTab:
         return None
 
     def open_report(self, path: str) -> tuple[Any, ...]:
-        """The report's summary, metrics table and plots (drawn once per report file version)."""
+        """The report's summary, metrics table, pictures (each in its tab, the tabs of missing ones hidden) and
+        the note on what the embedding map shows; drawn once per report file version."""
         if not path:
             return ("No run report is open: start the server with `--report RUN_DIR/report.json`, or enter a "
                     "report's path above, to see a run's metrics and curves here.", *self.nothing_shown())
@@ -457,25 +540,48 @@ class EvaluationTab:
                 report, self.service.current().index.info.get("gallery_root"), self.service.index_dir.name)
             if report.map_equals_recall():
                 summary += f"\n\n{MAP_EQUALS_RECALL_NOTE}"
-            pictures = [picture(report) for picture in (recall_plot, curves_plot, triplet_plot, *OPTIONAL_PLOTS)]
-            self._cache = {key: (summary, headers, rows, pictures)}  # keep only the latest
+            pictures = [picture.draw(report) for picture in REPORT_PICTURES]
+            self._cache = {key: (summary, headers, rows, pictures, embedding_map_note(report))}  # the latest only
         # the drawn pictures are cached; the updates are made afresh for each page (Gradio consumes them)
-        summary, headers, rows, pictures = self._cache[key]
+        summary, headers, rows, pictures, map_note = self._cache[key]
+        first = next((p.key for p, image in zip(REPORT_PICTURES, pictures, strict=True) if image is not None), None)
         return (summary, gr.update(value=rows, headers=headers, visible=True),
-                *(shown_picture(picture) for picture in pictures))
+                gr.Tabs(selected=first, visible=first is not None),
+                *(gr.Tab(visible=image is not None) for image in pictures),
+                *(gr.update(value=image) for image in pictures),
+                gr.update(value=map_note or "", visible=map_note is not None))
 
     @staticmethod
     def nothing_shown() -> tuple[Any, ...]:
         """The report's table and pictures when no report is open: hidden, not empty."""
-        return (gr.update(value=None, visible=False), *[shown_picture(None)] * (3 + len(OPTIONAL_PLOTS)))
+        return (gr.update(value=None, visible=False), gr.Tabs(visible=False),
+                *(gr.Tab(visible=False) for _ in REPORT_PICTURES), *(gr.update(value=None) for _ in REPORT_PICTURES),
+                gr.update(value="", visible=False))
 
     def worst_classes(self) -> tuple[str, Any, Any]:
-        """Leave-one-out per class: the worst classes (Recall@1, then rank of the first correct) and failures; the
-        table and the failures are hidden when there are none."""
-        loo = self.service.leave_one_out()
-        if not loo.classes:
-            return (f"No per-class analysis: {loo.note}.", gr.Dataframe(value=None, visible=False),
-                    gr.Gallery(value=None, visible=False))
+        """Leave-one-out per class: the worst classes (Recall@1, then rank of the first correct) and failures, each
+        image captioned with its path as the API and filters spell it; the table and the failures are hidden when
+        there are none."""
+        with self.service.acquire() as state:  # the analysis, the files and their paths of one state
+            loo = state.leave_one_out()
+            if not loo.classes:
+                return (f"No per-class analysis: {loo.note}.", gr.Dataframe(value=None, visible=False),
+                        gr.Gallery(value=None, visible=False))
+            worst = loo.classes[:WORST_CLASSES]
+            shown_failures = [failure for c in worst for failure in c.failures[:1]]
+            rows_of = state.index.indexed_rows([i for f in shown_failures for i in (f.query_id, f.top1_id) if i >= 0])
+
+            def path_of(image_id: int) -> str:
+                row = rows_of.get(image_id)
+                return shown_text(state.public_path(row["path"]), MAX_PATH_CHARS) if row else "(missing)"
+
+            pairs = []
+            for failure in shown_failures:
+                pairs.append((thumbnail(self.service.image_path(failure.query_id, state)),
+                              f"query: {self.facts.label_text(failure.query_label)} · {path_of(failure.query_id)}"))
+                top1 = self.service.image_path(failure.top1_id, state) if failure.top1_id >= 0 else None
+                pairs.append((thumbnail(top1), f"✗ {failure.score:.3f} · top-1: "
+                              f"{self.facts.label_text(failure.top1_label)} · {path_of(failure.top1_id)}"))
         depth = loo.classes[0].depth
         summary = (
             f"Leave-one-out over the index ({loo.note}, {loo.queries} queries): each labelled image is searched "
@@ -483,17 +589,8 @@ class EvaluationTab:
             "lowest Recall@1, then the highest mean rank of the first result with the right label (1 = always "
             f"top-1; a query with none in the top {depth} counts as {depth + 1})."
         )
-        worst = loo.classes[:WORST_CLASSES]
         rows = [[self.facts.label_text(c.label), c.queries, c.correct, percent(c.recall_at_1),
                  round(c.mean_first_rank, 1), ", ".join(map(str, c.first_ranks[:8]))] for c in worst]
-        pairs = []
-        for c in worst:
-            for failure in c.failures[:1]:
-                pairs.append((thumbnail(self.service.image_path(failure.query_id)),
-                              f"query: {self.facts.label_text(failure.query_label)}"))
-                top1 = self.service.image_path(failure.top1_id) if failure.top1_id >= 0 else None
-                pairs.append((thumbnail(top1),
-                              f"✗ {failure.score:.3f} · top-1: {self.facts.label_text(failure.top1_label)}"))
         headers = ["class", "queries", "correct top-1", f"Recall@1 ({METRIC_UNIT})", "mean rank of first correct",
                    "first-correct rank per query"]
         if not pairs:
@@ -501,20 +598,26 @@ class EvaluationTab:
         return summary, gr.Dataframe(value=rows, headers=headers, visible=True), gr.Gallery(value=pairs,
                                                                                             visible=bool(pairs))
 
-    def duplicates(self) -> tuple[str, Any]:
-        """The gallery files the index skipped as exact copies (same sha256) of an indexed one, with their twins."""
+    def duplicates(self) -> tuple[str, Any, Any]:
+        """The gallery files the index skipped as exact copies (same sha256) of an indexed one, with their twins,
+        by the paths the API and filters use; the table folds away (there may be many)."""
         with self.service.acquire() as state:
             total, found = duplicates(state.catalogue, DUPLICATES_SHOWN)
+            label = self.facts.label_text
+
+            def where(path: str | None) -> str:
+                return shown_text(state.public_path(path), MAX_PATH_CHARS) if path else "(missing)"
+
+            rows = [[d.id, label(d.label), where(d.path), d.twin_id, label(d.twin_label), where(d.twin_path)]
+                    for d in found]
         if not total:
-            return "No duplicates: every gallery file has distinct bytes.", gr.Dataframe(value=None, visible=False)
-        shown = f" (the first {len(found)} below)" if total > len(found) else ""
+            return ("No duplicates: every gallery file has distinct bytes.", gr.Accordion(visible=False),
+                    gr.Dataframe(value=None))
+        shown = f" (the first {len(found)} in the table)" if total > len(found) else ""
         text = (f"**Skipped as duplicates: {total}**{shown}. Their bytes equal those of an indexed file (the twin), "
                 "so only the twin is searched; where the two carry different labels, the twin stands for both.")
-        label, where = self.facts.label_text, self.facts.short_path
-        rows = [[d.id, label(d.label), where(d.path), d.twin_id, label(d.twin_label), where(d.twin_path)]
-                for d in found]
         headers = ["skipped id", "its label", "file", "twin id (indexed)", "twin's label", "twin's file"]
-        return text, gr.Dataframe(value=rows, headers=headers, visible=True)
+        return text, gr.Accordion(visible=True), gr.Dataframe(value=rows, headers=headers)
 
     def build(self, demo: gr.Blocks) -> None:
         gr.Markdown("## Run report (a training or evaluation run: its own data, not necessarily this index's)")
@@ -531,24 +634,17 @@ class EvaluationTab:
         visible = self.report is not None  # the page's first state; open_report hides what a report lacks
         metrics = gr.Dataframe(label=f"Metrics, in percent ({METRIC_UNIT})", interactive=False,
                                elem_id="metrics-table", visible=visible)
-        # plots carry their own titles: no label badge over them; each shown only when the report has it
-        with gr.Row():
-            recall = gr.Image(label="Recall@K", show_label=False, type="pil", interactive=False,
-                              elem_id="recall-plot", visible=visible)
-            triplet = gr.Image(label="Triplet diagram", show_label=False, type="pil", interactive=False,
-                               elem_id="triplet-plot", visible=visible)
-        curves = gr.Image(label="Training curves (metrics.jsonl)", show_label=False, type="pil", interactive=False,
-                          elem_id="curves-plot", visible=visible)
-        with gr.Row():  # filled for runs with --eval-extra / --wise-alpha, hidden otherwise
-            domains = gr.Image(label="In and out of domain", show_label=False, type="pil", interactive=False,
-                               elem_id="domains-plot", visible=False)
-            wise = gr.Image(label="WiSE-FT", show_label=False, type="pil", interactive=False, elem_id="wise-plot",
-                            visible=False)
-        with gr.Row():  # the evaluation's pictures, when the report has them
-            retrieval_grid = gr.Image(label="Queries and their top 5", show_label=False, type="pil",
-                                      interactive=False, elem_id="retrieval-plot", visible=False)
-            embedding_map = gr.Image(label="Embedding map", show_label=False, type="pil", interactive=False,
-                                     elem_id="embedding-map-plot", visible=False)
+        # one picture at a time, each in a tab of its own: the tab is as tall as one picture, not the sum of seven
+        with gr.Tabs(elem_id="report-pictures", visible=visible) as picture_tabs:
+            tabs, images = [], []
+            for picture in REPORT_PICTURES:
+                with gr.Tab(picture.title, id=picture.key, elem_id=f"{picture.elem_id}-tab", visible=visible) as tab:
+                    if picture.key == "map":  # what the map draws, above it: read before the picture
+                        map_note = gr.Markdown(elem_id="embedding-map-note", latex_delimiters=NO_LATEX)
+                    # plots carry their own titles: no label badge over them
+                    images.append(gr.Image(label=picture.title, show_label=False, type="pil", interactive=False,
+                                           height=picture.height, elem_id=picture.elem_id))
+                tabs.append(tab)
         # what follows is measured on the index being served, whatever report is open above
         gr.Markdown(f"## The index being served ({markdown_text(self.service.index_dir.name)})\n"
                     "### Classes with the worst Recall@1 in this index", latex_delimiters=NO_LATEX)
@@ -556,19 +652,21 @@ class EvaluationTab:
         worst = gr.Dataframe(interactive=False, elem_id="worst-classes")
         failures = gr.Gallery(
             label="Example failures: query, then its wrong top-1",
-            columns=6,
+            columns=FAILURE_COLUMNS,  # even: a query and its wrong top-1 stay side by side
             height="auto",
             object_fit="contain",
             elem_id="failures-gallery",
         )
         gr.Markdown("### Duplicates skipped by the index")
         duplicates_text = gr.Markdown(elem_id="duplicates-summary", latex_delimiters=NO_LATEX)
-        duplicates_table = gr.Dataframe(interactive=False, elem_id="duplicates-table")
-        outputs = [summary, metrics, recall, curves, triplet, domains, wise, retrieval_grid, embedding_map]
+        with gr.Accordion("The duplicates and their twins", open=False, visible=False,
+                          elem_id="duplicates") as duplicates_fold:
+            duplicates_table = gr.Dataframe(interactive=False, elem_id="duplicates-table")
+        outputs = [summary, metrics, picture_tabs, *tabs, *images, map_note]
         button.click(self.open_report, [path], outputs, api_name="open_report")
         demo.load(self.open_report, [path], outputs, api_name=False)
         demo.load(self.worst_classes, None, [loo_summary, worst, failures], api_name=False)
-        demo.load(self.duplicates, None, [duplicates_text, duplicates_table], api_name=False)
+        demo.load(self.duplicates, None, [duplicates_text, duplicates_fold, duplicates_table], api_name=False)
 
 
 class ResultsTab:
@@ -621,8 +719,8 @@ class IndexTab:
     def __init__(self, service: SearchService) -> None:
         self.service = service
 
-    def stats(self) -> tuple[Any, dict[str, Any]]:
-        """The table and the details of one state: its statistics and its model's batcher."""
+    def stats(self) -> tuple[Any, str]:
+        """The summary table and every statistic, as readable sections, of one state and its model's batcher."""
         with self.service.acquire() as state:
             _, s = self.service.public_stats(state)
             batcher = state.batcher.stats()
@@ -632,7 +730,7 @@ class IndexTab:
             ["index type", s["index_key"]],
             ["parameters", ", ".join(f"{a}={b}" for a, b in s["params"].items()) or "(none: exact search)"],
             ["embedding dimension", s["model"]["embedding_dim"]],
-            ["size on disk (MiB)", round(s["size_on_disk_bytes"]["total"] / 2**20, 3)],
+            ["size on disk", human_bytes(s["size_on_disk_bytes"]["total"])],
             [f"1-recall@1 vs exact search ({METRIC_UNIT})", percent(s["recall_1_at_1"])],
         ]
         if k:
@@ -646,13 +744,12 @@ class IndexTab:
                 f"{s['counts']['error']} / {s['counts']['duplicate']} / {s['counts']['removed']}",
             ],
         ]
-        return gr.Dataframe(value=rows, headers=["statistic", "value"]), s | {
-            "batcher": batcher
-        }
+        return gr.Dataframe(value=rows, headers=["statistic", "value"]), statistics_markdown(s, batcher)
 
     def build(self, demo: gr.Blocks) -> None:
         table = gr.Dataframe(interactive=False, elem_id="index-stats")
-        details = gr.JSON(label="All statistics")
+        with gr.Accordion("All statistics", open=True, elem_id="index-details-fold"):
+            details = gr.Markdown(elem_id="index-details", latex_delimiters=NO_LATEX)
         refresh = gr.Button("Refresh")
         refresh.click(self.stats, None, [table, details], api_name="index_stats")
         demo.load(self.stats, None, [table, details], api_name=False)
@@ -681,9 +778,11 @@ def build_ui(
                 f"{info['embedding_dim']}-d embeddings · model {markdown_code(info['model_hash'])}",
                 elem_id="technical-header"
             )
+        # the tabs that show metrics, named on the Search tab: Results only with a grid to show
+        tabs = ("Evaluation", *(("Results",) if results is not None else ()), "Index")
         with gr.Tabs():
             with gr.Tab("Search", id="search"):
-                SearchTab(service, examples, UploadRecords(demo), facts).build()
+                SearchTab(service, examples, UploadRecords(demo), facts, tabs).build()
             with gr.Tab("Evaluation", id="evaluation"):
                 EvaluationTab(service, Path(report) if report else None, facts).build(demo)
             if results is not None:  # a results grid belongs to the data it was measured on: only when given

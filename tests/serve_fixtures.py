@@ -113,6 +113,50 @@ def write_run_report(run_dir: Path, index_dir: Path) -> Path:
     return run_dir / "report.json"
 
 
+def write_full_report(run_dir: Path, artifacts: ServeArtifacts) -> Path:
+    """A training report with every picture the demo's has (out-of-domain and WiSE-FT curves, the query grid and
+    the embedding map), over the index's own embeddings; the map draws at most 20 of the gallery's classes."""
+    from retrieval.analysis.pictures import draw_evaluation_pictures
+    from retrieval.index.catalogue import Catalogue
+    from retrieval.index.shards import ShardStore
+    from retrieval.index.vectors import done_chunks
+    from retrieval.metrics import evaluate
+    from retrieval.train.report import write_report
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with Catalogue(artifacts.index_dir / "catalogue.sqlite") as catalogue:
+        done = catalogue.done_shards()
+        rows = catalogue.rows(list(done))
+    ids, vectors = zip(*done_chunks(ShardStore(artifacts.index_dir / "shards"), done), strict=True)
+    ids, vectors = np.concatenate(ids), np.concatenate(vectors)
+    names = sorted({rows[int(i)]["label"] for i in ids})
+    labels = np.array([names.index(rows[int(i)]["label"]) for i in ids])
+    paths = [rows[int(i)]["path"] for i in ids]
+    last = evaluate(vectors, labels)
+    baseline = evaluate(np.random.default_rng(0).normal(size=vectors.shape).astype(np.float32), labels)
+    other = {"recall@1": 0.7, "map@r": 0.3}  # an --eval-extra set, as the demo's fashion-mnist
+    history = [{"epoch": 0, **baseline, "extra": {"other": other}}, {"epoch": 1, "loss": 0.9},
+               {"epoch": 2, "loss": 0.6, **last, "extra": {"other": dict(other, **{"recall@1": 0.65})}}]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in history))
+    reference = {"input_size": 224, "sets": {"other": {"test": {"recall@1": 0.72}}}}
+    curve = [{"alpha": a, "in_domain": 0.5 + 0.3 * a, "out_of_domain": 0.7 - 0.1 * a} for a in (0, 0.5, 1)]
+    wise = {"alpha": 0.5, "chosen": "auto", "curve": curve, "metrics": last}
+
+    def pictures() -> dict[str, str]:
+        def load(row: int) -> Image.Image:
+            return Image.open(paths[row]).convert("RGB")
+
+        return draw_evaluation_pictures(run_dir, vectors, labels, load, label_names=lambda i: names[i],
+                                        method="tsne")
+
+    write_report(run_dir, {"train": {"dataset": "fixture", "backbone": "efficientnet_lite0", "loss": "none",
+                                     "epochs": 2}},
+                 history, baseline, {"epoch": 2, **last}, last, (vectors, labels), None, reference=reference,
+                 wise=wise, pictures=pictures,
+                 class_split={"test": {"classes": len(names), "images": len(ids)}})
+    return run_dir / "report.json"
+
+
 def build_artifacts(root: Path, image_size: int = IMAGE_SIZE) -> ServeArtifacts:
     from retrieval.index import IngestOptions, build_index
 
@@ -207,6 +251,17 @@ def shared_artifacts(tmp_path_factory) -> ServeArtifacts:
     if "artifacts" not in _BUILT:
         _BUILT["artifacts"] = build_artifacts(tmp_path_factory.mktemp("serve"))
     return _BUILT["artifacts"]
+
+
+def shared_full_report(tmp_path_factory) -> Path:
+    """``write_full_report`` over the shared artifacts, written once per pytest session."""
+    if "full_report" not in _REPORTS:
+        artifacts = shared_artifacts(tmp_path_factory)
+        _REPORTS["full_report"] = write_full_report(tmp_path_factory.mktemp("full-run"), artifacts)
+    return _REPORTS["full_report"]
+
+
+_REPORTS: dict[str, Path] = {}
 
 
 def require_emoji_labels(labels: list[str]) -> None:

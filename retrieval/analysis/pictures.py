@@ -8,6 +8,7 @@ The map is UMAP (``umap-learn``) when it is installed and asked for, else t-SNE 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +21,9 @@ GRID_K = 5
 MAP_MAX_POINTS = 2000
 MAP_MAX_CLASSES = 20  # colours a reader can tell apart; more classes: a seeded sample of them is drawn
 MAP_METHODS = ("auto", "umap", "tsne")
+# the PNG text chunk in which the map records what it shows (JSON: classes drawn and in all, images drawn and in
+# all, method, seed), so that a page showing the picture can say so in words (serve.reports.embedding_map_note)
+MAP_METADATA_KEY = "retrieval-map"
 
 
 def _pyplot():
@@ -163,6 +167,8 @@ def plot_embedding_map(embeddings: np.ndarray, labels: np.ndarray, path: Path,
         mask = labels[rows] == cls
         ax.scatter(points[mask, 0], points[mask, 1], s=9, color=colour, label=label_names(int(cls))[:24])
     total = len(np.unique(labels))
+    facts = {"classes_shown": int(len(classes)), "classes": int(total), "images_shown": int(len(rows)),
+             "images": int(len(labels)), "method": "UMAP" if chosen == "umap" else "t-SNE", "seed": int(seed)}
     sampled = f"{len(classes)} of {total} classes, " if len(classes) < total else ""
     ax.set(title=f"{'UMAP' if chosen == 'umap' else 't-SNE'} of the test embeddings ({sampled}{len(rows)} images)",
            xticks=[], yticks=[])
@@ -170,7 +176,7 @@ def plot_embedding_map(embeddings: np.ndarray, labels: np.ndarray, path: Path,
     if len(classes) <= MAP_MAX_CLASSES:
         ax.legend(fontsize=6, markerscale=1.5, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, metadata={MAP_METADATA_KEY: json.dumps(facts)})
     plt.close(fig)
     return path
 

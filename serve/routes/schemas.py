@@ -67,7 +67,7 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
 class Result(BaseModel):
     id: int = Field(description="catalogue id (GET /items/{id})")
     path: str = Field(description="the image's path relative to the gallery root")
-    name: str = Field(description="the image's file name, as the app captions it (no folders)")
+    name: str = Field(description="the image's file name (no folders); the app shows `path`, as filters compare it")
     label: str | None = Field(description="its label (class folder or manifest label), if any")
     score: float = Field(ge=-1, le=1, description="cosine similarity to the query")
     image_url: str = Field(description="where to fetch the image file")
@@ -78,7 +78,7 @@ class QueryItemModel(BaseModel):
 
     id: int
     path: str = Field(description="relative to the gallery root")
-    name: str = Field(description="the image's file name, as the app captions it (no folders)")
+    name: str = Field(description="the image's file name (no folders); the app shows `path`, as filters compare it")
     label: str | None
     image_url: str
 
@@ -118,7 +118,7 @@ class BatchSearchResponseModel(BaseModel):
 class ItemModel(BaseModel):
     id: int
     path: str = Field(description="relative to the gallery root")
-    name: str = Field(description="the image's file name, as the app captions it (no folders)")
+    name: str = Field(description="the image's file name (no folders); the app shows `path`, as filters compare it")
     label: str | None
     sha256: str | None = Field(description="sha256 of the file's bytes, hex")
     size: int | None = Field(description="file size in bytes")

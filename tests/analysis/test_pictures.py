@@ -12,6 +12,7 @@ from PIL import Image
 
 from retrieval.analysis.pictures import (
     MAP_MAX_CLASSES,
+    MAP_METADATA_KEY,
     grid_rows,
     map_method,
     map_sample,
@@ -64,6 +65,16 @@ def test_the_grid_and_the_map_are_drawn(tmp_path):
     drawn = plot_embedding_map(x, labels, tmp_path / "map.png", method="tsne")
     assert Image.open(drawn).size[0] > 300
     assert plot_embedding_map(x[:3], labels[:3], tmp_path / "none.png") is None  # too few points to map
+
+
+def test_the_map_records_which_classes_it_draws_out_of_how_many(tmp_path):
+    """A page showing the map says in words what it draws: the map records it in its PNG."""
+    labels = np.repeat(np.arange(30), 3)
+    x = np.random.default_rng(2).normal(size=(90, 4))
+    with Image.open(plot_embedding_map(x, labels, tmp_path / "map.png", method="tsne", seed=3)) as image:
+        facts = json.loads(image.text[MAP_METADATA_KEY])
+    assert facts == {"classes_shown": MAP_MAX_CLASSES, "classes": 30, "images_shown": MAP_MAX_CLASSES * 3,
+                     "images": 90, "method": "t-SNE", "seed": 3}
 
 
 def test_the_map_is_bounded_in_classes_and_points():

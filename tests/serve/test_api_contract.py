@@ -293,7 +293,7 @@ def test_the_app_identifies_a_gallery_query_the_same_way(artifacts, service, cli
     copy.write_bytes(path.read_bytes())  # another name, same bytes: still the gallery item
     tab.uploads.blocks.upload_file_set.update({str(path), str(copy)})  # as Gradio records uploaded files
     api = client.post("/search?k=5&exclude_self=true", files={"image": ("q.png", path.read_bytes(), "image/png")})
-    items, text = tab.search(str(path), 5)
+    items, text, _ = tab.search(str(path), 5)
     assert len(items) == 5 and f"Query is gallery image #{api.json()['query_item']['id']}" in text
     assert f"#{api.json()['query_item']['id']}" in tab.search(str(copy), 5)[1]
 

@@ -1,10 +1,12 @@
 """A real browser (Playwright driving Debian's chromium, headless) against the running server.
 
 The page explains itself (what the gallery holds, what to try, what the score means); an upload shows K named
-results that grow with K without an inner scrollbar; an example click searches; a new search closes the enlarged
-view; bad uploads show the API's message and no traceback; a 400 px screen shows results before examples with
-whole captions; the Evaluation tab explains MAP@R = Recall@1 and orders the worst classes. Skipped, with the
-reason, only where Playwright or chromium is not installed.
+results that grow with K without an inner scrollbar, captioned with the paths the API gives; an example click
+searches; a new search closes the enlarged view; bad uploads show the API's message in the status line in place of
+the previous results, with no broken image and no pop-up left over later results; a query unlike the gallery is
+told so; a 400 px screen shows results before examples with whole captions; the Evaluation tab explains MAP@R =
+Recall@1, shows one picture at a time and orders the worst classes; the Index tab's statistics are readable
+sections. Skipped, with the reason, only where Playwright or chromium is not installed.
 
 The README's screenshots come from this test run against the real demo artifacts:
     RETRIEVAL_BROWSER_DEMO=artifacts/demo RETRIEVAL_SCREENSHOTS=docs/screenshots pytest tests/serve/test_browser.py
@@ -18,6 +20,7 @@ import json
 import os
 from pathlib import Path
 
+import httpx
 import pytest
 from browser_pages import (
     open_page,
@@ -25,7 +28,14 @@ from browser_pages import (
     text_once_shown,
     upload_and_search,
 )
-from serve_fixtures import QUERY_PNG, BackgroundServer, ServeArtifacts, require_emoji_labels, shared_artifacts
+from serve_fixtures import (
+    QUERY_PNG,
+    BackgroundServer,
+    ServeArtifacts,
+    require_emoji_labels,
+    shared_artifacts,
+    shared_full_report,
+)
 
 from retrieval.analysis.results import RESULTS_FORMAT
 from retrieval.data.emoji import emoji_name, is_code_point_sequence
@@ -72,7 +82,9 @@ def small_results(folder: Path) -> Path:
 def server(tmp_path_factory):
     artifacts = demo_artifacts(Path(DEMO_DIR)) if DEMO_DIR else shared_artifacts(tmp_path_factory)
     results = DEFAULT_RESULTS if DEMO_DIR else small_results(tmp_path_factory.mktemp("results"))
-    app, service = build_app(ServerConfig(index_dir=artifacts.index_dir, report=artifacts.report, results=results))
+    # a report with every picture the demo's has (the query grid, the embedding map, ...)
+    report = artifacts.report if DEMO_DIR else shared_full_report(tmp_path_factory)
+    app, service = build_app(ServerConfig(index_dir=artifacts.index_dir, report=report, results=results))
     with BackgroundServer(app) as running:
         yield running, artifacts
     service.close()
@@ -131,6 +143,9 @@ def test_the_page_says_what_the_gallery_is_and_what_the_score_means(server, page
         assert f"{classes} classes" in intro
     assert "upload or paste" in intro and "examples" in intro
     assert "cosine similarity" in intro and "L2-normalised" in intro and "1 = identical direction" in intro
+    # the tabs it names are the page's: this page has a results grid
+    assert "Metrics (Evaluation, Results and Index tabs)" in intro
+    assert page.get_by_role("tab", name="Results").count() == 1
 
 
 def test_the_page_names_an_emoji_gallerys_labels(server, page):
@@ -157,10 +172,14 @@ def test_upload_shows_k_named_results_that_grow_with_k(server, page, screenshots
     assert named(artifacts.labels[index]) in timing  # the upload is a gallery image: its label is known and shown
     captions = page.locator("#results-gallery .caption-label").all_inner_texts()
     assert len(captions) == K and all(c[0] in "✓✗" for c in captions)
-    for caption in captions:  # ✓ 0.912 · 1F600 · GRINNING FACE · noto.png: the label, then the file's name
-        label, name = caption.split(" · ")[1], caption.rsplit(" · ", 1)[1]
-        assert caption.removesuffix(f" · {name}").endswith(named(label)), caption
-        assert name.lower().endswith((".png", ".jpg", ".jpeg", ".webp")) and "/" not in name, caption
+    for caption in captions:  # ✓ 0.912 · 1F600 · GRINNING FACE · test/1F600/noto.png: the label, then the path
+        label, path = caption.split(" · ")[1], caption.rsplit(" · ", 1)[1]
+        assert caption.removesuffix(f" · {path}").endswith(named(label)), caption
+    # the paths the API gives for the same query, in the same order: what the filter box compares
+    answer = httpx.post(f"{server[0].url}/search?k={K}&exclude_self=true",
+                        files={"image": ("q.png", query.read_bytes(), "image/png")}, timeout=60).json()
+    assert [caption.rsplit(" · ", 1)[1] for caption in captions] == [r["path"] for r in answer["results"]]
+    assert answer["query_item"]["path"] in timing
     page.wait_for_timeout(300)
     page.screenshot(path=str(screenshots / "search.png"), full_page=True)
 
@@ -203,36 +222,70 @@ def api_message(data: bytes) -> str:
     raise AssertionError("the upload was expected to be refused")
 
 
-def test_bad_uploads_show_the_api_message_and_no_traceback(page, screenshots, tmp_path):
-    good = QUERY_PNG
+def broken_images(page) -> int:
+    """Images on the page the browser could not draw (a broken-image icon)."""
+    return page.evaluate("Array.from(document.images).filter(img => img.complete && img.getAttribute('src')"
+                         " && img.naturalWidth === 0).length")
+
+
+def test_a_bad_upload_replaces_the_results_and_shows_no_broken_image(server, page, screenshots, tmp_path):
+    """Each unreadable upload: the API's message in the status line, in place of the previous results and their
+    status; the file leaves the query box (no broken image); no pop-up, no traceback. The next good search
+    replaces the message."""
+    _, artifacts = server
     cases = {
         "not-an-image.png": b"hello, I am a text file\n",
         "empty.png": b"",
-        "truncated.png": good[: len(good) // 2],
+        "truncated.png": QUERY_PNG[: len(QUERY_PNG) // 2],
         "bomb.png": bomb_png(8000, 6000),  # 48 megapixels declared, over the 40 MP limit
     }
     for name, data in cases.items():
+        upload_and_search(page, artifacts.query_paths[1], 4)  # results and a status to replace
+        assert "Query is gallery image" in page.locator("#search-timing").inner_text()
         (tmp_path / name).write_bytes(data)
         page.locator("#query-image input[type=file]").set_input_files(str(tmp_path / name))
         page.wait_for_selector("#query-image img", state="attached")
         page.locator("#search-button").click()
         expected = api_message(data)
-        toast = text_once_shown(page, ".toast-body", expected[:40])
-        assert expected in toast, (name, toast)
+        status = text_once_shown(page, "#search-timing", "Cannot search with this image")
+        assert name in status and " ".join(expected.split()) in " ".join(status.split()), (name, status)
+        assert "Query is gallery image" not in status and " results · embed" not in status, status
+        page.wait_for_selector("#query-image img", state="detached")  # the unreadable file left the query box
+        assert page.locator("#results-gallery img").count() == 0
+        assert page.locator(".toast-body").count() == 0  # inline, not a pop-up
+        assert broken_images(page) == 0
         body = page.locator("body").inner_text()
         assert "Traceback" not in body and "/gradio/" not in body and str(tmp_path) not in body, name
         if name == "bomb.png":
             page.screenshot(path=str(screenshots / "bad-upload.png"))
-        page.locator(".toast-close").first.click()
-        page.locator("#query-image button[aria-label='Remove Image']").first.click()
-        page.wait_for_selector("#query-image img", state="detached")
-    # over the upload limit: refused before it is sent (Gradio's own check of the same limit), with the limit
+    upload_and_search(page, artifacts.query_paths[2], 4)
+    assert "Cannot search" not in page.locator("#search-timing").inner_text()
+
+
+def test_a_pop_up_about_an_earlier_try_does_not_stay_over_later_results(server, page, tmp_path):
+    """Over the upload limit, Gradio refuses the file before it is sent, in a pop-up of its own naming the limit;
+    the next search closes it, so it never covers the results of a search that worked."""
+    _, artifacts = server
     large = tmp_path / "large.png"
     large.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(DEFAULT_MAX_UPLOAD_BYTES))
     page.locator("#query-image input[type=file]").set_input_files(str(large))
     toast = text_once_shown(page, ".toast-body", "maximum allowed size")
     assert "large.png" in toast and "Traceback" not in page.locator("body").inner_text()
-    page.locator(".toast-close").first.click()
+    upload_and_search(page, artifacts.query_paths[0], 4)
+    page.wait_for_selector(".toast-body", state="detached")
+
+
+def test_a_query_unlike_the_gallery_is_told_that_nothing_is_similar(server, page, tmp_path):
+    """A flat red square against the gallery: its best score is below what nearly every gallery image reaches to
+    its nearest neighbour, and the status line says so; a gallery image gets no such hint."""
+    _, artifacts = server
+    (tmp_path / "red.png").write_bytes(QUERY_PNG)
+    upload_and_search(page, tmp_path / "red.png", 4)
+    status = page.locator("#search-timing").inner_text()
+    assert "Nothing in the gallery is much like this image" in status and "or more" in status
+    upload_and_search(page, artifacts.query_paths[3], 4)
+    status = text_once_shown(page, "#search-timing", "Query is gallery image")  # the second search's status
+    assert "much like this image" not in status
 
 
 def test_narrow_screen_shows_results_before_examples_with_whole_captions(browser, server, screenshots):
@@ -264,14 +317,30 @@ def table_rows(page, selector: str, columns: int) -> list[list[str]]:
     return [cells[i : i + columns] for i in range(0, len(cells) - columns + 1, columns)]
 
 
-def test_evaluation_tab_explains_and_orders(page, screenshots):
+PICTURE_TABS = ("Recall@K", "Training curves", "Hard triplets", "In and out of domain", "WiSE-FT",
+                "Queries and their top 5", "Embedding map")
+
+
+def test_evaluation_tab_explains_and_orders(server, page, screenshots):
     page.get_by_role("tab", name="Evaluation").click()
-    for plot in ("#recall-plot", "#curves-plot", "#triplet-plot"):
+    page.wait_for_selector("#recall-plot img", state="visible")
+    # each picture in a tab of its own, at a readable size, without a label badge over its title
+    for name, plot in zip(PICTURE_TABS, ("#recall-plot", "#curves-plot", "#triplet-plot", "#domains-plot",
+                                         "#wise-plot", "#retrieval-plot", "#embedding-map-plot"), strict=True):
+        page.locator("#report-pictures").get_by_role("tab", name=name, exact=True).click()
         page.wait_for_selector(f"{plot} img", state="visible")
         box = page.locator(f"{plot} img").bounding_box()
         assert box is not None and box["width"] > 100 and box["height"] > 100, plot
         label = page.locator(f"{plot} [data-testid=block-label]")
         assert label.count() == 0 or not label.first.is_visible(), plot  # no badge over the plot's title
+    # the map says which classes it draws out of how many, and how they were chosen
+    note = page.locator("#embedding-map-note").inner_text()
+    assert "The map shows" in note and "classes evaluated" in note
+    if not DEMO_DIR:
+        classes = len(set(server[1].labels))
+        assert (f"{min(classes, 20)} of the {classes} classes evaluated (a random sample" in note
+                if classes > 20 else f"all {classes} classes evaluated" in note), note
+    page.locator("#report-pictures").get_by_role("tab", name="Recall@K", exact=True).click()
     assert "recall@1" in page.locator("#metrics-table").inner_text()
     assert "percent" in page.locator("#metrics-table").inner_text()
     if not DEMO_DIR:  # two images per class: one relevant item per query
@@ -284,9 +353,14 @@ def test_evaluation_tab_explains_and_orders(page, screenshots):
     assert "duplicates" in page.locator("#duplicates-summary").inner_text().lower()
     page.wait_for_function("document.querySelectorAll('#failures-gallery img').length >= 2")
     no_inner_scroll(page, "#failures-gallery")
+    captions = page.locator("#failures-gallery .caption-label").all_inner_texts()
+    assert all("/" in caption.rsplit(" · ", 1)[1] for caption in captions), captions  # the images' paths
     page.locator("#failures-gallery").scroll_into_view_if_needed()
     page.wait_for_function("Array.from(document.querySelectorAll('#failures-gallery img'))"
                            ".every(img => img.complete && img.naturalWidth > 0)")  # every picture decoded
+    # compact: one picture at a time (the seven stacked made the tab 5,000 px tall at this width)
+    height = page.evaluate("document.documentElement.scrollHeight")
+    assert height < 3500, height
     page.wait_for_timeout(500)  # let the images finish painting for the screenshot
     page.screenshot(path=str(screenshots / "evaluation.png"), full_page=True)
 
@@ -314,10 +388,18 @@ def test_results_tab_shows_a_table_and_its_figure(page, screenshots):
     page.screenshot(path=str(screenshots / "results.png"), full_page=True)
 
 
-def test_index_tab_shows_statistics_in_percent(page, screenshots):
+def test_index_tab_shows_statistics_in_percent_and_readable_sections(page, screenshots):
     page.get_by_role("tab", name="Index").click()
     text = text_once_shown(page, "#index-stats", "vectors")
     assert "Flat" in text and "recall@1 vs exact search (%)" in text
+    details = text_once_shown(page, "#index-details", "Size on disk")
+    headings = [text.strip() for text in page.locator("#index-details h3").all_inner_texts()]
+    for heading in ("Index", "Search quality and speed", "How close gallery images are to each other",
+                    "Gallery files", "Size on disk", "Model calls"):
+        assert heading in headings, (heading, headings)
+    assert "KiB" in details and "ms /" in details and "%" in details
+    assert page.locator("#index-details table").count() >= 5  # labelled values in tables, not a JSON tree
+    assert page.locator(".json-holder, [data-testid=json]").count() == 0 and "{" not in details
     page.screenshot(path=str(screenshots / "index.png"), full_page=True)
 
 

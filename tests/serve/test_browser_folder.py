@@ -1,9 +1,10 @@
 """The app on a user's own folder, in a real browser: an index built from generated images in nested
 folders (labelled by --label-from top), served without a report and without a results grid.
 
-Nothing of the demo shows (no emoji text anywhere, no Results tab); result captions end with the file name; the
-Evaluation tab hides what it has no data for; a run report from another data set (digits), opened on the page,
-says so and stays apart from the analysis of the index being served.
+Nothing of the demo shows (no emoji text anywhere, no Results tab, and the page names none); result captions end
+with the image's path relative to the gallery, as the API and filters spell it; a filter matching nothing says how
+paths compare; the Evaluation tab hides what it has no data for; a run report from another data set (digits),
+opened on the page, says so and stays apart from the analysis of the index being served.
 
 Screenshots for the README (docs/screenshots/folder-*.png):
     RETRIEVAL_SCREENSHOTS=docs/screenshots pytest tests/serve/test_browser_folder.py
@@ -126,16 +127,17 @@ def test_search_on_a_folder_shows_file_names_and_no_demo_text(folder_server, pag
     assert purpose.strip() == "Find the images of this gallery most like yours, and whether they share its label."
     intro = page.locator("#intro").inner_text()
     assert "24 images" in intro and "4 classes" in intro and "shapes" in intro  # the gallery folder's name
+    assert "Metrics (Evaluation and Index tabs)" in intro and "Results" not in intro
     star = next(f for f in files if "star" in f.name and "deep" in str(f))
     upload_and_search(page, star, 6)
     timing = page.locator("#search-timing").inner_text()
     assert "Query is gallery image" in timing and "star" in timing
     captions = page.locator("#results-gallery .caption-label").all_inner_texts()
     assert len(captions) == 6
-    for caption in captions:  # ✓ 0.912 · star · star_07.png
+    for caption in captions:  # ✓ 0.912 · star · star/variants/deep/star_07.png
         assert caption.count(" · ") == 2, caption
-        _mark_and_score, label, name = caption.split(" · ")
-        assert label in SHAPES and name.endswith(".png") and name.startswith(label), caption
+        _mark_and_score, label, path = caption.split(" · ")
+        assert label in SHAPES and path.startswith(f"{label}/") and path.endswith(".png"), caption
         assert (caption[0] == "✓") == (label == "star"), caption  # top-level label: a deep star is a star
     assert star.name not in captions  # the query itself is left out of its own results
     no_emoji_text(page)
@@ -170,7 +172,7 @@ def test_a_report_from_another_data_set_stays_apart_from_the_index(folder_server
     # the run's section ends before the served index's section begins, which still shows the shapes
     heading = page.get_by_text("The index being served (my-shapes-index)")
     last_run_part = max(page.locator(s).bounding_box()["y"] + page.locator(s).bounding_box()["height"]
-                        for s in ("#report-summary", "#metrics-table", "#recall-plot", "#curves-plot"))
+                        for s in ("#report-summary", "#metrics-table", "#report-pictures"))
     assert heading.bounding_box()["y"] >= last_run_part
     rows = page.locator("#worst-classes").inner_text()
     assert any(shape in rows for shape in SHAPES) and "digit" not in rows
@@ -211,6 +213,34 @@ def test_the_filter_picker_and_box_restrict_the_results(folder_server, page):
     page.wait_for_function("document.querySelectorAll('#results-gallery img').length === 2")  # pale/old: 2 circles
     page.locator("#where-filter textarea").fill("label ==")
     page.locator("#search-button").click()
-    toast = text_once_shown(page, ".toast-body", "expected a quoted string or a number")
-    assert "position" in toast and "Traceback" not in page.locator("body").inner_text()
-    page.locator(".toast-close").first.click()
+    status = text_once_shown(page, "#search-timing", "expected a quoted string or a number")
+    assert status.startswith("⚠️ Cannot use this filter") and "position" in status
+    assert page.locator(".toast-body").count() == 0 and "Traceback" not in page.locator("body").inner_text()
+    assert page.locator("#results-gallery img").count() == 0  # the previous results are gone with their status
+    page.wait_for_selector("#query-image img")  # the query image stays: the filter is what to fix
+
+
+def test_a_filter_matching_nothing_says_how_paths_compare_and_a_shown_path_finds_its_image(folder_server, page):
+    """A bare file name matches nothing (paths are relative to the gallery): the status line says so with a path
+    of this index; a path copied from a result's caption finds that very image."""
+    _, root, files = folder_server
+    star = next(f for f in files if "deep" in str(f) and f.name.startswith("star"))
+    page.get_by_role("tab", name="Search").click()
+    page.locator("#filter").get_by_text("Filter the gallery").click()
+    page.locator("#where-filter textarea").fill(f'path = "{star.name}"')
+    page.locator("#query-image input[type=file]").set_input_files(str(files[0]))
+    page.wait_for_selector("#query-image img")
+    page.locator("#search-button").click()
+    status = text_once_shown(page, "#search-timing", "matches no image of the index")
+    example = re.search(r'e\.g\. path = "([^"]+)"', status)
+    assert "relative to the gallery" in status and example, status
+    assert example.group(1) in {f.relative_to(root / "shapes").as_posix() for f in files}  # one of its own
+    assert page.locator("#results-gallery img").count() == 0
+    page.locator("#where-filter textarea").fill("")
+    upload_and_search(page, files[0], 6)
+    caption = page.locator("#results-gallery .caption-label").last.inner_text()
+    path = caption.rsplit(" · ", 1)[1]
+    page.locator("#where-filter textarea").fill(f'path = "{path}"')
+    page.locator("#search-button").click()
+    page.wait_for_function("document.querySelectorAll('#results-gallery img').length === 1")
+    assert page.locator("#results-gallery .caption-label").inner_text().endswith(f" · {path}")

@@ -272,7 +272,8 @@ def test_page_api_and_gradio_event_through_nginx(nginx, artifacts):
     # a Gradio event: upload, queue/join, the server-sent event stream, then the result images fetched by URL
     # (built from X-Forwarded-Host: a lost port would send the client to port 80)
     client = Client(nginx + "/", verbose=False)
-    gallery, timing = client.predict(handle_file(str(artifacts.query_paths[2])), 4, [], "", api_name="/search")
+    gallery, timing, _query = client.predict(handle_file(str(artifacts.query_paths[2])), 4, [], "",
+                                             api_name="/search")
     assert len(gallery) == 4 and all(item["image"] for item in gallery)
     assert f"label **{artifacts.labels[2]}**" in timing
 

@@ -294,6 +294,10 @@ def test_stats_and_health(artifacts, client):
     assert stats["index"]["latency"]["p50_ms"] > 0
     assert stats["service"]["embedding_dim"] == 32 and stats["limits"]["max_upload_bytes"] == 200_000
     assert stats["batcher"]["requests"] >= 1
+    # the yardstick the app reads a query's best score against: each image's best score to another one
+    neighbours = stats["index"]["neighbour_similarity"]
+    assert neighbours["images"] == len(artifacts.query_paths) and neighbours["quantile"] == 0.01
+    assert -1 <= neighbours["floor"] <= neighbours["median"] <= 1
 
 
 class BlockingService:
@@ -342,7 +346,8 @@ def test_gradio_client_search_returns_k_results(artifacts, live_server):
     from gradio_client import Client, handle_file
 
     client = Client(live_server.url + "/", verbose=False)
-    gallery, timing = client.predict(handle_file(str(artifacts.query_paths[2])), 6, [], "", api_name="/search")
+    gallery, timing, _query = client.predict(handle_file(str(artifacts.query_paths[2])), 6, [], "",
+                                             api_name="/search")
     assert len(gallery) == 6
     assert all(item["image"] and item["caption"] for item in gallery)
     # a gallery example is recognised by its pixels: it is left out of its own results, which are marked
@@ -453,7 +458,9 @@ def test_the_report_box_only_opens_reports_under_the_allowed_folders(artifacts, 
     tab = EvaluationTab(service, artifacts.report)
     shown = tab.open_report("/etc/passwd")
     assert shown[0] == REPORT_REFUSED and shown[1]["value"] is None and shown[1]["visible"] is False
-    assert all(picture["visible"] is False for picture in shown[2:])  # hidden, not empty
+    # the pictures' tabs hidden, their pictures and the map's note empty: nothing of another report stays
+    assert all(part.constructor_args["visible"] is False for part in shown[2:] if not isinstance(part, dict))
+    assert all(not part.get("value") for part in shown[2:] if isinstance(part, dict))
     outside = tmp_path.parent / "elsewhere.json"
     outside.write_text(artifacts.report.read_text())
     try:

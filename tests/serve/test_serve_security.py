@@ -128,7 +128,7 @@ def test_uploads_through_gradio_still_search_and_stay_in_the_private_folder(arti
     from gradio_client import Client, handle_file
 
     assert upload_folder() != Path("/tmp/gradio") and upload_folder().stat().st_mode & 0o077 == 0
-    gallery, timing = Client(plain.url, verbose=False).predict(
+    gallery, timing, _query = Client(plain.url, verbose=False).predict(
         handle_file(str(artifacts.query_paths[3])), 5, [], "", api_name="/search"
     )
     assert len(gallery) == 5 and "results" in timing
@@ -218,7 +218,7 @@ def test_the_gradio_app_needs_a_login(artifacts, secured):
         assert browser.post("/login", data={"username": LOGIN[0], "password": "wrong"}).status_code == 400
         assert browser.post("/login", data={"username": LOGIN[0], "password": LOGIN[1]}).status_code == 200
         assert browser.get("/config").status_code == 200
-    gallery, _ = Client(secured.url, auth=LOGIN, verbose=False).predict(
+    gallery, _, _ = Client(secured.url, auth=LOGIN, verbose=False).predict(
         handle_file(str(artifacts.query_paths[1])), 3, [], "", api_name="/search"
     )
     assert len(gallery) == 3
@@ -408,7 +408,9 @@ def test_the_app_refuses_a_k_beyond_its_slider(plain, k):
     started = httpx.post(f"{plain.url}/gradio_api/call/search", content=body,
                          headers={"Content-Type": "application/json"}, timeout=10)
     answer = httpx.get(f"{plain.url}/gradio_api/call/search/{started.json()['event_id']}", timeout=10).text
-    assert "results" not in answer and "event: error" in answer, answer
+    # the page's answer to a refused search: no results, and the reason in its status line
+    data = json.loads(next(line for line in answer.splitlines() if line.startswith("data: "))[len("data: "):])
+    assert data[0] == [] and "K must be a whole number" in data[1], answer
 
 
 def test_a_report_that_is_not_a_run_report_is_refused_at_start(artifacts, tmp_path):

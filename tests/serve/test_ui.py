@@ -3,25 +3,26 @@
 from __future__ import annotations
 
 import base64
-import html
 import json
 import shutil
 from types import SimpleNamespace
+from typing import Any
 
 import gradio as gr
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
-from serve_fixtures import QUERY_PNG, require_emoji_labels
+from PIL import Image
+from serve_fixtures import QUERY_PNG, require_emoji_labels, shared_full_report
 
 from retrieval.data.emoji import emoji_name
 from retrieval.data.synthetic import bomb_png
 from retrieval.index.catalogue import CatalogueReader
 from retrieval.serve.api import create_api
 from retrieval.serve.diagnostics import duplicates
-from retrieval.serve.reports import load_report, percent
+from retrieval.serve.reports import load_report, markdown_text, percent
 from retrieval.serve.service import SearchService
-from retrieval.serve.ui import EvaluationTab, ExampleSet, GalleryFacts, SearchTab
+from retrieval.serve.ui import MAX_ERROR_CHARS, EvaluationTab, ExampleSet, GalleryFacts, SearchTab
 from retrieval.serve.upload_cache import UploadRecords
 
 pytestmark = pytest.mark.timeout(300)
@@ -113,45 +114,111 @@ def bad_uploads() -> dict[str, bytes]:
 
 
 @pytest.mark.parametrize("kind", list(bad_uploads()))
-def test_bad_uploads_get_the_api_message(service, search_tab, tmp_path, kind):
+def test_bad_uploads_get_the_api_message_inline_and_leave_the_query_box(service, search_tab, tmp_path, kind):
+    """The page's status line says what the API says, in place of the previous results; the unreadable file leaves
+    the query box (the browser would show it as a broken image)."""
     data = bad_uploads()[kind]
     with TestClient(create_api(service)) as client:  # the API's multipart upload, as the page uploads a file
         api = client.post("/search?k=3", files={"image": ("upload.png", data, "image/png")})
     assert 400 <= api.status_code < 500
     path = tmp_path / "upload.png"
     path.write_bytes(data)
-    with pytest.raises(gr.Error) as raised:
-        search_tab.search(uploaded(search_tab, path), 3)
-    assert raised.value.message == html.escape(api.json()["detail"])
-    assert raised.value.duration is None  # stays on screen until closed
-    assert str(tmp_path) not in raised.value.message and "Traceback" not in raised.value.message
+    items, status, query = search_tab.search(uploaded(search_tab, path), 3)
+    assert items == [] and query is None
+    assert status.startswith("⚠️ **Cannot search with this image `upload.png`:**"), status
+    assert markdown_text(api.json()["detail"], MAX_ERROR_CHARS) in status
+    assert str(tmp_path) not in status and "Traceback" not in status
 
 
 def test_no_upload_asks_for_an_image(search_tab):
-    with pytest.raises(gr.Error, match="Upload, paste or pick an image"):
-        search_tab.search(None, 3)
+    items, status, _ = search_tab.search(None, 3)
+    assert items == [] and "Upload, paste or pick an image" in status
+
+
+def test_a_bad_k_or_filter_keeps_the_query_image(search_tab, artifacts):
+    """Only an unreadable image leaves the query box: a K or filter problem is the visitor's to fix beside it."""
+    query = uploaded(search_tab, artifacts.query_paths[0])
+    items, status, kept = search_tab.search(query, 0)
+    assert items == [] and "K must be a whole number" in status and kept is not None
+    items, status, kept = search_tab.search(query, 3, None, "label ==")
+    assert items == [] and status.startswith("⚠️ **Cannot use this filter:**") and kept is not None
+    assert "compare with one" in status
 
 
 def test_a_pasted_data_url_is_decoded_like_an_upload(search_tab, artifacts):
     url = "data:image/png;base64," + base64.b64encode(artifacts.query_paths[0].read_bytes()).decode()
-    items, text = search_tab.search({"url": url}, 4)
+    items, text, _ = search_tab.search({"url": url}, 4)
     assert len(items) == 4 and "4 results" in text
 
 
-def test_search_results_name_the_labels(search_tab, artifacts):
-    items, text = search_tab.search(uploaded(search_tab, artifacts.query_paths[1]), 5)
+def test_search_results_are_captioned_with_the_path_the_api_and_filters_use(search_tab, artifacts):
+    items, text, _ = search_tab.search(uploaded(search_tab, artifacts.query_paths[1]), 5)
     captions = [caption for _, caption in items]
     assert len(captions) == 5 and all(c[0] in "✓✗" for c in captions)
-    # every caption ends with the result's file name, the one the API gives as "name"
-    api_names = [r["name"] for r in search_tab.service.search(artifacts.query_paths[1].read_bytes(), 5,
-                                                               exclude_self=True).to_dict()["results"]]
-    assert [caption.rsplit(" · ", 1)[1] for caption in captions] == api_names
-    assert all(name.endswith((".png", ".jpg", ".jpeg", ".webp")) and "/" not in name for name in api_names)
+    answer = search_tab.service.search(artifacts.query_paths[1].read_bytes(), 5, exclude_self=True).to_dict()
+    api_paths = [r["path"] for r in answer["results"]]
+    assert [caption.rsplit(" · ", 1)[1] for caption in captions] == api_paths
+    assert all("/" in path and not path.startswith("/") for path in api_paths)  # relative to the gallery root
+    assert f"`{answer['query_item']['path']}`" in text  # the query's own path, as the API gives it
+    # each path, copied into the filter box, finds that very image
+    for path in api_paths:
+        found, _, _ = search_tab.search(uploaded(search_tab, artifacts.query_paths[1]), 5, None,
+                                        f'path = "{path}"')
+        assert [caption.rsplit(" · ", 1)[1] for _, caption in found] == [path]
+
+
+def test_a_filter_matching_no_image_says_how_paths_and_labels_compare(search_tab, artifacts):
+    items, text, _ = search_tab.search(uploaded(search_tab, artifacts.query_paths[1]), 5, None,
+                                       f'path = "{artifacts.query_paths[1].name}"')  # a bare file name
+    assert items == []
+    table = search_tab.service.current().index.filter_table
+    assert "the filter matches no image of the index" in text and "relative to the gallery" in text
+    assert markdown_text(f'path = "{table.example("path")}"', MAX_ERROR_CHARS) in text  # one of its own paths
+
+
+def test_a_filter_matching_only_the_query_says_so(search_tab, artifacts):
+    known = search_tab.service.query_item(artifacts.query_paths[1].read_bytes())
+    items, text, _ = search_tab.search(uploaded(search_tab, artifacts.query_paths[1]), 5, None, f"id = {known.id}")
+    assert items == [] and "Only the query image itself matches the filter" in text
+
+
+def test_a_query_unlike_the_gallery_is_told_so_and_a_near_copy_is_not(search_tab, artifacts, tmp_path):
+    """The hint compares the best score with how close the gallery's own images are to their nearest neighbour."""
+    flat = tmp_path / "red.png"
+    flat.write_bytes(QUERY_PNG)  # a flat red square: nothing like emoji or digits
+    items, text, _ = search_tab.search(uploaded(search_tab, flat), 3)
+    floor = search_tab.service.current().neighbour_scores().floor
+    best = float(items[0][1].split(" · ")[0])
+    assert best < floor and "Nothing in the gallery is much like this image" in text
+    assert f"{floor:.3f} or more" in text
+    near = tmp_path / "near.jpg"  # a gallery image saved again as JPEG: other bytes, nearly the same picture
+    Image.open(artifacts.query_paths[3]).convert("RGB").save(near, quality=90)
+    items, text, _ = search_tab.search(uploaded(search_tab, near), 3)
+    assert "Query is gallery image" not in text and "much like this image" not in text
+    _, text, _ = search_tab.search(uploaded(search_tab, flat), 3, [artifacts.labels[0]])
+    assert "Nothing among the images matching the filter is much like this image" in text
+
+
+def test_neighbour_scores_are_each_images_nearest_other_brute_force(service):
+    """The yardstick: per indexed image, the best cosine to another image (exact on the Flat index), its 1st
+    percentile and median."""
+    from retrieval.serve.diagnostics import UNLIKE_QUANTILE, _vectors_of
+
+    state = service.current()
+    ids, vectors = _vectors_of(state.index, np.asarray(state.index.ids))
+    scores = vectors @ vectors.T
+    np.fill_diagonal(scores, -np.inf)
+    nearest = scores.max(axis=1)
+    found = state.neighbour_scores()
+    assert found.images == len(ids) and not found.sampled
+    assert found.floor == pytest.approx(np.quantile(nearest, UNLIKE_QUANTILE), abs=1e-5)
+    assert found.median == pytest.approx(np.median(nearest), abs=1e-5)
+    assert found.unlike(found.floor - 0.01) and not found.unlike(found.floor)
 
 
 def test_search_results_of_an_emoji_gallery_name_the_code_points(search_tab, artifacts):
     require_emoji_labels(artifacts.labels)
-    items, text = search_tab.search(uploaded(search_tab, artifacts.query_paths[1]), 5)
+    items, text, _ = search_tab.search(uploaded(search_tab, artifacts.query_paths[1]), 5)
     captions = [caption for _, caption in items]
     assert len(captions) == 5
     for caption in captions:  # mark score · label · code-point NAME · file name
@@ -191,6 +258,9 @@ def test_worst_classes_table_is_ordered_and_named(artifacts, service):
     keys = [(row[3], -row[4]) for row in rows]
     assert keys == sorted(keys)
     assert all(0 <= row[3] <= 100 for row in rows)
+    # each failure's images are named by the paths the API and filters use
+    paths = set(service.current().index.filter_table.column("path").categories)
+    assert all(caption.rsplit(" · ", 1)[1] in paths for _, caption in pairs), [c for _, c in pairs]
 
 
 def test_worst_classes_of_an_emoji_gallery_are_named(artifacts, service):
@@ -232,12 +302,14 @@ def test_duplicates_are_listed_with_their_twins(artifacts, tmp_path):
                                            str(gallery / artifacts.labels[0] / "0.png")}
     svc = SearchService(tmp_path / "index")
     try:
-        text, table = EvaluationTab(svc, None).duplicates()
+        text, fold, table = EvaluationTab(svc, None).duplicates()
     finally:
         svc.close()
-    assert "Skipped as duplicates: 1" in text
+    assert "Skipped as duplicates: 1" in text and fold.constructor_args["visible"] is True
     (row,) = table.constructor_args["value"]
     assert row[0] == copy.id and row[3] == copy.twin_id
+    # the paths the API and filters use, relative to the gallery root
+    assert {row[2], row[5]} == {"copies/same-bytes.png", f"{artifacts.labels[0]}/0.png"}
 
 
 def test_no_server_path_reaches_the_page_or_the_stats(artifacts, tmp_path):
@@ -263,8 +335,9 @@ def test_no_server_path_reaches_the_page_or_the_stats(artifacts, tmp_path):
     finally:
         svc.close()
     assert "`gallery`" in intro and "`index`" in intro
-    assert [row["path"] for row in shown["error_examples"]] == ["broken/not-an-image.png"]
-    for text in (intro, json.dumps(shown), json.dumps(served)):
+    assert [row["path"] for row in served["index"]["error_examples"]] == ["broken/not-an-image.png"]
+    assert "| broken/not-an-image.png |" in shown  # the Index tab's statistics, by the same path
+    for text in (intro, shown, json.dumps(served)):
         assert str(tmp_path) not in text and "secret-folder" not in text
 
 
@@ -272,10 +345,19 @@ def tab_labels(demo) -> list[str]:
     return [block.label for block in demo.blocks.values() if isinstance(block, gr.Tab)]
 
 
+def markdown_texts(demo) -> list[str]:
+    return [block.value or "" for block in demo.blocks.values() if isinstance(block, gr.Markdown)]
+
+
+def visible(update: Any) -> bool | None:
+    """Whether an event's update shows its component (a dict from gr.update, or a component instance)."""
+    return update.get("visible") if isinstance(update, dict) else update.constructor_args.get("visible")
+
+
 def test_a_users_own_index_gets_no_results_tab_and_no_empty_report_parts(service, tmp_path):
     """The project's results grid is the demo's, not a user's index's; without a report the Evaluation tab's table
     and pictures are hidden, not empty, and the index's own analysis has its own heading."""
-    from retrieval.serve.ui import EvaluationTab, build_ui
+    from retrieval.serve.ui import REPORT_PICTURES, EvaluationTab, build_ui
 
     (tmp_path / "examples").mkdir()
     (tmp_path / "examples2").mkdir()
@@ -283,12 +365,81 @@ def test_a_users_own_index_gets_no_results_tab_and_no_empty_report_parts(service
     assert "Results" not in tab_labels(demo) and "Evaluation" in tab_labels(demo)
     demo, _ = build_ui(service, report=None, example_dir=tmp_path / "examples2", results=tmp_path / "grid.json")
     assert "Results" in tab_labels(demo)  # asked for: shown (with the reason if it cannot be read)
-    shown = EvaluationTab(service, None).open_report("")
-    assert shown[0].startswith("No run report is open")
-    assert all(part["visible"] is False for part in shown[1:])
-    headings = [block.value or "" for block in demo.blocks.values() if isinstance(block, gr.Markdown)]
+    summary, metrics, pictures, *rest = EvaluationTab(service, None).open_report("")
+    tabs, images, note = rest[: len(REPORT_PICTURES)], rest[len(REPORT_PICTURES) : -1], rest[-1]
+    assert summary.startswith("No run report is open")
+    assert not any(visible(part) for part in (metrics, pictures, *tabs, note))
+    assert all(image["value"] is None for image in images)
+    headings = markdown_texts(demo)
     assert any(text.startswith("## Run report") for text in headings)
     assert any(text.startswith(f"## The index being served ({service.index_dir.name})") for text in headings)
+
+
+def test_the_page_names_the_results_tab_only_when_it_has_one(service, tmp_path):
+    """The opening lines name the tabs that show metrics: the Results tab only on a page that has it."""
+    from retrieval.serve.ui import build_ui
+
+    for folder, results, named in (("plain", None, "Metrics (Evaluation and Index tabs)"),
+                                   ("grid", tmp_path / "grid.json", "Metrics (Evaluation, Results and Index tabs)")):
+        (tmp_path / folder).mkdir()
+        demo, _ = build_ui(service, report=None, example_dir=tmp_path / folder, results=results)
+        (intro,) = [text for text in markdown_texts(demo) if "**Score:**" in text]
+        assert named in intro and ("Results" in intro) == (results is not None)
+
+
+def test_the_demo_serves_the_projects_results_grid_it_promises(monkeypatch, tmp_path):
+    """`retrieval demo` serves its index with the results grid `python app.py` shows on it: the Results tab the
+    README and the page name."""
+    from click.testing import CliRunner
+
+    import retrieval.cli.demo
+    import retrieval.serve.server
+    from retrieval.cli.main import main
+    from retrieval.serve.defaults import DEFAULT_RESULTS
+
+    served = []
+    monkeypatch.setattr(retrieval.cli.demo, "run_demo", lambda out, epochs=None: {})  # the artifacts: not built
+    monkeypatch.setattr(retrieval.serve.server, "serve", served.append)
+    answer = CliRunner().invoke(main, ["demo", "--out", str(tmp_path / "demo")])
+    assert answer.exit_code == 0, answer.output
+    (config,) = served
+    assert config.index_dir == tmp_path / "demo" / "index"
+    assert config.results == (DEFAULT_RESULTS if DEFAULT_RESULTS.is_file() else None)
+
+
+def test_a_report_shows_each_picture_in_a_tab_and_says_what_the_map_draws(artifacts, service, tmp_path_factory):
+    """The full report has every picture: each gets its tab; the embedding map's note says how many of the
+    classes it draws and how they were chosen (from what the map recorded in its PNG)."""
+    from retrieval.serve.ui import REPORT_PICTURES
+
+    report = shared_full_report(tmp_path_factory)
+    _, metrics, pictures, *rest = EvaluationTab(service, report).open_report(str(report))
+    tabs, images, note = rest[: len(REPORT_PICTURES)], rest[len(REPORT_PICTURES) : -1], rest[-1]
+    assert visible(metrics) and visible(pictures) and pictures.constructor_args["selected"] == "recall"
+    assert all(visible(tab) for tab in tabs) and all(image["value"] is not None for image in images)
+    classes = len({label for _, label in service.current().catalogue.labelled()})
+    drawn = min(classes, 20)
+    expected = (f"**The map shows {drawn} of the {classes} classes evaluated** (a random sample, seed 0"
+                if drawn < classes else f"**The map shows all {classes} classes evaluated**")
+    assert visible(note) and note["value"].startswith(expected), note["value"]
+    assert "t-SNE" in note["value"]
+    # a report without some of them (no --eval-extra, WiSE-FT or evaluation pictures) hides their tabs
+    _, _, _, *rest = EvaluationTab(service, artifacts.report).open_report(str(artifacts.report))
+    shown = {picture.key for picture, tab in zip(REPORT_PICTURES, rest, strict=False) if visible(tab)}
+    assert shown == {"recall", "curves", "triplet"} and not visible(rest[-1])
+
+
+def test_an_older_map_is_explained_from_the_reports_class_count(tmp_path):
+    """A map drawn before maps recorded their sample: the note takes the class count from the report."""
+    from retrieval.reports import REPORT_FORMAT
+    from retrieval.serve.reports import embedding_map_note
+
+    Image.new("RGB", (60, 40)).save(tmp_path / "embedding_map.png")
+    (tmp_path / "report.json").write_text(json.dumps({
+        "format": REPORT_FORMAT, "kind": "train", "plots": {"embedding_map": "embedding_map.png"},
+        "class_split": {"test": {"classes": 983, "images": 1966}}}))
+    note = embedding_map_note(load_report(tmp_path / "report.json"))
+    assert note.startswith("**The map shows 20 of the 983 classes evaluated** (a random sample")
 
 
 def test_the_filter_picker_and_box_make_one_where_that_quotes_labels():

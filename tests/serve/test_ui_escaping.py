@@ -173,7 +173,7 @@ def test_a_5_mb_label_and_info_json_are_cut():
     intro = facts.intro_markdown(stub_service())
     assert_inert(intro)
     assert len(intro) < 5_000 and len(facts.label_text(HUGE)) <= MAX_SHOWN_CHARS
-    assert len(facts.purpose()) <= 500 and len(facts.short_path("/srv/photos/" + "p" * 100_000)) <= MAX_SHOWN_CHARS
+    assert len(facts.purpose()) <= 500
 
 
 def hostile_report(path: Path, field: str) -> Path:
@@ -235,7 +235,7 @@ def test_search_and_evaluation_text_of_hostile_labels(hostile, tmp_path):
     tab = SearchTab(service, ExampleSet(service, tmp_path, count=1), UploadRecords(gr.Blocks()))
     query = root / "gallery" / "0_0.png"  # an image of the FORM label: its label is named in the timing line
     tab.uploads.blocks.upload_file_set.add(str(query))
-    items, timing = tab.search({"path": str(query)}, 5, [FORM, HOSTILE[1]], "id >= 0")
+    items, timing, _ = tab.search({"path": str(query)}, 5, [FORM, HOSTILE[1]], "id >= 0")
     assert_inert(timing, FORM)  # the label, and the filter built from the picked labels
     assert all(len(caption) < 2 * MAX_SHOWN_CHARS for _, caption in items)  # captions are text, but short
     evaluation = EvaluationTab(service, None, tab.facts)
@@ -254,6 +254,62 @@ def test_a_hostile_report_opened_on_the_page_is_shown_as_text(hostile, tmp_path,
     summary, table, *_ = EvaluationTab(service, None).open_report("report.json")
     assert_inert(summary, FORM)
     assert all(len(header) <= MAX_SHOWN_CHARS for header in table["headers"])
+
+
+@pytest.mark.parametrize("text", [*HOSTILE, HUGE], ids=[*map(str, range(len(HOSTILE))), "5MB"])
+def test_a_failed_searchs_status_line_shows_the_filter_and_file_name_as_text(hostile, tmp_path, text):
+    """The status line replaces a pop-up: the API's message may echo the visitor's filter, and the upload's name
+    is the visitor's browser's; both are text there."""
+    from retrieval.serve.ui import MAX_ERROR_CHARS, failure_markdown
+
+    service, _ = hostile
+    tab = SearchTab(service, ExampleSet(service, tmp_path, count=1), UploadRecords(gr.Blocks()))
+    tab.uploads.blocks.upload_file_set.add(str(tmp_path / "x.png"))
+    (tmp_path / "x.png").write_bytes(b"not an image")
+    items, status, _ = tab.search({"path": str(tmp_path / "x.png"), "orig_name": text}, 3)
+    assert items == [] and status.startswith("⚠️ **Cannot search with this image")
+    assert_inert(status, *([text] if text is not HUGE else []))
+    _, status, _ = tab.search({"path": str(tmp_path / "x.png")}, 3, None, f'label = "{text[:3000]}" and (')
+    assert_inert(status) and status.startswith("⚠️ **Cannot use this filter:**")
+    message = failure_markdown("Cannot search", ValueError(text))  # a message is cut later than a label
+    assert live_markup(message) == [] and autolinks(message) == [] and len(message) < MAX_ERROR_CHARS + 100
+
+
+@pytest.mark.parametrize("text", [*HOSTILE, HUGE], ids=[*map(str, range(len(HOSTILE))), "5MB"])
+def test_the_index_statistics_show_paths_errors_and_unknown_keys_as_text(text):
+    from retrieval.serve.stats_view import statistics_markdown
+
+    stats = {"vectors": 3, "index_key": text, "index_key_requested": "auto", "params": {text[:100]: 1},
+             "model": {"model_path": text, "model_hash": "abc", "embedding_dim": 8},
+             "counts": {"done": 3, text[:100]: 1}, "errors": 1,
+             "error_examples": [{"id": 4, "path": text, "error": text}],
+             "throughput": {text[:100]: {"images": 3, "seconds": 1.0, "images_per_s": 3.0, "runs": 1}},
+             "size_on_disk_bytes": {"total": 2048}, text[:100]: text}
+    markdown = statistics_markdown(stats, {"model_calls": 1, text[:100]: text})
+    tables = re.compile(r"<(table|thead|tbody|tr|th|td) \{\}>")  # the view's own tables, without attributes
+    assert [tag for tag in live_markup(markdown) if not tables.fullmatch(tag)] == [], markdown[:2000]
+    assert autolinks(markdown) == [] and "y" * 1000 not in markdown
+    for block in re.split(r"\n\s*\n", markdown):  # each table keeps its columns: no cell is split by user text
+        rows = [line for line in block.splitlines() if line.startswith("|")]
+        assert len({len(re.findall(r"(?<!\\)\|", row)) for row in rows}) <= 1, block
+    assert "2.00 KiB" in markdown and "### Other" in markdown
+
+
+def test_the_maps_recorded_method_is_shown_as_text(tmp_path):
+    """What a map records in its PNG comes with the report, which is anyone's file."""
+    from PIL import Image, PngImagePlugin
+
+    from retrieval.analysis.pictures import MAP_METADATA_KEY
+    from retrieval.serve.reports import embedding_map_note
+
+    info = PngImagePlugin.PngInfo()
+    info.add_text(MAP_METADATA_KEY, json.dumps({"classes_shown": 2, "classes": 3, "images_shown": 4, "images": 6,
+                                                "method": FORM, "seed": 0}))
+    Image.new("RGB", (8, 8)).save(tmp_path / "map.png", pnginfo=info)
+    (tmp_path / "report.json").write_text(json.dumps({"format": REPORT_FORMAT, "kind": "train",
+                                                      "plots": {"embedding_map": "map.png"}}))
+    note = embedding_map_note(load_report(tmp_path / "report.json"))
+    assert_inert(note, FORM) and "2 of the 3 classes" in note
 
 
 # --- the response headers ------------------------------------------------------------------------------------
