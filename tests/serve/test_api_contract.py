@@ -188,7 +188,8 @@ def test_the_recorded_gallery_root_is_used_when_the_index_has_one(artifacts, ali
     response = svc.search(train[0].read_bytes(), k=1)
     assert response.results[0].path == train[0].resolve().relative_to(gallery_root(artifacts) / "train").as_posix()
     outside = next(p for p in artifacts.query_paths if "test" in p.parts)  # catalogued outside that root
-    assert svc.search(outside.read_bytes(), k=1).results[0].path == outside.name
+    expected = "../test/" + outside.resolve().relative_to(gallery_root(artifacts) / "test").as_posix()
+    assert svc.search(outside.read_bytes(), k=1).results[0].path == expected  # walks up: unique, never absolute
 
 
 def test_scores_are_cosines_within_minus_one_and_one(artifacts, client, stored):

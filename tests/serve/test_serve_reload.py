@@ -7,6 +7,7 @@ The writers are the real CLI, run as separate processes on a copy of the shared 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -104,12 +105,14 @@ def test_an_added_image_is_served_once_the_writer_finishes(artifacts, served, tm
     wait_for(lambda: vectors(client) == before + 1, "the server to count the added image")
     found = search(client, data, 3)
     item = found["query_item"]
-    assert item is not None and item["path"] == "noise.png"  # added from outside the gallery root: a name only
+    root = json.loads((Path(index_dir) / "index.json").read_text())["gallery_root"]
+    shown = os.path.relpath((folder / "fresh" / "noise.png").resolve(), root)  # added from outside: walks up
+    assert item is not None and item["path"] == shown and shown.startswith("../")
     assert ids_of(found)[0] == item["id"] and found["results"][0]["score"] == pytest.approx(1, abs=1e-4)
     excluded = search(client, data, 3, exclude_self=True)
     assert excluded["excluded_self"] and excluded["count"] == 3 and item["id"] not in ids_of(excluded)
     assert ids_of(excluded) == ids_of(search(client, data, 4))[1:]
-    assert client.get(f"/items/{item['id']}").json()["path"] == "noise.png"
+    assert client.get(f"/items/{item['id']}").json()["path"] == shown
     stats = client.get("/stats").json()
     assert stats["service"]["vectors"] == before + 1 and stats["index"]["vectors"] == before + 1
 
