@@ -9,6 +9,7 @@ exporter is used only when dynamo fails for a backbone, and a log line says so.
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import tempfile
 import time
@@ -23,6 +24,7 @@ import torch
 from PIL import Image
 from torch import nn
 
+from retrieval.index.embedder import COMPATIBLE_WITH
 from retrieval.models import Embedder, load_checkpoint, load_embedder
 from retrieval.onnx_runtime import (
     INPUT_NAME,
@@ -274,11 +276,11 @@ def export_embedder(
     proto.doc_string = f"retrieval embedder: {config['backbone']}, {config['embedding_dim']}-d"
     # one identity everywhere: the hash of the file's own graph and weights, the one the index and search compute
     # when they open it; the PyTorch weights' fingerprint is kept as lineage
-    metadata = build_metadata(
-        config, proto_model_hash(proto, config), config_hash, precision,
-        extra={"exporter": exporter, "opset": _opset(proto), "torch_version": torch.__version__,
-               "source_model_hash": embedder_model_hash(model)},
-    )
+    extra = {"exporter": exporter, "opset": _opset(proto), "torch_version": torch.__version__,
+             "source_model_hash": embedder_model_hash(model)}
+    if config.get("compatible_with"):  # trained --compatible-with: indexes of those models may be searched with it
+        extra[COMPATIBLE_WITH] = json.dumps(sorted(config["compatible_with"]))
+    metadata = build_metadata(config, proto_model_hash(proto, config), config_hash, precision, extra=extra)
     external = save_with_metadata(proto, out, metadata)
     if external:  # weights moved to a .data file serialise differently: the file as written is the authority
         written = onnx_model_hash(out, config)

@@ -92,40 +92,64 @@ class GlobalBatchObjective(nn.Module):
 
     ``loss`` parameters are used directly by every rank on the same global batch, so each rank's gradient for
     them is already the whole one; a hook divides the W-fold scaled gradient back so that DDP's average is exact.
+
+    ``influence(embeddings, labels, old)`` (backward-compatible training) is a term over the same batch as the
+    loss, with ``old`` the frozen old model's embeddings of its images (gathered too, without gradient); its value
+    is reported as the local term ``compatible``.
     """
 
-    def __init__(self, loss: nn.Module, gather: bool = True) -> None:
+    def __init__(self, loss: nn.Module, gather: bool = True, influence: nn.Module | None = None) -> None:
         super().__init__()
         self.loss = loss
         self.gather = gather
+        self.influence = influence
         _, world = rank_and_world()
         if gather and world > 1:
             for parameter in loss.parameters():
                 parameter.register_hook(lambda grad, w=world: grad / w)
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor,
-                local_terms: Mapping[str, torch.Tensor] | None = None) -> StepLoss:
-        """``local_terms``: name -> the mean of this rank's per-sample values of that term (scalar tensors)."""
+                local_terms: Mapping[str, torch.Tensor] | None = None, old: torch.Tensor | None = None) -> StepLoss:
+        """``local_terms``: name -> the mean of this rank's per-sample values of that term (scalar tensors);
+        ``old``: the old model's embeddings of this rank's images (with ``influence``)."""
         _, world = rank_and_world()
         terms = dict(local_terms or {})
         local = sum(terms.values(), embeddings.new_zeros(()))
+        if (self.influence is None) != (old is None):
+            raise ValueError("pass the old model's embeddings exactly when the objective has an influence term")
         if world == 1:
             loss = self.loss(embeddings, labels)
-            total = loss + local
-            return StepLoss(total, total.detach(), {name: value.detach() for name, value in terms.items()})
+            batch_terms = self._batch_terms(embeddings, labels, old)
+            total = loss + local + sum(batch_terms.values(), embeddings.new_zeros(()))
+            shown = {**terms, **batch_terms}
+            return StepLoss(total, total.detach(), {name: value.detach() for name, value in shown.items()})
         if self.gather:
             everyone = torch.cat(all_gather_rows(labels))
             share = labels.shape[0] / everyone.shape[0]  # n_r / N: this rank's weight in the global mean
-            loss = self.loss(gather_with_own_gradient(embeddings), everyone)
-            backward = world * (loss + share * local)
-            parts = torch.stack([loss.detach() / world + share * local.detach(),
-                                 *(share * value.detach() for value in terms.values())])
+            gathered = gather_with_own_gradient(embeddings)
+            loss = self.loss(gathered, everyone)
+            batch_terms = self._batch_terms(gathered, everyone, None if old is None else torch.cat(
+                all_gather_rows(old.detach())))
+            batch = sum(batch_terms.values(), embeddings.new_zeros(()))
+            backward = world * (loss + batch + share * local)
+            parts = torch.stack([(loss + batch).detach() / world + share * local.detach(),
+                                 *(share * value.detach() for value in terms.values()),
+                                 *(value.detach() / world for value in batch_terms.values())])
         else:
             loss = self.loss(embeddings, labels)
-            backward = loss + local
-            parts = torch.stack([backward.detach(), *(value.detach() for value in terms.values())]) / world
+            batch_terms = self._batch_terms(embeddings, labels, old)
+            backward = loss + local + sum(batch_terms.values(), embeddings.new_zeros(()))
+            parts = torch.stack([backward.detach(), *(value.detach() for value in terms.values()),
+                                 *(value.detach() for value in batch_terms.values())]) / world
         dist.all_reduce(parts)  # sum over ranks: the global objective and the global mean of each local term
-        return StepLoss(backward, parts[0], dict(zip(terms, parts[1:], strict=True)))
+        return StepLoss(backward, parts[0], dict(zip([*terms, *batch_terms], parts[1:], strict=True)))
+
+    def _batch_terms(self, embeddings: torch.Tensor, labels: torch.Tensor,
+                     old: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """The terms over the (gathered) batch besides the loss: the influence toward the old model's space."""
+        if self.influence is None:
+            return {}
+        return {"compatible": self.influence(embeddings, labels, old)}
 
 
 def embed_sharded(model: nn.Module, dataset, batch_size: int, device: torch.device, workers: int | None = None,

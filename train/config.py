@@ -109,6 +109,14 @@ class TrainConfig:
     chunks: int = option(1, "loss", "embed each batch in N chunks without keeping activations, then re-run each "
                                     "with its part of the gradient: the whole batch's exact step in 1/N of the "
                                     "activation memory.", low=1, metavar="N")
+    # backward-compatible training (BCT): new embeddings comparable with an old model's (docs/TRAINING.md)
+    compatible_with: str | None = option(
+        None, "compatibility", "train a model whose embeddings stay comparable with this old model's (its "
+        "checkpoint .pt or exported .onnx): the loss gains an influence term toward the old space, and the export "
+        "declares the model compatible, so that `retrieval index upgrade` serves it at once.", path="file",
+        metavar="OLD")
+    compatible_weight: float = option(1.0, "compatibility", "the weight of the influence term of --compatible-with.",
+                                      low=0, low_open=True, metavar="WEIGHT")
     # robust fine-tuning: keep what the pretrained backbone knew (docs/ROBUST.md)
     lp_epochs: int = option(0, "robust fine-tuning", "LP-FT: train the head alone on the fixed pretrained backbone "
                                                      "for N epochs, then everything.", low=0, unit="epochs",

@@ -17,7 +17,13 @@ from tqdm.auto import tqdm
 
 from retrieval.data import build_transforms
 from retrieval.distributed import embed_sharded
-from retrieval.evaluation import eval_set_pictures, evaluate_embeddings, leave_one_out_metrics, present_class_names
+from retrieval.evaluation import (
+    compatibility_metrics,
+    eval_set_pictures,
+    evaluate_embeddings,
+    leave_one_out_metrics,
+    present_class_names,
+)
 from retrieval.models import WISE_CHECKPOINT, Checkpoint, Embedder, config_hash
 from retrieval.train import checkpointing
 from retrieval.train.checkpointing import BEST_METRIC
@@ -44,6 +50,7 @@ class Evaluator:
         self.embedding = embedding
         self.progress = progress
         self.last_eval: EvalEmbeddings | None = None  # the last evaluation's embeddings: the report's plots reuse them
+        self._old_eval: EvalEmbeddings | None = None  # --compatible-with: the old model's, taken once
 
     @property
     def main(self) -> bool:
@@ -68,7 +75,18 @@ class Evaluator:
         metrics = self.ctx.from_main(self._metrics(q, ql, g, gl, probe) if self.main else None)
         if self.data.extra_sets:
             metrics["extra"] = self.extra_metrics(self.eval_model)
+        if self.parts.old_model is not None:
+            metrics["compatibility"] = self.compatibility(q, ql, g, gl)
         return metrics
+
+    def compatibility(self, q: np.ndarray, ql: np.ndarray, g: np.ndarray | None,
+                      gl: np.ndarray | None) -> dict[str, Any]:
+        """--compatible-with: BCT's three blocks (new/new, old/old, new queries against the old gallery) on the
+        evaluation split; the old model's embeddings are taken once (it is frozen)."""
+        if self._old_eval is None:
+            self._old_eval = self.parts.features.embed_eval(self.parts.old_model.eval_model)
+        old_q, _, old_g, _ = self._old_eval
+        return self.ctx.from_main(compatibility_metrics(q, old_q, ql, g, old_g, gl) if self.main else None)
 
     def _metrics(self, q: np.ndarray, ql: np.ndarray, g: np.ndarray | None, gl: np.ndarray | None,
                  probe: bool) -> dict[str, float]:

@@ -113,6 +113,30 @@ def plot_domains(history: list[dict[str, Any]], reference: dict[str, Any] | None
     return path
 
 
+def plot_compatibility(history: list[dict[str, Any]], path: Path) -> Path | None:
+    """--compatible-with: Recall@1 per epoch of the new model on its own, of the old model on its own and of new
+    queries against the old model's gallery (BCT's cross-model test): compatible while cross-model >= old."""
+    evals = [r for r in history if (r.get("compatibility") or {}).get("cross_model")]
+    if not evals:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.2, 3.9))
+    epochs = [r["epoch"] for r in evals]
+    for block, label, style in (("new", "new / new", "o-"), ("cross_model", "new queries / old gallery", "s-"),
+                                ("old", "old / old (the bar to clear)", "k:")):
+        ax.plot(epochs, [r["compatibility"][block]["recall@1"] for r in evals], style, label=label)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set(title="Compatibility with the old model (BCT: cross-model >= old/old)", xlabel="epoch (0 = before "
+           "training)", ylabel="Recall@1", ylim=(0, 1.03))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_wise(wise: dict[str, Any] | None, path: Path) -> Path | None:
     """WiSE-FT: validation Recall@1 in and out of domain against the mixing weight alpha, the alpha taken marked."""
     curve = (wise or {}).get("curve") or []
@@ -180,6 +204,8 @@ def write_report(
         plots["domains"] = "domains.png"
     if with_plots and plot_wise(wise, out / "wise.png"):
         plots["wise"] = "wise.png"
+    if with_plots and plot_compatibility(history, out / "compatibility.png"):
+        plots["compatibility"] = "compatibility.png"
     if with_plots:
         plots.update(triplet_plots(out, test_embeddings, train_sample))
     if with_plots and pictures is not None:

@@ -53,6 +53,7 @@ class TrainParts:
     features: FeatureSource  # cached backbone features (frozen backbone) or images
     step: DataParallelStep  # the forward pass, through DDP when there are several processes
     robust: RobustFineTuning  # the weights fine-tuning started from, and what keeps the model near them
+    old_model: nn.Module | None = None  # --compatible-with: the frozen old model that embeds each batch too
 
     @property
     def steps_per_epoch(self) -> int:

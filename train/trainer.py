@@ -128,7 +128,8 @@ def build_parts(cfg: TrainConfig, *, ctx: DistContext, model: Embedder, data: Tr
         extra += list(aux.parameters())
     optimizer = build_optimizer(cfg, model, step_loss, extra)
     scheduler = build_scheduler(cfg, optimizer, len(sampler))
-    objective = GlobalBatchObjective(loss_fn, gather=cfg.gather)
+    old_model, influence = compatible_parts(cfg, model, ctx.device)
+    objective = GlobalBatchObjective(loss_fn, gather=cfg.gather, influence=influence)
     scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype == torch.float16)  # bf16 needs none
 
     features = source.build(cfg, model, data.train_set, data.train_labels, data.eval_sets, embedding)
@@ -137,7 +138,31 @@ def build_parts(cfg: TrainConfig, *, ctx: DistContext, model: Embedder, data: Tr
                             channels_last=cfg.channels_last, compile_step=cfg.compile, teacher=robust.teacher,
                             distill=cfg.distill, phases=cfg.lp_epochs > 0)
     return TrainParts(model=model, loss_fn=loss_fn, aux=aux, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
-                      objective=objective, sampler=sampler, features=features, step=step, robust=robust)
+                      objective=objective, sampler=sampler, features=features, step=step, robust=robust,
+                      old_model=old_model)
+
+
+def compatible_parts(cfg: TrainConfig, model: Embedder, device: torch.device) -> tuple[nn.Module | None,
+                                                                                          nn.Module | None]:
+    """--compatible-with: the frozen old model and the influence term; the model records the hashes it will be
+    declared compatible with (its export writes them into the ONNX metadata)."""
+    if not cfg.compatible_with:
+        return None, None
+    from retrieval.train.compatible import OldModel, build_influence
+
+    with parameters_named(path="compatible_with"):
+        old = OldModel(cfg.compatible_with, model.config, features=cfg.freeze_backbone, device=device)
+    if old.embedding_dim != cfg.embedding_dim:
+        raise ValueError(f"--compatible-with {cfg.compatible_with} embeds in {old.embedding_dim} dimensions, this "
+                         f"run in {cfg.embedding_dim}: give --embedding-dim {old.embedding_dim} (a new size would "
+                         "need a projection into the old space, which is not built)")
+    with parameters_named(weight="compatible_weight"):
+        influence, used = build_influence(cfg.loss, cfg.loss_kwargs, cfg.compatible_weight, device)
+    if used != cfg.loss:
+        warn_line(f"--compatible-with: --loss {cfg.loss} has no query x gallery form, so the influence term uses "
+                  f"{used}")
+    model.config["compatible_with"] = list(old.hashes)
+    return old, influence
 
 
 class Trainer:
@@ -328,7 +353,8 @@ class Trainer:
             else:  # float32 embeddings: losses run in float32
                 embeddings, local_terms = parts.step(inputs, labels, self.amp_dtype)
             # the global batch's loss (gathered over the ranks) plus the per-sample terms (auxiliary head, distillation)
-            objective = parts.objective(embeddings, labels, local_terms)
+            old = None if parts.old_model is None else parts.old_model(inputs)  # --compatible-with
+            objective = parts.objective(embeddings, labels, local_terms, old=old)
             loss, backward = objective.total, objective.backward
             penalty = None if head_only else parts.robust.penalty_term()  # the same on every rank
             terms = dict(objective.local_terms)

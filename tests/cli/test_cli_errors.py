@@ -260,14 +260,15 @@ def test_train_names_the_option_of_a_core_error_raised_while_the_run_is_built(tm
         result.output
 
 
-def test_search_with_another_model_names_the_command_that_rebuilds_the_index(artifacts, tmp_path):
+def test_search_with_another_model_names_the_command_that_upgrades_the_index(artifacts, tmp_path):
     from embedders import write_projection_onnx
 
     other = write_projection_onnx(tmp_path / "other.onnx", seed=5)
     result = CliRunner().invoke(main, ["search", "--index", str(artifacts.index_dir), "--model", str(other),
                                        str(artifacts.query_paths[0])])
     assert result.exit_code == 1, result.output
-    assert "not comparable" in result.output and "retrieval index build --model" in result.output, result.output
+    upgrade = f"retrieval index upgrade {artifacts.index_dir} --model {other}"
+    assert "not comparable" in result.output and upgrade in result.output, result.output
 
 
 def test_train_shows_the_samplers_parameters_as_its_options(tmp_path):

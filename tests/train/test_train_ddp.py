@@ -72,7 +72,7 @@ def assert_equivalent(one: Path, ranks: Path, rel: float = 1e-5) -> None:
     assert [r["epoch"] for r in rows_one] == [r["epoch"] for r in rows_ranks]
     for a, b in zip(rows_one, rows_ranks, strict=True):
         assert b.get("steps", 1) == a.get("steps", 1) and b.get("skipped_images") == a.get("skipped_images")
-        for key in ("loss", "aux_ce", "distill", "l2sp"):
+        for key in ("loss", "aux_ce", "distill", "l2sp", "compatible"):
             if key in a:
                 assert b[key] == pytest.approx(a[key], rel=rel, abs=1e-7), (key, a["epoch"])
         if "recall@1" in a:  # the evaluation: the same image count and metrics
@@ -107,12 +107,21 @@ def frozen_config(out: Path, cache: Path, loss: str, loss_kwargs: dict, negative
 def frozen_runs(tmp_path_factory) -> Path:
     """Every case trained by 2 ranks (features extracted sharded into cache-ranks/), and by one process."""
     root = tmp_path_factory.mktemp("ddp-frozen")
+    # the old model of --compatible-with (a run of another seed), trained before the ranks start
+    train(frozen_config(root / "old", root / "cache-one", "ms", {}, None, 0.0, epochs=1, seed=3), progress=False)
     extra = [frozen_config(root / "ranks" / "ms-no-gather", root / "cache-ranks", "ms", {}, None, 0.0, gather=False),
              # 2 epochs of 4 steps: the uninterrupted run that the killed-and-resumed run must equal
              frozen_config(root / "ranks" / "long", root / "cache-ranks", "ms", {}, "loop", 0.0,
-                           batches_per_epoch=4, epochs=2)]
+                           batches_per_epoch=4, epochs=2),
+             compatible_config(root, "ranks")]
     return ranks_and_one(lambda who, *case: frozen_config(root / who / case[0], root / f"cache-{who}", *case[1:]),
                          CASES, extra, root)
+
+
+def compatible_config(root: Path, who: str) -> TrainConfig:
+    """ms with --compatible-with the old run: the influence term is computed on the gathered batch."""
+    return frozen_config(root / who / "compatible", root / f"cache-{who}", "ms", {}, None, 0.0,
+                         compatible_with=str(root / "old" / "last.pt"), compatible_weight=2.0)
 
 
 def ranks_and_one(make, cases, extra: list[TrainConfig], root: Path) -> Path:
@@ -127,6 +136,14 @@ def ranks_and_one(make, cases, extra: list[TrainConfig], root: Path) -> Path:
 @pytest.mark.parametrize("name", [c[0] for c in CASES])
 def test_frozen_features_two_ranks_equal_one_process(frozen_runs, name):
     assert_equivalent(frozen_runs / "one" / name, frozen_runs / "ranks" / name)
+
+
+@pytest.mark.slow
+def test_compatible_training_on_two_ranks_equals_one_process(frozen_runs):
+    train(compatible_config(frozen_runs, "one"), progress=False)
+    assert_equivalent(frozen_runs / "one" / "compatible", frozen_runs / "ranks" / "compatible")
+    rows = read_jsonl(frozen_runs / "one" / "compatible" / "metrics.jsonl")
+    assert any(row.get("compatible", 0) != 0 for row in rows)
 
 
 @pytest.mark.slow
