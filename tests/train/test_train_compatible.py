@@ -88,3 +88,29 @@ def test_a_resumed_run_equals_an_uninterrupted_one_with_the_influence(old_run):
 def test_an_old_model_of_another_embedding_size_is_refused_with_the_size_to_use(old_run):
     with pytest.raises(ValueError, match="give --embedding-dim 16"):
         train(compatible(old_run, "other-size", embedding_dim=8), progress=False)
+
+
+def test_the_exported_model_is_accepted_by_the_old_model_index_and_upgrades_it_in_place(old_run, tmp_path):
+    """old checkpoint -> ONNX -> index; a new one trained compatible -> ONNX: search takes it, the upgrade mixes."""
+
+    from sample_images import noisy_png
+
+    from retrieval.export.onnx_export import export_checkpoint
+    from retrieval.index import Index, IngestOptions, build_index, load_model
+    from retrieval.index.upgrade import upgrade_index
+
+    train(compatible(old_run, "exported"), progress=False)
+    old_onnx, new_onnx = tmp_path / "old.onnx", tmp_path / "new.onnx"
+    export_checkpoint(old_run / "old" / "last.pt", old_onnx, verify=False, log=lambda message: None)
+    export_checkpoint(old_run / "exported" / "last.pt", new_onnx, verify=False, log=lambda message: None)
+    declared = json.loads(load_model(new_onnx).metadata["compatible_with"])
+    assert declared == [load_model(old_onnx).source_model_hash]
+    for label, colour in enumerate([(200, 40, 40), (40, 200, 40)]):
+        (tmp_path / "g" / f"c{label}").mkdir(parents=True)
+        for n in range(4):
+            (tmp_path / "g" / f"c{label}" / f"{n}.png").write_bytes(noisy_png(colour, 10 * label + n, size=32))
+    build_index(tmp_path / "g", tmp_path / "idx", model=old_onnx, options=IngestOptions(workers=0, progress=False))
+    with Index.open(tmp_path / "idx", embedder=load_model(new_onnx)) as index:  # declared compatible: accepted
+        assert len(index.search_images([tmp_path / "g" / "c0" / "0.png"], k=3)[0]) == 3
+    summary = upgrade_index(tmp_path / "idx", new_onnx, options=IngestOptions(workers=0, progress=False))
+    assert summary["mode"] == "mixed" and summary["reembedded"] == 8
