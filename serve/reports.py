@@ -317,6 +317,11 @@ def domains_plot(report: RunReport) -> Image.Image | None:
     return _open(report.plot_file("domains"))
 
 
+def compatibility_plot(report: RunReport) -> Image.Image | None:
+    """--compatible-with: Recall@1 per epoch of new/new, new queries against the old gallery, and old/old."""
+    return _open(report.plot_file("compatibility"))
+
+
 def wise_plot(report: RunReport) -> Image.Image | None:
     """The run's WiSE-FT curve: validation Recall@1 against the mixing weight (--wise-alpha)."""
     return _open(report.plot_file("wise"))
@@ -379,7 +384,20 @@ def summary_markdown(report: RunReport, shown: str | None = None) -> str:
     if report.kind == "evaluate":
         facts.append(f"split: {markdown_code(report.data.get('split'))}, "
                      f"queries: {markdown_text(report.data.get('num_queries'))}")
-    return " · ".join(facts) + out_of_domain_markdown(report)
+    return " · ".join(facts) + out_of_domain_markdown(report) + compatibility_markdown(report)
+
+
+def compatibility_markdown(report: RunReport) -> str:
+    """A run trained --compatible-with an old model (or evaluated against its gallery): BCT's criterion, said plainly
+    with the numbers it compares; empty otherwise."""
+    from retrieval.compatibility import compatibility_sentence
+
+    blocks = (report.data.get("last") or {}).get("compatibility") or report.data.get("compatibility")
+    try:
+        sentence = compatibility_sentence(blocks) if isinstance(blocks, dict) else None
+    except (KeyError, TypeError, ValueError):  # a report is anyone's file: a block it lacks is no sentence
+        sentence = None
+    return f"\n\n**Compatibility with the old model:** {markdown_text(sentence)}." if sentence else ""
 
 
 def run_settings(report: RunReport) -> dict[str, Any]:

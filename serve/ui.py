@@ -27,6 +27,7 @@ from retrieval.serve.reports import (
     MAX_PROSE_CHARS,
     METRIC_UNIT,
     RunReport,
+    compatibility_plot,
     curves_plot,
     data_relation_markdown,
     domains_plot,
@@ -481,6 +482,7 @@ REPORT_PICTURES = (
     ReportPicture("triplet", "Hard triplets", triplet_plot, "triplet-plot", PICTURE_HEIGHT),
     ReportPicture("domains", "In and out of domain", domains_plot, "domains-plot", PICTURE_HEIGHT),
     ReportPicture("wise", "WiSE-FT", wise_plot, "wise-plot", PICTURE_HEIGHT),
+    ReportPicture("compatibility", "Compatibility", compatibility_plot, "compatibility-plot", PICTURE_HEIGHT),
     ReportPicture("retrieval", "Queries and their top 5", retrieval_plot, "retrieval-plot", TALL_PICTURE_HEIGHT),
     ReportPicture("map", "Embedding map", embedding_map_plot, "embedding-map-plot", TALL_PICTURE_HEIGHT),
 )

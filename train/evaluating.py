@@ -15,10 +15,10 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from retrieval.compatibility import compatibility_metrics
 from retrieval.data import build_transforms
 from retrieval.distributed import embed_sharded
 from retrieval.evaluation import (
-    compatibility_metrics,
     eval_set_pictures,
     evaluate_embeddings,
     leave_one_out_metrics,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from retrieval.evaluation import compatibility_metrics, compatibility_sentence
+from retrieval.compatibility import compatibility_metrics, compatibility_sentence
 from retrieval.metrics import evaluate
 
 

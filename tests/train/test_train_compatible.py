@@ -40,6 +40,11 @@ def test_the_influence_is_logged_and_the_report_has_the_three_blocks_and_the_mod
     assert report["plots"]["compatibility"] == "compatibility.png" and (old_run / "new" / "compatibility.png").is_file()
     declared = torch.load(old_run / "new" / "last.pt", weights_only=False)["model_config"]["compatible_with"]
     assert declared == [embedder_model_hash(load_embedder(old_run / "old" / "last.pt"))]
+    from retrieval.serve.reports import compatibility_plot, load_report, summary_markdown
+
+    shown = load_report(old_run / "new" / "report.json")  # the app's Evaluation tab
+    assert "**Compatibility with the old model:** " in summary_markdown(shown)
+    assert compatibility_plot(shown) is not None
 
 
 def test_the_influence_moves_the_new_model_toward_the_old_space(old_run):
