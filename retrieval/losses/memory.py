@@ -4,17 +4,27 @@ Embeddings drift slowly once training has warmed up, so the embeddings of past b
 for the current model's: a FIFO queue of the last ``size`` embeddings (and labels) gives every step many more
 positives and negatives than the batch holds, at the cost of a matrix product with the queue.
 
-``CrossBatchMemory(loss, size, embedding_dim, warmup)`` wraps any loss called as ``loss(embeddings, labels)``:
-after ``warmup`` steps, the step's loss is the wrapped loss on the batch concatenated with the queue
-(``loss(cat(E, M), cat(y, y_M))``, the queue's rows detached: constants, as in the paper, where the memory holds
-features with no gradient); before, on the batch alone. Then the batch enters the queue, oldest rows leaving first.
-The queue is buffers of the module, so checkpoints hold it and ``--resume`` restores it.
+``CrossBatchMemory(loss, size, embedding_dim, warmup)`` wraps a loss: after ``warmup`` steps, the step's loss sees the
+queue too; before, the batch alone. Then the batch enters the queue, oldest rows leaving first. The queue is buffers
+of the module, so checkpoints hold it and ``--resume`` restores it.
 
-Reading of the paper: XBM's loss (its eq. 5 and 7) sums a pair loss over the anchors of the batch against the
-memory. With our losses, which take one set of embeddings, the anchors are the batch and the memory together;
-the terms of a memory anchor move the batch rows that are its positives and negatives, as the memory's half of
-the symmetric similarity matrix would. Under data parallelism the wrapped loss sees the gathered global batch,
-so every rank enqueues the same rows and the queues stay equal.
+Reading of the paper: XBM's loss (its eq. 5 and 7) sums a pair loss over the anchors of the mini-batch, each
+against the batch and the memory: a B x (B + M) similarity matrix, the memory's rows constants (features with no
+gradient). A loss with the rectangular form (``PairLoss.rectangular``; docs/LOSSES.md lists them) is called so:
+``loss.query_gallery(E, y, (E, M), cat(y, y_M), self_index=arange(B))`` (the gallery cat(E, M) given as its two
+blocks, so that no gradient is computed for the memory's rows), each batch row excluded as its own positive, for
+O(B (B + M)) work instead of O((B + M)^2). The memory's rows are no anchors. Against the loss on
+the concatenation, ``loss(cat(E, M), cat(y, y_M))`` (this module's form before), the value lacks the memory anchors'
+terms and its normaliser counts the batch's anchors (pairs, triplets) only: for a mean over anchors,
+B L = (B + M) L_cat - M L_mem, L_mem the memory anchors' mean against batch + memory; the gradient on the batch
+rows is the concatenated form's minus what the memory anchors' terms gave them, rescaled the same way.
+
+The other losses keep the concatenation, ``loss(cat(E, M), cat(y, y_M))``, the memory's rows constants: their terms
+read rows of other samples than the anchor (``square_only`` says which: lifted structure's pair-level sums, HPHN's
+and lifted-min's hardest pair, angular's x_j.x_k; DCDL's class-wise distributions), so a memory row in a term
+needs its own row against the memory, and the (B + M)^2 form is their equation with the memory's rows as samples.
+Under data parallelism the wrapped loss sees the gathered global batch, so every rank enqueues the same rows and
+the queues stay equal.
 """
 
 from __future__ import annotations
@@ -54,12 +64,23 @@ class CrossBatchMemory(nn.Module):
         order = torch.arange(position - filled, position, device=self.labels.device) % self.size
         return self.embeddings[order], self.labels[order]
 
+    @property
+    def batch_anchors(self) -> bool:
+        """Whether only the batch's rows are anchors (the loss's rectangular form), else the concatenation's all."""
+        return bool(getattr(self.loss, "rectangular", False))
+
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        if self.active:
-            stored, stored_labels = self.memory()
-            value = self.loss(torch.cat([embeddings, stored.to(embeddings.dtype)]), torch.cat([labels, stored_labels]))
-        else:
+        if not self.active:
             value = self.loss(embeddings, labels)
+        else:
+            stored, stored_labels = self.memory()
+            stored = stored.to(embeddings.dtype)
+            gallery_labels = torch.cat([labels, stored_labels])
+            if self.batch_anchors:  # eq. 5 and 7: the batch's anchors against batch + memory
+                own_rows = torch.arange(len(labels), device=labels.device)
+                value = self.loss.query_gallery(embeddings, labels, (embeddings, stored), gallery_labels, own_rows)
+            else:
+                value = self.loss(torch.cat([embeddings, stored]), gallery_labels)
         self.last_stats = {**getattr(self.loss, "last_stats", {}),
                            "memory_rows": float(self.filled) if self.active else 0.0}
         if self.training:

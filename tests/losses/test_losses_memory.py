@@ -1,5 +1,7 @@
-"""Cross-batch memory (XBM): the queue, its warm-up, and the loss it gives against the loss on the concatenated
-batch; in the trainer, --resume restores it."""
+"""Cross-batch memory (XBM): the queue, its warm-up, and the loss it gives: the batch's anchors against batch and
+memory (XBM eq. 5 and 7) for a loss with the rectangular form, checked against a float64 loop and against the
+concatenated form less the memory anchors' terms; the concatenation for the others. In the trainer, --resume
+restores it."""
 
 from __future__ import annotations
 
@@ -7,10 +9,15 @@ import functools
 
 import pytest
 import torch
+from loss_references import ANCHOR_REFERENCES, QueryGallery
 from train_configs import digits_config
 
-from retrieval.losses import build
+from retrieval.losses import available, build, has_rectangular_form
 from retrieval.losses.memory import CrossBatchMemory
+
+RECTANGULAR = [name for name in available() if has_rectangular_form(name)]
+# losses that average over the anchors: B L = (B + M) L_cat - M L_mem holds exactly
+MEAN_OVER_ANCHORS = ["contrastive", "binomial", "raw", "ms", "vthm", "generalized_lifted"]
 
 
 def batch(seed: int, size: int = 8, dim: int = 6, classes: int = 4):
@@ -20,17 +27,66 @@ def batch(seed: int, size: int = 8, dim: int = 6, classes: int = 4):
 
 
 @pytest.mark.parametrize("name", ["triplet", "ms", "lifted", "npair", "contrastive", "dcdl"])
-def test_empty_memory_is_the_plain_loss_and_a_filled_one_the_concatenated_batch(name):
-    loss = build(name)
+def test_an_empty_memory_is_the_plain_loss(name):
     memory = CrossBatchMemory(build(name), size=100, embedding_dim=6).double()
     first, first_labels = batch(0)
-    assert memory(first, first_labels).item() == pytest.approx(loss(first, first_labels).item(), rel=1e-12)
+    assert memory(first, first_labels).item() == pytest.approx(build(name)(first, first_labels).item(), rel=1e-12)
+
+
+def filled_memory(name: str) -> CrossBatchMemory:
+    """A memory (of ``name``) that holds batch(0)'s 8 rows."""
+    memory = CrossBatchMemory(build(name), size=100, embedding_dim=6).double()
+    memory(*batch(0))
+    return memory
+
+
+@pytest.mark.parametrize("name", RECTANGULAR)
+def test_a_filled_memory_gives_the_batch_anchors_against_batch_and_memory(name):
+    memory = filled_memory(name)
+    stored, stored_labels = batch(0)
+    second, second_labels = batch(1)
+    x = second.clone().requires_grad_(True)
+    value = memory(x, second_labels)
+    (grad,) = torch.autograd.grad(value, x)
+    y = second.clone().requires_grad_(True)  # eq. 5 and 7: anchors of the batch, the memory's rows constants
+    pairs = QueryGallery(y, second_labels, torch.cat([y, stored]), torch.cat([second_labels, stored_labels]),
+                         torch.arange(len(second_labels)))
+    expected = ANCHOR_REFERENCES[name](pairs)
+    (expected_grad,) = torch.autograd.grad(expected, y)
+    assert value.item() == pytest.approx(expected.item(), abs=1e-10)
+    assert torch.allclose(grad, expected_grad, rtol=0, atol=1e-10)
+    assert memory.last_stats["memory_rows"] == 8.0
+
+
+@pytest.mark.parametrize("name", MEAN_OVER_ANCHORS)
+def test_the_memory_form_is_the_concatenated_one_without_the_memory_anchors(name):
+    memory, loss = filled_memory(name), build(name)
+    stored, stored_labels = batch(0)
+    second, second_labels = batch(1)
+    b, m = len(second_labels), len(stored_labels)
+    gallery_labels = torch.cat([second_labels, stored_labels])
+    x = second.clone().requires_grad_(True)
+    value = memory(x, second_labels)
+    (grad,) = torch.autograd.grad(b * value, x)
+    y = second.clone().requires_grad_(True)
+    concatenated = loss(torch.cat([y, stored]), gallery_labels)
+    memory_anchors = loss.query_gallery(stored, stored_labels, torch.cat([y, stored]), gallery_labels,
+                                        b + torch.arange(m))
+    (expected_grad,) = torch.autograd.grad((b + m) * concatenated - m * memory_anchors, y)
+    assert b * value.item() == pytest.approx((b + m) * concatenated.item() - m * memory_anchors.item(), abs=1e-10)
+    assert torch.allclose(grad, expected_grad, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", ["lifted", "lifted_min", "hphn_triplet", "angular", "dcdl"])
+def test_a_loss_without_the_rectangular_form_sees_the_memory_concatenated_to_the_batch(name):
+    memory, loss = filled_memory(name), build(name)
+    first, first_labels = batch(0)
     second, second_labels = batch(1)
     x = second.clone().requires_grad_(True)
     value = memory(x, second_labels)
     value.backward()
     y = second.clone().requires_grad_(True)
-    expected = loss(torch.cat([y, first]), torch.cat([second_labels, first_labels]))
+    expected = loss(torch.cat([y, first]), torch.cat([second_labels, first_labels]))  # the memory's rows constants
     expected.backward()
     assert value.item() == pytest.approx(expected.item(), rel=1e-12)
     assert torch.allclose(x.grad, y.grad, rtol=1e-10, atol=1e-12)  # the memory rows are constants
@@ -63,6 +119,7 @@ def test_the_memory_is_part_of_the_state_dict():
     for seed in range(3):
         memory(*batch(seed))
     copy = CrossBatchMemory(build("ms"), size=10, embedding_dim=6).double()
+    assert set(memory.state_dict()) == {"embeddings", "labels", "filled", "position", "steps"}  # what --resume reads
     copy.load_state_dict(memory.state_dict())
     x, labels = batch(9)
     assert copy(x, labels).item() == memory(x, labels).item()
@@ -118,8 +175,8 @@ def test_a_proxy_loss_refuses_the_memory(tmp_path):
 def test_a_memory_over_few_classes_is_refused_before_the_triplet_terms_are_allocated(monkeypatch, name, kwargs):
     import retrieval.losses.base as base
 
-    monkeypatch.setattr(base, "MAX_PAIR_ROW_ELEMENTS", 500)
+    monkeypatch.setattr(base, "MAX_PAIR_ROW_ELEMENTS", 300)
     memory = CrossBatchMemory(build(name, **kwargs), size=40, embedding_dim=6, warmup=0)
     memory(*batch(0))  # 8 rows: 8 x 1 positives x 8 = 64 terms
-    with pytest.raises(ValueError, match=r"positive pairs x 16 samples.*cross-batch memory"):
-        memory(*batch(1))  # with the 8 in memory: 16 rows, 48 positive pairs x 16 samples
+    with pytest.raises(ValueError, match=r"24 positive pairs x 16 samples.*cross-batch memory"):
+        memory(*batch(1))  # 8 anchors against 16 rows: 8 x 3 positive pairs x 16 samples
