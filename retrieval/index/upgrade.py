@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -73,14 +73,26 @@ def next_shard_number(store: ShardStore) -> int:
     return shard_number(names[-1]) + 1 if names else 0
 
 
+def uncertainty_order(ids: np.ndarray, scores: np.ndarray, found: np.ndarray,
+                      labels: Mapping[int, str | None]) -> np.ndarray:
+    """``ids`` least certain old embedding first, from each one's nearest old neighbours (``found`` [n, k] ids,
+    -1 for none, ``scores`` their similarities; its own id, wherever it appears, is left out): with labels, the
+    share of its ``NEIGHBOURS`` nearest that carry its label, ties broken by their mean similarity; without, the
+    mean similarity alone (an isolated embedding is the least settled); then by id."""
+    agreement, closeness = [], []
+    for row_id, row_scores, row_found in zip(ids.tolist(), scores.tolist(), found.tolist(), strict=True):
+        others = [(s, f) for s, f in zip(row_scores, row_found, strict=True) if f >= 0 and f != row_id][:NEIGHBOURS]
+        own = labels.get(row_id)
+        same = [labels.get(f) == own for _, f in others] if own is not None else []
+        agreement.append(float(np.mean(same)) if same else 1.0)
+        closeness.append(float(np.mean([s for s, _ in others])) if others else 1.0)
+    return np.asarray(ids, dtype=np.int64)[np.lexsort((np.asarray(ids), np.asarray(closeness), np.asarray(agreement)))]
+
+
 def backfill_order(store: ShardStore, catalogue: Catalogue, faiss_index: faiss.Index, ids: np.ndarray,
                    order: str, seed: int = 0) -> np.ndarray:
-    """``ids`` in the order to re-embed them.
-
-    ``uncertain``: least certain old embedding first. With labels, an embedding's certainty is the share of its
-    ``NEIGHBOURS`` nearest old neighbours (itself left out) that carry its label, ties broken by their mean
-    similarity; without labels the mean similarity alone (an isolated embedding is the least settled). Neighbours
-    come from the index itself, at its tuned search cost. ``id``: catalogue order; ``random``: seeded shuffle."""
+    """``ids`` in the order to re-embed them: ``uncertain`` (``uncertainty_order``, the neighbours found by the
+    index itself at its tuned search cost), ``id`` (catalogue order) or ``random`` (seeded shuffle)."""
     ids = np.asarray(ids, dtype=np.int64)
     if order == "id" or len(ids) < 2:
         return np.sort(ids)
@@ -90,22 +102,19 @@ def backfill_order(store: ShardStore, catalogue: Catalogue, faiss_index: faiss.I
         raise ParameterError("order", f"must be one of {', '.join(ORDERS)}, got {order!r}")
     done = catalogue.done_shards()
     wanted = {int(i): done[int(i)] for i in ids if int(i) in done}
-    labels = {int(i): row["label"] for i, row in catalogue.rows(list(wanted)).items()}
     k = min(NEIGHBOURS + 1, int(faiss_index.ntotal))
-    agreement, closeness, order_ids = [], [], []
+    parts_ids, parts_scores, parts_found = [], [], []
     for chunk_ids, vectors in done_chunks(store, wanted):
         scores, found = faiss_index.search(vectors, k)
-        neighbour_labels = catalogue.rows(np.unique(found[found >= 0]).tolist())
-        for row_id, row_scores, row_found in zip(chunk_ids.tolist(), scores, found, strict=True):
-            others = [(s, f) for s, f in zip(row_scores.tolist(), row_found.tolist(), strict=True)
-                      if f >= 0 and f != row_id][:NEIGHBOURS]
-            own = labels.get(row_id)
-            same = [neighbour_labels.get(f, {}).get("label") == own for _, f in others] if own is not None else []
-            agreement.append(float(np.mean(same)) if same else 1.0)
-            closeness.append(float(np.mean([s for s, _ in others])) if others else 1.0)
-            order_ids.append(row_id)
-    ranked = np.lexsort((np.asarray(order_ids), np.asarray(closeness), np.asarray(agreement)))
-    return np.asarray(order_ids, dtype=np.int64)[ranked]
+        parts_ids.append(chunk_ids)
+        parts_scores.append(scores)
+        parts_found.append(found)
+    if not parts_ids:
+        return np.zeros(0, np.int64)
+    all_ids, found = np.concatenate(parts_ids), np.concatenate(parts_found)
+    rows = catalogue.rows(np.union1d(all_ids, found[found >= 0]).tolist())
+    return uncertainty_order(all_ids, np.concatenate(parts_scores), found,
+                             {i: row["label"] for i, row in rows.items()})
 
 
 def _meta_for(embedder: ImageEmbedder, model_path: str | None) -> dict[str, str]:

@@ -210,3 +210,16 @@ def test_an_image_unreadable_at_upgrade_time_leaves_the_index_with_its_reason(ga
         assert len(index) == 31
         errors = {row["path"]: row["error"] for row in index.catalogue.error_examples(5)}
     assert errors[str(gone.resolve())].startswith("unreadable when re-embedded: ")
+
+
+def test_uncertainty_order_puts_disagreeing_labels_first_then_isolated_embeddings():
+    from retrieval.index.upgrade import uncertainty_order
+
+    ids = np.array([1, 2, 3, 4])
+    found = np.array([[1, 2, 3], [2, 1, 3], [3, 4, 1], [4, 3, -1]])  # each row: itself, then its neighbours
+    scores = np.array([[1, .9, .8], [1, .9, .7], [1, .2, .1], [1, .2, 0]])
+    labels = {1: "a", 2: "a", 3: "b", 4: "a"}
+    # 3 and 4 agree with none of their neighbours, 3 lies farther from them; 1 and 2 agree half, 2 lies farther
+    assert uncertainty_order(ids, scores, found, labels).tolist() == [3, 4, 2, 1]
+    unlabelled = {i: None for i in ids.tolist()}
+    assert uncertainty_order(ids, scores, found, unlabelled).tolist() == [3, 4, 2, 1]  # by mean similarity
