@@ -160,7 +160,7 @@ def parse_loss_kwargs(raw: str | None) -> dict[str, Any]:
     return value
 
 
-@analyze_group.command("weights")
+@analyze_group.command("weights", needs="train")
 @click.option(
     "--loss", "loss_name", required=True, help="a registered pair-based loss, e.g. ms, binomial, raw."
 )
@@ -220,7 +220,7 @@ def weights_command(
     )
 
 
-@analyze_group.command("triplets")
+@analyze_group.command("triplets", needs="train")
 @checkpoint_options
 @click.option(
     "--positive",

@@ -18,6 +18,7 @@ from retrieval.cli.help_text import (
     backbone_names,
     dataset_names,
     lazy_help_option,
+    listing,
     loss_names,
     negatives_names,
 )
@@ -25,10 +26,10 @@ from retrieval.options import DeclaredOption, declared_options, field_problem, h
 
 # a declaration's ``listing`` -> the text that lists the registry's names, computed when --help shows it
 LISTINGS: dict[str, Callable[[], str]] = {
-    "datasets": lambda: " | ".join(dataset_names()),
-    "backbones": lambda: " | ".join(backbone_names()),
-    "losses": lambda: " | ".join(loss_names()),
-    "negatives": lambda: " | ".join(negatives_names()),
+    "datasets": lambda: listing(dataset_names),
+    "backbones": lambda: listing(backbone_names),
+    "losses": lambda: listing(loss_names),
+    "negatives": lambda: listing(negatives_names),
     "augmentations": augmentation_help,
 }
 

@@ -3,7 +3,8 @@
 A core message that names another of its parameters writes it in backticks (``rerun with `index_key` auto``); a
 command shows each such name that is one of its options as the option (``rerun with --index-key auto``), in a
 ``ParameterError``'s problem and in the text of the other errors a command line expects (missing or existing
-files, bad values, failures it explains).
+files, bad values, failures it explains). A command that needs an extra that is not installed (``retrieval.extras``)
+says which one, in one line.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import click
 
 from retrieval.errors import ParameterError
+from retrieval.extras import defining_module, extra_of_module, has_extra, missing_extra_message, require_extra
 
 
 def option_flag(command: click.Command, param: str) -> str | None:
@@ -59,12 +61,32 @@ def bad_where(command: click.Command, exc: BaseException) -> click.Parameter | N
 
 
 class OptionCommand(click.Command):
-    """A command whose ``ParameterError``s name its option (``--memory-size must be >= 1``)."""
+    """A command whose ``ParameterError``s name its option (``--memory-size must be >= 1``), and that names the extra
+    it lacks: ``needs`` (``@main.command("train", needs="train")``) is checked before it runs, and a module of any
+    extra found missing while it runs is reported the same way."""
+
+    def __init__(self, *args: Any, needs: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.needs = needs  # the extra (retrieval.extras) the command cannot start without
+
+    def format_help_text(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The help text, then, when the command's extra is missing, what to install."""
+        super().format_help_text(ctx, formatter)
+        if self.needs is not None and not has_extra(self.needs):
+            with formatter.indentation():
+                formatter.write_paragraph()
+                formatter.write_text(missing_extra_message("This command", defining_module(self.needs)) + ".")
 
     def invoke(self, ctx: click.Context) -> Any:
-        """Run the command; its core errors name this command's options."""
+        """Run the command; its core errors name this command's options, a missing extra names the extra."""
         try:
+            if self.needs is not None:
+                require_extra(self.needs, ctx.command_path)
             return super().invoke(ctx)
+        except ModuleNotFoundError as exc:
+            if extra_of_module(exc.name) is None:  # not an optional part: a broken install, shown as it is
+                raise
+            raise click.ClickException(missing_extra_message(ctx.command_path, exc.name)) from exc
         except ParameterError as exc:
             flag = option_flag(self, exc.param)
             if flag is None and option_text(self, exc.problem) == exc.problem:

@@ -10,7 +10,7 @@ import click
 from retrieval.cli.errors import OptionCommand
 
 
-@click.command("export", cls=OptionCommand)
+@click.command("export", cls=OptionCommand, needs="train")
 @click.option("--checkpoint", required=True, type=click.Path(dir_okay=False),
               help="training checkpoint (RUN_DIR/best.pt or last.pt).")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="ONNX file to write, e.g. model.onnx.")

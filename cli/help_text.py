@@ -12,6 +12,8 @@ from typing import Any
 
 import click
 
+from retrieval.extras import extra_of_module, install_command
+
 
 class LazyHelpOption(click.Option):
     """A ``click.Option`` whose help is ``help_text()``, called when the help is shown."""
@@ -28,6 +30,18 @@ class LazyHelpOption(click.Option):
 def lazy_help_option(*param_decls: str, help_text: Callable[[], str], **attrs: Any) -> Callable:
     """``click.option`` with a help text computed when shown (see ``LazyHelpOption``)."""
     return click.option(*param_decls, cls=LazyHelpOption, help_text=help_text, **attrs)
+
+
+def listing(names: Callable[[], list[str]]) -> str:
+    """``names()`` as ``a | b | c``; where the registry's modules need an extra that is not installed (the losses and
+    backbones need torch), where to get the list instead of a traceback in the middle of --help."""
+    try:
+        return " | ".join(names())
+    except ModuleNotFoundError as exc:
+        extra = extra_of_module(exc.name)
+        if extra is None:
+            raise
+        return f"listed once the {extra} extra is installed ({install_command(extra)})"
 
 
 def dataset_names() -> list[str]:

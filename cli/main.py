@@ -87,7 +87,7 @@ def config_from_options(config_file: str | None, **options: Any) -> TrainConfig:
     return TrainConfig.from_values({**file_values, **option_values(TrainConfig, file_values, options)})
 
 
-@main.command("train")
+@main.command("train", needs="train")
 @functools.partial(apply_options, options=TRAIN_COMMAND_OPTIONS[:1] + config_options(TrainConfig)
                    + TRAIN_COMMAND_OPTIONS[1:])
 def train_command(config_file, nproc, max_restarts, as_json, offline, **options) -> None:
@@ -141,7 +141,7 @@ def _headline(metrics: dict | None) -> dict | None:
 
 
 # --- evaluate -------------------------------------------------------------------------------------
-@main.command("evaluate")
+@main.command("evaluate", needs="train")
 @click.option("--checkpoint", required=True, type=click.Path(dir_okay=False))
 @shared_option(TrainConfig, "dataset", help="the data set to evaluate on. [default: the checkpoint's]")
 @shared_option(TrainConfig, "data", help="the data set's root. [default: the checkpoint's]")
@@ -207,7 +207,7 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_kwargs, eval_limi
 
 
 # --- listings -------------------------------------------------------------------------------------
-@main.command("losses")
+@main.command("losses", needs="train")
 def losses_command() -> None:
     """List the registered losses (paper equation, defaults, readings) and hard-negative combinations."""
     from retrieval import losses
@@ -222,7 +222,7 @@ def losses_command() -> None:
     click.echo("with --negatives: " + (", ".join(f"{n}+{m}" for n, m in combos) or "none"))
 
 
-@main.command("backbones")
+@main.command("backbones", needs="train")
 def backbones_command() -> None:
     """List the registered backbones."""
     from retrieval.models import backbone_names
@@ -231,7 +231,7 @@ def backbones_command() -> None:
 
 
 # --- demo -----------------------------------------------------------------------------------------
-@main.command("demo")
+@main.command("demo", needs="train")
 @click.option("--out", default="artifacts/demo", show_default=True, type=click.Path(file_okay=False))
 @click.option("--epochs", default=None, type=int, help="override the recipe's number of epochs.")
 @click.option("--serve/--no-serve", "start_server", default=True, show_default=True,

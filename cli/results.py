@@ -67,7 +67,7 @@ def results_group() -> None:
     """The results grid: do the papers' methods help on real images available offline?"""
 
 
-@results_group.command("run")
+@results_group.command("run", needs="train")
 @grid_options
 @click.option("--list", "list_runs", is_flag=True, help="print each run's command and whether it is done.")
 @click.option("--shard", default="0/1", show_default=True, metavar="K/N",

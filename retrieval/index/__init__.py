@@ -5,9 +5,10 @@
 ``.search_images(images, k)`` query it, reading the catalogue through a read-only, per-thread ``CatalogueReader``
 (the one read path; it never writes the folder).
 
-The read side is imported here; the writer's commands on first use (PEP 562): they import torch (the local engine
-decodes in DataLoader workers), which neither a search service nor Ray's worker processes (they import
-``ray_stages``, and so this package) should pay for.
+The read side is imported here; the writer's commands on first use (PEP 562): where torch is installed they import
+it (the local engine decodes in torch's DataLoader workers; the base install has no torch and decodes in a process
+pool instead), which neither a search service nor Ray's worker processes (they import ``ray_stages``, and so this
+package) should pay for.
 """
 
 from __future__ import annotations

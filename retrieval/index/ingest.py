@@ -15,11 +15,10 @@ from pathlib import Path
 
 import faiss
 import numpy as np
-from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from retrieval.index.catalogue import THROUGHPUT_META, Catalogue, Outcome, Status
-from retrieval.index.decode import Decoded, DecodedBatch, GalleryDecodeDataset, collate_decoded
+from retrieval.index.decode import Decoded, DecodedBatch, GalleryDecodeDataset, decoded_batches
 from retrieval.index.embedder import ImageEmbedder, prepare_vectors
 from retrieval.index.engine import IngestEngine, IngestOptions, add_sequentially
 from retrieval.index.shards import ShardStore
@@ -55,14 +54,7 @@ class Ingestor:
             return
         dataset = GalleryDecodeDataset(pending, self.embedder.model_config, self.options.max_pixels)
         workers = default_workers() if self.options.workers is None else self.options.workers
-        loader = DataLoader(
-            dataset,
-            batch_size=self.options.batch_size,
-            num_workers=workers,
-            shuffle=False,
-            collate_fn=collate_decoded,
-            prefetch_factor=4 if workers else None,
-        )
+        loader = decoded_batches(dataset, self.options.batch_size, workers)
         with self.progress_bar(len(pending)) as bar:
             for decoded in loader:
                 self._take(decoded)
@@ -98,7 +90,7 @@ class Ingestor:
         # positions in decoded.batch of the images to embed
         keep = [decoded.ok_index.index(p) for p, record in enumerate(decoded.records) if self.admit(record)]
         if keep:
-            batch = decoded.batch.numpy()
+            batch = decoded.array()
             batch = batch if len(keep) == len(batch) else np.ascontiguousarray(batch[keep])
             vectors = self.embedder.embed(batch)
             self.buffer.vectors.append(prepare_vectors(vectors, self.embedder.embedding_dim))
@@ -117,7 +109,8 @@ class Ingestor:
 
 
 class LocalEngine:
-    """``--engine local``: decode in DataLoader workers, embed in this process, fill faiss here."""
+    """``--engine local``: decode in worker processes (``decode.decoded_batches``), embed in this process, fill
+    faiss here."""
 
     name = "local"
 

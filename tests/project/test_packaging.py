@@ -1,7 +1,9 @@
-"""The project installs one import name, ``retrieval``: the application folders are its subpackages."""
+"""The project installs one import name, ``retrieval``: the application folders are its subpackages; the base install
+has no torch, and every extra's distributions are known to ``retrieval.extras``."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -39,3 +41,29 @@ def test_no_other_top_level_name_is_importable_outside_the_repository(tmp_path):
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def requirement_names(requirements: list[str]) -> set[str]:
+    """The distributions ``requirements`` name, normalised (``Pillow>=10`` -> ``pillow``), without their extras."""
+    return {re.match(r"[A-Za-z0-9._-]+", r).group(0).lower().replace("_", "-") for r in requirements}
+
+
+def test_the_extras_module_knows_what_each_extra_installs():
+    """A command names the extra of a missing module (retrieval.extras): every distribution of the train, track and ray
+    extras is known there, under the extra that lists it, and none of the base install is."""
+    from retrieval.extras import EXTRA_MODULES
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    for extra, modules in EXTRA_MODULES.items():
+        assert set(modules.values()) == requirement_names(extras[extra]) - {"retrieval"}, extra
+    known = {distribution for modules in EXTRA_MODULES.values() for distribution in modules.values()}
+    assert not known & requirement_names(project["dependencies"])
+
+
+def test_the_base_install_has_no_torch_and_make_install_has_every_extra_the_suite_needs():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert not requirement_names(project["dependencies"]) & {"torch", "torchvision", "timm", "tensorboard"}
+    assert "torch" in requirement_names(project["optional-dependencies"]["train"])
+    install = re.search(r'pip install --quiet -e "\.\[([a-z,]+)\]"', (REPO / "Makefile").read_text())
+    assert install and {"train", "dev", "ray", "track"} <= set(install.group(1).split(","))
