@@ -332,10 +332,10 @@ def add_command(index_dir, images, model, split, label_from, batch_size, workers
 @index_folder
 @click.option("--model", type=click.Path(dir_okay=False, exists=True),
               help="the new model (.onnx); default: the one of the upgrade under way, which this run resumes.")
-@click.option("--order", type=click.Choice(["uncertain", "id", "random"]), default="uncertain", show_default=True,
-              help="which images are re-embedded first: uncertain (the old embeddings whose neighbours disagree with "
-                   "their label, or lie farthest, first), id (catalogue order) or random. It matters only for a "
-                   "model declared compatible, whose vectors are served as they come.")
+@click.option("--order", type=click.Choice(["random", "uncertain", "id"]), default="random", show_default=True,
+              help="which images are re-embedded first: random (measured best), uncertain (the old embeddings whose "
+                   "neighbours disagree with their label, or lie farthest, first) or id (catalogue order). It "
+                   "matters only for a model declared compatible, whose vectors are served as they come.")
 @click.option("--commit-every", type=click.IntRange(min=1), default=4096, show_default=True,
               help="images re-embedded between two publishes of a compatible model's upgrade (each publish rewrites "
                    "the faiss part; a server swaps in each).")

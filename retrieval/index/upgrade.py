@@ -7,9 +7,11 @@ Two ways, chosen by what the new model declares (``embedder.is_compatible``):
   backward-compatible training makes sound (Shen et al., BCT, CVPR 2020: new queries against the old gallery do at
   least as well as old against old). The gallery is then re-embedded batch by batch, each batch published under the
   writer lock (catalogue, faiss, index.json), so a server swaps in every step and its answers improve as the share
-  re-embedded grows. ``order="uncertain"`` re-embeds the least certain old embeddings first (the idea of FastFill,
-  Jaeckle et al., ICLR 2023, which learns an uncertainty; ours is read off the old embeddings' neighbours:
-  ``backfill_order``).
+  re-embedded grows. The order is random by default: measured on two data sets (docs/RESULTS.md), it beat
+  ``order="uncertain"``, the least certain old embeddings first (the idea of FastFill, Jaeckle et al., ICLR 2023,
+  with an uncertainty read off the old embeddings' neighbours: ``uncertainty_order``), because the re-embedded
+  vectors draw the new queries, and re-embedding first the images whose neighbourhoods are mixed puts exactly
+  those in front.
 * swap, for any other model: the new vectors are written beside the old ones while the index, untouched, keeps
   answering with the old model; once all are embedded, one publish under the writer lock points the catalogue at
   them, builds faiss afresh (a new embedding size is fine) and names the new model, and a server swaps the new
@@ -166,7 +168,7 @@ def upgrade_index(
     index_dir: str | Path,
     model: str | Path | None = None,
     embedder: ImageEmbedder | None = None,
-    order: str = "uncertain",
+    order: str = "random",
     commit_every: int = DEFAULT_COMMIT_EVERY,
     options: IngestOptions | None = None,
     on_publish: Callable[[dict[str, Any]], None] | None = None,

@@ -133,7 +133,7 @@ def test_the_uncertain_order_re_embeds_images_whose_neighbours_disagree_first(ga
     stray = tmp_path / "odd" / "class3" / "stray.png"
     stray.write_bytes(noisy_png(COLOURS[0], 999))
     add_images(gallery_index, tmp_path / "odd", options=QUICK)
-    upgrade_index(gallery_index, models["new"], commit_every=1, options=QUICK)
+    upgrade_index(gallery_index, models["new"], order="uncertain", commit_every=1, options=QUICK)
     with Catalogue(gallery_index / "catalogue.sqlite") as catalogue:
         stray_id = catalogue.ids_for_paths([str(stray.resolve())])[str(stray.resolve())]
         shards = catalogue.done_shards()
