@@ -161,10 +161,14 @@ def _headline(metrics: dict | None) -> dict | None:
                    "(embedding_map.png) next to the report.")
 @click.option("--map", "map_method", type=click.Choice(["auto", "umap", "tsne"]), default="auto", show_default=True,
               help="the embedding map: UMAP (umap-learn, when installed) or t-SNE (scikit-learn).")
+@click.option("--gallery-model", type=click.Path(dir_okay=False, exists=True), metavar="OLD",
+              help="also measure compatibility with OLD (a checkpoint or an .onnx): its own metrics, and the "
+                   "checkpoint's queries against the gallery OLD embedded (BCT's cross-model test).")
 def evaluate_command(checkpoint, dataset, data, split, dataset_kwargs, eval_limit, linear_probe, eval_batch_size,
-                     device, workers, out_path, pictures, map_method) -> None:
+                     device, workers, out_path, pictures, map_method, gallery_model) -> None:
     """Evaluate a checkpoint: prints the metrics as JSON and writes an evaluate report (eval_report.json next to
-    the checkpoint, or --out)."""
+    the checkpoint, or --out). With --gallery-model OLD the JSON has three blocks, new (the checkpoint), old (OLD)
+    and cross_model (the checkpoint's queries against OLD's gallery), and whether BCT's criterion holds."""
     from retrieval.data import build_transforms, load_dataset
     from retrieval.evaluation import (
         checkpoint_dataset,
@@ -202,8 +206,27 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_kwargs, eval_limi
                                   gallery.indices if gallery is not None else None, seed=trained.get("seed", 0),
                                   method=map_method)
     report = evaluate_report(checkpoint, dataset, data, split, kwargs, len(ql), model.config, metrics, plots)
+    if gallery_model is None:
+        save_report(report, out)
+        click.echo(json.dumps({**metrics, "report": str(out)}, indent=2))
+        return
+    from retrieval.compatibility import compatibility_metrics, compatibility_sentence
+    from retrieval.errors import parameters_named
+    from retrieval.train.compatible import OldModel
+
+    with parameters_named(path="gallery_model"):
+        old = OldModel(gallery_model, model.config, device=dev)
+    # the same images as the checkpoint's rows: the sets are read in the same order, each image given to OLD as
+    # the checkpoint saw it (taken back to pixels and to OLD's size and normalisation where they differ)
+    old_query, old_gallery = embed_eval_rows(old, sets, dev, eval_batch_size, workers)
+    blocks = compatibility_metrics(q, old_query.embeddings, ql, g, None if old_gallery is None else
+                                   old_gallery.embeddings, gl)
+    sentence = compatibility_sentence(blocks)
+    report["compatibility"] = {**blocks, "gallery_model": str(gallery_model)}
     save_report(report, out)
-    click.echo(json.dumps({**metrics, "report": str(out)}, indent=2))
+    click.echo(f"{Path(checkpoint).name} against {Path(gallery_model).name}: {sentence}", err=True)
+    click.echo(json.dumps({"new": metrics, "old": blocks["old"], "cross_model": blocks["cross_model"],
+                           "compatible": blocks["compatible"], "criterion": sentence, "report": str(out)}, indent=2))
 
 
 # --- listings -------------------------------------------------------------------------------------

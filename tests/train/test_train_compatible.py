@@ -119,3 +119,22 @@ def test_the_exported_model_is_accepted_by_the_old_model_index_and_upgrades_it_i
         assert len(index.search_images([tmp_path / "g" / "c0" / "0.png"], k=3)[0]) == 3
     summary = upgrade_index(tmp_path / "idx", new_onnx, options=IngestOptions(workers=0, progress=False))
     assert summary["mode"] == "mixed" and summary["reembedded"] == 8
+
+
+def test_evaluate_with_a_gallery_model_reports_the_three_blocks_and_the_criterion(old_run):
+    from click.testing import CliRunner
+
+    from retrieval.cli.main import main
+
+    train(compatible(old_run, "evaluated"), progress=False)
+    result = CliRunner().invoke(main, ["evaluate", "--checkpoint", str(old_run / "evaluated" / "last.pt"),
+                                       "--gallery-model", str(old_run / "old" / "last.pt"), "--no-pictures",
+                                       "--device", "cpu", "--workers", "0"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert {"new", "old", "cross_model", "compatible", "criterion"} <= set(payload)
+    assert payload["criterion"].startswith(("compatible: ", "not compatible: "))
+    trained = json.loads((old_run / "evaluated" / "report.json").read_text())["last"]["compatibility"]
+    assert payload["cross_model"]["recall@1"] == pytest.approx(trained["cross_model"]["recall@1"])
+    saved = json.loads((old_run / "evaluated" / "eval_report.json").read_text())
+    assert saved["compatibility"]["compatible"] == payload["compatible"]
