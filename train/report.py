@@ -101,10 +101,14 @@ def plot_domains(history: list[dict[str, Any]], reference: dict[str, Any] | None
         if ref:
             ax.axhline(ref["recall@1"], color=color, linestyle=":", linewidth=1.2,
                        label=f"{name}: pretrained backbone at {reference['input_size']} px")
+    return _save_per_epoch(plt, fig, ax, "Recall@1 in and out of domain", path)
+
+
+def _save_per_epoch(plt: Any, fig: Any, ax: Any, title: str, path: Path) -> Path:
+    """Finish a plot of Recall@1 against the epoch (whole epochs, 0 = before training) and save it."""
     from matplotlib.ticker import MaxNLocator
 
-    ax.set(title="Recall@1 in and out of domain", xlabel="epoch (0 = before training)", ylabel="Recall@1",
-           ylim=(0, 1.03))
+    ax.set(title=title, xlabel="epoch (0 = before training)", ylabel="Recall@1", ylim=(0, 1.03))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -125,16 +129,7 @@ def plot_compatibility(history: list[dict[str, Any]], path: Path) -> Path | None
     for block, label, style in (("new", "new / new", "o-"), ("cross_model", "new queries / old gallery", "s-"),
                                 ("old", "old / old (the bar to clear)", "k:")):
         ax.plot(epochs, [r["compatibility"][block]["recall@1"] for r in evals], style, label=label)
-    from matplotlib.ticker import MaxNLocator
-
-    ax.set(title="Compatibility with the old model (BCT: cross-model >= old/old)", xlabel="epoch (0 = before "
-           "training)", ylabel="Recall@1", ylim=(0, 1.03))
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save_per_epoch(plt, fig, ax, "Compatibility with the old model (BCT: cross-model >= old/old)", path)
 
 
 def plot_wise(wise: dict[str, Any] | None, path: Path) -> Path | None:
