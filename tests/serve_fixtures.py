@@ -115,7 +115,8 @@ def write_run_report(run_dir: Path, index_dir: Path) -> Path:
 
 def write_full_report(run_dir: Path, artifacts: ServeArtifacts) -> Path:
     """A training report with every picture the demo's has (out-of-domain and WiSE-FT curves, the query grid and
-    the embedding map), over the index's own embeddings; the map draws at most 20 of the gallery's classes."""
+    the embedding map) and a --compatible-with run's, over the index's own embeddings; the map draws at most 20 of
+    the gallery's classes."""
     from retrieval.analysis.pictures import draw_evaluation_pictures
     from retrieval.index.catalogue import Catalogue
     from retrieval.index.shards import ShardStore
@@ -135,8 +136,14 @@ def write_full_report(run_dir: Path, artifacts: ServeArtifacts) -> Path:
     last = evaluate(vectors, labels)
     baseline = evaluate(np.random.default_rng(0).normal(size=vectors.shape).astype(np.float32), labels)
     other = {"recall@1": 0.7, "map@r": 0.3}  # an --eval-extra set, as the demo's fashion-mnist
-    history = [{"epoch": 0, **baseline, "extra": {"other": other}}, {"epoch": 1, "loss": 0.9},
-               {"epoch": 2, "loss": 0.6, **last, "extra": {"other": dict(other, **{"recall@1": 0.65})}}]
+    def blocks(new: float, cross: float) -> dict:  # --compatible-with's three blocks
+        return {"new": {"recall@1": new, "map@r": new / 2}, "old": {"recall@1": 0.6, "map@r": 0.3},
+                "cross_model": {"recall@1": cross, "map@r": cross / 2}, "compatible": cross >= 0.6}
+
+    history = [{"epoch": 0, **baseline, "extra": {"other": other}, "compatibility": blocks(0.6, 0.6)},
+               {"epoch": 1, "loss": 0.9},
+               {"epoch": 2, "loss": 0.6, **last, "extra": {"other": dict(other, **{"recall@1": 0.65})},
+                "compatibility": blocks(0.7, 0.55)}]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in history))
     reference = {"input_size": 224, "sets": {"other": {"test": {"recall@1": 0.72}}}}
     curve = [{"alpha": a, "in_domain": 0.5 + 0.3 * a, "out_of_domain": 0.7 - 0.1 * a} for a in (0, 0.5, 1)]

@@ -108,7 +108,7 @@ def frozen_runs(tmp_path_factory) -> Path:
     """Every case trained by 2 ranks (features extracted sharded into cache-ranks/), and by one process."""
     root = tmp_path_factory.mktemp("ddp-frozen")
     # the old model of --compatible-with (a run of another seed), trained before the ranks start
-    train(frozen_config(root / "old", root / "cache-one", "ms", {}, None, 0.0, epochs=1, seed=3), progress=False)
+    train(frozen_config(root / "old", root / "cache-old", "ms", {}, None, 0.0, epochs=1, seed=3), progress=False)
     extra = [frozen_config(root / "ranks" / "ms-no-gather", root / "cache-ranks", "ms", {}, None, 0.0, gather=False),
              # 2 epochs of 4 steps: the uninterrupted run that the killed-and-resumed run must equal
              frozen_config(root / "ranks" / "long", root / "cache-ranks", "ms", {}, "loop", 0.0,
