@@ -375,30 +375,57 @@ def upgrade_command(index_dir, model, order, commit_every, batch_size, workers, 
 @click.option("-k", "k", type=click.IntRange(min=1), default=10, show_default=True, help="neighbours per image.")
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True, help="decoding threads.")
 @json_option
-def compare_command(index_dir, model, sample, k, workers, as_json) -> None:
+def index_compare_command(index_dir, model, sample, k, workers, as_json) -> None:
     """How much MODEL changes the gallery's neighbourhoods, no labels needed: for each sampled image, the share of
     its k nearest images under the index's model that stay among its k nearest under MODEL. With labels, each
     model's Recall@1 on the same images too."""
     from retrieval.index import load_model
     from retrieval.index.compare import compare_with_index
-    from retrieval.index.sources import printable_path
 
     summary = compare_with_index(index_dir, load_model(model), sample=sample, k=k, workers=workers)
+    _show_comparison(summary, as_json, f"of {index_dir}", "the index's model", Path(model).name)
+
+
+def _show_comparison(summary: dict, as_json: bool, where: str, old_name: str, new_name: str) -> None:
+    """A model comparison for people (the overlap, each model's Recall@1 with labels, the images changed most)."""
+    from retrieval.index.sources import printable_path
+
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
     overlap = summary["overlap"]
-    click.echo(f"{summary['images']} images of {index_dir}: their {summary['k']} nearest neighbours under "
-               f"{Path(model).name} overlap those under the index's model by {overlap['mean']:.2f} on average "
-               f"(median {overlap['median']:.2f}, 10 % of images at most {overlap['p10']:.2f}; "
-               f"{overlap['share_below_half']:.0%} keep fewer than half)")
+    click.echo(f"{summary['images']} images {where}: their {summary['k']} nearest neighbours under {new_name} "
+               f"overlap those under {old_name} by {overlap['mean']:.2f} on average (median {overlap['median']:.2f}, "
+               f"10 % of images at most {overlap['p10']:.2f}; {overlap['share_below_half']:.0%} keep fewer than half)")
     if summary["labels"]:
         old, new = summary["labels"]["old"], summary["labels"]["new"]
-        click.echo(f"with the gallery's labels: Recall@1 {old['recall@1']:.3f} (index's model) -> "
-                   f"{new['recall@1']:.3f} ({Path(model).name})")
+        click.echo(f"with the folders' labels: Recall@1 {old['recall@1']:.3f} ({old_name}) -> "
+                   f"{new['recall@1']:.3f} ({new_name})")
     click.echo("changed most:")
     for item in summary["most_changed"]:
         click.echo(f"  {item['overlap']:.2f}  {printable_path(item['path'], limit=None)}")
+
+
+@click.command("compare", cls=OptionCommand)
+@click.option("--model", required=True, type=click.Path(dir_okay=False, exists=True),
+              help="the new model (.onnx).")
+@click.option("--baseline", required=True, type=click.Path(dir_okay=False, exists=True),
+              help="the model to compare it with (.onnx): the one serving now, or the pretrained backbone exported.")
+@click.option("--images", required=True, type=click.Path(exists=True),
+              help="a folder of images (searched recursively; sub-folders are labels where there are any).")
+@click.option("--sample", type=click.IntRange(min=2), default=2000, show_default=True,
+              help="images compared (seeded sample); exact neighbours among them, sample^2 work per model.")
+@click.option("-k", "k", type=click.IntRange(min=1), default=10, show_default=True, help="neighbours per image.")
+@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True, help="decoding threads.")
+@json_option
+def compare_command(model, baseline, images, sample, k, workers, as_json) -> None:
+    """How much MODEL changes the neighbourhoods of any folder's images against BASELINE, no labels needed (with
+    sub-folders as labels, each model's Recall@1 too). For an index's own gallery: retrieval index compare."""
+    from retrieval.index import load_model
+    from retrieval.index.compare import compare_on_folder
+
+    summary = compare_on_folder(images, load_model(baseline), load_model(model), sample=sample, k=k, workers=workers)
+    _show_comparison(summary, as_json, f"in {images}", Path(baseline).name, Path(model).name)
 
 
 @index_group.command("remove")

@@ -283,13 +283,13 @@ def _register_area_commands() -> None:
     from retrieval.cli.analyze import analyze_group
     from retrieval.cli.data import data_group
     from retrieval.cli.export import export_command
-    from retrieval.cli.index import index_group, search_command
+    from retrieval.cli.index import compare_command, index_group, search_command
     from retrieval.cli.results import results_group
     from retrieval.cli.runs import runs_group
     from retrieval.cli.serve import serve_command
 
-    for command in (data_group, analyze_group, export_command, index_group, search_command, serve_command,
-                    results_group, runs_group):
+    for command in (data_group, analyze_group, export_command, index_group, search_command, compare_command,
+                    serve_command, results_group, runs_group):
         main.add_command(command)
 
 

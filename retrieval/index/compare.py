@@ -105,6 +105,35 @@ def compare_with_index(index_dir: str | Path, embedder: ImageEmbedder, sample: i
         "unreadable": len(ids) - len(kept)}
 
 
+def compare_on_folder(images: str | Path, old: ImageEmbedder, new: ImageEmbedder, sample: int = DEFAULT_SAMPLE,
+                      k: int = 10, seed: int = 0, batch_size: int = 64, workers: int = 1) -> dict[str, Any]:
+    """``compare_embeddings`` of a seeded sample of any folder's images (labelled by their sub-folders, where they
+    are in one) embedded by ``old`` (a baseline: the served model, or the pretrained backbone exported) and by
+    ``new``. Paths relative to the folder."""
+    from retrieval.index.sources import list_gallery
+
+    if int(sample) < 2:
+        raise ParameterError("sample", f"must be >= 2 images, got {sample}")
+    gallery = list_gallery(images)
+    items = sorted(gallery.items, key=lambda item: item.path)
+    if len(items) > sample:
+        chosen = np.sort(np.random.default_rng(seed).choice(len(items), int(sample), replace=False))
+        items = [items[i] for i in chosen]
+    if len(items) < 2:
+        raise ParameterError("images", f"holds {len(items)} readable image(s) to compare; give a folder of at least 2")
+    rows = [(n, item.path) for n, item in enumerate(items)]
+    with RowEmbedder(old, batch_size, workers) as first, RowEmbedder(new, batch_size, workers) as second:
+        by_old, by_new = first.embed(rows), second.embed(rows)
+    kept = np.intersect1d(by_old.ids, by_new.ids)  # a file one model's preprocessing cannot read: out of both
+    pick_old, pick_new = np.searchsorted(by_old.ids, kept), np.searchsorted(by_new.ids, kept)
+    root = Path(gallery.root)
+    paths = [Path(items[int(i)].path).relative_to(root).as_posix() if Path(items[int(i)].path).is_relative_to(root)
+             else Path(items[int(i)].path).name for i in kept]
+    return compare_embeddings(by_old.vectors[pick_old], by_new.vectors[pick_new], paths,
+                              [items[int(i)].label for i in kept], min(int(k), len(kept) - 1)) | {
+        "old_model_hash": old.model_hash, "new_model_hash": new.model_hash, "unreadable": len(items) - len(kept)}
+
+
 def _stored(store: ShardStore, wanted: dict[int, str]):
     for chunk_ids, vectors in done_chunks(store, wanted):
         yield from zip(chunk_ids.tolist(), vectors, strict=True)
