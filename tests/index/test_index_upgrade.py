@@ -223,3 +223,21 @@ def test_uncertainty_order_puts_disagreeing_labels_first_then_isolated_embedding
     assert uncertainty_order(ids, scores, found, labels).tolist() == [3, 4, 2, 1]
     unlabelled = {i: None for i in ids.tolist()}
     assert uncertainty_order(ids, scores, found, unlabelled).tolist() == [3, 4, 2, 1]  # by mean similarity
+
+
+def test_a_swap_upgrade_killed_midway_leaves_the_old_index_serving_and_resumes(gallery_index, models):
+    args = ["upgrade", str(gallery_index), "--model", str(models["other"]), "--shard-size", "4", "--workers", "1"]
+    process = run_fake_cli(args, {PAUSE_ENV: "after_shard_write:3"})  # 12 of 32 re-embedded, nothing published
+    deadline = time.monotonic() + 120
+    for line in process.stderr:
+        if PAUSED in line or time.monotonic() > deadline:
+            break
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
+    with Snapshot.open(gallery_index) as snapshot:  # untouched: the old model, its 24-d vectors, all 32 images
+        assert snapshot.model_hash == load_model(models["old"]).model_hash and snapshot.dim == 24
+        assert len(snapshot) == 32
+    resumed = upgrade_index(gallery_index, options=QUICK)  # no model: the one under way
+    assert resumed["mode"] == "swap" and resumed["to_reembed"] == 32 and resumed["reembedded"] == 20
+    with Index.open(gallery_index) as index:
+        assert index.model_hash == load_model(models["other"]).model_hash and index.dim == 16 and len(index) == 32
