@@ -366,15 +366,23 @@ def upgrade_command(index_dir, model, order, commit_every, batch_size, workers, 
             _serve_next(summary["index_dir"]))
 
 
+def comparison_options(func):
+    """--sample, -k, --workers and --json of the two model comparisons."""
+    return apply_options(func, [
+        click.option("--sample", type=click.IntRange(min=2), default=2000, show_default=True,
+                     help="images compared (seeded sample); exact neighbours among them, sample^2 work per model."),
+        click.option("-k", "k", type=click.IntRange(min=1), default=10, show_default=True,
+                     help="neighbours per image."),
+        click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True, help="decoding threads."),
+        json_option,
+    ])
+
+
 @index_group.command("compare")
 @index_folder
 @click.option("--model", required=True, type=click.Path(dir_okay=False, exists=True),
               help="the model (.onnx) to compare with the index's own, e.g. a fine-tuned one before an upgrade.")
-@click.option("--sample", type=click.IntRange(min=2), default=2000, show_default=True,
-              help="gallery images compared (seeded sample); exact neighbours among them, sample^2 work per model.")
-@click.option("-k", "k", type=click.IntRange(min=1), default=10, show_default=True, help="neighbours per image.")
-@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True, help="decoding threads.")
-@json_option
+@comparison_options
 def index_compare_command(index_dir, model, sample, k, workers, as_json) -> None:
     """How much MODEL changes the gallery's neighbourhoods, no labels needed: for each sampled image, the share of
     its k nearest images under the index's model that stay among its k nearest under MODEL. With labels, each
@@ -413,11 +421,7 @@ def _show_comparison(summary: dict, as_json: bool, where: str, old_name: str, ne
               help="the model to compare it with (.onnx): the one serving now, or the pretrained backbone exported.")
 @click.option("--images", required=True, type=click.Path(exists=True),
               help="a folder of images (searched recursively; sub-folders are labels where there are any).")
-@click.option("--sample", type=click.IntRange(min=2), default=2000, show_default=True,
-              help="images compared (seeded sample); exact neighbours among them, sample^2 work per model.")
-@click.option("-k", "k", type=click.IntRange(min=1), default=10, show_default=True, help="neighbours per image.")
-@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True, help="decoding threads.")
-@json_option
+@comparison_options
 def compare_command(model, baseline, images, sample, k, workers, as_json) -> None:
     """How much MODEL changes the neighbourhoods of any folder's images against BASELINE, no labels needed (with
     sub-folders as labels, each model's Recall@1 too). For an index's own gallery: retrieval index compare."""

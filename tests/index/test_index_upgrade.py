@@ -49,6 +49,17 @@ def gallery_index(tmp_path, models):
     return tmp_path / "idx"
 
 
+def kill_at(process) -> None:
+    """Wait for the upgrade in ``process`` to reach its pause point, then kill it hard."""
+    deadline = time.monotonic() + 120
+    for line in process.stderr:
+        if PAUSED in line or time.monotonic() > deadline:
+            break
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
+    assert process.returncode == -signal.SIGKILL
+
+
 def _vectors(index_dir) -> dict[int, np.ndarray]:
     """id -> the vector faiss holds for each indexed image."""
     with Index.open(index_dir) as index:
@@ -143,14 +154,7 @@ def test_the_uncertain_order_re_embeds_images_whose_neighbours_disagree_first(ga
 def test_other_writers_wait_for_an_unfinished_upgrade_and_a_rerun_finishes_it_after_kill_9(gallery_index, models):
     args = ["upgrade", str(gallery_index), "--model", str(models["new"]), "--commit-every", "8", "--shard-size", "4",
             "--workers", "1"]
-    process = run_fake_cli(args, {PAUSE_ENV: "after_commit:4"})  # the second publish (4 images a shard)
-    deadline = time.monotonic() + 120
-    for line in process.stderr:
-        if PAUSED in line or time.monotonic() > deadline:
-            break
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait(timeout=30)
-    assert process.returncode == -signal.SIGKILL
+    kill_at(run_fake_cli(args, {PAUSE_ENV: "after_commit:4"}))  # the second publish (4 images a shard)
     with Snapshot.open(gallery_index) as snapshot:  # mid-upgrade: consistent, complete, the new model's queries
         assert len(snapshot) == 32 and snapshot.model_hash == load_model(models["new"]).model_hash
     with pytest.raises(IndexLockedError, match="is being upgraded to the model .*retrieval index upgrade"):
@@ -227,13 +231,7 @@ def test_uncertainty_order_puts_disagreeing_labels_first_then_isolated_embedding
 
 def test_a_swap_upgrade_killed_midway_leaves_the_old_index_serving_and_resumes(gallery_index, models):
     args = ["upgrade", str(gallery_index), "--model", str(models["other"]), "--shard-size", "4", "--workers", "1"]
-    process = run_fake_cli(args, {PAUSE_ENV: "after_shard_write:3"})  # 12 of 32 re-embedded, nothing published
-    deadline = time.monotonic() + 120
-    for line in process.stderr:
-        if PAUSED in line or time.monotonic() > deadline:
-            break
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait(timeout=30)
+    kill_at(run_fake_cli(args, {PAUSE_ENV: "after_shard_write:3"}))  # 12 of 32 re-embedded, nothing published
     with Snapshot.open(gallery_index) as snapshot:  # untouched: the old model, its 24-d vectors, all 32 images
         assert snapshot.model_hash == load_model(models["old"]).model_hash and snapshot.dim == 24
         assert len(snapshot) == 32
