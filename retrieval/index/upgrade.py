@@ -210,7 +210,10 @@ def _start(layout: IndexLayout, catalogue: Catalogue, store: ShardStore, info: d
         raise ParameterError("model", f"has model_hash {embedder.model_hash}, but the upgrade under way in "
                              f"{layout.root} is to {catalogue.get_meta(UPGRADE_MODEL_PATH)} (model_hash {under_way}); "
                              "finish that one first (give its model, or none)")
-    if catalogue.get_meta(STALE):  # a publish was interrupted: faiss may hold vectors the catalogue moved on from
+    # a publish was interrupted: faiss may hold vectors the catalogue moved on from. A mixed upgrade's are the same
+    # size: rebuild now. A swap's last publish is simply done again at the end (index.json and faiss still agree on
+    # the old model, which keeps answering; the new vectors may be of another size)
+    if catalogue.get_meta(STALE) and catalogue.get_meta("upgrade_mode") != "swap":
         info = _publish(layout, catalogue, store, info, [], None, rebuild=True, options=IngestOptions())
     if under_way is None:
         if embedder.model_hash == info["model_hash"]:

@@ -239,3 +239,14 @@ def test_a_swap_upgrade_killed_midway_leaves_the_old_index_serving_and_resumes(g
     assert resumed["mode"] == "swap" and resumed["to_reembed"] == 32 and resumed["reembedded"] == 20
     with Index.open(gallery_index) as index:
         assert index.model_hash == load_model(models["other"]).model_hash and index.dim == 16 and len(index) == 32
+
+
+def test_a_swap_killed_inside_its_last_publish_still_answers_with_the_old_model_and_resumes(gallery_index, models):
+    args = ["upgrade", str(gallery_index), "--model", str(models["other"]), "--shard-size", "4", "--workers", "1"]
+    kill_at(run_fake_cli(args, {PAUSE_ENV: "after_commit:8"}))  # the catalogue points at the new vectors, faiss not
+    with Snapshot.open(gallery_index) as snapshot:  # faiss and index.json still agree: the old model answers
+        assert snapshot.model_hash == load_model(models["old"]).model_hash and len(snapshot) == 32
+    resumed = upgrade_index(gallery_index, options=QUICK)
+    assert resumed["mode"] == "swap" and resumed["reembedded"] == 0 and resumed["published"] == 0
+    with Index.open(gallery_index) as index:
+        assert index.model_hash == load_model(models["other"]).model_hash and index.dim == 16 and len(index) == 32
