@@ -1,5 +1,6 @@
-"""Backward compatibility of a new embedder with an old one, measured and said plainly (torch-free on import: the
-app reads reports with it; the metrics are computed by ``retrieval.metrics``, imported when used)."""
+"""How two embedders relate, measured and said plainly: backward compatibility (BCT's three blocks) and, without
+labels, how much one changes each image's neighbours. Torch-free on import: the app reads reports with it; the
+metrics are computed by ``retrieval.metrics`` and the neighbours by faiss, imported when used."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ from retrieval.errors import ParameterError
 
 # the metrics BCT's empirical criterion compares: M(new queries, old gallery) >= M(old queries, old gallery)
 COMPATIBILITY_METRICS = ("recall@1", "map@r")
+# label-free: the mean share of an image's top-KEPT_K neighbours that a model keeps from another's (a training
+# run's --eval-extra sets: from the pretrained backbone's; WiSE-FT's curve: from the start's)
+KEPT_K = 10
+KEPT = f"neighbours_kept@{KEPT_K}"
 
 
 def compatibility_metrics(new_query: np.ndarray, old_query: np.ndarray, query_labels: np.ndarray,
@@ -51,3 +56,26 @@ def compatibility_sentence(blocks: dict[str, Any]) -> str:
                 "serves it")
     return (f"not compatible: new queries find the old gallery's images worse than old queries do (cross-model vs "
             f"old/old: {compared}); re-embed the gallery with the new model before it serves")
+
+
+def top_k(vectors: np.ndarray, k: int) -> np.ndarray:
+    """Exact top-``k`` neighbours [n, k] of each unit row among the others (itself left out), by inner product."""
+    import faiss
+
+    index = faiss.IndexFlatIP(vectors.shape[1])
+    index.add(np.ascontiguousarray(vectors, dtype=np.float32))
+    _, found = index.search(np.ascontiguousarray(vectors, dtype=np.float32), k + 1)
+    rows = np.arange(len(vectors))[:, None]
+    kept = np.where(found == rows, -1, found)  # itself, wherever ties put it
+    return np.stack([row[row >= 0][:k] for row in kept])
+
+
+def neighbour_overlap(first: np.ndarray, second: np.ndarray, k: int = 10) -> np.ndarray:
+    """Per row i: the share of i's ``k`` nearest rows under ``first`` that are among its ``k`` nearest under
+    ``second`` (rows: the same images, embedded two ways; unit vectors). float64 [n] in [0, 1]."""
+    if len(first) != len(second):
+        raise ParameterError("second", f"must embed the same {len(first)} images as first, got {len(second)} rows")
+    if not 1 <= k < len(first):
+        raise ParameterError("k", f"must be between 1 and {len(first) - 1} (the images less one), got {k}")
+    a, b = top_k(first, k), top_k(second, k)
+    return np.asarray([len(set(x.tolist()) & set(y.tolist())) / k for x, y in zip(a, b, strict=True)])

@@ -18,12 +18,13 @@ from typing import Any
 
 from PIL import Image
 
+from retrieval.compatibility import KEPT, KEPT_K
 from retrieval.io import read_capped
 from retrieval.reports import REPORT_FORMAT, REPORT_KINDS, read_steps
 
 MAX_REPORT_BYTES = 50 * 2**20  # a run report is a few KiB: anything this big is not one
 MAX_RESULTS_BYTES = 16 * 2**20
-METRIC_ORDER = ("map@r", "r_precision", "nmi", "f1", "linear_probe")
+METRIC_ORDER = ("map@r", "r_precision", "nmi", "f1", "linear_probe", KEPT)
 METRIC_UNIT = "%"
 # (marker, line style) per line: overlapping lines stay distinguishable, in colour and in grey
 LINE_STYLES = (("o", "-"), ("s", "--"), ("^", ":"), ("D", "-."), ("v", (0, (5, 1))), ("P", (0, (3, 1, 1, 1))))
@@ -441,15 +442,21 @@ def data_relation_markdown(report: RunReport, gallery_root: str | None, index_na
 
 def out_of_domain_markdown(report: RunReport) -> str:
     """One line per --eval-extra set: Recall@1 of the pretrained backbone at its own resolution, before training,
-    after it and of the WiSE-FT mix, so the in-domain gain is read beside what the other domain lost."""
+    after it and of the WiSE-FT mix, so the in-domain gain is read beside what the other domain lost; then the share
+    of each image's neighbours the fine-tuned models kept from the backbone's (label-free: the same measure works on
+    a folder of unlabelled images, `retrieval compare`)."""
     reference = report.data.get("reference") or {}
     columns = [(name, values) for name, values in report.metric_columns().items() if values.get("extra")]
     lines = []
     for name in (reference.get("sets") or {}):
         shown = [f"{markdown_text(column)} {percent(values['extra'][name]['recall@1'])} {METRIC_UNIT}"
                  for column, values in columns if (values["extra"].get(name) or {}).get("recall@1") is not None]
+        kept = [f"{markdown_text(column)} {percent(values['extra'][name][KEPT])} {METRIC_UNIT}"
+                for column, values in columns if isinstance((values["extra"].get(name) or {}).get(KEPT), float)]
         if shown:
-            lines.append(f"- **{markdown_text(name)}**: " + " · ".join(shown))
+            lines.append(f"- **{markdown_text(name)}**: " + " · ".join(shown) +
+                         (f"; top-{KEPT_K} neighbours kept from the pretrained backbone's: " + " · ".join(kept)
+                          if kept else ""))
     return ("\n\n**Out of domain (--eval-extra), Recall@1:**\n" + "\n".join(lines)) if lines else ""
 
 

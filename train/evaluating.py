@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from retrieval.compatibility import compatibility_metrics
+from retrieval.compatibility import KEPT, KEPT_K, compatibility_metrics, neighbour_overlap
 from retrieval.data import build_transforms
 from retrieval.distributed import embed_sharded
 from retrieval.evaluation import (
@@ -41,7 +41,7 @@ class Evaluator:
     """Measures the model being trained on the run's evaluation data; keeps the last evaluation's embeddings."""
 
     def __init__(self, cfg: TrainConfig, ctx: DistContext, out: Path, parts: TrainParts, data: TrainData,
-                 embedding: Embedding, progress: bool) -> None:
+                 embedding: Embedding, progress: bool, native_size: int | None = None) -> None:
         self.cfg = cfg
         self.ctx = ctx
         self.out = out
@@ -51,6 +51,9 @@ class Evaluator:
         self.progress = progress
         self.last_eval: EvalEmbeddings | None = None  # the last evaluation's embeddings: the report's plots reuse them
         self._old_eval: EvalEmbeddings | None = None  # --compatible-with: the old model's, taken once
+        self._reference: dict[str, Any] = {}  # extra set -> the pretrained backbone's features of its test part
+        # the backbone's own resolution, where the reference embeds
+        self.native_size = int(native_size or parts.model.config["input_size"])
 
     @property
     def main(self) -> bool:
@@ -117,52 +120,87 @@ class Evaluator:
         return emb, self.data.train_labels[indices]
 
     # --- other data sets ---------------------------------------------------------------------------
+    def _embed(self, model: nn.Module, dataset, desc: str):
+        """``dataset`` embedded by ``model``, sharded over the ranks (every rank gets all rows)."""
+        run = self.embedding
+        return embed_sharded(model, dataset, run.batch_size, run.device, run.workers, run.amp, desc, run.progress,
+                             run.bad_images)
+
     def _leave_one_out(self, model: nn.Module, dataset, desc: str) -> dict[str, float]:
         """Leave-one-out Recall@K and MAP@R of ``model`` on one data set (embedded sharded, computed on rank 0,
         shared)."""
-        run = self.embedding
-        result = embed_sharded(model, dataset, run.batch_size, run.device, run.workers, run.amp, desc, run.progress,
-                               run.bad_images)
+        result = self._embed(model, dataset, desc)
         return self.ctx.from_main(leave_one_out_metrics(result.embeddings, result.labels) if self.main else None)
 
     def extra_metrics(self, model: nn.Module, part: str = "test") -> dict[str, dict[str, float]]:
-        """Metrics of every --eval-extra set's ``part`` (test or val), by set name."""
-        return {extra.name: self._leave_one_out(model, getattr(extra, part), f"embed {extra.name} ({part})")
-                for extra in self.data.extra_sets}
+        """Metrics of every --eval-extra set's ``part`` (test or val), by set name; on the test part with the share
+        of each image's neighbours the pretrained backbone's neighbours keep (``KEPT``, label-free)."""
+        if part != "test":
+            return {extra.name: self._leave_one_out(model, getattr(extra, part), f"embed {extra.name} ({part})")
+                    for extra in self.data.extra_sets}
+        metrics = {}
+        for extra in self.data.extra_sets:
+            result = self._embed(model, extra.test, f"embed {extra.name} (test)")
+            reference = self.reference_features(extra)
+            metrics[extra.name] = self.ctx.from_main(
+                {**leave_one_out_metrics(result.embeddings, result.labels),
+                 **kept_neighbours(reference, result)} if self.main else None)
+        return metrics
 
-    def reference_metrics(self, native_size: int) -> dict[str, Any]:
+    def reference_metrics(self) -> dict[str, Any]:
         """What a user would otherwise take: the pretrained backbone's pooled features at its own resolution, on
         each extra set's test part (features cached: every run of the same backbone shares them)."""
-        with torch.random.fork_rng(devices=[]):  # loaders draw seeds: a cache hit must not change the training
-            return self._reference_metrics(native_size)
+        return {"input_size": self.native_size, "sets": {extra.name: {"test": self.ctx.from_main(
+            leave_one_out_metrics(*self._reference_rows(extra)) if self.main else None)}
+            for extra in self.data.extra_sets}}
 
-    def _reference_metrics(self, native_size: int) -> dict[str, Any]:
+    def _reference_rows(self, extra) -> tuple[np.ndarray, np.ndarray]:
+        features = self.reference_features(extra)
+        return features.embeddings, features.labels
+
+    def reference_features(self, extra):
+        """The pretrained backbone's features of an extra set's test part (read from the feature cache, or
+        extracted and cached): the reference of its metrics and of the neighbours a fine-tuned model keeps."""
+        if extra.name not in self._reference:
+            with torch.random.fork_rng(devices=[]):  # loaders draw seeds: a cache hit must not change the training
+                self._reference[extra.name] = self._extract_reference(extra)
+        return self._reference[extra.name]
+
+    def _extract_reference(self, extra):
         cfg, run = self.cfg, self.embedding
+        native_size = self.native_size
         native = {**self.parts.model.config, "input_size": native_size}
-        sets = {}
-        for extra in self.data.extra_sets:
-            dataset = copy.copy(extra.test)
-            dataset.transform = build_transforms(native, train=False)
-            key = {"reference": extra.source, "part": "test", "limit": cfg.eval_extra_limit, "backbone": cfg.backbone,
-                   "pretrained": cfg.pretrained, "weights": cfg.weights, "input_size": native_size,
-                   "background": native["background"], "amp": run.amp, "images": len(dataset)}
-            features = cached_features(self.parts.model.backbone, dataset, key, cfg.feature_cache, run.device,
-                                       run.batch_size, run.workers, run.amp, f"reference {extra.name}", run.bad_images,
-                                       run.progress)
-            sets[extra.name] = {"test": self.ctx.from_main(
-                leave_one_out_metrics(features.embeddings, features.labels) if self.main else None)}
-        return {"input_size": native_size, "sets": sets}
+        dataset = copy.copy(extra.test)
+        dataset.transform = build_transforms(native, train=False)
+        key = {"reference": extra.source, "part": "test", "limit": cfg.eval_extra_limit, "backbone": cfg.backbone,
+               "pretrained": cfg.pretrained, "weights": cfg.weights, "input_size": native_size,
+               "background": native["background"], "amp": run.amp, "images": len(dataset)}
+        return cached_features(self.parts.model.backbone, dataset, key, cfg.feature_cache, run.device,
+                               run.batch_size, run.workers, run.amp, f"reference {extra.name}", run.bad_images,
+                               run.progress)
 
     # --- WiSE-FT -------------------------------------------------------------------------------------
-    def validation_point(self, model: nn.Module) -> dict[str, Any]:
-        """Recall@1 of ``model`` on the validation data: the held-out train classes and each extra set's val part."""
+    def validation_point(self, model: nn.Module, start: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Recall@1 of ``model`` on the validation data: the held-out train classes and each extra set's val part;
+        with ``start`` (the extra sets' val parts as alpha 0 embedded them), the share of neighbours kept from it
+        (``kept``, label-free). The point's embeddings of the extra sets are under ``_rows`` (not reported)."""
         point: dict[str, Any] = {"in_domain": None, "out_of_domain": None}
         if self.data.val_set is not None:
             point["in_domain"] = self._leave_one_out(model, self.data.val_set, "embed val")["recall@1"]
         if self.data.extra_sets:
-            per_set = {name: m["recall@1"] for name, m in self.extra_metrics(model, "val").items()}
+            rows = {extra.name: self._embed(model, extra.val, f"embed {extra.name} (val)")
+                    for extra in self.data.extra_sets}
+            per_set = self.ctx.from_main({name: leave_one_out_metrics(r.embeddings, r.labels)["recall@1"]
+                                          for name, r in rows.items()} if self.main else None)
             point["extra"] = per_set
             point["out_of_domain"] = float(np.mean(list(per_set.values())))
+            if start is not None:
+                kept = self.ctx.from_main({name: kept_neighbours(start[name], r).get(KEPT)
+                                           for name, r in rows.items()} if self.main else None)
+                point["extra_kept"] = kept
+                present = [v for v in kept.values() if v is not None]
+                point["kept"] = float(np.mean(present)) if present else None
+            point["_rows"] = rows
         return point
 
     def wise_ft(self, epoch: int) -> dict[str, Any]:
@@ -175,9 +213,16 @@ class Evaluator:
         mixed = copy.deepcopy(finetuned).eval()  # the mixes are loaded into this copy
         curve = []
         if self.data.val_set is not None or self.data.extra_sets:
-            for alpha in WISE_ALPHAS:
+            start = None  # alpha 0's embeddings of the extra sets: the neighbours the others keep are counted from them
+            for alpha in sorted(WISE_ALPHAS):
                 mixed.load_state_dict(robust.mix(weights, alpha))
-                curve.append({"alpha": alpha, **self.validation_point(mixed)})
+                point = self.validation_point(mixed, start)
+                rows = point.pop("_rows", None)
+                if start is None and rows is not None:  # alpha 0 keeps all of its own neighbours
+                    start = rows
+                    point["extra_kept"] = dict.fromkeys(rows, 1.0)
+                    point["kept"] = 1.0
+                curve.append({"alpha": alpha, **point})
         alpha = choose_alpha(curve, cfg.wise_tolerance) if cfg.wise_alpha == "auto" else float(cfg.wise_alpha)
         mixed.load_state_dict(robust.mix(weights, alpha))
         q, ql, g, gl = self.parts.features.embed_eval(mixed)
@@ -230,6 +275,23 @@ class Evaluator:
         """The last evaluation's query grid and embedding map, drawn into the run folder (report plot names)."""
         return eval_set_pictures(self.out, self.data.eval_sets, self.last_eval, *self.parts.features.eval_indices(),
                                  seed=self.cfg.seed)
+
+
+def kept_neighbours(reference, result, k: int = KEPT_K) -> dict[str, float]:
+    """``KEPT``: the mean share of an image's ``k`` nearest neighbours under the model that are among its ``k`` nearest
+    under the pretrained backbone (``reference``), on the images both embedded; label-free. Empty when too few."""
+    common, at_ref, at_model = np.intersect1d(reference.indices, result.indices, return_indices=True)
+    if len(common) <= k:
+        return {}
+    overlap = neighbour_overlap(l2_normalize_rows(reference.embeddings[at_ref]),
+                                l2_normalize_rows(result.embeddings[at_model]), k)
+    return {KEPT: float(overlap.mean())}
+
+
+def l2_normalize_rows(rows: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit length (pooled backbone features are not); a zero row stays zero."""
+    rows = np.asarray(rows, dtype=np.float32)
+    return rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
 
 
 def hard_fractions(q: np.ndarray, ql: np.ndarray, train_sample) -> dict[str, float]:

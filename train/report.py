@@ -141,12 +141,13 @@ def plot_wise(wise: dict[str, Any] | None, path: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(5.6, 3.8))
     alphas = [p["alpha"] for p in curve]
     for key, label, style in (("in_domain", "in domain (held-out train classes)", "o-"),
-                              ("out_of_domain", "out of domain (extra sets' val part)", "s--")):
-        if curve[0].get(key) is not None:
+                              ("out_of_domain", "out of domain (extra sets' val part)", "s--"),
+                              ("kept", "neighbours kept from alpha 0 (extra sets' val part, no labels)", "^:")):
+        if all(p.get(key) is not None for p in curve):
             ax.plot(alphas, [p[key] for p in curve], style, label=label)
     ax.axvline(wise["alpha"], color="gray", linestyle=":", label=f"alpha taken: {wise['alpha']:g} ({wise['chosen']})")
     ax.set(title="WiSE-FT: (1 - alpha) start + alpha fine-tuned", xlabel="alpha (0 = start, 1 = fine-tuned)",
-           ylabel="validation Recall@1", ylim=(0, 1.03))
+           ylabel="validation Recall@1 (neighbours kept: share)", ylim=(0, 1.03))
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -221,11 +221,13 @@ class Trainer:
         self.parts = build_parts(cfg, ctx=self.ctx, model=model, data=data, robust=robust, source=source,
                                  embedding=embedding, amp_dtype=self.amp_dtype)
         self.checkpoints = Checkpointer(cfg, self.out, self.main, self.parts, data, self.bad_images)
-        self.evaluation = Evaluator(cfg, self.ctx, self.out, self.parts, data, embedding, self.progress)
+        self.evaluation = Evaluator(cfg, self.ctx, self.out, self.parts, data, embedding, self.progress, native_size)
 
         self.record = RunRecord()
-        if data.extra_sets and not resume:  # resuming: the checkpoint has it
-            self.record.reference = self.evaluation.reference_metrics(native_size)
+        if data.extra_sets:  # before a resume loads fine-tuned weights: the reference is the pretrained backbone
+            reference = self.evaluation.reference_metrics()
+            if not resume:  # resuming: the checkpoint has it
+                self.record.reference = reference
         if resume:
             self.record, self.resume_progress = self.checkpoints.resume(self.device)
         if self.main:

@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import faiss
 import numpy as np
 
+from retrieval.compatibility import neighbour_overlap, top_k
 from retrieval.errors import ParameterError
 from retrieval.index.catalogue import CatalogueReader
 from retrieval.index.embed_rows import RowEmbedder
@@ -25,27 +25,6 @@ from retrieval.index.vectors import done_chunks
 
 DEFAULT_SAMPLE = 2000  # gallery images compared: exact kNN among them costs sample^2 x d per model
 MOST_CHANGED = 10
-
-
-def top_k(vectors: np.ndarray, k: int) -> np.ndarray:
-    """Exact top-``k`` neighbours [n, k] of each unit row among the others (itself left out), by inner product."""
-    index = faiss.IndexFlatIP(vectors.shape[1])
-    index.add(np.ascontiguousarray(vectors, dtype=np.float32))
-    _, found = index.search(np.ascontiguousarray(vectors, dtype=np.float32), k + 1)
-    rows = np.arange(len(vectors))[:, None]
-    kept = np.where(found == rows, -1, found)  # itself, wherever ties put it
-    return np.stack([row[row >= 0][:k] for row in kept])
-
-
-def neighbour_overlap(first: np.ndarray, second: np.ndarray, k: int = 10) -> np.ndarray:
-    """Per row i: the share of i's ``k`` nearest rows under ``first`` that are among its ``k`` nearest under
-    ``second`` (rows: the same images, embedded two ways; unit vectors). float64 [n] in [0, 1]."""
-    if len(first) != len(second):
-        raise ParameterError("second", f"must embed the same {len(first)} images as first, got {len(second)} rows")
-    if not 1 <= k < len(first):
-        raise ParameterError("k", f"must be between 1 and {len(first) - 1} (the images less one), got {k}")
-    a, b = top_k(first, k), top_k(second, k)
-    return np.asarray([len(set(x.tolist()) & set(y.tolist())) / k for x, y in zip(a, b, strict=True)])
 
 
 def label_agreement(vectors: np.ndarray, labels: list[str | None], k: int) -> dict[str, float]:

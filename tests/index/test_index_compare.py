@@ -12,8 +12,9 @@ from index_builds import QUICK
 from sample_images import noisy_png
 
 from retrieval.cli.main import main
+from retrieval.compatibility import neighbour_overlap
 from retrieval.index import build_index, load_model
-from retrieval.index.compare import compare_with_index, neighbour_overlap
+from retrieval.index.compare import compare_with_index
 
 
 def _unit(x):

@@ -37,9 +37,10 @@ METHODS = {
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory) -> Path:
-    """6 train classes of 6 images, 4 test classes, and an out-of-domain folder (3 classes of 6)."""
+    """6 train classes of 6 images, 4 test classes, and an out-of-domain folder (3 classes of 16: its test half has
+    more images than the neighbours counted in KEPT)."""
     root = tmp_path_factory.mktemp("finetune-images")
-    for split, classes, count in (("data/train", 6, 6), ("data/test", 4, 4), ("other", 3, 6)):
+    for split, classes, count in (("data/train", 6, 6), ("data/test", 4, 4), ("other", 3, 16)):
         for c in range(classes):
             folder = root / split / f"class{c}"
             folder.mkdir(parents=True)
@@ -240,12 +241,51 @@ def test_l2sp_and_distill_terms_are_logged(images, tmp_path):
 
 def test_load_extra_set_splits_each_class_into_val_and_test(images):
     extra = load_extra_set(str(images / "other"), None)
-    assert extra.name == "other" and len(extra.val) == len(extra.test) == 9
+    assert extra.name == "other" and len(extra.val) == len(extra.test) == 24
     assert not set(extra.val.samples) & set(extra.test.samples)
-    assert sorted(np.bincount(extra.val.labels)) == [3, 3, 3]
+    assert sorted(np.bincount(extra.val.labels)) == [8, 8, 8]
     assert load_extra_set(str(images / "other"), None).val.samples == extra.val.samples  # the same every run
     limited = load_extra_set(str(images / "other"), None, limit=12)
     assert len(limited.val) + len(limited.test) == 12
+
+
+def test_eval_extra_reports_the_neighbours_the_model_keeps_from_the_pretrained_backbone(images, tmp_path):
+    from retrieval.compatibility import KEPT, neighbour_overlap
+    from retrieval.data import build_transforms
+    from retrieval.inference import embed_samples
+
+    run = tmp_path / "run"
+    report = train(config(images, run, feature_cache=str(tmp_path / "cache")), progress=False)
+    kept = report["last"]["extra"]["other"][KEPT]
+    # the same measure from its parts: the last model and the pretrained backbone (at its own 160 px) embed the
+    # extra set's test half, and each image's top-10 under one is compared with its top-10 under the other
+    model = load_embedder(run / "last.pt").eval()
+    test = load_extra_set(str(images / "other"), build_transforms(model.config, train=False)).test
+    by_model = embed_samples(model, test, 64, torch.device("cpu"), 0, False, "", False).embeddings
+    import retrieval.train.trainer as trainer
+
+    trainer.seed_everything(0)  # the backbone as the run began: random-init here, pretrained for a user
+    start = trainer.create_embedder("timm:test_resnet", 16, pretrained=False).backbone.eval()
+    test.transform = build_transforms({**model.config, "input_size": 160}, train=False)
+    by_backbone = embed_samples(start, test, 64, torch.device("cpu"), 0, False, "", False).embeddings
+    unit = lambda rows: rows / np.linalg.norm(rows, axis=1, keepdims=True)  # noqa: E731
+    assert kept == pytest.approx(neighbour_overlap(unit(by_backbone), unit(by_model), 10).mean(), abs=1e-9)
+    assert 0 < kept < 1  # fine-tuning moved some neighbours, not all
+    assert report["baseline"]["extra"]["other"][KEPT] != kept
+
+
+def test_wise_ft_curve_counts_the_neighbours_each_mix_keeps_from_the_start(images, tmp_path):
+    report = train(config(images, tmp_path / "run", wise_alpha="auto", val_fraction=0.34, plots=True),
+                   progress=False)
+    curve = report["wise"]["curve"]
+    assert curve[0]["alpha"] == 0 and curve[0]["kept"] == 1.0 and curve[0]["extra_kept"] == {"other": 1.0}
+    assert all(0 <= p["kept"] <= 1 and p["extra_kept"]["other"] == p["kept"] for p in curve)
+    assert curve[-1]["kept"] < 1  # the fine-tuned end moved neighbours
+    assert "_rows" not in json.dumps(report["wise"])  # the embeddings stay out of the report
+    from retrieval.serve.reports import load_report, summary_markdown
+
+    assert "top-10 neighbours kept from the pretrained backbone's: " in summary_markdown(load_report(
+        tmp_path / "run" / "report.json"))
 
 
 def test_eval_extra_names_what_it_accepts(tmp_path):
