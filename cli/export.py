@@ -35,9 +35,12 @@ def export_command(checkpoint: str, out: str, opset: int | None, fp16: bool, ver
         click.echo(json.dumps({"path": str(result.path), "precision": result.precision, "metadata": meta,
                                "verified": result.verification is not None}, indent=2))
         return
+    # a model trained --compatible-with an old one of another size: its second output, into the old space
+    second = (f" (and {meta['compatible_output']}, {meta['compatible_dim']}-d, into the old model's space)"
+              if meta.get("compatible_output") else "")
     click.echo(
         f"wrote {Path(result.path)}: {meta['backbone']}, input {meta['input_size']} px, "
-        f"{meta['embedding_dim']}-d, normalized={meta['normalized']}, {result.precision}, "
+        f"{meta['embedding_dim']}-d{second}, normalized={meta['normalized']}, {result.precision}, "
         f"model_hash {meta['model_hash']}, config_hash {meta['config_hash'] or '-'}"
     )
     click.echo(f"next: retrieval index build --model {result.path} --images YOUR_IMAGES --out INDEX")

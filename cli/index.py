@@ -339,26 +339,33 @@ def add_command(index_dir, images, model, split, label_from, batch_size, workers
 @click.option("--commit-every", type=click.IntRange(min=1), default=4096, show_default=True,
               help="images re-embedded between two publishes of a compatible model's upgrade (each publish rewrites "
                    "the faiss part; a server swaps in each).")
+@click.option("--native", is_flag=True,
+              help="re-embed into the new model's own embedding (a swap, faiss rebuilt in its size) even where its "
+                   "compatible output, a projection into the old space, could serve the old index as it goes.")
 @ingest_options
 @json_option
-def upgrade_command(index_dir, model, order, commit_every, batch_size, workers, shard_size, max_pixels, gpu,
+def upgrade_command(index_dir, model, order, commit_every, native, batch_size, workers, shard_size, max_pixels, gpu,
                     as_json) -> None:
     """Re-embed the gallery with a new model while servers keep answering (resumable: run it again after a stop).
 
     A model declared compatible with the index's (trained with --compatible-with it) serves at once and its vectors
-    replace the old ones batch by batch; any other model's vectors are written beside the old ones and swapped in
-    at the end. Either way index.json then names the new model and the old vectors are deleted."""
+    replace the old ones batch by batch; a new embedding size does so through the model's compatible output, its
+    projection into the old space (--native: into its own size instead, a swap). Any other model's vectors are
+    written beside the old ones and swapped in at the end. Either way index.json then names the new model (and the
+    output its vectors came from) and the old vectors are deleted."""
     from retrieval.index.upgrade import upgrade_index
 
     if gpu:
         raise click.BadParameter("the upgrade searches and trains faiss on the CPU", param_hint="--gpu")
     summary = _write(upgrade_index, index_dir, index_dir, model=model, order=order, commit_every=commit_every,
-                     options=_ingest_options(batch_size, workers, shard_size, max_pixels, {}))
+                     options=_ingest_options(batch_size, workers, shard_size, max_pixels, {}), native=native)
     if summary["mode"] == "none":
         _finish(summary, as_json, f"{summary['index_dir']} already uses model {summary['model_hash']}: nothing to do")
         return
-    how = ("served as it came (compatible)" if summary["mode"] == "mixed"
-           else "swapped in at the end (not declared compatible)")
+    through = (f", through its compatible output {summary['model_output']} into the old "
+               f"{summary['embedding_dim']}-d space" if summary.get("model_output_space") else "")
+    how = (f"served as it came (compatible{through})" if summary["mode"] == "mixed"
+           else f"swapped in at the end ({summary['embedding_dim']}-d vectors, faiss rebuilt)")
     unreadable = f"; {summary['unreadable']} unreadable now, left out" if summary["unreadable"] else ""
     _finish(summary, as_json,
             f"upgraded {summary['index_dir']} to model {summary['model_hash']}: {summary['reembedded']} images "

@@ -212,6 +212,7 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_kwargs, eval_limi
         return
     from retrieval.compatibility import compatibility_metrics, compatibility_sentence
     from retrieval.errors import parameters_named
+    from retrieval.models import in_compatible_space
     from retrieval.train.compatible import OldModel
 
     with parameters_named(path="gallery_model"):
@@ -219,8 +220,9 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_kwargs, eval_limi
     # the same images as the checkpoint's rows: the sets are read in the same order, each image given to OLD as
     # the checkpoint saw it (taken back to pixels and to OLD's size and normalisation where they differ)
     old_query, old_gallery = embed_eval_rows(old, sets, dev, eval_batch_size, workers)
-    blocks = compatibility_metrics(q, old_query.embeddings, ql, g, None if old_gallery is None else
-                                   old_gallery.embeddings, gl)
+    with parameters_named(cross_query="gallery_model"):  # OLD of another size than a model without a projection
+        blocks = compatibility_metrics(q, old_query.embeddings, ql, g, None if old_gallery is None else
+                                       old_gallery.embeddings, gl, cross_query=in_compatible_space(model, q))
     sentence = compatibility_sentence(blocks)
     report["compatibility"] = {**blocks, "gallery_model": str(gallery_model)}
     save_report(report, out)

@@ -7,6 +7,7 @@ in another form are ``COMMAND_FORMS``: each one's option and its conversion into
 from __future__ import annotations
 
 import functools
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -109,9 +110,13 @@ def serve_command(**options: Any) -> None:
 
     if not (config.index_dir / "index.json").is_file():
         raise click.ClickException(missing_artifacts_message(config.index_dir))
+    from retrieval.index.embedder import ModelMismatchError
     from retrieval.serve.server import serve  # Gradio and uvicorn: only once the settings are known to be good
 
     try:
         serve(config)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
+    except ModelMismatchError as exc:  # --model is not the index's, nor declared compatible with it
+        raise click.ClickException(f"{exc}: retrieval index upgrade {shlex.quote(str(config.index_dir))} --model "
+                                   f"{shlex.quote(str(config.model))}") from exc

@@ -1,7 +1,9 @@
 """Export a trained embedder (backbone + head + L2 norm) to one ONNX file and verify it against PyTorch.
 
 The graph has a dynamic batch axis (input ``images`` [batch, 3, S, S] float32, output ``embeddings``
-[batch, d] float32) and carries the metadata that ``retrieval.onnx_runtime.OnnxEmbedder`` reads. The
+[batch, d] float32; a model trained ``--compatible-with`` an old model of another embedding size has a second
+output, ``compatible_embedding`` [batch, d_old], its embedding projected into the old space and L2-normalised) and
+carries the metadata that ``retrieval.onnx_runtime.OnnxEmbedder`` reads. The
 exporter is torch's dynamo exporter (``torch.onnx.export(..., dynamo=True)``); the legacy TorchScript
 exporter is used only when dynamo fails for a backbone, and a log line says so.
 """
@@ -27,6 +29,9 @@ from torch import nn
 from retrieval.index.embedder import COMPATIBLE_WITH
 from retrieval.models import Embedder, load_checkpoint, load_embedder
 from retrieval.onnx_runtime import (
+    COMPATIBLE_DIM_KEY,
+    COMPATIBLE_OUTPUT_KEY,
+    COMPATIBLE_OUTPUT_NAME,
     INPUT_NAME,
     OUTPUT_NAME,
     OnnxEmbedder,
@@ -63,10 +68,12 @@ class BatchCheck:
     max_abs_diff: float
     min_cosine: float
     passed: bool
+    output: str = OUTPUT_NAME  # the graph output compared
 
     def describe(self) -> str:
-        return (f"batch {self.batch_size}: max |diff| {self.max_abs_diff:.2e}, min cosine {self.min_cosine:.6f}"
-                f" [{'ok' if self.passed else 'FAIL'}]")
+        output = f" ({self.output})" if self.output != OUTPUT_NAME else ""
+        return (f"batch {self.batch_size}{output}: max |diff| {self.max_abs_diff:.2e}, min cosine "
+                f"{self.min_cosine:.6f} [{'ok' if self.passed else 'FAIL'}]")
 
 
 @dataclass
@@ -114,37 +121,60 @@ def sample_images(count: int = max(VERIFY_BATCH_SIZES)) -> list[tuple[str, Image
 
 # ---------------------------------------------------------------- graph export
 
-def _dynamo_export(model: nn.Module, example: torch.Tensor, opset: int | None) -> onnx.ModelProto:
+class BothOutputs(nn.Module):
+    """The graph of a model with a projection into an old space: (its embedding, the projected one)."""
+
+    def __init__(self, model: Embedder) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.model.embed_both(images)
+
+
+def graph_outputs(model: nn.Module) -> tuple[nn.Module, list[str]]:
+    """What is exported and the names of its outputs: the model's embedding, and its projection into an old space
+    where it has one."""
+    if getattr(model, "compatible", None) is not None:
+        return BothOutputs(model).eval(), [OUTPUT_NAME, COMPATIBLE_OUTPUT_NAME]
+    return model, [OUTPUT_NAME]
+
+
+def _dynamo_export(model: nn.Module, example: torch.Tensor, opset: int | None,
+                   outputs: Sequence[str]) -> onnx.ModelProto:
     batch = torch.export.Dim("batch", min=1)
     program = torch.onnx.export(
         model, (example,), None, dynamo=True, verbose=False, opset_version=opset,
-        input_names=[INPUT_NAME], output_names=[OUTPUT_NAME], dynamic_shapes={"images": {0: batch}},
+        input_names=[INPUT_NAME], output_names=list(outputs), dynamic_shapes={"images": {0: batch}},
     )
     return program.model_proto
 
 
-def _legacy_export(model: nn.Module, example: torch.Tensor, opset: int | None) -> onnx.ModelProto:
+def _legacy_export(model: nn.Module, example: torch.Tensor, opset: int | None,
+                   outputs: Sequence[str]) -> onnx.ModelProto:
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # the caller already logged the fallback
         path = Path(tmp) / "model.onnx"
         torch.onnx.export(
             model, (example,), str(path), dynamo=False, opset_version=opset or 17, do_constant_folding=True,
-            input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
-            dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
+            input_names=[INPUT_NAME], output_names=list(outputs),
+            dynamic_axes={INPUT_NAME: {0: "batch"}, **{name: {0: "batch"} for name in outputs}},
         )
         return onnx.load(str(path))
 
 
 def export_graph(model: nn.Module, input_size: int, opset: int | None, log: Log) -> tuple[onnx.ModelProto, str]:
-    """``model`` (eval mode, fp32, CPU) as an ONNX graph with a dynamic batch axis; returns (graph, exporter)."""
+    """``model`` (eval mode, fp32, CPU) as an ONNX graph with a dynamic batch axis; returns (graph, exporter).
+    A model with a projection into an old space gets its second output (``graph_outputs``)."""
     example = torch.randn(2, 3, input_size, input_size, generator=torch.Generator().manual_seed(0))
+    module, outputs = graph_outputs(model)
     try:
-        proto, exporter = _dynamo_export(model, example, opset), "dynamo"
+        proto, exporter = _dynamo_export(module, example, opset, outputs), "dynamo"
     except Exception as exc:  # any failure of torch.export / translation: try the TorchScript exporter
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         log(f"dynamo exporter failed ({type(exc).__name__}: {first_line[:200]}); "
             f"falling back to the legacy TorchScript exporter")
-        proto, exporter = _legacy_export(model, example, opset), "legacy"
+        proto, exporter = _legacy_export(module, example, opset, outputs), "legacy"
     batch_dim = proto.graph.input[0].type.tensor_type.shape.dim[0]
     if not batch_dim.dim_param:
         raise RuntimeError(f"the {exporter} exporter produced a fixed batch size ({batch_dim.dim_value}), "
@@ -206,7 +236,8 @@ def verify_export(
     max_abs_diff: float = FP32_MAX_ABS_DIFF,
     min_cosine: float = FP16_MIN_COSINE,
 ) -> VerificationReport:
-    """Run the same preprocessed real images through PyTorch and onnxruntime (CPU) and compare.
+    """Run the same preprocessed real images through PyTorch and onnxruntime (CPU) and compare, every output
+    (the embedding, and the projection into an old space where the model has one).
 
     fp32 passes when max |diff| <= ``max_abs_diff``; fp16 when every row's cosine >= ``min_cosine``.
     Raises ``ExportVerificationError`` with the measured numbers otherwise.
@@ -217,14 +248,16 @@ def verify_export(
     config = model.config
     batch = preprocess_images([image for _, image in images], config)
     runtime = OnnxEmbedder(onnx_path, providers="cpu")
-    model = model.eval()
+    module, outputs = graph_outputs(model.eval())
     checks = []
     for size in batch_sizes:
-        reference = model(torch.from_numpy(batch[:size])).float().numpy()
-        candidate = runtime.embed_batch(batch[:size])
-        max_abs, cosine = _compare(reference, candidate)
-        passed = cosine >= min_cosine if precision == "fp16" else max_abs <= max_abs_diff
-        checks.append(BatchCheck(size, max_abs, cosine, bool(passed)))
+        references = module(torch.from_numpy(batch[:size]))
+        references = references if isinstance(references, tuple) else (references,)
+        for name, reference in zip(outputs, references, strict=True):
+            candidate = runtime.with_output(name).embed_batch(batch[:size])
+            max_abs, cosine = _compare(reference.float().numpy(), candidate)
+            passed = cosine >= min_cosine if precision == "fp16" else max_abs <= max_abs_diff
+            checks.append(BatchCheck(size, max_abs, cosine, bool(passed), name))
     criterion = f"min cosine >= {min_cosine}" if precision == "fp16" else f"max |diff| <= {max_abs_diff:g}"
     report = VerificationReport(precision, criterion, checks, [name for name, _ in images])
     if not report.passed:
@@ -267,7 +300,10 @@ def export_embedder(
     config = dict(model.config)
     precision = "fp16" if fp16 else "fp32"
     norm = "L2-normalised" if config.get("normalize") else "unnormalised"
-    log(f"exporting {config['backbone']} ({config['input_size']} px, {config['embedding_dim']}-d, {norm}) "
+    # a second output where the model has a projection into an old space
+    compatible = getattr(model, "compatible", None) is not None
+    also = f", and its projection into the old {config['compatible_dim']}-d space" if compatible else ""
+    log(f"exporting {config['backbone']} ({config['input_size']} px, {config['embedding_dim']}-d, {norm}{also}) "
         f"to {out} [{precision}] with torch {torch.__version__} ...")
     start = time.perf_counter()
     proto, exporter = export_graph(model, int(config["input_size"]), opset, log)
@@ -280,6 +316,9 @@ def export_embedder(
              "source_model_hash": embedder_model_hash(model)}
     if config.get("compatible_with"):  # trained --compatible-with: indexes of those models may be searched with it
         extra[COMPATIBLE_WITH] = json.dumps(sorted(config["compatible_with"]))
+    if compatible:  # ... through this output, where their embedding size differs from this model's
+        extra[COMPATIBLE_OUTPUT_KEY] = COMPATIBLE_OUTPUT_NAME
+        extra[COMPATIBLE_DIM_KEY] = str(int(config["compatible_dim"]))
     metadata = build_metadata(config, proto_model_hash(proto, config), config_hash, precision, extra=extra)
     external = save_with_metadata(proto, out, metadata)
     if external:  # weights moved to a .data file serialise differently: the file as written is the authority

@@ -20,10 +20,15 @@ KEPT = f"neighbours_kept@{KEPT_K}"
 
 def compatibility_metrics(new_query: np.ndarray, old_query: np.ndarray, query_labels: np.ndarray,
                           new_gallery: np.ndarray | None = None, old_gallery: np.ndarray | None = None,
-                          gallery_labels: np.ndarray | None = None) -> dict[str, Any]:
+                          gallery_labels: np.ndarray | None = None,
+                          cross_query: np.ndarray | None = None) -> dict[str, Any]:
     """Backward compatibility of a new embedder with an old one (Shen et al., BCT, CVPR 2020, sec. 3): ``new``
     (new queries, new gallery), ``old`` (old, old), ``cross_model`` (new queries against the gallery the old model
     embedded) and ``compatible``, BCT's criterion: cross_model >= old on each of ``COMPATIBILITY_METRICS``.
+
+    ``cross_query``: the new queries as they meet the old gallery, for a new model of another embedding size (its
+    projection into the old space, ``retrieval.models.in_compatible_space``); default ``new_query``. ``new``
+    stays on the new model's own embeddings.
 
     Without a separate gallery each image is a query against the others (leave-one-out); in ``cross_model`` the
     query's own old embedding is left out too (``same_items``)."""
@@ -33,14 +38,20 @@ def compatibility_metrics(new_query: np.ndarray, old_query: np.ndarray, query_la
     names = ["recall", "map@r", "r_precision"]
     if (new_gallery is None) != (old_gallery is None):
         raise ParameterError("old_gallery", "must be given with new_gallery (or neither, for leave-one-out)")
+    cross_query = new_query if cross_query is None else cross_query
+    if np.shape(cross_query)[-1] != np.shape(old_query)[-1]:
+        raise ParameterError("cross_query", f"the new model's queries have {np.shape(cross_query)[-1]} dimensions, "
+                                            f"the old model's {np.shape(old_query)[-1]}: embeddings of two sizes "
+                                            "cannot be compared; a new size needs a model trained --compatible-with "
+                                            "the old one, which learns a projection into its space")
     if new_gallery is None:
         new = evaluate(new_query, query_labels, ks=ks, metrics=names)
         old = evaluate(old_query, query_labels, ks=ks, metrics=names)
-        cross = evaluate(new_query, query_labels, old_query, query_labels, ks=ks, metrics=names, same_items=True)
+        cross = evaluate(cross_query, query_labels, old_query, query_labels, ks=ks, metrics=names, same_items=True)
     else:
         new = evaluate(new_query, query_labels, new_gallery, gallery_labels, ks=ks, metrics=names)
         old = evaluate(old_query, query_labels, old_gallery, gallery_labels, ks=ks, metrics=names)
-        cross = evaluate(new_query, query_labels, old_gallery, gallery_labels, ks=ks, metrics=names)
+        cross = evaluate(cross_query, query_labels, old_gallery, gallery_labels, ks=ks, metrics=names)
     compatible = all(cross[name] >= old[name] for name in COMPATIBILITY_METRICS)
     return {"new": new, "old": old, "cross_model": cross, "compatible": compatible}
 

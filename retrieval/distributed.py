@@ -95,14 +95,18 @@ class GlobalBatchObjective(nn.Module):
 
     ``influence(embeddings, labels, old)`` (backward-compatible training) is a term over the same batch as the
     loss, with ``old`` the frozen old model's embeddings of its images (gathered too, without gradient); its value
-    is reported as the local term ``compatible``.
+    is reported as the local term ``compatible``. ``projected_dim`` > 0: the embeddings' last ``projected_dim``
+    columns are the model's projection into the old space (an old model of another size), which the influence
+    takes; the loss takes the columns before them, the model's own embedding.
     """
 
-    def __init__(self, loss: nn.Module, gather: bool = True, influence: nn.Module | None = None) -> None:
+    def __init__(self, loss: nn.Module, gather: bool = True, influence: nn.Module | None = None,
+                 projected_dim: int = 0) -> None:
         super().__init__()
         self.loss = loss
         self.gather = gather
         self.influence = influence
+        self.projected_dim = int(projected_dim)
         _, world = rank_and_world()
         if gather and world > 1:
             for parameter in loss.parameters():
@@ -118,17 +122,18 @@ class GlobalBatchObjective(nn.Module):
         if (self.influence is None) != (old is None):
             raise ValueError("pass the old model's embeddings exactly when the objective has an influence term")
         if world == 1:
-            loss = self.loss(embeddings, labels)
-            batch_terms = self._batch_terms(embeddings, labels, old)
+            own, projected = self._split(embeddings)
+            loss = self.loss(own, labels)
+            batch_terms = self._batch_terms(projected, labels, old)
             total = loss + local + sum(batch_terms.values(), embeddings.new_zeros(()))
             shown = {**terms, **batch_terms}
             return StepLoss(total, total.detach(), {name: value.detach() for name, value in shown.items()})
         if self.gather:
             everyone = torch.cat(all_gather_rows(labels))
             share = labels.shape[0] / everyone.shape[0]  # n_r / N: this rank's weight in the global mean
-            gathered = gather_with_own_gradient(embeddings)
-            loss = self.loss(gathered, everyone)
-            batch_terms = self._batch_terms(gathered, everyone, None if old is None else torch.cat(
+            own, projected = self._split(gather_with_own_gradient(embeddings))
+            loss = self.loss(own, everyone)
+            batch_terms = self._batch_terms(projected, everyone, None if old is None else torch.cat(
                 all_gather_rows(old.detach())))
             batch = sum(batch_terms.values(), embeddings.new_zeros(()))
             backward = world * (loss + batch + share * local)
@@ -136,13 +141,21 @@ class GlobalBatchObjective(nn.Module):
                                  *(share * value.detach() for value in terms.values()),
                                  *(value.detach() / world for value in batch_terms.values())])
         else:
-            loss = self.loss(embeddings, labels)
-            batch_terms = self._batch_terms(embeddings, labels, old)
+            own, projected = self._split(embeddings)
+            loss = self.loss(own, labels)
+            batch_terms = self._batch_terms(projected, labels, old)
             backward = loss + local + sum(batch_terms.values(), embeddings.new_zeros(()))
             parts = torch.stack([backward.detach(), *(value.detach() for value in terms.values()),
                                  *(value.detach() for value in batch_terms.values())]) / world
         dist.all_reduce(parts)  # sum over ranks: the global objective and the global mean of each local term
         return StepLoss(backward, parts[0], dict(zip([*terms, *batch_terms], parts[1:], strict=True)))
+
+    def _split(self, embeddings: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the model's own embedding, what the influence compares with the old model's: its projection into the
+        old space where there is one, else the embedding itself)."""
+        if not self.projected_dim:
+            return embeddings, embeddings
+        return embeddings[:, :-self.projected_dim], embeddings[:, -self.projected_dim:]
 
     def _batch_terms(self, embeddings: torch.Tensor, labels: torch.Tensor,
                      old: torch.Tensor | None) -> dict[str, torch.Tensor]:

@@ -11,6 +11,7 @@ tensors. None of it imports torch: a process that only embeds (a Ray actor, the 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -33,6 +34,12 @@ if TYPE_CHECKING:
 ONNX_FORMAT = "retrieval-onnx/1"
 INPUT_NAME = "images"
 OUTPUT_NAME = "embeddings"
+# a model trained --compatible-with an old one of another embedding size has a second output: its embedding
+# projected into the old space (L2-normalised), which an index the old model built is searched and upgraded with;
+# the metadata names it (COMPATIBLE_OUTPUT_KEY) and gives its size (COMPATIBLE_DIM_KEY)
+COMPATIBLE_OUTPUT_NAME = "compatible_embedding"
+COMPATIBLE_OUTPUT_KEY = "compatible_output"
+COMPATIBLE_DIM_KEY = "compatible_dim"
 # metadata_props keys written by `retrieval export`; values are strings (JSON for lists and dicts).
 REQUIRED_METADATA = (
     "format", "backbone", "embedding_dim", "input_size", "mean", "std", "normalized", "config_hash",
@@ -173,6 +180,27 @@ def check_graph_matches(session: Any, model_config: Mapping[str, Any], source: s
         )
 
 
+def check_compatible_output(session: Any, metadata: Mapping[str, str], source: str) -> tuple[str, int] | None:
+    """(name, size) of the output that embeds into an old model's space, as the metadata declares it and the graph
+    has it; None for a model without one."""
+    name = metadata.get(COMPATIBLE_OUTPUT_KEY)
+    if not name:
+        return None
+    try:
+        dim = int(metadata.get(COMPATIBLE_DIM_KEY, ""))
+    except ValueError:
+        dim = 0
+    shapes = {output.name: list(output.shape) for output in session.get_outputs()}
+    shape = shapes.get(name)
+    if dim < 1 or shape is None or len(shape) != 2 or (isinstance(shape[1], int) and shape[1] != dim):
+        raise ValueError(
+            f"{source}: its metadata declares a compatible output {name!r} of {metadata.get(COMPATIBLE_DIM_KEY)!r} "
+            f"dimensions, but the graph's outputs are {shapes}; the metadata was edited or belongs to another model. "
+            "Re-export the checkpoint with `retrieval export`"
+        )
+    return name, dim
+
+
 # ---------------------------------------------------------------- preprocessing shared with PyTorch
 
 def load_image(image: ImageInput) -> Image.Image:
@@ -249,6 +277,10 @@ class OnnxEmbedder:
 
     ``embed(images)`` takes PIL images, file paths, or a preprocessed float32 batch [n, 3, S, S] and returns
     float32 embeddings [n, d] (unit norm when the model was trained with L2 normalisation).
+
+    It embeds with the model's own output; ``with_output(compatible_output)`` is the same model (one session, one
+    ``model_hash``) embedding into the old space of a model it was trained compatible with, for a model that has
+    that output (trained ``--compatible-with`` an old model of another embedding size).
     """
 
     def __init__(
@@ -280,7 +312,12 @@ class OnnxEmbedder:
         self._model_hash = proto_model_hash(proto, self.model_config)
         del proto
         self._input_name = self.session.get_inputs()[0].name
-        self._output_name = self._metadata.get("output_name", self.session.get_outputs()[0].name)
+        self._primary_output = self._metadata.get("output_name", self.session.get_outputs()[0].name)
+        self._compatible = check_compatible_output(self.session, self._metadata, str(self.path))
+        # what this object embeds with: the primary output unless with_output chose the compatible one
+        self._output_name = self._primary_output
+        self._embedding_dim = int(self.model_config["embedding_dim"])
+        self._normalized = bool(self.model_config["normalize"])
 
     # -- properties
     @property
@@ -289,7 +326,46 @@ class OnnxEmbedder:
 
     @property
     def embedding_dim(self) -> int:
-        return int(self.model_config["embedding_dim"])
+        """The size of the output it embeds with (the model's own ``embedding_dim`` unless ``with_output``)."""
+        return self._embedding_dim
+
+    @property
+    def output_name(self) -> str:
+        """The graph output it embeds with."""
+        return self._output_name
+
+    @property
+    def primary_output(self) -> str:
+        """The graph output of the model's own embedding."""
+        return self._primary_output
+
+    @property
+    def compatible_output(self) -> str | None:
+        """The output that embeds into an old model's space (trained --compatible-with one of another size), else
+        None."""
+        return self._compatible[0] if self._compatible else None
+
+    @property
+    def compatible_dim(self) -> int | None:
+        """The size of ``compatible_output`` (the old model's embedding size), else None."""
+        return self._compatible[1] if self._compatible else None
+
+    def with_output(self, name: str | None) -> OnnxEmbedder:
+        """This model embedding with output ``name`` (None: its own embedding); shares the session and identity."""
+        name = name or self._primary_output
+        if name == self._output_name:
+            return self
+        view = copy.copy(self)
+        if name == self._primary_output:
+            view._output_name, view._embedding_dim = name, int(self.model_config["embedding_dim"])
+            view._normalized = bool(self.model_config["normalize"])
+        elif self._compatible is not None and name == self._compatible[0]:
+            view._output_name, view._embedding_dim, view._normalized = name, self._compatible[1], True
+        else:
+            known = [self._primary_output] + ([self._compatible[0]] if self._compatible else [])
+            raise ValueError(f"{self.path} has no embedding output {name!r} (it has {', '.join(known)}); the index "
+                             "was built with another export of this model: re-export it with `retrieval export`")
+        return view
 
     @property
     def input_size(self) -> int:
@@ -312,15 +388,17 @@ class OnnxEmbedder:
 
     @property
     def normalized(self) -> bool:
-        return bool(self.model_config["normalize"])
+        """Whether its output is L2-normalised (the compatible output always is)."""
+        return self._normalized
 
     @property
     def providers(self) -> list[str]:
         return self.session.get_providers()
 
     def __repr__(self) -> str:
+        output = f", output={self._output_name!r}" if self._output_name != self._primary_output else ""
         return (f"OnnxEmbedder({str(self.path)!r}, backbone={self.model_config['backbone']!r}, "
-                f"dim={self.embedding_dim}, providers={self.providers})")
+                f"dim={self.embedding_dim}{output}, providers={self.providers})")
 
     # -- inference
     def preprocess(self, images: Iterable[ImageInput]) -> np.ndarray:

@@ -49,6 +49,11 @@ class ServerConfig:
         None, "index", "the results grid (`retrieval results run`) that the Results tab shows; without one the tab "
         "is left out.", path="file", default_text=f"this project's {DEFAULT_RESULTS.name} when serving the default "
         "index")
+    model: Path | None = option(
+        None, "index", "the query model (.onnx): a model declared compatible with the index's (`retrieval train "
+        "--compatible-with`, then `retrieval export`) serves it before `retrieval index upgrade`, through its "
+        "compatible output where its own embedding has another size.", path="file", metavar="MODEL.onnx",
+        default_text="the model index.json records")
     reload_interval_s: float | None = option(
         RELOAD_INTERVAL_S, "index", "seconds between checks of the index folder: once a writer (`retrieval index "
         "add/remove/...`) finishes, the server swaps in the new index without a restart; 0 turns it off.",

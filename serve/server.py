@@ -14,6 +14,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from starlette.routing import Mount
 from starlette.types import Scope
 
+from retrieval.index.embedder import load_model
 from retrieval.serve.admission import LengthRequired
 from retrieval.serve.api import create_api
 from retrieval.serve.config import ServerConfig
@@ -59,6 +60,7 @@ def build_app(config: ServerConfig, service: SearchService | None = None) -> tup
     check_report(config.report)
     service = service or SearchService(
         config.index_dir,
+        embedder=load_model(config.model) if config.model is not None else None,
         max_batch=config.max_batch,
         max_wait_ms=config.max_wait_ms,
         max_upload_bytes=config.max_upload_bytes,

@@ -273,7 +273,9 @@ class SearchService:
             snapshot = Snapshot.open(self.index_dir)
         model = None
         try:
-            if previous is not None and previous.index.model_hash == snapshot.model_hash:
+            # the same model and output (an upgrade from a compatible output to the model's own keeps its hash)
+            if previous is not None and (previous.index.model_hash, previous.index.model_output) == (
+                    snapshot.model_hash, snapshot.model_output):
                 model = previous.model
                 snapshot.embedder = model.embedder
             else:  # loads the ONNX model recorded in index.json now, not per request

@@ -44,11 +44,14 @@ class FakeEmbedder:
 
 
 def write_projection_onnx(path: Path, dim: int = 24, seed: int = 0, convs: int = 0, channels: int = 64,
-                          drift: float = 0.0, compatible_with: tuple[str, ...] = ()) -> Path:
+                          drift: float = 0.0, compatible_with: tuple[str, ...] = (),
+                          compatible: tuple[int, int] | None = None) -> Path:
     """A real (tiny) ONNX embedder with the export metadata: flatten, a fixed random projection, L2 norm.
 
     ``drift`` > 0 moves the projection of seed ``seed`` by that much noise (seed + 1000): a model near the
     undrifted one, as compatible training makes it, which ``compatible_with`` (model hashes) declares.
+    ``compatible`` = (dim, seed): a second output, ``compatible_embedding``, as a model trained compatible with an
+    old model of another size has: the projection of that old model's (dim, seed), drifted by ``drift`` too.
 
     onnxruntime runs it like any exported model; the Ray engine's actors load it from the file. ``convs`` > 0 puts
     that many 3x3 convolutions (3 -> ``channels`` ... -> 3, same size) first: real compute per image (~19 MFLOP
@@ -57,7 +60,14 @@ def write_projection_onnx(path: Path, dim: int = 24, seed: int = 0, convs: int =
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from retrieval.onnx_runtime import INPUT_NAME, OUTPUT_NAME, build_metadata
+    from retrieval.onnx_runtime import (
+        COMPATIBLE_DIM_KEY,
+        COMPATIBLE_OUTPUT_KEY,
+        COMPATIBLE_OUTPUT_NAME,
+        INPUT_NAME,
+        OUTPUT_NAME,
+        build_metadata,
+    )
 
     rng = np.random.default_rng(seed)
     weights = rng.standard_normal((3 * SIZE * SIZE, dim)).astype(np.float32)
@@ -71,16 +81,28 @@ def write_projection_onnx(path: Path, dim: int = 24, seed: int = 0, convs: int =
         nodes.append(helper.make_node("Conv", [source, f"conv{layer}"], [f"c{layer}"], pads=[1, 1, 1, 1]))
         nodes.append(helper.make_node("Relu", [f"c{layer}"], [f"r{layer}"]))
         source = f"r{layer}"
+    outputs = [helper.make_tensor_value_info(OUTPUT_NAME, TensorProto.FLOAT, ["batch", dim])]
+    second = []
+    if compatible is not None:
+        old_dim, old_seed = compatible
+        old_weights = np.random.default_rng(old_seed).standard_normal((3 * SIZE * SIZE, old_dim)).astype(np.float32)
+        old_weights += drift * np.random.default_rng(old_seed + 2000).standard_normal(old_weights.shape).astype(
+            np.float32)
+        initializers.append(numpy_helper.from_array(old_weights, "old_weights"))
+        second = [helper.make_node("MatMul", ["flat", "old_weights"], ["old_projected"]),
+                  helper.make_node("LpNormalization", ["old_projected"], [COMPATIBLE_OUTPUT_NAME], axis=1, p=2)]
+        outputs.append(helper.make_tensor_value_info(COMPATIBLE_OUTPUT_NAME, TensorProto.FLOAT, ["batch", old_dim]))
     graph = helper.make_graph(
         [
             *nodes,
             helper.make_node("Flatten", [source], ["flat"], axis=1),
             helper.make_node("MatMul", ["flat", "weights"], ["projected"]),
             helper.make_node("LpNormalization", ["projected"], [OUTPUT_NAME], axis=1, p=2),
+            *second,
         ],
         "projection",
         [helper.make_tensor_value_info(INPUT_NAME, TensorProto.FLOAT, ["batch", 3, SIZE, SIZE])],
-        [helper.make_tensor_value_info(OUTPUT_NAME, TensorProto.FLOAT, ["batch", dim])],
+        outputs,
         initializers,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -93,7 +115,9 @@ def write_projection_onnx(path: Path, dim: int = 24, seed: int = 0, convs: int =
         "std": [0.25, 0.25, 0.25],
     }
     name = f"projection-{dim}-{seed}" + (f"-conv{convs}x{channels}" if convs else "")
-    extra = {"compatible_with": json.dumps(list(compatible_with))} if compatible_with else None
+    extra = {"compatible_with": json.dumps(list(compatible_with))} if compatible_with else {}
+    if compatible is not None:
+        extra |= {COMPATIBLE_OUTPUT_KEY: COMPATIBLE_OUTPUT_NAME, COMPATIBLE_DIM_KEY: str(compatible[0])}
     for key, value in build_metadata(config, name, None, extra=extra).items():
         model.metadata_props.add(key=key, value=value)
     onnx.save(model, str(path))

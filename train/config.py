@@ -113,7 +113,8 @@ class TrainConfig:
     compatible_with: str | None = option(
         None, "compatibility", "train a model whose embeddings stay comparable with this old model's (its "
         "checkpoint .pt or exported .onnx): the loss gains an influence term toward the old space, and the export "
-        "declares the model compatible, so that `retrieval index upgrade` serves it at once.", path="file",
+        "declares the model compatible, so that `retrieval index upgrade` serves it at once. A new embedding size "
+        "goes through a projection into the old space, trained with the model.", path="file",
         metavar="OLD")
     compatible_weight: float = option(1.0, "compatibility", "the weight of the influence term of --compatible-with.",
                                       low=0, low_open=True, metavar="WEIGHT")

@@ -89,7 +89,8 @@ class TrainStep(nn.Module):
 
     def forward(self, inputs: torch.Tensor, labels: torch.Tensor,
                 amp: torch.dtype | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """(float32 embeddings [b, D], name -> mean over this rank's b samples of each per-sample term)."""
+        """(float32 embeddings [b, D] (followed by their projection into the old space, [b, D + d_old], where the
+        model has one), name -> mean over this rank's b samples of each per-sample term)."""
         if self.channels_last and inputs.dim() == 4:
             inputs = inputs.contiguous(memory_format=torch.channels_last)
         terms = {}
@@ -107,6 +108,11 @@ class TrainStep(nn.Module):
         embeddings = embeddings.float()
         if self.aux is not None:
             terms["aux_ce"] = self.aux(embeddings, labels)
+        projection = getattr(self.net, "compatible", None)
+        if projection is not None:
+            # the projection into the old space rides behind the embedding's columns, so that the chunked and the
+            # gathered paths carry it (and its gradient) unchanged; GlobalBatchObjective splits them again
+            embeddings = torch.cat([embeddings, projection(embeddings)], dim=1)
         return embeddings, terms
 
 

@@ -24,7 +24,7 @@ from retrieval.evaluation import (
     leave_one_out_metrics,
     present_class_names,
 )
-from retrieval.models import WISE_CHECKPOINT, Checkpoint, Embedder, config_hash
+from retrieval.models import WISE_CHECKPOINT, Checkpoint, Embedder, config_hash, in_compatible_space
 from retrieval.train import checkpointing
 from retrieval.train.checkpointing import BEST_METRIC
 from retrieval.train.config import TrainConfig
@@ -89,7 +89,8 @@ class Evaluator:
         if self._old_eval is None:
             self._old_eval = self.parts.features.embed_eval(self.parts.old_model.eval_model)
         old_q, _, old_g, _ = self._old_eval
-        return self.ctx.from_main(compatibility_metrics(q, old_q, ql, g, old_g, gl) if self.main else None)
+        cross_q = in_compatible_space(self.eval_model, q)  # an old model of another size: the projected queries
+        return self.ctx.from_main(compatibility_metrics(q, old_q, ql, g, old_g, gl, cross_q) if self.main else None)
 
     def _metrics(self, q: np.ndarray, ql: np.ndarray, g: np.ndarray | None, gl: np.ndarray | None,
                  probe: bool) -> dict[str, float]:

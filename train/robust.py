@@ -87,10 +87,11 @@ class RobustFineTuning:
             self.ema.load_state_dict(state["ema"])
 
     def mix(self, finetuned: dict[str, torch.Tensor], alpha: float) -> dict[str, torch.Tensor]:
-        """WiSE-FT: (1 - alpha) * start + alpha * finetuned; a head that started random stays fine-tuned."""
+        """WiSE-FT: (1 - alpha) * start + alpha * finetuned; a head that started random stays fine-tuned, and so
+        does a projection into an old space (--compatible-with an old model of another size), trained with it."""
 
         def keep(key: str) -> bool:
-            return key.startswith("head.") and not self.head_trained_at_start
+            return key.startswith(("head.", "compatible.")) and not self.head_trained_at_start
 
         return interpolate_weights(self.start, {k: v.detach().cpu() for k, v in finetuned.items()}, alpha, keep)
 

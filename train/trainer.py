@@ -75,8 +75,10 @@ def loss_lr(cfg: TrainConfig, loss_fn: nn.Module) -> float:
 
 def build_optimizer(cfg: TrainConfig, model: Embedder, loss_fn: nn.Module,
                     extra: list[nn.Parameter]) -> torch.optim.Optimizer:
-    """Groups: the head (and ``extra``, the auxiliary head) at --lr, the loss's proxies, the backbone's layers."""
-    groups = [{"params": list(model.head.parameters()) + extra, "lr": cfg.lr, "name": "head"}]
+    """Groups: the head (with the projection into an old space, if any, and ``extra``, the auxiliary head) at --lr,
+    the loss's proxies, the backbone's layers."""
+    projection = list(model.compatible.parameters()) if model.compatible is not None else []
+    groups = [{"params": list(model.head.parameters()) + projection + extra, "lr": cfg.lr, "name": "head"}]
     if proxies := list(loss_fn.parameters()):
         groups.append({"params": proxies, "lr": loss_lr(cfg, loss_fn), "name": "loss"})
     groups += backbone_param_groups(cfg, model)
@@ -104,8 +106,10 @@ def build_model(cfg: TrainConfig) -> tuple[Embedder, int]:
 
 
 def build_parts(cfg: TrainConfig, *, ctx: DistContext, model: Embedder, data: TrainData, robust: RobustFineTuning,
-                source: type[FeatureSource], embedding: Embedding, amp_dtype: torch.dtype | None) -> TrainParts:
-    """What trains, around the model on the device: sampler, loss, optimizer and schedule, features, the step."""
+                source: type[FeatureSource], embedding: Embedding, amp_dtype: torch.dtype | None,
+                old_model: nn.Module | None = None) -> TrainParts:
+    """What trains, around the model on the device: sampler, loss, optimizer and schedule, features, the step;
+    ``old_model``: --compatible-with's (``compatible_old_model``), which the influence term compares with."""
     sampling = dict(drop_small=cfg.drop_small, seed=cfg.seed, batches_per_epoch=cfg.batches_per_epoch)
     if ctx.distributed:  # each rank takes its part of the same global batches
         sampling.update(rank=ctx.rank, world_size=ctx.world_size)
@@ -128,8 +132,10 @@ def build_parts(cfg: TrainConfig, *, ctx: DistContext, model: Embedder, data: Tr
         extra += list(aux.parameters())
     optimizer = build_optimizer(cfg, model, step_loss, extra)
     scheduler = build_scheduler(cfg, optimizer, len(sampler))
-    old_model, influence = compatible_parts(cfg, model, ctx.device)
-    objective = GlobalBatchObjective(loss_fn, gather=cfg.gather, influence=influence)
+    influence = compatible_influence(cfg, ctx.device) if old_model is not None else None
+    # a projection into the old space: its output rides behind the embedding's columns (TrainStep)
+    objective = GlobalBatchObjective(loss_fn, gather=cfg.gather, influence=influence,
+                                     projected_dim=int(model.config.get("compatible_dim") or 0))
     scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype == torch.float16)  # bf16 needs none
 
     features = source.build(cfg, model, data.train_set, data.train_labels, data.eval_sets, embedding)
@@ -142,27 +148,41 @@ def build_parts(cfg: TrainConfig, *, ctx: DistContext, model: Embedder, data: Tr
                       old_model=old_model)
 
 
-def compatible_parts(cfg: TrainConfig, model: Embedder, device: torch.device) -> tuple[nn.Module | None,
-                                                                                          nn.Module | None]:
-    """--compatible-with: the frozen old model and the influence term; the model records the hashes it will be
-    declared compatible with (its export writes them into the ONNX metadata)."""
+def compatible_old_model(cfg: TrainConfig, model: Embedder, device: torch.device,
+                         announce: bool = True) -> nn.Module | None:
+    """--compatible-with: the frozen old model. Where it embeds in another size than this run, the model gets a
+    projection into the old space, trained with it (made before the EMA and the fine-tuning start copy the
+    model, so that they hold it too). The model records the hashes it will be declared compatible with (its
+    export writes them into the ONNX metadata)."""
     if not cfg.compatible_with:
-        return None, None
-    from retrieval.train.compatible import OldModel, build_influence
+        return None
+    from retrieval.train.compatible import OldModel
 
-    with parameters_named(path="compatible_with"):
+    # rebuilding the old model draws initial weights it then replaces: the run's random stream stays untouched
+    with parameters_named(path="compatible_with"), torch.random.fork_rng(devices=[]):
         old = OldModel(cfg.compatible_with, model.config, features=cfg.freeze_backbone, device=device)
     if old.embedding_dim != cfg.embedding_dim:
-        raise ValueError(f"--compatible-with {cfg.compatible_with} embeds in {old.embedding_dim} dimensions, this "
-                         f"run in {cfg.embedding_dim}: give --embedding-dim {old.embedding_dim} (a new size would "
-                         "need a projection into the old space, which is not built)")
+        model.add_compatible(old.embedding_dim, seed=cfg.seed)
+        if announce:
+            tqdm.write(f"--compatible-with: {cfg.compatible_with} embeds in {old.embedding_dim} dimensions, this run "
+                       f"in {cfg.embedding_dim}: a projection {cfg.embedding_dim} -> {old.embedding_dim} into the old "
+                       "space is trained with the model (the influence term compares its output with the old "
+                       f"embeddings; the loss stays on the {cfg.embedding_dim}-d embedding)", file=sys.stderr)
+    model.config["compatible_with"] = list(old.hashes)
+    return old
+
+
+def compatible_influence(cfg: TrainConfig, device: torch.device) -> nn.Module:
+    """--compatible-with's influence term on the training loss, or on ``ms`` (said) where it has no query x gallery
+    form."""
+    from retrieval.train.compatible import build_influence
+
     with parameters_named(weight="compatible_weight"):
         influence, used = build_influence(cfg.loss, cfg.loss_kwargs, cfg.compatible_weight, device)
     if used != cfg.loss:
         warn_line(f"--compatible-with: --loss {cfg.loss} has no query x gallery form, so the influence term uses "
                   f"{used}")
-    model.config["compatible_with"] = list(old.hashes)
-    return old, influence
+    return influence
 
 
 class Trainer:
@@ -215,11 +235,12 @@ class Trainer:
         source = feature_source_class(cfg)
         source.prepare_model(model)
         model.to(self.device)
+        old_model = compatible_old_model(cfg, model, self.device, announce=self.main)
         robust = RobustFineTuning.build(cfg, model).to(self.device)
         self.data = data = load_train_data(cfg, model.config, source.train_transform(model.config, cfg.augmentation()))
         embedding = Embedding(self.device, cfg.eval_batch_size, self.workers, self.amp, self.progress, self.bad_images)
         self.parts = build_parts(cfg, ctx=self.ctx, model=model, data=data, robust=robust, source=source,
-                                 embedding=embedding, amp_dtype=self.amp_dtype)
+                                 embedding=embedding, amp_dtype=self.amp_dtype, old_model=old_model)
         self.checkpoints = Checkpointer(cfg, self.out, self.main, self.parts, data, self.bad_images)
         self.evaluation = Evaluator(cfg, self.ctx, self.out, self.parts, data, embedding, self.progress, native_size)
 

@@ -1,8 +1,14 @@
-"""What the index needs from a model: the ``ImageEmbedder`` protocol, loading an ONNX file, normalisation.
+"""What the index needs from a model: the ``ImageEmbedder`` protocol, loading an ONNX file, normalisation, and which
+model (and which of its outputs) may embed into an index's space.
 
 Similarity is the inner product of L2-normalised vectors (cosine). A model that does not normalise its
 output (``normalized`` False) is normalised here, before indexing and before searching, so that stored
 and query vectors always live on the unit sphere.
+
+A model trained ``--compatible-with`` an old model of another embedding size has a second output, its embedding
+projected into the old space (``OnnxEmbedder.compatible_output``): that is the output it searches, serves and
+upgrades an index of the old model with. index.json records which output built its vectors (``model_output``) and,
+for a compatible output, whose space they are in (``model_output_space``: the old models' hashes).
 """
 
 from __future__ import annotations
@@ -91,22 +97,95 @@ def declared_compatible(embedder: ImageEmbedder) -> frozenset[str]:
     return frozenset(h for h in hashes if isinstance(h, str) and h) if isinstance(hashes, list) else frozenset()
 
 
+OUTPUT_FIELDS = ("model_output", "model_output_space")  # index.json: the output that built the vectors, its space
+
+
+def with_output(embedder: ImageEmbedder, output: str | None) -> ImageEmbedder:
+    """``embedder`` embedding with its graph output ``output`` (None: the model's own embedding); an embedder
+    without named outputs has only its own."""
+    choose = getattr(embedder, "with_output", None)
+    if choose is not None:
+        return choose(output)
+    if output is not None and output != getattr(embedder, "output_name", output):
+        raise ModelMismatchError(f"the model {embedder.model_hash} has no output {output!r}")
+    return embedder
+
+
+def output_fields(embedder: ImageEmbedder) -> dict[str, Any]:
+    """index.json's record of the output ``embedder`` embeds with: its name (None for an embedder without named
+    outputs) and, for a compatible output, the old models whose space it embeds into."""
+    name = getattr(embedder, "output_name", None)
+    compatible = name is not None and name == getattr(embedder, "compatible_output", None)
+    return {"model_output": name, "model_output_space": sorted(declared_compatible(embedder)) if compatible else None}
+
+
+def same_output(embedder: ImageEmbedder, info: Mapping[str, Any]) -> bool:
+    """Whether ``embedder`` embeds with the output that built the index (an index.json from before outputs were
+    recorded: the model's own)."""
+    recorded = info.get("model_output") or getattr(embedder, "primary_output", None)
+    return getattr(embedder, "output_name", None) == recorded
+
+
 def is_compatible(embedder: ImageEmbedder, info: Mapping[str, Any]) -> bool:
     """Whether ``embedder`` may search (and be added to) an index whose index.json is ``info``: the same model,
-    or one declared compatible with its model (by the ONNX file's hash or its PyTorch weights' hash)."""
+    or one declared compatible with its model (by the ONNX file's hash or its PyTorch weights' hash). Vectors a
+    model's compatible output made are in the old models' space: there a model must be declared compatible with
+    those (``model_output_space``), not with the model that projected into it."""
     if embedder.model_hash == info.get("model_hash"):
         return True
-    built_by = {info.get("model_hash"), info.get("source_model_hash")} - {None}
+    space = info.get("model_output_space")
+    built_by = set(space) if space else {info.get("model_hash"), info.get("source_model_hash")} - {None}
     return bool(declared_compatible(embedder) & built_by)
+
+
+def compatible_view(embedder: ImageEmbedder, info: Mapping[str, Any]) -> ImageEmbedder | None:
+    """``embedder`` as it embeds into the space of the index whose index.json is ``info``: the index's own model
+    with the output that built it; a model declared compatible with its own output where the sizes agree, else
+    with its compatible output where that has the index's size (a new size projected into the old space). None:
+    it has no way into that space."""
+    model = with_output(embedder, None)
+    if model.model_hash == info.get("model_hash"):
+        return with_output(model, info.get("model_output"))
+    if not is_compatible(model, info):
+        return None
+    dim = int(info["embedding_dim"])
+    if int(model.embedding_dim) == dim:
+        return model
+    compatible = getattr(model, "compatible_output", None)
+    if compatible is not None and int(getattr(model, "compatible_dim", 0) or 0) == dim:
+        return with_output(model, compatible)
+    return None
 
 
 def check_model_match(info: Mapping[str, Any], embedder: ImageEmbedder, index_dir: Path) -> None:
     """Refuse a query model other than the one that built the index, unless it is declared compatible with it."""
     if not is_compatible(embedder, info):
+        space = info.get("model_output_space")
+        through = (f" (its vectors are that model's projection into the space of model(s) {', '.join(space)}, so a "
+                   "model must be declared compatible with those)" if space else "")
         raise ModelMismatchError(
             f"the index in {index_dir} was built by model {info.get('model_path') or '?'} (model_hash "
-            f"{info.get('model_hash')}), but the query model has model_hash {embedder.model_hash} and is not "
+            f"{info.get('model_hash')}){through}, but the query model has model_hash {embedder.model_hash} and is not "
             "declared compatible with it; embeddings of different models are not comparable. Search with the same "
             "model, or upgrade the index to this one (retrieval index upgrade), which re-embeds the gallery while "
             "it keeps answering"
         )
+
+
+def index_embedder(info: Mapping[str, Any], embedder: ImageEmbedder, index_dir: Path) -> ImageEmbedder:
+    """The embedder that embeds queries for the index whose index.json is ``info`` (``compatible_view``), or a
+    ModelMismatchError that says why there is none and what to run."""
+    view = compatible_view(embedder, info)
+    if view is not None:
+        return view
+    check_model_match(info, embedder, index_dir)  # not declared compatible: refused as such
+    model = with_output(embedder, None)
+    compatible = getattr(model, "compatible_output", None)
+    sizes = f"{model.embedding_dim}" + (f" (and {model.compatible_dim} through its compatible output "
+                                        f"{compatible})" if compatible else "")
+    raise ModelMismatchError(
+        f"the query model {model.model_hash} is declared compatible with the model that built the index in "
+        f"{index_dir}, but it embeds in {sizes} dimensions and the index's vectors have {info['embedding_dim']}; "
+        "re-embed the gallery in the new size (retrieval index upgrade, a swap: the index keeps answering with its "
+        "model until the new vectors are all in)"
+    )

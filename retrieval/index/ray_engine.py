@@ -337,6 +337,8 @@ class RayIngestor(Ingestor):
                 "model_path": self.model_path,
                 "model_hash": self.embedder.model_hash,
                 "threads": max(1, int(opts.cpus_per_actor)),
+                # the output the index's vectors come from (a compatible one: an old model's space)
+                "output": getattr(self.embedder, "output_name", None),
             },
             batch_size=batch_size,
             batch_format="numpy",

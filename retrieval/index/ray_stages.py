@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from retrieval.data.eval_preprocess import EvalPreprocess
-from retrieval.index.embedder import ModelMismatchError, load_model, prepare_vectors
+from retrieval.index.embedder import ModelMismatchError, load_model, prepare_vectors, with_output
 from retrieval.index.gallery_file import decode_file
 
 
@@ -55,17 +55,19 @@ class BatchEmbedder:
     """Ray Data actor: loads the ONNX model once, normalises and embeds the readable rows of each batch
     (``decode_rows``' uint8 crops) into unit vectors, each row marked with the id of the node that embedded it."""
 
-    def __init__(self, model_path: str, model_hash: str, threads: int) -> None:
+    def __init__(self, model_path: str, model_hash: str, threads: int, output: str | None = None) -> None:
+        """``output``: the model output to embed with (None: its own embedding)."""
         import onnxruntime
         import ray
 
         on_gpu = bool(ray.get_gpu_ids()) and "CUDAExecutionProvider" in onnxruntime.get_available_providers()
-        self.embedder = load_model(model_path, providers="cuda" if on_gpu else "cpu", intra_op_threads=threads)
-        if self.embedder.model_hash != model_hash:
+        model = load_model(model_path, providers="cuda" if on_gpu else "cpu", intra_op_threads=threads)
+        if model.model_hash != model_hash:
             raise ModelMismatchError(
-                f"{model_path} on this node has model_hash {self.embedder.model_hash}, the driver's has "
+                f"{model_path} on this node has model_hash {model.model_hash}, the driver's has "
                 f"{model_hash}; give every node the same model file"
             )
+        self.embedder = with_output(model, output)
         self.preprocess = EvalPreprocess(self.embedder.model_config)
         # which node embedded each row: the driver records it per shard (the shard's ``embedded_on`` metadata)
         self.node_id = ray.get_runtime_context().get_node_id()

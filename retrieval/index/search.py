@@ -18,7 +18,7 @@ import numpy as np
 
 from retrieval.index import faiss_files, faiss_gpu, faiss_params, faiss_search
 from retrieval.index.catalogue import CatalogueReader, Status
-from retrieval.index.embedder import ImageEmbedder, check_model_match, load_model, prepare_vectors
+from retrieval.index.embedder import ImageEmbedder, index_embedder, load_model, prepare_vectors
 from retrieval.index.filters import Filter, FilterTable, parse_filter
 from retrieval.index.layout import IndexLayout
 
@@ -134,8 +134,15 @@ class Index:
         return str(self.info["model_hash"])
 
     @property
+    def model_output(self) -> str | None:
+        """The model output that built its vectors (None: the model's own, in an index.json from before outputs
+        were recorded)."""
+        return self.info.get("model_output")
+
+    @property
     def embedder(self) -> ImageEmbedder:
-        """The query model: the one passed in, else the ONNX file recorded in index.json."""
+        """The query model: the one passed in, else the ONNX file recorded in index.json; it embeds with the output
+        that reaches the index's space (a model of another size declared compatible: its compatible output)."""
         if self._embedder is None:
             path = self.info.get("model_path")
             if not path:
@@ -145,8 +152,7 @@ class Index:
 
     @embedder.setter
     def embedder(self, embedder: ImageEmbedder) -> None:
-        check_model_match(self.info, embedder, self.layout.root)
-        self._embedder = embedder
+        self._embedder = index_embedder(self.info, embedder, self.layout.root)
 
     # --- the ids its faiss part holds
     @functools.cached_property

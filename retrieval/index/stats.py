@@ -74,7 +74,7 @@ def opened_index_stats(
         **({"budget": index.info["budget"]} if index.info.get("budget") else {}),
         "model": {
             key: index.info.get(key)
-            for key in ("model_path", "model_hash", "embedding_dim", "model_normalized")
+            for key in ("model_path", "model_hash", "embedding_dim", "model_normalized", "model_output")
         },
         "size_on_disk_bytes": index.layout.size_on_disk(),
         "queries": int(nq),

@@ -17,6 +17,12 @@ Two ways, chosen by what the new model declares (``embedder.is_compatible``):
   them, builds faiss afresh (a new embedding size is fine) and names the new model, and a server swaps the new
   state in at once.
 
+A model declared compatible whose own embedding has another size than the index's reaches the old space through
+its compatible output (a projection trained with it, ``--compatible-with`` an old model of another size): the
+upgrade is mixed with that output, and index.json records it (``model_output``, ``model_output_space``), so that
+the model keeps searching and adding with it. ``native=True`` (``--native``) re-embeds into the model's own space
+instead: a swap, faiss rebuilt in the new size (also from an index its compatible output upgraded).
+
 Every answer stays complete: each indexed image has exactly one vector in faiss at every moment. Resumable after
 kill -9: new vectors go to new shards (numbered after ``upgrade_first_shard``, recorded when the upgrade starts),
 so a row whose catalogue shard is older still holds an old vector and is re-embedded by the next run; a publish
@@ -42,14 +48,23 @@ from retrieval.errors import ParameterError
 from retrieval.index import faiss_files, faiss_params
 from retrieval.index.catalogue import UPGRADE_MODEL_PATH, Catalogue, Outcome, Status
 from retrieval.index.embed_rows import RowEmbedder
-from retrieval.index.embedder import ImageEmbedder, is_compatible, load_model
+from retrieval.index.embedder import (
+    OUTPUT_FIELDS,
+    ImageEmbedder,
+    compatible_view,
+    is_compatible,
+    load_model,
+    output_fields,
+    same_output,
+    with_output,
+)
 from retrieval.index.engine import IngestOptions
 from retrieval.index.faiss_build import build_faiss, update_faiss
 from retrieval.index.layout import IndexLayout
 from retrieval.index.mend import mend
 from retrieval.index.shards import SHARD_PATTERN, ShardStore
 from retrieval.index.vectors import done_chunks
-from retrieval.index.writer import _model_fields, _require_complete
+from retrieval.index.writer import _model_fields, _require_complete, meta_values
 from retrieval.workers import default_workers
 
 log = logging.getLogger(__name__)
@@ -57,8 +72,10 @@ log = logging.getLogger(__name__)
 ORDERS = ("uncertain", "id", "random")
 DEFAULT_COMMIT_EVERY = 4096  # images re-embedded between two publishes of a mixed upgrade
 NEIGHBOURS = 10  # old neighbours that measure how certain an old embedding is
-MODEL_META = ("model_path", "model_hash", "source_model_hash", "embedding_dim", "model_normalized", "similarity")
-UPGRADE_META = ("upgrade_model_hash", UPGRADE_MODEL_PATH, "upgrade_mode", "upgrade_from", "upgrade_first_shard")
+MODEL_META = ("model_path", "model_hash", "source_model_hash", "embedding_dim", "model_normalized", "similarity",
+              *OUTPUT_FIELDS)
+UPGRADE_META = ("upgrade_model_hash", UPGRADE_MODEL_PATH, "upgrade_mode", "upgrade_from", "upgrade_first_shard",
+                "upgrade_model_output")
 STALE = "upgrade_stale"  # set while a publish has moved catalogue rows that faiss does not hold yet
 
 
@@ -119,9 +136,25 @@ def backfill_order(store: ShardStore, catalogue: Catalogue, faiss_index: faiss.I
                              {i: row["label"] for i, row in rows.items()})
 
 
-def _meta_for(embedder: ImageEmbedder, model_path: str | None) -> dict[str, str]:
+def _record_model(catalogue: Catalogue, embedder: ImageEmbedder, model_path: str | None) -> None:
+    """The catalogue's model fields become ``embedder``'s (those it lacks, e.g. an output space, are cleared)."""
     fields = _model_fields(embedder, model_path)
-    return {key: str(fields[key]) for key in MODEL_META if fields.get(key) is not None}
+    catalogue.set_meta(**meta_values({key: fields.get(key) for key in MODEL_META}))
+    catalogue.delete_meta(*(key for key in MODEL_META if fields.get(key) is None))
+
+
+def _with_model(info: dict[str, Any], *parts: Mapping[str, Any]) -> dict[str, Any]:
+    """``info`` updated by ``parts``; an output field that became None (the model's own output) is left out."""
+    merged = {key: value for part in (info, *parts) for key, value in part.items()}
+    return {key: value for key, value in merged.items() if not (key in OUTPUT_FIELDS and value is None)}
+
+
+def upgrade_target(embedder: ImageEmbedder, info: Mapping[str, Any], native: bool = False) -> ImageEmbedder:
+    """The output an upgrade re-embeds with: the one that reaches the index's space (``compatible_view``: mixed),
+    else, or with ``native``, the model's own (a swap into its own space and size)."""
+    model = with_output(embedder, None)
+    view = None if native else compatible_view(model, info)
+    return view if view is not None else model
 
 
 def _old_rows(catalogue: Catalogue, first_shard: int) -> np.ndarray:
@@ -145,7 +178,7 @@ def _publish(layout: IndexLayout, catalogue: Catalogue, store: ShardStore, info:
     else:
         faiss_fields = update_faiss(layout, catalogue, store, info, changed=changed, policy=options.policy)
         faiss_fields.pop("updated_by", None)
-    info = {**info, **faiss_fields, **(final_fields or {})}
+    info = _with_model(info, faiss_fields, final_fields or {})
     if "upgrade" in info:  # how many images still hold an old vector, for stats and the app
         first = int(catalogue.get_meta("upgrade_first_shard") or 0)
         info["upgrade"] = {**info["upgrade"], "left": len(_old_rows(catalogue, first))}
@@ -172,9 +205,11 @@ def upgrade_index(
     commit_every: int = DEFAULT_COMMIT_EVERY,
     options: IngestOptions | None = None,
     on_publish: Callable[[dict[str, Any]], None] | None = None,
+    native: bool = False,
 ) -> dict[str, Any]:
     """Re-embed the index's gallery with ``model`` (mixed or swap, see the module docstring); resumes an
-    unfinished upgrade to the same model. ``on_publish(progress)`` is called after each publish (for tests and
+    unfinished upgrade to the same model. ``native``: into the model's own space even where its compatible output
+    could serve the old one (a swap). ``on_publish(progress)`` is called after each publish (for tests and
     curves). Returns a summary."""
     started = time.perf_counter()
     if order not in ORDERS:
@@ -192,6 +227,7 @@ def upgrade_index(
             model_path = str(Path(model if model is not None else recorded).expanduser().resolve())
             embedder = embedder or load_model(model_path)
             info = _require_complete(layout, catalogue, upgrading=True)
+            embedder = _output_of_upgrade(catalogue, info, embedder, native)
             store = ShardStore(layout.shards)
             mend(catalogue, store)
             state = _start(layout, catalogue, store, info, embedder, model_path)
@@ -199,6 +235,21 @@ def upgrade_index(
         summary = _run(layout, state, embedder, model_path, order, int(commit_every), options, on_publish)
     summary["seconds"] = round(time.perf_counter() - started, 3)
     return summary
+
+
+def _output_of_upgrade(catalogue: Catalogue, info: Mapping[str, Any], embedder: ImageEmbedder,
+                       native: bool) -> ImageEmbedder:
+    """``embedder`` with the output this upgrade embeds with: the one recorded when the upgrade under way to this
+    model started, else ``upgrade_target``'s."""
+    model = with_output(embedder, None)
+    if catalogue.get_meta("upgrade_model_hash") != model.model_hash:
+        return upgrade_target(model, info, native)
+    recorded = with_output(model, catalogue.get_meta("upgrade_model_output"))
+    if native and getattr(recorded, "output_name", None) != getattr(model, "output_name", None):
+        raise ParameterError("native", f"the upgrade under way in {catalogue.path.parent} embeds with the model's "
+                                       f"compatible output {recorded.output_name}; finish it first (run the upgrade "
+                                       "again without --native), then upgrade with --native")
+    return recorded
 
 
 def _start(layout: IndexLayout, catalogue: Catalogue, store: ShardStore, info: dict[str, Any],
@@ -216,17 +267,19 @@ def _start(layout: IndexLayout, catalogue: Catalogue, store: ShardStore, info: d
     if catalogue.get_meta(STALE) and catalogue.get_meta("upgrade_mode") != "swap":
         info = _publish(layout, catalogue, store, info, [], None, rebuild=True, options=IngestOptions())
     if under_way is None:
-        if embedder.model_hash == info["model_hash"]:
+        if embedder.model_hash == info["model_hash"] and same_output(embedder, info):
             return {"mode": "none", "from": info["model_hash"], "first_shard": next_shard_number(store)}
+        # mixed: the output chosen (upgrade_target) embeds into the index's space and size
         mode = "mixed" if is_compatible(embedder, info) and int(embedder.embedding_dim) == int(
             info["embedding_dim"]) else "swap"
+        output = getattr(embedder, "output_name", None)
         catalogue.set_meta(upgrade_model_hash=embedder.model_hash, upgrade_mode=mode,
                            upgrade_from=info["model_hash"], upgrade_first_shard=str(next_shard_number(store)),
-                           **{UPGRADE_MODEL_PATH: model_path})
+                           **{UPGRADE_MODEL_PATH: model_path}, **({"upgrade_model_output": output} if output else {}))
         if mode == "mixed":  # queries by the new model from now on, against the old vectors (compatible)
             new_fields = _model_fields(embedder, model_path)
-            catalogue.set_meta(**_meta_for(embedder, model_path))
-            layout.write_info({**info, **new_fields, "upgrade": {"from": info["model_hash"], "mode": mode}})
+            _record_model(catalogue, embedder, model_path)
+            layout.write_info(_with_model(info, new_fields, {"upgrade": {"from": info["model_hash"], "mode": mode}}))
     return {"mode": catalogue.get_meta("upgrade_mode"), "from": catalogue.get_meta("upgrade_from"),
             "first_shard": int(catalogue.get_meta("upgrade_first_shard"))}
 
@@ -237,7 +290,8 @@ def _run(layout: IndexLayout, state: dict[str, Any], embedder: ImageEmbedder, mo
     """Embed the rows still holding old vectors, publishing each batch (mixed) or all at the end (swap)."""
     mode, first = state["mode"], state["first_shard"]
     summary = {"index_dir": str(layout.root), "mode": mode, "from_model_hash": state["from"],
-               "model_hash": embedder.model_hash, "reembedded": 0, "unreadable": 0, "published": 0}
+               "model_hash": embedder.model_hash, **output_fields(embedder),
+               "embedding_dim": int(embedder.embedding_dim), "reembedded": 0, "unreadable": 0, "published": 0}
     if mode == "none":
         return summary | {"note": "the index already uses this model"}
     with Catalogue(layout.catalogue) as catalogue:
@@ -334,7 +388,7 @@ def _finish(layout: IndexLayout, embedder: ImageEmbedder, model_path: str, mode:
         info = _publish(layout, catalogue, store, info, waiting, new_fields, rebuild=mode == "swap" or trained,
                         options=options)
         summary["published"] += len(waiting)
-        catalogue.set_meta(**_meta_for(embedder, model_path))
+        _record_model(catalogue, embedder, model_path)
         summary["deleted_shards"] = _delete_unused_shards(catalogue, store)
         catalogue.delete_meta(*UPGRADE_META)
         summary |= {"index_key": info["index_key"], "count": info.get("count")}

@@ -24,6 +24,7 @@ faiss holds exactly the ``done`` ids. Every "unfinished" or "inconsistent" messa
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -35,7 +36,7 @@ import faiss
 from retrieval.errors import ParameterError, parameters_named
 from retrieval.index import faiss_files, faiss_gpu, faiss_keys
 from retrieval.index.catalogue import UPGRADE_MODEL_PATH, Catalogue, Status
-from retrieval.index.embedder import ImageEmbedder, ModelMismatchError, load_model
+from retrieval.index.embedder import ImageEmbedder, ModelMismatchError, load_model, output_fields, with_output
 from retrieval.index.engine import IngestOptions
 from retrieval.index.engines import open_engine
 from retrieval.index.faiss_build import build_faiss, update_faiss
@@ -111,7 +112,14 @@ def _model_fields(embedder: ImageEmbedder, model_path: str | None) -> dict[str, 
         "embedding_dim": int(embedder.embedding_dim),
         "model_normalized": bool(embedder.normalized),
         "similarity": "inner product of L2-normalised vectors (cosine)",
+        **output_fields(embedder),  # which output made the vectors (a compatible one: into an old model's space)
     }
+
+
+def meta_values(fields: Mapping[str, Any]) -> dict[str, str]:
+    """Model fields as catalogue meta values (strings; a list as JSON), those that are None left out."""
+    return {key: json.dumps(value) if isinstance(value, list) else str(value)
+            for key, value in fields.items() if value is not None}
 
 
 def _info_from_meta(catalogue: Catalogue) -> dict[str, Any]:
@@ -128,10 +136,15 @@ def _info_from_meta(catalogue: Catalogue) -> dict[str, Any]:
         info["gallery_root"] = get("gallery_root")
     if get("source_model_hash") is not None:
         info["source_model_hash"] = get("source_model_hash")
+    if get("model_output") is not None:
+        info["model_output"] = get("model_output")
+    if get("model_output_space") is not None:
+        info["model_output_space"] = json.loads(get("model_output_space"))
     return info
 
 
-def _check_same_model(catalogue: Catalogue, embedder: ImageEmbedder, root: Path) -> None:
+def _check_same_model(catalogue: Catalogue, embedder: ImageEmbedder, root: Path) -> ImageEmbedder:
+    """The index's own model, embedding with the output its vectors came from; another model is refused."""
     built_by = catalogue.get_meta("model_hash")
     if built_by is not None and built_by != embedder.model_hash:
         raise ModelMismatchError(
@@ -140,6 +153,8 @@ def _check_same_model(catalogue: Catalogue, embedder: ImageEmbedder, root: Path)
             f"model has model_hash {embedder.model_hash}; use the same model, or upgrade the index to this one "
             f"(retrieval index upgrade {root}), which re-embeds its gallery while it keeps answering"
         )
+    # vectors a compatible output made (an old model's space) are added to with that output
+    return with_output(embedder, catalogue.get_meta("model_output")) if built_by is not None else embedder
 
 
 def _labelled(images: str | Path, split: str | None, catalogue: Catalogue, label_from: str | None,
@@ -233,7 +248,7 @@ def build_index(
                 f"{layout.root} already holds a finished index; add images to it, or build into another folder"
             )
         if state is not None:
-            _check_same_model(catalogue, embedder, layout.root)
+            embedder = _check_same_model(catalogue, embedder, layout.root)
             if catalogue.get_meta("index_key") != index_key:
                 raise ParameterError(
                     "index_key", f"{index_key} differs from {catalogue.get_meta('index_key')}, the key the "
@@ -242,11 +257,7 @@ def build_index(
         gallery, rule = _list(images, split, catalogue, label_from)
         if state is None:
             fields = _model_fields(embedder, str(model) if model else None)
-            catalogue.set_meta(
-                state="building",
-                index_key=index_key,
-                **{k: str(v) for k, v in fields.items() if v is not None},
-            )
+            catalogue.set_meta(state="building", index_key=index_key, **meta_values(fields))
         if catalogue.get_meta("gallery_root") is None:  # what repair re-lists if planning never finished
             catalogue.set_meta(
                 gallery_root=gallery.root, gallery_images=str(Path(images).expanduser().resolve()),
@@ -311,7 +322,7 @@ def add_images(
             if path is None:
                 raise ParameterError("model", "is needed: this index records no model path")
             embedder = load_model(path)
-        _check_same_model(catalogue, embedder, layout.root)
+        embedder = _check_same_model(catalogue, embedder, layout.root)
         gallery, rule = _labelled(images, split, catalogue, label_from)
         before = _tally(catalogue)
         catalogue.plan(gallery.items, gallery.source, gallery.errors)
@@ -446,7 +457,7 @@ def repair_index(
                         "need embedding and the index records no model path"
                     )
                 embedder = load_model(path)
-            _check_same_model(catalogue, embedder, layout.root)
+            embedder = _check_same_model(catalogue, embedder, layout.root)
             ingest(engine, catalogue, store, embedder, options)
         info = _info_from_meta(catalogue)
         old = _readable_info(layout) if state == "complete" else None

@@ -17,13 +17,21 @@ from retrieval.models.checkpoint import (
     config_hash,
     load_checkpoint,
 )
-from retrieval.models.embedder import Embedder, EmbeddingHead, create_embedder, load_embedder
+from retrieval.models.embedder import (
+    CompatibleProjection,
+    Embedder,
+    EmbeddingHead,
+    create_embedder,
+    in_compatible_space,
+    load_embedder,
+)
 from retrieval.models.weights import WeightsDownloadFailed, WeightsLocation, offline_scope, resolve_weights
 from retrieval.reports import WISE_CHECKPOINT
 
 __all__ = [
-    "BACKBONES", "BEST_CHECKPOINT", "Backbone", "CHECKPOINT_FORMAT", "Checkpoint", "Embedder", "EmbeddingHead",
-    "LAST_CHECKPOINT", "PretrainedWeightsMissing", "backbone_names", "config_hash", "create_backbone",
-    "create_embedder", "efficientnet_lite0_classifier", "load_checkpoint", "load_embedder", "register_backbone",
-    "WISE_CHECKPOINT", "WeightsDownloadFailed", "WeightsLocation", "offline_scope", "resolve_weights",
+    "BACKBONES", "BEST_CHECKPOINT", "Backbone", "CHECKPOINT_FORMAT", "Checkpoint", "CompatibleProjection",
+    "Embedder", "EmbeddingHead", "LAST_CHECKPOINT", "PretrainedWeightsMissing", "backbone_names", "config_hash",
+    "create_backbone", "create_embedder", "efficientnet_lite0_classifier", "in_compatible_space", "load_checkpoint",
+    "load_embedder", "register_backbone", "WISE_CHECKPOINT", "WeightsDownloadFailed", "WeightsLocation",
+    "offline_scope", "resolve_weights",
 ]

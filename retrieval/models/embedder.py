@@ -1,4 +1,5 @@
-"""The embedder: backbone features -> linear head -> optional L2 normalisation."""
+"""The embedder: backbone features -> linear head -> optional L2 normalisation; and, for a model trained
+compatible with an old one of another embedding size, a projection of its embedding into the old space."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -34,17 +36,62 @@ class EmbeddingHead(nn.Module):
         return l2_normalize(out) if self.normalize else out
 
 
+class CompatibleProjection(nn.Module):
+    """``P``: the model's own embedding [B, d] -> L2-normalised [B, d_old] in an old model's space.
+
+    A model trained ``--compatible-with`` an old one of another embedding size learns it jointly: the influence
+    term compares its output with the old embeddings, the model's own loss stays on the native embedding. Linear
+    without bias, so that it maps directions to directions (the output is normalised)."""
+
+    def __init__(self, embedding_dim: int, compatible_dim: int, seed: int | None = None) -> None:
+        """``seed``: its initial weights drawn from a generator of their own (the run's random stream untouched)."""
+        super().__init__()
+        if embedding_dim < 1 or compatible_dim < 1:
+            raise ValueError(f"a projection needs sizes >= 1, got {embedding_dim} -> {compatible_dim}")
+        self.linear = nn.Linear(embedding_dim, compatible_dim, bias=False)
+        # (semi-)orthogonal: an isometry onto (or from) a subspace, so the projected batch starts with the angles
+        # of the native one instead of a random linear map's distortion; the influence then only has to rotate it
+        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        nn.init.orthogonal_(self.linear.weight, generator=generator)
+
+    def forward(self, embeddings: torch.Tensor) -> torch.Tensor:
+        return l2_normalize(self.linear(embeddings))
+
+
 class Embedder(nn.Module):
-    """``Embedder(x) = head(backbone(x))``; ``config`` is everything needed to rebuild it (JSON-able)."""
+    """``Embedder(x) = head(backbone(x))``; ``config`` is everything needed to rebuild it (JSON-able).
+
+    ``compatible`` (None unless ``add_compatible`` made it): the projection of the embedding into an old model's
+    space of another size; ``config["compatible_dim"]`` records its size."""
+
+    compatible: CompatibleProjection | None
 
     def __init__(self, backbone: nn.Module, head: EmbeddingHead, config: dict[str, Any]) -> None:
         super().__init__()
         self.backbone = backbone
         self.head = head
         self.config = config
+        self.compatible = None
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.head(self.backbone(images))
+
+    def add_compatible(self, compatible_dim: int, seed: int | None = None) -> CompatibleProjection:
+        """Give the model a projection of its embedding into an old space of ``compatible_dim`` dimensions (on the
+        head's device); its size goes into ``config`` so that ``load_embedder`` rebuilds it."""
+        weight = self.head.linear.weight
+        self.compatible = CompatibleProjection(int(self.config["embedding_dim"]), int(compatible_dim), seed).to(
+            device=weight.device, dtype=weight.dtype)
+        self.config["compatible_dim"] = int(compatible_dim)
+        return self.compatible
+
+    def embed_both(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the native embedding [B, d], its projection into the old space [B, d_old]): the exported outputs."""
+        if self.compatible is None:
+            raise ValueError("this model has no projection into an old space (it was not trained --compatible-with "
+                             "an old model of another embedding size)")
+        embeddings = self(images)
+        return embeddings, self.compatible(embeddings)
 
     def train(self, mode: bool = True) -> Embedder:
         super().train(mode)
@@ -131,5 +178,19 @@ def load_embedder(path: str | os.PathLike, map_location: str | torch.device = "c
         freeze_bn=cfg["freeze_bn"],
     )
     model.config.update(cfg)  # input size, normalisation and provenance as trained
+    if cfg.get("compatible_dim"):
+        model.add_compatible(int(cfg["compatible_dim"]))
     model.load_state_dict(ckpt.state_dict)
     return model.eval()
+
+
+@torch.no_grad()
+def in_compatible_space(model: nn.Module, embeddings: np.ndarray) -> np.ndarray | None:
+    """``model``'s embeddings [n, d] taken into the old space through its projection, float32 [n, d_old]: what
+    its queries are compared with an old gallery as; None for a model without one (they are in it already)."""
+    projection = getattr(model, "compatible", None)
+    if projection is None:
+        return None
+    weight = projection.linear.weight
+    rows = torch.from_numpy(np.ascontiguousarray(embeddings, dtype=np.float32)).to(weight.device, weight.dtype)
+    return projection(rows).float().cpu().numpy()

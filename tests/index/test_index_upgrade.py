@@ -27,13 +27,18 @@ from retrieval.index.upgrade import upgrade_index
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    """An old model, a new one declared compatible with it (a drifted copy) and an unrelated one of another size."""
+    """An old model, a new one declared compatible with it (a drifted copy), an unrelated one of another size, and
+    two of another size declared compatible: one with a compatible output into the old 24-d space (as
+    --compatible-with trains it), one without."""
     root = tmp_path_factory.mktemp("upgrade_models")
     old = write_projection_onnx(root / "old.onnx", dim=24, seed=0)
     old_hash = load_model(old).model_hash
     new = write_projection_onnx(root / "new.onnx", dim=24, seed=0, drift=0.3, compatible_with=(old_hash,))
     other = write_projection_onnx(root / "other.onnx", dim=16, seed=7)
-    return {"old": old, "new": new, "other": other}
+    wider = write_projection_onnx(root / "wider.onnx", dim=32, seed=5, drift=0.3, compatible_with=(old_hash,),
+                                  compatible=(24, 0))
+    unprojected = write_projection_onnx(root / "unprojected.onnx", dim=32, seed=6, compatible_with=(old_hash,))
+    return {"old": old, "new": new, "other": other, "wider": wider, "unprojected": unprojected}
 
 
 COLOURS = [(200, 40, 40), (40, 200, 40), (40, 40, 200), (200, 200, 40)]  # one per class: classes cluster
@@ -250,3 +255,118 @@ def test_a_swap_killed_inside_its_last_publish_still_answers_with_the_old_model_
     assert resumed["mode"] == "swap" and resumed["reembedded"] == 0 and resumed["published"] == 0
     with Index.open(gallery_index) as index:
         assert index.model_hash == load_model(models["other"]).model_hash and index.dim == 16 and len(index) == 32
+
+
+# --- a new embedding size, declared compatible: through its compatible output ---------------------------------------
+def _embedded_by(embedder, index_dir) -> dict[str, np.ndarray]:
+    """path -> ``embedder``'s vector of every indexed image (what a fresh embedding with it gives)."""
+    with Catalogue(index_dir / "catalogue.sqlite") as catalogue:
+        paths = [row["path"] for row in catalogue.rows(catalogue.ids_with_status("done")).values()]
+    return dict(zip(paths, embedder.embed(paths), strict=True))
+
+
+def test_a_new_size_declared_compatible_searches_serves_and_upgrades_through_its_compatible_output(
+        gallery_index, models):
+    from retrieval.serve.service import SearchService
+
+    wider = load_model(models["wider"])
+    projected = wider.with_output("compatible_embedding")
+    assert wider.embedding_dim == 32 and projected.embedding_dim == 24 and projected.model_hash == wider.model_hash
+    query = gallery_index.parent / "g" / "class2" / "img_1.png"
+    with Index.open(gallery_index, embedder=wider) as index:  # before the upgrade: queries in the old 24-d space
+        assert index.embedder.output_name == "compatible_embedding" and index.embedder.embedding_dim == 24
+        assert index.search_images([query], k=1)[0][0].path == str(query.resolve())
+    service = SearchService(gallery_index, embedder=wider, reload_interval_s=None)
+    try:
+        assert len(service.search(query.read_bytes(), k=5).results) == 5
+        assert service.current().embedder.output_name == "compatible_embedding"
+    finally:
+        service.close()
+    searched = CliRunner().invoke(main, ["search", "--index", str(gallery_index), "--model", str(models["wider"]),
+                                         "--json", str(query)])
+    assert searched.exit_code == 0, searched.output
+
+    summary = upgrade_index(gallery_index, models["wider"], commit_every=8, options=QUICK)
+    assert summary["mode"] == "mixed" and summary["model_output"] == "compatible_embedding"
+    info = json.loads((gallery_index / "index.json").read_text())
+    old_hash = load_model(models["old"]).model_hash
+    assert (info["model_hash"], info["embedding_dim"], info["model_output"], info["model_output_space"]) == (
+        wider.model_hash, 24, "compatible_embedding", [old_hash])
+    expected = _embedded_by(projected, gallery_index)
+    assert all(np.allclose(vector, expected[path], atol=1e-6) for path, vector in _by_path(gallery_index).items())
+    with Index.open(gallery_index) as index:  # the model index.json names keeps its output
+        assert index.embedder.output_name == "compatible_embedding"
+        assert index.search_images([query], k=1)[0][0].path == str(query.resolve())
+    (gallery_index.parent / "more" / "class0").mkdir(parents=True)
+    added = gallery_index.parent / "more" / "class0" / "late.png"
+    added.write_bytes(noisy_png(COLOURS[0], 777))
+    add_images(gallery_index, gallery_index.parent / "more", options=QUICK)  # the same output embeds new images
+    assert np.allclose(_by_path(gallery_index)[str(added.resolve())], projected.embed([added])[0], atol=1e-6)
+
+    # the model's own space: a swap, faiss rebuilt in its size, the output fields follow
+    native = upgrade_index(gallery_index, models["wider"], native=True, options=QUICK)
+    assert native["mode"] == "swap" and native["embedding_dim"] == 32 and native["reembedded"] == 33
+    info = json.loads((gallery_index / "index.json").read_text())
+    assert (info["embedding_dim"], info["model_output"]) == (32, "embeddings") and "model_output_space" not in info
+    with Catalogue(gallery_index / "catalogue.sqlite") as catalogue:
+        assert catalogue.get_meta("model_output") == "embeddings" and catalogue.get_meta("model_output_space") is None
+    with Index.open(gallery_index) as index:
+        assert index.embedder.output_name == "embeddings" and index.dim == 32
+        assert index.search_images([query], k=1)[0][0].path == str(query.resolve())
+
+
+def test_a_mixed_upgrade_through_the_compatible_output_resumes_with_it_after_kill_9(gallery_index, models):
+    args = ["upgrade", str(gallery_index), "--model", str(models["wider"]), "--commit-every", "8", "--shard-size", "4",
+            "--workers", "1"]
+    kill_at(run_fake_cli(args, {PAUSE_ENV: "after_commit:4"}))
+    with Snapshot.open(gallery_index) as snapshot:  # mid-upgrade: the new model's compatible output answers
+        assert snapshot.embedder.output_name == "compatible_embedding" and snapshot.dim == 24 and len(snapshot) == 32
+    refused = CliRunner().invoke(main, ["index", "upgrade", str(gallery_index), "--native"])
+    assert refused.exit_code != 0 and "without --native" in refused.output
+    resumed = upgrade_index(gallery_index, options=QUICK)  # no model: the one under way, with its output
+    assert resumed["mode"] == "mixed" and resumed["model_output"] == "compatible_embedding"
+    expected = _embedded_by(load_model(models["wider"]).with_output("compatible_embedding"), gallery_index)
+    assert all(np.allclose(vector, expected[path], atol=1e-6) for path, vector in _by_path(gallery_index).items())
+
+
+def test_a_compatible_output_index_takes_models_compatible_with_its_space_and_refuses_others(gallery_index, models,
+                                                                                              tmp_path):
+    """After the upgrade the vectors are in the old model's space: a model declared compatible with the old model
+    joins; one declared compatible with the model that projected into it (its own space) does not."""
+    upgrade_index(gallery_index, models["wider"], options=QUICK)
+    wider_hash, old_hash = load_model(models["wider"]).model_hash, load_model(models["old"]).model_hash
+    of_the_old = write_projection_onnx(tmp_path / "of_old.onnx", dim=24, seed=0, drift=0.2, compatible_with=(old_hash,))
+    of_the_new = write_projection_onnx(tmp_path / "of_new.onnx", dim=24, seed=9, compatible_with=(wider_hash,))
+    with Index.open(gallery_index, embedder=load_model(of_the_old)) as index:
+        assert index.embedder.embedding_dim == 24
+    with pytest.raises(ModelMismatchError, match=f"projection into the space of model\\(s\\) {old_hash}"):
+        Index.open(gallery_index, embedder=load_model(of_the_new))
+
+
+def test_a_compatible_model_without_an_output_of_the_index_size_is_refused_and_swapped_in(gallery_index, models):
+    with pytest.raises(ModelMismatchError, match="declared compatible .* embeds in 32 dimensions .* have 24"):
+        Index.open(gallery_index, embedder=load_model(models["unprojected"]))
+    refused = CliRunner().invoke(main, ["search", "--index", str(gallery_index), "--model",
+                                        str(models["unprojected"]), str(gallery_index.parent / "g" / "class0" /
+                                                                        "img_0.png")])
+    assert refused.exit_code == 1
+    assert f"retrieval index upgrade {gallery_index} --model {models['unprojected']}" in refused.output
+    summary = upgrade_index(gallery_index, models["unprojected"], options=QUICK)
+    assert summary["mode"] == "swap" and summary["embedding_dim"] == 32
+
+
+def test_serve_takes_a_model_and_refuses_an_undeclared_one_of_another_size_naming_the_upgrade(gallery_index, models):
+    from retrieval.serve.config import ServerConfig
+    from retrieval.serve.server import build_app
+
+    _, service = build_app(ServerConfig(index_dir=gallery_index, model=models["wider"], ui=False,
+                                        reload_interval_s=None))
+    try:
+        assert service.current().embedder.output_name == "compatible_embedding"
+    finally:
+        service.close()
+    refused = CliRunner().invoke(main, ["serve", "--index", str(gallery_index), "--model", str(models["other"]),
+                                        "--no-ui"])
+    assert refused.exit_code == 1, refused.output
+    assert "not declared compatible" in refused.output
+    assert f"retrieval index upgrade {gallery_index} --model {models['other']}" in refused.output

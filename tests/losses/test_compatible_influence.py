@@ -56,3 +56,33 @@ def test_a_loss_without_the_query_gallery_form_and_a_bad_weight_are_refused():
         CompatibilityInfluence(losses.build("lifted"))
     with pytest.raises(ValueError, match="must be > 0"):
         CompatibilityInfluence(losses.build("ms"), weight=0)
+
+
+def test_a_projection_into_the_old_space_takes_the_influence_and_the_loss_keeps_the_own_embedding():
+    """A new size: the embeddings' trailing columns are P(new); the loss reads the own columns only, the influence
+    the projected ones, and its gradient reaches P."""
+    from retrieval.distributed import GlobalBatchObjective
+    from retrieval.models import CompatibleProjection
+
+    old, labels, generator = _batch(3)  # the old model's 16-d embeddings
+    new = torch.nn.functional.normalize(torch.randn(len(labels), 32, generator=generator)).requires_grad_()
+    projection = CompatibleProjection(32, 16, seed=0)
+    influence = CompatibilityInfluence(losses.build("ms"))
+    objective = GlobalBatchObjective(losses.build("ms"), influence=influence, projected_dim=16)
+    step = objective(torch.cat([new, projection(new)], dim=1), labels, old=old)
+    assert step.local_terms["compatible"] == pytest.approx(influence(projection(new), labels, old).item(), rel=1e-6)
+    assert step.total.item() == pytest.approx(losses.build("ms")(new, labels).item() +
+                                              step.local_terms["compatible"].item(), rel=1e-6)
+    step.backward.backward()
+    assert projection.linear.weight.grad is not None and projection.linear.weight.grad.abs().sum() > 0
+    assert new.grad is not None and torch.isfinite(new.grad).all()
+
+
+def test_the_projection_starts_as_an_isometry_and_outputs_unit_vectors():
+    from retrieval.models import CompatibleProjection
+
+    wide = CompatibleProjection(16, 32, seed=0)  # into a larger old space: the angles are kept exactly
+    x = torch.nn.functional.normalize(torch.randn(8, 16, generator=torch.Generator().manual_seed(1)))
+    assert torch.allclose(wide(x) @ wide(x).T, x @ x.T, atol=1e-5)
+    narrow = CompatibleProjection(32, 16, seed=0)
+    assert torch.allclose(narrow(torch.randn(4, 32)).norm(dim=1), torch.ones(4), atol=1e-5)

@@ -1,10 +1,13 @@
 """--compatible-with: the influence term trains beside the loss (equal under --chunks and --resume), the report
-shows BCT's three blocks, and the export declares the old model so that its index accepts the new one."""
+shows BCT's three blocks, and the export declares the old model so that its index accepts the new one. A new
+embedding size trains a projection into the old space, which the cross-model block, the export's second output and
+the old index use."""
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from run_files import metrics_rows
@@ -63,36 +66,104 @@ def test_the_influence_moves_the_new_model_toward_the_old_space(old_run):
     assert cross["strong"]["map@r"] > cross["faint"]["map@r"]
 
 
-def test_chunked_steps_equal_whole_ones_with_the_influence(old_run):
-    train(compatible(old_run, "whole"), progress=False)
-    train(compatible(old_run, "chunked", chunks=3), progress=False)
-    whole, chunked = metrics_rows(old_run / "whole"), metrics_rows(old_run / "chunked")
+def last_weights(run) -> dict[str, torch.Tensor]:
+    return torch.load(run / "last.pt", weights_only=False)["state_dict"]
+
+
+# the old model embeds in 16 dimensions: 32 trains a projection into its space
+SIZES = pytest.mark.parametrize("dim", [16, 32], ids=["same-size", "projected"])
+
+
+@SIZES
+def test_chunked_steps_equal_whole_ones_with_the_influence(old_run, dim):
+    train(compatible(old_run, f"whole{dim}", embedding_dim=dim), progress=False)
+    train(compatible(old_run, f"chunked{dim}", embedding_dim=dim, chunks=3), progress=False)
+    whole, chunked = metrics_rows(old_run / f"whole{dim}"), metrics_rows(old_run / f"chunked{dim}")
     for a, b in zip(whole, chunked, strict=True):
         for key in ("loss", "compatible"):
             if key in a:
                 assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
-    wa, wb = (torch.load(old_run / run / "last.pt", weights_only=False)["state_dict"] for run in ("whole", "chunked"))
+    wa, wb = last_weights(old_run / f"whole{dim}"), last_weights(old_run / f"chunked{dim}")
+    assert wa.keys() == wb.keys() and ("compatible.linear.weight" in wa) == (dim != 16)
     assert all(torch.allclose(wa[k].double(), wb[k].double(), rtol=1e-5, atol=1e-5) for k in wa)
 
 
-def test_a_resumed_run_equals_an_uninterrupted_one_with_the_influence(old_run):
+@SIZES
+def test_a_resumed_run_equals_an_uninterrupted_one_with_the_influence(old_run, dim):
     from retrieval.train.checkpointing import atomic_save
     from retrieval.train.trainer import Trainer
 
-    straight = train(compatible(old_run, "straight", epochs=2), progress=False)
-    partial = Trainer(compatible(old_run, "resumed", epochs=2), progress=False)
+    straight = train(compatible(old_run, f"straight{dim}", epochs=2, embedding_dim=dim), progress=False)
+    partial = Trainer(compatible(old_run, f"resumed{dim}", epochs=2, embedding_dim=dim), progress=False)
     partial.setup()
     row = {"epoch": 1, **partial.train_epoch(0), **partial.evaluate()}
     partial.record.history.append(row)
-    atomic_save(partial.checkpoint(1, row), old_run / "resumed" / "last.pt")
-    resumed = train(compatible(old_run, "resumed", epochs=2, resume=True), progress=False)
-    assert resumed["last"]["loss"] == pytest.approx(straight["last"]["loss"], rel=1e-6)
+    atomic_save(partial.checkpoint(1, row), old_run / f"resumed{dim}" / "last.pt")
+    resumed = train(compatible(old_run, f"resumed{dim}", epochs=2, embedding_dim=dim, resume=True), progress=False)
+    for a, b in zip(metrics_rows(old_run / f"straight{dim}"), metrics_rows(old_run / f"resumed{dim}"), strict=True):
+        for key in ("loss", "compatible"):
+            assert b[key] == pytest.approx(a[key], rel=1e-6), key
     assert resumed["last"]["compatibility"] == straight["last"]["compatibility"]
+    wa, wb = last_weights(old_run / f"straight{dim}"), last_weights(old_run / f"resumed{dim}")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def test_an_old_model_of_another_embedding_size_is_refused_with_the_size_to_use(old_run):
-    with pytest.raises(ValueError, match="give --embedding-dim 16"):
-        train(compatible(old_run, "other-size", embedding_dim=8), progress=False)
+def test_a_new_embedding_size_trains_a_projection_into_the_old_space(old_run, capsys):
+    """--embedding-dim 32 against an old model of 16: one line says so, the model gets P (32 -> 16) that trains
+    (its gradient flows: it leaves its initial weights), the loss stays on the 32-d embedding, and the cross-model
+    block compares the projected queries with the old gallery."""
+    from retrieval.compatibility import compatibility_metrics
+    from retrieval.models import CompatibleProjection
+    from retrieval.train.trainer import Trainer
+
+    report = train(compatible(old_run, "wider", embedding_dim=32, compatible_weight=5.0), progress=False)
+    assert "a projection 32 -> 16 into the old space is trained with the model" in capsys.readouterr().err
+    checkpoint = torch.load(old_run / "wider" / "last.pt", weights_only=False)
+    assert checkpoint["model_config"]["compatible_dim"] == 16
+    assert checkpoint["state_dict"]["head.linear.weight"].shape[0] == 32  # the native embedding: 32-d
+    trained = checkpoint["state_dict"]["compatible.linear.weight"]
+    assert trained.shape == (16, 32)
+    initial = CompatibleProjection(32, 16, seed=1).linear.weight.detach()
+    assert not torch.allclose(trained, initial, atol=1e-4)  # the influence's gradient reached P
+    model = load_embedder(old_run / "wider" / "last.pt")  # rebuilt with its projection
+    assert model.compatible is not None and torch.equal(model.compatible.linear.weight, trained)
+
+    probe = Trainer(compatible(old_run, "wider-probe", embedding_dim=32), progress=False)
+    probe.setup()  # the run's evaluation features (cached), to embed the split again by hand
+    q, ql, g, gl = probe.parts.features.embed_eval(model)
+    old_q, _, _, _ = probe.parts.features.embed_eval(load_embedder(old_run / "old" / "last.pt"))
+    assert q.shape[1] == 32 and old_q.shape[1] == 16
+    projected = q @ trained.numpy().T
+    projected /= np.linalg.norm(projected, axis=1, keepdims=True)
+    expected = compatibility_metrics(q, old_q, ql, cross_query=projected)
+    blocks = report["last"]["compatibility"]
+    for block in ("new", "old", "cross_model"):
+        for metric, value in expected[block].items():
+            assert blocks[block][metric] == pytest.approx(value, abs=1e-6), (block, metric)
+
+    from click.testing import CliRunner
+
+    from retrieval.cli.main import main
+
+    result = CliRunner().invoke(main, ["evaluate", "--checkpoint", str(old_run / "wider" / "last.pt"),
+                                       "--gallery-model", str(old_run / "old" / "last.pt"), "--no-pictures",
+                                       "--device", "cpu", "--workers", "0"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["cross_model"]["recall@1"] == pytest.approx(blocks["cross_model"]["recall@1"])
+
+
+def test_the_projection_trains_in_an_ema_and_wise_ft_keeps_it_fine_tuned(old_run):
+    from retrieval.train.robust import RobustFineTuning
+
+    train(compatible(old_run, "wider-ema", embedding_dim=32, ema=0.5), progress=False)
+    checkpoint = torch.load(old_run / "wider-ema" / "last.pt", weights_only=False)
+    ema, trained = checkpoint["state_dict"], checkpoint["training_weights"]
+    assert "compatible.linear.weight" in ema and not torch.equal(ema["compatible.linear.weight"],
+                                                                 trained["compatible.linear.weight"])
+    start = {key: torch.zeros_like(value) for key, value in trained.items()}
+    mixed = RobustFineTuning(start, False, True).mix(trained, 0.5)
+    assert torch.equal(mixed["compatible.linear.weight"], trained["compatible.linear.weight"])
 
 
 def test_the_exported_model_is_accepted_by_the_old_model_index_and_upgrades_it_in_place(old_run, tmp_path):
@@ -119,6 +190,49 @@ def test_the_exported_model_is_accepted_by_the_old_model_index_and_upgrades_it_i
         assert len(index.search_images([tmp_path / "g" / "c0" / "0.png"], k=3)[0]) == 3
     summary = upgrade_index(tmp_path / "idx", new_onnx, options=IngestOptions(workers=0, progress=False))
     assert summary["mode"] == "mixed" and summary["reembedded"] == 8
+
+
+def test_the_export_of_a_new_size_has_two_outputs_equal_to_torch_and_serves_the_old_index_through_the_second(
+        old_run, tmp_path):
+    """NEW (32-d, P into OLD's 16-d space) -> ONNX with `embeddings` [n, 32] and `compatible_embedding` [n, 16],
+    each equal to torch's; OLD's index is searched and upgraded through the second, and index.json records it."""
+    from sample_images import noisy_png
+
+    from retrieval.export.onnx_export import export_checkpoint
+    from retrieval.index import Index, IngestOptions, build_index, load_model
+    from retrieval.index.upgrade import upgrade_index
+    from retrieval.onnx_runtime import OnnxEmbedder
+
+    train(compatible(old_run, "wider-exported", embedding_dim=32), progress=False)
+    old_onnx, new_onnx = tmp_path / "old.onnx", tmp_path / "new.onnx"
+    export_checkpoint(old_run / "old" / "last.pt", old_onnx, verify=False, log=lambda message: None)
+    result = export_checkpoint(old_run / "wider-exported" / "last.pt", new_onnx, log=lambda message: None)
+    assert {check.output for check in result.verification.checks} == {"embeddings", "compatible_embedding"}
+    assert result.metadata["compatible_output"] == "compatible_embedding" and result.metadata["compatible_dim"] == "16"
+    runtime, model = OnnxEmbedder(new_onnx, providers="cpu"), load_embedder(old_run / "wider-exported" / "last.pt")
+    assert [o.name for o in runtime.session.get_outputs()] == ["embeddings", "compatible_embedding"]
+    batch = torch.randn(5, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        native, projected = model.embed_both(batch)
+    assert np.allclose(runtime.embed_batch(batch.numpy()), native.numpy(), atol=1e-5)
+    onnx_projected = runtime.with_output("compatible_embedding").embed_batch(batch.numpy())
+    assert onnx_projected.shape == (5, 16) and np.allclose(onnx_projected, projected.numpy(), atol=1e-5)
+    assert np.allclose(np.linalg.norm(onnx_projected, axis=1), 1, atol=1e-5)
+
+    for label, colour in enumerate([(200, 40, 40), (40, 200, 40)]):
+        (tmp_path / "g" / f"c{label}").mkdir(parents=True)
+        for n in range(4):
+            (tmp_path / "g" / f"c{label}" / f"{n}.png").write_bytes(noisy_png(colour, 10 * label + n, size=32))
+    quick = IngestOptions(workers=0, progress=False)
+    build_index(tmp_path / "g", tmp_path / "idx", model=old_onnx, options=quick)
+    with Index.open(tmp_path / "idx", embedder=load_model(new_onnx)) as index:  # declared compatible, 16-d output
+        assert index.embedder.output_name == "compatible_embedding"
+        assert len(index.search_images([tmp_path / "g" / "c0" / "0.png"], k=3)[0]) == 3
+    summary = upgrade_index(tmp_path / "idx", new_onnx, options=quick)
+    assert summary["mode"] == "mixed" and summary["reembedded"] == 8
+    info = json.loads((tmp_path / "idx" / "index.json").read_text())
+    assert (info["embedding_dim"], info["model_output"]) == (16, "compatible_embedding")
+    assert info["model_output_space"] == [load_model(old_onnx).source_model_hash]
 
 
 def test_evaluate_with_a_gallery_model_reports_the_three_blocks_and_the_criterion(old_run):

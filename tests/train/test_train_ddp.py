@@ -107,21 +107,25 @@ def frozen_config(out: Path, cache: Path, loss: str, loss_kwargs: dict, negative
 def frozen_runs(tmp_path_factory) -> Path:
     """Every case trained by 2 ranks (features extracted sharded into cache-ranks/), and by one process."""
     root = tmp_path_factory.mktemp("ddp-frozen")
-    # the old model of --compatible-with (a run of another seed), trained before the ranks start
+    # the old models of --compatible-with (runs of another seed, one of the same size and one of 16 dimensions,
+    # which the new 32-d model reaches through a projection), trained before the ranks start
     train(frozen_config(root / "old", root / "cache-old", "ms", {}, None, 0.0, epochs=1, seed=3), progress=False)
+    train(frozen_config(root / "old16", root / "cache-old", "ms", {}, None, 0.0, epochs=1, seed=3, embedding_dim=16),
+          progress=False)
     extra = [frozen_config(root / "ranks" / "ms-no-gather", root / "cache-ranks", "ms", {}, None, 0.0, gather=False),
              # 2 epochs of 4 steps: the uninterrupted run that the killed-and-resumed run must equal
              frozen_config(root / "ranks" / "long", root / "cache-ranks", "ms", {}, "loop", 0.0,
                            batches_per_epoch=4, epochs=2),
-             compatible_config(root, "ranks")]
+             compatible_config(root, "ranks"), compatible_config(root, "ranks", "old16")]
     return ranks_and_one(lambda who, *case: frozen_config(root / who / case[0], root / f"cache-{who}", *case[1:]),
                          CASES, extra, root)
 
 
-def compatible_config(root: Path, who: str) -> TrainConfig:
-    """ms with --compatible-with the old run: the influence term is computed on the gathered batch."""
-    return frozen_config(root / who / "compatible", root / f"cache-{who}", "ms", {}, None, 0.0,
-                         compatible_with=str(root / "old" / "last.pt"), compatible_weight=2.0)
+def compatible_config(root: Path, who: str, old: str = "old") -> TrainConfig:
+    """ms with --compatible-with the old run: the influence term is computed on the gathered batch (through the
+    projection into the old space, for the old run of another size)."""
+    return frozen_config(root / who / f"compatible-{old}", root / f"cache-{who}", "ms", {}, None, 0.0,
+                         compatible_with=str(root / old / "last.pt"), compatible_weight=2.0)
 
 
 def ranks_and_one(make, cases, extra: list[TrainConfig], root: Path) -> Path:
@@ -139,11 +143,14 @@ def test_frozen_features_two_ranks_equal_one_process(frozen_runs, name):
 
 
 @pytest.mark.slow
-def test_compatible_training_on_two_ranks_equals_one_process(frozen_runs):
-    train(compatible_config(frozen_runs, "one"), progress=False)
-    assert_equivalent(frozen_runs / "one" / "compatible", frozen_runs / "ranks" / "compatible")
-    rows = read_jsonl(frozen_runs / "one" / "compatible" / "metrics.jsonl")
+@pytest.mark.parametrize("old", ["old", "old16"], ids=["same-size", "projected"])
+def test_compatible_training_on_two_ranks_equals_one_process(frozen_runs, old):
+    train(compatible_config(frozen_runs, "one", old), progress=False)
+    one, ranks = frozen_runs / "one" / f"compatible-{old}", frozen_runs / "ranks" / f"compatible-{old}"
+    assert_equivalent(one, ranks)
+    rows = read_jsonl(one / "metrics.jsonl")
     assert any(row.get("compatible", 0) != 0 for row in rows)
+    assert ("compatible.linear.weight" in weights(ranks)) == (old == "old16")  # P trained across the ranks too
 
 
 @pytest.mark.slow
