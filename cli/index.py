@@ -14,9 +14,11 @@ from pathlib import Path
 
 import click
 
+from retrieval.cli.config_options import config_options
 from retrieval.cli.errors import OptionCommand, OptionGroup, option_message, where_problem
 from retrieval.cli.help_text import default_max_pixels, image_extensions, lazy_help_option
 from retrieval.cli.options import apply_options
+from retrieval.near_duplicates import DuplicateCheck
 from retrieval.workers import DEFAULT_WORKERS_TEXT
 
 
@@ -296,6 +298,11 @@ def _budget_text(budget: dict | None) -> str:
     return "; " + ", ".join(parts)
 
 
+def duplicate_check_options(func):
+    """--duplicates and --duplicate-threshold, as ``DuplicateCheck`` declares them."""
+    return apply_options(func, config_options(DuplicateCheck))
+
+
 @index_group.command("add")
 @index_folder
 @lazy_help_option("--images", required=True, type=click.Path(), help_text=images_help)
@@ -304,12 +311,16 @@ def _budget_text(budget: dict | None) -> str:
 @label_option
 @ingest_options
 @engine_options
+@duplicate_check_options
 @json_option
 def add_command(index_dir, images, model, split, label_from, batch_size, workers, shard_size, max_pixels, gpu,
-                engine, as_json) -> None:
-    """Add images (a folder, one image or a manifest) to an existing index without rebuilding it."""
+                engine, duplicates, duplicate_threshold, as_json) -> None:
+    """Add images (a folder, one image or a manifest) to an existing index without rebuilding it; new images that
+    nearly copy an indexed one are reported (--duplicates skip leaves them out)."""
     from retrieval.index import add_images
 
+    given = {"duplicates": duplicates, "duplicate_threshold": duplicate_threshold}
+    check = DuplicateCheck(**{name: value for name, value in given.items() if value is not None})  # checked first
     summary = _write(
         add_images,
         index_dir,
@@ -320,12 +331,39 @@ def add_command(index_dir, images, model, split, label_from, batch_size, workers
         gpu=gpu,
         options=_ingest_options(batch_size, workers, shard_size, max_pixels, engine),
         label_from=label_from,
+        duplicates=check,
     )
     added = summary["this_run"]
+    near, next_step = summary.get("near_duplicates"), _serve_next(summary["index_dir"])
+    found = ""
+    if near and near["found"]:
+        found = (f"; {near['found']} near-duplicates of indexed images (cosine >= {near['threshold']:g}) "
+                 f"{'skipped' if near['skipped'] else 'added'}")
+        if not as_json:
+            _print_near_duplicates(near)
+        folder = shlex.quote(summary["index_dir"])
+        if not near["skipped"] and near["found"] > len(near["examples"]):
+            next_step = (f"retrieval index duplicates {folder} --threshold {near['threshold']:g}   (every group, "
+                         "with the ids to remove)")
+        elif not near["skipped"]:
+            ids = ",".join(str(example["id"]) for example in near["examples"])
+            next_step = f"retrieval index remove {folder} --ids {ids}   (or add with --duplicates skip)"
     _finish(summary, as_json,
             f"added {added['added']} images to {summary['index_dir']} ({_labels(summary)}; "
-            f"{_problems(added['errors'], added['duplicates'])}); it now holds {summary['indexed']}",
-            _serve_next(summary["index_dir"]))
+            f"{_problems(added['errors'], added['duplicates'])}{found}); it now holds {summary['indexed']}", next_step)
+
+
+def _print_near_duplicates(near: dict) -> None:
+    """The near-duplicates `index add` found, each with the indexed image it copies (the first ``examples``)."""
+    from retrieval.index.sources import printable_path
+
+    for example in near["examples"]:
+        click.echo(f"  near-duplicate  id={example['id']} {printable_path(example['path'] or '?')}  ~  "
+                   f"id={example['duplicate_of']} {printable_path(example['duplicate_of_path'] or '?')}  "
+                   f"(cosine {example['similarity']:.3f})")
+    if near["found"] > len(near["examples"]):
+        click.echo(f"  ... and {near['found'] - len(near['examples'])} more (--json lists the first "
+                   f"{len(near['examples'])})")
 
 
 @index_group.command("upgrade")

@@ -283,6 +283,7 @@ def demo_command(out: str, epochs: int | None, start_server: bool, host: str, po
 def _register_area_commands() -> None:
     """Each area keeps its commands in its own module; they join the one command line here."""
     from retrieval.cli.analyze import analyze_group
+    from retrieval.cli.curation import audit_command, duplicates_command, index_audit_command
     from retrieval.cli.data import data_group
     from retrieval.cli.export import export_command
     from retrieval.cli.index import compare_command, index_group, search_command
@@ -290,8 +291,10 @@ def _register_area_commands() -> None:
     from retrieval.cli.runs import runs_group
     from retrieval.cli.serve import serve_command
 
+    for command in (duplicates_command, index_audit_command):
+        index_group.add_command(command)
     for command in (data_group, analyze_group, export_command, index_group, search_command, compare_command,
-                    serve_command, results_group, runs_group):
+                    audit_command, serve_command, results_group, runs_group):
         main.add_command(command)
 
 

@@ -18,7 +18,9 @@ from PIL import Image
 from retrieval.analysis.results import RESULTS_COMMAND, table_markdown
 from retrieval.data import open_image
 from retrieval.data.emoji import emoji_name, is_code_point_sequence
+from retrieval.errors import ParameterError
 from retrieval.index.filters import MAX_FILTER_CHARS, MAX_IN_VALUES
+from retrieval.serve.curation_view import CurationView, ThresholdError, parse_threshold
 from retrieval.serve.defaults import API_DOCS_PATH
 from retrieval.serve.diagnostics import duplicates
 from retrieval.serve.images import QueryError, decode_base64
@@ -492,6 +494,7 @@ class EvaluationTab:
     def __init__(self, service: SearchService, report: Path | None, facts: GalleryFacts | None = None) -> None:
         self.service, self.report, self.facts = service, report, facts or GalleryFacts.of(service)
         self._cache: dict[tuple[str, int], tuple] = {}
+        self.curation = CurationView(service)
 
     def report_folders(self) -> list[Path]:
         """The folders whose reports the page may open: the server's working folder and the run folder of its
@@ -617,9 +620,64 @@ class EvaluationTab:
                     gr.Dataframe(value=None))
         shown = f" (the first {len(found)} in the table)" if total > len(found) else ""
         text = (f"**Skipped as duplicates: {total}**{shown}. Their bytes equal those of an indexed file (the twin), "
-                "so only the twin is searched; where the two carry different labels, the twin stands for both.")
+                "or, left out by `retrieval index add --duplicates skip`, their picture nearly does, so only the "
+                "twin is searched; where the two carry different labels, the twin stands for both.")
         headers = ["skipped id", "its label", "file", "twin id (indexed)", "twin's label", "twin's file"]
         return text, gr.Accordion(visible=True), gr.Dataframe(value=rows, headers=headers)
+
+    def near_duplicates(self, threshold_text: str) -> tuple[str, Any, Any]:
+        """The served index's near-duplicate groups at the typed threshold (auto: calibrated on planted copies):
+        a sentence, a table (a row per image, its group's first image first) and the picture of the first groups."""
+        try:
+            summary, picture = self.curation.duplicates(parse_threshold(threshold_text))
+        except ThresholdError as exc:
+            return f"**{markdown_text(exc)}**", gr.Dataframe(value=None, visible=False), gr.Image(visible=False)
+        except (ParameterError, QueryError) as exc:
+            return (f"**No near-duplicate groups:** {markdown_text(exc, MAX_ERROR_CHARS)}",
+                    gr.Dataframe(value=None, visible=False), gr.Image(visible=False))
+        calibration = summary["calibration"]
+        how = (f"calibrated (auto) on {calibration['copies']} copies planted of {calibration['images']} gallery images "
+               f"(resized, re-encoded, cropped, recoloured): {percent(calibration['copy_recall'])} {METRIC_UNIT} of "
+               f"them reach it, and {percent(calibration['neighbour_share'])} {METRIC_UNIT} of those images' nearest "
+               "other image" if calibration else "as typed")
+        sampled = f" (a sample of {summary['images']} of {summary['indexed']})" if summary["sampled"] else ""
+        text = (f"**{summary['groups_found']} groups of near-duplicates** ({summary['copies_in_groups']} copies) among "
+                f"the indexed images{sampled}, linked where one is among the other's {summary['k']} nearest at cosine "
+                f"≥ **{summary['threshold']:.3f}** ({how}). The first of each group is the one indexed first.")
+        if not summary["groups_found"]:
+            return text, gr.Dataframe(value=None, visible=False), gr.Image(visible=False)
+        rows = [[number, "kept" if position == 0 else "copy", image_id, self.facts.label_text(label),
+                 shown_text(path or "(missing)", MAX_PATH_CHARS), "" if similarity is None else round(similarity, 4)]
+                for number, group in enumerate(summary["groups"], 1)
+                for position, (image_id, path, label, similarity) in enumerate(
+                    zip(group["ids"], group["paths"], group["labels"], group["similarities"], strict=True))]
+        headers = ["group", "role", "id", "label", "file", "cosine to the first"]
+        return (text, gr.Dataframe(value=rows, headers=headers, visible=True),
+                gr.Image(value=picture, visible=picture is not None))
+
+    def label_suspects(self) -> tuple[str, Any, Any]:
+        """The served index's label suspects (a kNN vote read by confident learning): a sentence, a table ranked
+        by score and the picture of the first ones with their neighbours."""
+        try:
+            summary, picture, problem = self.curation.suspects()
+        except QueryError as exc:
+            problem = str(exc)
+        if summary is None or problem is not None:
+            return (f"**No label audit:** the index {markdown_text(problem, MAX_ERROR_CHARS)}.",
+                    gr.Dataframe(value=None, visible=False), gr.Image(visible=False))
+        sampled = f" (a sample of {summary['images']} of {summary['indexed']})" if summary["sampled"] else ""
+        text = (f"**{summary['suspects_found']} label suspects** among {summary['voted']} labelled images{sampled}: "
+                f"each image's {summary['k']} nearest others vote for their labels (weighted by cosine); as in "
+                "confident learning, a class wins where its share reaches that class's average share for its own "
+                "images, and an image is a suspect where the winner is not its label. Score = the winner's share "
+                "minus its label's; highest first.")
+        label = self.facts.label_text
+        rows = [[rank, suspect["id"], label(suspect["label"]), label(suspect["suggested"]), suspect["score"],
+                 suspect["self_confidence"], shown_text(suspect["path"] or "(missing)", MAX_PATH_CHARS)]
+                for rank, suspect in enumerate(summary["suspects"], 1)]
+        headers = ["rank", "id", "its label", "neighbours suggest", "score", "its label's share", "file"]
+        return (text, gr.Dataframe(value=rows, headers=headers, visible=bool(rows)),
+                gr.Image(value=picture, visible=picture is not None))
 
     def build(self, demo: gr.Blocks) -> None:
         gr.Markdown("## Run report (a training or evaluation run: its own data, not necessarily this index's)")
@@ -664,6 +722,25 @@ class EvaluationTab:
         with gr.Accordion("The duplicates and their twins", open=False, visible=False,
                           elem_id="duplicates") as duplicates_fold:
             duplicates_table = gr.Dataframe(interactive=False, elem_id="duplicates-table")
+        # computed when asked for (bounded, kept for the state served): copies that differ in bytes, wrong labels
+        gr.Markdown("### Near-duplicate groups (copies resized, re-encoded, cropped or recoloured)")
+        with gr.Row():
+            near_threshold = gr.Textbox(value="auto", label="Threshold: a cosine, or auto (calibrated on copies the "
+                                        "app plants of gallery images)", scale=3, elem_id="near-duplicates-threshold")
+            near_button = gr.Button("Find near-duplicates", scale=1, elem_id="near-duplicates-button")
+        near_text = gr.Markdown(elem_id="near-duplicates-summary", latex_delimiters=NO_LATEX)
+        near_table = gr.Dataframe(interactive=False, visible=False, elem_id="near-duplicates-table")
+        near_picture = gr.Image(show_label=False, type="pil", interactive=False, visible=False,
+                                height=TALL_PICTURE_HEIGHT, elem_id="near-duplicates-picture")
+        gr.Markdown("### Label suspects (labels their neighbours disagree with)")
+        audit_button = gr.Button("Audit the labels", elem_id="label-audit-button")
+        audit_text = gr.Markdown(elem_id="label-audit-summary", latex_delimiters=NO_LATEX)
+        audit_table = gr.Dataframe(interactive=False, visible=False, elem_id="label-audit-table")
+        audit_picture = gr.Image(show_label=False, type="pil", interactive=False, visible=False,
+                                 height=TALL_PICTURE_HEIGHT, elem_id="label-audit-picture")
+        near_button.click(self.near_duplicates, [near_threshold], [near_text, near_table, near_picture],
+                          api_name=False)
+        audit_button.click(self.label_suspects, None, [audit_text, audit_table, audit_picture], api_name=False)
         outputs = [summary, metrics, picture_tabs, *tabs, *images, map_note]
         button.click(self.open_report, [path], outputs, api_name="open_report")
         demo.load(self.open_report, [path], outputs, api_name=False)

@@ -35,6 +35,7 @@ import faiss
 
 from retrieval.errors import ParameterError, parameters_named
 from retrieval.index import faiss_files, faiss_gpu, faiss_keys
+from retrieval.index.add_check import check_new_images
 from retrieval.index.catalogue import UPGRADE_MODEL_PATH, Catalogue, Status
 from retrieval.index.embedder import ImageEmbedder, ModelMismatchError, load_model, output_fields, with_output
 from retrieval.index.engine import IngestOptions
@@ -56,6 +57,7 @@ from retrieval.index.sources import (
     printable_path,
 )
 from retrieval.index.vectors import faiss_mismatch
+from retrieval.near_duplicates import DuplicateCheck
 
 log = logging.getLogger(__name__)
 
@@ -307,10 +309,13 @@ def add_images(
     gpu: bool = False,
     options: IngestOptions | None = None,
     label_from: str | None = None,
+    duplicates: DuplicateCheck | None = None,
 ) -> dict[str, Any]:
     """Embed new images with the index's own model and add them without rebuilding (resumable too); labelled by
-    the index's own label rule unless told otherwise."""
+    the index's own label rule unless told otherwise. ``duplicates``: report (default) or skip the new images that
+    nearly copy an indexed one (``add_check``)."""
     started = time.perf_counter()
+    duplicates = duplicates or DuplicateCheck()
     layout = IndexLayout(index_dir)
     layout.require_catalogue()
     options = options or IngestOptions()
@@ -329,11 +334,12 @@ def add_images(
         store = ShardStore(layout.shards)
         mended = mend(catalogue, store)
         ingest(engine, catalogue, store, embedder, options)
+        near = check_new_images(layout, catalogue, store, info, duplicates)  # before faiss holds the new images
         updated = update_faiss(layout, catalogue, store, info, gpu, policy=options.policy)
         layout.write_info(info | updated)
         this_run = {key: value - before[key] for key, value in _tally(catalogue).items()}
         return {"index_dir": str(layout.root), **updated, "labels": label_summary(gallery, rule),
-                "this_run": this_run, **_summary(catalogue, started, mended)}
+                "this_run": this_run, "near_duplicates": near, **_summary(catalogue, started, mended)}
 
 
 def remove_images(

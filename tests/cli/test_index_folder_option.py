@@ -22,7 +22,8 @@ def small_index(tmp_path_factory):
     return root / "idx"
 
 
-@pytest.mark.parametrize("command", ["stats", "export", "remove", "repair", "add", "upgrade", "compare"])
+@pytest.mark.parametrize("command", ["stats", "export", "remove", "repair", "add", "upgrade", "compare", "duplicates",
+                                     "audit"])
 def test_every_index_subcommand_takes_the_index_as_search_names_it(command):
     help_text = CliRunner().invoke(main, ["index", command, "--help"]).output
     assert "--index INDEX_DIR" in help_text and "[INDEX_DIR]" in help_text

@@ -375,6 +375,39 @@ def test_evaluation_tab_names_an_emoji_gallerys_worst_classes(server, page):
     assert all(row[0] == named(row[0].split(" · ")[0]) and " · " in row[0] for row in rows)
 
 
+def test_evaluation_tab_finds_near_duplicates_and_label_suspects_on_request(page, screenshots):
+    """The two buttons beside the per-class analysis: groups at a typed threshold (a table and a picture), a bad
+    threshold answered in place, auto calibrated on planted copies, and the label audit's ranked table and picture."""
+    page.get_by_role("tab", name="Evaluation").click()
+    box = page.locator("#near-duplicates-threshold textarea, #near-duplicates-threshold input").first
+    box.fill("0.3")  # low enough that this gallery's images link into groups: the table and the picture show
+    page.locator("#near-duplicates-button").click()
+    text_once_shown(page, "#near-duplicates-summary", "groups of near-duplicates")
+    page.wait_for_selector("#near-duplicates-table", state="visible")
+    rows = table_rows(page, "#near-duplicates-table", 6)
+    assert rows and rows[0][1] == "kept" and "/" in rows[0][4], rows[:3]
+    page.wait_for_selector("#near-duplicates-picture img", state="visible")
+    box.fill("often")
+    page.locator("#near-duplicates-button").click()
+    text_once_shown(page, "#near-duplicates-summary", "auto or a cosine")
+    page.wait_for_selector("#near-duplicates-table", state="hidden")
+    box.fill("auto")
+    page.locator("#near-duplicates-button").click()
+    text_once_shown(page, "#near-duplicates-summary", "calibrated (auto) on")
+    page.locator("#label-audit-button").click()
+    text = text_once_shown(page, "#label-audit-summary", "label suspects")
+    if "**0 label" not in text and not text.startswith("0 label"):
+        page.wait_for_selector("#label-audit-table", state="visible")
+        rows = table_rows(page, "#label-audit-table", 7)
+        assert rows and rows[0][0] == "1" and rows[0][2] != rows[0][3], rows[:3]
+        scores = [float(row[4]) for row in rows]
+        assert scores == sorted(scores, reverse=True)
+        page.wait_for_selector("#label-audit-picture img", state="visible")
+    page.locator("#label-audit-summary").scroll_into_view_if_needed()
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(screenshots / "curation.png"), full_page=True)
+
+
 def test_results_tab_shows_a_table_and_its_figure(page, screenshots):
     page.get_by_role("tab", name="Results").click()
     text = text_once_shown(page, "#results-table", "Discussion")

@@ -1,0 +1,253 @@
+"""`retrieval index duplicates`, `retrieval index audit` and `retrieval audit --images DIR`: near-duplicate groups and
+label suspects, found through each image's nearest neighbours (``retrieval.index.duplicates``, ``.audit``)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from pathlib import Path
+from typing import Any
+
+import click
+
+from retrieval.cli.config_options import shared_option
+from retrieval.cli.errors import OptionCommand
+from retrieval.cli.index import index_folder, json_option
+from retrieval.cli.options import apply_options
+from retrieval.train.config import TrainConfig
+
+SHOWN = 10  # groups or suspects printed for people; --json lists up to --max-groups / --top
+MEMBERS_SHOWN = 6  # images printed per group
+
+
+def _threshold(_ctx: click.Context, _param: click.Parameter, value: str) -> float | str:
+    """--threshold: ``auto`` or a cosine within [-1, 1]."""
+    if str(value).strip().lower() == "auto":
+        return "auto"
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not -1.0 <= number <= 1.0:
+        raise click.BadParameter(f"must be a cosine within [-1, 1] or auto, got {value!r}")
+    return number
+
+
+def _neighbours_option(func):
+    return click.option("-k", "k", type=click.IntRange(1, 100), default=10, show_default=True,
+                        help="neighbours searched per image (the graph holds k per image: never all pairs).")(func)
+
+
+def _png_option(what: str):
+    return click.option("--out", "png", type=click.Path(dir_okay=False), metavar="PNG",
+                        help=f"draw the first {what} into this PNG file.")
+
+
+def _open(index_dir: str, model: str | None):
+    """The index, with ``model`` as its query model when given (another model's is refused with the fix)."""
+    from retrieval.index import Index, ModelMismatchError, load_model
+
+    try:
+        return Index.open(index_dir, embedder=load_model(model) if model else None)
+    except ModelMismatchError as exc:
+        raise click.ClickException(f"{exc}: retrieval index upgrade {shlex.quote(str(index_dir))} --model "
+                                   f"{shlex.quote(str(model))}") from exc
+
+
+def _save(picture: Any, png: str | None) -> str | None:
+    """Write ``picture`` (a PIL image or None) to ``png`` atomically; the path written, or None."""
+    if png is None or picture is None:
+        return None
+    import io
+
+    from retrieval.io import atomic_write
+
+    buffer = io.BytesIO()
+    picture.save(buffer, format="PNG")
+    atomic_write(png, buffer.getvalue())
+    return png
+
+
+def _shown(path: str | None) -> str:
+    from retrieval.index.sources import printable_path
+
+    return "(missing)" if path is None else printable_path(path)
+
+
+@click.command("duplicates", cls=OptionCommand)
+@index_folder
+@click.option("--threshold", default="auto", show_default=True, callback=_threshold, metavar="COSINE|auto",
+              help="link two images when one is among the other's k nearest at this cosine or more; auto calibrates "
+                   "it on copies it plants of a sample of the gallery (resized, re-encoded, cropped, recoloured) "
+                   "against each sampled image's nearest other image (docs/INDEX.md).")
+@_neighbours_option
+@click.option("--model", type=click.Path(dir_okay=False, exists=True),
+              help="the model that embeds auto's planted copies (default: the one recorded in index.json).")
+@click.option("--calibration-sample", type=click.IntRange(2, 2000), default=100, show_default=True,
+              help="gallery images whose planted copies calibrate auto (4 embeddings each).")
+@click.option("--max-groups", type=click.IntRange(1, 10_000), default=100, show_default=True,
+              help="groups listed, largest first (the counts cover every group).")
+@_png_option("groups")
+@json_option
+def duplicates_command(index_dir, threshold, k, model, calibration_sample, max_groups, png, as_json) -> None:
+    """Groups of near-duplicate images in the index (resized, re-encoded, cropped or recoloured copies), found through
+    each image's k nearest neighbours; the first of each group is the one indexed first."""
+    from retrieval.analysis.neighbour_pictures import duplicates_picture
+    from retrieval.index.duplicates import catalogued_image_loader, find_duplicates
+
+    with _open(index_dir, model) as index:
+        summary = find_duplicates(index, threshold, k=k, calibration_sample=calibration_sample,
+                                  max_groups=max_groups)
+        load = catalogued_image_loader(index)
+        summary["picture"] = _save(duplicates_picture(summary, load) if png else None, png)
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    _print_groups(summary, index_dir)
+
+
+def _calibration_text(summary: dict[str, Any]) -> str:
+    calibration = summary["calibration"]
+    if calibration is None:
+        return "as given"
+    return (f"auto: {calibration['copy_recall']:.0%} of {calibration['copies']} copies planted of "
+            f"{calibration['images']} gallery images reach it, and {calibration['neighbour_share']:.1%} of those "
+            "images' nearest other image")
+
+
+def _print_groups(summary: dict[str, Any], index_dir: str) -> None:
+    folder = shlex.quote(str(index_dir))
+    exact = (f"; {summary['exact_duplicates']} files with the bytes of an indexed one were skipped when indexed "
+             "(index stats --json)") if summary["exact_duplicates"] else ""
+    click.echo(f"{summary['groups_found']} groups of near-duplicates ({summary['copies_in_groups']} copies) among "
+               f"{summary['images']} indexed images at cosine >= {summary['threshold']:.3f} "
+               f"({_calibration_text(summary)}); {summary['k']} neighbours each through {summary['search']}{exact}")
+    for number, group in enumerate(summary["groups"][:SHOWN], 1):
+        click.echo(f"  {number}. {group['size']} images, weakest link {group['weakest_link']:.3f}:")
+        members = list(zip(group["ids"], group["paths"], group["similarities"], strict=True))
+        for position, (image_id, path, similarity) in enumerate(members[:MEMBERS_SHOWN]):
+            score = "    ?" if similarity is None else f"{similarity:.3f}"
+            click.echo(f"       {'kept' if position == 0 else 'copy'}  id={image_id:<8d} {score}  {_shown(path)}")
+        if group["size"] > MEMBERS_SHOWN:
+            click.echo(f"       ... and {group['size'] - MEMBERS_SHOWN} more (--json)")
+    if summary["groups_found"] > SHOWN:
+        click.echo(f"  ... and {summary['groups_found'] - SHOWN} more groups (--json lists up to --max-groups)")
+    if summary.get("picture"):
+        click.echo(f"picture: {summary['picture']}")
+    copies = [i for group in summary["groups"][:SHOWN] for i in group["ids"][1:]]
+    if copies:
+        click.echo(f"next: retrieval index remove {folder} --ids {','.join(map(str, copies))}   (the copies of the "
+                   "groups above; each group's first image stays)")
+    else:
+        click.echo(f"next: retrieval index audit {folder}   (labels that disagree with their neighbours)")
+
+
+def audit_options(func):
+    """-k, --top, --out and --json of the two audits."""
+    return apply_options(func, [
+        _neighbours_option,
+        click.option("--top", type=click.IntRange(1, 10_000), default=50, show_default=True,
+                     help="suspects listed, most suspect first (the count covers all)."),
+        _png_option("suspects"),
+        json_option,
+    ])
+
+
+@click.command("audit", cls=OptionCommand)
+@index_folder
+@audit_options
+def index_audit_command(index_dir, k, top, png, as_json) -> None:
+    """Images whose label disagrees with their neighbours': a similarity-weighted vote of each image's k nearest
+    images, read as confident learning reads a classifier (per-class thresholds); ranked, with the label each has,
+    the one its neighbours suggest and a score."""
+    from retrieval.analysis.neighbour_pictures import suspects_picture
+    from retrieval.index import Index
+    from retrieval.index.audit import audit_index
+    from retrieval.index.duplicates import catalogued_image_loader
+
+    with Index.open(index_dir) as index:
+        summary = audit_index(index, k=k, top=top)
+        rule = index.catalogue.get_meta("label_from") or "parent"
+        summary["picture"] = _save(suspects_picture(summary, catalogued_image_loader(index)) if png else None, png)
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    _print_suspects(summary, "id")
+    folder = shlex.quote(str(index_dir))
+    click.echo(f"next: correct the labels at their source (move the file to its class's folder, or fix the manifest), "
+               f"then `retrieval index repair {folder} --label-from {rule}` relabels the index (nothing re-embedded)")
+
+
+def _print_suspects(summary: dict[str, Any], key: str) -> None:
+    from retrieval.index.sources import printable_path
+
+    click.echo(f"{summary['suspects_found']} label suspects among {summary['voted']} labelled images "
+               f"({summary['classes']} classes; a vote of {summary['k']} neighbours each through {summary['search']}, "
+               "confident-learning thresholds per class)")
+    for number, suspect in enumerate(summary["suspects"][:SHOWN], 1):
+        where = f"id={suspect['id']:<8d} " if key == "id" else ""
+        click.echo(f"  {number:2d}. score {suspect['score']:+.3f}  {where}{printable_path(suspect['label'])} -> "
+                   f"{printable_path(suspect['suggested'])} (its label's share of the vote "
+                   f"{suspect['self_confidence']:.2f})  {_shown(suspect['path'])}")
+    if summary["suspects_found"] > SHOWN:
+        click.echo(f"  ... and {summary['suspects_found'] - SHOWN} more (--json lists up to --top)")
+    if summary.get("picture"):
+        click.echo(f"picture: {summary['picture']}")
+
+
+@click.command("audit", cls=OptionCommand)
+@click.option("--images", required=True, type=click.Path(exists=True, file_okay=False),
+              help="a training folder: one sub-folder per class (its name is the label), searched recursively.")
+@click.option("--model", required=True, type=click.Path(dir_okay=False, exists=True),
+              help="the model (.onnx) that embeds the images.")
+@audit_options
+@click.option("--max-images", type=click.IntRange(min=2), default=20_000, show_default=True,
+              help="the most images audited (each is compared with every other, exactly); for more, index them "
+                   "and run `retrieval index audit`.")
+@shared_option(TrainConfig, "label_noise",
+               help="flip labels first, as `retrieval train --label-noise` does (symmetric:RATE or asymmetric:RATE), "
+                    "and measure how well the suspects find the flipped images (precision of the top --top).")
+@shared_option(TrainConfig, "label_noise_transitions")
+@click.option("--seed", type=int, default=0, show_default=True, help="the label noise's seed.")
+@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True, help="decoding threads.")
+def audit_command(images, model, k, top, png, as_json, max_images, label_noise, label_noise_transitions, seed,
+                  workers) -> None:
+    """Images of a training folder whose label (their sub-folder) disagrees with their neighbours', as `retrieval
+    index audit` finds them in an index: ranked, with the label each has, the one its neighbours suggest and a
+    score. For an index's gallery: retrieval index audit INDEX."""
+    from retrieval.analysis.neighbour_pictures import suspects_picture
+    from retrieval.index import load_model
+    from retrieval.index.audit import audit_folder
+
+    summary = audit_folder(images, load_model(model), k=k, top=top, max_images=max_images, label_noise=label_noise,
+                           label_noise_transitions=label_noise_transitions, seed=seed, workers=workers)
+    root = Path(images)
+    summary["picture"] = _save(suspects_picture(summary, lambda path: _open_image(root / path), key="path")
+                               if png else None, png)
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    _print_suspects(summary, "path")
+    noise = summary.get("noise")
+    if noise:
+        click.echo(f"with {noise['flipped']} labels flipped ({noise['mode']}, rate {noise['rate']:g}, seed "
+                   f"{noise['seed']}): precision {_ratio(noise['precision_at_top'])} in the top {noise['top']}, "
+                   f"{_ratio(noise['precision_at_flipped'])} in the top {min(noise['flipped'], noise['suspects'])}; "
+                   f"every suspect: precision {_ratio(noise['precision'])}, recall {_ratio(noise['recall'])}")
+    click.echo("next: move each mislabelled file into its class's sub-folder (or delete it) and run this again; "
+               "then train on the folder")
+
+
+def _ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def _open_image(path: Path):
+    """A folder image for the picture (the one decoder), None when it cannot be read now."""
+    from retrieval.data.decode import read_image
+
+    try:
+        return read_image(path).image
+    except Exception:  # noqa: BLE001  (the picture shows a grey square for it)
+        return None

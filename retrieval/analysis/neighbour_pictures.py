@@ -1,0 +1,117 @@
+"""Pictures of what the neighbour graph found: near-duplicate groups (a row per group, the image kept first) and
+label suspects (a row per suspect: the image, then its nearest neighbours, framed by whether their label is the one
+suggested). Plain functions over the JSON summaries of ``retrieval.index.duplicates`` and ``retrieval.index.audit``;
+the caller gives ``load(key)`` (an image id, or a path in a folder) -> PIL image or None when unreadable."""
+
+from __future__ import annotations
+
+import io
+import textwrap
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from retrieval.analysis.pictures import _pyplot
+
+KEPT, COPY, SUGGESTED, OTHER, SUSPECT = "#1f77b4", "#ff7f0e", "#2ca02c", "#7f7f7f", "#d62728"
+PICTURE_ROWS = 8  # groups or suspects drawn (the summaries list more)
+PICTURE_COLUMNS = 6  # images per row
+CAPTION_CHARS = 24
+Load = Callable[[Any], Image.Image | None]
+
+
+@dataclass(frozen=True)
+class Tile:
+    key: Any  # what ``load`` takes
+    caption: str
+    colour: str
+
+
+def draw_rows(rows: Sequence[Sequence[Tile]], load: Load, title: str) -> Image.Image | None:
+    """One picture: a row of thumbnails per entry of ``rows``, each framed in its colour with its caption; an image
+    that cannot be loaded is a grey square. None when there is nothing to draw."""
+    rows = [row for row in rows if row]
+    if not rows:
+        return None
+    width = max(len(row) for row in rows)
+    plt = _pyplot()
+    fig, axes = plt.subplots(len(rows), width, figsize=(1.55 * width, 1.8 * len(rows) + 0.4), squeeze=False)
+    for r, row in enumerate(rows):
+        for c in range(width):
+            ax = axes[r][c]
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if c >= len(row):
+                ax.axis("off")
+                continue
+            tile = row[c]
+            image = _safe_load(load, tile.key)
+            ax.imshow(np.asarray(image) if image is not None else np.full((8, 8, 3), 200, np.uint8))
+            for spine in ax.spines.values():
+                spine.set_edgecolor(tile.colour)
+                spine.set_linewidth(3)
+            ax.set_title(_cut(tile.caption), fontsize=7, color=tile.colour)
+    fig.suptitle("\n".join(textwrap.wrap(title, max(40, int(width * 1.55 * 13)))), fontsize=9)  # fits the width
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=90)
+    plt.close(fig)
+    return Image.open(io.BytesIO(buffer.getvalue())).convert("RGB")
+
+
+def _safe_load(load: Load, key: Any) -> Image.Image | None:
+    try:
+        image = load(key)
+    except Exception:  # noqa: BLE001  (a picture never fails for one unreadable file: it shows a grey square)
+        return None
+    if image is None:
+        return None
+    image = image.convert("RGB")
+    image.thumbnail((128, 128))
+    return image
+
+
+def _cut(text: str) -> str:
+    lines = [line if len(line) <= CAPTION_CHARS else line[:CAPTION_CHARS - 1] + "…" for line in text.split("\n")]
+    return "\n".join(lines)
+
+
+def duplicates_picture(summary: dict[str, Any], load: Load, key: str = "ids",
+                       max_rows: int = PICTURE_ROWS, max_columns: int = PICTURE_COLUMNS) -> Image.Image | None:
+    """The first groups of a ``find_duplicates`` summary: the image kept (blue) then its copies (orange), each
+    captioned with its cosine to the first; ``key``: the group field ``load`` takes (ids or paths)."""
+    rows = []
+    for group in summary["groups"][:max_rows]:
+        tiles = []
+        for n, (item, similarity) in enumerate(zip(group[key], group["similarities"], strict=True)):
+            if n >= max_columns:
+                break
+            score = "?" if similarity is None else f"{similarity:.3f}"
+            name = f"id {item}" if key == "ids" else str(item).rsplit("/", 1)[-1]
+            tiles.append(Tile(item, f"{'kept' if n == 0 else 'copy'} {score}\n{name}", KEPT if n == 0 else COPY))
+        rows.append(tiles)
+    shown = min(len(summary["groups"]), max_rows)
+    title = (f"Near-duplicate groups at cosine >= {summary['threshold']:.3f}: {shown} of {summary['groups_found']} "
+             "shown, a row each (blue: kept, the first indexed; orange: its copies, with their cosine to it)")
+    return draw_rows(rows, load, title)
+
+
+def suspects_picture(summary: dict[str, Any], load: Load, key: str = "id",
+                     max_rows: int = PICTURE_ROWS, max_columns: int = PICTURE_COLUMNS) -> Image.Image | None:
+    """The first suspects of an audit summary: the image (red, its label -> the suggested one, the score) then its
+    nearest neighbours (green where their label is the suggested one, grey otherwise) with their cosine."""
+    rows = []
+    for suspect in summary["suspects"][:max_rows]:
+        tiles = [Tile(suspect[key], f"{suspect['label']} → {suspect['suggested']}\nscore {suspect['score']:.2f}",
+                      SUSPECT)]
+        for neighbour in suspect["neighbours"][:max_columns - 1]:
+            colour = SUGGESTED if neighbour["label"] == suspect["suggested"] else OTHER
+            tiles.append(Tile(neighbour[key], f"{neighbour['label']}\n{neighbour['similarity']:.3f}", colour))
+        rows.append(tiles)
+    shown = min(len(summary["suspects"]), max_rows)
+    title = (f"Label suspects: {shown} of {summary['suspects_found']} shown, a row each (red: the image, its label "
+             "→ the one its neighbours suggest; then its nearest neighbours, green where they carry the suggestion)")
+    return draw_rows(rows, load, title)

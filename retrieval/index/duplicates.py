@@ -1,0 +1,384 @@
+"""Near-duplicate groups: images that are copies of one another (resized, re-encoded, cropped, recoloured), found
+through each image's k nearest neighbours (``neighbour_graph``), never by comparing all pairs.
+
+Two images are linked when one is among the other's k nearest and their cosine is at least the threshold; linked
+images are joined into sets (union-find), so a group of more than k + 1 copies is still found whole through its
+links. Links chain (A ~ B ~ C with A and C unlike), so each set is then cut around its first image (the lowest id,
+the one indexed first, kept by the suggested removal): a group holds the images at least the threshold alike to its
+first one, and the rest are grouped again the same way (``split_around_first``).
+
+The ``auto`` threshold is calibrated on copies the code plants itself: for a seeded sample of gallery images,
+``plant_copies`` makes a resized, a re-encoded (JPEG), a cropped and a recoloured copy, the index's model embeds
+them, and each copy's cosine to its original's stored vector is a score a duplicate reaches; each searched image's
+cosine to its nearest other gallery image (the whole graph's first column) is a score a distinct image reaches (or
+a real duplicate, a few). The threshold is the cut that best separates the two: the largest share of copies kept
+minus share of images flagged (Youden's J), placed halfway between the two scores around it (docs/INDEX.md,
+"Near-duplicates").
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from PIL import Image, ImageEnhance
+
+from retrieval.data.colour import DEFAULT_BACKGROUND, flatten_alpha
+from retrieval.data.eval_preprocess import EvalPreprocess
+from retrieval.errors import ParameterError
+from retrieval.index.embedder import ImageEmbedder, prepare_vectors
+from retrieval.index.neighbour_graph import NeighbourGraph, index_graph, stored_vectors
+from retrieval.index.search import Index
+
+MAX_GROUPS_SHOWN = 100  # groups a summary lists (largest first); the count covers every group
+MAX_MEMBERS_SHOWN = 20  # images listed per group; its size counts all
+CALIBRATION_SAMPLE = 100  # images whose planted copies calibrate `auto` (4 copies each are embedded)
+MAX_CALIBRATION_SAMPLE = 2000  # each sampled image costs 4 embeddings
+# linked images whose vectors are read to cut chained groups around their first image (200,000 x 512 floats: 400 MB);
+# beyond, the groups are left as linked and the summary says so
+MAX_SPLIT_IMAGES = 200_000
+COPY_KINDS = ("resized", "jpeg", "cropped", "recoloured")
+
+
+# --- groups
+class UnionFind:
+    """Disjoint sets over 0..n-1 (union by size, path halving)."""
+
+    def __init__(self, n: int) -> None:
+        self.parent = np.arange(n, dtype=np.int64)
+        self.size = np.ones(n, dtype=np.int64)
+
+    def find(self, x: int) -> int:
+        """The representative of ``x``'s set."""
+        parent = self.parent
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = int(parent[x])
+        return int(x)
+
+    def union(self, a: int, b: int) -> None:
+        """Merge the sets of ``a`` and ``b``."""
+        a, b = self.find(a), self.find(b)
+        if a == b:
+            return
+        if self.size[a] < self.size[b]:
+            a, b = b, a
+        self.parent[b] = a
+        self.size[a] += self.size[b]
+
+    def roots(self) -> np.ndarray:
+        """Each element's representative."""
+        return np.fromiter((self.find(i) for i in range(len(self.parent))), np.int64, len(self.parent))
+
+
+@dataclass(frozen=True)
+class DuplicateGroup:
+    """Images found as copies: ``ids`` ascending (the first is the one kept); ``links`` (a, b, cosine): every link
+    found among them, or, once cut around the first image (``split_around_first``), (first, image, cosine)."""
+
+    ids: np.ndarray
+    links: list[tuple[int, int, float]]
+
+    @property
+    def weakest_link(self) -> float:
+        """The lowest cosine among the group's links (at least the threshold)."""
+        return min(score for _, _, score in self.links)
+
+    @property
+    def best_link(self) -> float:
+        return max(score for _, _, score in self.links)
+
+
+def duplicate_links(graph: NeighbourGraph, threshold: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every link of the graph at or above ``threshold``, each pair once (a < b): (a ids, b ids, cosines)."""
+    if not math.isfinite(threshold) or not -1.0 <= threshold <= 1.0:
+        raise ParameterError("threshold", f"must be a cosine within [-1, 1], got {threshold!r}")
+    rows, columns = np.nonzero((graph.scores >= threshold) & (graph.neighbours >= 0))
+    a, b = graph.ids[rows], graph.neighbours[rows, columns]
+    scores = graph.scores[rows, columns]
+    low, high = np.minimum(a, b), np.maximum(a, b)
+    pairs, first = np.unique(np.stack([low, high], axis=1), axis=0, return_index=True)
+    if not len(pairs):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32)
+    return pairs[:, 0], pairs[:, 1], scores[first].astype(np.float32)
+
+
+def duplicate_groups(graph: NeighbourGraph, threshold: float) -> list[DuplicateGroup]:
+    """The connected groups of links at or above ``threshold`` (union-find), largest first, then the strongest
+    link; memory and time grow with the links, never with n^2."""
+    a, b, scores = duplicate_links(graph, threshold)
+    if not len(a):
+        return []
+    nodes = np.unique(np.concatenate([a, b]))
+    sets = UnionFind(len(nodes))
+    pa, pb = np.searchsorted(nodes, a), np.searchsorted(nodes, b)
+    for x, y in zip(pa.tolist(), pb.tolist(), strict=True):
+        sets.union(x, y)
+    roots = sets.roots()
+    members: dict[int, list[int]] = {}
+    for node, root in zip(nodes.tolist(), roots.tolist(), strict=True):
+        members.setdefault(root, []).append(node)
+    links: dict[int, list[tuple[int, int, float]]] = {}
+    for x, y, score, root in zip(a.tolist(), b.tolist(), scores.tolist(), roots[pa].tolist(), strict=True):
+        links.setdefault(root, []).append((x, y, float(score)))
+    groups = [DuplicateGroup(np.asarray(sorted(ids), dtype=np.int64), links[root]) for root, ids in members.items()]
+    return _ordered(groups)
+
+
+def _ordered(groups: list[DuplicateGroup]) -> list[DuplicateGroup]:
+    return sorted(groups, key=lambda g: (-len(g.ids), -g.best_link, int(g.ids[0])))
+
+
+def split_around_first(groups: Sequence[DuplicateGroup], vectors: Mapping[int, np.ndarray],
+                       threshold: float) -> list[DuplicateGroup]:
+    """Each linked group cut into groups whose images are all at least ``threshold`` alike to the group's first
+    image (links chain: A ~ B ~ C with A and C unlike would put two unrelated images together): the first image keeps
+    those, the rest are grouped again the same way; a group's links are then (first, image, cosine). ``vectors``:
+    id -> stored vector of every image in ``groups``."""
+    out = []
+    for group in groups:
+        rest = [int(i) for i in group.ids]
+        while len(rest) > 1:
+            first = rest[0]
+            scores = np.stack([vectors[i] for i in rest[1:]]) @ vectors[first]
+            kept = [(i, float(score)) for i, score in zip(rest[1:], scores.tolist(), strict=True) if score >= threshold]
+            if kept:
+                out.append(DuplicateGroup(np.asarray([first, *(i for i, _ in kept)], dtype=np.int64),
+                                          [(first, i, min(score, 1.0)) for i, score in kept]))
+            taken = {i for i, _ in kept}
+            rest = [i for i in rest[1:] if i not in taken]
+    return _ordered(out)
+
+
+# --- planted copies and the `auto` threshold
+def plant_copies(image: Image.Image, seed: int = 0,
+                 background: Sequence[int] = DEFAULT_BACKGROUND) -> dict[str, Image.Image]:
+    """Four near-duplicates of ``image`` as people make them: resized (half the size), re-encoded (JPEG at quality
+    35), cropped (80 % of each side at a seeded offset) and recoloured (saturation x 0.5, brightness x 1.2,
+    contrast x 0.85). Transparent pixels are first put on ``background`` (the model's), as the index does."""
+    rng = np.random.default_rng(seed)
+    rgb = flatten_alpha(image, background).convert("RGB")
+    width, height = rgb.size
+    resized = rgb.resize((max(8, width // 2), max(8, height // 2)), Image.Resampling.BICUBIC)
+    buffer = io.BytesIO()
+    rgb.save(buffer, format="JPEG", quality=35)
+    jpeg = Image.open(io.BytesIO(buffer.getvalue())).convert("RGB")
+    crop_w, crop_h = max(1, round(width * 0.8)), max(1, round(height * 0.8))
+    left, top = int(rng.integers(0, width - crop_w + 1)), int(rng.integers(0, height - crop_h + 1))
+    cropped = rgb.crop((left, top, left + crop_w, top + crop_h))
+    recoloured = ImageEnhance.Contrast(ImageEnhance.Brightness(ImageEnhance.Color(rgb).enhance(0.5))
+                                       .enhance(1.2)).enhance(0.85)
+    return {"resized": resized, "jpeg": jpeg, "cropped": cropped, "recoloured": recoloured}
+
+
+def choose_threshold(copy_scores: Sequence[float], neighbour_scores: Sequence[float]) -> float:
+    """The cosine cut that best separates planted copies from distinct images: the largest share of copies at or
+    above it minus share of nearest-neighbour scores at or above it (Youden's J; the higher cut where two tie),
+    placed halfway between the highest score it leaves out and the lowest it keeps."""
+    copies = np.sort(np.asarray(copy_scores, dtype=np.float64))
+    others = np.sort(np.asarray(neighbour_scores, dtype=np.float64))
+    if not len(copies):
+        raise ParameterError("copy_scores", "is empty: no planted copy could be embedded to calibrate with")
+    candidates = np.unique(np.concatenate([copies, others]))
+    kept = 1.0 - np.searchsorted(copies, candidates, side="left") / len(copies)  # share of copies >= cut
+    flagged = (1.0 - np.searchsorted(others, candidates, side="left") / len(others)) if len(others) else 0.0
+    gain = kept - flagged
+    best = int(np.flatnonzero(gain == gain.max())[-1])
+    below = candidates[best - 1] if best > 0 else max(-1.0, candidates[best] - 0.02)
+    return float(round((candidates[best] + below) / 2, 4))
+
+
+@dataclass
+class Calibration:
+    """What ``auto`` measured: the threshold, and at it the share of planted copies kept (per kind) and the share
+    of the searched images whose nearest other image reaches it."""
+
+    threshold: float
+    images: int  # gallery images whose copies were planted
+    copies: int  # copies embedded
+    copy_recall: float  # share of the copies at or above the threshold
+    recall_by_kind: dict[str, float]
+    neighbour_share: float  # share of the searched images whose nearest other image is at or above it
+    copy_scores: dict[str, list[float]] = field(repr=False, default_factory=dict)
+    neighbour_scores: list[float] = field(repr=False, default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (without the raw scores)."""
+        return {"threshold": self.threshold, "method": "planted copies (Youden's J)", "images": self.images,
+                "copies": self.copies, "copy_recall": round(self.copy_recall, 4),
+                "recall_by_kind": {kind: round(value, 4) for kind, value in self.recall_by_kind.items()},
+                "neighbour_share": round(self.neighbour_share, 4),
+                "copy_score_quantiles": _quantiles([s for v in self.copy_scores.values() for s in v]),
+                "neighbour_score_quantiles": _quantiles(self.neighbour_scores)}
+
+
+def _quantiles(values: Sequence[float]) -> dict[str, float] | None:
+    if not len(values):
+        return None
+    q = np.quantile(np.asarray(values, dtype=np.float64), [0.05, 0.5, 0.95])
+    return {"p5": round(float(q[0]), 4), "median": round(float(q[1]), 4), "p95": round(float(q[2]), 4)}
+
+
+def embed_images(embedder: ImageEmbedder, images: Sequence[Image.Image], batch_size: int = 32) -> np.ndarray:
+    """L2-normalised embeddings of PIL images, preprocessed as the index's gallery files are."""
+    preprocess = EvalPreprocess(embedder.model_config)
+    dim = int(embedder.embedding_dim)
+    parts = [np.zeros((0, dim), np.float32)]
+    for start in range(0, len(images), batch_size):
+        batch = np.stack([np.asarray(preprocess(image)) for image in images[start:start + batch_size]])
+        parts.append(prepare_vectors(embedder.embed(batch.astype(np.float32, copy=False)), dim))
+    return np.concatenate(parts)
+
+
+def calibrate(originals: np.ndarray, images: Sequence[Image.Image], embedder: ImageEmbedder,
+              neighbour_scores: Sequence[float], seed: int = 0) -> Calibration:
+    """``auto``'s threshold from the planted copies of ``images`` (whose stored vectors are ``originals``) and the
+    gallery's nearest-neighbour cosines ``neighbour_scores``."""
+    if len(images) != len(originals):
+        raise ParameterError("images", f"must be the {len(originals)} originals' images, got {len(images)}")
+    background = EvalPreprocess(embedder.model_config).background
+    planted = [plant_copies(image, seed + n, background) for n, image in enumerate(images)]
+    copies = embed_images(embedder, [copy for kinds in planted for copy in kinds.values()])
+    owner = np.repeat(np.arange(len(images)), len(COPY_KINDS))
+    scores = np.einsum("ij,ij->i", copies, originals[owner])
+    by_kind = {kind: scores[position::len(COPY_KINDS)].tolist() for position, kind in enumerate(COPY_KINDS)}
+    threshold = choose_threshold(scores, neighbour_scores)
+    others = np.asarray(neighbour_scores, dtype=np.float64)
+    return Calibration(
+        threshold, len(images), len(scores), float((scores >= threshold).mean()),
+        {kind: float((np.asarray(values) >= threshold).mean()) for kind, values in by_kind.items()},
+        float((others >= threshold).mean()) if len(others) else 0.0, by_kind, others.tolist())
+
+
+def check_sample(sample: int) -> int:
+    """The calibration sample as an int within [2, MAX_CALIBRATION_SAMPLE], else a ParameterError."""
+    if isinstance(sample, bool) or not isinstance(sample, (int, np.integer)) or \
+            not 2 <= sample <= MAX_CALIBRATION_SAMPLE:
+        raise ParameterError("sample", f"must be between 2 and {MAX_CALIBRATION_SAMPLE} images (each costs "
+                                       f"{len(COPY_KINDS)} embeddings), got {sample!r}")
+    return int(sample)
+
+
+def calibrate_on_index(index: Index, graph: NeighbourGraph, load: Callable[[int], Image.Image | None],
+                       embedder: ImageEmbedder, sample: int = CALIBRATION_SAMPLE, seed: int = 0) -> Calibration:
+    """``calibrate`` on a seeded sample of the graph's images (``load(id)`` gives an image's picture; None: it
+    cannot be read now, and another image is taken; the stored vectors are the originals) against every searched
+    image's nearest-neighbour cosine."""
+    sample = check_sample(sample)
+    # the model sees at most its input size: a photo is kept at 4 x that, so the sample's memory stays small
+    side = 4 * EvalPreprocess(embedder.model_config).size
+    order = np.random.default_rng(seed).permutation(len(graph.ids))[:2 * sample]
+    chosen, images = [], []
+    for row in order:  # an unreadable file is passed over: at most 2 x sample files are tried
+        image = load(int(graph.ids[row]))
+        if image is not None:
+            image.thumbnail((side, side))
+            chosen.append(int(row))
+            images.append(image)
+        if len(chosen) == sample:
+            break
+    if len(chosen) < 2:
+        raise ParameterError("threshold", "auto needs at least 2 readable gallery images to plant copies of; "
+                                          "give a number instead, e.g. --threshold 0.95")
+    rows = np.asarray(chosen, dtype=np.int64)
+    ids, vectors = stored_vectors(index, graph.ids[rows])
+    position = {int(i): n for n, i in enumerate(ids)}
+    kept = [n for n, row in enumerate(rows) if int(graph.ids[row]) in position]
+    if len(kept) < 2:  # a writer removed them since the graph was searched
+        raise ParameterError("threshold", "auto found fewer than 2 sampled images still indexed; run it again")
+    originals = np.stack([vectors[position[int(graph.ids[rows[n]])]] for n in kept])
+    # every searched image's nearest other, not only the sample's: the far tail of distinct pairs is what a cut
+    # just above the sample's highest would meet
+    nearest = graph.scores[:, 0]
+    return calibrate(originals, [images[n] for n in kept], embedder, nearest[np.isfinite(nearest)].tolist(), seed)
+
+
+# --- the summary of an index's groups
+def group_summaries(index: Index, groups: Sequence[DuplicateGroup], max_groups: int = MAX_GROUPS_SHOWN,
+                    max_members: int = MAX_MEMBERS_SHOWN) -> list[dict[str, Any]]:
+    """The first ``max_groups`` groups as JSON: size, ids, paths (as the API shows them), labels, each image's
+    cosine to the group's first image (1.0 for itself), the weakest and best link; ``max_members`` images each."""
+    shown = list(groups[:max_groups])
+    wanted = np.unique(np.concatenate([g.ids[:max_members] for g in shown])) if shown else np.zeros(0, np.int64)
+    ids, vectors = stored_vectors(index, wanted)
+    vector_of = {int(i): v for i, v in zip(ids.tolist(), vectors, strict=True)}
+    rows = index.indexed_rows(wanted.tolist())
+    out = []
+    for group in shown:
+        members = [int(i) for i in group.ids[:max_members]]
+        first = vector_of.get(members[0])
+        similarities = [round(float(vector_of[i] @ first), 4) if first is not None and i in vector_of else None
+                        for i in members]
+        out.append({
+            "size": int(len(group.ids)),
+            "ids": members,
+            "paths": [index.public_path(rows[i]["path"]) if i in rows else None for i in members],
+            "labels": [rows[i]["label"] if i in rows else None for i in members],
+            "similarities": similarities,
+            "weakest_link": round(group.weakest_link, 4),
+            "best_link": round(group.best_link, 4),
+            "shown": len(members),
+        })
+    return out
+
+
+def find_duplicates(index: Index, threshold: float | str = "auto", k: int = 10,
+                    load: Callable[[int], Image.Image | None] | None = None, embedder: ImageEmbedder | None = None,
+                    calibration_sample: int = CALIBRATION_SAMPLE, max_images: int | None = None,
+                    max_groups: int = MAX_GROUPS_SHOWN, max_members: int = MAX_MEMBERS_SHOWN, seed: int = 0,
+                    graph: NeighbourGraph | None = None) -> dict[str, Any]:
+    """The near-duplicate groups of an index as a JSON-able summary (``groups``: the largest ``max_groups``).
+    ``threshold`` "auto" calibrates on planted copies (``calibrate_on_index``: ``load`` reads an image, default its
+    catalogued file; ``embedder`` default the index's model). ``max_images``: search a seeded sample only (each
+    sampled image's copies are found among all indexed images). ``graph``: one already computed with ``k``."""
+    if isinstance(threshold, str) and threshold != "auto":
+        raise ParameterError("threshold", f"must be a cosine in [-1, 1] or auto, got {threshold!r}")
+    graph = graph if graph is not None else index_graph(index, k, max_images, seed)
+    calibration = None
+    if threshold == "auto":
+        calibration = calibrate_on_index(index, graph, load or catalogued_image_loader(index),
+                                         embedder or index.embedder, calibration_sample, seed)
+        threshold = calibration.threshold
+    groups = duplicate_groups(graph, float(threshold))
+    linked = np.unique(np.concatenate([g.ids for g in groups])) if groups else np.zeros(0, np.int64)
+    split = len(linked) <= MAX_SPLIT_IMAGES
+    if split and len(linked):
+        ids, vectors = stored_vectors(index, linked)
+        groups = split_around_first(groups, dict(zip(ids.tolist(), vectors, strict=True)), float(threshold))
+    counts = index.catalogue.counts()
+    return {
+        "index_dir": str(index.layout.root),
+        "images": int(len(graph.ids)),
+        "indexed": len(index),
+        "sampled": graph.sampled,
+        "k": graph.k,
+        "search": graph.search,
+        "threshold": float(threshold),
+        "calibration": calibration.to_dict() if calibration is not None else None,
+        "split": split,  # groups cut around their first image (False: left as linked, too many images)
+        "groups_found": len(groups),
+        "images_in_groups": int(sum(len(g.ids) for g in groups)),
+        "copies_in_groups": int(sum(len(g.ids) - 1 for g in groups)),
+        "exact_duplicates": int(counts.get("duplicate", 0)),  # same bytes: skipped when indexed, never searched
+        "groups": group_summaries(index, groups, max_groups, max_members),
+    }
+
+
+def catalogued_image_loader(index: Index, max_pixels: int | None = None) -> Callable[[int], Image.Image | None]:
+    """``load(id)``: the image of a catalogued file through the one decoder (bounded), None when unreadable now."""
+    from retrieval.data.decode import DEFAULT_MAX_PIXELS, read_image
+
+    def load(image_id: int) -> Image.Image | None:
+        row = index.indexed_row(image_id)
+        if row is None:
+            return None
+        try:
+            return read_image(row["path"], max_pixels or DEFAULT_MAX_PIXELS).image
+        except Exception:  # noqa: BLE001  (a file unreadable now is passed over, as the index builder does)
+            return None
+
+    return load
