@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import json
 import typing
@@ -146,6 +147,19 @@ def config_options(cls: type) -> list[Callable]:
     return [click_option(declared) for declared in declared_options(cls) if declared.spec.command_line]
 
 
+def prefixed_options(cls: type, prefix: str) -> list[Callable]:
+    """``config_options(cls)`` whose values reach the command as ``prefix + field`` (a command with options of its own
+    by those names: ``retrieval search``'s ``-k`` and ``--rerank-k``); ``prefixed_values`` reads them back."""
+    return [click_option(dataclasses.replace(declared, name=prefix + declared.name))
+            for declared in declared_options(cls) if declared.spec.command_line]
+
+
+def prefixed_values(cls: type, prefix: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The ``prefixed_options`` given on the command line (removed from ``options``) as ``cls``'s field values."""
+    values = {declared.name: options.pop(prefix + declared.name, None) for declared in declared_options(cls)}
+    return {name: value for name, value in values.items() if value is not None}
+
+
 def shared_option(cls: type, name: str, *aliases: str, help: str | None = None, default: Any = None) -> Callable:
     """Option ``name`` of ``cls`` on another command (``evaluate --eval-limit``), with that command's help."""
     declared = {d.name: d for d in declared_options(cls)}[name]
@@ -221,10 +235,12 @@ def with_reference(document: str, table: str, name: str = "options") -> str:
 
 def reference_tables() -> list[tuple[str, str, type]]:
     """Each generated reference table: (document under the repository, marker name, the declaring config)."""
+    from retrieval.rerank import RerankConfig
     from retrieval.serve.config import ServerConfig
     from retrieval.train.config import TrainConfig
 
-    return [("docs/TRAINING.md", "options", TrainConfig), ("docs/SERVING.md", "serve-options", ServerConfig)]
+    return [("docs/TRAINING.md", "options", TrainConfig), ("docs/SERVING.md", "serve-options", ServerConfig),
+            ("docs/INDEX.md", "rerank-options", RerankConfig)]
 
 
 def write_references(root: str) -> list[str]:

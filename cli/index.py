@@ -17,7 +17,7 @@ import click
 from retrieval.cli.config_options import config_options
 from retrieval.cli.errors import OptionCommand, OptionGroup, option_message, where_problem
 from retrieval.cli.help_text import default_max_pixels, image_extensions, lazy_help_option
-from retrieval.cli.options import apply_options
+from retrieval.cli.options import apply_options, rerank_config, rerank_options
 from retrieval.near_duplicates import DuplicateCheck
 from retrieval.workers import DEFAULT_WORKERS_TEXT
 
@@ -641,13 +641,15 @@ QUERY_BATCH = 32  # queries decoded and embedded together, so that a folder's im
                    'in (...), and, or, not).')
 @click.option("--gpu", is_flag=True, help="search on the GPU (needs faiss-gpu and a GPU).")
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table.")
-def search_command(index_dir, images, k, max_queries, model, exclude_self, where, gpu, as_json) -> None:
+@rerank_options
+def search_command(index_dir, images, k, max_queries, model, exclude_self, where, gpu, as_json, **options) -> None:
     """Find the k most similar gallery images to each query IMAGE (a folder: every image in it, recursively, sorted
     by path). A query that cannot be read is named with the reason, the others are answered, and the command then
-    exits with status 1."""
+    exits with status 1. --rerank re-orders each query's shortlist (docs/INDEX.md, "Re-ranking")."""
     from retrieval.index import Index, ModelMismatchError, load_model
     from retrieval.index.sources import printable_path
 
+    rerank = rerank_config(options)
     queries = _query_list(images, max_queries)
     try:
         opened = Index.open(index_dir, embedder=load_model(model) if model else None, gpu=gpu)
@@ -659,7 +661,7 @@ def search_command(index_dir, images, k, max_queries, model, exclude_self, where
             matching = len(index.matching_ids(where))  # a column the index lacks fails here, before embedding
             if not as_json:
                 click.echo(_where_summary(index, matching))
-        answers = _answers(index, queries, k, exclude_self, where)
+        answers = _answers(index, queries, k, exclude_self, where, rerank)
     if as_json:
         click.echo(json.dumps(answers, indent=2))
     else:
@@ -670,10 +672,14 @@ def search_command(index_dir, images, k, max_queries, model, exclude_self, where
                 continue
             if answer.get("excluded_self") is not None:
                 click.echo(f"  (left out: id={answer['excluded_self']}, the query itself)")
+            if rerank.active:
+                click.echo(f"  re-ranked by {rerank.method} (the top {rerank.candidates}; score = cosine, then the "
+                           "re-ranking's score)")
             for rank, r in enumerate(answer["results"], 1):  # names may hold newlines or bytes that are not UTF-8
                 label = None if r["label"] is None else printable_path(r["label"], limit=None)
                 path = printable_path(r["path"], limit=None)
-                click.echo(f"  {rank:3d}  {r['score']:+.4f}  id={r['id']}  label={label}  {path}")
+                reranked = f"  {r['rerank_score']:+.4f}" if "rerank_score" in r else ""
+                click.echo(f"  {rank:3d}  {r['score']:+.4f}{reranked}  id={r['id']}  label={label}  {path}")
     failed = [a for a in answers if "error" in a]
     if failed:
         shown = ", ".join(printable_path(a["query"]) for a in failed[:3])
@@ -725,17 +731,19 @@ def _open_problem(exc: OSError) -> str:
     return f"cannot be opened ({exc.strerror or exc}); check that it is a readable image file"
 
 
-def _answers(index, queries: list[tuple[str, str | None]], k: int, exclude_self: bool, where=None) -> list[dict]:
+def _answers(index, queries: list[tuple[str, str | None]], k: int, exclude_self: bool, where=None,
+             rerank=None) -> list[dict]:
     """Each query's answer, in order: its results (and the id left out as the query itself), or the reason it
     cannot be searched. Each file is opened once (hashed, then decoded, as the index builder does); the readable
     queries are embedded ``QUERY_BATCH`` at a time."""
     answers = []
     for start in range(0, len(queries), QUERY_BATCH):
-        answers.extend(_answer_batch(index, queries[start:start + QUERY_BATCH], k, exclude_self, where))
+        answers.extend(_answer_batch(index, queries[start:start + QUERY_BATCH], k, exclude_self, where, rerank))
     return answers
 
 
-def _answer_batch(index, queries: list[tuple[str, str | None]], k: int, exclude_self: bool, where=None) -> list[dict]:
+def _answer_batch(index, queries: list[tuple[str, str | None]], k: int, exclude_self: bool, where=None,
+                  rerank=None) -> list[dict]:
     """``_answers`` for one batch of queries: decoded, embedded together and searched."""
     from retrieval.data.decode import ImageDecodeError, open_regular_file, read_image
     from retrieval.index.gallery_file import file_digest
@@ -762,7 +770,8 @@ def _answer_batch(index, queries: list[tuple[str, str | None]], k: int, exclude_
     for answer, sha256, embedding in zip(readable, digests, embeddings, strict=True):
         row = index.indexed_by_sha256(sha256) if exclude_self else None
         excluded = None if row is None else int(row["id"])
-        found = index.search(embedding[None], k, exclude_ids=() if excluded is None else (excluded,), where=where)[0]
+        found = index.search(embedding[None], k, exclude_ids=() if excluded is None else (excluded,), where=where,
+                             rerank=rerank)[0]
         # path: the spelling --where, index remove, the API and the app use; file: where it lies on this machine
         results = [r.to_dict() | {"path": index.public_path(r.path), "file": r.path} for r in found]
         answer.update(results=results, excluded_self=excluded)

@@ -15,7 +15,7 @@ import click
 
 from retrieval.cli.config_options import config_options, option_values, parse_params, shared_option
 from retrieval.cli.errors import OptionGroup
-from retrieval.cli.options import apply_options
+from retrieval.cli.options import apply_options, rerank_config, rerank_options
 from retrieval.serve.defaults import DEFAULT_HOST, DEFAULT_PORT
 from retrieval.train.config import TrainConfig
 
@@ -164,11 +164,14 @@ def _headline(metrics: dict | None) -> dict | None:
 @click.option("--gallery-model", type=click.Path(dir_okay=False, exists=True), metavar="OLD",
               help="also measure compatibility with OLD (a checkpoint or an .onnx): its own metrics, and the "
                    "checkpoint's queries against the gallery OLD embedded (BCT's cross-model test).")
+@rerank_options
 def evaluate_command(checkpoint, dataset, data, split, dataset_kwargs, eval_limit, linear_probe, eval_batch_size,
-                     device, workers, out_path, pictures, map_method, gallery_model) -> None:
+                     device, workers, out_path, pictures, map_method, gallery_model, **options) -> None:
     """Evaluate a checkpoint: prints the metrics as JSON and writes an evaluate report (eval_report.json next to
     the checkpoint, or --out). With --gallery-model OLD the JSON has three blocks, new (the checkpoint), old (OLD)
-    and cross_model (the checkpoint's queries against OLD's gallery), and whether BCT's criterion holds."""
+    and cross_model (the checkpoint's queries against OLD's gallery), and whether BCT's criterion holds. With
+    --rerank the JSON adds a block "reranked": the kNN metrics with each query's shortlist re-ranked as `retrieval
+    search` re-ranks it (the plain metrics stay as they are)."""
     from retrieval.data import build_transforms, load_dataset
     from retrieval.evaluation import (
         checkpoint_dataset,
@@ -182,6 +185,7 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_kwargs, eval_limi
     from retrieval.models import load_checkpoint, load_embedder
     from retrieval.reports import evaluate_report, save_report
 
+    rerank = rerank_config(options)
     trained = load_checkpoint(checkpoint).train_config
     dataset, data, kwargs = checkpoint_dataset(trained, dataset, data, parse_params(dataset_kwargs, "--dataset-param"))
     split = split or trained.get("eval_split", "test")
@@ -206,9 +210,15 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_kwargs, eval_limi
                                   gallery.indices if gallery is not None else None, seed=trained.get("seed", 0),
                                   method=map_method)
     report = evaluate_report(checkpoint, dataset, data, split, kwargs, len(ql), model.config, metrics, plots)
+    reranked: dict = {}
+    if rerank.active:  # the same top-k re-ranked as a search would: the plain metrics stay beside it
+        from retrieval.evaluation import reranked_metrics
+
+        reranked = {"reranked": reranked_metrics(q, ql, g, gl, rerank)}
+        report.update(reranked)
     if gallery_model is None:
         save_report(report, out)
-        click.echo(json.dumps({**metrics, "report": str(out)}, indent=2))
+        click.echo(json.dumps({**metrics, **reranked, "report": str(out)}, indent=2))
         return
     from retrieval.compatibility import compatibility_metrics, compatibility_sentence
     from retrieval.errors import parameters_named
@@ -228,7 +238,8 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_kwargs, eval_limi
     save_report(report, out)
     click.echo(f"{Path(checkpoint).name} against {Path(gallery_model).name}: {sentence}", err=True)
     click.echo(json.dumps({"new": metrics, "old": blocks["old"], "cross_model": blocks["cross_model"],
-                           "compatible": blocks["compatible"], "criterion": sentence, "report": str(out)}, indent=2))
+                           "compatible": blocks["compatible"], "criterion": sentence, **reranked, "report": str(out)},
+                          indent=2))
 
 
 # --- listings -------------------------------------------------------------------------------------

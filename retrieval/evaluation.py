@@ -13,6 +13,7 @@ from torch.utils.data import Dataset, Subset
 from retrieval.data.dataset import BadImageLog
 from retrieval.distributed import embed_sharded
 from retrieval.errors import ParameterError
+from retrieval.rerank import RerankConfig
 
 
 @dataclass
@@ -65,6 +66,30 @@ def evaluate_embeddings(query: np.ndarray, query_labels: np.ndarray, gallery: np
     if with_clustering:
         names += ["nmi", "f1"]
     return evaluate(query, query_labels, gallery, gallery_labels, ks=ks, metrics=names)
+
+
+def reranked_metrics(query: np.ndarray, query_labels: np.ndarray, gallery: np.ndarray | None,
+                     gallery_labels: np.ndarray | None, config: RerankConfig, ks=(1, 2, 4, 8)) -> dict[str, Any]:
+    """The kNN metrics (Recall@K, MAP@R, R-precision) with each query's shortlist re-ranked as a search re-ranks
+    it (``retrieval.rerank.rerank_lists`` over its top ``config.candidates``, the rest in their order): a block
+    ``{method, title, paper, params, metrics}``. Leave-one-out (gallery None) leaves the query out of its own
+    shortlist, as a search from a gallery image does (``exclude_self``)."""
+    from retrieval.metrics import evaluate
+    from retrieval.rerank import rerank_lists
+
+    def unit(vectors: np.ndarray) -> np.ndarray:
+        vectors = np.asarray(vectors, dtype=np.float32)
+        return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+    queries = unit(query)
+    stored = queries if gallery is None else unit(gallery)
+
+    def reorder(rows: np.ndarray, lists: np.ndarray) -> np.ndarray:
+        return rerank_lists(queries[rows], lists, lambda wanted: stored[wanted], config)[0]
+
+    metrics = evaluate(query, query_labels, gallery, gallery_labels, ks=ks, metrics=["recall", "map@r", "r_precision"],
+                       reorder=reorder if config.active else None, min_depth=config.candidates if config.active else 0)
+    return {**config.describe(), "metrics": metrics}
 
 
 def leave_one_out_metrics(embeddings: np.ndarray, labels: np.ndarray) -> dict[str, float]:

@@ -22,7 +22,7 @@ Conventions (fixed here so that every caller reports the same numbers):
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +37,9 @@ KNN_METRICS = frozenset({"recall", "map@r", "r_precision"})
 # Scores held at once per block: block_size x gallery_size floats (64 MiB at float32).
 DEFAULT_BLOCK_BYTES = 64 * 2**20
 SMALL_KMEANS_WORK = 10**7  # n * clusters * dim below which k-means runs on one thread
+
+
+Reorder = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (query rows, their lists) -> the lists reordered
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -291,6 +294,8 @@ def _retrieval_metrics(
     want: set[str],
     exclude_self: bool,
     block_size: int | None,
+    reorder: Reorder | None = None,
+    min_depth: int = 0,
 ) -> dict[str, float]:
     r = _relevant_counts(query_codes, gallery_codes, exclude_self)
     scored = torch.nonzero(r > 0).flatten()
@@ -303,6 +308,8 @@ def _retrieval_metrics(
     depth = torch.full_like(r, max(ks) if "recall" in want else 0)
     if need_r:
         depth = torch.maximum(depth, r)
+    # a re-ranked list is read as deep as its shortlist, which the gallery bounds
+    depth = torch.maximum(depth, torch.full_like(r, min(min_depth, len(gallery_codes) - int(exclude_self))))
     # Sorting by depth keeps blocks of small classes shallow (topk cost and memory grow with depth).
     order = scored[torch.argsort(depth[scored], stable=True)]
     # Per-query values stored by query index and averaged once at the end, so that the result does
@@ -312,6 +319,8 @@ def _retrieval_metrics(
     average_precision = torch.zeros(n, dtype=torch.float64)
     r_precision = torch.zeros(n, dtype=torch.float64)
     for rows, _, indices in _iter_knn_blocks(space, order, depth[order], exclude_self, block_size):
+        if reorder is not None:
+            indices = torch.from_numpy(np.ascontiguousarray(reorder(rows.numpy(), indices.numpy()), dtype=np.int64))
         relevant = gallery_codes[indices] == query_codes[rows][:, None]
         if "recall" in want:
             for k in ks:
@@ -447,6 +456,8 @@ def evaluate(
     kmeans_niter: int = 50,
     seed: int = 0,
     same_items: bool = False,
+    reorder: Reorder | None = None,
+    min_depth: int = 0,
 ) -> dict[str, float]:
     """Retrieval and clustering metrics of embeddings (conventions in the module docstring).
 
@@ -499,6 +510,8 @@ def evaluate(
                 want & KNN_METRICS,
                 exclude_self,
                 block_size,
+                reorder,
+                min_depth,
             )
         )
     if want & {"nmi", "f1"}:

@@ -34,12 +34,14 @@ from retrieval.data.formats import IMAGE_MEDIA_TYPES  # what an image file is se
 from retrieval.index import IMAGE_EXTENSIONS, SearchResult
 from retrieval.index.catalogue import CatalogueReader
 from retrieval.index.embedder import ImageEmbedder, prepare_vectors
+from retrieval.index.faiss_search import NoStoredVectors
 from retrieval.index.filters import Filter, FilterError, parse_filter
 from retrieval.index.layout import InconsistentIndexError
 from retrieval.index.live import RELOAD_INTERVAL_S, LiveIndex, Snapshot
 from retrieval.index.search import MAX_K, check_k
 from retrieval.index.sources import printable_path
 from retrieval.onnx_runtime import preprocess_images
+from retrieval.rerank import RerankConfig
 from retrieval.serve.admission import ClientGone
 from retrieval.serve.batcher import MicroBatcher
 from retrieval.serve.defaults import (
@@ -89,6 +91,7 @@ class SearchResponse:
     notes: list[str] = field(default_factory=list)  # how the query was read (e.g. an animated image's frame)
     # the answering state's nearest-neighbour similarities, when asked for (``search(..., calibrate=True)``)
     neighbours: NeighbourScores | None = None
+    rerank: RerankConfig | None = None  # the re-ranking that ordered the results (None: faiss' order)
 
     def unlike_gallery(self) -> bool:
         """Whether the best result scores below what nearly every gallery image reaches to its own nearest
@@ -106,7 +109,7 @@ class SearchResponse:
             "excluded_self": self.excluded_self,
             "notes": list(self.notes),
             "timing": {stage: float(value) for stage, value in self.timing.items()},
-        }
+        } | ({"rerank": self.rerank.describe()} if self.rerank is not None else {})
 
 
 class _Model:
@@ -177,12 +180,13 @@ class ServedIndex:
         return self.index.public_path(path)
 
     def search(self, vectors: np.ndarray, k: int, exclude_ids: tuple[int, ...] = (),
-               where: Filter | None = None) -> list[list[SearchResult]]:
+               where: Filter | None = None, rerank: RerankConfig | None = None) -> list[list[SearchResult]]:
         """``Index.search`` with the paths as clients see them; a filter this index cannot answer (a column it
-        lacks) is a 422, and what this state cannot answer (the index changed under it) a 503."""
+        lacks) is a 422, as is a re-ranking it cannot do (an index that keeps no vectors), and what this state
+        cannot answer (the index changed under it) a 503."""
         try:
-            found = self._answer(self.index.search, vectors, k, exclude_ids, where=where)
-        except FilterError as exc:
+            found = self._answer(self.index.search, vectors, k, exclude_ids, where=where, rerank=rerank)
+        except (FilterError, NoStoredVectors) as exc:
             raise QueryError(str(exc), 422) from exc
         return [[dataclasses.replace(r, path=self.public_path(r.path)) for r in results] for results in found]
 
@@ -354,6 +358,7 @@ class SearchService:
         exclude_self: bool = False,
         where: str | None = None,
         calibrate: bool = False,
+        rerank: RerankConfig | None = None,
     ) -> SearchResponse:
         """Top-k of a PIL image, the bytes of an image file, or an embedding [d]; ``exclude_ids`` dropped.
 
@@ -362,10 +367,13 @@ class SearchService:
         the catalogue rows matching it (``retrieval.index.filters``; a malformed one is a 422 naming the
         problem). The whole search uses one state of the index, even if a newer one is swapped in meanwhile;
         ``calibrate`` adds that state's ``neighbour_scores`` (measured once per state), for ``unlike_gallery``.
+        ``rerank`` re-orders the shortlist (``retrieval.rerank``) after the query's own item and the filter have
+        left it; its time is part of ``search_ms``.
         """
         k, where_filter = checked_k_and_where(k, where)
+        rerank = rerank if rerank is not None and rerank.active else None
         with self.live.acquire() as state:
-            response = self._search(state, query, k, exclude_ids, exclude_self, where_filter)
+            response = self._search(state, query, k, exclude_ids, exclude_self, where_filter, rerank)
             if calibrate:
                 response.neighbours = state.neighbour_scores()
             return response
@@ -378,6 +386,7 @@ class SearchService:
         exclude_ids: tuple[int, ...],
         exclude_self: bool,
         where: Filter | None = None,
+        rerank: RerankConfig | None = None,
     ) -> SearchResponse:
         started = time.perf_counter()
         timing: dict[str, float] = {}
@@ -393,12 +402,12 @@ class SearchService:
         else:
             embedding = check_embedding(query, state.index.dim)
         search_started = time.perf_counter()
-        results = state.search(embedding, k, exclude_ids, where)[0]
+        results = state.search(embedding, k, exclude_ids, where, rerank)[0]
         timing["search_ms"] = (time.perf_counter() - search_started) * 1000
         timing["total_ms"] = (time.perf_counter() - started) * 1000
         timing = {key: round(v, 3) for key, v in timing.items()}
-        return SearchResponse(results, k, timing, query_item, excluded_self, notes + no_match_notes(state, where,
-                                                                                                    results))
+        return SearchResponse(results, k, timing, query_item, excluded_self,
+                              notes + no_match_notes(state, where, results), rerank=rerank)
 
     def search_batch(
         self,
@@ -407,6 +416,7 @@ class SearchService:
         exclude_self: bool = False,
         where: str | None = None,
         cancelled: Callable[[], bool] | None = None,
+        rerank: RerankConfig | None = None,
     ) -> list[SearchResponse | QueryError]:
         """Top-k of each query (as ``search``), in order: the images embedded in ONE model call, one faiss search.
 
@@ -416,12 +426,14 @@ class SearchService:
         limit) is answered by its ``QueryError`` in place, as is a ``QueryError`` the caller passes (e.g. bad
         base64), and the other queries are answered. Per-query timing: its own ``decode_ms``; the stages the
         batch shares (preprocess, embed, search, total) give the batch's time. ``cancelled()`` is asked before each
-        image: once true (the client has gone), the batch stops with ``ClientGone``.
+        image: once true (the client has gone), the batch stops with ``ClientGone``. ``rerank`` applies to every
+        query, as in ``search``.
         """
         check_batch_size(len(queries))
         k, where_filter = checked_k_and_where(k, where)
+        rerank = rerank if rerank is not None and rerank.active else None
         with self.live.acquire() as state:
-            return self._search_batch(state, list(queries), k, exclude_self, where_filter, cancelled)
+            return self._search_batch(state, list(queries), k, exclude_self, where_filter, cancelled, rerank)
 
     def _search_batch(
         self,
@@ -431,6 +443,7 @@ class SearchService:
         exclude_self: bool,
         where: Filter | None,
         cancelled: Callable[[], bool] | None = None,
+        rerank: RerankConfig | None = None,
     ) -> list[SearchResponse | QueryError]:
         started = time.perf_counter()
         vectors: dict[int, np.ndarray] = {}  # position -> unit vector
@@ -440,7 +453,7 @@ class SearchService:
                     vectors[position] = check_embedding(query, state.index.dim)
                 except QueryError as exc:
                     raise QueryError(f"queries[{position}]: {exc}", exc.status) from exc
-        answers: list[SearchResponse | QueryError] = [SearchResponse([], k) for _ in queries]
+        answers: list[SearchResponse | QueryError] = [SearchResponse([], k, rerank=rerank) for _ in queries]
         # each image becomes the model's small input as soon as it is decoded: a batch never holds 64 decoded
         # images at once (a tiny PNG can declare tens of megapixels within the pixel limit)
         images: dict[int, np.ndarray] = {}
@@ -474,7 +487,7 @@ class SearchService:
         if searched:
             search_started = time.perf_counter()
             found = self._search_vectors(state, np.stack([vectors[p] for p in searched]), k,
-                                         [own.get(p) for p in searched], where)
+                                         [own.get(p) for p in searched], where, rerank)
             search_ms = (time.perf_counter() - search_started) * 1000
             for position, results in zip(searched, found, strict=True):
                 answer = answers[position]
@@ -493,13 +506,21 @@ class SearchService:
         return decoded.image, state.query_item(data), list(decoded.notes), (time.perf_counter() - started) * 1000
 
     def _search_vectors(
-        self, state: ServedIndex, vectors: np.ndarray, k: int, own: list[int | None], where: Filter | None
+        self, state: ServedIndex, vectors: np.ndarray, k: int, own: list[int | None], where: Filter | None,
+        rerank: RerankConfig | None = None,
     ) -> list[list[SearchResult]]:
         """One faiss search of unit ``vectors`` [n, d]; query i leaves out its own gallery item ``own[i]``.
 
         ``Index.search`` leaves the same ids out of every query, so one more row is asked for and each query drops
         its own item itself (what ``search`` does with ``exclude_ids``: faiss is asked for k + 1 either way).
+        Re-ranked, a query's own item must leave its shortlist before the re-ranking reads it (a neighbour of the
+        others there): those queries are searched one by one, each leaving out its own.
         """
+        if rerank is not None:
+            if all(item is None for item in own):
+                return state.search(vectors, k, where=where, rerank=rerank)
+            return [state.search(vectors[i : i + 1], k, () if item is None else (item,), where, rerank)[0]
+                    for i, item in enumerate(own)]
         fetch = k + 1 if any(item is not None for item in own) else k
         if fetch <= MAX_K:
             found = state.search(vectors, fetch, where=where)

@@ -20,6 +20,7 @@ from retrieval.data import open_image
 from retrieval.data.emoji import emoji_name, is_code_point_sequence
 from retrieval.errors import ParameterError
 from retrieval.index.filters import MAX_FILTER_CHARS, MAX_IN_VALUES
+from retrieval.rerank import NONE, RERANKERS, RerankConfig, method_names
 from retrieval.serve.curation_view import CurationView, ThresholdError, parse_threshold
 from retrieval.serve.defaults import API_DOCS_PATH
 from retrieval.serve.diagnostics import duplicates
@@ -305,7 +306,16 @@ class SearchTab:
             parts.append(f"({where})" if parts else where)
         return " and ".join(parts) or None
 
-    def search(self, upload: Any, k: float, labels: Any = None, where: Any = None
+    @staticmethod
+    def rerank(method: Any) -> RerankConfig | None:
+        """The re-ranking picked (its default parameters), None for none; a call can send anything."""
+        if method is None or method == NONE:
+            return None
+        if not isinstance(method, str) or method not in RERANKERS:
+            raise QueryError(f"re-ranking must be one of {', '.join(method_names())}, got {str(method)[:20]!r}", 422)
+        return RerankConfig(method=method)
+
+    def search(self, upload: Any, k: float, labels: Any = None, where: Any = None, rerank: Any = None
                ) -> tuple[list[tuple[Image.Image, str]], str, Any]:
         """The results, the status line and the query box after a search.
 
@@ -314,12 +324,14 @@ class SearchTab:
         ``labels`` (the picker) and ``where`` (the filter box) restrict the results as the API's where does. A
         search that fails replaces the previous results and status with what went wrong, inline: the next search
         replaces it in turn (a pop-up would stay over later results). An upload that cannot be read leaves the
-        query box, where the browser would show it as a broken image.
+        query box, where the browser would show it as a broken image. ``rerank`` (the re-ranking picker) re-orders
+        the shortlist as the API's ``rerank`` does.
         """
         keep = gr.skip()
         try:
             k = self.check_k(k)
             condition = self.where(labels, where)
+            reranking = self.rerank(rerank)
         except QueryError as exc:
             return [], failure_markdown("Cannot search", exc), keep
         try:
@@ -327,7 +339,8 @@ class SearchTab:
         except QueryError as exc:
             return [], failure_markdown("Cannot search with this image", exc, upload_name(upload)), None
         try:
-            response = self.service.search(data, k, exclude_self=True, where=condition, calibrate=True)
+            response = self.service.search(data, k, exclude_self=True, where=condition, calibrate=True,
+                                           rerank=reranking)
         except QueryError as exc:
             if exc.status in IMAGE_STATUSES:  # the upload itself: unreadable, too large, too many pixels
                 return [], failure_markdown("Cannot search with this image", exc, upload_name(upload)), None
@@ -361,6 +374,11 @@ class SearchTab:
                          "results.")
         if response.unlike_gallery():
             lines.append(unlike_markdown(response, condition))
+        if response.rerank is not None:
+            method = RERANKERS[response.rerank.method]
+            lines.append(f"Re-ranked by **{method.title}** ({method.paper}) over up to "
+                         f"{response.rerank.candidates} top candidates; the scores shown are still cosine "
+                         "similarities.")
         lines.append(
             f"**{count} results**{filtered} · embed {t.get('embed_ms', 0):.1f} ms "
             f"(batch of {int(t.get('batch_size', 1))}) · search {t['search_ms']:.1f} ms · "
@@ -402,6 +420,12 @@ class SearchTab:
                     label="K (number of results)",
                     elem_id="top-k",
                 )
+                rerank_pick = gr.Dropdown(
+                    choices=[("none (the index's order)", NONE)]
+                    + [(f"{name}: {method.title}", name) for name, method in RERANKERS.items()],
+                    value=NONE, label="Re-ranking", elem_id="rerank-method",
+                    info="re-orders the top candidates; see docs/INDEX.md, Re-ranking",
+                )
                 with gr.Accordion("Filter the gallery", open=False, elem_id="filter"):
                     # a label longer than a filter may be is left out: the page's config would carry it whole
                     labels = sorted({label for _, label in self.service.current().catalogue.labelled()
@@ -439,15 +463,15 @@ class SearchTab:
             examples.load_input_event.then(
                 self.close_preview, None, gallery, queue=False, show_progress="hidden", api_visibility="private",
                 js=CLOSE_TOASTS,
-            ).then(self.search, [query, top_k, label_pick, where_box], [gallery, timing, query], preprocess=False,
-                   api_name="example_search", api_visibility="private")
+            ).then(self.search, [query, top_k, label_pick, where_box, rerank_pick], [gallery, timing, query],
+                   preprocess=False, api_name="example_search", api_visibility="private")
         # the enlarged view closes first: Gallery keeps it open on the same index when only its value changes; a
         # pop-up still open (Gradio's own, e.g. a file over the size limit) is closed: it was about an earlier try
         button.click(
             self.close_preview, None, gallery, queue=False, show_progress="hidden", api_visibility="private",
             js=CLOSE_TOASTS,
-        ).then(self.search, [query, top_k, label_pick, where_box], [gallery, timing, query], api_name="search",
-               preprocess=False)
+        ).then(self.search, [query, top_k, label_pick, where_box, rerank_pick], [gallery, timing, query],
+               api_name="search", preprocess=False)
         # what the gallery is and how to read the results: after the search itself, so the upload box comes first
         gr.Markdown(self.facts.intro_markdown(self.service, self.tabs), elem_id="intro", latex_delimiters=NO_LATEX)
 

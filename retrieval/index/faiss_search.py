@@ -9,12 +9,15 @@ A small selection is scored exactly from the vectors an index stores uncompresse
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any
 
 import faiss
 import numpy as np
 
 from retrieval.index.faiss_params import hnsw_of, inner, ivf_of, refine_of
+
+_DIRECT_MAPS = threading.Lock()  # an IVF index gets its direct map once, whichever thread asks first
 
 
 def filtered_search_params(index: faiss.Index, selector: faiss.IDSelector, fraction: float) -> Any | None:
@@ -63,6 +66,32 @@ def stored_vectors(index: faiss.Index, ids: np.ndarray) -> np.ndarray | None:
     if not isinstance(inner(index), (faiss.IndexFlat, faiss.IndexHNSWFlat)):
         return None
     return index.reconstruct_batch(np.ascontiguousarray(ids, dtype=np.int64))
+
+
+class NoStoredVectors(ValueError):
+    """The index cannot give back the vectors of its results (re-ranking reads them)."""
+
+
+def reconstructed_vectors(index: faiss.Index, ids: np.ndarray) -> np.ndarray:
+    """The vectors [n, d] faiss holds for ``ids`` (all of them held): stored exactly (Flat, HNSW-Flat), else decoded
+    from an IVF index's lists through a direct map made on first use (8 bytes a vector; exact for IVF-Flat, for SQ
+    and PQ the codes' approximation, which is what their search scores). A ValueError names an index type that
+    cannot give them back (``NoStoredVectors``)."""
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    vectors = stored_vectors(index, ids)
+    if vectors is not None:
+        return vectors
+    ivf = ivf_of(index)
+    if ivf is not None and ivf.direct_map.type == faiss.DirectMap.NoMap:
+        with _DIRECT_MAPS:
+            if ivf.direct_map.type == faiss.DirectMap.NoMap:
+                ivf.make_direct_map()
+    try:
+        return index.reconstruct_batch(ids)
+    except RuntimeError as exc:
+        raise NoStoredVectors(f"this index ({type(inner(index)).__name__}) cannot give back the vectors of its "
+                              "results, which re-ranking reads; rebuild it with --index-key Flat, HNSW32 or "
+                              "IVF...,Flat, or search without re-ranking") from exc
 
 
 def exact_among(queries: np.ndarray, vectors: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

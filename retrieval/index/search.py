@@ -3,7 +3,9 @@ service and the app all search through it; a server holds ``live.Snapshot``s of 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 import numbers
 import os
 import posixpath
@@ -21,6 +23,7 @@ from retrieval.index.catalogue import CatalogueReader, Status
 from retrieval.index.embedder import ImageEmbedder, index_embedder, load_model, prepare_vectors
 from retrieval.index.filters import Filter, FilterTable, parse_filter
 from retrieval.index.layout import IndexLayout
+from retrieval.rerank import RerankConfig, rerank_lists
 
 MAX_K = 1000  # the most results one query may ask for (the API, the app and the CLI share it)
 
@@ -64,9 +67,14 @@ class SearchResult:
     path: str
     label: str | None
     score: float  # cosine similarity, within [-1, 1]
+    rerank_score: float | None = None  # the re-ranking's score that ordered it (None: not re-ranked)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Its fields; ``rerank_score`` only where a re-ranking ordered it."""
+        fields = asdict(self)
+        if self.rerank_score is None:
+            del fields["rerank_score"]
+        return fields
 
 
 class Index:
@@ -250,7 +258,7 @@ class Index:
 
     def search(
         self, embeddings: np.ndarray, k: int = 10, exclude_ids: Collection[int] = (),
-        where: str | Filter | None = None,
+        where: str | Filter | None = None, rerank: RerankConfig | None = None,
     ) -> list[list[SearchResult]]:
         """Per query, the top-k indexed images best first, with catalogue id, path, label and cosine score.
 
@@ -258,24 +266,48 @@ class Index:
         faiss is asked for k + len(exclude_ids). An image removed by a writer since this index was opened (the
         catalogue no longer marks it indexed, the faiss index in memory still holds it) is left out too (a
         ``live.Snapshot`` keeps it instead: it answers as the index was when opened). ``where`` keeps only the
-        rows that match it (``retrieval.index.filters``): fewer than k results when fewer match.
+        rows that match it (``retrieval.index.filters``): fewer than k results when fewer match. ``rerank``
+        re-orders each query's top ``rerank.candidates`` of those results (``retrieval.rerank``, from their stored
+        vectors: ``reconstructed_vectors``); results beyond them follow in their order.
         """
         k = check_k(k)
+        reranking = rerank is not None and rerank.active
+        depth = max(k, rerank.candidates) if reranking else k
         exclude = {int(i) for i in exclude_ids}
         if len(exclude) > MAX_K:
             raise ValueError(f"exclude_ids holds {len(exclude)} ids; at most {MAX_K} can be left out")
         if where is not None:
             selected = self.matching_ids(where)
             selected = np.setdiff1d(selected, np.fromiter(exclude, np.int64, len(exclude)), assume_unique=True)
-            scores, ids = self.search_selected(embeddings, k, selected)
+            scores, ids = self.search_selected(embeddings, depth, selected)
         else:
-            scores, ids = self._search(embeddings, k + len(exclude))
+            scores, ids = self._search(embeddings, depth + len(exclude))
         rows = self.indexed_rows(ids[ids >= 0].tolist())
         results = []
         for query_scores, query_ids in zip(scores.tolist(), ids.tolist(), strict=True):
             kept = [(s, i) for s, i in zip(query_scores, query_ids, strict=True) if i in rows and i not in exclude]
-            results.append([SearchResult(i, rows[i]["path"], rows[i]["label"], s) for s, i in kept[:k]])
+            results.append([SearchResult(i, rows[i]["path"], rows[i]["label"], s) for s, i in kept[:depth]])
+        if reranking:
+            results = self._reranked(embeddings, results, k, rerank)
         return results
+
+    def reconstructed_vectors(self, ids: np.ndarray) -> np.ndarray:
+        """The vectors [n, d] faiss holds for ``ids`` (``faiss_search.reconstructed_vectors``)."""
+        return faiss_search.reconstructed_vectors(self.faiss_index, ids)
+
+    def _reranked(self, embeddings: np.ndarray, found: list[list[SearchResult]], k: int,
+                  config: RerankConfig) -> list[list[SearchResult]]:
+        """Each query's results with its shortlist re-ranked (``rerank_lists``), cut to k."""
+        lists = np.full((len(found), max(map(len, found), default=0)), -1, dtype=np.int64)
+        for row, results in enumerate(found):
+            lists[row, : len(results)] = [result.id for result in results]
+        ids, scores = rerank_lists(prepare_vectors(embeddings, self.dim), lists, self.reconstructed_vectors, config)
+        reranked = []
+        for row, results in enumerate(found):
+            by_id = {result.id: result for result in results}
+            reranked.append([dataclasses.replace(by_id[i], rerank_score=None if math.isnan(s) else s)
+                             for i, s in zip(ids[row].tolist(), scores[row].tolist(), strict=True) if i >= 0][:k])
+        return reranked
 
     def search_images(
         self, images: Sequence[Any], k: int = 10, embedder: ImageEmbedder | None = None

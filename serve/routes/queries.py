@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from retrieval.index.search import check_k
+from retrieval.rerank import API_KEY, RerankConfig, rerank_from_json
 from retrieval.serve.bodies import check_keys, parse_json_object
 from retrieval.serve.defaults import MAX_BATCH_QUERIES
 from retrieval.serve.images import QueryError, decode_base64
@@ -15,8 +16,8 @@ from retrieval.serve.service import SearchService, check_batch_size
 MAX_SEARCH_DEPTH = 4  # {"embedding": [...]} is 2 deep: room to name a nested list in an embedding
 MAX_BATCH_DEPTH = 6  # {"queries": [{"embedding": [...]}]} is 4 deep
 QUERY_KEYS = ("image", "embedding")  # one query: exactly one of these
-JSON_KEYS = (*QUERY_KEYS, "k", "where")  # the keys a JSON search body may have
-BATCH_KEYS = ("queries", "k", "where", "exclude_self")  # the keys a JSON batch body may have
+JSON_KEYS = (*QUERY_KEYS, "k", "where", API_KEY)  # the keys a JSON search body may have
+BATCH_KEYS = ("queries", "k", "where", "exclude_self", API_KEY)  # the keys a JSON batch body may have
 
 
 def body_k_and_where(payload: dict[str, Any]) -> tuple[int | None, str | None]:
@@ -35,6 +36,20 @@ def body_k_and_where(payload: dict[str, Any]) -> tuple[int | None, str | None]:
     return k, where
 
 
+def checked_rerank(value: Any) -> RerankConfig:
+    """A ``rerank`` (a method name, or an object of its parameters) checked, or a 422 naming the key at fault and
+    the choices (``retrieval.rerank.rerank_from_json``)."""
+    try:
+        return rerank_from_json(value)
+    except ValueError as exc:
+        raise QueryError(str(exc), 422) from exc
+
+
+def body_rerank(payload: dict[str, Any]) -> RerankConfig | None:
+    """A JSON body's ``rerank``, checked; None where absent."""
+    return checked_rerank(payload[API_KEY]) if API_KEY in payload else None
+
+
 def query_entry(entry: dict[str, Any], subject: str = "the JSON body") -> tuple[str, Any]:
     """One JSON query: ``("image", base64 text)`` or ``("embedding", the list, checked by the service)``."""
     if "image" in entry and "embedding" in entry:
@@ -48,18 +63,21 @@ def query_entry(entry: dict[str, Any], subject: str = "the JSON body") -> tuple[
     raise QueryError(f'{subject} needs "image" (base64 image file) or "embedding" (list of numbers)', 422)
 
 
-def json_query(payload: dict[str, Any], service: SearchService) -> tuple[Any, int | None, str | None]:
-    """The query (image bytes or embedding list), the body's ``k`` and ``where`` (None if absent) of a JSON body."""
+def json_query(payload: dict[str, Any], service: SearchService
+               ) -> tuple[Any, int | None, str | None, RerankConfig | None]:
+    """The query (image bytes or embedding list), the body's ``k``, ``where`` and ``rerank`` (None if absent) of a
+    JSON body."""
     check_keys(payload, JSON_KEYS)
     kind, value = query_entry(payload)
     k, where = body_k_and_where(payload)
-    return (decode_base64(value, service.max_upload_bytes) if kind == "image" else value), k, where
+    rerank = body_rerank(payload)
+    return (decode_base64(value, service.max_upload_bytes) if kind == "image" else value), k, where, rerank
 
 
 def batch_json(
     payload: dict[str, Any], service: SearchService
-) -> tuple[list[Any], int | None, str | None, bool | None]:
-    """The queries, ``k``, ``where`` and ``exclude_self`` (None if absent) of a JSON batch body.
+) -> tuple[list[Any], int | None, str | None, bool | None, RerankConfig | None]:
+    """The queries, ``k``, ``where``, ``exclude_self`` and ``rerank`` (None if absent) of a JSON batch body.
 
     A query is image bytes, an embedding list, or the ``QueryError`` of an image that is not valid base64 (or too
     large): that query alone is answered by its error. Anything else malformed refuses the batch (422).
@@ -69,6 +87,7 @@ def batch_json(
     if not isinstance(queries, list):
         raise QueryError('the JSON body needs "queries": a list of {"image": BASE64} or {"embedding": [...]}', 422)
     check_batch_size(len(queries))  # before decoding any of them
+    rerank = body_rerank(payload)  # a bad one refuses the batch before any image is decoded
     parsed: list[Any] = []
     for position, entry in enumerate(queries):
         subject = f"queries[{position}]"
@@ -89,7 +108,7 @@ def batch_json(
     exclude_self = payload.get("exclude_self")
     if exclude_self is not None and not isinstance(exclude_self, bool):
         raise QueryError('"exclude_self" must be true or false', 422)
-    return parsed, k, where, exclude_self
+    return parsed, k, where, exclude_self, rerank
 
 
 def agreed(name: str, body: Any, query: Any, in_query: bool) -> Any:
@@ -102,21 +121,36 @@ def agreed(name: str, body: Any, query: Any, in_query: bool) -> Any:
     return body
 
 
+def agreed_rerank(body: RerankConfig | None, query: str | None) -> RerankConfig | None:
+    """The re-ranking of a search: the JSON body's and the query string's (a method name), which must be the same
+    where both are given; None for none."""
+    from_query = None if query is None else checked_rerank(query)
+    if body is not None and from_query is not None and body != from_query:
+        raise QueryError(f'"{API_KEY}" differs between the JSON body and the query: {body.method} in the JSON body but '
+                         f"{from_query.method} in the query (with its default parameters); send one", 422)
+    chosen = body if body is not None else from_query
+    return chosen if chosen is not None and chosen.active else None
+
+
 def search_value_bound(dim: int) -> int:
     """The JSON values one search body may hold: an embedding of ``dim`` numbers, each perhaps a (refused) list,
     and the keys around it."""
     return 2 * dim + 64
 
 
-def parse_search_body(body: bytes, service: SearchService) -> tuple[Any, int | None, str | None]:
-    """A JSON search body -> ``json_query``'s query, ``k`` and ``where``; CPU work (run off the event loop)."""
+def parse_search_body(body: bytes, service: SearchService
+                      ) -> tuple[Any, int | None, str | None, RerankConfig | None]:
+    """A JSON search body -> ``json_query``'s query, ``k``, ``where`` and ``rerank``; CPU work (run off the event
+    loop)."""
     payload = parse_json_object(body, search_value_bound(service.current().dim), MAX_SEARCH_DEPTH,
                                 '{"image": BASE64} or {"embedding": [...]}')
     return json_query(payload, service)
 
 
-def parse_batch_body(body: bytes, service: SearchService) -> tuple[list[Any], int | None, str | None, bool | None]:
-    """A JSON batch body -> ``batch_json``'s queries, ``k``, ``where``, ``exclude_self``; CPU work (off the loop)."""
+def parse_batch_body(body: bytes, service: SearchService
+                     ) -> tuple[list[Any], int | None, str | None, bool | None, RerankConfig | None]:
+    """A JSON batch body -> ``batch_json``'s queries, ``k``, ``where``, ``exclude_self``, ``rerank``; CPU work (off
+    the loop)."""
     payload = parse_json_object(body, MAX_BATCH_QUERIES * search_value_bound(service.current().dim), MAX_BATCH_DEPTH,
                                 '{"queries": [{"image": BASE64} | {"embedding": [...]}, ...]}')
     return batch_json(payload, service)

@@ -11,6 +11,8 @@ from pydantic import BaseModel, Field
 
 from retrieval.index.filters import MAX_FILTER_CHARS
 from retrieval.index.search import MAX_K
+from retrieval.options import declared_options
+from retrieval.rerank import API_KEY, RerankConfig, method_names
 from retrieval.serve.defaults import MAX_BATCH_QUERIES
 from retrieval.serve.service import IMAGE_MEDIA_TYPES
 
@@ -29,6 +31,12 @@ KParameter = Annotated[int, Query(description="number of results (also accepted 
                                   json_schema_extra={"minimum": 1, "maximum": MAX_K})]
 WhereParameter = Annotated[str | None, Query(description=f"{WHERE_HELP} (also accepted as JSON \"where\")",
                                              json_schema_extra={"minLength": 1, "maxLength": MAX_FILTER_CHARS})]
+RERANK_HELP = ("re-rank each query's top candidates: qe (alpha-weighted query expansion) or dba (database-side "
+               "augmentation of the shortlist), Radenović et al. TPAMI 2018; kreciprocal (k-reciprocal encoding), "
+               "Zhong et al. CVPR 2017; none (the default) keeps faiss' order. Filters and exclude_self apply first")
+RerankParameter = Annotated[str | None, Query(
+    description=f'{RERANK_HELP}. A method name with its default parameters (also accepted as JSON "{API_KEY}", '
+    "which may set them)", json_schema_extra={"enum": method_names()})]
 IMAGE_TYPES = ", ".join(dict.fromkeys(IMAGE_MEDIA_TYPES.values()))  # the media types an image upload may have
 
 
@@ -53,7 +61,8 @@ ERROR_STATUSES = {
     422: "Well-formed but invalid: k out of range, unknown JSON keys or form fields, image and embedding together, "
     "an embedding of the wrong length, with non-numbers, non-finite numbers or all zeros, a malformed where, "
     "a JSON body of more values than the request can use or numbers of over 1,000 characters, "
-    f"a batch of no queries or more than {MAX_BATCH_QUERIES}",
+    f"a batch of no queries or more than {MAX_BATCH_QUERIES}, an unknown rerank method or a parameter out of its "
+    "range, or re-ranking on an index that keeps no vectors",
     503: "Too many searches (or image batches) already waiting, or too many request bytes held at once; retry after "
     "the Retry-After seconds",
 }
@@ -70,6 +79,9 @@ class Result(BaseModel):
     name: str = Field(description="the image's file name (no folders); the app shows `path`, as filters compare it")
     label: str | None = Field(description="its label (class folder or manifest label), if any")
     score: float = Field(ge=-1, le=1, description="cosine similarity to the query")
+    rerank_score: float | None = Field(None, description="with rerank: the score the re-ranking ordered it by "
+                                       "(higher first; qe and dba: a cosine, kreciprocal: 1 - Zhong et al.'s d*); "
+                                       "absent beyond the re-ranked candidates and without rerank")
     image_url: str = Field(description="where to fetch the image file")
 
 
@@ -98,6 +110,16 @@ class SearchResponseModel(BaseModel):
     )
     timing: dict[str, float] = Field(description="milliseconds per stage (decode, preprocess, embed, search, total) "
                                      "and the model batch size")
+    rerank: RerankModel | None = Field(None, description="present when a re-ranking ordered the results")
+
+
+class RerankModel(BaseModel):
+    """The re-ranking that ordered the results."""
+
+    method: str = Field(description="qe, dba or kreciprocal")
+    title: str
+    paper: str = Field(description="the paper whose formula it computes")
+    params: dict[str, float] = Field(description="its parameters, with candidates (the shortlist re-ranked)")
 
 
 class BatchQueryErrorModel(BaseModel):
@@ -174,6 +196,27 @@ K_PROPERTY = {"type": "integer", "minimum": 1, "maximum": MAX_K, "description": 
 WHERE_PROPERTY = {"type": "string", "minLength": 1, "maxLength": MAX_FILTER_CHARS, "description": WHERE_HELP}
 
 
+def rerank_property() -> dict[str, Any]:
+    """The JSON schema of ``rerank``: a method name, or an object of ``RerankConfig``'s fields (its keys), each with
+    the type and range declared there."""
+    properties: dict[str, Any] = {}
+    for declared in declared_options(RerankConfig):
+        spec = declared.spec
+        if spec.choices is not None:
+            schema: dict[str, Any] = {"type": "string", "enum": spec.allowed()}
+        else:
+            schema = {"type": "integer" if declared.hint is int else "number", "minimum": spec.low,
+                      "maximum": spec.high}
+        properties[declared.name] = schema | {"description": spec.help.rstrip("."), "default": declared.default}
+    return {
+        "description": f"{RERANK_HELP}: a method name, or an object that also sets its parameters",
+        "oneOf": [
+            {"type": "string", "enum": method_names()},
+            {"type": "object", "properties": properties, "required": ["method"], "additionalProperties": False},
+        ],
+    }
+
+
 def multipart_body(files: dict[str, Any]) -> dict[str, Any]:
     """The multipart/form-data part of a request body whose only field is ``image``, described by ``files``."""
     return {
@@ -193,8 +236,10 @@ def search_request_body(dim: int) -> dict[str, Any]:
             "application/json": {
                 "schema": {
                     "type": "object",
-                    "description": 'exactly one of "image" and "embedding"; "k" here and in the query must agree',
-                    "properties": query_properties(dim) | {"k": K_PROPERTY, "where": WHERE_PROPERTY},
+                    "description": 'exactly one of "image" and "embedding"; "k" and "rerank" here and in the query '
+                    "must agree",
+                    "properties": query_properties(dim) | {"k": K_PROPERTY, "where": WHERE_PROPERTY,
+                                                           API_KEY: rerank_property()},
                     "additionalProperties": False,
                     "oneOf": ONE_QUERY,
                 }
@@ -216,8 +261,8 @@ def batch_request_body(dim: int) -> dict[str, Any]:
             "application/json": {
                 "schema": {
                     "type": "object",
-                    "description": '"k", "where" and "exclude_self" apply to every query; here and in the query '
-                    "they must agree",
+                    "description": '"k", "where", "exclude_self" and "rerank" apply to every query; here and in '
+                    "the query they must agree",
                     "properties": {
                         "queries": {
                             "type": "array",
@@ -231,6 +276,7 @@ def batch_request_body(dim: int) -> dict[str, Any]:
                         "k": K_PROPERTY,
                         "where": WHERE_PROPERTY,
                         "exclude_self": {"type": "boolean", "description": EXCLUDE_SELF_HELP},
+                        API_KEY: rerank_property(),
                     },
                     "required": ["queries"],
                     "additionalProperties": False,

@@ -11,18 +11,20 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
+from retrieval.rerank import RerankConfig
 from retrieval.serve.admission import BodyBudget, ClientWatch, HeldBytes, WorkLane
 from retrieval.serve.bodies import read_body, read_uploads
 from retrieval.serve.defaults import MAX_BATCH_QUERIES
 from retrieval.serve.images import QueryError
 from retrieval.serve.routes.context import Api
-from retrieval.serve.routes.queries import agreed, parse_batch_body, parse_search_body
+from retrieval.serve.routes.queries import agreed, agreed_rerank, parse_batch_body, parse_search_body
 from retrieval.serve.routes.responses import json_response
 from retrieval.serve.routes.schemas import (
     DEFAULT_K,
     EXCLUDE_SELF_HELP,
     BatchSearchResponseModel,
     KParameter,
+    RerankParameter,
     SearchResponseModel,
     WhereParameter,
     error_responses,
@@ -56,16 +58,16 @@ async def answered(lane: WorkLane, request: Request, work: Any, *args: Any, cost
 
 
 def search_answer(service: SearchService, query: Any, k: int, exclude_self: bool, where: str | None,
-                  _: threading.Event) -> Response:
+                  rerank: RerankConfig | None, _: threading.Event) -> Response:
     """One search's JSON answer, rendered in the worker thread that searched."""
-    return json_response(service.search(query, k, (), exclude_self, where).to_dict())
+    return json_response(service.search(query, k, (), exclude_self, where, rerank=rerank).to_dict())
 
 
 def batch_answer(service: SearchService, queries: list[Any], k: int, exclude_self: bool, where: str | None,
-                 gone: threading.Event) -> Response:
+                 rerank: RerankConfig | None, gone: threading.Event) -> Response:
     """A batch's JSON answer (an error entry in place of a query whose image could not be read), rendered in the
     worker thread that searched; the batch stops between images once the client has gone."""
-    answers = service.search_batch(queries, k, exclude_self, where, cancelled=gone.is_set)
+    answers = service.search_batch(queries, k, exclude_self, where, cancelled=gone.is_set, rerank=rerank)
     queries.clear()  # the image bytes: not held while the answer is rendered
     return json_response({"count": len(answers), "results": [
         answer.to_dict() if isinstance(answer, SearchResponse) else {"error": str(answer), "status": answer.status}
@@ -84,8 +86,9 @@ async def search(
     k: KParameter = DEFAULT_K,
     exclude_self: Annotated[bool, Query(description=EXCLUDE_SELF_HELP)] = False,
     where: WhereParameter = None,
+    rerank: RerankParameter = None,
 ) -> Any:
-    """Top-k gallery images for an uploaded image, a base64 image, or an embedding."""
+    """Top-k gallery images for an uploaded image, a base64 image, or an embedding (re-ranked with ``rerank``)."""
     content_type = request.headers.get("content-type", "").lower()
     if not content_type.startswith(("multipart/form-data", "application/json")):
         raise QueryError(
@@ -94,17 +97,20 @@ async def search(
             415,
         )
     limits, service = api.limits, api.service
+    chosen = agreed_rerank(None, rerank)  # a bad method in the query is refused before reading a byte
     limits.searches.admit(1)  # refuse at once when the lane is full: before reading a byte
     async with body_held(limits.bodies) as held:
         if content_type.startswith("multipart/form-data"):
             query: Any = (await read_uploads(request, limits.body_limit, held=held))[0]
         else:
             body = await read_body(request, limits.body_limit, held)
-            query, body_k, body_where = await limits.parsing.run(parse_search_body, body, service)
+            query, body_k, body_where, body_rerank = await limits.parsing.run(parse_search_body, body, service)
             del body
             where = agreed("where", body_where, where, where is not None)
             k = agreed("k", body_k, k, "k" in request.query_params)
-        return await answered(limits.searches, request, search_answer, service, query, k, exclude_self, where)
+            chosen = agreed_rerank(body_rerank, rerank)
+        return await answered(limits.searches, request, search_answer, service, query, k, exclude_self, where,
+                              chosen)
 
 
 @router.post(
@@ -119,6 +125,7 @@ async def search_batch(
     exclude_self: Annotated[bool, Query(description=f"{EXCLUDE_SELF_HELP}; for every image query of the batch "
                                         '(also accepted as JSON "exclude_self")')] = False,
     where: WhereParameter = None,
+    rerank: RerankParameter = None,
 ) -> Any:
     """Top-k for each of up to MAX_BATCH_QUERIES images or embeddings: the images are embedded in one model
     call and all queries searched at once. An image that cannot be read gets an error entry in its place."""
@@ -130,14 +137,17 @@ async def search_batch(
             415,
         )
     limits, service = api.limits, api.service
+    chosen = agreed_rerank(None, rerank)
     limits.batches.admit(1)
     async with body_held(limits.bodies) as held:
         if content_type.startswith("multipart/form-data"):
             queries: list[Any] = await read_uploads(request, limits.batch_body_limit, MAX_BATCH_QUERIES, held)
         else:
             body = await read_body(request, limits.batch_body_limit, held)
-            queries, body_k, body_where, body_exclude = await limits.parsing.run(parse_batch_body, body, service)
+            queries, body_k, body_where, body_exclude, body_rerank = await limits.parsing.run(
+                parse_batch_body, body, service)
             del body
+            chosen = agreed_rerank(body_rerank, rerank)
             where = agreed("where", body_where, where, where is not None)
             k = agreed("k", body_k, k, "k" in request.query_params)
             exclude_self = agreed("exclude_self", body_exclude, exclude_self,
@@ -145,5 +155,5 @@ async def search_batch(
         images = sum(isinstance(query, (bytes, bytearray)) for query in queries)
         # a batch of embeddings alone is as cheap as a few searches: it does not wait behind image batches
         lane = limits.batches if images else limits.searches
-        return await answered(lane, request, batch_answer, service, queries, k, exclude_self, where,
+        return await answered(lane, request, batch_answer, service, queries, k, exclude_self, where, chosen,
                               cost=max(images, 1))

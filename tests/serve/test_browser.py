@@ -6,7 +6,8 @@ searches; a new search closes the enlarged view; bad uploads show the API's mess
 the previous results, with no broken image and no pop-up left over later results; a query unlike the gallery is
 told so; a 400 px screen shows results before examples with whole captions; the Evaluation tab explains MAP@R =
 Recall@1, shows one picture at a time and orders the worst classes; the Index tab's statistics are readable
-sections. Skipped, with the reason, only where Playwright or chromium is not installed.
+sections; the re-ranking picker re-orders the results as the API's rerank does. Skipped, with the reason, only
+where Playwright or chromium is not installed.
 
 The README's screenshots come from this test run against the real demo artifacts:
     RETRIEVAL_BROWSER_DEMO=artifacts/demo RETRIEVAL_SCREENSHOTS=docs/screenshots pytest tests/serve/test_browser.py
@@ -182,6 +183,21 @@ def test_upload_shows_k_named_results_that_grow_with_k(server, page, screenshots
     assert answer["query_item"]["path"] in timing
     page.wait_for_timeout(300)
     page.screenshot(path=str(screenshots / "search.png"), full_page=True)
+
+
+def test_the_re_ranking_picker_re_orders_the_results_as_the_api_does(server, page):
+    """Picking k-reciprocal re-ranking in the app gives the API's re-ranked order, and the status line names it."""
+    _, artifacts = server
+    query = artifacts.query_paths[2]
+    page.locator("#rerank-method input").click()
+    page.get_by_role("option", name="kreciprocal: k-reciprocal encoding", exact=False).click()
+    upload_and_search(page, query, K)
+    timing = text_once_shown(page, "#search-timing", "Re-ranked by")
+    assert "k-reciprocal encoding" in timing and "Zhong" in timing and f"{K} results" in timing
+    captions = page.locator("#results-gallery .caption-label").all_inner_texts()
+    answer = httpx.post(f"{server[0].url}/search?k={K}&exclude_self=true&rerank=kreciprocal",
+                        files={"image": ("q.png", query.read_bytes(), "image/png")}, timeout=60).json()
+    assert [caption.rsplit(" · ", 1)[1] for caption in captions] == [r["path"] for r in answer["results"]]
 
 
 def test_a_new_search_closes_the_enlarged_view(server, page):

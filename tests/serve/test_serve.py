@@ -311,7 +311,7 @@ class BlockingService:
     def current(self) -> SimpleNamespace:
         return SimpleNamespace(dim=2)  # the served state's one fact the API reads before a search
 
-    def search(self, query, k, *_):
+    def search(self, query, k, *_, **__):
         self.started.set()
         self.release.wait(30)
         return SearchResponse([], k)
