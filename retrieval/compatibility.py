@@ -42,7 +42,7 @@ def compatibility_metrics(new_query: np.ndarray, old_query: np.ndarray, query_la
     if np.shape(cross_query)[-1] != np.shape(old_query)[-1]:
         raise ParameterError("cross_query", f"the new model's queries have {np.shape(cross_query)[-1]} dimensions, "
                                             f"the old model's {np.shape(old_query)[-1]}: embeddings of two sizes "
-                                            "cannot be compared; a new size needs a model trained --compatible-with "
+                                            "cannot be compared; a new size needs a model trained compatible with "
                                             "the old one, which learns a projection into its space")
     if new_gallery is None:
         new = evaluate(new_query, query_labels, ks=ks, metrics=names)

@@ -283,7 +283,7 @@ def calibrate_on_index(index: Index, graph: NeighbourGraph, load: Callable[[int]
             break
     if len(chosen) < 2:
         raise ParameterError("threshold", "auto needs at least 2 readable gallery images to plant copies of; "
-                                          "give a number instead, e.g. --threshold 0.95")
+                                          "give `threshold` a number instead, e.g. 0.95")
     rows = np.asarray(chosen, dtype=np.int64)
     ids, vectors = stored_vectors(index, graph.ids[rows])
     position = {int(i): n for n, i in enumerate(ids)}

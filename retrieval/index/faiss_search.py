@@ -90,8 +90,8 @@ def reconstructed_vectors(index: faiss.Index, ids: np.ndarray) -> np.ndarray:
         return index.reconstruct_batch(ids)
     except RuntimeError as exc:
         raise NoStoredVectors(f"this index ({type(inner(index)).__name__}) cannot give back the vectors of its "
-                              "results, which re-ranking reads; rebuild it with --index-key Flat, HNSW32 or "
-                              "IVF...,Flat, or search without re-ranking") from exc
+                              "results, which re-ranking reads; rebuild it (`retrieval index build`) with the "
+                              "index key Flat, HNSW32 or IVF...,Flat, or search without re-ranking") from exc
 
 
 def exact_among(queries: np.ndarray, vectors: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -248,7 +248,7 @@ def _output_of_upgrade(catalogue: Catalogue, info: Mapping[str, Any], embedder: 
     if native and getattr(recorded, "output_name", None) != getattr(model, "output_name", None):
         raise ParameterError("native", f"the upgrade under way in {catalogue.path.parent} embeds with the model's "
                                        f"compatible output {recorded.output_name}; finish it first (run the upgrade "
-                                       "again without --native), then upgrade with --native")
+                                       "again without `native`), then upgrade with `native`")
     return recorded
 
 

@@ -88,7 +88,7 @@ class Embedder(nn.Module):
     def embed_both(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(the native embedding [B, d], its projection into the old space [B, d_old]): the exported outputs."""
         if self.compatible is None:
-            raise ValueError("this model has no projection into an old space (it was not trained --compatible-with "
+            raise ValueError("this model has no projection into an old space (it was not trained compatible with "
                              "an old model of another embedding size)")
         embeddings = self(images)
         return embeddings, self.compatible(embeddings)

@@ -127,7 +127,8 @@ NOT_OUR_FLAGS = {
 }
 # The whole command a damaged index needs: the server's logs and answers show it too, where no command line
 # translates a parameter's name.
-WHOLE_COMMANDS = {"retrieval/index/layout.py": {"--rebuild"}}
+WHOLE_COMMANDS = {"retrieval/index/layout.py": {"--rebuild"},
+                  "retrieval/index/audit.py": {"--label-from"}}  # an unlabelled index: the relabelling command
 
 
 class MessageStrings:

@@ -103,7 +103,7 @@ class WithoutReconstruction:
 
 
 def test_an_index_that_cannot_give_vectors_back_says_how_to_rebuild():
-    with pytest.raises(NoStoredVectors, match="rebuild it with --index-key Flat, HNSW32"):
+    with pytest.raises(NoStoredVectors, match="with the index key Flat, HNSW32"):
         reconstructed_vectors(WithoutReconstruction(), np.array([1, 2]))
 
 
