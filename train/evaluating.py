@@ -151,13 +151,12 @@ class Evaluator:
     def reference_metrics(self) -> dict[str, Any]:
         """What a user would otherwise take: the pretrained backbone's pooled features at its own resolution, on
         each extra set's test part (features cached: every run of the same backbone shares them)."""
-        return {"input_size": self.native_size, "sets": {extra.name: {"test": self.ctx.from_main(
-            leave_one_out_metrics(*self._reference_rows(extra)) if self.main else None)}
-            for extra in self.data.extra_sets}}
-
-    def _reference_rows(self, extra) -> tuple[np.ndarray, np.ndarray]:
-        features = self.reference_features(extra)
-        return features.embeddings, features.labels
+        sets = {}
+        for extra in self.data.extra_sets:
+            features = self.reference_features(extra)  # on every rank: extracting them is collective
+            sets[extra.name] = {"test": self.ctx.from_main(
+                leave_one_out_metrics(features.embeddings, features.labels) if self.main else None)}
+        return {"input_size": self.native_size, "sets": sets}
 
     def reference_features(self, extra):
         """The pretrained backbone's features of an extra set's test part (read from the feature cache, or
