@@ -168,23 +168,24 @@ class Evaluator:
 
     def _extract_reference(self, extra):
         cfg, run = self.cfg, self.embedding
-        native_size = self.native_size
-        native = {**self.parts.model.config, "input_size": native_size}
+        native = {**self.parts.model.config, "input_size": self.native_size}
         dataset = copy.copy(extra.test)
         dataset.transform = build_transforms(native, train=False)
         key = {"reference": extra.source, "part": "test", "limit": cfg.eval_extra_limit, "backbone": cfg.backbone,
-               "pretrained": cfg.pretrained, "weights": cfg.weights, "input_size": native_size,
+               "pretrained": cfg.pretrained, "weights": cfg.weights, "input_size": self.native_size,
                "background": native["background"], "amp": run.amp, "images": len(dataset)}
         return cached_features(self.parts.model.backbone, dataset, key, cfg.feature_cache, run.device,
                                run.batch_size, run.workers, run.amp, f"reference {extra.name}", run.bad_images,
                                run.progress)
 
     # --- WiSE-FT -------------------------------------------------------------------------------------
-    def validation_point(self, model: nn.Module, start: dict[str, Any] | None = None) -> dict[str, Any]:
+    def validation_point(self, model: nn.Module, start: dict[str, Any] | None = None
+                         ) -> tuple[dict[str, Any], dict[str, Any]]:
         """Recall@1 of ``model`` on the validation data: the held-out train classes and each extra set's val part;
         with ``start`` (the extra sets' val parts as alpha 0 embedded them), the share of neighbours kept from it
-        (``kept``, label-free). The point's embeddings of the extra sets are under ``_rows`` (not reported)."""
+        (``kept``, label-free). Returns the point and its embeddings of the extra sets' val parts, by set name."""
         point: dict[str, Any] = {"in_domain": None, "out_of_domain": None}
+        rows: dict[str, Any] = {}
         if self.data.val_set is not None:
             point["in_domain"] = self._leave_one_out(model, self.data.val_set, "embed val")["recall@1"]
         if self.data.extra_sets:
@@ -200,8 +201,7 @@ class Evaluator:
                 point["extra_kept"] = kept
                 present = [v for v in kept.values() if v is not None]
                 point["kept"] = float(np.mean(present)) if present else None
-            point["_rows"] = rows
-        return point
+        return point, rows
 
     def wise_ft(self, epoch: int) -> dict[str, Any]:
         """WiSE-FT: mix the start and the fine-tuned weights along WISE_ALPHAS on the validation data, take the
@@ -216,9 +216,8 @@ class Evaluator:
             start = None  # alpha 0's embeddings of the extra sets: the neighbours the others keep are counted from them
             for alpha in sorted(WISE_ALPHAS):
                 mixed.load_state_dict(robust.mix(weights, alpha))
-                point = self.validation_point(mixed, start)
-                rows = point.pop("_rows", None)
-                if start is None and rows is not None:  # alpha 0 keeps all of its own neighbours
+                point, rows = self.validation_point(mixed, start)
+                if start is None and rows:  # alpha 0 keeps all of its own neighbours
                     start = rows
                     point["extra_kept"] = dict.fromkeys(rows, 1.0)
                     point["kept"] = 1.0
