@@ -15,10 +15,11 @@ from pathlib import Path
 import click
 
 from retrieval.cli.config_options import config_options
-from retrieval.cli.errors import OptionCommand, OptionGroup, option_message, where_problem
+from retrieval.cli.errors import OptionCommand, OptionGroup, option_flag, option_message, where_problem
 from retrieval.cli.help_text import default_max_pixels, image_extensions, lazy_help_option
 from retrieval.cli.options import apply_options, rerank_config, rerank_options
 from retrieval.near_duplicates import DuplicateCheck
+from retrieval.sizes import size_text
 from retrieval.workers import DEFAULT_WORKERS_TEXT
 
 
@@ -210,8 +211,13 @@ def index_group() -> None:
 
 
 @index_group.command("build")
-@click.option("--model", required=True, type=click.Path(dir_okay=False), help="exported .onnx embedder.")
-@lazy_help_option("--images", required=True, type=click.Path(), help_text=images_help)
+@click.option("--model", type=click.Path(dir_okay=False), help="exported .onnx embedder (with --images).")
+@lazy_help_option("--images", type=click.Path(), help_text=images_help)
+@click.option("--embeddings", type=click.Path(), metavar="DIR",
+              help="instead of --images and --model: build from vectors you already have, with no images and no "
+                   "model; DIR holds embeddings/*.npy (or clip-retrieval's img_emb/*.npy) and optionally "
+                   "metadata/*.parquet with the same rows, as `retrieval index export --format npy` writes "
+                   "(docs/INDEX.md). The index is searched with embeddings.")
 @click.option(
     "--out", required=True, type=click.Path(file_okay=False), help="index folder (resumes if interrupted)."
 )
@@ -233,17 +239,22 @@ def index_group() -> None:
 @engine_options
 @json_option
 def build_command(
-    model, images, out, index_key, max_index_memory, max_query_ms, split, label_from, batch_size, workers, shard_size,
-    max_pixels, gpu, engine, as_json,
+    model, images, embeddings, out, index_key, max_index_memory, max_query_ms, split, label_from, batch_size, workers,
+    shard_size, max_pixels, gpu, engine, as_json,
 ) -> None:
-    """Embed every image and build the index; rerun it (or `index repair OUT`) to finish an interrupted build."""
+    """Embed every image with the model and build the index (--images, --model), or build it from embeddings you
+    already have (--embeddings); rerun it (or `index repair OUT`) to finish an interrupted build."""
     import dataclasses
 
     from retrieval.index import build_index
 
+    _check_build_source(model, images, embeddings)
     options = _ingest_options(batch_size, workers, shard_size, max_pixels, engine)
     options = dataclasses.replace(options, policy=dataclasses.replace(
         options.policy, max_index_memory=max_index_memory, max_query_ms=max_query_ms))
+    if embeddings is not None:
+        _build_from_embeddings(embeddings, out, index_key, gpu, options, as_json)
+        return
     summary = _write(
         build_index,
         out,
@@ -262,6 +273,46 @@ def build_command(
             f"{_budget_text(summary.get('budget'))}", _serve_next(summary["index_dir"]))
 
 
+# the build options that only a build from images reads (the Ray ones included)
+IMAGE_BUILD_OPTIONS = ("split", "label_from", "batch_size", "workers", "max_pixels", "engine",
+                       *(f"ray_{name}" for name in RAY_FIELDS))
+
+
+def _check_build_source(model: str | None, images: str | None, embeddings: str | None) -> None:
+    """One of the two ways to build: images embedded by a model, or embeddings someone already has."""
+    if embeddings is not None:
+        if images is not None or model is not None:
+            raise click.UsageError("--embeddings builds from vectors you already have, with no model: leave out "
+                                   "--images and --model (or leave out --embeddings to embed images with a model)")
+        context = click.get_current_context()
+        given = [option_flag(context.command, name) or name for name in IMAGE_BUILD_OPTIONS
+                 if context.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
+        if given:
+            raise click.UsageError(f"{', '.join(given)} apply to a build from images, not to one from --embeddings: "
+                                   "leave them out")
+        return
+    if images is None or model is None:
+        missing = " and ".join(flag for flag, value in (("--images", images), ("--model", model)) if value is None)
+        raise click.UsageError(f"missing {missing}: give --images and --model (the images, embedded by the model), "
+                               "or --embeddings DIR (vectors you already have)")
+
+
+def _build_from_embeddings(embeddings: str, out: str, index_key: str, gpu: bool, options, as_json: bool) -> None:
+    """`index build --embeddings`: the index of vectors someone already has, and its summary."""
+    from retrieval.index import build_from_embeddings
+
+    summary = build_from_embeddings(embeddings, out, index_key=index_key, gpu=gpu, options=options)
+    classes = summary["labels"]["classes"]
+    labels = f"{classes} classes from the label column" if classes else "no labels"
+    folder = shlex.quote(summary["index_dir"])
+    _finish(summary, as_json,
+            f"indexed {summary['indexed']} {summary['embedding_dim']}-d embeddings of {summary['embeddings_dir']} into "
+            f"{summary['index_dir']} ({summary['index_key']}, {labels}; no model: it is searched with embeddings) "
+            f"in {summary['seconds']:.0f} s{_budget_text(summary.get('budget'))}",
+            f"retrieval index stats {folder}   (or: retrieval serve --index {folder}, then POST /search with an "
+            "\"embedding\")")
+
+
 SIZE_UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KIB": 2**10, "M": 2**20, "MB": 2**20, "MIB": 2**20,
               "G": 2**30, "GB": 2**30, "GIB": 2**30, "T": 2**40, "TB": 2**40, "TIB": 2**40}
 
@@ -277,21 +328,14 @@ def _parse_size(text: str | None) -> int | None:
     return int(float(match.group(1)) * SIZE_UNITS[unit])
 
 
-def _size_text(size: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if size >= scale:
-            return f"{size / scale:.1f} {unit}"
-    return f"{size} bytes"
-
-
 def _budget_text(budget: dict | None) -> str:
     """What the budgets chose and measured, for the one-line summaries of build and stats."""
     if not budget:
         return ""
     parts = []
     if budget.get("max_index_memory") is not None:
-        parts.append(f"about {_size_text(budget['estimated_bytes'])} of --max-index-memory "
-                     f"{_size_text(budget['max_index_memory'])}")
+        parts.append(f"about {size_text(budget['estimated_bytes'])} of --max-index-memory "
+                     f"{size_text(budget['max_index_memory'])}")
     if budget.get("max_query_ms") is not None:
         met = "within" if budget.get("latency_met") else "OVER"
         parts.append(f"{budget['latency_ms']:.2f} ms per query, {met} --max-query-ms {budget['max_query_ms']:g}")
@@ -548,7 +592,9 @@ def stats_command(index_dir, queries, as_json) -> None:
             f"{stats['index_dir']}: {stats['vectors']} images, {stats['index_key']}, "
             f"{stats['size_on_disk_bytes']['total'] / 2**20:.1f} MiB; recall@{k} {recall:.3f} against exact search, "
             f"p50 {stats['latency']['p50_ms']:.2f} ms per query ({stats['errors']} files could not be read; "
-            f"--json lists them){_budget_text(stats.get('budget'))}", _serve_next(stats["index_dir"]))
+            f"--json lists them){_budget_text(stats.get('budget'))}",
+            _serve_next(stats["index_dir"]) if stats["model"].get("source") != "embeddings" else
+            f"retrieval serve --index {stats['index_dir']}   (then POST /search with an \"embedding\": no model)")
 
 
 @index_group.command("export")
@@ -583,10 +629,11 @@ def export_command(index_dir, fmt, out, overwrite, rows_per_file, absolute_paths
     else:
         next_step = "python -c " + shlex.quote(f"import pandas; print(pandas.read_parquet({json.dumps(where)}).head())")
     files, size = len(summary["files"]), summary["bytes"]
+    model = f"model_hash {summary['model_hash']}" if summary["model_hash"] else "no model: built from embeddings"
     _finish(summary, as_json,
-            f"exported {summary['rows']} images ({summary['embedding_dim']}-d float32 embeddings, model_hash "
-            f"{summary['model_hash']}) from {summary['index_dir']} to {where} as {summary['format']} "
-            f"({files} file{'s' if files != 1 else ''}, {_size_text(size)})", next_step)
+            f"exported {summary['rows']} images ({summary['embedding_dim']}-d float32 embeddings, {model}) from "
+            f"{summary['index_dir']} to {where} as {summary['format']} "
+            f"({files} file{'s' if files != 1 else ''}, {size_text(size)})", next_step)
 
 
 def _check_k(_ctx: click.Context, _param: click.Parameter, k: int) -> int:

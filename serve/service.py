@@ -326,7 +326,9 @@ class SearchService:
             "index_key": state.index.info.get("index_key"),
             "model_hash": state.index.model_hash,
             "model_path": state.index.info.get("model_path"),
-            "input_size": int(state.embedder.model_config["input_size"]),
+            # built from embeddings: no model, so no input size (image queries are refused)
+            "input_size": int(state.embedder.model_config["input_size"]) if state.index.has_model else None,
+            **({} if state.index.has_model else {"source": state.index.info.get("source")}),
         }
 
     # --- search
@@ -335,7 +337,10 @@ class SearchService:
     ) -> tuple[np.ndarray, dict[str, float]]:
         """Embed with the model of ``state`` (default: the current one) through its micro-batcher; ``images``: PIL
         images, or a batch already preprocessed for this model ([n, 3, S, S], ``preprocess_images``)."""
-        model = (self.current() if state is None else state).model
+        state = self.current() if state is None else state
+        if not state.index.has_model:
+            raise no_model_refusal(state)
+        model = state.model
         started = time.perf_counter()
         with model.batcher.reservation() as submit:
             batch = images if isinstance(images, np.ndarray) else preprocess_images(images, model.embedder.model_config)
@@ -391,6 +396,8 @@ class SearchService:
         started = time.perf_counter()
         timing: dict[str, float] = {}
         query_item, notes = None, []
+        if isinstance(query, (bytes, bytearray, Image.Image)) and not state.index.has_model:
+            raise no_model_refusal(state)  # before the upload is decoded: nothing could embed it
         if isinstance(query, (bytes, bytearray)):
             query, query_item, notes, timing["decode_ms"] = self._decode(state, bytes(query))
         excluded_self = exclude_self and query_item is not None
@@ -453,11 +460,16 @@ class SearchService:
                     vectors[position] = check_embedding(query, state.index.dim)
                 except QueryError as exc:
                     raise QueryError(f"queries[{position}]: {exc}", exc.status) from exc
+        if not state.index.has_model:  # an image query refuses the batch, as an invalid embedding does
+            for position, query in enumerate(queries):
+                if isinstance(query, (Image.Image, bytes, bytearray)):
+                    refusal = no_model_refusal(state)
+                    raise QueryError(f"queries[{position}]: {refusal}", refusal.status)
         answers: list[SearchResponse | QueryError] = [SearchResponse([], k, rerank=rerank) for _ in queries]
         # each image becomes the model's small input as soon as it is decoded: a batch never holds 64 decoded
         # images at once (a tiny PNG can declare tens of megapixels within the pixel limit)
         images: dict[int, np.ndarray] = {}
-        config = state.model.embedder.model_config
+        config = state.model.embedder.model_config if state.index.has_model else {}
         own: dict[int, int] = {}  # position -> the gallery item it leaves out (exclude_self)
         for position, query in enumerate(queries):
             answer = answers[position]
@@ -558,7 +570,9 @@ class SearchService:
         else:
             with self.live.acquire() as held:
                 row = held.index.indexed_row(image_id)
-        if row is None or Path(row["path"]).suffix.lower() not in IMAGE_EXTENSIONS:
+        # an image's path is absolute; a build from embeddings may catalogue URLs, never opened here
+        if row is None or not Path(row["path"]).is_absolute() or Path(row["path"]).suffix.lower() not in \
+                IMAGE_EXTENSIONS:
             return None
         return Path(row["path"])
 
@@ -626,6 +640,8 @@ class SearchService:
         index = index | {"index_dir": name(index.get("index_dir"))}
         if isinstance(index.get("model"), dict):
             index["model"] = index["model"] | {"model_path": name(index["model"].get("model_path"))}
+            if "embeddings_dir" in index["model"]:  # built from embeddings: the folder's name, as the model's
+                index["model"]["embeddings_dir"] = name(index["model"]["embeddings_dir"])
         neighbours = state.neighbour_scores()  # what a query's best score is read against (docs/SERVING.md)
         index["neighbour_similarity"] = neighbours.to_dict() if neighbours is not None else None
         index["error_examples"] = [
@@ -642,6 +658,12 @@ class SearchService:
     def close(self) -> None:
         """Stop watching the folder; each state's catalogue and batcher close once no request holds it."""
         self.live.close()
+
+
+def no_model_refusal(state: ServedIndex) -> QueryError:
+    """The 422 for an image query to an index built from embeddings: it has no model to embed the image with."""
+    return QueryError("this index was built from embeddings and has no model to embed an image with; send an "
+                      f"\"embedding\" (a list of {state.dim} numbers) instead", 422)
 
 
 NO_MATCH_NOTE = "the filter matches no image of the index"  # the note's start: the app tells it from the others

@@ -13,8 +13,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from retrieval.serve.reports import METRIC_UNIT, markdown_text, percent
+from retrieval.sizes import size_text
 
-BYTE_UNITS = ("bytes", "KiB", "MiB", "GiB", "TiB")
 COUNT_LABELS = {  # the catalogue's statuses, as a reader names them
     "done": "indexed (searched)",
     "pending": "waiting to be indexed",
@@ -37,16 +37,10 @@ SHOWN_KEYS = {"index_dir", "counts", "errors", "error_examples", "throughput", "
 
 
 def human_bytes(count: Any) -> str:
-    """A byte count in binary units with three significant digits (``125 KiB``, ``39.0 KiB``, ``1.50 GiB``)."""
+    """A byte count in binary units with three significant digits (``sizes.size_text``); anything else as shown."""
     if not isinstance(count, (int, float)) or isinstance(count, bool):
         return shown(count)
-    value, unit = float(count), 0
-    while abs(value) >= 1024 and unit < len(BYTE_UNITS) - 1:
-        value, unit = value / 1024, unit + 1
-    if unit == 0:
-        return f"{int(value):,} bytes"
-    decimals = 2 if abs(value) < 10 else 1 if abs(value) < 100 else 0
-    return f"{value:.{decimals}f} {BYTE_UNITS[unit]}"
+    return size_text(count)
 
 
 def shown(value: Any) -> str:
@@ -91,7 +85,8 @@ def index_section(s: Mapping[str, Any]) -> str:
         ("model", " · ".join(part for part in (
             markdown_text(model["model_path"]) if model.get("model_path") else "",
             f"hash {markdown_text(model['model_hash'])}" if model.get("model_hash") else "",
-            "L2-normalised embeddings" if model.get("model_normalized") else "") if part) or "–"),
+            "L2-normalised embeddings" if model.get("model_normalized") else "",
+            "none: built from embeddings" if model.get("source") == "embeddings" else "") if part) or "–"),
         ("index folder", markdown_text(s["index_dir"]) if s.get("index_dir") else "–"),
     ]
     return section("Index", table(rows))

@@ -49,7 +49,7 @@ from retrieval.serve.reports import (
     triplet_plot,
     wise_plot,
 )
-from retrieval.serve.service import NO_MATCH_NOTE, SearchResponse, SearchService, ServedIndex
+from retrieval.serve.service import NO_MATCH_NOTE, SearchResponse, SearchService, ServedIndex, no_model_refusal
 from retrieval.serve.stats_view import human_bytes, statistics_markdown
 from retrieval.serve.upload_cache import UploadRecords
 
@@ -200,8 +200,8 @@ class GalleryFacts:
         where = f" Files in the gallery folder {markdown_code(self.folder.name)}" if self.folder else ""
         return (
             f"**The gallery:** {holds}{source}.{where}; index {markdown_code(service.index_dir.name)} (index.json: "
-            f"{markdown_code(info['index_key'])}, {info['embedding_dim']}-d embeddings of model "
-            f"{markdown_code(info['model_hash'])}, labels from its catalogue).\n\n"
+            f"{markdown_code(info['index_key'])}, {info['embedding_dim']}-d embeddings {model_words(info)}, labels "
+            "from its catalogue).\n\n"
             "**Try it:** upload or paste an image (or click one of the examples below the results) and press "
             "Search: the K gallery images nearest to it appear, best first. A query that is itself a gallery "
             "image is left out of its own results, and each result is marked ✓ (same label) or ✗.\n\n"
@@ -238,6 +238,14 @@ def upload_name(upload: Any) -> str | None:
     """The file name the visitor's browser gave an upload (None for a pasted image or an example)."""
     name = upload.get("orig_name") if isinstance(upload, dict) else None
     return name if isinstance(name, str) and name else None
+
+
+def model_words(info: dict[str, Any]) -> str:
+    """Which model made the index's embeddings, for the page: its hash, or none (built from embeddings: searched
+    with embeddings through the API)."""
+    if info.get("model_hash") is None:
+        return "built from embeddings, no model (search it with an embedding through the API)"
+    return f"of model {markdown_code(info['model_hash'])}"
 
 
 def failure_markdown(title: str, exc: Exception, name: str | None = None) -> str:
@@ -334,6 +342,9 @@ class SearchTab:
             reranking = self.rerank(rerank)
         except QueryError as exc:
             return [], failure_markdown("Cannot search", exc), keep
+        state = self.service.current()
+        if not state.index.has_model:  # built from embeddings: nothing can embed an upload
+            return [], failure_markdown("Cannot search with an image", no_model_refusal(state)), keep
         try:
             data = self.read_upload(upload)
         except QueryError as exc:
@@ -878,7 +889,9 @@ def build_ui(
         with gr.Accordion("Index and model", open=False, elem_id="about"):
             gr.Markdown(
                 f"**Image retrieval** · {info['vectors']} images · {markdown_code(info['index_key'])} · "
-                f"{info['embedding_dim']}-d embeddings · model {markdown_code(info['model_hash'])}",
+                f"{info['embedding_dim']}-d embeddings · "
+                + (f"model {markdown_code(info['model_hash'])}" if info.get("model_hash") is not None
+                   else "no model (built from embeddings)"),
                 elem_id="technical-header"
             )
         # the tabs that show metrics, named on the Search tab: Results only with a grid to show

@@ -1,6 +1,6 @@
 """Building indexes in the index tests: quick ingest options, a copied gallery, the check that each image is
-indexed once, an index folder written straight from vectors, and the real CLI with the fake model in a subprocess
-that the kill tests can pause (this file is that subprocess's script)."""
+indexed once, an index folder written straight from vectors, an input folder of a build from embeddings, and the real
+CLI with the fake model in a subprocess that the kill tests can pause (this file is that subprocess's script)."""
 
 from __future__ import annotations
 
@@ -69,6 +69,27 @@ def write_vector_index(
         name = store.write(ids, vectors[ids - 1], outcomes)
         catalogue.record([dataclasses.replace(o, shard=name) for o in outcomes])
     return layout, catalogue, store
+
+
+def write_embeddings_folder(
+    root: Path, parts: list[np.ndarray], metadata: list[dict[str, list]] | None = None, folder: str = "embeddings"
+) -> Path:
+    """An input folder of ``index build --embeddings``: each of ``parts`` saved as it is (``np.save``) in
+    ``root/<folder>/``, and, given ``metadata`` (one {column: values} per part), ``root/metadata/`` parquet parts.
+    ``folder`` "embeddings" names the files as ``index export --format npy`` does (``part-00000.npy``), "img_emb" as
+    clip-retrieval does (``img_emb_0.npy`` beside ``metadata_0.parquet``)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    clip = folder == "img_emb"
+    (root / folder).mkdir(parents=True, exist_ok=True)
+    for number, vectors in enumerate(parts):
+        np.save(root / folder / (f"img_emb_{number}.npy" if clip else f"part-{number:05d}.npy"), vectors)
+    for number, columns in enumerate(metadata or []):
+        (root / "metadata").mkdir(exist_ok=True)
+        name = f"metadata_{number}.parquet" if clip else f"part-{number:05d}.parquet"
+        pq.write_table(pa.table(columns), root / "metadata" / name)
+    return root
 
 
 # The kill tests' pause points: "after_shard_write:N" stops the build once its N-th shard file is in place but

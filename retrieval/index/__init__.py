@@ -1,9 +1,9 @@
 """Gallery index: a faiss index over L2-normalised embeddings with a SQLite catalogue.
 
-``build_index`` / ``add_images`` / ``remove_images`` / ``repair_index`` (``writer``) write an index folder (see
-``IndexLayout``; one writer at a time); ``Index.open(folder).search(embeddings, k, exclude_ids=())`` and
-``.search_images(images, k)`` query it, reading the catalogue through a read-only, per-thread ``CatalogueReader``
-(the one read path; it never writes the folder).
+``build_index`` / ``build_from_embeddings`` / ``add_images`` / ``remove_images`` / ``repair_index`` (``writer``) write
+an index folder (see ``IndexLayout``; one writer at a time); ``Index.open(folder).search(embeddings, k,
+exclude_ids=())`` and ``.search_images(images, k)`` query it, reading the catalogue through a read-only,
+per-thread ``CatalogueReader`` (the one read path; it never writes the folder).
 
 The read side is imported here; the writer's commands on first use (PEP 562): where torch is installed they import
 it (the local engine decodes in torch's DataLoader workers; the base install has no torch and decodes in a process
@@ -25,7 +25,8 @@ from retrieval.index.search import Index, SearchResult
 from retrieval.index.sources import IMAGE_EXTENSIONS, list_gallery
 from retrieval.index.stats import index_stats
 
-_WRITER_COMMANDS = ("add_images", "build_index", "remove_images", "repair_index")  # in ``retrieval.index.writer``
+# in ``retrieval.index.writer``
+_WRITER_COMMANDS = ("add_images", "build_from_embeddings", "build_index", "remove_images", "repair_index")
 
 
 def __getattr__(name: str) -> Any:

@@ -19,7 +19,7 @@ import json
 import sqlite3
 import threading
 import weakref
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -95,6 +95,18 @@ class Outcome:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", Status(self.status))  # shards store the value: read back as a Status
+
+
+@dataclass(frozen=True)
+class PlannedRow:
+    """A row planned with an id its caller chose (a build from embeddings: the input's own id, or its position)."""
+
+    id: int
+    path: str
+    label: str | None = None
+    sha256: str | None = None
+    size: int | None = None
+    extra: dict[str, str | float | int] | None = None  # columns kept for a search's `where`, as a manifest's
 
 
 class CatalogueQueries:
@@ -207,6 +219,11 @@ class CatalogueQueries:
         wanted = {int(i) for i in ids}
         sql = "SELECT id, shard FROM images WHERE shard IS NOT NULL ORDER BY id"
         return {int(i): shard for i, shard in self.db.execute(sql) if i in wanted}
+
+    def label_counts(self) -> dict[str | None, int]:
+        """Indexed images per label (None: the unlabelled ones)."""
+        sql = "SELECT label, COUNT(*) FROM images WHERE status=? GROUP BY label"
+        return {label: int(count) for label, count in self.db.execute(sql, (Status.DONE,))}
 
     def labelled(self) -> list[tuple[int, str]]:
         """(id, label) of every indexed image that has a label, by id."""
@@ -359,6 +376,28 @@ class Catalogue(CatalogueQueries):
             ]
         )
         return self.db.total_changes - before
+
+    def plan_rows(self, rows: Iterable[PlannedRow], meta: Mapping[str, str]) -> int:
+        """Insert ``rows`` as ``pending`` under their own ids, and the ``meta`` values that record them, in ONE
+        transaction; returns how many rows. ``rows`` is consumed as the transaction goes (a generator keeps memory
+        bounded). An id or path catalogued already (sqlite3.IntegrityError), or any error ``rows`` raises, rolls
+        the whole plan back: the rows are planned all together, with their record, or not at all."""
+        planned = 0
+
+        def statements() -> Iterable[tuple[str, Sequence[Any]]]:
+            nonlocal planned
+            for row in rows:
+                yield ("INSERT INTO images(id, path, label, sha256, size, status) VALUES (?, ?, ?, ?, ?, ?)",
+                       (int(row.id), row.path, row.label, row.sha256, row.size, Status.PENDING))
+                if row.extra:
+                    yield ("INSERT OR REPLACE INTO metadata(id, data) VALUES (?, ?)",
+                           (int(row.id), json.dumps(row.extra, ensure_ascii=False)))
+                planned += 1
+            for key, value in meta.items():
+                yield "INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, value)
+
+        self._transaction(statements())
+        return planned
 
     # --- outcomes
     def record(self, outcomes: Iterable[Outcome]) -> None:

@@ -30,7 +30,7 @@ from PIL import Image, ImageEnhance
 from retrieval.data.colour import DEFAULT_BACKGROUND, flatten_alpha
 from retrieval.data.eval_preprocess import EvalPreprocess
 from retrieval.errors import ParameterError
-from retrieval.index.embedder import ImageEmbedder, prepare_vectors
+from retrieval.index.embedder import ImageEmbedder, NoModel, prepare_vectors
 from retrieval.index.neighbour_graph import NeighbourGraph, index_graph, stored_vectors
 from retrieval.index.search import Index
 
@@ -269,6 +269,10 @@ def calibrate_on_index(index: Index, graph: NeighbourGraph, load: Callable[[int]
     cannot be read now, and another image is taken; the stored vectors are the originals) against every searched
     image's nearest-neighbour cosine."""
     sample = check_sample(sample)
+    if isinstance(embedder, NoModel):  # built from embeddings: nothing can embed the planted copies
+        raise ParameterError("threshold", "auto embeds copies it plants of gallery images with the index's model, "
+                                          "and this index was built from embeddings: it has none; give `threshold` "
+                                          "a cosine instead, e.g. 0.95")
     # the model sees at most its input size: a photo is kept at 4 x that, so the sample's memory stays small
     side = 4 * EvalPreprocess(embedder.model_config).size
     order = np.random.default_rng(seed).permutation(len(graph.ids))[:2 * sample]

@@ -44,6 +44,51 @@ class ModelMismatchError(ValueError):
     """A query model differs from the model that built the index."""
 
 
+# index.json's ``source`` of an index built from vectors someone already had (``writer.build_from_embeddings``): no
+# model made them, so none can embed a query image into their space
+EMBEDDINGS_SOURCE = "embeddings"
+
+
+class NoModelError(ValueError):
+    """The index was built from embeddings: it has no model, so nothing that needs one (embedding an image) works."""
+
+
+def has_model(info: Mapping[str, Any]) -> bool:
+    """Whether the index whose index.json is ``info`` was built by a model (False: built from embeddings)."""
+    return info.get("source") != EMBEDDINGS_SOURCE
+
+
+def built_without_model(index_dir: str | Path) -> str:
+    """The start of every refusal of an index built from embeddings, naming it."""
+    return f"the index in {index_dir} was built from embeddings and has no model"
+
+
+class NoModel:
+    """The query embedder of an index built from embeddings: it knows the dimension, and refuses every use that
+    needs a model (embedding, the preprocessing settings) with a ``NoModelError`` that says what works instead."""
+
+    normalized = True
+    model_hash = None  # no model: index.json's model_hash is null too
+
+    def __init__(self, dim: int, index_dir: str | Path) -> None:
+        self.embedding_dim, self.index_dir = int(dim), index_dir
+
+    def refusal(self) -> NoModelError:
+        """The error every model-needing use raises."""
+        return NoModelError(f"{built_without_model(self.index_dir)}: it cannot embed a query image; search it with "
+                            f"embeddings of its own space ({self.embedding_dim} numbers each: Index.search, or POST "
+                            "/search with an \"embedding\")")
+
+    @property
+    def model_config(self) -> dict[str, Any]:
+        """No preprocessing exists without a model: refused."""
+        raise self.refusal()
+
+    def embed(self, images: Any) -> np.ndarray:
+        """Refused: there is no model to embed with."""
+        raise self.refusal()
+
+
 def load_model(
     path: str | Path, providers: str = "auto", spin: bool = False, intra_op_threads: int | None = None
 ) -> ImageEmbedder:
@@ -175,6 +220,13 @@ def check_model_match(info: Mapping[str, Any], embedder: ImageEmbedder, index_di
 def index_embedder(info: Mapping[str, Any], embedder: ImageEmbedder, index_dir: Path) -> ImageEmbedder:
     """The embedder that embeds queries for the index whose index.json is ``info`` (``compatible_view``), or a
     ModelMismatchError that says why there is none and what to run."""
+    if not has_model(info):  # vectors from elsewhere: no model is known to embed into their space
+        if isinstance(embedder, NoModel):
+            return embedder
+        raise NoModelError(f"{built_without_model(index_dir)}: its vectors came from another program, and no model "
+                           "is known to embed into their space, so it cannot be searched with a model's query "
+                           "embeddings; search it with embeddings of its own space (Index.search), or build an index "
+                           "of the images with this model (retrieval index build)")
     view = compatible_view(embedder, info)
     if view is not None:
         return view

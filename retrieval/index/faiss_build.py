@@ -147,9 +147,10 @@ def update_faiss(
     """Bring the index (read from ``layout.faiss`` unless given) in line with the ``done`` rows; no retraining.
     ``changed``: ids whose vectors the shards now hold anew (an upgrade), replaced in faiss.
 
-    Flat storage removes ids in place. Other types are emptied and filled again from the shards, keeping
-    their training: an IVF index keeps its rows' old positions on removal and HNSW cannot remove at all,
-    and either would leave the IDMap2 wrapper pointing at the wrong rows.
+    Flat storage and an IVF index that keeps catalogue ids in its lists remove ids in place. Other types are
+    emptied and filled again from the shards, keeping their training: inside IDMap2 an IVF index keeps its rows'
+    old positions on removal and HNSW cannot remove at all, and either would leave the wrapper pointing at the
+    wrong rows.
     """
     index = faiss_files.read_index(layout.faiss) if index is None else index
     done = catalogue.done_shards()
@@ -163,7 +164,9 @@ def update_faiss(
         to_add = np.union1d(to_add, np.intersect1d(changed, done_ids))
     updated_by = f"added {len(to_add)}, removed {len(to_remove)} in place"
     emptied = False
-    if len(to_remove) and not isinstance(faiss_params.inner(index), faiss.IndexFlatCodes):
+    removes_in_place = isinstance(faiss_params.inner(index), faiss.IndexFlatCodes) or (
+        not faiss_params.has_id_map(index) and faiss_params.ivf_of(index) is not None)
+    if len(to_remove) and not removes_in_place:
         faiss_files.detach_on_disk_lists(index, layout.root, keep_entries=False)  # emptied next: nothing to copy
         emptied = True
         try:

@@ -40,6 +40,7 @@ _HEADER = struct.Struct("<4siqqq?i")
 _COUNT = struct.Struct("<Q")
 _FLAT = (b"IxFI", b"IxF2", b"IxFl")  # inner product, L2, other metric
 _ID_MAPS = (b"IxM2", b"IxMp")
+_IVF = (b"Iw", b"IxPT")  # IVF indexes (IndexIVF*), and a pre-transform, which only ever wraps one in our files
 
 
 def _header(head: bytes, offset: int, path: Path) -> tuple[bytes, int, int, int]:
@@ -54,8 +55,9 @@ def check_index_file(path: str | Path) -> None:
     """Refuse (``DamagedIndexFileError``) an index.faiss whose header declares more than its size can hold, before
     faiss reads it: faiss allocates what the file declares first, so a forged count costs that much memory.
 
-    Exact for IndexFlat (alone or in an IDMap/IDMap2); for another index in an IDMap2 a bound: its ids alone take
-    8 bytes per vector in this file (IVF lists kept on disk are in another file, the ids are not).
+    Exact for IndexFlat (alone or in an IDMap/IDMap2); for another index in an IDMap2, and for an IVF index that
+    keeps the ids in its lists (alone or behind a rotation), a bound: the ids alone take 8 bytes per vector in this
+    file (lists kept on disk are in another file, and then an IVF's ids are there too).
     """
     path = Path(path)
     try:
@@ -71,6 +73,9 @@ def check_index_file(path: str | Path) -> None:
         if d <= 0 or ntotal < 0:
             raise DamagedIndexFileError(f"{path} declares {ntotal} vectors of dimension {d}")
         ids_at = None
+        if fourcc.startswith(_IVF) and ntotal * 8 > size and not any(path.parent.glob(ON_DISK_LISTS)):
+            raise DamagedIndexFileError(f"{path} declares {ntotal} vectors, whose ids alone take {ntotal * 8} "
+                                        f"bytes, but the file holds {size} bytes")
         if fourcc in _ID_MAPS:
             if ntotal * 8 > size:
                 raise DamagedIndexFileError(f"{path} declares {ntotal} vectors, whose ids alone take "
@@ -138,10 +143,15 @@ def detach_on_disk_lists(index: faiss.Index, folder: Path, keep_entries: bool = 
     ivf = ivf_of(index)
     with faiss_prints_to_stderr():
         new = faiss.OnDiskInvertedLists(ivf.nlist, ivf.code_size, str(new_lists_file(folder)))
-        if keep_entries:
-            sources = faiss.InvertedListsPtrVector()
-            sources.push_back(old)
-            new.merge_from_multiple(sources.data(), sources.size())
+        if keep_entries:  # list by list: merge_from_multiple leaves the filled space in the free-slot list, so the
+            # next list that grows is given space over other lists' entries (faiss 1.15)
+            for number in range(ivf.nlist):
+                size = old.list_size(number)
+                if size:
+                    ids, codes = old.get_ids(number), old.get_codes(number)
+                    new.add_entries(number, size, ids, codes)
+                    old.release_ids(number, ids)
+                    old.release_codes(number, codes)
     ivf.replace_invlists(new, True)
     new.this.disown()  # the index owns (and frees) it now
     return True

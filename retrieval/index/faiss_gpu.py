@@ -7,7 +7,7 @@ from typing import Any
 import faiss
 import numpy as np
 
-from retrieval.index.faiss_params import index_ids, inner, ivf_of
+from retrieval.index.faiss_params import has_id_map, index_ids, inner, ivf_of
 
 GPU_MAX_K = 2048  # faiss GPU k-selection limit (also for nprobe)
 INSTALL_GPU = "pip uninstall faiss-cpu && pip install faiss-gpu (or conda install -c pytorch faiss-gpu)"
@@ -34,17 +34,20 @@ def check_gpu_k(k: int) -> None:
 
 
 class GpuSearcher:
-    """Searches a CPU ``IDMap2`` index's inner index on the GPU and maps positions back to ids."""
+    """Searches a CPU index on the GPU: an ``IDMap2``'s inner index, with positions mapped back to ids, or an IVF
+    index that keeps catalogue ids in its lists as it is."""
 
     def __init__(self, index: faiss.Index, resources: Any = None) -> None:
         self.resources = resources or require_gpu()
-        self.ids = index_ids(index)
+        self.ids = index_ids(index) if has_id_map(index) else None
         self.gpu_index = faiss.index_cpu_to_gpu(self.resources, 0, inner(index))
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         check_gpu_k(k)
-        scores, positions = self.gpu_index.search(queries, k)
-        return scores, np.where(positions >= 0, self.ids[np.clip(positions, 0, None)], -1)
+        scores, found = self.gpu_index.search(queries, k)
+        if self.ids is None:
+            return scores, found
+        return scores, np.where(found >= 0, self.ids[np.clip(found, 0, None)], -1)
 
 
 def train_on_gpu(index: faiss.Index, sample: np.ndarray, resources: Any) -> None:

@@ -1,5 +1,6 @@
-"""What an index is made of and how it is searched: the index inside the ``IDMap2`` wrapper, its ids, and its
-search-time parameters (``nprobe``, ``efSearch``, ``k_factor``), how they are set and which values tuning tries.
+"""What an index is made of and how it is searched: the index inside the ``IDMap2`` wrapper (where there is one),
+its ids, and its search-time parameters (``nprobe``, ``efSearch``, ``k_factor``), how they are set and which values
+tuning tries.
 """
 
 from __future__ import annotations
@@ -11,13 +12,31 @@ import numpy as np
 
 
 def inner(index: faiss.Index) -> faiss.Index:
-    """The index inside the IDMap2 wrapper, downcast to its concrete class."""
-    return faiss.downcast_index(index.index) if hasattr(index, "id_map") else faiss.downcast_index(index)
+    """The index inside the IDMap2 wrapper (the index itself where there is none), downcast to its concrete class."""
+    return faiss.downcast_index(index.index) if has_id_map(index) else faiss.downcast_index(index)
+
+
+def has_id_map(index: faiss.Index) -> bool:
+    """True when ``index`` is an ``IDMap``/``IDMap2`` wrapper (its inner index counts positions, the map holds the
+    catalogue ids); False for an IVF index that keeps the ids in its lists (``faiss_keys.new_index``)."""
+    return hasattr(index, "id_map")
 
 
 def index_ids(index: faiss.Index) -> np.ndarray:
-    """The catalogue ids an ``IDMap2`` index holds, in its internal order (int64)."""
-    return faiss.vector_to_array(index.id_map).astype(np.int64)
+    """The catalogue ids an index holds, in its internal order (int64): the IDMap2's map, or an IVF's lists."""
+    if has_id_map(index):
+        return faiss.vector_to_array(index.id_map).astype(np.int64)
+    ivf = ivf_of(index)
+    if ivf is None:
+        raise ValueError(f"a {type(inner(index)).__name__} without an id map holds no catalogue ids")
+    lists, parts = ivf.invlists, []
+    for number in range(ivf.nlist):
+        size = lists.list_size(number)
+        if size:
+            pointer = lists.get_ids(number)
+            parts.append(faiss.rev_swig_ptr(pointer, size).astype(np.int64))  # a copy, before the release
+            lists.release_ids(number, pointer)
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
 def ivf_of(index: faiss.Index) -> Any | None:

@@ -15,7 +15,7 @@ from typing import Any
 import faiss
 import numpy as np
 
-from retrieval.index.faiss_params import hnsw_of, inner, ivf_of, refine_of
+from retrieval.index.faiss_params import has_id_map, hnsw_of, inner, ivf_of, refine_of
 
 _DIRECT_MAPS = threading.Lock()  # an IVF index gets its direct map once, whichever thread asks first
 
@@ -74,9 +74,9 @@ class NoStoredVectors(ValueError):
 
 def reconstructed_vectors(index: faiss.Index, ids: np.ndarray) -> np.ndarray:
     """The vectors [n, d] faiss holds for ``ids`` (all of them held): stored exactly (Flat, HNSW-Flat), else decoded
-    from an IVF index's lists through a direct map made on first use (8 bytes a vector; exact for IVF-Flat, for SQ
-    and PQ the codes' approximation, which is what their search scores). A ValueError names an index type that
-    cannot give them back (``NoStoredVectors``)."""
+    from an IVF index's lists through a direct map made on first use (8 bytes a vector inside IDMap2, about 40 for
+    an IVF index keeping catalogue ids; exact for IVF-Flat, for SQ and PQ the codes' approximation, which is what
+    their search scores). A ValueError names an index type that cannot give them back (``NoStoredVectors``)."""
     ids = np.ascontiguousarray(ids, dtype=np.int64)
     vectors = stored_vectors(index, ids)
     if vectors is not None:
@@ -85,7 +85,9 @@ def reconstructed_vectors(index: faiss.Index, ids: np.ndarray) -> np.ndarray:
     if ivf is not None and ivf.direct_map.type == faiss.DirectMap.NoMap:
         with _DIRECT_MAPS:
             if ivf.direct_map.type == faiss.DirectMap.NoMap:
-                ivf.make_direct_map()
+                # inside IDMap2 the list ids are positions 0..n-1 (an array); catalogue ids kept in the lists are
+                # sparse (a hash table, about 40 bytes a vector, made on first use)
+                ivf.set_direct_map_type(faiss.DirectMap.Array if has_id_map(index) else faiss.DirectMap.Hashtable)
     try:
         return index.reconstruct_batch(ids)
     except RuntimeError as exc:

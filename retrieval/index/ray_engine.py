@@ -155,7 +155,7 @@ class RayEngine:
     def add_vectors(self, index: faiss.Index, chunks: Chunks, workdir: Path, count: int) -> faiss.Index:
         """Per-shard Ray tasks for an IVF index, merged here; any other index is filled in this process."""
         core = faiss_params.inner(index)
-        if not isinstance(core, faiss.IndexIVF) or not hasattr(index, "id_map") or index.ntotal:
+        if not isinstance(core, faiss.IndexIVF) or index.ntotal:  # (an OPQ rotation's pre-transform included)
             return add_sequentially(index, chunks)
         on_disk = self.options.merge_on_disk
         if on_disk is None:  # the merged lists (codes + ids) against the memory the auto policy may use
@@ -388,24 +388,26 @@ def lost_to_the_cluster(exc: BaseException) -> bool:
 
 
 # --- faiss: per-shard tasks and merge ----------------------------------------------------------------
-def add_shard(trained: bytes, positions: np.ndarray, vectors: np.ndarray) -> np.ndarray:
-    """Ray task: the trained, empty IVF index with one shard's vectors added under their global positions."""
+def add_shard(trained: bytes, labels: np.ndarray, vectors: np.ndarray) -> np.ndarray:
+    """Ray task: the trained, empty IVF index with one shard's vectors added under ``labels``."""
     index = faiss.deserialize_index(np.frombuffer(trained, np.uint8))
-    index.add_with_ids(np.ascontiguousarray(vectors, np.float32), np.ascontiguousarray(positions, np.int64))
+    index.add_with_ids(np.ascontiguousarray(vectors, np.float32), np.ascontiguousarray(labels, np.int64))
     return faiss.serialize_index(index)
 
 
 class ShardedIvfBuilder:
-    """Fills an empty trained ``IDMap2,IVF...`` index from per-shard indexes built in Ray tasks.
+    """Fills an empty trained IVF index from per-shard indexes built in Ray tasks.
 
-    Inside the IVF, a vector's id is its global position (shard order); the IDMap2 wrapper maps positions to
-    catalogue ids, exactly as a sequential ``add_with_ids`` would have.
+    An IVF index that keeps catalogue ids gets them in its lists. Inside an ``IDMap2``, a vector's id in the IVF
+    is its global position (shard order) and the wrapper maps positions to catalogue ids, exactly as a sequential
+    ``add_with_ids`` would have.
     """
 
     def __init__(
         self, index: faiss.Index, ivf: faiss.IndexIVF, workdir: Path, on_disk: bool, in_flight: int = 4
     ) -> None:
         self.index, self.ivf, self.workdir = index, ivf, Path(workdir)
+        self.id_map = faiss_params.has_id_map(index)
         self.on_disk, self.max_in_flight = on_disk, max(1, in_flight)
 
     def fill(self, chunks: Chunks) -> faiss.Index:
@@ -431,20 +433,22 @@ class ShardedIvfBuilder:
         started, shards = time.perf_counter(), 0
         for ids, vectors in chunks:
             shards += 1
-            positions = np.arange(offset, offset + len(ids), dtype=np.int64)
+            ids = np.asarray(ids, np.int64)
+            labels = np.arange(offset, offset + len(ids), dtype=np.int64) if self.id_map else ids
             offset += len(ids)
-            all_ids.append(np.asarray(ids, np.int64))
-            in_flight.append(task.remote(trained, positions, vectors))
+            all_ids.append(ids)
+            in_flight.append(task.remote(trained, labels, vectors))
             while len(in_flight) > self.max_in_flight:
                 merge_oldest()
         while in_flight:
             merge_oldest()
         if self.on_disk:
             self._merge_on_disk(parts, parts_dir)
-        ids = np.concatenate(all_ids) if all_ids else np.zeros(0, np.int64)
-        faiss.copy_array_to_vector(ids, self.index.id_map)
-        self.index.ntotal = self.ivf.ntotal
-        self.index.construct_rev_map()
+        if self.id_map:
+            ids = np.concatenate(all_ids) if all_ids else np.zeros(0, np.int64)
+            faiss.copy_array_to_vector(ids, self.index.id_map)
+            self.index.ntotal = self.ivf.ntotal
+            self.index.construct_rev_map()
         log.info(
             "faiss: %d vectors added in %d per-shard Ray tasks and merged (%s) in %.1f s",
             offset, shards, "on disk" if self.on_disk else "in memory", time.perf_counter() - started,

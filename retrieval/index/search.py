@@ -20,9 +20,10 @@ import numpy as np
 
 from retrieval.index import faiss_files, faiss_gpu, faiss_params, faiss_search
 from retrieval.index.catalogue import CatalogueReader, Status
-from retrieval.index.embedder import ImageEmbedder, index_embedder, load_model, prepare_vectors
+from retrieval.index.embedder import ImageEmbedder, NoModel, has_model, index_embedder, load_model, prepare_vectors
 from retrieval.index.filters import Filter, FilterTable, parse_filter
 from retrieval.index.layout import IndexLayout
+from retrieval.index.sources import is_url
 from retrieval.rerank import RerankConfig, rerank_lists
 
 MAX_K = 1000  # the most results one query may ask for (the API, the app and the CLI share it)
@@ -52,7 +53,9 @@ def public_path(path: str, root: PurePath) -> str:
     """A catalogued path as the API, the app, filters, removal and exports show it: relative to the gallery root,
     never a server's absolute path. One catalogued outside the root (``index add`` from another folder) walks up
     with ``..`` (``../more/horse/h.jpg``): unique and stable like the absolute path it stands for, and accepted
-    back by ``index remove`` (``catalogue_id``)."""
+    back by ``index remove`` (``catalogue_id``). A URL (a build from embeddings keeps its metadata's) stays itself."""
+    if is_url(path):
+        return path
     pure = PurePosixPath(path)
     if pure.is_relative_to(root):
         return pure.relative_to(root).as_posix()
@@ -138,8 +141,15 @@ class Index:
         return int(self.info["embedding_dim"])
 
     @property
-    def model_hash(self) -> str:
-        return str(self.info["model_hash"])
+    def model_hash(self) -> str | None:
+        """The hash of the model that built it; None for an index built from embeddings (``has_model``)."""
+        value = self.info.get("model_hash")
+        return None if value is None else str(value)
+
+    @property
+    def has_model(self) -> bool:
+        """Whether a model built it (False: built from embeddings, searched with embeddings only)."""
+        return has_model(self.info)
 
     @property
     def model_output(self) -> str | None:
@@ -150,7 +160,10 @@ class Index:
     @property
     def embedder(self) -> ImageEmbedder:
         """The query model: the one passed in, else the ONNX file recorded in index.json; it embeds with the output
-        that reaches the index's space (a model of another size declared compatible: its compatible output)."""
+        that reaches the index's space (a model of another size declared compatible: its compatible output). An
+        index built from embeddings has none: a ``NoModel``, which refuses to embed, saying what works instead."""
+        if self._embedder is None and not self.has_model:
+            self._embedder = NoModel(self.dim, self.layout.root)  # its every use says what works instead
         if self._embedder is None:
             path = self.info.get("model_path")
             if not path:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,6 +148,15 @@ def is_utf8(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def is_url(path: str) -> bool:
+    """Whether a catalogued path is a URL (``https://...``: a build from embeddings keeps its metadata's URLs as
+    they are), not a file's path."""
+    return URL.match(path) is not None
 
 
 def path_problem(path: str) -> str | None:
@@ -327,7 +337,7 @@ def extra_columns(fields: Sequence[str], manifest: str | os.PathLike[str] = "the
     return kept
 
 
-def _extra(row: dict[str, object], columns: Sequence[str]) -> dict[str, str | float | int] | None:
+def extra_values(row: dict[str, object], columns: Sequence[str]) -> dict[str, str | float | int] | None:
     """A manifest row's values of the kept ``columns`` (missing and NaN values left out; text bounded)."""
     extra: dict[str, str | float | int] = {}
     for key in columns:
@@ -355,7 +365,7 @@ def _take_row(gallery: Gallery, base: Path, row: dict[str, object], line: int, e
     if problem is not None:
         gallery.errors.append(ListingError(printable_path(path), f"{problem} (manifest line {line})"))
         return
-    extra = _extra(row, extras)
+    extra = extra_values(row, extras)
     if extra is not None and not all(is_utf8(v) for v in extra.values() if isinstance(v, str)):
         gallery.errors.append(ListingError(printable_path(path), f"a column is not valid UTF-8 (manifest line {line})"))
         return

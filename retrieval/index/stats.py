@@ -75,7 +75,8 @@ def opened_index_stats(
         "model": {
             key: index.info.get(key)
             for key in ("model_path", "model_hash", "embedding_dim", "model_normalized", "model_output")
-        },
+        } | ({} if index.has_model else {"source": index.info.get("source"),  # built from embeddings: no model
+                                         "embeddings_dir": index.info.get("embeddings_dir")}),
         "size_on_disk_bytes": index.layout.size_on_disk(),
         "queries": int(nq),
         "recall_1_at_1": faiss_measure.recall_at(found, exact, 1, 1),

@@ -67,6 +67,7 @@ FORMATS = ("parquet", "npy")
 EXPORT_FORMAT = "retrieval-index-export/1"
 MANIFEST = "_export.json"  # "_": pyarrow's dataset discovery (pandas.read_parquet of the folder) skips it
 SCHEMA_KEY = "retrieval"  # parquet schema metadata key holding the facts (JSON)
+RELATIVE_PATHS = "relative to gallery_root"  # the facts' ``paths`` of an export whose paths are relative
 CHUNK_BYTES = 16 * 2**20  # vectors read and written at a time (a parquet row group); peak memory: a few times it
 DEFAULT_ROWS_PER_FILE = 1_000_000  # rows per part file of a folder export
 PROGRESS_MIN_ROWS = 50_000  # smaller exports take a second or two: no bar
@@ -347,7 +348,7 @@ def _facts(
         "index_key": info.get("index_key"),
         "count": int(count),
         "gallery_root": str(root),
-        "paths": "absolute" if absolute else "relative to gallery_root",
+        "paths": "absolute" if absolute else RELATIVE_PATHS,
         # the build's --split and --label-from: one value for the gallery, not recorded per row
         "gallery_split": reader.get_meta("gallery_split"),
         "label_from": reader.get_meta("label_from"),

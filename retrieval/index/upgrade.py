@@ -49,8 +49,11 @@ from retrieval.index import faiss_files, faiss_params
 from retrieval.index.catalogue import UPGRADE_MODEL_PATH, Catalogue, Outcome, Status
 from retrieval.index.embed_rows import RowEmbedder
 from retrieval.index.embedder import (
+    EMBEDDINGS_SOURCE,
     OUTPUT_FIELDS,
     ImageEmbedder,
+    NoModelError,
+    built_without_model,
     compatible_view,
     is_compatible,
     load_model,
@@ -221,6 +224,10 @@ def upgrade_index(
     layout.require_catalogue()
     with layout.upgrade_lock():
         with layout.write_lock("upgrade"), Catalogue(layout.catalogue) as catalogue:
+            if catalogue.get_meta("source") == EMBEDDINGS_SOURCE:  # before any model loads
+                raise NoModelError(f"{built_without_model(layout.root)}: an upgrade replaces the model an index was "
+                                   "built by, and its vectors came from elsewhere; build an index of the images with "
+                                   "the new model instead (retrieval index build)")
             recorded = catalogue.get_meta(UPGRADE_MODEL_PATH)
             if model is None and recorded is None:
                 raise ParameterError("model", "is needed (the new .onnx file): no upgrade is under way to resume")

@@ -1,4 +1,6 @@
-"""The index writer's commands: ``build_index``, ``add_images``, ``remove_images``, ``repair_index``.
+"""The index writer's commands: ``build_index``, ``add_images``, ``remove_images``, ``repair_index``, and
+``build_from_embeddings`` (an index of vectors someone already has: no images, no model; its steps are the same, the
+ingest a copy of the input's vectors, ``embedding_input``).
 
 Each plans the catalogue, mends what a crash left (``mend``), embeds the pending rows with the engine the options
 choose (``engines``, ``ingest``) and builds or updates faiss (``faiss_build``).
@@ -29,7 +31,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, NoReturn
 
 import faiss
 
@@ -37,8 +39,19 @@ from retrieval.errors import ParameterError, parameters_named
 from retrieval.index import faiss_files, faiss_gpu, faiss_keys
 from retrieval.index.add_check import check_new_images
 from retrieval.index.catalogue import UPGRADE_MODEL_PATH, Catalogue, Status
-from retrieval.index.embedder import ImageEmbedder, ModelMismatchError, load_model, output_fields, with_output
-from retrieval.index.engine import IngestOptions
+from retrieval.index.embedder import (
+    EMBEDDINGS_SOURCE,
+    ImageEmbedder,
+    ModelMismatchError,
+    NoModelError,
+    built_without_model,
+    has_model,
+    load_model,
+    output_fields,
+    with_output,
+)
+from retrieval.index.embedding_input import EmbeddingsInput, open_embeddings
+from retrieval.index.engine import AddVectors, IngestOptions
 from retrieval.index.engines import open_engine
 from retrieval.index.faiss_build import build_faiss, update_faiss
 from retrieval.index.ingest import ingest
@@ -105,6 +118,9 @@ def _tally(catalogue: Catalogue) -> dict[str, int]:
             "duplicates": counts[Status.DUPLICATE.value]}
 
 
+SIMILARITY = "inner product of L2-normalised vectors (cosine)"
+
+
 def _model_fields(embedder: ImageEmbedder, model_path: str | None) -> dict[str, Any]:
     return {
         "model_path": str(Path(model_path).resolve()) if model_path else None,
@@ -113,7 +129,7 @@ def _model_fields(embedder: ImageEmbedder, model_path: str | None) -> dict[str, 
         "source_model_hash": (getattr(embedder, "metadata", None) or {}).get("source_model_hash"),
         "embedding_dim": int(embedder.embedding_dim),
         "model_normalized": bool(embedder.normalized),
-        "similarity": "inner product of L2-normalised vectors (cosine)",
+        "similarity": SIMILARITY,
         **output_fields(embedder),  # which output made the vectors (a compatible one: into an old model's space)
     }
 
@@ -142,6 +158,9 @@ def _info_from_meta(catalogue: Catalogue) -> dict[str, Any]:
         info["model_output"] = get("model_output")
     if get("model_output_space") is not None:
         info["model_output_space"] = json.loads(get("model_output_space"))
+    for key in ("source", "embeddings_dir"):  # built from embeddings: no model, and where its vectors came from
+        if get(key) is not None:
+            info[key] = get(key)
     return info
 
 
@@ -240,22 +259,15 @@ def build_index(
         state = catalogue.get_meta("state")
         store = ShardStore(layout.shards)
         if state == "complete":
-            problem = _inconsistency(layout, catalogue, store)
-            if problem is not None:
-                raise FileExistsError(
-                    f"{layout.root} already holds a finished index, but {problem}; run "
-                    f"`{repair_command(layout.root)}` to mend it"
-                )
-            raise FinishedIndexError(
-                f"{layout.root} already holds a finished index; add images to it, or build into another folder"
-            )
+            _refuse_finished(layout, catalogue, store)
         if state is not None:
+            if catalogue.get_meta("source") == EMBEDDINGS_SOURCE:
+                raise FileExistsError(
+                    f"{layout.root} holds an interrupted build from the embeddings in "
+                    f"{catalogue.get_meta('embeddings_dir')}; finish that one (run it again, or "
+                    f"`{repair_command(layout.root)}`), or build from images into another folder")
             embedder = _check_same_model(catalogue, embedder, layout.root)
-            if catalogue.get_meta("index_key") != index_key:
-                raise ParameterError(
-                    "index_key", f"{index_key} differs from {catalogue.get_meta('index_key')}, the key the "
-                    f"interrupted build in {layout.root} used; rerun with that key, or build into another folder"
-                )
+            _check_same_key(catalogue, index_key, layout.root)
         gallery, rule = _list(images, split, catalogue, label_from)
         if state is None:
             fields = _model_fields(embedder, str(model) if model else None)
@@ -268,14 +280,8 @@ def build_index(
         catalogue.plan(gallery.items, gallery.source, gallery.errors)
         mended = mend(catalogue, store)
         ingest(engine, catalogue, store, embedder, options)
-        log.info("building the faiss index of %s", layout.root)
-        with parameters_named(key_request="index_key"):
-            built = build_faiss(
-                layout, catalogue, store, index_key, int(embedder.embedding_dim), gpu,
-                policy=options.policy, add_vectors=engine.add_vectors,
-            )
-        layout.write_info(_info_from_meta(catalogue) | built)
-        catalogue.set_meta(state="complete")
+        built = _publish_faiss(layout, catalogue, store, index_key, int(embedder.embedding_dim), gpu, options,
+                               engine.add_vectors)
         return {
             "index_dir": str(layout.root),
             "index_key": built["index_key"],
@@ -284,6 +290,130 @@ def build_index(
             "labels": label_summary(gallery, rule),
             **_summary(catalogue, started, mended),
         }
+
+
+def _refuse_finished(layout: IndexLayout, catalogue: Catalogue, store: ShardStore,
+                     advice: str = "add images to it, or build into another folder") -> NoReturn:
+    """A build into a folder that holds a finished index: refused, pointing at repair when it is not whole."""
+    problem = _inconsistency(layout, catalogue, store)
+    if problem is not None:
+        raise FileExistsError(
+            f"{layout.root} already holds a finished index, but {problem}; run "
+            f"`{repair_command(layout.root)}` to mend it"
+        )
+    raise FinishedIndexError(f"{layout.root} already holds a finished index; {advice}")
+
+
+def _check_same_key(catalogue: Catalogue, index_key: str, root: Path) -> None:
+    """A resumed build keeps the index key it started with."""
+    if catalogue.get_meta("index_key") != index_key:
+        raise ParameterError(
+            "index_key", f"{index_key} differs from {catalogue.get_meta('index_key')}, the key the "
+            f"interrupted build in {root} used; rerun with that key, or build into another folder"
+        )
+
+
+def _publish_faiss(layout: IndexLayout, catalogue: Catalogue, store: ShardStore, index_key: str, dim: int,
+                   gpu: bool, options: IngestOptions, add_vectors: AddVectors | None = None) -> dict[str, Any]:
+    """A build's last step: faiss built from the shards, then index.json, then the catalogue marks it complete."""
+    log.info("building the faiss index of %s", layout.root)
+    with parameters_named(key_request="index_key"):
+        built = build_faiss(layout, catalogue, store, index_key, dim, gpu, policy=options.policy,
+                            add_vectors=add_vectors)
+    layout.write_info(_info_from_meta(catalogue) | built)
+    catalogue.set_meta(state="complete")
+    return built
+
+
+def build_from_embeddings(
+    embeddings: str | Path,
+    out: str | Path,
+    index_key: str = "auto",
+    gpu: bool = False,
+    options: IngestOptions | None = None,
+    chunk_rows: int | None = None,
+) -> dict[str, Any]:
+    """Build (or finish an interrupted build of) an index in ``out`` from vectors someone already has, with no
+    images and no model; returns a summary.
+
+    ``embeddings`` is a folder in the layout ``index export`` (npy) and clip-retrieval write: ``embeddings/*.npy``
+    (or ``img_emb/*.npy``) and optionally ``metadata/*.parquet`` with the same rows (``embedding_input``: the
+    checks, and how ids, paths, labels and other columns are read). Every value is checked before anything is
+    recorded; then the rows are catalogued in one transaction, the vectors copied into shards (``options.
+    shard_size`` rows each; a killed build resumes from the rows still pending, as an image build does) and faiss
+    built as for images (``options.policy``: the auto key and the budgets). index.json records no model
+    (``source`` "embeddings"): the index is searched with embeddings; whatever needs a model is refused.
+    ``chunk_rows``: rows read at a time (default: 16 MiB of vectors).
+    """
+    started = time.perf_counter()
+    if gpu:
+        faiss_gpu.require_gpu()  # fail before any work
+    options = options or IngestOptions()
+    source = open_embeddings(embeddings, chunk_rows)  # the headers and row counts, before the folder is touched
+    layout = IndexLayout(out)
+    layout.root.mkdir(parents=True, exist_ok=True)
+    with layout.write_lock("build an index in"), Catalogue(layout.catalogue) as catalogue:
+        state = catalogue.get_meta("state")
+        store = ShardStore(layout.shards)
+        if state == "complete":
+            _refuse_finished(layout, catalogue, store, "build into another folder (an index built from embeddings "
+                                                       "takes no additions: build it again from the whole set)")
+        if state is not None:
+            _check_same_input(catalogue, source, layout.root)
+            _check_same_key(catalogue, index_key, layout.root)
+        else:
+            if catalogue.counts()["total"]:
+                raise FileExistsError(f"{layout.root} holds catalogued images but no record of a build; build into "
+                                      "an empty folder")
+            source.check_values(options.progress)  # a bad value is refused before anything is recorded
+            fields = {"model_path": None, "model_hash": None, "embedding_dim": source.dim, "similarity": SIMILARITY,
+                      "source": EMBEDDINGS_SOURCE, "embeddings_dir": str(source.root.resolve())}
+            source.plan(catalogue, {"state": "building", "index_key": index_key, **meta_values(fields),
+                                    "gallery_root": source.gallery_root,
+                                    "embeddings_fingerprint": source.fingerprint})
+        mended = mend(catalogue, store)
+        source.copy_pending(catalogue, store, options.shard_size, options.progress)
+        built = _publish_faiss(layout, catalogue, store, index_key, source.dim, gpu, options)
+        labels = catalogue.label_counts()
+        classes = {label: count for label, count in labels.items() if label is not None}
+        largest = sorted(classes.items(), key=lambda kv: (-kv[1], kv[0]))[:10]
+        return {
+            "index_dir": str(layout.root),
+            "source": EMBEDDINGS_SOURCE,
+            "embeddings_dir": str(source.root.resolve()),
+            "embedding_dim": source.dim,
+            "index_key": built["index_key"],
+            "params": built["params"],
+            **({"budget": built["budget"]} if "budget" in built else {}),
+            "labels": {"from": "label" if classes else "none", "classes": len(classes),
+                       "unlabelled": labels.get(None, 0), "largest_classes": dict(largest)},
+            **_summary(catalogue, started, mended),
+        }
+
+
+def _check_same_input(catalogue: Catalogue, source: EmbeddingsInput, root: Path) -> None:
+    """A resumed build from embeddings reads the input it started with, unchanged."""
+    if catalogue.get_meta("source") != EMBEDDINGS_SOURCE:
+        raise FileExistsError(f"{root} holds an interrupted build from images; finish it (`{repair_command(root)}`), "
+                              "or build from embeddings into another folder")
+    if catalogue.get_meta("embeddings_fingerprint") != source.fingerprint:
+        raise FileExistsError(
+            f"the embeddings in {source.root} are not those the interrupted build in {root} started from (it read "
+            f"{catalogue.get_meta('embeddings_dir')}; parts were added, removed or rewritten since); give that input "
+            "as it was, or build into another folder")
+
+
+def _reopen_input(catalogue: Catalogue, root: Path) -> EmbeddingsInput:
+    """The embeddings an unfinished build from embeddings started from, for the rows that still need their vectors."""
+    recorded = catalogue.get_meta("embeddings_dir")
+    pending = catalogue.counts()[Status.PENDING.value]
+    try:
+        source = open_embeddings(recorded)
+    except ValueError as exc:
+        raise ValueError(f"{pending} images of {root} still need their vectors, read from the embeddings its build "
+                         f"started from ({recorded}), which cannot be read now: {exc}") from exc
+    _check_same_input(catalogue, source, root)
+    return source
 
 
 def _require_complete(layout: IndexLayout, catalogue: Catalogue, upgrading: bool = False) -> dict[str, Any]:
@@ -322,6 +452,10 @@ def add_images(
     engine = open_engine(options)
     with engine, layout.write_lock("add images to"), Catalogue(layout.catalogue) as catalogue:
         info = _require_complete(layout, catalogue)
+        if not has_model(info):
+            raise NoModelError(f"{built_without_model(layout.root)}: images cannot be added to it, as nothing can "
+                               "embed them into the space of its vectors; build it again from embeddings that hold "
+                               "the new images too, or build an index of all the images with a model")
         if embedder is None:
             path = model or info.get("model_path")
             if path is None:
@@ -402,7 +536,8 @@ def catalogue_id(catalogue: Catalogue, given: str, gallery_root: str | None) -> 
     candidates = [Path(given).expanduser().resolve()]
     if gallery_root and not Path(given).is_absolute():
         candidates.append((Path(gallery_root) / given).resolve())
-    paths = [str(p) for p in candidates if is_utf8(str(p))]  # others are never catalogued
+    paths = [str(p) for p in candidates] + [given]  # as given last: a URL a build from embeddings catalogued
+    paths = [p for p in paths if is_utf8(p)]  # others are never catalogued
     found = catalogue.ids_for_paths(paths)
     return next((found[p] for p in paths if p in found), None)
 
@@ -443,9 +578,13 @@ def repair_index(
     engine = open_engine(options)
     with engine, layout.write_lock("repair"), Catalogue(layout.catalogue) as catalogue:
         state = catalogue.get_meta("state")
-        if state is None or catalogue.get_meta("model_hash") is None:
+        from_embeddings = catalogue.get_meta("source") == EMBEDDINGS_SOURCE
+        if state is None or (catalogue.get_meta("model_hash") is None and not from_embeddings):
             raise NothingToRepairError(f"{layout.root} holds no started build, so there is nothing to repair; build it "
                                        "first")
+        if from_embeddings and (model is not None or embedder is not None):
+            raise ParameterError("model", f"does not apply: {built_without_model(layout.root)} (its vectors are read "
+                                          "again from the embeddings its build started from); leave it out")
         with parameters_named(rule="label_from"):  # only the rule's errors: the gallery's keep their names
             labels = relabel(catalogue, label_from) if label_from is not None else None
         store = ShardStore(layout.shards)
@@ -454,7 +593,9 @@ def repair_index(
         if catalogue.counts()["total"] == 0 and source is not None:  # killed while planning: plan again
             gallery, _ = _list(source, catalogue.get_meta("gallery_split"), catalogue)
             catalogue.plan(gallery.items, gallery.source, gallery.errors)
-        if catalogue.counts()[Status.PENDING.value]:
+        if catalogue.counts()[Status.PENDING.value] and from_embeddings:
+            _reopen_input(catalogue, layout.root).copy_pending(catalogue, store, options.shard_size, options.progress)
+        elif catalogue.counts()[Status.PENDING.value]:
             if embedder is None:
                 path = model or catalogue.get_meta("model_path")
                 if path is None:

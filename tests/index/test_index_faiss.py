@@ -59,7 +59,7 @@ def test_choose_index_key_thresholds():
     assert faiss_keys.choose_index_key(100_001, 128, big) == "HNSW32"
     assert faiss_keys.choose_index_key(2_000_000, 128, big) == "IVF4096,Flat"
     assert faiss_keys.choose_index_key(2_000_000, 128, 2_000_000 * 128 * 2) == "IVF4096,SQ8"
-    assert faiss_keys.choose_index_key(2_000_000, 128, 2_000_000 * 64) == "IVF4096,PQ32x8"
+    assert faiss_keys.choose_index_key(2_000_000, 128, 2_000_000 * 64) == "IVF4096,PQ32x8np"
     assert faiss_keys.expand_key("IVF{K},PQ{m}", 1_000_000, 96) == "IVF4096,PQ24"
     with pytest.raises(ValueError, match="cannot build index key"):
         faiss_keys.new_index("NotAKey", D)
@@ -122,7 +122,7 @@ def test_search_params_reach_the_wrapped_index(key, cheap, dear):
     recall = []
     for params in (cheap, dear):
         faiss_params.set_search_params(index, params)
-        core = faiss.downcast_index(index.index)
+        core = faiss_params.inner(index)
         if "nprobe" in params:
             assert faiss.extract_index_ivf(index).nprobe == params["nprobe"]
         if "efSearch" in params:
@@ -133,3 +133,20 @@ def test_search_params_reach_the_wrapped_index(key, cheap, dear):
     assert recall[0] < recall[1]
     with pytest.raises(ValueError, match="'efSearch' does not apply"):
         faiss_params.set_search_params(faiss_keys.new_index("Flat", D), {"efSearch": 16})
+
+
+@pytest.mark.parametrize("key", ["Flat", "IVF16,Flat"])
+def test_a_gpu_copy_answers_with_catalogue_ids_whether_or_not_the_index_has_an_id_map(key, monkeypatch):
+    """The GPU searcher maps an IDMap2's inner positions back to ids, and leaves an IVF index's own ids as they are
+    (the copy to the GPU stands in here for a CPU copy: the mapping is what is tested)."""
+    centres = np.random.default_rng(5).standard_normal((16, D))
+    gallery = clustered_unit_vectors(2_000, 0, centres)
+    index = faiss_keys.new_index(key, D)
+    index.train(gallery)
+    index.add_with_ids(gallery, np.arange(2_000) * 3 + 7)
+    faiss_params.set_search_params(index, {"nprobe": 16} if "IVF" in key else {})
+    monkeypatch.setattr(faiss, "index_cpu_to_gpu", lambda resources, device, cpu_index: cpu_index, raising=False)
+    searcher = faiss_gpu.GpuSearcher(index, resources=object())
+    queries = gallery[:20]
+    assert np.array_equal(searcher.search(queries, 5)[1], index.search(queries, 5)[1])
+    assert np.array_equal(searcher.search(queries, 1)[1].ravel(), np.arange(20) * 3 + 7)

@@ -111,11 +111,12 @@ except RuntimeError as exc:
     assert kind == "DamagedIndexFileError" and int(peak_mib) < 512, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("key", ["HNSW8", "IVF4,Flat"])
+@pytest.mark.parametrize("key", ["HNSW8", "IVF4,Flat", "OPQ4_16,IVF4,PQ4x4np"])
 def test_a_forged_count_of_another_kind_is_bounded_by_the_file_size(tmp_path, key):
-    """Within IDMap2 every vector's id takes 8 bytes of index.faiss: a count beyond size / 8 is refused."""
+    """Every vector's id takes 8 bytes of index.faiss, in an IDMap2 or in an IVF index's lists (alone or behind a
+    rotation): a count beyond size / 8 is refused."""
     index = faiss_keys.new_index(key, 16)
-    vectors = np.random.default_rng(0).random((200, 16), dtype=np.float32)
+    vectors = np.random.default_rng(0).random((400, 16), dtype=np.float32)  # OPQ trains 256 centroids
     index.train(vectors)
     index.add_with_ids(vectors[:20], np.arange(20))
     path = tmp_path / "index.faiss"

@@ -155,3 +155,26 @@ def test_stdout_stays_json_for_an_on_disk_index(on_disk):
     assert stats["counts"]["done"] == 40 and stats["size_on_disk_bytes"]["faiss"] > 0
     assert "IO_FLAG_ONDISK_SAME_DIR" in result.stderr  # faiss' own line, sent to stderr
     assert np.isfinite(stats["recall_10_at_10"])
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_lists_copied_for_an_update_keep_every_entry_when_others_grow(tmp_path, wrapped):
+    """The copy-on-write copy of on-disk lists takes its space list by list: lists that grow after the copy are
+    given new space, never space holding another list's entries (ids, codes and search answers stay whole)."""
+    vectors = l2_normalize_rows(np.random.default_rng(0).standard_normal((400, 8))).astype(np.float32)
+    ids = np.arange(400, dtype=np.int64) + 100
+    index = faiss.index_factory(8, "IDMap2,IVF4,Flat" if wrapped else "IVF4,Flat", faiss.METRIC_INNER_PRODUCT)
+    index.train(vectors)
+    index.add_with_ids(vectors[:340], ids[:340])
+    faiss.write_index(index, str(tmp_path / "index.faiss"))
+    move_lists_to_disk(tmp_path)
+    index = faiss_files.read_index(tmp_path / "index.faiss")
+    assert faiss_files.detach_on_disk_lists(index, tmp_path)
+    index.add_with_ids(vectors[340:], ids[340:])  # every list grows past the space the copy gave it
+    faiss_params.set_search_params(index, {"nprobe": 4})
+    assert np.array_equal(np.sort(faiss_params.index_ids(index)), ids)
+    assert np.array_equal(index.search(vectors, 1)[1].ravel(), ids)
+    inner = faiss.extract_index_ivf(faiss_params.inner(index))
+    stored = np.concatenate([faiss.rev_swig_ptr(inner.invlists.get_ids(n), inner.invlists.list_size(n)).copy()
+                             for n in range(4)])
+    assert np.array_equal(np.sort(stored), np.arange(400) if wrapped else ids)
