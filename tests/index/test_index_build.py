@@ -29,6 +29,9 @@ from retrieval.index import (
     ModelMismatchError,
     add_images,
     build_index,
+    faiss_files,
+    faiss_keys,
+    faiss_params,
     index_stats,
     remove_images,
     repair_index,
@@ -491,3 +494,25 @@ def test_search_names_a_fifo_query_without_waiting_on_it(digits, tmp_path, monke
     assert time.monotonic() - started < 30 and result.exit_code == 1
     assert "not a regular file" in result.output and "1 of 2 queries could not be read" in result.output
     assert str(paths[2].resolve()) in result.output
+
+
+def test_an_ivf_index_built_inside_idmap2_still_adds_removes_and_searches(digits, tmp_path, monkeypatch):
+    """Indexes written before IVF kept the ids in its lists are IDMap2 wrappers around an IVF of positions: they
+    keep working, a removal rebuilding their lists from the shards."""
+    folder, paths = copy_gallery(digits, tmp_path)
+    with monkeypatch.context() as patched:
+        patched.setattr(faiss_keys, "keeps_ids_in_lists", lambda index: False)
+        build_index(folder, tmp_path / "idx", embedder=FakeEmbedder(), index_key="IVF4,Flat", options=QUICK)
+    assert faiss_params.has_id_map(faiss_files.read_index(tmp_path / "idx" / "index.faiss"))
+    extra = write_digits(tmp_path / "extra", 5, start=600)
+    assert "added 5" in add_images(tmp_path / "idx", tmp_path / "extra", embedder=FakeEmbedder(),
+                                   options=QUICK)["updated_by"]
+    summary = remove_images(tmp_path / "idx", paths=[str(paths[0]), str(extra[0])])
+    assert summary["removed"] == 2 and "rebuild" in summary["updated_by"]
+    with Index.open(tmp_path / "idx", embedder=FakeEmbedder()) as index:
+        faiss_params.set_search_params(index.faiss_index, {"nprobe": 4})
+        assert faiss_params.has_id_map(index.faiss_index) and len(index) == 43
+        hit = index.search_images(extra[1:2], k=1)[0][0]
+        assert hit.path == str(extra[1].resolve()) and hit.score == pytest.approx(1.0, abs=1e-5)
+        found = {h.path for h in index.search_images(paths[:1], k=43)[0]}
+        assert str(paths[0].resolve()) not in found and len(found) == 43
