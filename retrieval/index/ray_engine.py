@@ -155,7 +155,8 @@ class RayEngine:
     def add_vectors(self, index: faiss.Index, chunks: Chunks, workdir: Path, count: int) -> faiss.Index:
         """Per-shard Ray tasks for an IVF index, merged here; any other index is filled in this process."""
         core = faiss_params.inner(index)
-        if not isinstance(core, faiss.IndexIVF) or index.ntotal:  # (an OPQ rotation's pre-transform included)
+        # a fresh IVF index keeps the catalogue ids in its lists (faiss_keys.new_index); any other is filled here
+        if not isinstance(core, faiss.IndexIVF) or faiss_params.has_id_map(index) or index.ntotal:
             return add_sequentially(index, chunks)
         on_disk = self.options.merge_on_disk
         if on_disk is None:  # the merged lists (codes + ids) against the memory the auto policy may use
@@ -388,33 +389,27 @@ def lost_to_the_cluster(exc: BaseException) -> bool:
 
 
 # --- faiss: per-shard tasks and merge ----------------------------------------------------------------
-def add_shard(trained: bytes, labels: np.ndarray, vectors: np.ndarray) -> np.ndarray:
-    """Ray task: the trained, empty IVF index with one shard's vectors added under ``labels``."""
+def add_shard(trained: bytes, ids: np.ndarray, vectors: np.ndarray) -> np.ndarray:
+    """Ray task: the trained, empty IVF index with one shard's vectors added under their catalogue ids."""
     index = faiss.deserialize_index(np.frombuffer(trained, np.uint8))
-    index.add_with_ids(np.ascontiguousarray(vectors, np.float32), np.ascontiguousarray(labels, np.int64))
+    index.add_with_ids(np.ascontiguousarray(vectors, np.float32), np.ascontiguousarray(ids, np.int64))
     return faiss.serialize_index(index)
 
 
 class ShardedIvfBuilder:
-    """Fills an empty trained IVF index from per-shard indexes built in Ray tasks.
-
-    An IVF index that keeps catalogue ids gets them in its lists. Inside an ``IDMap2``, a vector's id in the IVF
-    is its global position (shard order) and the wrapper maps positions to catalogue ids, exactly as a sequential
-    ``add_with_ids`` would have.
-    """
+    """Fills an empty trained IVF index that keeps the catalogue ids in its lists from per-shard indexes built in
+    Ray tasks, each adding its shard's vectors under their ids, as a sequential ``add_with_ids`` would have."""
 
     def __init__(
         self, index: faiss.Index, ivf: faiss.IndexIVF, workdir: Path, on_disk: bool, in_flight: int = 4
     ) -> None:
         self.index, self.ivf, self.workdir = index, ivf, Path(workdir)
-        self.id_map = faiss_params.has_id_map(index)
         self.on_disk, self.max_in_flight = on_disk, max(1, in_flight)
 
     def fill(self, chunks: Chunks) -> faiss.Index:
         ray = import_ray()
         task = ray.remote(num_cpus=1)(add_shard)
         trained = ray.put(faiss.serialize_index(self.ivf).tobytes())
-        all_ids: list[np.ndarray] = []
         parts_dir = self.workdir / "ivf-parts"  # the per-shard indexes of an on-disk merge
         if self.on_disk:
             parts_dir.mkdir(exist_ok=True)
@@ -433,22 +428,14 @@ class ShardedIvfBuilder:
         started, shards = time.perf_counter(), 0
         for ids, vectors in chunks:
             shards += 1
-            ids = np.asarray(ids, np.int64)
-            labels = np.arange(offset, offset + len(ids), dtype=np.int64) if self.id_map else ids
             offset += len(ids)
-            all_ids.append(ids)
-            in_flight.append(task.remote(trained, labels, vectors))
+            in_flight.append(task.remote(trained, ids, vectors))
             while len(in_flight) > self.max_in_flight:
                 merge_oldest()
         while in_flight:
             merge_oldest()
         if self.on_disk:
             self._merge_on_disk(parts, parts_dir)
-        if self.id_map:
-            ids = np.concatenate(all_ids) if all_ids else np.zeros(0, np.int64)
-            faiss.copy_array_to_vector(ids, self.index.id_map)
-            self.index.ntotal = self.ivf.ntotal
-            self.index.construct_rev_map()
         log.info(
             "faiss: %d vectors added in %d per-shard Ray tasks and merged (%s) in %.1f s",
             offset, shards, "on disk" if self.on_disk else "in memory", time.perf_counter() - started,
