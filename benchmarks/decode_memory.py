@@ -99,11 +99,11 @@ if decoder:
     spec.loader.exec_module(decode)
 else:
     import retrieval.data.decode as decode
-import retrieval.data.decode_budget as budget, retrieval.data.decode_memory as memory
+import retrieval.data.decode_memory as memory, retrieval.heap as heap
 for module in (decode, memory):  # an older decode.py given with --decoder holds its limit and trim itself
     if no_limit and hasattr(module, "MAX_DECODE_BYTES"):
         module.MAX_DECODE_BYTES = 2**40
-for module in (decode, budget):
+for module in (decode, heap):  # an older decode.py held its malloc_trim itself
     if no_trim and hasattr(module, "_MALLOC_TRIM"):
         module._MALLOC_TRIM = None
 

@@ -12,6 +12,7 @@ from tqdm.auto import tqdm
 
 from retrieval.data.dataset import BadImageLog, BadSample, CatchBadSamples, collate_dropping_bad
 from retrieval.errors import ParameterError
+from retrieval.heap import kept_heap
 from retrieval.workers import default_workers
 
 
@@ -65,7 +66,7 @@ def embed_samples(
     model.eval()
     loader = make_loader(dataset, batch_size, workers, device, shuffle=False)
     outputs, labels, indices, bad = [], [], [], []
-    with tqdm(total=len(dataset), desc=desc, unit="img", disable=not progress, leave=False) as bar:
+    with kept_heap(), tqdm(total=len(dataset), desc=desc, unit="img", disable=not progress, leave=False) as bar:
         for batch in loader:
             bad_images.add(batch.bad)
             bad += batch.bad

@@ -22,6 +22,7 @@ from retrieval.data import BadImageLog, ClassBalancedBatchSampler, DistributedCl
 from retrieval.data.colour import parse_background
 from retrieval.distributed import GlobalBatchObjective
 from retrieval.errors import parameters_named
+from retrieval.heap import kept_heap
 from retrieval.inference import default_workers
 from retrieval.models import LAST_CHECKPOINT, Embedder, create_embedder
 from retrieval.train.checkpointing import Checkpointer, resuming
@@ -470,7 +471,8 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
     Under torchrun (WORLD_SIZE > 1) it joins the process group, and leaves it at the end if it joined it."""
     joined = torch.distributed.is_initialized()
     try:
-        return Trainer(cfg, progress=progress).run()
+        with kept_heap():  # every step frees and allocates the same large tensors again
+            return Trainer(cfg, progress=progress).run()
     finally:
         if not joined and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()

@@ -1,17 +1,17 @@
-"""The process-wide decode budget and giving freed heap back: what keeps many decodes at once bounded in memory.
+"""The process-wide decode budget: what keeps many decodes at once bounded in memory.
 
 ``read_image`` reserves its estimate (``retrieval.data.decode_memory``) of ``DECODE_BUDGET`` for the decode, and
-after a large one calls ``trim_heap`` (glibc's ``malloc_trim``), whatever the number of threads or requests.
+after a large one (``TRIM_BYTES``) gives the freed heap back (``retrieval.heap.trim_heap``), whatever the number of
+threads or requests.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import ctypes
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from retrieval.data.decode_memory import MAX_DECODE_BYTES, MIB
 
@@ -53,27 +53,3 @@ class DecodeBudget:
 DECODE_BUDGET = DecodeBudget(DECODE_BUDGET_BYTES)
 if hasattr(os, "register_at_fork"):  # a forked worker (DataLoader) has memory of its own, and no lock held in it
     os.register_at_fork(after_in_child=lambda: DECODE_BUDGET.__init__(DECODE_BUDGET.total))
-
-
-def _load_malloc_trim() -> Callable[[int], int] | None:
-    try:  # glibc only (Linux); musl, macOS and Windows have no malloc_trim and return memory on their own terms
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError, TypeError):
-        return None
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    return trim
-
-
-_MALLOC_TRIM = _load_malloc_trim()
-
-
-def trim_heap() -> None:
-    """Give the heap memory freed so far back to the system (glibc's ``malloc_trim``); a no-op elsewhere.
-
-    glibc keeps the freed blocks of a large decode: it raises its mmap threshold once a big block is freed, so
-    the next 16 MB blocks of Pillow's images come from the heap, and every thread has a heap (arena) of its own.
-    Decoding the worst images in a server's 16 threads, the process stayed 0.9 to 1.5 GB above idle afterwards
-    (and peaked at 3x the decode budget); ``read_image`` calls this after every large decode (``TRIM_BYTES``).
-    """
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
