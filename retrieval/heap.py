@@ -4,7 +4,7 @@ Two opposite needs. A server decoding hostile images gives a large decode's memo
 A training or embedding loop frees and allocates the same large tensors at every batch: glibc serves blocks over
 its mmap threshold with fresh mappings and trims the top of the heap as soon as it is free, so every batch pays
 its activations again in page faults and page zeroing. On 2 cores, embedding EfficientNet-Lite0 batches of 128
-at 128 px spent more time in the kernel than in the model (benchmarks/heap.py, docs/BENCHMARKS.md). Inside
+at 128 px spent almost as much time in the kernel as in the model (measured with benchmarks/heap.py). Inside
 ``kept_heap`` glibc keeps freed memory in the heap instead, and gives it back when the block ends.
 
 Both are no-ops where the C library is not glibc (musl, macOS, Windows).
@@ -18,8 +18,8 @@ import threading
 from collections.abc import Callable, Iterator
 
 # mallopt(3) parameters and glibc's documented defaults
-M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_MAX = -1, -2, -4
-GLIBC_DEFAULTS = {M_TRIM_THRESHOLD: 128 * 1024, M_TOP_PAD: 128 * 1024, M_MMAP_MAX: 65536}
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
+GLIBC_DEFAULTS = {M_TRIM_THRESHOLD: 128 * 1024, M_MMAP_MAX: 65536}
 # no fresh mapping for a large block, and the free top of the heap is kept up to the largest value mallopt takes
 KEPT = {M_MMAP_MAX: 0, M_TRIM_THRESHOLD: 2**31 - 1}
 
@@ -61,7 +61,8 @@ def kept_heap() -> Iterator[None]:
     """Keep freed memory in the heap for the ``with`` block (a loop over batches); on leaving the outermost block,
     glibc's defaults are set again and the kept memory is given back. Nests; a no-op where there is no glibc.
 
-    The process' peak memory is unchanged (the loop's largest batch); it is held until the block ends. glibc's
+    The process' peak memory stays about the same (the loop's largest batch; within 6 % in benchmarks/heap.py);
+    it is held until the block ends. glibc's
     own adjustment of its thresholds stays off afterwards (any mallopt call ends it): the defaults it returns to
     give memory back at least as soon as before.
     """
