@@ -2,13 +2,16 @@
 
     python benchmarks/gpu.py train [--backbones efficientnet_lite0 resnet50] [--size 224] [--batch 128]
     python benchmarks/gpu.py sinkhorn [--repeats 20]
+    python benchmarks/gpu.py knn [--sizes 20000 100000 500000] [--cpu-sizes 20000] [--dim 512]
 
 ``train`` times the trainer's own step (``DataParallelStep`` with autocast, channels-last and torch.compile as
 ``--amp/--channels-last/--compile`` set them, ``GlobalBatchObjective``, ``GradScaler`` for fp16, AdamW) on random
 224 px images, the whole backbone fine-tuned, per option: images/s over the timed steps (after warm-up, CUDA
 synchronised) and the peak GPU memory. ``sinkhorn`` times forward + backward of ``classwise_sinkhorn`` (converged)
 for the results grid's batch (10 x 6, D = 512) and larger ones, on the GPU and on the CPU. The loss and hard-negative
-timings on the GPU come from ``benchmarks/hard_negatives.py --device cuda``. Prints Markdown tables.
+timings on the GPU come from ``benchmarks/hard_negatives.py --device cuda``. ``knn`` times
+``retrieval.metrics.knn`` (k = 10) and ``evaluate`` (Recall@K, MAP@R) leave-one-out on N random rows with
+``device="cuda"`` and on the CPU (torch's own thread count), measured rows only. Prints Markdown tables.
 """
 
 from __future__ import annotations
@@ -121,6 +124,43 @@ def sinkhorn_table(args: argparse.Namespace) -> None:
               f"| {cpu[0] / gpu[0]:.1f} |", flush=True)
 
 
+def knn_timings(x, labels, device: str | None, k: int) -> tuple[float, float]:
+    """(seconds of knn, seconds of evaluate) of leave-one-out exact kNN on rows ``x`` (cosine), on ``device``."""
+    from retrieval.metrics import evaluate, knn
+
+    start = time.perf_counter()
+    knn(x, k=k, exclude_self=True, device=device)  # returns NumPy arrays: the GPU has finished
+    knn_s = time.perf_counter() - start
+    start = time.perf_counter()
+    evaluate(x, labels, ks=(1, k), metrics=["recall", "map@r"], device=device)
+    return knn_s, time.perf_counter() - start
+
+
+def knn_table(args: argparse.Namespace) -> None:
+    from retrieval.metrics import knn
+
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; CPU: {torch.get_num_threads()} thread(s); "
+          f"leave-one-out, cosine, D = {args.dim}, float32, k = {args.k}; evaluate: recall@1/@{args.k} and MAP@R, "
+          f"classes of ~{args.class_size} rows\n")
+    knn(torch.randn(64, 8), k=2, device="cuda")  # CUDA context and cuBLAS start-up, outside the timings
+    print("| device | N (queries = gallery) | kNN s | kNN queries/s | evaluate s | evaluate queries/s "
+          "| GPU/CPU speed-up (kNN / evaluate) |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    cpu: dict[int, tuple[float, float]] = {}
+    for n in sorted(set(args.sizes) | set(args.cpu_sizes)):
+        g = torch.Generator().manual_seed(n)
+        x = torch.randn(n, args.dim, generator=g).numpy()
+        labels = torch.randint(0, max(1, n // args.class_size), (n,), generator=g).numpy()
+        for device in (["cpu"] if n in args.cpu_sizes else []) + (["cuda"] if n in args.sizes else []):
+            knn_s, eval_s = knn_timings(x, labels, device, args.k)
+            if device == "cpu":
+                cpu[n] = (knn_s, eval_s)
+            speedup = f"{cpu[n][0] / knn_s:.0f}x / {cpu[n][1] / eval_s:.0f}x" if device == "cuda" and n in cpu else ""
+            print(f"| {device} | {n:,} | {knn_s:.2f} | {n / knn_s:,.0f} | {eval_s:.2f} | {n / eval_s:,.0f} "
+                  f"| {speedup} |", flush=True)
+        del x, labels
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -133,10 +173,17 @@ def main() -> None:
     sinkhorn = sub.add_parser("sinkhorn")
     sinkhorn.add_argument("--repeats", type=int, default=20)
     sinkhorn.add_argument("--threads", type=int, default=4)
+    knn_cmd = sub.add_parser("knn", help="exact leave-one-out kNN and evaluate: GPU vs CPU")
+    knn_cmd.add_argument("--sizes", type=int, nargs="+", default=[20_000, 100_000, 500_000], help="N on the GPU")
+    # N = 100,000 on the CPU takes ~40 s on 16 cores (H200 machine, 2026-11): add it with --cpu-sizes 20000 100000
+    knn_cmd.add_argument("--cpu-sizes", type=int, nargs="+", default=[20_000], help="N on the CPU")
+    knn_cmd.add_argument("--dim", type=int, default=512)
+    knn_cmd.add_argument("--k", type=int, default=10)
+    knn_cmd.add_argument("--class-size", type=int, default=20, help="rows per class (R + 1): the evaluate depth")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks/gpu.py needs a CUDA GPU (torch.cuda.is_available() is False)")
-    {"train": train_table, "sinkhorn": sinkhorn_table}[args.command](args)
+    {"train": train_table, "sinkhorn": sinkhorn_table, "knn": knn_table}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -180,6 +180,7 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_kwargs, eval_limi
         eval_set_pictures,
         evaluate_embeddings,
         load_eval_sets,
+        metrics_device,
     )
     from retrieval.inference import embed_dataset, resolve_device
     from retrieval.models import load_checkpoint, load_embedder
@@ -195,7 +196,7 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_kwargs, eval_limi
     sets = load_eval_sets(dataset, data, split, tf, eval_limit, seed=trained.get("seed", 0), **kwargs)
     query, gallery = embed_eval_rows(model, sets, dev, eval_batch_size, workers)
     q, ql, g, gl = eval_arrays(query, gallery)
-    metrics = evaluate_embeddings(q, ql, g, gl)
+    metrics = evaluate_embeddings(q, ql, g, gl, device=metrics_device(dev))  # --device cuda: the kNN there too
     if linear_probe:
         from retrieval.metrics import linear_probe as probe
 
@@ -214,7 +215,7 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_kwargs, eval_limi
     if rerank.active:  # the same top-k re-ranked as a search would: the plain metrics stay beside it
         from retrieval.evaluation import reranked_metrics
 
-        reranked = {"reranked": reranked_metrics(q, ql, g, gl, rerank)}
+        reranked = {"reranked": reranked_metrics(q, ql, g, gl, rerank, device=metrics_device(dev))}
         report.update(reranked)
     if gallery_model is None:
         save_report(report, out)

@@ -57,23 +57,35 @@ def seeded_subset(dataset: Dataset, size: int, seed: int = 0) -> Subset:
     return Subset(dataset, np.sort(order).tolist())
 
 
+def metrics_device(device: torch.device | str | None) -> torch.device | None:
+    """Where the kNN metrics of embeddings made on ``device`` run: that GPU when it is CUDA, else None (the CPU)."""
+    if device is None:
+        return None
+    device = torch.device(device)
+    return device if device.type == "cuda" else None
+
+
 def evaluate_embeddings(query: np.ndarray, query_labels: np.ndarray, gallery: np.ndarray | None = None,
                         gallery_labels: np.ndarray | None = None, ks=(1, 2, 4, 8),
-                        with_clustering: bool = True) -> dict[str, float]:
+                        with_clustering: bool = True, device: torch.device | str | None = None) -> dict[str, float]:
+    """Recall@K, MAP@R, R-precision (and NMI, F1 with ``with_clustering``); ``device``: where the kNN runs
+    (``retrieval.metrics.evaluate``: None or "cpu", or a CUDA GPU, with the same results)."""
     from retrieval.metrics import evaluate
 
     names = ["recall", "map@r", "r_precision"]
     if with_clustering:
         names += ["nmi", "f1"]
-    return evaluate(query, query_labels, gallery, gallery_labels, ks=ks, metrics=names)
+    return evaluate(query, query_labels, gallery, gallery_labels, ks=ks, metrics=names, device=device)
 
 
 def reranked_metrics(query: np.ndarray, query_labels: np.ndarray, gallery: np.ndarray | None,
-                     gallery_labels: np.ndarray | None, config: RerankConfig, ks=(1, 2, 4, 8)) -> dict[str, Any]:
+                     gallery_labels: np.ndarray | None, config: RerankConfig, ks=(1, 2, 4, 8),
+                     device: torch.device | str | None = None) -> dict[str, Any]:
     """The kNN metrics (Recall@K, MAP@R, R-precision) with each query's shortlist re-ranked as a search re-ranks
     it (``retrieval.rerank.rerank_lists`` over its top ``config.candidates``, the rest in their order): a block
     ``{method, title, paper, params, metrics}``. Leave-one-out (gallery None) leaves the query out of its own
-    shortlist, as a search from a gallery image does (``exclude_self``)."""
+    shortlist, as a search from a gallery image does (``exclude_self``). ``device``: where the kNN runs, as in
+    ``evaluate_embeddings`` (the re-ranking itself is NumPy on the CPU)."""
     from retrieval.metrics import evaluate
     from retrieval.rerank import rerank_lists
 
@@ -88,15 +100,18 @@ def reranked_metrics(query: np.ndarray, query_labels: np.ndarray, gallery: np.nd
         return rerank_lists(queries[rows], lists, lambda wanted: stored[wanted], config)[0]
 
     metrics = evaluate(query, query_labels, gallery, gallery_labels, ks=ks, metrics=["recall", "map@r", "r_precision"],
-                       reorder=reorder if config.active else None, min_depth=config.candidates if config.active else 0)
+                       reorder=reorder if config.active else None, min_depth=config.candidates if config.active else 0,
+                       device=device)
     return {**config.describe(), "metrics": metrics}
 
 
-def leave_one_out_metrics(embeddings: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+def leave_one_out_metrics(embeddings: np.ndarray, labels: np.ndarray,
+                          device: torch.device | str | None = None) -> dict[str, float]:
     """Recall@K (K = 1, 2, 4, 8 where the set is large enough), MAP@R and R-precision, each image a query
-    against all others: the metrics of a validation or out-of-domain set, without the costly clustering."""
+    against all others: the metrics of a validation or out-of-domain set, without the costly clustering;
+    ``device`` as in ``evaluate_embeddings``."""
     ks = tuple(k for k in (1, 2, 4, 8) if k < len(labels)) or (1,)
-    return evaluate_embeddings(embeddings, labels, ks=ks, with_clustering=False)
+    return evaluate_embeddings(embeddings, labels, ks=ks, with_clustering=False, device=device)
 
 
 def embed_eval_rows(model: nn.Module, sets: EvalSets, device: torch.device | str, batch_size: int = 128,

@@ -18,10 +18,16 @@ Conventions (fixed here so that every caller reports the same numbers):
   ``block_size x gallery_size`` scores exist at once (never the N x N matrix); the depth of each block is
   the largest R in that block, and queries are processed sorted by R so that blocks of small classes
   stay shallow.
+* Device. ``device=None`` or ``"cpu"`` computes on the CPU; ``"cuda"``/``"cuda:N"`` moves the prepared gallery
+  to that GPU once and runs each block's scores, top-k, tie order and relevance counting there (float32 matmuls
+  in full precision, never TF32), so the neighbours and their order are the CPU's; only per-query results come
+  back. Inputs are checked and prepared (normalised) on the CPU either way; NMI and F1 (faiss k-means) stay
+  on the CPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,12 +36,18 @@ import numpy as np
 import torch
 
 from retrieval.distances import l2_normalize
+from retrieval.errors import ParameterError
+from retrieval.sizes import size_text
 
 SIMILARITIES = ("cosine", "euclidean", "dot")
 METRIC_NAMES = ("recall", "map@r", "r_precision", "nmi", "f1")
 KNN_METRICS = frozenset({"recall", "map@r", "r_precision"})
 # Scores held at once per block: block_size x gallery_size floats (64 MiB at float32).
 DEFAULT_BLOCK_BYTES = 64 * 2**20
+# On a GPU: scores of one block (the GPU does a block in milliseconds, so bigger blocks buy little), and the
+# bytes per query and list position for the top-k values and indices, relevance and the float64 per-query maths.
+DEVICE_BLOCK_BYTES = 256 * 2**20
+DEVICE_BYTES_PER_DEPTH = 64
 SMALL_KMEANS_WORK = 10**7  # n * clusters * dim below which k-means runs on one thread
 
 
@@ -106,6 +118,106 @@ def _encode_labels(query_labels: np.ndarray, gallery_labels: np.ndarray | None) 
 def _check_similarity(metric: str) -> None:
     if metric not in SIMILARITIES:
         raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(SIMILARITIES)}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Device (CPU or one CUDA GPU)
+# ---------------------------------------------------------------------------------------------------
+
+
+def resolve_metrics_device(device: str | torch.device | None) -> torch.device | None:
+    """The CUDA device the kNN blocks run on, None for the CPU; a ParameterError that names the fix otherwise."""
+    if device is None:
+        return None
+    if isinstance(device, str):
+        try:
+            device = torch.device(device)
+        except RuntimeError as err:
+            raise ParameterError("device", f"must be None, 'cpu', 'cuda' or 'cuda:N'; got {device!r}") from err
+    elif not isinstance(device, torch.device):
+        raise ParameterError("device", f"must be None, 'cpu', 'cuda', 'cuda:N' or a torch.device; got {device!r}")
+    if device.type == "cpu":
+        return None
+    if device.type != "cuda":
+        raise ParameterError("device", f"{str(device)!r} is not supported: the metrics run on the CPU or a CUDA GPU;"
+                                       " use device='cpu' or 'cuda'")
+    if not torch.cuda.is_available():
+        raise ParameterError("device", f"{str(device)!r} was requested but no CUDA GPU is available"
+                                       " (torch.cuda.is_available() is False); use device='cpu'")
+    count = torch.cuda.device_count()
+    index = torch.cuda.current_device() if device.index is None else device.index
+    if index >= count:
+        raise ParameterError("device", f"'cuda:{index}' was requested but only {count} CUDA GPU(s) are visible;"
+                                       f" use 'cuda:0'..'cuda:{count - 1}' or device='cpu'")
+    return torch.device("cuda", index)
+
+
+@contextlib.contextmanager
+def _exact_float32_matmul() -> Iterator[None]:
+    """cuBLAS float32 matmuls in full IEEE precision inside, whatever the caller set; restored after.
+
+    TF32 (allow_tf32, set_float32_matmul_precision("high")) keeps 10 mantissa bits: scores off by ~1e-3 would
+    reorder neighbours against the CPU's. torch >= 2.9 has the per-backend ``fp32_precision``; reading the old
+    ``allow_tf32`` after setting it raises, so the new API is used where it exists.
+    """
+    matmul = torch.backends.cuda.matmul
+    try:
+        saved = matmul.fp32_precision
+    except AttributeError:  # torch < 2.9: only the legacy flag
+        saved_tf32 = matmul.allow_tf32
+        matmul.allow_tf32 = False
+        try:
+            yield
+        finally:
+            matmul.allow_tf32 = saved_tf32
+        return
+    matmul.fp32_precision = "ieee"
+    try:
+        yield
+    finally:
+        matmul.fp32_precision = saved
+
+
+def _device_free_bytes(device: torch.device) -> int:
+    """Bytes this process can still allocate on ``device``: free memory plus what torch's allocator caches unused."""
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+
+
+def _device_block_rows(n_gallery: int, itemsize: int, max_depth: int, available: int, device: torch.device) -> int:
+    """Queries per block on a GPU: a score block of at most DEVICE_BLOCK_BYTES whose worst-case working set fits.
+
+    Per query row the worst case is its scores, a sorted copy with int64 indices (a tie straddling the cut sorts
+    the whole row) and the list's own work; half of the memory left is kept back for cuBLAS, the allocator's
+    rounding and the caller (a training run holds the model there).
+    """
+    per_row = n_gallery * (3 * itemsize + 8) + max_depth * DEVICE_BYTES_PER_DEPTH
+    rows = min(max(1, DEVICE_BLOCK_BYTES // (n_gallery * itemsize)), available // 2 // per_row)
+    if rows < 1:
+        raise ParameterError("device", f"{device} has {size_text(available)} free after the gallery, too little for"
+                                       f" one query's scores ({size_text(2 * per_row)} with headroom); use"
+                                       " device='cpu' or free GPU memory")
+    return int(rows)
+
+
+def _space_on_device(space: _Space, max_depth: int, device: torch.device) -> tuple[_Space, int]:
+    """(space with its gallery on ``device``, queries per block); checks that it fits before moving anything.
+
+    The queries stay on the CPU and travel one block at a time: a block is small, the query set may not be.
+    """
+    gallery_bytes = space.gallery.numel() * space.gallery.element_size()
+    if space.gallery_bias is not None:
+        gallery_bytes += space.gallery_bias.numel() * space.gallery_bias.element_size()
+    free = _device_free_bytes(device)
+    n_gallery, itemsize = space.gallery.shape[0], space.gallery.element_size()
+    one_row = 2 * (n_gallery * (3 * itemsize + 8) + max_depth * DEVICE_BYTES_PER_DEPTH)
+    if gallery_bytes + one_row > free:
+        raise ParameterError("device", f"{device} cannot hold the gallery ({size_text(gallery_bytes)}) and one block"
+                                       f" of scores: {size_text(free)} is free; use device='cpu' or free GPU memory")
+    bias = None if space.gallery_bias is None else space.gallery_bias.to(device)
+    on_device = _Space(space.query, space.gallery.to(device), bias, space.query_sq_norms)
+    rows = _device_block_rows(n_gallery, itemsize, max_depth, _device_free_bytes(device), device)
+    return on_device, rows
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -184,23 +296,34 @@ def _iter_knn_blocks(
     depths: torch.Tensor,
     exclude_self: bool,
     block_size: int | None,
+    device: torch.device | None = None,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Yield (query_rows, scores, indices) for queries ``order`` in blocks; depth = max ``depths`` in block.
 
     ``scores`` are ranking scores (higher = nearer); with ``exclude_self`` row i never returns column i.
+    ``order`` and ``depths`` are CPU tensors; with a CUDA ``device`` the yielded tensors (rows too) are on it.
     """
     n_gallery = space.gallery.shape[0]
     step = block_size or _auto_block_size(n_gallery, space.gallery.element_size())
+    if device is not None:
+        space, device_rows = _space_on_device(space, int(depths.max()) if len(depths) else 1, device)
+        step = min(step, device_rows)  # a caller's block_size never exceeds what the GPU holds
     for start in range(0, len(order), step):
         rows = order[start : start + step]
         k = int(depths[start : start + step].max())
         if k == 0:
             continue
-        scores = space.query[rows] @ space.gallery.T
+        if device is None:
+            scores = space.query[rows] @ space.gallery.T
+        else:
+            block = space.query[rows].to(device)
+            rows = rows.to(device)
+            with _exact_float32_matmul():
+                scores = block @ space.gallery.T
         if space.gallery_bias is not None:
             scores += space.gallery_bias
         if exclude_self:
-            scores[torch.arange(len(rows)), rows] = -torch.inf
+            scores[torch.arange(len(rows), device=scores.device), rows] = -torch.inf
         values, indices = _topk_index_tiebreak(scores, k)
         yield rows, values, indices
 
@@ -217,6 +340,7 @@ def knn(
     exclude_self: bool = False,
     metric: str = "cosine",
     block_size: int | None = None,
+    device: str | torch.device | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The k nearest gallery items of each query, computed in blocks of queries.
 
@@ -227,12 +351,16 @@ def knn(
         exclude_self: drop gallery row i from query row i's list (by index; for query == gallery).
         metric: "cosine" | "dot" (scores are similarities, descending) or "euclidean" (scores are
             Euclidean distances, ascending).
-        block_size: queries per block; None picks one so that a block of scores is ~64 MiB.
+        block_size: queries per block; None picks one so that a block of scores is ~64 MiB (on a GPU: at most
+            ~256 MiB and what its free memory holds, which also caps a given block_size).
+        device: None or "cpu" (the CPU), "cuda", "cuda:N" or a torch.device: where the blocks are scored and
+            ranked (the same neighbours in the same order; scores equal within float32 rounding).
 
     Returns:
         (scores [n, k], indices [n, k]) numpy arrays, nearest first; ties ordered by gallery index.
     """
     _check_block_size(block_size)
+    device = resolve_metrics_device(device)
     q = _as_embeddings(query, "query")
     g = None if gallery is None else _as_embeddings(gallery, "gallery")
     if exclude_self and g is not None and g.shape[0] != q.shape[0]:
@@ -243,13 +371,15 @@ def knn(
         minus_self = " - 1" if exclude_self else ""
         raise ValueError(f"k must be an int in [1, {available}] (gallery size{minus_self}); got {k!r}")
     n = q.shape[0]
-    out_scores = torch.empty(n, int(k), dtype=space.query.dtype)
-    out_indices = torch.empty(n, int(k), dtype=torch.int64)
+    # on a GPU the lists are gathered there and come back once (n x k is small next to a block of scores)
+    out_scores = torch.empty(n, int(k), dtype=space.query.dtype, device=device)
+    out_indices = torch.empty(n, int(k), dtype=torch.int64, device=device)
     order = torch.arange(n)
     depths = torch.full((n,), int(k))
-    for rows, values, indices in _iter_knn_blocks(space, order, depths, exclude_self, block_size):
+    for rows, values, indices in _iter_knn_blocks(space, order, depths, exclude_self, block_size, device):
         out_scores[rows] = values
         out_indices[rows] = indices
+    out_scores, out_indices = out_scores.cpu(), out_indices.cpu()
     if metric == "euclidean":
         # score = 2 q.g - |g|^2 = |q|^2 - |q - g|^2
         out_scores = (space.query_sq_norms[:, None] - out_scores).clamp_min(0.0).sqrt()
@@ -272,7 +402,7 @@ def _relevant_counts(
 
 def _average_precision_at_r(relevant: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
     """MAP@R per query (Musgrave et al. 2020): (1/R) sum_{i<=R} P(i) rel(i), P(i) = precision at i."""
-    ranks = torch.arange(1, relevant.shape[1] + 1, dtype=torch.float64)
+    ranks = torch.arange(1, relevant.shape[1] + 1, dtype=torch.float64, device=relevant.device)
     within_r = ranks[None, :] <= r[:, None]
     hits = relevant & within_r
     precision_at_i = hits.cumsum(dim=1, dtype=torch.float64) / ranks
@@ -281,7 +411,7 @@ def _average_precision_at_r(relevant: torch.Tensor, r: torch.Tensor) -> torch.Te
 
 def _r_precision(relevant: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
     """Relevant items among the top R, divided by R."""
-    ranks = torch.arange(1, relevant.shape[1] + 1)
+    ranks = torch.arange(1, relevant.shape[1] + 1, device=relevant.device)
     hits = relevant & (ranks[None, :] <= r[:, None])
     return hits.sum(dim=1, dtype=torch.float64) / r.to(torch.float64)
 
@@ -296,6 +426,7 @@ def _retrieval_metrics(
     block_size: int | None,
     reorder: Reorder | None = None,
     min_depth: int = 0,
+    device: torch.device | None = None,
 ) -> dict[str, float]:
     r = _relevant_counts(query_codes, gallery_codes, exclude_self)
     scored = torch.nonzero(r > 0).flatten()
@@ -315,20 +446,28 @@ def _retrieval_metrics(
     # Per-query values stored by query index and averaged once at the end, so that the result does
     # not depend on the block size or order (floating-point sums would).
     n = len(query_codes)
-    recall_hits = {k: torch.zeros(n, dtype=torch.float64) for k in ks}
-    average_precision = torch.zeros(n, dtype=torch.float64)
-    r_precision = torch.zeros(n, dtype=torch.float64)
-    for rows, _, indices in _iter_knn_blocks(space, order, depth[order], exclude_self, block_size):
-        if reorder is not None:
-            indices = torch.from_numpy(np.ascontiguousarray(reorder(rows.numpy(), indices.numpy()), dtype=np.int64))
+    # The blocks' relevance and per-query values are computed where the lists are (a GPU keeps them there);
+    # the order and depths stay on the CPU, which slices them per block without waiting on the GPU.
+    here = device or torch.device("cpu")
+    query_codes, gallery_codes, r_here = query_codes.to(here), gallery_codes.to(here), r.to(here)
+    recall_hits = {k: torch.zeros(n, dtype=torch.float64, device=here) for k in ks}
+    average_precision = torch.zeros(n, dtype=torch.float64, device=here)
+    r_precision = torch.zeros(n, dtype=torch.float64, device=here)
+    for rows, _, indices in _iter_knn_blocks(space, order, depth[order], exclude_self, block_size, device):
+        if reorder is not None:  # a NumPy callback: the block's lists go to the CPU and back
+            lists = reorder(rows.cpu().numpy(), indices.cpu().numpy())
+            indices = torch.from_numpy(np.ascontiguousarray(lists, dtype=np.int64)).to(here)
         relevant = gallery_codes[indices] == query_codes[rows][:, None]
         if "recall" in want:
             for k in ks:
                 recall_hits[k][rows] = relevant[:, :k].any(dim=1).to(torch.float64)
         if "map@r" in want:
-            average_precision[rows] = _average_precision_at_r(relevant, r[rows])
+            average_precision[rows] = _average_precision_at_r(relevant, r_here[rows])
         if "r_precision" in want:
-            r_precision[rows] = _r_precision(relevant, r[rows])
+            r_precision[rows] = _r_precision(relevant, r_here[rows])
+    # only the per-query values come back; they are averaged on the CPU, as without a device
+    recall_hits = {k: hits.cpu() for k, hits in recall_hits.items()}
+    average_precision, r_precision = average_precision.cpu(), r_precision.cpu()
     out: dict[str, float] = {}
     if "recall" in want:
         out.update({f"recall@{k}": float(recall_hits[k][scored].mean()) for k in ks})
@@ -458,6 +597,7 @@ def evaluate(
     same_items: bool = False,
     reorder: Reorder | None = None,
     min_depth: int = 0,
+    device: str | torch.device | None = None,
 ) -> dict[str, float]:
     """Retrieval and clustering metrics of embeddings (conventions in the module docstring).
 
@@ -471,12 +611,16 @@ def evaluate(
         kmeans_niter, seed: k-means iterations and seed for NMI/F1.
         same_items: gallery row i is query row i's image embedded another way (another model): it is left out of
             query i's list, as in leave-one-out; the rows and labels must then match.
+        reorder, min_depth: re-rank each block's lists (rows, lists) -> lists, read at least min_depth deep.
+        device: None or "cpu" (the CPU), "cuda", "cuda:N" or a torch.device: where the kNN blocks and their
+            relevance run (the same metrics as the CPU's); NMI and F1 run on the CPU.
 
     Returns:
         {"recall@K": ..., "map@r": ..., "r_precision": ..., "nmi": ..., "f1": ...} as floats in [0, 1].
     """
     _check_similarity(metric)
     _check_block_size(block_size)
+    device = resolve_metrics_device(device)
     want = _check_metric_names(metrics)
     q = _as_embeddings(query, "query")
     q_labels = _as_label_array(query_labels, q.shape[0], "query_labels")
@@ -512,6 +656,7 @@ def evaluate(
                 block_size,
                 reorder,
                 min_depth,
+                device,
             )
         )
     if want & {"nmi", "f1"}:

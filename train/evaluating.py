@@ -22,6 +22,7 @@ from retrieval.evaluation import (
     eval_set_pictures,
     evaluate_embeddings,
     leave_one_out_metrics,
+    metrics_device,
     present_class_names,
 )
 from retrieval.models import WISE_CHECKPOINT, Checkpoint, Embedder, config_hash, in_compatible_space
@@ -61,6 +62,11 @@ class Evaluator:
         return self.ctx.is_main
 
     @property
+    def metrics_device(self) -> torch.device | None:
+        """Where the kNN metrics run: the training GPU (the same numbers, far sooner on large splits), else the CPU."""
+        return metrics_device(self.embedding.device)
+
+    @property
     def eval_model(self) -> Embedder:
         """The weights evaluated and saved: the EMA of the weights when --ema is on, else the model itself."""
         return self.parts.robust.eval_model(self.parts.model)
@@ -94,7 +100,7 @@ class Evaluator:
 
     def _metrics(self, q: np.ndarray, ql: np.ndarray, g: np.ndarray | None, gl: np.ndarray | None,
                  probe: bool) -> dict[str, float]:
-        metrics = evaluate_embeddings(q, ql, g, gl)
+        metrics = evaluate_embeddings(q, ql, g, gl, device=self.metrics_device)
         # unreadable images lose both their embedding and their label: say how many were left
         evaluated = len(ql) + (len(gl) if gl is not None else 0)
         metrics["eval_images"] = evaluated
@@ -131,7 +137,8 @@ class Evaluator:
         """Leave-one-out Recall@K and MAP@R of ``model`` on one data set (embedded sharded, computed on rank 0,
         shared)."""
         result = self._embed(model, dataset, desc)
-        return self.ctx.from_main(leave_one_out_metrics(result.embeddings, result.labels) if self.main else None)
+        return self.ctx.from_main(leave_one_out_metrics(result.embeddings, result.labels, device=self.metrics_device)
+                                  if self.main else None)
 
     def extra_metrics(self, model: nn.Module, part: str = "test") -> dict[str, dict[str, float]]:
         """Metrics of every --eval-extra set's ``part`` (test or val), by set name; on the test part with the share
@@ -144,7 +151,7 @@ class Evaluator:
             result = self._embed(model, extra.test, f"embed {extra.name} (test)")
             reference = self.reference_features(extra)
             metrics[extra.name] = self.ctx.from_main(
-                {**leave_one_out_metrics(result.embeddings, result.labels),
+                {**leave_one_out_metrics(result.embeddings, result.labels, device=self.metrics_device),
                  **kept_neighbours(reference, result)} if self.main else None)
         return metrics
 
@@ -155,7 +162,8 @@ class Evaluator:
         for extra in self.data.extra_sets:
             features = self.reference_features(extra)  # on every rank: extracting them is collective
             sets[extra.name] = {"test": self.ctx.from_main(
-                leave_one_out_metrics(features.embeddings, features.labels) if self.main else None)}
+                leave_one_out_metrics(features.embeddings, features.labels, device=self.metrics_device)
+                if self.main else None)}
         return {"input_size": self.native_size, "sets": sets}
 
     def reference_features(self, extra):
@@ -191,7 +199,8 @@ class Evaluator:
         if self.data.extra_sets:
             rows = {extra.name: self._embed(model, extra.val, f"embed {extra.name} (val)")
                     for extra in self.data.extra_sets}
-            per_set = self.ctx.from_main({name: leave_one_out_metrics(r.embeddings, r.labels)["recall@1"]
+            per_set = self.ctx.from_main({name: leave_one_out_metrics(r.embeddings, r.labels,
+                                                                      device=self.metrics_device)["recall@1"]
                                           for name, r in rows.items()} if self.main else None)
             point["extra"] = per_set
             point["out_of_domain"] = float(np.mean(list(per_set.values())))
@@ -225,7 +234,8 @@ class Evaluator:
         alpha = choose_alpha(curve, cfg.wise_tolerance) if cfg.wise_alpha == "auto" else float(cfg.wise_alpha)
         mixed.load_state_dict(robust.mix(weights, alpha))
         q, ql, g, gl = self.parts.features.embed_eval(mixed)
-        metrics = self.ctx.from_main(evaluate_embeddings(q, ql, g, gl) if self.main else None)
+        metrics = self.ctx.from_main(evaluate_embeddings(q, ql, g, gl, device=self.metrics_device)
+                                     if self.main else None)
         if self.data.extra_sets:
             metrics["extra"] = self.extra_metrics(mixed)
         if self.main:

@@ -437,3 +437,47 @@ def test_bad_inputs_raise_clear_errors():
         evaluate(x, y, x, np.array([str(v) for v in y]))
     with pytest.raises(ValueError, match="k must be"):
         knn(x, k=20, exclude_self=True)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Device
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("metric", ["cosine", "euclidean", "dot"])
+def test_explicit_cpu_device_equals_the_default(metric):
+    """device="cpu" (or torch.device("cpu")) is the default path itself: bit-identical lists and metrics."""
+    rng = np.random.default_rng(5)
+    x = np.round(rng.normal(size=(90, 6)), 1).astype(np.float32)  # rounded: exact ties among the scores
+    x[10:14] = x[3]  # repeated rows
+    y = skewed_labels(rng, 90, 5)
+    gallery, gallery_labels = rng.normal(size=(40, 6)).astype(np.float32), rng.integers(0, 5, size=40)
+    for device in ("cpu", torch.device("cpu")):
+        for exclude_self in (False, True):
+            want = knn(x, k=7, exclude_self=exclude_self, metric=metric)
+            got = knn(x, k=7, exclude_self=exclude_self, metric=metric, device=device)
+            np.testing.assert_array_equal(got[1], want[1])
+            np.testing.assert_array_equal(got[0], want[0])
+        names = ["recall", "map@r", "r_precision"]
+        assert evaluate(x, y, metric=metric, metrics=names, device=device) == evaluate(x, y, metric=metric,
+                                                                                     metrics=names)
+        assert evaluate(x, y, gallery, gallery_labels, metric=metric, metrics=names, block_size=7,
+                        device=device) == evaluate(x, y, gallery, gallery_labels, metric=metric, metrics=names)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
+def test_cuda_device_without_a_gpu_names_the_problem_and_the_fix():
+    x, y = np.random.default_rng(0).normal(size=(20, 4)), np.arange(20) % 4
+    for device in ("cuda", "cuda:0", torch.device("cuda")):
+        with pytest.raises(ValueError, match=r"no CUDA GPU is available.*use device='cpu'"):
+            knn(x, k=3, device=device)
+        with pytest.raises(ValueError, match=r"no CUDA GPU is available.*use device='cpu'"):
+            evaluate(x, y, device=device)
+
+
+def test_bad_device_raises_a_clear_error():
+    x, y = np.random.default_rng(0).normal(size=(20, 4)), np.arange(20) % 4
+    with pytest.raises(ValueError, match="device must be None, 'cpu', 'cuda' or 'cuda:N'; got 'gpu0'"):
+        knn(x, k=3, device="gpu0")
+    with pytest.raises(ValueError, match="'meta' is not supported.*use device='cpu'"):
+        evaluate(x, y, device="meta")
