@@ -1,7 +1,7 @@
 """Forward + backward time of the LoOp / Symm losses next to their base losses, on CPU (or a CUDA GPU).
 
     .venv/bin/python benchmarks/hard_negatives.py [--batch 32 128 256] [--per-class 4] [--dim 512] [--repeats 30]
-                                                  [--device cpu|cuda]
+                                                  [--device cpu|cuda] [--compile]
 
 Each row times ``loss(embeddings, labels).backward()`` for the base loss and its hard-negative variant,
 interleaved run by run in one process (median and best of --repeats runs after warm-up, fewer for slow
@@ -49,8 +49,9 @@ def time_pair(
     base: torch.nn.Module, variant: torch.nn.Module, emb: torch.Tensor, labels: torch.Tensor, repeats: int
 ) -> tuple[tuple[float, float], tuple[float, float]]:
     """(median, best) ms of one forward + backward of each, the two runs interleaved so that they share the load."""
-    for _ in range(2):  # warm-up
-        first = _one_step_ms(base, emb, labels) + _one_step_ms(variant, emb, labels)
+    for _ in range(2):  # warm-up (a compiled variant compiles here)
+        _one_step_ms(base, emb, labels), _one_step_ms(variant, emb, labels)
+    first = _one_step_ms(base, emb, labels) + _one_step_ms(variant, emb, labels)
     repeats = max(5, min(repeats, int(3000 / max(first, 1e-3))))  # about 3 s per row at most
     base_ms, variant_ms = [], []
     for _ in range(repeats):
@@ -67,6 +68,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0: leave the default)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time each LoOp variant with its solver compiled (retrieval train --compile)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -80,13 +83,17 @@ def main() -> None:
         emb = torch.randn(batch, args.dim, generator=g).to(args.device)
         labels = labels.to(args.device)
         for name, method in VARIANTS:
-            base, variant = time_pair(build(name).to(args.device), build(name, negatives=method).to(args.device),
-                                      emb, labels, args.repeats)
-            print(
-                f"| {name} | {method} | {batch} | {base[0]:.2f} / {base[1]:.2f} | {variant[0]:.2f} / {variant[1]:.2f} "
-                f"| {variant[0] / base[0]:.2f} / {variant[1] / base[1]:.2f} |",
-                flush=True,
-            )
+            rows = [(method, build(name, negatives=method).to(args.device))]
+            if args.compile and method.startswith("loop"):
+                rows.append((f"{method} compiled", build(name, negatives=method).to(args.device)))
+                rows[-1][1].method.compile()
+            for label, loss in rows:
+                base, variant = time_pair(build(name).to(args.device), loss, emb, labels, args.repeats)
+                print(
+                    f"| {name} | {label} | {batch} | {base[0]:.2f} / {base[1]:.2f} | {variant[0]:.2f} / "
+                    f"{variant[1]:.2f} | {variant[0] / base[0]:.2f} / {variant[1] / base[1]:.2f} |",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

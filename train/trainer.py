@@ -120,6 +120,8 @@ def build_parts(cfg: TrainConfig, *, ctx: DistContext, model: Embedder, data: Tr
 
     loss_fn = losses.build(cfg.loss, negatives=cfg.negatives, num_classes=data.num_classes,
                            embedding_dim=cfg.embedding_dim, **cfg.loss_kwargs).to(ctx.device)
+    if cfg.compile and hasattr(method := getattr(loss_fn, "method", None), "compile"):
+        method.compile()  # LoOp's solver: launch-bound on a GPU
     step_loss = loss_fn  # its parameters train inside the step (DDP keeps them equal); the memory stays outside
     if cfg.memory == "xbm":
         loss_fn = with_memory(cfg, loss_fn, len(sampler)).to(ctx.device)

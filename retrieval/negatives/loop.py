@@ -29,6 +29,7 @@ is the gradient of d(p1(t), p2(t)) with t held fixed. It reaches all four embedd
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -345,6 +346,7 @@ def pair_of_pairs_distances(
     k: torch.Tensor,
     l: torch.Tensor,  # noqa: E741 - the paper's index name
     geometry: str = "arc",
+    compiled: bool = False,
 ) -> tuple[torch.Tensor, Solution]:
     """LoOp distance d_{i,j,k,l} for C combinations at once, from the Gram matrix of the batch.
 
@@ -352,9 +354,19 @@ def pair_of_pairs_distances(
     The squared distance |p1 - p2|^2 is a quadratic form of the coefficients of p1 = w1 x_i + w2 x_j and
     p2 = v1 x_k + v2 x_l against Gram entries, so no [C, D] tensor is ever built. The optimum is solved in
     the dtype of ``gram`` (float64 in the tests; float32 is accurate enough to pick the KKT case).
+    ``compiled``: run it through torch.compile (the same maths, fused; the first call compiles).
     """
     if geometry not in ("arc", "segment"):
         raise ValueError(f"geometry must be 'arc' or 'segment', got {geometry!r}")
+    kernel = _compiled_kernel() if compiled else _pair_of_pairs
+    d, t_x, t_y, case = kernel(gram, i, j, k, l, geometry)
+    return d, Solution(t_x=t_x, t_y=t_y, case=case)
+
+
+def _pair_of_pairs(
+    gram: torch.Tensor, i: torch.Tensor, j: torch.Tensor, k: torch.Tensor, l: torch.Tensor, geometry: str,  # noqa: E741
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``pair_of_pairs_distances`` as plain tensors (d, t_x, t_y, case): what torch.compile fuses."""
     n = gram.shape[0]
     # Gram entries (i,j) (k,l) (i,k) (i,l) (j,k) (j,l) [+ (i,i) (j,j) (k,k) (l,l)], one flat gather.
     rows = [i, k, i, i, j, j] + ([i, j, k, l] if geometry == "segment" else [])
@@ -385,7 +397,14 @@ def pair_of_pairs_distances(
     p1_sq = w1 * w1 * nx1 + w2 * w2 * nx2 + 2 * w1 * w2 * cx
     p2_sq = v1 * v1 * ny1 + v2 * v2 * ny2 + 2 * v1 * v2 * cy
     cross = w1 * (v1 * h11 + v2 * h12) + w2 * (v1 * h21 + v2 * h22)
-    return safe_sqrt((p1_sq + p2_sq - 2 * cross).clamp_min(0.0)), sol
+    return safe_sqrt((p1_sq + p2_sq - 2 * cross).clamp_min(0.0)), sol.t_x, sol.t_y, sol.case
+
+
+@functools.cache
+def _compiled_kernel():
+    """``_pair_of_pairs`` compiled once per process: its ~150 small element-wise kernels become a few fused ones
+    (on a GPU the eager form is bound by kernel launches). Shapes vary with the batch: compiled for dynamic sizes."""
+    return torch.compile(_pair_of_pairs, dynamic=True)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -403,6 +422,7 @@ class LoOp(HardNegativeMethod):
     """
 
     geometry = "arc"
+    compiled = False  # True: the solver runs through torch.compile (``compile``)
     unit_only = True  # Algorithm 1, step 3: unit embeddings (the segment form normalises too)
     supports_all_pairs = True
     hardest_is_distance = True
@@ -410,6 +430,12 @@ class LoOp(HardNegativeMethod):
 
     def gram(self, embeddings: torch.Tensor, unit: bool) -> torch.Tensor:
         return dot_similarity_matrix(l2_normalize(embeddings))
+
+    def compile(self) -> LoOp:
+        """Solve through torch.compile from now on: the same values, in a few fused kernels instead of ~150 small
+        ones (on a GPU the eager solver is bound by kernel launches); the first batch pays the compilation."""
+        self.compiled = True
+        return self
 
     def hardest(
         self, gram: torch.Tensor, pairs: PositivePairs, negative: torch.Tensor, rows: object | None,
@@ -423,7 +449,7 @@ class LoOp(HardNegativeMethod):
         else:
             p, q = negative.nonzero(as_tuple=True)
             k, l = columns.first[q], columns.second[q]  # noqa: E741
-        d, sol = pair_of_pairs_distances(gram, pairs.first[p], pairs.second[p], k, l, self.geometry)
+        d, sol = pair_of_pairs_distances(gram, pairs.first[p], pairs.second[p], k, l, self.geometry, self.compiled)
         synthetic = (~sol.at_endpoints).float()
         stats = {
             "synthetic_negative_share": float(synthetic.mean()) if synthetic.numel() else 0.0,
