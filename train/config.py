@@ -14,6 +14,7 @@ import tomllib
 from retrieval.data.augment import (
     AUGMENTATIONS,
     AUTO_AUGMENT_CHOICES,
+    DECODE_ON_CHOICES,
     DEFAULT_AUGMENTATION,
     Augmentation,
     AugmentationError,
@@ -168,7 +169,11 @@ class TrainConfig:
                                               "(GradScaler), bf16 or off; fp16 and bf16 need CUDA.",
                              choices=AMP_CHOICES, default_text="auto")
     channels_last: bool = option(False, "runtime", "NHWC memory format for convolutions (CUDA only).")
-    compile: bool = option(False, "runtime", "torch.compile the training step (CUDA only).")
+    compile: bool = option(False, "runtime", "torch.compile the training step, and LoOp's solver with --negatives "
+                                             "loop|loop-linear (CUDA only).")
+    decode_on: str = option("workers", "runtime", "where training images are decoded and augmented: the DataLoader "
+                                                  "workers, or the training device (JPEG decoded by nvJPEG on a GPU; "
+                                                  "fine-tuning only).", choices=DECODE_ON_CHOICES)
     workers: int | None = option(None, "runtime", "DataLoader worker processes.", low=0,
                                  default_text=DEFAULT_WORKERS_TEXT)
     # evaluation
@@ -290,6 +295,9 @@ class TrainConfig:
             parse_background(self.background)
         except ValueError as exc:
             errors.append(f"--background: {exc}")
+        if self.decode_on == "device" and self.freeze_backbone:
+            errors.append("--decode-on device decodes the images of each fine-tuning step; with --freeze-backbone the "
+                          "features are embedded once and cached: leave --decode-on out")
         if self.sync_bn and (self.freeze_bn or self.freeze_backbone):
             errors.append("--sync-bn synchronises BatchNorm that trains: it needs --no-freeze-bn and no "
                           "--freeze-backbone (frozen BatchNorm needs nothing)")

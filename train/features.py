@@ -24,6 +24,7 @@ from torch.utils.data import Dataset
 from retrieval.data import BadImageLog, BadSample, WithSampleSeeds, build_transforms, load_dataset
 from retrieval.data.augment import Augmentation
 from retrieval.data.colour import DEFAULT_BACKGROUND
+from retrieval.data.device_decode import DeviceAugment, EncodedImages, collate_encoded, decoded_batches
 from retrieval.distributed import embed_sharded, every_rank, rank_and_world
 from retrieval.evaluation import EvalSets, embed_eval_rows, eval_arrays
 from retrieval.inference import Embedded, embed_samples, make_loader
@@ -173,12 +174,20 @@ class CachedFeatures:
 class ImagePipeline:
     """Fine-tuning: augmented train images through the whole model; the evaluation split embedded image by image."""
 
-    def __init__(self, cfg: TrainConfig, train_set: Dataset, eval_sets: EvalSets, embedding: Embedding) -> None:
+    def __init__(self, cfg: TrainConfig, train_set: Dataset, eval_sets: EvalSets, embedding: Embedding,
+                 model_config: dict | None = None) -> None:
         self._eval_indices: tuple[np.ndarray, np.ndarray | None] = (np.zeros(0, np.int64), None)
         self.cfg = cfg
         self.train_set = train_set
         self.eval_sets = eval_sets
         self.embedding = embedding
+        self.on_device: DeviceAugment | None = None  # --decode-on device: the workers hand over JPEG bytes
+        if cfg.decode_on == "device":
+            if model_config is None:
+                raise ValueError("decoding on the device needs the model's config (its input size, mean and std)")
+            augmentation = cfg.augmentation()
+            self.on_device = DeviceAugment(model_config, augmentation, embedding.device, dataset=train_set)
+            self.encoded = EncodedImages(train_set, model_config, augmentation)
 
     @staticmethod
     def prepare_model(model: Embedder) -> None:
@@ -193,7 +202,7 @@ class ImagePipeline:
     def build(cls, cfg: TrainConfig, model: Embedder, train_set: Dataset, labels: np.ndarray, eval_sets: EvalSets,
               embedding: Embedding) -> ImagePipeline:
         """The images are read batch by batch (``labels`` are the train set's own)."""
-        return cls(cfg, train_set, eval_sets, embedding)
+        return cls(cfg, train_set, eval_sets, embedding, model.config)
 
     def train_mode(self, model: Embedder) -> None:
         model.train()
@@ -203,11 +212,24 @@ class ImagePipeline:
         run = self.embedding
         # per-sample seeds: augmentation does not depend on the workers or on where a run resumed; the own
         # generator keeps the DataLoader from drawing on the global RNG that the checkpoints save
-        loader = make_loader(self.train_set, None, run.workers, run.device, batch_sampler=WithSampleSeeds(sampler),
-                             generator=torch.Generator().manual_seed(self.cfg.seed * 1000 + epoch))
-        for batch in loader:
+        generator = torch.Generator().manual_seed(self.cfg.seed * 1000 + epoch)
+        if self.on_device is None:
+            loader = make_loader(self.train_set, None, run.workers, run.device, batch_sampler=WithSampleSeeds(sampler),
+                                 generator=generator)
+            for batch in loader:
+                run.bad_images.add(batch.bad)
+                yield batch.inputs, batch.labels, len(batch.bad)
+            return
+        loader = make_loader(self.encoded, None, run.workers, run.device, batch_sampler=WithSampleSeeds(sampler),
+                             generator=generator, collate_fn=collate_encoded)
+        for batch, done in decoded_batches(loader, self.on_device):
             run.bad_images.add(batch.bad)
-            yield batch.inputs, batch.labels, len(batch.bad)
+            if done is None:
+                yield None, None, len(batch.bad)
+                continue
+            images, labels, failed = done  # failed: JPEG files damaged past their header
+            run.bad_images.add(failed)
+            yield images, labels, len(batch.bad) + len(failed)
 
     def forward(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
         return model(inputs)

@@ -20,6 +20,9 @@ from retrieval.registry import Registry
 
 AUTO_AUGMENT_CHOICES = ("none", "trivial", "rand")  # trivial: v2.TrivialAugmentWide; rand: v2.RandAugment
 DEFAULT_AUGMENTATION = "crop-flip"  # the pipeline of every run before augmentation was configurable
+# where the steps run: in the DataLoader workers (transforms.build_transforms) or on the training device
+# (device_decode: JPEG decoded there, the same crops and flips)
+DECODE_ON_CHOICES = ("workers", "device")
 
 
 class AugmentationError(ValueError):

@@ -103,6 +103,8 @@ GPU_OPTIONS = {
     "fp16-compile": dict(amp="fp16", compile=True),
     "dcdl-loop-fp16": dict(amp="fp16", loss="dcdl", loss_kwargs={"phi": "sinkhorn"}),
     "ms-loop-bf16": dict(amp="bf16", negatives="loop"),
+    "ms-loop-compile-bf16": dict(amp="bf16", negatives="loop", compile=True),
+    "decode-on-device-fp16": dict(amp="fp16", decode_on="device"),
     "npair-symm-fp16": dict(amp="fp16", loss="npair", negatives="symm"),
 }
 
@@ -203,3 +205,166 @@ def test_cross_batch_memory_trains_on_cuda_in_fp16(image_folder, tmp_path):
     ckpt = torch.load(tmp_path / "xbm" / "last.pt", map_location="cpu", weights_only=False)
     filled = [value for key, value in ckpt["loss_state"].items() if key.endswith("filled")]
     assert filled and int(filled[0]) == 16, "the memory holds the last 16 embeddings"
+
+
+# --- exact kNN and retrieval metrics on the GPU -----------------------------------------------------------------------
+KNN_SIMILARITIES = ["cosine", "euclidean", "dot"]
+KNN_NAMES = ["recall", "map@r", "r_precision"]
+
+
+def grid_rows(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
+    """Rows of norm 2**j (j in -1..1) with entries +-1/2, +-1/4, +-1/8 and +-1/16 whose squares sum to 4**j: every
+    product, sum, norm and normalised row is exact in float32, so the CPU and the GPU must give the same scores bit
+    for bit whatever their summation order; scores are multiples of 1/1024, so they also tie often."""
+    rows = np.zeros((n, dim), np.float32)
+    for row in rows:
+        while True:  # squares in units of 1/256: 1/2 -> 64, 1/4 -> 16, 1/8 -> 4, 1/16 -> 1; they sum to 256
+            halves = rng.integers(0, 4)
+            left = 256 - 64 * halves
+            quarters = rng.integers(0, left // 16 + 1)
+            left -= 16 * quarters
+            sixteenths = 4 * rng.integers(0, min(left, 24) // 4 + 1)
+            eighths = (left - sixteenths) // 4
+            sizes = [0.5] * halves + [0.25] * quarters + [0.125] * eighths + [0.0625] * sixteenths
+            if len(sizes) <= dim:
+                break
+        row[rng.choice(dim, size=len(sizes), replace=False)] = np.array(sizes) * rng.choice([-1.0, 1.0], len(sizes))
+    return (rows * 2.0 ** rng.integers(-1, 2, size=(n, 1))).astype(np.float32)
+
+
+def plant_ties(rng: np.random.Generator, query: np.ndarray, gallery: np.ndarray) -> None:
+    """Repeated gallery rows (a block of copies and scattered ones) and queries that are gallery rows."""
+    gallery[100:140] = gallery[7]
+    copies = rng.choice(len(gallery), size=500, replace=False)
+    gallery[copies] = gallery[rng.choice(len(gallery), size=500)]
+    query[:300] = gallery[rng.choice(len(gallery), size=300)]
+
+
+@pytest.fixture
+def tf32_matmuls():
+    """TF32 matmuls switched on, as a training run with --tf32 leaves them: the metrics must not use them."""
+    matmul = torch.backends.cuda.matmul
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        saved = matmul.fp32_precision
+        matmul.fp32_precision = "tf32"
+        yield
+        matmul.fp32_precision = saved
+    else:
+        saved = matmul.allow_tf32
+        matmul.allow_tf32 = True
+        yield
+        matmul.allow_tf32 = saved
+
+
+@pytest.fixture(scope="module")
+def knn_sets():
+    """3,000 queries and 20,000 gallery rows (D = 64) on the exact grid, with planted ties, and labels that follow
+    the rows (the nearest of 600 random directions), so that neighbours often share a label: metrics well above 0."""
+    rng = np.random.default_rng(0)
+    query, gallery = grid_rows(rng, 3000, 64), grid_rows(rng, 20000, 64)
+    plant_ties(rng, query, gallery)
+    directions = rng.normal(size=(64, 600))
+    return query, (query @ directions).argmax(axis=1), gallery, (gallery @ directions).argmax(axis=1)
+
+
+@pytest.mark.parametrize("metric", KNN_SIMILARITIES)
+def test_knn_on_cuda_equals_the_cpu(knn_sets, metric, tf32_matmuls):
+    from retrieval.metrics import knn
+
+    query, _, gallery, _ = knn_sets
+    for args, exclude_self in (((query, gallery), False), ((gallery,), True)):  # the 20,000 rows leave-one-out
+        want = knn(*args, k=10, exclude_self=exclude_self, metric=metric)
+        got = knn(*args, k=10, exclude_self=exclude_self, metric=metric, device="cuda")
+        np.testing.assert_array_equal(got[1], want[1])
+        np.testing.assert_allclose(got[0], want[0], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("metric", KNN_SIMILARITIES)
+def test_evaluate_on_cuda_equals_the_cpu(knn_sets, metric, tf32_matmuls):
+    from retrieval.metrics import evaluate
+
+    query, query_labels, gallery, gallery_labels = knn_sets
+    for args in ((query, query_labels, gallery, gallery_labels), (gallery, gallery_labels)):
+        want = evaluate(*args, metric=metric, metrics=KNN_NAMES, ks=(1, 2, 4, 8, 10))
+        got = evaluate(*args, metric=metric, metrics=KNN_NAMES, ks=(1, 2, 4, 8, 10), device="cuda")
+        assert got.keys() == want.keys()
+        for name, value in want.items():
+            assert got[name] == pytest.approx(value, abs=1e-6), name
+
+
+@pytest.mark.parametrize("metric", KNN_SIMILARITIES)
+def test_knn_on_cuda_of_gaussian_rows_is_full_float32(metric, tf32_matmuls):
+    """Scores that round: the GPU's scores stay within 1e-5 of the CPU's (TF32 would be ~1e-3 off), and where a list
+    differs, the swapped neighbours' exact scores are within that rounding of each other. Euclidean distances are
+    compared squared: the sqrt of a rounding error at a planted copy (distance 0) is far above it on either device."""
+    from retrieval.metrics import knn
+
+    rng = np.random.default_rng(1)
+    query, gallery = (rng.normal(size=(n, 64)).astype(np.float32) / 8 for n in (3000, 20000))  # |row| ~ 1
+    plant_ties(rng, query, gallery)
+    want = knn(query, gallery, k=10, metric=metric)
+    got = knn(query, gallery, k=10, metric=metric, device="cuda")
+    power = 2 if metric == "euclidean" else 1
+    np.testing.assert_allclose(got[0].astype(np.float64) ** power, want[0].astype(np.float64) ** power, rtol=0,
+                               atol=1e-5)
+    q64, g64 = query.astype(np.float64), gallery.astype(np.float64)
+    if metric == "cosine":
+        q64, g64 = q64 / np.linalg.norm(q64, axis=1, keepdims=True), g64 / np.linalg.norm(g64, axis=1, keepdims=True)
+    picked = g64[got[1]]  # [n, k, d]: each query's GPU neighbours, scored exactly
+    exact = (((picked - q64[:, None]) ** 2).sum(axis=2) if metric == "euclidean"
+             else np.einsum("nkd,nd->nk", picked, q64))
+    np.testing.assert_allclose(exact, want[0].astype(np.float64) ** power, rtol=0, atol=1e-5)
+    assert (got[1] != want[1]).mean() < 1e-3  # near-ties only
+
+
+def test_knn_on_cuda_in_small_blocks_and_out_of_memory(knn_sets, monkeypatch):
+    """Little free GPU memory gives small blocks and the same lists; a gallery that cannot fit is a clear error."""
+    import retrieval.metrics as metrics
+
+    query, _, gallery, _ = knn_sets
+    want = metrics.knn(query, gallery, k=10)
+    gallery_bytes = gallery.nbytes
+    per_row = gallery.shape[0] * (3 * 4 + 8) + 10 * metrics.DEVICE_BYTES_PER_DEPTH
+    monkeypatch.setattr(metrics, "_device_free_bytes", lambda device: gallery_bytes + 2 * 37 * per_row)
+    got = metrics.knn(query, gallery, k=10, device="cuda")  # a few dozen queries per block
+    np.testing.assert_array_equal(got[1], want[1])
+    monkeypatch.setattr(metrics, "_device_free_bytes", lambda device: gallery_bytes // 2)
+    with pytest.raises(ValueError, match=r"cannot hold the gallery .* use device='cpu'"):
+        metrics.knn(query, gallery, k=10, device="cuda")
+    with pytest.raises(ValueError, match=r"'cuda:99' was requested but only"):
+        metrics.knn(query, gallery, k=10, device="cuda:99")
+
+
+@pytest.mark.parametrize("method", ["loop", "loop-linear"])
+def test_compiled_loop_equals_eager_on_cuda(method):
+    """LoOp's solver through torch.compile (retrieval train --compile): the same loss and gradient, fused."""
+    x, labels = batch("ms", classes=32, per_class=4, dim=128)
+    results = []
+    for compiled in (False, True):
+        loss = build("ms", negatives=method).cuda()
+        if compiled:
+            loss.method.compile()
+        leaf = x.float().cuda().requires_grad_(True)
+        value = loss(leaf, labels.cuda())
+        value.backward()
+        results.append((float(value), leaf.grad.double().cpu().numpy()))
+    (eager, eager_grad), (fused, fused_grad) = results
+    assert fused == pytest.approx(eager, rel=1e-5)
+    assert np.abs(fused_grad - eager_grad).max() <= 1e-4 * max(np.abs(eager_grad).max(), 1e-12)
+
+
+def test_device_decode_on_cuda_shows_what_the_workers_show(tmp_path):
+    """nvJPEG and the augmentation on the GPU: the crops and flips of the CPU pipeline, bounded decode groups."""
+    from device_batches import both_pipelines
+    from sample_images import save_jpeg, smooth_picture
+
+    paths = [save_jpeg(tmp_path / f"{i}.jpg", smooth_picture(120 + 37 * i, 300 - 21 * i, i)) for i in range(8)]
+    paths.append(str(tmp_path / "x.png"))
+    from PIL import Image
+
+    Image.fromarray(smooth_picture(90, 70, 99)).save(paths[-1])
+    for augmentation in ("crop-flip", "strong"):
+        cpu, images, labels, bad, _ = both_pipelines(paths, augmentation, device="cuda", group_pixels=100_000)
+        assert images.is_cuda and bad == [] and labels.tolist() == cpu.labels.tolist()
+        if augmentation == "crop-flip":  # the colour augmentations draw other numbers on the device
+            assert (images.cpu() - cpu.inputs).abs().mean(dim=(1, 2, 3)).max() < 0.05

@@ -1,0 +1,144 @@
+"""On a CUDA GPU: where training on a JPEG folder spends its time, and what decoding on the device (--decode-on
+device) gives end to end.
+
+    python benchmarks/gpu_input.py [--images 8000] [--size 224] [--batch 128] [--workers 16] [--compile]
+
+Writes a class folder of photo-sized JPEGs (about 500 x 375, like ImageNet's; smooth colour fields with texture,
+so that they compress as photos do), then measures, each alone and in one process:
+- the step: the trainer's own training step on random images in GPU memory (``benchmarks/gpu.py train``'s);
+- the input pipelines without a model: the DataLoader workers decoding and augmenting (``--decode-on workers``),
+  and the workers reading bytes and drawing crops with the device decoding and augmenting (``--decode-on device``);
+- end to end: ``retrieval.train.train`` on the folder with each pipeline; images/s of the last epoch (the trainer's
+  own figure, evaluation excluded).
+EfficientNet-Lite0 (not pretrained: the speed is the same), loss MS, AdamW, bf16, channels-last (and compiled with
+--compile). Prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu import time_train_steps  # noqa: E402  (the step as benchmarks/gpu.py times it)
+
+
+def _write_class(task: tuple[Path, int, int]) -> None:
+    root, label, count = task
+    folder = root / f"class{label:04d}"
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(label)
+    grain = rng.normal(0, 14, (480 + 64, 640 + 64, 3)).astype(np.int16)  # one tile, cropped differently per image
+    for i in range(count):
+        width, height = int(rng.integers(400, 640)), int(rng.integers(300, 480))
+        coarse = Image.fromarray(rng.integers(0, 256, (6, 8, 3), dtype=np.uint8)).resize((width, height),
+                                                                                           Image.BICUBIC)
+        dy, dx = rng.integers(0, 64, 2)
+        pixels = np.asarray(coarse, dtype=np.int16) + grain[dy:dy + height, dx:dx + width]
+        Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(folder / f"{i}.jpg", quality=90)
+
+
+def write_folder(root: Path, images: int, per_class: int) -> None:
+    """``images`` JPEGs in classes of ``per_class``, written by all cores."""
+    classes = images // per_class
+    with multiprocessing.Pool(os.cpu_count()) as pool:
+        pool.map(_write_class, [(root, label, per_class) for label in range(classes)])
+
+
+def pipeline_rate(root: Path, decode_on: str, size: int, batch: int, workers: int, batches: int,
+                  device: str = "cuda") -> float:
+    """Images/s of the training input pipeline alone (batches ready on the device), after two warm-up batches."""
+    from retrieval.data import ClassBalancedBatchSampler, WithSampleSeeds, load_dataset
+    from retrieval.data.augment import resolve_augmentation
+    from retrieval.data.device_decode import DeviceAugment, EncodedImages, collate_encoded, decoded_batches
+    from retrieval.data.transforms import build_transforms
+    from retrieval.inference import make_loader
+
+    config = {"input_size": size, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+    aug = resolve_augmentation("crop-flip")
+    dataset = load_dataset("folder", str(root), split="train", transform=build_transforms(config, True, aug))
+    sampler = ClassBalancedBatchSampler(dataset.labels, batch // 4, 4, seed=0, batches_per_epoch=batches + 2)
+    sampler.set_epoch(0, 0)
+    device = torch.device(device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    if decode_on == "device":
+        stage = DeviceAugment(config, aug, device, dataset=dataset)
+        loader = make_loader(EncodedImages(dataset, config, aug), None, workers, device,
+                             batch_sampler=WithSampleSeeds(sampler), collate_fn=collate_encoded)
+    else:
+        stage = None
+        loader = make_loader(dataset, None, workers, device, batch_sampler=WithSampleSeeds(sampler))
+    seen, start = 0, 0.0
+    batches = decoded_batches(loader, stage) if stage is not None else ((loaded, None) for loaded in loader)
+    for i, (loaded, done) in enumerate(batches):
+        if i == 2:
+            sync()
+            start, seen = time.perf_counter(), 0
+        images = done[0] if stage is not None else loaded.inputs.to(device, non_blocking=True)
+        seen += len(images)
+    sync()
+    return seen / (time.perf_counter() - start)
+
+
+def end_to_end(root: Path, out: Path, decode_on: str, args: argparse.Namespace) -> float:
+    """Images/s of the last of two epochs of ``train`` on the folder."""
+    from retrieval.train import TrainConfig, train
+
+    cfg = TrainConfig(dataset="folder", data=str(root), backbone=args.backbone, pretrained=False,
+                      image_size=args.size, embedding_dim=512, loss="ms", batch_size=args.batch, per_class=4,
+                      batches_per_epoch=args.batches, epochs=2, device="cuda", amp="bf16", channels_last=True,
+                      compile=args.compile, workers=args.workers, decode_on=decode_on, eval_before=False,
+                      eval_limit=256, plots=False, out=str(out))
+    report = train(cfg, progress=False)
+    return [row["images_per_s"] for row in report["history"] if "images_per_s" in row][-1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=8_000)
+    parser.add_argument("--per-class", type=int, default=40, help="images per class in the folder")
+    parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--batches", type=int, default=30, help="batches per epoch (and timed pipeline batches)")
+    parser.add_argument("--workers", type=int, default=os.cpu_count())
+    parser.add_argument("--compile", action="store_true", help="compile the step (retrieval train --compile)")
+    parser.add_argument("--backbone", default="efficientnet_lite0",
+                        help="e.g. timm:efficientnet_lite0: the same network where efficientnet_lite_pytorch is absent")
+    parser.add_argument("--folder", type=Path, default=None, help="the JPEG folder: written there if missing, reused if present")
+    args = parser.parse_args()
+    scratch = Path(tempfile.mkdtemp(prefix="gpu-input-"))
+    root = args.folder or scratch / "jpegs"
+    if not root.exists():
+        start = time.perf_counter()
+        write_folder(root, args.images, args.per_class)
+        files = list(root.rglob("*.jpg"))
+        size = sum(path.stat().st_size for path in files) / len(files) / 1024
+        print(f"wrote {len(files):,} JPEGs ({size:.0f} KiB each on average) in {time.perf_counter() - start:.0f} s",
+              flush=True)
+    option = "bf16 + --channels-last" + (" --compile" if args.compile else "")
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {args.size} px, batch {args.batch}, "
+          f"{args.workers} workers, {args.backbone}, {option}\n")
+    print("| what | images/s | vs the step |")
+    print("|---|---:|---:|")
+    step, _ = time_train_steps(args.backbone, option, args.size, args.batch, 20, 5)
+    print(f"| the training step alone (random images on the GPU) | {step:,.0f} | 1.00 |", flush=True)
+    for decode_on in ("workers", "device"):
+        rate = pipeline_rate(root, decode_on, args.size, args.batch, args.workers, args.batches)
+        print(f"| input pipeline alone, --decode-on {decode_on} | {rate:,.0f} | {rate / step:.2f} |", flush=True)
+    for decode_on in ("workers", "device"):
+        rate = end_to_end(root, scratch / f"run-{decode_on}", decode_on, args)
+        print(f"| end to end (`retrieval train`), --decode-on {decode_on} | {rate:,.0f} | {rate / step:.2f} |",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
