@@ -99,7 +99,9 @@ def end_to_end(root: Path, out: Path, decode_on: str, args: argparse.Namespace) 
                       compile=args.compile, workers=args.workers, decode_on=decode_on, eval_before=False,
                       eval_limit=256, plots=False, out=str(out))
     report = train(cfg, progress=False)
-    return [row["images_per_s"] for row in report["history"] if "images_per_s" in row][-1]
+    rates = [row["images_per_s"] for row in report["history"] if "images_per_s" in row]
+    print(f"  (--decode-on {decode_on}: images/s per epoch {', '.join(f'{rate:,.0f}' for rate in rates)})", flush=True)
+    return rates[-1]
 
 
 def main() -> None:
@@ -113,7 +115,9 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="compile the step (retrieval train --compile)")
     parser.add_argument("--backbone", default="efficientnet_lite0",
                         help="e.g. timm:efficientnet_lite0: the same network where efficientnet_lite_pytorch is absent")
-    parser.add_argument("--folder", type=Path, default=None, help="the JPEG folder: written there if missing, reused if present")
+    parser.add_argument("--only-end-to-end", action="store_true", help="skip the step and the pipelines alone")
+    parser.add_argument("--folder", type=Path, default=None,
+                        help="the JPEG folder: written there if missing, reused if present")
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="gpu-input-"))
     root = args.folder or scratch / "jpegs"
@@ -129,15 +133,17 @@ def main() -> None:
           f"{args.workers} workers, {args.backbone}, {option}\n")
     print("| what | images/s | vs the step |")
     print("|---|---:|---:|")
-    step, _ = time_train_steps(args.backbone, option, args.size, args.batch, 20, 5)
-    print(f"| the training step alone (random images on the GPU) | {step:,.0f} | 1.00 |", flush=True)
-    for decode_on in ("workers", "device"):
-        rate = pipeline_rate(root, decode_on, args.size, args.batch, args.workers, args.batches)
-        print(f"| input pipeline alone, --decode-on {decode_on} | {rate:,.0f} | {rate / step:.2f} |", flush=True)
-    for decode_on in ("workers", "device"):
+    step = float("nan")
+    if not args.only_end_to_end:
+        step, _ = time_train_steps(args.backbone, option, args.size, args.batch, 20, 5)
+        print(f"| the training step alone (random images on the GPU) | {step:,.0f} | 1.00 |", flush=True)
+        for decode_on in ("workers", "device"):
+            rate = pipeline_rate(root, decode_on, args.size, args.batch, args.workers, args.batches)
+            print(f"| input pipeline alone, --decode-on {decode_on} | {rate:,.0f} | {rate / step:.2f} |", flush=True)
+    for decode_on in ("device", "workers"):
         rate = end_to_end(root, scratch / f"run-{decode_on}", decode_on, args)
-        print(f"| end to end (`retrieval train`), --decode-on {decode_on} | {rate:,.0f} | {rate / step:.2f} |",
-              flush=True)
+        print(f"| end to end (`retrieval train`, {args.batches} batches an epoch), --decode-on {decode_on} | "
+              f"{rate:,.0f} | {rate / step:.2f} |", flush=True)
 
 
 if __name__ == "__main__":
