@@ -181,9 +181,12 @@ class BadImageError(ValueError):
 
 
 def sample_source(dataset: Dataset, index: int) -> str:
-    """The file behind ``dataset[index]`` (through ``Subset`` wrappers), or a description of the in-memory sample."""
-    while isinstance(dataset, Subset):
-        index, dataset = int(dataset.indices[index]), dataset.dataset
+    """The file behind ``dataset[index]`` (through ``Subset`` and same-index wrappers), or a description of the
+    in-memory sample."""
+    while isinstance(dataset, Subset) or getattr(dataset, "same_indices", False):
+        if isinstance(dataset, Subset):
+            index = int(dataset.indices[index])
+        dataset = dataset.dataset
     samples = getattr(dataset, "samples", None)
     if samples is not None and isinstance(samples[index], (str, os.PathLike)):
         return os.fspath(samples[index])

@@ -136,6 +136,8 @@ class EncodedImages(Dataset):
 
     Under ``CatchBadSamples`` each item's random draws come from its own seed, so the crops match the CPU pipeline's."""
 
+    same_indices = True  # item i is ``dataset``'s item i (``sample_source`` names its file)
+
     def __init__(self, dataset: Dataset, model_config: Mapping[str, Any], augmentation: Augmentation,
                  max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
         self.dataset = dataset

@@ -125,7 +125,7 @@ def test_an_oversized_header_is_refused_before_any_pixel_is_decoded(tmp_path):
     assert device_decode.jpeg_for_device(bytes(data)) is None  # never handed to the device decoder
     dataset = ImageDataset([str(path)], [0], ["0"])
     item = CatchBadSamples(EncodedImages(dataset, CONFIG, resolve_augmentation("crop-flip")))[(0, 1)]
-    assert "too large" in item.reason
+    assert "too large" in item.reason and item.source == str(path)
 
 
 def test_batches_decoded_ahead_come_in_order_and_a_failure_reaches_the_consumer():
