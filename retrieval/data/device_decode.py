@@ -45,7 +45,7 @@ from retrieval.data.decode import DEFAULT_MAX_PIXELS, open_regular_file, read_im
 from retrieval.data.decode_memory import MAX_ASPECT, MIN_SHORT_SIDE
 from retrieval.data.eval_preprocess import RESIZE_RATIO, input_size, mean_and_std
 from retrieval.data.exif_icc import orientation
-from retrieval.data.transforms import background_of
+from retrieval.data.transforms import background_of, colour_steps
 
 # pixels decoded on the device at once: bounds the decoder's output memory (3 bytes a pixel) whatever the batch holds
 GROUP_PIXELS = 64_000_000
@@ -213,15 +213,7 @@ class DeviceAugment:
         self.mean = torch.tensor(mean, device=self.device).view(1, 3, 1, 1) * 255.0
         self.std = torch.tensor(std, device=self.device).view(1, 3, 1, 1) * 255.0
         self.group_pixels = group_pixels
-        fill = tuple(int(c) for c in background_of(model_config).background)
-        colour: list[Any] = []
-        if augmentation.auto_augment == "trivial":
-            colour.append(v2.TrivialAugmentWide(fill=fill))
-        elif augmentation.auto_augment == "rand":
-            colour.append(v2.RandAugment(fill=fill))
-        if augmentation.color_jitter:
-            value = augmentation.color_jitter
-            colour.append(v2.ColorJitter(brightness=value, contrast=value, saturation=value, hue=augmentation.hue))
+        colour = colour_steps(model_config, augmentation)
         self.colour = v2.Compose(colour) if colour else None
 
     def decode(self, images: Sequence[EncodedImage]) -> list[torch.Tensor | str]:

@@ -43,6 +43,21 @@ def background_of(model_config: Mapping[str, Any]) -> FlattenAlpha:
     return FlattenAlpha(model_config.get("background") or DEFAULT_BACKGROUND)
 
 
+def colour_steps(model_config: Mapping[str, Any], augmentation: Augmentation) -> list[Any]:
+    """The augmentation's auto-augment and colour jitter steps (uint8 pixels, PIL or tensor), in that order; the
+    corners that rotations and shears uncover take the model's background colour, as transparent pixels do."""
+    fill = tuple(int(c) for c in background_of(model_config).background)
+    steps: list[Any] = []
+    if augmentation.auto_augment == "trivial":
+        steps.append(v2.TrivialAugmentWide(fill=fill))
+    elif augmentation.auto_augment == "rand":
+        steps.append(v2.RandAugment(fill=fill))
+    if augmentation.color_jitter:
+        value = augmentation.color_jitter
+        steps.append(v2.ColorJitter(brightness=value, contrast=value, saturation=value, hue=augmentation.hue))
+    return steps
+
+
 def build_transforms(
     model_config: Mapping[str, Any], train: bool, augmentation: Augmentation | None = None
 ) -> v2.Compose | EvalTransform:
@@ -60,16 +75,8 @@ def build_transforms(
         steps.append(v2.CenterCrop(size))
     if aug.flip:
         steps.append(v2.RandomHorizontalFlip())
-    # auto-augment and jitter work on uint8 pixels (PIL here), so they come before scaling and normalising; the
-    # corners that rotations and shears uncover take the background colour, as transparent pixels do
-    fill = tuple(int(c) for c in background.background)
-    if aug.auto_augment == "trivial":
-        steps.append(v2.TrivialAugmentWide(fill=fill))
-    elif aug.auto_augment == "rand":
-        steps.append(v2.RandAugment(fill=fill))
-    if aug.color_jitter:
-        v = aug.color_jitter
-        steps.append(v2.ColorJitter(brightness=v, contrast=v, saturation=v, hue=aug.hue))
+    # auto-augment and jitter work on uint8 pixels (PIL here), so they come before scaling and normalising
+    steps += colour_steps(model_config, aug)
     steps += [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), _normalize(model_config)]
     # every op above draws from torch's global RNG, which CatchBadSamples seeds per sample
     return v2.Compose(steps)
