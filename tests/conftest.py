@@ -9,6 +9,12 @@ from pathlib import Path
 import pytest
 from serve_fixtures import shared_artifacts
 
+# OpenMP threads (torch, scikit-learn, faiss) that wait for work sleep instead of spinning: on a machine whose cores
+# are busy with other work (the suite's own servers and subprocesses, or CI neighbours), spinning threads took
+# scikit-learn's t-SNE of 16 points from 0.2 s to 5-45 s and KMeans 50 times longer. Set before any test module loads
+# an OpenMP runtime (it reads the variable once); it reaches the tests' subprocesses too.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 # Tests never download: pretrained weights come from local caches or shipped packages only (a test of the online
 # path removes this and fakes the download). Set here, it reaches the CLI's subprocesses too.
 os.environ.setdefault("RETRIEVAL_OFFLINE", "1")

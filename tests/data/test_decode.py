@@ -517,6 +517,65 @@ def probe(code: str, *args) -> dict:
     return json.loads(result.stdout)
 
 
+class WarmProbes:
+    """``probe`` without the interpreter start and imports in each one: a server imports what ``MEMORY_PROBE`` needs
+    (torch and torchvision, seconds), then forks a child per probe. A forked child starts from that idle state as a
+    fresh interpreter would after its imports, and measures its own peak (VmHWM, reset through clear_refs) just the
+    same; the server runs no torch code, so it holds no threads to lose in the fork."""
+
+    SERVER = PEAK + textwrap.dedent("""
+        import os, signal, traceback
+        from retrieval.data import build_transforms, open_image  # imported once, for every probe
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the children
+        for line in sys.stdin:
+            job = json.loads(line)
+            if os.fork() == 0:
+                sys.argv, error = ["-c", *job["args"]], ""
+                with open(job["out"] + ".part", "w") as sys.stdout:
+                    try:
+                        exec(compile(job["code"], "<probe>", "exec"), {"__name__": "__main__"})
+                    except SystemExit as exc:
+                        error = f"exit status {exc.code}" if exc.code else ""
+                    except BaseException:
+                        error = traceback.format_exc()
+                if error:
+                    open(job["out"] + ".part", "w").write(error)
+                os.rename(job["out"] + ".part", job["out"] + (".err" if error else ""))
+                os._exit(0)
+    """)
+
+    def __init__(self, folder: Path):
+        self.folder, self.count, self.lock = folder, 0, threading.Lock()
+        self.server = subprocess.Popen([sys.executable, "-c", self.SERVER], cwd=ROOT, stdin=subprocess.PIPE,
+                                       text=True, env=os.environ | {"OMP_NUM_THREADS": "1"})
+
+    def __call__(self, code: str, *args) -> dict:
+        """As ``probe``: ``PEAK + code`` with ``args`` as sys.argv[1:] in a process of its own; its JSON line."""
+        with self.lock:
+            self.count += 1
+            out = self.folder / f"probe{self.count}.json"
+            self.server.stdin.write(json.dumps({"code": PEAK + textwrap.dedent(code), "args": list(map(str, args)),
+                                                "out": str(out)}) + "\n")
+            self.server.stdin.flush()
+        error, deadline = out.with_name(out.name + ".err"), time.monotonic() + 180
+        while not out.is_file():
+            assert not error.is_file(), error.read_text()
+            assert self.server.poll() is None and time.monotonic() < deadline, "the probe server stopped"
+            time.sleep(0.02)
+        return json.loads(out.read_text())
+
+    def close(self):
+        self.server.stdin.close()
+        self.server.wait(30)
+
+
+@pytest.fixture(scope="module")
+def warm_probe(tmp_path_factory):
+    probes = WarmProbes(tmp_path_factory.mktemp("probes"))
+    yield probes
+    probes.close()
+
+
 MEMORY_PROBE = """
     from retrieval.data import build_transforms, open_image
     from retrieval.data.decode import ImageDecodeError
@@ -578,14 +637,14 @@ def write_worst(folder: Path, name: str) -> tuple[Path, Path]:
 
 @pytest.mark.slow
 @needs_proc
-def test_decoding_any_image_the_limits_admit_stays_under_300_mb(tmp_path):
+def test_decoding_any_image_the_limits_admit_stays_under_300_mb(tmp_path, warm_probe):
     """Peak memory above the process's idle state, decode and preprocessing, for the worst shapes, modes and formats
     under the default limits; the costliest ones (a 40-megapixel lossless WebP, a 4:4:4 progressive JPEG decoded
     at 1/8 scale) are refused from their header instead."""
     def measured(name: str) -> tuple[str, dict]:
         big, small = write_worst(tmp_path, name)
         try:
-            return name, probe(MEMORY_PROBE, big, small)
+            return name, warm_probe(MEMORY_PROBE, big, small)
         finally:
             big.unlink()
             small.unlink()

@@ -15,12 +15,18 @@ from retrieval.analysis.grid import DatasetSpec, Method, Table
 from retrieval.analysis.grid_discussion import discuss_pairs
 from retrieval.analysis.results import best_rows, difference, format_cell, results_markdown, summarize
 
-DIGITS = dict(dataset="digits", image_size=32, batch_size=20, per_class=4, epochs=2, batches_per_epoch=3, workers=0)
+# The grid runner is under test, not the runs: 20 digits a class (the backbone's features are extracted once per
+# data set: 400 images, not 1797), a 64-d head (each run's linear probe fits a logistic regression on it), one step an
+# epoch, and no report plots in the run folders (a t-SNE map per run took most of the fixture's minutes;
+# tests/analysis/test_pictures.py checks those pictures). The grid's own figures are still drawn.
+DIGITS = dict(dataset="digits", image_size=32, batch_size=20, per_class=4, epochs=2, batches_per_epoch=1, workers=0,
+              embedding_dim=64, plots=False)
 DATASETS = {
     "digits": DatasetSpec("digits", "Digits", "sklearn digits, class-disjoint",
-                          dict(DIGITS, dataset_kwargs={"protocol": "disjoint"})),
+                          dict(DIGITS, dataset_kwargs={"protocol": "disjoint", "limit_per_class": 20})),
     "digits-std": DatasetSpec("digits-std", "Digits standard", "sklearn digits, all classes",
-                              dict(DIGITS, dataset_kwargs={"protocol": "standard"}, linear_probe=True)),
+                              dict(DIGITS, dataset_kwargs={"protocol": "standard", "limit_per_class": 20},
+                                   linear_probe=True)),
 }
 TABLES = [
     Table("loop", "LoOp", "claim", "caveat", ("digits",),

@@ -50,7 +50,9 @@ class SlimEnv:
         self.root = root
         self.bin = root / "bin"
         # nothing of this process's environment may leak in: its venv, its import path
-        self.env = {key: value for key, value in os.environ.items() if key not in ("VIRTUAL_ENV", "PYTHONPATH")}
+        # (and byte code is written: the install leaves it out, so each module compiles once, on first import)
+        self.env = {key: value for key, value in os.environ.items()
+                    if key not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE")}
         self.env["PATH"] = f"{self.bin}{os.pathsep}{os.environ.get('PATH', '')}"
 
     def run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -70,7 +72,10 @@ def slim(tmp_path_factory) -> SlimEnv:
     subprocess.run([sys.executable, "-m", "venv", str(root / "venv")], check=True, timeout=120)
     env = SlimEnv(root / "venv")
     try:
-        install = subprocess.run([str(env.bin / "python"), "-m", "pip", "install", "--quiet", str(source)],
+        # --no-compile: pip byte-compiles every module of every package it installs (gradio, matplotlib, pyarrow...),
+        # half the install's time; the few modules these commands import compile when first imported
+        install = subprocess.run([str(env.bin / "python"), "-m", "pip", "install", "--quiet", "--no-compile",
+                                  str(source)],
                                  capture_output=True, text=True, timeout=INSTALL_TIMEOUT, env=env.env)
     except subprocess.TimeoutExpired:
         pytest.fail(f"pip install of the base install took over {INSTALL_TIMEOUT} s")

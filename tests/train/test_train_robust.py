@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -134,7 +135,8 @@ def cli_args(cfg: TrainConfig) -> list[str]:
             "--image-size", str(cfg.image_size), "--embedding-dim", str(cfg.embedding_dim), "--loss", cfg.loss,
             "--batch-size", str(cfg.batch_size), "--per-class", str(cfg.per_class),
             "--batches-per-epoch", str(cfg.batches_per_epoch), "--epochs", str(cfg.epochs), "--lr", str(cfg.lr),
-            "--workers", str(cfg.workers), "--device", cfg.device, "--out", cfg.out]
+            "--workers", str(cfg.workers), "--device", cfg.device, "--out", cfg.out,
+            "--no-plots"]  # report plots (seconds of matplotlib a run): nothing here compares them
     if cfg.freeze_backbone:
         args += ["--freeze-backbone", "--feature-cache", cfg.feature_cache]
     return args
@@ -151,6 +153,21 @@ def run_train(args: list[str]) -> None:
     result = subprocess.run([sys.executable, "-m", "retrieval", "train", *args], env=train_env(), cwd=REPO,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
+
+
+def start_train(args: list[str]) -> tuple[subprocess.Popen, object]:
+    """`retrieval train` started as ``run_train`` runs it, without waiting; ``finish_train`` waits for it."""
+    stderr = tempfile.TemporaryFile("w+")  # a file, not a pipe: a full pipe would stall the run
+    return subprocess.Popen([sys.executable, "-m", "retrieval", "train", *args], env=train_env(), cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=stderr, text=True), stderr
+
+
+def finish_train(started: tuple[subprocess.Popen, object]) -> None:
+    proc, stderr = started
+    with stderr:
+        returncode = proc.wait(timeout=600)
+        stderr.seek(0)
+        assert returncode == 0, stderr.read()[-4000:]
 
 
 def kill_inside_an_epoch(args: list[str], last: Path, steps_per_epoch: int) -> dict:
@@ -202,14 +219,18 @@ def test_killed_mid_epoch_resume_equals_an_uninterrupted_run(folder_with_bad_ima
     workers whose random crops must not depend on where the run resumed.
     """
     root, _ = folder_with_bad_images
-    extra = (dict(freeze_backbone=True, feature_cache=str(tmp_path / "features")) if frozen
-             else dict(backbone="efficientnet_lite0", workers=2))
-    straight = tiny_config(root, tmp_path / "straight", epochs=3, **extra)
-    run_train(cli_args(straight))
 
-    killed = tiny_config(root, tmp_path / "killed", epochs=3, **extra)
+    def extra(run: str) -> dict:
+        return (dict(freeze_backbone=True, feature_cache=str(tmp_path / f"features-{run}")) if frozen
+                else dict(backbone="efficientnet_lite0", workers=2))
+
+    # the uninterrupted run trains in its own process (and feature cache) while the other is killed and resumed
+    straight = start_train(cli_args(tiny_config(root, tmp_path / "straight", epochs=3, **extra("straight"))))
+
+    killed = tiny_config(root, tmp_path / "killed", epochs=3, **extra("killed"))
     position = kill_inside_an_epoch([*cli_args(killed), "--checkpoint-every", "1"], tmp_path / "killed" / "last.pt",
                                     steps_per_epoch=4)
     assert [r["epoch"] for r in read_jsonl(tmp_path / "killed" / "metrics.jsonl")][-1] == position["epoch"]
     run_train([*cli_args(killed), "--checkpoint-every", "1", "--resume"])
+    finish_train(straight)
     assert_same_run(tmp_path / "straight", tmp_path / "killed")
