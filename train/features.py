@@ -175,7 +175,7 @@ class ImagePipeline:
     """Fine-tuning: augmented train images through the whole model; the evaluation split embedded image by image."""
 
     def __init__(self, cfg: TrainConfig, train_set: Dataset, eval_sets: EvalSets, embedding: Embedding,
-                 model_config: dict | None = None) -> None:
+                 model_config: dict) -> None:
         self._eval_indices: tuple[np.ndarray, np.ndarray | None] = (np.zeros(0, np.int64), None)
         self.cfg = cfg
         self.train_set = train_set
@@ -183,8 +183,6 @@ class ImagePipeline:
         self.embedding = embedding
         self.on_device: DeviceAugment | None = None  # --decode-on device: the workers hand over JPEG bytes
         if cfg.decode_on == "device":
-            if model_config is None:
-                raise ValueError("decoding on the device needs the model's config (its input size, mean and std)")
             augmentation = cfg.augmentation()
             self.on_device = DeviceAugment(model_config, augmentation, embedding.device, dataset=train_set)
             self.encoded = EncodedImages(train_set, model_config, augmentation)
@@ -212,16 +210,15 @@ class ImagePipeline:
         run = self.embedding
         # per-sample seeds: augmentation does not depend on the workers or on where a run resumed; the own
         # generator keeps the DataLoader from drawing on the global RNG that the checkpoints save
-        generator = torch.Generator().manual_seed(self.cfg.seed * 1000 + epoch)
+        dataset, collate = (self.train_set, {}) if self.on_device is None else \
+            (self.encoded, {"collate_fn": collate_encoded})
+        loader = make_loader(dataset, None, run.workers, run.device, batch_sampler=WithSampleSeeds(sampler),
+                             generator=torch.Generator().manual_seed(self.cfg.seed * 1000 + epoch), **collate)
         if self.on_device is None:
-            loader = make_loader(self.train_set, None, run.workers, run.device, batch_sampler=WithSampleSeeds(sampler),
-                                 generator=generator)
             for batch in loader:
                 run.bad_images.add(batch.bad)
                 yield batch.inputs, batch.labels, len(batch.bad)
             return
-        loader = make_loader(self.encoded, None, run.workers, run.device, batch_sampler=WithSampleSeeds(sampler),
-                             generator=generator, collate_fn=collate_encoded)
         for batch, done in decoded_batches(loader, self.on_device):
             run.bad_images.add(batch.bad)
             if done is None:
