@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -153,6 +154,14 @@ def test_batches_decoded_ahead_come_in_order_and_a_failure_reaches_the_consumer(
     endless = device_decode.decoded_batches(loader(iter(int, 1)), Stage())  # a consumer that stops early
     assert next(endless)[0].inputs == 0
     endless.close()  # joins the thread: nothing keeps running
+
+
+def test_a_path_that_is_not_a_regular_file_is_refused_before_it_is_read(tmp_path):
+    fifo = tmp_path / "waits.jpg"
+    os.mkfifo(fifo)  # reading it would block until a writer came
+    dataset = ImageDataset([str(fifo)], [0], ["0"])
+    item = CatchBadSamples(EncodedImages(dataset, CONFIG, resolve_augmentation("crop-flip")))[(0, 1)]
+    assert "not a regular file" in item.reason and item.source == str(fifo)
 
 
 def test_training_decodes_on_the_device_when_told(tmp_path):
