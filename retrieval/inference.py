@@ -25,10 +25,12 @@ def resolve_device(device: str = "auto") -> torch.device:
 
 
 def make_loader(dataset: Dataset, batch_size: int | None, workers: int | None = None,
-                device: torch.device | None = None, **kwargs) -> DataLoader:
+                device: torch.device | None = None, persistent: bool = False, **kwargs) -> DataLoader:
     """A DataLoader of ``LoadedBatch``es: samples that fail to load are left out of each batch and listed in
-    its ``.bad``; worker count and pinned memory are chosen for the device (batch_size None: batch_sampler)."""
+    its ``.bad``; worker count and pinned memory are chosen for the device (batch_size None: batch_sampler);
+    ``persistent``: the workers outlive an iteration (when there are any)."""
     workers = default_workers() if workers is None else workers
+    kwargs["persistent_workers"] = persistent and workers > 0
     if batch_size is not None:
         kwargs["batch_size"] = batch_size
     kwargs.setdefault("collate_fn", collate_dropping_bad)

@@ -19,7 +19,7 @@ from typing import Protocol
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
 from retrieval.data import BadImageLog, BadSample, WithSampleSeeds, build_transforms, load_dataset
 from retrieval.data.augment import Augmentation
@@ -71,6 +71,9 @@ class FeatureSource(Protocol):
 
     def train_sample(self, model: Embedder, seed: int) -> tuple[np.ndarray, np.ndarray] | None:
         """(embeddings, train image index of each row) of a fixed train subset; None when too costly to embed."""
+
+    def close(self) -> None:
+        """Training is over: let go of what only the epochs needed (data workers)."""
 
 
 def feature_source_class(cfg: TrainConfig) -> type[CachedFeatures] | type[ImagePipeline]:
@@ -170,6 +173,9 @@ class CachedFeatures:
         model.head.eval()
         return self._head(model, self.train_features[torch.from_numpy(idx)]), self.train_feature_indices[idx]
 
+    def close(self) -> None:
+        pass  # nothing outlives an epoch
+
 
 class ImagePipeline:
     """Fine-tuning: augmented train images through the whole model; the evaluation split embedded image by image."""
@@ -182,6 +188,7 @@ class ImagePipeline:
         self.eval_sets = eval_sets
         self.embedding = embedding
         self.on_device: DeviceAugment | None = None  # --decode-on device: the workers hand over JPEG bytes
+        self._train_loader: DataLoader | None = None
         if cfg.decode_on == "device":
             augmentation = cfg.augmentation()
             self.on_device = DeviceAugment(model_config, augmentation, embedding.device, dataset=train_set)
@@ -208,12 +215,7 @@ class ImagePipeline:
     def batches(self, sampler, epoch: int, start: int) -> Iterator[Batch]:
         sampler.set_epoch(epoch, start)
         run = self.embedding
-        # per-sample seeds: augmentation does not depend on the workers or on where a run resumed; the own
-        # generator keeps the DataLoader from drawing on the global RNG that the checkpoints save
-        dataset, collate = (self.train_set, {}) if self.on_device is None else \
-            (self.encoded, {"collate_fn": collate_encoded})
-        loader = make_loader(dataset, None, run.workers, run.device, batch_sampler=WithSampleSeeds(sampler),
-                             generator=torch.Generator().manual_seed(self.cfg.seed * 1000 + epoch), **collate)
+        loader = self._loader(sampler)
         if self.on_device is None:
             for batch in loader:
                 run.bad_images.add(batch.bad)
@@ -227,6 +229,23 @@ class ImagePipeline:
             images, labels, failed = done  # failed: JPEG files damaged past their header
             run.bad_images.add(failed)
             yield images, labels, len(batch.bad) + len(failed)
+
+    def _loader(self, sampler) -> DataLoader:
+        """The train loader, made once: its workers live from epoch to epoch (the sampler is read at each epoch's
+        start), so an epoch does not wait for new workers to start."""
+        if self._train_loader is None or self._train_loader.batch_sampler.sampler is not sampler:
+            run = self.embedding
+            # per-sample seeds: augmentation does not depend on the workers or on where a run resumed; the own
+            # generator keeps the DataLoader from drawing on the global RNG that the checkpoints save
+            dataset, collate = (self.train_set, {}) if self.on_device is None else \
+                (self.encoded, {"collate_fn": collate_encoded})
+            self._train_loader = make_loader(
+                dataset, None, run.workers, run.device, batch_sampler=WithSampleSeeds(sampler),
+                generator=torch.Generator().manual_seed(self.cfg.seed * 1000), persistent=True, **collate)
+        return self._train_loader
+
+    def close(self) -> None:
+        self._train_loader = None  # its workers stop
 
     def forward(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
         return model(inputs)

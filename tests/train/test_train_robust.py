@@ -234,3 +234,37 @@ def test_killed_mid_epoch_resume_equals_an_uninterrupted_run(folder_with_bad_ima
     run_train([*cli_args(killed), "--checkpoint-every", "1", "--resume"])
     finish_train(straight)
     assert_same_run(tmp_path / "straight", tmp_path / "killed")
+
+
+class WorkerPids(torch.utils.data.Dataset):
+    """Each sample's label is the process that loaded it."""
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, index: int):
+        return torch.zeros(3, 4, 4), os.getpid()
+
+
+def test_the_train_workers_live_from_epoch_to_epoch_and_stop_when_training_ends():
+    from retrieval.data import BadImageLog
+    from retrieval.train.features import Embedding, ImagePipeline
+
+    cfg = TrainConfig(dataset="digits", seed=3)
+    run = Embedding(torch.device("cpu"), 8, workers=2, amp=False, progress=False, bad_images=BadImageLog("skip"))
+    pipeline = ImagePipeline(cfg, WorkerPids(), None, run, {"input_size": 4})
+    sampler = ClassBalancedBatchSampler(np.repeat(np.arange(4), 6), 2, 2, seed=1, batches_per_epoch=3)
+    per_epoch = []
+    for epoch in range(3):
+        batches = list(pipeline.batches(sampler, epoch, start=1 if epoch == 1 else 0))
+        assert len(batches) == (2 if epoch == 1 else 3)
+        per_epoch.append({int(pid) for _, labels, _ in batches for pid in labels})
+    assert len(per_epoch[0]) == 2 and per_epoch[1] <= per_epoch[0] and per_epoch[2] <= per_epoch[0]
+    pipeline.close()
+    for _ in range(100):  # the workers exit once the loader is let go
+        alive = [pid for pid in per_epoch[0] if Path(f"/proc/{pid}").exists()
+                 and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]]
+        if not alive:
+            break
+        time.sleep(0.05)
+    assert not alive
