@@ -81,7 +81,7 @@ def checkpoint(tmp_path_factory):
 def test_evaluate_rerank_adds_a_reranked_block_beside_the_plain_metrics(checkpoint, tmp_path):
     pytest.importorskip("torch")
     common = ["evaluate", "--checkpoint", str(checkpoint), "--limit", "150", "--workers", "0", "--no-pictures",
-              "--device", "cpu"]
+              "--device", "cpu", "--json"]
     plain = CliRunner().invoke(main, [*common, "--out", str(tmp_path / "plain.json")])
     assert plain.exit_code == 0, plain.output
     plain_metrics = json.loads(plain.stdout)

@@ -175,9 +175,11 @@ def test_cli_train_with_config_file_and_evaluate(tmp_path, feature_cache):
 
     result = runner.invoke(main, ["evaluate", "--checkpoint", str(out / "best.pt"), "--workers", "0"])
     assert result.exit_code == 0, result.output
-    metrics = json.loads(result.output[result.output.index("{"):])
+    metrics = json.loads((out / "eval_report.json").read_text())["metrics"]
     assert 0 < metrics["recall@1"] <= 1 and "map@r" in metrics
-    assert (out / "eval_report.json").is_file()
+    # for people: the metrics in words on a line, the report's place; no JSON unless --json
+    assert f"recall@1 {metrics['recall@1']:.4f}, recall@2" in result.stdout and "{" not in result.stdout
+    assert f"report: {out / 'eval_report.json'} (pictures: embedding_map.png, retrieval.png)" in result.stdout
 
     result = runner.invoke(main, ["train", "--per-class", "1", "--out", str(tmp_path / "x")])
     assert result.exit_code != 0 and "--per-class must be >= 2" in result.output

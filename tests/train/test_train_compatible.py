@@ -149,8 +149,13 @@ def test_a_new_embedding_size_trains_a_projection_into_the_old_space(old_run, ca
                                        "--gallery-model", str(old_run / "old" / "last.pt"), "--no-pictures",
                                        "--device", "cpu", "--workers", "0"])
     assert result.exit_code == 0, result.output
-    payload = json.loads(result.stdout)
-    assert payload["cross_model"]["recall@1"] == pytest.approx(blocks["cross_model"]["recall@1"])
+    saved = json.loads((old_run / "wider" / "eval_report.json").read_text())["compatibility"]
+    assert saved["cross_model"]["recall@1"] == pytest.approx(blocks["cross_model"]["recall@1"])
+    lines = result.stdout.splitlines()  # for people: a line a block, then BCT's criterion in words
+    assert lines[0].startswith("last.pt (new) against last.pt (old) on ") and "{" not in result.stdout
+    for line, block in zip(lines[1:4], ("new", "old", "cross_model"), strict=True):
+        assert line.split()[0] == block and f"recall@1 {saved[block]['recall@1']:.4f}," in line, line
+    assert lines[4].startswith(("compatible: ", "not compatible: ")) and lines[5].startswith("report: ")
 
 
 def test_the_projection_trains_in_an_ema_and_wise_ft_keeps_it_fine_tuned(old_run):
@@ -243,7 +248,7 @@ def test_evaluate_with_a_gallery_model_reports_the_three_blocks_and_the_criterio
     train(compatible(old_run, "evaluated"), progress=False)
     result = CliRunner().invoke(main, ["evaluate", "--checkpoint", str(old_run / "evaluated" / "last.pt"),
                                        "--gallery-model", str(old_run / "old" / "last.pt"), "--no-pictures",
-                                       "--device", "cpu", "--workers", "0"])
+                                       "--device", "cpu", "--workers", "0", "--json"])
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
     assert {"new", "old", "cross_model", "compatible", "criterion"} <= set(payload)
