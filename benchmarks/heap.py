@@ -7,12 +7,15 @@ the two alternated so that both see the same machine.
     .venv/bin/python benchmarks/heap.py demo --repeats 3 --out /tmp/heap-demo   # retrieval demo --no-serve, whole
 
 "off" is the code as it was before ``kept_heap``: glibc's own defaults (the benchmark makes ``kept_heap`` a no-op).
+"passive" (``--cases off,kept,passive``) is "kept" with ``OMP_WAIT_POLICY=PASSIVE``: idle OpenMP threads sleep
+instead of spinning. The table's ``tree_*`` columns are the CPU time of the whole run, data workers included.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import shutil
 import statistics
@@ -112,21 +115,30 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=1280, help="embed: images embedded")
     parser.add_argument("--steps", type=int, default=20, help="train: optimizer steps measured")
     parser.add_argument("--out", default="/tmp/heap-demo", help="demo: the demo's folder (emptied before each run)")
+    parser.add_argument("--cases", default="off,kept", help="comma-separated, of: off, kept, passive")
     parser.add_argument("--off", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument(CHILD, action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args)
         return
-    runs: dict[str, list[dict[str, float]]] = {"off": [], "kept": []}
+    cases = args.cases.split(",")
+    if set(cases) - {"off", "kept", "passive"}:
+        parser.error(f"--cases {args.cases}: choose among off, kept, passive")
+    runs: dict[str, list[dict[str, float]]] = {case: [] for case in cases}
     for repeat in range(args.repeats):
-        for case in ("off", "kept"):
+        for case in cases:
             command = [sys.executable, __file__, args.what, CHILD, "--images", str(args.images), "--steps",
                        str(args.steps), "--out", args.out] + (["--off"] if case == "off" else [])
-            done = subprocess.run(command, capture_output=True, text=True, check=True)
-            runs[case].append(json.loads(done.stdout.strip().splitlines()[-1]))
+            env = {**os.environ, **({"OMP_WAIT_POLICY": "PASSIVE"} if case == "passive" else {})}
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            done = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the child and every process it waited for
+            runs[case].append({**json.loads(done.stdout.strip().splitlines()[-1]),
+                               "tree_user_s": after.ru_utime - before.ru_utime,
+                               "tree_sys_s": after.ru_stime - before.ru_stime})
             print(f"{args.what} {case} run {repeat + 1}: {runs[case][-1]}", file=sys.stderr, flush=True)
-    keys = list(runs["off"][0])
+    keys = list(runs[cases[0]][0])
     print(f"| {args.what} | " + " | ".join(keys) + " |")
     print("|---|" + "---:|" * len(keys))
     for case, rows in runs.items():
