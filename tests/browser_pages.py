@@ -46,6 +46,17 @@ def text_once_shown(page, selector: str, text: str) -> str:
     return page.locator(selector).inner_text()
 
 
+def picture_shown(page, selector: str) -> None:
+    """Scroll to the picture ``selector`` holds, as a reader would, and wait until its image has loaded: Gradio's
+    images load lazily, so one below the fold may stay unloaded (and hidden) however long the test waits."""
+    page.locator(selector).scroll_into_view_if_needed()
+    page.wait_for_function(
+        "selector => { const img = document.querySelector(selector + ' img'); "
+        "return img && img.complete && img.naturalWidth > 0; }", arg=selector
+    )
+    page.wait_for_selector(f"{selector} img", state="visible")
+
+
 def upload_and_search(page, path: Path, k: int) -> None:
     page.locator("#query-image input[type=file]").set_input_files(str(path))
     page.wait_for_selector("#query-image img")

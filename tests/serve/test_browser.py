@@ -25,6 +25,7 @@ import httpx
 import pytest
 from browser_pages import (
     open_page,
+    picture_shown,
     playwright_or_skip,
     text_once_shown,
     upload_and_search,
@@ -402,7 +403,7 @@ def test_evaluation_tab_finds_near_duplicates_and_label_suspects_on_request(page
     page.wait_for_selector("#near-duplicates-table", state="visible")
     rows = table_rows(page, "#near-duplicates-table", 6)
     assert rows and rows[0][1] == "kept" and "/" in rows[0][4], rows[:3]
-    page.wait_for_selector("#near-duplicates-picture img", state="visible")
+    picture_shown(page, "#near-duplicates-picture")
     box.fill("often")
     page.locator("#near-duplicates-button").click()
     text_once_shown(page, "#near-duplicates-summary", "auto or a cosine")
@@ -418,7 +419,7 @@ def test_evaluation_tab_finds_near_duplicates_and_label_suspects_on_request(page
         assert rows and rows[0][0] == "1" and rows[0][2] != rows[0][3], rows[:3]
         scores = [float(row[4]) for row in rows]
         assert scores == sorted(scores, reverse=True)
-        page.wait_for_selector("#label-audit-picture img", state="visible")
+        picture_shown(page, "#label-audit-picture")
     page.locator("#label-audit-summary").scroll_into_view_if_needed()
     page.wait_for_timeout(500)
     page.screenshot(path=str(screenshots / "curation.png"), full_page=True)
