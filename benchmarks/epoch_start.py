@@ -19,10 +19,10 @@ import torch
 
 import retrieval.train.features as features
 from retrieval.data import BadImageLog, ClassBalancedBatchSampler, load_dataset
-from retrieval.workers import default_workers
 from retrieval.models import create_embedder
 from retrieval.train.config import TrainConfig
 from retrieval.train.features import Embedding, ImagePipeline
+from retrieval.workers import default_workers
 
 
 def one_run(cfg: TrainConfig, persistent: bool, epochs: int, batches: int, workers: int) -> dict[str, float]:

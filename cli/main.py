@@ -223,8 +223,8 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_kwargs, eval_limi
         if as_json:
             click.echo(json.dumps({**metrics, **reranked, "report": str(out)}, indent=2))
             return
-        click.echo(f"{Path(checkpoint).name} on {dataset} {split} ({len(ql):,} queries): {_metrics_text(metrics)}")
-        _echo_reranked_and_report(reranked, out, plots)
+        click.echo(f"{checkpoint} on {dataset} {split} ({len(ql):,} queries): {_metrics_text(metrics)}")
+        _echo_reranked_and_report(checkpoint, reranked, out, plots)
         return
     from retrieval.compatibility import compatibility_metrics, compatibility_sentence
     from retrieval.errors import parameters_named
@@ -248,12 +248,11 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_kwargs, eval_limi
                                "compatible": blocks["compatible"], "criterion": sentence, **reranked,
                                "report": str(out)}, indent=2))
         return
-    click.echo(f"{Path(checkpoint).name} (new) against {Path(gallery_model).name} (old) on {dataset} {split} "
-               f"({len(ql):,} queries):")
-    for name, shown in (("new", metrics), ("old", blocks["old"]), ("cross_model", blocks["cross_model"])):
-        click.echo(f"  {name:<12}{_metrics_text(shown)}")
+    click.echo(f"{checkpoint} (new) against {gallery_model} (old) on {dataset} {split} ({len(ql):,} queries):")
+    for name, shown in (("new", metrics), ("old", blocks["old"]), ("cross-model", blocks["cross_model"])):
+        click.echo(f"  {name + ':':<13}{_metrics_text(shown)}")
     click.echo(sentence)
-    _echo_reranked_and_report(reranked, out, plots)
+    _echo_reranked_and_report(checkpoint, reranked, out, plots)
 
 
 def _metrics_text(metrics: dict) -> str:
@@ -261,12 +260,13 @@ def _metrics_text(metrics: dict) -> str:
     return ", ".join(f"{key} {value:.4f}" for key, value in (_headline(metrics) or {}).items())
 
 
-def _echo_reranked_and_report(reranked: dict, out: Path, plots: dict) -> None:
+def _echo_reranked_and_report(checkpoint: str, reranked: dict, out: Path, plots: dict) -> None:
     if reranked:
         block = reranked["reranked"]
         click.echo(f"re-ranked ({block['method']}): {_metrics_text(block['metrics'])}")
     pictures = f" (pictures: {', '.join(sorted(plots.values()))})" if plots else ""
-    click.echo(f"report: {out}{pictures}")
+    click.echo(f"report {out}{pictures}")
+    click.echo(f"next: retrieval export --checkpoint {checkpoint} --out {Path(checkpoint).with_name('model.onnx')}")
 
 
 # --- listings -------------------------------------------------------------------------------------

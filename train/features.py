@@ -214,8 +214,16 @@ class ImagePipeline:
 
     def batches(self, sampler, epoch: int, start: int) -> Iterator[Batch]:
         sampler.set_epoch(epoch, start)
+        finished = False
+        try:
+            yield from self._epoch(self._loader(sampler))
+            finished = True
+        finally:
+            if not finished:  # an epoch left half-way: the next one starts from new workers, nothing half-read
+                self.close()
+
+    def _epoch(self, loader: DataLoader) -> Iterator[Batch]:
         run = self.embedding
-        loader = self._loader(sampler)
         if self.on_device is None:
             for batch in loader:
                 run.bad_images.add(batch.bad)

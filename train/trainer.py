@@ -292,6 +292,10 @@ class Trainer:
         except BaseException as exc:
             self.tracking.fail("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
             raise
+        finally:
+            parts = getattr(self, "parts", None)  # set up, or the run failed before
+            if parts is not None:  # the data workers stop with the run, however it ends
+                parts.features.close()
 
     def _track_epoch(self, row: dict[str, Any]) -> None:
         optimizer = self.parts.optimizer
@@ -320,6 +324,8 @@ class Trainer:
         for epoch in range(record.start_epoch, cfg.epochs):
             progress, self.resume_progress = self.resume_progress, None  # a mid-epoch resume's epoch comes first
             row: dict[str, Any] = {"epoch": epoch + 1, **self.train_epoch(epoch, progress)}
+            if epoch + 1 == cfg.epochs:  # the train workers are done: the final evaluation starts its own
+                self.parts.features.close()
             evaluated = (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs
             if evaluated:
                 row.update(self.evaluate(final=epoch + 1 == cfg.epochs))

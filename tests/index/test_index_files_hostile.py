@@ -85,7 +85,7 @@ def test_a_forged_flat_count_is_refused_before_faiss_reads_the_file(index_dir, m
     assert time.monotonic() - started < 1
 
 
-def test_a_forged_count_costs_no_large_allocation():
+def test_a_forged_count_costs_no_large_allocation(tmp_path):
     """In a fresh process (its peak memory is its own): the file that made faiss allocate 1 GiB is refused at a
     small peak."""
     # VmHWM: this process's peak resident memory (ru_maxrss would carry pytest's own peak over the fork)
@@ -105,8 +105,7 @@ except RuntimeError as exc:
     peak_kib = re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)
     print(type(exc).__name__, int(peak_kib) // 1024)
 """
-    folder = Path(os.environ.get("TMPDIR", "/tmp"))
-    result = subprocess.run([sys.executable, "-c", code], cwd=folder, capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     kind, peak_mib = result.stdout.split()
     assert kind == "DamagedIndexFileError" and int(peak_mib) < 512, result.stdout + result.stderr
 

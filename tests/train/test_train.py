@@ -179,7 +179,8 @@ def test_cli_train_with_config_file_and_evaluate(tmp_path, feature_cache):
     assert 0 < metrics["recall@1"] <= 1 and "map@r" in metrics
     # for people: the metrics in words on a line, the report's place; no JSON unless --json
     assert f"recall@1 {metrics['recall@1']:.4f}, recall@2" in result.stdout and "{" not in result.stdout
-    assert f"report: {out / 'eval_report.json'} (pictures: embedding_map.png, retrieval.png)" in result.stdout
+    assert f"report {out / 'eval_report.json'} (pictures: embedding_map.png, retrieval.png)" in result.stdout
+    assert result.stdout.splitlines()[-1].startswith(f"next: retrieval export --checkpoint {out / 'best.pt'} ")
 
     result = runner.invoke(main, ["train", "--per-class", "1", "--out", str(tmp_path / "x")])
     assert result.exit_code != 0 and "--per-class must be >= 2" in result.output

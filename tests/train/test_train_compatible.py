@@ -152,10 +152,13 @@ def test_a_new_embedding_size_trains_a_projection_into_the_old_space(old_run, ca
     saved = json.loads((old_run / "wider" / "eval_report.json").read_text())["compatibility"]
     assert saved["cross_model"]["recall@1"] == pytest.approx(blocks["cross_model"]["recall@1"])
     lines = result.stdout.splitlines()  # for people: a line a block, then BCT's criterion in words
-    assert lines[0].startswith("last.pt (new) against last.pt (old) on ") and "{" not in result.stdout
-    for line, block in zip(lines[1:4], ("new", "old", "cross_model"), strict=True):
-        assert line.split()[0] == block and f"recall@1 {saved[block]['recall@1']:.4f}," in line, line
-    assert lines[4].startswith(("compatible: ", "not compatible: ")) and lines[5].startswith("report: ")
+    new, old = old_run / "wider" / "last.pt", old_run / "old" / "last.pt"
+    assert lines[0].startswith(f"{new} (new) against {old} (old) on ") and "{" not in result.stdout
+    for line, (name, block) in zip(lines[1:4], (("new", "new"), ("old", "old"), ("cross-model", "cross_model")),
+                                   strict=True):
+        assert line.split()[0] == f"{name}:" and f"recall@1 {saved[block]['recall@1']:.4f}," in line, line
+    assert lines[4].startswith(("compatible: ", "not compatible: ")) and lines[5].startswith("report ")
+    assert lines[6].startswith(f"next: retrieval export --checkpoint {new} ")
 
 
 def test_the_projection_trains_in_an_ema_and_wise_ft_keeps_it_fine_tuned(old_run):

@@ -246,6 +246,17 @@ class WorkerPids(torch.utils.data.Dataset):
         return torch.zeros(3, 4, 4), os.getpid()
 
 
+def exited(pids: set[int]) -> bool:
+    """Whether every process of ``pids`` has exited (waited for, or a zombie), within 5 s."""
+    for _ in range(100):
+        alive = [pid for pid in pids if Path(f"/proc/{pid}").exists()
+                 and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]]
+        if not alive:
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def test_the_train_workers_live_from_epoch_to_epoch_and_stop_when_training_ends():
     from retrieval.data import BadImageLog
     from retrieval.train.features import Embedding, ImagePipeline
@@ -254,17 +265,22 @@ def test_the_train_workers_live_from_epoch_to_epoch_and_stop_when_training_ends(
     run = Embedding(torch.device("cpu"), 8, workers=2, amp=False, progress=False, bad_images=BadImageLog("skip"))
     pipeline = ImagePipeline(cfg, WorkerPids(), None, run, {"input_size": 4})
     sampler = ClassBalancedBatchSampler(np.repeat(np.arange(4), 6), 2, 2, seed=1, batches_per_epoch=3)
+
+    def pids(batches) -> set[int]:
+        return {int(pid) for _, labels, _ in batches for pid in labels}
+
     per_epoch = []
     for epoch in range(3):
         batches = list(pipeline.batches(sampler, epoch, start=1 if epoch == 1 else 0))
         assert len(batches) == (2 if epoch == 1 else 3)
-        per_epoch.append({int(pid) for _, labels, _ in batches for pid in labels})
+        per_epoch.append(pids(batches))
     assert len(per_epoch[0]) == 2 and per_epoch[1] <= per_epoch[0] and per_epoch[2] <= per_epoch[0]
+    # an epoch left after its first batch (an error in the step): the next epoch is whole, from new workers
+    left = pipeline.batches(sampler, 3, 0)
+    next(left)
+    left.close()
+    assert exited(per_epoch[0])
+    again = list(pipeline.batches(sampler, 4, 0))
+    assert len(again) == 3 and not pids(again) & per_epoch[0]
     pipeline.close()
-    for _ in range(100):  # the workers exit once the loader is let go
-        alive = [pid for pid in per_epoch[0] if Path(f"/proc/{pid}").exists()
-                 and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]]
-        if not alive:
-            break
-        time.sleep(0.05)
-    assert not alive
+    assert exited(pids(again))
