@@ -341,7 +341,6 @@ class Trainer:
     def finish(self) -> dict[str, Any]:
         """After the last epoch: WiSE-FT if asked, then (rank 0) the report; returns it ({} on other ranks)."""
         evaluation, history = self.evaluation, self.record.history
-        self.parts.features.close()
         if evaluation.last_eval is None:  # e.g. resuming a run that had already finished
             evaluation.last_eval = evaluation.embed_eval()
         wise = None
