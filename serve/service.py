@@ -30,7 +30,12 @@ from typing import IO, Any
 import numpy as np
 from PIL import Image
 
-from retrieval.data.formats import IMAGE_MEDIA_TYPES  # what an image file is served as (the catalogue's extensions)
+from retrieval.data.formats import (  # what an image file is served as: its content's format, named by extension
+    ACCEPTED_FORMATS_TEXT,
+    IMAGE_FORMATS,
+    SIGNATURE_BYTES,
+    sniff_image_format,
+)
 from retrieval.index import IMAGE_EXTENSIONS, SearchResult
 from retrieval.index.catalogue import CatalogueReader
 from retrieval.index.embedder import ImageEmbedder, prepare_vectors
@@ -607,7 +612,16 @@ class SearchService:
             raise QueryError(
                 f"image {image_id} is catalogued but its file is not a regular file; it is not served", 404
             )
-        return os.fdopen(fd, "rb"), info.st_size, IMAGE_MEDIA_TYPES[path.suffix.lower()]
+        handle = os.fdopen(fd, "rb")
+        # the content decides, not the name: a catalogue (a build from another tool's metadata) may name any file
+        kind = sniff_image_format(handle.read(SIGNATURE_BYTES))
+        if kind is None:
+            handle.close()
+            raise QueryError(f"image {image_id} is catalogued but its file is not an image ({ACCEPTED_FORMATS_TEXT}); "
+                             "it is not served", 404)
+        handle.seek(0)
+        media = IMAGE_FORMATS[kind].get(path.suffix.lower(), next(iter(IMAGE_FORMATS[kind].values())))
+        return handle, info.st_size, media
 
     # --- slower summaries, computed once per state
     def index_stats(self) -> dict[str, Any]:

@@ -32,3 +32,24 @@ IMAGE_EXTENSIONS = frozenset(IMAGE_MEDIA_TYPES)
 # PNM whose maxval is not 255 (nor 65535 for greyscale). Refused, with the fix (plain PNM never reaches Pillow).
 SLOW_DECODERS = ("ppm",)
 PNM_MAGICS = (b"P4", b"P5", b"P6")  # binary PNM; Pillow's PPM plugin also opens P1-P3, PFM (Pf, PF) and Py* files
+# The bytes each format's files begin with: the API serves a catalogued file only if it is one of these, whatever
+# its name says (``sniff_image_format``). WebP is "RIFF", a size, then "WEBP"; TIFF includes BigTIFF.
+IMAGE_SIGNATURES: dict[str, tuple[bytes, ...]] = {
+    "JPEG": (b"\xff\xd8\xff",),
+    "PNG": (b"\x89PNG\r\n\x1a\n",),
+    "WEBP": (b"RIFF",),
+    "BMP": (b"BM",),
+    "GIF": (b"GIF87a", b"GIF89a"),
+    "TIFF": (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+"),
+    "PPM": PNM_MAGICS,
+}
+SIGNATURE_BYTES = 12  # enough for every signature above (WebP's ends at byte 12)
+
+
+def sniff_image_format(head: bytes) -> str | None:
+    """The accepted format (a key of ``IMAGE_FORMATS``) whose signature a file's first ``SIGNATURE_BYTES`` begin
+    with, else None."""
+    for name, signatures in IMAGE_SIGNATURES.items():
+        if head.startswith(signatures) and (name != "WEBP" or head[8:12] == b"WEBP"):
+            return name
+    return None

@@ -7,11 +7,12 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import Response, StreamingResponse
 
+from retrieval.data.formats import IMAGE_MEDIA_TYPES
 from retrieval.serve.images import QueryError
 from retrieval.serve.routes.context import Api
 from retrieval.serve.routes.responses import file_chunks
 from retrieval.serve.routes.schemas import ItemId, ItemModel, error_responses
-from retrieval.serve.service import IMAGE_MEDIA_TYPES, SearchService
+from retrieval.serve.service import SearchService
 
 ITEM_PATH = "/items/{item_id}"
 IMAGE_PATH = "/items/{item_id}/image"

@@ -9,12 +9,12 @@ from fastapi import Path as PathParameter
 from fastapi import Query
 from pydantic import BaseModel, Field
 
+from retrieval.data.formats import IMAGE_MEDIA_TYPES
 from retrieval.index.filters import MAX_FILTER_CHARS
 from retrieval.index.search import MAX_K
 from retrieval.options import declared_options
 from retrieval.rerank import API_KEY, RerankConfig, method_names
 from retrieval.serve.defaults import MAX_BATCH_QUERIES
-from retrieval.serve.service import IMAGE_MEDIA_TYPES
 
 DEFAULT_K = 10
 EXCLUDE_SELF_HELP = ("leave out the gallery item whose file has exactly the query's bytes (query_item), as the app "

@@ -25,7 +25,7 @@ from retrieval.data.colour import flatten_alpha, parse_background
 from retrieval.data.decode import DEFAULT_MAX_PIXELS, MAX_COUNTED_PAGES, ImageDecodeError, read_image
 from retrieval.data.decode_budget import DECODE_BUDGET, DECODE_BUDGET_BYTES, DecodeBudget
 from retrieval.data.decode_memory import MAX_ASPECT, MAX_DECODE_BYTES, MIB
-from retrieval.data.formats import IMAGE_EXTENSIONS, IMAGE_FORMATS
+from retrieval.data.formats import IMAGE_EXTENSIONS, IMAGE_FORMATS, SIGNATURE_BYTES, sniff_image_format
 from retrieval.data.synthetic import bmp_rle8, bomb_png, encode, flat, png_rgba16, turned_with_profile
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -885,3 +885,17 @@ def test_index_build_of_a_hostile_gallery_stays_under_300_mb(tmp_path):
     Image.new("RGB", (30000, 1), (10, 200, 30)).save(hostile / "wide.png")
     Image.new("RGB", (48, 64), (10, 20, 30)).save(warm / "second.png")  # the warm-up build is benign
     assert probe(BUILD_PROBE, hostile, warm, tmp_path) < 300
+
+
+@pytest.mark.parametrize("fmt,mode", [("JPEG", "RGB"), ("PNG", "RGBA"), ("WEBP", "RGB"), ("BMP", "RGB"),
+                                      ("GIF", "P"), ("TIFF", "RGB"), ("PPM", "RGB"), ("PPM", "L"), ("PPM", "1")])
+def test_every_accepted_format_is_known_by_its_first_bytes(fmt, mode):
+    buffer = io.BytesIO()
+    Image.new(mode, (5, 4)).save(buffer, fmt)
+    assert sniff_image_format(buffer.getvalue()[:SIGNATURE_BYTES]) == fmt
+
+
+@pytest.mark.parametrize("head", [b"", b"root:x:0:0:", b"RIFF\x10\x00\x00\x00WAVE", b"P3\n5 4\n255", b"\xff\xd8",
+                                  b"<svg xmlns=", b"%PDF-1.7"])
+def test_files_of_no_accepted_format_are_not_taken_for_images(head):
+    assert sniff_image_format(head) is None

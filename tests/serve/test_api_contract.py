@@ -141,6 +141,29 @@ def test_a_symlink_that_replaced_a_gallery_file_is_not_followed(artifacts, servi
     assert served.headers["content-length"] == str(path.stat().st_size)
 
 
+def test_a_catalogued_file_that_is_not_an_image_is_not_served(artifacts, service, client):
+    """The content decides, not the name: a catalogued file whose bytes are no accepted image format is refused as
+    missing (a catalogue built from another tool's metadata may name any file), and an image under another
+    format's extension goes out as what it is."""
+    path = artifacts.query_paths[8]
+    image_id = item_id_of(service, path)
+    original = path.read_bytes()
+    try:
+        path.write_bytes(b"root:x:0:0:root:/root:/bin/bash\n")
+        response = client.get(f"/items/{image_id}/image")
+        assert response.status_code == 404 and b"root:" not in response.content
+        assert "is not an image" in response.json()["detail"]
+        jpeg = io.BytesIO()
+        Image.open(io.BytesIO(original)).convert("RGB").save(jpeg, "JPEG")
+        path.write_bytes(jpeg.getvalue())  # a JPEG under its .png name
+        served = client.get(f"/items/{image_id}/image")
+        assert served.status_code == 200 and served.content == jpeg.getvalue()
+        assert served.headers["content-type"] == "image/jpeg"
+    finally:
+        path.write_bytes(original)
+    assert client.get(f"/items/{image_id}/image").headers["content-type"] == "image/png"
+
+
 @pytest.fixture(scope="module")
 def aliased(artifacts, tmp_path_factory):
     """A copy of the index whose catalogued paths run through a symlinked folder, with ``gallery_root`` recorded
