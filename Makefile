@@ -25,9 +25,11 @@ system-deps:
 	elif [ "$$(id -u)" = "0" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	else echo "Not root: install the data packages with: sudo apt-get install -y$$missing"; fi
 
-# two processes, each taking whole test files (fixtures stay within their file): docs/BENCHMARKS.md, "Test suite"
+# two processes, each taking whole test files (fixtures stay within their file), then the latency tests by themselves:
+# docs/BENCHMARKS.md, "Test suite"
 test: install
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not alone"
+	$(BIN)/python -m pytest -q -m alone
 
 lint: install
 	$(BIN)/ruff check .

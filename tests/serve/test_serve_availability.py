@@ -25,7 +25,8 @@ from retrieval.serve.routes import search as search_routes
 from retrieval.serve.service import SearchService
 
 pytestmark = [pytest.mark.timeout(600),
-              pytest.mark.skipif(not hasattr(__import__("os"), "sched_getaffinity"), reason="Linux /proc")]
+              pytest.mark.skipif(not hasattr(__import__("os"), "sched_getaffinity"), reason="Linux /proc"),
+              pytest.mark.alone]  # /health's latency under load: measured with no other test process beside it
 
 HEALTH_TARGET_S = 1.0  # docs/SECURITY.md "Availability": the targets under every attack
 SEARCH_TARGET_S = 10.0

@@ -112,6 +112,7 @@ def test_gradio_itself_refuses_files_outside_the_upload_folder(plain):
     assert files_named("hostname") == []
 
 
+@pytest.mark.alone
 def test_dev_zero_is_refused_while_health_keeps_answering(plain):
     with HealthProbe(plain.url) as probe:
         time.sleep(0.2)
