@@ -214,13 +214,11 @@ class ImagePipeline:
 
     def batches(self, sampler, epoch: int, start: int) -> Iterator[Batch]:
         sampler.set_epoch(epoch, start)
-        finished = False
         try:
             yield from self._epoch(self._loader(sampler))
-            finished = True
-        finally:
-            if not finished:  # an epoch left half-way: the next one starts from new workers, nothing half-read
-                self.close()
+        except BaseException:  # an epoch left half-way (GeneratorExit too): the next starts from new workers
+            self.close()
+            raise
 
     def _epoch(self, loader: DataLoader) -> Iterator[Batch]:
         run = self.embedding
