@@ -88,8 +88,10 @@ def train_table(args: argparse.Namespace) -> None:
             print(f"| {backbone} | {option} | {rate:,.0f} | {rate / base:.2f}x | {peak:,.0f} |", flush=True)
 
 
-def sinkhorn_ms(classes: int, per_class: int, dim: int, device: str, repeats: int) -> tuple[float, float]:
-    """(median ms, iterations are inside) of forward + backward of the converged class-wise Sinkhorn term."""
+def sinkhorn_ms(classes: int, per_class: int, dim: int, device: str, repeats: int,
+                compiled: bool = False) -> tuple[float, float]:
+    """(median, best) ms of forward + backward of the converged class-wise Sinkhorn term (``compiled``: its
+    iterations through torch.compile, as ``--compile`` runs them; the warm-up calls compile)."""
     from retrieval.losses.discrepancy import classwise_sinkhorn
 
     g = torch.Generator().manual_seed(0)
@@ -103,7 +105,7 @@ def sinkhorn_ms(classes: int, per_class: int, dim: int, device: str, repeats: in
         if device == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
-        classwise_sinkhorn(leaf, labels, 2.5e-3).sum().backward()
+        classwise_sinkhorn(leaf, labels, 2.5e-3, compiled=compiled).sum().backward()
         if device == "cuda":
             torch.cuda.synchronize()
         if i >= 2:
@@ -115,13 +117,15 @@ def sinkhorn_table(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; CPU: {args.threads} thread(s); "
           f"eps = 2.5e-3, converged\n")
-    print("| batch (classes x per class) | D | GPU ms (median / best) | CPU ms (median / best) | CPU / GPU |")
-    print("|---|---:|---|---|---:|")
+    print("| batch (classes x per class) | D | GPU ms (median / best) | GPU compiled ms | compiled / eager | "
+          "CPU ms (median / best) | CPU / GPU |")
+    print("|---|---:|---|---|---:|---|---:|")
     for classes, per_class, dim in ((10, 6, 512), (32, 4, 512), (64, 8, 512)):
         gpu = sinkhorn_ms(classes, per_class, dim, "cuda", args.repeats)
+        fused = sinkhorn_ms(classes, per_class, dim, "cuda", args.repeats, compiled=True)
         cpu = sinkhorn_ms(classes, per_class, dim, "cpu", max(3, args.repeats // 4))
-        print(f"| {classes} x {per_class} | {dim} | {gpu[0]:.1f} / {gpu[1]:.1f} | {cpu[0]:.1f} / {cpu[1]:.1f} "
-              f"| {cpu[0] / gpu[0]:.1f} |", flush=True)
+        print(f"| {classes} x {per_class} | {dim} | {gpu[0]:.1f} / {gpu[1]:.1f} | {fused[0]:.1f} / {fused[1]:.1f} "
+              f"| {fused[0] / gpu[0]:.2f} | {cpu[0]:.1f} / {cpu[1]:.1f} | {cpu[0] / gpu[0]:.1f} |", flush=True)
 
 
 def knn_timings(x, labels, device: str | None, k: int) -> tuple[float, float]:

@@ -99,8 +99,11 @@ def end_to_end(root: Path, out: Path, decode_on: str, args: argparse.Namespace) 
                       compile=args.compile, workers=args.workers, decode_on=decode_on, eval_before=False,
                       eval_limit=256, plots=False, out=str(out))
     report = train(cfg, progress=False)
-    rates = [row["images_per_s"] for row in report["history"] if "images_per_s" in row]
-    print(f"  (--decode-on {decode_on}: images/s per epoch {', '.join(f'{rate:,.0f}' for rate in rates)})", flush=True)
+    epochs = [row for row in report["history"] if "images_per_s" in row]
+    rates = [row["images_per_s"] for row in epochs]
+    waits = [row["data_wait_s"] / row["epoch_time_s"] for row in epochs]
+    print(f"  (--decode-on {decode_on}: images/s per epoch {', '.join(f'{rate:,.0f}' for rate in rates)}; "
+          f"share of the epoch waiting for batches {', '.join(f'{wait:.0%}' for wait in waits)})", flush=True)
     return rates[-1]
 
 

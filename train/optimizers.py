@@ -18,12 +18,21 @@ OPTIMIZERS: Registry[Any] = Registry("optimizer")
 SCHEDULES: Registry[float] = Registry("schedule")
 
 
+def fused_on_cuda(param_groups: list[dict]) -> bool | None:
+    """True (torch's fused kernels) when every parameter is on a CUDA device, else None (torch's default).
+
+    Fused, an fp16 step skipped for an overflow is skipped on the GPU (GradScaler hands the optimizer its found-inf
+    flag) instead of the host reading that flag back and waiting for the GPU every step; and it is fewer kernels."""
+    params = [p for group in param_groups for p in group["params"]]
+    return True if params and all(p.is_cuda for p in params) else None
+
+
 @OPTIMIZERS.register("adamw")
 def adamw(param_groups: list[dict], weight_decay: float) -> Any:
     """AdamW (decoupled weight decay)."""
     import torch
 
-    return torch.optim.AdamW(param_groups, weight_decay=weight_decay)
+    return torch.optim.AdamW(param_groups, weight_decay=weight_decay, fused=fused_on_cuda(param_groups))
 
 
 @OPTIMIZERS.register("adam")
@@ -31,7 +40,7 @@ def adam(param_groups: list[dict], weight_decay: float) -> Any:
     """Adam (weight decay added to the gradient)."""
     import torch
 
-    return torch.optim.Adam(param_groups, weight_decay=weight_decay)
+    return torch.optim.Adam(param_groups, weight_decay=weight_decay, fused=fused_on_cuda(param_groups))
 
 
 @OPTIMIZERS.register("sgd")
@@ -39,7 +48,8 @@ def sgd(param_groups: list[dict], weight_decay: float) -> Any:
     """SGD with Nesterov momentum 0.9."""
     import torch
 
-    return torch.optim.SGD(param_groups, momentum=0.9, weight_decay=weight_decay, nesterov=True)
+    return torch.optim.SGD(param_groups, momentum=0.9, weight_decay=weight_decay, nesterov=True,
+                           fused=fused_on_cuda(param_groups))
 
 
 @SCHEDULES.register("cosine")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,11 +86,47 @@ class EpochProgress:
     seen: int = 0  # images in the optimizer steps
     skipped_images: int = 0  # images of the epoch's batches that could not be read
     elapsed: float = 0.0
+    data_wait: float = 0.0  # seconds of ``elapsed`` spent waiting for the next batch
     totals: dict[str, float] = field(default_factory=dict)
     stats: dict[str, list[float]] = field(default_factory=dict)
 
     def add(self, key: str, value: float) -> None:
         self.totals[key] = self.totals.get(key, 0.0) + value
+
+
+# the trainer reads its steps' losses back from the device at most this often (and at each checkpoint and epoch end)
+READ_BACK_SECONDS = 0.5
+
+
+@dataclass
+class StepValues:
+    """An optimizer step's loss and logged terms (auxiliary head, distillation, L2-SP), still on the device."""
+
+    step: int  # optimizer steps taken, this one included
+    epoch: float  # where in training it was taken, in epochs
+    loss: torch.Tensor
+    terms: dict[str, torch.Tensor]
+
+
+# the keys of an epoch's row that measure time rather than training: runs that train the same differ only in them
+TIMING_KEYS = frozenset({"images_per_s", "epoch_time_s", "data_wait_s"})
+# an epoch that waited this share of its time for its batches is limited by its input pipeline
+INPUT_BOUND_SHARE = 0.3
+
+
+class WaitTimer(Iterator):
+    """Iterates ``items`` and sums the seconds spent in their ``next`` (a loop's wait for its input) in ``waited``."""
+
+    def __init__(self, items: Iterable, waited: float = 0.0) -> None:
+        self._items = iter(items)
+        self.waited = waited
+
+    def __next__(self) -> Any:
+        start = time.perf_counter()
+        try:
+            return next(self._items)
+        finally:
+            self.waited += time.perf_counter() - start
 
 
 def rng_states() -> dict[str, Any]:

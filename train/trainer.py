@@ -4,6 +4,8 @@ the data ``data.py``'s."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import random
 import shutil
@@ -33,10 +35,28 @@ from retrieval.train.evaluating import Evaluator
 from retrieval.train.features import Embedding, FeatureSource, feature_source_class
 from retrieval.train.optimizers import OPTIMIZERS, schedule_factor
 from retrieval.train.robust import RobustFineTuning, backbone_param_groups
-from retrieval.train.state import EpochProgress, RunRecord, TrainData, TrainParts
+from retrieval.train.state import (
+    INPUT_BOUND_SHARE,
+    READ_BACK_SECONDS,
+    EpochProgress,
+    RunRecord,
+    StepValues,
+    TrainData,
+    TrainParts,
+    WaitTimer,
+)
 from retrieval.train.tracking import Tracking, mlflow_uri_from
 
 BAD_IMAGE_FIX = "fix or remove the file, or pass --on-bad-image skip to train without it"
+
+
+def epoch_line(row: dict[str, Any]) -> str:
+    """An epoch's row for people: its loss, the evaluation's headline metrics, its speed and its wait for batches."""
+    parts = [f"loss {row['loss']:.4f}"]
+    parts += [f"{key} {row[key]:.4f}" for key in ("recall@1", "map@r") if key in row]
+    parts.append(f"{row['images_per_s']:,.0f} images/s")
+    parts.append(f"{row['data_wait_s'] / max(row['epoch_time_s'], 1e-9):.0%} of the time waiting for batches")
+    return f"epoch {row['epoch']}: " + ", ".join(parts)
 
 
 class TrainingDiverged(RuntimeError):
@@ -120,8 +140,10 @@ def build_parts(cfg: TrainConfig, *, ctx: DistContext, model: Embedder, data: Tr
 
     loss_fn = losses.build(cfg.loss, negatives=cfg.negatives, num_classes=data.num_classes,
                            embedding_dim=cfg.embedding_dim, **cfg.loss_kwargs).to(ctx.device)
-    if cfg.compile and hasattr(method := getattr(loss_fn, "method", None), "compile"):
-        method.compile()  # LoOp's solver: launch-bound on a GPU
+    if cfg.compile:  # the solvers bound by kernel launches on a GPU: LoOp's pair problems, DCDL's Sinkhorn
+        for part in (loss_fn, getattr(loss_fn, "method", None)):
+            if hasattr(part, "compile_solver"):
+                part.compile_solver()
     step_loss = loss_fn  # its parameters train inside the step (DDP keeps them equal); the memory stays outside
     if cfg.memory == "xbm":
         loss_fn = with_memory(cfg, loss_fn, len(sampler)).to(ctx.device)
@@ -321,6 +343,7 @@ class Trainer:
             record.history.append({"epoch": 0, **record.baseline})
             self._track_epoch(record.history[-1])
             self.checkpoints.rewrite_metrics_log(record.history)
+        hinted = False  # the input-bound advice is given once a run
         for epoch in range(record.start_epoch, cfg.epochs):
             progress, self.resume_progress = self.resume_progress, None  # a mid-epoch resume's epoch comes first
             row: dict[str, Any] = {"epoch": epoch + 1, **self.train_epoch(epoch, progress)}
@@ -334,9 +357,25 @@ class Trainer:
             self.checkpoints.append_metrics(row)
             self.checkpoints.save_epoch_end(record, epoch, row, evaluated)
             if self.progress:
-                shown = {k: round(v, 4) for k, v in row.items() if k in ("loss", "recall@1", "map@r")}
-                tqdm.write(f"epoch {epoch + 1}: {shown}")
+                tqdm.write(epoch_line(row))
+                hinted = hinted or self._hint_input_bound(row)
         return self.finish()
+
+    def _hint_input_bound(self, row: dict[str, Any]) -> bool:
+        """Say once what speeds up an epoch that waited for its batches (``INPUT_BOUND_SHARE`` of its time or
+        more); returns whether it was said."""
+        share = row["data_wait_s"] / max(row["epoch_time_s"], 1e-9)
+        if share < INPUT_BOUND_SHARE or row["data_wait_s"] < 1.0:  # not a second's start-up of a short epoch
+            return False
+        remedies = [f"more --workers (now {self.workers})"]
+        if self.cfg.decode_on == "workers" and self.device.type == "cuda":
+            remedies.append("decoding on the GPU (--decode-on device)")
+        if not self.cfg.freeze_backbone:
+            remedies.append("image files stored near the training size (a large photo costs most of its decoding)")
+        tqdm.write(f"epoch {row['epoch']} waited for its batches {share:.0%} of its time "
+                   f"({row['data_wait_s']:.1f} s of {row['epoch_time_s']:.1f} s): the input limits training speed, "
+                   f"not the model; try {', '.join(remedies)}")
+        return True
 
     def finish(self) -> dict[str, Any]:
         """After the last epoch: WiSE-FT if asked, then (rank 0) the report; returns it ({} on other ranks)."""
@@ -365,66 +404,103 @@ class Trainer:
         if head_only:
             parts.model.backbone.eval()
         start = time.perf_counter() - state.elapsed
-        bar = tqdm(parts.features.batches(parts.sampler, epoch, state.batch), total=parts.steps_per_epoch,
-                   initial=state.batch, desc=f"epoch {epoch + 1}/{self.cfg.epochs}", disable=not self.progress,
-                   leave=False)
-        for inputs, labels, unreadable in bar:
-            state.batch += 1
-            # counts of the global batch (summed over the ranks)
-            usable, images, unreadable = parts.step.batch_counts(labels, unreadable, self.cfg.gather)
-            state.skipped_images += unreadable
-            if not usable:  # (almost) every image of the batch failed to load
-                state.skipped_steps += 1
-                continue
-            inputs = inputs.to(self.device, non_blocking=True)
-            labels = labels.to(self.device, non_blocking=True)
-            replay = None  # --chunks: re-runs the chunks with their part of the gradient after the backward
-            if cfg.chunks > 1:
-                embeddings, replay = parts.step.chunked(inputs, labels, self.amp_dtype, cfg.chunks)
-                local_terms = {}
-            else:  # float32 embeddings: losses run in float32
-                embeddings, local_terms = parts.step(inputs, labels, self.amp_dtype)
-            # the global batch's loss (gathered over the ranks) plus the per-sample terms (auxiliary head, distillation)
-            old = None if parts.old_model is None else parts.old_model(inputs)  # --compatible-with
-            objective = parts.objective(embeddings, labels, local_terms, old=old)
-            loss, backward = objective.total, objective.backward
-            penalty = None if head_only else parts.robust.penalty_term()  # the same on every rank
-            terms = dict(objective.local_terms)
-            if penalty is not None:
-                loss, backward = loss + penalty.detach(), backward + penalty
-                terms["l2sp"] = penalty.detach()
-            if not torch.isfinite(loss):  # the same value on every rank: all skip together
-                self._skip_non_finite(state)
-                continue
-            state.bad_in_row = 0
-            for name, value in terms.items():  # the logged terms of the steps taken
-                state.add(name, float(value))
-            self._optimizer_step(backward, replay)
-            parts.robust.after_step(parts.model)
-            state.steps += 1
-            state.seen += images
-            state.add("loss", float(loss))
-            self._log_step(epoch + state.batch / parts.steps_per_epoch, float(loss))
-            for key, value in (getattr(parts.loss_fn, "last_stats", None) or {}).items():
-                state.stats.setdefault(key, []).append(float(value))
-            state.elapsed = time.perf_counter() - start
-            bar.set_postfix(loss=f"{state.totals['loss'] / state.steps:.4f}",
-                            img_s=f"{state.seen / max(state.elapsed, 1e-9):.0f}")
-            if self.checkpoints.mid_epoch_due():
-                self.checkpoints.save_mid_epoch(self.record, epoch, state)
+        batches = WaitTimer(parts.features.batches(parts.sampler, epoch, state.batch), state.data_wait)
+        bar = tqdm(batches, total=parts.steps_per_epoch, initial=state.batch,
+                   desc=f"epoch {epoch + 1}/{self.cfg.epochs}", disable=not self.progress, leave=False)
+        pending: list[StepValues] = []  # the steps taken whose loss is not yet read back from the device
+        read_at = state.elapsed
+        try:
+            for inputs, labels, unreadable in bar:
+                state.batch += 1
+                step = self._train_step(state, inputs, labels, unreadable, head_only)
+                if step is None:
+                    continue
+                pending.append(step)
+                state.elapsed, state.data_wait = time.perf_counter() - start, batches.waited
+                checkpoint_due = self.checkpoints.mid_epoch_due()
+                if checkpoint_due or state.elapsed - read_at >= READ_BACK_SECONDS:
+                    self._read_back(state, pending)
+                    read_at = state.elapsed
+                    bar.set_postfix(loss=f"{state.totals['loss'] / state.steps:.4f}",
+                                    img_s=f"{state.seen / max(state.elapsed, 1e-9):.0f}",
+                                    data=f"{state.data_wait / max(state.elapsed, 1e-9):.0%}")
+                if checkpoint_due:
+                    self.checkpoints.save_mid_epoch(self.record, epoch, state)
+            self._read_back(state, pending)
+        except BaseException:
+            with contextlib.suppress(Exception):  # the losses of the steps taken before the error are logged
+                self._read_back(state, pending)
+            raise
         self.bad_images.restore(parts.step.all_records(self.bad_images.records()))  # the report lists every rank's
         if state.seen == 0 and state.skipped_images:
             raise ValueError(
                 f"no training image of epoch {epoch + 1} could be read ({state.skipped_images} failed; the warnings "
                 "above name them): check the data folder"
             )
+        state.data_wait = batches.waited
         return self._epoch_row(state, time.perf_counter() - start)
 
-    def _log_step(self, epoch: float, loss: float) -> None:
-        """One optimizer step's loss: steps.jsonl (the report's per-step curve) and the trackers (rank 0)."""
-        step = self.parts.scheduler.last_epoch
-        self.tracking.step(step, loss)
-        self.checkpoints.log_step(step, epoch, loss)
+    def _train_step(self, state: EpochProgress, inputs: torch.Tensor, labels: torch.Tensor, unreadable: int,
+                    head_only: bool) -> StepValues | None:
+        """One batch: the forward pass, the loss and (when it is finite) the optimizer step; returns the step's
+        values, still on the device, or None when the step was skipped."""
+        parts, cfg = self.parts, self.cfg
+        # counts of the global batch (summed over the ranks)
+        usable, images, unreadable = parts.step.batch_counts(labels, unreadable, cfg.gather)
+        state.skipped_images += unreadable
+        if not usable:  # (almost) every image of the batch failed to load
+            state.skipped_steps += 1
+            return None
+        inputs = inputs.to(self.device, non_blocking=True)
+        labels = labels.to(self.device, non_blocking=True)
+        replay = None  # --chunks: re-runs the chunks with their part of the gradient after the backward
+        if cfg.chunks > 1:
+            embeddings, replay = parts.step.chunked(inputs, labels, self.amp_dtype, cfg.chunks)
+            local_terms = {}
+        else:  # float32 embeddings: losses run in float32
+            embeddings, local_terms = parts.step(inputs, labels, self.amp_dtype)
+        # the global batch's loss (gathered over the ranks) plus the per-sample terms (auxiliary head, distillation)
+        old = None if parts.old_model is None else parts.old_model(inputs)  # --compatible-with
+        objective = parts.objective(embeddings, labels, local_terms, old=old)
+        loss, backward = objective.total, objective.backward
+        penalty = None if head_only else parts.robust.penalty_term()  # the same on every rank
+        terms = {name: value.detach() for name, value in objective.local_terms.items()}
+        if penalty is not None:
+            loss, backward = loss + penalty.detach(), backward + penalty
+            terms["l2sp"] = penalty.detach()
+        # the trainer's one read-back a step: a skipped step must not reach the weights (the same on every rank)
+        if not torch.isfinite(loss):
+            self._skip_non_finite(state)
+            return None
+        state.bad_in_row = 0
+        self._optimizer_step(backward, replay)
+        parts.robust.after_step(parts.model)
+        state.steps += 1
+        state.seen += images
+        for key, value in (getattr(parts.loss_fn, "last_stats", None) or {}).items():
+            state.stats.setdefault(key, []).append(float(value))
+        return StepValues(parts.scheduler.last_epoch, state.epoch + state.batch / parts.steps_per_epoch,
+                          loss.detach(), terms)
+
+    def _read_back(self, state: EpochProgress, pending: list[StepValues]) -> None:
+        """The losses of the ``pending`` steps, copied from the device in one transfer: added to the epoch's sums and
+        logged (steps.jsonl, the report's per-step curve, and the trackers on rank 0); ``pending`` is emptied.
+
+        Reading a step's loss waits for the device to finish it; read every step, the next batch could not be
+        prepared while the device still works on this one."""
+        if not pending:
+            return
+        values = [step.loss for step in pending] + [value for step in pending for value in step.terms.values()]
+        dtype = functools.reduce(torch.promote_types, (value.dtype for value in values))  # exact: the widest
+        numbers = torch.stack([value.reshape(()).to(dtype) for value in values]).tolist()
+        terms = iter(numbers[len(pending):])
+        for step, loss in zip(pending, numbers[:len(pending)], strict=True):
+            for name in step.terms:
+                state.add(name, next(terms))
+            state.add("loss", loss)
+            self.tracking.step(step.step, loss)
+            self.checkpoints.log_step(step.step, step.epoch, loss)
+        pending.clear()
 
     def _optimizer_step(self, backward: torch.Tensor, replay=None) -> None:
         """One optimizer step on ``backward``'s gradients (and ``replay()``'s, the chunks of --chunks): loss scaling,
@@ -463,6 +539,7 @@ class Trainer:
             "skipped_images": state.skipped_images,
             "images_per_s": state.seen / max(elapsed, 1e-9),
             "epoch_time_s": elapsed,
+            "data_wait_s": state.data_wait,
             "lr": self.parts.optimizer.param_groups[0]["lr"],
         }
         # the per-sample and penalty terms (aux_ce, distill, l2sp), each a mean over the epoch's steps

@@ -422,7 +422,7 @@ class LoOp(HardNegativeMethod):
     """
 
     geometry = "arc"
-    compiled = False  # True: the solver runs through torch.compile (``compile``)
+    compiled = False  # True: the solver runs through torch.compile (``compile_solver``)
     unit_only = True  # Algorithm 1, step 3: unit embeddings (the segment form normalises too)
     supports_all_pairs = True
     hardest_is_distance = True
@@ -431,7 +431,7 @@ class LoOp(HardNegativeMethod):
     def gram(self, embeddings: torch.Tensor, unit: bool) -> torch.Tensor:
         return dot_similarity_matrix(l2_normalize(embeddings))
 
-    def compile(self) -> LoOp:
+    def compile_solver(self) -> LoOp:
         """Solve through torch.compile from now on: the same values, in a few fused kernels instead of ~150 small
         ones (on a GPU the eager solver is bound by kernel launches); the first batch pays the compilation."""
         self.compiled = True

@@ -117,6 +117,25 @@ def test_sinkhorn_default_is_converged_near_the_papers_values(dtype):
     assert sinkhorn_divergence(x.to(dtype), y.to(dtype)).item() == pytest.approx(expected, abs=1e-5)
 
 
+def test_compiled_sinkhorn_iterations_give_the_eager_loss_and_gradient():
+    """--compile runs the iterations through torch.compile (fused kernels): the same fixed point, for batches of
+    any size (compiled once, for dynamic sizes)."""
+    for classes, per_class in ((10, 6), (8, 4)):
+        g = torch.Generator().manual_seed(classes)
+        labels = torch.arange(classes).repeat_interleave(per_class)
+        x = torch.nn.functional.normalize(torch.randn(classes, 32, generator=g)[labels]
+                                          + torch.randn(len(labels), 32, generator=g), dim=1)
+        results = []
+        for loss in (DCDLLoss(phi="sinkhorn"), DCDLLoss(phi="sinkhorn").compile_solver()):
+            leaf = x.clone().requires_grad_(True)
+            value = loss(leaf, labels)
+            value.backward()
+            results.append((value.item(), leaf.grad))
+        (eager, eager_grad), (fused, fused_grad) = results
+        assert fused == pytest.approx(eager, rel=1e-5)
+        assert (fused_grad - eager_grad).abs().max() <= 1e-4 * eager_grad.abs().max()
+
+
 def test_sinkhorn_epsilon_is_the_temperature_of_eq_11():
     """eps multiplies the entropy of eq. 11 as given: the tempting mistake of a blur radius sqrt(eps) taken for
     eps (temperature eps^2) lands far outside the tolerance."""

@@ -102,6 +102,7 @@ GPU_OPTIONS = {
     "bf16-channels-last": dict(amp="bf16", channels_last=True),
     "fp16-compile": dict(amp="fp16", compile=True),
     "dcdl-loop-fp16": dict(amp="fp16", loss="dcdl", loss_kwargs={"phi": "sinkhorn"}),
+    "dcdl-compile-bf16": dict(amp="bf16", loss="dcdl", loss_kwargs={"phi": "sinkhorn"}, compile=True),
     "ms-loop-bf16": dict(amp="bf16", negatives="loop"),
     "ms-loop-compile-bf16": dict(amp="bf16", negatives="loop", compile=True),
     "decode-on-device-fp16": dict(amp="fp16", decode_on="device"),
@@ -343,7 +344,7 @@ def test_compiled_loop_equals_eager_on_cuda(method):
     for compiled in (False, True):
         loss = build("ms", negatives=method).cuda()
         if compiled:
-            loss.method.compile()
+            loss.method.compile_solver()
         leaf = x.float().cuda().requires_grad_(True)
         value = loss(leaf, labels.cuda())
         value.backward()
@@ -351,6 +352,23 @@ def test_compiled_loop_equals_eager_on_cuda(method):
     (eager, eager_grad), (fused, fused_grad) = results
     assert fused == pytest.approx(eager, rel=1e-5)
     assert np.abs(fused_grad - eager_grad).max() <= 1e-4 * max(np.abs(eager_grad).max(), 1e-12)
+
+
+def test_compiled_sinkhorn_equals_eager_on_cuda():
+    """DCDL's Sinkhorn iterations through torch.compile (retrieval train --compile): the same loss and gradient."""
+    x, labels = batch("dcdl", classes=10, per_class=6, dim=128)
+    results = []
+    for compiled in (False, True):
+        loss = build("dcdl", phi="sinkhorn").cuda()
+        if compiled:
+            loss.compile_solver()
+        leaf = x.float().cuda().requires_grad_(True)
+        value = loss(leaf, labels.cuda())
+        value.backward()
+        results.append((float(value), leaf.grad.double().cpu().numpy()))
+    (eager, eager_grad), (fused, fused_grad) = results
+    assert fused == pytest.approx(eager, rel=1e-4)
+    assert np.abs(fused_grad - eager_grad).max() <= 1e-3 * max(np.abs(eager_grad).max(), 1e-12)
 
 
 def test_device_decode_on_cuda_shows_what_the_workers_show(tmp_path):
@@ -368,3 +386,32 @@ def test_device_decode_on_cuda_shows_what_the_workers_show(tmp_path):
         assert images.is_cuda and bad == [] and labels.tolist() == cpu.labels.tolist()
         if augmentation == "crop-flip":  # the colour augmentations draw other numbers on the device
             assert (images.cpu() - cpu.inputs).abs().mean(dim=(1, 2, 3)).max() < 0.05
+
+
+@pytest.mark.parametrize("name", ["adamw", "adam", "sgd"])
+def test_an_fp16_optimizer_step_on_cuda_skips_an_overflow_without_waiting_for_the_gpu(name):
+    from retrieval.train.optimizers import OPTIMIZERS
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4).cuda()
+    optimizer = OPTIMIZERS.build(name, param_groups=[{"params": list(model.parameters()), "lr": 0.1}],
+                                 weight_decay=1e-4)
+    assert optimizer.defaults["fused"]
+    scaler = torch.amp.GradScaler("cuda")
+    x = torch.randn(16, 8, device="cuda")
+    weights = []
+    for overflow in (False, True, False):
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = model(x).float().pow(2).mean()
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss * (float("inf") if overflow else 1.0)).backward()
+        torch.cuda.set_sync_debug_mode("error")  # any read-back of the GPU's values raises
+        try:
+            scaler.step(optimizer)
+            scaler.update()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        weights.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(weights[0], weights[1], strict=True))  # the overflow: skipped
+    assert not all(torch.equal(a, b) for a, b in zip(weights[1], weights[2], strict=True))
+    assert scaler.get_scale() < 65536.0  # and the scale backed off

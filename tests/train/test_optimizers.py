@@ -48,3 +48,9 @@ def test_every_optimizer_builds_with_each_groups_own_learning_rate(name):
 def test_an_unknown_schedule_names_the_registered_ones():
     with pytest.raises(KeyError, match="available: constant, cosine, step"):
         schedule_factor("linear", 0, 10)
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS.names())
+def test_optimizers_of_cpu_parameters_keep_torchs_default_kernels(name):
+    groups = [{"params": list(torch.nn.Linear(4, 2).parameters()), "lr": 0.1}]
+    assert not OPTIMIZERS.build(name, param_groups=groups, weight_decay=0.0).defaults.get("fused")

@@ -8,6 +8,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from run_files import read_jsonl
+from torch.utils._python_dispatch import TorchDispatchMode
 from train_configs import digits_config
 
 from retrieval.cli.main import main
@@ -198,3 +199,80 @@ def test_background_is_recorded_with_the_model_and_travels_to_onnx(tmp_path, fea
     assert OnnxEmbedder(tmp_path / "model.onnx").model_config["background"] == [16, 32, 48]
     with pytest.raises(ValueError, match="--background"):
         all_digits_config(tmp_path / "bad", feature_cache, background="no-such-colour").validate()
+
+
+def test_an_epoch_that_waits_for_its_batches_measures_the_wait_and_says_what_to_try(tmp_path, feature_cache,
+                                                                                      monkeypatch, capsys):
+    import time
+
+    from retrieval.train.features import CachedFeatures
+
+    delay = 0.4
+    original = CachedFeatures.batches
+
+    def slow(self, sampler, epoch, start):
+        for batch in original(self, sampler, epoch, start):
+            time.sleep(delay)  # as a loader behind its step would
+            yield batch
+
+    quick = train(digits_config(tmp_path / "quick", feature_cache, epochs=1), progress=True)["history"][-1]
+    assert 0 <= quick["data_wait_s"] < 0.2 and "waited for its batches" not in capsys.readouterr().out
+    monkeypatch.setattr(CachedFeatures, "batches", slow)
+    rows = train(digits_config(tmp_path / "slow", feature_cache, epochs=2), progress=True)["history"][1:]
+    for row in rows:  # 3 batches an epoch
+        assert 3 * delay <= row["data_wait_s"] <= row["epoch_time_s"]
+        assert row["data_wait_s"] / row["epoch_time_s"] > 0.5
+    out = capsys.readouterr().out
+    assert "epoch 1: loss " in out and "images/s" in out and "of the time waiting for batches" in out
+    assert out.count("waited for its batches") == 1  # said once a run
+    assert "more --workers (now 0)" in out and "--decode-on device" not in out  # no GPU here
+
+
+class ReadsBack(TorchDispatchMode):
+    """Counts the values copied from a tensor to Python (on a GPU, each waits for the device to finish)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func is torch.ops.aten._local_scalar_dense.default
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_trainer_reads_its_losses_back_in_one_transfer_and_logs_what_reading_every_step_logs(
+        tmp_path, feature_cache, monkeypatch):
+    import retrieval.train.trainer as trainer_module
+
+    # a loss and an optimizer that read nothing back themselves: what is counted is the trainer's
+    monkeypatch.setattr(trainer_module.losses, "build", lambda *a, **k: NaNEvery({4}))
+    read_back = trainer_module.Trainer._read_back
+    transfers = []  # the steps each read-back carried
+
+    def counted(self, state, pending):
+        transfers.append(len(pending))
+        read_back(self, state, pending)
+
+    monkeypatch.setattr(trainer_module.Trainer, "_read_back", counted)
+    timing = {"images_per_s", "epoch_time_s", "data_wait_s"}
+    for aux_ce in (0.0, 0.5):  # with the auxiliary head, its term is read back with the loss
+        runs = {}
+        for name, seconds in (("every_step", 0.0), ("at_epoch_end", 1e9)):
+            monkeypatch.setattr(trainer_module, "READ_BACK_SECONDS", seconds)
+            out = tmp_path / f"{name}-{aux_ce}"
+            trainer = trainer_module.Trainer(digits_config(out, feature_cache, optimizer="sgd", batches_per_epoch=12,
+                                                           epochs=1, aux_ce=aux_ce), progress=False)
+            trainer.setup()
+            transfers.clear()
+            with ReadsBack() as reads:
+                row = trainer.train_epoch(0)
+            runs[name] = (row, reads.count, [n for n in transfers if n], read_jsonl(out / "steps.jsonl"))
+        (every, every_reads, every_transfers, every_log), (once, once_reads, once_transfers, once_log) = runs.values()
+        assert every["steps"] == 11 and every["skipped_steps"] == 1  # the NaN step is skipped either way
+        assert once_log == every_log and [line["step"] for line in once_log] == list(range(1, 12))
+        assert {k: v for k, v in once.items() if k not in timing} == {k: v for k, v in every.items() if k not in timing}
+        assert once_transfers == [11] and every_transfers == [1] * 11
+        if aux_ce:
+            assert once["aux_ce"] > 0
+        else:  # the finiteness check of each step (the one read a step needs); no loss is read on its own
+            assert once_reads == every_reads == 12

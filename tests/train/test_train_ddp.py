@@ -23,6 +23,7 @@ from sample_images import noisy_png
 from train_paused import PAUSED
 
 from retrieval.train import TrainConfig, train
+from retrieval.train.state import TIMING_KEYS
 
 REPO = Path(__file__).resolve().parents[2]
 # (name, loss, loss_kwargs, negatives, aux_ce): every loss family and both hard-negative methods, plus the
@@ -40,7 +41,6 @@ CASES = [
     ("proxy_anchor", "proxy_anchor", {}, None, 0.0),
     ("soft_triple", "soft_triple", {"centers": 3}, None, 0.0),
 ]
-TIMING_KEYS = {"images_per_s", "epoch_time_s"}
 
 
 def env() -> dict[str, str]:

@@ -21,9 +21,9 @@ from retrieval.evaluation import load_extra_set
 from retrieval.models import load_embedder
 from retrieval.train import TrainConfig, train
 from retrieval.train.robust import WISE_ALPHAS, choose_alpha
+from retrieval.train.state import TIMING_KEYS
 
 COLORS = [(200, 30, 30), (30, 200, 30), (30, 30, 200), (200, 200, 30), (30, 200, 200), (200, 30, 200)]
-TIMING_KEYS = {"images_per_s", "epoch_time_s"}
 # each option alone, as a user turns it on (values big enough to move the weights in a few steps)
 METHODS = {
     "lp-ft": dict(lp_epochs=1),

@@ -21,10 +21,10 @@ from sample_images import noisy_png
 from retrieval.cli.main import main
 from retrieval.data import ClassBalancedBatchSampler
 from retrieval.train import TrainConfig, train
+from retrieval.train.state import TIMING_KEYS
 
 REPO = Path(__file__).resolve().parents[2]
 CLASSES = ("a", "b", "c", "d")
-TIMING_KEYS = {"images_per_s", "epoch_time_s"}
 
 
 @pytest.fixture(scope="module")
