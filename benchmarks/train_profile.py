@@ -6,8 +6,9 @@ Trains two epochs (the folder of ``gpu_input.py``: photo-sized JPEGs, written if
 optimizer steps of the second epoch (after ``--warmup`` of its steps), then prints, for that window:
 - wall time per step, and the share of it the trainer spent waiting for its batches (its own ``data_wait_s``);
 - the device's busy share: the union of its kernels' intervals over the window (CUDA only), what idles the GPU;
-- the host's waits on the device: the calls that block until it finishes (``cudaStreamSynchronize``, reading a
-  value back: ``aten::_local_scalar_dense``, ``aten::nonzero``), how many a step and their time;
+- the host's waits on the device: the calls that block until it finishes (``cudaStreamSynchronize``), and the
+  reads of a value or a shape into Python (``aten::_local_scalar_dense``, ``aten::nonzero``), how many a step and
+  their time;
 - the ops with the most host time and (CUDA) the most device time.
 Writes the Chrome trace (``--trace``, open it in https://ui.perfetto.dev) for the rest. On a CPU it runs too (small
 sizes), without the device lines.
@@ -28,9 +29,10 @@ from torch.profiler import ProfilerActivity, profile, schedule
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_input import write_folder  # noqa: E402  (the same JPEG folder as the input benchmark)
 
-# host calls that wait for the device (a read-back of a value or a shape, or an explicit synchronisation)
+# host calls that wait for the GPU (the CUDA ones), and the reads of a value or a shape into Python (a wait when the
+# tensor is on the GPU; on the CPU, or for the optimizer's step counts, none)
 WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "aten::_local_scalar_dense",
-         "aten::nonzero", "aten::item")
+         "aten::nonzero")
 
 
 def union_us(intervals: list[tuple[float, float]]) -> float:
