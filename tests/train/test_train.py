@@ -276,3 +276,29 @@ def test_the_trainer_reads_its_losses_back_in_one_transfer_and_logs_what_reading
             assert once["aux_ce"] > 0
         else:  # the finiteness check of each step (the one read a step needs); no loss is read on its own
             assert once_reads == every_reads == 12
+
+
+class FailsAt(torch.nn.Module):
+    """A loss that raises on one call (as a bug or an interrupt in the middle of an epoch would)."""
+
+    def __init__(self, call: int) -> None:
+        super().__init__()
+        self.call, self.calls = call, 0
+
+    def forward(self, embeddings, labels):
+        self.calls += 1
+        if self.calls == self.call:
+            raise RuntimeError("the loss failed")
+        return (embeddings * embeddings).mean()
+
+
+def test_the_steps_taken_before_an_error_keep_their_logged_losses(tmp_path, feature_cache, monkeypatch):
+    import retrieval.train.trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module.losses, "build", lambda *a, **k: FailsAt(6))
+    monkeypatch.setattr(trainer_module, "READ_BACK_SECONDS", 1e9)  # nothing read back before the error
+    with pytest.raises(RuntimeError, match="the loss failed"):
+        train(digits_config(tmp_path / "run", feature_cache, batches_per_epoch=12, epochs=1, eval_before=False),
+              progress=False)
+    logged = read_jsonl(tmp_path / "run" / "steps.jsonl")
+    assert [line["step"] for line in logged] == [1, 2, 3, 4, 5] and all(line["loss"] > 0 for line in logged)
