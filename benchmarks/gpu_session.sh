@@ -38,7 +38,7 @@ for step in $steps; do
       timeout "$limit" python3 "$repo"/benchmarks/gpu_input.py 2>&1 | tee "$OUT/input.md" ;;
     profile)  # where a step's time goes end to end: the GPU's busy share, the host's waits on it, the top ops
       for decode in workers device; do
-        timeout "$limit" python3 "$repo"/benchmarks/train_profile.py --backbone "${PROFILE_BACKBONE:-efficientnet_lite0}" \
+        timeout "$limit" python3 "$repo"/benchmarks/train_profile.py --backbone "${PROFILE_BACKBONE:-timm:efficientnet_lite0}" \
           --decode-on $decode --workers "${PROFILE_WORKERS:-16}" --trace "$OUT/profile-$decode.json.gz" 2>&1 \
           | grep -v "^USDT\|^ERROR" | tee "$OUT/profile-$decode.md"
       done ;;

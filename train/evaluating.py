@@ -34,6 +34,7 @@ from retrieval.train.features import Embedding, EvalEmbeddings, cached_features
 from retrieval.train.report import write_report
 from retrieval.train.robust import WISE_ALPHAS, choose_alpha, snapshot
 from retrieval.train.state import RunRecord, TrainData, TrainParts
+from retrieval.unit_rows import l2_normalize_rows
 
 MAX_LISTED_CLASSES = 1000  # the report lists the class names of a split up to this many
 
@@ -292,15 +293,9 @@ def kept_neighbours(reference, result, k: int = KEPT_K) -> dict[str, float]:
     common, at_ref, at_model = np.intersect1d(reference.indices, result.indices, return_indices=True)
     if len(common) <= k:
         return {}
-    overlap = neighbour_overlap(l2_normalize_rows(reference.embeddings[at_ref]),
-                                l2_normalize_rows(result.embeddings[at_model]), k)
+    overlap = neighbour_overlap(l2_normalize_rows(reference.embeddings[at_ref], zero_rows="keep"),
+                                l2_normalize_rows(result.embeddings[at_model], zero_rows="keep"), k)
     return {KEPT: float(overlap.mean())}
-
-
-def l2_normalize_rows(rows: np.ndarray) -> np.ndarray:
-    """Rows scaled to unit length (pooled backbone features are not); a zero row stays zero."""
-    rows = np.asarray(rows, dtype=np.float32)
-    return rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
 
 
 def hard_fractions(q: np.ndarray, ql: np.ndarray, train_sample) -> dict[str, float]:

@@ -83,16 +83,19 @@ def config_differences(runs: list[Run]) -> dict[str, list[Any]]:
 
 
 def final_metrics(run: Run) -> dict[str, float]:
-    """The run's last evaluation: the headline metrics, each --eval-extra set's Recall@1, WiSE-FT's, the time."""
+    """The run's last evaluation: the headline metrics, each --eval-extra set's Recall@1, WiSE-FT's, the training
+    time and the share of it spent waiting for batches."""
     out = {key: float(run.last[key]) for key in FINAL_METRICS if isinstance(run.last.get(key), (int, float))}
     for name, metrics in (run.last.get("extra") or {}).items():
         if "recall@1" in metrics:
             out[f"{name} recall@1"] = float(metrics["recall@1"])
     if run.wise:
         out["wise recall@1"] = float(run.wise["metrics"]["recall@1"])
-    times = [row["epoch_time_s"] for row in run.history if "epoch_time_s" in row]
-    if times:
-        out["train time s"] = float(sum(times))
+    epochs = [row for row in run.history if "epoch_time_s" in row]
+    if epochs:
+        out["train time s"] = float(sum(row["epoch_time_s"] for row in epochs))
+        if all("data_wait_s" in row for row in epochs):  # runs before it was measured have none
+            out["waiting for batches"] = sum(row["data_wait_s"] for row in epochs) / max(out["train time s"], 1e-9)
     return out
 
 

@@ -20,6 +20,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from retrieval.unit_rows import l2_normalize_rows
+
 
 @runtime_checkable
 class ImageEmbedder(Protocol):
@@ -105,17 +107,6 @@ def load_model(
     except ModuleNotFoundError as exc:  # the ONNX runtime wrapper is its own part of the toolkit
         raise RuntimeError(f"cannot load ONNX models: {exc}; is retrieval.onnx_runtime installed?") from exc
     return OnnxEmbedder(str(path), providers=providers, spin=spin, intra_op_threads=intra_op_threads)
-
-
-def l2_normalize_rows(vectors: np.ndarray) -> np.ndarray:
-    """Rows scaled to unit length (float32, C-contiguous); an all-zero row is a clear error, not NaN."""
-    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-    if vectors.ndim != 2:
-        raise ValueError(f"embeddings must be a 2-D array [n, d], got shape {vectors.shape}")
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    if np.any(norms == 0) or not np.all(np.isfinite(norms)):
-        raise ValueError("an embedding is all zeros or not finite; it has no direction to compare by cosine")
-    return np.ascontiguousarray(vectors / norms, dtype=np.float32)
 
 
 def prepare_vectors(vectors: np.ndarray, dim: int) -> np.ndarray:

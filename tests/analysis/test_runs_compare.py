@@ -48,6 +48,10 @@ def test_json_for_programs(two_runs, tmp_path):
     assert data["config"]["train/loss"] == ["ms", "proxy_anchor"]
     assert data["metrics"]["pa"]["recall@1"] == pytest.approx(reports[1]["last"]["recall@1"])
     assert data["metrics"]["ms"]["train time s"] > 0 and data["plot"] == str(tmp_path / "c.png")
+    history = reports[0]["history"]
+    waited = sum(row["data_wait_s"] for row in history if "data_wait_s" in row)
+    assert data["metrics"]["ms"]["waiting for batches"] == pytest.approx(waited / data["metrics"]["ms"]["train time s"])
+    assert 0 <= data["metrics"]["ms"]["waiting for batches"] < 1
 
 
 def test_a_folder_that_is_not_a_run_is_named(tmp_path):
