@@ -400,18 +400,19 @@ def test_an_fp16_optimizer_step_on_cuda_skips_an_overflow_without_waiting_for_th
     scaler = torch.amp.GradScaler("cuda")
     x = torch.randn(16, 8, device="cuda")
     weights = []
-    for overflow in (False, True, False):
+    for step, overflow in enumerate((False, False, True, False)):
         with torch.autocast("cuda", dtype=torch.float16):
             loss = model(x).float().pow(2).mean()
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss * (float("inf") if overflow else 1.0)).backward()
-        torch.cuda.set_sync_debug_mode("error")  # any read-back of the GPU's values raises
+        # after the first step (which makes the optimizer's state), any read-back of the GPU's values raises
+        torch.cuda.set_sync_debug_mode("error" if step else 0)
         try:
             scaler.step(optimizer)
             scaler.update()
         finally:
             torch.cuda.set_sync_debug_mode(0)
         weights.append([p.detach().clone() for p in model.parameters()])
-    assert all(torch.equal(a, b) for a, b in zip(weights[0], weights[1], strict=True))  # the overflow: skipped
-    assert not all(torch.equal(a, b) for a, b in zip(weights[1], weights[2], strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(weights[1], weights[2], strict=True))  # the overflow: skipped
+    assert not all(torch.equal(a, b) for a, b in zip(weights[2], weights[3], strict=True))
     assert scaler.get_scale() < 65536.0  # and the scale backed off
