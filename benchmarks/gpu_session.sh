@@ -44,7 +44,7 @@ for step in $steps; do
       done ;;
     loop)  # LoOp eager and compiled against the base losses
       timeout "$limit" python3 "$repo"/benchmarks/hard_negatives.py --device cuda --batch ${LOOP_BATCHES:-32 256} --repeats 30 \
-        --compile 2>&1 | tee "$OUT/loop.md" ;;
+        --compile ${LOOP_WHOLE:+--compile-whole} 2>&1 | tee "$OUT/loop.md" ;;
     knn) timeout "$limit" python3 "$repo"/benchmarks/gpu.py knn 2>&1 | tee "$OUT/knn.md" ;;
     tests) python3 -m pytest -q -p no:cacheprovider "$repo/tests/project/test_cuda.py" "$repo/tests/models/test_robust_finetune.py" \
              2>&1 | tee "$OUT/tests.txt" | tail -25 ;;

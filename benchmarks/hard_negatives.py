@@ -1,12 +1,17 @@
 """Forward + backward time of the LoOp / Symm losses next to their base losses, on CPU (or a CUDA GPU).
 
     .venv/bin/python benchmarks/hard_negatives.py [--batch 32 128 256] [--per-class 4] [--dim 512] [--repeats 30]
-                                                  [--device cpu|cuda] [--compile]
+                                                  [--device cpu|cuda] [--compile] [--compile-whole]
 
 Each row times ``loss(embeddings, labels).backward()`` for the base loss and its hard-negative variant,
 interleaved run by run in one process (median and best of --repeats runs after warm-up, fewer for slow
 rows), so that the ratio is measured under the same load; on a shared machine the best-of time is the
 less noisy estimate of the intrinsic cost. One torch thread by default (the CPUs are shared).
+``--compile``: also the LoOp variants with their solver compiled (what ``retrieval train --compile`` runs);
+``--compile-whole``: also LoOp with MS and lifted_min (the two above 1.5x the base loss with the solver compiled) as
+one ``torch.compile(loss, dynamic=True)`` against the base loss compiled the same way: the pair bookkeeping and the
+loss's pair-level form fused too, between the graph breaks of their data-dependent shapes (an experiment; the first
+call of each compiles for a minute or more).
 Prints a Markdown table.
 """
 
@@ -70,6 +75,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--compile", action="store_true",
                         help="also time each LoOp variant with its solver compiled (retrieval train --compile)")
+    parser.add_argument("--compile-whole", action="store_true",
+                        help="also time LoOp with MS and lifted_min compiled whole, against the base compiled whole")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -83,12 +90,17 @@ def main() -> None:
         emb = torch.randn(batch, args.dim, generator=g).to(args.device)
         labels = labels.to(args.device)
         for name, method in VARIANTS:
-            rows = [(method, build(name, negatives=method).to(args.device))]
+            eager_base = build(name).to(args.device)
+            rows = [(method, eager_base, build(name, negatives=method).to(args.device))]
             if args.compile and method.startswith("loop"):
-                rows.append((f"{method} compiled", build(name, negatives=method).to(args.device)))
-                rows[-1][1].method.compile_solver()
-            for label, loss in rows:
-                base, variant = time_pair(build(name).to(args.device), loss, emb, labels, args.repeats)
+                rows.append((f"{method} compiled", eager_base, build(name, negatives=method).to(args.device)))
+                rows[-1][2].method.compile_solver()
+            if args.compile_whole and method == "loop" and name in ("ms", "lifted_min"):
+                rows.append((f"{method}, whole loss compiled (base too)",
+                             torch.compile(build(name).to(args.device), dynamic=True),
+                             torch.compile(build(name, negatives=method).to(args.device), dynamic=True)))
+            for label, base_loss, loss in rows:
+                base, variant = time_pair(base_loss, loss, emb, labels, args.repeats)
                 print(
                     f"| {name} | {label} | {batch} | {base[0]:.2f} / {base[1]:.2f} | {variant[0]:.2f} / "
                     f"{variant[1]:.2f} | {variant[0] / base[0]:.2f} / {variant[1] / base[1]:.2f} |",

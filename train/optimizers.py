@@ -22,7 +22,8 @@ def fused_on_cuda(param_groups: list[dict]) -> bool | None:
     """True (torch's fused kernels) when every parameter is on a CUDA device, else None (torch's default).
 
     Fused, an fp16 step skipped for an overflow is skipped on the GPU (GradScaler hands the optimizer its found-inf
-    flag) instead of the host reading that flag back and waiting for the GPU every step; and it is fewer kernels."""
+    flag) instead of the host reading that flag back and waiting for the GPU every step; and it is fewer kernels.
+    Adam's state starts at zeros, so a skipped first step leaves it as it was."""
     params = [p for group in param_groups for p in group["params"]]
     return True if params and all(p.is_cuda for p in params) else None
 
@@ -45,11 +46,11 @@ def adam(param_groups: list[dict], weight_decay: float) -> Any:
 
 @OPTIMIZERS.register("sgd")
 def sgd(param_groups: list[dict], weight_decay: float) -> Any:
-    """SGD with Nesterov momentum 0.9."""
+    """SGD with Nesterov momentum 0.9 (torch's default kernels: fused SGD makes its momentum buffers uninitialised, and
+    an fp16 overflow on the first step, common while GradScaler's scale settles, would keep that garbage)."""
     import torch
 
-    return torch.optim.SGD(param_groups, momentum=0.9, weight_decay=weight_decay, nesterov=True,
-                           fused=fused_on_cuda(param_groups))
+    return torch.optim.SGD(param_groups, momentum=0.9, weight_decay=weight_decay, nesterov=True)
 
 
 @SCHEDULES.register("cosine")

@@ -494,13 +494,15 @@ class Trainer:
         dtype = functools.reduce(torch.promote_types, (value.dtype for value in values))  # exact: the widest
         numbers = torch.stack([value.reshape(()).to(dtype) for value in values]).tolist()
         terms = iter(numbers[len(pending):])
-        for step, loss in zip(pending, numbers[:len(pending)], strict=True):
-            for name in step.terms:
-                state.add(name, next(terms))
-            state.add("loss", loss)
+        step_terms = [[(name, next(terms)) for name in step.terms] for step in pending]
+        for loss, named in zip(numbers[:len(pending)], step_terms, strict=True):
+            step = pending[0]
             self.tracking.step(step.step, loss)
             self.checkpoints.log_step(step.step, step.epoch, loss)
-        pending.clear()
+            for name, value in named:
+                state.add(name, value)
+            state.add("loss", loss)
+            pending.pop(0)  # logged and counted: a failure after this step does not take it again
 
     def _optimizer_step(self, backward: torch.Tensor, replay=None) -> None:
         """One optimizer step on ``backward``'s gradients (and ``replay()``'s, the chunks of --chunks): loss scaling,

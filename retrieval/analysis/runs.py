@@ -15,6 +15,7 @@ from retrieval.io import read_capped
 
 # the final metrics a comparison shows, when the runs have them (report.json's "last" row)
 FINAL_METRICS = ("recall@1", "recall@8", "map@r", "nmi")
+WAIT_SHARE = "waiting for batches"  # the share of the training time spent waiting for batches (0-1)
 # configuration keys that differ between any two runs without saying anything about the method
 IGNORED_KEYS = {"train/out", "train/resume", "train/feature_cache", "train/workers", "train/plots", "torch",
                 "device", "tracking/tensorboard", "tracking/mlflow/run_id", "tracking/mlflow/tracking_uri"}
@@ -95,7 +96,7 @@ def final_metrics(run: Run) -> dict[str, float]:
     if epochs:
         out["train time s"] = float(sum(row["epoch_time_s"] for row in epochs))
         if all("data_wait_s" in row for row in epochs):  # runs before it was measured have none
-            out["waiting for batches"] = sum(row["data_wait_s"] for row in epochs) / max(out["train time s"], 1e-9)
+            out[WAIT_SHARE] = sum(row["data_wait_s"] for row in epochs) / max(out["train time s"], 1e-9)
     return out
 
 
@@ -128,6 +129,8 @@ def format_table(runs: list[Run]) -> str:
 def _number(name: str, value: float | None) -> str:
     if value is None:
         return "-"
+    if name == WAIT_SHARE:
+        return f"{value:.0%}"
     return f"{value:.0f}" if name.endswith(" s") else f"{value:.4f}"
 
 

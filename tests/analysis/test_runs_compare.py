@@ -35,6 +35,7 @@ def test_the_table_shows_what_differs_and_the_final_metrics(two_runs, tmp_path):
     assert rows["loss"] == ["ms", "proxy_anchor"] and rows["lr"] == ["0.001", "0.003"]
     assert "batch_size" not in rows and "out" not in rows  # the same in both / says nothing about the method
     assert rows["recall@1"] == [f"{r['last']['recall@1']:.4f}" for r in reports]
+    assert all(cell.endswith("%") for cell in rows["waiting"][-2:])  # "waiting for batches  1%  2%"
     assert f"learning curves: {png}" in result.output
     with Image.open(png) as image:
         assert image.width > 2 * image.height  # two panels side by side

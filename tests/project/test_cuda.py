@@ -388,8 +388,17 @@ def test_device_decode_on_cuda_shows_what_the_workers_show(tmp_path):
             assert (images.cpu() - cpu.inputs).abs().mean(dim=(1, 2, 3)).max() < 0.05
 
 
-@pytest.mark.parametrize("name", ["adamw", "adam", "sgd"])
-def test_an_fp16_optimizer_step_on_cuda_skips_an_overflow_without_waiting_for_the_gpu(name):
+def test_sgd_on_cuda_keeps_torchs_default_kernels():
+    """Fused SGD leaves its momentum buffers uninitialised when an fp16 overflow skips the first step."""
+    from retrieval.train.optimizers import OPTIMIZERS
+
+    params = list(torch.nn.Linear(8, 4).cuda().parameters())
+    assert not OPTIMIZERS.build("sgd", param_groups=[{"params": params, "lr": 0.1}], weight_decay=0.0).defaults["fused"]
+
+
+@pytest.mark.parametrize("name", ["adamw", "adam"])
+@pytest.mark.parametrize("first_overflows", [False, True])
+def test_an_fp16_optimizer_step_on_cuda_skips_an_overflow_without_waiting_for_the_gpu(name, first_overflows):
     from retrieval.train.optimizers import OPTIMIZERS
 
     torch.manual_seed(0)
@@ -399,8 +408,8 @@ def test_an_fp16_optimizer_step_on_cuda_skips_an_overflow_without_waiting_for_th
     assert optimizer.defaults["fused"]
     scaler = torch.amp.GradScaler("cuda")
     x = torch.randn(16, 8, device="cuda")
-    weights = []
-    for step, overflow in enumerate((False, False, True, False)):
+    weights, start = [], [p.detach().clone() for p in model.parameters()]
+    for step, overflow in enumerate((first_overflows, False, True, False)):
         with torch.autocast("cuda", dtype=torch.float16):
             loss = model(x).float().pow(2).mean()
         optimizer.zero_grad(set_to_none=True)
@@ -415,4 +424,7 @@ def test_an_fp16_optimizer_step_on_cuda_skips_an_overflow_without_waiting_for_th
         weights.append([p.detach().clone() for p in model.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(weights[1], weights[2], strict=True))  # the overflow: skipped
     assert not all(torch.equal(a, b) for a, b in zip(weights[2], weights[3], strict=True))
+    if first_overflows:  # skipped too, and the state it made is the zeros a first step starts from
+        assert all(torch.equal(a, b) for a, b in zip(start, weights[0], strict=True))
+        assert all(torch.isfinite(p).all() for p in model.parameters())
     assert scaler.get_scale() < 65536.0  # and the scale backed off
