@@ -56,7 +56,8 @@ def write_folder(root: Path, images: int, per_class: int) -> None:
 
 def pipeline_rate(root: Path, decode_on: str, size: int, batch: int, workers: int, batches: int,
                   device: str = "cuda") -> float:
-    """Images/s of the training input pipeline alone (batches ready on the device), after two warm-up batches."""
+    """Images/s of the training input pipeline alone (batches ready on the device), in its steady state: the timing
+    starts once the batches the workers had made in advance (``prefetch_factor`` = 2 each) are consumed."""
     from retrieval.data import ClassBalancedBatchSampler, WithSampleSeeds, load_dataset
     from retrieval.data.augment import resolve_augmentation
     from retrieval.data.device_decode import DeviceAugment, EncodedImages, collate_encoded, decoded_batches
@@ -66,7 +67,8 @@ def pipeline_rate(root: Path, decode_on: str, size: int, batch: int, workers: in
     config = {"input_size": size, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
     aug = resolve_augmentation("crop-flip")
     dataset = load_dataset("folder", str(root), split="train", transform=build_transforms(config, True, aug))
-    sampler = ClassBalancedBatchSampler(dataset.labels, batch // 4, 4, seed=0, batches_per_epoch=batches + 2)
+    warm_up = 2 * workers + 2
+    sampler = ClassBalancedBatchSampler(dataset.labels, batch // 4, 4, seed=0, batches_per_epoch=batches + warm_up)
     sampler.set_epoch(0, 0)
     device = torch.device(device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -80,7 +82,7 @@ def pipeline_rate(root: Path, decode_on: str, size: int, batch: int, workers: in
     seen, start = 0, 0.0
     batches = decoded_batches(loader, stage) if stage is not None else ((loaded, None) for loaded in loader)
     for i, (loaded, done) in enumerate(batches):
-        if i == 2:
+        if i == warm_up:
             sync()
             start, seen = time.perf_counter(), 0
         images = done[0] if stage is not None else loaded.inputs.to(device, non_blocking=True)

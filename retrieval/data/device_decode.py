@@ -12,7 +12,8 @@ bottleneck. Here the work is split:
   built-in data set) is decoded by ``read_image`` in the worker as before and handed over as pixels;
 - the main process (``DeviceAugment``) decodes the batch's JPEGs with ``torchvision.io.decode_jpeg`` on the device
   (nvJPEG on CUDA), in groups of bounded pixel count, then crops, resizes (antialiased bilinear), flips, applies any
-  colour augmentation and normalises there.
+  colour augmentation and normalises there; on a GPU the crops are resized and flipped together, as one batched
+  product (``batched_resize``).
 
 Geometry is the CPU pipeline's: the box is drawn on the image resized to ``RESIZE_RATIO`` x the input size and
 mapped back to the decoded image, so the crop is resized once instead of twice (pixel values differ by that
@@ -39,6 +40,7 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms import v2
 
 from retrieval.data.augment import Augmentation
+from retrieval.data.batched_resize import resize_crops
 from retrieval.data.colour import has_alpha
 from retrieval.data.dataset import BadSample, LoadedBatch, array_to_image, sample_source
 from retrieval.data.decode import DEFAULT_MAX_PIXELS, open_regular_file, read_image
@@ -205,8 +207,11 @@ class DeviceAugment:
     """Decode (JPEG on the device), crop, resize, flip, colour-augment and normalise a batch on ``device``."""
 
     def __init__(self, model_config: Mapping[str, Any], augmentation: Augmentation, device: torch.device | str,
-                 dataset: Dataset | None = None, group_pixels: int = GROUP_PIXELS) -> None:
+                 dataset: Dataset | None = None, group_pixels: int = GROUP_PIXELS,
+                 batched_resize: bool | None = None) -> None:
         self.device = torch.device(device)
+        # one batched product for the whole batch on a GPU, where a call per image is launch-bound (batched_resize.py)
+        self.batched_resize = self.device.type != "cpu" if batched_resize is None else batched_resize
         self.dataset = dataset  # names the files that fail to decode
         self.size = input_size(model_config)
         mean, std = mean_and_std(model_config)
@@ -260,21 +265,29 @@ class DeviceAugment:
         keep = [i for i, pixels in enumerate(decoded) if isinstance(pixels, torch.Tensor)]
         bad = [BadSample(int(index), self._source(int(index)), reason) for index, reason
                in zip(batch.indices.tolist(), decoded, strict=True) if isinstance(reason, str)]
-        size = self.size
-        out = torch.empty(len(keep), 3, size, size, device=self.device)
-        for row, i in enumerate(keep):
-            pixels, image = decoded[i], batch.images[i]
-            top, left, height, width = image.box
-            crop = pixels[:, top:top + height, left:left + width].unsqueeze(0).float()
-            out[row] = F.interpolate(crop, size=(size, size), mode="bilinear", antialias=True, align_corners=False)[0]
-        flips = torch.tensor([batch.images[i].flip for i in keep], dtype=torch.bool)
-        if flips.any():
-            rows = flips.nonzero().flatten().to(self.device)
-            out[rows] = out[rows].flip(-1)
+        crops = []
+        for i in keep:
+            top, left, height, width = batch.images[i].box
+            crops.append(decoded[i][:, top:top + height, left:left + width])
+        flips = [batch.images[i].flip for i in keep]
+        out = resize_crops(crops, flips, self.size) if self.batched_resize else self._resize_each(crops, flips)
         if self.colour is not None:
             out = self._colour(out, [batch.images[i].seed for i in keep])
         out.sub_(self.mean).div_(self.std)
         return out, batch.labels[keep], bad
+
+    def _resize_each(self, crops: list[torch.Tensor], flips: list[bool]) -> torch.Tensor:
+        """``resize_crops`` one image at a time: on a CPU, the direct filter costs less than the batched product."""
+        size = self.size
+        out = torch.empty(len(crops), 3, size, size, device=self.device)
+        for row, crop in enumerate(crops):
+            out[row] = F.interpolate(crop.unsqueeze(0).float(), size=(size, size), mode="bilinear", antialias=True,
+                                     align_corners=False)[0]
+        flipped = torch.tensor(flips, dtype=torch.bool)
+        if flipped.any():
+            rows = flipped.nonzero().flatten().to(self.device)
+            out[rows] = out[rows].flip(-1)
+        return out
 
     def _source(self, index: int) -> str:
         return sample_source(self.dataset, index) if self.dataset is not None else f"sample #{index}"

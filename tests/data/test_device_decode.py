@@ -106,6 +106,19 @@ def test_a_batch_is_decoded_in_groups_of_bounded_pixels_with_the_same_result(tmp
     assert torch.equal(whole, grouped)
 
 
+@pytest.mark.parametrize("augmentation", ["crop-flip", "strong"])
+def test_the_batched_resize_a_gpu_uses_gives_the_images_of_the_resize_per_image(tmp_path, augmentation):
+    paths = [save_jpeg(tmp_path / f"{i}.jpg", smooth_picture(90 + 41 * i, 260 - 23 * i, i)) for i in range(6)]
+    cpu, each, *_ = both_pipelines(paths, augmentation=augmentation, batched_resize=False)
+    _, batched, *_ = both_pipelines(paths, augmentation=augmentation, batched_resize=True)
+    assert batched.shape == each.shape == cpu.inputs.shape
+    # normalised values (pixel / 255 / std): 1e-3 is a quarter of an 8-bit level; the colour steps round to 8 bits
+    tolerance = 1e-3 if augmentation == "crop-flip" else 4.5 / 255 / 0.225
+    assert (batched - each).abs().max() < tolerance
+    if augmentation == "crop-flip":
+        assert (batched - cpu.inputs).abs().mean(dim=(1, 2, 3)).max() < 0.05
+
+
 def test_colour_augmentation_on_the_device_depends_on_the_sample_seed_only(tmp_path):
     paths = [save_jpeg(tmp_path / f"{i}.jpg", smooth_picture(90, 110, i)) for i in range(4)]
     _, first, *_ = both_pipelines(paths, augmentation="strong")
