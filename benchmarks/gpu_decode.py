@@ -1,20 +1,23 @@
-"""JPEG decoding alone on a CUDA GPU: ``torchvision.io.decode_jpeg(device="cuda")`` in batches, from 1 and from several
-host threads, next to PIL and torchvision on one CPU core; then the device pipeline's crop-resize-flip of decoded
-batches, one image at a time against the batched product (``retrieval/data/batched_resize.py``).
+"""The device pipeline (``--decode-on device``) taken apart: the workers' hand-over of encoded batches alone, the
+device stage alone on a batch in memory, and nvJPEG alone (from 1 and several host threads), next to PIL and
+torchvision on one CPU core.
 
-    python3 benchmarks/gpu_decode.py [--folder DIR] [--images 2048] [--batch 128] [--threads 1 2 4] [--device cpu]
+    python3 benchmarks/gpu_decode.py [--folder DIR] [--images 2048] [--batch 128] [--workers 16] [--threads 1 2 4]
+                                     [--device cuda|cpu]
 
-The folder is the one ``benchmarks/gpu_input.py`` writes (400-640 x 300-480 px JPEGs); images/s after one warm-up
-pass, CUDA synchronised. Threads split each pass's batches between them, each on its own CUDA stream: if the
-rate does not grow with threads, the decoder's host side is serialised (one lock, or the GIL held). The resize rows
-crop each decoded image at a random box (a quarter to all of it, as RandomResizedCrop draws) to 224 x 224 and count
-the operators torch dispatches per batch; ``--device cpu`` runs the resize rows alone (decoded by torchvision there).
+The folder is the one ``benchmarks/gpu_input.py`` writes (400-640 x 300-480 px JPEGs). Images/s; the hand-over
+counts from the first batch after those the workers made in advance (2 a worker), once with each batch's bytes
+crossing the process boundary as one tensor (``EncodedBatch.__reduce__``) and once as a tensor an image (torch's
+default: a shared-memory file each). The device stage (``DeviceAugment``: decode, crop, resize, flip, normalise) and
+nvJPEG run after one warm-up pass, synchronised. If nvJPEG's rate does not grow with threads, its host side is
+serialised. ``--device cpu`` runs the hand-over rows only.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import os
 import sys
 import threading
 import time
@@ -22,15 +25,57 @@ from pathlib import Path
 
 import torch
 from PIL import Image
-from torch.profiler import ProfilerActivity, profile
 from torchvision.io import ImageReadMode, decode_jpeg
 
+from retrieval.data import ImageDataset
 from retrieval.data.augment import resolve_augmentation
-from retrieval.data.batched_resize import resize_crops
-from retrieval.data.device_decode import DeviceAugment
+from retrieval.data.dataset import CatchBadSamples
+from retrieval.data.device_decode import DeviceAugment, EncodedBatch, EncodedImages, collate_encoded
+from retrieval.inference import make_loader
+
+CONFIG = {"input_size": 224, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
 
 
-def gpu_rate(data: list[torch.Tensor], batch: int, threads: int) -> float:
+def encoded_images(paths: list[Path]) -> EncodedImages:
+    dataset = ImageDataset([str(p) for p in paths], [0] * len(paths), [p.name for p in paths], None)
+    return EncodedImages(dataset, CONFIG, resolve_augmentation("crop-flip"))
+
+
+def hand_over_rate(encoded: EncodedImages, batch: int, workers: int, per_image: bool) -> float:
+    """Images/s of encoded batches arriving from ``workers`` processes (nothing decoded in the main process)."""
+    warm_up = 2 * workers + 2
+    g = torch.Generator().manual_seed(0)
+    batches = [[(int(i), 7 + int(i)) for i in torch.randint(0, len(encoded), (batch,), generator=g)]
+               for _ in range(warm_up + max(30, 4 * workers))]
+    packed = EncodedBatch.__reduce__
+    if per_image:  # torch's default: each image's tensor in its own shared-memory file
+        EncodedBatch.__reduce__ = lambda self: (EncodedBatch, (self.images, self.labels, self.indices))
+    try:
+        loader = make_loader(encoded, None, workers, None, batch_sampler=batches, collate_fn=collate_encoded)
+        seen, start = 0, 0.0
+        for i, loaded in enumerate(loader):
+            if i == warm_up:
+                start, seen = time.perf_counter(), 0
+            seen += len(loaded.inputs.images)
+        return seen / (time.perf_counter() - start)
+    finally:
+        EncodedBatch.__reduce__ = packed
+
+
+def stage_rate(encoded: EncodedImages, batch: int, device: torch.device, repeats: int = 10) -> float:
+    """Images/s of ``DeviceAugment`` on one encoded batch already in the main process."""
+    inputs = collate_encoded([CatchBadSamples(encoded)[(i, 7 + i)] for i in range(batch)]).inputs
+    stage = DeviceAugment(CONFIG, resolve_augmentation("crop-flip"), device)
+    stage(inputs)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        stage(inputs)
+    torch.cuda.synchronize()
+    return repeats * batch / (time.perf_counter() - start)
+
+
+def nvjpeg_rate(data: list[torch.Tensor], batch: int, threads: int) -> float:
     """Images/s of batched CUDA decoding, the batches shared by ``threads`` host threads."""
     groups = [data[i:i + batch] for i in range(0, len(data), batch)]
 
@@ -53,46 +98,14 @@ def gpu_rate(data: list[torch.Tensor], batch: int, threads: int) -> float:
     return len(data) / (time.perf_counter() - start)
 
 
-def resize_rows(data: list[torch.Tensor], batch: int, device: torch.device, repeats: int = 5) -> None:
-    """Print the images/s and operators per batch of the per-image and the batched crop-resize-flip."""
-    g = torch.Generator().manual_seed(0)
-    images = [decode_jpeg(one, mode=ImageReadMode.RGB, device=device) for one in data[:batch]]
-    crops, flips = [], []
-    for image in images:
-        _, h, w = image.shape
-        share = float(torch.empty(1).uniform_(0.25, 1.0, generator=g))
-        ch, cw = max(1, int(h * share ** 0.5)), max(1, int(w * share ** 0.5))
-        top = int(torch.randint(0, h - ch + 1, (1,), generator=g))
-        left = int(torch.randint(0, w - cw + 1, (1,), generator=g))
-        crops.append(image[:, top:top + ch, left:left + cw])
-        flips.append(bool(torch.randint(0, 2, (1,), generator=g)))
-    config = {"input_size": 224, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
-    stage = DeviceAugment(config, resolve_augmentation("crop-flip"), device, batched_resize=False)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    for label, run in (("one image at a time", lambda: stage._resize_each(crops, flips)),
-                       ("batched product", lambda: resize_crops(crops, flips, 224))):
-        run()
-        sync()
-        start = time.perf_counter()
-        for _ in range(repeats):
-            run()
-        sync()
-        rate = repeats * len(crops) / (time.perf_counter() - start)
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            run()
-            sync()
-        ops = sum(1 for event in prof.events() if event.name.startswith("aten::") and event.cpu_parent is None)
-        print(f"| crop-resize-flip to 224 on {device.type}, {label} | {rate:,.0f} | {ops} operators a batch |",
-              flush=True)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--folder", type=Path, default=Path("/tmp/gpu-jpegs"))
     parser.add_argument("--images", type=int, default=2048)
     parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--workers", type=int, default=os.cpu_count())
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--device", default="cuda", help="cuda, or cpu for the resize rows alone")
+    parser.add_argument("--device", default="cuda", help="cuda, or cpu for the hand-over rows alone")
     args = parser.parse_args()
     if not args.folder.exists():
         sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -100,29 +113,34 @@ def main() -> None:
 
         write_folder(args.folder, 8_000, 40)
     paths = sorted(args.folder.rglob("*.jpg"))[: args.images]
-    raw = [p.read_bytes() for p in paths]
-    data = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in raw]
     device = torch.device(args.device)
-    where = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    print(f"{where}, torch {torch.__version__}, {len(data)} JPEGs of "
-          f"{sum(map(len, raw)) / len(raw) / 1024:.0f} KiB, batch {args.batch}\n")
-    print("| what | images/s | |\n|---|---:|---|")
-    resize_rows(data, args.batch, device)
+    where = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
+    raw = [p.read_bytes() for p in paths]
+    print(f"{where}, {os.cpu_count()} cores, torch {torch.__version__}, {len(raw)} JPEGs of "
+          f"{sum(map(len, raw)) / len(raw) / 1024:.0f} KiB, batch {args.batch}, {args.workers} workers\n")
+    print("| what | images/s |\n|---|---:|")
+    encoded = encoded_images(paths)
+    for per_image, label in ((True, "a tensor an image"), (False, "one tensor a batch")):
+        rate = hand_over_rate(encoded, args.batch, args.workers, per_image)
+        print(f"| the workers' hand-over alone, {label} | {rate:,.0f} |", flush=True)
     if device.type != "cuda":
         return
+    print(f"| DeviceAugment alone (decode, crop, resize, flip, normalise) | "
+          f"{stage_rate(encoded, args.batch, device):,.0f} |", flush=True)
+    data = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in raw]
     for threads in args.threads:
-        rate = gpu_rate(data, args.batch, threads)
-        print(f"| decode_jpeg on CUDA, {threads} host thread(s) | {rate:,.0f} | |", flush=True)
+        print(f"| nvJPEG alone (decode_jpeg on CUDA), {threads} host thread(s) | "
+              f"{nvjpeg_rate(data, args.batch, threads):,.0f} |", flush=True)
     torch.set_num_threads(1)
     few = raw[:256]
     start = time.perf_counter()
     for b in few:
         Image.open(io.BytesIO(b)).convert("RGB").load()
-    print(f"| PIL, one core | {len(few) / (time.perf_counter() - start):,.0f} | |")
+    print(f"| PIL, one core | {len(few) / (time.perf_counter() - start):,.0f} |")
     start = time.perf_counter()
     for t in data[:256]:
         decode_jpeg(t, mode=ImageReadMode.RGB)
-    print(f"| torchvision decode_jpeg on the CPU, one core | {len(few) / (time.perf_counter() - start):,.0f} | |")
+    print(f"| torchvision decode_jpeg on the CPU, one core | {len(few) / (time.perf_counter() - start):,.0f} |")
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ for step in $steps; do
     loop)  # LoOp eager and compiled against the base losses
       timeout "$limit" python3 "$repo"/benchmarks/hard_negatives.py --device cuda --batch ${LOOP_BATCHES:-32 256} --repeats 30 \
         --compile ${LOOP_WHOLE:+--compile-whole} ${LOOP_LOSSES:+--losses $LOOP_LOSSES} 2>&1 | tee "$OUT/loop.md" ;;
-    decode)  # JPEG decoding alone: nvJPEG from 1, 2, 4 host threads, PIL and torchvision on one core
+    decode)  # the device pipeline taken apart: the workers' hand-over, the device stage alone, nvJPEG alone
       timeout "$limit" python3 "$repo"/benchmarks/gpu_decode.py --folder "${JPEG_FOLDER:-/tmp/gpu-jpegs}" 2>&1 \
         | tee "$OUT/decode.md" ;;
     knn) timeout "$limit" python3 "$repo"/benchmarks/gpu.py knn 2>&1 | tee "$OUT/knn.md" ;;

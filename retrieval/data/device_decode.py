@@ -12,8 +12,7 @@ bottleneck. Here the work is split:
   built-in data set) is decoded by ``read_image`` in the worker as before and handed over as pixels;
 - the main process (``DeviceAugment``) decodes the batch's JPEGs with ``torchvision.io.decode_jpeg`` on the device
   (nvJPEG on CUDA), in groups of bounded pixel count, then crops, resizes (antialiased bilinear), flips, applies any
-  colour augmentation and normalises there; on a GPU the crops are resized and flipped together, as one batched
-  product (``batched_resize``).
+  colour augmentation and normalises there.
 
 Geometry is the CPU pipeline's: the box is drawn on the image resized to ``RESIZE_RATIO`` x the input size and
 mapped back to the decoded image, so the crop is resized once instead of twice (pixel values differ by that
@@ -23,6 +22,7 @@ resampling and by the JPEG decoder, not by what the crop shows).
 from __future__ import annotations
 
 import io
+import math
 import os
 import queue
 import threading
@@ -40,7 +40,6 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms import v2
 
 from retrieval.data.augment import Augmentation
-from retrieval.data.batched_resize import resize_crops
 from retrieval.data.colour import has_alpha
 from retrieval.data.dataset import BadSample, LoadedBatch, array_to_image, sample_source
 from retrieval.data.decode import DEFAULT_MAX_PIXELS, open_regular_file, read_image
@@ -70,11 +69,33 @@ class EncodedImage:
 
 @dataclass(frozen=True)
 class EncodedBatch:
-    """A batch of ``EncodedImage``s, their labels and dataset positions (the workers' collate output)."""
+    """A batch of ``EncodedImage``s, their labels and dataset positions (the workers' collate output).
+
+    Sent from a DataLoader worker, the images' bytes travel as one tensor: torch shares every tensor through its own
+    shared-memory file, and a file per image cost more than decoding the batch on a GPU (``__reduce__``)."""
 
     images: list[EncodedImage]
     labels: torch.Tensor
     indices: torch.Tensor
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        packed = torch.cat([image.data.reshape(-1) for image in self.images]) if self.images else \
+            torch.empty(0, dtype=torch.uint8)
+        layout = [(tuple(image.data.shape), image.encoded, image.shape, image.box, image.flip, image.seed)
+                  for image in self.images]
+        return _unpack_batch, (packed, layout, self.labels, self.indices)
+
+
+def _unpack_batch(packed: torch.Tensor, layout: list[tuple[Any, ...]], labels: torch.Tensor,
+                  indices: torch.Tensor) -> EncodedBatch:
+    """``EncodedBatch.__reduce__``'s inverse: each image's data a view of the one packed tensor."""
+    sizes = [math.prod(data_shape) for data_shape, *_ in layout]
+    if sum(sizes) != packed.numel():
+        raise ValueError(f"a packed batch of {packed.numel()} bytes does not hold its images' {sum(sizes)}")
+    parts = torch.split(packed, sizes)
+    images = [EncodedImage(part.view(data_shape), *rest) for part, (data_shape, *rest) in zip(parts, layout,
+                                                                                              strict=True)]
+    return EncodedBatch(images, labels, indices)
 
 
 def resized_size(height: int, width: int, short: int) -> tuple[int, int]:
@@ -207,11 +228,8 @@ class DeviceAugment:
     """Decode (JPEG on the device), crop, resize, flip, colour-augment and normalise a batch on ``device``."""
 
     def __init__(self, model_config: Mapping[str, Any], augmentation: Augmentation, device: torch.device | str,
-                 dataset: Dataset | None = None, group_pixels: int = GROUP_PIXELS,
-                 batched_resize: bool | None = None) -> None:
+                 dataset: Dataset | None = None, group_pixels: int = GROUP_PIXELS) -> None:
         self.device = torch.device(device)
-        # one batched product for the whole batch on a GPU, where a call per image is launch-bound (batched_resize.py)
-        self.batched_resize = self.device.type != "cpu" if batched_resize is None else batched_resize
         self.dataset = dataset  # names the files that fail to decode
         self.size = input_size(model_config)
         mean, std = mean_and_std(model_config)
@@ -265,29 +283,21 @@ class DeviceAugment:
         keep = [i for i, pixels in enumerate(decoded) if isinstance(pixels, torch.Tensor)]
         bad = [BadSample(int(index), self._source(int(index)), reason) for index, reason
                in zip(batch.indices.tolist(), decoded, strict=True) if isinstance(reason, str)]
-        crops = []
-        for i in keep:
-            top, left, height, width = batch.images[i].box
-            crops.append(decoded[i][:, top:top + height, left:left + width])
-        flips = [batch.images[i].flip for i in keep]
-        out = resize_crops(crops, flips, self.size) if self.batched_resize else self._resize_each(crops, flips)
+        size = self.size
+        out = torch.empty(len(keep), 3, size, size, device=self.device)
+        for row, i in enumerate(keep):
+            pixels, image = decoded[i], batch.images[i]
+            top, left, height, width = image.box
+            crop = pixels[:, top:top + height, left:left + width].unsqueeze(0).float()
+            out[row] = F.interpolate(crop, size=(size, size), mode="bilinear", antialias=True, align_corners=False)[0]
+        flips = torch.tensor([batch.images[i].flip for i in keep], dtype=torch.bool)
+        if flips.any():
+            rows = flips.nonzero().flatten().to(self.device)
+            out[rows] = out[rows].flip(-1)
         if self.colour is not None:
             out = self._colour(out, [batch.images[i].seed for i in keep])
         out.sub_(self.mean).div_(self.std)
         return out, batch.labels[keep], bad
-
-    def _resize_each(self, crops: list[torch.Tensor], flips: list[bool]) -> torch.Tensor:
-        """``resize_crops`` one image at a time: on a CPU, the direct filter costs less than the batched product."""
-        size = self.size
-        out = torch.empty(len(crops), 3, size, size, device=self.device)
-        for row, crop in enumerate(crops):
-            out[row] = F.interpolate(crop.unsqueeze(0).float(), size=(size, size), mode="bilinear", antialias=True,
-                                     align_corners=False)[0]
-        flipped = torch.tensor(flips, dtype=torch.bool)
-        if flipped.any():
-            rows = flipped.nonzero().flatten().to(self.device)
-            out[rows] = out[rows].flip(-1)
-        return out
 
     def _source(self, index: int) -> str:
         return sample_source(self.dataset, index) if self.dataset is not None else f"sample #{index}"
@@ -297,7 +307,9 @@ class DeviceAugment:
         pixels = images.round_().clamp_(0, 255).to(torch.uint8)
         for row, seed in enumerate(seeds):
             with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(seed)
+                torch.default_generator.manual_seed(seed)  # as CatchBadSamples seeds it, plus the device's generator
+                if self.device.type == "cuda":
+                    torch.cuda.manual_seed_all(seed)
                 pixels[row] = self.colour(pixels[row])
         return pixels.float()
 

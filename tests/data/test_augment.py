@@ -102,6 +102,29 @@ def test_strong_draws_only_from_torch():
     assert torch.equal(run(transform, rgb(), 7), a)
 
 
+def test_a_sample_seed_fixes_its_augmentation_without_seeding_the_accelerators(monkeypatch):
+    """Seeding every device queues a lazy seed and formats a stack trace for each, per sample: the CPU's alone."""
+    from retrieval.data.dataset import CatchBadSamples
+
+    calls = []
+    for module in (torch.cuda, torch.xpu, torch.mtia):
+        monkeypatch.setattr(module, "manual_seed_all", lambda seed, name=module.__name__: calls.append(name))
+    transform = build_transforms(CONFIG, train=True, augmentation=resolve_augmentation("strong"))
+
+    class Augmented:
+        def __getitem__(self, index):
+            return transform(rgb()), 0
+
+    samples = CatchBadSamples(Augmented())
+    torch.manual_seed(123)
+    calls.clear()
+    before = torch.get_rng_state()
+    first, again, other = (samples[(i, seed)][1][0] for i, seed in ((0, 5), (1, 5), (2, 6)))
+    assert torch.equal(first, again) and not torch.equal(first, other)
+    assert calls == []
+    assert torch.equal(torch.get_rng_state(), before)  # the caller's random stream is left as it was
+
+
 def test_none_is_the_evaluation_preprocessing():
     transform = build_transforms(CONFIG, train=True, augmentation=resolve_augmentation("none"))
     evaluation = build_transforms(CONFIG, train=False)

@@ -8,11 +8,14 @@ from __future__ import annotations
 import io
 import json
 import os
+import pickle
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import torch.multiprocessing  # noqa: F401  (registers torch's reductions with ForkingPickler)
 from device_batches import CONFIG, both_pipelines
 from PIL import Image
 from sample_images import save_jpeg, smooth_picture
@@ -20,7 +23,8 @@ from sample_images import save_jpeg, smooth_picture
 from retrieval.data import device_decode
 from retrieval.data.augment import resolve_augmentation
 from retrieval.data.dataset import CatchBadSamples, ImageDataset
-from retrieval.data.device_decode import EncodedImages, draw_box
+from retrieval.data.device_decode import EncodedBatch, EncodedImages, collate_encoded, draw_box
+from retrieval.inference import make_loader
 
 
 def test_the_crop_and_flip_are_drawn_as_the_workers_draw_them(tmp_path):
@@ -106,17 +110,53 @@ def test_a_batch_is_decoded_in_groups_of_bounded_pixels_with_the_same_result(tmp
     assert torch.equal(whole, grouped)
 
 
-@pytest.mark.parametrize("augmentation", ["crop-flip", "strong"])
-def test_the_batched_resize_a_gpu_uses_gives_the_images_of_the_resize_per_image(tmp_path, augmentation):
-    paths = [save_jpeg(tmp_path / f"{i}.jpg", smooth_picture(90 + 41 * i, 260 - 23 * i, i)) for i in range(6)]
-    cpu, each, *_ = both_pipelines(paths, augmentation=augmentation, batched_resize=False)
-    _, batched, *_ = both_pipelines(paths, augmentation=augmentation, batched_resize=True)
-    assert batched.shape == each.shape == cpu.inputs.shape
-    # normalised values (pixel / 255 / std): 1e-3 is a quarter of an 8-bit level; the colour steps round to 8 bits
-    tolerance = 1e-3 if augmentation == "crop-flip" else 4.5 / 255 / 0.225
-    assert (batched - each).abs().max() < tolerance
-    if augmentation == "crop-flip":
-        assert (batched - cpu.inputs).abs().mean(dim=(1, 2, 3)).max() < 0.05
+def encoded_dataset(tmp_path, count: int = 6):
+    """JPEGs (handed over as bytes) and one PNG (decoded in the worker, handed over as pixels)."""
+    paths = [save_jpeg(tmp_path / f"{i}.jpg", smooth_picture(70 + 13 * i, 90, i)) for i in range(count - 1)]
+    Image.fromarray(smooth_picture(60, 80, 9)).save(tmp_path / "p.png")
+    paths.append(str(tmp_path / "p.png"))
+    aug = resolve_augmentation("crop-flip")
+    dataset = ImageDataset(paths, list(range(count)), [str(i) for i in range(count)], None)
+    return EncodedImages(dataset, CONFIG, aug), [(i, 500 + i) for i in range(count)]
+
+
+def same_batches(first: EncodedBatch, second: EncodedBatch) -> None:
+    assert torch.equal(first.labels, second.labels) and torch.equal(first.indices, second.indices)
+    assert len(first.images) == len(second.images)
+    for a, b in zip(first.images, second.images, strict=True):
+        assert torch.equal(a.data, b.data)
+        assert (a.encoded, a.shape, a.box, a.flip, a.seed) == (b.encoded, b.shape, b.box, b.flip, b.seed)
+
+
+def test_a_batch_leaves_a_worker_as_one_tensor_and_arrives_whole(tmp_path):
+    encoded, keys = encoded_dataset(tmp_path)
+    loaded = collate_encoded([CatchBadSamples(encoded)[key] for key in keys])
+    assert {image.encoded for image in loaded.inputs.images} == {True, False}
+    buffer = io.BytesIO()
+    ForkingPickler(buffer).dump(loaded.inputs)
+    arrived = pickle.loads(buffer.getvalue())
+    same_batches(arrived, loaded.inputs)
+    assert len({image.data.untyped_storage().data_ptr() for image in arrived.images}) == 1
+
+
+def test_batches_from_worker_processes_equal_those_made_in_the_main_process(tmp_path):
+    encoded, keys = encoded_dataset(tmp_path)
+    batches = [keys[:4], keys[4:]]
+    local = [collate_encoded([CatchBadSamples(encoded)[key] for key in batch]) for batch in batches]
+    loader = make_loader(encoded, None, 2, None, batch_sampler=batches, collate_fn=collate_encoded)
+    received = list(loader)
+    assert len(received) == 2
+    for got, want in zip(received, local, strict=True):
+        same_batches(got.inputs, want.inputs)
+        # one shared-memory tensor a batch crossed from the worker, not one an image
+        assert len({image.data.untyped_storage().data_ptr() for image in got.inputs.images}) == 1
+
+
+def test_a_packed_batch_that_does_not_hold_its_images_is_refused():
+    with pytest.raises(ValueError, match="does not hold"):
+        device_decode._unpack_batch(torch.zeros(10, dtype=torch.uint8), [((11,), True, (4, 4), (0, 0, 4, 4),
+                                                                          False, 1)],
+                                    torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
 
 
 def test_colour_augmentation_on_the_device_depends_on_the_sample_seed_only(tmp_path):
