@@ -19,6 +19,12 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # path removes this and fakes the download). Set here, it reaches the CLI's subprocesses too.
 os.environ.setdefault("RETRIEVAL_OFFLINE", "1")
 
+# Ray sends no usage statistics from the tests (they never use the network), and Ray Data starts no thread that polls
+# for them: that thread outlives ray.shutdown() and logs a traceback every few seconds, and Python 3.11 formats one
+# with ast.parse, which is not thread-safe there ("AST constructor recursion depth mismatch" in a test parsing the
+# sources at the same time). It reaches the tests' subprocesses and Ray's workers too.
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
 # The test files that take a minute or more, longest first (their tests' summed durations on the 2-core machine).
 # `make test` hands whole files to 2 workers in collection order (--no-loadscope-reorder: xdist would otherwise
 # order files by their number of tests, which put the long files of few tests, Ray's and the slim install's, last,

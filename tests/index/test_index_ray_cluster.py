@@ -115,6 +115,8 @@ def test_two_nodes_share_the_build_and_a_lost_node_loses_no_image(model, gallery
         ray.shutdown()
         cluster.shutdown()
 
+    # no thread of Ray Data's usage statistics outlives the cluster in this process (tests/conftest.py turns them off)
+    assert "data-usage-metrics-poller" not in {thread.name for thread in threading.enumerate()}
     assert "at" in killed, "the build ended before the worker node could be killed"
     per_shard = shard_nodes(out)
     # what docs/BENCHMARKS.md reports, before the checks ("Ray: two nodes and a lost node")
