@@ -28,7 +28,7 @@ system-deps:
 # two processes, each taking whole test files (fixtures stay within their file), then the latency tests by themselves:
 # docs/BENCHMARKS.md, "Test suite"
 test: install
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not alone"
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not alone"
 	$(BIN)/python -m pytest -q -m alone
 
 lint: install

@@ -25,33 +25,6 @@ os.environ.setdefault("RETRIEVAL_OFFLINE", "1")
 # sources at the same time). It reaches the tests' subprocesses and Ray's workers too.
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
-# The test files that take a minute or more, longest first (their tests' summed durations on the 2-core machine).
-# `make test` hands whole files to 2 workers in collection order (--no-loadscope-reorder: xdist would otherwise
-# order files by their number of tests, which put the long files of few tests, Ray's and the slim install's, last,
-# leaving one worker running for minutes after the other had finished). Collected first, the long files run while
-# the short ones fill the other worker. Ray's come after those the DDP file runs beside, so that the two
-# multi-process files do not share the 2 cores for long. Order only: every test stays independent of the others.
-LONGEST_FILES = ("train/test_train_ddp.py", "train/test_train.py", "project/test_slim_install.py",
-                 "train/test_train_robust.py", "train/test_train_compatible.py", "index/test_index_ray.py",
-                 "index/test_index_ray_cluster.py", "export/test_export.py", "serve/test_api_contract.py",
-                 "serve/test_browser.py", "data/test_decode.py")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Run the longest files first (a stable sort: each file keeps its own order)."""
-    rank = {name: place for place, name in enumerate(LONGEST_FILES)}
-    tests = Path(__file__).resolve().parent
-
-    def place(item: pytest.Item) -> int:
-        try:
-            name = Path(item.fspath).resolve().relative_to(tests).as_posix()
-        except ValueError:
-            return len(rank)
-        return rank.get(name, len(rank))
-
-    items.sort(key=place)
-
-
 # The serving imports stay inside the fixtures: test modules that never serve (tests/project/test_cuda.py on a GPU
 # machine without the web stack, say) must not need fastapi to be collected.
 
