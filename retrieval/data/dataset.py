@@ -214,7 +214,7 @@ class CatchBadSamples(Dataset):
             with torch.random.fork_rng(devices=[]):
                 # the transforms draw from the CPU generator alone; torch.manual_seed would also queue a seed for
                 # every lazily started accelerator, formatting a stack trace for each (~0.2 ms a sample)
-                torch.default_generator.manual_seed(seed)
+                torch.default_generator.manual_seed(int(seed))
                 return index, self.dataset[index]
         except Exception as exc:  # noqa: BLE001  (any failure of one sample is reported, never fatal here)
             source = sample_source(self.dataset, index)

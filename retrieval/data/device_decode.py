@@ -80,6 +80,9 @@ class EncodedBatch:
     indices: torch.Tensor
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        if any(image.data.dtype != torch.uint8 for image in self.images):
+            raise ValueError("an EncodedBatch holds uint8 data only (JPEG bytes or RGB pixels): the packed batch would "
+                             "convert the others")
         packed = torch.cat([image.data.reshape(-1) for image in self.images]) if self.images else \
             torch.empty(0, dtype=torch.uint8)
         layout = [(tuple(image.data.shape), image.encoded, image.shape, image.box, image.flip, image.seed)
@@ -308,9 +311,9 @@ class DeviceAugment:
         pixels = images.round_().clamp_(0, 255).to(torch.uint8)
         for row, seed in enumerate(seeds):
             with torch.random.fork_rng(devices=[]):
-                torch.default_generator.manual_seed(seed)  # as CatchBadSamples seeds it, plus the device's generator
-                if self.device.type == "cuda":
-                    torch.cuda.manual_seed_all(seed)
+                # torchvision's colour steps draw their parameters from the CPU generator alone (as CatchBadSamples
+                # seeds it); the device's generators stay the training step's
+                torch.default_generator.manual_seed(int(seed))
                 pixels[row] = self.colour(pixels[row])
         return pixels.float()
 

@@ -119,7 +119,7 @@ def test_a_sample_seed_fixes_its_augmentation_without_seeding_the_accelerators(m
     torch.manual_seed(123)
     calls.clear()
     before = torch.get_rng_state()
-    first, again, other = (samples[(i, seed)][1][0] for i, seed in ((0, 5), (1, 5), (2, 6)))
+    first, again, other = (samples[(i, seed)][1][0] for i, seed in ((0, 5), (1, np.int64(5)), (2, 6)))
     assert torch.equal(first, again) and not torch.equal(first, other)
     assert calls == []
     assert torch.equal(torch.get_rng_state(), before)  # the caller's random stream is left as it was

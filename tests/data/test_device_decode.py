@@ -23,7 +23,7 @@ from sample_images import save_jpeg, smooth_picture
 from retrieval.data import device_decode
 from retrieval.data.augment import resolve_augmentation
 from retrieval.data.dataset import CatchBadSamples, ImageDataset
-from retrieval.data.device_decode import EncodedBatch, EncodedImages, collate_encoded, draw_box
+from retrieval.data.device_decode import EncodedBatch, EncodedImage, EncodedImages, collate_encoded, draw_box
 from retrieval.inference import make_loader
 
 
@@ -150,6 +150,17 @@ def test_batches_from_worker_processes_equal_those_made_in_the_main_process(tmp_
         same_batches(got.inputs, want.inputs)
         # one shared-memory tensor a batch crossed from the worker, not one an image
         assert len({image.data.untyped_storage().data_ptr() for image in got.inputs.images}) == 1
+
+
+def test_a_batch_of_other_than_uint8_data_is_refused_before_it_is_packed(tmp_path):
+    encoded, keys = encoded_dataset(tmp_path, 2)
+    batch = collate_encoded([CatchBadSamples(encoded)[key] for key in keys]).inputs
+    first = batch.images[0]
+    odd = EncodedBatch([first, EncodedImage(first.data.float(), *(getattr(first, f) for f in
+                                                                   ("encoded", "shape", "box", "flip", "seed")))],
+                       batch.labels, batch.indices)
+    with pytest.raises(ValueError, match="uint8 data only"):
+        pickle.dumps(odd)
 
 
 def test_a_packed_batch_that_does_not_hold_its_images_is_refused():
