@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -193,6 +194,17 @@ def sample_source(dataset: Dataset, index: int) -> str:
     return f"in-memory sample #{index} of {dataset!r}"
 
 
+@contextmanager
+def sample_seeded(seed: int) -> Iterator[None]:
+    """The CPU generator seeded with one sample's seed, the caller's stream restored afterwards.
+
+    Augmentation draws from the CPU generator alone; torch.manual_seed would also queue a seed for every lazily
+    started accelerator, formatting a stack trace for each (~0.2 ms a sample)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(int(seed))
+        yield
+
+
 class CatchBadSamples(Dataset):
     """``dataset`` for a DataLoader: key ``i`` gives ``(i, dataset[i])``, or a ``BadSample`` when loading fails.
 
@@ -211,10 +223,7 @@ class CatchBadSamples(Dataset):
         try:
             if seed is None:
                 return index, self.dataset[index]
-            with torch.random.fork_rng(devices=[]):
-                # the transforms draw from the CPU generator alone; torch.manual_seed would also queue a seed for
-                # every lazily started accelerator, formatting a stack trace for each (~0.2 ms a sample)
-                torch.default_generator.manual_seed(int(seed))
+            with sample_seeded(seed):
                 return index, self.dataset[index]
         except Exception as exc:  # noqa: BLE001  (any failure of one sample is reported, never fatal here)
             source = sample_source(self.dataset, index)

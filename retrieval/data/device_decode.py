@@ -41,7 +41,7 @@ from torchvision.transforms import v2
 
 from retrieval.data.augment import Augmentation
 from retrieval.data.colour import has_alpha
-from retrieval.data.dataset import BadSample, LoadedBatch, array_to_image, sample_source
+from retrieval.data.dataset import BadSample, LoadedBatch, array_to_image, sample_seeded, sample_source
 from retrieval.data.decode import DEFAULT_MAX_PIXELS, open_regular_file, read_image
 from retrieval.data.decode_memory import MAX_ASPECT, MIN_SHORT_SIDE
 from retrieval.data.eval_preprocess import RESIZE_RATIO, input_size, mean_and_std
@@ -310,10 +310,7 @@ class DeviceAugment:
         """Colour augmentation per image on uint8 pixels (as the CPU pipeline applies it), each from its own seed."""
         pixels = images.round_().clamp_(0, 255).to(torch.uint8)
         for row, seed in enumerate(seeds):
-            with torch.random.fork_rng(devices=[]):
-                # torchvision's colour steps draw their parameters from the CPU generator alone (as CatchBadSamples
-                # seeds it); the device's generators stay the training step's
-                torch.default_generator.manual_seed(int(seed))
+            with sample_seeded(seed):  # the colour steps draw from the CPU generator; the device's stay the step's
                 pixels[row] = self.colour(pixels[row])
         return pixels.float()
 

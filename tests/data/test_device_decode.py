@@ -5,6 +5,7 @@ tests/project/test_cuda.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -23,7 +24,7 @@ from sample_images import save_jpeg, smooth_picture
 from retrieval.data import device_decode
 from retrieval.data.augment import resolve_augmentation
 from retrieval.data.dataset import CatchBadSamples, ImageDataset
-from retrieval.data.device_decode import EncodedBatch, EncodedImage, EncodedImages, collate_encoded, draw_box
+from retrieval.data.device_decode import EncodedBatch, EncodedImages, collate_encoded, draw_box
 from retrieval.inference import make_loader
 
 
@@ -156,9 +157,7 @@ def test_a_batch_of_other_than_uint8_data_is_refused_before_it_is_packed(tmp_pat
     encoded, keys = encoded_dataset(tmp_path, 2)
     batch = collate_encoded([CatchBadSamples(encoded)[key] for key in keys]).inputs
     first = batch.images[0]
-    odd = EncodedBatch([first, EncodedImage(first.data.float(), *(getattr(first, f) for f in
-                                                                   ("encoded", "shape", "box", "flip", "seed")))],
-                       batch.labels, batch.indices)
+    odd = EncodedBatch([first, dataclasses.replace(first, data=first.data.float())], batch.labels, batch.indices)
     with pytest.raises(ValueError, match="uint8 data only"):
         pickle.dumps(odd)
 

@@ -54,4 +54,3 @@ def test_an_unknown_schedule_names_the_registered_ones():
 def test_optimizers_of_cpu_parameters_keep_torchs_default_kernels(name):
     groups = [{"params": list(torch.nn.Linear(4, 2).parameters()), "lr": 0.1}]
     assert not OPTIMIZERS.build(name, param_groups=groups, weight_decay=0.0).defaults.get("fused")
-
