@@ -19,6 +19,7 @@ from retrieval.serve.admission import LengthRequired
 from retrieval.serve.api import create_api
 from retrieval.serve.config import ServerConfig
 from retrieval.serve.defaults import PUBLIC_PATHS
+from retrieval.serve.heap import freeze_after_startup
 from retrieval.serve.observability import configure_logging, outermost
 from retrieval.serve.reports import load_report
 from retrieval.serve.routes import leaf_routes
@@ -110,6 +111,7 @@ def build_app(config: ServerConfig, service: SearchService | None = None) -> tup
     app.add_middleware(LengthRequired)  # a chunked body is refused before uvicorn parses its chunks on the loop
     app.add_middleware(SafePageHeaders)  # outside the security layers: their refusals carry the headers too
     outermost(app)  # the request log and metrics in front of all: what the layers above refuse is counted too
+    freeze_after_startup(app)  # a full garbage collection then walks only what requests allocate
     return app, service
 
 

@@ -1,0 +1,52 @@
+"""The server's start-up heap, out of the cyclic garbage collector's reach while it serves.
+
+A full collection walks every tracked object in the process: with torch, Gradio, faiss and the index loaded that is
+close to a million objects and about half a second on a slow core, and it runs with the GIL held, so every request
+and /health wait for it (docs/SECURITY.md, "Availability"). What exists once the server has started lives as long
+as the server: ``frozen_heap`` collects once, then moves it into the permanent generation (``gc.freeze``), so a
+collection walks only what requests allocated since. Objects there are still freed by reference counting; only
+reference cycles among them wait until the server stops (``gc.unfreeze``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+_lock = threading.Lock()
+_holders = 0  # servers running in this process (tests run several at once): the last one to stop unfreezes
+
+
+@contextlib.contextmanager
+def frozen_heap() -> Iterator[None]:
+    """While held, what the process holds on entry is out of the cyclic collector's walks."""
+    global _holders
+    with _lock:
+        if _holders == 0:
+            gc.collect()  # garbage that exists now is freed, not frozen
+        gc.freeze()  # cumulative: a second server's start-up objects join the first's
+        _holders += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _holders -= 1
+            if _holders == 0:
+                gc.unfreeze()
+
+
+def freeze_after_startup(app: Any) -> None:
+    """Wrap the lifespan of the Starlette/FastAPI ``app``: once everything it starts (Gradio's queue included) has
+    started, and before uvicorn listens, its heap is frozen until shutdown. Call it after the last mount."""
+    started: Callable[[Any], contextlib.AbstractAsyncContextManager] = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(inner_app: Any) -> AsyncIterator[Any]:
+        async with started(inner_app) as state:
+            with frozen_heap():
+                yield state
+
+    app.router.lifespan_context = lifespan
