@@ -19,7 +19,7 @@ from retrieval.serve.admission import LengthRequired
 from retrieval.serve.api import create_api
 from retrieval.serve.config import ServerConfig
 from retrieval.serve.defaults import PUBLIC_PATHS
-from retrieval.serve.heap import freeze_after_startup
+from retrieval.serve.collector import freeze_after_startup
 from retrieval.serve.observability import configure_logging, outermost
 from retrieval.serve.reports import load_report
 from retrieval.serve.routes import leaf_routes

@@ -11,7 +11,7 @@ import pytest
 from availability import HealthProbe
 from serve_fixtures import BackgroundServer
 
-from retrieval.serve.heap import frozen_heap
+from retrieval.serve.collector import frozen_heap
 from retrieval.serve.server import ServerConfig, build_app
 
 pytestmark = pytest.mark.timeout(300)
