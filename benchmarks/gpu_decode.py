@@ -11,6 +11,10 @@ crossing the process boundary as one tensor (``EncodedBatch.__reduce__``) and on
 default: a shared-memory file each). The device stage (``DeviceAugment``: decode, crop, resize, flip, normalise) and
 nvJPEG run after one warm-up pass, synchronised. If nvJPEG's rate does not grow with threads, its host side is
 serialised. ``--device cpu`` runs the hand-over rows only.
+
+For the workers pipeline (``--decode-on workers``), the same count for its batches: decoded, augmented and
+normalised to float32 in the workers (as on the CPU), against uint8 pixels, a quarter of the bytes, which the GPU
+scales and normalises on arrival (``ScaleAndNormalise``; nothing is done with them here).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import torch
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from retrieval.data import ImageDataset
+from retrieval.data import ImageDataset, build_transforms
 from retrieval.data.augment import resolve_augmentation
 from retrieval.data.dataset import CatchBadSamples
 from retrieval.data.device_decode import DeviceAugment, EncodedBatch, EncodedImages, collate_encoded
@@ -60,6 +64,24 @@ def hand_over_rate(encoded: EncodedImages, batch: int, workers: int, per_image: 
         return seen / (time.perf_counter() - start)
     finally:
         EncodedBatch.__reduce__ = packed
+
+
+def workers_pipeline_rate(paths: list[Path], batch: int, workers: int, normalise: bool) -> float:
+    """Images/s of the workers pipeline's batches arriving from ``workers`` processes: float32 normalised in the
+    workers, or uint8 (``normalise=False``)."""
+    transform = build_transforms(CONFIG, train=True, augmentation=resolve_augmentation("crop-flip"),
+                                 normalise=normalise)
+    dataset = ImageDataset([str(p) for p in paths], [0] * len(paths), [p.name for p in paths], transform)
+    warm_up = 2 * workers + 2
+    g = torch.Generator().manual_seed(0)
+    batches = [[(int(i), 7 + int(i)) for i in torch.randint(0, len(dataset), (batch,), generator=g)]
+               for _ in range(warm_up + max(30, 3 * workers))]
+    seen, start = 0, 0.0
+    for i, loaded in enumerate(make_loader(dataset, None, workers, None, batch_sampler=batches)):
+        if i == warm_up:
+            start, seen = time.perf_counter(), 0
+        seen += len(loaded.inputs)
+    return seen / (time.perf_counter() - start)
 
 
 def stage_rate(encoded: EncodedImages, batch: int, device: torch.device, repeats: int = 10) -> float:
@@ -123,6 +145,9 @@ def main() -> None:
     for per_image, label in ((True, "a tensor an image"), (False, "one tensor a batch")):
         rate = hand_over_rate(encoded, args.batch, args.workers, per_image)
         print(f"| the workers' hand-over alone, {label} | {rate:,.0f} |", flush=True)
+    for normalise, label in ((True, "float32, normalised in the workers"), (False, "uint8, normalised on arrival")):
+        rate = workers_pipeline_rate(paths, args.batch, args.workers, normalise)
+        print(f"| the workers pipeline's batches alone, {label} | {rate:,.0f} |", flush=True)
     if device.type != "cuda":
         return
     print(f"| DeviceAugment alone (decode, crop, resize, flip, normalise) | "

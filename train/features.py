@@ -25,6 +25,7 @@ from retrieval.data import BadImageLog, BadSample, WithSampleSeeds, build_transf
 from retrieval.data.augment import Augmentation
 from retrieval.data.colour import DEFAULT_BACKGROUND
 from retrieval.data.device_decode import DeviceAugment, EncodedImages, collate_encoded, decoded_batches
+from retrieval.data.transforms import ScaleAndNormalise
 from retrieval.distributed import embed_sharded, every_rank, rank_and_world
 from retrieval.evaluation import EvalSets, embed_eval_rows, eval_arrays
 from retrieval.inference import Embedded, embed_samples, make_loader
@@ -76,6 +77,13 @@ class FeatureSource(Protocol):
         """Training is over: let go of what only the epochs needed (data workers)."""
 
 
+def normalises_on_arrival(device: torch.device | None) -> bool:
+    """Whether the train workers hand over uint8 pixels for ``device`` to scale and normalise: on a GPU, where that
+    is free and the batches crossing from the workers and to the GPU are a quarter of the bytes. On the CPU the
+    workers do it, in parallel, instead of the training process."""
+    return device is not None and device.type == "cuda"
+
+
 def feature_source_class(cfg: TrainConfig) -> type[CachedFeatures] | type[ImagePipeline]:
     """The feature source a configuration trains from: the one place that reads ``freeze_backbone``."""
     return CachedFeatures if cfg.freeze_backbone else ImagePipeline
@@ -105,9 +113,9 @@ class CachedFeatures:
             p.requires_grad_(False)
 
     @staticmethod
-    def train_transform(model_config: dict, augmentation: Augmentation):
+    def train_transform(model_config: dict, augmentation: Augmentation, device: torch.device | None = None):
         """The features are cached once, so the train images are not augmented (``augmentation`` is unused:
-        ``TrainConfig.validate`` refuses one that would augment)."""
+        ``TrainConfig.validate`` refuses one that would augment; so is ``device``)."""
         return build_transforms(model_config, train=False)
 
     @classmethod
@@ -188,7 +196,10 @@ class ImagePipeline:
         self.eval_sets = eval_sets
         self.embedding = embedding
         self.on_device: DeviceAugment | None = None  # --decode-on device: the workers hand over JPEG bytes
+        self.on_arrival: ScaleAndNormalise | None = None  # the workers hand over uint8 pixels (train_transform)
         self._train_loader: DataLoader | None = None
+        if cfg.decode_on == "workers" and normalises_on_arrival(embedding.device):
+            self.on_arrival = ScaleAndNormalise(model_config, embedding.device)
         if cfg.decode_on == "device":
             augmentation = cfg.augmentation()
             self.on_device = DeviceAugment(model_config, augmentation, embedding.device, dataset=train_set)
@@ -199,9 +210,10 @@ class ImagePipeline:
         """Every part of the model trains."""
 
     @staticmethod
-    def train_transform(model_config: dict, augmentation: Augmentation):
-        """The augmenting train pipeline."""
-        return build_transforms(model_config, train=True, augmentation=augmentation)
+    def train_transform(model_config: dict, augmentation: Augmentation, device: torch.device | None = None):
+        """The augmenting train pipeline; uint8 pixels where the ``device`` scales and normalises them."""
+        return build_transforms(model_config, train=True, augmentation=augmentation,
+                                normalise=not normalises_on_arrival(device))
 
     @classmethod
     def build(cls, cfg: TrainConfig, model: Embedder, train_set: Dataset, labels: np.ndarray, eval_sets: EvalSets,
@@ -225,7 +237,10 @@ class ImagePipeline:
         if self.on_device is None:
             for batch in loader:
                 run.bad_images.add(batch.bad)
-                yield batch.inputs, batch.labels, len(batch.bad)
+                inputs = batch.inputs
+                if self.on_arrival is not None and inputs is not None:
+                    inputs = self.on_arrival(inputs.to(run.device, non_blocking=True))
+                yield inputs, batch.labels, len(batch.bad)
             return
         for batch, done in decoded_batches(loader, self.on_device):
             run.bad_images.add(batch.bad)

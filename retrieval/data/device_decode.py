@@ -44,9 +44,9 @@ from retrieval.data.colour import has_alpha
 from retrieval.data.dataset import BadSample, LoadedBatch, array_to_image, sample_seeded, sample_source
 from retrieval.data.decode import DEFAULT_MAX_PIXELS, open_regular_file, read_image
 from retrieval.data.decode_memory import MAX_ASPECT, MIN_SHORT_SIDE
-from retrieval.data.eval_preprocess import RESIZE_RATIO, input_size, mean_and_std
+from retrieval.data.eval_preprocess import RESIZE_RATIO, input_size
 from retrieval.data.exif_icc import orientation
-from retrieval.data.transforms import background_of, colour_steps
+from retrieval.data.transforms import ScaleAndNormalise, background_of, colour_steps
 
 # pixels decoded on the device at once: bounds the decoder's output memory (3 bytes a pixel) whatever the batch holds
 GROUP_PIXELS = 64_000_000
@@ -236,9 +236,7 @@ class DeviceAugment:
         self.device = torch.device(device)
         self.dataset = dataset  # names the files that fail to decode
         self.size = input_size(model_config)
-        mean, std = mean_and_std(model_config)
-        self.mean = torch.tensor(mean, device=self.device).view(1, 3, 1, 1) * 255.0
-        self.std = torch.tensor(std, device=self.device).view(1, 3, 1, 1) * 255.0
+        self.normalise = ScaleAndNormalise(model_config, self.device)
         self.group_pixels = group_pixels
         colour = colour_steps(model_config, augmentation)
         self.colour = v2.Compose(colour) if colour else None
@@ -300,8 +298,7 @@ class DeviceAugment:
             out[rows] = out[rows].flip(-1)
         if self.colour is not None:
             out = self._colour(out, [batch.images[i].seed for i in keep])
-        out.sub_(self.mean).div_(self.std)
-        return out, batch.labels[keep], bad
+        return self.normalise(out), batch.labels[keep], bad
 
     def _source(self, index: int) -> str:
         return sample_source(self.dataset, index) if self.dataset is not None else f"sample #{index}"

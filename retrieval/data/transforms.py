@@ -59,10 +59,11 @@ def colour_steps(model_config: Mapping[str, Any], augmentation: Augmentation) ->
 
 
 def build_transforms(
-    model_config: Mapping[str, Any], train: bool, augmentation: Augmentation | None = None
+    model_config: Mapping[str, Any], train: bool, augmentation: Augmentation | None = None, normalise: bool = True
 ) -> v2.Compose | EvalTransform:
     """PIL image (RGB or RGBA) -> float32 tensor [3, S, S], normalised; ``augmentation`` when ``train`` (None: the
-    default preset, crop-flip)."""
+    default preset, crop-flip). ``normalise=False`` (train only): the uint8 pixels [3, S, S] before scaling and
+    normalising, for ``ScaleAndNormalise`` to finish on the training device."""
     if not train:
         return EvalTransform(model_config)
     aug = augmentation if augmentation is not None else resolve_augmentation(DEFAULT_AUGMENTATION)
@@ -77,9 +78,26 @@ def build_transforms(
         steps.append(v2.RandomHorizontalFlip())
     # auto-augment and jitter work on uint8 pixels (PIL here), so they come before scaling and normalising
     steps += colour_steps(model_config, aug)
-    steps += [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), _normalize(model_config)]
+    steps.append(v2.ToImage())
+    if normalise:
+        steps += [v2.ToDtype(torch.float32, scale=True), _normalize(model_config)]
     # every op above draws from torch's global RNG, which CatchBadSamples seeds per sample
     return v2.Compose(steps)
+
+
+class ScaleAndNormalise:
+    """uint8 images [B, 3, H, W] -> float32, scaled to [0, 1] and normalised with the model's mean and std: the last
+    two steps of the train pipeline, on the device that holds the images (255 folded into the mean and std)."""
+
+    def __init__(self, model_config: Mapping[str, Any], device: torch.device | str) -> None:
+        mean, std = mean_and_std(model_config)
+        self.mean = torch.tensor(mean, device=device).view(1, 3, 1, 1) * 255.0
+        self.std = torch.tensor(std, device=device).view(1, 3, 1, 1) * 255.0
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        """A new float32 tensor from uint8 ``images``; float32 ``images`` (pixel values 0-255) in place."""
+        out = images if images.dtype == torch.float32 else images.float()
+        return out.sub_(self.mean).div_(self.std)
 
 
 def preprocess_eval(image: Image.Image, model_config: Mapping[str, Any]) -> torch.Tensor:

@@ -20,6 +20,7 @@ from retrieval.data.augment import (
 )
 from retrieval.data.colour import FlattenAlpha
 from retrieval.data.eval_preprocess import RESIZE_RATIO
+from retrieval.data.transforms import ScaleAndNormalise
 from retrieval.train.config import TrainConfig
 
 CONFIG = {"input_size": 32, "mean": (0.5, 0.4, 0.3), "std": (0.2, 0.25, 0.3)}
@@ -265,6 +266,66 @@ def test_the_feature_sources_take_the_augmentation():
     assert any(isinstance(step, v2.ColorJitter) for step in steps)
     image = rgb()
     assert torch.equal(CachedFeatures.train_transform(CONFIG, strong)(image), build_transforms(CONFIG, False)(image))
+
+
+@pytest.mark.parametrize("preset", AUGMENTATIONS.names())
+def test_uint8_pixels_normalised_on_arrival_equal_the_workers_float_images(preset):
+    augmentation = resolve_augmentation(preset)
+    floats = build_transforms(CONFIG, train=True, augmentation=augmentation)
+    pixels = build_transforms(CONFIG, train=True, augmentation=augmentation, normalise=False)
+    mean, std = (torch.tensor(CONFIG[key], dtype=torch.float64).view(3, 1, 1) for key in ("mean", "std"))
+    for seed in range(6):
+        for image in (rgb(), rgba()):
+            raw = run(pixels, image, seed)
+            assert raw.dtype == torch.uint8 and raw.shape == (3, 32, 32)
+            arrived = ScaleAndNormalise(CONFIG, "cpu")(raw[None])[0]
+            reference = (raw.double() / 255 - mean) / std
+            torch.testing.assert_close(arrived.double(), reference, rtol=0, atol=1e-5)
+            torch.testing.assert_close(arrived, run(floats, image, seed), rtol=0, atol=1e-5)
+
+
+class Pictures(torch.utils.data.Dataset):
+    """Twelve different RGB pictures through ``transform``, four classes."""
+
+    def __init__(self, transform) -> None:
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, index: int):
+        return self.transform(rgb(seed=index)), index % 4
+
+
+def pipeline_batches(monkeypatch, on_arrival: bool) -> tuple[object, list]:
+    """One epoch of ``ImagePipeline`` batches, with the uint8 hand-over on (as on a GPU) or off, and its transform."""
+    from retrieval.data import BadImageLog, ClassBalancedBatchSampler
+    from retrieval.train import features
+
+    monkeypatch.setattr(features, "normalises_on_arrival", lambda device: on_arrival)
+    cfg = TrainConfig(dataset="digits", seed=3)
+    embedding = features.Embedding(torch.device("cpu"), 8, workers=0, amp=False, progress=False,
+                                   bad_images=BadImageLog("skip"))
+    transform = features.ImagePipeline.train_transform(CONFIG, cfg.augmentation(), embedding.device)
+    pipeline = features.ImagePipeline(cfg, Pictures(transform), None, embedding, CONFIG)
+    sampler = ClassBalancedBatchSampler(np.arange(12) % 4, 2, 3, seed=1, batches_per_epoch=3)
+    try:
+        return transform, list(pipeline.batches(sampler, 0, 0))
+    finally:
+        pipeline.close()
+
+
+def test_on_a_gpu_the_workers_hand_over_uint8_and_the_step_gets_the_same_images(monkeypatch):
+    from retrieval.train.features import normalises_on_arrival
+
+    assert normalises_on_arrival(torch.device("cuda")) and not normalises_on_arrival(torch.device("cpu"))
+    handed, on_arrival = pipeline_batches(monkeypatch, True)
+    kept, in_workers = pipeline_batches(monkeypatch, False)
+    assert handed(rgb()).dtype == torch.uint8 and kept(rgb()).dtype == torch.float32
+    assert len(on_arrival) == len(in_workers) == 3
+    for (images, labels, bad), (expected, expected_labels, expected_bad) in zip(on_arrival, in_workers, strict=True):
+        assert images.dtype == torch.float32 and torch.equal(labels, expected_labels) and bad == expected_bad == 0
+        torch.testing.assert_close(images, expected, rtol=0, atol=1e-5)
 
 
 def test_fine_tuning_trains_with_the_configured_augmentation(tmp_path):
