@@ -32,10 +32,10 @@ def one_run(cfg: TrainConfig, persistent: bool, epochs: int, batches: int, worke
         features.make_loader = lambda *args, **kwargs: made(*args, **{**kwargs, "persistent": False})
     try:
         model_config = {**create_embedder(cfg.backbone, pretrained=False).config, "input_size": cfg.image_size}
-        train_set = load_dataset(cfg.dataset, cfg.data, split="train",
-                                 transform=ImagePipeline.train_transform(model_config, cfg.augmentation()))
         run = Embedding(torch.device("cpu"), cfg.batch_size, workers, amp=False, progress=False,
                         bad_images=BadImageLog("skip"))
+        train_set = load_dataset(cfg.dataset, cfg.data, split="train",
+                                 transform=ImagePipeline.train_transform(model_config, cfg.augmentation(), run.device))
         pipeline = ImagePipeline(cfg, train_set, None, run, model_config)
         sampler = ClassBalancedBatchSampler(np.asarray(train_set.labels), cfg.batch_size // cfg.per_class,
                                             cfg.per_class, seed=cfg.seed, batches_per_epoch=batches)

@@ -61,16 +61,20 @@ def pipeline_rate(root: Path, decode_on: str, size: int, batch: int, workers: in
     from retrieval.data import ClassBalancedBatchSampler, WithSampleSeeds, load_dataset
     from retrieval.data.augment import resolve_augmentation
     from retrieval.data.device_decode import DeviceAugment, EncodedImages, collate_encoded, decoded_batches
-    from retrieval.data.transforms import build_transforms
+    from retrieval.data.transforms import ScaleAndNormalise, build_transforms
     from retrieval.inference import make_loader
+    from retrieval.train.features import normalises_on_arrival
 
     config = {"input_size": size, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
     aug = resolve_augmentation("crop-flip")
-    dataset = load_dataset("folder", str(root), split="train", transform=build_transforms(config, True, aug))
+    device = torch.device(device)
+    # as the trainer's workers pipeline: uint8 pixels normalised on a GPU as they arrive
+    on_arrival = ScaleAndNormalise(config, device) if normalises_on_arrival(device) else None
+    dataset = load_dataset("folder", str(root), split="train",
+                           transform=build_transforms(config, True, aug, normalise=on_arrival is None))
     warm_up = 2 * workers + 2
     sampler = ClassBalancedBatchSampler(dataset.labels, batch // 4, 4, seed=0, batches_per_epoch=batches + warm_up)
     sampler.set_epoch(0, 0)
-    device = torch.device(device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     if decode_on == "device":
         stage = DeviceAugment(config, aug, device, dataset=dataset)
@@ -86,6 +90,8 @@ def pipeline_rate(root: Path, decode_on: str, size: int, batch: int, workers: in
             sync()
             start, seen = time.perf_counter(), 0
         images = done[0] if stage is not None else loaded.inputs.to(device, non_blocking=True)
+        if stage is None and on_arrival is not None:
+            images = on_arrival(images)
         seen += len(images)
     sync()
     return seen / (time.perf_counter() - start)

@@ -17,9 +17,9 @@ from starlette.types import Scope
 from retrieval.index.embedder import load_model
 from retrieval.serve.admission import LengthRequired
 from retrieval.serve.api import create_api
+from retrieval.serve.collector import freeze_after_startup
 from retrieval.serve.config import ServerConfig
 from retrieval.serve.defaults import PUBLIC_PATHS
-from retrieval.serve.collector import freeze_after_startup
 from retrieval.serve.observability import configure_logging, outermost
 from retrieval.serve.reports import load_report
 from retrieval.serve.routes import leaf_routes

@@ -69,3 +69,18 @@ def save_jpeg(path: Path, pixels: np.ndarray, **options) -> str:
     """``pixels`` saved as a quality-95 JPEG at ``path`` (Pillow's ``options``, e.g. progressive); the path."""
     Image.fromarray(pixels).save(path, format="JPEG", quality=95, **options)
     return str(path)
+
+
+class NoisePictures:
+    """A map-style data set of ``count`` different noise pictures (60 x 50 RGB) through ``transform``, labelled
+    ``index % classes``; at module level, so that DataLoader workers started by any method can unpickle it."""
+
+    def __init__(self, transform, count: int = 12, classes: int = 4) -> None:
+        self.transform, self.count, self.classes = transform, count, classes
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int):
+        pixels = np.random.default_rng(index).integers(0, 256, (60, 50, 3), dtype=np.uint8)
+        return self.transform(Image.fromarray(pixels)), index % self.classes

@@ -115,7 +115,7 @@ class CachedFeatures:
     @staticmethod
     def train_transform(model_config: dict, augmentation: Augmentation, device: torch.device | None = None):
         """The features are cached once, so the train images are not augmented (``augmentation`` is unused:
-        ``TrainConfig.validate`` refuses one that would augment; so is ``device``)."""
+        ``TrainConfig.validate`` refuses one that would augment; ``device`` is unused too)."""
         return build_transforms(model_config, train=False)
 
     @classmethod
@@ -239,6 +239,10 @@ class ImagePipeline:
                 run.bad_images.add(batch.bad)
                 inputs = batch.inputs
                 if self.on_arrival is not None and inputs is not None:
+                    if inputs.dtype != torch.uint8:  # normalised twice otherwise
+                        raise TypeError(f"the train images arrive as {inputs.dtype}, not uint8 pixels: build the "
+                                        "train set's transform with ImagePipeline.train_transform(config, "
+                                        "augmentation, device)")
                     inputs = self.on_arrival(inputs.to(run.device, non_blocking=True))
                 yield inputs, batch.labels, len(batch.bad)
             return

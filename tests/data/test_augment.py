@@ -7,6 +7,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from PIL import Image
+from sample_images import NoisePictures
 from torchvision.transforms import v2
 
 from retrieval.cli.main import main
@@ -284,30 +285,20 @@ def test_uint8_pixels_normalised_on_arrival_equal_the_workers_float_images(prese
             torch.testing.assert_close(arrived, run(floats, image, seed), rtol=0, atol=1e-5)
 
 
-class Pictures(torch.utils.data.Dataset):
-    """Twelve different RGB pictures through ``transform``, four classes."""
-
-    def __init__(self, transform) -> None:
-        self.transform = transform
-
-    def __len__(self) -> int:
-        return 12
-
-    def __getitem__(self, index: int):
-        return self.transform(rgb(seed=index)), index % 4
-
-
-def pipeline_batches(monkeypatch, on_arrival: bool) -> tuple[object, list]:
-    """One epoch of ``ImagePipeline`` batches, with the uint8 hand-over on (as on a GPU) or off, and its transform."""
+def pipeline_batches(monkeypatch, on_arrival: bool, transform_for: bool | None = None) -> tuple[object, list]:
+    """One epoch of ``ImagePipeline`` batches, with the uint8 hand-over on (as on a GPU) or off, and its transform
+    (made for the hand-over or not as ``transform_for`` says; by default as the pipeline)."""
     from retrieval.data import BadImageLog, ClassBalancedBatchSampler
     from retrieval.train import features
 
-    monkeypatch.setattr(features, "normalises_on_arrival", lambda device: on_arrival)
     cfg = TrainConfig(dataset="digits", seed=3)
     embedding = features.Embedding(torch.device("cpu"), 8, workers=0, amp=False, progress=False,
                                    bad_images=BadImageLog("skip"))
+    monkeypatch.setattr(features, "normalises_on_arrival",
+                        lambda device: on_arrival if transform_for is None else transform_for)
     transform = features.ImagePipeline.train_transform(CONFIG, cfg.augmentation(), embedding.device)
-    pipeline = features.ImagePipeline(cfg, Pictures(transform), None, embedding, CONFIG)
+    monkeypatch.setattr(features, "normalises_on_arrival", lambda device: on_arrival)
+    pipeline = features.ImagePipeline(cfg, NoisePictures(transform), None, embedding, CONFIG)
     sampler = ClassBalancedBatchSampler(np.arange(12) % 4, 2, 3, seed=1, batches_per_epoch=3)
     try:
         return transform, list(pipeline.batches(sampler, 0, 0))
@@ -326,6 +317,11 @@ def test_on_a_gpu_the_workers_hand_over_uint8_and_the_step_gets_the_same_images(
     for (images, labels, bad), (expected, expected_labels, expected_bad) in zip(on_arrival, in_workers, strict=True):
         assert images.dtype == torch.float32 and torch.equal(labels, expected_labels) and bad == expected_bad == 0
         torch.testing.assert_close(images, expected, rtol=0, atol=1e-5)
+
+
+def test_float_images_where_uint8_are_expected_are_refused_not_normalised_twice(monkeypatch):
+    with pytest.raises(TypeError, match="not uint8 pixels: build the train set's transform with"):
+        pipeline_batches(monkeypatch, True, transform_for=False)
 
 
 def test_fine_tuning_trains_with_the_configured_augmentation(tmp_path):

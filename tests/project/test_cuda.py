@@ -389,37 +389,26 @@ def test_device_decode_on_cuda_shows_what_the_workers_show(tmp_path):
 
 
 def test_the_workers_hand_uint8_pixels_to_the_gpu_which_normalises_them_as_the_cpu_does():
-    from PIL import Image
+    from sample_images import NoisePictures
 
     from retrieval.data import BadImageLog, ClassBalancedBatchSampler
     from retrieval.train.config import TrainConfig
     from retrieval.train.features import Embedding, ImagePipeline
 
     config = {"input_size": 32, "mean": (0.5, 0.4, 0.3), "std": (0.2, 0.25, 0.3)}
-    pictures = [Image.fromarray(np.random.default_rng(i).integers(0, 256, (60, 50, 3), dtype=np.uint8))
-                for i in range(12)]
-
-    class Pictures(torch.utils.data.Dataset):
-        def __init__(self, transform) -> None:
-            self.transform = transform
-
-        def __len__(self) -> int:
-            return len(pictures)
-
-        def __getitem__(self, index: int):
-            return self.transform(pictures[index]), index % 4
-
     epochs = {}
     for device in ("cpu", "cuda"):
         cfg = TrainConfig(dataset="digits", seed=3)
         embedding = Embedding(torch.device(device), 8, workers=2, amp=False, progress=False,
                               bad_images=BadImageLog("skip"))
-        transform = ImagePipeline.train_transform(config, cfg.augmentation(), embedding.device)
-        assert transform(pictures[0]).dtype == (torch.uint8 if device == "cuda" else torch.float32)
-        pipeline = ImagePipeline(cfg, Pictures(transform), None, embedding, config)
+        pictures = NoisePictures(ImagePipeline.train_transform(config, cfg.augmentation(), embedding.device))
+        assert pictures[0][0].dtype == (torch.uint8 if device == "cuda" else torch.float32)
+        pipeline = ImagePipeline(cfg, pictures, None, embedding, config)
         sampler = ClassBalancedBatchSampler(np.arange(12) % 4, 2, 3, seed=1, batches_per_epoch=3)
-        epochs[device] = list(pipeline.batches(sampler, 0, 0))
-        pipeline.close()
+        try:
+            epochs[device] = list(pipeline.batches(sampler, 0, 0))
+        finally:
+            pipeline.close()
     for (images, labels, _), (expected, expected_labels, _) in zip(epochs["cuda"], epochs["cpu"], strict=True):
         assert images.is_cuda and images.dtype == torch.float32 and torch.equal(labels, expected_labels)
         torch.testing.assert_close(images.cpu(), expected, rtol=0, atol=1e-5)
