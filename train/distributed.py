@@ -42,6 +42,9 @@ class DistContext:
     world_size: int
     local_rank: int
     device: torch.device
+    # the collectives of host values (a batch's counts): a gloo group beside NCCL's, so that they do not wait for
+    # the GPU to finish the work queued before them; None: the default group, which is gloo already
+    host_group: Any = None
 
     @property
     def is_main(self) -> bool:
@@ -191,8 +194,8 @@ class DataParallelStep:
         if not self.ctx.distributed:
             return count >= 2, count, unreadable
         short = int(count < (1 if gather else 2))
-        sums = torch.tensor([count, unreadable, short], dtype=torch.int64, device=self.ctx.device)
-        dist.all_reduce(sums)
+        sums = torch.tensor([count, unreadable, short], dtype=torch.int64)  # on the host: read back, no GPU wait
+        dist.all_reduce(sums, group=self.ctx.host_group)
         count, unreadable, short = (int(v) for v in sums.tolist())
         return short == 0, count, unreadable
 
@@ -281,7 +284,10 @@ def init_distributed(device: str = "auto", timeout_s: float = 1800.0) -> DistCon
         dist.init_process_group("nccl" if use_cuda else "gloo", store=store, rank=rank, world_size=world,
                                 timeout=timeout, device_id=target if use_cuda else None)
     rank, world = rank_and_world()
-    return DistContext(rank, world, local_rank, target)
+    host_group = None
+    if dist.get_backend() != "gloo":  # every rank creates it, in the same order: a collective
+        host_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+    return DistContext(rank, world, local_rank, target, host_group)
 
 
 def launch(nproc: int, cfg_dict: dict[str, Any], out: Path, max_restarts: int = 0,

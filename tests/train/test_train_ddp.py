@@ -260,6 +260,24 @@ def test_unreadable_train_images_are_counted_over_all_ranks(tune_runs):
     assert {Path(f).name for f in files} == {"text.png", "empty.png"}
 
 
+def test_a_gpu_rank_sums_its_batch_counts_on_the_host_group_without_waiting_for_the_gpu(monkeypatch):
+    """Under NCCL the counts would be a GPU tensor, and reading them back would wait for the step queued before."""
+    from types import SimpleNamespace
+
+    from retrieval.train import distributed
+
+    host_group, reduced = object(), []
+
+    def all_reduce(tensor: torch.Tensor, group=None) -> None:
+        reduced.append((tensor.device.type, group))
+        tensor.mul_(2)  # two ranks with the same batch
+
+    monkeypatch.setattr(distributed.dist, "all_reduce", all_reduce)
+    ctx = distributed.DistContext(0, 2, 0, torch.device("cuda", 0), host_group)
+    counts = distributed.DataParallelStep.batch_counts(SimpleNamespace(ctx=ctx), torch.arange(5), 1, gather=True)
+    assert counts == (True, 10, 2) and reduced == [("cpu", host_group)]
+
+
 @pytest.mark.slow
 def test_evaluation_sharded_over_ranks_counts_every_image_once(tune_runs):
     for who in ("one", "ranks"):
