@@ -40,28 +40,37 @@ from retrieval.inference import make_loader
 CONFIG = {"input_size": 224, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
 
 
+def image_dataset(paths: list[Path], transform=None) -> ImageDataset:
+    """The files as one class, through ``transform``."""
+    return ImageDataset([str(p) for p in paths], [0] * len(paths), [p.name for p in paths], transform)
+
+
 def encoded_images(paths: list[Path]) -> EncodedImages:
-    dataset = ImageDataset([str(p) for p in paths], [0] * len(paths), [p.name for p in paths], None)
-    return EncodedImages(dataset, CONFIG, resolve_augmentation("crop-flip"))
+    return EncodedImages(image_dataset(paths), CONFIG, resolve_augmentation("crop-flip"))
+
+
+def arrival_rate(dataset, batch: int, workers: int, **loader_options) -> float:
+    """Images/s of seeded random batches of ``dataset`` arriving from ``workers`` processes, counted from the first
+    batch after those the workers made in advance (2 a worker)."""
+    warm_up = 2 * workers + 2
+    g = torch.Generator().manual_seed(0)
+    batches = [[(int(i), 7 + int(i)) for i in torch.randint(0, len(dataset), (batch,), generator=g)]
+               for _ in range(warm_up + max(30, 4 * workers))]
+    seen, start = 0, 0.0
+    for i, loaded in enumerate(make_loader(dataset, None, workers, None, batch_sampler=batches, **loader_options)):
+        if i == warm_up:
+            start, seen = time.perf_counter(), 0
+        seen += len(loaded.labels)
+    return seen / (time.perf_counter() - start)
 
 
 def hand_over_rate(encoded: EncodedImages, batch: int, workers: int, per_image: bool) -> float:
     """Images/s of encoded batches arriving from ``workers`` processes (nothing decoded in the main process)."""
-    warm_up = 2 * workers + 2
-    g = torch.Generator().manual_seed(0)
-    batches = [[(int(i), 7 + int(i)) for i in torch.randint(0, len(encoded), (batch,), generator=g)]
-               for _ in range(warm_up + max(30, 4 * workers))]
     packed = EncodedBatch.__reduce__
     if per_image:  # torch's default: each image's tensor in its own shared-memory file
         EncodedBatch.__reduce__ = lambda self: (EncodedBatch, (self.images, self.labels, self.indices))
     try:
-        loader = make_loader(encoded, None, workers, None, batch_sampler=batches, collate_fn=collate_encoded)
-        seen, start = 0, 0.0
-        for i, loaded in enumerate(loader):
-            if i == warm_up:
-                start, seen = time.perf_counter(), 0
-            seen += len(loaded.inputs.images)
-        return seen / (time.perf_counter() - start)
+        return arrival_rate(encoded, batch, workers, collate_fn=collate_encoded)
     finally:
         EncodedBatch.__reduce__ = packed
 
@@ -71,17 +80,7 @@ def workers_pipeline_rate(paths: list[Path], batch: int, workers: int, normalise
     workers, or uint8 (``normalise=False``)."""
     transform = build_transforms(CONFIG, train=True, augmentation=resolve_augmentation("crop-flip"),
                                  normalise=normalise)
-    dataset = ImageDataset([str(p) for p in paths], [0] * len(paths), [p.name for p in paths], transform)
-    warm_up = 2 * workers + 2
-    g = torch.Generator().manual_seed(0)
-    batches = [[(int(i), 7 + int(i)) for i in torch.randint(0, len(dataset), (batch,), generator=g)]
-               for _ in range(warm_up + max(30, 3 * workers))]
-    seen, start = 0, 0.0
-    for i, loaded in enumerate(make_loader(dataset, None, workers, None, batch_sampler=batches)):
-        if i == warm_up:
-            start, seen = time.perf_counter(), 0
-        seen += len(loaded.inputs)
-    return seen / (time.perf_counter() - start)
+    return arrival_rate(image_dataset(paths, transform), batch, workers)
 
 
 def stage_rate(encoded: EncodedImages, batch: int, device: torch.device, repeats: int = 10) -> float:
