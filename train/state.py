@@ -16,6 +16,7 @@ from torch.utils.data import Dataset
 from retrieval.data import ClassBalancedBatchSampler
 from retrieval.distributed import GlobalBatchObjective
 from retrieval.evaluation import EvalSets, ExtraSet
+from retrieval.loss_stats import Stat
 from retrieval.models import Embedder
 from retrieval.train.distributed import DataParallelStep
 from retrieval.train.features import FeatureSource
@@ -100,12 +101,14 @@ READ_BACK_SECONDS = 0.5
 
 @dataclass
 class StepValues:
-    """An optimizer step's loss and logged terms (auxiliary head, distillation, L2-SP), still on the device."""
+    """An optimizer step's loss, logged terms (auxiliary head, distillation, L2-SP) and the loss's statistics
+    (``last_stats``), still on the device."""
 
     step: int  # optimizer steps taken, this one included
     epoch: float  # where in training it was taken, in epochs
     loss: torch.Tensor
     terms: dict[str, torch.Tensor]
+    stats: dict[str, Stat] = field(default_factory=dict)
 
 
 # the keys of an epoch's row that measure time rather than training: runs that train the same differ only in them

@@ -26,6 +26,7 @@ from retrieval.distributed import GlobalBatchObjective
 from retrieval.errors import parameters_named
 from retrieval.heap import kept_heap
 from retrieval.inference import default_workers
+from retrieval.loss_stats import stat_tensors
 from retrieval.models import LAST_CHECKPOINT, Embedder, create_embedder
 from retrieval.train.checkpointing import Checkpointer, resuming
 from retrieval.train.config import TrainConfig
@@ -478,30 +479,35 @@ class Trainer:
         parts.robust.after_step(parts.model)
         state.steps += 1
         state.seen += images
-        for key, value in (getattr(parts.loss_fn, "last_stats", None) or {}).items():
-            state.stats.setdefault(key, []).append(float(value))
+        stats = dict(getattr(parts.loss_fn, "last_stats", None) or {})  # read back with the loss
         return StepValues(parts.scheduler.last_epoch, state.epoch + state.batch / parts.steps_per_epoch,
-                          loss.detach(), terms)
+                          loss.detach(), terms, stats)
 
     def _read_back(self, state: EpochProgress, pending: list[StepValues]) -> None:
-        """The losses of the ``pending`` steps, copied from the device in one transfer: added to the epoch's sums and
-        logged (steps.jsonl, the report's per-step curve, and the trackers on rank 0); ``pending`` is emptied.
+        """The losses (and the loss's statistics) of the ``pending`` steps, copied from the device in one transfer:
+        added to the epoch's sums and logged (steps.jsonl, the report's per-step curve, and the trackers on rank 0);
+        ``pending`` is emptied.
 
         Reading a step's loss waits for the device to finish it; read every step, the next batch could not be
         prepared while the device still works on this one."""
         if not pending:
             return
         values = [step.loss for step in pending] + [value for step in pending for value in step.terms.values()]
+        values += [value for step in pending for value in stat_tensors(step.stats)]
         dtype = functools.reduce(torch.promote_types, (value.dtype for value in values))  # exact: the widest
         numbers = torch.stack([value.reshape(()).to(dtype) for value in values]).tolist()
-        terms = iter(numbers[len(pending):])
-        step_terms = [[(name, next(terms)) for name in step.terms] for step in pending]
-        for loss, named in zip(numbers[:len(pending)], step_terms, strict=True):
+        read = iter(numbers[len(pending):])
+        step_terms = [[(name, next(read)) for name in step.terms] for step in pending]
+        step_stats = [[(name, next(read) if isinstance(value, torch.Tensor) else float(value))
+                       for name, value in step.stats.items()] for step in pending]
+        for loss, named, stats in zip(numbers[:len(pending)], step_terms, step_stats, strict=True):
             step = pending[0]
             self.tracking.step(step.step, loss)
             self.checkpoints.log_step(step.step, step.epoch, loss)
             for name, value in named:
                 state.add(name, value)
+            for name, value in stats:
+                state.stats.setdefault(name, []).append(value)
             state.add("loss", loss)
             pending.pop(0)  # logged and counted: a failure after this step does not take it again
 

@@ -15,6 +15,7 @@ from torch import nn
 
 from retrieval.distances import l2_normalize, zero_loss
 from retrieval.errors import ParameterError
+from retrieval.loss_stats import Stat
 
 
 class AuxiliaryCrossEntropy(nn.Module):
@@ -51,7 +52,7 @@ class AuxiliaryCrossEntropy(nn.Module):
         self.normalized = normalized
         self.temperature = temperature
         self.classifier = nn.Linear(embedding_dim, num_classes, bias=not normalized)
-        self.last_stats: dict[str, float] = {}
+        self.last_stats: dict[str, Stat] = {}
 
     def logits(self, embeddings: torch.Tensor) -> torch.Tensor:
         if embeddings.dim() != 2 or embeddings.shape[1] != self.embedding_dim:
@@ -78,7 +79,7 @@ class AuxiliaryCrossEntropy(nn.Module):
         ce = F.cross_entropy(logits, labels)
         with torch.no_grad():
             accuracy = (logits.argmax(1) == labels).float().mean()
-        self.last_stats = {"aux_ce": float(ce.detach()), "aux_accuracy": float(accuracy)}
+        self.last_stats = {"aux_ce": ce.detach(), "aux_accuracy": accuracy}
         return self.weight * ce
 
     def extra_repr(self) -> str:

@@ -28,6 +28,7 @@ from torch import nn
 
 from retrieval.distances import cosine_similarity_matrix, l2_normalize, label_masks, unit_distance
 from retrieval.errors import ParameterError
+from retrieval.loss_stats import Stat
 from retrieval.negatives.base import PairTerms
 
 PER_CLASS_HINT = "sample 2 or more images per class into each batch (ClassBalancedBatchSampler samples_per_class >= 2)"
@@ -100,7 +101,8 @@ class PairLoss(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.last_stats: dict[str, float] = {}
+        # the last batch's statistics: 0-d tensors on the device, read together (``retrieval.loss_stats``)
+        self.last_stats: dict[str, Stat] = {}
 
     # --- the pieces -------------------------------------------------------------------------------------
     def similarity(self, embeddings: torch.Tensor, gallery: torch.Tensor | None = None) -> torch.Tensor:
@@ -131,7 +133,15 @@ class PairLoss(nn.Module):
 
     # --- batch checks -----------------------------------------------------------------------------------
     def check_batch(self, embeddings: torch.Tensor, labels: torch.Tensor) -> None:
-        """Shape checks plus: the batch holds at least one positive pair (else nothing can be learnt)."""
+        """Shape checks plus: the batch holds at least one positive pair (else nothing can be learnt); the one value
+        a forward pass reads back from the device, besides the shapes that depend on the data."""
+        self.check_shapes(embeddings, labels)
+        positive, _ = label_masks(labels)
+        if not bool(positive.any()):
+            raise self.no_positive_pair()
+
+    def check_shapes(self, embeddings: torch.Tensor, labels: torch.Tensor) -> None:
+        """[B, D] embeddings, [B] labels, B >= 2 (nothing is read from the device)."""
         if embeddings.dim() != 2:
             raise ValueError(f"embeddings must be [batch, dim], got shape {tuple(embeddings.shape)}")
         if labels.dim() != 1 or labels.shape[0] != embeddings.shape[0]:
@@ -141,12 +151,11 @@ class PairLoss(nn.Module):
             )
         if embeddings.shape[0] < 2:
             raise ValueError(f"{type(self).__name__} needs a batch of at least 2 samples; {PER_CLASS_HINT}")
-        positive, _ = label_masks(labels)
-        if not bool(positive.any()):
-            raise ValueError(
-                f"{type(self).__name__}: the batch has no positive pair (every label appears once); "
-                f"{PER_CLASS_HINT}"
-            )
+
+    def no_positive_pair(self) -> ValueError:
+        """The error for a batch in which every label appears once."""
+        return ValueError(f"{type(self).__name__}: the batch has no positive pair (every label appears once); "
+                          f"{PER_CLASS_HINT}")
 
     def check_query_gallery(self, queries: torch.Tensor, labels: torch.Tensor, blocks: list[torch.Tensor],
                             gallery_labels: torch.Tensor, self_index: torch.Tensor) -> None:
@@ -231,9 +240,3 @@ def masked_min(x: torch.Tensor, mask: torch.Tensor, dim: int = -1) -> torch.Tens
     """min over ``mask`` along ``dim``; 0 (no gradient) where the mask is empty."""
     return -masked_max(-x, mask, dim=dim)
 
-
-@torch.no_grad()
-def active_fraction(losses: torch.Tensor, kept: torch.Tensor) -> float:
-    """Share of the kept terms with a nonzero loss (0.0 when nothing is kept)."""
-    count = int(kept.sum())
-    return float(((losses > 0) & kept).sum()) / max(count, 1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from retrieval.loss_registry import register_loss
+from retrieval.loss_stats import share
 from retrieval.losses.base import AnchorPairs, DistancePairLoss
 
 CONTRASTIVE_FORMS = ("cosine", "distance")
@@ -57,6 +58,6 @@ class ContrastiveLoss(DistancePairLoss):
         with torch.no_grad():
             active_negative = (negative & (negative_loss > 0)).sum()
             self.last_stats = {
-                "active_negative_fraction": float(active_negative) / max(int(negative.sum()), 1),
+                "active_negative_fraction": share(active_negative, negative.sum()),
             }
         return per_pair.sum() / similarity.shape[0]

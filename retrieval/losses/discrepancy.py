@@ -37,6 +37,7 @@ from torch import nn
 
 from retrieval.distances import l2_normalize, safe_sqrt, squared_euclidean_matrix, zero_loss
 from retrieval.loss_registry import LOSSES, register_loss
+from retrieval.loss_stats import Stat
 from retrieval.losses.sinkhorn import DEFAULT_SCALING, DEFAULT_TOLERANCE, sinkhorn_divergence_batch
 
 PHIS = ("mmd_laplacian", "mmd_gaussian", "sinkhorn")
@@ -247,7 +248,7 @@ class DCDLLoss(nn.Module):
         else:
             form = PAPER_LOCAL_KWARGS.get(local, {}) if local_form == "paper" else {}
             self.local = LOSSES.build(local, **{**form, **(local_kwargs or {})})
-        self.last_stats: dict[str, float] = {}
+        self.last_stats: dict[str, Stat] = {}
         self.compiled = False  # True: the Sinkhorn iterations run through torch.compile (``compile_solver``)
 
     def compile_solver(self) -> DCDLLoss:
@@ -279,9 +280,9 @@ class DCDLLoss(nn.Module):
             l_phi = -(phis.sum() if self.class_reduction == "sum" else phis.mean())  # eq. 2
         l_local = self.local(embeddings, labels) if self.local is not None else zero_loss(embeddings)
         self.last_stats = {
-            "dcdl_local": float(l_local.detach()),
-            "dcdl_phi": float(phis.detach().mean()) if phis.numel() else 0.0,
-            "dcdl_classes": float(phis.numel()),
+            "dcdl_local": l_local.detach(),
+            "dcdl_phi": phis.detach().mean() if phis.numel() else 0.0,
+            "dcdl_classes": float(phis.numel()),  # a shape: known on the host
         }
         for key, value in getattr(self.local, "last_stats", {}).items():
             self.last_stats[f"local_{key}"] = value

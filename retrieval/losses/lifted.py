@@ -7,11 +7,11 @@ import torch
 
 from retrieval.distances import masked_logsumexp
 from retrieval.loss_registry import register_loss
+from retrieval.loss_stats import active_fraction
 from retrieval.losses.base import (
     AnchorPairs,
     DistancePairLoss,
     PairLoss,
-    active_fraction,
     anchors_with_triplets,
     masked_min,
     mean_over,

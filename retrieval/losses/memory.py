@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from retrieval.errors import ParameterError
+from retrieval.loss_stats import Stat
 
 
 class CrossBatchMemory(nn.Module):
@@ -51,7 +52,7 @@ class CrossBatchMemory(nn.Module):
         self.register_buffer("filled", torch.zeros((), dtype=torch.long))  # rows in use
         self.register_buffer("position", torch.zeros((), dtype=torch.long))  # where the next row goes
         self.register_buffer("steps", torch.zeros((), dtype=torch.long))  # batches seen
-        self.last_stats: dict[str, float] = {}
+        self.last_stats: dict[str, Stat] = {}
 
     @property
     def active(self) -> bool:

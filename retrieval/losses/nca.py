@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from retrieval.loss_registry import register_loss
+from retrieval.loss_stats import Stat, share
 from retrieval.losses.base import AnchorPairs, PairLoss, check_pair_rows, masked_max
 
 NCA_MINING = ("hard", "semihard")
@@ -45,14 +46,14 @@ def mine_triplets(
 @torch.no_grad()
 def _nca_stats(
     s_ap: torch.Tensor, hardest_s_an: torch.Tensor, has_negative: torch.Tensor, kept: torch.Tensor
-) -> dict[str, float]:
+) -> dict[str, Stat]:
     """Mined triplets and the fraction of positive pairs whose anchor's hardest negative (HN mining's
     ``mine_triplets`` output) is more similar than the positive (SCT Figure 6): the same measure whatever the
     mining, so HN, SHN and SCT compare."""
     hard = (hardest_s_an > s_ap) & has_negative
     return {
-        "triplets": float(kept.sum()),
-        "hard_fraction": float(hard.sum()) / max(int(has_negative.sum()), 1),
+        "triplets": kept.sum(),
+        "hard_fraction": share(hard.sum(), has_negative.sum()),
     }
 
 
@@ -130,5 +131,5 @@ class SelectivelyContrastiveTripletLoss(PairLoss):
                 hard = hard | (s_an > self.threshold)
         losses = torch.where(hard, self.lam * s_an, nca_triplet_term(s_ap, s_an, self.temperature))  # eq. 13
         self.last_stats = _nca_stats(s_ap, s_an, kept, kept)  # HN mining: s_an is already the hardest
-        self.last_stats["contrastive_fraction"] = float((hard & kept).sum()) / max(int(kept.sum()), 1)
+        self.last_stats["contrastive_fraction"] = share((hard & kept).sum(), kept.sum())
         return torch.where(kept, losses, torch.zeros_like(losses)).sum() / kept.sum().clamp_min(1)

@@ -56,9 +56,11 @@ class DotPairLoss(PairLoss):
         return (embeddings * embeddings).sum(dim=1)
 
     def check_batch(self, embeddings: torch.Tensor, labels: torch.Tensor) -> None:
-        super().check_batch(embeddings, labels)
+        self.check_shapes(embeddings, labels)
         positive, _ = label_masks(labels)
-        lonely = int((~positive.any(dim=1)).sum())
+        lonely = int((~positive.any(dim=1)).sum())  # the one read: also says whether any pair is positive
+        if lonely == len(labels):
+            raise self.no_positive_pair()
         if lonely:
             raise ValueError(
                 f"{type(self).__name__} needs a positive for every anchor (N-pair tuples), but {lonely} "
@@ -78,7 +80,7 @@ class DotPairLoss(PairLoss):
     def from_pairs(self, pairs: AnchorPairs) -> torch.Tensor:
         """The mean over the positive pairs (anchor i, gallery j) of their loss, plus the anchors' norm penalty."""
         with torch.no_grad():  # raw features: the norm is worth watching
-            self.last_stats = {"mean_norm": float(pairs.self_similarity.clamp_min(0).sqrt().mean())}
+            self.last_stats = {"mean_norm": pairs.self_similarity.clamp_min(0).sqrt().mean()}
         # Only the positive pairs carry a loss: index them, O(|P| M) work, never a [B, M, M] cube.
         anchor, other = pairs.positive.nonzero(as_tuple=True)
         losses = self.pair_losses(pairs.similarity, anchor, other, pairs.negative)

@@ -22,6 +22,7 @@ from torch import nn
 
 from retrieval.distances import l2_normalize, masked_logsumexp, zero_loss
 from retrieval.loss_registry import register_loss
+from retrieval.loss_stats import Stat
 
 
 class ProxyLoss(nn.Module):
@@ -43,7 +44,7 @@ class ProxyLoss(nn.Module):
         self.num_classes, self.embedding_dim, self.centers = int(num_classes), int(embedding_dim), int(centers)
         self.proxies = nn.Parameter(torch.empty(self.num_classes * self.centers, self.embedding_dim))
         nn.init.kaiming_normal_(self.proxies, mode="fan_out")  # Proxy-Anchor's initialisation
-        self.last_stats: dict[str, float] = {}
+        self.last_stats: dict[str, Stat] = {}
 
     def cosines(self, embeddings: torch.Tensor) -> torch.Tensor:
         """[B, C, K]: cosine of every sample with every centre of every class."""
@@ -57,10 +58,16 @@ class ProxyLoss(nn.Module):
         if labels.dim() != 1 or labels.shape[0] != embeddings.shape[0]:
             raise ValueError(f"labels must be [batch] matching embeddings {tuple(embeddings.shape)}, "
                              f"got {tuple(labels.shape)}")
-        if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= self.num_classes):
+        if not labels.numel():
+            return
+        low, high = torch.stack(torch.aminmax(labels)).tolist()  # one read of the device, not two
+        if low < 0 or high >= self.num_classes:
             raise ValueError(f"labels must lie in [0, {self.num_classes}) (the training classes), got "
-                             f"[{int(labels.min())}, {int(labels.max())}]; build the loss with num_classes = the "
-                             "number of training classes")
+                             f"[{low}, {high}]; build the loss with num_classes = the number of training classes")
+
+    def class_mask(self, labels: torch.Tensor) -> torch.Tensor:
+        """[B, C] bool: sample i is of class c (``F.one_hot`` without its range check, which reads the device)."""
+        return labels.unsqueeze(1) == torch.arange(self.num_classes, device=labels.device)
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         self.check_batch(embeddings, labels)
@@ -94,12 +101,12 @@ class ProxyAnchorLoss(ProxyLoss):
 
     def from_cosines(self, cosines: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         s = cosines[:, :, 0]  # [B, C]
-        positive = F.one_hot(labels, self.num_classes).bool()
+        positive = self.class_mask(labels)
         with_positive = positive.any(dim=0)  # P+
         pos = masked_logsumexp(-self.alpha * (s - self.margin), positive, dim=0, add_one=True)  # [C]
         neg = masked_logsumexp(self.alpha * (s + self.margin), ~positive, dim=0, add_one=True)  # [C]
         pos_term = torch.where(with_positive, pos, torch.zeros_like(pos)).sum() / with_positive.sum().clamp_min(1)
-        self.last_stats = {"proxies_with_positive": float(with_positive.float().mean())}
+        self.last_stats = {"proxies_with_positive": with_positive.float().mean().detach()}
         return pos_term + neg.mean()
 
 
@@ -161,7 +168,7 @@ class CosFaceLoss(ProxyLoss):
 
     def from_cosines(self, cosines: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         s = cosines[:, :, 0]
-        logits = s - self.margin * F.one_hot(labels, self.num_classes).to(s.dtype)
+        logits = s - self.margin * self.class_mask(labels).to(s.dtype)
         return F.cross_entropy(self.scale * logits, labels)
 
 
@@ -196,7 +203,7 @@ class ArcFaceLoss(ProxyLoss):
         with_margin = c * math.cos(self.margin) - sine * math.sin(self.margin)  # cos(theta + m)
         beyond = c <= math.cos(math.pi - self.margin)  # theta + m >= pi
         with_margin = torch.where(beyond, c - self.margin * math.sin(self.margin), with_margin)
-        target = F.one_hot(labels, self.num_classes).bool()
+        target = self.class_mask(labels)
         return F.cross_entropy(self.scale * torch.where(target, with_margin, c), labels)
 
 
@@ -223,7 +230,7 @@ class SoftTripleLoss(ProxyLoss):
     def from_cosines(self, cosines: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         weights = torch.softmax(cosines / self.gamma, dim=2)
         relaxed = (weights * cosines).sum(dim=2)  # [B, C]
-        logits = relaxed - self.margin * F.one_hot(labels, self.num_classes).to(relaxed.dtype)
+        logits = relaxed - self.margin * self.class_mask(labels).to(relaxed.dtype)
         loss = F.cross_entropy(self.scale * logits, labels)
         if self.tau > 0 and self.centers > 1:
             loss = loss + self.tau * self.center_spread(cosines.dtype)

@@ -7,6 +7,7 @@ import math
 import torch
 
 from retrieval.loss_registry import register_loss
+from retrieval.loss_stats import Stat, share
 from retrieval.losses.base import (
     AnchorPairs,
     DistancePairLoss,
@@ -25,16 +26,17 @@ TRIPLET_REDUCTIONS = ("positive_pairs", "triplets")
 
 
 @torch.no_grad()
-def triplet_stats(s_ap: torch.Tensor, s_an: torch.Tensor, losses: torch.Tensor, kept: torch.Tensor) -> dict:
+def triplet_stats(s_ap: torch.Tensor, s_an: torch.Tensor, losses: torch.Tensor, kept: torch.Tensor
+                  ) -> dict[str, Stat]:
     """Share of kept triplets with S_an > S_ap (hard), and how many have a nonzero hinge (active)."""
-    count = int(kept.sum())
+    count = kept.sum()
     hard = ((s_an > s_ap) & kept).sum()
     active = ((losses > 0) & kept).sum()
     return {
-        "triplets": float(count),
-        "hard_fraction": float(hard) / max(count, 1),
-        "active_triplets": float(active),
-        "active_fraction": float(active) / max(count, 1),
+        "triplets": count,
+        "hard_fraction": share(hard, count),
+        "active_triplets": active,
+        "active_fraction": share(active, count),
     }
 
 
@@ -88,8 +90,8 @@ class TripletLoss(DistancePairLoss):
         if self.mining == "hard":
             return self._batch_hard(similarity, distance, positive, negative)
         # One row per positive pair (a, p): [|P|, M] instead of a dense [B, M, M] cube (|P| = B (K - 1)).
-        check_pair_rows(int(positive.sum()), similarity.shape[1], type(self).__name__)
-        a, p = positive.nonzero(as_tuple=True)
+        a, p = positive.nonzero(as_tuple=True)  # [|P|] each: small; the check comes before the [|P|, M] terms
+        check_pair_rows(len(a), similarity.shape[1], type(self).__name__)
         d_ap = distance[a, p].unsqueeze(1)  # [|P|, 1]
         d_an = distance[a]  # [|P|, M]
         losses = torch.relu(d_ap - d_an + self.margin)  # eq. 14

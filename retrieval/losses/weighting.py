@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from retrieval.distances import masked_logsumexp
 from retrieval.loss_registry import register_loss
+from retrieval.loss_stats import share
 from retrieval.losses.base import AnchorPairs, PairLoss
 from retrieval.losses.miners import vthm
 from retrieval.negatives.base import PairTerms
@@ -41,8 +42,8 @@ class MinedPairLoss(PairLoss):
         else:
             kept_positive, kept_negative = positive, negative
         self.last_stats = {
-            "positive_pairs_kept": float(kept_positive.sum()) / max(int(positive.sum()), 1),
-            "negative_pairs_kept": float(kept_negative.sum()) / max(int(negative.sum()), 1),
+            "positive_pairs_kept": share(kept_positive.sum(), positive.sum()),
+            "negative_pairs_kept": share(kept_negative.sum(), negative.sum()),
         }
         return kept_positive, kept_negative
 

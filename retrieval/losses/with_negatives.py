@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from retrieval.distances import zero_loss
+from retrieval.loss_stats import Stat
 from retrieval.losses.base import PairLoss
 from retrieval.negatives.base import HardNegativeMethod
 
@@ -18,7 +19,7 @@ class HardNegativeLoss(nn.Module):
         super().__init__()
         self.loss = loss
         self.method = method
-        self.last_stats: dict[str, float] = {}
+        self.last_stats: dict[str, Stat] = {}
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         terms = self.method.pair_terms(embeddings, labels, self.loss.cosine_similarity, self.loss.positive_rows,

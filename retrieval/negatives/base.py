@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from retrieval.distances import label_masks, unit_distance
+from retrieval.loss_stats import Stat
 from retrieval.negatives.pairs import PositivePairs, all_positive_pairs, positive_pairs
 
 Tensor = torch.Tensor
@@ -43,7 +44,7 @@ class PairTerms:
     negative: Tensor  # [Pp, Q] bool: pairs p and q are of different classes (the terms a loss may use)
     hardest: Tensor | None  # [Pp, Q] hardest negative of pair p against pair q; None: one class, no negative
     hardest_is_distance: bool  # True: ``hardest`` holds distances of unit vectors, False: inner products
-    stats: dict[str, float]
+    stats: dict[str, Stat]  # ``retrieval.loss_stats``: 0-d tensors on the device, or numbers
 
     def positive_similarity(self) -> Tensor:
         """[Pp] inner product of each positive pair, S_ij."""
@@ -98,7 +99,7 @@ class HardNegativeMethod:
     def hardest(
         self, gram: Tensor, pairs: PositivePairs, negative: Tensor, rows: object | None,
         columns: PositivePairs | None = None,
-    ) -> tuple[Tensor, dict[str, float]]:
+    ) -> tuple[Tensor, dict[str, Stat]]:
         """([Pp, Q] hardest negative of pair p against pair q, statistics); entries outside ``negative`` are
         ignored by the losses. The pairs q are ``columns`` when given, else the positive pairs themselves."""
         raise NotImplementedError

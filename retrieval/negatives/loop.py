@@ -37,6 +37,7 @@ import torch
 
 from retrieval.distances import dot_similarity_matrix, l2_normalize, safe_sqrt
 from retrieval.loss_registry import register_negatives
+from retrieval.loss_stats import Stat
 from retrieval.negatives.base import HardNegativeMethod
 from retrieval.negatives.pairs import PositivePairs, pair_combinations
 
@@ -440,7 +441,7 @@ class LoOp(HardNegativeMethod):
     def hardest(
         self, gram: torch.Tensor, pairs: PositivePairs, negative: torch.Tensor, rows: object | None,
         columns: PositivePairs | None = None,
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+    ) -> tuple[torch.Tensor, dict[str, Stat]]:
         """[Pp, Q] matrix of d_{i,j,k,l} (zero where ``negative`` is False): against the positive pairs
         themselves (symmetric, each problem solved once) or against every pair of ``columns``."""
         if columns is None:
@@ -452,8 +453,8 @@ class LoOp(HardNegativeMethod):
         d, sol = pair_of_pairs_distances(gram, pairs.first[p], pairs.second[p], k, l, self.geometry, self.compiled)
         synthetic = (~sol.at_endpoints).float()
         stats = {
-            "synthetic_negative_share": float(synthetic.mean()) if synthetic.numel() else 0.0,
-            "loop_combinations": float(p.numel()),
+            "synthetic_negative_share": synthetic.detach().mean() if synthetic.numel() else 0.0,
+            "loop_combinations": float(p.numel()),  # a shape: known on the host
         }
         full = gram.new_zeros(negative.shape)
         if columns is not None:

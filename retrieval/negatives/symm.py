@@ -20,6 +20,7 @@ import torch
 
 from retrieval.distances import EPS, gram_matrix, l2_normalize
 from retrieval.loss_registry import register_negatives
+from retrieval.loss_stats import Stat
 from retrieval.negatives.base import HardNegativeMethod
 from retrieval.negatives.kernels import hardest_combination, synthetic_share_numpy
 from retrieval.negatives.pairs import PositivePairs
@@ -147,7 +148,7 @@ class SymmetricalSynthesis(HardNegativeMethod):
 
     def hardest(
         self, gram: Tensor, pairs: PositivePairs, negative: Tensor, rows: Combinations | None
-    ) -> tuple[Tensor, dict[str, float]]:
+    ) -> tuple[Tensor, dict[str, Stat]]:
         left = POINTS if rows is None else rows
         hardest, selected = hardest_combination(gram, pairs.first, pairs.second, left=left)
-        return hardest, {"synthetic_negative_share": float(synthetic_share(selected, negative, left=left))}
+        return hardest, {"synthetic_negative_share": synthetic_share(selected, negative, left=left)}

@@ -3,10 +3,14 @@ batches (finite, connected, no NaN) and clear errors for batches the sampler sho
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
+from reads_back import ReadsBack
 
-from retrieval.losses import available, build, wants_normalized
+from retrieval.loss_stats import read_stats
+from retrieval.losses import available, available_negatives, build, wants_normalized
 
 PAIR_LOSSES = [
     "contrastive",
@@ -52,7 +56,27 @@ def test_builds_with_defaults_and_trains(name, dtype):
     assert x.grad is not None and torch.isfinite(x.grad).all()
     assert x.grad.abs().sum() > 0
     stats = getattr(loss, "last_stats", {})
-    assert isinstance(stats, dict) and all(isinstance(v, float) for v in stats.values())
+    assert all(isinstance(v, float) or (v.dim() == 0 and not v.requires_grad) for v in stats.values())
+    numbers = read_stats(stats)
+    assert numbers.keys() == stats.keys() and all(isinstance(v, float) and math.isfinite(v) for v in numbers.values())
+
+
+# DCDL reads back as it solves: its classes' sizes and Sinkhorn's convergence
+LOSSES_READING_ONE_VALUE = [(name, None) for name in available() if name != "dcdl"] + available_negatives()
+
+
+@pytest.mark.parametrize(("name", "negatives"), LOSSES_READING_ONE_VALUE, ids=lambda v: str(v))
+def test_a_forward_pass_reads_back_its_batch_check_only_never_a_statistic(name, negatives):
+    # on a GPU each value read waits for the kernels queued before it; the statistics stay on the device
+    x, labels = normal_batch()
+    loss = build(name, negatives=negatives, num_classes=8, embedding_dim=16)
+    with ReadsBack() as reads:
+        value = loss(x, labels)
+    assert reads.scalars + reads.lists == 1  # the batch check: a positive pair (or the labels within the classes)
+    with ReadsBack() as reads:
+        read_stats(loss.last_stats)
+        value.backward()
+    assert reads.scalars == 0 and reads.lists <= 1  # every statistic in one transfer, nothing in the backward
 
 
 def test_the_loss_class_says_whether_it_wants_normalised_embeddings():

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
+from reads_back import ReadsBack
 from run_files import read_jsonl
-from torch.utils._python_dispatch import TorchDispatchMode
 from train_configs import digits_config
 
 from retrieval.cli.main import main
@@ -230,18 +230,6 @@ def test_an_epoch_that_waits_for_its_batches_measures_the_wait_and_says_what_to_
     assert "more --workers (now 0)" in out and "--decode-on device" not in out  # no GPU here
 
 
-class ReadsBack(TorchDispatchMode):
-    """Counts the values copied from a tensor to Python (on a GPU, each waits for the device to finish)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += func is torch.ops.aten._local_scalar_dense.default
-        return func(*args, **(kwargs or {}))
-
-
 def test_the_trainer_reads_its_losses_back_in_one_transfer_and_logs_what_reading_every_step_logs(
         tmp_path, feature_cache, monkeypatch):
     import retrieval.train.trainer as trainer_module
@@ -267,7 +255,7 @@ def test_the_trainer_reads_its_losses_back_in_one_transfer_and_logs_what_reading
             transfers.clear()
             with ReadsBack() as reads:
                 row = trainer.train_epoch(0)
-            runs[name] = (row, reads.count, [n for n in transfers if n], read_jsonl(out / "steps.jsonl"))
+            runs[name] = (row, reads.scalars, [n for n in transfers if n], read_jsonl(out / "steps.jsonl"))
         (every, every_reads, every_transfers, every_log), (once, once_reads, once_transfers, once_log) = runs.values()
         assert every["steps"] == 11 and every["skipped_steps"] == 1  # the NaN step is skipped either way
         assert once_log == every_log and [line["step"] for line in once_log] == list(range(1, 12))
@@ -278,6 +266,30 @@ def test_the_trainer_reads_its_losses_back_in_one_transfer_and_logs_what_reading
             assert once["aux_ce"] > 0
         else:  # the finiteness check of each step (the one read a step needs); no loss is read on its own
             assert once_reads == every_reads == 12
+
+
+def test_the_loss_statistics_travel_with_the_losses_and_a_step_reads_only_its_checks(tmp_path, feature_cache,
+                                                                                       monkeypatch):
+    import retrieval.train.trainer as trainer_module
+
+    rows, reads = {}, {}
+    for name, seconds in (("every_step", 0.0), ("at_epoch_end", 1e9)):
+        monkeypatch.setattr(trainer_module, "READ_BACK_SECONDS", seconds)
+        trainer = trainer_module.Trainer(digits_config(tmp_path / name, feature_cache, optimizer="sgd", loss="ms",
+                                                       batches_per_epoch=12, epochs=1), progress=False)
+        trainer.setup()
+        with ReadsBack() as counted:
+            rows[name] = trainer.train_epoch(0)
+        reads[name] = counted
+    every, once = rows.values()
+    assert every["steps"] == once["steps"] == 12
+    untimed = [{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in (once, every)]
+    assert untimed[0] == untimed[1]
+    assert 0 < once["loss_positive_pairs_kept"] <= 1 and 0 < once["loss_negative_pairs_kept"] <= 1
+    # a step reads two values: MS's batch check (a positive pair) and the finiteness check; its mining statistics
+    # are read with the losses, one transfer for all the steps
+    assert reads["every_step"].scalars == reads["at_epoch_end"].scalars == 2 * 12
+    assert reads["at_epoch_end"].lists < reads["every_step"].lists
 
 
 class FailsAt(torch.nn.Module):

@@ -1,0 +1,44 @@
+"""Counting the values a piece of code copies from tensors to Python: on a GPU each such read waits for every kernel
+queued before it, so the host cannot queue more work meanwhile."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+class ReadsBack(TorchDispatchMode):
+    """Counts, while active, ``scalars`` (``item``, ``float``, ``int``, ``bool`` of a tensor), ``lists``
+    (``tolist``, which copies a whole tensor at once and dispatches nothing on the CPU) and ``shapes`` (``nonzero``,
+    whose output size a GPU must report to the host before anything that uses it can be queued)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scalars = 0
+        self.lists = 0
+        self.shapes = 0
+        self._tolist = None
+
+    @property
+    def count(self) -> int:
+        """Every wait for the device counted."""
+        return self.scalars + self.lists + self.shapes
+
+    def __enter__(self):
+        original = self._tolist = torch.Tensor.tolist
+
+        def counted(tensor, *args, **kwargs):
+            self.lists += 1
+            return original(tensor, *args, **kwargs)
+
+        torch.Tensor.tolist = counted
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.Tensor.tolist = self._tolist
+        return super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.scalars += func is torch.ops.aten._local_scalar_dense.default
+        self.shapes += func.overloadpacket is torch.ops.aten.nonzero
+        return func(*args, **(kwargs or {}))
