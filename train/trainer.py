@@ -26,7 +26,7 @@ from retrieval.distributed import GlobalBatchObjective
 from retrieval.errors import parameters_named
 from retrieval.heap import kept_heap
 from retrieval.inference import default_workers
-from retrieval.loss_stats import stat_tensors
+from retrieval.loss_reads import deferred_checks, failed_check, stat_tensors
 from retrieval.models import LAST_CHECKPOINT, Embedder, create_embedder
 from retrieval.train.checkpointing import Checkpointer, resuming
 from retrieval.train.config import TrainConfig
@@ -456,22 +456,29 @@ class Trainer:
         inputs = inputs.to(self.device, non_blocking=True)
         labels = labels.to(self.device, non_blocking=True)
         replay = None  # --chunks: re-runs the chunks with their part of the gradient after the backward
-        if cfg.chunks > 1:
-            embeddings, replay = parts.step.chunked(inputs, labels, self.amp_dtype, cfg.chunks)
-            local_terms = {}
-        else:  # float32 embeddings: losses run in float32
-            embeddings, local_terms = parts.step(inputs, labels, self.amp_dtype)
-        # the global batch's loss (gathered over the ranks) plus the per-sample terms (auxiliary head, distillation)
-        old = None if parts.old_model is None else parts.old_model(inputs)  # --compatible-with
-        objective = parts.objective(embeddings, labels, local_terms, old=old)
+        with deferred_checks() as checks:  # the loss's batch checks are read with the finiteness check below
+            if cfg.chunks > 1:
+                embeddings, replay = parts.step.chunked(inputs, labels, self.amp_dtype, cfg.chunks)
+                local_terms = {}
+            else:  # float32 embeddings: losses run in float32
+                embeddings, local_terms = parts.step(inputs, labels, self.amp_dtype)
+            # the global batch's loss (gathered over the ranks) plus the per-sample terms (auxiliary head,
+            # distillation)
+            old = None if parts.old_model is None else parts.old_model(inputs)  # --compatible-with
+            objective = parts.objective(embeddings, labels, local_terms, old=old)
         loss, backward = objective.total, objective.backward
         penalty = None if head_only else parts.robust.penalty_term()  # the same on every rank
         terms = {name: value.detach() for name, value in objective.local_terms.items()}
         if penalty is not None:
             loss, backward = loss + penalty.detach(), backward + penalty
             terms["l2sp"] = penalty.detach()
-        # the trainer's one read-back a step: a skipped step must not reach the weights (the same on every rank)
-        if not torch.isfinite(loss):
+        # the trainer's one read-back a step: the loss's batch checks, and whether the loss is finite (a skipped step
+        # must not reach the weights; the same on every rank)
+        finite, *held = torch.stack([torch.isfinite(loss), *(holds.to(loss.device) for holds, _ in checks)]).tolist()
+        failed = failed_check(checks, held)
+        if failed is not None:
+            raise failed
+        if not finite:
             self._skip_non_finite(state)
             return None
         state.bad_in_row = 0

@@ -15,7 +15,7 @@ from torch import nn
 
 from retrieval.distances import l2_normalize, zero_loss
 from retrieval.errors import ParameterError
-from retrieval.loss_stats import Stat
+from retrieval.loss_reads import Stat, label_range
 
 
 class AuxiliaryCrossEntropy(nn.Module):
@@ -68,10 +68,11 @@ class AuxiliaryCrossEntropy(nn.Module):
         logits = self.logits(embeddings)
         if labels.shape != embeddings.shape[:1]:
             raise ValueError(f"labels must be [B] = [{embeddings.shape[0]}], got {tuple(labels.shape)}")
-        if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= self.num_classes):
+        low, high = label_range(labels) if labels.numel() else (0, 0)
+        if low < 0 or high >= self.num_classes:
             raise ValueError(
                 f"labels must lie in [0, {self.num_classes}) (the training classes), got "
-                f"[{int(labels.min())}, {int(labels.max())}]; build the head with num_classes = the number "
+                f"[{low}, {high}]; build the head with num_classes = the number "
                 "of training classes"
             )
         if labels.numel() == 0:  # an empty batch has nothing to classify (cross_entropy would give NaN)

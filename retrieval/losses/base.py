@@ -28,7 +28,7 @@ from torch import nn
 
 from retrieval.distances import cosine_similarity_matrix, l2_normalize, label_masks, unit_distance
 from retrieval.errors import ParameterError
-from retrieval.loss_stats import Stat
+from retrieval.loss_reads import Stat, require
 from retrieval.negatives.base import PairTerms
 
 PER_CLASS_HINT = "sample 2 or more images per class into each batch (ClassBalancedBatchSampler samples_per_class >= 2)"
@@ -101,7 +101,7 @@ class PairLoss(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        # the last batch's statistics: 0-d tensors on the device, read together (``retrieval.loss_stats``)
+        # the last batch's statistics: 0-d tensors on the device, read together (``retrieval.loss_reads``)
         self.last_stats: dict[str, Stat] = {}
 
     # --- the pieces -------------------------------------------------------------------------------------
@@ -133,12 +133,12 @@ class PairLoss(nn.Module):
 
     # --- batch checks -----------------------------------------------------------------------------------
     def check_batch(self, embeddings: torch.Tensor, labels: torch.Tensor) -> None:
-        """Shape checks plus: the batch holds at least one positive pair (else nothing can be learnt); the one value
-        a forward pass reads back from the device, besides the shapes that depend on the data."""
+        """Shape checks plus: the batch holds at least one positive pair (else nothing can be learnt). The one value a
+        forward pass reads back from the device, besides the shapes that depend on the data; the trainer defers it
+        to its own read (``retrieval.loss_reads.require``)."""
         self.check_shapes(embeddings, labels)
         positive, _ = label_masks(labels)
-        if not bool(positive.any()):
-            raise self.no_positive_pair()
+        require(positive.any(), self.no_positive_pair())
 
     def check_shapes(self, embeddings: torch.Tensor, labels: torch.Tensor) -> None:
         """[B, D] embeddings, [B] labels, B >= 2 (nothing is read from the device)."""
@@ -176,10 +176,14 @@ class PairLoss(nn.Module):
         if self_index.shape != labels.shape:
             raise ParameterError("self_index", f"must hold one gallery row (or -1) per query, got shape "
                                                f"{tuple(self_index.shape)} for {len(labels)} queries")
-        if bool((self_index < -1).any() | (self_index >= size).any()):
-            raise ParameterError("self_index", f"must be -1 or a gallery row in [0, {size})")
         present = self_index >= 0
-        if bool((gallery_labels[self_index[present]] != labels[present]).any()):
+        outside = ((self_index < -1) | (self_index >= size)).any()
+        # kept eager, in one read: a row outside the gallery would trap the device's own index check
+        mislabelled = (present & (gallery_labels[self_index.clamp(0, size - 1)] != labels)).any()
+        outside, mislabelled = torch.stack([outside, mislabelled]).tolist()
+        if outside:
+            raise ParameterError("self_index", f"must be -1 or a gallery row in [0, {size})")
+        if mislabelled:
             raise ParameterError("self_index", "names a gallery row whose label differs from its query's")
 
     # --- the two forms ----------------------------------------------------------------------------------

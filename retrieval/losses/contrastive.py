@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from retrieval.loss_reads import share
 from retrieval.loss_registry import register_loss
-from retrieval.loss_stats import share
 from retrieval.losses.base import AnchorPairs, DistancePairLoss
 
 CONTRASTIVE_FORMS = ("cosine", "distance")

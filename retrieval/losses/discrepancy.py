@@ -36,8 +36,8 @@ import torch
 from torch import nn
 
 from retrieval.distances import l2_normalize, safe_sqrt, squared_euclidean_matrix, zero_loss
+from retrieval.loss_reads import Stat
 from retrieval.loss_registry import LOSSES, register_loss
-from retrieval.loss_stats import Stat
 from retrieval.losses.sinkhorn import DEFAULT_SCALING, DEFAULT_TOLERANCE, sinkhorn_divergence_batch
 
 PHIS = ("mmd_laplacian", "mmd_gaussian", "sinkhorn")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from retrieval.distances import masked_logsumexp
+from retrieval.loss_reads import active_fraction
 from retrieval.loss_registry import register_loss
-from retrieval.loss_stats import active_fraction
 from retrieval.losses.base import (
     AnchorPairs,
     DistancePairLoss,

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from retrieval.errors import ParameterError
-from retrieval.loss_stats import Stat
+from retrieval.loss_reads import Stat
 
 
 class CrossBatchMemory(nn.Module):
@@ -53,15 +53,28 @@ class CrossBatchMemory(nn.Module):
         self.register_buffer("position", torch.zeros((), dtype=torch.long))  # where the next row goes
         self.register_buffer("steps", torch.zeros((), dtype=torch.long))  # batches seen
         self.last_stats: dict[str, Stat] = {}
+        # (steps, filled, position) as the host knows them: the buffers are read once (after a load), then counted
+        self._counts: tuple[int, int, int] | None = None
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        self._counts = None  # the loaded buffers are read at the next step
+
+    def counts(self) -> tuple[int, int, int]:
+        """(batches seen, rows in use, where the next row goes), without reading the device after the first call."""
+        if self._counts is None:
+            self._counts = tuple(torch.stack([self.steps, self.filled, self.position]).tolist())
+        return self._counts
 
     @property
     def active(self) -> bool:
         """Whether the next batch sees the memory (the warm-up is over and the queue holds rows)."""
-        return int(self.steps) >= self.warmup and int(self.filled) > 0
+        steps, filled, _ = self.counts()
+        return steps >= self.warmup and filled > 0
 
     def memory(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(embeddings [m, D], labels [m]) in the queue, oldest first."""
-        filled, position = int(self.filled), int(self.position)
+        _, filled, position = self.counts()
         order = torch.arange(position - filled, position, device=self.labels.device) % self.size
         return self.embeddings[order], self.labels[order]
 
@@ -83,7 +96,7 @@ class CrossBatchMemory(nn.Module):
             else:
                 value = self.loss(torch.cat([embeddings, stored]), gallery_labels)
         self.last_stats = {**getattr(self.loss, "last_stats", {}),
-                           "memory_rows": float(self.filled) if self.active else 0.0}
+                           "memory_rows": float(self.counts()[1]) if self.active else 0.0}
         if self.training:
             self.enqueue(embeddings.detach(), labels)
         return value
@@ -93,12 +106,14 @@ class CrossBatchMemory(nn.Module):
         """Add a batch to the queue (the newest ``size`` rows when the batch alone is larger)."""
         embeddings, labels = embeddings[-self.size:], labels[-self.size:]
         count = len(labels)
-        slots = (int(self.position) + torch.arange(count, device=self.labels.device)) % self.size
+        steps, filled, position = self.counts()
+        slots = (position + torch.arange(count, device=self.labels.device)) % self.size
         self.embeddings[slots] = embeddings.to(self.embeddings.dtype)
         self.labels[slots] = labels.to(self.labels.device)
-        self.position.fill_((int(self.position) + count) % self.size)
-        self.filled.fill_(min(self.size, int(self.filled) + count))
-        self.steps += 1
+        self._counts = (steps + 1, min(self.size, filled + count), (position + count) % self.size)
+        self.steps.fill_(self._counts[0])
+        self.filled.fill_(self._counts[1])
+        self.position.fill_(self._counts[2])
 
     def extra_repr(self) -> str:
         return f"size={self.size}, warmup={self.warmup}"

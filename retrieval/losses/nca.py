@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from retrieval.loss_reads import Stat, share
 from retrieval.loss_registry import register_loss
-from retrieval.loss_stats import Stat, share
 from retrieval.losses.base import AnchorPairs, PairLoss, check_pair_rows, masked_max
 
 NCA_MINING = ("hard", "semihard")

@@ -21,6 +21,7 @@ import math
 import torch
 
 from retrieval.distances import dot_similarity_matrix, gram_matrix, label_masks, masked_logsumexp
+from retrieval.loss_reads import require
 from retrieval.loss_registry import register_loss
 from retrieval.losses.base import PER_CLASS_HINT, AnchorPairs, PairLoss
 from retrieval.negatives.base import PairTerms
@@ -57,15 +58,16 @@ class DotPairLoss(PairLoss):
 
     def check_batch(self, embeddings: torch.Tensor, labels: torch.Tensor) -> None:
         self.check_shapes(embeddings, labels)
-        positive, _ = label_masks(labels)
-        lonely = int((~positive.any(dim=1)).sum())  # the one read: also says whether any pair is positive
-        if lonely == len(labels):
-            raise self.no_positive_pair()
-        if lonely:
-            raise ValueError(
-                f"{type(self).__name__} needs a positive for every anchor (N-pair tuples), but {lonely} "
-                f"sample(s) have no other sample of their class in the batch; {PER_CLASS_HINT}"
-            )
+        has_positive = label_masks(labels)[0].any(dim=1)
+
+        def lonely_anchors() -> ValueError:  # on failure only: the count is read then
+            lonely = int((~has_positive).sum())
+            if lonely == len(labels):
+                return self.no_positive_pair()
+            return ValueError(f"{type(self).__name__} needs a positive for every anchor (N-pair tuples), but {lonely} "
+                              f"sample(s) have no other sample of their class in the batch; {PER_CLASS_HINT}")
+
+        require(has_positive.all(), lonely_anchors)
 
     def norm_penalty(self, self_similarity: torch.Tensor) -> torch.Tensor:
         """l2_reg * mean squared norm of the anchors, from their s_ii = |x_i|^2 (the dot-product diagonal)."""

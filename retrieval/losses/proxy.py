@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from retrieval.distances import l2_normalize, masked_logsumexp, zero_loss
+from retrieval.loss_reads import Stat, label_range
 from retrieval.loss_registry import register_loss
-from retrieval.loss_stats import Stat
 
 
 class ProxyLoss(nn.Module):
@@ -58,9 +58,7 @@ class ProxyLoss(nn.Module):
         if labels.dim() != 1 or labels.shape[0] != embeddings.shape[0]:
             raise ValueError(f"labels must be [batch] matching embeddings {tuple(embeddings.shape)}, "
                              f"got {tuple(labels.shape)}")
-        if not labels.numel():
-            return
-        low, high = torch.stack(torch.aminmax(labels)).tolist()  # one read of the device, not two
+        low, high = label_range(labels) if labels.numel() else (0, 0)
         if low < 0 or high >= self.num_classes:
             raise ValueError(f"labels must lie in [0, {self.num_classes}) (the training classes), got "
                              f"[{low}, {high}]; build the loss with num_classes = the number of training classes")

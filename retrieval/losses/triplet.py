@@ -6,8 +6,8 @@ import math
 
 import torch
 
+from retrieval.loss_reads import Stat, share
 from retrieval.loss_registry import register_loss
-from retrieval.loss_stats import Stat, share
 from retrieval.losses.base import (
     AnchorPairs,
     DistancePairLoss,

@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from retrieval.distances import masked_logsumexp
+from retrieval.loss_reads import share
 from retrieval.loss_registry import register_loss
-from retrieval.loss_stats import share
 from retrieval.losses.base import AnchorPairs, PairLoss
 from retrieval.losses.miners import vthm
 from retrieval.negatives.base import PairTerms

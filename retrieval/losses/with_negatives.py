@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from retrieval.distances import zero_loss
-from retrieval.loss_stats import Stat
+from retrieval.loss_reads import Stat
 from retrieval.losses.base import PairLoss
 from retrieval.negatives.base import HardNegativeMethod
 

@@ -10,8 +10,10 @@ import functools
 import pytest
 import torch
 from loss_references import ANCHOR_REFERENCES, QueryGallery
+from reads_back import ReadsBack
 from train_configs import digits_config
 
+from retrieval.loss_reads import deferred_checks
 from retrieval.losses import available, build, has_rectangular_form
 from retrieval.losses.memory import CrossBatchMemory
 
@@ -123,6 +125,29 @@ def test_the_memory_is_part_of_the_state_dict():
     copy.load_state_dict(memory.state_dict())
     x, labels = batch(9)
     assert copy(x, labels).item() == memory(x, labels).item()
+
+
+def test_a_memory_that_loads_a_state_continues_from_the_loaded_queue_not_its_own():
+    memory, copy = (CrossBatchMemory(build("ms"), size=10, embedding_dim=6).double() for _ in range(2))
+    for seed in range(3):
+        memory(*batch(seed))
+    copy(*batch(7))  # the copy counted its own queue: 1 batch, 8 rows
+    copy.load_state_dict(memory.state_dict())
+    assert copy.counts() == memory.counts() == (3, 10, 4)
+    x, labels = batch(9)
+    assert copy(x, labels).item() == memory(x, labels).item()
+    assert torch.equal(copy.memory()[0], memory.memory()[0])
+
+
+def test_the_queue_is_counted_on_the_host_and_read_from_the_device_once():
+    memory = CrossBatchMemory(build("ms"), size=12, embedding_dim=6).double()
+    with ReadsBack() as first, deferred_checks():
+        memory(*batch(0))
+    with ReadsBack() as later, deferred_checks():  # one read a call: the memory's rows are in the gallery
+        for seed in range(1, 5):
+            memory(*batch(seed))
+    assert (first.count, later.count) == (1, 4)
+    assert memory.counts() == (int(memory.steps), int(memory.filled), int(memory.position)) == (5, 12, 4)
 
 
 def test_bad_settings_are_refused():

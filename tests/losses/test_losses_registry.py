@@ -9,8 +9,8 @@ import pytest
 import torch
 from reads_back import ReadsBack
 
-from retrieval.loss_stats import read_stats
-from retrieval.losses import available, available_negatives, build, wants_normalized
+from retrieval.loss_reads import deferred_checks, failed_check, read_stats
+from retrieval.losses import available, available_negatives, build, needs_classes, wants_normalized
 
 PAIR_LOSSES = [
     "contrastive",
@@ -65,6 +65,13 @@ def test_builds_with_defaults_and_trains(name, dtype):
 LOSSES_READING_ONE_VALUE = [(name, None) for name in available() if name != "dcdl"] + available_negatives()
 
 
+def reads_kept_when_checks_are_deferred(name: str, negatives: str | None) -> int:
+    """What a forward pass still reads inside ``deferred_checks``: the proxy losses' label range (a label outside
+    the classes would trap the device's own index check) and the hard-negative methods' one-class test (it decides
+    what is computed)."""
+    return int(needs_classes(name) or negatives is not None)
+
+
 @pytest.mark.parametrize(("name", "negatives"), LOSSES_READING_ONE_VALUE, ids=lambda v: str(v))
 def test_a_forward_pass_reads_back_its_batch_check_only_never_a_statistic(name, negatives):
     # on a GPU each value read waits for the kernels queued before it; the statistics stay on the device
@@ -77,6 +84,37 @@ def test_a_forward_pass_reads_back_its_batch_check_only_never_a_statistic(name, 
         read_stats(loss.last_stats)
         value.backward()
     assert reads.scalars == 0 and reads.lists <= 1  # every statistic in one transfer, nothing in the backward
+    with ReadsBack() as reads, deferred_checks() as checks:
+        loss(x, labels)
+    assert reads.scalars + reads.lists == reads_kept_when_checks_are_deferred(name, negatives)
+    assert len(checks) == 1 - reads_kept_when_checks_are_deferred(name, negatives)
+
+
+BAD_BATCHES = {"no positive pair": torch.arange(8),
+               "an anchor without a positive": torch.tensor([0, 0, 1, 1, 2, 3, 3, 4])}
+
+
+@pytest.mark.parametrize("batch", BAD_BATCHES)
+@pytest.mark.parametrize(("name", "negatives"), LOSSES_READING_ONE_VALUE, ids=lambda v: str(v))
+def test_a_deferred_batch_check_fails_with_the_error_it_raises_at_once(name, negatives, batch):
+    x, labels = normal_batch()[0][:8].detach(), BAD_BATCHES[batch]
+    loss = build(name, negatives=negatives, num_classes=8, embedding_dim=16)
+    try:
+        loss(x, labels)
+        eager = None
+    except ValueError as error:
+        eager = str(error)
+    try:  # the loss runs to its end on the bad batch: its caller reads the checks
+        with deferred_checks() as checks:
+            value = loss(x, labels)
+        deferred = failed_check(checks, [bool(holds) for holds, _ in checks])
+        assert not torch.isinf(value)
+        deferred = None if deferred is None else str(deferred)
+    except ValueError as error:  # a check kept at once
+        deferred = str(error)
+    assert deferred == eager
+    if batch == "no positive pair" and not needs_classes(name):  # a proxy loss learns from every label
+        assert eager is not None
 
 
 def test_the_loss_class_says_whether_it_wants_normalised_embeddings():

@@ -13,8 +13,8 @@ import torch
 from loss_references import ANCHOR_REFERENCES, QueryGallery, make_batch
 
 from retrieval.errors import ParameterError
+from retrieval.loss_reads import read_stats
 from retrieval.loss_registry import LOSSES
-from retrieval.loss_stats import read_stats
 from retrieval.losses import available, build, has_rectangular_form
 
 ATOL = 1e-8

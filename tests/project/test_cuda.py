@@ -454,3 +454,39 @@ def test_an_fp16_optimizer_step_on_cuda_skips_an_overflow_without_waiting_for_th
         assert all(torch.equal(a, b) for a, b in zip(start, weights[0], strict=True))
         assert all(torch.isfinite(p).all() for p in model.parameters())
     assert scaler.get_scale() < 65536.0  # and the scale backed off
+
+
+def reads_nothing_on_the_cpu(name: str) -> bool:
+    """Whether the loss's forward and backward, its batch check deferred, read nothing back on the CPU (no value,
+    no data-dependent shape)."""
+    from reads_back import ReadsBack
+
+    from retrieval.loss_reads import deferred_checks
+
+    x, labels = batch(name)
+    loss = build(name, num_classes=8, embedding_dim=x.shape[1])
+    with ReadsBack() as reads, deferred_checks():
+        loss(x.requires_grad_(True), labels).backward()
+    return reads.count == 0
+
+
+SYNC_FREE = [name for name in available() if reads_nothing_on_the_cpu(name)] if torch.cuda.is_available() else []
+
+
+@pytest.mark.parametrize("name", SYNC_FREE)
+def test_a_loss_that_reads_nothing_on_the_cpu_never_waits_for_the_gpu(name):
+    from retrieval.loss_reads import deferred_checks, failed_check
+
+    x, labels = batch(name)
+    loss = build(name, num_classes=8, embedding_dim=x.shape[1]).cuda()
+    leaf, labels = x.float().cuda().requires_grad_(True), labels.cuda()
+    loss(leaf, labels)  # warm-up: lazy initialisation may synchronise once
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any read-back of the GPU's values raises
+    try:
+        with deferred_checks() as checks:
+            value = loss(leaf, labels)
+        value.backward()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert failed_check(checks, [bool(holds) for holds, _ in checks]) is None and torch.isfinite(value)

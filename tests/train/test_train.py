@@ -12,6 +12,7 @@ from run_files import read_jsonl
 from train_configs import digits_config
 
 from retrieval.cli.main import main
+from retrieval.loss_reads import require
 from retrieval.models import load_embedder
 from retrieval.train import TrainConfig, TrainingDiverged, train
 from retrieval.train.state import TIMING_KEYS
@@ -255,7 +256,7 @@ def test_the_trainer_reads_its_losses_back_in_one_transfer_and_logs_what_reading
             transfers.clear()
             with ReadsBack() as reads:
                 row = trainer.train_epoch(0)
-            runs[name] = (row, reads.scalars, [n for n in transfers if n], read_jsonl(out / "steps.jsonl"))
+            runs[name] = (row, reads.count, [n for n in transfers if n], read_jsonl(out / "steps.jsonl"))
         (every, every_reads, every_transfers, every_log), (once, once_reads, once_transfers, once_log) = runs.values()
         assert every["steps"] == 11 and every["skipped_steps"] == 1  # the NaN step is skipped either way
         assert once_log == every_log and [line["step"] for line in once_log] == list(range(1, 12))
@@ -264,11 +265,11 @@ def test_the_trainer_reads_its_losses_back_in_one_transfer_and_logs_what_reading
         assert once_transfers == [11] and every_transfers == [1] * 11
         if aux_ce:
             assert once["aux_ce"] > 0
-        else:  # the finiteness check of each step (the one read a step needs); no loss is read on its own
-            assert once_reads == every_reads == 12
+        else:  # the finiteness check of each step (the one read a step needs), then the losses' transfers
+            assert (once_reads, every_reads) == (12 + 1, 12 + 11)
 
 
-def test_the_loss_statistics_travel_with_the_losses_and_a_step_reads_only_its_checks(tmp_path, feature_cache,
+def test_the_loss_statistics_travel_with_the_losses_and_a_step_reads_the_device_once(tmp_path, feature_cache,
                                                                                        monkeypatch):
     import retrieval.train.trainer as trainer_module
 
@@ -286,10 +287,46 @@ def test_the_loss_statistics_travel_with_the_losses_and_a_step_reads_only_its_ch
     untimed = [{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in (once, every)]
     assert untimed[0] == untimed[1]
     assert 0 < once["loss_positive_pairs_kept"] <= 1 and 0 < once["loss_negative_pairs_kept"] <= 1
-    # a step reads two values: MS's batch check (a positive pair) and the finiteness check; its mining statistics
-    # are read with the losses, one transfer for all the steps
-    assert reads["every_step"].scalars == reads["at_epoch_end"].scalars == 2 * 12
-    assert reads["at_epoch_end"].lists < reads["every_step"].lists
+    # a step reads once: MS's batch check (a positive pair) with the finiteness check; its mining statistics are
+    # read with the losses, one transfer for all the steps
+    assert (reads["at_epoch_end"].count, reads["every_step"].count) == (12 + 1, 12 + 12)
+
+
+class FailsItsCheckAt(torch.nn.Module):
+    """A loss whose batch check fails on one call (as a batch without a positive pair fails a pair loss's)."""
+
+    def __init__(self, call: int) -> None:
+        super().__init__()
+        self.call, self.calls = call, 0
+
+    def forward(self, embeddings, labels):
+        self.calls += 1
+        require(torch.tensor(self.calls != self.call), ValueError(f"call {self.calls}: the batch check failed"))
+        return (embeddings * embeddings).mean()
+
+
+def test_a_failed_batch_check_read_with_the_step_stops_it_before_the_weights_change(tmp_path, feature_cache,
+                                                                                    monkeypatch):
+    import retrieval.train.trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "READ_BACK_SECONDS", 1e9)  # the steps before are read back by the error
+    monkeypatch.setattr(trainer_module.losses, "build", lambda *a, **k: FailsItsCheckAt(3))
+    trainer = trainer_module.Trainer(digits_config(tmp_path / "run", feature_cache, optimizer="sgd", epochs=1),
+                                     progress=False)
+    trainer.setup()
+    after_two = {}
+    step = trainer_module.Trainer._optimizer_step
+
+    def stepped(self, backward, replay=None):
+        step(self, backward, replay)
+        if self.parts.loss_fn.calls == 2:
+            after_two.update({k: v.clone() for k, v in self.parts.model.state_dict().items()})
+
+    monkeypatch.setattr(trainer_module.Trainer, "_optimizer_step", stepped)
+    with pytest.raises(ValueError, match="call 3: the batch check failed"):
+        trainer.train_epoch(0)
+    assert after_two and all(torch.equal(after_two[k], v) for k, v in trainer.parts.model.state_dict().items())
+    assert [line["step"] for line in read_jsonl(tmp_path / "run" / "steps.jsonl")] == [1, 2]
 
 
 class FailsAt(torch.nn.Module):

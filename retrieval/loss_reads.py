@@ -1,0 +1,103 @@
+"""What a loss would read back from the device: the statistics it keeps of its last batch (``last_stats``) and its
+batch checks, in a leaf module the losses and the hard-negative methods both import.
+
+On a GPU each value read back waits for every kernel queued before it, so the host cannot queue the rest of the
+step meanwhile. So a loss never reads a statistic itself: a statistic is a 0-d tensor on the loss's device (or a
+number the host already knows: a shape, a count it read anyway), and whoever wants the numbers reads them together
+(``read_stats``). A batch check (``require``) reads its condition at once, unless the caller collects the checks
+(``deferred_checks``) to read them with its own value: the trainer reads them with the step's finiteness check, its
+one read a step, and raises the first failed check's error before the optimizer step.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+
+import torch
+
+Stat = torch.Tensor | float
+
+
+@torch.no_grad()
+def share(count: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+    """``count / total`` as a 0-d float32 tensor on their device, 0 when ``total`` is 0; nothing is read back."""
+    return count.float() / total.clamp_min(1).float()
+
+
+@torch.no_grad()
+def active_fraction(losses: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+    """Share of the kept terms with a nonzero loss (0 when nothing is kept)."""
+    return share(((losses > 0) & kept).sum(), kept.sum())
+
+
+def label_range(labels: torch.Tensor) -> tuple[int, int]:
+    """(smallest, largest) of a non-empty label tensor, in one read of the device. A check that stays eager: a label
+    outside the classes would make the device's own index check fail (on a GPU, a device-side assert that ends the
+    process's use of the GPU)."""
+    low, high = torch.stack(torch.aminmax(labels)).tolist()
+    return int(low), int(high)
+
+
+def stat_tensors(stats: Mapping[str, Stat]) -> list[torch.Tensor]:
+    """The statistics that are tensors, each 0-d and detached, in ``stats``' order."""
+    return [value.detach().reshape(()) for value in stats.values() if isinstance(value, torch.Tensor)]
+
+
+def read_stats(stats: Mapping[str, Stat]) -> dict[str, float]:
+    """The statistics as numbers: the tensors copied from each device in one transfer, the numbers as they are."""
+    tensors = stat_tensors(stats)
+    by_device: dict[torch.device, list[int]] = {}
+    for position, value in enumerate(tensors):
+        by_device.setdefault(value.device, []).append(position)
+    numbers: list[float] = [0.0] * len(tensors)
+    for positions in by_device.values():
+        # the widest of their dtypes, at least float32 (exact for counts below 2**24; MPS has no float64)
+        dtype = functools.reduce(torch.promote_types, (tensors[i].dtype for i in positions), torch.float32)
+        read = torch.stack([tensors[i].to(dtype) for i in positions]).tolist()
+        for i, number in zip(positions, read, strict=True):
+            numbers[i] = number
+    values = iter(numbers)
+    return {key: next(values) if isinstance(value, torch.Tensor) else float(value) for key, value in stats.items()}
+
+
+# a check's error, or a function that makes it (called only when the check fails: it may read the device)
+CheckError = Exception | Callable[[], Exception]
+Check = tuple[torch.Tensor, CheckError]
+# the batch checks collected by the innermost ``deferred_checks`` (None: checks read their condition at once)
+_collected: contextvars.ContextVar[list[Check] | None] = contextvars.ContextVar("deferred_checks", default=None)
+
+
+def require(holds: torch.Tensor, error: CheckError) -> None:
+    """Raise ``error`` unless ``holds`` (a 0-d bool tensor) is true: at once, or, inside ``deferred_checks``, when its
+    caller reads the collected conditions. A loss only defers a check whose failure leaves its value finite or NaN,
+    never one whose failure the device itself would trap (an index out of range)."""
+    collected = _collected.get()
+    if collected is None:
+        if not bool(holds):
+            raise _made(error)
+        return
+    collected.append((holds.detach().reshape(()), error))
+
+
+@contextmanager
+def deferred_checks() -> Iterator[list[Check]]:
+    """Within, ``require`` collects its (condition, error) pairs in the list it yields instead of reading them; the
+    caller reads the conditions (with its own values, in one transfer) and raises ``failed_check``'s error."""
+    collected: list[Check] = []
+    token = _collected.set(collected)
+    try:
+        yield collected
+    finally:
+        _collected.reset(token)
+
+
+def failed_check(checks: list[Check], held: list[bool]) -> Exception | None:
+    """The error of the first check whose condition did not hold (``held``: the conditions as read), else None."""
+    return next((_made(error) for (_, error), ok in zip(checks, held, strict=True) if not ok), None)
+
+
+def _made(error: CheckError) -> Exception:
+    return error if isinstance(error, BaseException) else error()
