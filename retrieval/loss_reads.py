@@ -33,14 +33,6 @@ def active_fraction(losses: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
     return share(((losses > 0) & kept).sum(), kept.sum())
 
 
-def label_range(labels: torch.Tensor) -> tuple[int, int]:
-    """(smallest, largest) of a non-empty label tensor, in one read of the device. A check that stays eager: a label
-    outside the classes would make the device's own index check fail (on a GPU, a device-side assert that ends the
-    process's use of the GPU)."""
-    low, high = torch.stack(torch.aminmax(labels)).tolist()
-    return int(low), int(high)
-
-
 def stat_tensors(stats: Mapping[str, Stat]) -> list[torch.Tensor]:
     """The statistics that are tensors, each 0-d and detached, in ``stats``' order."""
     return [value.detach().reshape(()) for value in stats.values() if isinstance(value, torch.Tensor)]
@@ -97,6 +89,23 @@ def deferred_checks() -> Iterator[list[Check]]:
 def failed_check(checks: list[Check], held: list[bool]) -> Exception | None:
     """The error of the first check whose condition did not hold (``held``: the conditions as read), else None."""
     return next((_made(error) for (_, error), ok in zip(checks, held, strict=True) if not ok), None)
+
+
+def require_classes(labels: torch.Tensor, num_classes: int, owner: str) -> torch.Tensor:
+    """``require`` every label in [0, ``num_classes``); returns the labels clamped into that range for the caller to
+    index with. A deferred check is read after the loss has run, and an index outside the classes would trip the
+    device's own check first (on a GPU a device-side assert, which ends the process's use of the GPU)."""
+    if not labels.numel():
+        return labels
+    low, high = torch.aminmax(labels)
+
+    def outside() -> ValueError:  # on failure only: the range is read then
+        low, high = torch.stack(torch.aminmax(labels)).tolist()
+        return ValueError(f"labels must lie in [0, {num_classes}) (the training classes), got [{low}, {high}]; build "
+                          f"the {owner} with num_classes = the number of training classes")
+
+    require((low >= 0) & (high < num_classes), outside)
+    return labels.clamp(0, num_classes - 1)
 
 
 def _made(error: CheckError) -> Exception:

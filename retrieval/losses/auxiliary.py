@@ -15,7 +15,7 @@ from torch import nn
 
 from retrieval.distances import l2_normalize, zero_loss
 from retrieval.errors import ParameterError
-from retrieval.loss_reads import Stat, label_range
+from retrieval.loss_reads import Stat, require_classes
 
 
 class AuxiliaryCrossEntropy(nn.Module):
@@ -68,13 +68,7 @@ class AuxiliaryCrossEntropy(nn.Module):
         logits = self.logits(embeddings)
         if labels.shape != embeddings.shape[:1]:
             raise ValueError(f"labels must be [B] = [{embeddings.shape[0]}], got {tuple(labels.shape)}")
-        low, high = label_range(labels) if labels.numel() else (0, 0)
-        if low < 0 or high >= self.num_classes:
-            raise ValueError(
-                f"labels must lie in [0, {self.num_classes}) (the training classes), got "
-                f"[{low}, {high}]; build the head with num_classes = the number "
-                "of training classes"
-            )
+        labels = require_classes(labels, self.num_classes, "head")
         if labels.numel() == 0:  # an empty batch has nothing to classify (cross_entropy would give NaN)
             return zero_loss(logits)
         ce = F.cross_entropy(logits, labels)

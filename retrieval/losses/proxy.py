@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from retrieval.distances import l2_normalize, masked_logsumexp, zero_loss
-from retrieval.loss_reads import Stat, label_range
+from retrieval.loss_reads import Stat, require_classes
 from retrieval.loss_registry import register_loss
 
 
@@ -51,24 +51,22 @@ class ProxyLoss(nn.Module):
         proxies = l2_normalize(self.proxies.to(embeddings.dtype))
         return (l2_normalize(embeddings) @ proxies.T).view(len(embeddings), self.num_classes, self.centers)
 
-    def check_batch(self, embeddings: torch.Tensor, labels: torch.Tensor) -> None:
+    def check_batch(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Shape checks, and the labels within the classes (``require_classes``); returns the labels to use."""
         if embeddings.dim() != 2 or embeddings.shape[1] != self.embedding_dim:
             raise ValueError(f"embeddings must be [batch, {self.embedding_dim}], got shape {tuple(embeddings.shape)}; "
                              "build the loss with the model's embedding_dim")
         if labels.dim() != 1 or labels.shape[0] != embeddings.shape[0]:
             raise ValueError(f"labels must be [batch] matching embeddings {tuple(embeddings.shape)}, "
                              f"got {tuple(labels.shape)}")
-        low, high = label_range(labels) if labels.numel() else (0, 0)
-        if low < 0 or high >= self.num_classes:
-            raise ValueError(f"labels must lie in [0, {self.num_classes}) (the training classes), got "
-                             f"[{low}, {high}]; build the loss with num_classes = the number of training classes")
+        return require_classes(labels, self.num_classes, "loss")
 
     def class_mask(self, labels: torch.Tensor) -> torch.Tensor:
         """[B, C] bool: sample i is of class c (``F.one_hot`` without its range check, which reads the device)."""
         return labels.unsqueeze(1) == torch.arange(self.num_classes, device=labels.device)
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        self.check_batch(embeddings, labels)
+        labels = self.check_batch(embeddings, labels)
         if embeddings.shape[0] == 0:  # nothing to learn from; still connected to the proxies
             return zero_loss(embeddings) + zero_loss(self.proxies).to(embeddings.dtype)
         return self.from_cosines(self.cosines(embeddings), labels)

@@ -277,3 +277,30 @@ def test_a_resumed_proxy_run_equals_the_uninterrupted_one(tmp_path):
     for key, value in a["state_dict"].items():
         assert torch.allclose(value, b["state_dict"][key], atol=1e-6), key
     assert not any("proxies" in key for key in a["state_dict"])  # the embedder (what ONNX exports) has none
+
+
+def classifier(name: str) -> torch.nn.Module:
+    """A proxy loss, or the auxiliary classification head, for 8 classes of 16-d embeddings."""
+    if name == "auxiliary head":
+        from retrieval.losses.auxiliary import AuxiliaryCrossEntropy
+
+        return AuxiliaryCrossEntropy(16, 8)
+    return build(name, num_classes=8, embedding_dim=16)
+
+
+@pytest.mark.parametrize("name", [*PROXY_LOSSES, "auxiliary head"])
+def test_a_label_outside_the_classes_is_refused_at_once_or_with_the_trainers_read(name):
+    from retrieval.loss_reads import deferred_checks, failed_check
+
+    x = torch.nn.functional.normalize(torch.randn(6, 16), dim=1)
+    labels = torch.tensor([0, 0, 3, 3, 8, -1])
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 8\) \(the training classes\), got \[-1, 8\]"):
+        classifier(name)(x, labels)
+    with deferred_checks() as checks:  # deferred: the loss runs on labels clamped into the classes, no index trap
+        value = classifier(name)(x, labels)
+    assert torch.isfinite(value)
+    error = failed_check(checks, [bool(holds) for holds, _ in checks])
+    assert isinstance(error, ValueError) and "got [-1, 8]" in str(error)
+    with deferred_checks() as checks:
+        classifier(name)(x, labels.clamp(0, 7))
+    assert failed_check(checks, [bool(holds) for holds, _ in checks]) is None

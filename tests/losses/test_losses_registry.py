@@ -65,11 +65,10 @@ def test_builds_with_defaults_and_trains(name, dtype):
 LOSSES_READING_ONE_VALUE = [(name, None) for name in available() if name != "dcdl"] + available_negatives()
 
 
-def reads_kept_when_checks_are_deferred(name: str, negatives: str | None) -> int:
-    """What a forward pass still reads inside ``deferred_checks``: the proxy losses' label range (a label outside
-    the classes would trap the device's own index check) and the hard-negative methods' one-class test (it decides
-    what is computed)."""
-    return int(needs_classes(name) or negatives is not None)
+def reads_kept_when_checks_are_deferred(negatives: str | None) -> int:
+    """What a forward pass still reads inside ``deferred_checks``: the hard-negative methods' one-class test (it
+    decides what is computed)."""
+    return int(negatives is not None)
 
 
 @pytest.mark.parametrize(("name", "negatives"), LOSSES_READING_ONE_VALUE, ids=lambda v: str(v))
@@ -86,8 +85,8 @@ def test_a_forward_pass_reads_back_its_batch_check_only_never_a_statistic(name, 
     assert reads.scalars == 0 and reads.lists <= 1  # every statistic in one transfer, nothing in the backward
     with ReadsBack() as reads, deferred_checks() as checks:
         loss(x, labels)
-    assert reads.scalars + reads.lists == reads_kept_when_checks_are_deferred(name, negatives)
-    assert len(checks) == 1 - reads_kept_when_checks_are_deferred(name, negatives)
+    assert reads.scalars + reads.lists == reads_kept_when_checks_are_deferred(negatives)
+    assert len(checks) == 1 - reads_kept_when_checks_are_deferred(negatives)
 
 
 BAD_BATCHES = {"no positive pair": torch.arange(8),
