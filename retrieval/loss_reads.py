@@ -91,6 +91,13 @@ def failed_check(checks: list[Check], held: list[bool]) -> Exception | None:
     return next((_made(error) for (_, error), ok in zip(checks, held, strict=True) if not ok), None)
 
 
+def read_checks(checks: list[Check]) -> Exception | None:
+    """Read the collected conditions in one transfer: the first failed check's error, else None."""
+    if not checks:
+        return None
+    return failed_check(checks, torch.stack([holds.to(torch.bool) for holds, _ in checks]).tolist())
+
+
 def require_classes(labels: torch.Tensor, num_classes: int, owner: str) -> torch.Tensor:
     """``require`` every label in [0, ``num_classes``); returns the labels clamped into that range for the caller to
     index with. A deferred check is read after the loss has run, and an index outside the classes would trip the

@@ -3,6 +3,9 @@ queued before it, so the host cannot queue more work meanwhile."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -17,28 +20,28 @@ class ReadsBack(TorchDispatchMode):
         self.scalars = 0
         self.lists = 0
         self.shapes = 0
-        self._tolist = None
+        self._tolist: Callable[..., Any] | None = None
 
     @property
     def count(self) -> int:
         """Every wait for the device counted."""
         return self.scalars + self.lists + self.shapes
 
-    def __enter__(self):
+    def __enter__(self) -> ReadsBack:
         original = self._tolist = torch.Tensor.tolist
 
-        def counted(tensor, *args, **kwargs):
+        def counted(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             self.lists += 1
             return original(tensor, *args, **kwargs)
 
         torch.Tensor.tolist = counted
         return super().__enter__()
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         torch.Tensor.tolist = self._tolist
         return super().__exit__(*exc)
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         self.scalars += func is torch.ops.aten._local_scalar_dense.default
         self.shapes += func.overloadpacket is torch.ops.aten.nonzero
         return func(*args, **(kwargs or {}))

@@ -138,7 +138,7 @@ class PairLoss(nn.Module):
         to its own read (``retrieval.loss_reads.require``)."""
         self.check_shapes(embeddings, labels)
         positive, _ = label_masks(labels)
-        require(positive.any(), self.no_positive_pair())
+        require(positive.any(), self.no_positive_pair)
 
     def check_shapes(self, embeddings: torch.Tensor, labels: torch.Tensor) -> None:
         """[B, D] embeddings, [B] labels, B >= 2 (nothing is read from the device)."""
@@ -158,9 +158,10 @@ class PairLoss(nn.Module):
                           f"{PER_CLASS_HINT}")
 
     def check_query_gallery(self, queries: torch.Tensor, labels: torch.Tensor, blocks: list[torch.Tensor],
-                            gallery_labels: torch.Tensor, self_index: torch.Tensor) -> None:
-        """The loss has a rectangular form, and the shapes and ``self_index`` fit; a query without a positive
-        in the gallery is allowed (its terms are empty sums)."""
+                            gallery_labels: torch.Tensor, self_index: torch.Tensor | None = None) -> None:
+        """The loss has a rectangular form, and the shapes and ``self_index`` fit (None: no query is in the
+        gallery); a query without a positive in the gallery is allowed (its terms are empty sums). Reads one value,
+        the ``self_index`` check, which the trainer defers (``require``)."""
         if not self.rectangular:
             raise ParameterError("gallery", f"has no meaning for {type(self).__name__}: {self.square_only}; "
                                             "call it on one batch (loss(embeddings, labels))")
@@ -173,18 +174,22 @@ class PairLoss(nn.Module):
             if count == 0 or row_labels.shape != (count,):
                 raise ParameterError(name, f"must hold one label per row of {count} (at least 1), got shape "
                                            f"{tuple(row_labels.shape)}")
+        if self_index is None:
+            return
         if self_index.shape != labels.shape:
             raise ParameterError("self_index", f"must hold one gallery row (or -1) per query, got shape "
                                                f"{tuple(self_index.shape)} for {len(labels)} queries")
         present = self_index >= 0
-        outside = ((self_index < -1) | (self_index >= size)).any()
-        # kept eager, in one read: a row outside the gallery would trap the device's own index check
-        mislabelled = (present & (gallery_labels[self_index.clamp(0, size - 1)] != labels)).any()
-        outside, mislabelled = torch.stack([outside, mislabelled]).tolist()
-        if outside:
-            raise ParameterError("self_index", f"must be -1 or a gallery row in [0, {size})")
-        if mislabelled:
-            raise ParameterError("self_index", "names a gallery row whose label differs from its query's")
+        outside = (self_index < -1) | (self_index >= size)
+        # clamped for this check alone: later self_index is only compared with column numbers, never indexes
+        mislabelled = present & (gallery_labels[self_index.clamp(0, size - 1)] != labels)
+
+        def refused() -> ParameterError:  # on failure only: which of the two is read then
+            if bool(outside.any()):
+                return ParameterError("self_index", f"must be -1 or a gallery row in [0, {size})")
+            return ParameterError("self_index", "names a gallery row whose label differs from its query's")
+
+        require(~(outside | mislabelled).any(), refused)
 
     # --- the two forms ----------------------------------------------------------------------------------
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -202,9 +207,9 @@ class PairLoss(nn.Module):
         similarities are computed apart, so a block without gradient (a memory) costs no backward.
         """
         blocks = [gallery] if isinstance(gallery, torch.Tensor) else list(gallery)
+        self.check_query_gallery(queries, labels, blocks, gallery_labels, self_index)
         if self_index is None:
             self_index = torch.full_like(labels, -1)
-        self.check_query_gallery(queries, labels, blocks, gallery_labels, self_index)
         # one product per block: autograd would take a gradient for every row of one concatenated gallery
         similarity = torch.cat([self.similarity(queries, block) for block in blocks], dim=1)
         pairs = AnchorPairs.rectangular(similarity, labels, gallery_labels, self_index, self.self_similarity(queries))

@@ -56,14 +56,15 @@ class CrossBatchMemory(nn.Module):
         # (steps, filled, position) as the host knows them: the buffers are read once (after a load), then counted
         self._counts: tuple[int, int, int] | None = None
 
-    def _load_from_state_dict(self, *args, **kwargs) -> None:
+    def _load_from_state_dict(self, *args: object, **kwargs: object) -> None:
         super()._load_from_state_dict(*args, **kwargs)
         self._counts = None  # the loaded buffers are read at the next step
 
     def counts(self) -> tuple[int, int, int]:
         """(batches seen, rows in use, where the next row goes), without reading the device after the first call."""
         if self._counts is None:
-            self._counts = tuple(torch.stack([self.steps, self.filled, self.position]).tolist())
+            steps, filled, position = torch.stack([self.steps, self.filled, self.position]).tolist()
+            self._counts = (steps, filled, position)
         return self._counts
 
     @property
@@ -97,7 +98,7 @@ class CrossBatchMemory(nn.Module):
                 value = self.loss(torch.cat([embeddings, stored]), gallery_labels)
         self.last_stats = {**getattr(self.loss, "last_stats", {}),
                            "memory_rows": float(self.counts()[1]) if self.active else 0.0}
-        if self.training:
+        if self.training:  # before a deferred batch check is read: a failed check stops the run, queue and all
             self.enqueue(embeddings.detach(), labels)
         return value
 

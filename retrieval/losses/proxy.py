@@ -51,7 +51,7 @@ class ProxyLoss(nn.Module):
         proxies = l2_normalize(self.proxies.to(embeddings.dtype))
         return (l2_normalize(embeddings) @ proxies.T).view(len(embeddings), self.num_classes, self.centers)
 
-    def check_batch(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def checked_labels(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Shape checks, and the labels within the classes (``require_classes``); returns the labels to use."""
         if embeddings.dim() != 2 or embeddings.shape[1] != self.embedding_dim:
             raise ValueError(f"embeddings must be [batch, {self.embedding_dim}], got shape {tuple(embeddings.shape)}; "
@@ -66,7 +66,7 @@ class ProxyLoss(nn.Module):
         return labels.unsqueeze(1) == torch.arange(self.num_classes, device=labels.device)
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        labels = self.check_batch(embeddings, labels)
+        labels = self.checked_labels(embeddings, labels)
         if embeddings.shape[0] == 0:  # nothing to learn from; still connected to the proxies
             return zero_loss(embeddings) + zero_loss(self.proxies).to(embeddings.dtype)
         return self.from_cosines(self.cosines(embeddings), labels)

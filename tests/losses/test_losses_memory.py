@@ -143,10 +143,11 @@ def test_the_queue_is_counted_on_the_host_and_read_from_the_device_once():
     memory = CrossBatchMemory(build("ms"), size=12, embedding_dim=6).double()
     with ReadsBack() as first, deferred_checks():
         memory(*batch(0))
-    with ReadsBack() as later, deferred_checks():  # one read a call: the memory's rows are in the gallery
+    with ReadsBack() as later, deferred_checks() as checks:  # the memory's own rows in the gallery: a deferred check
         for seed in range(1, 5):
             memory(*batch(seed))
-    assert (first.count, later.count) == (1, 4)
+    assert (first.count, later.count) == (1, 0)
+    assert len(checks) == 4 and all(bool(holds) for holds, _ in checks)
     assert memory.counts() == (int(memory.steps), int(memory.filled), int(memory.position)) == (5, 12, 4)
 
 

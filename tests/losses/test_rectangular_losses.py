@@ -11,9 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 from loss_references import ANCHOR_REFERENCES, QueryGallery, make_batch
+from reads_back import ReadsBack
 
 from retrieval.errors import ParameterError
-from retrieval.loss_reads import read_stats
+from retrieval.loss_reads import deferred_checks, read_checks, read_stats
 from retrieval.loss_registry import LOSSES
 from retrieval.losses import available, build, has_rectangular_form
 
@@ -175,24 +176,50 @@ def test_a_loss_without_the_form_refuses_a_gallery(name):
     assert type(loss).square_only in str(error.value)
 
 
+def query_gallery_checked(loss, deferred: bool, *args):
+    """``loss.query_gallery(*args)``, its batch checks read at once or, as the trainer does, after it ran."""
+    if not deferred:
+        return loss.query_gallery(*args)
+    with deferred_checks() as checks:
+        value = loss.query_gallery(*args)
+    failed = read_checks(checks)
+    if failed is not None:
+        raise failed
+    return value
+
+
+@pytest.mark.parametrize("deferred", [False, True], ids=["at once", "deferred"])
 @pytest.mark.parametrize(("self_index", "message"), [
     (torch.tensor([0, 1, 2]), "one gallery row"),
     (torch.tensor([0, 1, 2, 3, 4, 40]), r"-1 or a gallery row in \[0, 20\)"),
     (torch.tensor([0, 1, 2, 3, 4, -2]), r"-1 or a gallery row"),
 ])
-def test_a_bad_self_index_is_refused(self_index, message):
+def test_a_bad_self_index_is_refused(self_index, message, deferred):
     x, labels = pool(0, "ms")
     with pytest.raises(ParameterError, match=message):
-        build("ms").query_gallery(x[:QUERIES], labels[:QUERIES], x, labels, self_index)
+        query_gallery_checked(build("ms"), deferred, x[:QUERIES], labels[:QUERIES], x, labels, self_index)
 
 
-def test_a_self_index_naming_a_row_of_another_label_is_refused():
+@pytest.mark.parametrize("deferred", [False, True], ids=["at once", "deferred"])
+def test_a_self_index_naming_a_row_of_another_label_is_refused(deferred):
     x, labels = pool(0, "ms")
     other = int(torch.nonzero(labels != labels[0])[0])
     self_index = torch.arange(QUERIES)
     self_index[0] = other
     with pytest.raises(ParameterError, match="label differs"):
-        build("ms").query_gallery(x[:QUERIES], labels[:QUERIES], x, labels, self_index)
+        query_gallery_checked(build("ms"), deferred, x[:QUERIES], labels[:QUERIES], x, labels, self_index)
+
+
+def test_the_query_gallery_form_reads_its_self_index_check_once_or_defers_it():
+    x, labels = pool(0, "ms")
+    loss, args = build("ms"), (x[:QUERIES], labels[:QUERIES], x, labels)
+    with ReadsBack() as given:
+        loss.query_gallery(*args, torch.arange(QUERIES))
+    with ReadsBack() as none:  # no query in the gallery: nothing to check
+        loss.query_gallery(*args)
+    with ReadsBack() as deferred, deferred_checks() as checks:
+        loss.query_gallery(*args, torch.arange(QUERIES))
+    assert (given.count, none.count, deferred.count, len(checks)) == (1, 0, 0, 1)
 
 
 @pytest.mark.parametrize("name", ["ms", "npair", "triplet"])

@@ -295,22 +295,24 @@ def test_the_loss_statistics_travel_with_the_losses_and_a_step_reads_the_device_
 class FailsItsCheckAt(torch.nn.Module):
     """A loss whose batch check fails on one call (as a batch without a positive pair fails a pair loss's)."""
 
-    def __init__(self, call: int) -> None:
+    def __init__(self, call: int, nan: bool = False) -> None:
         super().__init__()
-        self.call, self.calls = call, 0
+        self.call, self.calls, self.nan = call, 0, nan
 
     def forward(self, embeddings, labels):
         self.calls += 1
         require(torch.tensor(self.calls != self.call), ValueError(f"call {self.calls}: the batch check failed"))
-        return (embeddings * embeddings).mean()
+        value = (embeddings * embeddings).mean()
+        return value * float("nan") if self.nan and self.calls == self.call else value
 
 
+@pytest.mark.parametrize("nan", [False, True], ids=["finite", "and NaN"])  # a failed check is not a skipped step
 def test_a_failed_batch_check_read_with_the_step_stops_it_before_the_weights_change(tmp_path, feature_cache,
-                                                                                    monkeypatch):
+                                                                                    monkeypatch, nan):
     import retrieval.train.trainer as trainer_module
 
     monkeypatch.setattr(trainer_module, "READ_BACK_SECONDS", 1e9)  # the steps before are read back by the error
-    monkeypatch.setattr(trainer_module.losses, "build", lambda *a, **k: FailsItsCheckAt(3))
+    monkeypatch.setattr(trainer_module.losses, "build", lambda *a, **k: FailsItsCheckAt(3, nan))
     trainer = trainer_module.Trainer(digits_config(tmp_path / "run", feature_cache, optimizer="sgd", epochs=1),
                                      progress=False)
     trainer.setup()
