@@ -501,8 +501,8 @@ class Trainer:
             return
         values = [step.loss for step in pending] + [value for step in pending for value in step.terms.values()]
         values += [value for step in pending for value in stat_tensors(step.stats)]
-        # the losses' float dtype (float32 at least), to which integer counts promote: exact below 2**24
-        dtype = functools.reduce(torch.promote_types, (value.dtype for value in values))
+        # the widest float among them, float32 at least, to which integer counts promote: exact below 2**24
+        dtype = functools.reduce(torch.promote_types, (value.dtype for value in values), torch.float32)
         numbers = torch.stack([value.reshape(()).to(dtype) for value in values]).tolist()
         read = iter(numbers[len(pending):])
         step_terms = [[(name, next(read)) for name in step.terms] for step in pending]
