@@ -236,7 +236,8 @@ class SoftTripleLoss(ProxyLoss):
         """sum over classes and centre pairs t < s of ||w^t - w^s|| / (C K (K - 1)) (unit centres)."""
         centers = l2_normalize(self.proxies.to(dtype)).view(self.num_classes, self.centers, -1)
         gram = centers @ centers.transpose(1, 2)  # [C, K, K]
-        upper = torch.triu(torch.ones(self.centers, self.centers, dtype=torch.bool, device=gram.device), diagonal=1)
+        # the pairs t < s as indices, not a mask: a mask index waits for the GPU (its nonzero), forward and backward
+        first, second = torch.triu_indices(self.centers, self.centers, offset=1, device=gram.device)
         # + 1e-5 under the root: centres that coincide have distance 0, whose sqrt has no finite gradient
-        distances = (2.0 + 1e-5 - 2.0 * gram[:, upper]).clamp_min(0.0).sqrt()
+        distances = (2.0 + 1e-5 - 2.0 * gram[:, first, second]).clamp_min(0.0).sqrt()
         return distances.sum() / (self.num_classes * self.centers * (self.centers - 1))

@@ -59,15 +59,16 @@ def pair_starts_torch(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
 def all_positive_pairs(labels: torch.Tensor) -> PositivePairs:
     """Every unordered same-class pair (k, l), k < l, of the batch (loop eq. 15 read literally)."""
     k, l = torch.triu_indices(labels.numel(), labels.numel(), offset=1, device=labels.device)  # noqa: E741
-    same = labels[k] == labels[l]
-    return PositivePairs(first=k[same], second=l[same], labels=labels[k[same]])
+    same = torch.nonzero(labels[k] == labels[l], as_tuple=True)[0]  # one wait on a GPU, where each mask index waits
+    first = k[same]
+    return PositivePairs(first=first, second=l[same], labels=labels[first])
 
 
 def pair_combinations(pair_labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(p, q) indices, p < q, of all combinations of two positive pairs from different classes."""
     n = pair_labels.numel()
     p, q = torch.triu_indices(n, n, offset=1, device=pair_labels.device)
-    keep = pair_labels[p] != pair_labels[q]
+    keep = torch.nonzero(pair_labels[p] != pair_labels[q], as_tuple=True)[0]  # one wait on a GPU, not one a mask
     return p[keep], q[keep]
 
 

@@ -89,6 +89,20 @@ def test_a_forward_pass_reads_back_its_batch_check_only_never_a_statistic(name, 
     assert len(checks) == 1 - reads_kept_when_checks_are_deferred(negatives)
 
 
+# the losses whose sums run over a data-dependent set (the triplet losses' pair rows, N-pair's anchors with a
+# positive, DCDL's classes): on a GPU each such set's size is read back (nonzero)
+WAIT_FOR_A_SHAPE = {"angular", "angular_npair", "dcdl", "nca_triplet", "npair", "sct", "triplet"}
+
+
+@pytest.mark.parametrize("name", available())
+def test_only_the_losses_summing_over_a_data_dependent_set_wait_for_a_shape(name):
+    x, labels = normal_batch()
+    loss = build(name, num_classes=8, embedding_dim=16)
+    with ReadsBack() as reads, deferred_checks():
+        loss(x, labels).backward()
+    assert (reads.shapes > 0) == (name in WAIT_FOR_A_SHAPE)
+
+
 BAD_BATCHES = {"no positive pair": torch.arange(8),
                "an anchor without a positive": torch.tensor([0, 0, 1, 1, 2, 3, 3, 4])}
 

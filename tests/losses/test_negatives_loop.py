@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from reads_back import ReadsBack
 
 from retrieval.negatives.kernels import pair_starts_numpy
 from retrieval.negatives.loop import (
@@ -15,6 +16,7 @@ from retrieval.negatives.loop import (
     pair_of_pairs_distances,
 )
 from retrieval.negatives.pairs import (
+    all_positive_pairs,
     expected_combinations,
     pair_combinations,
     pair_starts_torch,
@@ -285,6 +287,24 @@ def test_positive_pairs_numpy_and_device_paths_agree_with_a_loop() -> None:
         assert sorted(zip(pairs.first.tolist(), pairs.second.tolist(), strict=True)) == sorted(expected)
         assert torch.equal(pairs.labels, labels[pairs.first])
     assert len(positive_pairs(torch.zeros(0, dtype=torch.long))) == 0
+
+
+def test_pair_combinations_and_every_same_class_pair_match_a_loop_and_wait_once() -> None:
+    gen = torch.Generator().manual_seed(5)
+    for trial in range(50):
+        labels = torch.randint(0, 1 + trial % 7, (int(torch.randint(1, 30, (1,), generator=gen)),), generator=gen)
+        n = len(labels)
+        with ReadsBack() as combining:
+            p, q = pair_combinations(labels)
+        assert list(zip(p.tolist(), q.tolist(), strict=True)) == [
+            (a, b) for a in range(n) for b in range(a + 1, n) if labels[a] != labels[b]]
+        with ReadsBack() as pairing:
+            every = all_positive_pairs(labels)
+        assert list(zip(every.first.tolist(), every.second.tolist(), strict=True)) == [
+            (a, b) for a in range(n) for b in range(a + 1, n) if labels[a] == labels[b]]
+        assert torch.equal(every.labels, labels[every.first])
+        # one nonzero each: on a GPU every boolean-mask index would wait for the device again
+        assert (combining.count, pairing.count) == (1, 1)
 
 
 @pytest.mark.parametrize("geometry", ["arc", "segment"])
