@@ -16,7 +16,7 @@ import torch
 
 from retrieval.distances import label_masks, unit_distance
 from retrieval.loss_reads import Stat
-from retrieval.negatives.pairs import PositivePairs, all_positive_pairs, positive_pairs
+from retrieval.negatives.pairs import PositivePairs, pair_grid
 
 Tensor = torch.Tensor
 NEGATIVE_PAIRS = ("consecutive", "all")  # the other-class pairs (k, l) a positive pair meets (pair_terms)
@@ -98,10 +98,12 @@ class HardNegativeMethod:
 
     def hardest(
         self, gram: Tensor, pairs: PositivePairs, negative: Tensor, rows: object | None,
-        columns: PositivePairs | None = None,
+        columns: PositivePairs | None = None, combinations: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, dict[str, Stat]]:
         """([Pp, Q] hardest negative of pair p against pair q, statistics); entries outside ``negative`` are
-        ignored by the losses. The pairs q are ``columns`` when given, else the positive pairs themselves."""
+        ignored by the losses. The pairs q are ``columns`` when given, else the positive pairs themselves.
+        ``combinations``: the (p, q) entries of ``negative`` to solve (``PairGrid.combinations``, made on the host
+        by ``pair_terms``); a method that scores every entry at once ignores them."""
         raise NotImplementedError
 
     def pair_terms(
@@ -124,18 +126,20 @@ class HardNegativeMethod:
             raise ValueError(
                 f"labels must be [B] with B = {embeddings.shape[0]} (one per row), got {tuple(labels.shape)}"
             )
-        labels = labels.to(embeddings.device)
-        pairs = positive_pairs(labels)
-        if len(pairs) == 0:
+        # the pairing on the host: one wait for labels on a GPU (none for the caller's host labels), then every
+        # data-dependent size is known
+        grid = pair_grid(labels.detach().cpu().numpy(), negative_pairs)
+        if len(grid.pairs) == 0:
             raise ValueError(
                 "LoOp/Symm losses need positive pairs, but every label appears once in the batch; sample 2 or more "
                 "images per class into each batch (an even number: ClassBalancedBatchSampler samples_per_class)"
             )
-        columns = all_positive_pairs(labels) if negative_pairs == "all" else None
-        negative = pairs.labels.view(-1, 1) != (pairs if columns is None else columns).labels.view(1, -1)
+        labels = labels.to(embeddings.device)
         gram = self.gram(embeddings, unit)
-        if not negative.any():  # one class only: nothing to push apart
+        no_negative = grid.combinations[0].numel() == 0  # one class only: nothing to push apart
+        grid = grid.to(embeddings.device)
+        pairs, negative = grid.pairs, grid.negative
+        if no_negative:
             return PairTerms(pairs, labels, gram, negative, None, self.hardest_is_distance, dict(self.empty_stats))
-        hardest, stats = (self.hardest(gram, pairs, negative, rows) if columns is None
-                          else self.hardest(gram, pairs, negative, rows, columns))
+        hardest, stats = self.hardest(gram, pairs, negative, rows, grid.columns, grid.combinations)
         return PairTerms(pairs, labels, gram, negative, hardest, self.hardest_is_distance, stats)

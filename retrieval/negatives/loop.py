@@ -39,7 +39,7 @@ from retrieval.distances import dot_similarity_matrix, l2_normalize, safe_sqrt
 from retrieval.loss_reads import Stat
 from retrieval.loss_registry import register_negatives
 from retrieval.negatives.base import HardNegativeMethod
-from retrieval.negatives.pairs import PositivePairs, pair_combinations
+from retrieval.negatives.pairs import PositivePairs, negative_combinations
 
 # An arc shorter (or a pair closer to antipodal) than this, in sin(a0), has no usable basis (eq. 2).
 DEGENERATE_SIN = 1e-6
@@ -440,16 +440,13 @@ class LoOp(HardNegativeMethod):
 
     def hardest(
         self, gram: torch.Tensor, pairs: PositivePairs, negative: torch.Tensor, rows: object | None,
-        columns: PositivePairs | None = None,
+        columns: PositivePairs | None = None, combinations: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, dict[str, Stat]]:
         """[Pp, Q] matrix of d_{i,j,k,l} (zero where ``negative`` is False): against the positive pairs
         themselves (symmetric, each problem solved once) or against every pair of ``columns``."""
-        if columns is None:
-            p, q = pair_combinations(pairs.labels)
-            k, l = pairs.first[q], pairs.second[q]  # noqa: E741
-        else:
-            p, q = negative.nonzero(as_tuple=True)
-            k, l = columns.first[q], columns.second[q]  # noqa: E741
+        p, q = negative_combinations(negative, columns is None) if combinations is None else combinations
+        others = pairs if columns is None else columns
+        k, l = others.first[q], others.second[q]  # noqa: E741
         d, sol = pair_of_pairs_distances(gram, pairs.first[p], pairs.second[p], k, l, self.geometry, self.compiled)
         synthetic = (~sol.at_endpoints).float()
         stats = {

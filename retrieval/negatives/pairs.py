@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from retrieval.negatives.kernels import pair_starts_numpy
@@ -24,6 +25,20 @@ class PositivePairs:
 
     def __len__(self) -> int:
         return int(self.first.numel())
+
+    def to(self, device: torch.device) -> PositivePairs:
+        """The pairs on ``device`` (``to_device``: from the host without waiting for the device)."""
+        return PositivePairs(*(to_device(index, device) for index in (self.first, self.second, self.labels)))
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor copied to ``device``; to a GPU from pinned memory, so the copy is queued and the host goes on
+    (a copy from pageable memory would wait for the device's queue)."""
+    if tensor.device == device:
+        return tensor
+    if device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
 
 
 def positive_pairs(labels: torch.Tensor) -> PositivePairs:
@@ -70,6 +85,51 @@ def pair_combinations(pair_labels: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     p, q = torch.triu_indices(n, n, offset=1, device=pair_labels.device)
     keep = torch.nonzero(pair_labels[p] != pair_labels[q], as_tuple=True)[0]  # one wait on a GPU, not one a mask
     return p[keep], q[keep]
+
+
+def negative_combinations(negative: torch.Tensor, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(p, q) of the entries of ``negative`` [Pp, Q] in row-major order, p < q only when ``symmetric`` (pairs against
+    themselves: each problem once); ``pair_combinations(labels)`` is ``symmetric`` over the labels' negative mask."""
+    if symmetric:
+        negative = torch.triu(negative, diagonal=1)
+    return torch.nonzero(negative, as_tuple=True)
+
+
+@dataclass(frozen=True)
+class PairGrid:
+    """The batch's pairs and pairs of pairs, formed from its labels on the host, so that every size in it is known
+    without asking the device; ``to`` moves it without waiting."""
+
+    pairs: PositivePairs  # the positive pairs p (rows)
+    columns: PositivePairs | None  # the other-class pairs q when they are not the rows' pairs ("all")
+    negative: torch.Tensor  # [Pp, Q] bool: pairs p and q are of different classes
+    combinations: tuple[torch.Tensor, torch.Tensor]  # (p, q) of ``negative``'s entries, p < q without ``columns``
+
+    def to(self, device: torch.device) -> PairGrid:
+        """The grid on ``device``."""
+        return PairGrid(self.pairs.to(device), None if self.columns is None else self.columns.to(device),
+                        to_device(self.negative, device), tuple(to_device(i, device) for i in self.combinations))
+
+
+def pair_grid(labels: np.ndarray, negative_pairs: str = "consecutive") -> PairGrid:
+    """``PairGrid`` of labels [B] in NumPy: Algorithm 1's positive pairs (``positive_pairs``) against themselves
+    ("consecutive", each combination once) or against every same-class pair k < l ("all"); the same pairs in the
+    same order as ``positive_pairs``, ``all_positive_pairs`` and ``pair_combinations``."""
+    order, pos = pair_starts_numpy(labels)
+    first, second = order[pos], order[pos + 1]
+    pairs = PositivePairs(*(torch.from_numpy(a) for a in (first, second, labels[first])))
+    if negative_pairs == "all":
+        k, l = np.triu_indices(len(labels), k=1)  # noqa: E741
+        same = labels[k] == labels[l]
+        k, l = k[same], l[same]  # noqa: E741
+        columns = PositivePairs(*(torch.from_numpy(a) for a in (k, l, labels[k])))
+        negative = labels[first][:, None] != labels[k][None, :]
+        p, q = np.nonzero(negative)
+    else:
+        columns = None
+        negative = labels[first][:, None] != labels[first][None, :]
+        p, q = np.nonzero(np.triu(negative, k=1))
+    return PairGrid(pairs, columns, torch.from_numpy(negative), (torch.from_numpy(p), torch.from_numpy(q)))
 
 
 def expected_combinations(batch_size: int, samples_per_class: int) -> int:

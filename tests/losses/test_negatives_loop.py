@@ -19,6 +19,7 @@ from retrieval.negatives.pairs import (
     all_positive_pairs,
     expected_combinations,
     pair_combinations,
+    pair_grid,
     pair_starts_torch,
     positive_pairs,
 )
@@ -305,6 +306,27 @@ def test_pair_combinations_and_every_same_class_pair_match_a_loop_and_wait_once(
         assert torch.equal(every.labels, labels[every.first])
         # one nonzero each: on a GPU every boolean-mask index would wait for the device again
         assert (combining.count, pairing.count) == (1, 1)
+
+
+@pytest.mark.parametrize("negative_pairs", ["consecutive", "all"])
+def test_the_host_pair_grid_holds_the_pairs_and_combinations_the_tensor_functions_form(negative_pairs) -> None:
+    gen = torch.Generator().manual_seed(11)
+    for trial in range(60):
+        labels = torch.randint(0, 1 + trial % 6, (int(torch.randint(1, 30, (1,), generator=gen)),), generator=gen)
+        grid = pair_grid(labels.numpy(), negative_pairs)
+        pairs = positive_pairs(labels)
+        for mine, theirs in ((grid.pairs, pairs), (grid.columns, all_positive_pairs(labels))):
+            if mine is None:
+                continue
+            assert all(torch.equal(a, b) for a, b in ((mine.first, theirs.first), (mine.second, theirs.second),
+                                                     (mine.labels, theirs.labels)))
+        others = pairs if grid.columns is None else grid.columns
+        assert torch.equal(grid.negative, pairs.labels.view(-1, 1) != others.labels.view(1, -1))
+        expected = (pair_combinations(pairs.labels) if grid.columns is None
+                    else grid.negative.nonzero(as_tuple=True))
+        assert all(torch.equal(a, b) for a, b in zip(grid.combinations, expected, strict=True))
+        on_device = grid.to(torch.device("cpu"))
+        assert on_device.combinations[0] is grid.combinations[0]  # already there: nothing copied
 
 
 @pytest.mark.parametrize("geometry", ["arc", "segment"])
