@@ -38,7 +38,7 @@ def time_train_steps(backbone: str, option: str, size: int, batch: int, steps: i
     """(images/s, peak GPU MiB) of ``steps`` optimizer steps of the trainer's step, after ``warmup`` steps."""
     from retrieval import losses
     from retrieval.distributed import GlobalBatchObjective
-    from retrieval.loss_reads import deferred_checks, failed_check
+    from retrieval.loss_reads import deferred_checks, read_checks
     from retrieval.models import create_embedder
     from retrieval.train.distributed import DataParallelStep, init_distributed
 
@@ -66,11 +66,11 @@ def time_train_steps(backbone: str, option: str, size: int, batch: int, steps: i
         with deferred_checks() as checks:
             embeddings, _ = step(images, labels, amp)
             value = objective(embeddings, labels)
-        # the trainer's one read a step: the batch checks with the finiteness check
-        finite, *held = torch.stack([torch.isfinite(value.total), *(holds for holds, _ in checks)]).tolist()
-        failed = failed_check(checks, held)
-        if failed is not None or not finite:
-            raise failed or FloatingPointError("the loss is not finite")
+        (finite,), failed = read_checks(checks, torch.isfinite(value.total))  # the trainer's one read a step
+        if failed is not None:
+            raise failed
+        if not finite:  # skipped, as the trainer skips it
+            continue
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(value.backward).backward()
         scaler.step(optimizer)

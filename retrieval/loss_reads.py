@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -38,20 +38,24 @@ def stat_tensors(stats: Mapping[str, Stat]) -> list[torch.Tensor]:
     return [value.detach().reshape(()) for value in stats.values() if isinstance(value, torch.Tensor)]
 
 
-def read_stats(stats: Mapping[str, Stat]) -> dict[str, float]:
-    """The statistics as numbers: the tensors copied from each device in one transfer, the numbers as they are."""
-    tensors = stat_tensors(stats)
+def read_numbers(tensors: Sequence[torch.Tensor]) -> list[float]:
+    """0-d tensors as numbers, copied from each device in one transfer: as the widest of their dtypes there, at least
+    float32 (exact for counts below 2**24; MPS has no float64), so a bool reads as 0.0 or 1.0."""
     by_device: dict[torch.device, list[int]] = {}
     for position, value in enumerate(tensors):
         by_device.setdefault(value.device, []).append(position)
     numbers: list[float] = [0.0] * len(tensors)
     for positions in by_device.values():
-        # the widest of their dtypes, at least float32 (exact for counts below 2**24; MPS has no float64)
         dtype = functools.reduce(torch.promote_types, (tensors[i].dtype for i in positions), torch.float32)
-        read = torch.stack([tensors[i].to(dtype) for i in positions]).tolist()
+        read = torch.stack([tensors[i].detach().reshape(()).to(dtype) for i in positions]).tolist()
         for i, number in zip(positions, read, strict=True):
             numbers[i] = number
-    values = iter(numbers)
+    return numbers
+
+
+def read_stats(stats: Mapping[str, Stat]) -> dict[str, float]:
+    """The statistics as numbers: the tensors copied from each device in one transfer, the numbers as they are."""
+    values = iter(read_numbers(stat_tensors(stats)))
     return {key: next(values) if isinstance(value, torch.Tensor) else float(value) for key, value in stats.items()}
 
 
@@ -91,11 +95,11 @@ def failed_check(checks: list[Check], held: list[bool]) -> Exception | None:
     return next((_made(error) for (_, error), ok in zip(checks, held, strict=True) if not ok), None)
 
 
-def read_checks(checks: list[Check]) -> Exception | None:
-    """Read the collected conditions in one transfer: the first failed check's error, else None."""
-    if not checks:
-        return None
-    return failed_check(checks, torch.stack([holds.to(torch.bool) for holds, _ in checks]).tolist())
+def read_checks(checks: list[Check], *also: torch.Tensor) -> tuple[list[float], Exception | None]:
+    """Read ``also`` (the caller's own 0-d values) with the collected conditions, in one transfer per device:
+    (``also`` as numbers, the first failed check's error or None)."""
+    numbers = read_numbers([*also, *(holds for holds, _ in checks)])
+    return numbers[:len(also)], failed_check(checks, [bool(held) for held in numbers[len(also):]])
 
 
 def require_classes(labels: torch.Tensor, num_classes: int, owner: str) -> torch.Tensor:

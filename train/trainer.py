@@ -5,7 +5,6 @@ the data ``data.py``'s."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import random
 import shutil
@@ -26,7 +25,7 @@ from retrieval.distributed import GlobalBatchObjective
 from retrieval.errors import parameters_named
 from retrieval.heap import kept_heap
 from retrieval.inference import default_workers
-from retrieval.loss_reads import deferred_checks, failed_check, stat_tensors
+from retrieval.loss_reads import deferred_checks, read_checks, read_numbers, stat_tensors
 from retrieval.models import LAST_CHECKPOINT, Embedder, create_embedder
 from retrieval.train.checkpointing import Checkpointer, resuming
 from retrieval.train.config import TrainConfig
@@ -474,8 +473,7 @@ class Trainer:
             terms["l2sp"] = penalty.detach()
         # the trainer's one read-back a step: the loss's batch checks, and whether the loss is finite (a skipped step
         # must not reach the weights; the same on every rank)
-        finite, *held = torch.stack([torch.isfinite(loss), *(holds.to(loss.device) for holds, _ in checks)]).tolist()
-        failed = failed_check(checks, held)
+        (finite,), failed = read_checks(checks, torch.isfinite(loss))
         if failed is not None:
             raise failed
         if not finite:
@@ -501,9 +499,7 @@ class Trainer:
             return
         values = [step.loss for step in pending] + [value for step in pending for value in step.terms.values()]
         values += [value for step in pending for value in stat_tensors(step.stats)]
-        # the widest float among them, float32 at least, to which integer counts promote: exact below 2**24
-        dtype = functools.reduce(torch.promote_types, (value.dtype for value in values), torch.float32)
-        numbers = torch.stack([value.reshape(()).to(dtype) for value in values]).tolist()
+        numbers = read_numbers(values)
         read = iter(numbers[len(pending):])
         step_terms = [[(name, next(read)) for name in step.terms] for step in pending]
         step_stats = [[(name, next(read) if isinstance(value, torch.Tensor) else float(value))

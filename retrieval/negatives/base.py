@@ -97,13 +97,14 @@ class HardNegativeMethod:
         raise NotImplementedError
 
     def hardest(
-        self, gram: Tensor, pairs: PositivePairs, negative: Tensor, rows: object | None,
+        self, gram: Tensor, pairs: PositivePairs, negative: Tensor, rows: object | None, *,
         columns: PositivePairs | None = None, combinations: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, dict[str, Stat]]:
         """([Pp, Q] hardest negative of pair p against pair q, statistics); entries outside ``negative`` are
-        ignored by the losses. The pairs q are ``columns`` when given, else the positive pairs themselves.
-        ``combinations``: the (p, q) entries of ``negative`` to solve (``PairGrid.combinations``, made on the host
-        by ``pair_terms``); a method that scores every entry at once ignores them."""
+        ignored by the losses. The pairs q are ``columns`` when given (``supports_all_pairs``), else the positive
+        pairs themselves. ``combinations``: the (p, q) entries of ``negative`` to solve, p < q without ``columns``
+        (``PairGrid.combinations``, made on the host by ``pair_terms``), for a method that solves one problem per
+        entry; a method that scores every entry at once ignores them."""
         raise NotImplementedError
 
     def pair_terms(
@@ -141,5 +142,5 @@ class HardNegativeMethod:
         pairs, negative = grid.pairs, grid.negative
         if no_negative:
             return PairTerms(pairs, labels, gram, negative, None, self.hardest_is_distance, dict(self.empty_stats))
-        hardest, stats = self.hardest(gram, pairs, negative, rows, grid.columns, grid.combinations)
+        hardest, stats = self.hardest(gram, pairs, negative, rows, columns=grid.columns, combinations=grid.combinations)
         return PairTerms(pairs, labels, gram, negative, hardest, self.hardest_is_distance, stats)

@@ -39,7 +39,7 @@ from retrieval.distances import dot_similarity_matrix, l2_normalize, safe_sqrt
 from retrieval.loss_reads import Stat
 from retrieval.loss_registry import register_negatives
 from retrieval.negatives.base import HardNegativeMethod
-from retrieval.negatives.pairs import PositivePairs, negative_combinations
+from retrieval.negatives.pairs import PositivePairs
 
 # An arc shorter (or a pair closer to antipodal) than this, in sin(a0), has no usable basis (eq. 2).
 DEGENERATE_SIN = 1e-6
@@ -439,12 +439,15 @@ class LoOp(HardNegativeMethod):
         return self
 
     def hardest(
-        self, gram: torch.Tensor, pairs: PositivePairs, negative: torch.Tensor, rows: object | None,
+        self, gram: torch.Tensor, pairs: PositivePairs, negative: torch.Tensor, rows: object | None, *,
         columns: PositivePairs | None = None, combinations: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, dict[str, Stat]]:
         """[Pp, Q] matrix of d_{i,j,k,l} (zero where ``negative`` is False): against the positive pairs
-        themselves (symmetric, each problem solved once) or against every pair of ``columns``."""
-        p, q = negative_combinations(negative, columns is None) if combinations is None else combinations
+        themselves (symmetric, each problem solved once) or against every pair of ``columns``; one problem per
+        entry of ``combinations``."""
+        if combinations is None:
+            raise ValueError("LoOp solves the pairs of pairs it is given: pass combinations (pair_terms does)")
+        p, q = combinations
         others = pairs if columns is None else columns
         k, l = others.first[q], others.second[q]  # noqa: E741
         d, sol = pair_of_pairs_distances(gram, pairs.first[p], pairs.second[p], k, l, self.geometry, self.compiled)

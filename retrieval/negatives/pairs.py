@@ -74,7 +74,7 @@ def pair_starts_torch(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
 def all_positive_pairs(labels: torch.Tensor) -> PositivePairs:
     """Every unordered same-class pair (k, l), k < l, of the batch (loop eq. 15 read literally)."""
     k, l = torch.triu_indices(labels.numel(), labels.numel(), offset=1, device=labels.device)  # noqa: E741
-    same = torch.nonzero(labels[k] == labels[l], as_tuple=True)[0]  # one wait on a GPU, where each mask index waits
+    same = torch.nonzero(labels[k] == labels[l], as_tuple=True)[0]  # one wait on a GPU, not one per index
     first = k[same]
     return PositivePairs(first=first, second=l[same], labels=labels[first])
 
@@ -83,16 +83,8 @@ def pair_combinations(pair_labels: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     """(p, q) indices, p < q, of all combinations of two positive pairs from different classes."""
     n = pair_labels.numel()
     p, q = torch.triu_indices(n, n, offset=1, device=pair_labels.device)
-    keep = torch.nonzero(pair_labels[p] != pair_labels[q], as_tuple=True)[0]  # one wait on a GPU, not one a mask
+    keep = torch.nonzero(pair_labels[p] != pair_labels[q], as_tuple=True)[0]  # one wait on a GPU, not one per index
     return p[keep], q[keep]
-
-
-def negative_combinations(negative: torch.Tensor, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(p, q) of the entries of ``negative`` [Pp, Q] in row-major order, p < q only when ``symmetric`` (pairs against
-    themselves: each problem once); ``pair_combinations(labels)`` is ``symmetric`` over the labels' negative mask."""
-    if symmetric:
-        negative = torch.triu(negative, diagonal=1)
-    return torch.nonzero(negative, as_tuple=True)
 
 
 @dataclass(frozen=True)
@@ -107,14 +99,17 @@ class PairGrid:
 
     def to(self, device: torch.device) -> PairGrid:
         """The grid on ``device``."""
+        p, q = self.combinations
         return PairGrid(self.pairs.to(device), None if self.columns is None else self.columns.to(device),
-                        to_device(self.negative, device), tuple(to_device(i, device) for i in self.combinations))
+                        to_device(self.negative, device), (to_device(p, device), to_device(q, device)))
 
 
 def pair_grid(labels: np.ndarray, negative_pairs: str = "consecutive") -> PairGrid:
     """``PairGrid`` of labels [B] in NumPy: Algorithm 1's positive pairs (``positive_pairs``) against themselves
     ("consecutive", each combination once) or against every same-class pair k < l ("all"); the same pairs in the
     same order as ``positive_pairs``, ``all_positive_pairs`` and ``pair_combinations``."""
+    if negative_pairs not in ("consecutive", "all"):
+        raise ValueError(f"negative_pairs must be 'consecutive' or 'all', got {negative_pairs!r}")
     order, pos = pair_starts_numpy(labels)
     first, second = order[pos], order[pos + 1]
     pairs = PositivePairs(*(torch.from_numpy(a) for a in (first, second, labels[first])))

@@ -147,7 +147,7 @@ class SymmetricalSynthesis(HardNegativeMethod):
         return gram_matrix(l2_normalize(embeddings) if unit else embeddings)
 
     def hardest(
-        self, gram: Tensor, pairs: PositivePairs, negative: Tensor, rows: Combinations | None,
+        self, gram: Tensor, pairs: PositivePairs, negative: Tensor, rows: Combinations | None, *,
         columns: PositivePairs | None = None, combinations: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, dict[str, Stat]]:
         """Every pair of pairs scored at once (``combinations`` unused); Algorithm 1's pairs only (no ``columns``)."""

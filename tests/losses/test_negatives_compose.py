@@ -86,7 +86,7 @@ class RealPairsOnly(HardNegativeMethod):
         x = torch.nn.functional.normalize(embeddings, dim=1) if unit else embeddings
         return x @ x.T
 
-    def hardest(self, gram, pairs, negative, rows, columns=None, combinations=None):
+    def hardest(self, gram, pairs, negative, rows, *, columns=None, combinations=None):
         ends = (pairs.first, pairs.second)
         hardest = torch.stack([gram[a][:, b] for a in ends for b in ends]).amax(dim=0)
         return hardest, {"synthetic_negative_share": 0.0}

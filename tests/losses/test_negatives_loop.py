@@ -309,24 +309,32 @@ def test_pair_combinations_and_every_same_class_pair_match_a_loop_and_wait_once(
 
 
 @pytest.mark.parametrize("negative_pairs", ["consecutive", "all"])
-def test_the_host_pair_grid_holds_the_pairs_and_combinations_the_tensor_functions_form(negative_pairs) -> None:
+def test_the_host_pair_grid_holds_algorithm_1s_pairs_and_their_combinations_in_order(negative_pairs) -> None:
     gen = torch.Generator().manual_seed(11)
     for trial in range(60):
-        labels = torch.randint(0, 1 + trial % 6, (int(torch.randint(1, 30, (1,), generator=gen)),), generator=gen)
+        n = 0 if trial == 0 else int(torch.randint(1, 30, (1,), generator=gen))
+        labels = torch.randint(-2, 1 + trial % 6, (n,), generator=gen)
         grid = pair_grid(labels.numpy(), negative_pairs)
-        pairs = positive_pairs(labels)
-        for mine, theirs in ((grid.pairs, pairs), (grid.columns, all_positive_pairs(labels))):
-            if mine is None:
-                continue
-            assert all(torch.equal(a, b) for a, b in ((mine.first, theirs.first), (mine.second, theirs.second),
-                                                     (mine.labels, theirs.labels)))
-        others = pairs if grid.columns is None else grid.columns
-        assert torch.equal(grid.negative, pairs.labels.view(-1, 1) != others.labels.view(1, -1))
-        expected = (pair_combinations(pairs.labels) if grid.columns is None
-                    else grid.negative.nonzero(as_tuple=True))
-        assert all(torch.equal(a, b) for a, b in zip(grid.combinations, expected, strict=True))
-        on_device = grid.to(torch.device("cpu"))
-        assert on_device.combinations[0] is grid.combinations[0]  # already there: nothing copied
+        values = labels.tolist()
+        expected = []  # Algorithm 1: each class's members paired in order of appearance, classes in label order
+        for c in sorted(set(values)):
+            members = [i for i in range(n) if values[i] == c]
+            expected += [(members[m], members[m + 1]) for m in range(0, len(members) - 1, 2)]
+        every = [(a, b) for a in range(n) for b in range(a + 1, n) if values[a] == values[b]]
+        columns = expected if negative_pairs == "consecutive" else every
+        assert list(zip(grid.pairs.first.tolist(), grid.pairs.second.tolist(), strict=True)) == expected
+        assert grid.pairs.labels.tolist() == [values[i] for i, _ in expected]
+        if negative_pairs == "all":
+            assert list(zip(grid.columns.first.tolist(), grid.columns.second.tolist(), strict=True)) == every
+        negative = [[values[i] != values[k] for k, _ in columns] for i, _ in expected]
+        assert grid.negative.tolist() == negative or (not expected and grid.negative.numel() == 0)
+        solved = [(p, q) for p in range(len(expected)) for q in range(len(columns)) if negative[p][q]
+                  and (negative_pairs == "all" or p < q)]
+        p, q = grid.combinations
+        assert list(zip(p.tolist(), q.tolist(), strict=True)) == solved
+        tensors = [grid.pairs.first, grid.pairs.second, *grid.combinations]
+        assert all(t.dtype == torch.int64 for t in tensors) and grid.negative.dtype == torch.bool
+        assert grid.to(torch.device("cpu")).combinations[0] is grid.combinations[0]  # already there: no copy
 
 
 @pytest.mark.parametrize("geometry", ["arc", "segment"])

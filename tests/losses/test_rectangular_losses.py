@@ -182,7 +182,7 @@ def query_gallery_checked(loss, deferred: bool, *args):
         return loss.query_gallery(*args)
     with deferred_checks() as checks:
         value = loss.query_gallery(*args)
-    failed = read_checks(checks)
+    failed = read_checks(checks)[1]
     if failed is not None:
         raise failed
     return value
