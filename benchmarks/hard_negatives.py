@@ -25,6 +25,7 @@ import time
 
 import torch
 
+from retrieval.loss_reads import known_on_host
 from retrieval.losses import build
 
 # (loss name, negatives method): the base loss is build(name) with the same defaults.
@@ -42,11 +43,12 @@ VARIANTS = [
 
 
 def _one_step_ms(loss: torch.nn.Module, emb: torch.Tensor, labels: torch.Tensor) -> float:
-    e = emb.clone().requires_grad_(True)
+    e, host = emb.clone().requires_grad_(True), labels.cpu()  # the trainer's host labels (``known_on_host``)
     if e.is_cuda:  # GPU work is asynchronous: time from an idle device to the end of the backward
         torch.cuda.synchronize()
     start = time.perf_counter()
-    loss(e, labels).backward()
+    with known_on_host(labels, host):
+        loss(e, labels).backward()
     if e.is_cuda:
         torch.cuda.synchronize()
     return (time.perf_counter() - start) * 1e3

@@ -102,6 +102,35 @@ def read_checks(checks: list[Check], *also: torch.Tensor) -> tuple[list[float], 
     return numbers[:len(also)], failed_check(checks, [bool(held) for held in numbers[len(also):]])
 
 
+# the caller's host copy of a tensor it sent to the device (``known_on_host``)
+_on_host: contextvars.ContextVar[tuple[torch.Tensor, torch.Tensor] | None] = contextvars.ContextVar(
+    "known_on_host", default=None)
+
+
+@contextmanager
+def known_on_host(tensor: torch.Tensor, host: torch.Tensor) -> Iterator[None]:
+    """Within, ``on_host(tensor)`` is ``host``: the caller's host copy of ``tensor`` (the labels it sent to the
+    device), so a loss that needs those values on the host does not wait for the device to copy them back. A ``host``
+    that is not on the CPU is no copy: nothing is known then."""
+    if host.shape != tensor.shape:
+        raise ValueError(f"known_on_host: the host copy must have the tensor's shape {tuple(tensor.shape)}, got "
+                         f"{tuple(host.shape)}")
+    token = _on_host.set((tensor, host) if host.device.type == "cpu" else None)
+    try:
+        yield
+    finally:
+        _on_host.reset(token)
+
+
+def on_host(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``'s values on the host: the copy ``known_on_host`` gave for this very tensor, else copied back (on a
+    GPU a wait for every kernel queued before)."""
+    known = _on_host.get()
+    if known is not None and known[0] is tensor:
+        return known[1]
+    return tensor.detach().cpu()
+
+
 def require_classes(labels: torch.Tensor, num_classes: int, owner: str) -> torch.Tensor:
     """``require`` every label in [0, ``num_classes``); returns the labels clamped into that range for the caller to
     index with. A deferred check is read after the loss has run, and an index outside the classes would trip the

@@ -25,7 +25,7 @@ from retrieval.distributed import GlobalBatchObjective
 from retrieval.errors import parameters_named
 from retrieval.heap import kept_heap
 from retrieval.inference import default_workers
-from retrieval.loss_reads import deferred_checks, read_checks, read_numbers, stat_tensors
+from retrieval.loss_reads import deferred_checks, known_on_host, read_checks, read_numbers, stat_tensors
 from retrieval.models import LAST_CHECKPOINT, Embedder, create_embedder
 from retrieval.train.checkpointing import Checkpointer, resuming
 from retrieval.train.config import TrainConfig
@@ -453,9 +453,11 @@ class Trainer:
             state.skipped_steps += 1
             return None
         inputs = inputs.to(self.device, non_blocking=True)
-        labels = labels.to(self.device, non_blocking=True)
+        host_labels, labels = labels, labels.to(self.device, non_blocking=True)
         replay = None  # --chunks: re-runs the chunks with their part of the gradient after the backward
-        with deferred_checks() as checks:  # the loss's batch checks are read with the finiteness check below
+        # the loss's batch checks are read with the finiteness check below; a hard-negative method pairs the batch
+        # from the host labels instead of copying the device's back
+        with deferred_checks() as checks, known_on_host(labels, host_labels):
             if cfg.chunks > 1:
                 embeddings, replay = parts.step.chunked(inputs, labels, self.amp_dtype, cfg.chunks)
                 local_terms = {}

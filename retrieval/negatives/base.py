@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from retrieval.distances import label_masks, unit_distance
-from retrieval.loss_reads import Stat
-from retrieval.negatives.pairs import PositivePairs, pair_grid
+from retrieval.loss_reads import Stat, on_host
+from retrieval.negatives.pairs import PositivePairs, pair_grid, to_device
 
 Tensor = torch.Tensor
 NEGATIVE_PAIRS = ("consecutive", "all")  # the other-class pairs (k, l) a positive pair meets (pair_terms)
@@ -127,15 +127,15 @@ class HardNegativeMethod:
             raise ValueError(
                 f"labels must be [B] with B = {embeddings.shape[0]} (one per row), got {tuple(labels.shape)}"
             )
-        # the pairing on the host: one wait for labels on a GPU (none for the caller's host labels), then every
-        # data-dependent size is known
-        grid = pair_grid(labels.detach().cpu().numpy(), negative_pairs)
+        # the pairing on the host, where every data-dependent size is known without the device: the labels' host
+        # copy (the trainer's, ``known_on_host``, or host labels given), else one wait to copy them back
+        grid = pair_grid(on_host(labels).numpy(), negative_pairs)
         if len(grid.pairs) == 0:
             raise ValueError(
                 "LoOp/Symm losses need positive pairs, but every label appears once in the batch; sample 2 or more "
                 "images per class into each batch (an even number: ClassBalancedBatchSampler samples_per_class)"
             )
-        labels = labels.to(embeddings.device)
+        labels = to_device(labels, embeddings.device)
         gram = self.gram(embeddings, unit)
         no_negative = grid.combinations[0].numel() == 0  # one class only: nothing to push apart
         grid = grid.to(embeddings.device)

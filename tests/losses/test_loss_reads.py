@@ -7,7 +7,7 @@ import pytest
 import torch
 from reads_back import ReadsBack
 
-from retrieval.loss_reads import deferred_checks, read_checks, read_stats, require
+from retrieval.loss_reads import deferred_checks, known_on_host, on_host, read_checks, read_stats, require
 
 
 def test_a_check_outside_deferred_checks_is_read_at_once():
@@ -61,3 +61,15 @@ def test_statistics_are_read_in_one_transfer_with_counts_exact():
         numbers = read_stats(stats)
     assert numbers == {"share": 0.25, "count": float(2**24 - 1), "rows": 7.0, "wide": 0.1}
     assert reads.count == 1
+
+
+def test_on_host_gives_the_callers_copy_of_that_very_tensor_only():
+    sent, host = torch.tensor([3, 1, 2]), torch.tensor([7, 8, 9])  # values differ: shows which one is read
+    with known_on_host(sent, host):
+        assert on_host(sent) is host
+        assert on_host(sent.clone()).tolist() == [3, 1, 2]  # another tensor: copied back
+        with known_on_host(sent, host.to("meta")):  # not on the host: nothing known
+            assert on_host(sent).tolist() == [3, 1, 2]
+    assert on_host(sent).tolist() == [3, 1, 2]
+    with pytest.raises(ValueError, match="shape"), known_on_host(sent, host[:2]):
+        pass

@@ -12,7 +12,7 @@ from run_files import read_jsonl
 from train_configs import digits_config
 
 from retrieval.cli.main import main
-from retrieval.loss_reads import require
+from retrieval.loss_reads import on_host, require
 from retrieval.models import load_embedder
 from retrieval.train import TrainConfig, TrainingDiverged, train
 from retrieval.train.state import TIMING_KEYS
@@ -329,6 +329,30 @@ def test_a_failed_batch_check_read_with_the_step_stops_it_before_the_weights_cha
         trainer.train_epoch(0)
     assert after_two and all(torch.equal(after_two[k], v) for k, v in trainer.parts.model.state_dict().items())
     assert [line["step"] for line in read_jsonl(tmp_path / "run" / "steps.jsonl")] == [1, 2]
+
+
+class RecordsHostLabels(torch.nn.Module):
+    """A loss that records whether the labels' values were known on the host without copying them back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.known: list[bool] = []
+
+    def forward(self, embeddings, labels):
+        self.known.append(on_host(labels) is labels)  # a copy back would be another tensor
+        return (embeddings * embeddings).mean()
+
+
+def test_a_training_step_hands_the_loss_its_labels_host_copy(tmp_path, feature_cache, monkeypatch):
+    import retrieval.train.trainer as trainer_module
+
+    recorder = RecordsHostLabels()
+    monkeypatch.setattr(trainer_module.losses, "build", lambda *a, **k: recorder)
+    trainer = trainer_module.Trainer(digits_config(tmp_path / "run", feature_cache, optimizer="sgd", epochs=1),
+                                     progress=False)
+    trainer.setup()
+    trainer.train_epoch(0)
+    assert recorder.known and all(recorder.known)
 
 
 class FailsAt(torch.nn.Module):
