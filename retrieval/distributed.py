@@ -15,12 +15,16 @@ Without a process group (one process) everything here is the identity.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from retrieval.loss_reads import known_host_copy, known_on_host, to_device
 
 
 def rank_and_world() -> tuple[int, int]:
@@ -45,32 +49,35 @@ def every_rank(flag: bool, device: torch.device | str = "cpu") -> bool:
     return bool(value.item())
 
 
-def all_gather_rows(tensor: torch.Tensor) -> list[torch.Tensor]:
+def all_gather_rows(tensor: torch.Tensor, sizes: Sequence[int] | None = None, group: Any = None) -> list[torch.Tensor]:
     """Every rank's ``tensor`` [n_r, ...] (n_r may differ between ranks), in rank order; no gradient.
 
     The ranks exchange their row counts first, pad to the largest and cut the padding off again, so the result
-    holds each row exactly once.
+    holds each row exactly once. ``sizes``: every rank's count, when the caller knows them on the host (the exchanged
+    counts of a GPU tensor are read back from the device, a wait). ``group``: the process group (None: the default).
     """
     _, world = rank_and_world()
     if world == 1:
         return [tensor]
-    count = torch.tensor([tensor.shape[0]], dtype=torch.int64, device=tensor.device)
-    counts = [torch.empty_like(count) for _ in range(world)]
-    dist.all_gather(counts, count)
-    sizes = [int(c) for c in counts]
+    if sizes is None:
+        count = torch.tensor([tensor.shape[0]], dtype=torch.int64, device=tensor.device)
+        counts = [torch.empty_like(count) for _ in range(world)]
+        dist.all_gather(counts, count, group=group)
+        sizes = [int(c) for c in counts]
     padded = tensor.new_zeros((max(sizes), *tensor.shape[1:]))
     padded[: tensor.shape[0]] = tensor
     parts = [torch.empty_like(padded) for _ in range(world)]
-    dist.all_gather(parts, padded.contiguous())
+    dist.all_gather(parts, padded.contiguous(), group=group)
     return [part[:size] for part, size in zip(parts, sizes, strict=True)]
 
 
-def gather_with_own_gradient(tensor: torch.Tensor) -> torch.Tensor:
-    """[N, ...] rows of all ranks in rank order; the rank's own rows are ``tensor`` itself, with its gradient."""
+def gather_with_own_gradient(tensor: torch.Tensor, sizes: Sequence[int] | None = None) -> torch.Tensor:
+    """[N, ...] rows of all ranks in rank order; the rank's own rows are ``tensor`` itself, with its gradient.
+    ``sizes``: every rank's row count, when known (``all_gather_rows``)."""
     rank, world = rank_and_world()
     if world == 1:
         return tensor
-    parts = all_gather_rows(tensor.detach())
+    parts = all_gather_rows(tensor.detach(), sizes)
     parts[rank] = tensor
     return torch.cat(parts)
 
@@ -101,12 +108,14 @@ class GlobalBatchObjective(nn.Module):
     """
 
     def __init__(self, loss: nn.Module, gather: bool = True, influence: nn.Module | None = None,
-                 projected_dim: int = 0) -> None:
+                 projected_dim: int = 0, host_group: Any = None) -> None:
         super().__init__()
         self.loss = loss
         self.gather = gather
         self.influence = influence
         self.projected_dim = int(projected_dim)
+        # a gloo group for host tensors beside a GPU backend's default group (None: the default group, when gloo)
+        self.host_group = host_group
         _, world = rank_and_world()
         if gather and world > 1:
             for parameter in loss.parameters():
@@ -129,12 +138,13 @@ class GlobalBatchObjective(nn.Module):
             shown = {**terms, **batch_terms}
             return StepLoss(total, total.detach(), {name: value.detach() for name, value in shown.items()})
         if self.gather:
-            everyone = torch.cat(all_gather_rows(labels))
+            everyone, known, sizes = self._gathered_labels(labels)
             share = labels.shape[0] / everyone.shape[0]  # n_r / N: this rank's weight in the global mean
-            own, projected = self._split(gather_with_own_gradient(embeddings))
-            loss = self.loss(own, everyone)
-            batch_terms = self._batch_terms(projected, everyone, None if old is None else torch.cat(
-                all_gather_rows(old.detach())))
+            own, projected = self._split(gather_with_own_gradient(embeddings, sizes))
+            with contextlib.nullcontext() if known is None else known_on_host(everyone, known):
+                loss = self.loss(own, everyone)
+                batch_terms = self._batch_terms(projected, everyone, None if old is None else torch.cat(
+                    all_gather_rows(old.detach(), sizes)))
             batch = sum(batch_terms.values(), embeddings.new_zeros(()))
             backward = world * (loss + batch + share * local)
             parts = torch.stack([(loss + batch).detach() / world + share * local.detach(),
@@ -149,6 +159,17 @@ class GlobalBatchObjective(nn.Module):
                                  *(value.detach() for value in batch_terms.values())]) / world
         dist.all_reduce(parts)  # sum over ranks: the global objective and the global mean of each local term
         return StepLoss(backward, parts[0], dict(zip([*terms, *batch_terms], parts[1:], strict=True)))
+
+    def _gathered_labels(self, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, list[int] | None]:
+        """(every rank's labels on ``labels``' device, their host copy, every rank's row count; both None where the
+        labels' host copy is unknown). Gathered on the host when the caller knows the labels there (``known_on_host``)
+        and a host group exists: then nothing of the device is read back, here or by a loss that pairs on the host."""
+        host = known_host_copy(labels)
+        if host is None or (self.host_group is None and dist.get_backend() != "gloo"):
+            return torch.cat(all_gather_rows(labels)), None, None
+        parts = all_gather_rows(host, group=self.host_group)
+        known = torch.cat(parts)
+        return to_device(known, labels.device), known, [len(part) for part in parts]
 
     def _split(self, embeddings: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(the model's own embedding, what the influence compares with the old model's: its projection into the

@@ -122,13 +122,27 @@ def known_on_host(tensor: torch.Tensor, host: torch.Tensor) -> Iterator[None]:
         _on_host.reset(token)
 
 
+def known_host_copy(tensor: torch.Tensor) -> torch.Tensor | None:
+    """The host copy ``known_on_host`` gave for this very tensor, else None."""
+    known = _on_host.get()
+    return known[1] if known is not None and known[0] is tensor else None
+
+
 def on_host(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor``'s values on the host: the copy ``known_on_host`` gave for this very tensor, else copied back (on a
     GPU a wait for every kernel queued before)."""
-    known = _on_host.get()
-    if known is not None and known[0] is tensor:
-        return known[1]
-    return tensor.detach().cpu()
+    known = known_host_copy(tensor)
+    return tensor.detach().cpu() if known is None else known
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor copied to ``device``; to a GPU from pinned memory, so the copy is queued and the host goes on
+    (a copy from pageable memory would wait for the device's queue)."""
+    if tensor.device == device:
+        return tensor
+    if device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
 
 
 def require_classes(labels: torch.Tensor, num_classes: int, owner: str) -> torch.Tensor:

@@ -160,7 +160,8 @@ def build_parts(cfg: TrainConfig, *, ctx: DistContext, model: Embedder, data: Tr
     influence = compatible_influence(cfg, ctx.device) if old_model is not None else None
     # a projection into the old space: its output rides behind the embedding's columns (TrainStep)
     objective = GlobalBatchObjective(loss_fn, gather=cfg.gather, influence=influence,
-                                     projected_dim=int(model.config.get("compatible_dim") or 0))
+                                     projected_dim=int(model.config.get("compatible_dim") or 0),
+                                     host_group=ctx.host_group)
     scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype == torch.float16)  # bf16 needs none
 
     features = source.build(cfg, model, data.train_set, data.train_labels, data.eval_sets, embedding)

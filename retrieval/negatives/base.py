@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from retrieval.distances import label_masks, unit_distance
-from retrieval.loss_reads import Stat, on_host
-from retrieval.negatives.pairs import PositivePairs, pair_grid, to_device
+from retrieval.loss_reads import Stat, on_host, to_device
+from retrieval.negatives.pairs import PositivePairs, pair_grid
 
 Tensor = torch.Tensor
 NEGATIVE_PAIRS = ("consecutive", "all")  # the other-class pairs (k, l) a positive pair meets (pair_terms)

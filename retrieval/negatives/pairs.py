@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from retrieval.loss_reads import to_device
 from retrieval.negatives.kernels import pair_starts_numpy
 
 
@@ -29,16 +30,6 @@ class PositivePairs:
     def to(self, device: torch.device) -> PositivePairs:
         """The pairs on ``device`` (``to_device``: from the host without waiting for the device)."""
         return PositivePairs(*(to_device(index, device) for index in (self.first, self.second, self.labels)))
-
-
-def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor copied to ``device``; to a GPU from pinned memory, so the copy is queued and the host goes on
-    (a copy from pageable memory would wait for the device's queue)."""
-    if tensor.device == device:
-        return tensor
-    if device.type == "cuda":
-        return tensor.pin_memory().to(device, non_blocking=True)
-    return tensor.to(device)
 
 
 def positive_pairs(labels: torch.Tensor) -> PositivePairs:

@@ -278,6 +278,50 @@ def test_a_gpu_rank_sums_its_batch_counts_on_the_host_group_without_waiting_for_
     assert counts == (True, 10, 2) and reduced == [("cpu", host_group)]
 
 
+class RecordsGatheredLabels(torch.nn.Module):
+    """A loss that records whether the gathered labels' host copy was known to it."""
+
+    def forward(self, embeddings, labels):
+        from retrieval.loss_reads import known_host_copy
+
+        self.known = known_host_copy(labels)
+        return (embeddings * embeddings).mean()
+
+
+@pytest.mark.parametrize("host_labels", [False, True], ids=["labels on the device only", "known on the host"])
+def test_a_gpu_rank_gathers_known_host_labels_on_the_host_group_and_no_row_count_from_the_gpu(monkeypatch,
+                                                                                              host_labels):
+    """Under NCCL the exchanged row counts would be GPU tensors, read back before each gather (a wait each)."""
+    import contextlib
+
+    import retrieval.distributed as distributed
+    from retrieval.loss_reads import known_on_host
+
+    host_group, gathered = object(), []
+
+    def all_gather(parts, tensor, group=None):
+        gathered.append(("counts" if tensor.shape == (1,) else "rows", group))
+        for part in parts:  # two ranks with the same batch
+            part.copy_(tensor)
+
+    monkeypatch.setattr(distributed, "rank_and_world", lambda: (0, 2))
+    monkeypatch.setattr(distributed.dist, "all_gather", all_gather)
+    monkeypatch.setattr(distributed.dist, "all_reduce", lambda tensor, group=None: tensor.mul_(2))
+    monkeypatch.setattr(distributed.dist, "get_backend", lambda group=None: "nccl")
+    loss = RecordsGatheredLabels()
+    objective = distributed.GlobalBatchObjective(loss, gather=True, host_group=host_group)
+    embeddings, labels = torch.randn(6, 4, requires_grad=True), torch.tensor([0, 0, 1, 1, 2, 2])
+    with known_on_host(labels, labels.clone()) if host_labels else contextlib.nullcontext():
+        step = objective(embeddings, labels)
+    if host_labels:  # the labels' counts and rows on the host group; the embeddings' rows only, sized from them
+        assert gathered == [("counts", host_group), ("rows", host_group), ("rows", None)]
+        assert loss.known is not None and loss.known.tolist() == labels.tolist() * 2
+    else:
+        assert gathered == [("counts", None), ("rows", None), ("counts", None), ("rows", None)]
+        assert loss.known is None
+    assert torch.isfinite(step.total)
+
+
 @pytest.mark.slow
 def test_evaluation_sharded_over_ranks_counts_every_image_once(tune_runs):
     for who in ("one", "ranks"):
