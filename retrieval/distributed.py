@@ -56,9 +56,12 @@ def all_gather_rows(tensor: torch.Tensor, sizes: Sequence[int] | None = None, gr
     holds each row exactly once. ``sizes``: every rank's count, when the caller knows them on the host (the exchanged
     counts of a GPU tensor are read back from the device, a wait). ``group``: the process group (None: the default).
     """
-    _, world = rank_and_world()
+    rank, world = rank_and_world()
     if world == 1:
         return [tensor]
+    if sizes is not None and (len(sizes) != world or sizes[rank] != tensor.shape[0]):
+        raise ValueError(f"all_gather_rows: sizes {list(sizes)} must give each of the {world} ranks' row count, this "
+                         f"rank's ({rank}) being {tensor.shape[0]}")
     if sizes is None:
         count = torch.tensor([tensor.shape[0]], dtype=torch.int64, device=tensor.device)
         counts = [torch.empty_like(count) for _ in range(world)]

@@ -111,10 +111,11 @@ _on_host: contextvars.ContextVar[tuple[torch.Tensor, torch.Tensor] | None] = con
 def known_on_host(tensor: torch.Tensor, host: torch.Tensor) -> Iterator[None]:
     """Within, ``on_host(tensor)`` is ``host``: the caller's host copy of ``tensor`` (the labels it sent to the
     device), so a loss that needs those values on the host does not wait for the device to copy them back. A ``host``
-    that is not on the CPU is no copy: nothing is known then."""
-    if host.shape != tensor.shape:
-        raise ValueError(f"known_on_host: the host copy must have the tensor's shape {tuple(tensor.shape)}, got "
-                         f"{tuple(host.shape)}")
+    that is not on the CPU is no copy: nothing is known then. Under ``torch.distributed``, use it on every rank or on
+    none: what is known decides which collectives ``GlobalBatchObjective`` runs. Nobody may modify ``host``."""
+    if host.shape != tensor.shape or host.dtype != tensor.dtype:
+        raise ValueError(f"known_on_host: the host copy must have the tensor's shape {tuple(tensor.shape)} and dtype "
+                         f"{tensor.dtype}, got {tuple(host.shape)} {host.dtype}")
     token = _on_host.set((tensor, host) if host.device.type == "cpu" else None)
     try:
         yield
@@ -135,12 +136,19 @@ def on_host(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().cpu() if known is None else known
 
 
+@functools.lru_cache(maxsize=64)
+def device_constant(values: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A constant (nested tuples of numbers) as a tensor on ``device``, made once: ``torch.tensor(values,
+    device=cuda)`` copies from pageable memory at every call, a wait for the GPU's queue. Never modify it."""
+    return to_device(torch.tensor(values, dtype=dtype), torch.device(device))
+
+
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A host tensor copied to ``device``; to a GPU from pinned memory, so the copy is queued and the host goes on
     (a copy from pageable memory would wait for the device's queue)."""
     if tensor.device == device:
         return tensor
-    if device.type == "cuda":
+    if device.type == "cuda" and tensor.device.type == "cpu":
         return tensor.pin_memory().to(device, non_blocking=True)
     return tensor.to(device)
 

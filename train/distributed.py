@@ -42,8 +42,8 @@ class DistContext:
     world_size: int
     local_rank: int
     device: torch.device
-    # the collectives of host values (a batch's counts): a gloo group beside NCCL's, so that they do not wait for
-    # the GPU to finish the work queued before them; None: the default group, which is gloo already
+    # the collectives of host values (a batch's counts, its labels): a gloo group beside NCCL's, so that they do not
+    # wait for the GPU to finish the work queued before them; None: the default group, which is gloo already
     host_group: Any = None
 
     @property

@@ -25,7 +25,7 @@ from retrieval.distributed import GlobalBatchObjective
 from retrieval.errors import parameters_named
 from retrieval.heap import kept_heap
 from retrieval.inference import default_workers
-from retrieval.loss_reads import deferred_checks, known_on_host, read_checks, read_numbers, stat_tensors
+from retrieval.loss_reads import deferred_checks, known_on_host, read_checks, read_numbers, stat_tensors, to_device
 from retrieval.models import LAST_CHECKPOINT, Embedder, create_embedder
 from retrieval.train.checkpointing import Checkpointer, resuming
 from retrieval.train.config import TrainConfig
@@ -454,7 +454,7 @@ class Trainer:
             state.skipped_steps += 1
             return None
         inputs = inputs.to(self.device, non_blocking=True)
-        host_labels, labels = labels, labels.to(self.device, non_blocking=True)
+        host_labels, labels = labels, to_device(labels, self.device)  # from pinned memory: no wait
         replay = None  # --chunks: re-runs the chunks with their part of the gradient after the backward
         # the loss's batch checks are read with the finiteness check below; a hard-negative method pairs the batch
         # from the host labels instead of copying the device's back

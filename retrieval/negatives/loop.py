@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from retrieval.distances import dot_similarity_matrix, l2_normalize, safe_sqrt
-from retrieval.loss_reads import Stat
+from retrieval.loss_reads import Stat, device_constant
 from retrieval.loss_registry import register_negatives
 from retrieval.negatives.base import HardNegativeMethod
 from retrieval.negatives.pairs import PositivePairs
@@ -78,6 +78,10 @@ class Solution:
 # ----------------------------------------------------------------------------------------------------
 # Arc solver on inner products (no gradient; float64)
 # ----------------------------------------------------------------------------------------------------
+
+
+# which of the 10 candidate cases leave the x (row 0) and y (row 1) fraction free (not at an endpoint)
+_FREE_CASES = ((1, 1, 0, 0, 1, 1, 0, 0, 0, 0), (1, 1, 1, 1, 0, 0, 0, 0, 0, 0))
 
 
 def _wrap(angle: torch.Tensor) -> torch.Tensor:
@@ -134,9 +138,9 @@ def solve_arcs(
         arc_safe = arc.masked_fill(arc <= 0, 1.0).unsqueeze(-1)
         t_xs, t_ys = alphas / arc_safe[0], betas / arc_safe[1]
         tol = _ANGLE_TOL if dtype == torch.float64 else 1e-5
-        free = torch.tensor(
-            [[1, 1, 0, 0, 1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0, 0, 0, 0, 0]], dtype=torch.bool, device=c.device
-        )
+        # eager: made once per device (a copy from pageable memory waits for the GPU); compiled: part of the graph
+        free = (torch.tensor(_FREE_CASES, dtype=torch.bool, device=c.device) if torch.compiler.is_compiling()
+                else device_constant(_FREE_CASES, torch.bool, c.device))
         feasible = (
             (t_xs >= -tol)
             & (t_xs <= 1 + tol)

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from retrieval.distances import EPS
+from retrieval.loss_reads import device_constant
 
 Tensor = torch.Tensor
 
@@ -72,7 +73,7 @@ def reflection_coefficients(h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """(a = (a_i, a_j), the axes' squared norms clamped to EPS, and unclamped), each [2, Pp], from the Gram
     block h [2, Pp, 2, Pp] = <original m of pair p, original k of pair q>."""
     block = h.diagonal(0, 1, 3)  # [m, k, p]: the pair's own 2 x 2 block
-    axis_sq = block[[1, 0], [1, 0]]  # S_jj (the axis of x_i), S_ii (the axis of x_j)
+    axis_sq = torch.stack([block[1, 1], block[0, 0]])  # S_jj (the axis of x_i), S_ii (the axis of x_j)
     return (*reflection_forward(block[0, 1], axis_sq), axis_sq)
 
 
@@ -85,7 +86,7 @@ def sum_rows(planes: Tensor, combinations: Combinations, dim: int) -> Tensor:
     """Point planes -> rows of ``combinations`` along ``dim`` (each row the sum of its points)."""
     if combinations.parts == POINTS.parts:
         return planes
-    columns = torch.tensor(combinations.parts, device=planes.device).T  # [points, rows]
+    columns = device_constant(combinations.parts, torch.int64, planes.device).T  # [points, rows]
     return sum(planes.index_select(dim, c) for c in columns)
 
 

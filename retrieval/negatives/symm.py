@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from retrieval.distances import EPS, gram_matrix, l2_normalize
-from retrieval.loss_reads import Stat
+from retrieval.loss_reads import Stat, device_constant
 from retrieval.loss_registry import register_negatives
 from retrieval.negatives.base import HardNegativeMethod
 from retrieval.negatives.kernels import hardest_combination, synthetic_share_numpy
@@ -126,7 +126,7 @@ def synthetic_share_on_device(
     selected: Tensor, used: Tensor, left: Combinations = POINTS, right: Combinations = POINTS
 ) -> Tensor:
     """``synthetic_share`` without leaving the tensors' device (the path a GPU batch takes)."""
-    counts = torch.as_tensor(synthetic_counts(left, right), dtype=torch.float32, device=selected.device)
+    counts = device_constant(tuple(synthetic_counts(left, right).tolist()), torch.float32, selected.device)
     return (counts[selected] * used).sum() / ((left.points + right.points) * used.sum()).clamp_min(1)
 
 
