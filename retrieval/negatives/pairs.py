@@ -62,14 +62,6 @@ def pair_starts_torch(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return order, torch.nonzero(opens, as_tuple=True)[0]
 
 
-def all_positive_pairs(labels: torch.Tensor) -> PositivePairs:
-    """Every unordered same-class pair (k, l), k < l, of the batch (loop eq. 15 read literally)."""
-    k, l = torch.triu_indices(labels.numel(), labels.numel(), offset=1, device=labels.device)  # noqa: E741
-    same = torch.nonzero(labels[k] == labels[l], as_tuple=True)[0]  # one wait on a GPU, not one per index
-    first = k[same]
-    return PositivePairs(first=first, second=l[same], labels=labels[first])
-
-
 def pair_combinations(pair_labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(p, q) indices, p < q, of all combinations of two positive pairs from different classes."""
     n = pair_labels.numel()
@@ -98,7 +90,7 @@ class PairGrid:
 def pair_grid(labels: np.ndarray, negative_pairs: str = "consecutive") -> PairGrid:
     """``PairGrid`` of labels [B] in NumPy: Algorithm 1's positive pairs (``positive_pairs``) against themselves
     ("consecutive", each combination once) or against every same-class pair k < l ("all"); the same pairs in the
-    same order as ``positive_pairs``, ``all_positive_pairs`` and ``pair_combinations``."""
+    same order as ``positive_pairs`` and ``pair_combinations``."""
     if negative_pairs not in ("consecutive", "all"):
         raise ValueError(f"negative_pairs must be 'consecutive' or 'all', got {negative_pairs!r}")
     order, pos = pair_starts_numpy(labels)
