@@ -71,6 +71,23 @@ def test_new_combinations_pass_gradcheck(name: str, method: str) -> None:
     assert torch.autograd.gradcheck(lambda e: loss(e, labels), (emb.requires_grad_(True),), eps=1e-6, atol=1e-6)
 
 
+LOOP_COMBINATIONS = [pytest.param(name, method, {}, id=f"{name}-{method}")
+                     for name, method in available_negatives() if method.startswith("loop")]
+
+
+@pytest.mark.parametrize("name,method,hparams", [
+    *LOOP_COMBINATIONS, pytest.param("lifted_min", "loop", {"negative_pairs": "all"}, id="lifted_min-loop-all")])
+def test_a_loop_loss_under_torch_compile_is_one_graph_after_the_host_pairing(name: str, method: str,
+                                                                            hparams: dict) -> None:
+    # the NumPy pairing runs outside the graph (traced, it becomes torch ops with data-dependent shapes: several
+    # graph breaks); everything after it, the solver and the loss's pair-level form, is one graph
+    loss = build(name, negatives=method, **hparams)
+    emb, labels = batch(seed=7, dim=8)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(loss)(emb.float().requires_grad_(True), labels)
+    assert explained.graph_break_count == 1 and explained.graph_count == 2, explained.break_reasons
+
+
 def test_paper_defaults_apply_and_explicit_hparams_win() -> None:
     assert build("triplet", negatives="symm").loss.squared  # Symm eq. 4: squared distances
     assert not build("triplet", negatives="symm", squared=False).loss.squared
