@@ -92,7 +92,7 @@ class PairLoss(nn.Module):
     # points of the positive pair themselves.
     positive_rows = None
     # The other-class pairs (k, l) a hard-negative method forms for each positive pair: "consecutive" (LoOp's
-    # Algorithm 1) or "all" (every same-class pair; ``retrieval.negatives.base.NEGATIVE_PAIRS``).
+    # Algorithm 1) or "all" (every same-class pair; ``retrieval.negatives.pairs.NEGATIVE_PAIRS``).
     negative_pairs = "consecutive"
     # What ``retrieval losses`` prints: the paper equation the loss implements, and for each option where a paper
     # can be read two ways (or where we chose a value the paper does not give) what the choices mean.

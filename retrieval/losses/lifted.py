@@ -16,7 +16,8 @@ from retrieval.losses.base import (
     masked_min,
     mean_over,
 )
-from retrieval.negatives.base import NEGATIVE_PAIRS_READING, PairTerms, check_negative_pairs
+from retrieval.negatives.base import NEGATIVE_PAIRS_READING, PairTerms
+from retrieval.negatives.pairs import check_negative_pairs
 
 
 def _pairs_with_negatives(positive: torch.Tensor, negative: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,8 @@ from retrieval.losses.base import (
     masked_min,
     mean_over,
 )
-from retrieval.negatives.base import NEGATIVE_PAIRS_READING, PairTerms, check_negative_pairs
+from retrieval.negatives.base import NEGATIVE_PAIRS_READING, PairTerms
+from retrieval.negatives.pairs import check_negative_pairs
 
 TRIPLET_MINING = ("all", "semihard", "hard")
 # What the summed hinge of "all" / "semihard" is divided by: the positive pairs |P| (loop eq. 14) or the number of

@@ -16,22 +16,13 @@ import torch
 
 from retrieval.distances import label_masks, unit_distance
 from retrieval.loss_reads import Stat, on_host, to_device
-from retrieval.negatives.pairs import PairGrid, PositivePairs, pair_grid
+from retrieval.negatives.pairs import PairGrid, PositivePairs, check_negative_pairs, pair_grid
 
 Tensor = torch.Tensor
-NEGATIVE_PAIRS = ("consecutive", "all")  # the other-class pairs (k, l) a positive pair meets (pair_terms)
 NEGATIVE_PAIRS_READING = (  # what a loss with a min over those pairs prints for ``retrieval losses``
     "with LoOp, the other-class pairs (k, l) of the min: 'consecutive' = Algorithm 1's pairs (the C = B (B - N) / 8 "
     "problems of loop section 3.4, default) or 'all' = every same-class pair (the equation read literally)"
 )
-
-
-def check_negative_pairs(value: str) -> str:
-    """``value`` when it names a reading of the other-class pairs (``NEGATIVE_PAIRS``), else a clear error."""
-    if value not in NEGATIVE_PAIRS:
-        raise ValueError(f"negative_pairs must be 'consecutive' (LoOp Algorithm 1's pairs) or 'all' (every same-class "
-                         f"pair, LoOp section 3.3 read literally), got {value!r}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -127,26 +118,26 @@ class HardNegativeMethod:
             raise ValueError(
                 f"labels must be [B] with B = {embeddings.shape[0]} (one per row), got {tuple(labels.shape)}"
             )
-        grid, no_negative = host_pair_grid(labels, negative_pairs, embeddings.device)
+        grid = host_pair_grid(labels, negative_pairs, embeddings.device)
         labels = to_device(labels, embeddings.device)
         gram = self.gram(embeddings, unit)
         pairs, negative = grid.pairs, grid.negative
-        if no_negative:
+        if grid.combinations[0].numel() == 0:  # one class only (a shape: known on the host)
             return PairTerms(pairs, labels, gram, negative, None, self.hardest_is_distance, dict(self.empty_stats))
         hardest, stats = self.hardest(gram, pairs, negative, rows, columns=grid.columns, combinations=grid.combinations)
         return PairTerms(pairs, labels, gram, negative, hardest, self.hardest_is_distance, stats)
 
 
 @torch.compiler.disable
-def host_pair_grid(labels: Tensor, negative_pairs: str, device: torch.device) -> tuple[PairGrid, bool]:
-    """(the batch's ``PairGrid`` on ``device``, whether it has no pair of pairs: one class only), formed on the host,
-    where every data-dependent size is known without the device: from the labels' host copy (the trainer's,
-    ``known_on_host``, or host labels given), else after one wait to copy them back. Never traced by torch.compile:
-    a compiled loss resumes after it with every size known instead of tracing the NumPy pairing into its graph."""
+def host_pair_grid(labels: Tensor, negative_pairs: str, device: torch.device) -> PairGrid:
+    """The batch's ``PairGrid`` on ``device``, formed on the host, where every data-dependent size is known without
+    the device: from the labels' host copy (the trainer's, ``known_on_host``, or host labels given), else after one
+    wait to copy them back. Never traced by torch.compile: a compiled loss resumes after it with every size known
+    instead of tracing the NumPy pairing into its graph."""
     grid = pair_grid(on_host(labels).numpy(), negative_pairs)
     if len(grid.pairs) == 0:
         raise ValueError(
             "LoOp/Symm losses need positive pairs, but every label appears once in the batch; sample 2 or more "
             "images per class into each batch (an even number: ClassBalancedBatchSampler samples_per_class)"
         )
-    return grid.to(device), grid.combinations[0].numel() == 0
+    return grid.to(device)

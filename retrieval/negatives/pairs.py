@@ -17,6 +17,16 @@ import torch
 from retrieval.loss_reads import to_device
 from retrieval.negatives.kernels import pair_starts_numpy
 
+NEGATIVE_PAIRS = ("consecutive", "all")  # the other-class pairs (k, l) a positive pair meets (``pair_grid``)
+
+
+def check_negative_pairs(value: str) -> str:
+    """``value`` when it names a reading of the other-class pairs (``NEGATIVE_PAIRS``), else a clear error."""
+    if value not in NEGATIVE_PAIRS:
+        raise ValueError(f"negative_pairs must be 'consecutive' (LoOp Algorithm 1's pairs) or 'all' (every same-class "
+                         f"pair, LoOp section 3.3 read literally), got {value!r}")
+    return value
+
 
 @dataclass(frozen=True)
 class PositivePairs:
@@ -91,8 +101,7 @@ def pair_grid(labels: np.ndarray, negative_pairs: str = "consecutive") -> PairGr
     """``PairGrid`` of labels [B] in NumPy: Algorithm 1's positive pairs (``positive_pairs``) against themselves
     ("consecutive", each combination once) or against every same-class pair k < l ("all"); the same pairs in the
     same order as ``positive_pairs`` and ``pair_combinations``."""
-    if negative_pairs not in ("consecutive", "all"):
-        raise ValueError(f"negative_pairs must be 'consecutive' or 'all', got {negative_pairs!r}")
+    check_negative_pairs(negative_pairs)
     order, pos = pair_starts_numpy(labels)
     first, second = order[pos], order[pos + 1]
     pairs = PositivePairs(*(torch.from_numpy(a) for a in (first, second, labels[first])))
