@@ -72,7 +72,13 @@ class Solution:
     @property
     def at_endpoints(self) -> torch.Tensor:
         """[M, 2] bool: p1 (resp. p2) is one of the original embeddings."""
-        return torch.stack([(self.t_x == 0) | (self.t_x == 1), (self.t_y == 0) | (self.t_y == 1)], dim=-1)
+        return torch.stack([at_endpoint(self.t_x), at_endpoint(self.t_y)], dim=-1)
+
+
+def at_endpoint(t: torch.Tensor) -> torch.Tensor:
+    """Bool of ``t``'s shape: the fraction along an arc or segment is at one end, the point is an embedding (the
+    solver's corners and edges give 0 and 1 exactly)."""
+    return (t == 0) | (t == 1)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -351,7 +357,6 @@ def pair_of_pairs_distances(
     k: torch.Tensor,
     l: torch.Tensor,  # noqa: E741 - the paper's index name
     geometry: str = "arc",
-    compiled: bool = False,
 ) -> tuple[torch.Tensor, Solution]:
     """LoOp distance d_{i,j,k,l} for C combinations at once, from the Gram matrix of the batch.
 
@@ -359,12 +364,10 @@ def pair_of_pairs_distances(
     The squared distance |p1 - p2|^2 is a quadratic form of the coefficients of p1 = w1 x_i + w2 x_j and
     p2 = v1 x_k + v2 x_l against Gram entries, so no [C, D] tensor is ever built. The optimum is solved in
     the dtype of ``gram`` (float64 in the tests; float32 is accurate enough to pick the KKT case).
-    ``compiled``: run it through torch.compile (the same maths, fused; the first call compiles).
     """
     if geometry not in ("arc", "segment"):
         raise ValueError(f"geometry must be 'arc' or 'segment', got {geometry!r}")
-    kernel = _compiled_kernel() if compiled else _pair_of_pairs
-    d, t_x, t_y, case = kernel(gram, i, j, k, l, geometry)
+    d, t_x, t_y, case = _pair_of_pairs(gram, i, j, k, l, geometry)
     return d, Solution(t_x=t_x, t_y=t_y, case=case)
 
 
@@ -405,11 +408,28 @@ def _pair_of_pairs(
     return safe_sqrt((p1_sq + p2_sq - 2 * cross).clamp_min(0.0)), sol.t_x, sol.t_y, sol.case
 
 
+def _hardest_grid(
+    gram: torch.Tensor, first: torch.Tensor, second: torch.Tensor, other_first: torch.Tensor,
+    other_second: torch.Tensor, p: torch.Tensor, q: torch.Tensor, rows: int, symmetric: bool, geometry: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``LoOp.hardest`` as plain tensors, what torch.compile fuses: ([rows, Q] d_{i,j,k,l} of pair p = (first[p],
+    second[p]) and q = (other_first[q], other_second[q]) at the combinations (p, q), also at (q, p) when
+    ``symmetric``, zero elsewhere; the share of closest points p1, p2 that are not an embedding)."""
+    d, t_x, t_y, _ = _pair_of_pairs(gram, first[p], second[p], other_first[q], other_second[q], geometry)
+    synthetic = (~at_endpoint(t_x)).sum() + (~at_endpoint(t_y)).sum()
+    share = synthetic.to(gram.dtype) / (2 * d.numel())
+    full = gram.new_zeros(rows, other_first.shape[0])
+    if symmetric:  # each problem solved once, for p < q
+        return full.index_put((torch.cat([p, q]), torch.cat([q, p])), torch.cat([d, d])), share
+    return full.index_put((p, q), d), share
+
+
 @functools.cache
-def _compiled_kernel():
-    """``_pair_of_pairs`` compiled once per process: its ~150 small element-wise kernels become a few fused ones
-    (on a GPU the eager form is bound by kernel launches). Shapes vary with the batch: compiled for dynamic sizes."""
-    return torch.compile(_pair_of_pairs, dynamic=True)
+def _compiled_hardest_grid():
+    """``_hardest_grid`` compiled once per process: its ~240 small kernels forward and ~130 backward (on arcs)
+    become a few fused ones (on a GPU the eager form is bound by kernel launches). Shapes vary with
+    the batch: compiled for dynamic sizes."""
+    return torch.compile(_hardest_grid, dynamic=True)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -427,7 +447,7 @@ class LoOp(HardNegativeMethod):
     """
 
     geometry = "arc"
-    compiled = False  # True: the solver runs through torch.compile (``compile_solver``)
+    compiled = False  # True: the solver and its grid run through torch.compile (``compile_solver``)
     unit_only = True  # Algorithm 1, step 3: unit embeddings (the segment form normalises too)
     supports_all_pairs = True
     hardest_is_distance = True
@@ -437,8 +457,9 @@ class LoOp(HardNegativeMethod):
         return dot_similarity_matrix(l2_normalize(embeddings))
 
     def compile_solver(self) -> LoOp:
-        """Solve through torch.compile from now on: the same values, in a few fused kernels instead of ~150 small
-        ones (on a GPU the eager solver is bound by kernel launches); the first batch pays the compilation."""
+        """Solve and fill the grid through torch.compile from now on: the same values, in a few fused kernels
+        instead of ~240 small ones forward and ~130 backward (on arcs; on a GPU the eager form is bound by kernel
+        launches); the first batch pays the compilation."""
         self.compiled = True
         return self
 
@@ -452,18 +473,13 @@ class LoOp(HardNegativeMethod):
         if combinations is None:
             raise ValueError("LoOp solves the pairs of pairs it is given: pass combinations (pair_terms does)")
         p, q = combinations
+        if p.numel() == 0:  # no pair of pairs of different classes (a shape: known on the host)
+            return gram.new_zeros(negative.shape), dict(self.empty_stats)
         others = pairs if columns is None else columns
-        k, l = others.first[q], others.second[q]  # noqa: E741
-        d, sol = pair_of_pairs_distances(gram, pairs.first[p], pairs.second[p], k, l, self.geometry, self.compiled)
-        synthetic = (~sol.at_endpoints).float()
-        stats = {
-            "synthetic_negative_share": synthetic.detach().mean() if synthetic.numel() else 0.0,
-            "loop_combinations": float(p.numel()),  # a shape: known on the host
-        }
-        full = gram.new_zeros(negative.shape)
-        if columns is not None:
-            return full.index_put((p, q), d), stats
-        return full.index_put((torch.cat([p, q]), torch.cat([q, p])), torch.cat([d, d])), stats
+        kernel = _compiled_hardest_grid() if self.compiled else _hardest_grid
+        full, share = kernel(gram, pairs.first, pairs.second, others.first, others.second, p, q, negative.shape[0],
+                             columns is None, self.geometry)
+        return full, {"synthetic_negative_share": share.detach(), "loop_combinations": float(p.numel())}
 
 
 @register_negatives("loop-linear")

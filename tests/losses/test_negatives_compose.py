@@ -88,6 +88,31 @@ def test_a_loop_loss_under_torch_compile_is_one_graph_after_the_host_pairing(nam
     assert explained.graph_break_count == 1 and explained.graph_count == 2, explained.break_reasons
 
 
+@pytest.mark.parametrize("name,method,hparams", [
+    pytest.param("ms", "loop", {}, id="ms-loop"),  # arcs, each problem solved once (symmetric grid)
+    pytest.param("lifted_min", "loop-linear", {"negative_pairs": "all"}, id="lifted_min-loop-linear-all"),
+])
+def test_a_compiled_loop_solver_gives_the_eager_loss_gradient_and_statistics(name: str, method: str,
+                                                                            hparams: dict) -> None:
+    # retrieval train --compile: the solver and its grid run through torch.compile (Inductor's C++ on a CPU)
+    emb, labels = batch(seed=8, classes=5, per_class=4, dim=16)
+    results = []
+    for compiled in (False, True):
+        loss = build(name, negatives=method, **hparams)
+        if compiled:
+            loss.method.compile_solver()
+        e = emb.float().requires_grad_(True)
+        value = loss(e, labels)
+        value.backward()
+        results.append((value.item(), e.grad, {key: float(v) for key, v in loss.last_stats.items()}))
+    (eager, eager_grad, eager_stats), (fused, fused_grad, fused_stats) = results
+    assert eager > 0 and eager_grad.abs().sum() > 0
+    assert fused == pytest.approx(eager, rel=1e-5)
+    torch.testing.assert_close(fused_grad, eager_grad, rtol=1e-4, atol=1e-4 * eager_grad.abs().max().item())
+    assert fused_stats == pytest.approx(eager_stats, rel=1e-5)
+    assert eager_stats["synthetic_negative_share"] > 0  # the statistic compared is not a trivial 0
+
+
 def test_paper_defaults_apply_and_explicit_hparams_win() -> None:
     assert build("triplet", negatives="symm").loss.squared  # Symm eq. 4: squared distances
     assert not build("triplet", negatives="symm", squared=False).loss.squared
