@@ -69,11 +69,6 @@ class Solution:
     t_y: torch.Tensor  # [M] in [0, 1]
     case: torch.Tensor  # [M] int64: ARC_CASES index, or the segment solver's case number (its docstring)
 
-    @property
-    def at_endpoints(self) -> torch.Tensor:
-        """[M, 2] bool: p1 (resp. p2) is one of the original embeddings."""
-        return torch.stack([at_endpoint(self.t_x), at_endpoint(self.t_y)], dim=-1)
-
 
 def at_endpoint(t: torch.Tensor) -> torch.Tensor:
     """Bool of ``t``'s shape: the fraction along an arc or segment is at one end, the point is an embedding (the
@@ -410,15 +405,15 @@ def _pair_of_pairs(
 
 def _hardest_grid(
     gram: torch.Tensor, first: torch.Tensor, second: torch.Tensor, other_first: torch.Tensor,
-    other_second: torch.Tensor, p: torch.Tensor, q: torch.Tensor, rows: int, symmetric: bool, geometry: str,
+    other_second: torch.Tensor, p: torch.Tensor, q: torch.Tensor, symmetric: bool, geometry: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``LoOp.hardest`` as plain tensors, what torch.compile fuses: ([rows, Q] d_{i,j,k,l} of pair p = (first[p],
+    """``LoOp.hardest`` as plain tensors, what torch.compile fuses: ([Pp, Q] d_{i,j,k,l} of pair p = (first[p],
     second[p]) and q = (other_first[q], other_second[q]) at the combinations (p, q), also at (q, p) when
     ``symmetric``, zero elsewhere; the share of closest points p1, p2 that are not an embedding)."""
     d, t_x, t_y, _ = _pair_of_pairs(gram, first[p], second[p], other_first[q], other_second[q], geometry)
     synthetic = (~at_endpoint(t_x)).sum() + (~at_endpoint(t_y)).sum()
     share = synthetic.to(gram.dtype) / (2 * d.numel())
-    full = gram.new_zeros(rows, other_first.shape[0])
+    full = gram.new_zeros(first.shape[0], other_first.shape[0])
     if symmetric:  # each problem solved once, for p < q
         return full.index_put((torch.cat([p, q]), torch.cat([q, p])), torch.cat([d, d])), share
     return full.index_put((p, q), d), share
@@ -477,8 +472,8 @@ class LoOp(HardNegativeMethod):
             return gram.new_zeros(negative.shape), dict(self.empty_stats)
         others = pairs if columns is None else columns
         kernel = _compiled_hardest_grid() if self.compiled else _hardest_grid
-        full, share = kernel(gram, pairs.first, pairs.second, others.first, others.second, p, q, negative.shape[0],
-                             columns is None, self.geometry)
+        full, share = kernel(gram, pairs.first, pairs.second, others.first, others.second, p, q, columns is None,
+                             self.geometry)
         return full, {"synthetic_negative_share": share.detach(), "loop_combinations": float(p.numel())}
 
 
