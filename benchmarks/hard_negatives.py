@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/hard_negatives.py [--batch 32 128 256] [--per-class 4] [--dim 512] [--repeats 30]
                                                   [--device cpu|cuda] [--compile] [--compile-whole]
                                                   [--losses ms lifted_min ...]
+    .venv/bin/python benchmarks/hard_negatives.py --pairing [--batch 16 64 256] [--per-class 4 8]
 
 Each row times ``loss(embeddings, labels).backward()`` for the base loss and its hard-negative variant,
 interleaved run by run in one process (median and best of --repeats runs after warm-up, fewer for slow
@@ -14,6 +15,9 @@ one ``torch.compile(loss, dynamic=True)`` against the base loss compiled the sam
 loss's pair-level form fused too, between the graph breaks of their data-dependent shapes (an experiment, not adopted:
 on an H200 it took as much off the base loss as off LoOp, so the ratio stayed at 1.7x; the first call of each compiles
 for a minute or more).
+``--pairing``: instead, the host's share of a LoOp step alone, ``pair_grid`` (the positive pairs and their
+combinations, formed in NumPy from the labels each step), in microseconds (best of 3 x 200 calls), for both readings
+of ``negative_pairs``.
 Prints a Markdown table.
 """
 
@@ -23,10 +27,12 @@ import argparse
 import statistics
 import time
 
+import numpy as np
 import torch
 
 from retrieval.loss_reads import known_on_host
 from retrieval.losses import build
+from retrieval.negatives.pairs import NEGATIVE_PAIRS, pair_grid
 
 # (loss name, negatives method): the base loss is build(name) with the same defaults.
 VARIANTS = [
@@ -69,10 +75,34 @@ def time_pair(
     return (statistics.median(base_ms), min(base_ms)), (statistics.median(variant_ms), min(variant_ms))
 
 
+def pairing_us(labels: np.ndarray, negative_pairs: str, calls: int = 200) -> float:
+    """Best of 3 mean times (microseconds) of ``pair_grid(labels, negative_pairs)`` over ``calls`` calls."""
+    best = float("inf")
+    for _ in range(3):
+        pair_grid(labels, negative_pairs)
+        start = time.perf_counter()
+        for _ in range(calls):
+            pair_grid(labels, negative_pairs)
+        best = min(best, (time.perf_counter() - start) / calls * 1e6)
+    return best
+
+
+def print_pairing(batches: list[int], per_class: list[int]) -> None:
+    """The ``--pairing`` table: ``pair_grid``'s time for each batch size, images per class and reading."""
+    print(f"| B | P x N | {' | '.join(f'{mode} (us)' for mode in NEGATIVE_PAIRS)} |")
+    print(f"|---|---|{'---|' * len(NEGATIVE_PAIRS)}")
+    for batch in batches:
+        for n in per_class:
+            labels = np.repeat(np.random.default_rng(batch).permutation(10 * batch)[:batch // n], n)
+            times = " | ".join(f"{pairing_us(labels, mode):.0f}" for mode in NEGATIVE_PAIRS)
+            print(f"| {batch} | {batch // n} x {n} | {times} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, nargs="+", default=[32, 128, 256])
-    parser.add_argument("--per-class", type=int, default=4)
+    parser.add_argument("--per-class", type=int, nargs="+", default=[4],
+                        help="images per class (several only with --pairing)")
     parser.add_argument("--dim", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0: leave the default)")
@@ -82,16 +112,23 @@ def main() -> None:
     parser.add_argument("--compile-whole", action="store_true",
                         help="also time LoOp with MS and lifted_min compiled whole, against the base compiled whole")
     parser.add_argument("--losses", nargs="+", default=None, help="only these base losses (default: all)")
+    parser.add_argument("--pairing", action="store_true", help="time the host's pairing (pair_grid) alone instead")
     args = parser.parse_args()
+    if args.pairing:
+        print_pairing(args.batch, args.per_class)
+        return
+    if len(args.per_class) != 1:
+        parser.error("--per-class takes one value, several only with --pairing")
+    per_class = args.per_class[0]
     if args.threads:
         torch.set_num_threads(args.threads)
     where = torch.cuda.get_device_name() if args.device == "cuda" else f"{torch.get_num_threads()} threads"
-    print(f"torch {torch.__version__}, {where}, N = {args.per_class}, D = {args.dim}\n")
+    print(f"torch {torch.__version__}, {where}, N = {per_class}, D = {args.dim}\n")
     print("| loss | negatives | B | base ms (median / best) | variant ms (median / best) | ratio (median / best) |")
     print("|---|---|---|---|---|---|")
     for batch in args.batch:
         g = torch.Generator().manual_seed(batch)
-        labels = torch.arange(batch // args.per_class).repeat_interleave(args.per_class)
+        labels = torch.arange(batch // per_class).repeat_interleave(per_class)
         emb = torch.randn(batch, args.dim, generator=g).to(args.device)
         labels = labels.to(args.device)
         for name, method in VARIANTS:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from reads_back import ReadsBack
@@ -17,6 +18,7 @@ from retrieval.negatives.loop import (
 )
 from retrieval.negatives.pairs import (
     expected_combinations,
+    nonzero_2d,
     pair_combinations,
     pair_grid,
     pair_starts_torch,
@@ -300,6 +302,17 @@ def test_pair_combinations_match_a_loop_and_wait_once() -> None:
             (a, b) for a in range(n) for b in range(a + 1, n) if labels[a] != labels[b]]
         # one nonzero: on a GPU every boolean-mask index would wait for the device again
         assert combining.count == 1
+
+
+def test_nonzero_2d_gives_numpys_rows_and_columns_in_order() -> None:
+    rng = np.random.default_rng(3)
+    for shape in [(0, 0), (0, 5), (5, 0), (1, 1), (7, 3), (3, 7), (64, 200)]:
+        for density in (0.0, 0.3, 1.0):
+            mask = rng.random(shape) < density
+            rows, columns = nonzero_2d(mask)
+            expected_rows, expected_columns = np.nonzero(mask)
+            assert rows.dtype == columns.dtype == np.int64
+            assert np.array_equal(rows, expected_rows) and np.array_equal(columns, expected_columns)
 
 
 @pytest.mark.parametrize("negative_pairs", ["consecutive", "all"])
