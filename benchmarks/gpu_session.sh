@@ -5,7 +5,8 @@
 #        profile loop decode knn new-tests env (default: tests losses sinkhorn train e2e chunks proxy input loop knn).
 #        Each step is bounded by TIMEOUT_<step> seconds (TIMEOUT_new_tests for new-tests), else STEP_TIMEOUT (default
 #        600), and writes $OUT/<step>. Narrowing: PYTEST_WORKERS (tests), INPUT_ARGS (input), PROFILE_DECODES
-#        (profile), BACKBONE and JPEG_FOLDER (input, profile), LOOP_BATCHES, LOOP_LOSSES and LOOP_WHOLE (loop).
+#        (profile), BACKBONE and JPEG_FOLDER (input, profile), LOOP_BATCHES, LOOP_LOSSES, LOOP_WHOLE and
+#        LOOP_EXPERIMENTS (loop; default: the solver compiled for dynamic sizes and into CUDA graphs too).
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
@@ -50,7 +51,8 @@ for step in $steps; do
       done ;;
     loop)  # LoOp eager and compiled against the base losses
       timeout "$limit" python3 "$repo"/benchmarks/hard_negatives.py --device cuda --batch ${LOOP_BATCHES:-32 256} --repeats 30 \
-        --compile ${LOOP_WHOLE:+--compile-whole} ${LOOP_LOSSES:+--losses $LOOP_LOSSES} 2>&1 | tee "$OUT/loop.md" ;;
+        --compile ${LOOP_EXPERIMENTS---compile-dynamic --cuda-graphs} ${LOOP_WHOLE:+--compile-whole} \
+        ${LOOP_LOSSES:+--losses $LOOP_LOSSES} 2>&1 | tee "$OUT/loop.md" ;;
     decode)  # the device pipeline taken apart: the workers' hand-over, the device stage alone, nvJPEG alone
       timeout "$limit" python3 "$repo"/benchmarks/gpu_decode.py --folder "${JPEG_FOLDER:-/tmp/gpu-jpegs}" 2>&1 \
         | tee "$OUT/decode.md" ;;

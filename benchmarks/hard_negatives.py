@@ -9,7 +9,12 @@ Each row times ``loss(embeddings, labels).backward()`` for the base loss and its
 interleaved run by run in one process (median and best of --repeats runs after warm-up, fewer for slow
 rows), so that the ratio is measured under the same load; on a shared machine the best-of time is the
 less noisy estimate of the intrinsic cost. One torch thread by default (the CPUs are shared).
-``--compile``: also the LoOp variants with their solver compiled (what ``retrieval train --compile`` runs);
+``--compile``: also the LoOp variants with their solver compiled (what ``retrieval train --compile`` runs: compiled for
+the batch's sizes);
+``--compile-dynamic``: also the LoOp variants with their solver compiled for dynamic sizes (what torch compiles once
+the sizes change, and what ``--compile`` ran before);
+``--cuda-graphs``: also the LoOp variants with their compiled solver replayed as CUDA graphs (``torch.compile``'s
+``mode="reduce-overhead"``; an experiment, CUDA only);
 ``--compile-whole``: also LoOp with MS and lifted_min (the two above 1.5x the base loss with the solver compiled) as
 one ``torch.compile(loss, dynamic=True)`` against the base loss compiled the same way: the pair bookkeeping and the
 loss's pair-level form fused too, between the graph breaks of their data-dependent shapes (an experiment, not adopted:
@@ -32,6 +37,7 @@ import torch
 
 from retrieval.loss_reads import known_on_host
 from retrieval.losses import build
+from retrieval.negatives import loop
 from retrieval.negatives.pairs import NEGATIVE_PAIRS, pair_grid
 
 # (loss name, negatives method): the base loss is build(name) with the same defaults.
@@ -46,6 +52,23 @@ VARIANTS = [
     ("npair", "symm"),
     ("angular", "symm"),
 ]
+
+
+class WithSolver(torch.nn.Module):
+    """``loss`` (LoOp, its solver compiled) with the compiled grid replaced by ``solver`` while it runs forward."""
+
+    def __init__(self, loss: torch.nn.Module, solver: object) -> None:
+        super().__init__()
+        self.loss, self.solver = loss, solver
+        loss.method.compile_solver()
+
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        original = loop._compiled_hardest_grid
+        loop._compiled_hardest_grid = lambda: self.solver
+        try:
+            return self.loss(embeddings, labels)
+        finally:
+            loop._compiled_hardest_grid = original
 
 
 def _one_step_ms(loss: torch.nn.Module, emb: torch.Tensor, labels: torch.Tensor) -> float:
@@ -109,6 +132,10 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--compile", action="store_true",
                         help="also time each LoOp variant with its solver compiled (retrieval train --compile)")
+    parser.add_argument("--compile-dynamic", action="store_true",
+                        help="also time each LoOp variant with its solver compiled for dynamic sizes")
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="also time each LoOp variant with its compiled solver replayed as CUDA graphs")
     parser.add_argument("--compile-whole", action="store_true",
                         help="also time LoOp with MS and lifted_min compiled whole, against the base compiled whole")
     parser.add_argument("--losses", nargs="+", default=None, help="only these base losses (default: all)")
@@ -117,6 +144,8 @@ def main() -> None:
     if args.pairing:
         print_pairing(args.batch, args.per_class)
         return
+    if args.cuda_graphs and args.device != "cuda":
+        parser.error("--cuda-graphs needs --device cuda (a CPU compile replays no graph)")
     if len(args.per_class) != 1:
         parser.error("--per-class takes one value, several only with --pairing")
     per_class = args.per_class[0]
@@ -127,6 +156,7 @@ def main() -> None:
     print("| loss | negatives | B | base ms (median / best) | variant ms (median / best) | ratio (median / best) |")
     print("|---|---|---|---|---|---|")
     for batch in args.batch:
+        torch._dynamo.reset()  # each batch size compiled for its own sizes, as a run of that size compiles it
         g = torch.Generator().manual_seed(batch)
         labels = torch.arange(batch // per_class).repeat_interleave(per_class)
         emb = torch.randn(batch, args.dim, generator=g).to(args.device)
@@ -139,12 +169,23 @@ def main() -> None:
             if args.compile and method.startswith("loop"):
                 rows.append((f"{method} compiled", eager_base, build(name, negatives=method).to(args.device)))
                 rows[-1][2].method.compile_solver()
+            if args.compile_dynamic and method.startswith("loop"):
+                rows.append((f"{method} compiled, dynamic sizes", eager_base, WithSolver(
+                    build(name, negatives=method).to(args.device), torch.compile(loop._hardest_grid, dynamic=True))))
+            if args.cuda_graphs and method.startswith("loop"):
+                rows.append((f"{method} compiled, CUDA graphs", eager_base, WithSolver(
+                    build(name, negatives=method).to(args.device),
+                    torch.compile(loop._hardest_grid, mode="reduce-overhead"))))
             if args.compile_whole and method == "loop" and name in ("ms", "lifted_min"):
                 rows.append((f"{method}, whole loss compiled (base too)",
                              torch.compile(build(name).to(args.device), dynamic=True),
                              torch.compile(build(name, negatives=method).to(args.device), dynamic=True)))
             for label, base_loss, loss in rows:
-                base, variant = time_pair(base_loss, loss, emb, labels, args.repeats)
+                try:
+                    base, variant = time_pair(base_loss, loss, emb, labels, args.repeats)
+                except Exception as exc:  # noqa: BLE001  (an experiment that fails leaves the other rows)
+                    print(f"| {name} | {label} | {batch} | failed: {type(exc).__name__}: {str(exc)[:200]} | | |")
+                    continue
                 print(
                     f"| {name} | {label} | {batch} | {base[0]:.2f} / {base[1]:.2f} | {variant[0]:.2f} / "
                     f"{variant[1]:.2f} | {variant[0] / base[0]:.2f} / {variant[1] / base[1]:.2f} |",

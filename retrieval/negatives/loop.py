@@ -83,6 +83,8 @@ def at_endpoint(t: torch.Tensor) -> torch.Tensor:
 
 # which of the 10 candidate cases leave the x (row 0) and y (row 1) fraction free (not at an endpoint)
 _FREE_CASES = ((1, 1, 0, 0, 1, 1, 0, 0, 0, 0), (1, 1, 1, 1, 0, 0, 0, 0, 0, 0))
+# the fraction (0 or 1) each of the other cases fixes (unused where the case leaves it free)
+_CASE_ENDS = ((0, 0, 0, 1, 0, 0, 0, 0, 1, 1), (0, 0, 0, 0, 0, 1, 0, 1, 0, 1))
 
 
 def _wrap(angle: torch.Tensor) -> torch.Tensor:
@@ -135,13 +137,17 @@ def solve_arcs(
         zero = torch.zeros_like(a0)
         alphas = torch.stack([a_int, _wrap(a_int + math.pi), zero, a0, edge[2], edge[3], zero, zero, a0, a0], -1)
         betas = torch.stack([b_int, _wrap(b_int + math.pi), edge[0], edge[1], zero, b0, zero, b0, zero, b0], -1)
-        # Fractions along each arc; a candidate is feasible when both lie in [0, 1] (constraints 6-7).
-        arc_safe = arc.masked_fill(arc <= 0, 1.0).unsqueeze(-1)
-        t_xs, t_ys = alphas / arc_safe[0], betas / arc_safe[1]
-        tol = _ANGLE_TOL if dtype == torch.float64 else 1e-5
         # eager: made once per device (a copy from pageable memory waits for the GPU); compiled: part of the graph
-        free = (torch.tensor(_FREE_CASES, dtype=torch.bool, device=c.device) if torch.compiler.is_compiling()
-                else device_constant(_FREE_CASES, torch.bool, c.device))
+        constant = (functools.partial(torch.tensor, device=c.device) if torch.compiler.is_compiling()
+                    else lambda values, dtype: device_constant(values, dtype, c.device))
+        free, ends = constant(_FREE_CASES, dtype=torch.bool), constant(_CASE_ENDS, dtype=dtype)
+        # Fractions along each arc; a candidate is feasible when both lie in [0, 1] (constraints 6-7). A corner's or
+        # an edge's fixed fraction is set, not divided out: compiled, a0 / a0 need not give exactly 1, and an
+        # endpoint must stay an embedding (at_endpoint).
+        arc_safe = arc.masked_fill(arc <= 0, 1.0).unsqueeze(-1)
+        t_xs = torch.where(free[0], alphas / arc_safe[0], ends[0])
+        t_ys = torch.where(free[1], betas / arc_safe[1], ends[1])
+        tol = _ANGLE_TOL if dtype == torch.float64 else 1e-5
         feasible = (
             (t_xs >= -tol)
             & (t_xs <= 1 + tol)
@@ -154,7 +160,6 @@ def solve_arcs(
             cb * g21.unsqueeze(-1) + sb * g22.unsqueeze(-1)
         )  # p1 . p2 = -f (eq. 5)
         case = value.masked_fill(~feasible, -math.inf).argmax(dim=-1, keepdim=True)
-        # Corners and edges are exact: 0 / a0 = 0 and a0 / a0 = 1 in IEEE arithmetic.
         t_x = t_xs.gather(-1, case).squeeze(-1).clamp(0.0, 1.0)
         t_y = t_ys.gather(-1, case).squeeze(-1).clamp(0.0, 1.0)
         case = case.squeeze(-1)
@@ -422,9 +427,10 @@ def _hardest_grid(
 @functools.cache
 def _compiled_hardest_grid():
     """``_hardest_grid`` compiled once per process: its ~240 small kernels forward and ~130 backward (on arcs)
-    become a few fused ones (on a GPU the eager form is bound by kernel launches). Shapes vary with
-    the batch: compiled for dynamic sizes."""
-    return torch.compile(_hardest_grid, dynamic=True)
+    become a few fused ones (on a GPU the eager form is bound by kernel launches). Compiled for the first batch's
+    sizes, which a class-balanced sampler repeats (kernels of fixed sizes call ~20 % faster than dynamic ones); torch
+    compiles once more, for dynamic sizes, the first time they change (a dropped sample, a filling memory)."""
+    return torch.compile(_hardest_grid, dynamic=None)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -3,11 +3,13 @@ rule that decides which exist, a new method added as one class, and the leaf reg
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from retrieval.loss_registry import LOSSES, NEGATIVES
 from retrieval.losses import available_negatives, build, composable
@@ -92,25 +94,32 @@ def test_a_loop_loss_under_torch_compile_is_one_graph_after_the_host_pairing(nam
     pytest.param("ms", "loop", {}, id="ms-loop"),  # arcs, each problem solved once (symmetric grid)
     pytest.param("lifted_min", "loop-linear", {"negative_pairs": "all"}, id="lifted_min-loop-linear-all"),
 ])
-def test_a_compiled_loop_solver_gives_the_eager_loss_gradient_and_statistics(name: str, method: str,
-                                                                            hparams: dict) -> None:
-    # retrieval train --compile: the solver and its grid run through torch.compile (Inductor's C++ on a CPU)
-    emb, labels = batch(seed=8, classes=5, per_class=4, dim=16)
-    results = []
-    for compiled in (False, True):
-        loss = build(name, negatives=method, **hparams)
-        if compiled:
-            loss.method.compile_solver()
-        e = emb.float().requires_grad_(True)
-        value = loss(e, labels)
-        value.backward()
-        results.append((value.item(), e.grad, {key: float(v) for key, v in loss.last_stats.items()}))
-    (eager, eager_grad, eager_stats), (fused, fused_grad, fused_stats) = results
-    assert eager > 0 and eager_grad.abs().sum() > 0
-    assert fused == pytest.approx(eager, rel=1e-5)
-    torch.testing.assert_close(fused_grad, eager_grad, rtol=1e-4, atol=1e-4 * eager_grad.abs().max().item())
-    assert fused_stats == pytest.approx(eager_stats, rel=1e-5)
-    assert eager_stats["synthetic_negative_share"] > 0  # the statistic compared is not a trivial 0
+def test_a_compiled_loop_solver_gives_the_eager_results_and_is_compiled_for_fixed_sizes_first(
+        name: str, method: str, hparams: dict) -> None:
+    # retrieval train --compile: the solver and its grid run through torch.compile (Inductor's C++ on a CPU),
+    # compiled for the first batch's sizes (the fast kernels a class-balanced sampler reuses), then once more, for
+    # dynamic sizes, when the second batch brings new ones; the third reuses that
+    eager_loss = build(name, negatives=method, **hparams)
+    compiled_loss = build(name, negatives=method, **hparams)
+    compiled_loss.method.compile_solver()
+    torch._dynamo.reset()
+    graphs = [counters["stats"]["unique_graphs"]]
+    for seed, classes in ((8, 5), (9, 6), (10, 7)):
+        emb, labels = batch(seed=seed, classes=classes, per_class=4, dim=16)
+        results = []
+        for loss in (eager_loss, compiled_loss):
+            e = emb.float().requires_grad_(True)
+            value = loss(e, labels)
+            value.backward()
+            results.append((value.item(), e.grad, {key: float(v) for key, v in loss.last_stats.items()}))
+        (eager, eager_grad, eager_stats), (fused, fused_grad, fused_stats) = results
+        assert eager > 0 and eager_grad.abs().sum() > 0
+        assert fused == pytest.approx(eager, rel=1e-5)
+        torch.testing.assert_close(fused_grad, eager_grad, rtol=1e-4, atol=1e-4 * eager_grad.abs().max().item())
+        assert fused_stats == pytest.approx(eager_stats, rel=1e-5)
+        assert eager_stats["synthetic_negative_share"] > 0  # the statistic compared is not a trivial 0
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert [after - before for before, after in itertools.pairwise(graphs)] == [1, 1, 0]
 
 
 def test_paper_defaults_apply_and_explicit_hparams_win() -> None:

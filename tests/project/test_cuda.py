@@ -338,7 +338,7 @@ def test_knn_on_cuda_in_small_blocks_and_out_of_memory(knn_sets, monkeypatch):
 
 @pytest.mark.parametrize("method", ["loop", "loop-linear"])
 def test_compiled_loop_equals_eager_on_cuda(method):
-    """LoOp's solver through torch.compile (retrieval train --compile): the same loss and gradient, fused."""
+    """LoOp's solver through torch.compile (retrieval train --compile): the same loss, gradient and statistic."""
     x, labels = batch("ms", classes=32, per_class=4, dim=128)
     results = []
     for compiled in (False, True):
@@ -348,10 +348,12 @@ def test_compiled_loop_equals_eager_on_cuda(method):
         leaf = x.float().cuda().requires_grad_(True)
         value = loss(leaf, labels.cuda())
         value.backward()
-        results.append((float(value), leaf.grad.double().cpu().numpy()))
-    (eager, eager_grad), (fused, fused_grad) = results
+        results.append((float(value), leaf.grad.double().cpu().numpy(),
+                        float(loss.last_stats["synthetic_negative_share"])))
+    (eager, eager_grad, eager_share), (fused, fused_grad, fused_share) = results
     assert fused == pytest.approx(eager, rel=1e-5)
     assert np.abs(fused_grad - eager_grad).max() <= 1e-4 * max(np.abs(eager_grad).max(), 1e-12)
+    assert fused_share == pytest.approx(eager_share, abs=1e-6)  # an endpoint stays one when compiled
 
 
 def test_compiled_sinkhorn_equals_eager_on_cuda():
