@@ -6,7 +6,8 @@
 #        Each step is bounded by TIMEOUT_<step> seconds (TIMEOUT_new_tests for new-tests), else STEP_TIMEOUT (default
 #        600), and writes $OUT/<step>. Narrowing: PYTEST_WORKERS (tests), INPUT_ARGS (input), PROFILE_DECODES
 #        (profile), BACKBONE and JPEG_FOLDER (input, profile), LOOP_BATCHES, LOOP_LOSSES, LOOP_WHOLE and
-#        LOOP_EXPERIMENTS (loop; default: the solver compiled for dynamic sizes and into CUDA graphs too).
+#        LOOP_EXPERIMENTS (loop: hard_negatives.py's extra rows, default "--compile-dynamic --cuda-graphs", empty for
+#        none; each compiles once more per batch size).
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"

@@ -138,9 +138,9 @@ def solve_arcs(
         alphas = torch.stack([a_int, _wrap(a_int + math.pi), zero, a0, edge[2], edge[3], zero, zero, a0, a0], -1)
         betas = torch.stack([b_int, _wrap(b_int + math.pi), edge[0], edge[1], zero, b0, zero, b0, zero, b0], -1)
         # eager: made once per device (a copy from pageable memory waits for the GPU); compiled: part of the graph
-        constant = (functools.partial(torch.tensor, device=c.device) if torch.compiler.is_compiling()
-                    else lambda values, dtype: device_constant(values, dtype, c.device))
-        free, ends = constant(_FREE_CASES, dtype=torch.bool), constant(_CASE_ENDS, dtype=dtype)
+        case_table = (functools.partial(torch.tensor, device=c.device) if torch.compiler.is_compiling()
+                      else lambda values, dtype: device_constant(values, dtype, c.device))
+        free, ends = case_table(_FREE_CASES, dtype=torch.bool), case_table(_CASE_ENDS, dtype=dtype)
         # Fractions along each arc; a candidate is feasible when both lie in [0, 1] (constraints 6-7). A corner's or
         # an edge's fixed fraction is set, not divided out: compiled, a0 / a0 need not give exactly 1, and an
         # endpoint must stay an embedding (at_endpoint).
@@ -429,7 +429,7 @@ def _compiled_hardest_grid():
     """``_hardest_grid`` compiled once per process: its ~240 small kernels forward and ~130 backward (on arcs)
     become a few fused ones (on a GPU the eager form is bound by kernel launches). Compiled for the first batch's
     sizes, which a class-balanced sampler repeats (kernels of fixed sizes call ~20 % faster than dynamic ones); torch
-    compiles once more, for dynamic sizes, the first time they change (a dropped sample, a filling memory)."""
+    compiles again, with that size dynamic, the first time a size changes (a dropped sample, a filling memory)."""
     return torch.compile(_hardest_grid, dynamic=None)
 
 
