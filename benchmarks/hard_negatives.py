@@ -34,6 +34,7 @@ import time
 
 import numpy as np
 import torch
+from torch._dynamo.utils import counters
 
 from retrieval.loss_reads import known_on_host
 from retrieval.losses import build
@@ -181,6 +182,7 @@ def main() -> None:
                              torch.compile(build(name).to(args.device), dynamic=True),
                              torch.compile(build(name, negatives=method).to(args.device), dynamic=True)))
             for label, base_loss, loss in rows:
+                skips = counters["inductor"]["cudagraph_skips"]
                 try:
                     base, variant = time_pair(base_loss, loss, emb, labels, args.repeats)
                 except Exception as exc:
@@ -189,6 +191,8 @@ def main() -> None:
                     # an experiment that fails leaves the other rows
                     print(f"| {name} | {label} | {batch} | failed: {type(exc).__name__}: {str(exc)[:200]} | | |")
                     continue
+                if counters["inductor"]["cudagraph_skips"] > skips:  # torch ran the kernels without graphs
+                    label += " (not replayed: see torch's 'skipping cudagraphs' warning)"
                 print(
                     f"| {name} | {label} | {batch} | {base[0]:.2f} / {base[1]:.2f} | {variant[0]:.2f} / "
                     f"{variant[1]:.2f} | {variant[0] / base[0]:.2f} / {variant[1] / base[1]:.2f} |",
