@@ -286,12 +286,14 @@ class DeviceAugment:
         bad = [BadSample(int(index), self._source(int(index)), reason) for index, reason
                in zip(batch.indices.tolist(), decoded, strict=True) if isinstance(reason, str)]
         size = self.size
-        out = torch.empty(len(keep), 3, size, size, device=self.device)
-        for row, i in enumerate(keep):
+        resized = []
+        for i in keep:
             pixels, image = decoded[i], batch.images[i]
             top, left, height, width = image.box
             crop = pixels[:, top:top + height, left:left + width].unsqueeze(0).float()
-            out[row] = F.interpolate(crop, size=(size, size), mode="bilinear", antialias=True, align_corners=False)[0]
+            resized.append(F.interpolate(crop, size=(size, size), mode="bilinear", antialias=True, align_corners=False))
+        # one concatenation rather than a copy into the batch per image: a third fewer launches on a GPU
+        out = torch.cat(resized) if resized else torch.empty(0, 3, size, size, device=self.device)
         flips = torch.tensor([batch.images[i].flip for i in keep], dtype=torch.bool)
         if flips.any():
             rows = flips.nonzero().flatten().to(self.device)
