@@ -38,7 +38,7 @@ for step in $steps; do
            faiss.__version__, 'pillow', PIL.__version__, 'cpus', __import__('os').cpu_count())" ;;
     new-tests)  # the GPU checks added last: compiled LoOp, decoding on the device, kNN, uint8 hand-over, sync-free losses (NEW_TESTS_K narrows them)
       timeout "$limit" python3 -m pytest -q -p no:cacheprovider "$repo/tests/project/test_cuda.py" \
-        -k "${NEW_TESTS_K:-compiled or device_decode or decode-on-device or loop-compile or knn or fp16_optimizer or dcdl-compile or uint8 or never_waits or waits_for_the_gpu_once}" 2>&1 \
+        -k "${NEW_TESTS_K:-compiled or device_decode or device_stage or decode-on-device or loop-compile or knn or fp16_optimizer or dcdl-compile or uint8 or never_waits or waits_for_the_gpu_once}" 2>&1 \
         | tee "$OUT/new-tests.txt" | tail -25 ;;
     input)  # the input pipeline: a JPEG folder at 224 px, decoding in the workers or on the GPU
       timeout "$limit" python3 "$repo"/benchmarks/gpu_input.py --backbone "${BACKBONE:-timm:efficientnet_lite0}" \

@@ -47,6 +47,7 @@ from retrieval.data.decode_memory import MAX_ASPECT, MIN_SHORT_SIDE
 from retrieval.data.eval_preprocess import RESIZE_RATIO, input_size
 from retrieval.data.exif_icc import orientation
 from retrieval.data.transforms import ScaleAndNormalise, background_of, colour_steps
+from retrieval.loss_reads import to_device
 
 # pixels decoded on the device at once: bounds the decoder's output memory (3 bytes a pixel) whatever the batch holds
 GROUP_PIXELS = 64_000_000
@@ -296,7 +297,7 @@ class DeviceAugment:
         out = torch.cat(resized) if resized else torch.empty(0, 3, size, size, device=self.device)
         flips = torch.tensor([batch.images[i].flip for i in keep], dtype=torch.bool)
         if flips.any():
-            rows = flips.nonzero().flatten().to(self.device)
+            rows = to_device(flips.nonzero().flatten(), self.device)  # queued: a plain copy waits for the stream
             out[rows] = out[rows].flip(-1)
         if self.colour is not None:
             out = self._colour(out, [batch.images[i].seed for i in keep])

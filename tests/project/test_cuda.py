@@ -390,6 +390,33 @@ def test_device_decode_on_cuda_shows_what_the_workers_show(tmp_path):
             assert (images.cpu() - cpu.inputs).abs().mean(dim=(1, 2, 3)).max() < 0.05
 
 
+def test_the_device_stage_queues_its_work_after_decoding_without_waiting_for_the_gpu(tmp_path):
+    """Crop, resize, flip and normalise on the GPU: the decode thread never waits for the GPU after nvJPEG."""
+    from device_batches import CONFIG
+    from sample_images import save_jpeg, smooth_picture
+
+    from retrieval.data.augment import resolve_augmentation
+    from retrieval.data.dataset import CatchBadSamples, ImageDataset
+    from retrieval.data.device_decode import DeviceAugment, EncodedImages, collate_encoded
+
+    paths = [save_jpeg(tmp_path / f"{i}.jpg", smooth_picture(120 + 37 * i, 300 - 21 * i, i)) for i in range(8)]
+    augmentation = resolve_augmentation("crop-flip")
+    encoded = EncodedImages(ImageDataset(paths, list(range(8)), [str(i) for i in range(8)]), CONFIG, augmentation)
+    batch = collate_encoded([CatchBadSamples(encoded)[(i, 7_000 + i)] for i in range(8)]).inputs
+    assert any(image.flip for image in batch.images) and not all(image.flip for image in batch.images)
+    stage = DeviceAugment(CONFIG, augmentation, "cuda")
+    decoded = stage.decode(batch.images)  # nvJPEG waits for its own results: not what is checked here
+    stage.decode = lambda images: decoded
+    want = stage(batch)[0]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any wait for the GPU raises
+    try:
+        got = stage(batch)[0]
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert torch.equal(got, want)
+
+
 def test_the_workers_hand_uint8_pixels_to_the_gpu_which_normalises_them_as_the_cpu_does():
     from sample_images import NoisePictures
 
