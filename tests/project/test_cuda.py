@@ -401,17 +401,17 @@ def test_the_device_stage_queues_its_work_after_decoding_without_waiting_for_the
 
     paths = [save_jpeg(tmp_path / f"{i}.jpg", smooth_picture(120 + 37 * i, 300 - 21 * i, i)) for i in range(8)]
     augmentation = resolve_augmentation("crop-flip")
-    encoded = EncodedImages(ImageDataset(paths, list(range(8)), [str(i) for i in range(8)]), CONFIG, augmentation)
-    batch = collate_encoded([CatchBadSamples(encoded)[(i, 7_000 + i)] for i in range(8)]).inputs
-    assert any(image.flip for image in batch.images) and not all(image.flip for image in batch.images)
+    items = EncodedImages(ImageDataset(paths, list(range(8)), [str(i) for i in range(8)]), CONFIG, augmentation)
+    inputs = collate_encoded([CatchBadSamples(items)[(i, 7_000 + i)] for i in range(8)]).inputs
+    assert any(image.flip for image in inputs.images) and not all(image.flip for image in inputs.images)
     stage = DeviceAugment(CONFIG, augmentation, "cuda")
-    decoded = stage.decode(batch.images)  # nvJPEG waits for its own results: not what is checked here
+    decoded = stage.decode(inputs.images)  # nvJPEG waits for its own results: not what is checked here
     stage.decode = lambda images: decoded
-    want = stage(batch)[0]
+    want = stage(inputs)[0]
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")  # any wait for the GPU raises
     try:
-        got = stage(batch)[0]
+        got = stage(inputs)[0]
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert torch.equal(got, want)
