@@ -127,6 +127,8 @@ def main() -> None:
     parser.add_argument("--backbone", default="efficientnet_lite0",
                         help="e.g. timm:efficientnet_lite0: the same network where efficientnet_lite_pytorch is absent")
     parser.add_argument("--only-end-to-end", action="store_true", help="skip the step and the pipelines alone")
+    parser.add_argument("--decodes", nargs="+", choices=["workers", "device"], default=["workers", "device"],
+                        help="the pipelines to time (--decode-on)")
     parser.add_argument("--folder", type=Path, default=None,
                         help="the JPEG folder: written there if missing, reused if present")
     args = parser.parse_args()
@@ -148,10 +150,10 @@ def main() -> None:
     if not args.only_end_to_end:
         step, _ = time_train_steps(args.backbone, option, args.size, args.batch, 20, 5)
         print(f"| the training step alone (random images on the GPU) | {step:,.0f} | 1.00 |", flush=True)
-        for decode_on in ("workers", "device"):
+        for decode_on in args.decodes:
             rate = pipeline_rate(root, decode_on, args.size, args.batch, args.workers, args.batches)
             print(f"| input pipeline alone, --decode-on {decode_on} | {rate:,.0f} | {rate / step:.2f} |", flush=True)
-    for decode_on in ("device", "workers"):
+    for decode_on in sorted(args.decodes):
         rate = end_to_end(root, scratch / f"run-{decode_on}", decode_on, args)
         print(f"| end to end (`retrieval train`, {args.batches} batches an epoch), --decode-on {decode_on} | "
               f"{rate:,.0f} | {rate / step:.2f} |", flush=True)

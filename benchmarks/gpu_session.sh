@@ -4,7 +4,7 @@
 # Usage: bash benchmarks/gpu_session.sh [STEP ...], STEP one of tests losses sinkhorn train e2e chunks proxy input
 #        profile loop decode knn new-tests env (default: tests losses sinkhorn train e2e chunks proxy input loop knn).
 #        Each step is bounded by TIMEOUT_<step> seconds (TIMEOUT_new_tests for new-tests), else STEP_TIMEOUT (default
-#        600), and writes $OUT/<step>. Narrowing: PYTEST_WORKERS (tests), INPUT_ARGS (input), PROFILE_DECODES
+#        600), and writes $OUT/<step>. Narrowing: PYTEST_WORKERS (tests, new-tests), INPUT_ARGS (input), PROFILE_DECODES
 #        (profile), BACKBONE and JPEG_FOLDER (input, profile), LOOP_BATCHES, LOOP_LOSSES, LOOP_WHOLE and
 #        LOOP_EXPERIMENTS (loop: hard_negatives.py's extra rows, default "--compile-dynamic --cuda-graphs", empty for
 #        none; each compiles once more per batch size).
@@ -37,8 +37,8 @@ for step in $steps; do
     env) python3 -c "import torch, torchvision, faiss, PIL; print('torchvision', torchvision.__version__, 'faiss', \
            faiss.__version__, 'pillow', PIL.__version__, 'cpus', __import__('os').cpu_count())" ;;
     new-tests)  # the GPU checks added last: compiled LoOp, decoding on the device, kNN, uint8 hand-over, sync-free losses (NEW_TESTS_K narrows them)
-      timeout "$limit" python3 -m pytest -q -p no:cacheprovider "$repo/tests/project/test_cuda.py" \
-        -k "${NEW_TESTS_K:-compiled or device_decode or device_stage or decode-on-device or loop-compile or knn or fp16_optimizer or dcdl-compile or uint8 or never_waits or waits_for_the_gpu_once}" 2>&1 \
+      timeout "$limit" python3 -m pytest -q -p no:cacheprovider ${PYTEST_WORKERS:+-n $PYTEST_WORKERS} \
+        "$repo/tests/project/test_cuda.py" -k "${NEW_TESTS_K:-compiled or device_decode or device_stage or decode-on-device or loop-compile or knn or fp16_optimizer or dcdl-compile or uint8 or never_waits or waits_for_the_gpu_once}" 2>&1 \
         | tee "$OUT/new-tests.txt" | tail -25 ;;
     input)  # the input pipeline: a JPEG folder at 224 px, decoding in the workers or on the GPU
       timeout "$limit" python3 "$repo"/benchmarks/gpu_input.py --backbone "${BACKBONE:-timm:efficientnet_lite0}" \

@@ -5,7 +5,8 @@
 Trains two epochs (the folder of ``gpu_input.py``: photo-sized JPEGs, written if missing) and profiles ``--steps``
 optimizer steps of the second epoch (after ``--warmup`` of its steps), then prints, for that window:
 - wall time per step, and the share of it the trainer spent waiting for its batches (its own ``data_wait_s``);
-- the device's busy share: the union of its kernels' intervals over the window (CUDA only), what idles the GPU;
+- the device's busy share: the union of its kernels' and copies' intervals over the profiled steps' span, and their
+  time per stream (CUDA only), what idles the GPU;
 - the host's waits on the device: the calls that block until it finishes (``cudaStreamSynchronize``), and the
   reads of a value or a shape into Python (``aten::_local_scalar_dense``, ``aten::nonzero``), how many a step and
   their time;
@@ -17,13 +18,14 @@ sizes), without the device lines.
 from __future__ import annotations
 
 import argparse
+import gzip
+import json
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, schedule
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -35,6 +37,9 @@ WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize
          "aten::nonzero")
 
 
+DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")  # the trace's categories of work on the device
+
+
 def union_us(intervals: list[tuple[float, float]]) -> float:
     """Total length of the union of [start, end) intervals (microseconds)."""
     total, reach = 0.0, float("-inf")
@@ -43,6 +48,20 @@ def union_us(intervals: list[tuple[float, float]]) -> float:
             total += end - max(start, reach)
             reach = end
     return total
+
+
+def device_activity(trace: dict) -> tuple[float, dict[str, float], float]:
+    """(union of the device's kernels, copies and fills in microseconds, their summed time per stream, the profiled
+    steps' span in microseconds) from a Chrome trace of torch.profiler; annotations on the device are not work."""
+    work = [event for event in trace["traceEvents"] if event.get("ph") == "X" and event.get("cat") in DEVICE_WORK]
+    streams: dict[str, float] = {}
+    for event in work:
+        stream = str(event.get("args", {}).get("stream", "?"))
+        streams[stream] = streams.get(stream, 0.0) + event["dur"]
+    steps = [event for event in trace["traceEvents"] if event.get("ph") == "X"
+             and event.get("cat") == "user_annotation" and event["name"].startswith("ProfilerStep#")]
+    span = max(e["ts"] + e["dur"] for e in steps) - min(e["ts"] for e in steps) if steps else float("nan")
+    return union_us([(e["ts"], e["ts"] + e["dur"]) for e in work]), streams, span
 
 
 def profiled_train(args: argparse.Namespace, root: Path, out: Path) -> tuple[profile, dict, float, int]:
@@ -66,8 +85,9 @@ def profiled_train(args: argparse.Namespace, root: Path, out: Path) -> tuple[pro
     def train_step(self, *args, **kwargs):
         taken = original(self, *args, **kwargs)
         if taken is not None:  # an optimizer step
-            prof.step()
+            # read before prof.step(): the step that ends the window stops the profiler, which takes a second or more
             window.append(time.perf_counter())
+            prof.step()
         return taken
 
     Trainer._train_step = train_step
@@ -112,10 +132,16 @@ def main() -> None:
     print(f"- wall per step: {wall / steps * 1e3:.1f} ms ({args.batch * steps / wall:,.0f} images/s in the window); "
           f"the second epoch: {epoch['images_per_s']:,.0f} images/s, "
           f"{epoch['data_wait_s'] / epoch['epoch_time_s']:.0%} of it waiting for batches")
+    trace_path = args.trace or scratch / "trace.json"
+    prof.export_chrome_trace(str(trace_path))
     if args.device == "cuda":
-        kernels = [(e.time_range.start, e.time_range.end) for e in events if e.device_type == DeviceType.CUDA]
-        busy = union_us(kernels) / 1e6
-        print(f"- GPU busy: {busy / wall:.0%} of the window ({busy / steps * 1e3:.1f} ms of kernels a step)")
+        opener = gzip.open if trace_path.suffix == ".gz" else open
+        with opener(trace_path, "rt") as file:
+            busy, streams, span = device_activity(json.load(file))
+        print(f"- GPU busy: {busy / span:.0%} of the profiled steps ({busy / steps / 1e3:.1f} ms of kernels and "
+              f"copies a step in {span / steps / 1e3:.1f} ms); by stream, ms a step: "
+              + ", ".join(f"{stream} {total / steps / 1e3:.2f}" for stream, total
+                          in sorted(streams.items(), key=lambda item: -item[1]) if total / steps >= 10))
     for name in WAITS:
         calls = [e for e in events if e.name == name]
         if calls:
@@ -128,7 +154,6 @@ def main() -> None:
         print("most device time (self):\n")
         print(averages.table(sort_by="self_device_time_total", row_limit=15))
     if args.trace:
-        prof.export_chrome_trace(str(args.trace))
         print(f"trace: {args.trace}")
 
 
