@@ -5,8 +5,8 @@
 Trains two epochs (the folder of ``gpu_input.py``: photo-sized JPEGs, written if missing) and profiles ``--steps``
 optimizer steps of the second epoch (after ``--warmup`` of its steps), then prints, for that window:
 - wall time per step, and the share of it the trainer spent waiting for its batches (its own ``data_wait_s``);
-- the device's busy share: the union of its kernels' and copies' intervals over the profiled steps' span, and their
-  time per stream (CUDA only), what idles the GPU;
+- the device's busy share: the union of its kernels', copies' and fills' intervals over the profiled steps' span,
+  and their time per stream (CUDA only, from the Chrome trace), what idles the GPU;
 - the host's waits on the device: the calls that block until it finishes (``cudaStreamSynchronize``), and the
   reads of a value or a shape into Python (``aten::_local_scalar_dense``, ``aten::nonzero``), how many a step and
   their time;
@@ -38,6 +38,7 @@ WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize
 
 
 DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")  # the trace's categories of work on the device
+MIN_STREAM_US = 10  # streams busy less than this a step are left out of the list (nvJPEG opens one per host thread)
 
 
 def union_us(intervals: list[tuple[float, float]]) -> float:
@@ -51,17 +52,21 @@ def union_us(intervals: list[tuple[float, float]]) -> float:
 
 
 def device_activity(trace: dict) -> tuple[float, dict[str, float], float]:
-    """(union of the device's kernels, copies and fills in microseconds, their summed time per stream, the profiled
-    steps' span in microseconds) from a Chrome trace of torch.profiler; annotations on the device are not work."""
-    work = [event for event in trace["traceEvents"] if event.get("ph") == "X" and event.get("cat") in DEVICE_WORK]
+    """(device busy us, busy us per stream, profiled steps' span us) from a torch.profiler Chrome trace."""
+    events = [event for event in trace["traceEvents"] if event.get("ph") == "X"]
+    steps = [event for event in events if event.get("cat") == "user_annotation"
+             and event["name"].startswith("ProfilerStep#")]
+    if not steps:
+        return float("nan"), {}, float("nan")
+    first, last = min(e["ts"] for e in steps), max(e["ts"] + e["dur"] for e in steps)
+    # the device's own step annotations span whole steps: only kernels, copies and fills are work
+    work = [(max(event["ts"], first), min(event["ts"] + event["dur"], last), str(event["args"].get("stream", "?")))
+            for event in events if event.get("cat") in DEVICE_WORK]
+    work = [(start, end, stream) for start, end, stream in work if end > start]
     streams: dict[str, float] = {}
-    for event in work:
-        stream = str(event.get("args", {}).get("stream", "?"))
-        streams[stream] = streams.get(stream, 0.0) + event["dur"]
-    steps = [event for event in trace["traceEvents"] if event.get("ph") == "X"
-             and event.get("cat") == "user_annotation" and event["name"].startswith("ProfilerStep#")]
-    span = max(e["ts"] + e["dur"] for e in steps) - min(e["ts"] for e in steps) if steps else float("nan")
-    return union_us([(e["ts"], e["ts"] + e["dur"]) for e in work]), streams, span
+    for start, end, stream in work:
+        streams[stream] = streams.get(stream, 0.0) + end - start
+    return union_us([(start, end) for start, end, _ in work]), streams, last - first
 
 
 def profiled_train(args: argparse.Namespace, root: Path, out: Path) -> tuple[profile, dict, float, int]:
@@ -132,8 +137,9 @@ def main() -> None:
     print(f"- wall per step: {wall / steps * 1e3:.1f} ms ({args.batch * steps / wall:,.0f} images/s in the window); "
           f"the second epoch: {epoch['images_per_s']:,.0f} images/s, "
           f"{epoch['data_wait_s'] / epoch['epoch_time_s']:.0%} of it waiting for batches")
-    trace_path = args.trace or scratch / "trace.json"
-    prof.export_chrome_trace(str(trace_path))
+    if args.device == "cuda" or args.trace:
+        trace_path = args.trace or scratch / "trace.json"
+        prof.export_chrome_trace(str(trace_path))
     if args.device == "cuda":
         opener = gzip.open if trace_path.suffix == ".gz" else open
         with opener(trace_path, "rt") as file:
@@ -141,7 +147,7 @@ def main() -> None:
         print(f"- GPU busy: {busy / span:.0%} of the profiled steps ({busy / steps / 1e3:.1f} ms of kernels and "
               f"copies a step in {span / steps / 1e3:.1f} ms); by stream, ms a step: "
               + ", ".join(f"{stream} {total / steps / 1e3:.2f}" for stream, total
-                          in sorted(streams.items(), key=lambda item: -item[1]) if total / steps >= 10))
+                          in sorted(streams.items(), key=lambda item: -item[1]) if total / steps >= MIN_STREAM_US))
     for name in WAITS:
         calls = [e for e in events if e.name == name]
         if calls:
