@@ -58,7 +58,7 @@ def device_activity(trace: dict) -> tuple[float, dict[str, float], float]:
              and event["name"].startswith("ProfilerStep#")]
     if not steps:
         return float("nan"), {}, float("nan")
-    first, last = min(e["ts"] for e in steps), max(e["ts"] + e["dur"] for e in steps)
+    first, last = min(step["ts"] for step in steps), max(step["ts"] + step["dur"] for step in steps)
     # the device's own step annotations span whole steps: only kernels, copies and fills are work
     work = [(max(event["ts"], first), min(event["ts"] + event["dur"], last), str(event["args"].get("stream", "?")))
             for event in events if event.get("cat") in DEVICE_WORK]
