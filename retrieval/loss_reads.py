@@ -136,11 +136,18 @@ def on_host(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().cpu() if known is None else known
 
 
-@functools.lru_cache(maxsize=64)
 def device_constant(values: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A constant (nested tuples of numbers) as a tensor on ``device``, made once: ``torch.tensor(values,
-    device=cuda)`` copies from pageable memory at every call, a wait for the GPU's queue. Never modify it."""
-    return to_device(torch.tensor(values, dtype=dtype), torch.device(device))
+    device=cuda)`` copies from pageable memory at every call, a wait for the GPU's queue. Never modify it. Under
+    torch.compile it is a constant of the graph instead."""
+    if torch.compiler.is_compiling():
+        return torch.tensor(values, dtype=dtype, device=device)
+    return _cached_device_constant(values, dtype, torch.device(device))
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_device_constant(values: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return to_device(torch.tensor(values, dtype=dtype), device)
 
 
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -137,10 +137,7 @@ def solve_arcs(
         zero = torch.zeros_like(a0)
         alphas = torch.stack([a_int, _wrap(a_int + math.pi), zero, a0, edge[2], edge[3], zero, zero, a0, a0], -1)
         betas = torch.stack([b_int, _wrap(b_int + math.pi), edge[0], edge[1], zero, b0, zero, b0, zero, b0], -1)
-        # eager: made once per device (a copy from pageable memory waits for the GPU); compiled: part of the graph
-        case_table = (functools.partial(torch.tensor, device=c.device) if torch.compiler.is_compiling()
-                      else lambda values, dtype: device_constant(values, dtype, c.device))
-        free, ends = case_table(_FREE_CASES, dtype=torch.bool), case_table(_CASE_ENDS, dtype=dtype)
+        free, ends = device_constant(_FREE_CASES, torch.bool, c.device), device_constant(_CASE_ENDS, dtype, c.device)
         # Fractions along each arc; a candidate is feasible when both lie in [0, 1] (constraints 6-7). A corner's or
         # an edge's fixed fraction is set, not divided out: compiled, a0 / a0 need not give exactly 1, and an
         # endpoint must stay an embedding (at_endpoint).
