@@ -20,6 +20,7 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 
 import torch
 
@@ -34,8 +35,11 @@ OPTIONS = {
 }
 
 
-def time_train_steps(backbone: str, option: str, size: int, batch: int, steps: int, warmup: int) -> tuple[float, float]:
-    """(images/s, peak GPU MiB) of ``steps`` optimizer steps of the trainer's step, after ``warmup`` steps."""
+def time_train_steps(backbone: str, option: str, size: int, batch: int, steps: int, warmup: int,
+                     feed: Iterator[tuple[torch.Tensor, torch.Tensor]] | None = None,
+                     device: str = "cuda") -> tuple[float, float]:
+    """(images/s, peak GPU MiB) of ``steps`` optimizer steps of the trainer's step, after ``warmup`` steps: on the same
+    random images every step, or on ``feed``'s (images, labels) batches, the next one each step."""
     from retrieval import losses
     from retrieval.distributed import GlobalBatchObjective
     from retrieval.loss_reads import deferred_checks, read_checks
@@ -45,24 +49,31 @@ def time_train_steps(backbone: str, option: str, size: int, batch: int, steps: i
     amp, channels_last, compile_step, tf32 = OPTIONS[option]
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
-    ctx = init_distributed("cuda")
+    cuda = device == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    ctx = init_distributed(device)
     torch.manual_seed(0)
-    model = create_embedder(backbone, 512, pretrained=False, freeze_bn=True).cuda()
+    model = create_embedder(backbone, 512, pretrained=False, freeze_bn=True).to(device)
     loss = losses.build("ms")
     objective = GlobalBatchObjective(loss, gather=True)
     step = DataParallelStep(model, lambda net, x: net(x), None, loss, ctx, channels_last=channels_last,
                             compile_step=compile_step)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
-    scaler = torch.amp.GradScaler("cuda", enabled=amp == torch.float16)
-    images = torch.rand(batch, 3, size, size, device="cuda")
-    labels = torch.arange(batch, device="cuda").div(4, rounding_mode="floor")
+    scaler = torch.amp.GradScaler(device, enabled=amp == torch.float16)
+    images = torch.rand(batch, 3, size, size, device=device)
+    labels = torch.arange(batch, device=device).div(4, rounding_mode="floor")
     model.train()
-    torch.cuda.reset_peak_memory_stats()
-    start = 0.0
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    start, seen = 0.0, 0
     for i in range(warmup + steps):
         if i == warmup:
-            torch.cuda.synchronize()
-            start = time.perf_counter()
+            sync()
+            start, seen = time.perf_counter(), 0
+        if feed is not None:
+            images, labels = next(feed)
+            labels = labels.to(device, non_blocking=True)
+        seen += len(images)
         with deferred_checks() as checks:
             embeddings, _ = step(images, labels, amp)
             value = objective(embeddings, labels)
@@ -75,12 +86,13 @@ def time_train_steps(backbone: str, option: str, size: int, batch: int, steps: i
         scaler.scale(value.backward).backward()
         scaler.step(optimizer)
         scaler.update()
-    torch.cuda.synchronize()
+    sync()
     elapsed = time.perf_counter() - start
-    peak = torch.cuda.max_memory_allocated() / 2**20
+    peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else float("nan")
     del model, step, optimizer
-    torch.cuda.empty_cache()
-    return batch * steps / elapsed, peak
+    if cuda:
+        torch.cuda.empty_cache()
+    return seen / elapsed, peak
 
 
 def train_table(args: argparse.Namespace) -> None:

@@ -8,6 +8,9 @@ so that they compress as photos do), then measures, each alone and in one proces
 - the step: the trainer's own training step on random images in GPU memory (``benchmarks/gpu.py train``'s);
 - the input pipelines without a model: the DataLoader workers decoding and augmenting (``--decode-on workers``),
   and the workers reading bytes and drawing crops with the device decoding and augmenting (``--decode-on device``);
+- between the two, the step without the trainer fed by the device stage: its thread decoding one batch in memory
+  again and again (no workers), then the whole device pipeline (the workers reading the files too). The steps
+  from "alone" to "end to end" say what costs the time: the decode thread in the process, the workers, the trainer;
 - end to end: ``retrieval.train.train`` on the folder with each pipeline; images/s of the last epoch (the trainer's
   own figure, evaluation excluded).
 EfficientNet-Lite0 (not pretrained: the speed is the same), loss MS, AdamW, bf16, channels-last (and compiled with
@@ -17,12 +20,14 @@ EfficientNet-Lite0 (not pretrained: the speed is the same), loss MS, AdamW, bf16
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import multiprocessing
 import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -55,47 +60,104 @@ def write_folder(root: Path, images: int, per_class: int) -> None:
         pool.map(_write_class, [(root, label, per_class) for label in range(classes)])
 
 
+def device_pipeline(root: Path, size: int, batch: int, workers: int, batches: int, device: torch.device,
+                    in_memory: bool = False) -> tuple[Iterator[tuple[torch.Tensor, torch.Tensor]], int]:
+    """(the ``--decode-on device`` pipeline's (images, labels) batches on ``device``, the batches to skip before its
+    steady state: those the workers make in advance, ``prefetch_factor`` = 2 each). ``in_memory``: the device stage
+    runs as in training, in its thread, but on one class-balanced batch read once, again and again: no workers."""
+    from retrieval.data import CatchBadSamples, ClassBalancedBatchSampler, WithSampleSeeds, load_dataset
+    from retrieval.data.augment import resolve_augmentation
+    from retrieval.data.device_decode import DeviceAugment, EncodedImages, collate_encoded, decoded_batches
+    from retrieval.inference import make_loader
+
+    config = {"input_size": size, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+    aug = resolve_augmentation("crop-flip")
+    dataset = load_dataset("folder", str(root), split="train")
+    warm_up = 2 * workers + 2
+    sampler = ClassBalancedBatchSampler(dataset.labels, batch // 4, 4, seed=0, batches_per_epoch=batches + warm_up)
+    sampler.set_epoch(0, 0)
+    encoded, stage = EncodedImages(dataset, config, aug), DeviceAugment(config, aug, device, dataset=dataset)
+    if in_memory:
+        keys = next(iter(WithSampleSeeds(sampler)))
+        loader = itertools.repeat(collate_encoded([CatchBadSamples(encoded)[key] for key in keys]))
+        warm_up = 2
+    else:
+        loader = make_loader(encoded, None, workers, device, batch_sampler=WithSampleSeeds(sampler),
+                             collate_fn=collate_encoded)
+    decoded = (done for _, done in decoded_batches(loader, stage) if done is not None)  # None: no image loaded
+    return ((images, labels) for images, labels, _ in decoded), warm_up
+
+
 def pipeline_rate(root: Path, decode_on: str, size: int, batch: int, workers: int, batches: int,
                   device: str = "cuda") -> float:
     """Images/s of the training input pipeline alone (batches ready on the device), in its steady state: the timing
     starts once the batches the workers had made in advance (``prefetch_factor`` = 2 each) are consumed."""
     from retrieval.data import ClassBalancedBatchSampler, WithSampleSeeds, load_dataset
     from retrieval.data.augment import resolve_augmentation
-    from retrieval.data.device_decode import DeviceAugment, EncodedImages, collate_encoded, decoded_batches
     from retrieval.data.transforms import ScaleAndNormalise, build_transforms
     from retrieval.inference import make_loader
     from retrieval.train.features import normalises_on_arrival
 
-    config = {"input_size": size, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
-    aug = resolve_augmentation("crop-flip")
     device = torch.device(device)
-    # as the trainer's workers pipeline: uint8 pixels normalised on a GPU as they arrive
-    on_arrival = ScaleAndNormalise(config, device) if normalises_on_arrival(device) else None
-    dataset = load_dataset("folder", str(root), split="train",
-                           transform=build_transforms(config, True, aug, normalise=on_arrival is None))
-    warm_up = 2 * workers + 2
-    sampler = ClassBalancedBatchSampler(dataset.labels, batch // 4, 4, seed=0, batches_per_epoch=batches + warm_up)
-    sampler.set_epoch(0, 0)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     if decode_on == "device":
-        stage = DeviceAugment(config, aug, device, dataset=dataset)
-        loader = make_loader(EncodedImages(dataset, config, aug), None, workers, device,
-                             batch_sampler=WithSampleSeeds(sampler), collate_fn=collate_encoded)
+        batches_on_device, warm_up = device_pipeline(root, size, batch, workers, batches, device)
     else:
-        stage = None
+        config = {"input_size": size, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+        # as the trainer's workers pipeline: uint8 pixels normalised on a GPU as they arrive
+        on_arrival = ScaleAndNormalise(config, device) if normalises_on_arrival(device) else None
+        dataset = load_dataset("folder", str(root), split="train",
+                               transform=build_transforms(config, True, resolve_augmentation("crop-flip"),
+                                                          normalise=on_arrival is None))
+        warm_up = 2 * workers + 2
+        sampler = ClassBalancedBatchSampler(dataset.labels, batch // 4, 4, seed=0,
+                                            batches_per_epoch=batches + warm_up)
+        sampler.set_epoch(0, 0)
         loader = make_loader(dataset, None, workers, device, batch_sampler=WithSampleSeeds(sampler))
+        arrived = (loaded.inputs.to(device, non_blocking=True) for loaded in loader)
+        batches_on_device = ((on_arrival(images) if on_arrival is not None else images, None) for images in arrived)
     seen, start = 0, 0.0
-    batches = decoded_batches(loader, stage) if stage is not None else ((loaded, None) for loaded in loader)
-    for i, (loaded, done) in enumerate(batches):
+    for i, (images, _) in enumerate(batches_on_device):
         if i == warm_up:
             sync()
             start, seen = time.perf_counter(), 0
-        images = done[0] if stage is not None else loaded.inputs.to(device, non_blocking=True)
-        if stage is None and on_arrival is not None:
-            images = on_arrival(images)
         seen += len(images)
     sync()
     return seen / (time.perf_counter() - start)
+
+
+class Waits:
+    """An iterator's items, and how long each ``next`` waited for its item."""
+
+    def __init__(self, items: Iterator) -> None:
+        self.items, self.waits = items, []
+
+    def __iter__(self) -> Waits:
+        return self
+
+    def __next__(self):
+        start = time.perf_counter()
+        item = next(self.items)
+        self.waits.append(time.perf_counter() - start)
+        return item
+
+
+def fed_step_rates(root: Path, option: str, args: argparse.Namespace, device: str = "cuda") -> list[tuple[str, float]]:
+    """The step between "alone" and "end to end": (row, images/s) of the bare step (``time_train_steps``, no trainer)
+    fed by the device stage from one batch in memory (the stage's thread in the process, no workers), then by the
+    whole device pipeline (the workers reading the files too)."""
+    rows = []
+    for in_memory, what in ((True, "the device stage's thread on one batch in memory, no workers"),
+                            (False, f"the device pipeline, {args.workers} workers")):
+        batches, warm_up = device_pipeline(root, args.size, args.batch, args.workers, args.batches,
+                                           torch.device(device), in_memory=in_memory)
+        feed = Waits(batches)
+        rate, _ = time_train_steps(args.backbone, option, args.size, args.batch, args.batches, warm_up, feed=feed,
+                                   device=device)
+        batches.close()  # stops the stage's thread (and the workers) before the next row
+        waited = sum(feed.waits[warm_up:]) / (args.batches * args.batch / rate)
+        rows.append((f"the step without the trainer, fed by {what} (waiting for batches: {waited:.0%})", rate))
+    return rows
 
 
 def end_to_end(root: Path, out: Path, decode_on: str, args: argparse.Namespace) -> float:
@@ -154,6 +216,9 @@ def main() -> None:
         for decode_on in [mode for mode in ("workers", "device") if mode in args.decodes]:
             rate = pipeline_rate(root, decode_on, args.size, args.batch, args.workers, args.batches)
             print(f"| input pipeline alone, --decode-on {decode_on} | {rate:,.0f} | {rate / step:.2f} |", flush=True)
+        if "device" in args.decodes:  # where end to end loses against the step: the decode thread, the workers
+            for what, rate in fed_step_rates(root, option, args):
+                print(f"| {what} | {rate:,.0f} | {rate / step:.2f} |", flush=True)
     for decode_on in [mode for mode in ("device", "workers") if mode in args.decodes]:
         rate = end_to_end(root, scratch / f"run-{decode_on}", decode_on, args)
         ratio = "-" if math.isnan(step) else f"{rate / step:.2f}"  # no step timed with --only-end-to-end
