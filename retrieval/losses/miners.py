@@ -27,11 +27,27 @@ def vthm(
     ``negative_similarity`` (rows of anchors, columns the ``negative`` mask's) holds the negatives when they
     are not columns of ``similarity``, e.g. a hard-negative method's synthetic ones.
     """
+    return (vthm_positives(similarity, positive, negative, margin, negative_similarity),
+            vthm_negatives(similarity, positive, negative, margin, negative_similarity))
+
+
+@torch.no_grad()
+def vthm_positives(similarity: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor, margin: float = 0.1,
+                   negative_similarity: torch.Tensor | None = None) -> torch.Tensor:
+    """``vthm``'s kept positives alone: s_ij < s_in* + margin."""
     if negative_similarity is None:
         negative_similarity = similarity
-    # +-inf where an anchor has no positive (negative): then no comparison holds and nothing of it is kept
-    hardest_positive = torch.where(positive, similarity, math.inf).amin(dim=1, keepdim=True)
+    # -inf where an anchor has no negative: then no comparison holds and nothing of it is kept
     hardest_negative = torch.where(negative, negative_similarity, -math.inf).amax(dim=1, keepdim=True)
-    kept_negative = negative & (negative_similarity > hardest_positive - margin)
-    kept_positive = positive & (similarity < hardest_negative + margin)
-    return kept_positive, kept_negative
+    return positive & (similarity < hardest_negative + margin)
+
+
+@torch.no_grad()
+def vthm_negatives(similarity: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor, margin: float = 0.1,
+                   negative_similarity: torch.Tensor | None = None) -> torch.Tensor:
+    """``vthm``'s kept negatives alone: s_ij > s_ip* - margin."""
+    if negative_similarity is None:
+        negative_similarity = similarity
+    # +inf where an anchor has no positive: then no comparison holds and nothing of it is kept
+    hardest_positive = torch.where(positive, similarity, math.inf).amin(dim=1, keepdim=True)
+    return negative & (negative_similarity > hardest_positive - margin)

@@ -9,7 +9,7 @@ from retrieval.distances import masked_logsumexp
 from retrieval.loss_reads import share
 from retrieval.loss_registry import register_loss
 from retrieval.losses.base import AnchorPairs, PairLoss
-from retrieval.losses.miners import vthm
+from retrieval.losses.miners import vthm, vthm_negatives, vthm_positives
 from retrieval.negatives.base import PairTerms
 
 PAIR_MINERS = (None, "none", "vthm")
@@ -127,17 +127,19 @@ class RAWLoss(MinedPairLoss):
         s_ik and, as negatives, the hardest negative similarities of its pair against every pair of another
         class; VTHM (when mined) keeps them by the same rule as in the batch."""
         pairs = terms.pairs
-        anchors = torch.cat([pairs.first, pairs.second])
-        pair_of_anchor = torch.arange(len(pairs), device=anchors.device).repeat(2)
+        anchors = torch.cat([pairs.first, pairs.second])  # A = 2 Pp: the pairs' first points, then their second
         similarity = terms.gram[anchors]  # [A, B]
-        positive = terms.same_class()[anchors]
-        negative_similarity = terms.negative_similarity(pair_of_anchor)  # [A, Pp]
-        negative = terms.negative[pair_of_anchor]
+        same_class, other_class = terms.class_masks()
+        positive = same_class[anchors]
+        # [A, Q]: each pair's row for both its anchors (a repeat's backward sums the two; an index's scatters)
+        negative_similarity = terms.negative_similarity().repeat(2, 1)
+        negative = terms.negative.repeat(2, 1)
         if self.miner == "vthm":
-            kept_positive, negative = vthm(similarity, positive, negative, self.vthm_margin, negative_similarity)
-            if self.positive_rule == "batch":  # the unchanged rule: against the batch's own negatives
-                batch_negative = terms.labels[anchors].view(-1, 1) != terms.labels.view(1, -1)
-                kept_positive, _ = vthm(similarity, positive, batch_negative, self.vthm_margin)
+            # each side mined once: the positive rule against the batch's own negatives (the unchanged rule) or
+            # against LoOp's
+            rule = (other_class[anchors], None) if self.positive_rule == "batch" else (negative, negative_similarity)
+            kept_positive = vthm_positives(similarity, positive, rule[0], self.vthm_margin, rule[1])
+            negative = vthm_negatives(similarity, positive, negative, self.vthm_margin, negative_similarity)
             positive = kept_positive
         return self._raw(similarity, positive, negative_similarity, negative)
 

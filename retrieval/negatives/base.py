@@ -61,7 +61,11 @@ class PairTerms:
 
     def same_class(self) -> Tensor:
         """[B, B] bool: positives of the batch (same label, i != j)."""
-        return label_masks(self.labels)[0]
+        return self.class_masks()[0]
+
+    def class_masks(self) -> tuple[Tensor, Tensor]:
+        """([B, B] positives of the batch (same label, i != j), [B, B] its negatives (another label))."""
+        return label_masks(self.labels)
 
 
 class HardNegativeMethod:
