@@ -21,6 +21,7 @@ import statistics
 import sys
 import time
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import torch
 
@@ -35,14 +36,21 @@ OPTIONS = {
 }
 
 
+class StepTiming(NamedTuple):
+    """What ``time_train_steps`` measured over its timed steps."""
+
+    images_per_s: float
+    peak_mib: float  # peak GPU memory (NaN on a CPU)
+    waiting: float  # share of the time spent waiting for ``feed``'s next batch (0 without a feed)
+
+
 def time_train_steps(backbone: str, option: str, size: int, batch: int, steps: int, warmup: int,
                      feed: Iterator[tuple[torch.Tensor, torch.Tensor]] | None = None,
-                     device: str = "cuda") -> tuple[float, float]:
-    """(images/s, peak GPU MiB) of ``steps`` optimizer steps of the trainer's step, after ``warmup`` steps: on the same
-    random images every step, or on ``feed``'s (images, labels) batches, the next one each step."""
+                     device: str = "cuda") -> StepTiming:
+    """``steps`` optimizer steps of the trainer's step after ``warmup`` steps, on random images or ``feed``'s."""
     from retrieval import losses
     from retrieval.distributed import GlobalBatchObjective
-    from retrieval.loss_reads import deferred_checks, read_checks
+    from retrieval.loss_reads import deferred_checks, read_checks, to_device
     from retrieval.models import create_embedder
     from retrieval.train.distributed import DataParallelStep, init_distributed
 
@@ -60,19 +68,24 @@ def time_train_steps(backbone: str, option: str, size: int, batch: int, steps: i
                             compile_step=compile_step)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     scaler = torch.amp.GradScaler(device, enabled=amp == torch.float16)
-    images = torch.rand(batch, 3, size, size, device=device)
-    labels = torch.arange(batch, device=device).div(4, rounding_mode="floor")
+    if feed is None:  # the same random images every step
+        images = torch.rand(batch, 3, size, size, device=device)
+        labels = torch.arange(batch, device=device).div(4, rounding_mode="floor")
     model.train()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    start, seen = 0.0, 0
+    start, seen, waited = 0.0, 0, 0.0
     for i in range(warmup + steps):
         if i == warmup:
             sync()
-            start, seen = time.perf_counter(), 0
+            start, seen, waited = time.perf_counter(), 0, 0.0
         if feed is not None:
-            images, labels = next(feed)
-            labels = labels.to(device, non_blocking=True)
+            fetch = time.perf_counter()
+            images, labels = next(feed, (None, None))
+            if images is None:
+                raise RuntimeError(f"the feed ran out after {i} of {warmup + steps} batches: give it more")
+            waited += time.perf_counter() - fetch
+            labels = to_device(labels, torch.device(device))  # as the trainer: queued, no wait for the device
         seen += len(images)
         with deferred_checks() as checks:
             embeddings, _ = step(images, labels, amp)
@@ -92,7 +105,7 @@ def time_train_steps(backbone: str, option: str, size: int, batch: int, steps: i
     del model, step, optimizer
     if cuda:
         torch.cuda.empty_cache()
-    return seen / elapsed, peak
+    return StepTiming(seen / elapsed, peak, waited / elapsed)
 
 
 def train_table(args: argparse.Namespace) -> None:
@@ -103,7 +116,7 @@ def train_table(args: argparse.Namespace) -> None:
     for backbone in args.backbones:
         base = None
         for option in OPTIONS:
-            rate, peak = time_train_steps(backbone, option, args.size, args.batch, args.steps, args.warmup)
+            rate, peak, _ = time_train_steps(backbone, option, args.size, args.batch, args.steps, args.warmup)
             base = base or rate
             print(f"| {backbone} | {option} | {rate:,.0f} | {rate / base:.2f}x | {peak:,.0f} |", flush=True)
 

@@ -20,6 +20,7 @@ EfficientNet-Lite0 (not pretrained: the speed is the same), loss MS, AdamW, bf16
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import math
 import multiprocessing
@@ -60,11 +61,16 @@ def write_folder(root: Path, images: int, per_class: int) -> None:
         pool.map(_write_class, [(root, label, per_class) for label in range(classes)])
 
 
+STEP_WARMUP = 5  # the step's untimed steps
+STAGE_AHEAD = 2  # the batches the device stage decodes ahead of the step (``decoded_batches``' default)
+
+
 def device_pipeline(root: Path, size: int, batch: int, workers: int, batches: int, device: torch.device,
                     in_memory: bool = False) -> tuple[Iterator[tuple[torch.Tensor, torch.Tensor]], int]:
-    """(the ``--decode-on device`` pipeline's (images, labels) batches on ``device``, the batches to skip before its
-    steady state: those the workers make in advance, ``prefetch_factor`` = 2 each). ``in_memory``: the device stage
-    runs as in training, in its thread, but on one class-balanced batch read once, again and again: no workers."""
+    """The ``--decode-on device`` pipeline's (images, labels) batches and how many of them the workers make ahead.
+
+    ``in_memory``: the device stage runs in its thread as in training, on one class-balanced batch read once, again
+    and again (no workers). Closing the iterator stops the stage's thread and the workers."""
     from retrieval.data import CatchBadSamples, ClassBalancedBatchSampler, WithSampleSeeds, load_dataset
     from retrieval.data.augment import resolve_augmentation
     from retrieval.data.device_decode import DeviceAugment, EncodedImages, collate_encoded, decoded_batches
@@ -73,19 +79,28 @@ def device_pipeline(root: Path, size: int, batch: int, workers: int, batches: in
     config = {"input_size": size, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
     aug = resolve_augmentation("crop-flip")
     dataset = load_dataset("folder", str(root), split="train")
-    warm_up = 2 * workers + 2
-    sampler = ClassBalancedBatchSampler(dataset.labels, batch // 4, 4, seed=0, batches_per_epoch=batches + warm_up)
+    ahead = 2 * workers + 2  # prefetch_factor = 2 batches a worker, and the stage's own
+    sampler = ClassBalancedBatchSampler(dataset.labels, batch // 4, 4, seed=0, batches_per_epoch=batches + ahead)
     sampler.set_epoch(0, 0)
     encoded, stage = EncodedImages(dataset, config, aug), DeviceAugment(config, aug, device, dataset=dataset)
     if in_memory:
         keys = next(iter(WithSampleSeeds(sampler)))
         loader = itertools.repeat(collate_encoded([CatchBadSamples(encoded)[key] for key in keys]))
-        warm_up = 2
+        ahead = STAGE_AHEAD
     else:
         loader = make_loader(encoded, None, workers, device, batch_sampler=WithSampleSeeds(sampler),
                              collate_fn=collate_encoded)
-    decoded = (done for _, done in decoded_batches(loader, stage) if done is not None)  # None: no image loaded
-    return ((images, labels) for images, labels, _ in decoded), warm_up
+
+    def decoded() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        results = decoded_batches(loader, stage, ahead=STAGE_AHEAD)
+        try:
+            for _, done in results:
+                if done is not None:  # None: no image of the batch loaded
+                    yield done[0], done[1]
+        finally:
+            results.close()
+
+    return decoded(), ahead
 
 
 def pipeline_rate(root: Path, decode_on: str, size: int, batch: int, workers: int, batches: int,
@@ -126,37 +141,20 @@ def pipeline_rate(root: Path, decode_on: str, size: int, batch: int, workers: in
     return seen / (time.perf_counter() - start)
 
 
-class Waits:
-    """An iterator's items, and how long each ``next`` waited for its item."""
-
-    def __init__(self, items: Iterator) -> None:
-        self.items, self.waits = items, []
-
-    def __iter__(self) -> Waits:
-        return self
-
-    def __next__(self):
-        start = time.perf_counter()
-        item = next(self.items)
-        self.waits.append(time.perf_counter() - start)
-        return item
-
-
 def fed_step_rates(root: Path, option: str, args: argparse.Namespace, device: str = "cuda") -> list[tuple[str, float]]:
-    """The step between "alone" and "end to end": (row, images/s) of the bare step (``time_train_steps``, no trainer)
-    fed by the device stage from one batch in memory (the stage's thread in the process, no workers), then by the
-    whole device pipeline (the workers reading the files too)."""
+    """(row, images/s) of the bare step (no trainer) fed by the device stage on one batch in memory, then by the
+    whole device pipeline: the rows between "the step alone" and "end to end"."""
     rows = []
     for in_memory, what in ((True, "the device stage's thread on one batch in memory, no workers"),
                             (False, f"the device pipeline, {args.workers} workers")):
-        batches, warm_up = device_pipeline(root, args.size, args.batch, args.workers, args.batches,
-                                           torch.device(device), in_memory=in_memory)
-        feed = Waits(batches)
-        rate, _ = time_train_steps(args.backbone, option, args.size, args.batch, args.batches, warm_up, feed=feed,
-                                   device=device)
-        batches.close()  # stops the stage's thread (and the workers) before the next row
-        waited = sum(feed.waits[warm_up:]) / (args.batches * args.batch / rate)
-        rows.append((f"the step without the trainer, fed by {what} (waiting for batches: {waited:.0%})", rate))
+        # the batches made ahead are consumed before the timing, and the step warms up at least as when alone
+        batches, ahead = device_pipeline(root, args.size, args.batch, args.workers, args.batches + STEP_WARMUP,
+                                         torch.device(device), in_memory=in_memory)
+        with contextlib.closing(batches):  # stops the stage's thread and the workers before the next row
+            timing = time_train_steps(args.backbone, option, args.size, args.batch, args.batches,
+                                      max(ahead, STEP_WARMUP), feed=batches, device=device)
+        rows.append((f"the step without the trainer, fed by {what} (waiting for batches: {timing.waiting:.0%})",
+                     timing.images_per_s))
     return rows
 
 
@@ -211,7 +209,7 @@ def main() -> None:
     print("|---|---:|---:|")
     step = float("nan")
     if not args.only_end_to_end:
-        step, _ = time_train_steps(args.backbone, option, args.size, args.batch, 20, 5)
+        step = time_train_steps(args.backbone, option, args.size, args.batch, 20, STEP_WARMUP).images_per_s
         print(f"| the training step alone (random images on the GPU) | {step:,.0f} | 1.00 |", flush=True)
         for decode_on in [mode for mode in ("workers", "device") if mode in args.decodes]:
             rate = pipeline_rate(root, decode_on, args.size, args.batch, args.workers, args.batches)

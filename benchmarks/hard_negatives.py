@@ -20,6 +20,8 @@ one ``torch.compile(loss, dynamic=True)`` against the base loss compiled the sam
 loss's pair-level form fused too, between the graph breaks of their data-dependent shapes (an experiment, not adopted:
 on an H200 it took as much off the base loss as off LoOp, so the ratio stayed at 1.7x; the first call of each compiles
 for a minute or more).
+``--ops``: instead of times, the ops each row runs on the host, forward and backward: the top-level aten ops outside
+the compiled regions (views included), about a kernel launch each on a GPU, counted with torch.profiler.
 ``--pairing``: instead, the host's share of a LoOp step alone, ``pair_grid`` (the positive pairs and their
 combinations, formed in NumPy from the labels each step), in microseconds (best of 3 x 200 calls), for both readings
 of ``negative_pairs``.
@@ -99,6 +101,30 @@ def time_pair(
     return (statistics.median(base_ms), min(base_ms)), (statistics.median(variant_ms), min(variant_ms))
 
 
+COMPILED_REGIONS = ("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFxGraph", "TorchDynamo Cache Lookup")
+
+
+def top_level_ops(loss: torch.nn.Module, emb: torch.Tensor, labels: torch.Tensor) -> int:
+    """The aten ops one forward + backward of ``loss`` runs outside compiled regions, not counting those nested in
+    another aten op (after two warm-up runs, which compile)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(2):
+        _one_step_ms(loss, emb, labels)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        _one_step_ms(loss, emb, labels)
+    count = 0
+    for event in prof.events():
+        if not event.name.startswith("aten::"):
+            continue
+        parent, outside = event.cpu_parent, True
+        while parent is not None and outside:
+            outside = not parent.name.startswith(("aten::", *COMPILED_REGIONS))
+            parent = parent.cpu_parent
+        count += outside
+    return count
+
+
 def pairing_us(labels: np.ndarray, negative_pairs: str, calls: int = 200) -> float:
     """Best of 3 mean times (microseconds) of ``pair_grid(labels, negative_pairs)`` over ``calls`` calls."""
     best = float("inf")
@@ -141,6 +167,7 @@ def main() -> None:
                         help="also time LoOp with MS and lifted_min compiled whole, against the base compiled whole")
     parser.add_argument("--losses", nargs="+", default=None, help="only these base losses (default: all)")
     parser.add_argument("--pairing", action="store_true", help="time the host's pairing (pair_grid) alone instead")
+    parser.add_argument("--ops", action="store_true", help="count each row's top-level ops instead of timing it")
     args = parser.parse_args()
     if args.pairing:
         print_pairing(args.batch, args.per_class)
@@ -154,7 +181,10 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     where = torch.cuda.get_device_name() if args.device == "cuda" else f"{torch.get_num_threads()} threads"
     print(f"torch {torch.__version__}, {where}, N = {per_class}, D = {args.dim}\n")
-    print("| loss | negatives | B | base ms (median / best) | variant ms (median / best) | ratio (median / best) |")
+    if args.ops:
+        print("| loss | negatives | B | base ops | variant ops | difference |")
+    else:
+        print("| loss | negatives | B | base ms (median / best) | variant ms (median / best) | ratio (median / best) |")
     print("|---|---|---|---|---|---|")
     for batch in args.batch:
         torch._dynamo.reset()  # each batch size compiled for its own sizes, as a run of that size compiles it
@@ -182,6 +212,11 @@ def main() -> None:
                              torch.compile(build(name).to(args.device), dynamic=True),
                              torch.compile(build(name, negatives=method).to(args.device), dynamic=True)))
             for label, base_loss, loss in rows:
+                if args.ops:
+                    base_ops, variant_ops = top_level_ops(base_loss, emb, labels), top_level_ops(loss, emb, labels)
+                    print(f"| {name} | {label} | {batch} | {base_ops} | {variant_ops} | {variant_ops - base_ops:+d} |",
+                          flush=True)
+                    continue
                 skips = counters["inductor"]["cudagraph_skips"]
                 try:
                     base, variant = time_pair(base_loss, loss, emb, labels, args.repeats)

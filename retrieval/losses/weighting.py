@@ -137,8 +137,9 @@ class RAWLoss(MinedPairLoss):
         if self.miner == "vthm":
             # each side mined once: the positive rule against the batch's own negatives (the unchanged rule) or
             # against LoOp's
-            rule = (other_class[anchors], None) if self.positive_rule == "batch" else (negative, negative_similarity)
-            kept_positive = vthm_positives(similarity, positive, rule[0], self.vthm_margin, rule[1])
+            rule_negative, rule_similarity = ((other_class[anchors], None) if self.positive_rule == "batch"
+                                              else (negative, negative_similarity))
+            kept_positive = vthm_positives(similarity, positive, rule_negative, self.vthm_margin, rule_similarity)
             negative = vthm_negatives(similarity, positive, negative, self.vthm_margin, negative_similarity)
             positive = kept_positive
         return self._raw(similarity, positive, negative_similarity, negative)

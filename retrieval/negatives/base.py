@@ -41,11 +41,10 @@ class PairTerms:
         """[Pp] inner product of each positive pair, S_ij."""
         return self.gram[self.pairs.first, self.pairs.second]
 
-    def negative_similarity(self, rows: Tensor | None = None) -> Tensor:
-        """[Pp, Pp] (or the ``rows`` of it) inner products of the hardest negatives (s = 1 - d^2 / 2 on the unit
-        sphere when the method measures distances)."""
-        hardest = self.hardest if rows is None else self.hardest[rows]
-        return 1.0 - hardest.pow(2) / 2.0 if self.hardest_is_distance else hardest
+    def negative_similarity(self) -> Tensor:
+        """[Pp, Q] inner products of the hardest negatives (s = 1 - d^2 / 2 on the unit sphere when the method
+        measures distances)."""
+        return 1.0 - self.hardest.pow(2) / 2.0 if self.hardest_is_distance else self.hardest
 
     def negative_distance(self, squared: bool = False) -> Tensor:
         """[Pp, Pp] Euclidean (or squared) distances of the hardest negatives; unit embeddings only."""
