@@ -57,7 +57,7 @@ def time_train_steps(backbone: str, option: str, size: int, batch: int, steps: i
     amp, channels_last, compile_step, tf32 = OPTIONS[option]
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
-    cuda = device == "cuda"
+    cuda, target = device == "cuda", torch.device(device)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     ctx = init_distributed(device)
     torch.manual_seed(0)
@@ -85,7 +85,7 @@ def time_train_steps(backbone: str, option: str, size: int, batch: int, steps: i
             if images is None:
                 raise RuntimeError(f"the feed ran out after {i} of {warmup + steps} batches: give it more")
             waited += time.perf_counter() - fetch
-            labels = to_device(labels, torch.device(device))  # as the trainer: queued, no wait for the device
+            labels = to_device(labels, target)  # as the trainer: queued, no wait for the device
         seen += len(images)
         with deferred_checks() as checks:
             embeddings, _ = step(images, labels, amp)

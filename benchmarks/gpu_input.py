@@ -28,8 +28,9 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -37,6 +38,9 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu import time_train_steps  # noqa: E402  (the step as benchmarks/gpu.py times it)
+
+if TYPE_CHECKING:
+    from retrieval.data import WithSampleSeeds
 
 
 def _write_class(task: tuple[Path, int, int]) -> None:
@@ -65,31 +69,48 @@ STEP_WARMUP = 5  # the step's untimed steps
 STAGE_AHEAD = 2  # the batches the device stage decodes ahead of the step (``decoded_batches``' default)
 
 
+def preprocessing(size: int) -> dict:
+    """The model config the pipelines read: ``size`` px, ImageNet's normalisation."""
+    from retrieval.models.backbones import IMAGENET_MEAN, IMAGENET_STD
+
+    return {"input_size": size, "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)}
+
+
+def made_ahead(workers: int) -> int:
+    """The batches ready before the first is asked for: ``prefetch_factor`` = 2 a worker, and 2 more."""
+    return 2 * workers + STAGE_AHEAD
+
+
+def seeded_batches(labels: Sequence[int], batch: int, batches: int) -> WithSampleSeeds:
+    """``batches`` class-balanced batches of 4 images a class, with their samples' seeds (the trainer's sampler)."""
+    from retrieval.data import ClassBalancedBatchSampler, WithSampleSeeds
+
+    sampler = ClassBalancedBatchSampler(labels, batch // 4, 4, seed=0, batches_per_epoch=batches)
+    sampler.set_epoch(0, 0)
+    return WithSampleSeeds(sampler)
+
+
 def device_pipeline(root: Path, size: int, batch: int, workers: int, batches: int, device: torch.device,
                     in_memory: bool = False) -> tuple[Iterator[tuple[torch.Tensor, torch.Tensor]], int]:
     """The ``--decode-on device`` pipeline's (images, labels) batches and how many of them the workers make ahead.
 
     ``in_memory``: the device stage runs in its thread as in training, on one class-balanced batch read once, again
     and again (no workers). Closing the iterator stops the stage's thread and the workers."""
-    from retrieval.data import CatchBadSamples, ClassBalancedBatchSampler, WithSampleSeeds, load_dataset
+    from retrieval.data import CatchBadSamples, load_dataset
     from retrieval.data.augment import resolve_augmentation
     from retrieval.data.device_decode import DeviceAugment, EncodedImages, collate_encoded, decoded_batches
     from retrieval.inference import make_loader
 
-    config = {"input_size": size, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
-    aug = resolve_augmentation("crop-flip")
+    config, aug = preprocessing(size), resolve_augmentation("crop-flip")
     dataset = load_dataset("folder", str(root), split="train")
-    ahead = 2 * workers + 2  # prefetch_factor = 2 batches a worker, and the stage's own
-    sampler = ClassBalancedBatchSampler(dataset.labels, batch // 4, 4, seed=0, batches_per_epoch=batches + ahead)
-    sampler.set_epoch(0, 0)
+    ahead = STAGE_AHEAD if in_memory else made_ahead(workers)
+    sampler = seeded_batches(dataset.labels, batch, batches + ahead)
     encoded, stage = EncodedImages(dataset, config, aug), DeviceAugment(config, aug, device, dataset=dataset)
     if in_memory:
-        keys = next(iter(WithSampleSeeds(sampler)))
+        keys = next(iter(sampler))
         loader = itertools.repeat(collate_encoded([CatchBadSamples(encoded)[key] for key in keys]))
-        ahead = STAGE_AHEAD
     else:
-        loader = make_loader(encoded, None, workers, device, batch_sampler=WithSampleSeeds(sampler),
-                             collate_fn=collate_encoded)
+        loader = make_loader(encoded, None, workers, device, batch_sampler=sampler, collate_fn=collate_encoded)
 
     def decoded() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         results = decoded_batches(loader, stage, ahead=STAGE_AHEAD)
@@ -107,7 +128,7 @@ def pipeline_rate(root: Path, decode_on: str, size: int, batch: int, workers: in
                   device: str = "cuda") -> float:
     """Images/s of the training input pipeline alone (batches ready on the device), in its steady state: the timing
     starts once the batches the workers had made in advance (``prefetch_factor`` = 2 each) are consumed."""
-    from retrieval.data import ClassBalancedBatchSampler, WithSampleSeeds, load_dataset
+    from retrieval.data import load_dataset
     from retrieval.data.augment import resolve_augmentation
     from retrieval.data.transforms import ScaleAndNormalise, build_transforms
     from retrieval.inference import make_loader
@@ -118,17 +139,15 @@ def pipeline_rate(root: Path, decode_on: str, size: int, batch: int, workers: in
     if decode_on == "device":
         batches_on_device, warm_up = device_pipeline(root, size, batch, workers, batches, device)
     else:
-        config = {"input_size": size, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+        config = preprocessing(size)
         # as the trainer's workers pipeline: uint8 pixels normalised on a GPU as they arrive
         on_arrival = ScaleAndNormalise(config, device) if normalises_on_arrival(device) else None
         dataset = load_dataset("folder", str(root), split="train",
                                transform=build_transforms(config, True, resolve_augmentation("crop-flip"),
                                                           normalise=on_arrival is None))
-        warm_up = 2 * workers + 2
-        sampler = ClassBalancedBatchSampler(dataset.labels, batch // 4, 4, seed=0,
-                                            batches_per_epoch=batches + warm_up)
-        sampler.set_epoch(0, 0)
-        loader = make_loader(dataset, None, workers, device, batch_sampler=WithSampleSeeds(sampler))
+        warm_up = made_ahead(workers)
+        loader = make_loader(dataset, None, workers, device,
+                             batch_sampler=seeded_batches(dataset.labels, batch, batches + warm_up))
         arrived = (loaded.inputs.to(device, non_blocking=True) for loaded in loader)
         batches_on_device = ((on_arrival(images) if on_arrival is not None else images, None) for images in arrived)
     seen, start = 0, 0.0
