@@ -36,8 +36,9 @@ from retrieval.data.augment import resolve_augmentation
 from retrieval.data.dataset import CatchBadSamples
 from retrieval.data.device_decode import DeviceAugment, EncodedBatch, EncodedImages, collate_encoded
 from retrieval.inference import make_loader
+from retrieval.models.backbones import IMAGENET_MEAN, IMAGENET_STD
 
-CONFIG = {"input_size": 224, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+CONFIG = {"input_size": 224, "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)}
 
 
 def image_dataset(paths: list[Path], transform=None) -> ImageDataset:
