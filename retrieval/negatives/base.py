@@ -47,7 +47,7 @@ class PairTerms:
         return 1.0 - self.hardest.pow(2) / 2.0 if self.hardest_is_distance else self.hardest
 
     def negative_distance(self, squared: bool = False) -> Tensor:
-        """[Pp, Pp] Euclidean (or squared) distances of the hardest negatives; unit embeddings only."""
+        """[Pp, Q] Euclidean (or squared) distances of the hardest negatives; unit embeddings only."""
         if self.hardest_is_distance:
             return self.hardest.pow(2) if squared else self.hardest
         return unit_distance(self.hardest, squared)
