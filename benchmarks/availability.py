@@ -4,13 +4,17 @@ results and the exact commands.
 
     python benchmarks/availability.py --url http://127.0.0.1:7860 --pid PID --attack nested-json
 
-Attacks (each bounded in time, loopback only):
+Attacks (each bounded in time, loopback only; each attacking client sends from a loopback address of its own):
   nested-json     one 42 MB body of nested empty arrays to POST /search/batch, repeated by 2 clients
   abandoned       8 clients send 64 copies of a 16-megapixel lossless WebP each and hang up after 3 s
   big-png         8 clients send 64 x 40-megapixel PNGs each and wait for their answer
   waiting-json    16 clients send 43 MB JSON batches at once (base64 images)
   big-answers     8 clients ask 64 embeddings x k=1000 at once
   gradio-bodies   32 clients send 1 MiB Gradio call bodies (nested arrays) to /gradio_api/queue/join
+  rerank-abandoned  8 clients send 8-embedding batches re-ranked by kreciprocal (1,000 candidates, k1 = k2 = 100)
+                  and hang up after 3 s
+  rerank-batches  8 clients send 64-embedding batches re-ranked by dba (1,000 candidates, k = 100) and wait
+  dba-searches    8 clients send single searches re-ranked by dba (1,000 candidates, k = 100) and wait
 """
 
 from __future__ import annotations
@@ -66,9 +70,13 @@ class Attack:
         self.outcomes: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def _client(self, deadline: float) -> None:
+    def _client(self, number: int, deadline: float) -> None:
+        # each client from a loopback address of its own (127.0.0.2, ...), as distinct clients would come: a server
+        # that bounds what one address may hold sees eight of them, not one
+        address = f"127.0.0.{2 + number % 250}"
         while time.monotonic() < deadline:
-            with httpx.Client(timeout=httpx.Timeout(60.0)) as client:
+            transport = httpx.HTTPTransport(local_address=address)
+            with httpx.Client(timeout=httpx.Timeout(60.0), transport=transport) as client:
                 try:
                     outcome = self.one(client)
                 except httpx.TimeoutException:
@@ -80,7 +88,8 @@ class Attack:
 
     def run(self) -> None:
         deadline = time.monotonic() + self.seconds
-        threads = [threading.Thread(target=self._client, args=(deadline,), daemon=True) for _ in range(self.clients)]
+        threads = [threading.Thread(target=self._client, args=(number, deadline), daemon=True)
+                   for number in range(self.clients)]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -117,10 +126,24 @@ def attack(url: str, name: str, seconds: float, clients: int | None = None) -> A
         body = gradio_nested(MB - 64)
         return Attack(clients or 32, seconds, lambda c: str(c.post(
             f"{url}/gradio_api/queue/join", content=body, headers={"content-type": "application/json"}).status_code))
+    if name in RERANKED:
+        queries, rerank, timeout = RERANKED[name]
+        dim = httpx.get(f"{url}/health").json()["embedding_dim"]
+        rows = np.random.default_rng(3).normal(size=(queries, dim))
+        if name == "dba-searches":
+            route, body = "/search?k=10", {"embedding": rows[0].tolist(), "rerank": rerank}
+        else:
+            route, body = "/search/batch?k=10", {"queries": [{"embedding": r.tolist()} for r in rows], "rerank": rerank}
+        return Attack(clients or 8, seconds, lambda c: str(c.post(f"{url}{route}", json=body,
+                                                                   timeout=timeout).status_code))
     raise SystemExit(f"unknown attack {name!r}")
 
 
-ATTACKS = ("nested-json", "abandoned", "big-png", "waiting-json", "big-answers", "gradio-bodies")
+COSTLIEST_KRECIPROCAL = {"method": "kreciprocal", "candidates": 1000, "k1": 100, "k2": 100}
+COSTLIEST_DBA = {"method": "dba", "candidates": 1000, "k": 100}
+RERANKED = {"rerank-abandoned": (8, COSTLIEST_KRECIPROCAL, 3.0), "rerank-batches": (64, COSTLIEST_DBA, 60.0),
+            "dba-searches": (1, COSTLIEST_DBA, 60.0)}  # queries, re-ranking, the client's timeout
+ATTACKS = ("nested-json", "abandoned", "big-png", "waiting-json", "big-answers", "gradio-bodies", *RERANKED)
 
 
 def timed_requests(send: Callable[[httpx.Client], httpx.Response], every_s: float, stop: threading.Event,

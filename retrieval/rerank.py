@@ -9,12 +9,14 @@ shortlist follow unchanged. The same functions re-rank ``retrieval search``, the
 (``retrieval.index.search.Index.search``) and ``retrieval evaluate`` (``retrieval.evaluation.reranked_metrics``), so
 the numbers measured are the ones served.
 
-Cost per query, m = candidates (at most ``MAX_CANDIDATES``), d = dimension:
+Cost per query, m = candidates (at most ``MAX_CANDIDATES``), d = dimension (``work_units`` and ``peak_bytes`` give
+both as numbers, and a server charges and bounds a request by them):
 
-* ``qe``: one pass over the candidates, O(m d) time, O(m) memory.
-* ``dba``: the candidates' Gram matrix (each candidate's neighbours among the others), O(m^2 d) time, O(m^2) memory.
-* ``kreciprocal``: the Gram matrix of query + candidates, then the k-reciprocal sets, O(m^2 d + m k1^2) time and
-  O(m^2) memory (at m = 1,000: a handful of 1,001^2 matrices, 8 MiB each in float64).
+* ``qe``: one pass over the candidates, O(m d) time and memory.
+* ``dba``: the candidates' Gram matrix (each candidate's neighbours among the others), O(m^2 d + m k d) time,
+  O(m^2 + m d) memory (the neighbours are summed one column at a time: never an [m, k, d] array).
+* ``kreciprocal``: the Gram matrix of query + candidates, then the k-reciprocal sets, O(m^2 d + m^2 k2 + m k1^2)
+  time and O(m^2 + m d) memory (at m = 1,000: a handful of 1,001^2 matrices, 8 MiB each in float64).
 
 Plain NumPy (no torch, no faiss): the server imports it.
 """
@@ -95,8 +97,10 @@ def augment_database(vectors: np.ndarray, neighbours: np.ndarray, similarities: 
     numbers, -1 for none; ``similarities`` [n, k] theirs), each weighted sim^alpha, as αQE weighs a query's."""
     vectors = _unit(vectors)
     weights = np.where(neighbours >= 0, _alpha_weights(similarities, alpha), 0.0).astype(np.float32)
-    gathered = vectors[np.maximum(neighbours, 0)]  # [n, k, d]; a -1 weighs 0
-    return _unit(vectors + np.einsum("nk,nkd->nd", weights, gathered))
+    summed = vectors.copy()
+    for column in range(neighbours.shape[1]):  # k gathers of [n, d]: an [n, k, d] array is k times the vectors
+        summed += weights[:, column, None] * vectors[np.maximum(neighbours[:, column], 0)]  # a -1 weighs 0
+    return _unit(summed)
 
 
 def database_side_augmentation(query: np.ndarray, candidates: np.ndarray, k: int, alpha: float) -> np.ndarray:
@@ -137,9 +141,14 @@ def k_reciprocal_distances(query: np.ndarray, candidates: np.ndarray, k1: int, k
     # padded with column m, a column outside every set
     padded = np.concatenate([reciprocal, np.zeros((m, 1), dtype=bool)], axis=1)
     pairs_i, pairs_j = np.nonzero(reciprocal)
-    lists = half_lists[pairs_j]  # [pairs, half + 1]
-    joins = padded[pairs_i[:, None], lists].sum(axis=1) > 2.0 / 3.0 * half_sizes[pairs_j]
-    padded[pairs_i[joins][:, None], lists[joins]] = True
+    # the pairs' lists [pairs, half + 1] a block at a time (up to m (k1 + 1) x (half + 1) ids: 41 MB at k1 = 100):
+    # every block read before any is written, as R(i, k1) is read whole before R*(i) grows
+    blocks = [slice(start, start + _PAIR_BLOCK) for start in range(0, len(pairs_i), _PAIR_BLOCK)]
+    joins = np.concatenate([padded[pairs_i[b, None], half_lists[pairs_j[b]]].sum(axis=1)
+                            > 2.0 / 3.0 * half_sizes[pairs_j[b]] for b in blocks] or [np.zeros(0, dtype=bool)])
+    for b in blocks:
+        joined = joins[b]
+        padded[pairs_i[b][joined][:, None], half_lists[pairs_j[b][joined]]] = True
     expanded = padded[:, :m]
     # a node is in its own set (distance 0), also where more exact duplicates than k1 + 1 rank before it
     np.fill_diagonal(expanded, True)
@@ -155,6 +164,9 @@ def k_reciprocal_distances(query: np.ndarray, candidates: np.ndarray, k1: int, k
     larger = np.maximum(weights[0][None, :], weights[1:]).sum(axis=1)
     jaccard = 1.0 - smaller / larger
     return ((1.0 - lambda_value) * jaccard + lambda_value * distance[0, 1:]).astype(np.float32)
+
+
+_PAIR_BLOCK = 8192  # k-reciprocal pairs whose expansion lists are gathered at once (8,192 x 51 ids: 3.3 MB)
 
 
 def _reciprocal(rank: np.ndarray, k: int) -> np.ndarray:
@@ -371,25 +383,99 @@ def rerank_candidates(query: np.ndarray, candidates: np.ndarray, config: RerankC
     return np.argsort(-scores, kind="stable"), scores
 
 
+# --- what a re-ranking costs, and its bound ----------------------------------------------------------------------
+WORK_UNIT_OPS = 10**7  # one work unit: about 10^7 multiply-adds, a few milliseconds of one core
+MAX_QUERY_BYTES = 128 * 2**20  # what one query's re-ranking may hold at once; beyond it the request is refused
+VECTOR_BLOCK_BYTES = 32 * 2**20  # the candidates' vectors read back at once for a batch (one query's at least)
+_OVERHEAD_BYTES = 2**16  # small arrays and NumPy's own
+
+
+def work_units(config: RerankConfig, dim: int) -> int:
+    """The estimated cost of re-ranking one query, in work units (``WORK_UNIT_OPS`` multiply-adds; at least 1; 0
+    when it re-ranks nothing): with m = candidates, n = m + 1, d = ``dim``, h = round(k1 / 2),
+    qe 3 m d; dba m^2 d + m k d + 4 m^2; kreciprocal n^2 d + n^2 (k2 + 16) + n (k1 + 1)(h + 1)."""
+    if not config.active:
+        return 0
+    m, d = config.candidates, int(dim)
+    if config.method == "qe":
+        ops = 3 * m * d
+    elif config.method == "dba":
+        ops = m * m * d + m * config.k * d + 4 * m * m
+    else:
+        n, half = m + 1, int(np.around(config.k1 / 2))
+        ops = n * n * d + n * n * (config.k2 + 16) + n * (config.k1 + 1) * (half + 1)
+    return max(1, -(-ops // WORK_UNIT_OPS))
+
+
+def peak_bytes(config: RerankConfig, dim: int) -> int:
+    """An upper bound of the memory one query's re-ranking holds at once, its candidates' vectors included (bytes;
+    0 when it re-ranks nothing): with m = candidates, n = m + 1, d = ``dim``, h = round(k1 / 2), B = 8,192 pairs,
+    qe 8 m d + 4 k d + 16 m; dba 20 m^2 + 24 m d + 24 m k; kreciprocal 56 n^2 + 8 n d + 16 n (k1 + 1)
+    + 9 (h + 1) min(n (k1 + 1), B); each plus 64 KiB (tests/core/test_rerank.py measures them with tracemalloc)."""
+    if not config.active:
+        return 0
+    m, d = config.candidates, int(dim)
+    if config.method == "qe":
+        held = 8 * m * d + 4 * config.k * d + 16 * m
+    elif config.method == "dba":
+        held = 20 * m * m + 24 * m * d + 24 * m * config.k
+    else:
+        n, half = m + 1, int(np.around(config.k1 / 2))
+        pairs = n * (config.k1 + 1)
+        held = 56 * n * n + 8 * n * d + 16 * pairs + 9 * (half + 1) * min(pairs, _PAIR_BLOCK)
+    return held + _OVERHEAD_BYTES
+
+
+class RerankTooLarge(ValueError):
+    """A re-ranking whose memory per query would pass ``MAX_QUERY_BYTES`` (refused before anything is allocated)."""
+
+
+def check_memory(config: RerankConfig, dim: int) -> None:
+    """RerankTooLarge, naming the shortlist that fits, when one query's re-ranking at ``dim`` would hold more than
+    ``MAX_QUERY_BYTES`` (``peak_bytes``)."""
+    needed = peak_bytes(config, dim)
+    if needed <= MAX_QUERY_BYTES:
+        return
+    fits = [m for m in range(1, config.candidates) if peak_bytes(dataclasses.replace(config, candidates=m), dim)
+            <= MAX_QUERY_BYTES]
+    fix = (f"ask for at most {fits[-1]} candidates" if fits else "this index's vectors are too long to re-rank")
+    raise RerankTooLarge(f"re-ranking {config.candidates} candidates of {dim} dimensions with {config.method} would "
+                         f"hold {needed / 2**20:.0f} MiB per query (the limit is {MAX_QUERY_BYTES / 2**20:.0f} MiB); "
+                         f"{fix}")
+
+
+class Cancelled(Exception):
+    """The caller's ``cancelled()`` became true between two queries: the rest were not re-ranked."""
+
+
 def rerank_lists(queries: np.ndarray, ids: np.ndarray, vectors: Callable[[np.ndarray], np.ndarray],
-                 config: RerankConfig) -> tuple[np.ndarray, np.ndarray]:
+                 config: RerankConfig, cancelled: Callable[[], bool] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Each query's result list [n, depth] (ids best first, -1 padding at the end) with its first
     ``config.candidates`` re-ranked, the rest as they were: (ids [n, depth], scores [n, depth], NaN where not
-    re-ranked). ``vectors(unique ids)`` gives their vectors [u, d] (one call for the whole batch)."""
+    re-ranked). ``vectors(unique ids)`` gives their vectors [u, d], once per block of queries whose vectors fit
+    ``VECTOR_BLOCK_BYTES`` (one query's at least). RerankTooLarge before anything is read when one query would hold
+    more than ``MAX_QUERY_BYTES``; ``cancelled()`` is asked before each query, and Cancelled raised once true."""
     ids = np.asarray(ids, dtype=np.int64)
+    queries = np.asarray(queries, dtype=np.float32)
     out_ids, out_scores = ids.copy(), np.full(ids.shape, np.nan, dtype=np.float32)
     if not config.active or ids.size == 0:
         return out_ids, out_scores
+    check_memory(config, queries.shape[1])
     shortlist = ids[:, : config.candidates]
-    wanted = np.unique(shortlist[shortlist >= 0])
-    if not len(wanted):
-        return out_ids, out_scores
-    stored = np.asarray(vectors(wanted), dtype=np.float32)
+    per_block = max(1, VECTOR_BLOCK_BYTES // (4 * queries.shape[1] * shortlist.shape[1]))
     with one_blas_thread():
-        for row, query in enumerate(np.asarray(queries, dtype=np.float32)):
-            listed = shortlist[row][shortlist[row] >= 0]
-            order, scores = rerank_candidates(query, stored[np.searchsorted(wanted, listed)], config)
-            out_ids[row, : len(listed)] = listed[order]
-            out_scores[row, : len(listed)] = scores[order]
+        for first in range(0, len(shortlist), per_block):
+            block = shortlist[first : first + per_block]
+            wanted = np.unique(block[block >= 0])
+            stored = np.asarray(vectors(wanted), dtype=np.float32) if len(wanted) else None
+            for row in range(first, first + len(block)):
+                if cancelled is not None and cancelled():
+                    raise Cancelled()
+                listed = shortlist[row][shortlist[row] >= 0]
+                if stored is None or not len(listed):
+                    continue
+                order, scores = rerank_candidates(queries[row], stored[np.searchsorted(wanted, listed)], config)
+                out_ids[row, : len(listed)] = listed[order]
+                out_scores[row, : len(listed)] = scores[order]
+            del stored
     return out_ids, out_scores
-

@@ -7,12 +7,15 @@ Contract:
   headers alone hold nothing); when the budget cannot be had within ``wait_s`` it is answered 503, so many waiting
   uploads never add up to gigabytes, and a body must arrive within ``read_timeout_s`` (408).
 - ``WorkLane``: blocking work run in threads of the lane's own (at most ``concurrency`` at once), with at most
-  ``max_waiting`` units of cost waiting (a single search costs 1, a batch its images); beyond that ``Busy`` (503).
-  Lanes share no thread limiter with each other or with the rest of the app, so a lane full of batches never
-  holds back single searches, and /health (answered on the event loop) never waits for a thread.
+  ``max_waiting`` units of cost waiting (a single search costs 1, a batch its images, a re-ranked request its
+  queries times its method's work units); beyond that ``Busy`` (503). A lane with ``max_per_client`` also bounds
+  what one client (its address) has running and waiting: beyond it, unless the client has nothing in the lane,
+  ``Busy``. Lanes share no thread limiter with each other or with the rest of the app, so a lane full of batches
+  never holds back single searches, and /health (answered on the event loop) never waits for a thread.
 - ``ClientWatch``: a request's "client has gone" flag (a ``threading.Event``), set when the server sees the
   connection close. ``WorkLane.run`` drops work whose client has gone before it starts (also while it waits for
-  its turn); the work itself checks ``gone`` between images (``SearchService.search_batch``).
+  its turn); the work itself checks ``gone`` between images and between re-ranked queries
+  (``SearchService.search_batch``, ``retrieval.rerank.rerank_lists``).
 
 - ``LengthRequired``: a chunked request body is refused (411) before uvicorn parses its chunks on the event loop.
   ``read_whole_body``: a middleware's bounded read of a body (the Gradio routes', ``serve.upload_cache``).
@@ -137,28 +140,38 @@ class ClientWatch:
 
 
 class WorkLane:
-    """Blocking work in at most ``concurrency`` threads of its own; at most ``max_waiting`` cost units queued."""
+    """Blocking work in at most ``concurrency`` threads of its own; at most ``max_waiting`` cost units queued, and
+    with ``max_per_client``, at most that many units of one client running and waiting (one request always)."""
 
-    def __init__(self, name: str, concurrency: int, max_waiting: int, unit: str = "searches") -> None:
-        if concurrency < 1 or max_waiting < 0:
-            raise ValueError(f"lane {name}: concurrency must be >= 1 and max_waiting >= 0")
+    def __init__(self, name: str, concurrency: int, max_waiting: int, unit: str = "searches",
+                 max_per_client: int | None = None) -> None:
+        if concurrency < 1 or max_waiting < 0 or (max_per_client is not None and max_per_client < 1):
+            raise ValueError(f"lane {name}: concurrency and max_per_client must be >= 1 and max_waiting >= 0")
         self.name, self.unit = name, unit
-        self.concurrency, self.max_waiting = concurrency, max_waiting
+        self.concurrency, self.max_waiting, self.max_per_client = concurrency, max_waiting, max_per_client
         self.limiter = anyio.CapacityLimiter(concurrency)
         self.waiting = 0  # cost units waiting for a thread (only touched on the event loop)
         self.running = 0
         self.dropped = 0  # work dropped because its client had gone
+        self.by_client: dict[str, int] = {}  # cost units running and waiting, per client address (event loop only)
 
-    def admit(self, cost: int) -> None:
-        """Busy when the lane's threads are all taken and ``cost`` more units would exceed its waiting limit."""
+    def admit(self, cost: int, client: str | None = None) -> None:
+        """Busy when the lane's threads are all taken and ``cost`` more units would exceed its waiting limit, or when
+        ``client`` already has work here and ``cost`` more would exceed its share."""
         if self.limiter.available_tokens == 0 and self.waiting + cost > self.max_waiting:
             raise Busy(f"server busy: {self.waiting} {self.unit} already waiting (the limit is {self.max_waiting}); "
                        "retry shortly")
+        held = self.by_client.get(client or "", 0) if self.max_per_client is not None else 0
+        if held and held + cost > self.max_per_client:  # type: ignore[operator]
+            raise Busy(f"server busy: this client already has {held} {self.unit} running or waiting (the limit per "
+                       f"client is {self.max_per_client}); wait for those answers, then retry", retry_after_s=2)
 
-    async def run(self, fn: Callable[..., T], *args: Any, cost: int = 1, watch: ClientWatch | None = None) -> T:
-        """``fn(*args)`` in one of the lane's threads; Busy if the lane is full, ClientGone if the client went
-        before the work started (it then never starts; work that checks ``watch.gone`` stops early itself)."""
-        self.admit(cost)
+    async def run(self, fn: Callable[..., T], *args: Any, cost: int = 1, watch: ClientWatch | None = None,
+                  client: str | None = None) -> T:
+        """``fn(*args)`` in one of the lane's threads; Busy if the lane (or ``client``'s share of it) is full,
+        ClientGone if the client went before the work started (it then never starts; work that checks
+        ``watch.gone`` stops early itself)."""
+        self.admit(cost, client)
         gone = watch.gone if watch is not None else None
 
         def start_then_run() -> T:
@@ -167,21 +180,28 @@ class WorkLane:
             return fn(*args)
 
         borrower = object()  # the turn is the request's, whichever task waited for it
-        self.waiting += cost
+        key = client or ""
+        self.by_client[key] = self.by_client.get(key, 0) + cost
         try:
-            await self._take_thread(borrower, watch)
+            self.waiting += cost
+            try:
+                await self._take_thread(borrower, watch)
+            finally:
+                self.waiting -= cost
+            self.running += 1
+            try:
+                # the lane's limiter is held: the thread itself needs no other token
+                return await anyio.to_thread.run_sync(start_then_run, limiter=_UNLIMITED.get())
+            except ClientGone:
+                self.dropped += 1
+                raise
+            finally:
+                self.running -= 1
+                self.limiter.release_on_behalf_of(borrower)
         finally:
-            self.waiting -= cost
-        self.running += 1
-        try:
-            # the lane's limiter is held: the thread itself needs no other token
-            return await anyio.to_thread.run_sync(start_then_run, limiter=_UNLIMITED.get())
-        except ClientGone:
-            self.dropped += 1
-            raise
-        finally:
-            self.running -= 1
-            self.limiter.release_on_behalf_of(borrower)
+            left = self.by_client.pop(key) - cost
+            if left:
+                self.by_client[key] = left
 
     async def _take_thread(self, borrower: object, watch: ClientWatch | None) -> None:
         """Wait for one of the lane's threads; ClientGone (holding none) if the client leaves meanwhile."""
@@ -214,7 +234,9 @@ class WorkLane:
     def stats(self) -> dict[str, int]:
         """What the lane is doing now (a racy read: for monitoring)."""
         return {"running": self.running, "waiting": self.waiting, "concurrency": self.concurrency,
-                "max_waiting": self.max_waiting, "dropped_client_gone": self.dropped}
+                "max_waiting": self.max_waiting, "dropped_client_gone": self.dropped} | (
+            {"max_per_client": self.max_per_client, "clients": len(self.by_client)}
+            if self.max_per_client is not None else {})
 
 
 class _UnlimitedLimiter:

@@ -44,5 +44,11 @@ GRADIO_JSON_BODY_LIMIT = 2**20  # Gradio event bodies only name uploaded files: 
 # --- availability: what the API takes in at once (docs/SECURITY.md "Availability") ----------------------------
 BATCH_CONCURRENCY = 1  # image batches searched at once, in threads of their own: single searches never wait for them
 BATCH_QUEUE_IMAGES = 2 * MAX_BATCH_QUERIES  # images of batches waiting for their turn; beyond: 503
+# Re-ranked work in units of about 1 ms of one core (``retrieval.rerank.work_units``): a request costs its queries
+# times its method's units; up to RERANK_CHEAP_UNITS it is as cheap as a search and runs in the searches lane
+RERANK_CONCURRENCY = 1  # costlier re-ranked requests run at once, in threads of their own
+RERANK_QUEUE_UNITS = 4_000  # their units waiting for a turn (about 4 s of one core); beyond: 503
+RERANK_CLIENT_UNITS = 1_000  # one client's units running and waiting (one request of any size always fits)
+RERANK_CHEAP_UNITS = 4  # a request of at most this many units is as cheap as a plain search
 BODY_BUDGET_BYTES = 128 * 2**20  # request bodies held at once (read, parsed, waiting); beyond: wait, then 503
 BODY_READ_TIMEOUT_S = 60.0  # a body arrives within this (43 MB at 1 MB/s does); nginx buffers bodies before us

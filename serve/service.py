@@ -46,7 +46,7 @@ from retrieval.index.live import RELOAD_INTERVAL_S, LiveIndex, Snapshot
 from retrieval.index.search import MAX_K, check_k
 from retrieval.index.sources import printable_path
 from retrieval.onnx_runtime import preprocess_images
-from retrieval.rerank import RerankConfig
+from retrieval.rerank import Cancelled, RerankConfig, RerankTooLarge
 from retrieval.serve.admission import ClientGone
 from retrieval.serve.batcher import MicroBatcher
 from retrieval.serve.defaults import (
@@ -185,14 +185,19 @@ class ServedIndex:
         return self.index.public_path(path)
 
     def search(self, vectors: np.ndarray, k: int, exclude_ids: tuple[int, ...] = (),
-               where: Filter | None = None, rerank: RerankConfig | None = None) -> list[list[SearchResult]]:
+               where: Filter | None = None, rerank: RerankConfig | None = None,
+               cancelled: Callable[[], bool] | None = None) -> list[list[SearchResult]]:
         """``Index.search`` with the paths as clients see them; a filter this index cannot answer (a column it
-        lacks) is a 422, as is a re-ranking it cannot do (an index that keeps no vectors), and what this state
-        cannot answer (the index changed under it) a 503."""
+        lacks) is a 422, as is a re-ranking it cannot do (an index that keeps no vectors, or one over its memory
+        bound), and what this state cannot answer (the index changed under it) a 503. ``cancelled()`` true
+        between two re-ranked queries: ClientGone."""
         try:
-            found = self._answer(self.index.search, vectors, k, exclude_ids, where=where, rerank=rerank)
-        except (FilterError, NoStoredVectors) as exc:
+            found = self._answer(self.index.search, vectors, k, exclude_ids, where=where, rerank=rerank,
+                                 cancelled=cancelled)
+        except (FilterError, NoStoredVectors, RerankTooLarge) as exc:
             raise QueryError(str(exc), 422) from exc
+        except Cancelled as exc:
+            raise ClientGone() from exc
         return [[dataclasses.replace(r, path=self.public_path(r.path)) for r in results] for results in found]
 
     def query_item(self, data: bytes) -> QueryItem | None:
@@ -369,6 +374,7 @@ class SearchService:
         where: str | None = None,
         calibrate: bool = False,
         rerank: RerankConfig | None = None,
+        cancelled: Callable[[], bool] | None = None,
     ) -> SearchResponse:
         """Top-k of a PIL image, the bytes of an image file, or an embedding [d]; ``exclude_ids`` dropped.
 
@@ -378,12 +384,12 @@ class SearchService:
         problem). The whole search uses one state of the index, even if a newer one is swapped in meanwhile;
         ``calibrate`` adds that state's ``neighbour_scores`` (measured once per state), for ``unlike_gallery``.
         ``rerank`` re-orders the shortlist (``retrieval.rerank``) after the query's own item and the filter have
-        left it; its time is part of ``search_ms``.
+        left it; its time is part of ``search_ms``. ``cancelled()`` is asked before the re-ranking (ClientGone).
         """
         k, where_filter = checked_k_and_where(k, where)
         rerank = rerank if rerank is not None and rerank.active else None
         with self.live.acquire() as state:
-            response = self._search(state, query, k, exclude_ids, exclude_self, where_filter, rerank)
+            response = self._search(state, query, k, exclude_ids, exclude_self, where_filter, rerank, cancelled)
             if calibrate:
                 response.neighbours = state.neighbour_scores()
             return response
@@ -397,6 +403,7 @@ class SearchService:
         exclude_self: bool,
         where: Filter | None = None,
         rerank: RerankConfig | None = None,
+        cancelled: Callable[[], bool] | None = None,
     ) -> SearchResponse:
         started = time.perf_counter()
         timing: dict[str, float] = {}
@@ -414,7 +421,7 @@ class SearchService:
         else:
             embedding = check_embedding(query, state.index.dim)
         search_started = time.perf_counter()
-        results = state.search(embedding, k, exclude_ids, where, rerank)[0]
+        results = state.search(embedding, k, exclude_ids, where, rerank, cancelled)[0]
         timing["search_ms"] = (time.perf_counter() - search_started) * 1000
         timing["total_ms"] = (time.perf_counter() - started) * 1000
         timing = {key: round(v, 3) for key, v in timing.items()}
@@ -438,8 +445,8 @@ class SearchService:
         limit) is answered by its ``QueryError`` in place, as is a ``QueryError`` the caller passes (e.g. bad
         base64), and the other queries are answered. Per-query timing: its own ``decode_ms``; the stages the
         batch shares (preprocess, embed, search, total) give the batch's time. ``cancelled()`` is asked before each
-        image: once true (the client has gone), the batch stops with ``ClientGone``. ``rerank`` applies to every
-        query, as in ``search``.
+        image and each re-ranked query: once true (the client has gone), the batch stops with ``ClientGone``.
+        ``rerank`` applies to every query, as in ``search``.
         """
         check_batch_size(len(queries))
         k, where_filter = checked_k_and_where(k, where)
@@ -504,7 +511,7 @@ class SearchService:
         if searched:
             search_started = time.perf_counter()
             found = self._search_vectors(state, np.stack([vectors[p] for p in searched]), k,
-                                         [own.get(p) for p in searched], where, rerank)
+                                         [own.get(p) for p in searched], where, rerank, cancelled)
             search_ms = (time.perf_counter() - search_started) * 1000
             for position, results in zip(searched, found, strict=True):
                 answer = answers[position]
@@ -524,7 +531,7 @@ class SearchService:
 
     def _search_vectors(
         self, state: ServedIndex, vectors: np.ndarray, k: int, own: list[int | None], where: Filter | None,
-        rerank: RerankConfig | None = None,
+        rerank: RerankConfig | None = None, cancelled: Callable[[], bool] | None = None,
     ) -> list[list[SearchResult]]:
         """One faiss search of unit ``vectors`` [n, d]; query i leaves out its own gallery item ``own[i]``.
 
@@ -535,8 +542,8 @@ class SearchService:
         """
         if rerank is not None:
             if all(item is None for item in own):
-                return state.search(vectors, k, where=where, rerank=rerank)
-            return [state.search(vectors[i : i + 1], k, () if item is None else (item,), where, rerank)[0]
+                return state.search(vectors, k, where=where, rerank=rerank, cancelled=cancelled)
+            return [state.search(vectors[i : i + 1], k, () if item is None else (item,), where, rerank, cancelled)[0]
                     for i, item in enumerate(own)]
         fetch = k + 1 if any(item is not None for item in own) else k
         if fetch <= MAX_K:

@@ -82,7 +82,9 @@ def reconstructed_vectors(index: faiss.Index, ids: np.ndarray) -> np.ndarray:
     if vectors is not None:
         return vectors
     ivf = ivf_of(index)
-    if ivf is not None and ivf.direct_map.type == faiss.DirectMap.NoMap:
+    if ivf is not None:
+        # read the map's type under the lock only: faiss sets it before it fills the map (DirectMap::set_type),
+        # so a thread that saw the type alone could read a half-made map
         with _DIRECT_MAPS:
             if ivf.direct_map.type == faiss.DirectMap.NoMap:
                 # inside IDMap2 the list ids are positions 0..n-1 (an array); catalogue ids kept in the lists are

@@ -10,7 +10,7 @@ import numbers
 import os
 import posixpath
 import threading
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePath, PurePosixPath
 from typing import Any
@@ -272,6 +272,7 @@ class Index:
     def search(
         self, embeddings: np.ndarray, k: int = 10, exclude_ids: Collection[int] = (),
         where: str | Filter | None = None, rerank: RerankConfig | None = None,
+        cancelled: Callable[[], bool] | None = None,
     ) -> list[list[SearchResult]]:
         """Per query, the top-k indexed images best first, with catalogue id, path, label and cosine score.
 
@@ -281,7 +282,8 @@ class Index:
         ``live.Snapshot`` keeps it instead: it answers as the index was when opened). ``where`` keeps only the
         rows that match it (``retrieval.index.filters``): fewer than k results when fewer match. ``rerank``
         re-orders each query's top ``rerank.candidates`` of those results (``retrieval.rerank``, from their stored
-        vectors: ``reconstructed_vectors``); results beyond them follow in their order.
+        vectors: ``reconstructed_vectors``); results beyond them follow in their order. ``cancelled()`` is asked
+        before each query is re-ranked (``rerank_lists``: ``Cancelled``).
         """
         k = check_k(k)
         reranking = rerank is not None and rerank.active
@@ -301,7 +303,7 @@ class Index:
             kept = [(s, i) for s, i in zip(query_scores, query_ids, strict=True) if i in rows and i not in exclude]
             results.append([SearchResult(i, rows[i]["path"], rows[i]["label"], s) for s, i in kept[:depth]])
         if reranking:
-            results = self._reranked(embeddings, results, k, rerank)
+            results = self._reranked(embeddings, results, k, rerank, cancelled)
         return results
 
     def reconstructed_vectors(self, ids: np.ndarray) -> np.ndarray:
@@ -309,12 +311,13 @@ class Index:
         return faiss_search.reconstructed_vectors(self.faiss_index, ids)
 
     def _reranked(self, embeddings: np.ndarray, found: list[list[SearchResult]], k: int,
-                  config: RerankConfig) -> list[list[SearchResult]]:
+                  config: RerankConfig, cancelled: Callable[[], bool] | None = None) -> list[list[SearchResult]]:
         """Each query's results with its shortlist re-ranked (``rerank_lists``), cut to k."""
         lists = np.full((len(found), max(map(len, found), default=0)), -1, dtype=np.int64)
         for row, results in enumerate(found):
             lists[row, : len(results)] = [result.id for result in results]
-        ids, scores = rerank_lists(prepare_vectors(embeddings, self.dim), lists, self.reconstructed_vectors, config)
+        ids, scores = rerank_lists(prepare_vectors(embeddings, self.dim), lists, self.reconstructed_vectors, config,
+                                   cancelled)
         reranked = []
         for row, results in enumerate(found):
             by_id = {result.id: result for result in results}

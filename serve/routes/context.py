@@ -15,6 +15,9 @@ from retrieval.serve.defaults import (
     BODY_BUDGET_BYTES,
     BODY_READ_TIMEOUT_S,
     MAX_BATCH_QUERIES,
+    RERANK_CLIENT_UNITS,
+    RERANK_CONCURRENCY,
+    RERANK_QUEUE_UNITS,
 )
 from retrieval.serve.service import SearchService, batch_upload_bytes
 
@@ -33,12 +36,14 @@ class ApiLimits:
         self.bodies = BodyBudget(max(body_budget_bytes, self.batch_body_limit), read_timeout_s=body_timeout_s)
         self.searches = WorkLane("searches", concurrency, max_queue)
         self.batches = WorkLane("batches", batch_concurrency, max(batch_queue_images, MAX_BATCH_QUERIES), "images")
+        self.reranks = WorkLane("reranks", RERANK_CONCURRENCY, RERANK_QUEUE_UNITS, "work units",
+                                max_per_client=RERANK_CLIENT_UNITS)  # re-ranked requests that cost more than a search
         self.parsing = WorkLane("parsing", PARSE_CONCURRENCY, max_queue, "bodies")
         self.summaries = WorkLane("summaries", 1, SUMMARY_QUEUE, "requests")  # /stats: computed once per state
 
     def stats(self) -> dict[str, Any]:
         """The lanes and the body budget now (GET /stats)."""
-        return {"searches": self.searches.stats(), "batches": self.batches.stats(),
+        return {"searches": self.searches.stats(), "batches": self.batches.stats(), "reranks": self.reranks.stats(),
                 "body_bytes_held": self.bodies.held, "body_bytes_budget": self.bodies.total}
 
 

@@ -1,5 +1,6 @@
 """POST /search and POST /search/batch: a query's body read within the caps and the body budget, parsed in the
-parsing lane, answered in the searches (or batches) lane, dropped if the client goes."""
+parsing lane, answered in the searches, batches or reranks lane (a re-ranked request that costs more than a search
+is charged its queries times its method's work units, per client too), dropped if the client goes."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
-from retrieval.rerank import RerankConfig
+from retrieval.rerank import RerankConfig, RerankTooLarge, check_memory, work_units
 from retrieval.serve.admission import BodyBudget, ClientWatch, HeldBytes, WorkLane
 from retrieval.serve.bodies import read_body, read_uploads
-from retrieval.serve.defaults import MAX_BATCH_QUERIES
+from retrieval.serve.defaults import MAX_BATCH_QUERIES, RERANK_CHEAP_UNITS
 from retrieval.serve.images import QueryError
-from retrieval.serve.routes.context import Api
+from retrieval.serve.routes.context import Api, ApiLimits
 from retrieval.serve.routes.queries import agreed, agreed_rerank, parse_batch_body, parse_search_body
 from retrieval.serve.routes.responses import json_response
 from retrieval.serve.routes.schemas import (
@@ -51,16 +52,34 @@ async def body_held(bodies: BodyBudget) -> AsyncIterator[HeldBytes]:
 async def answered(lane: WorkLane, request: Request, work: Any, *args: Any, cost: int = 1) -> Response:
     """``work(*args)`` (returning a Response, rendered in its thread) in ``lane``, dropped if the client goes."""
     watch = ClientWatch(request.receive).start()
+    client = request.client.host if request.client is not None else None
     try:
-        return await lane.run(work, *args, watch.gone, cost=cost, watch=watch)
+        return await lane.run(work, *args, watch.gone, cost=cost, watch=watch, client=client)
     finally:
         watch.stop()
 
 
+def reranked_lane(limits: ApiLimits, service: SearchService, rerank: RerankConfig | None,
+                  queries: int) -> tuple[WorkLane, int] | None:
+    """The reranks lane and the request's cost (its queries times its method's work units) for a re-ranking that
+    costs more than a search; None for one as cheap as a search. A re-ranking over its memory bound is a 422 here,
+    before the request waits for a turn."""
+    if rerank is None:
+        return None
+    dim = service.current().dim
+    try:
+        check_memory(rerank, dim)
+    except RerankTooLarge as exc:
+        raise QueryError(str(exc), 422) from exc
+    cost = queries * work_units(rerank, dim)
+    return (limits.reranks, cost) if cost > RERANK_CHEAP_UNITS else None
+
+
 def search_answer(service: SearchService, query: Any, k: int, exclude_self: bool, where: str | None,
-                  rerank: RerankConfig | None, _: threading.Event) -> Response:
+                  rerank: RerankConfig | None, gone: threading.Event) -> Response:
     """One search's JSON answer, rendered in the worker thread that searched."""
-    return json_response(service.search(query, k, (), exclude_self, where, rerank=rerank).to_dict())
+    return json_response(service.search(query, k, (), exclude_self, where, rerank=rerank,
+                                        cancelled=gone.is_set).to_dict())
 
 
 def batch_answer(service: SearchService, queries: list[Any], k: int, exclude_self: bool, where: str | None,
@@ -109,8 +128,9 @@ async def search(
             where = agreed("where", body_where, where, where is not None)
             k = agreed("k", body_k, k, "k" in request.query_params)
             chosen = agreed_rerank(body_rerank, rerank)
-        return await answered(limits.searches, request, search_answer, service, query, k, exclude_self, where,
-                              chosen)
+        lane, cost = reranked_lane(limits, service, chosen, 1) or (limits.searches, 1)
+        return await answered(lane, request, search_answer, service, query, k, exclude_self, where, chosen,
+                              cost=cost)
 
 
 @router.post(
@@ -153,7 +173,9 @@ async def search_batch(
             exclude_self = agreed("exclude_self", body_exclude, exclude_self,
                                   "exclude_self" in request.query_params)
         images = sum(isinstance(query, (bytes, bytearray)) for query in queries)
-        # a batch of embeddings alone is as cheap as a few searches: it does not wait behind image batches
-        lane = limits.batches if images else limits.searches
+        # a batch of embeddings alone is as cheap as a few searches: it does not wait behind image batches; a
+        # costly re-ranking waits behind neither, nor holds up either
+        lane, cost = reranked_lane(limits, service, chosen, len(queries)) or (
+            limits.batches if images else limits.searches, max(images, 1))
         return await answered(lane, request, batch_answer, service, queries, k, exclude_self, where, chosen,
-                              cost=max(images, 1))
+                              cost=cost)

@@ -1,18 +1,24 @@
 """Re-ranking (``retrieval.rerank``): each method against a slow float64 loop of its paper's formula, the shortlist
 mechanics (ties, padding, results beyond the shortlist), degenerate shortlists, the declared bounds, the API's form,
-and ``reranked_metrics`` against metrics computed from the re-ranked lists by hand."""
+``reranked_metrics`` against metrics computed from the re-ranked lists by hand, and what one query costs: the memory
+bound measured with tracemalloc, the work units, the cancellation between queries."""
 
 from __future__ import annotations
 
 import math
+import tracemalloc
 
 import numpy as np
 import pytest
 
+from retrieval import rerank
 from retrieval.rerank import (
     MAX_CANDIDATES,
+    MAX_QUERY_BYTES,
     RERANKERS,
+    Cancelled,
     RerankConfig,
+    RerankTooLarge,
     alpha_query_expansion,
     augment_database,
     database_side_augmentation,
@@ -21,6 +27,8 @@ from retrieval.rerank import (
     rerank_candidates,
     rerank_from_json,
     rerank_lists,
+    peak_bytes,
+    work_units,
 )
 
 
@@ -273,3 +281,100 @@ def test_reranked_metrics_are_the_metrics_of_the_re_ranked_lists(method):
     assert block["method"] == method and block["params"]["candidates"] == 15
     assert block["metrics"]["recall@1"] == pytest.approx(expected["recall@1"])
     assert block["metrics"]["map@r"] == pytest.approx(expected["map@r"])
+
+
+# --- what one query costs ----------------------------------------------------------------------------------------
+def measured_peak(config: RerankConfig, dim: int) -> int:
+    """The most bytes NumPy held at once while ``rerank_candidates`` re-ranked a shortlist of ``config.candidates``
+    vectors of ``dim`` (the shortlist's own vectors included, as ``peak_bytes`` counts them)."""
+    query, candidates = unit_rows(1, dim, 40)[0], clustered(config.candidates, dim, 41)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        rerank_candidates(query, candidates, config)
+        return tracemalloc.get_traced_memory()[1] - before + candidates.nbytes
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("method", list(RERANKERS))
+@pytest.mark.parametrize("candidates,dim,neighbours", [(100, 64, 6), (100, 64, 100), (1000, 64, 100),
+                                                       (1000, 512, 20), (300, 2048, 100)])
+def test_a_query_holds_no_more_memory_than_its_stated_bound(method, candidates, dim, neighbours):
+    config = RerankConfig(method=method, candidates=candidates, k=min(neighbours, 100), k1=neighbours, k2=6)
+    measured = measured_peak(config, dim)
+    assert measured <= peak_bytes(config, dim), (measured, peak_bytes(config, dim))
+    assert peak_bytes(config, dim) <= 3 * measured + 2**20  # a bound, not a guess far above what is held
+
+
+def test_dba_sums_the_neighbours_without_a_candidates_by_neighbours_by_dimension_array():
+    """At 1,000 candidates, k = 100, d = 512 an [m, k, d] float32 array is 205 MB; the shortlist is 2 MB."""
+    config = RerankConfig(method="dba", candidates=1000, k=100)
+    assert measured_peak(config, 512) < 40 * 2**20
+
+
+def test_k_reciprocal_expansion_in_blocks_gives_the_same_distances(monkeypatch):
+    query, candidates = unit_rows(1, 16, 42)[0], clustered(120, 16, 43)
+    whole = k_reciprocal_distances(query, candidates, 30, 6, 0.3)
+    monkeypatch.setattr(rerank, "_PAIR_BLOCK", 7)
+    np.testing.assert_array_equal(k_reciprocal_distances(query, candidates, 30, 6, 0.3), whole)
+
+
+def test_work_units_follow_the_methods_cost():
+    default, cap = RerankConfig(method="kreciprocal"), RerankConfig(method="kreciprocal", candidates=1000, k1=100)
+    assert work_units(RerankConfig(), 512) == 0 and work_units(RerankConfig(method="qe"), 512) == 1
+    assert work_units(default, 512) == 1  # a default shortlist costs as a search does
+    # n^2 d + n^2 (k2 + 16) + n (k1 + 1)(h + 1) at n = 1,001, d = 512, k1 = 100 (h = 50), k2 = 6, in 10^7 units
+    assert work_units(cap, 512) == math.ceil((1001**2 * 512 + 1001**2 * 22 + 1001 * 101 * 51) / 1e7) == 55
+    assert work_units(cap, 2048) > 3 * work_units(cap, 512)
+    assert work_units(RerankConfig(method="dba", candidates=1000), 512) > 10 * work_units(
+        RerankConfig(method="qe", candidates=1000), 512)
+
+
+def test_a_re_ranking_over_its_memory_bound_is_refused_before_any_vector_is_read():
+    config = RerankConfig(method="qe", candidates=1000)
+    dim = 65_536  # 1,000 candidates of 65,536 floats: 262 MB before the method starts
+    assert peak_bytes(config, dim) > MAX_QUERY_BYTES
+    asked = []
+    with pytest.raises(RerankTooLarge, match=r"ask for at most (\d+) candidates") as refused:
+        rerank_lists(np.ones((1, dim), np.float32), np.arange(1000)[None], lambda ids: asked.append(ids), config)
+    assert asked == []
+    fits = int(refused.value.args[0].split("ask for at most ")[1].split()[0])
+    assert peak_bytes(RerankConfig(method="qe", candidates=fits), dim) <= MAX_QUERY_BYTES
+    assert peak_bytes(RerankConfig(method="qe", candidates=fits + 1), dim) > MAX_QUERY_BYTES
+
+
+def test_rerank_lists_stops_between_queries_once_cancelled():
+    gallery = unit_rows(30, 8, 44)
+    lists = np.tile(np.arange(10), (5, 1))
+    done = []
+    real = rerank.rerank_candidates
+
+    def counted(*args):
+        done.append(1)
+        return real(*args)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(rerank, "rerank_candidates", counted)
+        with pytest.raises(Cancelled):
+            rerank_lists(unit_rows(5, 8, 45), lists, lambda ids: gallery[ids], RerankConfig(method="qe"),
+                         cancelled=lambda: len(done) >= 2)
+    assert len(done) == 2
+
+
+def test_a_batch_reads_its_vectors_in_blocks_and_answers_as_in_one(monkeypatch):
+    gallery, queries = clustered(60, 8, 46), clustered(7, 8, 47)
+    lists = np.argsort(-(queries @ gallery.T), axis=1)[:, :10]
+    config = RerankConfig(method="kreciprocal", candidates=10, k1=4, k2=2)
+    whole = rerank_lists(queries, lists, lambda ids: gallery[ids], config)
+    asked = []
+    monkeypatch.setattr(rerank, "VECTOR_BLOCK_BYTES", 3 * 10 * 8 * 4)  # three queries' shortlists a block
+
+    def vectors(ids):
+        asked.append(len(ids))
+        return gallery[ids]
+
+    blocked = rerank_lists(queries, lists, vectors, config)
+    assert len(asked) == 3 and max(asked) <= 30
+    np.testing.assert_array_equal(blocked[0], whole[0])
+    np.testing.assert_array_equal(blocked[1], whole[1])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import faiss
 import numpy as np
 import pytest
@@ -150,3 +152,39 @@ def test_a_gpu_copy_answers_with_catalogue_ids_whether_or_not_the_index_has_an_i
     queries = gallery[:20]
     assert np.array_equal(searcher.search(queries, 5)[1], index.search(queries, 5)[1])
     assert np.array_equal(searcher.search(queries, 1)[1].ravel(), np.arange(20) * 3 + 7)
+
+
+@pytest.mark.parametrize("id_map", [False, True], ids=["ids-in-lists", "idmap2"])
+def test_concurrent_first_reconstructions_of_an_ivf_index_all_get_their_vectors(id_map):
+    """The first reads of an IVF index's vectors make its direct map; faiss marks the map's type before filling it,
+    so a thread that read the type alone could find a half-made map and fail."""
+    from retrieval.index.faiss_search import reconstructed_vectors
+
+    dim, count, threads = 8, 60_000, 16
+    vectors = clustered_unit_vectors(count, 3, np.random.default_rng(2).standard_normal((32, dim)))
+    ids = np.arange(count, dtype=np.int64) * 7 + 11  # sparse catalogue ids
+    failures = 0
+    for _ in range(4):
+        ivf = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, 16, faiss.METRIC_INNER_PRODUCT)
+        ivf.train(vectors)
+        index = faiss.IndexIDMap2(ivf) if id_map else ivf
+        index.add_with_ids(vectors, ids)
+        wanted = ids[[0, count // 2, count - 1]]
+        start = threading.Barrier(threads)
+        got: list[object] = []
+
+        def read(index=index, wanted=wanted, start=start, got=got) -> None:
+            start.wait()
+            try:
+                got.append(reconstructed_vectors(index, wanted))
+            except Exception as exc:  # noqa: BLE001  (what a failed read raises is the finding)
+                got.append(exc)
+
+        workers = [threading.Thread(target=read) for _ in range(threads)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        expected = vectors[[0, count // 2, count - 1]]
+        failures += sum(not isinstance(v, np.ndarray) or not np.allclose(v, expected) for v in got)
+    assert failures == 0

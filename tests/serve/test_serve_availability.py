@@ -16,10 +16,13 @@ import httpx
 import numpy as np
 import pytest
 from availability import HealthProbe, ServerProcess
+from click.testing import CliRunner
 from fastapi.testclient import TestClient
+from index_builds import clustered_unit_vectors, write_embeddings_folder
 from PIL import Image
 from serve_fixtures import BackgroundServer
 
+from retrieval.cli.main import main
 from retrieval.serve.api import create_api
 from retrieval.serve.routes import search as search_routes
 from retrieval.serve.service import SearchService
@@ -382,3 +385,94 @@ def test_a_middleware_body_read_stops_at_its_limit_deadline_or_a_departed_client
     started = time.monotonic()
     assert asyncio.run(read_whole_body(messages(chunk), 100, 0.3)).status_code == 408
     assert time.monotonic() - started < 2
+
+
+RERANKED_SEARCH_TARGET_S = 2.0  # under the re-ranking attacks a plain search answers within this
+KRECIPROCAL = {"method": "kreciprocal", "candidates": 1000, "k1": 100, "k2": 100}
+DBA = {"method": "dba", "candidates": 1000, "k": 100}
+
+
+@pytest.fixture(scope="module")
+def wide_server(tmp_path_factory):
+    """``retrieval serve`` over 4,000 clustered 512-d vectors indexed from an embeddings folder: the costliest
+    re-rankings (1,000 candidates) read 2 MB of stored vectors per query and compare them all."""
+    root = tmp_path_factory.mktemp("wide")
+    centres = np.random.default_rng(0).standard_normal((40, 512))
+    write_embeddings_folder(root / "in", [clustered_unit_vectors(4000, 1, centres)])
+    built = CliRunner().invoke(main, ["index", "build", "--embeddings", str(root / "in"), "--out", str(root / "idx")])
+    assert built.exit_code == 0, built.output
+    with ServerProcess(root / "idx") as running:
+        yield running
+
+
+def attacked_searches(server: ServerProcess, attack, seconds: float) -> tuple[list[float], float, float]:
+    """Plain 10-NN searches every 0.5 s while 8 clients, each from a loopback address of its own (127.0.0.2 to .9,
+    as distinct clients would come), run ``attack(client)`` in a loop for ``seconds``: the searches' times,
+    /health's worst and the server's peak growth (MB)."""
+    vector = embedding(server)
+    deadline = time.monotonic() + seconds
+
+    def loop(number: int) -> None:
+        while time.monotonic() < deadline:
+            with httpx.Client(transport=httpx.HTTPTransport(local_address=f"127.0.0.{2 + number}")) as client:
+                attack(client)
+
+    idle = server.reset_peak()
+    search_times: list[float] = []
+    with HealthProbe(server.url) as probe:
+        attackers = [threading.Thread(target=loop, args=(number,), daemon=True) for number in range(8)]
+        for thread in attackers:
+            thread.start()
+        time.sleep(2)
+        while time.monotonic() < deadline:
+            started = time.monotonic()
+            answer = httpx.post(f"{server.url}/search?k=10", json={"embedding": vector}, timeout=60)
+            search_times.append(time.monotonic() - started)
+            assert answer.status_code == 200
+            time.sleep(0.5)
+        for thread in attackers:
+            thread.join(90)
+    assert probe.failures == [], probe.failures
+    return search_times, probe.worst, server.peak_mb() - idle
+
+
+def test_abandoned_re_ranked_batches_leave_searches_answered_and_are_dropped(wide_server):
+    """8 clients send 8-query kreciprocal batches (1,000 candidates, k1 = k2 = 100) and hang up after 3 s: before, a
+    batch was one unit of the search lane, re-ranked whole for nobody; a plain search waited 31 s and the server
+    grew by 640 MB."""
+    dim = httpx.get(f"{wide_server.url}/health").json()["embedding_dim"]
+    rows = np.random.default_rng(3).normal(size=(8, dim))
+    body = {"queries": [{"embedding": row.tolist()} for row in rows], "rerank": KRECIPROCAL}
+    outcomes: list[str] = []
+
+    def hang_up(client: httpx.Client) -> None:
+        try:
+            outcomes.append(str(client.post(f"{wide_server.url}/search/batch?k=10", json=body, timeout=3).status_code))
+        except httpx.TimeoutException:
+            outcomes.append("hung up")
+
+    before = httpx.get(f"{wide_server.url}/stats").json()["admission"]["reranks"]["dropped_client_gone"]
+    search_times, health_worst, grown = attacked_searches(wide_server, hang_up, 14)
+    assert "hung up" in outcomes, outcomes
+    assert search_times and max(search_times) < RERANKED_SEARCH_TARGET_S, search_times
+    assert health_worst < HEALTH_TARGET_S, health_worst
+    assert grown < MEMORY_TARGET_MB, grown
+    time.sleep(2)
+    reranks = httpx.get(f"{wide_server.url}/stats").json()["admission"]["reranks"]
+    assert reranks["dropped_client_gone"] > before and reranks["running"] == 0 and reranks["waiting"] == 0, reranks
+
+
+def test_dba_searches_hold_bounded_memory_and_leave_searches_answered(wide_server):
+    """8 clients send single dba searches (1,000 candidates, k = 100): before, each gathered a [1000, 100, 512]
+    array (205 MB) and eight took the server up by 1.3 GB."""
+    body = {"embedding": embedding(wide_server), "rerank": DBA}
+    statuses: list[int] = []
+
+    def search(client: httpx.Client) -> None:
+        statuses.append(client.post(f"{wide_server.url}/search?k=10", json=body, timeout=60).status_code)
+
+    search_times, health_worst, grown = attacked_searches(wide_server, search, 12)
+    assert statuses and set(statuses) <= {200, 503} and 200 in statuses, statuses
+    assert search_times and max(search_times) < RERANKED_SEARCH_TARGET_S, search_times
+    assert health_worst < HEALTH_TARGET_S, health_worst
+    assert grown < MEMORY_TARGET_MB, grown
