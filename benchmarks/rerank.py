@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/rerank.py quality [--datasets emoji fashion-mnist] [--seeds 0 1 2] [--epochs 10]
     .venv/bin/python benchmarks/rerank.py latency [--vectors 1000000] [--dim 512] [--queries 100]
+    .venv/bin/python benchmarks/rerank.py memory [--dim 512] [--queries 5]
 
 quality: per data set and seed, a 64-d head trained on frozen pretrained EfficientNet-Lite0 features (as
 benchmarks/compatibility.py: emoji at 224 px, Fashion-MNIST's standard protocol at 32 px, 60 images a class); its test
@@ -16,6 +17,10 @@ latency: ``--vectors`` synthetic unit vectors (clustered) in an IDMap2,Flat inde
 API answers: faiss' top-C, then each method's re-ranking of it (reading the C vectors back, ``rerank_lists``). Then
 an IVF1024,Flat index of the same vectors: the one-off direct map re-ranking needs there, and reading C vectors
 back through it. Milliseconds, median and 95th percentile.
+
+memory: one query's re-ranking at the cap (1,000 candidates, k = k1 = k2 = 100): its peak memory (tracemalloc: NumPy's
+arrays), its time with BLAS on one thread (median of ``--queries``), beside the bound ``peak_bytes`` states and the
+work units ``work_units`` charges, and so the milliseconds a unit takes on this machine.
 """
 
 from __future__ import annotations
@@ -202,9 +207,33 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def memory(args: argparse.Namespace) -> dict[str, Any]:
+    import tracemalloc
+
+    from retrieval.rerank import RerankConfig, one_blas_thread, peak_bytes, rerank_candidates, work_units
+
+    candidates = clustered_vectors(1000, args.dim)
+    query = candidates[0] + 0.05
+    query /= np.linalg.norm(query)
+    out: dict[str, Any] = {"dim": args.dim, "candidates": 1000}
+    for method in ("qe", "dba", "kreciprocal"):
+        config = RerankConfig(method=method, candidates=1000, k=100, k1=100, k2=100)
+        with one_blas_thread():
+            times = [timed(rerank_candidates, query, candidates, config)[1] for _ in range(args.queries)]
+            tracemalloc.start()
+            rerank_candidates(query, candidates, config)
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+        units = work_units(config, args.dim)
+        out[method] = {"peak_mib": round(peak / 2**20, 1), "bound_mib": round(peak_bytes(config, args.dim) / 2**20, 1),
+                       "median_ms": round(float(np.median(times)), 1), "work_units": units,
+                       "ms_per_unit": round(float(np.median(times)) / units, 2)}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("part", choices=["quality", "latency"])
+    parser.add_argument("part", choices=["quality", "latency", "memory"])
     parser.add_argument("--datasets", nargs="+", default=list(DATASETS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--epochs", type=int, default=10)
@@ -213,7 +242,7 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=512)
     parser.add_argument("--queries", type=int, default=100)
     args = parser.parse_args()
-    print(json.dumps(quality(args) if args.part == "quality" else latency(args), indent=2))
+    print(json.dumps({"quality": quality, "latency": latency, "memory": memory}[args.part](args), indent=2))
 
 
 if __name__ == "__main__":

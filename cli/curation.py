@@ -15,6 +15,7 @@ from retrieval.cli.config_options import shared_option
 from retrieval.cli.errors import OptionCommand
 from retrieval.cli.index import index_folder, json_option
 from retrieval.cli.options import apply_options
+from retrieval.onnx_runtime import TRUSTED_MODEL
 from retrieval.train.config import TrainConfig
 
 SHOWN = 10  # groups or suspects printed for people; --json lists up to --max-groups / --top
@@ -83,7 +84,8 @@ def _shown(path: str | None) -> str:
                    "against each sampled image's nearest other image (docs/INDEX.md).")
 @_neighbours_option
 @click.option("--model", type=click.Path(dir_okay=False, exists=True),
-              help="the model that embeds auto's planted copies (default: the one recorded in index.json).")
+              help=f"the model that embeds auto's planted copies (default: the one recorded in index.json). "
+                   f"{TRUSTED_MODEL}")
 @click.option("--calibration-sample", type=click.IntRange(2, 2000), default=100, show_default=True,
               help="gallery images whose planted copies calibrate auto (4 embeddings each).")
 @click.option("--max-groups", type=click.IntRange(1, 10_000), default=100, show_default=True,
@@ -200,7 +202,7 @@ def _print_suspects(summary: dict[str, Any], key: str) -> None:
 @click.option("--images", required=True, type=click.Path(exists=True, file_okay=False),
               help="a training folder: one sub-folder per class (its name is the label), searched recursively.")
 @click.option("--model", required=True, type=click.Path(dir_okay=False, exists=True),
-              help="the model (.onnx) that embeds the images.")
+              help=f"the model (.onnx) that embeds the images. {TRUSTED_MODEL}")
 @audit_options
 @click.option("--max-images", type=click.IntRange(min=2), default=20_000, show_default=True,
               help="the most images audited (each is compared with every other, exactly); for more, index them "

@@ -8,11 +8,12 @@ from pathlib import Path
 import click
 
 from retrieval.cli.errors import OptionCommand
+from retrieval.onnx_runtime import TRUSTED_CHECKPOINT
 
 
 @click.command("export", cls=OptionCommand, needs="train")
 @click.option("--checkpoint", required=True, type=click.Path(dir_okay=False),
-              help="training checkpoint (RUN_DIR/best.pt or last.pt).")
+              help=f"training checkpoint (RUN_DIR/best.pt or last.pt). {TRUSTED_CHECKPOINT}")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="ONNX file to write, e.g. model.onnx.")
 @click.option("--opset", type=click.IntRange(min=7), default=None,
               help="ONNX opset (default: the exporter's recommended one).")

@@ -19,6 +19,7 @@ from retrieval.cli.errors import OptionCommand, OptionGroup, option_flag, option
 from retrieval.cli.help_text import default_max_pixels, image_extensions, lazy_help_option
 from retrieval.cli.options import apply_options, rerank_config, rerank_options
 from retrieval.near_duplicates import DuplicateCheck
+from retrieval.onnx_runtime import TRUSTED_MODEL
 from retrieval.sizes import size_text
 from retrieval.workers import DEFAULT_WORKERS_TEXT
 
@@ -211,13 +212,18 @@ def index_group() -> None:
 
 
 @index_group.command("build")
-@click.option("--model", type=click.Path(dir_okay=False), help="exported .onnx embedder (with --images).")
+@click.option("--model", type=click.Path(dir_okay=False),
+              help=f"exported .onnx embedder (with --images). {TRUSTED_MODEL}")
 @lazy_help_option("--images", type=click.Path(), help_text=images_help)
 @click.option("--embeddings", type=click.Path(), metavar="DIR",
               help="instead of --images and --model: build from vectors you already have, with no images and no "
                    "model; DIR holds embeddings/*.npy (or clip-retrieval's img_emb/*.npy) and optionally "
                    "metadata/*.parquet with the same rows, as `retrieval index export --format npy` writes "
                    "(docs/INDEX.md). The index is searched with embeddings.")
+@click.option("--allow-outside-paths", is_flag=True,
+              help="with --embeddings: catalogue metadata paths that resolve outside DIR (or the gallery folder its "
+                   "_export.json records) too: absolute, with .. or through a symlink. Refused by default, as a "
+                   "server sends every catalogued file to whoever searches.")
 @click.option(
     "--out", required=True, type=click.Path(file_okay=False), help="index folder (resumes if interrupted)."
 )
@@ -239,8 +245,8 @@ def index_group() -> None:
 @engine_options
 @json_option
 def build_command(
-    model, images, embeddings, out, index_key, max_index_memory, max_query_ms, split, label_from, batch_size, workers,
-    shard_size, max_pixels, gpu, engine, as_json,
+    model, images, embeddings, allow_outside_paths, out, index_key, max_index_memory, max_query_ms, split, label_from,
+    batch_size, workers, shard_size, max_pixels, gpu, engine, as_json,
 ) -> None:
     """Embed every image with the model and build the index (--images, --model), or build it from embeddings you
     already have (--embeddings); rerun it (or `index repair OUT`) to finish an interrupted build."""
@@ -248,12 +254,12 @@ def build_command(
 
     from retrieval.index import build_index
 
-    _check_build_source(model, images, embeddings)
+    _check_build_source(model, images, embeddings, allow_outside_paths)
     options = _ingest_options(batch_size, workers, shard_size, max_pixels, engine)
     options = dataclasses.replace(options, policy=dataclasses.replace(
         options.policy, max_index_memory=max_index_memory, max_query_ms=max_query_ms))
     if embeddings is not None:
-        _build_from_embeddings(embeddings, out, index_key, gpu, options, as_json)
+        _build_from_embeddings(embeddings, out, index_key, gpu, options, as_json, allow_outside_paths)
         return
     summary = _write(
         build_index,
@@ -278,7 +284,8 @@ IMAGE_BUILD_OPTIONS = ("split", "label_from", "batch_size", "workers", "max_pixe
                        *(f"ray_{name}" for name in RAY_FIELDS))
 
 
-def _check_build_source(model: str | None, images: str | None, embeddings: str | None) -> None:
+def _check_build_source(model: str | None, images: str | None, embeddings: str | None,
+                        allow_outside_paths: bool = False) -> None:
     """One of the two ways to build: images embedded by a model, or embeddings someone already has."""
     if embeddings is not None:
         if images is not None or model is not None:
@@ -295,13 +302,18 @@ def _check_build_source(model: str | None, images: str | None, embeddings: str |
         missing = " and ".join(flag for flag, value in (("--images", images), ("--model", model)) if value is None)
         raise click.UsageError(f"missing {missing}: give --images and --model (the images, embedded by the model), "
                                "or --embeddings DIR (vectors you already have)")
+    if allow_outside_paths:  # an image build catalogues the files it lists itself
+        raise click.UsageError("--allow-outside-paths applies to a build from --embeddings (the paths its metadata "
+                               "names), not to one from --images: leave it out")
 
 
-def _build_from_embeddings(embeddings: str, out: str, index_key: str, gpu: bool, options, as_json: bool) -> None:
+def _build_from_embeddings(embeddings: str, out: str, index_key: str, gpu: bool, options, as_json: bool,
+                           allow_outside_paths: bool = False) -> None:
     """`index build --embeddings`: the index of vectors someone already has, and its summary."""
     from retrieval.index import build_from_embeddings
 
-    summary = build_from_embeddings(embeddings, out, index_key=index_key, gpu=gpu, options=options)
+    summary = build_from_embeddings(embeddings, out, index_key=index_key, gpu=gpu, options=options,
+                                    allow_outside_paths=allow_outside_paths)
     classes = summary["labels"]["classes"]
     labels = f"{classes} classes from the label column" if classes else "no labels"
     folder = shlex.quote(summary["index_dir"])
@@ -350,7 +362,8 @@ def duplicate_check_options(func):
 @index_group.command("add")
 @index_folder
 @lazy_help_option("--images", required=True, type=click.Path(), help_text=images_help)
-@click.option("--model", type=click.Path(dir_okay=False), help="default: the model recorded in index.json.")
+@click.option("--model", type=click.Path(dir_okay=False),
+              help=f"default: the model recorded in index.json. {TRUSTED_MODEL}")
 @split_option
 @label_option
 @ingest_options
@@ -413,7 +426,8 @@ def _print_near_duplicates(near: dict) -> None:
 @index_group.command("upgrade")
 @index_folder
 @click.option("--model", type=click.Path(dir_okay=False, exists=True),
-              help="the new model (.onnx); default: the one of the upgrade under way, which this run resumes.")
+              help="the new model (.onnx); default: the one of the upgrade under way, which this run resumes. "
+                   f"{TRUSTED_MODEL}")
 @click.option("--order", type=click.Choice(["random", "uncertain", "id"]), default="random", show_default=True,
               help="which images are re-embedded first: random (measured best), uncertain (the old embeddings whose "
                    "neighbours disagree with their label, or lie farthest, first) or id (catalogue order). It "
@@ -470,7 +484,8 @@ def comparison_options(func):
 @index_group.command("compare")
 @index_folder
 @click.option("--model", required=True, type=click.Path(dir_okay=False, exists=True),
-              help="the model (.onnx) to compare with the index's own, e.g. a fine-tuned one before an upgrade.")
+              help="the model (.onnx) to compare with the index's own, e.g. a fine-tuned one before an upgrade. "
+                   f"{TRUSTED_MODEL}")
 @comparison_options
 def index_compare_command(index_dir, model, sample, k, workers, as_json) -> None:
     """How much MODEL changes the gallery's neighbourhoods, no labels needed: for each sampled image, the share of
@@ -505,9 +520,10 @@ def _show_comparison(summary: dict, as_json: bool, where: str, old_name: str, ne
 
 @click.command("compare", cls=OptionCommand)
 @click.option("--model", required=True, type=click.Path(dir_okay=False, exists=True),
-              help="the new model (.onnx).")
+              help=f"the new model (.onnx). {TRUSTED_MODEL}")
 @click.option("--baseline", required=True, type=click.Path(dir_okay=False, exists=True),
-              help="the model to compare it with (.onnx): the one serving now, or the pretrained backbone exported.")
+              help="the model to compare it with (.onnx): the one serving now, or the pretrained backbone exported "
+                   "(trusted input too).")
 @click.option("--images", required=True, type=click.Path(exists=True),
               help="a folder of images (searched recursively; sub-folders are labels where there are any).")
 @comparison_options
@@ -545,7 +561,8 @@ def remove_command(index_dir, ids, paths, as_json) -> None:
 
 @index_group.command("repair")
 @index_folder
-@click.option("--model", type=click.Path(dir_okay=False), help="default: the model recorded in index.json.")
+@click.option("--model", type=click.Path(dir_okay=False),
+              help=f"default: the model recorded in index.json. {TRUSTED_MODEL}")
 @click.option("--rebuild", is_flag=True, help="rebuild the faiss part from the shards instead of updating it.")
 @relabel_option
 @ingest_options
@@ -678,7 +695,8 @@ QUERY_BATCH = 32  # queries decoded and embedded together, so that a folder's im
 @click.option("--max-queries", type=click.IntRange(min=1), default=DEFAULT_MAX_QUERIES, show_default=True,
               help="the most query images one search takes, each image in a folder counted; more are refused "
                    "before the model loads.")
-@click.option("--model", type=click.Path(dir_okay=False), help="default: the model recorded in index.json.")
+@click.option("--model", type=click.Path(dir_okay=False),
+              help=f"default: the model recorded in index.json. {TRUSTED_MODEL}")
 @click.option("--exclude-self", is_flag=True,
               help="leave out the gallery image that is the query itself (the same file bytes), as the app and the "
                    "API do.")

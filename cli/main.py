@@ -16,6 +16,7 @@ import click
 from retrieval.cli.config_options import config_options, option_values, parse_params, shared_option
 from retrieval.cli.errors import OptionGroup
 from retrieval.cli.options import apply_options, rerank_config, rerank_options
+from retrieval.onnx_runtime import TRUSTED_CHECKPOINT
 from retrieval.serve.defaults import DEFAULT_HOST, DEFAULT_PORT
 from retrieval.train.config import TrainConfig
 
@@ -142,7 +143,7 @@ def _headline(metrics: dict | None) -> dict | None:
 
 # --- evaluate -------------------------------------------------------------------------------------
 @main.command("evaluate", needs="train")
-@click.option("--checkpoint", required=True, type=click.Path(dir_okay=False))
+@click.option("--checkpoint", required=True, type=click.Path(dir_okay=False), help=TRUSTED_CHECKPOINT)
 @shared_option(TrainConfig, "dataset", help="the data set to evaluate on. [default: the checkpoint's]")
 @shared_option(TrainConfig, "data", help="the data set's root. [default: the checkpoint's]")
 @click.option("--split", default=None,

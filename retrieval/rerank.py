@@ -16,7 +16,8 @@ both as numbers, and a server charges and bounds a request by them):
 * ``dba``: the candidates' Gram matrix (each candidate's neighbours among the others), O(m^2 d + m k d) time,
   O(m^2 + m d) memory (the neighbours are summed one column at a time: never an [m, k, d] array).
 * ``kreciprocal``: the Gram matrix of query + candidates, then the k-reciprocal sets, O(m^2 d + m^2 k2 + m k1^2)
-  time and O(m^2 + m d) memory (at m = 1,000: a handful of 1,001^2 matrices, 8 MiB each in float64).
+  time (the sets take most of it) and O(m^2 + m d) memory (at m = 1,000: a handful of 1,001^2 matrices, 8 MiB each
+  in float64; the sets' expansion lists gathered 8,192 pairs at a time).
 
 Plain NumPy (no torch, no faiss): the server imports it.
 """
@@ -36,7 +37,7 @@ from retrieval.options import declared_options, field_problem, option
 
 NONE = "none"
 MAX_CANDIDATES = 1000  # the shortlist one query re-ranks at most: kreciprocal holds a few (m + 1)^2 matrices
-# (8 MiB each at the cap) and takes ~0.1 s (docs/BENCHMARKS.md, "Re-ranking")
+# (8 MiB each at the cap) and takes ~0.2 s (docs/BENCHMARKS.md, "Re-ranking")
 DEFAULT_CANDIDATES = 100
 MAX_NEIGHBOURS = 100  # k, k1 and k2 at most: neighbour lists longer than this re-rank nothing a shortlist holds
 MAX_ALPHA = 10.0  # sim^alpha: beyond 10 every weight but the nearest is ~0 (Radenović et al. use 3)
@@ -384,27 +385,30 @@ def rerank_candidates(query: np.ndarray, candidates: np.ndarray, config: RerankC
 
 
 # --- what a re-ranking costs, and its bound ----------------------------------------------------------------------
-WORK_UNIT_OPS = 10**7  # one work unit: about 10^7 multiply-adds, a few milliseconds of one core
+WORK_UNIT_NS = 10**6  # one work unit: a millisecond of one core (the estimate below, fitted on a 2-core machine)
 MAX_QUERY_BYTES = 128 * 2**20  # what one query's re-ranking may hold at once; beyond it the request is refused
 VECTOR_BLOCK_BYTES = 32 * 2**20  # the candidates' vectors read back at once for a batch (one query's at least)
 _OVERHEAD_BYTES = 2**16  # small arrays and NumPy's own
 
 
 def work_units(config: RerankConfig, dim: int) -> int:
-    """The estimated cost of re-ranking one query, in work units (``WORK_UNIT_OPS`` multiply-adds; at least 1; 0
-    when it re-ranks nothing): with m = candidates, n = m + 1, d = ``dim``, h = round(k1 / 2),
-    qe 3 m d; dba m^2 d + m k d + 4 m^2; kreciprocal n^2 d + n^2 (k2 + 16) + n (k1 + 1)(h + 1)."""
+    """The estimated time of re-ranking one query on one core, in work units (``WORK_UNIT_NS``; at least 1; 0 when
+    it re-ranks nothing): with m = candidates, n = m + 1, d = ``dim``, h = round(k1 / 2), in nanoseconds,
+    qe 2 m d; dba m^2 d / 50 + 1.5 m k d + 6 m^2; kreciprocal n^2 d / 100 + n^2 (k2 + 40) + 7 n (k1 + 1)(h + 1).
+    A Gram matrix's multiply-adds (BLAS) cost a fiftieth of a nanosecond or less, element-wise passes and sorts
+    nanoseconds an element (fitted to 72 timings, m 200-1,000, d 64-2,048, k, k1, k2 10-100: within 35 %,
+    ``benchmarks/rerank.py memory`` prints the milliseconds a unit takes)."""
     if not config.active:
         return 0
     m, d = config.candidates, int(dim)
     if config.method == "qe":
-        ops = 3 * m * d
+        ns = 2 * m * d
     elif config.method == "dba":
-        ops = m * m * d + m * config.k * d + 4 * m * m
+        ns = m * m * d // 50 + 3 * m * config.k * d // 2 + 6 * m * m
     else:
         n, half = m + 1, int(np.around(config.k1 / 2))
-        ops = n * n * d + n * n * (config.k2 + 16) + n * (config.k1 + 1) * (half + 1)
-    return max(1, -(-ops // WORK_UNIT_OPS))
+        ns = n * n * d // 100 + n * n * (config.k2 + 40) + 7 * n * (config.k1 + 1) * (half + 1)
+    return max(1, -(-ns // WORK_UNIT_NS))
 
 
 def peak_bytes(config: RerankConfig, dim: int) -> int:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from retrieval.index.live import RELOAD_INTERVAL_S
+from retrieval.onnx_runtime import TRUSTED_MODEL
 from retrieval.options import REQUIRED, declared_options, field_problem, hint_members, option
 from retrieval.serve.defaults import (
     API_TOKEN_ENV,
@@ -52,7 +53,8 @@ class ServerConfig:
     model: Path | None = option(
         None, "index", "the query model (.onnx): a model declared compatible with the index's (`retrieval train "
         "--compatible-with`, then `retrieval export`) serves it before `retrieval index upgrade`, through its "
-        "compatible output where its own embedding has another size.", path="file", metavar="MODEL.onnx",
+        "compatible output where its own embedding has another size. " + TRUSTED_MODEL, path="file",
+        metavar="MODEL.onnx",
         default_text="the model index.json records")
     reload_interval_s: float | None = option(
         RELOAD_INTERVAL_S, "index", "seconds between checks of the index folder: once a writer (`retrieval index "

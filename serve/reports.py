@@ -18,6 +18,7 @@ from typing import Any
 
 from PIL import Image
 
+from retrieval.analysis.plain_text import cut_long_texts, plain_text
 from retrieval.compatibility import KEPT, KEPT_K
 from retrieval.io import read_capped
 from retrieval.reports import REPORT_FORMAT, REPORT_KINDS, read_steps
@@ -217,7 +218,7 @@ def _read_json(path: Path, what: str, limit: int) -> Any:
 
 
 def _figure(width: float, height: float, panels: int = 1):
-    """A matplotlib figure without pyplot (no global state: safe in Gradio's worker threads) and its axes."""
+    """A matplotlib figure without pyplot (no figure manager shared between Gradio's worker threads), its axes."""
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(width, height))
@@ -226,6 +227,7 @@ def _figure(width: float, height: float, panels: int = 1):
 
 
 def _image(figure) -> Image.Image:
+    cut_long_texts(figure)  # model, set and block names: never a picture stretched by one
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight", pad_inches=0.15)
     buffer.seek(0)
@@ -252,6 +254,7 @@ def _open(path: Path | None) -> Image.Image | None:
         return image.convert("RGB")
 
 
+@plain_text()  # model, set and block names in legends and titles: drawn as written, one picture at a time
 def recall_plot(report: RunReport) -> Image.Image | None:
     """Recall@K (%) against K, one line per model (pretrained only, best, last; or the evaluated one)."""
     series = {}
@@ -274,6 +277,7 @@ def recall_plot(report: RunReport) -> Image.Image | None:
     return _image(figure)
 
 
+@plain_text()
 def curves_plot(report: RunReport) -> Image.Image | None:
     """Training curves from metrics.jsonl: loss, evaluation metrics (%) and hard-triplet share (%) per epoch."""
     history = report.history()
@@ -305,6 +309,7 @@ def curves_plot(report: RunReport) -> Image.Image | None:
         if unit:
             ax.set_ylim(0, 100)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    cut_long_texts(figure)  # before the layout: a long name would stretch it
     figure.tight_layout()
     return _image(figure)
 
@@ -474,6 +479,7 @@ def load_results(path: str | Path) -> dict[str, Any]:
     return data
 
 
+@plain_text()
 def results_curve_image(results: dict[str, Any], table_id: str) -> Image.Image | None:
     """The per-epoch curve figure of one table (e.g. SCT Figure 6) in percent; None when it has none."""
     curve = next((c for c in results.get("curves", []) if c.get("id") == table_id), None)
@@ -488,5 +494,6 @@ def results_curve_image(results: dict[str, Any], table_id: str) -> Image.Image |
         ax.set(title=block, xlabel="epoch", ylabel=f"{curve.get('ylabel', '')} ({METRIC_UNIT})", ylim=(0, None))
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     figure.suptitle(curve.get("title", ""))
+    cut_long_texts(figure)  # before the layout: a long name would stretch it
     figure.tight_layout()
     return _image(figure)

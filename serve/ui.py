@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -52,6 +53,8 @@ from retrieval.serve.reports import (
 from retrieval.serve.service import NO_MATCH_NOTE, SearchResponse, SearchService, ServedIndex, no_model_refusal
 from retrieval.serve.stats_view import human_bytes, statistics_markdown
 from retrieval.serve.upload_cache import UploadRecords
+
+log = logging.getLogger(__name__)
 
 THUMBNAIL = 256
 MAX_SLIDER_K = 100  # the K slider's top: the app shows at most this many results (the API allows MAX_K)
@@ -253,6 +256,14 @@ def failure_markdown(title: str, exc: Exception, name: str | None = None) -> str
     the visitor's filter)."""
     named = f" {markdown_code(name)}" if name else ""
     return f"⚠️ **{title}{named}:** {markdown_text(exc, MAX_ERROR_CHARS)}"
+
+
+def unexpected_markdown(title: str, exc: Exception) -> str:
+    """A curation button's unexpected failure, named on the page (its kind and message; an OS error without its
+    file name, which is the server's) and logged whole: the page would otherwise show a bare "Error"."""
+    log.error("%s", title, exc_info=exc)
+    message = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return f"⚠️ **{title}:** {markdown_text(f'{type(exc).__name__}: {message}', MAX_ERROR_CHARS)}"
 
 
 def unlike_markdown(response: SearchResponse, condition: str | None) -> str:
@@ -670,6 +681,9 @@ class EvaluationTab:
         except (ParameterError, QueryError) as exc:
             return (f"**No near-duplicate groups:** {markdown_text(exc, MAX_ERROR_CHARS)}",
                     gr.Dataframe(value=None, visible=False), gr.Image(visible=False))
+        except Exception as exc:  # noqa: BLE001  (said on the page, not a bare "Error")
+            return (unexpected_markdown("No near-duplicate groups", exc), gr.Dataframe(value=None, visible=False),
+                    gr.Image(visible=False))
         calibration = summary["calibration"]
         how = (f"calibrated (auto) on {calibration['copies']} copies planted of {calibration['images']} gallery images "
                f"(resized, re-encoded, cropped, recoloured): {percent(calibration['copy_recall'])} {METRIC_UNIT} of "
@@ -696,7 +710,10 @@ class EvaluationTab:
         try:
             summary, picture, problem = self.curation.suspects()
         except QueryError as exc:
-            problem = str(exc)
+            summary, picture, problem = None, None, str(exc)
+        except Exception as exc:  # noqa: BLE001  (said on the page, not a bare "Error")
+            return (unexpected_markdown("The label audit failed", exc), gr.Dataframe(value=None, visible=False),
+                    gr.Image(visible=False))
         if summary is None or problem is not None:
             return (f"**No label audit:** the index {markdown_text(problem, MAX_ERROR_CHARS)}.",
                     gr.Dataframe(value=None, visible=False), gr.Image(visible=False))

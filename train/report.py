@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from retrieval.analysis.plain_text import cut_long_texts, plain_text
 from retrieval.reports import read_steps, save_report, train_report
 
 
@@ -20,6 +21,7 @@ def _plt():
     return plt
 
 
+@plain_text()  # data set, run and model names in legends and titles: drawn as written
 def plot_training_curves(history: list[dict[str, Any]], path: Path,
                          steps: list[dict[str, float]] | None = None) -> Path | None:
     """Loss (per optimizer step when ``steps`` has them, else per epoch), evaluation metrics and hard-triplet
@@ -50,12 +52,14 @@ def plot_training_curves(history: list[dict[str, Any]], path: Path,
     axes[2].set(title="fraction of hard triplets (S_an > S_ap)", xlabel="epoch", ylim=(0, 1))
     if axes[2].lines:
         axes[2].legend()
+    cut_long_texts(fig)  # model and set names
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
 
+@plain_text()
 def plot_recall_at_k(curves: dict[str, dict[str, float]], path: Path) -> Path | None:
     """Recall@K lines, one per model (e.g. pretrained-only vs trained)."""
     curves = {name: m for name, m in curves.items() if m}
@@ -75,12 +79,14 @@ def plot_recall_at_k(curves: dict[str, dict[str, float]], path: Path) -> Path | 
     ax.set_xticks(ks, [str(k) for k in ks])
     ax.set(xlabel="K", ylabel="Recall@K", ylim=(0, 1.05), title="Recall@K on the test split")
     ax.legend()
+    cut_long_texts(fig)  # model and set names
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
 
+@plain_text()
 def plot_domains(history: list[dict[str, Any]], reference: dict[str, Any] | None, path: Path) -> Path | None:
     """Recall@1 per epoch on the test split and on each --eval-extra set, with the pretrained backbone at its own
     resolution as a dotted line: the in-domain gain and the out-of-domain change side by side."""
@@ -111,12 +117,14 @@ def _save_per_epoch(plt: Any, fig: Any, ax: Any, title: str, path: Path) -> Path
     ax.set(title=title, xlabel="epoch (0 = before training)", ylabel="Recall@1", ylim=(0, 1.03))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(fontsize=7)
+    cut_long_texts(fig)  # model and set names
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
 
+@plain_text()
 def plot_compatibility(history: list[dict[str, Any]], path: Path) -> Path | None:
     """--compatible-with: Recall@1 per epoch of the new model on its own, of the old model on its own and of new
     queries against the old model's gallery (BCT's cross-model test): compatible while cross-model >= old."""
@@ -132,6 +140,7 @@ def plot_compatibility(history: list[dict[str, Any]], path: Path) -> Path | None
     return _save_per_epoch(plt, fig, ax, "Compatibility with the old model (BCT: cross-model >= old/old)", path)
 
 
+@plain_text()
 def plot_wise(wise: dict[str, Any] | None, path: Path) -> Path | None:
     """WiSE-FT: validation Recall@1 in and out of domain against the mixing weight alpha, the alpha taken marked."""
     curve = (wise or {}).get("curve") or []
@@ -149,6 +158,7 @@ def plot_wise(wise: dict[str, Any] | None, path: Path) -> Path | None:
     ax.set(title="WiSE-FT: (1 - alpha) start + alpha fine-tuned", xlabel="alpha (0 = start, 1 = fine-tuned)",
            ylabel="validation Recall@1 (neighbours kept: share)", ylim=(0, 1.03))
     ax.legend(fontsize=7)
+    cut_long_texts(fig)  # model and set names
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

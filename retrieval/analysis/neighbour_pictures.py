@@ -15,11 +15,13 @@ import numpy as np
 from PIL import Image
 
 from retrieval.analysis.pictures import _pyplot
+from retrieval.analysis.plain_text import plain_text
 
 KEPT, COPY, SUGGESTED, OTHER, SUSPECT = "#1f77b4", "#ff7f0e", "#2ca02c", "#7f7f7f", "#d62728"
 PICTURE_ROWS = 8  # groups or suspects drawn (the summaries list more)
 PICTURE_COLUMNS = 6  # images per row
 CAPTION_CHARS = 24
+CAPTION_LINES = 3  # a tile's caption: its label and its score
 Load = Callable[[Any], Image.Image | None]
 
 
@@ -37,28 +39,30 @@ def draw_rows(rows: Sequence[Sequence[Tile]], load: Load, title: str) -> Image.I
     if not rows:
         return None
     width = max(len(row) for row in rows)
-    plt = _pyplot()
-    fig, axes = plt.subplots(len(rows), width, figsize=(1.55 * width, 1.8 * len(rows) + 0.4), squeeze=False)
-    for r, row in enumerate(rows):
-        for c in range(width):
-            ax = axes[r][c]
-            ax.set_xticks([])
-            ax.set_yticks([])
-            if c >= len(row):
-                ax.axis("off")
-                continue
-            tile = row[c]
-            image = _safe_load(load, tile.key)
-            ax.imshow(np.asarray(image) if image is not None else np.full((8, 8, 3), 200, np.uint8))
-            for spine in ax.spines.values():
-                spine.set_edgecolor(tile.colour)
-                spine.set_linewidth(3)
-            ax.set_title(_cut(tile.caption), fontsize=7, color=tile.colour)
-    fig.suptitle("\n".join(textwrap.wrap(title, max(40, int(width * 1.55 * 13)))), fontsize=9)  # fits the width
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=90)
-    plt.close(fig)
+    # decoded before drawing: the drawing lock (plain_text) is held to draw only, not to read files
+    images = [[_safe_load(load, tile.key) for tile in row] for row in rows]
+    with plain_text():
+        plt = _pyplot()
+        fig, axes = plt.subplots(len(rows), width, figsize=(1.55 * width, 1.8 * len(rows) + 0.4), squeeze=False)
+        for r, row in enumerate(rows):
+            for c in range(width):
+                ax = axes[r][c]
+                ax.set_xticks([])
+                ax.set_yticks([])
+                if c >= len(row):
+                    ax.axis("off")
+                    continue
+                tile, image = row[c], images[r][c]
+                ax.imshow(np.asarray(image) if image is not None else np.full((8, 8, 3), 200, np.uint8))
+                for spine in ax.spines.values():
+                    spine.set_edgecolor(tile.colour)
+                    spine.set_linewidth(3)
+                ax.set_title(_cut(tile.caption), fontsize=7, color=tile.colour)
+        fig.suptitle("\n".join(textwrap.wrap(title, max(40, int(width * 1.55 * 13)))), fontsize=9)  # fits the width
+        fig.tight_layout()
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=90)
+        plt.close(fig)
     return Image.open(io.BytesIO(buffer.getvalue())).convert("RGB")
 
 
@@ -74,9 +78,18 @@ def _safe_load(load: Load, key: Any) -> Image.Image | None:
     return image
 
 
+def _one_line(text: str) -> str:
+    """A label or a file name on one line: its own newlines would push the tile's score out of its caption."""
+    return " ".join(text.splitlines())
+
+
 def _cut(text: str) -> str:
-    lines = [line if len(line) <= CAPTION_CHARS else line[:CAPTION_CHARS - 1] + "…" for line in text.split("\n")]
-    return "\n".join(lines)
+    """A caption in at most ``CAPTION_LINES`` lines of ``CAPTION_CHARS``: a label may hold any number of newlines."""
+    lines = text.split("\n")
+    kept = [line if len(line) <= CAPTION_CHARS else line[:CAPTION_CHARS - 1] + "…" for line in lines[:CAPTION_LINES]]
+    if len(lines) > CAPTION_LINES:
+        kept[-1] = kept[-1][:CAPTION_CHARS - 1] + "…"
+    return "\n".join(kept)
 
 
 def duplicates_picture(summary: dict[str, Any], load: Load, key: str = "ids",
@@ -90,7 +103,7 @@ def duplicates_picture(summary: dict[str, Any], load: Load, key: str = "ids",
             if n >= max_columns:
                 break
             score = "?" if similarity is None else f"{similarity:.3f}"
-            name = f"id {item}" if key == "ids" else str(item).rsplit("/", 1)[-1]
+            name = f"id {item}" if key == "ids" else _one_line(str(item).rsplit("/", 1)[-1])
             tiles.append(Tile(item, f"{'kept' if n == 0 else 'copy'} {score}\n{name}", KEPT if n == 0 else COPY))
         rows.append(tiles)
     shown = min(len(summary["groups"]), max_rows)
@@ -105,11 +118,12 @@ def suspects_picture(summary: dict[str, Any], load: Load, key: str = "id",
     nearest neighbours (green where their label is the suggested one, grey otherwise) with their cosine."""
     rows = []
     for suspect in summary["suspects"][:max_rows]:
-        tiles = [Tile(suspect[key], f"{suspect['label']} → {suspect['suggested']}\nscore {suspect['score']:.2f}",
-                      SUSPECT)]
+        named = f"{_one_line(suspect['label'])} → {_one_line(suspect['suggested'])}"
+        tiles = [Tile(suspect[key], f"{named}\nscore {suspect['score']:.2f}", SUSPECT)]
         for neighbour in suspect["neighbours"][:max_columns - 1]:
             colour = SUGGESTED if neighbour["label"] == suspect["suggested"] else OTHER
-            tiles.append(Tile(neighbour[key], f"{neighbour['label']}\n{neighbour['similarity']:.3f}", colour))
+            tiles.append(Tile(neighbour[key], f"{_one_line(neighbour['label'])}\n{neighbour['similarity']:.3f}",
+                              colour))
         rows.append(tiles)
     shown = min(len(summary["suspects"]), max_rows)
     title = (f"Label suspects: {shown} of {summary['suspects_found']} shown, a row each (red: the image, its label "

@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from retrieval.analysis.plain_text import plain_text
+
 RIGHT, WRONG = "#2ca02c", "#d62728"
 GRID_QUERIES = 8  # rows of the grid: half whose top-1 is right, half wrong, where the split has both
 GRID_K = 5
@@ -80,20 +82,21 @@ def plot_retrieval_grid(query: np.ndarray, query_labels: np.ndarray, load_query:
         return None
     gallery_labels, load_gallery = (query_labels, load_query) if leave_one_out else (gallery_labels, load_gallery)
     width = len(rows[0][1])
-    plt = _pyplot()
-    fig, axes = plt.subplots(len(rows), width + 1, figsize=(1.6 * (width + 1), 1.75 * len(rows)), squeeze=False)
-    for r, (row, hits) in enumerate(rows):
-        _tile(axes[r][0], load_query(row), f"query\n{label_names(int(query_labels[row]))}", "#444444")
-        for c, (hit, same) in enumerate(hits, start=1):
-            _tile(axes[r][c], load_gallery(hit), f"{'✓' if same else '✗'} {c}: {label_names(int(gallery_labels[hit]))}",
-                  RIGHT if same else WRONG)
     shown = sum(hits[0][1] for _, hits in rows)
-    fig.suptitle(f"Queries and their top {width} ({'leave-one-out, ' if leave_one_out else ''}green = same class, "
-                 f"red = another); {shown} of {len(rows)} shown have a right top-1, {top1:.1%} of all {len(query)} "
-                 "queries", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    with plain_text():
+        plt = _pyplot()
+        fig, axes = plt.subplots(len(rows), width + 1, figsize=(1.6 * (width + 1), 1.75 * len(rows)), squeeze=False)
+        for r, (row, hits) in enumerate(rows):
+            _tile(axes[r][0], load_query(row), f"query\n{label_names(int(query_labels[row]))}", "#444444")
+            for c, (hit, same) in enumerate(hits, start=1):
+                _tile(axes[r][c], load_gallery(hit),
+                      f"{'✓' if same else '✗'} {c}: {label_names(int(gallery_labels[hit]))}", RIGHT if same else WRONG)
+        fig.suptitle(f"Queries and their top {width} ({'leave-one-out, ' if leave_one_out else ''}green = same "
+                     f"class, red = another); {shown} of {len(rows)} shown have a right top-1, {top1:.1%} of all "
+                     f"{len(query)} queries", fontsize=9)
+        fig.tight_layout()
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
     return path
 
 
@@ -159,25 +162,25 @@ def plot_embedding_map(embeddings: np.ndarray, labels: np.ndarray, path: Path,
         return None
     chosen = map_method(method)
     points = embed_2d(embeddings[rows], chosen, seed)
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 5.2))
     classes = np.unique(labels[rows])
-    colours = plt.get_cmap("tab20")(np.linspace(0, 1, max(len(classes), 2)))
-    for colour, cls in zip(colours, classes, strict=False):
-        mask = labels[rows] == cls
-        ax.scatter(points[mask, 0], points[mask, 1], s=9, color=colour, label=label_names(int(cls))[:24])
     total = len(np.unique(labels))
     facts = {"classes_shown": int(len(classes)), "classes": int(total), "images_shown": int(len(rows)),
              "images": int(len(labels)), "method": "UMAP" if chosen == "umap" else "t-SNE", "seed": int(seed)}
     sampled = f"{len(classes)} of {total} classes, " if len(classes) < total else ""
-    ax.set(title=f"{'UMAP' if chosen == 'umap' else 't-SNE'} of the test embeddings ({sampled}{len(rows)} images)",
-           xticks=[], yticks=[])
-    ax.title.set_fontsize(9)
-    if len(classes) <= MAP_MAX_CLASSES:
-        ax.legend(fontsize=6, markerscale=1.5, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100, metadata={MAP_METADATA_KEY: json.dumps(facts)})
-    plt.close(fig)
+    with plain_text():
+        plt = _pyplot()
+        fig, ax = plt.subplots(figsize=(6.4, 5.2))
+        colours = plt.get_cmap("tab20")(np.linspace(0, 1, max(len(classes), 2)))
+        for colour, cls in zip(colours, classes, strict=False):
+            mask = labels[rows] == cls
+            ax.scatter(points[mask, 0], points[mask, 1], s=9, color=colour, label=label_names(int(cls))[:24])
+        ax.set(title=f"{facts['method']} of the test embeddings ({sampled}{len(rows)} images)", xticks=[], yticks=[])
+        ax.title.set_fontsize(9)
+        if len(classes) <= MAP_MAX_CLASSES:
+            ax.legend(fontsize=6, markerscale=1.5, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+        fig.tight_layout()
+        fig.savefig(path, dpi=100, metadata={MAP_METADATA_KEY: json.dumps(facts)})
+        plt.close(fig)
     return path
 
 

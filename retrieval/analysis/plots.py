@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from retrieval.analysis.plain_text import cut_long_texts, plain_text
 from retrieval.analysis.triplet_diagram import TripletDiagram
 
 HARD_COLOUR = "tab:red"
@@ -34,11 +35,13 @@ def _numpy(x) -> np.ndarray:
 def _save(fig, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    cut_long_texts(fig)  # a run's or a results file's titles and names
     fig.savefig(path, dpi=120, bbox_inches="tight")
     _pyplot().close(fig)
     return path
 
 
+@plain_text()
 def plot_triplet_diagram(diagram: TripletDiagram, path: str | Path, title: str | None = None) -> Path:
     """Scatter S_an (y) against S_ap (x): red above the diagonal (hard), blue below (easy)."""
     plt = _pyplot()
@@ -59,16 +62,19 @@ def plot_triplet_diagram(diagram: TripletDiagram, path: str | Path, title: str |
         xlim=(-1, 1),
         ylim=(-1, 1),
         aspect="equal",
-        xlabel="$S_{ap}$ (anchor-positive similarity)",
-        ylabel="$S_{an}$ (anchor-negative similarity)",
     )
+    # the axes' and the legend's formulas are the diagram's own (no label in them): drawn as maths
+    ax.set_xlabel("$S_{ap}$ (anchor-positive similarity)", parse_math=True)
+    ax.set_ylabel("$S_{an}$ (anchor-negative similarity)", parse_math=True)
     heading = f"hard triplets: {100 * diagram.hard_fraction:.1f}% of {len(diagram)}"
     ax.set_title(f"{title}\n{heading}" if title else heading)
-    ax.legend(loc="lower right", fontsize=8)
+    for text in ax.legend(loc="lower right", fontsize=8).get_texts():
+        text.set_parse_math(True)
     ax.grid(alpha=0.3)
     return _save(fig, path)
 
 
+@plain_text()
 def plot_pair_weights(
     similarity: torch.Tensor | np.ndarray,
     weights: torch.Tensor | np.ndarray,
@@ -99,7 +105,9 @@ def plot_pair_weights(
         s[same], w[same], s=10, c=POSITIVE_PAIR_COLOUR, alpha=0.7, label=f"positive pairs ({int(same.sum())})"
     )
     ax.axhline(0.0, color="black", linewidth=0.6)
-    ax.set(xlim=(-1, 1), xlabel="cosine similarity $S_{ij}$", ylabel="weight $w_{ij}$")
+    ax.set_xlim(-1, 1)
+    ax.set_xlabel("cosine similarity $S_{ij}$", parse_math=True)  # the plot's own formulas: maths on purpose
+    ax.set_ylabel("weight $w_{ij}$", parse_math=True)
     nonzero = float((w[off_diagonal] != 0).mean()) if off_diagonal.any() else 0.0
     heading = f"pairs with non-zero weight: {100 * nonzero:.1f}%"
     ax.set_title(f"{title}\n{heading}" if title else heading)

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from retrieval.analysis.plain_text import plain_text
+
 RESULTS_FORMAT = "retrieval-results/1"
 RESULTS_COMMAND = "retrieval results run"  # runs the grid and writes the document (retrieval.cli.results)
 
@@ -95,6 +97,7 @@ def results_markdown(results: dict[str, Any], commands: bool = True) -> str:
     return "\n".join(table_markdown(t, commands) for t in results.get("tables", []))
 
 
+@plain_text()
 def plot_curves(curve: dict[str, Any], path: str | Path) -> Path:
     """One panel per block, one line per row: e.g. the hard-triplet fraction per epoch (SCT Figure 6)."""
     from retrieval.analysis.plots import _pyplot, _save

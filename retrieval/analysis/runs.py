@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from retrieval.analysis.plain_text import cut_long_texts, plain_text
 from retrieval.io import read_capped
 
 # the final metrics a comparison shows, when the runs have them (report.json's "last" row)
@@ -134,6 +135,7 @@ def _number(name: str, value: float | None) -> str:
     return f"{value:.0f}" if name.endswith(" s") else f"{value:.4f}"
 
 
+@plain_text()
 def plot_curves(runs: list[Run], path: Path) -> Path:
     """One PNG: the training loss, the evaluation Recall@1 and (when the runs have them) each --eval-extra set's
     Recall@1 against the epoch, one line per run, panels side by side."""
@@ -156,6 +158,7 @@ def plot_curves(runs: list[Run], path: Path) -> Path:
         ax.set(title=title, xlabel="epoch (0 = before training)")
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
+    cut_long_texts(fig)  # run and set names
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

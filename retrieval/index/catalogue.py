@@ -41,7 +41,7 @@ class Status(str, Enum):
         return self.value
 
 
-# meta keys of an unfinished ``retrieval index upgrade`` (``retrieval.index.upgrade``): writers wait for it
+# meta keys of an unfinished ``retrieval index upgrade`` (``retrieval.index.upgrade``): other writers are refused
 UPGRADE_MODEL_PATH = "upgrade_model_path"
 
 

@@ -7,8 +7,10 @@ autofaiss reads them, and optionally ``DIR/metadata/*.parquet``, one part per ``
 order), holding the same rows in the same order.
 
 Checked before anything is read: each ``.npy`` header (a ``.npy`` file of version 1 or 2 holding a 2-D array of
-floats, never Python objects: nothing is unpickled; the same d in every part; a file as long as its header says)
-and each metadata part's row count against its ``.npy`` part's, and the columns it has. Then the values, chunk by
+floats, never Python objects: nothing is unpickled; d at most ``MAX_DIM`` and the same in every part; a file as
+long as its header says), each metadata part's row count against its ``.npy`` part's, the columns it has, and each
+column chunk's uncompressed size against what its rows' values can take at their bounds
+(``check_column_sizes``: a compressed bomb is refused from the file's metadata). Then the values, chunk by
 chunk from a memory map (``CHUNK_BYTES`` of vectors at a time, never the whole set): every value finite and no row
 all zeros, each error naming the file and the row. The vectors are stored L2-normalised as the index expects
 (``embedder.l2_normalize_rows``); float32 rows of unit length already (an export's) are kept bit for bit.
@@ -18,7 +20,10 @@ export writes), else the row's place in the input from 1; the path from a ``path
 column (a relative path is taken from the gallery root: the one an export recorded in ``_export.json``, else DIR;
 a URL is kept as it is), else a name made from the part and row (``embeddings/part-00000.npy#12``, under DIR); the
 label from a ``label`` column; ``sha256`` and ``size`` where the columns have those types; every other column of
-text or numbers is kept as a manifest's are (``sources.extra_columns``): a search's ``where`` filters on them.
+text or numbers is kept as a manifest's are (``sources.extra_columns``): a search's ``where`` filters on them. A
+path that resolves outside the gallery root (absolute, ``..``, through a symlink) is refused unless
+``allow_outside_paths``: a server sends every catalogued file to whoever searches. A label or a kept column's text
+over its bound (``MAX_LABEL_CHARS``, ``MAX_EXTRA_CHARS``) is refused, never cut.
 
 Write side: ``writer`` imports it.
 """
@@ -26,6 +31,7 @@ Write side: ``writer`` imports it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -46,7 +52,9 @@ from retrieval.index.catalogue import Catalogue, Outcome, PlannedRow, Status
 from retrieval.index.embedder import l2_normalize_rows
 from retrieval.index.shards import ShardStore
 from retrieval.index.sources import (
+    MAX_EXTRA_CHARS,
     MAX_LABEL_CHARS,
+    MAX_PATH_BYTES,
     extra_columns,
     extra_values,
     is_url,
@@ -62,11 +70,23 @@ METADATA_FOLDER = "metadata"
 PATH_COLUMNS = ("path", "image_path", "url")  # the first one a metadata part has names its rows
 CHUNK_BYTES = 16 * 2**20  # float32 vectors read at a time; the checks hold a float64 copy and a few masks
 PLAN_BATCH_ROWS = 4096  # metadata rows read at a time while planning
+MAX_DIM = 65_536  # d of one embedding: models give hundreds to a few thousand; a larger d is a file to refuse
 MAX_HEADER_BYTES = 10_000  # numpy's own limit on a .npy header: a larger one is not a plain array's
 MAX_EXPORT_RECORD_BYTES = 2**20  # _export.json: kilobytes
 UNIT_TOLERANCE = 1e-6  # a float32 row whose norm is this close to 1 is of unit length already
 SHA256 = re.compile(r"[0-9a-fA-F]{64}")
 MAX_ID = 2**63 - 1
+# A metadata column chunk's uncompressed bytes, bounded from its file's metadata before any value is read (a few KB
+# of zstd can hold gigabytes): per row, its value at its bound with a 4-byte length, up to VALUE_COPIES times, and
+# PAGE_BYTES; per chunk, COLUMN_CHUNK_BYTES more. pyarrow's worst layout (a page per value) writes each value 3 times
+# (itself, its page's min and max) and about 40 bytes of header and levels per page.
+BYTES_PER_CHAR = 4  # UTF-8's longest character
+SHA256_CHARS = 64
+NUMBER_BYTES = 8  # an integer or float column's value, at its widest
+VALUE_COPIES = 5  # the value, its page's min and max, and the deprecated min and max some writers fill too
+PAGE_BYTES = 128  # a data page's header and levels, or a dictionary page's header and the value's index
+COLUMN_CHUNK_BYTES = 4096  # the chunk's own headers and statistics
+MAX_CACHED_FOLDERS = 65_536  # resolved folders kept while metadata paths are checked
 
 
 @dataclass(frozen=True)
@@ -166,6 +186,10 @@ def read_header(path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
     if shape[1] < 1:
         raise ValueError(f"{shown} holds vectors of 0 dimensions (shape {tuple(shape)}); save the embeddings "
                          "themselves")
+    if shape[1] > MAX_DIM:  # refused before the size check reads anything or a row of that d is allocated
+        raise ValueError(f"{shown} holds {shape[1]}-d vectors (shape {tuple(shape)}); an embedding has at most "
+                         f"{MAX_DIM} dimensions here (models give hundreds to a few thousand): save [rows, d] "
+                         "arrays, one embedding per row")
     expected = start + shape[0] * shape[1] * dtype.itemsize
     if size != expected:
         raise ValueError(f"{shown} holds {size} bytes, but its header declares {shape[0]} x {shape[1]} {dtype} "
@@ -199,6 +223,38 @@ def _float(kind: Any) -> bool:
     import pyarrow as pa
 
     return pa.types.is_floating(kind)
+
+
+def _value_bound(columns: Columns, name: str, kind: Any) -> tuple[int, str]:
+    """The most bytes one value of column ``name`` may take, and that bound as people read it."""
+    if _integer(kind) or _float(kind):
+        return NUMBER_BYTES, "a number"
+    if name == columns.path:  # a path is at most MAX_PATH_BYTES once joined to its folder
+        return MAX_PATH_BYTES, f"{MAX_PATH_BYTES} bytes"
+    chars = MAX_LABEL_CHARS if name == "label" and columns.label else \
+        SHA256_CHARS if name == "sha256" and columns.sha256 else MAX_EXTRA_CHARS
+    return BYTES_PER_CHAR * chars, f"{chars} characters"
+
+
+def check_column_sizes(handle: Any, columns: Columns, names: list[str], shown: str) -> None:
+    """Refuse a metadata part whose column chunks (of the columns ``names`` to read) hold more bytes uncompressed
+    than their rows' values can take at their bounds, from the file's metadata alone: no value is read."""
+    metadata = handle.metadata
+    kinds = {field.name: field.type for field in handle.schema_arrow}
+    place = {metadata.schema.column(j).path: j for j in range(metadata.num_columns)}
+    bounds = {name: _value_bound(columns, name, kinds[name]) for name in names if name in place and name in kinds}
+    for group in range(metadata.num_row_groups):
+        row_group = metadata.row_group(group)
+        rows = row_group.num_rows
+        for name, (value_bytes, said) in bounds.items():
+            size = row_group.column(place[name]).total_uncompressed_size
+            bound = rows * (VALUE_COPIES * (value_bytes + 4) + PAGE_BYTES) + COLUMN_CHUNK_BYTES
+            if size > bound:
+                raise ValueError(
+                    f"{shown}: column {name!r} of row group {group} ({rows:,} rows) holds {size:,} bytes, more than "
+                    f"the {bound:,} that {rows:,} values of at most {said} take however they are laid out: a "
+                    f"compressed bomb, or values over their bound; write the part again with every {name!r} value "
+                    f"within {said} (nothing of it was read)")
 
 
 def _parquet(path: Path) -> Any:
@@ -244,7 +300,14 @@ class EmbeddingsInput:
     gallery_root: str
     chunk_rows: int
     fingerprint: str  # the parts' names, sizes and modification times: a resumed build must read the same input
+    allow_outside_paths: bool = False  # catalogue metadata paths that resolve outside the gallery root too
     at: tuple[Part, int, PlannedRow | None] | None = None  # the row being planned (for an IntegrityError)
+    real_folders: dict[str, str] = dataclasses.field(default_factory=dict, repr=False)  # folder -> resolved
+
+    @functools.cached_property
+    def real_root(self) -> str:
+        """The gallery root with its symlinks resolved: what a metadata path must resolve under."""
+        return os.path.realpath(self.gallery_root)
 
     # --- the vectors
     def load(self, part: Part) -> np.ndarray:
@@ -361,7 +424,7 @@ class EmbeddingsInput:
         return PlannedRow(int(image_id), path, _label(where, values.get("label")) if columns.label else None,
                           _sha256(where, values.get("sha256")) if columns.sha256 else None,
                           _size(where, values.get("size")) if columns.size else None,
-                          extra_values(values, columns.extras))
+                          extra_values(_bounded(where, values, columns.extras), columns.extras))
 
     def _path(self, where: str, column: str, value: Any) -> str:
         text = "" if value is None else str(value)
@@ -372,13 +435,36 @@ class EmbeddingsInput:
         problem = path_problem(path)
         if problem is not None:
             raise ValueError(f"{where}: {printable_path(text, 80)}: {problem}")
+        real = None if is_url(path) or self.allow_outside_paths else self._outside(path)
+        if real is not None:  # a server sends any catalogued file to whoever searches
+            raise ValueError(
+                f"{where}: its {column} {printable_path(text)} resolves to {printable_path(real)}, outside "
+                f"{printable_path(self.real_root)}, the folder this input's paths are taken from; a server sends "
+                "every catalogued file to whoever searches it: move the files into that folder, or give "
+                "`allow_outside_paths` if every file the metadata names may be sent")
         return path
+
+    def _outside(self, path: str) -> str | None:
+        """What ``path`` resolves to (its folders' symlinks and its own followed) when that is outside the gallery
+        root, else None. Folders are resolved once each: a gallery has far fewer folders than images."""
+        folder, name = os.path.split(path)
+        real_folder = self.real_folders.get(folder)
+        if real_folder is None:
+            if len(self.real_folders) >= MAX_CACHED_FOLDERS:
+                self.real_folders.clear()
+            real_folder = self.real_folders[folder] = os.path.realpath(folder)
+        real = os.path.join(real_folder, name)
+        if os.path.islink(real):
+            real = os.path.realpath(real)
+        inside = _within(real, self.real_root)
+        return None if inside else real
 
     def _batches(self, part: Part, columns: list[str], size: int) -> Iterator[Any]:
         """The metadata part's ``columns``, ``size`` rows at a time (fewer at a row group's end); its row count
         checked again against the ``.npy`` part's."""
-        assert part.metadata is not None
+        assert part.metadata is not None and part.columns is not None
         handle = _parquet(part.metadata)
+        check_column_sizes(handle, part.columns, columns, part.metadata_shown)  # checked again: this is what is read
         try:
             batches = handle.iter_batches(batch_size=size, columns=columns)
         except Exception as exc:  # noqa: BLE001  (pyarrow's own errors)
@@ -497,6 +583,16 @@ def _label(where: str, value: Any) -> str | None:
     return label
 
 
+def _bounded(where: str, values: dict[str, Any], extras: tuple[str, ...]) -> dict[str, Any]:
+    """``values``, each kept column's text within ``MAX_EXTRA_CHARS`` (a longer one is refused, never cut)."""
+    for name in extras:
+        value = values.get(name)
+        if isinstance(value, str) and len(value) > MAX_EXTRA_CHARS:
+            raise ValueError(f"{where}: its {name} {printable_path(value, 60)} has {len(value)} characters, more "
+                             f"than {MAX_EXTRA_CHARS}; shorten it (a column's values are kept whole, never cut)")
+    return values
+
+
 def _sha256(where: str, value: Any) -> str | None:
     if value is None or value == "":
         return None
@@ -531,9 +627,11 @@ def _metadata_parts(root: Path, count: int) -> list[Path] | None:
     return parts
 
 
-def open_embeddings(directory: str | Path, chunk_rows: int | None = None) -> EmbeddingsInput:
-    """The input folder ``directory``, its headers and metadata row counts checked (no vector read yet).
-    ``chunk_rows``: rows read at a time (default: ``CHUNK_BYTES`` of float32 vectors)."""
+def open_embeddings(directory: str | Path, chunk_rows: int | None = None,
+                    allow_outside_paths: bool = False) -> EmbeddingsInput:
+    """The input folder ``directory``, its headers, metadata row counts and column sizes checked (no vector or
+    metadata value read yet). ``chunk_rows``: rows read at a time (default: ``CHUNK_BYTES`` of float32 vectors);
+    ``allow_outside_paths``: catalogue metadata paths that resolve outside the gallery root too."""
     root = Path(directory).expanduser()
     shown = printable_path(root)
     if not root.exists():
@@ -579,6 +677,7 @@ def open_embeddings(directory: str | Path, chunk_rows: int | None = None) -> Emb
                                  f"{printable_path(path)} holds {rows} vectors; a metadata part holds the same rows "
                                  "as its .npy part, in the same order")
             columns = _columns(handle.schema_arrow, printable_path(meta))
+            check_column_sizes(handle, columns, columns.names(), printable_path(meta))
             if parts and parts[0].columns is not None and columns.identity() != parts[0].columns.identity():
                 raise ValueError(f"{printable_path(meta)} has other path, label or id columns than "
                                  f"{printable_path(parts[0].metadata)} ({columns.names()[:5]} against "
@@ -595,4 +694,18 @@ def open_embeddings(directory: str | Path, chunk_rows: int | None = None) -> Emb
     chunk = int(chunk_rows) if chunk_rows is not None else max(1, CHUNK_BYTES // (4 * dim))
     if chunk < 1:
         raise ParameterError("chunk_rows", f"must be >= 1, got {chunk_rows}")
-    return EmbeddingsInput(root, folder, parts, dim, offset, _gallery_root(root), chunk, digest.hexdigest())
+    gallery_root = _gallery_root(root)
+    if not allow_outside_paths and not _within(os.path.realpath(gallery_root), os.path.realpath(root)):
+        # an _export.json is as hostile as the rest of the input: a root it names ("/") must not widen what may be
+        # catalogued, and so served
+        raise ValueError(f"{printable_path(root / '_export.json')} takes the input's paths from "
+                         f"{printable_path(gallery_root)}, outside {printable_path(os.path.realpath(root))}; a "
+                         "server sends every catalogued file to whoever searches: give `allow_outside_paths` if "
+                         "this export is yours (or one you trust) and every file under that folder may be sent")
+    return EmbeddingsInput(root, folder, parts, dim, offset, gallery_root, chunk, digest.hexdigest(),
+                           allow_outside_paths)
+
+
+def _within(path: str, folder: str) -> bool:
+    """Whether the resolved ``path`` is ``folder`` or lies under it."""
+    return path == folder or path.startswith(folder if folder.endswith(os.sep) else folder + os.sep)

@@ -28,8 +28,8 @@ kill -9: new vectors go to new shards (numbered after ``upgrade_first_shard``, r
 so a row whose catalogue shard is older still holds an old vector and is re-embedded by the next run; a publish
 marks the catalogue stale before it moves the rows and clears the mark once faiss and index.json follow, and a run
 that finds the mark rebuilds faiss from the shards first. One upgrade at a time (``IndexLayout.upgrade_lock``);
-other writers wait for it to finish (``writer._require_complete``). When it ends, index.json and the catalogue
-name the new model and every shard no indexed row uses (the old vectors) is deleted.
+other writers are refused until it has finished (``writer._require_complete``). When it ends, index.json and the
+catalogue name the new model and every shard no indexed row uses (the old vectors) is deleted.
 """
 
 from __future__ import annotations

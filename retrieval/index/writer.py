@@ -332,6 +332,7 @@ def build_from_embeddings(
     gpu: bool = False,
     options: IngestOptions | None = None,
     chunk_rows: int | None = None,
+    allow_outside_paths: bool = False,
 ) -> dict[str, Any]:
     """Build (or finish an interrupted build of) an index in ``out`` from vectors someone already has, with no
     images and no model; returns a summary.
@@ -343,13 +344,16 @@ def build_from_embeddings(
     shard_size`` rows each; a killed build resumes from the rows still pending, as an image build does) and faiss
     built as for images (``options.policy``: the auto key and the budgets). index.json records no model
     (``source`` "embeddings"): the index is searched with embeddings; whatever needs a model is refused.
-    ``chunk_rows``: rows read at a time (default: 16 MiB of vectors).
+    ``chunk_rows``: rows read at a time (default: 16 MiB of vectors). A metadata path that resolves outside the
+    folder the input's paths are taken from (absolute, ``..``, through a symlink) is refused unless
+    ``allow_outside_paths``: a server sends every catalogued file to whoever searches.
     """
     started = time.perf_counter()
     if gpu:
         faiss_gpu.require_gpu()  # fail before any work
     options = options or IngestOptions()
-    source = open_embeddings(embeddings, chunk_rows)  # the headers and row counts, before the folder is touched
+    # the headers, row counts and column sizes, before the folder is touched
+    source = open_embeddings(embeddings, chunk_rows, allow_outside_paths)
     layout = IndexLayout(out)
     layout.root.mkdir(parents=True, exist_ok=True)
     with layout.write_lock("build an index in"), Catalogue(layout.catalogue) as catalogue:

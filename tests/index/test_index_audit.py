@@ -4,6 +4,7 @@ refused naming the option and the fix."""
 
 from __future__ import annotations
 
+import csv
 import json
 
 import numpy as np
@@ -204,3 +205,62 @@ def test_a_folder_of_one_class_is_refused(tmp_path):
     result = CliRunner().invoke(main, ["audit", "--images", str(tmp_path / "one"), "--model",
                                        str(projection_model(tmp_path))])
     assert result.exit_code == 1 and "at least 2 class sub-folders" in result.output, result.output
+
+
+DOLLAR_LABELS = (r"$\badcommand$", "$x^$", "$" + "{" * 500 + "x" + "}" * 500 + "$", "$x$")  # digits 0-3's labels
+
+
+@pytest.fixture(scope="module")
+def dollar_index(tmp_path_factory):
+    """200 digits indexed from a manifest whose labels for digits 0-3 hold dollar signs (mathtext to matplotlib),
+    two images of each of those digits labelled as another of them: the audit's suspects carry those labels."""
+    root = tmp_path_factory.mktemp("dollars")
+    paths = write_digits(root / "gallery", 200)
+    swap = {0: 1, 1: 0, 2: 3, 3: 2}
+    rows, swapped = [], {digit: 0 for digit in swap}
+    for path in paths:
+        digit = int(path.parent.name)
+        if digit in swap and swapped[digit] < 2:
+            swapped[digit] += 1
+            digit = swap[digit]
+        label = DOLLAR_LABELS[digit] if digit < len(DOLLAR_LABELS) else str(digit)
+        rows.append({"path": path.relative_to(root / "gallery").as_posix(), "label": label})
+    with (root / "gallery" / "manifest.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, ["path", "label"])
+        writer.writeheader()
+        writer.writerows(rows)
+    build_index(root / "gallery" / "manifest.csv", root / "index", model=projection_model(root), options=QUICK)
+    return root / "index"
+
+
+def test_index_audit_draws_labels_holding_dollar_signs_as_text(dollar_index, tmp_path):
+    picture = tmp_path / "suspects.png"
+    result = CliRunner().invoke(main, ["index", "audit", str(dollar_index), "--json", "--out", str(picture)])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    drawn = summary["suspects"][:8]  # the picture's rows
+    assert {label for s in drawn for label in (s["label"], s["suggested"])} >= {r"$\badcommand$", "$x^$"}
+    assert summary["picture"] == str(picture) and Image.open(picture).size[1] > 300
+    people = CliRunner().invoke(main, ["index", "audit", str(dollar_index), "--out", str(tmp_path / "again.png")])
+    assert people.exit_code == 0, people.output
+    assert (tmp_path / "again.png").is_file()
+
+
+def test_a_folder_audit_draws_class_folders_named_with_dollar_signs(tmp_path):
+    for path in write_digits(tmp_path / "train", 150):  # every label but the deep braces (too long for a name)
+        digit = int(path.parent.name)
+        if digit < 3:
+            target = tmp_path / "train" / (r"$\badcommand$", "$x^$", "$x$")[digit] / path.name
+            target.parent.mkdir(exist_ok=True)
+            path.rename(target)
+    for digit in "012":
+        (tmp_path / "train" / digit).rmdir()
+    picture = tmp_path / "suspects.png"
+    result = CliRunner().invoke(main, ["audit", "--images", str(tmp_path / "train"), "--model",
+                                       str(projection_model(tmp_path)), "--label-noise", "symmetric:0.3", "--json",
+                                       "--out", str(picture)])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    drawn = summary["suspects"][:8]  # the picture's rows
+    assert {label for s in drawn for label in (s["label"], s["suggested"])} & {r"$\badcommand$", "$x^$"}
+    assert summary["picture"] == str(picture) and Image.open(picture).size[1] > 300

@@ -4,9 +4,12 @@ or clip-retrieval's layout), with no images and no model; the input read as host
 from __future__ import annotations
 
 import json
+import os
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
@@ -28,9 +31,11 @@ from retrieval.index import (
     repair_index,
 )
 from retrieval.index.embedder import NoModelError
+from retrieval.index.embedding_input import MAX_DIM
 from retrieval.index.engine import IngestOptions
 from retrieval.index.faiss_params import index_ids
 from retrieval.index.shards import ShardStore
+from retrieval.index.sources import MAX_EXTRA_CHARS, MAX_LABEL_CHARS
 from retrieval.index.table_export import export_index
 from retrieval.index.vectors import done_chunks
 
@@ -89,7 +94,8 @@ def test_an_exported_index_builds_again_with_the_same_rows_vectors_and_answers(e
     """export (npy) -> build --embeddings -> export gives the same files: ids (with their gap), paths, labels, the
     manifest's columns, sha256, size and the vectors bit for bit; and the two indexes answer alike, filters too."""
     idx, export, _ = exported
-    summary = build_from_embeddings(export, tmp_path / "again", options=QUICK)
+    # the export's gallery lies beside it, not in it: building it again takes the operator's word
+    summary = build_from_embeddings(export, tmp_path / "again", options=QUICK, allow_outside_paths=True)
     assert summary["indexed"] == 9 and summary["source"] == "embeddings" and summary["labels"]["classes"] == 2
     export_index(tmp_path / "again", tmp_path / "export2", "npy", rows_per_file=3, progress=False)
     first, second = sorted((export / "metadata").iterdir()), sorted((tmp_path / "export2" / "metadata").iterdir())
@@ -372,3 +378,164 @@ def test_the_command_line_takes_one_of_the_two_ways_to_build(from_embeddings, tm
     assert lines[-1].startswith("next: retrieval index stats ")
     again = CliRunner().invoke(main, [*build, "--embeddings", str(root / "in")])
     assert again.exit_code == 1 and "already holds a finished index" in again.output
+
+
+def _sparse_npy(path: Path, rows: int, d: int) -> None:
+    """A float32 .npy of ``rows`` x ``d`` whose data is a hole in a sparse file (no disk used): its header written by
+    hand, its first value 1 so that the first row is not all zeros."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as handle:
+        np.lib.format.write_array_header_1_0(handle, {"descr": "<f4", "fortran_order": False, "shape": (rows, d)})
+        start = handle.tell()
+        handle.write(np.float32(1).tobytes())
+        handle.truncate(start + 4 * rows * d)
+
+
+@pytest.mark.parametrize("d", [MAX_DIM + 1, 10**8])
+def test_a_dimension_over_the_bound_is_refused_from_the_header_before_anything_is_allocated(tmp_path, d):
+    """One row of 10^8 floats (400 MB, a hole on disk) is refused from its header, naming the file, its d and the
+    bound: nothing read, nothing allocated, nothing recorded."""
+    _sparse_npy(tmp_path / "in" / "embeddings" / "part-00000.npy", 1, d)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError) as refused:
+            build_from_embeddings(tmp_path / "in", tmp_path / "out", options=QUICK)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    message = str(refused.value)
+    assert f"embeddings/part-00000.npy holds {d}-d vectors" in message and f"at most {MAX_DIM}" in message, message
+    assert peak < 4 * 2**20, peak  # a row of that d alone would be 256 KB to 400 MB, its float64 copy twice that
+    assert nothing_recorded(tmp_path / "out")
+
+
+def test_a_dimension_at_the_bound_builds(tmp_path):
+    write_embeddings_folder(tmp_path / "in", [_rows(2, d=MAX_DIM)])
+    assert build_from_embeddings(tmp_path / "in", tmp_path / "out", options=QUICK)["embedding_dim"] == MAX_DIM
+
+
+def _with_metadata(root: Path, columns: dict[str, list], **write) -> Path:
+    """An input folder of one part: random vectors, one per row of ``columns``, and their metadata part written by
+    pyarrow (zstd unless ``write`` says otherwise, as a bomb would be)."""
+    rows = len(next(iter(columns.values())))
+    write_embeddings_folder(root, [_rows(rows)])
+    (root / "metadata").mkdir()
+    pq.write_table(pa.table(columns), root / "metadata" / "part-00000.parquet", **{"compression": "zstd", **write})
+    return root / "metadata" / "part-00000.parquet"
+
+
+@pytest.mark.parametrize("column", ["label", "caption", "path", "sha256"])
+def test_a_compressed_bomb_is_refused_from_the_parquet_metadata_before_it_is_read(tmp_path, monkeypatch, column):
+    """A 2 MB value that zstd stores in a few kilobytes is refused from the column chunk's uncompressed size in the
+    file's metadata, naming the file, the column, the row group, its size and the bound; no value is read."""
+    part = _with_metadata(tmp_path / "in", {column: ["a" * 2_000_000, "b"]})
+    assert part.stat().st_size < 20_000
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", lambda *a, **k: pytest.fail("a metadata value was read"))
+    with pytest.raises(ValueError) as refused:
+        build_from_embeddings(tmp_path / "in", tmp_path / "out", options=QUICK)
+    message = str(refused.value)
+    size = pq.ParquetFile(part).metadata.row_group(0).column(0).total_uncompressed_size
+    assert f"metadata/part-00000.parquet: column {column!r} of row group 0 (2 rows) holds {size:,} bytes" in message, \
+        message
+    assert "more than the " in message and "write the part again" in message, message
+    assert nothing_recorded(tmp_path / "out")
+
+
+@pytest.mark.parametrize("column, bound", [("caption", MAX_EXTRA_CHARS), ("label", MAX_LABEL_CHARS)])
+def test_a_value_over_its_bound_is_refused_naming_its_row_never_cut(tmp_path, column, bound):
+    """A value just over its bound passes the column's size check (its row group's bound is the sum) and is refused
+    by itself, naming the file and the row: an extra column's value too, never cut to fit."""
+    _with_metadata(tmp_path / "in", {column: ["a", "x" * (bound + 1), "c"]})
+    with pytest.raises(ValueError) as refused:
+        build_from_embeddings(tmp_path / "in", tmp_path / "out", options=QUICK)
+    message = str(refused.value)
+    assert "metadata/part-00000.parquet row 1: its" in message and f"has {bound + 1} characters, more than {bound}" \
+        in message, message
+    assert nothing_recorded(tmp_path / "out")
+
+
+@pytest.mark.parametrize("write", [{"row_group_size": 1}, {"use_dictionary": False}, {"compression": "none"},
+                                   {"data_page_size": 1, "write_page_index": True}])
+def test_metadata_with_every_value_at_its_bound_builds(tmp_path, write):
+    """The size check never refuses an honest file: every value at its bound in 4-byte characters (the most bytes a
+    character takes), however pyarrow lays the pages out, statistics included."""
+    wide = "\U0001F600"
+    columns = {"path": [f"{wide * 200}/{n}.jpg" for n in range(3)], "label": [wide * MAX_LABEL_CHARS] * 3,
+               "caption": [wide * MAX_EXTRA_CHARS, wide * (MAX_EXTRA_CHARS - 1), "a"], "sha256": ["ab" * 32] * 3,
+               "size": [1, 2, 3], "id": [5, 6, 7], "price": [1.5, 2.5, None]}
+    _with_metadata(tmp_path / "in", columns, **write)
+    assert build_from_embeddings(tmp_path / "in", tmp_path / "out", options=QUICK)["indexed"] == 3
+    with Index.open(tmp_path / "out") as index:
+        assert index.indexed_rows([6])[6]["label"] == wide * MAX_LABEL_CHARS
+
+
+def _outside(root: Path, how: str) -> str:
+    """A metadata path that names ``private/secret.png`` beside the input folder ``root``, written ``how``."""
+    secret = root.parent / "private" / "secret.png"
+    secret.parent.mkdir(exist_ok=True)
+    secret.write_bytes(png_bytes())
+    if how == "absolute":
+        return str(secret)
+    if how == "dot-dot":
+        return "photos/../../private/secret.png"
+    os.symlink(secret.parent, root / "photos")  # inside by its name, outside once the link is followed
+    return "photos/secret.png"
+
+
+@pytest.mark.parametrize("how", ["absolute", "dot-dot", "symlink"])
+def test_a_metadata_path_outside_the_input_folder_is_refused_unless_allowed(tmp_path, how):
+    """A server sends a catalogued file to whoever searches: a path resolving outside the folder the input's paths
+    are taken from is refused, naming the row, the path, the folder and the parameter that allows it."""
+    root = tmp_path / "in"
+    root.mkdir()
+    path = _outside(root, how)
+    _with_metadata(root, {"path": ["cats/a.jpg", path, "https://example.org/c.jpg"]})  # not through the link
+    with pytest.raises(ValueError) as refused:
+        build_from_embeddings(root, tmp_path / "out", options=QUICK)
+    message = str(refused.value)
+    assert "metadata/part-00000.parquet row 1: its path" in message and path in message, message
+    assert f"outside {root.resolve()}" in message and "`allow_outside_paths`" in message, message
+    assert nothing_recorded(tmp_path / "out")
+    build_from_embeddings(root, tmp_path / "out", options=QUICK, allow_outside_paths=True)
+    with Catalogue(tmp_path / "out" / "catalogue.sqlite") as catalogue:
+        assert os.path.realpath(catalogue.rows([2])[2]["path"]) == str(tmp_path / "private" / "secret.png")
+
+
+def test_the_command_line_allows_outside_paths_only_when_asked(tmp_path):
+    root = tmp_path / "in"
+    root.mkdir()
+    path = _outside(root, "absolute")
+    _with_metadata(root, {"path": ["photos/a.jpg", path]})
+    build = ["index", "build", "--embeddings", str(root)]
+    shown = CliRunner().invoke(main, ["index", "build", "--help"], terminal_width=200).output
+    assert "--allow-outside-paths" in shown and "outside DIR" in shown, shown
+    refused = CliRunner().invoke(main, [*build, "--out", str(tmp_path / "idx")])
+    assert refused.exit_code == 1 and "give --allow-outside-paths" in refused.output and path in refused.output, \
+        refused.output
+    assert "Traceback" not in refused.output
+    allowed = CliRunner().invoke(main, [*build, "--out", str(tmp_path / "idx"), "--allow-outside-paths"])
+    assert allowed.exit_code == 0, allowed.output
+    images = CliRunner().invoke(main, ["index", "build", "--images", str(root), "--model", "m.onnx", "--out",
+                                       str(tmp_path / "other"), "--allow-outside-paths"])
+    assert images.exit_code == 2 and "--allow-outside-paths applies to a build from --embeddings" in images.output, \
+        images.output
+
+
+def test_an_export_record_naming_a_root_outside_the_input_is_refused_unless_allowed(exported, tmp_path):
+    """A forged _export.json naming "/" as the gallery root would make every absolute path "inside": the recorded
+    root must itself lie in the input folder, or the operator allows it."""
+    import shutil
+
+    _, export, _ = exported
+    forged = tmp_path / "forged"
+    shutil.copytree(export, forged)
+    record = json.loads((forged / "_export.json").read_text())
+    (forged / "_export.json").write_text(json.dumps(record | {"gallery_root": "/"}))
+    with pytest.raises(ValueError) as refused:
+        build_from_embeddings(forged, tmp_path / "out", options=QUICK)
+    message = str(refused.value)
+    assert "_export.json takes the input's paths from /, outside" in message and "`allow_outside_paths`" in message
+    assert nothing_recorded(tmp_path / "out")
+    # the same export, its gallery moved into it, builds as it is
+    (forged / "_export.json").write_text(json.dumps(record | {"gallery_root": str(forged.resolve())}))
+    assert build_from_embeddings(forged, tmp_path / "inside", options=QUICK)["indexed"] == 9
