@@ -1,4 +1,4 @@
-"""ONNX export of a trained embedder (``retrieval export``) and its onnxruntime runner."""
+"""ONNX export of a trained embedder or a pretrained backbone (``retrieval export``) and its onnxruntime runner."""
 
 from retrieval.export.onnx_export import (
     ExportResult,
@@ -6,6 +6,7 @@ from retrieval.export.onnx_export import (
     VerificationReport,
     export_checkpoint,
     export_embedder,
+    export_pretrained,
     sample_images,
     verify_export,
 )
@@ -13,5 +14,5 @@ from retrieval.onnx_runtime import OnnxEmbedder
 
 __all__ = [
     "ExportResult", "ExportVerificationError", "OnnxEmbedder", "VerificationReport", "export_checkpoint",
-    "export_embedder", "sample_images", "verify_export",
+    "export_embedder", "export_pretrained", "sample_images", "verify_export",
 ]

@@ -21,7 +21,9 @@ from retrieval.models.embedder import (
     CompatibleProjection,
     Embedder,
     EmbeddingHead,
+    FeatureHead,
     create_embedder,
+    create_pretrained_embedder,
     in_compatible_space,
     load_embedder,
 )
@@ -30,8 +32,8 @@ from retrieval.reports import WISE_CHECKPOINT
 
 __all__ = [
     "BACKBONES", "BEST_CHECKPOINT", "Backbone", "CHECKPOINT_FORMAT", "Checkpoint", "CompatibleProjection",
-    "Embedder", "EmbeddingHead", "LAST_CHECKPOINT", "PretrainedWeightsMissing", "backbone_names", "config_hash",
-    "create_backbone", "create_embedder", "efficientnet_lite0_classifier", "in_compatible_space", "load_checkpoint",
-    "load_embedder", "register_backbone", "WISE_CHECKPOINT", "WeightsDownloadFailed", "WeightsLocation",
-    "offline_scope", "resolve_weights",
+    "Embedder", "EmbeddingHead", "FeatureHead", "LAST_CHECKPOINT", "PretrainedWeightsMissing", "backbone_names",
+    "config_hash", "create_backbone", "create_embedder", "create_pretrained_embedder",
+    "efficientnet_lite0_classifier", "in_compatible_space", "load_checkpoint", "load_embedder", "register_backbone",
+    "WISE_CHECKPOINT", "WeightsDownloadFailed", "WeightsLocation", "offline_scope", "resolve_weights",
 ]

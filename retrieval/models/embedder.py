@@ -14,7 +14,7 @@ from torch import nn
 from retrieval.data.colour import DEFAULT_BACKGROUND
 from retrieval.distances import l2_normalize
 from retrieval.errors import ParameterError, parameters_named
-from retrieval.models.backbones import create_backbone
+from retrieval.models.backbones import BACKBONES, backbone_names, create_backbone
 from retrieval.models.checkpoint import load_checkpoint
 
 
@@ -34,6 +34,13 @@ class EmbeddingHead(nn.Module):
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         out = self.linear(features)
         return l2_normalize(out) if self.normalize else out
+
+
+class FeatureHead(nn.Module):
+    """The backbone's pooled features as the embedding, L2-normalised: a pretrained backbone used as it is."""
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return l2_normalize(features)
 
 
 class CompatibleProjection(nn.Module):
@@ -143,6 +150,33 @@ def create_embedder(
         "pretrained": bool(pretrained or weights is not None),
     }
     return Embedder(spec.module, head, config)
+
+
+PRETRAINED_HEAD = "features"  # config["head"] of a backbone used as it is (no trained head)
+
+
+def create_pretrained_embedder(backbone: str, image_size: int | None = None, offline: bool = False) -> Embedder:
+    """A pretrained ``backbone`` as an embedder with no training: its pooled features, L2-normalised
+    (d = the backbone's feature size), at ``image_size`` pixels (default: the backbone's own input size)."""
+    if image_size is not None and not 32 <= int(image_size) <= 1024:
+        raise ParameterError("image_size", f"must be in [32, 1024] pixels, got {image_size}")
+    if not backbone.startswith("timm:") and backbone not in BACKBONES.names():
+        raise ParameterError("backbone", f"is unknown: {backbone!r}; choose one of {', '.join(backbone_names())}")
+    spec = create_backbone(backbone, pretrained=True, offline=offline)
+    config = {
+        "backbone": backbone,
+        "embedding_dim": int(spec.feature_dim),
+        "normalize": True,
+        "freeze_bn": False,
+        "feature_dim": int(spec.feature_dim),
+        "input_size": int(image_size or spec.input_size),
+        "mean": [float(v) for v in spec.mean],
+        "std": [float(v) for v in spec.std],
+        "background": list(DEFAULT_BACKGROUND),
+        "pretrained": True,
+        "head": PRETRAINED_HEAD,
+    }
+    return Embedder(spec.module, FeatureHead(), config).eval()
 
 
 def load_backbone_weights(module: nn.Module, path: str | os.PathLike) -> None:
