@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from retrieval.cli.errors import OptionCommand
+from retrieval.data.eval_preprocess import CROP, RESIZE_MODES
 from retrieval.errors import ParameterError
 from retrieval.onnx_runtime import TRUSTED_CHECKPOINT
 
@@ -22,6 +23,9 @@ from retrieval.onnx_runtime import TRUSTED_CHECKPOINT
                    "cached or shipped with a package.")
 @click.option("--image-size", type=click.IntRange(32, 1024), default=None,
               help="with --pretrained: the input's side in pixels. [default: the backbone's own]")
+@click.option("--resize", type=click.Choice(RESIZE_MODES), default=None,
+              help="with --pretrained: how an image becomes square: crop (its centre) or pad (the whole image, "
+                   "letterboxed). [default: crop] (a checkpoint keeps the mode it was trained with)")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="ONNX file to write, e.g. model.onnx.")
 @click.option("--opset", type=click.IntRange(min=7), default=None,
               help="ONNX opset (default: the exporter's recommended one).")
@@ -29,8 +33,8 @@ from retrieval.onnx_runtime import TRUSTED_CHECKPOINT
 @click.option("--verify/--no-verify", default=True, show_default=True,
               help="compare onnxruntime with PyTorch on real images at batch 1 and 7.")
 @click.option("--json", "as_json", is_flag=True, help="end with the file's metadata as JSON (for programs).")
-def export_command(checkpoint: str | None, backbone: str | None, image_size: int | None, out: str,
-                   opset: int | None, fp16: bool, verify: bool, as_json: bool) -> None:
+def export_command(checkpoint: str | None, backbone: str | None, image_size: int | None, resize: str | None,
+                   out: str, opset: int | None, fp16: bool, verify: bool, as_json: bool) -> None:
     """Export a trained embedder (backbone, head, L2 norm), or a pretrained backbone as it is (--pretrained), to
     ONNX with a dynamic batch axis."""
     from retrieval.export.onnx_export import ExportVerificationError, export_checkpoint, export_pretrained
@@ -42,10 +46,13 @@ def export_command(checkpoint: str | None, backbone: str | None, image_size: int
                                "efficientnet_lite0: a backbone as it is, untrained)")
     if image_size is not None and backbone is None:
         raise click.UsageError("--image-size applies to --pretrained (a checkpoint keeps the size it was trained at)")
+    if resize is not None and backbone is None:
+        raise click.UsageError("--resize applies to --pretrained (a checkpoint keeps the mode it was trained with: "
+                               "`retrieval train --resize`)")
     try:
         if backbone is not None:
-            result = export_pretrained(backbone, out, image_size, opset=opset, fp16=fp16, verify=verify,
-                                       log=click.echo)
+            result = export_pretrained(backbone, out, image_size, resize or CROP, opset=opset, fp16=fp16,
+                                       verify=verify, log=click.echo)
         else:
             result = export_checkpoint(checkpoint, out, opset=opset, fp16=fp16, verify=verify, log=click.echo)
     except ExportVerificationError as exc:
@@ -63,7 +70,7 @@ def export_command(checkpoint: str | None, backbone: str | None, image_size: int
     second = (f" (and {meta['compatible_output']}, {meta['compatible_dim']}-d, into the old model's space)"
               if meta.get("compatible_output") else "")
     click.echo(
-        f"wrote {Path(result.path)}: {meta['backbone']}, input {meta['input_size']} px, "
+        f"wrote {Path(result.path)}: {meta['backbone']}, input {meta['input_size']} px ({meta['resize']}), "
         f"{meta['embedding_dim']}-d{second}, normalized={meta['normalized']}, {result.precision}, "
         f"model_hash {meta['model_hash']}, config_hash {meta['config_hash'] or '-'}"
     )

@@ -350,17 +350,19 @@ def export_pretrained(
     backbone: str,
     out: str | Path,
     image_size: int | None = None,
+    resize: str = "crop",
     opset: int | None = None,
     fp16: bool = False,
     verify: bool = True,
     log: Log | None = None,
 ) -> ExportResult:
     """Export a pretrained ``backbone`` untrained: its pooled features, L2-normalised, at ``image_size`` pixels
-    (default: the backbone's own), with the metadata and verification of a trained model's export."""
+    (default: the backbone's own), each image made square by ``resize`` (crop or pad), with the metadata and
+    verification of a trained model's export."""
     from retrieval.models import create_pretrained_embedder
 
-    return export_embedder(create_pretrained_embedder(backbone, image_size), out, None, opset=opset, fp16=fp16,
-                           verify=verify, log=log)
+    return export_embedder(create_pretrained_embedder(backbone, image_size, resize), out, None, opset=opset,
+                           fp16=fp16, verify=verify, log=log)
 
 
 def export_checkpoint(

@@ -25,7 +25,7 @@ from PIL import Image
 
 from retrieval.data.colour import parse_background
 from retrieval.data.decode import open_image
-from retrieval.data.eval_preprocess import EvalPreprocess
+from retrieval.data.eval_preprocess import CROP, EvalPreprocess, resize_mode
 
 if TYPE_CHECKING:
     import torch
@@ -77,6 +77,8 @@ def embedder_model_hash(model: nn.Module, model_config: Mapping[str, Any] | None
 def _identity_digest(model_config: Mapping[str, Any]) -> Any:
     relevant = {k: model_config.get(k) for k in IDENTITY_KEYS}
     relevant["background"] = list(parse_background(relevant["background"]))  # older configs: the default
+    if resize_mode(model_config) != CROP:  # a letterboxing model embeds other pixels; a cropping one keeps its hash
+        relevant["resize"] = resize_mode(model_config)
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode())
 
 
@@ -125,6 +127,7 @@ def build_metadata(
         "mean": json.dumps([float(v) for v in model_config["mean"]]),
         "std": json.dumps([float(v) for v in model_config["std"]]),
         "background": json.dumps(list(parse_background(model_config.get("background")))),
+        "resize": resize_mode(model_config),  # crop (the centre) or pad (the whole image, letterboxed)
         "normalized": "true" if model_config.get("normalize") else "false",
         "config_hash": config_hash or "",
         "model_hash": model_hash,

@@ -22,6 +22,7 @@ from retrieval.data.augment import (
     resolve_augmentation,
 )
 from retrieval.data.colour import parse_background
+from retrieval.data.eval_preprocess import CROP, PAD, RESIZE_MODES
 from retrieval.options import declared_options, field_problem, option
 from retrieval.train.optimizers import OPTIMIZERS, SCHEDULES
 from retrieval.workers import DEFAULT_WORKERS_TEXT
@@ -78,6 +79,10 @@ class TrainConfig:
     background: str = option("white", "model", "the colour transparent pixels are composited onto (a name, #RRGGBB "
                                                "or R,G,B); recorded with the model, so the index and the queries "
                                                "use it too.", metavar="COLOUR")
+    resize: str = option(CROP, "model", "how an image of any shape becomes the square input: crop (its short side "
+                         "resized, the centre kept) or pad (the whole image, its long side resized, letterboxed onto "
+                         "--background); recorded with the model, so evaluation, the index, search and the app do "
+                         "the same. pad keeps wide and tall images whole (docs/TRAINING.md).", choices=RESIZE_MODES)
     # augmentation (retrieval.data.augment): a preset; the fields below replace its values when set
     augment: str = option(DEFAULT_AUGMENTATION, "augmentation", "the training augmentation preset.",
                           choices=augmentation_names, listing="augmentations", metavar="PRESET")
@@ -295,6 +300,9 @@ class TrainConfig:
             parse_background(self.background)
         except ValueError as exc:
             errors.append(f"--background: {exc}")
+        if self.decode_on == "device" and self.resize == PAD:
+            errors.append("--decode-on device crops on the training device and cannot letterbox yet: with --resize "
+                          "pad leave --decode-on out (the DataLoader workers decode and letterbox)")
         if self.decode_on == "device" and self.freeze_backbone:
             errors.append("--decode-on device decodes the images of each fine-tuning step; with --freeze-backbone the "
                           "features are embedded once and cached: leave --decode-on out")

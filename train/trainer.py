@@ -114,7 +114,7 @@ def build_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer,
 
 
 def build_model(cfg: TrainConfig) -> tuple[Embedder, int]:
-    """The embedder as configured (--image-size, --background) and its backbone's own input size."""
+    """The embedder as configured (--image-size, --background, --resize) and its backbone's own input size."""
     model = create_embedder(
         cfg.backbone, cfg.embedding_dim, pretrained=cfg.pretrained, normalize=cfg.use_normalize,
         freeze_bn=cfg.freeze_bn, weights=cfg.weights,
@@ -123,6 +123,7 @@ def build_model(cfg: TrainConfig) -> tuple[Embedder, int]:
     if cfg.image_size:
         model.config["input_size"] = int(cfg.image_size)
     model.config["background"] = list(parse_background(cfg.background))
+    model.config["resize"] = cfg.resize
     return model, native_size
 
 

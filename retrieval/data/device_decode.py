@@ -44,7 +44,7 @@ from retrieval.data.colour import has_alpha
 from retrieval.data.dataset import BadSample, LoadedBatch, array_to_image, sample_seeded, sample_source
 from retrieval.data.decode import DEFAULT_MAX_PIXELS, open_regular_file, read_image
 from retrieval.data.decode_memory import MAX_ASPECT, MIN_SHORT_SIDE
-from retrieval.data.eval_preprocess import RESIZE_RATIO, input_size
+from retrieval.data.eval_preprocess import CROP, RESIZE_RATIO, input_size, resize_mode
 from retrieval.data.exif_icc import orientation
 from retrieval.data.transforms import ScaleAndNormalise, background_of, colour_steps
 from retrieval.loss_reads import to_device
@@ -234,6 +234,9 @@ class DeviceAugment:
 
     def __init__(self, model_config: Mapping[str, Any], augmentation: Augmentation, device: torch.device | str,
                  dataset: Dataset | None = None, group_pixels: int = GROUP_PIXELS) -> None:
+        if resize_mode(model_config) != CROP:  # the boxes are drawn on the crop geometry (draw_box)
+            raise ValueError("decoding on the device crops; a model that letterboxes (resize pad) is trained with "
+                             "its images decoded by the DataLoader workers (--decode-on workers)")
         self.device = torch.device(device)
         self.dataset = dataset  # names the files that fail to decode
         self.size = input_size(model_config)

@@ -1,11 +1,17 @@
 """The evaluation preprocessing in PIL and NumPy, without torch: the one definition of what an image becomes
 before a model sees it (evaluation, indexing with either engine, the ONNX runtime, serving).
 
-PIL image -> composite transparency onto the model's background -> resize the short side to
-``int(1.14 * S)`` (bilinear, PIL's antialiased resampling) -> centre crop S x S -> float32 in [0, 1] ->
-(x - mean) / std, channels first: float32 [3, S, S]. This is torchvision's ``v2.Resize / CenterCrop / ToImage /
-ToDtype(scale=True) / Normalize`` on a PIL image, step for step and bit for bit (tests/data/test_data_transforms.py);
-it is written without torch so that processes that only decode and preprocess (Ray Data's decode tasks) do not
+PIL image -> composite transparency onto the model's background -> the model's ``resize`` mode -> float32 in
+[0, 1] -> (x - mean) / std, channels first: float32 [3, S, S]. The modes:
+
+- ``crop`` (the default, and every model's before the mode existed): resize the short side to ``int(1.14 * S)``
+  (bilinear, PIL's antialiased resampling), then centre crop S x S. This is torchvision's ``v2.Resize / CenterCrop /
+  ToImage / ToDtype(scale=True) / Normalize`` on a PIL image, step for step and bit for bit
+  (tests/data/test_data_transforms.py). A wide or tall image keeps only its middle.
+- ``pad``: the whole image, its long side resized to S, centred on an S x S canvas of the background colour
+  (letterboxed): nothing is cut, a wide image gets bands above and below.
+
+It is written without torch so that processes that only decode and preprocess (Ray Data's decode tasks) do not
 spend seconds importing torch and torchvision.
 """
 
@@ -20,6 +26,22 @@ from PIL import Image
 from retrieval.data.colour import DEFAULT_BACKGROUND, flatten_alpha, parse_background
 
 RESIZE_RATIO = 1.14  # resize to 1.14 x crop size, then crop (the usual 256 -> 224)
+CROP, PAD = "crop", "pad"
+RESIZE_MODES = (CROP, PAD)  # how an image of any shape becomes the model's S x S input (model_config["resize"])
+
+
+def resize_mode(model_config: Mapping[str, Any]) -> str:
+    """The model config's resize mode, checked: ``crop`` (also for configs from before the mode) or ``pad``."""
+    mode = model_config.get("resize") or CROP
+    if mode not in RESIZE_MODES:
+        raise ValueError(f"model_config['resize'] must be one of {', '.join(RESIZE_MODES)}, got {mode!r}")
+    return mode
+
+
+def letterboxed_size(width: int, height: int, side: int) -> tuple[int, int]:
+    """(width, height) with the long side at ``side`` and the short one scaled (rounded, at least 1 pixel)."""
+    scale = side / max(width, height)
+    return max(1, min(side, round(width * scale))), max(1, min(side, round(height * scale)))
 
 
 def input_size(model_config: Mapping[str, Any]) -> int:
@@ -61,16 +83,20 @@ class EvalPreprocess:
         self.mean = np.asarray(mean, np.float32).reshape(3, 1, 1)
         self.std = np.asarray(std, np.float32).reshape(3, 1, 1)
         self.background = parse_background(model_config.get("background") or DEFAULT_BACKGROUND)
+        self.resize = resize_mode(model_config)
 
     def __call__(self, image: Image.Image) -> np.ndarray:
         return self.normalize(self.crop(image))
 
     def crop(self, image: Image.Image) -> np.ndarray:
-        """The geometric steps alone (background, resize, centre crop): uint8 [3, S, S], a quarter of the bytes
-        of the model input, for stages that hand pixels to another process (Ray's decode tasks)."""
+        """The geometric steps alone (background, then the resize mode: centre crop or letterbox): uint8
+        [3, S, S], a quarter of the bytes of the model input, for stages that hand pixels to another process (Ray's
+        decode tasks)."""
         if not isinstance(image, Image.Image):
             raise TypeError(f"the evaluation preprocessing takes a PIL image, got {type(image).__name__}")
         image = flatten_alpha(image, self.background)
+        if self.resize == PAD:
+            return self._letterbox(image)
         new_size = resized_size(image.width, image.height, self.short_side)
         if new_size != image.size:
             image = image.resize(new_size, resample=Image.BILINEAR)
@@ -78,6 +104,15 @@ class EvalPreprocess:
         left = int(round((image.width - self.size) / 2.0))
         image = image.crop((left, top, left + self.size, top + self.size))
         return np.ascontiguousarray(np.asarray(image, dtype=np.uint8).transpose(2, 0, 1))
+
+    def _letterbox(self, image: Image.Image) -> np.ndarray:
+        """The whole RGB ``image``, its long side at S, centred on an S x S canvas of the background colour."""
+        new_size = letterboxed_size(image.width, image.height, self.size)
+        if new_size != image.size:
+            image = image.resize(new_size, resample=Image.BILINEAR)
+        canvas = Image.new("RGB", (self.size, self.size), tuple(int(c) for c in self.background))
+        canvas.paste(image, ((self.size - image.width) // 2, (self.size - image.height) // 2))
+        return np.ascontiguousarray(np.asarray(canvas, dtype=np.uint8).transpose(2, 0, 1))
 
     def normalize(self, pixels: np.ndarray) -> np.ndarray:
         """uint8 [..., 3, S, S] from ``crop`` -> the model input, float32 (x / 255 - mean) / std, same shape; the
@@ -92,4 +127,4 @@ class EvalPreprocess:
         return scaled
 
     def __repr__(self) -> str:
-        return f"EvalPreprocess(size={self.size}, background={self.background})"
+        return f"EvalPreprocess(size={self.size}, resize={self.resize}, background={self.background})"

@@ -1,4 +1,4 @@
-"""Image transforms from a model config (``input_size``, ``mean``, ``std``, ``background``).
+"""Image transforms from a model config (``input_size``, ``mean``, ``std``, ``background``, ``resize``).
 
 Training augments with torchvision as an ``augment.Augmentation`` says (default: the crop-flip preset); evaluation
 is ``eval_preprocess.EvalPreprocess`` (PIL and NumPy, no torch) returned as a tensor here, and also the plain
@@ -17,7 +17,15 @@ from torchvision.transforms import v2
 
 from retrieval.data.augment import DEFAULT_AUGMENTATION, Augmentation, resolve_augmentation
 from retrieval.data.colour import DEFAULT_BACKGROUND, FlattenAlpha
-from retrieval.data.eval_preprocess import RESIZE_RATIO, EvalPreprocess, input_size, mean_and_std
+from retrieval.data.eval_preprocess import (
+    PAD,
+    RESIZE_RATIO,
+    EvalPreprocess,
+    input_size,
+    letterboxed_size,
+    mean_and_std,
+    resize_mode,
+)
 
 
 def _normalize(model_config: Mapping[str, Any]) -> v2.Normalize:
@@ -36,6 +44,40 @@ class EvalTransform:
 
     def __repr__(self) -> str:
         return f"EvalTransform({self.preprocess!r})"
+
+
+PAD_SCALE = (0.8, 1.0)  # --resize pad's training: the letterboxed image's long side, a fraction of the input's
+
+
+class Letterbox:
+    """Transform step: an RGB PIL image's long side resized to ``size`` and centred on a ``size`` x ``size`` canvas
+    of ``background`` (``EvalPreprocess``'s pad mode). With ``scale`` (training), the long side is drawn in
+    ``scale`` x ``size`` and the image placed anywhere it fits whole, from torch's RNG (seeded per sample): the
+    whole image always stays in view. Picklable for DataLoader workers."""
+
+    def __init__(self, size: int, background: Any, scale: tuple[float, float] | None = None) -> None:
+        self.size, self.background = int(size), tuple(int(c) for c in background)
+        self.scale = scale
+
+    def __call__(self, image: Image.Image) -> Image.Image:
+        side = self.size
+        if self.scale is not None:
+            low, high = self.scale
+            side = max(1, min(self.size, round(self.size * (low + (high - low) * float(torch.rand(1))))))
+        width, height = letterboxed_size(image.width, image.height, side)
+        if (width, height) != image.size:
+            image = image.resize((width, height), resample=Image.BILINEAR)
+        room_x, room_y = self.size - width, self.size - height
+        if self.scale is None:
+            left, top = room_x // 2, room_y // 2
+        else:
+            left, top = int(torch.randint(room_x + 1, ())), int(torch.randint(room_y + 1, ()))
+        canvas = Image.new("RGB", (self.size, self.size), self.background)
+        canvas.paste(image, (left, top))
+        return canvas
+
+    def __repr__(self) -> str:
+        return f"Letterbox(size={self.size}, background={self.background}, scale={self.scale})"
 
 
 def background_of(model_config: Mapping[str, Any]) -> FlattenAlpha:
@@ -69,11 +111,16 @@ def build_transforms(
     aug = augmentation if augmentation is not None else resolve_augmentation(DEFAULT_AUGMENTATION)
     size = input_size(model_config)
     background = background_of(model_config)
-    steps: list[Any] = [background, v2.Resize(int(size * RESIZE_RATIO), antialias=True)]
-    if aug.random_crop:
-        steps.append(v2.RandomResizedCrop(size, scale=aug.crop_scale, ratio=aug.crop_ratio, antialias=True))
+    if resize_mode(model_config) == PAD:
+        # the whole image letterboxed as evaluation does; a random crop becomes a random size and place within the
+        # square: the whole object stays in view
+        steps: list[Any] = [background, Letterbox(size, background.background, PAD_SCALE if aug.random_crop else None)]
     else:
-        steps.append(v2.CenterCrop(size))
+        steps = [background, v2.Resize(int(size * RESIZE_RATIO), antialias=True)]
+        if aug.random_crop:
+            steps.append(v2.RandomResizedCrop(size, scale=aug.crop_scale, ratio=aug.crop_ratio, antialias=True))
+        else:
+            steps.append(v2.CenterCrop(size))
     if aug.flip:
         steps.append(v2.RandomHorizontalFlip())
     # auto-augment and jitter work on uint8 pixels (PIL here), so they come before scaling and normalising

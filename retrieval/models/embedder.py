@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from retrieval.data.colour import DEFAULT_BACKGROUND
+from retrieval.data.eval_preprocess import CROP, RESIZE_MODES
 from retrieval.distances import l2_normalize
 from retrieval.errors import ParameterError, parameters_named
 from retrieval.models.backbones import BACKBONES, backbone_names, create_backbone
@@ -155,11 +156,15 @@ def create_embedder(
 PRETRAINED_HEAD = "features"  # config["head"] of a backbone used as it is (no trained head)
 
 
-def create_pretrained_embedder(backbone: str, image_size: int | None = None, offline: bool = False) -> Embedder:
+def create_pretrained_embedder(backbone: str, image_size: int | None = None, resize: str = CROP,
+                               offline: bool = False) -> Embedder:
     """A pretrained ``backbone`` as an embedder with no training: its pooled features, L2-normalised
-    (d = the backbone's feature size), at ``image_size`` pixels (default: the backbone's own input size)."""
+    (d = the backbone's feature size), at ``image_size`` pixels (default: the backbone's own input size), each image
+    made square by ``resize`` (crop or pad: ``retrieval.data.eval_preprocess``)."""
     if image_size is not None and not 32 <= int(image_size) <= 1024:
         raise ParameterError("image_size", f"must be in [32, 1024] pixels, got {image_size}")
+    if resize not in RESIZE_MODES:
+        raise ParameterError("resize", f"must be one of {', '.join(RESIZE_MODES)}, got {resize!r}")
     if not backbone.startswith("timm:") and backbone not in BACKBONES.names():
         raise ParameterError("backbone", f"is unknown: {backbone!r}; choose one of {', '.join(backbone_names())}")
     spec = create_backbone(backbone, pretrained=True, offline=offline)
@@ -173,6 +178,7 @@ def create_pretrained_embedder(backbone: str, image_size: int | None = None, off
         "mean": [float(v) for v in spec.mean],
         "std": [float(v) for v in spec.std],
         "background": list(DEFAULT_BACKGROUND),
+        "resize": resize,
         "pretrained": True,
         "head": PRETRAINED_HEAD,
     }

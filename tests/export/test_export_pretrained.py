@@ -44,7 +44,7 @@ def photos(folder) -> list:
 def test_the_export_is_verified_and_says_what_it_holds(pretrained_export):
     out, output = pretrained_export
     assert "verified (max |diff| <= 0.0001)" in output
-    assert f"wrote {out}: efficientnet_lite0, input {SIZE} px, 1280-d, normalized=true, fp32" in output
+    assert f"wrote {out}: efficientnet_lite0, input {SIZE} px (crop), 1280-d, normalized=true, fp32" in output
     assert output.splitlines()[-1] == f"next: retrieval index build --model {out} --images YOUR_IMAGES --out INDEX"
     runtime = OnnxEmbedder(out)
     config = json.loads(runtime.metadata["model_config"])
@@ -82,6 +82,7 @@ def test_the_pretrained_model_indexes_and_searches_a_folder_at_once(pretrained_e
     ([], "give --checkpoint RUN_DIR/best.pt (a trained model) or --pretrained BACKBONE"),
     (["--checkpoint", "best.pt", "--pretrained", "efficientnet_lite0"], "not both"),
     (["--checkpoint", "best.pt", "--image-size", "64"], "--image-size applies to --pretrained"),
+    (["--checkpoint", "best.pt", "--resize", "pad"], "--resize applies to --pretrained"),
 ])
 def test_the_command_takes_a_checkpoint_or_a_backbone(tmp_path, args, message):
     run = CliRunner().invoke(export_command, [*args, "--out", str(tmp_path / "m.onnx")])
@@ -94,3 +95,26 @@ def test_an_unknown_backbone_is_refused_naming_the_known_ones(tmp_path):
     assert run.exit_code == 1 and "--pretrained is unknown: 'no_such_net'" in run.output, run.output
     assert "efficientnet_lite0" in run.output
     assert "Traceback" not in run.output
+
+
+
+def test_a_letterboxing_export_tells_apart_what_the_centre_crop_merges(pretrained_export, tmp_path):
+    """Two 300 x 84 symbols that differ only at their ends: one embedding under crop (cosine 1.000: `index
+    duplicates` grouped them), two under --resize pad; the mode is in the file's metadata and its model_hash."""
+    crop, _ = pretrained_export
+    pad = tmp_path / "pad.onnx"
+    run = CliRunner().invoke(export_command, ["--pretrained", "efficientnet_lite0", "--image-size", str(SIZE),
+                                              "--resize", "pad", "--out", str(pad), "--no-verify"])
+    assert run.exit_code == 0 and f"input {SIZE} px (pad)" in run.output, run.output
+    symbols = []
+    for name, (top, bottom, right) in {"treble": (10, 74, 30), "bass": (30, 54, 60)}.items():
+        pixels = np.full((84, 300, 3), 255, np.uint8)
+        pixels[20:64, 100:200] = 40
+        pixels[top:bottom, 5:right] = (200, 0, 0) if name == "treble" else (0, 0, 200)
+        symbols.append(tmp_path / f"{name}.png")
+        Image.fromarray(pixels).save(symbols[-1])
+    by_crop, by_pad = OnnxEmbedder(crop).embed(symbols), OnnxEmbedder(pad).embed(symbols)
+    assert float(by_crop[0] @ by_crop[1]) > 0.9999
+    assert float(by_pad[0] @ by_pad[1]) < 0.99
+    assert OnnxEmbedder(pad).metadata["resize"] == "pad" and OnnxEmbedder(crop).metadata["resize"] == "crop"
+    assert OnnxEmbedder(pad).model_hash != OnnxEmbedder(crop).model_hash

@@ -203,6 +203,22 @@ def test_background_is_recorded_with_the_model_and_travels_to_onnx(tmp_path, fea
         all_digits_config(tmp_path / "bad", feature_cache, background="no-such-colour").validate()
 
 
+def test_resize_is_recorded_with_the_model_and_travels_to_onnx(tmp_path, feature_cache):
+    """--resize pad trains, evaluates and exports a letterboxing model: checkpoint and ONNX metadata say so, and
+    the export is verified against PyTorch on the same letterboxed pixels."""
+    from retrieval.export import export_checkpoint
+    from retrieval.onnx_runtime import OnnxEmbedder
+
+    train(all_digits_config(tmp_path / "run", feature_cache, epochs=1, resize="pad"), progress=False)
+    assert load_embedder(tmp_path / "run" / "best.pt").config["resize"] == "pad"
+    result = export_checkpoint(tmp_path / "run" / "best.pt", tmp_path / "model.onnx", log=lambda _: None)
+    assert result.verification is not None and result.metadata["resize"] == "pad"
+    assert OnnxEmbedder(tmp_path / "model.onnx").model_config["resize"] == "pad"
+    with pytest.raises(ValueError, match="--decode-on device crops on the training device"):
+        all_digits_config(tmp_path / "bad", feature_cache, resize="pad", freeze_backbone=False,
+                          decode_on="device").validate()
+
+
 def test_an_epoch_that_waits_for_its_batches_measures_the_wait_and_says_what_to_try(tmp_path, feature_cache,
                                                                                       monkeypatch, capsys):
     import time
