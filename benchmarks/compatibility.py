@@ -118,7 +118,8 @@ def main() -> None:
                 for block in ("old", "new", "cross_model"):
                     for metric in ("recall@1", "map@r"):
                         rows.setdefault(f"{name}/{block}/{metric}", []).append(blocks[block][metric])
-                rows.setdefault(f"{name}/compatible", []).append(float(blocks["compatible"]))
+                # the share of seeds whose verdict (a bootstrap interval over the queries) is "compatible"
+                rows.setdefault(f"{name}/compatible", []).append(float(blocks["verdict"] == "compatible"))
                 old_vectors, labels = test_embeddings(old, dataset)
                 new_vectors, _ = test_embeddings(run, dataset)
                 for order in ("uncertain", "random"):

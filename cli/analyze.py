@@ -12,7 +12,7 @@ import numpy as np
 from retrieval.cli.config_options import parse_params, shared_option
 from retrieval.cli.errors import OptionGroup, option_message
 from retrieval.cli.options import apply_options
-from retrieval.onnx_runtime import TRUSTED_CHECKPOINT
+from retrieval.options import TRUSTED_CHECKPOINT
 from retrieval.train.config import TrainConfig
 
 CHECKPOINT_HELP = (f"embed images of --dataset with this checkpoint (default: a synthetic random batch). "

@@ -15,7 +15,7 @@ from retrieval.cli.config_options import shared_option
 from retrieval.cli.errors import OptionCommand
 from retrieval.cli.index import index_folder, json_option
 from retrieval.cli.options import apply_options
-from retrieval.onnx_runtime import TRUSTED_MODEL
+from retrieval.options import TRUSTED_MODEL
 from retrieval.train.config import TrainConfig
 
 SHOWN = 10  # groups or suspects printed for people; --json lists up to --max-groups / --top
@@ -81,7 +81,7 @@ def _shown(path: str | None) -> str:
 @click.option("--threshold", default="auto", show_default=True, callback=_threshold, metavar="COSINE|auto",
               help="link two images when one is among the other's k nearest at this cosine or more; auto calibrates "
                    "it on copies it plants of a sample of the gallery (resized, re-encoded, cropped, recoloured) "
-                   "against each sampled image's nearest other image (docs/INDEX.md).")
+                   "against each image's nearest distinct image, and says when they do not separate (docs/INDEX.md).")
 @_neighbours_option
 @click.option("--model", type=click.Path(dir_okay=False, exists=True),
               help=f"the model that embeds auto's planted copies (default: the one recorded in index.json). "
@@ -96,13 +96,14 @@ def duplicates_command(index_dir, threshold, k, model, calibration_sample, max_g
     """Groups of near-duplicate images in the index (resized, re-encoded, cropped or recoloured copies), found through
     each image's k nearest neighbours; the first of each group is the one indexed first."""
     from retrieval.analysis.neighbour_pictures import duplicates_picture
-    from retrieval.index.duplicates import catalogued_image_loader, find_duplicates
+    from retrieval.index.duplicates import catalogued_image_loader, find_duplicates, picture_background
 
     with _open(index_dir, model) as index:
         summary = find_duplicates(index, threshold, k=k, calibration_sample=calibration_sample,
                                   max_groups=max_groups)
         load = catalogued_image_loader(index)
-        summary["picture"] = _save(duplicates_picture(summary, load) if png else None, png)
+        picture = duplicates_picture(summary, load, background=picture_background(index.embedder)) if png else None
+        summary["picture"] = _save(picture, png)
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
@@ -113,9 +114,10 @@ def _calibration_text(summary: dict[str, Any]) -> str:
     calibration = summary["calibration"]
     if calibration is None:
         return "as given"
+    separated = "" if calibration.get("separated", True) else "; copies and distinct images do NOT separate"
     return (f"auto: {calibration['copy_recall']:.0%} of {calibration['copies']} copies planted of "
             f"{calibration['images']} gallery images reach it, and {calibration['neighbour_share']:.1%} of those "
-            "images' nearest other image")
+            f"images' nearest other image{separated}")
 
 
 def _print_groups(summary: dict[str, Any], index_dir: str) -> None:
@@ -126,7 +128,9 @@ def _print_groups(summary: dict[str, Any], index_dir: str) -> None:
                f"{summary['images']} indexed images at cosine >= {summary['threshold']:.3f} "
                f"({_calibration_text(summary)}); {summary['k']} neighbours each through {summary['search']}{exact}")
     for number, group in enumerate(summary["groups"][:SHOWN], 1):
-        click.echo(f"  {number}. {group['size']} images, weakest link {group['weakest_link']:.3f}:")
+        mixed = f"; LABELS DIFFER ({_labels_text(group)}): not proposed for removal" if group.get("labels_mixed") \
+            else ""
+        click.echo(f"  {number}. {group['size']} images, weakest link {group['weakest_link']:.3f}{mixed}:")
         members = list(zip(group["ids"], group["paths"], group["similarities"], strict=True))
         for position, (image_id, path, similarity) in enumerate(members[:MEMBERS_SHOWN]):
             score = "    ?" if similarity is None else f"{similarity:.3f}"
@@ -137,12 +141,30 @@ def _print_groups(summary: dict[str, Any], index_dir: str) -> None:
         click.echo(f"  ... and {summary['groups_found'] - SHOWN} more groups (--json lists up to --max-groups)")
     if summary.get("picture"):
         click.echo(f"picture: {summary['picture']}")
-    copies = [i for group in summary["groups"][:SHOWN] for i in group["ids"][1:]]
+    for warning in summary.get("warnings", []):
+        click.echo(f"warning: {warning}")
+    shown = summary["groups"][:SHOWN]
+    # a group whose labels differ may hold distinct images: never proposed for removal, and said so
+    copies = [i for group in shown if not group.get("labels_mixed") for i in group["ids"][1:]]
+    mixed = [str(number) for number, group in enumerate(shown, 1) if group.get("labels_mixed")]
+    left_out = f"; groups {', '.join(mixed)} mix labels and are left out: look at them first" if mixed else ""
     if copies:
         click.echo(f"next: retrieval index remove {folder} --ids {','.join(map(str, copies))}   (the copies of the "
-                   "groups above; each group's first image stays)")
+                   f"groups above whose labels agree; each group's first image stays{left_out})")
+    elif mixed:
+        click.echo(f"next: look at groups {', '.join(mixed)} above: their labels differ, so no removal is proposed; "
+                   f"retrieval index audit {folder} lists the labels that disagree with their neighbours")
     else:
         click.echo(f"next: retrieval index audit {folder}   (labels that disagree with their neighbours)")
+
+
+def _labels_text(group: dict[str, Any]) -> str:
+    """The distinct labels of a group's listed images, for one line."""
+    from retrieval.index.sources import printable_path
+
+    labels = dict.fromkeys(label for label in group["labels"] if label is not None)
+    return ", ".join(printable_path(" ".join(str(label).splitlines())) for label in list(labels)[:4]) + \
+        (", ..." if len(labels) > 4 else "")
 
 
 def audit_options(func):
@@ -166,12 +188,14 @@ def index_audit_command(index_dir, k, top, png, as_json) -> None:
     from retrieval.analysis.neighbour_pictures import suspects_picture
     from retrieval.index import Index
     from retrieval.index.audit import audit_index
-    from retrieval.index.duplicates import catalogued_image_loader
+    from retrieval.index.duplicates import catalogued_image_loader, picture_background
 
     with Index.open(index_dir) as index:
         summary = audit_index(index, k=k, top=top)
         rule = index.catalogue.get_meta("label_from") or "parent"
-        summary["picture"] = _save(suspects_picture(summary, catalogued_image_loader(index)) if png else None, png)
+        picture = suspects_picture(summary, catalogued_image_loader(index),
+                                   background=picture_background(index.embedder)) if png else None
+        summary["picture"] = _save(picture, png)
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
@@ -221,12 +245,14 @@ def audit_command(images, model, k, top, png, as_json, max_images, label_noise, 
     from retrieval.analysis.neighbour_pictures import suspects_picture
     from retrieval.index import load_model
     from retrieval.index.audit import audit_folder
+    from retrieval.index.duplicates import picture_background
 
-    summary = audit_folder(images, load_model(model), k=k, top=top, max_images=max_images, label_noise=label_noise,
+    embedder = load_model(model)
+    summary = audit_folder(images, embedder, k=k, top=top, max_images=max_images, label_noise=label_noise,
                            label_noise_transitions=label_noise_transitions, seed=seed, workers=workers)
     root = Path(images)
-    summary["picture"] = _save(suspects_picture(summary, lambda path: _open_image(root / path), key="path")
-                               if png else None, png)
+    summary["picture"] = _save(suspects_picture(summary, lambda path: _open_image(root / path), key="path",
+                                                background=picture_background(embedder)) if png else None, png)
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return

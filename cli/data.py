@@ -68,9 +68,8 @@ def prepare(
 
 def export_builtin(name: str, out: Path, protocol: str | None, limit: int | None) -> dict:
     """Save every image of a built-in in-memory data set as PNG in an ImageFolder tree."""
-    from tqdm import tqdm
-
     from retrieval.data import load_dataset
+    from retrieval.progress import progress_bar
 
     kwargs = {"protocol": protocol} if protocol else {}
     out.mkdir(parents=True, exist_ok=True)
@@ -78,7 +77,7 @@ def export_builtin(name: str, out: Path, protocol: str | None, limit: int | None
     for split in ("train", "test"):
         dataset = load_dataset(name, split=split, limit_per_class=limit, **kwargs)
         info[f"{split}_classes"] = dataset.num_classes
-        for i in tqdm(range(len(dataset)), desc=f"{name} {split}", unit="img", file=sys.stderr):
+        for i in progress_bar(range(len(dataset)), desc=f"{name} {split}", unit="img", file=sys.stderr):
             class_name = dataset.class_names[dataset.labels[i]]
             relative = Path(split) / class_name / f"{i:06d}.png"
             (out / relative).parent.mkdir(parents=True, exist_ok=True)

@@ -9,9 +9,9 @@ from pathlib import Path
 import click
 
 from retrieval.cli.errors import OptionCommand
-from retrieval.data.eval_preprocess import CROP, RESIZE_MODES
+from retrieval.data.resize_modes import CROP, RESIZE_MODES
 from retrieval.errors import ParameterError
-from retrieval.onnx_runtime import TRUSTED_CHECKPOINT
+from retrieval.options import TRUSTED_CHECKPOINT
 
 
 @click.command("export", cls=OptionCommand, needs="train")

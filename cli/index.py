@@ -18,8 +18,9 @@ from retrieval.cli.config_options import config_options
 from retrieval.cli.errors import OptionCommand, OptionGroup, option_flag, option_message, where_problem
 from retrieval.cli.help_text import default_max_pixels, image_extensions, lazy_help_option
 from retrieval.cli.options import apply_options, rerank_config, rerank_options
+from retrieval.gallery_option import GalleryRoot
 from retrieval.near_duplicates import DuplicateCheck
-from retrieval.onnx_runtime import TRUSTED_MODEL
+from retrieval.options import TRUSTED_MODEL
 from retrieval.sizes import size_text
 from retrieval.workers import DEFAULT_WORKERS_TEXT
 
@@ -116,6 +117,31 @@ def _finish(summary: dict, as_json: bool, line: str, next_step: str | None = Non
 
 def _problems(errors: int, duplicates: int) -> str:
     return f"{errors} could not be read, {duplicates} duplicates skipped"
+
+
+FAILED_SHOWN = 10  # unreadable images a writer names; `index stats --failed` lists every one
+
+
+def _one_line(text: str | None) -> str:
+    """A reason on one printable line (an exception's text may span several, or quote a hostile name)."""
+    from retrieval.index.sources import printable_path
+
+    return printable_path(" ".join((text or "unknown error").split()))
+
+
+def _print_failed(summary: dict, errors: int) -> None:
+    """The images a writer could not read, by name (the first ``FAILED_SHOWN``), and where the rest are listed."""
+    from retrieval.index.sources import printable_path
+
+    shown = (summary.get("error_examples") or [])[:FAILED_SHOWN]
+    if not errors or not shown:
+        return
+    click.echo(f"could not be read ({summary['errors']} in the index):")
+    for failure in shown:
+        click.echo(f"  {printable_path(failure['path'] or '?')}: {_one_line(failure['error'])}")
+    rest = summary["errors"] - len(shown)
+    listing = f"retrieval index stats {shlex.quote(str(summary['index_dir']))} --failed"
+    click.echo(f"  ... and {rest} more: {listing}" if rest > 0 else f"  (again: {listing})")
 
 
 def _labels(summary: dict) -> str:
@@ -273,6 +299,8 @@ def build_command(
         options=options,
         label_from=label_from,
     )
+    if not as_json:
+        _print_failed(summary, summary["errors"])
     _finish(summary, as_json,
             f"indexed {summary['indexed']} images into {summary['index_dir']} ({summary['index_key']}, "
             f"{_labels(summary)}; {_problems(summary['errors'], summary['duplicates'])}) in {summary['seconds']:.0f} s"
@@ -354,6 +382,11 @@ def _budget_text(budget: dict | None) -> str:
     return "; " + ", ".join(parts)
 
 
+def gallery_root_option(func):
+    """--gallery-root, as ``GalleryRoot`` declares it."""
+    return apply_options(func, config_options(GalleryRoot))
+
+
 def duplicate_check_options(func):
     """--duplicates and --duplicate-threshold, as ``DuplicateCheck`` declares them."""
     return apply_options(func, config_options(DuplicateCheck))
@@ -369,9 +402,10 @@ def duplicate_check_options(func):
 @ingest_options
 @engine_options
 @duplicate_check_options
+@gallery_root_option
 @json_option
 def add_command(index_dir, images, model, split, label_from, batch_size, workers, shard_size, max_pixels, gpu,
-                engine, duplicates, duplicate_threshold, as_json) -> None:
+                engine, duplicates, duplicate_threshold, gallery_root, as_json) -> None:
     """Add images (a folder, one image or a manifest) to an existing index without rebuilding it; new images that
     nearly copy an indexed one are reported (--duplicates skip leaves them out)."""
     from retrieval.index import add_images
@@ -389,6 +423,7 @@ def add_command(index_dir, images, model, split, label_from, batch_size, workers
         options=_ingest_options(batch_size, workers, shard_size, max_pixels, engine),
         label_from=label_from,
         duplicates=check,
+        gallery_root=gallery_root,
     )
     added = summary["this_run"]
     near, next_step = summary.get("near_duplicates"), _serve_next(summary["index_dir"])
@@ -405,6 +440,8 @@ def add_command(index_dir, images, model, split, label_from, batch_size, workers
         elif not near["skipped"]:
             ids = ",".join(str(example["id"]) for example in near["examples"])
             next_step = f"retrieval index remove {folder} --ids {ids}   (or add with --duplicates skip)"
+    if not as_json:
+        _print_failed(summary, added["errors"])  # this run's failures; older ones are listed only with new ones
     _finish(summary, as_json,
             f"added {added['added']} images to {summary['index_dir']} ({_labels(summary)}; "
             f"{_problems(added['errors'], added['duplicates'])}{found}); it now holds {summary['indexed']}", next_step)
@@ -439,9 +476,10 @@ def _print_near_duplicates(near: dict) -> None:
               help="re-embed into the new model's own embedding (a swap, faiss rebuilt in its size) even where its "
                    "compatible output, a projection into the old space, could serve the old index as it goes.")
 @ingest_options
+@gallery_root_option
 @json_option
 def upgrade_command(index_dir, model, order, commit_every, native, batch_size, workers, shard_size, max_pixels, gpu,
-                    as_json) -> None:
+                    gallery_root, as_json) -> None:
     """Re-embed the gallery with a new model while servers keep answering (resumable: run it again after a stop).
 
     A model declared compatible with the index's (trained with --compatible-with it) serves at once and its vectors
@@ -454,19 +492,31 @@ def upgrade_command(index_dir, model, order, commit_every, native, batch_size, w
     if gpu:
         raise click.BadParameter("the upgrade searches and trains faiss on the CPU", param_hint="--gpu")
     summary = _write(upgrade_index, index_dir, index_dir, model=model, order=order, commit_every=commit_every,
-                     options=_ingest_options(batch_size, workers, shard_size, max_pixels, {}), native=native)
+                     options=_ingest_options(batch_size, workers, shard_size, max_pixels, {}), native=native,
+                     gallery_root=gallery_root)
     if summary["mode"] == "none":
         _finish(summary, as_json, f"{summary['index_dir']} already uses model {summary['model_hash']}: nothing to do")
         return
     through = (f", through its compatible output {summary['model_output']} into the old "
                f"{summary['embedding_dim']}-d space" if summary.get("model_output_space") else "")
-    how = (f"served as it came (compatible{through})" if summary["mode"] == "mixed"
+    how = (f"served as it came (declared compatible{through})" if summary["mode"] == "mixed"
            else f"swapped in at the end ({summary['embedding_dim']}-d vectors, faiss rebuilt)")
     unreadable = f"; {summary['unreadable']} unreadable now, left out" if summary["unreadable"] else ""
     _finish(summary, as_json,
             f"upgraded {summary['index_dir']} to model {summary['model_hash']}: {summary['reembedded']} images "
-            f"re-embedded, {how}{unreadable}; {summary['deleted_shards']} shards of the old vectors deleted",
+            f"re-embedded, {how}{unreadable}; {summary['deleted_shards']} shards of the old vectors deleted"
+            + (_measured_line(summary.get("compatibility")) if summary["mode"] == "mixed" else ""),
             _serve_next(summary["index_dir"]))
+
+
+def _measured_line(measured: dict | None) -> str:
+    """A mixed upgrade's second line: how well new queries met the old vectors, as the model's training measured."""
+    from retrieval.compatibility import compatibility_sentence
+
+    if measured is None:
+        return ("\nmeasured compatibility: none recorded with the model (`retrieval evaluate --checkpoint NEW "
+                "--gallery-model OLD` measures it)")
+    return f"\nmeasured when the model was trained: {compatibility_sentence(measured)}"
 
 
 def comparison_options(func):
@@ -531,10 +581,12 @@ def compare_command(model, baseline, images, sample, k, workers, as_json) -> Non
     """How much MODEL changes the neighbourhoods of any folder's images against BASELINE, no labels needed (with
     sub-folders as labels, each model's Recall@1 too). For an index's own gallery: retrieval index compare."""
     from retrieval.index import load_model
-    from retrieval.index.compare import compare_on_folder
+    from retrieval.index.compare import compare_on_folder, model_names
 
     summary = compare_on_folder(images, load_model(baseline), load_model(model), sample=sample, k=k, workers=workers)
-    _show_comparison(summary, as_json, f"in {images}", Path(baseline).name, Path(model).name)
+    # runs/a/model.onnx and runs/b/model.onnx must not both read "model.onnx"
+    names = model_names(baseline, model, summary["old_model_hash"], summary["new_model_hash"])
+    _show_comparison(summary, as_json, f"in {images}", *names)
 
 
 @index_group.command("remove")
@@ -567,9 +619,10 @@ def remove_command(index_dir, ids, paths, as_json) -> None:
 @relabel_option
 @ingest_options
 @engine_options
+@gallery_root_option
 @json_option
 def repair_command(index_dir, model, rebuild, label_from, batch_size, workers, shard_size, max_pixels, gpu, engine,
-                   as_json) -> None:
+                   gallery_root, as_json) -> None:
     """Finish an interrupted build/add, or mend an index whose faiss part and catalogue disagree.
 
     Embeds only images that no shard holds, then checks that faiss holds exactly the indexed images. With
@@ -586,9 +639,12 @@ def repair_command(index_dir, model, rebuild, label_from, batch_size, workers, s
         gpu=gpu,
         options=_ingest_options(batch_size, workers, shard_size, max_pixels, engine),
         label_from=label_from,
+        gallery_root=gallery_root,
     )
     relabelled = (f"relabelled {summary['labels']['relabelled']} images, now {_labels(summary)}; "
                   if "labels" in summary else "")
+    if not as_json:
+        _print_failed(summary, summary["errors"])
     _finish(summary, as_json, f"repaired {summary['index_dir']}: {relabelled}{summary['vectors']} images searchable "
                               f"({summary['faiss']}; {_problems(summary['errors'], summary['duplicates'])})",
             _serve_next(summary["index_dir"]))
@@ -597,11 +653,17 @@ def repair_command(index_dir, model, rebuild, label_from, batch_size, workers, s
 @index_group.command("stats")
 @index_folder
 @click.option("--queries", default=500, show_default=True, help="sampled queries for recall and latency.")
+@click.option("--failed", is_flag=True,
+              help="instead: list every image that could not be read (or listed), with why; an unfinished build's "
+                   "too.")
 @json_option
-def stats_command(index_dir, queries, as_json) -> None:
+def stats_command(index_dir, queries, failed, as_json) -> None:
     """Counts, index type and parameters, size on disk, recall vs exact search, p50/p99 latency."""
     from retrieval.index import index_stats
 
+    if failed:
+        _list_failed(index_dir, as_json)
+        return
     stats = index_stats(index_dir, queries=queries)
     k = max(int(key.split("_")[1]) for key in stats if re.fullmatch(r"recall_(\d+)_at_\1", key))
     recall = stats[f"recall_{k}_at_{k}"]
@@ -609,9 +671,26 @@ def stats_command(index_dir, queries, as_json) -> None:
             f"{stats['index_dir']}: {stats['vectors']} images, {stats['index_key']}, "
             f"{stats['size_on_disk_bytes']['total'] / 2**20:.1f} MiB; recall@{k} {recall:.3f} against exact search, "
             f"p50 {stats['latency']['p50_ms']:.2f} ms per query ({stats['errors']} files could not be read; "
-            f"--json lists them){_budget_text(stats.get('budget'))}",
+            f"--failed lists them){_budget_text(stats.get('budget'))}",
             _serve_next(stats["index_dir"]) if stats["model"].get("source") != "embeddings" else
             f"retrieval serve --index {stats['index_dir']}   (then POST /search with an \"embedding\": no model)")
+
+
+def _list_failed(index_dir: str, as_json: bool) -> None:
+    """`index stats --failed`: every image the index could not read or list, one a line (JSON: one array)."""
+    from retrieval.index.sources import printable_path
+    from retrieval.index.stats import failed_images
+
+    count = 0
+    for count, failure in enumerate(failed_images(index_dir), start=1):  # streamed: a gallery may have millions
+        if as_json:
+            click.echo(("[" if count == 1 else ",") + json.dumps(failure))
+        else:
+            click.echo(f"{printable_path(failure['path'] or '?', limit=None)}: {_one_line(failure['error'])}")
+    if as_json:
+        click.echo("[]" if count == 0 else "]")
+    elif count == 0:
+        click.echo(f"every image of {index_dir} could be read")
 
 
 @index_group.command("export")
@@ -705,9 +784,11 @@ QUERY_BATCH = 32  # queries decoded and embedded together, so that a folder's im
                    'price < 20\' (columns: id, path, label and a manifest\'s own, such as split; = != < <= > >=, '
                    'in (...), and, or, not).')
 @click.option("--gpu", is_flag=True, help="search on the GPU (needs faiss-gpu and a GPU).")
+@gallery_root_option
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table.")
 @rerank_options
-def search_command(index_dir, images, k, max_queries, model, exclude_self, where, gpu, as_json, **options) -> None:
+def search_command(index_dir, images, k, max_queries, model, exclude_self, where, gpu, gallery_root, as_json,
+                   **options) -> None:
     """Find the k most similar gallery images to each query IMAGE (a folder: every image in it, recursively, sorted
     by path). A query that cannot be read is named with the reason, the others are answered, and the command then
     exits with status 1. --rerank re-orders each query's shortlist (docs/INDEX.md, "Re-ranking")."""
@@ -717,7 +798,8 @@ def search_command(index_dir, images, k, max_queries, model, exclude_self, where
     rerank = rerank_config(options)
     queries = _query_list(images, max_queries)
     try:
-        opened = Index.open(index_dir, embedder=load_model(model) if model else None, gpu=gpu)
+        opened = Index.open(index_dir, embedder=load_model(model) if model else None, gpu=gpu,
+                            gallery_root=gallery_root)
     except ModelMismatchError as exc:
         raise click.ClickException(f"{exc}: retrieval index upgrade {shlex.quote(str(index_dir))} --model "
                                    f"{shlex.quote(str(model))}") from exc
@@ -838,7 +920,8 @@ def _answer_batch(index, queries: list[tuple[str, str | None]], k: int, exclude_
         found = index.search(embedding[None], k, exclude_ids=() if excluded is None else (excluded,), where=where,
                              rerank=rerank)[0]
         # path: the spelling --where, index remove, the API and the app use; file: where it lies on this machine
-        results = [r.to_dict() | {"path": index.public_path(r.path), "file": r.path} for r in found]
+        # (its gallery may have moved; None: a path the moved gallery has no place for)
+        results = [r.to_dict() | {"path": index.public_path(r.path), "file": index.image_file(r.path)} for r in found]
         answer.update(results=results, excluded_self=excluded)
     return answers
 

@@ -16,7 +16,7 @@ import click
 from retrieval.cli.config_options import config_options, option_values, parse_params, shared_option
 from retrieval.cli.errors import OptionGroup
 from retrieval.cli.options import apply_options, rerank_config, rerank_options
-from retrieval.onnx_runtime import TRUSTED_CHECKPOINT
+from retrieval.options import TRUSTED_CHECKPOINT
 from retrieval.serve.defaults import DEFAULT_HOST, DEFAULT_PORT
 from retrieval.train.config import TrainConfig
 
@@ -124,6 +124,11 @@ def train_command(config_file, nproc, max_restarts, as_json, offline, **options)
     click.echo(f"trained {cfg.out}: recall@1 {change}{after.get('recall@1', float('nan')):.4f}"
                + (f" (best {best['recall@1']:.4f} at epoch {best_epoch}, in best.pt)" if "recall@1" in best else "")
                + f"; report {summary['report']}")
+    if summary["selected_on"] == "validation":
+        click.echo("best.pt was chosen on the validation split (held-out train classes), not on the test split "
+                   "these numbers come from")
+    elif summary["selection_note"]:  # the run warned at its start; the summary says it again beside the numbers
+        click.echo(f"warning: {summary['selection_note']}", err=True)
     checkpoint = Path(cfg.out) / ("wise.pt" if report.get("wise") else "best.pt")
     click.echo(f"next: retrieval export --checkpoint {checkpoint} --out {Path(cfg.out) / 'model.onnx'}")
 
@@ -131,7 +136,8 @@ def train_command(config_file, nproc, max_restarts, as_json, offline, **options)
 def _summary(cfg: TrainConfig, report: dict) -> dict:
     return {"run": cfg.out, "report": str(Path(cfg.out) / "report.json"),
             "before": _headline(report.get("baseline")), "after": _headline(report.get("last")),
-            "best": _headline(report.get("best"))}
+            "best": _headline(report.get("best")), "selected_on": report.get("selected_on"),
+            "selection_note": report.get("selection_note")}
 
 
 def _headline(metrics: dict | None) -> dict | None:
@@ -171,7 +177,8 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_kwargs, eval_limi
                      device, workers, out_path, pictures, map_method, gallery_model, as_json, **options) -> None:
     """Evaluate a checkpoint: prints its metrics and writes an evaluate report (eval_report.json next to the
     checkpoint, or --out). With --gallery-model OLD: three blocks, new (the checkpoint), old (OLD) and cross_model
-    (the checkpoint's queries against OLD's gallery), and whether BCT's criterion holds. With --rerank a block
+    (the checkpoint's queries against OLD's gallery), and BCT's verdict (compatible, not compatible or too few
+    queries to tell: a bootstrap interval over the queries, docs/TRAINING.md). With --rerank a block
     "reranked": the kNN metrics with each query's shortlist re-ranked as `retrieval search` re-ranks it (the plain
     metrics stay as they are). --json prints all of it as JSON."""
     from retrieval.data import build_transforms, load_dataset
@@ -246,8 +253,8 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_kwargs, eval_limi
     if as_json:
         click.echo(f"{Path(checkpoint).name} against {Path(gallery_model).name}: {sentence}", err=True)
         click.echo(json.dumps({"new": metrics, "old": blocks["old"], "cross_model": blocks["cross_model"],
-                               "compatible": blocks["compatible"], "criterion": sentence, **reranked,
-                               "report": str(out)}, indent=2))
+                               "verdict": blocks["verdict"], "interval": blocks["interval"], "criterion": sentence,
+                               **reranked, "report": str(out)}, indent=2))
         return
     click.echo(f"{checkpoint} (new) against {gallery_model} (old) on {dataset} {split} ({len(ql):,} queries):")
     for name, shown in (("new", metrics), ("old", blocks["old"]), ("cross-model", blocks["cross_model"])):

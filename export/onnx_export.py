@@ -26,6 +26,7 @@ import torch
 from PIL import Image
 from torch import nn
 
+from retrieval.compatibility import COMPATIBILITY_KEY, compatibility_record
 from retrieval.index.embedder import COMPATIBLE_WITH
 from retrieval.models import Embedder, load_checkpoint, load_embedder
 from retrieval.onnx_runtime import (
@@ -286,8 +287,10 @@ def export_embedder(
     fp16: bool = False,
     verify: bool = True,
     log: Log | None = None,
+    compatibility: str | None = None,
 ) -> ExportResult:
     """Export an ``Embedder`` to ``out`` with metadata; verify against PyTorch unless ``verify=False``.
+    ``compatibility``: its measured compatibility with the old model it declares (``compatibility_record``).
 
     On a failed verification the file is removed and ``ExportVerificationError`` is raised.
     """
@@ -316,6 +319,8 @@ def export_embedder(
              "source_model_hash": embedder_model_hash(model)}
     if config.get("compatible_with"):  # trained --compatible-with: indexes of those models may be searched with it
         extra[COMPATIBLE_WITH] = json.dumps(sorted(config["compatible_with"]))
+        if compatibility:  # ... and how well, as measured (`retrieval index upgrade` says it)
+            extra[COMPATIBILITY_KEY] = compatibility
     if compatible:  # ... through this output, where their embedding size differs from this model's
         extra[COMPATIBLE_OUTPUT_KEY] = COMPATIBLE_OUTPUT_NAME
         extra[COMPATIBLE_DIM_KEY] = str(int(config["compatible_dim"]))
@@ -373,7 +378,11 @@ def export_checkpoint(
     verify: bool = True,
     log: Log | None = None,
 ) -> ExportResult:
-    """Export a training checkpoint (``retrieval-checkpoint/1``); its ``config_hash`` goes into the metadata."""
-    hash_of_run = load_checkpoint(checkpoint).config_hash
+    """Export a training checkpoint (``retrieval-checkpoint/1``); its ``config_hash`` goes into the metadata, and
+    the compatibility its evaluation measured, for a model trained --compatible-with an old one."""
+    saved = load_checkpoint(checkpoint)
     model = load_embedder(checkpoint)
-    return export_embedder(model, out, hash_of_run, opset=opset, fp16=fp16, verify=verify, log=log)
+    # the measurement of these weights: the checkpoint's own epoch (an epoch not evaluated records none)
+    measured = compatibility_record((saved.metrics or {}).get("compatibility"))
+    return export_embedder(model, out, saved.config_hash, opset=opset, fp16=fp16, verify=verify, log=log,
+                           compatibility=measured)

@@ -4,6 +4,8 @@ metrics are computed by ``retrieval.metrics`` and the neighbours by faiss, impor
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -12,6 +14,18 @@ from retrieval.errors import ParameterError
 
 # the metrics BCT's empirical criterion compares: M(new queries, old gallery) >= M(old queries, old gallery)
 COMPATIBILITY_METRICS = ("recall@1", "map@r")
+# the criterion is read through an interval, not two means: a paired percentile bootstrap over the queries, seeded,
+# so that every place that says the verdict (evaluate, the training report, the app, the upgrade) says the same
+COMPATIBLE, NOT_COMPATIBLE, TOO_FEW = "compatible", "not compatible", "too few queries to tell"
+VERDICTS = (COMPATIBLE, NOT_COMPATIBLE, TOO_FEW)
+BOOTSTRAP_RESAMPLES = 1000
+BOOTSTRAP_SEED = 0
+CONFIDENCE = 0.95
+MIN_QUERIES = 20  # below this a bootstrap's interval is too narrow to trust: the verdict is TOO_FEW
+RESAMPLE_CHUNK = 2**22  # query indices drawn at once (32 MiB of int64), whatever the number of queries
+# ONNX metadata: the compatibility measured when the model was trained (`retrieval export` writes it from the
+# checkpoint, `retrieval index upgrade` says it)
+COMPATIBILITY_KEY = "compatibility"
 # label-free: the mean share of an image's top-KEPT_K neighbours that a model keeps from another's (a training
 # run's --eval-extra sets: from the pretrained backbone's; WiSE-FT's curve: from the start's)
 KEPT_K = 10
@@ -24,7 +38,8 @@ def compatibility_metrics(new_query: np.ndarray, old_query: np.ndarray, query_la
                           cross_query: np.ndarray | None = None) -> dict[str, Any]:
     """Backward compatibility of a new embedder with an old one (Shen et al., BCT, CVPR 2020, sec. 3): ``new``
     (new queries, new gallery), ``old`` (old, old), ``cross_model`` (new queries against the gallery the old model
-    embedded) and ``compatible``, BCT's criterion: cross_model >= old on each of ``COMPATIBILITY_METRICS``.
+    embedded), and ``verdict`` and ``interval`` (``compatibility_verdict``): BCT's criterion, cross_model >= old on
+    each of ``COMPATIBILITY_METRICS``, read through a bootstrap over the queries.
 
     ``cross_query``: the new queries as they meet the old gallery, for a new model of another embedding size (its
     projection into the old space, ``retrieval.models.in_compatible_space``); default ``new_query``. ``new``
@@ -32,7 +47,7 @@ def compatibility_metrics(new_query: np.ndarray, old_query: np.ndarray, query_la
 
     Without a separate gallery each image is a query against the others (leave-one-out); in ``cross_model`` the
     query's own old embedding is left out too (``same_items``)."""
-    from retrieval.metrics import evaluate
+    from retrieval.metrics import evaluate, mean_metrics, per_query_metrics
 
     ks = tuple(k for k in (1, 2, 4, 8) if k < len(query_labels)) or (1,)
     names = ["recall", "map@r", "r_precision"]
@@ -46,27 +61,130 @@ def compatibility_metrics(new_query: np.ndarray, old_query: np.ndarray, query_la
                                             "the old one, which learns a projection into its space")
     if new_gallery is None:
         new = evaluate(new_query, query_labels, ks=ks, metrics=names)
-        old = evaluate(old_query, query_labels, ks=ks, metrics=names)
-        cross = evaluate(cross_query, query_labels, old_query, query_labels, ks=ks, metrics=names, same_items=True)
+        old = per_query_metrics(old_query, query_labels, ks=ks, metrics=names)
+        cross = per_query_metrics(cross_query, query_labels, old_query, query_labels, ks=ks, metrics=names,
+                                  same_items=True)
     else:
         new = evaluate(new_query, query_labels, new_gallery, gallery_labels, ks=ks, metrics=names)
-        old = evaluate(old_query, query_labels, old_gallery, gallery_labels, ks=ks, metrics=names)
-        cross = evaluate(cross_query, query_labels, old_gallery, gallery_labels, ks=ks, metrics=names)
-    compatible = all(cross[name] >= old[name] for name in COMPATIBILITY_METRICS)
-    return {"new": new, "old": old, "cross_model": cross, "compatible": compatible}
+        old = per_query_metrics(old_query, query_labels, old_gallery, gallery_labels, ks=ks, metrics=names)
+        cross = per_query_metrics(cross_query, query_labels, old_gallery, gallery_labels, ks=ks, metrics=names)
+    return {"new": new, "old": mean_metrics(old), "cross_model": mean_metrics(cross),
+            **compatibility_verdict(cross, old)}
 
 
-def compatibility_sentence(blocks: dict[str, Any]) -> str:
-    """BCT's criterion said plainly, with the numbers it compares."""
+def bootstrap_means(values: np.ndarray, resamples: int = BOOTSTRAP_RESAMPLES,
+                    seed: int = BOOTSTRAP_SEED) -> np.ndarray:
+    """Means of each column of ``values`` [n queries, m series] over ``resamples`` draws of n queries with
+    replacement, every series on the same draws (paired): [resamples, m]."""
+    values = np.asarray(values, dtype=np.float64)
+    n = len(values)
+    if n < 1 or resamples < 1:
+        raise ParameterError("values", f"needs at least one query and one resample, got {n} and {resamples}")
+    rng = np.random.default_rng(seed)
+    series = np.ascontiguousarray(values.T)  # a gather from a contiguous row is ~2x faster than from a column
+    means = np.empty((resamples, len(series)))
+    per_chunk = max(1, RESAMPLE_CHUNK // n)  # bounded memory; the draws are the same stream as one at a time
+    for start in range(0, resamples, per_chunk):
+        drawn = rng.integers(0, n, size=(min(per_chunk, resamples - start), n))
+        for column, row in enumerate(series):
+            means[start:start + len(drawn), column] = np.take(row, drawn).mean(axis=1)
+    return means
+
+
+def compatibility_verdict(cross: Mapping[str, np.ndarray], old: Mapping[str, np.ndarray],
+                          resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,
+                          confidence: float = CONFIDENCE) -> dict[str, Any]:
+    """THE verdict on BCT's criterion from per-query metrics (``retrieval.metrics.per_query_metrics``: NaN where
+    a query has no relevant item) of new queries against the old gallery (``cross``) and of old against old.
+
+    Returns ``{"verdict": ..., "interval": ...}``: the interval holds ``queries``, ``resamples``, ``seed``,
+    ``confidence`` and, per metric of ``COMPATIBILITY_METRICS``, the percentile intervals of the ``cross_model``
+    mean, the ``old`` mean and their ``difference`` (cross - old), all from the same resampled queries. The
+    verdict: ``compatible`` when every difference's interval lies at or above 0, ``not compatible`` when one lies
+    below 0, else (and under ``MIN_QUERIES`` queries) ``too few queries to tell``."""
+    if not 0 < confidence < 1:
+        raise ParameterError("confidence", f"must be between 0 and 1, got {confidence}")
+    measured = ~np.isnan(np.asarray(old[COMPATIBILITY_METRICS[0]], dtype=np.float64))
+    columns = []
+    for name in COMPATIBILITY_METRICS:
+        pair = [np.asarray(series[name], dtype=np.float64) for series in (cross, old)]
+        if any(values.shape != measured.shape or not np.array_equal(~np.isnan(values), measured) for values in pair):
+            raise ParameterError("cross", f"must measure the same queries as old ({name}: one gallery's labels)")
+        columns += [values[measured] for values in pair]
+    means = bootstrap_means(np.stack(columns, axis=1), resamples, seed)
+    tails = [(1 - confidence) / 2, (1 + confidence) / 2]
+
+    def interval(draws: np.ndarray) -> list[float]:
+        return [float(bound) for bound in np.quantile(draws, tails)]
+
+    blocks: dict[str, dict[str, list[float]]] = {"cross_model": {}, "old": {}, "difference": {}}
+    for i, name in enumerate(COMPATIBILITY_METRICS):
+        cross_means, old_means = means[:, 2 * i], means[:, 2 * i + 1]
+        blocks["cross_model"][name], blocks["old"][name] = interval(cross_means), interval(old_means)
+        blocks["difference"][name] = interval(cross_means - old_means)
+    queries = int(measured.sum())
+    differences = blocks["difference"].values()
+    if queries < MIN_QUERIES:
+        verdict = TOO_FEW
+    elif any(high < 0 for _, high in differences):
+        verdict = NOT_COMPATIBLE
+    elif all(low >= 0 for low, _ in differences):
+        verdict = COMPATIBLE
+    else:
+        verdict = TOO_FEW
+    return {"verdict": verdict, "interval": {"queries": queries, "resamples": int(resamples), "seed": int(seed),
+                                             "confidence": float(confidence), **blocks}}
+
+
+def compatibility_sentence(blocks: Mapping[str, Any]) -> str:
+    """BCT's criterion said plainly: the verdict, the means it compares and the interval of their difference
+    (``blocks``: ``compatibility_metrics``' answer, or a report's or a model's record of it)."""
     cross, old = blocks["cross_model"], blocks["old"]
-    compared = ", ".join(f"{name} {cross[name]:.3f} {'>=' if cross[name] >= old[name] else '<'} {old[name]:.3f}"
-                         for name in COMPATIBILITY_METRICS)
-    if blocks["compatible"]:
-        return (f"compatible: new queries find the old gallery's images at least as well as old queries do "
-                f"(cross-model vs old/old: {compared}); the index need not be re-embedded before the new model "
-                "serves it")
-    return (f"not compatible: new queries find the old gallery's images worse than old queries do (cross-model vs "
-            f"old/old: {compared}); re-embed the gallery with the new model before it serves")
+    verdict, interval = blocks.get("verdict"), blocks.get("interval")
+    if verdict not in VERDICTS or not isinstance(interval, Mapping):  # a report written before the interval
+        compared = ", ".join(f"{name} {cross[name]:.3f} vs {old[name]:.3f}" for name in COMPATIBILITY_METRICS)
+        return (f"no verdict: cross-model vs old/old {compared}, measured without an interval (a report from "
+                "before verdicts had one); evaluate again with --gallery-model for one")
+    share = f"{float(interval['confidence']):.0%}"
+    compared = "; ".join(
+        f"{name} {cross[name]:.3f} vs {old[name]:.3f}, difference {cross[name] - old[name]:+.3f}, {share} interval "
+        f"{interval['difference'][name][0]:+.3f} to {interval['difference'][name][1]:+.3f}"
+        for name in COMPATIBILITY_METRICS)
+    on = f"on {int(interval['queries']):,} queries, cross-model vs old/old: {compared}"
+    if verdict == COMPATIBLE:
+        return (f"compatible: new queries find the old gallery's images at least as well as old queries do ({on}); "
+                "the index need not be re-embedded before the new model serves it")
+    if verdict == NOT_COMPATIBLE:
+        return (f"not compatible: new queries find the old gallery's images worse than old queries do ({on}); "
+                "re-embed the gallery with the new model before it serves")
+    few = (f"; fewer than {MIN_QUERIES} queries are too few for any verdict"
+           if int(interval["queries"]) < MIN_QUERIES else "")
+    return (f"too few queries to tell: the difference could be on either side of zero ({on}{few}); measure on more "
+            "queries before the new model serves the old gallery, or re-embed the gallery first")
+
+
+def compatibility_record(blocks: Mapping[str, Any] | None) -> str | None:
+    """What a model carries of its measured compatibility (ONNX metadata ``COMPATIBILITY_KEY``): the blocks the
+    verdict reads, as JSON; None without a verdict (not measured, or measured before verdicts had an interval)."""
+    if not isinstance(blocks, Mapping) or blocks.get("verdict") not in VERDICTS:
+        return None
+    return json.dumps({key: blocks[key] for key in ("old", "cross_model", "verdict", "interval")}, sort_keys=True)
+
+
+def recorded_compatibility(metadata: Mapping[str, str] | None) -> dict[str, Any] | None:
+    """The compatibility a model's metadata records (``compatibility_record``), or None: none, or unreadable."""
+    raw = (metadata or {}).get(COMPATIBILITY_KEY)
+    try:
+        record = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or record.get("verdict") not in VERDICTS:
+        return None
+    try:
+        compatibility_sentence(record)  # a record is anyone's file: one the sentence cannot read is no record
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None
+    return record
 
 
 def top_k(vectors: np.ndarray, k: int) -> np.ndarray:

@@ -8,11 +8,11 @@ import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
-from tqdm.auto import tqdm
 
 from retrieval.data.dataset import BadImageLog, BadSample, CatchBadSamples, collate_dropping_bad
 from retrieval.errors import ParameterError
 from retrieval.heap import kept_heap
+from retrieval.progress import progress_bar
 from retrieval.workers import default_workers
 
 
@@ -69,7 +69,8 @@ def embed_samples(
     model.eval()
     loader = make_loader(dataset, batch_size, workers, device, shuffle=False)
     outputs, labels, indices, bad = [], [], [], []
-    with kept_heap(), tqdm(total=len(dataset), desc=desc, unit="img", disable=not progress, leave=False) as bar:
+    with kept_heap(), progress_bar(total=len(dataset), desc=desc, unit="img", disable=not progress,
+                                         leave=False) as bar:
         for batch in loader:
             bad_images.add(batch.bad)
             bad += batch.bad

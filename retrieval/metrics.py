@@ -416,7 +416,7 @@ def _r_precision(relevant: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
     return hits.sum(dim=1, dtype=torch.float64) / r.to(torch.float64)
 
 
-def _retrieval_metrics(
+def _retrieval_per_query(
     space: _Space,
     query_codes: torch.Tensor,
     gallery_codes: torch.Tensor,
@@ -427,7 +427,8 @@ def _retrieval_metrics(
     reorder: Reorder | None = None,
     min_depth: int = 0,
     device: torch.device | None = None,
-) -> dict[str, float]:
+) -> dict[str, np.ndarray]:
+    """Each kNN metric per query (float64 [n]), NaN for a query with no relevant gallery item (left out)."""
     r = _relevant_counts(query_codes, gallery_codes, exclude_self)
     scored = torch.nonzero(r > 0).flatten()
     if len(scored) == 0:
@@ -466,16 +467,25 @@ def _retrieval_metrics(
         if "r_precision" in want:
             r_precision[rows] = _r_precision(relevant, r_here[rows])
     # only the per-query values come back; they are averaged on the CPU, as without a device
-    recall_hits = {k: hits.cpu() for k, hits in recall_hits.items()}
-    average_precision, r_precision = average_precision.cpu(), r_precision.cpu()
-    out: dict[str, float] = {}
+    values: dict[str, torch.Tensor] = {}
     if "recall" in want:
-        out.update({f"recall@{k}": float(recall_hits[k][scored].mean()) for k in ks})
+        values.update({f"recall@{k}": recall_hits[k] for k in ks})
     if "map@r" in want:
-        out["map@r"] = float(average_precision[scored].mean())
+        values["map@r"] = average_precision
     if "r_precision" in want:
-        out["r_precision"] = float(r_precision[scored].mean())
+        values["r_precision"] = r_precision
+    unscored = (r <= 0).numpy()
+    out: dict[str, np.ndarray] = {}
+    for name, value in values.items():
+        out[name] = value.cpu().numpy()
+        out[name][unscored] = np.nan
     return out
+
+
+def mean_metrics(per_query: dict[str, np.ndarray]) -> dict[str, float]:
+    """The metrics ``per_query_metrics`` gives per query, averaged over the queries it measured (not NaN)."""
+    # torch's float64 mean, the sum every report has always used (so the numbers stay what they were)
+    return {name: float(torch.from_numpy(values[~np.isnan(values)]).mean()) for name, values in per_query.items()}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -620,50 +630,86 @@ def evaluate(
     """
     _check_similarity(metric)
     _check_block_size(block_size)
-    device = resolve_metrics_device(device)
+    dev = resolve_metrics_device(device)
     want = _check_metric_names(metrics)
-    q = _as_embeddings(query, "query")
-    q_labels = _as_label_array(query_labels, q.shape[0], "query_labels")
-    if (gallery is None) != (gallery_labels is None):
-        raise ValueError("pass gallery and gallery_labels together (or neither, for leave-one-out)")
-    exclude_self = gallery is None or same_items
-    g = None if gallery is None else _as_embeddings(gallery, "gallery")
-    if same_items and g is not None:
-        g_labels = _as_label_array(gallery_labels, g.shape[0], "gallery_labels")
-        if g.shape[0] != q.shape[0] or not np.array_equal(g_labels, q_labels):
-            raise ValueError("same_items needs the gallery to be the query set's images in the same order (same "
-                             f"labels); got {q.shape[0]} query and {g.shape[0]} gallery rows")
-    if exclude_self:
-        (q_codes,) = _encode_labels(q_labels, None)
-        g_codes = q_codes  # same_items: the gallery's labels are the query's
-    else:
-        g_labels = _as_label_array(gallery_labels, g.shape[0], "gallery_labels")
-        q_codes, g_codes = _encode_labels(q_labels, g_labels)
-    space = _prepare_space(q, g, metric)
-
+    inputs = _Inputs.of(query, query_labels, gallery, gallery_labels, metric, same_items)
     out: dict[str, float] = {}
     if want & KNN_METRICS:
-        available = space.gallery.shape[0] - int(exclude_self)
-        ks = _check_ks(ks, available) if "recall" in want else (1,)
-        out.update(
-            _retrieval_metrics(
-                space,
-                torch.from_numpy(q_codes),
-                torch.from_numpy(g_codes),
-                ks,
-                want & KNN_METRICS,
-                exclude_self,
-                block_size,
-                reorder,
-                min_depth,
-                device,
-            )
-        )
+        out.update(mean_metrics(inputs.per_query(ks, want & KNN_METRICS, block_size, reorder, min_depth, dev)))
     if want & {"nmi", "f1"}:
         # Cluster in the space the similarity uses: normalised rows for cosine, raw otherwise.
-        cluster_space = space.query if metric == "cosine" else q
-        out.update(_clustering_metrics(cluster_space, q_codes, want, kmeans_niter, seed))
+        cluster_space = inputs.space.query if metric == "cosine" else inputs.query
+        out.update(_clustering_metrics(cluster_space, inputs.query_codes, want, kmeans_niter, seed))
     return out
+
+
+def per_query_metrics(
+    query: Any,
+    query_labels: Any,
+    gallery: Any = None,
+    gallery_labels: Any = None,
+    ks: Sequence[int] = (1, 2, 4, 8),
+    metrics: Sequence[str] = ("recall", "map@r", "r_precision"),
+    block_size: int | None = None,
+    metric: str = "cosine",
+    same_items: bool = False,
+    device: str | torch.device | None = None,
+) -> dict[str, np.ndarray]:
+    """``evaluate``'s kNN metrics per query (same arguments): float64 [n] in query order, NaN for a query with
+    no relevant gallery item; ``mean_metrics`` of it is ``evaluate``'s numbers (a bootstrap resamples it)."""
+    _check_similarity(metric)
+    _check_block_size(block_size)
+    dev = resolve_metrics_device(device)
+    want = _check_metric_names(metrics)
+    if want - KNN_METRICS:
+        raise ValueError(f"per-query values exist for {', '.join(sorted(KNN_METRICS))} only, not "
+                         f"{', '.join(sorted(want - KNN_METRICS))} (a clustering is one number for the whole set)")
+    inputs = _Inputs.of(query, query_labels, gallery, gallery_labels, metric, same_items)
+    return inputs.per_query(ks, want, block_size, None, 0, dev)
+
+
+@dataclass
+class _Inputs:
+    """Checked inputs of ``evaluate`` and ``per_query_metrics``: the prepared space and the label codes."""
+
+    query: torch.Tensor
+    query_codes: np.ndarray
+    gallery_codes: np.ndarray
+    exclude_self: bool
+    space: _Space
+
+    @classmethod
+    def of(cls, query: Any, query_labels: Any, gallery: Any, gallery_labels: Any, metric: str,
+           same_items: bool) -> _Inputs:
+        """Check and prepare the inputs (conventions in the module docstring)."""
+        _check_similarity(metric)
+        q = _as_embeddings(query, "query")
+        q_labels = _as_label_array(query_labels, q.shape[0], "query_labels")
+        if (gallery is None) != (gallery_labels is None):
+            raise ValueError("pass gallery and gallery_labels together (or neither, for leave-one-out)")
+        exclude_self = gallery is None or same_items
+        g = None if gallery is None else _as_embeddings(gallery, "gallery")
+        if same_items and g is not None:
+            g_labels = _as_label_array(gallery_labels, g.shape[0], "gallery_labels")
+            if g.shape[0] != q.shape[0] or not np.array_equal(g_labels, q_labels):
+                raise ValueError("same_items needs the gallery to be the query set's images in the same order (same "
+                                 f"labels); got {q.shape[0]} query and {g.shape[0]} gallery rows")
+        if exclude_self:
+            (q_codes,) = _encode_labels(q_labels, None)
+            g_codes = q_codes  # same_items: the gallery's labels are the query's
+        else:
+            g_labels = _as_label_array(gallery_labels, g.shape[0], "gallery_labels")
+            q_codes, g_codes = _encode_labels(q_labels, g_labels)
+        return cls(q, q_codes, g_codes, exclude_self, _prepare_space(q, g, metric))
+
+    def per_query(self, ks: Sequence[int], want: set[str], block_size: int | None, reorder: Reorder | None,
+                  min_depth: int, device: torch.device | None) -> dict[str, np.ndarray]:
+        """The kNN metrics in ``want`` per query (``_retrieval_per_query``)."""
+        available = self.space.gallery.shape[0] - int(self.exclude_self)
+        ks = _check_ks(ks, available) if "recall" in want else (1,)
+        return _retrieval_per_query(self.space, torch.from_numpy(self.query_codes),
+                                    torch.from_numpy(self.gallery_codes), ks, want, self.exclude_self, block_size,
+                                    reorder, min_depth, device)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -32,10 +32,6 @@ if TYPE_CHECKING:
     from torch import nn
 
 ONNX_FORMAT = "retrieval-onnx/1"
-# what a command's --model and --checkpoint help says: an attacker's file is not data (docs/SECURITY.md)
-TRUSTED_MODEL = "A model is trusted input: load only models you built or trust (docs/SECURITY.md)."
-TRUSTED_CHECKPOINT = ("A checkpoint is trusted input: loading one runs its code (a pickle); load only checkpoints you "
-                      "made or trust (docs/SECURITY.md).")
 INPUT_NAME = "images"
 OUTPUT_NAME = "embeddings"
 # a model trained --compatible-with an old one of another embedding size has a second output: its embedding

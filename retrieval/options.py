@@ -17,6 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# what a command's --model and --checkpoint help says: an attacker's file is not data (docs/SECURITY.md)
+TRUSTED_MODEL = "A model is trusted input: load only models you built or trust (docs/SECURITY.md)."
+TRUSTED_CHECKPOINT = ("A checkpoint is trusted input: loading one runs its code (a pickle); load only checkpoints you "
+                      "made or trust (docs/SECURITY.md).")
+
 OPTION_KEY = "option"  # the key of a field's metadata that holds its OptionSpec
 REQUIRED: Any = dataclasses.MISSING  # option(REQUIRED, ...): a field that has no default
 

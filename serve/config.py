@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from retrieval.gallery_option import gallery_root_option
 from retrieval.index.live import RELOAD_INTERVAL_S
-from retrieval.onnx_runtime import TRUSTED_MODEL
-from retrieval.options import REQUIRED, declared_options, field_problem, hint_members, option
+from retrieval.options import REQUIRED, TRUSTED_MODEL, declared_options, field_problem, hint_members, option
 from retrieval.serve.defaults import (
     API_TOKEN_ENV,
     DEFAULT_HOST,
@@ -56,6 +56,7 @@ class ServerConfig:
         "compatible output where its own embedding has another size. " + TRUSTED_MODEL, path="file",
         metavar="MODEL.onnx",
         default_text="the model index.json records")
+    gallery_root: Path | None = gallery_root_option("index")
     reload_interval_s: float | None = option(
         RELOAD_INTERVAL_S, "index", "seconds between checks of the index folder: once a writer (`retrieval index "
         "add/remove/...`) finishes, the server swaps in the new index without a restart; 0 turns it off.",

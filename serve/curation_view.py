@@ -16,7 +16,13 @@ from retrieval.analysis.neighbour_pictures import duplicates_picture, suspects_p
 from retrieval.data.decode import read_image
 from retrieval.errors import ParameterError
 from retrieval.index.audit import audit_index
-from retrieval.index.duplicates import Calibration, calibrate_on_index, find_duplicates
+from retrieval.index.duplicates import (
+    Calibration,
+    advice,
+    calibrate_on_index,
+    find_duplicates,
+    picture_background,
+)
 from retrieval.index.neighbour_graph import NeighbourGraph, index_graph
 from retrieval.serve.service import SearchService, ServedIndex
 
@@ -97,7 +103,8 @@ class CurationView:
             summary = find_duplicates(state.index, cut, graph=graph, max_groups=GROUPS_LISTED)
             if threshold == "auto" and self._calibration is not None:
                 summary["calibration"] = self._calibration.to_dict()
-            return summary, duplicates_picture(summary, load)
+                summary |= advice(summary["calibration"], summary["groups"])  # its warning too
+            return summary, duplicates_picture(summary, load, background=picture_background(state.embedder))
 
     def suspects(self) -> tuple[dict[str, Any] | None, Image.Image | None, str | None]:
         """``audit_index`` of the current state (once per state) and its picture; or why there is none."""
@@ -108,5 +115,6 @@ class CurationView:
                     summary = audit_index(state.index, top=SUSPECTS_LISTED, graph=self._graph_of(state))
                 except ParameterError as exc:  # no labels
                     return None, None, exc.problem
-                self._audit = summary, suspects_picture(summary, self.loader(state))
+                self._audit = summary, suspects_picture(summary, self.loader(state),
+                                                        background=picture_background(state.embedder))
             return *self._audit, None

@@ -390,18 +390,32 @@ def summary_markdown(report: RunReport, shown: str | None = None) -> str:
     if report.kind == "evaluate":
         facts.append(f"split: {markdown_code(report.data.get('split'))}, "
                      f"queries: {markdown_text(report.data.get('num_queries'))}")
-    return " · ".join(facts) + out_of_domain_markdown(report) + compatibility_markdown(report)
+    return " · ".join(facts) + selection_markdown(report) + out_of_domain_markdown(report) + \
+        compatibility_markdown(report)
+
+
+def selection_markdown(report: RunReport) -> str:
+    """A training run's choice of best.pt: on the validation split, or on the test split (its numbers optimistic,
+    with the report's reason); empty for a report that does not say (an evaluation, or a run before it was
+    recorded)."""
+    selected_on = report.data.get("selected_on") if report.kind == "train" else None
+    if selected_on == "validation":
+        return "\n\n**best.pt chosen on:** the validation split (held-out train classes), not the test split."
+    if selected_on == "test":
+        note = report.data.get("selection_note") or "chosen on the test split: its numbers are optimistic"
+        return f"\n\n**best.pt chosen on the test split:** {markdown_text(note)}."
+    return ""
 
 
 def compatibility_markdown(report: RunReport) -> str:
-    """A run trained --compatible-with an old model (or evaluated against its gallery): BCT's criterion, said plainly
-    with the numbers it compares; empty otherwise."""
+    """A run trained --compatible-with an old model (or evaluated against its gallery): BCT's verdict, said plainly
+    with the numbers it compares and their interval (``compatibility_sentence``); empty otherwise."""
     from retrieval.compatibility import compatibility_sentence
 
     blocks = (report.data.get("last") or {}).get("compatibility") or report.data.get("compatibility")
     try:
         sentence = compatibility_sentence(blocks) if isinstance(blocks, dict) else None
-    except (KeyError, TypeError, ValueError):  # a report is anyone's file: a block it lacks is no sentence
+    except (KeyError, TypeError, ValueError, IndexError):  # a report is anyone's file: a block it lacks is no sentence
         sentence = None
     return f"\n\n**Compatibility with the old model:** {markdown_text(sentence)}." if sentence else ""
 

@@ -67,6 +67,7 @@ def build_app(config: ServerConfig, service: SearchService | None = None) -> tup
         max_upload_bytes=config.max_upload_bytes,
         max_pixels=config.max_pixels,
         reload_interval_s=config.reload_interval_s,
+        gallery_root=config.gallery_root,
     )
     app = create_api(service, concurrency=config.concurrency, max_queue=config.max_queue, observe=config.observe)
     # The token covers every route of the API app (the JSON API, its OpenAPI document, /docs and its assets) but

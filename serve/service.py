@@ -272,8 +272,10 @@ class SearchService:
         max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
         max_pixels: int = DEFAULT_MAX_PIXELS,
         reload_interval_s: float | None = RELOAD_INTERVAL_S,
+        gallery_root: str | Path | None = None,
     ) -> None:
         self.index_dir = Path(index_dir)
+        self.gallery_root = gallery_root  # where the gallery moved (--gallery-root); None: found from index.json
         self.max_upload_bytes, self.max_pixels = int(max_upload_bytes), int(max_pixels)
         self._embedder, self._batching = embedder, (max_batch, max_wait_ms)
         self.generation = 0  # states opened, each swapped in at once (1: the first); /metrics counts reloads by it
@@ -282,9 +284,10 @@ class SearchService:
     def _open_state(self, previous: ServedIndex | None) -> ServedIndex:
         """The folder's state now; its model is the previous state's unless the index records another one."""
         if previous is None:  # the first open: as Index.open, it takes a consistent index even during a writer
-            snapshot = Snapshot.open(self.index_dir, embedder=self._embedder, writer_free=False)
+            snapshot = Snapshot.open(self.index_dir, embedder=self._embedder, writer_free=False,
+                                     gallery_root=self.gallery_root)
         else:
-            snapshot = Snapshot.open(self.index_dir)
+            snapshot = Snapshot.open(self.index_dir, gallery_root=self.gallery_root)
         model = None
         try:
             # the same model and output (an upgrade from a compatible output to the model's own keeps its hash)
@@ -577,16 +580,19 @@ class SearchService:
             }
 
     def _catalogued_image(self, image_id: int, state: ServedIndex | None = None) -> Path | None:
+        """Where the file of an indexed image is now (its gallery may have moved: ``Index.image_file``), or None."""
         if state is not None:
             row = state.index.indexed_row(image_id)
+            file = state.index.image_file(row["path"]) if row is not None else None
         else:
             with self.live.acquire() as held:
                 row = held.index.indexed_row(image_id)
-        # an image's path is absolute; a build from embeddings may catalogue URLs, never opened here
-        if row is None or not Path(row["path"]).is_absolute() or Path(row["path"]).suffix.lower() not in \
-                IMAGE_EXTENSIONS:
+                file = held.index.image_file(row["path"]) if row is not None else None
+        # an image's path is absolute; a build from embeddings may catalogue URLs, never opened here; a moved
+        # gallery has no place for a path outside its root (None), which is never opened either
+        if file is None or not Path(file).is_absolute() or Path(file).suffix.lower() not in IMAGE_EXTENSIONS:
             return None
-        return Path(row["path"])
+        return Path(file)
 
     def image_path(self, image_id: int, state: ServedIndex | None = None) -> Path | None:
         """The file of an indexed image of ``state`` (default: the current one), for callers that open it by path
@@ -651,7 +657,8 @@ class SearchService:
         def scrub(text: Any) -> Any:  # error messages may quote a server path
             if not isinstance(text, str):
                 return text
-            for folder, shown in ((str(state.gallery_root), "<gallery>"), (str(self.index_dir.resolve()), "<index>")):
+            for folder, shown in ((str(state.gallery_root), "<gallery>"), (str(state.index.gallery.root), "<gallery>"),
+                                  (str(self.index_dir.resolve()), "<index>")):  # the gallery where recorded, and now
                 text = text.replace(folder, shown) if folder not in ("", "/", ".") else text
             return text
 

@@ -693,9 +693,13 @@ class EvaluationTab:
         text = (f"**{summary['groups_found']} groups of near-duplicates** ({summary['copies_in_groups']} copies) among "
                 f"the indexed images{sampled}, linked where one is among the other's {summary['k']} nearest at cosine "
                 f"≥ **{summary['threshold']:.3f}** ({how}). The first of each group is the one indexed first.")
+        # the calibration's and the label-mixed groups' warnings, where people read before removing anything
+        text += "".join(f"\n\n**Warning:** {markdown_text(warning, MAX_ERROR_CHARS)}"
+                        for warning in summary.get("warnings", []))
         if not summary["groups_found"]:
             return text, gr.Dataframe(value=None, visible=False), gr.Image(visible=False)
-        rows = [[number, "kept" if position == 0 else "copy", image_id, self.facts.label_text(label),
+        rows = [[number, ("kept" if position == 0 else "copy") + (" (labels differ)" if group.get("labels_mixed")
+                                                                    else ""), image_id, self.facts.label_text(label),
                  shown_text(path or "(missing)", MAX_PATH_CHARS), "" if similarity is None else round(similarity, 4)]
                 for number, group in enumerate(summary["groups"], 1)
                 for position, (image_id, path, label, similarity) in enumerate(

@@ -118,6 +118,7 @@ def write_full_report(run_dir: Path, artifacts: ServeArtifacts) -> Path:
     the embedding map) and a --compatible-with run's, over the index's own embeddings; the map draws at most 20 of
     the gallery's classes."""
     from retrieval.analysis.pictures import draw_evaluation_pictures
+    from retrieval.compatibility import compatibility_verdict
     from retrieval.index.catalogue import Catalogue
     from retrieval.index.shards import ShardStore
     from retrieval.index.vectors import done_chunks
@@ -136,9 +137,13 @@ def write_full_report(run_dir: Path, artifacts: ServeArtifacts) -> Path:
     last = evaluate(vectors, labels)
     baseline = evaluate(np.random.default_rng(0).normal(size=vectors.shape).astype(np.float32), labels)
     other = {"recall@1": 0.7, "map@r": 0.3}  # an --eval-extra set, as the demo's fashion-mnist
-    def blocks(new: float, cross: float) -> dict:  # --compatible-with's three blocks
+    def blocks(new: float, cross: float) -> dict:  # --compatible-with's three blocks and their verdict
+        def per_query(value: float) -> dict:  # 40 queries that all score the block's mean
+            return {"recall@1": np.full(40, value), "map@r": np.full(40, value / 2)}
+
         return {"new": {"recall@1": new, "map@r": new / 2}, "old": {"recall@1": 0.6, "map@r": 0.3},
-                "cross_model": {"recall@1": cross, "map@r": cross / 2}, "compatible": cross >= 0.6}
+                "cross_model": {"recall@1": cross, "map@r": cross / 2},
+                **compatibility_verdict(per_query(cross), per_query(0.6))}
 
     history = [{"epoch": 0, **baseline, "extra": {"other": other}, "compatibility": blocks(0.6, 0.6)},
                {"epoch": 1, "loss": 0.9},
@@ -158,7 +163,8 @@ def write_full_report(run_dir: Path, artifacts: ServeArtifacts) -> Path:
 
     write_report(run_dir, {"train": {"dataset": "fixture", "backbone": "efficientnet_lite0", "loss": "none",
                                      "epochs": 2}},
-                 history, baseline, {"epoch": 2, **last}, last, (vectors, labels), None, reference=reference,
+                 history, baseline, {"epoch": 2, **last}, {**last, "compatibility": history[-1]["compatibility"]},
+                 (vectors, labels), None, reference=reference,
                  wise=wise, pictures=pictures,
                  class_split={"test": {"classes": len(names), "images": len(ids)}})
     return run_dir / "report.json"

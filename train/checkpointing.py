@@ -23,6 +23,21 @@ from retrieval.train.state import EpochProgress, RunRecord, TrainData, TrainPart
 
 BEST_METRIC = "recall@1"  # the evaluation metric whose highest value makes best.pt
 METRICS_LOG = "metrics.jsonl"
+VALIDATION = "validation"  # an epoch row's validation metrics, and the split best.pt is chosen on where it exists
+
+
+def selection_score(row: dict[str, Any], selected_on: str) -> float | None:
+    """The value best.pt is chosen by in an epoch's row: BEST_METRIC on ``selected_on`` ("validation": the row's
+    validation metrics, else the test split's); None where the epoch did not evaluate that split."""
+    metrics = row.get(VALIDATION) if selected_on == VALIDATION else row
+    return None if not metrics or BEST_METRIC not in metrics else float(metrics[BEST_METRIC])
+
+
+def best_row(history: list[dict[str, Any]], selected_on: str) -> dict[str, Any] | None:
+    """The trained epoch best.pt holds: the highest ``selection_score``, the first of equal ones (as
+    ``save_epoch_end`` keeps it); None before an evaluated epoch."""
+    scored = [r for r in history if r.get("epoch", 0) > 0 and selection_score(r, selected_on) is not None]
+    return max(scored, key=lambda r: selection_score(r, selected_on)) if scored else None
 
 
 def atomic_save(obj: Any, path: Path) -> None:
@@ -104,9 +119,11 @@ class Checkpointer:
         self.save(LAST_CHECKPOINT, record, epoch, last_row, progress=progress)
 
     def save_epoch_end(self, record: RunRecord, epoch: int, row: dict[str, Any], evaluated: bool) -> None:
-        """After an epoch: best.pt when its recall@1 is the best yet (every rank tracks it), then last.pt."""
-        if evaluated and row[BEST_METRIC] > record.best_recall:
-            record.best_recall = row[BEST_METRIC]
+        """After an epoch: best.pt when its recall@1 on the selection split (validation where the run has one) is
+        the best yet (every rank tracks it), then last.pt."""
+        score = selection_score(row, self.data.selected_on)
+        if evaluated and score is not None and score > record.best_recall:
+            record.best_recall = score
             self.save(BEST_CHECKPOINT, record, epoch + 1, row)
         self.save(LAST_CHECKPOINT, record, epoch + 1, row)
 

@@ -22,12 +22,16 @@ from retrieval.data.augment import (
     resolve_augmentation,
 )
 from retrieval.data.colour import parse_background
-from retrieval.data.eval_preprocess import CROP, PAD, RESIZE_MODES
+from retrieval.data.resize_modes import CROP, PAD, RESIZE_MODES
 from retrieval.options import declared_options, field_problem, option
 from retrieval.train.optimizers import OPTIMIZERS, SCHEDULES
 from retrieval.workers import DEFAULT_WORKERS_TEXT
 
 AMP_CHOICES = (True, False, "auto", "fp16", "bf16", "off")
+# --val-fraction's default: this share of the train classes becomes the validation split where the train split has
+# at least DEFAULT_VAL_MIN_CLASSES classes, so that validation holds 2 or more (a Recall@1 needs 2 to rank)
+DEFAULT_VAL_FRACTION = 0.1
+DEFAULT_VAL_MIN_CLASSES = 20
 RUNS_ROOT = "runs"  # where a run without --out goes
 
 
@@ -182,7 +186,8 @@ class TrainConfig:
     workers: int | None = option(None, "runtime", "DataLoader worker processes.", low=0,
                                  default_text=DEFAULT_WORKERS_TEXT)
     # evaluation
-    eval_every: int = option(1, "evaluation", "evaluate every N epochs.", low=1, metavar="N")
+    eval_every: int = option(1, "evaluation", "evaluate every N epochs (and after the last): the validation split, "
+                                              "which best.pt is chosen on, else the test split.", low=1, metavar="N")
     eval_before: bool = option(True, "evaluation", "evaluate the untrained model first (the report's 'before' "
                                                    "column).")
     eval_batch_size: int = option(128, "evaluation", "images in an evaluation batch.", low=1)
@@ -190,12 +195,18 @@ class TrainConfig:
                                     unit="images", metavar="N", default_text="all")
     eval_extra: list[str] = option(
         section="evaluation", help="also evaluate out of domain on this data set (NAME or NAME:SPLIT) or image "
-        "folder at every evaluation, beside the pretrained backbone at its own resolution (repeatable).",
+        "folder wherever the test split is evaluated, beside the pretrained backbone at its own resolution "
+        "(repeatable).",
         factory=list, metavar="NAME|FOLDER")
     eval_extra_limit: int | None = option(1000, "evaluation", "images of each --eval-extra set (half validation, "
                                                               "half test).", low=8, unit="images", metavar="N")
-    val_fraction: float = option(0.0, "evaluation", "hold this fraction of the training classes out as validation "
-                                                    "data (for --wise-alpha auto).", low=0, high=0.5, high_open=True)
+    val_fraction: float | None = option(
+        None, "evaluation", "hold this fraction of the training classes out as validation data (seeded, class-"
+        "disjoint): best.pt and --wise-alpha auto are chosen on it, and the test split is evaluated before and after "
+        "training only; 0: no validation split, the choice falls back to the test split (optimistic numbers).",
+        low=0, high=0.5, high_open=True,
+        default_text=f"{DEFAULT_VAL_FRACTION} of the classes when the train split has {DEFAULT_VAL_MIN_CLASSES} or "
+                     "more and shares none with the test split, else 0")
     linear_probe: bool = option(False, "evaluation", "also report linear-probe accuracy before and after training "
                                                      "(the DCDL protocol).")
     # output and tracking
@@ -327,15 +338,12 @@ class TrainConfig:
                           f"got {self.lp_epochs}")
         if any(not str(spec).strip() for spec in self.eval_extra):
             errors.append("--eval-extra needs a data set name or an image folder, got an empty value")
-        if self.val_fraction > 0 and self.wise_alpha is None:
-            errors.append("--val-fraction holds train classes out for WiSE-FT's validation only; give --wise-alpha "
-                          "too, or leave --val-fraction out (the classes would be lost to training for nothing)")
         if isinstance(self.wise_alpha, str) and self.wise_alpha != "auto" or \
                 isinstance(self.wise_alpha, float | int) and not 0 <= self.wise_alpha <= 1:
             errors.append(f"--wise-alpha must be a number in [0, 1] or auto, got {self.wise_alpha!r}")
-        if self.wise_alpha == "auto" and not (self.val_fraction > 0 or self.eval_extra):
-            errors.append("--wise-alpha auto chooses on validation data: give --val-fraction (e.g. 0.1) and/or "
-                          "--eval-extra, or a number")
+        if self.wise_alpha == "auto" and self.val_fraction == 0 and not self.eval_extra:
+            errors.append("--wise-alpha auto chooses on validation data, and --val-fraction 0 turns the validation "
+                          "split off: give --val-fraction (e.g. 0.1) and/or --eval-extra, or a number")
         fine_tuning = [f"--{name.replace('_', '-')}" for name, on in (
             ("lp_epochs", self.lp_epochs), ("l2sp", self.l2sp), ("distill", self.distill),
             ("layer_decay", self.layer_decay != 1), ("wise_alpha", self.wise_alpha is not None)) if on]

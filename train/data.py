@@ -7,11 +7,12 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from torch.utils.data import Dataset
 
 from retrieval.data import ImageDataset, asymmetric_transitions, build_transforms, inject_label_noise, load_dataset
 from retrieval.errors import parameters_named
-from retrieval.evaluation import load_eval_sets, load_extra_set
-from retrieval.train.config import TrainConfig
+from retrieval.evaluation import load_eval_sets, load_extra_set, present_class_names
+from retrieval.train.config import DEFAULT_VAL_FRACTION, DEFAULT_VAL_MIN_CLASSES, TrainConfig
 from retrieval.train.state import TrainData
 
 
@@ -23,8 +24,9 @@ def load_train_data(cfg: TrainConfig, model_config: dict[str, Any], train_transf
     eval_sets = load_eval_sets(cfg.dataset, cfg.data, cfg.eval_split, eval_tf, cfg.eval_limit, cfg.seed,
                                **cfg.dataset_kwargs)
     val_set = None
-    if cfg.val_fraction > 0:
-        train_set, val_set = hold_out_classes(train_set, cfg.val_fraction, cfg.seed)
+    fraction, no_validation = validation_fraction(cfg.val_fraction, train_set, eval_sets.query)
+    if fraction > 0:
+        train_set, val_set = hold_out_classes(train_set, fraction, cfg.seed)
         val_set.transform = eval_tf
     with parameters_named(spec="eval_extra"):
         extra_sets = [load_extra_set(spec, eval_tf, cfg.eval_extra_limit) for spec in cfg.eval_extra]
@@ -48,7 +50,27 @@ def load_train_data(cfg: TrainConfig, model_config: dict[str, Any], train_transf
         )
         noise_info.update(chosen)
         train_set.labels = labels
-    return TrainData(train_set, eval_sets, labels, clean, noise_info, val_set, extra_sets)
+    if cfg.wise_alpha == "auto" and val_set is None and not extra_sets:
+        raise ValueError(f"--wise-alpha auto chooses on validation data and this run has none ({no_validation}): "
+                         "give --val-fraction (e.g. 0.1) and/or --eval-extra, or a number")
+    return TrainData(train_set, eval_sets, labels, clean, noise_info, val_set, extra_sets, no_validation)
+
+
+def validation_fraction(asked: float | None, train_set: ImageDataset, test_set: Dataset) -> tuple[float, str | None]:
+    """The share of the train classes to hold out for validation, and why none is where it is 0. ``asked`` None is
+    the default: DEFAULT_VAL_FRACTION where the train split has DEFAULT_VAL_MIN_CLASSES classes or more and shares
+    none with the test split (holding out a class the test has would leave it untrained)."""
+    if asked is not None:
+        return asked, "--val-fraction 0 turned it off" if asked == 0 else None
+    classes = present_class_names(train_set)
+    if len(classes) < DEFAULT_VAL_MIN_CLASSES:
+        return 0.0, (f"the train split has {len(classes)} classes, fewer than the {DEFAULT_VAL_MIN_CLASSES} the "
+                     f"default validation split needs")
+    shared = len(set(classes) & set(present_class_names(test_set)))
+    if shared:
+        return 0.0, (f"the train and test splits share {shared} classes, and holding one out would leave it "
+                     "untrained for the test")
+    return DEFAULT_VAL_FRACTION, None
 
 
 def hold_out_classes(dataset: ImageDataset, fraction: float, seed: int) -> tuple[ImageDataset, ImageDataset]:

@@ -25,9 +25,17 @@ from retrieval.evaluation import (
     metrics_device,
     present_class_names,
 )
-from retrieval.models import WISE_CHECKPOINT, Checkpoint, Embedder, config_hash, in_compatible_space
+from retrieval.models import (
+    BEST_CHECKPOINT,
+    WISE_CHECKPOINT,
+    Checkpoint,
+    Embedder,
+    config_hash,
+    in_compatible_space,
+    load_checkpoint,
+)
 from retrieval.train import checkpointing
-from retrieval.train.checkpointing import BEST_METRIC
+from retrieval.train.checkpointing import BEST_METRIC, best_row
 from retrieval.train.config import TrainConfig
 from retrieval.train.distributed import DistContext
 from retrieval.train.features import Embedding, EvalEmbeddings, cached_features
@@ -87,6 +95,31 @@ class Evaluator:
             metrics["extra"] = self.extra_metrics(self.eval_model)
         if self.parts.old_model is not None:
             metrics["compatibility"] = self.compatibility(q, ql, g, gl)
+        return metrics
+
+    def validate(self) -> dict[str, float]:
+        """Metrics of the validation split (the held-out train classes, each image a query against the others),
+        which best.pt is chosen on: embedded sharded over the ranks, computed once (rank 0), shared."""
+        embeddings, labels = self.parts.features.embed_val(self.eval_model)
+        return self.ctx.from_main(leave_one_out_metrics(embeddings, labels, device=self.metrics_device)
+                                  if self.main else None)
+
+    def best_test_metrics(self, history: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """best.pt's model on the test split (and the extra sets' test parts), evaluated once after training, where
+        it was chosen on the validation split at an epoch that did not evaluate the test split; None otherwise (its
+        row has them). Every rank takes part."""
+        best = best_row(history, self.data.selected_on)
+        if best is None or BEST_METRIC in best:
+            return None
+        self.ctx.barrier()  # rank 0 wrote best.pt: every rank reads it once it is there
+        model = copy.deepcopy(self.eval_model).eval()
+        model.load_state_dict(load_checkpoint(self.out / BEST_CHECKPOINT, map_location=self.embedding.device)
+                              .state_dict)
+        q, ql, g, gl = self.parts.features.embed_eval(model)
+        metrics = self.ctx.from_main(evaluate_embeddings(q, ql, g, gl, device=self.metrics_device)
+                                     if self.main else None)
+        if self.data.extra_sets:
+            metrics["extra"] = self.extra_metrics(model)
         return metrics
 
     def compatibility(self, q: np.ndarray, ql: np.ndarray, g: np.ndarray | None,
@@ -254,18 +287,28 @@ class Evaluator:
 
     # --- the report ----------------------------------------------------------------------------------
     def write_report(self, run_config: dict[str, Any], record: RunRecord, wise: dict[str, Any] | None,
-                     bad_images: list[dict[str, Any]]) -> dict[str, Any]:
-        """report.json (and its plots) of the run as ``record`` has it: best by BEST_METRIC, last, baseline."""
+                     bad_images: list[dict[str, Any]], best_test: dict[str, Any] | None = None) -> dict[str, Any]:
+        """report.json (and its plots) of the run as ``record`` has it: best by BEST_METRIC on the selection split
+        (with ``best_test``, its test metrics where its row has none), last, baseline."""
         history = record.history
         final = [r for r in history if "recall@1" in r and r["epoch"] > 0]
-        best = max(final, key=lambda r: r[BEST_METRIC]) if final else None
+        best = best_row(history, self.data.selected_on)
+        if best is not None and best_test is not None:
+            best = {**best, **best_test}
         train_sample = self.train_embeddings_sample()
         return write_report(self.out, run_config, history, record.baseline, best,
                             final[-1] if final else None, self.last_eval[:2], train_sample,
                             bad_images=bad_images, with_plots=self.cfg.plots,
                             reference=record.reference, wise=wise,
                             pictures=self.evaluation_pictures, class_split=self.class_split(),
-                            best_metric=BEST_METRIC)
+                            best_metric=BEST_METRIC, selection=self.selection())
+
+    def selection(self) -> dict[str, Any]:
+        """Which split best.pt (and --wise-alpha auto's in-domain point) was chosen on, and why not the validation
+        split where it was the test split: the report's ``selected_on`` and ``selection_note``."""
+        if self.data.selected_on == "validation":
+            return {"selected_on": "validation", "selection_note": None}
+        return {"selected_on": "test", "selection_note": no_validation_sentence(self.data.no_validation)}
 
     def class_split(self) -> dict[str, Any]:
         """Which classes (and how many images) each split holds, and how many class names train and test share
@@ -285,6 +328,13 @@ class Evaluator:
         """The last evaluation's query grid and embedding map, drawn into the run folder (report plot names)."""
         return eval_set_pictures(self.out, self.data.eval_sets, self.last_eval, *self.parts.features.eval_indices(),
                                  seed=self.cfg.seed)
+
+
+def no_validation_sentence(reason: str | None) -> str:
+    """What choosing on the test split means, for people: the run's warning, the report and the summary."""
+    return (f"no validation split ({reason or 'none was carved'}): best.pt is chosen on the test split, the split its "
+            "numbers are reported on, so they are optimistic; --val-fraction F holds F of the train classes out to "
+            "choose on instead")
 
 
 def kept_neighbours(reference, result, k: int = KEPT_K) -> dict[str, float]:

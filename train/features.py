@@ -27,7 +27,7 @@ from retrieval.data.colour import DEFAULT_BACKGROUND
 from retrieval.data.device_decode import DeviceAugment, EncodedImages, collate_encoded, decoded_batches
 from retrieval.data.transforms import ScaleAndNormalise
 from retrieval.distributed import embed_sharded, every_rank, rank_and_world
-from retrieval.evaluation import EvalSets, embed_eval_rows, eval_arrays
+from retrieval.evaluation import EvalSets, embed_eval_rows, eval_arrays, present_class_names
 from retrieval.inference import Embedded, embed_samples, make_loader
 from retrieval.io import atomic_write
 from retrieval.models import Embedder
@@ -67,6 +67,9 @@ class FeatureSource(Protocol):
     def eval_indices(self) -> tuple[np.ndarray, np.ndarray | None]:
         """The dataset position of each row ``embed_eval`` returned (query, gallery or None)."""
 
+    def embed_val(self, model: Embedder) -> tuple[np.ndarray, np.ndarray]:
+        """(embeddings, labels) of the validation split's images that load (the held-out train classes)."""
+
     def train_embeddings(self, model: Embedder) -> tuple[np.ndarray, np.ndarray]:
         """(embeddings [n, D], train image index of each row) of every train image that loads, without augmentation."""
 
@@ -96,7 +99,7 @@ class CachedFeatures:
     SAMPLE_SIZE = 2000  # train images of the hard-triplet fraction's sample
 
     def __init__(self, train: Embedded, query: Embedded, gallery: Embedded | None, labels: np.ndarray,
-                 device: torch.device) -> None:
+                 device: torch.device, val: Embedded | None = None) -> None:
         self.train_features = torch.from_numpy(train.embeddings).to(device)
         self.train_feature_indices = train.indices  # the train images that loaded, one per feature row
         # feature row of each train image, -1 where it could not be read (batches then leave it out)
@@ -104,6 +107,7 @@ class CachedFeatures:
         self.train_feature_row[train.indices] = np.arange(len(train.indices))
         self.labels = torch.from_numpy(labels)
         self.eval_features = (query, gallery)
+        self.val_features = val
         self.device = device
 
     @staticmethod
@@ -120,20 +124,27 @@ class CachedFeatures:
 
     @classmethod
     def build(cls, cfg: TrainConfig, model: Embedder, train_set: Dataset, labels: np.ndarray, eval_sets: EvalSets,
-              embedding: Embedding) -> CachedFeatures:
-        """Read the features of the train and evaluation images from the cache, or compute and cache them."""
+              embedding: Embedding, val_set: Dataset | None = None) -> CachedFeatures:
+        """Read the features of the train, validation and evaluation images from the cache, or compute and cache
+        them."""
         args = dict(cache_dir=cfg.feature_cache, device=embedding.device, batch_size=embedding.batch_size,
                     workers=embedding.workers, amp=embedding.amp, bad_images=embedding.bad_images,
                     progress=embedding.progress)
-        train = cached_features(model.backbone, train_set, dataset_key(cfg, model, "train"), desc="features train",
-                                **args)
+        # the train split less the validation classes is another set of images: its own cache entry
+        held_out = None if val_set is None else present_class_names(val_set)
+        train = cached_features(model.backbone, train_set, dataset_key(cfg, model, "train", held_out),
+                                desc="features train", **args)
+        val = None
+        if val_set is not None:
+            val = cached_features(model.backbone, val_set, dataset_key(cfg, model, "val", held_out),
+                                  desc="features val", **args)
         query = cached_features(model.backbone, eval_sets.query, dataset_key(cfg, model, cfg.eval_split),
                                 desc="features query", **args)
         gallery = None
         if eval_sets.gallery is not None:
             gallery = cached_features(model.backbone, eval_sets.gallery, dataset_key(cfg, model, "gallery"),
                                       desc="features gallery", **args)
-        return cls(train, query, gallery, labels, embedding.device)
+        return cls(train, query, gallery, labels, embedding.device, val)
 
     def train_mode(self, model: Embedder) -> None:
         model.train()
@@ -170,6 +181,11 @@ class CachedFeatures:
         return query.indices, gallery.indices if gallery is not None else None
 
     @torch.no_grad()
+    def embed_val(self, model: Embedder) -> tuple[np.ndarray, np.ndarray]:
+        model.head.eval()
+        return self._head(model, self.val_features.embeddings), self.val_features.labels
+
+    @torch.no_grad()
     def train_embeddings(self, model: Embedder) -> tuple[np.ndarray, np.ndarray]:
         model.head.eval()
         return self._head(model, self.train_features), self.train_feature_indices
@@ -189,11 +205,12 @@ class ImagePipeline:
     """Fine-tuning: augmented train images through the whole model; the evaluation split embedded image by image."""
 
     def __init__(self, cfg: TrainConfig, train_set: Dataset, eval_sets: EvalSets, embedding: Embedding,
-                 model_config: dict) -> None:
+                 model_config: dict, val_set: Dataset | None = None) -> None:
         self._eval_indices: tuple[np.ndarray, np.ndarray | None] = (np.zeros(0, np.int64), None)
         self.cfg = cfg
         self.train_set = train_set
         self.eval_sets = eval_sets
+        self.val_set = val_set
         self.embedding = embedding
         self.on_device: DeviceAugment | None = None  # --decode-on device: the workers hand over JPEG bytes
         self.on_arrival: ScaleAndNormalise | None = None  # the workers hand over uint8 pixels (train_transform)
@@ -217,9 +234,9 @@ class ImagePipeline:
 
     @classmethod
     def build(cls, cfg: TrainConfig, model: Embedder, train_set: Dataset, labels: np.ndarray, eval_sets: EvalSets,
-              embedding: Embedding) -> ImagePipeline:
+              embedding: Embedding, val_set: Dataset | None = None) -> ImagePipeline:
         """The images are read batch by batch (``labels`` are the train set's own)."""
-        return cls(cfg, train_set, eval_sets, embedding, model.config)
+        return cls(cfg, train_set, eval_sets, embedding, model.config, val_set)
 
     def train_mode(self, model: Embedder) -> None:
         model.train()
@@ -287,6 +304,13 @@ class ImagePipeline:
         return self._eval_indices
 
     @torch.no_grad()
+    def embed_val(self, model: Embedder) -> tuple[np.ndarray, np.ndarray]:
+        run = self.embedding
+        embedded = embed_sharded(model, self.val_set, run.batch_size, run.device, run.workers, run.amp, "embed val",
+                                 run.progress, run.bad_images)
+        return embedded.embeddings, embedded.labels
+
+    @torch.no_grad()
     def train_embeddings(self, model: Embedder) -> tuple[np.ndarray, np.ndarray]:
         cfg, run = self.cfg, self.embedding
         plain = load_dataset(cfg.dataset, cfg.data, split="train",
@@ -299,20 +323,23 @@ class ImagePipeline:
         return None  # embedding train images again every epoch costs as much as the evaluation
 
 
-def dataset_key(cfg: TrainConfig, model: Embedder, split: str) -> dict:
-    """What the backbone features of ``split`` depend on: the cache key."""
+def dataset_key(cfg: TrainConfig, model: Embedder, split: str, held_out: list[str] | None = None) -> dict:
+    """What the backbone features of ``split`` depend on: the cache key; ``held_out``: the train classes the
+    validation split took (train and val only)."""
     return {
         "backbone": cfg.backbone, "pretrained": cfg.pretrained, "weights": cfg.weights,
         "input_size": model.config["input_size"], "dataset": cfg.dataset,
         "data": str(Path(cfg.data).resolve()) if cfg.data else None, "dataset_kwargs": cfg.dataset_kwargs,
-        "split": split, "eval_limit": cfg.eval_limit if split != "train" else None,
+        "split": split, "eval_limit": cfg.eval_limit if split not in ("train", "val") else None,
         # features do not depend on the seed, only the seeded --eval-limit subset does: seeds share a cache
-        "seed": cfg.seed if cfg.eval_limit and split != "train" else None,
+        "seed": cfg.seed if cfg.eval_limit and split not in ("train", "val") else None,
         # fp16 features differ
         "amp": bool(cfg.amp not in (False, "off") and torch.cuda.is_available() and cfg.device != "cpu"),
         # only transparent images depend on it; keys made before it was recorded stay valid for the default
         **({"background": model.config["background"]}
            if model.config["background"] != list(DEFAULT_BACKGROUND) else {}),
+        # only where a validation split was carved: the keys of runs without one stay valid
+        **({"held_out": held_out} if held_out is not None else {}),
     }
 
 

@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from retrieval.analysis.grid import COMMON, RETRIEVAL_COLUMNS, TABLE_IDS, TABLES, DatasetSpec, Method, Table
 from retrieval.analysis.grid_discussion import DISCUSSIONS, curves, discuss_floor
 from retrieval.analysis.results import RESULTS_FORMAT, plot_curves, results_markdown, summarize
+from retrieval.progress import progress_bar
 from retrieval.reports import LAST_CHECKPOINT
 from retrieval.train.config import TrainConfig
 
@@ -236,7 +237,7 @@ def run_grid(tables: list[Table], datasets: dict[str, DatasetSpec], seeds: list[
     todo = plan(tables, datasets, seeds, runs, cells, skip_cells)[shard[0]::shard[1]]
     runs_by_cell: dict[Path, list[dict]] = {}
     seconds = 0.0
-    bar = tqdm(todo, desc="results grid", unit="run")
+    bar = progress_bar(todo, desc="results grid", unit="run")
     failures = []
     unfinished, finished = set(), 0
     for run in bar:

@@ -43,6 +43,11 @@ def plot_training_curves(history: list[dict[str, Any]], path: Path,
     for key, color in (("recall@1", "tab:blue"), ("map@r", "tab:orange"), ("nmi", "tab:green")):
         if evals and key in evals[0]:
             axes[1].plot([r["epoch"] for r in evals], [r[key] for r in evals], "o-", label=key, color=color)
+    validated = [r for r in history if "recall@1" in (r.get("validation") or {})]
+    for key, color in (("recall@1", "tab:blue"), ("map@r", "tab:orange")):  # what best.pt is chosen on
+        if validated and key in validated[0]["validation"]:
+            axes[1].plot([r["epoch"] for r in validated], [r["validation"][key] for r in validated], "s--",
+                         label=f"validation {key}", color=color, alpha=0.7)
     axes[1].set(title="evaluation (epoch 0 = before training)", xlabel="epoch", ylim=(0, 1))
     axes[1].legend()
     for key, color in (("hard_fraction_train", "tab:red"), ("hard_fraction_test", "tab:gray")):
@@ -127,7 +132,8 @@ def _save_per_epoch(plt: Any, fig: Any, ax: Any, title: str, path: Path) -> Path
 @plain_text()
 def plot_compatibility(history: list[dict[str, Any]], path: Path) -> Path | None:
     """--compatible-with: Recall@1 per epoch of the new model on its own, of the old model on its own and of new
-    queries against the old model's gallery (BCT's cross-model test): compatible while cross-model >= old."""
+    queries against the old model's gallery (BCT's cross-model test, with its bootstrap intervals where the run
+    has them); the title gives the last evaluation's verdict."""
     evals = [r for r in history if (r.get("compatibility") or {}).get("cross_model")]
     if not evals:
         return None
@@ -136,8 +142,16 @@ def plot_compatibility(history: list[dict[str, Any]], path: Path) -> Path | None
     epochs = [r["epoch"] for r in evals]
     for block, label, style in (("new", "new / new", "o-"), ("cross_model", "new queries / old gallery", "s-"),
                                 ("old", "old / old (the bar to clear)", "k:")):
-        ax.plot(epochs, [r["compatibility"][block]["recall@1"] for r in evals], style, label=label)
-    return _save_per_epoch(plt, fig, ax, "Compatibility with the old model (BCT: cross-model >= old/old)", path)
+        values = [r["compatibility"][block]["recall@1"] for r in evals]
+        line = ax.plot(epochs, values, style, label=label)[0]
+        bounds = [((r["compatibility"].get("interval") or {}).get(block) or {}).get("recall@1") for r in evals]
+        if block != "new" and all(bounds):  # the intervals the verdict reads (a run before them has none)
+            ax.fill_between(epochs, [b[0] for b in bounds], [b[1] for b in bounds], color=line.get_color(),
+                            alpha=0.15, linewidth=0)
+    verdict = evals[-1]["compatibility"].get("verdict")
+    title = (f"Compatibility with the old model: {verdict}" if verdict
+             else "Compatibility with the old model (BCT: cross-model >= old/old)")
+    return _save_per_epoch(plt, fig, ax, title, path)
 
 
 @plain_text()
@@ -197,9 +211,11 @@ def write_report(
     pictures: Callable[[], dict[str, str]] | None = None,
     class_split: dict[str, Any] | None = None,
     best_metric: str = "recall@1",
+    selection: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write RUN_DIR/report.json and its plots (``with_plots``); ``bad_images`` lists the files the run skipped,
-    each once; ``pictures()`` draws more plots into the run folder and returns their names."""
+    each once; ``pictures()`` draws more plots into the run folder and returns their names; ``selection``: the
+    split best was chosen on (``selected_on``, ``selection_note``)."""
     plots: dict[str, str] = {}
     if with_plots and plot_training_curves(history, out / "curves.png", read_steps(out)):
         plots["curves"] = "curves.png"
@@ -217,6 +233,6 @@ def write_report(
     if with_plots and pictures is not None:
         plots.update(pictures())
     report = train_report(run_config, history, baseline, best, last, plots, bad_images, reference, wise,
-                          class_split, best_metric)
+                          class_split, best_metric, selection)
     save_report(report, out / "report.json")
     return report

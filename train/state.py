@@ -32,8 +32,14 @@ class TrainData:
     train_labels: np.ndarray  # what the loss sees: with --label-noise, some are flipped
     clean_train_labels: np.ndarray  # the true classes, which the linear probe measures against
     noise_info: dict[str, Any] | None  # what --label-noise flipped (config.json), None without it
-    val_set: Dataset | None = None  # --val-fraction: the held-out train classes (WiSE-FT's in-domain validation)
+    val_set: Dataset | None = None  # --val-fraction: the held-out train classes, where best.pt and WiSE-FT choose
     extra_sets: list[ExtraSet] = field(default_factory=list)  # --eval-extra: out-of-domain sets
+    no_validation: str | None = None  # why there is no validation split (the choice then falls back to the test)
+
+    @property
+    def selected_on(self) -> str:
+        """The split best.pt is chosen on: "validation" (held-out train classes), else "test"."""
+        return "validation" if self.val_set is not None else "test"
 
     @property
     def num_classes(self) -> int:
@@ -69,7 +75,7 @@ class RunRecord:
     """Where the run stands between epochs; a checkpoint keeps it, a resume restores it."""
 
     start_epoch: int = 0  # epochs complete when this process started
-    best_recall: float = -1.0  # recall@1 of best.pt
+    best_recall: float = -1.0  # recall@1 of best.pt on the split it is chosen on (TrainData.selected_on)
     history: list[dict[str, Any]] = field(default_factory=list)  # metrics.jsonl's rows
     baseline: dict[str, float] | None = None  # the metrics before training (--eval-before)
     reference: dict[str, Any] | None = None  # --eval-extra: the pretrained backbone at its own resolution

@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from retrieval.analysis.runs import flatten
+from retrieval.extras import install_command
 
 logger = logging.getLogger(__name__)
 
 TENSORBOARD_DIR = "tensorboard"
 MLFLOW_RUN_FILE = "mlflow_run.json"  # the MLflow run id of this run folder, so --resume continues it
 MLFLOW_EXPERIMENT = "retrieval"
-TRACK_EXTRA = "pip install 'retrieval[track]' (make install does)"
 
 
 def default_mlflow_uri(out: Path) -> str:
@@ -91,7 +91,8 @@ class MlflowLog:
         try:
             from mlflow.tracking import MlflowClient
         except ImportError as exc:
-            raise RuntimeError(f"--mlflow needs the mlflow package: {TRACK_EXTRA}") from exc
+            raise RuntimeError(f"--mlflow needs the mlflow package: {install_command('track')} (make install "
+                               "does)") from exc
         self.uri = uri
         self.client = MlflowClient(uri)
         record = out / MLFLOW_RUN_FILE

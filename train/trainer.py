@@ -27,11 +27,12 @@ from retrieval.heap import kept_heap
 from retrieval.inference import default_workers
 from retrieval.loss_reads import deferred_checks, known_on_host, read_checks, read_numbers, stat_tensors, to_device
 from retrieval.models import LAST_CHECKPOINT, Embedder, create_embedder
-from retrieval.train.checkpointing import Checkpointer, resuming
+from retrieval.progress import progress_bar
+from retrieval.train.checkpointing import VALIDATION, Checkpointer, resuming
 from retrieval.train.config import TrainConfig
 from retrieval.train.data import load_train_data
 from retrieval.train.distributed import DataParallelStep, DistContext, ensure_run_folder, gpu_options, init_distributed
-from retrieval.train.evaluating import Evaluator
+from retrieval.train.evaluating import Evaluator, no_validation_sentence
 from retrieval.train.features import Embedding, FeatureSource, feature_source_class
 from retrieval.train.optimizers import OPTIMIZERS, schedule_factor
 from retrieval.train.robust import RobustFineTuning, backbone_param_groups
@@ -53,10 +54,22 @@ BAD_IMAGE_FIX = "fix or remove the file, or pass --on-bad-image skip to train wi
 def epoch_line(row: dict[str, Any]) -> str:
     """An epoch's row for people: its loss, the evaluation's headline metrics, its speed and its wait for batches."""
     parts = [f"loss {row['loss']:.4f}"]
-    parts += [f"{key} {row[key]:.4f}" for key in ("recall@1", "map@r") if key in row]
+    parts += [f"validation {key} {row[VALIDATION][key]:.4f}" for key in ("recall@1", "map@r")
+              if key in row.get(VALIDATION, {})]
+    parts += [f"test {key} {row[key]:.4f}" for key in ("recall@1", "map@r") if key in row]
     parts.append(f"{row['images_per_s']:,.0f} images/s")
     parts.append(f"{row['data_wait_s'] / max(row['epoch_time_s'], 1e-9):.0%} of the time waiting for batches")
     return f"epoch {row['epoch']}: " + ", ".join(parts)
+
+
+def split_line(split: dict[str, Any], recorded: Path) -> str:
+    """The run's class split for people: classes and images per split, and the file that lists them."""
+    named = {"train": "train", "validation": "validation (held out of train)", "test": "test", "gallery": "gallery"}
+    parts = [f"{label} {split[part]['classes']:,} classes, {split[part]['images']:,} images"
+             for part, label in named.items() if part in split]
+    shared = split.get("shared_train_test_classes", 0)
+    overlap = f"{shared:,} classes in both train and test" if shared else "no class in both train and test"
+    return f"data: {'; '.join(parts)} ({overlap}); the split is recorded in {recorded} (class_split)"
 
 
 class TrainingDiverged(RuntimeError):
@@ -165,7 +178,7 @@ def build_parts(cfg: TrainConfig, *, ctx: DistContext, model: Embedder, data: Tr
                                      host_group=ctx.host_group)
     scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype == torch.float16)  # bf16 needs none
 
-    features = source.build(cfg, model, data.train_set, data.train_labels, data.eval_sets, embedding)
+    features = source.build(cfg, model, data.train_set, data.train_labels, data.eval_sets, embedding, data.val_set)
     # what a step runs: through DDP when there are several processes
     step = DataParallelStep(model, features.forward, aux, step_loss, ctx, sync_bn=cfg.sync_bn,
                             channels_last=cfg.channels_last, compile_step=cfg.compile, teacher=robust.teacher,
@@ -271,6 +284,9 @@ class Trainer:
                                  embedding=embedding, amp_dtype=self.amp_dtype, old_model=old_model)
         self.checkpoints = Checkpointer(cfg, self.out, self.main, self.parts, data, self.bad_images)
         self.evaluation = Evaluator(cfg, self.ctx, self.out, self.parts, data, embedding, self.progress, native_size)
+        class_split = self.evaluation.class_split() if self.main else None
+        if self.progress:  # which classes train and which are held out, before any work on them
+            tqdm.write(split_line(class_split, self.out / "config.json"), file=sys.stderr)
 
         self.record = RunRecord()
         if data.extra_sets:  # before a resume loads fine-tuned weights: the reference is the pretrained backbone
@@ -283,7 +299,8 @@ class Trainer:
             self.tracking = Tracking.open(self.out, self.run_config(), cfg.tensorboard,
                                           mlflow_uri_from(cfg.mlflow_uri, cfg.mlflow, self.out),
                                           resume_step=self.parts.scheduler.last_epoch + 1 if resume else None)
-            (self.out / "config.json").write_text(json.dumps(self.run_config(), indent=2))
+            (self.out / "config.json").write_text(json.dumps({**self.run_config(), "class_split": class_split},
+                                                             indent=2))
 
     def run_config(self) -> dict[str, Any]:
         """config.json: the training options, the model, the data and where the run ran."""
@@ -308,6 +325,10 @@ class Trainer:
     def evaluate(self, final: bool = False) -> dict[str, Any]:
         """Metrics of the evaluation split (and the extra sets); the linear probe before and after training only."""
         return self.evaluation.evaluate(probe=final or not self.record.history)
+
+    def validate(self) -> dict[str, Any]:
+        """{"validation": metrics} of the validation split, which best.pt is chosen on; {} without one."""
+        return {VALIDATION: self.evaluation.validate()} if self.data.val_set is not None else {}
 
     # --- the run -----------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -341,9 +362,11 @@ class Trainer:
     def _run(self) -> dict[str, Any]:
         self._set_up()
         cfg, record = self.cfg, self.record
+        if self.main and self.data.no_validation is not None:  # before any work: the run's "best" will be optimistic
+            warn_line(no_validation_sentence(self.data.no_validation))
         if record.baseline is None and cfg.eval_before:
             record.baseline = self.evaluate()
-            record.history.append({"epoch": 0, **record.baseline})
+            record.history.append({"epoch": 0, **record.baseline, **self.validate()})
             self._track_epoch(record.history[-1])
             self.checkpoints.rewrite_metrics_log(record.history)
         hinted = False  # the input-bound advice is given once a run
@@ -354,6 +377,9 @@ class Trainer:
                 self.parts.features.close()
             evaluated = (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs
             if evaluated:
+                row.update(self.validate())
+            # the test split: every evaluation where best.pt is chosen on it, else once, after the last epoch
+            if evaluated and (self.data.val_set is None or epoch + 1 == cfg.epochs):
                 row.update(self.evaluate(final=epoch + 1 == cfg.epochs))
             record.history.append(row)
             self._track_epoch(row)
@@ -388,9 +414,10 @@ class Trainer:
         wise = None
         if self.cfg.wise_alpha is not None:
             wise = evaluation.wise_ft(history[-1]["epoch"] if history else 0)
+        best_test = evaluation.best_test_metrics(history)  # on every rank: embedding the test split is collective
         if not self.main:
             return {}
-        report = evaluation.write_report(self.run_config(), self.record, wise, self.bad_images.records())
+        report = evaluation.write_report(self.run_config(), self.record, wise, self.bad_images.records(), best_test)
         self.tracking.finish(self.out, report.get("plots", {}), self.parts.scheduler.last_epoch)
         return report
 
@@ -408,8 +435,8 @@ class Trainer:
             parts.model.backbone.eval()
         start = time.perf_counter() - state.elapsed
         batches = WaitTimer(parts.features.batches(parts.sampler, epoch, state.batch), state.data_wait)
-        bar = tqdm(batches, total=parts.steps_per_epoch, initial=state.batch,
-                   desc=f"epoch {epoch + 1}/{self.cfg.epochs}", disable=not self.progress, leave=False)
+        bar = progress_bar(batches, total=parts.steps_per_epoch, initial=state.batch,
+                           desc=f"epoch {epoch + 1}/{self.cfg.epochs}", disable=not self.progress, leave=False)
         pending: list[StepValues] = []  # the steps taken whose loss is not yet read back from the device
         read_at = state.elapsed
         try:

@@ -16,6 +16,7 @@ from PIL import Image
 
 from retrieval.analysis.pictures import _pyplot
 from retrieval.analysis.plain_text import plain_text
+from retrieval.data.colour import DEFAULT_BACKGROUND, flatten_alpha
 
 KEPT, COPY, SUGGESTED, OTHER, SUSPECT = "#1f77b4", "#ff7f0e", "#2ca02c", "#7f7f7f", "#d62728"
 PICTURE_ROWS = 8  # groups or suspects drawn (the summaries list more)
@@ -32,15 +33,17 @@ class Tile:
     colour: str
 
 
-def draw_rows(rows: Sequence[Sequence[Tile]], load: Load, title: str) -> Image.Image | None:
-    """One picture: a row of thumbnails per entry of ``rows``, each framed in its colour with its caption; an image
-    that cannot be loaded is a grey square. None when there is nothing to draw."""
+def draw_rows(rows: Sequence[Sequence[Tile]], load: Load, title: str,
+              background: Sequence[int] = DEFAULT_BACKGROUND) -> Image.Image | None:
+    """One picture: a row of thumbnails per entry of ``rows``, each framed in its colour with its caption and drawn
+    as the model sees it (transparency on the model's ``background``); an image that cannot be loaded is a grey
+    square. None when there is nothing to draw."""
     rows = [row for row in rows if row]
     if not rows:
         return None
     width = max(len(row) for row in rows)
     # decoded before drawing: the drawing lock (plain_text) is held to draw only, not to read files
-    images = [[_safe_load(load, tile.key) for tile in row] for row in rows]
+    images = [[_safe_load(load, tile.key, background) for tile in row] for row in rows]
     with plain_text():
         plt = _pyplot()
         fig, axes = plt.subplots(len(rows), width, figsize=(1.55 * width, 1.8 * len(rows) + 0.4), squeeze=False)
@@ -66,14 +69,15 @@ def draw_rows(rows: Sequence[Sequence[Tile]], load: Load, title: str) -> Image.I
     return Image.open(io.BytesIO(buffer.getvalue())).convert("RGB")
 
 
-def _safe_load(load: Load, key: Any) -> Image.Image | None:
+def _safe_load(load: Load, key: Any, background: Sequence[int] = DEFAULT_BACKGROUND) -> Image.Image | None:
     try:
         image = load(key)
     except Exception:  # noqa: BLE001  (a picture never fails for one unreadable file: it shows a grey square)
         return None
     if image is None:
         return None
-    image = image.convert("RGB")
+    # composited as the model composites it: convert("RGB") alone shows the hidden colour (black, mostly)
+    image = flatten_alpha(image, background).convert("RGB")
     image.thumbnail((128, 128))
     return image
 
@@ -93,9 +97,11 @@ def _cut(text: str) -> str:
 
 
 def duplicates_picture(summary: dict[str, Any], load: Load, key: str = "ids",
-                       max_rows: int = PICTURE_ROWS, max_columns: int = PICTURE_COLUMNS) -> Image.Image | None:
+                       max_rows: int = PICTURE_ROWS, max_columns: int = PICTURE_COLUMNS,
+                       background: Sequence[int] = DEFAULT_BACKGROUND) -> Image.Image | None:
     """The first groups of a ``find_duplicates`` summary: the image kept (blue) then its copies (orange), each
-    captioned with its cosine to the first; ``key``: the group field ``load`` takes (ids or paths)."""
+    captioned with its cosine to the first; ``key``: the group field ``load`` takes (ids or paths); transparency
+    drawn on ``background`` (the model's)."""
     rows = []
     for group in summary["groups"][:max_rows]:
         tiles = []
@@ -109,13 +115,15 @@ def duplicates_picture(summary: dict[str, Any], load: Load, key: str = "ids",
     shown = min(len(summary["groups"]), max_rows)
     title = (f"Near-duplicate groups at cosine >= {summary['threshold']:.3f}: {shown} of {summary['groups_found']} "
              "shown, a row each (blue: kept, the first indexed; orange: its copies, with their cosine to it)")
-    return draw_rows(rows, load, title)
+    return draw_rows(rows, load, title, background)
 
 
 def suspects_picture(summary: dict[str, Any], load: Load, key: str = "id",
-                     max_rows: int = PICTURE_ROWS, max_columns: int = PICTURE_COLUMNS) -> Image.Image | None:
+                     max_rows: int = PICTURE_ROWS, max_columns: int = PICTURE_COLUMNS,
+                     background: Sequence[int] = DEFAULT_BACKGROUND) -> Image.Image | None:
     """The first suspects of an audit summary: the image (red, its label -> the suggested one, the score) then its
-    nearest neighbours (green where their label is the suggested one, grey otherwise) with their cosine."""
+    nearest neighbours (green where their label is the suggested one, grey otherwise) with their cosine;
+    transparency drawn on ``background`` (the model's)."""
     rows = []
     for suspect in summary["suspects"][:max_rows]:
         named = f"{_one_line(suspect['label'])} → {_one_line(suspect['suggested'])}"
@@ -128,4 +136,4 @@ def suspects_picture(summary: dict[str, Any], load: Load, key: str = "id",
     shown = min(len(summary["suspects"]), max_rows)
     title = (f"Label suspects: {shown} of {summary['suspects_found']} shown, a row each (red: the image, its label "
              "→ the one its neighbours suggest; then its nearest neighbours, green where they carry the suggestion)")
-    return draw_rows(rows, load, title)
+    return draw_rows(rows, load, title, background)

@@ -235,8 +235,8 @@ class DeviceAugment:
     def __init__(self, model_config: Mapping[str, Any], augmentation: Augmentation, device: torch.device | str,
                  dataset: Dataset | None = None, group_pixels: int = GROUP_PIXELS) -> None:
         if resize_mode(model_config) != CROP:  # the boxes are drawn on the crop geometry (draw_box)
-            raise ValueError("decoding on the device crops; a model that letterboxes (resize pad) is trained with "
-                             "its images decoded by the DataLoader workers (--decode-on workers)")
+            raise ValueError("decoding on the device crops; a model that letterboxes (`resize` pad) is trained with "
+                             "its images decoded by the DataLoader workers (`decode_on` workers)")
         self.device = torch.device(device)
         self.dataset = dataset  # names the files that fail to decode
         self.size = input_size(model_config)

@@ -293,7 +293,7 @@ def prepare_emoji(
     ``out/info.json``, ``out/README.md``. ``limit`` renders only the first ``limit`` candidates
     (quick looks and tests).
     """
-    from tqdm import tqdm
+    from retrieval.progress import progress_bar
 
     started = time.perf_counter()
     renderers = renderers or default_renderers(image_size)
@@ -310,7 +310,7 @@ def prepare_emoji(
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     rendered: dict[str, dict[str, Image.Image]] = {}
-    for sequence in tqdm(
+    for sequence in progress_bar(
         candidates, desc="render emoji", unit="emoji", disable=not progress, file=sys.stderr
     ):
         images = {}

@@ -24,20 +24,11 @@ import numpy as np
 from PIL import Image
 
 from retrieval.data.colour import DEFAULT_BACKGROUND, flatten_alpha, parse_background
+from retrieval.data.resize_modes import CROP, PAD, RESIZE_MODES, resize_mode
 
 RESIZE_RATIO = 1.14  # resize to 1.14 x crop size, then crop (the usual 256 -> 224)
-CROP, PAD = "crop", "pad"
-RESIZE_MODES = (CROP, PAD)  # how an image of any shape becomes the model's S x S input (model_config["resize"])
-
-
-def resize_mode(model_config: Mapping[str, Any]) -> str:
-    """The model config's resize mode, checked: ``crop`` (also for configs from before the mode) or ``pad``."""
-    mode = model_config.get("resize") or CROP
-    if mode not in RESIZE_MODES:
-        raise ValueError(f"model_config['resize'] must be one of {', '.join(RESIZE_MODES)}, got {mode!r}")
-    return mode
-
-
+__all__ = ["CROP", "PAD", "RESIZE_MODES", "RESIZE_RATIO", "EvalPreprocess", "input_size", "letterboxed_size",
+           "mean_and_std", "resize_mode", "resized_size"]
 def letterboxed_size(width: int, height: int, side: int) -> tuple[int, int]:
     """(width, height) with the long side at ``side`` and the short one scaled (rounded, at least 1 pixel)."""
     scale = side / max(width, height)

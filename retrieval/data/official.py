@@ -27,6 +27,7 @@ from retrieval.data.registry import (
     require_first_image,
     require_root,
 )
+from retrieval.data.walk import walk_following_links
 
 Transform = Callable[[Image.Image], Any] | None
 
@@ -61,12 +62,19 @@ FOLDER_LAYOUT = (
 
 def scan_class_folders(folder: Path) -> tuple[list[str], list[str]]:
     """(image paths, class names) of ``folder/CLASS/**/image``, sorted: every run reads the same list."""
-    paths, names = [], []
-    for class_dir in sorted(p for p in folder.iterdir() if p.is_dir()):
-        for file in sorted(class_dir.rglob("*")):
+    found = []
+    # linked folders are followed (a class folder is often a link), each real folder once, without loops
+    for here, _dirs, files in walk_following_links(folder):
+        relative = Path(here).relative_to(folder)
+        if not relative.parts:
+            continue  # the top level holds class folders, not images
+        for name in files:
+            file = Path(here) / name
             if file.suffix.lower() in IMAGE_EXTENSIONS and file.is_file():
-                paths.append(str(file))
-                names.append(class_dir.name)
+                found.append(file)
+    found.sort()  # by path, as before: class folder by name, then the path inside it
+    paths = [str(file) for file in found]
+    names = [file.relative_to(folder).parts[0] for file in found]
     if not paths:
         loose = sum(1 for file in folder.iterdir() if file.suffix.lower() in IMAGE_EXTENSIONS and file.is_file())
         if loose:

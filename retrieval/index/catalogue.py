@@ -19,7 +19,7 @@ import json
 import sqlite3
 import threading
 import weakref
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -277,6 +277,15 @@ class CatalogueQueries:
         ]
         return listed + self.problems(Status.ERROR, limit - len(listed)) if len(listed) < limit else listed
 
+    def iter_errors(self) -> Iterator[dict[str, Any]]:
+        """Every error, in ``error_examples``' order, one row at a time (a gallery may have millions)."""
+        if self._has_listing_errors():
+            for path, error in self.db.execute("SELECT path, error FROM listing_errors ORDER BY source, path"):
+                yield {"id": None, "path": path, "error": error}
+        for image_id, path, error in self.db.execute(
+                "SELECT id, path, error FROM images WHERE status=? ORDER BY id", (Status.ERROR,)):
+            yield {"id": image_id, "path": path, "error": error}
+
     def problems(self, status: Status, limit: int = 20) -> list[dict[str, Any]]:
         sql = "SELECT id, path, error, duplicate_of FROM images WHERE status=? ORDER BY id LIMIT ?"
         return [
@@ -427,6 +436,23 @@ class Catalogue(CatalogueQueries):
         before = self.db.total_changes
         self._transaction(("UPDATE images SET label=? WHERE path=? AND label IS NOT ?", (label, path, label))
                           for path, label in labels)
+        return self.db.total_changes - before
+
+    def rebase_paths(self, old_root: str, new_root: str) -> int:
+        """Every catalogued path under ``old_root`` put under ``new_root`` instead (the gallery moved), in one
+        transaction; returns how many. A path that is catalogued under ``new_root`` already: ValueError, nothing
+        changed."""
+        old, new = old_root.rstrip("/") + "/", new_root.rstrip("/") + "/"
+        # the paths that start with ``old`` sort in [old, old with its '/' raised to '0'): exact (no LIKE, which
+        # ignores case) and read through the path's own index
+        sql = "UPDATE images SET path = ? || substr(path, ?) WHERE path >= ? AND path < ?"
+        before = self.db.total_changes
+        try:
+            self._transaction([(sql, (new, len(old) + 1, old, old[:-1] + "0"))])
+        except sqlite3.IntegrityError as exc:
+            raise ValueError(f"the catalogue's images under {old_root} cannot move to {new_root}: some of them are "
+                             f"catalogued there already (added from there before?); remove those (retrieval index "
+                             "remove), or give the gallery's own folder") from exc
         return self.db.total_changes - before
 
     def mark_removed(self, ids: Sequence[int]) -> None:

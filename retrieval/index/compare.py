@@ -19,6 +19,7 @@ from retrieval.index.catalogue import CatalogueReader
 from retrieval.index.embed_rows import RowEmbedder
 from retrieval.index.embedder import ImageEmbedder
 from retrieval.index.layout import IndexLayout
+from retrieval.index.portable import gallery_place
 from retrieval.index.search import gallery_root, public_path
 from retrieval.index.shards import ShardStore
 from retrieval.index.vectors import done_chunks
@@ -73,8 +74,10 @@ def compare_with_index(index_dir: str | Path, embedder: ImageEmbedder, sample: i
         root = gallery_root(info, catalogue)
     finally:
         catalogue.close()
+    place = gallery_place(info, root, layout.root)  # the files where they are now: the gallery may have moved
+    files = {int(i): place.file(rows[int(i)]["path"]) for i in ids}
     with RowEmbedder(embedder, batch_size, workers) as rows_embedder:
-        embedded = rows_embedder.embed([(int(i), rows[int(i)]["path"]) for i in ids])
+        embedded = rows_embedder.embed([(i, file) for i, file in files.items() if file is not None])
     kept = embedded.ids  # files unreadable now are left out of both sides
     old = dict(_stored(ShardStore(layout.shards, read_only=True), {int(i): done[int(i)] for i in kept}))
     return compare_embeddings(np.stack([old[int(i)] for i in kept]), embedded.vectors,
@@ -111,6 +114,22 @@ def compare_on_folder(images: str | Path, old: ImageEmbedder, new: ImageEmbedder
     return compare_embeddings(by_old.vectors[pick_old], by_new.vectors[pick_new], paths,
                               [items[int(i)].label for i in kept], min(int(k), len(kept) - 1)) | {
         "old_model_hash": old.model_hash, "new_model_hash": new.model_hash, "unreadable": len(items) - len(kept)}
+
+
+def model_names(first: str | Path, second: str | Path, first_hash: str | None = None,
+                second_hash: str | None = None) -> tuple[str, str]:
+    """Names for a baseline and a new model file that tell them apart: the shortest differing path ends, else hashes."""
+    a, b = Path(first).resolve(), Path(second).resolve()
+    names = (a.name, b.name)
+    # runs/a/model.onnx and runs/b/model.onnx: the parent folders differ, so "a/model.onnx" and "b/model.onnx"
+    for n in range(1, max(len(a.parts), len(b.parts)) + 1):
+        names = (Path(*a.parts[-n:]).as_posix(), Path(*b.parts[-n:]).as_posix())
+        if names[0] != names[1]:
+            return names
+    if first_hash and second_hash and first_hash != second_hash:  # one path, a file rewritten since: the hashes
+        width = next((w for w in range(8, len(first_hash) + 1) if first_hash[:w] != second_hash[:w]), len(first_hash))
+        return f"{a.name} ({first_hash[:width]})", f"{b.name} ({second_hash[:width]})"
+    return f"{a.name} (baseline)", f"{b.name} (new: the same file)"
 
 
 def _stored(store: ShardStore, wanted: dict[int, str]):

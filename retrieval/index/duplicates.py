@@ -9,11 +9,15 @@ first one, and the rest are grouped again the same way (``split_around_first``).
 
 The ``auto`` threshold is calibrated on copies the code plants itself: for a seeded sample of gallery images,
 ``plant_copies`` makes a resized, a re-encoded (JPEG), a cropped and a recoloured copy, the index's model embeds
-them, and each copy's cosine to its original's stored vector is a score a duplicate reaches; each searched image's
-cosine to its nearest other gallery image (the whole graph's first column) is a score a distinct image reaches (or
-a real duplicate, a few). The threshold is the cut that best separates the two: the largest share of copies kept
-minus share of images flagged (Youden's J), placed halfway between the two scores around it (docs/INDEX.md,
-"Near-duplicates").
+them, and each copy's cosine to its original's stored vector is a score a duplicate reaches. Against them stands
+each searched image's nearest *distinct* image (``nearest_distinct_scores``): its nearest neighbour, unless up to
+``MAX_OWN_COPIES`` leading neighbours stand ``ISOLATION_GAP`` above the rest (its own copies, perhaps: then the next
+one), and at least its most alike neighbour of another label (a copy keeps its label). The cut is halfway between
+the copies' floor (the cosine ``RECALL_TARGET`` of them reach) and the distinct images' ceiling (the highest, all but
+one in a thousand images), with ``MARGIN`` clear on each side; where they overlap, it is put above the distinct
+images (a missed copy costs less than a distinct image proposed for removal) and the calibration says they do not
+separate (docs/INDEX.md, "Near-duplicates"). A fixed quantile or Youden's J would, on a gallery of a few hundred
+images, land among its distinct images.
 """
 
 from __future__ import annotations
@@ -42,6 +46,13 @@ MAX_CALIBRATION_SAMPLE = 2000  # each sampled image costs 4 embeddings
 # beyond, the groups are left as linked and the summary says so
 MAX_SPLIT_IMAGES = 200_000
 COPY_KINDS = ("resized", "jpeg", "cropped", "recoloured")
+RECALL_TARGET = 0.9  # share of the planted copies the cut should keep: the copies' floor is their 10th percentile
+MARGIN = 0.01  # cosine kept clear between the cut and each side (copies' floor, distinct images' ceiling)
+# an image's leading neighbours count as its own copies (and the next one as its nearest distinct image) when they
+# stand this far above the rest; more than MAX_OWN_COPIES alike neighbours are lookalikes, not copies
+ISOLATION_GAP = 0.03
+MAX_OWN_COPIES = 3
+DISTINCT_TOLERANCE = 0.001  # share of images whose nearest distinct image may reach the cut (none below 1,000)
 
 
 # --- groups
@@ -175,27 +186,76 @@ def plant_copies(image: Image.Image, seed: int = 0,
     return {"resized": resized, "jpeg": jpeg, "cropped": cropped, "recoloured": recoloured}
 
 
-def choose_threshold(copy_scores: Sequence[float], neighbour_scores: Sequence[float]) -> float:
-    """The cosine cut that best separates planted copies from distinct images: the largest share of copies at or
-    above it minus share of nearest-neighbour scores at or above it (Youden's J; the higher cut where two tie),
-    placed halfway between the highest score it leaves out and the lowest it keeps."""
-    copies = np.sort(np.asarray(copy_scores, dtype=np.float64))
-    others = np.sort(np.asarray(neighbour_scores, dtype=np.float64))
+def copy_floor(copy_scores: Sequence[float]) -> float:
+    """The cosine ``RECALL_TARGET`` of the planted copies reach (their 10th percentile)."""
+    copies = np.asarray(copy_scores, dtype=np.float64)
     if not len(copies):
         raise ParameterError("copy_scores", "is empty: no planted copy could be embedded to calibrate with")
-    candidates = np.unique(np.concatenate([copies, others]))
-    kept = 1.0 - np.searchsorted(copies, candidates, side="left") / len(copies)  # share of copies >= cut
-    flagged = (1.0 - np.searchsorted(others, candidates, side="left") / len(others)) if len(others) else 0.0
-    gain = kept - flagged
-    best = int(np.flatnonzero(gain == gain.max())[-1])
-    below = candidates[best - 1] if best > 0 else max(-1.0, candidates[best] - 0.02)
-    return float(round((candidates[best] + below) / 2, 4))
+    return float(np.quantile(copies, 1.0 - RECALL_TARGET))
+
+
+def distinct_ceiling(distinct_scores: Sequence[float]) -> float:
+    """The highest nearest-distinct cosine, all but ``DISTINCT_TOLERANCE`` of the images (the very highest below
+    1,000 images); -inf when there is none."""
+    scores = np.asarray(distinct_scores, dtype=np.float64)
+    scores = np.sort(scores[np.isfinite(scores)])[::-1]
+    if not len(scores):
+        return -math.inf
+    return float(scores[min(len(scores) - 1, int(DISTINCT_TOLERANCE * len(scores)))])
+
+
+def choose_threshold(copy_scores: Sequence[float], distinct_scores: Sequence[float]) -> float:
+    """The cosine cut between planted copies and distinct images: halfway between the copies' floor and the distinct
+    images' ceiling where ``2 * MARGIN`` or more apart; else ``MARGIN`` above the ceiling (at most 1)."""
+    floor, ceiling = copy_floor(copy_scores), distinct_ceiling(distinct_scores)
+    if not math.isfinite(ceiling):  # nothing distinct was seen (a gallery of a few images)
+        return float(round(max(-1.0, floor - MARGIN), 4))
+    if floor - ceiling >= 2 * MARGIN:
+        return float(round((floor + ceiling) / 2, 4))
+    return float(round(min(1.0, ceiling + MARGIN), 4))
+
+
+def nearest_distinct_scores(graph: NeighbourGraph, label_of: Mapping[int, str] | None = None) -> np.ndarray:
+    """Each searched image's cosine to its nearest distinct image: its nearest neighbour, unless its first 1 to
+    ``MAX_OWN_COPIES`` neighbours stand ``ISOLATION_GAP`` above the next (its copies, perhaps: the next is then its
+    nearest distinct one); with ``label_of`` (id -> label), at least its most alike neighbour of another label.
+    -inf where an image has no neighbour that counts."""
+    present = graph.neighbours >= 0
+    scores = np.where(present, graph.scores, -np.inf).astype(np.float64)
+    if not scores.shape[1]:
+        return np.full(len(graph.ids), -np.inf)
+    distinct = scores[:, 0].copy()
+    if scores.shape[1] > 1:
+        leading = min(MAX_OWN_COPIES, scores.shape[1] - 1)
+        with np.errstate(invalid="ignore"):  # -inf - -inf where neither neighbour exists: no gap
+            gaps = scores[:, :leading] - scores[:, 1:leading + 1]
+        # a gap to a neighbour that is not there says nothing: the one neighbour seen counts
+        isolated = (np.nan_to_num(gaps, nan=0.0) >= ISOLATION_GAP) & present[:, 1:leading + 1]
+        found = isolated.any(axis=1)
+        after = np.argmax(isolated, axis=1) + 1  # the first neighbour below the gap
+        rows = np.flatnonzero(found)
+        distinct[rows] = scores[rows, after[rows]]
+    if label_of:
+        labelled = np.fromiter(label_of.keys(), np.int64, len(label_of))
+        names, codes = np.unique(np.asarray(list(label_of.values()), dtype=object).astype(str), return_inverse=True)
+        order = np.argsort(labelled)
+        labelled, codes = labelled[order], codes[order]
+
+        def code(ids: np.ndarray) -> np.ndarray:
+            at = np.clip(np.searchsorted(labelled, ids), 0, len(labelled) - 1)
+            return np.where(labelled[at] == ids, codes[at], -1)
+
+        own, theirs = code(graph.ids), code(graph.neighbours)
+        other = present & (own[:, None] >= 0) & (theirs >= 0) & (theirs != own[:, None])
+        distinct = np.maximum(distinct, np.where(other, scores, -np.inf).max(axis=1))
+    return distinct
 
 
 @dataclass
 class Calibration:
-    """What ``auto`` measured: the threshold, and at it the share of planted copies kept (per kind) and the share
-    of the searched images whose nearest other image reaches it."""
+    """What ``auto`` measured: the threshold; the planted copies' floor and the distinct images' ceiling it sits
+    between (``separated``: at least ``RECALL_TARGET`` of the copies reach it); at it, the share of planted copies
+    kept (per kind) and of the searched images whose nearest other image reaches it."""
 
     threshold: float
     images: int  # gallery images whose copies were planted
@@ -205,15 +265,46 @@ class Calibration:
     neighbour_share: float  # share of the searched images whose nearest other image is at or above it
     copy_scores: dict[str, list[float]] = field(repr=False, default_factory=dict)
     neighbour_scores: list[float] = field(repr=False, default_factory=list)
+    floor: float = math.nan  # the cosine RECALL_TARGET of the planted copies reach
+    ceiling: float = math.nan  # the highest nearest-distinct cosine (distinct_ceiling)
+    labels_used: bool = False  # neighbours of another label counted as distinct images
+    distinct_scores: list[float] = field(repr=False, default_factory=list)
+
+    @property
+    def separated(self) -> bool:
+        """Whether the cut keeps ``RECALL_TARGET`` of the planted copies with the distinct images below it."""
+        return self.copy_recall >= RECALL_TARGET and not self.ceiling >= self.threshold
+
+    @property
+    def warning(self) -> str | None:
+        """Why the groups found at this cut miss copies, for people; None when copies and distinct images
+        separate."""
+        if self.separated:
+            return None
+        kinds = ", ".join(f"{kind} {value:.0%}" for kind, value in self.recall_by_kind.items())
+        return (f"planted copies and distinct images do not separate: distinct images reach cosine "
+                f"{self.ceiling:.3f} while {RECALL_TARGET:.0%} of the copies reach {self.floor:.3f}; the cut is above "
+                f"the distinct images, so only {self.copy_recall:.0%} of the copies reach it ({kinds}). A lower "
+                "--threshold finds more copies among distinct images: look at each group before removing any; a "
+                "model trained on such images separates them better")
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (without the raw scores)."""
-        return {"threshold": self.threshold, "method": "planted copies (Youden's J)", "images": self.images,
-                "copies": self.copies, "copy_recall": round(self.copy_recall, 4),
+        return {"threshold": self.threshold,
+                "method": "planted copies against each image's nearest distinct image (floor, ceiling, margin)",
+                "images": self.images, "copies": self.copies, "copy_recall": round(self.copy_recall, 4),
                 "recall_by_kind": {kind: round(value, 4) for kind, value in self.recall_by_kind.items()},
                 "neighbour_share": round(self.neighbour_share, 4),
+                "copy_floor": _rounded(self.floor), "distinct_ceiling": _rounded(self.ceiling),
+                "margin": MARGIN, "recall_target": RECALL_TARGET, "labels_used": self.labels_used,
+                "separated": self.separated, "warning": self.warning,
                 "copy_score_quantiles": _quantiles([s for v in self.copy_scores.values() for s in v]),
-                "neighbour_score_quantiles": _quantiles(self.neighbour_scores)}
+                "neighbour_score_quantiles": _quantiles(self.neighbour_scores),
+                "distinct_score_quantiles": _quantiles(self.distinct_scores)}
+
+
+def _rounded(value: float) -> float | None:
+    return round(value, 4) if math.isfinite(value) else None
 
 
 def _quantiles(values: Sequence[float]) -> dict[str, float] | None:
@@ -235,9 +326,11 @@ def embed_images(embedder: ImageEmbedder, images: Sequence[Image.Image], batch_s
 
 
 def calibrate(originals: np.ndarray, images: Sequence[Image.Image], embedder: ImageEmbedder,
-              neighbour_scores: Sequence[float], seed: int = 0) -> Calibration:
-    """``auto``'s threshold from the planted copies of ``images`` (whose stored vectors are ``originals``) and the
-    gallery's nearest-neighbour cosines ``neighbour_scores``."""
+              neighbour_scores: Sequence[float], seed: int = 0, distinct_scores: Sequence[float] | None = None,
+              labels_used: bool = False) -> Calibration:
+    """``auto``'s threshold from the planted copies of ``images`` (whose stored vectors are ``originals``) against
+    the gallery's nearest-distinct cosines ``distinct_scores`` (default: its nearest-neighbour cosines
+    ``neighbour_scores``, which the share flagged is read from)."""
     if len(images) != len(originals):
         raise ParameterError("images", f"must be the {len(originals)} originals' images, got {len(images)}")
     background = EvalPreprocess(embedder.model_config).background
@@ -246,12 +339,14 @@ def calibrate(originals: np.ndarray, images: Sequence[Image.Image], embedder: Im
     owner = np.repeat(np.arange(len(images)), len(COPY_KINDS))
     scores = np.einsum("ij,ij->i", copies, originals[owner])
     by_kind = {kind: scores[position::len(COPY_KINDS)].tolist() for position, kind in enumerate(COPY_KINDS)}
-    threshold = choose_threshold(scores, neighbour_scores)
     others = np.asarray(neighbour_scores, dtype=np.float64)
+    distinct = others if distinct_scores is None else np.asarray(distinct_scores, dtype=np.float64)
+    threshold = choose_threshold(scores, distinct)
     return Calibration(
         threshold, len(images), len(scores), float((scores >= threshold).mean()),
         {kind: float((np.asarray(values) >= threshold).mean()) for kind, values in by_kind.items()},
-        float((others >= threshold).mean()) if len(others) else 0.0, by_kind, others.tolist())
+        float((others >= threshold).mean()) if len(others) else 0.0, by_kind, others.tolist(),
+        copy_floor(scores), distinct_ceiling(distinct), labels_used, distinct[np.isfinite(distinct)].tolist())
 
 
 def check_sample(sample: int) -> int:
@@ -267,7 +362,7 @@ def calibrate_on_index(index: Index, graph: NeighbourGraph, load: Callable[[int]
                        embedder: ImageEmbedder, sample: int = CALIBRATION_SAMPLE, seed: int = 0) -> Calibration:
     """``calibrate`` on a seeded sample of the graph's images (``load(id)`` gives an image's picture; None: it
     cannot be read now, and another image is taken; the stored vectors are the originals) against every searched
-    image's nearest-neighbour cosine."""
+    image's nearest distinct image (``nearest_distinct_scores``, the catalogue's labels counted)."""
     sample = check_sample(sample)
     if isinstance(embedder, NoModel):  # built from embeddings: nothing can embed the planted copies
         raise ParameterError("threshold", "auto embeds copies it plants of gallery images with the index's model, "
@@ -295,10 +390,12 @@ def calibrate_on_index(index: Index, graph: NeighbourGraph, load: Callable[[int]
     if len(kept) < 2:  # a writer removed them since the graph was searched
         raise ParameterError("threshold", "auto found fewer than 2 sampled images still indexed; run it again")
     originals = np.stack([vectors[position[int(graph.ids[rows[n]])]] for n in kept])
-    # every searched image's nearest other, not only the sample's: the far tail of distinct pairs is what a cut
-    # just above the sample's highest would meet
+    # every searched image's nearest distinct image, not only the sample's: the far tail of distinct pairs is what
+    # a cut just above the sample's highest would meet
     nearest = graph.scores[:, 0]
-    return calibrate(originals, [images[n] for n in kept], embedder, nearest[np.isfinite(nearest)].tolist(), seed)
+    label_of = dict(index.catalogue.labelled())
+    return calibrate(originals, [images[n] for n in kept], embedder, nearest[np.isfinite(nearest)].tolist(), seed,
+                     nearest_distinct_scores(graph, label_of), bool(label_of))
 
 
 # --- the summary of an index's groups
@@ -310,9 +407,12 @@ def group_summaries(index: Index, groups: Sequence[DuplicateGroup], max_groups: 
     wanted = np.unique(np.concatenate([g.ids[:max_members] for g in shown])) if shown else np.zeros(0, np.int64)
     ids, vectors = stored_vectors(index, wanted)
     vector_of = {int(i): v for i, v in zip(ids.tolist(), vectors, strict=True)}
-    rows = index.indexed_rows(wanted.tolist())
+    # every member's label, not only those listed: one of another label among the rest still mixes the group
+    everyone = np.unique(np.concatenate([g.ids for g in shown])) if shown else np.zeros(0, np.int64)
+    rows = index.indexed_rows(everyone.tolist())
     out = []
     for group in shown:
+        labels = {rows[int(i)]["label"] for i in group.ids if int(i) in rows} - {None}
         members = [int(i) for i in group.ids[:max_members]]
         first = vector_of.get(members[0])
         similarities = [round(float(vector_of[i] @ first), 4) if first is not None and i in vector_of else None
@@ -322,6 +422,7 @@ def group_summaries(index: Index, groups: Sequence[DuplicateGroup], max_groups: 
             "ids": members,
             "paths": [index.public_path(rows[i]["path"]) if i in rows else None for i in members],
             "labels": [rows[i]["label"] if i in rows else None for i in members],
+            "labels_mixed": len(labels) > 1,  # distinct images, perhaps: never proposed for removal
             "similarities": similarities,
             "weakest_link": round(group.weakest_link, 4),
             "best_link": round(group.best_link, 4),
@@ -354,6 +455,8 @@ def find_duplicates(index: Index, threshold: float | str = "auto", k: int = 10,
         ids, vectors = stored_vectors(index, linked)
         groups = split_around_first(groups, dict(zip(ids.tolist(), vectors, strict=True)), float(threshold))
     counts = index.catalogue.counts()
+    listed = group_summaries(index, groups, max_groups, max_members)
+    calibrated = calibration.to_dict() if calibration is not None else None
     return {
         "index_dir": str(index.layout.root),
         "images": int(len(graph.ids)),
@@ -362,14 +465,37 @@ def find_duplicates(index: Index, threshold: float | str = "auto", k: int = 10,
         "k": graph.k,
         "search": graph.search,
         "threshold": float(threshold),
-        "calibration": calibration.to_dict() if calibration is not None else None,
+        "calibration": calibrated,
         "split": split,  # groups cut around their first image (False: left as linked, too many images)
         "groups_found": len(groups),
         "images_in_groups": int(sum(len(g.ids) for g in groups)),
         "copies_in_groups": int(sum(len(g.ids) - 1 for g in groups)),
         "exact_duplicates": int(counts.get("duplicate", 0)),  # same bytes: skipped when indexed, never searched
-        "groups": group_summaries(index, groups, max_groups, max_members),
-    }
+        "groups": listed,
+    } | advice(calibrated, listed)
+
+
+def advice(calibration: dict[str, Any] | None, groups: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """What a summary proposes and warns of: ``removal`` (the copies of the listed groups whose labels agree;
+    ``left_out``: the numbers, from 1, of those mixing labels, never proposed) and ``warnings`` for people (the
+    calibration's, and the groups mixing labels)."""
+    mixed = [number for number, group in enumerate(groups, 1) if group.get("labels_mixed")]
+    warnings = [calibration["warning"]] if calibration and calibration.get("warning") else []
+    if mixed:
+        listed = ", ".join(map(str, mixed[:20])) + (" ..." if len(mixed) > 20 else "")
+        warnings.append(f"{len(mixed)} of {len(groups)} groups listed mix labels ({listed}): distinct images alike "
+                        "to the model, or a copy filed under another label; they are left out of the removal "
+                        "proposed: look at them first")
+    ids = [i for group in groups if not group.get("labels_mixed") for i in group["ids"][1:]]
+    return {"removal": {"ids": ids, "groups": len(groups) - len(mixed), "left_out": mixed}, "warnings": warnings}
+
+
+def picture_background(embedder: ImageEmbedder) -> tuple[int, int, int]:
+    """The colour the model puts transparent pixels on (its ``background``), for pictures drawn as it sees images;
+    white for an index built from embeddings (no model)."""
+    if isinstance(embedder, NoModel):
+        return DEFAULT_BACKGROUND
+    return EvalPreprocess(embedder.model_config).background
 
 
 def catalogued_image_loader(index: Index, max_pixels: int | None = None) -> Callable[[int], Image.Image | None]:
@@ -378,10 +504,11 @@ def catalogued_image_loader(index: Index, max_pixels: int | None = None) -> Call
 
     def load(image_id: int) -> Image.Image | None:
         row = index.indexed_row(image_id)
-        if row is None:
+        path = None if row is None else index.image_file(row["path"])  # where it is now: the gallery may have moved
+        if path is None:
             return None
         try:
-            return read_image(row["path"], max_pixels or DEFAULT_MAX_PIXELS).image
+            return read_image(path, max_pixels or DEFAULT_MAX_PIXELS).image
         except Exception:  # noqa: BLE001  (a file unreadable now is passed over, as the index builder does)
             return None
 

@@ -101,7 +101,8 @@ def load_model(
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"model file {path} not found; export one with `retrieval export`")
+        raise FileNotFoundError(f"model file {path} not found; give the path of an exported .onnx model (`retrieval "
+                                "export` writes one)")
     try:
         from retrieval.onnx_runtime import OnnxEmbedder
     except ModuleNotFoundError as exc:  # the ONNX runtime wrapper is its own part of the toolkit

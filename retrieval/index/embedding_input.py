@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
+from tqdm.std import tqdm
 
 from retrieval.errors import ParameterError
 from retrieval.index.catalogue import Catalogue, Outcome, PlannedRow, Status
@@ -62,6 +62,7 @@ from retrieval.index.sources import (
     printable_path,
 )
 from retrieval.io import read_capped
+from retrieval.progress import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -566,7 +567,8 @@ class _Buffer:
 
 
 def _bar(total: int, desc: str, progress: bool) -> tqdm:
-    return tqdm(total=total, desc=desc, unit="vec", file=sys.stderr, dynamic_ncols=True, disable=not progress)
+    return progress_bar(total=total, desc=desc, unit="vec", file=sys.stderr, dynamic_ncols=True,
+                        disable=not progress)
 
 
 def _unreadable(part: Part, exc: Exception) -> ValueError:

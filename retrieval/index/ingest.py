@@ -15,7 +15,7 @@ from pathlib import Path
 
 import faiss
 import numpy as np
-from tqdm.auto import tqdm
+from tqdm.std import tqdm
 
 from retrieval.index.catalogue import THROUGHPUT_META, Catalogue, Outcome, Status
 from retrieval.index.decode import Decoded, DecodedBatch, GalleryDecodeDataset, decoded_batches
@@ -23,6 +23,7 @@ from retrieval.index.embedder import ImageEmbedder, prepare_vectors
 from retrieval.index.engine import IngestEngine, IngestOptions, add_sequentially
 from retrieval.index.shards import ShardStore
 from retrieval.index.vectors import Chunks
+from retrieval.progress import progress_bar
 from retrieval.workers import default_workers
 
 
@@ -65,7 +66,7 @@ class Ingestor:
 
     def progress_bar(self, total: int, desc: str = "index") -> tqdm:
         """Images done so far, on stderr (off with ``options.progress``)."""
-        return tqdm(
+        return progress_bar(
             total=total, desc=desc, unit="img", file=sys.stderr, dynamic_ncols=True, disable=not self.options.progress
         )
 

@@ -75,16 +75,18 @@ class Snapshot(Index):
 
     @classmethod
     def open(
-        cls, directory: str | Path, embedder: ImageEmbedder | None = None, gpu: bool = False, writer_free: bool = True
+        cls, directory: str | Path, embedder: ImageEmbedder | None = None, gpu: bool = False, writer_free: bool = True,
+        gallery_root: str | Path | None = None,
     ) -> Snapshot:
         """Open under a seqlock: IndexChanging if the files changed meanwhile, or (``writer_free``) if a writer
-        holds the folder, even one whose index is still consistent (a server's first open takes that one)."""
+        holds the folder, even one whose index is still consistent (a server's first open takes that one).
+        ``gallery_root``: where the gallery is now, if it moved elsewhere (``Index.open``)."""
         layout = IndexLayout(directory)
         before = folder_identity(layout)
         if writer_free:
             _require_no_writer(layout)
         try:
-            snapshot = super().open(directory, embedder, gpu)
+            snapshot = super().open(directory, embedder, gpu, gallery_root)
         except Exception as exc:  # a writer that started meanwhile explains an inconsistent or missing file
             if writer_free:
                 _require_unchanged(layout, before, writer_free, exc)

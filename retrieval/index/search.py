@@ -10,7 +10,7 @@ import numbers
 import os
 import posixpath
 import threading
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePath, PurePosixPath
 from typing import Any
@@ -18,11 +18,13 @@ from typing import Any
 import faiss
 import numpy as np
 
+from retrieval.errors import ParameterError
 from retrieval.index import faiss_files, faiss_gpu, faiss_params, faiss_search
-from retrieval.index.catalogue import CatalogueReader, Status
+from retrieval.index.catalogue import CatalogueQueries, CatalogueReader, Status
 from retrieval.index.embedder import ImageEmbedder, NoModel, has_model, index_embedder, load_model, prepare_vectors
 from retrieval.index.filters import Filter, FilterTable, parse_filter
 from retrieval.index.layout import IndexLayout
+from retrieval.index.portable import GalleryPlace, find_model, gallery_place
 from retrieval.index.sources import is_url
 from retrieval.rerank import RerankConfig, rerank_lists
 
@@ -36,7 +38,7 @@ def check_k(k: object, name: str = "k") -> int:
     return int(k)
 
 
-def gallery_root(info: dict[str, Any], catalogue: CatalogueReader) -> PurePath:
+def gallery_root(info: Mapping[str, Any], catalogue: CatalogueQueries) -> PurePath:
     """The folder that paths shown to people and programs are relative to: index.json's ``gallery_root``, else
     the deepest folder holding every catalogued path."""
     recorded = info.get("gallery_root")
@@ -95,8 +97,12 @@ class Index:
         info: dict[str, Any],
         embedder: ImageEmbedder | None = None,
         gpu: bool = False,
+        gallery_root: str | Path | None = None,
     ) -> None:
         self.layout, self.faiss_index, self.catalogue, self.info = layout, index, catalogue, info
+        self._gallery_root = gallery_root  # where the gallery moved (--gallery-root); None: found from index.json
+        if gallery_root is not None:
+            _ = self.gallery  # a --gallery-root that is not a folder is refused now, not at the first result
         self._embedder = None
         self._filter_table: FilterTable | None = None
         self._filter_lock = threading.Lock()
@@ -105,7 +111,9 @@ class Index:
             self.embedder = embedder
 
     @classmethod
-    def open(cls, directory: str | Path, embedder: ImageEmbedder | None = None, gpu: bool = False) -> Index:
+    def open(cls, directory: str | Path, embedder: ImageEmbedder | None = None, gpu: bool = False,
+             gallery_root: str | Path | None = None) -> Index:
+        """Open a finished index folder (``gallery_root``: where its gallery is now, if it moved elsewhere)."""
         layout = IndexLayout(directory)
         layout.require_finished()
         info = layout.read_info()
@@ -119,7 +127,7 @@ class Index:
                 f"its faiss part holds {index.ntotal} vectors but the catalogue has {done} indexed images"
             )
         try:
-            return cls(layout, index, catalogue, info, embedder, gpu)
+            return cls(layout, index, catalogue, info, embedder, gpu, gallery_root)
         except BaseException:  # e.g. the embedder is another model's
             catalogue.close()
             raise
@@ -159,16 +167,20 @@ class Index:
 
     @property
     def embedder(self) -> ImageEmbedder:
-        """The query model: the one passed in, else the ONNX file recorded in index.json; it embeds with the output
+        """The query model: the one passed in, else index.json's model, found by its hash (``find_model``: the
+        folder may have moved); it embeds with the output
         that reaches the index's space (a model of another size declared compatible: its compatible output). An
         index built from embeddings has none: a ``NoModel``, which refuses to embed, saying what works instead."""
         if self._embedder is None and not self.has_model:
             self._embedder = NoModel(self.dim, self.layout.root)  # its every use says what works instead
         if self._embedder is None:
-            path = self.info.get("model_path")
-            if not path:
+            if not self.info.get("model_path") or not self.model_hash:
                 raise ValueError("this index records no model path; pass an embedder to search images")
-            self.embedder = load_model(path)
+            model = load_model(find_model(self.info, self.layout.root))
+            if model.model_hash != self.model_hash:  # replaced since it was hashed: never search with another model
+                raise ParameterError("model", f"is needed: the file {getattr(model, 'path', '?')} has model_hash "
+                                              f"{model.model_hash}, not {self.model_hash}, the index's; give that one")
+            self.embedder = model
         return self._embedder
 
     @embedder.setter
@@ -203,11 +215,21 @@ class Index:
 
     @functools.cached_property
     def gallery_root(self) -> PurePath:
+        """The gallery root its catalogue's paths were recorded under (``gallery.root``: where it is now)."""
         return gallery_root(self.info, self.catalogue)
+
+    @functools.cached_property
+    def gallery(self) -> GalleryPlace:
+        """Where its gallery is now (``portable.gallery_place``): moved with the index folder, or --gallery-root."""
+        return gallery_place(self.info, self.gallery_root, self.layout.root, self._gallery_root)
 
     def public_path(self, path: str) -> str:
         """``path`` relative to this index's gallery root (``public_path``)."""
-        return public_path(path, self.gallery_root)
+        return public_path(path, self.gallery.shown_from(path))
+
+    def image_file(self, path: str) -> str | None:
+        """Where the file of a catalogued ``path`` is now (``GalleryPlace.file``; None: not in the moved gallery)."""
+        return self.gallery.file(path)
 
     # --- filters
     @property

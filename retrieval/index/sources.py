@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from retrieval.data.formats import IMAGE_EXTENSIONS  # the decoder's formats: the gallery lists only these files
+from retrieval.data.walk import walk_following_links
 from retrieval.errors import ParameterError
 
 MAX_PATH_BYTES = 4096  # Linux PATH_MAX: the kernel refuses longer paths anyway
@@ -233,8 +234,8 @@ def walk_folder(root: Path, limit: int | None = None) -> Gallery:
             )
         )
 
-    for folder, dirs, files in os.walk(root, onerror=unlisted):
-        dirs.sort()  # deterministic order, so that ids follow the folder order
+    # linked folders too (a class folder is often a link), each real folder once; sorted, so ids follow the order
+    for folder, _dirs, files in walk_following_links(root, onerror=unlisted):
         for name in sorted(files):
             if Path(name).suffix.lower() in IMAGE_EXTENSIONS:
                 path = Path(folder) / name

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from retrieval.index import faiss_measure
-from retrieval.index.catalogue import THROUGHPUT_META
+from retrieval.index.catalogue import THROUGHPUT_META, CatalogueReader
+from retrieval.index.layout import IndexLayout
 from retrieval.index.search import Index
 from retrieval.index.shards import ShardStore
 from retrieval.index.vectors import done_chunks, faiss_mismatch, gather_rows
@@ -23,6 +25,17 @@ def index_stats(directory: str | Path, queries: int = 500, seed: int = 1) -> dic
     """
     with Index.open(directory) as index:
         return opened_index_stats(index, queries=queries, seed=seed)
+
+
+def failed_images(directory: str | Path) -> Iterator[dict[str, Any]]:
+    """Every image of the index that could not be read or listed, with why (an unfinished build's too)."""
+    layout = IndexLayout(directory)
+    layout.require_catalogue()
+    catalogue = CatalogueReader(layout.catalogue)
+    try:
+        yield from catalogue.iter_errors()
+    finally:
+        catalogue.close()
 
 
 def opened_index_stats(

@@ -51,7 +51,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from tqdm.auto import tqdm
 
 from retrieval.errors import ParameterError
 from retrieval.index.catalogue import ROW_COLUMNS, CatalogueReader, Status
@@ -60,6 +59,7 @@ from retrieval.index.search import gallery_root, public_path
 from retrieval.index.shards import ShardStore
 from retrieval.index.sources import printable_path
 from retrieval.io import fsync_dir
+from retrieval.progress import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ def export_index(
             out.parent.mkdir(parents=True, exist_ok=True)
             _remove_stale(out)
             sink = _Sink(tmp, out.name, fmt, single_file, rows.schema(facts), len(plan))
-            bar = tqdm(total=count, desc="export", unit="img", file=sys.stderr, dynamic_ncols=True,
+            bar = progress_bar(total=count, desc="export", unit="img", file=sys.stderr, dynamic_ncols=True,
                        disable=not progress or count < PROGRESS_MIN_ROWS)
             with bar:
                 for part, (start, stop) in enumerate(plan):

@@ -42,8 +42,8 @@ from typing import Any
 
 import faiss
 import numpy as np
-from tqdm.auto import tqdm
 
+from retrieval.compatibility import COMPATIBLE, compatibility_sentence, recorded_compatibility
 from retrieval.errors import ParameterError
 from retrieval.index import faiss_files, faiss_params
 from retrieval.index.catalogue import UPGRADE_MODEL_PATH, Catalogue, Outcome, Status
@@ -65,9 +65,11 @@ from retrieval.index.engine import IngestOptions
 from retrieval.index.faiss_build import build_faiss, update_faiss
 from retrieval.index.layout import IndexLayout
 from retrieval.index.mend import mend
+from retrieval.index.portable import MODEL_RELATIVE
 from retrieval.index.shards import SHARD_PATTERN, ShardStore
 from retrieval.index.vectors import done_chunks
-from retrieval.index.writer import _model_fields, _require_complete, meta_values
+from retrieval.index.writer import _model_fields, _require_complete, meta_values, relocate
+from retrieval.progress import progress_bar
 from retrieval.workers import default_workers
 
 log = logging.getLogger(__name__)
@@ -75,8 +77,8 @@ log = logging.getLogger(__name__)
 ORDERS = ("uncertain", "id", "random")
 DEFAULT_COMMIT_EVERY = 4096  # images re-embedded between two publishes of a mixed upgrade
 NEIGHBOURS = 10  # old neighbours that measure how certain an old embedding is
-MODEL_META = ("model_path", "model_hash", "source_model_hash", "embedding_dim", "model_normalized", "similarity",
-              *OUTPUT_FIELDS)
+MODEL_META = ("model_path", MODEL_RELATIVE, "model_hash", "source_model_hash", "embedding_dim", "model_normalized",
+              "similarity", *OUTPUT_FIELDS)
 UPGRADE_META = ("upgrade_model_hash", UPGRADE_MODEL_PATH, "upgrade_mode", "upgrade_from", "upgrade_first_shard",
                 "upgrade_model_output")
 STALE = "upgrade_stale"  # set while a publish has moved catalogue rows that faiss does not hold yet
@@ -139,9 +141,9 @@ def backfill_order(store: ShardStore, catalogue: Catalogue, faiss_index: faiss.I
                              {i: row["label"] for i, row in rows.items()})
 
 
-def _record_model(catalogue: Catalogue, embedder: ImageEmbedder, model_path: str | None) -> None:
+def _record_model(catalogue: Catalogue, embedder: ImageEmbedder, model_path: str | None, index_root: Path) -> None:
     """The catalogue's model fields become ``embedder``'s (those it lacks, e.g. an output space, are cleared)."""
-    fields = _model_fields(embedder, model_path)
+    fields = _model_fields(embedder, model_path, index_root)
     catalogue.set_meta(**meta_values({key: fields.get(key) for key in MODEL_META}))
     catalogue.delete_meta(*(key for key in MODEL_META if fields.get(key) is None))
 
@@ -209,11 +211,13 @@ def upgrade_index(
     options: IngestOptions | None = None,
     on_publish: Callable[[dict[str, Any]], None] | None = None,
     native: bool = False,
+    gallery_root: str | Path | None = None,
 ) -> dict[str, Any]:
     """Re-embed the index's gallery with ``model`` (mixed or swap, see the module docstring); resumes an
     unfinished upgrade to the same model. ``native``: into the model's own space even where its compatible output
     could serve the old one (a swap). ``on_publish(progress)`` is called after each publish (for tests and
-    curves). Returns a summary."""
+    curves). A gallery that moved (``writer.relocate``; ``gallery_root``: where to) is followed first. Returns a
+    summary."""
     started = time.perf_counter()
     if order not in ORDERS:
         raise ParameterError("order", f"must be one of {', '.join(ORDERS)}, got {order!r}")
@@ -234,14 +238,28 @@ def upgrade_index(
             model_path = str(Path(model if model is not None else recorded).expanduser().resolve())
             embedder = embedder or load_model(model_path)
             info = _require_complete(layout, catalogue, upgrading=True)
+            info |= relocate(layout, catalogue, gallery_root)  # the images are re-read where they are now
             embedder = _output_of_upgrade(catalogue, info, embedder, native)
             store = ShardStore(layout.shards)
             mend(catalogue, store)
             state = _start(layout, catalogue, store, info, embedder, model_path)
             info = layout.read_info()
+        measured = _measured_compatibility(embedder, state["mode"])
         summary = _run(layout, state, embedder, model_path, order, int(commit_every), options, on_publish)
+    summary["compatibility"] = measured
     summary["seconds"] = round(time.perf_counter() - started, 3)
     return summary
+
+
+def _measured_compatibility(embedder: ImageEmbedder, mode: str) -> dict[str, Any] | None:
+    """A mixed upgrade's new queries meet old vectors until it ends: the compatibility the model's training
+    measured (its metadata), said once now (a warning unless compatible) and returned for the summary."""
+    measured = recorded_compatibility(getattr(embedder, "metadata", None)) if mode == "mixed" else None
+    if measured is not None:
+        say = log.info if measured["verdict"] == COMPATIBLE else log.warning
+        say("the new model serves the old vectors as they are replaced; as measured when it was trained, %s",
+            compatibility_sentence(measured))
+    return measured
 
 
 def _output_of_upgrade(catalogue: Catalogue, info: Mapping[str, Any], embedder: ImageEmbedder,
@@ -284,8 +302,8 @@ def _start(layout: IndexLayout, catalogue: Catalogue, store: ShardStore, info: d
                            upgrade_from=info["model_hash"], upgrade_first_shard=str(next_shard_number(store)),
                            **{UPGRADE_MODEL_PATH: model_path}, **({"upgrade_model_output": output} if output else {}))
         if mode == "mixed":  # queries by the new model from now on, against the old vectors (compatible)
-            new_fields = _model_fields(embedder, model_path)
-            _record_model(catalogue, embedder, model_path)
+            new_fields = _model_fields(embedder, model_path, layout.root)
+            _record_model(catalogue, embedder, model_path, layout.root)
             layout.write_info(_with_model(info, new_fields, {"upgrade": {"from": info["model_hash"], "mode": mode}}))
     return {"mode": catalogue.get_meta("upgrade_mode"), "from": catalogue.get_meta("upgrade_from"),
             "first_shard": int(catalogue.get_meta("upgrade_first_shard"))}
@@ -313,7 +331,7 @@ def _run(layout: IndexLayout, state: dict[str, Any], embedder: ImageEmbedder, mo
         summary["to_reembed"] = int(total)
     workers = default_workers() if options.workers is None else options.workers
     step = commit_every if mode == "mixed" else options.shard_size
-    bar = tqdm(total=total, initial=len(waiting), desc="upgrade", unit="img", disable=not options.progress)
+    bar = progress_bar(total=total, initial=len(waiting), desc="upgrade", unit="img", disable=not options.progress)
     with RowEmbedder(embedder, options.batch_size, workers, options.max_pixels) as rows_embedder, bar:
         if mode == "mixed" and waiting:
             _publish_batch(layout, waiting, summary, on_publish, total)
@@ -388,14 +406,14 @@ def _finish(layout: IndexLayout, embedder: ImageEmbedder, model_path: str, mode:
             raise RuntimeError(f"{len(left)} images of {layout.root} still hold the old model's vectors; run the "
                                "upgrade again to re-embed them")
         # the models this index's vectors came from before, oldest first (lineage; never a licence to search)
-        new_fields = _model_fields(embedder, model_path) | {
+        new_fields = _model_fields(embedder, model_path, layout.root) | {
             "upgraded_from": [*info.get("upgraded_from", []), catalogue.get_meta("upgrade_from")]}
         trained = not isinstance(faiss_params.inner(faiss_files.read_index(layout.faiss)), faiss.IndexFlatCodes)
         info.pop("upgrade", None)
         info = _publish(layout, catalogue, store, info, waiting, new_fields, rebuild=mode == "swap" or trained,
                         options=options)
         summary["published"] += len(waiting)
-        _record_model(catalogue, embedder, model_path)
+        _record_model(catalogue, embedder, model_path, layout.root)
         summary["deleted_shards"] = _delete_unused_shards(catalogue, store)
         catalogue.delete_meta(*UPGRADE_META)
         summary |= {"index_key": info["index_key"], "count": info.get("count")}

@@ -30,7 +30,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path, PurePosixPath
+from pathlib import Path, PurePath, PurePosixPath
 from typing import Any, NoReturn
 
 import faiss
@@ -57,7 +57,8 @@ from retrieval.index.faiss_build import build_faiss, update_faiss
 from retrieval.index.ingest import ingest
 from retrieval.index.layout import IndexLayout, IndexLockedError, repair_command
 from retrieval.index.mend import mend, missing_vectors
-from retrieval.index.search import public_path
+from retrieval.index.portable import GALLERY_RELATIVE, MODEL_RELATIVE, find_model, gallery_place, relative_to_index
+from retrieval.index.search import gallery_root, public_path
 from retrieval.index.shards import ShardStore
 from retrieval.index.sources import (
     IMAGE_EXTENSIONS,
@@ -121,9 +122,12 @@ def _tally(catalogue: Catalogue) -> dict[str, int]:
 SIMILARITY = "inner product of L2-normalised vectors (cosine)"
 
 
-def _model_fields(embedder: ImageEmbedder, model_path: str | None) -> dict[str, Any]:
+def _model_fields(embedder: ImageEmbedder, model_path: str | None, index_root: Path | None = None) -> dict[str, Any]:
+    """index.json's record of the model (``index_root``: the index folder, which its path is recorded from too)."""
     return {
         "model_path": str(Path(model_path).resolve()) if model_path else None,
+        # found again after the index folder and the model moved together (``portable.find_model``)
+        MODEL_RELATIVE: relative_to_index(model_path, index_root) if model_path and index_root else None,
         "model_hash": embedder.model_hash,
         # the PyTorch weights it was exported from: a model trained compatible with a checkpoint names these
         "source_model_hash": (getattr(embedder, "metadata", None) or {}).get("source_model_hash"),
@@ -145,6 +149,7 @@ def _info_from_meta(catalogue: Catalogue) -> dict[str, Any]:
     get = catalogue.get_meta
     info = {
         "model_path": get("model_path"),
+        **({MODEL_RELATIVE: get(MODEL_RELATIVE)} if get(MODEL_RELATIVE) is not None else {}),
         "model_hash": get("model_hash"),
         "embedding_dim": int(get("embedding_dim") or 0),
         "model_normalized": get("model_normalized") == "True",
@@ -152,6 +157,8 @@ def _info_from_meta(catalogue: Catalogue) -> dict[str, Any]:
     }
     if get("gallery_root") is not None:
         info["gallery_root"] = get("gallery_root")
+    if get(GALLERY_RELATIVE) is not None:
+        info[GALLERY_RELATIVE] = get(GALLERY_RELATIVE)
     if get("source_model_hash") is not None:
         info["source_model_hash"] = get("source_model_hash")
     if get("model_output") is not None:
@@ -176,6 +183,57 @@ def _check_same_model(catalogue: Catalogue, embedder: ImageEmbedder, root: Path)
         )
     # vectors a compatible output made (an old model's space) are added to with that output
     return with_output(embedder, catalogue.get_meta("model_output")) if built_by is not None else embedder
+
+
+def _rerecord(layout: IndexLayout, catalogue: Catalogue, fields: Mapping[str, str]) -> dict[str, str]:
+    """``fields`` recorded in the catalogue's meta and in index.json (where it is readable); returns them."""
+    catalogue.set_meta(**fields)
+    info = _readable_info(layout)
+    if info is not None:
+        layout.write_info(info | dict(fields))
+    return dict(fields)
+
+
+def relocate(layout: IndexLayout, catalogue: Catalogue, gallery_root: str | Path | None = None) -> dict[str, str]:
+    """Follow a moved gallery (``portable.gallery_place``: moved with the index folder, or to ``gallery_root``):
+    the catalogue's paths under the recorded root are put under the new one, and the record names it. Returns the
+    index.json fields that changed (none: it did not move). Caller holds the writer lock."""
+    info = _readable_info(layout) or {}
+    recorded = {key: catalogue.get_meta(key) or info.get(key) for key in ("gallery_root", GALLERY_RELATIVE)}
+    place = gallery_place(recorded, _gallery_root_of(recorded, catalogue), layout.root, gallery_root)
+    if not place.moved:
+        return {}
+    moved = catalogue.rebase_paths(str(place.recorded), str(place.root))
+    fields = {"gallery_root": str(place.root), GALLERY_RELATIVE: relative_to_index(place.root, layout.root)}
+    listed = catalogue.get_meta("gallery_images")  # what repair --label-from lists again
+    if listed is not None and place.file(listed) is not None:
+        catalogue.set_meta(gallery_images=place.file(listed))
+    log.info("%s: its gallery moved from %s to %s (%d catalogued paths follow)", layout.root, place.recorded,
+             place.root, moved)
+    return _rerecord(layout, catalogue, fields)
+
+
+def _gallery_root_of(record: Mapping[str, Any], catalogue: Catalogue) -> PurePath:
+    """The gallery root ``record`` names, else the one its catalogue's paths share (``search.gallery_root``)."""
+    return gallery_root({key: value for key, value in record.items() if value is not None}, catalogue)
+
+
+def _recorded_model(layout: IndexLayout, catalogue: Catalogue, record: Mapping[str, Any]) -> tuple[
+        ImageEmbedder, dict[str, str]]:
+    """The index's own model, found by its hash (``portable.find_model``: the folders may have moved), and the
+    fields that now record where it was found (none: where it was recorded)."""
+    if not record.get("model_path"):
+        raise ParameterError("model", "is needed: this index records no model path")
+    path = find_model(record, layout.root)
+    embedder = load_model(path)
+    if embedder.model_hash != record.get("model_hash"):  # replaced since it was hashed: never embed with another model
+        raise ParameterError("model", f"is needed: the file {path} has model_hash {embedder.model_hash}, not "
+                                      f"{record.get('model_hash')}, the index's; give that one")
+    found = str(path.resolve())
+    if found == record.get("model_path") and record.get(MODEL_RELATIVE) is not None:
+        return embedder, {}
+    return embedder, _rerecord(layout, catalogue, {"model_path": found,
+                                                   MODEL_RELATIVE: relative_to_index(found, layout.root)})
 
 
 def _labelled(images: str | Path, split: str | None, catalogue: Catalogue, label_from: str | None,
@@ -270,11 +328,12 @@ def build_index(
             _check_same_key(catalogue, index_key, layout.root)
         gallery, rule = _list(images, split, catalogue, label_from)
         if state is None:
-            fields = _model_fields(embedder, str(model) if model else None)
+            fields = _model_fields(embedder, str(model) if model else None, layout.root)
             catalogue.set_meta(state="building", index_key=index_key, **meta_values(fields))
         if catalogue.get_meta("gallery_root") is None:  # what repair re-lists if planning never finished
             catalogue.set_meta(
                 gallery_root=gallery.root, gallery_images=str(Path(images).expanduser().resolve()),
+                **{GALLERY_RELATIVE: relative_to_index(gallery.root, layout.root)},
                 **({"gallery_split": split} if split is not None else {}),
             )
         catalogue.plan(gallery.items, gallery.source, gallery.errors)
@@ -374,6 +433,7 @@ def build_from_embeddings(
                       "source": EMBEDDINGS_SOURCE, "embeddings_dir": str(source.root.resolve())}
             source.plan(catalogue, {"state": "building", "index_key": index_key, **meta_values(fields),
                                     "gallery_root": source.gallery_root,
+                                    GALLERY_RELATIVE: relative_to_index(source.gallery_root, layout.root),
                                     "embeddings_fingerprint": source.fingerprint})
         mended = mend(catalogue, store)
         source.copy_pending(catalogue, store, options.shard_size, options.progress)
@@ -444,10 +504,12 @@ def add_images(
     options: IngestOptions | None = None,
     label_from: str | None = None,
     duplicates: DuplicateCheck | None = None,
+    gallery_root: str | Path | None = None,
 ) -> dict[str, Any]:
     """Embed new images with the index's own model and add them without rebuilding (resumable too); labelled by
     the index's own label rule unless told otherwise. ``duplicates``: report (default) or skip the new images that
-    nearly copy an indexed one (``add_check``)."""
+    nearly copy an indexed one (``add_check``). A gallery that moved (``relocate``; ``gallery_root``: where to) is
+    followed first."""
     started = time.perf_counter()
     duplicates = duplicates or DuplicateCheck()
     layout = IndexLayout(index_dir)
@@ -460,11 +522,12 @@ def add_images(
             raise NoModelError(f"{built_without_model(layout.root)}: images cannot be added to it, as nothing can "
                                "embed them into the space of its vectors; build it again from embeddings that hold "
                                "the new images too, or build an index of all the images with a model")
-        if embedder is None:
-            path = model or info.get("model_path")
-            if path is None:
-                raise ParameterError("model", "is needed: this index records no model path")
-            embedder = load_model(path)
+        info |= relocate(layout, catalogue, gallery_root)  # before the new images are planned beside the old
+        if embedder is None and model is not None:
+            embedder = load_model(model)
+        elif embedder is None:
+            embedder, found = _recorded_model(layout, catalogue, info)
+            info |= found
         embedder = _check_same_model(catalogue, embedder, layout.root)
         gallery, rule = _labelled(images, split, catalogue, label_from)
         before = _tally(catalogue)
@@ -567,8 +630,10 @@ def repair_index(
     gpu: bool = False,
     options: IngestOptions | None = None,
     label_from: str | None = None,
+    gallery_root: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Finish an interrupted build/add, or mend an index whose parts disagree; returns a summary.
+    """Finish an interrupted build/add, or mend an index whose parts disagree; returns a summary. A gallery that
+    moved (``relocate``; ``gallery_root``: where to) is followed first.
 
     Re-embeds only images that no shard holds (the model is loaded only then). faiss is updated in
     place (or rebuilt from the shards: an unfinished build, an unreadable faiss file, or ``rebuild``),
@@ -589,6 +654,8 @@ def repair_index(
         if from_embeddings and (model is not None or embedder is not None):
             raise ParameterError("model", f"does not apply: {built_without_model(layout.root)} (its vectors are read "
                                           "again from the embeddings its build started from); leave it out")
+        if not from_embeddings:  # a build from embeddings reads no image: its paths are kept as they are
+            relocate(layout, catalogue, gallery_root)
         with parameters_named(rule="label_from"):  # only the rule's errors: the gallery's keep their names
             labels = relabel(catalogue, label_from) if label_from is not None else None
         store = ShardStore(layout.shards)
@@ -600,14 +667,16 @@ def repair_index(
         if catalogue.counts()[Status.PENDING.value] and from_embeddings:
             _reopen_input(catalogue, layout.root).copy_pending(catalogue, store, options.shard_size, options.progress)
         elif catalogue.counts()[Status.PENDING.value]:
-            if embedder is None:
-                path = model or catalogue.get_meta("model_path")
-                if path is None:
+            if embedder is None and model is not None:
+                embedder = load_model(model)
+            elif embedder is None:
+                if catalogue.get_meta("model_path") is None:
                     raise ParameterError(
                         "model", f"is needed: {catalogue.counts()[Status.PENDING.value]} images of {layout.root} "
                         "need embedding and the index records no model path"
                     )
-                embedder = load_model(path)
+                record = {key: catalogue.get_meta(key) for key in ("model_path", MODEL_RELATIVE, "model_hash")}
+                embedder, _ = _recorded_model(layout, catalogue, record)
             embedder = _check_same_model(catalogue, embedder, layout.root)
             ingest(engine, catalogue, store, embedder, options)
         info = _info_from_meta(catalogue)

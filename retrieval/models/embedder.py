@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from retrieval.data.colour import DEFAULT_BACKGROUND
-from retrieval.data.eval_preprocess import CROP, RESIZE_MODES
+from retrieval.data.resize_modes import CROP, RESIZE_MODES
 from retrieval.distances import l2_normalize
 from retrieval.errors import ParameterError, parameters_named
 from retrieval.models.backbones import BACKBONES, backbone_names, create_backbone

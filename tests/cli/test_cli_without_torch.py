@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from retrieval.extras import EXTRA_MODULES, extra_of_module, missing_extra_message
+from retrieval.extras import EXTRA_MODULES, extra_of_module, install_command, install_command_for, missing_extra_message
 
 ROOT = Path(__file__).resolve().parents[2]
 # Runs first in the fresh process: the train extra's modules cannot be imported (``import torch`` raises
@@ -61,7 +61,7 @@ def test_every_help_works_without_the_train_extra():
     report = json.loads(out)
     assert all(code == 0 and shown.startswith("Usage: retrieval") for code, shown in report.values()), report
     shown = {path: " ".join(text.split()) for path, (_, text) in report.items()}  # unwrapped
-    install = "pip install 'retrieval[train]'"
+    install = install_command("train")  # this checkout's form (an editable install here)
     # train's help lists the backbones and losses where torch registers them: here it says where to get them
     assert "Choices: listed once the train extra is installed" in shown["train"]
     assert all(f"This command needs PyTorch, which the base install leaves out: {install}" in shown[path]
@@ -87,7 +87,7 @@ def test_each_command_that_needs_torch_names_the_extra_before_any_work(tmp_path)
     """)
     for (command, _), (code, message) in zip(NEEDS_TRAIN, json.loads(out), strict=True):
         assert (code, message) == (1, f"retrieval {command} needs PyTorch, which the base install leaves out: "
-                                      "pip install 'retrieval[train]'"), command
+                                      f"{install_command('train')}"), command
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 
@@ -101,8 +101,36 @@ def test_a_module_belongs_to_the_extra_that_installs_it(module, extra):
 def test_the_message_names_the_package_and_the_install_command():
     assert missing_extra_message("retrieval index build --engine ray", "ray.data") == (
         "retrieval index build --engine ray needs Ray Data, which the base install leaves out: "
-        "pip install 'retrieval[ray]'")
+        f"{install_command('ray')}")
     assert missing_extra_message("retrieval data prepare", "sklearn").startswith("retrieval data prepare needs "
                                                                                  "scikit-learn,")
     with pytest.raises(ValueError, match="belongs to no extra"):
         missing_extra_message("search", "onnxruntime")
+
+
+@pytest.mark.parametrize(("direct_url", "command"), [
+    (None, "pip install 'retrieval[train]'"),  # from a package index: no PEP 610 record
+    ({"url": "file:///home/ann/retrieval", "dir_info": {"editable": True}},
+     "pip install -e '/home/ann/retrieval[train]'"),
+    ({"url": "file:///home/ann/my%20code/retrieval", "dir_info": {}},
+     "pip install '/home/ann/my code/retrieval[train]'"),
+    ({"url": "https://github.com/ann/retrieval.git", "vcs_info": {"vcs": "git", "commit_id": "abc123"}},
+     "pip install 'retrieval[train] @ git+https://github.com/ann/retrieval.git@abc123'"),
+    ({"url": "file:///tmp/retrieval-0.1.0-py3-none-any.whl", "archive_info": {}},
+     "pip install '/tmp/retrieval-0.1.0-py3-none-any.whl[train]'"),
+    ({"url": 7, "dir_info": "odd"}, "pip install 'retrieval[train]'"),  # a damaged record: the index form
+])
+def test_the_install_command_names_where_this_install_came_from(direct_url, command):
+    assert install_command_for("train", direct_url) == command
+
+
+def test_this_editable_checkout_is_told_to_install_the_extra_from_itself():
+    import importlib.metadata
+    from urllib.request import url2pathname
+
+    texts = [d.read_text("direct_url.json") for d in importlib.metadata.distributions(name="retrieval")]
+    record = next((json.loads(text) for text in texts if text), {})
+    if not record.get("dir_info", {}).get("editable"):
+        pytest.skip("retrieval is not installed editable here")
+    assert install_command("train") == f"pip install -e '{url2pathname(record['url'][len('file://'):])}[train]'"
+    assert "pip install 'retrieval[train]'" not in missing_extra_message("retrieval train", "torch")

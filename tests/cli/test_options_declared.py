@@ -81,7 +81,7 @@ def _cli_samples(declared) -> list[tuple[list[str], object]]:
 
 
 # options whose non-default value needs another option with it (a rule that relates them)
-COMPANIONS = {"resume": ["--out", "RUN"], "val_fraction": ["--wise-alpha", "0.5"],
+COMPANIONS = {"resume": ["--out", "RUN"],
               "sync_bn": ["--no-freeze-bn"], "wise_alpha": ["--val-fraction", "0.1"], "backbone": ["--no-pretrained"]}
 
 

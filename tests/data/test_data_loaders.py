@@ -464,3 +464,39 @@ def test_fashion_mnist_unknown_class_name():
         load_dataset("fashion-mnist", split="test", classes=["hat"])
     with pytest.raises(ValueError, match="disjoint train has classes"):
         load_dataset("fashion-mnist", split="train", protocol="disjoint", classes=["shirt"])
+
+
+def linked_class_tree(tmp_path: Path) -> Path:
+    """root/cat (real), root/dog -> a folder elsewhere, root/cat/again -> root (a loop), root/kitty -> root/cat (the
+    same images again), root/dog/more -> a second folder elsewhere (a link inside a linked class)."""
+    root, elsewhere = tmp_path / "root", tmp_path / "elsewhere"
+    for name, folder in (("c", root / "cat"), ("d", elsewhere / "dogs"), ("m", elsewhere / "more")):
+        for i in range(2):
+            write_image(folder / f"{name}{i}.png", COLORS[i])
+    (root / "dog").symlink_to(elsewhere / "dogs", target_is_directory=True)
+    (root / "cat" / "again").symlink_to(root, target_is_directory=True)
+    (root / "kitty").symlink_to(root / "cat", target_is_directory=True)
+    (elsewhere / "dogs" / "more").symlink_to(elsewhere / "more", target_is_directory=True)
+    return root
+
+
+def test_class_folders_that_are_links_are_followed_once_each_without_looping(tmp_path, caplog):
+    from retrieval.data.official import scan_class_folders
+
+    root = linked_class_tree(tmp_path)
+    with caplog.at_level("WARNING", logger="retrieval.data.walk"):
+        paths, names = scan_class_folders(root)
+    taken = sorted(zip(names, (Path(p).name for p in paths), strict=True))
+    assert taken == [("cat", "c0.png"), ("cat", "c1.png"), ("dog", "d0.png"), ("dog", "d1.png"), ("dog", "m0.png"),
+                     ("dog", "m1.png")]
+    assert "2 linked folder(s)" in caplog.text and "kitty" in caplog.text  # the loop and the alias, said once
+    train, test = load_dataset("folder", root, "train"), load_dataset("folder", root, "test")
+    assert len(train) + len(test) == 6
+
+
+def test_the_gallery_listing_follows_linked_class_folders_once(tmp_path):
+    gallery = list_gallery(linked_class_tree(tmp_path))
+    labels = sorted((item.label, Path(item.path).name) for item in gallery.items)
+    assert labels == [("cat", "c0.png"), ("cat", "c1.png"), ("dog", "d0.png"), ("dog", "d1.png"),
+                      ("more", "m0.png"), ("more", "m1.png")]
+    assert not gallery.errors

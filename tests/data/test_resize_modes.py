@@ -102,5 +102,5 @@ def test_crop_training_is_unchanged_by_the_mode():
 def test_device_decoding_refuses_a_letterboxing_model():
     from retrieval.data.device_decode import DeviceAugment
 
-    with pytest.raises(ValueError, match="--decode-on workers"):
+    with pytest.raises(ValueError, match="`decode_on` workers"):
         DeviceAugment(CONFIG | {"resize": "pad"}, resolve_augmentation("crop-flip"), "cpu")

@@ -450,6 +450,28 @@ def test_search_answers_the_good_queries_names_the_bad_and_can_exclude_itself(di
     assert len(payload[0]["results"]) == 3 and payload[0]["results"][0]["file"] != str(paths[0].resolve())
 
 
+def test_a_build_names_the_images_it_could_not_read_and_stats_failed_lists_them_all(digits, tmp_path, monkeypatch):
+    """The first 10 unreadable images by name with why, and the command that lists the rest."""
+    folder, _ = copy_gallery(digits, tmp_path)
+    monkeypatch.setattr("retrieval.index.writer.load_model", lambda path, providers="auto": FakeEmbedder())
+    (tmp_path / "m.onnx").write_bytes(b"x")
+    broken = sorted(f"broken-{n:02d}.png" for n in range(12))
+    for name in broken:
+        (folder / name).write_bytes(b"not a png")
+    out = str(tmp_path / "idx")
+    built = CliRunner().invoke(index_group, ["build", "--model", str(tmp_path / "m.onnx"), "--images", str(folder),
+                                             "--out", out, "--workers", "0"])
+    assert built.exit_code == 0, built.output
+    named = [name for name in broken if f"{name}: " in built.stdout]
+    assert len(named) == 10 and "could not be read (12 in the index):" in built.stdout
+    assert f"... and 2 more: retrieval index stats {out} --failed" in built.stdout
+    listed = CliRunner().invoke(index_group, ["stats", out, "--failed"])
+    assert listed.exit_code == 0, listed.output
+    assert sorted(Path(line.split(": ")[0]).name for line in listed.stdout.splitlines()) == broken
+    as_json = json.loads(CliRunner().invoke(index_group, ["stats", out, "--failed", "--json"]).stdout)
+    assert sorted(Path(row["path"]).name for row in as_json) == broken and all(row["error"] for row in as_json)
+
+
 def test_index_commands_end_with_a_line_for_people_and_the_next_command(digits, tmp_path, monkeypatch):
     """One summary line and the next command (JSON only with --json); add reports what it did."""
     folder, paths = copy_gallery(digits, tmp_path)

@@ -81,3 +81,28 @@ def test_index_compare_prints_the_overlap_and_the_most_changed_images(labelled_i
     as_json = json.loads(CliRunner().invoke(main, ["index", "compare", str(labelled_index / "idx"), "--model",
                                                    str(other), "-k", "3", "--json"]).stdout)
     assert as_json["k"] == 3 and 0.0 <= as_json["overlap"]["mean"] <= 1.0
+
+
+def test_compare_names_two_models_of_one_file_name_by_their_folders(labelled_index):
+    for run, seed in (("a", 3), ("b", 4)):
+        (labelled_index / "runs" / run).mkdir(parents=True, exist_ok=True)
+        write_projection_onnx(labelled_index / "runs" / run / "model.onnx", dim=16, seed=seed)
+    shown = CliRunner().invoke(main, ["compare", "--baseline", str(labelled_index / "runs" / "a" / "model.onnx"),
+                                      "--model", str(labelled_index / "runs" / "b" / "model.onnx"),
+                                      "--images", str(labelled_index / "g"), "-k", "3"])
+    assert shown.exit_code == 0, shown.output
+    assert "(a/model.onnx) -> " in shown.output and "(b/model.onnx)" in shown.output
+    assert "(model.onnx)" not in shown.output
+
+
+def test_model_names_take_the_shortest_differing_path_end_else_the_hashes(tmp_path):
+    from retrieval.index.compare import model_names
+
+    assert model_names(tmp_path / "old.onnx", tmp_path / "new.onnx") == ("old.onnx", "new.onnx")
+    assert model_names(tmp_path / "x" / "run" / "model.onnx", tmp_path / "y" / "run" / "model.onnx") == (
+        "x/run/model.onnx", "y/run/model.onnx")
+    same = tmp_path / "model.onnx"
+    assert model_names(same, same, "abcdef0123456789", "abcdef0199999999") == (
+        "model.onnx (abcdef012)", "model.onnx (abcdef019)")
+    first, second = model_names(same, same, "abc", "abc")
+    assert first != second and "the same file" in second

@@ -121,3 +121,14 @@ def test_a_refused_rule_names_the_relabel_command(nested, tmp_path):
     build_index(nested, tmp_path / "idx", embedder=FakeEmbedder(), options=QUICK)
     with pytest.raises(ValueError, match="top is not the rule .*; give that rule .*, or relabel the whole index first"):
         add_images(tmp_path / "idx", nested, embedder=FakeEmbedder(), options=QUICK, label_from="top")
+
+
+def test_a_class_folder_that_is_a_link_is_indexed_under_its_name_and_a_loop_is_not(tmp_path):
+    root = tmp_path / "shapes"
+    write_images(root / "moon", 2, 0)
+    write_images(tmp_path / "elsewhere" / "stars", 3, 10)
+    (root / "star").symlink_to(tmp_path / "elsewhere" / "stars", target_is_directory=True)
+    (root / "moon" / "up").symlink_to(root, target_is_directory=True)  # an ancestor: listed once, no loop
+    summary = build_index(root, tmp_path / "idx", embedder=FakeEmbedder(), options=QUICK)
+    assert summary["indexed"] == 5 and summary["errors"] == 0
+    assert summary["labels"]["largest_classes"] == {"star": 3, "moon": 2}

@@ -410,10 +410,16 @@ def test_the_demo_serves_the_projects_results_grid_it_promises(monkeypatch, tmp_
 def test_a_report_shows_each_picture_in_a_tab_and_says_what_the_map_draws(artifacts, service, tmp_path_factory):
     """The full report has every picture: each gets its tab; the embedding map's note says how many of the
     classes it draws and how they were chosen (from what the map recorded in its PNG)."""
+    from retrieval.compatibility import compatibility_sentence
+    from retrieval.serve.reports import markdown_text
     from retrieval.serve.ui import REPORT_PICTURES
 
     report = shared_full_report(tmp_path_factory)
-    _, metrics, pictures, *rest = EvaluationTab(service, report).open_report(str(report))
+    summary, metrics, pictures, *rest = EvaluationTab(service, report).open_report(str(report))
+    # the --compatible-with run's verdict, in the words every command uses for report.json's record of it
+    compatibility = json.loads(report.read_text())["last"]["compatibility"]
+    assert compatibility["verdict"] == "not compatible"
+    assert f"**Compatibility with the old model:** {markdown_text(compatibility_sentence(compatibility))}." in summary
     tabs, images, note = rest[: len(REPORT_PICTURES)], rest[len(REPORT_PICTURES) : -1], rest[-1]
     assert visible(metrics) and visible(pictures) and pictures.constructor_args["selected"] == "recall"
     assert all(visible(tab) for tab in tabs) and all(image["value"] is not None for image in images)

@@ -417,3 +417,18 @@ def test_a_log_that_fails_while_losses_are_read_back_counts_no_step_twice(tmp_pa
               progress=False)
     # the epoch stops at the error; the steps not yet logged are logged on the way out, each once
     assert [line["step"] for line in read_jsonl(tmp_path / "run" / "steps.jsonl")] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_run_says_its_class_split_and_records_it_in_config_json(tmp_path, feature_cache, capsys):
+    out = tmp_path / "run"
+    train(digits_config(out, feature_cache, epochs=1, eval_before=False, plots=False, val_fraction=0.4),
+          progress=True)
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("data: ")]
+    split = json.loads((out / "config.json").read_text())["class_split"]
+    assert split["train"]["classes"] + split["validation"]["classes"] == 10  # digits' standard protocol: all 10
+    assert split["test"]["classes"] == 10 and split["shared_train_test_classes"] == split["train"]["classes"]
+    assert said == [f"data: train {split['train']['classes']} classes, {split['train']['images']} images; "
+                    f"validation (held out of train) {split['validation']['classes']} classes, "
+                    f"{split['validation']['images']} images; test 10 classes, {split['test']['images']} images "
+                    f"({split['train']['classes']} classes in both train and test); the split is recorded in "
+                    f"{out / 'config.json'} (class_split)"]

@@ -13,6 +13,7 @@ import torch
 from run_files import metrics_rows
 from train_configs import digits_config
 
+from retrieval.compatibility import VERDICTS, compatibility_sentence, recorded_compatibility
 from retrieval.models import load_embedder
 from retrieval.onnx_runtime import embedder_model_hash
 from retrieval.train import train
@@ -38,15 +39,17 @@ def test_the_influence_is_logged_and_the_report_has_the_three_blocks_and_the_mod
     assert all("compatible" in row for row in rows) and any(row["compatible"] != 0 for row in rows)
     report = json.loads((old_run / "new" / "report.json").read_text())
     blocks = report["last"]["compatibility"]
-    assert set(blocks) == {"new", "old", "cross_model", "compatible"}
+    assert set(blocks) == {"new", "old", "cross_model", "verdict", "interval"} and blocks["verdict"] in VERDICTS
+    assert blocks["interval"]["queries"] > 0 and set(blocks["interval"]["difference"]) == {"recall@1", "map@r"}
     assert blocks["old"]["recall@1"] == report["history"][-1]["compatibility"]["old"]["recall@1"]  # taken once
     assert report["plots"]["compatibility"] == "compatibility.png" and (old_run / "new" / "compatibility.png").is_file()
     declared = torch.load(old_run / "new" / "last.pt", weights_only=False)["model_config"]["compatible_with"]
     assert declared == [embedder_model_hash(load_embedder(old_run / "old" / "last.pt"))]
-    from retrieval.serve.reports import compatibility_plot, load_report, summary_markdown
+    from retrieval.serve.reports import compatibility_plot, load_report, markdown_text, summary_markdown
 
     shown = load_report(old_run / "new" / "report.json")  # the app's Evaluation tab
-    assert "**Compatibility with the old model:** " in summary_markdown(shown)
+    assert f"**Compatibility with the old model:** {markdown_text(compatibility_sentence(blocks))}." in \
+        summary_markdown(shown)  # the verdict of report.json, in the same words
     assert compatibility_plot(shown) is not None
 
 
@@ -157,7 +160,7 @@ def test_a_new_embedding_size_trains_a_projection_into_the_old_space(old_run, ca
     for line, (name, block) in zip(lines[1:4], (("new", "new"), ("old", "old"), ("cross-model", "cross_model")),
                                    strict=True):
         assert line.split()[0] == f"{name}:" and f"recall@1 {saved[block]['recall@1']:.4f}," in line, line
-    assert lines[4].startswith(("compatible: ", "not compatible: ")) and lines[5].startswith("report ")
+    assert lines[4] == compatibility_sentence(saved) and lines[5].startswith("report ")
     assert lines[6].startswith(f"next: retrieval export --checkpoint {new} ")
 
 
@@ -198,6 +201,44 @@ def test_the_exported_model_is_accepted_by_the_old_model_index_and_upgrades_it_i
         assert len(index.search_images([tmp_path / "g" / "c0" / "0.png"], k=3)[0]) == 3
     summary = upgrade_index(tmp_path / "idx", new_onnx, options=IngestOptions(workers=0, progress=False))
     assert summary["mode"] == "mixed" and summary["reembedded"] == 8
+
+
+def test_evaluate_the_report_the_export_and_the_upgrade_say_the_same_verdict(old_run, tmp_path):
+    """One measurement, one verdict: `retrieval evaluate --gallery-model` (JSON and words), report.json (and the
+    app's words for it), the model's export and `retrieval index upgrade`'s message."""
+    from click.testing import CliRunner
+    from sample_images import noisy_png
+
+    from retrieval.cli.main import main
+    from retrieval.export.onnx_export import export_checkpoint
+    from retrieval.index import IngestOptions, build_index, load_model
+
+    train(compatible(old_run, "said"), progress=False)
+    trained = json.loads((old_run / "said" / "report.json").read_text())["last"]["compatibility"]
+    evaluated = CliRunner().invoke(main, ["evaluate", "--checkpoint", str(old_run / "said" / "last.pt"),
+                                          "--gallery-model", str(old_run / "old" / "last.pt"), "--no-pictures",
+                                          "--device", "cpu", "--workers", "0", "--json"])
+    assert evaluated.exit_code == 0, evaluated.output
+    payload = json.loads(evaluated.stdout)
+    assert payload["verdict"] == trained["verdict"] and payload["criterion"] == compatibility_sentence(payload)
+    assert payload["interval"]["queries"] == trained["interval"]["queries"]
+    for name, bounds in trained["interval"]["difference"].items():
+        assert payload["interval"]["difference"][name] == pytest.approx(bounds, abs=1e-6)
+
+    old_onnx, new_onnx = tmp_path / "old.onnx", tmp_path / "new.onnx"
+    export_checkpoint(old_run / "old" / "last.pt", old_onnx, verify=False, log=lambda message: None)
+    export_checkpoint(old_run / "said" / "last.pt", new_onnx, verify=False, log=lambda message: None)
+    recorded = recorded_compatibility(load_model(new_onnx).metadata)
+    assert recorded == {key: trained[key] for key in ("old", "cross_model", "verdict", "interval")}
+    for label, colour in enumerate([(200, 40, 40), (40, 200, 40)]):
+        (tmp_path / "g" / f"c{label}").mkdir(parents=True)
+        for n in range(3):
+            (tmp_path / "g" / f"c{label}" / f"{n}.png").write_bytes(noisy_png(colour, 10 * label + n, size=32))
+    build_index(tmp_path / "g", tmp_path / "idx", model=old_onnx, options=IngestOptions(workers=0, progress=False))
+    upgraded = CliRunner().invoke(main, ["index", "upgrade", str(tmp_path / "idx"), "--model", str(new_onnx),
+                                         "--workers", "0"])
+    assert upgraded.exit_code == 0, upgraded.output
+    assert f"\nmeasured when the model was trained: {compatibility_sentence(trained)}\n" in upgraded.stdout
 
 
 def test_the_export_of_a_new_size_has_two_outputs_equal_to_torch_and_serves_the_old_index_through_the_second(
@@ -254,9 +295,10 @@ def test_evaluate_with_a_gallery_model_reports_the_three_blocks_and_the_criterio
                                        "--device", "cpu", "--workers", "0", "--json"])
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
-    assert {"new", "old", "cross_model", "compatible", "criterion"} <= set(payload)
-    assert payload["criterion"].startswith(("compatible: ", "not compatible: "))
+    assert {"new", "old", "cross_model", "verdict", "interval", "criterion"} <= set(payload)
+    assert payload["criterion"].startswith(tuple(f"{verdict}: " for verdict in VERDICTS))
     trained = json.loads((old_run / "evaluated" / "report.json").read_text())["last"]["compatibility"]
     assert payload["cross_model"]["recall@1"] == pytest.approx(trained["cross_model"]["recall@1"])
     saved = json.loads((old_run / "evaluated" / "eval_report.json").read_text())
-    assert saved["compatibility"]["compatible"] == payload["compatible"]
+    assert saved["compatibility"]["verdict"] == payload["verdict"]
+    assert saved["compatibility"]["interval"] == payload["interval"]

@@ -75,6 +75,8 @@ def assert_equivalent(one: Path, ranks: Path, rel: float = 1e-5) -> None:
         for key in ("loss", "aux_ce", "distill", "l2sp", "compatible"):
             if key in a:
                 assert b[key] == pytest.approx(a[key], rel=rel, abs=1e-7), (key, a["epoch"])
+        if "validation" in a:  # the validation split, embedded sharded: the same metrics
+            assert b["validation"] == pytest.approx(a["validation"], abs=1e-6)
         if "recall@1" in a:  # the evaluation: the same image count and metrics
             assert b["eval_images"] == a["eval_images"]
             for key in ("recall@1", "recall@2", "map@r", "r_precision", "nmi", "f1"):
@@ -116,7 +118,8 @@ def frozen_runs(tmp_path_factory) -> Path:
              # 2 epochs of 4 steps: the uninterrupted run that the killed-and-resumed run must equal
              frozen_config(root / "ranks" / "long", root / "cache-ranks", "ms", {}, "loop", 0.0,
                            batches_per_epoch=4, epochs=2),
-             compatible_config(root, "ranks"), compatible_config(root, "ranks", "old16")]
+             compatible_config(root, "ranks"), compatible_config(root, "ranks", "old16"),
+             validation_config(root, "ranks")]
     return ranks_and_one(lambda who, *case: frozen_config(root / who / case[0], root / f"cache-{who}", *case[1:]),
                          CASES, extra, root)
 
@@ -126,6 +129,13 @@ def compatible_config(root: Path, who: str, old: str = "old") -> TrainConfig:
     projection into the old space, for the old run of another size)."""
     return frozen_config(root / who / f"compatible-{old}", root / f"cache-{who}", "ms", {}, None, 0.0,
                          compatible_with=str(root / old / "last.pt"), compatible_weight=2.0)
+
+
+def validation_config(root: Path, who: str) -> TrainConfig:
+    """ms choosing best.pt on a validation split (2 of digits' 10 classes) evaluated every epoch, the test split
+    before and after; its own feature cache (the train split less the validation classes is another entry)."""
+    return frozen_config(root / who / "validation", root / f"cache-validation-{who}", "ms", {}, None, 0.0,
+                         val_fraction=0.2, eval_every=1, eval_before=True)
 
 
 def ranks_and_one(make, cases, extra: list[TrainConfig], root: Path) -> Path:
@@ -151,6 +161,19 @@ def test_compatible_training_on_two_ranks_equals_one_process(frozen_runs, old):
     rows = read_jsonl(one / "metrics.jsonl")
     assert any(row.get("compatible", 0) != 0 for row in rows)
     assert ("compatible.linear.weight" in weights(ranks)) == (old == "old16")  # P trained across the ranks too
+
+
+@pytest.mark.slow
+def test_choosing_best_pt_on_validation_on_two_ranks_equals_one_process(frozen_runs):
+    train(validation_config(frozen_runs, "one"), progress=False)
+    one, ranks = (frozen_runs / who / "validation" for who in ("one", "ranks"))
+    assert_equivalent(one, ranks)
+    alone, report = (json.loads((run / "report.json").read_text()) for run in (one, ranks))
+    assert report["selected_on"] == alone["selected_on"] == "validation"
+    assert report["best"]["epoch"] == alone["best"]["epoch"]
+    for key in ("recall@1", "map@r", "r_precision"):  # best.pt's test metrics, taken after training
+        assert report["best"][key] == pytest.approx(alone["best"][key], abs=1e-6), key
+    assert [r["epoch"] for r in read_jsonl(ranks / "metrics.jsonl") if "recall@1" in r] == [0, 3]
 
 
 @pytest.mark.slow

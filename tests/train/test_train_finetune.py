@@ -304,7 +304,7 @@ def test_eval_extra_names_what_it_accepts(tmp_path):
     (dict(ema=1.0), r"--ema must be in \[0, 1\)"),
     (dict(wise_alpha=1.5), "--wise-alpha must be a number in"),
     (dict(wise_alpha="sometimes"), "--wise-alpha must be a number in"),
-    (dict(wise_alpha="auto", eval_extra=[]), "--wise-alpha auto chooses on validation data"),
+    (dict(wise_alpha="auto", eval_extra=[], val_fraction=0), "--wise-alpha auto chooses on validation data"),
     (dict(freeze_backbone=True, l2sp=0.1), "--l2sp act.* leave out --freeze-backbone"),
 ])
 def test_bad_options_are_refused_with_the_fix(images, tmp_path, overrides, message):

@@ -1,0 +1,160 @@
+"""An index folder that can move: where its model and its gallery are now, from what index.json recorded.
+
+index.json records the model and the gallery root twice: absolute (``model_path``, ``gallery_root``: where they were
+when recorded) and relative to the index folder (``model_path_relative``, ``gallery_root_relative``), so that the
+three folders moved or renamed together are found again.
+
+* The model is found by its hash (``find_model``): the recorded file, the file at the relative path, then any
+  ``.onnx`` in the index folder and in its parent folder. A file whose hash differs from ``model_hash`` is never
+  loaded; when none has it, ``ModelNotFoundError`` (the ``model`` parameter) names the hash and every place looked.
+* The gallery (``gallery_place``): ``--gallery-root`` where given, else the recorded root while it is a folder (an
+  index that did not move behaves as it always did), else the relative one. A catalogued path is read at its place
+  under the gallery's new root (``GalleryPlace.file``); one outside the recorded root, or climbing out with ``..``,
+  has no place there and is never opened (a server sends every file it opens, docs/SECURITY.md).
+
+Read side: no writer, no torch. The writers move the catalogue's paths to the new root (``Catalogue.rebase_paths``).
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePath, PurePosixPath
+from typing import Any
+
+from retrieval.errors import ParameterError
+from retrieval.index.sources import is_url, printable_path
+
+MODEL_RELATIVE = "model_path_relative"  # index.json and catalogue meta: the model's path from the index folder
+GALLERY_RELATIVE = "gallery_root_relative"  # ... and the gallery root's
+MAX_CANDIDATES = 64  # .onnx files hashed per folder at most: a folder of many exports is not read whole
+
+
+class ModelNotFoundError(ParameterError):
+    """No file with the index's model hash where index.json says, nor beside the index: the ``model`` is needed."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__("model", problem)
+
+
+def relative_to_index(path: str | Path, index_root: str | Path) -> str:
+    """``path`` from the index folder, as index.json records it (POSIX; may climb with ``..``)."""
+    return Path(os.path.relpath(Path(path).expanduser().resolve(), Path(index_root).expanduser().resolve())).as_posix()
+
+
+def file_model_hash(path: Path) -> str:
+    """The ``model_hash`` an ONNX file would be opened with, read without running it (ValueError: not a model)."""
+    from retrieval.onnx_runtime import parse_metadata, proto_model_hash, read_onnx_model
+
+    try:
+        proto = read_onnx_model(path)
+        metadata = {prop.key: prop.value for prop in proto.metadata_props}
+        return proto_model_hash(proto, parse_metadata(metadata, source=str(path)))
+    except Exception as exc:  # onnx's DecodeError and a missing metadata key derive from Exception only
+        raise ValueError(f"not a readable exported model ({str(exc).splitlines()[0] if str(exc) else exc!r})") from exc
+
+
+def _recorded_places(info: Mapping[str, Any], index_root: Path) -> list[Path]:
+    """Where index.json says the model is: its absolute path, then its path from the index folder."""
+    recorded, relative = info.get("model_path"), info.get(MODEL_RELATIVE)
+    return [Path(place).expanduser().absolute() for place in ([recorded] if recorded else [])] + (
+        [index_root / relative] if relative else [])
+
+
+def _model_candidates(info: Mapping[str, Any], index_root: Path) -> list[Path]:
+    """Where the model may be, in order: recorded, relative, then ``.onnx`` files in the index folder and its parent
+    (each folder's file of the recorded name first)."""
+    recorded = info.get("model_path")
+    places = _recorded_places(info, index_root)
+    name = Path(recorded).name if recorded else None
+    for folder in (index_root, index_root.parent):
+        try:
+            found = sorted(p for p in folder.iterdir() if p.suffix.lower() == ".onnx")[:MAX_CANDIDATES]
+        except OSError:
+            continue
+        places += sorted(found, key=lambda p: p.name != name)
+    unique = {os.path.normpath(place.expanduser().absolute()): None for place in places}  # in order, once each
+    return [Path(place) for place in unique]
+
+
+def find_model(info: Mapping[str, Any], index_root: str | Path) -> Path:
+    """The ONNX file whose hash is the index's ``model_hash`` (see the module docstring), or ModelNotFoundError.
+
+    A recorded file that cannot be read as a model here, where no other file has the hash, is returned as it is: the
+    loader names what is wrong with it, and the caller checks the hash of what it loaded."""
+    wanted = info.get("model_hash")
+    root = Path(index_root).expanduser().absolute()
+    recorded = {os.path.normpath(place) for place in _recorded_places(info, root)}
+    looked: list[str] = []
+    unreadable = None
+    for candidate in _model_candidates(info, root):
+        shown = printable_path(str(candidate))
+        if not candidate.is_file():
+            looked.append(f"{shown} (missing)")
+            continue
+        try:
+            found = file_model_hash(candidate)
+        except ValueError as exc:
+            looked.append(f"{shown} ({exc})")
+            if unreadable is None and os.path.normpath(candidate.absolute()) in recorded:
+                unreadable = candidate
+            continue
+        if found == wanted:
+            return candidate
+        looked.append(f"{shown} (model_hash {found})")
+    if unreadable is not None:
+        return unreadable
+    relative = f" ({info[MODEL_RELATIVE]} from the index folder)" if info.get(MODEL_RELATIVE) else ""
+    raise ModelNotFoundError(
+        f"is needed: the index in {printable_path(str(index_root))} was built by the model with model_hash {wanted}, "
+        f"recorded as {printable_path(str(info.get('model_path') or '?'))}{relative}, and no file has that hash; "
+        f"looked at {'; '.join(looked) or 'no file'} (and for any .onnx in the index folder and its parent). Give "
+        "that model (`model`), or put it inside the index folder or beside it")
+
+
+@dataclass(frozen=True)
+class GalleryPlace:
+    """The gallery root the catalogue's paths were recorded under, and where the gallery is now."""
+
+    recorded: PurePath
+    root: PurePath
+
+    @property
+    def moved(self) -> bool:
+        """Whether the gallery is read somewhere other than where its paths were recorded."""
+        return self.recorded != self.root
+
+    def file(self, path: str) -> str | None:
+        """Where the file of a catalogued ``path`` is now; None where the moved gallery has no place for it."""
+        if not self.moved or is_url(path):
+            return path
+        normal = PurePosixPath(posixpath.normpath(path))  # a '..' cannot climb out of the new root
+        if normal.is_relative_to(self.root):  # a writer already moved this row's path
+            return normal.as_posix()
+        if normal.is_relative_to(self.recorded):
+            return (PurePosixPath(self.root) / normal.relative_to(self.recorded)).as_posix()
+        return None
+
+    def shown_from(self, path: str) -> PurePath:
+        """The root a catalogued ``path`` is shown relative to (``search.public_path``): the same relative path
+        before and after a writer moved the catalogue's paths to the new root."""
+        if self.moved and not is_url(path) and PurePosixPath(path).is_relative_to(self.root):
+            return self.root
+        return self.recorded
+
+
+def gallery_place(info: Mapping[str, Any], recorded: PurePath, index_root: str | Path,
+                  gallery_root: str | Path | None = None) -> GalleryPlace:
+    """Where the gallery of the index in ``index_root`` is now (``recorded``: its recorded or inferred root)."""
+    if gallery_root is not None:
+        folder = Path(gallery_root).expanduser()
+        if not folder.is_dir():
+            raise ParameterError("gallery_root", f"{printable_path(str(folder))} is not a folder; give the folder that "
+                                                 "now holds the gallery's images")
+        return GalleryPlace(recorded, PurePath(folder.resolve()))
+    if Path(recorded).is_dir() or not info.get(GALLERY_RELATIVE):
+        return GalleryPlace(recorded, recorded)
+    moved = Path(os.path.normpath(Path(index_root).expanduser().resolve() / info[GALLERY_RELATIVE]))
+    return GalleryPlace(recorded, PurePath(moved) if moved.is_dir() else recorded)

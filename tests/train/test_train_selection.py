@@ -1,0 +1,175 @@
+"""Choosing best.pt honestly: on a validation split carved from the train classes, with the test split evaluated
+before and after training only; without one, on the test split, said in the report, the summary and the app."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from run_files import read_jsonl
+from train_configs import digits_config
+
+from retrieval.cli.main import main
+from retrieval.data import ImageDataset
+from retrieval.train import train
+from retrieval.train.config import DEFAULT_VAL_FRACTION, DEFAULT_VAL_MIN_CLASSES
+from retrieval.train.data import validation_fraction
+from retrieval.train.evaluating import Evaluator
+from retrieval.train.state import TIMING_KEYS
+from retrieval.train.trainer import Trainer
+
+
+@pytest.fixture(scope="module")
+def feature_cache(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("features"))
+
+
+def classes(names: list[str]) -> ImageDataset:
+    """Two tiny images of each named class."""
+    images = [np.zeros((4, 4), np.uint8)] * (2 * len(names))
+    return ImageDataset(images, np.repeat(np.arange(len(names)), 2), names)
+
+
+def test_the_default_validation_split_needs_enough_classes_none_shared_with_the_test_split():
+    many = [f"c{i}" for i in range(DEFAULT_VAL_MIN_CLASSES)]
+    test = classes(["t1", "t2"])
+    assert validation_fraction(None, classes(many), test) == (DEFAULT_VAL_FRACTION, None)
+    fraction, why = validation_fraction(None, classes(many[:-1]), test)
+    assert fraction == 0 and f"{DEFAULT_VAL_MIN_CLASSES - 1} classes, fewer than the {DEFAULT_VAL_MIN_CLASSES}" in why
+    fraction, why = validation_fraction(None, classes(many), classes(["c0", "c1", "t1"]))
+    assert fraction == 0 and "share 2 classes" in why
+    # given: taken as it is (0 turns it off)
+    assert validation_fraction(0.3, classes(many[:4]), classes(many[:4])) == (0.3, None)
+    assert validation_fraction(0.0, classes(many), test) == (0.0, "--val-fraction 0 turned it off")
+
+
+def test_best_pt_is_chosen_on_validation_and_the_test_split_is_evaluated_before_and_after_only(
+        tmp_path, feature_cache, monkeypatch):
+    # validation and test disagree: validation's best is epoch 2; the test's own numbers would pick epoch 1
+    validation = iter([0.5, 0.2, 0.9, 0.3])  # epochs 0 (before), 1, 2, 3
+    monkeypatch.setattr(Evaluator, "validate", lambda self: {"recall@1": (v := next(validation)), "map@r": v})
+    tests = iter([0.4, 0.95, 0.1, 0.2])  # what the test split would say at each epoch, were it asked
+    real_evaluate = Evaluator.evaluate
+    calls = []
+
+    def evaluate(self, probe=False):
+        calls.append(probe)
+        return {**real_evaluate(self, probe), "recall@1": next(tests)}
+
+    monkeypatch.setattr(Evaluator, "evaluate", evaluate)
+    run = tmp_path / "run"
+    report = train(digits_config(run, feature_cache, val_fraction=0.2), progress=False)
+
+    assert calls == [True, True]  # the test split: before training and after the last epoch, nothing between
+    rows = read_jsonl(run / "metrics.jsonl")
+    assert [r["epoch"] for r in rows if "recall@1" in r] == [0, 3]
+    assert [r["validation"]["recall@1"] for r in rows] == [0.5, 0.2, 0.9, 0.3]
+    best = torch.load(run / "best.pt", weights_only=False)
+    assert best["epoch"] == 2 and best["metrics"]["validation"]["recall@1"] == 0.9
+    assert report["selected_on"] == "validation" and report["selection_note"] is None
+    assert report["last"]["epoch"] == 3 and report["last"]["recall@1"] == 0.95
+    assert json.loads((run / "report.json").read_text())["selected_on"] == "validation"
+    split = report["class_split"]
+    assert split["validation"]["classes"] == 2 and split["train"]["classes"] == 8
+
+    # the report's best: epoch 2's row with best.pt's own test metrics, taken once after training
+    monkeypatch.undo()
+    trainer = Trainer(digits_config(run, feature_cache, val_fraction=0.2, resume=True), progress=False)
+    trainer.setup()
+    trainer.parts.model.load_state_dict(best["state_dict"])
+    expected = trainer.evaluation.evaluate()
+    assert report["best"]["epoch"] == 2 and report["best"]["validation"]["recall@1"] == 0.9
+    for key in ("recall@1", "recall@8", "map@r", "r_precision", "nmi"):
+        assert report["best"][key] == expected[key], key
+
+
+class Killed(Exception):
+    """Stands for a kill between two epochs."""
+
+
+def test_a_run_choosing_on_validation_resumes_to_the_same_rows_and_best_pt(tmp_path, feature_cache, monkeypatch):
+    config = dict(val_fraction=0.2, epochs=3, tensorboard=False, plots=False)
+    straight = train(digits_config(tmp_path / "straight", feature_cache, **config), progress=False)
+
+    real_epoch = Trainer.train_epoch
+
+    def stop_before_the_third(self, epoch, progress=None):
+        if epoch == 2:
+            raise Killed
+        return real_epoch(self, epoch, progress)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Trainer, "train_epoch", stop_before_the_third)
+        with pytest.raises(Killed):
+            train(digits_config(tmp_path / "resumed", feature_cache, **config), progress=False)
+    resumed = train(digits_config(tmp_path / "resumed", feature_cache, resume=True, **config), progress=False)
+
+    def untimed(rows):
+        return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rows]
+
+    assert untimed(read_jsonl(tmp_path / "resumed" / "metrics.jsonl")) == \
+        untimed(read_jsonl(tmp_path / "straight" / "metrics.jsonl"))
+    assert {k: v for k, v in resumed["best"].items() if k not in TIMING_KEYS} == \
+        {k: v for k, v in straight["best"].items() if k not in TIMING_KEYS}
+    assert resumed["selected_on"] == straight["selected_on"] == "validation"
+    best_resumed, best_straight = (torch.load(tmp_path / who / "best.pt", weights_only=False)
+                                   for who in ("resumed", "straight"))
+    assert best_resumed["epoch"] == best_straight["epoch"]
+    for key, value in best_straight["state_dict"].items():
+        assert torch.equal(best_resumed["state_dict"][key], value), key
+
+
+def test_frozen_features_of_the_train_split_less_its_validation_classes_are_cached_apart(tmp_path, feature_cache):
+    whole = train(digits_config(tmp_path / "whole", feature_cache, val_fraction=0, epochs=1), progress=False)
+    held = train(digits_config(tmp_path / "held", feature_cache, val_fraction=0.2, epochs=1), progress=False)
+    assert whole["config"]["train_size"] == 300 and held["config"]["train_size"] == 240
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.2], ids=["off", "validation"])
+def test_the_summary_says_which_split_chose_best_pt(tmp_path, feature_cache, fraction):
+    out = tmp_path / "run"
+    result = CliRunner().invoke(main, [
+        "train", "--dataset", "digits", "--dataset-param", "protocol=standard", "--dataset-param",
+        "limit_per_class=30", "--backbone", "efficientnet_lite0", "--image-size", "32", "--freeze-backbone",
+        "--embedding-dim", "16", "--batch-size", "20", "--batches-per-epoch", "3", "--epochs", "2", "--workers", "0",
+        "--device", "cpu", "--no-plots", "--no-tensorboard", "--feature-cache", feature_cache,
+        "--val-fraction", str(fraction), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    rows = read_jsonl(out / "metrics.jsonl")
+    if fraction:
+        assert report["selected_on"] == "validation"
+        assert "best.pt was chosen on the validation split (held-out train classes)" in result.stdout
+        assert "warning: no validation split" not in result.output
+        return
+    # off: chosen on the test split, evaluated at every evaluation as before, and said loudly, twice
+    assert report["selected_on"] == "test" and "--val-fraction 0 turned it off" in report["selection_note"]
+    assert [r["epoch"] for r in rows if "recall@1" in r] == [0, 1, 2] and not any("validation" in r for r in rows)
+    assert result.stderr.count("warning: no validation split (--val-fraction 0 turned it off): best.pt is chosen on "
+                               "the test split") == 2
+    assert "optimistic" in result.stderr
+
+
+def test_wise_ft_auto_without_validation_data_is_refused_before_training(tmp_path, feature_cache):
+    # digits has 10 classes, too few for the default validation split, and no --eval-extra: nothing to choose on
+    with pytest.raises(ValueError, match=r"--wise-alpha auto chooses on validation data and this run has none "
+                                         r"\(the train split has 10 classes, fewer than the 20"):
+        train(digits_config(tmp_path / "run", feature_cache, freeze_backbone=False, wise_alpha="auto"),
+              progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_app_says_which_split_chose_best_pt(tmp_path):
+    from retrieval.serve.reports import RunReport, summary_markdown
+
+    def shown(**fields) -> str:
+        data = {"format": "retrieval-report/1", "kind": "train", "config": {"train": {}}, **fields}
+        return summary_markdown(RunReport(tmp_path / "report.json", data))
+
+    assert "**best.pt chosen on:** the validation split" in shown(selected_on="validation")
+    assert "**best.pt chosen on the test split:** no validation split, for a reason" in shown(
+        selected_on="test", selection_note="no validation split, for a reason")
+    assert "chosen on" not in shown()  # a report from before the choice was recorded says nothing
