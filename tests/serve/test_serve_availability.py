@@ -48,6 +48,18 @@ def embedding(server: ServerProcess) -> list[float]:
     return np.random.default_rng(7).normal(size=dim).tolist()
 
 
+def searches_until(server: ServerProcess, vector: list[float], deadline: float, k: int) -> list[float]:
+    """Plain k-NN searches of ``vector`` every 0.5 s until ``deadline``, each answered 200: their times (s)."""
+    times: list[float] = []
+    while time.monotonic() < deadline:
+        started = time.monotonic()
+        answer = httpx.post(f"{server.url}/search?k={k}", json={"embedding": vector}, timeout=60)
+        times.append(time.monotonic() - started)
+        assert answer.status_code == 200
+        time.sleep(0.5)
+    return times
+
+
 def in_threads(count: int, work) -> list[threading.Thread]:
     threads = [threading.Thread(target=work, daemon=True) for _ in range(count)]
     for thread in threads:
@@ -98,16 +110,10 @@ def test_abandoned_image_batches_are_dropped_and_searches_are_answered(server):
 
     vector = embedding(server)
     before = httpx.get(f"{server.url}/stats").json()["admission"]["batches"]["dropped_client_gone"]
-    search_times: list[float] = []
     with HealthProbe(server.url) as probe:
         attackers = in_threads(8, hang_up)
         time.sleep(2)
-        while time.monotonic() < deadline:
-            started = time.monotonic()
-            answer = httpx.post(f"{server.url}/search?k=5", json={"embedding": vector}, timeout=60)
-            search_times.append(time.monotonic() - started)
-            assert answer.status_code == 200
-            time.sleep(0.5)
+        search_times = searches_until(server, vector, deadline, k=5)
         for thread in attackers:
             thread.join(60)
     assert "hung up" in outcomes
@@ -418,18 +424,12 @@ def attacked_searches(server: ServerProcess, attack, seconds: float) -> tuple[li
                 attack(client)
 
     idle = server.reset_peak()
-    search_times: list[float] = []
     with HealthProbe(server.url) as probe:
         attackers = [threading.Thread(target=loop, args=(number,), daemon=True) for number in range(8)]
         for thread in attackers:
             thread.start()
         time.sleep(2)
-        while time.monotonic() < deadline:
-            started = time.monotonic()
-            answer = httpx.post(f"{server.url}/search?k=10", json={"embedding": vector}, timeout=60)
-            search_times.append(time.monotonic() - started)
-            assert answer.status_code == 200
-            time.sleep(0.5)
+        search_times = searches_until(server, vector, deadline, k=10)
         for thread in attackers:
             thread.join(90)
     assert probe.failures == [], probe.failures
