@@ -96,13 +96,13 @@ def duplicates_command(index_dir, threshold, k, model, calibration_sample, max_g
     """Groups of near-duplicate images in the index (resized, re-encoded, cropped or recoloured copies), found through
     each image's k nearest neighbours; the first of each group is the one indexed first."""
     from retrieval.analysis.neighbour_pictures import duplicates_picture
-    from retrieval.index.duplicates import catalogued_image_loader, find_duplicates, picture_background
+    from retrieval.index.duplicates import catalogued_image_loader, find_duplicates, index_picture_background
 
     with _open(index_dir, model) as index:
         summary = find_duplicates(index, threshold, k=k, calibration_sample=calibration_sample,
                                   max_groups=max_groups)
         load = catalogued_image_loader(index)
-        picture = duplicates_picture(summary, load, background=picture_background(index.embedder)) if png else None
+        picture = duplicates_picture(summary, load, background=index_picture_background(index)) if png else None
         summary["picture"] = _save(picture, png)
     if as_json:
         click.echo(json.dumps(summary, indent=2))
@@ -188,13 +188,13 @@ def index_audit_command(index_dir, k, top, png, as_json) -> None:
     from retrieval.analysis.neighbour_pictures import suspects_picture
     from retrieval.index import Index
     from retrieval.index.audit import audit_index
-    from retrieval.index.duplicates import catalogued_image_loader, picture_background
+    from retrieval.index.duplicates import catalogued_image_loader, index_picture_background
 
     with Index.open(index_dir) as index:
         summary = audit_index(index, k=k, top=top)
         rule = index.catalogue.get_meta("label_from") or "parent"
         picture = suspects_picture(summary, catalogued_image_loader(index),
-                                   background=picture_background(index.embedder)) if png else None
+                                   background=index_picture_background(index)) if png else None
         summary["picture"] = _save(picture, png)
     if as_json:
         click.echo(json.dumps(summary, indent=2))

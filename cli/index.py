@@ -130,7 +130,8 @@ def _one_line(text: str | None) -> str:
 
 
 def _print_failed(summary: dict, errors: int) -> None:
-    """The images a writer could not read, by name (the first ``FAILED_SHOWN``), and where the rest are listed."""
+    """The index's images that could not be read, by name (the first ``FAILED_SHOWN`` in the catalogue's order,
+    which may be earlier runs' after an add), and where the rest are listed."""
     from retrieval.index.sources import printable_path
 
     shown = (summary.get("error_examples") or [])[:FAILED_SHOWN]

@@ -135,6 +135,12 @@ class Checkpointer:
         ckpt = load_checkpoint(path, map_location=device)
         if not ckpt.resumable:
             raise ValueError(f"--resume: {path} holds a model only, no training state; start without --resume")
+        if "val_fraction" in ckpt.train_config and ckpt.train_config["val_fraction"] != self.cfg.val_fraction:
+            # another held-out share trains on other classes and chooses best.pt on another split
+            then, now = (("auto" if value is None else value) for value in (ckpt.train_config["val_fraction"],
+                                                                            self.cfg.val_fraction))
+            raise ValueError(f"--resume: {path} was trained with --val-fraction {then}, this configuration has "
+                             f"{now}; resume with the run's own options (config.json)")
         parts = self.parts
         parts.model.load_state_dict(ckpt.training_weights or ckpt.state_dict)
         if ckpt.robust is not None:

@@ -113,24 +113,34 @@ class Evaluator:
             return None
         self.ctx.barrier()  # rank 0 wrote best.pt: every rank reads it once it is there
         model = copy.deepcopy(self.eval_model).eval()
-        model.load_state_dict(load_checkpoint(self.out / BEST_CHECKPOINT, map_location=self.embedding.device)
-                              .state_dict)
+        saved = load_checkpoint(self.out / BEST_CHECKPOINT, map_location=self.embedding.device)
+        model.load_state_dict(saved.state_dict)
         q, ql, g, gl = self.parts.features.embed_eval(model)
         metrics = self.ctx.from_main(evaluate_embeddings(q, ql, g, gl, device=self.metrics_device)
                                      if self.main else None)
         if self.data.extra_sets:
             metrics["extra"] = self.extra_metrics(model)
+        if self.parts.old_model is not None:
+            # best.pt's own measurement: `retrieval export` copies it into the model, `index upgrade` says it
+            metrics["compatibility"] = self.compatibility(q, ql, g, gl, model)
+            if self.main:
+                saved.metrics = {**(saved.metrics or {}), "compatibility": metrics["compatibility"]}
+                checkpointing.atomic_save(saved.to_dict(), self.out / BEST_CHECKPOINT)
+            self.ctx.barrier()
         return metrics
 
     def compatibility(self, q: np.ndarray, ql: np.ndarray, g: np.ndarray | None,
-                      gl: np.ndarray | None) -> dict[str, Any]:
+                      gl: np.ndarray | None, model: nn.Module | None = None) -> dict[str, Any]:
         """--compatible-with: BCT's three blocks (new/new, old/old, new queries against the old gallery) on the
-        evaluation split; the old model's embeddings are taken once (it is frozen)."""
+        evaluation split, for ``model``'s embeddings ``q``, ``g`` (default: the model trained); the old model's
+        embeddings are taken once (it is frozen)."""
         if self._old_eval is None:
             self._old_eval = self.parts.features.embed_eval(self.parts.old_model.eval_model)
         old_q, _, old_g, _ = self._old_eval
-        cross_q = in_compatible_space(self.eval_model, q)  # an old model of another size: the projected queries
+        # an old model of another size: the projected queries
+        cross_q = in_compatible_space(model if model is not None else self.eval_model, q)
         return self.ctx.from_main(compatibility_metrics(q, old_q, ql, g, old_g, gl, cross_q) if self.main else None)
+
 
     def _metrics(self, q: np.ndarray, ql: np.ndarray, g: np.ndarray | None, gl: np.ndarray | None,
                  probe: bool) -> dict[str, float]:

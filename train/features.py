@@ -25,6 +25,7 @@ from retrieval.data import BadImageLog, BadSample, WithSampleSeeds, build_transf
 from retrieval.data.augment import Augmentation
 from retrieval.data.colour import DEFAULT_BACKGROUND
 from retrieval.data.device_decode import DeviceAugment, EncodedImages, collate_encoded, decoded_batches
+from retrieval.data.resize_modes import CROP, resize_mode
 from retrieval.data.transforms import ScaleAndNormalise
 from retrieval.distributed import embed_sharded, every_rank, rank_and_world
 from retrieval.evaluation import EvalSets, embed_eval_rows, eval_arrays, present_class_names
@@ -340,6 +341,8 @@ def dataset_key(cfg: TrainConfig, model: Embedder, split: str, held_out: list[st
            if model.config["background"] != list(DEFAULT_BACKGROUND) else {}),
         # only where a validation split was carved: the keys of runs without one stay valid
         **({"held_out": held_out} if held_out is not None else {}),
+        # a letterboxing model's features are of other pixels; cropping keys stay valid
+        **({"resize": resize_mode(model.config)} if resize_mode(model.config) != CROP else {}),
     }
 
 

@@ -27,8 +27,11 @@ class FolderWalk:
 
     root: str
     onerror: Callable[[OSError], None] | None = None
+    within: bool = False  # enter only linked folders that resolve inside root (a gallery a server will send)
     repeated: list[tuple[str, str]] = field(default_factory=list)  # (link, the folder it leads to), the first few
     repeats: int = 0  # links not entered: their folder was listed already
+    outside: list[tuple[str, str]] = field(default_factory=list)  # (link, its folder): not entered, the first few
+    outsiders: int = 0  # links not entered: their folder lies outside root (``within``)
 
     def __iter__(self) -> Iterator[tuple[str, list[str], list[str]]]:
         """(folder, sub-folder names, other names) per folder listed; editing the sub-folders prunes as os.walk."""
@@ -48,6 +51,11 @@ class FolderWalk:
                     continue
                 if identity in seen:
                     self._repeat(link)
+                    continue
+                if self.within and not self._inside(link):
+                    self.outsiders += 1
+                    if len(self.outside) < NAMED_REPEATS:
+                        self.outside.append((link, os.path.realpath(link)))
                     continue
                 seen.add(identity)
                 stack.append(link)
@@ -71,6 +79,17 @@ class FolderWalk:
             more = f" and {self.repeats - len(self.repeated)} more" if self.repeats > len(self.repeated) else ""
             logger.warning("%d linked folder(s) under %s lead to a folder listed already, so their images are listed "
                            "once, under that folder (%s%s)", self.repeats, self.root, shown, more)
+        if self.outsiders:
+            shown = "; ".join(f"{link} -> {target}" for link, target in self.outside)
+            more = f" and {self.outsiders - len(self.outside)} more" if self.outsiders > len(self.outside) else ""
+            logger.warning("%d linked folder(s) under %s lead outside it and were not followed: a server sends every "
+                           "catalogued file to whoever searches (%s%s); move those folders into %s, or index them "
+                           "from their own place", self.outsiders, self.root, shown, more, self.root)
+
+    def _inside(self, link: str) -> bool:
+        """Whether the folder ``link`` leads to lies inside the real root."""
+        root, target = os.path.realpath(self.root), os.path.realpath(link)
+        return target == root or target.startswith(root.rstrip(os.sep) + os.sep)
 
     def _identity(self, path: str) -> tuple[int, int] | None:
         """The real folder's (device, inode); None (said through ``onerror``) when it cannot be read."""
@@ -109,7 +128,8 @@ class FolderWalk:
             self.repeated.append((link, os.path.realpath(link)))
 
 
-def walk_following_links(root: str | os.PathLike[str],
-                         onerror: Callable[[OSError], None] | None = None) -> FolderWalk:
-    """The walk of ``root`` (a folder): every real folder once, linked folders entered, in a deterministic order."""
-    return FolderWalk(os.fspath(root), onerror)
+def walk_following_links(root: str | os.PathLike[str], onerror: Callable[[OSError], None] | None = None,
+                         within: bool = False) -> FolderWalk:
+    """The walk of ``root`` (a folder): every real folder once, linked folders entered (with ``within``, only those
+    that resolve inside ``root``), in a deterministic order."""
+    return FolderWalk(os.fspath(root), onerror, within)

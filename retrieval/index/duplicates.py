@@ -23,6 +23,7 @@ images, land among its distinct images.
 from __future__ import annotations
 
 import io
+import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +38,8 @@ from retrieval.errors import ParameterError
 from retrieval.index.embedder import ImageEmbedder, NoModel, prepare_vectors
 from retrieval.index.neighbour_graph import NeighbourGraph, index_graph, stored_vectors
 from retrieval.index.search import Index
+
+log = logging.getLogger(__name__)
 
 MAX_GROUPS_SHOWN = 100  # groups a summary lists (largest first); the count covers every group
 MAX_MEMBERS_SHOWN = 20  # images listed per group; its size counts all
@@ -496,6 +499,16 @@ def picture_background(embedder: ImageEmbedder) -> tuple[int, int, int]:
     if isinstance(embedder, NoModel):
         return DEFAULT_BACKGROUND
     return EvalPreprocess(embedder.model_config).background
+
+
+def index_picture_background(index: Index) -> tuple[int, int, int]:
+    """``picture_background`` of the index's model, or white where the model cannot be loaded here: a picture of
+    what the index holds needs no model, and a moved or missing one must not stop it."""
+    try:
+        return picture_background(index.embedder)
+    except (ValueError, OSError) as exc:  # ParameterError (no model found) is a ValueError
+        log.info("pictures drawn on white: the index's model could not be loaded (%s)", exc)
+        return DEFAULT_BACKGROUND
 
 
 def catalogued_image_loader(index: Index, max_pixels: int | None = None) -> Callable[[int], Image.Image | None]:

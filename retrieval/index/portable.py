@@ -153,8 +153,18 @@ def gallery_place(info: Mapping[str, Any], recorded: PurePath, index_root: str |
         if not folder.is_dir():
             raise ParameterError("gallery_root", f"{printable_path(str(folder))} is not a folder; give the folder that "
                                                  "now holds the gallery's images")
-        return GalleryPlace(recorded, PurePath(folder.resolve()))
+        return _unnested(GalleryPlace(recorded, PurePath(folder.resolve())))
     if Path(recorded).is_dir() or not info.get(GALLERY_RELATIVE):
         return GalleryPlace(recorded, recorded)
     moved = Path(os.path.normpath(Path(index_root).expanduser().resolve() / info[GALLERY_RELATIVE]))
-    return GalleryPlace(recorded, PurePath(moved) if moved.is_dir() else recorded)
+    return _unnested(GalleryPlace(recorded, PurePath(moved) if moved.is_dir() else recorded))
+
+
+def _unnested(place: GalleryPlace) -> GalleryPlace:
+    """``place``, unless its new root lies inside the recorded one or holds it: a path could then be read as
+    recorded or as moved, and two images would map to one file."""
+    if place.moved and (place.root.is_relative_to(place.recorded) or place.recorded.is_relative_to(place.root)):
+        raise ParameterError("gallery_root", f"{printable_path(str(place.root))} and the recorded gallery root "
+                                             f"{printable_path(str(place.recorded))} hold one another; give the "
+                                             "folder the images now lie in, beside the old one, not within it")
+    return place

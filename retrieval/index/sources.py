@@ -234,8 +234,9 @@ def walk_folder(root: Path, limit: int | None = None) -> Gallery:
             )
         )
 
-    # linked folders too (a class folder is often a link), each real folder once; sorted, so ids follow the order
-    for folder, _dirs, files in walk_following_links(root, onerror=unlisted):
+    # linked folders too (a class folder is often a link), each real folder once, those inside the gallery only
+    # (a server sends what is catalogued); sorted, so ids follow the order
+    for folder, _dirs, files in walk_following_links(root, onerror=unlisted, within=True):
         for name in sorted(files):
             if Path(name).suffix.lower() in IMAGE_EXTENSIONS:
                 path = Path(folder) / name

@@ -174,8 +174,12 @@ async def search_batch(
                                   "exclude_self" in request.query_params)
         images = sum(isinstance(query, (bytes, bytearray)) for query in queries)
         # a batch of embeddings alone is as cheap as a few searches: it does not wait behind image batches; a
-        # costly re-ranking waits behind neither, nor holds up either
-        lane, cost = reranked_lane(limits, service, chosen, len(queries)) or (
-            limits.batches if images else limits.searches, max(images, 1))
+        # costly re-ranking of embeddings waits behind neither, nor holds up either; a batch of images stays in the
+        # batches lane (its decoding bounded there), re-ranked in the same turn
+        costly = reranked_lane(limits, service, chosen, len(queries))  # a 422 over the memory bound, first
+        if images:
+            lane, cost = limits.batches, images
+        else:
+            lane, cost = costly or (limits.searches, 1)
         return await answered(lane, request, batch_answer, service, queries, k, exclude_self, where, chosen,
                               cost=cost)

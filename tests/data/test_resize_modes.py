@@ -104,3 +104,21 @@ def test_device_decoding_refuses_a_letterboxing_model():
 
     with pytest.raises(ValueError, match="`decode_on` workers"):
         DeviceAugment(CONFIG | {"resize": "pad"}, resolve_augmentation("crop-flip"), "cpu")
+
+
+def test_the_feature_cache_tells_a_letterboxing_model_from_a_cropping_one(tmp_path):
+    """Cached backbone features are of the pixels the mode gives: a pad run must not reuse a crop run's, and
+    cropping keys made before the mode stay valid."""
+    from train_configs import digits_config
+
+    from retrieval.train.features import dataset_key
+
+    class Model:
+        config = {"input_size": 32, "background": [255, 255, 255]}
+
+    cfg = digits_config(tmp_path / "run", tmp_path / "cache")
+    before = dataset_key(cfg, Model, "train")
+    Model.config = {**Model.config, "resize": "crop"}
+    assert dataset_key(cfg, Model, "train") == before
+    Model.config = {**Model.config, "resize": "pad"}
+    assert dataset_key(cfg, Model, "train") != before

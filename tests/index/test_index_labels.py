@@ -126,9 +126,22 @@ def test_a_refused_rule_names_the_relabel_command(nested, tmp_path):
 def test_a_class_folder_that_is_a_link_is_indexed_under_its_name_and_a_loop_is_not(tmp_path):
     root = tmp_path / "shapes"
     write_images(root / "moon", 2, 0)
-    write_images(tmp_path / "elsewhere" / "stars", 3, 10)
-    (root / "star").symlink_to(tmp_path / "elsewhere" / "stars", target_is_directory=True)
+    write_images(root / ".store" / "stars", 3, 10)
+    (root / "star").symlink_to(root / ".store" / "stars", target_is_directory=True)
     (root / "moon" / "up").symlink_to(root, target_is_directory=True)  # an ancestor: listed once, no loop
     summary = build_index(root, tmp_path / "idx", embedder=FakeEmbedder(), options=QUICK)
     assert summary["indexed"] == 5 and summary["errors"] == 0
-    assert summary["labels"]["largest_classes"] == {"star": 3, "moon": 2}
+    assert summary["labels"]["largest_classes"] == {"stars": 3, "moon": 2}  # listed under its own folder first
+
+
+def test_a_linked_folder_outside_the_gallery_is_not_followed_and_is_named(tmp_path, caplog):
+    """A server sends every catalogued file: a link to a folder elsewhere (a home folder, /) must not put it in the
+    index, as a metadata path outside an embeddings folder must not."""
+    root = tmp_path / "shapes"
+    write_images(root / "moon", 2, 0)
+    write_images(tmp_path / "private" / "stars", 3, 10)
+    (root / "star").symlink_to(tmp_path / "private" / "stars", target_is_directory=True)
+    with caplog.at_level("WARNING"):
+        summary = build_index(root, tmp_path / "idx", embedder=FakeEmbedder(), options=QUICK)
+    assert summary["indexed"] == 2 and summary["labels"]["largest_classes"] == {"moon": 2}
+    assert "lead outside it and were not followed" in caplog.text and str(tmp_path / "private" / "stars") in caplog.text

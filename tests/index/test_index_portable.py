@@ -182,6 +182,17 @@ def test_a_gallery_root_that_is_not_a_folder_is_refused_naming_the_option(site):
     assert result.exit_code != 0 and "--gallery-root" in result.output and "not a folder" in result.output
 
 
+def test_a_gallery_root_nested_in_the_recorded_one_is_refused(site):
+    """A new root inside the recorded one (or holding it) would read one path two ways: two images, one file."""
+    recorded = Path(info(site / "idx")["gallery_root"])
+    (recorded / "v2").mkdir()
+    for nested in (recorded / "v2", recorded.parent):
+        result = CliRunner().invoke(main, ["search", "--index", str(site / "idx"), str(query(site)),
+                                           "--gallery-root", str(nested)])
+        assert result.exit_code != 0 and "--gallery-root" in result.output and "hold one another" in result.output, \
+            result.output
+
+
 def test_nothing_outside_the_moved_gallery_root_is_served(site, tmp_path):
     """An image added from another folder, and a catalogue path that climbs out with '..', both lie outside the
     gallery root: once the gallery moved, neither is served, though a file is there (under the new tree for the

@@ -161,3 +161,26 @@ def test_a_re_ranking_over_its_memory_bound_is_a_422_before_it_waits(unwatched_s
             assert answer.status_code == 422, answer.text
             assert "per query (the limit is 1 MiB); ask for at most" in answer.json()["detail"]
     assert app.state.limits.reranks.by_client == {} and app.state.limits.reranks.dropped == 0
+
+
+def test_an_image_batch_re_ranked_at_cost_stays_in_the_batches_lane(unwatched_service, held_reranking):
+    """Its images are decoded and embedded in the batches lane, which bounds how many decode at once; moving it to
+    the reranks lane would have let two image batches decode side by side."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    release, started, _ = held_reranking
+    buffer = io.BytesIO()
+    Image.new("RGB", (40, 30), (200, 30, 90)).save(buffer, format="PNG")
+    body = {"queries": [{"image": base64.b64encode(buffer.getvalue()).decode()}] * 2, "rerank": COSTLY}
+    app = create_api(unwatched_service)
+    lanes = app.state.limits
+    with BackgroundServer(app) as running:
+        holder, answers = post_in_thread(f"{running.url}/search/batch?k=3", body)
+        assert started.wait(20)
+        assert lanes.batches.running == 1 and lanes.reranks.running == 0
+        release.set()
+        holder.join(30)
+    assert answers == [200]

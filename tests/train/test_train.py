@@ -72,6 +72,15 @@ def test_training_is_deterministic_and_resumes_exactly(tmp_path, feature_cache):
     assert [r["epoch"] for r in read_jsonl(tmp_path / "c" / "metrics.jsonl")] == [0, 1, 2, 3]
 
 
+def test_a_resume_with_another_validation_share_is_refused(tmp_path, feature_cache):
+    """A run started with no validation split (as every run before the split became the default), resumed with the
+    new default: it would train on fewer classes and choose best.pt on another split. Refused, naming both."""
+    train(all_digits_config(tmp_path / "run", feature_cache, epochs=1, val_fraction=0.0), progress=False)
+    with pytest.raises(ValueError, match=r"trained with --val-fraction 0.0, this configuration has auto; resume"):
+        train(all_digits_config(tmp_path / "run", feature_cache, epochs=2, val_fraction=None, resume=True),
+              progress=False)
+
+
 def test_existing_run_is_not_overwritten(tmp_path, feature_cache):
     train(all_digits_config(tmp_path / "run", feature_cache, epochs=1), progress=False)
     before = (tmp_path / "run" / "last.pt").read_bytes()

@@ -173,3 +173,23 @@ def test_the_app_says_which_split_chose_best_pt(tmp_path):
     assert "**best.pt chosen on the test split:** no validation split, for a reason" in shown(
         selected_on="test", selection_note="no validation split, for a reason")
     assert "chosen on" not in shown()  # a report from before the choice was recorded says nothing
+
+
+def test_best_pt_chosen_before_the_last_epoch_carries_its_own_compatibility(tmp_path, feature_cache, monkeypatch):
+    """--compatible-with, best.pt chosen on validation at epoch 1 of 2: the test split (and with it the
+    compatibility blocks) was not evaluated then, so best.pt is measured after training and carries the measurement
+    that `retrieval export` copies into the model for `index upgrade`."""
+    from retrieval.export import export_checkpoint
+    from retrieval.onnx_runtime import OnnxEmbedder
+
+    train(digits_config(tmp_path / "old", feature_cache, epochs=1, plots=False, tensorboard=False), progress=False)
+    validation = iter([0.1, 0.9, 0.2])  # epochs 0, 1, 2: epoch 1 wins
+    monkeypatch.setattr(Evaluator, "validate", lambda self: {"recall@1": (v := next(validation)), "map@r": v})
+    report = train(digits_config(tmp_path / "new", feature_cache, epochs=2, val_fraction=0.2, plots=False,
+                                 tensorboard=False, compatible_with=str(tmp_path / "old" / "last.pt")),
+                   progress=False)
+    best = torch.load(tmp_path / "new" / "best.pt", weights_only=False)
+    assert best["epoch"] == 1 and "compatibility" in best["metrics"]
+    assert report["best"]["compatibility"]["verdict"] == best["metrics"]["compatibility"]["verdict"]
+    export_checkpoint(tmp_path / "new" / "best.pt", tmp_path / "new.onnx", verify=False, log=lambda _: None)
+    assert "compatibility" in OnnxEmbedder(tmp_path / "new.onnx").metadata
