@@ -402,7 +402,11 @@ def test_evaluation_tab_finds_near_duplicates_and_label_suspects_on_request(page
     text_once_shown(page, "#near-duplicates-summary", "groups of near-duplicates")
     page.wait_for_selector("#near-duplicates-table", state="visible")
     rows = table_rows(page, "#near-duplicates-table", 6)
-    assert rows and rows[0][1] == "kept" and "/" in rows[0][4], rows[:3]
+    assert rows and rows[0][1] in ("kept", "kept (labels differ)") and "/" in rows[0][4], rows[:3]
+    # at 0.3 different emoji group together: the table says so on each of their rows
+    first = [row for row in rows if row[0] == rows[0][0]]
+    if len({row[3] for row in first}) > 1:
+        assert all(row[1].endswith("(labels differ)") for row in first), first
     picture_shown(page, "#near-duplicates-picture")
     box.fill("often")
     page.locator("#near-duplicates-button").click()
