@@ -30,6 +30,7 @@ from retrieval.index.sources import is_url, printable_path
 MODEL_RELATIVE = "model_path_relative"  # index.json and catalogue meta: the model's path from the index folder
 GALLERY_RELATIVE = "gallery_root_relative"  # ... and the gallery root's
 MAX_CANDIDATES = 64  # .onnx files hashed per folder at most: a folder of many exports is not read whole
+MAX_UNASKED_BYTES = 4 * 2**30  # bytes of .onnx files read in all that index.json does not name
 
 
 class ModelNotFoundError(ParameterError):
@@ -54,6 +55,18 @@ def file_model_hash(path: Path) -> str:
         return proto_model_hash(proto, parse_metadata(metadata, source=str(path)))
     except Exception as exc:  # onnx's DecodeError and a missing metadata key derive from Exception only
         raise ValueError(f"not a readable exported model ({str(exc).splitlines()[0] if str(exc) else exc!r})") from exc
+
+
+def uses_external_data(path: Path) -> bool:
+    """Whether an ONNX file keeps weights in other files (read without them); True for one that cannot be read."""
+    import onnx
+    from onnx.external_data_helper import uses_external_data as external
+
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception:  # onnx's DecodeError derives from Exception only
+        return True
+    return any(external(tensor) for tensor in proto.graph.initializer)
 
 
 def _recorded_places(info: Mapping[str, Any], index_root: Path) -> list[Path]:
@@ -89,11 +102,18 @@ def find_model(info: Mapping[str, Any], index_root: str | Path) -> Path:
     recorded = {os.path.normpath(place) for place in _recorded_places(info, root)}
     looked: list[str] = []
     unreadable = None
+    unasked_bytes = 0  # read from files nobody named: bounded, a shared parent folder may hold anything
     for candidate in _model_candidates(info, root):
         shown = printable_path(str(candidate))
         if not candidate.is_file():
             looked.append(f"{shown} (missing)")
             continue
+        if os.path.normpath(candidate.absolute()) not in recorded:
+            size = candidate.stat().st_size
+            if unasked_bytes + size > MAX_UNASKED_BYTES or uses_external_data(candidate):
+                looked.append(f"{shown} (not read: give it as the model if it is the one)")
+                continue
+            unasked_bytes += size
         try:
             found = file_model_hash(candidate)
         except ValueError as exc:

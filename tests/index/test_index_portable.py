@@ -231,3 +231,24 @@ def test_an_index_without_the_relative_record_works_as_before(site):
         best = index.search_images([query(site)], k=1)[0][0]
         assert index.public_path(best.path) == "3/d0003.png"
         assert index.image_file(best.path) == str(query(site).resolve())
+
+
+def test_a_file_nobody_named_that_keeps_its_weights_elsewhere_is_not_read(tmp_path):
+    """Looking beside the index for the model reads only self-contained .onnx files: one whose weights lie in other
+    files (which onnx would open) is named as not read, never loaded."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from retrieval.index.portable import ModelNotFoundError, find_model
+
+    (tmp_path / "idx").mkdir()
+    weights = numpy_helper.from_array(np.ones((64, 64), np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], [weights])
+    onnx.save_model(helper.make_model(graph), str(tmp_path / "other.onnx"), save_as_external_data=True,
+                    location="other.data", size_threshold=0)
+    with pytest.raises(ModelNotFoundError) as missing:
+        find_model({"model_hash": "0123456789abcdef", "model_path": str(tmp_path / "gone.onnx")}, tmp_path / "idx")
+    assert "other.onnx (not read: give it as the model if it is the one)" in str(missing.value)
