@@ -446,7 +446,8 @@ class SearchTab:
                     choices=[("none (the index's order)", NONE)]
                     + [(f"{name}: {method.title}", name) for name, method in RERANKERS.items()],
                     value=NONE, label="Re-ranking", elem_id="rerank-method",
-                    info="re-orders the top candidates; see docs/INDEX.md, Re-ranking",
+                    info="re-orders the top candidates: helps where the gallery holds many images of a thing "
+                         "(kreciprocal, qe), hurts where it holds one or two (docs/RESULTS.md, Re-ranking)",
                 )
                 with gr.Accordion("Filter the gallery", open=False, elem_id="filter"):
                     # a label longer than a filter may be is left out: the page's config would carry it whole
