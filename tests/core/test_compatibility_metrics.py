@@ -180,7 +180,7 @@ def test_the_verdict_and_its_interval_equal_the_loop(shift):
 
 @pytest.mark.parametrize("shift", [0.001, -0.001])
 def test_a_difference_of_0_001_on_99_queries_is_too_few_queries_to_tell(shift):
-    # the issue: map@r 0.380 vs 0.379 said "compatible" in one place and 0.378 vs 0.379 "not compatible" in another
+    # before: map@r 0.380 vs 0.379 said "compatible" in one place and 0.378 vs 0.379 "not compatible" in another
     cross, old = _per_query(1, 101, shift)
     blocks = {"cross_model": mean_metrics(cross), "old": mean_metrics(old), **compatibility_verdict(cross, old)}
     assert blocks["interval"]["queries"] == 99
