@@ -45,28 +45,22 @@ def relative_to_index(path: str | Path, index_root: str | Path) -> str:
     return Path(os.path.relpath(Path(path).expanduser().resolve(), Path(index_root).expanduser().resolve())).as_posix()
 
 
-def file_model_hash(path: Path) -> str:
-    """The ``model_hash`` an ONNX file would be opened with, read without running it (ValueError: not a model)."""
+def file_model_hash(path: Path, self_contained: bool = False) -> str | None:
+    """The ``model_hash`` an ONNX file would be opened with, read without running it (ValueError: not a model).
+    ``self_contained``: read the file alone, and None where it keeps weights in other files (never opened)."""
+    import onnx
+    from onnx.external_data_helper import uses_external_data
+
     from retrieval.onnx_runtime import parse_metadata, proto_model_hash, read_onnx_model
 
     try:
-        proto = read_onnx_model(path)
+        proto = onnx.load(str(path), load_external_data=False) if self_contained else read_onnx_model(path)
+        if self_contained and any(uses_external_data(tensor) for tensor in proto.graph.initializer):
+            return None
         metadata = {prop.key: prop.value for prop in proto.metadata_props}
         return proto_model_hash(proto, parse_metadata(metadata, source=str(path)))
     except Exception as exc:  # onnx's DecodeError and a missing metadata key derive from Exception only
         raise ValueError(f"not a readable exported model ({str(exc).splitlines()[0] if str(exc) else exc!r})") from exc
-
-
-def uses_external_data(path: Path) -> bool:
-    """Whether an ONNX file keeps weights in other files (read without them); True for one that cannot be read."""
-    import onnx
-    from onnx.external_data_helper import uses_external_data as external
-
-    try:
-        proto = onnx.load(str(path), load_external_data=False)
-    except Exception:  # onnx's DecodeError derives from Exception only
-        return True
-    return any(external(tensor) for tensor in proto.graph.initializer)
 
 
 def _recorded_places(info: Mapping[str, Any], index_root: Path) -> list[Path]:
@@ -108,14 +102,18 @@ def find_model(info: Mapping[str, Any], index_root: str | Path) -> Path:
         if not candidate.is_file():
             looked.append(f"{shown} (missing)")
             continue
-        if os.path.normpath(candidate.absolute()) not in recorded:
+        unasked = os.path.normpath(candidate.absolute()) not in recorded
+        if unasked:
             size = candidate.stat().st_size
-            if unasked_bytes + size > MAX_UNASKED_BYTES or uses_external_data(candidate):
+            if unasked_bytes + size > MAX_UNASKED_BYTES:
                 looked.append(f"{shown} (not read: give it as the model if it is the one)")
                 continue
             unasked_bytes += size
         try:
-            found = file_model_hash(candidate)
+            found = file_model_hash(candidate, self_contained=unasked)
+            if found is None:  # its weights lie in other files, which nobody named
+                looked.append(f"{shown} (not read: give it as the model if it is the one)")
+                continue
         except ValueError as exc:
             looked.append(f"{shown} ({exc})")
             if unreadable is None and os.path.normpath(candidate.absolute()) in recorded:
