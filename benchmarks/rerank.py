@@ -38,9 +38,10 @@ import numpy as np
 # data set -> (its options, images of a class in a batch, image size, batches an epoch): as benchmarks/compatibility.py
 DATASETS = {"fashion-mnist": ({"protocol": "standard", "limit_per_class": 60}, 4, 32, 10),
             "emoji": ({}, 2, 224, 30)}
-# (row name, RerankConfig fields): the defaults, and qe/dba with the 2 nearest (small classes: emoji has R = 1)
-VARIANTS = [("qe", {"method": "qe"}), ("qe k=2", {"method": "qe", "k": 2}), ("dba", {"method": "dba"}),
-            ("dba k=2", {"method": "dba", "k": 2}), ("kreciprocal", {"method": "kreciprocal"})]
+# (row name, RerankConfig fields): the papers' sizes, and qe/dba with the 2 nearest (small classes: emoji has R = 1)
+VARIANTS = [("qe", {"method": "qe", "k": 10}), ("qe k=2", {"method": "qe", "k": 2}),
+            ("dba", {"method": "dba", "k": 10}), ("dba k=2", {"method": "dba", "k": 2}),
+            ("kreciprocal", {"method": "kreciprocal", "k1": 20, "k2": 6})]
 
 
 def train_head(dataset: str, out: Path, cache: Path, seed: int, epochs: int) -> Path:

@@ -795,6 +795,7 @@ def search_command(index_dir, images, k, max_queries, model, exclude_self, where
     exits with status 1. --rerank re-orders each query's shortlist (docs/INDEX.md, "Re-ranking")."""
     from retrieval.index import Index, ModelMismatchError, load_model
     from retrieval.index.sources import printable_path
+    from retrieval.rerank_defaults import with_gallery_defaults
 
     rerank = rerank_config(options)
     queries = _query_list(images, max_queries)
@@ -809,6 +810,10 @@ def search_command(index_dir, images, k, max_queries, model, exclude_self, where
             matching = len(index.matching_ids(where))  # a column the index lacks fails here, before embedding
             if not as_json:
                 click.echo(_where_summary(index, matching))
+        defaults = None
+        if rerank.unset():  # the sizes not given follow the gallery (docs/INDEX.md, "Neighbourhood sizes")
+            neighbourhood = index.rerank_neighbourhood()
+            rerank, defaults = with_gallery_defaults(rerank, neighbourhood), neighbourhood.basis
         answers = _answers(index, queries, k, exclude_self, where, rerank)
     if as_json:
         click.echo(json.dumps(answers, indent=2))
@@ -821,8 +826,11 @@ def search_command(index_dir, images, k, max_queries, model, exclude_self, where
             if answer.get("excluded_self") is not None:
                 click.echo(f"  (left out: id={answer['excluded_self']}, the query itself)")
             if rerank.active:
-                click.echo(f"  re-ranked by {rerank.method} (the top {rerank.candidates}; score = cosine, then the "
-                           "re-ranking's score)")
+                sizes = ", ".join(f"{name} = {value}" for name, value in rerank.params().items()
+                                  if name != "candidates")
+                chosen = f"; the sizes not given from the gallery: {defaults}" if defaults else ""
+                click.echo(f"  re-ranked by {rerank.method}, the top {rerank.candidates} ({sizes}{chosen}); score = "
+                           "cosine, then the re-ranking's score")
             for rank, r in enumerate(answer["results"], 1):  # names may hold newlines or bytes that are not UTF-8
                 label = None if r["label"] is None else printable_path(r["label"], limit=None)
                 path = printable_path(r["path"], limit=None)

@@ -172,15 +172,21 @@ def _headline(metrics: dict | None) -> dict | None:
               help="also measure compatibility with OLD (a checkpoint or an .onnx): its own metrics, and the "
                    "checkpoint's queries against the gallery OLD embedded (BCT's cross-model test).")
 @rerank_options
+@click.option("--rerank-choose", is_flag=True,
+              help="with --rerank: choose the sizes not given (k; k1 and k2) on the checkpoint's validation classes "
+                   "(each tried, leave-one-out MAP@R, at most --limit or 2,000 images), then measure the split with "
+                   "them; the report lists every size tried.")
 @click.option("--json", "as_json", is_flag=True, help="print the metrics as JSON (for programs).")
 def evaluate_command(checkpoint, dataset, data, split, dataset_kwargs, eval_limit, linear_probe, eval_batch_size,
-                     device, workers, out_path, pictures, map_method, gallery_model, as_json, **options) -> None:
+                     device, workers, out_path, pictures, map_method, gallery_model, rerank_choose, as_json,
+                     **options) -> None:
     """Evaluate a checkpoint: prints its metrics and writes an evaluate report (eval_report.json next to the
     checkpoint, or --out). With --gallery-model OLD: three blocks, new (the checkpoint), old (OLD) and cross_model
     (the checkpoint's queries against OLD's gallery), and BCT's verdict (compatible, not compatible or too few
     queries to tell: a bootstrap interval over the queries, docs/TRAINING.md). With --rerank a block
     "reranked": the kNN metrics with each query's shortlist re-ranked as `retrieval search` re-ranks it (the plain
-    metrics stay as they are). --json prints all of it as JSON."""
+    metrics stay as they are; sizes not given follow the split's labels as an index's follow its gallery, or with
+    --rerank-choose are chosen on the validation classes). --json prints all of it as JSON."""
     from retrieval.data import build_transforms, load_dataset
     from retrieval.evaluation import (
         checkpoint_dataset,
@@ -196,6 +202,10 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_kwargs, eval_limi
     from retrieval.reports import evaluate_report, save_report
 
     rerank = rerank_config(options)
+    if rerank_choose and not rerank.unset():
+        raise click.UsageError("--rerank-choose chooses the re-ranking's sizes that are not given: give --rerank "
+                               "qe|dba|kreciprocal and leave out --rerank-k (qe, dba) or --rerank-k1/--rerank-k2 "
+                               "(kreciprocal)")
     trained = load_checkpoint(checkpoint).train_config
     dataset, data, kwargs = checkpoint_dataset(trained, dataset, data, parse_params(dataset_kwargs, "--dataset-param"))
     split = split or trained.get("eval_split", "test")
@@ -203,6 +213,9 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_kwargs, eval_limi
     model = load_embedder(checkpoint).to(dev)
     tf = build_transforms(model.config, train=False)
     sets = load_eval_sets(dataset, data, split, tf, eval_limit, seed=trained.get("seed", 0), **kwargs)
+    # checked before anything is embedded: a checkpoint without validation classes is refused at once
+    validation = _validation_set(trained, (dataset, data, kwargs), tf, sets.query, eval_limit) if rerank_choose \
+        else None
     query, gallery = embed_eval_rows(model, sets, dev, eval_batch_size, workers)
     q, ql, g, gl = eval_arrays(query, gallery)
     metrics = evaluate_embeddings(q, ql, g, gl, device=metrics_device(dev))  # --device cuda: the kNN there too
@@ -224,7 +237,12 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_kwargs, eval_limi
     if rerank.active:  # the same top-k re-ranked as a search would: the plain metrics stay beside it
         from retrieval.evaluation import reranked_metrics
 
+        chosen = None
+        if validation is not None:
+            rerank, chosen = _rerank_chosen_on_validation(model, validation, rerank, dev, eval_batch_size, workers)
         reranked = {"reranked": reranked_metrics(q, ql, g, gl, rerank, device=metrics_device(dev))}
+        if chosen is not None:
+            reranked["reranked"]["chosen"] = chosen
         report.update(reranked)
     if gallery_model is None:
         save_report(report, out)
@@ -268,9 +286,54 @@ def _metrics_text(metrics: dict) -> str:
     return ", ".join(f"{key} {value:.4f}" for key, value in (_headline(metrics) or {}).items())
 
 
+VALIDATION_CHOICE_IMAGES = 2000  # --rerank-choose's validation images at most, without --limit
+
+
+def _validation_set(trained: dict, source: tuple, transform, test_set, limit: int | None):
+    """The checkpoint's validation classes, as its training held them out (at most ``limit`` or
+    ``VALIDATION_CHOICE_IMAGES`` of their images, seeded), and how many classes they hold."""
+    from retrieval.data import load_dataset
+    from retrieval.evaluation import seeded_subset
+    from retrieval.train.data import hold_out_classes, validation_fraction
+
+    dataset, data, kwargs = source
+    seed = trained.get("seed", 0)
+    train_set = load_dataset(dataset, data, split="train", transform=transform, **kwargs)
+    fraction, why_none = validation_fraction(trained.get("val_fraction"), train_set, test_set)
+    if not fraction:
+        raise click.ClickException(f"--rerank-choose chooses on the checkpoint's validation classes, and its "
+                                   f"training had none ({why_none}): give the sizes (--rerank-k; --rerank-k1 and "
+                                   "--rerank-k2), or leave them to the split's labels without --rerank-choose")
+    validation = hold_out_classes(train_set, fraction, seed)[1]
+    classes = len(set(validation.labels))
+    cap = limit or VALIDATION_CHOICE_IMAGES
+    return (seeded_subset(validation, cap, seed) if len(validation) > cap else validation), classes
+
+
+def _rerank_chosen_on_validation(model, validation: tuple, rerank, device, batch_size: int, workers) -> tuple:
+    """The re-ranking with its unset sizes chosen on the validation set, and the record of the choice."""
+    from retrieval.evaluation import choose_rerank, metrics_device
+    from retrieval.inference import embed_dataset
+
+    images, classes = validation
+    vectors, labels = embed_dataset(model, images, batch_size, device, workers, desc="embed validation")
+    chosen, tried = choose_rerank(vectors, labels, rerank, device=metrics_device(device))
+    return chosen, {"on": "validation", "images": len(labels), "classes": classes, "tried": tried}
+
+
 def _echo_reranked_and_report(checkpoint: str, reranked: dict, out: Path, plots: dict) -> None:
     if reranked:
         block = reranked["reranked"]
+        sizes = ", ".join(f"{name} = {value}" for name, value in block["params"].items() if name != "candidates")
+        if "chosen" in block:
+            chosen = block["chosen"]
+            best = next(row for row in chosen["tried"] if row["params"] is not None)
+            plain = next(row for row in chosen["tried"] if row["params"] is None)
+            click.echo(f"re-ranking sizes chosen on {chosen['images']:,} validation images of {chosen['classes']} "
+                       f"classes: {sizes} (MAP@R {best['map@r']:.4f} there; {plain['map@r']:.4f} without "
+                       f"re-ranking; {len(chosen['tried']) - 1} tried, in the report)")
+        elif "defaults" in block:
+            click.echo(f"re-ranking sizes {sizes}, from the split's labels: {block['defaults']}")
         click.echo(f"re-ranked ({block['method']}): {_metrics_text(block['metrics'])}")
     pictures = f" (pictures: {', '.join(sorted(plots.values()))})" if plots else ""
     click.echo(f"report {out}{pictures}")

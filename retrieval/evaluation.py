@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,9 +86,16 @@ def reranked_metrics(query: np.ndarray, query_labels: np.ndarray, gallery: np.nd
     it (``retrieval.rerank.rerank_lists`` over its top ``config.candidates``, the rest in their order): a block
     ``{method, title, paper, params, metrics}``. Leave-one-out (gallery None) leaves the query out of its own
     shortlist, as a search from a gallery image does (``exclude_self``). ``device``: where the kNN runs, as in
-    ``evaluate_embeddings`` (the re-ranking itself is NumPy on the CPU)."""
+    ``evaluate_embeddings`` (the re-ranking itself is NumPy on the CPU). The sizes ``config`` leaves unset follow
+    the gallery's labels, as a search of an index of these images sets them (``retrieval.rerank_defaults``)."""
     from retrieval.metrics import evaluate
     from retrieval.rerank import rerank_lists
+    from retrieval.rerank_defaults import neighbourhood_from_labels, with_gallery_defaults
+
+    defaults = None
+    if config.unset():
+        neighbourhood = neighbourhood_from_labels(query_labels if gallery_labels is None else gallery_labels)
+        config, defaults = with_gallery_defaults(config, neighbourhood), neighbourhood.basis
 
     def unit(vectors: np.ndarray) -> np.ndarray:
         vectors = np.asarray(vectors, dtype=np.float32)
@@ -102,7 +110,35 @@ def reranked_metrics(query: np.ndarray, query_labels: np.ndarray, gallery: np.nd
     metrics = evaluate(query, query_labels, gallery, gallery_labels, ks=ks, metrics=["recall", "map@r", "r_precision"],
                        reorder=reorder if config.active else None, min_depth=config.candidates if config.active else 0,
                        device=device)
-    return {**config.describe(), "metrics": metrics}
+    return {**config.describe(defaults), "metrics": metrics}
+
+
+# the sizes ``choose_rerank`` tries for each one left unset: the papers' values and smaller (small classes)
+RERANK_CHOICES = {"k": (1, 2, 3, 5, 10), "k1": (3, 5, 8, 12, 20), "k2": (1, 3, 6)}
+
+
+def choose_rerank(embeddings: np.ndarray, labels: np.ndarray, config: RerankConfig,
+                  device: torch.device | str | None = None) -> tuple[RerankConfig, list[dict[str, Any]]]:
+    """The neighbourhood sizes ``config`` leaves unset, chosen on a labelled set (validation classes) by its
+    leave-one-out MAP@R: each combination of ``RERANK_CHOICES`` (k2 at most k1) is measured, the best kept (a tie:
+    the first, the smaller). Returns the chosen config and a row per combination tried, ``{"params", "map@r",
+    "recall@1"}``, best first, with a row ``{"params": None, ...}`` for no re-ranking."""
+    import itertools
+
+    unset = config.unset()
+    plain = leave_one_out_metrics(embeddings, labels, device=device)
+    rows = [{"params": None, "map@r": plain["map@r"], "recall@1": plain["recall@1"]}]
+    best: tuple[float, RerankConfig] | None = None
+    for values in itertools.product(*(RERANK_CHOICES[name] for name in unset)):
+        tried = dataclasses.replace(config, **dict(zip(unset, values, strict=True)))
+        if tried.method == "kreciprocal" and tried.resolved().k2 > tried.resolved().k1:
+            continue
+        metrics = reranked_metrics(embeddings, labels, None, None, tried, ks=(1,), device=device)["metrics"]
+        rows.append({"params": tried.params(), "map@r": metrics["map@r"], "recall@1": metrics["recall@1"]})
+        if best is None or metrics["map@r"] > best[0]:
+            best = (metrics["map@r"], tried)
+    rows.sort(key=lambda row: -row["map@r"])
+    return (config if best is None else best[1]), rows
 
 
 def leave_one_out_metrics(embeddings: np.ndarray, labels: np.ndarray,

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from retrieval.options import declared_options, field_problem, option
+from retrieval.options import declared_options, field_problem, hint_members, option
 
 NONE = "none"
 MAX_CANDIDATES = 1000  # the shortlist one query re-ranks at most: kreciprocal holds a few (m + 1)^2 matrices
@@ -230,6 +230,10 @@ def method_names() -> list[str]:
 
 # --- the options, declared once ----------------------------------------------------------------------------------
 SECTION = "re-ranking"
+# the neighbourhood sizes a request may leave unset: the gallery's typical class size sets them
+# (``retrieval.rerank_defaults``); where nothing has, the papers' values, which are also the largest derived ones
+PAPER_NEIGHBOURHOOD = {"k": 10, "k1": 20, "k2": 6}  # Radenović et al.'s k; Zhong et al.'s k1 and k2
+FROM_GALLERY = "set by the gallery's class sizes (docs/INDEX.md)"
 
 
 @dataclass(frozen=True)
@@ -243,14 +247,16 @@ class RerankConfig:
     candidates: int = option(DEFAULT_CANDIDATES, SECTION, "the shortlist re-ranked per query: the top results, "
                              "whose stored vectors the method reads (results beyond it keep their order).", low=1,
                              high=MAX_CANDIDATES, unit="results", flag="--rerank-candidates")
-    k: int = option(10, SECTION, "qe: the top candidates added to the query; dba: the neighbours added to each "
-                    "candidate.", low=1, high=MAX_NEIGHBOURS, flag="--rerank-k")
+    k: int | None = option(None, SECTION, "qe: the top candidates added to the query; dba: the neighbours added to "
+                           "each candidate.", low=1, high=MAX_NEIGHBOURS, flag="--rerank-k",
+                           default_text=FROM_GALLERY)
     alpha: float = option(3.0, SECTION, "qe and dba: a neighbour weighs its cosine similarity to the power alpha "
                           "(0: a plain average).", low=0, high=MAX_ALPHA, flag="--rerank-alpha")
-    k1: int = option(20, SECTION, "kreciprocal: the neighbourhood of the k-reciprocal sets (k1 / 2 for their "
-                     "expansion).", low=1, high=MAX_NEIGHBOURS, flag="--rerank-k1")
-    k2: int = option(6, SECTION, "kreciprocal: the neighbours averaged by the local query expansion (1: none).",
-                     low=1, high=MAX_NEIGHBOURS, flag="--rerank-k2")
+    k1: int | None = option(None, SECTION, "kreciprocal: the neighbourhood of the k-reciprocal sets (k1 / 2 for "
+                            "their expansion).", low=1, high=MAX_NEIGHBOURS, flag="--rerank-k1",
+                            default_text=FROM_GALLERY)
+    k2: int | None = option(None, SECTION, "kreciprocal: the neighbours averaged by the local query expansion (1: "
+                            "none).", low=1, high=MAX_NEIGHBOURS, flag="--rerank-k2", default_text=FROM_GALLERY)
     lambda_value: float = option(0.3, SECTION, "kreciprocal: the weight of the original distance in the final one "
                                  "(1 - lambda for the Jaccard distance).", low=0, high=1, flag="--rerank-lambda")
 
@@ -264,17 +270,33 @@ class RerankConfig:
         """Whether it re-ranks anything (method is not none)."""
         return self.method != NONE
 
+    def unset(self) -> tuple[str, ...]:
+        """The neighbourhood sizes its method reads that were left unset (for the gallery to choose)."""
+        return tuple(name for name in RERANKERS[self.method].params
+                     if name in PAPER_NEIGHBOURHOOD and getattr(self, name) is None) if self.active else ()
+
+    def resolved(self) -> RerankConfig:
+        """Every neighbourhood size set: an unset one takes the paper's value (the largest a gallery derives, so a
+        cost computed from it bounds the cost of any gallery's)."""
+        return dataclasses.replace(self, **{name: value for name, value in PAPER_NEIGHBOURHOOD.items()
+                                            if getattr(self, name) is None})
+
     def params(self) -> dict[str, Any]:
         """The parameters its method reads, with the shortlist size (what a report and an answer show)."""
+        if not self.active:
+            return {}
+        resolved = self.resolved()
         return {"candidates": self.candidates,
-                **{name: getattr(self, name) for name in RERANKERS[self.method].params}} if self.active else {}
+                **{name: getattr(resolved, name) for name in RERANKERS[self.method].params}}
 
-    def describe(self) -> dict[str, Any]:
-        """Method, title, paper and parameters, as the API's answers and the evaluate report show them."""
+    def describe(self, defaults: str | None = None) -> dict[str, Any]:
+        """Method, title, paper and parameters, as the API's answers and the evaluate report show them;
+        ``defaults``: where the sizes left unset came from (``retrieval.rerank_defaults.Neighbourhood.basis``)."""
         if not self.active:
             return {"method": NONE}
         method = RERANKERS[self.method]
-        return {"method": self.method, "title": method.title, "paper": method.paper, "params": self.params()}
+        return {"method": self.method, "title": method.title, "paper": method.paper, "params": self.params(),
+                **({"defaults": defaults} if defaults else {})}
 
 
 def config_problems(values: Mapping[str, Any], names: Mapping[str, str] | None = None) -> list[str]:
@@ -314,7 +336,7 @@ def rerank_from_json(value: Any) -> RerankConfig:
     values = dataclasses.asdict(NO_RERANK) | value
     for option_ in declared:  # JSON has one number type: 5.0 is the integer 5 where an integer is declared
         given = values[option_.name]
-        if option_.hint is int and isinstance(given, float) and given.is_integer():
+        if int in hint_members(option_.hint) and isinstance(given, float) and given.is_integer():
             values[option_.name] = int(given)
     problems = config_problems(values, {name: f'"{API_KEY}.{name}"' for name in fields})
     if problems:  # each cut: a problem quotes the value sent, which a client may make as long as its body
@@ -378,7 +400,7 @@ def rerank_candidates(query: np.ndarray, candidates: np.ndarray, config: RerankC
     m = len(candidates)
     if m == 0 or not config.active:
         return np.arange(m), np.zeros(m, dtype=np.float32)
-    method = RERANKERS[config.method]
+    method, config = RERANKERS[config.method], config.resolved()
     scores = np.asarray(method.scores(query, candidates, **{p: getattr(config, p) for p in method.params}),
                         dtype=np.float32)
     return np.argsort(-scores, kind="stable"), scores
@@ -400,6 +422,7 @@ def work_units(config: RerankConfig, dim: int) -> int:
     ``benchmarks/rerank.py memory`` prints the milliseconds a unit takes)."""
     if not config.active:
         return 0
+    config = config.resolved()  # an unset size costs at most the paper's
     m, d = config.candidates, int(dim)
     if config.method == "qe":
         ns = 2 * m * d
@@ -418,6 +441,7 @@ def peak_bytes(config: RerankConfig, dim: int) -> int:
     + 9 (h + 1) min(n (k1 + 1), B); each plus 64 KiB (tests/core/test_rerank.py measures them with tracemalloc)."""
     if not config.active:
         return 0
+    config = config.resolved()  # an unset size costs at most the paper's
     m, d = config.candidates, int(dim)
     if config.method == "qe":
         held = 8 * m * d + 4 * config.k * d + 16 * m

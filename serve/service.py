@@ -47,6 +47,7 @@ from retrieval.index.search import MAX_K, check_k
 from retrieval.index.sources import printable_path
 from retrieval.onnx_runtime import preprocess_images
 from retrieval.rerank import Cancelled, RerankConfig, RerankTooLarge
+from retrieval.rerank_defaults import with_gallery_defaults
 from retrieval.serve.admission import ClientGone
 from retrieval.serve.batcher import MicroBatcher
 from retrieval.serve.defaults import (
@@ -97,6 +98,7 @@ class SearchResponse:
     # the answering state's nearest-neighbour similarities, when asked for (``search(..., calibrate=True)``)
     neighbours: NeighbourScores | None = None
     rerank: RerankConfig | None = None  # the re-ranking that ordered the results (None: faiss' order)
+    rerank_defaults: str | None = None  # where the sizes the request left unset came from (the gallery)
 
     def unlike_gallery(self) -> bool:
         """Whether the best result scores below what nearly every gallery image reaches to its own nearest
@@ -114,7 +116,7 @@ class SearchResponse:
             "excluded_self": self.excluded_self,
             "notes": list(self.notes),
             "timing": {stage: float(value) for stage, value in self.timing.items()},
-        } | ({"rerank": self.rerank.describe()} if self.rerank is not None else {})
+        } | ({"rerank": self.rerank.describe(self.rerank_defaults)} if self.rerank is not None else {})
 
 
 class _Model:
@@ -199,6 +201,14 @@ class ServedIndex:
         except Cancelled as exc:
             raise ClientGone() from exc
         return [[dataclasses.replace(r, path=self.public_path(r.path)) for r in results] for results in found]
+
+    def gallery_rerank(self, rerank: RerankConfig | None) -> tuple[RerankConfig | None, str | None]:
+        """``rerank`` with the sizes it left unset taken from this state's gallery (``retrieval.rerank_defaults``),
+        and where they came from (None where it set them all)."""
+        if rerank is None or not rerank.unset():
+            return rerank, None
+        neighbourhood = self._answer(self.index.rerank_neighbourhood)
+        return with_gallery_defaults(rerank, neighbourhood), neighbourhood.basis
 
     def query_item(self, data: bytes) -> QueryItem | None:
         """The item of this state whose file has exactly these bytes (catalogue sha256), if any."""
@@ -392,7 +402,9 @@ class SearchService:
         k, where_filter = checked_k_and_where(k, where)
         rerank = rerank if rerank is not None and rerank.active else None
         with self.live.acquire() as state:
+            rerank, defaults = state.gallery_rerank(rerank)
             response = self._search(state, query, k, exclude_ids, exclude_self, where_filter, rerank, cancelled)
+            response.rerank_defaults = defaults
             if calibrate:
                 response.neighbours = state.neighbour_scores()
             return response
@@ -455,7 +467,12 @@ class SearchService:
         k, where_filter = checked_k_and_where(k, where)
         rerank = rerank if rerank is not None and rerank.active else None
         with self.live.acquire() as state:
-            return self._search_batch(state, list(queries), k, exclude_self, where_filter, cancelled, rerank)
+            rerank, defaults = state.gallery_rerank(rerank)
+            answers = self._search_batch(state, list(queries), k, exclude_self, where_filter, cancelled, rerank)
+        for answer in answers:
+            if isinstance(answer, SearchResponse):
+                answer.rerank_defaults = defaults
+        return answers
 
     def _search_batch(
         self,

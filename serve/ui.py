@@ -21,7 +21,7 @@ from retrieval.data import open_image
 from retrieval.data.emoji import emoji_name, is_code_point_sequence
 from retrieval.errors import ParameterError
 from retrieval.index.filters import MAX_FILTER_CHARS, MAX_IN_VALUES
-from retrieval.rerank import NONE, RERANKERS, RerankConfig, method_names
+from retrieval.rerank import NONE, PAPER_NEIGHBOURHOOD, RERANKERS, RerankConfig, method_names
 from retrieval.serve.curation_view import CurationView, ThresholdError, parse_threshold
 from retrieval.serve.defaults import API_DOCS_PATH
 from retrieval.serve.diagnostics import duplicates
@@ -398,9 +398,13 @@ class SearchTab:
             lines.append(unlike_markdown(response, condition))
         if response.rerank is not None:
             method = RERANKERS[response.rerank.method]
+            sizes = ", ".join(f"{name} = {value}" for name, value in response.rerank.params().items()
+                              if name in PAPER_NEIGHBOURHOOD)
+            chosen = (f" (sizes from the gallery: {markdown_text(response.rerank_defaults, MAX_NOTE_CHARS)})"
+                      if response.rerank_defaults else "")
             lines.append(f"Re-ranked by **{method.title}** ({method.paper}) over up to "
-                         f"{response.rerank.candidates} top candidates; the scores shown are still cosine "
-                         "similarities.")
+                         f"{response.rerank.candidates} top candidates, {sizes}{chosen}; the scores shown are still "
+                         "cosine similarities.")
         lines.append(
             f"**{count} results**{filtered} · embed {t.get('embed_ms', 0):.1f} ms "
             f"(batch of {int(t.get('batch_size', 1))}) · search {t['search_ms']:.1f} ms · "
@@ -446,8 +450,9 @@ class SearchTab:
                     choices=[("none (the index's order)", NONE)]
                     + [(f"{name}: {method.title}", name) for name, method in RERANKERS.items()],
                     value=NONE, label="Re-ranking", elem_id="rerank-method",
-                    info="re-orders the top candidates: helps where the gallery holds many images of a thing "
-                         "(kreciprocal, qe), hurts where it holds one or two (docs/RESULTS.md, Re-ranking)",
+                    info="re-orders the top candidates, over neighbourhoods sized to the gallery's labels: helps "
+                         "where it holds many images of a thing (kreciprocal, qe), seldom where it holds one or two "
+                         "(docs/RESULTS.md, Re-ranking)",
                 )
                 with gr.Accordion("Filter the gallery", open=False, elem_id="filter"):
                     # a label longer than a filter may be is left out: the page's config would carry it whole

@@ -27,6 +27,7 @@ from retrieval.index.layout import IndexLayout
 from retrieval.index.portable import GalleryPlace, find_model, gallery_place
 from retrieval.index.sources import is_url
 from retrieval.rerank import RerankConfig, rerank_lists
+from retrieval.rerank_defaults import Neighbourhood, neighbourhood_from_counts, with_gallery_defaults
 
 MAX_K = 1000  # the most results one query may ask for (the API, the app and the CLI share it)
 
@@ -107,6 +108,8 @@ class Index:
         self._filter_table: FilterTable | None = None
         self._filter_lock = threading.Lock()
         self._gpu = faiss_gpu.GpuSearcher(index) if gpu else None
+        self._neighbourhood: Neighbourhood | None = None
+        self._neighbourhood_lock = threading.Lock()
         if embedder is not None:
             self.embedder = embedder
 
@@ -309,6 +312,8 @@ class Index:
         """
         k = check_k(k)
         reranking = rerank is not None and rerank.active
+        if reranking and rerank.unset():
+            rerank = with_gallery_defaults(rerank, self.rerank_neighbourhood())
         depth = max(k, rerank.candidates) if reranking else k
         exclude = {int(i) for i in exclude_ids}
         if len(exclude) > MAX_K:
@@ -327,6 +332,14 @@ class Index:
         if reranking:
             results = self._reranked(embeddings, results, k, rerank, cancelled)
         return results
+
+    def rerank_neighbourhood(self) -> Neighbourhood:
+        """The gallery's typical class size, which sets the re-ranking sizes a search leaves unset
+        (``retrieval.rerank_defaults``): read from the catalogue's labels once per opened index."""
+        with self._neighbourhood_lock:
+            if self._neighbourhood is None:
+                self._neighbourhood = neighbourhood_from_counts(self.catalogue.label_counts())
+            return self._neighbourhood
 
     def reconstructed_vectors(self, ids: np.ndarray) -> np.ndarray:
         """The vectors [n, d] faiss holds for ``ids`` (``faiss_search.reconstructed_vectors``)."""

@@ -46,7 +46,7 @@ def test_search_rerank_answers_what_the_index_answers(artifacts, method):
     assert [r["rerank_score"] for r in answer["results"]] == pytest.approx([r.rerank_score for r in expected])
 
     text = search(artifacts, "--rerank", method, str(query))
-    assert text.exit_code == 0 and f"re-ranked by {method} (the top 100" in text.output, text.output
+    assert text.exit_code == 0 and f"re-ranked by {method}, the top 100 (" in text.output, text.output
 
 
 @pytest.mark.parametrize("args,message", [
@@ -93,10 +93,68 @@ def test_evaluate_rerank_adds_a_reranked_block_beside_the_plain_metrics(checkpoi
     for key in ("recall@1", "map@r", "r_precision", "nmi"):
         assert metrics[key] == pytest.approx(plain_metrics[key]), key  # the plain metrics are unchanged
     block = metrics["reranked"]
-    assert block["method"] == "kreciprocal" and block["params"] == {"candidates": 30, "k1": 20, "k2": 6,
+    # 150 test images of 10 digits: a typical one has 14 others of its digit, which sets k1 and k2 (k1 / 3)
+    assert block["method"] == "kreciprocal" and block["params"] == {"candidates": 30, "k1": 14, "k2": 5,
                                                                     "lambda_value": 0.3}
+    assert "has 14 other images (10 labels, 150 images)" in block["defaults"]
     assert set(block["metrics"]) == {"recall@1", "recall@2", "recall@4", "recall@8", "map@r", "r_precision"}
     assert all(0 <= value <= 1 for value in block["metrics"].values())
     assert block["metrics"]["map@r"] != plain_metrics["map@r"]  # it re-ranked something
     report = json.loads((tmp_path / "reranked.json").read_text())
     assert report["reranked"] == block and np.isclose(report["metrics"]["map@r"], plain_metrics["map@r"])
+
+
+@pytest.fixture(scope="module")
+def checkpoint_with_validation(checkpoint, tmp_path_factory):
+    """The same model recorded as trained on digits' train classes with 2 of its 5 held out for validation."""
+    import torch
+
+    saved = torch.load(checkpoint, weights_only=False)
+    saved["train_config"] = {"dataset": "digits", "val_fraction": 0.4, "seed": 0}
+    path = tmp_path_factory.mktemp("rerank-choose") / "model.pt"
+    torch.save(saved, path)
+    return path
+
+
+def test_evaluate_chooses_the_unset_sizes_on_the_validation_classes(checkpoint_with_validation, tmp_path):
+    pytest.importorskip("torch")
+    from retrieval.data import load_dataset
+    from retrieval.evaluation import RERANK_CHOICES
+    from retrieval.train.data import hold_out_classes
+
+    result = CliRunner().invoke(main, ["evaluate", "--checkpoint", str(checkpoint_with_validation), "--limit", "120",
+                                       "--workers", "0", "--no-pictures", "--device", "cpu", "--rerank", "qe",
+                                       "--rerank-choose", "--out", str(tmp_path / "report.json")])
+    assert result.exit_code == 0, result.output
+    block = json.loads((tmp_path / "report.json").read_text())["reranked"]
+    chosen = block["chosen"]
+    held = hold_out_classes(load_dataset("digits", None, split="train"), 0.4, 0)[1]
+    assert chosen["on"] == "validation" and chosen["classes"] == 2 == len(set(held.labels))
+    assert chosen["images"] == 120  # --limit bounds the validation images too
+    tried = [row["params"]["k"] for row in chosen["tried"] if row["params"] is not None]
+    assert sorted(tried) == sorted(RERANK_CHOICES["k"]) and [None] == [r["params"] for r in chosen["tried"]
+                                                                       if r["params"] is None]
+    best = max(chosen["tried"][1:] if chosen["tried"][0]["params"] is None else chosen["tried"],
+               key=lambda row: row["map@r"] if row["params"] is not None else -1)
+    assert block["params"]["k"] == best["params"]["k"] and "defaults" not in block
+    assert chosen["tried"] == sorted(chosen["tried"], key=lambda row: -row["map@r"])
+    assert f"validation images of 2 classes: k = {best['params']['k']}, alpha = 3.0 (MAP@R" in result.output
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--rerank-choose"], "give --rerank qe|dba|kreciprocal"),
+    (["--rerank", "qe", "--rerank-k", "3", "--rerank-choose"], "leave out --rerank-k"),
+])
+def test_evaluate_refuses_a_choice_with_nothing_to_choose(checkpoint, args, message):
+    result = CliRunner().invoke(main, ["evaluate", "--checkpoint", str(checkpoint), "--no-pictures", *args])
+    assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_evaluate_refuses_to_choose_for_a_checkpoint_trained_without_validation(checkpoint, tmp_path):
+    pytest.importorskip("torch")
+    result = CliRunner().invoke(main, ["evaluate", "--checkpoint", str(checkpoint), "--limit", "60", "--workers",
+                                       "0", "--no-pictures", "--device", "cpu", "--rerank", "dba", "--rerank-choose",
+                                       "--out", str(tmp_path / "r.json")])
+    assert result.exit_code == 1 and "its training had none (the train split has 10 classes" in result.output, \
+        result.output
+    assert "embed query" not in result.output  # refused before the split was embedded

@@ -113,16 +113,21 @@ def test_post_search_takes_rerank_by_name_or_with_parameters(client, index, quer
     plain = client.post("/search", json=body).json()
     assert "rerank" not in plain and all("rerank_score" not in r for r in plain["results"])
     named = client.post("/search", json=body | {"rerank": "qe"}).json()
-    assert named["rerank"]["method"] == "qe" and named["rerank"]["params"] == {"candidates": 100, "k": 10,
+    # the gallery holds pairs (a typical image has 1 other of its label): k follows it, not the paper's 10
+    assert named["rerank"]["method"] == "qe" and named["rerank"]["params"] == {"candidates": 100, "k": 1,
                                                                                "alpha": 3.0}
-    assert [r["id"] for r in named["results"]] == expected_order(index, query, 6, RerankConfig(method="qe"))
+    assert "has 1 other image" in named["rerank"]["defaults"]
+    assert [r["id"] for r in named["results"]] == expected_order(index, query, 6, RerankConfig(method="qe", k=1))
+    given = client.post("/search", json=body | {"rerank": {"method": "qe", "k": 10}}).json()["rerank"]
+    assert given["params"]["k"] == 10 and "defaults" not in given
     config = {"method": "kreciprocal", "candidates": 15, "k1": 6, "k2": 3, "lambda_value": 0.2}
     answer = client.post("/search", json=body | {"rerank": config})
     assert answer.status_code == 200, answer.text
     assert [r["id"] for r in answer.json()["results"]] == expected_order(index, query, 6, RerankConfig(**config))
     assert all(isinstance(r["rerank_score"], float) for r in answer.json()["results"])
     in_query = client.post("/search?rerank=dba", json=body).json()
-    assert [r["id"] for r in in_query["results"]] == expected_order(index, query, 6, RerankConfig(method="dba"))
+    assert [r["id"] for r in in_query["results"]] == expected_order(index, query, 6,
+                                                                     RerankConfig(method="dba", k=1))
 
 
 def test_an_uploaded_image_is_re_ranked_by_the_query_parameter(client, artifacts, service):
@@ -213,6 +218,8 @@ def test_the_apps_picker_re_ranks_as_the_api_does(search_tab, artifacts, client,
     search_tab.uploads.blocks.upload_file_set.add(str(path))  # as Gradio's upload route records it
     items, status, _ = search_tab.search({"path": str(path)}, 5, None, None, method)
     assert f"Re-ranked by **{RERANKERS[method].title}**" in status, status
+    sizes = {"qe": "k = 1", "dba": "k = 1", "kreciprocal": "k1 = 3, k2 = 1"}[method]  # from the gallery's pairs
+    assert f"{sizes} (sizes from the gallery: a typical image's label has 1 other image" in status, status
     api = client.post(f"/search?k=5&exclude_self=true&rerank={method}",
                       files={"image": ("q.png", path.read_bytes(), "image/png")}).json()
     assert [caption.split(" · ")[-1] for _, caption in items] == [r["path"] for r in api["results"]]
