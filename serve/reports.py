@@ -179,11 +179,17 @@ class RunReport:
         return list(self.data.get("history") or [])
 
 
+VALIDATION_KEY = "validation"  # an epoch row's metrics of the validation classes (train.checkpointing.VALIDATION)
+
+
 def flat_metrics(values: dict[str, Any]) -> dict[str, Any]:
-    """A metrics dict with its out-of-domain sets (``extra``: set -> metrics) as ``SET: metric`` keys."""
-    flat = {k: v for k, v in values.items() if k != "extra"}
+    """A metrics dict with its out-of-domain sets (``extra``: set -> metrics) as ``SET: metric`` keys, and its
+    validation classes' metrics as ``validation: metric``."""
+    flat = {k: v for k, v in values.items() if k not in ("extra", VALIDATION_KEY)}
     for name, metrics in (values.get("extra") or {}).items():
         flat.update({f"{name}: {k}": v for k, v in (metrics or {}).items()})
+    if isinstance(values.get(VALIDATION_KEY), dict):
+        flat.update({f"{VALIDATION_KEY}: {k}": v for k, v in values[VALIDATION_KEY].items()})
     return flat
 
 
@@ -277,31 +283,49 @@ def recall_plot(report: RunReport) -> Image.Image | None:
     return _image(figure)
 
 
-@plain_text()
-def curves_plot(report: RunReport) -> Image.Image | None:
-    """Training curves from metrics.jsonl: loss, evaluation metrics (%) and hard-triplet share (%) per epoch."""
-    history = report.history()
+Series = dict[str, tuple[list[float], list[float]]]  # name -> (epochs, values)
+
+
+def curve_panels(history: list[dict[str, Any]], steps: list[dict[str, Any]] | None = None
+                 ) -> list[tuple[str, str, Series]]:
+    """The training curves' panels from metrics.jsonl's rows, (title, unit, series), only for what the rows hold:
+    the loss (per step too, where ``steps`` has it); the evaluation metrics (%): the test split where it was
+    measured, the validation classes (``validation: recall@1``, every epoch where best.pt is chosen on them) and each
+    --eval-extra set; the hard-triplet share (%)."""
     trained = [r for r in history if r.get("epoch", 0) > 0 and "loss" in r]
     if not trained:
-        return None
-    from matplotlib.ticker import MaxNLocator
-
-    history = [flat_metrics(r) for r in history]
-    evals = [r for r in history if "recall@1" in r]
-    extra = sorted({k for r in evals for k in r if k.endswith(": recall@1")})  # out-of-domain sets (--eval-extra)
+        return []
+    rows = [flat_metrics(r) for r in history]
+    extra = sorted({k for r in rows for k in r if k.endswith(": recall@1") and not k.startswith(VALIDATION_KEY)})
     losses = {"loss": ([r["epoch"] for r in trained], [r["loss"] for r in trained])}
-    steps = read_steps(report.folder)  # per optimizer step, each at its place in its epoch, when the run has them
-    if steps:
+    if steps:  # per optimizer step, each at its place in its epoch
         losses = {"loss per step": ([r["epoch"] for r in steps], [r["loss"] for r in steps]),
                   "epoch mean": losses["loss"]}
     panels = [("training loss", "", losses)]
-    for title, keys in (("evaluation (epoch 0 = before training)", ("recall@1", "map@r", "nmi", *extra)),
+    validation = (f"{VALIDATION_KEY}: recall@1", f"{VALIDATION_KEY}: map@r")
+    for title, keys in (("evaluation (epoch 0 = before training)", ("recall@1", "map@r", "nmi", *validation, *extra)),
                         ("hard triplets (S_an > S_ap)", ("hard_fraction_train", "hard_fraction_test"))):
-        rows = evals if keys[0] == "recall@1" else history
-        series = {key: ([r["epoch"] for r in rows if key in r], [percent(r[key]) for r in rows if key in r])
-                  for key in keys if any(key in r for r in rows)}
+        series = {key: ([r["epoch"] for r in rows if _number_at(r, key)],
+                        [percent(r[key]) for r in rows if _number_at(r, key)])
+                  for key in keys if any(_number_at(r, key) for r in rows)}
         if series:  # a panel only for what the log has
             panels.append((title, METRIC_UNIT, series))
+    return panels
+
+
+def _number_at(row: dict[str, Any], key: str) -> bool:
+    return isinstance(row.get(key), (int, float)) and not isinstance(row.get(key), bool)
+
+
+@plain_text()
+def curves_plot(report: RunReport) -> Image.Image | None:
+    """Training curves from metrics.jsonl: loss, evaluation metrics (%) and hard-triplet share (%) per epoch
+    (``curve_panels``)."""
+    panels = curve_panels(report.history(), read_steps(report.folder))
+    if not panels:
+        return None
+    from matplotlib.ticker import MaxNLocator
+
     figure, axes = _figure(4.5 * len(panels), 3.8, len(panels))
     for ax, (title, unit, series) in zip(axes, panels, strict=True):
         _lines(ax, series)

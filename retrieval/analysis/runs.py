@@ -135,26 +135,41 @@ def _number(name: str, value: float | None) -> str:
     return f"{value:.0f}" if name.endswith(" s") else f"{value:.4f}"
 
 
+def curve_panels(runs: list[Run]) -> list[tuple[str, list[tuple[str, list[tuple[int, float]]]]]]:
+    """The panels ``plot_curves`` draws, (title, [(run name, its (epoch, value) points)]): the training loss, the
+    evaluation split's Recall@1, the validation classes' Recall@1 (every epoch where best.pt is chosen on them) and
+    each --eval-extra set's, each only where a run has it."""
+    extra_sets = sorted({name for run in runs for row in run.history for name in (row.get("extra") or {})})
+    values = [("training loss", lambda row: row.get("loss") if row.get("epoch", 0) > 0 else None),
+              ("Recall@1 (evaluation split)", lambda row: row.get("recall@1")),
+              ("Recall@1, validation (held-out train classes)",
+               lambda row: (row.get("validation") or {}).get("recall@1"))]
+    values += [(f"Recall@1, {name} (out of domain)",
+                lambda row, name=name: (row.get("extra") or {}).get(name, {}).get("recall@1")) for name in extra_sets]
+    panels = []
+    for title, value in values:
+        lines = [(run.name, [(row["epoch"], value(row)) for row in run.history
+                             if isinstance(value(row), (int, float)) and "epoch" in row]) for run in runs]
+        lines = [(name, points) for name, points in lines if points]
+        if lines or title == "training loss":
+            panels.append((title, lines))
+    return panels
+
+
 @plain_text()
 def plot_curves(runs: list[Run], path: Path) -> Path:
-    """One PNG: the training loss, the evaluation Recall@1 and (when the runs have them) each --eval-extra set's
-    Recall@1 against the epoch, one line per run, panels side by side."""
+    """One PNG: the training loss, the evaluation Recall@1 and (when the runs have them) the validation classes'
+    and each --eval-extra set's Recall@1 against the epoch, one line per run, panels side by side."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    extra_sets = sorted({name for run in runs for row in run.history for name in (row.get("extra") or {})})
-    panels = [("training loss", lambda row: row.get("loss") if row.get("epoch", 0) > 0 else None),
-              ("Recall@1 (evaluation split)", lambda row: row.get("recall@1"))]
-    panels += [(f"Recall@1, {name} (out of domain)",
-                lambda row, name=name: (row.get("extra") or {}).get(name, {}).get("recall@1")) for name in extra_sets]
+    panels = curve_panels(runs)
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.8), squeeze=False)
-    for ax, (title, value) in zip(axes[0], panels, strict=True):
-        for run in runs:
-            points = [(row["epoch"], value(row)) for row in run.history if value(row) is not None]
-            if points:
-                ax.plot(*zip(*points, strict=True), "o-", label=run.name, markersize=3)
+    for ax, (title, lines) in zip(axes[0], panels, strict=True):
+        for name, points in lines:
+            ax.plot(*zip(*points, strict=True), "o-", label=name, markersize=3)
         ax.set(title=title, xlabel="epoch (0 = before training)")
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)

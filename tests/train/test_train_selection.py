@@ -12,8 +12,11 @@ from click.testing import CliRunner
 from run_files import read_jsonl
 from train_configs import digits_config
 
+from retrieval.analysis.runs import Run
+from retrieval.analysis.runs import curve_panels as run_curve_panels
 from retrieval.cli.main import main
 from retrieval.data import ImageDataset
+from retrieval.serve.reports import curve_panels
 from retrieval.train import train
 from retrieval.train.config import DEFAULT_VAL_FRACTION, DEFAULT_VAL_MIN_CLASSES
 from retrieval.train.data import validation_fraction
@@ -67,6 +70,14 @@ def test_best_pt_is_chosen_on_validation_and_the_test_split_is_evaluated_before_
     rows = read_jsonl(run / "metrics.jsonl")
     assert [r["epoch"] for r in rows if "recall@1" in r] == [0, 3]
     assert [r["validation"]["recall@1"] for r in rows] == [0.5, 0.2, 0.9, 0.3]
+    # the app's training curves and `runs compare` draw the validation series of every epoch
+    evaluation = {title: series for title, _, series in curve_panels(rows)}["evaluation (epoch 0 = before training)"]
+    epochs, values = evaluation["validation: recall@1"]
+    assert epochs == [0, 1, 2, 3] and values == pytest.approx([50.0, 20.0, 90.0, 30.0])
+    assert evaluation["recall@1"][0] == [0, 3]
+    compared = dict(run_curve_panels([Run(run, "run", {}, rows, {}, None)]))
+    assert compared["Recall@1, validation (held-out train classes)"] == [("run", [(0, 0.5), (1, 0.2), (2, 0.9),
+                                                                                  (3, 0.3)])]
     best = torch.load(run / "best.pt", weights_only=False)
     assert best["epoch"] == 2 and best["metrics"]["validation"]["recall@1"] == 0.9
     assert report["selected_on"] == "validation" and report["selection_note"] is None
