@@ -596,9 +596,11 @@ def compare_command(model, baseline, images, sample, k, workers, as_json) -> Non
 @click.option("--paths", multiple=True,
               help="image path as the tools print it: relative to the gallery, from the working folder, or absolute "
                    "(repeatable).")
+@gallery_root_option
 @json_option
-def remove_command(index_dir, ids, paths, as_json) -> None:
-    """Remove images (by catalogue id or path); HNSW indexes are rebuilt from the shards."""
+def remove_command(index_dir, ids, paths, gallery_root, as_json) -> None:
+    """Remove images (by catalogue id or path); HNSW indexes are rebuilt from the shards. A gallery that moved with
+    the index (or to --gallery-root) is followed first, so --paths name the images where they are now."""
     from retrieval.index import remove_images
 
     try:
@@ -607,7 +609,7 @@ def remove_command(index_dir, ids, paths, as_json) -> None:
         raise click.BadParameter(f"--ids must be comma-separated integers, got {ids!r}") from exc
     if not id_list and not paths:
         raise click.UsageError("give --ids and/or --paths")
-    summary = remove_images(index_dir, ids=id_list, paths=paths)
+    summary = remove_images(index_dir, ids=id_list, paths=paths, gallery_root=gallery_root)
     _finish(summary, as_json, f"removed {len(summary['removed_ids'])} images from {summary['index_dir']}; "
                               f"{summary['indexed']} remain indexed", f"retrieval index stats {summary['index_dir']}")
 

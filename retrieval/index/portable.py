@@ -86,8 +86,9 @@ def _model_candidates(info: Mapping[str, Any], index_root: Path) -> list[Path]:
     return [Path(place) for place in unique]
 
 
-def find_model(info: Mapping[str, Any], index_root: str | Path) -> Path:
-    """The ONNX file whose hash is the index's ``model_hash`` (see the module docstring), or ModelNotFoundError.
+def find_model(info: Mapping[str, Any], index_root: str | Path, role: str = "was built by") -> Path:
+    """The ONNX file whose hash is the index's ``model_hash`` (see the module docstring), or ModelNotFoundError
+    (``role``: what the index is to that model, as the message says it).
 
     A recorded file that cannot be read as a model here, where no other file has the hash, is returned as it is: the
     loader names what is wrong with it, and the caller checks the hash of what it loaded."""
@@ -126,7 +127,7 @@ def find_model(info: Mapping[str, Any], index_root: str | Path) -> Path:
         return unreadable
     relative = f" ({info[MODEL_RELATIVE]} from the index folder)" if info.get(MODEL_RELATIVE) else ""
     raise ModelNotFoundError(
-        f"is needed: the index in {printable_path(str(index_root))} was built by the model with model_hash {wanted}, "
+        f"is needed: the index in {printable_path(str(index_root))} {role} the model with model_hash {wanted}, "
         f"recorded as {printable_path(str(info.get('model_path') or '?'))}{relative}, and no file has that hash; "
         f"looked at {'; '.join(looked) or 'no file'} (and for any .onnx in the index folder and its parent). Give "
         "that model (`model`), or put it inside the index folder or beside it")

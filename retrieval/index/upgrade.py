@@ -65,7 +65,7 @@ from retrieval.index.engine import IngestOptions
 from retrieval.index.faiss_build import build_faiss, update_faiss
 from retrieval.index.layout import IndexLayout
 from retrieval.index.mend import mend
-from retrieval.index.portable import MODEL_RELATIVE
+from retrieval.index.portable import MODEL_RELATIVE, find_model, relative_to_index
 from retrieval.index.shards import SHARD_PATTERN, ShardStore
 from retrieval.index.vectors import done_chunks
 from retrieval.index.writer import _model_fields, _require_complete, meta_values, relocate
@@ -79,8 +79,9 @@ DEFAULT_COMMIT_EVERY = 4096  # images re-embedded between two publishes of a mix
 NEIGHBOURS = 10  # old neighbours that measure how certain an old embedding is
 MODEL_META = ("model_path", MODEL_RELATIVE, "model_hash", "source_model_hash", "embedding_dim", "model_normalized",
               "similarity", *OUTPUT_FIELDS)
-UPGRADE_META = ("upgrade_model_hash", UPGRADE_MODEL_PATH, "upgrade_mode", "upgrade_from", "upgrade_first_shard",
-                "upgrade_model_output")
+UPGRADE_MODEL_RELATIVE = "upgrade_model_path_relative"  # the new model's path from the index folder (it may move)
+UPGRADE_META = ("upgrade_model_hash", UPGRADE_MODEL_PATH, UPGRADE_MODEL_RELATIVE, "upgrade_mode", "upgrade_from",
+                "upgrade_first_shard", "upgrade_model_output")
 STALE = "upgrade_stale"  # set while a publish has moved catalogue rows that faiss does not hold yet
 
 
@@ -235,7 +236,8 @@ def upgrade_index(
             recorded = catalogue.get_meta(UPGRADE_MODEL_PATH)
             if model is None and recorded is None:
                 raise ParameterError("model", "is needed (the new .onnx file): no upgrade is under way to resume")
-            model_path = str(Path(model if model is not None else recorded).expanduser().resolve())
+            model_path = str(Path(model).expanduser().resolve()) if model is not None else _upgrade_model(
+                layout, catalogue, recorded)
             embedder = embedder or load_model(model_path)
             info = _require_complete(layout, catalogue, upgrading=True)
             info |= relocate(layout, catalogue, gallery_root)  # the images are re-read where they are now
@@ -277,6 +279,14 @@ def _output_of_upgrade(catalogue: Catalogue, info: Mapping[str, Any], embedder: 
     return recorded
 
 
+def _upgrade_model(layout: IndexLayout, catalogue: Catalogue, recorded: str) -> str:
+    """The new model of the upgrade under way, found by its hash (``portable.find_model``: the index folder and the
+    model may have moved together since it began), or ModelNotFoundError naming its hash and ``model``."""
+    record = {"model_path": recorded, MODEL_RELATIVE: catalogue.get_meta(UPGRADE_MODEL_RELATIVE),
+              "model_hash": catalogue.get_meta("upgrade_model_hash")}
+    return str(find_model(record, layout.root, role="is being upgraded to").resolve())
+
+
 def _start(layout: IndexLayout, catalogue: Catalogue, store: ShardStore, info: dict[str, Any],
            embedder: ImageEmbedder, model_path: str) -> dict[str, Any]:
     """Record the upgrade (or check the one under way is to this model); for a mixed one, name the new model in
@@ -300,7 +310,9 @@ def _start(layout: IndexLayout, catalogue: Catalogue, store: ShardStore, info: d
         output = getattr(embedder, "output_name", None)
         catalogue.set_meta(upgrade_model_hash=embedder.model_hash, upgrade_mode=mode,
                            upgrade_from=info["model_hash"], upgrade_first_shard=str(next_shard_number(store)),
-                           **{UPGRADE_MODEL_PATH: model_path}, **({"upgrade_model_output": output} if output else {}))
+                           **{UPGRADE_MODEL_PATH: model_path,
+                              UPGRADE_MODEL_RELATIVE: relative_to_index(model_path, layout.root)},
+                           **({"upgrade_model_output": output} if output else {}))
         if mode == "mixed":  # queries by the new model from now on, against the old vectors (compatible)
             new_fields = _model_fields(embedder, model_path, layout.root)
             _record_model(catalogue, embedder, model_path, layout.root)

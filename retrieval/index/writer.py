@@ -548,9 +548,11 @@ def remove_images(
     ids: Sequence[int] = (),
     paths: Sequence[str] = (),
     policy: faiss_keys.AutoPolicy = faiss_keys.AUTO_POLICY,
+    gallery_root: str | Path | None = None,
 ) -> dict[str, Any]:
     """Mark images removed in the catalogue, then take them out of the faiss index (``policy``: for an index type
-    that must be rebuilt from the shards)."""
+    that must be rebuilt from the shards). A gallery that moved (with the index, or to ``gallery_root``) is followed
+    first (``relocate``), so that ``paths`` name the images where they are now."""
     started = time.perf_counter()
     layout = IndexLayout(index_dir)
     layout.require_catalogue()
@@ -558,6 +560,7 @@ def remove_images(
         info = _require_complete(layout, catalogue)
         wanted = [int(i) for i in ids]
         if paths:
+            info |= relocate(layout, catalogue, gallery_root)
             root = info.get("gallery_root") or catalogue.get_meta("gallery_root")
             found = {given: catalogue_id(catalogue, given, root) for given in paths}
             missing = [given for given, found_id in found.items() if found_id is None]

@@ -124,6 +124,71 @@ def test_a_moved_tree_is_upgraded_and_repaired(site):
     assert repaired["labels"]["classes"] == 10 and repaired["vectors"] == 30
 
 
+def test_images_are_removed_from_a_moved_tree_by_the_paths_they_have_now(site):
+    moved = move(site)
+    gone = [query(moved), moved / "gallery" / "4" / "d0004.png"]
+    result = CliRunner().invoke(main, ["index", "remove", str(moved / "idx"), "--paths", str(gone[0]), "--paths",
+                                       "4/d0004.png", "--json"])  # absolute where it is now, and gallery-relative
+    assert result.exit_code == 0, result.output
+    assert len(json.loads(result.stdout)["removed_ids"]) == 2
+    with Index.open(moved / "idx") as index:
+        assert len(index) == 28
+        shown = {index.public_path(r.path) for r in index.search_images([query(moved)], k=28)[0]}
+        assert "3/d0003.png" not in shown and "4/d0004.png" not in shown and len(shown) == 28
+
+
+def test_images_are_removed_from_a_gallery_moved_elsewhere_with_gallery_root(site, tmp_path):
+    elsewhere = tmp_path / "disk" / "pictures"
+    elsewhere.parent.mkdir()
+    shutil.move(site / "gallery", elsewhere)
+    target = elsewhere / "3" / "d0003.png"
+    refused = CliRunner().invoke(main, ["index", "remove", str(site / "idx"), "--paths", str(target)])
+    assert refused.exit_code == 1 and "nothing was removed" in refused.output  # the index cannot know where it went
+    result = CliRunner().invoke(main, ["index", "remove", str(site / "idx"), "--paths", str(target),
+                                       "--gallery-root", str(elsewhere), "--json"])
+    assert result.exit_code == 0, result.output
+    assert len(json.loads(result.stdout)["removed_ids"]) == 1
+    assert info(site / "idx")["gallery_root"] == str(elsewhere.resolve())
+
+
+class Killed(Exception):
+    """Stands for a kill before an upgrade's end."""
+
+
+def test_an_upgrade_stopped_then_moved_resumes_without_naming_its_model(site, monkeypatch):
+    other = write_projection_onnx(site / "other.onnx", dim=16, seed=7)
+    wanted = load_model(other).model_hash
+
+    def killed(*args, **kwargs):
+        raise Killed()
+
+    monkeypatch.setattr("retrieval.index.upgrade._finish", killed)  # every image re-embedded, nothing swapped in
+    with pytest.raises(Killed):
+        upgrade_index(site / "idx", model=other, options=QUICK)
+    monkeypatch.undo()
+    moved = move(site)
+    summary = upgrade_index(moved / "idx", options=QUICK)  # the new model found where it is now, by its hash
+    assert summary["reembedded"] == 0  # the re-embedded shards are kept: only the swap was left
+    recorded = info(moved / "idx")
+    assert recorded["model_hash"] == wanted and recorded[MODEL_RELATIVE] == "../other.onnx"
+    with Index.open(moved / "idx") as index:
+        assert index.public_path(index.search_images([query(moved)], k=1)[0][0].path) == "3/d0003.png"
+
+
+def test_a_stopped_upgrade_whose_model_is_gone_names_its_hash(site, monkeypatch):
+    other = write_projection_onnx(site / "other.onnx", dim=16, seed=7)
+    wanted = load_model(other).model_hash
+    monkeypatch.setattr("retrieval.index.upgrade._finish", lambda *args, **kwargs: (_ for _ in ()).throw(Killed()))
+    with pytest.raises(Killed):
+        upgrade_index(site / "idx", model=other, options=QUICK)
+    monkeypatch.undo()
+    moved = move(site)
+    (moved / "other.onnx").unlink()
+    with pytest.raises(ModelNotFoundError) as caught:
+        upgrade_index(moved / "idx", options=QUICK)
+    assert f"is being upgraded to the model with model_hash {wanted}" in str(caught.value)
+
+
 def test_a_moved_model_with_another_hash_is_refused_by_its_hash_unloaded(site, monkeypatch):
     recorded = info(site / "idx")["model_hash"]
     moved = move(site)
