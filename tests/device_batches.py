@@ -12,14 +12,16 @@ CONFIG = {"input_size": 64, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224,
 
 
 def both_pipelines(samples, augmentation="crop-flip", seeds=None, group_pixels=device_decode.GROUP_PIXELS,
-                   device="cpu"):
-    """(the workers' batch, the device stage's batch, its labels, its bad samples, the encoded items) of ``samples``."""
+                   device="cpu", config=None):
+    """(the workers' batch, the device stage's batch, its labels, its bad samples, the encoded items) of ``samples``
+    (``config``: the model's, CONFIG unless given)."""
+    config = CONFIG if config is None else config
     aug = resolve_augmentation(augmentation)
     dataset = ImageDataset(samples, list(range(len(samples))), [str(i) for i in range(len(samples))],
-                           build_transforms(CONFIG, True, aug))
+                           build_transforms(config, True, aug))
     keys = [(i, 7_000 + i if seeds is None else seeds[i]) for i in range(len(samples))]
     cpu = collate_dropping_bad([CatchBadSamples(dataset)[key] for key in keys])
-    encoded = collate_encoded([CatchBadSamples(EncodedImages(dataset, CONFIG, aug))[key] for key in keys])
-    images, labels, bad = DeviceAugment(CONFIG, aug, device, dataset=dataset, group_pixels=group_pixels)(
+    encoded = collate_encoded([CatchBadSamples(EncodedImages(dataset, config, aug))[key] for key in keys])
+    images, labels, bad = DeviceAugment(config, aug, device, dataset=dataset, group_pixels=group_pixels)(
         encoded.inputs)
     return cpu, images, labels, bad, encoded

@@ -22,7 +22,7 @@ from retrieval.data.augment import (
     resolve_augmentation,
 )
 from retrieval.data.colour import parse_background
-from retrieval.data.resize_modes import CROP, PAD, RESIZE_MODES
+from retrieval.data.resize_modes import CROP, RESIZE_MODES
 from retrieval.options import declared_options, field_problem, option
 from retrieval.train.optimizers import OPTIMIZERS, SCHEDULES
 from retrieval.workers import DEFAULT_WORKERS_TEXT
@@ -311,9 +311,6 @@ class TrainConfig:
             parse_background(self.background)
         except ValueError as exc:
             errors.append(f"--background: {exc}")
-        if self.decode_on == "device" and self.resize == PAD:
-            errors.append("--decode-on device crops on the training device and cannot letterbox yet: with --resize "
-                          "pad leave --decode-on out (the DataLoader workers decode and letterbox)")
         if self.decode_on == "device" and self.freeze_backbone:
             errors.append("--decode-on device decodes the images of each fine-tuning step; with --freeze-backbone the "
                           "features are embedded once and cached: leave --decode-on out")

@@ -16,7 +16,9 @@ bottleneck. Here the work is split:
 
 Geometry is the CPU pipeline's: the box is drawn on the image resized to ``RESIZE_RATIO`` x the input size and
 mapped back to the decoded image, so the crop is resized once instead of twice (pixel values differ by that
-resampling and by the JPEG decoder, not by what the crop shows).
+resampling and by the JPEG decoder, not by what the crop shows). A model that letterboxes (``resize`` pad) gets the
+``transforms.Letterbox`` draw instead (``draw_placement``): the whole image resized to the drawn size and put at the
+drawn place on a canvas of the model's background.
 """
 
 from __future__ import annotations
@@ -44,9 +46,9 @@ from retrieval.data.colour import has_alpha
 from retrieval.data.dataset import BadSample, LoadedBatch, array_to_image, sample_seeded, sample_source
 from retrieval.data.decode import DEFAULT_MAX_PIXELS, open_regular_file, read_image
 from retrieval.data.decode_memory import MAX_ASPECT, MIN_SHORT_SIDE
-from retrieval.data.eval_preprocess import CROP, RESIZE_RATIO, input_size, resize_mode
+from retrieval.data.eval_preprocess import CROP, RESIZE_RATIO, input_size, letterboxed_size, resize_mode
 from retrieval.data.exif_icc import orientation
-from retrieval.data.transforms import ScaleAndNormalise, background_of, colour_steps
+from retrieval.data.transforms import PAD_SCALE, ScaleAndNormalise, background_of, colour_steps
 from retrieval.loss_reads import to_device
 
 # pixels decoded on the device at once: bounds the decoder's output memory (3 bytes a pixel) whatever the batch holds
@@ -63,7 +65,9 @@ class EncodedImage:
     data: torch.Tensor  # uint8: [N] the JPEG file's bytes (``encoded``), or [3, H, W] RGB pixels
     encoded: bool
     shape: tuple[int, int]  # height, width of the decoded image
-    box: tuple[int, int, int, int]  # top, left, height, width of the crop in the decoded image
+    # top, left, height, width: of the crop in the decoded image; for a letterboxing model, of the whole image
+    # resized, on the square canvas
+    box: tuple[int, int, int, int]
     flip: bool
     seed: int  # seeds the colour augmentation on the device
 
@@ -129,6 +133,25 @@ def draw_box(height: int, width: int, size: int, augmentation: Augmentation) -> 
     return (top_o, left_o, h_o, w_o), flip
 
 
+def draw_placement(height: int, width: int, size: int, augmentation: Augmentation
+                   ) -> tuple[tuple[int, int, int, int], bool]:
+    """Where a letterboxing model's training puts an image of ``height`` x ``width`` on its ``size`` canvas (top,
+    left, height, width of the image resized) and the flip, drawn from torch's RNG as ``transforms.Letterbox`` and
+    the flip after it draw them: a random long side in ``PAD_SCALE`` x ``size`` and place (with a random crop), else
+    the whole side, centred."""
+    side = size
+    if augmentation.random_crop:
+        low, high = PAD_SCALE
+        side = max(1, min(size, round(size * (low + (high - low) * float(torch.rand(1))))))
+    w, h = letterboxed_size(width, height, side)
+    if augmentation.random_crop:
+        left, top = int(torch.randint(size - w + 1, ())), int(torch.randint(size - h + 1, ()))
+    else:
+        left, top = (size - w) // 2, (size - h) // 2
+    flip = bool(augmentation.flip and torch.rand(1) < 0.5)
+    return (top, left, h, w), flip
+
+
 def jpeg_for_device(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[int, int] | None:
     """(height, width) of a JPEG whose device decode gives ``read_image``'s pixels, else None (decode on the CPU).
 
@@ -173,6 +196,7 @@ class EncodedImages(Dataset):
         self.background = background_of(model_config)
         self.augmentation = augmentation
         self.max_pixels = max_pixels
+        self.draw = draw_box if resize_mode(model_config) == CROP else draw_placement
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -193,7 +217,7 @@ class EncodedImages(Dataset):
             data = _read_bytes(sample, MAX_JPEG_BYTES_PER_PIXEL * self.max_pixels + _JPEG_SLACK)
         shape = jpeg_for_device(data, self.max_pixels) if data is not None else None
         if shape is not None:
-            box, flip = draw_box(*shape, self.size, self.augmentation)
+            box, flip = self.draw(*shape, self.size, self.augmentation)
             pixels = torch.frombuffer(bytearray(data), dtype=torch.uint8)
             return EncodedImage(pixels, True, shape, box, flip, _draw_seed()), label
         image = array_to_image(sample) if not isinstance(sample, (str, os.PathLike)) else \
@@ -201,7 +225,7 @@ class EncodedImages(Dataset):
         if has_alpha(image):
             image = self.background(image)
         pixels = v2.functional.pil_to_tensor(image.convert("RGB"))
-        box, flip = draw_box(pixels.shape[1], pixels.shape[2], self.size, self.augmentation)
+        box, flip = self.draw(pixels.shape[1], pixels.shape[2], self.size, self.augmentation)
         return EncodedImage(pixels, False, tuple(pixels.shape[1:]), box, flip, _draw_seed()), label
 
 
@@ -230,13 +254,14 @@ def collate_encoded(items: Sequence[tuple[int, tuple[EncodedImage, int]] | BadSa
 
 
 class DeviceAugment:
-    """Decode (JPEG on the device), crop, resize, flip, colour-augment and normalise a batch on ``device``."""
+    """Decode (JPEG on the device), crop (or letterbox), resize, flip, colour-augment and normalise a batch on
+    ``device``."""
 
     def __init__(self, model_config: Mapping[str, Any], augmentation: Augmentation, device: torch.device | str,
                  dataset: Dataset | None = None, group_pixels: int = GROUP_PIXELS) -> None:
-        if resize_mode(model_config) != CROP:  # the boxes are drawn on the crop geometry (draw_box)
-            raise ValueError("decoding on the device crops; a model that letterboxes (`resize` pad) is trained with "
-                             "its images decoded by the DataLoader workers (`decode_on` workers)")
+        self.letterbox = resize_mode(model_config) != CROP  # the boxes are placements (draw_placement)
+        # the canvas colour [1, 3, 1, 1], as the CPU pipeline's Letterbox fills it
+        self.canvas = torch.tensor(background_of(model_config).background, dtype=torch.float32).view(1, 3, 1, 1)
         self.device = torch.device(device)
         self.dataset = dataset  # names the files that fail to decode
         self.size = input_size(model_config)
@@ -294,6 +319,9 @@ class DeviceAugment:
         for i in keep:
             pixels, image = decoded[i], batch.images[i]
             top, left, height, width = image.box
+            if self.letterbox:
+                resized.append(self._letterboxed(pixels, image.box))
+                continue
             crop = pixels[:, top:top + height, left:left + width].unsqueeze(0).float()
             resized.append(F.interpolate(crop, size=(size, size), mode="bilinear", antialias=True, align_corners=False))
         # one concatenation rather than a copy into the batch per image: a third fewer launches on a GPU
@@ -305,6 +333,16 @@ class DeviceAugment:
         if self.colour is not None:
             out = self._colour(out, [batch.images[i].seed for i in keep])
         return self.normalise(out), batch.labels[keep], bad
+
+    def _letterboxed(self, pixels: torch.Tensor, placement: tuple[int, int, int, int]) -> torch.Tensor:
+        """The whole image resized to the placement's size on a canvas of the model's background [1, 3, S, S]."""
+        top, left, height, width = placement
+        canvas = self.canvas.to(self.device).expand(1, 3, self.size, self.size).clone()
+        image = pixels.unsqueeze(0).float()
+        if tuple(image.shape[-2:]) != (height, width):
+            image = F.interpolate(image, size=(height, width), mode="bilinear", antialias=True, align_corners=False)
+        canvas[:, :, top:top + height, left:left + width] = image
+        return canvas
 
     def _source(self, index: int) -> str:
         return sample_source(self.dataset, index) if self.dataset is not None else f"sample #{index}"

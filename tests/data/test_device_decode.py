@@ -227,7 +227,8 @@ def test_a_path_that_is_not_a_regular_file_is_refused_before_it_is_read(tmp_path
     assert "not a regular file" in item.reason and item.source == str(fifo)
 
 
-def test_training_decodes_on_the_device_when_told(tmp_path):
+@pytest.mark.parametrize("resize", ["crop", "pad"])
+def test_training_decodes_on_the_device_when_told(tmp_path, resize):
     from retrieval.train import TrainConfig, train
 
     root = tmp_path / "data"
@@ -238,11 +239,12 @@ def test_training_decodes_on_the_device_when_told(tmp_path):
     cfg = TrainConfig(dataset="folder", data=str(root), backbone="timm:test_resnet", pretrained=False, image_size=32,
                       embedding_dim=8, loss="ms", batch_size=8, per_class=2, batches_per_epoch=2, epochs=2,
                       workers=2, device="cpu", out=str(tmp_path / "run"), decode_on="device", eval_before=False,
-                      plots=False, eval_limit=16)
+                      plots=False, eval_limit=16, resize=resize)
     report = train(cfg, progress=False)  # two epochs of the same workers, the decoding thread started twice
     for row in report["history"]:
         assert row["steps"] == 2 and row["skipped_images"] == 0 and np.isfinite(row["loss"])
-    assert json.loads((tmp_path / "run" / "config.json").read_text())["train"]["decode_on"] == "device"
+    recorded = json.loads((tmp_path / "run" / "config.json").read_text())["train"]
+    assert recorded["decode_on"] == "device" and recorded["resize"] == resize
 
 
 def test_decoding_on_the_device_is_refused_with_frozen_features(tmp_path):

@@ -99,11 +99,32 @@ def test_crop_training_is_unchanged_by_the_mode():
     assert torch.equal(old, new)
 
 
-def test_device_decoding_refuses_a_letterboxing_model():
-    from retrieval.data.device_decode import DeviceAugment
+@pytest.mark.parametrize("augmentation", ["crop-flip", "none"])
+def test_device_decoding_letterboxes_as_the_workers_do(tmp_path, augmentation):
+    from device_batches import CONFIG as DEVICE_CONFIG
+    from device_batches import both_pipelines
+    from sample_images import save_jpeg, smooth_picture
 
-    with pytest.raises(ValueError, match="`decode_on` workers"):
-        DeviceAugment(CONFIG | {"resize": "pad"}, resolve_augmentation("crop-flip"), "cpu")
+    # wide and tall JPEGs (decoded on the device) and a transparent PNG (decoded by the workers, composited)
+    paths = [save_jpeg(tmp_path / f"{i}.jpg", smooth_picture(60 + 41 * i, 300 - 37 * i, i)) for i in range(6)]
+    rgba = np.zeros((50, 200, 4), np.uint8)
+    rgba[10:40, 20:180] = (200, 30, 30, 255)
+    Image.fromarray(rgba, "RGBA").save(tmp_path / "clear.png")
+    paths.append(str(tmp_path / "clear.png"))
+    config = DEVICE_CONFIG | {"resize": "pad", "background": "black"}
+    cpu, images, labels, bad, encoded = both_pipelines(paths, augmentation, config=config)
+    assert bad == [] and labels.tolist() == cpu.labels.tolist() and images.shape == cpu.inputs.shape
+    assert [item.encoded for item in encoded.inputs.images] == [True] * 6 + [False]
+    # the same size, place and flip: pixels differ by the resampling and the JPEG decoder only
+    assert (images - cpu.inputs).abs().mean(dim=(1, 2, 3)).max() < 0.05
+    # the margins are the model's background (black, normalised), as the workers' canvas is
+    black = ((0 - torch.tensor(DEVICE_CONFIG["mean"])) / torch.tensor(DEVICE_CONFIG["std"])).view(3, 1)
+    top, left, height, width = encoded.inputs.images[0].box
+    margin = 0 if top > 0 else top + height  # a row above or below the wide image
+    assert height < 64 and torch.allclose(images[0, :, margin, :], black.expand(3, 64), atol=1e-5)
+    if augmentation == "crop-flip":  # another seed puts the images elsewhere: the comparison above would see it
+        _, other, *_ = both_pipelines(paths, augmentation, seeds=[99 + i for i in range(7)], config=config)
+        assert (other - cpu.inputs).abs().mean(dim=(1, 2, 3)).max() > 0.1
 
 
 def test_the_feature_cache_tells_a_letterboxing_model_from_a_cropping_one(tmp_path):

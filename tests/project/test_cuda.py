@@ -375,7 +375,7 @@ def test_compiled_sinkhorn_equals_eager_on_cuda():
 
 def test_device_decode_on_cuda_shows_what_the_workers_show(tmp_path):
     """nvJPEG and the augmentation on the GPU: the crops and flips of the CPU pipeline, bounded decode groups."""
-    from device_batches import both_pipelines
+    from device_batches import CONFIG, both_pipelines
     from sample_images import save_jpeg, smooth_picture
 
     paths = [save_jpeg(tmp_path / f"{i}.jpg", smooth_picture(120 + 37 * i, 300 - 21 * i, i)) for i in range(8)]
@@ -388,6 +388,9 @@ def test_device_decode_on_cuda_shows_what_the_workers_show(tmp_path):
         assert images.is_cuda and bad == [] and labels.tolist() == cpu.labels.tolist()
         if augmentation == "crop-flip":  # the colour augmentations draw other numbers on the device
             assert (images.cpu() - cpu.inputs).abs().mean(dim=(1, 2, 3)).max() < 0.05
+    # a letterboxing model: the whole image resized and placed on the background canvas, on the GPU
+    cpu, images, labels, bad, _ = both_pipelines(paths, "crop-flip", device="cuda", config=CONFIG | {"resize": "pad"})
+    assert images.is_cuda and bad == [] and (images.cpu() - cpu.inputs).abs().mean(dim=(1, 2, 3)).max() < 0.05
 
 
 def test_the_device_stage_queues_its_work_after_decoding_without_waiting_for_the_gpu(tmp_path):
