@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont, features
 
+from retrieval.data.emoji_groups import READINGS, SUBGROUP, TWIN, group_of, split_subgroups
 from retrieval.data.registry import DATASETS, check_split
 
 # retrieval.data.dataset imports torch: the loader imports it when it runs, so rendering the set loads no torch.
@@ -289,7 +290,8 @@ def prepare_emoji(
 ) -> dict[str, Any]:
     """Render the emoji data set into ``out`` and return its info (also written to ``out/info.json``).
 
-    Layout: ``out/{train,test}/<sequence>/{noto,openmoji}.png``, ``out/manifest.csv`` (path,label,split),
+    Layout: ``out/{train,test}/<sequence>/{noto,openmoji}.png``, ``out/manifest.csv`` (path, label, split and the
+    sequence's Unicode group and subgroup, ``emoji_groups``; empty where the table has none),
     ``out/info.json``, ``out/README.md``. ``limit`` renders only the first ``limit`` candidates
     (quick looks and tests).
     """
@@ -332,12 +334,13 @@ def prepare_emoji(
         for sequence in sequences:
             folder = partial / split / sequence
             folder.mkdir(parents=True)
+            group, subgroup = group_of(sequence) or ("", "")
             for style, image in rendered[sequence].items():
                 image.save(folder / f"{style}.png", optimize=False)
-                rows.append((f"{split}/{sequence}/{style}.png", sequence, split))
+                rows.append((f"{split}/{sequence}/{style}.png", sequence, split, group, subgroup))
     with open(partial / "manifest.csv", "w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["path", "label", "split"])
+        writer.writerow(["path", "label", "split", "group", "subgroup"])
         writer.writerows(rows)
 
     info = {
@@ -399,12 +402,17 @@ def default_emoji_dir() -> Path:
 
 @DATASETS.register("emoji")
 def load_emoji(
-    root: str | Path | None = None, split: str = "train", transform: Transform = None
+    root: str | Path | None = None, split: str = "train", transform: Transform = None, reading: str = TWIN
 ) -> ImageDataset:
-    """The prepared emoji tree; with ``root=None`` the cache folder, rendered on first use."""
+    """The prepared emoji tree; with ``root=None`` the cache folder, rendered on first use. ``reading``: ``twin``
+    (a class is one emoji's two drawings) or ``subgroup`` (a class is a Unicode subgroup, split by subgroup; the
+    emoji without one are left out), ``retrieval.data.emoji_groups``."""
     from retrieval.data.dataset import ImageDataset
 
     check_split("emoji", split)
+    if reading not in READINGS:
+        raise ValueError(f"emoji: reading must be one of {', '.join(READINGS)}, got {reading!r} "
+                         "(--dataset-param reading=subgroup)")
     folder = Path(root).expanduser() if root is not None else default_emoji_dir()
     manifest = folder / "manifest.csv"
     if not manifest.is_file():
@@ -416,8 +424,14 @@ def load_emoji(
         log.info("emoji: preparing the data set in %s (once; set RETRIEVAL_DATA_DIR to move it)", folder)
         prepare_emoji(folder, progress=True)
     with open(manifest, newline="", encoding="utf-8") as handle:
-        rows = [row for row in csv.DictReader(handle) if row["split"] == split]
-    if not rows:
+        rows = list(csv.DictReader(handle))
+    if reading == SUBGROUP:  # from the sequence: a manifest made before the subgroup column reads the same
+        placed = [(row, group_of(row["label"])) for row in rows]
+        chosen = set(split_subgroups(place for _, place in placed if place is not None)[split])
+        pairs = [(row["path"], place[1]) for row, place in placed if place is not None and place[1] in chosen]
+    else:
+        pairs = [(row["path"], row["label"]) for row in rows if row["split"] == split]
+    if not pairs:
         raise ValueError(f"emoji: {manifest} lists no {split!r} images; prepare it again")
-    paths = [os.fspath(folder / row["path"]) for row in rows]
-    return ImageDataset.from_class_names(paths, [row["label"] for row in rows], transform)
+    paths = [os.fspath(folder / path) for path, _ in pairs]
+    return ImageDataset.from_class_names(paths, [label for _, label in pairs], transform)

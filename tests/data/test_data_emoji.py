@@ -11,6 +11,7 @@ import pytest
 
 from retrieval.data import emoji, load_dataset
 from retrieval.data.emoji import default_renderers, is_skin_tone_variant, prepare_emoji, split_classes
+from retrieval.data.emoji_groups import group_of, split_subgroups
 
 SAMPLES = ["1F600", "1F469-200D-1F52C", "2764-FE0F", "1F1EC-1F1E7", "0023-FE0F-20E3", "1F422"]
 
@@ -63,7 +64,8 @@ def test_prepare_small_tree_and_load(tmp_path):
     assert json.loads((out / "info.json").read_text())["classes"] == info["classes"]
     with open(out / "manifest.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
-    assert len(rows) == info["images"] and set(rows[0]) == {"path", "label", "split"}
+    assert len(rows) == info["images"] and set(rows[0]) == {"path", "label", "split", "group", "subgroup"}
+    assert all((row["group"], row["subgroup"]) == (group_of(row["label"]) or ("", "")) for row in rows)
     assert all((out / row["path"]).is_file() for row in rows)
     train_labels = sorted({r["label"] for r in rows if r["split"] == "train"})
     test_labels = sorted({r["label"] for r in rows if r["split"] == "test"})
@@ -81,6 +83,44 @@ def test_prepare_small_tree_and_load(tmp_path):
     # Preparing again replaces the earlier tree.
     again = prepare_emoji(out, image_size=48, limit=10, progress=False)
     assert len(list((out / "train").iterdir())) + len(list((out / "test").iterdir())) == again["classes"]
+
+
+@pytest.mark.parametrize("sequence,expected", [
+    ("1F600", ("Smileys & Emotion", "face-smiling")),
+    ("0023-FE0F-20E3", ("Symbols", "keycap")),
+    ("2764", ("Smileys & Emotion", "heart")),  # unqualified: the table lists 2764-FE0F
+    ("1f44b-1f3fd", ("People & Body", "hand-fingers-open")),  # a skin tone of 1F44B, lower case
+    ("1F1EF-1F1F5", ("Flags", "country-flag")),
+    ("1F1E6", None),  # a lone regional indicator letter is no emoji of the table
+    ("ZZZZ", None),
+])
+def test_a_sequence_has_its_unicode_group_and_subgroup(sequence, expected):
+    assert group_of(sequence) == expected
+
+
+def test_subgroups_split_alternately_and_disjointly():
+    pairs = [("A", "a1"), ("A", "a2"), ("A", "a3"), ("B", "b1"), ("B", "b2"), ("A", "a1")]
+    split = split_subgroups(reversed(pairs))
+    assert split == {"train": ["a1", "a3", "b2"], "test": ["a2", "b1"]}
+
+
+def test_the_subgroup_reading_is_class_disjoint_by_subgroup(tmp_path):
+    out = tmp_path / "emoji"
+    prepare_emoji(out, image_size=32, limit=80, progress=False)
+    with open(out / "manifest.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    train, test = (load_dataset("emoji", out, split, reading="subgroup") for split in ("train", "test"))
+    assert train.class_names and test.class_names and not set(train.class_names) & set(test.class_names)
+    placed = [row for row in rows if row["subgroup"]]
+    assert len(train) + len(test) == len(placed) < len(rows)  # the lone regional indicators have none
+    expected = split_subgroups((row["group"], row["subgroup"]) for row in placed)
+    assert sorted(train.class_names) == sorted(expected["train"]) and sorted(test.class_names) == expected["test"]
+    for dataset in (train, test):  # every drawing of every emoji of a subgroup, labelled by it
+        for path, label in zip(dataset.samples, dataset.labels, strict=True):
+            row = next(r for r in placed if str(out / r["path"]) == str(path))
+            assert dataset.class_names[label] == row["subgroup"]
+    with pytest.raises(ValueError, match="reading must be one of twin, subgroup"):
+        load_dataset("emoji", out, "test", reading="group")
 
 
 def test_prepare_refuses_a_foreign_folder(tmp_path):
