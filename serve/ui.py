@@ -25,6 +25,7 @@ from retrieval.rerank import NONE, PAPER_NEIGHBOURHOOD, RERANKERS, RerankConfig,
 from retrieval.serve.curation_view import CurationView, ThresholdError, parse_threshold
 from retrieval.serve.defaults import API_DOCS_PATH
 from retrieval.serve.diagnostics import duplicates
+from retrieval.serve.examples import example_ids
 from retrieval.serve.images import QueryError, decode_base64
 from retrieval.serve.reports import (
     MAP_EQUALS_RECALL_NOTE,
@@ -172,10 +173,22 @@ class GalleryFacts:
         name = self.label_name(label)
         return shown_text(f"{label} · {name}" if name else label)
 
+    def reading(self) -> dict[str, Any]:
+        """How the data set's info.json says this gallery is read (``readings``: ``twin`` where every label is a
+        code-point sequence, else ``subgroup``), falling back to its top-level texts; {} without info.json. Keys:
+        ``purpose``, ``description`` and ``right`` (what a ✓ means)."""
+        info = self.dataset or {}
+        readings = info.get("readings")
+        if isinstance(readings, dict):
+            chosen = readings.get("twin" if self.unicode_labels else "subgroup")
+            if isinstance(chosen, dict):
+                return chosen
+        return {key: info[key] for key in ("purpose", "description") if key in info}
+
     def purpose(self) -> str:
-        """The page's first line: what the gallery is for, in one plain sentence (its info.json's "purpose", as its
-        preparer wrote it, else what any gallery offers), as plain text."""
-        purpose = (self.dataset or {}).get("purpose")
+        """The page's first line: what the gallery is for, in one plain sentence (its info.json's "purpose" for the
+        way it is read, as its preparer wrote it, else what any gallery offers), as plain text."""
+        purpose = self.reading().get("purpose")
         if isinstance(purpose, str) and purpose.strip():
             return shown_text(purpose, MAX_PROSE_CHARS)
         if self.labelled:
@@ -196,9 +209,11 @@ class GalleryFacts:
         source = ""
         if self.dataset is not None:
             source = f" from the {markdown_code(self.dataset['dataset'])} data set"
-            description = self.dataset.get("description")  # what a query should find, as its preparer says
+            description = self.reading().get("description")  # what a query should find, as its preparer says
             if isinstance(description, str) and description:
                 source += f", {markdown_text(description, MAX_PROSE_CHARS)}"
+        right = self.reading().get("right")  # what a ✓ means for this reading, else a shared label
+        right = markdown_text(right, MAX_PROSE_CHARS) if isinstance(right, str) and right else "same label"
         # names, no server paths
         where = f" Files in the gallery folder {markdown_code(self.folder.name)}" if self.folder else ""
         return (
@@ -207,7 +222,7 @@ class GalleryFacts:
             "from its catalogue).\n\n"
             "**Try it:** upload or paste an image (or click one of the examples below the results) and press "
             "Search: the K gallery images nearest to it appear, best first. A query that is itself a gallery "
-            "image is left out of its own results, and each result is marked ✓ (same label) or ✗.\n\n"
+            f"image is left out of its own results, and each result is marked ✓ ({right}) or ✗.\n\n"
             "**Score:** the cosine similarity of the L2-normalised embeddings, from -1 to 1 (1 = identical "
             f"direction, 0 = unrelated). Metrics ({tab_names(tabs)} tabs) are in percent ({METRIC_UNIT}).\n\n"
             f"**From a program:** the JSON API, documented at [{API_DOCS_PATH}]({API_DOCS_PATH}) (OpenAPI; also "
@@ -220,11 +235,11 @@ class ExampleSet:
 
     def __init__(self, service: SearchService, folder: Path, count: int = EXAMPLE_COUNT) -> None:
         self.files: list[str] = []
-        with service.acquire() as state:  # the rows and their files from one state
-            for row in state.catalogue.sample(count):
-                path = service.image_path(row["id"], state)
+        with service.acquire() as state:  # the rows and their files from one state (serve/examples.py: the rule)
+            for image_id in example_ids(state, count) if count > 0 else []:
+                path = service.image_path(image_id, state)
                 if path is not None:
-                    copy = folder / f"{row['id']}{path.suffix.lower()}"
+                    copy = folder / f"{image_id}{path.suffix.lower()}"
                     shutil.copyfile(path, copy)
                     self.files.append(str(copy))
 

@@ -283,8 +283,8 @@ def require_emoji_labels(labels: list[str]) -> None:
     from retrieval.data.emoji import is_code_point_sequence
 
     if not all(is_code_point_sequence(label) for label in labels):
-        pytest.skip("the gallery is digits, not emoji: the emoji fonts are missing "
-                    "(apt-get install fonts-noto-color-emoji)")
+        pytest.skip("the gallery's labels are not emoji code points: digits where the emoji fonts are missing "
+                    "(apt-get install fonts-noto-color-emoji), or the demo's index labelled by Unicode subgroup")
 
 
 class Records(logging.Handler):

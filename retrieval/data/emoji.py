@@ -356,6 +356,19 @@ def prepare_emoji(
                         "the same emoji drawn by the other artist") if len(renderers) >= 2 else None,
         # the app's first line: what the gallery is for, in one plain sentence
         "purpose": "Find the same emoji drawn by another artist." if len(renderers) >= 2 else None,
+        # the app's texts for an index of each reading (emoji_groups): it picks twin where the labels are
+        # code-point sequences, subgroup where they are subgroup names
+        "readings": {} if len(renderers) < 2 else {
+            TWIN: {"purpose": "Find the same emoji drawn by another artist.",
+                   "description": f"every emoji drawn in {len(renderers)} styles ({', '.join(renderers)}): a query "
+                                  "should find the same emoji drawn by the other artist",
+                   "right": "the same emoji"},
+            SUBGROUP: {"purpose": "Find emoji of the same kind: a smiling face finds smiling faces.",
+                       "description": f"every emoji drawn in {len(renderers)} styles, labelled by its Unicode subgroup "
+                                      "(face-smiling, animal-mammal, food-fruit, ...): a result is right when it "
+                                      "shares the query's subgroup",
+                       "right": "the same Unicode subgroup"},
+        },
         "include_skin_tones": include_skin_tones,
         "limit": limit,
         **counts,

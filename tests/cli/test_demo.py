@@ -6,6 +6,7 @@ real steps have their own tests.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import time
@@ -28,11 +29,14 @@ class FakeSteps:
         monkeypatch.setattr("retrieval.export.export_checkpoint", self.export)
         monkeypatch.setattr("retrieval.index.build_index", self.build_index)
         monkeypatch.setattr("retrieval.onnx_runtime.OnnxEmbedder", self.embedder)
+        monkeypatch.setattr(demo, "measure_readings", self.readings)
 
     def prepare(self, out: Path) -> None:
         self.calls.append("prepare")
         out.mkdir(parents=True)
-        (out / "manifest.csv").write_text("path,label,split\n")
+        (out / "manifest.csv").write_text("path,label,split,group,subgroup\n"
+                                          "test/1F600/noto.png,1F600,test,Smileys & Emotion,face-smiling\n"
+                                          "train/1F42D/noto.png,1F42D,train,Animals & Nature,animal-mammal\n")
 
     def train(self, cfg: TrainConfig) -> dict:
         self.calls.append("train")
@@ -42,6 +46,12 @@ class FakeSteps:
         report = {"config": {"train": cfg.to_dict()}, "baseline": {"recall@1": 0.1}, "last": {"recall@1": 0.2}}
         (run / "report.json").write_text(json.dumps(report))
         return report
+
+    def readings(self, checkpoint, recipe, data_dir):
+        self.calls.append("readings")
+        metrics = {"subgroup recall@1": 0.5, "subgroup map@r": 0.2, "subgroup r_precision": 0.3,
+                   "twin recall@1": 0.1, f"{demo.OUT_OF_DOMAIN} recall@1": 0.7}
+        return {"pretrained": metrics, "delivered": metrics}
 
     def export(self, checkpoint, out, log=None):
         self.calls.append("export")
@@ -53,7 +63,7 @@ class FakeSteps:
 
     def build_index(self, manifest, out, model, split):
         self.calls.append("index")
-        assert split == "test" and Path(manifest).name == "manifest.csv"
+        assert split == "test" and Path(manifest).name == demo.GALLERY_CSV
         Path(out).mkdir(parents=True)
         (Path(out) / "index.json").write_text(json.dumps({"model_hash": self.model_hash}))
         return {"indexed": 0, "index_key": "Flat", "duplicates": 0, "errors": 0, "seconds": 0.0}
@@ -66,7 +76,7 @@ def steps(monkeypatch) -> FakeSteps:
 
 def test_each_step_runs_once_then_is_skipped(tmp_path, steps):
     report = demo.run_demo(tmp_path)
-    assert steps.calls == ["prepare", "train", "export", "index"]
+    assert steps.calls == ["prepare", "train", "readings", "export", "index"]
     assert report["last"]["recall@1"] == 0.2
     saved = json.loads((tmp_path / "run" / "report.json").read_text())["config"]["train"]
     assert saved["dataset"] == "emoji" and saved["backbone"] == "efficientnet_lite0" and saved["pretrained"]
@@ -74,7 +84,7 @@ def test_each_step_runs_once_then_is_skipped(tmp_path, steps):
 
     steps.calls.clear()
     demo.run_demo(tmp_path)
-    assert steps.calls == []
+    assert steps.calls == ["readings"]  # measure_readings keeps its own file while the checkpoint is unchanged
 
 
 def test_a_changed_recipe_retrains_and_reexports_but_keeps_data(tmp_path, steps):
@@ -83,7 +93,7 @@ def test_a_changed_recipe_retrains_and_reexports_but_keeps_data(tmp_path, steps)
     time.sleep(0.01)
     steps.config_hash, steps.model_hash = "config-2", "model-2"
     demo.run_demo(tmp_path, epochs=1)
-    assert steps.calls == ["train", "export", "index"]
+    assert steps.calls == ["train", "readings", "export", "index"]
     assert json.loads((tmp_path / "run" / "report.json").read_text())["config"]["train"]["epochs"] == 1
 
 
@@ -94,16 +104,50 @@ def test_a_stale_onnx_file_is_exported_again(tmp_path, steps):
     best = tmp_path / "run" / "best.pt"
     os.utime(onnx_path, (best.stat().st_atime - 60, best.stat().st_mtime - 60))  # older than the checkpoint
     demo.run_demo(tmp_path)
-    assert steps.calls == ["export"]  # same model hash: the index stays
+    assert steps.calls == ["readings", "export"]  # same model hash: the index stays
 
 
 def test_demo_recipe_is_a_valid_training_config():
     cfg = TrainConfig(**demo.DEMO_RECIPE)
-    assert cfg.per_class == 2  # emoji: exactly one image per artist and class
+    assert cfg.dataset_kwargs == {"reading": "subgroup"}  # a smiling face finds smiling faces
     assert cfg.classes_per_batch >= 2
 
 
-def test_demo_recipe_reports_an_out_of_domain_set_and_delivers_wise_ft():
+def test_demo_recipe_keeps_the_backbone_and_reports_photos_out_of_its_domain():
     cfg = TrainConfig(**demo.DEMO_RECIPE)
-    assert cfg.eval_extra == ["fashion-mnist"]  # shipped offline (Debian dataset-fashion-mnist)
-    assert cfg.wise_alpha == "auto" and cfg.val_fraction > 0  # alpha chosen on held-out train classes
+    assert cfg.eval_extra == [demo.OUT_OF_DOMAIN]  # shipped offline (Debian dataset-fashion-mnist)
+    assert cfg.freeze_backbone and cfg.val_fraction > 0  # best.pt chosen on held-out train subgroups
+
+
+def test_the_gallery_holds_the_test_subgroups_labelled_by_subgroup(tmp_path):
+    from retrieval.data.emoji_groups import split_subgroups
+
+    rows = [("train/1F600/noto.png", "1F600", "train", "Smileys & Emotion", "face-smiling"),
+            ("test/1F601/noto.png", "1F601", "test", "Smileys & Emotion", "face-smiling"),
+            ("test/1F970/noto.png", "1F970", "test", "Smileys & Emotion", "face-affection"),
+            ("train/1F42D/noto.png", "1F42D", "train", "Animals & Nature", "animal-mammal"),
+            ("test/1F1E6/noto.png", "1F1E6", "test", "", "")]
+    manifest = tmp_path / "manifest.csv"
+    manifest.write_text("path,label,split,group,subgroup\n" + "".join(",".join(row) + "\n" for row in rows))
+    test = set(split_subgroups((row[3], row[4]) for row in rows if row[4])["test"])
+    with open(demo.gallery_manifest(manifest), newline="") as handle:
+        written = list(csv.DictReader(handle))
+    assert [(r["path"], r["label"], r["sequence"]) for r in written] == [
+        (path, subgroup, sequence) for path, sequence, _, _, subgroup in rows if subgroup in test]
+    assert all(r["split"] == "test" for r in written) and written  # every image of a test subgroup, any twin split
+
+
+def test_reading_metrics_reads_the_test_subgroups_two_ways_and_the_photos(tmp_path):
+    """On a small rendered tree: every key, each a share, and the twin reading measured on the same images."""
+    from retrieval.data import load_dataset
+    from retrieval.data.emoji import prepare_emoji
+    from retrieval.models import create_pretrained_embedder
+
+    prepare_emoji(tmp_path / "emoji", image_size=32, limit=120, progress=False)
+    model = create_pretrained_embedder("efficientnet_lite0", 32, "pad")
+    metrics = demo.reading_metrics(model, tmp_path / "emoji", photos_limit=40)
+    assert set(metrics) == {"subgroup recall@1", "subgroup map@r", "subgroup r_precision", "twin recall@1",
+                            f"{demo.OUT_OF_DOMAIN} recall@1"}
+    assert all(0 <= value <= 1 for value in metrics.values())
+    test = load_dataset("emoji", tmp_path / "emoji", "test", reading="subgroup")
+    assert len({path.split("/")[-2] for path in map(str, test.samples)}) < len(test)  # twins among the images

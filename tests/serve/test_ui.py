@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import shutil
 from types import SimpleNamespace
@@ -79,6 +80,19 @@ def test_an_emoji_gallery_shows_labels_with_their_unicode_names(artifacts, servi
     assert facts.dataset is not None and facts.dataset["dataset"] == "emoji"
     # what a query should find comes from the data set's info.json, not from the UI knowing the emoji set
     assert "a query should find the same emoji drawn by the other artist" in facts.intro_markdown(service)
+    assert "marked ✓ (the same emoji)" in facts.intro_markdown(service)
+
+
+def test_a_gallery_labelled_by_subgroup_is_read_and_marked_by_subgroup(artifacts, service):
+    """The same data set's index built for its subgroup reading (labels are subgroup names, not code points): the
+    page says so and what a ✓ means, from the data set's info.json."""
+    require_emoji_labels(artifacts.labels)
+    twin = GalleryFacts.of(service)
+    by_subgroup = dataclasses.replace(twin, unicode_labels=False, example_labels=["face-smiling"])
+    assert by_subgroup.purpose() == "Find emoji of the same kind: a smiling face finds smiling faces."
+    intro = by_subgroup.intro_markdown(service)
+    assert "marked ✓ (the same Unicode subgroup)" in intro and "labelled by its Unicode subgroup" in intro
+    assert twin.purpose() == "Find the same emoji drawn by another artist."
 
 
 class DigitsState:
