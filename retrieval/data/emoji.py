@@ -424,8 +424,7 @@ def load_emoji(
 
     check_split("emoji", split)
     if reading not in READINGS:
-        raise ValueError(f"emoji: reading must be one of {', '.join(READINGS)}, got {reading!r} "
-                         "(--dataset-param reading=subgroup)")
+        raise ValueError(f"emoji: reading must be one of {', '.join(READINGS)}, got {reading!r}")
     folder = Path(root).expanduser() if root is not None else default_emoji_dir()
     manifest = folder / "manifest.csv"
     if not manifest.is_file():

@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field
 from retrieval.data.formats import IMAGE_MEDIA_TYPES
 from retrieval.index.filters import MAX_FILTER_CHARS
 from retrieval.index.search import MAX_K
-from retrieval.options import declared_options
+from retrieval.options import declared_options, hint_members
 from retrieval.rerank import API_KEY, RerankConfig, method_names
 from retrieval.serve.defaults import MAX_BATCH_QUERIES
 
@@ -205,9 +205,13 @@ def rerank_property() -> dict[str, Any]:
         if spec.choices is not None:
             schema: dict[str, Any] = {"type": "string", "enum": spec.allowed()}
         else:
-            schema = {"type": "integer" if declared.hint is int else "number", "minimum": spec.low,
-                      "maximum": spec.high}
-        properties[declared.name] = schema | {"description": spec.help.rstrip("."), "default": declared.default}
+            members = hint_members(declared.hint)
+            schema = {"type": "integer" if int in members else "number", "minimum": spec.low, "maximum": spec.high}
+            if type(None) in members:  # unset (null): the server sets it, as the description says
+                schema = {"anyOf": [schema, {"type": "null"}]}
+        default = f" (default: {spec.default_text})" if spec.default_text else ""
+        properties[declared.name] = schema | {"description": spec.help.rstrip(".") + default,
+                                              "default": declared.default}
     return {
         "description": f"{RERANK_HELP}: a method name, or an object that also sets its parameters",
         "oneOf": [

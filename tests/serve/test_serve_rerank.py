@@ -179,7 +179,10 @@ def test_the_openapi_document_declares_rerank(client):
         schema = post["requestBody"]["content"]["application/json"]["schema"]["properties"]["rerank"]
         name, options = schema["oneOf"]
         assert name["enum"] == ["none", *METHODS] and options["required"] == ["method"]
-        assert options["properties"]["candidates"]["maximum"] == 1000 and options["properties"]["k"]["maximum"] == 100
+        assert options["properties"]["candidates"]["maximum"] == 1000
+        size, unset = options["properties"]["k"]["anyOf"]  # a whole number in range, or null: the gallery sets it
+        assert size == {"type": "integer", "minimum": 1, "maximum": 100} and unset == {"type": "null"}
+        assert "set by the gallery's class sizes" in options["properties"]["k"]["description"]
         parameter = next(p for p in post["parameters"] if p["name"] == "rerank")
         assert parameter["schema"]["enum"] == ["none", *METHODS]
     result = doc["components"]["schemas"]["Result"]["properties"]
