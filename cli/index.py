@@ -797,7 +797,7 @@ def search_command(index_dir, images, k, max_queries, model, exclude_self, where
     exits with status 1. --rerank re-orders each query's shortlist (docs/INDEX.md, "Re-ranking")."""
     from retrieval.index import Index, ModelMismatchError, load_model
     from retrieval.index.sources import printable_path
-    from retrieval.rerank_defaults import with_gallery_defaults
+    from retrieval.rerank_defaults import gallery_filled
 
     rerank = rerank_config(options)
     queries = _query_list(images, max_queries)
@@ -812,10 +812,8 @@ def search_command(index_dir, images, k, max_queries, model, exclude_self, where
             matching = len(index.matching_ids(where))  # a column the index lacks fails here, before embedding
             if not as_json:
                 click.echo(_where_summary(index, matching))
-        defaults = None
-        if rerank.unset():  # the sizes not given follow the gallery (docs/INDEX.md, "Neighbourhood sizes")
-            neighbourhood = index.rerank_neighbourhood()
-            rerank, defaults = with_gallery_defaults(rerank, neighbourhood), neighbourhood.basis
+        # the sizes not given follow the gallery (docs/INDEX.md, "Neighbourhood sizes")
+        rerank, defaults = gallery_filled(rerank, index.rerank_neighbourhood)
         answers = _answers(index, queries, k, exclude_self, where, rerank)
     if as_json:
         click.echo(json.dumps(answers, indent=2))

@@ -90,12 +90,10 @@ def reranked_metrics(query: np.ndarray, query_labels: np.ndarray, gallery: np.nd
     the gallery's labels, as a search of an index of these images sets them (``retrieval.rerank_defaults``)."""
     from retrieval.metrics import evaluate
     from retrieval.rerank import rerank_lists
-    from retrieval.rerank_defaults import neighbourhood_from_labels, with_gallery_defaults
+    from retrieval.rerank_defaults import gallery_filled, neighbourhood_from_labels
 
-    defaults = None
-    if config.unset():
-        neighbourhood = neighbourhood_from_labels(query_labels if gallery_labels is None else gallery_labels)
-        config, defaults = with_gallery_defaults(config, neighbourhood), neighbourhood.basis
+    config, defaults = gallery_filled(config, lambda: neighbourhood_from_labels(
+        query_labels if gallery_labels is None else gallery_labels))
 
     def unit(vectors: np.ndarray) -> np.ndarray:
         vectors = np.asarray(vectors, dtype=np.float32)

@@ -17,7 +17,7 @@ Plain Python (the server imports it).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from retrieval.rerank import PAPER_NEIGHBOURHOOD, RerankConfig
@@ -73,6 +73,16 @@ def neighbourhood_from_labels(labels: object) -> Neighbourhood:
         key = None if label is None else (label.item() if hasattr(label, "item") else label)
         counts[key] = counts.get(key, 0) + 1
     return neighbourhood_from_counts(counts)
+
+
+def gallery_filled(config: RerankConfig, neighbourhood: Callable[[], Neighbourhood]
+                   ) -> tuple[RerankConfig, str | None]:
+    """``config`` with the sizes it left unset from the gallery (``neighbourhood()``, asked only when one is unset)
+    and where they came from (None where it set them all): what the search command, the server and evaluate show."""
+    if not config.unset():
+        return config, None
+    found = neighbourhood()
+    return with_gallery_defaults(config, found), found.basis
 
 
 def with_gallery_defaults(config: RerankConfig, neighbourhood: Neighbourhood) -> RerankConfig:

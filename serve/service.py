@@ -47,7 +47,7 @@ from retrieval.index.search import MAX_K, check_k
 from retrieval.index.sources import printable_path
 from retrieval.onnx_runtime import preprocess_images
 from retrieval.rerank import Cancelled, RerankConfig, RerankTooLarge
-from retrieval.rerank_defaults import with_gallery_defaults
+from retrieval.rerank_defaults import gallery_filled
 from retrieval.serve.admission import ClientGone
 from retrieval.serve.batcher import MicroBatcher
 from retrieval.serve.defaults import (
@@ -205,10 +205,9 @@ class ServedIndex:
     def gallery_rerank(self, rerank: RerankConfig | None) -> tuple[RerankConfig | None, str | None]:
         """``rerank`` with the sizes it left unset taken from this state's gallery (``retrieval.rerank_defaults``),
         and where they came from (None where it set them all)."""
-        if rerank is None or not rerank.unset():
-            return rerank, None
-        neighbourhood = self._answer(self.index.rerank_neighbourhood)
-        return with_gallery_defaults(rerank, neighbourhood), neighbourhood.basis
+        if rerank is None:
+            return None, None
+        return gallery_filled(rerank, lambda: self._answer(self.index.rerank_neighbourhood))
 
     def query_item(self, data: bytes) -> QueryItem | None:
         """The item of this state whose file has exactly these bytes (catalogue sha256), if any."""

@@ -27,7 +27,7 @@ from retrieval.index.layout import IndexLayout
 from retrieval.index.portable import GalleryPlace, find_model, gallery_place
 from retrieval.index.sources import is_url
 from retrieval.rerank import RerankConfig, rerank_lists
-from retrieval.rerank_defaults import Neighbourhood, neighbourhood_from_counts, with_gallery_defaults
+from retrieval.rerank_defaults import Neighbourhood, gallery_filled, neighbourhood_from_counts
 
 MAX_K = 1000  # the most results one query may ask for (the API, the app and the CLI share it)
 
@@ -312,8 +312,8 @@ class Index:
         """
         k = check_k(k)
         reranking = rerank is not None and rerank.active
-        if reranking and rerank.unset():
-            rerank = with_gallery_defaults(rerank, self.rerank_neighbourhood())
+        if reranking:
+            rerank = gallery_filled(rerank, self.rerank_neighbourhood)[0]
         depth = max(k, rerank.candidates) if reranking else k
         exclude = {int(i) for i in exclude_ids}
         if len(exclude) > MAX_K:

@@ -10,6 +10,7 @@ from retrieval.rerank import PAPER_NEIGHBOURHOOD, RerankConfig, peak_bytes, work
 from retrieval.rerank_defaults import (
     UNLABELLED_RELEVANT,
     Neighbourhood,
+    gallery_filled,
     neighbourhood_from_counts,
     neighbourhood_from_labels,
     with_gallery_defaults,
@@ -92,3 +93,13 @@ def test_an_unset_size_is_charged_and_bounded_as_the_papers_the_most_a_gallery_s
 def test_a_gallery_of_twins_is_told_that_re_ranking_seldom_helps():
     assert "seldom helps" in neighbourhood_from_labels([0, 0, 1, 1, 2, 2]).basis
     assert "seldom helps" not in neighbourhood_from_labels([0, 0, 0, 1, 1, 1]).basis
+
+
+def test_the_gallery_is_read_only_when_a_size_is_left_unset():
+    def never():
+        raise AssertionError("the gallery was read for a request that set every size")
+
+    assert gallery_filled(RerankConfig(method="qe", k=3), never) == (RerankConfig(method="qe", k=3), None)
+    assert gallery_filled(RerankConfig(), never) == (RerankConfig(), None)
+    filled, basis = gallery_filled(RerankConfig(method="kreciprocal"), lambda: Neighbourhood(13, "thirteen"))
+    assert (filled.k1, filled.k2, basis) == (13, 4, "thirteen")
