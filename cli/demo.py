@@ -39,11 +39,16 @@ def prepare_data(data_dir: Path) -> None:
     from retrieval.data.emoji import prepare_emoji
 
     manifest = data_dir / "manifest.csv"
-    if manifest.is_file() and "subgroup" in manifest.open(encoding="utf-8").readline():
+    if manifest.is_file() and "subgroup" in _first_line(manifest):  # one made before the subgroups: render again
         _step(1, f"emoji data: up to date in {data_dir}")
         return
     _step(1, f"rendering the emoji data set into {data_dir}")
     prepare_emoji(data_dir)
+
+
+def _first_line(path: Path) -> str:
+    with open(path, encoding="utf-8") as handle:
+        return handle.readline()
 
 
 def train_model(recipe: dict[str, Any]) -> dict[str, Any]:
