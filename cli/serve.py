@@ -20,7 +20,7 @@ from retrieval.cli.options import apply_options
 from retrieval.options import declared_options
 from retrieval.serve.config import MIB, ServerConfig
 from retrieval.serve.defaults import DEFAULT_INDEX_DIR, DEFAULT_REPORT, DEFAULT_RESULTS, missing_artifacts_message
-from retrieval.serve.security import (
+from retrieval.serve.exposure import (
     ConfigError,
     check_exposure,
     read_api_token,

@@ -29,7 +29,7 @@ from retrieval.serve.defaults import (
     PUBLIC_PATHS,
     UPLOAD_PRUNE_INTERVAL_S,
 )
-from retrieval.serve.security import is_loopback
+from retrieval.serve.exposure import is_loopback
 
 MIB = 2**20
 

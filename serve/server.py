@@ -20,17 +20,16 @@ from retrieval.serve.api import create_api
 from retrieval.serve.collector import freeze_after_startup
 from retrieval.serve.config import ServerConfig
 from retrieval.serve.defaults import PUBLIC_PATHS
+from retrieval.serve.exposure import ConfigError, check_exposure
 from retrieval.serve.observability import configure_logging, outermost
 from retrieval.serve.reports import load_report
 from retrieval.serve.routes import leaf_routes
 from retrieval.serve.security import (
     AllowedHosts,
     BearerToken,
-    ConfigError,
     LoginRequired,
     SafePageHeaders,
     SameOriginOnly,
-    check_exposure,
     request_cookies,
 )
 from retrieval.serve.service import SearchService
@@ -55,7 +54,7 @@ UI_CONNECTIONS = 32  # the browser's own connections (page, assets, Gradio queue
 def build_app(config: ServerConfig, service: SearchService | None = None) -> tuple[FastAPI, SearchService]:
     """The FastAPI app (API routes first, then the Gradio UI at ``/``) and the service behind it.
 
-    Refuses (serve.security.ExposureError) a non-loopback host without authentication unless ``insecure``.
+    Refuses (serve.exposure.ExposureError) a non-loopback host without authentication unless ``insecure``.
     """
     check_exposure(config.host, config.api_token, config.ui_auth, config.ui, config.insecure)
     check_report(config.report)

@@ -41,8 +41,8 @@ from retrieval.data.decode import ImageDecodeError, open_regular_file
 from retrieval.serve.admission import read_whole_body, replayed
 from retrieval.serve.bodies import JsonText, json_depth, json_values
 from retrieval.serve.defaults import BODY_READ_TIMEOUT_S, GRADIO_JSON_BODY_LIMIT
+from retrieval.serve.exposure import ConfigError
 from retrieval.serve.images import QueryError
-from retrieval.serve.security import ConfigError
 
 log = logging.getLogger(__name__)
 

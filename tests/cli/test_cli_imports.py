@@ -138,3 +138,22 @@ def test_notices_go_to_stderr_as_plain_lines_at_the_chosen_level(noisy_command, 
     assert result.stdout == "the output\n"
     assert result.stderr.splitlines() == shown
     assert (root.handlers, library.level) == before  # set up for the command only
+
+
+WEB_STACK = ("starlette", "fastapi", "gradio", "uvicorn", "httpx")
+
+
+def test_the_command_line_and_training_load_no_web_stack():
+    """A training machine may lack the web stack: with its packages unimportable in a fresh process, the command line
+    imports, ``train --help`` and ``index --help`` work, and the serving defaults read without the service."""
+    code = f"""
+        import sys
+        sys.modules.update(dict.fromkeys({list(WEB_STACK)!r}))
+        from retrieval.cli.main import main
+        from retrieval.serve.defaults import DEFAULT_INDEX_DIR
+        for path in (["train"], ["index"], ["evaluate"]):
+            assert main.main([*path, "--help"], prog_name="retrieval", standalone_mode=False) == 0
+        print(sorted(m for m in sys.modules if m.split(".")[0] in {list(WEB_STACK)!r} and sys.modules[m]))
+    """
+    out, _ = run_fresh(code)
+    assert out.rstrip().endswith("[]")

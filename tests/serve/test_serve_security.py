@@ -20,8 +20,8 @@ from gradio.exceptions import InvalidPathError
 from serve_fixtures import QUERY_PNG, BackgroundServer
 
 from retrieval.cli.serve import serve_command
+from retrieval.serve.exposure import ExposureError
 from retrieval.serve.routes import leaf_routes
-from retrieval.serve.security import ExposureError
 from retrieval.serve.server import ServerConfig, build_app
 from retrieval.serve.upload_cache import prune_folder
 
@@ -417,7 +417,7 @@ def test_the_app_refuses_a_k_beyond_its_slider(plain, k):
 def test_a_report_that_is_not_a_run_report_is_refused_at_start(artifacts, tmp_path):
     """A --report that is not a run report (/etc/shadow) stops the start: else / becomes the folder the page may
     open."""
-    from retrieval.serve.security import ConfigError
+    from retrieval.serve.exposure import ConfigError
 
     for report in ("/etc/shadow", "/etc/hostname", str(tmp_path / "missing.json"), "/dev/zero"):
         with pytest.raises(ConfigError, match="--report"):
