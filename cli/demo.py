@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from retrieval.reports import BEST_CHECKPOINT
+from retrieval.reports import BEST_CHECKPOINT, READINGS_FILE
 from retrieval.train.config import TrainConfig
 
 # The demo recipe, read by Unicode subgroup (a smiling face finds smiling faces; test subgroups unseen in training,
@@ -28,6 +28,7 @@ DEMO_RECIPE: dict[str, Any] = dict(
 )
 STEPS = 5  # then `retrieval demo` serves the app
 OUT_OF_DOMAIN = "fashion-mnist"  # real product photos: what the emoji model must not lose (its --eval-extra)
+PHOTO_SETS = (OUT_OF_DOMAIN, "digits")  # real photos out of the emoji domain that the demo's step 3 reads
 GALLERY_CSV = "subgroup-test.csv"  # in the data folder: the test subgroups' images, labelled by subgroup
 
 
@@ -73,18 +74,36 @@ def delivered_checkpoint(report: dict[str, Any]) -> str:
     return (report.get("checkpoints") or {}).get("wise", BEST_CHECKPOINT)
 
 
+def photo_embeddings(model: Any, photos_limit: int | None = TrainConfig.eval_extra_limit) -> dict[str, Any]:
+    """``model``'s embeddings of each of ``PHOTO_SETS``' test half, as training's --eval-extra splits it, of
+    ``photos_limit`` images in all (as its report shows it; None: all of them)."""
+    import torch
+
+    from retrieval.data import build_transforms
+    from retrieval.evaluation import load_extra_set
+    from retrieval.inference import embed_samples
+
+    transform = build_transforms(model.config, train=False)
+    return {name: embed_samples(model, load_extra_set(name, transform, photos_limit).test, 128, torch.device("cpu"),
+                                0, False, f"embed {name} photos") for name in PHOTO_SETS}
+
+
 def reading_metrics(model: Any, data_dir: Path | None = None,
-                    photos_limit: int | None = TrainConfig.eval_extra_limit) -> dict[str, float]:
+                    photos_limit: int | None = TrainConfig.eval_extra_limit, reference: dict[str, Any] | None = None,
+                    photos: dict[str, Any] | None = None) -> dict[str, float]:
     """``model`` on the emoji test subgroups read two ways (leave-one-out: by subgroup, Recall@1, MAP@R and
     R-precision; by twin, the same images with the same emoji by the other artist relevant, Recall@1) and on real
-    photos out of its domain (``OUT_OF_DOMAIN``'s test half as training's --eval-extra splits it, of
-    ``photos_limit`` images in all, as its report shows it; None: all 5,000; Recall@1)."""
+    photos out of its domain (``photo_embeddings``: Recall@1, and with the pretrained backbone's embeddings as
+    ``reference``, the share of each photo's 10 nearest neighbours kept from the backbone's, label-free).
+    ``photos``: ``model``'s photo embeddings when already made."""
     import numpy as np
     import torch
 
+    from retrieval.compatibility import KEPT
     from retrieval.data import build_transforms, load_dataset
-    from retrieval.evaluation import leave_one_out_metrics, load_extra_set
+    from retrieval.evaluation import leave_one_out_metrics
     from retrieval.inference import embed_samples
+    from retrieval.train.evaluating import kept_neighbours
 
     transform = build_transforms(model.config, train=False)
     test = load_dataset("emoji", data_dir, split="test", transform=transform, reading="subgroup")
@@ -92,30 +111,48 @@ def reading_metrics(model: Any, data_dir: Path | None = None,
     by_subgroup = leave_one_out_metrics(embedded.embeddings, embedded.labels)
     sequences = [Path(test.samples[int(i)]).parent.name for i in embedded.indices]
     by_twin = leave_one_out_metrics(embedded.embeddings, np.unique(sequences, return_inverse=True)[1])
-    photos = load_extra_set(OUT_OF_DOMAIN, transform, photos_limit).test
-    outside = embed_samples(model, photos, 128, torch.device("cpu"), 0, False, "embed photos")
-    return {"subgroup recall@1": by_subgroup["recall@1"], "subgroup map@r": by_subgroup["map@r"],
-            "subgroup r_precision": by_subgroup["r_precision"], "twin recall@1": by_twin["recall@1"],
-            f"{OUT_OF_DOMAIN} recall@1": leave_one_out_metrics(outside.embeddings, outside.labels)["recall@1"]}
+    metrics = {"subgroup recall@1": by_subgroup["recall@1"], "subgroup map@r": by_subgroup["map@r"],
+               "subgroup r_precision": by_subgroup["r_precision"], "twin recall@1": by_twin["recall@1"]}
+    for name, outside in (photos or photo_embeddings(model, photos_limit)).items():
+        metrics[f"{name} recall@1"] = leave_one_out_metrics(outside.embeddings, outside.labels)["recall@1"]
+        if reference is not None and KEPT in (kept := kept_neighbours(reference[name], outside)):
+            metrics[f"{name} {KEPT}"] = kept[KEPT]
+    return metrics
+
+
+def reading_labels() -> dict[str, str]:
+    """What each of ``reading_metrics``' numbers is, in words, in the order they are shown."""
+    from retrieval.compatibility import KEPT, KEPT_K
+
+    labels = {"subgroup recall@1": "by subgroup, Recall@1", "subgroup map@r": "by subgroup, MAP@R",
+              "subgroup r_precision": "by subgroup, R-precision",
+              "twin recall@1": "by twin (the other artist's drawing), Recall@1"}
+    for name in PHOTO_SETS:
+        labels[f"{name} recall@1"] = f"real photos ({name}, out of domain), Recall@1"
+        labels[f"{name} {KEPT}"] = f"real photos ({name}), top-{KEPT_K} neighbours kept from the backbone's"
+    return labels
 
 
 def measure_readings(checkpoint: Path, recipe: dict[str, Any], data_dir: Path) -> dict[str, Any]:
     """The delivered model and the pretrained backbone it started from (at the same size and resize mode), each
-    read both ways (``reading_metrics``); kept in ``readings.json`` beside the checkpoint while it is unchanged."""
+    read both ways and on the photos (``reading_metrics``); kept in ``READINGS_FILE`` beside the checkpoint (and
+    the run's report.json, whose readers show it) while the checkpoint is unchanged."""
     import torch
 
     from retrieval.models import create_pretrained_embedder, load_embedder
 
-    path = checkpoint.with_name("readings.json")
+    path = checkpoint.with_name(READINGS_FILE)
     stamp = torch.load(checkpoint, map_location="cpu", weights_only=False).get("config_hash")
     if path.is_file():
         saved = json.loads(path.read_text())
-        if saved.get("checkpoint") == checkpoint.name and saved.get("config_hash") == stamp:
+        if saved.get("checkpoint") == checkpoint.name and saved.get("config_hash") == stamp \
+                and saved.get("labels") == reading_labels():
             return saved
     pretrained = create_pretrained_embedder(recipe["backbone"], recipe["image_size"], recipe.get("resize", "crop"))
-    readings = {"checkpoint": checkpoint.name, "config_hash": stamp,
-                "pretrained": reading_metrics(pretrained, data_dir),
-                "delivered": reading_metrics(load_embedder(checkpoint), data_dir)}
+    start = photo_embeddings(pretrained)
+    readings = {"checkpoint": checkpoint.name, "config_hash": stamp, "labels": reading_labels(),
+                "pretrained": reading_metrics(pretrained, data_dir, reference=start, photos=start),
+                "delivered": reading_metrics(load_embedder(checkpoint), data_dir, reference=start)}
     path.write_text(json.dumps(readings, indent=2) + "\n")
     return readings
 
@@ -125,17 +162,14 @@ def show_evaluation(readings: dict[str, Any], report_path: Path) -> None:
     before, after = readings["pretrained"], readings["delivered"]
     _step(3, "evaluation on the test subgroups, unseen in training (a query's relevant images: its Unicode "
              "subgroup, e.g. face-smiling); pretrained backbone -> demo model:")
-    rows = [("by subgroup, recall@1", "subgroup recall@1"), ("by subgroup, MAP@R", "subgroup map@r"),
-            ("by subgroup, R-precision", "subgroup r_precision"),
-            ("by twin (the other artist's drawing), recall@1", "twin recall@1"),
-            (f"real photos ({OUT_OF_DOMAIN}, out of domain), recall@1", f"{OUT_OF_DOMAIN} recall@1")]
-    for text, key in rows:
-        click.echo(f"  {text + ':':<53} {before[key]:.4f} -> {after[key]:.4f} ({after[key] - before[key]:+.4f})")
+    for key, text in readings["labels"].items():
+        if key in before and key in after:
+            click.echo(f"  {text + ':':<66} {before[key]:.4f} -> {after[key]:.4f} ({after[key] - before[key]:+.4f})")
     click.echo("  The demo trains a head on the pretrained backbone's features: on emoji it gains about 2 points of "
                "MAP@R and keeps the photos within 1 point; fine-tuning the whole backbone gained no more and less "
                "steadily, and the target of +5 points of MAP@R is not reached (docs/RESULTS.md, \"The demo's "
                "model\").")
-    click.echo(f"  report: {report_path}")
+    click.echo(f"  report: {report_path} (with {READINGS_FILE} beside it: the app's Evaluation tab shows both)")
 
 
 def export_model(checkpoint: Path, onnx_path: Path) -> None:

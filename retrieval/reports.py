@@ -18,6 +18,9 @@ REPORT_KINDS = ("train", "evaluate")
 LAST_CHECKPOINT = "last.pt"  # the newest, which --resume continues
 BEST_CHECKPOINT = "best.pt"  # the one of the best recall@1
 WISE_CHECKPOINT = "wise.pt"  # --wise-alpha: the WiSE-FT mix of the start and the fine-tuned weights
+# the model's figures measured outside training (the demo's two readings and its photos), beside report.json:
+# {"labels": {key: words}, "pretrained": {key: value}, "delivered": {key: value}, "checkpoint", "config_hash"}
+READINGS_FILE = "readings.json"
 # one row per optimizer step: {"step", "epoch" (fractional: 1.5 = half-way through the second epoch), "loss"}
 STEPS_LOG = "steps.jsonl"
 MAX_STEPS_LOG_BYTES = 64 * 2**20  # about a million steps; a longer log is drawn per epoch instead

@@ -21,7 +21,7 @@ from PIL import Image
 from retrieval.analysis.plain_text import cut_long_texts, plain_text
 from retrieval.compatibility import KEPT, KEPT_K
 from retrieval.io import read_capped
-from retrieval.reports import REPORT_FORMAT, REPORT_KINDS, read_steps
+from retrieval.reports import READINGS_FILE, REPORT_FORMAT, REPORT_KINDS, read_steps
 
 MAX_REPORT_BYTES = 50 * 2**20  # a run report is a few KiB: anything this big is not one
 MAX_RESULTS_BYTES = 16 * 2**20
@@ -101,6 +101,7 @@ def percent(value: float) -> float:
 class RunReport:
     path: Path
     data: dict[str, Any]
+    readings: dict[str, Any] | None = None  # READINGS_FILE beside the report, when one is there and well formed
 
     @property
     def kind(self) -> str:
@@ -210,7 +211,43 @@ def load_report(path: str | Path) -> RunReport:
             f"{path} is not a report of `retrieval train` or `retrieval evaluate` "
             f"(format {REPORT_FORMAT}, kind {'|'.join(REPORT_KINDS)})"
         )
-    return RunReport(path, data)
+    return RunReport(path, data, load_readings(path.with_name(READINGS_FILE)))
+
+
+def load_readings(path: Path) -> dict[str, Any] | None:
+    """``READINGS_FILE``'s figures: ``labels`` (key -> words) and the ``pretrained`` and ``delivered`` values
+    of the keys both have, numbers only; None when the file is missing or not of that shape (it is anyone's file)."""
+    if not path.is_file():
+        return None
+    try:
+        data = _read_json(path, "readings", MAX_REPORT_BYTES)
+    except (FileNotFoundError, ValueError):
+        return None
+    if not isinstance(data, dict) or not all(isinstance(data.get(k), dict)
+                                             for k in ("labels", "pretrained", "delivered")):
+        return None
+    number = (int, float)
+    keys = [key for key, text in data["labels"].items() if isinstance(text, str)
+            and isinstance(data["pretrained"].get(key), number) and isinstance(data["delivered"].get(key), number)]
+    if not keys:
+        return None
+    return {"labels": {key: data["labels"][key] for key in keys},
+            "pretrained": {key: float(data["pretrained"][key]) for key in keys},
+            "delivered": {key: float(data["delivered"][key]) for key in keys}}
+
+
+def readings_markdown(report: RunReport) -> str:
+    """The model's figures measured outside training (``READINGS_FILE``: the demo's test subgroups read by
+    subgroup and by twin, and real photos), the pretrained backbone beside the delivered model, as a table."""
+    readings = report.readings
+    if not readings:
+        return ""
+    rows = [f"| {markdown_text(text)} | {percent(readings['pretrained'][key])} | "
+            f"{percent(readings['delivered'][key])} | "
+            f"{percent(readings['delivered'][key]) - percent(readings['pretrained'][key]):+.1f} |"
+            for key, text in readings["labels"].items()]
+    return (f"\n\n**Read two ways and on real photos** ({markdown_code(READINGS_FILE)}, {METRIC_UNIT}):\n\n"
+            "| figure | pretrained backbone | this model | change |\n|---|---:|---:|---:|\n" + "\n".join(rows))
 
 
 def _read_json(path: Path, what: str, limit: int) -> Any:
@@ -415,7 +452,7 @@ def summary_markdown(report: RunReport, shown: str | None = None) -> str:
         facts.append(f"split: {markdown_code(report.data.get('split'))}, "
                      f"queries: {markdown_text(report.data.get('num_queries'))}")
     return " · ".join(facts) + selection_markdown(report) + out_of_domain_markdown(report) + \
-        compatibility_markdown(report)
+        readings_markdown(report) + compatibility_markdown(report)
 
 
 def selection_markdown(report: RunReport) -> str:

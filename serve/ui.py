@@ -21,6 +21,7 @@ from retrieval.data import open_image
 from retrieval.data.emoji import emoji_name, is_code_point_sequence
 from retrieval.errors import ParameterError
 from retrieval.index.filters import MAX_FILTER_CHARS, MAX_IN_VALUES
+from retrieval.reports import READINGS_FILE
 from retrieval.rerank import NONE, PAPER_NEIGHBOURHOOD, RERANKERS, RerankConfig, method_names
 from retrieval.serve.curation_view import CurationView, ThresholdError, parse_threshold
 from retrieval.serve.defaults import API_DOCS_PATH
@@ -557,10 +558,18 @@ REPORT_PICTURES = (
 )
 
 
+def _mtime(path: Path) -> int | None:
+    """``path``'s modification time, None when it is not there: a file the page shows beside another."""
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return None
+
+
 class EvaluationTab:
     def __init__(self, service: SearchService, report: Path | None, facts: GalleryFacts | None = None) -> None:
         self.service, self.report, self.facts = service, report, facts or GalleryFacts.of(service)
-        self._cache: dict[tuple[str, int], tuple] = {}
+        self._cache: dict[tuple[str, int, int | None], tuple] = {}
         self.curation = CurationView(service)
 
     def report_folders(self) -> list[Path]:
@@ -597,7 +606,8 @@ class EvaluationTab:
                     "report's path above, to see a run's metrics and curves here.", *self.nothing_shown())
         target = self.target(path)
         try:
-            key = (str(target), target.stat().st_mtime_ns) if target is not None else None
+            key = (str(target), target.stat().st_mtime_ns, _mtime(target.with_name(READINGS_FILE))) \
+                if target is not None else None
         except OSError:
             key = None
         if key is None:

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import retrieval.cli.demo as demo
+from retrieval.compatibility import KEPT
 from retrieval.train.config import TrainConfig
 
 
@@ -51,7 +52,7 @@ class FakeSteps:
         self.calls.append("readings")
         metrics = {"subgroup recall@1": 0.5, "subgroup map@r": 0.2, "subgroup r_precision": 0.3,
                    "twin recall@1": 0.1, f"{demo.OUT_OF_DOMAIN} recall@1": 0.7}
-        return {"pretrained": metrics, "delivered": metrics}
+        return {"labels": demo.reading_labels(), "pretrained": metrics, "delivered": metrics}
 
     def export(self, checkpoint, out, log=None):
         self.calls.append("export")
@@ -145,9 +146,35 @@ def test_reading_metrics_reads_the_test_subgroups_two_ways_and_the_photos(tmp_pa
 
     prepare_emoji(tmp_path / "emoji", image_size=32, limit=120, progress=False)
     model = create_pretrained_embedder("efficientnet_lite0", 32, "pad")
-    metrics = demo.reading_metrics(model, tmp_path / "emoji", photos_limit=40)
-    assert set(metrics) == {"subgroup recall@1", "subgroup map@r", "subgroup r_precision", "twin recall@1",
-                            f"{demo.OUT_OF_DOMAIN} recall@1"}
+    start = demo.photo_embeddings(model, photos_limit=40)
+    metrics = demo.reading_metrics(model, tmp_path / "emoji", reference=start, photos=start)
+    assert set(metrics) == set(demo.reading_labels())  # both photo sets, each with Recall@1 and neighbours kept
     assert all(0 <= value <= 1 for value in metrics.values())
+    assert all(metrics[f"{name} {KEPT}"] == 1.0 for name in demo.PHOTO_SETS)  # the backbone keeps its own
     test = load_dataset("emoji", tmp_path / "emoji", "test", reading="subgroup")
     assert len({path.split("/")[-2] for path in map(str, test.samples)}) < len(test)  # twins among the images
+
+
+def test_a_model_that_scrambles_the_photos_keeps_few_of_their_neighbours(tmp_path):
+    """Neighbours kept is measured against the backbone's embeddings, not the model's own: a model whose photo
+    embeddings are shuffled across images keeps about the chance share."""
+    import numpy as np
+
+    from retrieval.data.emoji import prepare_emoji
+    from retrieval.models import create_pretrained_embedder
+
+    prepare_emoji(tmp_path / "emoji", image_size=32, limit=60, progress=False)
+    model = create_pretrained_embedder("efficientnet_lite0", 32, "pad")
+    start = demo.photo_embeddings(model, photos_limit=200)
+    scrambled = {name: type(e)(**{**vars(e), "embeddings": np.random.default_rng(0).permutation(e.embeddings)})
+                 for name, e in start.items()}
+    metrics = demo.reading_metrics(model, tmp_path / "emoji", reference=start, photos=scrambled)
+    assert all(metrics[f"{name} {KEPT}"] < 0.3 for name in demo.PHOTO_SETS)
+
+
+def test_step_three_prints_every_figure_the_readings_name(capsys):
+    labels = demo.reading_labels()
+    demo.show_evaluation({"labels": labels, "pretrained": dict.fromkeys(labels, 0.5),
+                          "delivered": dict.fromkeys(labels, 0.75)}, Path("run/report.json"))
+    out = capsys.readouterr().out
+    assert all(f"{text}:" in out for text in labels.values()) and out.count("0.5000 -> 0.7500 (+0.2500)") == len(labels)

@@ -478,3 +478,23 @@ def test_the_filter_picker_and_box_make_one_where_that_quotes_labels():
             SearchTab.where(bad, "")
     with pytest.raises(QueryError, match="at most 1000 labels"):
         SearchTab.where(["x"] * 1001, "")
+
+
+def test_a_report_shows_the_readings_beside_it_and_ignores_a_malformed_file(tmp_path):
+    """The demo's readings.json beside a run report (both readings and the photos, pretrained -> delivered) is a
+    table in the report's summary; a file of another shape, or a label that is not text, is left out."""
+    from retrieval.reports import READINGS_FILE, REPORT_FORMAT
+    from retrieval.serve.reports import summary_markdown
+
+    (tmp_path / "report.json").write_text(json.dumps({"format": REPORT_FORMAT, "kind": "train"}))
+    assert "Read two ways" not in summary_markdown(load_report(tmp_path / "report.json"))
+    readings = {"labels": {"subgroup map@r": "by subgroup, MAP@R", "digits recall@1": "photos <b>|x", "odd": 3},
+                "pretrained": {"subgroup map@r": 0.156, "digits recall@1": 0.9, "odd": 0.1},
+                "delivered": {"subgroup map@r": 0.178, "digits recall@1": 0.85, "odd": 0.2}}
+    (tmp_path / READINGS_FILE).write_text(json.dumps(readings))
+    summary = summary_markdown(load_report(tmp_path / "report.json"))
+    assert "| by subgroup, MAP\\@R | 15.6 | 17.8 | +2.2 |" in summary  # labels escaped: a cell, not markup
+    assert "| photos \\<b\\>\\|x | 90.0 | 85.0 | -5.0 |" in summary and "odd" not in summary
+    for broken in ("[1, 2]", "{", json.dumps({**readings, "delivered": "x"})):
+        (tmp_path / READINGS_FILE).write_text(broken)
+        assert "Read two ways" not in summary_markdown(load_report(tmp_path / "report.json"))
