@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(MAKE) system-deps
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[train,dev,ray,track]"
+	$(BIN)/python -m pip install --quiet -e ".[train,dev,ray,track,milvus]"
 	touch $(STAMP)
 
 # Debian packages: real offline data (the Noto emoji font, Fashion-MNIST), chromium for the browser test and

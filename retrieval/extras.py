@@ -35,9 +35,11 @@ EXTRA_MODULES: dict[str, dict[str, str]] = {
     },
     "track": {"mlflow": "mlflow-skinny", "sqlalchemy": "sqlalchemy", "alembic": "alembic"},
     "ray": {"ray": "ray"},
+    "milvus": {"pymilvus": "pymilvus", "milvus_lite": "milvus-lite"},
 }
 # what a message calls a distribution when its own name says less to people
-DISPLAY_NAMES = {"torch": "PyTorch", "mlflow-skinny": "MLflow", "ray": "Ray Data"}
+DISPLAY_NAMES = {"torch": "PyTorch", "mlflow-skinny": "MLflow", "ray": "Ray Data",
+                 "pymilvus": "Milvus' client (pymilvus)", "milvus-lite": "Milvus Lite"}
 
 
 class MissingExtra(ModuleNotFoundError):

@@ -309,8 +309,7 @@ class Filter:
         for name in self.columns():
             found = column(name)
             if found is None:
-                known = f"; the columns are: {', '.join(known_names)}" if known_names else ""
-                raise FilterError(f"where: no column {name!r} in this index{known}")
+                raise unknown_column(name, known_names)
             columns[name] = found
         true, _ = _truth(self.root, columns)
         return true
@@ -334,11 +333,22 @@ def _truth(node: Node, columns: dict[str, Column]) -> tuple[np.ndarray, np.ndarr
 
 
 def _check_type(column: Column, name: str, value: str | float) -> None:
-    if column.is_text and not isinstance(value, str):
+    check_value_type(column.is_text, name, value)
+
+
+def check_value_type(is_text: bool, name: str, value: str | float) -> None:
+    """FilterError unless ``value`` is of the column's kind (text: a quoted string; numbers: a number)."""
+    if is_text and not isinstance(value, str):
         raise FilterError(f"where: column {name!r} holds text; compare it with a quoted string, e.g. "
                           f"{name} = \"{value:g}\"")
-    if not column.is_text and isinstance(value, str):
+    if not is_text and isinstance(value, str):
         raise FilterError(f"where: column {name!r} holds numbers; compare it with a number, not {value!r}")
+
+
+def unknown_column(name: str, known_names: list[str] | None) -> FilterError:
+    """The refusal of a filter naming a column the index lacks, listing those it has."""
+    known = f"; the columns are: {', '.join(known_names)}" if known_names else ""
+    return FilterError(f"where: no column {name!r} in this index{known}")
 
 
 def _compare(column: Column, node: Compare) -> np.ndarray:

@@ -330,7 +330,8 @@ class Index:
             kept = [(s, i) for s, i in zip(query_scores, query_ids, strict=True) if i in rows and i not in exclude]
             results.append([SearchResult(i, rows[i]["path"], rows[i]["label"], s) for s, i in kept[:depth]])
         if reranking:
-            results = self._reranked(embeddings, results, k, rerank, cancelled)
+            results = reranked_results(prepare_vectors(embeddings, self.dim), results, k, rerank,
+                                       self.reconstructed_vectors, cancelled)
         return results
 
     def rerank_neighbourhood(self) -> Neighbourhood:
@@ -345,21 +346,6 @@ class Index:
         """The vectors [n, d] faiss holds for ``ids`` (``faiss_search.reconstructed_vectors``)."""
         return faiss_search.reconstructed_vectors(self.faiss_index, ids)
 
-    def _reranked(self, embeddings: np.ndarray, found: list[list[SearchResult]], k: int,
-                  config: RerankConfig, cancelled: Callable[[], bool] | None = None) -> list[list[SearchResult]]:
-        """Each query's results with its shortlist re-ranked (``rerank_lists``), cut to k."""
-        lists = np.full((len(found), max(map(len, found), default=0)), -1, dtype=np.int64)
-        for row, results in enumerate(found):
-            lists[row, : len(results)] = [result.id for result in results]
-        ids, scores = rerank_lists(prepare_vectors(embeddings, self.dim), lists, self.reconstructed_vectors, config,
-                                   cancelled)
-        reranked = []
-        for row, results in enumerate(found):
-            by_id = {result.id: result for result in results}
-            reranked.append([dataclasses.replace(by_id[i], rerank_score=None if math.isnan(s) else s)
-                             for i, s in zip(ids[row].tolist(), scores[row].tolist(), strict=True) if i >= 0][:k])
-        return reranked
-
     def search_images(
         self, images: Sequence[Any], k: int = 10, embedder: ImageEmbedder | None = None
     ) -> list[list[SearchResult]]:
@@ -372,3 +358,20 @@ class Index:
 
         pil = [open_image(image) if isinstance(image, (str, Path)) else image for image in images]
         return self.search(self.embedder.embed(pil), k)
+
+
+def reranked_results(queries: np.ndarray, found: list[list[SearchResult]], k: int, config: RerankConfig,
+                     vectors_of: Callable[[np.ndarray], np.ndarray],
+                     cancelled: Callable[[], bool] | None = None) -> list[list[SearchResult]]:
+    """Each query's results (``queries``: L2-normalised [n, d]) with its shortlist re-ranked (``rerank_lists``,
+    the candidates' stored vectors from ``vectors_of(ids)``), cut to k."""
+    lists = np.full((len(found), max(map(len, found), default=0)), -1, dtype=np.int64)
+    for row, results in enumerate(found):
+        lists[row, : len(results)] = [result.id for result in results]
+    ids, scores = rerank_lists(queries, lists, vectors_of, config, cancelled)
+    reranked = []
+    for row, results in enumerate(found):
+        by_id = {result.id: result for result in results}
+        reranked.append([dataclasses.replace(by_id[i], rerank_score=None if math.isnan(s) else s)
+                         for i, s in zip(ids[row].tolist(), scores[row].tolist(), strict=True) if i >= 0][:k])
+    return reranked

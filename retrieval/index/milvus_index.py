@@ -1,0 +1,266 @@
+"""``MilvusIndex``: search an index held in a Milvus collection as ``Index`` searches a folder, with the same
+results (``SearchResult``), filters (``where``, translated by ``milvus_collection.milvus_filter``), exclusions and
+re-ranking (the candidates' vectors fetched from the collection).
+
+Every answer is the collection's at the time of the request (strong consistency): a row that ``retrieval index
+add`` or ``remove`` wrote is seen by the next search of every server. What is read once and kept (the labels'
+typical class size that sets re-ranking's unset sizes) is read again after ``REFRESH_S``. Read side only.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Collection, Sequence
+from pathlib import Path, PurePath, PurePosixPath
+from typing import Any
+
+import numpy as np
+
+from retrieval.errors import ParameterError
+from retrieval.index.embedder import ImageEmbedder, NoModel, has_model, index_embedder, load_model, prepare_vectors
+from retrieval.index.filters import Filter, parse_filter
+from retrieval.index.milvus_collection import (
+    ID,
+    LABEL,
+    PATH,
+    SHA256,
+    VECTOR,
+    CollectionRecord,
+    MilvusError,
+    MilvusPlace,
+    connect,
+    milvus_filter,
+    read_record,
+    search_params,
+)
+from retrieval.index.search import MAX_K, SearchResult, check_k, reranked_results
+from retrieval.rerank import RerankConfig
+from retrieval.rerank_defaults import Neighbourhood, gallery_filled, neighbourhood_from_counts
+
+REFRESH_S = 60.0  # how long a label count read from the collection is kept
+QUERY_PAGE = 16384  # rows per page when the whole collection is read (labels, ids)
+MAX_ID_LIST = 16384  # ids per ``id in [...]`` expression
+
+
+class MilvusIndex:
+    """An index in a Milvus collection (``place``), searched with embeddings or with ``model``'s image embeddings.
+
+    Paths are stored as the API shows them (relative to the gallery root); ``gallery_root`` is where the images
+    are on this machine, for the image route (None: the pushed index's recorded root)."""
+
+    def __init__(self, place: MilvusPlace, model: str | None = None, gallery_root: str | None = None,
+                 client: Any = None) -> None:
+        self.place = place
+        self.client = client if client is not None else connect(place)
+        record = read_record(self.client, place.collection)
+        if record is None:
+            raise MilvusError("collection", f"{place.collection!r} does not exist at {place.uri}; push an index "
+                                            "into it first: `retrieval index push INDEX --milvus URI --collection "
+                                            "NAME`")
+        self.record, self.info = record, dict(record.info)
+        self._model_path, self._embedder = model, None
+        self._gallery_root = gallery_root
+        self._neighbourhood: tuple[float, Neighbourhood] | None = None
+        self._lock = threading.Lock()
+
+    # --- what it is
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> MilvusIndex:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __len__(self) -> int:
+        rows = self.client.query(self.place.collection, filter="", output_fields=["count(*)"])
+        return int(rows[0]["count(*)"])
+
+    @property
+    def dim(self) -> int:
+        return self.record.dim
+
+    @property
+    def model_hash(self) -> str | None:
+        return self.record.model_hash
+
+    @property
+    def has_model(self) -> bool:
+        return has_model(self.info)
+
+    @property
+    def model_output(self) -> str | None:
+        return self.info.get("model_output")
+
+    @property
+    def embedder(self) -> ImageEmbedder:
+        """The query model: ``model`` given at open, else the pushed index's model file where it is on this
+        machine; it must be the collection's model or one declared compatible with it (``index_embedder``). A
+        collection of vectors built from embeddings has none: a ``NoModel``, which refuses to embed."""
+        if self._embedder is None:
+            where = Path(str(self.place))
+            if not self.has_model:
+                self._embedder = NoModel(self.dim, where)
+            else:
+                path = self._model_path or self.info.get("model_path")
+                if not path or not Path(path).is_file():
+                    raise ParameterError("model", f"is needed to search {self.place} with images: its model "
+                                                  f"{self.model_hash} is not on this machine; give its ONNX file "
+                                                  "(--model M.onnx)")
+                self._embedder = index_embedder(self.info, load_model(path), where)
+        return self._embedder
+
+    @property
+    def gallery_root(self) -> PurePath:
+        """Where the images are: ``gallery_root`` given at open, else the pushed index's recorded root."""
+        return PurePath(self._gallery_root or self.info.get("gallery_root") or "/")
+
+    def public_path(self, path: str) -> str:
+        """Paths are stored as shown: the path itself."""
+        return path
+
+    def image_file(self, path: str) -> str | None:
+        """The file of a stored (relative) path under the gallery root; None for a path that would leave it."""
+        pure = PurePosixPath(path)
+        if pure.is_absolute() or ".." in pure.parts:
+            return None
+        return str(self.gallery_root / pure)
+
+    # --- rows
+    def indexed_rows(self, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """id -> row (id, path, label, sha256) of the ``ids`` the collection holds; others are absent."""
+        wanted = sorted({int(i) for i in ids})
+        rows: dict[int, dict[str, Any]] = {}
+        for start in range(0, len(wanted), MAX_ID_LIST):
+            chunk = wanted[start: start + MAX_ID_LIST]
+            found = self.client.query(self.place.collection, filter=f"{ID} in {chunk}",
+                                      output_fields=[PATH, LABEL, SHA256])
+            rows.update({int(row[ID]): _row(row) for row in found})
+        return rows
+
+    def indexed_row(self, image_id: int) -> dict[str, Any] | None:
+        return self.indexed_rows([image_id]).get(int(image_id))
+
+    def indexed_by_sha256(self, sha256: str) -> dict[str, Any] | None:
+        """The row (lowest id) whose file has this sha256."""
+        if not isinstance(sha256, str) or not sha256.isalnum() or len(sha256) != 64:
+            return None
+        found = self.client.query(self.place.collection, filter=f'{SHA256} == "{sha256}"',
+                                  output_fields=[PATH, LABEL, SHA256])
+        return _row(min(found, key=lambda row: row[ID])) if found else None
+
+    def label_counts(self) -> dict[str | None, int]:
+        """Rows per label (None: unlabelled), read page by page."""
+        counts: dict[str | None, int] = {}
+        for page in self._pages([LABEL]):
+            for row in page:
+                counts[row.get(LABEL)] = counts.get(row.get(LABEL), 0) + 1
+        return counts
+
+    def _pages(self, fields: list[str], where: str = "") -> Any:
+        iterator = self.client.query_iterator(self.place.collection, batch_size=QUERY_PAGE, filter=where,
+                                              output_fields=fields)
+        try:
+            while page := iterator.next():
+                yield page
+        finally:
+            iterator.close()
+
+    # --- filters
+    def where_expression(self, where: str | Filter) -> str:
+        """``where`` as the collection's boolean expression (FilterError: the local refusals)."""
+        return milvus_filter(parse_filter(where) if isinstance(where, str) else where, self.record)
+
+    def matching_ids(self, where: str | Filter) -> np.ndarray:
+        """The sorted ids of the rows that match ``where``."""
+        expression = self.where_expression(where)
+        ids = [int(row[ID]) for page in self._pages([ID], expression) for row in page]
+        return np.unique(np.asarray(ids, dtype=np.int64))
+
+    # --- search
+    def search_arrays(self, embeddings: np.ndarray, k: int = 10, expression: str = "") -> tuple[np.ndarray,
+                                                                                               np.ndarray]:
+        """Cosine scores float32 [n, k] and ids int64 [n, k] (-1 where fewer than k), among the rows matching
+        ``expression`` (a Milvus expression; empty: all)."""
+        queries = prepare_vectors(embeddings, self.dim)
+        k = int(k)
+        scores = np.full((len(queries), k), -np.inf, dtype=np.float32)
+        ids = np.full((len(queries), k), -1, dtype=np.int64)
+        if not len(queries):
+            return scores, ids
+        found = self.client.search(self.place.collection, data=queries.tolist(), limit=k, filter=expression,
+                                   output_fields=[], anns_field=VECTOR,
+                                   search_params=search_params(self.record.index_type, k))
+        for row, hits in enumerate(found):
+            for column, hit in enumerate(list(hits)[:k]):
+                ids[row, column], scores[row, column] = int(hit["id"]), float(hit["distance"])
+        return np.clip(scores, -1.0, 1.0, out=scores), ids
+
+    def search(
+        self, embeddings: np.ndarray, k: int = 10, exclude_ids: Collection[int] = (),
+        where: str | Filter | None = None, rerank: RerankConfig | None = None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> list[list[SearchResult]]:
+        """Per query, the top-k rows best first (``Index.search``'s contract): ``exclude_ids`` left out (the
+        collection is asked to leave them out, so k results remain where enough rows are left), ``where`` keeps
+        the rows that match it, ``rerank`` re-orders each query's top ``rerank.candidates`` from their stored
+        vectors."""
+        k = check_k(k)
+        reranking = rerank is not None and rerank.active
+        if reranking:
+            rerank = gallery_filled(rerank, self.rerank_neighbourhood)[0]
+        depth = max(k, rerank.candidates) if reranking else k
+        exclude = sorted({int(i) for i in exclude_ids})
+        if len(exclude) > MAX_K:
+            raise ValueError(f"exclude_ids holds {len(exclude)} ids; at most {MAX_K} can be left out")
+        parts = [f"({self.where_expression(where)})"] if where is not None else []
+        if exclude:
+            parts.append(f"{ID} not in {exclude}")
+        scores, ids = self.search_arrays(embeddings, depth, " and ".join(parts))
+        rows = self.indexed_rows(ids[ids >= 0].tolist())
+        results = []
+        for query_scores, query_ids in zip(scores.tolist(), ids.tolist(), strict=True):
+            results.append([SearchResult(i, rows[i]["path"], rows[i]["label"], s)
+                            for s, i in zip(query_scores, query_ids, strict=True) if i in rows])
+        if reranking:
+            results = reranked_results(prepare_vectors(embeddings, self.dim), results, k, rerank,
+                                       self.reconstructed_vectors, cancelled)
+        return results
+
+    def rerank_neighbourhood(self) -> Neighbourhood:
+        """The gallery's typical class size (``rerank_defaults``), from the labels, read again after ``REFRESH_S``."""
+        with self._lock:
+            now = time.monotonic()
+            if self._neighbourhood is None or now - self._neighbourhood[0] > REFRESH_S:
+                self._neighbourhood = (now, neighbourhood_from_counts(self.label_counts()))
+            return self._neighbourhood[1]
+
+    def reconstructed_vectors(self, ids: np.ndarray) -> np.ndarray:
+        """The stored vectors [n, d] of ``ids`` (the collection keeps them exactly)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        out = np.zeros((len(ids), self.dim), dtype=np.float32)
+        wanted = sorted({int(i) for i in ids.tolist()})
+        vectors: dict[int, Any] = {}
+        for start in range(0, len(wanted), MAX_ID_LIST):
+            chunk = wanted[start: start + MAX_ID_LIST]
+            for row in self.client.query(self.place.collection, filter=f"{ID} in {chunk}", output_fields=[VECTOR]):
+                vectors[int(row[ID])] = row[VECTOR]
+        for n, image_id in enumerate(ids.tolist()):
+            if image_id in vectors:
+                out[n] = vectors[image_id]
+        return out
+
+
+def _row(row: dict[str, Any]) -> dict[str, Any]:
+    return {"id": int(row[ID]), "path": row.get(PATH), "label": row.get(LABEL), "sha256": row.get(SHA256)}
+
+
+def open_collection_record(place: MilvusPlace) -> CollectionRecord | None:
+    """The record of ``place``'s collection, None when it does not exist (one connection, closed)."""
+    client = connect(place)
+    try:
+        return read_record(client, place.collection)
+    finally:
+        client.close()
