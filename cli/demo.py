@@ -162,9 +162,10 @@ def show_evaluation(readings: dict[str, Any], report_path: Path) -> None:
     before, after = readings["pretrained"], readings["delivered"]
     _step(3, "evaluation on the test subgroups, unseen in training (a query's relevant images: its Unicode "
              "subgroup, e.g. face-smiling); pretrained backbone -> demo model:")
-    for key, text in readings["labels"].items():
-        if key in before and key in after:
-            click.echo(f"  {text + ':':<66} {before[key]:.4f} -> {after[key]:.4f} ({after[key] - before[key]:+.4f})")
+    shown = {key: text for key, text in readings["labels"].items() if key in before and key in after}
+    width = max(map(len, shown.values()), default=0) + 1
+    for key, text in shown.items():
+        click.echo(f"  {text + ':':<{width}} {before[key]:.4f} -> {after[key]:.4f} ({after[key] - before[key]:+.4f})")
     click.echo("  The demo trains a head on the pretrained backbone's features: on emoji it gains about 2 points of "
                "MAP@R and keeps the photos within 1 point; fine-tuning the whole backbone gained no more and less "
                "steadily, and the target of +5 points of MAP@R is not reached (docs/RESULTS.md, \"The demo's "
