@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -75,71 +76,135 @@ def manifest_columns(ids: Sequence[int], extra: dict[int, str]) -> dict[str, tup
     return columns
 
 
-def push_index(index_dir: str | Path, place: MilvusPlace, index_type: str = "AUTOINDEX",
-               batch_rows: int = BATCH_ROWS, progress: bool = True) -> dict[str, Any]:
-    """Push the index in ``index_dir`` into ``place``'s collection (created with ``index_type`` when missing;
-    resumed when a push was stopped); returns a summary (rows sent, rows already there, seconds)."""
+def push_index(index_dir: str | Path, place: MilvusPlace, index_type: str | None = None,
+               batch_rows: int = BATCH_ROWS, progress: bool = True, switch: bool = False) -> dict[str, Any]:
+    """Make ``place``'s collection hold exactly the rows of the index in ``index_dir``; returns a summary.
+
+    ``place.collection`` is the name servers use: an alias of a collection named after it and the model
+    (``physical_name``), created with ``index_type`` (default AUTOINDEX; None: the existing collection's) and
+    given the alias once its every row is in, so that no
+    server sees a half-pushed collection. Pushed again (after ``index add``, ``remove`` or a relabel), it sends
+    the rows the collection lacks, writes again those whose path, label or columns changed and deletes those the
+    index no longer holds. An index of another model is refused, naming both hashes, unless ``switch``: then it
+    goes into its own collection and the alias moves to it in one step (``index upgrade``), the old collection
+    dropped after."""
     from retrieval.index.live import Snapshot
+
+    started = time.perf_counter()
+    client = connect(place)
+    try:
+        with Snapshot.open(index_dir) as index:
+            ids, paths, labels, extra = index.filter_rows()
+            columns = manifest_columns(ids, extra)
+            wanted = CollectionRecord(dict(index.info), column_fields([(n, t) for n, (t, _) in columns.items()]),
+                                      index_type or "AUTOINDEX", PUSHING, rows=len(ids))
+            served = _served_collection(client, place.collection)
+            target = physical_name(place.collection, wanted.model_hash) if served is None else served
+            if served is not None and switch and read_record(client, served).model_hash != wanted.model_hash:
+                target = physical_name(place.collection, wanted.model_hash)
+            record = read_record(client, target)
+            if record is None:
+                record = wanted
+                _create(client, target, record, _preprocessing(index))
+            else:
+                _check_resumable(record, wanted if index_type else replace(wanted, index_type=record.index_type),
+                                 target)
+            rows = _collection_rows(client, target, record)
+            sent, deleted = _write(client, target, record, index, ids, paths, labels, columns, rows, batch_rows,
+                                   progress)
+            record.state, record.rows = COMPLETE, len(ids)
+            client.flush(target)
+            client.alter_collection_properties(target, {RECORD: record.properties()[RECORD]})
+            old = _point_alias(client, place.collection, target, served)
+    finally:
+        client.close()
+    return {"collection": place.collection, "physical": target, "rows": len(ids), "sent": sent,
+            "already_there": len(rows) - deleted, "deleted": deleted, "dropped": old,
+            "seconds": round(time.perf_counter() - started, 3), "state": COMPLETE}
+
+
+def physical_name(name: str, model_hash: str | None) -> str:
+    """The collection that holds the rows served under ``name`` for one model: ``NAME__<hash>``."""
+    return f"{name}__{(model_hash or 'vectors')[:16]}"
+
+
+def _served_collection(client: Any, name: str) -> str | None:
+    """The collection ``name`` serves now (itself, or the one its alias points to); None when neither exists."""
+    if not client.has_collection(name):
+        return None
+    return str(client.describe_collection(name).get("collection_name") or name)
+
+
+def _point_alias(client: Any, name: str, target: str, served: str | None) -> str | None:
+    """Point the alias ``name`` at ``target`` in one step; the collection it left is dropped (its name returned)."""
+    if served == target:
+        return None
+    if served is None:
+        client.create_alias(target, name)
+        return None
+    client.alter_alias(target, name)
+    client.drop_collection(served)
+    return served
+
+
+def _collection_rows(client: Any, collection: str, record: CollectionRecord) -> dict[int, tuple]:
+    """id -> (path, label, column values...) of every row ``collection`` holds, read in pages."""
+    fields = [PATH, LABEL, *(c.field for c in record.columns)]
+    iterator = client.query_iterator(collection, batch_size=ID_PAGE, filter="", output_fields=fields)
+    rows: dict[int, tuple] = {}
+    try:
+        while page := iterator.next():
+            rows.update((int(row[ID]), tuple(row.get(f) for f in fields)) for row in page)
+    finally:
+        iterator.close()
+    return rows
+
+
+def _write(client: Any, collection: str, record: CollectionRecord, index: Any, ids: list[int], paths: list[str],
+           labels: list[str | None], columns: dict[str, tuple[bool, list[Any]]], present: dict[int, tuple],
+           batch_rows: int, progress: bool) -> tuple[int, int]:
+    """Send the rows ``present`` lacks or holds otherwise, delete those the index no longer holds; (sent,
+    deleted)."""
     from retrieval.index.shards import ShardStore
     from retrieval.index.vectors import done_chunks
     from retrieval.progress import progress_bar
 
-    started = time.perf_counter()
-    client = connect(place)
-    with Snapshot.open(index_dir) as index:
-        ids, paths, labels, extra = index.filter_rows()
-        columns = manifest_columns(ids, extra)
-        record = CollectionRecord(dict(index.info), column_fields([(n, t) for n, (t, _) in columns.items()]),
-                                  index_type, PUSHING, rows=len(ids))
-        existing = read_record(client, place.collection)
-        if existing is not None:
-            _check_resumable(existing, record, place)
-            record = existing
-        elif len(ids):
-            _create(client, place.collection, record, _preprocessing(index))
-        present = _present_ids(client, place.collection) if existing is not None else set()
-        if existing is not None and existing.state == COMPLETE and present == set(ids):
-            return {"collection": place.collection, "rows": len(ids), "sent": 0, "already_there": len(present),
-                    "seconds": round(time.perf_counter() - started, 3), "state": COMPLETE}
-        extra_present = present - set(ids)
-        if extra_present:
-            raise MilvusError("collection", f"{place.collection!r} holds {len(extra_present)} rows this index does "
-                                            f"not have (e.g. id {min(extra_present)}): it was written by another "
-                                            "index or command; push into a new collection")
-        public = {int(i): (index.public_path(p), label) for i, p, label in zip(ids, paths, labels, strict=True)}
-        values = {name: dict(zip(ids, column_values, strict=True)) for name, (_, column_values) in columns.items()}
-        sha = {int(i): row.get("sha256") for i, row in index.catalogue.rows(ids).items()}
-        done = {int(i): shard for i, shard in index.catalogue.shards_of(ids).items()}
-        sent = 0
-        bar = progress_bar(total=len(ids) - len(present), desc=f"push to {place.collection}", unit="row",
-                           disable=not progress)
-        with bar:
-            for chunk_ids, vectors in done_chunks(ShardStore(index.layout.shards, read_only=True), done):
-                keep = np.fromiter((int(i) not in present for i in chunk_ids), bool, len(chunk_ids))
-                chunk_ids, vectors = chunk_ids[keep], l2_normalize_rows(vectors[keep], zero_rows="keep")
-                for start in range(0, len(chunk_ids), batch_rows):
-                    batch = chunk_ids[start: start + batch_rows].tolist()
-                    rows = list(_rows(batch, vectors[start: start + batch_rows], public, sha, values, record))
-                    client.insert(place.collection, rows)
-                    sent += len(rows)
-                    bar.update(len(rows))
-        if len(ids):
-            client.flush(place.collection)
-            record.state = COMPLETE
-            client.alter_collection_properties(place.collection, {RECORD: record.properties()[RECORD]})
-    return {"collection": place.collection, "rows": len(ids), "sent": sent, "already_there": len(present),
-            "seconds": round(time.perf_counter() - started, 3), "state": record.state if len(ids) else "empty"}
+    public = {int(i): (index.public_path(p), label) for i, p, label in zip(ids, paths, labels, strict=True)}
+    values = {name: dict(zip(ids, column_values, strict=True)) for name, (_, column_values) in columns.items()}
+    wanted = {i: (public[i][0], public[i][1], *(values[c.name][i] for c in record.columns)) for i in public}
+    stale = [i for i in present if i not in wanted]
+    for start in range(0, len(stale), ID_PAGE):
+        client.delete(collection, filter=f"{ID} in {stale[start: start + ID_PAGE]}")
+    changed = {i for i, row in wanted.items() if present.get(i) != row}
+    sha = {int(i): row.get("sha256") for i, row in index.catalogue.rows(sorted(changed)).items()}
+    done = {int(i): shard for i, shard in index.catalogue.shards_of(changed).items()}
+    sent = 0
+    with progress_bar(total=len(changed), desc=f"push to {collection}", unit="row", disable=not progress) as bar:
+        for chunk_ids, vectors in done_chunks(ShardStore(index.layout.shards, read_only=True), done):
+            vectors = l2_normalize_rows(vectors, zero_rows="keep")
+            for start in range(0, len(chunk_ids), batch_rows):
+                batch = chunk_ids[start: start + batch_rows].tolist()
+                rows = list(_rows(batch, vectors[start: start + batch_rows], public, sha, values, record))
+                fresh = [row for row in rows if row[ID] not in present]
+                if fresh:  # insert: no row of theirs is there (an insert of a present id would be a second row)
+                    client.insert(collection, fresh)
+                if len(fresh) < len(rows):
+                    client.upsert(collection, [row for row in rows if row[ID] in present])
+                sent += len(rows)
+                bar.update(len(rows))
+    return sent, len(stale)
 
 
-def _check_resumable(existing: CollectionRecord, wanted: CollectionRecord, place: MilvusPlace) -> None:
+def _check_resumable(existing: CollectionRecord, wanted: CollectionRecord, collection: str) -> None:
     """Refuse a collection that holds another model's vectors, other columns or another vector index type."""
-    refuse_other_model(existing, wanted.model_hash, place.collection,
-                       "push into a new collection (an upgrade switches an alias: `retrieval index upgrade`)")
+    refuse_other_model(existing, wanted.model_hash, collection,
+                       "push into a new collection, or move this name to the new model's vectors with "
+                       "`retrieval index upgrade`")
     if existing.dim != wanted.dim or existing.columns != wanted.columns:
-        raise MilvusError("collection", f"{place.collection!r} was pushed from an index with other vectors or "
+        raise MilvusError("collection", f"{collection!r} was pushed from an index with other vectors or "
                                         "manifest columns; push into a new collection")
     if existing.index_type != wanted.index_type:
-        raise MilvusError("index_type", f"is {wanted.index_type}, but {place.collection!r} was created with "
+        raise MilvusError("index_type", f"is {wanted.index_type}, but {collection!r} was created with "
                                         f"{existing.index_type}; give --index-type {existing.index_type} to resume, "
                                         "or push into a new collection")
 
@@ -161,18 +226,6 @@ def _preprocessing(index: Any) -> dict[str, Any]:
         return {"model": "not found"}
     return {key: config[key] for key in ("image_size", "input_size", "resize", "mean", "std", "normalize",
                                          "embedding_dim") if key in config}
-
-
-def _present_ids(client: Any, collection: str) -> set[int]:
-    """Every id the collection holds, read in pages."""
-    iterator = client.query_iterator(collection, batch_size=ID_PAGE, filter="", output_fields=[ID])
-    present: set[int] = set()
-    try:
-        while page := iterator.next():
-            present.update(int(row[ID]) for row in page)
-    finally:
-        iterator.close()
-    return present
 
 
 def _rows(ids: list[int], vectors: np.ndarray, public: dict[int, tuple[str, str | None]], sha: dict[int, Any],

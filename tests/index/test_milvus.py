@@ -27,7 +27,7 @@ from retrieval.index.milvus_collection import (  # noqa: E402
     read_record,
 )
 from retrieval.index.milvus_index import MilvusIndex  # noqa: E402
-from retrieval.index.milvus_push import push_index  # noqa: E402
+from retrieval.index.milvus_push import physical_name, push_index  # noqa: E402
 
 DIM = 16
 ROWS = 240
@@ -138,7 +138,8 @@ def test_a_push_killed_midway_resumes_without_sending_a_row_twice(pushed, tmp_pa
         push_index(root / "idx", place, index_type="FLAT", batch_rows=50, progress=False)
     monkeypatch.setattr(MilvusClient, "insert", real_insert)
     client = connect(place)
-    assert read_record(client, place.collection).state != COMPLETE  # marked unfinished until the last row
+    assert read_record(client, place.collection) is None  # the served name appears only once every row is in
+    assert read_record(client, physical_name(place.collection, None)).state != COMPLETE
     client.close()
     resumed = push_index(root / "idx", place, index_type="FLAT", batch_rows=50, progress=False)
     assert resumed["already_there"] == 100 and resumed["sent"] == ROWS - 100 and resumed["state"] == COMPLETE
@@ -186,3 +187,48 @@ def test_a_control_character_in_a_filter_string_is_refused_in_words(pushed):
 
 def test_pq_sub_vectors_divide_the_dimension():
     assert [pq_subquantizers(d) for d in (16, 512, 30, 7)] == [4, 128, 6, 1]
+
+
+def test_a_push_after_a_removal_and_a_relabel_makes_the_collection_hold_the_index_again(pushed, tmp_path):
+    import shutil
+
+    from retrieval.index import remove_images
+    from retrieval.index.catalogue import Catalogue
+
+    root, vectors, *_ = pushed
+    shutil.copytree(root / "idx", tmp_path / "idx")
+    place = MilvusPlace.checked(str(tmp_path / "sync.db"), "gallery")
+    push_index(tmp_path / "idx", place, index_type="FLAT", progress=False)
+    remove_images(tmp_path / "idx", ids=[1, 2, 3])
+    with Catalogue(tmp_path / "idx" / "catalogue.sqlite") as catalogue:
+        catalogue.db.execute("UPDATE images SET label = 'renamed' WHERE id IN (10, 11)")
+        catalogue.db.commit()
+    again = push_index(tmp_path / "idx", place, progress=False)  # the collection's own index type
+    assert again["deleted"] == 3 and again["sent"] == 2
+    with Index.open(tmp_path / "idx") as local, MilvusIndex(place) as remote:
+        assert len(remote) == ROWS - 3
+        np.testing.assert_array_equal(remote.matching_ids('label = "renamed"'), [10, 11])
+        assert [[r.id for r in row] for row in remote.search(vectors[:3], 10)] == \
+            [[r.id for r in row] for row in local.search(vectors[:3], 10)]
+
+
+def test_an_upgrade_moves_the_served_name_to_the_new_models_collection_in_one_step(pushed, tmp_path):
+    import json
+    import shutil
+
+    root, vectors, *_ = pushed
+    shutil.copytree(root / "idx", tmp_path / "idx")
+    place = MilvusPlace.checked(str(tmp_path / "switch.db"), "gallery")
+    first = push_index(tmp_path / "idx", place, index_type="FLAT", progress=False)
+    info = json.loads((tmp_path / "idx" / "index.json").read_text())
+    (tmp_path / "idx" / "index.json").write_text(json.dumps({**info, "model_hash": "fedcba9876543210"}))
+    with pytest.raises(MilvusError, match="index upgrade"):
+        push_index(tmp_path / "idx", place, progress=False)
+    switched = push_index(tmp_path / "idx", place, index_type="HNSW", progress=False, switch=True)
+    assert switched["physical"] == "gallery__fedcba9876543210" and switched["dropped"] == first["physical"]
+    client = connect(place)
+    assert client.describe_collection("gallery")["collection_name"] == "gallery__fedcba9876543210"
+    assert not client.has_collection(first["physical"])
+    client.close()
+    with MilvusIndex(place) as remote:
+        assert remote.model_hash == "fedcba9876543210" and remote.record.index_type == "HNSW" and len(remote) == ROWS
