@@ -48,3 +48,4 @@ clean:
 # The options tables in docs/, made from the configs' declarations (cli/config_options.py; a test checks them).
 docs: install
 	$(BIN)/python -m retrieval.cli.config_options .
+	$(BIN)/python benchmarks/render_tables.py

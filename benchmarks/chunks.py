@@ -60,6 +60,7 @@ def one_setting(args: argparse.Namespace, chunks: int) -> dict:
 
 
 def main() -> None:
+    from results_io import SAVE_HELP, record_tables  # benchmarks/ is on the path when run
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--image-size", type=int, default=128)
@@ -68,7 +69,9 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--memory-limit-gb", type=float, default=12.0)
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: run one setting, print JSON
+    parser.add_argument("--save", metavar="MACHINE", help=SAVE_HELP)
     args = parser.parse_args()
+    record_tables(f"chunks-batch{args.batch}", args.save)
     if args.one is not None:
         if args.device == "cpu":
             limit = int(args.memory_limit_gb * 2**30)

@@ -35,11 +35,14 @@ def images_per_s(run: Path) -> float:
 
 
 def main() -> None:
+    from results_io import SAVE_HELP, record_tables  # benchmarks/ is on the path when run
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batches", type=int, default=8)
     parser.add_argument("--image-size", type=int, default=64)
+    parser.add_argument("--save", metavar="MACHINE", help=SAVE_HELP)
     args = parser.parse_args()
+    record_tables("compatible-step", args.save)
     from retrieval.train import train
 
     work = Path(tempfile.mkdtemp(prefix="compatible-step-"))

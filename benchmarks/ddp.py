@@ -69,6 +69,7 @@ def steps(args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
+    from results_io import SAVE_HELP, record_tables  # benchmarks/ is on the path when run
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backbone", default="resnet18")
     parser.add_argument("--size", type=int, default=64)
@@ -79,7 +80,9 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--threads", type=int, default=None, help="(one process: defaults to --ranks)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--save", metavar="MACHINE", help=SAVE_HELP)
     args = parser.parse_args()
+    record_tables("ddp", args.save)
     args.threads = args.threads or args.ranks
     if args.worker:
         result = steps(args)
@@ -87,7 +90,7 @@ def main() -> None:
             print("RESULT " + json.dumps(result), flush=True)
         return
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    forwarded = [f"--{k}={v}" for k, v in vars(args).items() if k not in ("worker",)]
+    forwarded = [f"--{k}={v}" for k, v in vars(args).items() if k not in ("worker", "save")]
     one = [sys.executable, __file__, "--worker", *forwarded]
     single = [sys.executable, __file__, "--worker", *forwarded, "--threads=1"]
     ranks = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.ranks}",

@@ -1,4 +1,4 @@
-"""Peak memory of ``read_image`` per format and mode, for the worst images the pixel limit admits (issue 24).
+"""Peak memory of ``read_image`` per format and mode, for the worst images the pixel limit admits.
 
 Each image is decoded in a fresh subprocess; the peak is the process's own high-water mark (``VmHWM``, reset
 through ``/proc/self/clear_refs`` after decoding a 64 x 48 image of the same kind), so what the parent held
@@ -156,6 +156,7 @@ def measure(case: str, folder: Path, args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
+    from results_io import SAVE_HELP, record_tables  # benchmarks/ is on the path when run
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("cases", nargs="*", help="case names (default: all)")
     parser.add_argument("--decoder", default="", help="another decode.py to measure")
@@ -163,7 +164,9 @@ def main() -> None:
     parser.add_argument("--no-trim", action="store_true", help="turn trim_heap (malloc_trim) off")
     parser.add_argument("--threads", type=int, default=1, help="decode the images together in this many threads")
     parser.add_argument("--folder", default="/tmp/decode_memory", help="where the generated images are kept")
+    parser.add_argument("--save", metavar="MACHINE", help=SAVE_HELP)
     args = parser.parse_args()
+    record_tables("decode-concurrent" if args.threads > 1 else "decode-memory", args.save)
     folder = Path(args.folder)
     folder.mkdir(parents=True, exist_ok=True)
     if args.threads > 1:

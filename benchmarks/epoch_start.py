@@ -55,13 +55,16 @@ def one_run(cfg: TrainConfig, persistent: bool, epochs: int, batches: int, worke
 
 
 def main() -> None:
+    from results_io import SAVE_HELP, record_tables  # benchmarks/ is on the path when run
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", required=True, help="the emoji data folder (retrieval data prepare emoji)")
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--batches", type=int, default=10, help="batches an epoch")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", type=int, default=default_workers())
+    parser.add_argument("--save", metavar="MACHINE", help=SAVE_HELP)
     args = parser.parse_args()
+    record_tables("epoch-start", args.save)
     cfg = TrainConfig(dataset="emoji", data=args.data, image_size=128, batch_size=32, per_class=2,
                       augment="light", pretrained=False, eval_extra=[])
     rows: dict[str, list[dict[str, float]]] = {"new workers each epoch": [], "kept workers": []}

@@ -102,6 +102,7 @@ def fmt(values: list[float]) -> str:
 
 
 def main() -> None:
+    from results_io import SAVE_HELP, record_tables  # benchmarks/ is on the path when run
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backbones", nargs="+", default=["efficientnet_lite0", "resnet18"])
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 32])
@@ -110,7 +111,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=1.0, help="time per runtime per round")
+    parser.add_argument("--save", metavar="MACHINE", help=SAVE_HELP)
     args = parser.parse_args()
+    record_tables(["export-files", f"export-threads{args.threads}"], args.save)
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, onnxruntime {ort.__version__}, threads {args.threads}, "
           f"{args.size} px, {args.rounds} rounds x {args.seconds} s\n")

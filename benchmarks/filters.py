@@ -82,6 +82,7 @@ def filter_cost(n: int, rng: np.random.Generator) -> None:
 
 
 def main() -> None:
+    from results_io import SAVE_HELP, record_tables  # benchmarks/ is on the path when run
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=1_000_000)
     parser.add_argument("--dim", type=int, default=128)
@@ -90,7 +91,9 @@ def main() -> None:
     parser.add_argument("--lists", type=int, default=4096)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("-k", type=int, default=10)
+    parser.add_argument("--save", metavar="MACHINE", help=SAVE_HELP)
     args = parser.parse_args()
+    record_tables("filters", args.save)
     faiss.omp_set_num_threads(args.threads)
     rng = np.random.default_rng(0)
     clusters = 2000

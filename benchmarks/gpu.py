@@ -163,7 +163,8 @@ def sinkhorn_table(args: argparse.Namespace) -> None:
 
 def knn_timings(x, labels, device: str | None, k: int) -> tuple[float, float]:
     """(seconds of knn, seconds of evaluate) of leave-one-out exact kNN on rows ``x`` (cosine), on ``device``."""
-    from retrieval.metrics import evaluate, knn
+    from retrieval.metrics import evaluate
+    from retrieval.neighbours import knn
 
     start = time.perf_counter()
     knn(x, k=k, exclude_self=True, device=device)  # returns NumPy arrays: the GPU has finished
@@ -174,7 +175,7 @@ def knn_timings(x, labels, device: str | None, k: int) -> tuple[float, float]:
 
 
 def knn_table(args: argparse.Namespace) -> None:
-    from retrieval.metrics import knn
+    from retrieval.neighbours import knn
 
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; CPU: {torch.get_num_threads()} thread(s); "
           f"leave-one-out, cosine, D = {args.dim}, float32, k = {args.k}; evaluate: recall@1/@{args.k} and MAP@R, "
@@ -199,6 +200,7 @@ def knn_table(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    from results_io import SAVE_HELP, record_tables  # benchmarks/ is on the path when run
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train")
@@ -217,7 +219,9 @@ def main() -> None:
     knn_cmd.add_argument("--dim", type=int, default=512)
     knn_cmd.add_argument("--k", type=int, default=10)
     knn_cmd.add_argument("--class-size", type=int, default=20, help="rows per class (R + 1): the evaluate depth")
+    parser.add_argument("--save", metavar="MACHINE", help=SAVE_HELP)
     args = parser.parse_args()
+    record_tables({"train": "gpu-train-step"}.get(args.command, args.command), args.save)
     if not torch.cuda.is_available():
         sys.exit("benchmarks/gpu.py needs a CUDA GPU (torch.cuda.is_available() is False)")
     {"train": train_table, "sinkhorn": sinkhorn_table, "knn": knn_table}[args.command](args)

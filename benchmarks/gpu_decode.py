@@ -121,6 +121,7 @@ def nvjpeg_rate(data: list[torch.Tensor], batch: int, threads: int) -> float:
 
 
 def main() -> None:
+    from results_io import SAVE_HELP, record_tables  # benchmarks/ is on the path when run
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--folder", type=Path, default=Path("/tmp/gpu-jpegs"))
     parser.add_argument("--images", type=int, default=2048)
@@ -128,7 +129,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count())
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--device", default="cuda", help="cuda, or cpu for the hand-over rows alone")
+    parser.add_argument("--save", metavar="MACHINE", help=SAVE_HELP)
     args = parser.parse_args()
+    record_tables("gpu-decode", args.save)
     if not args.folder.exists():
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from gpu_input import write_folder

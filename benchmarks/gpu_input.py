@@ -196,6 +196,7 @@ def end_to_end(root: Path, out: Path, decode_on: str, args: argparse.Namespace) 
 
 
 def main() -> None:
+    from results_io import SAVE_HELP, record_tables  # benchmarks/ is on the path when run
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=8_000)
     parser.add_argument("--per-class", type=int, default=40, help="images per class in the folder")
@@ -211,7 +212,9 @@ def main() -> None:
                         help="the pipelines to time (--decode-on)")
     parser.add_argument("--folder", type=Path, default=None,
                         help="the JPEG folder: written there if missing, reused if present")
+    parser.add_argument("--save", metavar="MACHINE", help=SAVE_HELP)
     args = parser.parse_args()
+    record_tables("gpu-input", args.save)
     scratch = Path(tempfile.mkdtemp(prefix="gpu-input-"))
     root = args.folder or scratch / "jpegs"
     if not root.exists():

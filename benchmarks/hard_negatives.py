@@ -149,6 +149,7 @@ def print_pairing(batches: list[int], per_class: list[int]) -> None:
 
 
 def main() -> None:
+    from results_io import SAVE_HELP, record_tables  # benchmarks/ is on the path when run
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, nargs="+", default=[32, 128, 256])
     parser.add_argument("--per-class", type=int, nargs="+", default=[4],
@@ -168,7 +169,9 @@ def main() -> None:
     parser.add_argument("--losses", nargs="+", default=None, help="only these base losses (default: all)")
     parser.add_argument("--pairing", action="store_true", help="time the host's pairing (pair_grid) alone instead")
     parser.add_argument("--ops", action="store_true", help="count each row's top-level ops instead of timing it")
+    parser.add_argument("--save", metavar="MACHINE", help=SAVE_HELP)
     args = parser.parse_args()
+    record_tables("hard-negatives", args.save)
     if args.pairing:
         print_pairing(args.batch, args.per_class)
         return

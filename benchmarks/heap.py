@@ -6,7 +6,7 @@ the two alternated so that both see the same machine.
     .venv/bin/python benchmarks/heap.py train --repeats 3      # the demo recipe's step: batch 32, 128 px, AdamW
     .venv/bin/python benchmarks/heap.py demo --repeats 3 --out /tmp/heap-demo   # retrieval demo --no-serve, whole
 
-"off" is the code as it was before ``kept_heap``: glibc's own defaults (the benchmark makes ``kept_heap`` a no-op).
+"off" is glibc's own defaults, as without ``kept_heap`` (the benchmark makes ``kept_heap`` a no-op).
 "passive" (``--cases off,kept,passive``) is "kept" with ``OMP_WAIT_POLICY=PASSIVE``: idle OpenMP threads sleep
 instead of spinning. The ``tree_*`` columns are the CPU time of the whole child process, start-up and data workers
 included; the other columns cover the measured part alone (``wall_s``) in the main process alone (faults, peak).
@@ -110,6 +110,7 @@ def child(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    from results_io import SAVE_HELP, record_tables  # benchmarks/ is on the path when run
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=["embed", "train", "demo"])
     parser.add_argument("--repeats", type=int, default=3)
@@ -119,7 +120,9 @@ def main() -> None:
     parser.add_argument("--cases", default="off,kept", help="comma-separated, of: off, kept, passive")
     parser.add_argument("--off", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument(CHILD, action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--save", metavar="MACHINE", help=SAVE_HELP)
     args = parser.parse_args()
+    record_tables(f"heap-{args.what}", args.save)
     if args.child:
         child(args)
         return

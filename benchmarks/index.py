@@ -395,6 +395,7 @@ def read(args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
+    from results_io import SAVE_HELP, record_tables  # benchmarks/ is on the path when run
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -443,7 +444,9 @@ def main() -> None:
     v.add_argument("--queries", type=int, default=1000)
     v.add_argument("--ray-cpus", type=int, default=2)
     v.add_argument("--on-disk", action="store_true", help="merge with faiss.contrib.ondisk into an .ivfdata file")
+    parser.add_argument("--save", metavar="MACHINE", help=SAVE_HELP)
     args = parser.parse_args()
+    record_tables(args.what if args.what.startswith("ray") else f"index-{args.what}", args.save)
     if args.what == "read" and args.code:
         # The checkout to time comes first on the path, before any import of retrieval: its `retrieval` package
         # (the read path, retrieval.index) is then imported instead of the installed one, so that two versions of

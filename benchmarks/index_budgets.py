@@ -155,6 +155,7 @@ def table(args: argparse.Namespace) -> list[dict]:
 
 
 def main() -> None:
+    from results_io import SAVE_HELP, record_tables  # benchmarks/ is on the path when run
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     data = commands.add_parser("data")
@@ -176,7 +177,9 @@ def main() -> None:
             sub.add_argument("--peer-python", required=True)
         else:
             sub.add_argument("--budget", required=True, help="e.g. 40M (binary units on both sides)")
+    parser.add_argument("--save", metavar="MACHINE", help=SAVE_HELP)
     args = parser.parse_args()
+    record_tables("index-budgets", args.save)
     run = {"data": write_data, "ours": run_ours, "peer": run_peer, "table": table}[args.command]
     result = run(args)
     if args.command != "table":

@@ -51,6 +51,7 @@ def remove(index: str, ids: list[int]) -> None:
 
 
 def main() -> None:
+    from results_io import SAVE_HELP, record_tables  # benchmarks/ is on the path when run
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=1_000_000)
     parser.add_argument("--dim", type=int, default=128)
@@ -58,7 +59,9 @@ def main() -> None:
     parser.add_argument("--swaps", type=int, default=3)
     parser.add_argument("--index", help="an index folder made by an earlier run (skips building one)")
     parser.add_argument("--remove", help=argparse.SUPPRESS)  # internal: the writer process
+    parser.add_argument("--save", metavar="MACHINE", help=SAVE_HELP)
     args = parser.parse_args()
+    record_tables(["live-swap-writer", "live-swap-searches"], args.save)
     if args.remove:
         remove(args.index, json.loads(args.remove))
         return

@@ -124,12 +124,15 @@ def measure(case: Case, batch_size: int, repeats: int, warmup: int = 3) -> tuple
 
 
 def main(argv: list[str] | None = None) -> None:
+    from results_io import SAVE_HELP, record_tables  # benchmarks/ is on the path when run
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 128, 256])
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (1: steadier timings)")
     parser.add_argument("--only", nargs="*", help="loss names to run (default: all)")
+    parser.add_argument("--save", metavar="MACHINE", help=SAVE_HELP)
     args = parser.parse_args(argv)
+    record_tables("losses-pml", args.save)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 

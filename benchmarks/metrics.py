@@ -75,7 +75,7 @@ def run_knn_backends(args: argparse.Namespace) -> list[dict]:
     import faiss
     import numpy as np
 
-    from retrieval.metrics import knn
+    from retrieval.neighbours import knn
 
     x, _ = make_embeddings("random", args.n, args.dim, args.classes)
     x /= np.linalg.norm(x, axis=1, keepdims=True)
@@ -96,6 +96,7 @@ def run_knn_backends(args: argparse.Namespace) -> list[dict]:
 
 
 def main() -> None:
+    from results_io import SAVE_HELP, record_tables  # benchmarks/ is on the path when run
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
     parser.add_argument("--n", type=int, default=60000)
@@ -110,7 +111,9 @@ def main() -> None:
     parser.add_argument("--knn-backends", action="store_true")
     parser.add_argument("--knn-queries", type=int, default=2048)
     parser.add_argument("--kind", help=argparse.SUPPRESS)  # internal: run one case in this process
+    parser.add_argument("--save", metavar="MACHINE", help=SAVE_HELP)
     args = parser.parse_args()
+    record_tables("knn-backends" if args.knn_backends else "metrics", args.save)
     args.skip_clustering = args.skip_clustering or args.quick
 
     if args.kind:

@@ -136,7 +136,11 @@ def main() -> None:
     parser.add_argument("--types", nargs="+", default=["FLAT", "HNSW", "IVF_FLAT", "IVF_PQ"])
     parser.add_argument("--uri", default=None, help="a Milvus server (default: a Milvus Lite server started here)")
     parser.add_argument("--seconds", type=float, default=10.0, help="per replica measurement")
+    from results_io import SAVE_HELP, record_tables  # benchmarks/ is on the path when run
+
+    parser.add_argument("--save", metavar="MACHINE", help=SAVE_HELP)
     args = parser.parse_args()
+    record_tables(["milvus-search", "milvus-replicas"], args.save)
 
     import faiss
     from index_builds import write_embeddings_folder

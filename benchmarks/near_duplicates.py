@@ -309,6 +309,7 @@ def table(rows: list[dict], columns: list[str]) -> str:
 
 
 def main() -> None:
+    from results_io import SAVE_HELP, record_tables  # benchmarks/ is on the path when run
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("step", choices=["model", "gallery", "ours", "imagededup", "scale", "audit"])
     parser.add_argument("--out", type=Path, default=Path("near-duplicates"))
@@ -330,7 +331,9 @@ def main() -> None:
     parser.add_argument("--skip-cnn", action="store_true", help="imagededup: the hashes only (the CNN takes minutes)")
     parser.add_argument("--centred", action="store_true",
                         help="model: centre the head on the gallery's originals; ours: use that model")
+    parser.add_argument("--save", metavar="MACHINE", help=SAVE_HELP)
     args = parser.parse_args()
+    record_tables({"scale": "near-duplicates-1m"}.get(args.step, f"near-duplicates-{args.step}"), args.save)
     pair_columns = ["method", "pairs", "precision", "recall", *(f"recall_{k}" for k in KINDS), "seconds"]
     if args.step == "model":
         result: object = str(make_model(args.out, centre_on=args.out / "gallery" if args.centred else None))

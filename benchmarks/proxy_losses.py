@@ -36,6 +36,7 @@ def one_step_ms(loss: torch.nn.Module, emb: torch.Tensor, labels: torch.Tensor) 
 
 
 def main() -> None:
+    from results_io import SAVE_HELP, record_tables  # benchmarks/ is on the path when run
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--per-class", type=int, default=4)
@@ -45,7 +46,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--save", metavar="MACHINE", help=SAVE_HELP)
     args = parser.parse_args()
+    record_tables("proxy-losses", args.save)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     device = torch.device(args.device)

@@ -85,7 +85,7 @@ def head_embeddings(checkpoint: Path, features) -> np.ndarray:
 
 def full_gallery_dba(gallery: np.ndarray, k: int, alpha: float) -> np.ndarray:
     """Index-time DBA: every gallery vector augmented with its own top-k others in the whole gallery."""
-    from retrieval.metrics import knn
+    from retrieval.neighbours import knn
     from retrieval.rerank import augment_database
 
     scores, neighbours = knn(gallery, None, k=k, exclude_self=True)
@@ -233,6 +233,7 @@ def memory(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> None:
+    from results_io import SAVE_HELP, record_tables  # benchmarks/ is on the path when run
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("part", choices=["quality", "latency", "memory"])
     parser.add_argument("--datasets", nargs="+", default=list(DATASETS))
@@ -242,7 +243,9 @@ def main() -> None:
     parser.add_argument("--vectors", type=int, default=1_000_000)
     parser.add_argument("--dim", type=int, default=512)
     parser.add_argument("--queries", type=int, default=100)
+    parser.add_argument("--save", metavar="MACHINE", help=SAVE_HELP)
     args = parser.parse_args()
+    record_tables({"latency": "rerank"}.get(args.part, f"rerank-{args.part}"), args.save)
     print(json.dumps({"quality": quality, "latency": latency, "memory": memory}[args.part](args), indent=2))
 
 

@@ -309,6 +309,7 @@ def gallery_images(index_dir: Path, count: int = 64) -> list[bytes]:
 
 
 def main() -> None:
+    from results_io import SAVE_HELP, record_tables  # benchmarks/ is on the path when run
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -336,7 +337,10 @@ def main() -> None:
                         help="N single /search calls vs one /search/batch of N, in ROUNDS interleaved rounds")
     parser.add_argument("--batch-size", type=int, default=32, help="with --batch-compare: N, the images per batch")
     parser.add_argument("--repeats", type=int, default=3, help="with --batch-compare: each mode's runs per round")
+    parser.add_argument("--save", metavar="MACHINE", help=SAVE_HELP)
     args = parser.parse_args()
+    name = "observability" if args.observability_cost else "batch-queries" if args.batch_compare else "serve-load"
+    record_tables(name, args.save)
 
     if args.url:
         if not args.images:

@@ -1,5 +1,5 @@
-"""Transparent queries against the demo gallery: Recall@1 as a plain ``convert("RGB")`` read them, and as the decoder
-reads them now (alpha composited onto the model's background).
+"""Transparent queries against the demo gallery: Recall@1 as a plain ``convert("RGB")`` reads them, and as the decoder
+reads them (alpha composited onto the model's background).
 
 Queries are test emoji drawn by our own renderer on a transparent background (black under alpha 0, as many exported
 icons are), saved as PNG bytes as an upload would be. The gallery (built by ``make demo``) holds every test emoji in
@@ -28,8 +28,9 @@ from retrieval.data.emoji import default_renderers
 from retrieval.index import Index
 
 READINGS = {
-    "as uploaded, before the fix (convert RGB)": lambda png: Image.open(io.BytesIO(png)).convert("RGB"),
-    "as uploaded, after the fix (decoder + background)": lambda png: read_image(png).image,
+    "read with Pillow's convert(\"RGB\") (black under the transparent pixels)":
+        lambda png: Image.open(io.BytesIO(png)).convert("RGB"),
+    "read by read_image (composited onto the background)": lambda png: read_image(png).image,
 }
 REFERENCE = "reference: the same emoji drawn on white"
 
@@ -68,7 +69,7 @@ def plot(path: Path, recalls: dict[str, float], samples: list[dict[str, Image.Im
 
     fig = plt.figure(figsize=(12, 4.4))
     bars = fig.add_axes([0.06, 0.15, 0.4, 0.7])
-    names = ["before the fix", "after the fix", "white reference"]
+    names = ['convert("RGB")', "read_image", "white reference"]
     colours = ["#c44e52", "#55a868", "#8c8c8c"]
     ways = list(next(iter(recalls.values())))
     width = 0.8 / len(names)
@@ -97,13 +98,16 @@ def plot(path: Path, recalls: dict[str, float], samples: list[dict[str, Image.Im
 
 
 def main() -> None:
+    from results_io import SAVE_HELP, record_tables  # benchmarks/ is on the path when run
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--demo", type=Path, default=Path("artifacts/demo"), help="what `make demo` built")
     parser.add_argument("--count", type=int, default=600, help="number of transparent queries")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plot", type=Path, help="write a picture: Recall@1 bars and what the model saw")
     parser.add_argument("--json", type=Path, help="write the numbers as JSON")
+    parser.add_argument("--save", metavar="MACHINE", help=SAVE_HELP)
     args = parser.parse_args()
+    record_tables("transparent-queries", args.save)
 
     index_dir = args.demo / "index"
     queries = test_queries(args.demo / "data" / "emoji" / "manifest.csv", args.count, args.seed)

@@ -106,11 +106,14 @@ def serve_while(index: Path, query: bytes, command: list[str], new_hash: str) ->
 
 
 def main() -> None:
+    from results_io import SAVE_HELP, record_tables  # benchmarks/ is on the path when run
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=2000)
     parser.add_argument("--commit-every", type=int, default=256)
     parser.add_argument("--convs", type=int, default=2)
+    parser.add_argument("--save", metavar="MACHINE", help=SAVE_HELP)
     args = parser.parse_args()
+    record_tables("upgrade", args.save)
 
     from embedders import write_projection_onnx
 

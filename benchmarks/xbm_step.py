@@ -168,6 +168,7 @@ def train_rows(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    from results_io import SAVE_HELP, record_tables  # benchmarks/ is on the path when run
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=60)
     parser.add_argument("--per-class", type=int, default=12)
@@ -180,7 +181,9 @@ def main() -> None:
     parser.add_argument("--image-size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-train", action="store_true", help="the loss rows only")
+    parser.add_argument("--save", metavar="MACHINE", help=SAVE_HELP)
     args = parser.parse_args()
+    record_tables(["xbm-loss", "xbm-step"], args.save)
     torch.set_num_threads(args.threads)
     labels = torch.arange(args.batch // args.per_class).repeat_interleave(args.per_class)
     loss_rows(args, labels)

