@@ -1,5 +1,5 @@
-"""`retrieval results run|report`: the results grid (``retrieval.train.grid``), which writes docs/RESULTS.md and
-docs/results.json, the app's Results tab.
+"""`retrieval results run|report`: the results grid (``retrieval.train.grid``), which writes docs/results.json (the
+app's Results tab), its figures, and the generated parts of docs/RESULTS.md (the prose around them is kept).
 
     retrieval results run                          # the whole grid, 1.5-2 h in one process on 2 cores
     retrieval results run --shard 0/2 &            # or in two processes (about 80 min here), then
@@ -45,7 +45,8 @@ GRID_OPTIONS = [
     click.option("--feature-cache", help="backbone feature cache (default ~/.cache/retrieval/features)."),
     click.option("--markdown", type=click.Path(dir_okay=False, path_type=Path),
                  default=DEFAULT_RESULTS.parent / "RESULTS.md",
-                 help="the Markdown document (default: docs/RESULTS.md)."),
+                 help="the Markdown document whose generated parts (between its `<!-- results: ID -->` markers) "
+                      "are rewritten; its prose is kept (default: docs/RESULTS.md)."),
     click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=DEFAULT_RESULTS,
                  help="the results JSON, the app's Results tab (default: docs/results.json)."),
     click.option("--figures", type=click.Path(file_okay=False, path_type=Path),
@@ -103,7 +104,6 @@ def run_grid_command(tables: tuple[str, ...], seeds: tuple[str, ...], datasets: 
                      shard: tuple[int, int] = (0, 1)) -> None:
     """What ``run`` and ``report`` share: choose the tables, then list, run a shard, or run and write."""
     from retrieval.analysis.grid import TABLE_IDS, TABLES, default_datasets
-    from retrieval.analysis.grid_discussion import markdown_header
     from retrieval.train.grid import finished_report, plan, run_grid, train_command
 
     table_ids = _words(tables) or TABLE_IDS
@@ -142,11 +142,7 @@ def run_grid_command(tables: tuple[str, ...], seeds: tuple[str, ...], datasets: 
         return
     every_table = table_ids == TABLE_IDS
     command = RESULTS_COMMAND + ("" if every_table else " --tables " + ",".join(table_ids))
-    merging = json_path.is_file() and not every_table  # the other tables are kept from json_path
-    shown = TABLES if merging else chosen
-    header = markdown_header({k: v for k, v in specs.items() if any(k in t.datasets for t in shown)}, seed_list,
-                             RESULTS_COMMAND if merging else command)
-    results = run_grid(chosen, specs, seed_list, runs, feature_cache, markdown, json_path, figures, header,
+    results = run_grid(chosen, specs, seed_list, runs, feature_cache, markdown, json_path, figures,
                        cells=patterns[0], skip_cells=patterns[1], train=train, command=command)
     click.echo(f"{results['setup']['runs']} runs; training time {results['setup']['train_seconds_total']:.0f} s; "
                f"wrote {markdown} and {json_path}")

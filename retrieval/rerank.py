@@ -37,7 +37,7 @@ from retrieval.options import declared_options, field_problem, hint_members, opt
 
 NONE = "none"
 MAX_CANDIDATES = 1000  # the shortlist one query re-ranks at most: kreciprocal holds a few (m + 1)^2 matrices
-# (8 MiB each at the cap) and takes ~0.2 s (docs/BENCHMARKS.md, "Re-ranking")
+# (8 MiB each at the cap) and takes ~0.13 s (docs/BENCHMARKS.md, "Re-ranking")
 DEFAULT_CANDIDATES = 100
 MAX_NEIGHBOURS = 100  # k, k1 and k2 at most: neighbour lists longer than this re-rank nothing a shortlist holds
 MAX_ALPHA = 10.0  # sim^alpha: beyond 10 every weight but the nearest is ~0 (Radenović et al. use 3)

@@ -1,5 +1,6 @@
 """The results grid runner: trains every cell of ``retrieval.analysis.grid`` with ``retrieval.train.train`` and writes
-docs/RESULTS.md, docs/results.json (the app's Results tab) and the figures. ``retrieval results run`` calls it.
+docs/results.json (the app's Results tab), the figures and the generated parts of docs/RESULTS.md.
+``retrieval results run`` calls it.
 
 Every cell is one ``retrieval train`` run (the command is printed next to the cell in docs/RESULTS.md): the
 offline-pretrained EfficientNet-Lite0 stays frozen (its features are cached once per dataset) and a linear
@@ -8,8 +9,9 @@ method of a dataset; only the loss (and its hard-negative generation) changes. E
 tables show mean ± standard deviation. The grid is resumable: a finished run (report.json matching its
 configuration) is skipped, an interrupted one resumes from its last.pt.
 
-Outputs: RUNS/<dataset>/<cell>/seed<S>/ (the usual run folder), the Markdown (tables, discussion, commands), the
-results JSON (the same as data) and the figures.
+Outputs: RUNS/<dataset>/<cell>/seed<S>/ (the usual run folder), the results JSON, the figures, and in the Markdown
+the parts between ``<!-- results: ID -->`` markers (setup, tables, discussion, commands, figures); the Markdown's
+prose around them is written by hand and kept (``retrieval.analysis.results.results_document``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from tqdm.auto import tqdm
 
 from retrieval.analysis.grid import COMMON, RETRIEVAL_COLUMNS, TABLE_IDS, TABLES, DatasetSpec, Method, Table
 from retrieval.analysis.grid_discussion import DISCUSSIONS, curves, discuss_floor
-from retrieval.analysis.results import RESULTS_FORMAT, plot_curves, results_markdown, summarize
+from retrieval.analysis.results import FIGURE_FILE, RESULTS_FORMAT, plot_curves, results_document, summarize
 from retrieval.progress import progress_bar
 from retrieval.reports import LAST_CHECKPOINT
 from retrieval.train.config import TrainConfig
@@ -129,7 +131,7 @@ def floor_metrics(dataset: DatasetSpec, runs: Path, feature_cache: str | None) -
     q, ql = query.embeddings, query.labels
     metrics = evaluate_embeddings(q, ql, *((gallery.embeddings, gallery.labels) if gallery else (None, None)))
     if cfg.linear_probe:
-        from retrieval.metrics import linear_probe
+        from retrieval.linear_probe import linear_probe
 
         train_labels = trainer.data.clean_train_labels[features.train_feature_indices]
         metrics["linear_probe"] = linear_probe(features.train_features.cpu().numpy(), train_labels, q, ql,
@@ -220,10 +222,10 @@ def build_results(tables: list[Table], datasets: dict[str, DatasetSpec], runs_by
 # --- the grid ---------------------------------------------------------------------------------------------------
 def run_grid(tables: list[Table], datasets: dict[str, DatasetSpec], seeds: list[int], runs: Path,
              feature_cache: str | None = None, markdown: Path | None = None, json_path: Path | None = None,
-             figures: Path | None = None, header: str = "", shard: tuple[int, int] = (0, 1),
+             figures: Path | None = None, shard: tuple[int, int] = (0, 1),
              cells: tuple[str, ...] = ("*",), skip_cells: tuple[str, ...] = (), train: bool = True,
              keep_other_tables: bool = True, command: str = "") -> dict[str, Any]:
-    """Run (or skip) every cell, then write the results JSON, the Markdown and the figures.
+    """Run (or skip) every cell, then write the results JSON, the figures and the Markdown's generated parts.
 
     ``shard=(k, n)`` runs only every n-th run starting at k (n processes share the grid, one per core); the
     tables then hold only that shard's runs, so a final call without a shard writes the documents.
@@ -290,37 +292,21 @@ def run_grid(tables: list[Table], datasets: dict[str, DatasetSpec], seeds: list[
     if json_path:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(results, indent=1))
-    figure_links = []
+    links = {}
     if figures:
         run_ids = {t.id for t in tables}
         for curve in results["curves"]:
-            path = figures / f"{curve['id']}_hard_fraction.png"
+            path = figures / FIGURE_FILE.format(id=curve["id"])
             if curve["id"] in run_ids or not path.is_file():  # a kept table's figure stays as it is
                 path = plot_curves(curve, path)
-            figure_links.append((curve, path))
+            if markdown:
+                links[curve["id"]] = (path.relative_to(markdown.parent) if path.is_relative_to(markdown.parent)
+                                      else path).as_posix()
     if markdown:
-        setup = results["setup"]
-        body = _grid_size(setup) + results_markdown(results)
-        if failures:
-            body += "\n## Runs that failed (missing from the tables)\n\n" + "".join(
-                f"- `{f['run']}`: {f['error']}\n" for f in failures)
-        for curve, path in figure_links:
-            rel = path.relative_to(markdown.parent) if path.is_relative_to(markdown.parent) else path
-            heading = "## " + next(t["title"] for t in results["tables"] if t["id"] == curve["id"])
-            body = body.replace(heading, f"{heading}\n\n![{curve['title']}]({rel.as_posix()})", 1)
-        kept_text = hand_written(markdown.read_text()) if markdown.is_file() else ""
-        markdown.write_text(header + body + (f"\n{kept_text}\n" if kept_text else ""))
+        before = markdown.read_text(encoding="utf-8") if markdown.is_file() else None
+        markdown.parent.mkdir(parents=True, exist_ok=True)
+        markdown.write_text(results_document(before, results, links), encoding="utf-8")
     return results
-
-
-HAND_WRITTEN = ("<!-- hand-written:start -->", "<!-- hand-written:end -->")
-
-
-def hand_written(text: str) -> str:
-    """The part of docs/RESULTS.md between the HAND_WRITTEN markers (sections the grid does not produce, e.g.
-    robust fine-tuning), markers included, so that rewriting the grid's tables keeps it; "" when there is none."""
-    start, end = text.find(HAND_WRITTEN[0]), text.find(HAND_WRITTEN[1])
-    return text[start:end + len(HAND_WRITTEN[1])] if 0 <= start < end else ""
 
 
 def _run_seconds(run_dir: Path) -> float:
@@ -330,7 +316,7 @@ def _run_seconds(run_dir: Path) -> float:
 
 def _kept_tables(json_path: Path, run_ids: set[str]) -> dict[str, Any] | None:
     """The tables (and their curves) of an existing results file that this call does not run; their title, claim
-    and caveats are refreshed from the grid's definitions (a caveat about a changed default reaches them)."""
+    and caveats (what the app's Results tab shows with them) are refreshed from the grid's definitions."""
     if not json_path.is_file():
         return None
     previous = json.loads(json_path.read_text())
@@ -353,26 +339,6 @@ def _kept_tables(json_path: Path, run_ids: set[str]) -> dict[str, Any] | None:
         created, setup = previous.get("created", "?"), previous.get("setup", {})
     return {"tables": tables, "curves": [c for c in previous.get("curves", []) if c["id"] in ids],
             "created": created, "setup": setup}
-
-
-def _grid_size(setup: dict[str, Any]) -> str:
-    """The opening line of docs/RESULTS.md: how many runs, how long, and which tables come from an earlier grid."""
-    kept = setup.get("kept")
-    if not kept:
-        return (f"Grid size: {setup['runs']} runs; their training and evaluation took "
-                f"{setup['train_seconds_total'] / 60:.0f} min in all on this machine (sum of the runs' own times, "
-                "without the one-off feature extraction; runs of parallel `--shard` processes overlap).\n\n")
-    earlier = kept["setup"]
-    text = (f"Grid size: {earlier.get('runs', '?')} runs in the grid of {kept['from']} (training and evaluation "
-            f"{earlier.get('train_seconds_total', 0) / 60:.0f} min in all, the sum of the runs' own times); tables "
-            f"{', '.join(kept['tables'])} are kept from it as they were. Re-run since"
-            + (f" with `{setup['command']}`" if setup.get("command") else "")
-            + f": {setup['runs']} runs ({setup['train_seconds_total'] / 60:.0f} min of training and evaluation, "
-            "the sum of the runs' own times)")
-    missing = setup.get("cells_not_finished", [])
-    if missing:
-        text += f"; {len(missing)} cells had not finished all their seeds and are left empty"
-    return text + ".\n\n"
 
 
 def _in_repository(path: str) -> str:

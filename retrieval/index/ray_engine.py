@@ -56,7 +56,7 @@ START_CLUSTER = (
 
 # Where a small gallery is faster locally (``estimate_engines``): the rates when neither this index's throughput
 # record (catalogue meta ``THROUGHPUT_META``) holds a measured run. Measured on the 2-core reference machine,
-# docs/BENCHMARKS.md, "Ray engine (issue 16)", runs A-C (uint8 crops):
+# docs/BENCHMARKS.md, "Ray engine", runs A-C (uint8 crops):
 LOCAL_IMAGES_PER_S = 370.0  # the local engine end to end (325-424 img/s over runs A-C)
 RAY_ACTOR_IMAGES_PER_S = 390.0  # one embedding actor after the job's start-up (run B, 10,000 images: 385-399 img/s)
 RAY_STARTUP_S = 4.0  # Ray Data's fixed cost per job until the first embeddings (2.7-4.9 s warm, 5.7 s cold)

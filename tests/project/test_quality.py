@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shlex
 from pathlib import Path
 
@@ -13,7 +14,22 @@ import retrieval.train.grid as grid_runner
 from retrieval.analysis.grid import TABLES as GRID_TABLES
 from retrieval.analysis.grid import DatasetSpec, Method, Table
 from retrieval.analysis.grid_discussion import discuss_pairs
-from retrieval.analysis.results import best_rows, difference, format_cell, results_markdown, summarize
+from retrieval.analysis.results import (
+    MARKER,
+    best_rows,
+    difference,
+    format_cell,
+    generated_block,
+    generated_blocks,
+    grid_size,
+    marker_ids,
+    results_document,
+    results_markdown,
+    summarize,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS_MD, RESULTS_JSON = ROOT / "docs" / "RESULTS.md", ROOT / "docs" / "results.json"
 
 # The grid runner is under test, not the runs: 20 digits a class (the backbone's features are extracted once per
 # data set: 400 images, not 1797), a 64-d head (each run's linear probe fits a logistic regression on it), one step an
@@ -93,13 +109,16 @@ def test_finished_cells_are_skipped_and_interrupted_ones_resume(grid, monkeypatc
         return Trainer(cfg, progress=False).run()
 
     monkeypatch.setattr(train, "train", fake_train)
-    hand = f"{grid_runner.HAND_WRITTEN[0]}\n## Robust fine-tuning\n\nmeasured by hand\n{grid_runner.HAND_WRITTEN[1]}"
-    paths["markdown"].write_text(paths["markdown"].read_text() + "\n" + hand + "\n")
+    written = paths["markdown"].read_text()
+    hand = "## Robust fine-tuning\n\nmeasured by hand\n"
+    edited = written.replace("*Caveats:* caveat", "*Caveats:* a caveat written by hand") + "\n" + hand
+    stale = edited.replace("**Discussion.**", "**Discussion (stale).**", 1)  # a generated part edited by hand
+    paths["markdown"].write_text(stale)
     again = grid_runner.run_grid(TABLES, DATASETS, SEEDS, **paths)
     assert calls == []  # nothing was trained again
     assert again["tables"][0]["blocks"] == results["tables"][0]["blocks"]
-    markdown = paths["markdown"].read_text()
-    assert markdown.count(hand) == 1 and "## LoOp" in markdown  # the grid's tables rewritten, the hand part kept
+    # the generated parts rewritten from the results, the prose around them kept as it was
+    assert paths["markdown"].read_text() == edited
 
     interrupted = paths["runs"] / "digits" / "triplet+loop" / "seed1"
     (interrupted / "report.json").unlink()  # as if killed after its last checkpoint
@@ -173,6 +192,72 @@ def test_pair_discussion_counts_gains_beyond_noise():
     assert "triplet +10.0 (MAP@R +10.0)" in point and "holds only in part" in point
 
 
+def _prose(text: str) -> str:
+    """A results document without its generated parts: what is written by hand."""
+    return MARKER.sub(lambda m: m["id"], text)
+
+
+def test_results_md_agrees_with_results_json():
+    """docs/RESULTS.md's generated parts are exactly what docs/results.json renders to, and each has its place: a
+    number edited by hand, or a results file re-run without rewriting the page, fails here."""
+    document, results = RESULTS_MD.read_text(encoding="utf-8"), json.loads(RESULTS_JSON.read_text())
+    assert sorted(marker_ids(document)) == sorted(generated_blocks(results))
+    rendered = results_document(document, results)
+    stale = [i for i, (a, b) in enumerate(zip(document.splitlines(), rendered.splitlines(), strict=False)) if a != b]
+    assert rendered == document, f"docs/RESULTS.md disagrees with docs/results.json from line {stale[:1]}"
+
+
+def test_rewriting_results_md_keeps_the_prose():
+    document, results = RESULTS_MD.read_text(encoding="utf-8"), json.loads(RESULTS_JSON.read_text())
+    hand = document.replace("*Paper:* LoOp improves", "*Paper:* By hand, LoOp improves")
+    stale = hand.replace("| triplet | 15.4 ± 0.3 |", "| triplet | 99.9 ± 0.3 |", 1)
+    assert stale != hand and results_document(stale, results) == hand
+    changed = json.loads(json.dumps(results))
+    changed["tables"][0]["blocks"][0]["rows"][1]["cells"]["recall@1"]["mean"] = 0.01
+    rewritten = results_document(hand, changed)
+    assert "| triplet | 1.0 ± 0.3 |" in rewritten and _prose(rewritten) == _prose(hand)
+    with pytest.raises(ValueError, match="markers do not pair up"):  # else a part would swallow the prose after it
+        results_document(hand.replace("<!-- end results -->", "", 1), results)
+
+
+def test_results_md_has_its_prose_and_not_its_history():
+    """The prose lives in the page: the protocol, each table's claim and caveats; no work history in it."""
+    document = RESULTS_MD.read_text(encoding="utf-8")
+    prose = _prose(document)
+    assert "Protocol:" in prose and prose.count("*Paper:*") == len(GRID_TABLES)
+    assert prose.count("*Caveats:*") == len(GRID_TABLES)
+    assert not re.search(r"\bissue \d+|\bnot re-run\b|\blent\b|re-run since", document, re.IGNORECASE)
+    assert "seeds 0, 1, 2" in document and "lr 0.001" in document  # from the results, in the setup part
+
+
+def test_a_new_table_gets_a_section_and_a_new_document_its_parts():
+    results = json.loads(RESULTS_JSON.read_text())
+    document = RESULTS_MD.read_text(encoding="utf-8")
+    without = MARKER.sub(lambda m: "" if m["id"].startswith("proxy") else m[0], document)
+    rewritten = results_document(without, results)
+    proxy = next(t for t in results["tables"] if t["id"] == "proxy")
+    added = rewritten[len(without.rstrip("\n")):]
+    assert f"## {proxy['title']}" in added and f"*Caveats:* {proxy['caveats']}" in added
+    assert generated_block("proxy", generated_blocks(results)["proxy"]) in added
+    fresh = results_document(None, results)
+    assert fresh.startswith("# Results\n\n<!-- results: setup -->")
+    assert sorted(marker_ids(fresh)) == sorted(generated_blocks(results))
+    assert results_document(fresh, results) == fresh
+
+
+def test_grid_size_names_where_each_table_comes_from():
+    results = json.loads(RESULTS_JSON.read_text())
+    text = grid_size(results)
+    assert text.startswith("Grid size: tables loop, symm, sct and unified come from the grid of 2026-11-21 09:13:10 "
+                           "(312 runs, 126 min of training and evaluation")
+    assert "table dcdl comes from `retrieval results run --tables dcdl` of 2026-11-23 12:21:51 (180 runs, 338 min)" \
+        in text
+    single = {"tables": results["tables"][:1], "setup": {"runs": 8, "train_seconds_total": 600,
+                                                        "cells_not_finished": ["a", "b"]}}
+    assert grid_size(single).startswith("Grid size: 8 runs; their training and evaluation took 10 min in all")
+    assert grid_size(single).endswith("; 2 cells had not finished all their seeds and are left empty.")
+
+
 def test_results_tab_shows_tables_and_figure(grid, tmp_path):
     from retrieval.serve.ui import ResultsTab
 
@@ -222,7 +307,9 @@ def test_rerunning_one_table_keeps_the_others_and_shows_only_complete_cells(grid
     assert saved["curves"] == before["curves"]
     assert saved["tables"][2]["blocks"] == before["tables"][2]["blocks"]
     assert saved["setup"]["kept"]["tables"] == ["loop", "sct"]
-    assert "are kept from it as they were" in paths["markdown"].read_text()
+    markdown = paths["markdown"].read_text()
+    assert f"tables loop and sct come from the grid of {before['created']}" in markdown
+    assert "table dcdl comes from the grid of" in markdown
     grid_runner.run_grid(dcdl_table, DATASETS, SEEDS, **paths, train=False)  # again: the kept tables' origin stays
     twice = json.loads(paths["json_path"].read_text())
     assert twice["setup"]["kept"]["from"] == before["created"]
@@ -248,9 +335,8 @@ def test_results_command_runs_the_grid_with_its_options(tmp_path, monkeypatch):
     calls = []
 
     def fake_run_grid(tables, datasets, seeds, runs, feature_cache=None, markdown=None, json_path=None, figures=None,
-                      header="", **options):
-        calls.append(dict(tables=[t.id for t in tables], seeds=seeds, runs=runs, json_path=json_path,
-                          header=header, **options))
+                      **options):
+        calls.append(dict(tables=[t.id for t in tables], seeds=seeds, runs=runs, json_path=json_path, **options))
         return {"setup": {"runs": 0, "train_seconds_total": 0.0}}
 
     monkeypatch.setattr(grid_runner, "run_grid", fake_run_grid)
@@ -262,7 +348,6 @@ def test_results_command_runs_the_grid_with_its_options(tmp_path, monkeypatch):
     (call,) = calls
     assert call["tables"] == ["dcdl"] and call["seeds"] == [0, 1, 2] and call["train"] is False
     assert call["command"] == "retrieval results run --tables dcdl" and call["skip_cells"] == ("*sinkhorn*",)
-    assert "Produced by `retrieval results run --tables dcdl`" in call["header"]
 
     result = CliRunner().invoke(main, ["results", "run", "--tables", "loop,sct", "--shard", "1/2", "--datasets",
                                        "fmnist-disjoint", *paths])

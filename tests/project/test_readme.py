@@ -1,5 +1,6 @@
-"""The documentation stays true: the README's Python example runs as printed, and every relative link in the README
-and docs/ leads to a file of this repository."""
+"""The documentation stays true: the README's Python example runs as printed, its commands parse, and every relative
+link in the README and docs/ leads to a file of this repository. ``command_context`` is shared with
+``test_docs_code.py``, which checks every code block of docs/."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import click
 import pytest
+from doc_commands import command_context
 from embedders import write_projection_onnx
 
 from retrieval.data.synthetic import write_digits
@@ -72,35 +73,14 @@ def command_lines(text: str) -> list[list[str]]:
 
 def test_readme_command_line_example_is_valid(tmp_path, monkeypatch):
     """Every command the README shows parses with the options and values the command line has, and the training
-    command's options make a valid training configuration (running them trains for minutes: not here). What an
-    earlier command would have made (a folder, a file) is made empty when a later command asks for it."""
-    from retrieval.cli.config_options import option_values
-    from retrieval.cli.main import main
-    from retrieval.train.config import TrainConfig
-
+    command's options make a valid training configuration (running them trains for minutes: not here)."""
     monkeypatch.chdir(tmp_path)
     commands = command_lines(README.read_text(encoding="utf-8"))
     assert [args[0] for args in commands] == ["export", "index", "search", "serve",  # no training: a pretrained model
                                               "data", "train", "export", "index", "search", "serve",  # the story
                                               "train", "evaluate", "export", "index", "index"], commands  # upgrade
     for args in commands:
-        command, rest = main, list(args)
-        while isinstance(command, click.Group):
-            command, rest = command.commands[rest[0]], rest[1:]
-        context = None
-        for _ in range(8):
-            try:
-                context = command.make_context(args[0], list(rest))  # a wrong option or value raises UsageError
-                break
-            except click.BadParameter as exc:
-                missing = re.fullmatch(r"(File|Directory|Path) '(.+)' does not exist\.", exc.message)
-                assert missing, exc.format_message()
-                made = Path(missing.group(2))
-                made.parent.mkdir(parents=True, exist_ok=True)
-                made.mkdir() if missing.group(1) == "Directory" else made.touch()
-        assert context is not None, args
-        if command.name == "train":
-            TrainConfig(**option_values(TrainConfig, {}, context.params))
+        command_context(args)
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda page: page.relative_to(ROOT).as_posix())
