@@ -8,7 +8,7 @@ from retrieval.lazy import lazy_exports
 from retrieval.train.config import TrainConfig
 
 # public name -> the submodule that defines it (torch)
-_SOURCES = {"trainer": ("TrainingDiverged", "train")}
+_SOURCES = {"epochs": ("TrainingDiverged",), "trainer": ("train",)}
 __getattr__, __dir__ = lazy_exports(__name__, _SOURCES)
 
-__all__ = ["TrainConfig", *_SOURCES["trainer"]]
+__all__ = ["TrainConfig", *_SOURCES["epochs"], *_SOURCES["trainer"]]

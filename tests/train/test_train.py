@@ -114,14 +114,14 @@ class NaNEvery(torch.nn.Module):
 
 
 def test_non_finite_steps_are_skipped_then_stop(tmp_path, feature_cache, monkeypatch):
-    import retrieval.train.trainer as trainer_module
+    import retrieval.train.building as building
 
-    monkeypatch.setattr(trainer_module.losses, "build", lambda *a, **k: NaNEvery({2, 5}))
+    monkeypatch.setattr(building.losses, "build", lambda *a, **k: NaNEvery({2, 5}))
     report = train(all_digits_config(tmp_path / "ok", feature_cache, epochs=1), progress=False)
     assert report["history"][1]["skipped_steps"] == 2
     assert all(torch.isfinite(p).all() for p in load_embedder(tmp_path / "ok" / "last.pt").parameters())
 
-    monkeypatch.setattr(trainer_module.losses, "build", lambda *a, **k: NaNEvery(range(3, 100)))
+    monkeypatch.setattr(building.losses, "build", lambda *a, **k: NaNEvery(range(3, 100)))
     with pytest.raises(TrainingDiverged, match="5 steps in a row"):
         train(all_digits_config(tmp_path / "bad", feature_cache, epochs=1), progress=False)
 
@@ -258,10 +258,12 @@ def test_an_epoch_that_waits_for_its_batches_measures_the_wait_and_says_what_to_
 
 def test_the_trainer_reads_its_losses_back_in_one_transfer_and_logs_what_reading_every_step_logs(
         tmp_path, feature_cache, monkeypatch):
+    import retrieval.train.building as building
+    import retrieval.train.epochs as epochs
     import retrieval.train.trainer as trainer_module
 
     # a loss and an optimizer that read nothing back themselves: what is counted is the trainer's
-    monkeypatch.setattr(trainer_module.losses, "build", lambda *a, **k: NaNEvery({4}))
+    monkeypatch.setattr(building.losses, "build", lambda *a, **k: NaNEvery({4}))
     read_back = trainer_module.Trainer._read_back
     transfers = []  # the steps each read-back carried
 
@@ -273,7 +275,7 @@ def test_the_trainer_reads_its_losses_back_in_one_transfer_and_logs_what_reading
     for aux_ce in (0.0, 0.5):  # with the auxiliary head, its term is read back with the loss
         runs = {}
         for name, seconds in (("every_step", 0.0), ("at_epoch_end", 1e9)):
-            monkeypatch.setattr(trainer_module, "READ_BACK_SECONDS", seconds)
+            monkeypatch.setattr(epochs, "READ_BACK_SECONDS", seconds)
             out = tmp_path / f"{name}-{aux_ce}"
             trainer = trainer_module.Trainer(digits_config(out, feature_cache, optimizer="sgd", batches_per_epoch=12,
                                                            epochs=1, aux_ce=aux_ce), progress=False)
@@ -296,11 +298,12 @@ def test_the_trainer_reads_its_losses_back_in_one_transfer_and_logs_what_reading
 
 def test_the_loss_statistics_travel_with_the_losses_and_a_step_reads_the_device_once(tmp_path, feature_cache,
                                                                                        monkeypatch):
+    import retrieval.train.epochs as epochs
     import retrieval.train.trainer as trainer_module
 
     rows, reads = {}, {}
     for name, seconds in (("every_step", 0.0), ("at_epoch_end", 1e9)):
-        monkeypatch.setattr(trainer_module, "READ_BACK_SECONDS", seconds)
+        monkeypatch.setattr(epochs, "READ_BACK_SECONDS", seconds)
         trainer = trainer_module.Trainer(digits_config(tmp_path / name, feature_cache, optimizer="sgd", loss="ms",
                                                        batches_per_epoch=12, epochs=1), progress=False)
         trainer.setup()
@@ -334,10 +337,12 @@ class FailsItsCheckAt(torch.nn.Module):
 @pytest.mark.parametrize("nan", [False, True], ids=["finite", "and NaN"])  # a failed check is not a skipped step
 def test_a_failed_batch_check_read_with_the_step_stops_it_before_the_weights_change(tmp_path, feature_cache,
                                                                                     monkeypatch, nan):
+    import retrieval.train.building as building
+    import retrieval.train.epochs as epochs
     import retrieval.train.trainer as trainer_module
 
-    monkeypatch.setattr(trainer_module, "READ_BACK_SECONDS", 1e9)  # the steps before are read back by the error
-    monkeypatch.setattr(trainer_module.losses, "build", lambda *a, **k: FailsItsCheckAt(3, nan))
+    monkeypatch.setattr(epochs, "READ_BACK_SECONDS", 1e9)  # the steps before are read back by the error
+    monkeypatch.setattr(building.losses, "build", lambda *a, **k: FailsItsCheckAt(3, nan))
     trainer = trainer_module.Trainer(digits_config(tmp_path / "run", feature_cache, optimizer="sgd", epochs=1),
                                      progress=False)
     trainer.setup()
@@ -369,10 +374,11 @@ class RecordsHostLabels(torch.nn.Module):
 
 
 def test_a_training_step_hands_the_loss_its_labels_host_copy(tmp_path, feature_cache, monkeypatch):
+    import retrieval.train.building as building
     import retrieval.train.trainer as trainer_module
 
     recorder = RecordsHostLabels()
-    monkeypatch.setattr(trainer_module.losses, "build", lambda *a, **k: recorder)
+    monkeypatch.setattr(building.losses, "build", lambda *a, **k: recorder)
     trainer = trainer_module.Trainer(digits_config(tmp_path / "run", feature_cache, optimizer="sgd", epochs=1),
                                      progress=False)
     trainer.setup()
@@ -395,10 +401,11 @@ class FailsAt(torch.nn.Module):
 
 
 def test_the_steps_taken_before_an_error_keep_their_logged_losses(tmp_path, feature_cache, monkeypatch):
-    import retrieval.train.trainer as trainer_module
+    import retrieval.train.building as building
+    import retrieval.train.epochs as epochs
 
-    monkeypatch.setattr(trainer_module.losses, "build", lambda *a, **k: FailsAt(6))
-    monkeypatch.setattr(trainer_module, "READ_BACK_SECONDS", 1e9)  # nothing read back before the error
+    monkeypatch.setattr(building.losses, "build", lambda *a, **k: FailsAt(6))
+    monkeypatch.setattr(epochs, "READ_BACK_SECONDS", 1e9)  # nothing read back before the error
     with pytest.raises(RuntimeError, match="the loss failed"):
         train(digits_config(tmp_path / "run", feature_cache, batches_per_epoch=12, epochs=1, eval_before=False),
               progress=False)
@@ -407,10 +414,10 @@ def test_the_steps_taken_before_an_error_keep_their_logged_losses(tmp_path, feat
 
 
 def test_a_log_that_fails_while_losses_are_read_back_counts_no_step_twice(tmp_path, feature_cache, monkeypatch):
-    import retrieval.train.trainer as trainer_module
+    import retrieval.train.epochs as epochs
     from retrieval.train.checkpointing import Checkpointer
 
-    monkeypatch.setattr(trainer_module, "READ_BACK_SECONDS", 1e9)  # all the epoch's losses read back at its end
+    monkeypatch.setattr(epochs, "READ_BACK_SECONDS", 1e9)  # all the epoch's losses read back at its end
     write = Checkpointer.log_step
     calls = []
 

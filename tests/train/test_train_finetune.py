@@ -126,8 +126,8 @@ def test_every_method_resumes_as_one_uninterrupted_run(images, tmp_path, monkeyp
 
 
 def test_lp_ft_first_phase_changes_only_the_head(images, tmp_path, monkeypatch):
+    import retrieval.train.building as building
     import retrieval.train.checkpointing as checkpointing
-    import retrieval.train.trainer as trainer
 
     saved = {}
     save = checkpointing.atomic_save
@@ -140,8 +140,8 @@ def test_lp_ft_first_phase_changes_only_the_head(images, tmp_path, monkeypatch):
     monkeypatch.setattr(checkpointing, "atomic_save", keep)
     train(config(images, tmp_path / "run", lp_epochs=1, epochs=2, eval_every=100, wise_alpha=1.0), progress=False)
     start = checkpoint(tmp_path / "run")["robust"]["start"]  # after the head phase: the head LP-FT trained
-    trainer.seed_everything(0)  # as the run seeds itself before it builds the model
-    init = trainer.create_embedder("timm:test_resnet", 16, pretrained=False).state_dict()
+    building.seed_everything(0)  # as the run seeds itself before it builds the model
+    init = building.create_embedder("timm:test_resnet", 16, pretrained=False).state_dict()
     after_lp, after_ft = saved[1], saved[2]
     backbone = [k for k in after_lp if k.startswith("backbone.")]
     assert backbone and all(torch.equal(after_lp[k], start[k]) for k in backbone)  # untouched by the head phase
@@ -262,10 +262,10 @@ def test_eval_extra_reports_the_neighbours_the_model_keeps_from_the_pretrained_b
     model = load_embedder(run / "last.pt").eval()
     test = load_extra_set(str(images / "other"), build_transforms(model.config, train=False)).test
     by_model = embed_samples(model, test, 64, torch.device("cpu"), 0, False, "", False).embeddings
-    import retrieval.train.trainer as trainer
+    import retrieval.train.building as building
 
-    trainer.seed_everything(0)  # the backbone as the run began: random-init here, pretrained for a user
-    start = trainer.create_embedder("timm:test_resnet", 16, pretrained=False).backbone.eval()
+    building.seed_everything(0)  # the backbone as the run began: random-init here, pretrained for a user
+    start = building.create_embedder("timm:test_resnet", 16, pretrained=False).backbone.eval()
     test.transform = build_transforms({**model.config, "input_size": 160}, train=False)
     by_backbone = embed_samples(start, test, 64, torch.device("cpu"), 0, False, "", False).embeddings
     unit = lambda rows: rows / np.linalg.norm(rows, axis=1, keepdims=True)  # noqa: E731
