@@ -19,7 +19,8 @@ from retrieval.serve.defaults import (
     RERANK_CONCURRENCY,
     RERANK_QUEUE_UNITS,
 )
-from retrieval.serve.service import SearchService, batch_upload_bytes
+from retrieval.serve.service import SearchService
+from retrieval.serve.service.checks import batch_upload_bytes
 
 PARSE_CONCURRENCY = 2  # JSON bodies parsed at once (each within the body budget)
 SUMMARY_QUEUE = 8  # GET /stats waiting for the one thread that computes the index's summary

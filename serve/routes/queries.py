@@ -11,7 +11,8 @@ from retrieval.rerank import API_KEY, RerankConfig, rerank_from_json
 from retrieval.serve.bodies import check_keys, parse_json_object
 from retrieval.serve.defaults import MAX_BATCH_QUERIES
 from retrieval.serve.images import QueryError, decode_base64
-from retrieval.serve.service import SearchService, check_batch_size
+from retrieval.serve.service import SearchService
+from retrieval.serve.service.checks import check_batch_size
 
 MAX_SEARCH_DEPTH = 4  # {"embedding": [...]} is 2 deep: room to name a nested list in an embedding
 MAX_BATCH_DEPTH = 6  # {"queries": [{"embedding": [...]}]} is 4 deep

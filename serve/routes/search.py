@@ -30,7 +30,8 @@ from retrieval.serve.routes.schemas import (
     WhereParameter,
     error_responses,
 )
-from retrieval.serve.service import SearchResponse, SearchService
+from retrieval.serve.service import SearchService
+from retrieval.serve.service.answers import SearchResponse
 
 SEARCH_PATH = "/search"
 BATCH_PATH = "/search/batch"

@@ -10,7 +10,8 @@ from retrieval.index.search import MAX_K
 from retrieval.serve.defaults import MAX_BATCH_QUERIES
 from retrieval.serve.routes.context import Api
 from retrieval.serve.routes.schemas import HealthModel, StatsModel, error_responses
-from retrieval.serve.service import SearchService, batch_upload_bytes
+from retrieval.serve.service import SearchService
+from retrieval.serve.service.checks import batch_upload_bytes
 
 router = APIRouter()
 

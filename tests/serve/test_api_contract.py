@@ -308,7 +308,7 @@ def test_the_app_identifies_a_gallery_query_the_same_way(artifacts, service, cli
     """SearchTab.search and the API share SearchService's rule: same bytes, same item, left out of its results."""
     import gradio as gr
 
-    from retrieval.serve.ui import ExampleSet, SearchTab
+    from retrieval.serve.ui.search import ExampleSet, SearchTab
     from retrieval.serve.upload_cache import UploadRecords
 
     tab = SearchTab(service, ExampleSet(service, tmp_path, count=1), UploadRecords(gr.Blocks()))

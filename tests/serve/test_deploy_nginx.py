@@ -312,7 +312,7 @@ BATCH_MAX_BODY = int(re.search(r"location = /search/batch \{[^}]*client_max_body
 def test_a_batch_has_its_own_body_cap_and_rate_in_nginx(nginx):
     """POST /search/batch: every body the app takes passes (its batch limit), a larger one is nginx's 413; a
     burst of batches from one address reaches the app 1 + 2 times, the rest are nginx's 429."""
-    from retrieval.serve.service import batch_upload_bytes
+    from retrieval.serve.service.checks import batch_upload_bytes
 
     app_limit = batch_upload_bytes(DEFAULT_MAX_UPLOAD_BYTES) * 4 // 3 + FORM_SLACK
     assert app_limit <= BATCH_MAX_BODY < app_limit + 2**20, "the batch cap no longer matches the app's limit"

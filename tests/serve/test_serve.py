@@ -23,7 +23,7 @@ from retrieval.serve.api import create_api
 from retrieval.serve.batcher import MicroBatcher
 from retrieval.serve.images import QueryError
 from retrieval.serve.server import ServerConfig, build_app
-from retrieval.serve.service import SearchResponse
+from retrieval.serve.service.answers import SearchResponse
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -452,7 +452,7 @@ def test_report_table_for_train_and_evaluate_reports(artifacts, tmp_path):
 
 
 def test_the_report_box_only_opens_reports_under_the_allowed_folders(artifacts, service, tmp_path, monkeypatch):
-    from retrieval.serve.ui import REPORT_REFUSED, EvaluationTab
+    from retrieval.serve.ui.evaluation import REPORT_REFUSED, EvaluationTab
 
     monkeypatch.chdir(tmp_path)
     tab = EvaluationTab(service, artifacts.report)

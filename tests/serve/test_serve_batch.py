@@ -17,7 +17,7 @@ from serve_fixtures import QUERY_COLOUR, BackgroundServer
 
 from retrieval.serve.api import create_api
 from retrieval.serve.defaults import MAX_BATCH_QUERIES
-from retrieval.serve.service import batch_upload_bytes
+from retrieval.serve.service.checks import batch_upload_bytes
 
 pytestmark = pytest.mark.timeout(300)
 SAME_FIELDS = ("k", "count", "query_item", "excluded_self", "notes")

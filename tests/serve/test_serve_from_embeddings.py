@@ -17,7 +17,7 @@ from retrieval.index import build_from_embeddings
 from retrieval.index.engine import IngestOptions
 from retrieval.serve.api import create_api
 from retrieval.serve.service import SearchService
-from retrieval.serve.ui import ExampleSet, SearchTab
+from retrieval.serve.ui.search import ExampleSet, SearchTab
 from retrieval.serve.upload_cache import UploadRecords
 
 DIM = 16

@@ -428,7 +428,7 @@ def test_a_report_that_is_not_a_run_report_is_refused_at_start(artifacts, tmp_pa
 
 def test_the_report_box_opens_nothing_beyond_the_run_folder_and_names_no_server_folder(artifacts, service,
                                                                                       tmp_path, monkeypatch):
-    from retrieval.serve.ui import REPORT_REFUSED, EvaluationTab
+    from retrieval.serve.ui.evaluation import REPORT_REFUSED, EvaluationTab
 
     monkeypatch.chdir("/")  # a server started in / must not open the whole disk
     tab = EvaluationTab(service, artifacts.report)
@@ -458,7 +458,7 @@ def test_the_report_box_opens_nothing_beyond_the_run_folder_and_names_no_server_
 
 def test_the_page_shows_the_report_without_its_server_folder(artifacts, service, tmp_path, monkeypatch):
     """The --report path (absolute, outside the working folder) was shown whole in the text box and summary."""
-    from retrieval.serve.ui import EvaluationTab
+    from retrieval.serve.ui.evaluation import EvaluationTab
 
     monkeypatch.chdir(tmp_path)
     tab = EvaluationTab(service, artifacts.report.resolve())
@@ -473,7 +473,7 @@ def test_a_network_server_says_it_belongs_behind_nginx(artifacts):
 
 
 def test_the_results_tab_names_its_file_not_the_server_folders(tmp_path):
-    from retrieval.serve.ui import ResultsTab
+    from retrieval.serve.ui.results import ResultsTab
 
     missing = ResultsTab(tmp_path / "deep" / "results.json").show(None)[0]
     real = ResultsTab(Path(__file__).resolve().parents[2] / "docs" / "results.json")

@@ -20,7 +20,8 @@ from sample_images import encode_png
 from retrieval.index.filters import parse_filter
 from retrieval.index.search import Index
 from retrieval.serve.api import create_api
-from retrieval.serve.service import SearchService, ServedIndex
+from retrieval.serve.service import SearchService
+from retrieval.serve.service.state import ServedIndex
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -23,7 +23,9 @@ from retrieval.serve.api import create_api
 from retrieval.serve.diagnostics import duplicates
 from retrieval.serve.reports import load_report, markdown_text, percent
 from retrieval.serve.service import SearchService
-from retrieval.serve.ui import MAX_ERROR_CHARS, EvaluationTab, ExampleSet, GalleryFacts, SearchTab
+from retrieval.serve.ui.evaluation import EvaluationTab
+from retrieval.serve.ui.search import ExampleSet, SearchTab
+from retrieval.serve.ui.shared import MAX_ERROR_CHARS, GalleryFacts
 from retrieval.serve.upload_cache import UploadRecords
 
 pytestmark = pytest.mark.timeout(300)
@@ -216,10 +218,10 @@ def test_a_query_unlike_the_gallery_is_told_so_and_a_near_copy_is_not(search_tab
 def test_neighbour_scores_are_each_images_nearest_other_brute_force(service):
     """The yardstick: per indexed image, the best cosine to another image (exact on the Flat index), its 1st
     percentile and median."""
-    from retrieval.serve.diagnostics import UNLIKE_QUANTILE, _vectors_of
+    from retrieval.serve.diagnostics import UNLIKE_QUANTILE
 
     state = service.current()
-    ids, vectors = _vectors_of(state.index, np.asarray(state.index.ids))
+    ids, vectors = state.index.stored_rows(np.asarray(state.index.ids))
     scores = vectors @ vectors.T
     np.fill_diagonal(scores, -np.inf)
     nearest = scores.max(axis=1)
@@ -330,7 +332,7 @@ def test_no_server_path_reaches_the_page_or_the_stats(artifacts, tmp_path):
     """The opening lines, the Index tab and GET /stats name the gallery, the index and the model by file name and
     bad files relative to the gallery: a visitor learns no folder of the server (docs/SECURITY.md's threat model)."""
     from retrieval.index import IngestOptions, build_index
-    from retrieval.serve.ui import IndexTab
+    from retrieval.serve.ui.index import IndexTab
 
     gallery = tmp_path / "secret-folder" / "gallery"
     for i, source in enumerate(artifacts.query_paths[:3]):
@@ -371,7 +373,8 @@ def visible(update: Any) -> bool | None:
 def test_a_users_own_index_gets_no_results_tab_and_no_empty_report_parts(service, tmp_path):
     """The project's results grid is the demo's, not a user's index's; without a report the Evaluation tab's table
     and pictures are hidden, not empty, and the index's own analysis has its own heading."""
-    from retrieval.serve.ui import REPORT_PICTURES, EvaluationTab, build_ui
+    from retrieval.serve.ui import build_ui
+    from retrieval.serve.ui.evaluation import REPORT_PICTURES, EvaluationTab
 
     (tmp_path / "examples").mkdir()
     (tmp_path / "examples2").mkdir()
@@ -426,7 +429,7 @@ def test_a_report_shows_each_picture_in_a_tab_and_says_what_the_map_draws(artifa
     classes it draws and how they were chosen (from what the map recorded in its PNG)."""
     from retrieval.compatibility import compatibility_sentence
     from retrieval.serve.reports import markdown_text
-    from retrieval.serve.ui import REPORT_PICTURES
+    from retrieval.serve.ui.evaluation import REPORT_PICTURES
 
     report = shared_full_report(tmp_path_factory)
     summary, metrics, pictures, *rest = EvaluationTab(service, report).open_report(str(report))

@@ -9,7 +9,7 @@ from planted import flip, plant, projection_model, write_digits
 from retrieval.index import IngestOptions, build_index
 from retrieval.serve.curation_view import ThresholdError, parse_threshold
 from retrieval.serve.service import SearchService
-from retrieval.serve.ui import EvaluationTab
+from retrieval.serve.ui.evaluation import EvaluationTab
 
 
 @pytest.fixture(scope="module")

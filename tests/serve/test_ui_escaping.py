@@ -34,7 +34,10 @@ from retrieval.serve.reports import (
     summary_markdown,
 )
 from retrieval.serve.service import SearchService
-from retrieval.serve.ui import EvaluationTab, ExampleSet, GalleryFacts, SearchTab, build_ui
+from retrieval.serve.ui import build_ui
+from retrieval.serve.ui.evaluation import EvaluationTab
+from retrieval.serve.ui.search import ExampleSet, SearchTab
+from retrieval.serve.ui.shared import GalleryFacts
 from retrieval.serve.upload_cache import UploadRecords
 
 markdown_it = pytest.importorskip("markdown_it", reason="markdown-it-py renders the Markdown under test")
@@ -260,7 +263,8 @@ def test_a_hostile_report_opened_on_the_page_is_shown_as_text(hostile, tmp_path,
 def test_a_failed_searchs_status_line_shows_the_filter_and_file_name_as_text(hostile, tmp_path, text):
     """The status line replaces a pop-up: the API's message may echo the visitor's filter, and the upload's name
     is the visitor's browser's; both are text there."""
-    from retrieval.serve.ui import MAX_ERROR_CHARS, failure_markdown
+    from retrieval.serve.ui.search import failure_markdown
+    from retrieval.serve.ui.shared import MAX_ERROR_CHARS
 
     service, _ = hostile
     tab = SearchTab(service, ExampleSet(service, tmp_path, count=1), UploadRecords(gr.Blocks()))
