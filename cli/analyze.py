@@ -1,22 +1,59 @@
-"""`retrieval analyze`: weight-vs-similarity plots (unified paper, Fig. 1), triplet diagrams (SCT paper)."""
+"""`retrieval analyze weights|triplets`: weight-vs-similarity plots (unified paper, Fig. 1), triplet diagrams (SCT
+paper). Their options are declared once, in ``AnalyzeOptions`` (docs/LOSSES.md's table is made from it)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import click
 import numpy as np
 
-from retrieval.cli.config_options import parse_params, shared_option
+from retrieval.cli.config_options import command_options, parse_params, shared_option
 from retrieval.cli.errors import OptionGroup, option_message
 from retrieval.cli.options import apply_options
-from retrieval.options import TRUSTED_CHECKPOINT
+from retrieval.options import TRUSTED_CHECKPOINT, option
 from retrieval.train.config import TrainConfig
 
-CHECKPOINT_HELP = (f"embed images of --dataset with this checkpoint (default: a synthetic random batch). "
-                   f"{TRUSTED_CHECKPOINT}")
+SYNTHETIC = "synthetic batch"  # the section of the options that shape the random batch used without --checkpoint
+
+
+@dataclass(frozen=True)
+class AnalyzeOptions:
+    """The options of `retrieval analyze weights` and `triplets`, declared once; --loss-param and --device are
+    training's (``TrainConfig``)."""
+
+    loss: str | None = option(None, "loss", "a registered pair-based loss, e.g. ms, binomial, raw.", dest="loss_name",
+                              required=True)
+    loss_kwargs: str | None = option(None, "loss", "the loss's hyperparameters as one JSON object, e.g. "
+                                     "'{\"margin\": 0.2}' (--loss-param wins).", dest="loss_kwargs_json",
+                                     metavar="JSON")
+    checkpoint: str | None = option(
+        None, "embeddings", f"embed images of --dataset with this checkpoint. {TRUSTED_CHECKPOINT}", path="file",
+        default_text="a synthetic random batch")
+    dataset: str | None = option(None, "embeddings", "the data set to embed.",
+                                 default_text="the one the checkpoint was trained on")
+    data: str | None = option(None, "embeddings", "the data set's root.", default_text="the checkpoint's --data")
+    split: str = option("test", "embeddings", "the split whose images are embedded.")
+    max_samples: int = option(512, "embeddings", "the most samples analysed (the synthetic batch's too).", low=2)
+    per_class: int = option(4, "embeddings", "samples per class taken from the data set (pairs need >= 2).", low=2)
+    workers: int = option(0, "embeddings", "data-loader processes for --checkpoint (0: load in this process, best "
+                          "for small sets).", low=0)
+    classes: int = option(16, SYNTHETIC, "synthetic batch: number of classes.", low=2)
+    dim: int = option(32, SYNTHETIC, "synthetic batch: embedding dimension.", low=2)
+    spread: float = option(1.5, SYNTHETIC, "synthetic batch: within-class noise relative to the class centres (the "
+                           "default gives about 30 % hard triplets).", low=0)
+    seed: int = option(0, SYNTHETIC, "the seed of the sample: the data set's images or the synthetic batch, and "
+                       "triplets' random positives.")
+    positive: str = option("easiest", "figure", "which positive per anchor (the SCT paper's Fig. 7 uses the "
+                           "easiest).", choices=("easiest", "hardest", "random"))
+    title: str | None = option(None, "figure", "the figure's title.",
+                               default_text="the loss and its settings (weights), the source and --positive "
+                                            "(triplets)")
+    out: str | None = option(None, "figure", "PNG file to write.", path="file", required=True)
 
 
 @click.group("analyze", cls=OptionGroup)
@@ -24,53 +61,20 @@ def analyze_group() -> None:
     """Figures that explain a loss or a trained embedding."""
 
 
-def checkpoint_options(func):
-    options = [
-        click.option("--checkpoint", type=click.Path(dir_okay=False), help=CHECKPOINT_HELP),
-        click.option("--dataset", help="data set to embed (default: the one the checkpoint was trained on)."),
-        click.option("--data", help="dataset root (default: the checkpoint's --data)."),
-        click.option("--split", default="test", show_default=True),
-        click.option("--max-samples", default=512, show_default=True, type=click.IntRange(min=2)),
-        click.option(
-            "--per-class",
-            default=4,
-            show_default=True,
-            type=click.IntRange(min=2),
-            help="samples per class taken from the data set (pairs need >= 2).",
-        ),
-        click.option(
-            "--classes",
-            default=16,
-            show_default=True,
-            type=click.IntRange(min=2),
-            help="synthetic batch: number of classes.",
-        ),
-        click.option(
-            "--dim",
-            default=32,
-            show_default=True,
-            type=click.IntRange(min=2),
-            help="synthetic batch: embedding dimension.",
-        ),
-        click.option(
-            "--spread",
-            default=1.5,
-            show_default=True,
-            type=click.FloatRange(min=0),
-            help="synthetic batch: within-class noise relative to the class centres (the default gives\n"
-            "about 30 % hard triplets).",
-        ),
-        click.option("--seed", default=0, show_default=True),
-        click.option("--device", default="cpu", show_default=True),
-        click.option(
-            "--workers",
-            default=0,
-            show_default=True,
-            type=click.IntRange(min=0),
-            help="data-loader processes for --checkpoint (0: load in this process, best for small sets).",
-        ),
-    ]
-    return apply_options(func, options)
+# --device as training declares it: auto there too (analyze's default was cpu before)
+device_option = shared_option(TrainConfig, "device", default="auto",
+                              help="auto, cpu, cuda or cuda:N; auto, as in training, takes a GPU where there is one "
+                                   "(the default was cpu before). [default: auto]")
+
+
+def checkpoint_options(func: Callable) -> Callable:
+    """The options that choose the embeddings analysed: a checkpoint's of a data set, or a synthetic batch's."""
+    return apply_options(func, [
+        command_options(AnalyzeOptions, "checkpoint", "dataset", "data", "split", "max_samples", "per_class",
+                        "classes", "dim", "spread", "seed"),
+        device_option,
+        command_options(AnalyzeOptions, "workers"),
+    ])
 
 
 def synthetic_batch(classes: int, per_class: int, dim: int, spread: float, seed: int):
@@ -118,7 +122,7 @@ def embed_checkpoint_samples(
 
     from retrieval.data import build_transforms, load_dataset
     from retrieval.evaluation import checkpoint_dataset
-    from retrieval.inference import embed_dataset
+    from retrieval.inference import embed_dataset, resolve_device
     from retrieval.models import load_checkpoint, load_embedder
 
     try:
@@ -129,9 +133,8 @@ def embed_checkpoint_samples(
     transform = build_transforms(model.config, train=False)
     full = load_dataset(dataset, data, split=split, transform=transform, **kwargs)
     subset = full.subset(class_balanced_indices(np.asarray(full.labels), per_class, max_samples, seed))
-    embeddings, labels = embed_dataset(
-        model.to(device), subset, device=device, workers=workers, progress=False
-    )
+    dev = resolve_device(device)  # auto: a GPU where there is one, as training
+    embeddings, labels = embed_dataset(model.to(dev), subset, device=dev, workers=workers, progress=False)
     return torch.from_numpy(embeddings), torch.from_numpy(labels)
 
 
@@ -163,15 +166,11 @@ def parse_loss_kwargs(raw: str | None) -> dict[str, Any]:
 
 
 @analyze_group.command("weights", needs="train")
-@click.option(
-    "--loss", "loss_name", required=True, help="a registered pair-based loss, e.g. ms, binomial, raw."
-)
+@command_options(AnalyzeOptions, "loss")
 @shared_option(TrainConfig, "loss_kwargs")
-@click.option("--loss-kwargs", "loss_kwargs_json", metavar="JSON",
-              help="the loss's hyperparameters as one JSON object, e.g. '{\"margin\": 0.2}' (--loss-param wins).")
+@command_options(AnalyzeOptions, "loss_kwargs")
 @checkpoint_options
-@click.option("--title", help="figure title (default: the loss and its settings).")
-@click.option("--out", required=True, type=click.Path(dir_okay=False), help="PNG file to write.")
+@command_options(AnalyzeOptions, "title", "out")
 def weights_command(
     loss_name,
     loss_kwargs,
@@ -224,15 +223,7 @@ def weights_command(
 
 @analyze_group.command("triplets", needs="train")
 @checkpoint_options
-@click.option(
-    "--positive",
-    type=click.Choice(["easiest", "hardest", "random"]),
-    default="easiest",
-    show_default=True,
-    help="which positive per anchor (the SCT paper's Fig. 7 uses the easiest).",
-)
-@click.option("--title", help="figure title.")
-@click.option("--out", required=True, type=click.Path(dir_okay=False), help="PNG file to write.")
+@command_options(AnalyzeOptions, "positive", "title", "out")
 def triplets_command(
     checkpoint,
     dataset,

@@ -1,28 +1,65 @@
 """`retrieval index duplicates`, `retrieval index audit` and `retrieval audit --images DIR`: near-duplicate groups and
-label suspects, found through each image's nearest neighbours (``retrieval.index.duplicates``, ``.audit``)."""
+label suspects, found through each image's nearest neighbours (``retrieval.index.duplicates``, ``.audit``). Their
+options are declared once, in ``CurationOptions`` (docs/INDEX.md's table of the gallery commands is made from it)."""
 
 from __future__ import annotations
 
 import json
 import math
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import click
 
-from retrieval.cli.config_options import shared_option
+from retrieval.cli.config_options import command_option, command_options, shared_option
 from retrieval.cli.errors import OptionCommand
-from retrieval.cli.index import index_folder, json_option
-from retrieval.cli.options import apply_options
-from retrieval.options import TRUSTED_MODEL
+from retrieval.cli.index_common import index_folder, json_option
+from retrieval.cli.index_options import IndexOptions
+from retrieval.options import TRUSTED_MODEL, option
 from retrieval.train.config import TrainConfig
 
 SHOWN = 10  # groups or suspects printed for people; --json lists up to --max-groups / --top
 MEMBERS_SHOWN = 6  # images printed per group
 
 
-def _threshold(_ctx: click.Context, _param: click.Parameter, value: str) -> float | str:
+@dataclass(frozen=True)
+class CurationOptions:
+    """The options of the curation commands, declared once (docs/INDEX.md's table, with the gallery commands'); they
+    share ``IndexOptions``' --json and --workers, and training's --label-noise."""
+
+    threshold: float | str = option(
+        "auto", "near-duplicates", "link two images when one is among the other's k nearest at this cosine or more; "
+        "auto calibrates it on copies it plants of a sample of the gallery (resized, re-encoded, cropped, recoloured) "
+        "against each image's nearest distinct image, and says when they do not separate (docs/INDEX.md).",
+        metavar="COSINE|auto", low=-1, high=1)
+    duplicates_model: str | None = option(
+        None, "near-duplicates", f"the model that embeds auto's planted copies (default: the one recorded in "
+        f"index.json). {TRUSTED_MODEL}", flag="--model", dest="model", path="file", exists=True)
+    calibration_sample: int = option(100, "near-duplicates", "gallery images whose planted copies calibrate auto "
+                                     "(4 embeddings each).", low=2, high=2000)
+    max_groups: int = option(100, "near-duplicates", "groups listed, largest first (the counts cover every group).",
+                             low=1, high=10_000)
+    groups_png: str | None = option(None, "near-duplicates", "draw the first groups into this PNG file.",
+                                    flag="--out", dest="png", metavar="PNG", path="file")
+    neighbours: int = option(10, "neighbours", "neighbours searched per image (the graph holds k per image: never all "
+                             "pairs).", flag="-k", dest="k", low=1, high=100)
+    top: int = option(50, "label audit", "suspects listed, most suspect first (the count covers all).", low=1,
+                      high=10_000)
+    suspects_png: str | None = option(None, "label audit", "draw the first suspects into this PNG file.",
+                                      flag="--out", dest="png", metavar="PNG", path="file")
+    audit_images: str | None = option(
+        None, "label audit", "a training folder: one sub-folder per class (its name is the label), searched "
+        "recursively.", flag="--images", dest="images", path="dir", exists=True, required=True)
+    audit_model: str | None = option(None, "label audit", f"the model (.onnx) that embeds the images. {TRUSTED_MODEL}",
+                                     flag="--model", dest="model", path="file", exists=True, required=True)
+    max_images: int = option(20_000, "label audit", "the most images audited (each is compared with every other, "
+                             "exactly); for more, index them and run `retrieval index audit`.", low=2)
+    noise_seed: int = option(0, "label audit", "the label noise's seed.", flag="--seed", dest="seed")
+
+
+def _threshold(_ctx: click.Context, _param: click.Parameter, value: float | str) -> float | str:
     """--threshold: ``auto`` or a cosine within [-1, 1]."""
     if str(value).strip().lower() == "auto":
         return "auto"
@@ -33,16 +70,6 @@ def _threshold(_ctx: click.Context, _param: click.Parameter, value: str) -> floa
     if not -1.0 <= number <= 1.0:
         raise click.BadParameter(f"must be a cosine within [-1, 1] or auto, got {value!r}")
     return number
-
-
-def _neighbours_option(func):
-    return click.option("-k", "k", type=click.IntRange(1, 100), default=10, show_default=True,
-                        help="neighbours searched per image (the graph holds k per image: never all pairs).")(func)
-
-
-def _png_option(what: str):
-    return click.option("--out", "png", type=click.Path(dir_okay=False), metavar="PNG",
-                        help=f"draw the first {what} into this PNG file.")
 
 
 def _open(index_dir: str, model: str | None):
@@ -78,19 +105,8 @@ def _shown(path: str | None) -> str:
 
 @click.command("duplicates", cls=OptionCommand)
 @index_folder
-@click.option("--threshold", default="auto", show_default=True, callback=_threshold, metavar="COSINE|auto",
-              help="link two images when one is among the other's k nearest at this cosine or more; auto calibrates "
-                   "it on copies it plants of a sample of the gallery (resized, re-encoded, cropped, recoloured) "
-                   "against each image's nearest distinct image, and says when they do not separate (docs/INDEX.md).")
-@_neighbours_option
-@click.option("--model", type=click.Path(dir_okay=False, exists=True),
-              help=f"the model that embeds auto's planted copies (default: the one recorded in index.json). "
-                   f"{TRUSTED_MODEL}")
-@click.option("--calibration-sample", type=click.IntRange(2, 2000), default=100, show_default=True,
-              help="gallery images whose planted copies calibrate auto (4 embeddings each).")
-@click.option("--max-groups", type=click.IntRange(1, 10_000), default=100, show_default=True,
-              help="groups listed, largest first (the counts cover every group).")
-@_png_option("groups")
+@command_option(CurationOptions, "threshold", callback=_threshold)
+@command_options(CurationOptions, "neighbours", "duplicates_model", "calibration_sample", "max_groups", "groups_png")
 @json_option
 def duplicates_command(index_dir, threshold, k, model, calibration_sample, max_groups, png, as_json) -> None:
     """Groups of near-duplicate images in the index (resized, re-encoded, cropped or recoloured copies), found through
@@ -167,20 +183,13 @@ def _labels_text(group: dict[str, Any]) -> str:
         (", ..." if len(labels) > 4 else "")
 
 
-def audit_options(func):
-    """-k, --top, --out and --json of the two audits."""
-    return apply_options(func, [
-        _neighbours_option,
-        click.option("--top", type=click.IntRange(1, 10_000), default=50, show_default=True,
-                     help="suspects listed, most suspect first (the count covers all)."),
-        _png_option("suspects"),
-        json_option,
-    ])
+audit_options = command_options(CurationOptions, "neighbours", "top", "suspects_png")  # -k, --top, --out of both audits
 
 
 @click.command("audit", cls=OptionCommand)
 @index_folder
 @audit_options
+@json_option
 def index_audit_command(index_dir, k, top, png, as_json) -> None:
     """Images whose label disagrees with their neighbours': a similarity-weighted vote of each image's k nearest
     images, read as confident learning reads a classifier (per-class thresholds); ranked, with the label each has,
@@ -223,20 +232,16 @@ def _print_suspects(summary: dict[str, Any], key: str) -> None:
 
 
 @click.command("audit", cls=OptionCommand)
-@click.option("--images", required=True, type=click.Path(exists=True, file_okay=False),
-              help="a training folder: one sub-folder per class (its name is the label), searched recursively.")
-@click.option("--model", required=True, type=click.Path(dir_okay=False, exists=True),
-              help=f"the model (.onnx) that embeds the images. {TRUSTED_MODEL}")
+@command_options(CurationOptions, "audit_images", "audit_model")
 @audit_options
-@click.option("--max-images", type=click.IntRange(min=2), default=20_000, show_default=True,
-              help="the most images audited (each is compared with every other, exactly); for more, index them "
-                   "and run `retrieval index audit`.")
+@json_option
+@command_options(CurationOptions, "max_images")
 @shared_option(TrainConfig, "label_noise",
                help="flip labels first, as `retrieval train --label-noise` does (symmetric:RATE or asymmetric:RATE), "
                     "and measure how well the suspects find the flipped images (precision of the top --top).")
 @shared_option(TrainConfig, "label_noise_transitions")
-@click.option("--seed", type=int, default=0, show_default=True, help="the label noise's seed.")
-@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True, help="decoding threads.")
+@command_options(CurationOptions, "noise_seed")
+@command_options(IndexOptions, "threads")  # --workers: decoding threads, as `retrieval compare`'s
 def audit_command(images, model, k, top, png, as_json, max_images, label_noise, label_noise_transitions, seed,
                   workers) -> None:
     """Images of a training folder whose label (their sub-folder) disagrees with their neighbours', as `retrieval

@@ -4,6 +4,8 @@ the checks and the docs need (no torch, no click).
 ``TrainConfig``'s and ``ServerConfig``'s fields are declared with ``option(default, section, help, ...)``. From
 that one declaration: the config file's keys are the field names, ``field_problem`` checks a value's type,
 choices and range, ``retrieval.cli.config_options`` makes the click options and the Markdown reference table.
+The commands that have no config file (``retrieval index ...``, ``analyze``, ``audit``) declare their options the
+same way, in a dataclass per family of commands whose fields are only declarations (``retrieval.cli.index_options``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,10 @@ class OptionSpec:
     """What an option is, beyond its name, type and default (the dataclass field has those)."""
 
     section: str  # the heading it appears under in --help and the docs
-    help: str  # one sentence for people, without the default (that is shown from the field)
+    # one sentence for people, without the default (that is shown from the field); or a function that makes it when
+    # --help shows it, for a text that names facts of modules the command line does not load to start (the decoder's
+    # image formats)
+    help: str | Callable[[], str]
     choices: Sequence[Any] | Callable[[], Sequence[str]] | None = None  # allowed values, checked (no torch)
     listing: str | None = None  # a registry whose names help lists (checked when the run is built: needs torch)
     low: float | None = None  # lowest allowed value
@@ -41,12 +46,22 @@ class OptionSpec:
     unit: str = ""  # what a number counts, said in messages ("optimizer steps")
     metavar: str | None = None
     flag: str | None = None  # the command-line flag when it is not --field-name
-    path: str | None = None  # "file" or "dir": the value is a path of that kind
+    # the name the command receives the value by when it is not the field's: several declarations of one flag
+    # (each command's --model means its own model) reach their commands under the same parameter name
+    dest: str | None = None
+    path: str | None = None  # "file", "dir" or "any" (either): the value is a path of that kind
+    exists: bool = False  # a path that must exist, checked as the command line reads it
+    required: bool = False  # the command refuses to run without it (a config's REQUIRED field may have a default)
     negatable: bool = True  # a boolean shows --x/--no-x; False: only --x
-    default_text: str | None = None  # what the default means when the value alone does not say it
+    # what the default means when the value alone does not say it; a function: made when shown (as ``help``)
+    default_text: str | Callable[[], str] | None = None
     # False: no click option is made from the declaration; the command declares ``flag`` itself, in the form a person
     # gives it (a file that holds a secret, MiB for bytes), and converts that into the field
     command_line: bool = True
+
+    def help_text(self) -> str:
+        """The help sentence (made now when it is declared as a function)."""
+        return self.help() if callable(self.help) else self.help
 
     def allowed(self) -> list[Any] | None:
         """The allowed values, or None when any value of the type is allowed."""
@@ -66,8 +81,8 @@ class OptionSpec:
         return ""
 
 
-def option(default: Any = None, section: str = "", help: str = "", *, factory: Callable[[], Any] | None = None,
-           **spec: Any) -> Any:
+def option(default: Any = None, section: str = "", help: str | Callable[[], str] = "", *,
+           factory: Callable[[], Any] | None = None, **spec: Any) -> Any:
     """A dataclass field declared as an option (``OptionSpec``'s fields as keywords)."""
     metadata = {OPTION_KEY: OptionSpec(section=section, help=help, **spec)}
     if factory is not None:
@@ -88,6 +103,11 @@ class DeclaredOption:
     def flag(self) -> str:
         """The command-line flag."""
         return self.spec.flag or "--" + self.name.replace("_", "-")
+
+    @property
+    def dest(self) -> str:
+        """The name the command receives the value by."""
+        return self.spec.dest or self.name
 
 
 @functools.cache

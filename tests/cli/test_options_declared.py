@@ -215,3 +215,157 @@ def test_train_help_shows_the_default_of_every_option_that_has_one():
         if shown is not None:
             entry = next(e for e in entries if re.match(re.escape(declared.flag) + r"[ /,\n]", e))
             assert f"[default: {shown}]" in re.sub(r"\s+", " ", entry), entry
+
+
+# --- the commands without a config: index, search, compare, audit, analyze ------------------------------------------
+# the modules of these commands: every option they put on a command is made from a declaration
+DECLARING_MODULES = ("index", "index_common", "index_write", "index_upgrade", "index_inspect", "search", "curation",
+                     "analyze")
+FAMILY_COMMANDS = {"index build", "index add", "index remove", "index repair", "index upgrade", "index compare",
+                   "index stats", "index export", "index duplicates", "index audit", "search", "compare", "audit",
+                   "analyze weights", "analyze triplets"}
+HAND_MADE = {"click.option", "click.Option", "lazy_help_option", "LazyHelpOption"}  # what declares one by hand
+
+
+def _commands(group: click.Group, prefix: tuple[str, ...] = ()):
+    """(path, command) of every command under ``group``, subgroups opened."""
+    for name, command in sorted(group.commands.items()):
+        if isinstance(command, click.Group):
+            yield from _commands(command, (*prefix, name))
+        else:
+            yield " ".join((*prefix, name)), command
+
+
+def _family() -> dict[str, click.Command]:
+    """The commands whose functions live in ``DECLARING_MODULES``."""
+    modules = {f"retrieval.cli.{name}" for name in DECLARING_MODULES}
+    return {path: command for path, command in _commands(main)
+            if getattr(command.callback, "__module__", None) in modules}
+
+
+def test_the_commands_without_a_config_are_the_ones_checked_here():
+    assert set(_family()) == FAMILY_COMMANDS
+
+
+@pytest.mark.parametrize("module", DECLARING_MODULES)
+def test_no_option_is_declared_by_hand_in_these_modules(module):
+    """No ``click.option(...)`` nor ``lazy_help_option(...)``: each option is made from its declaration."""
+    tree = ast.parse((ROOT / "cli" / f"{module}.py").read_text())
+    calls = [node.lineno for node in ast.walk(tree)
+             if isinstance(node, ast.Call) and ast.unparse(node.func) in HAND_MADE]
+    assert not calls, f"cli/{module}.py declares options by hand at lines {calls}"
+
+
+@pytest.mark.parametrize("path", sorted(FAMILY_COMMANDS))
+def test_every_option_of_these_commands_is_made_from_a_declaration(path):
+    from retrieval.cli.config_options import DeclaredClickOption
+
+    command = _family()[path]
+    hand_made = [p.opts for p in command.params if isinstance(p, click.Option) and not isinstance(
+        p, DeclaredClickOption) and p.opts != ["-h", "--help"]]
+    assert not hand_made, f"{path}: {hand_made}"
+    assert len({p.name for p in command.params}) == len(command.params), path  # each value reaches it once
+
+
+def _declaration_key(declared) -> tuple[str, str, str]:
+    """What a declaration says, whatever section a config lists it under (one function declares --gallery-root for
+    the index commands and for ServerConfig)."""
+    return declared.spec.help_text(), repr(declared.default), repr(dataclasses.replace(declared.spec, section=""))
+
+
+def test_a_flag_that_means_one_thing_is_declared_once():
+    """Across the whole command line, two declarations of one flag differ in what they say (each command's --model is
+    its own model); an option that means the same on several commands is one declaration, not copies of it."""
+    from retrieval.cli.config_options import declared_params
+
+    by_flag: dict[str, dict[tuple, list[str]]] = {}
+    for path, param in declared_params(main):
+        by_flag.setdefault(param.declared.flag, {}).setdefault(_declaration_key(param.declared), []).append(path)
+    copies = {flag: list(meanings.values()) for flag, meanings in by_flag.items()
+              if len({help_text for help_text, _default, _spec in meanings}) < len(meanings)}  # one help, two places
+    assert not copies, f"declared twice with the same help: {copies}"
+
+
+@pytest.mark.parametrize("flag,paths", [
+    ("--workers", ["audit", "compare", "index compare"]),  # decoding threads: was declared twice
+    ("--json", ["audit", "index audit", "index build", "index duplicates", "index stats"]),
+    ("-k", ["audit", "index audit", "index duplicates"]),
+    ("--label-from", ["index add", "index build"]),
+])
+def test_an_option_shared_by_commands_is_one_declaration(flag, paths):
+    specs = {path: next(p.declared.spec for p in _family()[path].params if flag in getattr(p, "opts", ()))
+             for path in paths}
+    assert len({id(spec) for spec in specs.values()}) == 1, specs
+
+
+def test_analyze_device_defaults_to_auto_as_training_does():
+    """The one change the declarations brought: `analyze --device` was cpu, training's is auto."""
+    train_device = next(d for d in DECLARED if d.name == "device")
+    for path in ("analyze weights", "analyze triplets"):
+        device = next(p for p in _family()[path].params if p.name == "device")
+        assert device.default == train_device.default == "auto" and device.declared.spec is train_device.spec
+    output = CliRunner().invoke(main, ["analyze", "weights", "--help"], terminal_width=200).output
+    assert "(the default was cpu before). [default: auto]" in output
+
+
+@pytest.mark.parametrize("args,message", [
+    (["compare", "--model", "M", "--baseline", "M", "--images", "DIR", "--sample", "1"], "must be >= 2, got 1"),
+    (["compare", "--model", "M", "--baseline", "M", "--images", "DIR", "--workers", "0"], "must be >= 1, got 0"),
+    (["audit", "--images", "DIR", "--model", "M", "-k", "101"], "must be in [1, 100], got 101"),
+    (["audit", "--images", "DIR", "--model", "M", "--top", "0"], "must be in [1, 10000], got 0"),
+    (["analyze", "triplets", "--out", "x.png", "--per-class", "1"], "must be >= 2, got 1"),
+    (["analyze", "weights", "--loss", "ms", "--out", "x.png", "--spread", "-1"], "must be >= 0, got -1.0"),
+    (["index", "export", "DIR", "--out", "x.parquet", "--rows-per-file", "0"], "must be >= 1, got 0"),
+    (["index", "build", "--out", "DIR", "--max-query-ms", "0"], "must be > 0, got 0.0"),
+])
+def test_the_declared_range_is_checked_as_the_command_line_is_read(args, message, tmp_path):
+    (tmp_path / "m.onnx").write_bytes(b"")
+    places = {"M": str(tmp_path / "m.onnx"), "DIR": str(tmp_path)}
+    result = CliRunner().invoke(main, [places.get(arg, arg) for arg in args])
+    assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_export_format_is_a_choice_in_any_case():
+    params = {p.name: p for p in main.commands["index"].commands["export"].params}
+    assert params["fmt"].type.case_sensitive is False and list(params["fmt"].type.choices) == ["parquet", "npy"]
+
+
+def _command_tables():
+    from retrieval.cli.config_options import command_tables
+
+    return command_tables()
+
+
+@pytest.mark.parametrize("document,name,classes", _command_tables(), ids=[t[1] for t in _command_tables()])
+def test_the_docs_tables_of_the_commands_are_the_ones_made_from_the_declarations(document, name, classes):
+    from retrieval.cli.config_options import commands_markdown
+
+    text = (ROOT / document).read_text()
+    start_line, end_line = markers(name)
+    start, end = text.index(start_line) + len(start_line), text.index(end_line)
+    assert text[start:end].strip() == commands_markdown(classes, main, document).strip(), \
+        f"{document}'s {name} table is out of date: make docs"
+
+
+@pytest.mark.parametrize("path", sorted(FAMILY_COMMANDS))
+def test_every_option_of_these_commands_is_documented_in_a_table(path):
+    """A row of a command table names the command beside the flag; an option declared by a config (training's,
+    re-ranking's) is in that config's table, and the command table names it."""
+    from retrieval.cli.config_options import DeclaredClickOption
+
+    tables = {document: (ROOT / document).read_text() for document, _name, _classes in _command_tables()}
+    configs = [(document, cls) for document, _name, cls in reference_tables()]
+    family = [cls for _document, _name, classes in _command_tables() for cls in classes]
+    for param in _family()[path].params:
+        if not isinstance(param, DeclaredClickOption):
+            continue
+        declared = param.declared
+        if any(d.spec is declared.spec for cls in family for d in declared_options(cls)):
+            row = re.compile(rf"^\| `{re.escape(declared.flag)}` \| [^|]*`{re.escape(path)}`", re.M)
+            assert any(row.search(text) for text in tables.values()), f"{path} {declared.flag}: no row names it"
+        else:
+            document = next((doc for doc, cls in configs if any(d.spec is declared.spec
+                                                                 for d in declared_options(cls))), None)
+            assert document is not None, f"{path} {declared.flag}: declared in no documented config"
+            assert f"| `{declared.flag}` |" in (ROOT / document).read_text()
+            assert any(f"`{declared.flag}` (" in text and f"`{path}`" in text for text in tables.values())

@@ -1,0 +1,213 @@
+"""`retrieval search`: the k most similar gallery images to each query image, from an index folder (and re-ranked, with
+--rerank)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import click
+
+from retrieval.cli.config_options import command_option, command_options
+from retrieval.cli.errors import OptionCommand, where_problem
+from retrieval.cli.index_common import gallery_root_option
+from retrieval.cli.index_options import IndexOptions
+from retrieval.cli.options import rerank_config, rerank_options
+
+
+def _check_k(_ctx: click.Context, _param: click.Parameter, k: int) -> int:
+    """-k within the range every search accepts (``retrieval.index.search.check_k``), before the model loads."""
+    from retrieval.index.search import check_k
+
+    try:
+        return check_k(k)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
+def _check_where(_ctx: click.Context, _param: click.Parameter, where: str | None):
+    """--where parsed before the index and the model load (``retrieval.index.filters``)."""
+    if where is None:
+        return None
+    from retrieval.index.filters import FilterError, parse_filter
+
+    try:
+        return parse_filter(where)
+    except FilterError as exc:
+        raise click.BadParameter(where_problem(exc)) from exc
+
+
+def _where_summary(index, matching: int) -> str:
+    """How many indexed images --where matches; for none, how paths and labels are compared, with the index's own."""
+    summary = f"--where matches {matching} of {len(index)} indexed images"
+    if matching or not len(index):
+        return summary
+    return f"{summary}: no image matches, so every result list is empty. {index.filter_table.no_match_hint()}"
+
+
+QUERY_BATCH = 32  # queries decoded and embedded together, so that a folder's images are never all held at once
+
+
+@click.command("search", cls=OptionCommand)
+@command_option(IndexOptions, "search_index")
+# No existence check here: a query that cannot be opened is answered with its reason, as an undecodable one is.
+@click.argument("images", nargs=-1, required=True, type=click.Path())
+@command_option(IndexOptions, "results", callback=_check_k)
+@command_options(IndexOptions, "max_queries", "recorded_model", "exclude_self")
+@command_option(IndexOptions, "where", callback=_check_where)
+@command_option(IndexOptions, "search_gpu")
+@gallery_root_option
+@command_option(IndexOptions, "search_json")
+@rerank_options
+def search_command(index_dir, images, k, max_queries, model, exclude_self, where, gpu, gallery_root, as_json,
+                   **options) -> None:
+    """Find the k most similar gallery images to each query IMAGE (a folder: every image in it, recursively, sorted
+    by path). A query that cannot be read is named with the reason, the others are answered, and the command then
+    exits with status 1. --rerank re-orders each query's shortlist (docs/INDEX.md, "Re-ranking")."""
+    from retrieval.index import Index, ModelMismatchError, load_model
+    from retrieval.index.sources import printable_path
+    from retrieval.rerank_defaults import gallery_filled
+
+    rerank = rerank_config(options)
+    queries = _query_list(images, max_queries)
+    try:
+        opened = Index.open(index_dir, embedder=load_model(model) if model else None, gpu=gpu,
+                            gallery_root=gallery_root)
+    except ModelMismatchError as exc:
+        raise click.ClickException(f"{exc}: retrieval index upgrade {shlex.quote(str(index_dir))} --model "
+                                   f"{shlex.quote(str(model))}") from exc
+    with opened as index:
+        if where is not None:
+            matching = len(index.matching_ids(where))  # a column the index lacks fails here, before embedding
+            if not as_json:
+                click.echo(_where_summary(index, matching))
+        # the sizes not given follow the gallery (docs/INDEX.md, "Neighbourhood sizes")
+        rerank, defaults = gallery_filled(rerank, index.rerank_neighbourhood)
+        answers = _answers(index, queries, k, exclude_self, where, rerank)
+    if as_json:
+        click.echo(json.dumps(answers, indent=2))
+    else:
+        for answer in answers:
+            click.echo(printable_path(answer["query"], limit=None))
+            if "error" in answer:
+                click.echo(f"  cannot search with it: {answer['error']}")
+                continue
+            if answer.get("excluded_self") is not None:
+                click.echo(f"  (left out: id={answer['excluded_self']}, the query itself)")
+            if rerank.active:
+                sizes = ", ".join(f"{name} = {value}" for name, value in rerank.params().items()
+                                  if name != "candidates")
+                chosen = f"; the sizes not given from the gallery: {defaults}" if defaults else ""
+                click.echo(f"  re-ranked by {rerank.method}, the top {rerank.candidates} ({sizes}{chosen}); score = "
+                           "cosine, then the re-ranking's score")
+            for rank, r in enumerate(answer["results"], 1):  # names may hold newlines or bytes that are not UTF-8
+                label = None if r["label"] is None else printable_path(r["label"], limit=None)
+                path = printable_path(r["path"], limit=None)
+                reranked = f"  {r['rerank_score']:+.4f}" if "rerank_score" in r else ""
+                click.echo(f"  {rank:3d}  {r['score']:+.4f}{reranked}  id={r['id']}  label={label}  {path}")
+    failed = [a for a in answers if "error" in a]
+    if failed:
+        shown = ", ".join(printable_path(a["query"]) for a in failed[:3])
+        raise click.ClickException(f"{len(failed)} of {len(answers)} queries could not be read ({shown}); the "
+                                   "others were answered above")
+
+
+def _query_list(images: tuple[str, ...], max_queries: int) -> list[tuple[str, str | None]]:
+    """The query files in order, each with the reason it cannot be searched (None: not known yet); a folder gives its
+    images, found as the index builder finds them and sorted by path. Refuses more than ``max_queries``."""
+    from retrieval.data.formats import IMAGE_EXTENSIONS
+    from retrieval.index.sources import printable_path, walk_folder
+
+    queries: list[tuple[str, str | None]] = []
+    for image in images:
+        folder = Path(image)
+        if not _is_folder(folder):
+            queries.append((image, None))  # opened later: a missing or unreadable file is answered with its reason
+        else:
+            gallery = walk_folder(folder, limit=max_queries - len(queries))
+            found = sorted(item.path for item in gallery.items)
+            queries.extend((path, None) for path in found)
+            queries.extend((error.path, error.error) for error in gallery.errors)
+            if not found and not gallery.errors:
+                extensions = ", ".join(sorted(IMAGE_EXTENSIONS))
+                queries.append((image, f"a folder with no image in it (searched recursively for {extensions}); "
+                                       "give a folder that holds images, or image files"))
+        if len(queries) > max_queries:
+            raise click.UsageError(
+                f"more than {max_queries} query images (counting the images in {printable_path(image)}): pass fewer "
+                "images or a smaller folder, or raise --max-queries", ctx=click.get_current_context(silent=True))
+    return queries
+
+
+def _is_folder(path: Path) -> bool:
+    """Whether a query names a folder; a path that cannot even be looked at is left to the open that names why."""
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
+
+
+def _open_problem(exc: OSError) -> str:
+    """Why a query file could not be opened, and what to do about it."""
+    if isinstance(exc, FileNotFoundError):
+        return "no such file; check the path"
+    if isinstance(exc, PermissionError):
+        return "not readable (permission denied); make it readable by this user"
+    return f"cannot be opened ({exc.strerror or exc}); check that it is a readable image file"
+
+
+def _answers(index, queries: list[tuple[str, str | None]], k: int, exclude_self: bool, where=None,
+             rerank=None) -> list[dict]:
+    """Each query's answer, in order: its results (and the id left out as the query itself), or the reason it
+    cannot be searched. Each file is opened once (hashed, then decoded, as the index builder does); the readable
+    queries are embedded ``QUERY_BATCH`` at a time."""
+    answers = []
+    for start in range(0, len(queries), QUERY_BATCH):
+        answers.extend(_answer_batch(index, queries[start:start + QUERY_BATCH], k, exclude_self, where, rerank))
+    return answers
+
+
+def _answer_batch(index, queries: list[tuple[str, str | None]], k: int, exclude_self: bool, where=None,
+                  rerank=None) -> list[dict]:
+    """``_answers`` for one batch of queries: decoded, embedded together and searched."""
+    from retrieval.data.decode import ImageDecodeError, open_regular_file, read_image
+    from retrieval.index.gallery_file import file_digest
+
+    answers, images, digests = [], [], []
+    for query, problem in queries:
+        answer = {"query": _resolved(query)}
+        try:
+            if problem is not None:
+                answer["error"] = problem
+            else:
+                with open_regular_file(query) as handle:
+                    sha256, _ = file_digest(handle)
+                    handle.seek(0)
+                    images.append(read_image(handle).image)
+                digests.append(sha256)
+        except ImageDecodeError as exc:
+            answer["error"] = str(exc)
+        except OSError as exc:
+            answer["error"] = _open_problem(exc)
+        answers.append(answer)
+    readable = [a for a in answers if "error" not in a]
+    embeddings = index.embedder.embed(images) if images else []
+    for answer, sha256, embedding in zip(readable, digests, embeddings, strict=True):
+        row = index.indexed_by_sha256(sha256) if exclude_self else None
+        excluded = None if row is None else int(row["id"])
+        found = index.search(embedding[None], k, exclude_ids=() if excluded is None else (excluded,), where=where,
+                             rerank=rerank)[0]
+        # path: the spelling --where, index remove, the API and the app use; file: where it lies on this machine
+        # (its gallery may have moved; None: a path the moved gallery has no place for)
+        results = [r.to_dict() | {"path": index.public_path(r.path), "file": index.image_file(r.path)} for r in found]
+        answer.update(results=results, excluded_self=excluded)
+    return answers
+
+
+def _resolved(query: str) -> str:
+    """The query's absolute path as the answer names it; a path that cannot be resolved (a symlink loop) as given."""
+    try:
+        return str(Path(query).resolve())
+    except (OSError, RuntimeError):
+        return str(Path(query).absolute())
