@@ -10,6 +10,7 @@ import functools
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import click
@@ -90,6 +91,8 @@ def serve_command(**options: Any) -> None:
         values = server_values(options)
     except (OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
+    if "milvus" in values and "index_dir" not in values:  # the collection is served: no folder
+        values["index_dir"] = Path(str(values.get("collection") or ""))
     if "index_dir" not in values:  # the demo: its run report and this project's results grid belong to it
         values["index_dir"] = DEFAULT_INDEX_DIR
         if "report" not in values and DEFAULT_REPORT.is_file():
@@ -108,7 +111,7 @@ def serve_command(**options: Any) -> None:
         if secrets_file and readable_by_others(secrets_file):
             click.echo(f"warning: {secrets_file} is readable by other users; `chmod 600 {secrets_file}`", err=True)
 
-    if not (config.index_dir / "index.json").is_file():
+    if config.milvus is None and not (config.index_dir / "index.json").is_file():
         raise click.ClickException(missing_artifacts_message(config.index_dir))
     from retrieval.index.embedder import ModelMismatchError
     from retrieval.serve.server import serve  # Gradio and uvicorn: only once the settings are known to be good

@@ -57,6 +57,13 @@ class ServerConfig:
         metavar="MODEL.onnx",
         default_text="the model index.json records")
     gallery_root: Path | None = gallery_root_option("index")
+    milvus: str | None = option(
+        None, "index", "serve a Milvus collection instead of an index folder: http://HOST:19530 (a Milvus server or "
+        "cluster; several servers may serve one collection) or a FILE.db (Milvus Lite, this process only); with "
+        "--collection. Searches read the collection as it is: `retrieval index add|remove --milvus` show at the "
+        "next request.", metavar="URI")
+    collection: str | None = option(None, "index", "the collection --milvus serves (`retrieval index push` names it).",
+                                    metavar="NAME")
     reload_interval_s: float | None = option(
         RELOAD_INTERVAL_S, "index", "seconds between checks of the index folder: once a writer (`retrieval index "
         "add/remove/...`) finishes, the server swaps in the new index without a restart; 0 turns it off.",
@@ -128,6 +135,8 @@ class ServerConfig:
         self._read_loose_values()
         problems = [problem for declared in declared_options(type(self))
                     if (problem := field_problem(declared, getattr(self, declared.name))) is not None]
+        if (self.milvus is None) != (self.collection is None):
+            problems.append("--milvus URI and --collection NAME go together")
         if problems:
             raise ValueError("; ".join(problems))
 

@@ -17,8 +17,6 @@ import numpy as np
 from retrieval.index.catalogue import CatalogueQueries
 from retrieval.index.faiss_measure import drop_self
 from retrieval.index.search import Index
-from retrieval.index.shards import ShardStore
-from retrieval.index.vectors import done_chunks
 
 
 @dataclass(frozen=True)
@@ -62,16 +60,6 @@ class LeaveOneOut:
     note: str = ""
 
 
-def _vectors_of(index: Index, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The stored (normalised) vectors of sorted ``ids``, in shard order, with their ids."""
-    shard_of = index.catalogue.done_shards()
-    wanted = {int(i): shard_of[int(i)] for i in ids if int(i) in shard_of}
-    chunks = list(done_chunks(ShardStore(index.layout.shards, read_only=True), wanted))
-    if not chunks:
-        return np.zeros(0, np.int64), np.zeros((0, index.dim), np.float32)
-    return np.concatenate([c[0] for c in chunks]), np.concatenate([c[1] for c in chunks])
-
-
 def leave_one_out(
     index: Index,
     max_queries: int = 5000,
@@ -98,7 +86,7 @@ def leave_one_out(
     if sampled:
         rng = np.random.default_rng(seed)
         candidates = np.sort(rng.choice(candidates, max_queries, replace=False))
-    ids, vectors = _vectors_of(index, candidates)
+    ids, vectors = index.stored_rows(candidates)
     depth = max(1, min(RANK_DEPTH, len(index) - 1))
     per_class: dict[str, ClassRecall] = {}
     failures: defaultdict[str, list[Failure]] = defaultdict(list)
@@ -164,7 +152,7 @@ def neighbour_scores(index: Index, max_images: int = NEIGHBOUR_SAMPLE, seed: int
     sampled = len(ids) > max_images
     if sampled:
         ids = np.sort(np.random.default_rng(seed).choice(ids, max_images, replace=False))
-    ids, vectors = _vectors_of(index, ids)
+    ids, vectors = index.stored_rows(ids)
     best: list[float] = []
     for start in range(0, len(ids), batch):
         own = ids[start : start + batch]

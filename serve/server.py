@@ -15,6 +15,7 @@ from starlette.routing import Mount
 from starlette.types import Scope
 
 from retrieval.index.embedder import load_model
+from retrieval.index.milvus_collection import MilvusPlace
 from retrieval.serve.admission import LengthRequired
 from retrieval.serve.api import create_api
 from retrieval.serve.collector import freeze_after_startup
@@ -67,6 +68,7 @@ def build_app(config: ServerConfig, service: SearchService | None = None) -> tup
         max_pixels=config.max_pixels,
         reload_interval_s=config.reload_interval_s,
         gallery_root=config.gallery_root,
+        milvus=MilvusPlace.checked(config.milvus, config.collection) if config.milvus else None,
     )
     app = create_api(service, concurrency=config.concurrency, max_queue=config.max_queue, observe=config.observe)
     # The token covers every route of the API app (the JSON API, its OpenAPI document, /docs and its assets) but
@@ -151,7 +153,8 @@ def serve(config: ServerConfig) -> None:
     """Block serving until interrupted (Ctrl-C)."""
     app, service = build_app(config)
     print(
-        f"serving {service.describe()['vectors']} images from {config.index_dir}: UI and API on "
+        f"serving {service.describe()['vectors']} images from "
+        f"{service.milvus if service.milvus is not None else config.index_dir}: UI and API on "
         f"http://{config.host}:{config.port}/ (API docs at /docs)\n{config.access_summary()}",
         flush=True,
     )

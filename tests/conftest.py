@@ -35,12 +35,22 @@ def artifacts(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def service(artifacts):
-    from retrieval.serve.service import SearchService
+def served_from(request) -> str:
+    """Where ``service`` serves the index from: the folder, unless a module lists ``SERVED_FROM`` (then each)."""
+    return getattr(request, "param", "folder")
 
-    svc = SearchService(artifacts.index_dir, max_upload_bytes=200_000, max_pixels=4_000_000)
-    yield svc
-    svc.close()
+
+def pytest_generate_tests(metafunc):
+    backends = getattr(metafunc.module, "SERVED_FROM", None)
+    if backends and "served_from" in metafunc.fixturenames:
+        metafunc.parametrize("served_from", backends, indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module")
+def service(artifacts, served_from, tmp_path_factory):
+    from serve_fixtures import served_by
+
+    yield from served_by(served_from, artifacts, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

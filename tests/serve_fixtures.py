@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
@@ -313,3 +313,23 @@ def access_records() -> Iterator[list[logging.LogRecord]]:
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
+
+
+BACKENDS = ("folder", "milvus")  # the index folder, and the same index pushed into a Milvus Lite collection
+
+
+def served_by(backend: str, artifacts: ServeArtifacts, tmp_path_factory) -> Iterator[Any]:
+    """A ``SearchService`` of ``artifacts``' index served from ``backend`` (a fixture's body: yields, then closes)."""
+    from retrieval.serve.service import SearchService
+
+    milvus = None
+    if backend == "milvus":
+        pytest.importorskip("milvus_lite")
+        from retrieval.index.milvus_collection import MilvusPlace
+        from retrieval.index.milvus_push import push_index
+
+        milvus = MilvusPlace.checked(str(tmp_path_factory.mktemp("milvus") / "gallery.db"), "gallery")
+        push_index(artifacts.index_dir, milvus, index_type="FLAT", progress=False)
+    service = SearchService(artifacts.index_dir, max_upload_bytes=200_000, max_pixels=4_000_000, milvus=milvus)
+    yield service
+    service.close()

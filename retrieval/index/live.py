@@ -186,8 +186,11 @@ class LiveIndex(Generic[S]):
         open_state: Callable[[S | None], S],
         interval_s: float | None = RELOAD_INTERVAL_S,
         grace_s: float = RETIRE_GRACE_S,
+        identity: Callable[[], Any] | None = None,
     ) -> None:
         self.layout = IndexLayout(directory)
+        # what is watched: the folder's files, or (an index elsewhere, a Milvus collection) the caller's identity
+        self._identity = identity or (lambda: folder_identity(self.layout))
         self._open, self.grace_s = open_state, grace_s
         self._lock = threading.Lock()  # guards the current state and the users counts
         self._reload_lock = threading.Lock()  # one open at a time (the watcher, a manual reload)
@@ -228,7 +231,7 @@ class LiveIndex(Generic[S]):
             if self._closed:
                 return False
             previous = self._held.state
-            identity = folder_identity(self.layout)
+            identity = self._identity()
             if identity == previous.identity or self._failed_lately(identity):
                 return False
             try:

@@ -3,10 +3,10 @@ collection's properties), its schema and vector index, and ``where`` filters as 
 
 One collection holds one index: a row per indexed image with its ``id`` (the primary key, the local catalogue's
 id), ``vector`` (L2-normalised, searched by inner product = cosine), ``path`` (as the API shows it: relative to the
-gallery root), ``label`` and ``sha256`` (nullable), and one nullable scalar field per manifest column (``c0``,
-``c1``, ...: a manifest's column names are anyone's text, so fields are numbered and the properties map names to
-them). A Milvus server or cluster is ``http://host:19530``; Milvus Lite, the same engine in a local process, is a
-``*.db`` file. Read side: nothing here writes a collection (``milvus_push`` does).
+gallery root), ``label``, ``sha256`` and ``size`` (the file's bytes; nullable), and one nullable scalar field per
+manifest column (``c0``, ``c1``, ...: a manifest's column names are anyone's text, so fields are numbered and the
+properties map names to them). A Milvus server or cluster is ``http://host:19530``; Milvus Lite, the same engine in
+a local process, is a ``*.db`` file. Read side: nothing here writes a collection (``milvus_push`` does).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from retrieval.index.filters import (
 )
 
 FORMAT = 1
-ID, VECTOR, PATH, LABEL, SHA256 = "id", "vector", "path", "label", "sha256"
+ID, VECTOR, PATH, LABEL, SHA256, SIZE = "id", "vector", "path", "label", "sha256", "size"
 MAX_PATH_CHARS = 4096  # Milvus' VARCHAR needs a bound; a longer path is refused when pushed, naming it
 MAX_LABEL_CHARS = 1024
 MAX_TEXT_CHARS = 4096  # a manifest column's text
@@ -187,7 +187,7 @@ class CollectionRecord:
 
     def output_fields(self) -> list[str]:
         """The scalar fields a result row reads."""
-        return [PATH, LABEL, SHA256, *(c.field for c in self.columns)]
+        return [PATH, LABEL, SHA256, SIZE, *(c.field for c in self.columns)]
 
 
 def read_record(client: Any, collection: str) -> CollectionRecord | None:
@@ -225,6 +225,7 @@ def collection_schema(dim: int, columns: Sequence[ColumnField]) -> Any:
     schema.add_field(PATH, DataType.VARCHAR, max_length=MAX_PATH_CHARS)
     schema.add_field(LABEL, DataType.VARCHAR, max_length=MAX_LABEL_CHARS, nullable=True)
     schema.add_field(SHA256, DataType.VARCHAR, max_length=64, nullable=True)
+    schema.add_field(SIZE, DataType.INT64, nullable=True)
     for column in columns:
         if column.is_text:
             schema.add_field(column.field, DataType.VARCHAR, max_length=MAX_TEXT_CHARS, nullable=True)

@@ -9,10 +9,12 @@ typical class size that sets re-ranking's unset sizes) is read again after ``REF
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path, PurePath, PurePosixPath
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -25,6 +27,7 @@ from retrieval.index.milvus_collection import (
     LABEL,
     PATH,
     SHA256,
+    SIZE,
     VECTOR,
     CollectionRecord,
     MilvusError,
@@ -38,6 +41,7 @@ from retrieval.index.search import MAX_K, SearchResult, check_k, reranked_result
 from retrieval.rerank import RerankConfig
 from retrieval.rerank_defaults import Neighbourhood, gallery_filled, neighbourhood_from_counts
 
+STATS_EXACT_MAX = 200_000  # rows up to which ``stats`` reads every vector to measure recall
 REFRESH_S = 60.0  # how long a label count read from the collection is kept
 QUERY_PAGE = 16384  # rows per page when the whole collection is read (labels, ids)
 MAX_ID_LIST = 16384  # ids per ``id in [...]`` expression
@@ -56,9 +60,9 @@ class MilvusIndex:
         record = read_record(self.client, place.collection)
         if record is None:
             raise MilvusError("collection", f"{place.collection!r} does not exist at {place.uri}; push an index "
-                                            "into it first: `retrieval index push INDEX --milvus URI --collection "
-                                            "NAME`")
-        self.record, self.info = record, dict(record.info)
+                                            "into it first (`retrieval index push`)")
+        self.record, self.info = record, {**record.info, "index_key": f"Milvus {record.index_type}"}
+        self.identity = collection_identity(self.client, place.collection)
         self._model_path, self._embedder = model, None
         self._gallery_root = gallery_root
         self._neighbourhood: tuple[float, Neighbourhood] | None = None
@@ -107,10 +111,13 @@ class MilvusIndex:
                 path = self._model_path or self.info.get("model_path")
                 if not path or not Path(path).is_file():
                     raise ParameterError("model", f"is needed to search {self.place} with images: its model "
-                                                  f"{self.model_hash} is not on this machine; give its ONNX file "
-                                                  "(--model M.onnx)")
+                                                  f"{self.model_hash} is not on this machine; give its ONNX file")
                 self._embedder = index_embedder(self.info, load_model(path), where)
         return self._embedder
+
+    @embedder.setter
+    def embedder(self, embedder: ImageEmbedder) -> None:
+        self._embedder = index_embedder(self.info, embedder, Path(str(self.place)))
 
     @property
     def gallery_root(self) -> PurePath:
@@ -128,6 +135,59 @@ class MilvusIndex:
             return None
         return str(self.gallery_root / pure)
 
+    @property
+    def gallery(self) -> SimpleNamespace:
+        """Where its images are (``root``), as ``Index.gallery`` says it."""
+        return SimpleNamespace(root=self.gallery_root)
+
+    @property
+    def catalogue(self) -> MilvusCatalogue:
+        """The catalogue queries a server asks of an index, answered from the collection."""
+        return MilvusCatalogue(self)
+
+    @functools.cached_property
+    def ids(self) -> np.ndarray:
+        """Every id the collection held when first asked, sorted int64."""
+        ids = [int(row[ID]) for page in self._pages([ID]) for row in page]
+        return np.unique(np.asarray(ids, dtype=np.int64))
+
+    @property
+    def filter_table(self) -> MilvusColumns:
+        """The columns a ``where`` may name, and what to check when a filter matches nothing."""
+        return MilvusColumns(self)
+
+    def stored_rows(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The ids among ``ids`` the collection holds, sorted, and their stored vectors [n, d]."""
+        held = np.intersect1d(np.asarray(ids, dtype=np.int64), self.ids)
+        return held, self.reconstructed_vectors(held)
+
+    def stats(self, queries: int = 500, seed: int = 1) -> dict[str, Any]:
+        """``index stats`` of the collection: its rows, index type, model, and (up to ``STATS_EXACT_MAX`` rows) the
+        recall of its search against exact search of a sample of its own vectors, with their latency."""
+        from retrieval.index import faiss_measure
+
+        n = len(self.ids)
+        stats: dict[str, Any] = {
+            "index_dir": str(self.place), "vectors": n,
+            "counts": {"done": n, "pending": 0, "error": 0, "duplicate": 0, "removed": 0, "total": n, "not_listed": 0},
+            "errors": 0, "error_examples": [], "throughput": {}, "index_key": f"Milvus {self.record.index_type}",
+            "index_key_requested": None, "params": search_params(self.record.index_type, 10), "tuning": None,
+            "model": {key: self.info.get(key) for key in ("model_path", "model_hash", "embedding_dim",
+                                                          "model_normalized", "model_output")},
+            "size_on_disk_bytes": None, "queries": 0,
+        }
+        if n < 2 or n > STATS_EXACT_MAX:
+            return stats | {"note": "recall not measured: it reads every vector of the collection" if n > 2 else ""}
+        ids, vectors = self.stored_rows(self.ids)
+        chosen = np.sort(np.random.default_rng(seed).choice(len(ids), min(queries, len(ids)), replace=False))
+        k = min(10, n - 1)
+        _, exact = faiss_measure.exact_knn(vectors[chosen], [(ids, vectors)], k + 1)
+        exact = faiss_measure.drop_self(exact, ids[chosen], k)
+        found = faiss_measure.drop_self(self.search_arrays(vectors[chosen], k + 1)[1], ids[chosen], k)
+        return stats | {"queries": int(len(chosen)), "recall_1_at_1": faiss_measure.recall_at(found, exact, 1, 1),
+                        f"recall_{k}_at_{k}": faiss_measure.recall_at(found, exact, k, k),
+                        "latency": faiss_measure.latency_ms(lambda q: self.search_arrays(q, k), vectors[chosen])}
+
     # --- rows
     def indexed_rows(self, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
         """id -> row (id, path, label, sha256) of the ``ids`` the collection holds; others are absent."""
@@ -136,7 +196,7 @@ class MilvusIndex:
         for start in range(0, len(wanted), MAX_ID_LIST):
             chunk = wanted[start: start + MAX_ID_LIST]
             found = self.client.query(self.place.collection, filter=f"{ID} in {chunk}",
-                                      output_fields=[PATH, LABEL, SHA256])
+                                      output_fields=[PATH, LABEL, SHA256, SIZE])
             rows.update({int(row[ID]): _row(row) for row in found})
         return rows
 
@@ -148,7 +208,7 @@ class MilvusIndex:
         if not isinstance(sha256, str) or not sha256.isalnum() or len(sha256) != 64:
             return None
         found = self.client.query(self.place.collection, filter=f'{SHA256} == "{sha256}"',
-                                  output_fields=[PATH, LABEL, SHA256])
+                                  output_fields=[PATH, LABEL, SHA256, SIZE])
         return _row(min(found, key=lambda row: row[ID])) if found else None
 
     def label_counts(self) -> dict[str | None, int]:
@@ -254,7 +314,8 @@ class MilvusIndex:
 
 
 def _row(row: dict[str, Any]) -> dict[str, Any]:
-    return {"id": int(row[ID]), "path": row.get(PATH), "label": row.get(LABEL), "sha256": row.get(SHA256)}
+    return {"id": int(row[ID]), "path": row.get(PATH), "label": row.get(LABEL), "sha256": row.get(SHA256),
+            "size": row.get(SIZE)}
 
 
 def open_collection_record(place: MilvusPlace) -> CollectionRecord | None:
@@ -264,3 +325,73 @@ def open_collection_record(place: MilvusPlace) -> CollectionRecord | None:
         return read_record(client, place.collection)
     finally:
         client.close()
+
+
+def watch_identity(place: MilvusPlace) -> Callable[[], tuple[Any, ...]]:
+    """``collection_identity`` of ``place`` through a connection of its own (the watcher's thread)."""
+    client = None
+
+    def identity() -> tuple[Any, ...]:
+        nonlocal client
+        if client is None:
+            client = connect(place)
+        return collection_identity(client, place.collection)
+
+    return identity
+
+
+def collection_identity(client: Any, name: str) -> tuple[Any, ...]:
+    """What a server watches to know a state must be opened again: the collection ``name`` serves (an upgrade moves
+    the alias) and the model it records. Rows added or removed need no new state: every search reads them."""
+    if not client.has_collection(name):
+        return (None,)
+    described = client.describe_collection(name)
+    record = CollectionRecord.from_properties(described.get("properties") or {})
+    return (described.get("collection_name"), None if record is None else record.model_hash)
+
+
+class MilvusCatalogue:
+    """The catalogue queries a server asks (labels, samples, duplicates), answered from a collection."""
+
+    def __init__(self, index: MilvusIndex) -> None:
+        self.index = index
+
+    def labelled(self) -> list[tuple[int, str]]:
+        """(id, label) of every labelled row, by id."""
+        rows = [(int(row[ID]), str(row[LABEL])) for page in self.index._pages([LABEL], f"{LABEL} is not null")
+                for row in page]
+        return sorted(rows)
+
+    def label_counts(self) -> dict[str | None, int]:
+        return self.index.label_counts()
+
+    def sample(self, count: int) -> list[dict[str, Any]]:
+        """Up to ``count`` rows spread evenly over the ids."""
+        ids = self.index.ids
+        chosen = ids[np.linspace(0, len(ids) - 1, min(count, len(ids))).astype(int)] if len(ids) else ids
+        rows = self.index.indexed_rows(chosen.tolist())
+        return [rows[i] for i in sorted(rows)]
+
+    def duplicates(self, limit: int) -> tuple[int, list[tuple[dict[str, Any], dict[str, Any] | None]]]:
+        """A collection holds the indexed images only: the exact duplicates stayed in the pushed index's catalogue."""
+        return 0, []
+
+    def indexed_count(self) -> int:
+        return len(self.index)
+
+
+class MilvusColumns:
+    """The filterable columns of a collection, and the hint when a filter matches no row."""
+
+    def __init__(self, index: MilvusIndex) -> None:
+        self.index = index
+
+    def names(self) -> list[str]:
+        return self.index.record.column_names()
+
+    def no_match_hint(self) -> str:
+        """How paths and labels compare, with one of the collection's own values, and the columns there are."""
+        sample = self.index.catalogue.sample(1)
+        example = f' (e.g. path = "{sample[0]["path"]}")' if sample else ""
+        return (f"Paths are compared as the API shows them, relative to the gallery{example}, and labels exactly, "
+                f"case included; the columns are: {', '.join(self.names())}")

@@ -33,6 +33,7 @@ from retrieval.index.milvus_collection import (
     PUSHING,
     RECORD,
     SHA256,
+    SIZE,
     VECTOR,
     CollectionRecord,
     MilvusError,
@@ -176,7 +177,7 @@ def _write(client: Any, collection: str, record: CollectionRecord, index: Any, i
     for start in range(0, len(stale), ID_PAGE):
         client.delete(collection, filter=f"{ID} in {stale[start: start + ID_PAGE]}")
     changed = {i for i, row in wanted.items() if present.get(i) != row}
-    sha = {int(i): row.get("sha256") for i, row in index.catalogue.rows(sorted(changed)).items()}
+    sha = {int(i): (row.get("sha256"), row.get("size")) for i, row in index.catalogue.rows(sorted(changed)).items()}
     done = {int(i): shard for i, shard in index.catalogue.shards_of(changed).items()}
     sent = 0
     with progress_bar(total=len(changed), desc=f"push to {collection}", unit="row", disable=not progress) as bar:
@@ -205,7 +206,7 @@ def _check_resumable(existing: CollectionRecord, wanted: CollectionRecord, colle
                                         "manifest columns; push into a new collection")
     if existing.index_type != wanted.index_type:
         raise MilvusError("index_type", f"is {wanted.index_type}, but {collection!r} was created with "
-                                        f"{existing.index_type}; give --index-type {existing.index_type} to resume, "
+                                        f"{existing.index_type}; give {existing.index_type} (or none) to resume, "
                                         "or push into a new collection")
 
 
@@ -236,7 +237,8 @@ def _rows(ids: list[int], vectors: np.ndarray, public: dict[int, tuple[str, str 
         if len(path) > MAX_PATH_CHARS or (label is not None and len(label) > MAX_LABEL_CHARS):
             raise MilvusError("index", f"image {image_id} has a path or label longer than Milvus' field allows "
                                        f"({MAX_PATH_CHARS} / {MAX_LABEL_CHARS} characters): {path[:80]!r}")
-        row = {ID: image_id, VECTOR: vector, PATH: path, LABEL: label, SHA256: sha.get(image_id)}
+        digest, size = sha.get(image_id, (None, None))
+        row = {ID: image_id, VECTOR: vector, PATH: path, LABEL: label, SHA256: digest, SIZE: size}
         for column in record.columns:
             value = values[column.name][image_id]
             if isinstance(value, str) and len(value) > MAX_TEXT_CHARS:

@@ -342,6 +342,19 @@ class Index:
                 self._neighbourhood = neighbourhood_from_counts(self.catalogue.label_counts())
             return self._neighbourhood
 
+    def stored_rows(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The ids among sorted ``ids`` that have a stored vector, in shard order, and those (normalised) vectors
+        [n, d], read from the shards the catalogue names (exact, whatever the faiss index keeps)."""
+        from retrieval.index.shards import ShardStore
+        from retrieval.index.vectors import done_chunks
+
+        shard_of = self.catalogue.done_shards()
+        wanted = {int(i): shard_of[int(i)] for i in ids if int(i) in shard_of}
+        chunks = list(done_chunks(ShardStore(self.layout.shards, read_only=True), wanted))
+        if not chunks:
+            return np.zeros(0, np.int64), np.zeros((0, self.dim), np.float32)
+        return np.concatenate([c[0] for c in chunks]), np.concatenate([c[1] for c in chunks])
+
     def reconstructed_vectors(self, ids: np.ndarray) -> np.ndarray:
         """The vectors [n, d] faiss holds for ``ids`` (``faiss_search.reconstructed_vectors``)."""
         return faiss_search.reconstructed_vectors(self.faiss_index, ids)

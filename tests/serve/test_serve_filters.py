@@ -1,15 +1,18 @@
 """POST /search with a `where` filter, against the real server over HTTP: exactly the top-k of
 the matching rows (the fixture's index is Flat), in the JSON body or the query, with an upload too; a filter
-matching nothing gives no results; a malformed one is a 422 that names the problem."""
+matching nothing gives no results; a malformed one is a 422 that names the problem. Each test runs on the index
+folder and on the same index pushed into a Milvus collection (FLAT)."""
 
 from __future__ import annotations
 
 import httpx
 import numpy as np
 import pytest
-from serve_fixtures import BackgroundServer
+from serve_fixtures import BACKENDS, BackgroundServer
 
 from retrieval.serve.api import create_api
+
+SERVED_FROM = BACKENDS  # each test on the index folder and on a Milvus collection of it
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +25,7 @@ def exact_filtered(service, embedding: np.ndarray, where: str, k: int) -> list[i
     """The slow top-k: every matching vector, scored with the query, best first."""
     index = service.current().index
     matching = index.matching_ids(where)
-    vectors = np.stack([index.faiss_index.reconstruct(int(i)) for i in matching])
+    vectors = index.reconstructed_vectors(matching)
     query = embedding / np.linalg.norm(embedding)
     return [int(matching[j]) for j in np.argsort(-(vectors @ query), kind="stable")[:k]]
 

@@ -11,6 +11,7 @@ import base64
 import faiss
 import numpy as np
 import pytest
+from serve_fixtures import BACKENDS
 
 from retrieval.index import Index
 from retrieval.index.faiss_search import NoStoredVectors, reconstructed_vectors
@@ -19,6 +20,7 @@ from retrieval.serve.service import SearchService
 
 pytestmark = pytest.mark.timeout(300)
 METHODS = list(RERANKERS)
+SERVED_FROM = BACKENDS  # the service's tests on the index folder and on a Milvus collection of it
 
 
 @pytest.fixture(scope="module")
@@ -207,7 +209,7 @@ def test_the_service_refuses_re_ranking_an_index_without_vectors(service, monkey
 def search_tab(service, tmp_path_factory):
     import gradio as gr
 
-    from retrieval.serve.ui import ExampleSet, SearchTab
+    from retrieval.serve.ui.search import ExampleSet, SearchTab
     from retrieval.serve.upload_cache import UploadRecords
 
     return SearchTab(service, ExampleSet(service, tmp_path_factory.mktemp("examples"), count=0),

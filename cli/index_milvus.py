@@ -1,0 +1,75 @@
+"""`retrieval index push`: an index folder into a Milvus collection, and the collection kept in step by `index add`,
+`index remove` and `index upgrade` given ``--milvus URI --collection NAME`` (``sync_options``)."""
+
+from __future__ import annotations
+
+import functools
+import shlex
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from retrieval.cli.config_options import command_options
+from retrieval.cli.errors import OptionCommand
+from retrieval.cli.index_common import finish, index_folder, json_option
+from retrieval.cli.index_options import IndexOptions
+
+F = TypeVar("F", bound=Callable)
+
+
+@click.command("push", cls=OptionCommand)
+@index_folder
+@command_options(IndexOptions, "push_milvus", "push_collection", "index_type")
+@json_option
+def push_command(index_dir, milvus, collection, index_type, as_json) -> None:
+    """Copy the index into a Milvus collection (its vectors, paths, labels and manifest columns; the model's hash,
+    embedding size and preprocessing in the collection's properties), or bring one pushed before in step. A push
+    stopped midway resumes with the same command; nothing is sent twice."""
+    summary = push(index_dir, milvus, collection, index_type, switch=False, progress=not as_json)
+    finish(summary, as_json, _line(summary, index_dir),
+           f"retrieval serve --milvus {shlex.quote(milvus)} --collection {collection}")
+
+
+def push(index_dir: str, milvus: str, collection: str, index_type: str | None, switch: bool,
+         progress: bool) -> dict[str, Any]:
+    """``push_index`` under the command line's names (``--milvus``, ``--collection``, ``--index-type``)."""
+    from retrieval.index.milvus_collection import MilvusPlace
+    from retrieval.index.milvus_push import push_index
+
+    place = MilvusPlace.checked(milvus, collection)
+    return push_index(index_dir, place, index_type=index_type, progress=progress, switch=switch)
+
+
+def _line(summary: dict[str, Any], index_dir: str) -> str:
+    moved = f"; the name now serves {summary['physical']}, {summary['dropped']} dropped" if summary["dropped"] else ""
+    return (f"{index_dir} -> Milvus collection {summary['collection']} ({summary['physical']}): {summary['rows']} "
+            f"rows, {summary['sent']} sent, {summary['deleted']} deleted, {summary['already_there']} already there, "
+            f"in {summary['seconds']} s{moved}")
+
+
+def sync_options(switch: bool = False) -> Callable[[F], F]:
+    """--milvus and --collection on a writer: once it has written the index, the collection is brought in step
+    (``switch``: an upgrade to another model moves the name to the new model's rows); its line follows the
+    writer's."""
+
+    def decorate(command: F) -> F:
+        @functools.wraps(command)
+        def run(*args: Any, milvus: str | None = None, collection: str | None = None, **kwargs: Any) -> Any:
+            if (milvus is None) != (collection is None):
+                raise click.UsageError("give --milvus URI and --collection NAME together")
+            if milvus is not None:  # checked before the writer's work, not after it
+                from retrieval.index.milvus_collection import MilvusPlace
+
+                MilvusPlace.checked(milvus, collection)
+            result = command(*args, **kwargs)
+            if milvus is not None:
+                summary = push(kwargs["index_dir"], milvus, collection, None, switch,
+                               progress=not kwargs.get("as_json"))
+                if not kwargs.get("as_json"):
+                    click.echo(_line(summary, kwargs["index_dir"]))
+            return result
+
+        return command_options(IndexOptions, "sync_milvus", "sync_collection")(run)
+
+    return decorate

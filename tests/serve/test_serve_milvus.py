@@ -1,0 +1,122 @@
+"""Serving from a Milvus collection: `retrieval index push` then two servers on one collection (a Milvus Lite gRPC
+server in its own process, reached over HTTP as a cluster is) answer alike; a removal pushed by `retrieval index
+remove --milvus` shows in both at their next request; an alias moved to another collection is swapped in by each
+within its reload interval; the command line refuses half a Milvus address."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from serve_fixtures import free_port
+
+pytest.importorskip("milvus_lite")
+
+from retrieval.cli.main import main  # noqa: E402
+from retrieval.index.milvus_collection import MilvusPlace, connect  # noqa: E402
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def milvus_server(tmp_path_factory):
+    """A Milvus Lite server process: the Milvus gRPC API on a loopback port, as a cluster serves it."""
+    port = free_port()
+    process = subprocess.Popen([str(Path(sys.executable).with_name("milvus-lite")), "server", "--data-dir",
+                                str(tmp_path_factory.mktemp("lite")), "--host", "127.0.0.1", "--port", str(port)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            connect(MilvusPlace.checked(uri, "probe"), timeout_s=2).close()
+            break
+        except Exception:
+            if time.monotonic() > deadline or process.poll() is not None:
+                process.kill()
+                raise
+            time.sleep(0.5)
+    yield uri
+    process.terminate()
+    process.wait(30)
+
+
+@pytest.fixture(scope="module")
+def pushed(milvus_server, artifacts, tmp_path_factory):
+    """A copy of the served test index pushed by the command line into the server's collection ``gallery``."""
+    index_dir = tmp_path_factory.mktemp("pushed") / "index"
+    shutil.copytree(artifacts.index_dir, index_dir)
+    result = CliRunner().invoke(main, ["index", "push", str(index_dir), "--milvus", milvus_server, "--collection",
+                                       "gallery", "--index-type", "FLAT"])
+    assert result.exit_code == 0, result.output
+    assert "rows" in result.output and "next: retrieval serve --milvus" in result.output
+    return index_dir
+
+
+def services(uri: str, count: int = 2) -> list:
+    from retrieval.serve.service import SearchService
+
+    return [SearchService("unused", milvus=MilvusPlace.checked(uri, "gallery"), reload_interval_s=0.2)
+            for _ in range(count)]
+
+
+def test_two_servers_on_one_collection_answer_alike_and_see_a_removal_at_once(milvus_server, pushed, artifacts):
+    first, second = services(milvus_server)
+    try:
+        query = artifacts.query_paths[0].read_bytes()
+        before = [[r.id for r in s.search(query, 5).results] for s in (first, second)]
+        assert before[0] == before[1] and len(before[0]) == 5
+        removed = before[0][1]
+        result = CliRunner().invoke(main, ["index", "remove", str(pushed), "--ids", str(removed), "--milvus",
+                                           milvus_server, "--collection", "gallery"])
+        assert result.exit_code == 0, result.output
+        assert "1 deleted" in result.output
+        for service in (first, second):  # the next request, no reload needed: searches read the collection
+            found = [r.id for r in service.search(query, 5).results]
+            assert removed not in found and found[0] == before[0][0] and len(found) == 5
+            assert len(service) == len(artifacts.labels) - 1
+    finally:
+        first.close()
+        second.close()
+
+
+def test_an_alias_moved_to_another_collection_is_swapped_in_by_each_server(milvus_server, pushed, tmp_path):
+    from retrieval.index.milvus_push import push_index
+
+    first, second = services(milvus_server)
+    try:
+        other = push_index(pushed, MilvusPlace.checked(milvus_server, "candidate"), index_type="HNSW",
+                           progress=False)
+        client = connect(MilvusPlace.checked(milvus_server, "gallery"))
+        generations = [first.generation, second.generation]
+        client.alter_alias(other["physical"], "gallery")
+        client.close()
+        deadline = time.monotonic() + 10
+        while (first.generation == generations[0] or second.generation == generations[1]) \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert first.generation > generations[0] and second.generation > generations[1]
+        assert all(s.current().index.record.index_type == "HNSW" for s in (first, second))
+        vector = np.ones(first.current().dim, np.float32)
+        assert [r.id for r in first.search(vector, 3).results] == [r.id for r in second.search(vector, 3).results]
+    finally:
+        first.close()
+        second.close()
+
+
+@pytest.mark.parametrize("args", [["--milvus", "x.db"], ["--collection", "gallery"]])
+def test_serve_refuses_half_a_milvus_address(args):
+    result = CliRunner().invoke(main, ["serve", *args])
+    assert result.exit_code != 0 and "--milvus URI and --collection NAME go together" in result.output
+
+
+def test_push_refuses_a_bad_address_before_reading_the_index(artifacts):
+    result = CliRunner().invoke(main, ["index", "push", str(artifacts.index_dir), "--milvus", "ftp://x",
+                                       "--collection", "gallery"])
+    assert result.exit_code != 0 and "neither a server URL nor a Milvus Lite file" in result.output
