@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ MODEL_HASH, EMBEDDING_DIM, PREPROCESSING, RECORD = (
 PUSHING, COMPLETE = "pushing", "complete"
 INDEX_TYPES = ("AUTOINDEX", "FLAT", "HNSW", "IVF_FLAT", "IVF_PQ")
 COLLECTION_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,254}")  # Milvus' rule for collection and alias names
+MILVUS_TOKEN_ENV = "RETRIEVAL_MILVUS_TOKEN"  # a cluster's credentials, read from the environment only
 MILVUS_URI_HELP = ("http://HOST:19530 (a Milvus server or cluster; https:// with TLS) or a FILE.db path (Milvus "
                    "Lite: the engine in this process)")
 
@@ -100,7 +102,8 @@ def check_name(name: str) -> str:
 
 
 def connect(place: MilvusPlace, timeout_s: float = 30.0) -> Any:
-    """A ``pymilvus.MilvusClient`` for ``place``; the extra named when pymilvus (or Milvus Lite) is missing."""
+    """A ``pymilvus.MilvusClient`` for ``place``, with the credentials of ``MILVUS_TOKEN_ENV`` when set
+    (``user:password`` or an API key); the extra named when pymilvus (or Milvus Lite) is missing."""
     from retrieval.extras import MissingExtra
 
     try:
@@ -112,8 +115,9 @@ def connect(place: MilvusPlace, timeout_s: float = 30.0) -> Any:
             import milvus_lite  # noqa: F401  (pymilvus starts it for a *.db URI)
         except ModuleNotFoundError as exc:
             raise MissingExtra("a Milvus Lite file", "milvus_lite") from exc
+    token = os.environ.get(MILVUS_TOKEN_ENV, "")  # never an argument: `ps` shows every process's arguments
     try:
-        return MilvusClient(uri=place.uri, timeout=timeout_s)
+        return MilvusClient(uri=place.uri, timeout=timeout_s, **({"token": token} if token else {}))
     except Exception as exc:  # pymilvus raises its own kinds for a refused or unreachable server
         raise MilvusError("milvus", f"cannot connect to {place.uri}: {exc}; is the server running and reachable "
                                     "from here?") from exc
