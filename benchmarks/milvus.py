@@ -136,11 +136,12 @@ def main() -> None:
     parser.add_argument("--types", nargs="+", default=["FLAT", "HNSW", "IVF_FLAT", "IVF_PQ"])
     parser.add_argument("--uri", default=None, help="a Milvus server (default: a Milvus Lite server started here)")
     parser.add_argument("--seconds", type=float, default=10.0, help="per replica measurement")
+    parser.add_argument("--replicas-only", action="store_true", help="push --types' first type, measure replicas")
     from results_io import SAVE_HELP, record_tables  # benchmarks/ is on the path when run
 
     parser.add_argument("--save", metavar="MACHINE", help=SAVE_HELP)
     args = parser.parse_args()
-    record_tables(["milvus-search", "milvus-replicas"], args.save)
+    record_tables(["milvus-replicas"] if args.replicas_only else ["milvus-search", "milvus-replicas"], args.save)
 
     import faiss
     from index_builds import write_embeddings_folder
@@ -173,8 +174,14 @@ def main() -> None:
         time.sleep(3)
     print(f"{args.n:,} vectors of {args.dim} dimensions, {args.queries} queries, {uri}"
           f"{' (Milvus Lite server, one process)' if server else ''}\n")
-    print("| index type | push rows/s | Milvus recall@10 | Milvus p50 ms | Milvus p99 ms | faiss recall@10 | "
-          "faiss p50 ms | faiss p99 ms |\n|---|---:|---:|---:|---:|---:|---:|---:|")
+    first = args.types[0]
+    if args.replicas_only:
+        push_index(work / "idx", MilvusPlace.checked(uri, f"bench_{args.types[0].lower()}"), index_type=args.types[0],
+                   progress=False)
+        args.types = []
+    else:
+        print("| index type | push rows/s | Milvus recall@10 | Milvus p50 ms | Milvus p99 ms | faiss recall@10 | "
+              "faiss p50 ms | faiss p99 ms |\n|---|---:|---:|---:|---:|---:|---:|---:|")
     try:
         for kind in args.types:
             place = MilvusPlace.checked(uri, f"bench_{kind.lower()}")
@@ -190,7 +197,7 @@ def main() -> None:
                   f"{1000 * np.median(seconds):.2f} | {1000 * np.quantile(seconds, 0.99):.2f} | "
                   f"{recall_at_10(local_found, truth):.3f} | {1000 * np.median(local_seconds):.2f} | "
                   f"{1000 * np.quantile(local_seconds, 0.99):.2f} |", flush=True)
-        collection = f"bench_{args.types[0].lower()}"
+        collection = f"bench_{(args.types or [first])[0].lower()}"
         one = replicas(uri, collection, queries, args.seconds, 1)
         two = replicas(uri, collection, queries, args.seconds, 2)
         print(f"\n| search replicas on `{collection}` | queries/s |\n|---|---:|\n| 1 | {one:,.0f} |\n| 2 | {two:,.0f} "

@@ -137,6 +137,13 @@ class ServerConfig:
                     if (problem := field_problem(declared, getattr(self, declared.name))) is not None]
         if (self.milvus is None) != (self.collection is None):
             problems.append("--milvus URI and --collection NAME go together")
+        elif self.milvus is not None:  # checked before anything loads or connects
+            from retrieval.index.milvus_collection import MilvusError, MilvusPlace
+
+            try:
+                MilvusPlace.checked(self.milvus, self.collection)
+            except MilvusError as exc:
+                problems.append(f"--{exc.param} {exc.problem}")
         if problems:
             raise ValueError("; ".join(problems))
 

@@ -108,7 +108,18 @@ def _cli_samples(declared, tmp_path: Path) -> list[tuple[list[str], object]]:
         low = spec.low if spec.low is not None else 0
         numbers = [(default or low) * 2, (default or 0) + 1, low + 1, (low + (spec.high or low + 1)) / 2]
         return [([flag, str(kind(n))], kind(n)) for n in numbers if kind(n) != default]
+    if declared.name in TOGETHER:  # options that go together are given together, with values they accept
+        values = TOGETHER[declared.name](tmp_path)
+        return [([flag, value, *partner], value) for value, partner in values]
     return [([flag, text], text) for text in ("localhost", "127.0.0.1") if text != default]
+
+
+# an option refused alone or with a value of another form: the values to give it, each with its partner
+TOGETHER = {
+    "milvus": lambda tmp: [(str(tmp / "gallery.db"), ["--collection", "gallery"]),
+                           ("http://127.0.0.1:19530", ["--collection", "gallery"])],
+    "collection": lambda tmp: [(name, ["--milvus", str(tmp / "gallery.db")]) for name in ("gallery", "Catalogue_2")],
+}
 
 
 @pytest.mark.parametrize("declared", ON_THE_COMMAND_LINE, ids=[d.name for d in ON_THE_COMMAND_LINE])

@@ -246,11 +246,9 @@ def test_search_results_of_an_emoji_gallery_name_the_code_points(search_tab, art
 # --- Evaluation tab ------------------------------------------------------------------------------------------
 def test_leave_one_out_ranks_of_the_first_correct_match_brute_force(artifacts, service):
     """Rank of the first same-label result per query, against an exact loop over the stored vectors."""
-    from retrieval.serve.diagnostics import _vectors_of
-
     loo = service.leave_one_out()
     label_of = dict(service.current().catalogue.labelled())
-    ids, vectors = _vectors_of(service.current().index, np.array(sorted(label_of), np.int64))
+    ids, vectors = service.current().index.stored_rows(np.array(sorted(label_of), np.int64))
     scores = vectors @ vectors.T
     expected: dict[str, list[int]] = {}
     for row, own in enumerate(ids):
