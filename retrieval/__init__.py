@@ -8,6 +8,7 @@ Layout (read it like a map):
     retrieval.metrics    Recall@K, MAP@R, R-precision, NMI, F1, linear probe
     retrieval.index      faiss gallery index with a SQLite catalogue
     retrieval.analysis   weight view, triplet diagram, plots
+    retrieval.utils      small shared helpers: files, heap, progress, registry, lazy package names, sizes
 
 The core never imports from ``train``, ``export``, ``serve`` or ``cli``.
 """

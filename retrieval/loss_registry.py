@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from retrieval.registry import Registry
+from retrieval.utils.registry import Registry
 
 LOSSES: Registry[Any] = Registry("loss")
 NEGATIVES: Registry[Any] = Registry("hard-negative method")

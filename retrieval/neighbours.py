@@ -31,7 +31,7 @@ import torch
 from retrieval.distances import l2_normalize
 from retrieval.errors import ParameterError
 from retrieval.metric_inputs import as_embeddings
-from retrieval.sizes import size_text
+from retrieval.utils.sizes import size_text
 
 SIMILARITIES = ("cosine", "euclidean", "dot")
 # Scores held at once per block: block_size x gallery_size floats (64 MiB at float32).

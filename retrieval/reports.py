@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from retrieval.io import atomic_write, read_capped
+from retrieval.utils.io import atomic_write, read_capped
 
 REPORT_FORMAT = "retrieval-report/1"
 REPORT_KINDS = ("train", "evaluate")

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from retrieval.serve.reports import METRIC_UNIT, markdown_text, percent
-from retrieval.sizes import size_text
+from retrieval.utils.sizes import size_text
 
 COUNT_LABELS = {  # the catalogue's statuses, as a reader names them
     "done": "indexed (searched)",

@@ -42,7 +42,7 @@ from retrieval.train.features import Embedding, EvalEmbeddings, cached_features
 from retrieval.train.report import write_report
 from retrieval.train.robust import WISE_ALPHAS, choose_alpha, snapshot
 from retrieval.train.state import RunRecord, TrainData, TrainParts
-from retrieval.unit_rows import l2_normalize_rows
+from retrieval.utils.unit_rows import l2_normalize_rows
 
 MAX_LISTED_CLASSES = 1000  # the report lists the class names of a split up to this many
 

@@ -30,9 +30,9 @@ from tqdm.auto import tqdm
 from retrieval.analysis.grid import COMMON, RETRIEVAL_COLUMNS, TABLE_IDS, TABLES, DatasetSpec, Method, Table
 from retrieval.analysis.grid_discussion import DISCUSSIONS, curves, discuss_floor
 from retrieval.analysis.results import FIGURE_FILE, RESULTS_FORMAT, plot_curves, results_document, summarize
-from retrieval.progress import progress_bar
 from retrieval.reports import LAST_CHECKPOINT
 from retrieval.train.config import TrainConfig
+from retrieval.utils.progress import progress_bar
 
 
 # --- one run -------------------------------------------------------------------------------------------------------

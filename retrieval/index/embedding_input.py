@@ -61,8 +61,8 @@ from retrieval.index.sources import (
     path_problem,
     printable_path,
 )
-from retrieval.io import read_capped
-from retrieval.progress import progress_bar
+from retrieval.utils.io import read_capped
+from retrieval.utils.progress import progress_bar
 
 log = logging.getLogger(__name__)
 

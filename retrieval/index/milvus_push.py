@@ -168,7 +168,7 @@ def _write(client: Any, collection: str, record: CollectionRecord, index: Any, i
     deleted)."""
     from retrieval.index.shards import ShardStore
     from retrieval.index.vectors import done_chunks
-    from retrieval.progress import progress_bar
+    from retrieval.utils.progress import progress_bar
 
     public = {int(i): (index.public_path(p), label) for i, p, label in zip(ids, paths, labels, strict=True)}
     values = {name: dict(zip(ids, column_values, strict=True)) for name, (_, column_values) in columns.items()}

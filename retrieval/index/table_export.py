@@ -58,8 +58,8 @@ from retrieval.index.layout import IndexLayout, describe_writer
 from retrieval.index.search import gallery_root, public_path
 from retrieval.index.shards import ShardStore
 from retrieval.index.sources import printable_path
-from retrieval.io import fsync_dir
-from retrieval.progress import progress_bar
+from retrieval.utils.io import fsync_dir
+from retrieval.utils.progress import progress_bar
 
 log = logging.getLogger(__name__)
 

@@ -69,8 +69,8 @@ from retrieval.index.portable import MODEL_RELATIVE, find_model, relative_to_ind
 from retrieval.index.shards import SHARD_PATTERN, ShardStore
 from retrieval.index.vectors import done_chunks
 from retrieval.index.writer import _model_fields, _require_complete, meta_values, relocate
-from retrieval.progress import progress_bar
-from retrieval.workers import default_workers
+from retrieval.utils.progress import progress_bar
+from retrieval.utils.workers import default_workers
 
 log = logging.getLogger(__name__)
 
