@@ -5,7 +5,7 @@ Layout (read it like a map):
     retrieval.models     backbone registry and ``create_embedder``
     retrieval.losses     deep-metric-learning losses, one registry, ``build(name, **hparams)``
     retrieval.negatives  hard-negative generation (LoOp, Symmetrical Synthesis)
-    retrieval.metrics    Recall@K, MAP@R, R-precision, NMI, F1, linear probe
+    retrieval.metrics    Recall@K, MAP@R, R-precision, NMI, F1, linear probe, and the exact kNN they rank by
     retrieval.index      faiss gallery index with a SQLite catalogue
     retrieval.analysis   weight view, triplet diagram, plots
     retrieval.utils      small shared helpers: files, heap, progress, registry, lazy package names, sizes

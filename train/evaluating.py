@@ -157,7 +157,7 @@ class Evaluator:
     @torch.no_grad()
     def linear_probe(self, q: np.ndarray, ql: np.ndarray) -> float:
         """Logistic regression on train embeddings (clean labels), accuracy on the evaluation split."""
-        from retrieval.linear_probe import linear_probe
+        from retrieval.metrics import linear_probe
 
         train_emb, loaded = self.parts.features.train_embeddings(self.eval_model)
         return linear_probe(train_emb, self.data.clean_train_labels[loaded], q, ql, seed=self.cfg.seed)

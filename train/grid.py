@@ -131,7 +131,7 @@ def floor_metrics(dataset: DatasetSpec, runs: Path, feature_cache: str | None) -
     q, ql = query.embeddings, query.labels
     metrics = evaluate_embeddings(q, ql, *((gallery.embeddings, gallery.labels) if gallery else (None, None)))
     if cfg.linear_probe:
-        from retrieval.linear_probe import linear_probe
+        from retrieval.metrics import linear_probe
 
         train_labels = trainer.data.clean_train_labels[features.train_feature_indices]
         metrics["linear_probe"] = linear_probe(features.train_features.cpu().numpy(), train_labels, q, ql,
