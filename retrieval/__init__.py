@@ -7,6 +7,7 @@ Layout (read it like a map):
     retrieval.negatives  hard-negative generation (LoOp, Symmetrical Synthesis)
     retrieval.metrics    Recall@K, MAP@R, R-precision, NMI, F1, linear probe, and the exact kNN they rank by
     retrieval.index      faiss gallery index with a SQLite catalogue
+    retrieval.rerank     re-ranking a shortlist (αQE, DBA, k-reciprocal), its sizes from the gallery
     retrieval.analysis   weight view, triplet diagram, plots
     retrieval.utils      small shared helpers: files, heap, progress, registry, lazy package names, sizes
 

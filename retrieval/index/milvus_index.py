@@ -38,8 +38,7 @@ from retrieval.index.milvus_collection import (
     search_params,
 )
 from retrieval.index.search import MAX_K, SearchResult, check_k, reranked_results
-from retrieval.rerank import RerankConfig
-from retrieval.rerank_defaults import Neighbourhood, gallery_filled, neighbourhood_from_counts
+from retrieval.rerank import Neighbourhood, RerankConfig, gallery_filled, neighbourhood_from_counts
 
 STATS_EXACT_MAX = 200_000  # rows up to which ``stats`` reads every vector to measure recall
 REFRESH_S = 60.0  # how long a label count read from the collection is kept
@@ -290,7 +289,7 @@ class MilvusIndex:
         return results
 
     def rerank_neighbourhood(self) -> Neighbourhood:
-        """The gallery's typical class size (``rerank_defaults``), from the labels, read again after ``REFRESH_S``."""
+        """The gallery's typical class size (``rerank.defaults``), from the labels, read again after ``REFRESH_S``."""
         with self._lock:
             now = time.monotonic()
             if self._neighbourhood is None or now - self._neighbourhood[0] > REFRESH_S:
