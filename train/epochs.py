@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from retrieval.data import BadImageLog
-from retrieval.loss_reads import deferred_checks, known_on_host, read_checks, read_numbers, stat_tensors, to_device
+from retrieval.losses.reads import deferred_checks, known_on_host, read_checks, read_numbers, stat_tensors, to_device
 from retrieval.train.checkpointing import Checkpointer
 from retrieval.train.config import TrainConfig
 from retrieval.train.state import READ_BACK_SECONDS, EpochProgress, RunRecord, StepValues, TrainParts, WaitTimer

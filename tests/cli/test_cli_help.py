@@ -13,7 +13,7 @@ from retrieval.cli.main import main
 from retrieval.data import DATASETS
 from retrieval.data.decode import DEFAULT_MAX_PIXELS
 from retrieval.data.formats import IMAGE_EXTENSIONS
-from retrieval.loss_registry import LOSSES, NEGATIVES
+from retrieval.losses.registry import LOSSES, NEGATIVES
 from retrieval.models.backbones import BACKBONES
 from retrieval.serve.defaults import DEFAULT_HOST, DEFAULT_PORT
 from retrieval.utils.workers import DEFAULT_WORKERS_TEXT

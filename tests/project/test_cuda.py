@@ -493,7 +493,7 @@ def reads_nothing_on_the_cpu(name: str) -> bool:
     no data-dependent shape)."""
     from reads_back import ReadsBack
 
-    from retrieval.loss_reads import deferred_checks
+    from retrieval.losses.reads import deferred_checks
 
     x, labels = batch(name)
     loss = build(name, num_classes=8, embedding_dim=x.shape[1])
@@ -507,7 +507,7 @@ SYNC_FREE = [name for name in available() if reads_nothing_on_the_cpu(name)] if 
 
 @pytest.mark.parametrize("name", SYNC_FREE)
 def test_a_loss_that_reads_nothing_on_the_cpu_never_waits_for_the_gpu(name):
-    from retrieval.loss_reads import deferred_checks, read_checks
+    from retrieval.losses.reads import deferred_checks, read_checks
 
     x, labels = batch(name)
     loss = build(name, num_classes=8, embedding_dim=x.shape[1]).cuda()
@@ -531,7 +531,7 @@ def test_a_loss_with_hard_negatives_waits_for_the_gpu_once_for_its_labels(name, 
     import contextlib
     import warnings
 
-    from retrieval.loss_reads import known_on_host
+    from retrieval.losses.reads import known_on_host
 
     x, host = batch(name)
     loss = build(name, negatives=negatives).cuda()
