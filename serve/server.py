@@ -14,8 +14,8 @@ from fastapi.middleware.cors import CORSMiddleware
 from starlette.routing import Mount
 from starlette.types import Scope
 
-from retrieval.index.embedder import load_model
 from retrieval.index.milvus_collection import MilvusPlace
+from retrieval.index.query_embedder import load_model
 from retrieval.serve.admission import LengthRequired
 from retrieval.serve.api import create_api
 from retrieval.serve.collector import freeze_after_startup

@@ -20,7 +20,7 @@ from retrieval.index.vectors import Chunks
 
 if TYPE_CHECKING:
     from retrieval.index.catalogue import Catalogue
-    from retrieval.index.embedder import ImageEmbedder
+    from retrieval.index.query_embedder import ImageEmbedder
     from retrieval.index.shards import ShardStore
 
 DEFAULT_SHARD_SIZE = 4096

@@ -19,8 +19,8 @@ from tqdm.std import tqdm
 
 from retrieval.index.catalogue import THROUGHPUT_META, Catalogue, Outcome, Status
 from retrieval.index.decode import Decoded, DecodedBatch, GalleryDecodeDataset, decoded_batches
-from retrieval.index.embedder import ImageEmbedder, prepare_vectors
 from retrieval.index.engine import IngestEngine, IngestOptions, add_sequentially
+from retrieval.index.query_embedder import ImageEmbedder, prepare_vectors
 from retrieval.index.shards import ShardStore
 from retrieval.index.vectors import Chunks
 from retrieval.utils.progress import progress_bar

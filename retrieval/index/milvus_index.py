@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 
 from retrieval.errors import ParameterError
-from retrieval.index.embedder import ImageEmbedder, NoModel, has_model, index_embedder, load_model, prepare_vectors
 from retrieval.index.filters import Filter, parse_filter
 from retrieval.index.milvus_collection import (
     ID,
@@ -36,6 +35,14 @@ from retrieval.index.milvus_collection import (
     milvus_filter,
     read_record,
     search_params,
+)
+from retrieval.index.query_embedder import (
+    ImageEmbedder,
+    NoModel,
+    has_model,
+    index_embedder,
+    load_model,
+    prepare_vectors,
 )
 from retrieval.index.search import MAX_K, SearchResult, check_k, reranked_results
 from retrieval.rerank import Neighbourhood, RerankConfig, gallery_filled, neighbourhood_from_counts

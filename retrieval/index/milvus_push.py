@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from retrieval.index.embedder import l2_normalize_rows
 from retrieval.index.filters import infer_column
 from retrieval.index.milvus_collection import (
     COMPLETE,
@@ -45,6 +44,7 @@ from retrieval.index.milvus_collection import (
     refuse_other_model,
     vector_index_params,
 )
+from retrieval.index.query_embedder import l2_normalize_rows
 
 BATCH_ROWS = 2000  # rows per insert: well under Milvus' 64 MiB gRPC message at 2048 float32 dimensions
 ID_PAGE = 16384  # ids read back per page when a push resumes

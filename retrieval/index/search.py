@@ -21,10 +21,17 @@ import numpy as np
 from retrieval.errors import ParameterError
 from retrieval.index import faiss_files, faiss_gpu, faiss_params, faiss_search
 from retrieval.index.catalogue import CatalogueQueries, CatalogueReader, Status
-from retrieval.index.embedder import ImageEmbedder, NoModel, has_model, index_embedder, load_model, prepare_vectors
 from retrieval.index.filters import Filter, FilterTable, parse_filter
 from retrieval.index.layout import IndexLayout
 from retrieval.index.portable import GalleryPlace, find_model, gallery_place
+from retrieval.index.query_embedder import (
+    ImageEmbedder,
+    NoModel,
+    has_model,
+    index_embedder,
+    load_model,
+    prepare_vectors,
+)
 from retrieval.index.sources import is_url
 from retrieval.rerank import Neighbourhood, RerankConfig, gallery_filled, neighbourhood_from_counts, rerank_lists
 

@@ -341,7 +341,7 @@ def _facts(
         "model_path": info.get("model_path"),
         "embedding_dim": int(info["embedding_dim"]),
         "dtype": "float32",
-        "normalized": True,  # the index L2-normalises every vector it stores (retrieval.index.embedder)
+        "normalized": True,  # the index L2-normalises every vector it stores (retrieval.index.query_embedder)
         "metric": "cosine",  # = inner product of these unit vectors (faiss METRIC_INNER_PRODUCT, "ip")
         "similarity": info.get("similarity"),
         "model_normalized": info.get("model_normalized"),

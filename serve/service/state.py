@@ -13,11 +13,11 @@ import numpy as np
 
 from retrieval.index import SearchResult
 from retrieval.index.catalogue import CatalogueReader
-from retrieval.index.embedder import ImageEmbedder
 from retrieval.index.faiss_search import NoStoredVectors
 from retrieval.index.filters import Filter, FilterError
 from retrieval.index.layout import InconsistentIndexError
 from retrieval.index.live import Snapshot
+from retrieval.index.query_embedder import ImageEmbedder
 from retrieval.rerank import Cancelled, RerankConfig, RerankTooLarge, gallery_filled
 from retrieval.serve.admission import ClientGone
 from retrieval.serve.batcher import MicroBatcher
