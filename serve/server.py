@@ -23,7 +23,7 @@ from retrieval.serve.config import ServerConfig
 from retrieval.serve.defaults import PUBLIC_PATHS
 from retrieval.serve.exposure import ConfigError, check_exposure
 from retrieval.serve.observability import configure_logging, outermost
-from retrieval.serve.reports import load_report
+from retrieval.serve.report_view import load_report
 from retrieval.serve.routes import leaf_routes
 from retrieval.serve.security import (
     AllowedHosts,
