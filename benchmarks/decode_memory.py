@@ -99,7 +99,7 @@ if decoder:
     spec.loader.exec_module(decode)
 else:
     import retrieval.data.decode as decode
-import retrieval.data.decode_memory as memory, retrieval.heap as heap
+import retrieval.data.decode_memory as memory, retrieval.utils.heap as heap
 for module in (decode, memory):  # an older decode.py given with --decoder holds its limit and trim itself
     if no_limit and hasattr(module, "MAX_DECODE_BYTES"):
         module.MAX_DECODE_BYTES = 2**40

@@ -22,7 +22,7 @@ from retrieval.data import BadImageLog, ClassBalancedBatchSampler, load_dataset
 from retrieval.models import create_embedder
 from retrieval.train.config import TrainConfig
 from retrieval.train.features import Embedding, ImagePipeline
-from retrieval.workers import default_workers
+from retrieval.utils.workers import default_workers
 
 
 def one_run(cfg: TrainConfig, persistent: bool, epochs: int, batches: int, workers: int) -> dict[str, float]:

@@ -50,7 +50,7 @@ def time_train_steps(backbone: str, option: str, size: int, batch: int, steps: i
     """``steps`` optimizer steps of the trainer's step after ``warmup`` steps, on random images or ``feed``'s."""
     from retrieval import losses
     from retrieval.distributed import GlobalBatchObjective
-    from retrieval.loss_reads import deferred_checks, read_checks, to_device
+    from retrieval.losses.reads import deferred_checks, read_checks, to_device
     from retrieval.models import create_embedder
     from retrieval.train.distributed import DataParallelStep, init_distributed
 
@@ -163,8 +163,7 @@ def sinkhorn_table(args: argparse.Namespace) -> None:
 
 def knn_timings(x, labels, device: str | None, k: int) -> tuple[float, float]:
     """(seconds of knn, seconds of evaluate) of leave-one-out exact kNN on rows ``x`` (cosine), on ``device``."""
-    from retrieval.metrics import evaluate
-    from retrieval.neighbours import knn
+    from retrieval.metrics import evaluate, knn
 
     start = time.perf_counter()
     knn(x, k=k, exclude_self=True, device=device)  # returns NumPy arrays: the GPU has finished
@@ -175,7 +174,7 @@ def knn_timings(x, labels, device: str | None, k: int) -> tuple[float, float]:
 
 
 def knn_table(args: argparse.Namespace) -> None:
-    from retrieval.neighbours import knn
+    from retrieval.metrics import knn
 
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; CPU: {torch.get_num_threads()} thread(s); "
           f"leave-one-out, cosine, D = {args.dim}, float32, k = {args.k}; evaluate: recall@1/@{args.k} and MAP@R, "

@@ -38,8 +38,8 @@ import numpy as np
 import torch
 from torch._dynamo.utils import counters
 
-from retrieval.loss_reads import known_on_host
 from retrieval.losses import build
+from retrieval.losses.reads import known_on_host
 from retrieval.negatives import loop
 from retrieval.negatives.pairs import NEGATIVE_PAIRS, pair_grid
 

@@ -1,5 +1,5 @@
-"""What keeping freed heap (``retrieval.heap.kept_heap``) buys a CPU training or embedding loop: images/s, user and
-kernel CPU time, minor page faults and peak memory, with the kept heap on and off, each run in a fresh process,
+"""What keeping freed heap (``retrieval.utils.heap.kept_heap``) buys a CPU training or embedding loop: images/s, user
+and kernel CPU time, minor page faults and peak memory, with the kept heap on and off, each run in a fresh process,
 the two alternated so that both see the same machine.
 
     .venv/bin/python benchmarks/heap.py embed --repeats 3      # embed_samples: EfficientNet-Lite0, 128 px, batch 128
@@ -59,8 +59,8 @@ def run_embed(images: int) -> dict[str, float]:
 def run_train(steps: int) -> dict[str, float]:
     import torch
 
-    from retrieval.heap import kept_heap
     from retrieval.models import create_embedder
+    from retrieval.utils.heap import kept_heap
 
     torch.manual_seed(0)
     model = create_embedder("efficientnet_lite0", embedding_dim=512, pretrained=False).train()
@@ -97,9 +97,9 @@ def run_demo(out: Path) -> dict[str, float]:
 
 def child(args: argparse.Namespace) -> None:
     if args.off:
-        import retrieval.heap
+        import retrieval.utils.heap
 
-        retrieval.heap._MALLOPT = None  # kept_heap becomes a no-op: glibc's defaults throughout
+        retrieval.utils.heap._MALLOPT = None  # kept_heap becomes a no-op: glibc's defaults throughout
     if args.what == "embed":
         result = run_embed(args.images)
     elif args.what == "train":

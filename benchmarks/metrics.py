@@ -75,7 +75,7 @@ def run_knn_backends(args: argparse.Namespace) -> list[dict]:
     import faiss
     import numpy as np
 
-    from retrieval.neighbours import knn
+    from retrieval.metrics import knn
 
     x, _ = make_embeddings("random", args.n, args.dim, args.classes)
     x /= np.linalg.norm(x, axis=1, keepdims=True)

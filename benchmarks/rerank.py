@@ -85,7 +85,7 @@ def head_embeddings(checkpoint: Path, features) -> np.ndarray:
 
 def full_gallery_dba(gallery: np.ndarray, k: int, alpha: float) -> np.ndarray:
     """Index-time DBA: every gallery vector augmented with its own top-k others in the whole gallery."""
-    from retrieval.neighbours import knn
+    from retrieval.metrics import knn
     from retrieval.rerank import augment_database
 
     scores, neighbours = knn(gallery, None, k=k, exclude_self=True)

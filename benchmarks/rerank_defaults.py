@@ -1,5 +1,5 @@
 """Re-ranking's neighbourhood sizes: the papers' values against the sizes a gallery's labels set
-(`retrieval.rerank_defaults`), and those an unlabelled gallery gets, on real images with large and small classes.
+(`retrieval.rerank.defaults`), and those an unlabelled gallery gets, on real images with large and small classes.
 
     .venv/bin/python benchmarks/rerank_defaults.py [--datasets digits fashion-mnist emoji] [--seeds 0 1 2]
         [--draws 10] [--work DIR] [--out results.json]
@@ -66,8 +66,13 @@ def gallery(labels: np.ndarray, rng: np.random.Generator, sizes: tuple[int, int]
 
 def variants() -> list[tuple[str, Any]]:
     """(row name, the config, or a function of the gallery's labels giving it)."""
-    from retrieval.rerank import PAPER_NEIGHBOURHOOD, RerankConfig
-    from retrieval.rerank_defaults import UNLABELLED_RELEVANT, Neighbourhood, with_gallery_defaults
+    from retrieval.rerank import (
+        PAPER_NEIGHBOURHOOD,
+        UNLABELLED_RELEVANT,
+        Neighbourhood,
+        RerankConfig,
+        with_gallery_defaults,
+    )
 
     rows: list[tuple[str, Any]] = [("none", None)]
     for method in METHODS:

@@ -89,7 +89,7 @@ def _save(picture: Any, png: str | None) -> str | None:
         return None
     import io
 
-    from retrieval.io import atomic_write
+    from retrieval.utils.io import atomic_write
 
     buffer = io.BytesIO()
     picture.save(buffer, format="PNG")

@@ -69,7 +69,7 @@ def prepare(
 def export_builtin(name: str, out: Path, protocol: str | None, limit: int | None) -> dict:
     """Save every image of a built-in in-memory data set as PNG in an ImageFolder tree."""
     from retrieval.data import load_dataset
-    from retrieval.progress import progress_bar
+    from retrieval.utils.progress import progress_bar
 
     kwargs = {"protocol": protocol} if protocol else {}
     out.mkdir(parents=True, exist_ok=True)

@@ -59,16 +59,16 @@ def backbone_names() -> list[str]:
 
 
 def loss_names() -> list[str]:
-    """The registered losses (``retrieval.loss_registry.LOSSES``)."""
+    """The registered losses (``retrieval.losses.registry.LOSSES``)."""
     from retrieval.losses import available
 
     return available()
 
 
 def negatives_names() -> list[str]:
-    """The registered hard-negative methods (``retrieval.loss_registry.NEGATIVES``)."""
-    import retrieval.losses  # noqa: F401  (registers the methods)
-    from retrieval.loss_registry import NEGATIVES
+    """The registered hard-negative methods (``retrieval.losses.registry.NEGATIVES``)."""
+    import retrieval.losses.catalog  # noqa: F401  (registers the methods)
+    from retrieval.losses.registry import NEGATIVES
 
     return NEGATIVES.names()
 

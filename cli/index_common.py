@@ -18,7 +18,7 @@ from retrieval.cli.errors import option_message
 from retrieval.cli.index_options import ENGINE, INGEST, IndexOptions
 from retrieval.cli.options import apply_options
 from retrieval.gallery_option import GalleryRoot
-from retrieval.sizes import size_text
+from retrieval.utils.sizes import size_text
 
 F = TypeVar("F", bound=Callable)
 

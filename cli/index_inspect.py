@@ -13,7 +13,7 @@ from retrieval.cli.config_options import command_option, command_options
 from retrieval.cli.errors import OptionCommand
 from retrieval.cli.index_common import budget_text, finish, index_folder, json_option, one_line, serve_next
 from retrieval.cli.index_options import IndexOptions
-from retrieval.sizes import size_text
+from retrieval.utils.sizes import size_text
 
 
 @click.command("stats", cls=OptionCommand)

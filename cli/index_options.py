@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from retrieval.cli.help_text import default_max_pixels, image_extensions
 from retrieval.options import TRUSTED_MODEL, option
-from retrieval.workers import DEFAULT_WORKERS_TEXT
+from retrieval.utils.workers import DEFAULT_WORKERS_TEXT
 
 DEFAULT_MAX_QUERIES = 1000  # query images one search takes: a folder given by mistake is refused, not embedded
 LABEL_RULE_NAMES = "parent|top|manifest|none"

@@ -220,7 +220,7 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_kwargs, eval_limi
     q, ql, g, gl = eval_arrays(query, gallery)
     metrics = evaluate_embeddings(q, ql, g, gl, device=metrics_device(dev))  # --device cuda: the kNN there too
     if linear_probe:
-        from retrieval.linear_probe import linear_probe as probe
+        from retrieval.metrics import linear_probe as probe
 
         train_set = load_dataset(dataset, data, split="train", transform=tf, **kwargs)
         tr, trl = embed_dataset(model, train_set, eval_batch_size, dev, workers, desc="embed train")

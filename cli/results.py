@@ -1,5 +1,5 @@
-"""`retrieval results run|report`: the results grid (``retrieval.train.grid``), which writes docs/results.json (the
-app's Results tab), its figures, and the generated parts of docs/RESULTS.md (the prose around them is kept).
+"""`retrieval results run|report`: the results grid (``retrieval.train.grid_runner``), which writes docs/results.json
+(the app's Results tab), its figures, and the generated parts of docs/RESULTS.md (the prose around them is kept).
 
     retrieval results run                          # the whole grid, 1.5-2 h in one process on 2 cores
     retrieval results run --shard 0/2 &            # or in two processes (about 80 min here), then
@@ -104,7 +104,7 @@ def run_grid_command(tables: tuple[str, ...], seeds: tuple[str, ...], datasets: 
                      shard: tuple[int, int] = (0, 1)) -> None:
     """What ``run`` and ``report`` share: choose the tables, then list, run a shard, or run and write."""
     from retrieval.analysis.grid import TABLE_IDS, TABLES, default_datasets
-    from retrieval.train.grid import finished_report, plan, run_grid, train_command
+    from retrieval.train.grid_runner import finished_report, plan, run_grid, train_command
 
     table_ids = _words(tables) or TABLE_IDS
     unknown = sorted(set(table_ids) - set(TABLE_IDS))

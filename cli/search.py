@@ -67,7 +67,7 @@ def search_command(index_dir, images, k, max_queries, model, exclude_self, where
     exits with status 1. --rerank re-orders each query's shortlist (docs/INDEX.md, "Re-ranking")."""
     from retrieval.index import Index, ModelMismatchError, load_model
     from retrieval.index.sources import printable_path
-    from retrieval.rerank_defaults import gallery_filled
+    from retrieval.rerank import gallery_filled
 
     rerank = rerank_config(options)
     queries = _query_list(images, max_queries)

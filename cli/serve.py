@@ -113,7 +113,7 @@ def serve_command(**options: Any) -> None:
 
     if config.milvus is None and not (config.index_dir / "index.json").is_file():
         raise click.ClickException(missing_artifacts_message(config.index_dir))
-    from retrieval.index.embedder import ModelMismatchError
+    from retrieval.index.query_embedder import ModelMismatchError
     from retrieval.serve.server import serve  # Gradio and uvicorn: only once the settings are known to be good
 
     try:

@@ -27,7 +27,7 @@ from PIL import Image
 from torch import nn
 
 from retrieval.compatibility import COMPATIBILITY_KEY, compatibility_record
-from retrieval.index.embedder import COMPATIBLE_WITH
+from retrieval.index.query_embedder import COMPATIBLE_WITH
 from retrieval.models import Embedder, load_checkpoint, load_embedder
 from retrieval.onnx_runtime import (
     COMPATIBLE_DIM_KEY,

@@ -3,11 +3,13 @@
 Layout (read it like a map):
     retrieval.data       datasets, official splits, samplers, transforms, label noise
     retrieval.models     backbone registry and ``create_embedder``
-    retrieval.losses     deep-metric-learning losses, one registry, ``build(name, **hparams)``
+    retrieval.losses     deep-metric-learning losses, one registry, ``build(name, **hparams)``, their device reads
     retrieval.negatives  hard-negative generation (LoOp, Symmetrical Synthesis)
-    retrieval.metrics    Recall@K, MAP@R, R-precision, NMI, F1, linear probe
+    retrieval.metrics    Recall@K, MAP@R, R-precision, NMI, F1, linear probe, and the exact kNN they rank by
     retrieval.index      faiss gallery index with a SQLite catalogue
+    retrieval.rerank     re-ranking a shortlist (αQE, DBA, k-reciprocal), its sizes from the gallery
     retrieval.analysis   weight view, triplet diagram, plots
+    retrieval.utils      small shared helpers: files, heap, progress, registry, lazy package names, sizes
 
 The core never imports from ``train``, ``export``, ``serve`` or ``cli``.
 """

@@ -87,10 +87,9 @@ def reranked_metrics(query: np.ndarray, query_labels: np.ndarray, gallery: np.nd
     ``{method, title, paper, params, metrics}``. Leave-one-out (gallery None) leaves the query out of its own
     shortlist, as a search from a gallery image does (``exclude_self``). ``device``: where the kNN runs, as in
     ``evaluate_embeddings`` (the re-ranking itself is NumPy on the CPU). The sizes ``config`` leaves unset follow
-    the gallery's labels, as a search of an index of these images sets them (``retrieval.rerank_defaults``)."""
+    the gallery's labels, as a search of an index of these images sets them (``retrieval.rerank.defaults``)."""
     from retrieval.metrics import evaluate
-    from retrieval.rerank import rerank_lists
-    from retrieval.rerank_defaults import gallery_filled, neighbourhood_from_labels
+    from retrieval.rerank import gallery_filled, neighbourhood_from_labels, rerank_lists
 
     config, defaults = gallery_filled(config, lambda: neighbourhood_from_labels(
         query_labels if gallery_labels is None else gallery_labels))

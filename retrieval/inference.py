@@ -11,9 +11,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from retrieval.data.dataset import BadImageLog, BadSample, CatchBadSamples, collate_dropping_bad
 from retrieval.errors import ParameterError
-from retrieval.heap import kept_heap
-from retrieval.progress import progress_bar
-from retrieval.workers import default_workers
+from retrieval.utils.heap import kept_heap
+from retrieval.utils.progress import progress_bar
+from retrieval.utils.workers import default_workers
 
 
 def resolve_device(device: str = "auto") -> torch.device:

@@ -1,7 +1,7 @@
 """The run report format (``report.json``): written by ``retrieval train`` and ``retrieval evaluate``, read by the app.
 
 One place for the format: ``train_report`` and ``evaluate_report`` build the two kinds, ``save_report`` writes
-either, and the reader (``serve.reports.load_report``) checks ``REPORT_FORMAT`` and ``REPORT_KINDS`` from here.
+either, and the reader (``serve.report_view.load_report``) checks ``REPORT_FORMAT`` and ``REPORT_KINDS`` from here.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from retrieval.io import atomic_write, read_capped
+from retrieval.utils.io import atomic_write, read_capped
 
 REPORT_FORMAT = "retrieval-report/1"
 REPORT_KINDS = ("train", "evaluate")

@@ -4,7 +4,7 @@
 are imported on first use: the command line reads ``retrieval.serve.defaults`` without loading the web stack.
 """
 
-from retrieval.lazy import lazy_exports
+from retrieval.utils.lazy import lazy_exports
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     "defaults": ["DEFAULT_INDEX_DIR", "DEFAULT_REPORT", "DEMO_DIR", "missing_artifacts_message"],

@@ -14,8 +14,8 @@ from fastapi.middleware.cors import CORSMiddleware
 from starlette.routing import Mount
 from starlette.types import Scope
 
-from retrieval.index.embedder import load_model
 from retrieval.index.milvus_collection import MilvusPlace
+from retrieval.index.query_embedder import load_model
 from retrieval.serve.admission import LengthRequired
 from retrieval.serve.api import create_api
 from retrieval.serve.collector import freeze_after_startup
@@ -23,7 +23,7 @@ from retrieval.serve.config import ServerConfig
 from retrieval.serve.defaults import PUBLIC_PATHS
 from retrieval.serve.exposure import ConfigError, check_exposure
 from retrieval.serve.observability import configure_logging, outermost
-from retrieval.serve.reports import load_report
+from retrieval.serve.report_view import load_report
 from retrieval.serve.routes import leaf_routes
 from retrieval.serve.security import (
     AllowedHosts,

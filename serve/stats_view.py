@@ -12,8 +12,8 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from retrieval.serve.reports import METRIC_UNIT, markdown_text, percent
-from retrieval.sizes import size_text
+from retrieval.serve.report_view import METRIC_UNIT, markdown_text, percent
+from retrieval.utils.sizes import size_text
 
 COUNT_LABELS = {  # the catalogue's statuses, as a reader names them
     "done": "indexed (searched)",

@@ -4,8 +4,8 @@
 every command and imports torch only when it trains.
 """
 
-from retrieval.lazy import lazy_exports
 from retrieval.train.config import TrainConfig
+from retrieval.utils.lazy import lazy_exports
 
 # public name -> the submodule that defines it (torch)
 _SOURCES = {"epochs": ("TrainingDiverged",), "trainer": ("train",)}

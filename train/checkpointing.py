@@ -14,12 +14,12 @@ from typing import Any
 import torch
 
 from retrieval.data import BadImageLog
-from retrieval.io import atomic_write
 from retrieval.models import BEST_CHECKPOINT, LAST_CHECKPOINT, Checkpoint, config_hash, load_checkpoint
 from retrieval.reports import STEPS_LOG
 from retrieval.train.config import TrainConfig
 from retrieval.train.distributed import restarted
 from retrieval.train.state import EpochProgress, RunRecord, TrainData, TrainParts, restore_rng_states, rng_states
+from retrieval.utils.io import atomic_write
 
 BEST_METRIC = "recall@1"  # the evaluation metric whose highest value makes best.pt
 METRICS_LOG = "metrics.jsonl"

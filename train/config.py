@@ -25,7 +25,7 @@ from retrieval.data.colour import parse_background
 from retrieval.data.resize_modes import CROP, RESIZE_MODES
 from retrieval.options import declared_options, field_problem, option
 from retrieval.train.optimizers import OPTIMIZERS, SCHEDULES
-from retrieval.workers import DEFAULT_WORKERS_TEXT
+from retrieval.utils.workers import DEFAULT_WORKERS_TEXT
 
 AMP_CHOICES = (True, False, "auto", "fp16", "bf16", "off")
 # --val-fraction's default: this share of the train classes becomes the validation split where the train split has

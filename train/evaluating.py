@@ -42,7 +42,7 @@ from retrieval.train.features import Embedding, EvalEmbeddings, cached_features
 from retrieval.train.report import write_report
 from retrieval.train.robust import WISE_ALPHAS, choose_alpha, snapshot
 from retrieval.train.state import RunRecord, TrainData, TrainParts
-from retrieval.unit_rows import l2_normalize_rows
+from retrieval.utils.unit_rows import l2_normalize_rows
 
 MAX_LISTED_CLASSES = 1000  # the report lists the class names of a split up to this many
 
@@ -157,7 +157,7 @@ class Evaluator:
     @torch.no_grad()
     def linear_probe(self, q: np.ndarray, ql: np.ndarray) -> float:
         """Logistic regression on train embeddings (clean labels), accuracy on the evaluation split."""
-        from retrieval.linear_probe import linear_probe
+        from retrieval.metrics import linear_probe
 
         train_emb, loaded = self.parts.features.train_embeddings(self.eval_model)
         return linear_probe(train_emb, self.data.clean_train_labels[loaded], q, ql, seed=self.cfg.seed)

@@ -30,9 +30,9 @@ from retrieval.data.transforms import ScaleAndNormalise
 from retrieval.distributed import embed_sharded, every_rank, rank_and_world
 from retrieval.evaluation import EvalSets, embed_eval_rows, eval_arrays, present_class_names
 from retrieval.inference import Embedded, embed_samples, make_loader
-from retrieval.io import atomic_write
 from retrieval.models import Embedder
 from retrieval.train.config import TrainConfig
+from retrieval.utils.io import atomic_write
 
 Batch = tuple[torch.Tensor, torch.Tensor, int]  # (inputs, labels, images of the batch that could not be read)
 EvalEmbeddings = tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]

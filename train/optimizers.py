@@ -10,7 +10,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from retrieval.registry import Registry
+from retrieval.utils.registry import Registry
 
 # name -> factory(param_groups, weight_decay) -> torch.optim.Optimizer; each group carries its own "lr"
 OPTIMIZERS: Registry[Any] = Registry("optimizer")

@@ -16,7 +16,7 @@ from torch.utils.data import Dataset
 from retrieval.data import ClassBalancedBatchSampler
 from retrieval.distributed import GlobalBatchObjective
 from retrieval.evaluation import EvalSets, ExtraSet
-from retrieval.loss_reads import Stat
+from retrieval.losses.reads import Stat
 from retrieval.models import Embedder
 from retrieval.train.distributed import DataParallelStep
 from retrieval.train.features import FeatureSource

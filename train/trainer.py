@@ -15,7 +15,6 @@ import torch
 from tqdm.auto import tqdm
 
 from retrieval.data import BadImageLog
-from retrieval.heap import kept_heap
 from retrieval.inference import default_workers
 from retrieval.models import LAST_CHECKPOINT
 from retrieval.train.building import build_model, build_parts, compatible_old_model, seed_everything
@@ -30,6 +29,7 @@ from retrieval.train.features import Embedding, feature_source_class
 from retrieval.train.robust import RobustFineTuning
 from retrieval.train.state import EpochProgress, RunRecord, TrainData, TrainParts
 from retrieval.train.tracking import Tracking, mlflow_uri_from
+from retrieval.utils.heap import kept_heap
 
 BAD_IMAGE_FIX = "fix or remove the file, or pass --on-bad-image skip to train without it"
 

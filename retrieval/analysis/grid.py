@@ -1,6 +1,6 @@
 """The results grid as data: the datasets, their training budget, and the tables (methods, claims, caveats).
 
-``retrieval.train.grid`` runs it (``retrieval results run``); ``retrieval.analysis.grid_discussion`` writes what
+``retrieval.train.grid_runner`` runs it (``retrieval results run``); ``retrieval.analysis.grid_discussion`` writes what
 the numbers say.
 """
 

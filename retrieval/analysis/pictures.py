@@ -24,7 +24,7 @@ MAP_MAX_POINTS = 2000
 MAP_MAX_CLASSES = 20  # colours a reader can tell apart; more classes: a seeded sample of them is drawn
 MAP_METHODS = ("auto", "umap", "tsne")
 # the PNG text chunk in which the map records what it shows (JSON: classes drawn and in all, images drawn and in
-# all, method, seed), so that a page showing the picture can say so in words (serve.reports.embedding_map_note)
+# all, method, seed), so that a page showing the picture can say so in words (serve.report_view.embedding_map_note)
 MAP_METADATA_KEY = "retrieval-map"
 
 
@@ -54,7 +54,7 @@ def grid_rows(query: np.ndarray, query_labels: np.ndarray, gallery: np.ndarray |
               seed: int = 0) -> tuple[list[tuple[int, list[tuple[int, bool]]]], float]:
     """What the grid shows: [(query row, [(gallery row, same class?) for its top k])] for the picked queries, and
     the share of all queries whose top-1 is right. ``gallery`` None: leave-one-out in the query set."""
-    from retrieval.neighbours import knn
+    from retrieval.metrics import knn
 
     leave_one_out = gallery is None
     gallery, gallery_labels = (query, query_labels) if leave_one_out else (gallery, gallery_labels)

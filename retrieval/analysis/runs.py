@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from retrieval.analysis.plain_text import cut_long_texts, plain_text
-from retrieval.io import read_capped
+from retrieval.utils.io import read_capped
 
 # the final metrics a comparison shows, when the runs have them (report.json's "last" row)
 FINAL_METRICS = ("recall@1", "recall@8", "map@r", "nmi")
@@ -36,7 +36,7 @@ class Run:
 
 
 def _read(path: Path) -> str:
-    """A run file's text: a regular file of at most ``MAX_RUN_FILE_BYTES`` (``retrieval.io.read_capped``)."""
+    """A run file's text: a regular file of at most ``MAX_RUN_FILE_BYTES`` (``retrieval.utils.io.read_capped``)."""
     return read_capped(path, MAX_RUN_FILE_BYTES, "run's file").decode()
 
 

@@ -1,10 +1,10 @@
 """Data sets with their official splits, the embedded emoji set, sampler, transforms, label noise.
 
-The public names are imported on first use (PEP 562, ``retrieval.lazy``): ``retrieval.data.decode`` (PIL and
+The public names are imported on first use (PEP 562, ``retrieval.utils.lazy``): ``retrieval.data.decode`` (PIL and
 numpy) is read by processes that never need torch, such as the ONNX runtime in a Ray embedding actor or the server.
 """
 
-from retrieval.lazy import lazy_exports
+from retrieval.utils.lazy import lazy_exports
 
 # public name -> the submodule that defines it
 _SOURCES = {

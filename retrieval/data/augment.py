@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from retrieval.registry import Registry
+from retrieval.utils.registry import Registry
 
 AUTO_AUGMENT_CHOICES = ("none", "trivial", "rand")  # trivial: v2.TrivialAugmentWide; rand: v2.RandAugment
 DEFAULT_AUGMENTATION = "crop-flip"  # the pipeline of every run before augmentation was configurable

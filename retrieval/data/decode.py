@@ -49,7 +49,7 @@ from retrieval.data.decode_budget import DECODE_BUDGET, TRIM_BYTES
 from retrieval.data.exif_icc import REVERSES_ROWS, SWAPS_AXES, TRANSPOSE, apply_srgb, orientation, srgb_transform
 from retrieval.data.formats import ACCEPTED_FORMATS, ACCEPTED_FORMATS_TEXT, PNM_MAGICS, SLOW_DECODERS
 from retrieval.data.tiff_tags import TagDataError, header, is_tiff, tag_memory_bytes
-from retrieval.heap import trim_heap
+from retrieval.utils.heap import trim_heap
 
 # A 40-megapixel RGBA image decodes into 160 MB; what a decode holds beside it is ``decode_memory``'s estimate.
 DEFAULT_MAX_PIXELS = 40_000_000

@@ -1,8 +1,8 @@
 """The process-wide decode budget: what keeps many decodes at once bounded in memory.
 
 ``read_image`` reserves its estimate (``retrieval.data.decode_memory``) of ``DECODE_BUDGET`` for the decode, and
-after a large one (``TRIM_BYTES``) gives the freed heap back (``retrieval.heap.trim_heap``), whatever the number of
-threads or requests.
+after a large one (``TRIM_BYTES``) gives the freed heap back (``retrieval.utils.heap.trim_heap``), whatever the number
+of threads or requests.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ from retrieval.data.decode_memory import MAX_ASPECT, MIN_SHORT_SIDE
 from retrieval.data.eval_preprocess import CROP, RESIZE_RATIO, input_size, letterboxed_size, resize_mode
 from retrieval.data.exif_icc import orientation
 from retrieval.data.transforms import PAD_SCALE, ScaleAndNormalise, background_of, colour_steps
-from retrieval.loss_reads import to_device
+from retrieval.losses.reads import to_device
 
 # pixels decoded on the device at once: bounds the decoder's output memory (3 bytes a pixel) whatever the batch holds
 GROUP_PIXELS = 64_000_000

@@ -295,7 +295,7 @@ def prepare_emoji(
     ``out/info.json``, ``out/README.md``. ``limit`` renders only the first ``limit`` candidates
     (quick looks and tests).
     """
-    from retrieval.progress import progress_bar
+    from retrieval.utils.progress import progress_bar
 
     started = time.perf_counter()
     renderers = renderers or default_renderers(image_size)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from retrieval.registry import Registry
+from retrieval.utils.registry import Registry
 
 if TYPE_CHECKING:
     from retrieval.data.dataset import ImageDataset

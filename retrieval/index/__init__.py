@@ -5,44 +5,28 @@ an index folder (see ``IndexLayout``; one writer at a time); ``Index.open(folder
 exclude_ids=())`` and ``.search_images(images, k)`` query it, reading the catalogue through a read-only,
 per-thread ``CatalogueReader`` (the one read path; it never writes the folder).
 
-The read side is imported here; the writer's commands on first use (PEP 562): where torch is installed they import
-it (the local engine decodes in torch's DataLoader workers; the base install has no torch and decodes in a process
-pool instead), which neither a search service nor Ray's worker processes (they import ``ray_stages``, and so this
-package) should pay for.
+The read side is imported here; the writer's commands on first use (PEP 562, ``retrieval.utils.lazy``): where torch
+is installed they import it (the local engine decodes in torch's DataLoader workers; the base install has no torch and
+decodes in a process pool instead), which neither a search service nor Ray's worker processes (they import
+``ray_stages``, and so this package) should pay for.
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import Any
-
 from retrieval.index.catalogue import Catalogue, CatalogueReader, Status
-from retrieval.index.embedder import ImageEmbedder, ModelMismatchError, l2_normalize_rows, load_model
 from retrieval.index.engine import IngestOptions
 from retrieval.index.faiss_keys import AUTO_POLICY, AutoPolicy, choose_index_key
 from retrieval.index.layout import IndexLayout, IndexLockedError
+from retrieval.index.query_embedder import ImageEmbedder, ModelMismatchError, l2_normalize_rows, load_model
 from retrieval.index.search import Index, SearchResult
 from retrieval.index.sources import IMAGE_EXTENSIONS, list_gallery
 from retrieval.index.stats import index_stats
+from retrieval.utils.lazy import lazy_exports
 
-# in ``retrieval.index.writer``
-_WRITER_COMMANDS = ("add_images", "build_from_embeddings", "build_index", "remove_images", "repair_index")
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _WRITER_COMMANDS:  # also lets ``from retrieval.index import submodule`` import it
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.writer"), name)
-    globals()[name] = value  # later lookups are plain attribute reads
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_WRITER_COMMANDS))
-
+# public name -> the submodule that defines it (imported on first use)
+_SOURCES = {"writer": ("add_images", "build_from_embeddings", "build_index", "remove_images", "repair_index")}
+__getattr__, __dir__ = lazy_exports(__name__, _SOURCES)
 
 __all__ = [
     "AUTO_POLICY", "AutoPolicy", "Catalogue", "CatalogueReader", "IMAGE_EXTENSIONS", "ImageEmbedder", "Index",
     "IndexLayout", "IndexLockedError", "IngestOptions", "ModelMismatchError", "SearchResult", "Status",
-    "choose_index_key", "index_stats", "l2_normalize_rows", "list_gallery", "load_model", *_WRITER_COMMANDS,
+    "choose_index_key", "index_stats", "l2_normalize_rows", "list_gallery", "load_model", *_SOURCES["writer"],
 ]

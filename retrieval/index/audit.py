@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from retrieval.errors import ParameterError
-from retrieval.index.embedder import ImageEmbedder
 from retrieval.index.neighbour_graph import NeighbourGraph, exact_graph, index_graph
+from retrieval.index.query_embedder import ImageEmbedder
 from retrieval.index.search import Index
 
 TOP_SUSPECTS = 50  # suspects a summary lists, best first; the count covers all

@@ -17,9 +17,9 @@ from retrieval.compatibility import neighbour_overlap, top_k
 from retrieval.errors import ParameterError
 from retrieval.index.catalogue import CatalogueReader
 from retrieval.index.embed_rows import RowEmbedder
-from retrieval.index.embedder import ImageEmbedder
 from retrieval.index.layout import IndexLayout
 from retrieval.index.portable import gallery_place
+from retrieval.index.query_embedder import ImageEmbedder
 from retrieval.index.search import gallery_root, public_path
 from retrieval.index.shards import ShardStore
 from retrieval.index.vectors import done_chunks

@@ -35,8 +35,8 @@ from PIL import Image, ImageEnhance
 from retrieval.data.colour import DEFAULT_BACKGROUND, flatten_alpha
 from retrieval.data.eval_preprocess import EvalPreprocess
 from retrieval.errors import ParameterError
-from retrieval.index.embedder import ImageEmbedder, NoModel, prepare_vectors
 from retrieval.index.neighbour_graph import NeighbourGraph, index_graph, stored_vectors
+from retrieval.index.query_embedder import ImageEmbedder, NoModel, prepare_vectors
 from retrieval.index.search import Index
 
 log = logging.getLogger(__name__)

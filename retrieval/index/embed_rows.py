@@ -12,8 +12,8 @@ import numpy as np
 
 from retrieval.data.decode import DEFAULT_MAX_PIXELS
 from retrieval.data.eval_preprocess import EvalPreprocess
-from retrieval.index.embedder import ImageEmbedder, prepare_vectors
 from retrieval.index.gallery_file import Decoded, decode_file
+from retrieval.index.query_embedder import ImageEmbedder, prepare_vectors
 
 
 @dataclass

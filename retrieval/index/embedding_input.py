@@ -13,7 +13,7 @@ column chunk's uncompressed size against what its rows' values can take at their
 (``check_column_sizes``: a compressed bomb is refused from the file's metadata). Then the values, chunk by
 chunk from a memory map (``CHUNK_BYTES`` of vectors at a time, never the whole set): every value finite and no row
 all zeros, each error naming the file and the row. The vectors are stored L2-normalised as the index expects
-(``embedder.l2_normalize_rows``); float32 rows of unit length already (an export's) are kept bit for bit.
+(``query_embedder.l2_normalize_rows``); float32 rows of unit length already (an export's) are kept bit for bit.
 
 Catalogue rows (``plan``, one transaction: all rows or none): the id from an integer ``id`` column (what the
 export writes), else the row's place in the input from 1; the path from a ``path``, ``image_path`` or ``url``
@@ -49,7 +49,7 @@ from tqdm.std import tqdm
 
 from retrieval.errors import ParameterError
 from retrieval.index.catalogue import Catalogue, Outcome, PlannedRow, Status
-from retrieval.index.embedder import l2_normalize_rows
+from retrieval.index.query_embedder import l2_normalize_rows
 from retrieval.index.shards import ShardStore
 from retrieval.index.sources import (
     MAX_EXTRA_CHARS,
@@ -61,8 +61,8 @@ from retrieval.index.sources import (
     path_problem,
     printable_path,
 )
-from retrieval.io import read_capped
-from retrieval.progress import progress_bar
+from retrieval.utils.io import read_capped
+from retrieval.utils.progress import progress_bar
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from retrieval.index.vectors import Chunks
 
 if TYPE_CHECKING:
     from retrieval.index.catalogue import Catalogue
-    from retrieval.index.embedder import ImageEmbedder
+    from retrieval.index.query_embedder import ImageEmbedder
     from retrieval.index.shards import ShardStore
 
 DEFAULT_SHARD_SIZE = 4096
@@ -45,7 +45,7 @@ class IngestOptions:
     """How the index commands decode, embed and shard, which engine does it, and how ``--index-key auto`` chooses."""
 
     batch_size: int = 64
-    workers: int | None = None  # the local engine's decode workers (None: ``retrieval.workers.default_workers()``)
+    workers: int | None = None  # the local engine's decode workers (None: ``retrieval.utils.workers.default_workers``)
     shard_size: int = DEFAULT_SHARD_SIZE
     max_pixels: int = DEFAULT_MAX_PIXELS
     progress: bool = True

@@ -18,7 +18,7 @@ import faiss
 
 from retrieval.index.faiss_params import ivf_of
 from retrieval.index.layout import repair_command
-from retrieval.io import NotRegularFileError, atomic_write, open_regular
+from retrieval.utils.io import NotRegularFileError, atomic_write, open_regular
 
 # An IVF index merged on disk (the Ray engine's ``merge_ondisk``) keeps its lists in a file beside index.faiss.
 ON_DISK_LISTS = "index-*.ivfdata"

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import faiss
 
 from retrieval.errors import ParameterError
-from retrieval.sizes import size_text
+from retrieval.utils.sizes import size_text
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,12 @@ from tqdm.std import tqdm
 
 from retrieval.index.catalogue import THROUGHPUT_META, Catalogue, Outcome, Status
 from retrieval.index.decode import Decoded, DecodedBatch, GalleryDecodeDataset, decoded_batches
-from retrieval.index.embedder import ImageEmbedder, prepare_vectors
 from retrieval.index.engine import IngestEngine, IngestOptions, add_sequentially
+from retrieval.index.query_embedder import ImageEmbedder, prepare_vectors
 from retrieval.index.shards import ShardStore
 from retrieval.index.vectors import Chunks
-from retrieval.progress import progress_bar
-from retrieval.workers import default_workers
+from retrieval.utils.progress import progress_bar
+from retrieval.utils.workers import default_workers
 
 
 class ShardBuffer:

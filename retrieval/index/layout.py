@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from retrieval.index.sources import printable_path
-from retrieval.io import NotRegularFileError, atomic_write, read_capped
+from retrieval.utils.io import NotRegularFileError, atomic_write, read_capped
 
 FORMAT = "retrieval-index/1"
 LOCK_NAME = "writer.lock"

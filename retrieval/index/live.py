@@ -34,8 +34,8 @@ import numpy as np
 
 from retrieval.index import faiss_params
 from retrieval.index.catalogue import Status
-from retrieval.index.embedder import ImageEmbedder
 from retrieval.index.layout import IndexLayout, describe_writer
+from retrieval.index.query_embedder import ImageEmbedder
 from retrieval.index.search import Index
 from retrieval.index.stats import opened_index_stats
 

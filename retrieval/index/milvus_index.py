@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 
 from retrieval.errors import ParameterError
-from retrieval.index.embedder import ImageEmbedder, NoModel, has_model, index_embedder, load_model, prepare_vectors
 from retrieval.index.filters import Filter, parse_filter
 from retrieval.index.milvus_collection import (
     ID,
@@ -37,9 +36,16 @@ from retrieval.index.milvus_collection import (
     read_record,
     search_params,
 )
+from retrieval.index.query_embedder import (
+    ImageEmbedder,
+    NoModel,
+    has_model,
+    index_embedder,
+    load_model,
+    prepare_vectors,
+)
 from retrieval.index.search import MAX_K, SearchResult, check_k, reranked_results
-from retrieval.rerank import RerankConfig
-from retrieval.rerank_defaults import Neighbourhood, gallery_filled, neighbourhood_from_counts
+from retrieval.rerank import Neighbourhood, RerankConfig, gallery_filled, neighbourhood_from_counts
 
 STATS_EXACT_MAX = 200_000  # rows up to which ``stats`` reads every vector to measure recall
 REFRESH_S = 60.0  # how long a label count read from the collection is kept
@@ -290,7 +296,7 @@ class MilvusIndex:
         return results
 
     def rerank_neighbourhood(self) -> Neighbourhood:
-        """The gallery's typical class size (``rerank_defaults``), from the labels, read again after ``REFRESH_S``."""
+        """The gallery's typical class size (``rerank.defaults``), from the labels, read again after ``REFRESH_S``."""
         with self._lock:
             now = time.monotonic()
             if self._neighbourhood is None or now - self._neighbourhood[0] > REFRESH_S:

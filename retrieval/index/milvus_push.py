@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from retrieval.index.embedder import l2_normalize_rows
 from retrieval.index.filters import infer_column
 from retrieval.index.milvus_collection import (
     COMPLETE,
@@ -45,6 +44,7 @@ from retrieval.index.milvus_collection import (
     refuse_other_model,
     vector_index_params,
 )
+from retrieval.index.query_embedder import l2_normalize_rows
 
 BATCH_ROWS = 2000  # rows per insert: well under Milvus' 64 MiB gRPC message at 2048 float32 dimensions
 ID_PAGE = 16384  # ids read back per page when a push resumes
@@ -168,7 +168,7 @@ def _write(client: Any, collection: str, record: CollectionRecord, index: Any, i
     deleted)."""
     from retrieval.index.shards import ShardStore
     from retrieval.index.vectors import done_chunks
-    from retrieval.progress import progress_bar
+    from retrieval.utils.progress import progress_bar
 
     public = {int(i): (index.public_path(p), label) for i, p, label in zip(ids, paths, labels, strict=True)}
     values = {name: dict(zip(ids, column_values, strict=True)) for name, (_, column_values) in columns.items()}

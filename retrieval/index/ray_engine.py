@@ -39,10 +39,10 @@ import numpy as np
 from retrieval.errors import ParameterError
 from retrieval.index import faiss_files, faiss_keys, faiss_params
 from retrieval.index.catalogue import THROUGHPUT_META, Catalogue, Outcome
-from retrieval.index.embedder import ImageEmbedder
 from retrieval.index.engine import IngestOptions, RayOptions, add_sequentially
 from retrieval.index.gallery_file import Decoded
 from retrieval.index.ingest import Ingestor, ShardBuffer
+from retrieval.index.query_embedder import ImageEmbedder
 from retrieval.index.ray_stages import BatchEmbedder, decode_rows
 from retrieval.index.shards import ShardStore
 from retrieval.index.vectors import Chunks

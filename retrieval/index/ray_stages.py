@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from retrieval.data.eval_preprocess import EvalPreprocess
-from retrieval.index.embedder import ModelMismatchError, load_model, prepare_vectors, with_output
 from retrieval.index.gallery_file import decode_file
+from retrieval.index.query_embedder import ModelMismatchError, load_model, prepare_vectors, with_output
 
 
 @functools.lru_cache(maxsize=4)

@@ -21,13 +21,19 @@ import numpy as np
 from retrieval.errors import ParameterError
 from retrieval.index import faiss_files, faiss_gpu, faiss_params, faiss_search
 from retrieval.index.catalogue import CatalogueQueries, CatalogueReader, Status
-from retrieval.index.embedder import ImageEmbedder, NoModel, has_model, index_embedder, load_model, prepare_vectors
 from retrieval.index.filters import Filter, FilterTable, parse_filter
 from retrieval.index.layout import IndexLayout
 from retrieval.index.portable import GalleryPlace, find_model, gallery_place
+from retrieval.index.query_embedder import (
+    ImageEmbedder,
+    NoModel,
+    has_model,
+    index_embedder,
+    load_model,
+    prepare_vectors,
+)
 from retrieval.index.sources import is_url
-from retrieval.rerank import RerankConfig, rerank_lists
-from retrieval.rerank_defaults import Neighbourhood, gallery_filled, neighbourhood_from_counts
+from retrieval.rerank import Neighbourhood, RerankConfig, gallery_filled, neighbourhood_from_counts, rerank_lists
 
 MAX_K = 1000  # the most results one query may ask for (the API, the app and the CLI share it)
 
@@ -336,7 +342,7 @@ class Index:
 
     def rerank_neighbourhood(self) -> Neighbourhood:
         """The gallery's typical class size, which sets the re-ranking sizes a search leaves unset
-        (``retrieval.rerank_defaults``): read from the catalogue's labels once per opened index."""
+        (``retrieval.rerank.defaults``): read from the catalogue's labels once per opened index."""
         with self._neighbourhood_lock:
             if self._neighbourhood is None:
                 self._neighbourhood = neighbourhood_from_counts(self.catalogue.label_counts())

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from retrieval.index.catalogue import Outcome
-from retrieval.io import TEMPORARY_GLOB, atomic_write
+from retrieval.utils.io import TEMPORARY_GLOB, atomic_write
 
 SHARD_PATTERN = re.compile(r"^shard-(\d{6,})\.(npz|parquet)$")
 OUTCOME_COLUMNS = ("id", "status", "sha256", "size", "error", "duplicate_of")

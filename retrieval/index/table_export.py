@@ -58,8 +58,8 @@ from retrieval.index.layout import IndexLayout, describe_writer
 from retrieval.index.search import gallery_root, public_path
 from retrieval.index.shards import ShardStore
 from retrieval.index.sources import printable_path
-from retrieval.io import fsync_dir
-from retrieval.progress import progress_bar
+from retrieval.utils.io import fsync_dir
+from retrieval.utils.progress import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -341,7 +341,7 @@ def _facts(
         "model_path": info.get("model_path"),
         "embedding_dim": int(info["embedding_dim"]),
         "dtype": "float32",
-        "normalized": True,  # the index L2-normalises every vector it stores (retrieval.index.embedder)
+        "normalized": True,  # the index L2-normalises every vector it stores (retrieval.index.query_embedder)
         "metric": "cosine",  # = inner product of these unit vectors (faiss METRIC_INNER_PRODUCT, "ip")
         "similarity": info.get("similarity"),
         "model_normalized": info.get("model_normalized"),

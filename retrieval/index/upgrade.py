@@ -1,6 +1,6 @@
 """``retrieval index upgrade``: re-embed an index's gallery with a new model while servers keep answering.
 
-Two ways, chosen by what the new model declares (``embedder.is_compatible``):
+Two ways, chosen by what the new model declares (``query_embedder.is_compatible``):
 
 * mixed, for a model declared compatible with the index's (trained with ``--compatible-with`` it): index.json
   names the new model at once, so queries are embedded by it and compared with the gallery's old vectors, which
@@ -48,7 +48,12 @@ from retrieval.errors import ParameterError
 from retrieval.index import faiss_files, faiss_params
 from retrieval.index.catalogue import UPGRADE_MODEL_PATH, Catalogue, Outcome, Status
 from retrieval.index.embed_rows import RowEmbedder
-from retrieval.index.embedder import (
+from retrieval.index.engine import IngestOptions
+from retrieval.index.faiss_build import build_faiss, update_faiss
+from retrieval.index.layout import IndexLayout
+from retrieval.index.mend import mend
+from retrieval.index.portable import MODEL_RELATIVE, find_model, relative_to_index
+from retrieval.index.query_embedder import (
     EMBEDDINGS_SOURCE,
     OUTPUT_FIELDS,
     ImageEmbedder,
@@ -61,16 +66,11 @@ from retrieval.index.embedder import (
     same_output,
     with_output,
 )
-from retrieval.index.engine import IngestOptions
-from retrieval.index.faiss_build import build_faiss, update_faiss
-from retrieval.index.layout import IndexLayout
-from retrieval.index.mend import mend
-from retrieval.index.portable import MODEL_RELATIVE, find_model, relative_to_index
 from retrieval.index.shards import SHARD_PATTERN, ShardStore
 from retrieval.index.vectors import done_chunks
 from retrieval.index.writer import _model_fields, _require_complete, meta_values, relocate
-from retrieval.progress import progress_bar
-from retrieval.workers import default_workers
+from retrieval.utils.progress import progress_bar
+from retrieval.utils.workers import default_workers
 
 log = logging.getLogger(__name__)
 

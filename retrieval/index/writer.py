@@ -39,7 +39,15 @@ from retrieval.errors import ParameterError, parameters_named
 from retrieval.index import faiss_files, faiss_gpu, faiss_keys
 from retrieval.index.add_check import check_new_images
 from retrieval.index.catalogue import UPGRADE_MODEL_PATH, Catalogue, Status
-from retrieval.index.embedder import (
+from retrieval.index.embedding_input import EmbeddingsInput, open_embeddings
+from retrieval.index.engine import AddVectors, IngestOptions
+from retrieval.index.engines import open_engine
+from retrieval.index.faiss_build import build_faiss, update_faiss
+from retrieval.index.ingest import ingest
+from retrieval.index.layout import IndexLayout, IndexLockedError, repair_command
+from retrieval.index.mend import mend, missing_vectors
+from retrieval.index.portable import GALLERY_RELATIVE, MODEL_RELATIVE, find_model, gallery_place, relative_to_index
+from retrieval.index.query_embedder import (
     EMBEDDINGS_SOURCE,
     ImageEmbedder,
     ModelMismatchError,
@@ -50,14 +58,6 @@ from retrieval.index.embedder import (
     output_fields,
     with_output,
 )
-from retrieval.index.embedding_input import EmbeddingsInput, open_embeddings
-from retrieval.index.engine import AddVectors, IngestOptions
-from retrieval.index.engines import open_engine
-from retrieval.index.faiss_build import build_faiss, update_faiss
-from retrieval.index.ingest import ingest
-from retrieval.index.layout import IndexLayout, IndexLockedError, repair_command
-from retrieval.index.mend import mend, missing_vectors
-from retrieval.index.portable import GALLERY_RELATIVE, MODEL_RELATIVE, find_model, gallery_place, relative_to_index
 from retrieval.index.search import gallery_root, public_path
 from retrieval.index.shards import ShardStore
 from retrieval.index.sources import (

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from retrieval.loss_reads import share
-from retrieval.loss_registry import register_loss
 from retrieval.losses.base import AnchorPairs, DistancePairLoss
+from retrieval.losses.reads import share
+from retrieval.losses.registry import register_loss
 
 CONTRASTIVE_FORMS = ("cosine", "distance")
 

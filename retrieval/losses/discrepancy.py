@@ -36,8 +36,8 @@ import torch
 from torch import nn
 
 from retrieval.distances import l2_normalize, safe_sqrt, squared_euclidean_matrix, zero_loss
-from retrieval.loss_reads import Stat
-from retrieval.loss_registry import LOSSES, register_loss
+from retrieval.losses.reads import Stat
+from retrieval.losses.registry import LOSSES, register_loss
 from retrieval.losses.sinkhorn import DEFAULT_SCALING, DEFAULT_TOLERANCE, sinkhorn_divergence_batch
 
 PHIS = ("mmd_laplacian", "mmd_gaussian", "sinkhorn")
@@ -246,6 +246,8 @@ class DCDLLoss(nn.Module):
         if local in (None, "none"):
             self.local = None
         else:
+            import retrieval.losses.catalog  # noqa: F401  (the local loss may be any registered one)
+
             form = PAPER_LOCAL_KWARGS.get(local, {}) if local_form == "paper" else {}
             self.local = LOSSES.build(local, **{**form, **(local_kwargs or {})})
         self.last_stats: dict[str, Stat] = {}

@@ -6,8 +6,6 @@ from __future__ import annotations
 import torch
 
 from retrieval.distances import masked_logsumexp
-from retrieval.loss_reads import active_fraction
-from retrieval.loss_registry import register_loss
 from retrieval.losses.base import (
     AnchorPairs,
     DistancePairLoss,
@@ -16,6 +14,8 @@ from retrieval.losses.base import (
     masked_min,
     mean_over,
 )
+from retrieval.losses.reads import active_fraction
+from retrieval.losses.registry import register_loss
 from retrieval.negatives.base import NEGATIVE_PAIRS_READING, PairTerms
 from retrieval.negatives.pairs import check_negative_pairs
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from retrieval.loss_reads import Stat, share
-from retrieval.loss_registry import register_loss
 from retrieval.losses.base import AnchorPairs, PairLoss, check_pair_rows, masked_max
+from retrieval.losses.reads import Stat, share
+from retrieval.losses.registry import register_loss
 
 NCA_MINING = ("hard", "semihard")
 SCT_RULES = ("paper", "paper_or_threshold")

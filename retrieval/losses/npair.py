@@ -21,9 +21,9 @@ import math
 import torch
 
 from retrieval.distances import dot_similarity_matrix, gram_matrix, label_masks, masked_logsumexp
-from retrieval.loss_reads import require
-from retrieval.loss_registry import register_loss
 from retrieval.losses.base import PER_CLASS_HINT, AnchorPairs, PairLoss
+from retrieval.losses.reads import require
+from retrieval.losses.registry import register_loss
 from retrieval.negatives.base import PairTerms
 from retrieval.negatives.symm import ANGULAR_POSITIVE_SUMS
 

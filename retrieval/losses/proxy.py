@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from retrieval.distances import l2_normalize, masked_logsumexp, zero_loss
-from retrieval.loss_reads import Stat, require_classes
-from retrieval.loss_registry import register_loss
+from retrieval.losses.reads import Stat, require_classes
+from retrieval.losses.registry import register_loss
 
 
 class ProxyLoss(nn.Module):

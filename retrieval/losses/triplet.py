@@ -6,8 +6,6 @@ import math
 
 import torch
 
-from retrieval.loss_reads import Stat, share
-from retrieval.loss_registry import register_loss
 from retrieval.losses.base import (
     AnchorPairs,
     DistancePairLoss,
@@ -17,6 +15,8 @@ from retrieval.losses.base import (
     masked_min,
     mean_over,
 )
+from retrieval.losses.reads import Stat, share
+from retrieval.losses.registry import register_loss
 from retrieval.negatives.base import NEGATIVE_PAIRS_READING, PairTerms
 from retrieval.negatives.pairs import check_negative_pairs
 

@@ -6,10 +6,10 @@ import torch
 import torch.nn.functional as F
 
 from retrieval.distances import masked_logsumexp
-from retrieval.loss_reads import share
-from retrieval.loss_registry import register_loss
 from retrieval.losses.base import AnchorPairs, PairLoss
 from retrieval.losses.miners import vthm, vthm_negatives, vthm_positives
+from retrieval.losses.reads import share
+from retrieval.losses.registry import register_loss
 from retrieval.negatives.base import PairTerms
 
 PAIR_MINERS = (None, "none", "vthm")

@@ -6,8 +6,8 @@ import torch
 from torch import nn
 
 from retrieval.distances import zero_loss
-from retrieval.loss_reads import Stat
 from retrieval.losses.base import PairLoss
+from retrieval.losses.reads import Stat
 from retrieval.negatives.base import HardNegativeMethod
 
 

@@ -20,7 +20,7 @@ from retrieval.models.weights import (
     timm_pretrained,
     torchvision_state_dict,
 )
-from retrieval.registry import Registry
+from retrieval.utils.registry import Registry
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)

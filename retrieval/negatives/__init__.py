@@ -1,6 +1,6 @@
 """Hard-negative generation: LoOp (optimal points between arcs/segments) and Symmetrical Synthesis.
 
-Each method is a ``HardNegativeMethod`` registered with ``@register_negatives`` (``retrieval.loss_registry``):
+Each method is a ``HardNegativeMethod`` registered with ``@register_negatives`` (``retrieval.losses.registry``):
 for a batch's positive pairs it returns ``PairTerms`` (positive terms, hardest negatives, mask, statistics),
 which a loss's pair-level form consumes; build the pair with ``retrieval.losses.build(name, negatives=...)``.
 Importing this package registers the methods.

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 import torch
 
 from retrieval.distances import dot_similarity_matrix, l2_normalize, safe_sqrt
-from retrieval.loss_reads import Stat, device_constant
-from retrieval.loss_registry import register_negatives
+from retrieval.losses.reads import Stat, device_constant
+from retrieval.losses.registry import register_negatives
 from retrieval.negatives.base import HardNegativeMethod
 from retrieval.negatives.pairs import PositivePairs
 

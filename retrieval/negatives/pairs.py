@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from retrieval.loss_reads import to_device
+from retrieval.losses.reads import to_device
 from retrieval.negatives.kernels import pair_starts_numpy
 
 NEGATIVE_PAIRS = ("consecutive", "all")  # the other-class pairs (k, l) a positive pair meets (``pair_grid``)

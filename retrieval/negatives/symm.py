@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 
 from retrieval.distances import EPS, gram_matrix, l2_normalize
-from retrieval.loss_reads import Stat, device_constant
-from retrieval.loss_registry import register_negatives
+from retrieval.losses.reads import Stat, device_constant
+from retrieval.losses.registry import register_negatives
 from retrieval.negatives.base import HardNegativeMethod
 from retrieval.negatives.kernels import hardest_combination, synthetic_share_numpy
 from retrieval.negatives.pairs import PositivePairs

@@ -16,9 +16,9 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from retrieval.index.embedder import ImageEmbedder
 from retrieval.index.live import RELOAD_INTERVAL_S, LiveIndex, Snapshot
 from retrieval.index.milvus_collection import MilvusPlace
+from retrieval.index.query_embedder import ImageEmbedder
 from retrieval.serve.defaults import DEFAULT_MAX_PIXELS, DEFAULT_MAX_UPLOAD_BYTES
 from retrieval.serve.service.answers import SearchResponse
 from retrieval.serve.service.items import ItemFiles

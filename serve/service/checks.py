@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from retrieval.index.embedder import prepare_vectors
 from retrieval.index.filters import Filter, parse_filter
+from retrieval.index.query_embedder import prepare_vectors
 from retrieval.index.search import check_k
 from retrieval.serve.defaults import MAX_BATCH_QUERIES, MAX_BATCH_UPLOAD_BYTES
 from retrieval.serve.images import QueryError

@@ -13,13 +13,12 @@ import numpy as np
 
 from retrieval.index import SearchResult
 from retrieval.index.catalogue import CatalogueReader
-from retrieval.index.embedder import ImageEmbedder
 from retrieval.index.faiss_search import NoStoredVectors
 from retrieval.index.filters import Filter, FilterError
 from retrieval.index.layout import InconsistentIndexError
 from retrieval.index.live import Snapshot
-from retrieval.rerank import Cancelled, RerankConfig, RerankTooLarge
-from retrieval.rerank_defaults import gallery_filled
+from retrieval.index.query_embedder import ImageEmbedder
+from retrieval.rerank import Cancelled, RerankConfig, RerankTooLarge, gallery_filled
 from retrieval.serve.admission import ClientGone
 from retrieval.serve.batcher import MicroBatcher
 from retrieval.serve.diagnostics import LeaveOneOut, NeighbourScores, leave_one_out, neighbour_scores
@@ -113,7 +112,7 @@ class ServedIndex:
         return [[dataclasses.replace(r, path=self.public_path(r.path)) for r in results] for results in found]
 
     def gallery_rerank(self, rerank: RerankConfig | None) -> tuple[RerankConfig | None, str | None]:
-        """``rerank`` with the sizes it left unset taken from this state's gallery (``retrieval.rerank_defaults``),
+        """``rerank`` with the sizes it left unset taken from this state's gallery (``retrieval.rerank.defaults``),
         and where they came from (None where it set them all)."""
         if rerank is None:
             return None, None

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from retrieval.serve.reports import MAX_PROSE_CHARS, markdown_code, markdown_text
+from retrieval.serve.report_view import MAX_PROSE_CHARS, markdown_code, markdown_text
 from retrieval.serve.service import SearchService
 from retrieval.serve.ui.evaluation import EvaluationTab
 from retrieval.serve.ui.index import IndexTab

@@ -17,7 +17,7 @@ from retrieval.reports import READINGS_FILE
 from retrieval.serve.curation_view import CurationView, ThresholdError, parse_threshold
 from retrieval.serve.diagnostics import duplicates
 from retrieval.serve.images import QueryError
-from retrieval.serve.reports import (
+from retrieval.serve.report_view import (
     MAP_EQUALS_RECALL_NOTE,
     METRIC_UNIT,
     RunReport,

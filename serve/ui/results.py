@@ -9,7 +9,7 @@ import gradio as gr
 from PIL import Image
 
 from retrieval.analysis.results import RESULTS_COMMAND, table_markdown
-from retrieval.serve.reports import (
+from retrieval.serve.report_view import (
     MAX_PROSE_CHARS,
     METRIC_UNIT,
     load_results,

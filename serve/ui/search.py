@@ -14,7 +14,7 @@ from retrieval.index.filters import MAX_FILTER_CHARS, MAX_IN_VALUES
 from retrieval.rerank import NONE, PAPER_NEIGHBOURHOOD, RERANKERS, RerankConfig, method_names
 from retrieval.serve.examples import example_ids
 from retrieval.serve.images import QueryError, decode_base64
-from retrieval.serve.reports import markdown_code, markdown_text, shown_text
+from retrieval.serve.report_view import markdown_code, markdown_text, shown_text
 from retrieval.serve.service import SearchService
 from retrieval.serve.service.answers import SearchResponse
 from retrieval.serve.service.checks import no_model_refusal

@@ -9,7 +9,7 @@ from PIL import Image
 from retrieval.analysis.neighbour_pictures import duplicates_picture, suspects_picture
 from retrieval.data.colour import DEFAULT_BACKGROUND
 from retrieval.index.duplicates import picture_background
-from retrieval.index.embedder import NoModel
+from retrieval.index.query_embedder import NoModel
 
 
 def dark_symbol(size: int = 96) -> Image.Image:

@@ -13,10 +13,10 @@ from retrieval.cli.main import main
 from retrieval.data import DATASETS
 from retrieval.data.decode import DEFAULT_MAX_PIXELS
 from retrieval.data.formats import IMAGE_EXTENSIONS
-from retrieval.loss_registry import LOSSES, NEGATIVES
+from retrieval.losses.registry import LOSSES, NEGATIVES
 from retrieval.models.backbones import BACKBONES
 from retrieval.serve.defaults import DEFAULT_HOST, DEFAULT_PORT
-from retrieval.workers import DEFAULT_WORKERS_TEXT
+from retrieval.utils.workers import DEFAULT_WORKERS_TEXT
 
 
 def help_text(*command: str) -> str:
@@ -46,7 +46,7 @@ def test_index_help_names_the_decoders_extensions_and_limits():
 
 def test_help_texts_import_no_registry_until_shown():
     """The registries' modules import torch: an option's help is only computed when ``--help`` shows it."""
-    code = ("import sys, retrieval.cli.help_text, retrieval.cli.index, retrieval.workers; "
+    code = ("import sys, retrieval.cli.help_text, retrieval.cli.index, retrieval.utils.workers; "
             "print(sorted(m for m in ('torch', 'PIL', 'retrieval.losses', 'retrieval.models') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr

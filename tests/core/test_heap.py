@@ -1,5 +1,5 @@
-"""``retrieval.heap.kept_heap``: inside it, a loop that frees and allocates the same large blocks stops paying them
-in page faults; leaving it gives the memory back. Measured in a fresh process each (the heap is process-wide)."""
+"""``retrieval.utils.heap.kept_heap``: inside it, a loop that frees and allocates the same large blocks stops paying
+them in page faults; leaving it gives the memory back. Measured in a fresh process each (the heap is process-wide)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ import textwrap
 import pytest
 import torch
 
-from retrieval import heap
+from retrieval.utils import heap
 
 pytestmark = pytest.mark.skipif(heap._MALLOPT is None, reason="needs glibc's mallopt (Linux)")
 
 PROBE = textwrap.dedent("""
     import json, resource, sys
     import numpy as np
-    from retrieval.heap import kept_heap
+    from retrieval.utils.heap import kept_heap
 
     BLOCK = 64 * 2**20  # over glibc's largest mmap threshold: a fresh mapping at every allocation by default
 

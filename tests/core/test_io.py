@@ -1,4 +1,4 @@
-"""retrieval.io.atomic_write: the one write-then-rename helper (index files, checkpoints, reports, caches)."""
+"""retrieval.utils.io.atomic_write: the one write-then-rename helper (index files, checkpoints, reports, caches)."""
 
 import os
 import stat
@@ -6,7 +6,7 @@ import stat
 import numpy as np
 import pytest
 
-from retrieval.io import TEMPORARY_GLOB, atomic_write
+from retrieval.utils.io import TEMPORARY_GLOB, atomic_write
 
 
 def test_writes_bytes_text_and_writer_output(tmp_path):

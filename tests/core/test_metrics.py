@@ -8,10 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from retrieval.clustering import kmeans_assign, pair_f1
-from retrieval.linear_probe import linear_probe
-from retrieval.metrics import evaluate
-from retrieval.neighbours import knn
+from retrieval.metrics import evaluate, kmeans_assign, knn, linear_probe, pair_f1
 
 # ---------------------------------------------------------------------------------------------------
 # References

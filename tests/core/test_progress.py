@@ -6,8 +6,8 @@ import io
 
 from tqdm.std import tqdm
 
-from retrieval import progress
-from retrieval.progress import LineProgress, progress_bar
+from retrieval.utils import progress
+from retrieval.utils.progress import LineProgress, progress_bar
 
 
 class Terminal(io.StringIO):

@@ -6,14 +6,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from retrieval.rerank import PAPER_NEIGHBOURHOOD, RerankConfig, peak_bytes, work_units
-from retrieval.rerank_defaults import (
+from retrieval.rerank import (
+    PAPER_NEIGHBOURHOOD,
     UNLABELLED_RELEVANT,
     Neighbourhood,
+    RerankConfig,
     gallery_filled,
     neighbourhood_from_counts,
     neighbourhood_from_labels,
+    peak_bytes,
     with_gallery_defaults,
+    work_units,
 )
 
 

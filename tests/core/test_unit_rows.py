@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from retrieval.unit_rows import l2_normalize_rows
+from retrieval.utils.unit_rows import l2_normalize_rows
 
 
 def test_rows_come_back_unit_length_float32_and_contiguous():

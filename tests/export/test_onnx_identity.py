@@ -13,7 +13,7 @@ from sample_images import sticker
 from serve_fixtures import export_model
 
 from retrieval.index import Index, IngestOptions, build_index
-from retrieval.index.embedder import ModelMismatchError
+from retrieval.index.query_embedder import ModelMismatchError
 from retrieval.onnx_runtime import OnnxEmbedder
 
 

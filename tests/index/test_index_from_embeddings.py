@@ -30,10 +30,10 @@ from retrieval.index import (
     remove_images,
     repair_index,
 )
-from retrieval.index.embedder import NoModelError
 from retrieval.index.embedding_input import MAX_DIM
 from retrieval.index.engine import IngestOptions
 from retrieval.index.faiss_params import index_ids
+from retrieval.index.query_embedder import NoModelError
 from retrieval.index.shards import ShardStore
 from retrieval.index.sources import MAX_EXTRA_CHARS, MAX_LABEL_CHARS
 from retrieval.index.table_export import export_index

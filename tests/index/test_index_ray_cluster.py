@@ -221,7 +221,7 @@ def test_a_job_lost_to_the_cluster_runs_again_over_the_rows_not_yet_in_a_shard(t
     drops the unwritten shard, runs the rows still pending again, and indexes every image exactly once; a failure
     of our own code is not retried. No cluster: the job is stubbed with the real decode stage and the model."""
     from retrieval.data.eval_preprocess import EvalPreprocess
-    from retrieval.index.embedder import prepare_vectors
+    from retrieval.index.query_embedder import prepare_vectors
     from retrieval.index.ray_stages import decode_rows
 
     folder = tmp_path / "images"

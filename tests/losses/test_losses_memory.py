@@ -13,9 +13,9 @@ from loss_references import ANCHOR_REFERENCES, QueryGallery
 from reads_back import ReadsBack
 from train_configs import digits_config
 
-from retrieval.loss_reads import deferred_checks
 from retrieval.losses import available, build, has_rectangular_form
 from retrieval.losses.memory import CrossBatchMemory
+from retrieval.losses.reads import deferred_checks
 
 RECTANGULAR = [name for name in available() if has_rectangular_form(name)]
 # losses that average over the anchors: B L = (B + M) L_cat - M L_mem holds exactly

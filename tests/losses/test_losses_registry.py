@@ -9,8 +9,8 @@ import pytest
 import torch
 from reads_back import ReadsBack
 
-from retrieval.loss_reads import deferred_checks, read_checks, read_stats
 from retrieval.losses import available, available_negatives, build, needs_classes, wants_normalized
+from retrieval.losses.reads import deferred_checks, read_checks, read_stats
 
 PAIR_LOSSES = [
     "contrastive",

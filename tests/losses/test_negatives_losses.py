@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from retrieval.loss_registry import NEGATIVES
 from retrieval.losses import build
+from retrieval.losses.registry import NEGATIVES
 from retrieval.negatives.loop import optimal_arc_distance, optimal_segment_distance
 from retrieval.negatives.symm import reflect, synthetic_share, synthetic_share_on_device
 

@@ -14,9 +14,9 @@ from loss_references import ANCHOR_REFERENCES, QueryGallery, make_batch
 from reads_back import ReadsBack
 
 from retrieval.errors import ParameterError
-from retrieval.loss_reads import deferred_checks, read_checks, read_stats
-from retrieval.loss_registry import LOSSES
 from retrieval.losses import available, build, has_rectangular_form
+from retrieval.losses.reads import deferred_checks, read_checks, read_stats
+from retrieval.losses.registry import LOSSES
 
 ATOL = 1e-8
 QUERIES = 6  # the first rows of a pool are the queries, the rest a memory

@@ -270,7 +270,7 @@ def knn_sets():
 
 @pytest.mark.parametrize("metric", KNN_SIMILARITIES)
 def test_knn_on_cuda_equals_the_cpu(knn_sets, metric, tf32_matmuls):
-    from retrieval.neighbours import knn
+    from retrieval.metrics import knn
 
     query, _, gallery, _ = knn_sets
     for args, exclude_self in (((query, gallery), False), ((gallery,), True)):  # the 20,000 rows leave-one-out
@@ -298,7 +298,7 @@ def test_knn_on_cuda_of_gaussian_rows_is_full_float32(metric, tf32_matmuls):
     """Scores that round: the GPU's scores stay within 1e-5 of the CPU's (TF32 would be ~1e-3 off), and where a list
     differs, the swapped neighbours' exact scores are within that rounding of each other. Euclidean distances are
     compared squared: the sqrt of a rounding error at a planted copy (distance 0) is far above it on either device."""
-    from retrieval.neighbours import knn
+    from retrieval.metrics import knn
 
     rng = np.random.default_rng(1)
     query, gallery = (rng.normal(size=(n, 64)).astype(np.float32) / 8 for n in (3000, 20000))  # |row| ~ 1
@@ -320,7 +320,7 @@ def test_knn_on_cuda_of_gaussian_rows_is_full_float32(metric, tf32_matmuls):
 
 def test_knn_on_cuda_in_small_blocks_and_out_of_memory(knn_sets, monkeypatch):
     """Little free GPU memory gives small blocks and the same lists; a gallery that cannot fit is a clear error."""
-    import retrieval.neighbours as neighbours
+    import retrieval.metrics.neighbours as neighbours
 
     query, _, gallery, _ = knn_sets
     want = neighbours.knn(query, gallery, k=10)
@@ -493,7 +493,7 @@ def reads_nothing_on_the_cpu(name: str) -> bool:
     no data-dependent shape)."""
     from reads_back import ReadsBack
 
-    from retrieval.loss_reads import deferred_checks
+    from retrieval.losses.reads import deferred_checks
 
     x, labels = batch(name)
     loss = build(name, num_classes=8, embedding_dim=x.shape[1])
@@ -507,7 +507,7 @@ SYNC_FREE = [name for name in available() if reads_nothing_on_the_cpu(name)] if 
 
 @pytest.mark.parametrize("name", SYNC_FREE)
 def test_a_loss_that_reads_nothing_on_the_cpu_never_waits_for_the_gpu(name):
-    from retrieval.loss_reads import deferred_checks, read_checks
+    from retrieval.losses.reads import deferred_checks, read_checks
 
     x, labels = batch(name)
     loss = build(name, num_classes=8, embedding_dim=x.shape[1]).cuda()
@@ -531,7 +531,7 @@ def test_a_loss_with_hard_negatives_waits_for_the_gpu_once_for_its_labels(name, 
     import contextlib
     import warnings
 
-    from retrieval.loss_reads import known_on_host
+    from retrieval.losses.reads import known_on_host
 
     x, host = batch(name)
     loss = build(name, negatives=negatives).cuda()

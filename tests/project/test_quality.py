@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import retrieval.train.grid as grid_runner
+import retrieval.train.grid_runner as grid_runner
 from retrieval.analysis.grid import TABLES as GRID_TABLES
 from retrieval.analysis.grid import DatasetSpec, Method, Table
 from retrieval.analysis.grid_discussion import discuss_pairs

@@ -24,7 +24,7 @@ from hostile_text import FORM, HOSTILE, LONG_COLUMN, build_hostile_index
 from serve_fixtures import shared_artifacts
 
 from retrieval.reports import REPORT_FORMAT
-from retrieval.serve.reports import (
+from retrieval.serve.report_view import (
     MAX_SHOWN_CHARS,
     html_text,
     load_report,
@@ -304,7 +304,7 @@ def test_the_maps_recorded_method_is_shown_as_text(tmp_path):
     from PIL import Image, PngImagePlugin
 
     from retrieval.analysis.pictures import MAP_METADATA_KEY
-    from retrieval.serve.reports import embedding_map_note
+    from retrieval.serve.report_view import embedding_map_note
 
     info = PngImagePlugin.PngInfo()
     info.add_text(MAP_METADATA_KEY, json.dumps({"classes_shown": 2, "classes": 3, "images_shown": 4, "images": 6,

@@ -12,7 +12,7 @@ from run_files import read_jsonl
 from train_configs import digits_config
 
 from retrieval.cli.main import main
-from retrieval.loss_reads import on_host, require
+from retrieval.losses.reads import on_host, require
 from retrieval.models import load_embedder
 from retrieval.train import TrainConfig, TrainingDiverged, train
 from retrieval.train.state import TIMING_KEYS

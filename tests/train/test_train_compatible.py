@@ -45,7 +45,7 @@ def test_the_influence_is_logged_and_the_report_has_the_three_blocks_and_the_mod
     assert report["plots"]["compatibility"] == "compatibility.png" and (old_run / "new" / "compatibility.png").is_file()
     declared = torch.load(old_run / "new" / "last.pt", weights_only=False)["model_config"]["compatible_with"]
     assert declared == [embedder_model_hash(load_embedder(old_run / "old" / "last.pt"))]
-    from retrieval.serve.reports import compatibility_plot, load_report, markdown_text, summary_markdown
+    from retrieval.serve.report_view import compatibility_plot, load_report, markdown_text, summary_markdown
 
     shown = load_report(old_run / "new" / "report.json")  # the app's Evaluation tab
     assert f"**Compatibility with the old model:** {markdown_text(compatibility_sentence(blocks))}." in \

@@ -186,7 +186,7 @@ def test_wise_ft_auto_draws_the_curve_and_chooses_on_validation(images, tmp_path
     for point in wise["curve"]:
         assert 0 <= point["in_domain"] <= 1 and 0 <= point["out_of_domain"] <= 1 and "other" in point["extra"]
     assert {"domains", "wise"} <= set(report["plots"]) and (run / "wise.png").is_file()
-    from retrieval.serve.reports import domains_plot, load_report, summary_markdown, wise_plot
+    from retrieval.serve.report_view import domains_plot, load_report, summary_markdown, wise_plot
 
     opened = load_report(run / "report.json")  # what the app's Evaluation tab shows
     assert domains_plot(opened).size[0] > 300 and wise_plot(opened).size[0] > 300
@@ -207,12 +207,12 @@ def test_eval_extra_is_reported_before_and_after_training_beside_the_reference(i
     reference = report["reference"]
     assert reference["input_size"] == 160  # timm test_resnet's own resolution, not the --image-size 32
     assert set(reference["sets"]["other"]) == {"test"}
-    from retrieval.serve.reports import load_report
+    from retrieval.serve.report_view import load_report
 
     headers, table = load_report(run / "report.json").metrics_table()
     names = [r[0] for r in table]
     assert "other: recall@1" in names and names.index("other: recall@1") > names.index("recall@1")
-    from retrieval.serve.reports import domains_plot, wise_plot
+    from retrieval.serve.report_view import domains_plot, wise_plot
 
     assert wise_plot(load_report(run / "report.json")) is None  # no --wise-alpha, no picture (the tab hides it)
     assert domains_plot(load_report(run / "report.json")) is None  # --no-plots
@@ -282,7 +282,7 @@ def test_wise_ft_curve_counts_the_neighbours_each_mix_keeps_from_the_start(image
     assert all(0 <= p["kept"] <= 1 and p["extra_kept"]["other"] == p["kept"] for p in curve)
     assert curve[-1]["kept"] < 1  # the fine-tuned end moved neighbours
     assert "_rows" not in json.dumps(report["wise"])  # the embeddings stay out of the report
-    from retrieval.serve.reports import load_report, summary_markdown
+    from retrieval.serve.report_view import load_report, summary_markdown
 
     assert "top-10 neighbours kept from the pretrained backbone's: " in summary_markdown(load_report(
         tmp_path / "run" / "report.json"))

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from retrieval.metric_inputs import as_embeddings, as_label_array
+from retrieval.metrics.inputs import as_embeddings, as_label_array
 
 SMALL_KMEANS_WORK = 10**7  # n * clusters * dim below which k-means runs on one thread
 

@@ -20,7 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from retrieval.unit_rows import l2_normalize_rows
+from retrieval.utils.unit_rows import l2_normalize_rows
 
 
 @runtime_checkable

@@ -231,7 +231,7 @@ def method_names() -> list[str]:
 # --- the options, declared once ----------------------------------------------------------------------------------
 SECTION = "re-ranking"
 # the neighbourhood sizes a request may leave unset: the gallery's typical class size sets them
-# (``retrieval.rerank_defaults``); where nothing has, the papers' values, which are also the largest derived ones
+# (``retrieval.rerank.defaults``); where nothing has, the papers' values, which are also the largest derived ones
 PAPER_NEIGHBOURHOOD = {"k": 10, "k1": 20, "k2": 6}  # Radenović et al.'s k; Zhong et al.'s k1 and k2
 FROM_GALLERY = "set by the gallery's class sizes (docs/INDEX.md)"
 
@@ -291,7 +291,7 @@ class RerankConfig:
 
     def describe(self, defaults: str | None = None) -> dict[str, Any]:
         """Method, title, paper and parameters, as the API's answers and the evaluate report show them;
-        ``defaults``: where the sizes left unset came from (``retrieval.rerank_defaults.Neighbourhood.basis``)."""
+        ``defaults``: where the sizes left unset came from (``retrieval.rerank.defaults.Neighbourhood.basis``)."""
         if not self.active:
             return {"method": NONE}
         method = RERANKERS[self.method]

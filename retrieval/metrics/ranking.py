@@ -1,8 +1,8 @@
-"""Retrieval metrics of embeddings: Recall@K, MAP@R, R-precision (and, through ``retrieval.clustering``, NMI and F1).
+"""Ranking metrics of embeddings: Recall@K, MAP@R, R-precision (and, through ``clustering``, NMI and F1).
 
 ``evaluate`` is the one entry point every caller reports with; ``per_query_metrics`` gives its kNN metrics per query
-(``mean_metrics`` of them is ``evaluate``'s numbers). The neighbours come from ``retrieval.neighbours``' blocked kNN,
-whose conventions (similarity, tie order, memory, device) hold here too. Conventions of the metrics themselves:
+(``mean_metrics`` of them is ``evaluate``'s numbers). The neighbours come from ``neighbours``' blocked kNN, whose
+conventions (similarity, tie order, memory, device) hold here too. Conventions of the metrics themselves:
 
 * Leave-one-out. With ``gallery=None`` the query set is its own gallery and each query is removed from
   its own neighbour list *by index*: an exact duplicate of a query (another row) is still a neighbour.
@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from retrieval.clustering import clustering_metrics
-from retrieval.metric_inputs import as_embeddings, as_label_array, encode_labels
-from retrieval.neighbours import (
+from retrieval.metrics.clustering import clustering_metrics
+from retrieval.metrics.inputs import as_embeddings, as_label_array, encode_labels
+from retrieval.metrics.neighbours import (
     RankingSpace,
     check_block_size,
     check_similarity,
@@ -191,7 +191,7 @@ def evaluate(
     device: str | torch.device | None = None,
 ) -> dict[str, float]:
     """Retrieval and clustering metrics of embeddings (conventions in the module docstring and
-    ``retrieval.neighbours``').
+    ``neighbours``').
 
     Args:
         query, query_labels: [n, d] embeddings and [n] integer or string labels (numpy or torch).

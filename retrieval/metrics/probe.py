@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from retrieval.metric_inputs import as_embeddings, as_label_array
+from retrieval.metrics.inputs import as_embeddings, as_label_array
 
 
 def linear_probe(

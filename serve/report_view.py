@@ -20,8 +20,8 @@ from PIL import Image
 
 from retrieval.analysis.plain_text import cut_long_texts, plain_text
 from retrieval.compatibility import KEPT, KEPT_K
-from retrieval.io import read_capped
 from retrieval.reports import READINGS_FILE, REPORT_FORMAT, REPORT_KINDS, read_steps
+from retrieval.utils.io import read_capped
 
 MAX_REPORT_BYTES = 50 * 2**20  # a run report is a few KiB: anything this big is not one
 MAX_RESULTS_BYTES = 16 * 2**20

@@ -1,7 +1,7 @@
 """Exact k nearest neighbours, found in blocks of queries against the whole gallery (on the CPU or one CUDA GPU).
 
 ``knn`` returns each query's list; ``iter_knn_blocks`` yields the blocks' lists to a caller that reads them as they
-come (``retrieval.metrics`` scores them and keeps per-query values only). Conventions, fixed here so that every
+come (``ranking`` scores them and keeps per-query values only). Conventions, fixed here so that every
 caller ranks the same way:
 
 * Similarity. ``metric="cosine"`` (default) L2-normalises both sets and ranks by inner product,
@@ -30,8 +30,8 @@ import torch
 
 from retrieval.distances import l2_normalize
 from retrieval.errors import ParameterError
-from retrieval.metric_inputs import as_embeddings
-from retrieval.sizes import size_text
+from retrieval.metrics.inputs import as_embeddings
+from retrieval.utils.sizes import size_text
 
 SIMILARITIES = ("cosine", "euclidean", "dot")
 # Scores held at once per block: block_size x gallery_size floats (64 MiB at float32).

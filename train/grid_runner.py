@@ -30,9 +30,9 @@ from tqdm.auto import tqdm
 from retrieval.analysis.grid import COMMON, RETRIEVAL_COLUMNS, TABLE_IDS, TABLES, DatasetSpec, Method, Table
 from retrieval.analysis.grid_discussion import DISCUSSIONS, curves, discuss_floor
 from retrieval.analysis.results import FIGURE_FILE, RESULTS_FORMAT, plot_curves, results_document, summarize
-from retrieval.progress import progress_bar
 from retrieval.reports import LAST_CHECKPOINT
 from retrieval.train.config import TrainConfig
+from retrieval.utils.progress import progress_bar
 
 
 # --- one run -------------------------------------------------------------------------------------------------------
@@ -131,7 +131,7 @@ def floor_metrics(dataset: DatasetSpec, runs: Path, feature_cache: str | None) -
     q, ql = query.embeddings, query.labels
     metrics = evaluate_embeddings(q, ql, *((gallery.embeddings, gallery.labels) if gallery else (None, None)))
     if cfg.linear_probe:
-        from retrieval.linear_probe import linear_probe
+        from retrieval.metrics import linear_probe
 
         train_labels = trainer.data.clean_train_labels[features.train_feature_indices]
         metrics["linear_probe"] = linear_probe(features.train_features.cpu().numpy(), train_labels, q, ql,

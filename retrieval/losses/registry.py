@@ -1,8 +1,9 @@
 """The loss and hard-negative-method registries, in a leaf module (as timm's ``_registry.py``).
 
-This module imports neither ``retrieval.losses`` nor ``retrieval.negatives``: the losses register with
-``@register_loss``, the hard-negative methods with ``@register_negatives``, and ``retrieval.losses.build``
-composes the two, so no package imports the other's registrations and there is no import cycle.
+This module imports no loss module and not ``retrieval.negatives``: the losses register with ``@register_loss``,
+the hard-negative methods with ``@register_negatives``, ``retrieval.losses.catalog`` imports both, and
+``retrieval.losses.build`` composes them, so no package imports the other's registrations and there is no import
+cycle.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from retrieval.registry import Registry
+from retrieval.utils.registry import Registry
 
 LOSSES: Registry[Any] = Registry("loss")
 NEGATIVES: Registry[Any] = Registry("hard-negative method")
