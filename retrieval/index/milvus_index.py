@@ -39,12 +39,11 @@ from retrieval.index.milvus_collection import (
 from retrieval.index.query_embedder import (
     ImageEmbedder,
     NoModel,
-    has_model,
     index_embedder,
     load_model,
     prepare_vectors,
 )
-from retrieval.index.search import MAX_K, SearchResult, check_k, reranked_results
+from retrieval.index.search import MAX_K, IndexFacts, SearchResult, check_k, reranked_results
 from retrieval.rerank import Neighbourhood, RerankConfig, gallery_filled, neighbourhood_from_counts
 
 STATS_EXACT_MAX = 200_000  # rows up to which ``stats`` reads every vector to measure recall
@@ -53,7 +52,7 @@ QUERY_PAGE = 16384  # rows per page when the whole collection is read (labels, i
 MAX_ID_LIST = 16384  # ids per ``id in [...]`` expression
 
 
-class MilvusIndex:
+class MilvusIndex(IndexFacts):
     """An index in a Milvus collection (``place``), searched with embeddings or with ``model``'s image embeddings.
 
     Paths are stored as the API shows them (relative to the gallery root); ``gallery_root`` is where the images
@@ -78,31 +77,9 @@ class MilvusIndex:
     def close(self) -> None:
         self.client.close()
 
-    def __enter__(self) -> MilvusIndex:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def __len__(self) -> int:
         rows = self.client.query(self.place.collection, filter="", output_fields=["count(*)"])
         return int(rows[0]["count(*)"])
-
-    @property
-    def dim(self) -> int:
-        return self.record.dim
-
-    @property
-    def model_hash(self) -> str | None:
-        return self.record.model_hash
-
-    @property
-    def has_model(self) -> bool:
-        return has_model(self.info)
-
-    @property
-    def model_output(self) -> str | None:
-        return self.info.get("model_output")
 
     @property
     def embedder(self) -> ImageEmbedder:

@@ -89,7 +89,44 @@ class SearchResult:
         return fields
 
 
-class Index:
+class IndexFacts:
+    """What an index's record (``info``: index.json, or a Milvus collection's copy of it) says about it, and the
+    ``with`` block that closes it: shared by ``Index`` and ``milvus_index.MilvusIndex``."""
+
+    info: dict[str, Any]
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def dim(self) -> int:
+        return int(self.info["embedding_dim"])
+
+    @property
+    def model_hash(self) -> str | None:
+        """The hash of the model that built it; None for an index built from embeddings (``has_model``)."""
+        value = self.info.get("model_hash")
+        return None if value is None else str(value)
+
+    @property
+    def has_model(self) -> bool:
+        """Whether a model built it (False: built from embeddings, searched with embeddings only)."""
+        return has_model(self.info)
+
+    @property
+    def model_output(self) -> str | None:
+        """The model output that built its vectors (None: the model's own, in an index.json from before outputs
+        were recorded)."""
+        return self.info.get("model_output")
+
+
+class Index(IndexFacts):
     """A finished index folder: faiss index + catalogue + the model record from ``index.json``.
 
     Opening and searching only read the folder (the catalogue through a read-only ``CatalogueReader``, one
@@ -144,35 +181,8 @@ class Index:
     def close(self) -> None:
         self.catalogue.close()
 
-    def __enter__(self) -> Index:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def __len__(self) -> int:
         return int(self.faiss_index.ntotal)
-
-    @property
-    def dim(self) -> int:
-        return int(self.info["embedding_dim"])
-
-    @property
-    def model_hash(self) -> str | None:
-        """The hash of the model that built it; None for an index built from embeddings (``has_model``)."""
-        value = self.info.get("model_hash")
-        return None if value is None else str(value)
-
-    @property
-    def has_model(self) -> bool:
-        """Whether a model built it (False: built from embeddings, searched with embeddings only)."""
-        return has_model(self.info)
-
-    @property
-    def model_output(self) -> str | None:
-        """The model output that built its vectors (None: the model's own, in an index.json from before outputs
-        were recorded)."""
-        return self.info.get("model_output")
 
     @property
     def embedder(self) -> ImageEmbedder:
