@@ -1,12 +1,13 @@
 """An index held in a Milvus collection: where it is (``MilvusPlace``), what it records (``CollectionRecord``, in the
 collection's properties), its schema and vector index, and ``where`` filters as Milvus boolean expressions.
 
-One collection holds one index: a row per indexed image with its ``id`` (the primary key, the local catalogue's
-id), ``vector`` (L2-normalised, searched by inner product = cosine), ``path`` (as the API shows it: relative to the
-gallery root), ``label``, ``sha256`` and ``size`` (the file's bytes; nullable), and one nullable scalar field per
-manifest column (``c0``, ``c1``, ...: a manifest's column names are anyone's text, so fields are numbered and the
-properties map names to them). A Milvus server or cluster is ``http://host:19530``; Milvus Lite, the same engine in
-a local process, is a ``*.db`` file. Read side: nothing here writes a collection (``milvus_push`` does).
+One collection holds one index: a row per indexed image with its ``id`` (the primary key, the local catalogue's id),
+``vector`` (L2-normalised, searched by inner product = cosine), ``path`` (as the API shows it: relative to the gallery
+root), ``label``, ``sha256``, ``size`` (the file's bytes) and ``shard`` (the index's shard its vector came from: a
+re-embedded row has another; nullable), and one nullable scalar field per manifest column (``c0``, ``c1``, ...: a
+manifest's column names are anyone's text, so fields are numbered and the properties map names to them). A Milvus
+server or cluster is ``http://host:19530``; Milvus Lite, the same engine in a local process, is a ``*.db`` file.
+Read side: nothing here writes a collection (``milvus_push`` does).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from retrieval.index.filters import (
 )
 
 FORMAT = 1
-ID, VECTOR, PATH, LABEL, SHA256, SIZE = "id", "vector", "path", "label", "sha256", "size"
+ID, VECTOR, PATH, LABEL, SHA256, SIZE, SHARD = "id", "vector", "path", "label", "sha256", "size", "shard"
 MAX_PATH_CHARS = 4096  # Milvus' VARCHAR needs a bound; a longer path is refused when pushed, naming it
 MAX_LABEL_CHARS = 1024
 MAX_TEXT_CHARS = 4096  # a manifest column's text
@@ -230,6 +231,7 @@ def collection_schema(dim: int, columns: Sequence[ColumnField]) -> Any:
     schema.add_field(LABEL, DataType.VARCHAR, max_length=MAX_LABEL_CHARS, nullable=True)
     schema.add_field(SHA256, DataType.VARCHAR, max_length=64, nullable=True)
     schema.add_field(SIZE, DataType.INT64, nullable=True)
+    schema.add_field(SHARD, DataType.VARCHAR, max_length=256, nullable=True)  # where its vector came from
     for column in columns:
         if column.is_text:
             schema.add_field(column.field, DataType.VARCHAR, max_length=MAX_TEXT_CHARS, nullable=True)

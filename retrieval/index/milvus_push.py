@@ -32,6 +32,7 @@ from retrieval.index.milvus_collection import (
     PUSHING,
     RECORD,
     SHA256,
+    SHARD,
     SIZE,
     VECTOR,
     CollectionRecord,
@@ -101,12 +102,16 @@ def push_index(index_dir: str | Path, place: MilvusPlace, index_type: str | None
                                       index_type or "AUTOINDEX", PUSHING, rows=len(ids))
             served = _served_collection(client, place.collection)
             target = physical_name(place.collection, wanted.model_hash) if served is None else served
-            if served is not None and switch and read_record(client, served).model_hash != wanted.model_hash:
+            if served is not None and switch and read_record(client, served).model_hash != wanted.model_hash \
+                    and not compatible_upgrade(read_record(client, served), wanted, index):
                 target = physical_name(place.collection, wanted.model_hash)
             record = read_record(client, target)
             if record is None:
                 record = wanted
                 _create(client, target, record, _preprocessing(index))
+            elif compatible_upgrade(record, wanted, index):  # queries by the new model now, rows re-sent in place
+                record.info, record.state = wanted.info, PUSHING
+                client.alter_collection_properties(target, record.properties(_preprocessing(index)))
             else:
                 _check_resumable(record, wanted if index_type else replace(wanted, index_type=record.index_type),
                                  target)
@@ -122,6 +127,22 @@ def push_index(index_dir: str | Path, place: MilvusPlace, index_type: str | None
     return {"collection": place.collection, "physical": target, "rows": len(ids), "sent": sent,
             "already_there": len(rows) - deleted, "deleted": deleted, "dropped": old,
             "seconds": round(time.perf_counter() - started, 3), "state": COMPLETE}
+
+
+def compatible_upgrade(existing: CollectionRecord, wanted: CollectionRecord, index: Any) -> bool:
+    """Whether the index's model is declared compatible with the collection's and embeds in its size (what ``index
+    upgrade`` re-embeds in place, its mixed mode): its rows then replace the old ones in the same collection, which
+    keeps serving, old and new vectors together, as the local index does."""
+    from retrieval.index.query_embedder import is_compatible, with_output
+
+    if existing.model_hash == wanted.model_hash or not index.has_model or existing.dim != wanted.dim \
+            or existing.columns != wanted.columns:
+        return False
+    try:
+        model = with_output(index.embedder, None)
+    except (OSError, ValueError):  # the model file is gone: nothing says it is compatible
+        return False
+    return is_compatible(model, existing.info)
 
 
 def physical_name(name: str, model_hash: str | None) -> str:
@@ -149,8 +170,8 @@ def _point_alias(client: Any, name: str, target: str, served: str | None) -> str
 
 
 def _collection_rows(client: Any, collection: str, record: CollectionRecord) -> dict[int, tuple]:
-    """id -> (path, label, column values...) of every row ``collection`` holds, read in pages."""
-    fields = [PATH, LABEL, *(c.field for c in record.columns)]
+    """id -> (path, label, shard, column values...) of every row ``collection`` holds, read in pages."""
+    fields = [PATH, LABEL, SHARD, *(c.field for c in record.columns)]
     iterator = client.query_iterator(collection, batch_size=ID_PAGE, filter="", output_fields=fields)
     rows: dict[int, tuple] = {}
     try:
@@ -172,20 +193,22 @@ def _write(client: Any, collection: str, record: CollectionRecord, index: Any, i
 
     public = {int(i): (index.public_path(p), label) for i, p, label in zip(ids, paths, labels, strict=True)}
     values = {name: dict(zip(ids, column_values, strict=True)) for name, (_, column_values) in columns.items()}
-    wanted = {i: (public[i][0], public[i][1], *(values[c.name][i] for c in record.columns)) for i in public}
+    shard_of = {int(i): shard for i, shard in index.catalogue.shards_of(public).items()}
+    wanted = {i: (public[i][0], public[i][1], shard_of.get(i), *(values[c.name][i] for c in record.columns))
+              for i in public}
     stale = [i for i in present if i not in wanted]
     for start in range(0, len(stale), ID_PAGE):
         client.delete(collection, filter=f"{ID} in {stale[start: start + ID_PAGE]}")
-    changed = {i for i, row in wanted.items() if present.get(i) != row}
+    changed = {i for i, row in wanted.items() if present.get(i) != row}  # new, relabelled or re-embedded
     sha = {int(i): (row.get("sha256"), row.get("size")) for i, row in index.catalogue.rows(sorted(changed)).items()}
-    done = {int(i): shard for i, shard in index.catalogue.shards_of(changed).items()}
+    done = {i: shard_of[i] for i in changed if i in shard_of}
     sent = 0
     with progress_bar(total=len(changed), desc=f"push to {collection}", unit="row", disable=not progress) as bar:
         for chunk_ids, vectors in done_chunks(ShardStore(index.layout.shards, read_only=True), done):
             vectors = l2_normalize_rows(vectors, zero_rows="keep")
             for start in range(0, len(chunk_ids), batch_rows):
                 batch = chunk_ids[start: start + batch_rows].tolist()
-                rows = list(_rows(batch, vectors[start: start + batch_rows], public, sha, values, record))
+                rows = list(_rows(batch, vectors[start: start + batch_rows], public, sha, values, record, done))
                 fresh = [row for row in rows if row[ID] not in present]
                 if fresh:  # insert: no row of theirs is there (an insert of a present id would be a second row)
                     client.insert(collection, fresh)
@@ -230,7 +253,8 @@ def _preprocessing(index: Any) -> dict[str, Any]:
 
 
 def _rows(ids: list[int], vectors: np.ndarray, public: dict[int, tuple[str, str | None]], sha: dict[int, Any],
-          values: dict[str, dict[int, Any]], record: CollectionRecord) -> Iterator[dict[str, Any]]:
+          values: dict[str, dict[int, Any]], record: CollectionRecord,
+          shard_of: dict[int, str]) -> Iterator[dict[str, Any]]:
     """The collection's rows of ``ids``, each value checked against its field's bound."""
     for image_id, vector in zip(ids, vectors.tolist(), strict=True):
         path, label = public[image_id]
@@ -238,7 +262,8 @@ def _rows(ids: list[int], vectors: np.ndarray, public: dict[int, tuple[str, str 
             raise MilvusError("index", f"image {image_id} has a path or label longer than Milvus' field allows "
                                        f"({MAX_PATH_CHARS} / {MAX_LABEL_CHARS} characters): {path[:80]!r}")
         digest, size = sha.get(image_id, (None, None))
-        row = {ID: image_id, VECTOR: vector, PATH: path, LABEL: label, SHA256: digest, SIZE: size}
+        row = {ID: image_id, VECTOR: vector, PATH: path, LABEL: label, SHA256: digest, SIZE: size,
+               SHARD: shard_of.get(image_id)}
         for column in record.columns:
             value = values[column.name][image_id]
             if isinstance(value, str) and len(value) > MAX_TEXT_CHARS:

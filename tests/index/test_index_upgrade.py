@@ -370,3 +370,27 @@ def test_serve_takes_a_model_and_refuses_an_undeclared_one_of_another_size_namin
     assert refused.exit_code == 1, refused.output
     assert "not declared compatible" in refused.output
     assert f"retrieval index upgrade {gallery_index} --model {models['other']}" in refused.output
+
+
+def test_a_compatible_upgrade_re_embeds_a_milvus_collection_in_place(gallery_index, models, tmp_path):
+    """After a mixed upgrade, the push (as `index upgrade --milvus` runs it) re-sends the re-embedded rows into the
+    collection that serves, which records the new model; no second collection, the alias untouched."""
+    pytest.importorskip("milvus_lite")
+    from retrieval.index.milvus_collection import MilvusPlace, connect
+    from retrieval.index.milvus_index import MilvusIndex
+    from retrieval.index.milvus_push import push_index
+
+    place = MilvusPlace.checked(str(tmp_path / "gallery.db"), "gallery")
+    first = push_index(gallery_index, place, index_type="FLAT", progress=False)
+    upgrade_index(gallery_index, models["new"], commit_every=8, options=QUICK)
+    again = push_index(gallery_index, place, progress=False, switch=True)
+    assert again["physical"] == first["physical"] and again["dropped"] is None and again["sent"] == 32
+    local = _vectors(gallery_index)
+    with MilvusIndex(place) as remote:
+        assert remote.model_hash == load_model(models["new"]).model_hash
+        ids = np.array(sorted(local), dtype=np.int64)
+        np.testing.assert_allclose(remote.reconstructed_vectors(ids), np.stack([local[int(i)] for i in ids]),
+                                   atol=1e-5)
+    client = connect(place)
+    assert [name for name in client.list_collections()] == [first["physical"]]
+    client.close()
