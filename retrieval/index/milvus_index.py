@@ -49,7 +49,7 @@ from retrieval.rerank import Neighbourhood, RerankConfig, gallery_filled, neighb
 STATS_EXACT_MAX = 200_000  # rows up to which ``stats`` reads every vector to measure recall
 REFRESH_S = 60.0  # how long a label count read from the collection is kept
 QUERY_PAGE = 16384  # rows per page when the whole collection is read (labels, ids)
-MAX_ID_LIST = 16384  # ids per ``id in [...]`` expression
+MAX_ID_LIST = 4096  # ids per ``id in [...]`` expression: well under a server's expression size limit
 
 
 class MilvusIndex(IndexFacts):

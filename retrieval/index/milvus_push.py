@@ -48,7 +48,8 @@ from retrieval.index.milvus_collection import (
 from retrieval.index.query_embedder import l2_normalize_rows
 
 BATCH_ROWS = 2000  # rows per insert: well under Milvus' 64 MiB gRPC message at 2048 float32 dimensions
-ID_PAGE = 16384  # ids read back per page when a push resumes
+ID_PAGE = 16384  # rows read back per page when a push resumes
+DELETE_IDS = 4096  # ids per delete expression: well under a server's expression size limit
 
 
 def manifest_columns(ids: Sequence[int], extra: dict[int, str]) -> dict[str, tuple[bool, list[Any]]]:
@@ -197,8 +198,8 @@ def _write(client: Any, collection: str, record: CollectionRecord, index: Any, i
     wanted = {i: (public[i][0], public[i][1], shard_of.get(i), *(values[c.name][i] for c in record.columns))
               for i in public}
     stale = [i for i in present if i not in wanted]
-    for start in range(0, len(stale), ID_PAGE):
-        client.delete(collection, filter=f"{ID} in {stale[start: start + ID_PAGE]}")
+    for start in range(0, len(stale), DELETE_IDS):
+        client.delete(collection, filter=f"{ID} in {stale[start: start + DELETE_IDS]}")
     changed = {i for i, row in wanted.items() if present.get(i) != row}  # new, relabelled or re-embedded
     sha = {int(i): (row.get("sha256"), row.get("size")) for i, row in index.catalogue.rows(sorted(changed)).items()}
     done = {i: shard_of[i] for i in changed if i in shard_of}

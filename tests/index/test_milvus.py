@@ -232,3 +232,13 @@ def test_an_upgrade_moves_the_served_name_to_the_new_models_collection_in_one_st
     client.close()
     with MilvusIndex(place) as remote:
         assert remote.model_hash == "fedcba9876543210" and remote.record.index_type == "HNSW" and len(remote) == ROWS
+
+
+def test_rows_and_vectors_of_many_ids_are_read_in_bounded_expressions(pushed, monkeypatch):
+    import retrieval.index.milvus_index as milvus_index
+
+    *_, local, remote = pushed
+    monkeypatch.setattr(milvus_index, "MAX_ID_LIST", 7)  # 240 ids: 35 expressions
+    ids = np.arange(1, ROWS + 1)
+    assert sorted(remote.indexed_rows(ids.tolist())) == ids.tolist()
+    np.testing.assert_allclose(remote.reconstructed_vectors(ids), local.reconstructed_vectors(ids), atol=1e-6)
