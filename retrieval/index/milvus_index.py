@@ -316,9 +316,13 @@ def watch_identity(place: MilvusPlace) -> Callable[[], tuple[Any, ...]]:
 
     def identity() -> tuple[Any, ...]:
         nonlocal client
-        if client is None:
-            client = connect(place)
-        return collection_identity(client, place.collection)
+        try:
+            if client is None:
+                client = connect(place)
+            return collection_identity(client, place.collection)
+        except Exception as exc:  # noqa: BLE001  (unreachable: the state serves on, the next tick connects again)
+            client = None
+            return ("unreachable", type(exc).__name__)
 
     return identity
 

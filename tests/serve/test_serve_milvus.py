@@ -120,3 +120,34 @@ def test_push_refuses_a_bad_address_before_reading_the_index(artifacts):
     result = CliRunner().invoke(main, ["index", "push", str(artifacts.index_dir), "--milvus", "ftp://x",
                                        "--collection", "gallery"])
     assert result.exit_code != 0 and "neither a server URL nor a Milvus Lite file" in result.output
+
+
+def test_a_watcher_that_cannot_reach_the_server_keeps_the_state_and_says_so_once(tmp_path, caplog):
+    """The server's watcher reads an unreachable Milvus as an identity of its own: the state it holds keeps
+    answering, one line says why it cannot reload, not one a tick."""
+    from retrieval.index.live import LiveIndex
+    from retrieval.index.milvus_index import watch_identity
+
+    identity = watch_identity(MilvusPlace.checked("http://127.0.0.1:9", "gallery"))  # nothing listens there
+    assert identity()[0] == "unreachable"
+
+    class State:
+        identity = ("gallery__x", "hash")
+
+        def __len__(self) -> int:
+            return 1
+
+        def close(self) -> None:
+            pass
+
+    def reopen(previous):
+        raise ConnectionError("Milvus is unreachable")
+
+    opened = [State()]
+    live = LiveIndex(tmp_path, lambda previous: opened[0] if previous is None else reopen(previous), None,
+                     identity=identity)
+    with caplog.at_level("WARNING"):
+        assert not live.reload() and not live.reload()
+    assert live.current is opened[0]
+    assert len([r for r in caplog.records if "cannot reload" in r.getMessage()]) == 1
+    live.close()
