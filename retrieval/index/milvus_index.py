@@ -174,14 +174,14 @@ class MilvusIndex(IndexFacts):
     # --- rows
     def indexed_rows(self, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
         """id -> row (id, path, label, sha256) of the ``ids`` the collection holds; others are absent."""
+        return {int(row[ID]): _row(row) for row in self._rows_of(ids, [PATH, LABEL, SHA256, SIZE])}
+
+    def _rows_of(self, ids: Sequence[int], fields: list[str]) -> list[dict[str, Any]]:
+        """The rows of ``ids`` the collection holds, with ``fields``, read ``MAX_ID_LIST`` ids an expression."""
         wanted = sorted({int(i) for i in ids})
-        rows: dict[int, dict[str, Any]] = {}
-        for start in range(0, len(wanted), MAX_ID_LIST):
-            chunk = wanted[start: start + MAX_ID_LIST]
-            found = self.client.query(self.place.collection, filter=f"{ID} in {chunk}",
-                                      output_fields=[PATH, LABEL, SHA256, SIZE])
-            rows.update({int(row[ID]): _row(row) for row in found})
-        return rows
+        return [row for start in range(0, len(wanted), MAX_ID_LIST)
+                for row in self.client.query(self.place.collection, output_fields=fields,
+                                             filter=f"{ID} in {wanted[start: start + MAX_ID_LIST]}")]
 
     def indexed_row(self, image_id: int) -> dict[str, Any] | None:
         return self.indexed_rows([image_id]).get(int(image_id))
@@ -284,12 +284,7 @@ class MilvusIndex(IndexFacts):
         """The stored vectors [n, d] of ``ids`` (the collection keeps them exactly)."""
         ids = np.asarray(ids, dtype=np.int64)
         out = np.zeros((len(ids), self.dim), dtype=np.float32)
-        wanted = sorted({int(i) for i in ids.tolist()})
-        vectors: dict[int, Any] = {}
-        for start in range(0, len(wanted), MAX_ID_LIST):
-            chunk = wanted[start: start + MAX_ID_LIST]
-            for row in self.client.query(self.place.collection, filter=f"{ID} in {chunk}", output_fields=[VECTOR]):
-                vectors[int(row[ID])] = row[VECTOR]
+        vectors = {int(row[ID]): row[VECTOR] for row in self._rows_of(ids.tolist(), [VECTOR])}
         for n, image_id in enumerate(ids.tolist()):
             if image_id in vectors:
                 out[n] = vectors[image_id]

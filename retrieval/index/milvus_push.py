@@ -11,16 +11,15 @@ collection: two at once could both send a row the other has not yet written.
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from retrieval.index.filters import infer_column
+from retrieval.index.filters import BUILT_IN_COLUMNS, FilterTable
 from retrieval.index.milvus_collection import (
     COMPLETE,
     ID,
@@ -52,25 +51,14 @@ ID_PAGE = 16384  # rows read back per page when a push resumes
 DELETE_IDS = 4096  # ids per delete expression: well under a server's expression size limit
 
 
-def manifest_columns(ids: Sequence[int], extra: dict[int, str]) -> dict[str, tuple[bool, list[Any]]]:
-    """Per manifest column (``filter_rows``' id -> JSON), whether it is text and its value per id (None:
-    missing), read exactly as the local index's filters read it (``filters.infer_column``)."""
-    from retrieval.index.filters import BUILT_IN_COLUMNS
-
-    position = {int(i): n for n, i in enumerate(ids)}
-    raw: dict[str, list[Any]] = {}
-    for image_id, data in extra.items():
-        try:
-            values = json.loads(data)
-        except ValueError:
-            continue
-        for key, value in values.items() if isinstance(values, dict) else ():
-            if key in BUILT_IN_COLUMNS or key == "id":
-                continue
-            raw.setdefault(key, [None] * len(ids))[position[int(image_id)]] = value
+def manifest_columns(table: FilterTable) -> dict[str, tuple[bool, list[Any]]]:
+    """Per manifest column of ``table`` (the local index's filter columns), whether it is text and its value per
+    row (None: missing), exactly as the local filters compare them."""
     columns = {}
-    for name, values in raw.items():
-        column = infer_column(values)
+    for name in table.names():
+        if name in BUILT_IN_COLUMNS:
+            continue
+        column = table.column(name)
         if column.is_text:
             categories = column.categories
             columns[name] = (True, [None if code < 0 else str(categories[code]) for code in column.values.tolist()])
@@ -98,14 +86,15 @@ def push_index(index_dir: str | Path, place: MilvusPlace, index_type: str | None
     try:
         with Snapshot.open(index_dir) as index:
             ids, paths, labels, extra = index.filter_rows()
-            columns = manifest_columns(ids, extra)
+            columns = manifest_columns(FilterTable(ids, paths, labels, extra))
             wanted = CollectionRecord(dict(index.info), column_fields([(n, t) for n, (t, _) in columns.items()]),
                                       index_type or "AUTOINDEX", PUSHING, rows=len(ids))
             served = _served_collection(client, place.collection)
             target = physical_name(place.collection, wanted.model_hash) if served is None else served
-            if served is not None and switch and read_record(client, served).model_hash != wanted.model_hash \
-                    and not compatible_upgrade(read_record(client, served), wanted, index):
-                target = physical_name(place.collection, wanted.model_hash)
+            if served is not None and switch:
+                current = read_record(client, served)
+                if current.model_hash != wanted.model_hash and not compatible_upgrade(current, wanted, index):
+                    target = physical_name(place.collection, wanted.model_hash)
             record = read_record(client, target)
             if record is None:
                 record = wanted

@@ -14,7 +14,7 @@ pytest.importorskip("milvus_lite")
 
 from retrieval.index import Index, build_from_embeddings  # noqa: E402
 from retrieval.index.engine import IngestOptions  # noqa: E402
-from retrieval.index.filters import FilterError  # noqa: E402
+from retrieval.index.filters import FilterError, parse_filter  # noqa: E402
 from retrieval.index.milvus_collection import (  # noqa: E402
     COMPLETE,
     MODEL_HASH,
@@ -181,8 +181,7 @@ def test_a_control_character_in_a_filter_string_is_refused_in_words(pushed):
     *_, remote = pushed
     with pytest.raises(FilterError, match="control character"):
         remote.matching_ids('label = "a\x01b"')
-    assert "\\n" in milvus_filter(__import__("retrieval.index.filters").index.filters.parse_filter(
-        'label = "a\nb"'), remote.record)
+    assert "\\n" in milvus_filter(parse_filter('label = "a\nb"'), remote.record)
 
 
 def test_pq_sub_vectors_divide_the_dimension():
