@@ -241,3 +241,12 @@ def test_rows_and_vectors_of_many_ids_are_read_in_bounded_expressions(pushed, mo
     ids = np.arange(1, ROWS + 1)
     assert sorted(remote.indexed_rows(ids.tolist())) == ids.tolist()
     np.testing.assert_allclose(remote.reconstructed_vectors(ids), local.reconstructed_vectors(ids), atol=1e-6)
+
+
+@pytest.mark.parametrize("stored", ["../outside.jpg", "photos/../../outside.jpg", "/etc/passwd", "a/../../b.jpg"])
+def test_a_stored_path_that_would_leave_the_gallery_names_no_file(pushed, stored):
+    """A collection is anyone's database: a row whose path leaves the gallery root is never opened."""
+    *_, remote = pushed
+    assert remote.image_file(stored) is None
+    inside = remote.image_file("photos/0/1.jpg")
+    assert inside is not None and inside.startswith(str(remote.gallery_root))
