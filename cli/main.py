@@ -16,6 +16,7 @@ import click
 from retrieval.cli.config_options import config_options, option_values, parse_params, shared_option
 from retrieval.cli.errors import OptionGroup
 from retrieval.cli.options import apply_options, rerank_config, rerank_options
+from retrieval.compatibility import KEPT, KEPT_K
 from retrieval.options import TRUSTED_CHECKPOINT
 from retrieval.serve.defaults import DEFAULT_HOST, DEFAULT_PORT
 from retrieval.train.config import TrainConfig
@@ -119,6 +120,15 @@ def train_command(config_file, nproc, max_restarts, as_json, offline, **options)
         click.echo(json.dumps(summary, indent=2))
         return
     before, after, best = (summary[key] or {} for key in ("before", "after", "best"))
+    if cfg.labels == "none" and "recall@1" not in after and KEPT in after:  # no labels: how far the neighbours moved
+        best_epoch = (report.get("best") or {}).get("epoch", 0)
+        chosen = (f"best.pt is epoch {best_epoch}, the latest that keeps {cfg.kept_floor:.0%} (--kept-floor)"
+                  if best_epoch else f"no epoch kept {cfg.kept_floor:.0%} (--kept-floor): best.pt is the start")
+        click.echo(f"trained {cfg.out} without labels: its images keep {after[KEPT]:.0%} of their {KEPT_K} nearest "
+                   f"neighbours from the pretrained backbone; {chosen}; report {summary['report']}")
+        click.echo(f"next: retrieval export --checkpoint {Path(cfg.out) / 'best.pt'} --out "
+                   f"{Path(cfg.out) / 'model.onnx'}")
+        return
     change = f"{before['recall@1']:.4f} -> " if "recall@1" in before else ""
     best_epoch = (report.get("best") or {}).get("epoch")
     click.echo(f"trained {cfg.out}: recall@1 {change}{after.get('recall@1', float('nan')):.4f}"
@@ -143,7 +153,7 @@ def _summary(cfg: TrainConfig, report: dict) -> dict:
 def _headline(metrics: dict | None) -> dict | None:
     if not metrics:
         return None
-    keys = ("recall@1", "recall@2", "recall@4", "recall@8", "map@r", "r_precision", "nmi", "f1", "linear_probe")
+    keys = ("recall@1", "recall@2", "recall@4", "recall@8", "map@r", "r_precision", "nmi", "f1", "linear_probe", KEPT)
     return {k: round(float(metrics[k]), 4) for k in keys if k in metrics}
 
 

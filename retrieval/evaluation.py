@@ -23,6 +23,7 @@ class EvalSets:
 
     query: Dataset
     gallery: Dataset | None = None
+    labelled: bool = True  # False: images without labels (training without labels), measured by label-free figures
 
     @property
     def num_images(self) -> int:

@@ -46,7 +46,8 @@ def train_report(config: dict[str, Any], history: list[dict[str, Any]], baseline
                  best: dict[str, Any] | None, last: dict[str, Any] | None, plots: dict[str, str],
                  bad_images: list[dict[str, Any]] | None = None, reference: dict[str, Any] | None = None,
                  wise: dict[str, Any] | None = None, class_split: dict[str, Any] | None = None,
-                 best_metric: str = "recall@1", selection: dict[str, Any] | None = None) -> dict[str, Any]:
+                 best_metric: str = "recall@1", selection: dict[str, Any] | None = None,
+                 label_free: dict[str, Any] | None = None) -> dict[str, Any]:
     """A training run's report: the run's config, the epoch-0 baseline, the best and last evaluated epochs (and the
     metric that chose ``best``), the history (= metrics.jsonl), plot file names relative to the report, the skipped
     images, the checkpoints and the classes of each split (``class_split``).
@@ -54,7 +55,8 @@ def train_report(config: dict[str, Any], history: list[dict[str, Any]], baseline
     Each metrics dict may hold ``extra``: set name -> metrics of an --eval-extra (out-of-domain) set; ``reference``
     holds those of the pretrained backbone at its own resolution, ``wise`` the WiSE-FT mix (its curve over alpha,
     the alpha taken and its metrics). ``selection``: the split ``best`` was chosen on (``selected_on``: "validation"
-    or "test") and, for the test split, why (``selection_note``)."""
+    or "test", or "last" for a run without labels to choose on) and, for the test split, why (``selection_note``);
+    ``label_free``: a run without labels' figures (``retrieval.train.label_free_report``)."""
     selection = selection or {}
     return {
         "format": REPORT_FORMAT,
@@ -73,6 +75,7 @@ def train_report(config: dict[str, Any], history: list[dict[str, Any]], baseline
         "reference": reference,
         "wise": wise,
         "class_split": class_split,
+        **({"label_free": label_free} if label_free is not None else {}),
         "checkpoints": {"best": BEST_CHECKPOINT, "last": LAST_CHECKPOINT,
                         **({"wise": WISE_CHECKPOINT} if wise else {})},
     }

@@ -350,6 +350,18 @@ def ref_contrastive(pairs, form="cosine", **kwargs):
     return ref_contrastive_cosine(pairs, **kwargs) if form == "cosine" else ref_contrastive_distance(pairs, **kwargs)
 
 
+@anchor_based
+def ref_ntxent(pairs, temperature=0.1):
+    """SimCLR eq. 1 for each (anchor i, positive j): -log(exp(s_ij / tau) / sum_{k != i} exp(s_ik / tau)), k over
+    every gallery row but i itself; the mean over those terms."""
+    terms = []
+    for i, j in pairs.positive_pairs():
+        others = [k for k in range(len(pairs.yg)) if k != pairs.self_index[i]]
+        denominator = sum(torch.exp(pairs.cos(i, k) / temperature) for k in others)
+        terms.append(-torch.log(torch.exp(pairs.cos(i, j) / temperature) / denominator))
+    return sum(terms, pairs.q.new_zeros(())) / max(len(terms), 1)
+
+
 # every loss with the rectangular form (anchors against a gallery) -> its reference, called with a QueryGallery
 ANCHOR_REFERENCES = {
     "contrastive": ref_contrastive,
@@ -362,4 +374,5 @@ ANCHOR_REFERENCES = {
     "vthm": ref_vthm_equal_weights,
     "raw": ref_raw,
     "ms": functools.partial(ref_raw, miner="vthm"),  # MS = RAW over the VTHM-mined pairs (unified section 5.1)
+    "ntxent": ref_ntxent,
 }

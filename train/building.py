@@ -91,13 +91,19 @@ def build_parts(cfg: TrainConfig, *, ctx: DistContext, model: Embedder, data: Tr
                 old_model: nn.Module | None = None) -> TrainParts:
     """What trains, around the model on the device: sampler, loss, optimizer and schedule, features, the step;
     ``old_model``: --compatible-with's (``compatible_old_model``), which the influence term compares with."""
-    sampling = dict(drop_small=cfg.drop_small, seed=cfg.seed, batches_per_epoch=cfg.batches_per_epoch)
+    # without labels an image is a class of one: its --per-class views, each augmented with its own seed
+    sampling = dict(drop_small=cfg.drop_small, seed=cfg.seed, batches_per_epoch=cfg.batches_per_epoch,
+                    repeat_small=cfg.labels == "none")
     if ctx.distributed:  # each rank takes its part of the same global batches
         sampling.update(rank=ctx.rank, world_size=ctx.world_size)
     sampler_cls = DistributedClassBalancedBatchSampler if ctx.distributed else ClassBalancedBatchSampler
     with parameters_named(samples_per_class="per_class", classes_per_batch="`batch_size` / `per_class`"):
         sampler = sampler_cls(data.train_labels, cfg.classes_per_batch, cfg.per_class, **sampling)
 
+    if cfg.labels == "none" and losses.needs_classes(cfg.loss):
+        raise ValueError(f"--labels none: --loss {cfg.loss} learns a proxy per class, and without labels the classes "
+                         "are the images themselves or clusters that change every epoch: use a pair loss (ntxent, "
+                         "ms, contrastive, ...)")
     loss_fn = losses.build(cfg.loss, negatives=cfg.negatives, num_classes=data.num_classes,
                            embedding_dim=cfg.embedding_dim, **cfg.loss_kwargs).to(ctx.device)
     if cfg.compile:  # the solvers bound by kernel launches on a GPU: LoOp's pair problems, DCDL's Sinkhorn

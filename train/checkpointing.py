@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from retrieval.compatibility import KEPT
 from retrieval.data import BadImageLog
 from retrieval.models import BEST_CHECKPOINT, LAST_CHECKPOINT, Checkpoint, config_hash, load_checkpoint
 from retrieval.reports import STEPS_LOG
@@ -24,20 +25,26 @@ from retrieval.utils.io import atomic_write
 BEST_METRIC = "recall@1"  # the evaluation metric whose highest value makes best.pt
 METRICS_LOG = "metrics.jsonl"
 VALIDATION = "validation"  # an epoch row's validation metrics, and the split best.pt is chosen on where it exists
+KEPT_SELECTION = "kept"  # without labels: best.pt is the latest epoch that keeps --kept-floor of the neighbours
 
 
-def selection_score(row: dict[str, Any], selected_on: str) -> float | None:
+def selection_score(row: dict[str, Any], selected_on: str, kept_floor: float = 0.0) -> float | None:
     """The value best.pt is chosen by in an epoch's row: BEST_METRIC on ``selected_on`` ("validation": the row's
-    validation metrics, else the test split's); None where the epoch did not evaluate that split."""
+    validation metrics, else the test split's); None where the epoch did not evaluate that split. Without labels
+    (``KEPT_SELECTION``): the epoch itself where its images keep ``kept_floor`` of their pretrained neighbours,
+    so the latest such epoch wins."""
+    if selected_on == KEPT_SELECTION:
+        return float(row["epoch"]) if row.get(KEPT, -1.0) >= kept_floor else None
     metrics = row.get(VALIDATION) if selected_on == VALIDATION else row
     return None if not metrics or BEST_METRIC not in metrics else float(metrics[BEST_METRIC])
 
 
-def best_row(history: list[dict[str, Any]], selected_on: str) -> dict[str, Any] | None:
+def best_row(history: list[dict[str, Any]], selected_on: str, kept_floor: float = 0.0) -> dict[str, Any] | None:
     """The trained epoch best.pt holds: the highest ``selection_score``, the first of equal ones (as
     ``save_epoch_end`` keeps it); None before an evaluated epoch."""
-    scored = [r for r in history if r.get("epoch", 0) > 0 and selection_score(r, selected_on) is not None]
-    return max(scored, key=lambda r: selection_score(r, selected_on)) if scored else None
+    scored = [r for r in history if r.get("epoch", 0) > 0
+              and selection_score(r, selected_on, kept_floor) is not None]
+    return max(scored, key=lambda r: selection_score(r, selected_on, kept_floor)) if scored else None
 
 
 def atomic_save(obj: Any, path: Path) -> None:
@@ -121,7 +128,7 @@ class Checkpointer:
     def save_epoch_end(self, record: RunRecord, epoch: int, row: dict[str, Any], evaluated: bool) -> None:
         """After an epoch: best.pt when its recall@1 on the selection split (validation where the run has one) is
         the best yet (every rank tracks it), then last.pt."""
-        score = selection_score(row, self.data.selected_on)
+        score = selection_score(row, self.data.selected_on, self.cfg.kept_floor)
         if evaluated and score is not None and score > record.best_recall:
             record.best_recall = score
             self.save(BEST_CHECKPOINT, record, epoch + 1, row)

@@ -33,6 +33,9 @@ AMP_CHOICES = (True, False, "auto", "fp16", "bf16", "off")
 DEFAULT_VAL_FRACTION = 0.1
 DEFAULT_VAL_MIN_CLASSES = 20
 RUNS_ROOT = "runs"  # where a run without --out goes
+LABEL_SOURCES = ("given", "none")  # --labels: the data set's classes, or none (fine-tuning without labels)
+PSEUDO_LABEL_METHODS = ("instance", "clusters", "mutual")
+DEFAULT_KEPT_FLOOR = 0.5  # --kept-floor: docs/UNLABELLED.md says how it was chosen
 
 
 def new_run_folder(root: str | Path = RUNS_ROOT) -> str:
@@ -58,6 +61,22 @@ class TrainConfig:
         section="data", help="a data set option, e.g. protocol=disjoint or limit_per_class=100 (repeatable).",
         factory=dict, flag="--dataset-param", metavar="KEY=VALUE")
     eval_split: str = option("test", "data", "the split to evaluate on (inshop: query, against its gallery split).")
+    labels: str = option("given", "data", "none: train without labels: --data is any folder of images (flat or "
+                                          "nested) or an index folder, each image its own class whose augmented views "
+                                          "are the positives (docs/UNLABELLED.md).", choices=LABEL_SOURCES)
+    pseudo_labels: str = option("instance", "data", "--labels none: the positives. instance: an image's own views; "
+                                                    "clusters: the images of its cluster (DBSCAN over k-reciprocal "
+                                                    "distances); mutual: its mutual nearest neighbours' component; "
+                                                    "refreshed from the model's embeddings each epoch.",
+                                choices=PSEUDO_LABEL_METHODS)
+    kept_floor: float = option(DEFAULT_KEPT_FLOOR, "data", "--labels none: the guard. best.pt (and --wise-alpha "
+                                                           "auto's mix) is the latest epoch (largest alpha) whose "
+                                                           "images keep at least this share of their 10 nearest "
+                                                           "neighbours from the pretrained backbone; the start when "
+                                                           "none does.", low=0, high=1)
+    eval_data: str | None = option(None, "data", "--labels none: a labelled sample (FOLDER/CLASS/IMAGE) to measure "
+                                                 "Recall@K and MAP@R on; without it the run reports label-free "
+                                                 "figures only.", path="dir", metavar="DIR")
     label_noise: str | None = option(
         None, "data", "flip training labels: symmetric:RATE or asymmetric:RATE (similar-class flips: known tables "
         "for fashion-mnist and digits, else --label-noise-transitions).", metavar="MODE:RATE")
@@ -317,6 +336,7 @@ class TrainConfig:
         if self.sync_bn and (self.freeze_bn or self.freeze_backbone):
             errors.append("--sync-bn synchronises BatchNorm that trains: it needs --no-freeze-bn and no "
                           "--freeze-backbone (frozen BatchNorm needs nothing)")
+        errors += self._unlabelled_errors()
         if self.label_noise:
             mode, _, rate = self.label_noise.partition(":")
             try:
@@ -325,6 +345,22 @@ class TrainConfig:
                 ok = False
             if not ok:
                 errors.append(f"--label-noise must look like symmetric:0.3 or asymmetric:0.2, got {self.label_noise!r}")
+        return errors
+
+    def _unlabelled_errors(self) -> list[str]:
+        """What is wrong between --labels none and the options that need labels."""
+        if self.labels == "given":
+            return [f"--{name.replace('_', '-')} is for training without labels: add --labels none"
+                    for name, on in (("pseudo_labels", self.pseudo_labels != "instance"),
+                                     ("eval_data", self.eval_data)) if on]
+        needs_labels = (("val_fraction", "--val-fraction holds classes out, and there are none: leave it out"),
+                        ("label_noise", "--label-noise flips labels, and there are none: leave it out"),
+                        ("aux_ce", "--aux-ce classifies the labels, and there are none: leave it out"))
+        errors = [f"--labels none: {problem}" for name, problem in needs_labels if getattr(self, name)]
+        if self.freeze_backbone and self.pseudo_labels == "instance":
+            errors.append("--labels none --pseudo-labels instance takes two augmented views of each image, and "
+                          "--freeze-backbone trains on features computed once without augmentation (the views would "
+                          "be the same): fine-tune without --freeze-backbone, or use --pseudo-labels clusters")
         return errors
 
     def _robust_errors(self) -> list[str]:

@@ -3,6 +3,7 @@ evaluation split and the out-of-domain sets, each with the transform the model w
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -11,15 +12,20 @@ from torch.utils.data import Dataset
 
 from retrieval.data import ImageDataset, asymmetric_transitions, build_transforms, inject_label_noise, load_dataset
 from retrieval.errors import parameters_named
-from retrieval.evaluation import load_eval_sets, load_extra_set, present_class_names
+from retrieval.evaluation import EvalSets, load_eval_sets, load_extra_set, present_class_names, seeded_subset
 from retrieval.train.config import DEFAULT_VAL_FRACTION, DEFAULT_VAL_MIN_CLASSES, TrainConfig
 from retrieval.train.state import TrainData
+
+OWN_IMAGES = ("folder",)  # --labels none reads its --data as images only, at any depth
+UNLABELLED_EVAL_IMAGES = 2000  # without labels, the label-free figures are measured on this many of the images
 
 
 def load_train_data(cfg: TrainConfig, model_config: dict[str, Any], train_transform: Callable) -> TrainData:
     """The train split (less any --val-fraction of its classes, with any --label-noise injected), the evaluation
     split, the validation classes and the --eval-extra sets, as the model wants them."""
     eval_tf = build_transforms(model_config, train=False)
+    if cfg.labels == "none":
+        return load_unlabelled_data(cfg, eval_tf, train_transform)
     train_set = load_dataset(cfg.dataset, cfg.data, split="train", transform=train_transform, **cfg.dataset_kwargs)
     eval_sets = load_eval_sets(cfg.dataset, cfg.data, cfg.eval_split, eval_tf, cfg.eval_limit, cfg.seed,
                                **cfg.dataset_kwargs)
@@ -54,6 +60,37 @@ def load_train_data(cfg: TrainConfig, model_config: dict[str, Any], train_transf
         raise ValueError(f"--wise-alpha auto chooses on validation data and this run has none ({no_validation}): "
                          "give --val-fraction (e.g. 0.1) and/or --eval-extra, or a number")
     return TrainData(train_set, eval_sets, labels, clean, noise_info, val_set, extra_sets, no_validation)
+
+
+def load_unlabelled_data(cfg: TrainConfig, eval_tf: Callable, train_transform: Callable) -> TrainData:
+    """--labels none: the images without their labels, each its own class; evaluated on --eval-data (labelled),
+    else on a labelled data set's evaluation split (its labels never trained on), else without labels on a sample
+    of the images themselves."""
+    from retrieval.data.unlabelled import hide_labels, is_index_folder, load_labelled_sample, load_unlabelled
+
+    own_images = cfg.dataset in OWN_IMAGES or (cfg.data is not None and is_index_folder(cfg.data))
+    if own_images:
+        train_set = load_unlabelled(cfg.data, train_transform)
+    else:  # a labelled data set, its labels hidden from training (how adaptation is measured)
+        train_set = hide_labels(load_dataset(cfg.dataset, cfg.data, split="train", transform=train_transform,
+                                             **cfg.dataset_kwargs))
+    images = copy.copy(train_set)
+    images.transform = eval_tf
+    limit = cfg.eval_limit or UNLABELLED_EVAL_IMAGES
+    sample = seeded_subset(images, limit, cfg.seed) if len(images) > limit else images
+    if cfg.eval_data:
+        with parameters_named(root="eval_data"):
+            eval_sets = EvalSets(load_labelled_sample(cfg.eval_data, eval_tf))
+    elif not own_images:
+        eval_sets = load_eval_sets(cfg.dataset, cfg.data, cfg.eval_split, eval_tf, cfg.eval_limit, cfg.seed,
+                                   **cfg.dataset_kwargs)
+    else:  # nothing labelled: the evaluation is the label-free figures of the sample
+        eval_sets = EvalSets(sample, labelled=False)
+    with parameters_named(spec="eval_extra"):
+        extra_sets = [load_extra_set(spec, eval_tf, cfg.eval_extra_limit) for spec in cfg.eval_extra]
+    labels = np.asarray(train_set.labels, dtype=np.int64)
+    return TrainData(train_set, eval_sets, labels, labels.copy(), None, None, extra_sets,
+                     "training without labels: there are no classes to hold out", unlabelled_sample=sample)
 
 
 def validation_fraction(asked: float | None, train_set: ImageDataset, test_set: Dataset) -> tuple[float, str | None]:

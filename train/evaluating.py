@@ -35,7 +35,7 @@ from retrieval.models import (
     load_checkpoint,
 )
 from retrieval.train import checkpointing
-from retrieval.train.checkpointing import BEST_METRIC, best_row
+from retrieval.train.checkpointing import BEST_METRIC, KEPT_SELECTION, best_row
 from retrieval.train.config import TrainConfig
 from retrieval.train.distributed import DistContext
 from retrieval.train.features import Embedding, EvalEmbeddings, cached_features
@@ -61,6 +61,8 @@ class Evaluator:
         self.progress = progress
         self.last_eval: EvalEmbeddings | None = None  # the last evaluation's embeddings: the report's plots reuse them
         self._old_eval: EvalEmbeddings | None = None  # --compatible-with: the old model's, taken once
+        self._start_sample = None  # --labels none: the start's embeddings of the sampled train images
+        self.last_sample = None  # and the model's, at its last evaluation
         self._reference: dict[str, Any] = {}  # extra set -> the pretrained backbone's features of its test part
         # the backbone's own resolution, where the reference embeds
         self.native_size = int(native_size or parts.model.config["input_size"])
@@ -88,9 +90,13 @@ class Evaluator:
     def evaluate(self, probe: bool = False) -> dict[str, Any]:
         """Metrics of the evaluation split: embedded sharded over the ranks, computed once (rank 0), shared;
         ``probe``: with the linear probe too (--linear-probe), which is slow."""
+        if not self.data.eval_sets.labelled:  # the evaluation is the label-free figures of the images
+            return self.label_free(self.eval_model)
         q, ql, g, gl = self.embed_eval()
         self.last_eval = (q, ql, g, gl)  # the report's plots reuse them instead of embedding again
         metrics = self.ctx.from_main(self._metrics(q, ql, g, gl, probe) if self.main else None)
+        if self.data.unlabelled_sample is not None:
+            metrics.update(self.label_free(self.eval_model))
         if self.data.extra_sets:
             metrics["extra"] = self.extra_metrics(self.eval_model)
         if self.parts.old_model is not None:
@@ -108,8 +114,8 @@ class Evaluator:
         """best.pt's model on the test split (and the extra sets' test parts), evaluated once after training, where
         it was chosen on the validation split at an epoch that did not evaluate the test split; None otherwise (its
         row has them). Every rank takes part."""
-        best = best_row(history, self.data.selected_on)
-        if best is None or BEST_METRIC in best:
+        best = best_row(history, self.data.selected_on, self.cfg.kept_floor)
+        if best is None or BEST_METRIC in best or not self.data.eval_sets.labelled:
             return None
         self.ctx.barrier()  # rank 0 wrote best.pt: every rank reads it once it is there
         model = copy.deepcopy(self.eval_model).eval()
@@ -142,6 +148,18 @@ class Evaluator:
         return self.ctx.from_main(compatibility_metrics(q, old_q, ql, g, old_g, gl, cross_q) if self.main else None)
 
 
+    def split_metrics(self, model: nn.Module, q: np.ndarray, ql: np.ndarray, g: np.ndarray | None,
+                      gl: np.ndarray | None) -> dict[str, float]:
+        """``model``'s metrics on the evaluation split (``q``... its embeddings), and the label-free figures where
+        the run trains without labels (alone where the evaluation split has no labels either)."""
+        if not self.data.eval_sets.labelled:
+            return self.label_free(model)
+        metrics = self.ctx.from_main(evaluate_embeddings(q, ql, g, gl, device=self.metrics_device)
+                                     if self.main else None)
+        if self.data.unlabelled_sample is not None:
+            metrics.update(self.label_free(model))
+        return metrics
+
     def _metrics(self, q: np.ndarray, ql: np.ndarray, g: np.ndarray | None, gl: np.ndarray | None,
                  probe: bool) -> dict[str, float]:
         metrics = evaluate_embeddings(q, ql, g, gl, device=self.metrics_device)
@@ -153,6 +171,25 @@ class Evaluator:
         if self.cfg.linear_probe and probe:
             metrics["linear_probe"] = self.linear_probe(q, ql)
         return metrics
+
+    def label_free(self, model: nn.Module) -> dict[str, float]:
+        """--labels none: the share of each sampled train image's ``KEPT_K`` nearest neighbours that ``model`` keeps
+        from the pretrained backbone's (``KEPT``): how far the adaptation moved the gallery's neighbourhoods.
+        Embedded on every rank, computed on rank 0, shared; the sample's embeddings are kept for the report."""
+        sample = self.data.unlabelled_sample
+        start = self.start_embeddings()
+        self.last_sample = self._embed(model, sample, "embed images")
+        return self.ctx.from_main({"unlabelled_images": len(self.last_sample.indices),
+                                   **kept_neighbours(start, self.last_sample)} if self.main else None)
+
+    def start_embeddings(self):
+        """The sampled train images as the pretrained backbone's pooled features have them, at the run's input
+        size (taken once): what a user without a trained model searches with."""
+        if self._start_sample is None:
+            model = copy.deepcopy(self.eval_model).eval()
+            model.load_state_dict(self.parts.robust.start)
+            self._start_sample = self._embed(model.backbone, self.data.unlabelled_sample, "embed images (pretrained)")
+        return self._start_sample
 
     @torch.no_grad()
     def linear_probe(self, q: np.ndarray, ql: np.ndarray) -> float:
@@ -277,9 +314,8 @@ class Evaluator:
                 curve.append({"alpha": alpha, **point})
         alpha = choose_alpha(curve, cfg.wise_tolerance) if cfg.wise_alpha == "auto" else float(cfg.wise_alpha)
         mixed.load_state_dict(robust.mix(weights, alpha))
-        q, ql, g, gl = self.parts.features.embed_eval(mixed)
-        metrics = self.ctx.from_main(evaluate_embeddings(q, ql, g, gl, device=self.metrics_device)
-                                     if self.main else None)
+        q, ql, g, gl = self.parts.features.embed_eval(mixed) if self.data.eval_sets.labelled else (None,) * 4
+        metrics = self.split_metrics(mixed, q, ql, g, gl)
         if self.data.extra_sets:
             metrics["extra"] = self.extra_metrics(mixed)
         if self.main:
@@ -291,7 +327,7 @@ class Evaluator:
             checkpointing.atomic_save(checkpoint.to_dict(), self.out / WISE_CHECKPOINT)
         if self.progress:
             tqdm.write(f"WiSE-FT: alpha {alpha:g} ({'chosen on validation' if cfg.wise_alpha == 'auto' else 'given'})"
-                       f", recall@1 {metrics['recall@1']:.4f}; model in {self.out / WISE_CHECKPOINT}")
+                       f"{_headline(metrics)}; model in {self.out / WISE_CHECKPOINT}")
         return {"alpha": alpha, "chosen": "validation" if cfg.wise_alpha == "auto" else "given",
                 "tolerance": cfg.wise_tolerance, "curve": curve, "metrics": metrics, "checkpoint": WISE_CHECKPOINT}
 
@@ -301,23 +337,35 @@ class Evaluator:
         """report.json (and its plots) of the run as ``record`` has it: best by BEST_METRIC on the selection split
         (with ``best_test``, its test metrics where its row has none), last, baseline."""
         history = record.history
-        final = [r for r in history if "recall@1" in r and r["epoch"] > 0]
-        best = best_row(history, self.data.selected_on)
+        labelled = self.data.eval_sets.labelled
+        headline = BEST_METRIC if labelled else KEPT
+        final = [r for r in history if headline in r and r["epoch"] > 0]
+        best = best_row(history, self.data.selected_on, self.cfg.kept_floor)
+        if best is None and self.cfg.labels == "none":  # no epoch kept the floor: best.pt is the start
+            best = next((r for r in history if r.get("epoch") == 0), None)
         if best is not None and best_test is not None:
             best = {**best, **best_test}
-        train_sample = self.train_embeddings_sample()
+        label_free = None
+        if self.data.unlabelled_sample is not None:
+            from retrieval.train.label_free_report import label_free_section
+
+            label_free = label_free_section(self.out, history, self._start_sample, self.last_sample,
+                                            self.data.unlabelled_sample, self.cfg.pseudo_labels, self.cfg.plots)
         return write_report(self.out, run_config, history, record.baseline, best,
-                            final[-1] if final else None, self.last_eval[:2], train_sample,
+                            final[-1] if final else None, self.last_eval[:2] if labelled else None,
+                            self.train_embeddings_sample() if labelled else None,
                             bad_images=bad_images, with_plots=self.cfg.plots,
                             reference=record.reference, wise=wise,
-                            pictures=self.evaluation_pictures, class_split=self.class_split(),
-                            best_metric=BEST_METRIC, selection=self.selection())
+                            pictures=self.evaluation_pictures if labelled else None, class_split=self.class_split(),
+                            best_metric=headline, selection=self.selection(), label_free=label_free)
 
     def selection(self) -> dict[str, Any]:
         """Which split best.pt (and --wise-alpha auto's in-domain point) was chosen on, and why not the validation
         split where it was the test split: the report's ``selected_on`` and ``selection_note``."""
         if self.data.selected_on == "validation":
             return {"selected_on": "validation", "selection_note": None}
+        if self.data.selected_on == KEPT_SELECTION:
+            return {"selected_on": KEPT_SELECTION, "selection_note": None, "kept_floor": self.cfg.kept_floor}
         return {"selected_on": "test", "selection_note": no_validation_sentence(self.data.no_validation)}
 
     def class_split(self) -> dict[str, Any]:
@@ -332,12 +380,22 @@ class Evaluator:
                    **({"class_names": found} if len(found) <= MAX_LISTED_CLASSES else {})}
             for part, found in names.items()}
         split["shared_train_test_classes"] = len(set(names["train"]) & set(names["test"]))
+        if self.cfg.labels == "none":
+            split.update(labels="none", test_labelled=data.eval_sets.labelled)
+            split["train"].pop("class_names", None)  # each image its own class: the names say nothing
         return split
 
     def evaluation_pictures(self) -> dict[str, str]:
         """The last evaluation's query grid and embedding map, drawn into the run folder (report plot names)."""
         return eval_set_pictures(self.out, self.data.eval_sets, self.last_eval, *self.parts.features.eval_indices(),
                                  seed=self.cfg.seed)
+
+
+def _headline(metrics: dict[str, Any]) -> str:
+    """The figure a console line leads with: Recall@1, or the neighbours kept where there are no labels."""
+    if "recall@1" in metrics:
+        return f", recall@1 {metrics['recall@1']:.4f}"
+    return f", {KEPT} {metrics[KEPT]:.4f}" if KEPT in metrics else ""
 
 
 def no_validation_sentence(reason: str | None) -> str:

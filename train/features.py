@@ -8,6 +8,7 @@ with ``feature_source(cfg)`` and never asks ``freeze_backbone`` again.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -21,7 +22,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from retrieval.data import BadImageLog, BadSample, WithSampleSeeds, build_transforms, load_dataset
+from retrieval.data import BadImageLog, BadSample, WithSampleSeeds, build_transforms
 from retrieval.data.augment import Augmentation
 from retrieval.data.colour import DEFAULT_BACKGROUND
 from retrieval.data.device_decode import DeviceAugment, EncodedImages, collate_encoded, decoded_batches
@@ -313,9 +314,9 @@ class ImagePipeline:
 
     @torch.no_grad()
     def train_embeddings(self, model: Embedder) -> tuple[np.ndarray, np.ndarray]:
-        cfg, run = self.cfg, self.embedding
-        plain = load_dataset(cfg.dataset, cfg.data, split="train",
-                             transform=build_transforms(model.config, train=False), **cfg.dataset_kwargs)
+        run = self.embedding
+        plain = copy.copy(self.train_set)  # the run's train images (less any validation classes), unaugmented
+        plain.transform = build_transforms(model.config, train=False)
         embedded = embed_samples(model, plain, run.batch_size, run.device, run.workers, run.amp, desc="embed train",
                                  progress=run.progress, bad_images=run.bad_images)
         return embedded.embeddings, embedded.indices

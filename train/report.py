@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from retrieval.analysis.plain_text import cut_long_texts, plain_text
+from retrieval.compatibility import KEPT
 from retrieval.reports import read_steps, save_report, train_report
 
 
@@ -48,8 +49,17 @@ def plot_training_curves(history: list[dict[str, Any]], path: Path,
         if validated and key in validated[0]["validation"]:
             axes[1].plot([r["epoch"] for r in validated], [r["validation"][key] for r in validated], "s--",
                          label=f"validation {key}", color=color, alpha=0.7)
+    kept = [r for r in history if KEPT in r]  # without labels: the neighbours kept from the start
+    if kept:
+        axes[1].plot([r["epoch"] for r in kept], [r[KEPT] for r in kept], "^:", label=f"{KEPT} (no labels)",
+                     color="tab:gray")
+    grouped = [r for r in history if "stability" in (r.get("pseudo_labels") or {})]
+    if grouped:
+        axes[1].plot([r["epoch"] for r in grouped], [r["pseudo_labels"]["stability"] for r in grouped], "d--",
+                     label="pseudo-label stability (ARI)", color="tab:brown")
     axes[1].set(title="evaluation (epoch 0 = before training)", xlabel="epoch", ylim=(0, 1))
-    axes[1].legend()
+    if axes[1].lines:
+        axes[1].legend()
     for key, color in (("hard_fraction_train", "tab:red"), ("hard_fraction_test", "tab:gray")):
         rows = [r for r in history if key in r]
         if rows:
@@ -67,7 +77,7 @@ def plot_training_curves(history: list[dict[str, Any]], path: Path,
 @plain_text()
 def plot_recall_at_k(curves: dict[str, dict[str, float]], path: Path) -> Path | None:
     """Recall@K lines, one per model (e.g. pretrained-only vs trained)."""
-    curves = {name: m for name, m in curves.items() if m}
+    curves = {name: m for name, m in curves.items() if any(key.startswith("recall@") for key in m)}
     if not curves:
         return None
     plt = _plt()
@@ -202,7 +212,7 @@ def write_report(
     baseline: dict[str, float] | None,
     best: dict[str, Any] | None,
     last: dict[str, Any] | None,
-    test_embeddings: tuple[np.ndarray, np.ndarray],
+    test_embeddings: tuple[np.ndarray, np.ndarray] | None,
     train_sample: tuple[np.ndarray, np.ndarray] | None,
     bad_images: list[dict[str, Any]] | None = None,
     with_plots: bool = True,
@@ -212,6 +222,7 @@ def write_report(
     class_split: dict[str, Any] | None = None,
     best_metric: str = "recall@1",
     selection: dict[str, Any] | None = None,
+    label_free: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write RUN_DIR/report.json and its plots (``with_plots``); ``bad_images`` lists the files the run skipped,
     each once; ``pictures()`` draws more plots into the run folder and returns their names; ``selection``: the
@@ -228,11 +239,13 @@ def write_report(
         plots["wise"] = "wise.png"
     if with_plots and plot_compatibility(history, out / "compatibility.png"):
         plots["compatibility"] = "compatibility.png"
-    if with_plots:
+    if with_plots and test_embeddings is not None:
         plots.update(triplet_plots(out, test_embeddings, train_sample))
+    if label_free and label_free.get("picture"):
+        plots["moved"] = label_free["picture"]
     if with_plots and pictures is not None:
         plots.update(pictures())
     report = train_report(run_config, history, baseline, best, last, plots, bad_images, reference, wise,
-                          class_split, best_metric, selection)
+                          class_split, best_metric, selection, label_free)
     save_report(report, out / "report.json")
     return report

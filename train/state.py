@@ -35,10 +35,15 @@ class TrainData:
     val_set: Dataset | None = None  # --val-fraction: the held-out train classes, where best.pt and WiSE-FT choose
     extra_sets: list[ExtraSet] = field(default_factory=list)  # --eval-extra: out-of-domain sets
     no_validation: str | None = None  # why there is no validation split (the choice then falls back to the test)
+    # --labels none: a seeded sample of the train images, unaugmented, where the label-free figures are measured
+    unlabelled_sample: Dataset | None = None
 
     @property
     def selected_on(self) -> str:
-        """The split best.pt is chosen on: "validation" (held-out train classes), else "test"."""
+        """What best.pt is chosen on: "validation" (held-out train classes), else "test"; without labels "kept"
+        (the latest epoch that keeps --kept-floor of the pretrained neighbours)."""
+        if self.unlabelled_sample is not None:
+            return "kept"
         return "validation" if self.val_set is not None else "test"
 
     @property

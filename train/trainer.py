@@ -5,18 +5,21 @@ for people ``console.py``'s."""
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+from torch import nn
 from tqdm.auto import tqdm
 
 from retrieval.data import BadImageLog
 from retrieval.inference import default_workers
-from retrieval.models import LAST_CHECKPOINT
+from retrieval.models import BEST_CHECKPOINT, LAST_CHECKPOINT
 from retrieval.train.building import build_model, build_parts, compatible_old_model, seed_everything
 from retrieval.train.checkpointing import VALIDATION, Checkpointer, resuming
 from retrieval.train.config import TrainConfig
@@ -98,6 +101,13 @@ class Trainer(EpochLoop):
         if self.progress:  # which classes train and which are held out, before any work on them
             tqdm.write(split_line(class_split, self.out / "config.json"), file=sys.stderr)
 
+        if cfg.labels == "none" and not resume:
+            self._start_head_at_principal_axes()
+        self.pseudo = None
+        if cfg.labels == "none" and cfg.pseudo_labels != "instance":
+            from retrieval.train.pseudo_labelling import PseudoLabelling
+
+            self.pseudo = PseudoLabelling(cfg, self.ctx, self.parts, data, lambda: self.evaluation.eval_model)
         self.record = RunRecord()
         if data.extra_sets:  # before a resume loads fine-tuned weights: the reference is the pretrained backbone
             reference = self.evaluation.reference_metrics()
@@ -111,6 +121,18 @@ class Trainer(EpochLoop):
                                           resume_step=self.parts.scheduler.last_epoch + 1 if resume else None)
             (self.out / "config.json").write_text(json.dumps({**self.run_config(), "class_split": class_split},
                                                              indent=2))
+
+    def _start_head_at_principal_axes(self) -> None:
+        """--labels none: the head starts as the principal axes of the backbone's features of the images, so the
+        start (WiSE-FT's alpha 0, the guard's fallback) is the pretrained backbone's neighbours, not a random map's."""
+        model, robust = self.parts.model, self.parts.robust
+        start = self.evaluation.start_embeddings()  # every rank: embedding is collective
+        weights = self.ctx.from_main(_principal_head(model, start.embeddings, self.cfg.seed) if self.main else None)
+        model.head.load_state_dict(weights)
+        robust.restart_from(model)
+        robust.head_trained_at_start = True  # WiSE-FT mixes toward this head too
+        if robust.ema is not None:
+            robust.ema.module.load_state_dict(model.state_dict())
 
     def run_config(self) -> dict[str, Any]:
         """config.json: the training options, the model, the data and where the run ran."""
@@ -172,17 +194,21 @@ class Trainer(EpochLoop):
     def _run(self) -> dict[str, Any]:
         self._set_up()
         cfg, record = self.cfg, self.record
-        if self.main and self.data.no_validation is not None:  # before any work: the run's "best" will be optimistic
+        # before any work: the run's "best" will be optimistic (without labels, the guard chooses it)
+        if self.main and self.data.no_validation is not None and self.data.selected_on == "test":
             warn_line(no_validation_sentence(self.data.no_validation))
         if record.baseline is None and cfg.eval_before:
             record.baseline = self.evaluate()
             record.history.append({"epoch": 0, **record.baseline, **self.validate()})
             self._track_epoch(record.history[-1])
             self.checkpoints.rewrite_metrics_log(record.history)
+        if cfg.labels == "none" and record.start_epoch == 0:  # the guard's fallback: no epoch may keep the floor
+            self.checkpoints.save(BEST_CHECKPOINT, record, 0, record.history[-1] if record.history else {})
         hinted = False  # the input-bound advice is given once a run
         for epoch in range(record.start_epoch, cfg.epochs):
             progress, self.resume_progress = self.resume_progress, None  # a mid-epoch resume's epoch comes first
-            row: dict[str, Any] = {"epoch": epoch + 1, **self.train_epoch(epoch, progress)}
+            grouped = self.pseudo.refresh() if self.pseudo is not None else {}  # the labels this epoch trains on
+            row: dict[str, Any] = {"epoch": epoch + 1, **grouped, **self.train_epoch(epoch, progress)}
             if epoch + 1 == cfg.epochs:  # the train workers are done: the final evaluation starts its own
                 self.parts.features.close()
             evaluated = (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs
@@ -203,7 +229,7 @@ class Trainer(EpochLoop):
     def finish(self) -> dict[str, Any]:
         """After the last epoch: WiSE-FT if asked, then (rank 0) the report; returns it ({} on other ranks)."""
         evaluation, history = self.evaluation, self.record.history
-        if evaluation.last_eval is None:  # e.g. resuming a run that had already finished
+        if evaluation.last_eval is None and self.data.eval_sets.labelled:  # e.g. resuming a finished run
             evaluation.last_eval = evaluation.embed_eval()
         wise = None
         if self.cfg.wise_alpha is not None:
@@ -214,6 +240,13 @@ class Trainer(EpochLoop):
         report = evaluation.write_report(self.run_config(), self.record, wise, self.bad_images.records(), best_test)
         self.tracking.finish(self.out, report.get("plots", {}), self.parts.scheduler.last_epoch)
         return report
+
+
+def _principal_head(model: nn.Module, features: np.ndarray, seed: int) -> dict[str, torch.Tensor]:
+    """The head's weights started at the principal axes of ``features`` (on the CPU, to share among ranks)."""
+    head = copy.deepcopy(model.head).cpu()
+    head.start_at_principal_axes(features, seed)
+    return head.state_dict()
 
 
 def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:

@@ -40,12 +40,23 @@ class _CyclicQueue:
         drawn, self.queue = self.queue[:k], self.queue[k:]
         return drawn
 
+    def take_views(self, k: int) -> list[int]:
+        """``k`` items, each as often as ``k`` needs and no more: an item twice only when there are fewer than ``k``
+        (its second view, augmented with another seed)."""
+        drawn: list[int] = []
+        while len(drawn) < k:
+            drawn += self.take(min(k - len(drawn), len(self.items)))
+        return drawn
+
 
 class ClassBalancedBatchSampler(Sampler[list[int]]):
     """Yields lists of dataset indices: P classes x N samples, one class's samples adjacent.
 
-    Classes with fewer than N samples raise a ValueError unless ``drop_small=True`` drops them.
-    ``batches_per_epoch`` defaults to (number of usable samples) // (P * N), at least 1.
+    Classes with fewer than N samples raise a ValueError unless ``drop_small=True`` drops them, or
+    ``repeat_small=True`` fills them with repeats: an image then comes as several views, each augmented with its
+    own seed (training without labels: every image its own class, its views the positive pairs).
+    ``batches_per_epoch`` defaults to (number of usable samples) // (P * N), at least 1, a repeated class counting
+    N samples.
     """
 
     def __init__(
@@ -56,6 +67,7 @@ class ClassBalancedBatchSampler(Sampler[list[int]]):
         drop_small: bool = False,
         seed: int = 0,
         batches_per_epoch: int | None = None,
+        repeat_small: bool = False,
     ) -> None:
         labels = np.asarray(labels).reshape(-1)
         if samples_per_class < 2:
@@ -66,13 +78,13 @@ class ClassBalancedBatchSampler(Sampler[list[int]]):
         if classes_per_batch < 1:
             raise ValueError(f"`classes_per_batch` must be >= 1, got {classes_per_batch}")
         classes, counts = np.unique(labels, return_counts=True)
-        small = classes[counts < samples_per_class]
+        small = classes[counts < samples_per_class] if not repeat_small else classes[:0]
         if len(small) and not drop_small:
             raise ValueError(
                 f"{len(small)} of {len(classes)} classes have fewer than {samples_per_class} samples "
                 f"(smallest has {counts.min()}); pass `drop_small` to leave them out, or lower `samples_per_class`"
             )
-        usable = classes[counts >= samples_per_class]
+        usable = classes if repeat_small else classes[counts >= samples_per_class]
         if len(usable) < classes_per_batch:
             raise ValueError(
                 f"only {len(usable)} classes have >= {samples_per_class} samples but `classes_per_batch` is "
@@ -84,10 +96,12 @@ class ClassBalancedBatchSampler(Sampler[list[int]]):
         self.dropped_classes = [int(c) for c in small]
         self.classes_per_batch = classes_per_batch
         self.samples_per_class = samples_per_class
+        self.repeat_small = repeat_small
         self.seed = seed
         self.epoch = 0
         self.start = 0
-        usable_samples = sum(len(v) for v in self.indices_by_class.values())
+        usable_samples = sum(max(len(v), samples_per_class if repeat_small else 0)
+                             for v in self.indices_by_class.values())
         default = max(1, usable_samples // (classes_per_batch * samples_per_class))
         if batches_per_epoch is not None and batches_per_epoch < 1:
             raise ValueError(f"`batches_per_epoch` must be >= 1, got {batches_per_epoch}")
@@ -124,7 +138,9 @@ class ClassBalancedBatchSampler(Sampler[list[int]]):
         for position in range(self.batches_per_epoch):
             batch: list[int] = []
             for cls in class_queue.take(self.classes_per_batch):
-                batch.extend(sample_queues[cls].take(self.samples_per_class))
+                queue = sample_queues[cls]
+                batch.extend(queue.take_views(self.samples_per_class) if self.repeat_small
+                             else queue.take(self.samples_per_class))
             if position >= self.start:  # the skipped batches are drawn all the same: the queues' state needs them
                 yield batch
 

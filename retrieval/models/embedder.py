@@ -36,6 +36,30 @@ class EmbeddingHead(nn.Module):
         out = self.linear(features)
         return l2_normalize(out) if self.normalize else out
 
+    @torch.no_grad()
+    def start_at_principal_axes(self, features: np.ndarray, seed: int = 0) -> None:
+        """Start as the centred projection onto the top principal axes of ``features`` [N, F] (the backbone's
+        features of the images to adapt to): of the linear maps to this size, the one that keeps most of their
+        geometry, so training without labels starts near the pretrained neighbours instead of a random map's.
+        Axes beyond the features' rank are completed with orthonormal ones drawn from ``seed``."""
+        x = np.asarray(features, dtype=np.float64)
+        if x.ndim != 2 or x.shape[1] != self.linear.in_features or not np.isfinite(x).all():
+            raise ValueError(f"features must be finite [N, {self.linear.in_features}], got shape {x.shape}")
+        mean = x.mean(axis=0)
+        _, singular, axes = np.linalg.svd(x - mean, full_matrices=False)
+        dim = self.linear.out_features
+        axes = axes[singular > singular.max(initial=0.0) * 1e-9][:dim]
+        if len(axes) < dim:  # complete the basis: random directions orthogonal to the principal ones
+            rng = np.random.default_rng(seed)
+            extra = rng.standard_normal((dim - len(axes), x.shape[1]))
+            extra -= extra @ axes.T @ axes if len(axes) else 0.0
+            if len(extra) <= x.shape[1] - len(axes):  # room for them all to be orthonormal
+                extra = np.linalg.qr(extra.T)[0].T
+            axes = np.vstack([axes, extra / np.linalg.norm(extra, axis=1, keepdims=True)])
+        weight = torch.from_numpy(axes).to(self.linear.weight)
+        self.linear.weight.copy_(weight)
+        self.linear.bias.copy_(-(weight @ torch.from_numpy(mean).to(weight)))
+
 
 class FeatureHead(nn.Module):
     """The backbone's pooled features as the embedding, L2-normalised: a pretrained backbone used as it is."""

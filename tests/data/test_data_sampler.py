@@ -115,3 +115,32 @@ def test_distributed_batch_must_divide_by_the_world_size():
         DistributedClassBalancedBatchSampler(labels, 3, 2, rank=0, world_size=4)
     with pytest.raises(ValueError, match="rank must lie"):
         DistributedClassBalancedBatchSampler(labels, 3, 2, rank=2, world_size=2)
+
+
+def test_repeat_small_gives_each_image_its_views_side_by_side():
+    labels = np.arange(12)  # every image its own class: training without labels
+    sampler = ClassBalancedBatchSampler(labels, classes_per_batch=3, samples_per_class=2, seed=0, repeat_small=True)
+    batches = list(sampler)
+    assert len(sampler) == 12 * 2 // 6  # a class of one counts its two views
+    for batch in batches:
+        assert [batch[i] == batch[i + 1] for i in range(0, 6, 2)] == [True] * 3  # two views of one image, adjacent
+        assert len(set(batch)) == 3  # three different images
+    assert sorted(i for batch in batches for i in batch[::2]) == list(range(12))  # each image once an epoch
+
+
+def test_repeat_small_repeats_only_classes_smaller_than_per_class():
+    labels = np.array([0, 0, 0, 1, 2, 2])
+    sampler = ClassBalancedBatchSampler(labels, classes_per_batch=3, samples_per_class=2, seed=4, repeat_small=True,
+                                        batches_per_epoch=20)
+    for batch in sampler:
+        for i in range(0, 6, 2):
+            pair = batch[i : i + 2]
+            if labels[pair[0]] == 1:
+                assert pair == [3, 3]  # the class of one: its image twice
+            else:
+                assert pair[0] != pair[1] and labels[pair[0]] == labels[pair[1]]  # two different images
+
+
+def test_without_repeat_small_a_class_of_one_is_refused():
+    with pytest.raises(ValueError, match="fewer than 2 samples"):
+        ClassBalancedBatchSampler(np.arange(6), classes_per_batch=2, samples_per_class=2)

@@ -44,6 +44,8 @@ CASES = [
     ("raw", {"miner": "vthm"}),
     ("ms", {}),
     ("ms", {"margin": 0.3}),
+    ("ntxent", {}),
+    ("ntxent", {"temperature": 0.5}),
 ]
 LAYOUTS = ["batch+memory", "memory", "shuffled"]
 RECTANGULAR = [name for name in available() if has_rectangular_form(name)]

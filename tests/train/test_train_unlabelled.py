@@ -1,0 +1,183 @@
+"""Training without labels (--labels none): any folder or an index's gallery, each image its own class, pseudo-labels
+refreshed each epoch, the guard that chooses best.pt without labels, and the label-free report.
+
+A tiny random-init timm ResNet trains on coloured noise images: six colours, so that the images have groups to find.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from run_files import read_jsonl
+from sample_images import noisy_png
+from sklearn.metrics import adjusted_rand_score
+
+from retrieval.compatibility import KEPT
+from retrieval.data.unlabelled import load_labelled_sample, load_unlabelled
+from retrieval.models import load_checkpoint
+from retrieval.models.embedder import EmbeddingHead
+from retrieval.train import TrainConfig, train
+from retrieval.train.trainer import Trainer
+
+COLOURS = [(200, 30, 30), (30, 200, 30), (30, 30, 200), (200, 200, 30), (30, 200, 200), (200, 30, 200)]
+
+
+def write_images(root: Path, per_colour: int, nested: bool, seed: int = 0) -> list[int]:
+    """``per_colour`` images of each colour, half at the top of ``root`` and half in sub-folders when ``nested``;
+    returns each file's colour in sorted-path order."""
+    colours = {}
+    for c in range(len(COLOURS)):
+        for i in range(per_colour):
+            folder = root / f"deep/er{i % 2}" if nested and i % 2 else root
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / f"c{c}-{i}.png"
+            path.write_bytes(noisy_png(COLOURS[c], 1000 * seed + 10 * c + i))
+            colours[str(path)] = c
+    return [colours[p] for p in sorted(colours)]
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("unlabelled")
+    write_images(root, per_colour=5, nested=True)
+    return root
+
+
+@pytest.fixture(scope="module")
+def labelled(tmp_path_factory) -> Path:
+    """A labelled sample for --eval-data: a class folder per colour."""
+    root = tmp_path_factory.mktemp("labelled")
+    for c in range(4):
+        write_images(root / f"colour{c}", per_colour=1, nested=False, seed=c + 1)
+    return root
+
+
+def config(data: Path, out: Path, **overrides) -> TrainConfig:
+    values = dict(dataset="folder", data=str(data), labels="none", backbone="timm:test_resnet", pretrained=False,
+                  image_size=32, embedding_dim=16, loss="ntxent", batch_size=8, per_class=2, epochs=2,
+                  optimizer="sgd", lr=0.05, workers=0, device="cpu", out=str(out), plots=False)
+    values.update(overrides)
+    return TrainConfig(**values)
+
+
+def test_any_folder_flat_or_nested_is_read_without_its_folder_names(photos):
+    dataset = load_unlabelled(photos)
+    assert len(dataset) == 30  # top level and sub-folders alike
+    assert dataset.labels.tolist() == list(range(30))  # each image its own class, whatever folder holds it
+    assert any("/" in name for name in dataset.class_names)  # named by their path under the folder
+
+
+def test_a_folder_with_one_image_is_refused_with_the_layout(tmp_path):
+    (tmp_path / "one.png").write_bytes(noisy_png(COLOURS[0], 1))
+    with pytest.raises(ValueError, match="at least 2"):
+        load_unlabelled(tmp_path)
+
+
+@pytest.mark.parametrize(("overrides", "problem"), [
+    (dict(val_fraction=0.2), "--val-fraction"),
+    (dict(label_noise="symmetric:0.1"), "--label-noise"),
+    (dict(aux_ce=0.5), "--aux-ce"),
+    (dict(freeze_backbone=True, pseudo_labels="instance"), "the views would be the same"),
+    (dict(labels="given", pseudo_labels="clusters"), "add --labels none"),
+])
+def test_options_that_need_labels_are_refused_without_them(photos, tmp_path, overrides, problem):
+    with pytest.raises(ValueError, match=problem):
+        config(photos, tmp_path / "run", **overrides)
+
+
+def test_a_proxy_loss_is_refused_before_training(photos, tmp_path):
+    with pytest.raises(ValueError, match="proxy per class"):
+        train(config(photos, tmp_path / "run", loss="proxy_anchor"), progress=False)
+
+
+def test_instance_discrimination_trains_and_reports_label_free_figures(photos, tmp_path):
+    out = tmp_path / "run"
+    report = train(config(photos, out, plots=True), progress=False)
+    rows = read_jsonl(out / "metrics.jsonl")
+    assert [r["epoch"] for r in rows] == [0, 1, 2]
+    assert all(0.0 <= r[KEPT] <= 1.0 and "recall@1" not in r for r in rows)  # nothing labelled to measure
+    assert rows[1]["loss_positive_pairs"] > 0  # each image's two views made positive pairs
+    section = report["label_free"]
+    assert [r["epoch"] for r in section["kept"]] == [0, 1, 2]
+    moved = section["moved_most"]
+    assert moved and all(Path(m["image"]).is_file() and Path(m["image"]).is_relative_to(photos) for m in moved)
+    assert [m["kept"] for m in moved] == sorted(m["kept"] for m in moved)  # the most moved first
+    assert (out / section["picture"]).is_file() and report["plots"]["moved"] == section["picture"]
+    assert report["selected_on"] == "kept"
+    split = json.loads((out / "config.json").read_text())["class_split"]
+    assert split["labels"] == "none" and "class_names" not in split["train"]
+
+
+def test_the_start_keeps_the_backbones_neighbours_better_than_a_random_head(photos, tmp_path):
+    started = read_jsonl(Path(train(config(photos, tmp_path / "pca", epochs=1), progress=False)["config"]["train"]
+                              ["out"]) / "metrics.jsonl")[0][KEPT]
+    features = np.random.default_rng(0).standard_normal((30, 64))
+    head = EmbeddingHead(64, 16)
+    random_kept = head.linear.weight.detach().numpy()  # kaiming-initialised: a random map
+    assert started > 0.5 and random_kept.shape == (16, 64)
+    # the principal head keeps the features' geometry where it has the room: an isometry of the centred rows
+    low_rank = features[:, :8] @ np.random.default_rng(1).standard_normal((8, 64))
+    head.start_at_principal_axes(low_rank)
+    projected = head.linear(torch.from_numpy(low_rank).float()).detach().numpy()
+    centred = low_rank - low_rank.mean(axis=0)
+    distances = np.linalg.norm(centred[:, None] - centred[None], axis=-1)
+    assert np.allclose(np.linalg.norm(projected[:, None] - projected[None], axis=-1), distances, atol=1e-3)
+    rows = head.linear.weight.detach().numpy().astype(np.float64)
+    assert np.allclose(rows @ rows.T, np.eye(16), atol=1e-5)  # orthonormal axes, completed beyond the rank
+
+
+@pytest.mark.parametrize(("floor", "best_epoch"), [(0.0, 2), (1.01, 0)])
+def test_the_guard_keeps_the_latest_epoch_that_keeps_the_floor(photos, tmp_path, floor, best_epoch):
+    out = tmp_path / "run"
+    if floor > 1:
+        with pytest.raises(ValueError, match="kept-floor"):
+            config(photos, out, kept_floor=floor)
+        floor, best_epoch = 1.0, 0  # no trained epoch keeps every neighbour: best.pt is the start
+    report = train(config(photos, out, kept_floor=floor), progress=False)
+    assert load_checkpoint(out / "best.pt").epoch == best_epoch == report["best"]["epoch"]
+
+
+def test_pseudo_labels_group_the_images_and_the_sampler_follows(tmp_path):
+    data = tmp_path / "photos"
+    colours = write_images(data, per_colour=6, nested=False)
+    trainer = Trainer(config(data, tmp_path / "run", pseudo_labels="mutual", freeze_backbone=True, loss="ms",
+                             batch_size=12, per_class=4), progress=False)
+    trainer.setup()
+    before = len(trainer.parts.sampler)
+    figures = trainer.pseudo.refresh()["pseudo_labels"]
+    labels = trainer.data.train_labels
+    assert figures["images"] == 36 and figures["clusters"] >= 2
+    assert adjusted_rand_score(colours, labels) > 0.5  # the groups follow the colours (never read)
+    sampler = trainer.parts.sampler
+    assert len(sampler) == before  # the schedule was made for the first epoch's length
+    for batch in sampler:
+        blocks = [labels[batch[i : i + 4]] for i in range(0, 12, 4)]
+        assert all(len(set(block.tolist())) == 1 for block in blocks)  # each block one pseudo-class
+    again = trainer.pseudo.refresh()["pseudo_labels"]
+    assert again["stability"] == pytest.approx(1.0)  # the same weights group the same way
+    trainer.parts.features.close()
+
+
+def test_clusters_refreshed_each_epoch_are_in_the_history(tmp_path):
+    data = tmp_path / "photos"
+    write_images(data, per_colour=6, nested=False)
+    out = tmp_path / "run"
+    report = train(config(data, out, pseudo_labels="clusters", freeze_backbone=True, loss="ms", batch_size=12,
+                          per_class=4, epochs=3, loss_kwargs={}), progress=False)
+    rows = read_jsonl(out / "metrics.jsonl")
+    assert [("pseudo_labels" in r) for r in rows] == [False, True, True, True]
+    assert "stability" not in rows[1]["pseudo_labels"] and "stability" in rows[2]["pseudo_labels"]
+    assert [g["epoch"] for g in report["label_free"]["groups"]] == [1, 2, 3]
+
+
+def test_a_labelled_sample_gives_the_usual_metrics_beside_the_label_free_ones(photos, labelled, tmp_path):
+    out = tmp_path / "run"
+    report = train(config(photos, out, eval_data=str(labelled), epochs=1), progress=False)
+    assert len(load_labelled_sample(labelled)) == 24
+    last = report["last"]
+    assert 0.0 <= last["recall@1"] <= 1.0 and "map@r" in last and 0.0 <= last[KEPT] <= 1.0
+    assert report["best"]["epoch"] in (0, 1)  # chosen by the guard, not on the labelled sample

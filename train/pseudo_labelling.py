@@ -1,0 +1,99 @@
+"""Training without labels, the positives refreshed each epoch (--pseudo-labels clusters | mutual): before an epoch the
+train images are embedded by the model as it stands, grouped (``retrieval.pseudo_labels``), and the groups become
+the labels the sampler and the loss see; an image left out of every group stays a class of one, its own views.
+
+The sampler is rebuilt with the new labels and the epoch's length of the first (the learning-rate schedule counts
+on it). A resumed run groups the images again from the weights it resumes with."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from retrieval.pseudo_labels import (
+    cluster_pseudo_labels,
+    mutual_neighbour_pseudo_labels,
+    pseudo_label_stability,
+    pseudo_label_summary,
+)
+from retrieval.train.config import TrainConfig
+from retrieval.train.console import warn_line
+from retrieval.train.distributed import DistContext
+from retrieval.train.state import TrainData, TrainParts
+
+def clusters(embeddings: np.ndarray) -> np.ndarray:
+    """SpCL's clusters, with its k1 = 30 (and k2 = 6) lowered on a small set, where 30 neighbours would join most
+    of the images into one k-reciprocal set."""
+    k1 = min(30, max(4, len(embeddings) // 10))
+    return cluster_pseudo_labels(embeddings, k1=k1, k2=min(6, max(1, k1 // 5)))
+
+
+GROUPERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "clusters": clusters,
+    "mutual": mutual_neighbour_pseudo_labels,
+}
+PSEUDO_LABELS_KEY = "pseudo_labels"  # an epoch row's figures of the labels it trained on
+
+
+class PseudoLabelling:
+    """Regroups the train images before each epoch and hands the labels to the sampler, the features and the data."""
+
+    def __init__(self, cfg: TrainConfig, ctx: DistContext, parts: TrainParts, data: TrainData,
+                 eval_model: Callable[[], torch.nn.Module]) -> None:
+        self.cfg, self.ctx, self.parts, self.data = cfg, ctx, parts, data
+        self.eval_model = eval_model
+        self.group = GROUPERS[cfg.pseudo_labels]
+        self.batches_per_epoch = len(parts.sampler)  # kept: the schedule was made for it
+        self.previous: np.ndarray | None = None
+
+    @torch.no_grad()
+    def refresh(self) -> dict[str, Any]:
+        """Group the train images by the model's current embeddings; returns the figures of the new labels."""
+        model = self.eval_model()
+        was_training = model.training
+        embeddings, rows = self.parts.features.train_embeddings(model)
+        model.train(was_training)
+        grouped = self.ctx.from_main(self.group(embeddings) if self.ctx.is_main else None)
+        first_free = int(grouped.max()) + 1 if len(grouped) else 0
+        labels = np.arange(len(self.data.train_labels), dtype=np.int64) + first_free
+        labels[rows] = grouped  # an image that could not be read stays a class of its own
+        labels = _contiguous(labels)
+        figures = pseudo_label_summary(labels[rows])
+        needed = self.parts.sampler.classes_per_batch
+        if int(labels.max()) + 1 < needed:  # one group swallowed the rest: a batch could not hold its classes
+            labels = self.previous if self.previous is not None else np.arange(len(labels), dtype=np.int64)
+            figures["kept_previous"] = True
+            if self.ctx.is_main:
+                warn_line(f"--pseudo-labels {self.cfg.pseudo_labels}: the images formed {figures['clusters']} "
+                          f"group(s) and {figures['singletons']} single image(s), fewer classes than the {needed} a "
+                          "batch holds; this epoch trains on "
+                          + ("the previous labels" if self.previous is not None else "each image's own views"))
+        self._apply(labels)
+        if self.previous is not None:
+            figures["stability"] = pseudo_label_stability(self.previous[rows], labels[rows])
+        self.previous = labels
+        return {PSEUDO_LABELS_KEY: figures}
+
+    def _apply(self, labels: np.ndarray) -> None:
+        """The labels into the data, the dataset the workers read, the cached features and a new sampler."""
+        data, parts = self.data, self.parts
+        data.train_labels = labels
+        if hasattr(data.train_set, "labels"):
+            data.train_set.labels = labels
+        if hasattr(parts.features, "labels"):
+            parts.features.labels = torch.from_numpy(labels)
+        old = parts.sampler
+        kwargs = dict(drop_small=False, seed=old.seed, batches_per_epoch=self.batches_per_epoch, repeat_small=True)
+        if hasattr(old, "rank"):
+            kwargs.update(rank=old.rank, world_size=old.world_size)
+        parts.sampler = type(old)(labels, old.classes_per_batch, old.samples_per_class, **kwargs)
+
+
+def _contiguous(labels: np.ndarray) -> np.ndarray:
+    """``labels`` renumbered 0..C-1 in order of first appearance."""
+    _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
+    order = np.argsort(np.argsort(first))
+    return order[inverse].astype(np.int64)
