@@ -24,6 +24,7 @@ from retrieval.train.console import warn_line
 from retrieval.train.distributed import DistContext
 from retrieval.train.state import TrainData, TrainParts
 
+
 def clusters(embeddings: np.ndarray) -> np.ndarray:
     """SpCL's clusters, with its k1 = 30 (and k2 = 6) lowered on a small set, where 30 neighbours would join most
     of the images into one k-reciprocal set."""
