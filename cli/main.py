@@ -116,6 +116,9 @@ def train_command(config_file, nproc, max_restarts, as_json, offline, **options)
     if not report:  # ranks > 0 return no report
         return
     summary = _summary(cfg, report)
+    upgrade = _export_for_the_index(cfg, report, quiet=as_json)
+    if upgrade is not None:
+        summary["model"], summary["next"] = upgrade
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
@@ -126,8 +129,9 @@ def train_command(config_file, nproc, max_restarts, as_json, offline, **options)
                   if best_epoch else f"no epoch kept {cfg.kept_floor:.0%} (--kept-floor): best.pt is the start")
         click.echo(f"trained {cfg.out} without labels: its images keep {after[KEPT]:.0%} of their {KEPT_K} nearest "
                    f"neighbours from the pretrained backbone; {chosen}; report {summary['report']}")
-        click.echo(f"next: retrieval export --checkpoint {Path(cfg.out) / 'best.pt'} --out "
-                   f"{Path(cfg.out) / 'model.onnx'}")
+        if upgrade is None:
+            click.echo(f"next: retrieval export --checkpoint {Path(cfg.out) / 'best.pt'} --out "
+                       f"{Path(cfg.out) / 'model.onnx'}")
         return
     change = f"{before['recall@1']:.4f} -> " if "recall@1" in before else ""
     best_epoch = (report.get("best") or {}).get("epoch")
@@ -140,7 +144,28 @@ def train_command(config_file, nproc, max_restarts, as_json, offline, **options)
     elif summary["selection_note"]:  # the run warned at its start; the summary says it again beside the numbers
         click.echo(f"warning: {summary['selection_note']}", err=True)
     checkpoint = Path(cfg.out) / ("wise.pt" if report.get("wise") else "best.pt")
-    click.echo(f"next: retrieval export --checkpoint {checkpoint} --out {Path(cfg.out) / 'model.onnx'}")
+    if upgrade is None:
+        click.echo(f"next: retrieval export --checkpoint {checkpoint} --out {Path(cfg.out) / 'model.onnx'}")
+
+
+def _export_for_the_index(cfg: TrainConfig, report: dict, quiet: bool) -> tuple[str, str] | None:
+    """Trained on an index's own gallery: the delivered model exported beside the run, so that the upgrade is the
+    next command; returns (the model, that command), None for any other run."""
+    from retrieval.data.unlabelled import is_index_folder
+
+    if cfg.labels != "none" or cfg.data is None or not is_index_folder(cfg.data):
+        return None
+    from retrieval.export import export_checkpoint
+
+    checkpoint = Path(cfg.out) / ((report.get("checkpoints") or {}).get("wise") or "best.pt")
+    model = Path(cfg.out) / "model.onnx"
+    export_checkpoint(checkpoint, model, log=None if quiet else (lambda line: click.echo(f"  {line}")))
+    command = f"retrieval index upgrade {cfg.data} --model {model}"
+    if not quiet:
+        click.echo(f"exported {checkpoint.name} to {model} (verified with onnxruntime)")
+        click.echo(f"next: {command}   (the gallery re-embedded by the adapted model; a model trained "
+                   "--compatible-with the index's own keeps serving while it runs)")
+    return str(model), command
 
 
 def _summary(cfg: TrainConfig, report: dict) -> dict:

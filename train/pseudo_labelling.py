@@ -3,11 +3,15 @@ train images are embedded by the model as it stands, grouped (``retrieval.pseudo
 the labels the sampler and the loss see; an image left out of every group stays a class of one, its own views.
 
 The sampler is rebuilt with the new labels and the epoch's length of the first (the learning-rate schedule counts
-on it). A resumed run groups the images again from the weights it resumes with."""
+on it). The epoch's labels are kept in the run folder: a run resumed inside an epoch trains on the labels the epoch
+started with (the weights it resumes with would group the images otherwise), one resumed between epochs groups them
+from the weights it resumes with, as the uninterrupted run did."""
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,6 +27,7 @@ from retrieval.train.config import TrainConfig
 from retrieval.train.console import warn_line
 from retrieval.train.distributed import DistContext
 from retrieval.train.state import TrainData, TrainParts
+from retrieval.utils.io import atomic_write
 
 
 def clusters(embeddings: np.ndarray) -> np.ndarray:
@@ -37,21 +42,53 @@ GROUPERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "mutual": mutual_neighbour_pseudo_labels,
 }
 PSEUDO_LABELS_KEY = "pseudo_labels"  # an epoch row's figures of the labels it trained on
+PSEUDO_LABELS_FILE = "pseudo_labels.npz"  # in the run folder: the labels of the epoch under way, for a resume
 
 
 class PseudoLabelling:
     """Regroups the train images before each epoch and hands the labels to the sampler, the features and the data."""
 
     def __init__(self, cfg: TrainConfig, ctx: DistContext, parts: TrainParts, data: TrainData,
-                 eval_model: Callable[[], torch.nn.Module]) -> None:
+                 eval_model: Callable[[], torch.nn.Module], out: Path) -> None:
         self.cfg, self.ctx, self.parts, self.data = cfg, ctx, parts, data
         self.eval_model = eval_model
         self.group = GROUPERS[cfg.pseudo_labels]
         self.batches_per_epoch = len(parts.sampler)  # kept: the schedule was made for it
         self.previous: np.ndarray | None = None
+        self.saved = out / PSEUDO_LABELS_FILE
+
+    def refresh(self, epoch: int, mid_epoch: bool = False) -> dict[str, Any]:
+        """The labels epoch ``epoch`` trains on: grouped by the model's current embeddings, or (``mid_epoch``: a run
+        resumed inside the epoch) the ones it started with, as saved; returns their figures."""
+        saved = self._load()
+        if saved is not None and int(saved["epoch"]) == epoch - 1:
+            self.previous = saved["labels"]  # a run resumed between epochs: the stability is measured against them
+        if mid_epoch and saved is not None and int(saved["epoch"]) == epoch:
+            self.previous = saved["previous"] if saved["previous"].size else None
+            labels = saved["labels"]
+            self._apply(labels)
+            figures = pseudo_label_summary(labels)
+            if self.previous is not None:
+                figures["stability"] = pseudo_label_stability(self.previous, labels)
+            self.previous = labels
+            return {PSEUDO_LABELS_KEY: figures}
+        before = self.previous
+        figures = self._regroup()
+        if self.ctx.is_main:  # what a resume inside this epoch trains on
+            buffer = io.BytesIO()
+            np.savez(buffer, epoch=epoch, labels=self.previous,
+                     previous=before if before is not None else np.zeros(0, np.int64))
+            atomic_write(self.saved, buffer.getvalue())
+        return figures
+
+    def _load(self) -> dict[str, np.ndarray] | None:
+        if not self.saved.is_file():
+            return None
+        with np.load(self.saved) as saved:
+            return {key: saved[key] for key in ("epoch", "labels", "previous")}
 
     @torch.no_grad()
-    def refresh(self) -> dict[str, Any]:
+    def _regroup(self) -> dict[str, Any]:
         """Group the train images by the model's current embeddings; returns the figures of the new labels."""
         model = self.eval_model()
         was_training = model.training

@@ -107,7 +107,8 @@ class Trainer(EpochLoop):
         if cfg.labels == "none" and cfg.pseudo_labels != "instance":
             from retrieval.train.pseudo_labelling import PseudoLabelling
 
-            self.pseudo = PseudoLabelling(cfg, self.ctx, self.parts, data, lambda: self.evaluation.eval_model)
+            self.pseudo = PseudoLabelling(cfg, self.ctx, self.parts, data, lambda: self.evaluation.eval_model,
+                                          self.out)
         self.record = RunRecord()
         if data.extra_sets:  # before a resume loads fine-tuned weights: the reference is the pretrained backbone
             reference = self.evaluation.reference_metrics()
@@ -207,7 +208,8 @@ class Trainer(EpochLoop):
         hinted = False  # the input-bound advice is given once a run
         for epoch in range(record.start_epoch, cfg.epochs):
             progress, self.resume_progress = self.resume_progress, None  # a mid-epoch resume's epoch comes first
-            grouped = self.pseudo.refresh() if self.pseudo is not None else {}  # the labels this epoch trains on
+            # the labels this epoch trains on (those it started with, for a run resumed inside it)
+            grouped = self.pseudo.refresh(epoch, mid_epoch=progress is not None) if self.pseudo is not None else {}
             row: dict[str, Any] = {"epoch": epoch + 1, **grouped, **self.train_epoch(epoch, progress)}
             if epoch + 1 == cfg.epochs:  # the train workers are done: the final evaluation starts its own
                 self.parts.features.close()

@@ -33,7 +33,7 @@ def index_gallery_images(index_dir: str | Path) -> list[str]:
     from retrieval.index import Index
 
     with Index.open(index_dir) as index:
-        rows = index.indexed_rows(index.ids().tolist())
+        rows = index.indexed_rows(index.ids.tolist())
         files = [index.image_file(row["path"]) for row in rows.values()]
     missing = sum(file is None for file in files)
     found = sorted(file for file in files if file is not None)

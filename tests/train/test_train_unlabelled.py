@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from run_files import read_jsonl
+from run_resume import Crash, assert_same_run, crash_after
 from sample_images import noisy_png
 from sklearn.metrics import adjusted_rand_score
 
@@ -148,7 +149,7 @@ def test_pseudo_labels_group_the_images_and_the_sampler_follows(tmp_path):
                              batch_size=12, per_class=4), progress=False)
     trainer.setup()
     before = len(trainer.parts.sampler)
-    figures = trainer.pseudo.refresh()["pseudo_labels"]
+    figures = trainer.pseudo.refresh(0)["pseudo_labels"]
     labels = trainer.data.train_labels
     assert figures["images"] == 36 and figures["clusters"] >= 2
     assert adjusted_rand_score(colours, labels) > 0.5  # the groups follow the colours (never read)
@@ -157,7 +158,7 @@ def test_pseudo_labels_group_the_images_and_the_sampler_follows(tmp_path):
     for batch in sampler:
         blocks = [labels[batch[i : i + 4]] for i in range(0, 12, 4)]
         assert all(len(set(block.tolist())) == 1 for block in blocks)  # each block one pseudo-class
-    again = trainer.pseudo.refresh()["pseudo_labels"]
+    again = trainer.pseudo.refresh(1)["pseudo_labels"]
     assert again["stability"] == pytest.approx(1.0)  # the same weights group the same way
     trainer.parts.features.close()
 
@@ -181,3 +182,16 @@ def test_a_labelled_sample_gives_the_usual_metrics_beside_the_label_free_ones(ph
     last = report["last"]
     assert 0.0 <= last["recall@1"] <= 1.0 and "map@r" in last and 0.0 <= last[KEPT] <= 1.0
     assert report["best"]["epoch"] in (0, 1)  # chosen by the guard, not on the labelled sample
+
+
+@pytest.mark.parametrize("pseudo_labels", ["instance", "mutual"])
+def test_a_run_without_labels_resumes_as_one_uninterrupted_run(photos, tmp_path, monkeypatch, pseudo_labels):
+    # 2 classes a batch: the colours' groups are enough of them
+    settings = dict(pseudo_labels=pseudo_labels, epochs=3, checkpoint_every=1, loss="ms", per_class=4)
+    train(config(photos, tmp_path / "straight", **settings), progress=False)
+    crash_after(monkeypatch, epoch=1, batch=1)  # inside the second epoch, after its labels were grouped
+    with pytest.raises(Crash):
+        train(config(photos, tmp_path / "killed", **settings), progress=False)
+    monkeypatch.undo()
+    train(config(photos, tmp_path / "killed", resume=True, **settings), progress=False)
+    assert_same_run(tmp_path / "straight", tmp_path / "killed")
