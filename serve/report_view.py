@@ -25,6 +25,7 @@ from retrieval.utils.io import read_capped
 
 MAX_REPORT_BYTES = 50 * 2**20  # a run report is a few KiB: anything this big is not one
 MAX_RESULTS_BYTES = 16 * 2**20
+KEPT_EPOCHS_SHOWN = 12  # a run without labels: the epochs whose neighbours kept the summary lists
 METRIC_ORDER = ("map@r", "r_precision", "nmi", "f1", "linear_probe", KEPT)
 METRIC_UNIT = "%"
 # (marker, line style) per line: overlapping lines stay distinguishable, in colour and in grey
@@ -394,6 +395,11 @@ def wise_plot(report: RunReport) -> Image.Image | None:
     return _open(report.plot_file("wise"))
 
 
+def moved_plot(report: RunReport) -> Image.Image | None:
+    """A run without labels: the images whose neighbourhood moved most, with their neighbours before and after."""
+    return _open(report.plot_file("moved"))
+
+
 def retrieval_plot(report: RunReport) -> Image.Image | None:
     """Queries of the evaluation with their top 5, right and wrong marked, as the run or evaluation drew them."""
     return _open(report.plot_file("retrieval"))
@@ -451,8 +457,8 @@ def summary_markdown(report: RunReport, shown: str | None = None) -> str:
     if report.kind == "evaluate":
         facts.append(f"split: {markdown_code(report.data.get('split'))}, "
                      f"queries: {markdown_text(report.data.get('num_queries'))}")
-    return " · ".join(facts) + selection_markdown(report) + out_of_domain_markdown(report) + \
-        readings_markdown(report) + compatibility_markdown(report)
+    return " · ".join(facts) + selection_markdown(report) + label_free_markdown(report) + \
+        out_of_domain_markdown(report) + readings_markdown(report) + compatibility_markdown(report)
 
 
 def selection_markdown(report: RunReport) -> str:
@@ -465,7 +471,38 @@ def selection_markdown(report: RunReport) -> str:
     if selected_on == "test":
         note = report.data.get("selection_note") or "chosen on the test split: its numbers are optimistic"
         return f"\n\n**best.pt chosen on the test split:** {markdown_text(note)}."
+    if selected_on == "kept":
+        floor = run_settings(report).get("kept_floor")
+        floor_text = f"{percent(floor):g}%" if isinstance(floor, int | float) else "the --kept-floor share"
+        return ("\n\n**best.pt chosen without labels:** the latest epoch whose images keep at least "
+                f"{floor_text} of their {KEPT_K} nearest neighbours from the pretrained backbone (--kept-floor); the "
+                "start where none does.")
     return ""
+
+
+def label_free_markdown(report: RunReport) -> str:
+    """A run without labels: the neighbours its images keep from the pretrained backbone, epoch by epoch, and the
+    pseudo-labels' groups and their stability; empty for any other report."""
+    section = report.data.get("label_free") if report.kind == "train" else None
+    if not isinstance(section, dict):
+        return ""
+    kept = [row for row in section.get("kept") or [] if isinstance(row, dict) and _number_at(row, KEPT)]
+    lines = []
+    if kept:
+        shown = kept[:KEPT_EPOCHS_SHOWN]
+        steps = " → ".join(f"{percent(row[KEPT]):.0f}%" for row in shown)
+        lines.append(f"the images keep {steps} of their {KEPT_K} nearest pretrained neighbours (epoch "
+                     f"{markdown_text(shown[0].get('epoch'))} to {markdown_text(shown[-1].get('epoch'))})")
+    groups = [row for row in section.get("groups") or [] if isinstance(row, dict)]
+    if groups:
+        last = groups[-1]
+        stability = f", stability {last['stability']:.2f} (adjusted Rand index with the epoch before)" \
+            if _number_at(last, "stability") else ""
+        lines.append(f"pseudo-labels ({markdown_text(section.get('pseudo_labels'))}): "
+                     f"{markdown_text(last.get('clusters'))} groups holding "
+                     f"{markdown_text(last.get('clustered_images'))} of {markdown_text(last.get('images'))} images, "
+                     f"the largest {markdown_text(last.get('largest_cluster'))}{stability}")
+    return "\n\n**Without labels:** " + "; ".join(lines) + "." if lines else ""
 
 
 def compatibility_markdown(report: RunReport) -> str:

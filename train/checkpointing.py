@@ -91,7 +91,7 @@ class Checkpointer:
             config_hash=config_hash(self.cfg.to_dict()),
             epoch=epoch,
             metrics=metrics,
-            class_names=list(self.data.train_set.class_names),
+            class_names=self.data.trained_class_names,
             optimizer=parts.optimizer.state_dict(),
             scheduler=parts.scheduler.state_dict(),
             scaler=parts.scaler.state_dict(),

@@ -40,7 +40,7 @@ from retrieval.train.config import TrainConfig
 from retrieval.train.distributed import DistContext
 from retrieval.train.features import Embedding, EvalEmbeddings, cached_features
 from retrieval.train.report import write_report
-from retrieval.train.robust import WISE_ALPHAS, choose_alpha, snapshot
+from retrieval.train.robust import WISE_ALPHAS, choose_alpha, choose_kept_alpha, snapshot
 from retrieval.train.state import RunRecord, TrainData, TrainParts
 from retrieval.utils.unit_rows import l2_normalize_rows
 
@@ -302,7 +302,11 @@ class Evaluator:
         weights = snapshot(finetuned)
         mixed = copy.deepcopy(finetuned).eval()  # the mixes are loaded into this copy
         curve = []
-        if self.data.val_set is not None or self.data.extra_sets:
+        if self.data.unlabelled_sample is not None:  # without labels: the share of pretrained neighbours kept
+            for alpha in sorted(WISE_ALPHAS):
+                mixed.load_state_dict(robust.mix(weights, alpha))
+                curve.append({"alpha": alpha, "kept": self.label_free(mixed).get(KEPT)})
+        elif self.data.val_set is not None or self.data.extra_sets:
             start = None  # alpha 0's embeddings of the extra sets: the neighbours the others keep are counted from them
             for alpha in sorted(WISE_ALPHAS):
                 mixed.load_state_dict(robust.mix(weights, alpha))
@@ -312,7 +316,13 @@ class Evaluator:
                     point["extra_kept"] = dict.fromkeys(rows, 1.0)
                     point["kept"] = 1.0
                 curve.append({"alpha": alpha, **point})
-        alpha = choose_alpha(curve, cfg.wise_tolerance) if cfg.wise_alpha == "auto" else float(cfg.wise_alpha)
+        chosen = "validation"
+        if cfg.wise_alpha != "auto":
+            alpha = float(cfg.wise_alpha)
+        elif self.data.unlabelled_sample is not None:
+            alpha, chosen = choose_kept_alpha(curve, cfg.kept_floor), "kept-floor"
+        else:
+            alpha = choose_alpha(curve, cfg.wise_tolerance)
         mixed.load_state_dict(robust.mix(weights, alpha))
         q, ql, g, gl = self.parts.features.embed_eval(mixed) if self.data.eval_sets.labelled else (None,) * 4
         metrics = self.split_metrics(mixed, q, ql, g, gl)
@@ -322,13 +332,13 @@ class Evaluator:
             checkpoint = Checkpoint(
                 model_config={**mixed.config, "wise_alpha": alpha}, state_dict=mixed.state_dict(),
                 train_config=cfg.to_dict(), config_hash=config_hash({**cfg.to_dict(), "wise_alpha": alpha}),
-                epoch=epoch, metrics=metrics, class_names=list(self.data.train_set.class_names),
+                epoch=epoch, metrics=metrics, class_names=self.data.trained_class_names,
             )
             checkpointing.atomic_save(checkpoint.to_dict(), self.out / WISE_CHECKPOINT)
         if self.progress:
-            tqdm.write(f"WiSE-FT: alpha {alpha:g} ({'chosen on validation' if cfg.wise_alpha == 'auto' else 'given'})"
+            tqdm.write(f"WiSE-FT: alpha {alpha:g} ({'chosen ' + chosen if cfg.wise_alpha == 'auto' else 'given'})"
                        f"{_headline(metrics)}; model in {self.out / WISE_CHECKPOINT}")
-        return {"alpha": alpha, "chosen": "validation" if cfg.wise_alpha == "auto" else "given",
+        return {"alpha": alpha, "chosen": chosen if cfg.wise_alpha == "auto" else "given",
                 "tolerance": cfg.wise_tolerance, "curve": curve, "metrics": metrics, "checkpoint": WISE_CHECKPOINT}
 
     # --- the report ----------------------------------------------------------------------------------

@@ -120,3 +120,10 @@ def choose_alpha(curve: list[dict[str, Any]], tolerance: float) -> float:
     floor = points[0]["out_of_domain"] - max(tolerance, 0.0)
     allowed = [p for p in points if p["out_of_domain"] >= floor]  # alpha 0 always is
     return max(allowed, key=lambda p: (p["in_domain"], -p["alpha"]))["alpha"]
+
+
+def choose_kept_alpha(curve: list[dict[str, Any]], floor: float) -> float:
+    """WiSE-FT "auto" without labels: the largest alpha (the most fine-tuned mix) whose images keep at least
+    ``floor`` of their pretrained neighbours (``kept``); 0, the start, where none does."""
+    allowed = [p["alpha"] for p in curve if p.get("kept") is not None and p["kept"] >= floor]
+    return max(allowed, default=0.0)

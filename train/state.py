@@ -47,6 +47,11 @@ class TrainData:
         return "validation" if self.val_set is not None else "test"
 
     @property
+    def trained_class_names(self) -> list[str]:
+        """The class names a checkpoint records: none without labels (each image was its own class)."""
+        return [] if self.unlabelled_sample is not None else list(self.train_set.class_names)
+
+    @property
     def num_classes(self) -> int:
         """Classes of the train labels (ids run from 0)."""
         return int(self.train_labels.max()) + 1

@@ -29,6 +29,7 @@ from retrieval.serve.report_view import (
     embedding_map_plot,
     load_report,
     markdown_text,
+    moved_plot,
     percent,
     recall_plot,
     retrieval_plot,
@@ -84,6 +85,7 @@ REPORT_PICTURES = (
     ReportPicture("wise", "WiSE-FT", wise_plot, "wise-plot", PICTURE_HEIGHT),
     ReportPicture("compatibility", "Compatibility", compatibility_plot, "compatibility-plot", PICTURE_HEIGHT),
     ReportPicture("retrieval", "Queries and their top 5", retrieval_plot, "retrieval-plot", TALL_PICTURE_HEIGHT),
+    ReportPicture("moved", "Moved most", moved_plot, "moved-plot", TALL_PICTURE_HEIGHT),
     ReportPicture("map", "Embedding map", embedding_map_plot, "embedding-map-plot", TALL_PICTURE_HEIGHT),
 )
 

@@ -195,3 +195,15 @@ def test_a_run_without_labels_resumes_as_one_uninterrupted_run(photos, tmp_path,
     monkeypatch.undo()
     train(config(photos, tmp_path / "killed", resume=True, **settings), progress=False)
     assert_same_run(tmp_path / "straight", tmp_path / "killed")
+
+
+def test_wise_ft_auto_takes_the_largest_mix_that_keeps_the_floor(photos, tmp_path):
+    out = tmp_path / "run"
+    report = train(config(photos, out, wise_alpha="auto", kept_floor=0.0), progress=False)
+    wise = report["wise"]
+    assert [p["alpha"] for p in wise["curve"]] == [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert all(0.0 <= p["kept"] <= 1.0 for p in wise["curve"])
+    assert wise["alpha"] == 1.0 and wise["chosen"] == "kept-floor"  # every mix keeps a floor of 0
+    strict = train(config(photos, tmp_path / "strict", wise_alpha="auto", kept_floor=1.0), progress=False)
+    assert strict["wise"]["alpha"] == 0.0  # no mix keeps every neighbour: the start
+    assert load_checkpoint(out / "wise.pt").class_names == []  # each image was its own class: no names kept
