@@ -190,6 +190,9 @@ def hostile_report(path: Path, field: str) -> Path:
                              "epochs": field if everywhere else 2, "data": f"/data/{field[:1000].replace('/', '_')}"}},
         "baseline": metrics, "best": {"epoch": field, **metrics}, "last": {"recall@1": 0.5, **extra},
         "reference": {"input_size": field, "sets": {field: {"test": {"recall@1": 0.1}}}},
+        "label_free": {"pseudo_labels": field, "kept": [{"epoch": 0, "neighbours_kept@10": 0.5}],
+                       "groups": [{"epoch": 1, "clusters": field, "clustered_images": 3, "images": 9,
+                                   "largest_cluster": 2, "stability": "1.0"}]},
     }
     path.write_text(json.dumps(report))
     return path

@@ -207,3 +207,18 @@ def test_wise_ft_auto_takes_the_largest_mix_that_keeps_the_floor(photos, tmp_pat
     strict = train(config(photos, tmp_path / "strict", wise_alpha="auto", kept_floor=1.0), progress=False)
     assert strict["wise"]["alpha"] == 0.0  # no mix keeps every neighbour: the start
     assert load_checkpoint(out / "wise.pt").class_names == []  # each image was its own class: no names kept
+
+
+def test_the_app_says_what_a_run_without_labels_kept_and_how_it_grouped(tmp_path):
+    from retrieval.serve.report_view import load_report, moved_plot, summary_markdown
+
+    data = tmp_path / "photos"
+    write_images(data, per_colour=6, nested=False)
+    out = tmp_path / "run"
+    train(config(data, out, pseudo_labels="mutual", freeze_backbone=True, loss="ms", batch_size=8, per_class=4,
+                 plots=True), progress=False)
+    report = load_report(out / "report.json")
+    summary = summary_markdown(report)
+    assert "**best.pt chosen without labels:**" in summary and "50%" in summary  # the default floor
+    assert "**Without labels:** the images keep" in summary and "pseudo-labels (mutual)" in summary
+    assert moved_plot(report) is not None  # the Evaluation tab's picture of the images that moved most
