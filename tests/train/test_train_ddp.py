@@ -228,11 +228,14 @@ FINE_TUNE_CASES = [c for c in CASES if c[0] in ("triplet-semihard", "ms-loop", "
                                                  "sct", "ms-aux-ce", "proxy_anchor")]
 
 
-# robust fine-tuning (train/robust.py), the cross-batch memory and the gradient cache, each option alone; "wise"
-# also evaluates out of domain, sharded
+# robust fine-tuning (train/robust.py), the cross-batch memory, the gradient cache and training without labels, each
+# option alone; "wise" also evaluates out of domain, sharded
 ROBUST_CASES = {"lp-ft": dict(lp_epochs=1), "l2sp": dict(l2sp=0.5), "distill": dict(distill=1.0),
                 "layer-decay": dict(layer_decay=0.5), "ema": dict(ema=0.5), "wise": dict(wise_alpha="auto"),
-                "xbm": dict(memory="xbm", memory_size=12, memory_warmup=1), "chunks": dict(chunks=2)}
+                "xbm": dict(memory="xbm", memory_size=12, memory_warmup=1), "chunks": dict(chunks=2),
+                # without labels: the principal-axes start, the guard's neighbours, pseudo-labels grouped each epoch
+                "unlabelled": dict(labels="none"), "unlabelled-mutual": dict(labels="none", pseudo_labels="mutual",
+                                                                             per_class=4)}
 
 
 def robust_config(root: Path, out: Path, name: str) -> TrainConfig:
