@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from retrieval.pseudo_labels import (
+    MAX_CLUSTER_IMAGES,
     cluster_pseudo_labels,
     mutual_neighbour_pseudo_labels,
     pseudo_label_stability,
@@ -30,11 +31,38 @@ from retrieval.train.state import TrainData, TrainParts
 from retrieval.utils.io import atomic_write
 
 
-def clusters(embeddings: np.ndarray) -> np.ndarray:
+def clusters(embeddings: np.ndarray, seed: int = 0) -> np.ndarray:
     """SpCL's clusters, with its k1 = 30 (and k2 = 6) lowered on a small set, where 30 neighbours would join most
-    of the images into one k-reciprocal set."""
-    k1 = min(30, max(4, len(embeddings) // 10))
-    return cluster_pseudo_labels(embeddings, k1=k1, k2=min(6, max(1, k1 // 5)))
+    of the images into one k-reciprocal set. Past ``MAX_CLUSTER_IMAGES`` (the dense distance's bound) a seeded
+    sample is clustered and every other image joins the cluster of its nearest sampled image, or stays alone where
+    that image is alone."""
+    n = len(embeddings)
+    sample = np.sort(np.random.default_rng(seed).permutation(n)[:MAX_CLUSTER_IMAGES]) if n > MAX_CLUSTER_IMAGES \
+        else np.arange(n)
+    k1 = min(30, max(4, len(sample) // 10))
+    grouped = cluster_pseudo_labels(embeddings[sample], k1=k1, k2=min(6, max(1, k1 // 5)))
+    if len(sample) == n:
+        return grouped
+    sizes = np.bincount(grouped)
+    labels = np.arange(n, dtype=np.int64) + n  # alone, apart from every cluster id
+    labels[sample] = grouped
+    rest = np.setdiff1d(np.arange(n), sample)
+    nearest = nearest_rows(embeddings[rest], embeddings[sample])
+    joined = sizes[grouped[nearest]] > 1  # the nearest sampled image is in a cluster
+    labels[rest[joined]] = grouped[nearest[joined]]
+    return labels
+
+
+def nearest_rows(queries: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The row of ``rows`` [M, D] nearest each of ``queries`` [Q, D] by cosine (faiss, exact)."""
+    import faiss
+
+    from retrieval.utils.unit_rows import l2_normalize_rows
+
+    index = faiss.IndexFlatIP(rows.shape[1])
+    index.add(l2_normalize_rows(np.ascontiguousarray(rows, np.float32), zero_rows="keep"))
+    _, found = index.search(l2_normalize_rows(np.ascontiguousarray(queries, np.float32), zero_rows="keep"), 1)
+    return found[:, 0].astype(np.int64)
 
 
 GROUPERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {

@@ -222,3 +222,20 @@ def test_the_app_says_what_a_run_without_labels_kept_and_how_it_grouped(tmp_path
     assert "**best.pt chosen without labels:**" in summary and "50%" in summary  # the default floor
     assert "**Without labels:** the images keep" in summary and "pseudo-labels (mutual)" in summary
     assert moved_plot(report) is not None  # the Evaluation tab's picture of the images that moved most
+
+
+def test_clusters_past_the_dense_bound_cluster_a_sample_and_join_the_rest(monkeypatch):
+    import retrieval.train.pseudo_labelling as pseudo_labelling
+
+    rng = np.random.default_rng(0)
+    centres = rng.standard_normal((4, 16)) * 10
+    points = np.concatenate([centre + rng.standard_normal((80, 16)) for centre in centres]).astype(np.float32)
+    truth = np.repeat(np.arange(4), 80)
+    whole = pseudo_labelling.clusters(points)
+    import retrieval.pseudo_labels
+
+    for module in (pseudo_labelling, retrieval.pseudo_labels):  # half of them: as a gallery past the bound
+        monkeypatch.setattr(module, "MAX_CLUSTER_IMAGES", 160)
+    sampled = pseudo_labelling.clusters(points)
+    assert adjusted_rand_score(truth, whole) > 0.95
+    assert adjusted_rand_score(truth, sampled) > 0.95  # the images left out of the sample joined their blob's cluster
