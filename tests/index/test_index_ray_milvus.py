@@ -99,9 +99,12 @@ def built(cluster, server, model, gallery, tmp_path_factory):
     local = build_index(gallery, root / "local", model=model, index_key="Flat",
                         options=IngestOptions(batch_size=8, shard_size=16, workers=1, progress=False))
     push_index(root / "local", MilvusPlace.checked(server, "pushed"), index_type="FLAT", progress=False)
-    summary = build_index(gallery, root / "ray", model=model, options=ray_options(),
-                          milvus=MilvusPlace.checked(server, "gallery"), milvus_index_type="FLAT")
-    return root, local, summary
+    result = CliRunner().invoke(main, [
+        "index", "build", "--model", str(model), "--images", str(gallery), "--out", str(root / "ray"), "--engine",
+        "ray", "--batch-size", "8", "--shard-size", "16", "--milvus", server, "--collection", "gallery",
+        "--index-type", "FLAT", "--json"])
+    assert result.exit_code == 0, result.output
+    return root, local, json.loads(result.stdout)
 
 
 def test_the_collection_holds_the_rows_a_local_build_pushed_would(built, server):
@@ -180,6 +183,20 @@ def test_an_interrupted_build_resumes_without_writing_a_row_twice(cluster, serve
     rows = collection_rows(server, "resumed")
     assert len(rows) == len({row[ID] for row in rows}) == 40
     assert len({row[SHA256] for row in rows}) == 40  # the copy written before the kill was deleted
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--engine", "ray", "--milvus", "{tmp}/gallery.db", "--collection", "g"], "only one process can open"),
+    (["--milvus", "http://127.0.0.1:1", "--collection", "g"], "--engine ray"),
+    (["--engine", "ray", "--milvus", "http://127.0.0.1:1"], "together"),
+    (["--engine", "ray", "--milvus", "http://127.0.0.1:1", "--collection", "g", "--index-key", "Flat"],
+     "--index-key shape the folder's faiss index"),
+])
+def test_the_command_line_refuses_a_build_it_cannot_write_before_any_work(model, gallery, tmp_path, args, says):
+    result = CliRunner().invoke(main, ["index", "build", "--model", str(model), "--images", str(gallery), "--out",
+                                       str(tmp_path / "out"), *[a.format(tmp=tmp_path) for a in args]])
+    assert result.exit_code != 0 and says in result.output
+    assert not (tmp_path / "out").exists() and not (tmp_path / "gallery.db").exists()
 
 
 def test_a_milvus_lite_file_or_the_local_engine_is_refused_before_any_work(model, gallery, tmp_path):
