@@ -176,17 +176,17 @@ def delete_ids(client: Any, collection: str, ids: Sequence[int]) -> None:
         client.delete(collection, filter=f"{ID} in {ids[start_at: start_at + DELETE_IDS]}")
 
 
-def reconcile(client: Any, build: CollectionBuild, catalogue: Catalogue) -> list[int]:
+def reconcile(client: Any, collection: str, catalogue: Catalogue) -> list[int]:
     """Make the collection hold exactly the catalogue's done rows: counted first (one query); only when the count
     differs are the ids read, the stray ones deleted, and the done ids the collection lacks returned (the caller
     sends them again)."""
-    client.flush(build.physical)
+    client.flush(collection)
     done = set(catalogue.ids_with_status(Status.DONE))
-    held = int(client.query(build.physical, filter="", output_fields=["count(*)"])[0]["count(*)"])
+    held = int(client.query(collection, filter="", output_fields=["count(*)"])[0]["count(*)"])
     if held == len(done):
         return []
-    present = collection_ids(client, build.physical)
-    delete_ids(client, build.physical, sorted(present - done))
+    present = collection_ids(client, collection)
+    delete_ids(client, collection, sorted(present - done))
     return sorted(done - present)
 
 

@@ -401,36 +401,103 @@ MAX_RESENDS = 2  # passes over rows the collection lost between the writers and 
 def _build_into_collection(layout: IndexLayout, catalogue: Catalogue, store: ShardStore, engine: Any,
                            embedder: ImageEmbedder, options: IngestOptions, milvus: MilvusPlace,
                            index_type: str | None) -> dict[str, Any]:
-    """The Ray actors embed the pending rows into the collection; once the collection holds exactly the done rows,
-    it is marked complete and named, then index.json (no faiss part) and the catalogue's state record it."""
+    """The Ray actors embed the pending rows into the collection, which is then named; index.json (no faiss part)
+    and the catalogue's state record it."""
+    info = _info_from_meta(catalogue)
+    build = _ingest_into_collection(catalogue, store, engine, embedder, options, milvus, index_type, info)
+    built = {"index_key": f"Milvus {build.record.index_type}", "params": {}, VECTORS_IN: build.where}
+    layout.write_info(info | built)
+    catalogue.set_meta(state="complete")
+    return built
+
+
+def _ingest_into_collection(catalogue: Catalogue, store: ShardStore, engine: Any, embedder: ImageEmbedder,
+                            options: IngestOptions, milvus: MilvusPlace, index_type: str | None,
+                            info: Mapping[str, Any]) -> Any:
+    """Embed the pending rows into the collection (created, or the one this folder started); once it holds exactly
+    the done rows it is marked complete and named (``milvus_build``). Returns the ``CollectionBuild``."""
     from retrieval.index import milvus_build
     from retrieval.index.milvus_collection import connect
     from retrieval.index.milvus_push import preprocessing_of
 
-    info = _info_from_meta(catalogue)
     client = connect(milvus)
     try:
-        build = milvus_build.start(client, milvus, catalogue, info | {"index_key": "Milvus"}, index_type,
+        build = milvus_build.start(client, milvus, catalogue, dict(info) | {"index_key": "Milvus"}, index_type,
                                    preprocessing_of(embedder.model_config))
         engine.write_into(build, client)
         for _ in range(MAX_RESENDS + 1):
             ingest(engine, catalogue, store, embedder, options)
-            lost = milvus_build.reconcile(client, build, catalogue)
+            lost = milvus_build.reconcile(client, build.physical, catalogue)
             if not lost:
                 break
             log.warning("%d indexed images are not in %s; sending them again", len(lost), build.physical)
             catalogue.record([Outcome(i, Status.PENDING) for i in lost])
         else:
             raise RuntimeError(f"{build.physical} at {milvus.uri} keeps losing rows after they were written; check "
-                               "the Milvus server, then run the build again")
-        done = catalogue.counts()[Status.DONE.value]
-        milvus_build.finish(client, build, done)
+                               "the Milvus server, then run the command again")
+        milvus_build.finish(client, build, catalogue.counts()[Status.DONE.value])
     finally:
         client.close()
-    built = {"index_key": f"Milvus {build.record.index_type}", "params": {}, VECTORS_IN: build.where}
-    layout.write_info(info | built)
-    catalogue.set_meta(state="complete")
-    return built
+    return build
+
+
+def _recorded_collection(info: Mapping[str, Any]) -> MilvusPlace:
+    """The collection an index built into Milvus keeps its vectors in (index.json's ``VECTORS_IN``)."""
+    from retrieval.index.milvus_collection import MilvusPlace
+
+    where = info[VECTORS_IN]
+    return MilvusPlace(str(where["milvus"]), str(where["collection"]))
+
+
+def _add_into_collection(layout: IndexLayout, catalogue: Catalogue, store: ShardStore, engine: Any,
+                         embedder: ImageEmbedder, options: IngestOptions, info: dict[str, Any],
+                         duplicates: DuplicateCheck) -> dict[str, Any]:
+    """``add_images`` of an index whose vectors are in Milvus: the Ray actors write the new rows into its
+    collection, which serves them as they come; the near-duplicate check, which reads the folder's vectors, is
+    not made."""
+    if options.engine != "ray":
+        raise ParameterError("engine", f"is {options.engine}, but {layout.root} keeps its vectors in Milvus, where "
+                                       "the Ray engine's actors write them: add with --engine ray")
+    if duplicates.duplicates == "skip":
+        raise ParameterError("duplicates", "skip compares the new images with the vectors in the folder, and this "
+                                           "index keeps its vectors in Milvus: add with --duplicates report or off")
+    build = _ingest_into_collection(catalogue, store, engine, embedder, options, _recorded_collection(info), None,
+                                    info)
+    layout.write_info(info)
+    return {"index_key": info.get("index_key"), VECTORS_IN: build.where}
+
+
+def _refuse_collection_repair(layout: IndexLayout, catalogue: Catalogue) -> None:
+    """Repair mends shards and faiss, which an index built into Milvus has none of: its build command resumes it
+    (an unfinished one), and its writers check its collection's rows against the catalogue (a finished one)."""
+    recorded = catalogue.get_meta(VECTORS_IN)
+    if recorded is None:
+        return
+    where = json.loads(recorded)
+    if catalogue.get_meta("state") == "complete":
+        from retrieval.index.layout import VectorsInMilvusError
+
+        raise VectorsInMilvusError(layout.root, where)
+    raise FileExistsError(f"{layout.root} holds an interrupted build into the Milvus collection "
+                          f"{where['collection']} at {where['milvus']}, which has no shards to mend: finish it by "
+                          "running its `retrieval index build ... --engine ray --milvus ... --collection ...` again")
+
+
+def _remove_from_collection(catalogue: Catalogue, info: Mapping[str, Any], ids: Sequence[int]) -> dict[str, Any]:
+    """``remove_images`` of an index whose vectors are in Milvus: the rows leave its collection, and every server
+    stops finding them at its next request."""
+    from retrieval.index import milvus_build
+    from retrieval.index.milvus_collection import connect
+
+    place = _recorded_collection(info)
+    client = connect(place)
+    try:
+        physical = str(info[VECTORS_IN]["physical"])
+        milvus_build.delete_ids(client, physical, sorted(set(ids)))
+        milvus_build.reconcile(client, physical, catalogue)  # and what a removal killed midway left
+    finally:
+        client.close()
+    return {"index_key": info.get("index_key"), VECTORS_IN: info[VECTORS_IN]}
 
 
 def _refuse_finished(layout: IndexLayout, catalogue: Catalogue, store: ShardStore,
@@ -562,10 +629,12 @@ def _reopen_input(catalogue: Catalogue, root: Path) -> EmbeddingsInput:
     return source
 
 
-def _require_complete(layout: IndexLayout, catalogue: Catalogue, upgrading: bool = False) -> dict[str, Any]:
+def _require_complete(layout: IndexLayout, catalogue: Catalogue, upgrading: bool = False,
+                      vectors_in_milvus: bool = False) -> dict[str, Any]:
     """index.json of a finished index (``add``/``remove`` work only on one, and not during an upgrade unless
-    ``upgrading``: the upgrade itself), else the error naming the command that finishes it."""
-    layout.require_finished()
+    ``upgrading``: the upgrade itself; ``vectors_in_milvus``: one whose vectors are in a Milvus collection too),
+    else the error naming the command that finishes it."""
+    layout.require_finished(vectors_in_milvus)
     if catalogue.get_meta("state") != "complete":
         raise layout.unfinished()
     under_way = catalogue.get_meta(UPGRADE_MODEL_PATH)
@@ -599,7 +668,7 @@ def add_images(
     options = options or IngestOptions()
     engine = open_engine(options)
     with engine, layout.write_lock("add images to"), Catalogue(layout.catalogue) as catalogue:
-        info = _require_complete(layout, catalogue)
+        info = _require_complete(layout, catalogue, vectors_in_milvus=True)
         if not has_model(info):
             raise NoModelError(f"{built_without_model(layout.root)}: images cannot be added to it, as nothing can "
                                "embed them into the space of its vectors; build it again from embeddings that hold "
@@ -615,6 +684,11 @@ def add_images(
         before = _tally(catalogue)
         catalogue.plan(gallery.items, gallery.source, gallery.errors)
         store = ShardStore(layout.shards)
+        if VECTORS_IN in info:
+            updated = _add_into_collection(layout, catalogue, store, engine, embedder, options, info, duplicates)
+            this_run = {key: value - before[key] for key, value in _tally(catalogue).items()}
+            return {"index_dir": str(layout.root), **updated, "labels": label_summary(gallery, rule),
+                    "this_run": this_run, "near_duplicates": None, **_summary(catalogue, started, {})}
         mended = mend(catalogue, store)
         ingest(engine, catalogue, store, embedder, options)
         near = check_new_images(layout, catalogue, store, info, duplicates)  # before faiss holds the new images
@@ -639,7 +713,7 @@ def remove_images(
     layout = IndexLayout(index_dir)
     layout.require_catalogue()
     with layout.write_lock("remove images from"), Catalogue(layout.catalogue) as catalogue:
-        info = _require_complete(layout, catalogue)
+        info = _require_complete(layout, catalogue, vectors_in_milvus=True)
         wanted = [int(i) for i in ids]
         if paths:
             info |= relocate(layout, catalogue, gallery_root)
@@ -660,9 +734,12 @@ def remove_images(
             raise ValueError(f"nothing was removed: no catalogue rows with ids {', '.join(map(str, unknown[:10]))} "
                              f"(`retrieval index stats` shows the ids in use){rest}")
         catalogue.mark_removed(wanted)
-        store = ShardStore(layout.shards)
-        updated = update_faiss(layout, catalogue, store, info, policy=policy)
-        layout.write_info(info | updated)
+        if VECTORS_IN in info:
+            updated = _remove_from_collection(catalogue, info, wanted)
+        else:
+            store = ShardStore(layout.shards)
+            updated = update_faiss(layout, catalogue, store, info, policy=policy)
+            layout.write_info(info | updated)
         return {
             "index_dir": str(layout.root),
             "removed_ids": sorted(set(wanted)),
@@ -731,6 +808,7 @@ def repair_index(
     layout.require_catalogue()
     engine = open_engine(options)
     with engine, layout.write_lock("repair"), Catalogue(layout.catalogue) as catalogue:
+        _refuse_collection_repair(layout, catalogue)
         state = catalogue.get_meta("state")
         from_embeddings = catalogue.get_meta("source") == EMBEDDINGS_SOURCE
         if state is None or (catalogue.get_meta("model_hash") is None and not from_embeddings):

@@ -8,7 +8,7 @@ collection; a Milvus Lite file is refused.
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 import pytest
@@ -42,6 +42,7 @@ from retrieval.index.milvus_collection import (  # noqa: E402
 from retrieval.index.milvus_index import MilvusIndex  # noqa: E402
 from retrieval.index.milvus_push import physical_name, push_index  # noqa: E402
 from retrieval.index.ray_collection import CollectionIngestor  # noqa: E402
+from retrieval.index.search import public_path  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 FIELDS = [ID, VECTOR, PATH, LABEL, SHA256, SIZE]
@@ -215,3 +216,31 @@ def test_a_collection_of_another_model_is_refused_naming_both_hashes(built, serv
         build_index(gallery, tmp_path / "other", model=other, options=ray_options(),
                     milvus=MilvusPlace.checked(server, "gallery"))
     assert load_model(other).model_hash in str(refused.value) and local_hash(root) in str(refused.value)
+
+
+def test_add_and_remove_write_the_collection_of_an_index_built_into_it(built, server, model, tmp_path):
+    root, *_ = built
+    folder, place = root / "ray", MilvusPlace.checked(server, "gallery")
+    sync = ["--milvus", server, "--collection", "gallery"]
+    with MilvusIndex(place) as served:
+        removed = int(served.ids[5])
+    result = CliRunner().invoke(main, ["index", "remove", str(folder), "--ids", str(removed), *sync])
+    assert result.exit_code == 0, result.output
+    assert "written there by the command itself" in result.output
+    extra = write_digits(tmp_path / "extra", 4, start=900)
+    refused = CliRunner().invoke(main, ["index", "add", str(folder), "--images", str(tmp_path / "extra"), *sync])
+    assert refused.exit_code != 0 and "add with --engine ray" in refused.output
+    result = CliRunner().invoke(main, ["index", "add", str(folder), "--images", str(tmp_path / "extra"), "--engine",
+                                       "ray", "--batch-size", "4", *sync])
+    assert result.exit_code == 0, result.output
+    rows = collection_rows(server, "gallery")
+    assert len(rows) == len({row[ID] for row in rows}) == 40 - 1 + 4 and removed not in {row[ID] for row in rows}
+    with MilvusIndex(place) as served:
+        hit = served.search(load_model(model).embed(extra[:1]), 1)[0][0]
+    assert hit.path == public_path(str(extra[0].resolve()), gallery_root(folder))  # outside the gallery: ../
+    other = CliRunner().invoke(main, ["index", "push", str(folder), "--milvus", server, "--collection", "elsewhere"])
+    assert other.exit_code != 0 and "cannot be sent to another collection" in other.output
+
+
+def gallery_root(folder: Path) -> PurePosixPath:
+    return PurePosixPath(json.loads((folder / "index.json").read_text())["gallery_root"])
