@@ -67,7 +67,7 @@ class VectorsInMilvusError(FileNotFoundError):
         uri, name = shlex.quote(str(where.get("milvus"))), where.get("collection")
         super().__init__(
             f"the index in {root} keeps its vectors in the Milvus collection {name} at {where.get('milvus')} (built "
-            "with --engine ray --milvus), not in the folder, which holds no shards and no faiss index: search it "
+            "by the Ray engine into Milvus), not in the folder, which holds no shards and no faiss index: search it "
             f"with `retrieval serve --milvus {uri} --collection {name}`, and update it with `retrieval index "
             f"add|remove {shlex.quote(str(root))} --milvus {uri} --collection {name}`"
         )

@@ -86,9 +86,10 @@ def recorded_place(place: MilvusPlace, physical: str) -> dict[str, str]:
 def check_build_place(place: MilvusPlace, engine: str) -> None:
     """A build into a collection needs the Ray engine and a Milvus server (the actors write to it)."""
     if engine != "ray":
-        raise MilvusError("milvus", "a build writes into a collection with --engine ray (its actors write the vectors "
-                                    "straight into Milvus); with the local engine, build the folder and then push it "
-                                    "(`retrieval index push INDEX --milvus URI --collection NAME`)")
+        raise MilvusError("engine", f"is {engine}, and a build writes into a Milvus collection with the ray engine "
+                                    "only (its actors write the vectors straight into Milvus); with the local engine, "
+                                    "build the folder, then push it (`retrieval index push INDEX --milvus URI "
+                                    "--collection NAME`)")
     if place.is_lite:
         raise MilvusError("milvus", f"{place.uri!r} {LITE_REFUSED}")
 
@@ -100,12 +101,13 @@ def check_same_place(catalogue: Catalogue, place: MilvusPlace | None, root: Any)
         return
     if recorded is None:
         raise FileExistsError(f"{root} holds an interrupted build whose vectors go into shards in the folder; finish "
-                              "it as it started (without --milvus), or build into another folder")
+                              "it as it started (into the folder, not into Milvus), or build into another folder")
     where = json.loads(recorded)
     if place is None or (place.uri, place.collection) != (where["milvus"], where["collection"]):
         raise FileExistsError(f"{root} holds an interrupted build into the Milvus collection {where['collection']} "
-                              f"at {where['milvus']}; finish it with --engine ray --milvus {where['milvus']} "
-                              f"--collection {where['collection']}, or build into another folder")
+                              f"at {where['milvus']}; finish it with the ray engine into that collection (`retrieval "
+                              f"index build ... --milvus {where['milvus']} --collection {where['collection']}`), or "
+                              "build into another folder")
 
 
 @dataclasses.dataclass

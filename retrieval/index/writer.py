@@ -457,10 +457,10 @@ def _add_into_collection(layout: IndexLayout, catalogue: Catalogue, store: Shard
     not made."""
     if options.engine != "ray":
         raise ParameterError("engine", f"is {options.engine}, but {layout.root} keeps its vectors in Milvus, where "
-                                       "the Ray engine's actors write them: add with --engine ray")
+                                       "only the ray engine's actors write them: add with the ray engine")
     if duplicates.duplicates == "skip":
         raise ParameterError("duplicates", "skip compares the new images with the vectors in the folder, and this "
-                                           "index keeps its vectors in Milvus: add with --duplicates report or off")
+                                           "index keeps its vectors in Milvus: add with report or off")
     build = _ingest_into_collection(catalogue, store, engine, embedder, options, _recorded_collection(info), None,
                                     info)
     layout.write_info(info)
@@ -480,7 +480,7 @@ def _refuse_collection_repair(layout: IndexLayout, catalogue: Catalogue) -> None
         raise VectorsInMilvusError(layout.root, where)
     raise FileExistsError(f"{layout.root} holds an interrupted build into the Milvus collection "
                           f"{where['collection']} at {where['milvus']}, which has no shards to mend: finish it by "
-                          "running its `retrieval index build ... --engine ray --milvus ... --collection ...` again")
+                          "running its build command again (the ray engine, into the same collection)")
 
 
 def _remove_from_collection(catalogue: Catalogue, info: Mapping[str, Any], ids: Sequence[int]) -> dict[str, Any]:
