@@ -34,14 +34,40 @@ def push_command(index_dir, milvus, collection, index_type, as_json) -> None:
 def push(index_dir: str, milvus: str, collection: str, index_type: str | None, switch: bool,
          progress: bool) -> dict[str, Any]:
     """``push_index`` under the command line's names (``--milvus``, ``--collection``, ``--index-type``)."""
+    from retrieval.index.layout import IndexLayout
     from retrieval.index.milvus_collection import MilvusPlace
     from retrieval.index.milvus_push import push_index
 
     place = MilvusPlace.checked(milvus, collection)
+    where = IndexLayout(index_dir).vectors_in()
+    if where is not None:  # built into Milvus: its writers wrote the collection themselves
+        return _in_step(index_dir, place, where)
     return push_index(index_dir, place, index_type=index_type, progress=progress, switch=switch)
 
 
+def _in_step(index_dir: str, place: Any, where: dict[str, str]) -> dict[str, Any]:
+    """The summary of a folder whose vectors are in ``place`` already (a Ray build into Milvus): its writers keep
+    the collection in step; any other collection is refused, as the vectors it would need are not in the folder."""
+    if (place.uri, place.collection) != (where["milvus"], where["collection"]):
+        raise click.ClickException(
+            f"{index_dir} keeps its vectors in the Milvus collection {where['collection']} at {where['milvus']}, not "
+            "in the folder, so they cannot be sent to another collection from it: give --milvus "
+            f"{shlex.quote(where['milvus'])} --collection {where['collection']}, or build the index again into the "
+            "other collection")
+    from retrieval.index.catalogue import CatalogueReader, Status
+    from retrieval.index.layout import IndexLayout
+
+    with CatalogueReader(IndexLayout(index_dir).catalogue) as catalogue:
+        rows = catalogue.counts()[Status.DONE.value]
+    return {"collection": place.collection, "physical": where["physical"], "rows": rows, "sent": 0,
+            "already_there": rows, "deleted": 0, "dropped": None, "seconds": 0.0, "state": "complete",
+            "kept_by_the_writer": True}
+
+
 def _line(summary: dict[str, Any], index_dir: str) -> str:
+    if summary.get("kept_by_the_writer"):
+        return (f"{index_dir} -> Milvus collection {summary['collection']} ({summary['physical']}): {summary['rows']} "
+                "rows, written there by the command itself (the folder holds no vectors)")
     moved = f"; the name now serves {summary['physical']}, {summary['dropped']} dropped" if summary["dropped"] else ""
     return (f"{index_dir} -> Milvus collection {summary['collection']} ({summary['physical']}): {summary['rows']} "
             f"rows, {summary['sent']} sent, {summary['deleted']} deleted, {summary['already_there']} already there, "

@@ -181,6 +181,15 @@ class IndexOptions:
         None, "Milvus", "Milvus' vector index: FLAT (exact), HNSW, IVF_FLAT, IVF_PQ or AUTOINDEX (Milvus chooses; "
         "docs/SCALE.md says which for which size and memory).", choices=MILVUS_INDEX_TYPES,
         default_text="the collection's; AUTOINDEX for a new one")
+    build_milvus: str | None = option(
+        None, "Milvus", "with --engine ray: the Ray actors write the vectors straight into a collection of this Milvus "
+        "server (http://HOST:19530; https:// with TLS), never through this machine; with --collection. --out then "
+        "keeps the catalogue (what resumes the build) and the model's record, no shards and no faiss index: search "
+        "it with `retrieval serve --milvus URI --collection NAME`. A Milvus Lite FILE.db is refused (one process "
+        "only; the actors are others).", flag="--milvus", dest="milvus", metavar="URI")
+    build_collection: str | None = option(
+        None, "Milvus", "the name servers use for the collection --milvus builds: an alias, created once every row "
+        "is in.", flag="--collection", dest="collection", metavar="NAME")
     sync_milvus: str | None = option(
         None, "Milvus", "also bring this Milvus collection in step once the index is written (as `retrieval index "
         "push` does; with --collection).", flag="--milvus", dest="milvus", metavar="URI")

@@ -40,6 +40,8 @@ SIZE_UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KIB": 2**10, "M": 2**20, 
               "G": 2**30, "GB": 2**30, "GIB": 2**30, "T": 2**40, "TB": 2**40, "TIB": 2**40}
 # the build options that only a build from images reads (the Ray ones included)
 IMAGE_BUILD_OPTIONS = ("split", "label_from", "batch_size", "workers", "max_pixels", *ENGINE)
+# the build options that shape the folder's faiss index (none of a build into a Milvus collection)
+FAISS_BUILD_OPTIONS = ("index_key", "max_index_memory", "max_query_ms", "gpu")
 
 
 def _parse_size(text: str | None) -> int | None:
@@ -77,16 +79,32 @@ def _print_failed(summary: dict, errors: int) -> None:
 @command_options(IndexOptions, "max_query_ms", "split", "label_from")
 @ingest_options
 @engine_options
+@command_options(IndexOptions, "build_milvus", "build_collection", "index_type")
 @json_option
 def build_command(
     model, images, embeddings, allow_outside_paths, out, index_key, max_index_memory, max_query_ms, split, label_from,
-    batch_size, workers, shard_size, max_pixels, gpu, engine, as_json,
+    batch_size, workers, shard_size, max_pixels, gpu, engine, milvus, collection, index_type, as_json,
 ) -> None:
     """Embed every image with the model and build the index (--images, --model), or build it from embeddings you
-    already have (--embeddings); rerun it (or `index repair OUT`) to finish an interrupted build."""
+    already have (--embeddings); rerun it (or `index repair OUT`) to finish an interrupted build. With --engine ray
+    --milvus URI --collection NAME the vectors go into that Milvus collection instead of the folder."""
     from retrieval.index import build_index
 
     _check_build_source(model, images, embeddings, allow_outside_paths)
+    place = _build_place(milvus, collection, index_type, embeddings, engine)
+    if place is not None:
+        summary = run_writer(build_index, out, images, out, model=model, split=split, label_from=label_from,
+                             options=ingest_settings(batch_size, workers, shard_size, max_pixels, engine),
+                             milvus=place, milvus_index_type=index_type)
+        if not as_json:
+            _print_failed(summary, summary["errors"])
+        finish(summary, as_json,
+               f"indexed {summary['indexed']} images into the Milvus collection {collection} "
+               f"({summary['vectors_in']['physical']}, {summary['index_key']}; {labels_text(summary)}; "
+               f"{problems(summary['errors'], summary['duplicates'])}) in {summary['seconds']:.0f} s; "
+               f"{summary['index_dir']} holds its catalogue, no vectors",
+               f"retrieval serve --milvus {shlex.quote(milvus)} --collection {collection}")
+        return
     options = ingest_settings(batch_size, workers, shard_size, max_pixels, engine)
     options = dataclasses.replace(options, policy=dataclasses.replace(
         options.policy, max_index_memory=max_index_memory, max_query_ms=max_query_ms))
@@ -101,6 +119,33 @@ def build_command(
            f"indexed {summary['indexed']} images into {summary['index_dir']} ({summary['index_key']}, "
            f"{labels_text(summary)}; {problems(summary['errors'], summary['duplicates'])}) in "
            f"{summary['seconds']:.0f} s{budget_text(summary.get('budget'))}", serve_next(summary["index_dir"]))
+
+
+def _build_place(milvus: str | None, collection: str | None, index_type: str | None, embeddings: str | None,
+                 engine: dict) -> Any:
+    """The collection a Ray build writes into (--milvus, --collection), checked before any work; None: the folder."""
+    if milvus is None and collection is None:
+        if index_type is not None:
+            raise click.UsageError("--index-type is the Milvus collection's vector index: give it with --milvus and "
+                                   "--collection (the folder's faiss index is --index-key)")
+        return None
+    if (milvus is None) != (collection is None):
+        raise click.UsageError("give --milvus URI and --collection NAME together")
+    if embeddings is not None:
+        raise click.UsageError("--milvus builds from --images with --engine ray; for --embeddings, build the folder "
+                               "and push it (`retrieval index push OUT --milvus URI --collection NAME`)")
+    context = click.get_current_context()
+    given = [option_flag(context.command, name) or name for name in FAISS_BUILD_OPTIONS
+             if context.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
+    if given:
+        raise click.UsageError(f"{', '.join(given)} shape the folder's faiss index, which a build into a Milvus "
+                               "collection does not make: leave them out (--index-type chooses the collection's)")
+    from retrieval.index.milvus_build import check_build_place
+    from retrieval.index.milvus_collection import MilvusPlace
+
+    place = MilvusPlace.checked(milvus, collection)
+    check_build_place(place, engine.get("engine", "local"))
+    return place
 
 
 def _check_build_source(model: str | None, images: str | None, embeddings: str | None,

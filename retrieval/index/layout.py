@@ -33,6 +33,9 @@ LOCK_RETRY_SECONDS = 0.3
 # index.json holds the build's record (key, model, tuning): kilobytes. Anything far larger is not one, and is not
 # read whole (a sparse file of a gigabyte would cost that much memory at every open).
 MAX_INFO_BYTES = 4 * 2**20
+# index.json's (and the catalogue meta's) key of an index whose vectors are in a Milvus collection, not in the
+# folder (``milvus_build``: a Ray build into a collection): {"milvus": URI, "collection": NAME, "physical": ...}
+VECTORS_IN = "vectors_in"
 
 # Lock descriptors this process holds. A forked child (a DataLoader worker) closes its copies at once, so
 # that the lock dies with its holder and not with the holder's last worker.
@@ -55,6 +58,20 @@ class IndexLockedError(RuntimeError):
 
 class InconsistentIndexError(RuntimeError):
     """The parts of an index disagree (a writer is at work, or one was interrupted): wait for it, or repair."""
+
+
+class VectorsInMilvusError(FileNotFoundError):
+    """The folder's vectors are in a Milvus collection: a command that needs them here is pointed at it."""
+
+    def __init__(self, root: Path, where: dict[str, str]) -> None:
+        uri, name = shlex.quote(str(where.get("milvus"))), where.get("collection")
+        super().__init__(
+            f"the index in {root} keeps its vectors in the Milvus collection {name} at {where.get('milvus')} (built "
+            "by the Ray engine into Milvus), not in the folder, which holds no shards and no faiss index: search it "
+            f"with `retrieval serve --milvus {uri} --collection {name}`, and update it with `retrieval index "
+            f"add|remove {shlex.quote(str(root))} --milvus {uri} --collection {name}`"
+        )
+        self.where = where
 
 
 def repair_command(root: Path, rebuild: bool = False) -> str:
@@ -92,8 +109,15 @@ class IndexLayout:
                 "build one with `retrieval index build`"
             )
 
-    def require_finished(self) -> None:
+    def require_finished(self, vectors_in_milvus: bool = False) -> None:
+        """A finished index with its vectors here (``vectors_in_milvus``: or in the Milvus collection it names,
+        which add and remove update); the error says what finishes it, or where its vectors are."""
         self.require_catalogue()
+        where = self.vectors_in()
+        if where is not None:
+            if not vectors_in_milvus:
+                raise VectorsInMilvusError(self.root, where)
+            return
         if not self.info.is_file() or not self.faiss.is_file():
             writer = self.writer()
             if writer is not None:
@@ -102,6 +126,16 @@ class IndexLayout:
                     "use it when that finishes"
                 )
             raise self.unfinished()
+
+    def vectors_in(self) -> dict[str, str] | None:
+        """The Milvus collection a finished index keeps its vectors in (``VECTORS_IN``); None: in the folder."""
+        if not self.info.is_file() or self.faiss.is_file():
+            return None
+        try:
+            where = self.read_info().get(VECTORS_IN)
+        except ValueError:
+            return None
+        return where if isinstance(where, dict) else None
 
     def unfinished(self) -> FileNotFoundError:
         """The error for an index whose build never finished: repair finishes it."""

@@ -12,7 +12,7 @@ collection: two at once could both send a row the other has not yet written.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -89,7 +89,7 @@ def push_index(index_dir: str | Path, place: MilvusPlace, index_type: str | None
             columns = manifest_columns(FilterTable(ids, paths, labels, extra))
             wanted = CollectionRecord(dict(index.info), column_fields([(n, t) for n, (t, _) in columns.items()]),
                                       index_type or "AUTOINDEX", PUSHING, rows=len(ids))
-            served = _served_collection(client, place.collection)
+            served = served_collection(client, place.collection)
             target = physical_name(place.collection, wanted.model_hash) if served is None else served
             if served is not None and switch:
                 current = read_record(client, served)
@@ -98,12 +98,12 @@ def push_index(index_dir: str | Path, place: MilvusPlace, index_type: str | None
             record = read_record(client, target)
             if record is None:
                 record = wanted
-                _create(client, target, record, _preprocessing(index))
+                create_collection(client, target, record, _preprocessing(index))
             elif compatible_upgrade(record, wanted, index):  # queries by the new model now, rows re-sent in place
                 record.info, record.state = wanted.info, PUSHING
                 client.alter_collection_properties(target, record.properties(_preprocessing(index)))
             else:
-                _check_resumable(record, wanted if index_type else replace(wanted, index_type=record.index_type),
+                check_resumable(record, wanted if index_type else replace(wanted, index_type=record.index_type),
                                  target)
             rows = _collection_rows(client, target, record)
             sent, deleted = _write(client, target, record, index, ids, paths, labels, columns, rows, batch_rows,
@@ -111,7 +111,7 @@ def push_index(index_dir: str | Path, place: MilvusPlace, index_type: str | None
             record.state, record.rows = COMPLETE, len(ids)
             client.flush(target)
             client.alter_collection_properties(target, {RECORD: record.properties()[RECORD]})
-            old = _point_alias(client, place.collection, target, served)
+            old = point_alias(client, place.collection, target, served)
     finally:
         client.close()
     return {"collection": place.collection, "physical": target, "rows": len(ids), "sent": sent,
@@ -140,14 +140,14 @@ def physical_name(name: str, model_hash: str | None) -> str:
     return f"{name}__{(model_hash or 'vectors')[:16]}"
 
 
-def _served_collection(client: Any, name: str) -> str | None:
+def served_collection(client: Any, name: str) -> str | None:
     """The collection ``name`` serves now (itself, or the one its alias points to); None when neither exists."""
     if not client.has_collection(name):
         return None
     return str(client.describe_collection(name).get("collection_name") or name)
 
 
-def _point_alias(client: Any, name: str, target: str, served: str | None) -> str | None:
+def point_alias(client: Any, name: str, target: str, served: str | None) -> str | None:
     """Point the alias ``name`` at ``target`` in one step; the collection it left is dropped (its name returned)."""
     if served == target:
         return None
@@ -209,7 +209,7 @@ def _write(client: Any, collection: str, record: CollectionRecord, index: Any, i
     return sent, len(stale)
 
 
-def _check_resumable(existing: CollectionRecord, wanted: CollectionRecord, collection: str) -> None:
+def check_resumable(existing: CollectionRecord, wanted: CollectionRecord, collection: str) -> None:
     """Refuse a collection that holds another model's vectors, other columns or another vector index type."""
     refuse_other_model(existing, wanted.model_hash, collection,
                        "push into a new collection, or move this name to the new model's vectors with "
@@ -223,7 +223,7 @@ def _check_resumable(existing: CollectionRecord, wanted: CollectionRecord, colle
                                         "or push into a new collection")
 
 
-def _create(client: Any, collection: str, record: CollectionRecord, preprocessing: dict[str, Any]) -> None:
+def create_collection(client: Any, collection: str, record: CollectionRecord, preprocessing: dict[str, Any]) -> None:
     client.create_collection(collection, schema=collection_schema(record.dim, record.columns),
                              index_params=vector_index_params(client, record.index_type, record.rows, record.dim),
                              properties=record.properties(preprocessing), consistency_level="Strong")
@@ -238,8 +238,13 @@ def _preprocessing(index: Any) -> dict[str, Any]:
         config = dict(index.embedder.model_config)
     except (OSError, ValueError, AttributeError):
         return {"model": "not found"}
-    return {key: config[key] for key in ("image_size", "input_size", "resize", "mean", "std", "normalize",
-                                         "embedding_dim") if key in config}
+    return preprocessing_of(config)
+
+
+def preprocessing_of(model_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The preprocessing settings of a model's config that a collection's properties record."""
+    return {key: model_config[key] for key in ("image_size", "input_size", "resize", "mean", "std", "normalize",
+                                               "embedding_dim") if key in model_config}
 
 
 def _rows(ids: list[int], vectors: np.ndarray, public: dict[int, tuple[str, str | None]], sha: dict[int, Any],
@@ -248,16 +253,24 @@ def _rows(ids: list[int], vectors: np.ndarray, public: dict[int, tuple[str, str 
     """The collection's rows of ``ids``, each value checked against its field's bound."""
     for image_id, vector in zip(ids, vectors.tolist(), strict=True):
         path, label = public[image_id]
-        if len(path) > MAX_PATH_CHARS or (label is not None and len(label) > MAX_LABEL_CHARS):
-            raise MilvusError("index", f"image {image_id} has a path or label longer than Milvus' field allows "
-                                       f"({MAX_PATH_CHARS} / {MAX_LABEL_CHARS} characters): {path[:80]!r}")
         digest, size = sha.get(image_id, (None, None))
-        row = {ID: image_id, VECTOR: vector, PATH: path, LABEL: label, SHA256: digest, SIZE: size,
-               SHARD: shard_of.get(image_id)}
-        for column in record.columns:
-            value = values[column.name][image_id]
-            if isinstance(value, str) and len(value) > MAX_TEXT_CHARS:
-                raise MilvusError("index", f"image {image_id}'s column {column.name!r} holds {len(value)} "
-                                           f"characters; a Milvus field takes at most {MAX_TEXT_CHARS}")
-            row[column.field] = value
-        yield row
+        row = {ID: image_id, VECTOR: vector, SHA256: digest, SIZE: size, SHARD: shard_of.get(image_id)}
+        yield row | scalar_fields(image_id, path, label, {c.name: values[c.name][image_id] for c in record.columns},
+                                  record)
+
+
+def scalar_fields(image_id: int, path: str, label: str | None, values: Mapping[str, Any],
+                  record: CollectionRecord) -> dict[str, Any]:
+    """A row's path, label and manifest columns (by column name in ``values``) as the collection's fields, each
+    checked against its field's bound: what a push and a Ray build into a collection write alike."""
+    if len(path) > MAX_PATH_CHARS or (label is not None and len(label) > MAX_LABEL_CHARS):
+        raise MilvusError("index", f"image {image_id} has a path or label longer than Milvus' field allows "
+                                   f"({MAX_PATH_CHARS} / {MAX_LABEL_CHARS} characters): {path[:80]!r}")
+    fields: dict[str, Any] = {PATH: path, LABEL: label}
+    for column in record.columns:
+        value = values.get(column.name)
+        if isinstance(value, str) and len(value) > MAX_TEXT_CHARS:
+            raise MilvusError("index", f"image {image_id}'s column {column.name!r} holds {len(value)} "
+                                       f"characters; a Milvus field takes at most {MAX_TEXT_CHARS}")
+        fields[column.field] = value
+    return fields

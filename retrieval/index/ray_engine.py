@@ -132,6 +132,7 @@ class RayEngine:
         if self.options.cpus_per_actor <= 0:
             raise ParameterError("cpus_per_actor", f"must be > 0, got {self.options.cpus_per_actor}")
         self._started = False
+        self.collection: tuple[Any, Any] | None = None  # (``milvus_build.CollectionBuild``, its client): see write_into
         self.run_facts: dict[str, float] = {}  # the last ingest's start-up and actor time (``ingest.ingest`` sums them)
 
     def __enter__(self) -> RayEngine:
@@ -148,9 +149,21 @@ class RayEngine:
         if model_path is None:
             raise ValueError("the ray engine loads the model in each actor from its file: give the `model` file")
         # absolute: the actors' working folder is not this one
-        ingestor = RayIngestor(catalogue, store, embedder, options, self.options, str(Path(model_path).resolve()))
+        model_path = str(Path(model_path).resolve())
+        if self.collection is not None:
+            from retrieval.index.ray_collection import CollectionIngestor
+
+            ingestor: RayIngestor = CollectionIngestor(catalogue, store, embedder, options, self.options, model_path,
+                                                       *self.collection)
+        else:
+            ingestor = RayIngestor(catalogue, store, embedder, options, self.options, model_path)
         ingestor.run()
         self.run_facts = ingestor.facts
+
+    def write_into(self, build: Any, client: Any) -> None:
+        """Send the vectors of the next ingests into ``build``'s collection (``milvus_build``) through writer actors,
+        instead of streaming them back to shards; ``client`` deletes the copies the driver finds."""
+        self.collection = (build, client)
 
     def add_vectors(self, index: faiss.Index, chunks: Chunks, workdir: Path, count: int) -> faiss.Index:
         """Per-shard Ray tasks for an IVF index, merged here; any other index is filled in this process."""
@@ -317,7 +330,7 @@ class RayIngestor(Ingestor):
         batch_size, size = self.options.batch_size, int(self.embedder.model_config["input_size"])
         opts = self.ray_options
         dataset = ray.data.from_items(
-            [{"id": int(i), "path": p} for i, p in rows], override_num_blocks=max(1, -(-len(rows) // (4 * batch_size)))
+            self._items(rows), override_num_blocks=max(1, -(-len(rows) // (4 * batch_size)))
         )
         dataset = dataset.map_batches(
             decode_rows,
@@ -347,7 +360,16 @@ class RayIngestor(Ingestor):
             num_cpus=opts.cpus_per_actor,
             num_gpus=opts.gpus_per_actor or None,
         )
+        dataset = self._after_embedding(dataset)
         yield from dataset.iter_batches(batch_size=batch_size, batch_format="numpy", prefetch_batches=2)
+
+    def _items(self, rows: Sequence[tuple[int, str]]) -> list[dict[str, Any]]:
+        """The job's input rows: what the decode stage reads (and what later stages carry through)."""
+        return [{"id": int(i), "path": p} for i, p in rows]
+
+    def _after_embedding(self, dataset: Any) -> Any:
+        """Stages after the embedding actors (none: the embeddings stream back to this process)."""
+        return dataset
 
     def _take_embedded(self, batch: dict[str, np.ndarray]) -> None:
         columns = zip(batch["id"], batch["ok"], batch["sha256"], batch["size"], batch["error"], strict=True)

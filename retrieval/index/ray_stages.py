@@ -21,6 +21,13 @@ from retrieval.data.eval_preprocess import EvalPreprocess
 from retrieval.index.gallery_file import decode_file
 from retrieval.index.query_embedder import ModelMismatchError, load_model, prepare_vectors, with_output
 
+FACTS = ("id", "ok", "sha256", "size", "error", "node")  # what the driver reads of a row written to a collection
+
+
+def carried(batch: dict[str, np.ndarray], used: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """The columns of ``batch`` a stage passes on untouched (a later stage's, e.g. a collection row's fields)."""
+    return {key: value for key, value in batch.items() if key not in used}
+
 
 @functools.lru_cache(maxsize=4)
 def _preprocess(config_json: str) -> Any:
@@ -41,7 +48,7 @@ def decode_rows(batch: dict[str, np.ndarray], config_json: str, max_pixels: int)
     for row, record in enumerate(records):
         if record.array is not None:
             pixels[row] = record.array
-    return {
+    return carried(batch, ("id", "path")) | {
         "id": np.asarray(batch["id"], np.int64),
         "ok": np.array([r.error is None for r in records]),
         "sha256": np.array([r.sha256 or "" for r in records], object),
@@ -79,7 +86,39 @@ class BatchEmbedder:
         if ok.any():
             pixels = self.preprocess.normalize(np.asarray(batch["pixels"])[ok])
             vectors[ok] = prepare_vectors(self.embedder.embed(pixels), dim)
-        return {key: batch[key] for key in ("id", "ok", "sha256", "size", "error")} | {
+        return carried(batch, ("pixels",)) | {
             "embedding": vectors,
             "node": np.full(len(ok), self.node_id, object),
         }
+
+
+class CollectionWriter:
+    """Ray Data actor: writes the readable rows of each embedded batch into a Milvus collection and passes on only
+    the facts the driver records (``FACTS``), so the vectors go from the actors to Milvus, never to the driver.
+
+    Each row's scalar fields (path, label, manifest columns) arrive as the JSON the driver made of them (column
+    ``fields``). Rows are upserted, never inserted: Milvus keeps a repeated primary key as a second row, and a row
+    may be written again (a resumed build re-embeds the rows whose facts never reached the catalogue; Ray runs a
+    batch again whose actor died after writing it).
+    """
+
+    def __init__(self, uri: str, collection: str, batch_rows: int) -> None:
+        from retrieval.index.milvus_collection import MilvusPlace, connect
+
+        self.client = connect(MilvusPlace(uri, collection))  # credentials: RETRIEVAL_MILVUS_TOKEN of the job's env
+        self.collection, self.batch_rows = collection, max(1, batch_rows)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from retrieval.index.milvus_collection import ID, SHA256, SHARD, SIZE, VECTOR
+
+        ok = np.asarray(batch["ok"], bool)
+        rows = [
+            {ID: int(i), VECTOR: vector.tolist(), SHA256: str(sha), SIZE: int(size), SHARD: None,
+             **json.loads(str(fields))}
+            for i, vector, sha, size, fields in zip(
+                batch["id"][ok], np.asarray(batch["embedding"])[ok], batch["sha256"][ok], batch["size"][ok],
+                batch["fields"][ok], strict=True)
+        ]
+        for start in range(0, len(rows), self.batch_rows):
+            self.client.upsert(self.collection, rows[start: start + self.batch_rows])
+        return {key: batch[key] for key in FACTS}

@@ -31,20 +31,20 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePath, PurePosixPath
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import faiss
 
 from retrieval.errors import ParameterError, parameters_named
 from retrieval.index import faiss_files, faiss_gpu, faiss_keys
 from retrieval.index.add_check import check_new_images
-from retrieval.index.catalogue import UPGRADE_MODEL_PATH, Catalogue, Status
+from retrieval.index.catalogue import UPGRADE_MODEL_PATH, Catalogue, Outcome, Status
 from retrieval.index.embedding_input import EmbeddingsInput, open_embeddings
 from retrieval.index.engine import AddVectors, IngestOptions
 from retrieval.index.engines import open_engine
 from retrieval.index.faiss_build import build_faiss, update_faiss
 from retrieval.index.ingest import ingest
-from retrieval.index.layout import IndexLayout, IndexLockedError, repair_command
+from retrieval.index.layout import VECTORS_IN, IndexLayout, IndexLockedError, repair_command
 from retrieval.index.mend import mend, missing_vectors
 from retrieval.index.portable import GALLERY_RELATIVE, MODEL_RELATIVE, find_model, gallery_place, relative_to_index
 from retrieval.index.query_embedder import (
@@ -72,6 +72,9 @@ from retrieval.index.sources import (
 )
 from retrieval.index.vectors import faiss_mismatch
 from retrieval.near_duplicates import DuplicateCheck
+
+if TYPE_CHECKING:
+    from retrieval.index.milvus_collection import MilvusPlace
 
 log = logging.getLogger(__name__)
 
@@ -293,6 +296,8 @@ def build_index(
     gpu: bool = False,
     options: IngestOptions | None = None,
     label_from: str | None = None,
+    milvus: MilvusPlace | None = None,
+    milvus_index_type: str | None = None,
 ) -> dict[str, Any]:
     """Build (or finish an interrupted build of) an index of the images in ``out``; returns a summary.
 
@@ -301,21 +306,33 @@ def build_index(
 
     ``options.engine`` chooses who decodes and embeds (``local``, or ``ray`` on a Ray cluster); every
     engine writes the same folder layout, so an index is resumed, searched and updated the same way.
+
+    ``milvus`` (with ``options.engine`` ray and a Milvus server): the Ray actors write the vectors straight into
+    that collection (``milvus_build``; ``milvus_index_type``: its vector index, default AUTOINDEX) and ``out``
+    keeps the catalogue and the model's record, no shards and no faiss index.
     """
     started = time.perf_counter()
+    options = options or IngestOptions()
+    if milvus is not None:
+        from retrieval.index.milvus_build import check_build_place
+
+        check_build_place(milvus, options.engine)  # before the model loads or Ray starts
     if gpu:
         faiss_gpu.require_gpu()  # fail before any work
     if embedder is None:
         if model is None:
             raise ParameterError("model", "is needed (an exported .onnx file) to embed the images with")
         embedder = load_model(model)
-    options = options or IngestOptions()
     layout = IndexLayout(out)
     layout.root.mkdir(parents=True, exist_ok=True)
     engine = open_engine(options)
     with engine, layout.write_lock("build an index in"), Catalogue(layout.catalogue) as catalogue:
         state = catalogue.get_meta("state")
         store = ShardStore(layout.shards)
+        if state == "complete" and catalogue.get_meta(VECTORS_IN) is not None:
+            raise FinishedIndexError(f"{layout.root} already holds a finished index, its vectors in Milvus "
+                                     f"({json.loads(catalogue.get_meta(VECTORS_IN))['collection']}); add images "
+                                     "to it, or build into another folder")
         if state == "complete":
             _refuse_finished(layout, catalogue, store)
         if state is not None:
@@ -325,11 +342,14 @@ def build_index(
                     f"{catalogue.get_meta('embeddings_dir')}; finish that one (run it again, or "
                     f"`{repair_command(layout.root)}`), or build from images into another folder")
             embedder = _check_same_model(catalogue, embedder, layout.root)
-            _check_same_key(catalogue, index_key, layout.root)
+            _check_same_place(catalogue, milvus, layout.root)
+            if milvus is None:
+                _check_same_key(catalogue, index_key, layout.root)
         gallery, rule = _list(images, split, catalogue, label_from)
         if state is None:
             fields = _model_fields(embedder, str(model) if model else None, layout.root)
-            catalogue.set_meta(state="building", index_key=index_key, **meta_values(fields))
+            catalogue.set_meta(state="building", index_key=index_key, **meta_values(fields),
+                               **_collection_meta(milvus, embedder))
         if catalogue.get_meta("gallery_root") is None:  # what repair re-lists if planning never finished
             catalogue.set_meta(
                 gallery_root=gallery.root, gallery_images=str(Path(images).expanduser().resolve()),
@@ -337,6 +357,11 @@ def build_index(
                 **({"gallery_split": split} if split is not None else {}),
             )
         catalogue.plan(gallery.items, gallery.source, gallery.errors)
+        if milvus is not None:
+            built = _build_into_collection(layout, catalogue, store, engine, embedder, options, milvus,
+                                           milvus_index_type)
+            return {"index_dir": str(layout.root), **built, "labels": label_summary(gallery, rule),
+                    **_summary(catalogue, started, {})}
         mended = mend(catalogue, store)
         ingest(engine, catalogue, store, embedder, options)
         built = _publish_faiss(layout, catalogue, store, index_key, int(embedder.embedding_dim), gpu, options,
@@ -349,6 +374,130 @@ def build_index(
             "labels": label_summary(gallery, rule),
             **_summary(catalogue, started, mended),
         }
+
+
+def _check_same_place(catalogue: Catalogue, milvus: MilvusPlace | None, root: Path) -> None:
+    """A resumed build writes its vectors where it started: into shards here, or into its Milvus collection."""
+    if milvus is not None or catalogue.get_meta(VECTORS_IN) is not None:
+        from retrieval.index.milvus_build import check_same_place
+
+        check_same_place(catalogue, milvus, root)
+
+
+def _collection_meta(milvus: MilvusPlace | None, embedder: ImageEmbedder) -> dict[str, str]:
+    """The catalogue's record of the collection a build writes into, made before the collection is: a collection
+    this folder did not record is someone else's (``milvus_build.start``)."""
+    if milvus is None:
+        return {}
+    from retrieval.index.milvus_build import recorded_place
+    from retrieval.index.milvus_push import physical_name
+
+    return {VECTORS_IN: json.dumps(recorded_place(milvus, physical_name(milvus.collection, embedder.model_hash)))}
+
+
+MAX_RESENDS = 2  # passes over rows the collection lost between the writers and the final count (none expected)
+
+
+def _build_into_collection(layout: IndexLayout, catalogue: Catalogue, store: ShardStore, engine: Any,
+                           embedder: ImageEmbedder, options: IngestOptions, milvus: MilvusPlace,
+                           index_type: str | None) -> dict[str, Any]:
+    """The Ray actors embed the pending rows into the collection, which is then named; index.json (no faiss part)
+    and the catalogue's state record it."""
+    info = _info_from_meta(catalogue)
+    build = _ingest_into_collection(catalogue, store, engine, embedder, options, milvus, index_type, info)
+    built = {"index_key": f"Milvus {build.record.index_type}", "params": {}, VECTORS_IN: build.where}
+    layout.write_info(info | built)
+    catalogue.set_meta(state="complete")
+    return built
+
+
+def _ingest_into_collection(catalogue: Catalogue, store: ShardStore, engine: Any, embedder: ImageEmbedder,
+                            options: IngestOptions, milvus: MilvusPlace, index_type: str | None,
+                            info: Mapping[str, Any]) -> Any:
+    """Embed the pending rows into the collection (created, or the one this folder started); once it holds exactly
+    the done rows it is marked complete and named (``milvus_build``). Returns the ``CollectionBuild``."""
+    from retrieval.index import milvus_build
+    from retrieval.index.milvus_collection import connect
+    from retrieval.index.milvus_push import preprocessing_of
+
+    client = connect(milvus)
+    try:
+        build = milvus_build.start(client, milvus, catalogue, dict(info) | {"index_key": "Milvus"}, index_type,
+                                   preprocessing_of(embedder.model_config))
+        engine.write_into(build, client)
+        for _ in range(MAX_RESENDS + 1):
+            ingest(engine, catalogue, store, embedder, options)
+            lost = milvus_build.reconcile(client, build.physical, catalogue)
+            if not lost:
+                break
+            log.warning("%d indexed images are not in %s; sending them again", len(lost), build.physical)
+            catalogue.record([Outcome(i, Status.PENDING) for i in lost])
+        else:
+            raise RuntimeError(f"{build.physical} at {milvus.uri} keeps losing rows after they were written; check "
+                               "the Milvus server, then run the command again")
+        milvus_build.finish(client, build, catalogue.counts()[Status.DONE.value])
+    finally:
+        client.close()
+    return build
+
+
+def _recorded_collection(info: Mapping[str, Any]) -> MilvusPlace:
+    """The collection an index built into Milvus keeps its vectors in (index.json's ``VECTORS_IN``)."""
+    from retrieval.index.milvus_collection import MilvusPlace
+
+    where = info[VECTORS_IN]
+    return MilvusPlace(str(where["milvus"]), str(where["collection"]))
+
+
+def _add_into_collection(layout: IndexLayout, catalogue: Catalogue, store: ShardStore, engine: Any,
+                         embedder: ImageEmbedder, options: IngestOptions, info: dict[str, Any],
+                         duplicates: DuplicateCheck) -> dict[str, Any]:
+    """``add_images`` of an index whose vectors are in Milvus: the Ray actors write the new rows into its
+    collection, which serves them as they come; the near-duplicate check, which reads the folder's vectors, is
+    not made."""
+    if options.engine != "ray":
+        raise ParameterError("engine", f"is {options.engine}, but {layout.root} keeps its vectors in Milvus, where "
+                                       "only the ray engine's actors write them: add with the ray engine")
+    if duplicates.duplicates == "skip":
+        raise ParameterError("duplicates", "skip compares the new images with the vectors in the folder, and this "
+                                           "index keeps its vectors in Milvus: add with report or off")
+    build = _ingest_into_collection(catalogue, store, engine, embedder, options, _recorded_collection(info), None,
+                                    info)
+    layout.write_info(info)
+    return {"index_key": info.get("index_key"), VECTORS_IN: build.where}
+
+
+def _refuse_collection_repair(layout: IndexLayout, catalogue: Catalogue) -> None:
+    """Repair mends shards and faiss, which an index built into Milvus has none of: its build command resumes it
+    (an unfinished one), and its writers check its collection's rows against the catalogue (a finished one)."""
+    recorded = catalogue.get_meta(VECTORS_IN)
+    if recorded is None:
+        return
+    where = json.loads(recorded)
+    if catalogue.get_meta("state") == "complete":
+        from retrieval.index.layout import VectorsInMilvusError
+
+        raise VectorsInMilvusError(layout.root, where)
+    raise FileExistsError(f"{layout.root} holds an interrupted build into the Milvus collection "
+                          f"{where['collection']} at {where['milvus']}, which has no shards to mend: finish it by "
+                          "running its build command again (the ray engine, into the same collection)")
+
+
+def _remove_from_collection(catalogue: Catalogue, info: Mapping[str, Any], ids: Sequence[int]) -> dict[str, Any]:
+    """``remove_images`` of an index whose vectors are in Milvus: the rows leave its collection, and every server
+    stops finding them at its next request."""
+    from retrieval.index import milvus_build
+    from retrieval.index.milvus_collection import connect
+
+    place = _recorded_collection(info)
+    client = connect(place)
+    try:
+        physical = str(info[VECTORS_IN]["physical"])
+        milvus_build.delete_ids(client, physical, sorted(set(ids)))
+        milvus_build.reconcile(client, physical, catalogue)  # and what a removal killed midway left
+    finally:
+        client.close()
+    return {"index_key": info.get("index_key"), VECTORS_IN: info[VECTORS_IN]}
 
 
 def _refuse_finished(layout: IndexLayout, catalogue: Catalogue, store: ShardStore,
@@ -480,10 +629,12 @@ def _reopen_input(catalogue: Catalogue, root: Path) -> EmbeddingsInput:
     return source
 
 
-def _require_complete(layout: IndexLayout, catalogue: Catalogue, upgrading: bool = False) -> dict[str, Any]:
+def _require_complete(layout: IndexLayout, catalogue: Catalogue, upgrading: bool = False,
+                      vectors_in_milvus: bool = False) -> dict[str, Any]:
     """index.json of a finished index (``add``/``remove`` work only on one, and not during an upgrade unless
-    ``upgrading``: the upgrade itself), else the error naming the command that finishes it."""
-    layout.require_finished()
+    ``upgrading``: the upgrade itself; ``vectors_in_milvus``: one whose vectors are in a Milvus collection too),
+    else the error naming the command that finishes it."""
+    layout.require_finished(vectors_in_milvus)
     if catalogue.get_meta("state") != "complete":
         raise layout.unfinished()
     under_way = catalogue.get_meta(UPGRADE_MODEL_PATH)
@@ -517,7 +668,7 @@ def add_images(
     options = options or IngestOptions()
     engine = open_engine(options)
     with engine, layout.write_lock("add images to"), Catalogue(layout.catalogue) as catalogue:
-        info = _require_complete(layout, catalogue)
+        info = _require_complete(layout, catalogue, vectors_in_milvus=True)
         if not has_model(info):
             raise NoModelError(f"{built_without_model(layout.root)}: images cannot be added to it, as nothing can "
                                "embed them into the space of its vectors; build it again from embeddings that hold "
@@ -533,6 +684,11 @@ def add_images(
         before = _tally(catalogue)
         catalogue.plan(gallery.items, gallery.source, gallery.errors)
         store = ShardStore(layout.shards)
+        if VECTORS_IN in info:
+            updated = _add_into_collection(layout, catalogue, store, engine, embedder, options, info, duplicates)
+            this_run = {key: value - before[key] for key, value in _tally(catalogue).items()}
+            return {"index_dir": str(layout.root), **updated, "labels": label_summary(gallery, rule),
+                    "this_run": this_run, "near_duplicates": None, **_summary(catalogue, started, {})}
         mended = mend(catalogue, store)
         ingest(engine, catalogue, store, embedder, options)
         near = check_new_images(layout, catalogue, store, info, duplicates)  # before faiss holds the new images
@@ -557,7 +713,7 @@ def remove_images(
     layout = IndexLayout(index_dir)
     layout.require_catalogue()
     with layout.write_lock("remove images from"), Catalogue(layout.catalogue) as catalogue:
-        info = _require_complete(layout, catalogue)
+        info = _require_complete(layout, catalogue, vectors_in_milvus=True)
         wanted = [int(i) for i in ids]
         if paths:
             info |= relocate(layout, catalogue, gallery_root)
@@ -578,9 +734,12 @@ def remove_images(
             raise ValueError(f"nothing was removed: no catalogue rows with ids {', '.join(map(str, unknown[:10]))} "
                              f"(`retrieval index stats` shows the ids in use){rest}")
         catalogue.mark_removed(wanted)
-        store = ShardStore(layout.shards)
-        updated = update_faiss(layout, catalogue, store, info, policy=policy)
-        layout.write_info(info | updated)
+        if VECTORS_IN in info:
+            updated = _remove_from_collection(catalogue, info, wanted)
+        else:
+            store = ShardStore(layout.shards)
+            updated = update_faiss(layout, catalogue, store, info, policy=policy)
+            layout.write_info(info | updated)
         return {
             "index_dir": str(layout.root),
             "removed_ids": sorted(set(wanted)),
@@ -649,6 +808,7 @@ def repair_index(
     layout.require_catalogue()
     engine = open_engine(options)
     with engine, layout.write_lock("repair"), Catalogue(layout.catalogue) as catalogue:
+        _refuse_collection_repair(layout, catalogue)
         state = catalogue.get_meta("state")
         from_embeddings = catalogue.get_meta("source") == EMBEDDINGS_SOURCE
         if state is None or (catalogue.get_meta("model_hash") is None and not from_embeddings):

@@ -124,10 +124,13 @@ LOG_METHODS = {"debug", "info", "warning", "warn", "error", "exception", "critic
 # Flags that are not ours: the documented commands of other tools that a message tells the user to run.
 NOT_OUR_FLAGS = {
     "retrieval/index/ray_engine.py": {"--head", "--address"},  # `ray start --head`, `ray start --address=...`
+    "retrieval/index/milvus_build.py": {"--data-dir"},  # `milvus-lite server --data-dir DIR`
 }
 # The whole command a damaged index needs: the server's logs and answers show it too, where no command line
 # translates a parameter's name.
-WHOLE_COMMANDS = {"retrieval/index/layout.py": {"--rebuild"},
+# An index whose vectors are in Milvus: the commands that search and update it, and the push into a Milvus Lite file.
+WHOLE_COMMANDS = {"retrieval/index/layout.py": {"--rebuild", "--milvus", "--collection"},
+                  "retrieval/index/milvus_build.py": {"--milvus", "--collection"},
                   "retrieval/index/audit.py": {"--label-from"}}  # an unlabelled index: the relabelling command
 
 

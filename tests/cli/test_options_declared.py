@@ -22,9 +22,10 @@ from retrieval.train.config import TrainConfig
 ROOT = Path(__file__).resolve().parents[2]
 DECLARED = declared_options(TrainConfig)
 COMMAND_ONLY = {"config_file", "nproc", "max_restarts", "as_json", "offline"}  # how to run, not what
-# flags of other programs that our messages tell people to run (torchrun, ray, tensorboard, mlflow, autofaiss)
+# flags of other programs that our messages tell people to run (torchrun, ray, tensorboard, mlflow, autofaiss,
+# milvus-lite)
 OTHER_PROGRAMS = {"--nproc-per-node", "--nnodes", "--rdzv-backend", "--rdzv-endpoint", "--standalone", "--address",
-                  "--head", "--logdir", "--backend-store-uri", "--embeddings", "--metric"}
+                  "--head", "--logdir", "--backend-store-uri", "--embeddings", "--metric", "--data-dir"}
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9]*(?:-[a-z0-9]+)*(?![\w{*-])")
 
 

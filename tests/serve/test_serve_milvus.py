@@ -6,17 +6,15 @@ within its reload interval; the command line refuses half a Milvus address."""
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from serve_fixtures import free_port
 
 pytest.importorskip("milvus_lite")
+
+from milvus_server import milvus_lite_server  # noqa: E402
 
 from retrieval.cli.main import main  # noqa: E402
 from retrieval.index.milvus_collection import MilvusPlace, connect  # noqa: E402
@@ -27,24 +25,8 @@ pytestmark = pytest.mark.timeout(300)
 @pytest.fixture(scope="module")
 def milvus_server(tmp_path_factory):
     """A Milvus Lite server process: the Milvus gRPC API on a loopback port, as a cluster serves it."""
-    port = free_port()
-    process = subprocess.Popen([str(Path(sys.executable).with_name("milvus-lite")), "server", "--data-dir",
-                                str(tmp_path_factory.mktemp("lite")), "--host", "127.0.0.1", "--port", str(port)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    uri = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            connect(MilvusPlace.checked(uri, "probe"), timeout_s=2).close()
-            break
-        except Exception:
-            if time.monotonic() > deadline or process.poll() is not None:
-                process.kill()
-                raise
-            time.sleep(0.5)
-    yield uri
-    process.terminate()
-    process.wait(30)
+    with milvus_lite_server(tmp_path_factory.mktemp("lite")) as uri:
+        yield uri
 
 
 @pytest.fixture(scope="module")
