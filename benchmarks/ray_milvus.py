@@ -10,7 +10,6 @@ The Ray runs are repeated (``--repeats``): the first pays the cluster's cold sta
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -38,7 +37,11 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=20000)
     parser.add_argument("--cpus", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=2)
+    from results_io import SAVE_HELP, record_tables  # benchmarks/ is on the path when run
+
+    parser.add_argument("--save", metavar="MACHINE", help=SAVE_HELP)
     args = parser.parse_args()
+    record_tables("ray-milvus", args.save)
 
     import ray
     from embedders import write_projection_onnx
@@ -75,7 +78,16 @@ def main() -> None:
                             f"ray_into_milvus_s_{run}": round(time.perf_counter() - folder, 1)}
         finally:
             ray.shutdown()
-    print(json.dumps(out))
+    rows = [("local build (folder, Flat)", [out["local_build_s"]]), ("then `index push`", [out["push_s"]]),
+            ("`index build --engine ray` into a folder", [out[f"ray_folder_s_{r}"] for r in range(args.repeats)]),
+            ("`index build --engine ray --milvus` into a collection",
+             [out[f"ray_into_milvus_s_{r}"] for r in range(args.repeats)])]
+    print(f"{args.n:,} images, {args.cpus} CPUs: seconds end to end (Ray runs in order: the first pays the cold start)")
+    print()
+    print("| path | seconds |")
+    print("| --- | ---: |")
+    for name, seconds in rows:
+        print(f"| {name} | {', '.join(f'{s:.1f}' for s in seconds)} |")
 
 
 if __name__ == "__main__":
