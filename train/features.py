@@ -20,7 +20,7 @@ from typing import Protocol
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Subset
 
 from retrieval.data import BadImageLog, BadSample, WithSampleSeeds, build_transforms
 from retrieval.data.augment import Augmentation
@@ -134,7 +134,10 @@ class CachedFeatures:
                     progress=embedding.progress)
         # the train split less the validation classes is another set of images: its own cache entry
         held_out = None if val_set is None else present_class_names(val_set)
-        train = cached_features(model.backbone, train_set, dataset_key(cfg, model, "train", held_out),
+        # without labels the train split is other images (a folder read at any depth) or other labels (each image its
+        # own class): its own cache entry, so that --eval-split train reads the labelled one
+        train = cached_features(model.backbone, train_set,
+                                dataset_key(cfg, model, "train", held_out, unlabelled=cfg.labels == "none"),
                                 desc="features train", **args)
         val = None
         if val_set is not None:
@@ -198,6 +201,23 @@ class CachedFeatures:
         idx = np.sort(np.random.default_rng(seed).permutation(n)[: min(n, self.SAMPLE_SIZE)])
         model.head.eval()
         return self._head(model, self.train_features[torch.from_numpy(idx)]), self.train_feature_indices[idx]
+
+    @torch.no_grad()
+    def embed_train_subset(self, model: Embedder, subset: Dataset, head: bool = True) -> Embedded:
+        """The train images of ``subset`` (the train set, or a ``Subset`` of it by train position) from the cached
+        features: through ``model``'s head, or the backbone's features themselves (``head`` False); each row labelled
+        by its train position, ``indices`` its position in ``subset``."""
+        positions = np.asarray(subset.indices if isinstance(subset, Subset) else np.arange(len(subset)),
+                               dtype=np.int64)
+        rows = self.train_feature_row[positions]
+        loaded = np.flatnonzero(rows >= 0)
+        features = self.train_features[torch.from_numpy(rows[loaded])]
+        if head:
+            model.head.eval()
+            embeddings = self._head(model, features)
+        else:
+            embeddings = features.float().cpu().numpy()
+        return Embedded(embeddings, positions[loaded], loaded.astype(np.int64), [])
 
     def close(self) -> None:
         pass  # nothing outlives an epoch
@@ -325,9 +345,10 @@ class ImagePipeline:
         return None  # embedding train images again every epoch costs as much as the evaluation
 
 
-def dataset_key(cfg: TrainConfig, model: Embedder, split: str, held_out: list[str] | None = None) -> dict:
+def dataset_key(cfg: TrainConfig, model: Embedder, split: str, held_out: list[str] | None = None,
+                unlabelled: bool = False) -> dict:
     """What the backbone features of ``split`` depend on: the cache key; ``held_out``: the train classes the
-    validation split took (train and val only)."""
+    validation split took (train and val only); ``unlabelled``: the train images as --labels none reads them."""
     return {
         "backbone": cfg.backbone, "pretrained": cfg.pretrained, "weights": cfg.weights,
         "input_size": model.config["input_size"], "dataset": cfg.dataset,
@@ -342,6 +363,7 @@ def dataset_key(cfg: TrainConfig, model: Embedder, split: str, held_out: list[st
            if model.config["background"] != list(DEFAULT_BACKGROUND) else {}),
         # only where a validation split was carved: the keys of runs without one stay valid
         **({"held_out": held_out} if held_out is not None else {}),
+        **({"labels": "none"} if unlabelled else {}),
         # a letterboxing model's features are of other pixels; cropping keys stay valid
         **({"resize": resize_mode(model.config)} if resize_mode(model.config) != CROP else {}),
     }

@@ -57,9 +57,10 @@ def labelled(tmp_path_factory) -> Path:
     return root
 
 
-def config(data: Path, out: Path, **overrides) -> TrainConfig:
-    values = dict(dataset="folder", data=str(data), labels="none", backbone="timm:test_resnet", pretrained=False,
-                  image_size=32, embedding_dim=16, loss="ntxent", batch_size=8, per_class=2, epochs=2,
+def config(data: Path | None, out: Path, **overrides) -> TrainConfig:
+    values = dict(dataset="folder", data=None if data is None else str(data), labels="none",
+                  backbone="timm:test_resnet", pretrained=False, image_size=32, embedding_dim=16, loss="ntxent",
+                  batch_size=8, per_class=2, epochs=2,
                   optimizer="sgd", lr=0.05, workers=0, device="cpu", out=str(out), plots=False)
     values.update(overrides)
     return TrainConfig(**values)
@@ -239,3 +240,30 @@ def test_clusters_past_the_dense_bound_cluster_a_sample_and_join_the_rest(monkey
     sampled = pseudo_labelling.clusters(points)
     assert adjusted_rand_score(truth, whole) > 0.95
     assert adjusted_rand_score(truth, sampled) > 0.95  # the images left out of the sample joined their blob's cluster
+
+
+def test_a_frozen_backbone_reads_the_sampled_images_from_the_cached_features(tmp_path):
+    data = tmp_path / "photos"
+    write_images(data, per_colour=6, nested=False)
+    trainer = Trainer(config(data, tmp_path / "run", pseudo_labels="mutual", freeze_backbone=True, loss="ms",
+                             batch_size=12, per_class=4, feature_cache=str(tmp_path / "cache")), progress=False)
+    trainer.setup()
+    evaluation, sample = trainer.evaluation, trainer.data.unlabelled_sample
+    for cached, model in ((evaluation._embed_sample(evaluation.eval_model, "head"), evaluation.eval_model),
+                          (evaluation.start_embeddings(), evaluation.eval_model.backbone)):
+        direct = evaluation._embed(model, sample, "images")  # the images through the model, as fine-tuning does
+        assert cached.indices.tolist() == direct.indices.tolist()
+        assert np.allclose(cached.embeddings, direct.embeddings, atol=1e-4)
+    trainer.parts.features.close()
+
+
+def test_transductive_evaluation_reads_the_train_splits_labels_not_the_hidden_ones(tmp_path):
+    """--eval-split train with --freeze-backbone: the train features cached without labels are another cache entry
+    than the evaluation split's, whose labels the metrics need."""
+    report = train(config(None, tmp_path / "run", dataset="digits", eval_split="train", pseudo_labels="clusters",
+                          freeze_backbone=True, loss="ms", batch_size=20, per_class=4, epochs=1,
+                          batches_per_epoch=2, feature_cache=str(tmp_path / "cache")), progress=False)
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [r["epoch"] for r in rows] == [0, 1]
+    assert all(r["recall@1"] > 0.5 and 0.0 <= r[KEPT] <= 1.0 for r in rows)  # five digit classes, not 900 singletons
+    assert report["best"]["epoch"] in (0, 1)
