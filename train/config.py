@@ -34,7 +34,8 @@ DEFAULT_VAL_FRACTION = 0.1
 DEFAULT_VAL_MIN_CLASSES = 20
 RUNS_ROOT = "runs"  # where a run without --out goes
 LABEL_SOURCES = ("given", "none")  # --labels: the data set's classes, or none (fine-tuning without labels)
-PSEUDO_LABEL_METHODS = ("instance", "clusters", "mutual")
+PSEUDO_LABEL_METHODS = ("clusters", "mutual", "instance")
+DEFAULT_PSEUDO_LABELS = "clusters"  # the best of the three measured (docs/RESULTS.md, "Fine-tuning without labels")
 DEFAULT_KEPT_FLOOR = 0.5  # --kept-floor: docs/UNLABELLED.md says how it was chosen
 
 
@@ -64,10 +65,11 @@ class TrainConfig:
     labels: str = option("given", "data", "none: train without labels: --data is any folder of images (flat or "
                                           "nested) or an index folder, each image its own class whose augmented views "
                                           "are the positives (docs/UNLABELLED.md).", choices=LABEL_SOURCES)
-    pseudo_labels: str = option("instance", "data", "--labels none: the positives. instance: an image's own views; "
-                                                    "clusters: the images of its cluster (DBSCAN over k-reciprocal "
-                                                    "distances); mutual: its mutual nearest neighbours' component; "
-                                                    "refreshed from the model's embeddings each epoch.",
+    pseudo_labels: str = option(DEFAULT_PSEUDO_LABELS, "data", "--labels none: the positives. clusters: the images "
+                                                               "of its cluster (DBSCAN over k-reciprocal distances), "
+                                                               "mutual: its mutual nearest neighbours' component, "
+                                                               "both refreshed from the model's embeddings each "
+                                                               "epoch; instance: an image's own augmented views.",
                                 choices=PSEUDO_LABEL_METHODS)
     kept_floor: float = option(DEFAULT_KEPT_FLOOR, "data", "--labels none: the guard. best.pt (and --wise-alpha "
                                                            "auto's mix) is the latest epoch (largest alpha) whose "
@@ -351,7 +353,7 @@ class TrainConfig:
         """What is wrong between --labels none and the options that need labels."""
         if self.labels == "given":
             return [f"--{name.replace('_', '-')} is for training without labels: add --labels none"
-                    for name, on in (("pseudo_labels", self.pseudo_labels != "instance"),
+                    for name, on in (("pseudo_labels", self.pseudo_labels != DEFAULT_PSEUDO_LABELS),
                                      ("eval_data", self.eval_data)) if on]
         needs_labels = (("val_fraction", "--val-fraction holds classes out, and there are none: leave it out"),
                         ("label_noise", "--label-noise flips labels, and there are none: leave it out"),

@@ -234,8 +234,8 @@ ROBUST_CASES = {"lp-ft": dict(lp_epochs=1), "l2sp": dict(l2sp=0.5), "distill": d
                 "layer-decay": dict(layer_decay=0.5), "ema": dict(ema=0.5), "wise": dict(wise_alpha="auto"),
                 "xbm": dict(memory="xbm", memory_size=12, memory_warmup=1), "chunks": dict(chunks=2),
                 # without labels: the principal-axes start, the guard's neighbours, pseudo-labels grouped each epoch
-                "unlabelled": dict(labels="none"), "unlabelled-mutual": dict(labels="none", pseudo_labels="mutual",
-                                                                             per_class=4)}
+                "unlabelled": dict(labels="none", pseudo_labels="instance"),
+                "unlabelled-mutual": dict(labels="none", pseudo_labels="mutual", per_class=4)}
 
 
 def robust_config(root: Path, out: Path, name: str) -> TrainConfig:

@@ -59,9 +59,9 @@ def labelled(tmp_path_factory) -> Path:
 
 def config(data: Path | None, out: Path, **overrides) -> TrainConfig:
     values = dict(dataset="folder", data=None if data is None else str(data), labels="none",
-                  backbone="timm:test_resnet", pretrained=False, image_size=32, embedding_dim=16, loss="ntxent",
-                  batch_size=8, per_class=2, epochs=2,
-                  optimizer="sgd", lr=0.05, workers=0, device="cpu", out=str(out), plots=False)
+                  pseudo_labels="instance", backbone="timm:test_resnet", pretrained=False, image_size=32,
+                  embedding_dim=16, loss="ntxent", batch_size=8, per_class=2, epochs=2, optimizer="sgd", lr=0.05,
+                  workers=0, device="cpu", out=str(out), plots=False)
     values.update(overrides)
     return TrainConfig(**values)
 
@@ -84,7 +84,7 @@ def test_a_folder_with_one_image_is_refused_with_the_layout(tmp_path):
     (dict(label_noise="symmetric:0.1"), "--label-noise"),
     (dict(aux_ce=0.5), "--aux-ce"),
     (dict(freeze_backbone=True, pseudo_labels="instance"), "the views would be the same"),
-    (dict(labels="given", pseudo_labels="clusters"), "add --labels none"),
+    (dict(labels="given", pseudo_labels="mutual"), "add --labels none"),
 ])
 def test_options_that_need_labels_are_refused_without_them(photos, tmp_path, overrides, problem):
     with pytest.raises(ValueError, match=problem):
