@@ -147,7 +147,6 @@ class Evaluator:
         cross_q = in_compatible_space(model if model is not None else self.eval_model, q)
         return self.ctx.from_main(compatibility_metrics(q, old_q, ql, g, old_g, gl, cross_q) if self.main else None)
 
-
     def split_metrics(self, model: nn.Module, q: np.ndarray, ql: np.ndarray, g: np.ndarray | None,
                       gl: np.ndarray | None) -> dict[str, float]:
         """``model``'s metrics on the evaluation split (``q``... its embeddings), and the label-free figures where
@@ -383,7 +382,7 @@ class Evaluator:
         if self.data.selected_on == "validation":
             return {"selected_on": "validation", "selection_note": None}
         if self.data.selected_on == KEPT_SELECTION:
-            return {"selected_on": KEPT_SELECTION, "selection_note": None, "kept_floor": self.cfg.kept_floor}
+            return {"selected_on": KEPT_SELECTION, "selection_note": None}
         return {"selected_on": "test", "selection_note": no_validation_sentence(self.data.no_validation)}
 
     def class_split(self) -> dict[str, Any]:
