@@ -36,7 +36,7 @@ RUNS_ROOT = "runs"  # where a run without --out goes
 LABEL_SOURCES = ("given", "none")  # --labels: the data set's classes, or none (fine-tuning without labels)
 PSEUDO_LABEL_METHODS = ("clusters", "mutual", "instance")
 DEFAULT_PSEUDO_LABELS = "clusters"  # the best of the three measured (docs/RESULTS.md, "Fine-tuning without labels")
-DEFAULT_KEPT_FLOOR = 0.5  # --kept-floor: a bound on drift and collapse; docs/UNLABELLED.md says what it guards, measured
+DEFAULT_KEPT_FLOOR = 0.5  # --kept-floor: a bound on drift and collapse (docs/UNLABELLED.md: what it guards)
 
 
 def new_run_folder(root: str | Path = RUNS_ROOT) -> str:
