@@ -400,6 +400,11 @@ def moved_plot(report: RunReport) -> Image.Image | None:
     return _open(report.plot_file("moved"))
 
 
+def pseudo_labels_plot(report: RunReport) -> Image.Image | None:
+    """A run without labels: the pseudo-labels' group sizes and their stability, epoch by epoch."""
+    return _open(report.plot_file("pseudo_labels"))
+
+
 def retrieval_plot(report: RunReport) -> Image.Image | None:
     """Queries of the evaluation with their top 5, right and wrong marked, as the run or evaluation drew them."""
     return _open(report.plot_file("retrieval"))

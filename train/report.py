@@ -189,6 +189,34 @@ def plot_wise(wise: dict[str, Any] | None, path: Path) -> Path | None:
     return path
 
 
+@plain_text()
+def plot_pseudo_labels(groups: list[dict[str, Any]], path: Path) -> Path | None:
+    """Training without labels: the last epoch's group sizes (groups of each size, singletons in "1"), and the
+    groups, the share of images in them and their stability, epoch by epoch."""
+    if not groups:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+    buckets = groups[-1].get("size_histogram") or []
+    bars = axes[0].bar([str(label) for label, _ in buckets], [count for _, count in buckets], color="tab:blue")
+    axes[0].bar_label(bars, fontsize=8)  # counts over bars: singletons outnumber the rest by far, read them
+    axes[0].set(title=f"group sizes, epoch {groups[-1]['epoch']}", xlabel="images in a group", ylabel="groups")
+    epochs = [g["epoch"] for g in groups]
+    axes[1].plot(epochs, [g["clustered_share"] for g in groups], "o-", label="share of images in a group")
+    axes[1].plot(epochs, [g["largest_share"] for g in groups], "s--", label="share in the largest group")
+    stable = [g for g in groups if "stability" in g]
+    if stable:
+        axes[1].plot([g["epoch"] for g in stable], [g["stability"] for g in stable], "d:",
+                     label="stability (ARI with the epoch before)")
+    axes[1].set(title="pseudo-labels, epoch by epoch", xlabel="epoch", ylim=(-0.05, 1.05))
+    axes[1].xaxis.get_major_locator().set_params(integer=True)
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def triplet_plots(out: Path, test: tuple[np.ndarray, np.ndarray], train_sample) -> dict[str, str]:
     try:
         from retrieval.analysis.plots import plot_triplet_diagram
@@ -243,6 +271,8 @@ def write_report(
         plots.update(triplet_plots(out, test_embeddings, train_sample))
     if label_free and label_free.get("picture"):
         plots["moved"] = label_free["picture"]
+    if with_plots and label_free and plot_pseudo_labels(label_free.get("groups") or [], out / "pseudo_labels.png"):
+        plots["pseudo_labels"] = "pseudo_labels.png"
     if with_plots and pictures is not None:
         plots.update(pictures())
     report = train_report(run_config, history, baseline, best, last, plots, bad_images, reference, wise,

@@ -31,6 +31,7 @@ from retrieval.serve.report_view import (
     markdown_text,
     moved_plot,
     percent,
+    pseudo_labels_plot,
     recall_plot,
     retrieval_plot,
     shown_text,
@@ -86,6 +87,7 @@ REPORT_PICTURES = (
     ReportPicture("compatibility", "Compatibility", compatibility_plot, "compatibility-plot", PICTURE_HEIGHT),
     ReportPicture("retrieval", "Queries and their top 5", retrieval_plot, "retrieval-plot", TALL_PICTURE_HEIGHT),
     ReportPicture("moved", "Moved most", moved_plot, "moved-plot", TALL_PICTURE_HEIGHT),
+    ReportPicture("pseudo_labels", "Pseudo-labels", pseudo_labels_plot, "pseudo-labels-plot", PICTURE_HEIGHT),
     ReportPicture("map", "Embedding map", embedding_map_plot, "embedding-map-plot", TALL_PICTURE_HEIGHT),
 )
 

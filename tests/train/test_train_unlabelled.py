@@ -211,7 +211,7 @@ def test_wise_ft_auto_takes_the_largest_mix_that_keeps_the_floor(photos, tmp_pat
 
 
 def test_the_app_says_what_a_run_without_labels_kept_and_how_it_grouped(tmp_path):
-    from retrieval.serve.report_view import load_report, moved_plot, summary_markdown
+    from retrieval.serve.report_view import load_report, moved_plot, pseudo_labels_plot, summary_markdown
 
     data = tmp_path / "photos"
     write_images(data, per_colour=6, nested=False)
@@ -223,6 +223,7 @@ def test_the_app_says_what_a_run_without_labels_kept_and_how_it_grouped(tmp_path
     assert "**best.pt chosen without labels:**" in summary and "50%" in summary  # the default floor
     assert "**Without labels:** the images keep" in summary and "pseudo-labels (mutual)" in summary
     assert moved_plot(report) is not None  # the Evaluation tab's picture of the images that moved most
+    assert pseudo_labels_plot(report) is not None  # and the groups' sizes and stability
 
 
 def test_clusters_past_the_dense_bound_cluster_a_sample_and_join_the_rest(monkeypatch):
