@@ -70,7 +70,8 @@ def load_unlabelled_data(cfg: TrainConfig, eval_tf: Callable, train_transform: C
 
     own_images = cfg.dataset in OWN_IMAGES or (cfg.data is not None and is_index_folder(cfg.data))
     if own_images:
-        train_set = load_unlabelled(cfg.data, train_transform)
+        with parameters_named(root="data"):
+            train_set = load_unlabelled(cfg.data, train_transform)
     else:  # a labelled data set, its labels hidden from training (how adaptation is measured)
         train_set = hide_labels(load_dataset(cfg.dataset, cfg.data, split="train", transform=train_transform,
                                              **cfg.dataset_kwargs))

@@ -12,6 +12,7 @@ import numpy as np
 from retrieval.data.dataset import ImageDataset
 from retrieval.data.formats import IMAGE_EXTENSIONS
 from retrieval.data.walk import walk_following_links
+from retrieval.errors import ParameterError
 
 UNLABELLED_LAYOUT = "a folder of images, flat or nested (sub-folders are not read as classes), or an index folder"
 
@@ -52,15 +53,15 @@ def load_unlabelled(root: str | Path | None, transform: Callable | None = None) 
     """The images of ``root`` (a folder, flat or nested, or an index folder), each its own class; labels never
     read from folder names."""
     if root is None:
-        raise ValueError(f"--labels none needs --data: {UNLABELLED_LAYOUT}")
+        raise ParameterError("root", f"is required: {UNLABELLED_LAYOUT}")
     base = Path(root).expanduser()
     if not base.exists():
-        raise FileNotFoundError(f"--data {base.resolve()} does not exist; expected {UNLABELLED_LAYOUT}")
+        raise FileNotFoundError(f"{base.resolve()} does not exist; expected {UNLABELLED_LAYOUT}")
     paths = index_gallery_images(base) if is_index_folder(base) else scan_images(base)
     if len(paths) < 2:
-        raise ValueError(f"--data {base.resolve()}: {len(paths)} image(s) found; training without labels needs at "
-                         f"least 2 (each image's views are a positive pair, the other images its negatives); "
-                         f"expected {UNLABELLED_LAYOUT}")
+        raise ParameterError("root", f"{base.resolve()}: {len(paths)} image(s) found; training without labels needs "
+                                     "at least 2 (each image's views are a positive pair, the other images its "
+                                     f"negatives); expected {UNLABELLED_LAYOUT}")
     names = [str(Path(p).relative_to(base)) if Path(p).is_relative_to(base) else p for p in paths]
     return ImageDataset(paths, np.arange(len(paths), dtype=np.int64), names, transform)
 
@@ -79,9 +80,9 @@ def load_labelled_sample(root: str | Path, transform: Callable | None = None) ->
 
     base = Path(root).expanduser()
     if not base.is_dir():
-        raise FileNotFoundError(f"--eval-data {base.resolve()} is not a folder; expected FOLDER/CLASS/IMAGE")
+        raise FileNotFoundError(f"{base.resolve()} is not a folder; a labelled sample is FOLDER/CLASS/IMAGE")
     paths, names = scan_class_folders(base / "test" if (base / "test").is_dir() else base)
     if len(set(names)) < 2:
-        raise ValueError(f"--eval-data {base.resolve()}: {len(set(names))} class folder(s); Recall@K and MAP@R need "
-                         "at least 2 classes with 2 images each")
+        raise ParameterError("root", f"{base.resolve()}: {len(set(names))} class folder(s); Recall@K and MAP@R "
+                                     "need at least 2 classes with 2 images each")
     return ImageDataset.from_class_names(paths, names, transform)

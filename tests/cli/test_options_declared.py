@@ -83,7 +83,8 @@ def _cli_samples(declared) -> list[tuple[list[str], object]]:
 
 # options whose non-default value needs another option with it (a rule that relates them)
 COMPANIONS = {"resume": ["--out", "RUN"],
-              "sync_bn": ["--no-freeze-bn"], "wise_alpha": ["--val-fraction", "0.1"], "backbone": ["--no-pretrained"]}
+              "sync_bn": ["--no-freeze-bn"], "wise_alpha": ["--val-fraction", "0.1"], "backbone": ["--no-pretrained"],
+              "pseudo_labels": ["--labels", "none"], "eval_data": ["--labels", "none"]}
 
 
 @pytest.mark.parametrize("declared", DECLARED, ids=[d.name for d in DECLARED])
