@@ -30,12 +30,20 @@ def scan_images(folder: Path) -> list[str]:
 
 
 def index_gallery_images(index_dir: str | Path) -> list[str]:
-    """The image files an index catalogues as indexed, where its gallery is now (a moved gallery followed)."""
-    from retrieval.index import Index
+    """The image files an index catalogues as indexed, where its gallery is now (a moved gallery followed); read
+    from its catalogue alone, so an index whose vectors live elsewhere (a Milvus collection) serves too."""
+    from retrieval.index.catalogue import CatalogueReader, Status
+    from retrieval.index.layout import IndexLayout
+    from retrieval.index.portable import gallery_place
+    from retrieval.index.search import gallery_root
 
-    with Index.open(index_dir) as index:
-        rows = index.indexed_rows(index.ids.tolist())
-        files = [index.image_file(row["path"]) for row in rows.values()]
+    layout = IndexLayout(index_dir)
+    layout.require_catalogue()
+    info = layout.read_info() if layout.info.is_file() else {}
+    with CatalogueReader(layout.catalogue) as catalogue:
+        place = gallery_place(info, gallery_root(info, catalogue), layout.root, None)
+        ids = catalogue.ids_with_status(Status.DONE)
+        files = [place.file(row["path"]) for row in catalogue.rows(ids).values()]
     missing = sum(file is None for file in files)
     found = sorted(file for file in files if file is not None)
     if not found:
