@@ -357,7 +357,8 @@ class TrainConfig:
                                      ("eval_data", self.eval_data)) if on]
         needs_labels = (("val_fraction", "--val-fraction holds classes out, and there are none: leave it out"),
                         ("label_noise", "--label-noise flips labels, and there are none: leave it out"),
-                        ("aux_ce", "--aux-ce classifies the labels, and there are none: leave it out"))
+                        ("aux_ce", "--aux-ce classifies the labels, and there are none: leave it out"),
+                        ("linear_probe", "--linear-probe fits the train labels, and there are none: leave it out"))
         errors = [f"--labels none: {problem}" for name, problem in needs_labels if getattr(self, name)]
         if self.freeze_backbone and self.pseudo_labels == "instance":
             errors.append("--labels none --pseudo-labels instance takes two augmented views of each image, and "

@@ -28,14 +28,20 @@ def epoch_line(row: dict[str, Any]) -> str:
     return f"epoch {row['epoch']}: " + ", ".join(parts)
 
 
+# --pseudo-labels, for people: where an image's positives come from
+POSITIVES = {"instance": "each image's augmented views", "clusters": "the images of its cluster, regrouped each epoch",
+             "mutual": "its mutual neighbours' component, regrouped each epoch"}
+
+
 def split_line(split: dict[str, Any], recorded: Path) -> str:
     """The run's class split for people: classes and images per split, and the file that lists them."""
     if split.get("labels") == "none":
         evaluated = split.get("test", {}).get("images", 0)
         measured = (f"measured on {evaluated:,} labelled images ({split['test']['classes']:,} classes)"
                     if split.get("test_labelled") else f"measured without labels on {evaluated:,} of them")
-        return (f"data: {split['train']['images']:,} images without labels, each its own class (its augmented views "
-                f"the positives); {measured}; recorded in {recorded} (class_split)")
+        positives = POSITIVES.get(split.get("pseudo_labels"), "each image's augmented views")
+        return (f"data: {split['train']['images']:,} images without labels (positives: {positives}); {measured}; "
+                f"recorded in {recorded} (class_split)")
     named = {"train": "train", "validation": "validation (held out of train)", "test": "test", "gallery": "gallery"}
     parts = [f"{label} {split[part]['classes']:,} classes, {split[part]['images']:,} images"
              for part, label in named.items() if part in split]

@@ -398,7 +398,7 @@ class Evaluator:
             for part, found in names.items()}
         split["shared_train_test_classes"] = len(set(names["train"]) & set(names["test"]))
         if self.cfg.labels == "none":
-            split.update(labels="none", test_labelled=data.eval_sets.labelled)
+            split.update(labels="none", pseudo_labels=self.cfg.pseudo_labels, test_labelled=data.eval_sets.labelled)
             split["train"].pop("class_names", None)  # each image its own class: the names say nothing
         return split
 

@@ -83,6 +83,7 @@ def test_a_folder_with_one_image_is_refused_with_the_layout(tmp_path):
     (dict(val_fraction=0.2), "--val-fraction"),
     (dict(label_noise="symmetric:0.1"), "--label-noise"),
     (dict(aux_ce=0.5), "--aux-ce"),
+    (dict(linear_probe=True), "--linear-probe"),
     (dict(freeze_backbone=True, pseudo_labels="instance"), "the views would be the same"),
     (dict(labels="given", pseudo_labels="mutual"), "add --labels none"),
 ])
