@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import click
@@ -134,9 +134,7 @@ def _build_place(milvus: str | None, collection: str | None, index_type: str | N
     if embeddings is not None:
         raise click.UsageError("--milvus builds from --images with --engine ray; for --embeddings, build the folder "
                                "and push it (`retrieval index push OUT --milvus URI --collection NAME`)")
-    context = click.get_current_context()
-    given = [option_flag(context.command, name) or name for name in FAISS_BUILD_OPTIONS
-             if context.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
+    given = options_given(FAISS_BUILD_OPTIONS)
     if given:
         raise click.UsageError(f"{', '.join(given)} shape the folder's faiss index, which a build into a Milvus "
                                "collection does not make: leave them out (--index-type chooses the collection's)")
@@ -148,6 +146,13 @@ def _build_place(milvus: str | None, collection: str | None, index_type: str | N
     return place
 
 
+def options_given(names: Iterable[str]) -> list[str]:
+    """The flags of ``names`` that the command line gave (not defaults, not a config file)."""
+    context = click.get_current_context()
+    return [option_flag(context.command, name) or name for name in names
+            if context.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
+
+
 def _check_build_source(model: str | None, images: str | None, embeddings: str | None,
                         allow_outside_paths: bool = False) -> None:
     """One of the two ways to build: images embedded by a model, or embeddings someone already has."""
@@ -155,9 +160,7 @@ def _check_build_source(model: str | None, images: str | None, embeddings: str |
         if images is not None or model is not None:
             raise click.UsageError("--embeddings builds from vectors you already have, with no model: leave out "
                                    "--images and --model (or leave out --embeddings to embed images with a model)")
-        context = click.get_current_context()
-        given = [option_flag(context.command, name) or name for name in IMAGE_BUILD_OPTIONS
-                 if context.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
+        given = options_given(IMAGE_BUILD_OPTIONS)
         if given:
             raise click.UsageError(f"{', '.join(given)} apply to a build from images, not to one from --embeddings: "
                                    "leave them out")
