@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from retrieval.metrics import knn
 from retrieval.pseudo_labels import (
     MAX_CLUSTER_IMAGES,
     cluster_pseudo_labels,
@@ -47,22 +48,11 @@ def clusters(embeddings: np.ndarray, seed: int = 0) -> np.ndarray:
     labels = np.arange(n, dtype=np.int64) + n  # alone, apart from every cluster id
     labels[sample] = grouped
     rest = np.setdiff1d(np.arange(n), sample)
-    nearest = nearest_rows(embeddings[rest], embeddings[sample])
+    _, nearest = knn(embeddings[rest], embeddings[sample], k=1, metric="cosine")
+    nearest = nearest[:, 0]
     joined = sizes[grouped[nearest]] > 1  # the nearest sampled image is in a cluster
     labels[rest[joined]] = grouped[nearest[joined]]
     return labels
-
-
-def nearest_rows(queries: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """The row of ``rows`` [M, D] nearest each of ``queries`` [Q, D] by cosine (faiss, exact)."""
-    import faiss
-
-    from retrieval.utils.unit_rows import l2_normalize_rows
-
-    index = faiss.IndexFlatIP(rows.shape[1])
-    index.add(l2_normalize_rows(np.ascontiguousarray(rows, np.float32), zero_rows="keep"))
-    _, found = index.search(l2_normalize_rows(np.ascontiguousarray(queries, np.float32), zero_rows="keep"), 1)
-    return found[:, 0].astype(np.int64)
 
 
 GROUPERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
