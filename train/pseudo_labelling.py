@@ -10,6 +10,7 @@ from the weights it resumes with, as the uninterrupted run did."""
 from __future__ import annotations
 
 import io
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -82,20 +83,13 @@ class PseudoLabelling:
         if saved is not None and int(saved["epoch"]) == epoch - 1:
             self.previous = saved["labels"]  # a run resumed between epochs: the stability is measured against them
         if mid_epoch and saved is not None and int(saved["epoch"]) == epoch:
-            self.previous = saved["previous"] if saved["previous"].size else None
-            labels = saved["labels"]
-            self._apply(labels)
-            figures = pseudo_label_summary(labels)
-            if self.previous is not None:
-                figures["stability"] = pseudo_label_stability(self.previous, labels)
-            self.previous = labels
-            return {PSEUDO_LABELS_KEY: figures}
-        before = self.previous
+            self._apply(saved["labels"])
+            self.previous = saved["labels"]
+            return {PSEUDO_LABELS_KEY: json.loads(str(saved["figures"]))}  # as the epoch's row had them
         figures = self._regroup()
         if self.ctx.is_main:  # what a resume inside this epoch trains on
             buffer = io.BytesIO()
-            np.savez(buffer, epoch=epoch, labels=self.previous,
-                     previous=before if before is not None else np.zeros(0, np.int64))
+            np.savez(buffer, epoch=epoch, labels=self.previous, figures=json.dumps(figures[PSEUDO_LABELS_KEY]))
             atomic_write(self.saved, buffer.getvalue())
         return figures
 
@@ -103,7 +97,7 @@ class PseudoLabelling:
         if not self.saved.is_file():
             return None
         with np.load(self.saved) as saved:
-            return {key: saved[key] for key in ("epoch", "labels", "previous")}
+            return {key: saved[key] for key in ("epoch", "labels", "figures")}
 
     @torch.no_grad()
     def _regroup(self) -> dict[str, Any]:
