@@ -92,10 +92,10 @@ def build_command(
 
     _check_build_source(model, images, embeddings, allow_outside_paths)
     place = _build_place(milvus, collection, index_type, embeddings, engine)
+    options = ingest_settings(batch_size, workers, shard_size, max_pixels, engine)
     if place is not None:
         summary = run_writer(build_index, out, images, out, model=model, split=split, label_from=label_from,
-                             options=ingest_settings(batch_size, workers, shard_size, max_pixels, engine),
-                             milvus=place, milvus_index_type=index_type)
+                             options=options, milvus=place, milvus_index_type=index_type)
         if not as_json:
             _print_failed(summary, summary["errors"])
         finish(summary, as_json,
@@ -105,7 +105,6 @@ def build_command(
                f"{summary['index_dir']} holds its catalogue, no vectors",
                f"retrieval serve --milvus {shlex.quote(milvus)} --collection {collection}")
         return
-    options = ingest_settings(batch_size, workers, shard_size, max_pixels, engine)
     options = dataclasses.replace(options, policy=dataclasses.replace(
         options.policy, max_index_memory=max_index_memory, max_query_ms=max_query_ms))
     if embeddings is not None:
