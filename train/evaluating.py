@@ -38,7 +38,7 @@ from retrieval.train import checkpointing
 from retrieval.train.checkpointing import BEST_METRIC, KEPT_SELECTION, best_row
 from retrieval.train.config import TrainConfig
 from retrieval.train.distributed import DistContext
-from retrieval.train.features import CachedFeatures, Embedding, EvalEmbeddings, cached_features
+from retrieval.train.features import Embedding, EvalEmbeddings, cached_features
 from retrieval.train.report import write_report
 from retrieval.train.robust import WISE_ALPHAS, choose_alpha, choose_kept_alpha, snapshot
 from retrieval.train.state import RunRecord, TrainData, TrainParts
@@ -176,7 +176,7 @@ class Evaluator:
         from the pretrained backbone's (``KEPT``): how far the adaptation moved the gallery's neighbourhoods.
         Embedded on every rank, computed on rank 0, shared; the sample's embeddings are kept for the report."""
         start = self.start_embeddings()
-        self.last_sample = self._embed_sample(model, "embed images")
+        self.last_sample = self.parts.features.embed_train_subset(model, self.data.unlabelled_sample)
         return self.ctx.from_main({"unlabelled_images": len(self.last_sample.indices),
                                    **kept_neighbours(start, self.last_sample)} if self.main else None)
 
@@ -186,17 +186,9 @@ class Evaluator:
         if self._start_sample is None:
             model = copy.deepcopy(self.eval_model).eval()
             model.load_state_dict(self.parts.robust.start)
-            self._start_sample = self._embed_sample(model, "embed images (pretrained)", backbone_only=True)
+            self._start_sample = self.parts.features.embed_train_subset(model, self.data.unlabelled_sample,
+                                                                        head=False)
         return self._start_sample
-
-    def _embed_sample(self, model: nn.Module, desc: str, backbone_only: bool = False):
-        """The sampled train images embedded by ``model`` (its backbone's pooled features with ``backbone_only``):
-        under --freeze-backbone from the cached train features (the same images, the same transform), else the
-        images through the model."""
-        sample = self.data.unlabelled_sample
-        if isinstance(self.parts.features, CachedFeatures):
-            return self.parts.features.embed_train_subset(model, sample, head=not backbone_only)
-        return self._embed(model.backbone if backbone_only else model, sample, desc)
 
     @torch.no_grad()
     def linear_probe(self, q: np.ndarray, ql: np.ndarray) -> float:

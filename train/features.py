@@ -78,6 +78,10 @@ class FeatureSource(Protocol):
     def train_sample(self, model: Embedder, seed: int) -> tuple[np.ndarray, np.ndarray] | None:
         """(embeddings, train image index of each row) of a fixed train subset; None when too costly to embed."""
 
+    def embed_train_subset(self, model: Embedder, subset: Dataset, head: bool = True) -> Embedded:
+        """The train images of ``subset`` (the train set, or a ``Subset`` of it), unaugmented, by ``model`` (its
+        backbone's pooled features where ``head`` is False); ``indices``: each row's position in ``subset``."""
+
     def close(self) -> None:
         """Training is over: let go of what only the epochs needed (data workers)."""
 
@@ -343,6 +347,13 @@ class ImagePipeline:
 
     def train_sample(self, model: Embedder, seed: int) -> None:
         return None  # embedding train images again every epoch costs as much as the evaluation
+
+    @torch.no_grad()
+    def embed_train_subset(self, model: Embedder, subset: Dataset, head: bool = True) -> Embedded:
+        run = self.embedding
+        return embed_sharded(model if head else model.backbone, subset, run.batch_size, run.device, run.workers,
+                             run.amp, "embed images" if head else "embed images (pretrained)", run.progress,
+                             run.bad_images)
 
 
 def dataset_key(cfg: TrainConfig, model: Embedder, split: str, held_out: list[str] | None = None,

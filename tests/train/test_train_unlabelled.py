@@ -251,12 +251,13 @@ def test_a_frozen_backbone_reads_the_sampled_images_from_the_cached_features(tmp
                              batch_size=12, per_class=4, feature_cache=str(tmp_path / "cache")), progress=False)
     trainer.setup()
     evaluation, sample = trainer.evaluation, trainer.data.unlabelled_sample
-    for cached, model in ((evaluation._embed_sample(evaluation.eval_model, "head"), evaluation.eval_model),
+    features = trainer.parts.features
+    for cached, model in ((features.embed_train_subset(evaluation.eval_model, sample), evaluation.eval_model),
                           (evaluation.start_embeddings(), evaluation.eval_model.backbone)):
         direct = evaluation._embed(model, sample, "images")  # the images through the model, as fine-tuning does
         assert cached.indices.tolist() == direct.indices.tolist()
         assert np.allclose(cached.embeddings, direct.embeddings, atol=1e-4)
-    trainer.parts.features.close()
+    features.close()
 
 
 def test_transductive_evaluation_reads_the_train_splits_labels_not_the_hidden_ones(tmp_path):
