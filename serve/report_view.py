@@ -12,7 +12,7 @@ import io
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,12 @@ from retrieval.utils.io import read_capped
 
 MAX_REPORT_BYTES = 50 * 2**20  # a run report is a few KiB: anything this big is not one
 MAX_RESULTS_BYTES = 16 * 2**20
+# The largest float is about 1.8e308: an integer of more digits cannot be shown, drawn or compared as a number
+# (float() overflows), and past 4300 digits Python will not even read it (int() refuses, in quadratic time).
+FLOAT_DIGITS = 309
+LONG_DIGIT_RUN = re.compile(rb"\d{%d}" % FLOAT_DIGITS)  # a cheap look first: most reports hold no such number
+MAX_PROBLEMS_NAMED = 5  # values left out of one file that are named one by one; the rest are counted
+MAX_FIELD_CHARS = 120  # a field's name in such a message (its keys are anyone's text)
 KEPT_EPOCHS_SHOWN = 12  # a run without labels: the epochs whose neighbours kept the summary lists
 METRIC_ORDER = ("map@r", "r_precision", "nmi", "f1", "linear_probe", KEPT)
 METRIC_UNIT = "%"
@@ -98,11 +104,29 @@ def percent(value: float) -> float:
     return round(100 * float(value), 1)
 
 
+def known(value: object) -> object:
+    """A report's value as the page names it: "?" where it is missing (or was left out, ``RunReport.problems``)."""
+    return "?" if value is None else value
+
+
+def is_number(value: object) -> bool:
+    """Whether the page can show and draw ``value``: an int or a float (not a bool) that a float can hold (NaN and
+    infinity included: they are shown as such)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
+
+
 @dataclass
 class RunReport:
     path: Path
     data: dict[str, Any]
     readings: dict[str, Any] | None = None  # READINGS_FILE beside the report, when one is there and well formed
+    problems: list[str] = field(default_factory=list)  # values of either file left out, each named (the summary's)
 
     @property
     def kind(self) -> str:
@@ -118,13 +142,14 @@ class RunReport:
             best = self.data.get("best") or {}
             wise = self.data.get("wise") or {}
             reference = self.data.get("reference") or {}
+            alpha = wise.get("alpha", 0)
             columns = {
                 "pretrained only": self.data.get("baseline"),
-                f"best (epoch {best.get('epoch', '?')})": best,
+                f"best (epoch {known(best.get('epoch'))})": best,
                 "last": self.data.get("last"),
-                f"WiSE-FT (alpha {wise.get('alpha', 0):g})": wise.get("metrics"),
+                f"WiSE-FT (alpha {f'{alpha:g}' if is_number(alpha) else known(alpha)})": wise.get("metrics"),
                 # what a user would otherwise take: out-of-domain rows only
-                f"pretrained backbone, {reference.get('input_size')} px": {"extra": {
+                f"pretrained backbone, {known(reference.get('input_size'))} px": {"extra": {
                     name: parts.get("test") for name, parts in (reference.get("sets") or {}).items()}}
                 if reference.get("sets") else None,
             }
@@ -139,23 +164,24 @@ class RunReport:
         columns = {name: flat_metrics(values) for name, values in self.metric_columns().items()}
         keys: list[str] = []
         for values in columns.values():
-            keys += [k for k in values if k not in keys and isinstance(values[k], (int, float))]
+            keys += [k for k in values if k not in keys and is_number(values[k])]
 
         def ordered_keys(prefix: str) -> list[str]:
             own = [k.removeprefix(prefix) for k in keys if k.startswith(prefix) and ": " not in k.removeprefix(prefix)]
-            recalls = sorted((k for k in own if k.startswith("recall@")), key=lambda k: int(k.split("@")[1]))
+            recalls = sorted((k for k in own if recall_k(k) is not None), key=recall_k)
             return [prefix + k for k in recalls + [k for k in METRIC_ORDER if k in own]]
 
         extra_sets = sorted({k.split(": ", 1)[0] for k in keys if ": " in k})
         ordered = ordered_keys("") + [key for name in extra_sets for key in ordered_keys(f"{name}: ")]
-        rows = [[shown_text(key)] + [percent(v[key]) if key in v else None for v in columns.values()]
+        rows = [[shown_text(key)] + [percent(v[key]) if is_number(v.get(key)) else None for v in columns.values()]
                 for key in ordered]
         return ["metric", *(shown_text(name) for name in columns)], rows
 
     def map_equals_recall(self) -> bool:
         """MAP@R and Recall@1 agree in every column that has both (one relevant item per query)."""
         columns = self.metric_columns().values()
-        pairs = [(v["map@r"], v["recall@1"]) for v in columns if "map@r" in v and "recall@1" in v]
+        pairs = [(v["map@r"], v["recall@1"]) for v in columns if is_number(v.get("map@r")) and
+                 is_number(v.get("recall@1"))]
         return bool(pairs) and all(abs(float(a) - float(b)) < 1e-9 for a, b in pairs)
 
     def plot_file(self, name: str) -> Path | None:
@@ -177,8 +203,18 @@ class RunReport:
         for folder in folders:
             log = folder / "metrics.jsonl"
             if log.is_file():
-                return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-        return list(self.data.get("history") or [])
+                try:
+                    lines = read_capped(log, MAX_REPORT_BYTES, "metrics log").splitlines()
+                except (OSError, ValueError):
+                    continue
+                return [row for row in map(_json_line, lines) if isinstance(row, dict)]
+        return [row for row in self.data.get("history") or [] if isinstance(row, dict)]
+
+
+def recall_k(key: str) -> int | None:
+    """The K of a ``recall@K`` metric's name; None for any other name (a report's keys are anyone's text)."""
+    k = key.removeprefix("recall@")
+    return int(k) if k != key and k.isdecimal() and len(k) <= 9 else None
 
 
 VALIDATION_KEY = "validation"  # an epoch row's metrics of the validation classes (train.checkpointing.VALIDATION)
@@ -202,7 +238,8 @@ def load_report(path: str | Path) -> RunReport:
             f"report {path} not found; `retrieval train` writes RUN_DIR/report.json and "
             "`retrieval evaluate` writes eval_report.json next to the checkpoint"
         )
-    data = _read_json(path, "report", MAX_REPORT_BYTES)
+    problems: list[str] = []
+    data = _read_json(path, "report", MAX_REPORT_BYTES, problems)
     if (
         not isinstance(data, dict)
         or data.get("format") != REPORT_FORMAT
@@ -212,24 +249,25 @@ def load_report(path: str | Path) -> RunReport:
             f"{path} is not a report of `retrieval train` or `retrieval evaluate` "
             f"(format {REPORT_FORMAT}, kind {'|'.join(REPORT_KINDS)})"
         )
-    return RunReport(path, data, load_readings(path.with_name(READINGS_FILE)))
+    readings = load_readings(path.with_name(READINGS_FILE), problems)
+    return RunReport(path, data, readings, problems)
 
 
-def load_readings(path: Path) -> dict[str, Any] | None:
+def load_readings(path: Path, problems: list[str] | None = None) -> dict[str, Any] | None:
     """``READINGS_FILE``'s figures: ``labels`` (key -> words) and the ``pretrained`` and ``delivered`` values
-    of the keys both have, numbers only; None when the file is missing or not of that shape (it is anyone's file)."""
+    of the keys both have, numbers only; None when the file is missing or not of that shape (it is anyone's file).
+    A number too large to read is left out, named in ``problems``."""
     if not path.is_file():
         return None
     try:
-        data = _read_json(path, "readings", MAX_REPORT_BYTES)
+        data = _read_json(path, "readings", MAX_REPORT_BYTES, problems)
     except (FileNotFoundError, ValueError):
         return None
     if not isinstance(data, dict) or not all(isinstance(data.get(k), dict)
                                              for k in ("labels", "pretrained", "delivered")):
         return None
-    number = (int, float)
     keys = [key for key, text in data["labels"].items() if isinstance(text, str)
-            and isinstance(data["pretrained"].get(key), number) and isinstance(data["delivered"].get(key), number)]
+            and is_number(data["pretrained"].get(key)) and is_number(data["delivered"].get(key))]
     if not keys:
         return None
     return {"labels": {key: data["labels"][key] for key in keys},
@@ -251,14 +289,82 @@ def readings_markdown(report: RunReport) -> str:
             "| figure | pretrained backbone | this model | change |\n|---|---:|---:|---:|\n" + "\n".join(rows))
 
 
-def _read_json(path: Path, what: str, limit: int) -> Any:
-    """A JSON file of at most ``limit`` bytes, read only if it is a regular file (never blocks on a FIFO)."""
+def _read_json(path: Path, what: str, limit: int, problems: list[str] | None = None) -> Any:
+    """A JSON file of at most ``limit`` bytes, read only if it is a regular file (never blocks on a FIFO). With
+    ``problems``: every integer too large for a float is None, each named there (``_numbers_read``)."""
     try:
-        return json.loads(read_capped(path, limit, f"JSON {what}"))
+        raw = read_capped(path, limit, f"JSON {what}")
+        return json.loads(raw) if problems is None else _numbers_read(raw, path.name, problems)
     except OSError as exc:
         raise FileNotFoundError(f"{what} {path} cannot be read ({exc.strerror or exc})") from exc
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise ValueError(f"{path} is not a JSON {what} ({exc})") from exc
+
+
+class _TooLarge:
+    """An integer in a JSON text that no float can hold, as read: replaced by None once its place is known."""
+
+    __slots__ = ("digits",)
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+
+def _parse_int(text: str) -> int | _TooLarge:
+    digits = len(text.lstrip("-"))
+    if digits > FLOAT_DIGITS:  # never int() of it: past 4300 digits Python refuses, and the cost is quadratic
+        return _TooLarge(digits)
+    value = int(text)
+    return value if is_number(value) else _TooLarge(digits)
+
+
+def _numbers_read(raw: bytes, name: str, problems: list[str]) -> Any:
+    """JSON text (of the file ``name``) whose integers too large for a float are None, each named in ``problems``
+    by its file and key with the fix: one such value leaves out its field, never the whole report."""
+    if not LONG_DIGIT_RUN.search(raw):
+        return json.loads(raw)
+    data = json.loads(raw, parse_int=_parse_int)
+    found: list[tuple[tuple[str | int, ...], int]] = []
+    stack: list[tuple[Any, Any, Any, tuple[str | int, ...]]] = [(None, None, data, ())]
+    while stack:  # not recursive: the JSON may nest as deep as json.loads reads
+        parent, key, value, where = stack.pop()
+        if isinstance(value, _TooLarge):
+            if parent is not None:
+                parent[key] = None
+            found.append((where, value.digits))
+        elif isinstance(value, dict | list):
+            children = list(value.items() if isinstance(value, dict) else enumerate(value))
+            stack.extend((value, k, v, (*where, k)) for k, v in reversed(children)  # popped in the file's order
+                         if isinstance(v, dict | list | _TooLarge))
+    for where, digits in found[:MAX_PROBLEMS_NAMED]:
+        problems.append(f"{name}, {_field_name(where)}: an integer of {digits} digits is too large to read as a "
+                        "number and is left out; write a plain number there (such as 0.42), or remove it")
+    if len(found) > MAX_PROBLEMS_NAMED:
+        problems.append(f"{name}: {len(found) - MAX_PROBLEMS_NAMED} more integers too large to read as numbers are "
+                        "left out; write plain numbers there, or remove them")
+    return None if isinstance(data, _TooLarge) else data
+
+
+def _field_name(where: tuple[str | int, ...]) -> str:
+    """A place in a JSON document as one line, ``best.recall@1`` or ``history[3].loss`` (keys cut: anyone's)."""
+    text = "".join(f"[{key}]" if isinstance(key, int) else f".{shown_text(key, 40)}" for key in where)
+    return shown_text(text.removeprefix(".") or "(the whole file)", MAX_FIELD_CHARS)
+
+
+def _json_line(line: bytes) -> Any:
+    """One row of a JSON-lines log, its integers too large for a float None; None for a line that is not JSON."""
+    try:
+        return _numbers_read(line, "", []) if line.strip() else None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        return None
+
+
+def problems_markdown(report: RunReport) -> str:
+    """The values left out of the report or its readings, named, as Markdown (their keys escaped); empty if none."""
+    if not report.problems:
+        return ""
+    return "\n\n**Left out of this report:**\n" + "\n".join(
+        f"- {markdown_text(problem, 2 * MAX_FIELD_CHARS + 200)}" for problem in report.problems)
 
 
 def _figure(width: float, height: float, panels: int = 1):
@@ -303,9 +409,10 @@ def recall_plot(report: RunReport) -> Image.Image | None:
     """Recall@K (%) against K, one line per model (pretrained only, best, last; or the evaluated one)."""
     series = {}
     for name, values in report.metric_columns().items():
-        ks = sorted(int(k.split("@")[1]) for k in values if k.startswith("recall@"))
-        if ks:
-            series[name] = (ks, [percent(values[f"recall@{k}"]) for k in ks])
+        points = sorted((recall_k(k), percent(v)) for k, v in values.items() if recall_k(k) is not None and
+                        is_number(v))
+        if points:
+            series[name] = ([k for k, _ in points], [y for _, y in points])
     if not series:
         return None
     figure, (ax,) = _figure(5.8, 3.9)
@@ -330,9 +437,11 @@ def curve_panels(history: list[dict[str, Any]], steps: list[dict[str, Any]] | No
     the loss (per step too, where ``steps`` has it); the evaluation metrics (%): the test split where it was
     measured, the validation classes (``validation: recall@1``, every epoch where best.pt is chosen on them) and each
     --eval-extra set; the hard-triplet share (%)."""
-    trained = [r for r in history if r.get("epoch", 0) > 0 and "loss" in r]
+    history = [r for r in history if isinstance(r, dict) and _number_at(r, "epoch")]  # a row's x: its epoch
+    trained = [r for r in history if r["epoch"] > 0 and _number_at(r, "loss")]
     if not trained:
         return []
+    steps = [r for r in steps or [] if isinstance(r, dict) and _number_at(r, "epoch") and _number_at(r, "loss")]
     rows = [flat_metrics(r) for r in history]
     extra = sorted({k for r in rows for k in r if k.endswith(": recall@1") and not k.startswith(VALIDATION_KEY)})
     losses = {"loss": ([r["epoch"] for r in trained], [r["loss"] for r in trained])}
@@ -352,7 +461,7 @@ def curve_panels(history: list[dict[str, Any]], steps: list[dict[str, Any]] | No
 
 
 def _number_at(row: dict[str, Any], key: str) -> bool:
-    return isinstance(row.get(key), (int, float)) and not isinstance(row.get(key), bool)
+    return is_number(row.get(key))
 
 
 @plain_text()
@@ -463,7 +572,8 @@ def summary_markdown(report: RunReport, shown: str | None = None) -> str:
         facts.append(f"split: {markdown_code(report.data.get('split'))}, "
                      f"queries: {markdown_text(report.data.get('num_queries'))}")
     return " · ".join(facts) + selection_markdown(report) + label_free_markdown(report) + \
-        out_of_domain_markdown(report) + readings_markdown(report) + compatibility_markdown(report)
+        out_of_domain_markdown(report) + readings_markdown(report) + compatibility_markdown(report) + \
+        problems_markdown(report)
 
 
 def selection_markdown(report: RunReport) -> str:
@@ -478,7 +588,7 @@ def selection_markdown(report: RunReport) -> str:
         return f"\n\n**best.pt chosen on the test split:** {markdown_text(note)}."
     if selected_on == "kept":
         floor = run_settings(report).get("kept_floor")
-        floor_text = f"{percent(floor):g}%" if isinstance(floor, int | float) else "the --kept-floor share"
+        floor_text = f"{percent(floor):g}%" if is_number(floor) else "the --kept-floor share"
         return ("\n\n**best.pt chosen without labels:** the latest epoch whose images keep at least "
                 f"{floor_text} of their {KEPT_K} nearest neighbours from the pretrained backbone (--kept-floor); the "
                 "start where none does.")
@@ -497,16 +607,18 @@ def label_free_markdown(report: RunReport) -> str:
         shown = kept[:KEPT_EPOCHS_SHOWN]
         steps = " → ".join(f"{percent(row[KEPT]):.0f}%" for row in shown)
         lines.append(f"the images keep {steps} of their {KEPT_K} nearest pretrained neighbours (epoch "
-                     f"{markdown_text(shown[0].get('epoch'))} to {markdown_text(shown[-1].get('epoch'))})")
+                     f"{markdown_text(known(shown[0].get('epoch')))} to "
+                     f"{markdown_text(known(shown[-1].get('epoch')))})")
     groups = [row for row in section.get("groups") or [] if isinstance(row, dict)]
     if groups:
         last = groups[-1]
         stability = f", stability {last['stability']:.2f} (adjusted Rand index with the epoch before)" \
             if _number_at(last, "stability") else ""
-        lines.append(f"pseudo-labels ({markdown_text(section.get('pseudo_labels'))}): "
-                     f"{markdown_text(last.get('clusters'))} groups holding "
-                     f"{markdown_text(last.get('clustered_images'))} of {markdown_text(last.get('images'))} images, "
-                     f"the largest {markdown_text(last.get('largest_cluster'))}{stability}")
+        lines.append(f"pseudo-labels ({markdown_text(known(section.get('pseudo_labels')))}): "
+                     f"{markdown_text(known(last.get('clusters')))} groups holding "
+                     f"{markdown_text(known(last.get('clustered_images')))} of "
+                     f"{markdown_text(known(last.get('images')))} images, "
+                     f"the largest {markdown_text(known(last.get('largest_cluster')))}{stability}")
     return "\n\n**Without labels:** " + "; ".join(lines) + "." if lines else ""
 
 
@@ -572,7 +684,7 @@ def out_of_domain_markdown(report: RunReport) -> str:
     lines = []
     for name in (reference.get("sets") or {}):
         shown = [f"{markdown_text(column)} {percent(values['extra'][name]['recall@1'])} {METRIC_UNIT}"
-                 for column, values in columns if (values["extra"].get(name) or {}).get("recall@1") is not None]
+                 for column, values in columns if is_number((values["extra"].get(name) or {}).get("recall@1"))]
         kept = [f"{markdown_text(column)} {percent(values['extra'][name][KEPT])} {METRIC_UNIT}"
                 for column, values in columns if isinstance((values["extra"].get(name) or {}).get(KEPT), float)]
         if shown:

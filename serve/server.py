@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 from collections.abc import Callable
@@ -43,6 +44,8 @@ from retrieval.serve.upload_cache import (
     lock_file_access,
     use_upload_folder,
 )
+
+log = logging.getLogger(__name__)
 
 UI_PATH = "/"
 GRADIO_CONCURRENCY = 4  # Gradio events running at once; more wait in its queue
@@ -118,13 +121,16 @@ def build_app(config: ServerConfig, service: SearchService | None = None) -> tup
 
 
 def check_report(report: Path | None) -> None:
-    """Refuse (ConfigError) a ``--report`` that is not a run report: its folder is what the page may open."""
+    """Refuse (ConfigError) a ``--report`` that is not a run report: its folder is what the page may open. A value
+    the page leaves out of it (a number too large to read) is a warning that names its file and field."""
     if report is None:
         return
     try:
-        load_report(report)
+        opened = load_report(report)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"--report: {exc}") from exc
+    for problem in opened.problems:
+        log.warning("--report %s: %s", report, problem)
 
 
 def is_gradio_action(method: str, path: str) -> bool:

@@ -300,7 +300,7 @@ def test_an_index_without_the_relative_record_works_as_before(site):
 
 def test_a_file_nobody_named_that_keeps_its_weights_elsewhere_is_not_read(tmp_path):
     """Looking beside the index for the model reads only self-contained .onnx files: one whose weights lie in other
-    files (which onnx would open) is named as not read, never loaded."""
+    files (which onnx would open) is named as not read, never loaded, though its first fields are an export's."""
     import numpy as np
     import onnx
     from onnx import TensorProto, helper, numpy_helper
@@ -312,8 +312,59 @@ def test_a_file_nobody_named_that_keeps_its_weights_elsewhere_is_not_read(tmp_pa
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], [weights])
-    onnx.save_model(helper.make_model(graph), str(tmp_path / "other.onnx"), save_as_external_data=True,
-                    location="other.data", size_threshold=0)
+    model = helper.make_model(graph)
+    model.metadata_props.extend(onnx.load(str(projection_model(tmp_path / "export"))).metadata_props)
+    onnx.save_model(model, str(tmp_path / "other.onnx"), save_as_external_data=True, location="other.data",
+                    size_threshold=0)
     with pytest.raises(ModelNotFoundError) as missing:
         find_model({"model_hash": "0123456789abcdef", "model_path": str(tmp_path / "gone.onnx")}, tmp_path / "idx")
     assert "other.onnx (not read: give it as the model if it is the one)" in str(missing.value)
+
+
+def junk_onnx(path: Path, size: int, head: bytes = b"") -> Path:
+    """A sparse ``.onnx`` file of ``size`` bytes (no disk used): ``head``, then zeros."""
+    with open(path, "wb") as handle:
+        handle.write(head)
+        handle.truncate(size)
+    return path
+
+
+def varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append(value & 0x7F | (0x80 if value > 0x7F else 0))
+        value >>= 7
+        if not value:
+            return bytes(out)
+
+
+def test_junk_onnx_files_beside_a_moved_index_are_skipped_unread_and_the_model_is_found(site):
+    """Large .onnx files beside a moved index that cannot be models (zeros; a model's first fields over a 2 GiB graph
+    but no exported model's metadata; more than protobuf reads) are told apart by their first bytes and their size:
+    they neither use up what may be read of files nobody named nor take memory, and the model after them is found."""
+    import tracemalloc
+
+    from retrieval.index.portable import find_model
+
+    recorded = info(site / "idx")
+    moved = move(site)
+    (moved / "model.onnx").rename(moved / "exported.onnx")  # not where index.json says: looked for by its hash
+    graph = 2**31 - 64
+    header = b"\x08\x08" + b"\x3a" + varint(graph)  # ir_version 8, then a graph (field 7) of ~2 GiB of zeros
+    junk_onnx(moved / "idx" / "a.onnx", 2**31 - 1)  # zeros: no protobuf field starts with 0
+    junk_onnx(moved / "idx" / "b.onnx", len(header) + graph, header)  # a model's start, no metadata
+    junk_onnx(moved / "idx" / "c.onnx", 2 * 2**30)  # more than one protobuf message can hold
+    tracemalloc.start()
+    try:
+        found = find_model(recorded, moved / "idx")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert found == moved / "exported.onnx"
+    assert peak < 32 * 2**20, f"{peak / 2**20:.0f} MiB held while looking"  # the junk was never read whole
+    (moved / "exported.onnx").unlink()
+    with pytest.raises(ModelNotFoundError) as missing:  # each junk file is named with why it was passed over
+        find_model(recorded, moved / "idx")
+    message = str(missing.value)
+    assert "a.onnx (not a readable exported model" in message and "b.onnx (not a readable exported model" in message
+    assert "c.onnx (not read: 2.0 GiB" in message
