@@ -74,10 +74,11 @@ def _line(summary: dict[str, Any], index_dir: str) -> str:
             f"in {summary['seconds']} s{moved}")
 
 
-def sync_options(switch: bool = False) -> Callable[[F], F]:
+def sync_options(switch: bool = False, checks_new_images: bool = False) -> Callable[[F], F]:
     """--milvus and --collection on a writer: once it has written the index, the collection is brought in step
     (``switch``: an upgrade to another model moves the name to the new model's rows); its line follows the
-    writer's."""
+    writer's. ``checks_new_images``: the command takes ``check_new`` (``add_images``'s), given the check that the
+    collection can take the new images' columns, before anything is written."""
 
     def decorate(command: F) -> F:
         @functools.wraps(command)
@@ -85,9 +86,13 @@ def sync_options(switch: bool = False) -> Callable[[F], F]:
             if (milvus is None) != (collection is None):
                 raise click.UsageError("give --milvus URI and --collection NAME together")
             if milvus is not None:  # checked before the writer's work, not after it
+                from retrieval.index.layout import IndexLayout
                 from retrieval.index.milvus_collection import MilvusPlace
+                from retrieval.index.milvus_push import new_images_check
 
-                MilvusPlace.checked(milvus, collection)
+                place = MilvusPlace.checked(milvus, collection)
+                if checks_new_images and IndexLayout(kwargs["index_dir"]).vectors_in() is None:
+                    kwargs["check_new"] = new_images_check(kwargs["index_dir"], place)
             result = command(*args, **kwargs)
             if milvus is not None:
                 summary = push(kwargs["index_dir"], milvus, collection, None, switch,

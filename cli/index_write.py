@@ -198,7 +198,7 @@ def duplicate_check_options(func: Callable) -> Callable:
 
 @click.command("add", cls=OptionCommand)
 @index_folder
-@sync_options()
+@sync_options(checks_new_images=True)
 @command_options(IndexOptions, "add_images", "recorded_model", "split", "label_from")
 @ingest_options
 @engine_options
@@ -206,7 +206,7 @@ def duplicate_check_options(func: Callable) -> Callable:
 @gallery_root_option
 @json_option
 def add_command(index_dir, images, model, split, label_from, batch_size, workers, shard_size, max_pixels, gpu,
-                engine, duplicates, duplicate_threshold, gallery_root, as_json) -> None:
+                engine, duplicates, duplicate_threshold, gallery_root, as_json, check_new=None) -> None:
     """Add images (a folder, one image or a manifest) to an existing index without rebuilding it; new images that
     nearly copy an indexed one are reported (--duplicates skip leaves them out)."""
     from retrieval.index import add_images
@@ -215,7 +215,7 @@ def add_command(index_dir, images, model, split, label_from, batch_size, workers
     check = DuplicateCheck(**{name: value for name, value in given.items() if value is not None})  # checked first
     summary = run_writer(add_images, index_dir, index_dir, images, model=model, split=split, gpu=gpu,
                          options=ingest_settings(batch_size, workers, shard_size, max_pixels, engine),
-                         label_from=label_from, duplicates=check, gallery_root=gallery_root)
+                         label_from=label_from, duplicates=check, gallery_root=gallery_root, check_new=check_new)
     added = summary["this_run"]
     near, next_step = summary.get("near_duplicates"), serve_next(summary["index_dir"])
     found = ""

@@ -18,9 +18,10 @@ from retrieval.data.formats import ACCEPTED_FORMATS_TEXT
 class QueryError(ValueError):
     """A bad query; ``status`` is the HTTP status code that describes it."""
 
-    def __init__(self, message: str, status: int = 400) -> None:
+    def __init__(self, message: str, status: int = 400, retry_after_s: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.retry_after_s = retry_after_s  # a 503 that passes: the Retry-After header
 
 
 QUERY_MESSAGES = {

@@ -231,15 +231,15 @@ class LiveIndex(Generic[S]):
             if self._closed:
                 return False
             previous = self._held.state
-            identity = self._identity()
-            if identity == previous.identity or self._failed_lately(identity):
+            identity = self._identity()  # None: it cannot be told now (an index elsewhere, unreachable)
+            if identity is None or identity == previous.identity or self._failed_lately(identity):
                 return False
             try:
                 state = self._open(previous)
             except IndexChanging:
                 return False  # a writer is at work: its last step changes the folder again, retried next tick
             except Exception as exc:  # noqa: BLE001  (whatever the folder holds, the old state keeps serving)
-                self._log_failure(identity, exc, len(previous))
+                self._log_failure(identity, exc, previous)
                 return False
             self._failed = None
             self._swap(state)
@@ -252,11 +252,15 @@ class LiveIndex(Generic[S]):
         failed = self._failed
         return failed is not None and failed[0] == identity
 
-    def _log_failure(self, identity: Identity, exc: Exception, served: int) -> None:
+    def _log_failure(self, identity: Identity, exc: Exception, previous: S) -> None:
         """One line per distinct problem, not one per attempt."""
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if self._failed is None or self._failed[1] != message:
-            log.warning("cannot reload the index in %s, still serving the previous one (%d vectors): %s",
+            try:  # a state elsewhere (a Milvus collection) may not answer either
+                served = f"{len(previous)} vectors"
+            except Exception:  # noqa: BLE001
+                served = "its size unknown now"
+            log.warning("cannot reload the index in %s, still serving the previous one (%s): %s",
                         self.layout.root, served, message)
         self._failed = (identity, message, time.monotonic())
 

@@ -12,6 +12,7 @@ Read side: nothing here writes a collection (``milvus_push`` does).
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import math
 import os
@@ -34,6 +35,7 @@ from retrieval.index.filters import (
     check_value_type,
     unknown_column,
 )
+from retrieval.index.milvus_client import CollectionClient, quiet_pymilvus_logs, short_reason
 
 FORMAT = 1
 ID, VECTOR, PATH, LABEL, SHA256, SIZE, SHARD = "id", "vector", "path", "label", "sha256", "size", "shard"
@@ -44,11 +46,13 @@ MAX_TEXT_CHARS = 4096  # a manifest column's text
 MODEL_HASH, EMBEDDING_DIM, PREPROCESSING, RECORD = (
     "retrieval.model_hash", "retrieval.embedding_dim", "retrieval.preprocessing", "retrieval.index")
 PUSHING, COMPLETE = "pushing", "complete"
+MAX_EXPRESSION_DEPTH = 80  # nested parentheses of a translated filter (Milvus Lite's parser failed past ~120)
 INDEX_TYPES = ("AUTOINDEX", "FLAT", "HNSW", "IVF_FLAT", "IVF_PQ")
 COLLECTION_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,254}")  # Milvus' rule for collection and alias names
 MILVUS_TOKEN_ENV = "RETRIEVAL_MILVUS_TOKEN"  # a cluster's credentials, read from the environment only
-MILVUS_URI_HELP = ("http://HOST:19530 (a Milvus server or cluster; https:// with TLS) or a FILE.db path (Milvus "
-                   "Lite: the engine in this process)")
+MILVUS_URI_HELP = ("http://HOST:19530 (a Milvus server or cluster; https:// with TLS) or a NAME.db path (Milvus "
+                   "Lite: the engine in this process; a folder since Milvus Lite 3, one file before)")
+LITE_MARKERS = frozenset({"LOCK", "collections", "aliases.json", "databases"})  # what Milvus Lite 3 keeps in its folder
 
 
 class MilvusError(ParameterError):
@@ -76,11 +80,16 @@ class MilvusPlace:
 
 
 def check_uri(uri: str) -> str:
-    """A Milvus URI: ``http(s)://host[:port]`` or a ``*.db`` file whose folder exists (Milvus Lite)."""
+    """A Milvus URI: ``http(s)://host[:port]`` without credentials, or a ``*.db`` path whose folder exists (Milvus
+    Lite: a folder since Milvus Lite 3, one file before; the one this install's Milvus Lite reads)."""
     if not isinstance(uri, str) or not uri.strip() or len(uri) > 2048:
         raise MilvusError("milvus", f"must be {MILVUS_URI_HELP}, got {uri!r:.80}")
     if uri.startswith(("http://", "https://")):
         parts = urlsplit(uri)
+        if "@" in parts.netloc:  # never echoed: the URI is printed in start lines and connection errors
+            raise MilvusError("milvus", f"holds credentials (user:password@): give them in the environment as "
+                                        f"{MILVUS_TOKEN_ENV}=user:password (or an API key), never in the URI, which "
+                                        "every process listing and log shows")
         if not parts.hostname or parts.path not in ("", "/") or parts.query or parts.fragment:
             raise MilvusError("milvus", f"{uri!r}: a server is http://HOST:PORT with nothing after the port")
         return uri.rstrip("/")
@@ -89,9 +98,41 @@ def check_uri(uri: str) -> str:
         raise MilvusError("milvus", f"{uri!r} is neither a server URL nor a Milvus Lite file: give {MILVUS_URI_HELP}")
     if not path.parent.is_dir():
         raise MilvusError("milvus", f"{uri!r}: the folder {path.parent} does not exist; create it first")
-    if path.exists() and not path.is_file():
-        raise MilvusError("milvus", f"{uri!r} exists and is not a file: a Milvus Lite database is one file")
+    check_lite_store(path)
     return str(path.resolve())
+
+
+def lite_version() -> str | None:
+    """The installed Milvus Lite's version; None when it is not installed."""
+    try:
+        return importlib.metadata.version("milvus-lite")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def check_lite_store(path: Path) -> None:
+    """Refuse a ``*.db`` path the installed Milvus Lite cannot open: Milvus Lite 3 keeps a folder (and would fill
+    any folder it is given), earlier versions one file; neither reads the other's."""
+    version = lite_version()
+    keeps_folder = None if version is None else int(version.split(".")[0]) >= 3
+    if not path.exists():
+        return
+    if path.is_dir():
+        if keeps_folder is False:
+            raise MilvusError("milvus", f"{path} is a folder, but the Milvus Lite installed here ({version}) keeps a "
+                                        "database in one file: give another NAME.db, or install milvus-lite>=3")
+        with os.scandir(path) as entries:
+            names = {entry.name for _, entry in zip(range(64), entries, strict=False)}
+        if names and not names & LITE_MARKERS:
+            raise MilvusError("milvus", f"{path} is a folder that holds no Milvus Lite database; Milvus Lite would "
+                                        "write its files among yours: give a new NAME.db path")
+    elif path.is_file():
+        if keeps_folder:
+            raise MilvusError("milvus", f"{path} is a Milvus Lite 2 database (one file), which the Milvus Lite "
+                                        f"installed here ({version}) cannot read (it keeps a folder): push the index "
+                                        "again into a new NAME.db")
+    else:
+        raise MilvusError("milvus", f"{path} is neither a file nor a folder")
 
 
 def check_name(name: str) -> str:
@@ -102,9 +143,10 @@ def check_name(name: str) -> str:
     return name
 
 
-def connect(place: MilvusPlace, timeout_s: float = 30.0) -> Any:
-    """A ``pymilvus.MilvusClient`` for ``place``, with the credentials of ``MILVUS_TOKEN_ENV`` when set
-    (``user:password`` or an API key); the extra named when pymilvus (or Milvus Lite) is missing."""
+def connect(place: MilvusPlace, timeout_s: float = 30.0) -> CollectionClient:
+    """A ``pymilvus.MilvusClient`` for ``place`` (as a ``CollectionClient``: it loads a released collection and
+    raises ``MilvusUnavailable`` when the server cannot be reached), with the credentials of ``MILVUS_TOKEN_ENV``
+    when set (``user:password`` or an API key); the extra named when pymilvus (or Milvus Lite) is missing."""
     from retrieval.extras import MissingExtra
 
     try:
@@ -116,12 +158,14 @@ def connect(place: MilvusPlace, timeout_s: float = 30.0) -> Any:
             import milvus_lite  # noqa: F401  (pymilvus starts it for a *.db URI)
         except ModuleNotFoundError as exc:
             raise MissingExtra("a Milvus Lite file", "milvus_lite") from exc
+    quiet_pymilvus_logs()
     token = os.environ.get(MILVUS_TOKEN_ENV, "")  # never an argument: `ps` shows every process's arguments
     try:
-        return MilvusClient(uri=place.uri, timeout=timeout_s, **({"token": token} if token else {}))
+        client = MilvusClient(uri=place.uri, timeout=timeout_s, **({"token": token} if token else {}))
     except Exception as exc:  # pymilvus raises its own kinds for a refused or unreachable server
-        raise MilvusError("milvus", f"cannot connect to {place.uri}: {exc}; is the server running and reachable "
-                                    "from here?") from exc
+        raise MilvusError("milvus", f"cannot connect to {place.uri}: {short_reason(exc)}; is the server running "
+                                    "and reachable from here?") from None
+    return CollectionClient(client, place.uri)
 
 
 # --- what a collection records ----------------------------------------------------------------------------------
@@ -272,26 +316,45 @@ def search_params(index_type: str, k: int) -> dict[str, Any]:
 # --- where filters as Milvus expressions ------------------------------------------------------------------------
 def milvus_filter(where: Filter, record: CollectionRecord) -> str:
     """``where`` (the local filter language, parsed) as a Milvus boolean expression over ``record``'s fields, with
-    the local refusals (an unknown column, a value of the wrong kind). Missing values make a comparison unknown
-    and unknown never matches (``filters``): each node is translated into the expression of the rows where it is
-    true and the one where it is false, a missing value in neither."""
+    the local refusals (an unknown column, a value of the wrong kind) and Milvus' own (``MAX_EXPRESSION_DEPTH``, a
+    string it cannot carry). Missing values make a comparison unknown and unknown never matches (``filters``): each
+    node is translated into the expression of the rows where it is true and the one where it is false, a missing
+    value in neither. A chain of ``and`` (or of ``or``) is one flat expression, as deep as one of its terms."""
     fields = {ID: (ID, False), PATH: (PATH, True), LABEL: (LABEL, True),
               **{c.name: (c.field, c.is_text) for c in record.columns}}
     for name in where.columns():
         if name not in fields:
             raise unknown_column(name, record.column_names())
-    return _truth(where.root, fields)[0]
+    true, _, depth = _truth(where.root, fields)
+    if depth > MAX_EXPRESSION_DEPTH:
+        raise FilterError(f"where: nests {depth} parentheses deep once translated for Milvus, whose parser takes at "
+                          f"most {MAX_EXPRESSION_DEPTH}; write it with fewer nested groups")
+    return true
 
 
-def _truth(node: Node, fields: Mapping[str, tuple[str, bool]]) -> tuple[str, str]:
-    """(where ``node`` is true, where it is false), as Milvus expressions."""
+def _chain(node: Node) -> list[Node]:
+    """The terms of a chain of the same connective (``a and b and c``), left to right."""
+    kind, terms, pending = type(node), [], [node]
+    while pending:
+        item = pending.pop()
+        if type(item) is kind:
+            pending.extend((item.right, item.left))
+        else:
+            terms.append(item)
+    return terms
+
+
+def _truth(node: Node, fields: Mapping[str, tuple[str, bool]]) -> tuple[str, str, int]:
+    """(where ``node`` is true, where it is false, the parentheses they nest), as Milvus expressions."""
     if isinstance(node, Not):
-        true, false = _truth(node.operand, fields)
-        return false, true
+        true, false, depth = _truth(node.operand, fields)
+        return false, true, depth
     if isinstance(node, (Both, Either)):
-        (lt, lf), (rt, rf) = _truth(node.left, fields), _truth(node.right, fields)
-        both, either = f"(({lt}) and ({rt}))", f"(({lt}) or ({rt}))"
-        return (both, f"(({lf}) or ({rf}))") if isinstance(node, Both) else (either, f"(({lf}) and ({rf}))")
+        parts = [_truth(term, fields) for term in _chain(node)]
+        # both true where every term is, false where any is; either the other way round
+        joins = (") and (", ") or (") if isinstance(node, Both) else (") or (", ") and (")
+        trues, falses = (joins[0].join(t for t, _, _ in parts), joins[1].join(f for _, f, _ in parts))
+        return f"(({trues}))", f"(({falses}))", 2 + max(d for _, _, d in parts)
     name, is_text = fields[node.column]
     values = node.values if isinstance(node, InSet) else (node.value,)
     for value in values:
@@ -304,9 +367,9 @@ def _truth(node: Node, fields: Mapping[str, tuple[str, bool]]) -> tuple[str, str
         op = "==" if node.op == "=" else node.op
         holds, fails = f"{name} {op} {_literal(node.value)}", f"not ({name} {op} {_literal(node.value)})"
     if node.column in (ID, PATH):  # never missing
-        return holds, fails
+        return holds, fails, 1
     known = f"{name} is not null"
-    return f"({known} and {holds})", f"({known} and {fails})"
+    return f"({known} and {holds})", f"({known} and {fails})", 2
 
 
 _ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r"}
@@ -320,4 +383,7 @@ def _literal(value: str | float) -> str:
     if any(ord(c) < 32 and c not in _ESCAPES for c in value):
         raise FilterError(f"where: the string {value!r:.60} holds a control character, which a Milvus "
                           "expression cannot carry")
+    if any(0xD800 <= ord(c) <= 0xDFFF for c in value):  # not text in UTF-8, which Milvus speaks
+        raise FilterError(f"where: the string {value!r:.60} holds a lone surrogate (half of a UTF-16 pair), which "
+                          "is not text a Milvus expression can carry")
     return '"' + "".join(_ESCAPES.get(c, c) for c in value) + '"'

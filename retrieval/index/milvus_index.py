@@ -13,7 +13,7 @@ import functools
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
-from pathlib import Path, PurePath, PurePosixPath
+from pathlib import Path, PurePath
 from types import SimpleNamespace
 from typing import Any
 
@@ -21,6 +21,7 @@ import numpy as np
 
 from retrieval.errors import ParameterError
 from retrieval.index.filters import Filter, parse_filter
+from retrieval.index.milvus_client import MilvusUnavailable
 from retrieval.index.milvus_collection import (
     ID,
     LABEL,
@@ -36,6 +37,7 @@ from retrieval.index.milvus_collection import (
     read_record,
     search_params,
 )
+from retrieval.index.portable import file_inside
 from retrieval.index.query_embedder import (
     ImageEmbedder,
     NoModel,
@@ -49,6 +51,7 @@ from retrieval.rerank import Neighbourhood, RerankConfig, gallery_filled, neighb
 STATS_EXACT_MAX = 200_000  # rows up to which ``stats`` reads every vector to measure recall
 REFRESH_S = 60.0  # how long a label count read from the collection is kept
 QUERY_PAGE = 16384  # rows per page when the whole collection is read (labels, ids)
+READY_TIMEOUT_S = 5.0  # how long /health waits for Milvus to say the collection is loaded
 MAX_ID_LIST = 4096  # ids per ``id in [...]`` expression: well under a server's expression size limit
 
 
@@ -66,6 +69,7 @@ class MilvusIndex(IndexFacts):
         if record is None:
             raise MilvusError("collection", f"{place.collection!r} does not exist at {place.uri}; push an index "
                                             "into it first (`retrieval index push`)")
+        self.client.ensure_loaded(place.collection)  # a collection comes back released after a restart
         self.record, self.info = record, {**record.info, "index_key": f"Milvus {record.index_type}"}
         self.identity = collection_identity(self.client, place.collection)
         self._model_path, self._embedder = model, None
@@ -76,6 +80,11 @@ class MilvusIndex(IndexFacts):
     # --- what it is
     def close(self) -> None:
         self.client.close()
+
+    def check_ready(self) -> None:
+        """Raise ``MilvusUnavailable`` unless the collection can be searched now (loaded first if it was
+        released)."""
+        self.client.ensure_loaded(self.place.collection, timeout_s=READY_TIMEOUT_S)
 
     def __len__(self) -> int:
         rows = self.client.query(self.place.collection, filter="", output_fields=["count(*)"])
@@ -112,11 +121,9 @@ class MilvusIndex(IndexFacts):
         return path
 
     def image_file(self, path: str) -> str | None:
-        """The file of a stored (relative) path under the gallery root; None for a path that would leave it."""
-        pure = PurePosixPath(path)
-        if pure.is_absolute() or ".." in pure.parts:
-            return None
-        return str(self.gallery_root / pure)
+        """The file of a stored (relative) path under the gallery root; None for a path that would leave it, also
+        through a symlinked folder (a collection's rows are anyone's who can write to it)."""
+        return file_inside(self.gallery_root, path)
 
     @property
     def gallery(self) -> SimpleNamespace:
@@ -305,19 +312,23 @@ def open_collection_record(place: MilvusPlace) -> CollectionRecord | None:
         client.close()
 
 
-def watch_identity(place: MilvusPlace) -> Callable[[], tuple[Any, ...]]:
-    """``collection_identity`` of ``place`` through a connection of its own (the watcher's thread)."""
+def watch_identity(place: MilvusPlace) -> Callable[[], tuple[Any, ...] | None]:
+    """``collection_identity`` of ``place`` through a connection of its own (the watcher's thread); None while
+    Milvus cannot be reached (``LiveIndex`` then opens nothing: the served state answers 503 meanwhile and recovers
+    by itself; a change is seen once it is back)."""
     client = None
 
-    def identity() -> tuple[Any, ...]:
+    def identity() -> tuple[Any, ...] | None:
         nonlocal client
         try:
             if client is None:
                 client = connect(place)
             return collection_identity(client, place.collection)
-        except Exception as exc:  # noqa: BLE001  (unreachable: the state serves on, the next tick connects again)
-            client = None
-            return ("unreachable", type(exc).__name__)
+        except Exception as exc:  # noqa: BLE001  (unreachable: the state serves on, the next tick asks again)
+            if client is not None and not isinstance(exc, MilvusUnavailable):
+                client.close()
+                client = None
+            return None
 
     return identity
 

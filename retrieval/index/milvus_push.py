@@ -11,8 +11,10 @@ collection: two at once could both send a row the other has not yet written.
 
 from __future__ import annotations
 
+import json
+import secrets
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -49,6 +51,9 @@ from retrieval.index.query_embedder import l2_normalize_rows
 BATCH_ROWS = 2000  # rows per insert: well under Milvus' 64 MiB gRPC message at 2048 float32 dimensions
 ID_PAGE = 16384  # rows read back per page when a push resumes
 DELETE_IDS = 4096  # ids per delete expression: well under a server's expression size limit
+PUSH_CLAIM = "retrieval.push"  # the collection property of the push at work: {"token", "at"}
+CLAIM_STALE_S = 120.0  # a claim not renewed for this long is a push that died
+CLAIM_SETTLE_S = 0.5  # between writing a claim and reading it back: longer than two pushes' check-to-write gap
 
 
 def manifest_columns(table: FilterTable) -> dict[str, tuple[bool, list[Any]]]:
@@ -96,27 +101,132 @@ def push_index(index_dir: str | Path, place: MilvusPlace, index_type: str | None
                 if current.model_hash != wanted.model_hash and not compatible_upgrade(current, wanted, index):
                     target = physical_name(place.collection, wanted.model_hash)
             record = read_record(client, target)
-            if record is None:
+            created = record is None
+            if created:
                 record = wanted
-                create_collection(client, target, record, _preprocessing(index))
-            elif compatible_upgrade(record, wanted, index):  # queries by the new model now, rows re-sent in place
-                record.info, record.state = wanted.info, PUSHING
-                client.alter_collection_properties(target, record.properties(_preprocessing(index)))
-            else:
-                check_resumable(record, wanted if index_type else replace(wanted, index_type=record.index_type),
-                                 target)
-            rows = _collection_rows(client, target, record)
-            sent, deleted = _write(client, target, record, index, ids, paths, labels, columns, rows, batch_rows,
-                                   progress)
-            record.state, record.rows = COMPLETE, len(ids)
-            client.flush(target)
-            client.alter_collection_properties(target, {RECORD: record.properties()[RECORD]})
-            old = point_alias(client, place.collection, target, served)
+                try:
+                    create_collection(client, target, record, _preprocessing(index))
+                except Exception:  # another push created it meanwhile: the claim below says which one goes on
+                    if not client.has_collection(target):
+                        raise
+            with PushClaim(client, target, place.collection) as claim:
+                if created:
+                    pass
+                elif compatible_upgrade(record, wanted, index):  # queries by the new model now, rows re-sent
+                    record.info, record.state = wanted.info, PUSHING
+                    client.alter_collection_properties(target, record.properties(_preprocessing(index)))
+                else:
+                    check_resumable(record, wanted if index_type else replace(wanted, index_type=record.index_type),
+                                     target)
+                rows = _collection_rows(client, target, record)
+                sent, deleted = _write(client, target, record, index, ids, paths, labels, columns, rows, batch_rows,
+                                       progress, claim.renew)
+                record.state, record.rows = COMPLETE, len(ids)
+                client.flush(target)
+                client.alter_collection_properties(target, {RECORD: record.properties()[RECORD]})
+                old = point_alias(client, place.collection, target, served)
     finally:
         client.close()
     return {"collection": place.collection, "physical": target, "rows": len(ids), "sent": sent,
             "already_there": len(rows) - deleted, "deleted": deleted, "dropped": old,
             "seconds": round(time.perf_counter() - started, 3), "state": COMPLETE}
+
+
+class PushClaim:
+    """One push at a time into a collection (two at once could both insert a row neither had seen: it would be
+    found twice). A push checks that no other one has shown a sign of life in the collection's ``PUSH_CLAIM``
+    property within ``CLAIM_STALE_S``, writes its own token there, waits ``CLAIM_SETTLE_S`` and reads it back: of
+    two pushes that checked at once, the one whose token was overwritten stops, before it wrote a row. The holder
+    renews it as it goes (``renew``) and clears it at the end; a push killed midway leaves one that goes stale."""
+
+    def __init__(self, client: Any, collection: str, name: str) -> None:
+        self.client, self.collection, self.name = client, collection, name
+        self.token = secrets.token_hex(8)
+        self._renewed = 0.0
+
+    def _holder(self) -> dict[str, Any] | None:
+        """The claim in the collection's properties, None when there is none (or it is stale or unreadable)."""
+        raw = (self.client.describe_collection(self.collection).get("properties") or {}).get(PUSH_CLAIM)
+        try:
+            claim = json.loads(raw) if raw else None
+            if not isinstance(claim, dict) or time.time() - float(claim["at"]) > CLAIM_STALE_S:
+                return None
+            return claim
+        except (TypeError, ValueError, KeyError):
+            return None
+
+    def _refuse(self, claim: dict[str, Any]) -> None:
+        seen = max(0, round(time.time() - float(claim["at"])))
+        raise MilvusError("collection", f"another `retrieval index push` into {self.name!r} is running (its last "
+                                        f"sign of life {seen} s ago); wait for it to finish, then run this command "
+                                        "again: it sends whatever the collection still lacks")
+
+    def _write(self) -> None:
+        self._renewed = time.monotonic()
+        self.client.alter_collection_properties(
+            self.collection, {PUSH_CLAIM: json.dumps({"token": self.token, "at": time.time()})})
+
+    def __enter__(self) -> PushClaim:
+        holder = self._holder()
+        if holder is not None and holder.get("token") != self.token:
+            self._refuse(holder)
+        self._write()
+        time.sleep(CLAIM_SETTLE_S)
+        holder = self._holder()
+        if holder is None or holder.get("token") != self.token:
+            self._refuse(holder or {"at": time.time()})
+        return self
+
+    def renew(self) -> None:
+        """Show a sign of life (at most every ``CLAIM_STALE_S / 4`` seconds)."""
+        if time.monotonic() - self._renewed > CLAIM_STALE_S / 4:
+            self._write()
+
+    def __exit__(self, *exc: object) -> None:
+        holder = self._holder()
+        if holder is not None and holder.get("token") == self.token:
+            self.client.alter_collection_properties(self.collection, {PUSH_CLAIM: ""})
+
+
+def new_images_check(index_dir: str | Path, place: MilvusPlace) -> Callable[[Sequence[Any]], None]:
+    """For ``add_images`` (``check_new``): refuse, before anything is written, new images whose manifest columns
+    the collection ``place`` serves could not take (a collection's columns are fixed when it is made; a push after
+    the add would be refused, and every push after it)."""
+
+    def check(items: Sequence[Any]) -> None:
+        client = connect(place)
+        try:
+            served = served_collection(client, place.collection)
+            record = None if served is None else read_record(client, served)
+        finally:
+            client.close()
+        if record is None:  # a new collection takes whatever columns the index has
+            return
+        from retrieval.index.live import Snapshot
+
+        with Snapshot.open(index_dir) as index:
+            ids, paths, labels, extra = index.filter_rows()
+        first = max(ids, default=-1) + 1  # the new images' rows, after the index's own (their ids do not matter)
+        new_ids = list(range(first, first + len(items)))
+        table = FilterTable([*ids, *new_ids], [*paths, *(item.path for item in items)],
+                            [*labels, *(item.label for item in items)],
+                            dict(extra) | {i: json.dumps(item.extra) for i, item in zip(new_ids, items, strict=True)
+                                           if item.extra})
+        after = {c.name: c.kind for c in column_fields([(n, t) for n, (t, _) in manifest_columns(table).items()])}
+        held = {c.name: c.kind for c in record.columns}
+        if after == held:
+            return
+        problems = [f"{name!r} ({kind}), which it does not have" for name, kind in after.items() if name not in held]
+        problems += [f"{name!r} as {after[name]}, which it holds as {kind}" for name, kind in held.items()
+                     if name in after and after[name] != kind]
+        problems += [f"no {name!r} any more" for name in held if name not in after]
+        raise MilvusError("images", f"would give the index manifest columns the Milvus collection "
+                                    f"{place.collection!r} cannot take: {'; '.join(problems)} (a collection's columns "
+                                    "are fixed when it is made). Nothing was written. Add the images without those "
+                                    "columns, or add them to the folder alone, push the index into a new collection "
+                                    "with `retrieval index push` and serve that one")
+
+    return check
 
 
 def compatible_upgrade(existing: CollectionRecord, wanted: CollectionRecord, index: Any) -> bool:
@@ -152,7 +262,12 @@ def point_alias(client: Any, name: str, target: str, served: str | None) -> str 
     if served == target:
         return None
     if served is None:
-        client.create_alias(target, name)
+        try:
+            client.create_alias(target, name)
+        except Exception:  # made meanwhile, by a push into another collection: refused, naming it
+            if served_collection(client, name) != target:
+                raise MilvusError("collection", f"{name!r} was given to {served_collection(client, name)} while "
+                                                f"this push filled {target}; run the command again") from None
         return None
     client.alter_alias(target, name)
     client.drop_collection(served)
@@ -174,9 +289,9 @@ def _collection_rows(client: Any, collection: str, record: CollectionRecord) -> 
 
 def _write(client: Any, collection: str, record: CollectionRecord, index: Any, ids: list[int], paths: list[str],
            labels: list[str | None], columns: dict[str, tuple[bool, list[Any]]], present: dict[int, tuple],
-           batch_rows: int, progress: bool) -> tuple[int, int]:
+           batch_rows: int, progress: bool, alive: Callable[[], None]) -> tuple[int, int]:
     """Send the rows ``present`` lacks or holds otherwise, delete those the index no longer holds; (sent,
-    deleted)."""
+    deleted). ``alive`` is called after each batch (``PushClaim.renew``)."""
     from retrieval.index.shards import ShardStore
     from retrieval.index.vectors import done_chunks
     from retrieval.utils.progress import progress_bar
@@ -206,6 +321,7 @@ def _write(client: Any, collection: str, record: CollectionRecord, index: Any, i
                     client.upsert(collection, [row for row in rows if row[ID] in present])
                 sent += len(rows)
                 bar.update(len(rows))
+                alive()
     return sent, len(stale)
 
 

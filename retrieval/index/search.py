@@ -98,6 +98,9 @@ class IndexFacts:
     def close(self) -> None:
         raise NotImplementedError
 
+    def check_ready(self) -> None:
+        """Raise unless the index can be searched now: a folder's state always can (a Milvus collection checks)."""
+
     def __enter__(self) -> Any:
         return self
 

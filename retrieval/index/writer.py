@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePath, PurePosixPath
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -63,6 +63,7 @@ from retrieval.index.shards import ShardStore
 from retrieval.index.sources import (
     IMAGE_EXTENSIONS,
     Gallery,
+    GalleryItem,
     apply_label_rule,
     default_label_rule,
     is_utf8,
@@ -419,12 +420,13 @@ def _ingest_into_collection(catalogue: Catalogue, store: ShardStore, engine: Any
     from retrieval.index import milvus_build
     from retrieval.index.milvus_collection import connect
     from retrieval.index.milvus_push import preprocessing_of
+    from retrieval.index.ray_collection import write_into
 
     client = connect(milvus)
     try:
         build = milvus_build.start(client, milvus, catalogue, dict(info) | {"index_key": "Milvus"}, index_type,
                                    preprocessing_of(embedder.model_config))
-        engine.write_into(build, client)
+        write_into(engine, build, client)
         for _ in range(MAX_RESENDS + 1):
             ingest(engine, catalogue, store, embedder, options)
             lost = milvus_build.reconcile(client, build.physical, catalogue)
@@ -656,11 +658,13 @@ def add_images(
     label_from: str | None = None,
     duplicates: DuplicateCheck | None = None,
     gallery_root: str | Path | None = None,
+    check_new: Callable[[Sequence[GalleryItem]], None] | None = None,
 ) -> dict[str, Any]:
     """Embed new images with the index's own model and add them without rebuilding (resumable too); labelled by
     the index's own label rule unless told otherwise. ``duplicates``: report (default) or skip the new images that
     nearly copy an indexed one (``add_check``). A gallery that moved (``relocate``; ``gallery_root``: where to) is
-    followed first."""
+    followed first. ``check_new`` sees the new images before anything is written: what it raises leaves the index
+    as it was (a collection kept in step checks its columns: ``milvus_push.new_images_check``)."""
     started = time.perf_counter()
     duplicates = duplicates or DuplicateCheck()
     layout = IndexLayout(index_dir)
@@ -681,6 +685,8 @@ def add_images(
             info |= found
         embedder = _check_same_model(catalogue, embedder, layout.root)
         gallery, rule = _labelled(images, split, catalogue, label_from)
+        if check_new is not None:
+            check_new(gallery.items)
         before = _tally(catalogue)
         catalogue.plan(gallery.items, gallery.source, gallery.errors)
         store = ShardStore(layout.shards)

@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
+from retrieval.index.milvus_client import MilvusUnavailable
 from retrieval.serve.admission import CLIENT_CLOSED, Busy, ClientGone
 from retrieval.serve.images import QueryError
 
@@ -53,12 +54,18 @@ def validation_message(exc: RequestValidationError) -> str:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """Answer the API's exceptions as their statuses: a ``QueryError`` with its own, validation 422, ``Busy`` 503
-    with Retry-After, a client gone before its answer 499 (for the access log and the metrics: nobody reads it)."""
+    """Answer the API's exceptions as their statuses: a ``QueryError`` with its own, validation 422, ``Busy`` and an
+    unreachable Milvus 503 with Retry-After, a client gone before its answer 499 (for the access log and the
+    metrics: nobody reads it)."""
 
     @app.exception_handler(QueryError)
     async def query_error(_: Request, exc: QueryError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=exc.status)
+        headers = None if exc.retry_after_s is None else {"Retry-After": str(exc.retry_after_s)}
+        return JSONResponse({"detail": str(exc)}, status_code=exc.status, headers=headers)
+
+    @app.exception_handler(MilvusUnavailable)
+    async def milvus_unavailable(_: Request, exc: MilvusUnavailable) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": str(exc.retry_after_s)})
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:

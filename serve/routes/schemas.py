@@ -63,8 +63,8 @@ ERROR_STATUSES = {
     "a JSON body of more values than the request can use or numbers of over 1,000 characters, "
     f"a batch of no queries or more than {MAX_BATCH_QUERIES}, an unknown rerank method or a parameter out of its "
     "range, or re-ranking on an index that keeps no vectors",
-    503: "Too many searches (or image batches) already waiting, or too many request bytes held at once; retry after "
-    "the Retry-After seconds",
+    503: "Too many searches (or image batches) already waiting, too many request bytes held at once, or the Milvus "
+    "server of a served collection cannot be reached; retry after the Retry-After seconds",
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
+from starlette.concurrency import run_in_threadpool
 
 from retrieval.index.search import MAX_K
 from retrieval.serve.defaults import MAX_BATCH_QUERIES
@@ -46,8 +47,10 @@ async def stats(api: Api) -> dict[str, Any]:
     }
 
 
-@router.get("/health", response_model=HealthModel, responses=error_responses(403))
+@router.get("/health", response_model=HealthModel, responses=error_responses(403, 503))
 async def health(api: Api) -> dict[str, Any]:
-    """Liveness: the number of vectors the server searches now (it follows the index's writers) and their
-    dimension."""
+    """Whether searches work now (503 while a served Milvus collection cannot be reached or loaded), the number of
+    vectors the server searches (it follows the index's writers) and their dimension."""
+    if api.service.milvus is not None:  # asked over the network: never on the event loop
+        return {"status": "ok", **await run_in_threadpool(api.service.health)}
     return {"status": "ok", **api.service.health()}

@@ -56,9 +56,11 @@ class ItemFiles:
             with self.live.acquire() as held:
                 row = held.index.indexed_row(image_id)
                 file = held.index.image_file(row["path"]) if row is not None else None
-        # an image's path is absolute; a build from embeddings may catalogue URLs, never opened here; a moved
-        # gallery has no place for a path outside its root (None), which is never opened either
-        if file is None or not Path(file).is_absolute() or Path(file).suffix.lower() not in IMAGE_EXTENSIONS:
+        # an image's path is absolute; a build from embeddings may catalogue URLs (or any text: a NUL names no
+        # file), never opened here; a moved gallery has no place for a path outside its root (None), which is
+        # never opened either
+        if file is None or "\x00" in file or not Path(file).is_absolute() \
+                or Path(file).suffix.lower() not in IMAGE_EXTENSIONS:
             return None
         return Path(file)
 

@@ -17,6 +17,7 @@ from retrieval.index.faiss_search import NoStoredVectors
 from retrieval.index.filters import Filter, FilterError
 from retrieval.index.layout import InconsistentIndexError
 from retrieval.index.live import Snapshot
+from retrieval.index.milvus_client import MilvusUnavailable
 from retrieval.index.query_embedder import ImageEmbedder
 from retrieval.rerank import Cancelled, RerankConfig, RerankTooLarge, gallery_filled
 from retrieval.serve.admission import ClientGone
@@ -146,11 +147,14 @@ class ServedIndex:
 
     def _answer(self, call: Any, *args: Any, **kwargs: Any) -> Any:
         """``call(*args, **kwargs)``; what this state cannot answer from itself (``InconsistentIndexError``: the
-        index changed under it) is a 503 that says why, logged once per state: never a 500."""
+        index changed under it) is a 503 that says why, logged once per state, and so is an unreachable Milvus
+        (with Retry-After, logged once per outage): never a 500."""
         try:
             return call(*args, **kwargs)
         except InconsistentIndexError as exc:
             raise self._unanswerable(exc) from exc
+        except MilvusUnavailable as exc:  # logged once per outage where it is raised
+            raise QueryError(str(exc), 503, exc.retry_after_s) from None
 
     def _unanswerable(self, exc: Exception) -> QueryError:
         """The 503 for ``exc``, without the server's folders; the first of this state is logged in full."""

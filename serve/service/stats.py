@@ -22,8 +22,10 @@ class Statistics:
     current: Callable[[], ServedIndex]
 
     def health(self) -> dict[str, int]:
-        """The vectors and dimension of one state (GET /health)."""
+        """The vectors and dimension of one state (GET /health), once it can be searched (a Milvus collection it
+        cannot reach or load raises ``MilvusUnavailable``: 503)."""
         state = self.current()
+        state.index.check_ready()
         return {"vectors": len(state), "embedding_dim": state.index.dim}
 
     def describe(self, state: ServedIndex | None = None) -> dict[str, Any]:
