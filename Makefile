@@ -10,11 +10,13 @@ DEMO_DIR ?= artifacts/demo
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The versions are constraints.txt's, the one set the suite runs with (a change to it or to pyproject re-installs;
+# tests/project/test_installed_versions.py checks .venv against it, and its header says how to refresh it).
+$(STAMP): pyproject.toml constraints.txt
 	$(MAKE) system-deps
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[train,dev,ray,track,milvus]"
+	$(BIN)/python -m pip install --quiet --upgrade pip -c constraints.txt
+	$(BIN)/python -m pip install --quiet -e ".[train,dev,ray,track,milvus]" -c constraints.txt
 	touch $(STAMP)
 
 # Debian packages: real offline data (the Noto emoji font, Fashion-MNIST), chromium for the browser test and

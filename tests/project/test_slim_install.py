@@ -80,8 +80,9 @@ def slim(tmp_path_factory) -> SlimEnv:
     try:
         # --no-compile: pip byte-compiles every module of every package it installs (gradio, matplotlib, pyarrow...),
         # half the install's time; the few modules these commands import compile when first imported
+        # -c: the tested versions (constraints.txt), as make install takes them
         install = subprocess.run([str(env.bin / "python"), "-m", "pip", "install", "--quiet", "--no-compile",
-                                  str(source)],
+                                  str(source), "-c", str(REPO / "constraints.txt")],
                                  capture_output=True, text=True, timeout=INSTALL_TIMEOUT, env=env.env)
     except subprocess.TimeoutExpired:
         pytest.fail(f"pip install of the base install took over {INSTALL_TIMEOUT} s")
