@@ -47,7 +47,7 @@ serve: install
 clean:
 	rm -rf $(VENV) artifacts runs .pytest_cache
 
-# The options tables in docs/, made from the configs' declarations (cli/config_options.py; a test checks them).
+# The options tables in docs/, made from the configs' declarations (cli/doc_tables.py; a test checks them).
 docs: install
-	$(BIN)/python -m retrieval.cli.config_options .
+	$(BIN)/python -m retrieval.cli.doc_tables .
 	$(BIN)/python benchmarks/render_tables.py

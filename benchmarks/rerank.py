@@ -94,8 +94,8 @@ def full_gallery_dba(gallery: np.ndarray, k: int, alpha: float) -> np.ndarray:
 
 def seed_numbers(embeddings: np.ndarray, labels: np.ndarray) -> dict[str, float]:
     """One seed's rows: plain and each variant (leave-one-out), then DBA at query and at index time (held out)."""
-    from retrieval.evaluation import reranked_metrics
     from retrieval.metrics import evaluate
+    from retrieval.metrics.evaluation import reranked_metrics
     from retrieval.rerank import RerankConfig
 
     rows: dict[str, float] = {}

@@ -85,8 +85,8 @@ def variants() -> list[tuple[str, Any]]:
 
 def measure(embeddings: np.ndarray, labels: np.ndarray) -> dict[str, dict[str, float]]:
     """Every row's MAP@R and Recall@1 on one gallery, and the sizes each row used."""
-    from retrieval.evaluation import reranked_metrics
     from retrieval.metrics import evaluate
+    from retrieval.metrics.evaluation import reranked_metrics
 
     out = {}
     for name, config in variants():

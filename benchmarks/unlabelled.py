@@ -109,7 +109,7 @@ def pretrained_metrics(config: dict[str, Any]) -> dict[str, float]:
     import torch
 
     from retrieval.data import build_transforms
-    from retrieval.evaluation import embed_eval_rows, eval_arrays, evaluate_embeddings, load_eval_sets
+    from retrieval.metrics.evaluation import embed_eval_rows, eval_arrays, evaluate_embeddings, load_eval_sets
     from retrieval.models import create_pretrained_embedder
 
     model = create_pretrained_embedder(config["backbone"], config["image_size"], config.get("resize", "crop"))

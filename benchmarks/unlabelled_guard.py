@@ -111,8 +111,8 @@ def measure(run: Path, work: Path) -> dict[str, Any]:
     changes, the criteria, and what to check them against."""
     import torch
 
-    from retrieval.evaluation import leave_one_out_metrics, seeded_subset
     from retrieval.metrics import per_query_metrics
+    from retrieval.metrics.evaluation import leave_one_out_metrics, seeded_subset
     from retrieval.models import load_embedder
     from retrieval.train import TrainConfig
     from retrieval.train.data import UNLABELLED_EVAL_IMAGES

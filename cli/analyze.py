@@ -121,8 +121,8 @@ def embed_checkpoint_samples(
     import torch
 
     from retrieval.data import build_transforms, load_dataset
-    from retrieval.evaluation import checkpoint_dataset
     from retrieval.inference import embed_dataset, resolve_device
+    from retrieval.metrics.evaluation import checkpoint_dataset
     from retrieval.models import load_checkpoint, load_embedder
 
     try:

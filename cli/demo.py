@@ -80,8 +80,8 @@ def photo_embeddings(model: Any, photos_limit: int | None = TrainConfig.eval_ext
     import torch
 
     from retrieval.data import build_transforms
-    from retrieval.evaluation import load_extra_set
     from retrieval.inference import embed_samples
+    from retrieval.metrics.evaluation import load_extra_set
 
     transform = build_transforms(model.config, train=False)
     return {name: embed_samples(model, load_extra_set(name, transform, photos_limit).test, 128, torch.device("cpu"),
@@ -101,8 +101,8 @@ def reading_metrics(model: Any, data_dir: Path | None = None,
 
     from retrieval.compatibility import KEPT
     from retrieval.data import build_transforms, load_dataset
-    from retrieval.evaluation import leave_one_out_metrics
     from retrieval.inference import embed_samples
+    from retrieval.metrics.evaluation import leave_one_out_metrics
     from retrieval.train.evaluating import kept_neighbours
 
     transform = build_transforms(model.config, train=False)

@@ -223,7 +223,8 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_kwargs, eval_limi
     metrics stay as they are; sizes not given follow the split's labels as an index's follow its gallery, or with
     --rerank-choose are chosen on the validation classes). --json prints all of it as JSON."""
     from retrieval.data import build_transforms, load_dataset
-    from retrieval.evaluation import (
+    from retrieval.inference import embed_dataset, resolve_device
+    from retrieval.metrics.evaluation import (
         checkpoint_dataset,
         embed_eval_rows,
         eval_arrays,
@@ -232,7 +233,6 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_kwargs, eval_limi
         load_eval_sets,
         metrics_device,
     )
-    from retrieval.inference import embed_dataset, resolve_device
     from retrieval.models import load_checkpoint, load_embedder
     from retrieval.reports import evaluate_report, save_report
 
@@ -270,7 +270,7 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_kwargs, eval_limi
     report = evaluate_report(checkpoint, dataset, data, split, kwargs, len(ql), model.config, metrics, plots)
     reranked: dict = {}
     if rerank.active:  # the same top-k re-ranked as a search would: the plain metrics stay beside it
-        from retrieval.evaluation import reranked_metrics
+        from retrieval.metrics.evaluation import reranked_metrics
 
         chosen = None
         if validation is not None:
@@ -328,7 +328,7 @@ def _validation_set(trained: dict, source: tuple, transform, test_set, limit: in
     """The checkpoint's validation classes, as its training held them out (at most ``limit`` or
     ``VALIDATION_CHOICE_IMAGES`` of their images, seeded), and how many classes they hold."""
     from retrieval.data import load_dataset
-    from retrieval.evaluation import seeded_subset
+    from retrieval.metrics.evaluation import seeded_subset
     from retrieval.train.data import hold_out_classes, validation_fraction
 
     dataset, data, kwargs = source
@@ -347,8 +347,8 @@ def _validation_set(trained: dict, source: tuple, transform, test_set, limit: in
 
 def _rerank_chosen_on_validation(model, validation: tuple, rerank, device, batch_size: int, workers) -> tuple:
     """The re-ranking with its unset sizes chosen on the validation set, and the record of the choice."""
-    from retrieval.evaluation import choose_rerank, metrics_device
     from retrieval.inference import embed_dataset
+    from retrieval.metrics.evaluation import choose_rerank, metrics_device
 
     images, classes = validation
     vectors, labels = embed_dataset(model, images, batch_size, device, workers, desc="embed validation")

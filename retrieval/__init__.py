@@ -5,7 +5,7 @@ Layout (read it like a map):
     retrieval.models     backbone registry and ``create_embedder``
     retrieval.losses     deep-metric-learning losses, one registry, ``build(name, **hparams)``, their device reads
     retrieval.negatives  hard-negative generation (LoOp, Symmetrical Synthesis)
-    retrieval.metrics    Recall@K, MAP@R, R-precision, NMI, F1, linear probe, and the exact kNN they rank by
+    retrieval.metrics    Recall@K, MAP@R, R-precision, NMI, F1, linear probe, the exact kNN they rank by, evaluation
     retrieval.index      faiss gallery index with a SQLite catalogue
     retrieval.rerank     re-ranking a shortlist (αQE, DBA, k-reciprocal), its sizes from the gallery
     retrieval.analysis   weight view, triplet diagram, plots

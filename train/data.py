@@ -12,7 +12,7 @@ from torch.utils.data import Dataset
 
 from retrieval.data import ImageDataset, asymmetric_transitions, build_transforms, inject_label_noise, load_dataset
 from retrieval.errors import parameters_named
-from retrieval.evaluation import EvalSets, load_eval_sets, load_extra_set, present_class_names, seeded_subset
+from retrieval.metrics.evaluation import EvalSets, load_eval_sets, load_extra_set, present_class_names, seeded_subset
 from retrieval.train.config import DEFAULT_VAL_FRACTION, DEFAULT_VAL_MIN_CLASSES, TrainConfig
 from retrieval.train.state import TrainData
 

@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 from retrieval.compatibility import KEPT, KEPT_K, compatibility_metrics, neighbour_overlap
 from retrieval.data import build_transforms
 from retrieval.distributed import embed_sharded
-from retrieval.evaluation import (
+from retrieval.metrics.evaluation import (
     eval_set_pictures,
     evaluate_embeddings,
     leave_one_out_metrics,

@@ -29,8 +29,8 @@ from retrieval.data.device_decode import DeviceAugment, EncodedImages, collate_e
 from retrieval.data.resize_modes import CROP, resize_mode
 from retrieval.data.transforms import ScaleAndNormalise
 from retrieval.distributed import embed_sharded, every_rank, rank_and_world
-from retrieval.evaluation import EvalSets, embed_eval_rows, eval_arrays, present_class_names
 from retrieval.inference import Embedded, embed_samples, make_loader
+from retrieval.metrics.evaluation import EvalSets, embed_eval_rows, eval_arrays, present_class_names
 from retrieval.models import Embedder
 from retrieval.train.config import TrainConfig
 from retrieval.utils.io import atomic_write

@@ -115,7 +115,7 @@ def execute(run: Run, feature_cache: str | None) -> dict[str, Any]:
 
 def floor_metrics(dataset: DatasetSpec, runs: Path, feature_cache: str | None) -> dict[str, float]:
     """The pretrained backbone's own L2-normalised features, no head: what training has to beat."""
-    from retrieval.evaluation import evaluate_embeddings
+    from retrieval.metrics.evaluation import evaluate_embeddings
     from retrieval.train.trainer import Trainer
 
     path = runs / dataset.key / "floor" / "metrics.json"

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import collections
+import functools
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -21,13 +22,19 @@ from retrieval.index.milvus_build import IN_COLLECTION, CollectionBuild, Planned
 from retrieval.index.milvus_collection import MILVUS_TOKEN_ENV
 from retrieval.index.milvus_push import BATCH_ROWS
 from retrieval.index.query_embedder import ImageEmbedder
-from retrieval.index.ray_engine import RayIngestor, import_ray
+from retrieval.index.ray_engine import RayEngine, RayIngestor, import_ray
 from retrieval.index.ray_stages import CollectionWriter
 from retrieval.index.shards import ShardStore
 
 # A writer waits on Milvus, not on a CPU: reserving one would leave a small node's decoders without theirs (with 2
 # CPUs, one embedding actor and one decode task take both) and stall the job.
 WRITER_CPUS = 0.0
+
+
+def write_into(engine: RayEngine, build: CollectionBuild, client: Any) -> None:
+    """Send the vectors of ``engine``'s next ingests into ``build``'s collection (``milvus_build``) through writer
+    actors, instead of streaming them back to shards; ``client`` deletes the copies the driver finds."""
+    engine.ingestor = functools.partial(CollectionIngestor, build=build, client=client)
 
 
 class CollectionIngestor(RayIngestor):

@@ -29,7 +29,7 @@ import json
 import logging
 import socket
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -132,7 +132,9 @@ class RayEngine:
         if self.options.cpus_per_actor <= 0:
             raise ParameterError("cpus_per_actor", f"must be > 0, got {self.options.cpus_per_actor}")
         self._started = False
-        self.collection: tuple[Any, Any] | None = None  # (``milvus_build.CollectionBuild``, its client): see write_into
+        # what runs each ingest's Ray job, made with RayIngestor's arguments: ``ray_collection.write_into`` puts in
+        # one that writes into a Milvus collection, so this module knows nothing of collections
+        self.ingestor: Callable[..., RayIngestor] = RayIngestor
         self.run_facts: dict[str, float] = {}  # the last ingest's start-up and actor time (``ingest.ingest`` sums them)
 
     def __enter__(self) -> RayEngine:
@@ -150,20 +152,9 @@ class RayEngine:
             raise ValueError("the ray engine loads the model in each actor from its file: give the `model` file")
         # absolute: the actors' working folder is not this one
         model_path = str(Path(model_path).resolve())
-        if self.collection is not None:
-            from retrieval.index.ray_collection import CollectionIngestor
-
-            ingestor: RayIngestor = CollectionIngestor(catalogue, store, embedder, options, self.options, model_path,
-                                                       *self.collection)
-        else:
-            ingestor = RayIngestor(catalogue, store, embedder, options, self.options, model_path)
+        ingestor = self.ingestor(catalogue, store, embedder, options, self.options, model_path)
         ingestor.run()
         self.run_facts = ingestor.facts
-
-    def write_into(self, build: Any, client: Any) -> None:
-        """Send the vectors of the next ingests into ``build``'s collection (``milvus_build``) through writer actors,
-        instead of streaming them back to shards; ``client`` deletes the copies the driver finds."""
-        self.collection = (build, client)
 
     def add_vectors(self, index: faiss.Index, chunks: Chunks, workdir: Path, count: int) -> faiss.Index:
         """Per-shard Ray tasks for an IVF index, merged here; any other index is filled in this process."""

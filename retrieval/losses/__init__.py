@@ -11,10 +11,11 @@ pair-level form (``PairLoss.from_pair_terms``) with a hard-negative method of ``
 L2-normalised embeddings; ``has_rectangular_form(name)`` whether it also takes query rows against gallery rows
 (``PairLoss.query_gallery``).
 
-    catalog   every loss and method registered; ``build``, ``available``, ``describe`` and the rest read them
-    registry  the registries (``LOSSES``, ``NEGATIVES``) and their decorators, a leaf module
-    reads     the losses' statistics and checks kept on the device and read together (also used by the
-              hard-negative methods, the device decoder, distributed evaluation and training)
+    catalog     every loss and method registered; ``build``, ``available``, ``describe`` and the rest read them
+    standalone  every loss but dcdl registered (dcdl's local loss is one of them): what catalog and dcdl import
+    registry    the registries (``LOSSES``, ``NEGATIVES``) and their decorators, a leaf module
+    reads       the losses' statistics and checks kept on the device and read together (also used by the
+                hard-negative methods, the device decoder, distributed evaluation and training)
 
 The public names are imported on first use (PEP 562, ``retrieval.utils.lazy``): the losses are torch modules, and a
 module that needs only ``registry`` or ``reads`` should load neither the losses nor their registrations.

@@ -16,7 +16,7 @@ from torch import nn
 # Importing the loss modules and the hard-negative methods runs their registration decorators.
 import retrieval.negatives  # noqa: F401
 from retrieval.errors import ParameterError
-from retrieval.losses import discrepancy, ntxent, pair, proxy  # noqa: F401
+from retrieval.losses import discrepancy, standalone  # noqa: F401
 from retrieval.losses.base import PairLoss
 from retrieval.losses.registry import COMBINATION_DEFAULTS, LOSSES, NEGATIVES
 from retrieval.losses.with_negatives import HardNegativeLoss

@@ -246,7 +246,9 @@ class DCDLLoss(nn.Module):
         if local in (None, "none"):
             self.local = None
         else:
-            import retrieval.losses.catalog  # noqa: F401  (the local loss may be any registered one)
+            # the local loss may be any registered one but dcdl; loaded here, not with this module, which
+            # registers nothing but dcdl
+            import retrieval.losses.standalone  # noqa: F401
 
             form = PAPER_LOCAL_KWARGS.get(local, {}) if local_form == "paper" else {}
             self.local = LOSSES.build(local, **{**form, **(local_kwargs or {})})

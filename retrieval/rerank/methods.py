@@ -6,8 +6,8 @@ Every method works on a candidate set, never on the whole gallery: the query q [
 top ``candidates`` results (best first, unit length, as the index stores them). It returns a new score per candidate
 (higher is better); the candidates are then ordered by it, ties kept in their first order, and results beyond the
 shortlist follow unchanged. The same functions re-rank ``retrieval search``, the API, the app
-(``retrieval.index.search.Index.search``) and ``retrieval evaluate`` (``retrieval.evaluation.reranked_metrics``), so
-the numbers measured are the ones served.
+(``retrieval.index.search.Index.search``) and ``retrieval evaluate``
+(``retrieval.metrics.evaluation.reranked_metrics``), so the numbers measured are the ones served.
 
 Cost per query, m = candidates (at most ``MAX_CANDIDATES``), d = dimension (``work_units`` and ``peak_bytes`` give
 both as numbers, and a server charges and bounds a request by them):

@@ -24,12 +24,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # --- the core: its own parameter names --------------------------------------------------------------------------
 def test_the_core_names_its_parameters_not_the_flags(tmp_path):
-    from retrieval.evaluation import checkpoint_dataset, load_extra_set
     from retrieval.index.engine import RayOptions
     from retrieval.index.ray_engine import RayEngine
     from retrieval.index.sources import list_gallery
     from retrieval.losses import build
     from retrieval.losses.memory import CrossBatchMemory
+    from retrieval.metrics.evaluation import checkpoint_dataset, load_extra_set
 
     cases = [
         (lambda: CrossBatchMemory(build("ms"), size=0, embedding_dim=4), "size", "must be >= 1"),

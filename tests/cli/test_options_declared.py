@@ -14,7 +14,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from retrieval.cli.config_options import markers, options_markdown, reference_tables
+from retrieval.cli.doc_tables import markers, options_markdown, reference_tables
 from retrieval.cli.main import main
 from retrieval.options import declared_options, hint_members
 from retrieval.train.config import TrainConfig
@@ -278,7 +278,7 @@ def _declaration_key(declared) -> tuple[str, str, str]:
 def test_a_flag_that_means_one_thing_is_declared_once():
     """Across the whole command line, two declarations of one flag differ in what they say (each command's --model is
     its own model); an option that means the same on several commands is one declaration, not copies of it."""
-    from retrieval.cli.config_options import declared_params
+    from retrieval.cli.doc_tables import declared_params
 
     by_flag: dict[str, dict[tuple, list[str]]] = {}
     for path, param in declared_params(main):
@@ -333,14 +333,14 @@ def test_export_format_is_a_choice_in_any_case():
 
 
 def _command_tables():
-    from retrieval.cli.config_options import command_tables
+    from retrieval.cli.doc_tables import command_tables
 
     return command_tables()
 
 
 @pytest.mark.parametrize("document,name,classes", _command_tables(), ids=[t[1] for t in _command_tables()])
 def test_the_docs_tables_of_the_commands_are_the_ones_made_from_the_declarations(document, name, classes):
-    from retrieval.cli.config_options import commands_markdown
+    from retrieval.cli.doc_tables import commands_markdown
 
     text = (ROOT / document).read_text()
     start_line, end_line = markers(name)

@@ -119,7 +119,7 @@ def checkpoint_with_validation(checkpoint, tmp_path_factory):
 def test_evaluate_chooses_the_unset_sizes_on_the_validation_classes(checkpoint_with_validation, tmp_path):
     pytest.importorskip("torch")
     from retrieval.data import load_dataset
-    from retrieval.evaluation import RERANK_CHOICES
+    from retrieval.metrics.evaluation import RERANK_CHOICES
     from retrieval.train.data import hold_out_classes
 
     result = CliRunner().invoke(main, ["evaluate", "--checkpoint", str(checkpoint_with_validation), "--limit", "120",

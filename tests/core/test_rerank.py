@@ -267,7 +267,7 @@ def metrics_by_hand(lists: np.ndarray, labels: np.ndarray) -> dict[str, float]:
 @pytest.mark.parametrize("method", list(RERANKERS))
 def test_reranked_metrics_are_the_metrics_of_the_re_ranked_lists(method):
     pytest.importorskip("torch")
-    from retrieval.evaluation import reranked_metrics
+    from retrieval.metrics.evaluation import reranked_metrics
 
     embeddings = clustered(60, 8, 18, clusters=5)
     labels = np.random.default_rng(19).integers(0, 5, 60)

@@ -1,9 +1,11 @@
 """What may import what (docs/ARCHITECTURE.md, "Layers"): checked on every import statement of the source tree,
-function-level imports included."""
+function-level imports included; no import cycle; how many modules the core's root holds."""
 
 from __future__ import annotations
 
 import ast
+from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -46,21 +48,107 @@ def modules() -> dict[str, Path]:
     return found
 
 
-def imported_names(path: Path, module: str) -> set[str]:
-    """Every module an import statement of ``path`` names, relative imports resolved."""
-    names = set()
+def import_statements(path: Path, module: str, scripts: bool = True) -> Iterator[tuple[str, tuple[str, ...]]]:
+    """(module named, names taken from it) of each import statement of ``path``, relative imports resolved: ``import
+    a.b`` is ("a.b", ()), ``from a import b, c`` ("a", ("b", "c")); ``scripts=False`` leaves out a top-level ``if
+    __name__ == "__main__":`` block, which runs only in the module ``__main__``, one that nothing imports."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    script_only = set() if scripts else {id(node) for block in tree.body if _runs_as_script(block)
+                                         for node in ast.walk(block)}
+    for node in ast.walk(tree):
+        if id(node) in script_only:
+            continue
         if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
+            yield from ((alias.name, ()) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
                 base = f"{anchor}.{base}" if base else anchor
-            names.add(base)
-            names.update(f"{base}.{alias.name}" for alias in node.names)  # `from pkg import module`
+            yield base, tuple(alias.name for alias in node.names)
+
+
+def _runs_as_script(node: ast.stmt) -> bool:
+    """Whether ``node`` is ``if __name__ == "__main__":``."""
+    test = node.test if isinstance(node, ast.If) else None
+    return (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == "__name__"
+            and [type(op) for op in test.ops] == [ast.Eq]
+            and [getattr(c, "value", None) for c in test.comparators] == ["__main__"])
+
+
+def imported_names(path: Path, module: str) -> set[str]:
+    """Every module an import statement of ``path`` names, relative imports resolved."""
+    names = set()
+    for base, members in import_statements(path, module):
+        names.add(base)
+        names.update(f"{base}.{member}" for member in members)  # `from pkg import module`
     return names
+
+
+def import_graph(found: dict[str, Path]) -> dict[str, set[str]]:
+    """{module: the modules of ``found`` it imports}, function-level imports included. ``import pkg`` and ``from pkg
+    import name`` reach pkg's ``__init__``; ``from pkg import submodule`` reaches the submodule, as ``import
+    pkg.submodule`` does. Both also reach the ``__init__`` of each package above it that the importer is not in (Python
+    runs those first); not those of its own packages, whose ``__init__`` runs or ran already and may import a
+    submodule that imports its siblings meanwhile."""
+    graph = {}
+    for module, path in found.items():
+        home = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        arrows = set()
+        for base, members in import_statements(path, module, scripts=False):
+            submodules = {f"{base}.{member}" for member in members} & found.keys()
+            arrows |= submodules
+            if not members or len(submodules) < len(members):  # `import pkg`, or a name pkg's __init__ defines
+                arrows.add(base)
+        arrows |= {above for target in arrows for above in _packages_above(target)
+                   if home != above and not home.startswith(above + ".")}
+        graph[module] = (arrows & found.keys()) - {module}
+    return graph
+
+
+def _packages_above(module: str) -> list[str]:
+    """``a.b.c`` -> ``a``, ``a.b``."""
+    parts = module.split(".")
+    return [".".join(parts[:end]) for end in range(1, len(parts))]
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The modules of each strongly connected component of more than one module, sorted."""
+    reach = {module: _reachable(graph, module) for module in graph}
+    components = {frozenset(other for other in reach[module] if module in reach[other])
+                  for module in graph if module in reach[module]}
+    return sorted(sorted(component) for component in components)
+
+
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """The modules ``start`` reaches by one arrow or more (itself only through a cycle)."""
+    seen: set[str] = set()
+    todo = list(graph[start])
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo.extend(graph[module])
+    return seen
+
+
+def shortest_loop(graph: dict[str, set[str]], start: str) -> list[str]:
+    """The shortest path from ``start`` back to itself (``start`` lies on a cycle)."""
+    before: dict[str, str] = {}
+    todo = deque([start])
+    while todo:
+        module = todo.popleft()
+        for nxt in sorted(graph[module]):
+            if nxt not in before:
+                before[nxt] = module
+                if nxt == start:
+                    path = [start, before[start]]
+                    while path[-1] != start:
+                        path.append(before[path[-1]])
+                    return path[::-1]
+                todo.append(nxt)
+    raise AssertionError(f"{start} lies on no cycle")
 
 
 ALL = modules()
@@ -79,3 +167,52 @@ def test_no_module_imports_the_old_top_level_names():
     bad = {module: sorted(n for n in imported_names(path, module) if n.split(".")[0] in set(FOLDERS) - {"retrieval"})
            for module, path in ALL.items()}
     assert not {m: names for m, names in bad.items() if names}
+
+
+def test_no_import_cycle():
+    graph = import_graph(ALL)
+    cycles = import_cycles(graph)
+    assert not cycles, "import cycles; move what both sides share into a module both import:\n" + "\n".join(
+        f"{len(cycle)} modules: {', '.join(cycle)} (e.g. {' -> '.join(shortest_loop(graph, cycle[0]))})"
+        for cycle in cycles)
+
+
+def test_the_cycle_check_finds_a_planted_cycle():
+    graph = {"a": {"b"}, "b": {"c", "d"}, "c": {"a"}, "d": {"b"}, "e": {"a"}, "f": set()}
+    assert import_cycles(graph) == [["a", "b", "c", "d"]]
+    assert shortest_loop(graph, "d") == ["d", "b", "d"]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_import_graph_follows_what_python_runs(tmp_path):
+    files = {
+        "pkg/__init__.py": "from pkg.sub import helper\nfrom pkg.names import NAME\n",
+        "pkg/sub.py": "from pkg import sibling\n\ndef helper():\n    from . import late\n",
+        "pkg/sibling.py": "",
+        "pkg/late.py": "",
+        "pkg/names.py": "from pkg import helper\nNAME = 1\n",  # a name the __init__ defines: a real cycle
+        "outside.py": "import pkg.sibling\n\nif __name__ == '__main__':\n    import tool\n",
+        "tool.py": "import outside\n",
+    }
+    found = {}
+    for name, text in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+        found[name.removesuffix(".py").removesuffix("/__init__").replace("/", ".")] = path
+    graph = import_graph(found)
+    assert graph == {"pkg": {"pkg.sub", "pkg.names"}, "pkg.sub": {"pkg.sibling", "pkg.late"}, "pkg.sibling": set(),
+                     "pkg.late": set(), "pkg.names": {"pkg"}, "outside": {"pkg", "pkg.sibling"}, "tool": {"outside"}}
+    assert import_cycles(graph) == [["pkg", "pkg.names"]]
+
+
+# The core's root holds the contracts every layer shares and a few leaves; everything else lives in a subpackage
+# (docs/ARCHITECTURE.md, "Layers"). The package's __init__ and __main__ are not counted: every package has them.
+MAX_ROOT_MODULES = 12
+
+
+def test_the_core_root_holds_at_most_twelve_modules():
+    root = sorted(path.name for path in (REPO / "retrieval").glob("*.py")
+                  if path.name not in {"__init__.py", "__main__.py"})
+    assert len(root) <= MAX_ROOT_MODULES, f"{len(root)} modules directly in retrieval/ (at most {MAX_ROOT_MODULES})" \
+        f": {', '.join(root)}; move one into the subpackage it belongs to"

@@ -12,7 +12,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from retrieval.cli.config_options import reference_tables
+from retrieval.cli.doc_tables import reference_tables
 from retrieval.cli.main import main
 from retrieval.cli.serve import COMMAND_FORMS, serve_command
 from retrieval.options import declared_options, hint_members

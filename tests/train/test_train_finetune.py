@@ -18,7 +18,7 @@ from run_files import read_jsonl
 from run_resume import Crash, assert_same_run, checkpoint, crash_after
 from sample_images import noisy_png
 
-from retrieval.evaluation import load_extra_set
+from retrieval.metrics.evaluation import load_extra_set
 from retrieval.models import load_embedder
 from retrieval.train import TrainConfig, train
 from retrieval.train.robust import WISE_ALPHAS, choose_alpha

@@ -72,7 +72,7 @@ def evaluate_embeddings(query: np.ndarray, query_labels: np.ndarray, gallery: np
                         with_clustering: bool = True, device: torch.device | str | None = None) -> dict[str, float]:
     """Recall@K, MAP@R, R-precision (and NMI, F1 with ``with_clustering``); ``device``: where the kNN runs
     (``retrieval.metrics.evaluate``: None or "cpu", or a CUDA GPU, with the same results)."""
-    from retrieval.metrics import evaluate
+    from retrieval.metrics.ranking import evaluate
 
     names = ["recall", "map@r", "r_precision"]
     if with_clustering:
@@ -89,7 +89,7 @@ def reranked_metrics(query: np.ndarray, query_labels: np.ndarray, gallery: np.nd
     shortlist, as a search from a gallery image does (``exclude_self``). ``device``: where the kNN runs, as in
     ``evaluate_embeddings`` (the re-ranking itself is NumPy on the CPU). The sizes ``config`` leaves unset follow
     the gallery's labels, as a search of an index of these images sets them (``retrieval.rerank.defaults``)."""
-    from retrieval.metrics import evaluate
+    from retrieval.metrics.ranking import evaluate
     from retrieval.rerank import gallery_filled, neighbourhood_from_labels, rerank_lists
 
     config, defaults = gallery_filled(config, lambda: neighbourhood_from_labels(
