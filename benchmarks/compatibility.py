@@ -59,7 +59,7 @@ def test_embeddings(run: Path, dataset: str) -> tuple[np.ndarray, np.ndarray]:
     from retrieval.models import load_embedder
 
     model = load_embedder(run / "last.pt")
-    data = load_dataset(dataset, None, split="test", transform=build_transforms(model.config, train=False),
+    data = load_dataset(dataset, None, split="test", transform=build_transforms(model.preprocessing, train=False),
                         **DATASETS[dataset][0])
     embedded = embed_samples(model, data, 128, torch.device("cpu"), 0, False, "embed", False)
     return embedded.embeddings, embedded.labels
@@ -69,7 +69,7 @@ def backfill_curve(old: np.ndarray, new: np.ndarray, labels: np.ndarray, order: 
     """Recall@1 of new queries against a gallery whose first share x (in ``order``) is re-embedded, per share."""
     import faiss
 
-    from retrieval.index.upgrade import NEIGHBOURS, uncertainty_order
+    from retrieval.index.writing.upgrade import NEIGHBOURS, uncertainty_order
     from retrieval.metrics import evaluate
 
     ids = np.arange(len(old))

@@ -93,7 +93,7 @@ def write_gallery(folder: Path, pool: list[tuple[str, str, Image.Image]], count:
                   seed: int) -> dict[str, str]:
     """The gallery in ``folder/<label>/``: originals, and ``planted`` copies (kinds in turn) of seeded originals;
     copy file name -> its original's."""
-    from retrieval.index.duplicates import plant_copies
+    from retrieval.index.curation.duplicates_threshold import plant_copies
 
     if folder.exists():
         shutil.rmtree(folder)
@@ -159,8 +159,8 @@ def _quantile(calibration: dict, key: str, which: str) -> float | None:
 
 def run(out: Path, dataset: str, seed: int, count: int, planted: int, model: Path) -> dict:
     from retrieval.index import Index, IngestOptions, build_index
-    from retrieval.index.duplicates import find_duplicates
-    from retrieval.index.neighbour_graph import index_graph
+    from retrieval.index.curation.duplicates import find_duplicates
+    from retrieval.index.curation.neighbour_graph import index_graph
 
     pools = {"emoji": lambda: emoji_pool(out), "fashion-mnist": fashion_pool, "digits": digits_pool}
     pool = pools[dataset]()

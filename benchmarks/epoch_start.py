@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -31,12 +32,13 @@ def one_run(cfg: TrainConfig, persistent: bool, epochs: int, batches: int, worke
     if not persistent:  # the pipeline as it was: a new loader, new workers, every epoch
         features.make_loader = lambda *args, **kwargs: made(*args, **{**kwargs, "persistent": False})
     try:
-        model_config = {**create_embedder(cfg.backbone, pretrained=False).config, "input_size": cfg.image_size}
+        preprocessing = replace(create_embedder(cfg.backbone, pretrained=False).preprocessing,
+                                input_size=cfg.image_size)
         run = Embedding(torch.device("cpu"), cfg.batch_size, workers, amp=False, progress=False,
                         bad_images=BadImageLog("skip"))
         train_set = load_dataset(cfg.dataset, cfg.data, split="train",
-                                 transform=ImagePipeline.train_transform(model_config, cfg.augmentation(), run.device))
-        pipeline = ImagePipeline(cfg, train_set, None, run, model_config)
+                                 transform=ImagePipeline.train_transform(preprocessing, cfg.augmentation(), run.device))
+        pipeline = ImagePipeline(cfg, train_set, None, run, preprocessing)
         sampler = ClassBalancedBatchSampler(np.asarray(train_set.labels), cfg.batch_size // cfg.per_class,
                                             cfg.per_class, seed=cfg.seed, batches_per_epoch=batches)
         first, whole = [], []

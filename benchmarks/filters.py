@@ -20,7 +20,7 @@ import time
 import faiss
 import numpy as np
 
-from retrieval.index import faiss_params, faiss_search
+from retrieval.index.faiss_backend import faiss_params, faiss_search
 
 
 def near(centres: np.ndarray, n: int, rng: np.random.Generator, spread: float = 0.6) -> tuple[np.ndarray, np.ndarray]:

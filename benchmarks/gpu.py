@@ -50,9 +50,9 @@ def time_train_steps(backbone: str, option: str, size: int, batch: int, steps: i
     """``steps`` optimizer steps of the trainer's step after ``warmup`` steps, on random images or ``feed``'s."""
     from retrieval import losses
     from retrieval.distributed import GlobalBatchObjective
-    from retrieval.losses.reads import deferred_checks, read_checks, to_device
     from retrieval.models import create_embedder
     from retrieval.train.distributed import DataParallelStep, init_distributed
+    from retrieval.utils.reads import deferred_checks, read_checks, to_device
 
     amp, channels_last, compile_step, tf32 = OPTIONS[option]
     torch.backends.cuda.matmul.allow_tf32 = tf32

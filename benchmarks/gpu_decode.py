@@ -35,10 +35,11 @@ from retrieval.data import ImageDataset, build_transforms
 from retrieval.data.augment import resolve_augmentation
 from retrieval.data.dataset import CatchBadSamples
 from retrieval.data.device_decode import DeviceAugment, EncodedBatch, EncodedImages, collate_encoded
+from retrieval.data.preprocessing import ModelPreprocessing
 from retrieval.inference import make_loader
 from retrieval.models.backbones import IMAGENET_MEAN, IMAGENET_STD
 
-CONFIG = {"input_size": 224, "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)}
+CONFIG = ModelPreprocessing(input_size=224, mean=IMAGENET_MEAN, std=IMAGENET_STD)
 
 
 def image_dataset(paths: list[Path], transform=None) -> ImageDataset:

@@ -41,6 +41,7 @@ from gpu import time_train_steps  # noqa: E402  (the step as benchmarks/gpu.py t
 
 if TYPE_CHECKING:
     from retrieval.data import WithSampleSeeds
+    from retrieval.data.preprocessing import ModelPreprocessing
 
 
 def _write_class(task: tuple[Path, int, int]) -> None:
@@ -69,11 +70,12 @@ STEP_WARMUP = 5  # the step's untimed steps
 STAGE_AHEAD = 2  # the batches the device stage decodes ahead of the step (``decoded_batches``' default)
 
 
-def preprocessing(size: int) -> dict:
-    """The model config the pipelines read: ``size`` px, ImageNet's normalisation."""
+def preprocessing(size: int) -> ModelPreprocessing:
+    """The model preprocessing the pipelines read: ``size`` px, ImageNet's normalisation."""
+    from retrieval.data.preprocessing import ModelPreprocessing
     from retrieval.models.backbones import IMAGENET_MEAN, IMAGENET_STD
 
-    return {"input_size": size, "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)}
+    return ModelPreprocessing(input_size=size, mean=IMAGENET_MEAN, std=IMAGENET_STD)
 
 
 def made_ahead(workers: int) -> int:

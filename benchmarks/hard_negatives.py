@@ -39,9 +39,9 @@ import torch
 from torch._dynamo.utils import counters
 
 from retrieval.losses import build
-from retrieval.losses.reads import known_on_host
 from retrieval.negatives import loop
 from retrieval.negatives.pairs import NEGATIVE_PAIRS, pair_grid
+from retrieval.utils.reads import known_on_host
 
 # (loss name, negatives method): the base loss is build(name) with the same defaults.
 VARIANTS = [

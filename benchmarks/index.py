@@ -45,17 +45,17 @@ def throughput(args: argparse.Namespace) -> dict:
     from retrieval.models import create_embedder
 
     if args.loader == "pool":  # decode as the base install does (no torch) although torch is installed here
-        import retrieval.index.ingest
-        from retrieval.index.decode import pool_batches
+        import retrieval.index.embedding.ingest
+        from retrieval.index.embedding.decode import pool_batches
 
-        retrieval.index.ingest.decoded_batches = pool_batches
+        retrieval.index.embedding.ingest.decoded_batches = pool_batches
     work = Path(tempfile.mkdtemp(prefix="bench-index-"))
     torch.manual_seed(0)
     model = create_embedder(args.backbone, embedding_dim=128, pretrained=False).eval()
     export_embedder(model, work / "model.onnx", verify=False, log=lambda m: None)
     embedder = load_model(work / "model.onnx")
     write_digits(work / "gallery", args.images)
-    size = embedder.model_config["input_size"]
+    size = embedder.preprocessing.input_size
     batch = np.random.default_rng(0).standard_normal((args.batch_size, 3, size, size)).astype(np.float32)
     embedder.embed(batch)  # warm-up
     alone, end_to_end, cpu_ms = [], [], []
@@ -114,7 +114,7 @@ def ray_throughput(args: argparse.Namespace) -> dict:
     from retrieval.data.synthetic import write_digits
     from retrieval.export import export_embedder
     from retrieval.index import IngestOptions, build_index
-    from retrieval.index.engine import RayOptions
+    from retrieval.index.embedding.engine import RayOptions
     from retrieval.models import create_embedder
 
     work = Path(tempfile.mkdtemp(prefix="bench-ray-"))
@@ -201,12 +201,12 @@ def ray_ivf(args: argparse.Namespace) -> dict:
 
     import ray
 
-    from retrieval.index import faiss_keys, faiss_measure
     from retrieval.index.catalogue import Catalogue, Outcome
-    from retrieval.index.engine import RayOptions
-    from retrieval.index.faiss_build import build_faiss
+    from retrieval.index.embedding.engine import RayOptions
+    from retrieval.index.embedding.ray_engine import RayEngine
+    from retrieval.index.faiss_backend import faiss_keys, faiss_measure
+    from retrieval.index.faiss_backend.faiss_build import build_faiss
     from retrieval.index.layout import IndexLayout
-    from retrieval.index.ray_engine import RayEngine
     from retrieval.index.shards import ShardStore
     from retrieval.index.sources import GalleryItem
 
@@ -270,7 +270,7 @@ def ray_ivf(args: argparse.Namespace) -> dict:
 def search(args: argparse.Namespace) -> dict:
     import faiss
 
-    from retrieval.index import faiss_keys, faiss_measure, faiss_tuning
+    from retrieval.index.faiss_backend import faiss_keys, faiss_measure, faiss_tuning
 
     rng = np.random.default_rng(0)
     gallery = rng.standard_normal((args.n, args.dim)).astype(np.float32)
@@ -321,7 +321,7 @@ def write_vector_index(folder: Path, n: int, dim: int, key: str = "Flat", cluste
     import dataclasses
 
     from retrieval.index.catalogue import Catalogue, Outcome
-    from retrieval.index.faiss_build import build_faiss
+    from retrieval.index.faiss_backend.faiss_build import build_faiss
     from retrieval.index.layout import IndexLayout
     from retrieval.index.shards import ShardStore
     from retrieval.index.sources import GalleryItem

@@ -79,7 +79,7 @@ def measure(index: faiss.Index, rows_of, data: Path) -> dict:
 
 def run_ours(args: argparse.Namespace) -> dict:
     """``retrieval index build --embeddings`` as a user runs it, then the index it wrote, searched as it is saved."""
-    from retrieval.index import faiss_files, faiss_params
+    from retrieval.index.faiss_backend import faiss_files, faiss_params
 
     data, work = Path(args.data), Path(args.work) / f"ours-{args.budget}"
     shutil.rmtree(work, ignore_errors=True)

@@ -26,13 +26,15 @@ from pathlib import Path
 
 import numpy as np
 
+from retrieval.data.preprocessing import ModelPreprocessing
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 class VectorsOnly:
     """The embedder of a benchmark index of precomputed vectors: queries arrive as embeddings, never images."""
 
-    model_config = {"input_size": 32, "mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5)}
+    preprocessing = ModelPreprocessing(input_size=32, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
     model_hash = "bench"
 
     def __init__(self, dim: int) -> None:

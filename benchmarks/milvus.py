@@ -79,8 +79,8 @@ def recall_at_10(found: np.ndarray, exact: np.ndarray) -> float:
 
 def client_rate(uri: str, collection: str, queries: np.ndarray, seconds: float, ready, start) -> None:
     """One replica: single queries back to back for ``seconds``; prints queries/s."""
-    from retrieval.index.milvus_collection import MilvusPlace
-    from retrieval.index.milvus_index import MilvusIndex
+    from retrieval.index.milvus.milvus_collection import MilvusPlace
+    from retrieval.index.milvus.milvus_index import MilvusIndex
 
     with MilvusIndex(MilvusPlace.checked(uri, collection)) as index:
         index.search_arrays(queries[:1], 10)
@@ -147,10 +147,10 @@ def main() -> None:
     from index_builds import write_embeddings_folder
 
     from retrieval.index import build_from_embeddings
-    from retrieval.index.engine import IngestOptions
-    from retrieval.index.milvus_collection import MilvusPlace, pq_subquantizers
-    from retrieval.index.milvus_index import MilvusIndex
-    from retrieval.index.milvus_push import push_index
+    from retrieval.index.embedding.engine import IngestOptions
+    from retrieval.index.milvus.milvus_collection import MilvusPlace, pq_subquantizers
+    from retrieval.index.milvus.milvus_index import MilvusIndex
+    from retrieval.index.milvus.milvus_push import push_index
 
     work = Path(tempfile.mkdtemp(prefix="milvus-bench-"))
     vectors = clustered(args.n + args.queries, args.dim, 0)

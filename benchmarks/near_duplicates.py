@@ -6,7 +6,7 @@ Steps (each prints a Markdown table or JSON and writes DIR/<step>.json):
         efficientnet_lite0 with its ImageNet weights (the demo's backbone before training), exported at 128 px, 512-d
     .venv/bin/python benchmarks/near_duplicates.py gallery --out DIR [--candidates 600] [--planted 150]
         the emoji renderer's images (noto and openmoji, 128 px) in one folder, and copies planted of --planted of
-        them (resized, re-encoded, cropped, recoloured: retrieval.index.duplicates.plant_copies)
+        them (resized, re-encoded, cropped, recoloured: retrieval.index.curation.duplicates_threshold.plant_copies)
     .venv/bin/python benchmarks/near_duplicates.py ours --out DIR
         `retrieval index build`, then the near-duplicate groups at auto and fixed thresholds: pair precision and
         recall against the planted groups, per kind, and the time
@@ -83,7 +83,7 @@ def make_model(out: Path, size: int = 128, dim: int = 512, centre_on: Path | Non
     if centre_on is not None:
         from PIL import Image
 
-        preprocess = EvalPreprocess(model.config)
+        preprocess = EvalPreprocess(model.preprocessing)
         files = sorted(p for p in centre_on.iterdir() if p.name.count("__") == 1)[:500]  # originals only
         with torch.no_grad():
             batch = torch.from_numpy(np.stack([preprocess(Image.open(f).convert("RGB")) for f in files]))
@@ -99,7 +99,7 @@ def make_gallery(out: Path, candidates: int, planted: int, seed: int = 0) -> dic
     from PIL import Image
 
     from retrieval.data import prepare_emoji
-    from retrieval.index.duplicates import plant_copies
+    from retrieval.index.curation.duplicates_threshold import plant_copies
 
     if not (out / "emoji" / "manifest.csv").is_file():
         prepare_emoji(out / "emoji", image_size=128, limit=candidates, progress=False)
@@ -125,8 +125,9 @@ def make_gallery(out: Path, candidates: int, planted: int, seed: int = 0) -> dic
 
 def run_ours(out: Path, thresholds: list[float], centred: bool = False) -> list[dict]:
     from retrieval.index import Index, IngestOptions, build_index
-    from retrieval.index.duplicates import duplicate_groups, find_duplicates, split_around_first
-    from retrieval.index.neighbour_graph import index_graph, stored_vectors
+    from retrieval.index.curation.duplicates import find_duplicates
+    from retrieval.index.curation.linked_groups import duplicate_groups, split_around_first
+    from retrieval.index.curation.neighbour_graph import index_graph, stored_vectors
 
     truth = json.loads((out / "truth.json").read_text())
     folder, model = (out / "index-centred", out / "model-centred.onnx") if centred else (out / "index",
@@ -220,10 +221,10 @@ def run_scale(n: int, dim: int, k: int, nprobe: int, threads: int, train: int, q
 
     import faiss
 
-    from retrieval.index.audit import audit_graph
-    from retrieval.index.duplicates import duplicate_groups
-    from retrieval.index.faiss_keys import ivf_lists
-    from retrieval.index.neighbour_graph import graph_from_chunks
+    from retrieval.index.curation.audit import audit_graph
+    from retrieval.index.curation.linked_groups import duplicate_groups
+    from retrieval.index.curation.neighbour_graph import graph_from_chunks
+    from retrieval.index.faiss_backend.faiss_keys import ivf_lists
 
     faiss.omp_set_num_threads(threads)
     rng = np.random.default_rng(0)
@@ -279,9 +280,9 @@ def run_audit(out: Path, data: Path, rates: list[float], seeds: list[int], k: in
     """`retrieval audit --images DATA --model DIR/model.onnx --label-noise symmetric:R --seed S`, the images embedded
     once (the command embeds them each run: the same numbers)."""
     from retrieval.index import load_model
-    from retrieval.index.audit import _with_noise, audit_graph, noise_evaluation
-    from retrieval.index.embed_rows import RowEmbedder
-    from retrieval.index.neighbour_graph import exact_graph
+    from retrieval.index.curation.audit import _with_noise, audit_graph, noise_evaluation
+    from retrieval.index.curation.neighbour_graph import exact_graph
+    from retrieval.index.embedding.embed_rows import RowEmbedder
     from retrieval.index.sources import list_gallery
 
     items = sorted((i for i in list_gallery(data).items if i.label is not None), key=lambda i: i.path)

@@ -48,9 +48,9 @@ def main() -> None:
     from milvus_server import milvus_lite_server
 
     from retrieval.index import IngestOptions, build_index
-    from retrieval.index.engine import RayOptions
-    from retrieval.index.milvus_collection import MilvusPlace
-    from retrieval.index.milvus_push import push_index
+    from retrieval.index.embedding.engine import RayOptions
+    from retrieval.index.milvus.milvus_collection import MilvusPlace
+    from retrieval.index.milvus.milvus_push import push_index
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

@@ -67,7 +67,7 @@ def test_features(checkpoint: Path, dataset: str) -> tuple[Any, np.ndarray]:
     from retrieval.models import load_embedder
 
     model = load_embedder(checkpoint)
-    data = load_dataset(dataset, None, split="test", transform=build_transforms(model.config, train=False),
+    data = load_dataset(dataset, None, split="test", transform=build_transforms(model.preprocessing, train=False),
                         **DATASETS[dataset][0])
     embedded = embed_samples(model.backbone, data, 128, torch.device("cpu"), 0, False, "features", False)
     return torch.from_numpy(embedded.embeddings), embedded.labels
@@ -166,7 +166,7 @@ def percentiles(values: list[float]) -> dict[str, float]:
 def latency(args: argparse.Namespace) -> dict[str, Any]:
     import faiss
 
-    from retrieval.index.faiss_search import reconstructed_vectors
+    from retrieval.index.faiss_backend.faiss_search import reconstructed_vectors
     from retrieval.rerank import RerankConfig, rerank_lists
 
     vectors = clustered_vectors(args.vectors, args.dim)

@@ -46,7 +46,8 @@ def features(dataset: str, work: Path) -> tuple[np.ndarray, np.ndarray]:
 
     options, size = DATASETS[dataset]
     model = create_pretrained_embedder("efficientnet_lite0", size, "crop")
-    data = load_dataset(dataset, None, split="test", transform=build_transforms(model.config, train=False), **options)
+    data = load_dataset(dataset, None, split="test", transform=build_transforms(model.preprocessing, train=False),
+                        **options)
     embedded = embed_samples(model, data, 128, torch.device("cpu"), 0, False, "embeddings", True)
     work.mkdir(parents=True, exist_ok=True)
     np.savez(cached, embeddings=embedded.embeddings, labels=embedded.labels)

@@ -78,7 +78,7 @@ def measure(dataset: str, mode: str, limit: int, folder: Path | None = None) -> 
 
     options, size = DATASETS[dataset]
     model = create_pretrained_embedder("efficientnet_lite0", size, mode)
-    transform = build_transforms(model.config, train=False)
+    transform = build_transforms(model.preprocessing, train=False)
     data = load_dataset("folder", folder, split="test", transform=transform) if folder is not None else \
         load_dataset(dataset, None, split="test", transform=transform, **options)
     if limit and len(data) > limit:

@@ -301,7 +301,7 @@ def fixture_index(root: Path, image_size: int, images: int = 200) -> Path:
 
 
 def gallery_images(index_dir: Path, count: int = 64) -> list[bytes]:
-    from retrieval.index.catalogue import CatalogueReader
+    from retrieval.index.catalogue_reader import CatalogueReader
 
     with CatalogueReader(index_dir / "catalogue.sqlite") as catalogue:
         rows = catalogue.sample(count)

@@ -114,7 +114,7 @@ def pretrained_metrics(config: dict[str, Any]) -> dict[str, float]:
 
     model = create_pretrained_embedder(config["backbone"], config["image_size"], config.get("resize", "crop"))
     sets = load_eval_sets(config["dataset"], config.get("data"), config["eval_split"],
-                          build_transforms(model.config, train=False), None, config["seed"],
+                          build_transforms(model.preprocessing, train=False), None, config["seed"],
                           **config["dataset_kwargs"])
     query, gallery = embed_eval_rows(model, sets, torch.device("cpu"), workers=0, progress=False)
     metrics = evaluate_embeddings(*eval_arrays(query, gallery), with_clustering=False)

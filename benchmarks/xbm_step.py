@@ -27,12 +27,16 @@ import itertools
 import statistics
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from retrieval.losses import build
 from retrieval.losses.memory import CrossBatchMemory
+
+if TYPE_CHECKING:
+    from retrieval.data.preprocessing import ModelPreprocessing
 
 
 class ConcatenatedMemory(CrossBatchMemory):
@@ -116,14 +120,15 @@ def loss_rows(args: argparse.Namespace, labels: torch.Tensor) -> None:
               f"| {old / new:.0f} |")
 
 
-def fashion_batches(args: argparse.Namespace, model_config: dict, count: int) -> list[tuple[torch.Tensor, ...]]:
+def fashion_batches(args: argparse.Namespace, preprocessing: ModelPreprocessing, count: int
+                    ) -> list[tuple[torch.Tensor, ...]]:
     """``count`` class-balanced training batches of Fashion-MNIST (disjoint protocol), decoded and stacked."""
     from retrieval.data import load_dataset
     from retrieval.data.sampler import ClassBalancedBatchSampler
     from retrieval.data.transforms import build_transforms
 
     data = load_dataset("fashion-mnist", split="train", protocol="disjoint",
-                        transform=build_transforms(model_config, train=True))
+                        transform=build_transforms(preprocessing, train=True))
     sampler = ClassBalancedBatchSampler(data.labels, args.batch // args.per_class, args.per_class, seed=0)
     batches = []
     for indices in itertools.islice(iter(sampler), count):
@@ -140,7 +145,7 @@ def train_rows(args: argparse.Namespace) -> None:
     model = create_embedder("efficientnet_lite0", args.dim, pretrained=False, normalize=True, freeze_bn=True)
     model.config["input_size"] = args.image_size
     model.train()
-    batches = fashion_batches(args, model.config, 4)
+    batches = fashion_batches(args, model.preprocessing, 4)
     losses = forms("ms", {}, args.memory, args.dim, batches[0][1].unique())
     context = DistContext(0, 1, 0, torch.device("cpu"))
     step = DataParallelStep(model, lambda net, x: net(x), None, losses["no memory"], context)

@@ -130,7 +130,7 @@ def embed_checkpoint_samples(
     except ValueError as exc:
         raise click.UsageError(option_message(click.get_current_context().command, exc)) from None
     model = load_embedder(checkpoint)
-    transform = build_transforms(model.config, train=False)
+    transform = build_transforms(model.preprocessing, train=False)
     full = load_dataset(dataset, data, split=split, transform=transform, **kwargs)
     subset = full.subset(class_balanced_indices(np.asarray(full.labels), per_class, max_samples, seed))
     dev = resolve_device(device)  # auto: a GPU where there is one, as training

@@ -1,6 +1,7 @@
 """`retrieval index duplicates`, `retrieval index audit` and `retrieval audit --images DIR`: near-duplicate groups and
-label suspects, found through each image's nearest neighbours (``retrieval.index.duplicates``, ``.audit``). Their
-options are declared once, in ``CurationOptions`` (docs/INDEX.md's table of the gallery commands is made from it)."""
+label suspects, found through each image's nearest neighbours (``retrieval.index.curation.duplicates``,
+``.audit``). Their options are declared once, in ``CurationOptions`` (docs/INDEX.md's table of the gallery commands
+is made from it)."""
 
 from __future__ import annotations
 
@@ -112,7 +113,8 @@ def duplicates_command(index_dir, threshold, k, model, calibration_sample, max_g
     """Groups of near-duplicate images in the index (resized, re-encoded, cropped or recoloured copies), found through
     each image's k nearest neighbours; the first of each group is the one indexed first."""
     from retrieval.analysis.neighbour_pictures import duplicates_picture
-    from retrieval.index.duplicates import catalogued_image_loader, find_duplicates, index_picture_background
+    from retrieval.index.curation.catalogued_images import catalogued_image_loader, index_picture_background
+    from retrieval.index.curation.duplicates import find_duplicates
 
     with _open(index_dir, model) as index:
         summary = find_duplicates(index, threshold, k=k, calibration_sample=calibration_sample,
@@ -196,8 +198,8 @@ def index_audit_command(index_dir, k, top, png, as_json) -> None:
     the one its neighbours suggest and a score."""
     from retrieval.analysis.neighbour_pictures import suspects_picture
     from retrieval.index import Index
-    from retrieval.index.audit import audit_index
-    from retrieval.index.duplicates import catalogued_image_loader, index_picture_background
+    from retrieval.index.curation.audit import audit_index
+    from retrieval.index.curation.catalogued_images import catalogued_image_loader, index_picture_background
 
     with Index.open(index_dir) as index:
         summary = audit_index(index, k=k, top=top)
@@ -249,8 +251,8 @@ def audit_command(images, model, k, top, png, as_json, max_images, label_noise, 
     score. For an index's gallery: retrieval index audit INDEX."""
     from retrieval.analysis.neighbour_pictures import suspects_picture
     from retrieval.index import load_model
-    from retrieval.index.audit import audit_folder
-    from retrieval.index.duplicates import picture_background
+    from retrieval.index.curation.audit import audit_folder
+    from retrieval.index.curation.catalogued_images import picture_background
 
     embedder = load_model(model)
     summary = audit_folder(images, embedder, k=k, top=top, max_images=max_images, label_noise=label_noise,

@@ -1,6 +1,7 @@
 """``retrieval demo`` / ``make demo``: the main job on the embedded emoji data, each step skipped when up to date.
 
-prepare emoji -> train -> evaluate -> export ONNX (verified) -> index the test gallery -> serve.
+prepare emoji -> train -> evaluate -> export ONNX (verified) -> index the test gallery -> a text tower onto the model
+(its index searched by text) -> serve.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ DEMO_RECIPE: dict[str, Any] = dict(
     freeze_backbone=True, image_size=128, resize="pad", embedding_dim=512, loss="ms", batch_size=64, per_class=4,
     epochs=20, lr=1e-3, optimizer="adamw", seed=0, augment="none", val_fraction=0.1, eval_extra=["fashion-mnist"],
 )
-STEPS = 5  # then `retrieval demo` serves the app
+STEPS = 6  # then `retrieval demo` serves the app
 OUT_OF_DOMAIN = "fashion-mnist"  # real product photos: what the emoji model must not lose (its --eval-extra)
 PHOTO_SETS = (OUT_OF_DOMAIN, "digits")  # real photos out of the emoji domain that the demo's step 3 reads
 GALLERY_CSV = "subgroup-test.csv"  # in the data folder: the test subgroups' images, labelled by subgroup
@@ -83,7 +84,7 @@ def photo_embeddings(model: Any, photos_limit: int | None = TrainConfig.eval_ext
     from retrieval.inference import embed_samples
     from retrieval.metrics.evaluation import load_extra_set
 
-    transform = build_transforms(model.config, train=False)
+    transform = build_transforms(model.preprocessing, train=False)
     return {name: embed_samples(model, load_extra_set(name, transform, photos_limit).test, 128, torch.device("cpu"),
                                 0, False, f"embed {name} photos") for name in PHOTO_SETS}
 
@@ -105,7 +106,7 @@ def reading_metrics(model: Any, data_dir: Path | None = None,
     from retrieval.metrics.evaluation import leave_one_out_metrics
     from retrieval.train.evaluating import kept_neighbours
 
-    transform = build_transforms(model.config, train=False)
+    transform = build_transforms(model.preprocessing, train=False)
     test = load_dataset("emoji", data_dir, split="test", transform=transform, reading="subgroup")
     embedded = embed_samples(model, test, 128, torch.device("cpu"), 0, False, "embed test emoji")
     by_subgroup = leave_one_out_metrics(embedded.embeddings, embedded.labels)
@@ -208,6 +209,36 @@ def index_gallery(onnx_path: Path, manifest: Path, index_dir: Path) -> dict[str,
     return summary
 
 
+def train_text(onnx_path: Path, manifest: Path, index_dir: Path, run_dir: Path) -> dict[str, Any]:
+    """A text tower trained onto the demo's model on the train subgroups' captions (each emoji's Unicode name and its
+    subgroup's name), recorded in the index so that the app searches it by text (docs/TEXT.md)."""
+    from retrieval.data.emoji_captions import CAPTION_COLUMNS, caption_manifests
+    from retrieval.export.text_export import export_text_tower
+    from retrieval.onnx_runtime import OnnxEmbedder
+    from retrieval.text.text_index import record_text_model
+    from retrieval.text.text_onnx import TextEmbedder
+    from retrieval.train.text_config import TextTrainConfig
+    from retrieval.train.text_tower import train_text_tower
+
+    text_path, report_path = run_dir / "text.onnx", run_dir / "report.json"
+    if text_path.is_file() and report_path.is_file() \
+            and TextEmbedder(text_path).image_model_hash == OnnxEmbedder(onnx_path).model_hash:
+        _step(6, f"text tower: up to date in {run_dir}")
+        report = json.loads(report_path.read_text())
+    else:
+        _step(6, f"training a text tower onto {onnx_path} on the train subgroups' names into {run_dir} (LiT: the "
+                 "image model locked, the index as it is)")
+        train_manifest, _ = caption_manifests(manifest)
+        config = TextTrainConfig(model=str(onnx_path), images=str(train_manifest), caption_column=CAPTION_COLUMNS,
+                                 out=str(run_dir))
+        report = train_text_tower(config, export_text_tower, log_line=lambda line: click.echo(f"  {line}"))
+        held = ", ".join(f"{k.replace('recall', 'R')} {v:.3f}" for k, v in report["held_out"].items())
+        click.echo(f"  held-out captions of the train subgroups: {held}")
+    record_text_model(index_dir, text_path)
+    click.echo(f"  the index searches by text: retrieval search --index {index_dir} --text \"face smiling\"")
+    return report
+
+
 def gallery_manifest(manifest: Path) -> Path:
     """``GALLERY_CSV`` beside the data's ``manifest``: the subgroup reading's test images (path, label = subgroup,
     split, group, and the emoji's ``sequence``, a column to filter on), so the app marks a result right when it
@@ -241,4 +272,5 @@ def run_demo(out: Path, epochs: int | None = None) -> dict[str, Any]:
                     run_dir / "report.json")
     export_model(run_dir / delivered_checkpoint(report), out / "model.onnx")
     index_gallery(out / "model.onnx", data_dir / "manifest.csv", out / "index")
+    train_text(out / "model.onnx", data_dir / "manifest.csv", out / "index", out / "text")
     return report

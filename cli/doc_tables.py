@@ -74,9 +74,10 @@ def reference_tables() -> list[tuple[str, str, type]]:
     from retrieval.rerank import RerankConfig
     from retrieval.serve.config import ServerConfig
     from retrieval.train.config import TrainConfig
+    from retrieval.train.text_config import TextTrainConfig
 
     return [("docs/TRAINING.md", "options", TrainConfig), ("docs/SERVING.md", "serve-options", ServerConfig),
-            ("docs/INDEX.md", "rerank-options", RerankConfig)]
+            ("docs/INDEX.md", "rerank-options", RerankConfig), ("docs/TEXT.md", "text-options", TextTrainConfig)]
 
 
 def command_tables() -> list[tuple[str, str, tuple[type, ...]]]:

@@ -60,14 +60,13 @@ def backbone_names() -> list[str]:
 
 def loss_names() -> list[str]:
     """The registered losses (``retrieval.losses.registry.LOSSES``)."""
-    from retrieval.losses import available
+    from retrieval.losses.registry import LOSSES
 
-    return available()
+    return LOSSES.names()
 
 
 def negatives_names() -> list[str]:
     """The registered hard-negative methods (``retrieval.losses.registry.NEGATIVES``)."""
-    import retrieval.losses.catalog  # noqa: F401  (registers the methods)
     from retrieval.losses.registry import NEGATIVES
 
     return NEGATIVES.names()

@@ -4,6 +4,7 @@ two gallery commands that stand beside it on the command line (``retrieval.cli.m
 - writing (``retrieval.cli.index_write``): `index build`, `index add`, `index remove`, `index repair`;
 - a new model (``retrieval.cli.index_upgrade``): `index upgrade`, `index compare`, and `retrieval compare`;
 - reading (``retrieval.cli.index_inspect``): `index stats`, `index export`;
+- searching by text (``retrieval.cli.index_text``): `index text`, the text model `search --text` and `serve` use;
 - Milvus (``retrieval.cli.index_milvus``): `index push`, and the collection kept in step by `add`, `remove`, `upgrade`;
 - searching (``retrieval.cli.search``): `retrieval search`;
 - curation (``retrieval.cli.curation``, added by ``retrieval.cli.main``): `index duplicates`, `index audit`.
@@ -20,6 +21,7 @@ import click
 from retrieval.cli.errors import OptionGroup
 from retrieval.cli.index_inspect import export_command, stats_command
 from retrieval.cli.index_milvus import push_command
+from retrieval.cli.index_text import text_command
 from retrieval.cli.index_upgrade import compare_command, index_compare_command, upgrade_command
 from retrieval.cli.index_write import add_command, build_command, remove_command, repair_command
 from retrieval.cli.search import search_command
@@ -33,7 +35,7 @@ def index_group() -> None:
 
 
 for _command in (build_command, add_command, upgrade_command, index_compare_command, remove_command, repair_command,
-                 stats_command, export_command, push_command):
+                 stats_command, export_command, push_command, text_command):
     index_group.add_command(_command)
 
 if __name__ == "__main__":

@@ -64,7 +64,7 @@ def ingest_settings(batch_size: int, workers: int | None, shard_size: int, max_p
                     engine: dict | None = None) -> Any:
     """The writers' ``IngestOptions`` from the command line's values (the Ray ones from ``engine_options``)."""
     from retrieval.data.decode import DEFAULT_MAX_PIXELS
-    from retrieval.index.engine import IngestOptions, RayOptions
+    from retrieval.index.embedding.engine import IngestOptions, RayOptions
 
     engine = engine or {}
     ray = None
@@ -83,7 +83,7 @@ def run_writer(command: Callable[..., dict], index_dir: str, *args: Any, **kwarg
     """Run an index writer (``build_index``, ``add_images``, ``repair_index``) under the command line's names: the
     Ray options are ``--ray-*``, and an error that another command fixes ends with that command."""
     from retrieval.errors import ParameterError
-    from retrieval.index.writer import FinishedIndexError, LabelRuleMismatch, NothingToRepairError
+    from retrieval.index.writing.records import FinishedIndexError, LabelRuleMismatch, NothingToRepairError
 
     folder = shlex.quote(str(index_dir))
     try:

@@ -64,7 +64,7 @@ def _list_failed(index_dir: str, as_json: bool) -> None:
 def export_command(index_dir, fmt, out, overwrite, rows_per_file, absolute_paths, as_json) -> None:
     """Write the searchable images' ids, paths, labels, metadata and embeddings as parquet or npy files that pandas,
     autofaiss and vector databases read as they are (removed, duplicate and unreadable images are left out)."""
-    from retrieval.index.table_export import export_index
+    from retrieval.index.formats.table_export import export_index
 
     summary = export_index(index_dir, out, fmt, overwrite=overwrite, rows_per_file=rows_per_file,
                            absolute_paths=absolute_paths)

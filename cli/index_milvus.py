@@ -35,8 +35,8 @@ def push(index_dir: str, milvus: str, collection: str, index_type: str | None, s
          progress: bool) -> dict[str, Any]:
     """``push_index`` under the command line's names (``--milvus``, ``--collection``, ``--index-type``)."""
     from retrieval.index.layout import IndexLayout
-    from retrieval.index.milvus_collection import MilvusPlace
-    from retrieval.index.milvus_push import push_index
+    from retrieval.index.milvus.milvus_collection import MilvusPlace
+    from retrieval.index.milvus.milvus_push import push_index
 
     place = MilvusPlace.checked(milvus, collection)
     where = IndexLayout(index_dir).vectors_in()
@@ -54,7 +54,8 @@ def _in_step(index_dir: str, place: Any, where: dict[str, str]) -> dict[str, Any
             "in the folder, so they cannot be sent to another collection from it: give --milvus "
             f"{shlex.quote(where['milvus'])} --collection {where['collection']}, or build the index again into the "
             "other collection")
-    from retrieval.index.catalogue import CatalogueReader, Status
+    from retrieval.index.catalogue_reader import CatalogueReader
+    from retrieval.index.catalogue_schema import Status
     from retrieval.index.layout import IndexLayout
 
     with CatalogueReader(IndexLayout(index_dir).catalogue) as catalogue:
@@ -87,8 +88,8 @@ def sync_options(switch: bool = False, checks_new_images: bool = False) -> Calla
                 raise click.UsageError("give --milvus URI and --collection NAME together")
             if milvus is not None:  # checked before the writer's work, not after it
                 from retrieval.index.layout import IndexLayout
-                from retrieval.index.milvus_collection import MilvusPlace
-                from retrieval.index.milvus_push import new_images_check
+                from retrieval.index.milvus.milvus_collection import MilvusPlace
+                from retrieval.index.milvus.milvus_push import new_images_check
 
                 place = MilvusPlace.checked(milvus, collection)
                 if checks_new_images and IndexLayout(kwargs["index_dir"]).vectors_in() is None:

@@ -1,4 +1,4 @@
-"""The options of the gallery commands (`retrieval index build|add|remove|repair|upgrade|compare|stats|export`,
+"""The options of the gallery commands (`retrieval index build|add|remove|repair|upgrade|compare|stats|export|text`,
 `retrieval search`, `retrieval compare`), each declared once (``retrieval.options``): the commands' click options
 (``retrieval.cli.config_options.command_options``) and docs/INDEX.md's table of them are made from ``IndexOptions``.
 
@@ -18,8 +18,8 @@ from retrieval.utils.workers import DEFAULT_WORKERS_TEXT
 DEFAULT_MAX_QUERIES = 1000  # query images one search takes: a folder given by mistake is refused, not embedded
 LABEL_RULE_NAMES = "parent|top|manifest|none"
 INGEST = ("batch_size", "workers", "shard_size", "max_pixels", "gpu")  # how a writer reads and embeds images
-# Milvus' vector index types (retrieval.index.milvus_collection.INDEX_TYPES, kept equal by a test: that module loads
-# the index package, which --help must not)
+# Milvus' vector index types (retrieval.index.milvus.milvus_collection.INDEX_TYPES, kept equal by a test: that
+# module loads the index package, which --help must not)
 MILVUS_INDEX_TYPES = ("AUTOINDEX", "FLAT", "HNSW", "IVF_FLAT", "IVF_PQ")
 ENGINE = ("engine", "ray_address", "ray_actors", "ray_gpus_per_actor", "ray_cpus_per_actor")  # where it embeds them
 
@@ -63,6 +63,14 @@ class IndexOptions:
     baseline: str | None = option(
         None, "models", "the model to compare it with (.onnx): the one serving now, or the pretrained backbone "
         "exported (trusted input too).", path="file", exists=True, required=True)
+    index_text_model: str | None = option(
+        None, "models", "the text tower to record (the text.onnx `retrieval text train` writes): trained for the "
+        f"index's image model, or for one that model is declared compatible with. {TRUSTED_MODEL}",
+        flag="--text-model", dest="text_model", path="file", exists=True, required=True)
+    search_text_model: str | None = option(
+        None, "models", f"with --text: the text tower (text.onnx) that embeds the queries. {TRUSTED_MODEL}",
+        flag="--text-model", dest="text_model", path="file", exists=True,
+        default_text="the one `retrieval index text` recorded in index.json")
     # the images
     build_images: str | None = option(None, "images", lambda: _gallery_help("the images to index (with --model)"),
                                       flag="--images", dest="images", path="any")
@@ -162,6 +170,10 @@ class IndexOptions:
                               "a folder counted; more are refused before the model loads.", low=1)
     exclude_self: bool = option(False, "search", "leave out the gallery image that is the query itself (the same "
                                 "file bytes), as the app and the API do.", negatable=False)
+    texts: tuple[str, ...] = option(
+        (), "search", "search by text instead of images: what you are looking for, e.g. --text \"a red apple\" "
+        "(repeatable: one query each). Needs a text model: --text-model, or the one index.json records.",
+        flag="--text", metavar="TEXT")
     where: str | None = option(
         None, "search", "search only the gallery images whose catalogue columns match, e.g. --where 'label = \"cat\" "
         "and price < 20' (columns: id, path, label and a manifest's own, such as split; = != < <= > >=, in (...), "

@@ -40,7 +40,7 @@ def upgrade_command(index_dir, model, order, commit_every, native, batch_size, w
     projection into the old space (--native: into its own size instead, a swap). Any other model's vectors are
     written beside the old ones and swapped in at the end. Either way index.json then names the new model (and the
     output its vectors came from) and the old vectors are deleted."""
-    from retrieval.index.upgrade import upgrade_index
+    from retrieval.index.writing.upgrade import upgrade_index
 
     if gpu:
         raise click.BadParameter("the upgrade searches and trains faiss on the CPU", param_hint="--gpu")
@@ -85,7 +85,7 @@ def index_compare_command(index_dir, model, sample, k, workers, as_json) -> None
     its k nearest images under the index's model that stay among its k nearest under MODEL. With labels, each
     model's Recall@1 on the same images too."""
     from retrieval.index import load_model
-    from retrieval.index.compare import compare_with_index
+    from retrieval.index.curation.compare import compare_with_index
 
     summary = compare_with_index(index_dir, load_model(model), sample=sample, k=k, workers=workers)
     _show_comparison(summary, as_json, f"of {index_dir}", "the index's model", Path(model).name)
@@ -118,7 +118,7 @@ def compare_command(model, baseline, images, sample, k, workers, as_json) -> Non
     """How much MODEL changes the neighbourhoods of any folder's images against BASELINE, no labels needed (with
     sub-folders as labels, each model's Recall@1 too). For an index's own gallery: retrieval index compare."""
     from retrieval.index import load_model
-    from retrieval.index.compare import compare_on_folder, model_names
+    from retrieval.index.curation.compare import compare_on_folder, model_names
 
     summary = compare_on_folder(images, load_model(baseline), load_model(model), sample=sample, k=k, workers=workers)
     # runs/a/model.onnx and runs/b/model.onnx must not both read "model.onnx"

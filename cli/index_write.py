@@ -137,8 +137,8 @@ def _build_place(milvus: str | None, collection: str | None, index_type: str | N
     if given:
         raise click.UsageError(f"{', '.join(given)} shape the folder's faiss index, which a build into a Milvus "
                                "collection does not make: leave them out (--index-type chooses the collection's)")
-    from retrieval.index.milvus_build import check_build_place
-    from retrieval.index.milvus_collection import MilvusPlace
+    from retrieval.index.milvus.milvus_build import check_build_place
+    from retrieval.index.milvus.milvus_collection import MilvusPlace
 
     place = MilvusPlace.checked(milvus, collection)
     check_build_place(place, engine.get("engine", "local"))

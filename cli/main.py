@@ -246,7 +246,7 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_kwargs, eval_limi
     split = split or trained.get("eval_split", "test")
     dev = resolve_device(device)
     model = load_embedder(checkpoint).to(dev)
-    tf = build_transforms(model.config, train=False)
+    tf = build_transforms(model.preprocessing, train=False)
     sets = load_eval_sets(dataset, data, split, tf, eval_limit, seed=trained.get("seed", 0), **kwargs)
     # checked before anything is embedded: a checkpoint without validation classes is refused at once
     validation = _validation_set(trained, (dataset, data, kwargs), tf, sets.query, eval_limit) if rerank_choose \
@@ -293,7 +293,7 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_kwargs, eval_limi
     from retrieval.train.compatible import OldModel
 
     with parameters_named(path="gallery_model"):
-        old = OldModel(gallery_model, model.config, device=dev)
+        old = OldModel(gallery_model, model.preprocessing, device=dev)
     # the same images as the checkpoint's rows: the sets are read in the same order, each image given to OLD as
     # the checkpoint saw it (taken back to pixels and to OLD's size and normalisation where they differ)
     old_query, old_gallery = embed_eval_rows(old, sets, dev, eval_batch_size, workers)
@@ -434,11 +434,12 @@ def _register_area_commands() -> None:
     from retrieval.cli.results import results_group
     from retrieval.cli.runs import runs_group
     from retrieval.cli.serve import serve_command
+    from retrieval.cli.text import text_group
 
     for command in (duplicates_command, index_audit_command):
         index_group.add_command(command)
     for command in (data_group, analyze_group, export_command, index_group, search_command, compare_command,
-                    audit_command, serve_command, results_group, runs_group):
+                    audit_command, serve_command, results_group, runs_group, text_group):
         main.add_command(command)
 
 

@@ -1,5 +1,5 @@
-"""`retrieval search`: the k most similar gallery images to each query image, from an index folder (and re-ranked, with
---rerank)."""
+"""`retrieval search`: the k most similar gallery images to each query image, or to each description (--text, through
+the index's text model), from an index folder (and re-ranked, with --rerank)."""
 
 from __future__ import annotations
 
@@ -46,31 +46,45 @@ def _where_summary(index, matching: int) -> str:
     return f"{summary}: no image matches, so every result list is empty. {index.filter_table.no_match_hint()}"
 
 
+def _check_texts(_ctx: click.Context, _param: click.Parameter, texts: tuple[str, ...]) -> tuple[str, ...]:
+    """Each --text bounded as the API bounds a text query (``retrieval.text.tokens.check_query_text``), before any
+    model loads."""
+    from retrieval.text.tokens import check_query_text
+
+    try:
+        return tuple(check_query_text(text) for text in texts)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
 QUERY_BATCH = 32  # queries decoded and embedded together, so that a folder's images are never all held at once
 
 
 @click.command("search", cls=OptionCommand)
 @command_option(IndexOptions, "search_index")
 # No existence check here: a query that cannot be opened is answered with its reason, as an undecodable one is.
-@click.argument("images", nargs=-1, required=True, type=click.Path())
+@click.argument("images", nargs=-1, required=False, type=click.Path())
+@command_option(IndexOptions, "texts", callback=_check_texts)
 @command_option(IndexOptions, "results", callback=_check_k)
-@command_options(IndexOptions, "max_queries", "recorded_model", "exclude_self")
+@command_options(IndexOptions, "max_queries", "recorded_model", "search_text_model", "exclude_self")
 @command_option(IndexOptions, "where", callback=_check_where)
 @command_option(IndexOptions, "search_gpu")
 @gallery_root_option
 @command_option(IndexOptions, "search_json")
 @rerank_options
-def search_command(index_dir, images, k, max_queries, model, exclude_self, where, gpu, gallery_root, as_json,
-                   **options) -> None:
+def search_command(index_dir, images, texts, k, max_queries, model, text_model, exclude_self, where, gpu,
+                   gallery_root, as_json, **options) -> None:
     """Find the k most similar gallery images to each query IMAGE (a folder: every image in it, recursively, sorted
-    by path). A query that cannot be read is named with the reason, the others are answered, and the command then
-    exits with status 1. --rerank re-orders each query's shortlist (docs/INDEX.md, "Re-ranking")."""
+    by path), or to each --text description. A query that cannot be read is named with the reason, the others are
+    answered, and the command then exits with status 1. --rerank re-orders each query's shortlist (docs/INDEX.md,
+    "Re-ranking")."""
     from retrieval.index import Index, ModelMismatchError, load_model
     from retrieval.index.sources import printable_path
     from retrieval.rerank import gallery_filled
 
     rerank = rerank_config(options)
-    queries = _query_list(images, max_queries)
+    _check_query_kind(images, texts, text_model, exclude_self, max_queries)
+    queries = _query_list(images, max_queries) if images else []
     try:
         opened = Index.open(index_dir, embedder=load_model(model) if model else None, gpu=gpu,
                             gallery_root=gallery_root)
@@ -84,12 +98,16 @@ def search_command(index_dir, images, k, max_queries, model, exclude_self, where
                 click.echo(_where_summary(index, matching))
         # the sizes not given follow the gallery (docs/INDEX.md, "Neighbourhood sizes")
         rerank, defaults = gallery_filled(rerank, index.rerank_neighbourhood)
-        answers = _answers(index, queries, k, exclude_self, where, rerank)
+        if texts:
+            answers = _text_answers(index, texts, text_model, k, where, rerank)
+        else:
+            answers = _answers(index, queries, k, exclude_self, where, rerank)
     if as_json:
         click.echo(json.dumps(answers, indent=2))
     else:
         for answer in answers:
-            click.echo(printable_path(answer["query"], limit=None))
+            click.echo(json.dumps(answer["query"], ensure_ascii=False) if texts
+                       else printable_path(answer["query"], limit=None))
             if "error" in answer:
                 click.echo(f"  cannot search with it: {answer['error']}")
                 continue
@@ -111,6 +129,44 @@ def search_command(index_dir, images, k, max_queries, model, exclude_self, where
         shown = ", ".join(printable_path(a["query"]) for a in failed[:3])
         raise click.ClickException(f"{len(failed)} of {len(answers)} queries could not be read ({shown}); the "
                                    "others were answered above")
+
+
+def _check_query_kind(images: tuple[str, ...], texts: tuple[str, ...], text_model: str | None, exclude_self: bool,
+                      max_queries: int) -> None:
+    """One kind of query per search: images, or --text descriptions (with what only those take)."""
+    context = click.get_current_context(silent=True)
+    if images and texts:
+        raise click.UsageError("give query IMAGEs or --text descriptions, not both: run one search for each",
+                               ctx=context)
+    if not images and not texts:
+        raise click.UsageError("give a query IMAGE (or a folder of them), or --text 'what you are looking for'",
+                               ctx=context)
+    if images and text_model is not None:
+        raise click.UsageError("--text-model embeds --text descriptions; image queries are embedded by the image "
+                               "model (--model): leave it out, or search with --text", ctx=context)
+    if texts and exclude_self:
+        raise click.UsageError("--exclude-self leaves out the gallery image a query image is; a --text query is no "
+                               "gallery image: leave it out", ctx=context)
+    if len(texts) > max_queries:
+        raise click.UsageError(f"{len(texts)} --text queries: more than --max-queries {max_queries}", ctx=context)
+
+
+def _text_answers(index, texts: tuple[str, ...], text_model: str | None, k: int, where=None,
+                  rerank=None) -> list[dict]:
+    """Each --text query's answer, in order: embedded by the text model (``text_model``, else the one index.json
+    records; checked against the index's image model) and searched as an embedding is."""
+    from retrieval.text.text_index import open_text_model
+
+    text = open_text_model(index.info, index.layout.root, text_model, image_model=lambda: index.embedder)
+    answers = []
+    for start in range(0, len(texts), QUERY_BATCH):
+        batch = list(texts[start:start + QUERY_BATCH])
+        found = index.search(text.embed(batch), k, where=where, rerank=rerank)
+        for query, results in zip(batch, found, strict=True):
+            answers.append({"query": query, "results": [
+                r.to_dict() | {"path": index.public_path(r.path), "file": index.image_file(r.path)}
+                for r in results]})
+    return answers
 
 
 def _query_list(images: tuple[str, ...], max_queries: int) -> list[tuple[str, str | None]]:
@@ -172,7 +228,7 @@ def _answer_batch(index, queries: list[tuple[str, str | None]], k: int, exclude_
                   rerank=None) -> list[dict]:
     """``_answers`` for one batch of queries: decoded, embedded together and searched."""
     from retrieval.data.decode import ImageDecodeError, open_regular_file, read_image
-    from retrieval.index.gallery_file import file_digest
+    from retrieval.index.embedding.gallery_file import file_digest
 
     answers, images, digests = [], [], []
     for query, problem in queries:

@@ -246,8 +246,7 @@ def verify_export(
     images = list(images) if images is not None else sample_images(max(batch_sizes))
     if len(images) < max(batch_sizes):
         raise ValueError(f"verification at batch {max(batch_sizes)} needs that many images, got {len(images)}")
-    config = model.config
-    batch = preprocess_images([image for _, image in images], config)
+    batch = preprocess_images([image for _, image in images], model.preprocessing)
     runtime = OnnxEmbedder(onnx_path, providers="cpu")
     module, outputs = graph_outputs(model.eval())
     checks = []
@@ -300,19 +299,20 @@ def export_embedder(
         raise TypeError("export_embedder needs a retrieval Embedder (with .config); see retrieval.models")
     # A private fp32 CPU copy in eval mode: exporting must not change the caller's model.
     model = copy.deepcopy(model).cpu().float().eval()
-    config = dict(model.config)
+    config = dict(model.config)  # written whole into the metadata's model_config
+    preprocessing = model.preprocessing
     precision = "fp16" if fp16 else "fp32"
-    norm = "L2-normalised" if config.get("normalize") else "unnormalised"
+    norm = "L2-normalised" if preprocessing.normalize else "unnormalised"
     # a second output where the model has a projection into an old space
     compatible = getattr(model, "compatible", None) is not None
     also = f", and its projection into the old {config['compatible_dim']}-d space" if compatible else ""
-    log(f"exporting {config['backbone']} ({config['input_size']} px, {config['embedding_dim']}-d, {norm}{also}) "
-        f"to {out} [{precision}] with torch {torch.__version__} ...")
+    log(f"exporting {preprocessing.backbone} ({preprocessing.input_size} px, {preprocessing.embedding_dim}-d, {norm}"
+        f"{also}) to {out} [{precision}] with torch {torch.__version__} ...")
     start = time.perf_counter()
-    proto, exporter = export_graph(model, int(config["input_size"]), opset, log)
+    proto, exporter = export_graph(model, preprocessing.input_size, opset, log)
     if fp16:
         proto = to_fp16(proto)
-    proto.doc_string = f"retrieval embedder: {config['backbone']}, {config['embedding_dim']}-d"
+    proto.doc_string = f"retrieval embedder: {preprocessing.backbone}, {preprocessing.embedding_dim}-d"
     # one identity everywhere: the hash of the file's own graph and weights, the one the index and search compute
     # when they open it; the PyTorch weights' fingerprint is kept as lineage
     extra = {"exporter": exporter, "opset": _opset(proto), "torch_version": torch.__version__,
@@ -324,10 +324,11 @@ def export_embedder(
     if compatible:  # ... through this output, where their embedding size differs from this model's
         extra[COMPATIBLE_OUTPUT_KEY] = COMPATIBLE_OUTPUT_NAME
         extra[COMPATIBLE_DIM_KEY] = str(int(config["compatible_dim"]))
-    metadata = build_metadata(config, proto_model_hash(proto, config), config_hash, precision, extra=extra)
+    metadata = build_metadata(preprocessing, config, proto_model_hash(proto, preprocessing), config_hash, precision,
+                              extra=extra)
     external = save_with_metadata(proto, out, metadata)
     if external:  # weights moved to a .data file serialise differently: the file as written is the authority
-        written = onnx_model_hash(out, config)
+        written = onnx_model_hash(out, preprocessing)
         if written != metadata["model_hash"]:
             metadata["model_hash"] = written
             rewrite_metadata(out, metadata)

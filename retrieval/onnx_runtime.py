@@ -2,7 +2,7 @@
 
 This is the core-side half of the ONNX export (the index and the server use it; it never imports
 ``export/``). The metadata contract written by ``retrieval export`` lives here too, so that writer and
-reader share one definition.
+reader share one definition; ``parse_metadata`` is where a file's metadata becomes its ``ModelPreprocessing``.
 
 Images are prepared by the same functions as the PyTorch path (``open_image`` for files, then
 ``eval_preprocess.EvalPreprocess``, which the PyTorch path wraps as a tensor), so both runtimes see identical input
@@ -12,7 +12,6 @@ tensors. None of it imports torch: a process that only embeds (a Ray actor, the 
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import os
 import sys
@@ -23,9 +22,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from PIL import Image
 
-from retrieval.data.colour import parse_background
+from retrieval.data.colour import DEFAULT_BACKGROUND
 from retrieval.data.decode import open_image
-from retrieval.data.eval_preprocess import CROP, EvalPreprocess, resize_mode
+from retrieval.data.eval_preprocess import EvalPreprocess
+from retrieval.data.preprocessing import ModelPreprocessing
 
 if TYPE_CHECKING:
     import torch
@@ -45,22 +45,20 @@ REQUIRED_METADATA = (
     "format", "backbone", "embedding_dim", "input_size", "mean", "std", "normalized", "config_hash",
     "model_hash", "model_config", "precision",
 )
-# The model-config keys that change what an image becomes: part of a model's identity with its weights.
-IDENTITY_KEYS = ("backbone", "embedding_dim", "normalize", "input_size", "mean", "std", "background")
 
 ImageInput = Image.Image | str | os.PathLike
 
 
 # ---------------------------------------------------------------- identity of a trained model
 
-def embedder_model_hash(model: nn.Module, model_config: Mapping[str, Any] | None = None) -> str:
-    """A 16-hex-digit fingerprint of an embedder's weights (state dict, in fp32) and preprocessing config.
+def embedder_model_hash(model: nn.Module, preprocessing: ModelPreprocessing | None = None) -> str:
+    """A 16-hex-digit fingerprint of an embedder's weights (state dict, in fp32) and preprocessing (None: the
+    model's own, ``Embedder.preprocessing``).
 
     The export stores it as ``source_model_hash`` (lineage: which PyTorch weights a file came from); the identity
     of an ONNX file, its ``model_hash``, is ``onnx_model_hash``.
     """
-    config = model_config if model_config is not None else getattr(model, "config", {})
-    digest = _identity_digest(config)
+    digest = (preprocessing if preprocessing is not None else model.preprocessing).identity_digest()
     for name, tensor in sorted(model.state_dict().items()):
         tensor = tensor.detach().cpu()
         if tensor.is_floating_point():
@@ -70,18 +68,10 @@ def embedder_model_hash(model: nn.Module, model_config: Mapping[str, Any] | None
     return digest.hexdigest()[:16]
 
 
-def _identity_digest(model_config: Mapping[str, Any]) -> Any:
-    relevant = {k: model_config.get(k) for k in IDENTITY_KEYS}
-    relevant["background"] = list(parse_background(relevant["background"]))  # older configs: the default
-    if resize_mode(model_config) != CROP:  # a letterboxing model embeds other pixels; a cropping one keeps its hash
-        relevant["resize"] = resize_mode(model_config)
-    return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode())
-
-
-def onnx_model_hash(path: str | os.PathLike, model_config: Mapping[str, Any]) -> str:
+def onnx_model_hash(path: str | os.PathLike, preprocessing: ModelPreprocessing) -> str:
     """A 16-hex-digit fingerprint computed from an ONNX file itself: its graph and weights (metadata left out)
     and the preprocessing it is run with. Two files share it only if they compute the same embeddings."""
-    return proto_model_hash(read_onnx_model(path), model_config)
+    return proto_model_hash(read_onnx_model(path), preprocessing)
 
 
 def read_onnx_model(path: str | os.PathLike) -> Any:
@@ -92,7 +82,7 @@ def read_onnx_model(path: str | os.PathLike) -> Any:
     return onnx.load(str(path))  # external weights, if any, are loaded into the proto
 
 
-def proto_model_hash(proto: Any, model_config: Mapping[str, Any]) -> str:
+def proto_model_hash(proto: Any, preprocessing: ModelPreprocessing) -> str:
     """``onnx_model_hash`` of a loaded model proto (its metadata is left out, and left in place)."""
     metadata = list(proto.metadata_props)
     proto.ClearField("metadata_props")
@@ -100,31 +90,37 @@ def proto_model_hash(proto: Any, model_config: Mapping[str, Any]) -> str:
         graph_and_weights = proto.SerializeToString(deterministic=True)
     finally:
         proto.metadata_props.extend(metadata)
-    digest = _identity_digest(model_config)
+    digest = preprocessing.identity_digest()
     digest.update(graph_and_weights)
     return digest.hexdigest()[:16]
 
 
 def build_metadata(
+    preprocessing: ModelPreprocessing,
     model_config: Mapping[str, Any],
     model_hash: str,
     config_hash: str | None,
     precision: str = "fp32",
     extra: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """The ``metadata_props`` an exported embedder carries (all values are strings)."""
+    """The ``metadata_props`` an exported embedder carries (all values are strings): the explicit keys from
+    ``preprocessing``; ``model_config``, the model's whole config (``Embedder.config``, whose preprocessing keys
+    ``preprocessing`` was read from), written as it is under ``model_config``."""
     if precision not in ("fp32", "fp16"):
         raise ValueError(f"precision must be 'fp32' or 'fp16', got {precision!r}")
+    if preprocessing.backbone is None or preprocessing.embedding_dim is None:
+        raise ValueError("an exported model's metadata names its backbone and embedding_dim: the model config has "
+                         "no 'backbone' or 'embedding_dim'")
     meta = {
         "format": ONNX_FORMAT,
-        "backbone": str(model_config["backbone"]),
-        "embedding_dim": str(int(model_config["embedding_dim"])),
-        "input_size": str(int(model_config["input_size"])),
-        "mean": json.dumps([float(v) for v in model_config["mean"]]),
-        "std": json.dumps([float(v) for v in model_config["std"]]),
-        "background": json.dumps(list(parse_background(model_config.get("background")))),
-        "resize": resize_mode(model_config),  # crop (the centre) or pad (the whole image, letterboxed)
-        "normalized": "true" if model_config.get("normalize") else "false",
+        "backbone": preprocessing.backbone,
+        "embedding_dim": str(preprocessing.embedding_dim),
+        "input_size": str(preprocessing.input_size),
+        "mean": json.dumps(list(preprocessing.mean)),
+        "std": json.dumps(list(preprocessing.std)),
+        "background": json.dumps(list(preprocessing.background)),
+        "resize": preprocessing.resize_mode,  # crop (the centre) or pad (the whole image, letterboxed)
+        "normalized": "true" if preprocessing.normalize else "false",
         "config_hash": config_hash or "",
         "model_hash": model_hash,
         "model_config": json.dumps(dict(model_config), sort_keys=True),
@@ -136,8 +132,9 @@ def build_metadata(
     return meta
 
 
-def parse_metadata(meta: Mapping[str, str], source: str = "model") -> dict[str, Any]:
-    """Check the metadata written by ``retrieval export`` and return a ``model_config`` dict from it."""
+def parse_metadata(meta: Mapping[str, str], source: str = "model") -> ModelPreprocessing:
+    """Check the metadata written by ``retrieval export`` and return the model's ``ModelPreprocessing`` from it: the
+    one place an ONNX file's metadata is read."""
     missing = [key for key in REQUIRED_METADATA if key not in meta]
     if missing:
         raise ValueError(
@@ -147,27 +144,28 @@ def parse_metadata(meta: Mapping[str, str], source: str = "model") -> dict[str, 
     if meta["format"] != ONNX_FORMAT:
         raise ValueError(f"{source} has metadata format {meta['format']!r}; this version reads {ONNX_FORMAT!r}")
     config = json.loads(meta["model_config"])
-    # The explicit keys are authoritative (they are what the graph was exported with).
-    config.update(
+    # The explicit keys are authoritative (they are what the graph was exported with); the resize mode is the
+    # model config's (absent there: a model from before the modes, which crops).
+    # Files exported before the background was recorded were meant for opaque images: white is the default.
+    return ModelPreprocessing(
+        input_size=int(meta["input_size"]),
+        mean=tuple(float(v) for v in json.loads(meta["mean"])),  # type: ignore[arg-type]  (checked: 3 numbers)
+        std=tuple(float(v) for v in json.loads(meta["std"])),  # type: ignore[arg-type]
+        background=json.loads(meta["background"]) if "background" in meta else DEFAULT_BACKGROUND,
+        resize=config.get("resize") or None,
         backbone=meta["backbone"],
         embedding_dim=int(meta["embedding_dim"]),
-        input_size=int(meta["input_size"]),
-        mean=[float(v) for v in json.loads(meta["mean"])],
-        std=[float(v) for v in json.loads(meta["std"])],
         normalize=meta["normalized"] == "true",
-        # files exported before the background was recorded were meant for opaque images: white is the default
-        background=list(parse_background(json.loads(meta["background"]) if "background" in meta else None)),
     )
-    return config
 
 
-def check_graph_matches(session: Any, model_config: Mapping[str, Any], source: str) -> None:
+def check_graph_matches(session: Any, preprocessing: ModelPreprocessing, source: str) -> None:
     """The metadata must describe the graph: input [n, 3, S, S] with S = input_size, output [n, embedding_dim]."""
     inputs, outputs = session.get_inputs(), session.get_outputs()
     if len(inputs) != 1 or len(outputs) < 1:
         raise ValueError(f"{source} has {len(inputs)} inputs and {len(outputs)} outputs; an embedder has one "
                          "image input and an embedding output; export it with `retrieval export`")
-    size, dim = int(model_config["input_size"]), int(model_config["embedding_dim"])
+    size, dim = preprocessing.input_size, preprocessing.embedding_dim
     found = list(inputs[0].shape)  # ints where the graph fixes a size, names where it is dynamic
     if len(found) != 4 or found[1] != 3 or any(d != size for d in found[2:] if isinstance(d, int)):
         raise ValueError(
@@ -215,9 +213,9 @@ def load_image(image: ImageInput) -> Image.Image:
     raise TypeError(f"expected a PIL image or a file path, got {type(image).__name__}")
 
 
-def preprocess_images(images: Iterable[ImageInput], model_config: Mapping[str, Any]) -> np.ndarray:
+def preprocess_images(images: Iterable[ImageInput], preprocessing: ModelPreprocessing) -> np.ndarray:
     """PIL images or paths -> float32 batch [n, 3, S, S], exactly as evaluation prepares them."""
-    preprocess = EvalPreprocess(model_config)  # the one evaluation preprocessing (torch paths wrap it)
+    preprocess = EvalPreprocess(preprocessing)  # the one evaluation preprocessing (torch paths wrap it)
     arrays = [preprocess(load_image(image)) for image in images]
     if not arrays:
         return np.zeros((0, 3, preprocess.size, preprocess.size), dtype=np.float32)
@@ -309,18 +307,19 @@ class OnnxEmbedder:
         except Exception as exc:  # onnx's DecodeError and onnxruntime's InvalidProtobuf/Fail derive from Exception
             raise ValueError(f"{self.path} is not a readable ONNX model: {exc}") from exc
         self._metadata = dict(self.session.get_modelmeta().custom_metadata_map)
-        self.model_config = parse_metadata(self._metadata, source=str(self.path))
-        check_graph_matches(self.session, self.model_config, str(self.path))
+        self.preprocessing = parse_metadata(self._metadata, source=str(self.path))
+        check_graph_matches(self.session, self.preprocessing, str(self.path))
         # identity from the model's own graph and weights: metadata alone could be copied onto another model
-        self._model_hash = proto_model_hash(proto, self.model_config)
+        self._model_hash = proto_model_hash(proto, self.preprocessing)
         del proto
         self._input_name = self.session.get_inputs()[0].name
         self._primary_output = self._metadata.get("output_name", self.session.get_outputs()[0].name)
         self._compatible = check_compatible_output(self.session, self._metadata, str(self.path))
         # what this object embeds with: the primary output unless with_output chose the compatible one
         self._output_name = self._primary_output
-        self._embedding_dim = int(self.model_config["embedding_dim"])
-        self._normalized = bool(self.model_config["normalize"])
+        # the model's own output: its size and normalisation, which parse_metadata always sets
+        self._primary_dim = int(self.preprocessing.embedding_dim)  # type: ignore[arg-type]
+        self._embedding_dim, self._normalized = self._primary_dim, bool(self.preprocessing.normalize)
 
     # -- properties
     @property
@@ -360,8 +359,8 @@ class OnnxEmbedder:
             return self
         view = copy.copy(self)
         if name == self._primary_output:
-            view._output_name, view._embedding_dim = name, int(self.model_config["embedding_dim"])
-            view._normalized = bool(self.model_config["normalize"])
+            view._output_name, view._embedding_dim = name, self._primary_dim
+            view._normalized = bool(self.preprocessing.normalize)
         elif self._compatible is not None and name == self._compatible[0]:
             view._output_name, view._embedding_dim, view._normalized = name, self._compatible[1], True
         else:
@@ -372,7 +371,7 @@ class OnnxEmbedder:
 
     @property
     def input_size(self) -> int:
-        return int(self.model_config["input_size"])
+        return self.preprocessing.input_size
 
     @property
     def model_hash(self) -> str:
@@ -400,12 +399,12 @@ class OnnxEmbedder:
 
     def __repr__(self) -> str:
         output = f", output={self._output_name!r}" if self._output_name != self._primary_output else ""
-        return (f"OnnxEmbedder({str(self.path)!r}, backbone={self.model_config['backbone']!r}, "
+        return (f"OnnxEmbedder({str(self.path)!r}, backbone={self.preprocessing.backbone!r}, "
                 f"dim={self.embedding_dim}{output}, providers={self.providers})")
 
     # -- inference
     def preprocess(self, images: Iterable[ImageInput]) -> np.ndarray:
-        return preprocess_images(images, self.model_config)
+        return preprocess_images(images, self.preprocessing)
 
     def embed(self, images: Any) -> np.ndarray:
         """Embeddings [n, d] float32 of PIL images / file paths (one or a sequence) or of a batch array."""

@@ -98,7 +98,7 @@ def _k_reciprocal_weights(unit: np.ndarray, k1: int, k2: int) -> Any:
     the weights are kept sparse (a few dozen per row), the local query expansion a sparse product."""
     from scipy.sparse import csr_matrix
 
-    from retrieval.rerank.methods import _PAIR_BLOCK, _members, _reciprocal, _smallest
+    from retrieval.rerank.methods import PAIR_BLOCK, _members, _reciprocal, _smallest
 
     m = len(unit)
     gram = unit @ unit.T
@@ -114,7 +114,7 @@ def _k_reciprocal_weights(unit: np.ndarray, k1: int, k2: int) -> Any:
     padded = np.concatenate([reciprocal, np.zeros((m, 1), dtype=bool)], axis=1)
     del reciprocal
     pairs_i, pairs_j = np.nonzero(padded[:, :m])
-    blocks = [slice(start, start + _PAIR_BLOCK) for start in range(0, len(pairs_i), _PAIR_BLOCK)]
+    blocks = [slice(start, start + PAIR_BLOCK) for start in range(0, len(pairs_i), PAIR_BLOCK)]
     joins = np.concatenate([padded[pairs_i[b, None], half_lists[pairs_j[b]]].sum(axis=1)
                             > 2.0 / 3.0 * half_sizes[pairs_j[b]] for b in blocks] or [np.zeros(0, dtype=bool)])
     for b in blocks:  # every join decided before any is written, as R(i, k1) is read whole before R*(i) grows

@@ -1,7 +1,7 @@
 """The run report format (``report.json``): written by ``retrieval train`` and ``retrieval evaluate``, read by the app.
 
 One place for the format: ``train_report`` and ``evaluate_report`` build the two kinds, ``save_report`` writes
-either, and the reader (``serve.report_view.load_report``) checks ``REPORT_FORMAT`` and ``REPORT_KINDS`` from here.
+either, and the reader (``serve.report_files.load_report``) checks ``REPORT_FORMAT`` and ``REPORT_KINDS`` from here.
 """
 
 from __future__ import annotations

@@ -13,6 +13,10 @@ in ``SearchService.search_batch``: a malformed request (or embedding, k, where) 
 whose image cannot be read gets ``{"error", "status"}`` in its place. Its body cap is the per-image limit for every
 query, capped (``batch_upload_bytes``).
 
+A query may be words too (JSON ``{"text": "a red apple"}``, in a batch as in one search) where the server has a text
+model (``--text-model``, or the one the index records): embedded by it, then searched as an embedding is; the
+OpenAPI document offers "text" only while it has one.
+
 The routes live in ``retrieval.serve.routes``, one router per resource (search, items, status); they share one
 ``ApiContext`` (the service, the lanes and body budget, the settings) through the ``Api`` dependency.
 """
@@ -61,7 +65,8 @@ def create_api(service: SearchService, concurrency: int = 8, max_queue: int = 64
     install_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)
-    install_openapi(app, service.current().dim)
+    # whether text queries are offered: asked of the state served when the document is asked for
+    install_openapi(app, service.current().dim, lambda: service.text_search())
     if observe:  # GET /metrics, request metrics and the access log (serve/observability.py)
         install_observability(app, service, error_responses(401, 403))
     return app

@@ -56,6 +56,12 @@ class ServerConfig:
         "compatible output where its own embedding has another size. " + TRUSTED_MODEL, path="file",
         metavar="MODEL.onnx",
         default_text="the model index.json records")
+    text_model: Path | None = option(
+        None, "index", "the text tower (text.onnx, `retrieval text train`) that embeds text queries (POST /search "
+        "with \"text\", the app's \"or describe it\"); it must have been trained for the index's image model (or "
+        "one that model is declared compatible with), else the server refuses to start. " + TRUSTED_MODEL,
+        path="file", metavar="TEXT.onnx",
+        default_text="the one index.json records (`retrieval index text`); none: no text search")
     gallery_root: Path | None = gallery_root_option("index")
     milvus: str | None = option(
         None, "index", "serve a Milvus collection instead of an index folder: http://HOST:19530 (a Milvus server or "
@@ -138,7 +144,7 @@ class ServerConfig:
         if (self.milvus is None) != (self.collection is None):
             problems.append("--milvus URI and --collection NAME go together")
         elif self.milvus is not None:  # checked before anything loads or connects
-            from retrieval.index.milvus_collection import MilvusError, MilvusPlace
+            from retrieval.index.milvus.milvus_collection import MilvusError, MilvusPlace
 
             try:
                 MilvusPlace.checked(self.milvus, self.collection)

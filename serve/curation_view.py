@@ -15,15 +15,11 @@ from PIL import Image
 from retrieval.analysis.neighbour_pictures import duplicates_picture, suspects_picture
 from retrieval.data.decode import read_image
 from retrieval.errors import ParameterError
-from retrieval.index.audit import audit_index
-from retrieval.index.duplicates import (
-    Calibration,
-    advice,
-    calibrate_on_index,
-    find_duplicates,
-    picture_background,
-)
-from retrieval.index.neighbour_graph import NeighbourGraph, index_graph
+from retrieval.index.curation.audit import audit_index
+from retrieval.index.curation.catalogued_images import picture_background
+from retrieval.index.curation.duplicates import advice, find_duplicates
+from retrieval.index.curation.duplicates_threshold import Calibration, calibrate_on_index
+from retrieval.index.curation.neighbour_graph import NeighbourGraph, index_graph
 from retrieval.serve.service import SearchService, ServedIndex
 
 APP_MAX_IMAGES = 20_000  # images searched: about 30 s on 2 cores at 1M vectors (docs/BENCHMARKS.md)

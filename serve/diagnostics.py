@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from retrieval.index.catalogue import CatalogueQueries
-from retrieval.index.faiss_measure import drop_self
+from retrieval.index.catalogue_reader import CatalogueQueries
+from retrieval.index.faiss_backend.faiss_measure import drop_self
 from retrieval.index.search import Index
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from retrieval.index.faiss_search import NoStoredVectors
+from retrieval.index.faiss_backend.faiss_search import NoStoredVectors
 
 MAX_PER_LABEL = 1000  # vectors read per label at most: the mean of a thousand is as telling as of a million
 

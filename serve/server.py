@@ -15,7 +15,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from starlette.routing import Mount
 from starlette.types import Scope
 
-from retrieval.index.milvus_collection import MilvusPlace
+from retrieval.index.milvus.milvus_collection import MilvusPlace
 from retrieval.index.query_embedder import load_model
 from retrieval.serve.admission import LengthRequired
 from retrieval.serve.api import create_api
@@ -24,7 +24,7 @@ from retrieval.serve.config import ServerConfig
 from retrieval.serve.defaults import PUBLIC_PATHS
 from retrieval.serve.exposure import ConfigError, check_exposure
 from retrieval.serve.observability import configure_logging, outermost
-from retrieval.serve.report_view import load_report
+from retrieval.serve.report_files import load_report
 from retrieval.serve.routes import leaf_routes
 from retrieval.serve.security import (
     AllowedHosts,
@@ -72,6 +72,7 @@ def build_app(config: ServerConfig, service: SearchService | None = None) -> tup
         reload_interval_s=config.reload_interval_s,
         gallery_root=config.gallery_root,
         milvus=MilvusPlace.checked(config.milvus, config.collection) if config.milvus else None,
+        text_model=config.text_model,
     )
     app = create_api(service, concurrency=config.concurrency, max_queue=config.max_queue, observe=config.observe)
     # The token covers every route of the API app (the JSON API, its OpenAPI document, /docs and its assets) but
@@ -158,10 +159,16 @@ def gradio_login_check(app: FastAPI) -> Callable[[Scope], bool]:
 def serve(config: ServerConfig) -> None:
     """Block serving until interrupted (Ctrl-C)."""
     app, service = build_app(config)
+    described = service.describe()
+    text = described["text_model"]
+    text_line = (f"text search on: text model {text['text_model_path']} (text_model_hash {text['text_model_hash']})"
+                 if text is not None else "text search off: " + (described.get("text_model_problem") or
+                                                                 "no text model (--text-model TEXT.onnx, or "
+                                                                 "`retrieval index text`)"))
     print(
-        f"serving {service.describe()['vectors']} images from "
+        f"serving {described['vectors']} images from "
         f"{service.milvus if service.milvus is not None else config.index_dir}: UI and API on "
-        f"http://{config.host}:{config.port}/ (API docs at /docs)\n{config.access_summary()}",
+        f"http://{config.host}:{config.port}/ (API docs at /docs)\n{config.access_summary()}\n{text_line}",
         flush=True,
     )
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again: as SystemExit, so that the

@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from retrieval.serve.report_view import METRIC_UNIT, markdown_text, percent
+from retrieval.serve.page_text import METRIC_UNIT, markdown_text, percent
 from retrieval.utils.sizes import size_text
 
 COUNT_LABELS = {  # the catalogue's statuses, as a reader names them

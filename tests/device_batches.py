@@ -6,9 +6,10 @@ from retrieval.data import device_decode
 from retrieval.data.augment import resolve_augmentation
 from retrieval.data.dataset import CatchBadSamples, ImageDataset, collate_dropping_bad
 from retrieval.data.device_decode import DeviceAugment, EncodedImages, collate_encoded
+from retrieval.data.preprocessing import ModelPreprocessing
 from retrieval.data.transforms import build_transforms
 
-CONFIG = {"input_size": 64, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225], "background": "white"}
+CONFIG = ModelPreprocessing(input_size=64, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), background="white")
 
 
 def both_pipelines(samples, augmentation="crop-flip", seeds=None, group_pixels=device_decode.GROUP_PIXELS,

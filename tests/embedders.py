@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from retrieval.data.preprocessing import ModelPreprocessing
+
 SIZE = 16  # the embedders' input size: images are preprocessed to SIZE x SIZE
 
 
@@ -18,7 +20,7 @@ class FakeEmbedder:
     def __init__(self, dim: int = 24, seed: int = 0, normalized: bool = True) -> None:
         self.embedding_dim = dim
         self.normalized = normalized
-        self.model_config = {"input_size": SIZE, "mean": (0.5, 0.5, 0.5), "std": (0.25, 0.25, 0.25)}
+        self.preprocessing = ModelPreprocessing(input_size=SIZE, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
         self.model_hash = hashlib.sha256(f"fake-{dim}-{seed}".encode()).hexdigest()[:16]
         self.metadata = {"model_hash": self.model_hash}
         self.projection = (
@@ -38,7 +40,7 @@ class FakeEmbedder:
             return self.embed_batch(images)
         from retrieval.data import build_transforms, open_image
 
-        tf = build_transforms(self.model_config, train=False)
+        tf = build_transforms(self.preprocessing, train=False)
         pil = [open_image(i) if isinstance(i, (str, Path)) else i for i in images]
         return self.embed_batch(np.stack([tf(p).numpy() for p in pil]))
 
@@ -118,7 +120,7 @@ def write_projection_onnx(path: Path, dim: int = 24, seed: int = 0, convs: int =
     extra = {"compatible_with": json.dumps(list(compatible_with))} if compatible_with else {}
     if compatible is not None:
         extra |= {COMPATIBLE_OUTPUT_KEY: COMPATIBLE_OUTPUT_NAME, COMPATIBLE_DIM_KEY: str(compatible[0])}
-    for key, value in build_metadata(config, name, None, extra=extra).items():
+    for key, value in build_metadata(ModelPreprocessing.from_config(config), config, name, None, extra=extra).items():
         model.metadata_props.add(key=key, value=value)
     onnx.save(model, str(path))
     return path

@@ -17,7 +17,7 @@ from embedders import FakeEmbedder
 
 from retrieval.index import Catalogue, Index, IngestOptions
 from retrieval.index.catalogue import Outcome
-from retrieval.index.faiss_params import index_ids
+from retrieval.index.faiss_backend.faiss_params import index_ids
 from retrieval.index.layout import IndexLayout
 from retrieval.index.shards import ShardStore
 from retrieval.index.sources import GalleryItem
@@ -128,7 +128,7 @@ def pause_build_at(point: str) -> None:
 def run_cli_with_fake(args: list[str]) -> None:
     """Entry point of the subprocess used by the kill tests: the real CLI with the fake model (and the pause
     point named by ``PAUSE_ENV``, if any)."""
-    import retrieval.index.writer as writer
+    import retrieval.index.writing.writer as writer
     from retrieval.cli.index import index_group
 
     writer.load_model = lambda path, providers="auto": FakeEmbedder()
@@ -151,3 +151,13 @@ def run_fake_cli(args: list[str], env: dict[str, str] | None = None) -> subproce
 
 if __name__ == "__main__":
     run_cli_with_fake(sys.argv[1:])
+
+
+WRITER_MODULES = ("retrieval.index.writing.writer", "retrieval.index.writing.records", "retrieval.index.writing.repair")
+
+
+def load_models_as(monkeypatch, loader) -> None:
+    """Every index writer gets ``loader(path, ...)``'s embedder where it would load an ONNX file (a build loads the
+    given model, an add or repair the recorded one: each in its own module)."""
+    for module in WRITER_MODULES:
+        monkeypatch.setattr(f"{module}.load_model", loader)

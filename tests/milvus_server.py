@@ -13,7 +13,7 @@ from pathlib import Path
 
 from serve_fixtures import free_port
 
-from retrieval.index.milvus_collection import MilvusPlace, connect
+from retrieval.index.milvus.milvus_collection import MilvusPlace, connect
 
 
 class LiteServer:

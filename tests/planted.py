@@ -1,6 +1,6 @@
 """Galleries for the near-duplicate and label-audit tests: sklearn's digits as PNGs in one folder per class, copies of
-some planted beside them (``retrieval.index.duplicates.plant_copies``: resized, re-encoded, recoloured), labels
-flipped by moving files into another class's folder, and the tiny ONNX model that embeds them."""
+some planted beside them (``retrieval.index.curation.duplicates_threshold.plant_copies``: resized, re-encoded,
+recoloured), labels flipped by moving files into another class's folder, and the tiny ONNX model that embeds them."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def plant(sources: list[Path], kinds: tuple[str, ...] = PIXEL_KINDS,
           folder: Path | None = None) -> dict[Path, list[Path]]:
     """Copies of each source (``plant_copies``) saved beside it, or in ``folder`` keeping its class folder: the JPEG
     copy as a .jpg (its re-encoding kept), the others as PNG. source -> its copies."""
-    from retrieval.index.duplicates import plant_copies
+    from retrieval.index.curation.duplicates_threshold import plant_copies
 
     planted = {}
     for n, source in enumerate(sources):

@@ -325,8 +325,8 @@ def served_by(backend: str, artifacts: ServeArtifacts, tmp_path_factory) -> Iter
     milvus = None
     if backend == "milvus":
         pytest.importorskip("milvus_lite")
-        from retrieval.index.milvus_collection import MilvusPlace
-        from retrieval.index.milvus_push import push_index
+        from retrieval.index.milvus.milvus_collection import MilvusPlace
+        from retrieval.index.milvus.milvus_push import push_index
 
         milvus = MilvusPlace.checked(str(tmp_path_factory.mktemp("milvus") / "gallery.db"), "gallery")
         push_index(artifacts.index_dir, milvus, index_type="FLAT", progress=False)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import sys
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -78,12 +79,11 @@ def build_model(cfg: TrainConfig) -> tuple[Embedder, int]:
         cfg.backbone, cfg.embedding_dim, pretrained=cfg.pretrained, normalize=cfg.use_normalize,
         freeze_bn=cfg.freeze_bn, weights=cfg.weights,
     )
-    native_size = model.config["input_size"]
-    if cfg.image_size:
-        model.config["input_size"] = int(cfg.image_size)
-    model.config["background"] = list(parse_background(cfg.background))
-    model.config["resize"] = cfg.resize
-    return model, native_size
+    native = model.preprocessing
+    chosen = replace(native, input_size=int(cfg.image_size or native.input_size),
+                     background=parse_background(cfg.background), resize=cfg.resize)
+    model.config.update(chosen.to_config())  # the config is what the checkpoint and the export write
+    return model, native.input_size
 
 
 def build_parts(cfg: TrainConfig, *, ctx: DistContext, model: Embedder, data: TrainData, robust: RobustFineTuning,
@@ -152,7 +152,7 @@ def compatible_old_model(cfg: TrainConfig, model: Embedder, device: torch.device
 
     # rebuilding the old model draws initial weights it then replaces: the run's random stream stays untouched
     with parameters_named(path="compatible_with"), torch.random.fork_rng(devices=[]):
-        old = OldModel(cfg.compatible_with, model.config, features=cfg.freeze_backbone, device=device)
+        old = OldModel(cfg.compatible_with, model.preprocessing, features=cfg.freeze_backbone, device=device)
     if old.embedding_dim != cfg.embedding_dim:
         model.add_compatible(old.embedding_dim, seed=cfg.seed)
         if announce:

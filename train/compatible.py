@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch.nn import functional
 
+from retrieval.data.preprocessing import ModelPreprocessing
 from retrieval.errors import ParameterError
 from retrieval.losses.compatible import CompatibilityInfluence
 
@@ -28,13 +29,14 @@ INFLUENCE_FALLBACK = "ms"  # the influence's pair loss when the training loss ha
 class OldModel(nn.Module):
     """Embeds a batch with the frozen old model: ``forward(inputs)`` -> float32 [B, d_old], no gradient."""
 
-    def __init__(self, path: str | Path, new_config: Mapping[str, Any], features: bool = False,
+    def __init__(self, path: str | Path, new: ModelPreprocessing, features: bool = False,
                  device: torch.device | str = "cpu") -> None:
+        """``new``: the new model's preprocessing, which the batches are normalised with."""
         super().__init__()
         self.path = Path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"the old model {self.path} does not exist (a checkpoint .pt or an .onnx file)")
-        self.new_config, self.features = dict(new_config), features
+        self.new, self.features = new, features
         self.onnx = None
         if self.path.suffix == ".onnx":
             if features:
@@ -43,7 +45,7 @@ class OldModel(nn.Module):
             from retrieval.onnx_runtime import OnnxEmbedder
 
             self.onnx = OnnxEmbedder(self.path, providers="cpu")
-            self.config = dict(self.onnx.model_config)
+            self.preprocessing = self.onnx.preprocessing
             self.hashes = sorted({self.onnx.model_hash, self.onnx.source_model_hash})
             return
         from retrieval.models.embedder import load_embedder
@@ -52,11 +54,11 @@ class OldModel(nn.Module):
         self.model = load_embedder(self.path).to(device).eval()
         for parameter in self.model.parameters():
             parameter.requires_grad_(False)
-        self.config = dict(self.model.config)
+        self.preprocessing = self.model.preprocessing
         self.hashes = [embedder_model_hash(self.model)]
-        if features and (self.config.get("backbone") != self.new_config.get("backbone")):
-            raise ParameterError("path", f"was trained on backbone {self.config.get('backbone')}, this run's frozen "
-                                         f"backbone is {self.new_config.get('backbone')}: with --freeze-backbone the "
+        if features and self.preprocessing.backbone != new.backbone:
+            raise ParameterError("path", f"was trained on backbone {self.preprocessing.backbone}, this run's frozen "
+                                         f"backbone is {new.backbone}: with --freeze-backbone the "
                                          "old model's head must read the same cached features")
 
     @property
@@ -67,7 +69,7 @@ class OldModel(nn.Module):
 
     @property
     def embedding_dim(self) -> int:
-        return int(self.config["embedding_dim"])
+        return int(self.preprocessing.embedding_dim)  # type: ignore[arg-type]  (a model's files record it)
 
     def train(self, mode: bool = True) -> OldModel:
         return super().train(False)  # frozen: BatchNorm and dropout stay in eval mode
@@ -83,20 +85,18 @@ class OldModel(nn.Module):
 
     def _as_old_input(self, inputs: torch.Tensor) -> torch.Tensor:
         """The new model's normalised batch as the old model's input (size and normalisation)."""
-        new, old = self.new_config, self.config
-        same = all(list(np.ravel(new.get(k))) == list(np.ravel(old.get(k))) for k in ("mean", "std")) and \
-            int(new["input_size"]) == int(old["input_size"])
-        if same:
+        new, old = self.new, self.preprocessing
+        if (new.mean, new.std, new.input_size) == (old.mean, old.std, old.input_size):
             return inputs
         shape = (1, 3, 1, 1)
-        pixels = inputs * torch.tensor(new["std"], device=inputs.device).view(shape) + \
-            torch.tensor(new["mean"], device=inputs.device).view(shape)
-        size = int(old["input_size"])
+        pixels = inputs * torch.tensor(new.std, device=inputs.device).view(shape) + \
+            torch.tensor(new.mean, device=inputs.device).view(shape)
+        size = old.input_size
         if pixels.shape[-1] != size:
             pixels = functional.interpolate(pixels, size=(size, size), mode="bilinear", antialias=True,
                                             align_corners=False)
-        return (pixels - torch.tensor(old["mean"], device=inputs.device).view(shape)) / \
-            torch.tensor(old["std"], device=inputs.device).view(shape)
+        return (pixels - torch.tensor(old.mean, device=inputs.device).view(shape)) / \
+            torch.tensor(old.std, device=inputs.device).view(shape)
 
 
 def build_influence(loss_name: str, loss_kwargs: Mapping[str, Any], weight: float, device: torch.device | str

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 from torch.utils.data import Dataset
 
 from retrieval.data import ImageDataset, asymmetric_transitions, build_transforms, inject_label_noise, load_dataset
+from retrieval.data.preprocessing import ModelPreprocessing
 from retrieval.errors import parameters_named
 from retrieval.metrics.evaluation import EvalSets, load_eval_sets, load_extra_set, present_class_names, seeded_subset
 from retrieval.train.config import DEFAULT_VAL_FRACTION, DEFAULT_VAL_MIN_CLASSES, TrainConfig
@@ -20,10 +20,10 @@ OWN_IMAGES = ("folder",)  # --labels none reads its --data as images only, at an
 UNLABELLED_EVAL_IMAGES = 2000  # without labels, the label-free figures are measured on this many of the images
 
 
-def load_train_data(cfg: TrainConfig, model_config: dict[str, Any], train_transform: Callable) -> TrainData:
+def load_train_data(cfg: TrainConfig, preprocessing: ModelPreprocessing, train_transform: Callable) -> TrainData:
     """The train split (less any --val-fraction of its classes, with any --label-noise injected), the evaluation
     split, the validation classes and the --eval-extra sets, as the model wants them."""
-    eval_tf = build_transforms(model_config, train=False)
+    eval_tf = build_transforms(preprocessing, train=False)
     if cfg.labels == "none":
         return load_unlabelled_data(cfg, eval_tf, train_transform)
     train_set = load_dataset(cfg.dataset, cfg.data, split="train", transform=train_transform, **cfg.dataset_kwargs)

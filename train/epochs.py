@@ -16,12 +16,12 @@ import numpy as np
 import torch
 
 from retrieval.data import BadImageLog
-from retrieval.losses.reads import deferred_checks, known_on_host, read_checks, read_numbers, stat_tensors, to_device
 from retrieval.train.checkpointing import Checkpointer
 from retrieval.train.config import TrainConfig
 from retrieval.train.state import READ_BACK_SECONDS, EpochProgress, RunRecord, StepValues, TrainParts, WaitTimer
 from retrieval.train.tracking import Tracking
 from retrieval.utils.progress import progress_bar
+from retrieval.utils.reads import deferred_checks, known_on_host, read_checks, read_numbers, stat_tensors, to_device
 
 
 class TrainingDiverged(RuntimeError):

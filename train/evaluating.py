@@ -7,6 +7,7 @@ Every rank embeds its part of a split; metrics are computed on rank 0 and shared
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,7 @@ class Evaluator:
         self.last_sample = None  # and the model's, at its last evaluation
         self._reference: dict[str, Any] = {}  # extra set -> the pretrained backbone's features of its test part
         # the backbone's own resolution, where the reference embeds
-        self.native_size = int(native_size or parts.model.config["input_size"])
+        self.native_size = int(native_size or parts.model.preprocessing.input_size)
 
     @property
     def main(self) -> bool:
@@ -256,12 +257,12 @@ class Evaluator:
 
     def _extract_reference(self, extra):
         cfg, run = self.cfg, self.embedding
-        native = {**self.parts.model.config, "input_size": self.native_size}
+        native = replace(self.parts.model.preprocessing, input_size=self.native_size)
         dataset = copy.copy(extra.test)
         dataset.transform = build_transforms(native, train=False)
         key = {"reference": extra.source, "part": "test", "limit": cfg.eval_extra_limit, "backbone": cfg.backbone,
                "pretrained": cfg.pretrained, "weights": cfg.weights, "input_size": self.native_size,
-               "background": native["background"], "amp": run.amp, "images": len(dataset)}
+               "background": list(native.background), "amp": run.amp, "images": len(dataset)}
         return cached_features(self.parts.model.backbone, dataset, key, cfg.feature_cache, run.device,
                                run.batch_size, run.workers, run.amp, f"reference {extra.name}", run.bad_images,
                                run.progress)

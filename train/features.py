@@ -26,7 +26,8 @@ from retrieval.data import BadImageLog, BadSample, WithSampleSeeds, build_transf
 from retrieval.data.augment import Augmentation
 from retrieval.data.colour import DEFAULT_BACKGROUND
 from retrieval.data.device_decode import DeviceAugment, EncodedImages, collate_encoded, decoded_batches
-from retrieval.data.resize_modes import CROP, resize_mode
+from retrieval.data.preprocessing import ModelPreprocessing
+from retrieval.data.resize_modes import CROP
 from retrieval.data.transforms import ScaleAndNormalise
 from retrieval.distributed import embed_sharded, every_rank, rank_and_world
 from retrieval.inference import Embedded, embed_samples, make_loader
@@ -123,10 +124,11 @@ class CachedFeatures:
             p.requires_grad_(False)
 
     @staticmethod
-    def train_transform(model_config: dict, augmentation: Augmentation, device: torch.device | None = None):
+    def train_transform(preprocessing: ModelPreprocessing, augmentation: Augmentation,
+                        device: torch.device | None = None):
         """The features are cached once, so the train images are not augmented (``augmentation`` is unused:
         ``TrainConfig.validate`` refuses one that would augment; ``device`` is unused too)."""
-        return build_transforms(model_config, train=False)
+        return build_transforms(preprocessing, train=False)
 
     @classmethod
     def build(cls, cfg: TrainConfig, model: Embedder, train_set: Dataset, labels: np.ndarray, eval_sets: EvalSets,
@@ -231,7 +233,7 @@ class ImagePipeline:
     """Fine-tuning: augmented train images through the whole model; the evaluation split embedded image by image."""
 
     def __init__(self, cfg: TrainConfig, train_set: Dataset, eval_sets: EvalSets, embedding: Embedding,
-                 model_config: dict, val_set: Dataset | None = None) -> None:
+                 preprocessing: ModelPreprocessing, val_set: Dataset | None = None) -> None:
         self._eval_indices: tuple[np.ndarray, np.ndarray | None] = (np.zeros(0, np.int64), None)
         self.cfg = cfg
         self.train_set = train_set
@@ -242,27 +244,28 @@ class ImagePipeline:
         self.on_arrival: ScaleAndNormalise | None = None  # the workers hand over uint8 pixels (train_transform)
         self._train_loader: DataLoader | None = None
         if cfg.decode_on == "workers" and normalises_on_arrival(embedding.device):
-            self.on_arrival = ScaleAndNormalise(model_config, embedding.device)
+            self.on_arrival = ScaleAndNormalise(preprocessing, embedding.device)
         if cfg.decode_on == "device":
             augmentation = cfg.augmentation()
-            self.on_device = DeviceAugment(model_config, augmentation, embedding.device, dataset=train_set)
-            self.encoded = EncodedImages(train_set, model_config, augmentation)
+            self.on_device = DeviceAugment(preprocessing, augmentation, embedding.device, dataset=train_set)
+            self.encoded = EncodedImages(train_set, preprocessing, augmentation)
 
     @staticmethod
     def prepare_model(model: Embedder) -> None:
         """Every part of the model trains."""
 
     @staticmethod
-    def train_transform(model_config: dict, augmentation: Augmentation, device: torch.device | None = None):
+    def train_transform(preprocessing: ModelPreprocessing, augmentation: Augmentation,
+                        device: torch.device | None = None):
         """The augmenting train pipeline; uint8 pixels where the ``device`` scales and normalises them."""
-        return build_transforms(model_config, train=True, augmentation=augmentation,
+        return build_transforms(preprocessing, train=True, augmentation=augmentation,
                                 normalise=not normalises_on_arrival(device))
 
     @classmethod
     def build(cls, cfg: TrainConfig, model: Embedder, train_set: Dataset, labels: np.ndarray, eval_sets: EvalSets,
               embedding: Embedding, val_set: Dataset | None = None) -> ImagePipeline:
         """The images are read batch by batch (``labels`` are the train set's own)."""
-        return cls(cfg, train_set, eval_sets, embedding, model.config, val_set)
+        return cls(cfg, train_set, eval_sets, embedding, model.preprocessing, val_set)
 
     def train_mode(self, model: Embedder) -> None:
         model.train()
@@ -284,7 +287,7 @@ class ImagePipeline:
                 if self.on_arrival is not None and inputs is not None:
                     if inputs.dtype != torch.uint8:  # normalised twice otherwise
                         raise TypeError(f"the train images arrive as {inputs.dtype}, not uint8 pixels: build the "
-                                        "train set's transform with ImagePipeline.train_transform(config, "
+                                        "train set's transform with ImagePipeline.train_transform(preprocessing, "
                                         "augmentation, device)")
                     inputs = self.on_arrival(inputs.to(run.device, non_blocking=True))
                 yield inputs, batch.labels, len(batch.bad)
@@ -340,7 +343,7 @@ class ImagePipeline:
     def train_embeddings(self, model: Embedder) -> tuple[np.ndarray, np.ndarray]:
         run = self.embedding
         plain = copy.copy(self.train_set)  # the run's train images (less any validation classes), unaugmented
-        plain.transform = build_transforms(model.config, train=False)
+        plain.transform = build_transforms(model.preprocessing, train=False)
         embedded = embed_samples(model, plain, run.batch_size, run.device, run.workers, run.amp, desc="embed train",
                                  progress=run.progress, bad_images=run.bad_images)
         return embedded.embeddings, embedded.indices
@@ -360,9 +363,10 @@ def dataset_key(cfg: TrainConfig, model: Embedder, split: str, held_out: list[st
                 unlabelled: bool = False) -> dict:
     """What the backbone features of ``split`` depend on: the cache key; ``held_out``: the train classes the
     validation split took (train and val only); ``unlabelled``: the train images as --labels none reads them."""
+    preprocessing = model.preprocessing
     return {
         "backbone": cfg.backbone, "pretrained": cfg.pretrained, "weights": cfg.weights,
-        "input_size": model.config["input_size"], "dataset": cfg.dataset,
+        "input_size": preprocessing.input_size, "dataset": cfg.dataset,
         "data": str(Path(cfg.data).resolve()) if cfg.data else None, "dataset_kwargs": cfg.dataset_kwargs,
         "split": split, "eval_limit": cfg.eval_limit if split not in ("train", "val") else None,
         # features do not depend on the seed, only the seeded --eval-limit subset does: seeds share a cache
@@ -370,13 +374,13 @@ def dataset_key(cfg: TrainConfig, model: Embedder, split: str, held_out: list[st
         # fp16 features differ
         "amp": bool(cfg.amp not in (False, "off") and torch.cuda.is_available() and cfg.device != "cpu"),
         # only transparent images depend on it; keys made before it was recorded stay valid for the default
-        **({"background": model.config["background"]}
-           if model.config["background"] != list(DEFAULT_BACKGROUND) else {}),
+        **({"background": list(preprocessing.background)}
+           if preprocessing.background != DEFAULT_BACKGROUND else {}),
         # only where a validation split was carved: the keys of runs without one stay valid
         **({"held_out": held_out} if held_out is not None else {}),
         **({"labels": "none"} if unlabelled else {}),
         # a letterboxing model's features are of other pixels; cropping keys stay valid
-        **({"resize": resize_mode(model.config)} if resize_mode(model.config) != CROP else {}),
+        **({"resize": preprocessing.resize_mode} if preprocessing.resize_mode != CROP else {}),
     }
 
 

@@ -15,12 +15,12 @@ from torch.utils.data import Dataset
 
 from retrieval.data import ClassBalancedBatchSampler
 from retrieval.distributed import GlobalBatchObjective
-from retrieval.losses.reads import Stat
 from retrieval.metrics.evaluation import EvalSets, ExtraSet
 from retrieval.models import Embedder
 from retrieval.train.distributed import DataParallelStep
 from retrieval.train.features import FeatureSource
 from retrieval.train.robust import RobustFineTuning
+from retrieval.utils.reads import Stat
 
 
 @dataclass

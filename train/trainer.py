@@ -90,8 +90,9 @@ class Trainer(EpochLoop):
         model.to(self.device)
         old_model = compatible_old_model(cfg, model, self.device, announce=self.main)
         robust = RobustFineTuning.build(cfg, model).to(self.device)
-        train_transform = source.train_transform(model.config, cfg.augmentation(), self.device)
-        self.data = data = load_train_data(cfg, model.config, train_transform)
+        preprocessing = model.preprocessing
+        train_transform = source.train_transform(preprocessing, cfg.augmentation(), self.device)
+        self.data = data = load_train_data(cfg, preprocessing, train_transform)
         embedding = Embedding(self.device, cfg.eval_batch_size, self.workers, self.amp, self.progress, self.bad_images)
         self.parts = build_parts(cfg, ctx=self.ctx, model=model, data=data, robust=robust, source=source,
                                  embedding=embedding, amp_dtype=self.amp_dtype, old_model=old_model)

@@ -1,7 +1,8 @@
 """Pictures of what the neighbour graph found: near-duplicate groups (a row per group, the image kept first) and
 label suspects (a row per suspect: the image, then its nearest neighbours, framed by whether their label is the one
-suggested). Plain functions over the JSON summaries of ``retrieval.index.duplicates`` and ``retrieval.index.audit``;
-the caller gives ``load(key)`` (an image id, or a path in a folder) -> PIL image or None when unreadable."""
+suggested). Plain functions over the JSON summaries of ``retrieval.index.curation.duplicates`` and
+``retrieval.index.curation.audit``; the caller gives ``load(key)`` (an image id, or a path in a folder) -> PIL image or
+None when unreadable."""
 
 from __future__ import annotations
 

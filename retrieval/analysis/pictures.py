@@ -24,7 +24,7 @@ MAP_MAX_POINTS = 2000
 MAP_MAX_CLASSES = 20  # colours a reader can tell apart; more classes: a seeded sample of them is drawn
 MAP_METHODS = ("auto", "umap", "tsne")
 # the PNG text chunk in which the map records what it shows (JSON: classes drawn and in all, images drawn and in
-# all, method, seed), so that a page showing the picture can say so in words (serve.report_view.embedding_map_note)
+# all, method, seed), so that a page showing the picture can say so in words (serve.report_summary.embedding_map_note)
 MAP_METADATA_KEY = "retrieval-map"
 
 

@@ -24,6 +24,7 @@ _SOURCES = {
     "decode": ("open_image",),
     "emoji": ("prepare_emoji",),
     "noise": ("FASHION_MNIST_ASYMMETRIC", "asymmetric_transitions", "inject_label_noise"),
+    "preprocessing": ("ModelPreprocessing",),
     "sampler": ("ClassBalancedBatchSampler", "DistributedClassBalancedBatchSampler", "WithSampleSeeds"),
     "transforms": ("build_transforms", "preprocess_eval"),
 }

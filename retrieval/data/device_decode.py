@@ -29,7 +29,7 @@ import os
 import queue
 import threading
 import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,10 +46,11 @@ from retrieval.data.colour import has_alpha
 from retrieval.data.dataset import BadSample, LoadedBatch, array_to_image, sample_seeded, sample_source
 from retrieval.data.decode import DEFAULT_MAX_PIXELS, open_regular_file, read_image
 from retrieval.data.decode_memory import MAX_ASPECT, MIN_SHORT_SIDE
-from retrieval.data.eval_preprocess import CROP, RESIZE_RATIO, input_size, letterboxed_size, resize_mode
+from retrieval.data.eval_preprocess import CROP, letterboxed_size
 from retrieval.data.exif_icc import orientation
+from retrieval.data.preprocessing import RESIZE_RATIO, ModelPreprocessing, resized_size
 from retrieval.data.transforms import PAD_SCALE, ScaleAndNormalise, background_of, colour_steps
-from retrieval.losses.reads import to_device
+from retrieval.utils.reads import to_device
 
 # pixels decoded on the device at once: bounds the decoder's output memory (3 bytes a pixel) whatever the batch holds
 GROUP_PIXELS = 64_000_000
@@ -107,17 +108,10 @@ def _unpack_batch(packed: torch.Tensor, layout: list[tuple[Any, ...]], labels: t
     return EncodedBatch(images, labels, indices)
 
 
-def resized_size(height: int, width: int, short: int) -> tuple[int, int]:
-    """(height, width) after torchvision's Resize(short): the short side becomes ``short``, the long one scales."""
-    if height <= width:
-        return short, int(short * width / height)
-    return int(short * height / width), short
-
-
 def draw_box(height: int, width: int, size: int, augmentation: Augmentation) -> tuple[tuple[int, int, int, int], bool]:
     """The crop box (top, left, height, width) in an image of ``height`` x ``width`` and the flip, drawn from torch's
     RNG as ``build_transforms`` draws them: on the image resized to ``RESIZE_RATIO`` x ``size``, then mapped back."""
-    rh, rw = resized_size(height, width, int(size * RESIZE_RATIO))
+    rw, rh = resized_size(width, height, int(size * RESIZE_RATIO))  # (width, height): PIL's order
     shape = torch.zeros(()).expand(1, rh, rw)  # only its shape is read
     if augmentation.random_crop:
         top, left, h, w = v1.RandomResizedCrop.get_params(shape, list(augmentation.crop_scale),
@@ -189,14 +183,14 @@ class EncodedImages(Dataset):
 
     same_indices = True  # item i is ``dataset``'s item i (``sample_source`` names its file)
 
-    def __init__(self, dataset: Dataset, model_config: Mapping[str, Any], augmentation: Augmentation,
+    def __init__(self, dataset: Dataset, preprocessing: ModelPreprocessing, augmentation: Augmentation,
                  max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
         self.dataset = dataset
-        self.size = input_size(model_config)
-        self.background = background_of(model_config)
+        self.size = preprocessing.input_size
+        self.background = background_of(preprocessing)
         self.augmentation = augmentation
         self.max_pixels = max_pixels
-        self.draw = draw_box if resize_mode(model_config) == CROP else draw_placement
+        self.draw = draw_box if preprocessing.resize_mode == CROP else draw_placement
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -257,17 +251,17 @@ class DeviceAugment:
     """Decode (JPEG on the device), crop (or letterbox), resize, flip, colour-augment and normalise a batch on
     ``device``."""
 
-    def __init__(self, model_config: Mapping[str, Any], augmentation: Augmentation, device: torch.device | str,
+    def __init__(self, preprocessing: ModelPreprocessing, augmentation: Augmentation, device: torch.device | str,
                  dataset: Dataset | None = None, group_pixels: int = GROUP_PIXELS) -> None:
-        self.letterbox = resize_mode(model_config) != CROP  # the boxes are placements (draw_placement)
+        self.letterbox = preprocessing.resize_mode != CROP  # the boxes are placements (draw_placement)
         # the canvas colour [1, 3, 1, 1], as the CPU pipeline's Letterbox fills it
-        self.canvas = torch.tensor(background_of(model_config).background, dtype=torch.float32).view(1, 3, 1, 1)
+        self.canvas = torch.tensor(preprocessing.background, dtype=torch.float32).view(1, 3, 1, 1)
         self.device = torch.device(device)
         self.dataset = dataset  # names the files that fail to decode
-        self.size = input_size(model_config)
-        self.normalise = ScaleAndNormalise(model_config, self.device)
+        self.size = preprocessing.input_size
+        self.normalise = ScaleAndNormalise(preprocessing, self.device)
         self.group_pixels = group_pixels
-        colour = colour_steps(model_config, augmentation)
+        colour = colour_steps(preprocessing, augmentation)
         self.colour = v2.Compose(colour) if colour else None
 
     def decode(self, images: Sequence[EncodedImage]) -> list[torch.Tensor | str]:

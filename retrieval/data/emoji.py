@@ -290,8 +290,9 @@ def prepare_emoji(
 ) -> dict[str, Any]:
     """Render the emoji data set into ``out`` and return its info (also written to ``out/info.json``).
 
-    Layout: ``out/{train,test}/<sequence>/{noto,openmoji}.png``, ``out/manifest.csv`` (path, label, split and the
-    sequence's Unicode group and subgroup, ``emoji_groups``; empty where the table has none),
+    Layout: ``out/{train,test}/<sequence>/{noto,openmoji}.png``, ``out/manifest.csv`` (path, label, split, the
+    sequence's Unicode group and subgroup, ``emoji_groups``, and its Unicode name in lower case, ``emoji_name``;
+    empty where the table has none),
     ``out/info.json``, ``out/README.md``. ``limit`` renders only the first ``limit`` candidates
     (quick looks and tests).
     """
@@ -335,12 +336,13 @@ def prepare_emoji(
             folder = partial / split / sequence
             folder.mkdir(parents=True)
             group, subgroup = group_of(sequence) or ("", "")
+            name = (emoji_name(sequence) or "").lower()  # a caption for the text tower (docs/TEXT.md)
             for style, image in rendered[sequence].items():
                 image.save(folder / f"{style}.png", optimize=False)
-                rows.append((f"{split}/{sequence}/{style}.png", sequence, split, group, subgroup))
+                rows.append((f"{split}/{sequence}/{style}.png", sequence, split, group, subgroup, name))
     with open(partial / "manifest.csv", "w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["path", "label", "split", "group", "subgroup"])
+        writer.writerow(["path", "label", "split", "group", "subgroup", "name"])
         writer.writerows(rows)
 
     info = {

@@ -17,64 +17,32 @@ spend seconds importing torch and torchvision.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 import numpy as np
 from PIL import Image
 
-from retrieval.data.colour import DEFAULT_BACKGROUND, flatten_alpha, parse_background
-from retrieval.data.resize_modes import CROP, PAD, RESIZE_MODES, resize_mode
+from retrieval.data.colour import flatten_alpha
+from retrieval.data.preprocessing import RESIZE_RATIO, ModelPreprocessing, resized_size
+from retrieval.data.resize_modes import CROP, PAD, RESIZE_MODES
 
-RESIZE_RATIO = 1.14  # resize to 1.14 x crop size, then crop (the usual 256 -> 224)
-__all__ = ["CROP", "PAD", "RESIZE_MODES", "RESIZE_RATIO", "EvalPreprocess", "input_size", "letterboxed_size",
-           "mean_and_std", "resize_mode", "resized_size"]
+__all__ = ["CROP", "PAD", "RESIZE_MODES", "RESIZE_RATIO", "EvalPreprocess", "letterboxed_size", "resized_size"]
+
+
 def letterboxed_size(width: int, height: int, side: int) -> tuple[int, int]:
     """(width, height) with the long side at ``side`` and the short one scaled (rounded, at least 1 pixel)."""
     scale = side / max(width, height)
     return max(1, min(side, round(width * scale))), max(1, min(side, round(height * scale)))
 
 
-def input_size(model_config: Mapping[str, Any]) -> int:
-    """The square input side S of a model config (an int, or timm's (3, S, S))."""
-    size = model_config.get("input_size")
-    if isinstance(size, (tuple, list)):  # timm style (3, H, W)
-        if len(size) != 3 or size[1] != size[2]:
-            raise ValueError(f"input_size must be an int or a square (3, S, S), got {size}")
-        size = size[-1]
-    if not isinstance(size, int) or size < 1:
-        raise ValueError(f"model_config['input_size'] must be a positive int, got {size!r}")
-    return size
-
-
-def mean_and_std(model_config: Mapping[str, Any]) -> tuple[list[float], list[float]]:
-    """The per-channel normalisation of a model config, checked: 3 means and 3 non-zero deviations."""
-    mean, std = model_config.get("mean"), model_config.get("std")
-    if mean is None or std is None or len(mean) != 3 or len(std) != 3:
-        raise ValueError("model_config needs 'mean' and 'std', each 3 numbers (per RGB channel)")
-    if not all(float(s) for s in std):
-        raise ValueError(f"model_config['std'] must be non-zero, got {list(std)}")
-    return [float(m) for m in mean], [float(s) for s in std]
-
-
-def resized_size(width: int, height: int, short_side: int) -> tuple[int, int]:
-    """(width, height) with the short side at ``short_side`` and the long one scaled, truncated as torchvision."""
-    if width <= height:
-        return short_side, int(short_side * height / width)
-    return int(short_side * width / height), short_side
-
-
 class EvalPreprocess:
-    """``EvalPreprocess(model_config)(pil_image) -> float32 [3, S, S]``; picklable for worker processes."""
+    """``EvalPreprocess(preprocessing)(pil_image) -> float32 [3, S, S]``; picklable for worker processes."""
 
-    def __init__(self, model_config: Mapping[str, Any]) -> None:
-        self.size = input_size(model_config)
-        self.short_side = int(self.size * RESIZE_RATIO)
-        mean, std = mean_and_std(model_config)
-        self.mean = np.asarray(mean, np.float32).reshape(3, 1, 1)
-        self.std = np.asarray(std, np.float32).reshape(3, 1, 1)
-        self.background = parse_background(model_config.get("background") or DEFAULT_BACKGROUND)
-        self.resize = resize_mode(model_config)
+    def __init__(self, preprocessing: ModelPreprocessing) -> None:
+        self.size = preprocessing.input_size
+        self.short_side = preprocessing.short_side
+        self.mean = np.asarray(preprocessing.mean, np.float32).reshape(3, 1, 1)
+        self.std = np.asarray(preprocessing.std, np.float32).reshape(3, 1, 1)
+        self.background = preprocessing.background
+        self.resize = preprocessing.resize_mode
 
     def __call__(self, image: Image.Image) -> np.ndarray:
         return self.normalize(self.crop(image))

@@ -1,4 +1,4 @@
-"""Image transforms from a model config (``input_size``, ``mean``, ``std``, ``background``, ``resize``).
+"""Image transforms from a model's ``ModelPreprocessing`` (input size, mean, std, background, resize mode).
 
 Training augments with torchvision as an ``augment.Augmentation`` says (default: the crop-flip preset); evaluation
 is ``eval_preprocess.EvalPreprocess`` (PIL and NumPy, no torch) returned as a tensor here, and also the plain
@@ -8,7 +8,6 @@ does.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -16,28 +15,20 @@ from PIL import Image
 from torchvision.transforms import v2
 
 from retrieval.data.augment import DEFAULT_AUGMENTATION, Augmentation, resolve_augmentation
-from retrieval.data.colour import DEFAULT_BACKGROUND, FlattenAlpha
-from retrieval.data.eval_preprocess import (
-    PAD,
-    RESIZE_RATIO,
-    EvalPreprocess,
-    input_size,
-    letterboxed_size,
-    mean_and_std,
-    resize_mode,
-)
+from retrieval.data.colour import FlattenAlpha
+from retrieval.data.eval_preprocess import PAD, EvalPreprocess, letterboxed_size
+from retrieval.data.preprocessing import ModelPreprocessing
 
 
-def _normalize(model_config: Mapping[str, Any]) -> v2.Normalize:
-    mean, std = mean_and_std(model_config)
-    return v2.Normalize(mean=mean, std=std)
+def _normalize(preprocessing: ModelPreprocessing) -> v2.Normalize:
+    return v2.Normalize(mean=list(preprocessing.mean), std=list(preprocessing.std))
 
 
 class EvalTransform:
     """The evaluation preprocessing as a tensor: ``EvalPreprocess`` (the one definition), then ``from_numpy``."""
 
-    def __init__(self, model_config: Mapping[str, Any]) -> None:
-        self.preprocess = EvalPreprocess(model_config)
+    def __init__(self, preprocessing: ModelPreprocessing) -> None:
+        self.preprocess = EvalPreprocess(preprocessing)
 
     def __call__(self, image: Image.Image) -> torch.Tensor:
         return torch.from_numpy(self.preprocess(image))
@@ -80,15 +71,15 @@ class Letterbox:
         return f"Letterbox(size={self.size}, background={self.background}, scale={self.scale})"
 
 
-def background_of(model_config: Mapping[str, Any]) -> FlattenAlpha:
+def background_of(preprocessing: ModelPreprocessing) -> FlattenAlpha:
     """The step that composites transparent pixels onto the model's background (white for older models)."""
-    return FlattenAlpha(model_config.get("background") or DEFAULT_BACKGROUND)
+    return FlattenAlpha(preprocessing.background)
 
 
-def colour_steps(model_config: Mapping[str, Any], augmentation: Augmentation) -> list[Any]:
+def colour_steps(preprocessing: ModelPreprocessing, augmentation: Augmentation) -> list[Any]:
     """The augmentation's auto-augment and colour jitter steps (uint8 pixels, PIL or tensor), in that order; the
     corners that rotations and shears uncover take the model's background colour, as transparent pixels do."""
-    fill = tuple(int(c) for c in background_of(model_config).background)
+    fill = tuple(int(c) for c in preprocessing.background)
     steps: list[Any] = []
     if augmentation.auto_augment == "trivial":
         steps.append(v2.TrivialAugmentWide(fill=fill))
@@ -101,22 +92,22 @@ def colour_steps(model_config: Mapping[str, Any], augmentation: Augmentation) ->
 
 
 def build_transforms(
-    model_config: Mapping[str, Any], train: bool, augmentation: Augmentation | None = None, normalise: bool = True
+    preprocessing: ModelPreprocessing, train: bool, augmentation: Augmentation | None = None, normalise: bool = True
 ) -> v2.Compose | EvalTransform:
     """PIL image (RGB or RGBA) -> float32 tensor [3, S, S], normalised; ``augmentation`` when ``train`` (None: the
     default preset, crop-flip). ``normalise=False`` (train only): the uint8 pixels [3, S, S] before scaling and
     normalising, for ``ScaleAndNormalise`` to finish on the training device."""
     if not train:
-        return EvalTransform(model_config)
+        return EvalTransform(preprocessing)
     aug = augmentation if augmentation is not None else resolve_augmentation(DEFAULT_AUGMENTATION)
-    size = input_size(model_config)
-    background = background_of(model_config)
-    if resize_mode(model_config) == PAD:
+    size = preprocessing.input_size
+    background = background_of(preprocessing)
+    if preprocessing.resize_mode == PAD:
         # the whole image letterboxed as evaluation does; a random crop becomes a random size and place within the
         # square: the whole object stays in view
         steps: list[Any] = [background, Letterbox(size, background.background, PAD_SCALE if aug.random_crop else None)]
     else:
-        steps = [background, v2.Resize(int(size * RESIZE_RATIO), antialias=True)]
+        steps = [background, v2.Resize(preprocessing.short_side, antialias=True)]
         if aug.random_crop:
             steps.append(v2.RandomResizedCrop(size, scale=aug.crop_scale, ratio=aug.crop_ratio, antialias=True))
         else:
@@ -124,10 +115,10 @@ def build_transforms(
     if aug.flip:
         steps.append(v2.RandomHorizontalFlip())
     # auto-augment and jitter work on uint8 pixels (PIL here), so they come before scaling and normalising
-    steps += colour_steps(model_config, aug)
+    steps += colour_steps(preprocessing, aug)
     steps.append(v2.ToImage())
     if normalise:
-        steps += [v2.ToDtype(torch.float32, scale=True), _normalize(model_config)]
+        steps += [v2.ToDtype(torch.float32, scale=True), _normalize(preprocessing)]
     # every op above draws from torch's global RNG, which CatchBadSamples seeds per sample
     return v2.Compose(steps)
 
@@ -136,10 +127,9 @@ class ScaleAndNormalise:
     """uint8 images [B, 3, H, W] -> float32, scaled to [0, 1] and normalised with the model's mean and std: the last
     two steps of the train pipeline, on the device that holds the images (255 folded into the mean and std)."""
 
-    def __init__(self, model_config: Mapping[str, Any], device: torch.device | str) -> None:
-        mean, std = mean_and_std(model_config)
-        self.mean = torch.tensor(mean, device=device).view(1, 3, 1, 1) * 255.0
-        self.std = torch.tensor(std, device=device).view(1, 3, 1, 1) * 255.0
+    def __init__(self, preprocessing: ModelPreprocessing, device: torch.device | str) -> None:
+        self.mean = torch.tensor(preprocessing.mean, device=device).view(1, 3, 1, 1) * 255.0
+        self.std = torch.tensor(preprocessing.std, device=device).view(1, 3, 1, 1) * 255.0
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         """A new float32 tensor from uint8 ``images``; float32 ``images`` (pixel values 0-255) in place."""
@@ -147,6 +137,6 @@ class ScaleAndNormalise:
         return out.sub_(self.mean).div_(self.std)
 
 
-def preprocess_eval(image: Image.Image, model_config: Mapping[str, Any]) -> torch.Tensor:
+def preprocess_eval(image: Image.Image, preprocessing: ModelPreprocessing) -> torch.Tensor:
     """The evaluation preprocessing of one image: flatten transparency, resize, centre crop, scale, normalise."""
-    return EvalTransform(model_config)(image)
+    return EvalTransform(preprocessing)(image)

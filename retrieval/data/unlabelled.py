@@ -32,7 +32,8 @@ def scan_images(folder: Path) -> list[str]:
 def index_gallery_images(index_dir: str | Path) -> list[str]:
     """The image files an index catalogues as indexed, where its gallery is now (a moved gallery followed); read
     from its catalogue alone, so an index whose vectors live elsewhere (a Milvus collection) serves too."""
-    from retrieval.index.catalogue import CatalogueReader, Status
+    from retrieval.index.catalogue_reader import CatalogueReader
+    from retrieval.index.catalogue_schema import Status
     from retrieval.index.layout import IndexLayout
     from retrieval.index.portable import gallery_place
     from retrieval.index.search import gallery_root

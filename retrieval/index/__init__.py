@@ -12,8 +12,8 @@ decodes in a process pool instead), which neither a search service nor Ray's wor
 """
 
 from retrieval.index.catalogue import Catalogue, CatalogueReader, Status
-from retrieval.index.engine import IngestOptions
-from retrieval.index.faiss_keys import AUTO_POLICY, AutoPolicy, choose_index_key
+from retrieval.index.embedding.engine import IngestOptions
+from retrieval.index.faiss_backend.faiss_keys import AUTO_POLICY, AutoPolicy, choose_index_key
 from retrieval.index.layout import IndexLayout, IndexLockedError
 from retrieval.index.query_embedder import ImageEmbedder, ModelMismatchError, l2_normalize_rows, load_model
 from retrieval.index.search import Index, SearchResult
@@ -22,11 +22,13 @@ from retrieval.index.stats import index_stats
 from retrieval.utils.lazy import lazy_exports
 
 # public name -> the submodule that defines it (imported on first use)
-_SOURCES = {"writer": ("add_images", "build_from_embeddings", "build_index", "remove_images", "repair_index")}
+_SOURCES = {"writing.writer": ("add_images", "build_from_embeddings", "build_index", "remove_images"),
+            "writing.repair": ("repair_index",)}
 __getattr__, __dir__ = lazy_exports(__name__, _SOURCES)
 
 __all__ = [
     "AUTO_POLICY", "AutoPolicy", "Catalogue", "CatalogueReader", "IMAGE_EXTENSIONS", "ImageEmbedder", "Index",
     "IndexLayout", "IndexLockedError", "IngestOptions", "ModelMismatchError", "SearchResult", "Status",
-    "choose_index_key", "index_stats", "l2_normalize_rows", "list_gallery", "load_model", *_SOURCES["writer"],
+    "choose_index_key", "index_stats", "l2_normalize_rows", "list_gallery", "load_model", *_SOURCES["writing.writer"],
+    *_SOURCES["writing.repair"],
 ]

@@ -32,8 +32,8 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
-from retrieval.index import faiss_params
-from retrieval.index.catalogue import Status
+from retrieval.index.catalogue_schema import Status
+from retrieval.index.faiss_backend import faiss_params
 from retrieval.index.layout import IndexLayout, describe_writer
 from retrieval.index.query_embedder import ImageEmbedder
 from retrieval.index.search import Index

@@ -16,11 +16,14 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from retrieval.utils.unit_rows import l2_normalize_rows
+
+if TYPE_CHECKING:
+    from retrieval.data.preprocessing import ModelPreprocessing
 
 
 @runtime_checkable
@@ -37,7 +40,7 @@ class ImageEmbedder(Protocol):
     def normalized(self) -> bool: ...
 
     @property
-    def model_config(self) -> dict[str, Any]: ...
+    def preprocessing(self) -> ModelPreprocessing: ...
 
     def embed(self, images: Any) -> np.ndarray: ...
 
@@ -82,7 +85,7 @@ class NoModel:
                             "/search with an \"embedding\")")
 
     @property
-    def model_config(self) -> dict[str, Any]:
+    def preprocessing(self) -> ModelPreprocessing:
         """No preprocessing exists without a model: refused."""
         raise self.refusal()
 

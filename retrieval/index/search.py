@@ -19,8 +19,9 @@ import faiss
 import numpy as np
 
 from retrieval.errors import ParameterError
-from retrieval.index import faiss_files, faiss_gpu, faiss_params, faiss_search
-from retrieval.index.catalogue import CatalogueQueries, CatalogueReader, Status
+from retrieval.index.catalogue_reader import CatalogueQueries, CatalogueReader
+from retrieval.index.catalogue_schema import Status
+from retrieval.index.faiss_backend import faiss_files, faiss_gpu, faiss_params, faiss_search
 from retrieval.index.filters import Filter, FilterTable, parse_filter
 from retrieval.index.layout import IndexLayout
 from retrieval.index.portable import GalleryPlace, find_model, gallery_place

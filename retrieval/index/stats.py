@@ -9,8 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from retrieval.index import faiss_measure
-from retrieval.index.catalogue import THROUGHPUT_META, CatalogueReader
+from retrieval.index.catalogue_reader import CatalogueReader
+from retrieval.index.catalogue_schema import THROUGHPUT_META
+from retrieval.index.faiss_backend import faiss_measure
 from retrieval.index.layout import IndexLayout
 from retrieval.index.search import Index
 from retrieval.index.shards import ShardStore

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator, Mapping
 import faiss
 import numpy as np
 
-from retrieval.index import faiss_params
+from retrieval.index.faiss_backend import faiss_params
 from retrieval.index.shards import ShardStore
 
 Chunks = Iterable[tuple[np.ndarray, np.ndarray]]  # (ids, vectors) pairs, e.g. one per shard

@@ -1,9 +1,9 @@
 """Deep-metric-learning losses: one registry, ``build(name, negatives=None, **hparams)``.
 
 Every loss is an ``nn.Module`` called as ``loss(embeddings, labels)`` and returns a scalar tensor.
-Pairs are formed from labels, never from positions in the batch. The pair-based losses are listed in
-``losses/pair.py``; ``dcdl`` (discrepancy.py) adds a class-discrepancy term to any of them; the auxiliary
-cross-entropy (auxiliary.py) is not registered: the trainer adds it (``--aux-ce``).
+Pairs are formed from labels, never from positions in the batch. Every loss and hard-negative method is named in
+``registry.py``'s table, one line each; ``dcdl`` (discrepancy.py) adds a class-discrepancy term to another of them,
+built by name; the auxiliary cross-entropy (auxiliary.py) is not registered: the trainer adds it (``--aux-ce``).
 
 ``negatives=None`` trains on the batch's own negatives; ``"loop" | "loop-linear" | "symm"`` feeds the loss's
 pair-level form (``PairLoss.from_pair_terms``) with a hard-negative method of ``retrieval.negatives``
@@ -11,23 +11,23 @@ pair-level form (``PairLoss.from_pair_terms``) with a hard-negative method of ``
 L2-normalised embeddings; ``has_rectangular_form(name)`` whether it also takes query rows against gallery rows
 (``PairLoss.query_gallery``).
 
-    catalog     every loss and method registered; ``build``, ``available``, ``describe`` and the rest read them
-    standalone  every loss but dcdl registered (dcdl's local loss is one of them): what catalog and dcdl import
-    registry    the registries (``LOSSES``, ``NEGATIVES``) and their decorators, a leaf module
-    reads       the losses' statistics and checks kept on the device and read together (also used by the
-                hard-negative methods, the device decoder, distributed evaluation and training)
+    registry    ``LOSSES`` and ``NEGATIVES``: name -> ``"module:Class"``, each imported when first used; a leaf
+                that imports no loss and no torch
+    factory     ``build``, the one factory, and ``describe``, ``available_negatives`` and what a loss wants
+    base        ``PairLoss``, the pair-based losses' shared form; one module per topic holds the losses themselves
 
-The public names are imported on first use (PEP 562, ``retrieval.utils.lazy``): the losses are torch modules, and a
-module that needs only ``registry`` or ``reads`` should load neither the losses nor their registrations.
+What a loss reads back from the device (its statistics and batch checks) is ``retrieval.utils.reads``, which the
+hard-negative methods import too. The public names are imported on first use (PEP 562, ``retrieval.utils.lazy``):
+the losses are torch modules, and a module that needs only the names should load none of them.
 """
 
 from retrieval.utils.lazy import lazy_exports
 
 # public name -> the submodule that defines it
 _SOURCES = {
-    "catalog": ("available", "available_negatives", "build", "composable", "describe", "has_rectangular_form",
-                "needs_classes", "wants_normalized"),
-    "registry": ("register_loss",),
+    "factory": ("available_negatives", "build", "composable", "describe", "has_rectangular_form", "needs_classes",
+                "wants_normalized"),
+    "registry": ("available",),
     "weights": ("pair_weights",),  # the weight view, unified Theorem 3.1
     "with_negatives": ("HardNegativeLoss",),
 }

@@ -15,7 +15,7 @@ from torch import nn
 
 from retrieval.distances import l2_normalize, zero_loss
 from retrieval.errors import ParameterError
-from retrieval.losses.reads import Stat, require_classes
+from retrieval.utils.reads import Stat, require_classes
 
 
 class AuxiliaryCrossEntropy(nn.Module):

@@ -28,8 +28,8 @@ from torch import nn
 
 from retrieval.distances import cosine_similarity_matrix, l2_normalize, label_masks, unit_distance
 from retrieval.errors import ParameterError
-from retrieval.losses.reads import Stat, require
 from retrieval.negatives.base import PairTerms
+from retrieval.utils.reads import Stat, require
 
 PER_CLASS_HINT = "sample 2 or more images per class into each batch (ClassBalancedBatchSampler samples_per_class >= 2)"
 # the most elements one [positive pairs, samples] tensor may hold (2**28 float32 = 1 GiB): checked before allocating
@@ -101,7 +101,7 @@ class PairLoss(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        # the last batch's statistics: 0-d tensors on the device, read together (``retrieval.losses.reads``)
+        # the last batch's statistics: 0-d tensors on the device, read together (``retrieval.utils.reads``)
         self.last_stats: dict[str, Stat] = {}
 
     # --- the pieces -------------------------------------------------------------------------------------
@@ -135,7 +135,7 @@ class PairLoss(nn.Module):
     def check_batch(self, embeddings: torch.Tensor, labels: torch.Tensor) -> None:
         """Shape checks plus: the batch holds at least one positive pair (else nothing can be learnt). The one value a
         forward pass reads back from the device, besides the shapes that depend on the data; the trainer defers it
-        to its own read (``retrieval.losses.reads.require``)."""
+        to its own read (``retrieval.utils.reads.require``)."""
         self.check_shapes(embeddings, labels)
         positive, _ = label_masks(labels)
         require(positive.any(), self.no_positive_pair)

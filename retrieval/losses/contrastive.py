@@ -5,13 +5,11 @@ from __future__ import annotations
 import torch
 
 from retrieval.losses.base import AnchorPairs, DistancePairLoss
-from retrieval.losses.reads import share
-from retrieval.losses.registry import register_loss
+from retrieval.utils.reads import share
 
 CONTRASTIVE_FORMS = ("cosine", "distance")
 
 
-@register_loss("contrastive")
 class ContrastiveLoss(DistancePairLoss):
     """Contrastive loss, summed over the pairs of each anchor and averaged over the m anchors.
 

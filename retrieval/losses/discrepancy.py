@@ -36,9 +36,9 @@ import torch
 from torch import nn
 
 from retrieval.distances import l2_normalize, safe_sqrt, squared_euclidean_matrix, zero_loss
-from retrieval.losses.reads import Stat
-from retrieval.losses.registry import LOSSES, register_loss
+from retrieval.losses.registry import LOSSES
 from retrieval.losses.sinkhorn import DEFAULT_SCALING, DEFAULT_TOLERANCE, sinkhorn_divergence_batch
+from retrieval.utils.reads import Stat
 
 PHIS = ("mmd_laplacian", "mmd_gaussian", "sinkhorn")
 DEFAULT_LAMBDA = {"mmd_laplacian": 0.2, "mmd_gaussian": 0.2, "sinkhorn": 0.5}  # main text, "Results"
@@ -179,7 +179,6 @@ def _diameter(embeddings: torch.Tensor) -> float:
 
 
 # ----------------------------------------------------------------------------- the loss, eq. 5
-@register_loss("dcdl")
 class DCDLLoss(nn.Module):
     """L = L_local + lambda * L_phi with L_phi = -sum_k phi(Z_k+, Z_k-) (eq. 2, 5).
 
@@ -246,10 +245,6 @@ class DCDLLoss(nn.Module):
         if local in (None, "none"):
             self.local = None
         else:
-            # the local loss may be any registered one but dcdl; loaded here, not with this module, which
-            # registers nothing but dcdl
-            import retrieval.losses.standalone  # noqa: F401
-
             form = PAPER_LOCAL_KWARGS.get(local, {}) if local_form == "paper" else {}
             self.local = LOSSES.build(local, **{**form, **(local_kwargs or {})})
         self.last_stats: dict[str, Stat] = {}

@@ -14,10 +14,9 @@ from retrieval.losses.base import (
     masked_min,
     mean_over,
 )
-from retrieval.losses.reads import active_fraction
-from retrieval.losses.registry import register_loss
 from retrieval.negatives.base import NEGATIVE_PAIRS_READING, PairTerms
 from retrieval.negatives.pairs import check_negative_pairs
+from retrieval.utils.reads import active_fraction
 
 
 def _pairs_with_negatives(positive: torch.Tensor, negative: torch.Tensor) -> torch.Tensor:
@@ -25,7 +24,6 @@ def _pairs_with_negatives(positive: torch.Tensor, negative: torch.Tensor) -> tor
     return positive & anchors_with_triplets(positive, negative).unsqueeze(1)
 
 
-@register_loss("lifted")
 class LiftedStructureLoss(DistancePairLoss):
     """Lifted structure loss (symm eq. 5, Oh Song et al. 2016) on Euclidean distances of unit vectors:
 
@@ -66,7 +64,6 @@ class LiftedStructureLoss(DistancePairLoss):
         return torch.where(valid, per_pair, torch.zeros_like(per_pair)).sum() / len(terms.pairs)
 
 
-@register_loss("lifted_min")
 class LiftedMinLoss(DistancePairLoss):
     """Lifted structure in the hinge/min form of loop eq. 16:
 
@@ -103,7 +100,6 @@ class LiftedMinLoss(DistancePairLoss):
         return torch.where(valid, hinge, torch.zeros_like(hinge)).sum() / len(terms.pairs)
 
 
-@register_loss("generalized_lifted")
 class GeneralizedLiftedLoss(PairLoss):
     """Generalised lifted structure (Hermans et al.) on cosine similarities, unified eq. 9, read as
 

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from retrieval.errors import ParameterError
-from retrieval.losses.reads import Stat
+from retrieval.utils.reads import Stat
 
 
 class CrossBatchMemory(nn.Module):

@@ -11,8 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from retrieval.losses.base import AnchorPairs, PairLoss, check_pair_rows, masked_max
-from retrieval.losses.reads import Stat, share
-from retrieval.losses.registry import register_loss
+from retrieval.utils.reads import Stat, share
 
 NCA_MINING = ("hard", "semihard")
 SCT_RULES = ("paper", "paper_or_threshold")
@@ -57,7 +56,6 @@ def _nca_stats(
     }
 
 
-@register_loss("nca_triplet")
 class NCATripletLoss(PairLoss):
     """NCA triplet loss (sct eq. 1) on cosine similarities, averaged over the mined triplets.
 
@@ -87,7 +85,6 @@ class NCATripletLoss(PairLoss):
         return torch.where(kept, losses, torch.zeros_like(losses)).sum() / kept.sum().clamp_min(1)
 
 
-@register_loss("sct")
 class SelectivelyContrastiveTripletLoss(PairLoss):
     """Selectively Contrastive Triplet loss (sct eq. 13) with hard-negative mining:
 

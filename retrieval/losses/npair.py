@@ -22,10 +22,9 @@ import torch
 
 from retrieval.distances import dot_similarity_matrix, gram_matrix, label_masks, masked_logsumexp
 from retrieval.losses.base import PER_CLASS_HINT, AnchorPairs, PairLoss
-from retrieval.losses.reads import require
-from retrieval.losses.registry import register_loss
 from retrieval.negatives.base import PairTerms
 from retrieval.negatives.symm import ANGULAR_POSITIVE_SUMS
+from retrieval.utils.reads import require
 
 # lambda of the embedding-norm regulariser (Sohn 2016's N-pair; TensorFlow npairs_loss reg_lambda default)
 DEFAULT_L2_REG = 0.002
@@ -126,7 +125,6 @@ def angular_losses(
     return masked_logsumexp(logits, negative[anchor], dim=1, add_one=True)
 
 
-@register_loss("npair")
 class NPairLoss(DotPairLoss):
     """Multi-class N-pair loss, symm eq. 7:
     1/|P| sum_{(i,j) in P} log[1 + sum_{k: l_k != l_i} exp(S_ik - S_ij)] + l2_reg * mean |x|^2.
@@ -155,7 +153,6 @@ def _check_angle(alpha: float) -> float:
     return alpha
 
 
-@register_loss("angular")
 class AngularLoss(DotPairLoss):
     """Angular loss, symm eq. 9, alpha in degrees. Default alpha = 30 (the DCDL paper's value for L_Ang;
     the symm paper gives none)."""
@@ -187,7 +184,6 @@ class AngularLoss(DotPairLoss):
         return loss + self.norm_penalty(torch.diagonal(terms.gram)) if self.l2_reg else loss
 
 
-@register_loss("angular_npair")
 class AngularNPairLoss(DotPairLoss):
     """N-pair + lambda_ang * angular (dcdl eq. 4): lambda_ang = 2, alpha = 45 degrees (DCDL section 4);
     the L2 penalty is added once."""

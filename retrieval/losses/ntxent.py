@@ -26,13 +26,11 @@ import torch
 
 from retrieval.distances import masked_logsumexp
 from retrieval.losses.base import AnchorPairs, PairLoss, masked_max
-from retrieval.losses.reads import share
-from retrieval.losses.registry import register_loss
+from retrieval.utils.reads import share
 
 DEFAULT_TEMPERATURE = 0.1
 
 
-@register_loss("ntxent")
 class NTXentLoss(PairLoss):
     """NT-Xent (SimCLR eq. 1), the mean over (anchor, positive) terms: -log softmax_{k != i}(s_ik / tau) at k = j."""
 

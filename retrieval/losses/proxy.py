@@ -21,8 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from retrieval.distances import l2_normalize, masked_logsumexp, zero_loss
-from retrieval.losses.reads import Stat, require_classes
-from retrieval.losses.registry import register_loss
+from retrieval.utils.reads import Stat, require_classes
 
 
 class ProxyLoss(nn.Module):
@@ -78,7 +77,6 @@ class ProxyLoss(nn.Module):
         return f"num_classes={self.num_classes}, embedding_dim={self.embedding_dim}, centers={self.centers}"
 
 
-@register_loss("proxy_anchor")
 class ProxyAnchorLoss(ProxyLoss):
     """Proxy-Anchor (Kim et al., CVPR 2020): each proxy is an anchor pulling its class's samples in the batch and
     pushing every other sample away."""
@@ -106,7 +104,6 @@ class ProxyAnchorLoss(ProxyLoss):
         return pos_term + neg.mean()
 
 
-@register_loss("proxy_nca")
 class ProxyNCALoss(ProxyLoss):
     """ProxyNCA++ (Teh et al., ECCV 2020): a softmax over the negative squared distances to every proxy, at a low
     temperature, with fast-moving proxies."""
@@ -131,7 +128,6 @@ class ProxyNCALoss(ProxyLoss):
         return F.cross_entropy(-distance / self.temperature, labels)
 
 
-@register_loss("norm_softmax")
 class NormSoftmaxLoss(ProxyLoss):
     """Normalised softmax (Zhai & Wu, BMVC 2019): a cosine classifier with a temperature."""
 
@@ -149,7 +145,6 @@ class NormSoftmaxLoss(ProxyLoss):
         return F.cross_entropy(cosines[:, :, 0] / self.temperature, labels)
 
 
-@register_loss("cosface")
 class CosFaceLoss(ProxyLoss):
     """CosFace / large-margin cosine loss (Wang et al., CVPR 2018): a margin subtracted from the true class's cosine."""
 
@@ -168,7 +163,6 @@ class CosFaceLoss(ProxyLoss):
         return F.cross_entropy(self.scale * logits, labels)
 
 
-@register_loss("arcface")
 class ArcFaceLoss(ProxyLoss):
     """ArcFace / additive angular margin (Deng et al., CVPR 2019), with sub-centres (Deng et al., ECCV 2020) when
     ``centers`` > 1: a class's cosine is the largest over its K centres."""
@@ -203,7 +197,6 @@ class ArcFaceLoss(ProxyLoss):
         return F.cross_entropy(self.scale * torch.where(target, with_margin, c), labels)
 
 
-@register_loss("soft_triple")
 class SoftTripleLoss(ProxyLoss):
     """SoftTriple (Qian et al., ICCV 2019): K centres per class, a class's similarity is the softmax-weighted mean of
     its centres' cosines, a margin on the true class, and a regulariser that merges redundant centres."""

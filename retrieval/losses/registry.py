@@ -1,40 +1,61 @@
-"""The loss and hard-negative-method registries, in a leaf module (as timm's ``_registry.py``).
+"""Every loss and hard-negative method by name: the one table each joins, in a leaf module.
 
-This module imports no loss module and not ``retrieval.negatives``: the losses register with ``@register_loss``,
-the hard-negative methods with ``@register_negatives``, ``retrieval.losses.catalog`` imports both, and
-``retrieval.losses.build`` composes them, so no package imports the other's registrations and there is no import
-cycle.
+``LOSSES`` maps a loss's name to its class and ``NEGATIVES`` a hard-negative method's name to its class, each written
+``"module:Class"`` and imported the first time that name is built or asked about (``retrieval.utils.registry``). So
+this module imports no loss, no method and no torch: listing the names costs nothing, and a loss that builds another
+by name (DCDL's local loss) imports this table, not the other losses. The factory that composes a loss with a method
+is ``retrieval.losses.build`` (``factory.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from retrieval.utils.registry import Registry
 
-LOSSES: Registry[Any] = Registry("loss")
-NEGATIVES: Registry[Any] = Registry("hard-negative method")
-# (loss name, method name) -> loss hyper-parameters a paper fixes for that combination, e.g. the Symm paper's
-# triplet (its eq. 4) is on squared distances; explicit hyper-parameters given to ``build`` still win.
-COMBINATION_DEFAULTS: dict[tuple[str, str], dict[str, Any]] = {}
+LOSSES: Registry[Any] = Registry("loss", paths={
+    # grouped by kind; ``available()`` lists the names sorted
+    # pair-based: a PairLoss of the similarity matrix (losses/base.py)
+    "contrastive": "retrieval.losses.contrastive:ContrastiveLoss",
+    "triplet": "retrieval.losses.triplet:TripletLoss",
+    "hphn_triplet": "retrieval.losses.triplet:HPHNTripletLoss",
+    "nca_triplet": "retrieval.losses.nca:NCATripletLoss",
+    "sct": "retrieval.losses.nca:SelectivelyContrastiveTripletLoss",
+    "lifted": "retrieval.losses.lifted:LiftedStructureLoss",
+    "lifted_min": "retrieval.losses.lifted:LiftedMinLoss",
+    "generalized_lifted": "retrieval.losses.lifted:GeneralizedLiftedLoss",
+    "npair": "retrieval.losses.npair:NPairLoss",
+    "angular": "retrieval.losses.npair:AngularLoss",
+    "angular_npair": "retrieval.losses.npair:AngularNPairLoss",
+    "binomial": "retrieval.losses.weighting:BinomialDevianceLoss",
+    "vthm": "retrieval.losses.weighting:VTHMLoss",
+    "raw": "retrieval.losses.weighting:RAWLoss",
+    "ms": "retrieval.losses.weighting:MultiSimilarityLoss",
+    "ntxent": "retrieval.losses.ntxent:NTXentLoss",
+    # one of the losses above, built by name, plus a class-discrepancy term
+    "dcdl": "retrieval.losses.discrepancy:DCDLLoss",
+    # proxy-based: learnt proxies per class (losses/proxy.py)
+    "proxy_anchor": "retrieval.losses.proxy:ProxyAnchorLoss",
+    "proxy_nca": "retrieval.losses.proxy:ProxyNCALoss",
+    "norm_softmax": "retrieval.losses.proxy:NormSoftmaxLoss",
+    "cosface": "retrieval.losses.proxy:CosFaceLoss",
+    "arcface": "retrieval.losses.proxy:ArcFaceLoss",
+    "soft_triple": "retrieval.losses.proxy:SoftTripleLoss",
+})
+
+NEGATIVES: Registry[Any] = Registry("hard-negative method", paths={
+    "loop": "retrieval.negatives.loop:LoOp",
+    "loop-linear": "retrieval.negatives.loop:LoOpLinear",
+    "symm": "retrieval.negatives.symm:SymmetricalSynthesis",
+})
+
+# (loss, method) -> the loss's hyper-parameters the method's paper fixes for that combination; explicit
+# hyper-parameters given to ``build`` still win.
+COMBINATION_DEFAULTS: dict[tuple[str, str], dict[str, Any]] = {
+    ("triplet", "symm"): {"squared": True},  # symm eq. 4: squared distances
+}
 
 
-def register_loss(name: str) -> Callable:
-    """Decorator: ``@register_loss("triplet")`` on a class or factory function."""
-    return LOSSES.register(name)
-
-
-def register_negatives(name: str, loss_defaults: dict[str, dict[str, Any]] | None = None) -> Callable:
-    """Decorator: ``@register_negatives("symm")`` on a hard-negative method class (``build(loss, negatives=name)``).
-
-    ``loss_defaults`` maps a loss name to the hyper-parameters the method's paper uses with that loss.
-    """
-
-    def decorator(cls):
-        NEGATIVES.register(name)(cls)
-        for loss_name, hparams in (loss_defaults or {}).items():
-            COMBINATION_DEFAULTS[(loss_name, name)] = dict(hparams)
-        return cls
-
-    return decorator
+def available() -> list[str]:
+    """Names of the registered losses."""
+    return LOSSES.names()

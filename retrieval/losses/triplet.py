@@ -15,10 +15,9 @@ from retrieval.losses.base import (
     masked_min,
     mean_over,
 )
-from retrieval.losses.reads import Stat, share
-from retrieval.losses.registry import register_loss
 from retrieval.negatives.base import NEGATIVE_PAIRS_READING, PairTerms
 from retrieval.negatives.pairs import check_negative_pairs
+from retrieval.utils.reads import Stat, share
 
 TRIPLET_MINING = ("all", "semihard", "hard")
 # What the summed hinge of "all" / "semihard" is divided by: the positive pairs |P| (loop eq. 14) or the number of
@@ -41,7 +40,6 @@ def triplet_stats(s_ap: torch.Tensor, s_an: torch.Tensor, losses: torch.Tensor, 
     }
 
 
-@register_loss("triplet")
 class TripletLoss(DistancePairLoss):
     """[d_ap - d_an + m]_+ (loop eq. 14; squared distances as symm eq. 3 with ``squared=True``).
 
@@ -129,7 +127,6 @@ class TripletLoss(DistancePairLoss):
         return torch.where(terms.negative, hinge, torch.zeros_like(hinge)).sum() / len(terms.pairs)
 
 
-@register_loss("hphn_triplet")
 class HPHNTripletLoss(DistancePairLoss):
     """Hard-positive hard-negative triplet (loop section 3.3.2), one term per positive pair (i, j):
 

@@ -8,9 +8,8 @@ import torch.nn.functional as F
 from retrieval.distances import masked_logsumexp
 from retrieval.losses.base import AnchorPairs, PairLoss
 from retrieval.losses.miners import vthm, vthm_negatives, vthm_positives
-from retrieval.losses.reads import share
-from retrieval.losses.registry import register_loss
 from retrieval.negatives.base import PairTerms
+from retrieval.utils.reads import share
 
 PAIR_MINERS = (None, "none", "vthm")
 
@@ -48,7 +47,6 @@ class MinedPairLoss(PairLoss):
         return kept_positive, kept_negative
 
 
-@register_loss("binomial")
 class BinomialDevianceLoss(MinedPairLoss):
     """Binomial deviance, unified eq. 12, averaged over the m anchors (the paper sums; 1/m keeps the scale
     independent of the batch size):
@@ -71,7 +69,6 @@ class BinomialDevianceLoss(MinedPairLoss):
         return per_anchor.mean()
 
 
-@register_loss("vthm")
 class VTHMLoss(MinedPairLoss):
     """"VTHM" of the unified paper's ablation (Table 1): equal weights on the VTHM-mined pairs, the contrastive
     loss of eq. 5 with the mined sets in place of its threshold,
@@ -100,7 +97,6 @@ def _row_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (torch.where(mask, values, torch.zeros_like(values))).sum(dim=1) / mask_f.sum(dim=1).clamp_min(1.0)
 
 
-@register_loss("raw")
 class RAWLoss(MinedPairLoss):
     """Relative and absolute similarity weighting, unified eq. 17:
 
@@ -161,7 +157,6 @@ class RAWLoss(MinedPairLoss):
 POSITIVE_RULES = ("batch", "loop")  # with LoOp: VTHM's positive rule against batch or LoOp negatives
 
 
-@register_loss("ms")
 class MultiSimilarityLoss(RAWLoss):
     """Multi-similarity loss = RAW (eq. 17) over the VTHM-mined pairs (section 5.1), the unified paper's full
     method: alpha=2, beta=50, gamma=0.5 (lambda in the MS paper), VTHM margin 0.1 (epsilon in the MS paper).

@@ -7,8 +7,8 @@ from torch import nn
 
 from retrieval.distances import zero_loss
 from retrieval.losses.base import PairLoss
-from retrieval.losses.reads import Stat
 from retrieval.negatives.base import HardNegativeMethod
+from retrieval.utils.reads import Stat
 
 
 class HardNegativeLoss(nn.Module):

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from retrieval.data.colour import DEFAULT_BACKGROUND
+from retrieval.data.preprocessing import DEFAULT_BACKGROUND, ModelPreprocessing
 from retrieval.data.resize_modes import CROP, RESIZE_MODES
 from retrieval.distances import l2_normalize
 from retrieval.errors import ParameterError, parameters_named
@@ -134,6 +134,13 @@ class Embedder(nn.Module):
                 if isinstance(module, nn.modules.batchnorm._BatchNorm):
                     module.eval()
         return self
+
+    @property
+    def preprocessing(self) -> ModelPreprocessing:
+        """The model's preprocessing and embedding, read from ``config``: the one place a PyTorch model's (and so a
+        checkpoint's) config becomes a ``ModelPreprocessing``. Read on each use: training sets the config's input
+        size, background and resize mode after the model is made (``train/building.py``)."""
+        return ModelPreprocessing.from_config(self.config)
 
 
 def create_embedder(

@@ -1,9 +1,9 @@
 """Hard-negative generation: LoOp (optimal points between arcs/segments) and Symmetrical Synthesis.
 
-Each method is a ``HardNegativeMethod`` registered with ``@register_negatives`` (``retrieval.losses.registry``):
-for a batch's positive pairs it returns ``PairTerms`` (positive terms, hardest negatives, mask, statistics),
-which a loss's pair-level form consumes; build the pair with ``retrieval.losses.build(name, negatives=...)``.
-Importing this package registers the methods.
+Each method is a ``HardNegativeMethod`` named in ``retrieval.losses.registry.NEGATIVES``: for a batch's positive
+pairs it returns ``PairTerms`` (positive terms, hardest negatives, mask, statistics), which a loss's pair-level form
+consumes; build the pair with ``retrieval.losses.build(name, negatives=...)``. Nothing here imports
+``retrieval.losses``: what the methods share with the losses (``Stat``, the host copies) is ``retrieval.utils.reads``.
 """
 
 from retrieval.negatives.base import HardNegativeMethod, PairTerms

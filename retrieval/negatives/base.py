@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from retrieval.distances import label_masks, unit_distance
-from retrieval.losses.reads import Stat, on_host, to_device
 from retrieval.negatives.pairs import PairGrid, PositivePairs, check_negative_pairs, pair_grid
+from retrieval.utils.reads import Stat, on_host, to_device
 
 Tensor = torch.Tensor
 NEGATIVE_PAIRS_READING = (  # what a loss with a min over those pairs prints for ``retrieval losses``
@@ -35,7 +35,7 @@ class PairTerms:
     negative: Tensor  # [Pp, Q] bool: pairs p and q are of different classes (the terms a loss may use)
     hardest: Tensor | None  # [Pp, Q] hardest negative of pair p against pair q; None: one class, no negative
     hardest_is_distance: bool  # True: ``hardest`` holds distances of unit vectors, False: inner products
-    stats: dict[str, Stat]  # ``retrieval.losses.reads``: 0-d tensors on the device, or numbers
+    stats: dict[str, Stat]  # ``retrieval.utils.reads``: 0-d tensors on the device, or numbers
 
     def positive_similarity(self) -> Tensor:
         """[Pp] inner product of each positive pair, S_ij."""

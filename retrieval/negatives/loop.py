@@ -36,10 +36,9 @@ from dataclasses import dataclass
 import torch
 
 from retrieval.distances import dot_similarity_matrix, l2_normalize, safe_sqrt
-from retrieval.losses.reads import Stat, device_constant
-from retrieval.losses.registry import register_negatives
 from retrieval.negatives.base import HardNegativeMethod
 from retrieval.negatives.pairs import PositivePairs
+from retrieval.utils.reads import Stat, device_constant
 
 # An arc shorter (or a pair closer to antipodal) than this, in sin(a0), has no usable basis (eq. 2).
 DEGENERATE_SIN = 1e-6
@@ -435,7 +434,6 @@ def _compiled_hardest_grid():
 # ----------------------------------------------------------------------------------------------------
 
 
-@register_negatives("loop")
 class LoOp(HardNegativeMethod):
     """LoOp on arcs (Algorithm 1): the hardest negative of pairs p = (i, j) and q = (k, l) is d_{i,j,k,l}, the
     distance of the closest points of the arc x_i -> x_j and the arc x_k -> x_l, on unit embeddings.
@@ -480,7 +478,6 @@ class LoOp(HardNegativeMethod):
         return full, {"synthetic_negative_share": share.detach(), "loop_combinations": float(p.numel())}
 
 
-@register_negatives("loop-linear")
 class LoOpLinear(LoOp):
     """LoOp on line segments (section 4.2, eq. 17-21): the closest points of the segments [x_i, x_j] and
     [x_k, x_l] of the unit embeddings."""

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from retrieval.losses.reads import to_device
 from retrieval.negatives.kernels import pair_starts_numpy
+from retrieval.utils.reads import to_device
 
 NEGATIVE_PAIRS = ("consecutive", "all")  # the other-class pairs (k, l) a positive pair meets (``pair_grid``)
 

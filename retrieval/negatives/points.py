@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from retrieval.distances import EPS
-from retrieval.losses.reads import device_constant
+from retrieval.utils.reads import device_constant
 
 Tensor = torch.Tensor
 

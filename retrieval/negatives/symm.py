@@ -19,8 +19,6 @@ from __future__ import annotations
 import torch
 
 from retrieval.distances import EPS, gram_matrix, l2_normalize
-from retrieval.losses.reads import Stat, device_constant
-from retrieval.losses.registry import register_negatives
 from retrieval.negatives.base import HardNegativeMethod
 from retrieval.negatives.kernels import hardest_combination, synthetic_share_numpy
 from retrieval.negatives.pairs import PositivePairs
@@ -34,6 +32,7 @@ from retrieval.negatives.points import (
     sum_rows,
     synthetic_counts,
 )
+from retrieval.utils.reads import Stat, device_constant
 
 Tensor = torch.Tensor
 
@@ -130,7 +129,6 @@ def synthetic_share_on_device(
     return (counts[selected] * used).sum() / ((left.points + right.points) * used.sum()).clamp_min(1)
 
 
-@register_negatives("symm", loss_defaults={"triplet": {"squared": True}})  # eq. 4: squared distances
 class SymmetricalSynthesis(HardNegativeMethod):
     """Symm (section 3.2): the hardest negative of pairs p, q is the most similar of the 16 pairs of their
     points (of the loss's ``positive_rows`` against the 4 points for the angular loss, eq. 10), on unit

@@ -20,7 +20,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from retrieval.rerank.methods import PAPER_NEIGHBOURHOOD, RerankConfig
+from retrieval.rerank.config import PAPER_NEIGHBOURHOOD, RerankConfig
 
 UNLABELLED_RELEVANT = 5  # R read for a gallery without labels: small neighbourhoods, which lose least where R = 1
 MIN_LABELLED_SHARE = 0.5  # below it, the labels describe too little of the gallery to read R from

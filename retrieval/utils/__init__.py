@@ -1,10 +1,12 @@
-"""Small helpers the whole project shares; none imports torch, and this package imports none of them.
+"""Small helpers the whole project shares; none but ``reads`` imports torch, and this package imports none of them.
 
     heap       ``kept_heap`` (glibc keeps freed blocks through a loop) and ``trim_heap``
     io         ``atomic_write``, ``read_capped``, ``open_regular``, ``fsync_dir``: files written whole, read bounded
     lazy       ``lazy_exports``: a package's public names imported on first use (PEP 562)
     progress   ``progress_bar``: tqdm on a terminal, plain lines elsewhere
-    registry   ``Registry``: name -> factory (backbones, losses, data sets, augmentations, optimizers)
+    reads      ``Stat``, ``require``, ``read_stats``, ``on_host``, ``to_device``: device values read together (torch)
+    registry   ``Registry``: name -> factory, by decorator or by a table of import paths (backbones, losses, data
+               sets, augmentations, optimizers)
     sizes      ``size_text``: byte counts in binary units
     unit_rows  ``l2_normalize_rows``: embedding rows scaled to unit length, in NumPy
     workers    ``default_workers``: the DataLoader and decode worker processes when none are asked for

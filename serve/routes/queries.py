@@ -13,10 +13,11 @@ from retrieval.serve.defaults import MAX_BATCH_QUERIES
 from retrieval.serve.images import QueryError, decode_base64
 from retrieval.serve.service import SearchService
 from retrieval.serve.service.checks import check_batch_size
+from retrieval.serve.service.text import text_query
 
 MAX_SEARCH_DEPTH = 4  # {"embedding": [...]} is 2 deep: room to name a nested list in an embedding
 MAX_BATCH_DEPTH = 6  # {"queries": [{"embedding": [...]}]} is 4 deep
-QUERY_KEYS = ("image", "embedding")  # one query: exactly one of these
+QUERY_KEYS = ("image", "embedding", "text")  # one query: exactly one of these
 JSON_KEYS = (*QUERY_KEYS, "k", "where", API_KEY)  # the keys a JSON search body may have
 BATCH_KEYS = ("queries", "k", "where", "exclude_self", API_KEY)  # the keys a JSON batch body may have
 
@@ -52,22 +53,28 @@ def body_rerank(payload: dict[str, Any]) -> RerankConfig | None:
 
 
 def query_entry(entry: dict[str, Any], subject: str = "the JSON body") -> tuple[str, Any]:
-    """One JSON query: ``("image", base64 text)`` or ``("embedding", the list, checked by the service)``."""
-    if "image" in entry and "embedding" in entry:
-        raise QueryError(f'{subject}: send either "image" or "embedding" in one search, not both', 422)
+    """One JSON query: ``("image", base64 text)``, ``("embedding", the list, checked by the service)`` or
+    ``("text", a TextQuery)``."""
+    given = [key for key in QUERY_KEYS if key in entry]
+    if len(given) > 1:
+        raise QueryError(f'{subject}: send either "image", "embedding" or "text" in one search, not both '
+                         f'"{given[0]}" and "{given[1]}"', 422)
     if "embedding" in entry:
         return "embedding", entry["embedding"]  # checked by the service (422 for anything but d finite numbers)
     if "image" in entry:
         if not isinstance(entry["image"], str):
             raise QueryError(f"{subject}: 'image' must be a string: the image file in base64 (or a data: URL)", 422)
         return "image", entry["image"]
-    raise QueryError(f'{subject} needs "image" (base64 image file) or "embedding" (list of numbers)', 422)
+    if "text" in entry:
+        return "text", text_query(entry["text"], subject)
+    raise QueryError(f'{subject} needs "image" (base64 image file), "embedding" (list of numbers) or "text" (what '
+                     "you are looking for, in words)", 422)
 
 
 def json_query(payload: dict[str, Any], service: SearchService
                ) -> tuple[Any, int | None, str | None, RerankConfig | None]:
-    """The query (image bytes or embedding list), the body's ``k``, ``where`` and ``rerank`` (None if absent) of a
-    JSON body."""
+    """The query (image bytes, embedding list or ``TextQuery``), the body's ``k``, ``where`` and ``rerank`` (None if
+    absent) of a JSON body."""
     check_keys(payload, JSON_KEYS)
     kind, value = query_entry(payload)
     k, where = body_k_and_where(payload)
@@ -80,20 +87,23 @@ def batch_json(
 ) -> tuple[list[Any], int | None, str | None, bool | None, RerankConfig | None]:
     """The queries, ``k``, ``where``, ``exclude_self`` and ``rerank`` (None if absent) of a JSON batch body.
 
-    A query is image bytes, an embedding list, or the ``QueryError`` of an image that is not valid base64 (or too
-    large): that query alone is answered by its error. Anything else malformed refuses the batch (422).
+    A query is image bytes, an embedding list, a ``TextQuery``, or the ``QueryError`` of an image that is not valid
+    base64 (or too large): that query alone is answered by its error. Anything else malformed (a text query's text
+    too) refuses the batch (422).
     """
     check_keys(payload, BATCH_KEYS)
     queries = payload.get("queries")
     if not isinstance(queries, list):
-        raise QueryError('the JSON body needs "queries": a list of {"image": BASE64} or {"embedding": [...]}', 422)
+        raise QueryError('the JSON body needs "queries": a list of {"image": BASE64}, {"embedding": [...]} or '
+                         '{"text": "..."}', 422)
     check_batch_size(len(queries))  # before decoding any of them
     rerank = body_rerank(payload)  # a bad one refuses the batch before any image is decoded
     parsed: list[Any] = []
     for position, entry in enumerate(queries):
         subject = f"queries[{position}]"
         if not isinstance(entry, dict):
-            raise QueryError(f'{subject} must be an object: {{"image": BASE64}} or {{"embedding": [...]}}', 422)
+            raise QueryError(f'{subject} must be an object: {{"image": BASE64}}, {{"embedding": [...]}} or '
+                             '{"text": "..."}', 422)
         check_keys(entry, QUERY_KEYS, subject)
         kind, value = query_entry(entry, subject)
         entry.clear()  # its base64 text is decoded below: held once, not twice, while the batch waits
@@ -144,7 +154,7 @@ def parse_search_body(body: bytes, service: SearchService
     """A JSON search body -> ``json_query``'s query, ``k``, ``where`` and ``rerank``; CPU work (run off the event
     loop)."""
     payload = parse_json_object(body, search_value_bound(service.current().dim), MAX_SEARCH_DEPTH,
-                                '{"image": BASE64} or {"embedding": [...]}')
+                                '{"image": BASE64}, {"embedding": [...]} or {"text": "..."}')
     return json_query(payload, service)
 
 
@@ -153,5 +163,5 @@ def parse_batch_body(body: bytes, service: SearchService
     """A JSON batch body -> ``batch_json``'s queries, ``k``, ``where``, ``exclude_self``, ``rerank``; CPU work (off
     the loop)."""
     payload = parse_json_object(body, MAX_BATCH_QUERIES * search_value_bound(service.current().dim), MAX_BATCH_DEPTH,
-                                '{"queries": [{"image": BASE64} | {"embedding": [...]}, ...]}')
+                                '{"queries": [{"image": BASE64} | {"embedding": [...]} | {"text": "..."}, ...]}')
     return batch_json(payload, service)

@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
-from retrieval.index.milvus_client import MilvusUnavailable
+from retrieval.index.milvus.milvus_client import MilvusUnavailable
 from retrieval.serve.admission import CLIENT_CLOSED, Busy, ClientGone
 from retrieval.serve.images import QueryError
 

@@ -15,6 +15,7 @@ from retrieval.index.search import MAX_K
 from retrieval.options import declared_options, hint_members
 from retrieval.rerank import API_KEY, RerankConfig, method_names
 from retrieval.serve.defaults import MAX_BATCH_QUERIES
+from retrieval.text.tokens import MAX_TEXT_CHARS
 
 DEFAULT_K = 10
 EXCLUDE_SELF_HELP = ("leave out the gallery item whose file has exactly the query's bytes (query_item), as the app "
@@ -58,8 +59,10 @@ ERROR_STATUSES = {
     413: "The request body or the image is over the upload limit (for a batch: the per-image limit for each of "
     f"{MAX_BATCH_QUERIES} images, capped; see /stats limits)",
     415: "Neither multipart/form-data nor application/json",
-    422: "Well-formed but invalid: k out of range, unknown JSON keys or form fields, image and embedding together, "
-    "an embedding of the wrong length, with non-numbers, non-finite numbers or all zeros, a malformed where, "
+    422: "Well-formed but invalid: k out of range, unknown JSON keys or form fields, two queries together (image, "
+    "embedding, text), an embedding of the wrong length, with non-numbers, non-finite numbers or all zeros, a text "
+    f"that is not a string, empty or over {MAX_TEXT_CHARS} characters, a text query to a server without a text "
+    "model, a malformed where, "
     "a JSON body of more values than the request can use or numbers of over 1,000 characters, "
     f"a batch of no queries or more than {MAX_BATCH_QUERIES}, an unknown rerank method or a parameter out of its "
     "range, or re-ranking on an index that keeps no vectors",
@@ -164,15 +167,27 @@ class LimitsModel(BaseModel):
 
 
 class StatsModel(BaseModel):
-    service: dict[str, Any] = Field(description="the index and model being served (names, not server paths)")
+    service: dict[str, Any] = Field(description="the index and model being served (names, not server paths), and "
+                                    "whether it searches by text (text_search, text_model)")
     batcher: dict[str, Any] = Field(description="model calls and how many requests shared them")
     index: dict[str, Any] = Field(description="size, type, parameters, recall vs exact search, latency")
     admission: dict[str, Any] = Field(description="searches and batches running and waiting, request bytes held")
     limits: LimitsModel
 
 
-def query_properties(dim: int) -> dict[str, Any]:
-    """The JSON schema properties of one query, "image" or "embedding" (POST /search and each batch query)."""
+TEXT_PROPERTY = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": MAX_TEXT_CHARS,
+    "pattern": r"\S",  # not blank: the surrounding whitespace is stripped
+    "description": 'what you are looking for, in words (e.g. "a red apple"), embedded by the server\'s text model '
+    f"into the index's space; at most {MAX_TEXT_CHARS} characters",
+}
+
+
+def query_properties(dim: int, text: bool = False) -> dict[str, Any]:
+    """The JSON schema properties of one query, "image" or "embedding", and "text" on a server with a text model
+    (``text``) (POST /search and each batch query)."""
     return {
         "image": {
             "type": "string",
@@ -188,10 +203,17 @@ def query_properties(dim: int) -> dict[str, Any]:
             "maxItems": dim,
             "contains": {"not": {"const": 0}},
         },
-    }
+    } | ({"text": TEXT_PROPERTY} if text else {})
 
 
-ONE_QUERY = [{"required": ["image"]}, {"required": ["embedding"]}]
+def one_query(text: bool = False) -> list[dict[str, Any]]:
+    """The ``oneOf`` of a query: exactly one of its kinds."""
+    return [{"required": ["image"]}, {"required": ["embedding"]}] + ([{"required": ["text"]}] if text else [])
+
+
+def query_kinds(text: bool = False) -> str:
+    """The kinds of query a body may hold, for its description."""
+    return '"image", "embedding" and "text"' if text else '"image" and "embedding"'
 K_PROPERTY = {"type": "integer", "minimum": 1, "maximum": MAX_K, "description": "number of results"}
 WHERE_PROPERTY = {"type": "string", "minLength": 1, "maxLength": MAX_FILTER_CHARS, "description": WHERE_HELP}
 
@@ -230,8 +252,9 @@ def multipart_body(files: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def search_request_body(dim: int) -> dict[str, Any]:
-    """The OpenAPI request body of POST /search: an image file upload, or a JSON object."""
+def search_request_body(dim: int, text: bool = False) -> dict[str, Any]:
+    """The OpenAPI request body of POST /search: an image file upload, or a JSON object (with a "text" query on a
+    server with a text model: ``text``)."""
     return {
         "required": True,
         "content": {
@@ -240,20 +263,21 @@ def search_request_body(dim: int) -> dict[str, Any]:
             "application/json": {
                 "schema": {
                     "type": "object",
-                    "description": 'exactly one of "image" and "embedding"; "k" and "rerank" here and in the query '
+                    "description": f'exactly one of {query_kinds(text)}; "k" and "rerank" here and in the query '
                     "must agree",
-                    "properties": query_properties(dim) | {"k": K_PROPERTY, "where": WHERE_PROPERTY,
-                                                           API_KEY: rerank_property()},
+                    "properties": query_properties(dim, text) | {"k": K_PROPERTY, "where": WHERE_PROPERTY,
+                                                                 API_KEY: rerank_property()},
                     "additionalProperties": False,
-                    "oneOf": ONE_QUERY,
+                    "oneOf": one_query(text),
                 }
             },
         },
     }
 
 
-def batch_request_body(dim: int) -> dict[str, Any]:
-    """The OpenAPI request body of POST /search/batch: several image files, or a JSON list of queries."""
+def batch_request_body(dim: int, text: bool = False) -> dict[str, Any]:
+    """The OpenAPI request body of POST /search/batch: several image files, or a JSON list of queries (texts too on a
+    server with a text model: ``text``)."""
     return {
         "required": True,
         "content": {
@@ -272,10 +296,10 @@ def batch_request_body(dim: int) -> dict[str, Any]:
                             "type": "array",
                             "minItems": 1,
                             "maxItems": MAX_BATCH_QUERIES,
-                            "description": f"1 to {MAX_BATCH_QUERIES} queries, each exactly one of \"image\" and "
-                            '"embedding"',
-                            "items": {"type": "object", "properties": query_properties(dim),
-                                      "additionalProperties": False, "oneOf": ONE_QUERY},
+                            "description": f"1 to {MAX_BATCH_QUERIES} queries, each exactly one of "
+                            f"{query_kinds(text)}",
+                            "items": {"type": "object", "properties": query_properties(dim, text),
+                                      "additionalProperties": False, "oneOf": one_query(text)},
                         },
                         "k": K_PROPERTY,
                         "where": WHERE_PROPERTY,

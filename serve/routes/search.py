@@ -32,6 +32,7 @@ from retrieval.serve.routes.schemas import (
 )
 from retrieval.serve.service import SearchService
 from retrieval.serve.service.answers import SearchResponse
+from retrieval.serve.service.text import TextQuery
 
 SEARCH_PATH = "/search"
 BATCH_PATH = "/search/batch"
@@ -108,12 +109,13 @@ async def search(
     where: WhereParameter = None,
     rerank: RerankParameter = None,
 ) -> Any:
-    """Top-k gallery images for an uploaded image, a base64 image, or an embedding (re-ranked with ``rerank``)."""
+    """Top-k gallery images for an uploaded image, a base64 image, an embedding, or a text (what you are looking
+    for, in words, where the server has a text model) (re-ranked with ``rerank``)."""
     content_type = request.headers.get("content-type", "").lower()
     if not content_type.startswith(("multipart/form-data", "application/json")):
         raise QueryError(
             "send multipart/form-data with a file field 'image', or application/json with "
-            '"image" (base64) or "embedding"',
+            '"image" (base64), "embedding" or "text"',
             415,
         )
     limits, service = api.limits, api.service
@@ -148,13 +150,14 @@ async def search_batch(
     where: WhereParameter = None,
     rerank: RerankParameter = None,
 ) -> Any:
-    """Top-k for each of up to MAX_BATCH_QUERIES images or embeddings: the images are embedded in one model
-    call and all queries searched at once. An image that cannot be read gets an error entry in its place."""
+    """Top-k for each of up to MAX_BATCH_QUERIES images, embeddings or texts: the images are embedded in one model
+    call, the texts in one call of the text model, and all queries searched at once. An image that cannot be read
+    gets an error entry in its place."""
     content_type = request.headers.get("content-type", "").lower()
     if not content_type.startswith(("multipart/form-data", "application/json")):
         raise QueryError(
             "send multipart/form-data with the file field 'image' once per image, or application/json with "
-            '{"queries": [{"image": BASE64} | {"embedding": [...]}, ...]}',
+            '{"queries": [{"image": BASE64} | {"embedding": [...]} | {"text": "..."}, ...]}',
             415,
         )
     limits, service = api.limits, api.service
@@ -173,13 +176,14 @@ async def search_batch(
             k = agreed("k", body_k, k, "k" in request.query_params)
             exclude_self = agreed("exclude_self", body_exclude, exclude_self,
                                   "exclude_self" in request.query_params)
-        images = sum(isinstance(query, (bytes, bytearray)) for query in queries)
+        # images and texts: each a model call's share (a text runs the text model, a few milliseconds)
+        embedded = sum(isinstance(query, (bytes, bytearray, TextQuery)) for query in queries)
         # a batch of embeddings alone is as cheap as a few searches: it does not wait behind image batches; a
-        # costly re-ranking of embeddings waits behind neither, nor holds up either; a batch of images stays in the
-        # batches lane (its decoding bounded there), re-ranked in the same turn
+        # costly re-ranking of embeddings waits behind neither, nor holds up either; a batch of images (or texts)
+        # stays in the batches lane (its decoding bounded there), re-ranked in the same turn
         costly = reranked_lane(limits, service, chosen, len(queries))  # a 422 over the memory bound, first
-        if images:
-            lane, cost = limits.batches, images
+        if embedded:
+            lane, cost = limits.batches, embedded
         else:
             lane, cost = costly or (limits.searches, 1)
         return await answered(lane, request, batch_answer, service, queries, k, exclude_self, where, chosen,

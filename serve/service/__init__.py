@@ -9,6 +9,9 @@ catalogue is read through per-thread read-only connections) and runs in the call
 The index is served as ``ServedIndex`` states (``retrieval.index.live``): a watcher swaps in a new state about a
 second after a writer (``retrieval index add/remove/...``) finishes, and each request uses the one state it took
 at its start, so it sees the index before or after a change, never a mix (see ``retrieval.index.live``).
+
+Text queries are embedded by each state's text model (``retrieval.serve.service.text``): ``text_model`` (loaded once,
+checked against each state), else the one the state's index.json records, loaded once while it stays recorded.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 from retrieval.index.live import RELOAD_INTERVAL_S, LiveIndex, Snapshot
-from retrieval.index.milvus_collection import MilvusPlace
+from retrieval.index.milvus.milvus_collection import MilvusPlace
 from retrieval.index.query_embedder import ImageEmbedder
 from retrieval.serve.defaults import DEFAULT_MAX_PIXELS, DEFAULT_MAX_UPLOAD_BYTES
 from retrieval.serve.service.answers import SearchResponse
@@ -25,6 +28,8 @@ from retrieval.serve.service.items import ItemFiles
 from retrieval.serve.service.search import Searching
 from retrieval.serve.service.state import ServedIndex, SharedModel
 from retrieval.serve.service.stats import Statistics
+from retrieval.serve.service.text import state_text
+from retrieval.text.text_onnx import TextEmbedder
 
 # the package's public names: ``retrieval.serve`` exports SearchService and SearchResponse from here
 __all__ = ["SearchResponse", "SearchService", "ServedIndex"]
@@ -50,8 +55,11 @@ class SearchService(Searching, ItemFiles, Statistics):
         reload_interval_s: float | None = RELOAD_INTERVAL_S,
         gallery_root: str | Path | None = None,
         milvus: MilvusPlace | None = None,
+        text_model: str | Path | None = None,
     ) -> None:
         self.milvus = milvus  # a Milvus collection served instead of the folder (``index_dir`` is then its name)
+        # the text model given (--text-model): loaded once, before the first state checks it against the index
+        self._text = TextEmbedder(text_model) if text_model is not None else None
         self.index_dir = Path(index_dir if milvus is None else milvus.collection)
         self.gallery_root = gallery_root  # where the gallery moved (--gallery-root); None: found from index.json
         self.max_upload_bytes, self.max_pixels = int(max_upload_bytes), int(max_pixels)
@@ -59,7 +67,7 @@ class SearchService(Searching, ItemFiles, Statistics):
         self.generation = 0  # states opened, each swapped in at once (1: the first); /metrics counts reloads by it
         identity = None
         if milvus is not None:  # the alias's collection and model: an upgrade moves them, adds and removes do not
-            from retrieval.index.milvus_index import watch_identity
+            from retrieval.index.milvus.milvus_index import watch_identity
 
             identity = watch_identity(milvus)
         self.live: LiveIndex[ServedIndex] = LiveIndex(self.index_dir, self._open_state, reload_interval_s,
@@ -68,7 +76,7 @@ class SearchService(Searching, ItemFiles, Statistics):
     def _open_state(self, previous: ServedIndex | None) -> ServedIndex:
         """The folder's state now; its model is the previous state's unless the index records another one."""
         if self.milvus is not None:
-            from retrieval.index.milvus_index import MilvusIndex
+            from retrieval.index.milvus.milvus_index import MilvusIndex
 
             snapshot = MilvusIndex(self.milvus, gallery_root=self.gallery_root)
             if self._embedder is not None:
@@ -87,7 +95,9 @@ class SearchService(Searching, ItemFiles, Statistics):
                 snapshot.embedder = model.embedder
             else:  # loads the ONNX model recorded in index.json now, not per request
                 model = SharedModel(snapshot.embedder, *self._batching)
-            state = ServedIndex(snapshot, model)
+            text = state_text(snapshot.info, self.index_dir, model.embedder, self._text,
+                              previous.text if previous is not None else None)
+            state = ServedIndex(snapshot, model, text)
             self.generation += 1  # opens are serialised (LiveIndex's reload lock, or the constructor)
             return state
         except BaseException:

@@ -1,5 +1,5 @@
 """Searching: ``SearchService.search`` and ``search_batch`` (decode, embed through the micro-batcher, one faiss
-search), each answered from one state of the index."""
+search; a text query embedded by the state's text model), each answered from one state of the index."""
 
 from __future__ import annotations
 
@@ -20,8 +20,10 @@ from retrieval.serve.images import QueryError, decode_query
 from retrieval.serve.service.answers import QueryItem, SearchResponse
 from retrieval.serve.service.checks import check_batch_size, check_embedding, checked_k_and_where, no_model_refusal
 from retrieval.serve.service.state import ServedIndex
+from retrieval.serve.service.text import TextQuery
 
-Query = Image.Image | bytes | np.ndarray | list[float]  # an image, an image file's bytes, or an embedding [d]
+# an image, an image file's bytes, an embedding [d], or words
+Query = Image.Image | bytes | np.ndarray | list[float] | TextQuery
 
 NO_MATCH_NOTE = "the filter matches no image of the index"  # the note's start: the app tells it from the others
 
@@ -53,7 +55,8 @@ class Searching:
         model = state.model
         started = time.perf_counter()
         with model.batcher.reservation() as submit:
-            batch = images if isinstance(images, np.ndarray) else preprocess_images(images, model.embedder.model_config)
+            batch = images if isinstance(images, np.ndarray) else \
+                preprocess_images(images, model.embedder.preprocessing)
             prepared = time.perf_counter()
             future = submit(batch)
         result = future.result(timeout=120)
@@ -65,9 +68,19 @@ class Searching:
         }
         return result.embeddings, timing
 
+    def embed_texts(self, texts: list[str], state: ServedIndex) -> tuple[np.ndarray, dict[str, float]]:
+        """Embed ``texts`` (checked: ``text_query``) with the text model of ``state``, in one call; a 422 saying
+        why and what to do where it has none."""
+        text = state.text.embedder
+        if text is None:
+            raise state.text.refusal()
+        started = time.perf_counter()
+        vectors = text.embed(texts)
+        return vectors, {"embed_ms": (time.perf_counter() - started) * 1000, "batch_size": len(texts)}
+
     def search(
         self,
-        query: Image.Image | bytes | np.ndarray | list[float],
+        query: Query,
         k: int = 10,
         exclude_ids: tuple[int, ...] = (),
         exclude_self: bool = False,
@@ -76,7 +89,8 @@ class Searching:
         rerank: RerankConfig | None = None,
         cancelled: Callable[[], bool] | None = None,
     ) -> SearchResponse:
-        """Top-k of a PIL image, the bytes of an image file, or an embedding [d]; ``exclude_ids`` dropped.
+        """Top-k of a PIL image, the bytes of an image file, an embedding [d] or a ``TextQuery`` (embedded by the
+        state's text model); ``exclude_ids`` dropped.
 
         For image bytes, ``query_item`` is the gallery item with identical bytes (if any); ``exclude_self``
         leaves it out of the results (a query picked from the gallery is not its own answer). ``where``: only
@@ -99,7 +113,7 @@ class Searching:
     def _search(
         self,
         state: ServedIndex,
-        query: Image.Image | bytes | np.ndarray | list[float],
+        query: Query,
         k: int,
         exclude_ids: tuple[int, ...],
         exclude_self: bool,
@@ -120,6 +134,10 @@ class Searching:
         if isinstance(query, Image.Image):
             embedding, embed_timing = self.embed_images([query], state)
             timing.update(embed_timing)
+        elif isinstance(query, TextQuery):
+            embedded, embed_timing = self.embed_texts([query.text], state)
+            embedding = embedded[0]
+            timing.update(embed_timing)
         else:
             embedding = check_embedding(query, state.index.dim)
         search_started = time.perf_counter()
@@ -139,10 +157,12 @@ class Searching:
         cancelled: Callable[[], bool] | None = None,
         rerank: RerankConfig | None = None,
     ) -> list[SearchResponse | QueryError]:
-        """Top-k of each query (as ``search``), in order: the images embedded in ONE model call, one faiss search.
+        """Top-k of each query (as ``search``), in order: the images embedded in ONE model call, the texts in one
+        call of the text model, one faiss search.
 
         Rules: 1..``MAX_BATCH_QUERIES`` queries; ``k``, ``where`` and ``exclude_self`` apply to every query; an
-        invalid embedding, k or filter refuses the whole batch (422, the query named by its position). Only what
+        invalid embedding, k or filter refuses the whole batch (422, the query named by its position), as does a
+        text query to a state without a text model. Only what
         decoding alone can tell is per query: an image that cannot be decoded (or is over the size or pixel
         limit) is answered by its ``QueryError`` in place, as is a ``QueryError`` the caller passes (e.g. bad
         base64), and the other queries are answered. Per-query timing: its own ``decode_ms``; the stages the
@@ -174,11 +194,15 @@ class Searching:
         started = time.perf_counter()
         vectors: dict[int, np.ndarray] = {}  # position -> unit vector
         for position, query in enumerate(queries):  # embeddings first: a bad one refuses the batch before any decode
-            if not isinstance(query, (QueryError, Image.Image, bytes, bytearray)):
+            if not isinstance(query, (QueryError, Image.Image, bytes, bytearray, TextQuery)):
                 try:
                     vectors[position] = check_embedding(query, state.index.dim)
                 except QueryError as exc:
                     raise QueryError(f"queries[{position}]: {exc}", exc.status) from exc
+        texts = {position: query.text for position, query in enumerate(queries) if isinstance(query, TextQuery)}
+        if texts and state.text.embedder is None:  # refuses the batch, as an image query to no model does
+            refusal = state.text.refusal()
+            raise QueryError(f"queries[{next(iter(texts))}]: {refusal}", refusal.status)
         if not state.index.has_model:  # an image query refuses the batch, as an invalid embedding does
             for position, query in enumerate(queries):
                 if isinstance(query, (Image.Image, bytes, bytearray)):
@@ -188,14 +212,14 @@ class Searching:
         # each image becomes the model's small input as soon as it is decoded: a batch never holds 64 decoded
         # images at once (a tiny PNG can declare tens of megapixels within the pixel limit)
         images: dict[int, np.ndarray] = {}
-        config = state.model.embedder.model_config if state.index.has_model else {}
+        preprocessing = state.model.embedder.preprocessing if state.index.has_model else None
         own: dict[int, int] = {}  # position -> the gallery item it leaves out (exclude_self)
         for position, query in enumerate(queries):
             answer = answers[position]
             if isinstance(query, QueryError):
                 answers[position] = query
             elif isinstance(query, Image.Image):
-                images[position] = preprocess_images([query], config)[0]
+                images[position] = preprocess_images([query], preprocessing)[0]
             elif isinstance(query, (bytes, bytearray)):
                 if cancelled is not None and cancelled():  # nobody waits for the answer: stop between images
                     raise ClientGone()
@@ -204,7 +228,7 @@ class Searching:
                 except QueryError as exc:  # this query only: the others are answered
                     answers[position] = exc
                     continue
-                images[position] = preprocess_images([decoded], config)[0]
+                images[position] = preprocess_images([decoded], preprocessing)[0]
                 del decoded
                 answer.timing["decode_ms"] = decode_ms
                 answer.excluded_self = exclude_self and answer.query_item is not None
@@ -214,6 +238,10 @@ class Searching:
         if images:  # the whole batch in one reservation: one model call, never query by query
             embedded, shared = self.embed_images(np.stack(list(images.values())), state)
             vectors |= dict(zip(images, embedded, strict=True))
+        shared_text: dict[str, float] = {}
+        if texts:  # every text of the batch in one call of the text model
+            embedded, shared_text = self.embed_texts(list(texts.values()), state)
+            vectors |= dict(zip(texts, embedded, strict=True))
         searched = sorted(vectors)
         if searched:
             search_started = time.perf_counter()
@@ -225,7 +253,8 @@ class Searching:
                 assert isinstance(answer, SearchResponse)
                 answer.results = results
                 answer.notes += no_match_notes(state, where, results)
-                timing = answer.timing | (shared if position in images else {}) | {
+                timing = answer.timing | (shared if position in images else shared_text if position in texts
+                                          else {}) | {
                     "search_ms": search_ms, "total_ms": (time.perf_counter() - started) * 1000}
                 answer.timing = {key: round(value, 3) for key, value in timing.items()}
         return answers

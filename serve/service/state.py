@@ -1,4 +1,5 @@
-"""One opened state of the index (``ServedIndex``) and the model its queries are embedded with (``SharedModel``)."""
+"""One opened state of the index (``ServedIndex``) and the model its queries are embedded with (``SharedModel``; its
+text queries: ``StateText``)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,12 @@ from typing import Any
 import numpy as np
 
 from retrieval.index import SearchResult
-from retrieval.index.catalogue import CatalogueReader
-from retrieval.index.faiss_search import NoStoredVectors
+from retrieval.index.catalogue_reader import CatalogueReader
+from retrieval.index.faiss_backend.faiss_search import NoStoredVectors
 from retrieval.index.filters import Filter, FilterError
 from retrieval.index.layout import InconsistentIndexError
 from retrieval.index.live import Snapshot
-from retrieval.index.milvus_client import MilvusUnavailable
+from retrieval.index.milvus.milvus_client import MilvusUnavailable
 from retrieval.index.query_embedder import ImageEmbedder
 from retrieval.rerank import Cancelled, RerankConfig, RerankTooLarge, gallery_filled
 from retrieval.serve.admission import ClientGone
@@ -25,6 +26,7 @@ from retrieval.serve.batcher import MicroBatcher
 from retrieval.serve.diagnostics import LeaveOneOut, NeighbourScores, leave_one_out, neighbour_scores
 from retrieval.serve.images import QueryError
 from retrieval.serve.service.answers import QueryItem
+from retrieval.serve.service.text import StateText
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +59,11 @@ class ServedIndex:
     A request takes one (``SearchService.live.acquire``) and answers from it alone: results, query item, items.
     """
 
-    def __init__(self, snapshot: Snapshot, model: SharedModel) -> None:
+    def __init__(self, snapshot: Snapshot, model: SharedModel, text: StateText | None = None) -> None:
         self.index, self.identity = snapshot, snapshot.identity
         self.gallery_root = snapshot.gallery_root
         self.model = model.use()
+        self.text = text if text is not None else StateText()  # the text model of its text queries, if any
         self._lock = threading.Lock()
         self._stats: dict[str, Any] | None = None
         self._loo: LeaveOneOut | None = None

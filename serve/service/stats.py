@@ -28,6 +28,10 @@ class Statistics:
         state.index.check_ready()
         return {"vectors": len(state), "embedding_dim": state.index.dim}
 
+    def text_search(self) -> bool:
+        """Whether the state served now searches by text (it has a text model)."""
+        return self.current().text.embedder is not None
+
     def describe(self, state: ServedIndex | None = None) -> dict[str, Any]:
         """The index and model of ``state`` (default: the current one) for the operator: server paths included."""
         state = self.current() if state is None else state
@@ -39,8 +43,9 @@ class Statistics:
             "model_hash": state.index.model_hash,
             "model_path": state.index.info.get("model_path"),
             # built from embeddings: no model, so no input size (image queries are refused)
-            "input_size": int(state.embedder.model_config["input_size"]) if state.index.has_model else None,
+            "input_size": state.embedder.preprocessing.input_size if state.index.has_model else None,
             **({} if state.index.has_model else {"source": state.index.info.get("source")}),
+            **state.text.describe(),  # text search: on, with its text model, or off (and why, where one was asked)
         }
 
     # --- slower summaries, computed once per state
@@ -71,6 +76,9 @@ class Statistics:
 
         described = self.describe(state)
         described |= {"index_dir": name(described["index_dir"]), "model_path": name(described["model_path"])}
+        if described["text_model"] is not None:
+            described["text_model"] = described["text_model"] | {
+                "text_model_path": name(described["text_model"]["text_model_path"])}
         index = state.index_stats()
         index = index | {"index_dir": name(index.get("index_dir"))}
         if isinstance(index.get("model"), dict):

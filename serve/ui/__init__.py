@@ -10,7 +10,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from retrieval.serve.report_view import MAX_PROSE_CHARS, markdown_code, markdown_text
+from retrieval.serve.page_text import MAX_PROSE_CHARS, markdown_code, markdown_text
 from retrieval.serve.service import SearchService
 from retrieval.serve.ui.evaluation import EvaluationTab
 from retrieval.serve.ui.index import IndexTab
@@ -73,7 +73,7 @@ def build_ui(
         tabs = ("Evaluation", *(("Results",) if results is not None else ()), "Index")
         with gr.Tabs():
             with gr.Tab("Search", id="search"):
-                SearchTab(service, examples, UploadRecords(demo), facts, tabs).build()
+                SearchTab(service, examples, UploadRecords(demo), facts, tabs).build(demo)
             with gr.Tab("Evaluation", id="evaluation"):
                 EvaluationTab(service, Path(report) if report else None, facts).build(demo)
             if results is not None:  # a results grid belongs to the data it was measured on: only when given

@@ -17,27 +17,25 @@ from retrieval.reports import READINGS_FILE
 from retrieval.serve.curation_view import CurationView, ThresholdError, parse_threshold
 from retrieval.serve.diagnostics import duplicates
 from retrieval.serve.images import QueryError
-from retrieval.serve.report_view import (
-    MAP_EQUALS_RECALL_NOTE,
-    METRIC_UNIT,
-    RunReport,
+from retrieval.serve.page_text import METRIC_UNIT, markdown_text, percent, shown_text
+from retrieval.serve.report_files import RunReport, load_report
+from retrieval.serve.report_plots import (
     compatibility_plot,
     curves_plot,
-    data_relation_markdown,
     domains_plot,
-    embedding_map_note,
     embedding_map_plot,
-    load_report,
-    markdown_text,
     moved_plot,
-    percent,
     pseudo_labels_plot,
     recall_plot,
     retrieval_plot,
-    shown_text,
-    summary_markdown,
     triplet_plot,
     wise_plot,
+)
+from retrieval.serve.report_summary import (
+    MAP_EQUALS_RECALL_NOTE,
+    data_relation_markdown,
+    embedding_map_note,
+    summary_markdown,
 )
 from retrieval.serve.service import SearchService
 from retrieval.serve.ui.shared import MAX_ERROR_CHARS, MAX_PATH_CHARS, NO_LATEX, GalleryFacts, thumbnail

@@ -6,7 +6,7 @@ from typing import Any
 
 import gradio as gr
 
-from retrieval.serve.report_view import METRIC_UNIT, percent
+from retrieval.serve.page_text import METRIC_UNIT, percent
 from retrieval.serve.service import SearchService
 from retrieval.serve.stats_view import human_bytes, statistics_markdown
 from retrieval.serve.ui.shared import NO_LATEX

@@ -9,15 +9,9 @@ import gradio as gr
 from PIL import Image
 
 from retrieval.analysis.results import RESULTS_COMMAND, table_markdown
-from retrieval.serve.report_view import (
-    MAX_PROSE_CHARS,
-    METRIC_UNIT,
-    load_results,
-    markdown_code,
-    markdown_text,
-    results_curve_image,
-    shown_text,
-)
+from retrieval.serve.page_text import MAX_PROSE_CHARS, METRIC_UNIT, markdown_code, markdown_text, shown_text
+from retrieval.serve.report_files import load_results
+from retrieval.serve.report_plots import results_curve_image
 
 
 class ResultsTab:

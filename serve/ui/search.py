@@ -1,4 +1,5 @@
-"""The Search tab: a query image (upload, paste or gallery example), K, filters and re-ranking -> the results."""
+"""The Search tab: a query image (upload, paste or gallery example) or a description in words (where the server has
+a text model), K, filters and re-ranking -> the results."""
 
 from __future__ import annotations
 
@@ -14,13 +15,15 @@ from retrieval.index.filters import MAX_FILTER_CHARS, MAX_IN_VALUES
 from retrieval.rerank import NONE, PAPER_NEIGHBOURHOOD, RERANKERS, RerankConfig, method_names
 from retrieval.serve.examples import example_ids
 from retrieval.serve.images import QueryError, decode_base64
-from retrieval.serve.report_view import markdown_code, markdown_text, shown_text
+from retrieval.serve.page_text import markdown_code, markdown_text, shown_text
 from retrieval.serve.service import SearchService
 from retrieval.serve.service.answers import SearchResponse
 from retrieval.serve.service.checks import no_model_refusal
 from retrieval.serve.service.search import NO_MATCH_NOTE
+from retrieval.serve.service.text import TextQuery
 from retrieval.serve.ui.shared import MAX_ERROR_CHARS, MAX_PATH_CHARS, METRIC_TABS, NO_LATEX, GalleryFacts, thumbnail
 from retrieval.serve.upload_cache import UploadRecords
+from retrieval.text.tokens import MAX_TEXT_CHARS, check_query_text
 
 MAX_SLIDER_K = 100  # the K slider's top: the app shows at most this many results (the API allows MAX_K)
 EXAMPLE_COUNT = 12
@@ -30,6 +33,9 @@ IMAGE_STATUSES = (400, 413)  # the service's answers to an upload it cannot read
 MAX_COLUMNS_SHOWN = 20  # a manifest's filter columns named in the where box's label
 MAX_COLUMN_CHARS = 40  # each of those names (the index allows 64)
 MAX_PICKED_LABEL_CHARS = 1000  # the label picker offers labels up to this long (a where holds 4,000 characters)
+NO_TEXT_NOTE = ("Search by text is off: this server has no text model. Start it with one (`retrieval serve --index "
+                "INDEX --text-model TEXT.onnx`), or record one in the index (`retrieval index text INDEX --text-model "
+                "TEXT.onnx`).")
 # Run in the page before a search: closes the pop-ups still open (they were about an earlier try).
 CLOSE_TOASTS = "() => { document.querySelectorAll('.toast-close').forEach((button) => button.click()); return []; }"
 
@@ -129,9 +135,10 @@ class SearchTab:
             raise QueryError(f"re-ranking must be one of {', '.join(method_names())}, got {str(method)[:20]!r}", 422)
         return RerankConfig(method=method)
 
-    def search(self, upload: Any, k: float, labels: Any = None, where: Any = None, rerank: Any = None
-               ) -> tuple[list[tuple[Image.Image, str]], str, Any]:
-        """The results, the status line and the query box after a search.
+    def search(self, upload: Any, k: float, labels: Any = None, where: Any = None, rerank: Any = None,
+               text: Any = None) -> tuple[list[tuple[Image.Image, str]], str, Any]:
+        """The results, the status line and the query box after a search: by ``text`` (the description box) where it
+        is given, else by the image.
 
         It searches with the uploaded file's bytes exactly as the API does: the same decoder and messages, and a
         query that is a gallery item (identical bytes) is left out of its own results (``exclude_self``);
@@ -139,15 +146,20 @@ class SearchTab:
         search that fails replaces the previous results and status with what went wrong, inline: the next search
         replaces it in turn (a pop-up would stay over later results). An upload that cannot be read leaves the
         query box, where the browser would show it as a broken image. ``rerank`` (the re-ranking picker) re-orders
-        the shortlist as the API's ``rerank`` does.
+        the shortlist as the API's ``rerank`` does. A description is searched as the API's ``text`` is (the filters
+        and the re-ranking apply), with the same inline errors.
         """
         keep = gr.skip()
         try:
             k = self.check_k(k)
             condition = self.where(labels, where)
             reranking = self.rerank(rerank)
+            if text is not None and not isinstance(text, str):
+                raise QueryError("the description must be text, e.g. \"a red apple\"", 422)
         except QueryError as exc:
             return [], failure_markdown("Cannot search", exc), keep
+        if text and text.strip():
+            return (*self.search_text(text, k, condition, reranking, used_image=bool(upload)), keep)
         state = self.service.current()
         if not state.index.has_model:  # built from embeddings: nothing can embed an upload
             return [], failure_markdown("Cannot search with an image", no_model_refusal(state)), keep
@@ -164,6 +176,25 @@ class SearchTab:
             title = "Cannot use this filter" if exc.status == 422 and condition else "Cannot search"
             return [], failure_markdown(title, exc), keep
         return self.results(response), self.status(response, condition), keep
+
+    def search_text(self, text: str, k: int, condition: str | None, reranking: RerankConfig | None,
+                    used_image: bool = False) -> tuple[list[tuple[Image.Image, str]], str]:
+        """The results and the status line of a search by description, through the served state's text model."""
+        try:
+            query = TextQuery(check_query_text(text))
+        except ValueError as exc:
+            return [], failure_markdown("Cannot search by text", exc)
+        state = self.service.current()
+        if state.text.embedder is None:  # checked first: a filter's 422 is not mistaken for this one
+            return [], failure_markdown("Cannot search by text", state.text.refusal())
+        try:
+            response = self.service.search(query, k, where=condition, rerank=reranking)
+        except QueryError as exc:
+            title = "Cannot use this filter" if exc.status == 422 and condition else "Cannot search by text"
+            return [], failure_markdown(title, exc)
+        image = " (the image was not used: clear the description to search with it)" if used_image else ""
+        lead = f"Searched by the description {markdown_code(query.text, MAX_NOTE_CHARS)}{image}."
+        return self.results(response), f"{lead}\n\n{self.status(response, condition)}"
 
     def results(self, response: SearchResponse) -> list[tuple[Image.Image, str]]:
         """The gallery's thumbnails and captions: score, label, and the path the API gives and filters compare."""
@@ -216,12 +247,31 @@ class SearchTab:
             )
         return "\n\n".join(lines)
 
+    def description_settings(self) -> dict[str, Any]:
+        """The "or describe it" box as the served state allows it: enabled with a text model, else disabled with a
+        note on how to start the server with one."""
+        text_on = self.service.text_search()
+        return {"interactive": text_on, "placeholder": 'e.g. "a red apple", then Enter' if text_on else None,
+                "info": "searched by the server's text model instead of the image while it holds words" if text_on
+                else NO_TEXT_NOTE}
+
+    def description_box(self) -> gr.Textbox:
+        """The "or describe it" box (``description_settings``)."""
+        return gr.Textbox(label="or describe it", max_length=MAX_TEXT_CHARS, lines=1, elem_id="query-text",
+                          **self.description_settings())
+
+    def description_update(self) -> Any:
+        """The description box made again at a page load: a text model recorded since the server started (taken up
+        at a reload) enables it, one that stopped fitting disables it."""
+        return gr.Textbox(**self.description_settings())
+
     @staticmethod
     def close_preview() -> Any:
         """Close the results' enlarged view (runs before each search, so the new results show as a grid)."""
         return gr.Gallery(selected_index=None)
 
-    def build(self) -> None:
+    def build(self, demo: gr.Blocks | None = None) -> None:
+        """The tab's components and events (``demo``: the page, whose every load refreshes the description box)."""
         with gr.Row(equal_height=False):
             with gr.Column(scale=1, min_width=280):
                 # the uploaded file itself (preprocess=False below): decoded by the API's decoder, not Gradio's
@@ -233,6 +283,7 @@ class SearchTab:
                     elem_id="query-image",
                     height=280,
                 )
+                description = self.description_box()
                 top_k = gr.Slider(
                     1,
                     self.max_k(),
@@ -293,8 +344,15 @@ class SearchTab:
         button.click(
             self.close_preview, None, gallery, queue=False, show_progress="hidden", api_visibility="private",
             js=CLOSE_TOASTS,
-        ).then(self.search, [query, top_k, label_pick, where_box, rerank_pick], [gallery, timing, query],
+        ).then(self.search, [query, top_k, label_pick, where_box, rerank_pick, description], [gallery, timing, query],
                api_name="search", preprocess=False)
+        description.submit(  # Enter in the description searches, as the button does
+            self.close_preview, None, gallery, queue=False, show_progress="hidden", api_visibility="private",
+            js=CLOSE_TOASTS,
+        ).then(self.search, [query, top_k, label_pick, where_box, rerank_pick, description], [gallery, timing, query],
+               api_name="text_search", preprocess=False, api_visibility="private")
+        if demo is not None:  # a text model recorded since the server started enables the box at the next visit
+            demo.load(self.description_update, None, description, api_name=False)
         # what the gallery is and how to read the results: after the search itself, so the upload box comes first
         gr.Markdown(self.facts.intro_markdown(self.service, self.tabs), elem_id="intro", latex_delimiters=NO_LATEX)
 

@@ -14,7 +14,7 @@ from PIL import Image
 from retrieval.data import open_image
 from retrieval.data.emoji import emoji_name, is_code_point_sequence
 from retrieval.serve.defaults import API_DOCS_PATH
-from retrieval.serve.report_view import MAX_PROSE_CHARS, METRIC_UNIT, markdown_code, markdown_text, shown_text
+from retrieval.serve.page_text import MAX_PROSE_CHARS, METRIC_UNIT, markdown_code, markdown_text, shown_text
 from retrieval.serve.service import SearchService
 from retrieval.serve.service.state import ServedIndex
 

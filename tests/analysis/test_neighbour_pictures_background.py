@@ -8,7 +8,8 @@ from PIL import Image
 
 from retrieval.analysis.neighbour_pictures import duplicates_picture, suspects_picture
 from retrieval.data.colour import DEFAULT_BACKGROUND
-from retrieval.index.duplicates import picture_background
+from retrieval.data.preprocessing import ModelPreprocessing
+from retrieval.index.curation.catalogued_images import picture_background
 from retrieval.index.query_embedder import NoModel
 
 
@@ -58,7 +59,7 @@ def test_transparency_is_drawn_on_the_models_background():
 
 def test_the_pictures_background_is_the_models():
     class Model:
-        model_config = {"input_size": 32, "mean": [0.5] * 3, "std": [0.5] * 3, "background": [10, 20, 30]}
+        preprocessing = ModelPreprocessing(input_size=32, mean=(0.5,) * 3, std=(0.5,) * 3, background=(10, 20, 30))
 
     assert picture_background(Model()) == (10, 20, 30)
     assert picture_background(NoModel(8, "somewhere")) == DEFAULT_BACKGROUND  # built from embeddings: white

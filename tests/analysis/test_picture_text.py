@@ -106,21 +106,23 @@ def training_wise(label: str, tmp_path: Path):
 
 
 def app_recall(label: str, tmp_path: Path):
-    from retrieval.serve.report_view import RunReport, recall_plot
+    from retrieval.serve.report_files import RunReport
+    from retrieval.serve.report_plots import recall_plot
 
     best = {"epoch": label, "recall@1": 0.5, "recall@2": 0.7}
     return recall_plot(RunReport(tmp_path / "report.json", {"kind": "train", "best": best}))
 
 
 def app_curves(label: str, tmp_path: Path):
-    from retrieval.serve.report_view import RunReport, curves_plot
+    from retrieval.serve.report_files import RunReport
+    from retrieval.serve.report_plots import curves_plot
 
     history = [{"epoch": 1, "loss": 1.0, "recall@1": 0.5, "extra": {label: {"recall@1": 0.4}}}]
     return curves_plot(RunReport(tmp_path / "report.json", {"kind": "train", "history": history}))
 
 
 def app_results(label: str, tmp_path: Path):
-    from retrieval.serve.report_view import results_curve_image
+    from retrieval.serve.report_plots import results_curve_image
 
     curve = {"id": "t", "title": label, "ylabel": label, "series": {label: {label: [0.1, 0.2]}}}
     return results_curve_image({"curves": [curve]}, "t")

@@ -111,7 +111,8 @@ def digits_run(tmp_path_factory):
 
 
 def test_the_training_report_and_the_app_show_the_pictures(digits_run):
-    from retrieval.serve.report_view import embedding_map_plot, load_report, retrieval_plot
+    from retrieval.serve.report_files import load_report
+    from retrieval.serve.report_plots import embedding_map_plot, retrieval_plot
 
     run, report = digits_run
     assert report["plots"]["retrieval"] == "retrieval.png" and report["plots"]["embedding_map"] == "embedding_map.png"

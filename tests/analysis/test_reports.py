@@ -1,11 +1,11 @@
-"""retrieval.reports builds both kinds of report.json; the app's reader (serve.report_view) accepts both."""
+"""retrieval.reports builds both kinds of report.json; the app's reader (serve.report_files) accepts both."""
 
 import json
 
 import numpy as np
 
 from retrieval.reports import REPORT_FORMAT, evaluate_report, save_report, train_report
-from retrieval.serve.report_view import load_report
+from retrieval.serve.report_files import load_report
 
 
 def test_train_and_evaluate_reports_round_trip_through_the_reader(tmp_path):

@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner
+from index_builds import load_models_as
 
 from retrieval.cli.errors import OptionCommand
 from retrieval.cli.main import main
@@ -24,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # --- the core: its own parameter names --------------------------------------------------------------------------
 def test_the_core_names_its_parameters_not_the_flags(tmp_path):
-    from retrieval.index.engine import RayOptions
-    from retrieval.index.ray_engine import RayEngine
+    from retrieval.index.embedding.engine import RayOptions
+    from retrieval.index.embedding.ray_engine import RayEngine
     from retrieval.index.sources import list_gallery
     from retrieval.losses import build
     from retrieval.losses.memory import CrossBatchMemory
@@ -67,7 +68,7 @@ def test_a_caller_renames_the_parameter_it_passed_under_another_name(tmp_path):
 
 # --- the command line: its own options ---------------------------------------------------------------------------
 def test_the_command_line_names_the_option(tmp_path, monkeypatch):
-    monkeypatch.setattr("retrieval.index.writer.load_model", lambda path, providers="auto": object())
+    load_models_as(monkeypatch, lambda path, providers="auto": object())
     missing = tmp_path / "nope"
     result = CliRunner().invoke(main, ["index", "build", "--model", "m.onnx", "--images", str(missing), "--out",
                                        str(tmp_path / "idx"), "--workers", "0"])
@@ -123,15 +124,17 @@ LOGGERS = {"log", "logger", "_log", "LOG", "warnings"}
 LOG_METHODS = {"debug", "info", "warning", "warn", "error", "exception", "critical", "log"}
 # Flags that are not ours: the documented commands of other tools that a message tells the user to run.
 NOT_OUR_FLAGS = {
-    "retrieval/index/ray_engine.py": {"--head", "--address"},  # `ray start --head`, `ray start --address=...`
-    "retrieval/index/milvus_build.py": {"--data-dir"},  # `milvus-lite server --data-dir DIR`
+    "retrieval/index/embedding/ray_engine.py": {"--head", "--address"},  # `ray start --head`, `ray start --address=...`
+    "retrieval/index/milvus/milvus_build.py": {"--data-dir"},  # `milvus-lite server --data-dir DIR`
 }
 # The whole command a damaged index needs: the server's logs and answers show it too, where no command line
 # translates a parameter's name.
 # An index whose vectors are in Milvus: the commands that search and update it, and the push into a Milvus Lite file.
 WHOLE_COMMANDS = {"retrieval/index/layout.py": {"--rebuild", "--milvus", "--collection"},
-                  "retrieval/index/milvus_build.py": {"--milvus", "--collection"},
-                  "retrieval/index/audit.py": {"--label-from"}}  # an unlabelled index: the relabelling command
+                  "retrieval/index/milvus/milvus_build.py": {"--milvus", "--collection"},
+                  "retrieval/index/curation/audit.py": {"--label-from"},  # an unlabelled index: the relabelling command
+                  # an index searched by text with no text model: the command that records one (a server says it too)
+                  "retrieval/text/text_index.py": {"--text-model"}}
 
 
 class MessageStrings:

@@ -31,6 +31,10 @@ class FakeSteps:
         monkeypatch.setattr("retrieval.index.build_index", self.build_index)
         monkeypatch.setattr("retrieval.onnx_runtime.OnnxEmbedder", self.embedder)
         monkeypatch.setattr(demo, "measure_readings", self.readings)
+        monkeypatch.setattr("retrieval.train.text_tower.train_text_tower", self.train_text)
+        monkeypatch.setattr("retrieval.text.text_onnx.TextEmbedder", self.text_embedder)
+        monkeypatch.setattr("retrieval.text.text_index.record_text_model", self.record_text)
+        self.recorded: list[Path] = []
 
     def prepare(self, out: Path) -> None:
         self.calls.append("prepare")
@@ -62,6 +66,22 @@ class FakeSteps:
     def embedder(self, path):
         return type("Embedder", (), {"config_hash": self.config_hash, "model_hash": self.model_hash})()
 
+    def train_text(self, config, export, log_line=print):
+        self.calls.append("text")
+        assert set(config.caption_column) == {"name", "subgroup_text"} and Path(config.images).is_file()
+        out = Path(config.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "text.onnx").write_text(json.dumps({"image_model_hash": self.model_hash}))
+        report = {"held_out": {"recall@10": 0.3}}
+        (out / "report.json").write_text(json.dumps(report))
+        return report
+
+    def text_embedder(self, path):
+        return type("Text", (), json.loads(Path(path).read_text()))()
+
+    def record_text(self, index_dir, text_path):
+        self.recorded.append(Path(text_path))
+
     def build_index(self, manifest, out, model, split):
         self.calls.append("index")
         assert split == "test" and Path(manifest).name == demo.GALLERY_CSV
@@ -77,7 +97,8 @@ def steps(monkeypatch) -> FakeSteps:
 
 def test_each_step_runs_once_then_is_skipped(tmp_path, steps):
     report = demo.run_demo(tmp_path)
-    assert steps.calls == ["prepare", "train", "readings", "export", "index"]
+    assert steps.calls == ["prepare", "train", "readings", "export", "index", "text"]
+    assert steps.recorded == [tmp_path / "text" / "text.onnx"]  # the index searches by text
     assert report["last"]["recall@1"] == 0.2
     saved = json.loads((tmp_path / "run" / "report.json").read_text())["config"]["train"]
     assert saved["dataset"] == "emoji" and saved["backbone"] == "efficientnet_lite0" and saved["pretrained"]
@@ -94,7 +115,7 @@ def test_a_changed_recipe_retrains_and_reexports_but_keeps_data(tmp_path, steps)
     time.sleep(0.01)
     steps.config_hash, steps.model_hash = "config-2", "model-2"
     demo.run_demo(tmp_path, epochs=1)
-    assert steps.calls == ["train", "readings", "export", "index"]
+    assert steps.calls == ["train", "readings", "export", "index", "text"]  # a new model: its own text tower
     assert json.loads((tmp_path / "run" / "report.json").read_text())["config"]["train"]["epochs"] == 1
 
 

@@ -28,6 +28,7 @@ from retrieval.rerank import (
     rerank_candidates,
     rerank_from_json,
     rerank_lists,
+    shortlists,
     work_units,
 )
 
@@ -316,7 +317,7 @@ def test_dba_sums_the_neighbours_without_a_candidates_by_neighbours_by_dimension
 def test_k_reciprocal_expansion_in_blocks_gives_the_same_distances(monkeypatch):
     query, candidates = unit_rows(1, 16, 42)[0], clustered(120, 16, 43)
     whole = k_reciprocal_distances(query, candidates, 30, 6, 0.3)
-    monkeypatch.setattr(methods, "_PAIR_BLOCK", 7)
+    monkeypatch.setattr(methods, "PAIR_BLOCK", 7)
     np.testing.assert_array_equal(k_reciprocal_distances(query, candidates, 30, 6, 0.3), whole)
 
 
@@ -348,14 +349,14 @@ def test_rerank_lists_stops_between_queries_once_cancelled():
     gallery = unit_rows(30, 8, 44)
     lists = np.tile(np.arange(10), (5, 1))
     done = []
-    real = methods.rerank_candidates
+    real = shortlists.rerank_candidates
 
     def counted(*args):
         done.append(1)
         return real(*args)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(methods, "rerank_candidates", counted)
+        patch.setattr(shortlists, "rerank_candidates", counted)
         with pytest.raises(Cancelled):
             rerank_lists(unit_rows(5, 8, 45), lists, lambda ids: gallery[ids], RerankConfig(method="qe"),
                          cancelled=lambda: len(done) >= 2)
@@ -368,7 +369,7 @@ def test_a_batch_reads_its_vectors_in_blocks_and_answers_as_in_one(monkeypatch):
     config = RerankConfig(method="kreciprocal", candidates=10, k1=4, k2=2)
     whole = rerank_lists(queries, lists, lambda ids: gallery[ids], config)
     asked = []
-    monkeypatch.setattr(methods, "VECTOR_BLOCK_BYTES", 3 * 10 * 8 * 4)  # three queries' shortlists a block
+    monkeypatch.setattr(shortlists, "VECTOR_BLOCK_BYTES", 3 * 10 * 8 * 4)  # three queries' shortlists a block
 
     def vectors(ids):
         asked.append(len(ids))

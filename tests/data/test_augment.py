@@ -21,10 +21,11 @@ from retrieval.data.augment import (
 )
 from retrieval.data.colour import FlattenAlpha
 from retrieval.data.eval_preprocess import RESIZE_RATIO
+from retrieval.data.preprocessing import ModelPreprocessing
 from retrieval.data.transforms import ScaleAndNormalise
 from retrieval.train.config import TrainConfig
 
-CONFIG = {"input_size": 32, "mean": (0.5, 0.4, 0.3), "std": (0.2, 0.25, 0.3)}
+CONFIG = ModelPreprocessing(input_size=32, mean=(0.5, 0.4, 0.3), std=(0.2, 0.25, 0.3))
 
 
 def rgb(width: int = 50, height: int = 70, seed: int = 0) -> Image.Image:
@@ -35,14 +36,14 @@ def rgba(width: int = 50, height: int = 70, seed: int = 1) -> Image.Image:
     return Image.fromarray(np.random.default_rng(seed).integers(0, 255, (height, width, 4), dtype=np.uint8), "RGBA")
 
 
-def old_train_pipeline(model_config: dict) -> v2.Compose:
+def old_train_pipeline(preprocessing: ModelPreprocessing) -> v2.Compose:
     """build_transforms(train=True) as it was hard-coded before augmentation was configurable."""
-    size = model_config["input_size"]
+    size = preprocessing.input_size
     return v2.Compose(
         [
             FlattenAlpha((255, 255, 255)), v2.Resize(int(size * RESIZE_RATIO), antialias=True),
             v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip(), v2.ToImage(),
-            v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean=model_config["mean"], std=model_config["std"]),
+            v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean=preprocessing.mean, std=preprocessing.std),
         ]
     )
 
@@ -67,7 +68,7 @@ def test_crop_scale_and_ratio_are_used():
     image = rgb(60, 60)
     resize = v2.Compose([v2.Resize(int(32 * RESIZE_RATIO), antialias=True), v2.Resize(32, antialias=True),
                          v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
-                         v2.Normalize(mean=CONFIG["mean"], std=CONFIG["std"])])
+                         v2.Normalize(mean=CONFIG.mean, std=CONFIG.std)])
     expected = resize(image)
     assert all(torch.equal(run(transform, image, seed), expected) for seed in range(5))
     crop = next(step for step in build_transforms(CONFIG, train=True, augmentation=resolve_augmentation("light"))
@@ -274,7 +275,7 @@ def test_uint8_pixels_normalised_on_arrival_equal_the_workers_float_images(prese
     augmentation = resolve_augmentation(preset)
     floats = build_transforms(CONFIG, train=True, augmentation=augmentation)
     pixels = build_transforms(CONFIG, train=True, augmentation=augmentation, normalise=False)
-    mean, std = (torch.tensor(CONFIG[key], dtype=torch.float64).view(3, 1, 1) for key in ("mean", "std"))
+    mean, std = (torch.tensor(values, dtype=torch.float64).view(3, 1, 1) for values in (CONFIG.mean, CONFIG.std))
     for seed in range(6):
         for image in (rgb(), rgba()):
             raw = run(pixels, image, seed)

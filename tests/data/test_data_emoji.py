@@ -64,7 +64,7 @@ def test_prepare_small_tree_and_load(tmp_path):
     assert json.loads((out / "info.json").read_text())["classes"] == info["classes"]
     with open(out / "manifest.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
-    assert len(rows) == info["images"] and set(rows[0]) == {"path", "label", "split", "group", "subgroup"}
+    assert len(rows) == info["images"] and set(rows[0]) == {"path", "label", "split", "group", "subgroup", "name"}
     assert all((row["group"], row["subgroup"]) == (group_of(row["label"]) or ("", "")) for row in rows)
     assert all((out / row["path"]).is_file() for row in rows)
     train_labels = sorted({r["label"] for r in rows if r["split"] == "train"})

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
 from retrieval.data import build_transforms, preprocess_eval
+from retrieval.data.preprocessing import ModelPreprocessing
 
-CONFIG = {"input_size": 32, "mean": (0.5, 0.4, 0.3), "std": (0.2, 0.25, 0.3)}
+CONFIG = ModelPreprocessing(input_size=32, mean=(0.5, 0.4, 0.3), std=(0.2, 0.25, 0.3))
 
 
 def test_eval_matches_a_manual_reference():
@@ -25,7 +28,7 @@ def test_eval_centre_crops_after_resize():
     array = np.zeros((40, 80, 3), np.uint8)
     array[:, 40:] = 255  # left half black, right half white
     out = preprocess_eval(
-        Image.fromarray(array).convert("L"), {**CONFIG, "mean": (0, 0, 0), "std": (1, 1, 1)}
+        Image.fromarray(array).convert("L"), replace(CONFIG, mean=(0, 0, 0), std=(1, 1, 1))
     )
     # Resize short side to 36 (72x36), centre crop 32: columns 20..51, the middle is the edge.
     assert out[:, :, :12].max() < 0.05 and out[:, :, 20:].min() > 0.95
@@ -41,15 +44,14 @@ def test_train_is_random_and_right_shape():
 
 
 def test_timm_style_size_and_errors():
-    assert preprocess_eval(Image.new("RGB", (10, 10)), {**CONFIG, "input_size": (3, 16, 16)}).shape == (
-        3,
-        16,
-        16,
-    )
+    timm_style = ModelPreprocessing.from_config({**CONFIG.to_config(), "input_size": (3, 16, 16)})
+    assert preprocess_eval(Image.new("RGB", (10, 10)), timm_style).shape == (3, 16, 16)
     with pytest.raises(ValueError, match="input_size"):
-        build_transforms({**CONFIG, "input_size": None}, train=False)
+        ModelPreprocessing.from_config({**CONFIG.to_config(), "input_size": None})
     with pytest.raises(ValueError, match="mean"):
-        build_transforms({"input_size": 8}, train=True)
+        ModelPreprocessing.from_config({"input_size": 8})
+    with pytest.raises(ValueError, match=r"model_config\['std'\] must be non-zero"):
+        replace(CONFIG, std=(1, 0, 1))
 
 
 def torchvision_eval(config):
@@ -58,10 +60,10 @@ def torchvision_eval(config):
 
     from retrieval.data.transforms import background_of
 
-    size = config["input_size"] if isinstance(config["input_size"], int) else config["input_size"][-1]
+    size = config.input_size
     return v2.Compose([background_of(config), v2.Resize(int(size * 1.14), antialias=True), v2.CenterCrop(size),
                        v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
-                       v2.Normalize(mean=list(config["mean"]), std=list(config["std"]))])
+                       v2.Normalize(mean=list(config.mean), std=list(config.std))])
 
 
 def random_images(count: int):
@@ -79,7 +81,7 @@ def random_images(count: int):
 def test_eval_preprocess_equals_torchvision_bit_for_bit(size):
     from retrieval.data.eval_preprocess import EvalPreprocess
 
-    config = {**CONFIG, "input_size": size, "background": [20, 200, 90]}
+    config = replace(CONFIG, input_size=size, background=(20, 200, 90))
     reference, ours = torchvision_eval(config), EvalPreprocess(config)
     images = list(random_images(60)) + [Image.new("RGB", (size, size)), Image.new("RGB", (int(size * 1.14), 500))]
     for image in images:
@@ -93,7 +95,7 @@ def test_crop_then_batched_normalize_equals_the_whole_preprocess():
     """Ray's decode tasks ship uint8 crops and the actor normalises a batch: the input must not change a bit."""
     from retrieval.data.eval_preprocess import EvalPreprocess
 
-    preprocess = EvalPreprocess({**CONFIG, "input_size": 24, "background": [20, 200, 90]})
+    preprocess = EvalPreprocess(replace(CONFIG, input_size=24, background=(20, 200, 90)))
     images = list(random_images(40))
     crops = np.stack([preprocess.crop(image) for image in images])
     assert crops.dtype == np.uint8 and crops.shape == (40, 3, 24, 24)
@@ -106,7 +108,7 @@ def test_crop_then_batched_normalize_equals_the_whole_preprocess():
 def test_normalize_rejects_what_crop_does_not_make():
     from retrieval.data.eval_preprocess import EvalPreprocess
 
-    preprocess = EvalPreprocess({**CONFIG, "input_size": 8})
+    preprocess = EvalPreprocess(replace(CONFIG, input_size=8))
     with pytest.raises(ValueError, match="uint8"):
         preprocess.normalize(np.zeros((2, 3, 8, 8), np.float32))
     with pytest.raises(ValueError, match=r"3, 8, 8"):
@@ -121,7 +123,9 @@ def test_eval_preprocess_needs_no_torch(tmp_path):
     code = (
         "import sys; import numpy as np; from PIL import Image\n"
         "from retrieval.data.eval_preprocess import EvalPreprocess\n"
-        "out = EvalPreprocess({'input_size': 16, 'mean': (0.5,) * 3, 'std': (0.5,) * 3})(Image.new('RGBA', (30, 20)))\n"
+        "from retrieval.data.preprocessing import ModelPreprocessing\n"
+        "config = ModelPreprocessing.from_config({'input_size': 16, 'mean': (0.5,) * 3, 'std': (0.5,) * 3})\n"
+        "out = EvalPreprocess(config)(Image.new('RGBA', (30, 20)))\n"
         "assert out.shape == (3, 16, 16)\n"
         "assert not [m for m in sys.modules if m.split('.')[0] in ('torch', 'torchvision')], 'torch was imported'\n"
     )

@@ -12,6 +12,7 @@ import textwrap
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -26,10 +27,11 @@ from retrieval.data.decode import DEFAULT_MAX_PIXELS, MAX_COUNTED_PAGES, ImageDe
 from retrieval.data.decode_budget import DECODE_BUDGET, DECODE_BUDGET_BYTES, DecodeBudget
 from retrieval.data.decode_memory import MAX_ASPECT, MAX_DECODE_BYTES, MIB
 from retrieval.data.formats import IMAGE_EXTENSIONS, IMAGE_FORMATS, SIGNATURE_BYTES, sniff_image_format
+from retrieval.data.preprocessing import ModelPreprocessing
 from retrieval.data.synthetic import bmp_rle8, bomb_png, encode, flat, png_rgba16, turned_with_profile
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = {"input_size": 32, "mean": [0.5] * 3, "std": [0.5] * 3}
+CONFIG = ModelPreprocessing(input_size=32, mean=(0.5,) * 3, std=(0.5,) * 3)
 
 
 # --- transparency ----------------------------------------------------------------------------------
@@ -62,7 +64,7 @@ def test_transparent_pixels_become_the_background_colour(name):
 def test_preprocessing_uses_the_models_background():
     decoded = read_image(transparent_variants()["RGBA"]).image
     white = build_transforms(CONFIG, train=False)(decoded)
-    black = build_transforms(CONFIG | {"background": [0, 0, 0]}, train=False)(decoded)
+    black = build_transforms(replace(CONFIG, background=(0, 0, 0)), train=False)(decoded)
     assert white[:, 0, 0].tolist() == pytest.approx([1.0, 1.0, 1.0])  # (255 / 255 - 0.5) / 0.5
     assert black[:, 0, 0].tolist() == pytest.approx([-1.0, -1.0, -1.0])
 
@@ -485,7 +487,7 @@ def test_non_regular_files_are_refused_before_reading(path, tmp_path):
 def test_extreme_aspect_ratios_are_cropped_around_the_centre(size):
     image = read_image(encode(Image.new("RGB", size, (10, 200, 30)))).image
     assert max(image.size) <= MAX_ASPECT * min(image.size) and min(image.size) == min(size)
-    assert build_transforms(CONFIG | {"input_size": 224}, train=False)(image).shape == (3, 224, 224)
+    assert build_transforms(replace(CONFIG, input_size=224), train=False)(image).shape == (3, 224, 224)
 
 
 def test_large_images_are_shrunk_by_an_integer_factor():
@@ -579,7 +581,8 @@ def warm_probe(tmp_path_factory):
 MEMORY_PROBE = """
     from retrieval.data import build_transforms, open_image
     from retrieval.data.decode import ImageDecodeError
-    config = {"input_size": 224, "mean": [0.5] * 3, "std": [0.5] * 3}
+    from retrieval.data.preprocessing import ModelPreprocessing
+    config = ModelPreprocessing(input_size=224, mean=(0.5,) * 3, std=(0.5,) * 3)
     for train in (False, True):
         build_transforms(config, train)(open_image(sys.argv[2]))
     idle = reset_peak()

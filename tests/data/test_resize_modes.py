@@ -5,6 +5,7 @@ with the model and followed everywhere the one preprocessing runs (evaluation, e
 from __future__ import annotations
 
 import pickle
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,10 +14,11 @@ from PIL import Image
 
 from retrieval.data.augment import resolve_augmentation
 from retrieval.data.eval_preprocess import EvalPreprocess
+from retrieval.data.preprocessing import ModelPreprocessing
 from retrieval.data.transforms import build_transforms
-from retrieval.onnx_runtime import _identity_digest
 
-CONFIG = {"input_size": 32, "mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25], "background": [255, 255, 255]}
+CONFIG = ModelPreprocessing(input_size=32, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), background=(255, 255, 255))
+PAD = replace(CONFIG, resize="pad")
 
 
 def wide_symbol(ends: str) -> Image.Image:
@@ -42,7 +44,7 @@ def letterbox_by_hand(image: Image.Image, side: int, background) -> np.ndarray:
 @pytest.mark.parametrize("size", [(300, 84), (84, 300), (33, 32), (1, 500), (32, 32), (7, 3)])
 def test_pad_letterboxes_the_whole_image_onto_the_background(size):
     image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (*size[::-1], 3), np.uint8))
-    got = EvalPreprocess(CONFIG | {"resize": "pad"}).crop(image)
+    got = EvalPreprocess(PAD).crop(image)
     assert got.shape == (3, 32, 32) and got.dtype == np.uint8
     np.testing.assert_array_equal(got.transpose(1, 2, 0), letterbox_by_hand(image, 32, (255, 255, 255)))
 
@@ -51,7 +53,7 @@ def test_a_wide_images_ends_survive_pad_but_not_crop():
     """Two 300 x 84 symbols differing only at their ends: one input under crop (cosine 1.000 in any model),
     two inputs under pad."""
     treble, bass = wide_symbol("treble"), wide_symbol("bass")
-    crop, pad = EvalPreprocess(CONFIG), EvalPreprocess(CONFIG | {"resize": "pad"})
+    crop, pad = EvalPreprocess(CONFIG), EvalPreprocess(PAD)
     np.testing.assert_array_equal(crop(treble), crop(bass))
     assert np.abs(pad(treble) - pad(bass)).max() > 1.0
     bands = pad.crop(treble)[:, :5]  # a wide image gets background bands above and below
@@ -60,14 +62,14 @@ def test_a_wide_images_ends_survive_pad_but_not_crop():
 
 def test_an_unknown_mode_is_refused_naming_the_modes():
     with pytest.raises(ValueError, match="must be one of crop, pad, got 'stretch'"):
-        EvalPreprocess(CONFIG | {"resize": "stretch"})
+        ModelPreprocessing.from_config(CONFIG.to_config() | {"resize": "stretch"})
 
 
 def test_a_cropping_model_keeps_its_hash_and_a_letterboxing_one_gets_another():
     """Models from before the mode (no key) and crop models are the same model; pad embeds other pixels."""
-    before = _identity_digest(CONFIG).hexdigest()
-    assert _identity_digest(CONFIG | {"resize": "crop"}).hexdigest() == before
-    assert _identity_digest(CONFIG | {"resize": "pad"}).hexdigest() != before
+    before = CONFIG.identity_digest().hexdigest()
+    assert replace(CONFIG, resize="crop").identity_digest().hexdigest() == before
+    assert PAD.identity_digest().hexdigest() != before
 
 
 def test_pad_training_keeps_the_object_in_view():
@@ -77,7 +79,7 @@ def test_pad_training_keeps_the_object_in_view():
     pixels[:, :12] = (200, 0, 0)  # red at the left end, blue at the right
     pixels[:, -12:] = (0, 0, 200)
     image = Image.fromarray(pixels)
-    transform = build_transforms(CONFIG | {"resize": "pad", "input_size": 64}, train=True,
+    transform = build_transforms(replace(PAD, input_size=64), train=True,
                                  augmentation=resolve_augmentation("crop-flip"), normalise=False)
     transform = pickle.loads(pickle.dumps(transform))  # DataLoader workers get a copy
     for seed in range(20):
@@ -95,7 +97,7 @@ def test_crop_training_is_unchanged_by_the_mode():
     torch.manual_seed(3)
     old = build_transforms(CONFIG, train=True, augmentation=augmentation)(image)
     torch.manual_seed(3)
-    new = build_transforms(CONFIG | {"resize": "crop"}, train=True, augmentation=augmentation)(image)
+    new = build_transforms(replace(CONFIG, resize="crop"), train=True, augmentation=augmentation)(image)
     assert torch.equal(old, new)
 
 
@@ -111,14 +113,14 @@ def test_device_decoding_letterboxes_as_the_workers_do(tmp_path, augmentation):
     rgba[10:40, 20:180] = (200, 30, 30, 255)
     Image.fromarray(rgba, "RGBA").save(tmp_path / "clear.png")
     paths.append(str(tmp_path / "clear.png"))
-    config = DEVICE_CONFIG | {"resize": "pad", "background": "black"}
+    config = replace(DEVICE_CONFIG, resize="pad", background="black")
     cpu, images, labels, bad, encoded = both_pipelines(paths, augmentation, config=config)
     assert bad == [] and labels.tolist() == cpu.labels.tolist() and images.shape == cpu.inputs.shape
     assert [item.encoded for item in encoded.inputs.images] == [True] * 6 + [False]
     # the same size, place and flip: pixels differ by the resampling and the JPEG decoder only
     assert (images - cpu.inputs).abs().mean(dim=(1, 2, 3)).max() < 0.05
     # the margins are the model's background (black, normalised), as the workers' canvas is
-    black = ((0 - torch.tensor(DEVICE_CONFIG["mean"])) / torch.tensor(DEVICE_CONFIG["std"])).view(3, 1)
+    black = ((0 - torch.tensor(DEVICE_CONFIG.mean)) / torch.tensor(DEVICE_CONFIG.std)).view(3, 1)
     top, left, height, width = encoded.inputs.images[0].box
     margin = 0 if top > 0 else top + height  # a row above or below the wide image
     assert height < 64 and torch.allclose(images[0, :, margin, :], black.expand(3, 64), atol=1e-5)
@@ -135,11 +137,14 @@ def test_the_feature_cache_tells_a_letterboxing_model_from_a_cropping_one(tmp_pa
     from retrieval.train.features import dataset_key
 
     class Model:
-        config = {"input_size": 32, "background": [255, 255, 255]}
+        preprocessing = CONFIG
 
     cfg = digits_config(tmp_path / "run", tmp_path / "cache")
     before = dataset_key(cfg, Model, "train")
-    Model.config = {**Model.config, "resize": "crop"}
+    assert before["input_size"] == 32 and "background" not in before and "resize" not in before
+    Model.preprocessing = replace(CONFIG, resize="crop")
     assert dataset_key(cfg, Model, "train") == before
-    Model.config = {**Model.config, "resize": "pad"}
-    assert dataset_key(cfg, Model, "train") != before
+    Model.preprocessing = PAD
+    assert dataset_key(cfg, Model, "train") == before | {"resize": "pad"}
+    Model.preprocessing = replace(CONFIG, background=(10, 20, 30))
+    assert dataset_key(cfg, Model, "train") == before | {"background": [10, 20, 30]}

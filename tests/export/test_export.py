@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
 import numpy as np
 import onnx
 import pytest
@@ -15,6 +18,7 @@ import retrieval.export.onnx_export as onnx_export
 from retrieval import onnx_runtime
 from retrieval.cli.export import export_command
 from retrieval.data import open_image, preprocess_eval
+from retrieval.data.preprocessing import ModelPreprocessing
 from retrieval.export import ExportVerificationError, OnnxEmbedder, export_embedder, sample_images, verify_export
 from retrieval.models import CHECKPOINT_FORMAT, config_hash, create_embedder
 from retrieval.onnx_runtime import embedder_model_hash, onnx_model_hash, preprocess_images, resolve_providers
@@ -24,7 +28,7 @@ SIZE = 64  # small inputs keep the tests fast; the graph is the same as at 224
 
 def torch_embed_files(model: nn.Module, paths) -> np.ndarray:
     """The PyTorch path: open_image (EXIF, RGB) -> preprocess_eval -> Embedder."""
-    batch = torch.stack([preprocess_eval(open_image(p), model.config) for p in paths])
+    batch = torch.stack([preprocess_eval(open_image(p), model.preprocessing) for p in paths])
     with torch.no_grad():
         return model.eval()(batch).numpy()
 
@@ -89,7 +93,7 @@ def test_export_verifies_fp32_on_real_images_at_batch_1_and_7(lite0_export):
 def test_parity_recomputed_independently(lite0, lite0_export):
     result, _ = lite0_export
     images = [image for _, image in sample_images(7)]
-    batch = torch.stack([preprocess_eval(image, lite0.config) for image in images])
+    batch = torch.stack([preprocess_eval(image, lite0.preprocessing) for image in images])
     with torch.no_grad():
         reference = lite0(batch).numpy()
     runtime = OnnxEmbedder(result.path, providers="cpu")
@@ -110,14 +114,15 @@ def test_metadata_round_trip(lite0, lite0_export):
     # one model, one hash: what the export prints and stores is what every reader computes from the
     # file's graph and weights; the PyTorch weights' fingerprint is kept as lineage
     assert props["model_hash"] == result.model_hash == runtime.model_hash
-    assert runtime.model_hash == onnx_model_hash(result.path, runtime.model_config)
+    assert runtime.model_hash == onnx_model_hash(result.path, runtime.preprocessing)
     assert props["source_model_hash"] == runtime.source_model_hash == embedder_model_hash(lite0)
     assert runtime.source_model_hash != runtime.model_hash and runtime.config_hash == "cafe0123"
     assert runtime.metadata == props
-    for key in ("backbone", "embedding_dim", "normalize", "input_size", "mean", "std", "feature_dim"):
-        assert runtime.model_config[key] == lite0.config[key]
+    # the model's whole config travels as it is; the record read from the metadata is the PyTorch model's
+    assert json.loads(props["model_config"]) == lite0.config
+    assert runtime.preprocessing == lite0.preprocessing
     image = sample_images(1)[0][1]
-    assert torch.equal(preprocess_eval(image, runtime.model_config), preprocess_eval(image, lite0.config))
+    assert torch.equal(preprocess_eval(image, runtime.preprocessing), preprocess_eval(image, lite0.preprocessing))
 
 
 def test_dynamic_batch_axis(lite0, lite0_export):
@@ -286,7 +291,7 @@ def test_model_hash_tracks_weights_not_the_dtype_they_are_held_in():
     model = create_embedder("resnet18", embedding_dim=8, pretrained=False)
     before = embedder_model_hash(model)
     assert embedder_model_hash(copy.deepcopy(model).double()) == before  # same fp32 values
-    assert embedder_model_hash(model, {**model.config, "input_size": 32}) != before  # preprocessing counts
+    assert embedder_model_hash(model, replace(model.preprocessing, input_size=32)) != before  # preprocessing counts
     with torch.no_grad():
         model.head.linear.bias[0] += 1e-3
     assert embedder_model_hash(model) != before
@@ -294,7 +299,7 @@ def test_model_hash_tracks_weights_not_the_dtype_they_are_held_in():
 
 
 def test_preprocess_images_is_the_eval_pipeline(image_files):
-    config = {"input_size": 48, "mean": [0.5, 0.4, 0.3], "std": [0.2, 0.3, 0.4]}
+    config = ModelPreprocessing(input_size=48, mean=(0.5, 0.4, 0.3), std=(0.2, 0.3, 0.4))
     paths = list(image_files.values())
     batch = preprocess_images(paths, config)
     expected = torch.stack([preprocess_eval(open_image(p), config) for p in paths]).numpy()

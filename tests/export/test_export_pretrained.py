@@ -14,6 +14,7 @@ from PIL import Image
 from retrieval.cli.export import export_command
 from retrieval.cli.main import main
 from retrieval.data import open_image, preprocess_eval
+from retrieval.data.preprocessing import ModelPreprocessing
 from retrieval.export import OnnxEmbedder
 from retrieval.models import create_backbone
 
@@ -58,7 +59,7 @@ def test_the_embedding_is_the_backbones_pooled_features_normalised(pretrained_ex
     paths = photos(tmp_path)
     got = OnnxEmbedder(out).embed(paths)
     backbone = create_backbone("efficientnet_lite0", pretrained=True).module.eval()
-    config = json.loads(OnnxEmbedder(out).metadata["model_config"])
+    config = ModelPreprocessing.from_config(json.loads(OnnxEmbedder(out).metadata["model_config"]))
     with torch.no_grad():
         features = backbone(torch.stack([preprocess_eval(open_image(p), config) for p in paths])).double().numpy()
     want = features / np.linalg.norm(features, axis=1, keepdims=True)

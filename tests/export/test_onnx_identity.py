@@ -29,7 +29,7 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 def test_transparent_png_embeds_like_the_same_image_flattened_on_the_background(model_path, tmp_path):
     runtime = OnnxEmbedder(model_path)
-    assert runtime.model_config["background"] == [255, 255, 255]
+    assert runtime.preprocessing.background == (255, 255, 255)
     transparent = sticker(96)
     flattened = Image.new("RGB", transparent.size, (255, 255, 255))
     flattened.paste(transparent, mask=transparent.getchannel("A"))

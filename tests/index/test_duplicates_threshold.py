@@ -14,13 +14,9 @@ from planted import plant, projection_model, write_patterns
 
 from retrieval.cli.main import main
 from retrieval.index import IngestOptions, build_index
-from retrieval.index.duplicates import (
-    Calibration,
-    advice,
-    choose_threshold,
-    nearest_distinct_scores,
-)
-from retrieval.index.neighbour_graph import NeighbourGraph
+from retrieval.index.curation.duplicates import advice
+from retrieval.index.curation.duplicates_threshold import Calibration, choose_threshold, nearest_distinct_scores
+from retrieval.index.curation.neighbour_graph import NeighbourGraph
 
 QUICK = IngestOptions(batch_size=32, workers=0, shard_size=64, progress=False)
 

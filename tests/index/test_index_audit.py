@@ -15,8 +15,8 @@ from planted import flip, projection_model, write_digits, write_patterns
 
 from retrieval.cli.main import main
 from retrieval.index import IngestOptions, build_index
-from retrieval.index.audit import audit_graph, confident_suspects, label_vote
-from retrieval.index.neighbour_graph import NeighbourGraph, exact_graph
+from retrieval.index.curation.audit import audit_graph, confident_suspects, label_vote
+from retrieval.index.curation.neighbour_graph import NeighbourGraph, exact_graph
 
 QUICK = IngestOptions(batch_size=32, workers=0, shard_size=64, progress=False)
 

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from embedders import FakeEmbedder
+from index_builds import load_models_as
 from PIL import Image
 
-from retrieval.index import faiss_keys, faiss_measure, faiss_params, faiss_tuning
+from retrieval.index.faiss_backend import faiss_keys, faiss_measure, faiss_params, faiss_tuning
 
 N, D = 20_000, 64
 
@@ -80,7 +81,7 @@ def test_the_command_line_builds_under_budgets_and_stats_says_what_it_chose(tmp_
     for i in range(60):
         (tmp_path / "g" / f"c{i % 3}").mkdir(parents=True, exist_ok=True)
         Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(tmp_path / "g" / f"c{i % 3}/{i}.png")
-    monkeypatch.setattr("retrieval.index.writer.load_model", lambda path, providers="auto": FakeEmbedder())
+    load_models_as(monkeypatch, lambda path, providers="auto": FakeEmbedder())
     result = CliRunner().invoke(main, ["index", "build", "--model", "m.onnx", "--images", str(tmp_path / "g"),
                                        "--out", str(tmp_path / "idx"), "--workers", "0", "--max-index-memory",
                                        "100K", "--max-query-ms", "50"])

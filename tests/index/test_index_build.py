@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from embedders import FakeEmbedder
-from index_builds import PAUSE_ENV, PAUSED, QUICK, assert_each_indexed_once, copy_gallery, run_fake_cli
+from index_builds import PAUSE_ENV, PAUSED, QUICK, assert_each_indexed_once, copy_gallery, load_models_as, run_fake_cli
 from sample_images import jpeg_bytes, png_bytes
 
 from retrieval.cli.index import index_group, search_command
@@ -29,16 +29,14 @@ from retrieval.index import (
     ModelMismatchError,
     add_images,
     build_index,
-    faiss_files,
-    faiss_keys,
-    faiss_params,
     index_stats,
     remove_images,
     repair_index,
 )
 from retrieval.index.catalogue import THROUGHPUT_META
-from retrieval.index.engines import ENGINES
-from retrieval.index.ingest import LocalEngine
+from retrieval.index.embedding.engines import ENGINES
+from retrieval.index.embedding.ingest import LocalEngine
+from retrieval.index.faiss_backend import faiss_files, faiss_keys, faiss_params
 from retrieval.index.shards import ShardStore
 from retrieval.index.sources import GalleryItem
 
@@ -417,8 +415,9 @@ WRITER_MODULES = {f"retrieval.index.{name}" for name in (
         ("retrieval.serve.diagnostics", WRITER_MODULES | {"torch"}),
         ("retrieval.index", WRITER_MODULES | {"torch"}),  # the package: its writer commands load on first use
         # no circle: the interface knows no engine, an engine knows neither the registry nor the commands
-        ("retrieval.index.engine", WRITER_MODULES | {"retrieval.index.ray_engine", "torch"}),
-        ("retrieval.index.ray_engine", {"retrieval.index.writer", "retrieval.index.engines", "ray"}),
+        ("retrieval.index.embedding.engine", WRITER_MODULES | {"retrieval.index.embedding.ray_engine", "torch"}),
+        ("retrieval.index.embedding.ray_engine",
+         {"retrieval.index.writing.writer", "retrieval.index.embedding.engines", "ray"}),
     ],
 )
 def test_import_graph(module, must_not_load):
@@ -453,7 +452,7 @@ def test_search_answers_the_good_queries_names_the_bad_and_can_exclude_itself(di
 def test_a_build_names_the_images_it_could_not_read_and_stats_failed_lists_them_all(digits, tmp_path, monkeypatch):
     """The first 10 unreadable images by name with why, and the command that lists the rest."""
     folder, _ = copy_gallery(digits, tmp_path)
-    monkeypatch.setattr("retrieval.index.writer.load_model", lambda path, providers="auto": FakeEmbedder())
+    load_models_as(monkeypatch, lambda path, providers="auto": FakeEmbedder())
     (tmp_path / "m.onnx").write_bytes(b"x")
     broken = sorted(f"broken-{n:02d}.png" for n in range(12))
     for name in broken:
@@ -475,7 +474,7 @@ def test_a_build_names_the_images_it_could_not_read_and_stats_failed_lists_them_
 def test_index_commands_end_with_a_line_for_people_and_the_next_command(digits, tmp_path, monkeypatch):
     """One summary line and the next command (JSON only with --json); add reports what it did."""
     folder, paths = copy_gallery(digits, tmp_path)
-    monkeypatch.setattr("retrieval.index.writer.load_model", lambda path, providers="auto": FakeEmbedder())
+    load_models_as(monkeypatch, lambda path, providers="auto": FakeEmbedder())
     (tmp_path / "m.onnx").write_bytes(b"x")
     (folder / "broken.png").write_bytes(b"not a png")
     out = str(tmp_path / "idx")

@@ -14,7 +14,7 @@ from sample_images import noisy_png
 from retrieval.cli.main import main
 from retrieval.compatibility import neighbour_overlap
 from retrieval.index import build_index, load_model
-from retrieval.index.compare import compare_with_index
+from retrieval.index.curation.compare import compare_with_index
 
 
 def _unit(x):
@@ -96,7 +96,7 @@ def test_compare_names_two_models_of_one_file_name_by_their_folders(labelled_ind
 
 
 def test_model_names_take_the_shortest_differing_path_end_else_the_hashes(tmp_path):
-    from retrieval.index.compare import model_names
+    from retrieval.index.curation.compare import model_names
 
     assert model_names(tmp_path / "old.onnx", tmp_path / "new.onnx") == ("old.onnx", "new.onnx")
     assert model_names(tmp_path / "x" / "run" / "model.onnx", tmp_path / "y" / "run" / "model.onnx") == (

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from sample_images import write_images
 
-from retrieval.index.decode import DecodedBatch, GalleryDecodeDataset, decoded_batches, pool_batches
+from retrieval.data.preprocessing import ModelPreprocessing
+from retrieval.index.embedding.decode import DecodedBatch, GalleryDecodeDataset, decoded_batches, pool_batches
 
-MODEL_CONFIG = {"input_size": 16, "mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]}
+PREPROCESSING = ModelPreprocessing(input_size=16, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +24,7 @@ def dataset(tmp_path_factory) -> GalleryDecodeDataset:
     broken = folder / "broken.png"
     broken.write_bytes(b"not an image")
     paths.insert(3, broken)
-    return GalleryDecodeDataset([(i + 1, str(path)) for i, path in enumerate(paths)], MODEL_CONFIG)
+    return GalleryDecodeDataset([(i + 1, str(path)) for i, path in enumerate(paths)], PREPROCESSING)
 
 
 def flatten(batches) -> tuple[list[tuple[int, str | None]], np.ndarray]:
@@ -59,7 +60,7 @@ def test_a_consumer_that_stops_early_leaves_no_worker_behind(dataset):
 
 
 def test_a_killed_worker_is_named_with_how_to_resume(dataset, monkeypatch):
-    monkeypatch.setattr("retrieval.index.decode.decode_items", _die)
+    monkeypatch.setattr("retrieval.index.embedding.decode.decode_items", _die)
     with pytest.raises(RuntimeError, match="worker process died.*run the command again to resume"):
         list(pool_batches(dataset, 2, 1))
 

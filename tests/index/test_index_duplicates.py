@@ -15,16 +15,10 @@ from planted import PIXEL_KINDS, plant, projection_model, write_patterns
 
 from retrieval.cli.main import main
 from retrieval.index import Catalogue, Index, IngestOptions, build_index
-from retrieval.index.duplicates import (
-    COPY_KINDS,
-    UnionFind,
-    choose_threshold,
-    duplicate_groups,
-    find_duplicates,
-    plant_copies,
-    split_around_first,
-)
-from retrieval.index.neighbour_graph import exact_graph, index_graph
+from retrieval.index.curation.duplicates import find_duplicates
+from retrieval.index.curation.duplicates_threshold import COPY_KINDS, choose_threshold, plant_copies
+from retrieval.index.curation.linked_groups import UnionFind, duplicate_groups, split_around_first
+from retrieval.index.curation.neighbour_graph import exact_graph, index_graph
 
 QUICK = IngestOptions(batch_size=32, workers=0, shard_size=64, progress=False)
 

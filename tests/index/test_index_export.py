@@ -20,9 +20,10 @@ from sample_images import write_images
 
 from retrieval.cli.main import main
 from retrieval.index import CatalogueReader, IndexLayout, Status, add_images, build_index, remove_images
-from retrieval.index.engine import IngestOptions
+from retrieval.index.embedding.engine import IngestOptions
+from retrieval.index.formats.export_files import ExportSink
+from retrieval.index.formats.table_export import MANIFEST, export_index, read_facts
 from retrieval.index.shards import ShardStore
-from retrieval.index.table_export import MANIFEST, _Sink, export_index, read_facts
 from retrieval.index.vectors import done_chunks
 
 QUICK = IngestOptions(workers=0, shard_size=4)  # several shards even for a small gallery
@@ -250,7 +251,7 @@ def test_an_unfinished_or_busy_index_is_refused(tmp_path, built):
 
 def test_a_killed_export_leaves_nothing_under_the_final_name(built, tmp_path, monkeypatch):
     _, idx = built
-    real_write = _Sink.write
+    real_write = ExportSink.write
     calls = []
 
     def write_then_die(self, table, vectors):
@@ -259,7 +260,7 @@ def test_a_killed_export_leaves_nothing_under_the_final_name(built, tmp_path, mo
         if len(calls) == 2:
             raise KeyboardInterrupt  # as a Ctrl-C mid-export
 
-    monkeypatch.setattr(_Sink, "write", write_then_die)
+    monkeypatch.setattr(ExportSink, "write", write_then_die)
     for out, fmt in ((tmp_path / "k.parquet", "parquet"), (tmp_path / "k", "npy")):
         calls.clear()
         with pytest.raises(KeyboardInterrupt):
@@ -298,7 +299,7 @@ def test_the_command_line_exports_and_ends_with_the_next_step(built, tmp_path):
 def test_the_export_module_is_read_side_only():
     """No writer module and no torch: exporting needs neither."""
     writer = [f"retrieval.index.{name}" for name in ("writer", "engines", "ingest", "mend", "faiss_build")]
-    code = (f"import sys, retrieval.index.table_export; "
+    code = (f"import sys, retrieval.index.formats.table_export; "
             f"print(sorted(set({[*writer, 'torch']!r}) & set(sys.modules)))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                             cwd=Path(__file__).resolve().parents[2])

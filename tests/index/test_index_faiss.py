@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from index_builds import clustered_unit_vectors, write_vector_index
 
-from retrieval.index import faiss_gpu, faiss_keys, faiss_measure, faiss_params
-from retrieval.index.faiss_build import build_faiss
+from retrieval.index.faiss_backend import faiss_gpu, faiss_keys, faiss_measure, faiss_params
+from retrieval.index.faiss_backend.faiss_build import build_faiss
 from retrieval.index.search import Index
 
 D = 32
@@ -158,7 +158,7 @@ def test_a_gpu_copy_answers_with_catalogue_ids_whether_or_not_the_index_has_an_i
 def test_concurrent_first_reconstructions_of_an_ivf_index_all_get_their_vectors(id_map):
     """The first reads of an IVF index's vectors make its direct map; faiss marks the map's type before filling it,
     so a thread that read the type alone could find a half-made map and fail."""
-    from retrieval.index.faiss_search import reconstructed_vectors
+    from retrieval.index.faiss_backend.faiss_search import reconstructed_vectors
 
     dim, count, threads = 8, 60_000, 16
     vectors = clustered_unit_vectors(count, 3, np.random.default_rng(2).standard_normal((32, dim)))

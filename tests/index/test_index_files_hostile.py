@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from retrieval.index import faiss_files, faiss_keys
+from retrieval.index.faiss_backend import faiss_files, faiss_keys
 from retrieval.index.layout import IndexLayout, IndexLockedError
 from retrieval.serve.api import create_api
 from retrieval.serve.service import SearchService
@@ -91,7 +91,7 @@ def test_a_forged_count_costs_no_large_allocation(tmp_path):
     # VmHWM: this process's peak resident memory (ru_maxrss would carry pytest's own peak over the fork)
     code = f"""
 import re, struct, faiss, numpy as np
-from retrieval.index import faiss_files, faiss_keys
+from retrieval.index.faiss_backend import faiss_files, faiss_keys
 index = faiss_keys.new_index("Flat", 64)
 index.add_with_ids(np.random.rand(50, 64).astype("float32"), np.arange(50))
 faiss.write_index(index, "index.faiss")

@@ -13,7 +13,7 @@ from embedders import FakeEmbedder
 from PIL import Image
 
 from retrieval.index import Index, build_index, remove_images
-from retrieval.index.engine import IngestOptions
+from retrieval.index.embedding.engine import IngestOptions
 from retrieval.index.filters import FilterError, FilterTable, parse_filter
 
 QUICK = IngestOptions(workers=0)
@@ -211,7 +211,7 @@ def test_filtered_recall_is_at_least_the_unfiltered_recall(key, monkeypatch):
     top-k."""
     import faiss
 
-    from retrieval.index import faiss_params, faiss_search
+    from retrieval.index.faiss_backend import faiss_params, faiss_search
     from retrieval.index.search import Index as SearchIndex
 
     monkeypatch.setattr(faiss_search, "EXACT_SELECTION_MAX", 0)  # the selector's path, also for small selections
@@ -271,7 +271,7 @@ def test_post_filtering_keeps_only_selected_ids_in_score_order():
     """The fallback for an index faiss cannot filter: over-fetch, keep the selected ids, best first."""
     import faiss
 
-    from retrieval.index import faiss_search
+    from retrieval.index.faiss_backend import faiss_search
 
     rng = np.random.default_rng(1)
     vectors = rng.standard_normal((2000, 16)).astype(np.float32)
@@ -317,7 +317,7 @@ def test_a_small_selection_is_scored_exactly_from_the_stored_vectors(key):
     0.05 % would need more than the capped efSearch, the results equal the brute-force top-k."""
     import faiss
 
-    from retrieval.index import faiss_search
+    from retrieval.index.faiss_backend import faiss_search
     from retrieval.index.search import Index as SearchIndex
 
     rng = np.random.default_rng(2)

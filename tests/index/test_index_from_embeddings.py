@@ -25,18 +25,18 @@ from retrieval.index import (
     add_images,
     build_from_embeddings,
     build_index,
-    faiss_keys,
     index_stats,
     remove_images,
     repair_index,
 )
-from retrieval.index.embedding_input import MAX_DIM
-from retrieval.index.engine import IngestOptions
-from retrieval.index.faiss_params import index_ids
+from retrieval.index.embedding.engine import IngestOptions
+from retrieval.index.faiss_backend import faiss_keys
+from retrieval.index.faiss_backend.faiss_params import index_ids
+from retrieval.index.formats.embedding_checks import MAX_DIM
+from retrieval.index.formats.table_export import export_index
 from retrieval.index.query_embedder import NoModelError
 from retrieval.index.shards import ShardStore
 from retrieval.index.sources import MAX_EXTRA_CHARS, MAX_LABEL_CHARS
-from retrieval.index.table_export import export_index
 from retrieval.index.vectors import done_chunks
 
 QUICK = IngestOptions(workers=0, shard_size=4, progress=False)  # several shards even for a few rows
@@ -307,11 +307,11 @@ def test_what_needs_a_model_is_refused_saying_what_works_instead(from_embeddings
     write_images(tmp_path / "more", 2, 0)
     with pytest.raises(NoModelError, match="images cannot be added to it"):
         add_images(root / "idx", tmp_path / "more", embedder=FakeEmbedder(DIM), options=QUICK)
-    from retrieval.index.upgrade import upgrade_index
+    from retrieval.index.writing.upgrade import upgrade_index
 
     with pytest.raises(NoModelError, match="build an index of the images with the new model"):
         upgrade_index(root / "idx", embedder=FakeEmbedder(DIM))
-    from retrieval.index.duplicates import find_duplicates
+    from retrieval.index.curation.duplicates import find_duplicates
 
     with Index.open(root / "idx") as index, pytest.raises(ParameterError, match="threshold auto embeds copies"):
         find_duplicates(index, "auto")

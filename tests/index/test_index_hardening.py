@@ -17,9 +17,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from embedders import FakeEmbedder
-from index_builds import PAUSE_ENV, PAUSED, QUICK, assert_each_indexed_once, copy_gallery, run_fake_cli
+from index_builds import PAUSE_ENV, PAUSED, QUICK, assert_each_indexed_once, copy_gallery, load_models_as, run_fake_cli
 
-import retrieval.index.writer as writer
 from retrieval.cli.index import index_group, search_command
 from retrieval.cli.main import main
 from retrieval.data.synthetic import write_digits
@@ -33,9 +32,9 @@ from retrieval.index import (
     remove_images,
     repair_index,
 )
-from retrieval.index.faiss_params import index_ids, set_search_params
-from retrieval.index.mend import missing_vectors
+from retrieval.index.faiss_backend.faiss_params import index_ids, set_search_params
 from retrieval.index.shards import ShardStore
+from retrieval.index.writing.mend import missing_vectors
 
 NOBODY = 65534
 
@@ -274,7 +273,7 @@ def test_repair_finishes_a_half_built_index(digits, tmp_path, monkeypatch):
     with Catalogue(out / "catalogue.sqlite") as catalogue:
         assert catalogue.counts()["done"] == 16
     embedder = FakeEmbedder()  # stands in for the model the build recorded
-    monkeypatch.setattr(writer, "load_model", lambda path, providers="auto": embedder)
+    load_models_as(monkeypatch, lambda path, providers="auto": embedder)
     repaired = CliRunner().invoke(main, ["index", "repair", str(out), "--batch-size", "8", "--workers", "0", "--json"])
     assert repaired.exit_code == 0, repaired.output
     summary = json.loads(repaired.stdout)

@@ -8,10 +8,11 @@ import shutil
 import pytest
 from click.testing import CliRunner
 from embedders import FakeEmbedder
+from index_builds import load_models_as
 from sample_images import write_images
 
 from retrieval.index import add_images, build_index
-from retrieval.index.engine import IngestOptions
+from retrieval.index.embedding.engine import IngestOptions
 
 QUICK = IngestOptions(workers=0)
 
@@ -65,7 +66,7 @@ def test_manifest_rule_needs_a_manifest(nested, tmp_path):
 def test_the_command_line_prints_the_rule_and_the_classes(nested, tmp_path, monkeypatch):
     from retrieval.cli.index import index_group
 
-    monkeypatch.setattr("retrieval.index.writer.load_model", lambda path, providers="auto": FakeEmbedder())
+    load_models_as(monkeypatch, lambda path, providers="auto": FakeEmbedder())
     shutil.rmtree(nested / "star" / "variants")
     result = CliRunner().invoke(index_group, ["build", "--model", "m.onnx", "--images", str(nested), "--out",
                                               str(tmp_path / "idx"), "--workers", "0", "--label-from", "top",
@@ -99,7 +100,7 @@ def test_repair_relabels_the_index_without_embedding_again(nested, tmp_path, mon
     def no_embedding(*_args, **_kwargs):
         raise AssertionError("relabelling must not embed")
 
-    monkeypatch.setattr("retrieval.index.writer.load_model", no_embedding)
+    load_models_as(monkeypatch, no_embedding)
     result = CliRunner().invoke(index_group, ["repair", str(tmp_path / "idx"), "--label-from", "top"])
     assert result.exit_code == 0, result.output
     assert "relabelled 3 images, now 2 classes by --label-from top" in result.output

@@ -17,16 +17,8 @@ from embedders import FakeEmbedder
 from index_builds import QUICK, copy_gallery
 
 from retrieval.data.synthetic import write_digits
-from retrieval.index import (
-    Index,
-    add_images,
-    build_index,
-    faiss_files,
-    faiss_params,
-    l2_normalize_rows,
-    remove_images,
-    repair_index,
-)
+from retrieval.index import Index, add_images, build_index, l2_normalize_rows, remove_images, repair_index
+from retrieval.index.faiss_backend import faiss_files, faiss_params
 
 REPO = Path(__file__).resolve().parents[2]
 

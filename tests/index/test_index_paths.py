@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 from embedders import FakeEmbedder
+from index_builds import load_models_as
 from PIL import Image
 from sample_images import write_images
 
@@ -25,7 +26,7 @@ def _jpeg(path, seed: int) -> None:
 @pytest.fixture
 def two_h_jpgs(tmp_path, monkeypatch):
     """An index of gallery ``g``, then ``more/horse/h.jpg`` and ``more2/stallion/h.jpg`` added from outside it."""
-    monkeypatch.setattr("retrieval.index.writer.load_model", lambda path, providers="auto": FakeEmbedder())
+    load_models_as(monkeypatch, lambda path, providers="auto": FakeEmbedder())
     monkeypatch.setattr("retrieval.index.load_model", lambda path, providers="auto": FakeEmbedder())
     write_images(tmp_path / "g" / "cat", 3)
     _jpeg(tmp_path / "more" / "horse" / "h.jpg", 101)

@@ -18,7 +18,7 @@ from planted import projection_model, write_digits
 from retrieval.cli.main import main
 from retrieval.index import Catalogue, Index, IngestOptions, add_images, build_index, load_model, repair_index
 from retrieval.index.portable import GALLERY_RELATIVE, MODEL_RELATIVE, ModelNotFoundError
-from retrieval.index.upgrade import upgrade_index
+from retrieval.index.writing.upgrade import upgrade_index
 
 QUICK = IngestOptions(batch_size=16, workers=0, shard_size=16, progress=False)
 
@@ -162,7 +162,8 @@ def test_an_upgrade_stopped_then_moved_resumes_without_naming_its_model(site, mo
     def killed(*args, **kwargs):
         raise Killed()
 
-    monkeypatch.setattr("retrieval.index.upgrade._finish", killed)  # every image re-embedded, nothing swapped in
+    # every image re-embedded, nothing swapped in
+    monkeypatch.setattr("retrieval.index.writing.upgrade._finish", killed)
     with pytest.raises(Killed):
         upgrade_index(site / "idx", model=other, options=QUICK)
     monkeypatch.undo()
@@ -178,7 +179,8 @@ def test_an_upgrade_stopped_then_moved_resumes_without_naming_its_model(site, mo
 def test_a_stopped_upgrade_whose_model_is_gone_names_its_hash(site, monkeypatch):
     other = write_projection_onnx(site / "other.onnx", dim=16, seed=7)
     wanted = load_model(other).model_hash
-    monkeypatch.setattr("retrieval.index.upgrade._finish", lambda *args, **kwargs: (_ for _ in ()).throw(Killed()))
+    monkeypatch.setattr("retrieval.index.writing.upgrade._finish",
+                        lambda *args, **kwargs: (_ for _ in ()).throw(Killed()))
     with pytest.raises(Killed):
         upgrade_index(site / "idx", model=other, options=QUICK)
     monkeypatch.undo()

@@ -26,20 +26,11 @@ from sample_images import jpeg_bytes, png_bytes
 
 from retrieval.cli.index import index_group
 from retrieval.data.synthetic import bomb_png, write_digits
-from retrieval.index import (
-    Catalogue,
-    Index,
-    IngestOptions,
-    build_index,
-    faiss_keys,
-    faiss_measure,
-    faiss_params,
-    index_stats,
-    load_model,
-)
-from retrieval.index.engine import RayOptions
-from retrieval.index.faiss_build import build_faiss
-from retrieval.index.ray_engine import RAY_INSTALL, RayEngine
+from retrieval.index import Catalogue, Index, IngestOptions, build_index, index_stats, load_model
+from retrieval.index.embedding.engine import RayOptions
+from retrieval.index.embedding.ray_engine import RAY_INSTALL, RayEngine
+from retrieval.index.faiss_backend import faiss_keys, faiss_measure, faiss_params
+from retrieval.index.faiss_backend.faiss_build import build_faiss
 from retrieval.index.shards import ShardStore
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -138,7 +129,7 @@ def test_ray_build_equals_local_build(cluster, model, gallery, tmp_path, caplog)
     args = ["add", str(tmp_path / "ray"), "--images", str(tmp_path / "extra"), "--engine", "ray", "--batch-size", "4",
             "--json"]
     caplog.clear()  # the build above said it too (66 images)
-    with caplog.at_level(logging.INFO, logger="retrieval.index.ray_engine"):
+    with caplog.at_level(logging.INFO, logger="retrieval.index.embedding.ray_engine"):
         result = CliRunner().invoke(index_group, args)
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["indexed"] == 65
@@ -162,22 +153,20 @@ def projection_reference(model: Path, pixels: np.ndarray) -> np.ndarray:
 
 
 TORCH_FREE_ACTOR = """
-import json
 import sys
 
 import numpy as np
 
-from retrieval.index import ray_stages
+from retrieval.index.embedding import ray_stages
 
-assert "torch" not in sys.modules, "importing retrieval.index.ray_stages imported torch"
+assert "torch" not in sys.modules, "importing retrieval.index.embedding.ray_stages imported torch"
 embedder = ray_stages.load_model(sys.argv[1], providers="cpu", intra_op_threads=1)
 pixels = np.load(sys.argv[2])
 np.save(sys.argv[3], ray_stages.prepare_vectors(embedder.embed(pixels), embedder.embedding_dim))
-config = json.dumps(embedder.model_config)
 decoded = ray_stages.decode_rows({"id": np.array([1, 2]), "path": np.array([sys.argv[4], sys.argv[5]], object)},
-                                 config, 10**7)
+                                 embedder.preprocessing, 10**7)
 assert decoded["pixels"].dtype == np.uint8 and not decoded["pixels"][1].any()  # crops; the broken row stays zero
-np.save(sys.argv[6], ray_stages.EvalPreprocess(embedder.model_config).normalize(decoded["pixels"][0]))  # as the actor
+np.save(sys.argv[6], ray_stages.EvalPreprocess(embedder.preprocessing).normalize(decoded["pixels"][0]))  # as the actor
 assert decoded["ok"].tolist() == [True, False] and decoded["error"][1]
 loaded = sorted(name for name in sys.modules if name == "torch" or name.startswith(("torch.", "torchvision")))
 assert not loaded, f"loading the model, decoding and embedding imported {loaded[:5]}"
@@ -201,7 +190,7 @@ def test_ray_stages_decode_and_embed_without_torch(model, gallery, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     np.testing.assert_allclose(np.load(tmp_path / "out.npy"), projection_reference(model, pixels), atol=1e-5)
     decoded = np.load(tmp_path / "dec.npy")
-    expected = preprocess_eval(open_image(image), load_model(model).model_config).numpy()
+    expected = preprocess_eval(open_image(image), load_model(model).preprocessing).numpy()
     assert np.array_equal(decoded, expected)
 
 
@@ -229,7 +218,7 @@ def test_lazy_packages_keep_their_public_names():
 def test_embedding_actor_on_ray_runs_without_torch(cluster, model):
     """The actor class that Ray Data starts, as a real Ray actor: what its worker process imported, what it returns."""
     from retrieval.data.eval_preprocess import EvalPreprocess
-    from retrieval.index.ray_stages import BatchEmbedder
+    from retrieval.index.embedding.ray_stages import BatchEmbedder
 
     actor = ray.remote(num_cpus=1)(BatchEmbedder).remote(str(model), load_model(model).model_hash, 1)
     pixels = np.random.default_rng(2).integers(0, 256, (4, 3, SIZE, SIZE), dtype=np.uint8)  # decode_rows' crops
@@ -256,7 +245,7 @@ def test_embedding_actor_on_ray_runs_without_torch(cluster, model):
     assert set(out["node"]) == {ray.get_runtime_context().get_node_id()}  # the one node of this cluster
     np.testing.assert_array_equal(out["embedding"][1], 0)  # unreadable rows are not embedded
     ok = batch["ok"]
-    model_input = EvalPreprocess(load_model(model).model_config).normalize(pixels[ok])
+    model_input = EvalPreprocess(load_model(model).preprocessing).normalize(pixels[ok])
     np.testing.assert_allclose(out["embedding"][ok], projection_reference(model, model_input), atol=1e-5)
 
 
@@ -372,7 +361,7 @@ def test_ivf_from_shards_trained_on_a_sample_added_per_shard_and_merged(cluster,
         layout, catalogue, store = write_vector_index(tmp_path / mode, vectors, shard_size=1_500)
         engine = RayEngine(RayOptions(merge_on_disk=mode == "disk"))
         caplog.clear()
-        with engine, caplog.at_level(logging.INFO, logger="retrieval.index.ray_engine"):
+        with engine, caplog.at_level(logging.INFO, logger="retrieval.index.embedding.ray_engine"):
             built[mode] = build_faiss(
                 layout, catalogue, store, "auto", 32, policy=policy, add_vectors=engine.add_vectors
             )

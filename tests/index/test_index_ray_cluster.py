@@ -21,9 +21,10 @@ from index_builds import assert_each_indexed_once
 from ray.cluster_utils import Cluster
 
 from retrieval.data.synthetic import write_digits
-from retrieval.index import Catalogue, Index, IngestOptions, build_index, ray_engine
-from retrieval.index.engine import RayOptions
-from retrieval.index.ray_engine import RayIngestor, estimate_engines
+from retrieval.index import Catalogue, Index, IngestOptions, build_index
+from retrieval.index.embedding import ray_engine
+from retrieval.index.embedding.engine import RayOptions
+from retrieval.index.embedding.ray_engine import RayIngestor, estimate_engines
 from retrieval.index.shards import ShardStore
 
 IMAGES = 960
@@ -107,7 +108,7 @@ def test_two_nodes_share_the_build_and_a_lost_node_loses_no_image(model, gallery
         )
         started = time.monotonic()
         watcher.start()
-        with caplog.at_level(logging.INFO, logger="retrieval.index.ray_engine"):
+        with caplog.at_level(logging.INFO, logger="retrieval.index.embedding.ray_engine"):
             summary = build_index(folder, out, model=model, options=options)
         finished = time.monotonic()
         watcher.join(timeout=60)
@@ -209,7 +210,7 @@ def test_ray_build_prints_the_estimate_before_the_work_only_for_a_small_gallery(
         monkeypatch.setattr(ray_engine, "RAY_STARTUP_S", startup)
         caplog.clear()
         options = IngestOptions(batch_size=4, progress=False, engine="ray", ray=RayOptions(address="local"))
-        with caplog.at_level(logging.INFO, logger="retrieval.index.ray_engine"), pytest.raises(JobStarted):
+        with caplog.at_level(logging.INFO, logger="retrieval.index.embedding.ray_engine"), pytest.raises(JobStarted):
             build_index(folder, tmp_path / f"idx-{startup}", model=model, options=options)
         lines = [r.getMessage() for r in caplog.records if "use the local engine" in r.getMessage()]
         assert lines == ([estimate_engines(12, {}).message()] if expected else []), lines
@@ -221,8 +222,8 @@ def test_a_job_lost_to_the_cluster_runs_again_over_the_rows_not_yet_in_a_shard(t
     drops the unwritten shard, runs the rows still pending again, and indexes every image exactly once; a failure
     of our own code is not retried. No cluster: the job is stubbed with the real decode stage and the model."""
     from retrieval.data.eval_preprocess import EvalPreprocess
+    from retrieval.index.embedding.ray_stages import decode_rows
     from retrieval.index.query_embedder import prepare_vectors
-    from retrieval.index.ray_stages import decode_rows
 
     folder = tmp_path / "images"
     paths = write_digits(folder, 40)
@@ -232,14 +233,13 @@ def test_a_job_lost_to_the_cluster_runs_again_over_the_rows_not_yet_in_a_shard(t
 
     def job(self, rows):
         jobs.append(len(rows))
-        config = json.dumps(dict(self.embedder.model_config))
-        preprocess = EvalPreprocess(self.embedder.model_config)
+        preprocess = EvalPreprocess(self.embedder.preprocessing)
         for start in range(0, len(rows), BATCH):
             if len(jobs) == 1 and start == 3 * BATCH:  # a shard written, one batch in the buffer: the node dies
                 raise RuntimeError("the dataset failed") from ray.exceptions.NodeDiedError("node x died")
             chunk = rows[start : start + BATCH]
             ids, files = np.array([i for i, _ in chunk]), np.array([p for _, p in chunk], object)
-            batch = decode_rows({"id": ids, "path": files}, config, 10**8)
+            batch = decode_rows({"id": ids, "path": files}, self.embedder.preprocessing, 10**8)
             ok = batch.pop("ok")
             vectors = np.zeros((len(ok), self.embedder.embedding_dim), np.float32)
             pixels = preprocess.normalize(batch.pop("pixels")[ok])
@@ -250,7 +250,7 @@ def test_a_job_lost_to_the_cluster_runs_again_over_the_rows_not_yet_in_a_shard(t
     monkeypatch.setattr(RayIngestor, "_embedded", job)
     options = IngestOptions(batch_size=BATCH, shard_size=2 * BATCH, progress=False, engine="ray",
                             ray=RayOptions(address="local"))
-    with caplog.at_level(logging.INFO, logger="retrieval.index.ray_engine"):
+    with caplog.at_level(logging.INFO, logger="retrieval.index.embedding.ray_engine"):
         summary = build_index(folder, tmp_path / "ray", model=small, options=options)
     assert jobs == [41, 41 - 2 * BATCH]  # the second job: the rows after the one shard written
     assert summary["indexed"] == 40 and summary["duplicates"] == 1 and summary["pending"] == 0

@@ -24,9 +24,10 @@ from milvus_server import milvus_lite_server  # noqa: E402
 from retrieval.cli.main import main  # noqa: E402
 from retrieval.data.synthetic import write_digits  # noqa: E402
 from retrieval.index import Catalogue, Index, IngestOptions, build_index, load_model  # noqa: E402
-from retrieval.index.engine import RayOptions  # noqa: E402
+from retrieval.index.embedding.engine import RayOptions  # noqa: E402
+from retrieval.index.embedding.ray_collection import CollectionIngestor  # noqa: E402
 from retrieval.index.layout import VectorsInMilvusError  # noqa: E402
-from retrieval.index.milvus_collection import (  # noqa: E402
+from retrieval.index.milvus.milvus_collection import (  # noqa: E402
     COMPLETE,
     ID,
     LABEL,
@@ -39,9 +40,8 @@ from retrieval.index.milvus_collection import (  # noqa: E402
     connect,
     read_record,
 )
-from retrieval.index.milvus_index import MilvusIndex  # noqa: E402
-from retrieval.index.milvus_push import physical_name, push_index  # noqa: E402
-from retrieval.index.ray_collection import CollectionIngestor  # noqa: E402
+from retrieval.index.milvus.milvus_index import MilvusIndex  # noqa: E402
+from retrieval.index.milvus.milvus_push import physical_name, push_index  # noqa: E402
 from retrieval.index.search import public_path  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)

@@ -22,7 +22,7 @@ from retrieval.index.catalogue import Catalogue
 from retrieval.index.layout import IndexLayout
 from retrieval.index.live import Snapshot
 from retrieval.index.shards import ShardStore
-from retrieval.index.upgrade import upgrade_index
+from retrieval.index.writing.upgrade import upgrade_index
 
 
 @pytest.fixture(scope="module")
@@ -222,7 +222,7 @@ def test_an_image_unreadable_at_upgrade_time_leaves_the_index_with_its_reason(ga
 
 
 def test_uncertainty_order_puts_disagreeing_labels_first_then_isolated_embeddings():
-    from retrieval.index.upgrade import uncertainty_order
+    from retrieval.index.writing.upgrade import uncertainty_order
 
     ids = np.array([1, 2, 3, 4])
     found = np.array([[1, 2, 3], [2, 1, 3], [3, 4, 1], [4, 3, -1]])  # each row: itself, then its neighbours
@@ -376,9 +376,9 @@ def test_a_compatible_upgrade_re_embeds_a_milvus_collection_in_place(gallery_ind
     """After a mixed upgrade, the push (as `index upgrade --milvus` runs it) re-sends the re-embedded rows into the
     collection that serves, which records the new model; no second collection, the alias untouched."""
     pytest.importorskip("milvus_lite")
-    from retrieval.index.milvus_collection import MilvusPlace, connect
-    from retrieval.index.milvus_index import MilvusIndex
-    from retrieval.index.milvus_push import push_index
+    from retrieval.index.milvus.milvus_collection import MilvusPlace, connect
+    from retrieval.index.milvus.milvus_index import MilvusIndex
+    from retrieval.index.milvus.milvus_push import push_index
 
     place = MilvusPlace.checked(str(tmp_path / "gallery.db"), "gallery")
     first = push_index(gallery_index, place, index_type="FLAT", progress=False)

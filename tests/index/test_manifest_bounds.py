@@ -13,13 +13,14 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 from embedders import FakeEmbedder
+from index_builds import load_models_as
 from sample_images import write_images
 
 from retrieval.cli.main import main
 from retrieval.index import CatalogueReader, IndexLayout, build_index, sources
-from retrieval.index.engine import IngestOptions
+from retrieval.index.embedding.engine import IngestOptions
+from retrieval.index.formats.table_export import export_index
 from retrieval.index.sources import MAX_COLUMN_NAME_CHARS, MAX_LABEL_CHARS, RESERVED_COLUMNS, list_gallery
-from retrieval.index.table_export import export_index
 
 QUICK = IngestOptions(workers=0, shard_size=4)
 DIM = 8
@@ -48,9 +49,8 @@ def test_a_manifest_column_named_like_the_index_own_is_refused_naming_it(tmp_pat
 
 
 def test_the_command_line_says_which_column_to_rename(tmp_path, monkeypatch):
-    from retrieval.index import writer
 
-    monkeypatch.setattr(writer, "load_model", lambda *_args, **_kwargs: FakeEmbedder(DIM))  # no ONNX file needed
+    load_models_as(monkeypatch, lambda *_args, **_kwargs: FakeEmbedder(DIM))  # no ONNX file needed
     names = [path.name for path in write_images(tmp_path, 2)]
     manifest = write_manifest(tmp_path, {"path": names, "label": ["a", "b"], "sha256": ["x", "y"]}, "csv")
     result = CliRunner().invoke(main, ["index", "build", "--images", str(manifest), "--out", str(tmp_path / "idx"),

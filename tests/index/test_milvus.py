@@ -13,9 +13,9 @@ pytest.importorskip("pymilvus")
 pytest.importorskip("milvus_lite")
 
 from retrieval.index import Index, build_from_embeddings  # noqa: E402
-from retrieval.index.engine import IngestOptions  # noqa: E402
+from retrieval.index.embedding.engine import IngestOptions  # noqa: E402
 from retrieval.index.filters import FilterError, parse_filter  # noqa: E402
-from retrieval.index.milvus_collection import (  # noqa: E402
+from retrieval.index.milvus.milvus_collection import (  # noqa: E402
     COMPLETE,
     MODEL_HASH,
     RECORD,
@@ -26,8 +26,8 @@ from retrieval.index.milvus_collection import (  # noqa: E402
     pq_subquantizers,
     read_record,
 )
-from retrieval.index.milvus_index import MilvusIndex  # noqa: E402
-from retrieval.index.milvus_push import physical_name, push_index  # noqa: E402
+from retrieval.index.milvus.milvus_index import MilvusIndex  # noqa: E402
+from retrieval.index.milvus.milvus_push import physical_name, push_index  # noqa: E402
 
 DIM = 16
 ROWS = 240
@@ -234,7 +234,7 @@ def test_an_upgrade_moves_the_served_name_to_the_new_models_collection_in_one_st
 
 
 def test_rows_and_vectors_of_many_ids_are_read_in_bounded_expressions(pushed, monkeypatch):
-    import retrieval.index.milvus_index as milvus_index
+    import retrieval.index.milvus.milvus_index as milvus_index
 
     *_, local, remote = pushed
     monkeypatch.setattr(milvus_index, "MAX_ID_LIST", 7)  # 240 ids: 35 expressions

@@ -21,7 +21,7 @@ pytest.importorskip("milvus_lite")
 
 from serve_fixtures import REPO, free_port  # noqa: E402
 
-from retrieval.index.milvus_collection import MilvusError, MilvusPlace, lite_version  # noqa: E402
+from retrieval.index.milvus.milvus_collection import MilvusError, MilvusPlace, lite_version  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 SCALE = REPO / "docs" / "SCALE.md"

@@ -14,8 +14,8 @@ import torch
 
 from retrieval.losses import available, available_negatives, build, describe, has_rectangular_form
 from retrieval.losses.ntxent import DEFAULT_TEMPERATURE, NTXentLoss
-from retrieval.losses.reads import deferred_checks, read_checks, read_stats
 from retrieval.losses.registry import NEGATIVES
+from retrieval.utils.reads import deferred_checks, read_checks, read_stats
 
 F64 = torch.float64
 

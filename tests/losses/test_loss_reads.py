@@ -7,7 +7,7 @@ import pytest
 import torch
 from reads_back import ReadsBack
 
-from retrieval.losses.reads import deferred_checks, known_on_host, on_host, read_checks, read_stats, require
+from retrieval.utils.reads import deferred_checks, known_on_host, on_host, read_checks, read_stats, require
 
 
 def test_a_check_outside_deferred_checks_is_read_at_once():

@@ -15,7 +15,7 @@ from train_configs import digits_config
 
 from retrieval.losses import available, build, has_rectangular_form
 from retrieval.losses.memory import CrossBatchMemory
-from retrieval.losses.reads import deferred_checks
+from retrieval.utils.reads import deferred_checks
 
 RECTANGULAR = [name for name in available() if has_rectangular_form(name)]
 # losses that average over the anchors: B L = (B + M) L_cat - M L_mem holds exactly

@@ -290,7 +290,7 @@ def classifier(name: str) -> torch.nn.Module:
 
 @pytest.mark.parametrize("name", [*PROXY_LOSSES, "auxiliary head"])
 def test_a_label_outside_the_classes_is_refused_at_once_or_with_the_trainers_read(name):
-    from retrieval.losses.reads import deferred_checks, read_checks
+    from retrieval.utils.reads import deferred_checks, read_checks
 
     x = torch.nn.functional.normalize(torch.randn(6, 16), dim=1)
     labels = torch.tensor([0, 0, 3, 3, 8, -1])

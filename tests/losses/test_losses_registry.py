@@ -1,16 +1,21 @@
 """Every registered loss: builds with defaults, finite on a normal batch, backward, float32, degenerate
-batches (finite, connected, no NaN) and clear errors for batches the sampler should not produce."""
+batches (finite, connected, no NaN) and clear errors for batches the sampler should not produce; the registry's
+table names every loss and method class, each where it lives."""
 
 from __future__ import annotations
 
+import importlib
 import math
+import pkgutil
 
 import pytest
 import torch
 from reads_back import ReadsBack
 
 from retrieval.losses import available, available_negatives, build, needs_classes, wants_normalized
-from retrieval.losses.reads import deferred_checks, read_checks, read_stats
+from retrieval.losses.registry import LOSSES, NEGATIVES
+from retrieval.negatives.base import HardNegativeMethod
+from retrieval.utils.reads import deferred_checks, read_checks, read_stats
 
 PAIR_LOSSES = [
     "contrastive",
@@ -287,3 +292,29 @@ def test_losses_listing_prints_equation_defaults_and_readings():
     out = CliRunner().invoke(main, ["losses"]).output
     assert "dcdl: dcdl eq. 2 and 5" in out and "local_form=paper" in out and "negative_pairs:" in out
     assert "with --negatives: " in out
+
+
+def defined_classes(package: str) -> list[type]:
+    """Every class defined (not imported) in a module of ``package``."""
+    found = []
+    for module in pkgutil.iter_modules(importlib.import_module(package).__path__, package + "."):
+        namespace = vars(importlib.import_module(module.name))
+        found += [obj for obj in namespace.values() if isinstance(obj, type) and obj.__module__ == module.name]
+    return found
+
+
+@pytest.mark.parametrize("registry", [LOSSES, NEGATIVES], ids=["losses", "negatives"])
+def test_each_table_entry_is_the_class_it_names(registry):
+    for name in registry.names():
+        module, attribute = registry._paths[name].split(":")
+        cls = registry.get(name)
+        assert isinstance(cls, type) and (cls.__module__, cls.__qualname__) == (module, attribute), name
+
+
+def test_every_loss_and_method_is_in_the_table():
+    """A loss class (it names its paper equation) or a method class that the table leaves out cannot be built."""
+    losses = {cls for cls in defined_classes("retrieval.losses") if getattr(cls, "paper_equation", "")}
+    methods = {cls for cls in defined_classes("retrieval.negatives")
+               if issubclass(cls, HardNegativeMethod) and cls is not HardNegativeMethod}
+    assert losses == {LOSSES.get(name) for name in LOSSES.names()}
+    assert methods == {NEGATIVES.get(name) for name in NEGATIVES.names()}

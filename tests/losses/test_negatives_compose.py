@@ -1,11 +1,14 @@
 """Hard-negative methods composed with the losses' pair-level forms: every combination the factory offers, the
-rule that decides which exist, a new method added as one class, and the leaf registry (no import cycle)."""
+rule that decides which exist, a new method added as one class and its name, the leaf registry, and the methods
+importing nothing of the losses (no import cycle)."""
 
 from __future__ import annotations
 
+import ast
 import itertools
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +17,7 @@ from torch._dynamo.utils import counters
 from retrieval.losses import available_negatives, build, composable
 from retrieval.losses.base import PairLoss
 from retrieval.losses.registry import LOSSES, NEGATIVES
+from retrieval.negatives import base as negatives_base
 from retrieval.negatives.base import HardNegativeMethod
 
 F64 = torch.float64
@@ -169,9 +173,26 @@ def test_a_new_method_is_one_class_and_works_with_every_pair_loss(real_pairs_met
 
 def test_registry_module_imports_no_losses_and_no_methods() -> None:
     code = (
-        "import sys, retrieval.losses.registry; "
-        "loaded = [m for m in sys.modules if m.startswith(('retrieval.losses.', 'retrieval.negatives')) "
+        "import sys, retrieval.losses.registry as r; "
+        "names = r.LOSSES.names(), r.NEGATIVES.names(), r.available(), 'dcdl' in r.LOSSES; "
+        "loaded = [m for m in sys.modules if m.startswith(('retrieval.losses.', 'retrieval.negatives', 'torch')) "
         "and m != 'retrieval.losses.registry']; "
         "assert not loaded, loaded"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_methods_import_nothing_of_the_losses() -> None:
+    """The losses import the methods (``PairTerms``); what both need is ``retrieval.utils.reads``, so no import of
+    ``retrieval.negatives``, function-level ones included, points back into ``retrieval.losses``."""
+    back = []
+    for path in sorted(Path(negatives_base.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                named = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                named = [node.module or "", *(f"{node.module}.{alias.name}" for alias in node.names)]
+            else:
+                continue
+            back += [f"{path.name}:{node.lineno}" for name in named if name.split(".")[:2] == ["retrieval", "losses"]]
+    assert not back, back

@@ -15,8 +15,8 @@ from reads_back import ReadsBack
 
 from retrieval.errors import ParameterError
 from retrieval.losses import available, build, has_rectangular_form
-from retrieval.losses.reads import deferred_checks, read_checks, read_stats
 from retrieval.losses.registry import LOSSES
+from retrieval.utils.reads import deferred_checks, read_checks, read_stats
 
 ATOL = 1e-8
 QUERIES = 6  # the first rows of a pool are the queries, the rest a memory

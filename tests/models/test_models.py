@@ -71,7 +71,7 @@ def test_packaged_efficientnet_lite0_weights_classify_a_cat():
     from retrieval.data import preprocess_eval
 
     net = efficientnet_lite0_classifier(pretrained=True).eval()
-    config = create_embedder("efficientnet_lite0", 8).config
+    config = create_embedder("efficientnet_lite0", 8).preprocessing
     x = preprocess_eval(Image.fromarray(skimage_data.chelsea()), config)[None]
     with torch.no_grad():
         top5 = net(x).softmax(-1).topk(5).indices[0].tolist()

@@ -424,10 +424,11 @@ def test_the_workers_hand_uint8_pixels_to_the_gpu_which_normalises_them_as_the_c
     from sample_images import NoisePictures
 
     from retrieval.data import BadImageLog, ClassBalancedBatchSampler
+    from retrieval.data.preprocessing import ModelPreprocessing
     from retrieval.train.config import TrainConfig
     from retrieval.train.features import Embedding, ImagePipeline
 
-    config = {"input_size": 32, "mean": (0.5, 0.4, 0.3), "std": (0.2, 0.25, 0.3)}
+    config = ModelPreprocessing(input_size=32, mean=(0.5, 0.4, 0.3), std=(0.2, 0.25, 0.3))
     epochs = {}
     for device in ("cpu", "cuda"):
         cfg = TrainConfig(dataset="digits", seed=3)
@@ -493,7 +494,7 @@ def reads_nothing_on_the_cpu(name: str) -> bool:
     no data-dependent shape)."""
     from reads_back import ReadsBack
 
-    from retrieval.losses.reads import deferred_checks
+    from retrieval.utils.reads import deferred_checks
 
     x, labels = batch(name)
     loss = build(name, num_classes=8, embedding_dim=x.shape[1])
@@ -507,7 +508,7 @@ SYNC_FREE = [name for name in available() if reads_nothing_on_the_cpu(name)] if 
 
 @pytest.mark.parametrize("name", SYNC_FREE)
 def test_a_loss_that_reads_nothing_on_the_cpu_never_waits_for_the_gpu(name):
-    from retrieval.losses.reads import deferred_checks, read_checks
+    from retrieval.utils.reads import deferred_checks, read_checks
 
     x, labels = batch(name)
     loss = build(name, num_classes=8, embedding_dim=x.shape[1]).cuda()
@@ -531,7 +532,7 @@ def test_a_loss_with_hard_negatives_waits_for_the_gpu_once_for_its_labels(name, 
     import contextlib
     import warnings
 
-    from retrieval.losses.reads import known_on_host
+    from retrieval.utils.reads import known_on_host
 
     x, host = batch(name)
     loss = build(name, negatives=negatives).cuda()

@@ -216,3 +216,30 @@ def test_the_core_root_holds_at_most_twelve_modules():
                   if path.name not in {"__init__.py", "__main__.py"})
     assert len(root) <= MAX_ROOT_MODULES, f"{len(root)} modules directly in retrieval/ (at most {MAX_ROOT_MODULES})" \
         f": {', '.join(root)}; move one into the subpackage it belongs to"
+
+
+# The index package keeps the catalogue, the folder's layout and the read side at its root; the rest by role in its
+# subpackages (faiss_backend, milvus, embedding, curation, writing, formats: each package's docstring is its map).
+MAX_INDEX_ROOT_MODULES = 15
+MAX_MODULE_LINES = 500  # a module longer than this holds more than one job: split it by job
+
+
+def test_the_index_package_root_holds_at_most_fifteen_modules():
+    root = sorted(path.name for path in (REPO / "retrieval" / "index").glob("*.py") if path.name != "__init__.py")
+    assert len(root) <= MAX_INDEX_ROOT_MODULES, \
+        f"{len(root)} modules directly in retrieval/index/ (at most {MAX_INDEX_ROOT_MODULES}): {', '.join(root)}"
+
+
+def test_every_subpackage_docstring_names_each_of_its_modules():
+    missing = []
+    for package in (REPO / "retrieval" / "index").glob("*/__init__.py"):
+        text = package.read_text()
+        missing += [f"{package.parent.name}.{path.stem}" for path in package.parent.glob("*.py")
+                    if path.name != "__init__.py" and f"``{path.stem}``" not in text]
+    assert not missing, f"not in their package's docstring map: {', '.join(missing)}"
+
+
+def test_no_product_module_is_over_five_hundred_lines():
+    long = [f"{path.relative_to(REPO)} ({lines})" for path in modules().values()
+            if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES]
+    assert not long, f"over {MAX_MODULE_LINES} lines: {', '.join(sorted(long))}; split each by job"

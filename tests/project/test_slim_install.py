@@ -1,10 +1,11 @@
-"""The base install (no extras) searches, serves and indexes without torch; training names the extra it needs.
+"""The base install (no extras) searches (by image and by text), serves and indexes without torch; training names the
+extra it needs.
 
 One fresh virtual environment for the module (no system site packages): the project is copied and installed into it
 with pip, without extras and not editable, as a user who only searches and serves would install it. Its wheels come
 from the package index through pip's cache (a minute on the 2-core machine); the test is skipped, saying so, only when
 the index cannot be reached. The ONNX model and the gallery are the serving tests' (made by this environment, which
-has torch).
+has torch), and so is the small text tower of the text query.
 """
 
 from __future__ import annotations
@@ -158,6 +159,29 @@ def test_the_base_install_serves_the_api_and_the_app(slim, built_index, artifact
     finally:
         server.send_signal(signal.SIGTERM)
         server.communicate(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def text_tower(built_index, tmp_path_factory) -> Path:
+    """A small text.onnx (made here, with torch) for the image model of the base install's index."""
+    from text_towers import small_text_model
+
+    model_hash = json.loads((built_index / "index.json").read_text())["model_hash"]
+    return small_text_model(tmp_path_factory.mktemp("slim_text") / "text.onnx", model_hash, 32)
+
+
+def test_the_base_install_searches_by_text(slim, built_index, text_tower):
+    search = slim.run("search", "--index", str(built_index), "--text", "a red apple", "--text-model", str(text_tower),
+                      "-k", "3", "--json")
+    assert search.returncode == 0, search.stderr[-3000:]
+    (answer,) = json.loads(search.stdout)
+    assert answer["query"] == "a red apple" and len(answer["results"]) == 3
+
+    recorded = shutil.copytree(built_index, slim.root / "index-text")  # the other tests keep theirs as built
+    assert slim.run("index", "text", str(recorded), "--text-model", str(text_tower)).returncode == 0
+    again = slim.run("search", "--index", str(recorded), "--text", "a red apple", "-k", "3", "--json")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads(again.stdout)[0]["results"] == answer["results"]
 
 
 @pytest.mark.parametrize("args", [["train", "--dataset", "digits", "--out", "run"], ["export", "--checkpoint",

@@ -133,7 +133,8 @@ def test_no_module_redefines_a_conftest_fixture():
 
 # a folder per package the tests in it test: the core's parts, the three layers above it, the command line, and
 # checks of the whole project
-TEST_FOLDERS = {"analysis", "core", "data", "index", "losses", "models", "train", "serve", "export", "cli", "project"}
+TEST_FOLDERS = {"analysis", "core", "data", "index", "losses", "models", "text", "train", "serve", "export", "cli",
+                "project"}
 
 
 def test_test_modules_sit_in_the_folder_of_the_package_they_test():

@@ -245,7 +245,7 @@ def test_unknown_keys_and_two_queries_are_refused(client, stored):
     response = search_json(client, {"embedding": vector, "top_k": 3, "filter": "cats"})
     assert response.status_code == 422
     detail = response.json()["detail"]
-    assert "'filter', 'top_k'" in detail and "allowed keys: image, embedding, k" in detail
+    assert "'filter', 'top_k'" in detail and "allowed keys: image, embedding, text, k" in detail
     many = search_json(client, {"embedding": vector} | {f"x{i:02d}" * 30: 1 for i in range(50)})
     assert many.status_code == 422 and "and 45 more" in many.json()["detail"] and len(many.text) < 600
     both = search_json(client, {"embedding": vector, "image": base64.b64encode(QUERY_PNG).decode()})

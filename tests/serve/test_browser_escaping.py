@@ -13,7 +13,7 @@ from browser_pages import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, playwright_or_ski
 from hostile_text import FORM, HOSTILE, build_hostile_index
 from serve_fixtures import BackgroundServer, shared_artifacts
 
-from retrieval.serve.report_view import shown_text
+from retrieval.serve.page_text import shown_text
 from retrieval.serve.server import ServerConfig, build_app
 
 pytestmark = pytest.mark.timeout(300)

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from retrieval.index.faiss_search import NoStoredVectors
+from retrieval.index.faiss_backend.faiss_search import NoStoredVectors
 from retrieval.serve.examples import example_ids
 
 

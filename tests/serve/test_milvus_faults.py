@@ -25,15 +25,15 @@ from milvus_server import LiteServer  # noqa: E402
 
 from retrieval.cli.main import main  # noqa: E402
 from retrieval.index.filters import Both, Compare, Either, Filter, FilterError  # noqa: E402
-from retrieval.index.milvus_collection import (  # noqa: E402
+from retrieval.index.milvus.milvus_collection import (  # noqa: E402
     MAX_EXPRESSION_DEPTH,
     MilvusError,
     MilvusPlace,
     connect,
     milvus_filter,
 )
-from retrieval.index.milvus_index import MilvusIndex  # noqa: E402
-from retrieval.index.milvus_push import physical_name, push_index  # noqa: E402
+from retrieval.index.milvus.milvus_index import MilvusIndex  # noqa: E402
+from retrieval.index.milvus.milvus_push import physical_name, push_index  # noqa: E402
 from retrieval.serve.api import create_api  # noqa: E402
 from retrieval.serve.service import SearchService  # noqa: E402
 

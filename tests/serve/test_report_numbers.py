@@ -12,13 +12,9 @@ from types import SimpleNamespace
 import pytest
 
 from retrieval.reports import READINGS_FILE, REPORT_FORMAT
-from retrieval.serve.report_view import (
-    curves_plot,
-    embedding_map_note,
-    load_report,
-    recall_plot,
-    summary_markdown,
-)
+from retrieval.serve.report_files import load_report
+from retrieval.serve.report_plots import curves_plot, recall_plot
+from retrieval.serve.report_summary import embedding_map_note, summary_markdown
 from retrieval.serve.ui.evaluation import REPORT_PICTURES, EvaluationTab
 from retrieval.serve.ui.shared import GalleryFacts
 

@@ -421,7 +421,8 @@ def test_cli_refuses_missing_index_with_the_build_command(tmp_path):
 
 
 def test_report_table_for_train_and_evaluate_reports(artifacts, tmp_path):
-    from retrieval.serve.report_view import curves_plot, load_report, recall_plot, triplet_plot
+    from retrieval.serve.report_files import load_report
+    from retrieval.serve.report_plots import curves_plot, recall_plot, triplet_plot
 
     train = load_report(artifacts.report)
     headers, rows = train.metrics_table()

@@ -13,7 +13,7 @@ import pytest
 from availability import HealthProbe
 from serve_fixtures import BackgroundServer
 
-from retrieval.index.writer import remove_images
+from retrieval.index.writing.writer import remove_images
 from retrieval.serve.collector import frozen_heap
 from retrieval.serve.server import ServerConfig, build_app
 from retrieval.serve.service import SearchService

@@ -14,7 +14,7 @@ from index_builds import write_embeddings_folder
 from sample_images import png_bytes
 
 from retrieval.index import build_from_embeddings
-from retrieval.index.engine import IngestOptions
+from retrieval.index.embedding.engine import IngestOptions
 from retrieval.serve.api import create_api
 from retrieval.serve.service import SearchService
 from retrieval.serve.ui.search import ExampleSet, SearchTab

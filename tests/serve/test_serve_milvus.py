@@ -17,7 +17,7 @@ pytest.importorskip("milvus_lite")
 from milvus_server import milvus_lite_server  # noqa: E402
 
 from retrieval.cli.main import main  # noqa: E402
-from retrieval.index.milvus_collection import MilvusPlace, connect  # noqa: E402
+from retrieval.index.milvus.milvus_collection import MilvusPlace, connect  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -69,7 +69,7 @@ def test_two_servers_on_one_collection_answer_alike_and_see_a_removal_at_once(mi
 
 
 def test_an_alias_moved_to_another_collection_is_swapped_in_by_each_server(milvus_server, pushed, tmp_path):
-    from retrieval.index.milvus_push import push_index
+    from retrieval.index.milvus.milvus_push import push_index
 
     first, second = services(milvus_server)
     try:
@@ -108,7 +108,7 @@ def test_a_watcher_that_cannot_reach_the_server_keeps_the_state_and_opens_nothin
     """The server's watcher cannot tell an unreachable Milvus' collection: it opens no new state (the one it holds
     keeps serving, its searches answering 503 until Milvus is back), and logs nothing a tick."""
     from retrieval.index.live import LiveIndex
-    from retrieval.index.milvus_index import watch_identity
+    from retrieval.index.milvus.milvus_index import watch_identity
 
     identity = watch_identity(MilvusPlace.checked("http://127.0.0.1:9", "gallery"))  # nothing listens there
     assert identity() is None

@@ -14,7 +14,7 @@ import pytest
 from serve_fixtures import BACKENDS
 
 from retrieval.index import Index
-from retrieval.index.faiss_search import NoStoredVectors, reconstructed_vectors
+from retrieval.index.faiss_backend.faiss_search import NoStoredVectors, reconstructed_vectors
 from retrieval.rerank import RERANKERS, RerankConfig, rerank_lists
 from retrieval.serve.service import SearchService
 

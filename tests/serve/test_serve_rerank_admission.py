@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from serve_fixtures import BackgroundServer
 
-from retrieval.rerank import RerankConfig, methods, work_units
+from retrieval.rerank import RerankConfig, shortlists, work_units
 from retrieval.serve.api import create_api
 from retrieval.serve.service import SearchService
 
@@ -42,7 +42,7 @@ def held_reranking(monkeypatch):
     """Each costly re-ranked query (COSTLY's shortlist) waits for ``release`` (set within 30 s); ``started`` is set
     by the first, ``calls`` counts them. Cheaper re-rankings run as they are."""
     release, started, calls = threading.Event(), threading.Event(), []
-    real = methods.rerank_candidates
+    real = shortlists.rerank_candidates
 
     def held(query, candidates, config):
         if config.candidates == COSTLY["candidates"]:
@@ -51,7 +51,7 @@ def held_reranking(monkeypatch):
             release.wait(30)
         return real(query, candidates, config)
 
-    monkeypatch.setattr(methods, "rerank_candidates", held)
+    monkeypatch.setattr(shortlists, "rerank_candidates", held)
     yield release, started, calls
     release.set()
 
@@ -130,14 +130,14 @@ def test_one_client_may_hold_only_its_share_of_the_reranks_lane(unwatched_servic
 def test_a_re_ranked_batch_stops_between_queries_once_its_client_has_gone(unwatched_service, monkeypatch):
     """8 queries of ~0.4 s each, the client gone after 1 s: before, all 8 were re-ranked for nobody."""
     calls = []
-    real = methods.rerank_candidates
+    real = shortlists.rerank_candidates
 
     def slow(query, candidates, config):
         calls.append(1)
         time.sleep(0.4)
         return real(query, candidates, config)
 
-    monkeypatch.setattr(methods, "rerank_candidates", slow)
+    monkeypatch.setattr(shortlists, "rerank_candidates", slow)
     app = create_api(unwatched_service)
     with BackgroundServer(app) as running:
         with pytest.raises(httpx.TimeoutException):
@@ -151,7 +151,7 @@ def test_a_re_ranked_batch_stops_between_queries_once_its_client_has_gone(unwatc
 
 
 def test_a_re_ranking_over_its_memory_bound_is_a_422_before_it_waits(unwatched_service, monkeypatch):
-    monkeypatch.setattr(methods, "MAX_QUERY_BYTES", 2**20)
+    monkeypatch.setattr(shortlists, "MAX_QUERY_BYTES", 2**20)
     app = create_api(unwatched_service)
     with BackgroundServer(app) as running:
         for route, body in [("/search", {"embedding": vectors(unwatched_service, 1)[0], "rerank": COSTLY}),

@@ -66,7 +66,7 @@ def files_named(name: str) -> list[Path]:
 
 def gradio_call(url: str, path: str, **kwargs) -> str:
     """The whole answer to a search call that names ``path`` as its image: the POST, then the event's stream."""
-    body = {"data": [{"path": path, "meta": {"_type": "gradio.FileData"}}, 5, [], "", "none"]}
+    body = {"data": [{"path": path, "meta": {"_type": "gradio.FileData"}}, 5, [], "", "none", ""]}
     started = httpx.post(f"{url}/gradio_api/call/search", json=body, timeout=10, **kwargs)
     answer = f"{started.status_code} {started.text}"
     if started.status_code == 200:
@@ -293,7 +293,7 @@ def test_no_reference_shape_opens_a_server_file_or_tells_it_exists(plain, artifa
     """Only files Gradio recorded as uploaded are ever read, whatever the reference's shape: a reference without
     ``meta`` opened as it is would be an existence oracle and search any image on the host."""
     reference = REFERENCES[shape]
-    answers = {path: call_event(plain.url, "search", [reference(path), 3, [], "", "none"])
+    answers = {path: call_event(plain.url, "search", [reference(path), 3, [], "", "none", ""])
                for path in ("/etc/hostname", "/no/such/file", "/etc/shadow", str(artifacts.query_paths[0]))}
     assert len(set(answers.values())) == 1, answers  # the same answer, existing file, image or not
     answer = answers["/etc/hostname"]
@@ -309,10 +309,10 @@ def test_the_private_example_event_opens_no_server_file_either(plain, artifacts)
 
 
 def test_a_url_or_a_second_content_type_header_does_not_get_past_the_check(plain):
-    reference = call_event(plain.url, "search", [{"path": "/no/such/file"}, 3, [], "", "none"])
-    assert call_event(plain.url, "search", [{"url": "http://127.0.0.1:9/x.png"}, 3, [], "", "none"]) == reference
+    reference = call_event(plain.url, "search", [{"path": "/no/such/file"}, 3, [], "", "none", ""])
+    assert call_event(plain.url, "search", [{"url": "http://127.0.0.1:9/x.png"}, 3, [], "", "none", ""]) == reference
     doubled = httpx.post(f"{plain.url}/gradio_api/call/search",
-                         content=json.dumps({"data": ["/etc/hostname", 3, [], "", "none"]}),
+                         content=json.dumps({"data": ["/etc/hostname", 3, [], "", "none", ""]}),
                          headers=[("Content-Type", "multipart/form-data; boundary=x"),
                                   ("Content-Type", "application/json")], timeout=10)
     assert doubled.status_code == 400 and "one Content-Type" in doubled.text
@@ -325,10 +325,10 @@ def test_fifo_references_leave_no_thread_stuck(plain, tmp_path):
     fifo = tmp_path / "pipe.png"
     os.mkfifo(fifo)
     started = time.monotonic()
-    answers = [call_event(plain.url, "search", [{"path": str(fifo)}, 3, [], "", "none"]) for _ in range(4)]
+    answers = [call_event(plain.url, "search", [{"path": str(fifo)}, 3, [], "", "none", ""]) for _ in range(4)]
     assert time.monotonic() - started < 10 and all("results" not in a for a in answers)
     uploaded = httpx.post(f"{plain.url}/gradio_api/upload", files={"files": ("q.png", QUERY_PNG, "image/png")})
-    assert "results" in call_event(plain.url, "search", [{"path": uploaded.json()[0]}, 3, [], "", "none"])
+    assert "results" in call_event(plain.url, "search", [{"path": uploaded.json()[0]}, 3, [], "", "none", ""])
 
 
 def test_an_uploaded_file_still_searches_in_every_shape(plain):
@@ -336,7 +336,8 @@ def test_an_uploaded_file_still_searches_in_every_shape(plain):
         if shape == "plain string":
             continue  # not an Image value: Gradio refuses it, uploaded or not
         uploaded = httpx.post(f"{plain.url}/gradio_api/upload", files={"files": ("q.png", QUERY_PNG, "image/png")})
-        assert "results" in call_event(plain.url, "search", [reference(uploaded.json()[0]), 3, [], "", "none"]), shape
+        data = [reference(uploaded.json()[0]), 3, [], "", "none", ""]
+        assert "results" in call_event(plain.url, "search", data), shape
 
 
 def test_a_foreign_host_name_is_refused_dns_rebinding(plain):
@@ -346,7 +347,7 @@ def test_a_foreign_host_name_is_refused_dns_rebinding(plain):
     for method, path in (("GET", "/stats"), ("GET", "/health"), ("GET", "/"), ("GET", "/config")):
         refused = httpx.request(method, f"{plain.url}{path}", headers=evil, timeout=10)
         assert refused.status_code == 400 and "--allowed-host" in refused.json()["detail"], path
-    assert call_event(plain.url, "search", [{"path": "/x"}, 3, [], "", "none"], headers=evil).startswith("400")
+    assert call_event(plain.url, "search", [{"path": "/x"}, 3, [], "", "none", ""], headers=evil).startswith("400")
     assert httpx.get(f"{plain.url}/stats", headers={"Host": f"evil.example:{port}"}, timeout=10).status_code == 400
     for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"LOCALHOST:{port}"):
         assert httpx.get(f"{plain.url}/stats", headers={"Host": host}, timeout=10).status_code == 200, host
@@ -404,7 +405,7 @@ def test_gradio_cancel_and_reset_need_the_login(secured):
 @pytest.mark.parametrize("k", [1000, 101, 0, -1, 2.5, "5", None, [3], True, float("nan")])
 def test_the_app_refuses_a_k_beyond_its_slider(plain, k):
     uploaded = httpx.post(f"{plain.url}/gradio_api/upload", files={"files": ("q.png", QUERY_PNG, "image/png")})
-    data = [{"path": uploaded.json()[0]}, k, [], "", "none"]
+    data = [{"path": uploaded.json()[0]}, k, [], "", "none", ""]
     body = json.dumps({"data": data}, allow_nan=True)
     started = httpx.post(f"{plain.url}/gradio_api/call/search", content=body,
                          headers={"Content-Type": "application/json"}, timeout=10)

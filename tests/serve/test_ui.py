@@ -18,10 +18,11 @@ from serve_fixtures import QUERY_PNG, require_emoji_labels, shared_full_report
 
 from retrieval.data.emoji import emoji_name
 from retrieval.data.synthetic import bomb_png
-from retrieval.index.catalogue import CatalogueReader
+from retrieval.index.catalogue_reader import CatalogueReader
 from retrieval.serve.api import create_api
 from retrieval.serve.diagnostics import duplicates
-from retrieval.serve.report_view import load_report, markdown_text, percent
+from retrieval.serve.page_text import markdown_text, percent
+from retrieval.serve.report_files import load_report
 from retrieval.serve.service import SearchService
 from retrieval.serve.ui.evaluation import EvaluationTab
 from retrieval.serve.ui.search import ExampleSet, SearchTab
@@ -426,7 +427,7 @@ def test_a_report_shows_each_picture_in_a_tab_and_says_what_the_map_draws(artifa
     """The full report has every picture of a labelled run: each gets its tab; the embedding map's note says how
     many of the classes it draws and how they were chosen (from what the map recorded in its PNG)."""
     from retrieval.compatibility import compatibility_sentence
-    from retrieval.serve.report_view import markdown_text
+    from retrieval.serve.page_text import markdown_text
     from retrieval.serve.ui.evaluation import REPORT_PICTURES
 
     report = shared_full_report(tmp_path_factory)
@@ -455,7 +456,7 @@ def test_a_report_shows_each_picture_in_a_tab_and_says_what_the_map_draws(artifa
 def test_an_older_map_is_explained_from_the_reports_class_count(tmp_path):
     """A map drawn before maps recorded their sample: the note takes the class count from the report."""
     from retrieval.reports import REPORT_FORMAT
-    from retrieval.serve.report_view import embedding_map_note
+    from retrieval.serve.report_summary import embedding_map_note
 
     Image.new("RGB", (60, 40)).save(tmp_path / "embedding_map.png")
     (tmp_path / "report.json").write_text(json.dumps({
@@ -487,7 +488,7 @@ def test_a_report_shows_the_readings_beside_it_and_ignores_a_malformed_file(tmp_
     """The demo's readings.json beside a run report (both readings and the photos, pretrained -> delivered) is a
     table in the report's summary; a file of another shape, or a label that is not text, is left out."""
     from retrieval.reports import READINGS_FILE, REPORT_FORMAT
-    from retrieval.serve.report_view import summary_markdown
+    from retrieval.serve.report_summary import summary_markdown
 
     (tmp_path / "report.json").write_text(json.dumps({"format": REPORT_FORMAT, "kind": "train"}))
     assert "Read two ways" not in summary_markdown(load_report(tmp_path / "report.json"))

@@ -24,15 +24,9 @@ from hostile_text import FORM, HOSTILE, LONG_COLUMN, build_hostile_index
 from serve_fixtures import shared_artifacts
 
 from retrieval.reports import REPORT_FORMAT
-from retrieval.serve.report_view import (
-    MAX_SHOWN_CHARS,
-    html_text,
-    load_report,
-    markdown_code,
-    markdown_text,
-    shown_text,
-    summary_markdown,
-)
+from retrieval.serve.page_text import MAX_SHOWN_CHARS, html_text, markdown_code, markdown_text, shown_text
+from retrieval.serve.report_files import load_report
+from retrieval.serve.report_summary import summary_markdown
 from retrieval.serve.service import SearchService
 from retrieval.serve.ui import build_ui
 from retrieval.serve.ui.evaluation import EvaluationTab
@@ -307,7 +301,7 @@ def test_the_maps_recorded_method_is_shown_as_text(tmp_path):
     from PIL import Image, PngImagePlugin
 
     from retrieval.analysis.pictures import MAP_METADATA_KEY
-    from retrieval.serve.report_view import embedding_map_note
+    from retrieval.serve.report_summary import embedding_map_note
 
     info = PngImagePlugin.PngInfo()
     info.add_text(MAP_METADATA_KEY, json.dumps({"classes_shown": 2, "classes": 3, "images_shown": 4, "images": 6,

@@ -12,10 +12,10 @@ from run_files import read_jsonl
 from train_configs import digits_config
 
 from retrieval.cli.main import main
-from retrieval.losses.reads import on_host, require
 from retrieval.models import load_embedder
 from retrieval.train import TrainConfig, TrainingDiverged, train
 from retrieval.train.state import TIMING_KEYS
+from retrieval.utils.reads import on_host, require
 
 
 @pytest.fixture(scope="module")
@@ -207,7 +207,7 @@ def test_background_is_recorded_with_the_model_and_travels_to_onnx(tmp_path, fea
     model = load_embedder(tmp_path / "run" / "best.pt")
     assert model.config["background"] == [16, 32, 48]
     export_checkpoint(tmp_path / "run" / "best.pt", tmp_path / "model.onnx", verify=False, log=lambda _: None)
-    assert OnnxEmbedder(tmp_path / "model.onnx").model_config["background"] == [16, 32, 48]
+    assert OnnxEmbedder(tmp_path / "model.onnx").preprocessing.background == (16, 32, 48)
     with pytest.raises(ValueError, match="--background"):
         all_digits_config(tmp_path / "bad", feature_cache, background="no-such-colour").validate()
 
@@ -222,7 +222,7 @@ def test_resize_is_recorded_with_the_model_and_travels_to_onnx(tmp_path, feature
     assert load_embedder(tmp_path / "run" / "best.pt").config["resize"] == "pad"
     result = export_checkpoint(tmp_path / "run" / "best.pt", tmp_path / "model.onnx", log=lambda _: None)
     assert result.verification is not None and result.metadata["resize"] == "pad"
-    assert OnnxEmbedder(tmp_path / "model.onnx").model_config["resize"] == "pad"
+    assert OnnxEmbedder(tmp_path / "model.onnx").preprocessing.resize_mode == "pad"
     # the device stage letterboxes too (tests/data/test_resize_modes.py compares it with the workers')
     all_digits_config(tmp_path / "device", feature_cache, resize="pad", freeze_backbone=False,
                       decode_on="device").validate()

@@ -45,7 +45,10 @@ def test_the_influence_is_logged_and_the_report_has_the_three_blocks_and_the_mod
     assert report["plots"]["compatibility"] == "compatibility.png" and (old_run / "new" / "compatibility.png").is_file()
     declared = torch.load(old_run / "new" / "last.pt", weights_only=False)["model_config"]["compatible_with"]
     assert declared == [embedder_model_hash(load_embedder(old_run / "old" / "last.pt"))]
-    from retrieval.serve.report_view import compatibility_plot, load_report, markdown_text, summary_markdown
+    from retrieval.serve.page_text import markdown_text
+    from retrieval.serve.report_files import load_report
+    from retrieval.serve.report_plots import compatibility_plot
+    from retrieval.serve.report_summary import summary_markdown
 
     shown = load_report(old_run / "new" / "report.json")  # the app's Evaluation tab
     assert f"**Compatibility with the old model:** {markdown_text(compatibility_sentence(blocks))}." in \
@@ -184,7 +187,7 @@ def test_the_exported_model_is_accepted_by_the_old_model_index_and_upgrades_it_i
 
     from retrieval.export.onnx_export import export_checkpoint
     from retrieval.index import Index, IngestOptions, build_index, load_model
-    from retrieval.index.upgrade import upgrade_index
+    from retrieval.index.writing.upgrade import upgrade_index
 
     train(compatible(old_run, "exported"), progress=False)
     old_onnx, new_onnx = tmp_path / "old.onnx", tmp_path / "new.onnx"
@@ -249,7 +252,7 @@ def test_the_export_of_a_new_size_has_two_outputs_equal_to_torch_and_serves_the_
 
     from retrieval.export.onnx_export import export_checkpoint
     from retrieval.index import Index, IngestOptions, build_index, load_model
-    from retrieval.index.upgrade import upgrade_index
+    from retrieval.index.writing.upgrade import upgrade_index
     from retrieval.onnx_runtime import OnnxEmbedder
 
     train(compatible(old_run, "wider-exported", embedding_dim=32), progress=False)

@@ -308,7 +308,7 @@ class RecordsGatheredLabels(torch.nn.Module):
     """A loss that records whether the gathered labels' host copy was known to it."""
 
     def forward(self, embeddings, labels):
-        from retrieval.losses.reads import known_host_copy
+        from retrieval.utils.reads import known_host_copy
 
         self.known = known_host_copy(labels)
         return (embeddings * embeddings).mean()
@@ -321,7 +321,7 @@ def test_a_gpu_rank_gathers_known_host_labels_on_the_host_group_and_no_row_count
     import contextlib
 
     import retrieval.distributed as distributed
-    from retrieval.losses.reads import known_on_host
+    from retrieval.utils.reads import known_on_host
 
     host_group, gathered = object(), []
 

@@ -9,6 +9,7 @@ weights and metrics as one uninterrupted run (the 2-process equality is in test_
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -138,7 +139,9 @@ def test_wise_ft_auto_draws_the_curve_and_chooses_on_validation(images, tmp_path
     for point in wise["curve"]:
         assert 0 <= point["in_domain"] <= 1 and 0 <= point["out_of_domain"] <= 1 and "other" in point["extra"]
     assert {"domains", "wise"} <= set(report["plots"]) and (run / "wise.png").is_file()
-    from retrieval.serve.report_view import domains_plot, load_report, summary_markdown, wise_plot
+    from retrieval.serve.report_files import load_report
+    from retrieval.serve.report_plots import domains_plot, wise_plot
+    from retrieval.serve.report_summary import summary_markdown
 
     opened = load_report(run / "report.json")  # what the app's Evaluation tab shows
     assert domains_plot(opened).size[0] > 300 and wise_plot(opened).size[0] > 300
@@ -159,12 +162,12 @@ def test_eval_extra_is_reported_before_and_after_training_beside_the_reference(i
     reference = report["reference"]
     assert reference["input_size"] == 160  # timm test_resnet's own resolution, not the --image-size 32
     assert set(reference["sets"]["other"]) == {"test"}
-    from retrieval.serve.report_view import load_report
+    from retrieval.serve.report_files import load_report
 
     headers, table = load_report(run / "report.json").metrics_table()
     names = [r[0] for r in table]
     assert "other: recall@1" in names and names.index("other: recall@1") > names.index("recall@1")
-    from retrieval.serve.report_view import domains_plot, wise_plot
+    from retrieval.serve.report_plots import domains_plot, wise_plot
 
     assert wise_plot(load_report(run / "report.json")) is None  # no --wise-alpha, no picture (the tab hides it)
     assert domains_plot(load_report(run / "report.json")) is None  # --no-plots
@@ -212,13 +215,13 @@ def test_eval_extra_reports_the_neighbours_the_model_keeps_from_the_pretrained_b
     # the same measure from its parts: the last model and the pretrained backbone (at its own 160 px) embed the
     # extra set's test half, and each image's top-10 under one is compared with its top-10 under the other
     model = load_embedder(run / "last.pt").eval()
-    test = load_extra_set(str(images / "other"), build_transforms(model.config, train=False)).test
+    test = load_extra_set(str(images / "other"), build_transforms(model.preprocessing, train=False)).test
     by_model = embed_samples(model, test, 64, torch.device("cpu"), 0, False, "", False).embeddings
     import retrieval.train.building as building
 
     building.seed_everything(0)  # the backbone as the run began: random-init here, pretrained for a user
     start = building.create_embedder("timm:test_resnet", 16, pretrained=False).backbone.eval()
-    test.transform = build_transforms({**model.config, "input_size": 160}, train=False)
+    test.transform = build_transforms(replace(model.preprocessing, input_size=160), train=False)
     by_backbone = embed_samples(start, test, 64, torch.device("cpu"), 0, False, "", False).embeddings
     unit = lambda rows: rows / np.linalg.norm(rows, axis=1, keepdims=True)  # noqa: E731
     assert kept == pytest.approx(neighbour_overlap(unit(by_backbone), unit(by_model), 10).mean(), abs=1e-9)
@@ -234,7 +237,8 @@ def test_wise_ft_curve_counts_the_neighbours_each_mix_keeps_from_the_start(image
     assert all(0 <= p["kept"] <= 1 and p["extra_kept"]["other"] == p["kept"] for p in curve)
     assert curve[-1]["kept"] < 1  # the fine-tuned end moved neighbours
     assert "_rows" not in json.dumps(report["wise"])  # the embeddings stay out of the report
-    from retrieval.serve.report_view import load_report, summary_markdown
+    from retrieval.serve.report_files import load_report
+    from retrieval.serve.report_summary import summary_markdown
 
     assert "top-10 neighbours kept from the pretrained backbone's: " in summary_markdown(load_report(
         tmp_path / "run" / "report.json"))

@@ -258,12 +258,13 @@ def exited(pids: set[int]) -> bool:
 
 
 def test_the_train_workers_live_from_epoch_to_epoch_and_stop_when_training_ends():
-    from retrieval.data import BadImageLog
+    from retrieval.data import BadImageLog, ModelPreprocessing
     from retrieval.train.features import Embedding, ImagePipeline
 
     cfg = TrainConfig(dataset="digits", seed=3)
     run = Embedding(torch.device("cpu"), 8, workers=2, amp=False, progress=False, bad_images=BadImageLog("skip"))
-    pipeline = ImagePipeline(cfg, WorkerPids(), None, run, {"input_size": 4})
+    pipeline = ImagePipeline(cfg, WorkerPids(), None, run, ModelPreprocessing(input_size=4, mean=(0.5,) * 3,
+                                                                                std=(0.5,) * 3))
     sampler = ClassBalancedBatchSampler(np.repeat(np.arange(4), 6), 2, 2, seed=1, batches_per_epoch=3)
 
     def pids(batches) -> set[int]:

@@ -66,7 +66,8 @@ def test_out_is_needed_under_torchrun_and_with_resume(in_tmp, monkeypatch):
 
 def test_the_loss_is_logged_and_drawn_per_step(tmp_path):
     from retrieval.reports import read_steps
-    from retrieval.serve.report_view import curves_plot, load_report
+    from retrieval.serve.report_files import load_report
+    from retrieval.serve.report_plots import curves_plot
     from retrieval.train import TrainConfig, train
     from retrieval.train.checkpointing import atomic_save
     from retrieval.train.trainer import Trainer

@@ -16,7 +16,7 @@ from retrieval.analysis.runs import Run
 from retrieval.analysis.runs import curve_panels as run_curve_panels
 from retrieval.cli.main import main
 from retrieval.data import ImageDataset
-from retrieval.serve.report_view import curve_panels
+from retrieval.serve.report_plots import curve_panels
 from retrieval.train import train
 from retrieval.train.config import DEFAULT_VAL_FRACTION, DEFAULT_VAL_MIN_CLASSES
 from retrieval.train.data import validation_fraction
@@ -174,7 +174,8 @@ def test_wise_ft_auto_without_validation_data_is_refused_before_training(tmp_pat
 
 
 def test_the_app_says_which_split_chose_best_pt(tmp_path):
-    from retrieval.serve.report_view import RunReport, summary_markdown
+    from retrieval.serve.report_files import RunReport
+    from retrieval.serve.report_summary import summary_markdown
 
     def shown(**fields) -> str:
         data = {"format": "retrieval-report/1", "kind": "train", "config": {"train": {}}, **fields}

