@@ -4,7 +4,7 @@
 The file carries everything a search needs in its metadata (``TEXT_FORMAT``): its tokenizer (``tokenizer.json``'s
 text), the longest token sequence, the embedding size, and the hash of the image model whose space it maps into
 (``image_model_hash``): an index built with another model refuses it, naming both (``check_text_model``). Its own
-identity, ``model_hash``, is the file's sha256 (16 hex digits), as an index records it. No torch here.
+identity, ``model_hash``, is the sha256 (16 hex digits) of the bytes it runs, as an index records it. No torch here.
 """
 
 from __future__ import annotations
@@ -98,11 +98,12 @@ class TextEmbedder:
             raise TextModelError(f"{self.path} is not a file: give the text.onnx that `retrieval text train` wrote")
         if self.path.stat().st_size > MAX_TEXT_MODEL_BYTES:
             raise TextModelError(f"{self.path} is over 2 GiB: no text tower this toolkit writes is")
-        self.model_hash = file_hash(self.path)
+        data = self.path.read_bytes()  # hashed and run from the same bytes: a file swapped meanwhile cannot differ
+        self.model_hash = hashlib.sha256(data).hexdigest()[:16]
         try:
             options = ort.SessionOptions()
             options.log_severity_level = 3
-            self.session = ort.InferenceSession(str(self.path), options, providers=_providers(providers))
+            self.session = ort.InferenceSession(data, options, providers=_providers(providers))
         except Exception as exc:  # onnxruntime's own kinds: not an ONNX file, unsupported ops
             raise TextModelError(f"{self.path} cannot be loaded as an ONNX model: {str(exc).splitlines()[0]}") from None
         metadata = dict(self.session.get_modelmeta().custom_metadata_map)
