@@ -113,12 +113,10 @@ def push_index(index_dir: str | Path, place: MilvusPlace, index_type: str | None
                     if not client.has_collection(target):
                         raise
             with PushClaim(client, target, place.collection) as claim:
-                if created:
-                    pass
-                elif compatible_upgrade(record, wanted, index):  # queries by the new model now, rows re-sent
+                if not created and compatible_upgrade(record, wanted, index):  # the new model's queries, rows re-sent
                     record.info, record.state = wanted.info, PUSHING
                     client.alter_collection_properties(target, record.properties(_preprocessing(index)))
-                else:
+                elif not created:
                     check_resumable(record, wanted if index_type else replace(wanted, index_type=record.index_type),
                                      target)
                 rows = _collection_rows(client, target, record)
@@ -160,9 +158,11 @@ class PushClaim:
 
     def _refuse(self, claim: dict[str, Any]) -> None:
         seen = max(0, round(time.time() - float(claim["at"])))
+        left = max(1, round(CLAIM_STALE_S - seen))
         raise MilvusError("collection", f"another `retrieval index push` into {self.name!r} is running (its last "
                                         f"sign of life {seen} s ago); wait for it to finish, then run this command "
-                                        "again: it sends whatever the collection still lacks")
+                                        "again: it sends whatever the collection still lacks (a push that was "
+                                        f"killed holds the collection {left} s more)")
 
     def _write(self) -> None:
         self._renewed = time.monotonic()
