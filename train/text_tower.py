@@ -172,10 +172,9 @@ def recalls(ranks: np.ndarray) -> dict[str, float]:
 class TowerTrainer:
     """One training of a tower over ``data``'s train captions, evaluated on the held-out ones each epoch."""
 
-    def __init__(self, config: TextTrainConfig, data: Captioned, train_images: np.ndarray,
-                 held_images: np.ndarray, progress: bool = True) -> None:
+    def __init__(self, config: TextTrainConfig, data: Captioned, held_images: np.ndarray,
+                 progress: bool = True) -> None:
         self.config, self.data, self.progress = config, data, progress
-        self.train_images, self.held_images = train_images, held_images
         folder = Path(config.encoder) if config.encoder else default_encoder()
         self.encoder_record = {"name": folder.name if config.encoder else "all-MiniLM-L6-v2",
                                "layers_tuned": config.tune_layers}
@@ -187,16 +186,17 @@ class TowerTrainer:
         held = np.isin(data.owner, held_images)
         self.train_captions = np.flatnonzero(~held)
         self.held_captions = np.flatnonzero(held)
-        self.start = len(self.tower.encoder.encoder.layer) - config.tune_layers  # the first block trained
+        layers = len(self.tower.encoder.encoder.layer)
+        if config.tune_layers > layers:
+            raise ParameterError("tune_layers", f"is {config.tune_layers}, but the encoder has {layers} layers")
+        self.start = layers - config.tune_layers  # the first block trained
         if config.tune_layers == 0:
             self.features = sentence_features(self.tower.encoder, self.tokenizer, data.captions, progress)
         else:  # the frozen blocks' token states, computed once: each step runs only the tuned blocks
             self.ids, self.mask = (torch.from_numpy(a) for a in self.tokenizer(data.captions))
             self.states = lower_states(self.tower.encoder, self.ids, self.mask, self.start, progress)
-            with torch.no_grad():
-                self.features = torch.cat([self.tower.encoder.upper(self.states[s: s + FEATURE_BATCH],
-                                                                    self.mask[s: s + FEATURE_BATCH], self.start)
-                                           for s in range(0, len(self.states), FEATURE_BATCH)])
+            self.features = batched(lambda s, e: self.tower.encoder.upper(self.states[s:e], self.mask[s:e], self.start),
+                                    len(self.states), progress=False)
         self.by_image: dict[int, list[int]] = {}
         for caption in self.train_captions.tolist():
             self.by_image.setdefault(int(data.owner[caption]), []).append(caption)
@@ -278,10 +278,10 @@ def train_text_tower(config: TextTrainConfig, export: Export, progress: bool = T
     captions = [captions[i] for i in kept]
     owner = np.asarray([n for n, texts in enumerate(captions) for _ in texts], dtype=np.int64)
     data = Captioned(paths, vectors[kept], [t for texts in captions for t in texts], owner, model_hash)
-    train_images, held_images = split_images(len(paths), config.val_share, config.seed)
+    _, held_images = split_images(len(paths), config.val_share, config.seed)
     log_line(f"{len(paths)} images, {len(data.captions)} captions; {len(held_images)} images' captions held out "
              f"to choose the epoch" + ("" if len(held_images) else " (too few images: the last epoch is delivered)"))
-    trainer = TowerTrainer(config, data, train_images, held_images, progress)
+    trainer = TowerTrainer(config, data, held_images, progress)
     history, chosen, ranks = trainer.run()
     held = trainer.held_captions
     check = export(trainer.tower, trainer.tokenizer, out / "text.onnx", model_hash,
