@@ -194,6 +194,22 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def first_health(url: str, process: subprocess.Popen, seconds: float = 120):
+    """The first answer of a starting server's /health (an httpx response), waiting up to ``seconds``; fails with
+    the end of the process's output when it exits or the time runs out."""
+    import httpx
+
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return httpx.get(f"{url}/health", timeout=5)
+        except httpx.TransportError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                output = process.communicate(timeout=30)
+                pytest.fail(f"the server at {url} did not answer: {''.join(o or '' for o in output)[-3000:]}")
+            time.sleep(0.3)
+
+
 def serve_with_json_logs(index_dir: Path, options: list[str], use: Callable[[str], T]) -> tuple[T, list[dict]]:
     """Start `retrieval serve --log-format json` on a free port with ``options``, wait for its /health (request id
     "probe"), call ``use`` with its URL, stop it with SIGTERM; ``use``'s answer and every line it logged, as JSON

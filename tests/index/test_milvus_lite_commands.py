@@ -12,14 +12,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("milvus_lite")
 
-from serve_fixtures import REPO, free_port  # noqa: E402
+from serve_fixtures import REPO, first_health, free_port  # noqa: E402
 
 from retrieval.index.milvus.milvus_collection import MilvusError, MilvusPlace, lite_version  # noqa: E402
 
@@ -62,14 +61,7 @@ def test_the_documented_lite_push_and_serve_run_as_written(artifacts, tmp_path):
                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                health = httpx.get(f"{url}/health", timeout=5)
-                break
-            except httpx.TransportError:
-                assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0][-3000:]
-                time.sleep(0.5)
+        health = first_health(url, process, 180)
         assert health.status_code == 200 and health.json()["vectors"] == rows
         found = httpx.post(f"{url}/search", files={"image": ("q.png", artifacts.query_paths[0].read_bytes())},
                            params={"k": 3}, timeout=60)

@@ -17,11 +17,10 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from serve_fixtures import free_port
+from serve_fixtures import first_health, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 INSTALL_TIMEOUT = 420
@@ -142,14 +141,7 @@ def test_the_base_install_serves_the_api_and_the_app(slim, built_index, artifact
                               env=slim.env, cwd=slim.root)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                health = httpx.get(f"{url}/health", timeout=2)
-                break
-            except httpx.TransportError:
-                assert server.poll() is None and time.monotonic() < deadline, server.communicate()[1][-3000:]
-                time.sleep(0.3)
+        health = first_health(url, server, 90)
         assert health.status_code == 200 and health.json()["status"] == "ok"
         search = httpx.post(f"{url}/search", params={"k": 2}, timeout=30,
                             files={"image": ("query.png", artifacts.query_paths[0].read_bytes(), "image/png")})
