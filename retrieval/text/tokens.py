@@ -53,7 +53,9 @@ class TextTokenizer:
 def check_query_text(text: object) -> str:
     """A text query: a non-empty string of at most ``MAX_TEXT_CHARS`` characters, or ValueError naming why."""
     if not isinstance(text, str):
-        raise ValueError(f"text must be a string, got {type(text).__name__}")
+        kind = {bool: "true or false", int: "a number", float: "a number", list: "a list", dict: "an object",
+                type(None): "null"}.get(type(text), type(text).__name__)
+        raise ValueError(f"text must be a string (words, in quotes), got {kind}")
     stripped = text.strip()
     if not stripped:
         raise ValueError("text is empty: type what you are looking for, e.g. \"a red apple\"")

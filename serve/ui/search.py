@@ -28,6 +28,7 @@ from retrieval.text.tokens import MAX_TEXT_CHARS, check_query_text
 MAX_SLIDER_K = 100  # the K slider's top: the app shows at most this many results (the API allows MAX_K)
 EXAMPLE_COUNT = 12
 NO_IMAGE = "Upload, paste or pick an image first."
+NO_QUERY = "Upload, paste or pick an image, or describe what you look for in words, first."
 MAX_NOTE_CHARS = 2000  # a note on the query, e.g. how a filter that matched nothing compares (it lists the columns)
 IMAGE_STATUSES = (400, 413)  # the service's answers to an upload it cannot read (K and filter problems come first)
 MAX_COLUMNS_SHOWN = 20  # a manifest's filter columns named in the where box's label
@@ -166,6 +167,8 @@ class SearchTab:
         try:
             data = self.read_upload(upload)
         except QueryError as exc:
+            if str(exc) == NO_IMAGE and state.text.embedder is not None:  # nothing given: both ways are open
+                return [], failure_markdown("Cannot search", QueryError(NO_QUERY)), keep
             return [], failure_markdown("Cannot search with this image", exc, upload_name(upload)), None
         try:
             response = self.service.search(data, k, exclude_self=True, where=condition, calibrate=True,

@@ -139,17 +139,21 @@ class GalleryFacts:
         right = markdown_text(right, MAX_PROSE_CHARS) if isinstance(right, str) and right else "same label"
         # names, no server paths
         where = f" Files in the gallery folder {markdown_code(self.folder.name)}" if self.folder else ""
+        words = service.current().text.embedder is not None  # a text model: describing is a way to search
+        typed = (" Or describe what you look for in words (\"or describe it\", then Enter): a text model trained onto "
+                 "this index's image model maps it among the images; it knows the words of its captions best, and "
+                 "its scores run lower than an image's.") if words else ""
         return (
             f"**The gallery:** {holds}{source}.{where}; index {markdown_code(service.index_dir.name)} (index.json: "
             f"{markdown_code(info['index_key'])}, {info['embedding_dim']}-d embeddings {model_words(info)}, labels "
             "from its catalogue).\n\n"
             "**Try it:** upload or paste an image (or click one of the examples below the results) and press "
             "Search: the K gallery images nearest to it appear, best first. A query that is itself a gallery "
-            f"image is left out of its own results, and each result is marked ✓ ({right}) or ✗.\n\n"
+            f"image is left out of its own results, and each result is marked ✓ ({right}) or ✗.{typed}\n\n"
             "**Score:** the cosine similarity of the L2-normalised embeddings, from -1 to 1 (1 = identical "
             f"direction, 0 = unrelated). Metrics ({tab_names(tabs)} tabs) are in percent ({METRIC_UNIT}).\n\n"
             f"**From a program:** the JSON API, documented at [{API_DOCS_PATH}]({API_DOCS_PATH}) (OpenAPI; also "
-            "/redoc): `POST /search` with an image file or an embedding."
+            f"/redoc): `POST /search` with an image file{', an embedding or a text' if words else ' or an embedding'}."
         )
 
 

@@ -92,7 +92,7 @@ def test_filters_and_reranking_apply_to_a_text_query(text_client, artifacts):
     ({"text": " \n\t "}, "text is empty"),
     ({"text": "x" * 1001}, "at most 1000"),
     ({"text": 5}, "text must be a string"),
-    ({"text": None}, "text must be a string"),
+    ({"text": None}, "text must be a string (words, in quotes), got null"),
     ({"text": ["a red apple"]}, "text must be a string"),
     ('{"text": "an apple \\ud800"}', "lone surrogate"),
     ({"text": "a red apple", "embedding": [1.0] * 32}, 'not both "embedding" and "text"'),
@@ -225,12 +225,14 @@ def test_the_search_tab_searches_by_description(text_service, service, artifacts
     tab.uploads.blocks.upload_file_set.add(path)
     _, status, _ = tab.search(path, 3, text="a red apple")  # the description wins over the image
     assert "the image was not used" in status
-    _, status, _ = tab.search(None, 3, text=" " * 3)  # a blank description: the image is searched, and missing
-    assert "Upload, paste or pick an image first" in status
+    _, status, _ = tab.search(None, 3, text=" " * 3)  # a blank description, no image: both ways are named
+    assert "Upload, paste or pick an image, or describe what you look for in words, first" in status
     _, status, _ = tab.search(None, 3, text="x" * 1001)
     assert status.startswith("⚠️ **Cannot search by text:**") and "at most 1000" in status
 
     plain = SearchTab(service, ExampleSet(service, tmp_path, count=0), UploadRecords(gr.Blocks()))
+    _, status, _ = plain.search(None, 3, text="")  # no text model: only the image is asked for
+    assert "Upload, paste or pick an image first" in status
     items, status, _ = plain.search(None, 3, text="a red apple")
     assert items == [] and status.startswith("⚠️ **Cannot search by text:**") and "--text-model" in status
     assert tab.description_settings()["interactive"] is True  # what each page load sets the box to
@@ -333,3 +335,12 @@ def test_schemathesis_finds_no_disagreement_on_text_queries(artifacts, text_serv
     assert failures == [], "\n\n".join(failures[:10])
     assert finished is not None and finished.stop_reason == StopReason.COMPLETED and cases >= 50, cases
     assert len(texts) >= 5, texts
+
+
+def test_the_page_says_text_search_is_there_only_where_it_is(text_service, service):
+    from retrieval.serve.ui.shared import GalleryFacts
+
+    with_text = GalleryFacts.of(text_service).intro_markdown(text_service)
+    assert "describe what you look for in words" in with_text and "an embedding or a text" in with_text
+    without = GalleryFacts.of(service).intro_markdown(service)
+    assert "describe" not in without and "an image file or an embedding" in without
