@@ -139,7 +139,7 @@ class GalleryFacts:
         right = markdown_text(right, MAX_PROSE_CHARS) if isinstance(right, str) and right else "same label"
         # names, no server paths
         where = f" Files in the gallery folder {markdown_code(self.folder.name)}" if self.folder else ""
-        words = service.current().text.embedder is not None  # a text model: describing is a way to search
+        words = service.text_search()  # a text model: describing is a way to search
         typed = (" Or describe what you look for in words (\"or describe it\", then Enter): a text model trained onto "
                  "this index's image model maps it among the images; it knows the words of its captions best, and "
                  "its scores run lower than an image's.") if words else ""

@@ -44,6 +44,7 @@ def test_a_running_server_freezes_its_startup_heap_and_gives_it_back_when_it_sto
     assert gc.get_freeze_count() == 0, "a server of an earlier test in this process still runs"
     app, service = build_app(ServerConfig(index_dir=artifacts.index_dir))
     gradio_app = next(route.app for route in app.routes if hasattr(getattr(route, "app", None), "get_blocks"))
+    gc.collect()  # the live heap: garbage an earlier test of this process left would be collected, not frozen
     tracked_before = len(gc.get_objects())
     try:
         with BackgroundServer(app):

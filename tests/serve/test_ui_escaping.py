@@ -152,7 +152,7 @@ def hostile_facts(label: str = FORM, folder: str = "photos") -> GalleryFacts:
 
 def stub_service(index_name: str = "index") -> SimpleNamespace:
     info = {"index_key": "Flat", "embedding_dim": 32, "model_hash": "abc123", "vectors": 4}
-    return SimpleNamespace(describe=lambda: info, index_dir=Path("/srv") / index_name)
+    return SimpleNamespace(describe=lambda: info, index_dir=Path("/srv") / index_name, text_search=lambda: False)
 
 
 def test_the_opening_lines_show_hostile_labels_and_info_json_as_text():
