@@ -58,3 +58,13 @@ def small_text_model(path: Path, image_model_hash: str, dim: int, seed: int = 0,
     export_text_tower(tower, tokenizer, path, image_model_hash, {"name": "small-test-bert"},
                       ["a red apple", "a smiling face", "a dog"])
     return path
+
+
+def own_and_foreign_towers(index_dir: Path, root: Path, foreign_hash: str) -> dict[str, Path]:
+    """Small text towers for ``index_dir``'s image model ("own") and for another one, ``foreign_hash``
+    ("foreign"), written under ``root``."""
+    import json
+
+    model_hash = json.loads((index_dir / "index.json").read_text())["model_hash"]
+    return {"own": small_text_model(root / "text.onnx", model_hash, 32),
+            "foreign": small_text_model(root / "foreign.onnx", foreign_hash, 32, seed=1)}

@@ -215,9 +215,8 @@ class TowerTrainer:
         if not len(self.held_captions):
             return recalls(np.zeros(0)), np.zeros(0, dtype=int)
         self.tower.eval()
-        with torch.no_grad():
-            text = torch.cat([self.text_embeddings(self.held_captions[s: s + FEATURE_BATCH])
-                              for s in range(0, len(self.held_captions), FEATURE_BATCH)]).numpy()
+        text = batched(lambda s, e: self.text_embeddings(self.held_captions[s:e]), len(self.held_captions),
+                       progress=False).numpy()
         ranks = text_to_image_ranks(text, self.data.vectors, self.data.owner[self.held_captions])
         return recalls(ranks), ranks
 

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from embedders import write_projection_onnx
 from index_builds import QUICK
 from sample_images import noisy_png
-from text_towers import small_text_model
+from text_towers import own_and_foreign_towers, small_text_model
 
 from retrieval.cli.main import main
 from retrieval.index import Index, IndexLockedError, build_index, load_model
@@ -36,9 +36,7 @@ def run(*args: str):
 def towers(artifacts, tmp_path_factory) -> dict[str, Path]:
     """A text tower trained (as recorded) for the shared index's image model, and one for another model."""
     root = tmp_path_factory.mktemp("towers")
-    model_hash = json.loads((artifacts.index_dir / "index.json").read_text())["model_hash"]
-    return {"own": small_text_model(root / "text.onnx", model_hash, 32),
-            "foreign": small_text_model(root / "foreign.onnx", "0123456789abcdef", 32, seed=1)}
+    return own_and_foreign_towers(artifacts.index_dir, root, "0123456789abcdef")
 
 
 @pytest.fixture

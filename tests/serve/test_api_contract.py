@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from api_cases import run_checks, valid_case
 from fastapi.testclient import TestClient
 from PIL import Image
 from sample_images import encode_png, png_bytes
@@ -369,7 +370,7 @@ def test_schemathesis_finds_no_disagreement_between_the_document_and_the_server(
     ``exclude_self`` and ``rerank`` in the query and in the JSON body must agree.
     """
     import schemathesis
-    from schemathesis.engine import StopReason, events, from_schema
+    from schemathesis.engine import StopReason
 
     image = png_bytes((16, 16), QUERY_COLOUR)
     config = schemathesis.Config.from_dict(
@@ -387,48 +388,10 @@ def test_schemathesis_finds_no_disagreement_between_the_document_and_the_server(
 
         @schema.hook("map_case")
         def real_image_and_one_k(_context, case):
-            if case.meta is None or not case.meta.generation.mode.is_positive:
-                return case
-            if "where" in (case.query or {}):
-                case.query["where"] = "id >= 0"
-            if not isinstance(case.body, dict):
-                return case
-            if "where" in case.body:
-                case.body["where"] = "id >= 0"
-            encoded = base64.b64encode(image).decode()
-            if "image" in case.body:
-                one = image if case.media_type.startswith("multipart/") else encoded
-                given = case.body["image"]  # POST /search/batch's multipart field is a list of files
-                case.body["image"] = [one] * len(given) if isinstance(given, list) else one
-            for query in case.body.get("queries", []) if isinstance(case.body.get("queries"), list) else []:
-                if isinstance(query, dict) and "image" in query:  # POST /search/batch's JSON queries
-                    query["image"] = encoded
-            for name in ("k", "exclude_self"):  # given in the JSON body and the query: they must agree
-                if case.media_type == "application/json" and name in case.body and name in (case.query or {}):
-                    case.query[name] = case.body[name]
-            if case.media_type == "application/json" and "rerank" in case.body and "rerank" in (case.query or {}):
-                del case.query["rerank"]  # the body's (a name or an object of parameters) then counts alone
-            return case
+            return valid_case(case, image)
 
         started = time.monotonic()
-        failures, cases, finished = [], 0, None
-        for event in from_schema(schema).execute():
-            if isinstance(event, events.ScenarioFinished):
-                cases += len(event.recorder.cases)
-                for case_id, checks in event.recorder.checks.items():
-                    for check in checks:
-                        if check.failure_info is not None:
-                            response = event.recorder.find_response(case_id=case_id)
-                            failures.append(
-                                f"{event.recorder.label}: {check.name} ({check.failure_info.failure.title}) -> "
-                                f"{response.status_code if response else '?'} "
-                                f"{(response.content or b'')[:200] if response else ''}\n"
-                                f"{check.failure_info.code_sample[:500]}"
-                            )
-            elif isinstance(event, (events.NonFatalError, events.FatalError)):
-                failures.append(f"engine error: {event!r}"[:800])
-            elif isinstance(event, events.EngineFinished):
-                finished = event
+        failures, cases, finished = run_checks(schema)
     elapsed = time.monotonic() - started
     assert finished is not None and not finished.failures
     assert failures == [], "\n\n".join(failures[:10])

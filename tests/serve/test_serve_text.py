@@ -17,11 +17,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from api_cases import run_checks, valid_case
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 from sample_images import png_bytes
 from serve_fixtures import QUERY_COLOUR, QUERY_PNG, BackgroundServer
-from text_towers import small_text_model
+from text_towers import own_and_foreign_towers
 
 from retrieval.serve.api import create_api
 from retrieval.serve.service import SearchService
@@ -36,9 +37,7 @@ pytestmark = pytest.mark.timeout(300)
 def towers(artifacts, tmp_path_factory) -> dict[str, Path]:
     """A text tower for the shared index's image model, and one for another image model."""
     root = tmp_path_factory.mktemp("serve_towers")
-    model_hash = json.loads((artifacts.index_dir / "index.json").read_text())["model_hash"]
-    return {"own": small_text_model(root / "text.onnx", model_hash, 32),
-            "foreign": small_text_model(root / "foreign.onnx", "fedcba9876543210", 32, seed=1)}
+    return own_and_foreign_towers(artifacts.index_dir, root, "fedcba9876543210")
 
 
 @pytest.fixture(scope="module")
@@ -270,7 +269,7 @@ def test_schemathesis_finds_no_disagreement_on_text_queries(artifacts, text_serv
     """The searches' document with "text" (a server with a text model) against the server: every check, positive and
     negative data, as tests/serve/test_api_contract.py runs them for the rest of the API."""
     import schemathesis
-    from schemathesis.engine import StopReason, events, from_schema
+    from schemathesis.engine import StopReason
 
     from retrieval.serve.server import ServerConfig, build_app
 
@@ -288,50 +287,15 @@ def test_schemathesis_finds_no_disagreement_on_text_queries(artifacts, text_serv
 
         @schema.hook("map_case")
         def real_image_valid_where_and_one_value(_context, case):
-            """What a schema cannot say of valid data (as the contract test's hook): a real image, a where of the
-            filter language, and the query's k, exclude_self and rerank agreeing with the body's."""
-            if case.meta is None or not case.meta.generation.mode.is_positive:
-                return case
-            if "where" in (case.query or {}):
-                case.query["where"] = "id >= 0"
-            if not isinstance(case.body, dict):
-                return case
-            if "where" in case.body:
-                case.body["where"] = "id >= 0"
-            queries = case.body.get("queries") if isinstance(case.body.get("queries"), list) else []
-            if "text" in case.body or any(isinstance(query, dict) and "text" in query for query in queries):
-                texts.append(case.body)
-            encoded = base64.b64encode(image).decode()
-            if "image" in case.body:
-                one = image if case.media_type.startswith("multipart/") else encoded
-                given = case.body["image"]
-                case.body["image"] = [one] * len(given) if isinstance(given, list) else one
-            for query in case.body.get("queries", []) if isinstance(case.body.get("queries"), list) else []:
-                if isinstance(query, dict) and "image" in query:
-                    query["image"] = encoded
-            for name in ("k", "exclude_self"):
-                if case.media_type == "application/json" and name in case.body and name in (case.query or {}):
-                    case.query[name] = case.body[name]
-            if case.media_type == "application/json" and "rerank" in case.body and "rerank" in (case.query or {}):
-                del case.query["rerank"]
-            return case
+            """The contract test's valid data (``api_cases.valid_case``); the positive cases that hold text kept."""
+            positive = case.meta is not None and case.meta.generation.mode.is_positive
+            if positive and isinstance(case.body, dict):
+                queries = case.body.get("queries") if isinstance(case.body.get("queries"), list) else []
+                if "text" in case.body or any(isinstance(query, dict) and "text" in query for query in queries):
+                    texts.append(case.body)
+            return valid_case(case, image)
 
-        failures, cases, finished = [], 0, None
-        for event in from_schema(schema).execute():
-            if isinstance(event, events.ScenarioFinished):
-                cases += len(event.recorder.cases)
-                for case_id, checks in event.recorder.checks.items():
-                    for check in checks:
-                        if check.failure_info is not None:
-                            response = event.recorder.find_response(case_id=case_id)
-                            failures.append(f"{event.recorder.label}: {check.name} -> "
-                                            f"{response.status_code if response else '?'} "
-                                            f"{(response.content or b'')[:200] if response else ''}\n"
-                                            f"{check.failure_info.code_sample[:500]}")
-            elif isinstance(event, (events.NonFatalError, events.FatalError)):
-                failures.append(f"engine error: {event!r}"[:800])
-            elif isinstance(event, events.EngineFinished):
-                finished = event
+        failures, cases, finished = run_checks(schema)
     assert failures == [], "\n\n".join(failures[:10])
     assert finished is not None and finished.stop_reason == StopReason.COMPLETED and cases >= 50, cases
     assert len(texts) >= 5, texts
