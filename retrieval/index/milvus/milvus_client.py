@@ -82,9 +82,6 @@ class Outages:
         if since is not None:
             log.warning("the Milvus server at %s is back after %.0f s", uri, time.monotonic() - since)
 
-    def down(self, uri: str) -> bool:
-        return uri in self._down_since
-
 
 OUTAGES = Outages()
 
