@@ -9,6 +9,7 @@ Layout (read it like a map):
     retrieval.index      faiss gallery index with a SQLite catalogue
     retrieval.rerank     re-ranking a shortlist (αQE, DBA, k-reciprocal), its sizes from the gallery
     retrieval.analysis   weight view, triplet diagram, plots
+    retrieval.client     the HTTP API's Python client (``RetrievalClient``): httpx only, nothing of the server
     retrieval.utils      small shared helpers: files, heap, progress, registry, lazy package names, sizes
     retrieval.pseudo_labels  the groups that training without labels takes its positives from
 
