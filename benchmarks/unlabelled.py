@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/unlabelled.py --seeds 0 1 2 --work runs/unlabelled \\
         --emoji-data artifacts/demo/data/emoji [--datasets digits fashion-mnist emoji] [--epochs 6] \\
         [--instance] [--save cpu-2core]
+    .venv/bin/python benchmarks/unlabelled.py --fast-default --seeds 0 1 2 --work runs/unlabelled-default
 
 Three labelled data sets, their train split's labels hidden from training (each image its own class; the pseudo-labels
 group them): digits (sklearn, classes 0-4 train, 5-9 test), Fashion-MNIST (disjoint protocol, ``limit_per_class``
@@ -24,6 +25,14 @@ share of each sampled train image's 10 nearest neighbours kept from the pretrain
   validation split where one is carved, else on the evaluation split itself: optimistic, marked in the table);
 * ``--instance``: instance discrimination (NT-Xent on each image's two augmented views, the whole backbone
   fine-tuned) on a small digits subset, a few epochs.
+* ``--fast-default`` (alone: the runs above are left out): the default of ``retrieval train --labels none`` on a CPU
+  against the whole backbone, on the instance rows' digits subset (a catalogue of a few hundred images): every option
+  at the command line's default (``--pseudo-labels clusters``, multi-similarity loss, batches of 16 images x 4 views,
+  crop-flip, ``--epochs`` 10, lr 1e-3, backbone lr 1e-4) but the subset and its size, 64 px; "whole":
+  ``--no-freeze-backbone``, the whole backbone fine-tuned; "default": ``--freeze-backbone`` left unset, which the
+  trainer settles on a CPU (a head on the backbone's cached features). Trained once per seed and measured on the train
+  images (transductive, every epoch) and, from best.pt, on the test split's unseen digits (inductive); the wall time
+  of each run is kept beside it.
 
 Then, from every unlabelled run's per-epoch rows, the Recall@1 change against the pretrained row of the epoch the
 guard would choose at each kept floor (``FLOORS``): the measurement the default ``--kept-floor`` is chosen by.
@@ -74,6 +83,15 @@ INSTANCE = dict(dataset="digits", dataset_kwargs={"protocol": "disjoint", "limit
                 loss="ntxent", batch_size=32, per_class=2, lr=1e-3, backbone_lr=1e-4, optimizer="adamw",
                 augment="light", labels="none", pseudo_labels="instance", eval_every=1, eval_before=True,
                 plots=False, workers=0)
+
+
+# the default label-free run on a catalogue of a few hundred images: the command line's defaults but the data, the
+# size, the run folder and the feature cache; FAST_DEFAULT's backbone choices side by side
+DEFAULT_RUN = dict(dataset="digits", dataset_kwargs={"protocol": "disjoint", "limit_per_class": 40}, image_size=64,
+                   labels="none", eval_split="train", device="cpu", plots=False, tensorboard=False)
+FAST_DEFAULT = {"whole": dict(freeze_backbone=False), "default": {}}  # {}: --freeze-backbone left unset
+ASSUMED_DEFAULTS = dict(backbone="efficientnet_lite0", pretrained=True, pseudo_labels="clusters", loss="ms",
+                        batch_size=64, per_class=4, augment="crop-flip", epochs=10, lr=1e-3, eval_every=1)
 
 
 def recipe(dataset: str, setting: str, method: str, seed: int, epochs: int, work: Path,
@@ -152,6 +170,103 @@ def row_of(report: dict[str, Any], which: str) -> dict[str, Any]:
     return report[which] or {}
 
 
+def default_run(choice: str, seed: int, work: Path) -> dict[str, Any]:
+    """One run of ``--fast-default``: trained once (wall time kept in wall.json), its transductive report and per-epoch
+    rows, and best.pt measured on the test split (inductive.json)."""
+    from retrieval.train import TrainConfig
+
+    out = work / "fast-default" / choice / f"seed{seed}"
+    # a cache of its own: each run computes the features it needs, as a first run on a catalogue does
+    config = {**DEFAULT_RUN, **FAST_DEFAULT[choice], "seed": seed, "out": str(out),
+              "feature_cache": str(work / "cache" / choice / f"seed{seed}")}
+    defaults = TrainConfig(dataset="digits")
+    changed = {k: v for k, v in ASSUMED_DEFAULTS.items() if getattr(defaults, k) != v}
+    assert not changed, f"the command line's defaults moved ({changed}): say so in the docstring"
+    if not (out / "report.json").is_file():
+        start = time.perf_counter()
+        trained(config)
+        (out / "wall.json").write_text(json.dumps({"wall_s": time.perf_counter() - start}))
+    run = trained(config)
+    run["wall_s"] = json.loads((out / "wall.json").read_text())["wall_s"]
+    run["frozen"] = run["report"]["config"]["train"]["freeze_backbone"]
+    if not (out / "inductive.json").is_file():
+        (out / "inductive.json").write_text(json.dumps(checkpoint_metrics(out / "best.pt", config, "test")))
+    run["inductive"] = json.loads((out / "inductive.json").read_text())
+    return run
+
+
+def checkpoint_metrics(checkpoint: Path, config: dict[str, Any], split: str) -> dict[str, float]:
+    """A checkpoint's Recall@1 and MAP@R on ``split`` of the run's data set, measured as training measures."""
+    import torch
+
+    from retrieval.data import build_transforms
+    from retrieval.metrics.evaluation import embed_eval_rows, eval_arrays, evaluate_embeddings, load_eval_sets
+    from retrieval.models import load_embedder
+
+    model = load_embedder(checkpoint).eval()
+    sets = load_eval_sets(config["dataset"], config.get("data"), split,
+                          build_transforms(model.preprocessing, train=False), None, config["seed"],
+                          **config["dataset_kwargs"])
+    query, gallery = embed_eval_rows(model, sets, torch.device("cpu"), workers=0, progress=False)
+    metrics = evaluate_embeddings(*eval_arrays(query, gallery), with_clustering=False)
+    return {"recall@1": metrics["recall@1"], "map@r": metrics["map@r"], "images": len(query.labels)}
+
+
+def half_spread(values: list[float], digits: int = 3) -> str:
+    """Mean ± half the spread (max - min) over the seeds."""
+    return f"{statistics.mean(values):.{digits}f} ± {(max(values) - min(values)) / 2:.{digits}f}"
+
+
+def signed_spread(values: list[float]) -> str:
+    """A change: mean ± half the spread over the seeds, signed."""
+    return f"{statistics.mean(values):+.3f} ± {(max(values) - min(values)) / 2:.3f}"
+
+
+def print_fast_default(args: argparse.Namespace, work: Path) -> None:
+    """The default label-free run on a CPU against the whole backbone: MAP@R and Recall@1 and their change from the
+    pretrained backbone, the neighbours kept, the epochs whose clusters were too few to fill a batch (they train on
+    each image's own views), and the wall time of a run."""
+    runs = {choice: [default_run(choice, seed, work) for seed in args.seeds] for choice in FAST_DEFAULT}
+    references = {}
+    for setting, split in SETTINGS.items():
+        config = {**ASSUMED_DEFAULTS, **DEFAULT_RUN, "eval_split": split, "seed": args.seeds[0], "resize": "crop"}
+        references[setting] = pretrained_once(config, work / "fast-default" / f"pretrained-{setting}.json")
+    print(f"\nThe default of --labels none on this CPU against the whole backbone: digits, "
+          f"{DEFAULT_RUN['dataset_kwargs']['limit_per_class']} images a class, {DEFAULT_RUN['image_size']} px, "
+          f"every other option the command line's; best.pt (the guard, kept floor 0.5); mean ± half the spread over "
+          f"seeds {', '.join(map(str, args.seeds))}.\n")
+    print("| setting | model | backbone | MAP@R | MAP@R change | Recall@1 | Recall@1 change | neighbours_kept@10 | "
+          "epochs on own views | wall per run |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    names = {"whole": "--no-freeze-backbone", "default": "the default (left unset)"}
+    for setting in SETTINGS:
+        reference = references[setting]
+        print(f"| {setting} | pretrained backbone | - | {reference['map@r']:.3f} | - | {reference['recall@1']:.3f} | "
+              "- | 1 | - | - |")
+        picked = {choice: [run["report"]["best"] if setting == "transductive" else run["inductive"]
+                           for run in runs[choice]] for choice in FAST_DEFAULT}
+        if setting == "transductive":  # epoch 0: the principal-axes head, before any step (the guard's fallback)
+            picked = {"start": [next(r for r in run["history"] if r["epoch"] == 0) for run in runs["default"]],
+                      **picked}
+        for choice, rows in picked.items():
+            group = runs.get(choice, runs["default"])
+            frozen = {run["frozen"] for run in group}
+            backbone = "-" if choice == "start" else "frozen (cached features)" if frozen == {True} else \
+                "fine-tuned" if frozen == {False} else "mixed"
+            kept = half_spread([r[KEPT] for r in rows]) if all(KEPT in r for r in rows) else \
+                half_spread([run["report"]["best"][KEPT] for run in group])
+            fallbacks = "-" if choice == "start" else ", ".join(
+                str(sum(bool(r.get("pseudo_labels", {}).get("kept_previous")) for r in run["history"]))
+                for run in group)
+            wall = "-" if choice == "start" else half_spread([run["wall_s"] / 60 for run in group], 1) + " min"
+            name = names.get(choice, "start (principal-axes head, epoch 0)")
+            print(f"| {setting} | {name} | {backbone} | {half_spread([r['map@r'] for r in rows])} | "
+                  f"{signed_spread([r['map@r'] - reference['map@r'] for r in rows])} | "
+                  f"{half_spread([r['recall@1'] for r in rows])} | "
+                  f"{signed_spread([r['recall@1'] - reference['recall@1'] for r in rows])} | {kept} | {fallbacks} | "
+                  f"{wall} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
@@ -161,13 +276,19 @@ def main() -> None:
     parser.add_argument("--emoji-data", help="the rendered emoji folder (`make demo` writes artifacts/demo/data/emoji)")
     parser.add_argument("--instance", action="store_true", help="also instance discrimination on a digits subset")
     parser.add_argument("--instance-epochs", type=int, default=3)
+    parser.add_argument("--fast-default", action="store_true",
+                        help="only the default of --labels none on a CPU against the whole backbone")
     parser.add_argument("--work", help="the runs' folder (default: a new temporary one); finished runs are reused")
     parser.add_argument("--save", metavar="MACHINE", help=SAVE_HELP)
     args = parser.parse_args()
+    work = Path(args.work or tempfile.mkdtemp(prefix="unlabelled-"))
+    if args.fast_default:
+        record_tables("unlabelled-default", args.save)
+        print_fast_default(args, work)
+        return
     if "emoji" in args.datasets and not args.emoji_data:
         parser.error("--emoji-data: the rendered emoji folder (or leave emoji out of --datasets)")
     record_tables(["unlabelled", "unlabelled-floors", "unlabelled-groups", "unlabelled-instance"], args.save)
-    work = Path(args.work or tempfile.mkdtemp(prefix="unlabelled-"))
 
     table, floors, groups = [], {}, []
     for dataset in args.datasets:
@@ -244,7 +365,7 @@ def agreement(config: dict[str, Any], runs: dict[str, list[dict[str, Any]]]) -> 
 
     from retrieval.models import load_embedder
     from retrieval.train import TrainConfig
-    from retrieval.train.features import dataset_key
+    from retrieval.train.feature_cache import dataset_key
     from retrieval.train.pseudo_labelling import GROUPERS
 
     out = Path(config["out"])

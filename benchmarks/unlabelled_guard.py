@@ -61,7 +61,7 @@ def cached(cfg: Any, model: Any, split: str, work: Path, unlabelled: bool = Fals
     """The backbone features of ``split`` the run cached in WORK/cache (``Embedded``: embeddings, labels, indices)."""
     import torch
 
-    from retrieval.train.features import cached_features, dataset_key
+    from retrieval.train.feature_cache import cached_features, dataset_key
 
     key = dataset_key(cfg, model, split, unlabelled=unlabelled)
     return cached_features(model.backbone, None, key, work / "cache", torch.device("cpu"), 64, 0, False,

@@ -65,6 +65,8 @@ def show_notices(level: int) -> Callable[[], None]:
 
 
 # --- train ----------------------------------------------------------------------------------------
+# what a run's validation split holds out of train (report.json's validation_by), for people
+VALIDATION_HOLDS = {"classes": "held-out train classes", "images": "a held-out share of each train class's images"}
 TRAIN_COMMAND_OPTIONS = [  # how to run, not what: these are not training settings and stay out of config.json
     click.option("--config", "config_file", type=click.Path(dir_okay=False),
                  help="a TOML or JSON file of training options (the keys of docs/TRAINING.md's table); the options "
@@ -139,8 +141,9 @@ def train_command(config_file, nproc, max_restarts, as_json, offline, **options)
                + (f" (best {best['recall@1']:.4f} at epoch {best_epoch}, in best.pt)" if "recall@1" in best else "")
                + f"; report {summary['report']}")
     if summary["selected_on"] == "validation":
-        click.echo("best.pt was chosen on the validation split (held-out train classes), not on the test split "
-                   "these numbers come from")
+        held = VALIDATION_HOLDS.get(report.get("validation_by") or "classes")
+        click.echo(f"best.pt was chosen on the validation split ({held}), not on the test split these numbers come "
+                   "from")
     elif summary["selection_note"]:  # the run warned at its start; the summary says it again beside the numbers
         click.echo(f"warning: {summary['selection_note']}", err=True)
     checkpoint = Path(cfg.out) / ("wise.pt" if report.get("wise") else "best.pt")
@@ -247,7 +250,7 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_kwargs, eval_limi
     dev = resolve_device(device)
     model = load_embedder(checkpoint).to(dev)
     tf = build_transforms(model.preprocessing, train=False)
-    sets = load_eval_sets(dataset, data, split, tf, eval_limit, seed=trained.get("seed", 0), **kwargs)
+    sets = load_eval_sets(dataset, data, split, tf, eval_limit, trained.get("seed", 0), **kwargs)
     # checked before anything is embedded: a checkpoint without validation classes is refused at once
     validation = _validation_set(trained, (dataset, data, kwargs), tf, sets.query, eval_limit) if rerank_choose \
         else None
@@ -325,21 +328,22 @@ VALIDATION_CHOICE_IMAGES = 2000  # --rerank-choose's validation images at most, 
 
 
 def _validation_set(trained: dict, source: tuple, transform, test_set, limit: int | None):
-    """The checkpoint's validation classes, as its training held them out (at most ``limit`` or
-    ``VALIDATION_CHOICE_IMAGES`` of their images, seeded), and how many classes they hold."""
+    """The checkpoint's validation split, as its training held it out (at most ``limit`` or
+    ``VALIDATION_CHOICE_IMAGES`` of its images, seeded), and how many classes it holds."""
     from retrieval.data import load_dataset
     from retrieval.metrics.evaluation import seeded_subset
-    from retrieval.train.data import hold_out_classes, validation_fraction
+    from retrieval.train.data import carve_validation
 
     dataset, data, kwargs = source
     seed = trained.get("seed", 0)
     train_set = load_dataset(dataset, data, split="train", transform=transform, **kwargs)
-    fraction, why_none = validation_fraction(trained.get("val_fraction"), train_set, test_set)
-    if not fraction:
-        raise click.ClickException(f"--rerank-choose chooses on the checkpoint's validation classes, and its "
-                                   f"training had none ({why_none}): give the sizes (--rerank-k; --rerank-k1 and "
-                                   "--rerank-k2), or leave them to the split's labels without --rerank-choose")
-    validation = hold_out_classes(train_set, fraction, seed)[1]
+    carved = carve_validation(trained.get("val_fraction"), train_set, test_set, seed)
+    validation = carved.validation
+    if validation is None:
+        raise click.ClickException(f"--rerank-choose chooses on the checkpoint's validation split, and its "
+                                   f"training had none ({carved.none_because}): give the sizes (--rerank-k; "
+                                   "--rerank-k1 and --rerank-k2), or leave them to the split's labels without "
+                                   "--rerank-choose")
     classes = len(set(validation.labels))
     cap = limit or VALIDATION_CHOICE_IMAGES
     return (seeded_subset(validation, cap, seed) if len(validation) > cap else validation), classes

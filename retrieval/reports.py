@@ -54,8 +54,9 @@ def train_report(config: dict[str, Any], history: list[dict[str, Any]], baseline
 
     Each metrics dict may hold ``extra``: set name -> metrics of an --eval-extra (out-of-domain) set; ``reference``
     holds those of the pretrained backbone at its own resolution, ``wise`` the WiSE-FT mix (its curve over alpha,
-    the alpha taken and its metrics). ``selection``: the split ``best`` was chosen on (``selected_on``: "validation"
-    or "test", or "last" for a run without labels to choose on) and, for the test split, why (``selection_note``);
+    the alpha taken and its metrics). ``selection``: what ``best`` was chosen on (``selected_on``: "validation",
+    with what it holds out of train in ``validation_by``; "kept" without labels; "last", the last epoch, with why in
+    ``selection_note``; "test" only in reports of older versions);
     ``label_free``: a run without labels' figures (``retrieval.train.label_free_report``)."""
     selection = selection or {}
     return {
@@ -67,6 +68,7 @@ def train_report(config: dict[str, Any], history: list[dict[str, Any]], baseline
         "best_metric": best_metric,
         "selected_on": selection.get("selected_on"),
         "selection_note": selection.get("selection_note"),
+        "validation_by": selection.get("validation_by"),
         "last": last,
         "metrics": last or baseline,
         "history": history,

@@ -104,8 +104,13 @@ def selection_markdown(report: RunReport) -> str:
     recorded)."""
     selected_on = report.data.get("selected_on") if report.kind == "train" else None
     if selected_on == "validation":
-        return "\n\n**best.pt chosen on:** the validation split (held-out train classes), not the test split."
-    if selected_on == "test":
+        held = ("a held-out share of each train class's images" if report.data.get("validation_by") == "images"
+                else "held-out train classes")
+        return f"\n\n**best.pt chosen on:** the validation split ({held}), not the test split."
+    if selected_on == "last":
+        note = report.data.get("selection_note") or "no validation split"
+        return f"\n\n**best.pt is the last epoch:** {markdown_text(note)}."
+    if selected_on == "test":  # a report written before the test split stopped choosing
         note = report.data.get("selection_note") or "chosen on the test split: its numbers are optimistic"
         return f"\n\n**best.pt chosen on the test split:** {markdown_text(note)}."
     if selected_on == "kept":

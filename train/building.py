@@ -130,7 +130,8 @@ def build_parts(cfg: TrainConfig, *, ctx: DistContext, model: Embedder, data: Tr
                                      host_group=ctx.host_group)
     scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype == torch.float16)  # bf16 needs none
 
-    features = source.build(cfg, model, data.train_set, data.train_labels, data.eval_sets, embedding, data.val_set)
+    features = source.build(cfg, model, data.train_set, data.train_labels, data.eval_sets, embedding, data.val_set,
+                            old_model=old_model)
     # what a step runs: through DDP when there are several processes
     step = DataParallelStep(model, features.forward, aux, step_loss, ctx, sync_bn=cfg.sync_bn,
                             channels_last=cfg.channels_last, compile_step=cfg.compile, teacher=robust.teacher,
@@ -145,14 +146,21 @@ def compatible_old_model(cfg: TrainConfig, model: Embedder, device: torch.device
     """--compatible-with: the frozen old model. Where it embeds in another size than this run, the model gets a
     projection into the old space, trained with it (made before the EMA and the fine-tuning start copy the
     model, so that they hold it too). The model records the hashes it will be declared compatible with (its
-    export writes them into the ONNX metadata)."""
+    export writes them into the ONNX metadata). With --freeze-backbone, an old model whose head cannot read the
+    cached features embeds each image once instead (said)."""
     if not cfg.compatible_with:
         return None
     from retrieval.train.compatible import OldModel
 
     # rebuilding the old model draws initial weights it then replaces: the run's random stream stays untouched
     with parameters_named(path="compatible_with"), torch.random.fork_rng(devices=[]):
-        old = OldModel(cfg.compatible_with, model.preprocessing, features=cfg.freeze_backbone, device=device)
+        old = OldModel(cfg.compatible_with, model.preprocessing, features=cfg.freeze_backbone, device=device,
+                       backbone=model.backbone)
+    if old.embeds_once and announce:
+        what = "an ONNX file" if old.onnx is not None else "not this run's frozen backbone and preprocessing"
+        tqdm.write(f"--compatible-with: {cfg.compatible_with} is {what}, so it cannot embed the cached features: "
+                   "it embeds each train and evaluation image once, with its own preprocessing, and its embeddings "
+                   "are cached beside the features", file=sys.stderr)
     if old.embedding_dim != cfg.embedding_dim:
         model.add_compatible(old.embedding_dim, seed=cfg.seed)
         if announce:

@@ -26,15 +26,19 @@ BEST_METRIC = "recall@1"  # the evaluation metric whose highest value makes best
 METRICS_LOG = "metrics.jsonl"
 VALIDATION = "validation"  # an epoch row's validation metrics, and the split best.pt is chosen on where it exists
 KEPT_SELECTION = "kept"  # without labels: best.pt is the latest epoch that keeps --kept-floor of the neighbours
+LAST_SELECTION = "last"  # no validation split: best.pt is the last epoch, never one chosen on the test split
 
 
 def selection_score(row: dict[str, Any], selected_on: str, kept_floor: float = 0.0) -> float | None:
-    """The value best.pt is chosen by in an epoch's row: BEST_METRIC on ``selected_on`` ("validation": the row's
-    validation metrics, else the test split's); None where the epoch did not evaluate that split. Without labels
-    (``KEPT_SELECTION``): the epoch itself where its images keep ``kept_floor`` of their pretrained neighbours,
-    so the latest such epoch wins."""
+    """The value best.pt is chosen by in an epoch's row: BEST_METRIC of the row's validation metrics ("validation";
+    "test", in reports written before the test split stopped choosing: the row's own); None where the epoch did
+    not evaluate that split. Without labels (``KEPT_SELECTION``): the epoch itself where its images keep
+    ``kept_floor`` of their pretrained neighbours, so the latest such epoch wins; ``LAST_SELECTION``: the epoch
+    itself, so the last one wins."""
     if selected_on == KEPT_SELECTION:
         return float(row["epoch"]) if row.get(KEPT, -1.0) >= kept_floor else None
+    if selected_on == LAST_SELECTION:
+        return float(row["epoch"])
     metrics = row.get(VALIDATION) if selected_on == VALIDATION else row
     return None if not metrics or BEST_METRIC not in metrics else float(metrics[BEST_METRIC])
 

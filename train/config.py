@@ -29,7 +29,7 @@ from retrieval.utils.workers import DEFAULT_WORKERS_TEXT
 
 AMP_CHOICES = (True, False, "auto", "fp16", "bf16", "off")
 # --val-fraction's default: this share of the train classes becomes the validation split where the train split has
-# at least DEFAULT_VAL_MIN_CLASSES classes, so that validation holds 2 or more (a Recall@1 needs 2 to rank)
+# at least DEFAULT_VAL_MIN_CLASSES classes (so that validation holds 2 or more), else this share of each class's images
 DEFAULT_VAL_FRACTION = 0.1
 DEFAULT_VAL_MIN_CLASSES = 20
 RUNS_ROOT = "runs"  # where a run without --out goes
@@ -37,6 +37,10 @@ LABEL_SOURCES = ("given", "none")  # --labels: the data set's classes, or none (
 PSEUDO_LABEL_METHODS = ("clusters", "mutual", "instance")
 DEFAULT_PSEUDO_LABELS = "clusters"  # the best of the three measured (docs/RESULTS.md, "Fine-tuning without labels")
 DEFAULT_KEPT_FLOOR = 0.5  # --kept-floor: a bound on drift and collapse (docs/UNLABELLED.md: what it guards)
+# --freeze-backbone unset: on for --labels none on a CPU, seconds to minutes where the whole backbone takes ten times
+# as long or more (docs/RESULTS.md, "Fine-tuning without labels": what the head keeps); off everywhere else
+AUTO_FREEZE_TEXT = ("on with --labels none on a CPU (unless an option given needs the backbone to train), else off; "
+                    "docs/UNLABELLED.md")
 
 
 def new_run_folder(root: str | Path = RUNS_ROOT) -> str:
@@ -97,8 +101,9 @@ class TrainConfig:
     normalize: bool | None = option(None, "model", "L2-normalise the embeddings.", default_text="what the loss wants")
     freeze_bn: bool = option(True, "model", "keep the backbone's BatchNorm layers in evaluation mode (their "
                                             "statistics fixed).")
-    freeze_backbone: bool = option(False, "model", "cache the backbone's features once and train only the head "
-                                                   "(fast on a CPU).")
+    freeze_backbone: bool | None = option(None, "model", "cache the backbone's features once and train only the "
+                                                         "head (fast on a CPU); --no-freeze-backbone fine-tunes the "
+                                                         "whole backbone.", default_text=AUTO_FREEZE_TEXT)
     image_size: int | None = option(None, "model", "the input's side in pixels.", low=1,
                                     default_text="the backbone's own")
     background: str = option("white", "model", "the colour transparent pixels are composited onto (a name, #RRGGBB "
@@ -142,11 +147,11 @@ class TrainConfig:
                                     "activation memory.", low=1, metavar="N")
     # backward-compatible training (BCT): new embeddings comparable with an old model's (docs/TRAINING.md)
     compatible_with: str | None = option(
-        None, "compatibility", "train a model whose embeddings stay comparable with this old model's (its "
-        "checkpoint .pt or exported .onnx): the loss gains an influence term toward the old space, and the export "
-        "declares the model compatible, so that `retrieval index upgrade` serves it at once. A new embedding size "
-        "goes through a projection into the old space, trained with the model.", path="file",
-        metavar="OLD")
+        None, "compatibility", "train a model whose embeddings stay comparable with this old model's (its checkpoint "
+        ".pt or exported .onnx, e.g. the one an index was built with): the loss gains an influence term toward the old "
+        "space, the export declares the model compatible, so `retrieval index upgrade` serves it at once; a new size "
+        "trains a projection into the old space. With --freeze-backbone, an .onnx embeds each image once, cached.",
+        path="file", metavar="OLD")
     compatible_weight: float = option(1.0, "compatibility", "the weight of the influence term of --compatible-with.",
                                       low=0, low_open=True, metavar="WEIGHT")
     # robust fine-tuning: keep what the pretrained backbone knew (docs/ROBUST.md)
@@ -222,12 +227,12 @@ class TrainConfig:
     eval_extra_limit: int | None = option(1000, "evaluation", "images of each --eval-extra set (half validation, "
                                                               "half test).", low=8, unit="images", metavar="N")
     val_fraction: float | None = option(
-        None, "evaluation", "hold this fraction of the training classes out as validation data (seeded, class-"
-        "disjoint): best.pt and --wise-alpha auto are chosen on it, and the test split is evaluated before and after "
-        "training only; 0: no validation split, the choice falls back to the test split (optimistic numbers).",
-        low=0, high=0.5, high_open=True,
-        default_text=f"{DEFAULT_VAL_FRACTION} of the classes when the train split has {DEFAULT_VAL_MIN_CLASSES} or "
-                     "more and shares none with the test split, else 0")
+        None, "evaluation", "hold this fraction of the train split out as validation data (seeded): whole classes "
+        f"where the train split has {DEFAULT_VAL_MIN_CLASSES} or more (or as many as F needs, given) and shares none "
+        "with the test split, else F of each class's images (2 at least). best.pt and --wise-alpha auto are chosen on "
+        "it, and the test split is evaluated before and after training only; 0: no validation split, best.pt is the "
+        "last epoch (the test split never chooses).",
+        low=0, high=0.5, high_open=True, default_text=f"{DEFAULT_VAL_FRACTION}")
     linear_probe: bool = option(False, "evaluation", "also report linear-probe accuracy before and after training "
                                                      "(the DCDL protocol).")
     # output and tracking
@@ -291,6 +296,37 @@ class TrainConfig:
         """The training augmentation: the ``augment`` preset with the fields that are set replacing its values."""
         return resolve_augmentation(self.augment, crop_scale=self.crop_scale, crop_ratio=self.crop_ratio,
                                     color_jitter=self.color_jitter, auto_augment=self.auto_augment)
+
+    def needs_backbone_training(self) -> list[str]:
+        """The options given that train the backbone, which --freeze-backbone refuses (as flags, for people)."""
+        needs = []
+        if self.labels == "none" and self.pseudo_labels == "instance":
+            needs.append("--pseudo-labels instance")
+        unaugmented = (AUGMENTATIONS.build(DEFAULT_AUGMENTATION), AUGMENTATIONS.build("none"))
+        try:
+            augmented = self.augmentation() not in unaugmented
+        except AugmentationError:
+            augmented = False  # validate names the problem
+        if augmented:
+            needs += [f"--augment {self.augment}"] if self.augment not in (DEFAULT_AUGMENTATION, "none") else []
+            needs += [f"--{name.replace('_', '-')}" for name in ("crop_scale", "crop_ratio", "color_jitter",
+                                                                 "auto_augment") if getattr(self, name) is not None]
+        needs += [flag for flag, on in (
+            ("--decode-on device", self.decode_on == "device"), ("--sync-bn", self.sync_bn),
+            ("--lp-epochs", self.lp_epochs), ("--l2sp", self.l2sp), ("--distill", self.distill),
+            ("--layer-decay", self.layer_decay != 1), ("--wise-alpha", self.wise_alpha is not None)) if on]
+        return needs
+
+    def settle_freeze_backbone(self, device_type: str, recorded: bool | None = None) -> bool:
+        """Settle ``freeze_backbone`` where the user left it unset (None): as ``recorded`` (the run this one resumes
+        chose), else on for --labels none on a CPU where no option given trains the backbone, else off. Returns
+        whether the default chose (``console.backbone_choice_line`` says what and why)."""
+        if self.freeze_backbone is None and recorded is not None:
+            self.freeze_backbone = recorded
+        if self.freeze_backbone is not None:
+            return False
+        self.freeze_backbone = self.labels == "none" and device_type == "cpu" and not self.needs_backbone_training()
+        return True
 
     def _augmentation_errors(self) -> list[str]:
         """What is wrong with the augmentation fields, each naming its option."""

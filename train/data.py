@@ -1,15 +1,17 @@
-"""The run's data (``TrainData``): the train split less any validation classes, with any label noise, the
+"""The run's data (``TrainData``): the train split less its validation part, with any label noise, the
 evaluation split and the out-of-domain sets, each with the transform the model wants."""
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 from torch.utils.data import Dataset
 
 from retrieval.data import ImageDataset, asymmetric_transitions, build_transforms, inject_label_noise, load_dataset
+from retrieval.data.dataset import held_out_per_class
 from retrieval.data.preprocessing import ModelPreprocessing
 from retrieval.errors import parameters_named
 from retrieval.metrics.evaluation import EvalSets, load_eval_sets, load_extra_set, present_class_names, seeded_subset
@@ -17,22 +19,22 @@ from retrieval.train.config import DEFAULT_VAL_FRACTION, DEFAULT_VAL_MIN_CLASSES
 from retrieval.train.state import TrainData
 
 OWN_IMAGES = ("folder",)  # --labels none reads its --data as images only, at any depth
+VAL_IMAGES_PER_CLASS = 2  # a validation class's images at least (each needs another to find), and left to train
 UNLABELLED_EVAL_IMAGES = 2000  # without labels, the label-free figures are measured on this many of the images
 
 
 def load_train_data(cfg: TrainConfig, preprocessing: ModelPreprocessing, train_transform: Callable) -> TrainData:
-    """The train split (less any --val-fraction of its classes, with any --label-noise injected), the evaluation
-    split, the validation classes and the --eval-extra sets, as the model wants them."""
+    """The train split (less its validation part, ``carve_validation``, with any --label-noise injected), the
+    evaluation split, the validation split and the --eval-extra sets, as the model wants them."""
     eval_tf = build_transforms(preprocessing, train=False)
     if cfg.labels == "none":
         return load_unlabelled_data(cfg, eval_tf, train_transform)
     train_set = load_dataset(cfg.dataset, cfg.data, split="train", transform=train_transform, **cfg.dataset_kwargs)
     eval_sets = load_eval_sets(cfg.dataset, cfg.data, cfg.eval_split, eval_tf, cfg.eval_limit, cfg.seed,
                                **cfg.dataset_kwargs)
-    val_set = None
-    fraction, no_validation = validation_fraction(cfg.val_fraction, train_set, eval_sets.query)
-    if fraction > 0:
-        train_set, val_set = hold_out_classes(train_set, fraction, cfg.seed)
+    carved = carve_validation(cfg.val_fraction, train_set, eval_sets.query, cfg.seed)
+    train_set, val_set, no_validation = carved.train, carved.validation, carved.none_because
+    if val_set is not None:
         val_set.transform = eval_tf
     with parameters_named(spec="eval_extra"):
         extra_sets = [load_extra_set(spec, eval_tf, cfg.eval_extra_limit) for spec in cfg.eval_extra]
@@ -59,7 +61,8 @@ def load_train_data(cfg: TrainConfig, preprocessing: ModelPreprocessing, train_t
     if cfg.wise_alpha == "auto" and val_set is None and not extra_sets:
         raise ValueError(f"--wise-alpha auto chooses on validation data and this run has none ({no_validation}): "
                          "give --val-fraction (e.g. 0.1) and/or --eval-extra, or a number")
-    return TrainData(train_set, eval_sets, labels, clean, noise_info, val_set, extra_sets, no_validation)
+    return TrainData(train_set, eval_sets, labels, clean, noise_info, val_set, extra_sets, no_validation,
+                     validation_by=carved.by)
 
 
 def load_unlabelled_data(cfg: TrainConfig, eval_tf: Callable, train_transform: Callable) -> TrainData:
@@ -94,21 +97,40 @@ def load_unlabelled_data(cfg: TrainConfig, eval_tf: Callable, train_transform: C
                      "training without labels: there are no classes to hold out", unlabelled_sample=sample)
 
 
-def validation_fraction(asked: float | None, train_set: ImageDataset, test_set: Dataset) -> tuple[float, str | None]:
-    """The share of the train classes to hold out for validation, and why none is where it is 0. ``asked`` None is
-    the default: DEFAULT_VAL_FRACTION where the train split has DEFAULT_VAL_MIN_CLASSES classes or more and shares
-    none with the test split (holding out a class the test has would leave it untrained)."""
-    if asked is not None:
-        return asked, "--val-fraction 0 turned it off" if asked == 0 else None
+@dataclass(frozen=True)
+class CarvedValidation:
+    """The train split less its validation part, the validation part (None: none could be carved, and why), and
+    what it holds out: ``"classes"`` (whole train classes) or ``"images"`` (a share of each train class's images)."""
+
+    train: ImageDataset
+    validation: ImageDataset | None
+    by: str | None
+    none_because: str | None = None
+
+
+def carve_validation(asked: float | None, train_set: ImageDataset, test_set: Dataset, seed: int) -> CarvedValidation:
+    """The validation split best.pt is chosen on, never a test image: whole train classes where the train split
+    has classes enough (DEFAULT_VAL_MIN_CLASSES, or as many as ``asked`` needs) and shares none with the test;
+    otherwise a seeded share of each train class's images, so that a small catalogue, or a test of the same
+    classes (protocol=standard), still chooses without the test. ``asked`` None: DEFAULT_VAL_FRACTION; 0: none."""
+    if asked == 0:
+        return CarvedValidation(train_set, None, None, "--val-fraction 0 turned it off")
+    fraction = DEFAULT_VAL_FRACTION if asked is None else asked
     classes = present_class_names(train_set)
-    if len(classes) < DEFAULT_VAL_MIN_CLASSES:
-        return 0.0, (f"the train split has {len(classes)} classes, fewer than the {DEFAULT_VAL_MIN_CLASSES} the "
-                     f"default validation split needs")
     shared = len(set(classes) & set(present_class_names(test_set)))
-    if shared:
-        return 0.0, (f"the train and test splits share {shared} classes, and holding one out would leave it "
-                     "untrained for the test")
-    return DEFAULT_VAL_FRACTION, None
+    enough = len(classes) >= DEFAULT_VAL_MIN_CLASSES if asked is None else \
+        len(classes) - max(2, round(fraction * len(classes))) >= 2
+    if enough and not shared:
+        train, validation = hold_out_classes(train_set, fraction, seed)
+        return CarvedValidation(train, validation, "classes")
+    # by class name: a class keeps its validation images when classes are added or removed
+    names = [train_set.class_names[label] for label in train_set.labels]
+    held = held_out_per_class(names, fraction, seed, at_least=VAL_IMAGES_PER_CLASS, keep=VAL_IMAGES_PER_CLASS)
+    if len(np.unique(train_set.labels[held])) < 2:
+        return CarvedValidation(train_set, None, None, (
+            f"too few images per class to hold some out: a class gives validation images where it has "
+            f"{2 * VAL_IMAGES_PER_CLASS} or more, and fewer than 2 classes do"))
+    return CarvedValidation(train_set.subset(np.flatnonzero(~held)), train_set.subset(np.flatnonzero(held)), "images")
 
 
 def hold_out_classes(dataset: ImageDataset, fraction: float, seed: int) -> tuple[ImageDataset, ImageDataset]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +43,8 @@ class EpochLoop:
     progress: bool  # whether this process shows progress bars
     last_path: Path  # named when the run stops on non-finite losses
     device: torch.device  # the one this process trains on (a Trainer property)
+    # called once with the seconds of the first step that trains the backbone (the Trainer's estimate), then unset
+    on_first_step: Callable[[float], None] | None = None
 
     def train_epoch(self, epoch: int, progress: EpochProgress | None = None) -> dict[str, float]:
         """Train one epoch (from where ``progress`` stopped, if given); returns its metrics row."""
@@ -63,9 +66,13 @@ class EpochLoop:
         try:
             for inputs, labels, unreadable in bar:
                 state.batch += 1
+                started = time.perf_counter()
                 step = self._train_step(state, inputs, labels, unreadable, head_only)
                 if step is None:
                     continue
+                if self.on_first_step is not None and not head_only:
+                    timed, self.on_first_step = self.on_first_step, None
+                    timed(time.perf_counter() - started)
                 pending.append(step)
                 state.elapsed, state.data_wait = time.perf_counter() - start, batches.waited
                 checkpoint_due = self.checkpoints.mid_epoch_due()

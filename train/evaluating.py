@@ -36,10 +36,11 @@ from retrieval.models import (
     load_checkpoint,
 )
 from retrieval.train import checkpointing
-from retrieval.train.checkpointing import BEST_METRIC, KEPT_SELECTION, best_row
+from retrieval.train.checkpointing import BEST_METRIC, KEPT_SELECTION, LAST_SELECTION, best_row
 from retrieval.train.config import TrainConfig
 from retrieval.train.distributed import DistContext
-from retrieval.train.features import Embedding, EvalEmbeddings, cached_features
+from retrieval.train.feature_cache import cached_features
+from retrieval.train.features import Embedding, EvalEmbeddings
 from retrieval.train.report import write_report
 from retrieval.train.robust import WISE_ALPHAS, choose_alpha, choose_kept_alpha, snapshot
 from retrieval.train.state import RunRecord, TrainData, TrainParts
@@ -105,7 +106,7 @@ class Evaluator:
         return metrics
 
     def validate(self) -> dict[str, float]:
-        """Metrics of the validation split (the held-out train classes, each image a query against the others),
+        """Metrics of the validation split (held out of train: classes or images, each a query against the others),
         which best.pt is chosen on: embedded sharded over the ranks, computed once (rank 0), shared."""
         embeddings, labels = self.parts.features.embed_val(self.eval_model)
         return self.ctx.from_main(leave_one_out_metrics(embeddings, labels, device=self.metrics_device)
@@ -270,7 +271,7 @@ class Evaluator:
     # --- WiSE-FT -------------------------------------------------------------------------------------
     def validation_point(self, model: nn.Module, start: dict[str, Any] | None = None
                          ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Recall@1 of ``model`` on the validation data: the held-out train classes and each extra set's val part;
+        """Recall@1 of ``model`` on the validation data: the validation split and each extra set's val part;
         with ``start`` (the extra sets' val parts as alpha 0 embedded them), the share of neighbours kept from it
         (``kept``, label-free). Returns the point and its embeddings of the extra sets' val parts, by set name."""
         point: dict[str, Any] = {"in_domain": None, "out_of_domain": None}
@@ -370,13 +371,14 @@ class Evaluator:
                             best_metric=headline, selection=self.selection(), label_free=label_free)
 
     def selection(self) -> dict[str, Any]:
-        """Which split best.pt (and --wise-alpha auto's in-domain point) was chosen on, and why not the validation
-        split where it was the test split: the report's ``selected_on`` and ``selection_note``."""
+        """What best.pt (and --wise-alpha auto's in-domain point) was chosen on, what the validation split holds out
+        of train, and why there is none where best.pt is the last epoch: the report's ``selected_on``,
+        ``validation_by`` and ``selection_note``."""
         if self.data.selected_on == "validation":
-            return {"selected_on": "validation", "selection_note": None}
+            return {"selected_on": "validation", "validation_by": self.data.validation_by, "selection_note": None}
         if self.data.selected_on == KEPT_SELECTION:
             return {"selected_on": KEPT_SELECTION, "selection_note": None}
-        return {"selected_on": "test", "selection_note": no_validation_sentence(self.data.no_validation)}
+        return {"selected_on": LAST_SELECTION, "selection_note": no_validation_sentence(self.data.no_validation)}
 
     def class_split(self) -> dict[str, Any]:
         """Which classes (and how many images) each split holds, and how many class names train and test share
@@ -390,6 +392,11 @@ class Evaluator:
                    **({"class_names": found} if len(found) <= MAX_LISTED_CLASSES else {})}
             for part, found in names.items()}
         split["shared_train_test_classes"] = len(set(names["train"]) & set(names["test"]))
+        protocol = getattr(data.eval_sets.query, "split_note", None) or getattr(data.train_set, "split_note", None)
+        if protocol:  # how the data set split its images (a folder's protocol), for people
+            split["protocol"] = protocol
+        if data.val_set is not None:
+            split["validation"]["held_out"] = data.validation_by
         if self.cfg.labels == "none":
             split.update(labels="none", pseudo_labels=self.cfg.pseudo_labels, test_labelled=data.eval_sets.labelled)
             split["train"].pop("class_names", None)  # each image its own class: the names say nothing
@@ -409,10 +416,10 @@ def _headline(metrics: dict[str, Any]) -> str:
 
 
 def no_validation_sentence(reason: str | None) -> str:
-    """What choosing on the test split means, for people: the run's warning, the report and the summary."""
-    return (f"no validation split ({reason or 'none was carved'}): best.pt is chosen on the test split, the split its "
-            "numbers are reported on, so they are optimistic; --val-fraction F holds F of the train classes out to "
-            "choose on instead")
+    """What a run without a validation split delivers, for people: the run's warning, the report and the summary."""
+    return (f"no validation split ({reason or 'none was carved'}): best.pt is the last epoch, chosen on nothing (the "
+            "test split its numbers come from never chooses); --val-fraction F holds F of the train classes, or of "
+            "each class's images, out to choose on")
 
 
 def kept_neighbours(reference, result, k: int = KEPT_K) -> dict[str, float]:

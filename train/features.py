@@ -4,37 +4,37 @@
 the model's trainable part and train mode, the batches of an epoch, the forward pass, the embedded evaluation split,
 the train embeddings of the linear probe and the train sample of the hard-triplet fraction. The trainer picks one
 with ``feature_source(cfg)`` and never asks ``freeze_backbone`` again.
+
+With ``--freeze-backbone`` and ``--compatible-with`` an old model that cannot read the cached features (an ONNX file,
+another backbone: ``OldModel.embeds_once``), ``CachedFeatures`` also holds the old model's embeddings of the train
+and evaluation images (``OldModel.embed_once`` in ``train/compatible.py``: computed once with the old model's own
+preprocessing, cached here keyed like the features plus the old model and the image list), and each batch's rows
+carry them behind the features' columns.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
-import json
-import os
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from retrieval.data import BadImageLog, BadSample, WithSampleSeeds, build_transforms
+from retrieval.data import BadImageLog, WithSampleSeeds, build_transforms
 from retrieval.data.augment import Augmentation
-from retrieval.data.colour import DEFAULT_BACKGROUND
 from retrieval.data.device_decode import DeviceAugment, EncodedImages, collate_encoded, decoded_batches
 from retrieval.data.preprocessing import ModelPreprocessing
-from retrieval.data.resize_modes import CROP
 from retrieval.data.transforms import ScaleAndNormalise
-from retrieval.distributed import embed_sharded, every_rank, rank_and_world
+from retrieval.distributed import embed_sharded
 from retrieval.inference import Embedded, embed_samples, make_loader
-from retrieval.metrics.evaluation import EvalSets, embed_eval_rows, eval_arrays, present_class_names
+from retrieval.metrics.evaluation import EvalSets, embed_eval_rows, eval_arrays
 from retrieval.models import Embedder
 from retrieval.train.config import TrainConfig
-from retrieval.utils.io import atomic_write
+from retrieval.train.feature_cache import cached_features, dataset_key, validation_cache_key
 
 Batch = tuple[torch.Tensor, torch.Tensor, int]  # (inputs, labels, images of the batch that could not be read)
 EvalEmbeddings = tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]
@@ -71,7 +71,7 @@ class FeatureSource(Protocol):
         """The dataset position of each row ``embed_eval`` returned (query, gallery or None)."""
 
     def embed_val(self, model: Embedder) -> tuple[np.ndarray, np.ndarray]:
-        """(embeddings, labels) of the validation split's images that load (the held-out train classes)."""
+        """(embeddings, labels) of the validation split's images that load (held out of train)."""
 
     def train_embeddings(self, model: Embedder) -> tuple[np.ndarray, np.ndarray]:
         """(embeddings [n, D], train image index of each row) of every train image that loads, without augmentation."""
@@ -101,13 +101,20 @@ def feature_source_class(cfg: TrainConfig) -> type[CachedFeatures] | type[ImageP
 
 class CachedFeatures:
     """--freeze-backbone: the backbone's features of every image, computed once (and cached on disk); only the head
-    trains and runs."""
+    trains and runs.
+
+    With ``old`` (the old model's cached embeddings, ``OldEmbeddings`` of ``train/compatible.py``), each batch's
+    inputs are [B, F + d_old]: row i's features, then the old embedding of the same train image (``forward`` gives
+    the head the first F columns, ``OldModel.forward`` takes the last d_old), so the old embeddings stay aligned with
+    the batch however the sampler draws it and however the step splits it (--chunks, --nproc)."""
 
     SAMPLE_SIZE = 2000  # train images of the hard-triplet fraction's sample
 
     def __init__(self, train: Embedded, query: Embedded, gallery: Embedded | None, labels: np.ndarray,
-                 device: torch.device, val: Embedded | None = None) -> None:
+                 device: torch.device, val: Embedded | None = None, old: Any = None,
+                 old_model: nn.Module | None = None) -> None:
         self.train_features = torch.from_numpy(train.embeddings).to(device)
+        self.feature_dim = int(self.train_features.shape[1])  # the head reads these columns of a batch
         self.train_feature_indices = train.indices  # the train images that loaded, one per feature row
         # feature row of each train image, -1 where it could not be read (batches then leave it out)
         self.train_feature_row = np.full(len(labels), -1, dtype=np.int64)
@@ -116,6 +123,15 @@ class CachedFeatures:
         self.eval_features = (query, gallery)
         self.val_features = val
         self.device = device
+        # --compatible-with an old model that embedded each image once: its embedding of each feature row's image
+        self.old_model = old_model
+        self.train_old: torch.Tensor | None = None
+        self.old_eval: EvalEmbeddings | None = None
+        if old is not None:
+            aligned, unread = old.train_rows(train.indices, len(labels))
+            self.train_feature_row[unread] = -1  # read by the backbone, not by the old model: left out, as unreadable
+            self.train_old = torch.from_numpy(aligned).to(device)
+            self.old_eval = old.eval_rows(query, gallery)
 
     @staticmethod
     def prepare_model(model: Embedder) -> None:
@@ -132,14 +148,16 @@ class CachedFeatures:
 
     @classmethod
     def build(cls, cfg: TrainConfig, model: Embedder, train_set: Dataset, labels: np.ndarray, eval_sets: EvalSets,
-              embedding: Embedding, val_set: Dataset | None = None) -> CachedFeatures:
+              embedding: Embedding, val_set: Dataset | None = None, old_model: nn.Module | None = None
+              ) -> CachedFeatures:
         """Read the features of the train, validation and evaluation images from the cache, or compute and cache
-        them."""
+        them; with ``old_model`` (--compatible-with) that embeds each image once, its embeddings of the train and
+        evaluation images too."""
         args = dict(cache_dir=cfg.feature_cache, device=embedding.device, batch_size=embedding.batch_size,
                     workers=embedding.workers, amp=embedding.amp, bad_images=embedding.bad_images,
                     progress=embedding.progress)
-        # the train split less the validation classes is another set of images: its own cache entry
-        held_out = None if val_set is None else present_class_names(val_set)
+        # the train split less its validation part is another set of images: its own cache entry
+        held_out = None if val_set is None else validation_cache_key(train_set, val_set, cfg.val_fraction, cfg.seed)
         # without labels the train split is other images (a folder read at any depth) or other labels (each image its
         # own class): its own cache entry, so that --eval-split train reads the labelled one
         train = cached_features(model.backbone, train_set,
@@ -155,7 +173,10 @@ class CachedFeatures:
         if eval_sets.gallery is not None:
             gallery = cached_features(model.backbone, eval_sets.gallery, dataset_key(cfg, model, "gallery"),
                                       desc="features gallery", **args)
-        return cls(train, query, gallery, labels, embedding.device, val)
+        old = None
+        if old_model is not None and old_model.embeds_once:  # its embeddings of the same images, cached with them
+            old = old_model.embed_once(cfg, model, train_set, eval_sets, held_out, args)
+        return cls(train, query, gallery, labels, embedding.device, val, old, old_model)
 
     def train_mode(self, model: Embedder) -> None:
         model.train()
@@ -167,11 +188,14 @@ class CachedFeatures:
             idx = np.asarray(indices, dtype=np.int64)
             rows = self.train_feature_row[idx]
             ok = rows >= 0
-            yield (self.train_features[torch.from_numpy(rows[ok])], self.labels[torch.from_numpy(idx[ok])],
-                   int(np.count_nonzero(~ok)))
+            taken = torch.from_numpy(rows[ok])
+            inputs = self.train_features[taken]
+            if self.train_old is not None:  # each row's old embedding rides behind its features
+                inputs = torch.cat([inputs, self.train_old[taken]], dim=1)
+            yield inputs, self.labels[torch.from_numpy(idx[ok])], int(np.count_nonzero(~ok))
 
     def forward(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
-        return model.head(inputs)
+        return model.head(inputs[:, :self.feature_dim])  # the features (an old embedding may follow them)
 
     def _head(self, model: Embedder, features: np.ndarray | torch.Tensor) -> np.ndarray:
         if isinstance(features, np.ndarray):
@@ -180,6 +204,8 @@ class CachedFeatures:
 
     @torch.no_grad()
     def embed_eval(self, model: Embedder) -> EvalEmbeddings:
+        if self.old_eval is not None and model is self.old_model:  # the old model's, embedded once and cached
+            return self.old_eval
         model.head.eval()
         query, gallery = self.eval_features
         if gallery is None:
@@ -263,8 +289,10 @@ class ImagePipeline:
 
     @classmethod
     def build(cls, cfg: TrainConfig, model: Embedder, train_set: Dataset, labels: np.ndarray, eval_sets: EvalSets,
-              embedding: Embedding, val_set: Dataset | None = None) -> ImagePipeline:
-        """The images are read batch by batch (``labels`` are the train set's own)."""
+              embedding: Embedding, val_set: Dataset | None = None, old_model: nn.Module | None = None
+              ) -> ImagePipeline:
+        """The images are read batch by batch (``labels`` are the train set's own; ``old_model`` embeds each batch
+        as it comes, in the step)."""
         return cls(cfg, train_set, eval_sets, embedding, model.preprocessing, val_set)
 
     def train_mode(self, model: Embedder) -> None:
@@ -357,80 +385,3 @@ class ImagePipeline:
         return embed_sharded(model if head else model.backbone, subset, run.batch_size, run.device, run.workers,
                              run.amp, "embed images" if head else "embed images (pretrained)", run.progress,
                              run.bad_images)
-
-
-def dataset_key(cfg: TrainConfig, model: Embedder, split: str, held_out: list[str] | None = None,
-                unlabelled: bool = False) -> dict:
-    """What the backbone features of ``split`` depend on: the cache key; ``held_out``: the train classes the
-    validation split took (train and val only); ``unlabelled``: the train images as --labels none reads them."""
-    preprocessing = model.preprocessing
-    return {
-        "backbone": cfg.backbone, "pretrained": cfg.pretrained, "weights": cfg.weights,
-        "input_size": preprocessing.input_size, "dataset": cfg.dataset,
-        "data": str(Path(cfg.data).resolve()) if cfg.data else None, "dataset_kwargs": cfg.dataset_kwargs,
-        "split": split, "eval_limit": cfg.eval_limit if split not in ("train", "val") else None,
-        # features do not depend on the seed, only the seeded --eval-limit subset does: seeds share a cache
-        "seed": cfg.seed if cfg.eval_limit and split not in ("train", "val") else None,
-        # fp16 features differ
-        "amp": bool(cfg.amp not in (False, "off") and torch.cuda.is_available() and cfg.device != "cpu"),
-        # only transparent images depend on it; keys made before it was recorded stay valid for the default
-        **({"background": list(preprocessing.background)}
-           if preprocessing.background != DEFAULT_BACKGROUND else {}),
-        # only where a validation split was carved: the keys of runs without one stay valid
-        **({"held_out": held_out} if held_out is not None else {}),
-        **({"labels": "none"} if unlabelled else {}),
-        # a letterboxing model's features are of other pixels; cropping keys stay valid
-        **({"resize": preprocessing.resize_mode} if preprocessing.resize_mode != CROP else {}),
-    }
-
-
-def default_cache_dir() -> Path:
-    base = os.environ.get("RETRIEVAL_CACHE_DIR") or Path.home() / ".cache" / "retrieval"
-    return Path(base) / "features"
-
-
-def cached_features(
-    backbone: nn.Module,
-    dataset: Dataset,
-    key: dict,
-    cache_dir: str | Path | None,
-    device: torch.device,
-    batch_size: int,
-    workers: int | None,
-    amp: bool,
-    desc: str,
-    bad_images: BadImageLog | None = None,
-    progress: bool = True,
-) -> Embedded:
-    """Backbone features of the images that load, read from the cache when ``key`` matches an earlier run.
-
-    The images that failed are cached too (as ``bad``) and go to ``bad_images`` on every read, so a run that reads
-    the cache warns, skips or stops exactly as the run that wrote it. Under torch.distributed the ranks extract
-    their parts of the data set, every rank gets the merged features and rank 0 writes the cache.
-    """
-    bad_images = BadImageLog("fail") if bad_images is None else bad_images
-    cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
-    path = cache_dir / f"{digest}.npz"
-    rank, _ = rank_and_world()
-    if every_rank(path.is_file(), device):  # a rank that does not see the file yet makes all extract
-        with np.load(path) as data:
-            features, labels = data["features"], data["labels"]
-            # caches written before bad images were skipped hold every image (a bad one stopped those runs)
-            indices = data["indices"] if "indices" in data else np.arange(len(features), dtype=np.int64)
-            bad = [BadSample(**r) for r in json.loads(str(data["bad"]))] if "bad" in data else []
-        bad_images.add(bad)
-        return Embedded(features, labels, indices, bad)
-    result = embed_sharded(backbone, dataset, batch_size, device, workers, amp, desc, progress, bad_images)
-    if rank != 0:
-        return result
-    cache_dir.mkdir(parents=True, exist_ok=True)
-
-    def write(tmp: Path) -> None:
-        with tmp.open("wb") as handle:  # a file, not a name: np.savez would append ".npz" to the name
-            np.savez(handle, features=result.embeddings, labels=result.labels, indices=result.indices,
-                     bad=np.array(json.dumps([dataclasses.asdict(b) for b in result.bad])))
-
-    atomic_write(path, write)
-    (cache_dir / f"{digest}.json").write_text(json.dumps(key, indent=1, sort_keys=True, default=str))
-    return result

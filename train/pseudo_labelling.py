@@ -112,15 +112,13 @@ class PseudoLabelling:
         labels[rows] = grouped  # an image that could not be read stays a class of its own
         labels = _contiguous(labels)
         figures = pseudo_label_summary(labels[rows])
-        needed = self.parts.sampler.classes_per_batch
-        if int(labels.max()) + 1 < needed:  # one group swallowed the rest: a batch could not hold its classes
+        needed, formed = self.parts.sampler.classes_per_batch, int(labels.max()) + 1
+        if formed < needed:  # one group swallowed the rest: a batch could not hold its classes
             labels = self.previous if self.previous is not None else np.arange(len(labels), dtype=np.int64)
             figures["kept_previous"] = True
             if self.ctx.is_main:
-                warn_line(f"--pseudo-labels {self.cfg.pseudo_labels}: the images formed {figures['clusters']} "
-                          f"group(s) and {figures['singletons']} single image(s), fewer classes than the {needed} a "
-                          "batch holds; this epoch trains on "
-                          + ("the previous labels" if self.previous is not None else "each image's own views"))
+                warn_line(too_few_groups(self.cfg, figures, needed, formed, previous=self.previous is not None,
+                                         alone=int(labels.max()) + 1 == len(labels)))
         self._apply(labels)
         if self.previous is not None:
             figures["stability"] = pseudo_label_stability(self.previous[rows], labels[rows])
@@ -140,6 +138,21 @@ class PseudoLabelling:
         if hasattr(old, "rank"):
             kwargs.update(rank=old.rank, world_size=old.world_size)
         parts.sampler = type(old)(labels, old.classes_per_batch, old.samples_per_class, **kwargs)
+
+
+def too_few_groups(cfg: TrainConfig, figures: dict[str, Any], needed: int, formed: int, previous: bool,
+                   alone: bool) -> str:
+    """The warning of an epoch whose groups (``formed`` classes, singles included) cannot fill a batch of ``needed``
+    classes: what it trains on instead (``alone``: each image its own class), and the --batch-size that would take
+    the groups."""
+    line = (f"--pseudo-labels {cfg.pseudo_labels}: the images formed {figures['clusters']} group(s) and "
+            f"{figures['singletons']} single image(s), fewer classes than the {needed} a batch holds; this epoch "
+            "trains on " + ("the previous labels" if previous else "each image's own views"))
+    if cfg.freeze_backbone and alone:  # cached features are not augmented: an image's views are one vector
+        line += ", one cached feature each (nothing to learn from)"
+    if formed >= 2:
+        line += f"; --batch-size {formed * cfg.per_class} or less would take the groups"
+    return line
 
 
 def _contiguous(labels: np.ndarray) -> np.ndarray:

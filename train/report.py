@@ -173,7 +173,7 @@ def plot_wise(wise: dict[str, Any] | None, path: Path) -> Path | None:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5.6, 3.8))
     alphas = [p["alpha"] for p in curve]
-    for key, label, style in (("in_domain", "in domain (held-out train classes)", "o-"),
+    for key, label, style in (("in_domain", "in domain (validation, held out of train)", "o-"),
                               ("out_of_domain", "out of domain (extra sets' val part)", "s--"),
                               ("kept", "neighbours kept from alpha 0 (extra sets' val part, no labels)", "^:")):
         if all(p.get(key) is not None for p in curve):

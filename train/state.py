@@ -32,19 +32,21 @@ class TrainData:
     train_labels: np.ndarray  # what the loss sees: with --label-noise, some are flipped
     clean_train_labels: np.ndarray  # the true classes, which the linear probe measures against
     noise_info: dict[str, Any] | None  # what --label-noise flipped (config.json), None without it
-    val_set: Dataset | None = None  # --val-fraction: the held-out train classes, where best.pt and WiSE-FT choose
+    val_set: Dataset | None = None  # --val-fraction: held out of train, where best.pt and WiSE-FT choose
     extra_sets: list[ExtraSet] = field(default_factory=list)  # --eval-extra: out-of-domain sets
-    no_validation: str | None = None  # why there is no validation split (the choice then falls back to the test)
+    no_validation: str | None = None  # why there is no validation split (best.pt is then the last epoch)
     # --labels none: a seeded sample of the train images, unaugmented, where the label-free figures are measured
     unlabelled_sample: Dataset | None = None
+    validation_by: str | None = None  # what val_set holds out of train: "classes" or "images" (of every class)
 
     @property
     def selected_on(self) -> str:
-        """What best.pt is chosen on: "validation" (held-out train classes), else "test"; without labels "kept"
-        (the latest epoch that keeps --kept-floor of the pretrained neighbours)."""
+        """What best.pt is chosen on: "validation" (held out of train), else nothing: "last" (the last epoch);
+        without labels "kept" (the latest epoch that keeps --kept-floor of the pretrained neighbours). Never the
+        test split."""
         if self.unlabelled_sample is not None:
             return "kept"
-        return "validation" if self.val_set is not None else "test"
+        return "validation" if self.val_set is not None else "last"
 
     @property
     def trained_class_names(self) -> list[str]:

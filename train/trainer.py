@@ -9,6 +9,7 @@ import copy
 import json
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +22,18 @@ from retrieval.data import BadImageLog
 from retrieval.inference import default_workers
 from retrieval.models import BEST_CHECKPOINT, LAST_CHECKPOINT
 from retrieval.train.building import build_model, build_parts, compatible_old_model, seed_everything
-from retrieval.train.checkpointing import VALIDATION, Checkpointer, resuming
+from retrieval.train.checkpointing import LAST_SELECTION, VALIDATION, Checkpointer, resuming
 from retrieval.train.config import TrainConfig
-from retrieval.train.console import epoch_line, hint_input_bound, split_line, warn_line
+from retrieval.train.console import (
+    RunEstimate,
+    backbone_choice_line,
+    epoch_line,
+    estimate_line,
+    faster_choice,
+    hint_input_bound,
+    split_line,
+    warn_line,
+)
 from retrieval.train.data import load_train_data
 from retrieval.train.distributed import ensure_run_folder, gpu_options, init_distributed
 from retrieval.train.epochs import EpochLoop
@@ -55,6 +65,10 @@ class Trainer(EpochLoop):
         self.last_path = self.out / LAST_CHECKPOINT
         self.ctx = init_distributed(cfg.device, cfg.dist_timeout)  # one process: rank 0 of 1
         self.progress = progress and self.ctx.is_main
+        # --freeze-backbone left unset: a head on cached features for --labels none on a CPU (said in setup)
+        self.backbone_choice = backbone_choice_line(cfg, self.device.type) \
+            if cfg.settle_freeze_backbone(self.device.type, _recorded_freeze_backbone(self.out)) else None
+        self.estimate: RunEstimate | None = None  # a long CPU run that trains the backbone: timed, then said
         self.amp_dtype = gpu_options(cfg.amp, cfg.channels_last, cfg.compile, self.device)
         self.workers = default_workers() if cfg.workers is None else cfg.workers
         self.bad_images = BadImageLog(cfg.on_bad_image, fix=BAD_IMAGE_FIX, warn=warn_line)
@@ -82,6 +96,8 @@ class Trainer(EpochLoop):
         cfg = self.cfg
         resume = resuming(cfg, self.out)
         self.out.mkdir(parents=True, exist_ok=True)
+        if self.progress and self.backbone_choice:  # the run's first line: which default it took, and why
+            tqdm.write(self.backbone_choice, file=sys.stderr)
         seed_everything(cfg.seed)
 
         model, native_size = build_model(cfg)
@@ -102,6 +118,10 @@ class Trainer(EpochLoop):
         if self.progress:  # which classes train and which are held out, before any work on them
             tqdm.write(split_line(class_split, self.out / "config.json"), file=sys.stderr)
 
+        if cfg.labels == "none" and self.progress and self.device.type == "cpu" and not cfg.freeze_backbone:
+            self.estimate = RunEstimate(epochs=cfg.epochs, steps=self.parts.steps_per_epoch, evaluations=0,
+                                        images=len(data.train_labels))
+            self.on_first_step = self._say_estimate
         if cfg.labels == "none" and not resume:
             self._start_head_at_principal_axes()
         self.pseudo = None
@@ -128,7 +148,10 @@ class Trainer(EpochLoop):
         """--labels none: the head starts as the principal axes of the backbone's features of the images, so the
         start (WiSE-FT's alpha 0, the guard's fallback) is the pretrained backbone's neighbours, not a random map's."""
         model, robust = self.parts.model, self.parts.robust
+        started = time.perf_counter()
         start = self.evaluation.start_embeddings()  # every rank: embedding is collective
+        if self.estimate is not None and len(start.embeddings):  # the backbone's forward pass, timed
+            self.estimate.image_s = (time.perf_counter() - started) / len(start.embeddings)
         weights = self.ctx.from_main(_principal_head(model, start.embeddings, self.cfg.seed) if self.main else None)
         model.head.load_state_dict(weights)
         robust.restart_from(model)
@@ -197,20 +220,30 @@ class Trainer(EpochLoop):
         self._set_up()
         cfg, record = self.cfg, self.record
         # before any work: the run's "best" will be optimistic (without labels, the guard chooses it)
-        if self.main and self.data.no_validation is not None and self.data.selected_on == "test":
+        if self.main and self.data.no_validation is not None and self.data.selected_on == LAST_SELECTION:
             warn_line(no_validation_sentence(self.data.no_validation))
         if record.baseline is None and cfg.eval_before:
+            started = time.perf_counter()
             record.baseline = self.evaluate()
+            if self.estimate is not None:
+                self.estimate.eval_s = time.perf_counter() - started
             record.history.append({"epoch": 0, **record.baseline, **self.validate()})
             self._track_epoch(record.history[-1])
             self.checkpoints.rewrite_metrics_log(record.history)
         if cfg.labels == "none" and record.start_epoch == 0:  # the guard's fallback: no epoch may keep the floor
             self.checkpoints.save(BEST_CHECKPOINT, record, 0, record.history[-1] if record.history else {})
         hinted = False  # the input-bound advice is given once a run
+        if self.estimate is not None:  # what is left to run
+            self.estimate.epochs = cfg.epochs - record.start_epoch
+            self.estimate.evaluations = sum((e + 1) % cfg.eval_every == 0 or e + 1 == cfg.epochs
+                                            for e in range(record.start_epoch, cfg.epochs))
         for epoch in range(record.start_epoch, cfg.epochs):
             progress, self.resume_progress = self.resume_progress, None  # a mid-epoch resume's epoch comes first
             # the labels this epoch trains on (those it started with, for a run resumed inside it)
+            started = time.perf_counter()
             grouped = self.pseudo.refresh(epoch, mid_epoch=progress is not None) if self.pseudo is not None else {}
+            if self.estimate is not None and self.estimate.regroup_s is None and grouped:
+                self.estimate.regroup_s = time.perf_counter() - started
             row: dict[str, Any] = {"epoch": epoch + 1, **grouped, **self.train_epoch(epoch, progress)}
             if epoch + 1 == cfg.epochs:  # the train workers are done: the final evaluation starts its own
                 self.parts.features.close()
@@ -228,6 +261,15 @@ class Trainer(EpochLoop):
                 tqdm.write(epoch_line(row))
                 hinted = hinted or hint_input_bound(row, self.cfg, self.workers, self.device)
         return self.finish()
+
+    def _say_estimate(self, step_s: float) -> None:
+        """After the first timed step of a CPU run that trains the backbone: how long the run takes, and the faster
+        choice, when it is long."""
+        assert self.estimate is not None
+        self.estimate.step_s = step_s
+        line = estimate_line(self.estimate, faster_choice(self.cfg))
+        if line is not None:
+            tqdm.write(line, file=sys.stderr)
 
     def finish(self) -> dict[str, Any]:
         """After the last epoch: WiSE-FT if asked, then (rank 0) the report; returns it ({} on other ranks)."""
@@ -250,6 +292,16 @@ def _principal_head(model: nn.Module, features: np.ndarray, seed: int) -> dict[s
     head = copy.deepcopy(model.head).cpu()
     head.start_at_principal_axes(features, seed)
     return head.state_dict()
+
+
+def _recorded_freeze_backbone(out: Path) -> bool | None:
+    """Whether the run in ``out``, which this one resumes, froze its backbone (its config.json); None for a new run."""
+    try:
+        value = json.loads((out / "config.json").read_text())["train"]["freeze_backbone"] \
+            if (out / LAST_CHECKPOINT).is_file() else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return value if isinstance(value, bool) else None
 
 
 def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:

@@ -142,7 +142,7 @@ def curve_panels(runs: list[Run]) -> list[tuple[str, list[tuple[str, list[tuple[
     extra_sets = sorted({name for run in runs for row in run.history for name in (row.get("extra") or {})})
     values = [("training loss", lambda row: row.get("loss") if row.get("epoch", 0) > 0 else None),
               ("Recall@1 (evaluation split)", lambda row: row.get("recall@1")),
-              ("Recall@1, validation (held-out train classes)",
+              ("Recall@1, validation (held out of train)",
                lambda row: (row.get("validation") or {}).get("recall@1"))]
     values += [(f"Recall@1, {name} (out of domain)",
                 lambda row, name=name: (row.get("extra") or {}).get(name, {}).get("recall@1")) for name in extra_sets]

@@ -68,6 +68,13 @@ def _class_index(cls: int | str, names: Sequence[str]) -> int:
         raise ValueError(f"unknown class {cls!r}; choose an index or one of {list(names)}") from None
 
 
+# what each protocol means, for people (a run's first lines)
+PROTOCOL_NOTES = {
+    "standard": "protocol=standard: every class trains; the test split holds other images of the same classes",
+    "disjoint": "protocol=disjoint: classes 0-4 train, 5-9 test: the test split's classes were never trained on",
+}
+
+
 def _check_protocol(protocol: str) -> None:
     if protocol not in PROTOCOLS:
         raise ValueError(f"unknown protocol {protocol!r}; choose 'standard' (same classes) or 'disjoint'")
@@ -138,7 +145,9 @@ def load_fashion_mnist(
         )
         if not classes:
             raise ValueError(f"fashion-mnist disjoint {split} has classes {in_split}; classes= selects none")
-    return _select(images, labels, FASHION_MNIST_CLASSES, classes, transform)
+    data = _select(images, labels, FASHION_MNIST_CLASSES, classes, transform)
+    data.split_note = PROTOCOL_NOTES[protocol]
+    return data
 
 
 # ---------------------------------------------------------------- digits
@@ -176,9 +185,12 @@ def load_digits_dataset(
     _check_protocol(protocol)
     images, labels = digits_images(image_size)
     if protocol == "disjoint":
-        return _select(images, labels, DIGITS_CLASSES, list(DISJOINT_CLASSES[split]), transform)
-    train_idx, test_idx = train_test_split(
-        np.arange(len(labels)), test_size=test_size, random_state=seed, stratify=labels
-    )
-    keep = np.sort(train_idx if split == "train" else test_idx)
-    return _select(images[keep], labels[keep], DIGITS_CLASSES, None, transform)
+        data = _select(images, labels, DIGITS_CLASSES, list(DISJOINT_CLASSES[split]), transform)
+    else:
+        train_idx, test_idx = train_test_split(
+            np.arange(len(labels)), test_size=test_size, random_state=seed, stratify=labels
+        )
+        keep = np.sort(train_idx if split == "train" else test_idx)
+        data = _select(images[keep], labels[keep], DIGITS_CLASSES, None, transform)
+    data.split_note = PROTOCOL_NOTES[protocol]
+    return data

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import zlib
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -73,6 +74,29 @@ def class_disjoint_halves(names: Sequence[Hashable]) -> dict[str, set[Hashable]]
     return {"train": set(ordered[:cut]), "test": set(ordered[cut:])}
 
 
+def held_out_per_class(names: Sequence[Hashable], fraction: float, seed: int, at_least: int = 1,
+                       keep: int = 1) -> np.ndarray:
+    """A seeded ``fraction`` of each class's items, as a boolean mask over ``names`` (one class name per item).
+
+    A class gives ``max(at_least, round(fraction * n))`` of its ``n`` items where at least ``keep`` are left, else
+    none. Each class draws from its own generator (the seed and the class name), so adding or removing a class or
+    an image of another class never moves this class's items.
+    """
+    if not 0 < fraction < 1:
+        raise ValueError(f"the held-out share must lie strictly between 0 and 1, got {fraction}")
+    held = np.zeros(len(names), dtype=bool)
+    members: dict[Hashable, list[int]] = {}
+    for index, name in enumerate(names):
+        members.setdefault(name, []).append(index)
+    for name, indices in members.items():
+        count = max(at_least, round(fraction * len(indices)))
+        if len(indices) - count < keep:
+            continue
+        stream = np.random.default_rng([seed, zlib.crc32(str(name).encode("utf-8"))])
+        held[np.asarray(indices)[stream.permutation(len(indices))[:count]]] = True
+    return held
+
+
 class ImageDataset(Dataset):
     """A split of an image data set.
 
@@ -100,6 +124,7 @@ class ImageDataset(Dataset):
         self.labels = labels
         self.class_names = [str(name) for name in class_names]
         self.transform = transform
+        self.split_note: str | None = None  # how the loader split the data, for people (the run's first lines)
 
     @classmethod
     def from_class_names(
@@ -139,7 +164,9 @@ class ImageDataset(Dataset):
         remap = {old: new for new, old in enumerate(used)}
         labels = np.fromiter((remap[int(label)] for label in self.labels[indices]), np.int64, len(indices))
         names = [self.class_names[old] for old in used]
-        return ImageDataset([self.samples[i] for i in indices], labels, names, self.transform)
+        part = ImageDataset([self.samples[i] for i in indices], labels, names, self.transform)
+        part.split_note = self.split_note
+        return part
 
     def __repr__(self) -> str:
         return f"ImageDataset({len(self)} images, {self.num_classes} classes)"

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from retrieval.data.dataset import ImageDataset, class_disjoint_halves, encode_labels
+from retrieval.data.dataset import ImageDataset, class_disjoint_halves, encode_labels, held_out_per_class
 from retrieval.data.formats import IMAGE_EXTENSIONS
 from retrieval.data.registry import (
     DATASETS,
@@ -56,8 +56,10 @@ def _read_rows(path: Path, skip: int = 0) -> list[list[str]]:
 
 FOLDER_LAYOUT = (
     "root/train/<class>/<image>, root/test/<class>/<image> (official split), "
-    "or root/<class>/<image> (class-disjoint halves of the sorted class names)"
+    "or root/<class>/<image> (split by protocol=disjoint or protocol=standard)"
 )
+PROTOCOLS = ("disjoint", "standard")  # without a split of its own: class-disjoint halves, or images of every class
+DEFAULT_TEST_SIZE = 0.2  # protocol=standard: the share of each class's images in the test split
 
 
 def scan_class_folders(folder: Path) -> tuple[list[str], list[str]]:
@@ -91,21 +93,72 @@ def scan_class_folders(folder: Path) -> tuple[list[str], list[str]]:
     return paths, names
 
 
+def split_by_protocol(dataset: str, paths: list[str], names: list[str], split: str, transform: Transform,
+                      protocol: str | None, test_size: float | None, seed: int) -> ImageDataset:
+    """``split`` of images that come without one: class-disjoint halves of the sorted class names (``disjoint``,
+    the default: the research protocol, new classes at test time), or a seeded ``test_size`` of each class's images
+    as the test split (``standard``: every class trains, the test holds unseen images of seen classes, as a
+    catalogue's new products are)."""
+    protocol = protocol or "disjoint"
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"{dataset}: unknown protocol {protocol!r}; choose 'standard' (every class in training, "
+                         "a share of each class's images held out for test) or 'disjoint' (half the classes train, "
+                         "the other half test)")
+    classes = len(set(names))
+    if protocol == "disjoint":
+        if test_size is not None:
+            raise ValueError(f"{dataset}: test_size= is the share of each class's images that protocol=standard "
+                             "holds out; protocol=disjoint splits the classes in halves: give protocol=standard too, "
+                             "or leave test_size out")
+        halves = class_disjoint_halves(names)
+        data = _split_by_class(paths, names, halves[split], transform)
+        data.split_note = (
+            f"protocol=disjoint: class-disjoint halves of the {classes} classes: training sees "
+            f"{len(halves['train'])} of them, the test split the other {len(halves['test'])}, classes the model never "
+            "saw (the research protocol). For a catalogue whose every class should train, split it with "
+            "protocol=standard")
+        return data
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"{dataset}: seed={seed!r} must be a whole number >= 0 (it chooses the test images)")
+    share = DEFAULT_TEST_SIZE if test_size is None else test_size
+    if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share < 1:
+        raise ValueError(f"{dataset}: test_size={test_size!r} must lie strictly between 0 and 1 (the share of each "
+                         f"class's images in the test split; default {DEFAULT_TEST_SIZE})")
+    # at least 2 test images a class, so that each test image has another of its class to find
+    is_test = held_out_per_class(names, share, seed, at_least=2, keep=1)
+    chosen = np.flatnonzero(is_test if split == "test" else ~is_test)
+    data = ImageDataset.from_class_names([paths[i] for i in chosen], [names[i] for i in chosen], transform)
+    tested = len({names[i] for i in np.flatnonzero(is_test)})
+    data.split_note = (
+        f"protocol=standard: all {classes} classes train; a seeded {share:.0%} of each class's images (seed {seed}, "
+        f"2 at least, none from a class of fewer than 3) is the test split, unseen images of {tested} seen classes: "
+        "the catalogue case")
+    return data
+
+
 @DATASETS.register("folder")
-def load_folder(root: str | Path | None, split: str = "train", transform: Transform = None) -> ImageDataset:
-    """ImageFolder tree: ``train/`` and ``test/`` sub-folders if present, else class-disjoint halves."""
+def load_folder(root: str | Path | None, split: str = "train", transform: Transform = None,
+                protocol: str | None = None, test_size: float | None = None, seed: int = 0) -> ImageDataset:
+    """ImageFolder tree: ``train/`` and ``test/`` sub-folders if present, else split by ``protocol``
+    (``split_by_protocol``: ``disjoint``, the default, or ``standard`` with ``test_size`` and ``seed``)."""
     check_split("folder", split)
     base = require_root("folder", root, FOLDER_LAYOUT)
     if (base / "train").is_dir() or (base / "test").is_dir():
+        if protocol is not None or test_size is not None:
+            raise ValueError(f"folder: {base.resolve()} has train/ and test/ folders, which are its split; "
+                             "protocol= and test_size= split a folder of class folders only: leave them out, or "
+                             "give the data set a folder of class folders")
         split_dir = base / split
         if not split_dir.is_dir():
             raise FileNotFoundError(
                 f"folder: split folder {split_dir.resolve()} is missing; expected layout: {FOLDER_LAYOUT}"
             )
         paths, names = scan_class_folders(split_dir)
-        return ImageDataset.from_class_names(paths, names, transform)
+        data = ImageDataset.from_class_names(paths, names, transform)
+        data.split_note = f"the folder's own split: {split_dir.resolve()}"
+        return data
     paths, names = scan_class_folders(base)
-    return _split_by_class(paths, names, class_disjoint_halves(names)[split], transform)
+    return split_by_protocol("folder", paths, names, split, transform, protocol, test_size, seed)
 
 
 # ---------------------------------------------------------------- csv
@@ -117,8 +170,10 @@ CSV_LAYOUT = (
 
 
 @DATASETS.register("csv")
-def load_csv(root: str | Path | None, split: str = "train", transform: Transform = None) -> ImageDataset:
-    """CSV manifest; with a ``split`` column its values select rows, else class-disjoint halves."""
+def load_csv(root: str | Path | None, split: str = "train", transform: Transform = None,
+             protocol: str | None = None, test_size: float | None = None, seed: int = 0) -> ImageDataset:
+    """CSV manifest; with a ``split`` column its values select rows, else split by ``protocol`` as the folder data
+    set splits (``split_by_protocol``)."""
     base = require_root("csv", root, CSV_LAYOUT)
     manifest = base if base.is_file() else require_file("csv", base / "manifest.csv", CSV_LAYOUT)
     with open(manifest, newline="", encoding="utf-8") as handle:
@@ -134,6 +189,9 @@ def load_csv(root: str | Path | None, split: str = "train", transform: Transform
     paths = [str(folder / row["path"]) for row in rows]  # absolute paths stay absolute under "/"
     names = [row["label"] for row in rows]
     if "split" in columns:
+        if protocol is not None or test_size is not None:
+            raise ValueError(f"csv: {manifest.resolve()} has a split column, which is its split; protocol= and "
+                             "test_size= split a manifest without one: leave them out, or drop the column")
         present = sorted({row["split"] for row in rows})
         if split not in present:
             raise ValueError(f"csv: no rows with split {split!r} in {manifest.resolve()}; splits: {present}")
@@ -141,7 +199,7 @@ def load_csv(root: str | Path | None, split: str = "train", transform: Transform
         dataset = ImageDataset.from_class_names([paths[i] for i in keep], [names[i] for i in keep], transform)
     else:
         check_split("csv", split)
-        dataset = _split_by_class(paths, names, class_disjoint_halves(names)[split], transform)
+        dataset = split_by_protocol("csv", paths, names, split, transform, protocol, test_size, seed)
     require_first_image("csv", dataset.samples, CSV_LAYOUT)
     return dataset
 

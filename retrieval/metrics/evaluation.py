@@ -42,7 +42,9 @@ def checkpoint_dataset(train_config: dict[str, Any], dataset: str | None, data: 
 
 
 def load_eval_sets(dataset: str, root: str | None, split: str, transform, limit: int | None = None,
-                   seed: int = 0, **dataset_kwargs: Any) -> EvalSets:
+                   subset_seed: int = 0, **dataset_kwargs: Any) -> EvalSets:
+    """The evaluation split (with In-shop's gallery), a ``subset_seed``-ed subset of ``limit`` images where it has
+    more; ``dataset_kwargs`` go to the loader (a data set's own ``seed=`` among them)."""
     from retrieval.data import load_dataset
 
     query = load_dataset(dataset, root, split=split, transform=transform, **dataset_kwargs)
@@ -50,7 +52,7 @@ def load_eval_sets(dataset: str, root: str | None, split: str, transform, limit:
     if split == "query":  # In-shop: queries are searched against the separate gallery split
         gallery = load_dataset(dataset, root, split="gallery", transform=transform, **dataset_kwargs)
     if limit is not None and len(query) > limit:
-        query = seeded_subset(query, limit, seed)
+        query = seeded_subset(query, limit, subset_seed)
     return EvalSets(query, gallery)
 
 

@@ -134,7 +134,7 @@ def test_the_feature_cache_tells_a_letterboxing_model_from_a_cropping_one(tmp_pa
     cropping keys made before the mode stay valid."""
     from train_configs import digits_config
 
-    from retrieval.train.features import dataset_key
+    from retrieval.train.feature_cache import dataset_key
 
     class Model:
         preprocessing = CONFIG

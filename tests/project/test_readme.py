@@ -77,6 +77,7 @@ def test_readme_command_line_example_is_valid(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     commands = command_lines(README.read_text(encoding="utf-8"))
     assert [args[0] for args in commands] == ["export", "index", "search", "serve",  # no training: a pretrained model
+                                              "train", "export", "index",  # fine-tune on my catalogue
                                               "text", "index", "search",  # search by text
                                               "data", "train", "export", "index", "search", "serve",  # the story
                                               "train", "evaluate", "export", "index", "index"], commands  # upgrade

@@ -27,7 +27,7 @@ def test_tensorboard_and_mlflow_hold_the_run(tmp_path):
     uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
     (tmp_path / "store").mkdir()
     report = train(digits_config(tmp_path / "run", tmp_path / "cache", epochs=2, mlflow_uri=uri,
-                                 eval_extra=["fashion-mnist"], eval_extra_limit=40), progress=False)
+                                 eval_extra=["fashion-mnist"], eval_extra_limit=40, val_fraction=0), progress=False)
     run = tmp_path / "run"
     rows = metrics_rows(run)
 

@@ -441,10 +441,14 @@ def test_a_run_says_its_class_split_and_records_it_in_config_json(tmp_path, feat
           progress=True)
     said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("data: ")]
     split = json.loads((out / "config.json").read_text())["class_split"]
-    assert split["train"]["classes"] + split["validation"]["classes"] == 10  # digits' standard protocol: all 10
-    assert split["test"]["classes"] == 10 and split["shared_train_test_classes"] == split["train"]["classes"]
+    # digits' standard protocol: all 10 classes in train and test, so validation is images of each train class
+    assert split["train"]["classes"] == split["validation"]["classes"] == 10
+    assert split["test"]["classes"] == 10 and split["shared_train_test_classes"] == 10
+    assert split["validation"]["held_out"] == "images"
+    assert split["protocol"].startswith("protocol=standard")
     assert said == [f"data: train {split['train']['classes']} classes, {split['train']['images']} images; "
-                    f"validation (held out of train) {split['validation']['classes']} classes, "
+                    f"validation (a share of each train class's images held out) {split['validation']['classes']} "
+                    "classes, "
                     f"{split['validation']['images']} images; test 10 classes, {split['test']['images']} images "
                     f"({split['train']['classes']} classes in both train and test); the split is recorded in "
                     f"{out / 'config.json'} (class_split)"]

@@ -100,7 +100,8 @@ def frozen_config(out: Path, cache: Path, loss: str, loss_kwargs: dict, negative
                   pretrained=True, image_size=32, freeze_backbone=True, embedding_dim=32, loss=loss,
                   loss_kwargs=loss_kwargs, negatives=negatives, aux_ce=aux_ce, batch_size=16, per_class=4,
                   batches_per_epoch=1, epochs=3, optimizer="sgd", lr=0.05, eval_before=False, eval_every=100,
-                  eval_limit=41, workers=0, device="cpu", out=str(out), feature_cache=str(cache), plots=False)
+                  eval_limit=41, workers=0, device="cpu", out=str(out), feature_cache=str(cache), plots=False,
+                  val_fraction=0)  # 12 images a class: the cases compare ranks, validation_config a validation split
     values.update(overrides)
     return TrainConfig(**values)
 
@@ -235,7 +236,7 @@ ROBUST_CASES = {"lp-ft": dict(lp_epochs=1), "l2sp": dict(l2sp=0.5), "distill": d
                 "xbm": dict(memory="xbm", memory_size=12, memory_warmup=1), "chunks": dict(chunks=2),
                 # without labels: the principal-axes start, the guard's neighbours, pseudo-labels grouped each epoch
                 "unlabelled": dict(labels="none", pseudo_labels="instance"),
-                "unlabelled-mutual": dict(labels="none", pseudo_labels="mutual", per_class=4)}
+                "unlabelled-mutual": dict(labels="none", pseudo_labels="mutual", per_class=4, freeze_backbone=False)}
 
 
 def robust_config(root: Path, out: Path, name: str) -> TrainConfig:

@@ -55,7 +55,7 @@ def config(images: Path, out: Path, **overrides) -> TrainConfig:
     values = dict(dataset="folder", data=str(images / "data"), backbone="timm:test_resnet", pretrained=False,
                   image_size=32, embedding_dim=16, loss="ms", batch_size=8, per_class=2, batches_per_epoch=2,
                   epochs=3, optimizer="sgd", lr=0.05, eval_every=1, workers=0, device="cpu", out=str(out),
-                  plots=False, eval_extra=[str(images / "other")])
+                  plots=False, eval_extra=[str(images / "other")], val_fraction=0)
     values.update(overrides)
     return TrainConfig(**values)
 

@@ -58,7 +58,8 @@ def tiny_config(root: Path, out: Path, **overrides) -> TrainConfig:
     epoch: every image is drawn in each epoch."""
     values = dict(dataset="folder", data=str(root), backbone="timm:test_resnet", pretrained=False,
                   image_size=32, embedding_dim=16, loss="ms", batch_size=8, per_class=2, batches_per_epoch=4, epochs=2,
-                  lr=1e-3, workers=0, device="cpu", out=str(out))  # CPU: bit-exact resumes
+                  lr=1e-3, workers=0, device="cpu", out=str(out),  # CPU: bit-exact resumes
+                  val_fraction=0)  # the test split evaluated every epoch, where unreadable images are counted
     values.update(overrides)
     return TrainConfig(**values)
 
@@ -137,6 +138,8 @@ def cli_args(cfg: TrainConfig) -> list[str]:
             "--batches-per-epoch", str(cfg.batches_per_epoch), "--epochs", str(cfg.epochs), "--lr", str(cfg.lr),
             "--workers", str(cfg.workers), "--device", cfg.device, "--out", cfg.out,
             "--no-plots"]  # report plots (seconds of matplotlib a run): nothing here compares them
+    if cfg.val_fraction is not None:
+        args += ["--val-fraction", str(cfg.val_fraction)]
     if cfg.freeze_backbone:
         args += ["--freeze-backbone", "--feature-cache", cfg.feature_cache]
     return args

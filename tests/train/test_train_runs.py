@@ -13,7 +13,7 @@ from retrieval.cli.main import main
 DIGITS = ["train", "--dataset", "digits", "--dataset-param", "protocol=disjoint", "--dataset-param",
           "limit_per_class=20", "--backbone", "efficientnet_lite0", "--image-size", "32", "--freeze-backbone",
           "--embedding-dim", "16", "--batch-size", "16", "--per-class", "4", "--batches-per-epoch", "2", "--epochs",
-          "1", "--workers", "0", "--device", "cpu", "--no-plots", "--no-tensorboard"]
+          "1", "--workers", "0", "--device", "cpu", "--no-plots", "--no-tensorboard", "--val-fraction", "0"]
 
 
 @pytest.fixture

@@ -1,5 +1,7 @@
-"""Choosing best.pt honestly: on a validation split carved from the train classes, with the test split evaluated
-before and after training only; without one, on the test split, said in the report, the summary and the app."""
+"""Choosing best.pt honestly: on a validation split carved from the train split (whole classes, or a share of each
+class's images where the classes are few or shared with the test), with the test split evaluated before and after
+training only; without one, best.pt is the last epoch, said in the report, the summary and the app. The test split
+never chooses."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from retrieval.data import ImageDataset
 from retrieval.serve.report_plots import curve_panels
 from retrieval.train import train
 from retrieval.train.config import DEFAULT_VAL_FRACTION, DEFAULT_VAL_MIN_CLASSES
-from retrieval.train.data import validation_fraction
+from retrieval.train.data import carve_validation
 from retrieval.train.evaluating import Evaluator
 from retrieval.train.state import TIMING_KEYS
 from retrieval.train.trainer import Trainer
@@ -30,23 +32,42 @@ def feature_cache(tmp_path_factory):
     return str(tmp_path_factory.mktemp("features"))
 
 
-def classes(names: list[str]) -> ImageDataset:
-    """Two tiny images of each named class."""
-    images = [np.zeros((4, 4), np.uint8)] * (2 * len(names))
-    return ImageDataset(images, np.repeat(np.arange(len(names)), 2), names)
+def classes(names: list[str], each: int = 2) -> ImageDataset:
+    """``each`` tiny images of each named class, each its own array (told apart by identity)."""
+    images = [np.zeros((4, 4), np.uint8) for _ in range(each * len(names))]
+    return ImageDataset(images, np.repeat(np.arange(len(names)), each), names)
 
 
-def test_the_default_validation_split_needs_enough_classes_none_shared_with_the_test_split():
+def test_whole_classes_are_held_out_where_there_are_enough_and_none_is_in_the_test_split():
     many = [f"c{i}" for i in range(DEFAULT_VAL_MIN_CLASSES)]
-    test = classes(["t1", "t2"])
-    assert validation_fraction(None, classes(many), test) == (DEFAULT_VAL_FRACTION, None)
-    fraction, why = validation_fraction(None, classes(many[:-1]), test)
-    assert fraction == 0 and f"{DEFAULT_VAL_MIN_CLASSES - 1} classes, fewer than the {DEFAULT_VAL_MIN_CLASSES}" in why
-    fraction, why = validation_fraction(None, classes(many), classes(["c0", "c1", "t1"]))
-    assert fraction == 0 and "share 2 classes" in why
-    # given: taken as it is (0 turns it off)
-    assert validation_fraction(0.3, classes(many[:4]), classes(many[:4])) == (0.3, None)
-    assert validation_fraction(0.0, classes(many), test) == (0.0, "--val-fraction 0 turned it off")
+    carved = carve_validation(None, classes(many, 6), classes(["t1", "t2"]), seed=0)
+    assert carved.by == "classes" and carved.none_because is None
+    held = {carved.validation.class_names[label] for label in carved.validation.labels}
+    assert len(held) == max(2, round(DEFAULT_VAL_FRACTION * len(many)))
+    assert not held & {carved.train.class_names[label] for label in carved.train.labels}
+
+
+@pytest.mark.parametrize("case", ["few classes", "classes shared with the test split", "asked, shared"])
+def test_images_of_every_train_class_are_held_out_where_classes_are_few_or_shared_with_the_test(case):
+    names = [f"c{i}" for i in range(DEFAULT_VAL_MIN_CLASSES if case != "few classes" else 5)]
+    train_set = classes(names, 10)
+    test = classes(["t1", "t2"]) if case == "few classes" else classes(names[:3])
+    carved = carve_validation(0.2 if case == "asked, shared" else None, train_set, test, seed=0)
+    assert carved.by == "images" and carved.none_because is None
+    # every class trains and gives 2 images at least to validation (each needs another of its class to find)
+    assert np.bincount(carved.validation.labels).min() >= 2
+    assert set(carved.train.class_names) == set(names) == set(carved.validation.class_names)
+    assert len(carved.train) + len(carved.validation) == len(train_set)
+    assert not {id(s) for s in carved.train.samples} & {id(s) for s in carved.validation.samples}
+    again = carve_validation(0.2 if case == "asked, shared" else None, train_set, test, seed=0)
+    assert [id(s) for s in again.validation.samples] == [id(s) for s in carved.validation.samples]
+
+
+def test_without_images_to_spare_or_when_turned_off_there_is_no_validation_and_it_says_why():
+    tiny = carve_validation(None, classes(["a", "b", "c"], 3), classes(["a"]), seed=0)
+    assert tiny.validation is None and "too few images per class" in tiny.none_because
+    off = carve_validation(0.0, classes(["a", "b"], 10), classes(["t"]), seed=0)
+    assert off.validation is None and off.none_because == "--val-fraction 0 turned it off"
 
 
 def test_best_pt_is_chosen_on_validation_and_the_test_split_is_evaluated_before_and_after_only(
@@ -76,15 +97,18 @@ def test_best_pt_is_chosen_on_validation_and_the_test_split_is_evaluated_before_
     assert epochs == [0, 1, 2, 3] and values == pytest.approx([50.0, 20.0, 90.0, 30.0])
     assert evaluation["recall@1"][0] == [0, 3]
     compared = dict(run_curve_panels([Run(run, "run", {}, rows, {}, None)]))
-    assert compared["Recall@1, validation (held-out train classes)"] == [("run", [(0, 0.5), (1, 0.2), (2, 0.9),
+    assert compared["Recall@1, validation (held out of train)"] == [("run", [(0, 0.5), (1, 0.2), (2, 0.9),
                                                                                   (3, 0.3)])]
     best = torch.load(run / "best.pt", weights_only=False)
     assert best["epoch"] == 2 and best["metrics"]["validation"]["recall@1"] == 0.9
     assert report["selected_on"] == "validation" and report["selection_note"] is None
     assert report["last"]["epoch"] == 3 and report["last"]["recall@1"] == 0.95
     assert json.loads((run / "report.json").read_text())["selected_on"] == "validation"
+    # digits' standard protocol: the test split holds the train classes, so validation is images of each of them
     split = report["class_split"]
-    assert split["validation"]["classes"] == 2 and split["train"]["classes"] == 8
+    assert split["validation"]["classes"] == split["train"]["classes"] == 10
+    assert split["validation"]["held_out"] == report["validation_by"] == "images"
+    assert split["validation"]["images"] == 60 and split["train"]["images"] == 240
 
     # the report's best: epoch 2's row with best.pt's own test metrics, taken once after training
     monkeypatch.undo()
@@ -153,22 +177,37 @@ def test_the_summary_says_which_split_chose_best_pt(tmp_path, feature_cache, fra
     rows = read_jsonl(out / "metrics.jsonl")
     if fraction:
         assert report["selected_on"] == "validation"
-        assert "best.pt was chosen on the validation split (held-out train classes)" in result.stdout
+        assert ("best.pt was chosen on the validation split (a held-out share of each train class's images)"
+                in result.stdout)
         assert "warning: no validation split" not in result.output
         return
-    # off: chosen on the test split, evaluated at every evaluation as before, and said loudly, twice
-    assert report["selected_on"] == "test" and "--val-fraction 0 turned it off" in report["selection_note"]
+    # off: best.pt is the last epoch, never chosen on the test split, and said twice
+    assert report["selected_on"] == "last" and "--val-fraction 0 turned it off" in report["selection_note"]
     assert [r["epoch"] for r in rows if "recall@1" in r] == [0, 1, 2] and not any("validation" in r for r in rows)
-    assert result.stderr.count("warning: no validation split (--val-fraction 0 turned it off): best.pt is chosen on "
-                               "the test split") == 2
-    assert "optimistic" in result.stderr
+    assert result.stderr.count("warning: no validation split (--val-fraction 0 turned it off): best.pt is the last "
+                               "epoch") == 2
+    assert torch.load(out / "best.pt", weights_only=False)["epoch"] == 2
+
+
+def test_without_a_validation_split_best_pt_is_the_last_epoch_whatever_the_test_split_says(
+        tmp_path, feature_cache, monkeypatch):
+    tests = iter([0.4, 0.95, 0.1, 0.2])  # epoch 1 is the test split's best: it must not be chosen
+    real_evaluate = Evaluator.evaluate
+    monkeypatch.setattr(Evaluator, "evaluate", lambda self, probe=False: {**real_evaluate(self, probe),
+                                                                          "recall@1": next(tests)})
+    run = tmp_path / "run"
+    report = train(digits_config(run, feature_cache, val_fraction=0), progress=False)
+    assert torch.load(run / "best.pt", weights_only=False)["epoch"] == 3
+    assert report["best"]["epoch"] == 3 and report["best"]["recall@1"] == 0.2
+    assert report["selected_on"] == "last" and "best.pt is the last epoch" in report["selection_note"]
 
 
 def test_wise_ft_auto_without_validation_data_is_refused_before_training(tmp_path, feature_cache):
-    # digits has 10 classes, too few for the default validation split, and no --eval-extra: nothing to choose on
+    # 3 images a class leave none to hold out, and no --eval-extra: nothing to choose alpha on
     with pytest.raises(ValueError, match=r"--wise-alpha auto chooses on validation data and this run has none "
-                                         r"\(the train split has 10 classes, fewer than the 20"):
-        train(digits_config(tmp_path / "run", feature_cache, freeze_backbone=False, wise_alpha="auto"),
+                                         r"\(too few images per class to hold some out"):
+        train(digits_config(tmp_path / "run", feature_cache, freeze_backbone=False, wise_alpha="auto",
+                            val_fraction=None, dataset_kwargs={"protocol": "standard", "limit_per_class": 3}),
               progress=False)
     assert not (tmp_path / "run").exists()
 
@@ -181,7 +220,10 @@ def test_the_app_says_which_split_chose_best_pt(tmp_path):
         data = {"format": "retrieval-report/1", "kind": "train", "config": {"train": {}}, **fields}
         return summary_markdown(RunReport(tmp_path / "report.json", data))
 
-    assert "**best.pt chosen on:** the validation split" in shown(selected_on="validation")
+    assert "**best.pt chosen on:** the validation split (held-out train classes)" in shown(selected_on="validation")
+    assert "(a held-out share of each train class's images)" in shown(selected_on="validation", validation_by="images")
+    assert "**best.pt is the last epoch:** no validation split, for a reason" in shown(
+        selected_on="last", selection_note="no validation split, for a reason")
     assert "**best.pt chosen on the test split:** no validation split, for a reason" in shown(
         selected_on="test", selection_note="no validation split, for a reason")
     assert "chosen on" not in shown()  # a report from before the choice was recorded says nothing

@@ -7,6 +7,7 @@ A tiny random-init timm ResNet trains on coloured noise images: six colours, so 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -186,10 +187,14 @@ def test_a_labelled_sample_gives_the_usual_metrics_beside_the_label_free_ones(ph
     assert report["best"]["epoch"] in (0, 1)  # chosen by the guard, not on the labelled sample
 
 
-@pytest.mark.parametrize("pseudo_labels", ["instance", "mutual"])
-def test_a_run_without_labels_resumes_as_one_uninterrupted_run(photos, tmp_path, monkeypatch, pseudo_labels):
+@pytest.mark.parametrize(("pseudo_labels", "freeze_backbone"), [("instance", None), ("mutual", False),
+                                                              ("mutual", None)],
+                         ids=["instance", "mutual-fine-tuned", "mutual-cpu-default-head"])
+def test_a_run_without_labels_resumes_as_one_uninterrupted_run(photos, tmp_path, monkeypatch, pseudo_labels,
+                                                                freeze_backbone):
     # 2 classes a batch: the colours' groups are enough of them
-    settings = dict(pseudo_labels=pseudo_labels, epochs=3, checkpoint_every=1, loss="ms", per_class=4)
+    settings = dict(pseudo_labels=pseudo_labels, epochs=3, checkpoint_every=1, loss="ms", per_class=4,
+                    freeze_backbone=freeze_backbone, feature_cache=str(tmp_path / "cache"))
     train(config(photos, tmp_path / "straight", **settings), progress=False)
     crash_after(monkeypatch, epoch=1, batch=1)  # inside the second epoch, after its labels were grouped
     with pytest.raises(Crash):
@@ -272,3 +277,95 @@ def test_transductive_evaluation_reads_the_train_splits_labels_not_the_hidden_on
     assert [r["epoch"] for r in rows] == [0, 1]
     assert all(r["recall@1"] > 0.5 and 0.0 <= r[KEPT] <= 1.0 for r in rows)  # five digit classes, not 900 singletons
     assert report["best"]["epoch"] in (0, 1)
+
+
+# --- on a CPU: the default that finishes in minutes, and the estimate of a run that trains the backbone --------------
+def test_on_a_cpu_a_run_without_labels_trains_a_head_on_cached_features_unless_told_otherwise(photos, tmp_path,
+                                                                                               capsys):
+    cfg = config(photos, tmp_path / "run", pseudo_labels="clusters", loss="ms", per_class=4,
+                 feature_cache=str(tmp_path / "cache"))
+    assert cfg.freeze_backbone is None  # left unset: the trainer chooses
+    report = train(cfg, progress=True)
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first.startswith("--labels none on a CPU: training a head on the frozen backbone's cached features")
+    assert "--no-freeze-backbone fine-tunes the whole backbone" in first  # how to get the whole-backbone run
+    assert cfg.freeze_backbone is True and report["config"]["train"]["freeze_backbone"] is True  # recorded
+    assert [r["epoch"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [0, 1, 2]  # and it completes
+
+
+@pytest.mark.parametrize(("overrides", "device", "frozen", "said"), [
+    (dict(freeze_backbone=False), "cpu", False, None),  # the user's choice wins
+    (dict(freeze_backbone=True), "cuda", True, None),
+    (dict(labels="given", pseudo_labels="clusters"), "cpu", False, None),  # labelled runs: unchanged
+    ({}, "cuda", False, "--labels none on cuda: fine-tuning the whole backbone; --freeze-backbone"),
+    (dict(pseudo_labels="instance"), "cpu", False, "as --pseudo-labels instance needs it"),  # two augmented views
+    (dict(augment="light"), "cpu", False, "as --augment light needs it"),
+    (dict(l2sp=0.1, wise_alpha=0.5), "cpu", False, "as --l2sp, --wise-alpha need it"),
+])
+def test_an_explicit_choice_or_an_option_that_trains_the_backbone_wins(photos, tmp_path, overrides, device, frozen,
+                                                                       said):
+    from retrieval.train.console import backbone_choice_line
+
+    values = dict(pseudo_labels="clusters", loss="ms", per_class=4) | overrides
+    cfg = config(photos, tmp_path / "run", **values)
+    sentence = backbone_choice_line(cfg, device) if cfg.settle_freeze_backbone(device) else None
+    assert cfg.freeze_backbone is frozen
+    assert (sentence is None) if said is None else (said in sentence)
+    if said and device == "cpu":
+        assert "--freeze-backbone" in sentence and "the estimate follows the first step" in sentence
+
+
+def test_a_resumed_run_keeps_the_choice_it_started_with(photos, tmp_path):
+    cfg = config(photos, tmp_path / "run", pseudo_labels="clusters", loss="ms", per_class=4)
+    assert cfg.settle_freeze_backbone("cuda", recorded=True) is False and cfg.freeze_backbone is True
+
+
+def test_a_config_file_that_says_false_fine_tunes_the_whole_backbone(photos, tmp_path):
+    file = tmp_path / "run.toml"
+    file.write_text(f'dataset = "folder"\ndata = "{photos}"\nlabels = "none"\nfreeze_backbone = false\n')
+    cfg = TrainConfig.from_sources(file)
+    assert cfg.settle_freeze_backbone("cpu") is False and cfg.freeze_backbone is False
+
+
+def test_the_estimate_says_the_whole_run_and_the_faster_choice():
+    from retrieval.train.console import RunEstimate, estimate_line
+
+    estimate = RunEstimate(epochs=4, steps=9, evaluations=4, images=286, image_s=0.05, eval_s=10.0, regroup_s=20.0,
+                           step_s=60.0)
+    assert estimate.line("--freeze-backbone") == (
+        "estimate: about 38 min on this CPU (4 epochs x 9 steps x ~60 s, + 4 pseudo-labellings x ~20 s, + 4 "
+        "evaluations x ~10 s); --freeze-backbone: about 24 s")  # 286 images x 0.05 s once, and one evaluation
+    assert estimate_line(RunEstimate(epochs=1, steps=2, evaluations=1, images=10, step_s=1.0), "x") is None  # short
+
+
+def test_a_cpu_run_that_trains_the_backbone_says_its_estimate_after_its_first_step(photos, tmp_path, capsys,
+                                                                                  monkeypatch):
+    import retrieval.train.console as console
+
+    monkeypatch.setattr(console, "LONG_RUN_S", 0.0)  # any run is long
+    steps = []
+    real = Trainer._say_estimate
+    monkeypatch.setattr(Trainer, "_say_estimate", lambda self, seconds: (steps.append(seconds), real(self, seconds)))
+    train(config(photos, tmp_path / "run", epochs=2), progress=True)  # instance: the whole backbone
+    lines = [line for line in capsys.readouterr().err.splitlines() if not line.startswith(("embed", "epoch"))]
+    assert lines[0].startswith("--labels none on a CPU: fine-tuning the whole backbone, as --pseudo-labels instance")
+    estimates = [line for line in lines if line.startswith("estimate:")]
+    assert len(steps) == 1 and len(estimates) == 1  # once, after the first step
+    assert re.fullmatch(r"estimate: about [\d.]+ (s|min|h) on this CPU \(2 epochs x \d+ steps x ~[\d.]+ s, \+ 2 "
+                        r"evaluations x ~[\d.]+ s\); --freeze-backbone --pseudo-labels clusters: about [\d.]+ "
+                        r"(s|min|h)", estimates[0]), estimates[0]
+
+
+def test_a_short_run_says_no_estimate(photos, tmp_path, capsys):
+    train(config(photos, tmp_path / "run", epochs=1, freeze_backbone=False), progress=True)
+    err = capsys.readouterr().err
+    assert "estimate:" not in err and "--labels none" not in err  # the user chose: nothing to explain
+
+
+def test_an_epoch_whose_groups_cannot_fill_a_batch_names_the_batch_size_that_would(photos, tmp_path):
+    from retrieval.train.pseudo_labelling import too_few_groups
+
+    cfg = config(photos, tmp_path / "run", pseudo_labels="clusters", loss="ms", per_class=4, freeze_backbone=True)
+    line = too_few_groups(cfg, {"clusters": 4, "singletons": 8}, needed=16, formed=12, previous=False, alone=True)
+    assert "this epoch trains on each image's own views, one cached feature each (nothing to learn from)" in line
+    assert line.endswith("; --batch-size 48 or less would take the groups")  # 12 classes x 4 views
