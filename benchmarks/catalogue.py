@@ -7,7 +7,7 @@ recipe gains on unseen items of seen classes (`--dataset-param protocol=standard
 The catalogue: real product photos (Fashion-MNIST's Zalando photos, its train split's first ``--per-class`` of each of
 its 10 classes) cut to the object (the pixels above ``CUTOUT_THRESHOLD``), scaled 3x to 6x, and set on a white
 ground with margins of their own, as a shop's cut-out photos are: tall dresses and trousers, wide sandals and bags,
-84 to 230 px a side, saved as JPEG (quality 90). Written once as a folder of class folders, without a split.
+47 to 230 px a side, saved as JPEG (quality 90). Written once as a folder of class folders, without a split.
 
 Per seed S: the folder split with ``protocol=standard, seed=S`` (20 % of each class's images are the test split);
 the pretrained EfficientNet-Lite0 letterboxed at 224 px (``retrieval export --pretrained efficientnet_lite0 --resize

@@ -65,8 +65,6 @@ def show_notices(level: int) -> Callable[[], None]:
 
 
 # --- train ----------------------------------------------------------------------------------------
-# what a run's validation split holds out of train (report.json's validation_by), for people
-VALIDATION_HOLDS = {"classes": "held-out train classes", "images": "a held-out share of each train class's images"}
 TRAIN_COMMAND_OPTIONS = [  # how to run, not what: these are not training settings and stay out of config.json
     click.option("--config", "config_file", type=click.Path(dir_okay=False),
                  help="a TOML or JSON file of training options (the keys of docs/TRAINING.md's table); the options "
@@ -141,6 +139,8 @@ def train_command(config_file, nproc, max_restarts, as_json, offline, **options)
                + (f" (best {best['recall@1']:.4f} at epoch {best_epoch}, in best.pt)" if "recall@1" in best else "")
                + f"; report {summary['report']}")
     if summary["selected_on"] == "validation":
+        from retrieval.reports import VALIDATION_HOLDS
+
         held = VALIDATION_HOLDS.get(report.get("validation_by") or "classes")
         click.echo(f"best.pt was chosen on the validation split ({held}), not on the test split these numbers come "
                    "from")
@@ -259,10 +259,12 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_kwargs, eval_limi
     metrics = evaluate_embeddings(q, ql, g, gl, device=metrics_device(dev))  # --device cuda: the kNN there too
     if linear_probe:
         from retrieval.metrics import linear_probe as probe
+        from retrieval.metrics.evaluation import probe_test_labels
 
         train_set = load_dataset(dataset, data, split="train", transform=tf, **kwargs)
         tr, trl = embed_dataset(model, train_set, eval_batch_size, dev, workers, desc="embed train")
-        metrics["linear_probe"] = probe(tr, trl, q, ql)
+        keep, labels = probe_test_labels(ql, sets.query, train_set)
+        metrics["linear_probe"] = probe(tr, trl, q[keep], labels)
     out = Path(out_path) if out_path else Path(checkpoint).with_name("eval_report.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     plots = {}
@@ -337,7 +339,8 @@ def _validation_set(trained: dict, source: tuple, transform, test_set, limit: in
     dataset, data, kwargs = source
     seed = trained.get("seed", 0)
     train_set = load_dataset(dataset, data, split="train", transform=transform, **kwargs)
-    carved = carve_validation(trained.get("val_fraction"), train_set, test_set, seed)
+    per_class = trained.get("per_class", TrainConfig.__dataclass_fields__["per_class"].default)
+    carved = carve_validation(trained.get("val_fraction"), train_set, test_set, seed, per_class)
     validation = carved.validation
     if validation is None:
         raise click.ClickException(f"--rerank-choose chooses on the checkpoint's validation split, and its "

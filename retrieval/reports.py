@@ -27,6 +27,11 @@ MAX_STEPS_LOG_BYTES = 64 * 2**20  # about a million steps; a longer log is drawn
 STEP_POINTS = 2000  # the most points a per-step curve draws (a longer log is thinned evenly)
 
 
+# what a run's validation split holds out of train (report.json's validation_by), for people: the run's first line,
+# its summary and the app say it in these words
+VALIDATION_HOLDS = {"classes": "held-out train classes", "images": "a held-out share of each train class's images"}
+
+
 def read_steps(folder: str | Path, points: int = STEP_POINTS) -> list[dict[str, float]]:
     """The per-step rows of a run folder's steps.jsonl, thinned to at most ``points``; [] when there is none
     (or it is too large or unreadable: the curves fall back to one point per epoch)."""

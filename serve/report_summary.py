@@ -12,7 +12,7 @@ from typing import Any
 from PIL import Image
 
 from retrieval.compatibility import KEPT, KEPT_K
-from retrieval.reports import READINGS_FILE
+from retrieval.reports import READINGS_FILE, VALIDATION_HOLDS
 from retrieval.serve.page_text import METRIC_UNIT, markdown_code, markdown_text, percent
 from retrieval.serve.report_files import MAX_FIELD_CHARS, RunReport, is_number, known, number_at
 
@@ -104,8 +104,7 @@ def selection_markdown(report: RunReport) -> str:
     recorded)."""
     selected_on = report.data.get("selected_on") if report.kind == "train" else None
     if selected_on == "validation":
-        held = ("a held-out share of each train class's images" if report.data.get("validation_by") == "images"
-                else "held-out train classes")
+        held = VALIDATION_HOLDS.get(report.data.get("validation_by") or "classes", VALIDATION_HOLDS["classes"])
         return f"\n\n**best.pt chosen on:** the validation split ({held}), not the test split."
     if selected_on == "last":
         note = report.data.get("selection_note") or "no validation split"

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from retrieval.reports import VALIDATION_HOLDS
 from retrieval.train.checkpointing import VALIDATION
 from retrieval.train.config import TrainConfig
 from retrieval.train.state import INPUT_BOUND_SHARE
@@ -44,10 +45,10 @@ def split_line(split: dict[str, Any], recorded: Path) -> str:
         positives = POSITIVES.get(split.get("pseudo_labels"), "each image's augmented views")
         return (f"data: {split['train']['images']:,} images without labels (positives: {positives}); {measured}; "
                 f"recorded in {recorded} (class_split)")
-    held = {"classes": "whole train classes held out", "images": "a share of each train class's images held out"}
     named = {"train": "train", "validation": "validation (held out of train)", "test": "test", "gallery": "gallery"}
     if "validation" in split:
-        named["validation"] = f"validation ({held.get(split['validation'].get('held_out'), 'held out of train')})"
+        held = VALIDATION_HOLDS.get(split["validation"].get("held_out"), "held out of train")
+        named["validation"] = f"validation ({held})"
     parts = [f"{label} {split[part]['classes']:,} classes, {split[part]['images']:,} images"
              for part, label in named.items() if part in split]
     shared = split.get("shared_train_test_classes", 0)

@@ -32,7 +32,7 @@ def load_train_data(cfg: TrainConfig, preprocessing: ModelPreprocessing, train_t
     train_set = load_dataset(cfg.dataset, cfg.data, split="train", transform=train_transform, **cfg.dataset_kwargs)
     eval_sets = load_eval_sets(cfg.dataset, cfg.data, cfg.eval_split, eval_tf, cfg.eval_limit, cfg.seed,
                                **cfg.dataset_kwargs)
-    carved = carve_validation(cfg.val_fraction, train_set, eval_sets.query, cfg.seed)
+    carved = carve_validation(cfg.val_fraction, train_set, eval_sets.query, cfg.seed, cfg.per_class)
     train_set, val_set, no_validation = carved.train, carved.validation, carved.none_because
     if val_set is not None:
         val_set.transform = eval_tf
@@ -108,11 +108,13 @@ class CarvedValidation:
     none_because: str | None = None
 
 
-def carve_validation(asked: float | None, train_set: ImageDataset, test_set: Dataset, seed: int) -> CarvedValidation:
+def carve_validation(asked: float | None, train_set: ImageDataset, test_set: Dataset, seed: int,
+                     per_class: int = VAL_IMAGES_PER_CLASS) -> CarvedValidation:
     """The validation split best.pt is chosen on, never a test image: whole train classes where the train split
     has classes enough (DEFAULT_VAL_MIN_CLASSES, or as many as ``asked`` needs) and shares none with the test;
     otherwise a seeded share of each train class's images, so that a small catalogue, or a test of the same
-    classes (protocol=standard), still chooses without the test. ``asked`` None: DEFAULT_VAL_FRACTION; 0: none."""
+    classes (protocol=standard), still chooses without the test. ``asked`` None: DEFAULT_VAL_FRACTION; 0: none.
+    ``per_class``: the images of a class a batch takes, which a class keeps to train on where it gives some."""
     if asked == 0:
         return CarvedValidation(train_set, None, None, "--val-fraction 0 turned it off")
     fraction = DEFAULT_VAL_FRACTION if asked is None else asked
@@ -125,11 +127,13 @@ def carve_validation(asked: float | None, train_set: ImageDataset, test_set: Dat
         return CarvedValidation(train, validation, "classes")
     # by class name: a class keeps its validation images when classes are added or removed
     names = [train_set.class_names[label] for label in train_set.labels]
-    held = held_out_per_class(names, fraction, seed, at_least=VAL_IMAGES_PER_CLASS, keep=VAL_IMAGES_PER_CLASS)
+    keep = max(VAL_IMAGES_PER_CLASS, per_class)
+    held = held_out_per_class(names, fraction, seed, at_least=VAL_IMAGES_PER_CLASS, keep=keep)
     if len(np.unique(train_set.labels[held])) < 2:
         return CarvedValidation(train_set, None, None, (
             f"too few images per class to hold some out: a class gives validation images where it has "
-            f"{2 * VAL_IMAGES_PER_CLASS} or more, and fewer than 2 classes do"))
+            f"{VAL_IMAGES_PER_CLASS + keep} or more ({VAL_IMAGES_PER_CLASS} to validate, {keep} left for a batch), and "
+            "fewer than 2 classes do"))
     return CarvedValidation(train_set.subset(np.flatnonzero(~held)), train_set.subset(np.flatnonzero(held)), "images")
 
 

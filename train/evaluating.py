@@ -196,9 +196,11 @@ class Evaluator:
     def linear_probe(self, q: np.ndarray, ql: np.ndarray) -> float:
         """Logistic regression on train embeddings (clean labels), accuracy on the evaluation split."""
         from retrieval.metrics import linear_probe
+        from retrieval.metrics.evaluation import probe_test_labels
 
         train_emb, loaded = self.parts.features.train_embeddings(self.eval_model)
-        return linear_probe(train_emb, self.data.clean_train_labels[loaded], q, ql, seed=self.cfg.seed)
+        keep, labels = probe_test_labels(ql, self.data.eval_sets.query, self.data.train_set)
+        return linear_probe(train_emb, self.data.clean_train_labels[loaded], q[keep], labels, seed=self.cfg.seed)
 
     def train_embeddings_sample(self) -> tuple[np.ndarray, np.ndarray] | None:
         """Embeddings of a fixed train subset (for the hard-triplet fraction); None when too costly."""
@@ -417,9 +419,10 @@ def _headline(metrics: dict[str, Any]) -> str:
 
 def no_validation_sentence(reason: str | None) -> str:
     """What a run without a validation split delivers, for people: the run's warning, the report and the summary."""
+    fix = ("more images a class would give one" if reason and reason.startswith("too few images") else
+           "--val-fraction F holds F of the train classes, or of each class's images, out to choose on")
     return (f"no validation split ({reason or 'none was carved'}): best.pt is the last epoch, chosen on nothing (the "
-            "test split its numbers come from never chooses); --val-fraction F holds F of the train classes, or of "
-            "each class's images, out to choose on")
+            f"test split its numbers come from never chooses); {fix}")
 
 
 def kept_neighbours(reference, result, k: int = KEPT_K) -> dict[str, float]:

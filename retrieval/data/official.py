@@ -94,7 +94,7 @@ def scan_class_folders(folder: Path) -> tuple[list[str], list[str]]:
 
 
 def split_by_protocol(dataset: str, paths: list[str], names: list[str], split: str, transform: Transform,
-                      protocol: str | None, test_size: float | None, seed: int) -> ImageDataset:
+                      protocol: str | None, test_size: float | None, seed: int | None) -> ImageDataset:
     """``split`` of images that come without one: class-disjoint halves of the sorted class names (``disjoint``,
     the default: the research protocol, new classes at test time), or a seeded ``test_size`` of each class's images
     as the test split (``standard``: every class trains, the test holds unseen images of seen classes, as a
@@ -106,10 +106,10 @@ def split_by_protocol(dataset: str, paths: list[str], names: list[str], split: s
                          "the other half test)")
     classes = len(set(names))
     if protocol == "disjoint":
-        if test_size is not None:
-            raise ValueError(f"{dataset}: test_size= is the share of each class's images that protocol=standard "
-                             "holds out; protocol=disjoint splits the classes in halves: give protocol=standard too, "
-                             "or leave test_size out")
+        if test_size is not None or seed is not None:
+            raise ValueError(f"{dataset}: test_size= and seed= choose the share of each class's images that "
+                             "protocol=standard holds out; protocol=disjoint splits the classes in halves: give "
+                             "protocol=standard too, or leave them out")
         halves = class_disjoint_halves(names)
         data = _split_by_class(paths, names, halves[split], transform)
         data.split_note = (
@@ -118,6 +118,7 @@ def split_by_protocol(dataset: str, paths: list[str], names: list[str], split: s
             "saw (the research protocol). For a catalogue whose every class should train, split it with "
             "protocol=standard")
         return data
+    seed = 0 if seed is None else seed
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"{dataset}: seed={seed!r} must be a whole number >= 0 (it chooses the test images)")
     share = DEFAULT_TEST_SIZE if test_size is None else test_size
@@ -126,27 +127,31 @@ def split_by_protocol(dataset: str, paths: list[str], names: list[str], split: s
                          f"class's images in the test split; default {DEFAULT_TEST_SIZE})")
     # at least 2 test images a class, so that each test image has another of its class to find
     is_test = held_out_per_class(names, share, seed, at_least=2, keep=1)
+    tested = len({names[i] for i in np.flatnonzero(is_test)})
+    if tested < 2:  # one class (or none) to find: every query's nearest is right, the numbers would say nothing
+        raise ValueError(f"{dataset}: protocol=standard holds test images out of {tested} of the {classes} classes; a "
+                         "test needs 2 classes or more, each with 3 images or more (2 to test, 1 to train): add "
+                         "images or classes, or raise test_size")
     chosen = np.flatnonzero(is_test if split == "test" else ~is_test)
     data = ImageDataset.from_class_names([paths[i] for i in chosen], [names[i] for i in chosen], transform)
-    tested = len({names[i] for i in np.flatnonzero(is_test)})
     data.split_note = (
         f"protocol=standard: all {classes} classes train; a seeded {share:.0%} of each class's images (seed {seed}, "
-        f"2 at least, none from a class of fewer than 3) is the test split, unseen images of {tested} seen classes: "
-        "the catalogue case")
+        f"2 at least, none from a class too small to keep one for training) is the test split, unseen images of "
+        f"{tested} seen classes: the catalogue case")
     return data
 
 
 @DATASETS.register("folder")
 def load_folder(root: str | Path | None, split: str = "train", transform: Transform = None,
-                protocol: str | None = None, test_size: float | None = None, seed: int = 0) -> ImageDataset:
+                protocol: str | None = None, test_size: float | None = None, seed: int | None = None) -> ImageDataset:
     """ImageFolder tree: ``train/`` and ``test/`` sub-folders if present, else split by ``protocol``
     (``split_by_protocol``: ``disjoint``, the default, or ``standard`` with ``test_size`` and ``seed``)."""
     check_split("folder", split)
     base = require_root("folder", root, FOLDER_LAYOUT)
     if (base / "train").is_dir() or (base / "test").is_dir():
-        if protocol is not None or test_size is not None:
+        if protocol is not None or test_size is not None or seed is not None:
             raise ValueError(f"folder: {base.resolve()} has train/ and test/ folders, which are its split; "
-                             "protocol= and test_size= split a folder of class folders only: leave them out, or "
+                             "protocol=, test_size= and seed= split a folder of class folders only: leave them out, or "
                              "give the data set a folder of class folders")
         split_dir = base / split
         if not split_dir.is_dir():
@@ -171,7 +176,7 @@ CSV_LAYOUT = (
 
 @DATASETS.register("csv")
 def load_csv(root: str | Path | None, split: str = "train", transform: Transform = None,
-             protocol: str | None = None, test_size: float | None = None, seed: int = 0) -> ImageDataset:
+             protocol: str | None = None, test_size: float | None = None, seed: int | None = None) -> ImageDataset:
     """CSV manifest; with a ``split`` column its values select rows, else split by ``protocol`` as the folder data
     set splits (``split_by_protocol``)."""
     base = require_root("csv", root, CSV_LAYOUT)
@@ -189,9 +194,9 @@ def load_csv(root: str | Path | None, split: str = "train", transform: Transform
     paths = [str(folder / row["path"]) for row in rows]  # absolute paths stay absolute under "/"
     names = [row["label"] for row in rows]
     if "split" in columns:
-        if protocol is not None or test_size is not None:
-            raise ValueError(f"csv: {manifest.resolve()} has a split column, which is its split; protocol= and "
-                             "test_size= split a manifest without one: leave them out, or drop the column")
+        if protocol is not None or test_size is not None or seed is not None:
+            raise ValueError(f"csv: {manifest.resolve()} has a split column, which is its split; protocol=, "
+                             "test_size= and seed= split a manifest without one: leave them out, or drop the column")
         present = sorted({row["split"] for row in rows})
         if split not in present:
             raise ValueError(f"csv: no rows with split {split!r} in {manifest.resolve()}; splits: {present}")

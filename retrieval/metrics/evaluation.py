@@ -183,6 +183,24 @@ def row_loader(dataset: Dataset, rows: np.ndarray):
     return lambda row: dataset_image(dataset, int(rows[row]))
 
 
+def probe_test_labels(test_labels: np.ndarray, test_set: Dataset, train_set: Dataset) -> tuple[np.ndarray, np.ndarray]:
+    """(rows kept, labels): the test rows' labels as the train split numbers the same class names, for a classifier
+    fitted on the train split (each split numbers its own classes: a class with no test image shifts the test's
+    numbers). Rows of a class the train split lacks are left out; where no class is shared, the labels as they are."""
+    def names_of(dataset: Dataset) -> list[str]:
+        while isinstance(dataset, Subset):
+            dataset = dataset.dataset
+        return list(dataset.class_names)
+
+    index = {name: i for i, name in enumerate(names_of(train_set))}
+    lookup = np.array([index.get(name, -1) for name in names_of(test_set)], dtype=np.int64)
+    mapped = lookup[np.asarray(test_labels, dtype=np.int64)]
+    keep = mapped >= 0
+    if not keep.any():
+        return np.ones(len(mapped), dtype=bool), np.asarray(test_labels)
+    return keep, mapped[keep]
+
+
 def present_class_names(dataset: Dataset) -> list[str]:
     """The names of the classes that have at least one sample in ``dataset`` (an ``ImageDataset`` or a
     ``Subset`` of one), in label order."""

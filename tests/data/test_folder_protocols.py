@@ -76,6 +76,7 @@ def test_the_csv_manifest_without_a_split_column_takes_the_same_protocols(tmp_pa
     ({"protocol": "standard", "test_size": "a lot"}, "test_size='a lot'"),
     ({"protocol": "standard", "seed": "x"}, "seed='x' must be a whole number"),
     ({"test_size": 0.3}, "give protocol=standard too"),
+    ({"seed": 1}, "give protocol=standard too"),
 ])
 def test_bad_protocol_options_are_refused_with_the_fix(tmp_path, options, message):
     root = catalogue(tmp_path / "shop", {"bags": 4, "cups": 4})
@@ -107,3 +108,23 @@ def test_the_evaluation_split_takes_the_data_sets_own_seed(tmp_path):
     root = catalogue(tmp_path / "shop", {"bags": 10, "cups": 20})
     sets = load_eval_sets("folder", str(root), "test", None, None, 0, protocol="standard", seed=1)
     assert sets.query.samples == load_dataset("folder", root, "test", protocol="standard", seed=1).samples
+
+
+def test_a_standard_split_with_fewer_than_two_tested_classes_is_refused(tmp_path):
+    root = catalogue(tmp_path / "shop", {"bags": 10, "tiny": 2})
+    with pytest.raises(ValueError, match="holds test images out of 1 of the 2 classes; a test needs 2 classes"):
+        load_dataset("folder", root, "test", protocol="standard")
+
+
+def test_the_linear_probe_reads_test_labels_by_class_name():
+    from retrieval.data import ImageDataset
+    from retrieval.metrics.evaluation import probe_test_labels
+
+    images = [np.zeros((2, 2), np.uint8)] * 4
+    train = ImageDataset(images, [0, 1, 2, 2], ["a", "b", "c"])
+    test = ImageDataset(images[:3], [0, 1, 1], ["b", "c"])  # "a" had no test image: the test numbers from "b"
+    keep, labels = probe_test_labels(test.labels, test, train)
+    assert keep.all() and labels.tolist() == [1, 2, 2]
+    other = ImageDataset(images[:2], [0, 1], ["b", "z"])  # "z" is not trained: its rows are left out
+    keep, labels = probe_test_labels(other.labels, other, train)
+    assert keep.tolist() == [True, False] and labels.tolist() == [1]

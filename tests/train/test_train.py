@@ -447,7 +447,7 @@ def test_a_run_says_its_class_split_and_records_it_in_config_json(tmp_path, feat
     assert split["validation"]["held_out"] == "images"
     assert split["protocol"].startswith("protocol=standard")
     assert said == [f"data: train {split['train']['classes']} classes, {split['train']['images']} images; "
-                    f"validation (a share of each train class's images held out) {split['validation']['classes']} "
+                    f"validation (a held-out share of each train class's images) {split['validation']['classes']} "
                     "classes, "
                     f"{split['validation']['images']} images; test 10 classes, {split['test']['images']} images "
                     f"({split['train']['classes']} classes in both train and test); the split is recorded in "

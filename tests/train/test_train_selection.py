@@ -63,6 +63,14 @@ def test_images_of_every_train_class_are_held_out_where_classes_are_few_or_share
     assert [id(s) for s in again.validation.samples] == [id(s) for s in carved.validation.samples]
 
 
+def test_a_class_gives_validation_images_only_where_a_batch_can_still_take_its_per_class_images():
+    train_set = classes(["a", "b", "c", "d"], 7)
+    carved = carve_validation(None, train_set, classes(["a"]), seed=0, per_class=4)
+    assert carved.by == "images" and np.bincount(carved.train.labels).min() >= 4
+    small = carve_validation(None, classes(["a", "b", "c"], 5), classes(["a"]), seed=0, per_class=4)
+    assert small.validation is None and "6 or more (2 to validate, 4 left for a batch)" in small.none_because
+
+
 def test_without_images_to_spare_or_when_turned_off_there_is_no_validation_and_it_says_why():
     tiny = carve_validation(None, classes(["a", "b", "c"], 3), classes(["a"]), seed=0)
     assert tiny.validation is None and "too few images per class" in tiny.none_because
