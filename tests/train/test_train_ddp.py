@@ -355,8 +355,10 @@ def test_evaluation_sharded_over_ranks_counts_every_image_once(tune_runs):
         rows = read_jsonl(tune_runs / who / "ms-loop" / "metrics.jsonl")
         assert rows[0]["epoch"] == 0 and rows[0]["eval_images"] == 15 and rows[-1]["eval_images"] == 15
     one, ranks = (read_jsonl(tune_runs / who / "ms-loop" / "metrics.jsonl")[0] for who in ("one", "ranks"))
-    assert {k: v for k, v in ranks.items() if k not in TIMING_KEYS} == pytest.approx(
-        {k: v for k, v in one.items() if k not in TIMING_KEYS}, abs=1e-6)
+    assert {k: v for k, v in ranks.items() if k not in (*TIMING_KEYS, "validation")} == pytest.approx(
+        {k: v for k, v in one.items() if k not in (*TIMING_KEYS, "validation")}, abs=1e-6)
+    # the validation images (a share of each class's, carved the same on every rank) too
+    assert ranks["validation"] == pytest.approx(one["validation"], abs=1e-6) and "recall@1" in one["validation"]
 
 
 # --- options that need a GPU, and options that do not fit ------------------------------------------------------------
