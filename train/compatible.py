@@ -34,7 +34,7 @@ from torch.utils.data import Dataset, Subset
 from retrieval.data.preprocessing import ModelPreprocessing
 from retrieval.inference import Embedded
 from retrieval.losses.compatible import CompatibilityInfluence
-from retrieval.train.feature_cache import cached_features, dataset_key, image_list_digest
+from retrieval.train.feature_cache import cached_features, dataset_key
 
 INFLUENCE_FALLBACK = "ms"  # the influence's pair loss when the training loss has no query x gallery form
 
@@ -107,13 +107,14 @@ class OldModel(nn.Module):
                    cache: Mapping[str, Any]) -> OldEmbeddings:
         """``embeds_once``: the old model's embeddings of the train and evaluation images, read from the feature
         cache or embedded once (as it sees each image) and cached. The key is the features' key of the same split
-        (``dataset_key``: the data set, the split, ``held_out``, ...) plus the old model's ``identity`` and the image
-        list (``image_list_digest``): another old model, another preprocessing or other images embed again.
+        (``dataset_key``: the data set, the split, ``held_out``, ...) plus the old model's ``identity``, and, as for
+        every cached split of image files, their list: another old model, another preprocessing or other images
+        embed again.
         ``cache``: ``cached_features``' keywords (folder, device, batch size, workers, ...)."""
         embedder = self.image_embedder
 
         def embedded(dataset: Dataset, key: dict, name: str) -> Embedded:
-            key = {**key, "old_model": self.identity(), "images": image_list_digest(dataset)}
+            key = {**key, "old_model": self.identity()}  # cached_features adds the files' list
             return cached_features(embedder, self.images(dataset), key, desc=f"old model {name}", **cache)
 
         train = embedded(train_set, dataset_key(cfg, model, "train", held_out, unlabelled=cfg.labels == "none"),

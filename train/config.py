@@ -43,6 +43,12 @@ AUTO_FREEZE_TEXT = ("on with --labels none on a CPU (unless an option given need
                     "docs/UNLABELLED.md")
 
 
+def changes_images(augmentation: Augmentation) -> bool:
+    """Whether ``augmentation`` changes the images beyond the evaluation's view (anything but crop-flip or none),
+    which cached features, one forward pass per image, cannot hold."""
+    return augmentation not in (AUGMENTATIONS.build(DEFAULT_AUGMENTATION), AUGMENTATIONS.build("none"))
+
+
 def new_run_folder(root: str | Path = RUNS_ROOT) -> str:
     """A run folder that does not exist yet: ROOT/YYYYmmdd-HHMMSS, then -2, -3, ... within the same second."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -302,20 +308,23 @@ class TrainConfig:
         needs = []
         if self.labels == "none" and self.pseudo_labels == "instance":
             needs.append("--pseudo-labels instance")
-        unaugmented = (AUGMENTATIONS.build(DEFAULT_AUGMENTATION), AUGMENTATIONS.build("none"))
         try:
-            augmented = self.augmentation() not in unaugmented
+            augmented = changes_images(self.augmentation())
         except AugmentationError:
             augmented = False  # validate names the problem
         if augmented:
             needs += [f"--augment {self.augment}"] if self.augment not in (DEFAULT_AUGMENTATION, "none") else []
             needs += [f"--{name.replace('_', '-')}" for name in ("crop_scale", "crop_ratio", "color_jitter",
                                                                  "auto_augment") if getattr(self, name) is not None]
-        needs += [flag for flag, on in (
-            ("--decode-on device", self.decode_on == "device"), ("--sync-bn", self.sync_bn),
-            ("--lp-epochs", self.lp_epochs), ("--l2sp", self.l2sp), ("--distill", self.distill),
-            ("--layer-decay", self.layer_decay != 1), ("--wise-alpha", self.wise_alpha is not None)) if on]
-        return needs
+        needs += [flag for flag, on in (("--decode-on device", self.decode_on == "device"),
+                                        ("--sync-bn", self.sync_bn)) if on]
+        return needs + self._fine_tuning_flags()
+
+    def _fine_tuning_flags(self) -> list[str]:
+        """The robust fine-tuning options given, which act on the backbone while it trains (as flags)."""
+        return [f"--{name.replace('_', '-')}" for name, on in (
+            ("lp_epochs", self.lp_epochs), ("l2sp", self.l2sp), ("distill", self.distill),
+            ("layer_decay", self.layer_decay != 1), ("wise_alpha", self.wise_alpha is not None)) if on]
 
     def settle_freeze_backbone(self, device_type: str, recorded: bool | None = None) -> bool:
         """Settle ``freeze_backbone`` where the user left it unset (None): as ``recorded`` (the run this one resumes
@@ -335,8 +344,7 @@ class TrainConfig:
         except AugmentationError as exc:
             return [f"--{name.replace('_', '-')} {problem}" for name, problem in exc.problems.items()]
         # cached features are one forward pass per image: no augmentation other than "none" can reach them
-        unaugmented = (AUGMENTATIONS.build(DEFAULT_AUGMENTATION), AUGMENTATIONS.build("none"))
-        if self.freeze_backbone and augmentation not in unaugmented:
+        if self.freeze_backbone and changes_images(augmentation):
             return ["--freeze-backbone trains on backbone features computed once, without augmentation, so it "
                     f"cannot use the augmentation asked for ({augmentation.describe()}): leave out --augment, "
                     "--crop-scale, --crop-ratio, --color-jitter and --auto-augment, or fine-tune without "
@@ -416,9 +424,7 @@ class TrainConfig:
         if self.wise_alpha == "auto" and self.val_fraction == 0 and not self.eval_extra:
             errors.append("--wise-alpha auto chooses on validation data, and --val-fraction 0 turns the validation "
                           "split off: give --val-fraction (e.g. 0.1) and/or --eval-extra, or a number")
-        fine_tuning = [f"--{name.replace('_', '-')}" for name, on in (
-            ("lp_epochs", self.lp_epochs), ("l2sp", self.l2sp), ("distill", self.distill),
-            ("layer_decay", self.layer_decay != 1), ("wise_alpha", self.wise_alpha is not None)) if on]
+        fine_tuning = self._fine_tuning_flags()
         if self.freeze_backbone and fine_tuning:
             errors.append(f"{', '.join(fine_tuning)} act(s) on the backbone while it fine-tunes; leave out "
                           "--freeze-backbone")
