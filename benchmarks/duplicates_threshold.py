@@ -22,6 +22,7 @@ built with the model of ``benchmarks/near_duplicates.py model`` (EfficientNet-Li
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import platform
 import shutil
@@ -43,8 +44,9 @@ def emoji_pool(out: Path, candidates: int = 400) -> list[tuple[str, str, Image.I
     source = out / "emoji-source"
     if not (source / "manifest.csv").is_file():
         prepare_emoji(source, image_size=128, limit=candidates, progress=False)
-    rows = [line.split(",") for line in (source / "manifest.csv").read_text().splitlines()[1:]]
-    return [(f"{label}-{Path(path).stem}", label, Image.open(source / path).copy()) for path, label, _ in rows]
+    with (source / "manifest.csv").open(newline="", encoding="utf-8") as file:
+        rows = [(row["path"], row["label"]) for row in csv.DictReader(file)]
+    return [(f"{label}-{Path(path).stem}", label, Image.open(source / path).copy()) for path, label in rows]
 
 
 def fashion_pool() -> list[tuple[str, str, Image.Image]]:

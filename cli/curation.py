@@ -31,15 +31,18 @@ class CurationOptions:
     share ``IndexOptions``' --json and --workers, and training's --label-noise."""
 
     threshold: float | str = option(
-        "auto", "near-duplicates", "link two images when one is among the other's k nearest at this cosine or more; "
-        "auto calibrates it on copies it plants of a sample of the gallery (resized, re-encoded, cropped, recoloured) "
-        "against each image's nearest distinct image, and says when they do not separate (docs/INDEX.md).",
+        "auto", "near-duplicates", "auto: each image's neighbours above a loose cosine are candidates, and each pair "
+        "is verified as a copy (local features under one transform, aligned content, colour), all calibrated on copies "
+        "planted of a sample of the gallery; a cosine: link two images when one is among the other's k nearest at "
+        "that cosine or more, unverified (docs/INDEX.md, \"Near-duplicates\").",
         metavar="COSINE|auto", low=-1, high=1)
     duplicates_model: str | None = option(
         None, "near-duplicates", f"the model that embeds auto's planted copies (default: the one recorded in "
         f"index.json). {TRUSTED_MODEL}", flag="--model", dest="model", path="file", exists=True)
-    calibration_sample: int = option(100, "near-duplicates", "gallery images whose planted copies calibrate auto "
-                                     "(4 embeddings each).", low=2, high=2000)
+    calibration_sample: int = option(50, "near-duplicates", "gallery images whose planted copies calibrate auto "
+                                     "(5 copies embedded and 8 pairs compared each).", low=2, high=2000)
+    verify_workers: int = option(2, "near-duplicates", "threads that verify candidate pairs (OpenCV and NumPy work "
+                                 "beside each other on them).", flag="--workers", dest="workers", low=1, high=64)
     max_groups: int = option(100, "near-duplicates", "groups listed, largest first (the counts cover every group).",
                              low=1, high=10_000)
     groups_png: str | None = option(None, "near-duplicates", "draw the first groups into this PNG file.",
@@ -107,18 +110,22 @@ def _shown(path: str | None) -> str:
 @click.command("duplicates", cls=OptionCommand)
 @index_folder
 @command_option(CurationOptions, "threshold", callback=_threshold)
-@command_options(CurationOptions, "neighbours", "duplicates_model", "calibration_sample", "max_groups", "groups_png")
+@command_options(CurationOptions, "neighbours", "duplicates_model", "calibration_sample", "max_groups", "groups_png",
+                 "verify_workers")
 @json_option
-def duplicates_command(index_dir, threshold, k, model, calibration_sample, max_groups, png, as_json) -> None:
-    """Groups of near-duplicate images in the index (resized, re-encoded, cropped or recoloured copies), found through
-    each image's k nearest neighbours; the first of each group is the one indexed first."""
+def duplicates_command(index_dir, threshold, k, model, calibration_sample, max_groups, png, workers,
+                       as_json) -> None:
+    """Groups of copies in the index (the same picture cropped, scaled, re-encoded, brightened or slightly turned),
+    each pair verified; alike images that are not copies (colour variants, other products) are listed apart. The
+    first of each group is the one indexed first, and the one kept. Ctrl-C stops the verification and lists what was
+    verified."""
     from retrieval.analysis.neighbour_pictures import duplicates_picture
     from retrieval.index.curation.catalogued_images import catalogued_image_loader, index_picture_background
     from retrieval.index.curation.duplicates import find_duplicates
 
     with _open(index_dir, model) as index:
         summary = find_duplicates(index, threshold, k=k, calibration_sample=calibration_sample,
-                                  max_groups=max_groups)
+                                  max_groups=max_groups, workers=workers, progress=not as_json)
         load = catalogued_image_loader(index)
         picture = duplicates_picture(summary, load, background=index_picture_background(index)) if png else None
         summary["picture"] = _save(picture, png)
@@ -131,32 +138,64 @@ def duplicates_command(index_dir, threshold, k, model, calibration_sample, max_g
 def _calibration_text(summary: dict[str, Any]) -> str:
     calibration = summary["calibration"]
     if calibration is None:
-        return "as given"
+        return "as given, unverified"
     separated = "" if calibration.get("separated", True) else "; copies and distinct images do NOT separate"
     return (f"auto: {calibration['copy_recall']:.0%} of {calibration['copies']} copies planted of "
             f"{calibration['images']} gallery images reach it, and {calibration['neighbour_share']:.1%} of those "
             f"images' nearest other image{separated}")
 
 
-def _print_groups(summary: dict[str, Any], index_dir: str) -> None:
-    folder = shlex.quote(str(index_dir))
+def _header(summary: dict[str, Any]) -> str:
     exact = (f"; {summary['exact_duplicates']} files with the bytes of an indexed one were skipped when indexed "
              "(index stats --json)") if summary["exact_duplicates"] else ""
-    click.echo(f"{summary['groups_found']} groups of near-duplicates ({summary['copies_in_groups']} copies) among "
-               f"{summary['images']} indexed images at cosine >= {summary['threshold']:.3f} "
-               f"({_calibration_text(summary)}); {summary['k']} neighbours each through {summary['search']}{exact}")
+    if summary.get("mode") != "verified":
+        return (f"{summary['groups_found']} groups of near-duplicates ({summary['copies_in_groups']} copies) among "
+                f"{summary['images']} indexed images at cosine >= {summary['threshold']:.3f} "
+                f"({_calibration_text(summary)}); {summary['k']} neighbours each through {summary['search']}{exact}")
+    checked, calibration = summary["verification"], summary["calibration"]
+    rules = calibration["rules"]
+    return (f"{summary['groups_found']} groups of verified copies ({summary['copies_in_groups']} copies) among "
+            f"{summary['images']} indexed images: {checked['checked']} of {checked['candidates']} candidate pairs "
+            f"(among {summary['k']} neighbours each at cosine >= {summary['threshold']:.3f}) compared in "
+            f"{checked['seconds']:.1f} s ({checked['pairs_per_second']:.0f} pairs/s), {checked['verified']} verified "
+            f"(estimated precision {checked['estimated_precision']:.2f}: the calibration cannot rule out "
+            f"{checked['expected_false_pairs']:g} false ones among them): "
+            f">= {rules['min_inliers']} features agreeing under one transform, aligned content correlating >= "
+            f"{rules['correlation']:.2f}, colours within {rules['colour_mismatch']:.0f} degrees of hue. Calibrated "
+            f"on {calibration['copies']} copies planted of {calibration['images']} gallery images "
+            f"({calibration['copy_recall']:.0%} found and verified) and {calibration['distinct_pairs']} distinct "
+            f"pairs and {calibration['colour_variants']} colour variants ({calibration['false_verified']} verified)"
+            f"{exact}")
+
+
+def _print_groups(summary: dict[str, Any], index_dir: str) -> None:
+    folder = shlex.quote(str(index_dir))
+    verified = summary.get("mode") == "verified"
+    click.echo(_header(summary))
     for number, group in enumerate(summary["groups"][:SHOWN], 1):
         mixed = f"; LABELS DIFFER ({_labels_text(group)}): not proposed for removal" if group.get("labels_mixed") \
             else ""
-        click.echo(f"  {number}. {group['size']} images, weakest link {group['weakest_link']:.3f}{mixed}:")
+        trust = f", estimated precision {group['estimated_precision']:.2f}" if "estimated_precision" in group else ""
+        click.echo(f"  {number}. {group['size']} images, weakest link {group['weakest_link']:.3f}{trust}{mixed}:")
+        checks = [None, *group.get("checks", [])]
         members = list(zip(group["ids"], group["paths"], group["similarities"], strict=True))
         for position, (image_id, path, similarity) in enumerate(members[:MEMBERS_SHOWN]):
             score = "    ?" if similarity is None else f"{similarity:.3f}"
-            click.echo(f"       {'kept' if position == 0 else 'copy'}  id={image_id:<8d} {score}  {_shown(path)}")
+            check = checks[position] if position < len(checks) else None
+            how = f"  {check['inliers']:3d} features, aligned {check['correlation']:.3f}" if check else ""
+            click.echo(f"       {'kept' if position == 0 else 'copy'}  id={image_id:<8d} {score}{how}  {_shown(path)}")
         if group["size"] > MEMBERS_SHOWN:
             click.echo(f"       ... and {group['size'] - MEMBERS_SHOWN} more (--json)")
     if summary["groups_found"] > SHOWN:
         click.echo(f"  ... and {summary['groups_found'] - SHOWN} more groups (--json lists up to --max-groups)")
+    if verified and summary["similar_found"]:
+        click.echo(f"similar, not copies ({summary['similar_found']} candidate pairs; for a person to look at, never "
+                   "proposed for removal):")
+        for pair in summary["similar"][:SHOWN]:
+            click.echo(f"  id={pair['ids'][0]} ~ id={pair['ids'][1]}  cosine {pair['cosine']:.3f}, {pair['reason']}: "
+                       f"{_shown(pair['paths'][0])}  {_shown(pair['paths'][1])}")
+        if summary["similar_found"] > SHOWN:
+            click.echo(f"  ... and {summary['similar_found'] - SHOWN} more pairs (--json lists up to --max-groups)")
     if summary.get("picture"):
         click.echo(f"picture: {summary['picture']}")
     for warning in summary.get("warnings", []):
@@ -166,8 +205,9 @@ def _print_groups(summary: dict[str, Any], index_dir: str) -> None:
     copies = [i for group in shown if not group.get("labels_mixed") for i in group["ids"][1:]]
     mixed = [str(number) for number, group in enumerate(shown, 1) if group.get("labels_mixed")]
     left_out = f"; groups {', '.join(mixed)} mix labels and are left out: look at them first" if mixed else ""
+    what = "verified copies" if verified else "copies"
     if copies:
-        click.echo(f"next: retrieval index remove {folder} --ids {','.join(map(str, copies))}   (the copies of the "
+        click.echo(f"next: retrieval index remove {folder} --ids {','.join(map(str, copies))}   (the {what} of the "
                    f"groups above whose labels agree; each group's first image stays{left_out})")
     elif mixed:
         click.echo(f"next: look at groups {', '.join(mixed)} above: their labels differ, so no removal is proposed; "

@@ -1,32 +1,50 @@
 """The served index's near-duplicate groups and label suspects, for the app's Evaluation tab beside its per-class
 analysis: computed when asked for, bounded (a seeded sample of ``APP_MAX_IMAGES`` images searched, ``APP_K``
-neighbours each; ``auto`` plants copies of ``APP_CALIBRATION_SAMPLE`` images), and kept for the state they were
-computed on, so a second click costs nothing and a reload of the index computes them afresh."""
+neighbours each), and kept for the state they were computed on, so that a reload of the index computes them afresh.
+``auto`` verifies copies (``find_copies``): the verification is calibrated once per state on copies planted of
+``APP_CALIBRATION_SAMPLE`` images, and each click checks the candidate pairs again; the label audit and the
+neighbour graph are computed once per state, so a second click on them costs nothing."""
 
 from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from PIL import Image
 
-from retrieval.analysis.neighbour_pictures import duplicates_picture, suspects_picture
+from retrieval.analysis.neighbour_pictures import (
+    COPY,
+    KEPT,
+    OTHER,
+    PICTURE_COLUMNS,
+    PICTURE_ROWS,
+    Tile,
+    draw_rows,
+    duplicates_picture,
+    suspects_picture,
+)
 from retrieval.data.decode import read_image
 from retrieval.errors import ParameterError
 from retrieval.index.curation.audit import audit_index
 from retrieval.index.curation.catalogued_images import picture_background
-from retrieval.index.curation.duplicates import advice, find_duplicates
-from retrieval.index.curation.duplicates_threshold import Calibration, calibrate_on_index
+from retrieval.index.curation.copy_verification import VerificationCalibration, calibrate_verification
+from retrieval.index.curation.duplicates import find_duplicates
 from retrieval.index.curation.neighbour_graph import NeighbourGraph, index_graph
 from retrieval.serve.service import SearchService, ServedIndex
 
 APP_MAX_IMAGES = 20_000  # images searched: about 30 s on 2 cores at 1M vectors (docs/BENCHMARKS.md)
 APP_K = 10
-APP_CALIBRATION_SAMPLE = 50  # auto embeds 4 copies of each with the served model
-GROUPS_LISTED = 100
+APP_CALIBRATION_SAMPLE = 50  # auto embeds 5 copies of each with the served model and compares them
+# candidate pairs a click compares at most: about 2 minutes at 50 pairs/s on 2 cores (docs/BENCHMARKS.md, "Copy
+# verification"); the page says when the verification stopped there, and `retrieval index duplicates` does them all
+APP_MAX_PAIRS = 6_000
+APP_WORKERS = 2  # threads comparing pairs (OpenCV releases the GIL): the server's other requests keep the rest
+GROUPS_LISTED = 100  # also the similar pairs listed
+PAIRS_DRAWN = 16  # similar pairs in their picture, two a row
 SUSPECTS_LISTED = 100
+Load = Callable[[int], Image.Image | None]
 
 
 class ThresholdError(ValueError):
@@ -48,28 +66,67 @@ def parse_threshold(text: str | None) -> float | str:
     return value
 
 
+def copies_picture(summary: dict[str, Any], load: Load, background: Sequence[int]) -> Image.Image | None:
+    """The first verified groups of a ``find_copies`` summary, a row each: the image kept (blue), then its copies
+    (orange), each with its cosine to the first, the features agreeing and the aligned correlation."""
+    rows = []
+    for group in summary["groups"][:PICTURE_ROWS]:
+        checks = [None, *group.get("checks", [])]
+        tiles = []
+        for n, (image_id, similarity) in enumerate(zip(group["ids"], group["similarities"], strict=True)):
+            if n >= PICTURE_COLUMNS:
+                break
+            check = checks[n] if n < len(checks) else None
+            score = "?" if similarity is None else f"{similarity:.3f}"
+            # two lines, as the other pictures' captions: a third would run into the row above
+            caption = f"kept\nid {image_id}" if n == 0 else (
+                f"copy {score}, r {check['correlation']:.3f}\nid {image_id}, {check['inliers']} features" if check
+                else f"copy {score}\nid {image_id}")
+            tiles.append(Tile(image_id, caption, KEPT if n == 0 else COPY))
+        rows.append(tiles)
+    shown = min(len(summary["groups"]), PICTURE_ROWS)
+    # two lines at three columns: a longer title squeezes the rows of a picture of few groups into each other
+    title = (f"Verified copies: {shown} of {summary['groups_found']} groups, a row each (blue: kept, indexed first; "
+             "orange: its copies, cosine and aligned r)")
+    return draw_rows(rows, load, title, background)
+
+
+def similar_picture(summary: dict[str, Any], load: Load, background: Sequence[int]) -> Image.Image | None:
+    """The first candidate pairs not verified as copies, two a row (grey: neither is a copy of the other), each
+    with its cosine and why it is not a copy: what a person looks at."""
+    pairs = summary.get("similar", [])[:PAIRS_DRAWN]
+    tiles = [tile for n, pair in enumerate(pairs, 1) for tile in (
+        Tile(pair["ids"][0], f"pair {n}\nid {pair['ids'][0]}", OTHER),
+        Tile(pair["ids"][1], f"id {pair['ids'][1]}, cos {pair['cosine']:.3f}\n{pair['reason'] or ''}", OTHER))]
+    rows = [tiles[start:start + 4] for start in range(0, len(tiles), 4)]
+    title = (f"Similar, not copies: {len(pairs)} of {summary.get('similar_found', 0)} candidate pairs shown, highest "
+             "cosine first, two a row (each pair: its two images, their cosine and why they are not copies)")
+    return draw_rows(rows, load, title, background)
+
+
 class CurationView:
-    """Near-duplicate groups and label suspects of the service's current state, each computed once per state."""
+    """Near-duplicate groups and label suspects of the service's current state: the neighbour graph, the copy
+    verification's calibration and the label audit each computed once per state."""
 
     def __init__(self, service: SearchService) -> None:
         self.service = service
         self._lock = threading.Lock()  # one computation at a time: a second click waits for the first's answer
         self._state_key: object = None
         self._graph: NeighbourGraph | None = None
-        self._calibration: Calibration | None = None
+        self._verification: VerificationCalibration | None = None
         self._audit: tuple[dict[str, Any], Image.Image | None] | None = None
 
     def _for(self, state: ServedIndex) -> None:
         """Forget what was computed on another state (the index was reloaded since)."""
         if self._state_key != state.identity:
-            self._state_key, self._graph, self._calibration, self._audit = state.identity, None, None, None
+            self._state_key, self._graph, self._verification, self._audit = state.identity, None, None, None
 
     def _graph_of(self, state: ServedIndex) -> NeighbourGraph:
         if self._graph is None:
             self._graph = index_graph(state.index, APP_K, APP_MAX_IMAGES)
         return self._graph
 
-    def loader(self, state: ServedIndex) -> Callable[[int], Image.Image | None]:
+    def loader(self, state: ServedIndex) -> Load:
         """``load(id)``: an indexed image of ``state`` read as the app reads it (a regular file, the one decoder)."""
         def load(image_id: int) -> Image.Image | None:
             path = self.service.image_path(image_id, state)
@@ -82,25 +139,26 @@ class CurationView:
 
         return load
 
-    def duplicates(self, threshold: float | str) -> tuple[dict[str, Any], Image.Image | None]:
-        """``find_duplicates`` of the current state at ``threshold`` (auto: calibrated once per state), and its
-        picture."""
+    def duplicates(self, threshold: float | str) -> tuple[dict[str, Any], Image.Image | None, Image.Image | None]:
+        """``find_duplicates`` of the current state at ``threshold``, the picture of its groups and, for ``auto``
+        (verified copies, the verification calibrated once per state), the picture of its similar pairs that are not
+        copies (None for a cosine: its groups are not verified)."""
         with self.service.acquire() as state, self._lock:
             self._for(state)
             graph = self._graph_of(state)
             load = self.loader(state)
-            if threshold == "auto":
-                if self._calibration is None:
-                    self._calibration = calibrate_on_index(state.index, graph, load, state.embedder,
-                                                           APP_CALIBRATION_SAMPLE)
-                cut: float = self._calibration.threshold
-            else:
-                cut = float(threshold)
-            summary = find_duplicates(state.index, cut, graph=graph, max_groups=GROUPS_LISTED)
-            if threshold == "auto" and self._calibration is not None:
-                summary["calibration"] = self._calibration.to_dict()
-                summary |= advice(summary["calibration"], summary["groups"])  # its warning too
-            return summary, duplicates_picture(summary, load, background=picture_background(state.embedder))
+            background = picture_background(state.embedder)
+            if threshold != "auto":
+                summary = find_duplicates(state.index, float(threshold), graph=graph, max_groups=GROUPS_LISTED)
+                return summary, duplicates_picture(summary, load, background=background), None
+            if self._verification is None:
+                # the planted copies are embedded and compared once: each click then only checks the candidates
+                self._verification = calibrate_verification(state.index, graph, load, state.embedder,
+                                                            APP_CALIBRATION_SAMPLE, workers=APP_WORKERS)
+            summary = find_duplicates(state.index, "auto", graph=graph, load=load, embedder=state.embedder,
+                                      verification=self._verification, max_groups=GROUPS_LISTED,
+                                      workers=APP_WORKERS, max_pairs=APP_MAX_PAIRS)
+            return summary, copies_picture(summary, load, background), similar_picture(summary, load, background)
 
     def suspects(self) -> tuple[dict[str, Any] | None, Image.Image | None, str | None]:
         """``audit_index`` of the current state (once per state) and its picture; or why there is none."""

@@ -1,9 +1,11 @@
 """Galleries for the near-duplicate and label-audit tests: sklearn's digits as PNGs in one folder per class, copies of
 some planted beside them (``retrieval.index.curation.duplicates_threshold.plant_copies``: resized, re-encoded,
-recoloured), labels flipped by moving files into another class's folder, and the tiny ONNX model that embeds them."""
+recoloured), labels flipped by moving files into another class's folder, and the tiny ONNX model that embeds them;
+and photo-like product shots (Fashion-MNIST items, each in one colour on white) for the copy verification tests."""
 
 from __future__ import annotations
 
+import functools
 import shutil
 from pathlib import Path
 
@@ -41,6 +43,41 @@ def write_patterns(folder: Path, count: int, start: int = 0, size: int = 48, cla
         path.parent.mkdir(parents=True, exist_ok=True)
         small = np.random.default_rng(i).integers(0, 256, (4, 4, 3), dtype=np.uint8)
         Image.fromarray(small).resize((size, size), Image.Resampling.BICUBIC).save(path)
+        paths.append(path)
+    return paths
+
+
+def fashion_item(number: int, side: int = 128, hue: float | None = None) -> Image.Image:
+    """Fashion-MNIST test item ``number`` as a product shot: shaded in one colour (``hue`` in [0, 1), default a
+    seeded one) on white, upscaled to ``side`` px (RGB). Local Debian data: /usr/share/datasets/fashion-mnist."""
+    import colorsys
+
+    images, _ = _fashion()
+    item = images[number].astype(np.float64) / 255.0
+    hue = float(np.random.default_rng(number).uniform(0, 1)) if hue is None else hue
+    colour = np.asarray(colorsys.hsv_to_rgb(hue, 0.8, 0.9))
+    shaded = item[..., None] * colour * (0.3 + 0.7 * item[..., None])  # darker where the item is faint
+    rgb = 255.0 * (1.0 - item[..., None]) + 255.0 * shaded
+    return Image.fromarray(rgb.clip(0, 255).astype(np.uint8)).resize((side, side), Image.Resampling.BICUBIC)
+
+
+@functools.lru_cache(maxsize=1)
+def _fashion() -> tuple[np.ndarray, np.ndarray]:
+    """Fashion-MNIST's test part (images, labels), read once."""
+    from retrieval.data.builtin import read_fashion_mnist
+
+    return read_fashion_mnist(None, "t10k")
+
+
+def write_items(folder: Path, numbers: list[int], side: int = 128) -> list[Path]:
+    """Fashion-MNIST test items ``numbers`` as product shots (``fashion_item``) in
+    ``folder/<class>/f<number>.png``."""
+    _, labels = _fashion()
+    paths = []
+    for number in numbers:
+        path = folder / f"class{labels[number]}" / f"f{number:05d}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fashion_item(number, side).save(path)
         paths.append(path)
     return paths
 

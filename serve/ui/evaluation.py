@@ -47,6 +47,7 @@ DUPLICATES_SHOWN = 50
 PICTURE_HEIGHT = 420  # a run report's plot on the Evaluation tab, in pixels
 TALL_PICTURE_HEIGHT = 560  # the query grid (a row per query) and the embedding map with its legend
 FAILURE_COLUMNS = 10  # failure thumbnails per row
+SIMILAR_HEADING = "#### Similar, not copies — for a person to look at"
 
 
 def unexpected_markdown(title: str, exc: Exception) -> str:
@@ -234,41 +235,112 @@ class EvaluationTab:
         headers = ["skipped id", "its label", "file", "twin id (indexed)", "twin's label", "twin's file"]
         return text, gr.Accordion(visible=True), gr.Dataframe(value=rows, headers=headers)
 
-    def near_duplicates(self, threshold_text: str) -> tuple[str, Any, Any]:
-        """The served index's near-duplicate groups at the typed threshold (auto: calibrated on planted copies):
-        a sentence, a table (a row per image, its group's first image first) and the picture of the first groups."""
+    def near_duplicates(self, threshold_text: str) -> tuple[Any, ...]:
+        """The served index's near-duplicate groups at the typed threshold: for auto, copies verified pair by pair
+        (a sentence, a table of the groups, their picture, and the similar pairs that are not copies in a table and
+        a picture of their own); for a cosine, the groups at it, unverified (the similar pairs hidden)."""
         try:
-            summary, picture = self.curation.duplicates(parse_threshold(threshold_text))
+            summary, picture, pairs_picture = self.curation.duplicates(parse_threshold(threshold_text))
         except ThresholdError as exc:
-            return f"**{markdown_text(exc)}**", gr.Dataframe(value=None, visible=False), gr.Image(visible=False)
+            return f"**{markdown_text(exc)}**", *self.no_groups()
         except (ParameterError, QueryError) as exc:
-            return (f"**No near-duplicate groups:** {markdown_text(exc, MAX_ERROR_CHARS)}",
-                    gr.Dataframe(value=None, visible=False), gr.Image(visible=False))
+            return f"**No near-duplicate groups:** {markdown_text(exc, MAX_ERROR_CHARS)}", *self.no_groups()
         except Exception as exc:  # noqa: BLE001  (said on the page, not a bare "Error")
-            return (unexpected_markdown("No near-duplicate groups", exc), gr.Dataframe(value=None, visible=False),
-                    gr.Image(visible=False))
-        calibration = summary["calibration"]
-        how = (f"calibrated (auto) on {calibration['copies']} copies planted of {calibration['images']} gallery images "
-               f"(resized, re-encoded, cropped, recoloured): {percent(calibration['copy_recall'])} {METRIC_UNIT} of "
-               f"them reach it, and {percent(calibration['neighbour_share'])} {METRIC_UNIT} of those images' nearest "
-               "other image" if calibration else "as typed")
-        sampled = f" (a sample of {summary['images']} of {summary['indexed']})" if summary["sampled"] else ""
-        text = (f"**{summary['groups_found']} groups of near-duplicates** ({summary['copies_in_groups']} copies) among "
-                f"the indexed images{sampled}, linked where one is among the other's {summary['k']} nearest at cosine "
-                f"≥ **{summary['threshold']:.3f}** ({how}). The first of each group is the one indexed first.")
-        # the calibration's and the label-mixed groups' warnings, where people read before removing anything
+            return unexpected_markdown("No near-duplicate groups", exc), *self.no_groups()
+        verified = summary.get("mode") == "verified"
+        text = self.verified_text(summary) if verified else self.cosine_text(summary)
+        # the calibration's, the unfinished verification's and the label-mixed groups' warnings, where people read
+        # before removing anything
         text += "".join(f"\n\n**Warning:** {markdown_text(warning, MAX_ERROR_CHARS)}"
                         for warning in summary.get("warnings", []))
+        similar = self.similar_shown(summary, pairs_picture) if verified else self.no_groups()[2:]
         if not summary["groups_found"]:
-            return text, gr.Dataframe(value=None, visible=False), gr.Image(visible=False)
-        rows = [[number, ("kept" if position == 0 else "copy") + (" (labels differ)" if group.get("labels_mixed")
-                                                                    else ""), image_id, self.facts.label_text(label),
-                 shown_text(path or "(missing)", MAX_PATH_CHARS), "" if similarity is None else round(similarity, 4)]
-                for number, group in enumerate(summary["groups"], 1)
-                for position, (image_id, path, label, similarity) in enumerate(
-                    zip(group["ids"], group["paths"], group["labels"], group["similarities"], strict=True))]
-        headers = ["group", "role", "id", "label", "file", "cosine to the first"]
+            return text, gr.Dataframe(value=None, visible=False), gr.Image(visible=False), *similar
+        label = self.facts.label_text
+        rows, headers = [], ["group", "role", "id", "label", "file", "cosine to the first"]
+        for number, group in enumerate(summary["groups"], 1):
+            checks = [None, *group.get("checks", [])]  # the kept image is not compared with itself
+            for position, (image_id, path, image_label, similarity) in enumerate(
+                    zip(group["ids"], group["paths"], group["labels"], group["similarities"], strict=True)):
+                role = ("kept" if position == 0 else "copy") + (" (labels differ)" if group.get("labels_mixed")
+                                                                else "")
+                row = [number, role, image_id, label(image_label), shown_text(path or "(missing)", MAX_PATH_CHARS),
+                       "" if similarity is None else round(similarity, 4)]
+                if verified:
+                    check = checks[position] if position < len(checks) else None
+                    row += ["" if check is None else check["inliers"],
+                            "" if check is None else round(check["correlation"], 3),
+                            group["estimated_precision"] if position == 0 else ""]  # the group's, on its first row
+                rows.append(row)
+        if verified:
+            headers += ["features agreeing (inliers)", "aligned correlation", "estimated precision (group)"]
         return (text, gr.Dataframe(value=rows, headers=headers, visible=True),
+                gr.Image(value=picture, visible=picture is not None), *similar)
+
+    @staticmethod
+    def no_groups() -> tuple[Any, ...]:
+        """The groups' table and picture and the similar pairs' text, table and picture, hidden."""
+        return (gr.Dataframe(value=None, visible=False), gr.Image(visible=False), gr.update(value="", visible=False),
+                gr.Dataframe(value=None, visible=False), gr.Image(visible=False))
+
+    @staticmethod
+    def verified_text(summary: dict[str, Any]) -> str:
+        """What the verified groups are, how many candidate pairs were checked at which cosine, and how the
+        verification did on the copies it planted."""
+        checked, calibration = summary["verification"], summary["calibration"]
+        rules = calibration["rules"]
+        sampled = f" (a sample of {summary['images']} of {summary['indexed']})" if summary["sampled"] else ""
+        of = f" of {checked['candidates']}" if checked["checked"] != checked["candidates"] else ""
+        distinct = calibration["distinct_pairs"] + calibration["colour_variants"]
+        trust = f" (estimated precision {checked['estimated_precision']:.2f})" \
+            if checked.get("estimated_precision") is not None else ""
+        return (f"**{summary['groups_found']} groups of verified copies** ({summary['copies_in_groups']} copies) "
+                f"among the indexed images{sampled}. {checked['checked']}{of} candidate pairs (one among the other's "
+                f"{summary['k']} nearest at cosine ≥ **{summary['threshold']:.3f}**) were checked in "
+                f"{checked['seconds']:.1f} s and {checked['verified']} verified as copies{trust}: at least "
+                f"{rules['min_inliers']} local features agreeing under one transform, the aligned content correlating "
+                f"at {rules['correlation']:.2f} or more and colours within {rules['colour_mismatch']:.0f}° of hue. "
+                f"The verification was calibrated (auto) on {calibration['copies']} copies planted of "
+                f"{calibration['images']} gallery images: {percent(calibration['copy_recall'])} {METRIC_UNIT} of them "
+                f"found and verified, and {calibration['false_verified']} of {distinct} distinct pairs (nearest "
+                "distinct images, colour variants) wrongly verified. The first of each group is the one indexed "
+                "first, and the one kept; the estimated precision is the chance that every copy of the group is one.")
+
+    @staticmethod
+    def cosine_text(summary: dict[str, Any]) -> str:
+        """The groups at a typed cosine, said to be unverified."""
+        sampled = f" (a sample of {summary['images']} of {summary['indexed']})" if summary["sampled"] else ""
+        return (f"**{summary['groups_found']} groups of near-duplicates** ({summary['copies_in_groups']} copies) among "
+                f"the indexed images{sampled}, linked where one is among the other's {summary['k']} nearest at cosine "
+                f"≥ **{summary['threshold']:.3f}** (as typed). The first of each group is the one indexed first. "
+                "These groups are **not verified** as copies: alike images (colour variants, other products) group "
+                "too; type auto to have each pair verified.")
+
+    def similar_shown(self, summary: dict[str, Any], picture: Image.Image | None) -> tuple[Any, Any, Any]:
+        """The candidate pairs not verified as copies: a sentence, a table (ids, labels, files, cosine, why not a
+        copy, what was measured) and their picture; hidden when there are none."""
+        found, pairs = summary.get("similar_found", 0), summary.get("similar", [])
+        if not found:
+            return (gr.update(value="", visible=False), gr.Dataframe(value=None, visible=False),
+                    gr.Image(visible=False))
+        shown = f" (the {len(pairs)} of highest cosine in the table)" if found > len(pairs) else ""
+        text = (f"{SIMILAR_HEADING}\n\n**{found} candidate pairs are similar but not copies**{shown}: alike to the "
+                "model, yet the verification found no copy between them (another product, a colour variant, or an "
+                "image too plain for local features to match). Never proposed for removal.")
+        label = self.facts.label_text
+
+        def measured(check: dict[str, Any] | None, key: str) -> Any:
+            if check is None or (key == "correlation" and check["scale"] is None):
+                return ""  # an unreadable image, or nothing aligned: no correlation was measured
+            return check[key] if key == "inliers" else round(check[key], 3)
+
+        rows = [[pair["ids"][0], label(pair["labels"][0]), shown_text(pair["paths"][0] or "(missing)", MAX_PATH_CHARS),
+                 pair["ids"][1], label(pair["labels"][1]), shown_text(pair["paths"][1] or "(missing)", MAX_PATH_CHARS),
+                 pair["cosine"], pair["reason"] or "", measured(pair["check"], "inliers"),
+                 measured(pair["check"], "correlation")] for pair in pairs]
+        headers = ["id", "label", "file", "other id", "its label", "its file", "cosine", "why not a copy",
+                   "features agreeing (inliers)", "aligned correlation"]
+        return (gr.update(value=text, visible=True), gr.Dataframe(value=rows, headers=headers, visible=True),
                 gr.Image(value=picture, visible=picture is not None))
 
     def label_suspects(self) -> tuple[str, Any, Any]:
@@ -342,22 +414,30 @@ class EvaluationTab:
                           elem_id="duplicates") as duplicates_fold:
             duplicates_table = gr.Dataframe(interactive=False, elem_id="duplicates-table")
         # computed when asked for (bounded, kept for the state served): copies that differ in bytes, wrong labels
-        gr.Markdown("### Near-duplicate groups (copies resized, re-encoded, cropped or recoloured)")
+        gr.Markdown("### Near-duplicate groups: verified copies (the same picture cropped, scaled, re-encoded, "
+                    "brightened or slightly turned; colour variants are not copies)")
         with gr.Row():
-            near_threshold = gr.Textbox(value="auto", label="Threshold: a cosine, or auto (calibrated on copies the "
-                                        "app plants of gallery images)", scale=3, elem_id="near-duplicates-threshold")
+            near_threshold = gr.Textbox(value="auto", label="Threshold: auto (each pair verified as a copy, calibrated "
+                                        "on copies the app plants of gallery images), or a cosine (groups by cosine "
+                                        "alone, unverified)", scale=3, elem_id="near-duplicates-threshold")
             near_button = gr.Button("Find near-duplicates", scale=1, elem_id="near-duplicates-button")
         near_text = gr.Markdown(elem_id="near-duplicates-summary", latex_delimiters=NO_LATEX)
         near_table = gr.Dataframe(interactive=False, visible=False, elem_id="near-duplicates-table")
         near_picture = gr.Image(show_label=False, type="pil", interactive=False, visible=False,
                                 height=TALL_PICTURE_HEIGHT, elem_id="near-duplicates-picture")
+        # the candidates that failed the verification: alike, not copies; people judge them, nothing removes them
+        similar_text = gr.Markdown(visible=False, elem_id="near-similar-summary", latex_delimiters=NO_LATEX)
+        similar_table = gr.Dataframe(interactive=False, visible=False, elem_id="near-similar-table")
+        similar_picture = gr.Image(show_label=False, type="pil", interactive=False, visible=False,
+                                   height=TALL_PICTURE_HEIGHT, elem_id="near-similar-picture")
         gr.Markdown("### Label suspects (labels their neighbours disagree with)")
         audit_button = gr.Button("Audit the labels", elem_id="label-audit-button")
         audit_text = gr.Markdown(elem_id="label-audit-summary", latex_delimiters=NO_LATEX)
         audit_table = gr.Dataframe(interactive=False, visible=False, elem_id="label-audit-table")
         audit_picture = gr.Image(show_label=False, type="pil", interactive=False, visible=False,
                                  height=TALL_PICTURE_HEIGHT, elem_id="label-audit-picture")
-        near_button.click(self.near_duplicates, [near_threshold], [near_text, near_table, near_picture],
+        near_button.click(self.near_duplicates, [near_threshold],
+                          [near_text, near_table, near_picture, similar_text, similar_table, similar_picture],
                           api_name=False)
         audit_button.click(self.label_suspects, None, [audit_text, audit_table, audit_picture], api_name=False)
         outputs = [summary, metrics, picture_tabs, *tabs, *images, map_note]

@@ -1,6 +1,6 @@
 """Near-duplicate groups through each image's nearest neighbours: planted copies are grouped with their original and
-unrelated images are not, a group bigger than k is found whole, `auto` calibrates on planted copies, the command's
-JSON and picture, and `index add` reports or skips new images that copy indexed ones."""
+unrelated images are not, a group bigger than k is found whole, `auto` without verification calibrates a cosine on
+planted copies, the command's JSON and picture, and `index add` reports or skips new images that copy indexed ones."""
 
 from __future__ import annotations
 
@@ -121,16 +121,14 @@ def planted_index(tmp_path_factory):
     return root / "index", model, {str(k.resolve()): {str(p.resolve()) for p in v} for k, v in copies.items()}
 
 
-def test_index_duplicates_finds_the_planted_copies_and_nothing_else(planted_index, tmp_path):
+def test_auto_unverified_finds_the_planted_copies_and_nothing_else(planted_index):
+    """``auto`` without verification: the cosine calibrated on planted copies groups exactly the planted ones."""
     index_dir, _, planted = planted_index
-    picture = tmp_path / "groups.png"
-    result = CliRunner().invoke(main, ["index", "duplicates", str(index_dir), "--threshold", "auto", "--json",
-                                       "--calibration-sample", "20", "--out", str(picture)])
-    assert result.exit_code == 0, result.output
-    summary = json.loads(result.output)
     with Index.open(index_dir) as index:
+        summary = find_duplicates(index, "auto", calibration_sample=20, verify=False)
         path_of = {index.public_path(row["path"]): row["path"] for row in index.indexed_rows(index.ids.tolist())
                    .values()}
+    assert summary["mode"] == "cosine" and "similar" not in summary
     found = {path_of[group["paths"][0]]: {path_of[p] for p in group["paths"][1:]} for group in summary["groups"]}
     assert found == planted  # each original kept first, its copies after it; no other image in any group
     assert summary["groups_found"] == 8 and summary["copies_in_groups"] == 8 * len(PIXEL_KINDS)
@@ -143,6 +141,20 @@ def test_index_duplicates_finds_the_planted_copies_and_nothing_else(planted_inde
     assert calibration["recall_by_kind"]["resized"] == calibration["recall_by_kind"]["jpeg"] == 1.0
     # the images whose nearest other image reaches it: exactly the 24 in the planted groups
     assert calibration["neighbour_share"] == pytest.approx(24 / 76, abs=1e-4)
+
+
+def test_index_duplicates_json_lists_the_groups_and_draws_them(planted_index, tmp_path):
+    index_dir, _, planted = planted_index
+    picture = tmp_path / "groups.png"
+    result = CliRunner().invoke(main, ["index", "duplicates", str(index_dir), "--threshold", "0.97", "--json",
+                                       "--out", str(picture)])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    with Index.open(index_dir) as index:
+        path_of = {index.public_path(row["path"]): row["path"] for row in index.indexed_rows(index.ids.tolist())
+                   .values()}
+    found = {path_of[group["paths"][0]]: {path_of[p] for p in group["paths"][1:]} for group in summary["groups"]}
+    assert found == planted and summary["threshold"] == 0.97 and summary["calibration"] is None
     assert summary["picture"] == str(picture) and Image.open(picture).size[0] > 300
 
 
@@ -152,7 +164,7 @@ def test_index_duplicates_for_people_ends_with_the_removal_of_the_copies(planted
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert lines[0].startswith("8 groups of near-duplicates (16 copies) among 76 indexed images at cosine >= 0.970 "
-                               "(as given)")
+                               "(as given")
     assert lines[-1].startswith(f"next: retrieval index remove {index_dir} --ids ")
     assert len(lines[-1].split("--ids ")[1].split()[0].split(",")) == 16
     bad = CliRunner().invoke(main, ["index", "duplicates", str(index_dir), "--threshold", "1.5"])

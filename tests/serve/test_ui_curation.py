@@ -1,5 +1,7 @@
-"""The Evaluation tab's near-duplicate groups and label suspects of the served index: planted copies found, flipped
-labels at the top, the paths the API shows, a bad threshold answered in place, and each computed once per state."""
+"""The Evaluation tab's near-duplicate groups and label suspects of the served index: auto verifies the planted copies
+(a precision per group, the features and correlation per copy) and lists the candidates that are not copies with the
+reason, a typed cosine gives the unverified groups, the paths the API shows, a bad threshold answered in place, and
+the verification calibrated once per state."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import pytest
 from planted import flip, plant, projection_model, write_digits
 
 from retrieval.index import IngestOptions, build_index
+from retrieval.serve import curation_view
 from retrieval.serve.curation_view import ThresholdError, parse_threshold
 from retrieval.serve.service import SearchService
 from retrieval.serve.ui.evaluation import EvaluationTab
@@ -35,28 +38,102 @@ def test_the_threshold_box_takes_auto_or_a_cosine():
             parse_threshold(bad)
 
 
-def test_near_duplicate_groups_are_the_planted_copies(curated):
+def groups_of(rows: list[list], columns: int) -> dict[int, list[list]]:
+    """The table's rows by group number, each of ``columns`` cells, with the API's relative paths and digit labels."""
+    groups: dict[int, list[list]] = {}
+    for row in rows:
+        assert len(row) == columns, row
+        path, label = row[4], row[3]
+        assert "/" in path and not path.startswith("/") and label.isdigit(), row  # the API's relative paths
+        groups.setdefault(row[0], []).append(row)
+    return groups
+
+
+def name(path: str) -> str:
+    return path.rsplit("/", 1)[1]
+
+
+def test_a_typed_cosine_gives_the_unverified_groups(curated):
     service, planted, _ = curated
     tab = EvaluationTab(service, None)
-    text, table, picture = tab.near_duplicates("0.997")
+    text, table, picture, similar_text, similar_table, similar_picture = tab.near_duplicates("0.997")
     assert "**4 groups of near-duplicates** (8 copies)" in text and "(as typed)" in text
-    rows = table.constructor_args["value"]
-    groups = {}
-    for group, role, _, label, path, similarity in rows:
-        groups.setdefault(group, []).append((role, path.rsplit("/", 1)[1], similarity))
-        assert "/" in path and not path.startswith("/") and label.isdigit()  # the API's relative paths
-    found = {members[0][1]: {name for _, name, _ in members[1:]} for members in groups.values()}
+    assert "**not verified** as copies" in text
+    assert table.constructor_args["headers"][-1] == "cosine to the first"  # no verification columns
+    groups = groups_of(table.constructor_args["value"], 6)
+    found = {name(members[0][4]): {name(row[4]) for row in members[1:]} for members in groups.values()}
     assert found == planted
-    assert all(members[0][0] == "kept" and members[0][2] == pytest.approx(1.0) for members in groups.values())
+    assert all(members[0][1] == "kept" and members[0][5] == pytest.approx(1.0) for members in groups.values())
     assert picture.constructor_args["visible"] is True and picture.constructor_args["value"].size[0] > 300
-    auto_text, auto_table, _ = tab.near_duplicates("auto")
-    assert "calibrated (auto) on 200 copies planted of 50 gallery images" in auto_text
-    assert tab.curation._calibration is not None  # kept for this state: a second click embeds nothing
-    calibration = tab.curation._calibration
+    # nothing was verified, so there are no "similar, not copies" pairs to show
+    assert similar_text["visible"] is False and similar_table.constructor_args["visible"] is False
+    assert similar_picture.constructor_args["visible"] is False
+    assert tab.curation._verification is None  # a typed cosine plants nothing
+    bad, hidden, *rest = tab.near_duplicates("very")
+    assert "auto or a cosine" in bad and hidden.constructor_args["visible"] is False and len(rest) == 4
+
+
+REASONS = {"no geometric agreement", "no plausible alignment", "content differs", "colours differ", "unreadable image"}
+
+
+def test_auto_verifies_the_planted_copies_and_lists_the_similar_pairs_apart(curated, monkeypatch):
+    service, planted, _ = curated
+    tab = EvaluationTab(service, None)
+    real_calibrate, real_find = curation_view.calibrate_verification, curation_view.find_duplicates
+    calibrations, calls, summaries = [], [], []
+
+    def calibrate(*args, **kwargs):
+        calibrations.append(real_calibrate(*args, **kwargs))
+        return calibrations[-1]
+
+    def find(*args, **kwargs):  # a later click answers the first's summary: what it is given is the point
+        calls.append(kwargs)
+        if not summaries:
+            summaries.append(real_find(*args, **kwargs))
+        return summaries[0]
+
+    monkeypatch.setattr(curation_view, "calibrate_verification", calibrate)
+    monkeypatch.setattr(curation_view, "find_duplicates", find)
+    text, table, picture, similar_text, similar_table, similar_picture = tab.near_duplicates("auto")
+    assert len(calibrations) == 1 and calls[0]["verification"] is calibrations[0]
+    rules = calibrations[0].rules
+    assert "groups of verified copies**" in text and "candidate pairs (one among the other's 10 nearest" in text
+    assert f"cosine ≥ **{calibrations[0].candidate_cosine:.3f}**" in text
+    assert "calibrated (auto) on 250 copies planted of 50 gallery images" in text
+    assert "% of them found and verified" in text and "wrongly verified" in text
+    headers = table.constructor_args["headers"]
+    assert headers[-3:] == ["features agreeing (inliers)", "aligned correlation", "estimated precision (group)"]
+    groups = groups_of(table.constructor_args["value"], 9)
+    assert groups, text  # digits other than the plain 1s keep enough features for their copies to verify
+    members_of = [{name(row[4]) for row in members} for members in groups.values()]
+    for members in groups.values():
+        kept, copies = members[0], members[1:]
+        # a verified group is one planted original, kept first, and copies of it: never two distinct digits
+        assert kept[1] == "kept" and name(kept[4]) in planted, members
+        assert copies and {name(row[4]) for row in copies} <= planted[name(kept[4])], members
+        assert 0 < kept[8] <= 1 and kept[6] == kept[7] == ""  # the group's precision; the first is not compared
+        for row in copies:
+            assert row[1] == "copy" and row[6] >= rules.min_inliers and row[7] >= rules.correlation, row
+            assert row[8] == ""
+    assert picture.constructor_args["visible"] is True and picture.constructor_args["value"].size[0] > 300
+    # the candidates that failed: a table of pairs with the reason, highest cosine first, none inside a group
+    assert similar_text["visible"] is True and "Similar, not copies — for a person to look at" in similar_text["value"]
+    assert "candidate pairs are similar but not copies**" in similar_text["value"]
+    pairs = similar_table.constructor_args["value"]
+    assert pairs and all(len(pair) == 10 and pair[7] in REASONS for pair in pairs)
+    assert [pair[6] for pair in pairs] == sorted((pair[6] for pair in pairs), reverse=True)
+    listed = {frozenset((name(pair[2]), name(pair[5]))) for pair in pairs}
+    assert not any(pair <= members for pair in listed for members in members_of)
+    # every planted copy is accounted for: verified with its original, or shown to a person beside it
+    for original, copies in planted.items():
+        for copy in copies:
+            together = any({original, copy} <= members for members in members_of)
+            assert together or frozenset((original, copy)) in listed, (original, copy)
+    assert similar_picture.constructor_args["visible"] is True
+    # a second click checks the candidates again with the calibration kept for this state: nothing planted again
     tab.near_duplicates("auto")
-    assert tab.curation._calibration is calibration
-    bad, hidden, _ = tab.near_duplicates("very")
-    assert "auto or a cosine" in bad and hidden.constructor_args["visible"] is False
+    assert len(calibrations) == 1 and len(calls) == 2 and calls[1]["verification"] is calibrations[0]
+    assert tab.curation._verification is calibrations[0]
 
 
 def test_label_suspects_rank_the_flipped_images_first(curated):

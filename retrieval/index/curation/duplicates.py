@@ -1,6 +1,11 @@
-"""The near-duplicate summary of an index (``retrieval index duplicates``, the app's view): the groups found at a
-threshold, given or calibrated (``duplicates_threshold``), cut around their first image (``linked_groups``), listed
-with their paths and labels, and the removal it proposes with its warnings.
+"""The near-duplicate summary of an index (``retrieval index duplicates``, the app's view), listed with paths and
+labels, and the removal it proposes with its warnings.
+
+By default (``threshold="auto"``) the groups are verified copies (``copy_verification``): candidates above a loose
+cosine, each pair checked by local features, aligned content and colour, grouped without chaining; the candidates
+that fail are listed apart as "similar, not copies". A cosine given as ``threshold`` (or ``verify=False``, which
+calibrates one: ``duplicates_threshold``) groups by that cosine alone, cut around each group's first image
+(``linked_groups``).
 """
 
 from __future__ import annotations
@@ -13,8 +18,21 @@ from PIL import Image
 
 from retrieval.errors import ParameterError
 from retrieval.index.curation.catalogued_images import catalogued_image_loader
+from retrieval.index.curation.copy_verification import (
+    MAX_PAIRS,
+    CheckedPair,
+    CopyGroup,
+    FeatureCache,
+    VerificationCalibration,
+    calibrate_verification,
+    check_workers,
+    copy_groups,
+    group_precision,
+    pair_checker,
+    verify_pairs,
+)
 from retrieval.index.curation.duplicates_threshold import CALIBRATION_SAMPLE, calibrate_on_index
-from retrieval.index.curation.linked_groups import DuplicateGroup, duplicate_groups, split_around_first
+from retrieval.index.curation.linked_groups import DuplicateGroup, duplicate_groups, duplicate_links, split_around_first
 from retrieval.index.curation.neighbour_graph import NeighbourGraph, index_graph, stored_vectors
 from retrieval.index.query_embedder import ImageEmbedder
 from retrieval.index.search import Index
@@ -24,6 +42,7 @@ MAX_MEMBERS_SHOWN = 20  # images listed per group; its size counts all
 # linked images whose vectors are read to cut chained groups around their first image (200,000 x 512 floats: 400 MB);
 # beyond, the groups are left as linked and the summary says so
 MAX_SPLIT_IMAGES = 200_000
+VERIFY_SAMPLE = 50  # gallery images whose planted copies calibrate the verification (5 copies and 1 variant each)
 
 
 def group_summaries(index: Index, groups: Sequence[DuplicateGroup], max_groups: int = MAX_GROUPS_SHOWN,
@@ -60,20 +79,28 @@ def group_summaries(index: Index, groups: Sequence[DuplicateGroup], max_groups: 
 
 def find_duplicates(index: Index, threshold: float | str = "auto", k: int = 10,
                     load: Callable[[int], Image.Image | None] | None = None, embedder: ImageEmbedder | None = None,
-                    calibration_sample: int = CALIBRATION_SAMPLE, max_images: int | None = None,
+                    calibration_sample: int | None = None, max_images: int | None = None,
                     max_groups: int = MAX_GROUPS_SHOWN, max_members: int = MAX_MEMBERS_SHOWN, seed: int = 0,
-                    graph: NeighbourGraph | None = None) -> dict[str, Any]:
+                    graph: NeighbourGraph | None = None, verify: bool = True, workers: int = 2,
+                    progress: bool = False, verification: VerificationCalibration | None = None,
+                    max_pairs: int = MAX_PAIRS) -> dict[str, Any]:
     """The near-duplicate groups of an index as a JSON-able summary (``groups``: the largest ``max_groups``).
-    ``threshold`` "auto" calibrates on planted copies (``calibrate_on_index``: ``load`` reads an image, default its
-    catalogued file; ``embedder`` default the index's model). ``max_images``: search a seeded sample only (each
-    sampled image's copies are found among all indexed images). ``graph``: one already computed with ``k``."""
+    ``threshold`` "auto" with ``verify``: verified copies (``find_copies``); "auto" without: a cosine calibrated on
+    planted copies (``calibrate_on_index``); a cosine: the groups at it. ``load`` reads an image (default its
+    catalogued file); ``embedder`` embeds planted copies (default the index's model); ``calibration_sample``: images
+    copies are planted of; ``max_images``: search a seeded sample only; ``graph``: one already computed with
+    ``k``."""
     if isinstance(threshold, str) and threshold != "auto":
         raise ParameterError("threshold", f"must be a cosine in [-1, 1] or auto, got {threshold!r}")
     graph = graph if graph is not None else index_graph(index, k, max_images, seed)
+    load = load or catalogued_image_loader(index)
+    if threshold == "auto" and verify:
+        return find_copies(index, graph, load, embedder, calibration_sample or VERIFY_SAMPLE, max_groups,
+                           max_members, seed, workers, progress, verification, max_pairs)
     calibration = None
     if threshold == "auto":
-        calibration = calibrate_on_index(index, graph, load or catalogued_image_loader(index),
-                                         embedder or index.embedder, calibration_sample, seed)
+        calibration = calibrate_on_index(index, graph, load, embedder or index.embedder,
+                                         calibration_sample or CALIBRATION_SAMPLE, seed)
         threshold = calibration.threshold
     groups = duplicate_groups(graph, float(threshold))
     linked = np.unique(np.concatenate([g.ids for g in groups])) if groups else np.zeros(0, np.int64)
@@ -81,25 +108,112 @@ def find_duplicates(index: Index, threshold: float | str = "auto", k: int = 10,
     if split and len(linked):
         ids, vectors = stored_vectors(index, linked)
         groups = split_around_first(groups, dict(zip(ids.tolist(), vectors, strict=True)), float(threshold))
-    counts = index.catalogue.counts()
     listed = group_summaries(index, groups, max_groups, max_members)
     calibrated = calibration.to_dict() if calibration is not None else None
     return {
-        "index_dir": str(index.layout.root),
-        "images": int(len(graph.ids)),
-        "indexed": len(index),
-        "sampled": graph.sampled,
-        "k": graph.k,
-        "search": graph.search,
+        **_counts(index, graph),
+        "mode": "cosine",
         "threshold": float(threshold),
         "calibration": calibrated,
         "split": split,  # groups cut around their first image (False: left as linked, too many images)
         "groups_found": len(groups),
         "images_in_groups": int(sum(len(g.ids) for g in groups)),
         "copies_in_groups": int(sum(len(g.ids) - 1 for g in groups)),
-        "exact_duplicates": int(counts.get("duplicate", 0)),  # same bytes: skipped when indexed, never searched
         "groups": listed,
     } | advice(calibrated, listed)
+
+
+def _counts(index: Index, graph: NeighbourGraph) -> dict[str, Any]:
+    return {"index_dir": str(index.layout.root), "images": int(len(graph.ids)), "indexed": len(index),
+            "sampled": graph.sampled, "k": graph.k, "search": graph.search,
+            # same bytes: skipped when indexed, never searched
+            "exact_duplicates": int(index.catalogue.counts().get("duplicate", 0))}
+
+
+def find_copies(index: Index, graph: NeighbourGraph, load: Callable[[int], Image.Image | None],
+                embedder: ImageEmbedder | None = None, calibration_sample: int = VERIFY_SAMPLE,
+                max_groups: int = MAX_GROUPS_SHOWN, max_members: int = MAX_MEMBERS_SHOWN, seed: int = 0,
+                workers: int = 2, progress: bool = False, calibration: VerificationCalibration | None = None,
+                max_pairs: int = MAX_PAIRS) -> dict[str, Any]:
+    """Verified copy groups of the graph's images: candidates at the calibrated loose cosine, each pair verified
+    (``verify_pairs``), grouped without chaining (``copy_groups``), each group with its estimated precision; the
+    candidates that fail are ``similar`` (with the reason). ``calibration``: one already made for this graph;
+    ``max_pairs``: the most candidate pairs compared (the first ones by id; the summary says when it stopped)."""
+    workers = check_workers(workers)
+    embedder = embedder or index.embedder
+    if calibration is None:
+        calibration = calibrate_verification(index, graph, load, embedder, calibration_sample, seed, workers)
+    first, second, cosines = duplicate_links(graph, calibration.candidate_cosine)
+    features = FeatureCache(load, embedder.preprocessing.background)
+    checked = verify_pairs(first, second, cosines, features, calibration.rules, workers, progress, max_pairs)
+    cosine_of = _cosine_lookup(index)
+    groups = copy_groups(checked.pairs, pair_checker(features, calibration.rules, cosine_of))
+    verified_pairs = sum(p.verified for p in checked.pairs)
+    # the share of candidates that are copies, as verified: what the precision's prior is read from
+    copy_share = verified_pairs / max(1, len(checked.pairs))
+    listed = group_summaries(index, [_as_linked(g) for g in groups], max_groups, max_members)
+    for summary, group in zip(listed, groups, strict=False):
+        summary["verified"] = True
+        summary["estimated_precision"] = round(group_precision(group, calibration, copy_share), 3)
+        summary["checks"] = [p.comparison.to_dict() if p.comparison is not None else None
+                             for p in group.pairs[:max_members - 1]]
+    grouped = {int(i): n for n, g in enumerate(groups) for i in g.ids}
+    similar = [p for p in checked.pairs if not p.verified and
+               not (p.first in grouped and grouped.get(p.first) == grouped.get(p.second))]
+    similar.sort(key=lambda p: (-p.cosine, p.first, p.second))
+    calibrated = calibration.to_dict()
+    verification = {"candidates": checked.candidates, "checked": len(checked.pairs), "verified": verified_pairs,
+                    "seconds": round(checked.seconds, 2), "pairs_per_second": round(checked.pairs_per_second, 1),
+                    "images_read": features.computed, "workers": workers, "complete": checked.complete,
+                    "stopped_because": checked.stopped_because,
+                    "estimated_precision": round(calibration.precision(copy_share), 3),
+                    # distinct pairs among the candidates the calibration's false rate would verify
+                    "expected_false_pairs": round(calibration.false_rate * (len(checked.pairs) - verified_pairs), 1)}
+    summary = {
+        **_counts(index, graph),
+        "mode": "verified",
+        "threshold": calibration.candidate_cosine,  # the candidates' cosine; each pair is then verified
+        "calibration": calibrated,
+        "verification": verification,
+        "split": True,
+        "groups_found": len(groups),
+        "images_in_groups": int(sum(len(g.ids) for g in groups)),
+        "copies_in_groups": int(sum(len(g.ids) - 1 for g in groups)),
+        "groups": listed,
+        "similar_found": len(similar),
+        "similar": similar_summaries(index, similar[:max_groups]),
+    } | advice(calibrated, listed)
+    if not checked.complete:
+        summary["warnings"].insert(0, f"verification not finished ({checked.stopped_because}): the groups come from "
+                                      "the pairs checked; run it again for the rest")
+    return summary
+
+
+def _as_linked(group: CopyGroup) -> DuplicateGroup:
+    return DuplicateGroup(group.ids, [(p.first, p.second, p.cosine) for p in group.pairs])
+
+
+def _cosine_lookup(index: Index) -> Callable[[int, int], float]:
+    def cosine(a: int, b: int) -> float:
+        ids, vectors = stored_vectors(index, np.asarray([a, b], np.int64))
+        return float(vectors[0] @ vectors[1]) if len(ids) == 2 else float("nan")
+
+    return cosine
+
+
+def similar_summaries(index: Index, pairs: Sequence[CheckedPair]) -> list[dict[str, Any]]:
+    """Candidate pairs that were not verified as copies, as JSON: ids, paths, labels, cosine, why not, and what the
+    comparison measured."""
+    wanted = sorted({i for p in pairs for i in (p.first, p.second)})
+    rows = index.indexed_rows(wanted)
+    out = []
+    for pair in pairs:
+        ids = [pair.first, pair.second]
+        out.append({"ids": ids, "paths": [index.public_path(rows[i]["path"]) if i in rows else None for i in ids],
+                    "labels": [rows[i]["label"] if i in rows else None for i in ids],
+                    "cosine": round(pair.cosine, 4), "reason": pair.reason,
+                    "check": pair.comparison.to_dict() if pair.comparison is not None else None})
+    return out
 
 
 def advice(calibration: dict[str, Any] | None, groups: Sequence[dict[str, Any]]) -> dict[str, Any]:
