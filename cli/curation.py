@@ -28,7 +28,8 @@ MEMBERS_SHOWN = 6  # images printed per group
 @dataclass(frozen=True)
 class CurationOptions:
     """The options of the curation commands, declared once (docs/INDEX.md's table, with the gallery commands'); they
-    share ``IndexOptions``' --json and --workers, and training's --label-noise."""
+    share ``IndexOptions``' --json and the audit's --workers (decoding threads), and training's --label-noise;
+    `index duplicates` has its own --workers (verification threads)."""
 
     threshold: float | str = option(
         "auto", "near-duplicates", "auto: each image's neighbours above a loose cosine are candidates, and each pair "
@@ -119,7 +120,7 @@ def duplicates_command(index_dir, threshold, k, model, calibration_sample, max_g
     each pair verified; alike images that are not copies (colour variants, other products) are listed apart. The
     first of each group is the one indexed first, and the one kept. Ctrl-C stops the verification and lists what was
     verified."""
-    from retrieval.analysis.neighbour_pictures import duplicates_picture
+    from retrieval.analysis.neighbour_pictures import copies_picture, duplicates_picture
     from retrieval.index.curation.catalogued_images import catalogued_image_loader, index_picture_background
     from retrieval.index.curation.duplicates import find_duplicates
 
@@ -127,7 +128,8 @@ def duplicates_command(index_dir, threshold, k, model, calibration_sample, max_g
         summary = find_duplicates(index, threshold, k=k, calibration_sample=calibration_sample,
                                   max_groups=max_groups, workers=workers, progress=not as_json)
         load = catalogued_image_loader(index)
-        picture = duplicates_picture(summary, load, background=index_picture_background(index)) if png else None
+        draw = copies_picture if summary.get("mode") == "verified" else duplicates_picture
+        picture = draw(summary, load, background=index_picture_background(index)) if png else None
         summary["picture"] = _save(picture, png)
     if as_json:
         click.echo(json.dumps(summary, indent=2))

@@ -9,27 +9,17 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from PIL import Image
 
-from retrieval.analysis.neighbour_pictures import (
-    COPY,
-    KEPT,
-    OTHER,
-    PICTURE_COLUMNS,
-    PICTURE_ROWS,
-    Tile,
-    draw_rows,
-    duplicates_picture,
-    suspects_picture,
-)
+from retrieval.analysis.neighbour_pictures import copies_picture, duplicates_picture, similar_picture, suspects_picture
 from retrieval.data.decode import read_image
 from retrieval.errors import ParameterError
 from retrieval.index.curation.audit import audit_index
 from retrieval.index.curation.catalogued_images import picture_background
-from retrieval.index.curation.copy_verification import VerificationCalibration, calibrate_verification
+from retrieval.index.curation.copy_calibration import VerificationCalibration, calibrate_verification
 from retrieval.index.curation.duplicates import find_duplicates
 from retrieval.index.curation.neighbour_graph import NeighbourGraph, index_graph
 from retrieval.serve.service import SearchService, ServedIndex
@@ -37,12 +27,11 @@ from retrieval.serve.service import SearchService, ServedIndex
 APP_MAX_IMAGES = 20_000  # images searched: about 30 s on 2 cores at 1M vectors (docs/BENCHMARKS.md)
 APP_K = 10
 APP_CALIBRATION_SAMPLE = 50  # auto embeds 5 copies of each with the served model and compares them
-# candidate pairs a click compares at most: about 2 minutes at 50 pairs/s on 2 cores (docs/BENCHMARKS.md, "Copy
+# candidate pairs a click compares at most: about a minute at 100 pairs/s on 2 cores (docs/BENCHMARKS.md, "Copy
 # verification"); the page says when the verification stopped there, and `retrieval index duplicates` does them all
 APP_MAX_PAIRS = 6_000
 APP_WORKERS = 2  # threads comparing pairs (OpenCV releases the GIL): the server's other requests keep the rest
 GROUPS_LISTED = 100  # also the similar pairs listed
-PAIRS_DRAWN = 16  # similar pairs in their picture, two a row
 SUSPECTS_LISTED = 100
 Load = Callable[[int], Image.Image | None]
 
@@ -64,44 +53,6 @@ def parse_threshold(text: str | None) -> float | str:
         raise ThresholdError(f"the threshold is auto or a cosine between -1 and 1 (e.g. 0.95), not "
                              f"{(text or '')[:40]!r}")
     return value
-
-
-def copies_picture(summary: dict[str, Any], load: Load, background: Sequence[int]) -> Image.Image | None:
-    """The first verified groups of a ``find_copies`` summary, a row each: the image kept (blue), then its copies
-    (orange), each with its cosine to the first, the features agreeing and the aligned correlation."""
-    rows = []
-    for group in summary["groups"][:PICTURE_ROWS]:
-        checks = [None, *group.get("checks", [])]
-        tiles = []
-        for n, (image_id, similarity) in enumerate(zip(group["ids"], group["similarities"], strict=True)):
-            if n >= PICTURE_COLUMNS:
-                break
-            check = checks[n] if n < len(checks) else None
-            score = "?" if similarity is None else f"{similarity:.3f}"
-            # two lines, as the other pictures' captions: a third would run into the row above
-            caption = f"kept\nid {image_id}" if n == 0 else (
-                f"copy {score}, r {check['correlation']:.3f}\nid {image_id}, {check['inliers']} features" if check
-                else f"copy {score}\nid {image_id}")
-            tiles.append(Tile(image_id, caption, KEPT if n == 0 else COPY))
-        rows.append(tiles)
-    shown = min(len(summary["groups"]), PICTURE_ROWS)
-    # two lines at three columns: a longer title squeezes the rows of a picture of few groups into each other
-    title = (f"Verified copies: {shown} of {summary['groups_found']} groups, a row each (blue: kept, indexed first; "
-             "orange: its copies, cosine and aligned r)")
-    return draw_rows(rows, load, title, background)
-
-
-def similar_picture(summary: dict[str, Any], load: Load, background: Sequence[int]) -> Image.Image | None:
-    """The first candidate pairs not verified as copies, two a row (grey: neither is a copy of the other), each
-    with its cosine and why it is not a copy: what a person looks at."""
-    pairs = summary.get("similar", [])[:PAIRS_DRAWN]
-    tiles = [tile for n, pair in enumerate(pairs, 1) for tile in (
-        Tile(pair["ids"][0], f"pair {n}\nid {pair['ids'][0]}", OTHER),
-        Tile(pair["ids"][1], f"id {pair['ids'][1]}, cos {pair['cosine']:.3f}\n{pair['reason'] or ''}", OTHER))]
-    rows = [tiles[start:start + 4] for start in range(0, len(tiles), 4)]
-    title = (f"Similar, not copies: {len(pairs)} of {summary.get('similar_found', 0)} candidate pairs shown, highest "
-             "cosine first, two a row (each pair: its two images, their cosine and why they are not copies)")
-    return draw_rows(rows, load, title, background)
 
 
 class CurationView:

@@ -119,6 +119,49 @@ def duplicates_picture(summary: dict[str, Any], load: Load, key: str = "ids",
     return draw_rows(rows, load, title, background)
 
 
+PAIRS_DRAWN = 16  # similar pairs in their picture, two a row
+
+
+def copies_picture(summary: dict[str, Any], load: Load, background: Sequence[int] = DEFAULT_BACKGROUND
+                   ) -> Image.Image | None:
+    """The first verified groups of a ``find_copies`` summary, a row each: the image kept (blue), then its copies
+    (orange), each with its cosine to the first, the features agreeing and the aligned correlation."""
+    rows = []
+    for group in summary["groups"][:PICTURE_ROWS]:
+        checks = [None, *group.get("checks", [])]
+        tiles = []
+        for n, (image_id, similarity) in enumerate(zip(group["ids"], group["similarities"], strict=True)):
+            if n >= PICTURE_COLUMNS:
+                break
+            check = checks[n] if n < len(checks) else None
+            score = "?" if similarity is None else f"{similarity:.3f}"
+            # two lines, as the other pictures' captions: a third would run into the row above
+            caption = f"kept\nid {image_id}" if n == 0 else (
+                f"copy {score}, r {check['correlation']:.3f}\nid {image_id}, {check['inliers']} features" if check
+                else f"copy {score}\nid {image_id}")
+            tiles.append(Tile(image_id, caption, KEPT if n == 0 else COPY))
+        rows.append(tiles)
+    shown = min(len(summary["groups"]), PICTURE_ROWS)
+    # two lines at three columns: a longer title squeezes the rows of a picture of few groups into each other
+    title = (f"Verified copies: {shown} of {summary['groups_found']} groups, a row each (blue: kept, indexed first; "
+             "orange: its copies, cosine and aligned r)")
+    return draw_rows(rows, load, title, background)
+
+
+def similar_picture(summary: dict[str, Any], load: Load, background: Sequence[int] = DEFAULT_BACKGROUND
+                    ) -> Image.Image | None:
+    """The first candidate pairs not verified as copies, two a row (grey: neither is a copy of the other), each
+    with its cosine and why it is not a copy: what a person looks at."""
+    pairs = summary.get("similar", [])[:PAIRS_DRAWN]
+    tiles = [tile for n, pair in enumerate(pairs, 1) for tile in (
+        Tile(pair["ids"][0], f"pair {n}\nid {pair['ids'][0]}", OTHER),
+        Tile(pair["ids"][1], f"id {pair['ids'][1]}, cos {pair['cosine']:.3f}\n{pair['reason'] or ''}", OTHER))]
+    rows = [tiles[start:start + 4] for start in range(0, len(tiles), 4)]
+    title = (f"Similar, not copies: {len(pairs)} of {summary.get('similar_found', 0)} candidate pairs shown, highest "
+             "cosine first, two a row (each pair: its two images, their cosine and why they are not copies)")
+    return draw_rows(rows, load, title, background)
+
+
 def suspects_picture(summary: dict[str, Any], load: Load, key: str = "id",
                      max_rows: int = PICTURE_ROWS, max_columns: int = PICTURE_COLUMNS,
                      background: Sequence[int] = DEFAULT_BACKGROUND) -> Image.Image | None:

@@ -242,9 +242,10 @@ def test_the_apps_curation_buttons_name_an_unexpected_failure():
     text, table, picture = tab.label_suspects()
     assert "The label audit failed" in text and "ValueError" in text and "badcommand" in text
     assert table.constructor_args["visible"] is False and picture.constructor_args["visible"] is False
-    text, table, picture = tab.near_duplicates("0.9")
+    text, table, picture, *similar = tab.near_duplicates("0.9")
     assert "No near-duplicate groups" in text and "Permission denied" in text and "/srv/private" not in text
     assert table.constructor_args["visible"] is False and picture.constructor_args["visible"] is False
+    assert len(similar) == 3 and all(part.constructor_args["visible"] is False for part in similar[1:])
 
 
 @pytest.mark.parametrize("picture, score", [(suspects, "score 0.50"), (duplicates, "copy 0.990")],

@@ -16,6 +16,7 @@ import pytest
 from PIL import Image, ImageEnhance
 from planted import fashion_item
 
+from retrieval.index.curation.copy_calibration import plant_colour_variant
 from retrieval.index.curation.copy_check import (
     CHROMATIC,
     GREY,
@@ -27,7 +28,7 @@ from retrieval.index.curation.copy_check import (
     detail_level,
     image_features,
 )
-from retrieval.index.curation.copy_verification import CopyRules, plant_colour_variant
+from retrieval.index.curation.copy_verification import CopyRules
 
 SIDE = 160
 ITEM = 1  # a pullover: shading and a textured body give SIFT dozens of features
@@ -94,7 +95,7 @@ def test_a_transformed_copy_aligns_correlates_and_keeps_its_colours(photo, featu
     comparison = compare_pair(features, image_features(make(photo)))
     assert comparison.inliers >= 4 and comparison.matches >= comparison.inliers
     assert comparison.correlation > 0.9 and comparison.overlap > 0.9
-    assert comparison.colour_mismatch < 8.0 and comparison.coloured_pixels > 1000
+    assert comparison.colour_mismatch < 8.0 and comparison.coloured_pixels > 500
     assert comparison.scale == pytest.approx(scale, rel=0.03)
     assert abs(comparison.rotation) == pytest.approx(degrees, abs=1.0)
     assert CopyRules().reason(comparison) is None

@@ -19,8 +19,7 @@ from planted import fashion_item, projection_model, write_items
 from retrieval.errors import ParameterError
 from retrieval.index import Index, IngestOptions, build_index
 from retrieval.index.curation.catalogued_images import catalogued_image_loader
-from retrieval.index.curation.copy_check import PairComparison, colour_difference
-from retrieval.index.curation.copy_verification import (
+from retrieval.index.curation.copy_calibration import (
     COPY_KINDS,
     CORRELATION_MARGIN,
     LOOSE_COLOUR,
@@ -28,18 +27,21 @@ from retrieval.index.curation.copy_verification import (
     MIN_CANDIDATE_COSINE,
     TIGHT_COLOUR,
     TIGHT_CORRELATION,
-    CheckedPair,
-    CopyRules,
-    FeatureCache,
     VerificationCalibration,
     calibrate_verification,
-    check_workers,
     choose_rules,
-    copy_groups,
     distinct_neighbours,
     group_precision,
     plant_colour_variant,
     plant_copies,
+)
+from retrieval.index.curation.copy_check import PairComparison, colour_difference
+from retrieval.index.curation.copy_verification import (
+    CheckedPair,
+    CopyRules,
+    FeatureCache,
+    check_workers,
+    copy_groups,
     verify_pairs,
 )
 from retrieval.index.curation.duplicates import find_duplicates
@@ -64,43 +66,66 @@ def as_sets(groups) -> list[list[int]]:
 
 
 # --- groups never chain
-def test_two_images_verified_through_a_third_but_failing_each_other_are_never_grouped():
-    """A ~ B and B ~ C verified, A ~ C checked and failing: A and C are never in one group."""
+CHAIN = (1, 2), (2, 3), (3, 4)  # 2 and 3 each verified against two others: 2 (the lower id) is the first
+
+
+def test_an_image_verified_only_against_a_member_is_checked_against_the_first_and_left_out():
+    """A chain 1 ~ 2 ~ 3 ~ 4, verified pair by pair, 2 ~ 4 checked and failing: 4 never joins 2's group."""
     asked = []
 
     def check(a: int, b: int) -> CheckedPair:
         asked.append((a, b))
         return checked(a, b, verified=False)
 
-    groups = copy_groups([checked(1, 2), checked(2, 3)], check)
-    assert asked == [(1, 3)]  # the extra check of the image linked to the first only through another
-    assert as_sets(groups) == [[1, 2]]
-    assert not any({1, 3} <= set(ids) for ids in as_sets(groups))
+    groups = copy_groups([checked(a, b) for a, b in CHAIN], check)
+    assert asked == [(2, 4)]  # the extra check of the image linked to the first only through another
+    assert as_sets(groups) == [[2, 1, 3]]
+    assert not any(4 in ids for ids in as_sets(groups))
+
+
+def test_the_first_is_the_image_verified_against_the_most_others():
+    """Four crops verified against their original (id 5), not against each other: one group around the original,
+    which the removal keeps, and no extra check."""
+    groups = copy_groups([checked(i, 5) for i in range(1, 5)], lambda a, b: pytest.fail("no extra check needed"))
+    assert as_sets(groups) == [[5, 1, 2, 3, 4]]
 
 
 def test_without_a_check_an_image_linked_only_through_another_stays_out():
-    groups = copy_groups([checked(1, 2), checked(2, 3)], check=None)
-    assert as_sets(groups) == [[1, 2]]
+    groups = copy_groups([checked(a, b) for a, b in CHAIN], check=None)
+    assert as_sets(groups) == [[2, 1, 3]]
 
 
 def test_an_extra_check_that_verifies_joins_the_image_to_the_first():
-    extra = checked(1, 3, correlation=0.93)
-    groups = copy_groups([checked(1, 2), checked(2, 3)], lambda a, b: extra)
-    assert as_sets(groups) == [[1, 2, 3]]
-    assert [(p.first, p.second) for p in groups[0].pairs] == [(1, 2), (1, 3)] and groups[0].pairs[1] is extra
+    extra = checked(2, 4, correlation=0.93)
+    groups = copy_groups([checked(a, b) for a, b in CHAIN], lambda a, b: extra)
+    assert as_sets(groups) == [[2, 1, 3, 4]]
+    assert [(p.first, p.second) for p in groups[0].pairs] == [(1, 2), (2, 3), (2, 4)] and groups[0].pairs[2] is extra
 
 
-def test_an_image_left_out_of_a_group_starts_one_with_the_images_verified_against_it():
-    pairs = [checked(1, 2), checked(2, 3), checked(3, 4), checked(1, 3, verified=False)]
+def test_images_left_out_of_a_group_form_their_own_around_their_best_linked():
+    pairs = [checked(1, 2), checked(1, 3), checked(1, 4), checked(5, 6), checked(6, 7), checked(4, 5)]
     groups = copy_groups(pairs, lambda a, b: checked(a, b, verified=False))
-    assert as_sets(groups) == [[1, 2], [3, 4]]
+    assert as_sets(groups) == [[1, 2, 3, 4], [6, 5, 7]]
 
 
 def test_a_set_beyond_max_group_is_cut_without_extra_checks():
     asked = []
-    groups = copy_groups([checked(1, 2), checked(2, 3)], lambda a, b: asked.append((a, b)) or checked(a, b),
+    groups = copy_groups([checked(a, b) for a, b in CHAIN], lambda a, b: asked.append((a, b)) or checked(a, b),
                          max_group=2)
-    assert asked == [] and as_sets(groups) == [[1, 2]]
+    assert asked == [] and as_sets(groups) == [[2, 1, 3]]
+
+
+def test_extra_checks_stop_at_their_budget_and_at_ctrl_c():
+    asked = []
+    chain = [checked(i, i + 1) for i in range(1, 9)]
+    copy_groups(chain, lambda a, b: asked.append((a, b)) or checked(a, b, verified=False), max_checks=2)
+    assert len(asked) == 2
+
+    def interrupted(a: int, b: int) -> CheckedPair:
+        raise KeyboardInterrupt
+
+    groups = copy_groups(chain, interrupted)
+    assert groups and all(len(g.ids) == len(g.pairs) + 1 for g in groups)  # grouped from the pairs checked
 
 
 def test_unverified_pairs_make_no_group_and_groups_come_largest_first():
@@ -112,7 +137,7 @@ def test_unverified_pairs_make_no_group_and_groups_come_largest_first():
 @pytest.mark.parametrize("seed", range(6))
 def test_every_member_of_a_group_is_verified_against_its_first(seed):
     """Random verified and failed pairs among 40 images, and an extra check with its own verdicts: every group's
-    members are verified against its first (lowest) image, by a pair checked already or an extra check; an image
+    members are verified against its first image, by a pair checked already or an extra check; an image
     is in one group at most; no verified pair is left with both its images outside every group."""
     rng = np.random.default_rng(seed)
     verdict = {}
@@ -123,7 +148,7 @@ def test_every_member_of_a_group_is_verified_against_its_first(seed):
     extra = {}
 
     def check(a: int, b: int) -> CheckedPair:
-        assert (a, b) not in verdict and a < b  # only pairs not checked yet, the first image first
+        assert (a, b) not in verdict and a < b  # only pairs not checked yet, the lower id first
         extra[(a, b)] = bool(rng.random() < 0.5)
         return checked(a, b, verified=extra[(a, b)])
 
@@ -132,17 +157,18 @@ def test_every_member_of_a_group_is_verified_against_its_first(seed):
     assert len(placed) == len(set(placed))
     for group in groups:
         ids = group.ids.tolist()
-        assert ids == sorted(ids) and len(ids) >= 2 and len(group.pairs) == len(ids) - 1
+        assert ids[1:] == sorted(ids[1:]) and len(ids) >= 2 and len(group.pairs) == len(ids) - 1
         for member, pair in zip(ids[1:], group.pairs, strict=True):
-            assert (pair.first, pair.second) == (ids[0], member) and pair.verified
-            assert verdict.get((ids[0], member), extra.get((ids[0], member))) is True
+            key = (min(ids[0], member), max(ids[0], member))
+            assert (pair.first, pair.second) == key and pair.verified
+            assert verdict.get(key, extra.get(key)) is True
     assert not [p for p in pairs if p.verified and p.first not in placed and p.second not in placed]
 
 
 # --- the rules
 def test_the_correlation_cut_sits_a_margin_below_the_planted_copies():
-    copies = [measured(c) for c in np.linspace(0.90, 0.99, 40)]
-    floor = float(np.quantile(np.linspace(0.90, 0.99, 40), 0.05))
+    copies = [measured(c) for c in np.linspace(0.94, 0.99, 40)]
+    floor = float(np.quantile(np.linspace(0.94, 0.99, 40), 0.05))
     rules = choose_rules(copies, [measured(0.2, inliers=2)], [])
     assert rules.correlation == pytest.approx(floor - CORRELATION_MARGIN, abs=1e-4)
 
@@ -195,7 +221,7 @@ def test_copies_and_distinct_pairs_count_for_the_cuts_whatever_their_colour_mism
     """Planted JPEG and brightened copies keep their hue only to 2 to 9 degrees (copy_check.colour_difference),
     colour variants differ by 25 or more: the geometric tests that choose which pairs set the cuts are features and
     overlap, not colour."""
-    correlations = np.linspace(0.90, 0.99, 40)
+    correlations = np.linspace(0.94, 0.99, 40)
     copies = [measured(c, colour=m) for c, m in zip(correlations, np.linspace(1.5, 6.0, 40), strict=True)]
     rules = choose_rules(copies, [], [measured(0.97, colour=m) for m in (30.0, 45.0)])
     assert rules.correlation == pytest.approx(float(np.quantile(correlations, 0.05)) - CORRELATION_MARGIN, abs=1e-4)
@@ -232,19 +258,23 @@ def calibration(false_verified: int, distinct: int = 40, copies_per_kind: int = 
 def test_the_precision_is_a_probability_that_falls_as_distinct_pairs_pass():
     estimates = [calibration(k) for k in (0, 1, 3, 10)]
     rates = [c.false_rate for c in estimates]
-    precisions = [c.precision(copy_share=0.3) for c in estimates]
+    precisions = [c.precision(verified_share=0.3) for c in estimates]
     assert rates == sorted(rates) and len(set(rates)) == 4
     assert precisions == sorted(precisions, reverse=True) and len(set(precisions)) == 4
     assert all(0.0 < p < 1.0 for p in precisions)
     assert rates[0] == pytest.approx(0.5 / 46)  # Jeffreys: none of 45 distinct pairs and variants is never 0
     assert rates[2] == pytest.approx(3.5 / 46)
     assert estimates[0].false_verified == 0 and estimates[2].false_verified == 3
-    # Bayes' rule: the planted copies' recall against the distinct pairs' rate, weighed by the share of copies
-    recall = estimates[2].copy_recall
-    assert precisions[2] == pytest.approx(recall * 0.3 / (recall * 0.3 + rates[2] * 0.7))
-    assert estimates[2].precision(0.6) > estimates[2].precision(0.3) > estimates[2].precision(0.05) > 0.0
+    # Bayes' rule: the planted copies' recall R against the distinct pairs' rate f, the share of copies among the
+    # candidates read back from the share verified v: (v - f) / (R - f)
+    recall, false = estimates[2].copy_recall, rates[2]
+    prior = (0.3 - false) / (recall - false)
+    assert precisions[2] == pytest.approx(recall * prior / (recall * prior + false * (1 - prior)))
+    assert estimates[2].precision(0.6) > estimates[2].precision(0.3) > estimates[2].precision(0.1) > 0.0
+    # no more verified than distinct pairs would give by chance: nothing can be claimed
+    assert estimates[2].precision(false) < 1e-3 and estimates[2].precision(0.0) < 1e-3
     missed = dataclasses.replace(estimates[2], candidate_cosine=0.95)  # no planted copy is a candidate
-    assert 0.0 < missed.precision(0.3) < 0.01
+    assert missed.precision(0.3) < 0.01
 
 
 def test_the_calibration_reports_recall_by_kind_and_warns_of_distinct_pairs_verified():
@@ -377,6 +407,35 @@ def test_an_unreadable_image_fails_its_pairs_without_stopping_the_rest(pictures)
     assert {(p.first, p.second) for p in result.pairs if p.verified} == COPIES
 
 
+def test_an_image_the_comparison_fails_on_fails_its_pairs_without_stopping_the_rest(pictures, monkeypatch):
+    """OpenCV raising on one image (a decoder's odd output, say) is that pair's reason, not the job's end."""
+    import cv2
+
+    from retrieval.index.curation import copy_verification
+
+    real = copy_verification.compare_pair
+    odd = id(pictures[5])
+
+    def compare(a, b):
+        if odd in (id(a.source_image), id(b.source_image)):
+            raise cv2.error("odd image")
+        return real(a, b)
+
+    class Tagged(FeatureCache):
+        def get(self, image_id):
+            features = super().get(image_id)
+            if features is not None:
+                features.source_image = pictures[image_id]
+            return features
+
+    monkeypatch.setattr(copy_verification, "compare_pair", compare)
+    result = verify_pairs(*all_pairs(pictures), Tagged(pictures.get, WHITE), CopyRules(), progress=False)
+    failed = [p for p in result.pairs if p.reason and p.reason.startswith("could not be compared")]
+    assert result.complete and len(result.pairs) == 15
+    assert {(p.first, p.second) for p in failed} == {(a, 5) for a in range(5)}
+    assert {(p.first, p.second) for p in result.pairs if p.verified} == COPIES
+
+
 def test_max_pairs_stops_after_the_first_pairs_in_order(pictures):
     first, second, cosines = all_pairs(pictures)
     shuffle = np.random.default_rng(1).permutation(len(first))
@@ -468,9 +527,6 @@ def test_the_feature_cache_computes_each_image_once_while_it_is_kept(pictures):
     assert cache.get(99) is None and cache.get(99) is None and loads.count(99) == 1  # unreadable: known as such
 
 
-@pytest.mark.xfail(strict=True, reason="product bug: FeatureCache.get (copy_verification.py) loads and computes "
-                   "outside its lock without marking the image as in progress, so two threads asking for the same "
-                   "image at once both compute it (and `computed`, reported as images_read, counts both)")
 def test_two_threads_asking_for_one_image_at_once_compute_it_once(pictures):
     start = threading.Barrier(2)
     loads = []

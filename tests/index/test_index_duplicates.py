@@ -171,6 +171,38 @@ def test_index_duplicates_for_people_ends_with_the_removal_of_the_copies(planted
     assert bad.exit_code == 2 and "--threshold" in bad.output and "cosine within [-1, 1] or auto" in bad.output
 
 
+def test_index_duplicates_by_default_lists_verified_copies_and_removes_only_them(planted_index, tmp_path):
+    """No threshold: each group verified pair by pair, said in the header with the calibration; the removal lists the
+    verified copies only, and --json says the mode, the verification and each group's estimated precision."""
+    index_dir, _, planted = planted_index
+    picture = tmp_path / "copies.png"
+    result = CliRunner().invoke(main, ["index", "duplicates", str(index_dir), "--calibration-sample", "20",
+                                       "--workers", "1", "--json", "--out", str(picture)])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert summary["mode"] == "verified" and summary["verification"]["complete"]
+    assert summary["verification"]["checked"] == summary["verification"]["candidates"] > 0
+    assert all(group["verified"] and 0 < group["estimated_precision"] <= 1 for group in summary["groups"])
+    with Index.open(index_dir) as index:
+        path_of = {index.public_path(row["path"]): row["path"] for row in index.indexed_rows(index.ids.tolist())
+                   .values()}
+    families = [{original, *copies} for original, copies in planted.items()]
+    groups = [{path_of[p] for p in group["paths"]} for group in summary["groups"]]
+    # each group one planted image and copies of it (the one kept: the one verified against the most others)
+    assert groups and all(any(group <= family for family in families) for group in groups)
+    removed = {i for i in summary["removal"]["ids"]}
+    assert removed == {i for group in summary["groups"] for i in group["ids"][1:]}
+    assert all(pair["reason"] for pair in summary["similar"])
+    assert Image.open(picture).size[0] > 200
+    people = CliRunner().invoke(main, ["index", "duplicates", str(index_dir), "--calibration-sample", "20"])
+    assert people.exit_code == 0, people.output
+    lines = [line for line in people.output.splitlines() if line.strip()]  # the bar's end on stderr leaves a blank
+    header = next(line for line in lines if "groups of verified copies" in line)
+    assert "candidate pairs" in header and "estimated precision" in header and "Calibrated on 100 copies" in header
+    assert lines[-1].startswith(f"next: retrieval index remove {index_dir} --ids ") and "verified copies" in lines[-1]
+    assert {int(i) for i in lines[-1].split("--ids ")[1].split()[0].split(",")} == removed
+
+
 def test_a_sample_finds_the_copies_of_the_images_it_searched(planted_index):
     index_dir, _, _ = planted_index
     with Index.open(index_dir) as index:

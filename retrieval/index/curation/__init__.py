@@ -2,8 +2,8 @@
 
 - ``neighbour_graph``: each image's k nearest other images (what the near-duplicate modules and ``audit`` read).
 - ``duplicates``: near-duplicate groups, the summary ``index duplicates`` and the app show.
-- ``copy_verification``: candidates from the graph verified as copies, calibrated on planted copies; groups that do
-  not chain.
+- ``copy_verification``: candidate pairs from the graph verified as copies; groups that do not chain.
+- ``copy_calibration``: the verification's rules and candidate cosine, calibrated on copies planted of the gallery.
 - ``copy_check``: whether one image is a transformed copy of another (local features, one transform, content, colour).
 - ``linked_groups``: the links at a threshold joined into groups, each cut around its first image.
 - ``duplicates_threshold``: ``auto``'s threshold, calibrated on copies it plants of gallery images.

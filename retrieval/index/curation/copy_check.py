@@ -44,9 +44,11 @@ class Level:
     points: np.ndarray  # (n, 2) float32
     descriptors: np.ndarray  # (n, 128) float32
     rgb: np.ndarray  # (h, w, 3) uint8
+    detail: int = WORKING_SIDE  # pixels along the longer side the level holds (the rest is interpolation)
 
     @property
     def size(self) -> tuple[int, int]:
+        """(width, height) of the working image."""
         return int(self.rgb.shape[1]), int(self.rgb.shape[0])
 
 
@@ -96,7 +98,7 @@ class PairComparison:
 def _cv2():
     import cv2
 
-    cv2.setNumThreads(1)  # pairs are spread over processes; one thread each keeps 2 cores busy without oversubscribing
+    cv2.setNumThreads(1)  # pairs are spread over threads: OpenCV's own pool on top would oversubscribe the cores
     return cv2
 
 
@@ -111,8 +113,11 @@ def _resized(image: Image.Image, side: int) -> Image.Image:
 
 def image_features(image: Image.Image, background: tuple[int, int, int] = DEFAULT_BACKGROUND) -> ImageFeatures:
     """``image`` (transparency put on ``background``) prepared for ``compare_pair``, its level 0 computed."""
+    native_side = max(image.size)
+    if native_side > SOURCE_SIDE:  # bounded before any full-size copy is made (a 40 MP photo stays 40 MP otherwise)
+        image = image.copy()
+        image.thumbnail((SOURCE_SIDE, SOURCE_SIDE), Image.Resampling.LANCZOS)
     rgb = flatten_alpha(image, background).convert("RGB")
-    native_side = max(rgb.size)
     features = ImageFeatures(_resized(rgb, min(native_side, SOURCE_SIDE)), native_side)
     features.level(0)
     return features
@@ -128,10 +133,11 @@ def _level(source: Image.Image, native_side: int, number: int) -> Level:
     grey = cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY)
     sift = cv2.SIFT_create(nfeatures=MAX_FEATURES, contrastThreshold=CONTRAST_THRESHOLD)
     keypoints, descriptors = sift.detectAndCompute(grey, None)
+    held = min(detail, max(source.size))
     if descriptors is None or not keypoints:
-        return Level(np.zeros((0, 2), np.float32), np.zeros((0, 128), np.float32), rgb)
+        return Level(np.zeros((0, 2), np.float32), np.zeros((0, 128), np.float32), rgb, held)
     points = np.asarray([k.pt for k in keypoints], dtype=np.float32)
-    return Level(points, descriptors.astype(np.float32, copy=False), rgb)
+    return Level(points, descriptors.astype(np.float32, copy=False), rgb, held)
 
 
 def detail_level(larger: int, smaller: int) -> int:
@@ -143,7 +149,8 @@ def detail_level(larger: int, smaller: int) -> int:
 
 
 def _ratio_matches(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Indices (into a, into b) of the matches passing Lowe's ratio test, one per point of ``a``."""
+    """Indices (into a, into b) of the matches passing Lowe's ratio test, one to one: where several points of ``a``
+    match one point of ``b``, the closest keeps it (many points sent to one would fit a transform that collapses)."""
     if len(a) < 2 or len(b) < 2:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     # squared distances through one matrix product: |a|^2 + |b|^2 - 2 a.b (SIFT descriptors: 128 floats)
@@ -154,14 +161,17 @@ def _ratio_matches(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray
     first, second = distances[rows, nearest[:, 0]], distances[rows, nearest[:, 1]]
     best = np.where(first <= second, nearest[:, 0], nearest[:, 1])
     low, high = np.minimum(first, second), np.maximum(first, second)
-    keep = low < (RATIO ** 2) * high
-    return rows[keep], best[keep]
+    keep = np.flatnonzero(low < (RATIO ** 2) * high)
+    order = keep[np.argsort(low[keep], kind="stable")]  # closest first: np.unique keeps each b's first
+    _, first_of_b = np.unique(best[order], return_index=True)
+    kept = np.sort(order[first_of_b])
+    return rows[kept], best[kept]
 
 
 def compare_pair(a: ImageFeatures, b: ImageFeatures) -> PairComparison:
     """Whether ``b`` is a transformed copy of ``a`` or the other way: compared at the level of the larger image that
     matches the smaller one's detail (``detail_level``), and at level 0 too where that finds too few inliers; the
-    comparison with more inliers."""
+    comparison that aligns, then the one with more inliers."""
     first, second = (a, 0), (b, 0)
     if a.native_side >= b.native_side:
         first = (a, detail_level(a.native_side, b.native_side))
@@ -170,7 +180,10 @@ def compare_pair(a: ImageFeatures, b: ImageFeatures) -> PairComparison:
     best = compare_levels(first[0].level(first[1]), second[0].level(second[1]))
     if (first[1] or second[1]) and best.inliers < FALLBACK_INLIERS:
         plain = compare_levels(a.level(0), b.level(0))
-        best = plain if plain.inliers > best.inliers else best
+        # a plausible alignment first (a transform within the bounds), then more inliers
+        if (plain.scale is not None and plain.overlap > 0, plain.inliers) > \
+                (best.scale is not None and best.overlap > 0, best.inliers):
+            best = plain
     return best
 
 
@@ -197,31 +210,49 @@ def compare_levels(a: Level, b: Level) -> PairComparison:
 
 def _aligned(a: Level, b: Level, transform: np.ndarray, cv2) -> tuple[float, float, float, int]:
     """``a`` warped onto ``b``: the share of the smaller image covered, the correlation of the grey levels and the
-    colour mismatch of the coloured pixels, over the overlap."""
+    colour difference, over the content they share, both seen at the detail the poorer of the two holds."""
     width, height = b.size
     warped = cv2.warpAffine(a.rgb, transform, (width, height), flags=cv2.INTER_LINEAR,
                             borderMode=cv2.BORDER_CONSTANT, borderValue=(0, 0, 0))
     covered = cv2.warpAffine(np.full(a.rgb.shape[:2], 255, np.uint8), transform, (width, height),
-                             flags=cv2.INTER_NEAREST, borderMode=cv2.BORDER_CONSTANT, borderValue=0) > 0
+                             flags=cv2.INTER_NEAREST, borderMode=cv2.BORDER_CONSTANT, borderValue=0)
     # erode: the warped border blends with the black outside
-    covered = cv2.erode(covered.astype(np.uint8), np.ones((5, 5), np.uint8)) > 0
-    area = int(covered.sum())
-    smaller = min(a.rgb.shape[0] * a.rgb.shape[1] * (transform[0, 0] ** 2 + transform[1, 0] ** 2), width * height)
-    overlap = float(min(1.0, area / max(1.0, smaller)))
-    if area < 64:
+    covered = cv2.erode(covered, np.ones((5, 5), np.uint8))
+    scale = float(math.hypot(transform[0, 0], transform[1, 0]))
+    smaller = min(a.rgb.shape[0] * a.rgb.shape[1] * scale ** 2, width * height)
+    overlap = float(min(1.0, int((covered > 0).sum()) / max(1.0, smaller)))
+    # a downscaled copy drawn large is blurred: both are compared at the detail the poorer one holds, so that the
+    # original's sharpness does not count against the copy
+    # ``a`` is drawn ``scale`` times larger in ``b``'s frame: its detail there spans ``a.detail / scale`` pixels of
+    # b's working size
+    factor = min(a.detail / max(scale, 1e-6), b.detail) / WORKING_SIDE
+    target = b.rgb
+    if factor < 0.9:
+        size = (max(8, round(width * factor)), max(8, round(height * factor)))
+        warped = cv2.resize(warped, size, interpolation=cv2.INTER_AREA)
+        target = cv2.resize(b.rgb, size, interpolation=cv2.INTER_AREA)
+        covered = cv2.resize(covered, size, interpolation=cv2.INTER_NEAREST)
+    covered = covered > 0
+    if covered.sum() < 16:
         return overlap, -1.0, 0.0, 0
-    content = covered & (_off_background(warped, b.rgb) | _off_background(b.rgb, b.rgb))
-    if content.sum() >= 64:  # a plain ground shared by two alike silhouettes would correlate by itself
+    content = covered & (_off_background(warped, target) | _off_background(target, target))
+    if content.sum() >= 16:  # a plain ground shared by two alike silhouettes would correlate by itself
         covered = content
-    grey_a = cv2.cvtColor(warped, cv2.COLOR_RGB2GRAY)[covered].astype(np.float64)
-    grey_b = cv2.cvtColor(b.rgb, cv2.COLOR_RGB2GRAY)[covered].astype(np.float64)
-    grey_a -= grey_a.mean()
-    grey_b -= grey_b.mean()
-    norm = math.sqrt(float((grey_a * grey_a).sum() * (grey_b * grey_b).sum()))
-    correlation = float((grey_a * grey_b).sum() / norm) if norm > 0 else (1.0 if not grey_a.any() and not
-                                                                         grey_b.any() else 0.0)
-    mismatch, coloured = colour_difference(warped[covered], b.rgb[covered])
+    correlation = correlation_of(cv2.cvtColor(warped, cv2.COLOR_RGB2GRAY)[covered],
+                                   cv2.cvtColor(target, cv2.COLOR_RGB2GRAY)[covered])
+    mismatch, coloured = colour_difference(warped[covered], target[covered])
     return overlap, correlation, mismatch, coloured
+
+
+def correlation_of(first: np.ndarray, second: np.ndarray) -> float:
+    """Pearson's correlation of two aligned grey-level arrays: 1.0 where both are flat, 0.0 where only one is."""
+    a, b = first.astype(np.float64), second.astype(np.float64)
+    a -= a.mean()
+    b -= b.mean()
+    norm = math.sqrt(float((a * a).sum() * (b * b).sum()))
+    if norm > 0:
+        return float((a * b).sum() / norm)
+    return 1.0 if not a.any() and not b.any() else 0.0
 
 
 def _off_background(image: np.ndarray, framed: np.ndarray) -> np.ndarray:

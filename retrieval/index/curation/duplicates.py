@@ -10,6 +10,8 @@ calibrates one: ``duplicates_threshold``) groups by that cosine alone, cut aroun
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,16 +20,15 @@ from PIL import Image
 
 from retrieval.errors import ParameterError
 from retrieval.index.curation.catalogued_images import catalogued_image_loader
+from retrieval.index.curation.copy_calibration import VerificationCalibration, calibrate_verification, group_precision
 from retrieval.index.curation.copy_verification import (
+    MAX_EXTRA_CHECKS,
     MAX_PAIRS,
     CheckedPair,
     CopyGroup,
     FeatureCache,
-    VerificationCalibration,
-    calibrate_verification,
     check_workers,
     copy_groups,
-    group_precision,
     pair_checker,
     verify_pairs,
 )
@@ -42,7 +43,10 @@ MAX_MEMBERS_SHOWN = 20  # images listed per group; its size counts all
 # linked images whose vectors are read to cut chained groups around their first image (200,000 x 512 floats: 400 MB);
 # beyond, the groups are left as linked and the summary says so
 MAX_SPLIT_IMAGES = 200_000
-VERIFY_SAMPLE = 50  # gallery images whose planted copies calibrate the verification (5 copies and 1 variant each)
+# gallery images whose planted copies calibrate the verification (each: 5 copies embedded and compared, a colour
+# variant and 2 nearest distinct images compared)
+VERIFY_SAMPLE = 50
+NOT_WITH_FIRST = "verified, but not against its group's first image"
 
 
 def group_summaries(index: Index, groups: Sequence[DuplicateGroup], max_groups: int = MAX_GROUPS_SHOWN,
@@ -95,12 +99,14 @@ def find_duplicates(index: Index, threshold: float | str = "auto", k: int = 10,
     graph = graph if graph is not None else index_graph(index, k, max_images, seed)
     load = load or catalogued_image_loader(index)
     if threshold == "auto" and verify:
-        return find_copies(index, graph, load, embedder, calibration_sample or VERIFY_SAMPLE, max_groups,
+        return find_copies(index, graph, load, embedder,
+                           VERIFY_SAMPLE if calibration_sample is None else calibration_sample, max_groups,
                            max_members, seed, workers, progress, verification, max_pairs)
     calibration = None
     if threshold == "auto":
         calibration = calibrate_on_index(index, graph, load, embedder or index.embedder,
-                                         calibration_sample or CALIBRATION_SAMPLE, seed)
+                                         CALIBRATION_SAMPLE if calibration_sample is None else calibration_sample,
+                                         seed)
         threshold = calibration.threshold
     groups = duplicate_groups(graph, float(threshold))
     linked = np.unique(np.concatenate([g.ids for g in groups])) if groups else np.zeros(0, np.int64)
@@ -146,10 +152,17 @@ def find_copies(index: Index, graph: NeighbourGraph, load: Callable[[int], Image
     first, second, cosines = duplicate_links(graph, calibration.candidate_cosine)
     features = FeatureCache(load, embedder.preprocessing.background)
     checked = verify_pairs(first, second, cosines, features, calibration.rules, workers, progress, max_pairs)
-    cosine_of = _cosine_lookup(index)
-    groups = copy_groups(checked.pairs, pair_checker(features, calibration.rules, cosine_of))
+    extra: list[CheckedPair] = []  # the pairs compared to form groups (images linked only through others)
+    check = pair_checker(features, calibration.rules, _cosine_lookup(index))
+
+    def check_extra(a: int, b: int) -> CheckedPair:
+        extra.append(check(a, b))
+        return extra[-1]
+
+    # the extra comparisons are bounded as the candidates are (the app's click, ``max_pairs``)
+    groups = copy_groups(checked.pairs, check_extra, max_checks=min(MAX_EXTRA_CHECKS, max_pairs))
     verified_pairs = sum(p.verified for p in checked.pairs)
-    # the share of candidates that are copies, as verified: what the precision's prior is read from
+    # the share of candidates verified: what the precision reads the share of copies among them from
     copy_share = verified_pairs / max(1, len(checked.pairs))
     listed = group_summaries(index, [_as_linked(g) for g in groups], max_groups, max_members)
     for summary, group in zip(listed, groups, strict=False):
@@ -158,9 +171,12 @@ def find_copies(index: Index, graph: NeighbourGraph, load: Callable[[int], Image
         summary["checks"] = [p.comparison.to_dict() if p.comparison is not None else None
                              for p in group.pairs[:max_members - 1]]
     grouped = {int(i): n for n, g in enumerate(groups) for i in g.ids}
-    similar = [p for p in checked.pairs if not p.verified and
-               not (p.first in grouped and grouped.get(p.first) == grouped.get(p.second))]
-    similar.sort(key=lambda p: (-p.cosine, p.first, p.second))
+    # what a person should look at: candidates that failed, and verified pairs (candidates or extra checks) whose
+    # images did not end up in one group (each verified against a different first image)
+    similar = [p if not p.verified else dataclasses.replace(p, reason=NOT_WITH_FIRST)
+               for p in [*checked.pairs, *extra]
+               if grouped.get(p.first, -1) != grouped.get(p.second, -2)]
+    similar.sort(key=lambda p: (-p.cosine if math.isfinite(p.cosine) else 1.0, p.first, p.second))
     calibrated = calibration.to_dict()
     verification = {"candidates": checked.candidates, "checked": len(checked.pairs), "verified": verified_pairs,
                     "seconds": round(checked.seconds, 2), "pairs_per_second": round(checked.pairs_per_second, 1),
@@ -185,7 +201,7 @@ def find_copies(index: Index, graph: NeighbourGraph, load: Callable[[int], Image
     } | advice(calibrated, listed)
     if not checked.complete:
         summary["warnings"].insert(0, f"verification not finished ({checked.stopped_because}): the groups come from "
-                                      "the pairs checked; run it again for the rest")
+                                      "the pairs checked, the first by id")
     return summary
 
 
@@ -196,7 +212,7 @@ def _as_linked(group: CopyGroup) -> DuplicateGroup:
 def _cosine_lookup(index: Index) -> Callable[[int, int], float]:
     def cosine(a: int, b: int) -> float:
         ids, vectors = stored_vectors(index, np.asarray([a, b], np.int64))
-        return float(vectors[0] @ vectors[1]) if len(ids) == 2 else float("nan")
+        return float(vectors[0] @ vectors[1]) if len(ids) == 2 else -1.0  # one was removed meanwhile
 
     return cosine
 

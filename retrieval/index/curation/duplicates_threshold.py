@@ -229,8 +229,8 @@ def check_sample(sample: int) -> int:
     """The calibration sample as an int within [2, MAX_CALIBRATION_SAMPLE], else a ParameterError."""
     if isinstance(sample, bool) or not isinstance(sample, (int, np.integer)) or \
             not 2 <= sample <= MAX_CALIBRATION_SAMPLE:
-        raise ParameterError("sample", f"must be between 2 and {MAX_CALIBRATION_SAMPLE} images (each costs "
-                                       f"{len(COPY_KINDS)} embeddings), got {sample!r}")
+        raise ParameterError("sample", f"must be between 2 and {MAX_CALIBRATION_SAMPLE} images (each costs a few "
+                                       f"embeddings of copies planted of it), got {sample!r}")
     return int(sample)
 
 
