@@ -118,7 +118,8 @@ def duplicates_command(index_dir, threshold, k, model, calibration_sample, max_g
                        as_json) -> None:
     """Groups of copies in the index (the same picture cropped, scaled, re-encoded, brightened or slightly turned),
     each pair verified; alike images that are not copies (colour variants, other products) are listed apart. The
-    first of each group is the one indexed first, and the one kept. Ctrl-C stops the verification and lists what was
+    first of each group is the one kept: the image verified against the most others (a cosine as --threshold: the
+    one indexed first). Ctrl-C stops the verification and lists what was
     verified."""
     from retrieval.analysis.neighbour_pictures import copies_picture, duplicates_picture
     from retrieval.index.curation.catalogued_images import catalogued_image_loader, index_picture_background

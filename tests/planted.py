@@ -118,3 +118,17 @@ def projection_model(folder: Path) -> Path:
     """The tiny ONNX embedder (a fixed random projection of the pixels, 64-d) the tests index digits with."""
     folder.mkdir(parents=True, exist_ok=True)
     return write_projection_onnx(folder / "model.onnx", dim=64)
+
+
+def graph_of(rows: dict[int, list[tuple[int, float]]]):
+    """A ``NeighbourGraph`` by hand: image id -> its neighbours (id, cosine), best first; -1 / -inf pad the rest."""
+    from retrieval.index.curation.neighbour_graph import NeighbourGraph
+
+    ids = np.asarray(sorted(rows), dtype=np.int64)
+    k = max(len(r) for r in rows.values())
+    scores = np.full((len(ids), k), -np.inf, np.float32)
+    neighbours = np.full((len(ids), k), -1, np.int64)
+    for row, image in enumerate(ids.tolist()):
+        for column, (other, score) in enumerate(rows[image]):
+            neighbours[row, column], scores[row, column] = other, score
+    return NeighbourGraph(ids, scores, neighbours)

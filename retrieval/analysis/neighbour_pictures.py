@@ -143,7 +143,7 @@ def copies_picture(summary: dict[str, Any], load: Load, background: Sequence[int
         rows.append(tiles)
     shown = min(len(summary["groups"]), PICTURE_ROWS)
     # two lines at three columns: a longer title squeezes the rows of a picture of few groups into each other
-    title = (f"Verified copies: {shown} of {summary['groups_found']} groups, a row each (blue: kept, indexed first; "
+    title = (f"Verified copies: {shown} of {summary['groups_found']} groups, a row each (blue: the one kept; "
              "orange: its copies, cosine and aligned r)")
     return draw_rows(rows, load, title, background)
 

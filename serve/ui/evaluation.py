@@ -303,8 +303,9 @@ class EvaluationTab:
                 f"The verification was calibrated (auto) on {calibration['copies']} copies planted of "
                 f"{calibration['images']} gallery images: {percent(calibration['copy_recall'])} {METRIC_UNIT} of them "
                 f"found and verified, and {calibration['false_verified']} of {distinct} distinct pairs (nearest "
-                "distinct images, colour variants) wrongly verified. The first of each group is the one indexed "
-                "first, and the one kept; the estimated precision is the chance that every copy of the group is one.")
+                "distinct images, colour variants) wrongly verified. The first of each group is the one kept: "
+                "the image verified against the most others; the estimated precision is the chance that every copy "
+                "of the group is one.")
 
     @staticmethod
     def cosine_text(summary: dict[str, Any]) -> str:

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 from PIL import Image
-from planted import fashion_item, projection_model, write_items
+from planted import fashion_item, graph_of, projection_model, write_items
 
 from retrieval.errors import ParameterError
 from retrieval.index import Index, IngestOptions, build_index
@@ -45,7 +45,7 @@ from retrieval.index.curation.copy_verification import (
     verify_pairs,
 )
 from retrieval.index.curation.duplicates import find_duplicates
-from retrieval.index.curation.neighbour_graph import NeighbourGraph, index_graph
+from retrieval.index.curation.neighbour_graph import index_graph
 from retrieval.index.query_embedder import NoModel
 
 QUICK = IngestOptions(batch_size=32, workers=0, shard_size=64, progress=False)
@@ -323,17 +323,6 @@ def test_a_colour_variant_turns_the_hues_and_keeps_the_white():
 
 
 # --- distinct neighbours
-def graph_of(rows: dict[int, list[tuple[int, float]]]) -> NeighbourGraph:
-    ids = np.asarray(sorted(rows), dtype=np.int64)
-    k = max(len(r) for r in rows.values())
-    scores = np.full((len(ids), k), -np.inf, np.float32)
-    neighbours = np.full((len(ids), k), -1, np.int64)
-    for row, image in enumerate(ids.tolist()):
-        for column, (other, score) in enumerate(rows[image]):
-            neighbours[row, column], scores[row, column] = other, score
-    return NeighbourGraph(ids, scores, neighbours)
-
-
 def test_distinct_neighbours_pass_over_an_images_copies():
     graph = graph_of({
         0: [(1, 0.99), (2, 0.98), (5, 0.80), (6, 0.79), (7, 0.7)],  # two copies, then a gap: the next two

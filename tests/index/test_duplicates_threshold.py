@@ -10,13 +10,12 @@ import shutil
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from planted import plant, projection_model, write_patterns
+from planted import graph_of, plant, projection_model, write_patterns
 
 from retrieval.cli.main import main
 from retrieval.index import Index, IngestOptions, build_index
 from retrieval.index.curation.duplicates import advice, find_duplicates
 from retrieval.index.curation.duplicates_threshold import Calibration, choose_threshold, nearest_distinct_scores
-from retrieval.index.curation.neighbour_graph import NeighbourGraph
 
 QUICK = IngestOptions(batch_size=32, workers=0, shard_size=64, progress=False)
 
@@ -30,17 +29,6 @@ def test_on_a_small_gallery_the_cut_stays_above_its_distinct_lookalikes():
     cut = choose_threshold(copies, distinct)
     assert cut > distinct.max()
     assert cut <= 1.0
-
-
-def graph_of(rows: dict[int, list[tuple[int, float]]]) -> NeighbourGraph:
-    ids = np.asarray(sorted(rows), dtype=np.int64)
-    k = max(len(r) for r in rows.values())
-    scores = np.full((len(ids), k), -np.inf, np.float32)
-    neighbours = np.full((len(ids), k), -1, np.int64)
-    for row, image in enumerate(ids.tolist()):
-        for column, (other, score) in enumerate(rows[image]):
-            neighbours[row, column], scores[row, column] = other, score
-    return NeighbourGraph(ids, scores, neighbours)
 
 
 def test_the_nearest_distinct_image_passes_over_an_images_own_copies_but_not_lookalikes():

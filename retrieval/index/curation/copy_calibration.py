@@ -11,7 +11,6 @@ another label, or past its own copies); the aligned-correlation and colour cuts 
 
 from __future__ import annotations
 
-import io
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +24,13 @@ from retrieval.data.colour import DEFAULT_BACKGROUND, flatten_alpha
 from retrieval.errors import ParameterError
 from retrieval.index.curation.copy_check import SOURCE_SIDE, PairComparison, compare_pair, image_features
 from retrieval.index.curation.copy_verification import CopyGroup, CopyRules
-from retrieval.index.curation.duplicates_threshold import ISOLATION_GAP, MAX_OWN_COPIES, check_sample, embed_images
+from retrieval.index.curation.duplicates_threshold import (
+    ISOLATION_GAP,
+    MAX_OWN_COPIES,
+    check_sample,
+    embed_images,
+    resized_jpeg_cropped,
+)
 from retrieval.index.curation.neighbour_graph import NeighbourGraph, stored_vectors
 from retrieval.index.query_embedder import ImageEmbedder, NoModel
 from retrieval.index.search import Index
@@ -53,18 +58,11 @@ def plant_copies(image: Image.Image, seed: int = 0,
     either way, corners filled with ``background``). Transparent pixels are first put on ``background``."""
     rng = np.random.default_rng(seed)
     rgb = flatten_alpha(image, background).convert("RGB")
-    width, height = rgb.size
-    resized = rgb.resize((max(8, width // 2), max(8, height // 2)), Image.Resampling.BICUBIC)
-    buffer = io.BytesIO()
-    rgb.save(buffer, format="JPEG", quality=35)
-    jpeg = Image.open(io.BytesIO(buffer.getvalue())).convert("RGB")
-    crop_w, crop_h = max(1, round(width * 0.8)), max(1, round(height * 0.8))
-    left, top = int(rng.integers(0, width - crop_w + 1)), int(rng.integers(0, height - crop_h + 1))
-    cropped = rgb.crop((left, top, left + crop_w, top + crop_h))
+    copies = resized_jpeg_cropped(rgb, rng)
     brightness = ImageEnhance.Contrast(ImageEnhance.Brightness(rgb).enhance(1.25)).enhance(0.85)
     angle = float(rng.uniform(3, 8) * rng.choice([-1, 1]))
     rotated = rgb.rotate(angle, resample=Image.Resampling.BICUBIC, expand=True, fillcolor=tuple(background))
-    return {"resized": resized, "jpeg": jpeg, "cropped": cropped, "brightness": brightness, "rotated": rotated}
+    return {**copies, "brightness": brightness, "rotated": rotated}
 
 
 def plant_colour_variant(image: Image.Image, seed: int = 0,

@@ -49,6 +49,14 @@ def plant_copies(image: Image.Image, seed: int = 0,
     contrast x 0.85). Transparent pixels are first put on ``background`` (the model's), as the index does."""
     rng = np.random.default_rng(seed)
     rgb = flatten_alpha(image, background).convert("RGB")
+    recoloured = ImageEnhance.Contrast(ImageEnhance.Brightness(ImageEnhance.Color(rgb).enhance(0.5))
+                                       .enhance(1.2)).enhance(0.85)
+    return {**resized_jpeg_cropped(rgb, rng), "recoloured": recoloured}
+
+
+def resized_jpeg_cropped(rgb: Image.Image, rng: np.random.Generator) -> dict[str, Image.Image]:
+    """Three copies of an RGB image: half the size, JPEG at quality 35, 80 % of each side at an offset drawn from
+    ``rng``."""
     width, height = rgb.size
     resized = rgb.resize((max(8, width // 2), max(8, height // 2)), Image.Resampling.BICUBIC)
     buffer = io.BytesIO()
@@ -56,10 +64,7 @@ def plant_copies(image: Image.Image, seed: int = 0,
     jpeg = Image.open(io.BytesIO(buffer.getvalue())).convert("RGB")
     crop_w, crop_h = max(1, round(width * 0.8)), max(1, round(height * 0.8))
     left, top = int(rng.integers(0, width - crop_w + 1)), int(rng.integers(0, height - crop_h + 1))
-    cropped = rgb.crop((left, top, left + crop_w, top + crop_h))
-    recoloured = ImageEnhance.Contrast(ImageEnhance.Brightness(ImageEnhance.Color(rgb).enhance(0.5))
-                                       .enhance(1.2)).enhance(0.85)
-    return {"resized": resized, "jpeg": jpeg, "cropped": cropped, "recoloured": recoloured}
+    return {"resized": resized, "jpeg": jpeg, "cropped": rgb.crop((left, top, left + crop_w, top + crop_h))}
 
 
 def copy_floor(copy_scores: Sequence[float]) -> float:
