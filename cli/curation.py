@@ -134,8 +134,10 @@ def duplicates_command(index_dir, threshold, k, model, calibration_sample, max_g
         summary["picture"] = _save(picture, png)
     if as_json:
         click.echo(json.dumps(summary, indent=2))
-        return
-    _print_groups(summary, index_dir)
+    else:
+        _print_groups(summary, index_dir)
+    if (summary.get("verification") or {}).get("interrupted"):
+        raise SystemExit(130)  # what was verified is listed; the exit status says it was stopped, as Ctrl-C does
 
 
 def _calibration_text(summary: dict[str, Any]) -> str:

@@ -448,7 +448,7 @@ def test_a_keyboard_interrupt_while_loading_keeps_the_pairs_checked_so_far(pictu
         return pictures[image_id]
 
     result = verify_pairs(first, second, cosines, FeatureCache(load, WHITE), CopyRules(), workers=1, progress=False)
-    assert not result.complete and 1 <= len(result.pairs) < 15
+    assert not result.complete and result.interrupted and 1 <= len(result.pairs) < 15
     assert "Ctrl-C" in result.stopped_because and f"{len(result.pairs)} of 15" in result.stopped_because
     assert all(p.comparison is not None for p in result.pairs)  # each kept pair fully checked
     assert (0, 1) in {(p.first, p.second) for p in result.pairs}

@@ -4,6 +4,7 @@ planted copies, the command's JSON and picture, and `index add` reports or skips
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -201,6 +202,28 @@ def test_index_duplicates_by_default_lists_verified_copies_and_removes_only_them
     assert "candidate pairs" in header and "estimated precision" in header and "Calibrated on 100 copies" in header
     assert lines[-1].startswith(f"next: retrieval index remove {index_dir} --ids ") and "verified copies" in lines[-1]
     assert {int(i) for i in lines[-1].split("--ids ")[1].split()[0].split(",")} == removed
+
+
+def test_ctrl_c_during_the_verification_lists_what_was_verified_and_exits_130(planted_index, monkeypatch):
+    from retrieval.index.curation import duplicates
+
+    real = duplicates.verify_pairs
+
+    def stopped(*args, **kwargs):
+        done = real(*args, **kwargs)
+        half = done.pairs[:len(done.pairs) // 2]
+        return dataclasses.replace(done, pairs=half, complete=False, interrupted=True,
+                                   stopped_because=f"stopped by Ctrl-C after {len(half)} of {done.candidates} "
+                                                   "candidate pairs")
+
+    monkeypatch.setattr(duplicates, "verify_pairs", stopped)
+    index_dir, _, _ = planted_index
+    result = CliRunner().invoke(main, ["index", "duplicates", str(index_dir), "--calibration-sample", "20", "--json"])
+    assert result.exit_code == 130, result.output
+    summary = json.loads(result.output)
+    assert summary["verification"]["interrupted"] and not summary["verification"]["complete"]
+    assert summary["warnings"][0].startswith("verification not finished (stopped by Ctrl-C")
+    assert summary["verification"]["checked"] < summary["verification"]["candidates"]
 
 
 def test_a_sample_finds_the_copies_of_the_images_it_searched(planted_index):

@@ -95,6 +95,7 @@ class Verification:
     seconds: float
     complete: bool = True
     stopped_because: str | None = None
+    interrupted: bool = False  # stopped by Ctrl-C (the command then exits 130 after listing what was verified)
 
     @property
     def pairs_per_second(self) -> float:
@@ -190,7 +191,7 @@ def verify_pairs(first: np.ndarray, second: np.ndarray, cosines: np.ndarray, fea
     if interrupted:
         stopped = f"stopped by Ctrl-C after {len(results):,} of {total:,} candidate pairs"
     pairs = [results[p] for p in sorted(results)]
-    return Verification(pairs, total, time.perf_counter() - started, stopped is None, stopped)
+    return Verification(pairs, total, time.perf_counter() - started, stopped is None, stopped, interrupted)
 
 
 # --- groups

@@ -181,7 +181,7 @@ def find_copies(index: Index, graph: NeighbourGraph, load: Callable[[int], Image
     verification = {"candidates": checked.candidates, "checked": len(checked.pairs), "verified": verified_pairs,
                     "seconds": round(checked.seconds, 2), "pairs_per_second": round(checked.pairs_per_second, 1),
                     "images_read": features.computed, "workers": workers, "complete": checked.complete,
-                    "stopped_because": checked.stopped_because,
+                    "stopped_because": checked.stopped_because, "interrupted": checked.interrupted,
                     "estimated_precision": round(calibration.precision(copy_share), 3),
                     # distinct pairs among the candidates the calibration's false rate would verify
                     "expected_false_pairs": round(calibration.false_rate * (len(checked.pairs) - verified_pairs), 1)}
