@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 import torch
 
+from retrieval.text import text_onnx
 from retrieval.text.text_onnx import ATTENTION_MASK, INPUT_IDS, TEXT_OUTPUT, TextEmbedder, TextTowerRecord
 from retrieval.text.tokens import TextTokenizer
 from retrieval.text.tower import TextTower
@@ -49,7 +50,9 @@ def export_text_tower(tower: TextTower, tokenizer: TextTokenizer, path: str | Pa
         onnx.helper.set_model_props(proto, text_record(tower, tokenizer, image_model_hash, encoder).to_metadata())
         written = Path(scratch) / path.name
         onnx.save_model(proto, str(written))
-        check = verify_text_tower(tower, TextEmbedder(written, providers=["CPUExecutionProvider"]), captions)
+        # the class read from its module when called: a name bound at import would keep whatever stood there then
+        check = verify_text_tower(tower, text_onnx.TextEmbedder(written, providers=["CPUExecutionProvider"]),
+                                  captions)
         written.replace(path)
     return check
 
