@@ -322,8 +322,7 @@ class EvaluationTab:
         copy, what was measured) and their picture; hidden when there are none."""
         found, pairs = summary.get("similar_found", 0), summary.get("similar", [])
         if not found:
-            return (gr.update(value="", visible=False), gr.Dataframe(value=None, visible=False),
-                    gr.Image(visible=False))
+            return self.no_groups()[2:]
         shown = f" (the {len(pairs)} of highest cosine in the table)" if found > len(pairs) else ""
         text = (f"{SIMILAR_HEADING}\n\n**{found} candidate pairs are similar but not copies**{shown}: alike to the "
                 "model, yet the verification found no copy between them (another product, a colour variant, or an "

@@ -36,6 +36,9 @@ from retrieval.index.query_embedder import ImageEmbedder, NoModel
 from retrieval.index.search import Index
 
 COPY_KINDS = ("resized", "jpeg", "cropped", "brightness", "rotated")
+# gallery images whose planted copies calibrate the verification (each: 5 copies embedded and compared, a colour
+# variant and 2 nearest distinct images compared)
+VERIFY_SAMPLE = 50
 CANDIDATE_RECALL = 0.99  # share of the planted copies the candidate cosine keeps
 MARGIN = 0.05  # taken off the candidate cosine: copies harsher than the planted ones score lower
 MIN_CANDIDATE_COSINE = 0.5  # never lower: below, a k-neighbour graph holds mostly unrelated pairs
@@ -218,7 +221,7 @@ def distinct_neighbours(graph: NeighbourGraph, row: int, label_of: Mapping[int, 
 
 
 def calibrate_verification(index: Index, graph: NeighbourGraph, load: Callable[[int], Image.Image | None],
-                           embedder: ImageEmbedder, sample: int = 50, seed: int = 0,
+                           embedder: ImageEmbedder, sample: int = VERIFY_SAMPLE, seed: int = 0,
                            workers: int = 2) -> VerificationCalibration:
     """The candidate cosine and the rules from copies planted of a seeded ``sample`` of the graph's images against
     their colour variants and nearest distinct images (``load(id)``: an image's picture, None if unreadable now)."""
@@ -291,7 +294,7 @@ def calibrate_verification(index: Index, graph: NeighbourGraph, load: Callable[[
                                    checks["variant"], checks["distinct"], bool(label_of))
 
 
-def group_precision(group: CopyGroup, calibration: VerificationCalibration, copy_share: float) -> float:
+def group_precision(group: CopyGroup, calibration: VerificationCalibration, verified_share: float) -> float:
     """The estimated chance that every member of ``group`` is a copy of its first image: the verified pairs'
     ``precision``, once for each of its pairs."""
-    return calibration.precision(copy_share) ** len(group.pairs)
+    return calibration.precision(verified_share) ** len(group.pairs)

@@ -72,7 +72,7 @@ class CopyRules:
 @dataclass(frozen=True)
 class CheckedPair:
     """A candidate pair (``first`` < ``second`` ids), its cosine, what the comparison measured (None: an image could
-    not be read) and why it is not a copy (None: verified)."""
+    not be read or compared) and why it is not a copy (None: verified)."""
 
     first: int
     second: int
@@ -162,9 +162,9 @@ def verify_pairs(first: np.ndarray, second: np.ndarray, cosines: np.ndarray, fea
     pending: set[Future] = set()
     done: set[Future] = set()
     interrupted = False
-    queue = iter(order[:limit].tolist())
     try:
-        for position in queue:  # at most 4 pairs a worker in flight: Ctrl-C is answered within a few pairs
+        # at most 4 pairs a worker in flight: Ctrl-C is answered within a few pairs
+        for position in order[:limit].tolist():
             future = pool.submit(check, position)
             future.position = position  # type: ignore[attr-defined]
             pending.add(future)
@@ -197,7 +197,8 @@ def verify_pairs(first: np.ndarray, second: np.ndarray, cosines: np.ndarray, fea
 # --- groups
 @dataclass(frozen=True)
 class CopyGroup:
-    """A verified group: ``ids`` ascending, the first kept; ``pairs`` each member checked against the first."""
+    """A verified group: ``ids`` the first (the one kept) then the others ascending; ``pairs`` each of the others
+    checked against the first, in that order."""
 
     ids: np.ndarray
     pairs: list[CheckedPair]

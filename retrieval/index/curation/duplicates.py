@@ -20,7 +20,12 @@ from PIL import Image
 
 from retrieval.errors import ParameterError
 from retrieval.index.curation.catalogued_images import catalogued_image_loader
-from retrieval.index.curation.copy_calibration import VerificationCalibration, calibrate_verification, group_precision
+from retrieval.index.curation.copy_calibration import (
+    VERIFY_SAMPLE,
+    VerificationCalibration,
+    calibrate_verification,
+    group_precision,
+)
 from retrieval.index.curation.copy_verification import (
     MAX_EXTRA_CHECKS,
     MAX_PAIRS,
@@ -43,9 +48,6 @@ MAX_MEMBERS_SHOWN = 20  # images listed per group; its size counts all
 # linked images whose vectors are read to cut chained groups around their first image (200,000 x 512 floats: 400 MB);
 # beyond, the groups are left as linked and the summary says so
 MAX_SPLIT_IMAGES = 200_000
-# gallery images whose planted copies calibrate the verification (each: 5 copies embedded and compared, a colour
-# variant and 2 nearest distinct images compared)
-VERIFY_SAMPLE = 50
 NOT_WITH_FIRST = "verified, but not against its group's first image"
 
 
@@ -162,12 +164,12 @@ def find_copies(index: Index, graph: NeighbourGraph, load: Callable[[int], Image
     # the extra comparisons are bounded as the candidates are (the app's click, ``max_pairs``)
     groups = copy_groups(checked.pairs, check_extra, max_checks=min(MAX_EXTRA_CHECKS, max_pairs))
     verified_pairs = sum(p.verified for p in checked.pairs)
-    # the share of candidates verified: what the precision reads the share of copies among them from
-    copy_share = verified_pairs / max(1, len(checked.pairs))
+    # what the precision reads the share of copies among the candidates from
+    verified_share = verified_pairs / max(1, len(checked.pairs))
     listed = group_summaries(index, [_as_linked(g) for g in groups], max_groups, max_members)
     for summary, group in zip(listed, groups, strict=False):
         summary["verified"] = True
-        summary["estimated_precision"] = round(group_precision(group, calibration, copy_share), 3)
+        summary["estimated_precision"] = round(group_precision(group, calibration, verified_share), 3)
         summary["checks"] = [p.comparison.to_dict() if p.comparison is not None else None
                              for p in group.pairs[:max_members - 1]]
     grouped = {int(i): n for n, g in enumerate(groups) for i in g.ids}
@@ -182,7 +184,7 @@ def find_copies(index: Index, graph: NeighbourGraph, load: Callable[[int], Image
                     "seconds": round(checked.seconds, 2), "pairs_per_second": round(checked.pairs_per_second, 1),
                     "images_read": features.computed, "workers": workers, "complete": checked.complete,
                     "stopped_because": checked.stopped_because, "interrupted": checked.interrupted,
-                    "estimated_precision": round(calibration.precision(copy_share), 3),
+                    "estimated_precision": round(calibration.precision(verified_share), 3),
                     # distinct pairs among the candidates the calibration's false rate would verify
                     "expected_false_pairs": round(calibration.false_rate * (len(checked.pairs) - verified_pairs), 1)}
     summary = {
