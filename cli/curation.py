@@ -159,12 +159,14 @@ def _header(summary: dict[str, Any]) -> str:
                 f"({_calibration_text(summary)}); {summary['k']} neighbours each through {summary['search']}{exact}")
     checked, calibration = summary["verification"], summary["calibration"]
     rules = calibration["rules"]
+    # a precision of nothing verified says nothing: only said where some pairs were verified
+    trust = (f" (estimated precision {checked['estimated_precision']:.2f}: the calibration cannot rule out "
+             f"{checked['expected_false_pairs']:g} false ones among them)") if checked["verified"] else ""
     return (f"{summary['groups_found']} groups of verified copies ({summary['copies_in_groups']} copies) among "
             f"{summary['images']} indexed images: {checked['checked']} of {checked['candidates']} candidate pairs "
             f"(among {summary['k']} neighbours each at cosine >= {summary['threshold']:.3f}) compared in "
-            f"{checked['seconds']:.1f} s ({checked['pairs_per_second']:.0f} pairs/s), {checked['verified']} verified "
-            f"(estimated precision {checked['estimated_precision']:.2f}: the calibration cannot rule out "
-            f"{checked['expected_false_pairs']:g} false ones among them): "
+            f"{checked['seconds']:.1f} s ({checked['pairs_per_second']:.0f} pairs/s), {checked['verified']} verified"
+            f"{trust}: "
             f">= {rules['min_inliers']} features agreeing under one transform, aligned content correlating >= "
             f"{rules['correlation']:.2f}, colours within {rules['colour_mismatch']:.0f} degrees of hue. Calibrated "
             f"on {calibration['copies']} copies planted of {calibration['images']} gallery images "

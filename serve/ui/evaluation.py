@@ -292,8 +292,9 @@ class EvaluationTab:
         sampled = f" (a sample of {summary['images']} of {summary['indexed']})" if summary["sampled"] else ""
         of = f" of {checked['candidates']}" if checked["checked"] != checked["candidates"] else ""
         distinct = calibration["distinct_pairs"] + calibration["colour_variants"]
+        # a precision of nothing verified says nothing: only said where some pairs were verified
         trust = f" (estimated precision {checked['estimated_precision']:.2f})" \
-            if checked.get("estimated_precision") is not None else ""
+            if checked.get("estimated_precision") is not None and checked["verified"] else ""
         return (f"**{summary['groups_found']} groups of verified copies** ({summary['copies_in_groups']} copies) "
                 f"among the indexed images{sampled}. {checked['checked']}{of} candidate pairs (one among the other's "
                 f"{summary['k']} nearest at cosine ≥ **{summary['threshold']:.3f}**) were checked in "

@@ -282,3 +282,19 @@ def test_index_add_reports_new_near_duplicates_and_skips_them_on_request(planted
     off = CliRunner().invoke(main, ["index", "add", str(index_dir), "--images", str(more), "--duplicate-threshold",
                                     "2"])
     assert off.exit_code == 1 and "--duplicate-threshold must be in [-1, 1], got 2.0" in off.output
+
+
+def test_the_header_states_a_precision_only_where_pairs_were_verified():
+    """Nothing verified: no "estimated precision 0.00 ... false ones among them" about an empty set."""
+    from retrieval.cli.curation import _header
+
+    summary = {"groups_found": 0, "copies_in_groups": 0, "images": 10, "k": 10, "threshold": 0.6,
+               "exact_duplicates": 0, "mode": "verified",
+               "calibration": {"rules": {"min_inliers": 4, "correlation": 0.9, "colour_mismatch": 10.0}, "copies": 5,
+                               "images": 1, "copy_recall": 1.0, "distinct_pairs": 2, "colour_variants": 1,
+                               "false_verified": 0},
+               "verification": {"checked": 5, "candidates": 5, "seconds": 1.0, "pairs_per_second": 5.0,
+                                "verified": 0, "estimated_precision": 0.0, "expected_false_pairs": 1.2}}
+    assert "0 verified:" in _header(summary) and "estimated precision" not in _header(summary)
+    summary["verification"] |= {"verified": 2, "estimated_precision": 0.81}
+    assert "2 verified (estimated precision 0.81: the calibration cannot rule out 1.2 false ones" in _header(summary)
