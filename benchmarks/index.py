@@ -1,6 +1,6 @@
 """Gallery index benchmarks.
 
-1. Indexing throughput: end-to-end ``build_index`` images/s (decode in workers + embed + shards + faiss)
+1. Indexing throughput: end-to-end ``build_index`` images/s (decode in threads + embed + shards + faiss)
    against the embedder alone on already-preprocessed batches (target ratio >= 0.9).
 2. Search: build time, tuned parameters, 1-recall@1, 10-recall@10 against exact search and p50/p99
    single-query latency of each index type on random unit vectors.
@@ -9,7 +9,6 @@
    each round runs both in fresh processes, one after the other; the ratio of their best rounds is reported.
 
     .venv/bin/python benchmarks/index.py throughput --images 1024 --rounds 5
-    .venv/bin/python benchmarks/index.py throughput --images 1024 --rounds 3 --loader pool  # the base install's
     .venv/bin/python benchmarks/index.py search --n 1000000 --dim 128
     .venv/bin/python benchmarks/index.py read --n 20000 --against /tmp/before --rounds 3
 
@@ -44,11 +43,6 @@ def throughput(args: argparse.Namespace) -> dict:
     from retrieval.index import IngestOptions, build_index, load_model
     from retrieval.models import create_embedder
 
-    if args.loader == "pool":  # decode as the base install does (no torch) although torch is installed here
-        import retrieval.index.embedding.ingest
-        from retrieval.index.embedding.decode import pool_batches
-
-        retrieval.index.embedding.ingest.decoded_batches = pool_batches
     work = Path(tempfile.mkdtemp(prefix="bench-index-"))
     torch.manual_seed(0)
     model = create_embedder(args.backbone, embedding_dim=128, pretrained=False).eval()
@@ -81,20 +75,19 @@ def throughput(args: argparse.Namespace) -> dict:
         "images": args.images,
         "batch_size": args.batch_size,
         "workers": args.workers,
-        "loader": args.loader,
         "rounds": args.rounds,
         "embedder_alone_img_s": [round(v, 1) for v in alone],
         "end_to_end_img_s": [round(v, 1) for v in end_to_end],
         "ratios": [round(r, 3) for r in ratios],
         "median_ratio": round(float(np.median(ratios)), 3),
-        # what the build cost in CPU, its decode workers included: unlike img/s, other load on the machine moves it
+        # what the build cost in CPU, its decoding threads included: unlike img/s, other load on the machine moves it
         # little
         "end_to_end_cpu_ms_per_img": [round(v, 2) for v in cpu_ms],
     }
 
 
 def own_cpu_seconds() -> float:
-    """CPU seconds of this process and its ended child processes (the decode workers, once a build is over)."""
+    """CPU seconds of this process (its decoding threads included) and its ended child processes."""
     import resource
 
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -403,11 +396,9 @@ def main() -> None:
     t = sub.add_parser("throughput")
     t.add_argument("--images", type=int, default=256)
     t.add_argument("--batch-size", type=int, default=32)
-    t.add_argument("--workers", type=int, default=1)
+    t.add_argument("--workers", type=int, default=None, help="decoding threads (default: the build's own)")
     t.add_argument("--rounds", type=int, default=5, help="interleaved alone / end-to-end rounds (median reported)")
     t.add_argument("--backbone", default="resnet18")
-    t.add_argument("--loader", choices=["auto", "pool"], default="auto",
-                   help="auto: torch's DataLoader where torch is installed; pool: the base install's process pool")
     s = sub.add_parser("search")
     s.add_argument("--n", type=int, default=1_000_000)
     s.add_argument("--dim", type=int, default=128)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from retrieval.cli.help_text import default_max_pixels, image_extensions
 from retrieval.options import TRUSTED_MODEL, option
-from retrieval.utils.workers import DEFAULT_WORKERS_TEXT
+from retrieval.utils.workers import DECODE_THREADS_TEXT
 
 DEFAULT_MAX_QUERIES = 1000  # query images one search takes: a folder given by mistake is refused, not embedded
 LABEL_RULE_NAMES = "parent|top|manifest|none"
@@ -109,7 +109,8 @@ class IndexOptions:
         "query stays under MS milliseconds.", low=0, low_open=True, metavar="MS")
     # reading and embedding images (build, add, repair, upgrade)
     batch_size: int = option(64, "reading and embedding", "images per embedding batch.")
-    workers: int | None = option(None, "reading and embedding", "decoding workers.", default_text=DEFAULT_WORKERS_TEXT)
+    workers: int | None = option(None, "reading and embedding", "decoding threads (beside the model's own).",
+                                 default_text=DECODE_THREADS_TEXT)
     shard_size: int = option(4096, "reading and embedding", "images per shard (the unit of resumption).")
     max_pixels: int | None = option(None, "reading and embedding", "refuse images with more pixels (decompression "
                                     "bombs).", default_text=default_max_pixels)

@@ -58,14 +58,17 @@ def upgrade_command(index_dir, model, order, commit_every, native, batch_size, w
     finish(summary, as_json,
            f"upgraded {summary['index_dir']} to model {summary['model_hash']}: {summary['reembedded']} images "
            f"re-embedded, {how}{unreadable}; {summary['deleted_shards']} shards of the old vectors deleted"
-           + (_measured_line(summary.get("compatibility")) if summary["mode"] == "mixed" else ""),
+           + (_measured_line(summary.get("compatibility"), summary.get("int8")) if summary["mode"] == "mixed" else ""),
            serve_next(summary["index_dir"]))
 
 
-def _measured_line(measured: dict | None) -> str:
-    """A mixed upgrade's second line: how well new queries met the old vectors, as the model's training measured."""
-    from retrieval.compatibility import compatibility_sentence
+def _measured_line(measured: dict | None, int8: dict | None = None) -> str:
+    """A mixed upgrade's second line: how well new queries met the old vectors, as the model's training measured (an
+    int8 model: as its quantization measured it against its parent)."""
+    from retrieval.compatibility import compatibility_sentence, int8_sentence
 
+    if int8 is not None:  # the index's own model quantized: what matters is how close to it int8 stayed
+        return f"\nmeasured when it was quantized: {int8_sentence(int8)}"
     if measured is None:
         return ("\nmeasured compatibility: none recorded with the model (`retrieval evaluate --checkpoint NEW "
                 "--gallery-model OLD` measures it)")

@@ -216,40 +216,59 @@ def _open_problem(exc: OSError) -> str:
 def _answers(index, queries: list[tuple[str, str | None]], k: int, exclude_self: bool, where=None,
              rerank=None) -> list[dict]:
     """Each query's answer, in order: its results (and the id left out as the query itself), or the reason it
-    cannot be searched. Each file is opened once (hashed, then decoded, as the index builder does); the readable
-    queries are embedded ``QUERY_BATCH`` at a time."""
+    cannot be searched. Each file is opened once (hashed, then decoded and prepared for the model, as the index
+    builder does) in decoding threads, the next ``QUERY_BATCH`` while the model embeds these."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from retrieval.data.eval_preprocess import EvalPreprocess
+    from retrieval.utils.workers import default_decode_threads
+
+    if not any(problem is None for _, problem in queries):
+        return [{"query": _resolved(query), "error": problem} for query, problem in queries]
+    prepare = EvalPreprocess(index.embedder.preprocessing)
     answers = []
-    for start in range(0, len(queries), QUERY_BATCH):
-        answers.extend(_answer_batch(index, queries[start:start + QUERY_BATCH], k, exclude_self, where, rerank))
+    with ThreadPoolExecutor(default_decode_threads(), thread_name_prefix="decode") as pool:
+        def submit(start: int) -> list:
+            return [pool.submit(_read_query, query, problem, prepare) for query, problem in
+                    queries[start:start + QUERY_BATCH]]
+
+        pending = submit(0)
+        for start in range(0, len(queries), QUERY_BATCH):
+            read = [future.result() for future in pending]
+            pending = submit(start + QUERY_BATCH)
+            answers.extend(_answer_batch(index, read, k, exclude_self, where, rerank))
     return answers
 
 
-def _answer_batch(index, queries: list[tuple[str, str | None]], k: int, exclude_self: bool, where=None,
-                  rerank=None) -> list[dict]:
-    """``_answers`` for one batch of queries: decoded, embedded together and searched."""
+def _read_query(query: str, problem: str | None, prepare) -> tuple[dict, str | None, object]:
+    """(answer so far, sha256, the image prepared for the model), or the answer with the reason it cannot be read."""
     from retrieval.data.decode import ImageDecodeError, open_regular_file, read_image
     from retrieval.index.embedding.gallery_file import file_digest
 
-    answers, images, digests = [], [], []
-    for query, problem in queries:
-        answer = {"query": _resolved(query)}
-        try:
-            if problem is not None:
-                answer["error"] = problem
-            else:
-                with open_regular_file(query) as handle:
-                    sha256, _ = file_digest(handle)
-                    handle.seek(0)
-                    images.append(read_image(handle).image)
-                digests.append(sha256)
-        except ImageDecodeError as exc:
-            answer["error"] = str(exc)
-        except OSError as exc:
-            answer["error"] = _open_problem(exc)
-        answers.append(answer)
-    readable = [a for a in answers if "error" not in a]
-    embeddings = index.embedder.embed(images) if images else []
-    for answer, sha256, embedding in zip(readable, digests, embeddings, strict=True):
+    answer = {"query": _resolved(query)}
+    if problem is not None:
+        return answer | {"error": problem}, None, None
+    try:
+        with open_regular_file(query) as handle:
+            sha256, _ = file_digest(handle)
+            handle.seek(0)
+            image = read_image(handle).image
+        return answer, sha256, prepare(image)
+    except ImageDecodeError as exc:
+        return answer | {"error": str(exc)}, None, None
+    except OSError as exc:
+        return answer | {"error": _open_problem(exc)}, None, None
+
+
+def _answer_batch(index, read: list[tuple[dict, str | None, object]], k: int, exclude_self: bool, where=None,
+                  rerank=None) -> list[dict]:
+    """``_answers`` for one batch of queries read by ``_read_query``: embedded together and searched."""
+    import numpy as np
+
+    answers = [answer for answer, _, _ in read]
+    readable = [(answer, sha256, array) for answer, sha256, array in read if "error" not in answer]
+    embeddings = index.embedder.embed(np.stack([array for _, _, array in readable])) if readable else []
+    for (answer, sha256, _), embedding in zip(readable, embeddings, strict=True):
         row = index.indexed_by_sha256(sha256) if exclude_self else None
         excluded = None if row is None else int(row["id"])
         found = index.search(embedding[None], k, exclude_ids=() if excluded is None else (excluded,), where=where,

@@ -30,6 +30,10 @@ COMPATIBILITY_KEY = "compatibility"
 # run's --eval-extra sets: from the pretrained backbone's; WiSE-FT's curve: from the start's)
 KEPT_K = 10
 KEPT = f"neighbours_kept@{KEPT_K}"
+# an int8 model against its fp32 parent (`retrieval export --int8`): the neighbours each image keeps; the record its
+# metadata holds under onnx_runtime.INT8_KEY
+INT8_NEIGHBOURS = 10
+INT8_KEY = "int8"
 
 
 def compatibility_metrics(new_query: np.ndarray, old_query: np.ndarray, query_labels: np.ndarray,
@@ -208,3 +212,51 @@ def neighbour_overlap(first: np.ndarray, second: np.ndarray, k: int = 10) -> np.
         raise ParameterError("k", f"must be between 1 and {len(first) - 1} (the images less one), got {k}")
     a, b = top_k(first, k), top_k(second, k)
     return np.asarray([len(set(x.tolist()) & set(y.tolist())) / k for x, y in zip(a, b, strict=True)])
+
+
+def cross_neighbour_overlap(reference: np.ndarray, queries: np.ndarray, k: int = 10) -> np.ndarray:
+    """Per row i: the share of i's ``k`` nearest rows under ``reference`` (among the others) that are among the ``k``
+    nearest ``reference`` rows to ``queries[i]`` (its own row left out): what another model's query finds in a gallery
+    ``reference`` embedded (the same images, unit vectors). float64 [n] in [0, 1]."""
+    import faiss
+
+    if np.shape(queries) != np.shape(reference):
+        raise ParameterError("queries", f"must embed the same images in the same space as reference "
+                                        f"{np.shape(reference)}, got {np.shape(queries)}")
+    if not 1 <= k < len(reference):
+        raise ParameterError("k", f"must be between 1 and {len(reference) - 1} (the images less one), got {k}")
+    gallery = np.ascontiguousarray(reference, dtype=np.float32)
+    index = faiss.IndexFlatIP(gallery.shape[1])
+    index.add(gallery)
+    _, found = index.search(np.ascontiguousarray(queries, dtype=np.float32), k + 1)
+    rows = np.arange(len(gallery))[:, None]
+    crossed = np.stack([row[row >= 0][:k] for row in np.where(found == rows, -1, found)])
+    own = top_k(gallery, k)
+    return np.asarray([len(set(x.tolist()) & set(y.tolist())) / k for x, y in zip(own, crossed, strict=True)])
+
+
+def int8_record(metadata: Mapping[str, str] | None) -> dict[str, Any] | None:
+    """What an int8 model's metadata records of its quantization (``INT8_KEY``: its parent, recipe, calibration and
+    verification), or None: not an int8 model, or a record this version cannot read."""
+    try:
+        record = json.loads((metadata or {}).get(INT8_KEY) or "null")
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("verification"), dict):
+        return None
+    try:
+        int8_sentence(record)  # anyone's file: a record the sentence cannot read is no record
+    except (KeyError, TypeError, ValueError):
+        return None
+    return record
+
+
+def int8_sentence(record: Mapping[str, Any]) -> str:
+    """An int8 model's record in words: what it was quantized from and how close to it it stayed."""
+    check, calibration = record["verification"], record["calibration"]
+    return (f"int8 of fp32 model {record['fp32_model_hash']}, calibrated on {int(calibration['images'])} images of "
+            f"{calibration['source']}; on {int(check['images'])} {'held-out' if check['held_out'] else 'calibration'} "
+            f"images its cosine to fp32 had median {float(check['cosine']['median']):.4f}, each image kept "
+            f"{float(check['neighbours_kept']):.2f} of its {INT8_NEIGHBOURS} nearest neighbours, and its queries kept "
+            f"{float(check['int8_queries_in_fp32']):.2f} of them in an fp32 gallery (fp32 queries in an int8 gallery "
+            f"{float(check['fp32_queries_in_int8']):.2f})")

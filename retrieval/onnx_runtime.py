@@ -45,6 +45,7 @@ REQUIRED_METADATA = (
     "format", "backbone", "embedding_dim", "input_size", "mean", "std", "normalized", "config_hash",
     "model_hash", "model_config", "precision",
 )
+PRECISIONS = ("fp32", "fp16", "int8")
 
 ImageInput = Image.Image | str | os.PathLike
 
@@ -106,8 +107,8 @@ def build_metadata(
     """The ``metadata_props`` an exported embedder carries (all values are strings): the explicit keys from
     ``preprocessing``; ``model_config``, the model's whole config (``Embedder.config``, whose preprocessing keys
     ``preprocessing`` was read from), written as it is under ``model_config``."""
-    if precision not in ("fp32", "fp16"):
-        raise ValueError(f"precision must be 'fp32' or 'fp16', got {precision!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if preprocessing.backbone is None or preprocessing.embedding_dim is None:
         raise ValueError("an exported model's metadata names its backbone and embedding_dim: the model config has "
                          "no 'backbone' or 'embedding_dim'")
@@ -387,6 +388,11 @@ class OnnxEmbedder:
     @property
     def config_hash(self) -> str:
         return self._metadata["config_hash"]
+
+    @property
+    def precision(self) -> str:
+        """fp32, fp16 or int8, as the export recorded it."""
+        return self._metadata.get("precision", "fp32")
 
     @property
     def normalized(self) -> bool:

@@ -124,6 +124,8 @@ def prepare_vectors(vectors: np.ndarray, dim: int) -> np.ndarray:
 
 
 COMPATIBLE_WITH = "compatible_with"  # ONNX metadata: JSON list of the model hashes a model was trained to match
+# ONNX metadata and index.json: the model_hash of the fp32 model an int8 model was quantized from
+PARENT_MODEL_KEY = "fp32_model_hash"
 
 
 def declared_compatible(embedder: ImageEmbedder) -> frozenset[str]:
@@ -168,11 +170,12 @@ def same_output(embedder: ImageEmbedder, info: Mapping[str, Any]) -> bool:
 
 def is_compatible(embedder: ImageEmbedder, info: Mapping[str, Any]) -> bool:
     """Whether ``embedder`` may search (and be added to) an index whose index.json is ``info``: the same model,
-    or one declared compatible with its model (by the ONNX file's hash or its PyTorch weights' hash). Vectors a
+    or one declared compatible with its model (by the ONNX file's hash or its PyTorch weights' hash), or the fp32
+    parent of the int8 model that built it. Vectors a
     model's compatible output made are in the old models' space: there a model must be declared compatible with
     those (``model_output_space``), not with the model that projected into it."""
-    if embedder.model_hash == info.get("model_hash"):
-        return True
+    if embedder.model_hash in (info.get("model_hash"), info.get(PARENT_MODEL_KEY)):
+        return True  # the same model, or the fp32 parent of the int8 model that built it (measured when quantized)
     space = info.get("model_output_space")
     built_by = set(space) if space else {info.get("model_hash"), info.get("source_model_hash")} - {None}
     return bool(declared_compatible(embedder) & built_by)

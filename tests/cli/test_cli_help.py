@@ -16,7 +16,7 @@ from retrieval.data.formats import IMAGE_EXTENSIONS
 from retrieval.losses.registry import LOSSES, NEGATIVES
 from retrieval.models.backbones import BACKBONES
 from retrieval.serve.defaults import DEFAULT_HOST, DEFAULT_PORT
-from retrieval.utils.workers import DEFAULT_WORKERS_TEXT
+from retrieval.utils.workers import DECODE_THREADS_TEXT
 
 
 def help_text(*command: str) -> str:
@@ -41,7 +41,7 @@ def test_train_help_names_every_registered_name(option, registry):
 def test_index_help_names_the_decoders_extensions_and_limits():
     text = help_text("index", "build")
     assert {extension.lstrip(".") for extension in IMAGE_EXTENSIONS} <= names(text.replace("/", " "))
-    assert f"[default: {DEFAULT_MAX_PIXELS:,}]" in text and f"[default: {DEFAULT_WORKERS_TEXT}]" in text
+    assert f"[default: {DEFAULT_MAX_PIXELS:,}]" in text and f"[default: {DECODE_THREADS_TEXT}]" in text
 
 
 def test_help_texts_import_no_registry_until_shown():

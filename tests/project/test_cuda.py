@@ -6,6 +6,7 @@ CI has no GPU, so this module is skipped there (pytest -ra prints the reason); r
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -389,7 +390,8 @@ def test_device_decode_on_cuda_shows_what_the_workers_show(tmp_path):
         if augmentation == "crop-flip":  # the colour augmentations draw other numbers on the device
             assert (images.cpu() - cpu.inputs).abs().mean(dim=(1, 2, 3)).max() < 0.05
     # a letterboxing model: the whole image resized and placed on the background canvas, on the GPU
-    cpu, images, labels, bad, _ = both_pipelines(paths, "crop-flip", device="cuda", config=CONFIG | {"resize": "pad"})
+    letterboxed = replace(CONFIG, resize="pad")
+    cpu, images, labels, bad, _ = both_pipelines(paths, "crop-flip", device="cuda", config=letterboxed)
     assert images.is_cuda and bad == [] and (images.cpu() - cpu.inputs).abs().mean(dim=(1, 2, 3)).max() < 0.05
 
 

@@ -1,6 +1,7 @@
 """Embed catalogued gallery files (id, path) with a model, a batch at a time: what an upgrade writes and what a
 model comparison reads. Decoding runs in threads (``gallery_file.decode_file``: PIL releases the GIL while it
-decodes); an unreadable file comes back as its reason, never as an exception."""
+decodes), the next batch's while the model embeds this one; an unreadable file comes back as its reason, never as an
+exception."""
 
 from __future__ import annotations
 
@@ -42,8 +43,13 @@ class RowEmbedder:
         """Decode and embed ``rows`` (catalogue id, path), ``batch_size`` images per model call."""
         dim = int(self.embedder.embedding_dim)
         ids, parts, records = [], [np.zeros((0, dim), np.float32)], []
-        for start in range(0, len(rows), self.batch_size):
-            decoded = list(self.pool.map(self._decode, rows[start:start + self.batch_size]))
+        starts = range(0, len(rows), self.batch_size)
+        pending = [self.pool.submit(self._decode, row) for row in rows[:self.batch_size]]
+        for start in starts:
+            decoded = [future.result() for future in pending]
+            # the next batch decodes while this one is embedded
+            pending = [self.pool.submit(self._decode, row)
+                       for row in rows[start + self.batch_size:start + 2 * self.batch_size]]
             ok = [d for d in decoded if d.array is not None]
             if ok:
                 batch = np.stack([d.array for d in ok]).astype(np.float32, copy=False)

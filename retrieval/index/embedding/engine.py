@@ -45,7 +45,7 @@ class IngestOptions:
     """How the index commands decode, embed and shard, which engine does it, and how ``--index-key auto`` chooses."""
 
     batch_size: int = 64
-    workers: int | None = None  # the local engine's decode workers (None: ``retrieval.utils.workers.default_workers``)
+    workers: int | None = None  # decoding threads (None: ``retrieval.utils.workers.default_decode_threads``)
     shard_size: int = DEFAULT_SHARD_SIZE
     max_pixels: int = DEFAULT_MAX_PIXELS
     progress: bool = True

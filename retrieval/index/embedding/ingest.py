@@ -18,13 +18,13 @@ import numpy as np
 from tqdm.std import tqdm
 
 from retrieval.index.catalogue import THROUGHPUT_META, Catalogue, Outcome, Status
-from retrieval.index.embedding.decode import Decoded, DecodedBatch, GalleryDecodeDataset, decoded_batches
+from retrieval.index.embedding.decode import Decoded, DecodedBatch, GalleryDecodeDataset, thread_batches
 from retrieval.index.embedding.engine import IngestEngine, IngestOptions, add_sequentially
 from retrieval.index.query_embedder import ImageEmbedder, prepare_vectors
 from retrieval.index.shards import ShardStore
 from retrieval.index.vectors import Chunks
 from retrieval.utils.progress import progress_bar
-from retrieval.utils.workers import default_workers
+from retrieval.utils.workers import default_decode_threads
 
 
 class ShardBuffer:
@@ -54,8 +54,8 @@ class Ingestor:
         if not pending:
             return
         dataset = GalleryDecodeDataset(pending, self.embedder.preprocessing, self.options.max_pixels)
-        workers = default_workers() if self.options.workers is None else self.options.workers
-        loader = decoded_batches(dataset, self.options.batch_size, workers)
+        threads = default_decode_threads() if self.options.workers is None else self.options.workers
+        loader = thread_batches(dataset, self.options.batch_size, threads)
         with self.progress_bar(len(pending)) as bar:
             for decoded in loader:
                 self._take(decoded)
@@ -110,8 +110,8 @@ class Ingestor:
 
 
 class LocalEngine:
-    """``--engine local``: decode in worker processes (``decode.decoded_batches``), embed in this process, fill
-    faiss here."""
+    """``--engine local``: decode in threads of this process while the model embeds the batch before
+    (``decode.thread_batches``), fill faiss here."""
 
     name = "local"
 

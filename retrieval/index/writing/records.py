@@ -23,6 +23,7 @@ from retrieval.index.layout import IndexLayout, IndexLockedError, repair_command
 from retrieval.index.portable import GALLERY_RELATIVE, MODEL_RELATIVE, find_model, gallery_place, relative_to_index
 from retrieval.index.query_embedder import (
     EMBEDDINGS_SOURCE,
+    PARENT_MODEL_KEY,
     ImageEmbedder,
     ModelMismatchError,
     load_model,
@@ -105,6 +106,8 @@ def model_fields(embedder: ImageEmbedder, model_path: str | None, index_root: Pa
         "model_hash": embedder.model_hash,
         # the PyTorch weights it was exported from: a model trained compatible with a checkpoint names these
         "source_model_hash": (getattr(embedder, "metadata", None) or {}).get("source_model_hash"),
+        # an int8 model's fp32 parent, which may search what it built (measured when it was quantized)
+        PARENT_MODEL_KEY: (getattr(embedder, "metadata", None) or {}).get(PARENT_MODEL_KEY),
         "embedding_dim": int(embedder.embedding_dim),
         "model_normalized": bool(embedder.normalized),
         "similarity": SIMILARITY,
@@ -133,8 +136,9 @@ def info_from_meta(catalogue: Catalogue) -> dict[str, Any]:
         info["gallery_root"] = get("gallery_root")
     if get(GALLERY_RELATIVE) is not None:
         info[GALLERY_RELATIVE] = get(GALLERY_RELATIVE)
-    if get("source_model_hash") is not None:
-        info["source_model_hash"] = get("source_model_hash")
+    for key in ("source_model_hash", PARENT_MODEL_KEY):
+        if get(key) is not None:
+            info[key] = get(key)
     if get("model_output") is not None:
         info["model_output"] = get("model_output")
     if get("model_output_space") is not None:

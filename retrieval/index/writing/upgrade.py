@@ -43,7 +43,7 @@ from typing import Any
 import faiss
 import numpy as np
 
-from retrieval.compatibility import COMPATIBLE, compatibility_sentence, recorded_compatibility
+from retrieval.compatibility import COMPATIBLE, compatibility_sentence, int8_record, recorded_compatibility
 from retrieval.errors import ParameterError
 from retrieval.index.catalogue import UPGRADE_MODEL_PATH, Catalogue, Outcome, Status
 from retrieval.index.embedding.embed_rows import RowEmbedder
@@ -55,6 +55,7 @@ from retrieval.index.portable import MODEL_RELATIVE, find_model, relative_to_ind
 from retrieval.index.query_embedder import (
     EMBEDDINGS_SOURCE,
     OUTPUT_FIELDS,
+    PARENT_MODEL_KEY,
     ImageEmbedder,
     NoModelError,
     built_without_model,
@@ -70,15 +71,15 @@ from retrieval.index.vectors import done_chunks
 from retrieval.index.writing.mend import mend
 from retrieval.index.writing.records import meta_values, model_fields, relocate, require_complete
 from retrieval.utils.progress import progress_bar
-from retrieval.utils.workers import default_workers
+from retrieval.utils.workers import default_decode_threads
 
 log = logging.getLogger(__name__)
 
 ORDERS = ("uncertain", "id", "random")
 DEFAULT_COMMIT_EVERY = 4096  # images re-embedded between two publishes of a mixed upgrade
 NEIGHBOURS = 10  # old neighbours that measure how certain an old embedding is
-MODEL_META = ("model_path", MODEL_RELATIVE, "model_hash", "source_model_hash", "embedding_dim", "model_normalized",
-              "similarity", *OUTPUT_FIELDS)
+MODEL_META = ("model_path", MODEL_RELATIVE, "model_hash", "source_model_hash", PARENT_MODEL_KEY, "embedding_dim",
+              "model_normalized", "similarity", *OUTPUT_FIELDS)
 UPGRADE_MODEL_RELATIVE = "upgrade_model_path_relative"  # the new model's path from the index folder (it may move)
 UPGRADE_META = ("upgrade_model_hash", UPGRADE_MODEL_PATH, UPGRADE_MODEL_RELATIVE, "upgrade_mode", "upgrade_from",
                 "upgrade_first_shard", "upgrade_model_output")
@@ -249,6 +250,8 @@ def upgrade_index(
         measured = _measured_compatibility(embedder, state["mode"])
         summary = _run(layout, state, embedder, model_path, order, int(commit_every), options, on_publish)
     summary["compatibility"] = measured
+    # an int8 model of the index's own: how close to its parent it stayed, as measured when it was quantized
+    summary["int8"] = int8_record(getattr(embedder, "metadata", None)) if state["mode"] == "mixed" else None
     summary["seconds"] = round(time.perf_counter() - started, 3)
     return summary
 
@@ -341,7 +344,7 @@ def _run(layout: IndexLayout, state: dict[str, Any], embedder: ImageEmbedder, mo
         del faiss_index
         total = len(ordered) + len(waiting)
         summary["to_reembed"] = int(total)
-    workers = default_workers() if options.workers is None else options.workers
+    workers = default_decode_threads() if options.workers is None else options.workers
     step = commit_every if mode == "mixed" else options.shard_size
     bar = progress_bar(total=total, initial=len(waiting), desc="upgrade", unit="img", disable=not options.progress)
     with RowEmbedder(embedder, options.batch_size, workers, options.max_pixels) as rows_embedder, bar:

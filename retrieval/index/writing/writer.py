@@ -8,7 +8,7 @@ choose (``engines``, ``ingest``) and builds or updates faiss (``faiss_build``).
 Resumability, step by step (a kill -9 at any point loses nothing and duplicates nothing):
 1. plan: every gallery path gets a ``pending`` catalogue row in one transaction (idempotent: a path
    already catalogued keeps its row and id);
-2. ingest (``ingest``): pending images are decoded in worker processes (``decode.decoded_batches``) and embedded
+2. ingest (``ingest``): pending images are decoded in threads (``decode.thread_batches``) and embedded
    in batches; a shard file (ids, vectors and the outcomes of its images) is written atomically, then its rows
    are marked done/error/duplicate in one transaction;
 3. reconcile (``mend``, at the start of every run): a shard written but not yet recorded (a kill between the
