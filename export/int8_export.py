@@ -2,13 +2,13 @@
 of the user's own images, verified against its fp32 parent on other images of the same source, and refused, with the
 numbers, where it loses more than the bounds below.
 
-What keeps the recall (measured, docs/BENCHMARKS.md "int8 on the CPU"): weights in int8 per output channel (per tensor,
-the depthwise convolutions of EfficientNet and MobileNet lose their small channels: mean cosine to fp32 0.71), uint8
-activations with a zero point of their own (symmetric int8 activations kept the recall but ran at 1.1x fp32, not 2x),
+What keeps the recall (measured, docs/BENCHMARKS.md "CPU throughput"): weights in int8 per output channel (per tensor,
+the depthwise convolutions of EfficientNet and MobileNet lose their small channels: median cosine to fp32 0.70), uint8
+activations with a zero point of their own (symmetric int8 activations kept the recall but ran slower than fp32),
 ranges read as the calibration's minimum and maximum (percentile and entropy calibration were within noise of it and
-8x slower to calibrate), every operator onnxruntime quantizes (a convolution quantized alone, its ReLU6 not folded into
-its range, lost 0.05 MAP@R), in the QDQ format (onnxruntime fuses it into the same integer kernels as QOperator, and
-other runtimes read it); the pooling and the L2 normalisation stay in fp32, as onnxruntime leaves them.
+10x slower to calibrate), every operator onnxruntime quantizes (a convolution quantized alone, its ReLU6 not folded
+into its range, lost 0.06 MAP@R), in the QDQ format (onnxruntime fuses it into the same integer kernels as QOperator,
+and other runtimes read it); the pooling and the L2 normalisation stay in fp32, as onnxruntime leaves them.
 
 This module imports no torch: an existing fp32 export is quantized on the base install.
 """
@@ -43,14 +43,15 @@ from retrieval.utils.progress import progress_bar
 logger = logging.getLogger(__name__)
 Log = Callable[[str], None]
 
-CALIBRATION_IMAGES = 256  # a seeded sample of the source: the ranges of 64 and of 200 images agreed within noise
+CALIBRATION_IMAGES = 256  # a seeded sample of the source: 64 images measured within noise of 256
 MIN_CALIBRATION_IMAGES = 16
 VERIFY_IMAGES = 256  # images of the source outside the calibration sample the int8 model is verified on
 MIN_HELD_OUT = 32  # fewer left over: the calibration images verify it, and the record says so
 CALIBRATION_BATCH = 8
 CALIBRATION_BYTES = 2**30  # the calibration images are held preprocessed at once: at most this much (1,780 at 224 px)
 # the bounds an int8 model must meet against its parent on the verification images (docs/INDEX.md "int8"); the
-# recipe below measured median cosine 0.99, 1st percentile 0.97 and 0.9 of 10 neighbours kept on product photos
+# recipe below measured median cosine 0.99, 1st percentile 0.96-0.98 and 0.89-0.92 of 10 neighbours kept on product
+# photos
 MIN_MEDIAN_COSINE = 0.98
 MIN_LOW_COSINE = 0.90  # the 1st percentile of the images' cosines: a few images may move, not many
 MIN_NEIGHBOURS_KEPT = 0.75  # the mean share of an image's 10 nearest under fp32 it keeps, alone and across models
@@ -121,20 +122,28 @@ def read_images(items: Sequence[GalleryItem], embedder: OnnxEmbedder, max_pixels
     """Decode and preprocess ``items`` as ``embedder`` needs them (threads: PIL releases the GIL); a file that
     cannot be read is listed with its reason, never fatal."""
     transform = EvalPreprocess(embedder.preprocessing)
-    sample = ImageSample([], [], np.zeros((0, 3, embedder.input_size, embedder.input_size), np.float32))
-    arrays = []
+    size = embedder.input_size
+    arrays = np.empty((len(items), 3, size, size), np.float32)  # filled in place: the images are held once
+    sample = ImageSample([], [], arrays[:0])
+
+    def read(position: int) -> tuple[int, str | None]:
+        record = decode_file(position, items[position].path, transform, max_pixels)
+        if record.array is not None:
+            arrays[position] = record.array
+        return position, None if record.array is not None else (record.error or "unreadable")
+
+    kept = []
     with ThreadPoolExecutor(max(1, workers)) as pool:
-        decoded = pool.map(lambda pair: decode_file(pair[0], pair[1].path, transform, max_pixels), enumerate(items))
-        for record in progress_bar(decoded, total=len(items), desc=desc, unit="img"):
-            item = items[record.id]
-            if record.array is None:
-                sample.unreadable.append((item.path, record.error or "unreadable"))
+        for position, error in progress_bar(pool.map(read, range(len(items))), total=len(items), desc=desc,
+                                            unit="img"):
+            item = items[position]
+            if error is not None:
+                sample.unreadable.append((item.path, error))
                 continue
-            arrays.append(record.array)
+            kept.append(position)
             sample.paths.append(item.path)
             sample.labels.append(item.label)
-    if arrays:
-        sample.arrays = np.stack(arrays).astype(np.float32, copy=False)
+    sample.arrays = arrays if len(kept) == len(items) else arrays[kept]
     return sample
 
 

@@ -9,5 +9,6 @@
                sets, augmentations, optimizers)
     sizes      ``size_text``: byte counts in binary units
     unit_rows  ``l2_normalize_rows``: embedding rows scaled to unit length, in NumPy
-    workers    ``default_workers``: the DataLoader and decode worker processes when none are asked for
+    workers    ``default_workers``, ``default_decode_threads``: the DataLoader workers, and the index writers' decoding
+               threads, when none are asked for
 """
