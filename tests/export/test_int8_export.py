@@ -5,6 +5,9 @@ builds is searched with the other, and nothing else changes which models may sea
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import onnx
@@ -23,6 +26,7 @@ from retrieval.export.int8_export import (
     _label_metrics,
     verify_int8,
 )
+from retrieval.extras import EXTRA_MODULES
 from retrieval.index import Index, build_index
 from retrieval.index.embedding.engine import IngestOptions
 from retrieval.index.query_embedder import ModelMismatchError
@@ -123,6 +127,24 @@ def test_the_command_quantizes_an_existing_export_and_says_so(models, tmp_path):
     assert "int8, model_hash" in run.output and "an index either one builds is searched with the other" in run.output
     assert "held-out images: cosine to fp32 median" in run.output and "WARNING" not in run.output
     assert json.loads(OnnxEmbedder(out).metadata["int8"])["calibration"]["images"] == 40
+
+
+def test_an_existing_export_is_quantized_without_the_train_extra(models, tmp_path):
+    """torch and the train extra's other modules blocked in a fresh process, as on the base install."""
+    out = tmp_path / "slim.onnx"
+    blocked = f"import sys; sys.modules.update(dict.fromkeys({list(EXTRA_MODULES['train'])!r}))\n"
+    code = blocked + textwrap.dedent(f"""
+        from retrieval.cli.main import main
+        try:
+            main(["export", "--int8", "--onnx", {str(models["fp32"])!r}, "--calibration", {str(models["photos"])!r},
+                  "--calibration-images", "32", "--out", {str(out)!r}], prog_name="retrieval")
+        except SystemExit as stop:
+            assert not stop.code, stop.code
+        assert sys.modules.get("torch") is None
+    """)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert OnnxEmbedder(out).precision == "int8"
 
 
 @pytest.mark.parametrize(("args", "message"), [
