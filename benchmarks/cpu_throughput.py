@@ -144,20 +144,15 @@ def gallery_arrays(gallery: Path, model) -> tuple[np.ndarray, list[str]]:
     return model.preprocess(files), [f.parent.name for f in files]
 
 
-def unit(rows: np.ndarray) -> np.ndarray:
-    rows = rows.astype(np.float64)
-    return rows / np.linalg.norm(rows, axis=1, keepdims=True)
-
-
 def quality(fp32: np.ndarray, int8: np.ndarray, labels: list[str]) -> dict:
-    from retrieval.export.int8_export import _label_metrics
+    """Each model's Recall@1 and MAP@R, int8 queries against the fp32 gallery, and the cosines: the export's own
+    verification (``verify_int8``) on the whole gallery."""
+    from retrieval.export.int8_export import verify_int8
 
-    old, new = unit(fp32), unit(int8)
-    cosine = (old * new).sum(axis=1)
-    return {"fp32": _label_metrics(old, old, labels), "int8": _label_metrics(new, new, labels),
-            "cross": _label_metrics(new, old, labels),
-            "cosine": {"median": float(np.median(cosine)), "p01": float(np.quantile(cosine, 0.01)),
-                       "min": float(cosine.min())}}
+    check = verify_int8(fp32, int8, held_out=True, labels=labels)
+    return {"fp32": check.labels["fp32"], "int8": check.labels["int8"],
+            "cross": check.labels["int8 queries, fp32 gallery"],
+            "cosine": {key: check.cosine[key] for key in ("median", "p01", "min")}}
 
 
 def session_speeds(sessions: dict, batch: np.ndarray, rounds: int, seconds: float = 2.0) -> dict:
@@ -265,7 +260,6 @@ def throughput_rows(work: Path, sizes: list[int], rounds: int) -> dict:
 
 def profile(work: Path, gallery: Path, rounds: int) -> dict:
     """What a build is made of, at 224 px fp32: start-up, decoding alone, the session alone."""
-    from retrieval.data.eval_preprocess import EvalPreprocess
     from retrieval.index.embedding.decode import GalleryDecodeDataset, thread_batches
     from retrieval.onnx_runtime import OnnxEmbedder
 
@@ -273,7 +267,6 @@ def profile(work: Path, gallery: Path, rounds: int) -> dict:
                                      "retrieval.onnx_runtime"]) for _ in range(rounds)]))
     model = OnnxEmbedder(work / "fp32-224.onnx", providers="cpu")
     files = sorted(gallery.rglob("*.jpg"))
-    EvalPreprocess(model.preprocessing)
     dataset = GalleryDecodeDataset(list(enumerate(map(str, files))), model.preprocessing)
     decode = []
     for threads in (1, 2):

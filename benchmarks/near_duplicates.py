@@ -287,8 +287,8 @@ def run_audit(out: Path, data: Path, rates: list[float], seeds: list[int], k: in
 
     items = sorted((i for i in list_gallery(data).items if i.label is not None), key=lambda i: i.path)
     started = time.perf_counter()
-    with RowEmbedder(load_model(out / "model.onnx"), 64, 2) as embedder:
-        embedded = embedder.embed([(n, item.path) for n, item in enumerate(items)])
+    rows = [(n, item.path) for n, item in enumerate(items)]
+    embedded = RowEmbedder(load_model(out / "model.onnx"), 64, 2).embed(rows)
     embed_seconds = time.perf_counter() - started
     graph = exact_graph(embedded.vectors, embedded.ids, k)
     clean = {int(n): items[int(n)].label for n in embedded.ids}

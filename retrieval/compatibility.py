@@ -191,13 +191,16 @@ def recorded_compatibility(metadata: Mapping[str, str] | None) -> dict[str, Any]
     return record
 
 
-def top_k(vectors: np.ndarray, k: int) -> np.ndarray:
-    """Exact top-``k`` neighbours [n, k] of each unit row among the others (itself left out), by inner product."""
+def top_k(vectors: np.ndarray, k: int, queries: np.ndarray | None = None) -> np.ndarray:
+    """Exact top-``k`` neighbours [n, k] of each unit row among the others (itself left out), by inner product;
+    ``queries``: row i's neighbours are those of ``queries[i]`` (the same image embedded another way) among the rows,
+    its own row still left out."""
     import faiss
 
     index = faiss.IndexFlatIP(vectors.shape[1])
     index.add(np.ascontiguousarray(vectors, dtype=np.float32))
-    _, found = index.search(np.ascontiguousarray(vectors, dtype=np.float32), k + 1)
+    asked = vectors if queries is None else queries
+    _, found = index.search(np.ascontiguousarray(asked, dtype=np.float32), k + 1)
     rows = np.arange(len(vectors))[:, None]
     kept = np.where(found == rows, -1, found)  # itself, wherever ties put it
     return np.stack([row[row >= 0][:k] for row in kept])
@@ -210,29 +213,24 @@ def neighbour_overlap(first: np.ndarray, second: np.ndarray, k: int = 10) -> np.
         raise ParameterError("second", f"must embed the same {len(first)} images as first, got {len(second)} rows")
     if not 1 <= k < len(first):
         raise ParameterError("k", f"must be between 1 and {len(first) - 1} (the images less one), got {k}")
-    a, b = top_k(first, k), top_k(second, k)
-    return np.asarray([len(set(x.tolist()) & set(y.tolist())) / k for x, y in zip(a, b, strict=True)])
+    return _shared_share(top_k(first, k), top_k(second, k), k)
+
+
+def _shared_share(first: np.ndarray, second: np.ndarray, k: int) -> np.ndarray:
+    """Per row: the share of its ``k`` neighbours in ``first`` [n, k] that are in ``second`` [n, k]."""
+    return np.asarray([len(set(x.tolist()) & set(y.tolist())) / k for x, y in zip(first, second, strict=True)])
 
 
 def cross_neighbour_overlap(reference: np.ndarray, queries: np.ndarray, k: int = 10) -> np.ndarray:
     """Per row i: the share of i's ``k`` nearest rows under ``reference`` (among the others) that are among the ``k``
     nearest ``reference`` rows to ``queries[i]`` (its own row left out): what another model's query finds in a gallery
     ``reference`` embedded (the same images, unit vectors). float64 [n] in [0, 1]."""
-    import faiss
-
     if np.shape(queries) != np.shape(reference):
         raise ParameterError("queries", f"must embed the same images in the same space as reference "
                                         f"{np.shape(reference)}, got {np.shape(queries)}")
     if not 1 <= k < len(reference):
         raise ParameterError("k", f"must be between 1 and {len(reference) - 1} (the images less one), got {k}")
-    gallery = np.ascontiguousarray(reference, dtype=np.float32)
-    index = faiss.IndexFlatIP(gallery.shape[1])
-    index.add(gallery)
-    _, found = index.search(np.ascontiguousarray(queries, dtype=np.float32), k + 1)
-    rows = np.arange(len(gallery))[:, None]
-    crossed = np.stack([row[row >= 0][:k] for row in np.where(found == rows, -1, found)])
-    own = top_k(gallery, k)
-    return np.asarray([len(set(x.tolist()) & set(y.tolist())) / k for x, y in zip(own, crossed, strict=True)])
+    return _shared_share(top_k(reference, k), top_k(reference, k, queries), k)
 
 
 def int8_record(metadata: Mapping[str, str] | None) -> dict[str, Any] | None:

@@ -269,8 +269,7 @@ def audit_folder(images: str | Path, embedder: ImageEmbedder, k: int = 10, top: 
         raise ParameterError("images", f"{images} holds {len(items)} labelled images in "
                                        f"{len({item.label for item in items})} class(es): the audit needs images "
                                        "in at least 2 class sub-folders (the folder name is the label)")
-    with RowEmbedder(embedder, batch_size, workers) as rows_embedder:
-        embedded = rows_embedder.embed([(n, item.path) for n, item in enumerate(items)])
+    embedded = RowEmbedder(embedder, batch_size, workers).embed([(n, item.path) for n, item in enumerate(items)])
     kept = embedded.ids
     graph = exact_graph(embedded.vectors, kept, min(int(k), max(1, len(kept) - 1)))
     root = Path(gallery.root)

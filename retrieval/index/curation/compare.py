@@ -76,8 +76,8 @@ def compare_with_index(index_dir: str | Path, embedder: ImageEmbedder, sample: i
         catalogue.close()
     place = gallery_place(info, root, layout.root)  # the files where they are now: the gallery may have moved
     files = {int(i): place.file(rows[int(i)]["path"]) for i in ids}
-    with RowEmbedder(embedder, batch_size, workers) as rows_embedder:
-        embedded = rows_embedder.embed([(i, file) for i, file in files.items() if file is not None])
+    embedded = RowEmbedder(embedder, batch_size, workers).embed([(i, file) for i, file in files.items()
+                                                                  if file is not None])
     kept = embedded.ids  # files unreadable now are left out of both sides
     old = dict(_stored(ShardStore(layout.shards, read_only=True), {int(i): done[int(i)] for i in kept}))
     return compare_embeddings(np.stack([old[int(i)] for i in kept]), embedded.vectors,
@@ -104,8 +104,7 @@ def compare_on_folder(images: str | Path, old: ImageEmbedder, new: ImageEmbedder
     if len(items) < 2:
         raise ParameterError("images", f"holds {len(items)} readable image(s) to compare; give a folder of at least 2")
     rows = [(n, item.path) for n, item in enumerate(items)]
-    with RowEmbedder(old, batch_size, workers) as first, RowEmbedder(new, batch_size, workers) as second:
-        by_old, by_new = first.embed(rows), second.embed(rows)
+    by_old, by_new = (RowEmbedder(model, batch_size, workers).embed(rows) for model in (old, new))
     kept = np.intersect1d(by_old.ids, by_new.ids)  # a file one model's preprocessing cannot read: out of both
     pick_old, pick_new = np.searchsorted(by_old.ids, kept), np.searchsorted(by_new.ids, kept)
     root = Path(gallery.root)

@@ -347,7 +347,8 @@ def _run(layout: IndexLayout, state: dict[str, Any], embedder: ImageEmbedder, mo
     workers = default_decode_threads() if options.workers is None else options.workers
     step = commit_every if mode == "mixed" else options.shard_size
     bar = progress_bar(total=total, initial=len(waiting), desc="upgrade", unit="img", disable=not options.progress)
-    with RowEmbedder(embedder, options.batch_size, workers, options.max_pixels) as rows_embedder, bar:
+    rows_embedder = RowEmbedder(embedder, options.batch_size, workers, options.max_pixels)
+    with bar:
         if mode == "mixed" and waiting:
             _publish_batch(layout, waiting, summary, on_publish, total)
         for start in range(0, len(ordered), step):
