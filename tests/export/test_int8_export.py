@@ -165,6 +165,20 @@ def test_bad_int8_requests_are_refused_with_the_fix(models, tmp_path, args, mess
     assert not (tmp_path / "x.onnx").exists()
 
 
+def test_unreadable_calibration_files_are_counted_and_never_stop_the_export(models, tmp_path):
+    folder = tmp_path / "mixed"
+    write_items(folder, list(range(300, 340)), side=70)
+    jpeg = next(folder.rglob("*.png")).read_bytes()
+    bad = {"empty.png": b"", "text.png": b"not an image at all", "cut.png": jpeg[: len(jpeg) // 3],
+           "header.jpg": b"\xff\xd8\xff\xe0" + b"\x00" * 12}
+    for name, data in bad.items():
+        (folder / name).write_bytes(data)
+    result = export_int8(models["fp32"], tmp_path / "x.onnx", folder, images=44, log=lambda line: None)
+    record = json.loads(result.metadata["int8"])["calibration"]
+    assert record["sampled"] == 44 and record["unreadable"] == len(bad) and record["images"] == 40
+    assert result.verification.images == 40 and not result.verification.held_out
+
+
 def test_too_many_calibration_images_for_memory_are_refused_before_reading(models, tmp_path):
     with pytest.raises(ParameterError, match="GiB at once"):
         export_int8(models["fp32"], tmp_path / "x.onnx", models["photos"], images=10**6, log=lambda line: None)
