@@ -4,7 +4,9 @@ in the base install (no torch, no faiss, nothing of the server).
     client   ``RetrievalClient``: searches by image, embedding or text, batches, items, health and stats
     queries  a caller's queries and options -> the API's JSON, checked where that is cheap
     results  the answers as typed records (``SearchResults`` of ``SearchHit``, ``Item``, ``Health``, ``Stats``)
-    errors   ``RetrievalError`` and its kinds: unreachable, timed out, the API's 4xx and 503 with the server's message
+    errors   ``RetrievalError`` and its kinds: unreachable, timed out, the API's 4xx and 503 with the server's message,
+             an answer too large or not the API's
+    bounded  an answer read within the client's size limits and its timeout for the whole call
 
     from retrieval.client import RetrievalClient
 
@@ -19,6 +21,7 @@ from retrieval.client.errors import (
     BatchQueryError,
     InvalidRequestError,
     NotFoundError,
+    ResponseTooLargeError,
     RetrievalAPIError,
     RetrievalConnectionError,
     RetrievalError,
@@ -40,7 +43,7 @@ from retrieval.client.results import (
 
 __all__ = [
     "DEFAULT_URL", "AuthenticationError", "BatchQueryError", "Health", "InvalidRequestError", "Item", "Limits",
-    "NotFoundError", "QueryFailure", "QueryItem", "RerankInfo", "RetrievalAPIError", "RetrievalClient",
-    "RetrievalConnectionError", "RetrievalError", "RetrievalTimeoutError", "SearchHit", "SearchResults",
-    "ServiceUnavailableError", "Stats", "UnexpectedResponseError",
+    "NotFoundError", "QueryFailure", "QueryItem", "RerankInfo", "ResponseTooLargeError", "RetrievalAPIError",
+    "RetrievalClient", "RetrievalConnectionError", "RetrievalError", "RetrievalTimeoutError", "SearchHit",
+    "SearchResults", "ServiceUnavailableError", "Stats", "UnexpectedResponseError",
 ]

@@ -3,8 +3,10 @@ not the API's, and the API's own errors with their status and the server's messa
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+MAX_RETRY_AFTER_S = 60.0  # a longer Retry-After is read as this: the server's are seconds (1 or 2)
 SERVE_HINT = ("is `retrieval serve --index INDEX` running there? It listens on http://127.0.0.1:7860 unless started "
               "with --host/--port; pass the URL it prints")
 
@@ -22,7 +24,7 @@ class RetrievalConnectionError(RetrievalError, ConnectionError):
 
 
 class RetrievalTimeoutError(RetrievalError, TimeoutError):
-    """The server did not answer within the client's timeout."""
+    """The server did not answer, its whole answer read, within the client's timeout."""
 
     def __init__(self, url: str, timeout: float | None) -> None:
         self.url, self.timeout = url, timeout
@@ -34,6 +36,17 @@ class RetrievalTimeoutError(RetrievalError, TimeoutError):
 class UnexpectedResponseError(RetrievalError):
     """A successful answer whose body is not what the API documents (another program on that port, or a version of
     the server this client does not know)."""
+
+
+class ResponseTooLargeError(UnexpectedResponseError):
+    """An answer larger than the client takes (``max_response_bytes``, or ``max_image_bytes`` for an image file),
+    counted after decompression; refused before it is read when its Content-Length says so."""
+
+    def __init__(self, what: str, limit: int, option: str, declared: int | None = None) -> None:
+        self.limit, self.option, self.declared = limit, option, declared
+        size = f"{declared} bytes" if declared is not None else f"more than {limit} bytes"
+        super().__init__(f"{what} answered {size}, beyond this client's {option}={limit}; if that answer is "
+                         f"expected, make it larger (RetrievalClient(url, {option}=...))")
 
 
 class RetrievalAPIError(RetrievalError):
@@ -89,10 +102,10 @@ def api_error(status: int, message: str, retry_after: float | None = None, reque
 
 
 def retry_after_seconds(value: str | None) -> float | None:
-    """A ``Retry-After`` header's seconds; None when absent or given as a date (the server always sends seconds)."""
-    if value is None:
-        return None
+    """A ``Retry-After`` header's seconds, at most ``MAX_RETRY_AFTER_S``; None when absent, a date (the server always
+    sends seconds), or not a finite number of seconds at least 0 ("inf", "nan", "-1")."""
     try:
-        return max(0.0, float(value))
+        seconds = float(value) if value is not None and len(value) <= 40 else math.nan
     except ValueError:
         return None
+    return min(seconds, MAX_RETRY_AFTER_S) if math.isfinite(seconds) and seconds >= 0 else None

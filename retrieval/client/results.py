@@ -3,17 +3,65 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, overload
+
+MAX_COUNT = 2**63 - 1  # ids, sizes and counts: SQLite's and NumPy's int64
+# what each kind of field must be, and how a message says so; bool is an int in Python, never one here
+KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "count": (lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_COUNT,
+              "a non-negative integer"),
+    "number": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+               "a finite number"),
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "list": (lambda v: isinstance(v, list), "a list"),
+    "object": (lambda v: isinstance(v, dict), "an object"),
+}
 
 
 def _raw() -> Any:
     return field(default_factory=dict, repr=False, compare=False)
 
 
-def _optional_float(value: Any) -> float | None:
-    return None if value is None else float(value)
+def shown(value: Any) -> str:
+    """A field's value in a message, cut short."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def checked(value: Any, kind: str, name: str) -> Any:
+    """``value`` if it is of ``kind`` (a ``KINDS`` key; a number as a float), else a ValueError naming ``name``."""
+    accepts, description = KINDS[kind]
+    if not accepts(value):
+        raise ValueError(f"{name} must be {description}, got {shown(value)}")
+    return float(value) if kind == "number" else value
+
+
+def read(data: Any, key: str, kind: str, *, nullable: bool = False, required: bool = True) -> Any:
+    """``data[key]`` checked as ``kind`` (``checked``); ``nullable``: null is None; not ``required``: missing is
+    None. The one way a record reads its answer's fields: anything else is a ValueError naming the field."""
+    checked(data, "object", f"the JSON holding {key!r}")
+    if key not in data and not required:
+        return None
+    if key not in data:
+        raise ValueError(f"{key!r} is missing")
+    value = data[key]
+    if value is None and (nullable or not required):
+        return None
+    return checked(value, kind, repr(key))
+
+
+def read_each(data: Any, key: str, kind: str) -> list[Any]:
+    """``data[key]``, a list each of whose entries is of ``kind``."""
+    return [checked(entry, kind, f"{key!r}[{n}]") for n, entry in enumerate(read(data, key, "list"))]
+
+
+def read_numbers(data: Any, key: str) -> dict[str, float]:
+    """``data[key]``, an object of finite numbers."""
+    return {name: checked(value, "number", f"{key!r}.{name}") for name, value in read(data, key, "object").items()}
 
 
 @dataclass(frozen=True)
@@ -32,8 +80,9 @@ class SearchHit:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SearchHit:
         """A result of a search answer's ``results``."""
-        return cls(int(data["id"]), data["path"], data["name"], data["label"], float(data["score"]),
-                   data["image_url"], _optional_float(data.get("rerank_score")), data)
+        return cls(read(data, "id", "count"), read(data, "path", "str"), read(data, "name", "str"),
+                   read(data, "label", "str", nullable=True), read(data, "score", "number"),
+                   read(data, "image_url", "str"), read(data, "rerank_score", "number", required=False), data)
 
 
 @dataclass(frozen=True)
@@ -50,7 +99,8 @@ class QueryItem:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> QueryItem:
         """A search answer's ``query_item``."""
-        return cls(int(data["id"]), data["path"], data["name"], data["label"], data["image_url"], data)
+        return cls(read(data, "id", "count"), read(data, "path", "str"), read(data, "name", "str"),
+                   read(data, "label", "str", nullable=True), read(data, "image_url", "str"), data)
 
 
 @dataclass(frozen=True)
@@ -67,7 +117,8 @@ class RerankInfo:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RerankInfo:
         """A search answer's ``rerank`` block."""
-        return cls(data["method"], data["title"], data["paper"], dict(data["params"]), data.get("defaults"), data)
+        return cls(read(data, "method", "str"), read(data, "title", "str"), read(data, "paper", "str"),
+                   read_numbers(data, "params"), read(data, "defaults", "str", required=False), data)
 
 
 @dataclass(frozen=True)
@@ -86,10 +137,11 @@ class SearchResults:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SearchResults:
         """A POST /search answer (or one entry of a batch's)."""
-        item, rerank = data["query_item"], data.get("rerank")
-        return cls(int(data["k"]), [SearchHit.from_json(hit) for hit in data["results"]],
-                   None if item is None else QueryItem.from_json(item), bool(data["excluded_self"]),
-                   list(data["notes"]), {stage: float(ms) for stage, ms in data["timing"].items()},
+        item = read(data, "query_item", "object", nullable=True)
+        rerank = read(data, "rerank", "object", required=False)
+        return cls(read(data, "k", "count"), [SearchHit.from_json(hit) for hit in read(data, "results", "list")],
+                   None if item is None else QueryItem.from_json(item), read(data, "excluded_self", "bool"),
+                   read_each(data, "notes", "str"), read_numbers(data, "timing"),
                    None if rerank is None else RerankInfo.from_json(rerank), data)
 
     @property
@@ -125,7 +177,7 @@ class QueryFailure:
     @classmethod
     def from_json(cls, position: int, data: dict[str, Any]) -> QueryFailure:
         """An ``{"error", "status"}`` entry of a batch's ``results``."""
-        return cls(position, int(data["status"]), data["error"], data)
+        return cls(position, read(data, "status", "count"), read(data, "error", "str"), data)
 
 
 @dataclass(frozen=True)
@@ -144,9 +196,9 @@ class Item:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Item:
         """A GET /items/{id} answer."""
-        size = data["size"]
-        return cls(int(data["id"]), data["path"], data["name"], data["label"], data["sha256"],
-                   None if size is None else int(size), data["image_url"], data)
+        return cls(read(data, "id", "count"), read(data, "path", "str"), read(data, "name", "str"),
+                   read(data, "label", "str", nullable=True), read(data, "sha256", "str", nullable=True),
+                   read(data, "size", "count", nullable=True), read(data, "image_url", "str"), data)
 
 
 @dataclass(frozen=True)
@@ -161,7 +213,8 @@ class Health:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Health:
         """A GET /health answer."""
-        return cls(data["status"], int(data["vectors"]), int(data["embedding_dim"]), data)
+        return cls(read(data, "status", "str"), read(data, "vectors", "count"), read(data, "embedding_dim", "count"),
+                   data)
 
 
 @dataclass(frozen=True)
@@ -179,7 +232,7 @@ class Limits:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Limits:
         """GET /stats' ``limits``."""
-        return cls(**{name: int(data[name]) for name in cls.__dataclass_fields__})
+        return cls(**{name: read(data, name, "count") for name in cls.__dataclass_fields__})
 
 
 @dataclass(frozen=True)
@@ -196,8 +249,8 @@ class Stats:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Stats:
         """A GET /stats answer."""
-        return cls(dict(data["service"]), dict(data["index"]), dict(data["batcher"]), dict(data["admission"]),
-                   Limits.from_json(data["limits"]), data)
+        return cls(read(data, "service", "object"), read(data, "index", "object"), read(data, "batcher", "object"),
+                   read(data, "admission", "object"), Limits.from_json(read(data, "limits", "object")), data)
 
     @property
     def text_search(self) -> bool:
