@@ -1,14 +1,18 @@
 """The served index's near-duplicate groups and label suspects, for the app's Evaluation tab beside its per-class
 analysis: computed when asked for, bounded (a seeded sample of ``APP_MAX_IMAGES`` images searched, ``APP_K``
 neighbours each), and kept for the state they were computed on, so that a reload of the index computes them afresh.
-``auto`` verifies copies (``find_copies``): the verification is calibrated once per state on copies planted of
-``APP_CALIBRATION_SAMPLE`` images, and each click checks the candidate pairs again; the label audit and the
-neighbour graph are computed once per state, so a second click on them costs nothing."""
+``auto`` verifies copies (``find_copies``, calibrated on copies planted of ``APP_CALIBRATION_SAMPLE`` images) once
+per state, one verification at a time: a click while one runs is told so at once (it never waits behind it, holding
+a place in the app's queue that searches share), and the answer is kept for the last ``VERIFICATIONS_KEPT``
+states. The label audit and the neighbour graph are computed once per state too, so a second click costs
+nothing."""
 
 from __future__ import annotations
 
 import math
 import threading
+import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +23,7 @@ from retrieval.data.decode import read_image
 from retrieval.errors import ParameterError
 from retrieval.index.curation.audit import audit_index
 from retrieval.index.curation.catalogued_images import picture_background
-from retrieval.index.curation.copy_calibration import VerificationCalibration, calibrate_verification
+from retrieval.index.curation.copy_calibration import calibrate_verification
 from retrieval.index.curation.duplicates import find_duplicates
 from retrieval.index.curation.neighbour_graph import NeighbourGraph, index_graph
 from retrieval.serve.service import SearchService, ServedIndex
@@ -27,17 +31,31 @@ from retrieval.serve.service import SearchService, ServedIndex
 APP_MAX_IMAGES = 20_000  # images searched: about 30 s on 2 cores at 1M vectors (docs/BENCHMARKS.md)
 APP_K = 10
 APP_CALIBRATION_SAMPLE = 50  # auto embeds 5 copies of each with the served model and compares them
-# candidate pairs a click compares at most: about a minute at 100 pairs/s on 2 cores (docs/BENCHMARKS.md, "Copy
-# verification"); the page says when the verification stopped there, and `retrieval index duplicates` does them all
+# candidate pairs a state's verification compares at most: a minute at 100 pairs/s on 2 cores, minutes where the
+# images' features do not stay cached (docs/SERVING.md); the page says when it stopped there, and `retrieval index
+# duplicates` does them all
 APP_MAX_PAIRS = 6_000
+VERIFICATIONS_KEPT = 2  # states whose verified groups are kept: the one served and the one it replaced
 APP_WORKERS = 2  # threads comparing pairs (OpenCV releases the GIL): the server's other requests keep the rest
 GROUPS_LISTED = 100  # also the similar pairs listed
 SUSPECTS_LISTED = 100
 Load = Callable[[int], Image.Image | None]
+Answer = tuple[dict[str, Any], Image.Image | None, Image.Image | None]
 
 
 class ThresholdError(ValueError):
     """The threshold typed is neither auto nor a cosine."""
+
+
+class VerificationRunning(RuntimeError):
+    """A verification runs already (one at a time): of the state served, whose answer is kept for the next click,
+    or of the state a reload replaced."""
+
+    def __init__(self, seconds: float, this_state: bool) -> None:
+        what = "this index" if this_state else "the index as it was before it was reloaded"
+        then = "its answer then shows at once" if this_state else "this index as it is now is then verified"
+        super().__init__(f"the copies in {what} are being verified already (for {seconds:.0f} s so far; one "
+                         f"verification runs at a time): press the button again once it is done, {then}")
 
 
 def parse_threshold(text: str | None) -> float | str:
@@ -56,21 +74,23 @@ def parse_threshold(text: str | None) -> float | str:
 
 
 class CurationView:
-    """Near-duplicate groups and label suspects of the service's current state: the neighbour graph, the copy
-    verification's calibration and the label audit each computed once per state."""
+    """Near-duplicate groups and label suspects of the service's current state: the neighbour graph, the verified
+    copies and the label audit each computed once per state."""
 
     def __init__(self, service: SearchService) -> None:
         self.service = service
-        self._lock = threading.Lock()  # one computation at a time: a second click waits for the first's answer
+        self._lock = threading.Lock()  # the graph and the audit: a second click waits for the first's answer
         self._state_key: object = None
         self._graph: NeighbourGraph | None = None
-        self._verification: VerificationCalibration | None = None
         self._audit: tuple[dict[str, Any], Image.Image | None] | None = None
+        self._jobs = threading.Lock()  # the verified answers kept and the verifications running
+        self._verified: OrderedDict[object, Answer] = OrderedDict()
+        self._running: dict[object, float] = {}  # state identity -> when its verification began (monotonic)
 
     def _for(self, state: ServedIndex) -> None:
         """Forget what was computed on another state (the index was reloaded since)."""
         if self._state_key != state.identity:
-            self._state_key, self._graph, self._verification, self._audit = state.identity, None, None, None
+            self._state_key, self._graph, self._audit = state.identity, None, None
 
     def _graph_of(self, state: ServedIndex) -> NeighbourGraph:
         if self._graph is None:
@@ -90,26 +110,53 @@ class CurationView:
 
         return load
 
-    def duplicates(self, threshold: float | str) -> tuple[dict[str, Any], Image.Image | None, Image.Image | None]:
-        """``find_duplicates`` of the current state at ``threshold``, the picture of its groups and, for ``auto``
-        (verified copies, the verification calibrated once per state), the picture of its similar pairs that are not
-        copies (None for a cosine: its groups are not verified)."""
-        with self.service.acquire() as state, self._lock:
+    def _graph_held(self, state: ServedIndex) -> NeighbourGraph:
+        with self._lock:
             self._for(state)
-            graph = self._graph_of(state)
-            load = self.loader(state)
-            background = picture_background(state.embedder)
+            return self._graph_of(state)
+
+    def duplicates(self, threshold: float | str) -> Answer:
+        """``find_duplicates`` of the current state at ``threshold``, the picture of its groups and, for ``auto``
+        (verified copies, once per state: ``VerificationRunning`` while a verification runs, one at a time), the
+        picture of its similar pairs that are not copies (None for a cosine: its groups are not verified)."""
+        with self.service.acquire() as state:
             if threshold != "auto":
-                summary = find_duplicates(state.index, float(threshold), graph=graph, max_groups=GROUPS_LISTED)
-                return summary, duplicates_picture(summary, load, background=background), None
-            if self._verification is None:
-                # the planted copies are embedded and compared once: each click then only checks the candidates
-                self._verification = calibrate_verification(state.index, graph, load, state.embedder,
-                                                            APP_CALIBRATION_SAMPLE, workers=APP_WORKERS)
-            summary = find_duplicates(state.index, "auto", graph=graph, load=load, embedder=state.embedder,
-                                      verification=self._verification, max_groups=GROUPS_LISTED,
-                                      workers=APP_WORKERS, max_pairs=APP_MAX_PAIRS)
-            return summary, copies_picture(summary, load, background), similar_picture(summary, load, background)
+                summary = find_duplicates(state.index, float(threshold), graph=self._graph_held(state),
+                                          max_groups=GROUPS_LISTED)
+                return summary, duplicates_picture(summary, self.loader(state),
+                                                   background=picture_background(state.embedder)), None
+            key = state.identity
+            with self._jobs:
+                if key in self._verified:
+                    self._verified.move_to_end(key)
+                    return self._verified[key]
+                if self._running:  # one at a time: each takes the cores searches need
+                    began = self._running.get(key, min(self._running.values()))
+                    raise VerificationRunning(time.monotonic() - began, key in self._running)
+                self._running[key] = time.monotonic()
+            answer = None
+            try:
+                answer = self._verify(state)
+            finally:
+                with self._jobs:  # kept as it stops running: a click in between never starts it again
+                    del self._running[key]
+                    if answer is not None:
+                        self._verified[key] = answer
+                        while len(self._verified) > VERIFICATIONS_KEPT:
+                            self._verified.popitem(last=False)
+            return answer
+
+    def _verify(self, state: ServedIndex) -> Answer:
+        """The verified copies of ``state`` (calibrated on copies planted in it) and the pictures of its groups and
+        of its similar pairs."""
+        graph, load = self._graph_held(state), self.loader(state)
+        background = picture_background(state.embedder)
+        calibration = calibrate_verification(state.index, graph, load, state.embedder, APP_CALIBRATION_SAMPLE,
+                                             workers=APP_WORKERS)
+        summary = find_duplicates(state.index, "auto", graph=graph, load=load, embedder=state.embedder,
+                                  verification=calibration, max_groups=GROUPS_LISTED, workers=APP_WORKERS,
+                                  max_pairs=APP_MAX_PAIRS)
+        return summary, copies_picture(summary, load, background), similar_picture(summary, load, background)
 
     def suspects(self) -> tuple[dict[str, Any] | None, Image.Image | None, str | None]:
         """``audit_index`` of the current state (once per state) and its picture; or why there is none."""

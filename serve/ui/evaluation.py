@@ -14,7 +14,7 @@ from PIL import Image
 
 from retrieval.errors import ParameterError
 from retrieval.reports import READINGS_FILE
-from retrieval.serve.curation_view import CurationView, ThresholdError, parse_threshold
+from retrieval.serve.curation_view import CurationView, ThresholdError, VerificationRunning, parse_threshold
 from retrieval.serve.diagnostics import duplicates
 from retrieval.serve.images import QueryError
 from retrieval.serve.page_text import METRIC_UNIT, markdown_text, percent, shown_text
@@ -243,6 +243,8 @@ class EvaluationTab:
             summary, picture, pairs_picture = self.curation.duplicates(parse_threshold(threshold_text))
         except ThresholdError as exc:
             return f"**{markdown_text(exc)}**", *self.no_groups()
+        except VerificationRunning as exc:  # answered at once: a click never waits behind another's verification
+            return f"**No groups yet:** {markdown_text(exc, MAX_ERROR_CHARS)}", *self.no_groups()
         except (ParameterError, QueryError) as exc:
             return f"**No near-duplicate groups:** {markdown_text(exc, MAX_ERROR_CHARS)}", *self.no_groups()
         except Exception as exc:  # noqa: BLE001  (said on the page, not a bare "Error")

@@ -41,11 +41,13 @@ from retrieval.index.curation.copy_verification import (
     CheckedPair,
     CopyRules,
     FeatureCache,
+    Verification,
     check_workers,
     copy_groups,
     verify_pairs,
 )
 from retrieval.index.curation.duplicates import find_duplicates
+from retrieval.index.curation.linked_groups import duplicate_links
 from retrieval.index.curation.neighbour_graph import index_graph
 from retrieval.index.query_embedder import NoModel
 
@@ -66,6 +68,15 @@ def as_sets(groups) -> list[list[int]]:
     return [g.ids.tolist() for g in groups]
 
 
+def one_by_one(compare):
+    """``copy_groups``' check (a batch of pairs) answered by ``compare(a, b)`` pair by pair."""
+    def check(first: np.ndarray, second: np.ndarray) -> Verification:
+        pairs = [compare(a, b) for a, b in zip(first.tolist(), second.tolist(), strict=True)]
+        return Verification(pairs, len(pairs), 0.0)
+
+    return check
+
+
 # --- groups never chain
 CHAIN = (1, 2), (2, 3), (3, 4)  # 2 and 3 each verified against two others: 2 (the lower id) is the first
 
@@ -78,7 +89,7 @@ def test_an_image_verified_only_against_a_member_is_checked_against_the_first_an
         asked.append((a, b))
         return checked(a, b, verified=False)
 
-    groups = copy_groups([checked(a, b) for a, b in CHAIN], check)
+    groups = copy_groups([checked(a, b) for a, b in CHAIN], one_by_one(check))
     assert asked == [(2, 4)]  # the extra check of the image linked to the first only through another
     assert as_sets(groups) == [[2, 1, 3]]
     assert not any(4 in ids for ids in as_sets(groups))
@@ -87,7 +98,8 @@ def test_an_image_verified_only_against_a_member_is_checked_against_the_first_an
 def test_the_first_is_the_image_verified_against_the_most_others():
     """Four crops verified against their original (id 5), not against each other: one group around the original,
     which the removal keeps, and no extra check."""
-    groups = copy_groups([checked(i, 5) for i in range(1, 5)], lambda a, b: pytest.fail("no extra check needed"))
+    groups = copy_groups([checked(i, 5) for i in range(1, 5)],
+                         one_by_one(lambda a, b: pytest.fail("no extra check needed")))
     assert as_sets(groups) == [[5, 1, 2, 3, 4]]
 
 
@@ -98,41 +110,77 @@ def test_without_a_check_an_image_linked_only_through_another_stays_out():
 
 def test_an_extra_check_that_verifies_joins_the_image_to_the_first():
     extra = checked(2, 4, correlation=0.93)
-    groups = copy_groups([checked(a, b) for a, b in CHAIN], lambda a, b: extra)
+    groups = copy_groups([checked(a, b) for a, b in CHAIN], one_by_one(lambda a, b: extra))
     assert as_sets(groups) == [[2, 1, 3, 4]]
     assert [(p.first, p.second) for p in groups[0].pairs] == [(1, 2), (2, 3), (2, 4)] and groups[0].pairs[2] is extra
 
 
 def test_images_left_out_of_a_group_form_their_own_around_their_best_linked():
     pairs = [checked(1, 2), checked(1, 3), checked(1, 4), checked(5, 6), checked(6, 7), checked(4, 5)]
-    groups = copy_groups(pairs, lambda a, b: checked(a, b, verified=False))
+    groups = copy_groups(pairs, one_by_one(lambda a, b: checked(a, b, verified=False)))
     assert as_sets(groups) == [[1, 2, 3, 4], [6, 5, 7]]
-
-
-def test_a_set_beyond_max_group_is_cut_without_extra_checks():
-    asked = []
-    groups = copy_groups([checked(a, b) for a, b in CHAIN], lambda a, b: asked.append((a, b)) or checked(a, b),
-                         max_group=2)
-    assert asked == [] and as_sets(groups) == [[2, 1, 3]]
 
 
 def test_extra_checks_stop_at_their_budget_and_at_ctrl_c():
     asked = []
     chain = [checked(i, i + 1) for i in range(1, 9)]
-    copy_groups(chain, lambda a, b: asked.append((a, b)) or checked(a, b, verified=False), max_checks=2)
+    copy_groups(chain, one_by_one(lambda a, b: asked.append((a, b)) or checked(a, b, verified=False)), max_checks=2)
     assert len(asked) == 2
 
     def interrupted(a: int, b: int) -> CheckedPair:
         raise KeyboardInterrupt
 
-    groups = copy_groups(chain, interrupted)
+    groups = copy_groups(chain, one_by_one(interrupted))
     assert groups and all(len(g.ids) == len(g.pairs) + 1 for g in groups)  # grouped from the pairs checked
 
 
 def test_unverified_pairs_make_no_group_and_groups_come_largest_first():
-    assert copy_groups([checked(1, 2, verified=False)], lambda a, b: checked(a, b)) == []
+    assert copy_groups([checked(1, 2, verified=False)], one_by_one(checked)) == []
     groups = copy_groups([checked(1, 2), checked(5, 6), checked(5, 7), checked(6, 7)])
     assert as_sets(groups) == [[5, 6, 7], [1, 2]]
+
+
+def near_neighbour_links(n: int, k: int = 10, seed: int = 0) -> list[CheckedPair]:
+    """Copies of one picture as the neighbour graph links them: each image verified against ``k`` others at random
+    (near-identical images are each other's nearest in no particular order), each pair once."""
+    rng = np.random.default_rng(seed)
+    links = {tuple(sorted((i, int(j)))) for i in range(n) for j in rng.choice(n, k, replace=False) if j != i}
+    return [checked(a, b) for a, b in sorted(links)]
+
+
+def test_copies_of_one_picture_make_one_group_however_many_they_are():
+    """1,200 copies of one picture, each verified against 10 others: one group, its first compared once with each
+    image it was not verified against (one round of extra checks), never a group per neighbourhood."""
+    asked = []
+    links = near_neighbour_links(1200)
+    groups = copy_groups(links, one_by_one(lambda a, b: asked.append((a, b)) or checked(a, b)))
+    assert len(groups) == 1 and sorted(groups[0].ids.tolist()) == list(range(1200))
+    first = int(groups[0].ids[0])
+    assert len(asked) == len(set(asked)) <= 1199 and all(first in pair for pair in asked)
+
+
+def test_a_long_chain_is_grouped_in_time_that_grows_with_its_links():
+    """60,000 images verified in a chain (each against the next two), no check left: grouped in a few seconds (each
+    round looks at its first's links, not at every image left), each group its first and its links."""
+    n = 60_000
+    chain = [checked(i, j) for i in range(n) for j in (i + 1, i + 2) if j < n]
+    began = time.perf_counter()
+    groups = copy_groups(chain)
+    assert time.perf_counter() - began < 10
+    placed = [i for g in groups for i in g.ids.tolist()]
+    assert len(placed) == len(set(placed)) and len(placed) >= n * 0.9
+    assert all(len(g.ids) <= 5 and all(abs(int(i) - int(g.ids[0])) <= 2 for i in g.ids) for g in groups)
+
+
+def test_the_smaller_sets_get_their_checks_before_a_large_one():
+    """A budget of 5 extra checks, a chain of 4 (one check needed: 901 ~ 903) and a large set of 60 (dozens
+    needed) of lower ids: the chain is checked first and grouped whole."""
+    asked = []
+    large = [checked(p.first + 100, p.second + 100) for p in near_neighbour_links(60, k=3)]
+    groups = copy_groups([*large, *(checked(a, a + 1) for a in range(900, 903))],
+                         one_by_one(lambda a, b: asked.append((a, b)) or checked(a, b)), max_checks=5)
+    assert asked[0] == (901, 903) and len(asked) == 5
+    assert [901, 900, 902, 903] in as_sets(groups)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -153,7 +201,7 @@ def test_every_member_of_a_group_is_verified_against_its_first(seed):
         extra[(a, b)] = bool(rng.random() < 0.5)
         return checked(a, b, verified=extra[(a, b)])
 
-    groups = copy_groups(pairs, check)
+    groups = copy_groups(pairs, one_by_one(check))
     placed = [i for g in groups for i in g.ids.tolist()]
     assert len(placed) == len(set(placed))
     for group in groups:
@@ -660,3 +708,93 @@ def test_an_index_without_a_model_cannot_plant_copies(verified_index):
         with pytest.raises(ParameterError, match="threshold"):
             calibrate_verification(index, graph, catalogued_image_loader(index),
                                    NoModel(index.embedder.embedding_dim, index_dir), 4)
+
+
+# --- Ctrl-C on a real index of copies of one picture
+VARIANTS = 12
+LOOSE = VerificationCalibration(MIN_CANDIDATE_COSINE, CopyRules(), 0, {k: [] for k in COPY_KINDS},
+                                {k: [] for k in COPY_KINDS}, [], [])
+
+
+@pytest.fixture(scope="module")
+def variants_index(tmp_path_factory):
+    """12 copies of one product shot, the n-th with n pixels changed (those of the (n-1)-th and one more), indexed
+    by the projection model: with 2 neighbours each they are linked in a chain, so grouping them needs extra checks
+    against a group's first."""
+    root = tmp_path_factory.mktemp("variants")
+    pixels = np.asarray(fashion_item(3, 128, hue=0.6)).copy()
+    folder = root / "gallery" / "copies"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for n in range(VARIANTS):
+        pixels[tuple(rng.integers(0, 128, 2))] = rng.integers(0, 256, 3)
+        Image.fromarray(pixels).save(folder / f"v{n:02d}.png")
+    build_index(root / "gallery", root / "index", model=projection_model(root), options=QUICK)
+    return root / "index"
+
+
+class Comparisons:
+    """Each comparison's start time; Ctrl-C pressed (as the terminal does) at comparison number ``interrupt_at``
+    (from 1), after which each comparison takes 0.3 s more (what a large image costs), so that work done after
+    Ctrl-C shows in the time to stop."""
+
+    def __init__(self) -> None:
+        self.started: list[float] = []
+        self.interrupt_at: int | None = None
+        self.pressed: float | None = None
+
+    def after_ctrl_c(self) -> int:
+        """Comparisons started once Ctrl-C was pressed."""
+        return sum(t >= self.pressed for t in self.started)
+
+
+@pytest.fixture
+def comparisons(monkeypatch, python_handles_ctrl_c) -> Comparisons:
+    from retrieval.index.curation import copy_verification
+
+    real, noted, lock = copy_verification.compare_pair, Comparisons(), threading.Lock()
+
+    def compare(a, b):
+        with lock:
+            noted.started.append(time.monotonic())
+            if len(noted.started) == noted.interrupt_at:
+                noted.pressed = time.monotonic()
+                _thread.interrupt_main()
+        if noted.pressed is not None:
+            time.sleep(0.3)
+        return real(a, b)
+
+    monkeypatch.setattr(copy_verification, "compare_pair", compare)
+    return noted
+
+
+def test_ctrl_c_during_the_verification_stops_without_checks_for_the_groups(variants_index, comparisons):
+    """Ctrl-C while the last candidate pairs are compared (most of the chain verified, its images linked to the
+    best linked one mostly through others): no comparison is made to form groups afterwards (each would take 0.3 s),
+    and the summary returns within a comparison, interrupted, with what was verified."""
+    with Index.open(variants_index) as index:
+        graph = index_graph(index, 2)
+        candidates = len(duplicate_links(graph, LOOSE.candidate_cosine)[0])
+        comparisons.interrupt_at = candidates - 2
+        summary = find_duplicates(index, graph=graph, verification=LOOSE, workers=1)
+        stopped = time.monotonic() - comparisons.pressed
+    assert summary["verification"]["interrupted"] and not summary["verification"]["complete"]
+    assert candidates - 3 <= summary["verification"]["checked"] < candidates and summary["groups"]
+    assert comparisons.after_ctrl_c() <= 1 and stopped < 3.0  # a comparison or two, on a busy machine
+
+
+def test_ctrl_c_during_the_checks_for_the_groups_stops_them_within_a_comparison(variants_index, comparisons):
+    """Ctrl-C at the first comparison made to form groups (on 2 workers): the pending ones are cancelled, the
+    summary returns within a comparison of each worker, says it was interrupted (the command exits 130) and groups
+    what was checked, every member verified against its first."""
+    with Index.open(variants_index) as index:
+        graph = index_graph(index, 2)
+        candidates = len(duplicate_links(graph, LOOSE.candidate_cosine)[0])
+        comparisons.interrupt_at = candidates + 1
+        summary = find_duplicates(index, graph=graph, verification=LOOSE, workers=2)
+        stopped = time.monotonic() - comparisons.pressed
+    checks = summary["verification"]
+    assert checks["complete"] and checks["interrupted"] and checks["checked"] == candidates
+    assert any("Ctrl-C" in warning for warning in summary["warnings"])
+    assert comparisons.after_ctrl_c() <= 3 and stopped < 3.0
+    assert all(len(group["checks"]) == group["size"] - 1 for group in summary["groups"])

@@ -1,9 +1,11 @@
 """The Evaluation tab's near-duplicate groups and label suspects of the served index: auto verifies the planted copies
 (a precision per group, the features and correlation per copy) and lists the candidates that are not copies with the
 reason, a typed cosine gives the unverified groups, the paths the API shows, a bad threshold answered in place, and
-the verification calibrated once per state."""
+the copies verified once per state, one verification at a time, a click while it runs answered at once."""
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 from planted import flip, plant, projection_model, write_digits
@@ -68,7 +70,7 @@ def test_a_typed_cosine_gives_the_unverified_groups(curated):
     # nothing was verified, so there are no "similar, not copies" pairs to show
     assert similar_text["visible"] is False and similar_table.constructor_args["visible"] is False
     assert similar_picture.constructor_args["visible"] is False
-    assert tab.curation._verification is None  # a typed cosine plants nothing
+    assert not tab.curation._verified  # a typed cosine plants nothing
     bad, hidden, *rest = tab.near_duplicates("very")
     assert "auto or a cosine" in bad and hidden.constructor_args["visible"] is False and len(rest) == 4
 
@@ -130,10 +132,45 @@ def test_auto_verifies_the_planted_copies_and_lists_the_similar_pairs_apart(cura
             together = any({original, copy} <= members for members in members_of)
             assert together or frozenset((original, copy)) in listed, (original, copy)
     assert similar_picture.constructor_args["visible"] is True
-    # a second click checks the candidates again with the calibration kept for this state: nothing planted again
-    tab.near_duplicates("auto")
-    assert len(calibrations) == 1 and len(calls) == 2 and calls[1]["verification"] is calibrations[0]
-    assert tab.curation._verification is calibrations[0]
+    # a second click shows the answer kept for this state: nothing planted or compared again
+    again = tab.near_duplicates("auto")
+    assert len(calibrations) == 1 and len(calls) == 1 and again[0] == text
+
+
+def test_a_click_while_the_copies_are_verified_is_answered_at_once_and_the_answer_kept(curated, monkeypatch):
+    """A click while another click's verification runs is told so at once (it neither waits for it, holding its
+    place in the app's queue, nor starts a second one); once done, the answer is kept for the state served."""
+    service, _, _ = curated
+    tab = EvaluationTab(service, None)
+    started, release, calls = threading.Event(), threading.Event(), []
+
+    def find(*args, **kwargs):  # a verification that lasts until released
+        calls.append(kwargs)
+        started.set()
+        assert release.wait(60)
+        return {"groups": []}
+
+    monkeypatch.setattr(curation_view, "calibrate_verification", lambda *args, **kwargs: "calibrated")
+    monkeypatch.setattr(curation_view, "find_duplicates", find)
+    monkeypatch.setattr(curation_view, "copies_picture", lambda *args: "groups picture")
+    monkeypatch.setattr(curation_view, "similar_picture", lambda *args: "pairs picture")
+    first, answered = [], []
+    clicking = threading.Thread(target=lambda: first.append(tab.curation.duplicates("auto")))
+    clicking.start()
+    try:
+        assert started.wait(60)
+        other = threading.Thread(target=lambda: answered.append(tab.near_duplicates("auto")), daemon=True)
+        other.start()
+        other.join(5)
+        assert answered, "the second click waited for the first one's verification"
+    finally:
+        release.set()
+        clicking.join(60)
+    text, table, picture, *_ = answered[0]
+    assert "being verified already" in text and "its answer then shows at once" in text  # said whole
+    assert table.constructor_args["visible"] is False and picture.constructor_args["visible"] is False
+    assert first == [({"groups": []}, "groups picture", "pairs picture")] and len(calls) == 1
+    assert tab.curation.duplicates("auto") is first[0] and len(calls) == 1  # kept for the state served
 
 
 def test_label_suspects_rank_the_flipped_images_first(curated):

@@ -6,11 +6,13 @@ that do not chain. The rules are calibrated by ``copy_calibration``.
   image's features computed once while cached (``FeatureCache``); a progress bar; Ctrl-C or ``MAX_PAIRS`` stops it
   and what was checked is kept (``Verification.complete`` False).
 - ``copy_groups``: an image joins a group only if it is verified against the group's first image (the one kept by
-  the removal proposed): verified pairs never chain two distinct images together.
+  the removal proposed): verified pairs never chain two distinct images together; the comparisons with the first
+  are made in batches on the verification's workers, Ctrl-C stopping them within a comparison.
 """
 
 from __future__ import annotations
 
+import heapq
 import threading
 import time
 from collections import OrderedDict
@@ -35,6 +37,7 @@ MIN_OVERLAP = 0.25  # share of the smaller image the aligned other covers, at le
 FEATURE_CACHE = 256  # images whose features are kept (3.4 MB each at most: a 512 px source and three levels)
 MAX_PAIRS = 5_000_000  # candidate pairs verified at most (bounds the job: docs/BENCHMARKS.md, copy verification)
 MAX_EXTRA_CHECKS = 20_000  # pairs compared to form groups beyond the candidates (images linked only through others)
+WAKE_SECONDS = 0.25  # the most the main thread waits on the pairs in flight before it looks for Ctrl-C again
 
 
 # --- the rules
@@ -160,23 +163,26 @@ def verify_pairs(first: np.ndarray, second: np.ndarray, cosines: np.ndarray, fea
     bar = progress_bar(total=limit, desc="verifying pairs", unit="pair", disable=not progress)
     pool = ThreadPoolExecutor(max(1, workers))
     pending: set[Future] = set()
-    done: set[Future] = set()
     interrupted = False
+
+    def collect(waiting: set[Future]) -> set[Future]:
+        finished, waiting = wait(waiting, timeout=WAKE_SECONDS, return_when=FIRST_COMPLETED)
+        for future in finished:
+            results[future.position] = future.result()  # type: ignore[attr-defined]
+            bar.update(1)
+        return waiting
+
     try:
-        # at most 4 pairs a worker in flight: Ctrl-C is answered within a few pairs
+        # at most 4 pairs a worker in flight, the main thread awake every WAKE_SECONDS however long a pair takes:
+        # Ctrl-C is answered within the pairs running, never after the batch
         for position in order[:limit].tolist():
             future = pool.submit(check, position)
             future.position = position  # type: ignore[attr-defined]
             pending.add(future)
-            if len(pending) >= 4 * max(1, workers):
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for finished in done:
-                    results[finished.position] = finished.result()  # type: ignore[attr-defined]
-                    bar.update(1)
-        done, pending = wait(pending)
-        for finished in done:
-            results[finished.position] = finished.result()  # type: ignore[attr-defined]
-            bar.update(1)
+            while len(pending) >= 4 * max(1, workers):
+                pending = collect(pending)
+        while pending:
+            pending = collect(pending)
     except KeyboardInterrupt:
         interrupted = True
         for future in pending:
@@ -185,7 +191,7 @@ def verify_pairs(first: np.ndarray, second: np.ndarray, cosines: np.ndarray, fea
         pool.shutdown(wait=True, cancel_futures=True)
         bar.close()
     # the checks that finished before Ctrl-C or while the pool wound down are kept
-    for future in pending | done:
+    for future in pending:
         if future.done() and not future.cancelled() and future.exception() is None:
             results.setdefault(future.position, future.result())  # type: ignore[attr-defined]
     if interrupted:
@@ -204,15 +210,21 @@ class CopyGroup:
     pairs: list[CheckedPair]
 
 
-def copy_groups(pairs: Sequence[CheckedPair], check: Callable[[int, int], CheckedPair] | None = None,
-                max_group: int = 1000, max_checks: int = MAX_EXTRA_CHECKS) -> list[CopyGroup]:
+# ``check(first, second)``: the pairs (first[i] < second[i]) compared to form groups, as ``verify_pairs`` compares
+# candidates (on its workers, Ctrl-C keeping what finished: ``interrupted``)
+GroupCheck = Callable[[np.ndarray, np.ndarray], Verification]
+
+
+def copy_groups(pairs: Sequence[CheckedPair], check: GroupCheck | None = None,
+                max_checks: int = MAX_EXTRA_CHECKS) -> list[CopyGroup]:
     """Groups in which every member is verified against the group's first image. Verified pairs are joined
     (union-find) into sets; in each set the image verified against the most others not yet placed (an original
     rather than one of its crops, which are verified against it but seldom against each other), the lowest id among
     equals, is a group's first (the one kept) and takes every other image verified against it: a pair checked
-    already, or ``check(a, b)`` (an extra comparison, ``a`` < ``b``) where the two were linked only through others;
-    the rest are grouped again the same way. Extra checks stop after ``max_checks``, in sets beyond
-    ``max_group`` images, or at Ctrl-C (the groups then come from the pairs checked)."""
+    already, or one compared by ``check`` (the extra comparisons of a round, in one batch) where the two were linked
+    only through others; the rest are grouped again the same way. A dense set (copies of one picture, each linked to
+    a few of the others) is thus one group after one round. Extra checks go to the smaller sets first and stop after
+    ``max_checks`` or at Ctrl-C (the groups then come from the pairs checked)."""
     verified = [p for p in pairs if p.verified]
     if not verified:
         return []
@@ -227,38 +239,55 @@ def copy_groups(pairs: Sequence[CheckedPair], check: Callable[[int, int], Checke
     known = {(p.first, p.second): p for p in pairs}
     budget = {"left": max_checks if check is not None else 0}
 
-    def pair_of(x: int, y: int, may_check: bool) -> CheckedPair | None:
-        key = (min(x, y), max(x, y))
-        if key not in known and may_check and budget["left"] > 0:
-            budget["left"] -= 1
-            try:
-                known[key] = check(*key)  # type: ignore[misc]
-            except KeyboardInterrupt:
-                budget["left"] = 0  # no more extra checks: what is known groups
-                return None
-        return known.get(key)
+    def compare_missing(head: int, others: list[int]) -> None:
+        """The pairs of ``head`` with ``others`` not checked yet, compared in one batch (within the budget)."""
+        missing = [key for key in ((min(head, o), max(head, o)) for o in others) if key not in known]
+        missing = missing[:budget["left"]]
+        if not missing:
+            return
+        budget["left"] -= len(missing)
+        try:
+            result = check(np.asarray([a for a, _ in missing], np.int64),  # type: ignore[misc]
+                           np.asarray([b for _, b in missing], np.int64))
+        except KeyboardInterrupt:
+            budget["left"] = 0  # no more extra checks: what is known groups
+            return
+        known.update(((p.first, p.second), p) for p in result.pairs)
+        if result.interrupted:
+            budget["left"] = 0
 
     neighbours: dict[int, set[int]] = {}
     for p in verified:
         neighbours.setdefault(p.first, set()).add(p.second)
         neighbours.setdefault(p.second, set()).add(p.first)
     groups = []
-    for ids in members.values():
-        rest = sorted(ids)
-        may_check = len(ids) <= max_group
+    # the smaller sets first: one large set of lookalikes does not spend the checks the many small ones need
+    for ids in sorted(members.values(), key=len):
+        rest = set(ids)
+        # each image's verified links to images not placed yet, in a heap (most first, the lowest id among equals;
+        # outdated entries skipped): a round costs its first's links, not a pass over every image left
+        links = {i: len(neighbours[i]) for i in ids}
+        heap = [(-links[i], i) for i in ids]
+        heapq.heapify(heap)
         while len(rest) > 1:
-            placing = set(rest)
-            head = max(rest, key=lambda i: (len(neighbours[i] & placing), -i))
-            joined, left = [], []
-            for other in rest:
-                if other == head:
-                    continue
-                pair = pair_of(head, other, may_check)
-                (joined if pair is not None and pair.verified else left).append((other, pair))
+            count, head = heapq.heappop(heap)
+            if head not in rest or -count != links[head]:
+                continue
+            if budget["left"] > 0:
+                others = sorted(rest - {head})
+                compare_missing(head, others)
+            else:  # no check left: only the images verified against it can join
+                others = sorted(neighbours[head] & rest)
+            joined = [(other, pair) for other in others
+                      if (pair := known.get((min(head, other), max(head, other)))) is not None and pair.verified]
             if not joined:  # nothing verified against the best linked image: none is against another either
                 break
             groups.append(CopyGroup(np.asarray([head, *(i for i, _ in joined)], np.int64), [p for _, p in joined]))
-            rest = [i for i, _ in left]
+            for placed in (head, *(i for i, _ in joined)):
+                rest.discard(placed)
+                for other in neighbours[placed] & rest:
+                    links[other] -= 1
+                    heapq.heappush(heap, (-links[other], other))
     return sorted(groups, key=lambda g: (-len(g.ids), int(g.ids[0])))
 
 
@@ -273,15 +302,6 @@ def compared(features: FeatureCache, rules: CopyRules, a: int, b: int, cosine: f
     except Exception as exc:  # noqa: BLE001  (the pair says why)
         return CheckedPair(a, b, cosine, None, f"could not be compared ({type(exc).__name__})")
     return CheckedPair(a, b, cosine, comparison, rules.reason(comparison))
-
-
-def pair_checker(features: FeatureCache, rules: CopyRules,
-                 cosine: Callable[[int, int], float]) -> Callable[[int, int], CheckedPair]:
-    """``check(a, b)``: one pair compared now, its cosine from ``cosine(a, b)`` (``copy_groups``' extra checks)."""
-    def check(a: int, b: int) -> CheckedPair:
-        return compared(features, rules, a, b, cosine(a, b))
-
-    return check
 
 
 def check_workers(workers: int) -> int:

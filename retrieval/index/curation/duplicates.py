@@ -32,9 +32,9 @@ from retrieval.index.curation.copy_verification import (
     CheckedPair,
     CopyGroup,
     FeatureCache,
+    Verification,
     check_workers,
     copy_groups,
-    pair_checker,
     verify_pairs,
 )
 from retrieval.index.curation.duplicates_threshold import CALIBRATION_SAMPLE, calibrate_on_index
@@ -155,14 +155,19 @@ def find_copies(index: Index, graph: NeighbourGraph, load: Callable[[int], Image
     features = FeatureCache(load, embedder.preprocessing.background)
     checked = verify_pairs(first, second, cosines, features, calibration.rules, workers, progress, max_pairs)
     extra: list[CheckedPair] = []  # the pairs compared to form groups (images linked only through others)
-    check = pair_checker(features, calibration.rules, _cosine_lookup(index))
+    grouping = {"interrupted": False}
 
-    def check_extra(a: int, b: int) -> CheckedPair:
-        extra.append(check(a, b))
-        return extra[-1]
+    def check_extra(a: np.ndarray, b: np.ndarray) -> Verification:
+        done = verify_pairs(a, b, _pair_cosines(index, a, b), features, calibration.rules, workers, progress=False)
+        extra.extend(done.pairs)
+        grouping["interrupted"] |= done.interrupted
+        return done
 
-    # the extra comparisons are bounded as the candidates are (the app's click, ``max_pairs``)
-    groups = copy_groups(checked.pairs, check_extra, max_checks=min(MAX_EXTRA_CHECKS, max_pairs))
+    # the extra comparisons are bounded as the candidates are (the app's click, ``max_pairs``); after Ctrl-C there
+    # are none: what was verified is grouped as it is
+    groups = copy_groups(checked.pairs, None if checked.interrupted else check_extra,
+                         max_checks=min(MAX_EXTRA_CHECKS, max_pairs))
+    interrupted = checked.interrupted or grouping["interrupted"]
     verified_pairs = sum(p.verified for p in checked.pairs)
     # what the precision reads the share of copies among the candidates from
     verified_share = verified_pairs / max(1, len(checked.pairs))
@@ -183,7 +188,7 @@ def find_copies(index: Index, graph: NeighbourGraph, load: Callable[[int], Image
     verification = {"candidates": checked.candidates, "checked": len(checked.pairs), "verified": verified_pairs,
                     "seconds": round(checked.seconds, 2), "pairs_per_second": round(checked.pairs_per_second, 1),
                     "images_read": features.computed, "workers": workers, "complete": checked.complete,
-                    "stopped_because": checked.stopped_because, "interrupted": checked.interrupted,
+                    "stopped_because": checked.stopped_because, "interrupted": interrupted,
                     "estimated_precision": round(calibration.precision(verified_share), 3),
                     # distinct pairs among the candidates the calibration's false rate would verify
                     "expected_false_pairs": round(calibration.false_rate * (len(checked.pairs) - verified_pairs), 1)}
@@ -204,6 +209,9 @@ def find_copies(index: Index, graph: NeighbourGraph, load: Callable[[int], Image
     if not checked.complete:
         summary["warnings"].insert(0, f"verification not finished ({checked.stopped_because}): the groups come from "
                                       "the pairs checked, the first by id")
+    if grouping["interrupted"]:
+        summary["warnings"].insert(0, "grouping stopped by Ctrl-C: an image linked to a group's first only through "
+                                      "others and not compared with it yet is left out of that group")
     return summary
 
 
@@ -211,12 +219,14 @@ def _as_linked(group: CopyGroup) -> DuplicateGroup:
     return DuplicateGroup(group.ids, [(p.first, p.second, p.cosine) for p in group.pairs])
 
 
-def _cosine_lookup(index: Index) -> Callable[[int, int], float]:
-    def cosine(a: int, b: int) -> float:
-        ids, vectors = stored_vectors(index, np.asarray([a, b], np.int64))
-        return float(vectors[0] @ vectors[1]) if len(ids) == 2 else -1.0  # one was removed meanwhile
-
-    return cosine
+def _pair_cosines(index: Index, first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """The cosine of each pair (``first[i]``, ``second[i]``) from the stored vectors; -1 where one was removed."""
+    ids, vectors = stored_vectors(index, np.concatenate([first, second]))
+    held = np.isin(first, ids) & np.isin(second, ids)
+    cosines = np.full(len(first), -1.0, np.float32)
+    a, b = np.searchsorted(ids, first[held]), np.searchsorted(ids, second[held])
+    cosines[held] = np.einsum("ij,ij->i", vectors[a], vectors[b])
+    return cosines
 
 
 def similar_summaries(index: Index, pairs: Sequence[CheckedPair]) -> list[dict[str, Any]]:
