@@ -96,7 +96,7 @@ def train_command(config_file, nproc, max_restarts, as_json, offline, **options)
     """Train an embedder; writes config.json, metrics.jsonl, last.pt, best.pt, report.json to --out."""
     from retrieval.models.weights import offline_scope, resolve_weights
     from retrieval.train import train
-    from retrieval.train.distributed import ensure_run_folder, env_world_size, launch
+    from retrieval.train.distributed import ensure_run_folder, env_world_size, launch, launched
 
     cfg = config_from_options(config_file, **options)
     if cfg.pretrained and cfg.weights is None:
@@ -106,15 +106,18 @@ def train_command(config_file, nproc, max_restarts, as_json, offline, **options)
         if env_world_size() > 1:
             raise click.UsageError("--nproc launches the processes itself: leave it out under torchrun")
         code = launch(nproc, cfg.to_dict(), Path(cfg.out), max_restarts=max_restarts,
-                      extra_args=tuple(flag for flag, on in (("--json", as_json), ("--offline", offline)) if on))
+                      extra_args=("--offline",) if offline else ())
         if code:
             raise click.ClickException(f"the {nproc}-process run failed (torchrun exit code {code}); the errors "
                                        f"above name the rank; --resume continues it from {cfg.out}/last.pt")
-        return  # rank 0 printed the summary
-    with offline_scope(offline):  # the backbone factories see --offline (not a training setting: not in cfg)
-        report = train(cfg)
-    if not report:  # ranks > 0 return no report
-        return
+        from retrieval.serve.report_files import load_report
+
+        report = load_report(Path(cfg.out) / "report.json").data  # the job's last attempt wrote it
+    else:
+        with offline_scope(offline):  # the backbone factories see --offline (not a training setting: not in cfg)
+            report = train(cfg)
+        if not report or launched():  # ranks > 0 return no report; --nproc's launcher says rank 0's
+            return
     summary = _summary(cfg, report)
     upgrade = _export_for_the_index(cfg, report, quiet=as_json)
     if upgrade is not None:

@@ -247,6 +247,18 @@ def ensure_run_folder(cfg: TrainConfig) -> None:
         cfg.out = new_run_folder()
 
 
+# set by ``launch`` in the ranks it starts: the launcher, not rank 0, says the run's summary
+LAUNCHED = "RETRIEVAL_LAUNCHED_BY_NPROC"
+
+
+def launched() -> bool:
+    """True in a rank that ``launch`` (``--nproc``) started: the launcher prints the summary once the job has ended.
+
+    Rank 0 cannot: torchrun restarts every rank when one dies, even after rank 0 finished and printed it (a rank
+    killed at its exit), and the restarted rank 0 resumes the finished run and prints it again."""
+    return os.environ.get(LAUNCHED) == "1"
+
+
 def restarted() -> bool:
     """True in a worker that torchrun restarted (``--max-restarts``): the run continues from last.pt."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
@@ -295,7 +307,8 @@ def launch(nproc: int, cfg_dict: dict[str, Any], out: Path, max_restarts: int = 
     """Run ``retrieval train`` in ``nproc`` processes on this machine through torchrun; returns its exit code.
 
     The configuration travels as a JSON file (``out/launch.json``), so every rank runs exactly it; ``extra_args``
-    are the command's own options (``--json``), which are not part of it.
+    are the command's own options (``--offline``), which are not part of it. The ranks print no summary
+    (``launched``): the caller says it once this returns.
     """
     if nproc < 2:
         raise ValueError(f"--nproc must be >= 2 to launch several processes, got {nproc}")
@@ -306,4 +319,5 @@ def launch(nproc: int, cfg_dict: dict[str, Any], out: Path, max_restarts: int = 
                f"--max-restarts={max_restarts}", "-m", "retrieval", "train", "--config", str(config), *extra_args]
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    env[LAUNCHED] = "1"
     return subprocess.run(command, env=env).returncode

@@ -516,6 +516,30 @@ def test_nproc_shortcut_restarts_a_dead_rank_and_resumes_from_last_pt(frozen_run
 
 
 @pytest.mark.slow
+def test_nproc_shortcut_prints_the_summary_once_when_a_rank_dies_after_the_run_finished(image_folder, tmp_path):
+    """Rank 1 is killed as it exits, after rank 0 finished the run: torchrun restarts both ranks, which resume the
+    finished run; `retrieval train --nproc 2 --max-restarts 1 --json` still prints one summary, after the job."""
+    cfg = tune_config(image_folder, tmp_path / "run", "ms", {}, None, 0.0, epochs=1)
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg.to_dict()))
+    marker = tmp_path / "rank-0-done"
+    job_env = {**env(), "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "rank_dies_at_exit"), str(REPO)]),
+               "RANK_DIES_AT_EXIT": str(marker)}
+    proc = subprocess.Popen([sys.executable, "-m", "retrieval", "train", "--config", str(tmp_path / "cfg.json"),
+                             "--nproc", "2", "--max-restarts", "1", "--json"], env=job_env, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=400)
+    finally:
+        stop(proc)
+    assert proc.returncode == 0, err[-4000:]
+    # rank 1 died after rank 0 had finished, and torchrun restarted the finished run (else the job had failed)
+    assert marker.is_file() and "failed (exitcode: -9) local_rank: 1" in err, err[-4000:]
+    assert out.count('"run":') == 1, out[-4000:]
+    summary = json.loads(out[out.index('{\n  "run"'):])
+    assert summary["run"] == str(tmp_path / "run") and "recall@1" in summary["after"]
+
+
+@pytest.mark.slow
 def test_a_rank_that_hangs_fails_the_others_after_the_dist_timeout(frozen_runs, tmp_path):
     """A rank frozen by SIGSTOP does not die, so torchrun cannot see it: --dist-timeout bounds the others' wait."""
     cfg = frozen_config(tmp_path / "hangs", frozen_runs / "cache-ranks", "ms", {}, None, 0.0, batches_per_epoch=50,
