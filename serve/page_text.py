@@ -30,6 +30,9 @@ MARKDOWN_AUTOLINK = re.compile(r"(?i)(?<=[a-z0-9])(?=://)|(?<=\bwww)(?=\.)|(?=@)
 # other than it is stored: shown as spaces
 UNSHOWN = dict.fromkeys([*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029, *range(0x202A, 0x202F),
                          *range(0x2066, 0x206A)], " ")
+# half of a UTF-16 pair (JSON's "\ud800" decodes to one): no UTF-8 encoder takes it, so a page update holding one
+# fails in Gradio's event stream; shown as U+FFFD, the replacement character
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def shown_text(value: object, limit: int = MAX_SHOWN_CHARS) -> str:
@@ -37,7 +40,7 @@ def shown_text(value: object, limit: int = MAX_SHOWN_CHARS) -> str:
     a longer text cut, ending with an ellipsis)."""
     raw = str(value)
     window = limit * 4 + 16  # enough for ``limit`` characters after collapsing spaces; never the whole of 5 MB
-    text = " ".join(raw[:window].translate(UNSHOWN).split())
+    text = " ".join(LONE_SURROGATE.sub("\ufffd", raw[:window]).translate(UNSHOWN).split())
     if len(text) > limit or len(raw) > window:
         text = text[: limit - len(ELLIPSIS)].rstrip() + ELLIPSIS
     return text
@@ -66,7 +69,7 @@ def html_text(value: object, limit: int | None = MAX_SHOWN_CHARS) -> str:
     text = str(value)
     if limit is not None and len(text) > limit:
         text = text[: limit - len(ELLIPSIS)] + ELLIPSIS
-    return html.escape(text, quote=True)
+    return html.escape(LONE_SURROGATE.sub("\ufffd", text), quote=True)
 
 
 def percent(value: float) -> float:

@@ -1,12 +1,20 @@
-"""retrieval.utils.io.atomic_write: the one write-then-rename helper (index files, checkpoints, reports, caches)."""
+"""retrieval.utils.io: atomic_write, the one write-then-rename helper (index files, checkpoints, reports, caches),
+and open_regular_within, a file below a folder opened through no link out of it."""
 
+import errno
 import os
 import stat
 
 import numpy as np
 import pytest
 
-from retrieval.utils.io import TEMPORARY_GLOB, atomic_write
+from retrieval.utils.io import (
+    TEMPORARY_GLOB,
+    NotRegularFileError,
+    OutsideFolderError,
+    atomic_write,
+    open_regular_within,
+)
 
 
 def test_writes_bytes_text_and_writer_output(tmp_path):
@@ -51,3 +59,36 @@ def test_files_get_the_usual_permissions(tmp_path):
     finally:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "index.faiss").stat().st_mode) == 0o644  # readable by a server's user
+
+
+def test_a_file_below_a_folder_is_opened_only_through_links_that_stay_inside(tmp_path):
+    root, outside = tmp_path / "gallery", tmp_path / "outside"
+    (root / "real" / "deep").mkdir(parents=True)
+    outside.mkdir()
+    (root / "real" / "deep" / "a.png").write_bytes(b"inside")
+    (outside / "a.png").write_bytes(b"secret")
+    (root / "in").symlink_to(root / "real", target_is_directory=True)
+    (root / "chain").symlink_to("in/deep", target_is_directory=True)  # a link through a link, relative
+    (root / "out").symlink_to(outside, target_is_directory=True)
+    (root / "climb").symlink_to("../outside", target_is_directory=True)
+    (root / "real" / "up").symlink_to("../../outside", target_is_directory=True)
+    (root / "loop").symlink_to("loop", target_is_directory=True)
+    (root / "real" / "deep" / "file-link.png").symlink_to(root / "real" / "deep" / "a.png")
+    handle, status = open_regular_within(root, root / "in" / "deep" / "a.png")
+    with handle:
+        assert handle.read() == b"inside" and status.st_size == 6
+    with open_regular_within(root, root / "chain" / "a.png")[0] as handle:
+        assert handle.read() == b"inside"
+    for leaving in ("out/a.png", "climb/a.png", "real/up/a.png", "real/../../outside/a.png"):
+        with pytest.raises(OutsideFolderError):
+            open_regular_within(root, f"{root}/{leaving}")
+    with pytest.raises(OSError) as looped:
+        open_regular_within(root, root / "loop" / "a.png")
+    assert looped.value.errno == errno.ELOOP
+    with pytest.raises(OSError) as linked_file:  # the file itself is never opened through a link
+        open_regular_within(root, root / "real" / "deep" / "file-link.png")
+    assert linked_file.value.errno == errno.ELOOP
+    with pytest.raises(NotRegularFileError):
+        open_regular_within(root, root / "real" / "deep")
+    with pytest.raises(OutsideFolderError):
+        open_regular_within(root, outside / "a.png")

@@ -142,6 +142,38 @@ def test_a_symlink_that_replaced_a_gallery_file_is_not_followed(artifacts, servi
     assert served.headers["content-length"] == str(path.stat().st_size)
 
 
+def test_a_gallery_folder_swapped_for_a_symlink_out_of_the_gallery_is_not_followed(artifacts, service, client,
+                                                                                    tmp_path):
+    """A folder of the gallery replaced by a link to another folder holding a file of the same name (an image, so
+    the content check would pass): not served; a link to a folder inside the gallery still is."""
+    path = artifacts.query_paths[7]
+    image_id = item_id_of(service, path)
+    folder = path.parent
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / path.name).write_bytes(png_bytes(colour=(255, 0, 0)))  # a private picture under the catalogued name
+    aside = folder.with_name(folder.name + "-aside")  # inside the gallery
+    folder.rename(aside)
+    try:
+        folder.symlink_to(outside, target_is_directory=True)
+        response = client.get(f"/items/{image_id}/image")
+        assert response.status_code == 404 and response.content != (outside / path.name).read_bytes()
+        assert "leads out of the gallery" in response.json()["detail"]
+        assert service.image_path(image_id) is None  # what the app opens by path: refused too
+        folder.unlink()
+        folder.symlink_to(aside, target_is_directory=True)  # a link that stays inside the gallery is followed
+        served = client.get(f"/items/{image_id}/image")
+        assert served.status_code == 200 and served.content == (aside / path.name).read_bytes()
+        folder.unlink()
+        folder.symlink_to(os.path.relpath(outside, folder.parent), target_is_directory=True)  # relative, out
+        assert client.get(f"/items/{image_id}/image").status_code == 404
+    finally:
+        if folder.is_symlink():
+            folder.unlink()
+        aside.rename(folder)
+    assert client.get(f"/items/{image_id}/image").content == path.read_bytes()
+
+
 def test_a_catalogued_file_that_is_not_an_image_is_not_served(artifacts, service, client):
     """The content decides, not the name: a catalogued file whose bytes are no accepted image format is refused as
     missing (a catalogue built from another tool's metadata may name any file), and an image under another

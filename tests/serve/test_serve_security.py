@@ -271,9 +271,9 @@ def queue_join(url: str, api_name: str, data: list) -> str:
     config = httpx.get(f"{url}/config", timeout=10).json()
     fn_index = next(d["id"] for d in config["dependencies"] if d.get("api_name") == api_name)
     session = f"s{time.monotonic_ns()}"
-    joined = httpx.post(f"{url}/gradio_api/queue/join", json={
-        "data": data, "fn_index": fn_index, "session_hash": session, "event_data": None, "trigger_id": None},
-        timeout=10)
+    joined = httpx.post(f"{url}/gradio_api/queue/join", content=json.dumps({  # as a browser escapes any string
+        "data": data, "fn_index": fn_index, "session_hash": session, "event_data": None, "trigger_id": None}),
+        headers={"Content-Type": "application/json"}, timeout=10)
     if joined.status_code != 200:
         return f"{joined.status_code} {joined.text}"
     with httpx.stream("GET", f"{url}/gradio_api/queue/data", params={"session_hash": session}, timeout=10) as events:
@@ -413,6 +413,20 @@ def test_the_app_refuses_a_k_beyond_its_slider(plain, k):
     # the page's answer to a refused search: no results, and the reason in its status line
     data = json.loads(next(line for line in answer.splitlines() if line.startswith("data: "))[len("data: "):])
     assert data[0] == [] and "K must be a whole number" in data[1], answer
+
+
+@pytest.mark.parametrize(("labels", "where"), [([], 'path = "\ud800"'), ([], '"\udcff" = label'),
+                                               (["\ud83d"], ""), ([], 'label in ("a\udfff")')])
+def test_a_lone_surrogate_in_the_filter_gets_an_answer_on_the_page(plain, labels, where):
+    """Half of a UTF-16 pair in the where box or the label picker (a browser's JSON carries it as an escape): the
+    page answers with its status line, the filter shown with U+FFFD in its place, as the API answers the same
+    filter; never a failed event stream."""
+    uploaded = httpx.post(f"{plain.url}/gradio_api/upload", files={"files": ("q.png", QUERY_PNG, "image/png")})
+    reference = {"path": uploaded.json()[0], "meta": {"_type": "gradio.FileData"}}
+    answer = queue_join(plain.url, "search", [reference, 5, labels, where, "none", ""])
+    assert "process_completed" in answer and '"success": true' in answer.replace('"success":true', '"success": true')
+    shown = json.loads(answer[answer.index("{"):])["output"]["data"][1]
+    assert "\ufffd" in shown or "\\udcff" in shown, shown  # replaced, or quoted by the parser's message
 
 
 def test_a_report_that_is_not_a_run_report_is_refused_at_start(artifacts, tmp_path):

@@ -327,3 +327,14 @@ def test_every_response_says_no_referrer_to_other_sites_and_no_sniffing(hostile)
     for answer in answers:
         assert answer.headers.get_list("referrer-policy") == ["same-origin"], answer.request.url
         assert answer.headers.get_list("x-content-type-options") == ["nosniff"], answer.request.url
+
+
+def test_a_lone_surrogate_is_shown_as_the_replacement_character_everywhere_on_the_page():
+    """Half of a UTF-16 pair cannot be encoded as UTF-8: text shown on the page carries U+FFFD in its place."""
+    import orjson  # what Gradio's event stream encodes page updates with
+
+    for show in (shown_text, markdown_text, markdown_code, html_text):
+        shown = show('label = "a\ud800b\udfff"')
+        assert "\ufffd" in shown and "\ud800" not in shown and "\udfff" not in shown
+        orjson.dumps(shown)  # raised "str is not valid UTF-8: surrogates not allowed"
+    assert shown_text("\U0001f600") == "\U0001f600"  # a whole pair is one character, kept
