@@ -192,12 +192,13 @@ def export_model(checkpoint: Path, onnx_path: Path) -> None:
 
 def index_gallery(onnx_path: Path, manifest: Path, index_dir: Path) -> dict[str, Any]:
     from retrieval.index import build_index
+    from retrieval.index.query_embedder import hash_matches
     from retrieval.onnx_runtime import OnnxEmbedder
 
     info_path = index_dir / "index.json"
     if info_path.is_file():
         info = json.loads(info_path.read_text())
-        if info.get("model_hash") == OnnxEmbedder(onnx_path).model_hash:
+        if hash_matches(info.get("model_hash"), OnnxEmbedder(onnx_path)):
             _step(5, f"gallery index: up to date in {index_dir}")
             return info
     _step(5, f"indexing the test subgroups' emoji, labelled by subgroup, into {index_dir}")
@@ -214,6 +215,7 @@ def train_text(onnx_path: Path, manifest: Path, index_dir: Path, run_dir: Path) 
     subgroup's name), recorded in the index so that the app searches it by text (docs/TEXT.md)."""
     from retrieval.data.emoji_captions import CAPTION_COLUMNS, caption_manifests
     from retrieval.export.text_export import export_text_tower
+    from retrieval.index.query_embedder import hash_matches
     from retrieval.onnx_runtime import OnnxEmbedder
     from retrieval.text.text_index import record_text_model
     from retrieval.text.text_onnx import TextEmbedder
@@ -222,7 +224,7 @@ def train_text(onnx_path: Path, manifest: Path, index_dir: Path, run_dir: Path) 
 
     text_path, report_path = run_dir / "text.onnx", run_dir / "report.json"
     if text_path.is_file() and report_path.is_file() \
-            and TextEmbedder(text_path).image_model_hash == OnnxEmbedder(onnx_path).model_hash:
+            and hash_matches(TextEmbedder(text_path).image_model_hash, OnnxEmbedder(onnx_path)):
         _step(6, f"text tower: up to date in {run_dir}")
         report = json.loads(report_path.read_text())
     else:

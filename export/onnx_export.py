@@ -183,6 +183,18 @@ def export_graph(model: nn.Module, input_size: int, opset: int | None, log: Log)
     return proto, exporter
 
 
+STACK_TRACE = "pkg.torch.onnx.stack_trace"  # the dynamo exporter's per-node record of the Python source
+
+
+def drop_stack_traces(proto: onnx.ModelProto) -> None:
+    """The exporter's stack traces out of the nodes' metadata, in place: they name files on the exporting machine
+    (its user's folders) and no part of what the model computes."""
+    for node in (*proto.graph.node, *(node for function in proto.functions for node in function.node)):
+        for place in reversed(range(len(node.metadata_props))):
+            if node.metadata_props[place].key == STACK_TRACE:
+                del node.metadata_props[place]
+
+
 def to_fp16(proto: onnx.ModelProto) -> onnx.ModelProto:
     """Weights and activations in float16; inputs and outputs stay float32 so callers need not care."""
     from onnxruntime.transformers.float16 import convert_float_to_float16
@@ -313,6 +325,7 @@ def export_embedder(
     if fp16:
         proto = to_fp16(proto)
     proto.doc_string = f"retrieval embedder: {preprocessing.backbone}, {preprocessing.embedding_dim}-d"
+    drop_stack_traces(proto)
     # one identity everywhere: the hash of the file's own graph and weights, the one the index and search compute
     # when they open it; the PyTorch weights' fingerprint is kept as lineage
     extra = {"exporter": exporter, "opset": _opset(proto), "torch_version": torch.__version__,

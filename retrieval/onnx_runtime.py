@@ -26,6 +26,7 @@ from retrieval.data.colour import DEFAULT_BACKGROUND
 from retrieval.data.decode import open_image
 from retrieval.data.eval_preprocess import EvalPreprocess
 from retrieval.data.preprocessing import ModelPreprocessing
+from retrieval.utils.onnx_hash import legacy_model_hash, proto_model_hash
 
 if TYPE_CHECKING:
     import torch
@@ -70,8 +71,9 @@ def embedder_model_hash(model: nn.Module, preprocessing: ModelPreprocessing | No
 
 
 def onnx_model_hash(path: str | os.PathLike, preprocessing: ModelPreprocessing) -> str:
-    """A 16-hex-digit fingerprint computed from an ONNX file itself: its graph and weights (metadata left out)
-    and the preprocessing it is run with. Two files share it only if they compute the same embeddings."""
+    """A 16-hex-digit fingerprint computed from an ONNX file itself: its graph and weights (annotations and metadata
+    left out: ``proto_model_hash``) and the preprocessing it is run with. Two files share it only if they compute the
+    same embeddings."""
     return proto_model_hash(read_onnx_model(path), preprocessing)
 
 
@@ -81,19 +83,6 @@ def read_onnx_model(path: str | os.PathLike) -> Any:
     import onnx
 
     return onnx.load(str(path))  # external weights, if any, are loaded into the proto
-
-
-def proto_model_hash(proto: Any, preprocessing: ModelPreprocessing) -> str:
-    """``onnx_model_hash`` of a loaded model proto (its metadata is left out, and left in place)."""
-    metadata = list(proto.metadata_props)
-    proto.ClearField("metadata_props")
-    try:
-        graph_and_weights = proto.SerializeToString(deterministic=True)
-    finally:
-        proto.metadata_props.extend(metadata)
-    digest = preprocessing.identity_digest()
-    digest.update(graph_and_weights)
-    return digest.hexdigest()[:16]
 
 
 def build_metadata(
@@ -311,7 +300,8 @@ class OnnxEmbedder:
         self.preprocessing = parse_metadata(self._metadata, source=str(self.path))
         check_graph_matches(self.session, self.preprocessing, str(self.path))
         # identity from the model's own graph and weights: metadata alone could be copied onto another model
-        self._model_hash = proto_model_hash(proto, self.preprocessing)
+        self._model_hashes = (proto_model_hash(proto, self.preprocessing),
+                              legacy_model_hash(proto, self.preprocessing))
         del proto
         self._input_name = self.session.get_inputs()[0].name
         self._primary_output = self._metadata.get("output_name", self.session.get_outputs()[0].name)
@@ -376,8 +366,14 @@ class OnnxEmbedder:
 
     @property
     def model_hash(self) -> str:
-        """Computed from the file when opened (``onnx_model_hash``); indexes record it and compare it."""
-        return self._model_hash
+        """Computed from the file when opened (``onnx_model_hash``); indexes record it."""
+        return self._model_hashes[0]
+
+    @property
+    def model_hashes(self) -> tuple[str, str]:
+        """Every hash a record may name this model by: ``model_hash`` and the ``legacy_model_hash`` that versions
+        before it recorded (``query_embedder.hash_matches`` compares them)."""
+        return self._model_hashes
 
     @property
     def source_model_hash(self) -> str:

@@ -59,7 +59,8 @@ class OldModel(nn.Module):
 
             self.onnx = OnnxEmbedder(self.path, providers="auto" if device.type == "cuda" else "cpu")
             self.preprocessing = self.onnx.preprocessing
-            self.hashes = sorted({self.onnx.model_hash, self.onnx.source_model_hash})
+            # every hash an index of it may record (hash_matches), and its PyTorch weights'
+            self.hashes = sorted({*self.onnx.model_hashes, self.onnx.source_model_hash})
         else:
             from retrieval.models.embedder import load_embedder
             from retrieval.onnx_runtime import embedder_model_hash

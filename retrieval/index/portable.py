@@ -56,15 +56,16 @@ def relative_to_index(path: str | Path, index_root: str | Path) -> str:
     return Path(os.path.relpath(Path(path).expanduser().resolve(), Path(index_root).expanduser().resolve())).as_posix()
 
 
-def file_model_hash(path: Path, self_contained: bool = False) -> str | None:
-    """The ``model_hash`` an ONNX file would be opened with, read without running it (ValueError: not a model).
+def file_model_hashes(path: Path, self_contained: bool = False) -> tuple[str, str] | None:
+    """The ``model_hashes`` an ONNX file would be opened with (``model_hash`` first), read without running it
+    (ValueError: not a model).
     ``self_contained``: read the file alone, only if its top-level fields may be an exported model's
     (``model_header_problem``) and it is at most ``MAX_UNASKED_FILE_BYTES``; None where it keeps weights in other
     files (never opened)."""
     import onnx
     from onnx.external_data_helper import uses_external_data
 
-    from retrieval.onnx_runtime import parse_metadata, proto_model_hash, read_onnx_model
+    from retrieval.onnx_runtime import legacy_model_hash, parse_metadata, proto_model_hash, read_onnx_model
 
     if self_contained:
         with open_regular(path) as handle:  # one descriptor: the bytes checked are the bytes read
@@ -81,7 +82,8 @@ def file_model_hash(path: Path, self_contained: bool = False) -> str | None:
         if self_contained and any(uses_external_data(tensor) for tensor in proto.graph.initializer):
             return None
         metadata = {prop.key: prop.value for prop in proto.metadata_props}
-        return proto_model_hash(proto, parse_metadata(metadata, source=str(path)))
+        preprocessing = parse_metadata(metadata, source=str(path))
+        return proto_model_hash(proto, preprocessing), legacy_model_hash(proto, preprocessing)
     except Exception as exc:  # onnx's DecodeError and a missing metadata key derive from Exception only
         raise ValueError(f"not a readable exported model ({str(exc).splitlines()[0] if str(exc) else exc!r})") from exc
 
@@ -207,7 +209,7 @@ def find_model(info: Mapping[str, Any], index_root: str | Path, role: str = "was
                 continue
             unasked_bytes += size
         try:
-            found = file_model_hash(candidate, self_contained=unasked)
+            found = file_model_hashes(candidate, self_contained=unasked)
             if found is None:  # its weights lie in other files, which nobody named
                 looked.append(f"{shown} (not read: give it as the model if it is the one)")
                 continue
@@ -216,9 +218,9 @@ def find_model(info: Mapping[str, Any], index_root: str | Path, role: str = "was
             if unreadable is None and os.path.normpath(candidate.absolute()) in recorded:
                 unreadable = candidate
             continue
-        if found == wanted:
+        if wanted in found:  # its hash, or the one an earlier version recorded for it
             return candidate
-        looked.append(f"{shown} (model_hash {found})")
+        looked.append(f"{shown} (model_hash {found[0]})")
     if unreadable is not None:
         return unreadable
     relative = f" ({info[MODEL_RELATIVE]} from the index folder)" if info.get(MODEL_RELATIVE) else ""

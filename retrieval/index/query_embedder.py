@@ -49,6 +49,23 @@ class ModelMismatchError(ValueError):
     """A query model differs from the model that built the index."""
 
 
+def model_hashes(embedder: ImageEmbedder) -> tuple[str, ...]:
+    """Every hash a record may name ``embedder``'s model by: its ``model_hash`` and, for an ONNX file, the hash
+    earlier versions recorded for the same file (``OnnxEmbedder.model_hashes``)."""
+    return tuple(getattr(embedder, "model_hashes", None) or (embedder.model_hash,))
+
+
+def hash_matches(recorded: str | None, embedder: ImageEmbedder) -> bool:
+    """Whether a recorded model hash (an index's, a collection's, a declaration's) names ``embedder``'s model: every
+    comparison of a record with a model goes through here."""
+    return recorded is not None and recorded in model_hashes(embedder)
+
+
+def legacy_hash(embedder: ImageEmbedder) -> str | None:
+    """The hash versions before the current one recorded for ``embedder``'s model (None: it has no other)."""
+    return next(iter(model_hashes(embedder)[1:]), None)
+
+
 # index.json's ``source`` of an index built from vectors someone already had (``writer.build_from_embeddings``): no
 # model made them, so none can embed a query image into their space
 EMBEDDINGS_SOURCE = "embeddings"
@@ -126,6 +143,9 @@ def prepare_vectors(vectors: np.ndarray, dim: int) -> np.ndarray:
 COMPATIBLE_WITH = "compatible_with"  # ONNX metadata: JSON list of the model hashes a model was trained to match
 # ONNX metadata and index.json: the model_hash of the fp32 model an int8 model was quantized from
 PARENT_MODEL_KEY = "fp32_model_hash"
+# index.json: the hash versions before the current model hash recorded for the index's model, which declarations
+# written by those versions name it by
+LEGACY_MODEL_KEY = "legacy_model_hash"
 
 
 def declared_compatible(embedder: ImageEmbedder) -> frozenset[str]:
@@ -174,10 +194,11 @@ def is_compatible(embedder: ImageEmbedder, info: Mapping[str, Any]) -> bool:
     parent of the int8 model that built it. Vectors a
     model's compatible output made are in the old models' space: there a model must be declared compatible with
     those (``model_output_space``), not with the model that projected into it."""
-    if embedder.model_hash in (info.get("model_hash"), info.get(PARENT_MODEL_KEY)):
+    if hash_matches(info.get("model_hash"), embedder) or hash_matches(info.get(PARENT_MODEL_KEY), embedder):
         return True  # the same model, or the fp32 parent of the int8 model that built it (measured when quantized)
     space = info.get("model_output_space")
-    built_by = set(space) if space else {info.get("model_hash"), info.get("source_model_hash")} - {None}
+    built_by = set(space) if space else {info.get(key) for key in ("model_hash", LEGACY_MODEL_KEY,
+                                                                     "source_model_hash")} - {None}
     return bool(declared_compatible(embedder) & built_by)
 
 
@@ -187,7 +208,7 @@ def compatible_view(embedder: ImageEmbedder, info: Mapping[str, Any]) -> ImageEm
     with its compatible output where that has the index's size (a new size projected into the old space). None:
     it has no way into that space."""
     model = with_output(embedder, None)
-    if model.model_hash == info.get("model_hash"):
+    if hash_matches(info.get("model_hash"), model):
         return with_output(model, info.get("model_output"))
     if not is_compatible(model, info):
         return None

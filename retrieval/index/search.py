@@ -29,6 +29,7 @@ from retrieval.index.query_embedder import (
     ImageEmbedder,
     NoModel,
     has_model,
+    hash_matches,
     index_embedder,
     load_model,
     prepare_vectors,
@@ -200,7 +201,7 @@ class Index(IndexFacts):
             if not self.info.get("model_path") or not self.model_hash:
                 raise ValueError("this index records no model path; pass an embedder to search images")
             model = load_model(find_model(self.info, self.layout.root))
-            if model.model_hash != self.model_hash:  # replaced since it was hashed: never search with another model
+            if not hash_matches(self.model_hash, model):  # replaced since hashed: never search with another model
                 raise ParameterError("model", f"is needed: the file {getattr(model, 'path', '?')} has model_hash "
                                               f"{model.model_hash}, not {self.model_hash}, the index's; give that one")
             self.embedder = model

@@ -3,6 +3,7 @@
     heap       ``kept_heap`` (glibc keeps freed blocks through a loop) and ``trim_heap``
     io         ``atomic_write``, ``read_capped``, ``open_regular``, ``fsync_dir``: files written whole, read bounded
     lazy       ``lazy_exports``: a package's public names imported on first use (PEP 562)
+    onnx_hash  ``proto_model_hash``, ``legacy_model_hash``: an ONNX model's hash, annotations left out
     progress   ``progress_bar``: tqdm on a terminal, plain lines elsewhere
     reads      ``Stat``, ``require``, ``read_stats``, ``on_host``, ``to_device``: device values read together (torch)
     registry   ``Registry``: name -> factory, by decorator or by a table of import paths (backbones, losses, data

@@ -23,9 +23,12 @@ from retrieval.index.layout import IndexLayout, IndexLockedError, repair_command
 from retrieval.index.portable import GALLERY_RELATIVE, MODEL_RELATIVE, find_model, gallery_place, relative_to_index
 from retrieval.index.query_embedder import (
     EMBEDDINGS_SOURCE,
+    LEGACY_MODEL_KEY,
     PARENT_MODEL_KEY,
     ImageEmbedder,
     ModelMismatchError,
+    hash_matches,
+    legacy_hash,
     load_model,
     output_fields,
     with_output,
@@ -104,6 +107,8 @@ def model_fields(embedder: ImageEmbedder, model_path: str | None, index_root: Pa
         # found again after the index folder and the model moved together (``portable.find_model``)
         MODEL_RELATIVE: relative_to_index(model_path, index_root) if model_path and index_root else None,
         "model_hash": embedder.model_hash,
+        # what a declaration written by an earlier version names the model by (``is_compatible``)
+        LEGACY_MODEL_KEY: legacy_hash(embedder),
         # the PyTorch weights it was exported from: a model trained compatible with a checkpoint names these
         "source_model_hash": (getattr(embedder, "metadata", None) or {}).get("source_model_hash"),
         # an int8 model's fp32 parent, which may search what it built (measured when it was quantized)
@@ -136,7 +141,7 @@ def info_from_meta(catalogue: Catalogue) -> dict[str, Any]:
         info["gallery_root"] = get("gallery_root")
     if get(GALLERY_RELATIVE) is not None:
         info[GALLERY_RELATIVE] = get(GALLERY_RELATIVE)
-    for key in ("source_model_hash", PARENT_MODEL_KEY):
+    for key in ("source_model_hash", LEGACY_MODEL_KEY, PARENT_MODEL_KEY):
         if get(key) is not None:
             info[key] = get(key)
     if get("model_output") is not None:
@@ -152,7 +157,7 @@ def info_from_meta(catalogue: Catalogue) -> dict[str, Any]:
 def check_same_model(catalogue: Catalogue, embedder: ImageEmbedder, root: Path) -> ImageEmbedder:
     """The index's own model, embedding with the output its vectors came from; another model is refused."""
     built_by = catalogue.get_meta("model_hash")
-    if built_by is not None and built_by != embedder.model_hash:
+    if built_by is not None and not hash_matches(built_by, embedder):
         raise ModelMismatchError(
             f"{root} was started with model {catalogue.get_meta('model_path')} (model_hash {built_by}) "
             f"but this "
@@ -204,7 +209,7 @@ def recorded_model(layout: IndexLayout, catalogue: Catalogue, record: Mapping[st
         raise ParameterError("model", "is needed: this index records no model path")
     path = find_model(record, layout.root)
     embedder = load_model(path)
-    if embedder.model_hash != record.get("model_hash"):  # replaced since it was hashed: never embed with another model
+    if not hash_matches(record.get("model_hash"), embedder):  # replaced since hashed: never embed with another model
         raise ParameterError("model", f"is needed: the file {path} has model_hash {embedder.model_hash}, not "
                                       f"{record.get('model_hash')}, the index's; give that one")
     found = str(path.resolve())
