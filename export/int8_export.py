@@ -10,6 +10,9 @@ ranges read as the calibration's minimum and maximum (percentile and entropy cal
 into its range, lost 0.06 MAP@R), in the QDQ format (onnxruntime fuses it into the same integer kernels as QOperator,
 and other runtimes read it); the pooling and the L2 normalisation stay in fp32, as onnxruntime leaves them.
 
+Its memory is planned whole before an image is read (``plan_memory``): batches and verification images are lowered
+to fit ``INT8_MEMORY_BYTES``, or the export is refused with the numbers.
+
 This module imports no torch: an existing fp32 export is quantized on the base install.
 """
 
@@ -21,22 +24,24 @@ import logging
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from retrieval.compatibility import INT8_KEY, cross_neighbour_overlap, neighbour_overlap
+from retrieval.compatibility import INT8_KEY, cross_neighbour_overlap, label_metrics, neighbour_overlap
 from retrieval.compatibility import INT8_NEIGHBOURS as NEIGHBOURS
 from retrieval.data.decode import DEFAULT_MAX_PIXELS
+from retrieval.data.decode_budget import DECODE_BUDGET_BYTES
 from retrieval.errors import ParameterError
-from retrieval.index.embedding.decode import GalleryDecodeDataset, thread_batches
-from retrieval.index.query_embedder import COMPATIBLE_WITH, PARENT_MODEL_KEY, declared_compatible
+from retrieval.index.embedding.decode import AHEAD, GalleryDecodeDataset, thread_batches
+from retrieval.index.query_embedder import COMPATIBLE_WITH, PARENT_MODEL_KEY, declared_compatible, model_hashes
 from retrieval.index.sources import GalleryItem, list_gallery, printable_path
 from retrieval.onnx_runtime import INPUT_NAME, OnnxEmbedder
 from retrieval.utils.io import atomic_write
 from retrieval.utils.progress import progress_bar
+from retrieval.utils.sizes import size_text
 
 logger = logging.getLogger(__name__)
 Log = Callable[[str], None]
@@ -47,7 +52,18 @@ VERIFY_IMAGES = 256  # images of the source outside the calibration sample the i
 MIN_HELD_OUT = 32  # fewer left over: the calibration images verify it, and the record says so
 CALIBRATION_BATCH = 8
 READ_BATCH = 32  # images decoded together while the previous ones are copied in
-CALIBRATION_BYTES = 2**30  # the calibration images are held preprocessed at once: at most this much (1,780 at 224 px)
+# What an export plans to hold at once (``plan_memory``): the calibration and verification images preprocessed, the
+# batches in flight and the models. Beyond it the batch, then the verification images are lowered, then it refuses.
+INT8_MEMORY_BYTES = 4 * 2**30
+# A model run's memory per image of its batch, in preprocessed images (3 x S x S float32), EfficientNet-Lite0
+# measured at 224 and 512 px: ~11 for an embedding; 150-180 for the quantizer's calibration run, whose session holds
+# every activation at once. With a margin for models of wider activations.
+ACTIVATION_IMAGES = 24
+CALIBRATION_RUN_IMAGES = 256
+DECODED_IMAGES = AHEAD + 2  # per image of a batch: the batches decoded ahead, the one embedded and its copy
+# the model's copies held at once: the parent's session, the pre-processed graph, the quantizer's two, its
+# calibration session and the int8 session
+MODEL_COPIES = 6
 # the bounds an int8 model must meet against its parent on the verification images (docs/INDEX.md "int8"); the
 # recipe below measured median cosine 0.99, 1st percentile 0.96-0.98 and 0.89-0.92 of 10 neighbours kept on product
 # photos
@@ -117,7 +133,7 @@ def sample_items(source: str | Path, count: int, seed: int, verify_count: int = 
 
 
 def read_images(items: Sequence[GalleryItem], embedder: OnnxEmbedder, max_pixels: int = DEFAULT_MAX_PIXELS,
-                workers: int = 2, desc: str = "read") -> ImageSample:
+                workers: int = 2, desc: str = "read", batch: int = READ_BATCH) -> ImageSample:
     """Decode and preprocess ``items`` as ``embedder`` needs them, as the index build does (``thread_batches``); a
     file that cannot be read is listed with its reason, never fatal."""
     size = embedder.input_size
@@ -125,7 +141,7 @@ def read_images(items: Sequence[GalleryItem], embedder: OnnxEmbedder, max_pixels
     sample = ImageSample([], [], arrays[:0])
     dataset = GalleryDecodeDataset(list(enumerate(item.path for item in items)), embedder.preprocessing, max_pixels)
     with progress_bar(total=len(items), desc=desc, unit="img") as bar:
-        for decoded in thread_batches(dataset, READ_BATCH, workers):
+        for decoded in thread_batches(dataset, batch, workers):
             if decoded.ok_index:
                 arrays[len(sample.paths):len(sample.paths) + len(decoded.ok_index)] = decoded.array()
             for record in decoded.records:
@@ -166,7 +182,7 @@ class BatchReader:
 
 
 def quantize_model(fp32_path: str | Path, out: str | Path, calibration: np.ndarray,
-                   recipe: Int8Recipe = DEFAULT_RECIPE) -> None:
+                   recipe: Int8Recipe = DEFAULT_RECIPE, batch: int = CALIBRATION_BATCH) -> None:
     """Write ``out``: ``fp32_path`` statically quantized to int8 with activation ranges from ``calibration``
     [n, 3, S, S] (the file's metadata is the parent's; ``export_int8`` writes the int8 record)."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
@@ -177,7 +193,7 @@ def quantize_model(fp32_path: str | Path, out: str | Path, calibration: np.ndarr
         if recipe.pre_process:  # shapes inferred and the graph optimised first: fused ops quantize as one
             quant_pre_process(str(fp32_path), str(prepared), skip_symbolic_shape=True)
         quantize_static(
-            str(prepared), str(out), BatchReader(calibration),
+            str(prepared), str(out), BatchReader(calibration, batch),
             quant_format=getattr(QuantFormat, recipe.quant_format), per_channel=recipe.per_channel,
             activation_type=QuantType.QInt8 if recipe.symmetric_activations else QuantType.QUInt8,
             weight_type=QuantType.QInt8, calibrate_method=getattr(CalibrationMethod, recipe.calibration),
@@ -241,32 +257,6 @@ def _unit(rows: np.ndarray) -> np.ndarray:
     return rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
 
 
-def _label_metrics(queries: np.ndarray, gallery: np.ndarray, labels: Sequence[str | None]
-                   ) -> dict[str, float] | None:
-    """Recall@1 and MAP@R of ``queries`` against ``gallery`` (unit rows of the same images, each left out of its own
-    gallery; images without a label left out), or None where no class has two images. NumPy, no torch: [n, n]
-    similarities of at most ``VERIFY_IMAGES`` images."""
-    known = np.asarray([label is not None for label in labels])
-    names = np.asarray([str(label) for label in labels], dtype=object)[known]
-    queries, gallery = queries[known], gallery[known]
-    same = names[:, None] == names[None, :]
-    np.fill_diagonal(same, False)
-    relevant = same.sum(axis=1)
-    asked = relevant > 0
-    if not asked.any():
-        return None
-    scores = queries @ gallery.T
-    np.fill_diagonal(scores, -np.inf)  # its own row is no answer
-    order = np.argsort(-scores, axis=1, kind="stable")
-    hits = np.take_along_axis(same, order, axis=1)[asked]
-    counts = relevant[asked]
-    ranks = np.arange(1, hits.shape[1] + 1)
-    precision = np.cumsum(hits, axis=1) / ranks
-    within = ranks[None, :] <= counts[:, None]  # MAP@R: the first R answers, R = the query's relevant images
-    map_at_r = (precision * hits * within).sum(axis=1) / counts
-    return {"recall@1": float(hits[:, 0].mean()), "map@r": float(map_at_r.mean())}
-
-
 def verify_int8(fp32: np.ndarray, int8: np.ndarray, held_out: bool, labels: Sequence[str | None] | None = None
                 ) -> Int8Verification:
     """Compare the embeddings [n, d] of the same images by the parent (``fp32``) and the int8 model against the
@@ -283,8 +273,8 @@ def verify_int8(fp32: np.ndarray, int8: np.ndarray, held_out: bool, labels: Sequ
         float(cross_neighbour_overlap(old, new, NEIGHBOURS).mean()),
         float(cross_neighbour_overlap(new, old, NEIGHBOURS).mean()))
     if labels is not None:
-        rows = {"fp32": _label_metrics(old, old, labels), "int8": _label_metrics(new, new, labels),
-                "int8 queries, fp32 gallery": _label_metrics(new, old, labels)}
+        rows = {"fp32": label_metrics(old, old, labels), "int8": label_metrics(new, new, labels),
+                "int8 queries, fp32 gallery": label_metrics(new, old, labels)}
         result.labels = rows if all(row is not None for row in rows.values()) else None
     if cosines["median"] < MIN_MEDIAN_COSINE:
         result.failures.append(f"median cosine to fp32 {cosines['median']:.4f} < {MIN_MEDIAN_COSINE}")
@@ -296,6 +286,98 @@ def verify_int8(fp32: np.ndarray, int8: np.ndarray, held_out: bool, labels: Sequ
         if kept < MIN_NEIGHBOURS_KEPT:
             result.failures.append(f"{name} {kept:.2f} < {MIN_NEIGHBOURS_KEPT}")
     return result
+
+
+# ---------------------------------------------------------------- memory
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """What an int8 export holds at once: its ``calibration_images`` preprocessed at ``input_size`` px throughout,
+    the model's copies and the decodes; then the larger of the quantizer's calibration run (``calibration_batch``
+    images) and the verification (``verify_images`` held-out images, run ``batch`` at a time)."""
+
+    input_size: int
+    calibration_images: int
+    verify_images: int
+    batch: int
+    calibration_batch: int
+    model_bytes: int
+    budget: int = INT8_MEMORY_BYTES
+    every_batch: bool = False  # the calibration run holds every batch's activations (percentile, entropy)
+    lowered: tuple[str, ...] = ()  # what was lowered to fit, as people read it
+
+    @property
+    def image_bytes(self) -> int:
+        """One preprocessed image."""
+        return 3 * self.input_size**2 * 4
+
+    def parts(self) -> dict[str, int]:
+        """The bytes each part takes."""
+        image = self.image_bytes
+        return {"calibration images": self.calibration_images * image, "decoding": DECODE_BUDGET_BYTES,
+                "models": MODEL_COPIES * self.model_bytes,
+                "calibration run": (self.calibration_images if self.every_batch else self.calibration_batch)
+                * image * CALIBRATION_RUN_IMAGES,
+                "verification images": self.verify_images * image,
+                "batches": self.batch * image * (ACTIVATION_IMAGES + DECODED_IMAGES)}
+
+    @property
+    def total(self) -> int:
+        """The bytes it holds at once, at the most."""
+        parts = self.parts()
+        return (parts["calibration images"] + parts["decoding"] + parts["models"]
+                + max(parts["calibration run"], parts["verification images"] + parts["batches"]))
+
+    def describe(self) -> str:
+        """Its parts and total in one line."""
+        shown = {name: size_text(size) for name, size in self.parts().items()}
+        run = "every batch held" if self.every_batch else f"{self.calibration_batch} a batch"
+        return (f"calibration images {shown['calibration images']} + decoding {shown['decoding']} + models "
+                f"{shown['models']} + the larger of the calibration run ({shown['calibration run']}, {run}) and "
+                f"the verification ({shown['verification images']} of images "
+                f"+ {shown['batches']} of batches of {self.batch}) = {size_text(self.total)}")
+
+    def record(self) -> dict[str, Any]:
+        """What the int8 record keeps of it."""
+        return {"planned_bytes": self.total, "budget_bytes": self.budget, "batch": self.batch,
+                "calibration_batch": self.calibration_batch, "verify_images": self.verify_images,
+                "lowered": list(self.lowered)}
+
+
+def plan_memory(input_size: int, model_bytes: int, calibration_images: int, budget: int | None = None,
+                every_batch: bool = False) -> MemoryPlan:
+    """The most an export of ``calibration_images`` at ``input_size`` px holds within ``budget`` (None:
+    ``INT8_MEMORY_BYTES``; ``every_batch``: the calibration method keeps every batch's activations): the calibration
+    batch and the verification's batch halved to fit, then its images lowered (to ``MIN_HELD_OUT`` at least);
+    ParameterError with the numbers and the fix where even that is over, before anything is read."""
+    budget = INT8_MEMORY_BYTES if budget is None else budget
+    plan = MemoryPlan(input_size, calibration_images, VERIFY_IMAGES, READ_BATCH, CALIBRATION_BATCH, model_bytes,
+                      budget, every_batch)
+    parts = plan.parts()
+    room = budget - parts["calibration images"] - parts["decoding"] - parts["models"]  # for a run or a verification
+    while plan.calibration_batch > 1 and plan.parts()["calibration run"] > room:
+        plan = replace(plan, calibration_batch=plan.calibration_batch // 2)
+    while plan.batch > 1 and plan.parts()["verification images"] + plan.parts()["batches"] > room:
+        plan = replace(plan, batch=plan.batch // 2)
+    most_verified = (room - plan.parts()["batches"]) // plan.image_bytes
+    if MIN_HELD_OUT <= most_verified < VERIFY_IMAGES:
+        plan = replace(plan, verify_images=most_verified)
+    lowered = tuple(f"{name} {first} -> {now}" for name, first, now in (
+        ("calibration batch", CALIBRATION_BATCH, plan.calibration_batch), ("batch", READ_BATCH, plan.batch),
+        ("verification images", VERIFY_IMAGES, plan.verify_images)) if now < first)
+    if plan.total > budget:
+        least = replace(plan, verify_images=MIN_HELD_OUT, batch=1, calibration_batch=1)
+        most = (budget - replace(least, calibration_images=0).total) // (
+            plan.image_bytes * (1 + (CALIBRATION_RUN_IMAGES if every_batch else 0)))
+        fix = (f"give at most {most} (a few hundred are enough)" if most >= MIN_CALIBRATION_IMAGES else
+               f"even {MIN_CALIBRATION_IMAGES} images do not fit: quantize a model exported at a smaller --image-size")
+        if every_batch:
+            fix += "; or calibrate by MinMax, which holds one batch at a time"
+        raise ParameterError("calibration_images", f"{calibration_images} images at {input_size} px would hold "
+                                                   f"{size_text(least.total)} at once, one image a batch and "
+                                                   f"{MIN_HELD_OUT} verification images ({least.describe()}), more "
+                                                   f"than the {size_text(budget)} an int8 export plans for; {fix}")
+    return replace(plan, lowered=lowered)
 
 
 # ---------------------------------------------------------------- the export
@@ -334,28 +416,31 @@ def export_int8(fp32_path: str | Path, out: str | Path, calibration: str | Path,
     parent = OnnxEmbedder(fp32_path, providers="cpu")
     if parent.precision != "fp32":
         raise ParameterError("model", f"{fp32_path} is {parent.precision}; int8 is quantized from an fp32 export")
-    most = CALIBRATION_BYTES // (3 * parent.input_size**2 * 4)
-    if images > most:
-        raise ParameterError("calibration_images", f"{images} images at {parent.input_size} px would hold "
-                                                   f"{images * 3 * parent.input_size**2 * 4 / 2**30:.1f} GiB at once; "
-                                                   f"give at most {most} (a few hundred are enough)")
-    chosen, held_out, total = sample_items(calibration, images, seed)
+    plan = plan_memory(parent.input_size, fp32_path.stat().st_size, images,
+                       every_batch=recipe.calibration != "MinMax")
+    if plan.lowered:
+        log(f"int8: {', '.join(plan.lowered)} to hold {size_text(plan.total)} at {parent.input_size} px, within "
+            f"{size_text(plan.budget)}")
+    parent.batch_size = plan.batch
+    chosen, held_out, total = sample_items(calibration, images, seed, plan.verify_images)
     log(f"int8: calibrating on {len(chosen)} of the {total} images of {printable_path(calibration)} (seed {seed}), "
         f"verifying on {len(held_out) or 'the same'} {'others' if held_out else 'images'} ...")
-    calib = read_images(chosen, parent, max_pixels, workers, "calibration")
+    calib = read_images(chosen, parent, max_pixels, workers, "calibration", plan.batch)
     if len(calib.paths) < MIN_CALIBRATION_IMAGES:
         raise ParameterError("calibration", f"only {len(calib.paths)} of the {len(chosen)} sampled images could be "
                                             f"read (first: {calib.unreadable[0][1] if calib.unreadable else '-'}); "
                                             f"give at least {MIN_CALIBRATION_IMAGES} readable images")
-    check = read_images(held_out, parent, max_pixels, workers, "verification") if held_out else calib
-    if held_out and len(check.paths) < MIN_HELD_OUT:
-        check, held_out = calib, []
-    if not held_out:  # the calibration images verify it: at most as many as a held-out set
-        check = ImageSample(check.paths[:VERIFY_IMAGES], check.labels[:VERIFY_IMAGES], check.arrays[:VERIFY_IMAGES])
     with tempfile.TemporaryDirectory() as tmp:
         draft = Path(tmp) / "int8.onnx"
-        quantize_model(fp32_path, draft, calib.arrays, recipe)
-        model = OnnxEmbedder(draft, providers="cpu")
+        quantize_model(fp32_path, draft, calib.arrays, recipe, plan.calibration_batch)
+        # read after the calibration run: the plan never holds its activations and these images together
+        check = read_images(held_out, parent, max_pixels, workers, "verification", plan.batch) if held_out else calib
+        if held_out and len(check.paths) < MIN_HELD_OUT:
+            check, held_out = calib, []
+        if not held_out:  # the calibration images verify it: at most as many as a held-out set
+            check = ImageSample(check.paths[:VERIFY_IMAGES], check.labels[:VERIFY_IMAGES],
+                                check.arrays[:VERIFY_IMAGES])
+        model = OnnxEmbedder(draft, providers="cpu", batch_size=plan.batch)
         labels = check.labels if any(label is not None for label in check.labels) else None
         verification = verify_int8(parent.embed_batch(check.arrays), model.embed_batch(check.arrays),
                                    bool(held_out), labels)
@@ -368,7 +453,7 @@ def export_int8(fp32_path: str | Path, out: str | Path, calibration: str | Path,
         metadata = _int8_metadata(parent, model, recipe, verification, {
             "source": printable_path(calibration), "images": len(calib.paths), "sampled": len(chosen),
             "seed": int(seed), "of": total, "unreadable": len(calib.unreadable),
-            "paths_sha256": _paths_digest(calib.paths)})
+            "paths_sha256": _paths_digest(calib.paths), "memory": plan.record()})
         import onnx
 
         proto = onnx.load(str(draft))
@@ -393,7 +478,8 @@ def _int8_metadata(parent: OnnxEmbedder, model: OnnxEmbedder, recipe: Int8Recipe
     metadata["precision"] = "int8"
     metadata["model_hash"] = model.model_hash  # its own graph and weights (the metadata is never hashed)
     metadata[PARENT_MODEL_KEY] = parent.model_hash
-    metadata[COMPATIBLE_WITH] = json.dumps(sorted(declared_compatible(parent) | {parent.model_hash}))
+    # by every hash an index may record the parent under (one built before model hashes were computed as now)
+    metadata[COMPATIBLE_WITH] = json.dumps(sorted(declared_compatible(parent) | set(model_hashes(parent))))
     metadata[INT8_KEY] = json.dumps({
         "fp32_model_hash": parent.model_hash, "recipe": asdict(recipe), "calibration": calibration,
         "verification": asdict(verification),

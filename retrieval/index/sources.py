@@ -11,7 +11,9 @@ A manifest is hostile input too. Its columns beside path and label are kept per 
 columns), so a header whose kept columns include a name the index uses itself (``RESERVED_COLUMNS``: the export
 would write two columns of one name) or a name longer than ``MAX_COLUMN_NAME_CHARS`` is refused as a whole, the
 message naming the column. A label longer than ``MAX_LABEL_CHARS`` (labels are sent to every page of the app and
-matched whole by filters, so they are never cut) makes its row a ``ListingError`` naming the manifest line.
+matched whole by filters, so they are never cut) makes its row a ``ListingError`` naming the manifest line. Its
+text is bounded before it is unpacked: a parquet manifest's column chunks and dictionary-encoded batches against
+what their rows' values take at their bounds (``parquet_bounds``), a CSV row by ``MAX_ROW_CHARS``.
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 from retrieval.data.formats import IMAGE_EXTENSIONS  # the decoder's formats: the gallery lists only these files
 from retrieval.data.walk import walk_following_links
 from retrieval.errors import ParameterError
+from retrieval.index.parquet_bounds import Bounds, check_chunk_sizes, check_unpacked_sizes, number_bound, text_bound
 
 MAX_PATH_BYTES = 4096  # Linux PATH_MAX: the kernel refuses longer paths anyway
 MAX_LABEL_CHARS = 256  # a folder name (255 bytes at most) always fits; a manifest's label is refused beyond it
@@ -256,9 +260,11 @@ def read_manifest(manifest: Path, split: str | None = None) -> Gallery:
     gallery = Gallery(source=printable_path(manifest.resolve()), root=str(base), kind="manifest")
     # surrogateescape: bytes that are not UTF-8 reach the row checks below instead of failing the whole file
     with open(manifest, newline="", encoding="utf-8-sig", errors="surrogateescape") as handle:
-        reader = csv.DictReader(handle)
+        lines = RowLines(handle, manifest)
+        reader = csv.DictReader(lines)
         try:
             fields = reader.fieldnames or []
+            lines.row_read()
             if "path" not in fields:
                 raise ValueError(
                     f"manifest {manifest} needs a header with a 'path' column (path,label[,split])"
@@ -267,6 +273,7 @@ def read_manifest(manifest: Path, split: str | None = None) -> Gallery:
                 raise ParameterError("split", f"{split} given but manifest {manifest} has no 'split' column")
             extras = extra_columns(fields, manifest)
             for row in reader:
+                lines.row_read()
                 if split is not None and row.get("split") != split:
                     continue
                 _take_row(gallery, base, row, reader.line_num, extras)
@@ -275,6 +282,37 @@ def read_manifest(manifest: Path, split: str | None = None) -> Gallery:
     if split is not None and not gallery.items and not gallery.errors:
         raise ValueError(f"manifest {manifest} has no rows with split == {split!r}")
     return gallery
+
+
+MAX_ROW_CHARS = 2**20  # one CSV row, its lines together: a path, a label and 64 kept values take far fewer
+
+
+class RowLines:
+    """A CSV manifest's lines for ``csv.reader``, refusing a row (its lines together: a quoted field can hold line
+    breaks) longer than ``MAX_ROW_CHARS`` before more of it is read; ``row_read`` after each row."""
+
+    def __init__(self, handle: TextIO, manifest: str | os.PathLike[str]) -> None:
+        self.handle, self.manifest = handle, manifest
+        self.line = self.start = self.chars = 0
+
+    def __iter__(self) -> RowLines:
+        return self
+
+    def __next__(self) -> str:
+        text = self.handle.readline(MAX_ROW_CHARS - self.chars + 1)
+        if not text:
+            raise StopIteration
+        self.line += 1
+        self.chars += len(text)
+        if self.chars > MAX_ROW_CHARS:
+            raise ValueError(f"manifest {printable_path(self.manifest)}: the row from line {self.start + 1:,} runs "
+                             f"over {MAX_ROW_CHARS:,} characters (a path, a label and the kept columns take far "
+                             "fewer): a quote left open, or a field or row that never ends; fix that row")
+        return text
+
+    def row_read(self) -> None:
+        """Start counting the next row's characters."""
+        self.start, self.chars = self.line, 0
 
 
 def read_parquet_manifest(manifest: Path, split: str | None = None) -> Gallery:
@@ -301,15 +339,27 @@ def read_parquet_manifest(manifest: Path, split: str | None = None) -> Gallery:
               or pa.types.is_integer(f.type) or pa.types.is_floating(f.type)]
     extras = extra_columns(scalar, manifest)
     columns = [c for c in ("path", "label") if c in fields] + extras
-    line = 0
-    for batch in handle.iter_batches(batch_size=4096, columns=columns):
-        for row in batch.to_pylist():
-            line += 1
-            if split is not None and row.get("split") != split:
-                continue
-            row = {k: v if v is None or isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
-                   for k, v in row.items()}
-            _take_row(gallery, base, row, line, extras)
+    shown = f"manifest {printable_path(manifest)}"
+    bounds = _parquet_bounds(handle.schema_arrow, columns, shown)
+    handle.close()
+    # read once more, the text kept dictionary-encoded as it is read: the chunks' sizes are checked on the handle
+    # that is read, and a batch's unpacked size before any value is unpacked
+    try:
+        handle = pq.ParquetFile(manifest, read_dictionary=columns)
+    except Exception as exc:  # noqa: BLE001  (pyarrow raises its own errors for a damaged file)
+        raise ValueError(f"manifest {manifest} is not a readable parquet file: {exc}") from exc
+    with handle:
+        check_chunk_sizes(handle, bounds, shown, "the manifest")
+        line = 0
+        for batch in handle.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns):
+            check_unpacked_sizes(batch, bounds, shown, line, "the manifest")
+            for row in batch.to_pylist():
+                line += 1
+                if split is not None and row.get("split") != split:
+                    continue
+                row = {k: v if v is None or isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
+                       for k, v in row.items()}
+                _take_row(gallery, base, row, line, extras)
     if split is not None and not gallery.items and not gallery.errors:
         raise ValueError(f"manifest {manifest} has no rows with split == {split!r}")
     return gallery
@@ -317,6 +367,24 @@ def read_parquet_manifest(manifest: Path, split: str | None = None) -> Gallery:
 
 MAX_EXTRA_COLUMNS = 64  # a manifest's columns kept for filters, beyond path and label
 MAX_EXTRA_CHARS = 1024  # one value, as text
+PARQUET_BATCH_ROWS = 1024  # a parquet manifest's rows unpacked at once: at most a few MB of text per kept column
+
+
+def _parquet_bounds(schema: object, columns: Sequence[str], shown: str) -> Bounds:
+    """The most bytes one value of each of a parquet manifest's ``columns`` takes (``parquet_bounds``); ValueError
+    for a path or label column of nested values (lists, records), which neither bound nor the rows would take."""
+    import pyarrow as pa
+
+    kinds = {f.name: f.type for f in schema}
+    bounds = {}
+    for name in columns:
+        kind = kinds[name]
+        if pa.types.is_nested(kind):
+            raise ValueError(f"{shown}: column {name!r} holds {kind}, not text; write it as strings (one value a row)")
+        bounds[name] = (number_bound() if pa.types.is_integer(kind) or pa.types.is_floating(kind)
+                        else (MAX_PATH_BYTES, f"{MAX_PATH_BYTES} bytes") if name == "path"
+                        else text_bound(MAX_LABEL_CHARS if name == "label" else MAX_EXTRA_CHARS))
+    return bounds
 
 
 def extra_columns(fields: Sequence[str], manifest: str | os.PathLike[str] = "the manifest") -> list[str]:
@@ -368,7 +436,20 @@ def _take_row(gallery: Gallery, base: Path, row: dict[str, object], line: int, e
         gallery.errors.append(ListingError(printable_path(path), f"{problem} (manifest line {line})"))
         return
     extra = extra_values(row, extras)
-    if extra is not None and not all(is_utf8(v) for v in extra.values() if isinstance(v, str)):
-        gallery.errors.append(ListingError(printable_path(path), f"a column is not valid UTF-8 (manifest line {line})"))
+    garbled = [k for k, v in (extra or {}).items() if isinstance(v, str) and not is_utf8(v)]
+    if garbled:
+        gallery.errors.append(ListingError(printable_path(path), f"column {garbled[0]!r} is not valid UTF-8 (manifest "
+                                                                 f"line {line}); save the manifest as UTF-8"))
         return
     gallery.items.append(GalleryItem(path, label, extra))
+
+
+def kept_columns(manifest: Path) -> list[str]:
+    """The columns a manifest (.csv or .parquet) keeps beside path and label, as its rows' ``extra`` holds them
+    (``extra_columns`` of its header): what a column that is empty in every row is told apart by."""
+    if manifest.suffix.lower() == ".parquet":
+        import pyarrow.parquet as pq
+
+        return extra_columns(pq.read_schema(manifest).names, manifest)
+    with open(manifest, newline="", encoding="utf-8-sig", errors="surrogateescape") as handle:
+        return extra_columns(next(csv.reader(handle), []), manifest)

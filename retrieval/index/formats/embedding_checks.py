@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from retrieval.errors import ParameterError
+from retrieval.index.parquet_bounds import Bounds, check_chunk_sizes, number_bound, text_bound
 from retrieval.index.sources import (
     MAX_EXTRA_CHARS,
     MAX_LABEL_CHARS,
@@ -44,16 +45,7 @@ MAX_DIM = 65_536  # d of one embedding: models give hundreds to a few thousand; 
 MAX_HEADER_BYTES = 10_000  # numpy's own limit on a .npy header: a larger one is not a plain array's
 MAX_EXPORT_RECORD_BYTES = 2**20  # _export.json: kilobytes
 SHA256 = re.compile(r"[0-9a-fA-F]{64}")
-# A metadata column chunk's uncompressed bytes, bounded from its file's metadata before any value is read (a few KB
-# of zstd can hold gigabytes): per row, its value at its bound with a 4-byte length, up to VALUE_COPIES times, and
-# PAGE_BYTES; per chunk, COLUMN_CHUNK_BYTES more. pyarrow's worst layout (a page per value) writes each value 3 times
-# (itself, its page's min and max) and about 40 bytes of header and levels per page.
-BYTES_PER_CHAR = 4  # UTF-8's longest character
 SHA256_CHARS = 64
-NUMBER_BYTES = 8  # an integer or float column's value, at its widest
-VALUE_COPIES = 5  # the value, its page's min and max, and the deprecated min and max some writers fill too
-PAGE_BYTES = 128  # a data page's header and levels, or a dictionary page's header and the value's index
-COLUMN_CHUNK_BYTES = 4096  # the chunk's own headers and statistics
 
 
 @dataclass(frozen=True)
@@ -195,41 +187,32 @@ def _float(kind: Any) -> bool:
 def _value_bound(columns: Columns, name: str, kind: Any) -> tuple[int, str]:
     """The most bytes one value of column ``name`` may take, and that bound as people read it."""
     if _integer(kind) or _float(kind):
-        return NUMBER_BYTES, "a number"
+        return number_bound()
     if name == columns.path:  # a path is at most MAX_PATH_BYTES once joined to its folder
         return MAX_PATH_BYTES, f"{MAX_PATH_BYTES} bytes"
-    chars = MAX_LABEL_CHARS if name == "label" and columns.label else \
-        SHA256_CHARS if name == "sha256" and columns.sha256 else MAX_EXTRA_CHARS
-    return BYTES_PER_CHAR * chars, f"{chars} characters"
+    return text_bound(MAX_LABEL_CHARS if name == "label" and columns.label else
+                      SHA256_CHARS if name == "sha256" and columns.sha256 else MAX_EXTRA_CHARS)
+
+
+def column_bounds(handle: Any, columns: Columns, names: list[str]) -> Bounds:
+    """The most bytes one value of each of the columns ``names`` of a metadata part takes, and that bound in words."""
+    kinds = {field.name: field.type for field in handle.schema_arrow}
+    return {name: _value_bound(columns, name, kinds[name]) for name in names if name in kinds}
 
 
 def check_column_sizes(handle: Any, columns: Columns, names: list[str], shown: str) -> None:
     """Refuse a metadata part whose column chunks (of the columns ``names`` to read) hold more bytes uncompressed
     than their rows' values can take at their bounds, from the file's metadata alone: no value is read."""
-    metadata = handle.metadata
-    kinds = {field.name: field.type for field in handle.schema_arrow}
-    place = {metadata.schema.column(j).path: j for j in range(metadata.num_columns)}
-    bounds = {name: _value_bound(columns, name, kinds[name]) for name in names if name in place and name in kinds}
-    for group in range(metadata.num_row_groups):
-        row_group = metadata.row_group(group)
-        rows = row_group.num_rows
-        for name, (value_bytes, said) in bounds.items():
-            size = row_group.column(place[name]).total_uncompressed_size
-            bound = rows * (VALUE_COPIES * (value_bytes + 4) + PAGE_BYTES) + COLUMN_CHUNK_BYTES
-            if size > bound:
-                raise ValueError(
-                    f"{shown}: column {name!r} of row group {group} ({rows:,} rows) holds {size:,} bytes, more than "
-                    f"the {bound:,} that {rows:,} values of at most {said} take however they are laid out: a "
-                    f"compressed bomb, or values over their bound; write the part again with every {name!r} value "
-                    f"within {said} (nothing of it was read)")
+    check_chunk_sizes(handle, column_bounds(handle, columns, names), shown, "the part")
 
 
-def open_parquet(path: Path) -> Any:
-    """A metadata part opened for reading (its footer read, no value); ValueError naming it when it is damaged."""
+def open_parquet(path: Path, read_dictionary: list[str] | None = None) -> Any:
+    """A metadata part opened for reading (its footer read, no value), the text columns ``read_dictionary`` read
+    dictionary-encoded; ValueError naming it when it is damaged."""
     import pyarrow.parquet as pq
 
     try:
-        return pq.ParquetFile(path)
+        return pq.ParquetFile(path, read_dictionary=read_dictionary)
     except Exception as exc:  # noqa: BLE001  (pyarrow raises its own errors for a damaged file)
         raise ValueError(f"{printable_path(path)} is not a readable parquet file ({exc}); write the metadata part "
                          "again") from exc

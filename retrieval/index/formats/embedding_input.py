@@ -49,6 +49,7 @@ from retrieval.index.formats.embedding_checks import (
     checked_label,
     checked_sha256,
     checked_size,
+    column_bounds,
     input_gallery_root,
     is_within,
     metadata_columns,
@@ -57,6 +58,7 @@ from retrieval.index.formats.embedding_checks import (
     part_number,
     read_header,
 )
+from retrieval.index.parquet_bounds import check_unpacked_sizes
 from retrieval.index.query_embedder import l2_normalize_rows
 from retrieval.index.shards import ShardStore
 from retrieval.index.sources import extra_values, is_url, path_problem, printable_path
@@ -245,27 +247,31 @@ class EmbeddingsInput:
         """The metadata part's ``columns``, ``size`` rows at a time (fewer at a row group's end); its row count
         checked again against the ``.npy`` part's."""
         assert part.metadata is not None and part.columns is not None
-        handle = open_parquet(part.metadata)
-        check_column_sizes(handle, part.columns, columns, part.metadata_shown)  # checked again: this is what is read
-        try:
-            batches = handle.iter_batches(batch_size=size, columns=columns)
-        except Exception as exc:  # noqa: BLE001  (pyarrow's own errors)
-            raise _unreadable(part, exc) from exc
-        count = 0
-        while True:
+        # text kept dictionary-encoded as it is read: a batch's unpacked size is checked before any value is unpacked
+        handle = open_parquet(part.metadata, read_dictionary=columns)
+        with handle:  # closed when the reading ends, read whole or not
+            bounds = column_bounds(handle, part.columns, columns)
+            check_column_sizes(handle, part.columns, columns, part.metadata_shown)  # again: this is what is read
             try:
-                batch = next(batches, None)
-            except Exception as exc:  # noqa: BLE001  (a damaged page is found as it is read)
+                batches = handle.iter_batches(batch_size=size, columns=columns)
+            except Exception as exc:  # noqa: BLE001  (pyarrow's own errors)
                 raise _unreadable(part, exc) from exc
-            if batch is None:
-                break
-            count += batch.num_rows
-            if count > part.rows:
-                break
-            yield batch
-        if count != part.rows:
-            raise ValueError(f"{part.metadata_shown} changed while it was being read ({count} rows read, "
-                             f"{part.rows} when the build started); leave the input alone while a build reads it")
+            count = 0
+            while True:
+                try:
+                    batch = next(batches, None)
+                except Exception as exc:  # noqa: BLE001  (a damaged page is found as it is read)
+                    raise _unreadable(part, exc) from exc
+                if batch is None:
+                    break
+                check_unpacked_sizes(batch, bounds, part.metadata_shown, count, "the part")
+                count += batch.num_rows
+                if count > part.rows:
+                    break
+                yield batch
+            if count != part.rows:
+                raise ValueError(f"{part.metadata_shown} changed while it was being read ({count} rows read, "
+                                 f"{part.rows} when the build started); leave the input alone while a build reads it")
 
     def ids(self, part: Part) -> Iterator[tuple[int, np.ndarray]]:
         """(first row, catalogue ids) of ``part``'s rows, about ``chunk_rows`` at a time."""
