@@ -137,6 +137,11 @@ class IndexOptions:
         False, "upgrade", "re-embed into the new model's own embedding (a swap, faiss rebuilt in its size) even where "
         "its compatible output, a projection into the old space, could serve the old index as it goes.",
         negatable=False)
+    force: bool = option(
+        False, "upgrade", "upgrade even to a model its own training measured as not compatible with the index's (for "
+        "a model declared compatible), or to one measured worse than the index's vectors on the index's own labels; "
+        "both are refused by default, with the numbers. The upgrade says what it was forced past, and index.json "
+        "keeps it.", negatable=False)
     # comparing two models
     sample: int = option(2000, "comparison", "images compared (seeded sample); exact neighbours among them, sample^2 "
                          "work per model.", low=2)

@@ -27,26 +27,31 @@ from retrieval.cli.index_options import IndexOptions
 @click.command("upgrade", cls=OptionCommand)
 @index_folder
 @sync_options(switch=True)
-@command_options(IndexOptions, "upgrade_model", "order", "commit_every", "native")
+@command_options(IndexOptions, "upgrade_model", "order", "commit_every", "native", "force")
 @ingest_options
 @gallery_root_option
 @json_option
-def upgrade_command(index_dir, model, order, commit_every, native, batch_size, workers, shard_size, max_pixels, gpu,
-                    gallery_root, as_json) -> None:
+def upgrade_command(index_dir, model, order, commit_every, native, force, batch_size, workers, shard_size, max_pixels,
+                    gpu, gallery_root, as_json) -> None:
     """Re-embed the gallery with a new model while servers keep answering (resumable: run it again after a stop).
 
     A model declared compatible with the index's (trained with --compatible-with it) serves at once and its vectors
     replace the old ones batch by batch; a new embedding size does so through the model's compatible output, its
     projection into the old space (--native: into its own size instead, a swap). Any other model's vectors are
     written beside the old ones and swapped in at the end. Either way index.json then names the new model (and the
-    output its vectors came from) and the old vectors are deleted."""
+    output its vectors came from) and the old vectors are deleted.
+
+    Before it begins, a compatible model its training measured not compatible is refused, and so is a model that
+    searches the index's own labels worse than its vectors do (measured on a sample of them; --force goes on). A
+    text model recorded for the old space is turned off where the new vectors leave that space, saying how to
+    re-fit it."""
     from retrieval.index.writing.upgrade import upgrade_index
 
     if gpu:
         raise click.BadParameter("the upgrade searches and trains faiss on the CPU", param_hint="--gpu")
     summary = run_writer(upgrade_index, index_dir, index_dir, model=model, order=order, commit_every=commit_every,
                          options=ingest_settings(batch_size, workers, shard_size, max_pixels, {}), native=native,
-                         gallery_root=gallery_root)
+                         gallery_root=gallery_root, force=force)
     if summary["mode"] == "none":
         finish(summary, as_json, f"{summary['index_dir']} already uses model {summary['model_hash']}: nothing to do")
         return
@@ -58,8 +63,26 @@ def upgrade_command(index_dir, model, order, commit_every, native, batch_size, w
     finish(summary, as_json,
            f"upgraded {summary['index_dir']} to model {summary['model_hash']}: {summary['reembedded']} images "
            f"re-embedded, {how}{unreadable}; {summary['deleted_shards']} shards of the old vectors deleted"
-           + (_measured_line(summary.get("compatibility"), summary.get("int8")) if summary["mode"] == "mixed" else ""),
-           serve_next(summary["index_dir"]))
+           + (_measured_line(summary.get("compatibility"), summary.get("int8")) if summary["mode"] == "mixed" else "")
+           + _checked_lines(summary, index_dir, model), serve_next(summary["index_dir"]))
+
+
+def _checked_lines(summary: dict, index_dir: str, model: str | None) -> str:
+    """What the upgrade measured on the index's labels before it began, what --force went past, and the text
+    model's fate (off: the commands that re-fit one)."""
+    from retrieval.index.writing.upgrade_checks import labels_sentence
+    from retrieval.text.text_index import TEXT_MODEL_OFF, text_off_problem
+
+    lines = [f"measured first on the index's labels: {labels_sentence(summary['on_labels'])}"
+             if summary.get("on_labels") else ""]
+    lines += [f"upgraded anyway (--force): {reason}" for reason in summary.get("forced") or []]
+    text = summary.get("text_model") or {}
+    if text.get("state") == "kept":
+        lines.append(f"text search kept: {text['reason']}")
+    elif text.get("state") == "off":
+        off = text_off_problem({TEXT_MODEL_OFF: text}, index_dir, model or "NEW.onnx")
+        lines.append(f"text search is OFF: {off}")
+    return "".join(f"\n{line}" for line in lines if line)
 
 
 def _measured_line(measured: dict | None, int8: dict | None = None) -> str:

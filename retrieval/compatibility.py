@@ -5,7 +5,7 @@ metrics are computed by ``retrieval.metrics`` and the neighbours by faiss, impor
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -22,6 +22,7 @@ BOOTSTRAP_RESAMPLES = 1000
 BOOTSTRAP_SEED = 0
 CONFIDENCE = 0.95
 MIN_QUERIES = 20  # below this a bootstrap's interval is too narrow to trust: the verdict is TOO_FEW
+MIN_DROP = 0.01  # a model measured worse by less than this is not called worse, however sure the interval
 RESAMPLE_CHUNK = 2**22  # query indices drawn at once (32 MiB of int64), whatever the number of queries
 # ONNX metadata: the compatibility measured when the model was trained (`retrieval export` writes it from the
 # checkpoint, `retrieval index upgrade` says it)
@@ -189,6 +190,54 @@ def recorded_compatibility(metadata: Mapping[str, str] | None) -> dict[str, Any]
     except (KeyError, TypeError, ValueError, IndexError):
         return None
     return record
+
+
+def label_metrics_per_query(queries: np.ndarray, gallery: np.ndarray, labels: Sequence[str | None]
+                            ) -> dict[str, np.ndarray] | None:
+    """Recall@1 and AP@R of each query of ``queries`` against ``gallery`` (unit rows of the same images, each left
+    out of its own gallery; images without a label left out), for the queries whose label another image has, in
+    order: the same queries whatever the embeddings, so two models' series pair up. None where no class has two
+    images. NumPy, no torch: [n, n] similarities, so the caller bounds n (a sample)."""
+    known = np.asarray([label is not None for label in labels], dtype=bool)
+    names = np.asarray([str(label) for label in labels], dtype=object)[known]
+    queries, gallery = queries[known], gallery[known]
+    same = names[:, None] == names[None, :]
+    np.fill_diagonal(same, False)
+    relevant = same.sum(axis=1)
+    asked = relevant > 0
+    if not asked.any():
+        return None
+    scores = queries @ gallery.T
+    np.fill_diagonal(scores, -np.inf)  # its own row is no answer
+    order = np.argsort(-scores, axis=1, kind="stable")
+    hits = np.take_along_axis(same, order, axis=1)[asked]
+    counts = relevant[asked]
+    ranks = np.arange(1, hits.shape[1] + 1)
+    precision = np.cumsum(hits, axis=1) / ranks
+    within = ranks[None, :] <= counts[:, None]  # MAP@R: the first R answers, R = the query's relevant images
+    return {"recall@1": hits[:, 0].astype(np.float64), "map@r": (precision * hits * within).sum(axis=1) / counts}
+
+
+def label_metrics(queries: np.ndarray, gallery: np.ndarray, labels: Sequence[str | None]
+                  ) -> dict[str, float] | None:
+    """Recall@1 and MAP@R of ``queries`` against ``gallery``: the means of ``label_metrics_per_query``."""
+    per_query = label_metrics_per_query(queries, gallery, labels)
+    return None if per_query is None else {name: float(values.mean()) for name, values in per_query.items()}
+
+
+def worse_on_labels(candidate: Mapping[str, np.ndarray], baseline: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """Whether ``candidate`` (per-query ``label_metrics_per_query`` of the same queries) is worse than
+    ``baseline`` beyond noise: on some metric of ``COMPATIBILITY_METRICS`` the mean drops by at least ``MIN_DROP``
+    and the whole interval of the difference lies below 0 (``compatibility_verdict``'s paired bootstrap, so that
+    it reads noise as the verdicts do). Returns ``worse``, each metric's ``difference`` (candidate - baseline) and
+    its ``interval``, and ``queries``; under ``MIN_QUERIES`` queries it never says worse (``too_few``)."""
+    read = compatibility_verdict(candidate, baseline)["interval"]
+    difference = {name: float(np.mean(candidate[name]) - np.mean(baseline[name])) for name in COMPATIBILITY_METRICS}
+    too_few = read["queries"] < MIN_QUERIES
+    worse = not too_few and any(difference[name] <= -MIN_DROP and read["difference"][name][1] < 0
+                                for name in COMPATIBILITY_METRICS)
+    return {"worse": bool(worse), "too_few": bool(too_few), "queries": int(read["queries"]),
+            "difference": difference, "interval": read["difference"]}
 
 
 def top_k(vectors: np.ndarray, k: int, queries: np.ndarray | None = None) -> np.ndarray:

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from retrieval.serve.page_text import METRIC_UNIT, markdown_text, percent
+from retrieval.text.text_index import TEXT_MODEL_OFF, text_off_problem
 from retrieval.utils.sizes import size_text
 
 COUNT_LABELS = {  # the catalogue's statuses, as a reader names them
@@ -33,7 +34,7 @@ BATCHER_LABELS = {"model_calls": "model calls", "requests": "queries embedded",
 # what the sections below show; any other key of the statistics goes under "Other"
 SHOWN_KEYS = {"index_dir", "counts", "errors", "error_examples", "throughput", "vectors", "index_key",
               "index_key_requested", "params", "tuning", "budget", "model", "size_on_disk_bytes", "queries",
-              "latency", "neighbour_similarity"}
+              "latency", "neighbour_similarity", "upgrade", "last_upgrade"}
 
 
 def human_bytes(count: Any) -> str:
@@ -90,6 +91,30 @@ def index_section(s: Mapping[str, Any]) -> str:
         ("index folder", markdown_text(s["index_dir"]) if s.get("index_dir") else "–"),
     ]
     return section("Index", table(rows))
+
+
+def upgrade_section(s: Mapping[str, Any]) -> str:
+    """The upgrade under way or the last one: what it measured before it began, what it was forced past, and a text
+    model it turned off."""
+    rows = []
+    for title, record in (("upgrade under way", s.get("upgrade")), ("last upgrade", s.get("last_upgrade"))):
+        if not isinstance(record, Mapping):
+            continue
+        left = f"; {shown(record['left'])} images still hold an old vector" if "left" in record else ""
+        rows.append((title, markdown_text(f"{record.get('mode')} from model {record.get('from')}"
+                                          + (f" to {record['to']}" if record.get("to") else "")) + left))
+        if record.get("verdict"):
+            rows.append((f"{title}: its training's verdict", markdown_text(record["verdict"])))
+        if record.get("on_labels_text"):
+            rows.append((f"{title}: measured first on the index's labels", markdown_text(record["on_labels_text"])))
+        forced = record.get("forced") or []
+        rows += [(f"{title}: upgraded anyway (--force)", markdown_text(reason)) for reason in forced]
+        text = record.get("text_model") if isinstance(record.get("text_model"), Mapping) else {}
+        model = (s.get("model") or {}).get("model_path") or "MODEL.onnx"
+        off = text_off_problem({TEXT_MODEL_OFF: text}, "<index>", str(model)) if text.get("state") == "off" else None
+        if off is not None or text.get("state") == "kept":
+            rows.append((f"{title}: text model", markdown_text(off or f"kept: {text.get('reason')}")))
+    return section("Model upgrades", table(rows)) if rows else ""
 
 
 def quality_section(s: Mapping[str, Any]) -> str:
@@ -199,7 +224,7 @@ def other_section(s: Mapping[str, Any]) -> str:
 
 def statistics_markdown(stats: Mapping[str, Any], batcher: Mapping[str, Any]) -> str:
     """Every statistic of one served state and its batcher's counters, as Markdown sections."""
-    parts = [index_section(stats), quality_section(stats), neighbour_section(stats), catalogue_section(stats),
-             errors_section(stats), size_section(stats), throughput_section(stats), budget_section(stats),
-             batcher_section(batcher), other_section(stats)]
+    parts = [index_section(stats), upgrade_section(stats), quality_section(stats), neighbour_section(stats),
+             catalogue_section(stats), errors_section(stats), size_section(stats), throughput_section(stats),
+             budget_section(stats), batcher_section(batcher), other_section(stats)]
     return "\n\n".join(part for part in parts if part)

@@ -142,6 +142,15 @@ class CatalogueQueries:
         sql = "SELECT id, label FROM images WHERE status=? AND label IS NOT NULL ORDER BY id"
         return [(int(i), str(label)) for i, label in self.db.execute(sql, (Status.DONE,))]
 
+    def labelled_with(self, labels: Collection[str]) -> list[tuple[int, str]]:
+        """(id, label) of the indexed images whose label is one of ``labels``, by id (a few labels' rows, not all)."""
+        wanted, found = sorted(set(labels)), []
+        for start in range(0, len(wanted), 500):  # SQLite's bound on parameters
+            chunk = wanted[start:start + 500]
+            sql = f"SELECT id, label FROM images WHERE status=? AND label IN ({', '.join('?' * len(chunk))})"
+            found += [(int(i), str(label)) for i, label in self.db.execute(sql, (Status.DONE, *chunk))]
+        return sorted(found)
+
     def sample(self, count: int) -> list[dict[str, Any]]:
         """Up to ``count`` indexed rows spread evenly over the catalogue (examples for the UI)."""
         step = max(1, self.indexed_count() // max(1, count))

@@ -96,4 +96,7 @@ def opened_index_stats(
         "recall_1_at_1": faiss_measure.recall_at(found, exact, 1, 1),
         f"recall_{k}_at_{k}": faiss_measure.recall_at(found, exact, k, k),
         "latency": latency,
+        # an upgrade under way or the last one: what it checked first (the model's verdict, the index's labels,
+        # --force), and whether it kept the text model or turned it off
+        **{key: index.info[key] for key in ("upgrade", "last_upgrade") if index.info.get(key)},
     }

@@ -13,7 +13,7 @@ import torch
 from run_files import metrics_rows
 from train_configs import digits_config
 
-from retrieval.compatibility import VERDICTS, compatibility_sentence, recorded_compatibility
+from retrieval.compatibility import NOT_COMPATIBLE, VERDICTS, compatibility_sentence, recorded_compatibility
 from retrieval.models import load_embedder
 from retrieval.onnx_runtime import embedder_model_hash
 from retrieval.train import train
@@ -202,7 +202,8 @@ def test_the_exported_model_is_accepted_by_the_old_model_index_and_upgrades_it_i
     build_index(tmp_path / "g", tmp_path / "idx", model=old_onnx, options=IngestOptions(workers=0, progress=False))
     with Index.open(tmp_path / "idx", embedder=load_model(new_onnx)) as index:  # declared compatible: accepted
         assert len(index.search_images([tmp_path / "g" / "c0" / "0.png"], k=3)[0]) == 3
-    summary = upgrade_index(tmp_path / "idx", new_onnx, options=IngestOptions(workers=0, progress=False))
+    # a run this short may be measured not compatible, which the upgrade refuses unless forced
+    summary = upgrade_index(tmp_path / "idx", new_onnx, options=IngestOptions(workers=0, progress=False), force=True)
     assert summary["mode"] == "mixed" and summary["reembedded"] == 8
 
 
@@ -238,8 +239,12 @@ def test_evaluate_the_report_the_export_and_the_upgrade_say_the_same_verdict(old
         for n in range(3):
             (tmp_path / "g" / f"c{label}" / f"{n}.png").write_bytes(noisy_png(colour, 10 * label + n, size=32))
     build_index(tmp_path / "g", tmp_path / "idx", model=old_onnx, options=IngestOptions(workers=0, progress=False))
-    upgraded = CliRunner().invoke(main, ["index", "upgrade", str(tmp_path / "idx"), "--model", str(new_onnx),
-                                         "--workers", "0"])
+    args = ["index", "upgrade", str(tmp_path / "idx"), "--model", str(new_onnx), "--workers", "0"]
+    if trained["verdict"] == NOT_COMPATIBLE:  # refused, quoting the same verdict, unless forced
+        refused = CliRunner().invoke(main, args)
+        assert refused.exit_code == 1 and compatibility_sentence(trained) in refused.output, refused.output
+        assert "--force" in refused.output
+    upgraded = CliRunner().invoke(main, [*args, "--force"])
     assert upgraded.exit_code == 0, upgraded.output
     assert f"\nmeasured when the model was trained: {compatibility_sentence(trained)}\n" in upgraded.stdout
 
@@ -280,7 +285,7 @@ def test_the_export_of_a_new_size_has_two_outputs_equal_to_torch_and_serves_the_
     with Index.open(tmp_path / "idx", embedder=load_model(new_onnx)) as index:  # declared compatible, 16-d output
         assert index.embedder.output_name == "compatible_embedding"
         assert len(index.search_images([tmp_path / "g" / "c0" / "0.png"], k=3)[0]) == 3
-    summary = upgrade_index(tmp_path / "idx", new_onnx, options=quick)
+    summary = upgrade_index(tmp_path / "idx", new_onnx, options=quick, force=True)  # a short run: maybe refuted
     assert summary["mode"] == "mixed" and summary["reembedded"] == 8
     info = json.loads((tmp_path / "idx" / "index.json").read_text())
     assert (info["embedding_dim"], info["model_output"]) == (16, "compatible_embedding")

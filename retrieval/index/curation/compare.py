@@ -13,9 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from retrieval.compatibility import neighbour_overlap, top_k
+from retrieval.compatibility import label_metrics_per_query, neighbour_overlap, top_k, worse_on_labels
+from retrieval.data.decode import DEFAULT_MAX_PIXELS
 from retrieval.errors import ParameterError
-from retrieval.index.catalogue_reader import CatalogueReader
+from retrieval.index.catalogue_reader import CatalogueQueries, CatalogueReader
 from retrieval.index.embedding.embed_rows import RowEmbedder
 from retrieval.index.layout import IndexLayout
 from retrieval.index.portable import gallery_place
@@ -26,6 +27,10 @@ from retrieval.index.vectors import done_chunks
 
 DEFAULT_SAMPLE = 2000  # gallery images compared: exact kNN among them costs sample^2 x d per model
 MOST_CHANGED = 10
+# what an upgrade measures on the index's labels: at most LABEL_SAMPLE images, PER_LABEL of each label drawn, so
+# that each query has others of its class among them ([n, n] similarities per model: bounded memory and time)
+LABEL_SAMPLE = 1000
+PER_LABEL = 10
 
 
 def label_agreement(vectors: np.ndarray, labels: list[str | None], k: int) -> dict[str, float]:
@@ -113,6 +118,77 @@ def compare_on_folder(images: str | Path, old: ImageEmbedder, new: ImageEmbedder
     return compare_embeddings(by_old.vectors[pick_old], by_new.vectors[pick_new], paths,
                               [items[int(i)].label for i in kept], min(int(k), len(kept) - 1)) | {
         "old_model_hash": old.model_hash, "new_model_hash": new.model_hash, "unreadable": len(items) - len(kept)}
+
+
+def labelled_sample(catalogue: CatalogueQueries, limit: int = LABEL_SAMPLE, per_label: int = PER_LABEL,
+                    seed: int = 0) -> list[tuple[int, str]]:
+    """A seeded sample of up to ``limit`` indexed (id, label): whole labels drawn at random, up to ``per_label``
+    images of each, among the labels with two images or more (a query needs another of its class to find). Reads
+    the label counts and the chosen labels' rows only."""
+    counts = {label: n for label, n in catalogue.label_counts().items() if label is not None and n >= 2}
+    rng = np.random.default_rng(seed)
+    names = sorted(counts)
+    chosen, total = [], 0
+    for i in rng.permutation(len(names)).tolist():
+        take = min(counts[names[i]], per_label, limit - total)
+        if take < 2:
+            break
+        chosen.append(names[i])
+        total += take
+    by_label: dict[str, list[int]] = {}
+    for image_id, label in catalogue.labelled_with(chosen):
+        by_label.setdefault(label, []).append(image_id)
+    picked, left = [], limit
+    for label in chosen:  # the drawn order: the last label takes what the limit leaves
+        ids = by_label.get(label, [])
+        take = min(len(ids), per_label, left)
+        if take >= 2:
+            picked += [(int(i), label) for i in rng.choice(ids, take, replace=False)]
+            left -= take
+    return sorted(picked)
+
+
+def measure_on_labels(catalogue: CatalogueQueries, store: ShardStore, embedder: ImageEmbedder, cross: bool,
+                      limit: int = LABEL_SAMPLE, seed: int = 0, batch_size: int = 64, workers: int = 1,
+                      max_pixels: int = DEFAULT_MAX_PIXELS) -> dict[str, Any]:
+    """How ``embedder`` would search the index against how its stored vectors do, on the index's own labels
+    (``labelled_sample``; leave-one-out among the sample): Recall@1 and MAP@R of the stored vectors (``old``), of
+    ``embedder``'s (``new``) and, with ``cross``, of ``embedder``'s queries against the stored vectors
+    (``cross_model``: a compatible model serving the old gallery), each compared with ``old``
+    (``compatibility.worse_on_labels``: ``compared``, ``worse``). Without labels to measure on: ``measured`` False
+    and the ``reason``. Files unreadable now are left out of every side."""
+    sample = labelled_sample(catalogue, limit, seed=seed)
+    unmeasured = {"measured": False, "worse": False, "images": len(sample), "sample_limit": int(limit),
+                  "seed": int(seed)}
+    if not sample:
+        return unmeasured | {"reason": "the index has no labels (no label has two images) to measure the models on"}
+    labels = dict(sample)
+    rows = catalogue.rows([i for i, _ in sample])
+    embedded = RowEmbedder(embedder, batch_size, workers, max_pixels).embed(
+        [(i, rows[i]["path"]) for i, _ in sample if i in rows])
+    done = catalogue.shards_of(embedded.ids.tolist())
+    stored = dict(_stored(store, done))
+    kept = [i for i in embedded.ids.tolist() if i in stored]
+    new = _unit(embedded.vectors[np.isin(embedded.ids, kept)])
+    old = _unit(np.stack([stored[i] for i in kept])) if kept else np.zeros((0, 1), np.float32)
+    names = [labels[i] for i in kept]
+    series = {"old": label_metrics_per_query(old, old, names), "new": label_metrics_per_query(new, new, names)}
+    if cross:
+        series["cross_model"] = label_metrics_per_query(new, old, names)
+    if series["old"] is None:
+        return unmeasured | {"images": len(kept), "reason": f"of the {len(sample)} labelled images sampled, "
+                             f"{len(kept)} could be read, too few of one label to measure on"}
+    compared = {name: worse_on_labels(series[name], series["old"]) for name in series if name != "old"}
+    return {"measured": True, "images": len(kept), "labels": len(set(names)), "sample_limit": int(limit),
+            "seed": int(seed), "unreadable": len(sample) - len(kept),
+            **{name: {metric: float(values.mean()) for metric, values in per_query.items()}
+               for name, per_query in series.items()},
+            "compared": compared, "worse": any(check["worse"] for check in compared.values())}
+
+
+def _unit(rows: np.ndarray) -> np.ndarray:
+    rows = np.asarray(rows, dtype=np.float64)
+    return rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
 
 
 def model_names(first: str | Path, second: str | Path, first_hash: str | None = None,

@@ -6,4 +6,6 @@
 - ``collection_writes``: the writers of a folder whose vectors live in a Milvus collection.
 - ``mend``: the first steps of every writer (shards a crash left unrecorded, rows without a vector).
 - ``upgrade``: ``retrieval index upgrade``, re-embedding the gallery with a new model while servers answer.
+- ``upgrade_checks``: what an upgrade checks before it begins (the model's verdict, the index's labels) and the text
+  model it turns off.
 """

@@ -34,6 +34,7 @@ catalogue name the new model and every shard no indexed row uses (the old vector
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -54,12 +55,14 @@ from retrieval.index.layout import IndexLayout
 from retrieval.index.portable import MODEL_RELATIVE, find_model, relative_to_index
 from retrieval.index.query_embedder import (
     EMBEDDINGS_SOURCE,
+    LEGACY_MODEL_KEY,
     OUTPUT_FIELDS,
     PARENT_MODEL_KEY,
     ImageEmbedder,
     NoModelError,
     built_without_model,
     compatible_view,
+    hash_matches,
     is_compatible,
     load_model,
     output_fields,
@@ -70,6 +73,8 @@ from retrieval.index.shards import SHARD_PATTERN, ShardStore
 from retrieval.index.vectors import done_chunks
 from retrieval.index.writing.mend import mend
 from retrieval.index.writing.records import meta_values, model_fields, relocate, require_complete
+from retrieval.index.writing.upgrade_checks import check_record, check_upgrade, text_off
+from retrieval.text.text_index import has_text_model
 from retrieval.utils.progress import progress_bar
 from retrieval.utils.workers import default_decode_threads
 
@@ -78,11 +83,12 @@ log = logging.getLogger(__name__)
 ORDERS = ("uncertain", "id", "random")
 DEFAULT_COMMIT_EVERY = 4096  # images re-embedded between two publishes of a mixed upgrade
 NEIGHBOURS = 10  # old neighbours that measure how certain an old embedding is
-MODEL_META = ("model_path", MODEL_RELATIVE, "model_hash", "source_model_hash", PARENT_MODEL_KEY, "embedding_dim",
-              "model_normalized", "similarity", *OUTPUT_FIELDS)
+MODEL_META = ("model_path", MODEL_RELATIVE, "model_hash", LEGACY_MODEL_KEY, "source_model_hash", PARENT_MODEL_KEY,
+              "embedding_dim", "model_normalized", "similarity", *OUTPUT_FIELDS)
 UPGRADE_MODEL_RELATIVE = "upgrade_model_path_relative"  # the new model's path from the index folder (it may move)
+CHECKS = "upgrade_checks"  # what was checked before the upgrade began (verdict, labels, --force), for its end
 UPGRADE_META = ("upgrade_model_hash", UPGRADE_MODEL_PATH, UPGRADE_MODEL_RELATIVE, "upgrade_mode", "upgrade_from",
-                "upgrade_first_shard", "upgrade_model_output")
+                "upgrade_first_shard", "upgrade_model_output", CHECKS)
 STALE = "upgrade_stale"  # set while a publish has moved catalogue rows that faiss does not hold yet
 
 
@@ -214,12 +220,17 @@ def upgrade_index(
     on_publish: Callable[[dict[str, Any]], None] | None = None,
     native: bool = False,
     gallery_root: str | Path | None = None,
+    force: bool = False,
 ) -> dict[str, Any]:
     """Re-embed the index's gallery with ``model`` (mixed or swap, see the module docstring); resumes an
     unfinished upgrade to the same model. ``native``: into the model's own space even where its compatible output
     could serve the old one (a swap). ``on_publish(progress)`` is called after each publish (for tests and
-    curves). A gallery that moved (``records.relocate``; ``gallery_root``: where to) is followed first. Returns a
-    summary."""
+    curves). A gallery that moved (``records.relocate``; ``gallery_root``: where to) is followed first.
+
+    Before a new upgrade begins (``upgrade_checks``): a model its training measured not compatible is refused for a
+    mixed upgrade, and so is one measured worse than the index's vectors on the index's own labels
+    (``UpgradeRefused``); ``force`` goes on, and says so. A text model recorded for the old space is turned off
+    where the new vectors leave it (``text_off``). Returns a summary."""
     started = time.perf_counter()
     if order not in ORDERS:
         raise ParameterError("order", f"must be one of {', '.join(ORDERS)}, got {order!r}")
@@ -245,15 +256,31 @@ def upgrade_index(
             embedder = _output_of_upgrade(catalogue, info, embedder, native)
             store = ShardStore(layout.shards)
             mend(catalogue, store)
-            state = _start(layout, catalogue, store, info, embedder, model_path)
+            checks = None
+            if catalogue.get_meta("upgrade_model_hash") is None and not _same_model(embedder, info):
+                checks = check_upgrade(catalogue, store, info, embedder, _planned_mode(embedder, info), force, options)
+            state = _start(layout, catalogue, store, info, embedder, model_path, checks)
             info = layout.read_info()
         measured = _measured_compatibility(embedder, state["mode"])
         summary = _run(layout, state, embedder, model_path, order, int(commit_every), options, on_publish)
     summary["compatibility"] = measured
+    summary |= {key: state["checks"].get(key) for key in ("on_labels", "forced")} if state["checks"] else {}
+    summary["text_model"] = state.get("text_model") or summary.get("text_model")
     # an int8 model of the index's own: how close to its parent it stayed, as measured when it was quantized
     summary["int8"] = int8_record(getattr(embedder, "metadata", None)) if state["mode"] == "mixed" else None
     summary["seconds"] = round(time.perf_counter() - started, 3)
     return summary
+
+
+def _same_model(embedder: ImageEmbedder, info: Mapping[str, Any]) -> bool:
+    return hash_matches(info["model_hash"], embedder) and same_output(embedder, info)
+
+
+def _planned_mode(embedder: ImageEmbedder, info: Mapping[str, Any]) -> str:
+    """mixed where the output chosen (``upgrade_target``) is declared compatible and embeds into the index's space
+    and size; else swap."""
+    compatible = is_compatible(embedder, info) and int(embedder.embedding_dim) == int(info["embedding_dim"])
+    return "mixed" if compatible else "swap"
 
 
 def _measured_compatibility(embedder: ImageEmbedder, mode: str) -> dict[str, Any] | None:
@@ -272,7 +299,7 @@ def _output_of_upgrade(catalogue: Catalogue, info: Mapping[str, Any], embedder: 
     """``embedder`` with the output this upgrade embeds with: the one recorded when the upgrade under way to this
     model started, else ``upgrade_target``'s."""
     model = with_output(embedder, None)
-    if catalogue.get_meta("upgrade_model_hash") != model.model_hash:
+    if not hash_matches(catalogue.get_meta("upgrade_model_hash"), model):
         return upgrade_target(model, info, native)
     recorded = with_output(model, catalogue.get_meta("upgrade_model_output"))
     if native and getattr(recorded, "output_name", None) != getattr(model, "output_name", None):
@@ -291,11 +318,12 @@ def _upgrade_model(layout: IndexLayout, catalogue: Catalogue, recorded: str) -> 
 
 
 def _start(layout: IndexLayout, catalogue: Catalogue, store: ShardStore, info: dict[str, Any],
-           embedder: ImageEmbedder, model_path: str) -> dict[str, Any]:
-    """Record the upgrade (or check the one under way is to this model); for a mixed one, name the new model in
-    index.json at once. Returns the upgrade's state (mode, first shard, old model hash)."""
+           embedder: ImageEmbedder, model_path: str, checks: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Record the upgrade and what ``check_upgrade`` found (or check the one under way is to this model); for a mixed
+    one, name the new model in index.json at once (a text model turned off there where the model's training refuted
+    its compatibility). Returns the upgrade's state (mode, first shard, old model hash, checks)."""
     under_way = catalogue.get_meta("upgrade_model_hash")
-    if under_way is not None and under_way != embedder.model_hash:
+    if under_way is not None and not hash_matches(under_way, embedder):
         raise ParameterError("model", f"has model_hash {embedder.model_hash}, but the upgrade under way in "
                              f"{layout.root} is to {catalogue.get_meta(UPGRADE_MODEL_PATH)} (model_hash {under_way}); "
                              "finish that one first (give its model, or none)")
@@ -304,24 +332,39 @@ def _start(layout: IndexLayout, catalogue: Catalogue, store: ShardStore, info: d
     # the old model, which keeps answering; the new vectors may be of another size)
     if catalogue.get_meta(STALE) and catalogue.get_meta("upgrade_mode") != "swap":
         info = _publish(layout, catalogue, store, info, [], None, rebuild=True, options=IngestOptions())
+    text_model = None
     if under_way is None:
-        if embedder.model_hash == info["model_hash"] and same_output(embedder, info):
-            return {"mode": "none", "from": info["model_hash"], "first_shard": next_shard_number(store)}
+        if _same_model(embedder, info):
+            return {"mode": "none", "from": info["model_hash"], "first_shard": next_shard_number(store),
+                    "checks": None}
         # mixed: the output chosen (upgrade_target) embeds into the index's space and size
-        mode = "mixed" if is_compatible(embedder, info) and int(embedder.embedding_dim) == int(
-            info["embedding_dim"]) else "swap"
+        mode = _planned_mode(embedder, info)
         output = getattr(embedder, "output_name", None)
         catalogue.set_meta(upgrade_model_hash=embedder.model_hash, upgrade_mode=mode,
                            upgrade_from=info["model_hash"], upgrade_first_shard=str(next_shard_number(store)),
                            **{UPGRADE_MODEL_PATH: model_path,
                               UPGRADE_MODEL_RELATIVE: relative_to_index(model_path, layout.root)},
-                           **({"upgrade_model_output": output} if output else {}))
+                           **({"upgrade_model_output": output} if output else {}),
+                           **({CHECKS: json.dumps(checks)} if checks else {}))
         if mode == "mixed":  # queries by the new model from now on, against the old vectors (compatible)
             new_fields = model_fields(embedder, model_path, layout.root)
             _record_model(catalogue, embedder, model_path, layout.root)
-            layout.write_info(_with_model(info, new_fields, {"upgrade": {"from": info["model_hash"], "mode": mode}}))
+            if has_text_model(info):
+                text_model = {"state": "kept", "reason": "the new model is declared compatible with the space its "
+                              "text model maps into"}
+                if checks and checks.get("refuted"):
+                    why = (f"the new model {embedder.model_hash} is declared compatible with model "
+                           f"{info['model_hash']}, whose space the text model maps into, but its training measured "
+                           "it not compatible (upgraded with force)")
+                    info = text_off(info, embedder, why, layout.root, model_path)
+                    text_model = {"state": "off", "reason": why}
+            record = {"from": info["model_hash"], "mode": mode, **check_record(checks),
+                      **({"text_model": text_model} if text_model else {})}
+            layout.write_info(_with_model(info, new_fields, {"upgrade": record}))
+    recorded = catalogue.get_meta(CHECKS)
     return {"mode": catalogue.get_meta("upgrade_mode"), "from": catalogue.get_meta("upgrade_from"),
-            "first_shard": int(catalogue.get_meta("upgrade_first_shard"))}
+            "first_shard": int(catalogue.get_meta("upgrade_first_shard")),
+            "checks": json.loads(recorded) if recorded else None, "text_model": text_model}
 
 
 def _run(layout: IndexLayout, state: dict[str, Any], embedder: ImageEmbedder, model_path: str, order: str,
@@ -371,7 +414,7 @@ def _run(layout: IndexLayout, state: dict[str, Any], embedder: ImageEmbedder, mo
             summary["unreadable"] += sum(o.status == Status.ERROR for o in outcomes)
             if mode == "mixed":
                 _publish_batch(layout, outcomes, summary, on_publish, total)
-    _finish(layout, embedder, model_path, mode, first, summary, options, on_publish, total)
+    _finish(layout, embedder, model_path, mode, first, summary, options, on_publish, total, state.get("checks"))
     return summary
 
 
@@ -409,9 +452,10 @@ def _publish_batch(layout: IndexLayout, outcomes: list[Outcome], summary: dict[s
 
 def _finish(layout: IndexLayout, embedder: ImageEmbedder, model_path: str, mode: str, first: int,
             summary: dict[str, Any], options: IngestOptions, on_publish: Callable[[dict[str, Any]], None] | None,
-            total: int) -> None:
+            total: int, checks: Mapping[str, Any] | None = None) -> None:
     """The last publish: every remaining new vector in (swap: all of them), faiss retrained on the new vectors
-    where it has training, the new model named, the old vectors deleted and the upgrade's records cleared."""
+    where it has training, the new model named (a swap turns a recorded text model off: its space is gone), the
+    old vectors deleted, the upgrade's records cleared and what it checked kept (``last_upgrade``)."""
     with layout.write_lock("upgrade"), Catalogue(layout.catalogue) as catalogue:
         store = ShardStore(layout.shards)
         mend(catalogue, store)
@@ -425,7 +469,16 @@ def _finish(layout: IndexLayout, embedder: ImageEmbedder, model_path: str, mode:
         new_fields = model_fields(embedder, model_path, layout.root) | {
             "upgraded_from": [*info.get("upgraded_from", []), catalogue.get_meta("upgrade_from")]}
         trained = not isinstance(faiss_params.inner(faiss_files.read_index(layout.faiss)), faiss.IndexFlatCodes)
-        info.pop("upgrade", None)
+        text_model = (info.pop("upgrade", None) or {}).get("text_model")  # a mixed upgrade's, from its start
+        if mode == "swap" and has_text_model(info):
+            why = (f"the gallery was re-embedded into the space of model {embedder.model_hash}, and the text model "
+                   f"maps text into the space of model {info['model_hash']}")
+            info = text_off(info, embedder, why, layout.root, model_path)
+            text_model = {"state": "off", "reason": why}
+        summary["text_model"] = text_model
+        new_fields["last_upgrade"] = {"from": catalogue.get_meta("upgrade_from"), "to": embedder.model_hash,
+                                      "mode": mode, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                      **check_record(checks), **({"text_model": text_model} if text_model else {})}
         info = _publish(layout, catalogue, store, info, waiting, new_fields, rebuild=mode == "swap" or trained,
                         options=options)
         summary["published"] += len(waiting)
