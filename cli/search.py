@@ -156,12 +156,22 @@ def _text_answers(index, texts: tuple[str, ...], text_model: str | None, k: int,
     """Each --text query's answer, in order: embedded by the text model (``text_model``, else the one index.json
     records; checked against the index's image model) and searched as an embedding is."""
     from retrieval.text.text_index import open_text_model
+    from retrieval.text.text_onnx import TextEmbeddingError
+    from retrieval.text.tokens import WordlessText
 
     text = open_text_model(index.info, index.layout.root, text_model, image_model=lambda: index.embedder)
+    try:
+        text.query_tokens(list(texts))  # every query has a word to search by, before any is searched
+    except WordlessText as exc:
+        raise click.BadParameter(str(exc), param_hint="'--text'") from None
     answers = []
     for start in range(0, len(texts), QUERY_BATCH):
         batch = list(texts[start:start + QUERY_BATCH])
-        found = index.search(text.embed(batch), k, where=where, rerank=rerank)
+        try:
+            vectors = text.embed(batch)
+        except TextEmbeddingError as exc:
+            raise click.ClickException(str(exc)) from None
+        found = index.search(vectors, k, where=where, rerank=rerank)
         for query, results in zip(batch, found, strict=True):
             answers.append({"query": query, "results": [
                 r.to_dict() | {"path": index.public_path(r.path), "file": index.image_file(r.path)}

@@ -7,11 +7,12 @@ Contract:
   headers alone hold nothing); when the budget cannot be had within ``wait_s`` it is answered 503, so many waiting
   uploads never add up to gigabytes, and a body must arrive within ``read_timeout_s`` (408).
 - ``WorkLane``: blocking work run in threads of the lane's own (at most ``concurrency`` at once), with at most
-  ``max_waiting`` units of cost waiting (a single search costs 1, a batch its images, a re-ranked request its
-  queries times its method's work units); beyond that ``Busy`` (503). A lane with ``max_per_client`` also bounds
-  what one client (its address) has running and waiting: beyond it, unless the client has nothing in the lane,
-  ``Busy``. Lanes share no thread limiter with each other or with the rest of the app, so a lane full of batches
-  never holds back single searches, and /health (answered on the event loop) never waits for a thread.
+  ``max_waiting`` units of cost waiting (a single search costs 1, a batch its images and its texts' tokens in
+  images' worth, a re-ranked request its queries times its method's work units); beyond that ``Busy`` (503). A
+  lane with ``max_per_client`` also bounds what one client (its address) has running and waiting: beyond it, unless
+  the client has nothing in the lane, ``Busy``. Lanes share no thread limiter with each other or with the rest of
+  the app, so a lane full of batches never holds back single searches, and /health (answered on the event loop)
+  never waits for a thread.
 - ``ClientWatch``: a request's "client has gone" flag (a ``threading.Event``), set when the server sees the
   connection close. ``WorkLane.run`` drops work whose client has gone before it starts (also while it waits for
   its turn); the work itself checks ``gone`` between images and between re-ranked queries

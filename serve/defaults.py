@@ -50,5 +50,10 @@ RERANK_CONCURRENCY = 1  # costlier re-ranked requests run at once, in threads of
 RERANK_QUEUE_UNITS = 4_000  # their units waiting for a turn (about 4 s of one core); beyond: 503
 RERANK_CLIENT_UNITS = 1_000  # one client's units running and waiting (one request of any size always fits)
 RERANK_CHEAP_UNITS = 4  # a request of at most this many units is as cheap as a plain search
+# A batch's texts are charged to the batches lane by their tokens (``retrieval.serve.service.text.text_work``):
+# a MiniLM-L6 tower's tokens that cost one efficientnet_lite0 image (224 px) on a CPU core, and the tokens where its
+# attention's square term costs as much again as the rest (measured; docs/SERVING.md, "Searching by text")
+TEXT_TOKENS_PER_IMAGE = 64
+TEXT_ATTENTION_TOKENS = 512
 BODY_BUDGET_BYTES = 128 * 2**20  # request bodies held at once (read, parsed, waiting); beyond: wait, then 503
 BODY_READ_TIMEOUT_S = 60.0  # a body arrives within this (43 MB at 1 MB/s does); nginx buffers bodies before us

@@ -10,8 +10,9 @@ from typing import Any
 def valid_case(case: Any, image: bytes) -> Any:
     """What a schema cannot say of valid data, made so in a positive ``case``: an ``image`` is an image file (a real
     PNG, as schemathesis itself does for typed file uploads; each of POST /search/batch's files and JSON queries
-    too), a ``where`` an expression of the filter language (a grammar, not a pattern), and ``k``, ``exclude_self``
-    and ``rerank`` in the query and in the JSON body agree."""
+    too), a ``where`` an expression of the filter language (a grammar, not a pattern), a ``text`` holds a word the
+    text model reads (random characters may be only ones its tokenizer drops), and ``k``, ``exclude_self`` and
+    ``rerank`` in the query and in the JSON body agree."""
     if case.meta is None or not case.meta.generation.mode.is_positive:
         return case
     if "where" in (case.query or {}):
@@ -25,6 +26,9 @@ def valid_case(case: Any, image: bytes) -> Any:
         one = image if case.media_type.startswith("multipart/") else encoded
         given = case.body["image"]  # POST /search/batch's multipart field is a list of files
         case.body["image"] = [one] * len(given) if isinstance(given, list) else one
+    for query in [case.body, *(case.body.get("queries", []) if isinstance(case.body.get("queries"), list) else [])]:
+        if isinstance(query, dict) and isinstance(query.get("text"), str):
+            query["text"] = f"apple {query['text']}"[:1000]
     for query in case.body.get("queries", []) if isinstance(case.body.get("queries"), list) else []:
         if isinstance(query, dict) and "image" in query:  # POST /search/batch's JSON queries
             query["image"] = encoded

@@ -21,7 +21,14 @@ from typing import Any
 from retrieval.errors import ParameterError
 from retrieval.index.layout import IndexLayout
 from retrieval.index.portable import find_model, relative_to_index
-from retrieval.index.query_embedder import ImageEmbedder, declared_compatible, has_model, load_model, with_output
+from retrieval.index.query_embedder import (
+    ImageEmbedder,
+    declared_compatible,
+    has_model,
+    load_model,
+    model_hashes,
+    with_output,
+)
 from retrieval.index.sources import printable_path
 from retrieval.text.text_onnx import MAX_TEXT_MODEL_BYTES, TextEmbedder, TextModelError, check_text_model, file_hash
 
@@ -29,6 +36,8 @@ TEXT_MODEL_PATH = "text_model_path"  # index.json: where the text model was when
 TEXT_MODEL_RELATIVE = "text_model_path_relative"  # ... its path from the index folder
 TEXT_MODEL_HASH = "text_model_hash"  # ... and its identity (``TextEmbedder.model_hash``)
 TEXT_FIELDS = (TEXT_MODEL_PATH, TEXT_MODEL_RELATIVE, TEXT_MODEL_HASH)
+# ... or, once an upgrade moved the vectors out of its text model's space, that model's hash and why it is off
+TEXT_MODEL_OFF = "text_model_off"
 
 # the index's image model, or a way to load it when it is needed (None: found from index.json)
 ImageModel = ImageEmbedder | Callable[[], ImageEmbedder] | None
@@ -37,11 +46,28 @@ ImageModel = ImageEmbedder | Callable[[], ImageEmbedder] | None
 class NoTextModelError(TextModelError):
     """A text query to an index that records no text model, and none was given."""
 
-    def __init__(self, index_root: str | Path) -> None:
+    def __init__(self, index_root: str | Path, info: Mapping[str, Any] | None = None) -> None:
         folder = printable_path(str(index_root))
+        off = text_off_problem(info or {}, folder, printable_path(str((info or {}).get("model_path") or "MODEL.onnx")))
+        if off is not None:
+            super().__init__(f"is needed: the index in {folder} records no text model: {off}")
+            return
         super().__init__(f"is needed: the index in {folder} records no text model to search it by text with; give "
                          "`text_model` (the text.onnx that `retrieval text train` writes), or record one in the "
                          f"index once: `retrieval index text {folder} --text-model FILE`")
+
+
+def text_off_problem(info: Mapping[str, Any], index_shown: str, model_shown: str) -> str | None:
+    """Why an upgrade turned the index's text search off (``TEXT_MODEL_OFF``) and the two commands that re-fit a
+    text model (``model_shown``: the index's image model, ``index_shown``: the index, as the reader may see them);
+    None where no upgrade did."""
+    off = info.get(TEXT_MODEL_OFF)
+    if not isinstance(off, Mapping):
+        return None
+    reason = " ".join(str(off.get("reason") or "its text model no longer fits").split())[:1000]
+    return (f"an upgrade turned text search off: {reason}. Train a text model for the index's image model "
+            f"(`retrieval text train --model {model_shown} --images MANIFEST --caption-column COLUMN --out RUN`), "
+            f"then record it: `retrieval index text {index_shown} --text-model RUN/text.onnx`")
 
 
 def has_text_model(info: Mapping[str, Any]) -> bool:
@@ -90,8 +116,9 @@ def find_text_model(info: Mapping[str, Any], index_root: str | Path) -> Path:
 
 
 def index_declared(info: Mapping[str, Any], index_root: str | Path, image_model: ImageModel = None) -> frozenset[str]:
-    """The model hashes the index's image model is declared compatible with (``image_model``: that model, or how to
-    load it; None: found from index.json); empty where it declares none, or where it cannot be loaded here."""
+    """The model hashes the index's image model goes by (``model_hashes``: a text model and an index written by
+    different versions may name it by different ones) and is declared compatible with (``image_model``: that model,
+    or how to load it; None: found from index.json); empty where it cannot be loaded here."""
     if not has_model(info):
         return frozenset()
     try:
@@ -101,7 +128,8 @@ def index_declared(info: Mapping[str, Any], index_root: str | Path, image_model:
             image_model = image_model()
     except (ParameterError, OSError, ValueError, RuntimeError):  # no model to read: no declaration to honour
         return frozenset()
-    return declared_compatible(with_output(image_model, None))
+    model = with_output(image_model, None)
+    return declared_compatible(model) | frozenset(model_hashes(model))
 
 
 def checked_text_model(text: TextEmbedder, info: Mapping[str, Any], index_root: str | Path,
@@ -110,15 +138,16 @@ def checked_text_model(text: TextEmbedder, info: Mapping[str, Any], index_root: 
     declared-compatible hashes are read only for a tower trained for another model); else a ``TextModelError``
     naming both models."""
     where = f"the index in {printable_path(str(index_root))}"
+    model = printable_path(str(info.get("model_path") or ""))  # index.json's text: shown, never run by a terminal
     try:
-        check_text_model(text, info, where=where)
+        check_text_model(text, info, where=where, model_file=model)
     except TextModelError:
         if not has_model(info) or int(info.get("embedding_dim", -1)) != text.dim:
             raise
         declared = index_declared(info, index_root, image_model)
         if not declared:
             raise
-        check_text_model(text, info, declared, where=where)
+        check_text_model(text, info, declared, where=where, model_file=model)
     return text
 
 
@@ -127,7 +156,7 @@ def open_text_model(info: Mapping[str, Any], index_root: str | Path, path: str |
     """The text model that searches the index in ``index_root`` by text: ``path``, else the one index.json records
     (``find_text_model``), checked against the index (``checked_text_model``)."""
     if path is None and not has_text_model(info):
-        raise NoTextModelError(index_root)
+        raise NoTextModelError(index_root, info)
     text = TextEmbedder(path if path is not None else find_text_model(info, index_root))
     if path is None and text.model_hash != info.get(TEXT_MODEL_HASH):  # replaced since it was hashed
         raise TextModelError(f"is needed: the file {printable_path(str(text.path))} has text_model_hash "
@@ -147,7 +176,7 @@ def record_text_model(index_dir: str | Path, text_model: str | os.PathLike) -> d
         checked_text_model(text, info, layout.root)
         fields = text_model_fields(text, layout.root)
         replaced = info.get(TEXT_MODEL_HASH)
-        layout.write_info(info | fields)
+        layout.write_info({key: value for key, value in info.items() if key != TEXT_MODEL_OFF} | fields)
     return {"index_dir": str(layout.root), **fields, "image_model_hash": text.image_model_hash,
             "index_model_hash": info.get("model_hash"), "embedding_dim": text.dim,
             "replaced_text_model_hash": replaced if replaced != text.model_hash else None}

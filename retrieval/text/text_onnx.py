@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from retrieval.errors import ParameterError
-from retrieval.text.tokens import TextTokenizer
+from retrieval.text.tokens import TextTokenizer, TokenizerError, first_line
 
 TEXT_FORMAT = "retrieval-text-onnx/1"
 INPUT_IDS, ATTENTION_MASK, TEXT_OUTPUT = "input_ids", "attention_mask", "embeddings"
@@ -28,7 +28,11 @@ INPUT_IDS, ATTENTION_MASK, TEXT_OUTPUT = "input_ids", "attention_mask", "embeddi
 TEXT_METADATA = ("format", "kind", "embedding_dim", "max_length", "image_model_hash", "encoder", "tokenizer",
                  "normalized")
 MAX_TEXT_MODEL_BYTES = 2**31 - 1  # one protobuf: the tower keeps its weights inside
-EMBED_BATCH = 64  # texts per session call
+EMBED_BATCH = 64  # texts tokenized together
+# texts x tokens^2 in one session call: attention holds [texts, heads, tokens, tokens] floats per layer; 2^20 keeps
+# 64 texts of 128 tokens in one call, and 4 of 512 (MiniLM's 12 heads: 48 MB a layer's scores)
+MAX_ATTENTION_CELLS = 1 << 20
+PROBE_TEXTS = ("a red apple", "a smiling face")  # embedded when a text model loads
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,8 @@ class TextEmbedder:
             self.tokenizer = TextTokenizer(self.record.tokenizer, self.record.max_length)
         except (ValueError, TypeError) as exc:
             raise TextModelError(f"{self.path}: its metadata is damaged ({exc})") from None
+        self._check_graph()
+        self._check_embeds()
 
     @property
     def dim(self) -> int:
@@ -124,15 +130,119 @@ class TextEmbedder:
     def image_model_hash(self) -> str:
         return self.record.image_model_hash
 
+    def query_tokens(self, texts: Sequence[str]) -> list[int]:
+        """Each query's tokens, what embedding it costs (``TextTokenizer.query_tokens``): ``WordlessText`` for a
+        query with no word to search by, ``TextEmbeddingError`` where the tokenizer fails."""
+        try:
+            return self.tokenizer.query_tokens(texts)
+        except TokenizerError as exc:
+            raise TextEmbeddingError(f"the text model {self.path.name} cannot embed this text: {exc}") from None
+
     def embed(self, texts: Sequence[str]) -> np.ndarray:
-        """L2-normalised float32 [n, dim] of ``texts`` (each cut to the tower's limits)."""
+        """L2-normalised float32 [n, dim] of ``texts`` (each cut to the tower's limits), in session calls of at most
+        ``MAX_ATTENTION_CELLS`` texts x tokens^2 (texts of like length together); ``TextEmbeddingError`` if the model
+        fails on them."""
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         for start in range(0, len(texts), EMBED_BATCH):
-            ids, mask = self.tokenizer(texts[start: start + EMBED_BATCH])
-            vectors = self.session.run([TEXT_OUTPUT], {INPUT_IDS: ids, ATTENTION_MASK: mask})[0]
-            out[start: start + len(vectors)] = vectors
+            chunk = texts[start: start + EMBED_BATCH]
+            try:
+                ids, mask = self.tokenizer(chunk)
+            except TokenizerError as exc:
+                raise TextEmbeddingError(f"the text model {self.path.name} cannot embed this text: {exc}") from None
+            lengths = mask.sum(axis=1)
+            for rows in session_calls(lengths):
+                width = max(int(lengths[rows].max()), 1)  # padding is on the right: the longest row's tokens suffice
+                out[start + rows] = self._run(ids[rows, :width], mask[rows, :width])
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         return out / np.maximum(norms, 1e-12)
+
+    def _run(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """One session call: [n, dim] finite vectors, or ``TextEmbeddingError`` saying what failed."""
+        try:
+            vectors = self.session.run([TEXT_OUTPUT], {INPUT_IDS: ids, ATTENTION_MASK: mask}, _run_options())[0]
+        except Exception as exc:  # onnxruntime's errors: an id beyond the token table, a shape it cannot take
+            raise TextEmbeddingError(f"the text model {self.path.name} failed on {ids.shape[0]} text(s) of "
+                                     f"{ids.shape[1]} tokens: {first_line(exc)}") from None
+        vectors = np.asarray(vectors)
+        if vectors.shape != (len(ids), self.dim) or not np.isfinite(vectors).all():
+            raise TextEmbeddingError(f"the text model {self.path.name} answered {len(ids)} text(s) with an array of "
+                                     f"shape {list(vectors.shape)}, not {len(ids)} finite vectors of {self.dim}")
+        return vectors
+
+    def _check_graph(self) -> None:
+        """Refuse a graph that does not take what a text tower takes: input_ids and attention_mask, int64 [batch,
+        tokens] (an image model relabelled as text has an image input)."""
+        inputs = {i.name: i for i in self.session.get_inputs()}
+        wanted = {INPUT_IDS, ATTENTION_MASK}
+        shown = ", ".join(f"{i.name} {i.type} {list(i.shape)}" for i in inputs.values())
+        if set(inputs) != wanted or any(i.type != "tensor(int64)" or len(i.shape) != 2 for i in inputs.values()):
+            raise TextModelError(f"{self.path} is not a text tower: its graph takes {shown}, where a text tower "
+                                 f"takes {INPUT_IDS} and {ATTENTION_MASK} (int64, [texts, tokens]); give the "
+                                 "text.onnx that `retrieval text train` wrote")
+        if TEXT_OUTPUT not in {o.name for o in self.session.get_outputs()}:
+            raise TextModelError(f"{self.path} is not a text tower: its graph has no output {TEXT_OUTPUT!r}")
+        for i in inputs.values():
+            if isinstance(i.shape[1], int) and i.shape[1] != self.record.max_length:
+                raise TextModelError(f"{self.path} records a longest token sequence of {self.record.max_length}, "
+                                     f"but its graph takes exactly {i.shape[1]} tokens: it was relabelled; export "
+                                     "it again with `retrieval text train`")
+
+    def _check_embeds(self) -> None:
+        """Embed what a query can reach before any query does: the tokenizer's largest token id, a text of the
+        longest token sequence, and a few real texts; a failure refuses the model (``TextModelError``)."""
+        longest, largest = self.record.max_length, self.tokenizer.largest_id
+        try:
+            ids, _ = self.tokenizer(PROBE_TEXTS[:1])
+        except TokenizerError as exc:
+            raise TextModelError(f"{self.path} cannot embed a test text, so queries would fail: {exc}") from None
+        probes = {
+            f"its tokenizer's largest token id ({largest})": (np.full((1, 3), largest, np.int64),
+                                                              np.ones((1, 3), np.int64)),
+            f"a text of its longest token sequence ({longest} tokens)": (
+                np.resize(ids[0], (1, longest)), np.ones((1, longest), np.int64)),
+        }
+        try:
+            for what, (probe_ids, probe_mask) in probes.items():
+                try:
+                    self._run(probe_ids, probe_mask)
+                except TextEmbeddingError as exc:
+                    raise TextModelError(f"{self.path} cannot embed {what}, so queries would fail: {exc}; its "
+                                         "tokenizer, recorded length and graph do not belong together (export it "
+                                         "again with `retrieval text train`)") from None
+            self.embed(list(PROBE_TEXTS) + ["apple " * longest])
+        except TextEmbeddingError as exc:
+            raise TextModelError(f"{self.path} cannot embed a test text, so queries would fail: {exc}") from None
+
+
+class TextEmbeddingError(RuntimeError):
+    """A text model that failed on a query (the server's model, not the query, is at fault: HTTP 503)."""
+
+
+def session_calls(lengths: np.ndarray, budget: int | None = None) -> list[np.ndarray]:
+    """Rows of a batch whose texts have ``lengths`` tokens, grouped into session calls of at most ``budget`` texts x
+    tokens^2 (attention's memory grows with the square of the tokens), like lengths together; one text per call at
+    the least."""
+    budget = MAX_ATTENTION_CELLS if budget is None else budget
+    order = np.argsort(lengths, kind="stable")[::-1]
+    calls: list[list[int]] = []
+    for row in order.tolist():
+        width = int(lengths[calls[-1][0]]) if calls else 0  # a call's first row is its longest
+        if calls and (len(calls[-1]) + 1) * width * width <= budget:
+            calls[-1].append(row)
+        else:
+            calls.append([row])
+    return [np.asarray(sorted(rows)) for rows in calls]
+
+
+def _run_options() -> Any:
+    """A session call's options: the CPU arena shrunk after the call (a long batch's activations go back to the
+    system, not kept at their largest), and a failed call's error left to the caller (``TextEmbeddingError``)."""
+    import onnxruntime as ort
+
+    options = ort.RunOptions()
+    options.log_severity_level = 4
+    options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+    return options
 
 
 def _providers(providers: Sequence[str] | str) -> list[str]:
@@ -145,19 +255,24 @@ def _providers(providers: Sequence[str] | str) -> list[str]:
 
 
 def check_text_model(text: TextEmbedder, index_info: Mapping[str, Any], declared: Iterable[str] = (),
-                     where: str = "the index") -> None:
+                     where: str = "the index", model_file: str = "") -> None:
     """Refuse ``text`` for an index whose vectors are not in the space it maps into: it must have been trained
     for the index's model, for a model whose space the index's vectors are in (``model_output_space``), or for one
-    the index's model is declared compatible with (``declared``: a compatible upgrade keeps the text model)."""
+    the index's model is declared compatible with (``declared``: a compatible upgrade keeps the text model). A
+    refusal names both models and the training that fits, with ``model_file`` (the index's model, printable)."""
     index_hash = index_info.get("model_hash")
     if index_hash is None:
         raise TextModelError(f"{where} was built from embeddings, with no image model: a text tower maps text into "
                              "an image model's space, and this index has none to check it against")
-    if int(index_info.get("embedding_dim", -1)) != text.dim:
-        raise TextModelError(f"{text.path} embeds into {text.dim} dimensions; {where} holds "
-                             f"{index_info.get('embedding_dim')}-dimensional vectors")
     space = set(index_info.get("model_output_space") or ()) | {str(index_hash)} | set(declared)
-    if text.image_model_hash not in space:
-        raise TextModelError(f"{text.path} was trained for image model {text.image_model_hash}, but {where} holds "
-                             f"the vectors of model {index_hash}: train a text tower for that model with `retrieval "
-                             "text train`")
+    dim = index_info.get("embedding_dim")
+    wrong_size = int(index_info.get("embedding_dim", -1)) != text.dim
+    if wrong_size or text.image_model_hash not in space:
+        model = model_file or "INDEX_MODEL.onnx"
+        size = f" and embeds into {text.dim} dimensions, but {where} holds {dim}-dimensional vectors" \
+            if wrong_size else f", but {where} holds the vectors"
+        raise TextModelError(
+            f"{text.path} was trained for image model {text.image_model_hash}{size} of model {index_hash}: a text "
+            f"model searches only the space of the image model it was trained for. Train one for the index's model "
+            f"with `retrieval text train --model {model} --images MANIFEST --caption-column COLUMN --out RUN`, "
+            "then record it with `retrieval index text`")

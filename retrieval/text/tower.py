@@ -28,9 +28,12 @@ class TextTower(nn.Module):
     @torch.no_grad()
     def fit_projection(self, sentences: torch.Tensor, targets: torch.Tensor, ridge: float = 1e-2) -> None:
         """Start the projection at the ridge regression of ``targets`` [n, dim] on sentence features [n, width]
-        (the closed-form linear map, the baseline LiT's training then improves on)."""
+        (the closed-form linear map, the baseline LiT's training then improves on). Any number of rows, repeated
+        ones too: the ridge term keeps the system positive definite (no rows: the zero map)."""
+        if not ridge > 0:
+            raise ValueError(f"ridge must be positive, got {ridge}")
         x = torch.cat([sentences.double(), torch.ones(len(sentences), 1, dtype=torch.float64)], dim=1)
-        gram = x.T @ x + ridge * len(x) * torch.eye(x.shape[1], dtype=torch.float64)
+        gram = x.T @ x + ridge * max(len(x), 1) * torch.eye(x.shape[1], dtype=torch.float64)
         weights = torch.linalg.solve(gram, x.T @ targets.double())  # [width + 1, dim]
         self.projection.weight.copy_(weights[:-1].T.float())
         self.projection.bias.copy_(weights[-1].float())

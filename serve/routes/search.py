@@ -1,6 +1,7 @@
 """POST /search and POST /search/batch: a query's body read within the caps and the body budget, parsed in the
-parsing lane, answered in the searches, batches or reranks lane (a re-ranked request that costs more than a search
-is charged its queries times its method's work units, per client too), dropped if the client goes."""
+parsing lane, answered in the searches, batches or reranks lane (a batch is charged its images and its texts' tokens
+in images' worth, a re-ranked request that costs more than a search its queries times its method's work units, per
+client too), dropped if the client goes."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from retrieval.serve.routes.schemas import (
 )
 from retrieval.serve.service import SearchService
 from retrieval.serve.service.answers import SearchResponse
-from retrieval.serve.service.text import TextQuery
+from retrieval.serve.service.text import TextQuery, batch_text_work
 
 SEARCH_PATH = "/search"
 BATCH_PATH = "/search/batch"
@@ -132,6 +133,10 @@ async def search(
             k = agreed("k", body_k, k, "k" in request.query_params)
             chosen = agreed_rerank(body_rerank, rerank)
         lane, cost = reranked_lane(limits, service, chosen, 1) or (limits.searches, 1)
+        if isinstance(query, TextQuery):  # a long text costs several images: it waits in the batches lane
+            work = await limits.parsing.run(batch_text_work, service.current().text.embedder, [query])
+            if work > 1 and lane is limits.searches:
+                lane, cost = limits.batches, work
         return await answered(lane, request, search_answer, service, query, k, exclude_self, where, chosen,
                               cost=cost)
 
@@ -176,8 +181,15 @@ async def search_batch(
             k = agreed("k", body_k, k, "k" in request.query_params)
             exclude_self = agreed("exclude_self", body_exclude, exclude_self,
                                   "exclude_self" in request.query_params)
-        # images and texts: each a model call's share (a text runs the text model, a few milliseconds)
-        embedded = sum(isinstance(query, (bytes, bytearray, TextQuery)) for query in queries)
+        # images, and texts by their tokens (in images' worth: a long text costs several images)
+        embedded = sum(isinstance(query, (bytes, bytearray)) for query in queries)
+        if any(isinstance(query, TextQuery) for query in queries):
+            texts = await limits.parsing.run(batch_text_work, service.current().text.embedder, queries)
+            embedded += texts
+            if embedded > limits.batches.max_waiting:  # one batch never holds the lane longer than its queue does
+                raise QueryError(f"this batch is too costly: its texts cost as much as {texts} images (its images "
+                                 f"{embedded - texts}), and a batch may cost at most {limits.batches.max_waiting}; "
+                                 "send fewer texts a batch, or shorter ones", 422)
         # a batch of embeddings alone is as cheap as a few searches: it does not wait behind image batches; a
         # costly re-ranking of embeddings waits behind neither, nor holds up either; a batch of images (or texts)
         # stays in the batches lane (its decoding bounded there), re-ranked in the same turn

@@ -20,7 +20,7 @@ from retrieval.serve.images import QueryError, decode_query
 from retrieval.serve.service.answers import QueryItem, SearchResponse
 from retrieval.serve.service.checks import check_batch_size, check_embedding, checked_k_and_where, no_model_refusal
 from retrieval.serve.service.state import ServedIndex
-from retrieval.serve.service.text import TextQuery
+from retrieval.serve.service.text import TextQuery, embed_text_queries
 
 # an image, an image file's bytes, an embedding [d], or words
 Query = Image.Image | bytes | np.ndarray | list[float] | TextQuery
@@ -68,14 +68,15 @@ class Searching:
         }
         return result.embeddings, timing
 
-    def embed_texts(self, texts: list[str], state: ServedIndex) -> tuple[np.ndarray, dict[str, float]]:
-        """Embed ``texts`` (checked: ``text_query``) with the text model of ``state``, in one call; a 422 saying
-        why and what to do where it has none."""
+    def embed_texts(self, texts: list[str], state: ServedIndex,
+                    positions: list[int] | None = None) -> tuple[np.ndarray, dict[str, float]]:
+        """Embed ``texts`` (checked: ``text_query``; ``positions``: their places in a batch) with the text model of
+        ``state`` (``embed_text_queries``); a 422 saying why and what to do where it has none."""
         text = state.text.embedder
         if text is None:
             raise state.text.refusal()
         started = time.perf_counter()
-        vectors = text.embed(texts)
+        vectors = embed_text_queries(text, texts, positions)
         return vectors, {"embed_ms": (time.perf_counter() - started) * 1000, "batch_size": len(texts)}
 
     def search(
@@ -240,7 +241,7 @@ class Searching:
             vectors |= dict(zip(images, embedded, strict=True))
         shared_text: dict[str, float] = {}
         if texts:  # every text of the batch in one call of the text model
-            embedded, shared_text = self.embed_texts(list(texts.values()), state)
+            embedded, shared_text = self.embed_texts(list(texts.values()), state, list(texts))
             vectors |= dict(zip(texts, embedded, strict=True))
         searched = sorted(vectors)
         if searched:

@@ -5,21 +5,35 @@
 A ``--text-model`` that does not fit the index refuses the start; one that stops fitting after a reload (an upgrade
 to an image model of another space), or a recorded one that cannot be found or does not fit, leaves the state without
 text search, logged, and a text query is then a 422 that says why (with no server path in it).
+
+A query's cost is its tokens (``text_work``: what the batches lane charges, in images' worth of work); a query with
+no word to search by is a 422 (``query_tokens``), and a text model that fails on a query a 503 (``embed_text_queries``:
+the server's model is at fault, logged), never a 500.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from retrieval.index.query_embedder import ImageEmbedder
+from retrieval.serve.defaults import TEXT_ATTENTION_TOKENS, TEXT_TOKENS_PER_IMAGE
 from retrieval.serve.images import QueryError
-from retrieval.text.text_index import TEXT_MODEL_HASH, checked_text_model, has_text_model, open_text_model
-from retrieval.text.text_onnx import TextEmbedder, TextModelError
-from retrieval.text.tokens import check_query_text
+from retrieval.text.text_index import (
+    TEXT_MODEL_HASH,
+    checked_text_model,
+    has_text_model,
+    open_text_model,
+    text_off_problem,
+)
+from retrieval.text.text_onnx import TextEmbedder, TextEmbeddingError, TextModelError
+from retrieval.text.tokens import WordlessText, check_query_text
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +56,52 @@ def text_query(value: Any, subject: str = "the JSON body") -> TextQuery:
         return TextQuery(check_query_text(value))
     except ValueError as exc:
         raise QueryError(f"{subject}: {exc}", 422) from exc
+
+
+def query_tokens(embedder: TextEmbedder, texts: Sequence[str], positions: Sequence[int] | None = None) -> list[int]:
+    """Each text query's tokens (``TextEmbedder.query_tokens``); a 422 naming a query with no word to search by (by
+    its place in a batch, ``positions``), a 503 where the text model's tokenizer fails."""
+    try:
+        return embedder.query_tokens(texts)
+    except WordlessText as exc:
+        where = "" if positions is None else f"queries[{positions[exc.position]}]: "
+        raise QueryError(f"{where}{exc}", 422) from None
+    except TextEmbeddingError as exc:
+        raise _failed(exc) from None
+
+
+def batch_text_work(embedder: TextEmbedder | None, queries: Sequence[Any]) -> int:
+    """What a batch's text queries cost the batches lane (``text_work``; each 1 where the state has no text model,
+    which refuses them); a 422 for one with no word to search by, before the batch waits for a turn."""
+    texts = {position: query.text for position, query in enumerate(queries) if isinstance(query, TextQuery)}
+    if not texts or embedder is None:
+        return len(texts)
+    return text_work(query_tokens(embedder, list(texts.values()), list(texts)))
+
+
+def text_work(tokens: Sequence[int]) -> int:
+    """What embedding texts of ``tokens`` tokens costs, in images' worth of the batches lane (at least 1): each text's
+    tokens, its attention's square term included, over the tokens that cost one image."""
+    work = sum(n * (1 + n / TEXT_ATTENTION_TOKENS) for n in tokens)
+    return max(1, math.ceil(work / TEXT_TOKENS_PER_IMAGE))
+
+
+def embed_text_queries(embedder: TextEmbedder, texts: Sequence[str],
+                       positions: Sequence[int] | None = None) -> np.ndarray:
+    """``texts`` embedded (``TextEmbedder.embed``) once each has a word to search by (``query_tokens``: else a 422);
+    a text model that fails is a 503 saying so (the server's model is at fault; the log has the details)."""
+    query_tokens(embedder, texts, positions)
+    try:
+        return embedder.embed(texts)
+    except TextEmbeddingError as exc:
+        raise _failed(exc) from None
+
+
+def _failed(exc: TextEmbeddingError) -> QueryError:
+    log.error("the text model failed on a query: %s", exc)
+    return QueryError("this server's text model failed to embed the query (a fault of the server's model, not of "
+                      "the query: its operator's log says why); search by image meanwhile, or ask the operator to "
+                      "export the text model again with `retrieval text train`", 503)
 
 
 @dataclass(frozen=True)
@@ -74,8 +134,9 @@ def state_text(info: Mapping[str, Any], index_root: Path, image_model: ImageEmbe
     queries): ``given`` (``--text-model``), else the one ``info`` records (the ``previous`` state's, when it records
     the same), each checked against the index. ``given`` not fitting the first state (``previous`` None) raises
     ``TextModelError``: the server refuses to start."""
-    if given is None and not has_text_model(info):
-        return StateText()
+    if given is None and not has_text_model(info):  # an upgrade may have turned it off: the 422 says why
+        model = Path(str(info.get("model_path") or "MODEL.onnx")).name  # no server folder in what clients read
+        return StateText(problem=text_off_problem(info, "<index>", model))
     try:
         if given is not None:
             return StateText(checked_text_model(given, info, index_root, image_model))

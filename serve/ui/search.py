@@ -20,7 +20,7 @@ from retrieval.serve.service import SearchService
 from retrieval.serve.service.answers import SearchResponse
 from retrieval.serve.service.checks import no_model_refusal
 from retrieval.serve.service.search import NO_MATCH_NOTE
-from retrieval.serve.service.text import TextQuery
+from retrieval.serve.service.text import TextQuery, query_tokens
 from retrieval.serve.ui.shared import MAX_ERROR_CHARS, MAX_PATH_CHARS, METRIC_TABS, NO_LATEX, GalleryFacts, thumbnail
 from retrieval.serve.upload_cache import UploadRecords
 from retrieval.text.tokens import MAX_TEXT_CHARS, check_query_text
@@ -190,6 +190,10 @@ class SearchTab:
         state = self.service.current()
         if state.text.embedder is None:  # checked first: a filter's 422 is not mistaken for this one
             return [], failure_markdown("Cannot search by text", state.text.refusal())
+        try:  # a description with no word to search by: said so, never a list it did not choose
+            query_tokens(state.text.embedder, [query.text])
+        except QueryError as exc:
+            return [], failure_markdown("Cannot search by text", exc)
         try:
             response = self.service.search(query, k, where=condition, rerank=reranking)
         except QueryError as exc:

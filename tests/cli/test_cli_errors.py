@@ -133,8 +133,12 @@ NOT_OUR_FLAGS = {
 WHOLE_COMMANDS = {"retrieval/index/layout.py": {"--rebuild", "--milvus", "--collection"},
                   "retrieval/index/milvus/milvus_build.py": {"--milvus", "--collection"},
                   "retrieval/index/curation/audit.py": {"--label-from"},  # an unlabelled index: the relabelling command
-                  # an index searched by text with no text model: the command that records one (a server says it too)
-                  "retrieval/text/text_index.py": {"--text-model"}}
+                  # an index searched by text with no text model (or one an upgrade turned off): the commands that
+                  # train and record one (a server says them too)
+                  "retrieval/text/text_index.py": {"--text-model", "--model", "--images", "--caption-column",
+                                                   "--out"},
+                  # a text model trained for another image model: the training that fits the index (server too)
+                  "retrieval/text/text_onnx.py": {"--model", "--images", "--caption-column", "--out"}}
 
 
 class MessageStrings:

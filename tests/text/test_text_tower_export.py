@@ -72,6 +72,23 @@ def test_a_text_model_for_another_image_model_is_refused_naming_both(tmp_path):
         check_text_model(text, {"model_hash": None, "embedding_dim": 16})
 
 
+@pytest.mark.parametrize("dim", [16, 32])
+def test_a_refused_text_model_names_both_hashes_and_the_training_that_fits(tmp_path, dim):
+    from text_towers import small_text_model
+
+    from retrieval.text.text_index import checked_text_model
+
+    text = TextEmbedder(small_text_model(tmp_path / "text.onnx", "aaaaaaaaaaaaaaaa", 16))
+    info = {"model_hash": "bbbbbbbbbbbbbbbb", "embedding_dim": dim, "model_path": "/models/big\x1b[2J.onnx"}
+    with pytest.raises(TextModelError) as refused:
+        checked_text_model(text, info, tmp_path)  # the index's model file is not here: no declaration to read
+    message = str(refused.value)
+    assert "image model aaaaaaaaaaaaaaaa" in message and "of model bbbbbbbbbbbbbbbb" in message
+    assert "retrieval text train --model /models/big" in message and "--caption-column" in message
+    assert "\x1b" not in message  # the recorded path is shown, not run by the terminal
+    assert ("embeds into 16 dimensions" in message) == (dim != 16)
+
+
 def test_an_image_model_or_junk_is_not_taken_for_a_text_model(tmp_path, artifacts):
     with pytest.raises(TextModelError, match="not a text tower"):
         TextEmbedder(artifacts.model)
