@@ -17,7 +17,9 @@ import copy
 import json
 import logging
 import math
+import os
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -42,6 +44,8 @@ IMAGE_BATCH = 32
 MIN_VAL_IMAGES = 10  # below this gallery size nothing is held out (the last epoch is delivered)
 WORST_SHOWN = 10
 CACHE = "image_embeddings.npz"
+MIN_IMAGES = 2  # LiT's loss contrasts a caption's image with the others of its batch
+NAMES_SHOWN = 3  # files or rows a summary line names
 
 
 @dataclass(frozen=True)
@@ -68,10 +72,13 @@ def default_encoder() -> Path:
 
 def read_captions(images: str, columns: Sequence[str], split: str | None) -> tuple[list[str], list[list[str]]]:
     """The manifest's image paths and each one's captions (the non-empty text of ``columns``); images without any
-    are left out. ParameterError when a column is missing from every row."""
-    from retrieval.index.sources import list_gallery
+    are left out, and rows the listing refused are counted in one warning. ParameterError when a column is missing
+    or empty in every row, or when fewer than ``MIN_IMAGES`` images have a caption."""
+    from retrieval.index.sources import kept_columns, list_gallery
 
     gallery = list_gallery(images, split)
+    if gallery.errors:
+        log.warning("%s", left_out_rows(gallery.errors, len(gallery.items) + len(gallery.errors), images))
     seen = set()
     paths, captions = [], []
     for item in gallery.items:
@@ -82,46 +89,102 @@ def read_captions(images: str, columns: Sequence[str], split: str | None) -> tup
             paths.append(item.path)
             captions.append(list(dict.fromkeys(texts)))
     missing = [c for c in columns if c not in seen]
+    header = kept_columns(Path(images)) if missing and gallery.kind == "manifest" else []
+    empty = [c for c in missing if c in header]
+    if empty:
+        raise ParameterError("caption_column", f"{', '.join(map(repr, empty))} has no text in any of the "
+                                               f"{len(gallery.items)} row(s) of {images}: every cell is empty; "
+                                               "fill it in, or name a column that describes the images")
     if missing:
+        known = ", ".join(sorted(set(header) | seen)) or "none beyond path, label"
         raise ParameterError("caption_column", f"{', '.join(map(repr, missing))} is not a column of {images}; its "
-                                               f"columns are: {', '.join(sorted(seen)) or 'none beyond path, label'}")
-    if len(paths) < 2:
-        raise ParameterError("images", f"{images} has {len(paths)} captioned image(s); LiT needs at least 2")
+                                               f"columns are: {known}")
+    if len(paths) < MIN_IMAGES:
+        raise ParameterError("images", f"{images} has {len(paths)} captioned image(s); LiT needs at least {MIN_IMAGES}")
     return paths, captions
+
+
+def some_of(names: Sequence[str], shown: int = NAMES_SHOWN) -> str:
+    """The first ``shown`` of ``names`` and how many more, for one line of a message."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def left_out_rows(errors: Sequence[Any], rows: int, manifest: str) -> str:
+    """One line on the rows of ``manifest`` the listing refused (``ListingError``s): how many, the first few, why."""
+    return (f"{len(errors)} of {rows} rows of {manifest} are left out: "
+            f"{some_of([f'{e.path}: {e.error}' for e in errors])}; fix those rows to train on their images")
+
+
+def unreadable_summary(failed: Sequence[tuple[str, str]]) -> str:
+    """One line on the images that could not be read (``(path, why)``): how many, why, the first few, the folder
+    they were looked for in, and the fix."""
+    from retrieval.index.sources import printable_path
+
+    folder = os.path.commonpath([os.path.dirname(os.path.abspath(path)) for path, _ in failed])
+    reasons = Counter(why.split(":")[0] for _, why in failed)
+    names = [printable_path(os.path.relpath(os.path.abspath(path), folder), 120) for path, _ in failed]
+    fix = ("paths in a manifest are relative to the manifest's folder: move the manifest back beside its images, or "
+           "fix its paths" if reasons.get("missing file") else "fix or replace those files")
+    return (f"{len(failed)} could not be read ({', '.join(f'{k}: {n}' for k, n in reasons.most_common())}), "
+            f"looked for in {printable_path(folder)}: {some_of(names)}; {fix}")
 
 
 def embed_images(model_path: str, paths: list[str], cache: Path, progress: bool = True) -> tuple[np.ndarray, str,
                                                                                                    list[int]]:
     """The image model's L2-normalised embeddings of ``paths`` [n, d], its hash, and the indices of the images it
-    could read; cached in ``cache`` (reused while the model and the paths are the same)."""
-    from retrieval.data.decode import open_image
+    could read; cached in ``cache`` (reused while the model and the paths are the same; the images unreadable last
+    time are tried again). The unreadable images make one warning; ParameterError when fewer than ``MIN_IMAGES``
+    can be read."""
     from retrieval.index.query_embedder import load_model
 
     embedder = load_model(model_path)
+    vectors, readable = None, []
     if cache.is_file():
         with np.load(cache, allow_pickle=False) as kept:
             if str(kept["model_hash"]) == embedder.model_hash and kept["paths"].tolist() == paths:
-                return kept["vectors"], embedder.model_hash, kept["readable"].tolist()
-    vectors = np.zeros((len(paths), embedder.embedding_dim), dtype=np.float32)
+                vectors, readable = kept["vectors"], kept["readable"].tolist()
+    if vectors is None:
+        vectors = np.zeros((len(paths), embedder.embedding_dim), dtype=np.float32)
+    failed: list[tuple[str, str]] = []
+    todo = sorted(set(range(len(paths))) - set(readable))
+    if todo:
+        readable = sorted(readable + embed_into(vectors, embedder, paths, todo, failed, progress))
+        np.savez(cache, paths=np.asarray(paths), vectors=vectors, readable=np.asarray(readable, dtype=np.int64),
+                 model_hash=np.asarray(embedder.model_hash))
+    summary = f": {unreadable_summary(failed)}" if failed else ""
+    if len(readable) < MIN_IMAGES:
+        raise ParameterError("images", f"only {len(readable)} of {len(paths)} captioned images can be read, LiT needs "
+                                       f"at least {MIN_IMAGES}{summary}")
+    if failed:
+        log.warning("%d of %d captioned images are left out%s", len(failed), len(paths), summary)
+    return vectors, embedder.model_hash, readable
+
+
+def embed_into(vectors: np.ndarray, embedder: Any, paths: Sequence[str], todo: Sequence[int],
+               failed: list[tuple[str, str]], progress: bool = True) -> list[int]:
+    """Embed the images ``todo`` (indices of ``paths``) into those rows of ``vectors``, L2-normalised; returns the
+    indices read and appends ``(path, why)`` of the others to ``failed``."""
+    from retrieval.data.decode import describe_decode_error, open_image
+
     readable: list[int] = []
-    bar = progress_bar(total=len(paths), desc="embed images", unit="img", disable=not progress)
-    for start in range(0, len(paths), IMAGE_BATCH):
+    bar = progress_bar(total=len(todo), desc="embed images", unit="img", disable=not progress)
+    for start in range(0, len(todo), IMAGE_BATCH):
         batch, rows = [], []
-        for n in range(start, min(start + IMAGE_BATCH, len(paths))):
+        for n in todo[start: start + IMAGE_BATCH]:
             try:
                 batch.append(open_image(paths[n]))
                 rows.append(n)
             except (OSError, ValueError) as exc:
-                log.warning("cannot read %s (%s): its captions are left out", paths[n], exc)
+                failed.append((paths[n], describe_decode_error(exc)))
+                log.debug("cannot read %s (%s)", paths[n], exc)
         if batch:
-            vectors[rows] = embedder.embed(batch)
+            embedded = np.asarray(embedder.embed(batch), dtype=np.float32)
+            vectors[rows] = embedded / np.maximum(np.linalg.norm(embedded, axis=1, keepdims=True), 1e-12)
             readable += rows
-        bar.update(min(IMAGE_BATCH, len(paths) - start))
+        bar.update(len(todo[start: start + IMAGE_BATCH]))
     bar.close()
-    vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-    np.savez(cache, paths=np.asarray(paths), vectors=vectors, readable=np.asarray(readable, dtype=np.int64),
-             model_hash=np.asarray(embedder.model_hash))
-    return vectors, embedder.model_hash, readable
+    return readable
 
 
 def split_images(count: int, share: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
