@@ -23,6 +23,7 @@ import pytest
 
 from retrieval.client import (
     ResponseTooLargeError,
+    RetrievalAPIError,
     RetrievalClient,
     RetrievalTimeoutError,
     ServiceUnavailableError,
@@ -287,3 +288,20 @@ def test_retry_after_is_passed_on_only_as_a_finite_capped_number_of_seconds(head
         error, _ = within(10, client.health)
     assert isinstance(error, ServiceUnavailableError) and error.message == "busy"
     assert error.retry_after == seconds
+
+
+def test_a_redirect_is_never_followed_with_the_clients_token():
+    """A 302 to another server (which would receive the bearer token and choose the answer) is an error of the
+    client's own; the other server is never asked."""
+    asked = []
+
+    def record(conn: socket.socket) -> None:
+        asked.append(True)
+        json_answer({"status": "ok", "vectors": 1, "embedding_dim": 2})(conn)
+
+    with hostile_server(record) as elsewhere:
+        moved = json_answer({}, status="302 Found", Location=f"{elsewhere}/health")
+        with hostile_server(moved) as url, RetrievalClient(url, api_key="secret-token-of-16+") as client:
+            with pytest.raises(RetrievalAPIError, match="HTTP 302"):
+                client.health()
+    assert asked == []

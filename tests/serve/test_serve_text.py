@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -308,3 +309,33 @@ def test_the_page_says_text_search_is_there_only_where_it_is(text_service, servi
     assert "describe what you look for in words" in with_text and "an embedding or a text" in with_text
     without = GalleryFacts.of(service).intro_markdown(service)
     assert "describe" not in without and "an image file or an embedding" in without
+
+
+def test_text_queries_keep_answering_while_the_recorded_text_model_file_is_overwritten_deleted_or_a_fifo(
+        artifacts, towers, tmp_path):
+    """The served text model is the one read when the state opened: its file overwritten with junk, deleted or
+    replaced by a FIFO changes no answer; a reload that finds it so refuses text queries naming the problem (422),
+    never a 500, and a FIFO does not block it."""
+    index_dir = Path(shutil.copytree(artifacts.index_dir, tmp_path / "index"))
+    model = Path(shutil.copy(towers["own"], tmp_path / "text.onnx"))
+    record_text_model(index_dir, model)
+    service = SearchService(index_dir, reload_interval_s=None)
+    try:
+        with TestClient(create_api(service)) as client:
+            expected = ids(client.post("/search?k=5", json={"text": "a red dog"}))
+            for spoil in (lambda: model.write_bytes(b"\x00junk" * 1000), lambda: None, lambda: os.mkfifo(model)):
+                model.unlink(missing_ok=True)
+                spoil()  # junk in its place, no file, a FIFO
+                answer = client.post("/search?k=5", json={"text": "a red dog"})  # the served state's own model
+                assert answer.status_code == 200 and ids(answer) == expected, answer.text
+                time.sleep(0.01)
+                (index_dir / "index.json").touch()
+                started = time.monotonic()
+                service.reload()  # a new state looks for the recorded file again: a FIFO must not block it
+                assert time.monotonic() - started < 10
+                answer = client.post("/search?k=5", json={"text": "a red dog"})
+                assert answer.status_code in (200, 422), answer.text  # served, or refused naming the problem
+                assert answer.status_code == 422 or ids(answer) == expected
+                assert client.get("/health").status_code == 200 and client.get("/stats").status_code == 200
+    finally:
+        service.close()

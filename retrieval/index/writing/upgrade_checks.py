@@ -77,6 +77,7 @@ def check_upgrade(catalogue: Catalogue, store: ShardStore, info: Mapping[str, An
 
 
 def refusal(reasons: list[str]) -> str:
+    """The refusal's words: each reason, that nothing changed, and the way past it."""
     return (f"is refused: {'; and '.join(reasons)}. The index is unchanged. Train or choose another model; to "
             "upgrade to this one anyway, give `force`")
 
