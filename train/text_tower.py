@@ -166,6 +166,7 @@ def embed_into(vectors: np.ndarray, embedder: Any, paths: Sequence[str], todo: S
     """Embed the images ``todo`` (indices of ``paths``) into those rows of ``vectors``, L2-normalised; returns the
     indices read and appends ``(path, why)`` of the others to ``failed``."""
     from retrieval.data.decode import describe_decode_error, open_image
+    from retrieval.utils.unit_rows import l2_normalize_rows
 
     readable: list[int] = []
     bar = progress_bar(total=len(todo), desc="embed images", unit="img", disable=not progress)
@@ -179,8 +180,7 @@ def embed_into(vectors: np.ndarray, embedder: Any, paths: Sequence[str], todo: S
                 failed.append((paths[n], describe_decode_error(exc)))
                 log.debug("cannot read %s (%s)", paths[n], exc)
         if batch:
-            embedded = np.asarray(embedder.embed(batch), dtype=np.float32)
-            vectors[rows] = embedded / np.maximum(np.linalg.norm(embedded, axis=1, keepdims=True), 1e-12)
+            vectors[rows] = l2_normalize_rows(embedder.embed(batch), zero_rows="keep")
             readable += rows
         bar.update(len(todo[start: start + IMAGE_BATCH]))
     bar.close()

@@ -452,4 +452,4 @@ def kept_columns(manifest: Path) -> list[str]:
 
         return extra_columns(pq.read_schema(manifest).names, manifest)
     with open(manifest, newline="", encoding="utf-8-sig", errors="surrogateescape") as handle:
-        return extra_columns(next(csv.reader(handle), []), manifest)
+        return extra_columns(next(csv.reader(RowLines(handle, manifest)), []), manifest)  # the header, bounded

@@ -209,7 +209,7 @@ class TextEmbedder:
                     raise TextModelError(f"{self.path} cannot embed {what}, so queries would fail: {exc}; its "
                                          "tokenizer, recorded length and graph do not belong together (export it "
                                          "again with `retrieval text train`)") from None
-            self.embed(list(PROBE_TEXTS) + ["apple " * longest])
+            self.embed(list(PROBE_TEXTS))  # the longest sequence ran above
         except TextEmbeddingError as exc:
             raise TextModelError(f"{self.path} cannot embed a test text, so queries would fail: {exc}") from None
 

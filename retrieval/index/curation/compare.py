@@ -24,6 +24,7 @@ from retrieval.index.query_embedder import ImageEmbedder
 from retrieval.index.search import gallery_root, public_path
 from retrieval.index.shards import ShardStore
 from retrieval.index.vectors import done_chunks
+from retrieval.utils.unit_rows import l2_normalize_rows
 
 DEFAULT_SAMPLE = 2000  # gallery images compared: exact kNN among them costs sample^2 x d per model
 MOST_CHANGED = 10
@@ -169,8 +170,9 @@ def measure_on_labels(catalogue: CatalogueQueries, store: ShardStore, embedder: 
     done = catalogue.shards_of(embedded.ids.tolist())
     stored = dict(_stored(store, done))
     kept = [i for i in embedded.ids.tolist() if i in stored]
-    new = _unit(embedded.vectors[np.isin(embedded.ids, kept)])
-    old = _unit(np.stack([stored[i] for i in kept])) if kept else np.zeros((0, 1), np.float32)
+    new = l2_normalize_rows(embedded.vectors[np.isin(embedded.ids, kept)], zero_rows="keep")
+    old = l2_normalize_rows(np.stack([stored[i] for i in kept]), zero_rows="keep") if kept else \
+        np.zeros((0, 1), np.float32)
     names = [labels[i] for i in kept]
     series = {"old": label_metrics_per_query(old, old, names), "new": label_metrics_per_query(new, new, names)}
     if cross:
@@ -184,11 +186,6 @@ def measure_on_labels(catalogue: CatalogueQueries, store: ShardStore, embedder: 
             **{name: {metric: float(values.mean()) for metric, values in per_query.items()}
                for name, per_query in series.items()},
             "compared": compared, "worse": any(check["worse"] for check in compared.values())}
-
-
-def _unit(rows: np.ndarray) -> np.ndarray:
-    rows = np.asarray(rows, dtype=np.float64)
-    return rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
 
 
 def model_names(first: str | Path, second: str | Path, first_hash: str | None = None,
