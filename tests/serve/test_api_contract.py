@@ -167,6 +167,10 @@ def test_a_gallery_folder_swapped_for_a_symlink_out_of_the_gallery_is_not_follow
         folder.unlink()
         folder.symlink_to(os.path.relpath(outside, folder.parent), target_is_directory=True)  # relative, out
         assert client.get(f"/items/{image_id}/image").status_code == 404
+        folder.unlink()
+        folder.symlink_to(folder.name, target_is_directory=True)  # a link to itself: a loop ends, a 404
+        looped = client.get(f"/items/{image_id}/image")
+        assert looped.status_code == 404 and "not served" in looped.json()["detail"]
     finally:
         if folder.is_symlink():
             folder.unlink()
