@@ -93,6 +93,11 @@ def index_section(s: Mapping[str, Any]) -> str:
     return section("Index", table(rows))
 
 
+# an upgrade's sentences (its measurement, a reason, the commands that re-fit a text model): whole, not cut at a
+# label's length before the numbers or the command that matter
+UPGRADE_CHARS = 1500
+
+
 def upgrade_section(s: Mapping[str, Any]) -> str:
     """The upgrade under way or the last one: what it measured before it began, what it was forced past, and a text
     model it turned off."""
@@ -104,16 +109,17 @@ def upgrade_section(s: Mapping[str, Any]) -> str:
         rows.append((title, markdown_text(f"{record.get('mode')} from model {record.get('from')}"
                                           + (f" to {record['to']}" if record.get("to") else "")) + left))
         if record.get("verdict"):
-            rows.append((f"{title}: its training's verdict", markdown_text(record["verdict"])))
+            rows.append((f"{title}: its training's verdict", markdown_text(record["verdict"], UPGRADE_CHARS)))
         if record.get("on_labels_text"):
-            rows.append((f"{title}: measured first on the index's labels", markdown_text(record["on_labels_text"])))
+            rows.append((f"{title}: measured first on the index's labels",
+                         markdown_text(record["on_labels_text"], UPGRADE_CHARS)))
         forced = record.get("forced") or []
-        rows += [(f"{title}: upgraded anyway (--force)", markdown_text(reason)) for reason in forced]
+        rows += [(f"{title}: upgraded anyway (--force)", markdown_text(reason, UPGRADE_CHARS)) for reason in forced]
         text = record.get("text_model") if isinstance(record.get("text_model"), Mapping) else {}
         model = (s.get("model") or {}).get("model_path") or "MODEL.onnx"
         off = text_off_problem({TEXT_MODEL_OFF: text}, "<index>", str(model)) if text.get("state") == "off" else None
         if off is not None or text.get("state") == "kept":
-            rows.append((f"{title}: text model", markdown_text(off or f"kept: {text.get('reason')}")))
+            rows.append((f"{title}: text model", markdown_text(off or f"kept: {text.get('reason')}", UPGRADE_CHARS)))
     return section("Model upgrades", table(rows)) if rows else ""
 
 

@@ -34,6 +34,7 @@ IMAGE_STATUSES = (400, 413)  # the service's answers to an upload it cannot read
 MAX_COLUMNS_SHOWN = 20  # a manifest's filter columns named in the where box's label
 MAX_COLUMN_CHARS = 40  # each of those names (the index allows 64)
 MAX_PICKED_LABEL_CHARS = 1000  # the label picker offers labels up to this long (a where holds 4,000 characters)
+MAX_TEXT_OFF_CHARS = 1500  # why a state has no text search and the commands that give it one
 NO_TEXT_NOTE = ("Search by text is off: this server has no text model. Start it with one (`retrieval serve --index "
                 "INDEX --text-model TEXT.onnx`), or record one in the index (`retrieval index text INDEX --text-model "
                 "TEXT.onnx`).")
@@ -256,10 +257,13 @@ class SearchTab:
 
     def description_settings(self) -> dict[str, Any]:
         """The "or describe it" box as the served state allows it: enabled with a text model, else disabled with a
-        note on how to start the server with one."""
+        note on why (an upgrade that turned it off, a recorded model that does not fit) or how to start the server
+        with one."""
         text_on = self.service.text_search()
+        problem = None if text_on else self.service.current().text.problem  # e.g. an upgrade turned it off
         return {"interactive": text_on, "placeholder": 'e.g. "a red apple", then Enter' if text_on else None,
                 "info": "searched by the server's text model instead of the image while it holds words" if text_on
+                else f"Search by text is off: {shown_text(problem, MAX_TEXT_OFF_CHARS)}" if problem
                 else NO_TEXT_NOTE}
 
     def description_box(self) -> gr.Textbox:

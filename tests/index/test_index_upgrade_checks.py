@@ -125,7 +125,7 @@ def test_a_model_its_training_measured_not_compatible_is_refused_quoting_the_ver
 def test_force_upgrades_past_the_verdict_says_so_and_index_json_keeps_it(gallery_index, models):
     forced = run("index", "upgrade", gallery_index, "--model", models["refuted"], "--force", "--commit-every", "8")
     assert forced.exit_code == 0, forced.output
-    assert "upgraded anyway (--force): the new model its training measured it not compatible" in forced.output
+    assert "upgraded anyway (--force): its training measured it not compatible" in forced.output
     info = info_of(gallery_index)
     assert info["model_hash"] == load_model(models["refuted"]).model_hash
     last = info["last_upgrade"]
@@ -174,10 +174,14 @@ def test_an_unlabelled_index_is_upgraded_saying_it_could_not_measure(tmp_path, m
 
 
 def test_a_swap_turns_the_text_model_off_naming_the_commands_that_refit_it(text_index, models, tmp_path):
+    import gradio as gr
+
     from retrieval.serve.images import QueryError
     from retrieval.serve.service import SearchService
     from retrieval.serve.service.text import TextQuery
     from retrieval.serve.stats_view import statistics_markdown
+    from retrieval.serve.ui.search import ExampleSet, SearchTab
+    from retrieval.serve.upload_cache import UploadRecords
 
     upgraded = run("index", "upgrade", text_index, "--model", models["other"])
     assert upgraded.exit_code == 0, upgraded.output
@@ -202,7 +206,12 @@ def test_a_swap_turns_the_text_model_off_naming_the_commands_that_refit_it(text_
             service.search(TextQuery("a red apple"), 3)
         assert refused.value.status == 422
         assert public["last_upgrade"]["text_model"] == {"state": "off", "reason": info[TEXT_MODEL_OFF]["reason"]}
-        assert "last upgrade: text model | an upgrade turned text search off" in statistics_markdown(public, {})
+        page = statistics_markdown(public, {})
+        assert "last upgrade: text model | an upgrade turned text search off" in page
+        assert "retrieval index text" in page  # the row is whole, down to the command that re-fits one
+        note = SearchTab(service, ExampleSet(service, tmp_path, count=0),
+                         UploadRecords(gr.Blocks())).description_settings()["info"]
+        assert "turned text search off" in note and "retrieval text train --model" in note  # the app says why
     finally:
         service.close()
     # a tower for the new model, recorded: text search is on again and the record of it being off is gone

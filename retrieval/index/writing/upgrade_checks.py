@@ -63,16 +63,16 @@ def check_upgrade(catalogue: Catalogue, store: ShardStore, info: Mapping[str, An
     workers = default_decode_threads() if options.workers is None else options.workers
     labels = measure_on_labels(catalogue, store, embedder, cross=mode == "mixed", batch_size=options.batch_size,
                                workers=workers, max_pixels=options.max_pixels)
-    log.info("on the index's labels: %s", labels_sentence(labels))
+    log.debug("on the index's labels: %s", labels_sentence(labels))  # the summary carries it (on_labels)
     if labels["worse"]:
-        refusals.append(f"on the index's own labels it searches worse than the index's vectors do "
+        refusals.append(f"it searches worse than the index's vectors do on the index's own labels "
                         f"({labels_sentence(labels)})")
     if refusals and not force:
         raise UpgradeRefused(refusal(refusals))
     for reason in refusals:
-        log.warning("upgrading anyway (force): the new model %s", reason)
+        log.warning("upgrading anyway (force): %s", reason)
     return {"mode": mode, "verdict": None if verdict is None else verdict["verdict"], "on_labels": labels,
-            "forced": [f"the new model {reason}" for reason in refusals],
+            "forced": refusals,
             "refuted": verdict is not None and verdict["verdict"] == NOT_COMPATIBLE}
 
 
@@ -114,8 +114,7 @@ def text_off(info: Mapping[str, Any], embedder: ImageEmbedder, why: str, index_r
     record = {"text_model_hash": info[TEXT_MODEL_HASH], "image_model_hash": info["model_hash"],
               "upgraded_to": embedder.model_hash, "reason": why}
     off = {key: value for key, value in info.items() if key not in TEXT_FIELDS} | {TEXT_MODEL_OFF: record}
-    log.warning("text search is off: %s", text_off_problem(off, printable_path(str(index_root)),
-                                                           printable_path(str(model_path))))
+    log.warning("%s", text_off_problem(off, printable_path(str(index_root)), printable_path(str(model_path))))
     return off
 
 
