@@ -71,10 +71,12 @@ def _checked_lines(summary: dict, index_dir: str, model: str | None) -> str:
     """What the upgrade measured on the index's labels before it began, what --force went past, and the text
     model's fate (off: the commands that re-fit one)."""
     from retrieval.index.writing.upgrade_checks import labels_sentence
+    from retrieval.index.writing.upgrade_text import text_sentence
     from retrieval.text.text_index import TEXT_MODEL_OFF, text_off_problem
 
     lines = [f"measured first on the index's labels: {labels_sentence(summary['on_labels'])}"
-             if summary.get("on_labels") else ""]
+             if summary.get("on_labels") else "",
+             f"measured first: {text_sentence(summary['on_text'])}" if summary.get("on_text") else ""]
     lines += [f"upgraded anyway (--force): {reason}" for reason in summary.get("forced") or []]
     text = summary.get("text_model") or {}
     if text.get("state") == "kept":

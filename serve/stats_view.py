@@ -113,6 +113,9 @@ def upgrade_section(s: Mapping[str, Any]) -> str:
         if record.get("on_labels_text"):
             rows.append((f"{title}: measured first on the index's labels",
                          markdown_text(record["on_labels_text"], UPGRADE_CHARS)))
+        if record.get("on_text_text"):
+            rows.append((f"{title}: its text model, measured first", markdown_text(record["on_text_text"],
+                                                                                    UPGRADE_CHARS)))
         forced = record.get("forced") or []
         rows += [(f"{title}: upgraded anyway (--force)", markdown_text(reason, UPGRADE_CHARS)) for reason in forced]
         text = record.get("text_model") if isinstance(record.get("text_model"), Mapping) else {}

@@ -74,6 +74,7 @@ from retrieval.index.vectors import done_chunks
 from retrieval.index.writing.mend import mend
 from retrieval.index.writing.records import meta_values, model_fields, relocate, require_complete
 from retrieval.index.writing.upgrade_checks import check_record, check_upgrade, text_off
+from retrieval.index.writing.upgrade_text import text_sentence
 from retrieval.text.text_index import has_text_model
 from retrieval.utils.progress import progress_bar
 from retrieval.utils.workers import default_decode_threads
@@ -264,7 +265,7 @@ def upgrade_index(
         measured = _measured_compatibility(embedder, state["mode"])
         summary = _run(layout, state, embedder, model_path, order, int(commit_every), options, on_publish)
     summary["compatibility"] = measured
-    summary |= {key: state["checks"].get(key) for key in ("on_labels", "forced")} if state["checks"] else {}
+    summary |= {key: state["checks"].get(key) for key in ("on_labels", "on_text", "forced")} if state["checks"] else {}
     summary["text_model"] = state.get("text_model") or summary.get("text_model")
     # an int8 model of the index's own: how close to its parent it stayed, as measured when it was quantized
     summary["int8"] = int8_record(getattr(embedder, "metadata", None)) if state["mode"] == "mixed" else None
@@ -352,10 +353,16 @@ def _start(layout: IndexLayout, catalogue: Catalogue, store: ShardStore, info: d
             if has_text_model(info):
                 text_model = {"state": "kept", "reason": "the new model is declared compatible with the space its "
                               "text model maps into"}
+                on_text = (checks or {}).get("on_text") or {}
                 if checks and checks.get("refuted"):
                     why = (f"the new model {embedder.model_hash} is declared compatible with model "
                            f"{info['model_hash']}, whose space the text model maps into, but its training measured "
                            "it not compatible (upgraded with force)")
+                    info = text_off(info, embedder, why, layout.root, model_path)
+                    text_model = {"state": "off", "reason": why}
+                elif on_text.get("worse"):
+                    why = (f"the new model {embedder.model_hash} would serve the text model worse than the old "
+                           f"vectors do: {text_sentence(on_text)}")
                     info = text_off(info, embedder, why, layout.root, model_path)
                     text_model = {"state": "off", "reason": why}
             record = {"from": info["model_hash"], "mode": mode, **check_record(checks),

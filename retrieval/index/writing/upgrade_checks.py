@@ -33,7 +33,16 @@ from retrieval.index.embedding.engine import IngestOptions
 from retrieval.index.query_embedder import ImageEmbedder
 from retrieval.index.shards import ShardStore
 from retrieval.index.sources import printable_path
-from retrieval.text.text_index import TEXT_FIELDS, TEXT_MODEL_HASH, TEXT_MODEL_OFF, text_off_problem
+from retrieval.index.writing.upgrade_text import index_root_of, measure_text_on_captions, text_sentence
+from retrieval.text.text_index import (
+    TEXT_FIELDS,
+    TEXT_MODEL_HASH,
+    TEXT_MODEL_OFF,
+    has_text_model,
+    open_text_model,
+    text_off_problem,
+)
+from retrieval.text.text_onnx import TextModelError
 from retrieval.utils.workers import default_decode_threads
 
 log = logging.getLogger(__name__)
@@ -67,13 +76,29 @@ def check_upgrade(catalogue: Catalogue, store: ShardStore, info: Mapping[str, An
     if labels["worse"]:
         refusals.append(f"it searches worse than the index's vectors do on the index's own labels "
                         f"({labels_sentence(labels)})")
+    on_text = _measure_text(catalogue, store, info, embedder, options, workers) \
+        if mode == "mixed" and has_text_model(info) else None
     if refusals and not force:
         raise UpgradeRefused(refusal(refusals))
     for reason in refusals:
         log.warning("upgrading anyway (force): %s", reason)
     return {"mode": mode, "verdict": None if verdict is None else verdict["verdict"], "on_labels": labels,
-            "forced": refusals,
+            "forced": refusals, **({"on_text": on_text} if on_text is not None else {}),
             "refuted": verdict is not None and verdict["verdict"] == NOT_COMPATIBLE}
+
+
+def _measure_text(catalogue: Catalogue, store: ShardStore, info: Mapping[str, Any], embedder: ImageEmbedder,
+                  options: IngestOptions, workers: int) -> dict[str, Any]:
+    """The recorded text model on the index's captions, with the stored vectors and the new model's
+    (``upgrade_text``); a text model that cannot be opened is not measured, and says why."""
+    try:
+        text = open_text_model(info, index_root_of(catalogue))
+    except (TextModelError, ParameterError, OSError) as exc:
+        return {"measured": False, "worse": False, "reason": f"its text model could not be opened: {exc}"}
+    measured = measure_text_on_captions(catalogue, store, info, embedder, text, batch_size=options.batch_size,
+                                        workers=workers, max_pixels=options.max_pixels)
+    log.debug("%s", text_sentence(measured))
+    return measured
 
 
 def refusal(reasons: list[str]) -> str:
@@ -123,5 +148,7 @@ def check_record(checks: Mapping[str, Any] | None) -> dict[str, Any]:
     if not checks:
         return {}
     labels = checks.get("on_labels") or {}
+    on_text = checks.get("on_text")
     return {"verdict": checks.get("verdict"), "on_labels": labels, "on_labels_text": labels_sentence(labels),
-            "forced": checks.get("forced") or []}
+            "forced": checks.get("forced") or [],
+            **({"on_text": on_text, "on_text_text": text_sentence(on_text)} if on_text else {})}
