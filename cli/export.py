@@ -68,11 +68,15 @@ def parent_path(out: Path) -> Path:
 @click.option("--calibration-images", type=click.IntRange(min=1), default=None, show_default=False,
               help="with --int8: images sampled to calibrate. [default: 256]")
 @click.option("--calibration-seed", type=int, default=0, show_default=True, help="with --int8: the sample's seed.")
+@click.option("--text-tower/--no-text-tower", default=True, show_default=True,
+              help="with --pretrained: also write OUT's zero-shot text tower beside it (OUT.text.onnx: the backbone's "
+                   "ImageNet class names mapped onto its classifier, so an index of the model is searched by text "
+                   "with no captions; efficientnet_lite0), named in OUT's metadata.")
 @click.option("--json", "as_json", is_flag=True, help="end with the file's metadata as JSON (for programs).")
 def export_command(checkpoint: str | None, backbone: str | None, image_size: int | None, resize: str | None,
                    onnx: str | None, out: str, opset: int | None, fp16: bool, verify: bool, int8: bool,
                    calibration: str | None, calibration_images: int | None, calibration_seed: int,
-                   as_json: bool) -> None:
+                   text_tower: bool, as_json: bool) -> None:
     """Export a trained embedder (backbone, head, L2 norm), or a pretrained backbone as it is (--pretrained), to
     ONNX with a dynamic batch axis; with --int8, quantized for the CPU, calibrated on your images."""
     if int8 or onnx is not None:
@@ -107,6 +111,9 @@ def export_command(checkpoint: str | None, backbone: str | None, image_size: int
         raise  # the command names its option (--pretrained, --image-size)
     except (FileNotFoundError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
+    if backbone is not None and text_tower:  # before --int8: the int8 model takes its parent's metadata
+        result.metadata.update(_zero_shot_tower(backbone, Path(result.path), Path(out), result.metadata["model_hash"],
+                                                progress=not as_json))
     if int8:
         _int8(Path(result.path), Path(out), calibration, calibration_images, calibration_seed, as_json)
         return
@@ -124,6 +131,40 @@ def export_command(checkpoint: str | None, backbone: str | None, image_size: int
         f"model_hash {meta['model_hash']}, config_hash {meta['config_hash'] or '-'}"
     )
     click.echo(f"next: retrieval index build --model {result.path} --images YOUR_IMAGES --out INDEX")
+
+
+def _zero_shot_tower(backbone: str, image_model: Path, out: Path, model_hash: str, progress: bool) -> dict[str, str]:
+    """Train the backbone's zero-shot text tower onto its ImageNet head, write it beside OUT (verified against
+    PyTorch) and name it in ``image_model``'s metadata; returns that metadata (empty where no tower is written,
+    which one line says)."""
+    import time
+
+    from retrieval.export.text_export import export_text_tower, link_text_model
+    from retrieval.text.class_texts import ImageNetTextsError
+    from retrieval.text.sibling_text import ZERO_SHOT, sibling_path
+    from retrieval.train.zero_shot_tower import IMAGENET_HEADS, imagenet_head, train_zero_shot_tower
+
+    if backbone not in IMAGENET_HEADS:
+        click.echo(f"no text tower: {backbone} has no ImageNet classifier head to map class names onto (only "
+                   f"{', '.join(IMAGENET_HEADS)}); to search by text, train one on captions: retrieval text train "
+                   f"--model {out} --images MANIFEST --caption-column COLUMN --out RUN")
+        return {}
+    started = time.perf_counter()
+    click.echo(f"training the zero-shot text tower onto {backbone}'s ImageNet head (--no-text-tower skips it) ...")
+    try:
+        trained = train_zero_shot_tower(imagenet_head(backbone), progress=progress)
+    except (ParameterError, ImageNetTextsError) as exc:  # the encoder's or timm's package missing
+        click.echo(f"no text tower: {exc}")
+        return {}
+    text_path = sibling_path(out)
+    check = export_text_tower(trained.tower, trained.tokenizer, text_path, model_hash, trained.encoder_record,
+                              trained.check_texts, origin=ZERO_SHOT, extra=trained.metadata())
+    metadata = link_text_model(image_model, text_path)
+    click.echo(f"wrote {text_path}: zero-shot text tower, {len(trained.class_names)} classes, {trained.texts} "
+               f"texts, verified against PyTorch (min cosine {check['min_cosine']:.6f}), in "
+               f"{time.perf_counter() - started:.0f} s; named in {image_model.name}'s metadata (its model_hash stays "
+               f"{model_hash})")
+    return metadata
 
 
 def _check_int8_options(checkpoint: str | None, backbone: str | None, onnx: str | None, int8: bool, fp16: bool,

@@ -34,9 +34,20 @@ def stats_command(index_dir, queries, failed, as_json) -> None:
            f"{stats['index_dir']}: {stats['vectors']} images, {stats['index_key']}, "
            f"{stats['size_on_disk_bytes']['total'] / 2**20:.1f} MiB; recall@{k} {recall:.3f} against exact search, "
            f"p50 {stats['latency']['p50_ms']:.2f} ms per query ({stats['errors']} files could not be read; "
-           f"--failed lists them){budget_text(stats.get('budget'))}",
+           f"--failed lists them){budget_text(stats.get('budget'))}{_no_match_text(stats.get('text_no_match'))}",
            serve_next(stats["index_dir"]) if stats["model"].get("source") != "embeddings" else
            f"retrieval serve --index {stats['index_dir']}   (then POST /search with an \"embedding\": no model)")
+
+
+def _no_match_text(no_match: dict | None) -> str:
+    """The text queries' "no good match" floor in a sentence (None: the index records no text model)."""
+    if no_match is None:
+        return ""
+    if not no_match["calibrated"]:
+        return f"; text queries: no \"no good match\" floor ({no_match['problem']})"
+    return (f"; text queries scoring under {no_match['floor']:.3f} say \"no good match\" (calibrated on "
+            f"{no_match.get('images', '?')} images: the {no_match.get('quantile', '?')} quantile of "
+            f"{no_match.get('texts', '?')} everyday texts' best scores)")
 
 
 def _list_failed(index_dir: str, as_json: bool) -> None:

@@ -45,8 +45,15 @@ class IndexOptions:
         None, "index folder", "the index folder, as `retrieval search` and `retrieval serve` name it (or give it as "
         "INDEX_DIR).", flag="--index", metavar="INDEX_DIR", path="dir", exists=True)
     search_index: str | None = option(None, "index folder", "the index folder to search (`retrieval index build` "
-                                      "writes one).", flag="--index", dest="index_dir", path="dir", exists=True,
-                                      required=True)
+                                      "writes one); or --milvus and --collection.", flag="--index", dest="index_dir",
+                                      path="dir", exists=True)
+    search_milvus: str | None = option(
+        None, "index folder", "search a Milvus collection instead of a folder (`retrieval index push` fills one): "
+        "http://HOST:19530 or a FILE.db (Milvus Lite); with --collection. Text queries search its keywords with "
+        "Milvus' BM25 where it was pushed with --text-columns (docs/INDEX.md, \"Keywords on Milvus\").",
+        flag="--milvus", dest="milvus", metavar="URI")
+    search_collection: str | None = option(None, "index folder", "the collection --milvus searches.",
+                                           flag="--collection", dest="collection", metavar="NAME")
     # the models
     build_model: str | None = option(None, "models", f"exported .onnx embedder (with --images). {TRUSTED_MODEL}",
                                      flag="--model", dest="model", path="file")
@@ -66,7 +73,12 @@ class IndexOptions:
     index_text_model: str | None = option(
         None, "models", "the text tower to record (the text.onnx `retrieval text train` writes): trained for the "
         f"index's image model, or for one that model is declared compatible with. {TRUSTED_MODEL}",
-        flag="--text-model", dest="text_model", path="file", exists=True, required=True)
+        flag="--text-model", dest="text_model", path="file", exists=True)
+    adapt_text_model: bool = option(
+        True, "searching by text", "a zero-shot text tower (`retrieval export --pretrained` writes one) is adapted "
+        "to the index's images with pseudo-captions and the adapted tower (text.adapted.onnx in the index folder) is "
+        "recorded, when it measures no worse on held-out images (docs/TEXT.md, \"Adapting a zero-shot tower\"); "
+        "--no-adapt records it as it is.", flag="--adapt", dest="adapt")
     search_text_model: str | None = option(
         None, "models", f"with --text: the text tower (text.onnx) that embeds the queries. {TRUSTED_MODEL}",
         flag="--text-model", dest="text_model", path="file", exists=True,
@@ -107,6 +119,15 @@ class IndexOptions:
     max_query_ms: float | None = option(
         None, "building", "tune the search settings (nprobe, efSearch) for the best recall whose median time per "
         "query stays under MS milliseconds.", low=0, low_open=True, metavar="MS")
+    display_columns: str | None = option(
+        None, "building", "comma-separated manifest columns every answer shows with each image, e.g. title,price "
+        "(the CLI, --json, the API, the app's captions); '' shows paths only.", metavar="COLUMNS",
+        default_text="the manifest's title-like columns (title, name, product_name, caption) and price, and any "
+        "--text-columns")
+    text_columns: str | None = option(
+        None, "searching by text", "comma-separated manifest columns (label too) whose words a text query finds, "
+        "e.g. title,brand: kept in a keyword index (SQLite FTS5) beside the index, kept in step by add and remove, "
+        "and fused with the text model's ranks (docs/TEXT.md, \"Keywords\").", metavar="COLUMNS")
     # reading and embedding images (build, add, repair, upgrade)
     batch_size: int = option(64, "reading and embedding", "images per embedding batch.")
     workers: int | None = option(None, "reading and embedding", "decoding threads (beside the model's own).",

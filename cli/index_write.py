@@ -15,6 +15,7 @@ import click
 
 from retrieval.cli.config_options import command_option, command_options, config_options
 from retrieval.cli.errors import OptionCommand, option_flag
+from retrieval.cli.index_columns import check_manifest_columns, record_display, shown_columns
 from retrieval.cli.index_common import (
     budget_text,
     engine_options,
@@ -76,26 +77,31 @@ def _print_failed(summary: dict, errors: int) -> None:
 @command_option(IndexOptions, "build_images")
 @command_options(IndexOptions, "embeddings", "allow_outside_paths", "build_out", "index_key")
 @command_option(IndexOptions, "max_index_memory", callback=lambda _c, _p, value: _parse_size(value))
-@command_options(IndexOptions, "max_query_ms", "split", "label_from")
+@command_options(IndexOptions, "max_query_ms", "split", "label_from", "display_columns", "text_columns")
 @ingest_options
 @engine_options
 @command_options(IndexOptions, "build_milvus", "build_collection", "index_type")
 @json_option
 def build_command(
     model, images, embeddings, allow_outside_paths, out, index_key, max_index_memory, max_query_ms, split, label_from,
-    batch_size, workers, shard_size, max_pixels, gpu, engine, milvus, collection, index_type, as_json,
+    display_columns, text_columns, batch_size, workers, shard_size, max_pixels, gpu, engine, milvus, collection,
+    index_type, as_json,
 ) -> None:
     """Embed every image with the model and build the index (--images, --model), or build it from embeddings you
     already have (--embeddings); rerun it (or `index repair OUT`) to finish an interrupted build. With --engine ray
     --milvus URI --collection NAME the vectors go into that Milvus collection instead of the folder."""
     from retrieval.index import build_index
+    from retrieval.index.writing.keyword_build import parse_text_columns
 
     _check_build_source(model, images, embeddings, allow_outside_paths)
+    check_manifest_columns(images, display_columns)
     place = _build_place(milvus, collection, index_type, embeddings, engine)
     options = ingest_settings(batch_size, workers, shard_size, max_pixels, engine)
     if place is not None:
         summary = run_writer(build_index, out, images, out, model=model, split=split, label_from=label_from,
                              options=options, milvus=place, milvus_index_type=index_type)
+        _record_text_tower(summary, out, model, as_json)
+        record_display(out, display_columns, summary)
         if not as_json:
             _print_failed(summary, summary["errors"])
         finish(summary, as_json,
@@ -107,17 +113,46 @@ def build_command(
         return
     options = dataclasses.replace(options, policy=dataclasses.replace(
         options.policy, max_index_memory=max_index_memory, max_query_ms=max_query_ms))
+    if embeddings is not None and text_columns:
+        raise click.UsageError("--text-columns builds with --images; for a build from --embeddings, run `retrieval "
+                               "index text OUT --text-columns COLUMNS` once it is built")
     if embeddings is not None:
-        _build_from_embeddings(embeddings, out, index_key, gpu, options, as_json, allow_outside_paths)
+        _build_from_embeddings(embeddings, out, index_key, gpu, options, as_json, allow_outside_paths,
+                               display_columns)
         return
     summary = run_writer(build_index, out, images, out, model=model, index_key=index_key, split=split, gpu=gpu,
-                         options=options, label_from=label_from)
+                         options=options, label_from=label_from, text_columns=parse_text_columns(text_columns))
+    _record_text_tower(summary, out, model, as_json)
+    record_display(out, display_columns, summary)
     if not as_json:
         _print_failed(summary, summary["errors"])
     finish(summary, as_json,
            f"indexed {summary['indexed']} images into {summary['index_dir']} ({summary['index_key']}, "
            f"{labels_text(summary)}; {problems(summary['errors'], summary['duplicates'])}) in "
-           f"{summary['seconds']:.0f} s{budget_text(summary.get('budget'))}", serve_next(summary["index_dir"]))
+           f"{summary['seconds']:.0f} s{budget_text(summary.get('budget'))}; results show: "
+           f"{shown_columns(summary['display_columns'])}", serve_next(summary["index_dir"]))
+
+
+def _record_text_tower(summary: dict, index_dir: str, model: str, as_json: bool) -> None:
+    """Record the text tower the model names beside it (`retrieval export --pretrained` writes one), as `retrieval
+    index text` would, into the index and ``summary["text_model"]``; a tower that cannot be used is one warning."""
+    from retrieval.index.sources import printable_path
+    from retrieval.text.sibling_text import record_named_text_model
+
+    recorded = record_named_text_model(index_dir, model)
+    if recorded is None:
+        return
+    summary["text_model"] = recorded
+    if not as_json:
+        click.echo(f"recorded the text model {printable_path(recorded['text_model_path'])} (named by the model): "
+                   f"retrieval search --index {shlex.quote(str(index_dir))} --text \"a red apple\"")
+    # the recorded tower adapted to this gallery goes here, after it is recorded and before the summary is shown
+    from retrieval.text.gallery_index import adapt_recorded, adaptation_sentence
+
+    adaptation = adapt_recorded(index_dir, recorded["text_model_path"])
+    summary["gallery_adaptation"] = adaptation
+    if adaptation_sentence(adaptation):
+        click.echo("text model:" + adaptation_sentence(adaptation).removeprefix(";"), err=True)
 
 
 def _build_place(milvus: str | None, collection: str | None, index_type: str | None, embeddings: str | None,
@@ -174,12 +209,13 @@ def _check_build_source(model: str | None, images: str | None, embeddings: str |
 
 
 def _build_from_embeddings(embeddings: str, out: str, index_key: str, gpu: bool, options: Any, as_json: bool,
-                           allow_outside_paths: bool = False) -> None:
+                           allow_outside_paths: bool = False, display_columns: str | None = None) -> None:
     """`index build --embeddings`: the index of vectors someone already has, and its summary."""
     from retrieval.index import build_from_embeddings
 
     summary = build_from_embeddings(embeddings, out, index_key=index_key, gpu=gpu, options=options,
                                     allow_outside_paths=allow_outside_paths)
+    record_display(out, display_columns, summary)
     classes = summary["labels"]["classes"]
     labels = f"{classes} classes from the label column" if classes else "no labels"
     folder = shlex.quote(summary["index_dir"])

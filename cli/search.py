@@ -61,7 +61,7 @@ QUERY_BATCH = 32  # queries decoded and embedded together, so that a folder's im
 
 
 @click.command("search", cls=OptionCommand)
-@command_option(IndexOptions, "search_index")
+@command_options(IndexOptions, "search_index", "search_milvus", "search_collection")
 # No existence check here: a query that cannot be opened is answered with its reason, as an undecodable one is.
 @click.argument("images", nargs=-1, required=False, type=click.Path())
 @command_option(IndexOptions, "texts", callback=_check_texts)
@@ -72,13 +72,14 @@ QUERY_BATCH = 32  # queries decoded and embedded together, so that a folder's im
 @gallery_root_option
 @command_option(IndexOptions, "search_json")
 @rerank_options
-def search_command(index_dir, images, texts, k, max_queries, model, text_model, exclude_self, where, gpu,
-                   gallery_root, as_json, **options) -> None:
+def search_command(index_dir, milvus, collection, images, texts, k, max_queries, model, text_model, exclude_self,
+                   where, gpu, gallery_root, as_json, **options) -> None:
     """Find the k most similar gallery images to each query IMAGE (a folder: every image in it, recursively, sorted
     by path), or to each --text description. A query that cannot be read is named with the reason, the others are
     answered, and the command then exits with status 1. --rerank re-orders each query's shortlist (docs/INDEX.md,
     "Re-ranking")."""
     from retrieval.index import Index, ModelMismatchError, load_model
+    from retrieval.index.display_columns import display_text
     from retrieval.index.sources import printable_path
     from retrieval.rerank import gallery_filled
 
@@ -86,8 +87,10 @@ def search_command(index_dir, images, texts, k, max_queries, model, text_model, 
     _check_query_kind(images, texts, text_model, exclude_self, max_queries)
     queries = _query_list(images, max_queries) if images else []
     try:
-        opened = Index.open(index_dir, embedder=load_model(model) if model else None, gpu=gpu,
-                            gallery_root=gallery_root)
+        opened = _open_collection(milvus, collection, index_dir, model, gpu, gallery_root) \
+            if milvus is not None or collection is not None else \
+            Index.open(_required_folder(index_dir), embedder=load_model(model) if model else None, gpu=gpu,
+                       gallery_root=gallery_root)
     except ModelMismatchError as exc:
         raise click.ClickException(f"{exc}: retrieval index upgrade {shlex.quote(str(index_dir))} --model "
                                    f"{shlex.quote(str(model))}") from exc
@@ -111,6 +114,9 @@ def search_command(index_dir, images, texts, k, max_queries, model, text_model, 
             if "error" in answer:
                 click.echo(f"  cannot search with it: {answer['error']}")
                 continue
+            if answer.get("no_match"):
+                shown = json.dumps(answer["query"], ensure_ascii=False)[1:-1]  # escaped: one printable line
+                click.echo(f"  no good match for '{shown}'; the nearest:")
             if answer.get("excluded_self") is not None:
                 click.echo(f"  (left out: id={answer['excluded_self']}, the query itself)")
             if rerank.active:
@@ -122,13 +128,49 @@ def search_command(index_dir, images, texts, k, max_queries, model, text_model, 
             for rank, r in enumerate(answer["results"], 1):  # names may hold newlines or bytes that are not UTF-8
                 label = None if r["label"] is None else printable_path(r["label"], limit=None)
                 path = printable_path(r["path"], limit=None)
+                shown = display_text(r.get("columns"))  # the title and price where the index shows columns
                 reranked = f"  {r['rerank_score']:+.4f}" if "rerank_score" in r else ""
-                click.echo(f"  {rank:3d}  {r['score']:+.4f}{reranked}  id={r['id']}  label={label}  {path}")
+                reranked += f"  {r['source']:<7}" if "source" in r else ""  # a text query's: keyword, vector, both
+                click.echo(f"  {rank:3d}  {r['score']:+.4f}{reranked}  id={r['id']}  label={label}  "
+                           + (f"{shown}  ({path})" if shown else path))
     failed = [a for a in answers if "error" in a]
     if failed:
         shown = ", ".join(printable_path(a["query"]) for a in failed[:3])
         raise click.ClickException(f"{len(failed)} of {len(answers)} queries could not be read ({shown}); the "
                                    "others were answered above")
+
+
+def _required_folder(index_dir: str | None) -> str:
+    """--index, which a search without --milvus needs."""
+    if index_dir is None:
+        raise click.UsageError("give the index to search: --index FOLDER, or --milvus URI --collection NAME",
+                               ctx=click.get_current_context(silent=True))
+    return index_dir
+
+
+def _open_collection(milvus: str | None, collection: str | None, index_dir: str | None, model: str | None,
+                     gpu: bool, gallery_root: str | None):
+    """The ``MilvusIndex`` of --milvus and --collection (checked before anything connects)."""
+    from retrieval.index.milvus.milvus_collection import MilvusError, MilvusPlace
+    from retrieval.index.milvus.milvus_index import MilvusIndex
+
+    context = click.get_current_context(silent=True)
+    if milvus is None or collection is None:
+        raise click.UsageError("give --milvus URI and --collection NAME together", ctx=context)
+    if index_dir is not None or gpu:
+        raise click.UsageError(f"--milvus searches the collection, not {'--index' if index_dir else '--gpu'}: leave "
+                               "it out", ctx=context)
+    try:
+        return MilvusIndex(MilvusPlace.checked(milvus, collection), model=model, gallery_root=gallery_root)
+    except MilvusError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _index_root(index) -> Path:
+    """The index folder (a collection: its name, what a server calls it), where its index.json's relative paths
+    start."""
+    layout = getattr(index, "layout", None)
+    return layout.root if layout is not None else Path(index.place.collection)
 
 
 def _check_query_kind(images: tuple[str, ...], texts: tuple[str, ...], text_model: str | None, exclude_self: bool,
@@ -153,29 +195,39 @@ def _check_query_kind(images: tuple[str, ...], texts: tuple[str, ...], text_mode
 
 def _text_answers(index, texts: tuple[str, ...], text_model: str | None, k: int, where=None,
                   rerank=None) -> list[dict]:
-    """Each --text query's answer, in order: embedded by the text model (``text_model``, else the one index.json
-    records; checked against the index's image model) and searched as an embedding is."""
-    from retrieval.text.text_index import open_text_model
+    """Each --text query's answer, in order (``retrieval.text.text_search``): embedded by the text model
+    (``text_model``, else the one index.json records; checked against the index's image model) and searched as an
+    embedding is, fused with the keyword index's hits where the index has one (alone where it has no text model)."""
+    from retrieval.text.no_match import read_floor
+    from retrieval.text.text_index import has_text_model, open_text_model
     from retrieval.text.text_onnx import TextEmbeddingError
+    from retrieval.text.text_search import index_keywords, search_text
     from retrieval.text.tokens import WordlessText
 
-    text = open_text_model(index.info, index.layout.root, text_model, image_model=lambda: index.embedder)
+    root = _index_root(index)
+    keywords = index_keywords(index)  # the folder's FTS5 file, or a collection's BM25 search
+    text = None if keywords is not None and text_model is None and not has_text_model(index.info) else \
+        open_text_model(index.info, root, text_model, image_model=lambda: index.embedder)
+    floor = read_floor(index.info, None if text is None else text.model_hash, shlex.quote(str(root)))
     try:
-        text.query_tokens(list(texts))  # every query has a word to search by, before any is searched
+        if text is not None:
+            text.query_tokens(list(texts))  # every query has a word to search by, before any is searched
     except WordlessText as exc:
         raise click.BadParameter(str(exc), param_hint="'--text'") from None
     answers = []
     for start in range(0, len(texts), QUERY_BATCH):
         batch = list(texts[start:start + QUERY_BATCH])
         try:
-            vectors = text.embed(batch)
+            vectors = None if text is None else text.embed(batch)
         except TextEmbeddingError as exc:
             raise click.ClickException(str(exc)) from None
-        found = index.search(vectors, k, where=where, rerank=rerank)
+        found = search_text(index, batch, k, vectors, keywords, where=where, rerank=rerank)
         for query, results in zip(batch, found, strict=True):
             answers.append({"query": query, "results": [
                 r.to_dict() | {"path": index.public_path(r.path), "file": index.image_file(r.path)}
-                for r in results]})
+                for r in results]} | floor.answer_field(results))
+    if floor.problem is not None and text is not None:
+        click.echo(f"note: no \"no good match\" floor for these queries: {floor.problem}", err=True)
     return answers
 
 

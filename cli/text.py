@@ -34,15 +34,16 @@ def text_train_command(as_json: bool, **values) -> None:
     config = TextTrainConfig(**{name: value for name, value in values.items() if value is not None})
     report = train_text_tower(config, export_text_tower, progress=not as_json,
                               log_line=(lambda _: None) if as_json else click.echo)
-    held, start = report["held_out"], report["linear_start"]
+    held, start = report["held_out"], report["start"]
     if as_json:
         click.echo(json.dumps({k: report[k] for k in ("text_model", "image_model_hash", "images", "captions",
-                                                      "chosen_epoch", "selected_on", "held_out", "linear_start",
+                                                      "chosen_epoch", "selected_on", "held_out", "start",
                                                       "verification")}, indent=2))
         return
     shown = ", ".join(f"R@{k.split('@')[1]} {v:.3f}" for k, v in held.items())
-    baseline = ", ".join(f"R@{k.split('@')[1]} {v:.3f}" for k, v in start.items())
+    baseline = ", ".join(f"R@{k.split('@')[1]} {v:.3f}" for k, v in start.items() if k.startswith("recall@"))
     click.echo(f"wrote {report['text_model']} for image model {report['image_model_hash']}: epoch "
-               f"{report['chosen_epoch']} ({report['selected_on']}); held-out captions {shown} (linear start: "
-               f"{baseline}); ONNX = PyTorch to cosine {report['verification']['min_cosine']:.6f}")
+               f"{report['chosen_epoch']} ({report['selected_on']}); held-out captions {shown} (the "
+               f"{start['kind']} start: {baseline}); ONNX = PyTorch to cosine "
+               f"{report['verification']['min_cosine']:.6f}")
     click.echo(f"next: retrieval index text INDEX --text-model {report['text_model']}")

@@ -30,6 +30,13 @@ class TextTrainConfig:
     tune_layers: int = option(0, TOWER, "the encoder's top layers trained with the projection (0: the projection "
                               "alone, on features computed once; each layer costs a forward and backward pass of "
                               "every batch).", low=0, high=24)
+    start: str = option("auto", TOWER, "where training starts: zero-shot (the text tower the image model names, "
+                        "which `retrieval export --pretrained` writes beside it: training keeps what it knows of words "
+                        "in no caption), ridge (the linear map of the captions' sentence features), or auto "
+                        "(zero-shot where the model names one, else ridge).", choices=("auto", "zero-shot", "ridge"))
+    anchor_weight: float = option(0.5, TOWER, "with a zero-shot start: the weight of keeping the start's place for "
+                                  "the class names it was trained on, beside the captions' loss (0: none).",
+                                  low=0.0, high=10.0)
     max_tokens: int = option(32, TOWER, "a caption's or query's longest token sequence; longer text is cut.",
                              low=4, high=512)
     out: str = option(None, RUN, "the run folder: text.onnx, report.json, curves.png and the image embeddings' "

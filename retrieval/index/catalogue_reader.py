@@ -125,6 +125,26 @@ class CatalogueQueries:
             extra = {}
         return ids, paths, labels, extra
 
+    def metadata_of(self, ids: Sequence[int]) -> dict[int, str]:
+        """id -> metadata JSON (a manifest's columns) of those of ``ids`` that have some (900 ids a statement)."""
+        out: dict[int, str] = {}
+        try:
+            for chunk in _chunks(sorted({int(i) for i in ids}), 900):
+                marks = ",".join("?" * len(chunk))
+                out.update(self.db.execute(f"SELECT id, data FROM metadata WHERE id IN ({marks})", chunk))
+        except sqlite3.OperationalError:  # a catalogue written before metadata was kept
+            return {}
+        return out
+
+    def metadata_columns(self, limit: int = 1000) -> list[str]:
+        """The names of the manifest columns the rows' metadata holds, sorted (at most ``limit``)."""
+        sql = ("SELECT DISTINCT j.key FROM metadata m, json_each(CASE WHEN json_valid(m.data) THEN m.data "
+               "ELSE '{}' END) j WHERE j.type != 'null' ORDER BY j.key LIMIT ?")
+        try:
+            return [str(name) for (name,) in self.db.execute(sql, (int(limit),))]
+        except sqlite3.OperationalError:  # a catalogue written before metadata was kept
+            return []
+
     def shards_of(self, ids: Collection[int]) -> dict[int, str]:
         """id -> the shard the catalogue names for the vector of each of ``ids`` that has one, whatever its status
         (a row sent back to ``pending`` has none), in id order."""

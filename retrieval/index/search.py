@@ -21,6 +21,7 @@ import numpy as np
 from retrieval.errors import ParameterError
 from retrieval.index.catalogue_reader import CatalogueQueries, CatalogueReader
 from retrieval.index.catalogue_schema import Status
+from retrieval.index.display_columns import columns_of, recorded_columns, with_columns
 from retrieval.index.faiss_backend import faiss_files, faiss_gpu, faiss_params, faiss_search
 from retrieval.index.filters import Filter, FilterTable, parse_filter
 from retrieval.index.layout import IndexLayout
@@ -38,6 +39,8 @@ from retrieval.index.sources import is_url
 from retrieval.rerank import Neighbourhood, RerankConfig, gallery_filled, neighbourhood_from_counts, rerank_lists
 
 MAX_K = 1000  # the most results one query may ask for (the API, the app and the CLI share it)
+# SearchResult's fields left out of ``to_dict`` when None
+OPTIONAL_RESULT_FIELDS = ("rerank_score", "columns", "source")
 
 
 def check_k(k: object, name: str = "k") -> int:
@@ -82,12 +85,17 @@ class SearchResult:
     label: str | None
     score: float  # cosine similarity, within [-1, 1]
     rerank_score: float | None = None  # the re-ranking's score that ordered it (None: not re-ranked)
+    # the index's display columns of its row (``display_columns``: a title, a price; None where it records none)
+    columns: dict[str, Any] | None = None
+    # a text query's hit: where it came from, "vector", "keyword" or "both" (``retrieval.text.fusion``)
+    source: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """Its fields; ``rerank_score`` only where a re-ranking ordered it."""
+        """Its fields; the optional ones (``rerank_score``, ``columns``, ...) only where they are set."""
         fields = asdict(self)
-        if self.rerank_score is None:
-            del fields["rerank_score"]
+        for name in OPTIONAL_RESULT_FIELDS:
+            if fields[name] is None:
+                del fields[name]
         return fields
 
 
@@ -123,6 +131,11 @@ class IndexFacts:
     def has_model(self) -> bool:
         """Whether a model built it (False: built from embeddings, searched with embeddings only)."""
         return has_model(self.info)
+
+    @functools.cached_property
+    def display_columns(self) -> list[str]:
+        """The manifest columns every answer carries (index.json's ``display_columns``; [] where none)."""
+        return recorded_columns(self.info)
 
     @property
     def model_output(self) -> str | None:
@@ -353,7 +366,15 @@ class Index(IndexFacts):
         if reranking:
             results = reranked_results(prepare_vectors(embeddings, self.dim), results, k, rerank,
                                        self.reconstructed_vectors, cancelled)
-        return results
+        return self.with_columns(results)
+
+    def with_columns(self, found: list[list[SearchResult]]) -> list[list[SearchResult]]:
+        """``found`` with each result's display columns (``display_columns``), read in one catalogue query."""
+        return with_columns(found, self.columns_of)
+
+    def columns_of(self, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """id -> the display columns of each of ``ids`` ({} where the index shows none)."""
+        return columns_of(ids, self.display_columns, self.catalogue.metadata_of)
 
     def rerank_neighbourhood(self) -> Neighbourhood:
         """The gallery's typical class size, which sets the re-ranking sizes a search leaves unset

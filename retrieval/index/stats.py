@@ -99,4 +99,14 @@ def opened_index_stats(
         # an upgrade under way or the last one: what it checked first (the model's verdict, the index's labels,
         # --force), and whether it kept the text model or turned it off
         **{key: index.info[key] for key in ("upgrade", "last_upgrade") if index.info.get(key)},
+        # the "no good match" floor of text queries with the recorded text model, or why there is none
+        **({"text_no_match": recorded_floor(index.info, str(index.layout.root))}
+           if index.info.get("text_model_hash") else {}),
     }
+
+
+def recorded_floor(info: dict[str, Any], index_shown: str) -> dict[str, Any]:
+    """The no-match floor index.json records for its recorded text model (``retrieval.text.no_match``), described."""
+    from retrieval.text.no_match import read_floor  # the text package reads index records: imported when needed
+
+    return read_floor(info, info.get("text_model_hash"), index_shown).describe()

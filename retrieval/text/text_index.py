@@ -30,6 +30,8 @@ from retrieval.index.query_embedder import (
     with_output,
 )
 from retrieval.index.sources import printable_path
+from retrieval.text.no_match import TEXT_NO_MATCH, calibrate_no_match
+from retrieval.text.no_match_texts import CALIBRATION_TEXTS
 from retrieval.text.text_onnx import MAX_TEXT_MODEL_BYTES, TextEmbedder, TextModelError, check_text_model, file_hash
 
 TEXT_MODEL_PATH = "text_model_path"  # index.json: where the text model was when recorded
@@ -167,16 +169,33 @@ def open_text_model(info: Mapping[str, Any], index_root: str | Path, path: str |
 
 def record_text_model(index_dir: str | Path, text_model: str | os.PathLike) -> dict[str, Any]:
     """`retrieval index text`: record ``text_model`` in the index's index.json, under the folder's writer lock, once it
-    fits the index (a tower trained for another image model is refused, naming both). Returns what it recorded."""
+    fits the index (a tower trained for another image model is refused, naming both), with the floor of its "no good
+    match" measured on the index (``retrieval.text.no_match``). Returns what it recorded."""
     layout = IndexLayout(index_dir)
     layout.require_finished(vectors_in_milvus=True)  # index.json is in the folder either way
     text = TextEmbedder(text_model)  # loaded before the lock: no writer waits for it
+    calibration_texts = text.embed(list(CALIBRATION_TEXTS)) if layout.vectors_in() is None else None
     with layout.write_lock("record a text model in"):
         info = layout.read_info()
         checked_text_model(text, info, layout.root)
         fields = text_model_fields(text, layout.root)
         replaced = info.get(TEXT_MODEL_HASH)
-        layout.write_info({key: value for key, value in info.items() if key != TEXT_MODEL_OFF} | fields)
+        no_match = _calibrated(layout, info, text, calibration_texts)
+        layout.write_info({key: value for key, value in info.items() if key not in (TEXT_MODEL_OFF, TEXT_NO_MATCH)}
+                          | fields | ({TEXT_NO_MATCH: no_match} if no_match is not None else {}))
     return {"index_dir": str(layout.root), **fields, "image_model_hash": text.image_model_hash,
             "index_model_hash": info.get("model_hash"), "embedding_dim": text.dim,
-            "replaced_text_model_hash": replaced if replaced != text.model_hash else None}
+            "replaced_text_model_hash": replaced if replaced != text.model_hash else None, TEXT_NO_MATCH: no_match}
+
+
+def _calibrated(layout: IndexLayout, info: Mapping[str, Any], text: TextEmbedder,
+                vectors: Any) -> dict[str, Any] | None:
+    """The no-match floor of the index with ``text`` (``calibrate_no_match``; ``vectors``: the calibration texts
+    embedded by it), measured with the index's own search; None where its vectors are not in the folder (Milvus)
+    or it holds under 2 images."""
+    if vectors is None:
+        return None
+    from retrieval.index.search import Index  # the read side's search, as queries get it
+
+    with Index.open(layout.root) as index:
+        return calibrate_no_match(index, text, info.get("model_hash"), vectors)

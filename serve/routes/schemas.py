@@ -10,6 +10,7 @@ from fastapi import Query
 from pydantic import BaseModel, Field
 
 from retrieval.data.formats import IMAGE_MEDIA_TYPES
+from retrieval.index.display_columns import MAX_DISPLAY_CHARS
 from retrieval.index.filters import MAX_FILTER_CHARS
 from retrieval.index.search import MAX_K
 from retrieval.options import declared_options, hint_members
@@ -25,6 +26,9 @@ WHERE_HELP = ('a filter on the catalogue\'s columns (id, path, label and a manif
               'parentheses, quoted strings and numbers; only matching images are searched, and none matching gives '
               'no results')
 FLOAT64_MAX = 1.7976931348623157e308
+COLUMNS_HELP = ("the index's display columns of the image's row (`retrieval index columns`), e.g. {\"title\": "
+                "\"Red kettle\", \"price\": \"19.99\"}: the manifest's values, text on one line and cut to "
+                f"{MAX_DISPLAY_CHARS} characters, null where the row has none; absent where the index shows no columns")
 ItemId = Annotated[str, PathParameter(description="catalogue id of an indexed image (search results give it)",
                                       examples=["1"])]
 # the query-string parameters of POST /search and /search/batch (k's range is checked by check_k, documented here)
@@ -86,6 +90,12 @@ class Result(BaseModel):
                                        "(higher first; qe and dba: a cosine, kreciprocal: 1 - Zhong et al.'s d*); "
                                        "absent beyond the re-ranked candidates and without rerank")
     image_url: str = Field(description="where to fetch the image file")
+    columns: dict[str, str | float | int | None] | None = Field(None, description=COLUMNS_HELP)
+    source: Literal["vector", "keyword", "both"] | None = Field(
+        None, description="a text query's hit: found by the text model (vector), by the words of the index's text "
+        "columns (keyword: `retrieval index text --text-columns`), or both; the order fuses the two (docs/TEXT.md, "
+        "\"Keywords\"). A keyword hit's score is its cosine where the server has a text model, else its keyword "
+        "relevance in [0, 1]. Absent for image and embedding queries")
 
 
 class QueryItemModel(BaseModel):
@@ -96,6 +106,7 @@ class QueryItemModel(BaseModel):
     name: str = Field(description="the image's file name (no folders); the app shows `path`, as filters compare it")
     label: str | None
     image_url: str
+    columns: dict[str, str | float | int | None] | None = Field(None, description=COLUMNS_HELP)
 
 
 class SearchResponseModel(BaseModel):
@@ -114,6 +125,10 @@ class SearchResponseModel(BaseModel):
     timing: dict[str, float] = Field(description="milliseconds per stage (decode, preprocess, embed, search, total) "
                                      "and the model batch size")
     rerank: RerankModel | None = Field(None, description="present when a re-ranking ordered the results")
+    no_match: bool | None = Field(
+        None, description="a text query's: true when nothing in the gallery matches it well (its best vector score "
+        "is under the index's calibrated floor and no result matched by keyword): the results are the nearest, not "
+        "matches; absent for an image query, and where the index has no floor for its text model (/stats says why)")
 
 
 class RerankModel(BaseModel):
@@ -148,6 +163,7 @@ class ItemModel(BaseModel):
     sha256: str | None = Field(description="sha256 of the file's bytes, hex")
     size: int | None = Field(description="file size in bytes")
     image_url: str
+    columns: dict[str, str | float | int | None] | None = Field(None, description=COLUMNS_HELP)
 
 
 class HealthModel(BaseModel):

@@ -29,10 +29,11 @@ class QueryItem:
     id: int
     path: str  # relative to the gallery root
     label: str | None
+    columns: dict[str, Any] | None = None  # the index's display columns of its row (None: it shows none)
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "path": self.path, "name": display_name(self.path), "label": self.label,
-                "image_url": image_url(self.id)}
+                "image_url": image_url(self.id)} | ({"columns": self.columns} if self.columns is not None else {})
 
 
 @dataclass
@@ -47,6 +48,8 @@ class SearchResponse:
     neighbours: NeighbourScores | None = None
     rerank: RerankConfig | None = None  # the re-ranking that ordered the results (None: faiss' order)
     rerank_defaults: str | None = None  # where the sizes the request left unset came from (the gallery)
+    # a text query's: whether nothing good matches (retrieval.text.no_match; None: no floor, no claim made)
+    no_match: bool | None = None
 
     def unlike_gallery(self) -> bool:
         """Whether the best result scores below what nearly every gallery image reaches to its own nearest
@@ -64,4 +67,5 @@ class SearchResponse:
             "excluded_self": self.excluded_self,
             "notes": list(self.notes),
             "timing": {stage: float(value) for stage, value in self.timing.items()},
-        } | ({"rerank": self.rerank.describe(self.rerank_defaults)} if self.rerank is not None else {})
+        } | ({"rerank": self.rerank.describe(self.rerank_defaults)} if self.rerank is not None else {}) \
+            | ({"no_match": self.no_match} if self.no_match is not None else {})

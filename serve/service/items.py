@@ -39,6 +39,7 @@ class ItemFiles:
             row = state.index.indexed_row(image_id)
             if row is None:
                 return None
+            columns = state.index.columns_of([row["id"]]).get(int(row["id"]))
             return {
                 "id": row["id"],
                 "path": state.public_path(row["path"]),
@@ -47,7 +48,7 @@ class ItemFiles:
                 "sha256": row["sha256"],
                 "size": row["size"],
                 "image_url": image_url(row["id"]),
-            }
+            } | ({"columns": columns} if columns is not None else {})
 
     def _catalogued_image(self, image_id: int, state: ServedIndex | None = None) -> tuple[Path, Path] | None:
         """Where the file of an indexed image is now (its gallery may have moved: ``Index.image_file``) and the

@@ -69,10 +69,13 @@ class Searching:
         return result.embeddings, timing
 
     def embed_texts(self, texts: list[str], state: ServedIndex,
-                    positions: list[int] | None = None) -> tuple[np.ndarray, dict[str, float]]:
+                    positions: list[int] | None = None) -> tuple[np.ndarray | None, dict[str, float]]:
         """Embed ``texts`` (checked: ``text_query``; ``positions``: their places in a batch) with the text model of
-        ``state`` (``embed_text_queries``); a 422 saying why and what to do where it has none."""
+        ``state`` (``embed_text_queries``); None where it has none but a keyword index (keywords alone answer), else
+        a 422 saying why and what to do."""
         text = state.text.embedder
+        if text is None and state.keywords is not None:
+            return None, {}
         if text is None:
             raise state.text.refusal()
         started = time.perf_counter()
@@ -137,17 +140,20 @@ class Searching:
             timing.update(embed_timing)
         elif isinstance(query, TextQuery):
             embedded, embed_timing = self.embed_texts([query.text], state)
-            embedding = embedded[0]
             timing.update(embed_timing)
         else:
             embedding = check_embedding(query, state.index.dim)
         search_started = time.perf_counter()
-        results = state.search(embedding, k, exclude_ids, where, rerank, cancelled)[0]
+        if isinstance(query, TextQuery):  # vectors and keywords fused (retrieval.text.text_search)
+            results = state.search_text([query.text], embedded, k, exclude_ids, where, rerank)[0]
+        else:
+            results = state.search(embedding, k, exclude_ids, where, rerank, cancelled)[0]
         timing["search_ms"] = (time.perf_counter() - search_started) * 1000
         timing["total_ms"] = (time.perf_counter() - started) * 1000
         timing = {key: round(v, 3) for key, v in timing.items()}
         return SearchResponse(results, k, timing, query_item, excluded_self,
-                              notes + no_match_notes(state, where, results), rerank=rerank)
+                              notes + no_match_notes(state, where, results), rerank=rerank,
+                              no_match=state.no_match.verdict(results) if isinstance(query, TextQuery) else None)
 
     def search_batch(
         self,
@@ -201,7 +207,8 @@ class Searching:
                 except QueryError as exc:
                     raise QueryError(f"queries[{position}]: {exc}", exc.status) from exc
         texts = {position: query.text for position, query in enumerate(queries) if isinstance(query, TextQuery)}
-        if texts and state.text.embedder is None:  # refuses the batch, as an image query to no model does
+        if texts and state.text.embedder is None and state.keywords is None:  # refuses the batch, as an image
+            # query to no model does
             refusal = state.text.refusal()
             raise QueryError(f"queries[{next(iter(texts))}]: {refusal}", refusal.status)
         if not state.index.has_model:  # an image query refuses the batch, as an invalid embedding does
@@ -240,20 +247,26 @@ class Searching:
             embedded, shared = self.embed_images(np.stack(list(images.values())), state)
             vectors |= dict(zip(images, embedded, strict=True))
         shared_text: dict[str, float] = {}
-        if texts:  # every text of the batch in one call of the text model
-            embedded, shared_text = self.embed_texts(list(texts.values()), state, list(texts))
-            vectors |= dict(zip(texts, embedded, strict=True))
+        text_vectors = None
+        if texts:  # every text of the batch in one call of the text model (None: keywords alone)
+            text_vectors, shared_text = self.embed_texts(list(texts.values()), state, list(texts))
         searched = sorted(vectors)
-        if searched:
+        if searched or texts:
             search_started = time.perf_counter()
-            found = self._search_vectors(state, np.stack([vectors[p] for p in searched]), k,
-                                         [own.get(p) for p in searched], where, rerank, cancelled)
+            found = dict(zip(searched, self._search_vectors(
+                state, np.stack([vectors[p] for p in searched]), k, [own.get(p) for p in searched], where, rerank,
+                cancelled), strict=True)) if searched else {}
+            if texts:  # vectors and keywords fused (retrieval.text.text_search)
+                found |= dict(zip(texts, state.search_text(list(texts.values()), text_vectors, k, where=where,
+                                                           rerank=rerank), strict=True))
             search_ms = (time.perf_counter() - search_started) * 1000
-            for position, results in zip(searched, found, strict=True):
+            for position, results in sorted(found.items()):
                 answer = answers[position]
                 assert isinstance(answer, SearchResponse)
                 answer.results = results
                 answer.notes += no_match_notes(state, where, results)
+                if position in texts:
+                    answer.no_match = state.no_match.verdict(results)
                 timing = answer.timing | (shared if position in images else shared_text if position in texts
                                           else {}) | {
                     "search_ms": search_ms, "total_ms": (time.perf_counter() - started) * 1000}

@@ -27,6 +27,9 @@ from retrieval.serve.diagnostics import LeaveOneOut, NeighbourScores, leave_one_
 from retrieval.serve.images import QueryError
 from retrieval.serve.service.answers import QueryItem
 from retrieval.serve.service.text import StateText
+from retrieval.text.keywords import KeywordError, KeywordSearch
+from retrieval.text.no_match import read_floor
+from retrieval.text.text_search import index_keywords, search_text
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +67,10 @@ class ServedIndex:
         self.gallery_root = snapshot.gallery_root
         self.model = model.use()
         self.text = text if text is not None else StateText()  # the text model of its text queries, if any
+        self.keywords = state_keywords(snapshot)  # the keyword index its text queries search too, if any
+        # the floor under which a text query's answer says "no good match" (none: no claim is made)
+        self.no_match = read_floor(snapshot.info, self.text.embedder.model_hash if self.text.embedder else None,
+                                   "<index>")
         self._lock = threading.Lock()
         self._stats: dict[str, Any] | None = None
         self._loo: LeaveOneOut | None = None
@@ -115,6 +122,22 @@ class ServedIndex:
             raise ClientGone() from exc
         return [[dataclasses.replace(r, path=self.public_path(r.path)) for r in results] for results in found]
 
+    def search_text(self, texts: list[str], vectors: np.ndarray | None, k: int, exclude_ids: tuple[int, ...] = (),
+                    where: Filter | None = None, rerank: RerankConfig | None = None) -> list[list[SearchResult]]:
+        """Text queries' answers (``retrieval.text.text_search``: ``vectors``, the texts embedded by this state's
+        text model or None, fused with its keyword hits), ``exclude_ids`` left out, errors and paths as ``search``."""
+        try:
+            found = self._answer(search_text, self.index, texts, k, vectors, self.keywords, where=where,
+                                 rerank=rerank)
+        except (FilterError, NoStoredVectors, RerankTooLarge) as exc:
+            raise QueryError(str(exc), 422) from exc
+        except KeywordError as exc:  # the server's keyword file is at fault, not the query
+            log.error("the keyword index failed on a query: %s", exc)
+            raise QueryError("this server's keyword index cannot be read now (its operator's log says why)",
+                             503) from None
+        return [[dataclasses.replace(r, path=self.public_path(r.path)) for r in results if r.id not in exclude_ids]
+                for results in found]
+
     def gallery_rerank(self, rerank: RerankConfig | None) -> tuple[RerankConfig | None, str | None]:
         """``rerank`` with the sizes it left unset taken from this state's gallery (``retrieval.rerank.defaults``),
         and where they came from (None where it set them all)."""
@@ -125,7 +148,10 @@ class ServedIndex:
     def query_item(self, data: bytes) -> QueryItem | None:
         """The item of this state whose file has exactly these bytes (catalogue sha256), if any."""
         row = self._answer(self.index.indexed_by_sha256, hashlib.sha256(data).hexdigest())
-        return None if row is None else QueryItem(row["id"], self.public_path(row["path"]), row["label"])
+        if row is None:
+            return None
+        columns = self._answer(self.index.columns_of, [row["id"]]).get(int(row["id"]))
+        return QueryItem(row["id"], self.public_path(row["path"]), row["label"], columns)
 
     def index_stats(self) -> dict[str, Any]:
         """``index stats`` of this state (its own faiss index and ids: the folder is not opened again), once."""
@@ -176,3 +202,14 @@ class ServedIndex:
     def close(self) -> None:
         self.index.close()
         self.model.release()
+
+
+def state_keywords(snapshot: Any) -> KeywordSearch | None:
+    """The keyword index a served state's text queries search (a folder's ``keywords.sqlite``, a Milvus collection's
+    BM25 search); None where it has none, or where it cannot be read (logged: text queries are then answered by
+    vectors)."""
+    try:
+        return index_keywords(snapshot)  # a Milvus collection's BM25 search, or the folder's FTS5 file
+    except KeywordError as exc:
+        log.warning("keyword search is off for the index in %s: %s", snapshot.layout.root, exc)
+        return None

@@ -29,8 +29,9 @@ class Statistics:
         return {"vectors": len(state), "embedding_dim": state.index.dim}
 
     def text_search(self) -> bool:
-        """Whether the state served now searches by text (it has a text model)."""
-        return self.current().text.embedder is not None
+        """Whether the state served now searches by text (it has a text model, or a keyword index)."""
+        state = self.current()
+        return state.text.embedder is not None or state.keywords is not None
 
     def describe(self, state: ServedIndex | None = None) -> dict[str, Any]:
         """The index and model of ``state`` (default: the current one) for the operator: server paths included."""
@@ -46,6 +47,7 @@ class Statistics:
             "input_size": state.embedder.preprocessing.input_size if state.index.has_model else None,
             **({} if state.index.has_model else {"source": state.index.info.get("source")}),
             **state.text.describe(),  # text search: on, with its text model, or off (and why, where one was asked)
+            "text_no_match": state.no_match.describe(),  # the "no good match" floor and its calibration, or why none
         }
 
     # --- slower summaries, computed once per state

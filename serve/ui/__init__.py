@@ -34,8 +34,26 @@ UI_CSS = """
   line-height: 1.25; opacity: 1 !important; }
 #results-gallery .caption, #failures-gallery .caption { white-space: normal; text-overflow: clip;
   overflow-wrap: anywhere; }
+/* A long title is cut after four lines in the grid; the enlarged view and the selection line show it whole. */
+#results-gallery .caption-label { display: -webkit-box; -webkit-box-orient: vertical; -webkit-line-clamp: 4;
+  overflow: hidden; padding-top: 0 !important; padding-bottom: 0 !important; margin: 6px 0; }
 /* Narrow screens: two columns, so that thumbnails and their captions keep a readable size. */
 @media (max-width: 720px) {
+  /* A phone's screen: the query, its description and Search, then the results at once; the status line, K,
+     re-ranking and filters follow them (the columns and the form group step aside so that their parts can be
+     ordered). */
+  #search-row { flex-direction: column !important; flex-wrap: nowrap !important; }
+  #query-column, #results-column, #query-column > .form { display: contents !important; }
+  #purpose h1, #purpose h2, #purpose p { font-size: 1.15rem !important; line-height: 1.3 !important; }
+  #query-image { order: 1; height: 170px !important; }
+  #query-text { order: 2; }
+  #search-button { order: 3; }
+  #results-gallery { order: 4; }
+  #selected-result { order: 5; }
+  #search-timing { order: 6; }
+  #top-k { order: 7; }
+  #rerank-method { order: 8; }
+  #filter { order: 9; }
   #results-gallery .grid-container { grid-template-columns: repeat(2, minmax(0, 1fr)) !important; }
   /* failures: two query / wrong top-1 pairs a row, in smaller print (they are examples, not the answer) */
   #failures-gallery .grid-container { grid-template-columns: repeat(4, minmax(0, 1fr)) !important; }

@@ -3,6 +3,7 @@ a text model), K, filters and re-ranking -> the results."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 import gradio as gr
 from PIL import Image
 
+from retrieval.index.display_columns import display_text
 from retrieval.index.filters import MAX_FILTER_CHARS, MAX_IN_VALUES
 from retrieval.rerank import NONE, PAPER_NEIGHBOURHOOD, RERANKERS, RerankConfig, method_names
 from retrieval.serve.examples import example_ids
@@ -31,6 +33,8 @@ NO_IMAGE = "Upload, paste or pick an image first."
 NO_QUERY = "Upload, paste or pick an image, or describe what you look for in words, first."
 MAX_NOTE_CHARS = 2000  # a note on the query, e.g. how a filter that matched nothing compares (it lists the columns)
 IMAGE_STATUSES = (400, 413)  # the service's answers to an upload it cannot read (K and filter problems come first)
+MAX_CAPTION_CHARS = 400  # a result's display columns in its caption (a title, a price)
+SELECTED_ID = re.compile(r" · #(\d{1,18})$")  # the id a columns caption ends with (``results``)
 MAX_COLUMNS_SHOWN = 20  # a manifest's filter columns named in the where box's label
 MAX_COLUMN_CHARS = 40  # each of those names (the index allows 64)
 MAX_PICKED_LABEL_CHARS = 1000  # the label picker offers labels up to this long (a where holds 4,000 characters)
@@ -38,6 +42,10 @@ MAX_TEXT_OFF_CHARS = 1500  # why a state has no text search and the commands tha
 NO_TEXT_NOTE = ("Search by text is off: this server has no text model. Start it with one (`retrieval serve --index "
                 "INDEX --text-model TEXT.onnx`), or record one in the index (`retrieval index text INDEX --text-model "
                 "TEXT.onnx`).")
+# Run in the page when a result is clicked: its caption, once the enlarged view shows it.
+CLICKED_CAPTION = ("async () => { await new Promise((done) => setTimeout(done, 100)); const caption = "
+                   "document.querySelector('#results-gallery .preview .caption'); "
+                   "return caption ? caption.innerText.slice(-200) : ''; }")
 # Run in the page before a search: closes the pop-ups still open (they were about an earlier try).
 CLOSE_TOASTS = "() => { document.querySelectorAll('.toast-close').forEach((button) => button.click()); return []; }"
 
@@ -168,7 +176,7 @@ class SearchTab:
         try:
             data = self.read_upload(upload)
         except QueryError as exc:
-            if str(exc) == NO_IMAGE and state.text.embedder is not None:  # nothing given: both ways are open
+            if str(exc) == NO_IMAGE and self.service.text_search():  # nothing given: both ways are open
                 return [], failure_markdown("Cannot search", QueryError(NO_QUERY)), keep
             return [], failure_markdown("Cannot search with this image", exc, upload_name(upload)), None
         try:
@@ -189,10 +197,11 @@ class SearchTab:
         except ValueError as exc:
             return [], failure_markdown("Cannot search by text", exc)
         state = self.service.current()
-        if state.text.embedder is None:  # checked first: a filter's 422 is not mistaken for this one
+        if state.text.embedder is None and state.keywords is None:  # first: a filter's 422 is not mistaken for it
             return [], failure_markdown("Cannot search by text", state.text.refusal())
         try:  # a description with no word to search by: said so, never a list it did not choose
-            query_tokens(state.text.embedder, [query.text])
+            if state.text.embedder is not None:
+                query_tokens(state.text.embedder, [query.text])
         except QueryError as exc:
             return [], failure_markdown("Cannot search by text", exc)
         try:
@@ -205,16 +214,35 @@ class SearchTab:
         return self.results(response), f"{lead}\n\n{self.status(response, condition)}"
 
     def results(self, response: SearchResponse) -> list[tuple[Image.Image, str]]:
-        """The gallery's thumbnails and captions: score, label, and the path the API gives and filters compare."""
+        """The gallery's thumbnails and captions: the title and price where the index shows columns (then score,
+        label and ``#id``, which a click on it shows the path of), else score, label, and the path the API gives and
+        filters compare."""
         known = response.query_item
         items = []
         for result in response.results:  # captions are shown as text; label_text and shown_text bound them
-            caption = (f"{result.score:.3f} · {self.facts.label_text(result.label)} · "
-                       f"{shown_text(result.path, MAX_PATH_CHARS)}")
+            shown = display_text(result.columns, MAX_CAPTION_CHARS)
+            caption = (f"{shown} · {result.score:.3f} · {self.facts.label_text(result.label)} · #{result.id}" if shown
+                       else f"{result.score:.3f} · {self.facts.label_text(result.label)} · "
+                            f"{shown_text(result.path, MAX_PATH_CHARS)}")
             if known is not None and known.label is not None:
                 caption = ("✓ " if result.label == known.label else "✗ ") + caption
+            if result.source is not None:  # a text query's hit: found by its words, its picture, or both
+                caption = f"[{result.source}] {caption}"
             items.append((thumbnail(self.service.image_path(result.id)), caption))
         return items
+
+    def selected(self, caption: Any) -> str:
+        """What a click on a result shows under the gallery: its id, the path filters compare, its label and its
+        display columns (``caption``: the clicked result's, whose ``#id`` names it; a caption without one shows its
+        path already)."""
+        found = SELECTED_ID.search(caption[-40:]) if isinstance(caption, str) else None
+        item = self.service.item(int(found.group(1))) if found else None
+        if item is None:
+            return ""
+        columns = display_text(item.get("columns"), MAX_CAPTION_CHARS)
+        return (f"**Selected #{item['id']}:** {markdown_code(item['path'], MAX_PATH_CHARS)} · label "
+                f"{markdown_code(self.facts.label_text(item['label']))}"
+                + (f" · {markdown_text(columns, MAX_CAPTION_CHARS)}" if columns else ""))
 
     def status(self, response: SearchResponse, condition: str | None) -> str:
         """The status line of a search that ran: what it found (or why nothing), how long it took, what the query
@@ -230,6 +258,9 @@ class SearchTab:
                          "results.")
         if response.unlike_gallery():
             lines.append(unlike_markdown(response, condition))
+        if response.no_match:  # a text query's: its best score is under the index's calibrated floor
+            lines.append("⚠️ **Nothing here matches this description well**: the gallery seems not to hold it. "
+                         "These are the nearest images, not matches.")
         if response.rerank is not None:
             method = RERANKERS[response.rerank.method]
             sizes = ", ".join(f"{name} = {value}" for name, value in response.rerank.params().items()
@@ -283,8 +314,8 @@ class SearchTab:
 
     def build(self, demo: gr.Blocks | None = None) -> None:
         """The tab's components and events (``demo``: the page, whose every load refreshes the description box)."""
-        with gr.Row(equal_height=False):
-            with gr.Column(scale=1, min_width=280):
+        with gr.Row(equal_height=False, elem_id="search-row"):
+            with gr.Column(scale=1, min_width=280, elem_id="query-column"):
                 # the uploaded file itself (preprocess=False below): decoded by the API's decoder, not Gradio's
                 query = gr.Image(
                     type="filepath",
@@ -327,15 +358,23 @@ class SearchTab:
                     )
                 button = gr.Button("Search", variant="primary", elem_id="search-button")
                 timing = gr.Markdown(elem_id="search-timing", latex_delimiters=NO_LATEX)
-            with gr.Column(scale=3, min_width=280):
+            with gr.Column(scale=3, min_width=280, elem_id="results-column"):
                 gallery = gr.Gallery(
-                    label="Results (cosine similarity · label)",
+                    label=("Results (title · cosine similarity · label; click one for its path)"
+                           if self.service.current().index.display_columns else "Results (cosine similarity · label)"),
                     columns=5,
                     height="auto",
                     object_fit="contain",
                     elem_id="results-gallery",
                     allow_preview=True,
                 )
+                chosen = gr.Markdown(elem_id="selected-result", latex_delimiters=NO_LATEX)
+                clicked = gr.Textbox(visible=False, max_length=2 * MAX_CAPTION_CHARS)
+                # the page reads the clicked caption itself: a select event's own data names the thumbnail's file,
+                # which the upload guard refuses (serve/upload_cache.py: events may name uploaded files only)
+                gallery.select(None, None, clicked, js=CLICKED_CAPTION, queue=False, show_progress="hidden",
+                               api_visibility="private").then(
+                    self.selected, clicked, chosen, queue=False, show_progress="hidden", api_visibility="private")
         # after the results, so that on a narrow screen (one column) the results come first
         if self.examples.files:
             examples = gr.Examples(

@@ -71,8 +71,9 @@ def test_index_text_records_the_model_and_search_text_embeds_with_it(index_copy,
         assert all(Path(r["file"]).is_file() for r in answer["results"])
 
     plain = run("search", "--index", index_copy, "--text", "a red apple", "-k", "3")
-    assert plain.exit_code == 0 and plain.output.splitlines()[0] == '"a red apple"', plain.output
-    assert plain.output.splitlines()[1].startswith("    1  ")
+    lines = [line for line in plain.output.splitlines() if "no good match" not in line]  # a random tower's may say
+    assert plain.exit_code == 0 and lines[0] == '"a red apple"', plain.output
+    assert lines[1].startswith("    1  ")
 
 
 def test_filters_and_reranking_apply_to_a_text_query(index_copy, towers, artifacts):

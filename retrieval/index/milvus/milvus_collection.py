@@ -5,9 +5,10 @@ One collection holds one index: a row per indexed image with its ``id`` (the pri
 ``vector`` (L2-normalised, searched by inner product = cosine), ``path`` (as the API shows it: relative to the gallery
 root), ``label``, ``sha256``, ``size`` (the file's bytes) and ``shard`` (the index's shard its vector came from: a
 re-embedded row has another; nullable), and one nullable scalar field per manifest column (``c0``, ``c1``, ...: a
-manifest's column names are anyone's text, so fields are numbered and the properties map names to them). A Milvus
-server or cluster is ``http://host:19530``; Milvus Lite, the same engine in a local process, is a ``*.db`` file.
-Read side: nothing here writes a collection (``milvus_push`` does).
+manifest's column names are anyone's text, so fields are numbered and the properties map names to them), and, for an
+index with keywords, their text and its BM25 vector (``milvus_keywords``). A Milvus server or cluster is
+``http://host:19530``; Milvus Lite, the same engine in a local process, is a ``*.db`` file. Read side: nothing here
+writes a collection (``milvus_push`` does).
 """
 
 from __future__ import annotations
@@ -193,6 +194,7 @@ class CollectionRecord:
     index_type: str = "AUTOINDEX"
     state: str = PUSHING
     rows: int = 0  # the local index's rows when the push started
+    text_columns: list[str] = field(default_factory=list)  # the columns its keywords hold (``milvus_keywords``)
 
     @property
     def model_hash(self) -> str | None:
@@ -208,7 +210,7 @@ class CollectionRecord:
         properties (an operator reads them with any Milvus tool), the rest as one JSON document."""
         body = {"format": FORMAT, "info": self.info, "index_type": self.index_type, "state": self.state,
                 "rows": self.rows,
-                "columns": [[c.name, c.field, c.kind] for c in self.columns]}
+                "columns": [[c.name, c.field, c.kind] for c in self.columns], "text_columns": self.text_columns}
         properties = {MODEL_HASH: self.model_hash or "none (built from embeddings)",
                       EMBEDDING_DIM: str(self.dim), RECORD: json.dumps(body, separators=(",", ":"))}
         if preprocessing is not None:
@@ -225,7 +227,7 @@ class CollectionRecord:
             body = json.loads(raw)
             columns = [ColumnField(str(n), str(f), str(k)) for n, f, k in body.get("columns", [])]
             return cls(dict(body["info"]), columns, str(body["index_type"]), str(body["state"]),
-                       int(body.get("rows", 0)))
+                       int(body.get("rows", 0)), [str(c) for c in body.get("text_columns") or []])
         except (TypeError, ValueError, KeyError) as exc:
             raise MilvusError("collection", f"its property {RECORD} is damaged ({exc}); push the index into a new "
                                             "collection") from None

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from retrieval.errors import ParameterError
+from retrieval.index.display_columns import columns_of, with_columns
 from retrieval.index.filters import Filter, parse_filter
 from retrieval.index.milvus.milvus_client import MilvusUnavailable
 from retrieval.index.milvus.milvus_collection import (
@@ -37,6 +38,7 @@ from retrieval.index.milvus.milvus_collection import (
     read_record,
     search_params,
 )
+from retrieval.index.milvus.milvus_keywords import MilvusKeywords
 from retrieval.index.portable import file_inside
 from retrieval.index.query_embedder import (
     ImageEmbedder,
@@ -140,6 +142,12 @@ class MilvusIndex(IndexFacts):
         """Every id the collection held when first asked, sorted int64."""
         ids = [int(row[ID]) for page in self._pages([ID]) for row in page]
         return np.unique(np.asarray(ids, dtype=np.int64))
+
+    @functools.cached_property
+    def keywords(self) -> MilvusKeywords | None:
+        """The collection's keyword search (BM25 on the pushed ``text_columns``, ``milvus_keywords``); None where it
+        was pushed without keywords."""
+        return MilvusKeywords(self.client, self.place.collection) if self.record.text_columns else None
 
     @property
     def filter_table(self) -> MilvusColumns:
@@ -277,7 +285,38 @@ class MilvusIndex(IndexFacts):
         if reranking:
             results = reranked_results(prepare_vectors(embeddings, self.dim), results, k, rerank,
                                        self.reconstructed_vectors, cancelled)
-        return results
+        return self.with_columns(results)
+
+    def with_columns(self, found: list[list[SearchResult]]) -> list[list[SearchResult]]:
+        """``found`` with each result's display columns (``display_columns``), read in one query of the collection."""
+        return with_columns(found, self.columns_of)
+
+    def columns_of(self, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """id -> the display columns of each of ``ids``, from the fields the collection keeps the manifest's
+        columns in ({} where the index shows none)."""
+        fields = {c.name: c.field for c in self.record.columns if c.name in self.display_columns}
+
+        def metadata_of(wanted: list[int]) -> dict[int, dict[str, Any]]:
+            rows = self._rows_of(wanted, list(fields.values())) if fields else []
+            return {int(row[ID]): {name: row.get(field) for name, field in fields.items()} for row in rows}
+
+        return columns_of(ids, self.display_columns, metadata_of)
+
+    def search_selected(self, embeddings: np.ndarray, k: int, selected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The top-k among the ``selected`` ids alone (``Index.search_selected``'s contract), exactly, from the
+        vectors the collection keeps of them (what a text query asks of its keyword hits: at most ``MAX_K``)."""
+        from retrieval.index.faiss_backend.faiss_search import exact_among
+
+        queries = prepare_vectors(embeddings, self.dim)
+        wanted = np.asarray(selected, dtype=np.int64)
+        if len(wanted) > MAX_K:
+            raise ValueError(f"search_selected takes at most {MAX_K} ids, got {len(wanted)}")
+        stored = {int(row[ID]): row[VECTOR] for row in self._rows_of(wanted.tolist(), [VECTOR])}
+        if not stored:
+            return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
+        ids = np.asarray(sorted(stored), dtype=np.int64)
+        scores, found = exact_among(queries, np.asarray([stored[i] for i in ids.tolist()], np.float32), ids, k)
+        return np.clip(scores, -1.0, 1.0, out=scores), found
 
     def rerank_neighbourhood(self) -> Neighbourhood:
         """The gallery's typical class size (``rerank.defaults``), from the labels, read again after ``REFRESH_S``."""

@@ -6,11 +6,13 @@ and is marked ``pushing`` until every row is in, then ``complete``. A push kille
 the same command: it reads the ids the collection already holds and sends only the others, so no row is sent twice
 (Milvus does not refuse a repeated primary key: a row inserted twice would be found twice). A complete collection
 of the same rows is left as it is; one of another model is refused, naming both hashes. One push at a time per
-collection: two at once could both send a row the other has not yet written.
+collection: two at once could both send a row the other has not yet written. An index with keywords sends each row's
+keyword text too (``milvus_keywords``); keywords added or changed go into a new collection the name then moves to.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 import time
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from retrieval.index.display_columns import DISPLAY_COLUMNS
 from retrieval.index.filters import BUILT_IN_COLUMNS, FilterTable
 from retrieval.index.milvus.milvus_collection import (
     COMPLETE,
@@ -46,7 +49,9 @@ from retrieval.index.milvus.milvus_collection import (
     refuse_other_model,
     vector_index_params,
 )
+from retrieval.index.milvus.milvus_keywords import KEYWORDS, add_keyword_fields, add_keyword_index, keyword_texts
 from retrieval.index.query_embedder import l2_normalize_rows
+from retrieval.text.keywords import TEXT_COLUMNS
 
 if TYPE_CHECKING:
     from retrieval.data.preprocessing import ModelPreprocessing
@@ -95,14 +100,20 @@ def push_index(index_dir: str | Path, place: MilvusPlace, index_type: str | None
         with Snapshot.open(index_dir) as index:
             ids, paths, labels, extra = index.filter_rows()
             columns = manifest_columns(FilterTable(ids, paths, labels, extra))
+            keywords = keyword_texts(index_dir, index.info)  # the text_columns' FTS5 terms (None: no keywords)
             wanted = CollectionRecord(dict(index.info), column_fields([(n, t) for n, (t, _) in columns.items()]),
-                                      index_type or "AUTOINDEX", PUSHING, rows=len(ids))
+                                      index_type or "AUTOINDEX", PUSHING, rows=len(ids),
+                                      text_columns=list(index.info[TEXT_COLUMNS]) if keywords is not None else [])
             served = served_collection(client, place.collection)
-            target = physical_name(place.collection, wanted.model_hash) if served is None else served
-            if served is not None and switch:
+            own = physical_name(place.collection, wanted.model_hash, wanted.text_columns)
+            target = own if served is None else served
+            if served is not None:
                 current = read_record(client, served)
-                if current.model_hash != wanted.model_hash and not compatible_upgrade(current, wanted, index):
-                    target = physical_name(place.collection, wanted.model_hash)
+                if current.text_columns != wanted.text_columns and current.model_hash == wanted.model_hash:
+                    target = own  # keywords added or changed: a collection of their schema, the name moved to it
+                elif switch and current.model_hash != wanted.model_hash \
+                        and not compatible_upgrade(current, wanted, index):
+                    target = own
             record = read_record(client, target)
             created = record is None
             if created:
@@ -119,9 +130,12 @@ def push_index(index_dir: str | Path, place: MilvusPlace, index_type: str | None
                 elif not created:
                     check_resumable(record, wanted if index_type else replace(wanted, index_type=record.index_type),
                                      target)
+                    # what answers show is the index's to change (`index columns`): a push brings it along
+                    record.info = {key: value for key, value in record.info.items() if key != DISPLAY_COLUMNS} | (
+                        {DISPLAY_COLUMNS: wanted.info[DISPLAY_COLUMNS]} if DISPLAY_COLUMNS in wanted.info else {})
                 rows = _collection_rows(client, target, record)
                 sent, deleted = _write(client, target, record, index, ids, paths, labels, columns, rows, batch_rows,
-                                       progress, claim.renew)
+                                       progress, claim.renew, keywords or {})
                 record.state, record.rows = COMPLETE, len(ids)
                 client.flush(target)
                 client.alter_collection_properties(target, {RECORD: record.properties()[RECORD]})
@@ -239,7 +253,7 @@ def compatible_upgrade(existing: CollectionRecord, wanted: CollectionRecord, ind
     from retrieval.index.query_embedder import is_compatible, with_output
 
     if existing.model_hash == wanted.model_hash or not index.has_model or existing.dim != wanted.dim \
-            or existing.columns != wanted.columns:
+            or existing.columns != wanted.columns or existing.text_columns != wanted.text_columns:
         return False
     try:
         model = with_output(index.embedder, None)
@@ -248,9 +262,11 @@ def compatible_upgrade(existing: CollectionRecord, wanted: CollectionRecord, ind
     return is_compatible(model, existing.info)
 
 
-def physical_name(name: str, model_hash: str | None) -> str:
-    """The collection that holds the rows served under ``name`` for one model: ``NAME__<hash>``."""
-    return f"{name}__{(model_hash or 'vectors')[:16]}"
+def physical_name(name: str, model_hash: str | None, text_columns: Sequence[str] = ()) -> str:
+    """The collection that holds the rows served under ``name`` for one model: ``NAME__<hash>``, and
+    ``__k<digest>`` of its ``text_columns`` where it has keywords (a schema of their own)."""
+    keywords = f"__k{hashlib.sha256(json.dumps(list(text_columns)).encode()).hexdigest()[:8]}" if text_columns else ""
+    return f"{name}__{(model_hash or 'vectors')[:16]}{keywords}"
 
 
 def served_collection(client: Any, name: str) -> str | None:
@@ -279,7 +295,7 @@ def point_alias(client: Any, name: str, target: str, served: str | None) -> str 
 
 def _collection_rows(client: Any, collection: str, record: CollectionRecord) -> dict[int, tuple]:
     """id -> (path, label, shard, column values...) of every row ``collection`` holds, read in pages."""
-    fields = [PATH, LABEL, SHARD, *(c.field for c in record.columns)]
+    fields = [PATH, LABEL, SHARD, *(c.field for c in record.columns), *([KEYWORDS] if record.text_columns else [])]
     iterator = client.query_iterator(collection, batch_size=ID_PAGE, filter="", output_fields=fields)
     rows: dict[int, tuple] = {}
     try:
@@ -292,9 +308,10 @@ def _collection_rows(client: Any, collection: str, record: CollectionRecord) -> 
 
 def _write(client: Any, collection: str, record: CollectionRecord, index: Any, ids: list[int], paths: list[str],
            labels: list[str | None], columns: dict[str, tuple[bool, list[Any]]], present: dict[int, tuple],
-           batch_rows: int, progress: bool, alive: Callable[[], None]) -> tuple[int, int]:
+           batch_rows: int, progress: bool, alive: Callable[[], None],
+           keywords: dict[int, str]) -> tuple[int, int]:
     """Send the rows ``present`` lacks or holds otherwise, delete those the index no longer holds; (sent,
-    deleted). ``alive`` is called after each batch (``PushClaim.renew``)."""
+    deleted). ``alive`` is called after each batch (``PushClaim.renew``); ``keywords``: id -> keyword text."""
     from retrieval.index.shards import ShardStore
     from retrieval.index.vectors import done_chunks
     from retrieval.utils.progress import progress_bar
@@ -302,8 +319,9 @@ def _write(client: Any, collection: str, record: CollectionRecord, index: Any, i
     public = {int(i): (index.public_path(p), label) for i, p, label in zip(ids, paths, labels, strict=True)}
     values = {name: dict(zip(ids, column_values, strict=True)) for name, (_, column_values) in columns.items()}
     shard_of = {int(i): shard for i, shard in index.catalogue.shards_of(public).items()}
-    wanted = {i: (public[i][0], public[i][1], shard_of.get(i), *(values[c.name][i] for c in record.columns))
-              for i in public}
+    keyword_of = {i: keywords.get(i, "") for i in public} if record.text_columns else {}
+    wanted = {i: (public[i][0], public[i][1], shard_of.get(i), *(values[c.name][i] for c in record.columns),
+                  *([keyword_of[i]] if record.text_columns else [])) for i in public}
     stale = [i for i in present if i not in wanted]
     for start in range(0, len(stale), DELETE_IDS):
         client.delete(collection, filter=f"{ID} in {stale[start: start + DELETE_IDS]}")
@@ -317,6 +335,8 @@ def _write(client: Any, collection: str, record: CollectionRecord, index: Any, i
             for start in range(0, len(chunk_ids), batch_rows):
                 batch = chunk_ids[start: start + batch_rows].tolist()
                 rows = list(_rows(batch, vectors[start: start + batch_rows], public, sha, values, record, done))
+                if record.text_columns:
+                    rows = [row | {KEYWORDS: keyword_of[row[ID]]} for row in rows]
                 fresh = [row for row in rows if row[ID] not in present]
                 if fresh:  # insert: no row of theirs is there (an insert of a present id would be a second row)
                     client.insert(collection, fresh)
@@ -333,7 +353,8 @@ def check_resumable(existing: CollectionRecord, wanted: CollectionRecord, collec
     refuse_other_model(existing, wanted.model_hash, collection,
                        "push into a new collection, or move this name to the new model's vectors with "
                        "`retrieval index upgrade`")
-    if existing.dim != wanted.dim or existing.columns != wanted.columns:
+    if existing.dim != wanted.dim or existing.columns != wanted.columns \
+            or existing.text_columns != wanted.text_columns:
         raise MilvusError("collection", f"{collection!r} was pushed from an index with other vectors or "
                                         "manifest columns; push into a new collection")
     if existing.index_type != wanted.index_type:
@@ -343,8 +364,12 @@ def check_resumable(existing: CollectionRecord, wanted: CollectionRecord, collec
 
 
 def create_collection(client: Any, collection: str, record: CollectionRecord, preprocessing: dict[str, Any]) -> None:
-    client.create_collection(collection, schema=collection_schema(record.dim, record.columns),
-                             index_params=vector_index_params(client, record.index_type, record.rows, record.dim),
+    schema = collection_schema(record.dim, record.columns)
+    index_params = vector_index_params(client, record.index_type, record.rows, record.dim)
+    if record.text_columns:  # the keywords' text and the BM25 vector Milvus makes of it
+        add_keyword_fields(schema)
+        add_keyword_index(index_params)
+    client.create_collection(collection, schema=schema, index_params=index_params,
                              properties=record.properties(preprocessing), consistency_level="Strong")
 
 

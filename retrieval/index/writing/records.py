@@ -151,6 +151,9 @@ def info_from_meta(catalogue: Catalogue) -> dict[str, Any]:
     for key in ("source", "embeddings_dir"):  # built from embeddings: no model, and where its vectors came from
         if get(key) is not None:
             info[key] = get(key)
+    if get("text_columns") is not None and get("keyword_index") is not None:  # keyword_build's record
+        info["text_columns"] = json.loads(get("text_columns"))
+        info["keyword_index"] = get("keyword_index")
     return info
 
 

@@ -24,6 +24,7 @@ from retrieval.index.query_embedder import (
 )
 from retrieval.index.shards import ShardStore
 from retrieval.index.writing.collection_writes import refuse_collection_repair
+from retrieval.index.writing.keyword_build import sync_keywords
 from retrieval.index.writing.mend import mend
 from retrieval.index.writing.records import (
     NothingToRepairError,
@@ -120,6 +121,7 @@ def repair_index(
             if old is not None:
                 built["index_key_requested"] = old.get("index_key_requested", key)
             info = (old or {}) | info | built
+        info |= sync_keywords(layout, catalogue, info)  # a keyword index (text_columns) in step with the rows too
         layout.write_info(info)
         catalogue.set_meta(state="complete")
         return {

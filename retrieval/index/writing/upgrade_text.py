@@ -24,6 +24,7 @@ from retrieval.index.embedding.embed_rows import RowEmbedder
 from retrieval.index.query_embedder import ImageEmbedder
 from retrieval.index.shards import ShardStore
 from retrieval.index.vectors import done_chunks
+from retrieval.text.gallery_adapt import tower_metadata
 from retrieval.text.text_onnx import TextEmbedder
 from retrieval.utils.unit_rows import l2_normalize_rows
 
@@ -37,7 +38,7 @@ SCAN_FACTOR = 20  # rows read at most per caption wanted (a catalogue whose colu
 def caption_columns(info: Mapping[str, Any], text: TextEmbedder) -> list[str]:
     """The columns whose text describes each image: those the text model was trained on (its metadata's
     ``caption_columns``), else the index's keyword columns, else its display columns (index.json)."""
-    recorded = getattr(text, "metadata", {}) or {}
+    recorded = tower_metadata(text)
     for source, key in ((recorded, "caption_columns"), (info, "text_columns"), (info, "display_columns")):
         value = source.get(key)
         if isinstance(value, str):

@@ -67,6 +67,7 @@ from retrieval.index.writing.collection_writes import (
     collection_meta,
     remove_from_collection,
 )
+from retrieval.index.writing.keyword_build import build_keywords, check_text_columns, recorded_columns, sync_keywords
 from retrieval.index.writing.mend import mend
 from retrieval.index.writing.records import (
     SIMILARITY,
@@ -108,8 +109,12 @@ def build_index(
     label_from: str | None = None,
     milvus: MilvusPlace | None = None,
     milvus_index_type: str | None = None,
+    text_columns: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Build (or finish an interrupted build of) an index of the images in ``out``; returns a summary.
+
+    ``text_columns``: the manifest columns (``label`` too) a keyword index holds (``keyword_build``, beside the
+    faiss index; None: those an interrupted build of this folder recorded, if any).
 
     ``label_from`` (``sources.LABEL_RULES``): where an image's label comes from; default: its folder's name (a
     folder) or the label column (a manifest). The summary says which classes it found.
@@ -167,6 +172,12 @@ def build_index(
                 **({"gallery_split": split} if split is not None else {}),
             )
         catalogue.plan(gallery.items, gallery.source, gallery.errors)
+        text_columns = list(text_columns) if text_columns else recorded_columns(catalogue)
+        if text_columns:
+            if milvus is not None:
+                raise ParameterError("text_columns", "keep their keyword index beside a folder's faiss index; a "
+                                                     "build into a Milvus collection has none")
+            check_text_columns(text_columns, catalogue)  # before any image is embedded
         if milvus is not None:
             built = build_into_collection(layout, catalogue, store, engine, embedder, options, milvus,
                                            milvus_index_type)
@@ -174,6 +185,8 @@ def build_index(
                     **writer_summary(catalogue, started, {})}
         mended = mend(catalogue, store)
         ingest(engine, catalogue, store, embedder, options)
+        if text_columns:  # recorded in the catalogue's meta, which index.json is written from next
+            build_keywords(layout, catalogue, text_columns)
         built = publish_faiss(layout, catalogue, store, index_key, int(embedder.embedding_dim), gpu, options,
                                engine.add_vectors)
         return {
@@ -309,6 +322,7 @@ def add_images(
         ingest(engine, catalogue, store, embedder, options)
         near = check_new_images(layout, catalogue, store, info, duplicates)  # before faiss holds the new images
         updated = update_faiss(layout, catalogue, store, info, gpu, policy=options.policy)
+        info |= sync_keywords(layout, catalogue, info)
         layout.write_info(info | updated)
         this_run = {key: value - before[key] for key, value in tally(catalogue).items()}
         return {"index_dir": str(layout.root), **updated, "labels": label_summary(gallery, rule),
@@ -355,6 +369,7 @@ def remove_images(
         else:
             store = ShardStore(layout.shards)
             updated = update_faiss(layout, catalogue, store, info, policy=policy)
+            info |= sync_keywords(layout, catalogue, info)
             layout.write_info(info | updated)
         return {
             "index_dir": str(layout.root),
