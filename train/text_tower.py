@@ -81,6 +81,18 @@ class ZeroShotStart:
     weight: np.ndarray
     bias: np.ndarray
     classes: list[str]
+    bridge: dict[str, Any] | None = None  # its class bridge's buffers, temperature and top (None: it has none)
+
+    def apply(self, tower: TextTower) -> None:
+        """Put the start's projection (and class bridge) into ``tower``."""
+        from retrieval.text.tower import ClassBridge
+
+        with torch.no_grad():
+            tower.projection.weight.copy_(torch.from_numpy(self.weight))
+            tower.projection.bias.copy_(torch.from_numpy(self.bias))
+        if self.bridge is not None:
+            tower.bridge = ClassBridge(**{k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
+                                          for k, v in self.bridge.items()})
 
 
 def zero_shot_start(config: TextTrainConfig, model_hash: str, encoder_name: str) -> ZeroShotStart | None:
@@ -100,7 +112,7 @@ def zero_shot_start(config: TextTrainConfig, model_hash: str, encoder_name: str)
         proto = onnx.load(str(path))
         metadata = {entry.key: entry.value for entry in proto.metadata_props}
         weights = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer
-                   if i.name in ("projection.weight", "projection.bias")}
+                   if i.name in ("projection.weight", "projection.bias", *BRIDGE_BUFFERS)}
         record = TextTowerRecord.from_metadata(metadata)
         classes = zero_shot_classes(metadata)
         problem = (
@@ -109,16 +121,31 @@ def zero_shot_start(config: TextTrainConfig, model_hash: str, encoder_name: str)
             if record.image_model_hash != model_hash else
             f"its encoder is {record.encoder.get('name')!r}, this training's {encoder_name!r}"
             if record.encoder.get("name") != encoder_name or record.encoder.get("layers_tuned") else
-            "its projection is not the tower's linear map" if len(weights) != 2 else None)
+            "its projection is not the tower's linear map" if not {"projection.weight", "projection.bias"} <= set(
+                weights) else None)
         if problem is None:
             return ZeroShotStart(path, weights["projection.weight"].astype(np.float32),
-                                 weights["projection.bias"].astype(np.float32), list(classes or []))
+                                 weights["projection.bias"].astype(np.float32), list(classes or []),
+                                 _bridge(weights, metadata))
     why = problem or f"{config.model} names no text tower beside it"
     if config.start == "zero-shot":
         raise ParameterError("start", f"is zero-shot, but {why}; a pretrained export (`retrieval export "
                                       "--pretrained`) writes the zero-shot tower, or start from the ridge instead")
     log.info("training starts from the ridge regression: no zero-shot start (%s)", why)
     return None
+
+
+BRIDGE_BUFFERS = ("bridge.text_features_t", "bridge.class_index", "bridge.rows")
+
+
+def _bridge(weights: dict[str, np.ndarray], metadata: dict[str, str]) -> dict[str, Any] | None:
+    """A zero-shot tower's class bridge, from its graph's buffers and its training record (None: it has none)."""
+    if not set(BRIDGE_BUFFERS) <= set(weights):
+        return None
+    training = json.loads(metadata.get("zero_shot_training") or "{}")
+    return {"text_features_t": weights["bridge.text_features_t"], "class_index": weights["bridge.class_index"],
+            "rows": weights["bridge.rows"], "temperature": float(training.get("bridge_temperature", 0.1)),
+            "top": int(training.get("bridge_top", 20))}
 
 
 def read_captions(images: str, columns: Sequence[str], split: str | None) -> tuple[list[str], list[list[str]]]:
@@ -296,6 +323,8 @@ class TowerTrainer:
         torch.manual_seed(config.seed)
         self.tokenizer = TextTokenizer.from_file(str(folder / "tokenizer.json"), config.max_tokens)
         self.tower = TextTower(SentenceEncoder.from_folder(folder), data.vectors.shape[1])
+        if self.zero_shot is not None:
+            self.zero_shot.apply(self.tower)
         self.loss = LiTLoss()
         self.images = torch.from_numpy(data.vectors)
         held = np.isin(data.owner, held_images)
@@ -334,8 +363,8 @@ class TowerTrainer:
 
         features = sentence_features(self.tower.encoder, self.tokenizer,
                                      [class_prompt(name) for name in self.zero_shot.classes], progress)
-        start = features @ torch.from_numpy(self.zero_shot.weight).T + torch.from_numpy(self.zero_shot.bias)
-        return features, torch.nn.functional.normalize(start, dim=-1)
+        with torch.no_grad():  # the tower holds the start now
+            return features, self.tower.from_features(features)
 
     def text_embeddings(self, captions: np.ndarray) -> torch.Tensor:
         """The tower's embeddings of these captions (from the cached features while the encoder is frozen)."""
@@ -344,7 +373,7 @@ class TowerTrainer:
         else:
             index = torch.from_numpy(captions)
             pooled = self.tower.encoder.upper(self.states[index], self.mask[index], self.start)
-        return torch.nn.functional.normalize(self.tower.projection(pooled), dim=-1)
+        return self.tower.from_features(pooled)
 
     def evaluate(self) -> tuple[dict[str, float], np.ndarray]:
         """Held-out captions' Recall@K against every image, and their ranks."""
@@ -360,11 +389,7 @@ class TowerTrainer:
         """Train; the history (epoch 0: the start, zero-shot or ridge), the chosen epoch, and its held-out ranks.
         The tower holds the chosen epoch's weights at the end: the start's where no epoch beats it."""
         config = self.config
-        if self.zero_shot is not None:
-            with torch.no_grad():
-                self.tower.projection.weight.copy_(torch.from_numpy(self.zero_shot.weight))
-                self.tower.projection.bias.copy_(torch.from_numpy(self.zero_shot.bias))
-        else:
+        if self.zero_shot is None:  # a zero-shot start is in the tower since it was made
             self.tower.fit_projection(self.features[self.train_captions],
                                       self.images[self.data.owner[self.train_captions]])
         groups = [{"params": [*self.tower.projection.parameters(), self.loss.log_scale], "lr": config.lr}]
@@ -391,7 +416,7 @@ class TowerTrainer:
                 if self.anchors is not None:  # the class names stay where the start put them
                     features, targets = self.anchors
                     kept = torch.from_numpy(rng.choice(len(features), min(len(batch), len(features)), replace=False))
-                    moved = torch.nn.functional.normalize(self.tower.projection(features[kept]), dim=-1)
+                    moved = self.tower.from_features(features[kept])
                     loss = loss + config.anchor_weight * self.loss(moved, targets[kept])
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()

@@ -29,7 +29,7 @@ from retrieval.text.class_texts import ImageNetClass, class_texts, read_imagenet
 from retrieval.text.encoder import SentenceEncoder
 from retrieval.text.lit_loss import LiTLoss
 from retrieval.text.tokens import TextTokenizer
-from retrieval.text.tower import TextTower
+from retrieval.text.tower import ClassBridge, TextTower
 from retrieval.train.text_tower import default_encoder, recalls, sentence_features, text_to_image_ranks
 from retrieval.utils.progress import progress_bar
 
@@ -69,6 +69,11 @@ class ZeroShotSettings:
     max_tokens: int = 32
     seed: int = 0
     encoder: str | None = None
+    # the class bridge beside the projection (``retrieval.text.tower.ClassBridge``): the class texts it reads (none:
+    # no bridge), its softmax temperature and the classes it weighs (benchmarks/zero_shot_bridge.py)
+    bridge_prompts: tuple[str, ...] = ("names", "photo")
+    bridge_temperature: float = 0.1
+    bridge_top: int = 20
 
     def __post_init__(self) -> None:
         if self.epochs < 0 or self.batch_size < 2 or not self.lr > 0 or not 0 <= self.held_out_share < 1:
@@ -227,6 +232,13 @@ def train_zero_shot_tower(head: torch.Tensor, settings: ZeroShotSettings | None 
             optimizer.step()
             losses.append(float(loss.detach()))
         history.append(measure(epoch, float(np.mean(losses)) if losses else None))
+    bridged = np.isin(data.prompt, [settings.prompts.index(p) for p in settings.bridge_prompts
+                                    if p in settings.prompts])
+    if bridged.any():  # over the trained classes only: held-out ones are what is measured
+        present, owner = np.unique(data.owner[bridged], return_inverse=True)
+        tower.bridge = ClassBridge.of_texts(features[torch.from_numpy(bridged)], torch.from_numpy(owner),
+                                            rows[torch.from_numpy(present)], settings.bridge_temperature,
+                                            min(settings.bridge_top, len(present)))
     tower.eval()
     done = time.perf_counter()
     names = [c.name for c in classes]

@@ -31,7 +31,7 @@ def shop(tmp_path_factory):
     from retrieval.export.text_export import export_text_tower, link_text_model
     from retrieval.text.encoder import SentenceEncoder
     from retrieval.text.tokens import TextTokenizer
-    from retrieval.text.tower import TextTower
+    from retrieval.text.tower import ClassBridge, TextTower
 
     root = tmp_path_factory.mktemp("zero_shot_start")
     encoder = small_encoder_folder(root / "encoder")
@@ -40,9 +40,18 @@ def shop(tmp_path_factory):
     model_hash = load_model(model).model_hash
     torch.manual_seed(1)
     tower = TextTower(SentenceEncoder.from_folder(encoder), 24)
-    export_text_tower(tower, TextTokenizer.from_file(str(encoder / "tokenizer.json"), 32),
-                      root / "models" / "model.text.onnx", model_hash, {"name": "encoder", "layers_tuned": 0},
-                      ["a red thing"], origin=ZERO_SHOT, extra={ZERO_SHOT_CLASSES: json.dumps(list(COLOURS))})
+    # a class bridge as the export's: each colour's two texts onto a row of its own
+    texts = [f"{prefix}{colour}" for colour in COLOURS for prefix in ("", "a photo of a ")]
+    tokenizer = TextTokenizer.from_file(str(encoder / "tokenizer.json"), 32)
+    with torch.no_grad():
+        features = tower.encoder(*map(torch.from_numpy, tokenizer(texts)))
+    tower.bridge = ClassBridge.of_texts(features, torch.arange(len(texts)) // 2, torch.randn(len(COLOURS), 24),
+                                        temperature=0.1, top=3)
+    export_text_tower(tower, tokenizer, root / "models" / "model.text.onnx", model_hash,
+                      {"name": "encoder", "layers_tuned": 0},
+                      ["a red thing"], origin=ZERO_SHOT, extra={
+                          ZERO_SHOT_CLASSES: json.dumps(list(COLOURS)),
+                          "zero_shot_training": json.dumps({"bridge_temperature": 0.1, "bridge_top": 3})})
     link_text_model(model, root / "models" / "model.text.onnx")
     rows = [["path", "label", "title"]]
     for colour, rgb in COLOURS.items():
