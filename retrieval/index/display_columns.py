@@ -66,9 +66,10 @@ def check_display_columns(names: Sequence[str], available: Sequence[str]) -> lis
     return chosen
 
 
-def recorded_columns(info: Mapping[str, Any]) -> list[str]:
-    """The display columns index.json (``info``) records; [] where it records none (results show paths)."""
-    names = info.get(DISPLAY_COLUMNS)
+def recorded_columns(info: Mapping[str, Any], key: str = DISPLAY_COLUMNS) -> list[str]:
+    """The display columns index.json (``info``) records (or another list of column names, under ``key``); [] where
+    it records none (results show paths)."""
+    names = info.get(key)
     if not isinstance(names, list):
         return []
     # a hand-edited index.json is read as any file is: names a manifest could not have are left out

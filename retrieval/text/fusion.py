@@ -72,7 +72,9 @@ def fuse(vector_ids: np.ndarray, vector_scores: np.ndarray, keyword_ids: np.ndar
     relevance = keyword_relevance(keyword_scores, keyword_matched)
     if not len(vector_ids):  # keywords alone
         order = np.argsort(-relevance, kind="stable")[:limit]
-        return Fused(keyword_ids[order], relevance[order], np.full(len(order), np.nan), [KEYWORD] * len(order))
+        known = np.full(len(keyword_ids), np.nan) if keyword_cosines is None else \
+            np.asarray(keyword_cosines, dtype=np.float64).ravel()
+        return Fused(keyword_ids[order], relevance[order], known[order], [KEYWORD] * len(order))
     real = np.asarray(keyword_matched, dtype=np.float64) >= params.min_matched - 1e-9
     keyword_ids, relevance = keyword_ids[real], relevance[real]
     cosines = (np.full(len(real), np.nan) if keyword_cosines is None

@@ -104,8 +104,10 @@ def check_limit(limit: object) -> int:
 
 
 def has_keywords(info: dict[str, Any]) -> bool:
-    """Whether index.json (``info``) records a keyword index."""
-    return bool(info.get(TEXT_COLUMNS)) and bool(info.get(KEYWORD_INDEX))
+    """Whether index.json (``info``) records a keyword index (its columns a list of names, its file a name)."""
+    columns = info.get(TEXT_COLUMNS)
+    return isinstance(columns, list) and bool(columns) and all(isinstance(c, str) for c in columns) \
+        and isinstance(info.get(KEYWORD_INDEX), str) and bool(info.get(KEYWORD_INDEX))
 
 
 class FolderKeywords:
@@ -117,8 +119,12 @@ class FolderKeywords:
         if not self.path.is_file():
             raise KeywordError(f"the keyword index {self.path} is missing; build it again (`retrieval index text "
                                f"{self.path.parent}` with its text_columns)")
-        with self._connect() as db:
+        self._uri = f"{self.path.resolve().as_uri()}?mode=ro"
+        db = self._connect()
+        try:
             self.columns = read_columns(db, self.path)
+        finally:
+            db.close()
 
     @classmethod
     def of_index(cls, info: dict[str, Any], index_root: str | Path) -> FolderKeywords | None:
@@ -130,7 +136,7 @@ class FolderKeywords:
 
     def _connect(self) -> sqlite3.Connection:
         try:
-            db = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
+            db = sqlite3.connect(self._uri, uri=True, timeout=30)
         except sqlite3.Error as exc:
             raise KeywordError(f"the keyword index {self.path} cannot be opened ({exc})") from exc
         return db

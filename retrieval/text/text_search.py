@@ -66,8 +66,11 @@ def _fused(index: Any, candidates: list[SearchResult], hits: KeywordHits, query:
     hits = KeywordHits(hits.ids[keep], hits.scores[keep], hits.matched[keep])
     by_id = {r.id: r for r in candidates}
     cosines = _cosines(index, query, hits.ids, by_id)
-    fused = fuse(np.asarray([r.id for r in candidates], np.int64), np.asarray([r.score for r in candidates]),
-                 hits.ids, hits.scores, hits.matched, params, keyword_cosines=cosines, limit=k)
+    order = np.asarray([r.score for r in candidates], dtype=np.float64)
+    if any(r.rerank_score is not None for r in candidates):  # the re-ranking's order, on the cosines' scale
+        order = np.sort(order)[::-1]
+    fused = fuse(np.asarray([r.id for r in candidates], np.int64), order, hits.ids, hits.scores, hits.matched,
+                 params, keyword_cosines=cosines, limit=k)
     results = []
     for image_id, score, cosine, source in zip(fused.ids.tolist(), fused.scores.tolist(), fused.cosines.tolist(),
                                                fused.sources, strict=True):
@@ -76,7 +79,7 @@ def _fused(index: Any, candidates: list[SearchResult], hits: KeywordHits, query:
             continue
         row = rows[image_id]
         # score: its cosine with the query where a text model embedded it, else its keyword relevance in [0, 1]
-        shown = score if query is None else cosine
+        shown = cosine if query is not None and np.isfinite(cosine) else score
         results.append(SearchResult(image_id, row["path"], row["label"], float(shown), source=KEYWORD))
     return _with_columns(index, results)
 

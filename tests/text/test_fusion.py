@@ -102,3 +102,21 @@ def test_reciprocal_rank_fusion_sums_reciprocal_ranks():
     fused = reciprocal_rank_fusion(np.array([1, 2, 3]), np.array([3, 4]), k=60)
     # 3: 1/63 + 1/61; 1: 1/61; 2: 1/62; 4: 1/62
     assert fused.tolist() == [3, 1, 2, 4]
+
+
+def test_keyword_hits_alone_keep_the_cosines_they_were_given():
+    fused = fuse(np.zeros(0, np.int64), np.zeros(0), np.asarray([4, 7]), np.asarray([2.0, 1.0]),
+                       np.asarray([1.0, 1.0]), keyword_cosines=np.asarray([0.31, 0.42]))
+    assert fused.ids.tolist() == [4, 7] and fused.cosines.tolist() == [0.31, 0.42]
+
+
+def test_a_re_ranked_text_answer_keeps_the_re_ranking_order():
+    from retrieval.index.search import SearchResult
+    from retrieval.text.keywords import NO_HITS
+    from retrieval.text.text_search import FUSION, _fused
+
+    # the re-ranking put the lower cosines first: with no keyword hit, its order is the answer's
+    candidates = [SearchResult(i, f"{i}.png", None, score, rerank_score=10.0 - n)
+                  for n, (i, score) in enumerate([(3, 0.2), (1, 0.9), (2, 0.5)])]
+    answer = _fused(object(), candidates, NO_HITS, np.zeros(4, np.float32), 3, FUSION)
+    assert [r.id for r in answer] == [3, 1, 2] and [r.score for r in answer] == [0.2, 0.9, 0.5]

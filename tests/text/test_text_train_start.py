@@ -107,3 +107,22 @@ def test_the_ridge_start_is_kept_on_request_and_a_missing_zero_shot_start_is_ref
                                      str(shop["encoder"]), "--epochs", "1"])
     assert auto.exit_code == 0, auto.output
     assert json.loads((tmp_path / "a" / "report.json").read_text())["start"]["kind"] == "ridge"
+
+
+def test_a_damaged_tower_beside_the_model_falls_back_to_the_ridge_start_saying_why(shop, tmp_path):
+    from retrieval.export.text_export import link_text_model
+
+    folder = tmp_path / "damaged"
+    folder.mkdir()
+    model = write_projection_onnx(folder / "model.onnx", dim=24, seed=0)
+    (folder / "model.text.onnx").write_bytes(b"not an onnx file at all")
+    link_text_model(model, folder / "model.text.onnx")  # named with its hash: found, then unreadable
+    auto = CliRunner().invoke(main, ["text", "train", "--model", str(model), "--images", str(shop["manifest"]),
+                                     "--caption-column", "title", "--out", str(tmp_path / "a"), "--encoder",
+                                     str(shop["encoder"]), "--epochs", "1"])
+    assert auto.exit_code == 0, auto.output
+    assert json.loads((tmp_path / "a" / "report.json").read_text())["start"]["kind"] == "ridge"
+    insisted = CliRunner().invoke(main, ["text", "train", "--model", str(model), "--images", str(shop["manifest"]),
+                                         "--caption-column", "title", "--out", str(tmp_path / "z"), "--encoder",
+                                         str(shop["encoder"]), "--start", "zero-shot"])
+    assert insisted.exit_code != 0 and "cannot be read as a zero-shot tower" in insisted.output

@@ -45,10 +45,13 @@ LABEL = "label"  # the catalogue's own column a keyword index may hold too (a fo
 
 def fts5_available() -> bool:
     """Whether this Python's SQLite has FTS5 compiled in."""
+    db = sqlite3.connect(":memory:")
     try:
-        sqlite3.connect(":memory:").execute("CREATE VIRTUAL TABLE t USING fts5(a)")
+        db.execute("CREATE VIRTUAL TABLE t USING fts5(a)")
     except sqlite3.OperationalError:
         return False
+    finally:
+        db.close()
     return True
 
 
@@ -137,14 +140,19 @@ def sync_keywords(layout: IndexLayout, catalogue: Catalogue, info: dict[str, Any
     """Bring the keyword index that ``info`` (index.json) records in step with the catalogue's indexed rows: the
     rows added since inserted, those removed deleted (one transaction); rebuilt where its file is missing or holds
     other columns. Returns index.json's fields ({} where the index has no keyword index)."""
-    columns = info.get(TEXT_COLUMNS) or recorded_columns(catalogue)
+    listed = info.get(TEXT_COLUMNS)
+    columns = [c for c in listed if isinstance(c, str)] if isinstance(listed, list) else []
+    columns = columns or recorded_columns(catalogue)
     if not columns:
         return {}
     target = layout.root / KEYWORD_INDEX_FILE
+    db = None
     try:
         db = sqlite3.connect(str(target), isolation_level=None, timeout=30) if target.is_file() else None
         held = read_columns(db, target) if db is not None else None
     except (sqlite3.Error, KeywordError):
+        if db is not None:
+            db.close()
         db, held = None, None
     if db is None or held != list(columns):
         if db is not None:

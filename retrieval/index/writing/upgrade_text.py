@@ -20,6 +20,7 @@ import numpy as np
 
 from retrieval.compatibility import CONFIDENCE, MIN_DROP, MIN_QUERIES, bootstrap_means
 from retrieval.index.catalogue import Catalogue, Status
+from retrieval.index.display_columns import DISPLAY_COLUMNS, PRICE_COLUMNS, recorded_columns
 from retrieval.index.embedding.embed_rows import RowEmbedder
 from retrieval.index.query_embedder import ImageEmbedder
 from retrieval.index.shards import ShardStore
@@ -31,23 +32,26 @@ from retrieval.utils.unit_rows import l2_normalize_rows
 TEXT_SAMPLE = 1000  # captioned images measured at most
 TEXT_K = 10  # a caption finds its image within the top TEXT_K of the sample
 MAX_CAPTION_CHARS = 300  # a caption is cut here: a query is short
+MAX_COLUMNS_JSON = 4096  # characters of a text model's caption_columns record
+MAX_CAPTION_COLUMNS = 8
 SQL_CHUNK = 900  # ids in one IN (...) query
 SCAN_FACTOR = 20  # rows read at most per caption wanted (a catalogue whose columns are mostly empty)
 
 
 def caption_columns(info: Mapping[str, Any], text: TextEmbedder) -> list[str]:
     """The columns whose text describes each image: those the text model was trained on (its metadata's
-    ``caption_columns``), else the index's keyword columns, else its display columns (index.json)."""
-    recorded = tower_metadata(text)
-    for source, key in ((recorded, "caption_columns"), (info, "text_columns"), (info, "display_columns")):
-        value = source.get(key)
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except ValueError:
-                value = [value]
-        if isinstance(value, list) and value and all(isinstance(name, str) for name in value):
-            return [name for name in value if name not in ("price",)][:8]
+    ``caption_columns``), else the index's keyword columns, else its display columns (index.json); names checked
+    as index.json's are (``display_columns.recorded_columns``), prices left out."""
+    recorded = tower_metadata(text).get("caption_columns") or ""
+    try:
+        trained_on = json.loads(recorded) if len(recorded) <= MAX_COLUMNS_JSON else None
+    except ValueError:
+        trained_on = None
+    for source, key in (({"caption_columns": trained_on}, "caption_columns"), (info, "text_columns"),
+                        (info, DISPLAY_COLUMNS)):
+        names = [name for name in recorded_columns(source, key) if name not in PRICE_COLUMNS]
+        if names:
+            return names[:MAX_CAPTION_COLUMNS]
     return []
 
 
