@@ -128,9 +128,12 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=40)
     parser.add_argument("--captions", nargs="+", default=list(CAPTION_COLUMNS),
                         help="the caption columns the tower trains on (name, subgroup_text)")
+    parser.add_argument("--zero-shot", type=Path, help="also a zero-shot text tower of --model (default: the one "
+                        "`retrieval export --pretrained` wrote beside it, model.text.onnx, when there is one)")
     parser.add_argument("--save", metavar="MACHINE", help="write benchmarks/results/text-search-MACHINE.json")
     args = parser.parse_args()
     from retrieval.data.emoji_captions import caption_manifests
+    from retrieval.text.sibling_text import sibling_path
     from retrieval.text.text_onnx import TextEmbedder
     from retrieval.train.text_tower import embed_images
 
@@ -155,6 +158,9 @@ def main() -> None:
         results["lit"].append({"seed": seed, "seconds": round(time.perf_counter() - started, 1),
                                "chosen_epoch": report["chosen_epoch"], "held_out": report["held_out"],
                                **evaluate(tower.embed, images, *test[1:])})
+    zero_shot = args.zero_shot or sibling_path(args.model)
+    if zero_shot.is_file():  # no training: the tower the export made from the backbone's ImageNet head
+        results["zero_shot"] = evaluate(TextEmbedder(zero_shot).embed, images, *test[1:])
     for key in ("subgroup_precision@10", "name_recall@10"):
         values = [r[key] for r in results["lit"]]
         results[f"lit_{key}"] = {"mean": float(np.mean(values)), "std": float(np.std(values)), "values": values}
@@ -179,6 +185,10 @@ def main() -> None:
                  f"{results['linear']['name_recall@10']:.3f}", "-"],
                 [lit, spread("subgroup_precision@10"), spread("name_recall@10"),
                  f"{np.mean([r['held_out']['recall@10'] for r in results['lit']]):.3f}"]]
+        if "zero_shot" in results:
+            rows.insert(3, ["zero-shot: the export's tower onto the ImageNet head, no captions",
+                            f"{results['zero_shot']['subgroup_precision@10']:.3f}",
+                            f"{results['zero_shot']['name_recall@10']:.3f}", "-"])
         write_result("text-search", args.save, "python " + " ".join(sys.argv),
                      ["text tower", "subgroup Precision@10", "emoji name Recall@10", "held-out caption R@10"], rows,
                      notes=f"test subgroups: {results['random']['subgroups']} subgroups, {results['random']['emoji']}"
