@@ -32,9 +32,14 @@ from retrieval.text.tokens import TextTokenizer
 from retrieval.text.tower import ClassBridge
 from retrieval.train.text_tower import default_encoder, sentence_features
 
-SETTINGS = [("linear map alone (the projection)", None, None, False), *[
-    (f"class bridge alone, temperature {t}, top {k}", t, k, False) for t, k in ((0.05, 20), (0.1, 20), (0.1, 1000))],
-    ("linear map + class bridge, temperature 0.1, top 20 (the export's)", 0.1, 20, True)]
+SETTINGS = [
+    ("linear map alone (the projection)", None, None, False),
+    ("class bridge alone, temperature 0.05, top 20", 0.05, 20, False),
+    ("class bridge alone, temperature 0.1, top 20", 0.1, 20, False),
+    ("class bridge alone, temperature 0.1, every class", 0.1, None, False),
+    ("linear map + class bridge, temperature 0.1, top 20", 0.1, 20, True),
+    ("linear map + class bridge, temperature 0.1, every class (the export's)", 0.1, None, True),
+]
 
 
 def gallery(work: Path, seed: int) -> tuple[np.ndarray, list[str], list[dict]]:
@@ -87,7 +92,7 @@ def main() -> None:
                                                + torch.from_numpy(weights["projection.bias"]), dim=-1)
         embedded = {}
         for name, temperature, top, mixed in SETTINGS:
-            if temperature is None:
+            if temperature is None:  # the linear map alone
                 embedded[name] = linear.numpy()
                 continue
             bridge = ClassBridge.of_texts(features, torch.tensor(owner), rows, temperature, top)

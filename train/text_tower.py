@@ -167,7 +167,7 @@ def _bridge(weights: dict[str, np.ndarray], metadata: dict[str, str]) -> dict[st
     training = json.loads(metadata.get("zero_shot_training") or "{}")
     return {"text_features_t": weights["bridge.text_features_t"], "class_index": weights["bridge.class_index"],
             "rows": weights["bridge.rows"], "temperature": float(training.get("bridge_temperature", 0.1)),
-            "top": int(training.get("bridge_top", 20))}
+            "top": None if training.get("bridge_top") is None else int(training["bridge_top"])}
 
 
 def read_captions(images: str, columns: Sequence[str], split: str | None) -> tuple[list[str], list[list[str]]]:

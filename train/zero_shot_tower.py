@@ -73,7 +73,7 @@ class ZeroShotSettings:
     # no bridge), its softmax temperature and the classes it weighs (benchmarks/zero_shot_bridge.py)
     bridge_prompts: tuple[str, ...] = ("names", "photo")
     bridge_temperature: float = 0.1
-    bridge_top: int = 20
+    bridge_top: int | None = None  # every class: a top-k cut makes the map jump where two classes tie at it
 
     def __post_init__(self) -> None:
         if self.epochs < 0 or self.batch_size < 2 or not self.lr > 0 or not 0 <= self.held_out_share < 1:
@@ -238,6 +238,7 @@ def train_zero_shot_tower(head: torch.Tensor, settings: ZeroShotSettings | None 
         present, owner = np.unique(data.owner[bridged], return_inverse=True)
         tower.bridge = ClassBridge.of_texts(features[torch.from_numpy(bridged)], torch.from_numpy(owner),
                                             rows[torch.from_numpy(present)], settings.bridge_temperature,
+                                            None if settings.bridge_top is None else
                                             min(settings.bridge_top, len(present)))
     tower.eval()
     done = time.perf_counter()

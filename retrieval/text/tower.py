@@ -14,12 +14,14 @@ class ClassBridge(nn.Module):
     """Sentence features [B, width] -> the image-space vectors of the classes whose names they are nearest [B, dim]:
     each class's cosine is its best text's (``text_features_t``: the class texts' unit features, transposed;
     ``class_index`` [C, M]: each class's texts, repeated to M), and the ``top`` classes' rows (``rows`` [C, dim],
-    unit) are weighed by the softmax of their cosines over ``temperature``. A query in words no class text holds
+    unit) are weighed by the softmax of their cosines over ``temperature`` (``top`` None: every class, a smooth map
+    whose export agrees with PyTorch wherever two classes tie at the cut). A query in words no class text holds
     ("kitty", "veggies") finds the classes the sentence encoder puts near it, and their rows."""
 
     def __init__(self, text_features_t: torch.Tensor, class_index: torch.Tensor, rows: torch.Tensor,
-                 temperature: float = 0.1, top: int = 20) -> None:
+                 temperature: float = 0.1, top: int | None = None) -> None:
         super().__init__()
+        top = len(rows) if top is None else int(top)
         if not temperature > 0 or not 1 <= top <= len(rows) or class_index.shape[0] != len(rows):
             raise ValueError(f"a class bridge needs a temperature > 0, 1 <= top <= {len(rows)} classes and one row "
                              f"of text indices per class, got {temperature}, {top}, {tuple(class_index.shape)}")
@@ -30,7 +32,7 @@ class ClassBridge(nn.Module):
 
     @classmethod
     def of_texts(cls, features: torch.Tensor, owner: torch.Tensor, rows: torch.Tensor, temperature: float = 0.1,
-                 top: int = 20) -> ClassBridge:
+                 top: int | None = None) -> ClassBridge:
         """The bridge of class texts' sentence features [T, width] and each one's class (``owner`` [T]) onto the
         classes' unit ``rows`` [C, dim]; every class needs a text."""
         classes = len(rows)
@@ -45,6 +47,8 @@ class ClassBridge(nn.Module):
     def forward(self, sentence: torch.Tensor) -> torch.Tensor:
         cosines = nn.functional.normalize(sentence, dim=-1) @ self.text_features_t  # [B, T]
         per_class = cosines[:, self.class_index].amax(dim=-1)  # [B, C]
+        if self.top >= len(self.rows):
+            return torch.softmax(per_class / self.temperature, dim=-1) @ self.rows
         best = per_class.topk(self.top, dim=-1)
         weights = torch.softmax(best.values / self.temperature, dim=-1)
         return (weights.unsqueeze(-1) * self.rows[best.indices]).sum(dim=1)
