@@ -78,7 +78,7 @@ def test_readme_command_line_example_is_valid(tmp_path, monkeypatch):
     commands = command_lines(README.read_text(encoding="utf-8"))
     assert [args[0] for args in commands] == ["export", "index", "search", "serve",  # no training: a pretrained model
                                               "train", "export", "index",  # fine-tune on my catalogue
-                                              "text", "index", "search",  # search by text
+                                              "export", "index", "search", "text", "index",  # search by text
                                               "data", "train", "export", "index", "search", "serve",  # the story
                                               "train", "evaluate", "export", "index", "index"], commands  # upgrade
     for args in commands:
