@@ -76,9 +76,9 @@ class IndexOptions:
         flag="--text-model", dest="text_model", path="file", exists=True)
     adapt_text_model: bool = option(
         True, "searching by text", "a zero-shot text tower (`retrieval export --pretrained` writes one) is adapted "
-        "to the index's images with pseudo-captions and the adapted tower (text.adapted.onnx in the index folder) is "
-        "recorded, when it measures no worse on held-out images (docs/TEXT.md, \"Adapting a zero-shot tower\"); "
-        "--no-adapt records it as it is.", flag="--adapt", dest="adapt")
+        "to the index's images with pseudo-captions and the adapted tower (text.adapted.HASH.onnx in the index "
+        "folder) is recorded, when it measures no worse on held-out images (docs/TEXT.md, \"Adapting a zero-shot "
+        "tower\"); --no-adapt records it as it is.", flag="--adapt", dest="adapt")
     search_text_model: str | None = option(
         None, "models", f"with --text: the text tower (text.onnx) that embeds the queries. {TRUSTED_MODEL}",
         flag="--text-model", dest="text_model", path="file", exists=True,

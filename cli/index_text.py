@@ -36,7 +36,7 @@ def text_command(index_dir: str, text_model: str | None, text_columns: str | Non
     --text-columns, build the keyword index of those manifest columns (either option is enough)."""
     from retrieval.index.sources import printable_path
     from retrieval.index.writing.keyword_build import record_keywords
-    from retrieval.text.gallery_index import adapt_for_index, adaptation_sentence
+    from retrieval.text.gallery_index import adaptation_sentence, record_adapted
     from retrieval.text.text_index import record_text_model
 
     if text_model is None and text_columns is None:
@@ -49,10 +49,10 @@ def text_command(index_dir: str, text_model: str | None, text_columns: str | Non
                f"({keywords['keyword_rows']} images) in {printable_path(keywords['index_dir'])}",
                f"retrieval search --index {folder} --text 'a red apple'   (or: retrieval serve --index {folder})")
         return
-    adaptation = adapt_for_index(index_dir, text_model) if adapt else None  # a zero-shot tower: to the gallery
-    recorded = adaptation["text_model"] if adaptation else text_model
-    summary = record_text_model(index_dir, recorded) | (keywords or {}) | (
-        {"gallery_adaptation": adaptation} if adaptation else {})
+    # a zero-shot tower: adapted to the gallery first
+    recorded, adaptation = record_adapted(index_dir, text_model) if adapt else (
+        record_text_model(index_dir, text_model), None)
+    summary = recorded | (keywords or {}) | ({"gallery_adaptation": adaptation} if adaptation else {})
     replaced = summary["replaced_text_model_hash"]
     finish(summary, as_json,
            f"recorded the text model {printable_path(summary['text_model_path'])} (text_model_hash "

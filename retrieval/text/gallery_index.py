@@ -17,7 +17,7 @@ from retrieval.text.gallery_adapt import AdaptConfig, GalleryAdaptError, adapt_t
 from retrieval.text.text_index import checked_text_model, record_text_model
 from retrieval.text.text_onnx import TextEmbedder
 
-ADAPTED_NAME = "text.adapted.onnx"  # the adapted tower's file in the index folder
+ADAPTED_NAME = "text.adapted.*.onnx"  # the adapted tower's file in the index folder (*: its hash, or "pending")
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -64,9 +64,38 @@ def sample_vectors(index_dir: str | os.PathLike, size: int, seed: int = 0, rows:
     return np.concatenate(out) if out else np.zeros((0, dim), np.float32)
 
 
-def adapted_path(index_dir: str | os.PathLike) -> Path:
-    """Where the adapted tower of the index in ``index_dir`` is written."""
-    return IndexLayout(index_dir).root / ADAPTED_NAME
+def adapted_path(index_dir: str | os.PathLike, model_hash: str | None = None) -> Path:
+    """Where the adapted tower of the index in ``index_dir`` is written (``model_hash`` None: while it is written),
+    then named by its hash, so that a tower the index records is never overwritten before a new one is recorded."""
+    name = ADAPTED_NAME.replace("*", "pending") if model_hash is None else ADAPTED_NAME.replace("*", model_hash[:16])
+    return IndexLayout(index_dir).root / name
+
+
+def record_adapted(index_dir: str | os.PathLike, text_model: str | os.PathLike,
+                   config: AdaptConfig | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Adapt ``text_model`` to the index's gallery (``adapt_for_index``) and record the tower it delivers (the adapted
+    one, else ``text_model``): (what ``record_text_model`` recorded, the adaptation's report)."""
+    report = adapt_for_index(index_dir, text_model, config)
+    recorded = _record_new(index_dir, report) if report["adapted"] else record_text_model(index_dir, text_model)
+    return recorded, report
+
+
+def _record_new(index_dir: str | os.PathLike, report: dict[str, Any]) -> dict[str, Any]:
+    """Record a new adapted tower (``report["text_model"]``): removed again where it cannot be recorded (unless the
+    index records that very file already); once it is, the adapted towers the index no longer records are."""
+    layout = IndexLayout(index_dir)
+    path = Path(report["text_model"])
+    ours = layout.read_info().get("text_model_hash") != report["adapted_hash"]
+    try:
+        recorded = record_text_model(index_dir, path)
+    except BaseException:
+        if ours:
+            path.unlink(missing_ok=True)
+        raise
+    for stale in layout.root.glob(ADAPTED_NAME):
+        if stale.name != path.name:
+            stale.unlink(missing_ok=True)
+    return recorded
 
 
 def adapt_for_index(index_dir: str | os.PathLike, text_model: str | os.PathLike,
@@ -90,9 +119,14 @@ def adapt_for_index(index_dir: str | os.PathLike, text_model: str | os.PathLike,
         return {**kept, "reason": f"the zero-shot tower is {printable_path(str(out))}, where the adapted one would be "
                                   "written: recorded as it is"}
     try:
-        return adapt_tower(source, sample_vectors(index_dir, config.sample, config.seed), out, config)
+        report = adapt_tower(source, sample_vectors(index_dir, config.sample, config.seed), out, config)
     except GalleryAdaptError as exc:
         return {**kept, "reason": str(exc)}
+    if report["adapted"]:
+        named = adapted_path(index_dir, report["adapted_hash"])
+        os.replace(out, named)
+        report["text_model"] = str(named)
+    return report
 
 
 def adaptation_sentence(report: dict[str, Any] | None) -> str:
@@ -112,7 +146,7 @@ def adapt_recorded(index_dir: str | os.PathLike, text_model: str | os.PathLike,
     try:
         report = adapt_for_index(index_dir, text_model, config)
         if report["adapted"]:
-            report["recorded"] = record_text_model(index_dir, report["text_model"])
+            report["recorded"] = _record_new(index_dir, report)
     except (ParameterError, OSError, ValueError) as exc:  # a damaged class list, a folder that cannot be written
         return {"adapted": False, "text_model": str(text_model), "reason": str(exc)}
     return report

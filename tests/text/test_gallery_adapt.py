@@ -266,8 +266,9 @@ def test_index_text_adapts_a_zero_shot_tower_and_records_the_adapted_one(embedde
     assert result.exit_code == 0, result.output
     assert "was adapted to the gallery" in result.output and "the adapted tower is the one recorded" in result.output
     info = IndexLayout(index).read_info()
-    adapted = TextEmbedder(index / ADAPTED_NAME)
+    adapted = TextEmbedder(info["text_model_path"])
     assert info["text_model_hash"] == adapted.model_hash != embedder.model_hash
+    assert [p.name for p in index.glob(ADAPTED_NAME)] == [f"text.adapted.{adapted.model_hash[:16]}.onnx"]
     searched = run("search", "--index", index, "--text", "a photo of a cat", "-k", "3", "--json")
     assert searched.exit_code == 0, searched.output
 
@@ -282,7 +283,7 @@ def test_index_text_keeps_the_zero_shot_tower_when_the_gallery_is_too_small_and_
     assert result.exit_code == 0, result.output
     assert "was not adapted" in result.output and "holds 20 images" in result.output
     assert IndexLayout(index).read_info()["text_model_hash"] == embedder.model_hash
-    assert not (index / ADAPTED_NAME).exists()
+    assert not list(index.glob(ADAPTED_NAME))
 
 
 def test_index_text_refuses_a_zero_shot_tower_with_a_damaged_class_list(tower, tmp_path, embedder):
@@ -315,3 +316,23 @@ def test_after_a_build_a_damaged_class_list_leaves_the_index_as_it_is_and_says_w
     report = adapt_recorded(index, damaged)
     assert not report["adapted"] and "not a list of names" in adaptation_sentence(report)
     assert IndexLayout(index).read_info()["text_model_hash"] == TextEmbedder(damaged).model_hash
+
+
+def test_an_adapted_tower_that_cannot_be_recorded_is_removed_and_the_recorded_one_kept(embedder, tower, tmp_path,
+                                                                                       monkeypatch):
+    from retrieval.text import gallery_index
+
+    index = vector_index(tmp_path / "index", gallery(embedder))
+    assert run("index", "text", index, "--text-model", tower).exit_code == 0
+    before = IndexLayout(index).read_info()
+    recorded = Path(before["text_model_path"])
+
+    def locked(*args, **kwargs):
+        raise OSError("the index is locked by another writer")
+
+    monkeypatch.setattr(gallery_index, "record_text_model", locked)
+    with pytest.raises(OSError, match="locked"):
+        gallery_index.record_adapted(index, tower, gallery_index.AdaptConfig(seed=1))
+    assert IndexLayout(index).read_info()["text_model_hash"] == before["text_model_hash"]
+    assert recorded.is_file() and TextEmbedder(recorded).model_hash == before["text_model_hash"]
+    assert [p.name for p in index.glob(ADAPTED_NAME)] == [recorded.name]  # the new one is gone, the recorded kept
