@@ -115,7 +115,8 @@ def article(word: str) -> str:
     return "an" if word[:1].lower() in "aeiou" else "a"
 
 
-def _templated(templates: Sequence[str], lemma: str) -> list[str]:
+def templated(templates: Sequence[str], lemma: str) -> list[str]:
+    """Each template with ``lemma`` (``{}``) and its article (``{a}``)."""
     return [template.replace("{a}", article(lemma)).replace("{}", lemma) for template in templates]
 
 
@@ -129,9 +130,9 @@ def class_texts(cls: ImageNetClass, prompts: Sequence[str] = DEFAULT_PROMPTS) ->
                                  f"{', '.join(PROMPT_SETS)}")
     made = {
         "names": list(cls.lemmas),
-        "photo": [t for lemma in cls.lemmas for t in _templated(PHOTO_TEMPLATES, lemma)],
+        "photo": [t for lemma in cls.lemmas for t in templated(PHOTO_TEMPLATES, lemma)],
         "definition": [f"{cls.name}: {cls.definition}"] if cls.definition else [],
-        "templates": [t for lemma in cls.lemmas for t in _templated(MORE_TEMPLATES, lemma)],
+        "templates": [t for lemma in cls.lemmas for t in templated(MORE_TEMPLATES, lemma)],
     }
     seen: set[str] = set()
     out: dict[str, list[str]] = {}

@@ -28,12 +28,11 @@ from typing import Any
 import numpy as np
 
 from retrieval.errors import ParameterError
-from retrieval.text.class_texts import article
+from retrieval.text.class_texts import PHOTO_TEMPLATES, templated
 from retrieval.text.sibling_text import ADAPTED, TEXT_ORIGIN, ZERO_SHOT, ZERO_SHOT_CLASSES
 from retrieval.text.text_onnx import TEXT_OUTPUT, TextEmbedder, TextModelError
 
 ADAPTED_FROM, ADAPTATION = "adapted_from", "gallery_adaptation"  # an adapted tower's metadata: its source, the fit
-PROMPT = "a photo of {a} {}"  # the zero-shot tower's class prompt ({a}: "a" or "an")
 MAX_CLASSES = 10_000
 MAX_CLASS_CHARS = 200
 MAX_CLASSES_JSON_CHARS = 2_000_000  # checked before parsing: 10,000 names of 200 characters
@@ -108,7 +107,7 @@ def tower_metadata(tower: TextEmbedder) -> dict[str, str]:
 
 def class_prompt(name: str) -> str:
     """A class's prompt: "a photo of a cat", "a photo of an apple"."""
-    return PROMPT.replace("{a}", article(name)).replace("{}", name)
+    return templated(PHOTO_TEMPLATES, name)[0]  # the zero-shot tower's own "photo" prompt
 
 
 def caption_text(names: Sequence[str]) -> str:

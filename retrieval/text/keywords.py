@@ -158,7 +158,7 @@ class FolderKeywords:
             ids = np.asarray([r[0] for r in rows], dtype=np.int64)
             scores = -np.asarray([r[1] for r in rows], dtype=np.float64)  # bm25(): lower is better
             if selected is not None:
-                keep = _within(ids, selected)
+                keep = within_sorted(ids, selected)
                 ids, scores = ids[keep], scores[keep]
             ids, scores = ids[:limit], scores[:limit]
             matched = _matched_share(db, terms, ids)
@@ -186,7 +186,7 @@ def read_columns(db: sqlite3.Connection, path: Path) -> list[str]:
     return columns
 
 
-def _within(ids: np.ndarray, selected: np.ndarray) -> np.ndarray:
+def within_sorted(ids: np.ndarray, selected: np.ndarray) -> np.ndarray:
     """Per id, whether it is in the sorted ``selected``."""
     if not len(selected):
         return np.zeros(ids.shape, dtype=bool)

@@ -36,6 +36,7 @@ from retrieval.text.keywords import (
     KeywordHits,
     check_limit,
     query_terms,
+    within_sorted,
 )
 
 KEYWORDS, KEYWORDS_BM25, BM25_FUNCTION = "keywords", "keywords_bm25", "keywords_to_bm25"
@@ -175,7 +176,8 @@ class MilvusKeywords:
                                    output_fields=[KEYWORDS], search_params={"metric_type": "BM25"})
         hits = list(found[0]) if found else []
         if selected is not None and not expression:
-            hits = [hit for hit in hits if _holds(selected, int(hit["id"]))]
+            held = within_sorted(np.asarray([int(hit["id"]) for hit in hits], dtype=np.int64), selected)
+            hits = [hit for hit, keep in zip(hits, held.tolist(), strict=True) if keep]
         hits = hits[:limit]
         ids = np.asarray([int(hit["id"]) for hit in hits], dtype=np.int64)
         # Milvus Lite reports a BM25 hit's distance negated (its smaller-is-better convention), a server as is
@@ -187,11 +189,6 @@ class MilvusKeywords:
 def _entity(hit: Any) -> dict[str, Any]:
     entity = hit.get("entity") if hasattr(hit, "get") else None
     return entity if isinstance(entity, dict) else dict(hit)
-
-
-def _holds(selected: np.ndarray, image_id: int) -> bool:
-    position = int(np.searchsorted(selected, image_id))
-    return position < len(selected) and int(selected[position]) == image_id
 
 
 def _share(words: list[list[str]], stored: str) -> float:
