@@ -53,9 +53,9 @@ def columns_command(index_dir: str, display_columns: str | None, as_json: bool) 
     from retrieval.index.display_columns import (
         DISPLAY_COLUMNS,
         catalogue_columns,
+        checked_columns,
         parse_column_list,
         record_display_columns,
-        recorded_columns,
     )
     from retrieval.index.layout import IndexLayout
     from retrieval.index.sources import printable_path
@@ -72,7 +72,8 @@ def columns_command(index_dir: str, display_columns: str | None, as_json: bool) 
         return
     layout = IndexLayout(index_dir)
     layout.require_finished(vectors_in_milvus=True)
-    summary = {"index_dir": str(layout.root), DISPLAY_COLUMNS: recorded_columns(layout.read_info()),
+    recorded = layout.read_record().catalogue.display_columns
+    summary = {"index_dir": str(layout.root), DISPLAY_COLUMNS: checked_columns(recorded),
                "available_columns": catalogue_columns(layout.catalogue)}
     finish(summary, as_json,
            f"{printable_path(summary['index_dir'])} keeps the manifest columns: "

@@ -78,22 +78,24 @@ def search_command(index_dir, milvus, collection, images, texts, k, max_queries,
     by path), or to each --text description. A query that cannot be read is named with the reason, the others are
     answered, and the command then exits with status 1. --rerank re-orders each query's shortlist (docs/INDEX.md,
     "Re-ranking")."""
-    from retrieval.index import Index, ModelMismatchError, load_model
+    from retrieval.index import ModelMismatchError
     from retrieval.index.display_columns import display_text
+    from retrieval.index.milvus.milvus_collection import MilvusError
+    from retrieval.index.searchable.opening import open_searchable
     from retrieval.index.sources import printable_path
     from retrieval.rerank import gallery_filled
 
     rerank = rerank_config(options)
     _check_query_kind(images, texts, text_model, exclude_self, max_queries)
     queries = _query_list(images, max_queries) if images else []
+    _check_served(index_dir, milvus, collection, gpu)
     try:
-        opened = _open_collection(milvus, collection, index_dir, model, gpu, gallery_root) \
-            if milvus is not None or collection is not None else \
-            Index.open(_required_folder(index_dir), embedder=load_model(model) if model else None, gpu=gpu,
-                       gallery_root=gallery_root)
+        opened = open_searchable(index_dir, milvus, collection, model=model, gallery_root=gallery_root, gpu=gpu)
     except ModelMismatchError as exc:
         raise click.ClickException(f"{exc}: retrieval index upgrade {shlex.quote(str(index_dir))} --model "
                                    f"{shlex.quote(str(model))}") from exc
+    except MilvusError as exc:  # no such collection, or a URI or name refused before connecting
+        raise click.ClickException(str(exc)) from None
     with opened as index:
         if where is not None:
             matching = len(index.matching_ids(where))  # a column the index lacks fails here, before embedding
@@ -140,37 +142,20 @@ def search_command(index_dir, milvus, collection, images, texts, k, max_queries,
                                    "others were answered above")
 
 
-def _required_folder(index_dir: str | None) -> str:
-    """--index, which a search without --milvus needs."""
-    if index_dir is None:
-        raise click.UsageError("give the index to search: --index FOLDER, or --milvus URI --collection NAME",
-                               ctx=click.get_current_context(silent=True))
-    return index_dir
-
-
-def _open_collection(milvus: str | None, collection: str | None, index_dir: str | None, model: str | None,
-                     gpu: bool, gallery_root: str | None):
-    """The ``MilvusIndex`` of --milvus and --collection (checked before anything connects)."""
-    from retrieval.index.milvus.milvus_collection import MilvusError, MilvusPlace
-    from retrieval.index.milvus.milvus_index import MilvusIndex
-
+def _check_served(index_dir: str | None, milvus: str | None, collection: str | None, gpu: bool) -> None:
+    """The options that name what is searched go together: --index FOLDER, or --milvus URI and --collection NAME
+    (without --index or --gpu)."""
     context = click.get_current_context(silent=True)
+    if milvus is None and collection is None:
+        if index_dir is None:
+            raise click.UsageError("give the index to search: --index FOLDER, or --milvus URI --collection NAME",
+                                   ctx=context)
+        return
     if milvus is None or collection is None:
         raise click.UsageError("give --milvus URI and --collection NAME together", ctx=context)
     if index_dir is not None or gpu:
         raise click.UsageError(f"--milvus searches the collection, not {'--index' if index_dir else '--gpu'}: leave "
                                "it out", ctx=context)
-    try:
-        return MilvusIndex(MilvusPlace.checked(milvus, collection), model=model, gallery_root=gallery_root)
-    except MilvusError as exc:
-        raise click.ClickException(str(exc)) from None
-
-
-def _index_root(index) -> Path:
-    """The index folder (a collection: its name, what a server calls it), where its index.json's relative paths
-    start."""
-    layout = getattr(index, "layout", None)
-    return layout.root if layout is not None else Path(index.place.collection)
 
 
 def _check_query_kind(images: tuple[str, ...], texts: tuple[str, ...], text_model: str | None, exclude_self: bool,
@@ -201,14 +186,14 @@ def _text_answers(index, texts: tuple[str, ...], text_model: str | None, k: int,
     from retrieval.text.no_match import read_floor
     from retrieval.text.text_index import has_text_model, open_text_model
     from retrieval.text.text_onnx import TextEmbeddingError
-    from retrieval.text.text_search import index_keywords, search_text
+    from retrieval.text.text_search import search_text
     from retrieval.text.tokens import WordlessText
 
-    root = _index_root(index)
-    keywords = index_keywords(index)  # the folder's FTS5 file, or a collection's BM25 search
+    root = index.root
+    keywords = index.keywords  # the folder's FTS5 file, or a collection's BM25 search
     text = None if keywords is not None and text_model is None and not has_text_model(index.info) else \
         open_text_model(index.info, root, text_model, image_model=lambda: index.embedder)
-    floor = read_floor(index.info, None if text is None else text.model_hash, shlex.quote(str(root)))
+    floor = read_floor(index.info, None if text is None else text.model_hashes, shlex.quote(str(root)))
     try:
         if text is not None:
             text.query_tokens(list(texts))  # every query has a word to search by, before any is searched

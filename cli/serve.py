@@ -111,9 +111,11 @@ def serve_command(**options: Any) -> None:
         if secrets_file and readable_by_others(secrets_file):
             click.echo(f"warning: {secrets_file} is readable by other users; `chmod 600 {secrets_file}`", err=True)
 
-    if config.milvus is None and not (config.index_dir / "index.json").is_file():
-        raise click.ClickException(missing_artifacts_message(config.index_dir))
     from retrieval.index.query_embedder import ModelMismatchError
+    from retrieval.index.searchable.opening import index_place
+
+    if index_place(config.index_dir, config.milvus, config.collection).is_missing():  # a folder without index.json
+        raise click.ClickException(missing_artifacts_message(config.index_dir))
     from retrieval.serve.server import serve  # Gradio and uvicorn: only once the settings are known to be good
 
     try:

@@ -248,13 +248,16 @@ def resolve_providers(providers: str | Sequence[str] = "auto") -> list[str]:
 
 
 def make_session(model: str | os.PathLike | bytes, providers: Sequence[str], intra_op_threads: int | None = None,
-                 spin: bool = True):
+                 spin: bool = True, log_severity: int | None = None):
     """``spin=False``: idle threads sleep instead of busy-waiting, leaving the CPU to data-loading processes
-    (throughput jobs such as indexing); spinning only shortens the latency of the next call."""
+    (throughput jobs such as indexing); spinning only shortens the latency of the next call. ``log_severity``:
+    onnxruntime's least severity logged (3: errors only; None: its default)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if log_severity is not None:
+        options.log_severity_level = int(log_severity)
     if intra_op_threads is not None:
         options.intra_op_num_threads = int(intra_op_threads)
     if not spin:

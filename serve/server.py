@@ -15,8 +15,8 @@ from fastapi.middleware.cors import CORSMiddleware
 from starlette.routing import Mount
 from starlette.types import Scope
 
-from retrieval.index.milvus.milvus_collection import MilvusPlace
 from retrieval.index.query_embedder import load_model
+from retrieval.index.searchable.opening import index_place
 from retrieval.serve.admission import LengthRequired
 from retrieval.serve.api import create_api
 from retrieval.serve.collector import freeze_after_startup
@@ -63,7 +63,7 @@ def build_app(config: ServerConfig, service: SearchService | None = None) -> tup
     check_exposure(config.host, config.api_token, config.ui_auth, config.ui, config.insecure)
     check_report(config.report)
     service = service or SearchService(
-        config.index_dir,
+        index_place(config.index_dir, config.milvus, config.collection),
         embedder=load_model(config.model) if config.model is not None else None,
         max_batch=config.max_batch,
         max_wait_ms=config.max_wait_ms,
@@ -71,7 +71,6 @@ def build_app(config: ServerConfig, service: SearchService | None = None) -> tup
         max_pixels=config.max_pixels,
         reload_interval_s=config.reload_interval_s,
         gallery_root=config.gallery_root,
-        milvus=MilvusPlace.checked(config.milvus, config.collection) if config.milvus else None,
         text_model=config.text_model,
     )
     app = create_api(service, concurrency=config.concurrency, max_queue=config.max_queue, observe=config.observe)
@@ -167,7 +166,7 @@ def serve(config: ServerConfig) -> None:
                                                                  "`retrieval index text`)"))
     print(
         f"serving {described['vectors']} images from "
-        f"{service.milvus if service.milvus is not None else config.index_dir}: UI and API on "
+        f"{service.place}: UI and API on "
         f"http://{config.host}:{config.port}/ (API docs at /docs)\n{config.access_summary()}\n{text_line}",
         flush=True,
     )

@@ -1,7 +1,8 @@
 """What people would rather look at than read: a grid of queries with their top-k results (right and wrong
 marked), and a 2-D map of the embeddings coloured by class.
 
-Plain functions over arrays (as faiss' contrib): the caller embeds, and gives a way to load the image of a row.
+Plain functions over arrays (as faiss' contrib): the caller embeds, and gives a way to load the image of a row
+(``eval_set_pictures`` gives them for an evaluation's data sets).
 The map is UMAP (``umap-learn``) when it is installed and asked for, else t-SNE (scikit-learn); both are bounded
 (``MAP_MAX_POINTS``, ``MAP_MAX_CLASSES``) so a large evaluation split costs seconds, not minutes.
 """
@@ -11,11 +12,15 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from PIL import Image
 
 from retrieval.analysis.plain_text import plain_text
+
+if TYPE_CHECKING:
+    from retrieval.metrics.evaluation import EvalSets
 
 RIGHT, WRONG = "#2ca02c", "#d62728"
 GRID_QUERIES = 8  # rows of the grid: half whose top-1 is right, half wrong, where the split has both
@@ -199,3 +204,18 @@ def draw_evaluation_pictures(folder: Path, query: np.ndarray, query_labels: np.n
     if plot_embedding_map(query, query_labels, folder / "embedding_map.png", label_names, method, seed):
         plots["embedding_map"] = "embedding_map.png"
     return plots
+
+
+def eval_set_pictures(folder: Path, sets: EvalSets, embedded: tuple, query_rows: np.ndarray,
+                      gallery_rows: np.ndarray | None, seed: int = 0, method: str = "auto") -> dict[str, str]:
+    """The query grid and the embedding map of an evaluation (``embedded`` = (query, query_labels, gallery,
+    gallery_labels), whose rows are the data sets' positions ``query_rows`` / ``gallery_rows``), drawn into
+    ``folder``; returns the report's plot names."""
+    from retrieval.metrics.evaluation import class_names, row_loader  # torch: only where an evaluation draws
+
+    q, ql, g, gl = embedded
+    names = class_names(sets.query)
+    return draw_evaluation_pictures(
+        folder, q, ql, row_loader(sets.query, query_rows), g, gl,
+        row_loader(sets.gallery, gallery_rows) if sets.gallery is not None else None,
+        lambda label: names[label], seed=seed, method=method)

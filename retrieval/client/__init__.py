@@ -1,12 +1,12 @@
 """A Python client of the HTTP API of `retrieval serve` (docs/SERVING.md, "Python client"): HTTP only, through httpx,
 in the base install (no torch, no faiss, nothing of the server).
 
-    client   ``RetrievalClient``: searches by image, embedding or text, batches, items, health and stats
-    queries  a caller's queries and options -> the API's JSON, checked where that is cheap
-    results  the answers as typed records (``SearchResults`` of ``SearchHit``, ``Item``, ``Health``, ``Stats``)
-    errors   ``RetrievalError`` and its kinds: unreachable, timed out, the API's 4xx and 503 with the server's message,
-             an answer too large or not the API's
-    bounded  an answer read within the client's size limits and its timeout for the whole call
+- ``client``: ``RetrievalClient``: searches by image, embedding or text, batches, items, health and stats.
+- ``queries``: a caller's queries and options -> the API's JSON, checked where that is cheap.
+- ``results``: the answers as typed records (``SearchResults`` of ``SearchHit``, ``Item``, ``Health``, ``Stats``).
+- ``errors``: ``RetrievalError`` and its kinds: unreachable, timed out, the API's 4xx and 503 with the server's
+  message, an answer too large or not the API's.
+- ``bounded``: an answer read within the client's size limits and its timeout for the whole call.
 
     from retrieval.client import RetrievalClient
 

@@ -1,6 +1,7 @@
 """Images without labels, for fine-tuning on the user's own photos: any folder (flat or nested) or the gallery an
-index catalogues. Each image is its own class (label = its row), so the pair losses take its augmented views as
-positives; pseudo-labels (``retrieval.pseudo_labels``) may replace those labels during training."""
+index catalogues (read by ``retrieval.index.formats.gallery_images.load_unlabelled``, above the index package). Each
+image is its own class (label = its row), so the pair losses take its augmented views as positives; pseudo-labels
+(``retrieval.pseudo_labels``) may replace those labels during training."""
 
 from __future__ import annotations
 
@@ -27,52 +28,6 @@ def scan_images(folder: Path) -> list[str]:
     found = [str(Path(here) / name) for here, _dirs, files in walk_following_links(folder)
              for name in files if Path(name).suffix.lower() in IMAGE_EXTENSIONS and (Path(here) / name).is_file()]
     return sorted(found)
-
-
-def index_gallery_images(index_dir: str | Path) -> list[str]:
-    """The image files an index catalogues as indexed, where its gallery is now (a moved gallery followed); read
-    from its catalogue alone, so an index whose vectors live elsewhere (a Milvus collection) serves too."""
-    from retrieval.index.catalogue_reader import CatalogueReader
-    from retrieval.index.catalogue_schema import Status
-    from retrieval.index.layout import IndexLayout
-    from retrieval.index.portable import gallery_place
-    from retrieval.index.search import gallery_root
-
-    layout = IndexLayout(index_dir)
-    layout.require_catalogue()
-    info = layout.read_info() if layout.info.is_file() else {}
-    with CatalogueReader(layout.catalogue) as catalogue:
-        place = gallery_place(info, gallery_root(info, catalogue), layout.root, None)
-        ids = catalogue.ids_with_status(Status.DONE)
-        files = [place.file(row["path"]) for row in catalogue.rows(ids).values()]
-    missing = sum(file is None for file in files)
-    found = sorted(file for file in files if file is not None)
-    if not found:
-        raise FileNotFoundError(f"{index_dir}: none of the index's {len(files)} images is where its gallery should be; "
-                                "if the gallery moved, index it again or move it back")
-    if missing:
-        import warnings
-
-        warnings.warn(f"{index_dir}: {missing} of the index's {len(files)} images are not in its gallery folder and "
-                      "are left out", stacklevel=2)
-    return found
-
-
-def load_unlabelled(root: str | Path | None, transform: Callable | None = None) -> ImageDataset:
-    """The images of ``root`` (a folder, flat or nested, or an index folder), each its own class; labels never
-    read from folder names."""
-    if root is None:
-        raise ParameterError("root", f"is required: {UNLABELLED_LAYOUT}")
-    base = Path(root).expanduser()
-    if not base.exists():
-        raise FileNotFoundError(f"{base.resolve()} does not exist; expected {UNLABELLED_LAYOUT}")
-    paths = index_gallery_images(base) if is_index_folder(base) else scan_images(base)
-    if len(paths) < 2:
-        raise ParameterError("root", f"{base.resolve()}: {len(paths)} image(s) found; training without labels needs "
-                                     "at least 2 (each image's views are a positive pair, the other images its "
-                                     f"negatives); expected {UNLABELLED_LAYOUT}")
-    names = [str(Path(p).relative_to(base)) if Path(p).is_relative_to(base) else p for p in paths]
-    return ImageDataset(paths, np.arange(len(paths), dtype=np.int64), names, transform)
 
 
 def hide_labels(dataset: ImageDataset) -> ImageDataset:

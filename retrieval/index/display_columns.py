@@ -69,7 +69,12 @@ def check_display_columns(names: Sequence[str], available: Sequence[str]) -> lis
 def recorded_columns(info: Mapping[str, Any], key: str = DISPLAY_COLUMNS) -> list[str]:
     """The display columns index.json (``info``) records (or another list of column names, under ``key``); [] where
     it records none (results show paths)."""
-    names = info.get(key)
+    return checked_columns(info.get(key))
+
+
+def checked_columns(names: object) -> list[str]:
+    """A recorded list of column names (``recorded_columns``; the record's ``catalogue.display_columns``) as it is
+    shown: [] where it is no list."""
     if not isinstance(names, list):
         return []
     # a hand-edited index.json is read as any file is: names a manifest could not have are left out
@@ -178,16 +183,15 @@ def record_display_columns(index_dir: str | Path, columns: Sequence[str] | None 
     layout = IndexLayout(index_dir)
     layout.require_finished(vectors_in_milvus=True)
     with layout.write_lock("record the display columns of"):
-        info = layout.read_info()
+        info = layout.read_record()
         available = catalogue_columns(layout.catalogue)
         if columns is None:
-            from retrieval.text.keywords import TEXT_COLUMNS
-
-            text_columns = info.get(TEXT_COLUMNS) if isinstance(info.get(TEXT_COLUMNS), list) else []
+            recorded = info.catalogue.text_columns
+            text_columns = recorded if isinstance(recorded, list) else []
             chosen = default_display_columns(available, [str(c) for c in text_columns])
         else:
             chosen = check_display_columns(list(columns), available)
-        replaced = info.get(DISPLAY_COLUMNS)
-        layout.write_info(info | {DISPLAY_COLUMNS: chosen})
+        replaced = info.catalogue.display_columns
+        layout.write_info(info.with_fields({DISPLAY_COLUMNS: chosen}))
     return {"index_dir": str(layout.root), DISPLAY_COLUMNS: chosen, "available_columns": available,
             "replaced_display_columns": replaced if replaced != chosen else None}

@@ -17,14 +17,14 @@ import socket
 import stat
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from retrieval.index.record.index_info import FORMAT, IndexInfo
 from retrieval.index.sources import printable_path
 from retrieval.utils.io import NotRegularFileError, atomic_write, read_capped
 
-FORMAT = "retrieval-index/1"
 LOCK_NAME = "writer.lock"
 UPGRADE_LOCK_NAME = "upgrade.lock"  # held for a whole upgrade, which takes the writer lock only to publish
 # A refused writer retries this long first: a reader's probe (``IndexLayout.writer``) holds the lock
@@ -132,7 +132,7 @@ class IndexLayout:
         if not self.info.is_file() or self.faiss.is_file():
             return None
         try:
-            where = self.read_info().get(VECTORS_IN)
+            where = self.read_record().vectors.vectors_in
         except ValueError:
             return None
         return where if isinstance(where, dict) else None
@@ -175,7 +175,12 @@ class IndexLayout:
             raise ValueError(f"{self.info} has format {info.get('format')!r}, expected {FORMAT!r}")
         return info
 
-    def write_info(self, info: dict[str, Any]) -> None:
+    def read_record(self) -> IndexInfo:
+        """index.json as its typed record (``read_info``'s errors)."""
+        return IndexInfo.from_json(self.read_info())
+
+    def write_info(self, info: Mapping[str, Any]) -> None:
+        """Write index.json (a record or its JSON object) atomically, its format first."""
         atomic_write(self.info, (json.dumps({"format": FORMAT, **info}, indent=2) + "\n").encode())
 
     def size_on_disk(self) -> dict[str, int]:

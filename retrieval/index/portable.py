@@ -28,6 +28,7 @@ from pathlib import Path, PurePath, PurePosixPath
 from typing import Any, BinaryIO
 
 from retrieval.errors import ParameterError
+from retrieval.index.record.index_info import IndexInfo, ModelRecord
 from retrieval.index.sources import is_url, printable_path
 from retrieval.utils.io import open_regular
 
@@ -151,18 +152,18 @@ def model_header_problem(handle: BinaryIO) -> str | None:
     return None
 
 
-def _recorded_places(info: Mapping[str, Any], index_root: Path) -> list[Path]:
+def _recorded_places(model: ModelRecord, index_root: Path) -> list[Path]:
     """Where index.json says the model is: its absolute path, then its path from the index folder."""
-    recorded, relative = info.get("model_path"), info.get(MODEL_RELATIVE)
+    recorded, relative = model.path, model.relative
     return [Path(place).expanduser().absolute() for place in ([recorded] if recorded else [])] + (
         [index_root / relative] if relative else [])
 
 
-def _model_candidates(info: Mapping[str, Any], index_root: Path) -> list[Path]:
+def _model_candidates(model: ModelRecord, index_root: Path) -> list[Path]:
     """Where the model may be, in order: recorded, relative, then ``.onnx`` files in the index folder and its parent
     (each folder's file of the recorded name first)."""
-    recorded = info.get("model_path")
-    places = _recorded_places(info, index_root)
+    recorded = model.path
+    places = _recorded_places(model, index_root)
     name = Path(recorded).name if recorded else None
     for folder in (index_root, index_root.parent):
         try:
@@ -174,19 +175,20 @@ def _model_candidates(info: Mapping[str, Any], index_root: Path) -> list[Path]:
     return [Path(place) for place in unique]
 
 
-def find_model(info: Mapping[str, Any], index_root: str | Path, role: str = "was built by") -> Path:
+def find_model(info: IndexInfo | Mapping[str, Any], index_root: str | Path, role: str = "was built by") -> Path:
     """The ONNX file whose hash is the index's ``model_hash`` (see the module docstring), or ModelNotFoundError
     (``role``: what the index is to that model, as the message says it).
 
     A recorded file that cannot be read as a model here, where no other file has the hash, is returned as it is: the
     loader names what is wrong with it, and the caller checks the hash of what it loaded."""
-    wanted = info.get("model_hash")
+    model = IndexInfo.of(info).model
+    wanted = model.hash
     root = Path(index_root).expanduser().absolute()
-    recorded = {os.path.normpath(place) for place in _recorded_places(info, root)}
+    recorded = {os.path.normpath(place) for place in _recorded_places(model, root)}
     looked: list[str] = []
     unreadable = None
     unasked_bytes = 0  # read from files nobody named: bounded, a shared parent folder may hold anything
-    for candidate in _model_candidates(info, root):
+    for candidate in _model_candidates(model, root):
         shown = printable_path(str(candidate))
         if not candidate.is_file():
             looked.append(f"{shown} (missing)")
@@ -223,10 +225,10 @@ def find_model(info: Mapping[str, Any], index_root: str | Path, role: str = "was
         looked.append(f"{shown} (model_hash {found[0]})")
     if unreadable is not None:
         return unreadable
-    relative = f" ({info[MODEL_RELATIVE]} from the index folder)" if info.get(MODEL_RELATIVE) else ""
+    relative = f" ({model.relative} from the index folder)" if model.relative else ""
     raise ModelNotFoundError(
         f"is needed: the index in {printable_path(str(index_root))} {role} the model with model_hash {wanted}, "
-        f"recorded as {printable_path(str(info.get('model_path') or '?'))}{relative}, and no file has that hash; "
+        f"recorded as {printable_path(str(model.path or '?'))}{relative}, and no file has that hash; "
         f"looked at {'; '.join(looked) or 'no file'} (and for any .onnx in the index folder and its parent). Give "
         "that model (`model`), or put it inside the index folder or beside it")
 
@@ -262,7 +264,7 @@ class GalleryPlace:
         return self.recorded
 
 
-def gallery_place(info: Mapping[str, Any], recorded: PurePath, index_root: str | Path,
+def gallery_place(info: IndexInfo | Mapping[str, Any], recorded: PurePath, index_root: str | Path,
                   gallery_root: str | Path | None = None) -> GalleryPlace:
     """Where the gallery of the index in ``index_root`` is now (``recorded``: its recorded or inferred root)."""
     if gallery_root is not None:
@@ -271,9 +273,10 @@ def gallery_place(info: Mapping[str, Any], recorded: PurePath, index_root: str |
             raise ParameterError("gallery_root", f"{printable_path(str(folder))} is not a folder; give the folder that "
                                                  "now holds the gallery's images")
         return _unnested(GalleryPlace(recorded, PurePath(folder.resolve())))
-    if Path(recorded).is_dir() or not info.get(GALLERY_RELATIVE):
+    relative = IndexInfo.of(info).catalogue.gallery_relative
+    if Path(recorded).is_dir() or not relative:
         return GalleryPlace(recorded, recorded)
-    moved = Path(os.path.normpath(Path(index_root).expanduser().resolve() / info[GALLERY_RELATIVE]))
+    moved = Path(os.path.normpath(Path(index_root).expanduser().resolve() / relative))
     return _unnested(GalleryPlace(recorded, PurePath(moved) if moved.is_dir() else recorded))
 
 

@@ -21,7 +21,7 @@ import numpy as np
 from retrieval.errors import ParameterError
 from retrieval.index.catalogue_reader import CatalogueQueries, CatalogueReader
 from retrieval.index.catalogue_schema import Status
-from retrieval.index.display_columns import columns_of, recorded_columns, with_columns
+from retrieval.index.display_columns import checked_columns, columns_of, with_columns
 from retrieval.index.faiss_backend import faiss_files, faiss_gpu, faiss_params, faiss_search
 from retrieval.index.filters import Filter, FilterTable, parse_filter
 from retrieval.index.layout import IndexLayout
@@ -29,14 +29,15 @@ from retrieval.index.portable import GalleryPlace, find_model, gallery_place
 from retrieval.index.query_embedder import (
     ImageEmbedder,
     NoModel,
-    has_model,
     hash_matches,
     index_embedder,
     load_model,
     prepare_vectors,
 )
+from retrieval.index.record.index_info import IndexInfo
 from retrieval.index.sources import is_url
 from retrieval.rerank import Neighbourhood, RerankConfig, gallery_filled, neighbourhood_from_counts, rerank_lists
+from retrieval.text.keywords import FolderKeywords, KeywordSearch
 
 MAX_K = 1000  # the most results one query may ask for (the API, the app and the CLI share it)
 # SearchResult's fields left out of ``to_dict`` when None
@@ -50,10 +51,10 @@ def check_k(k: object, name: str = "k") -> int:
     return int(k)
 
 
-def gallery_root(info: Mapping[str, Any], catalogue: CatalogueQueries) -> PurePath:
+def gallery_root(info: IndexInfo | Mapping[str, Any], catalogue: CatalogueQueries) -> PurePath:
     """The folder that paths shown to people and programs are relative to: index.json's ``gallery_root``, else
     the deepest folder holding every catalogued path."""
-    recorded = info.get("gallery_root")
+    recorded = IndexInfo.of(info).catalogue.gallery_root
     if recorded:
         return PurePath(recorded)
     first, last = catalogue.path_range()
@@ -103,7 +104,17 @@ class IndexFacts:
     """What an index's record (``info``: index.json, or a Milvus collection's copy of it) says about it, and the
     ``with`` block that closes it: shared by ``Index`` and ``milvus_index.MilvusIndex``."""
 
-    info: dict[str, Any]
+    _info: IndexInfo
+    remote = False  # whether it answers over the network (``SearchableIndex.remote``)
+
+    @property
+    def info(self) -> IndexInfo:
+        """Its index.json, as the typed record."""
+        return self._info
+
+    @info.setter
+    def info(self, info: IndexInfo | Mapping[str, Any]) -> None:
+        self._info = IndexInfo.of(info)  # a JSON object given is read into the record
 
     def close(self) -> None:
         raise NotImplementedError
@@ -119,29 +130,29 @@ class IndexFacts:
 
     @property
     def dim(self) -> int:
-        return int(self.info["embedding_dim"])
+        return int(self.info.model.embedding_dim)  # type: ignore[arg-type]  # every finished index records it
 
     @property
     def model_hash(self) -> str | None:
         """The hash of the model that built it; None for an index built from embeddings (``has_model``)."""
-        value = self.info.get("model_hash")
+        value = self.info.model.hash
         return None if value is None else str(value)
 
     @property
     def has_model(self) -> bool:
         """Whether a model built it (False: built from embeddings, searched with embeddings only)."""
-        return has_model(self.info)
+        return self.info.has_model
 
     @functools.cached_property
     def display_columns(self) -> list[str]:
         """The manifest columns every answer carries (index.json's ``display_columns``; [] where none)."""
-        return recorded_columns(self.info)
+        return checked_columns(self.info.catalogue.display_columns)
 
     @property
     def model_output(self) -> str | None:
         """The model output that built its vectors (None: the model's own, in an index.json from before outputs
         were recorded)."""
-        return self.info.get("model_output")
+        return self.info.model.output
 
 
 class Index(IndexFacts):
@@ -151,12 +162,15 @@ class Index(IndexFacts):
     connection per thread), so one ``Index`` serves searches from many threads, and a read-only folder works.
     """
 
+    layout: IndexLayout
+    catalogue: CatalogueReader  # read-only, one connection per thread
+
     def __init__(
         self,
         layout: IndexLayout,
         index: faiss.Index,
         catalogue: CatalogueReader,
-        info: dict[str, Any],
+        info: IndexInfo | Mapping[str, Any],
         embedder: ImageEmbedder | None = None,
         gpu: bool = False,
         gallery_root: str | Path | None = None,
@@ -180,9 +194,9 @@ class Index(IndexFacts):
         """Open a finished index folder (``gallery_root``: where its gallery is now, if it moved elsewhere)."""
         layout = IndexLayout(directory)
         layout.require_finished()
-        info = layout.read_info()
+        info = layout.read_record()
         index = faiss_files.read_index(layout.faiss)
-        faiss_params.set_search_params(index, info.get("params", {}))
+        faiss_params.set_search_params(index, info.vectors.params or {})
         catalogue = CatalogueReader(layout.catalogue)
         done = catalogue.indexed_count()
         if done != index.ntotal:  # a cheap check; ``index stats`` and the writers compare the ids
@@ -203,6 +217,22 @@ class Index(IndexFacts):
         return int(self.faiss_index.ntotal)
 
     @property
+    def root(self) -> Path:
+        """The index folder, where index.json's relative paths start."""
+        return self.layout.root
+
+    @property
+    def keywords(self) -> KeywordSearch | None:
+        """The FTS5 keyword index its index.json records (None: none; KeywordError: unreadable)."""
+        return FolderKeywords.of_index(self.info, self.layout.root)
+
+    def stats(self, queries: int = 500, seed: int = 1) -> dict[str, Any]:
+        """``index stats`` of the opened folder (``stats.opened_index_stats``): its catalogue's indexed rows."""
+        from retrieval.index.stats import opened_index_stats
+
+        return opened_index_stats(self, queries=queries, seed=seed)
+
+    @property
     def embedder(self) -> ImageEmbedder:
         """The query model: the one passed in, else index.json's model, found by its hash (``find_model``: the
         folder may have moved); it embeds with the output
@@ -211,7 +241,7 @@ class Index(IndexFacts):
         if self._embedder is None and not self.has_model:
             self._embedder = NoModel(self.dim, self.layout.root)  # its every use says what works instead
         if self._embedder is None:
-            if not self.info.get("model_path") or not self.model_hash:
+            if not self.info.model.path or not self.model_hash:
                 raise ValueError("this index records no model path; pass an embedder to search images")
             model = load_model(find_model(self.info, self.layout.root))
             if not hash_matches(self.model_hash, model):  # replaced since hashed: never search with another model

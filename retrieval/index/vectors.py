@@ -1,4 +1,5 @@
-"""The indexed vectors as the catalogue sees them, read from the shards; and the check that faiss holds the same ids.
+"""The indexed vectors as the catalogue sees them, read from the shards (``faiss_params.faiss_mismatch`` checks
+that faiss holds the same ids).
 
 Read side: the writer builds faiss from these, and ``index stats``, the diagnostics and the tests read them, so
 this module imports neither the writer nor torch.
@@ -8,10 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 
-import faiss
 import numpy as np
 
-from retrieval.index.faiss_backend import faiss_params
 from retrieval.index.shards import ShardStore
 
 Chunks = Iterable[tuple[np.ndarray, np.ndarray]]  # (ids, vectors) pairs, e.g. one per shard
@@ -43,15 +42,3 @@ def gather_rows(
     vectors = np.ascontiguousarray(np.concatenate(out))
     return (vectors, np.concatenate(out_ids)) if with_ids else vectors
 
-
-def faiss_mismatch(index: faiss.Index, done: Mapping[int, str]) -> str | None:
-    """How the ids in faiss differ from the catalogue's ``done`` rows, or None when they agree."""
-    present = np.sort(faiss_params.index_ids(index))
-    expected = np.fromiter(sorted(done), np.int64, len(done))
-    if np.array_equal(present, expected):
-        return None
-    lacking, extra = len(np.setdiff1d(expected, present)), len(np.setdiff1d(present, expected))
-    return (
-        f"its faiss part holds {len(present)} vectors but the catalogue has {len(expected)} indexed images "
-        f"({lacking} missing from faiss, {extra} not indexed in the catalogue)"
-    )

@@ -39,7 +39,7 @@ def sample_vectors(index_dir: str | os.PathLike, size: int, seed: int = 0, rows:
 
     layout = IndexLayout(index_dir)
     layout.require_finished()  # a Milvus collection's vectors are not in the folder
-    dim = int(layout.read_info()["embedding_dim"])
+    dim = int(layout.read_record().model.embedding_dim)  # type: ignore[arg-type]  # a finished index records it
     catalogue = CatalogueReader(layout.catalogue)
     keep_ids, keep_keys, keep_shards = np.zeros(0, np.int64), np.zeros(0, np.uint64), np.zeros(0, object)
     try:
@@ -85,7 +85,7 @@ def _record_new(index_dir: str | os.PathLike, report: dict[str, Any]) -> dict[st
     index records that very file already); once it is, the adapted towers the index no longer records are."""
     layout = IndexLayout(index_dir)
     path = Path(report["text_model"])
-    ours = layout.read_info().get("text_model_hash") != report["adapted_hash"]
+    ours = layout.read_record().text.hash != report["adapted_hash"]
     try:
         recorded = record_text_model(index_dir, path)
     except BaseException:
@@ -113,7 +113,7 @@ def adapt_for_index(index_dir: str | os.PathLike, text_model: str | os.PathLike,
     if layout.vectors_in() is not None:
         return {**kept, "reason": "the index's vectors are in a Milvus collection, which the adaptation does not read: "
                                   "the zero-shot tower is recorded as it is"}
-    checked_text_model(source, layout.read_info(), layout.root)  # a tower of another image model: refused first
+    checked_text_model(source, layout.read_record(), layout.root)  # a tower of another image model: refused first
     out = adapted_path(index_dir)
     if out.resolve() == source.path.resolve():
         return {**kept, "reason": f"the zero-shot tower is {printable_path(str(out))}, where the adapted one would be "

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -103,8 +104,9 @@ def check_limit(limit: object) -> int:
     return limit
 
 
-def has_keywords(info: dict[str, Any]) -> bool:
-    """Whether index.json (``info``) records a keyword index (its columns a list of names, its file a name)."""
+def has_keywords(info: Mapping[str, Any]) -> bool:
+    """Whether index.json (``info``: its record, or the JSON object) records a keyword index (its columns a list of
+    names, its file a name)."""
     columns = info.get(TEXT_COLUMNS)
     return isinstance(columns, list) and bool(columns) and all(isinstance(c, str) for c in columns) \
         and isinstance(info.get(KEYWORD_INDEX), str) and bool(info.get(KEYWORD_INDEX))
@@ -127,8 +129,9 @@ class FolderKeywords:
             db.close()
 
     @classmethod
-    def of_index(cls, info: dict[str, Any], index_root: str | Path) -> FolderKeywords | None:
-        """The keyword index that index.json (``info``) records for the folder ``index_root``; None where none."""
+    def of_index(cls, info: Mapping[str, Any], index_root: str | Path) -> FolderKeywords | None:
+        """The keyword index that index.json (``info``: its record, or the JSON object) records for the folder
+        ``index_root``; None where none."""
         if not has_keywords(info):
             return None
         name = Path(str(info[KEYWORD_INDEX])).name  # a file in the folder, whatever index.json says

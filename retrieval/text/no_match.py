@@ -139,12 +139,15 @@ def recalibrate_hint(index_shown: str) -> str:
     return f"record the text model again to measure it: `retrieval index text {index_shown} --text-model FILE`"
 
 
-def read_floor(info: Mapping[str, Any], text_model_hash: str | None, index_shown: str = "INDEX") -> NoMatchFloor:
-    """The floor index.json (``info``) records for the text model ``text_model_hash`` (None: no text model), checked:
-    a record of another text model or image model, or with values that are not a calibration, makes no floor (its
+def read_floor(info: Mapping[str, Any], text_model_hash: str | Sequence[str] | None,
+               index_shown: str = "INDEX") -> NoMatchFloor:
+    """The floor index.json (``info``) records for the text model ``text_model_hash`` (every hash it goes by:
+    ``TextEmbedder.model_hashes``, a floor recorded before names its legacy one; None: no text model), checked: a
+    record of another text model or image model, or with values that are not a calibration, makes no floor (its
     ``problem`` says why and how to measure it again)."""
     record = info.get(TEXT_NO_MATCH)
-    if text_model_hash is None:
+    hashes = (text_model_hash,) if isinstance(text_model_hash, str) else tuple(text_model_hash or ())
+    if not hashes:
         return NoMatchFloor(problem="no text model: text queries are not answered")
     if record is None and info.get("vectors_in"):  # layout.VECTORS_IN: a Milvus collection holds them
         return NoMatchFloor(problem="not calibrated: the floor is measured with a folder's own vector index, and "
@@ -160,9 +163,9 @@ def read_floor(info: Mapping[str, Any], text_model_hash: str | None, index_shown
         return NoMatchFloor(problem=f"index.json's {TEXT_NO_MATCH} floor is {repr(floor)[:40]}, not a cosine score "
                                     f"in [-1, 1]; {recalibrate_hint(index_shown)}")
     recorded = record.get("text_model_hash")
-    if recorded != text_model_hash:
+    if recorded not in hashes:
         return NoMatchFloor(problem=f"calibrated for another text model (text_model_hash {repr(recorded)[:40]}, "
-                                    f"not {text_model_hash}); {recalibrate_hint(index_shown)}")
+                                    f"not {hashes[0]}); {recalibrate_hint(index_shown)}")
     model = record.get("model_hash")
     if model is not None and model != info.get("model_hash"):
         return NoMatchFloor(problem=f"calibrated on vectors of another image model (model_hash {repr(model)[:40]}, "

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from retrieval.index.sources import printable_path
-from retrieval.text.text_onnx import MAX_TEXT_MODEL_BYTES, TextModelError, file_hash
+from retrieval.text.text_onnx import MAX_TEXT_MODEL_BYTES, TextModelError, file_hashes
 
 log = logging.getLogger(__name__)
 
@@ -61,11 +61,11 @@ def named_text_model(image_model: str | os.PathLike, metadata: Mapping[str, str]
     if path.stat().st_size > MAX_TEXT_MODEL_BYTES:
         return None, f"{printable_path(str(path))} is over 2 GiB: not the text tower {shown} names"
     try:
-        found = file_hash(path)
+        found = file_hashes(path)  # a model exported before names it by its legacy hash
     except OSError as exc:
         return None, f"{printable_path(str(path))} cannot be read: {exc.strerror or exc}"
-    if found != wanted:
-        return None, (f"{printable_path(str(path))} has text_model_hash {found}, not {wanted}, the one {shown} "
+    if wanted not in found:
+        return None, (f"{printable_path(str(path))} has text_model_hash {found[0]}, not {wanted}, the one {shown} "
                       "names: it was replaced; export the model again, or record a text model with `retrieval "
                       "index text`")
     return path, None
@@ -76,7 +76,7 @@ def record_named_text_model(index_dir: str | os.PathLike, image_model: str | os.
     does; None where the model names none, where the index records a text model already (kept), or where the
     tower cannot be used: then one warning says why, and the index stays as it is, searchable by image."""
     from retrieval.index.layout import IndexLayout
-    from retrieval.text.text_index import TEXT_MODEL_HASH, record_text_model
+    from retrieval.text.text_index import record_text_model
 
     try:
         path, problem = named_text_model(image_model, read_model_metadata(image_model))
@@ -86,8 +86,8 @@ def record_named_text_model(index_dir: str | os.PathLike, image_model: str | os.
         if problem:
             log.warning("no text model recorded: %s", problem)
         return None
-    recorded = IndexLayout(index_dir).read_info().get(TEXT_MODEL_HASH)
-    if recorded and recorded != file_hash(path):
+    recorded = IndexLayout(index_dir).read_record().text.hash
+    if recorded and recorded not in file_hashes(path):
         log.info("the index records text model %s already: kept (not the one beside its model)", recorded)
         return None
     try:

@@ -3,7 +3,8 @@ text`, found again after the folders move, and checked against the index's image
 
 index.json records it as it records the image model (``retrieval.index.portable``): its absolute path
 (``text_model_path``), its path from the index folder (``text_model_path_relative``: the folders moved together are
-found again) and its identity (``text_model_hash``, the file's sha256). A file whose hash differs is never loaded.
+found again) and its identity (``text_model_hash``: ``TextEmbedder.model_hash``, or the file's sha256 an earlier
+version recorded, which still names it: ``TextEmbedder.model_hashes``). A file named by neither is never loaded.
 
 A tower fits an index whose vectors are in the space of the image model it was trained for
 (``retrieval.text.text_onnx.check_text_model``): the index's own model, the space its compatible output embeds into,
@@ -25,14 +26,22 @@ from retrieval.index.query_embedder import (
     ImageEmbedder,
     declared_compatible,
     has_model,
+    hash_matches,
     load_model,
     model_hashes,
     with_output,
 )
+from retrieval.index.record.index_info import IndexInfo
 from retrieval.index.sources import printable_path
 from retrieval.text.no_match import TEXT_NO_MATCH, calibrate_no_match
 from retrieval.text.no_match_texts import CALIBRATION_TEXTS
-from retrieval.text.text_onnx import MAX_TEXT_MODEL_BYTES, TextEmbedder, TextModelError, check_text_model, file_hash
+from retrieval.text.text_onnx import (
+    MAX_TEXT_MODEL_BYTES,
+    TextEmbedder,
+    TextModelError,
+    check_text_model,
+    file_hashes,
+)
 
 TEXT_MODEL_PATH = "text_model_path"  # index.json: where the text model was when recorded
 TEXT_MODEL_RELATIVE = "text_model_path_relative"  # ... its path from the index folder
@@ -48,9 +57,10 @@ ImageModel = ImageEmbedder | Callable[[], ImageEmbedder] | None
 class NoTextModelError(TextModelError):
     """A text query to an index that records no text model, and none was given."""
 
-    def __init__(self, index_root: str | Path, info: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, index_root: str | Path, info: IndexInfo | Mapping[str, Any] | None = None) -> None:
         folder = printable_path(str(index_root))
-        off = text_off_problem(info or {}, folder, printable_path(str((info or {}).get("model_path") or "MODEL.onnx")))
+        record = IndexInfo.of(info)
+        off = text_off_problem(record, folder, printable_path(str(record.model.path or "MODEL.onnx")))
         if off is not None:
             super().__init__(f"is needed: the index in {folder} records no text model: {off}")
             return
@@ -59,11 +69,11 @@ class NoTextModelError(TextModelError):
                          f"index once: `retrieval index text {folder} --text-model FILE`")
 
 
-def text_off_problem(info: Mapping[str, Any], index_shown: str, model_shown: str) -> str | None:
+def text_off_problem(info: IndexInfo | Mapping[str, Any], index_shown: str, model_shown: str) -> str | None:
     """Why an upgrade turned the index's text search off (``TEXT_MODEL_OFF``) and the two commands that re-fit a
     text model (``model_shown``: the index's image model, ``index_shown``: the index, as the reader may see them);
     None where no upgrade did."""
-    off = info.get(TEXT_MODEL_OFF)
+    off = IndexInfo.of(info).text.off
     if not isinstance(off, Mapping):
         return None
     reason = " ".join(str(off.get("reason") or "its text model no longer fits").split())[:1000]
@@ -72,9 +82,9 @@ def text_off_problem(info: Mapping[str, Any], index_shown: str, model_shown: str
             f"then record it: `retrieval index text {index_shown} --text-model RUN/text.onnx`")
 
 
-def has_text_model(info: Mapping[str, Any]) -> bool:
+def has_text_model(info: IndexInfo | Mapping[str, Any]) -> bool:
     """Whether index.json (``info``) records a text model."""
-    return bool(info.get(TEXT_MODEL_HASH))
+    return bool(IndexInfo.of(info).text.hash)
 
 
 def text_model_fields(text: TextEmbedder, index_root: str | Path) -> dict[str, str]:
@@ -83,12 +93,14 @@ def text_model_fields(text: TextEmbedder, index_root: str | Path) -> dict[str, s
             TEXT_MODEL_HASH: text.model_hash}
 
 
-def find_text_model(info: Mapping[str, Any], index_root: str | Path) -> Path:
-    """The file whose hash is the recorded ``text_model_hash``: at the recorded path, else at the path recorded from
-    the index folder (the folders moved together); else a ``TextModelError`` naming the hash and where it looked."""
-    wanted = info.get(TEXT_MODEL_HASH)
+def find_text_model(info: IndexInfo | Mapping[str, Any], index_root: str | Path) -> Path:
+    """The file the recorded ``text_model_hash`` names (its hash or its legacy one, ``file_hashes``): at the recorded
+    path, else at the path recorded from the index folder (the folders moved together); else a ``TextModelError``
+    naming the hash and where it looked."""
+    text = IndexInfo.of(info).text
+    wanted = text.hash
     root = Path(index_root).expanduser().absolute()
-    recorded, relative = info.get(TEXT_MODEL_PATH), info.get(TEXT_MODEL_RELATIVE)
+    recorded, relative = text.path, text.relative
     places = [Path(recorded).expanduser().absolute()] if recorded else []
     places += [root / relative] if relative else []
     looked, unique = [], {}
@@ -103,13 +115,13 @@ def find_text_model(info: Mapping[str, Any], index_root: str | Path) -> Path:
             looked.append(f"{shown} (over 2 GiB: not a text tower)")
             continue
         try:
-            found = file_hash(place)
+            found = file_hashes(place)
         except OSError as exc:
             looked.append(f"{shown} (cannot be read: {exc.strerror or exc})")
             continue
-        if found == wanted:
+        if wanted in found:
             return place
-        looked.append(f"{shown} (text_model_hash {found})")
+        looked.append(f"{shown} (text_model_hash {found[0]})")
     folder = printable_path(str(index_root))
     raise TextModelError(
         f"is needed: the index in {folder} records the text model with text_model_hash {wanted}, and no file has "
@@ -117,7 +129,8 @@ def find_text_model(info: Mapping[str, Any], index_root: str | Path) -> Path:
         f"(`text_model`), or record the one to use: `retrieval index text {folder} --text-model FILE`")
 
 
-def index_declared(info: Mapping[str, Any], index_root: str | Path, image_model: ImageModel = None) -> frozenset[str]:
+def index_declared(info: IndexInfo | Mapping[str, Any], index_root: str | Path,
+                   image_model: ImageModel = None) -> frozenset[str]:
     """The model hashes the index's image model goes by (``model_hashes``: a text model and an index written by
     different versions may name it by different ones) and is declared compatible with (``image_model``: that model,
     or how to load it; None: found from index.json); empty where it cannot be loaded here."""
@@ -134,17 +147,19 @@ def index_declared(info: Mapping[str, Any], index_root: str | Path, image_model:
     return declared_compatible(model) | frozenset(model_hashes(model))
 
 
-def checked_text_model(text: TextEmbedder, info: Mapping[str, Any], index_root: str | Path,
+def checked_text_model(text: TextEmbedder, info: IndexInfo | Mapping[str, Any], index_root: str | Path,
                        image_model: ImageModel = None) -> TextEmbedder:
     """``text``, once it fits the index whose index.json is ``info`` (``check_text_model``; the index's model's
     declared-compatible hashes are read only for a tower trained for another model); else a ``TextModelError``
     naming both models."""
+    info = IndexInfo.of(info)
     where = f"the index in {printable_path(str(index_root))}"
-    model = printable_path(str(info.get("model_path") or ""))  # index.json's text: shown, never run by a terminal
+    model = printable_path(str(info.model.path or ""))  # index.json's text: shown, never run by a terminal
     try:
         check_text_model(text, info, where=where, model_file=model)
     except TextModelError:
-        if not has_model(info) or int(info.get("embedding_dim", -1)) != text.dim:
+        dim = info.model.embedding_dim
+        if not info.has_model or (-1 if dim is None else int(dim)) != text.dim:
             raise
         declared = index_declared(info, index_root, image_model)
         if not declared:
@@ -153,16 +168,17 @@ def checked_text_model(text: TextEmbedder, info: Mapping[str, Any], index_root: 
     return text
 
 
-def open_text_model(info: Mapping[str, Any], index_root: str | Path, path: str | os.PathLike | None = None,
+def open_text_model(info: IndexInfo | Mapping[str, Any], index_root: str | Path, path: str | os.PathLike | None = None,
                     image_model: ImageModel = None) -> TextEmbedder:
     """The text model that searches the index in ``index_root`` by text: ``path``, else the one index.json records
     (``find_text_model``), checked against the index (``checked_text_model``)."""
     if path is None and not has_text_model(info):
         raise NoTextModelError(index_root, info)
     text = TextEmbedder(path if path is not None else find_text_model(info, index_root))
-    if path is None and text.model_hash != info.get(TEXT_MODEL_HASH):  # replaced since it was hashed
+    recorded = IndexInfo.of(info).text.hash
+    if path is None and not hash_matches(recorded, text):  # replaced since it was hashed
         raise TextModelError(f"is needed: the file {printable_path(str(text.path))} has text_model_hash "
-                             f"{text.model_hash}, not {info.get(TEXT_MODEL_HASH)}, the one the index records; give "
+                             f"{text.model_hash}, not {recorded}, the one the index records; give "
                              "that one")
     return checked_text_model(text, info, index_root, image_model)
 
@@ -176,19 +192,19 @@ def record_text_model(index_dir: str | Path, text_model: str | os.PathLike) -> d
     text = TextEmbedder(text_model)  # loaded before the lock: no writer waits for it
     calibration_texts = text.embed(list(CALIBRATION_TEXTS)) if layout.vectors_in() is None else None
     with layout.write_lock("record a text model in"):
-        info = layout.read_info()
+        info = layout.read_record()
         checked_text_model(text, info, layout.root)
         fields = text_model_fields(text, layout.root)
-        replaced = info.get(TEXT_MODEL_HASH)
+        replaced = info.text.hash
         no_match = _calibrated(layout, info, text, calibration_texts)
-        layout.write_info({key: value for key, value in info.items() if key not in (TEXT_MODEL_OFF, TEXT_NO_MATCH)}
-                          | fields | ({TEXT_NO_MATCH: no_match} if no_match is not None else {}))
+        layout.write_info(info.without(TEXT_MODEL_OFF, TEXT_NO_MATCH).with_fields(
+            fields | ({TEXT_NO_MATCH: no_match} if no_match is not None else {})))
     return {"index_dir": str(layout.root), **fields, "image_model_hash": text.image_model_hash,
-            "index_model_hash": info.get("model_hash"), "embedding_dim": text.dim,
-            "replaced_text_model_hash": replaced if replaced != text.model_hash else None, TEXT_NO_MATCH: no_match}
+            "index_model_hash": info.model.hash, "embedding_dim": text.dim,
+            "replaced_text_model_hash": None if hash_matches(replaced, text) else replaced, TEXT_NO_MATCH: no_match}
 
 
-def _calibrated(layout: IndexLayout, info: Mapping[str, Any], text: TextEmbedder,
+def _calibrated(layout: IndexLayout, info: IndexInfo, text: TextEmbedder,
                 vectors: Any) -> dict[str, Any] | None:
     """The no-match floor of the index with ``text`` (``calibrate_no_match``; ``vectors``: the calibration texts
     embedded by it), measured with the index's own search; None where its vectors are not in the folder (Milvus)
@@ -198,4 +214,4 @@ def _calibrated(layout: IndexLayout, info: Mapping[str, Any], text: TextEmbedder
     from retrieval.index.search import Index  # the read side's search, as queries get it
 
     with Index.open(layout.root) as index:
-        return calibrate_no_match(index, text, info.get("model_hash"), vectors)
+        return calibrate_no_match(index, text, info.model.hash, vectors)

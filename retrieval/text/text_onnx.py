@@ -4,7 +4,10 @@
 The file carries everything a search needs in its metadata (``TEXT_FORMAT``): its tokenizer (``tokenizer.json``'s
 text), the longest token sequence, the embedding size, and the hash of the image model whose space it maps into
 (``image_model_hash``): an index built with another model refuses it, naming both (``check_text_model``). Its own
-identity, ``model_hash``, is the sha256 (16 hex digits) of the bytes it runs, as an index records it. No torch here.
+identity, ``model_hash``, is computed as an image model's is (``retrieval.utils.onnx_hash.proto_model_hash``): its
+graph and weights and what prepares its text (``TextTowerRecord.identity``), never its annotations; a record written
+before names it by the sha256 of its file's bytes (``legacy_text_hash``), which still recognises it
+(``TextEmbedder.model_hashes``). It runs in the image model's session (``retrieval.onnx_runtime``). No torch here.
 """
 
 from __future__ import annotations
@@ -15,12 +18,18 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from retrieval.errors import ParameterError
+from retrieval.onnx_runtime import make_session, resolve_providers
 from retrieval.text.tokens import TextTokenizer, TokenizerError, first_line
+from retrieval.utils.onnx_hash import proto_model_hash
+from retrieval.utils.unit_rows import l2_normalize_rows
+
+if TYPE_CHECKING:
+    from retrieval.index.record.index_info import IndexInfo
 
 TEXT_FORMAT = "retrieval-text-onnx/1"
 INPUT_IDS, ATTENTION_MASK, TEXT_OUTPUT = "input_ids", "attention_mask", "embeddings"
@@ -73,6 +82,17 @@ class TextTowerRecord:
                 "encoder": json.dumps(self.encoder, sort_keys=True), "tokenizer": self.tokenizer,
                 "normalized": "true"}
 
+    def identity(self) -> dict[str, Any]:
+        """What prepares a text for the graph and what the graph must answer: what the tower's hash covers beside its
+        graph and weights (the image model hashes its preprocessing so); the space it maps into and the encoder's
+        name are labels, not part of what it computes."""
+        return {"format": TEXT_FORMAT, "embedding_dim": self.embedding_dim, "max_length": self.max_length,
+                "tokenizer": self.tokenizer}
+
+    def identity_digest(self) -> Any:
+        """A sha256 object fed with ``identity()``, for ``proto_model_hash`` to add the graph and weights to."""
+        return hashlib.sha256(json.dumps(self.identity(), sort_keys=True).encode())
+
 
 class TextModelError(ParameterError):
     """A text model that cannot be used as asked; the message names the problem and the fix."""
@@ -81,13 +101,36 @@ class TextModelError(ParameterError):
         super().__init__("text_model", problem)
 
 
+def legacy_text_hash(data: bytes) -> str:
+    """The hash versions before ``tower_hashes`` recorded for a text tower: the first 16 hex digits of its file's
+    sha256. Matched, never recorded anew."""
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def tower_hashes(data: bytes, record: TextTowerRecord | None = None) -> tuple[str, ...]:
+    """Every hash a record may name the text tower of a file's bytes ``data`` by: its ``model_hash``
+    (``proto_model_hash`` over its graph and weights and ``record``'s identity; None: the record its metadata holds),
+    then ``legacy_text_hash``; bytes that are no text tower (no ONNX model, no text record) go by the legacy hash
+    alone."""
+    import onnx
+
+    try:
+        proto = onnx.load_model_from_string(data)
+        if record is None:
+            record = TextTowerRecord.from_metadata({entry.key: entry.value for entry in proto.metadata_props})
+    except Exception:  # protobuf's DecodeError, a damaged record: no graph or record to hash
+        return (legacy_text_hash(data),)
+    return proto_model_hash(proto, record), legacy_text_hash(data)
+
+
+def file_hashes(path: Path) -> tuple[str, ...]:
+    """``tower_hashes`` of the file at ``path`` (read whole: the caller bounds its size by ``MAX_TEXT_MODEL_BYTES``)."""
+    return tower_hashes(Path(path).read_bytes())
+
+
 def file_hash(path: Path) -> str:
-    """The first 16 hex digits of a file's sha256, read in chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()[:16]
+    """The ``model_hash`` of the text tower at ``path``, as records name it."""
+    return file_hashes(path)[0]
 
 
 class TextEmbedder:
@@ -95,19 +138,18 @@ class TextEmbedder:
     model ``image_model_hash``."""
 
     def __init__(self, path: str | os.PathLike, providers: Sequence[str] | str = "auto") -> None:
-        import onnxruntime as ort
-
         self.path = Path(path)
         if not self.path.is_file():
             raise TextModelError(f"{self.path} is not a file: give the text.onnx that `retrieval text train` wrote")
         if self.path.stat().st_size > MAX_TEXT_MODEL_BYTES:
             raise TextModelError(f"{self.path} is over 2 GiB: no text tower this toolkit writes is")
-        data = self.path.read_bytes()  # hashed and run from the same bytes: a file swapped meanwhile cannot differ
-        self.model_hash = hashlib.sha256(data).hexdigest()[:16]
         try:
-            options = ort.SessionOptions()
-            options.log_severity_level = 3
-            self.session = ort.InferenceSession(data, options, providers=_providers(providers))
+            chosen = resolve_providers(providers)
+        except (RuntimeError, ValueError) as exc:  # a provider not here: the image model's words, as a text error
+            raise TextModelError(str(exc)) from None
+        data = self.path.read_bytes()  # hashed and run from the same bytes: a file swapped meanwhile cannot differ
+        try:
+            self.session = make_session(data, chosen, log_severity=3)
         except Exception as exc:  # onnxruntime's own kinds: not an ONNX file, unsupported ops
             raise TextModelError(f"{self.path} cannot be loaded as an ONNX model: {str(exc).splitlines()[0]}") from None
         metadata = dict(self.session.get_modelmeta().custom_metadata_map)
@@ -119,8 +161,17 @@ class TextEmbedder:
             self.tokenizer = TextTokenizer(self.record.tokenizer, self.record.max_length)
         except (ValueError, TypeError) as exc:
             raise TextModelError(f"{self.path}: its metadata is damaged ({exc})") from None
+        self.model_hashes = tower_hashes(data, self.record)
+        if len(self.model_hashes) < 2:  # onnxruntime read it; onnx, which hashes it, could not
+            raise TextModelError(f"{self.path} cannot be read as an ONNX model by onnx: export it again with "
+                                 "`retrieval text train`")
         self._check_graph()
         self._check_embeds()
+
+    @property
+    def model_hash(self) -> str:
+        """Its identity as new records name it (``tower_hashes``); ``model_hashes`` also holds the legacy one."""
+        return self.model_hashes[0]
 
     @property
     def dim(self) -> int:
@@ -153,8 +204,7 @@ class TextEmbedder:
             for rows in session_calls(lengths):
                 width = max(int(lengths[rows].max()), 1)  # padding is on the right: the longest row's tokens suffice
                 out[start + rows] = self._run(ids[rows, :width], mask[rows, :width])
-        norms = np.linalg.norm(out, axis=1, keepdims=True)
-        return out / np.maximum(norms, 1e-12)
+        return l2_normalize_rows(out, zero_rows="keep")
 
     def _run(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """One session call: [n, dim] finite vectors, or ``TextEmbeddingError`` saying what failed."""
@@ -245,28 +295,22 @@ def _run_options() -> Any:
     return options
 
 
-def _providers(providers: Sequence[str] | str) -> list[str]:
-    import onnxruntime as ort
-
-    if providers != "auto":
-        return list(providers)
-    available = ort.get_available_providers()
-    return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
-
-
-def check_text_model(text: TextEmbedder, index_info: Mapping[str, Any], declared: Iterable[str] = (),
+def check_text_model(text: TextEmbedder, index_info: IndexInfo | Mapping[str, Any], declared: Iterable[str] = (),
                      where: str = "the index", model_file: str = "") -> None:
     """Refuse ``text`` for an index whose vectors are not in the space it maps into: it must have been trained
     for the index's model, for a model whose space the index's vectors are in (``model_output_space``), or for one
     the index's model is declared compatible with (``declared``: a compatible upgrade keeps the text model). A
     refusal names both models and the training that fits, with ``model_file`` (the index's model, printable)."""
-    index_hash = index_info.get("model_hash")
+    from retrieval.index.record.index_info import IndexInfo  # the index package loads only where an index is read
+
+    recorded = IndexInfo.of(index_info).model
+    index_hash = recorded.hash
     if index_hash is None:
         raise TextModelError(f"{where} was built from embeddings, with no image model: a text tower maps text into "
                              "an image model's space, and this index has none to check it against")
-    space = set(index_info.get("model_output_space") or ()) | {str(index_hash)} | set(declared)
-    dim = index_info.get("embedding_dim")
-    wrong_size = int(index_info.get("embedding_dim", -1)) != text.dim
+    space = set(recorded.output_space or ()) | {str(index_hash)} | set(declared)
+    dim = recorded.embedding_dim
+    wrong_size = (-1 if dim is None else int(dim)) != text.dim
     if wrong_size or text.image_model_hash not in space:
         model = model_file or "INDEX_MODEL.onnx"
         size = f" and embeds into {text.dim} dimensions, but {where} holds {dim}-dimensional vectors" \

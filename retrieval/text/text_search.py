@@ -9,26 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
 from retrieval.index.filters import Filter
 from retrieval.index.search import MAX_K, SearchResult, check_k
+from retrieval.index.searchable.contract import SearchableIndex
 from retrieval.rerank import RerankConfig
 from retrieval.text.fusion import KEYWORD, VECTOR, FusionParams, fuse
-from retrieval.text.keywords import NO_HITS, FolderKeywords, KeywordHits, KeywordSearch
+from retrieval.text.keywords import NO_HITS, KeywordHits, KeywordSearch
 
 FUSION = FusionParams()  # the measured defaults (benchmarks/keyword_fusion.py)
 MIN_POOL = 50  # candidates each side fetches at least: a keyword hit can rise from below the top k
-
-
-def index_keywords(index: Any) -> KeywordSearch | None:
-    """The keyword search of an opened index: a Milvus collection's own BM25 search (its ``keywords``: None where it
-    was pushed without), else the FTS5 file a folder's index.json records (None: none; KeywordError: unreadable)."""
-    if hasattr(index, "keywords"):
-        return index.keywords
-    return FolderKeywords.of_index(index.info, index.layout.root)
 
 
 def candidate_pool(k: int) -> int:
@@ -36,14 +28,14 @@ def candidate_pool(k: int) -> int:
     return min(MAX_K, max(3 * k, MIN_POOL))
 
 
-def search_text(index: Any, texts: Sequence[str], k: int, vectors: np.ndarray | None = None,
+def search_text(index: SearchableIndex, texts: Sequence[str], k: int, vectors: np.ndarray | None = None,
                 keywords: KeywordSearch | None = None, where: str | Filter | None = None,
                 rerank: RerankConfig | None = None, params: FusionParams = FUSION) -> list[list[SearchResult]]:
     """Each text's top ``k`` results, best first, with ``source`` set: ``vectors`` [n, d] are the texts embedded by
     the index's text model (None: it has none), ``keywords`` the index's keyword search (None: none). ``index`` is
-    an ``Index`` (or a served snapshot of one): its ``search`` gives the vector candidates (``where`` and ``rerank``
-    as there); keyword hits outside ``where``, or no longer indexed, are left out. Results' paths are the
-    catalogue's (the caller shows them as it shows any result)."""
+    a folder's or a collection's (``SearchableIndex``): its ``search`` gives the vector candidates (``where`` and
+    ``rerank`` as there); keyword hits outside ``where``, or no longer indexed, are left out. Results' paths are
+    the catalogue's (the caller shows them as it shows any result)."""
     k = check_k(k)
     if vectors is None and keywords is None:
         raise ValueError("a text query needs the index's text model or its keyword index; it has neither")
@@ -58,7 +50,7 @@ def search_text(index: Any, texts: Sequence[str], k: int, vectors: np.ndarray | 
     return answers
 
 
-def _fused(index: Any, candidates: list[SearchResult], hits: KeywordHits, query: np.ndarray | None, k: int,
+def _fused(index: SearchableIndex, candidates: list[SearchResult], hits: KeywordHits, query: np.ndarray | None, k: int,
            params: FusionParams) -> list[SearchResult]:
     """One query's vector candidates and keyword hits as its top ``k`` (``fuse``), keyword hits' rows read."""
     rows = index.indexed_rows(hits.ids.tolist()) if len(hits.ids) else {}
@@ -84,12 +76,13 @@ def _fused(index: Any, candidates: list[SearchResult], hits: KeywordHits, query:
     return _with_columns(index, results)
 
 
-def _cosines(index: Any, query: np.ndarray | None, ids: np.ndarray, known: dict[int, SearchResult]) -> np.ndarray:
+def _cosines(index: SearchableIndex, query: np.ndarray | None, ids: np.ndarray,
+             known: dict[int, SearchResult]) -> np.ndarray:
     """The cosine of each keyword hit with the query: the vector candidates', else measured among those ids alone
     (``Index.search_selected``: exact for a small selection); NaN where unknown."""
     cosines = np.asarray([known[i].score if i in known else np.nan for i in ids.tolist()], dtype=np.float64)
     missing = np.sort(ids[np.isnan(cosines)])
-    if query is None or not len(missing) or not hasattr(index, "search_selected"):
+    if query is None or not len(missing):
         return cosines
     scores, found = index.search_selected(np.asarray(query, np.float32)[None], len(missing), missing)
     measured = {int(i): float(s) for s, i in zip(scores[0].tolist(), found[0].tolist(), strict=True) if i >= 0}
@@ -97,10 +90,10 @@ def _cosines(index: Any, query: np.ndarray | None, ids: np.ndarray, known: dict[
                                                                                     strict=True)])
 
 
-def _with_columns(index: Any, results: list[SearchResult]) -> list[SearchResult]:
+def _with_columns(index: SearchableIndex, results: list[SearchResult]) -> list[SearchResult]:
     """The keyword hits' display columns, as the vector search gives its own (where the index shows columns)."""
     extra = [r for r in results if r.source == KEYWORD and r.columns is None]
-    if not extra or not hasattr(index, "with_columns"):
+    if not extra:
         return results
     filled = {r.id: r for r in index.with_columns([extra])[0]}
     return [filled.get(r.id, r) if r.source == KEYWORD else r for r in results]

@@ -5,16 +5,21 @@ changes a model hash"); and the hash earlier versions recorded, by which a model
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from retrieval.data.preprocessing import ModelPreprocessing
+
+class PreprocessingIdentity(Protocol):
+    """What the hashes read of a model's preprocessing (``retrieval.data.preprocessing.ModelPreprocessing``): a
+    sha256 object fed with its identity. Named here, not imported: the helpers sit below the data package."""
+
+    def identity_digest(self) -> Any: ...
+
 
 # what the model hash covers: changing the scheme changes every model's hash (the old one: ``legacy_model_hash``)
 MODEL_HASH_SCHEME = b"retrieval-onnx-model-hash/2"
 
 
-def proto_model_hash(proto: Any, preprocessing: ModelPreprocessing) -> str:
+def proto_model_hash(proto: Any, preprocessing: PreprocessingIdentity) -> str:
     """``onnx_model_hash`` of a loaded model proto: what determines its embeddings (the graph's nodes and wiring, its
     inputs and outputs, opsets, functions and weights) and the preprocessing, never its annotations (docs/INDEX.md,
     "What changes a model hash"). The proto is read, not changed; weights are hashed one tensor at a time."""
@@ -102,7 +107,7 @@ def _hash_tensor(digest: Any, tensor: Any) -> None:
     digest.update(values)
 
 
-def legacy_model_hash(proto: Any, preprocessing: ModelPreprocessing) -> str:
+def legacy_model_hash(proto: Any, preprocessing: PreprocessingIdentity) -> str:
     """The model hash versions before ``MODEL_HASH_SCHEME`` computed and recorded (indexes, declarations, text
     towers): of the proto's serialisation but its model-level metadata, annotations included. Matched, never
     recorded anew. The serialisation is fed to the hash part by part, one weight tensor at a time, never made whole."""

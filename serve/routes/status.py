@@ -51,6 +51,6 @@ async def stats(api: Api) -> dict[str, Any]:
 async def health(api: Api) -> dict[str, Any]:
     """Whether searches work now (503 while a served Milvus collection cannot be reached or loaded), the number of
     vectors the server searches (it follows the index's writers) and their dimension."""
-    if api.service.milvus is not None:  # asked over the network: never on the event loop
+    if api.service.current().index.remote:  # asked over the network: never on the event loop
         return {"status": "ok", **await run_in_threadpool(api.service.health)}
     return {"status": "ok", **api.service.health()}

@@ -12,6 +12,11 @@ at its start, so it sees the index before or after a change, never a mix (see ``
 
 Text queries are embedded by each state's text model (``retrieval.serve.service.text``): ``text_model`` (loaded once,
 checked against each state), else the one the state's index.json records, loaded once while it stays recorded.
+
+- ``state``: one opened state of the index (``ServedIndex``) and the model its queries are embedded with.
+- ``text``: text queries checked, and the text model each served state embeds them with (``StateText``).
+- ``answers``: what a search answers (``SearchResponse``), and how clients address an item.
+- ``checks``: a search's inputs checked before it runs, each refusal a ``QueryError`` (422).
 """
 
 from __future__ import annotations
@@ -19,9 +24,10 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from retrieval.index.live import RELOAD_INTERVAL_S, LiveIndex, Snapshot
+from retrieval.index.live import RELOAD_INTERVAL_S, LiveIndex
 from retrieval.index.milvus.milvus_collection import MilvusPlace
 from retrieval.index.query_embedder import ImageEmbedder
+from retrieval.index.searchable.opening import IndexPlace, index_place
 from retrieval.serve.defaults import DEFAULT_MAX_PIXELS, DEFAULT_MAX_UPLOAD_BYTES
 from retrieval.serve.service.answers import SearchResponse
 from retrieval.serve.service.items import ItemFiles
@@ -36,7 +42,8 @@ __all__ = ["SearchResponse", "SearchService", "ServedIndex"]
 
 
 class SearchService(Searching, ItemFiles, Statistics):
-    """Open ``index_dir``; ``search(image | embedding, k)`` from many threads, over the index's current state.
+    """Open ``index_dir`` (a folder, or an ``IndexPlace``; ``milvus``: the collection served instead);
+    ``search(image | embedding, k)`` from many threads, over the index's current state.
 
     ``live`` swaps in a new ``ServedIndex`` within about ``reload_interval_s`` once a writer (``retrieval index
     add/remove/repair/build``) has finished; None: never. The service has no per-fact accessors of the index (two
@@ -46,7 +53,7 @@ class SearchService(Searching, ItemFiles, Statistics):
 
     def __init__(
         self,
-        index_dir: str | Path,
+        index_dir: str | Path | IndexPlace,
         embedder: ImageEmbedder | None = None,
         max_batch: int = 32,
         max_wait_ms: float = 5.0,
@@ -57,35 +64,20 @@ class SearchService(Searching, ItemFiles, Statistics):
         milvus: MilvusPlace | None = None,
         text_model: str | Path | None = None,
     ) -> None:
-        self.milvus = milvus  # a Milvus collection served instead of the folder (``index_dir`` is then its name)
+        self.place = index_place(index_dir, milvus)  # what is served: a folder or a collection (``searchable``)
         # the text model given (--text-model): loaded once, before the first state checks it against the index
         self._text = TextEmbedder(text_model) if text_model is not None else None
-        self.index_dir = Path(index_dir if milvus is None else milvus.collection)
+        self.index_dir = self.place.root  # where index.json's relative paths start (a collection: its name)
         self.gallery_root = gallery_root  # where the gallery moved (--gallery-root); None: found from index.json
         self.max_upload_bytes, self.max_pixels = int(max_upload_bytes), int(max_pixels)
         self._embedder, self._batching = embedder, (max_batch, max_wait_ms)
         self.generation = 0  # states opened, each swapped in at once (1: the first); /metrics counts reloads by it
-        identity = None
-        if milvus is not None:  # the alias's collection and model: an upgrade moves them, adds and removes do not
-            from retrieval.index.milvus.milvus_index import watch_identity
-
-            identity = watch_identity(milvus)
         self.live: LiveIndex[ServedIndex] = LiveIndex(self.index_dir, self._open_state, reload_interval_s,
-                                                      identity=identity)
+                                                      identity=self.place.watch())
 
     def _open_state(self, previous: ServedIndex | None) -> ServedIndex:
-        """The folder's state now; its model is the previous state's unless the index records another one."""
-        if self.milvus is not None:
-            from retrieval.index.milvus.milvus_index import MilvusIndex
-
-            snapshot = MilvusIndex(self.milvus, gallery_root=self.gallery_root)
-            if self._embedder is not None:
-                snapshot.embedder = self._embedder
-        elif previous is None:  # the first open: as Index.open, it takes a consistent index even during a writer
-            snapshot = Snapshot.open(self.index_dir, embedder=self._embedder, writer_free=False,
-                                     gallery_root=self.gallery_root)
-        else:
-            snapshot = Snapshot.open(self.index_dir, gallery_root=self.gallery_root)
+        """The index's state now; its model is the previous state's unless the index records another one."""
+        snapshot = self.place.open_state(self._embedder, self.gallery_root, first=previous is None)
         model = None
         try:
             # the same model and output (an upgrade from a compatible output to the model's own keeps its hash)

@@ -13,13 +13,12 @@ from typing import Any
 import numpy as np
 
 from retrieval.index import SearchResult
-from retrieval.index.catalogue_reader import CatalogueReader
 from retrieval.index.faiss_backend.faiss_search import NoStoredVectors
 from retrieval.index.filters import Filter, FilterError
 from retrieval.index.layout import InconsistentIndexError
-from retrieval.index.live import Snapshot
 from retrieval.index.milvus.milvus_client import MilvusUnavailable
 from retrieval.index.query_embedder import ImageEmbedder
+from retrieval.index.searchable.contract import GalleryCatalogue, SearchableIndex
 from retrieval.rerank import Cancelled, RerankConfig, RerankTooLarge, gallery_filled
 from retrieval.serve.admission import ClientGone
 from retrieval.serve.batcher import MicroBatcher
@@ -29,7 +28,7 @@ from retrieval.serve.service.answers import QueryItem
 from retrieval.serve.service.text import StateText
 from retrieval.text.keywords import KeywordError, KeywordSearch
 from retrieval.text.no_match import read_floor
-from retrieval.text.text_search import index_keywords, search_text
+from retrieval.text.text_search import search_text
 
 log = logging.getLogger(__name__)
 
@@ -57,19 +56,20 @@ class SharedModel:
 
 
 class ServedIndex:
-    """One opened state of the index: a consistent ``Snapshot``, the model that embeds its queries, its caches.
+    """One opened state of the index (``IndexPlace.open_state``: a folder's consistent ``Snapshot``, or a Milvus
+    collection, with the ``identity`` its watcher compares), the model that embeds its queries, its caches.
 
     A request takes one (``SearchService.live.acquire``) and answers from it alone: results, query item, items.
     """
 
-    def __init__(self, snapshot: Snapshot, model: SharedModel, text: StateText | None = None) -> None:
+    def __init__(self, snapshot: SearchableIndex, model: SharedModel, text: StateText | None = None) -> None:
         self.index, self.identity = snapshot, snapshot.identity
         self.gallery_root = snapshot.gallery_root
         self.model = model.use()
         self.text = text if text is not None else StateText()  # the text model of its text queries, if any
         self.keywords = state_keywords(snapshot)  # the keyword index its text queries search too, if any
         # the floor under which a text query's answer says "no good match" (none: no claim is made)
-        self.no_match = read_floor(snapshot.info, self.text.embedder.model_hash if self.text.embedder else None,
+        self.no_match = read_floor(snapshot.info, self.text.embedder.model_hashes if self.text.embedder else None,
                                    "<index>")
         self._lock = threading.Lock()
         self._stats: dict[str, Any] | None = None
@@ -90,8 +90,8 @@ class ServedIndex:
         return self.model.batcher
 
     @property
-    def catalogue(self) -> CatalogueReader:
-        """This state's read-only, per-thread catalogue reader."""
+    def catalogue(self) -> GalleryCatalogue:
+        """This state's catalogue queries (a folder's read-only, per-thread ``CatalogueReader``)."""
         return self.index.catalogue
 
     @property
@@ -193,7 +193,7 @@ class ServedIndex:
             log.warning("the served index state (%d vectors) cannot answer a request: %s",
                                                 len(self), exc)
         reason = str(exc)
-        root = self.index.layout.root
+        root = self.index.root
         for folder in {str(root.resolve()), str(root.absolute())}:
             reason = reason.replace(folder, "<index>")
         return QueryError(f"the index changed under this server in a way it cannot answer from the state it "
@@ -204,12 +204,12 @@ class ServedIndex:
         self.model.release()
 
 
-def state_keywords(snapshot: Any) -> KeywordSearch | None:
+def state_keywords(snapshot: SearchableIndex) -> KeywordSearch | None:
     """The keyword index a served state's text queries search (a folder's ``keywords.sqlite``, a Milvus collection's
     BM25 search); None where it has none, or where it cannot be read (logged: text queries are then answered by
     vectors)."""
     try:
-        return index_keywords(snapshot)  # a Milvus collection's BM25 search, or the folder's FTS5 file
+        return snapshot.keywords  # a Milvus collection's BM25 search, or the folder's FTS5 file
     except KeywordError as exc:
-        log.warning("keyword search is off for the index in %s: %s", snapshot.layout.root, exc)
+        log.warning("keyword search is off for the index in %s: %s", snapshot.root, exc)
         return None

@@ -8,6 +8,7 @@ from pathlib import Path, PurePath
 from typing import Any
 
 from retrieval.index.live import LiveIndex
+from retrieval.index.searchable.opening import IndexPlace
 from retrieval.serve.diagnostics import LeaveOneOut
 from retrieval.serve.service.state import ServedIndex
 
@@ -16,7 +17,8 @@ class Statistics:
     """``SearchService``'s facts and summaries of a state: cheap ones (``health``, ``describe``) and the slower ones,
     computed once per state."""
 
-    # set by SearchService: the folder it serves and its states
+    # set by SearchService: what it serves (a folder or a collection), where its relative paths start, its states
+    place: IndexPlace
     index_dir: Path
     live: LiveIndex[ServedIndex]
     current: Callable[[], ServedIndex]
@@ -37,15 +39,15 @@ class Statistics:
         """The index and model of ``state`` (default: the current one) for the operator: server paths included."""
         state = self.current() if state is None else state
         return {
-            "index_dir": str(self.index_dir.resolve()),  # for the operator (logs, UI); the API shows names only
+            "index_dir": self.place.shown,  # for the operator (logs, UI); the API shows names only
             "vectors": len(state),
             "embedding_dim": state.index.dim,
-            "index_key": state.index.info.get("index_key"),
+            "index_key": state.index.info.vectors.index_key,
             "model_hash": state.index.model_hash,
-            "model_path": state.index.info.get("model_path"),
+            "model_path": state.index.info.model.path,
             # built from embeddings: no model, so no input size (image queries are refused)
             "input_size": state.embedder.preprocessing.input_size if state.index.has_model else None,
-            **({} if state.index.has_model else {"source": state.index.info.get("source")}),
+            **({} if state.index.has_model else {"source": state.index.info.catalogue.source}),
             **state.text.describe(),  # text search: on, with its text model, or off (and why, where one was asked)
             "text_no_match": state.no_match.describe(),  # the "no good match" floor and its calibration, or why none
         }
@@ -72,12 +74,12 @@ class Statistics:
             if not isinstance(text, str):
                 return text
             for folder, shown in ((str(state.gallery_root), "<gallery>"), (str(state.index.gallery.root), "<gallery>"),
-                                  (str(self.index_dir.resolve()), "<index>")):  # the gallery where recorded, and now
+                                  (self.place.shown, "<index>")):  # the gallery where recorded, and now
                 text = text.replace(folder, shown) if folder not in ("", "/", ".") else text
             return text
 
         described = self.describe(state)
-        described |= {"index_dir": name(described["index_dir"]), "model_path": name(described["model_path"])}
+        described |= {"index_dir": self.place.name, "model_path": name(described["model_path"])}
         if described["text_model"] is not None:
             described["text_model"] = described["text_model"] | {
                 "text_model_path": name(described["text_model"]["text_model_path"])}

@@ -15,18 +15,18 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from retrieval.index.query_embedder import ImageEmbedder
+from retrieval.index.query_embedder import ImageEmbedder, hash_matches
+from retrieval.index.record.index_info import IndexInfo
 from retrieval.serve.defaults import TEXT_ATTENTION_TOKENS, TEXT_TOKENS_PER_IMAGE
 from retrieval.serve.images import QueryError
 from retrieval.text.text_index import (
-    TEXT_MODEL_HASH,
     checked_text_model,
     has_text_model,
     open_text_model,
@@ -128,20 +128,20 @@ class StateText:
             "image_model_hash": self.embedder.image_model_hash, "embedding_dim": self.embedder.dim}}
 
 
-def state_text(info: Mapping[str, Any], index_root: Path, image_model: ImageEmbedder, given: TextEmbedder | None,
+def state_text(info: IndexInfo, index_root: Path, image_model: ImageEmbedder, given: TextEmbedder | None,
                previous: StateText | None) -> StateText:
     """The text model of a state whose index.json is ``info`` (``image_model``: the model that embeds its image
     queries): ``given`` (``--text-model``), else the one ``info`` records (the ``previous`` state's, when it records
     the same), each checked against the index. ``given`` not fitting the first state (``previous`` None) raises
     ``TextModelError``: the server refuses to start."""
     if given is None and not has_text_model(info):  # an upgrade may have turned it off: the 422 says why
-        model = Path(str(info.get("model_path") or "MODEL.onnx")).name  # no server folder in what clients read
+        model = Path(str(info.model.path or "MODEL.onnx")).name  # no server folder in what clients read
         return StateText(problem=text_off_problem(info, "<index>", model))
     try:
         if given is not None:
             return StateText(checked_text_model(given, info, index_root, image_model))
         kept = previous.embedder if previous is not None else None
-        if kept is not None and kept.model_hash == info.get(TEXT_MODEL_HASH):  # loaded once, while it is recorded
+        if kept is not None and hash_matches(info.text.hash, kept):  # loaded once, while it is recorded
             return StateText(checked_text_model(kept, info, index_root, image_model))
         return StateText(open_text_model(info, index_root, image_model=image_model))
     except (TextModelError, OSError) as exc:  # OSError: a recorded file that cannot be read
@@ -151,17 +151,17 @@ def state_text(info: Mapping[str, Any], index_root: Path, image_model: ImageEmbe
         return StateText(problem=_public(exc, index_root, given, info))
 
 
-def _public(exc: Exception, index_root: Path, given: TextEmbedder | None, info: Mapping[str, Any]) -> str:
+def _public(exc: Exception, index_root: Path, given: TextEmbedder | None, info: IndexInfo) -> str:
     """A text model's problem as clients may read it: the file by its name, the index as <index>, and what to do."""
     problem = exc.problem if isinstance(exc, TextModelError) else None
     if problem is None or (given is None and "no file has that hash" in problem):  # such messages name folders
-        return (f"the text model the index records (text_model_hash {info.get(TEXT_MODEL_HASH)}) cannot be read "
+        return (f"the text model the index records (text_model_hash {info.text.hash}) cannot be read "
                 f"where it was recorded (the server's log says why); {START_WITH_ONE}")
     if given is not None:
         problem = problem.replace(str(given.path), given.path.name)
     for folder in {str(index_root.resolve()), str(index_root.absolute()), str(index_root)}:
         problem = problem.replace(folder, "<index>")
-    recorded = info.get("text_model_path")
+    recorded = info.text.path
     if isinstance(recorded, str) and recorded:
         problem = problem.replace(recorded, Path(recorded).name)
     return f"the text model {problem}"

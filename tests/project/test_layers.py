@@ -4,6 +4,7 @@ function-level imports included; no import cycle; how many modules the core's ro
 from __future__ import annotations
 
 import ast
+import re
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
@@ -230,16 +231,110 @@ def test_the_index_package_root_holds_at_most_fifteen_modules():
         f"{len(root)} modules directly in retrieval/index/ (at most {MAX_INDEX_ROOT_MODULES}): {', '.join(root)}"
 
 
-def test_every_subpackage_docstring_names_each_of_its_modules():
+def test_every_package_docstring_maps_its_modules_and_subpackages():
     missing = []
-    for package in (REPO / "retrieval" / "index").glob("*/__init__.py"):
-        text = package.read_text()
-        missing += [f"{package.parent.name}.{path.stem}" for path in package.parent.glob("*.py")
-                    if path.name != "__init__.py" and f"``{path.stem}``" not in text]
-    assert not missing, f"not in their package's docstring map: {', '.join(missing)}"
+    for init in sorted(path for folder in FOLDERS for path in (REPO / folder).rglob("__init__.py")):
+        docstring = ast.get_docstring(ast.parse(init.read_text())) or ""
+        parts = [path.stem for path in init.parent.glob("*.py") if path != init]
+        parts += [path.parent.name for path in init.parent.glob("*/__init__.py")]
+        missing += [f"{init.parent.relative_to(REPO)}: {name}" for name in sorted(parts)
+                    if f"``{name}``" not in docstring]
+    assert not missing, "each package's docstring maps its modules, one line each (``name``: its job); missing:\n" \
+        + "\n".join(missing)
 
 
 def test_no_product_module_is_over_five_hundred_lines():
     long = [f"{path.relative_to(REPO)} ({lines})" for path in modules().values()
             if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES]
     assert not long, f"over {MAX_MODULE_LINES} lines: {', '.join(sorted(long))}; split each by job"
+
+
+# The core's package order: a table in docs/ARCHITECTURE.md, read here (the one place it is written)
+ARCHITECTURE = REPO / "docs" / "ARCHITECTURE.md"
+ORDER_HEADING = "### The core's package order"
+
+
+def package_order(text: str) -> list[list[str]]:
+    """The rows of the package-order table under ``ORDER_HEADING`` in ``text``, bottom first: each row's names
+    (its second column's backticked names) as import names under ``retrieval.``."""
+    lines = text.split(ORDER_HEADING, 1)[1].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| ---"))
+    rows = []
+    for line in lines[start + 1:]:
+        if not line.startswith("|"):
+            break
+        rows.append([f"retrieval.{name}" for name in re.findall(r"`([\w.]+)`", line.split("|")[2])])
+    return rows
+
+
+def row_of(module: str, rank: dict[str, int]) -> str | None:
+    """The name of the table that places ``module``: the longest that is it or a package above it."""
+    parts = module.split(".")
+    return next((name for end in range(len(parts), 0, -1) if (name := ".".join(parts[:end])) in rank), None)
+
+
+def up_arrows(graph: dict[str, set[str]], found: dict[str, Path], rows: list[list[str]]) -> list[str]:
+    """Each import of ``graph`` from a module placed by ``rows`` to one in a later row, with its fix; an
+    ``__init__`` that imports nothing of ``found`` (a map) is in no row."""
+    rank = {name: number for number, row in enumerate(rows, 1) for name in row}
+    found_up = []
+    for module in sorted(graph):
+        home = row_of(module, rank)
+        for target in sorted(graph[module]):
+            there = row_of(target, rank)
+            if home is None or there is None or (found[target].name == "__init__.py" and not graph[target]):
+                continue
+            if rank[there] > rank[home]:
+                found_up.append(
+                    f"{module} (row {rank[home]}, `{home.removeprefix('retrieval.')}`) imports {target} (row "
+                    f"{rank[there]}, `{there.removeprefix('retrieval.')}`): move what it needs down to row "
+                    f"{rank[home]} or below, or move {module.rpartition('.')[2]} up to row {rank[there]} or above")
+    return found_up
+
+
+CORE = {module: path for module, path in ALL.items() if layer_of(module) == "core"}
+
+
+def test_no_import_runs_up_the_package_order():
+    up = up_arrows(import_graph(ALL), ALL, package_order(ARCHITECTURE.read_text()))
+    assert not up, f"imports that run up the core's package order (docs/ARCHITECTURE.md, {ORDER_HEADING[4:]!r}):\n" \
+        + "\n".join(up)
+
+
+def test_every_core_package_and_root_module_has_a_row():
+    named = {name for row in package_order(ARCHITECTURE.read_text()) for name in row}
+    packages = {module for module, path in CORE.items() if path.name == "__init__.py" and module != "retrieval"}
+    roots = {module for module, path in CORE.items()
+             if path.parent == REPO / "retrieval" and path.name != "__init__.py"}
+    assert not (packages | roots) - named, f"give each a row in docs/ARCHITECTURE.md's package order: " \
+        f"{', '.join(sorted((packages | roots) - named))}"
+    assert not named - CORE.keys(), f"the package order names what does not exist: {sorted(named - CORE.keys())}"
+
+
+def test_the_package_order_check_finds_a_planted_up_arrow(tmp_path):
+    files = {
+        "core/__init__.py": "",  # a map: in no row
+        "core/low/__init__.py": "from core.low.base import BASE\n",
+        "core/low/base.py": "BASE = 1\n",
+        "core/low/late.py": "def load():\n    from core.high.top import TOP\n",  # up, inside a function
+        "core/mid.py": "from core.low import BASE\nimport core.high.leaf\n",  # leaf is listed low: down
+        "core/high/__init__.py": "",
+        "core/high/top.py": "from core.mid import *\nTOP = 2\n",
+        "core/high/leaf.py": "",
+    }
+    found = {}
+    for name, text in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        found[name.removesuffix(".py").removesuffix("/__init__").replace("/", ".")] = path
+    table = (f"{ORDER_HEADING}\n| row | packages and modules | job |\n| --- | --- | --- |\n"
+             "| 1 | `high.leaf`, `low` | bottom |\n| 2 | `mid` | |\n| 3 | `high` | top |\n\nafter\n")
+    rows = [[name.replace("retrieval.", "core.", 1) for name in row] for row in package_order(table)]
+    assert rows == [["core.high.leaf", "core.low"], ["core.mid"], ["core.high"]]
+    up = up_arrows(import_graph(found), found, rows)
+    assert len(up) == 1 and up[0].startswith("core.low.late (row 1, `core.low`) imports core.high.top (row 3"), up
+    assert "move late up to row 3" in up[0]
+    rows[0].remove("core.high.leaf")  # the leaf now takes its package's row: the middle imports up to it
+    up = up_arrows(import_graph(found), found, rows)
+    assert [line.split(" (")[0] for line in up] == ["core.low.late", "core.mid"]

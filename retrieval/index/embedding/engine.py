@@ -8,7 +8,6 @@ way whoever built it. This module imports no engine: they import it (``engines``
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -68,15 +67,7 @@ class IngestEngine(Protocol):
         ...
 
     def add_vectors(self, index: faiss.Index, chunks: Chunks, workdir: Path, count: int) -> faiss.Index:
-        """Fill the trained, empty ``index`` with ``count`` vectors from ``chunks``; may write under ``workdir``."""
+        """Fill the trained, empty ``index`` with ``count`` vectors from ``chunks``; may write under ``workdir``
+        (``faiss_build.AddVectors``; ``faiss_build.add_sequentially`` fills it in this process)."""
         ...
 
-
-AddVectors = Callable[[faiss.Index, Chunks, Path, int], faiss.Index]  # ``IngestEngine.add_vectors``
-
-
-def add_sequentially(index: faiss.Index, chunks: Chunks) -> faiss.Index:
-    """Add (ids, vectors) chunks to a trained index in this process."""
-    for ids, vectors in chunks:
-        index.add_with_ids(vectors, ids)
-    return index

@@ -19,7 +19,8 @@ from tqdm.std import tqdm
 
 from retrieval.index.catalogue import THROUGHPUT_META, Catalogue, Outcome, Status
 from retrieval.index.embedding.decode import Decoded, DecodedBatch, GalleryDecodeDataset, thread_batches
-from retrieval.index.embedding.engine import IngestEngine, IngestOptions, add_sequentially
+from retrieval.index.embedding.engine import IngestEngine, IngestOptions
+from retrieval.index.faiss_backend.faiss_build import add_sequentially
 from retrieval.index.query_embedder import ImageEmbedder, prepare_vectors
 from retrieval.index.shards import ShardStore
 from retrieval.index.vectors import Chunks

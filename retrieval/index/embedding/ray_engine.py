@@ -38,11 +38,12 @@ import numpy as np
 
 from retrieval.errors import ParameterError
 from retrieval.index.catalogue import THROUGHPUT_META, Catalogue, Outcome
-from retrieval.index.embedding.engine import IngestOptions, RayOptions, add_sequentially
+from retrieval.index.embedding.engine import IngestOptions, RayOptions
 from retrieval.index.embedding.gallery_file import Decoded
 from retrieval.index.embedding.ingest import Ingestor, ShardBuffer
 from retrieval.index.embedding.ray_stages import BatchEmbedder, decode_rows
 from retrieval.index.faiss_backend import faiss_files, faiss_keys, faiss_params
+from retrieval.index.faiss_backend.faiss_build import add_sequentially
 from retrieval.index.query_embedder import ImageEmbedder
 from retrieval.index.shards import ShardStore
 from retrieval.index.vectors import Chunks

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import faiss
@@ -14,14 +15,23 @@ import numpy as np
 
 from retrieval.errors import ParameterError
 from retrieval.index.catalogue import Catalogue
-from retrieval.index.embedding.engine import AddVectors, add_sequentially
 from retrieval.index.faiss_backend import faiss_files, faiss_gpu, faiss_keys, faiss_measure, faiss_params, faiss_tuning
 from retrieval.index.layout import IndexLayout
+from retrieval.index.record.index_info import IndexInfo
 from retrieval.index.shards import ShardStore
 from retrieval.index.sources import printable_path
-from retrieval.index.vectors import done_chunks, faiss_mismatch, gather_rows
+from retrieval.index.vectors import Chunks, done_chunks, gather_rows
 
 log = logging.getLogger(__name__)
+
+AddVectors = Callable[[faiss.Index, Chunks, Path, int], faiss.Index]  # ``IngestEngine.add_vectors``
+
+
+def add_sequentially(index: faiss.Index, chunks: Chunks) -> faiss.Index:
+    """Add (ids, vectors) chunks to a trained index in this process."""
+    for ids, vectors in chunks:
+        index.add_with_ids(vectors, ids)
+    return index
 
 
 def build_faiss(
@@ -129,7 +139,7 @@ def build_faiss(
 
 def require_same_ids(layout: IndexLayout, index: faiss.Index, done: Mapping[int, str]) -> None:
     """Refuse to write a faiss index that disagrees with the catalogue (naming the repair command)."""
-    problem = faiss_mismatch(index, done)
+    problem = faiss_params.faiss_mismatch(index, done)
     if problem is not None:
         raise layout.inconsistent(problem)
 
@@ -138,7 +148,7 @@ def update_faiss(
     layout: IndexLayout,
     catalogue: Catalogue,
     store: ShardStore,
-    info: dict[str, Any],
+    info: IndexInfo | Mapping[str, Any],
     gpu: bool = False,
     index: faiss.Index | None = None,
     policy: faiss_keys.AutoPolicy = faiss_keys.AUTO_POLICY,
@@ -172,10 +182,12 @@ def update_faiss(
         try:
             index.reset()
         except RuntimeError:  # no reset either: build afresh from the shards with the same key
-            dim = int(info["embedding_dim"])
-            rebuilt = build_faiss(layout, catalogue, store, info["index_key"], dim, gpu, policy=policy)
+            record = IndexInfo.of(info)
+            key, dim = record.vectors.index_key, int(record.model.embedding_dim)  # type: ignore[arg-type]
+            rebuilt = build_faiss(layout, catalogue, store, key, dim, gpu, policy=policy)
+            requested = record.vectors.index_key_requested if "index_key_requested" in record else key
             return rebuilt | {
-                "index_key_requested": info.get("index_key_requested", info["index_key"]),
+                "index_key_requested": requested,
                 "updated_by": "rebuild (this index type cannot remove ids)",
             }
         to_remove, to_add = np.zeros(0, np.int64), done_ids
@@ -192,7 +204,7 @@ def update_faiss(
     if len(to_add):
         for ids, vectors in done_chunks(store, {int(i): done[int(i)] for i in to_add}):
             index.add_with_ids(vectors, ids)
-    faiss_params.set_search_params(index, info.get("params", {}))
+    faiss_params.set_search_params(index, IndexInfo.of(info).vectors.params or {})
     require_same_ids(layout, index, done)
     faiss_files.write_index_atomic(index, layout.faiss)
     return {"count": int(index.ntotal), "updated_by": updated_by}

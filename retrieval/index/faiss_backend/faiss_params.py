@@ -1,10 +1,11 @@
 """What an index is made of and how it is searched: the index inside the ``IDMap2`` wrapper (where there is one),
-its ids, and its search-time parameters (``nprobe``, ``efSearch``, ``k_factor``), how they are set and which values
-tuning tries.
+its ids (and whether they are the catalogue's indexed rows: ``faiss_mismatch``), and its search-time parameters
+(``nprobe``, ``efSearch``, ``k_factor``), how they are set and which values tuning tries.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import faiss
@@ -37,6 +38,19 @@ def index_ids(index: faiss.Index) -> np.ndarray:
             parts.append(faiss.rev_swig_ptr(pointer, size).astype(np.int64))  # a copy, before the release
             lists.release_ids(number, pointer)
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def faiss_mismatch(index: faiss.Index, done: Mapping[int, str]) -> str | None:
+    """How the ids in faiss differ from the catalogue's ``done`` rows, or None when they agree."""
+    present = np.sort(index_ids(index))
+    expected = np.fromiter(sorted(done), np.int64, len(done))
+    if np.array_equal(present, expected):
+        return None
+    lacking, extra = len(np.setdiff1d(expected, present)), len(np.setdiff1d(present, expected))
+    return (
+        f"its faiss part holds {len(present)} vectors but the catalogue has {len(expected)} indexed images "
+        f"({lacking} missing from faiss, {extra} not indexed in the catalogue)"
+    )
 
 
 def ivf_of(index: faiss.Index) -> Any | None:

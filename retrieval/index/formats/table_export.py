@@ -53,6 +53,7 @@ from retrieval.index.catalogue import CatalogueReader, Status
 from retrieval.index.formats.export_files import ExportSink, fsync_tree, part_ranges, publish, remove_path, remove_stale
 from retrieval.index.formats.export_rows import SCHEMA_KEY, ExportRows
 from retrieval.index.layout import IndexLayout, describe_writer
+from retrieval.index.record.index_info import IndexInfo
 from retrieval.index.search import gallery_root
 from retrieval.index.sources import printable_path
 from retrieval.utils.progress import progress_bar
@@ -94,13 +95,14 @@ def export_index(
     with CatalogueReader(layout.catalogue) as reader, _read_snapshot(reader.db):
         _require_no_pending(layout, reader)
         count = reader.indexed_count()
-        if info.get("count") is not None and int(info["count"]) != count:  # no faiss read: the number it recorded
+        recorded = info.vectors.count
+        if recorded is not None and int(recorded) != count:  # no faiss read: the number it recorded
             raise layout.inconsistent(
-                f"its faiss part holds {info['count']} vectors but the catalogue has {count} indexed images"
+                f"its faiss part holds {recorded} vectors but the catalogue has {count} indexed images"
             )
         facts = _facts(layout, info, reader, count, absolute_paths)
         root = None if absolute_paths else PurePath(facts["gallery_root"])
-        rows = ExportRows(layout, reader, int(info["embedding_dim"]), root)
+        rows = ExportRows(layout, reader, int(facts["embedding_dim"]), root)
         chunk = int(chunk_rows) if chunk_rows is not None else max(1, CHUNK_BYTES // (4 * rows.dim))
         plan = part_ranges(count, max(count, 1) if single_file else int(rows_per_file))
         tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
@@ -147,8 +149,8 @@ def export_index(
         "format": fmt,
         "layout": "file" if single_file else "folder",
         "rows": count,
-        "embedding_dim": int(info["embedding_dim"]),
-        "model_hash": info.get("model_hash"),
+        "embedding_dim": facts["embedding_dim"],
+        "model_hash": info.model.hash,
         "columns": rows.columns,
         "files": files,
         "bytes": int(size),
@@ -206,14 +208,14 @@ def _check_out(out: Path, index_root: Path, overwrite: bool) -> None:
                               "replace it")
 
 
-def _require_complete(layout: IndexLayout) -> dict[str, Any]:
+def _require_complete(layout: IndexLayout) -> IndexInfo:
     """index.json of a finished index that no writer holds (what it records must match the catalogue)."""
     layout.require_finished()
     writer = layout.writer()
     if writer is not None:
         raise RuntimeError(f"the index in {layout.root} is being written by {describe_writer(writer)}; export it when "
                            "that finishes")
-    return layout.read_info()
+    return layout.read_record()
 
 
 def _require_no_pending(layout: IndexLayout, reader: CatalogueReader) -> None:
@@ -234,21 +236,21 @@ def _read_snapshot(db: sqlite3.Connection) -> Iterator[None]:
 
 
 def _facts(
-    layout: IndexLayout, info: dict[str, Any], reader: CatalogueReader, count: int, absolute: bool
+    layout: IndexLayout, info: IndexInfo, reader: CatalogueReader, count: int, absolute: bool
 ) -> dict[str, Any]:
-    root = gallery_root(info, reader)
+    root, model = gallery_root(info, reader), info.model
     return {
         "format": EXPORT_FORMAT,
         "index_dir": str(layout.root.resolve()),
-        "model_hash": info.get("model_hash"),
-        "model_path": info.get("model_path"),
-        "embedding_dim": int(info["embedding_dim"]),
+        "model_hash": model.hash,
+        "model_path": model.path,
+        "embedding_dim": int(model.embedding_dim),  # type: ignore[arg-type]  # a finished index records it
         "dtype": "float32",
         "normalized": True,  # the index L2-normalises every vector it stores (retrieval.index.query_embedder)
         "metric": "cosine",  # = inner product of these unit vectors (faiss METRIC_INNER_PRODUCT, "ip")
-        "similarity": info.get("similarity"),
-        "model_normalized": info.get("model_normalized"),
-        "index_key": info.get("index_key"),
+        "similarity": model.similarity,
+        "model_normalized": model.normalized,
+        "index_key": info.vectors.index_key,
         "count": int(count),
         "gallery_root": str(root),
         "paths": "absolute" if absolute else RELATIVE_PATHS,

@@ -37,6 +37,7 @@ from retrieval.index.filters import (
     unknown_column,
 )
 from retrieval.index.milvus.milvus_client import CollectionClient, quiet_pymilvus_logs, short_reason
+from retrieval.index.record.index_info import IndexInfo
 
 FORMAT = 1
 ID, VECTOR, PATH, LABEL, SHA256, SIZE, SHARD = "id", "vector", "path", "label", "sha256", "size", "shard"
@@ -197,13 +198,18 @@ class CollectionRecord:
     text_columns: list[str] = field(default_factory=list)  # the columns its keywords hold (``milvus_keywords``)
 
     @property
+    def index_info(self) -> IndexInfo:
+        """The collection's copy of index.json (``info``, as the collection's properties hold it), typed."""
+        return IndexInfo.from_json(self.info)
+
+    @property
     def model_hash(self) -> str | None:
-        value = self.info.get("model_hash")
+        value = self.index_info.model.hash
         return None if value is None else str(value)
 
     @property
     def dim(self) -> int:
-        return int(self.info["embedding_dim"])
+        return int(self.index_info.model.embedding_dim)  # type: ignore[arg-type]  # a pushed index records it
 
     def properties(self, preprocessing: Mapping[str, Any] | None = None) -> dict[str, str]:
         """The collection's properties: the model's hash, the embedding size and the preprocessing as their own

@@ -14,7 +14,6 @@ import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path, PurePath
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -39,7 +38,7 @@ from retrieval.index.milvus.milvus_collection import (
     search_params,
 )
 from retrieval.index.milvus.milvus_keywords import MilvusKeywords
-from retrieval.index.portable import file_inside
+from retrieval.index.portable import GalleryPlace, file_inside
 from retrieval.index.query_embedder import (
     ImageEmbedder,
     NoModel,
@@ -47,6 +46,7 @@ from retrieval.index.query_embedder import (
     load_model,
     prepare_vectors,
 )
+from retrieval.index.record.index_info import IndexInfo
 from retrieval.index.search import MAX_K, IndexFacts, SearchResult, check_k, reranked_results
 from retrieval.rerank import Neighbourhood, RerankConfig, gallery_filled, neighbourhood_from_counts
 
@@ -63,6 +63,8 @@ class MilvusIndex(IndexFacts):
     Paths are stored as the API shows them (relative to the gallery root); ``gallery_root`` is where the images
     are on this machine, for the image route (None: the pushed index's recorded root)."""
 
+    remote = True  # every answer is asked of Milvus over the network
+
     def __init__(self, place: MilvusPlace, model: str | None = None, gallery_root: str | None = None,
                  client: Any = None) -> None:
         self.place = place
@@ -72,7 +74,9 @@ class MilvusIndex(IndexFacts):
             raise MilvusError("collection", f"{place.collection!r} does not exist at {place.uri}; push an index "
                                             "into it first (`retrieval index push`)")
         self.client.ensure_loaded(place.collection)  # a collection comes back released after a restart
-        self.record, self.info = record, {**record.info, "index_key": f"Milvus {record.index_type}"}
+        # the collection's copy of index.json, with what searches it
+        info = IndexInfo.from_json(record.info).with_fields({"index_key": f"Milvus {record.index_type}"})
+        self.record, self.info = record, info
         self.identity = collection_identity(self.client, place.collection)
         self._model_path, self._embedder = model, None
         self._gallery_root = gallery_root
@@ -102,7 +106,7 @@ class MilvusIndex(IndexFacts):
             if not self.has_model:
                 self._embedder = NoModel(self.dim, where)
             else:
-                path = self._model_path or self.info.get("model_path")
+                path = self._model_path or self.info.model.path
                 if not path or not Path(path).is_file():
                     raise ParameterError("model", f"is needed to search {self.place} with images: its model "
                                                   f"{self.model_hash} is not on this machine; give its ONNX file")
@@ -114,9 +118,14 @@ class MilvusIndex(IndexFacts):
         self._embedder = index_embedder(self.info, embedder, Path(str(self.place)))
 
     @property
+    def root(self) -> Path:
+        """Where index.json's relative paths start (a text model's): the collection's name, what a server calls it."""
+        return Path(self.place.collection)
+
+    @property
     def gallery_root(self) -> PurePath:
         """Where the images are: ``gallery_root`` given at open, else the pushed index's recorded root."""
-        return PurePath(self._gallery_root or self.info.get("gallery_root") or "/")
+        return PurePath(self._gallery_root or self.info.catalogue.gallery_root or "/")
 
     def public_path(self, path: str) -> str:
         """Paths are stored as shown: the path itself."""
@@ -128,9 +137,10 @@ class MilvusIndex(IndexFacts):
         return file_inside(self.gallery_root, path)
 
     @property
-    def gallery(self) -> SimpleNamespace:
-        """Where its images are (``root``), as ``Index.gallery`` says it."""
-        return SimpleNamespace(root=self.gallery_root)
+    def gallery(self) -> GalleryPlace:
+        """Where its images are, as ``Index.gallery`` says it: its paths are stored relative to ``gallery_root``, so
+        the gallery never moved from where they are read (``image_file`` finds each file)."""
+        return GalleryPlace(self.gallery_root, self.gallery_root)
 
     @property
     def catalogue(self) -> MilvusCatalogue:
@@ -164,14 +174,14 @@ class MilvusIndex(IndexFacts):
         recall of its search against exact search of a sample of its own vectors, with their latency."""
         from retrieval.index.faiss_backend import faiss_measure
 
-        n = len(self.ids)
+        n, model = len(self.ids), self.info.model
         stats: dict[str, Any] = {
             "index_dir": str(self.place), "vectors": n,
             "counts": {"done": n, "pending": 0, "error": 0, "duplicate": 0, "removed": 0, "total": n, "not_listed": 0},
             "errors": 0, "error_examples": [], "throughput": {}, "index_key": f"Milvus {self.record.index_type}",
             "index_key_requested": None, "params": search_params(self.record.index_type, 10), "tuning": None,
-            "model": {key: self.info.get(key) for key in ("model_path", "model_hash", "embedding_dim",
-                                                          "model_normalized", "model_output")},
+            "model": {"model_path": model.path, "model_hash": model.hash, "embedding_dim": model.embedding_dim,
+                      "model_normalized": model.normalized, "model_output": model.output},
             "size_on_disk_bytes": None, "queries": 0,
         }
         if n < 2 or n > STATS_EXACT_MAX:
@@ -238,10 +248,12 @@ class MilvusIndex(IndexFacts):
         return np.unique(np.asarray(ids, dtype=np.int64))
 
     # --- search
-    def search_arrays(self, embeddings: np.ndarray, k: int = 10, expression: str = "") -> tuple[np.ndarray,
-                                                                                               np.ndarray]:
-        """Cosine scores float32 [n, k] and ids int64 [n, k] (-1 where fewer than k), among the rows matching
-        ``expression`` (a Milvus expression; empty: all)."""
+    def search_arrays(self, embeddings: np.ndarray, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
+        """Cosine scores float32 [n, k] and ids int64 [n, k] (-1 where fewer than k), among all rows."""
+        return self._search_arrays(embeddings, k)
+
+    def _search_arrays(self, embeddings: np.ndarray, k: int, expression: str = "") -> tuple[np.ndarray, np.ndarray]:
+        """``search_arrays`` among the rows matching ``expression`` (a Milvus expression; empty: all)."""
         queries = prepare_vectors(embeddings, self.dim)
         k = int(k)
         scores = np.full((len(queries), k), -np.inf, dtype=np.float32)
@@ -276,7 +288,7 @@ class MilvusIndex(IndexFacts):
         parts = [f"({self.where_expression(where)})"] if where is not None else []
         if exclude:
             parts.append(f"{ID} not in {exclude}")
-        scores, ids = self.search_arrays(embeddings, depth, " and ".join(parts))
+        scores, ids = self._search_arrays(embeddings, depth, " and ".join(parts))
         rows = self.indexed_rows(ids[ids >= 0].tolist())
         results = []
         for query_scores, query_ids in zip(scores.tolist(), ids.tolist(), strict=True):

@@ -51,7 +51,6 @@ from retrieval.index.milvus.milvus_collection import (
 )
 from retrieval.index.milvus.milvus_keywords import KEYWORDS, add_keyword_fields, add_keyword_index, keyword_texts
 from retrieval.index.query_embedder import l2_normalize_rows
-from retrieval.text.keywords import TEXT_COLUMNS
 
 if TYPE_CHECKING:
     from retrieval.data.preprocessing import ModelPreprocessing
@@ -101,9 +100,10 @@ def push_index(index_dir: str | Path, place: MilvusPlace, index_type: str | None
             ids, paths, labels, extra = index.filter_rows()
             columns = manifest_columns(FilterTable(ids, paths, labels, extra))
             keywords = keyword_texts(index_dir, index.info)  # the text_columns' FTS5 terms (None: no keywords)
-            wanted = CollectionRecord(dict(index.info), column_fields([(n, t) for n, (t, _) in columns.items()]),
+            keyword_columns = index.info.catalogue.text_columns if keywords is not None else None
+            wanted = CollectionRecord(index.info.to_json(), column_fields([(n, t) for n, (t, _) in columns.items()]),
                                       index_type or "AUTOINDEX", PUSHING, rows=len(ids),
-                                      text_columns=list(index.info[TEXT_COLUMNS]) if keywords is not None else [])
+                                      text_columns=list(keyword_columns or ()))
             served = served_collection(client, place.collection)
             own = physical_name(place.collection, wanted.model_hash, wanted.text_columns)
             target = own if served is None else served
