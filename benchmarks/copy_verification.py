@@ -12,7 +12,15 @@ calibration copies. Data sets:
   products that look alike, as a shop's colour variants do), filed under the same label;
 - emoji: the emoji renderer's images (noto and openmoji, 128 px, transparency kept), stretched to varied shapes; the
   two artists' drawings of one emoji share its label and are not copies;
-- fashion-mnist: Fashion-MNIST's test photos as shipped (28 px grey), stretched to varied shapes.
+- fashion-mnist: Fashion-MNIST's test photos as shipped (28 px grey), stretched to varied shapes;
+- variants: the catalogue's cut-outs where two thirds of the products come in 2 to 4 of 9 colours (olive 19 degrees
+  of hue from yellow, blue 19 from violet), each colour at its own size and margins; with `--per-original 6`, 1 to 6
+  copies of each image copied (a photo uploaded again at each size);
+- shades: as variants, with burgundy, navy and brown too (red, blue and orange darker: the same hue).
+
+Scored besides: the copies found (of those planted), the size of the largest group holding two originals, and the
+gallery images (not planted copies) the removal names (``originals_proposed``: a distinct one, or an original kept
+as one of its copies).
 
 Per gallery, `retrieval index build` with the pretrained pad export (`retrieval export --pretrained efficientnet_lite0
 --resize pad`), then the same neighbour graph (10 each) read four ways: verified copies (the default, no threshold),
@@ -23,6 +31,8 @@ variants and the two artists count as distinct), images proposed for removal and
     .venv/bin/retrieval export --pretrained efficientnet_lite0 --resize pad --out cv/model_pad.onnx
     .venv/bin/python benchmarks/copy_verification.py --out cv --model cv/model_pad.onnx [--datasets catalogue,emoji,
         fashion-mnist] [--seeds 0,1,2] [--gallery 300] [--planted 30]
+    .venv/bin/python benchmarks/copy_verification.py --out cv --model cv/model_pad.onnx --datasets variants \
+        --gallery 540 --planted 60 [--per-original 6] --reads verified
 
 The cost (``--cost``, on a quiet machine; after a run, on its catalogue gallery of seed 0): images prepared per second
 (SIFT at level 0, one thread), pairs compared per second from prepared images (one thread, and two), and the whole
@@ -52,6 +62,10 @@ from duplicates_threshold import ASPECTS, emoji_pool, fashion_pool, reshaped  # 
 
 COPY_KINDS = ("crop", "downscale", "jpeg", "brightness", "turn", "crop+jpeg", "downscale+brightness")
 TINTS = ((196, 40, 40), (40, 150, 70), (45, 75, 200), (225, 190, 40), (130, 60, 170), (235, 120, 40))
+# the variants' palette: the catalogue's tints and olive (19 degrees of hue from yellow), teal and pink
+VARIANT_TINTS = (*TINTS, (120, 130, 40), (30, 140, 150), (220, 80, 150))
+# and shades: burgundy, navy and brown, the hues of red, blue and orange darker (the colour check reads hue alone)
+SHADE_TINTS = (*VARIANT_TINTS, (110, 25, 25), (25, 40, 110), (140, 80, 40))
 CUTOUT_THRESHOLD = 10
 READS = {"verified": {"threshold": "auto", "verify": True}, "auto (cosine)": {"threshold": "auto", "verify": False},
          "0.9": {"threshold": 0.9}, "0.95": {"threshold": 0.95}}
@@ -98,30 +112,65 @@ def catalogue_pool(count: int, seed: int) -> list[tuple[str, str, Image.Image, s
     for number, index in enumerate(products.tolist()):
         if len(pool) >= count:
             break
-        grey = images[index]
-        rows, cols = np.nonzero(grey > CUTOUT_THRESHOLD)
-        if not len(rows):
+        crop = object_crop(images[index])
+        if crop is None:
             continue
-        crop = grey[rows.min():rows.max() + 1, cols.min():cols.max() + 1].astype(np.float32) / 255.0
         scale = rng.uniform(3, 6)
         margins = rng.uniform(0.05, 0.2, 4)
         colours = rng.choice(len(TINTS), size=1 + (int(rng.integers(1, 3)) if rng.random() < 1 / 3 else 0),
                              replace=False)
         label = FASHION_MNIST_CLASSES[int(labels[index])]
         for colour in colours.tolist():
-            tint = np.asarray(TINTS[colour], np.float32)
-            rgb = crop[..., None] * tint + (1 - crop[..., None]) * tint * 0.25
-            size = (max(1, round(crop.shape[1] * scale)), max(1, round(crop.shape[0] * scale)))
-            obj = Image.fromarray(rgb.clip(0, 255).astype(np.uint8)).resize(size, Image.Resampling.BICUBIC)
-            alpha = Image.fromarray(((crop > CUTOUT_THRESHOLD / 255) * 255).astype(np.uint8))\
-                .resize(size, Image.Resampling.BILINEAR)
-            canvas = Image.new("RGB", (round(size[0] * (1 + margins[0] + margins[1])),
-                                       round(size[1] * (1 + margins[2] + margins[3]))), (255, 255, 255))
-            canvas.paste(obj, (round(size[0] * margins[0]), round(size[1] * margins[2])), alpha)
-            buffer = io.BytesIO()
-            canvas.save(buffer, format="JPEG", quality=90)
-            pool.append((f"p{number:04d}-c{colour}", label, Image.open(io.BytesIO(buffer.getvalue())).convert("RGB"),
+            pool.append((f"p{number:04d}-c{colour}", label, cutout(crop, TINTS[colour], scale, margins),
                          f"p{number:04d}"))
+    return pool[:count]
+
+
+def object_crop(grey: np.ndarray) -> np.ndarray | None:
+    """A Fashion-MNIST photo (uint8) cut to its object, as floats in [0, 1]; None where it is blank."""
+    rows, cols = np.nonzero(grey > CUTOUT_THRESHOLD)
+    if not len(rows):
+        return None
+    return grey[rows.min():rows.max() + 1, cols.min():cols.max() + 1].astype(np.float32) / 255.0
+
+
+def cutout(crop: np.ndarray, tint: tuple[int, int, int], scale: float, margins: np.ndarray) -> Image.Image:
+    """``crop`` coloured ``tint`` (its dark parts a quarter of it), scaled, on white with ``margins`` (left, right,
+    top, bottom: shares of its size), JPEG at quality 90."""
+    colour = np.asarray(tint, np.float32)
+    rgb = crop[..., None] * colour + (1 - crop[..., None]) * colour * 0.25
+    size = (max(1, round(crop.shape[1] * scale)), max(1, round(crop.shape[0] * scale)))
+    obj = Image.fromarray(rgb.clip(0, 255).astype(np.uint8)).resize(size, Image.Resampling.BICUBIC)
+    alpha = Image.fromarray(((crop > CUTOUT_THRESHOLD / 255) * 255).astype(np.uint8))\
+        .resize(size, Image.Resampling.BILINEAR)
+    canvas = Image.new("RGB", (round(size[0] * (1 + margins[0] + margins[1])),
+                               round(size[1] * (1 + margins[2] + margins[3]))), (255, 255, 255))
+    canvas.paste(obj, (round(size[0] * margins[0]), round(size[1] * margins[2])), alpha)
+    buffer = io.BytesIO()
+    canvas.save(buffer, format="JPEG", quality=90)
+    return Image.open(io.BytesIO(buffer.getvalue())).convert("RGB")
+
+
+def variants_pool(count: int, seed: int, tints: tuple[tuple[int, int, int], ...] = VARIANT_TINTS) -> list[
+        tuple[str, str, Image.Image, str]]:
+    """Coloured cut-outs of Fashion-MNIST's train photos where most products come in 2 to 4 of ``tints`` (hues as
+    near as 19 degrees: olive and yellow), each colour photographed at its own size and margins."""
+    from retrieval.data.builtin import FASHION_MNIST_CLASSES, read_fashion_mnist
+
+    images, labels = read_fashion_mnist(None, "train")
+    rng = np.random.default_rng(seed)
+    pool: list[tuple[str, str, Image.Image, str]] = []
+    for number, index in enumerate(rng.choice(len(images), size=count, replace=False).tolist()):
+        crop = object_crop(images[index])
+        if crop is None:
+            continue
+        colours = rng.choice(len(tints), size=1 if rng.random() < 0.35 else int(rng.integers(2, 5)), replace=False)
+        for colour in colours.tolist():
+            pool.append((f"p{number:04d}-v{colour}", FASHION_MNIST_CLASSES[int(labels[index])],
+                         cutout(crop, tints[colour], rng.uniform(2.5, 6), rng.uniform(0.03, 0.3, 4)),
+                         f"p{number:04d}"))
+        if len(pool) >= count:
+            break
     return pool[:count]
 
 
@@ -141,27 +190,34 @@ def shaped_pool(base: list[tuple[str, str, Image.Image]], count: int, seed: int)
 
 
 def write_gallery(folder: Path, pool: list[tuple[str, str, Image.Image, str]], planted: int,
-                  seed: int) -> tuple[dict[str, str], dict[str, str]]:
-    """The gallery in ``folder/<label>/`` and ``planted`` copies (kinds in turn) of seeded images; (copy file name ->
-    its original's, file name -> product)."""
-    if folder.exists():
+                  seed: int, per_original: int = 1, write: bool = True) -> tuple[dict[str, str], dict[str, str]]:
+    """The gallery in ``folder/<label>/`` and ``planted`` copies (kinds in turn) of seeded images, 1 to
+    ``per_original`` of each; (copy file name -> its original's, file name -> product). ``write`` False: the same
+    answer, nothing written (the gallery is there already)."""
+    if write and folder.exists():
         shutil.rmtree(folder)
     rng = np.random.default_rng(5000 + seed)
     product_of, names = {}, []
     for key, label, image, product in pool:
         target = folder / label.replace("/", "_")
-        target.mkdir(parents=True, exist_ok=True)
         name = f"{key}.png"
-        image.save(target / name)
+        if write:
+            target.mkdir(parents=True, exist_ok=True)
+            image.save(target / name)
         product_of[name] = product
         names.append((name, label, image))
     truth = {}
-    for n, position in enumerate(sorted(rng.choice(len(names), planted, replace=False).tolist())):
+    sources = sorted(rng.choice(len(names), planted, replace=False).tolist())
+    if per_original > 1:  # several copies of one image (a photo re-uploaded at each size, say)
+        counts = rng.integers(1, per_original + 1, planted)
+        sources = sorted(p for p, c in zip(sources, counts.tolist(), strict=True) for _ in range(c))[:planted]
+    for n, position in enumerate(sources):
         name, label, image = names[position]
         kind = COPY_KINDS[n % len(COPY_KINDS)]
         copy = benchmark_copy(image, kind, rng)
-        copy_name = f"{Path(name).stem}__{kind.replace('+', '-')}.png"
-        copy.save(folder / label.replace("/", "_") / copy_name)
+        copy_name = f"{Path(name).stem}__{f'{n:03d}-' if per_original > 1 else ''}{kind.replace('+', '-')}.png"
+        if write:
+            copy.save(folder / label.replace("/", "_") / copy_name)
         truth[copy_name] = name
         product_of[copy_name] = product_of[name]
     return truth, product_of
@@ -187,7 +243,17 @@ def score(summary: dict, truth: dict[str, str], product_of: dict[str, str]) -> d
         first = original(members[0]) if members[0] else None
         wrong += sum(i in removal["ids"] and original(name_of[i]) != first for i in group["ids"][1:])
     precisions = [g["estimated_precision"] for g in summary["groups"] if "estimated_precision" in g]
+    proposed = [name_of[i] for i in removal["ids"] if i in name_of]
+    kept_of = {i: members[0] for group, members in zip(summary["groups"], groups, strict=True) for i in group["ids"]}
+    # gallery images proposed while a copy of them is kept (the group kept a downscaled or re-encoded copy)
+    under_copy = sum(i in name_of and name_of[i] not in truth and truth.get(kept_of[i]) == name_of[i]
+                     for i in removal["ids"])
     return {"threshold": summary["threshold"], "groups": len(groups), "false_groups": len(false),
+            "found": found, "largest_false_group": max(map(len, false), default=0),
+            # gallery images (not planted copies) the removal names: a distinct one, or an original kept as its copy
+            "originals_proposed": sum(name not in truth for name in proposed),
+            "originals_proposed_under_copy": under_copy,
+            "distinct_originals_proposed": sum(name not in truth for name in proposed) - under_copy,
             "false_share": round(len(false) / len(groups), 3) if groups else 0.0, "colour_variant_groups": colour,
             "recall": round(found / max(1, len(truth)), 3), "proposed": len(removal["ids"]),
             "proposed_not_copies": wrong, "similar": summary.get("similar_found"),
@@ -203,29 +269,39 @@ def by_kind(summary: dict, truth: dict[str, str]) -> dict[str, bool]:
     return {copy: frozenset((copy, source)) in together for copy, source in truth.items()}
 
 
-def run(out: Path, dataset: str, seed: int, count: int, planted: int, model: Path) -> dict:
+def run(out: Path, dataset: str, seed: int, count: int, planted: int, model: Path,
+        reads: tuple[str, ...] = tuple(READS), per_original: int = 1, reuse: bool = False) -> dict:
     from retrieval.index import Index, IngestOptions, build_index
-    from retrieval.index.curation.duplicates import find_duplicates
+    from retrieval.index.curation.duplicates import DuplicateOptions, find_duplicates
     from retrieval.index.curation.neighbour_graph import index_graph
 
     if dataset == "catalogue":
         pool = catalogue_pool(count, seed)
+    elif dataset == "variants":
+        pool = variants_pool(count, seed)
+    elif dataset == "shades":
+        pool = variants_pool(count, seed, SHADE_TINTS)
     elif dataset == "emoji":
         pool = shaped_pool(emoji_pool(out), count, seed)
     else:
         pool = shaped_pool(fashion_pool(), count, seed)
-    folder = out / f"{dataset}-{count}-s{seed}"
-    truth, product_of = write_gallery(folder / "gallery", pool, planted, seed)
-    if (folder / "index").exists():
-        shutil.rmtree(folder / "index")
-    build_index(folder / "gallery", folder / "index", model=model, options=IngestOptions(workers=2, progress=False))
-    row = {"dataset": dataset, "seed": seed, "planted": len(truth)}
+    folder = out / f"{dataset}-{count}{f'-x{per_original}' if per_original > 1 else ''}-s{seed}"
+    reuse = reuse and (folder / "index").exists()  # the gallery and its index as a run before left them
+    truth, product_of = write_gallery(folder / "gallery", pool, planted, seed, per_original, write=not reuse)
+    if not reuse:
+        if (folder / "index").exists():
+            shutil.rmtree(folder / "index")
+        build_index(folder / "gallery", folder / "index", model=model,
+                    options=IngestOptions(workers=2, progress=False))
+    row = {"dataset": dataset, "seed": seed, "planted": len(truth), "per_original": per_original}
     with Index.open(folder / "index") as index:
         graph = index_graph(index, 10, None, seed)
         row["images"] = int(len(graph.ids))
-        for name, read in READS.items():
+        for name in reads:
             started = time.perf_counter()
-            summary = find_duplicates(index, graph=graph, seed=seed, max_groups=10_000, **read)
+            # every member listed: the scores read the groups whole
+            summary = find_duplicates(index, DuplicateOptions(**READS[name], seed=seed, max_groups=10_000,
+                                                              max_members=10_000), graph=graph)
             row[name] = score(summary, truth, product_of) | {"seconds": round(time.perf_counter() - started, 1)}
             if name == "verified":
                 row[name]["verification"] = summary["verification"]
@@ -244,7 +320,7 @@ def aggregate(rows: list[dict]) -> str:
 
     for dataset in dict.fromkeys(row["dataset"] for row in rows):
         part = [row for row in rows if row["dataset"] == dataset]
-        for read in READS:
+        for read in (read for read in READS if read in part[0]):
             r = [row[read] for row in part]
 
             def column(key: str, digits: str = ".2f", of: list[dict] = r) -> str:
@@ -339,6 +415,10 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--gallery", type=int, default=300, help="images per gallery before the copies")
     parser.add_argument("--planted", type=int, default=30, help="copies planted in each gallery")
+    parser.add_argument("--per-original", type=int, default=1, help="copies planted of one image, at most")
+    parser.add_argument("--reuse", action="store_true",
+                        help="read the galleries and indexes a run with the same settings left in --out")
+    parser.add_argument("--reads", default=",".join(READS), help="the reads measured, of " + ", ".join(READS))
     parser.add_argument("--results", type=Path, help="write the rows here (JSON)")
     parser.add_argument("--cost", action="store_true", help="measure the cost on the catalogue gallery of seed 0")
     parser.add_argument("--from-rows", type=Path, help="render the tables from rows a run wrote (--results)")
@@ -358,11 +438,14 @@ def main() -> None:
     rows = []
     for dataset in args.datasets.split(","):
         for seed in (int(s) for s in args.seeds.split(",")):
-            rows.append(run(args.out, dataset, seed, args.gallery, args.planted, args.model))
+            reads = tuple(args.reads.split(","))
+            rows.append(run(args.out, dataset, seed, args.gallery, args.planted, args.model, reads,
+                            args.per_original, args.reuse))
             brief = {k: v for k, v in rows[-1].items() if k in ("dataset", "seed", "images")}
-            print(json.dumps(brief | {read: {k: rows[-1][read][k] for k in ("groups", "false_groups", "recall",
-                                                                             "proposed", "proposed_not_copies")}
-                                      for read in READS}), flush=True)
+            print(json.dumps(brief | {read: {k: rows[-1][read][k] for k in (
+                "groups", "false_groups", "largest_false_group", "found", "recall", "proposed", "proposed_not_copies",
+                "originals_proposed", "originals_proposed_under_copy", "distinct_originals_proposed")}
+                for read in reads}), flush=True)
     print(aggregate(rows))
     if args.results:
         args.results.parent.mkdir(parents=True, exist_ok=True)

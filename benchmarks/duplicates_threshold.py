@@ -95,7 +95,7 @@ def write_gallery(folder: Path, pool: list[tuple[str, str, Image.Image]], count:
                   seed: int) -> dict[str, str]:
     """The gallery in ``folder/<label>/``: originals, and ``planted`` copies (kinds in turn) of seeded originals;
     copy file name -> its original's."""
-    from retrieval.index.curation.duplicates_threshold import plant_copies
+    from retrieval.index.curation.copy_planting import THRESHOLD_KINDS, plant_copies
 
     if folder.exists():
         shutil.rmtree(folder)
@@ -116,7 +116,7 @@ def write_gallery(folder: Path, pool: list[tuple[str, str, Image.Image]], count:
         image = shaped[position]
         kind = KINDS[n % len(KINDS)]
         # another seed than auto's calibration (which plants with seeds 0.. of its own sample)
-        copy = plant_copies(image, seed=10_000 + 100 * seed + n)[kind]
+        copy = plant_copies(image, THRESHOLD_KINDS, seed=10_000 + 100 * seed + n)[kind]
         name = f"{key}__{kind}.{'jpg' if kind == 'jpeg' else 'png'}"
         copy.save(folder / label.replace("/", "_") / name, **({"quality": 95} if kind == "jpeg" else {}))
         truth[name] = names[position]
@@ -161,7 +161,7 @@ def _quantile(calibration: dict, key: str, which: str) -> float | None:
 
 def run(out: Path, dataset: str, seed: int, count: int, planted: int, model: Path) -> dict:
     from retrieval.index import Index, IngestOptions, build_index
-    from retrieval.index.curation.duplicates import find_duplicates
+    from retrieval.index.curation.duplicates import DuplicateOptions, find_duplicates
     from retrieval.index.curation.neighbour_graph import index_graph
 
     pools = {"emoji": lambda: emoji_pool(out), "fashion-mnist": fashion_pool, "digits": digits_pool}
@@ -174,11 +174,11 @@ def run(out: Path, dataset: str, seed: int, count: int, planted: int, model: Pat
     started = time.perf_counter()
     with Index.open(folder / "index") as index:
         graph = index_graph(index, 10, None, seed)
-        summary = find_duplicates(index, "auto", seed=seed, max_groups=10_000, graph=graph)
+        summary = find_duplicates(index, DuplicateOptions("auto", seed=seed, max_groups=10_000), graph=graph)
         seconds = time.perf_counter() - started
         # what fixed cuts give on the same graph: whether any cut meets both targets
         curve = {f"{cut:g}": {key: value for key, value in score(
-            find_duplicates(index, cut, max_groups=10_000, graph=graph), truth).items()
+            find_duplicates(index, DuplicateOptions(cut, max_groups=10_000), graph=graph), truth).items()
             if key in ("groups", "mixed_share", "recall", "precision")} for cut in FIXED_CUTS}
     return {"dataset": dataset, "seed": seed, "images": summary["images"], "planted": len(truth),
             **score(summary, truth), "seconds": round(seconds, 1),

@@ -6,7 +6,7 @@ Steps (each prints a Markdown table or JSON and writes DIR/<step>.json):
         efficientnet_lite0 with its ImageNet weights (the demo's backbone before training), exported at 128 px, 512-d
     .venv/bin/python benchmarks/near_duplicates.py gallery --out DIR [--candidates 600] [--planted 150]
         the emoji renderer's images (noto and openmoji, 128 px) in one folder, and copies planted of --planted of
-        them (resized, re-encoded, cropped, recoloured: retrieval.index.curation.duplicates_threshold.plant_copies)
+        them (resized, re-encoded, cropped, recoloured: retrieval.index.curation.copy_planting.plant_copies)
     .venv/bin/python benchmarks/near_duplicates.py ours --out DIR
         `retrieval index build`, then the near-duplicate groups at auto and fixed thresholds: pair precision and
         recall against the planted groups, per kind, and the time
@@ -99,7 +99,7 @@ def make_gallery(out: Path, candidates: int, planted: int, seed: int = 0) -> dic
     from PIL import Image
 
     from retrieval.data import prepare_emoji
-    from retrieval.index.curation.duplicates_threshold import plant_copies
+    from retrieval.index.curation.copy_planting import THRESHOLD_KINDS, plant_copies
 
     if not (out / "emoji" / "manifest.csv").is_file():
         prepare_emoji(out / "emoji", image_size=128, limit=candidates, progress=False)
@@ -114,7 +114,7 @@ def make_gallery(out: Path, candidates: int, planted: int, seed: int = 0) -> dic
     rng = np.random.default_rng(seed)
     truth = {}
     for n, name in enumerate(sorted(rng.choice(names, planted, replace=False).tolist())):
-        copies = plant_copies(Image.open(gallery / name), seed=n)
+        copies = plant_copies(Image.open(gallery / name), THRESHOLD_KINDS, seed=n)
         for kind in KINDS:
             copy = f"{name[:-4]}__{kind}.{'jpg' if kind == 'jpeg' else 'png'}"
             copies[kind].save(gallery / copy, **({"quality": 95} if kind == "jpeg" else {}))
@@ -125,7 +125,7 @@ def make_gallery(out: Path, candidates: int, planted: int, seed: int = 0) -> dic
 
 def run_ours(out: Path, thresholds: list[float], centred: bool = False) -> list[dict]:
     from retrieval.index import Index, IngestOptions, build_index
-    from retrieval.index.curation.duplicates import find_duplicates
+    from retrieval.index.curation.duplicates import DuplicateOptions, find_duplicates
     from retrieval.index.curation.linked_groups import duplicate_groups, split_around_first
     from retrieval.index.curation.neighbour_graph import index_graph, stored_vectors
 
@@ -143,7 +143,8 @@ def run_ours(out: Path, thresholds: list[float], centred: bool = False) -> list[
         graph = index_graph(index, k=10)
         graph_seconds = time.perf_counter() - started
         started = time.perf_counter()
-        auto = find_duplicates(index, "auto", graph=graph)  # what `index duplicates INDEX --json` runs
+        # what `index duplicates INDEX --json` runs
+        auto = find_duplicates(index, DuplicateOptions("auto"), graph=graph)
         auto_seconds = time.perf_counter() - started
         ids, vectors = stored_vectors(index, index.ids)
         vector_of = dict(zip(ids.tolist(), vectors, strict=True))

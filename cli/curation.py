@@ -41,7 +41,7 @@ class CurationOptions:
         None, "near-duplicates", f"the model that embeds auto's planted copies (default: the one recorded in "
         f"index.json). {TRUSTED_MODEL}", flag="--model", dest="model", path="file", exists=True)
     calibration_sample: int = option(50, "near-duplicates", "gallery images whose planted copies calibrate auto "
-                                     "(5 copies embedded and 8 pairs compared each).", low=2, high=2000)
+                                     "(6 copies embedded and 10 pairs compared each).", low=2, high=2000)
     verify_workers: int = option(2, "near-duplicates", "threads that verify candidate pairs (OpenCV and NumPy work "
                                  "beside each other on them).", flag="--workers", dest="workers", low=1, high=64)
     max_groups: int = option(100, "near-duplicates", "groups listed, largest first (the counts cover every group).",
@@ -118,16 +118,17 @@ def duplicates_command(index_dir, threshold, k, model, calibration_sample, max_g
                        as_json) -> None:
     """Groups of copies in the index (the same picture cropped, scaled, re-encoded, brightened or slightly turned),
     each pair verified; alike images that are not copies (colour variants, other products) are listed apart. The
-    first of each group is the one kept: the image verified against the most others (a cosine as --threshold: the
-    one indexed first). Ctrl-C stops the verification and lists what was
-    verified."""
+    first of each group is the one kept: the one holding the picture at the most pixels, an original rather than
+    its downscaled, cropped or re-encoded copies (a cosine as --threshold: the one indexed first). Ctrl-C stops the
+    verification and lists what was verified."""
     from retrieval.analysis.neighbour_pictures import copies_picture, duplicates_picture
     from retrieval.index.curation.catalogued_images import catalogued_image_loader, index_picture_background
-    from retrieval.index.curation.duplicates import find_duplicates
+    from retrieval.index.curation.duplicates import DuplicateOptions, find_duplicates
 
     with _open(index_dir, model) as index:
-        summary = find_duplicates(index, threshold, k=k, calibration_sample=calibration_sample,
-                                  max_groups=max_groups, workers=workers, progress=not as_json)
+        summary = find_duplicates(index, DuplicateOptions(threshold, k=k, calibration_sample=calibration_sample,
+                                                          max_groups=max_groups, workers=workers,
+                                                          progress=not as_json))
         load = catalogued_image_loader(index)
         draw = copies_picture if summary.get("mode") == "verified" else duplicates_picture
         picture = draw(summary, load, background=index_picture_background(index)) if png else None
@@ -164,11 +165,13 @@ def _header(summary: dict[str, Any]) -> str:
              f"{checked['expected_false_pairs']:g} false ones among them)") if checked["verified"] else ""
     return (f"{summary['groups_found']} groups of verified copies ({summary['copies_in_groups']} copies) among "
             f"{summary['images']} indexed images: {checked['checked']} of {checked['candidates']} candidate pairs "
-            f"(among {summary['k']} neighbours each at cosine >= {summary['threshold']:.3f}) compared in "
+            f"(among {summary['k']} neighbours each at cosine >= {summary['threshold']:.3f}, and each image's "
+            f"nearest) compared in "
             f"{checked['seconds']:.1f} s ({checked['pairs_per_second']:.0f} pairs/s), {checked['verified']} verified"
             f"{trust}: "
             f">= {rules['min_inliers']} features agreeing under one transform, aligned content correlating >= "
-            f"{rules['correlation']:.2f}, colours within {rules['colour_mismatch']:.0f} degrees of hue. Calibrated "
+            f"{rules['correlation']:.2f}, colours within {rules['colour_mismatch']:.0f} degrees of hue and "
+            f"{rules['shade']:.2f} of shade. Calibrated "
             f"on {calibration['copies']} copies planted of {calibration['images']} gallery images "
             f"({calibration['copy_recall']:.0%} found and verified) and {calibration['distinct_pairs']} distinct "
             f"pairs and {calibration['colour_variants']} colour variants ({calibration['false_verified']} verified)"

@@ -24,7 +24,7 @@ from retrieval.errors import ParameterError
 from retrieval.index.curation.audit import audit_index
 from retrieval.index.curation.catalogued_images import picture_background
 from retrieval.index.curation.copy_calibration import calibrate_verification
-from retrieval.index.curation.duplicates import find_duplicates
+from retrieval.index.curation.duplicates import DuplicateOptions, find_duplicates
 from retrieval.index.curation.neighbour_graph import NeighbourGraph, index_graph
 from retrieval.serve.service import SearchService, ServedIndex
 
@@ -121,8 +121,8 @@ class CurationView:
         picture of its similar pairs that are not copies (None for a cosine: its groups are not verified)."""
         with self.service.acquire() as state:
             if threshold != "auto":
-                summary = find_duplicates(state.index, float(threshold), graph=self._graph_held(state),
-                                          max_groups=GROUPS_LISTED)
+                summary = find_duplicates(state.index, DuplicateOptions(float(threshold), max_groups=GROUPS_LISTED),
+                                          graph=self._graph_held(state))
                 return summary, duplicates_picture(summary, self.loader(state),
                                                    background=picture_background(state.embedder)), None
             key = state.identity
@@ -153,9 +153,9 @@ class CurationView:
         background = picture_background(state.embedder)
         calibration = calibrate_verification(state.index, graph, load, state.embedder, APP_CALIBRATION_SAMPLE,
                                              workers=APP_WORKERS)
-        summary = find_duplicates(state.index, "auto", graph=graph, load=load, embedder=state.embedder,
-                                  verification=calibration, max_groups=GROUPS_LISTED, workers=APP_WORKERS,
-                                  max_pairs=APP_MAX_PAIRS)
+        options = DuplicateOptions("auto", max_groups=GROUPS_LISTED, workers=APP_WORKERS, max_pairs=APP_MAX_PAIRS)
+        summary = find_duplicates(state.index, options, graph=graph, load=load, embedder=state.embedder,
+                                  verification=calibration)
         return summary, copies_picture(summary, load, background), similar_picture(summary, load, background)
 
     def suspects(self) -> tuple[dict[str, Any] | None, Image.Image | None, str | None]:

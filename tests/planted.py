@@ -1,5 +1,5 @@
 """Galleries for the near-duplicate and label-audit tests: sklearn's digits as PNGs in one folder per class, copies of
-some planted beside them (``retrieval.index.curation.duplicates_threshold.plant_copies``: resized, re-encoded,
+some planted beside them (``retrieval.index.curation.copy_planting.plant_copies``: resized, re-encoded,
 recoloured), labels flipped by moving files into another class's folder, and the tiny ONNX model that embeds them;
 and photo-like product shots (Fashion-MNIST items, each in one colour on white) for the copy verification tests."""
 
@@ -86,13 +86,13 @@ def plant(sources: list[Path], kinds: tuple[str, ...] = PIXEL_KINDS,
           folder: Path | None = None) -> dict[Path, list[Path]]:
     """Copies of each source (``plant_copies``) saved beside it, or in ``folder`` keeping its class folder: the JPEG
     copy as a .jpg (its re-encoding kept), the others as PNG. source -> its copies."""
-    from retrieval.index.curation.duplicates_threshold import plant_copies
+    from retrieval.index.curation.copy_planting import THRESHOLD_KINDS, plant_copies
 
     planted = {}
     for n, source in enumerate(sources):
         target = source.parent if folder is None else folder / source.parent.name
         target.mkdir(parents=True, exist_ok=True)
-        copies = plant_copies(Image.open(source), seed=n)
+        copies = plant_copies(Image.open(source), THRESHOLD_KINDS, seed=n)
         paths = []
         for kind in kinds:
             path = target / f"{source.stem}_{kind}.{'jpg' if kind == 'jpeg' else 'png'}"

@@ -16,7 +16,6 @@ import pytest
 from PIL import Image, ImageEnhance
 from planted import fashion_item
 
-from retrieval.index.curation.copy_calibration import plant_colour_variant
 from retrieval.index.curation.copy_check import (
     CHROMATIC,
     GREY,
@@ -28,6 +27,7 @@ from retrieval.index.curation.copy_check import (
     detail_level,
     image_features,
 )
+from retrieval.index.curation.copy_planting import plant_colour_variant
 from retrieval.index.curation.copy_verification import CopyRules
 
 SIDE = 160

@@ -33,10 +33,9 @@ from retrieval.index.curation.copy_calibration import (
     choose_rules,
     distinct_neighbours,
     group_precision,
-    plant_colour_variant,
-    plant_copies,
 )
 from retrieval.index.curation.copy_check import PairComparison, colour_difference
+from retrieval.index.curation.copy_planting import plant_colour_variant, plant_copies
 from retrieval.index.curation.copy_verification import (
     CheckedPair,
     CopyRules,
@@ -46,7 +45,7 @@ from retrieval.index.curation.copy_verification import (
     copy_groups,
     verify_pairs,
 )
-from retrieval.index.curation.duplicates import find_duplicates
+from retrieval.index.curation.duplicates import DuplicateOptions, find_duplicates
 from retrieval.index.curation.linked_groups import duplicate_links
 from retrieval.index.curation.neighbour_graph import index_graph
 from retrieval.index.query_embedder import NoModel
@@ -334,7 +333,8 @@ def test_the_calibration_reports_recall_by_kind_and_warns_of_distinct_pairs_veri
     below = dataclasses.replace(clean, candidate_cosine=0.95)  # the copies' cosines (0.9) are no candidates
     assert below.copy_recall == 0.0 and "only 0%" in below.warning
     summary = leaky.to_dict()
-    assert summary["false_verified"] == 2 and summary["copies"] == 50 and summary["rules"]["correlation"] == 0.9
+    assert summary["false_verified"] == 2 and summary["copies"] == 10 * len(COPY_KINDS)
+    assert summary["rules"]["correlation"] == 0.9
 
 
 def test_a_groups_precision_falls_with_each_member_it_holds():
@@ -347,16 +347,22 @@ def test_a_groups_precision_falls_with_each_member_it_holds():
 
 
 # --- planting
-def test_five_copies_are_planted_as_people_make_them():
+def test_the_copies_are_planted_as_people_make_them():
     image = fashion_item(1, 120, hue=0.6)
-    copies = plant_copies(image, seed=3)
+    copies = plant_copies(image, COPY_KINDS, seed=3)
     assert list(copies) == list(COPY_KINDS)
     assert copies["resized"].size == (60, 60) and copies["cropped"].size == (96, 96)
+    assert copies["shrunk"].size == (40, 40)  # the harsh downscale: a third of each side
     assert copies["rotated"].size[0] > 120 and copies["jpeg"].size == copies["brightness"].size == (120, 120)
     corner = np.asarray(copies["rotated"])[0, 0]
     assert (corner > 240).all()  # the corners filled with the background
-    again = plant_copies(image, seed=3)
+    again = plant_copies(image, COPY_KINDS, seed=3)
     assert all(np.array_equal(np.asarray(copies[k]), np.asarray(again[k])) for k in COPY_KINDS)
+
+
+def test_a_kind_of_copy_not_planted_is_refused_naming_the_kinds():
+    with pytest.raises(ParameterError, match=r"'blurred'.*the kinds of copy planted are \['brightness'"):
+        plant_copies(fashion_item(1, 32), ["resized", "blurred"])
 
 
 def test_a_colour_variant_turns_the_hues_and_keeps_the_white():
@@ -399,9 +405,9 @@ def pictures() -> dict[int, Image.Image]:
     """Two products with copies (0: a pullover, 1 and 2 its JPEG and crop; 3: a coat, 4 its half-size copy) and a
     third product (5)."""
     pullover, coat = fashion_item(1, 128, hue=0.6), fashion_item(4, 128, hue=0.6)
-    copies = plant_copies(pullover, seed=0)
+    copies = plant_copies(pullover, COPY_KINDS, seed=0)
     return {0: pullover, 1: copies["jpeg"], 2: copies["cropped"], 3: coat,
-            4: plant_copies(coat, seed=1)["resized"], 5: fashion_item(7, 128, hue=0.6)}
+            4: plant_copies(coat, ["resized"], seed=1)["resized"], 5: fashion_item(7, 128, hue=0.6)}
 
 
 COPIES = {(0, 1), (0, 2), (1, 2), (3, 4)}
@@ -601,14 +607,14 @@ def test_two_threads_asking_for_one_image_at_once_compute_it_once(pictures):
 # --- end to end on a real index
 ORIGINALS = (10, 21)  # a coat and a sandal whose planted copies all keep their grey levels (correlation >= 0.98)
 VARIANT_OF = 14  # a coat whose colour variant keeps its grey levels too (0.98): only its colours differ
-K = 2  # neighbours per image: the copies are linked to their original, or through each other (then checked)
+K = 3  # neighbours per image: the copies are linked to their original, or through each other (then checked)
 
 
 @pytest.fixture(scope="module")
 def verified_index(tmp_path_factory):
-    """10 Fashion-MNIST product shots in class folders, the five copies of two of them planted beside them, and a
-    colour variant of another, indexed by the projection model: (index folder, {original: its copies}, {original:
-    its variant}), as catalogue paths."""
+    """10 Fashion-MNIST product shots in class folders, the copies (``COPY_KINDS``) of two of them planted beside
+    them, and a colour variant of another, indexed by the projection model: (index folder, {original: its copies},
+    {original: its variant}), as catalogue paths."""
     root = tmp_path_factory.mktemp("verified")
     numbers = [*range(6), *ORIGINALS, VARIANT_OF, 11]
     paths = dict(zip(numbers, write_items(root / "gallery", numbers), strict=True))
@@ -616,7 +622,7 @@ def verified_index(tmp_path_factory):
     for seed, number in enumerate(ORIGINALS):
         source = paths[number]
         copies[source] = []
-        for kind, image in plant_copies(Image.open(source), seed=seed).items():
+        for kind, image in plant_copies(Image.open(source), COPY_KINDS, seed=seed).items():
             path = source.parent / f"{source.stem}_{kind}.{'jpg' if kind == 'jpeg' else 'png'}"
             image.save(path, **({"quality": 95} if kind == "jpeg" else {}))
             copies[source].append(path)
@@ -636,7 +642,7 @@ def id_of_path(index: Index) -> dict[str, int]:
 def verified_summary(verified_index):
     index_dir, _, _ = verified_index
     with Index.open(index_dir) as index:
-        return find_duplicates(index, k=K, calibration_sample=4), id_of_path(index)
+        return find_duplicates(index, DuplicateOptions(k=K, calibration_sample=4)), id_of_path(index)
 
 
 def test_planted_copies_are_grouped_with_their_original_and_verified(verified_index, verified_summary):
@@ -651,7 +657,8 @@ def test_planted_copies_are_grouped_with_their_original_and_verified(verified_in
         assert group["verified"] is True and 0.0 < group["estimated_precision"] <= 1.0
         assert len(group["checks"]) == group["size"] - 1 and all(c["inliers"] >= 4 for c in group["checks"])
     calibration = summary["calibration"]
-    assert calibration["images"] == 4 and calibration["copies"] == 20 and calibration["labels_used"] is True
+    assert calibration["images"] == 4 and calibration["copies"] == 4 * len(COPY_KINDS)
+    assert calibration["labels_used"] is True
     assert MIN_CANDIDATE_COSINE <= summary["threshold"] == calibration["candidate_cosine"] <= 1.0
 
 
@@ -695,7 +702,7 @@ def test_a_colour_variant_is_similar_not_a_copy(verified_index, verified_summary
 def test_a_given_cosine_groups_by_the_cosine_alone(verified_index):
     index_dir, _, _ = verified_index
     with Index.open(index_dir) as index:
-        summary = find_duplicates(index, 0.9, k=K)
+        summary = find_duplicates(index, DuplicateOptions(0.9, k=K))
     assert summary["mode"] == "cosine" and summary["threshold"] == 0.9 and summary["calibration"] is None
     assert "similar" not in summary and "verification" not in summary
     assert all("verified" not in group for group in summary["groups"])
@@ -776,7 +783,7 @@ def test_ctrl_c_during_the_verification_stops_without_checks_for_the_groups(vari
         graph = index_graph(index, 2)
         candidates = len(duplicate_links(graph, LOOSE.candidate_cosine)[0])
         comparisons.interrupt_at = candidates - 2
-        summary = find_duplicates(index, graph=graph, verification=LOOSE, workers=1)
+        summary = find_duplicates(index, DuplicateOptions(workers=1), graph=graph, verification=LOOSE)
         stopped = time.monotonic() - comparisons.pressed
     assert summary["verification"]["interrupted"] and not summary["verification"]["complete"]
     assert candidates - 3 <= summary["verification"]["checked"] < candidates and summary["groups"]
@@ -791,7 +798,7 @@ def test_ctrl_c_during_the_checks_for_the_groups_stops_them_within_a_comparison(
         graph = index_graph(index, 2)
         candidates = len(duplicate_links(graph, LOOSE.candidate_cosine)[0])
         comparisons.interrupt_at = candidates + 1
-        summary = find_duplicates(index, graph=graph, verification=LOOSE, workers=2)
+        summary = find_duplicates(index, DuplicateOptions(workers=2), graph=graph, verification=LOOSE)
         stopped = time.monotonic() - comparisons.pressed
     checks = summary["verification"]
     assert checks["complete"] and checks["interrupted"] and checks["checked"] == candidates

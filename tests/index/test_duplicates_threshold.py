@@ -14,7 +14,7 @@ from planted import graph_of, plant, projection_model, write_patterns
 
 from retrieval.cli.main import main
 from retrieval.index import Index, IngestOptions, build_index
-from retrieval.index.curation.duplicates import advice, find_duplicates
+from retrieval.index.curation.duplicates import DuplicateOptions, advice, find_duplicates
 from retrieval.index.curation.duplicates_threshold import Calibration, choose_threshold, nearest_distinct_scores
 
 QUICK = IngestOptions(batch_size=32, workers=0, shard_size=64, progress=False)
@@ -104,7 +104,7 @@ def test_auto_says_in_the_summary_whether_copies_and_distinct_images_separate(mi
 
     index_dir, _ = mixed_index
     with Index.open(index_dir) as index:
-        summary = find_duplicates(index, "auto", calibration_sample=20, verify=False)
+        summary = find_duplicates(index, DuplicateOptions("auto", calibration_sample=20, verify=False))
     calibration = summary["calibration"]
     assert set(calibration) >= {"separated", "warning", "copy_floor", "distinct_ceiling", "labels_used"}
     assert calibration["labels_used"] is True

@@ -16,8 +16,9 @@ from planted import PIXEL_KINDS, plant, projection_model, write_patterns
 
 from retrieval.cli.main import main
 from retrieval.index import Catalogue, Index, IngestOptions, build_index
-from retrieval.index.curation.duplicates import find_duplicates
-from retrieval.index.curation.duplicates_threshold import COPY_KINDS, choose_threshold, plant_copies
+from retrieval.index.curation.copy_planting import VERIFICATION_KINDS, plant_copies
+from retrieval.index.curation.duplicates import DuplicateOptions, find_duplicates
+from retrieval.index.curation.duplicates_threshold import COPY_KINDS, choose_threshold
 from retrieval.index.curation.linked_groups import UnionFind, duplicate_groups, split_around_first
 from retrieval.index.curation.neighbour_graph import exact_graph, index_graph
 
@@ -103,7 +104,7 @@ def test_the_auto_threshold_separates_copies_from_distinct_neighbours():
 
 def test_planted_copies_are_the_four_kinds_on_the_models_background():
     sticker = Image.new("RGBA", (40, 30), (0, 0, 0, 0))  # transparent: hidden black RGB
-    copies = plant_copies(sticker, seed=0, background=(255, 255, 255))
+    copies = plant_copies(sticker, COPY_KINDS, seed=0, background=(255, 255, 255))
     assert list(copies) == list(COPY_KINDS)
     assert copies["resized"].size == (20, 15) and copies["cropped"].size == (32, 24)
     assert all(c.mode == "RGB" for c in copies.values())
@@ -126,7 +127,7 @@ def test_auto_unverified_finds_the_planted_copies_and_nothing_else(planted_index
     """``auto`` without verification: the cosine calibrated on planted copies groups exactly the planted ones."""
     index_dir, _, planted = planted_index
     with Index.open(index_dir) as index:
-        summary = find_duplicates(index, "auto", calibration_sample=20, verify=False)
+        summary = find_duplicates(index, DuplicateOptions("auto", calibration_sample=20, verify=False))
         path_of = {index.public_path(row["path"]): row["path"] for row in index.indexed_rows(index.ids.tolist())
                    .values()}
     assert summary["mode"] == "cosine" and "similar" not in summary
@@ -199,7 +200,8 @@ def test_index_duplicates_by_default_lists_verified_copies_and_removes_only_them
     assert people.exit_code == 0, people.output
     lines = [line for line in people.output.splitlines() if line.strip()]  # the bar's end on stderr leaves a blank
     header = next(line for line in lines if "groups of verified copies" in line)
-    assert "candidate pairs" in header and "estimated precision" in header and "Calibrated on 100 copies" in header
+    assert "candidate pairs" in header and "estimated precision" in header
+    assert f"Calibrated on {20 * len(VERIFICATION_KINDS)} copies" in header
     assert lines[-1].startswith(f"next: retrieval index remove {index_dir} --ids ") and "verified copies" in lines[-1]
     assert {int(i) for i in lines[-1].split("--ids ")[1].split()[0].split(",")} == removed
 
@@ -229,9 +231,9 @@ def test_ctrl_c_during_the_verification_lists_what_was_verified_and_exits_130(pl
 def test_a_sample_finds_the_copies_of_the_images_it_searched(planted_index):
     index_dir, _, _ = planted_index
     with Index.open(index_dir) as index:
-        whole = find_duplicates(index, 0.97)
+        whole = find_duplicates(index, DuplicateOptions(0.97))
         graph = index_graph(index, k=5, max_images=40, seed=3)
-        sampled = find_duplicates(index, 0.97, graph=graph)
+        sampled = find_duplicates(index, DuplicateOptions(0.97), graph=graph)
     assert sampled["sampled"] and sampled["images"] == 40
     whole_groups = [set(g["ids"]) for g in whole["groups"]]
     for group in sampled["groups"]:  # every sampled group is part of a true one
@@ -290,7 +292,8 @@ def test_the_header_states_a_precision_only_where_pairs_were_verified():
 
     summary = {"groups_found": 0, "copies_in_groups": 0, "images": 10, "k": 10, "threshold": 0.6,
                "exact_duplicates": 0, "mode": "verified",
-               "calibration": {"rules": {"min_inliers": 4, "correlation": 0.9, "colour_mismatch": 10.0}, "copies": 5,
+               "calibration": {"rules": {"min_inliers": 4, "correlation": 0.9, "colour_mismatch": 10.0, "shade": 0.45},
+                               "copies": 5,
                                "images": 1, "copy_recall": 1.0, "distinct_pairs": 2, "colour_variants": 1,
                                "false_verified": 0},
                "verification": {"checked": 5, "candidates": 5, "seconds": 1.0, "pairs_per_second": 5.0,

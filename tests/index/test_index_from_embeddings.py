@@ -311,10 +311,10 @@ def test_what_needs_a_model_is_refused_saying_what_works_instead(from_embeddings
 
     with pytest.raises(NoModelError, match="build an index of the images with the new model"):
         upgrade_index(root / "idx", embedder=FakeEmbedder(DIM))
-    from retrieval.index.curation.duplicates import find_duplicates
+    from retrieval.index.curation.duplicates import DuplicateOptions, find_duplicates
 
     with Index.open(root / "idx") as index, pytest.raises(ParameterError, match="threshold auto embeds copies"):
-        find_duplicates(index, "auto")
+        find_duplicates(index, DuplicateOptions("auto"))
     result = CliRunner().invoke(main, ["search", "--index", str(root / "idx"), str(tmp_path / "q.png")])
     assert result.exit_code == 1 and "built from embeddings and has no model" in result.output, result.output
     assert "Traceback" not in result.output

@@ -11,6 +11,7 @@ import pytest
 from planted import flip, plant, projection_model, write_digits
 
 from retrieval.index import IngestOptions, build_index
+from retrieval.index.curation.copy_planting import VERIFICATION_KINDS
 from retrieval.serve import curation_view
 from retrieval.serve.curation_view import ThresholdError, parse_threshold
 from retrieval.serve.service import SearchService
@@ -101,7 +102,7 @@ def test_auto_verifies_the_planted_copies_and_lists_the_similar_pairs_apart(cura
     rules = calibrations[0].rules
     assert "groups of verified copies**" in text and "candidate pairs (one among the other's 10 nearest" in text
     assert f"cosine ≥ **{calibrations[0].candidate_cosine:.3f}**" in text
-    assert "calibrated (auto) on 250 copies planted of 50 gallery images" in text
+    assert f"calibrated (auto) on {50 * len(VERIFICATION_KINDS)} copies planted of 50 gallery images" in text
     assert "% of them found and verified" in text and "wrongly verified" in text
     headers = table.constructor_args["headers"]
     assert headers[-3:] == ["features agreeing (inliers)", "aligned correlation", "estimated precision (group)"]

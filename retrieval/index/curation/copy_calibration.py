@@ -1,11 +1,13 @@
 """The calibration of the copy verification (``copy_verification``), on copies it plants of the gallery itself.
 
-For a seeded sample of gallery images, copies are planted as people make them (``plant_copies``: resized, re-encoded,
-cropped, brightened, slightly turned) and one colour variant (``plant_colour_variant``: its hues turned, a distinct
-product). The candidate cosine is the one ``CANDIDATE_RECALL`` of the planted copies reach under the index's model,
-less ``MARGIN`` (loose on purpose: it only chooses which pairs are checked). Each sample image is compared with its
-copies (the positives), its colour variant and its nearest distinct images in the index (``distinct_neighbours``: of
-another label, or past its own copies); the aligned-correlation and colour cuts are put between them
+For a seeded sample of gallery images, copies are planted as people make them (``copy_planting``: resized,
+re-encoded, cropped, brightened, slightly turned, shrunk to a third and brightened), one colour variant (its hues
+turned, a distinct product) and one shade variant (its colours darker, its ground kept). The candidate cosine
+is the one ``CANDIDATE_RECALL`` of the planted copies reach under the index's model, less ``CANDIDATE_SLACK`` (loose on
+purpose: it only chooses which pairs are checked). Each sample image is compared with its
+copies (the positives), its colour and shade variants and its nearest distinct images in the index
+(``distinct_neighbours``: of another label, or past its own copies); the aligned-correlation, colour and shade cuts
+are put between them
 (``choose_rules``), and ``VerificationCalibration`` says how they did and how far a verified pair can be trusted.
 """
 
@@ -18,30 +20,32 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from PIL import Image, ImageEnhance
+from PIL import Image
 
-from retrieval.data.colour import DEFAULT_BACKGROUND, flatten_alpha
 from retrieval.errors import ParameterError
 from retrieval.index.curation.copy_check import SOURCE_SIDE, PairComparison, compare_pair, image_features
-from retrieval.index.curation.copy_verification import CopyGroup, CopyRules
-from retrieval.index.curation.duplicates_threshold import (
-    ISOLATION_GAP,
-    MAX_OWN_COPIES,
-    check_sample,
-    embed_images,
-    resized_jpeg_cropped,
+from retrieval.index.curation.copy_planting import (
+    VERIFICATION_KINDS,
+    plant_colour_variant,
+    plant_copies,
+    plant_shade_variant,
 )
+from retrieval.index.curation.copy_verification import CopyGroup, CopyRules
+from retrieval.index.curation.duplicates_threshold import ISOLATION_GAP, MAX_OWN_COPIES, check_sample, embed_images
 from retrieval.index.curation.neighbour_graph import NeighbourGraph, stored_vectors
 from retrieval.index.query_embedder import ImageEmbedder, NoModel
 from retrieval.index.search import Index
 
-COPY_KINDS = ("resized", "jpeg", "cropped", "brightness", "rotated")
-# gallery images whose planted copies calibrate the verification (each: 5 copies embedded and compared, a colour
-# variant and 2 nearest distinct images compared)
+COPY_KINDS = VERIFICATION_KINDS  # the copies planted of each sample image (``copy_planting``)
+# gallery images whose planted copies calibrate the verification (each: 6 copies embedded and compared, a colour
+# variant, a shade variant and 2 nearest distinct images compared)
 VERIFY_SAMPLE = 50
 CANDIDATE_RECALL = 0.99  # share of the planted copies the candidate cosine keeps
-MARGIN = 0.05  # taken off the candidate cosine: copies harsher than the planted ones score lower
+CANDIDATE_SLACK = 0.05  # taken off the candidate cosine: copies harsher than the planted ones score lower
 MIN_CANDIDATE_COSINE = 0.5  # never lower: below, a k-neighbour graph holds mostly unrelated pairs
+# each image's nearest other image is a candidate whatever its cosine (down to MIN_CANDIDATE_COSINE): a harsh crop
+# falls below the candidate cosine yet its original is still the image nearest to it
+NEAREST_CANDIDATES = 1
 COPY_RECALL = 0.95  # the correlation cut keeps this share of the planted copies that pass the other tests
 # the cuts are never looser than these (a sample of a few images must not open them wide; below 0.9, distinct
 # 28 px product photos of one kind aligned by 4-8 features passed) nor stricter than the tight ones (a sample whose
@@ -49,49 +53,22 @@ COPY_RECALL = 0.95  # the correlation cut keeps this share of the planted copies
 LOOSE_CORRELATION, TIGHT_CORRELATION = 0.90, 0.97
 CORRELATION_MARGIN = 0.03  # the correlation cut sits this far below the planted copies' floor
 LOOSE_COLOUR, TIGHT_COLOUR = 20.0, 6.0  # degrees of hue (copy_check.colour_difference)
+# |log| of the colours' strength ratio (copy_check.shade_difference): never stricter than 0.4, as brightness x0.75
+# to x1.35 moves it by up to about |log 0.75| = 0.29 (0.34 measured); never looser than 0.6, the planted shade's own
+LOOSE_SHADE, TIGHT_SHADE = 0.6, 0.4
 DISTINCT_PER_IMAGE = 2  # nearest distinct images compared per sample image
 CALIBRATION_CHUNK = 16  # sample images planted, embedded and compared at a time
 
 
-# --- planted copies and colour variants
-def plant_copies(image: Image.Image, seed: int = 0,
-                 background: Sequence[int] = DEFAULT_BACKGROUND) -> dict[str, Image.Image]:
-    """Five copies of ``image`` as people make them: resized (half the size), re-encoded (JPEG at quality 35),
-    cropped (80 % of each side at a seeded offset), brightened (x1.25, contrast x0.85) and turned (3 to 8 degrees
-    either way, corners filled with ``background``). Transparent pixels are first put on ``background``."""
-    rng = np.random.default_rng(seed)
-    rgb = flatten_alpha(image, background).convert("RGB")
-    copies = resized_jpeg_cropped(rgb, rng)
-    brightness = ImageEnhance.Contrast(ImageEnhance.Brightness(rgb).enhance(1.25)).enhance(0.85)
-    angle = float(rng.uniform(3, 8) * rng.choice([-1, 1]))
-    rotated = rgb.rotate(angle, resample=Image.Resampling.BICUBIC, expand=True, fillcolor=tuple(background))
-    return {**copies, "brightness": brightness, "rotated": rotated}
-
-
-def plant_colour_variant(image: Image.Image, seed: int = 0,
-                         background: Sequence[int] = DEFAULT_BACKGROUND) -> Image.Image:
-    """``image`` with its hues turned by a seeded 25 to 60 degrees either way (red to orange, blue to violet) and
-    its grey parts tinted: the same product in a near colour, which is not a copy."""
-    rng = np.random.default_rng(seed)
-    rgb = flatten_alpha(image, background).convert("RGB")
-    hsv = np.asarray(rgb.convert("HSV")).copy()
-    shift = int(rng.integers(18, 43)) * int(rng.choice([-1, 1]))  # of 256: 25 to 60 degrees
-    hsv[..., 0] = (hsv[..., 0].astype(np.int64) + shift) % 256
-    # grey pixels have no hue to turn: give the not-quite-white ones a colour of their own
-    grey = (hsv[..., 1] < 40) & (hsv[..., 2] < 235)
-    hsv[..., 1] = np.where(grey, 160, hsv[..., 1])
-    hsv[..., 0] = np.where(grey, (shift * 3) % 256, hsv[..., 0])
-    return Image.fromarray(hsv, "HSV").convert("RGB")
-
-
 def choose_rules(copies: Sequence[PairComparison], distinct: Sequence[PairComparison],
-                 variants: Sequence[PairComparison]) -> CopyRules:
+                 variants: Sequence[PairComparison], shades: Sequence[PairComparison] = ()) -> CopyRules:
     """The correlation cut ``CORRELATION_MARGIN`` below the floor of the planted copies that pass the geometric tests
     (the correlation ``COPY_RECALL`` of them reach), or just above the distinct pairs that pass them where one reaches
     higher; the colour
     cut halfway between the copies' mismatch (its ``COPY_RECALL`` quantile) and the colour variants' (their lowest);
-    each kept within [tight, loose]."""
-    geometric = CopyRules(correlation=-math.inf, colour_mismatch=math.inf)  # the geometric tests alone
+    the shade cut likewise between the copies' and the shade variants'; each kept within [tight, loose]."""
+    # the geometric tests alone
+    geometric = CopyRules(correlation=-math.inf, colour_mismatch=math.inf, shade=math.inf)
     passing = [c.correlation for c in copies if geometric.reason(c) is None]
     floor = float(np.quantile(passing, 1 - COPY_RECALL)) if passing else TIGHT_CORRELATION
     against = [c.correlation for c in distinct if geometric.reason(c) is None]
@@ -106,7 +83,12 @@ def choose_rules(copies: Sequence[PairComparison], distinct: Sequence[PairCompar
     low = min(variant_colour) if variant_colour else LOOSE_COLOUR
     colour = (high + low) / 2 if low > high else high
     colour = float(min(LOOSE_COLOUR, max(TIGHT_COLOUR, colour)))
-    return CopyRules(round(correlation, 4), round(colour, 4))
+    copy_shade = [c.shade for c in copies if geometric.reason(c) is None]
+    variant_shade = [c.shade for c in shades if geometric.reason(c) is None and c.shade > 0]
+    high = float(np.quantile(copy_shade, COPY_RECALL)) if copy_shade else TIGHT_SHADE
+    low = min(variant_shade) if variant_shade else LOOSE_SHADE
+    shade = float(min(LOOSE_SHADE, max(TIGHT_SHADE, (high + low) / 2 if low > high else high)))
+    return CopyRules(round(correlation, 4), round(colour, 4), shade=round(shade, 4))
 
 
 @dataclass
@@ -122,6 +104,9 @@ class VerificationCalibration:
     variant_checks: list[PairComparison] = field(repr=False)
     distinct_checks: list[PairComparison] = field(repr=False)
     labels_used: bool = False
+    # shade variants: they set the shade cut; not counted as distinct pairs (a darker grey photo, which has no colour
+    # to tell by, may as well be a darkened copy)
+    shade_checks: list[PairComparison] = field(default_factory=list, repr=False)
 
     def _verified(self, checks: Iterable[PairComparison]) -> list[bool]:
         return [self.rules.reason(c) is None for c in checks]
@@ -191,13 +176,15 @@ class VerificationCalibration:
                 "images": self.images, "copies": len(all_cosines), "copy_recall": round(self.copy_recall, 4),
                 "recall_by_kind": {k: round(v, 4) for k, v in self.recall_by_kind().items()},
                 "distinct_pairs": len(self.distinct_checks), "colour_variants": len(self.variant_checks),
-                "false_verified": self.false_verified, "labels_used": self.labels_used, "warning": self.warning}
+                "false_verified": self.false_verified, "labels_used": self.labels_used, "warning": self.warning,
+                "shade_variants": len(self.shade_checks),
+                "shade_variants_verified": sum(self._verified(self.shade_checks))}
 
 
 def _candidate_cosine(cosines: Sequence[float]) -> float:
     if not len(cosines):
         return MIN_CANDIDATE_COSINE
-    floor = float(np.quantile(np.asarray(cosines, dtype=np.float64), 1 - CANDIDATE_RECALL)) - MARGIN
+    floor = float(np.quantile(np.asarray(cosines, dtype=np.float64), 1 - CANDIDATE_RECALL)) - CANDIDATE_SLACK
     return float(round(min(1.0, max(MIN_CANDIDATE_COSINE, floor)), 4))
 
 
@@ -232,7 +219,7 @@ def calibrate_verification(index: Index, graph: NeighbourGraph, load: Callable[[
                                           "has none; give `threshold` a cosine instead, e.g. 0.95")
     background = tuple(embedder.preprocessing.background)
     label_of = dict(index.catalogue.labelled())
-    checks: dict[str, list[PairComparison]] = {kind: [] for kind in (*COPY_KINDS, "variant", "distinct")}
+    checks: dict[str, list[PairComparison]] = {kind: [] for kind in (*COPY_KINDS, "variant", "shade", "distinct")}
     copy_cosines: dict[str, list[float]] = {kind: [] for kind in COPY_KINDS}
 
     def compare_with(job: tuple[int, int, Image.Image, dict[str, Image.Image]]) -> list[tuple[str, PairComparison]]:
@@ -241,7 +228,8 @@ def calibrate_verification(index: Index, graph: NeighbourGraph, load: Callable[[
         try:
             own = image_features(image, background)
             others: list[tuple[str, Image.Image | None]] = [
-                *planted.items(), ("variant", plant_colour_variant(image, seed + n, background))]
+                *planted.items(), ("variant", plant_colour_variant(image, seed + n, background)),
+                ("shade", plant_shade_variant(image, background))]
             others += [("distinct", load(other)) for other in distinct_neighbours(graph, row, label_of)]
             return [(kind, compare_pair(own, image_features(other, background))) for kind, other in others
                     if other is not None]
@@ -255,7 +243,8 @@ def calibrate_verification(index: Index, graph: NeighbourGraph, load: Callable[[
         chunk = [(row, image) for row, image in chunk if int(graph.ids[row]) in vector_of]
         if not chunk:
             return 0
-        planted = [plant_copies(image, seed + first_number + n, background) for n, (_, image) in enumerate(chunk)]
+        planted = [plant_copies(image, COPY_KINDS, seed + first_number + n, background)
+                   for n, (_, image) in enumerate(chunk)]
         embedded = embed_images(embedder, [copy for kinds in planted for copy in kinds.values()])
         originals = np.stack([vector_of[int(graph.ids[row])] for row, _ in chunk])
         cosines = np.einsum("ij,ij->i", embedded, np.repeat(originals, len(COPY_KINDS), axis=0))
@@ -288,10 +277,11 @@ def calibrate_verification(index: Index, graph: NeighbourGraph, load: Callable[[
                                           "to plant copies of; run it again, or give `threshold` a cosine instead, "
                                           "e.g. 0.95")
     copy_checks = {kind: checks[kind] for kind in COPY_KINDS}
-    rules = choose_rules([c for kind in COPY_KINDS for c in checks[kind]], checks["distinct"], checks["variant"])
+    rules = choose_rules([c for kind in COPY_KINDS for c in checks[kind]], checks["distinct"], checks["variant"],
+                         checks["shade"])
     all_cosines = [c for kind in COPY_KINDS for c in copy_cosines[kind]]
     return VerificationCalibration(_candidate_cosine(all_cosines), rules, used, copy_cosines, copy_checks,
-                                   checks["variant"], checks["distinct"], bool(label_of))
+                                   checks["variant"], checks["distinct"], bool(label_of), checks["shade"])
 
 
 def group_precision(group: CopyGroup, calibration: VerificationCalibration, verified_share: float) -> float:

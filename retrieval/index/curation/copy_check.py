@@ -85,6 +85,7 @@ class PairComparison:
     correlation: float = -1.0
     colour_mismatch: float = 0.0
     coloured_pixels: int = 0
+    shade: float = 0.0  # how far the colours' strength differs (``shade_difference``): a darker shade of one hue
 
     def to_dict(self) -> dict[str, float | int | None]:
         """The JSON form, rounded."""
@@ -92,7 +93,8 @@ class PairComparison:
                 "scale": None if self.scale is None else round(self.scale, 3),
                 "rotation": None if self.rotation is None else round(self.rotation, 1),
                 "overlap": round(self.overlap, 3), "correlation": round(self.correlation, 3),
-                "colour_mismatch": round(self.colour_mismatch, 3), "coloured_pixels": self.coloured_pixels}
+                "colour_mismatch": round(self.colour_mismatch, 3), "coloured_pixels": self.coloured_pixels,
+                "shade": round(self.shade, 3)}
 
 
 def _cv2():
@@ -204,13 +206,14 @@ def compare_levels(a: Level, b: Level) -> PairComparison:
     rotation = float(math.degrees(math.atan2(transform[1, 0], transform[0, 0])))
     if not MIN_SCALE <= scale <= MAX_SCALE or abs(rotation) > MAX_ROTATION:
         return PairComparison(int(len(ia)), inliers, scale, rotation)
-    overlap, correlation, mismatch, coloured = _aligned(a, b, transform, cv2)
-    return PairComparison(int(len(ia)), inliers, scale, rotation, overlap, correlation, mismatch, coloured)
+    overlap, correlation, mismatch, coloured, shade = _aligned(a, b, transform, cv2)
+    return PairComparison(int(len(ia)), inliers, scale, rotation, overlap, correlation, mismatch, coloured, shade)
 
 
-def _aligned(a: Level, b: Level, transform: np.ndarray, cv2) -> tuple[float, float, float, int]:
+def _aligned(a: Level, b: Level, transform: np.ndarray, cv2) -> tuple[float, float, float, int, float]:
     """``a`` warped onto ``b``: the share of the smaller image covered, the correlation of the grey levels and the
-    colour difference, over the content they share, both seen at the detail the poorer of the two holds."""
+    colour and shade differences, over the content they share, both seen at the detail the poorer of the two
+    holds."""
     width, height = b.size
     warped = cv2.warpAffine(a.rgb, transform, (width, height), flags=cv2.INTER_LINEAR,
                             borderMode=cv2.BORDER_CONSTANT, borderValue=(0, 0, 0))
@@ -234,14 +237,14 @@ def _aligned(a: Level, b: Level, transform: np.ndarray, cv2) -> tuple[float, flo
         covered = cv2.resize(covered, size, interpolation=cv2.INTER_NEAREST)
     covered = covered > 0
     if covered.sum() < 16:
-        return overlap, -1.0, 0.0, 0
+        return overlap, -1.0, 0.0, 0, 0.0
     content = covered & (_off_background(warped, target) | _off_background(target, target))
     if content.sum() >= 16:  # a plain ground shared by two alike silhouettes would correlate by itself
         covered = content
     correlation = correlation_of(cv2.cvtColor(warped, cv2.COLOR_RGB2GRAY)[covered],
                                    cv2.cvtColor(target, cv2.COLOR_RGB2GRAY)[covered])
     mismatch, coloured = colour_difference(warped[covered], target[covered])
-    return overlap, correlation, mismatch, coloured
+    return overlap, correlation, mismatch, coloured, shade_difference(warped[covered], target[covered])
 
 
 def correlation_of(first: np.ndarray, second: np.ndarray) -> float:
@@ -287,3 +290,21 @@ def colour_difference(first: np.ndarray, second: np.ndarray) -> tuple[float, int
                       np.minimum(chroma_a[coloured], chroma_b[coloured]))
     difference = np.where(one_grey, 90.0, apart)
     return float((difference * weight).sum() / weight.sum()), count
+
+
+def _chroma(pixels: np.ndarray) -> np.ndarray:
+    lab = _cv2().cvtColor(pixels.reshape(-1, 1, 3), _cv2().COLOR_RGB2LAB).reshape(-1, 3).astype(np.float32)
+    return np.hypot(lab[:, 1] - 128, lab[:, 2] - 128)
+
+
+def shade_difference(first: np.ndarray, second: np.ndarray) -> float:
+    """How far the strength of two aligned pixel sets' colours differs ((n, 3) RGB uint8 each): |log| of the ratio of
+    their mean Lab chroma over the pixels coloured in both (0.0 where fewer than 16 are). Burgundy against red, navy
+    against blue, brown against orange: one hue, far weaker or stronger; a brightened copy moves it less."""
+    if not len(first):
+        return 0.0
+    chroma_a, chroma_b = _chroma(first), _chroma(second)
+    both = (chroma_a >= CHROMATIC) & (chroma_b >= CHROMATIC)
+    if both.sum() < 16:
+        return 0.0
+    return float(abs(math.log(float(chroma_a[both].mean()) / float(chroma_b[both].mean()))))

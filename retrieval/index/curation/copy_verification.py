@@ -2,22 +2,23 @@
 that do not chain. The rules are calibrated by ``copy_calibration``.
 
 - ``CopyRules``: what makes a compared pair a copy (features agreeing, aligned content, colour).
-- ``verify_pairs``: each candidate pair compared on ``workers`` threads (OpenCV and NumPy release the GIL), each
-  image's features computed once while cached (``FeatureCache``); a progress bar; Ctrl-C or ``MAX_PAIRS`` stops it
-  and what was checked is kept (``Verification.complete`` False).
+- ``verify_pairs``: each candidate pair compared on ``workers`` threads (``bounded_map``: OpenCV and NumPy release
+  the GIL), each image's features computed once while cached (``FeatureCache``); a progress bar; Ctrl-C or
+  ``MAX_PAIRS`` stops it and what was checked is kept (``Verification.complete`` False).
 - ``copy_groups``: an image joins a group only if it is verified against the group's first image (the one kept by
-  the removal proposed): verified pairs never chain two distinct images together; the comparisons with the first
-  are made in batches on the verification's workers, Ctrl-C stopping them within a comparison.
+  the removal proposed: with ``keep``, its most detailed member), and two images whose colours differ never share a
+  group: verified pairs never chain two distinct images together; the comparisons with the first are made in
+  batches on the verification's workers, Ctrl-C stopping them within a comparison.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,7 @@ from PIL import Image
 from retrieval.errors import ParameterError
 from retrieval.index.curation.copy_check import ImageFeatures, PairComparison, compare_pair, image_features
 from retrieval.index.curation.linked_groups import UnionFind
+from retrieval.utils.bounded_map import bounded_map
 from retrieval.utils.progress import progress_bar
 
 MIN_INLIERS = 4  # features agreeing under the transform, at least (a similarity is fitted from 2)
@@ -37,7 +39,8 @@ MIN_OVERLAP = 0.25  # share of the smaller image the aligned other covers, at le
 FEATURE_CACHE = 256  # images whose features are kept (3.4 MB each at most: a 512 px source and three levels)
 MAX_PAIRS = 5_000_000  # candidate pairs verified at most (bounds the job: docs/BENCHMARKS.md, copy verification)
 MAX_EXTRA_CHECKS = 20_000  # pairs compared to form groups beyond the candidates (images linked only through others)
-WAKE_SECONDS = 0.25  # the most the main thread waits on the pairs in flight before it looks for Ctrl-C again
+COLOURS_DIFFER = "colours differ"  # aligned, alike in content, another colour: two products, never one group
+NOT_CANDIDATES = "less alike than the candidates: not compared"  # an extra check a group check passed over
 
 
 # --- the rules
@@ -45,12 +48,14 @@ WAKE_SECONDS = 0.25  # the most the main thread waits on the pairs in flight bef
 class CopyRules:
     """What makes a compared pair a copy: ``MIN_INLIERS`` features agreeing under one transform over at least
     ``MIN_OVERLAP`` of the smaller image, the aligned grey levels correlating at ``correlation`` or more (halfway from
-    it to 1 where fewer than ``FEW_INLIERS`` features agree), and their
-    colours at most ``colour_mismatch`` degrees of hue apart (``copy_check.colour_difference``)."""
+    it to 1 where fewer than ``FEW_INLIERS`` features agree), their
+    colours at most ``colour_mismatch`` degrees of hue apart (``copy_check.colour_difference``) and their strength at
+    most ``shade`` apart (``copy_check.shade_difference``: a darker shade of one hue is another product)."""
 
     correlation: float = 0.9
     colour_mismatch: float = 12.0
     min_inliers: int = MIN_INLIERS
+    shade: float = 0.45
 
     def reason(self, comparison: PairComparison) -> str | None:
         """Why the pair is not a copy, in a few words; None when it is one."""
@@ -61,14 +66,15 @@ class CopyRules:
         needed = self.correlation if comparison.inliers >= FEW_INLIERS else (1 + self.correlation) / 2
         if comparison.correlation < needed:
             return "content differs"
-        if comparison.colour_mismatch > self.colour_mismatch:
-            return "colours differ"
+        if comparison.colour_mismatch > self.colour_mismatch or comparison.shade > self.shade:
+            return COLOURS_DIFFER
         return None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form."""
         return {"min_inliers": self.min_inliers, "min_overlap": MIN_OVERLAP,
-                "correlation": round(self.correlation, 4), "colour_mismatch": round(self.colour_mismatch, 4)}
+                "correlation": round(self.correlation, 4), "colour_mismatch": round(self.colour_mismatch, 4),
+                "shade": round(self.shade, 4)}
 
 
 # --- verifying candidate pairs
@@ -116,6 +122,7 @@ class FeatureCache:
         self._running: dict[int, threading.Event] = {}  # images being computed, each by one thread
         self._lock = threading.Lock()
         self.computed = 0
+        self.sides: dict[int, int] = {}  # each image's longer side as loaded (which of a group's copies is kept)
 
     def get(self, image_id: int) -> ImageFeatures | None:
         """The features of ``image_id``: cached, being computed by another thread (waited for), or computed now."""
@@ -134,6 +141,8 @@ class FeatureCache:
             features = None if picture is None else image_features(picture, self.background)
             with self._lock:
                 self.computed += 1
+                if picture is not None:
+                    self.sides[image_id] = max(picture.size)
                 self._kept[image_id] = features
                 while len(self._kept) > self.size:
                     self._kept.popitem(last=False)
@@ -161,39 +170,21 @@ def verify_pairs(first: np.ndarray, second: np.ndarray, cosines: np.ndarray, fea
 
     stopped = None if limit == total else f"the first {limit:,} of {total:,} candidate pairs (at most {max_pairs:,})"
     bar = progress_bar(total=limit, desc="verifying pairs", unit="pair", disable=not progress)
-    pool = ThreadPoolExecutor(max(1, workers))
-    pending: set[Future] = set()
     interrupted = False
 
-    def collect(waiting: set[Future]) -> set[Future]:
-        finished, waiting = wait(waiting, timeout=WAKE_SECONDS, return_when=FIRST_COMPLETED)
-        for future in finished:
-            results[future.position] = future.result()  # type: ignore[attr-defined]
-            bar.update(1)
-        return waiting
+    def keep(position: int, pair: CheckedPair) -> None:
+        results[position] = pair
+        bar.update(1)
 
     try:
-        # at most 4 pairs a worker in flight, the main thread awake every WAKE_SECONDS however long a pair takes:
-        # Ctrl-C is answered within the pairs running, never after the batch
-        for position in order[:limit].tolist():
-            future = pool.submit(check, position)
-            future.position = position  # type: ignore[attr-defined]
-            pending.add(future)
-            while len(pending) >= 4 * max(1, workers):
-                pending = collect(pending)
-        while pending:
-            pending = collect(pending)
+        # at most 4 pairs a worker in flight, the main thread awake however long a pair takes: Ctrl-C is answered
+        # within the pairs running (those that finished kept), never after the batch
+        workers = max(1, workers)
+        bounded_map(check, order[:limit].tolist(), keep, workers, in_flight=4 * workers)
     except KeyboardInterrupt:
         interrupted = True
-        for future in pending:
-            future.cancel()
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
         bar.close()
-    # the checks that finished before Ctrl-C or while the pool wound down are kept
-    for future in pending:
-        if future.done() and not future.cancelled() and future.exception() is None:
-            results.setdefault(future.position, future.result())  # type: ignore[attr-defined]
     if interrupted:
         stopped = f"stopped by Ctrl-C after {len(results):,} of {total:,} candidate pairs"
     pairs = [results[p] for p in sorted(results)]
@@ -213,18 +204,32 @@ class CopyGroup:
 # ``check(first, second)``: the pairs (first[i] < second[i]) compared to form groups, as ``verify_pairs`` compares
 # candidates (on its workers, Ctrl-C keeping what finished: ``interrupted``)
 GroupCheck = Callable[[np.ndarray, np.ndarray], Verification]
+# ``keep(first, joined)``: the member a group keeps, of its first and the images verified against it (with the pairs)
+GroupKeep = Callable[[int, Sequence[tuple[int, CheckedPair]]], int]
 
 
 def copy_groups(pairs: Sequence[CheckedPair], check: GroupCheck | None = None,
-                max_checks: int = MAX_EXTRA_CHECKS) -> list[CopyGroup]:
-    """Groups in which every member is verified against the group's first image. Verified pairs are joined
-    (union-find) into sets; in each set the image verified against the most others not yet placed (an original
-    rather than one of its crops, which are verified against it but seldom against each other), the lowest id among
-    equals, is a group's first (the one kept) and takes every other image verified against it: a pair checked
-    already, or one compared by ``check`` (the extra comparisons of a round, in one batch) where the two were linked
-    only through others; the rest are grouped again the same way. A dense set (copies of one picture, each linked to
-    a few of the others) is thus one group after one round. Extra checks go to the smaller sets first and stop after
-    ``max_checks`` or at Ctrl-C (the groups then come from the pairs checked)."""
+                max_checks: int = MAX_EXTRA_CHECKS, cross_check: bool = False,
+                keep: GroupKeep | None = None, check_kept: GroupCheck | None = None) -> list[CopyGroup]:
+    """Groups in which every member is verified against the group's first image and no two members' colours
+    differ. Verified pairs are joined (union-find) into sets; in each set the image verified against the most others
+    not yet placed (an original rather than one of its crops, which are verified against it but seldom against each
+    other), the lowest id among equals, is a group's first (the one kept) and takes every other image verified
+    against it: a pair checked already, or one compared by ``check`` (the extra comparisons of a round, in one batch)
+    where the two were linked only through others; the rest are grouped again the same way. A dense set (copies of
+    one picture, each linked to a few of the others) is thus one group after one round.
+
+    Two members found to differ in colour (``COLOURS_DIFFER``: by a pair checked already, or with ``cross_check`` by
+    comparing the members with each other) are two products: the first lies between them (a copy of one whose
+    colours drifted towards the other), so the member nearest its colours becomes the first instead and takes the
+    images verified against it; a member that still differs in colour from one nearer the first is left for a group
+    of its own. Extra checks go to the smaller sets first and stop after ``max_checks`` or at Ctrl-C (the groups then
+    come from the pairs checked).
+
+    ``keep(first, joined)``: where given, the group keeps (puts first) the member it names (the most detailed: an
+    original rather than its downscaled, cropped or re-encoded copies, which may be verified against more others)
+    and holds the members verified against that one (compared by ``check_kept``, default ``check``, where they were
+    not yet, or where ``check`` passed over them as ``NOT_CANDIDATES``); the others are grouped again."""
     verified = [p for p in pairs if p.verified]
     if not verified:
         return []
@@ -239,16 +244,18 @@ def copy_groups(pairs: Sequence[CheckedPair], check: GroupCheck | None = None,
     known = {(p.first, p.second): p for p in pairs}
     budget = {"left": max_checks if check is not None else 0}
 
-    def compare_missing(head: int, others: list[int]) -> None:
-        """The pairs of ``head`` with ``others`` not checked yet, compared in one batch (within the budget)."""
-        missing = [key for key in ((min(head, o), max(head, o)) for o in others) if key not in known]
-        missing = missing[:budget["left"]]
-        if not missing:
+    def compare_missing(keys: Sequence[tuple[int, int]], kept: bool = False) -> None:
+        """The pairs (lower id first) not checked yet, compared in one batch (within the budget); ``kept``: with
+        ``check_kept``, the ones ``check`` passed over too."""
+        comparing = (check_kept or check) if kept else check
+        missing = list(dict.fromkeys(key for key in keys if key not in known or (
+            kept and known[key].reason == NOT_CANDIDATES)))[:budget["left"]]
+        if not missing or comparing is None:
             return
         budget["left"] -= len(missing)
         try:
-            result = check(np.asarray([a for a, _ in missing], np.int64),  # type: ignore[misc]
-                           np.asarray([b for _, b in missing], np.int64))
+            result = comparing(np.asarray([a for a, _ in missing], np.int64),
+                               np.asarray([b for _, b in missing], np.int64))
         except KeyboardInterrupt:
             budget["left"] = 0  # no more extra checks: what is known groups
             return
@@ -260,6 +267,25 @@ def copy_groups(pairs: Sequence[CheckedPair], check: GroupCheck | None = None,
     for p in verified:
         neighbours.setdefault(p.first, set()).add(p.second)
         neighbours.setdefault(p.second, set()).add(p.first)
+
+    def joining(head: int, rest: set[int]) -> list[tuple[int, CheckedPair]]:
+        """The images of ``rest`` verified against ``head`` (compared now where they were not yet), by id."""
+        if budget["left"] > 0:
+            others = sorted(rest - {head})
+            compare_missing([(min(head, o), max(head, o)) for o in others])
+        else:  # no check left: only the images verified against it can join
+            others = sorted(neighbours[head] & rest)
+        return [(other, pair) for other in others
+                if (pair := known.get((min(head, other), max(head, other)))) is not None and pair.verified]
+
+    def clashing(joined: list[tuple[int, CheckedPair]]) -> set[tuple[int, int]]:
+        """The pairs of ``joined`` whose colours differ (the members compared with each other first, if asked)."""
+        ids = [i for i, _ in joined]  # ascending
+        keys = [(a, b) for n, a in enumerate(ids) for b in ids[n + 1:]]
+        if cross_check and budget["left"] > 0:
+            compare_missing(keys)
+        return {key for key in keys if (pair := known.get(key)) is not None and pair.reason == COLOURS_DIFFER}
+
     groups = []
     # the smaller sets first: one large set of lookalikes does not spend the checks the many small ones need
     for ids in sorted(members.values(), key=len):
@@ -269,19 +295,23 @@ def copy_groups(pairs: Sequence[CheckedPair], check: GroupCheck | None = None,
         links = {i: len(neighbours[i]) for i in ids}
         heap = [(-links[i], i) for i in ids]
         heapq.heapify(heap)
-        while len(rest) > 1:
+        while len(rest) > 1 and heap:
             count, head = heapq.heappop(heap)
             if head not in rest or -count != links[head]:
                 continue
-            if budget["left"] > 0:
-                others = sorted(rest - {head})
-                compare_missing(head, others)
-            else:  # no check left: only the images verified against it can join
-                others = sorted(neighbours[head] & rest)
-            joined = [(other, pair) for other in others
-                      if (pair := known.get((min(head, other), max(head, other)))) is not None and pair.verified]
+            joined = joining(head, rest)
             if not joined:  # nothing verified against the best linked image: none is against another either
                 break
+            clashes = clashing(joined)
+            if clashes:  # the head lies between two products: the one nearest its colours is kept instead
+                popped = head
+                head = min({i for key in clashes for i in key}, key=lambda i: (_colour_apart(dict(joined)[i]), i))
+                joined = joining(head, rest)
+                clashes = clashing(joined)
+                heapq.heappush(heap, (-links[popped], popped))  # in case it does not join the new first
+            joined = _without_clashes(joined, clashes)
+            if keep is not None:
+                head, joined = _kept_first(head, joined, keep(head, joined), compare_missing, known)
             groups.append(CopyGroup(np.asarray([head, *(i for i, _ in joined)], np.int64), [p for _, p in joined]))
             for placed in (head, *(i for i, _ in joined)):
                 rest.discard(placed)
@@ -289,6 +319,35 @@ def copy_groups(pairs: Sequence[CheckedPair], check: GroupCheck | None = None,
                     links[other] -= 1
                     heapq.heappush(heap, (-links[other], other))
     return sorted(groups, key=lambda g: (-len(g.ids), int(g.ids[0])))
+
+
+def _kept_first(head: int, joined: list[tuple[int, CheckedPair]], kept: int,
+                compare_missing: Callable[[Sequence[tuple[int, int]], bool], None],
+                known: dict[tuple[int, int], CheckedPair]) -> tuple[int, list[tuple[int, CheckedPair]]]:
+    """The group (``head`` and ``joined``) around its member ``kept``: that member first, with the members verified
+    against it (compared now where they were not yet, within the budget). The kept member is verified against
+    ``head``, so ``head`` stays; one verified against ``head`` alone is left out (grouped again)."""
+    members = [head, *(i for i, _ in joined)]
+    if kept == head or kept not in members:
+        return head, joined
+    keys = {other: (min(kept, other), max(kept, other)) for other in sorted(members) if other != kept}
+    compare_missing(list(keys.values()), True)
+    return kept, [(other, pair) for other, key in keys.items()
+                  if (pair := known.get(key)) is not None and pair.verified]
+
+
+def _colour_apart(pair: CheckedPair) -> float:
+    return pair.comparison.colour_mismatch if pair.comparison is not None else math.inf
+
+
+def _without_clashes(joined: list[tuple[int, CheckedPair]],
+                     clashes: set[tuple[int, int]]) -> list[tuple[int, CheckedPair]]:
+    """``joined`` (by id) less each member whose colours differ from a member nearer the first's colours."""
+    kept: list[int] = []
+    for other, _ in sorted(joined, key=lambda j: (_colour_apart(j[1]), j[0])):
+        if not any((min(other, k), max(other, k)) in clashes for k in kept):
+            kept.append(other)
+    return [(other, pair) for other, pair in joined if other in kept]
 
 
 def compared(features: FeatureCache, rules: CopyRules, a: int, b: int, cosine: float) -> CheckedPair:

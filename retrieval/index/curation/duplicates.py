@@ -13,14 +13,17 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
 from retrieval.errors import ParameterError
-from retrieval.index.curation.catalogued_images import catalogued_image_loader
+from retrieval.index.curation.catalogued_images import KeptImage, catalogued_image_loader
 from retrieval.index.curation.copy_calibration import (
+    MIN_CANDIDATE_COSINE,
+    NEAREST_CANDIDATES,
     VERIFY_SAMPLE,
     VerificationCalibration,
     calibrate_verification,
@@ -29,6 +32,7 @@ from retrieval.index.curation.copy_calibration import (
 from retrieval.index.curation.copy_verification import (
     MAX_EXTRA_CHECKS,
     MAX_PAIRS,
+    NOT_CANDIDATES,
     CheckedPair,
     CopyGroup,
     FeatureCache,
@@ -83,32 +87,49 @@ def group_summaries(index: Index, groups: Sequence[DuplicateGroup], max_groups: 
     return out
 
 
-def find_duplicates(index: Index, threshold: float | str = "auto", k: int = 10,
+@dataclass(frozen=True)
+class DuplicateOptions:
+    """How ``find_duplicates`` reads an index. ``threshold`` "auto" with ``verify``: verified copies
+    (``find_copies``); "auto" without: a cosine calibrated on planted copies (``calibrate_on_index``); a cosine: the
+    groups at it. ``k``: neighbours per image; ``calibration_sample``: images copies are planted of (default the
+    mode's own); ``max_images``: search a seeded sample only; ``max_groups``, ``max_members``: listed in the
+    summary; ``seed``: the sample's and the calibration's; ``workers``: threads comparing pairs; ``progress``: a bar;
+    ``max_pairs``: candidate pairs compared at most."""
+
+    threshold: float | str = "auto"
+    k: int = 10
+    calibration_sample: int | None = None
+    max_images: int | None = None
+    max_groups: int = MAX_GROUPS_SHOWN
+    max_members: int = MAX_MEMBERS_SHOWN
+    seed: int = 0
+    verify: bool = True
+    workers: int = 2
+    progress: bool = False
+    max_pairs: int = MAX_PAIRS
+
+
+def find_duplicates(index: Index, options: DuplicateOptions | None = None, *,
                     load: Callable[[int], Image.Image | None] | None = None, embedder: ImageEmbedder | None = None,
-                    calibration_sample: int | None = None, max_images: int | None = None,
-                    max_groups: int = MAX_GROUPS_SHOWN, max_members: int = MAX_MEMBERS_SHOWN, seed: int = 0,
-                    graph: NeighbourGraph | None = None, verify: bool = True, workers: int = 2,
-                    progress: bool = False, verification: VerificationCalibration | None = None,
-                    max_pairs: int = MAX_PAIRS) -> dict[str, Any]:
-    """The near-duplicate groups of an index as a JSON-able summary (``groups``: the largest ``max_groups``).
-    ``threshold`` "auto" with ``verify``: verified copies (``find_copies``); "auto" without: a cosine calibrated on
-    planted copies (``calibrate_on_index``); a cosine: the groups at it. ``load`` reads an image (default its
-    catalogued file); ``embedder`` embeds planted copies (default the index's model); ``calibration_sample``: images
-    copies are planted of; ``max_images``: search a seeded sample only; ``graph``: one already computed with
-    ``k``."""
+                    graph: NeighbourGraph | None = None,
+                    verification: VerificationCalibration | None = None) -> dict[str, Any]:
+    """The near-duplicate groups of an index as a JSON-able summary (``groups``: the largest ``max_groups``), read
+    as ``options`` say (``DuplicateOptions``). ``load`` reads an image (default its catalogued file); ``embedder``
+    embeds planted copies (default the index's model); ``graph``: one already computed with ``k``;
+    ``verification``: a calibration already made for it."""
+    options = options or DuplicateOptions()
+    threshold, calibration_sample = options.threshold, options.calibration_sample
     if isinstance(threshold, str) and threshold != "auto":
         raise ParameterError("threshold", f"must be a cosine in [-1, 1] or auto, got {threshold!r}")
-    graph = graph if graph is not None else index_graph(index, k, max_images, seed)
+    graph = graph if graph is not None else index_graph(index, options.k, options.max_images, options.seed)
     load = load or catalogued_image_loader(index)
-    if threshold == "auto" and verify:
-        return find_copies(index, graph, load, embedder,
-                           VERIFY_SAMPLE if calibration_sample is None else calibration_sample, max_groups,
-                           max_members, seed, workers, progress, verification, max_pairs)
+    if threshold == "auto" and options.verify:
+        return find_copies(index, graph, load, options, embedder, verification)
     calibration = None
     if threshold == "auto":
         calibration = calibrate_on_index(index, graph, load, embedder or index.embedder,
                                          CALIBRATION_SAMPLE if calibration_sample is None else calibration_sample,
-                                         seed)
+                                         options.seed)
         threshold = calibration.threshold
     groups = duplicate_groups(graph, float(threshold))
     linked = np.unique(np.concatenate([g.ids for g in groups])) if groups else np.zeros(0, np.int64)
@@ -116,7 +137,7 @@ def find_duplicates(index: Index, threshold: float | str = "auto", k: int = 10,
     if split and len(linked):
         ids, vectors = stored_vectors(index, linked)
         groups = split_around_first(groups, dict(zip(ids.tolist(), vectors, strict=True)), float(threshold))
-    listed = group_summaries(index, groups, max_groups, max_members)
+    listed = group_summaries(index, groups, options.max_groups, options.max_members)
     calibrated = calibration.to_dict() if calibration is not None else None
     return {
         **_counts(index, graph),
@@ -139,25 +160,43 @@ def _counts(index: Index, graph: NeighbourGraph) -> dict[str, Any]:
 
 
 def find_copies(index: Index, graph: NeighbourGraph, load: Callable[[int], Image.Image | None],
-                embedder: ImageEmbedder | None = None, calibration_sample: int = VERIFY_SAMPLE,
-                max_groups: int = MAX_GROUPS_SHOWN, max_members: int = MAX_MEMBERS_SHOWN, seed: int = 0,
-                workers: int = 2, progress: bool = False, calibration: VerificationCalibration | None = None,
-                max_pairs: int = MAX_PAIRS) -> dict[str, Any]:
-    """Verified copy groups of the graph's images: candidates at the calibrated loose cosine, each pair verified
-    (``verify_pairs``), grouped without chaining (``copy_groups``), each group with its estimated precision; the
-    candidates that fail are ``similar`` (with the reason). ``calibration``: one already made for this graph;
-    ``max_pairs``: the most candidate pairs compared (the first ones by id; the summary says when it stopped)."""
-    workers = check_workers(workers)
+                options: DuplicateOptions | None = None, embedder: ImageEmbedder | None = None,
+                calibration: VerificationCalibration | None = None) -> dict[str, Any]:
+    """Verified copy groups of the graph's images: candidates at the calibrated loose cosine (and each image's
+    nearest, ``NEAREST_CANDIDATES``), each pair verified (``verify_pairs``), grouped without chaining
+    (``copy_groups``: every member verified against the kept image, the most detailed, no two of other colours),
+    each group with its estimated precision; the candidates that fail are ``similar`` (with the reason).
+    ``calibration``: one already made for this graph; ``options.max_pairs``: the most candidate pairs compared
+    (the first ones by id; the summary says when it stopped)."""
+    options = options or DuplicateOptions()
+    workers, max_pairs = check_workers(options.workers), options.max_pairs
     embedder = embedder or index.embedder
     if calibration is None:
-        calibration = calibrate_verification(index, graph, load, embedder, calibration_sample, seed, workers)
-    first, second, cosines = duplicate_links(graph, calibration.candidate_cosine)
+        sample = VERIFY_SAMPLE if options.calibration_sample is None else options.calibration_sample
+        calibration = calibrate_verification(index, graph, load, embedder, sample, options.seed, workers)
+    first, second, cosines = duplicate_links(graph, calibration.candidate_cosine, NEAREST_CANDIDATES,
+                                             MIN_CANDIDATE_COSINE)
     features = FeatureCache(load, embedder.preprocessing.background)
-    checked = verify_pairs(first, second, cosines, features, calibration.rules, workers, progress, max_pairs)
+    checked = verify_pairs(first, second, cosines, features, calibration.rules, workers, options.progress,
+                           max_pairs)
     extra: list[CheckedPair] = []  # the pairs compared to form groups (images linked only through others)
     grouping = {"interrupted": False}
 
     def check_extra(a: np.ndarray, b: np.ndarray) -> Verification:
+        # only pairs alike enough to be candidates are compared: a chain of links must not have its first compared
+        # with every image of a large set of lookalikes, each comparison a chance for a false match
+        cosines = _pair_cosines(index, a, b)
+        alike = cosines >= calibration.candidate_cosine
+        done = verify_pairs(a[alike], b[alike], cosines[alike], features, calibration.rules, workers, progress=False)
+        extra.extend(done.pairs)
+        grouping["interrupted"] |= done.interrupted
+        # the others are known not to be copies (not asked again), and not listed as similar
+        unlike = [CheckedPair(int(x), int(y), float(c), None, NOT_CANDIDATES) for x, y, c in
+                  zip(a[~alike].tolist(), b[~alike].tolist(), cosines[~alike].tolist(), strict=True)]
+        return dataclasses.replace(done, pairs=[*done.pairs, *unlike])
+
+    def check_kept(a: np.ndarray, b: np.ndarray) -> Verification:
+        # a group's members against the image it keeps, whatever their cosine: they are verified copies of its first
         done = verify_pairs(a, b, _pair_cosines(index, a, b), features, calibration.rules, workers, progress=False)
         extra.extend(done.pairs)
         grouping["interrupted"] |= done.interrupted
@@ -165,12 +204,15 @@ def find_copies(index: Index, graph: NeighbourGraph, load: Callable[[int], Image
 
     # the extra comparisons are bounded as the candidates are (the app's click, ``max_pairs``); after Ctrl-C there
     # are none: what was verified is grouped as it is
+    # each group keeps its most detailed image (an original, not one of its downscaled or re-encoded copies)
     groups = copy_groups(checked.pairs, None if checked.interrupted else check_extra,
-                         max_checks=min(MAX_EXTRA_CHECKS, max_pairs))
+                         max_checks=min(MAX_EXTRA_CHECKS, max_pairs), cross_check=True,
+                         keep=KeptImage(index, features.sides), check_kept=check_kept)
     interrupted = checked.interrupted or grouping["interrupted"]
     verified_pairs = sum(p.verified for p in checked.pairs)
     # what the precision reads the share of copies among the candidates from
     verified_share = verified_pairs / max(1, len(checked.pairs))
+    max_groups, max_members = options.max_groups, options.max_members
     listed = group_summaries(index, [_as_linked(g) for g in groups], max_groups, max_members)
     for summary, group in zip(listed, groups, strict=False):
         summary["verified"] = True

@@ -1,70 +1,45 @@
 """The ``auto`` threshold of the near-duplicate groups, calibrated on copies the code plants itself.
 
-For a seeded sample of gallery images, ``plant_copies`` makes a resized, a re-encoded (JPEG), a cropped and a
-recoloured copy, the index's model embeds them, and each copy's cosine to its original's stored vector is a score a
-duplicate reaches. Against them stands each searched image's nearest *distinct* image (``nearest_distinct_scores``):
-its nearest neighbour, unless up to ``MAX_OWN_COPIES`` leading neighbours stand ``ISOLATION_GAP`` above the rest (its
-own copies, perhaps: then the next one), and at least its most alike neighbour of another label (a copy keeps its
-label). The cut is halfway between the copies' floor (the cosine ``RECALL_TARGET`` of them reach) and the distinct
-images' ceiling (the highest, all but one in a thousand images), with ``MARGIN`` clear on each side; where they
-overlap, it is put above the distinct images (a missed copy costs less than a distinct image proposed for removal)
-and the calibration says they do not separate (docs/INDEX.md, "Near-duplicates"). A fixed quantile or Youden's J
-would, on a gallery of a few hundred images, land among its distinct images.
+For a seeded sample of gallery images, ``copy_planting.plant_copies`` makes a resized, a re-encoded (JPEG), a
+cropped and a recoloured copy, the index's model embeds them, and each copy's cosine to its original's stored vector
+is a score a duplicate reaches. Against them stands each searched image's nearest *distinct* image
+(``nearest_distinct_scores``): its nearest neighbour, unless up to ``MAX_OWN_COPIES`` leading neighbours stand
+``ISOLATION_GAP`` above the rest (its own copies, perhaps: then the next one), and at least its most alike neighbour
+of another label (a copy keeps its label). The cut is halfway between the copies' floor (the cosine ``RECALL_TARGET``
+of them reach) and the distinct images' ceiling (the highest, all but one in a thousand images), with
+``CUT_CLEARANCE`` clear on each side; where they overlap, it is put above the distinct images (a missed copy costs
+less than a distinct image proposed for removal) and the calibration says they do not separate (docs/INDEX.md,
+"Near-duplicates"). A fixed quantile or Youden's J would, on a gallery of a few hundred images, land among its
+distinct images.
 """
 
 from __future__ import annotations
 
-import io
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from PIL import Image, ImageEnhance
+from PIL import Image
 
-from retrieval.data.colour import DEFAULT_BACKGROUND, flatten_alpha
 from retrieval.data.eval_preprocess import EvalPreprocess
 from retrieval.errors import ParameterError
+from retrieval.index.curation.copy_planting import THRESHOLD_KINDS, plant_copies
 from retrieval.index.curation.neighbour_graph import NeighbourGraph, stored_vectors
 from retrieval.index.query_embedder import ImageEmbedder, NoModel, prepare_vectors
 from retrieval.index.search import Index
 
 CALIBRATION_SAMPLE = 100  # images whose planted copies calibrate `auto` (4 copies each are embedded)
 MAX_CALIBRATION_SAMPLE = 2000  # each sampled image costs 4 embeddings
-COPY_KINDS = ("resized", "jpeg", "cropped", "recoloured")
+COPY_KINDS = THRESHOLD_KINDS  # the copies planted of each sample image (``copy_planting``)
 RECALL_TARGET = 0.9  # share of the planted copies the cut should keep: the copies' floor is their 10th percentile
-MARGIN = 0.01  # cosine kept clear between the cut and each side (copies' floor, distinct images' ceiling)
+CUT_CLEARANCE = 0.01  # cosine kept clear between the cut and each side (copies' floor, distinct images' ceiling)
 # an image's leading neighbours count as its own copies (and the next one as its nearest distinct image) when they
 # stand this far above the rest; more than MAX_OWN_COPIES alike neighbours are lookalikes, not copies
 ISOLATION_GAP = 0.03
 MAX_OWN_COPIES = 3
 DISTINCT_TOLERANCE = 0.001  # share of images whose nearest distinct image may reach the cut (none below 1,000)
-
-
-def plant_copies(image: Image.Image, seed: int = 0,
-                 background: Sequence[int] = DEFAULT_BACKGROUND) -> dict[str, Image.Image]:
-    """Four near-duplicates of ``image`` as people make them: resized (half the size), re-encoded (JPEG at quality
-    35), cropped (80 % of each side at a seeded offset) and recoloured (saturation x 0.5, brightness x 1.2,
-    contrast x 0.85). Transparent pixels are first put on ``background`` (the model's), as the index does."""
-    rng = np.random.default_rng(seed)
-    rgb = flatten_alpha(image, background).convert("RGB")
-    recoloured = ImageEnhance.Contrast(ImageEnhance.Brightness(ImageEnhance.Color(rgb).enhance(0.5))
-                                       .enhance(1.2)).enhance(0.85)
-    return {**resized_jpeg_cropped(rgb, rng), "recoloured": recoloured}
-
-
-def resized_jpeg_cropped(rgb: Image.Image, rng: np.random.Generator) -> dict[str, Image.Image]:
-    """Three copies of an RGB image: half the size, JPEG at quality 35, 80 % of each side at an offset drawn from
-    ``rng``."""
-    width, height = rgb.size
-    resized = rgb.resize((max(8, width // 2), max(8, height // 2)), Image.Resampling.BICUBIC)
-    buffer = io.BytesIO()
-    rgb.save(buffer, format="JPEG", quality=35)
-    jpeg = Image.open(io.BytesIO(buffer.getvalue())).convert("RGB")
-    crop_w, crop_h = max(1, round(width * 0.8)), max(1, round(height * 0.8))
-    left, top = int(rng.integers(0, width - crop_w + 1)), int(rng.integers(0, height - crop_h + 1))
-    return {"resized": resized, "jpeg": jpeg, "cropped": rgb.crop((left, top, left + crop_w, top + crop_h))}
 
 
 def copy_floor(copy_scores: Sequence[float]) -> float:
@@ -87,13 +62,13 @@ def distinct_ceiling(distinct_scores: Sequence[float]) -> float:
 
 def choose_threshold(copy_scores: Sequence[float], distinct_scores: Sequence[float]) -> float:
     """The cosine cut between planted copies and distinct images: halfway between the copies' floor and the distinct
-    images' ceiling where ``2 * MARGIN`` or more apart; else ``MARGIN`` above the ceiling (at most 1)."""
+    images' ceiling where ``2 * CUT_CLEARANCE`` or more apart; else ``CUT_CLEARANCE`` above the ceiling (at most 1)."""
     floor, ceiling = copy_floor(copy_scores), distinct_ceiling(distinct_scores)
     if not math.isfinite(ceiling):  # nothing distinct was seen (a gallery of a few images)
-        return float(round(max(-1.0, floor - MARGIN), 4))
-    if floor - ceiling >= 2 * MARGIN:
+        return float(round(max(-1.0, floor - CUT_CLEARANCE), 4))
+    if floor - ceiling >= 2 * CUT_CLEARANCE:
         return float(round((floor + ceiling) / 2, 4))
-    return float(round(min(1.0, ceiling + MARGIN), 4))
+    return float(round(min(1.0, ceiling + CUT_CLEARANCE), 4))
 
 
 def nearest_distinct_scores(graph: NeighbourGraph, label_of: Mapping[int, str] | None = None) -> np.ndarray:
@@ -177,7 +152,7 @@ class Calibration:
                 "recall_by_kind": {kind: round(value, 4) for kind, value in self.recall_by_kind.items()},
                 "neighbour_share": round(self.neighbour_share, 4),
                 "copy_floor": _rounded(self.floor), "distinct_ceiling": _rounded(self.ceiling),
-                "margin": MARGIN, "recall_target": RECALL_TARGET, "labels_used": self.labels_used,
+                "margin": CUT_CLEARANCE, "recall_target": RECALL_TARGET, "labels_used": self.labels_used,
                 "separated": self.separated, "warning": self.warning,
                 "copy_score_quantiles": _quantiles([s for v in self.copy_scores.values() for s in v]),
                 "neighbour_score_quantiles": _quantiles(self.neighbour_scores),
@@ -215,7 +190,7 @@ def calibrate(originals: np.ndarray, images: Sequence[Image.Image], embedder: Im
     if len(images) != len(originals):
         raise ParameterError("images", f"must be the {len(originals)} originals' images, got {len(images)}")
     background = embedder.preprocessing.background
-    planted = [plant_copies(image, seed + n, background) for n, image in enumerate(images)]
+    planted = [plant_copies(image, COPY_KINDS, seed + n, background) for n, image in enumerate(images)]
     copies = embed_images(embedder, [copy for kinds in planted for copy in kinds.values()])
     owner = np.repeat(np.arange(len(images)), len(COPY_KINDS))
     scores = np.einsum("ij,ij->i", copies, originals[owner])

@@ -67,11 +67,15 @@ class DuplicateGroup:
         return max(score for _, _, score in self.links)
 
 
-def duplicate_links(graph: NeighbourGraph, threshold: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every link of the graph at or above ``threshold``, each pair once (a < b): (a ids, b ids, cosines)."""
+def duplicate_links(graph: NeighbourGraph, threshold: float, nearest: int = 0,
+                    nearest_floor: float = 1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every link of the graph at or above ``threshold``, and each image's ``nearest`` first links at or above
+    ``nearest_floor``, each pair once (a < b): (a ids, b ids, cosines)."""
     if not math.isfinite(threshold) or not -1.0 <= threshold <= 1.0:
         raise ParameterError("threshold", f"must be a cosine within [-1, 1], got {threshold!r}")
-    rows, columns = np.nonzero((graph.scores >= threshold) & (graph.neighbours >= 0))
+    first = np.arange(graph.k)[None, :] < nearest
+    linked = (graph.scores >= threshold) | (first & (graph.scores >= nearest_floor))
+    rows, columns = np.nonzero(linked & (graph.neighbours >= 0))
     a, b = graph.ids[rows], graph.neighbours[rows, columns]
     scores = graph.scores[rows, columns]
     low, high = np.minimum(a, b), np.maximum(a, b)
