@@ -10,9 +10,11 @@ from pathlib import Path
 import click
 
 from retrieval.cli.errors import OptionCommand
-from retrieval.data.resize_modes import CROP, RESIZE_MODES
+from retrieval.cli.export_next import export_next_step
+from retrieval.data.resize_modes import PRETRAINED_RESIZE, RESIZE_MODES
 from retrieval.errors import ParameterError
 from retrieval.options import TRUSTED_CHECKPOINT
+from retrieval.utils.printable import printable_path
 
 # the fp32 parent an int8 export of a checkpoint or a backbone writes beside OUT: model.onnx -> model-fp32.onnx
 PARENT_SUFFIX = "-fp32"
@@ -47,7 +49,7 @@ def parent_path(out: Path) -> Path:
               help="with --pretrained: the input's side in pixels. [default: the backbone's own]")
 @click.option("--resize", type=click.Choice(RESIZE_MODES), default=None,
               help="with --pretrained: how an image becomes square: crop (its centre) or pad (the whole image, "
-                   "letterboxed). [default: crop] (a checkpoint keeps the mode it was trained with)")
+                   f"letterboxed). [default: {PRETRAINED_RESIZE}] (a checkpoint keeps the mode it was trained with)")
 @click.option("--onnx", type=click.Path(dir_okay=False, exists=True),
               help="with --int8, instead of a checkpoint: an fp32 export (`retrieval export`) to quantize; needs no "
                    "PyTorch, and an index that model built is searched with the int8 one as it is.")
@@ -101,8 +103,8 @@ def export_command(checkpoint: str | None, backbone: str | None, image_size: int
     target = parent_path(Path(out)) if int8 else out
     try:
         if backbone is not None:
-            result = export_pretrained(backbone, target, image_size, resize or CROP, opset=opset, fp16=fp16,
-                                       verify=verify, log=click.echo)
+            result = export_pretrained(backbone, target, image_size, resize or PRETRAINED_RESIZE, opset=opset,
+                                       fp16=fp16, verify=verify, log=click.echo)
         else:
             result = export_checkpoint(checkpoint, target, opset=opset, fp16=fp16, verify=verify, log=click.echo)
     except ExportVerificationError as exc:
@@ -114,13 +116,17 @@ def export_command(checkpoint: str | None, backbone: str | None, image_size: int
     if backbone is not None and text_tower:  # before --int8: the int8 model takes its parent's metadata
         result.metadata.update(_zero_shot_tower(backbone, Path(result.path), Path(out), result.metadata["model_hash"],
                                                 progress=not as_json))
+    verdict = _run_verdict(checkpoint) if checkpoint is not None else None
     if int8:
+        if verdict and verdict["line"] and not as_json:  # the run measured it no better than the pretrained export
+            click.echo(verdict["line"])
         _int8(Path(result.path), Path(out), calibration, calibration_images, calibration_seed, as_json)
         return
     meta = result.metadata
     if as_json:
         click.echo(json.dumps({"path": str(result.path), "precision": result.precision, "metadata": meta,
-                               "verified": result.verification is not None}, indent=2))
+                               "verified": result.verification is not None,
+                               **({"keep_pretrained": verdict["keep_pretrained"]} if verdict else {})}, indent=2))
         return
     # a model trained --compatible-with an old one of another size: its second output, into the old space
     second = (f" (and {meta['compatible_output']}, {meta['compatible_dim']}-d, into the old model's space)"
@@ -130,7 +136,45 @@ def export_command(checkpoint: str | None, backbone: str | None, image_size: int
         f"{meta['embedding_dim']}-d{second}, normalized={meta['normalized']}, {result.precision}, "
         f"model_hash {meta['model_hash']}, config_hash {meta['config_hash'] or '-'}"
     )
-    click.echo(f"next: retrieval index build --model {result.path} --images YOUR_IMAGES --out INDEX")
+    step = export_next_step(result.path, meta)
+    if verdict and verdict["line"]:  # the run measured it no better than the pretrained export: say so first
+        click.echo(verdict["line"])
+        if verdict["command"]:  # what to serve instead; this model stays one command away
+            click.echo(f"next: {verdict['command']}   (the pretrained export; to use this model anyway: {step})")
+            return
+    click.echo(f"next: {step}")
+
+
+MAX_SAID = 1000  # characters of a report's sentence said on the terminal (the report is anyone's file)
+
+
+def _run_verdict(checkpoint: str) -> dict | None:
+    """The keep-pretrained verdict of the run ``checkpoint`` was delivered by (its report.json beside it, about
+    this very file: wise.pt where the run made one, else best.pt); None without one, or for another checkpoint."""
+    from retrieval.serve.report_files import load_report
+
+    path = Path(checkpoint).with_name("report.json")
+    if not path.is_file():
+        return None
+    try:
+        data = load_report(path).data
+    except (OSError, ValueError):
+        return None
+    delivered = (data.get("checkpoints") or {}).get("wise") if isinstance(data.get("checkpoints"), dict) else None
+    keep = data.get("keep_pretrained")
+    if not isinstance(keep, bool) or Path(checkpoint).name != (delivered or "best.pt"):
+        return None
+
+    def said(value: object) -> str:
+        return printable_path(value, MAX_SAID) if isinstance(value, str) else ""
+
+    pretrained = data.get("pretrained_export") if isinstance(data.get("pretrained_export"), dict) else {}
+    line = command = None
+    if keep:
+        command = said(pretrained.get("command")) or None
+        line = (f"{said(data.get('keep_pretrained_reason')) or 'keep the pretrained export'} (its run's report "
+                f"{printable_path(path)})")
+    return {"keep_pretrained": keep, "line": line, "command": command}
 
 
 def _zero_shot_tower(backbone: str, image_model: Path, out: Path, model_hash: str, progress: bool) -> dict[str, str]:
@@ -196,4 +240,4 @@ def _int8(parent: Path, out: Path, calibration: str, images: int | None, seed: i
     click.echo(f"wrote {result.path}: {meta['backbone']}, input {meta['input_size']} px ({meta['resize']}), "
                f"{meta['embedding_dim']}-d, int8, model_hash {meta['model_hash']}, quantized from {result.parent} "
                f"(model_hash {meta['fp32_model_hash']}); an index either one builds is searched with the other")
-    click.echo(f"next: retrieval index build --model {result.path} --images YOUR_IMAGES --out INDEX")
+    click.echo(f"next: {export_next_step(result.path, meta)}")

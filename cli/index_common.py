@@ -14,10 +14,11 @@ from typing import Any, TypeVar
 import click
 
 from retrieval.cli.config_options import command_option, command_options, config_options
-from retrieval.cli.errors import option_message
+from retrieval.cli.errors import option_flag, option_message, option_text
 from retrieval.cli.index_options import ENGINE, INGEST, IndexOptions
 from retrieval.cli.options import apply_options
 from retrieval.gallery_option import GalleryRoot
+from retrieval.utils.printable import printable_path
 from retrieval.utils.sizes import size_text
 
 F = TypeVar("F", bound=Callable)
@@ -87,7 +88,7 @@ def run_writer(command: Callable[..., dict], index_dir: str, *args: Any, **kwarg
 
     folder = shlex.quote(str(index_dir))
     try:
-        return command(*args, **kwargs)
+        return labels_hint_shown(command(*args, **kwargs))
     except ParameterError as exc:
         if exc.param in RAY_FIELDS:
             raise exc.renamed(f"ray_{exc.param}") from exc
@@ -119,11 +120,29 @@ def problems(errors: int, duplicates: int) -> str:
     return f"{errors} could not be read, {duplicates} duplicates skipped"
 
 
+def labels_hint_shown(summary: dict) -> dict:
+    """``summary`` with its labels' hint (a manifest without labels: the column that looks like them) in this
+    command's words (--label-column); left out on a command that cannot take that option (`index add` reads the
+    index's own column)."""
+    labels = summary.get("labels") if isinstance(summary, dict) else None
+    if not isinstance(labels, dict) or not labels.get("hint"):
+        return summary
+    command = click.get_current_context().command
+    if option_flag(command, "label_column") is None:
+        labels.pop("hint")
+    else:
+        labels["hint"] = option_text(command, labels["hint"])
+    return summary
+
+
 def labels_text(summary: dict) -> str:
-    """The index's labels, for a writer's one line."""
+    """The index's labels, for a writer's one line (a manifest without labels: why, and the fix)."""
     labels = summary.get("labels") or {}
     if not labels.get("classes"):
-        return "no labels"
+        return f"no labels: {labels['hint']}" if labels.get("hint") else "no labels"
+    column = labels.get("label_column")
+    if column is not None:  # hostile folders: the name as text, bounded
+        return f"{labels['classes']} classes from the manifest's {printable_path(column, 64)} column"
     return f"{labels['classes']} classes by --label-from {labels['from']}"
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from retrieval.cli.help_text import default_max_pixels, image_extensions
-from retrieval.options import TRUSTED_MODEL, option
+from retrieval.options import LABEL_COLUMN_HELP, TRUSTED_MODEL, option
 from retrieval.utils.workers import DECODE_THREADS_TEXT
 
 DEFAULT_MAX_QUERIES = 1000  # query images one search takes: a folder given by mistake is refused, not embedded
@@ -92,6 +92,8 @@ class IndexOptions:
         None, "images", "a folder of images (searched recursively; sub-folders are labels where there are any).",
         flag="--images", dest="images", path="any", exists=True, required=True)
     split: str | None = option(None, "images", "with a manifest: index only the rows of this split.")
+    label_column: str | None = option(None, "images", LABEL_COLUMN_HELP, metavar="NAME",
+                                      default_text="label; `index add` reads the index's own")
     label_from: str | None = option(
         None, "images", lambda: f"where an image's label comes from: {_label_rules()}. `index add` keeps the index's "
         "rule.", metavar=LABEL_RULE_NAMES)

@@ -40,7 +40,7 @@ FAILED_SHOWN = 10  # unreadable images a writer names; `index stats --failed` li
 SIZE_UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KIB": 2**10, "M": 2**20, "MB": 2**20, "MIB": 2**20,
               "G": 2**30, "GB": 2**30, "GIB": 2**30, "T": 2**40, "TB": 2**40, "TIB": 2**40}
 # the build options that only a build from images reads (the Ray ones included)
-IMAGE_BUILD_OPTIONS = ("split", "label_from", "batch_size", "workers", "max_pixels", *ENGINE)
+IMAGE_BUILD_OPTIONS = ("split", "label_from", "label_column", "batch_size", "workers", "max_pixels", *ENGINE)
 # the build options that shape the folder's faiss index (none of a build into a Milvus collection)
 FAISS_BUILD_OPTIONS = ("index_key", "max_index_memory", "max_query_ms", "gpu")
 
@@ -77,15 +77,16 @@ def _print_failed(summary: dict, errors: int) -> None:
 @command_option(IndexOptions, "build_images")
 @command_options(IndexOptions, "embeddings", "allow_outside_paths", "build_out", "index_key")
 @command_option(IndexOptions, "max_index_memory", callback=lambda _c, _p, value: _parse_size(value))
-@command_options(IndexOptions, "max_query_ms", "split", "label_from", "display_columns", "text_columns")
+@command_options(IndexOptions, "max_query_ms", "split", "label_from", "label_column", "display_columns",
+                 "text_columns")
 @ingest_options
 @engine_options
 @command_options(IndexOptions, "build_milvus", "build_collection", "index_type")
 @json_option
 def build_command(
     model, images, embeddings, allow_outside_paths, out, index_key, max_index_memory, max_query_ms, split, label_from,
-    display_columns, text_columns, batch_size, workers, shard_size, max_pixels, gpu, engine, milvus, collection,
-    index_type, as_json,
+    label_column, display_columns, text_columns, batch_size, workers, shard_size, max_pixels, gpu, engine, milvus,
+    collection, index_type, as_json,
 ) -> None:
     """Embed every image with the model and build the index (--images, --model), or build it from embeddings you
     already have (--embeddings); rerun it (or `index repair OUT`) to finish an interrupted build. With --engine ray
@@ -99,7 +100,7 @@ def build_command(
     options = ingest_settings(batch_size, workers, shard_size, max_pixels, engine)
     if place is not None:
         summary = run_writer(build_index, out, images, out, model=model, split=split, label_from=label_from,
-                             options=options, milvus=place, milvus_index_type=index_type)
+                             options=options, milvus=place, milvus_index_type=index_type, label_column=label_column)
         _record_text_tower(summary, out, model, as_json)
         record_display(out, display_columns, summary)
         if not as_json:
@@ -121,7 +122,8 @@ def build_command(
                                display_columns)
         return
     summary = run_writer(build_index, out, images, out, model=model, index_key=index_key, split=split, gpu=gpu,
-                         options=options, label_from=label_from, text_columns=parse_text_columns(text_columns))
+                         options=options, label_from=label_from, text_columns=parse_text_columns(text_columns),
+                         label_column=label_column)
     _record_text_tower(summary, out, model, as_json)
     record_display(out, display_columns, summary)
     if not as_json:

@@ -16,8 +16,9 @@ import click
 from retrieval.cli.config_options import config_options, option_values, parse_params, shared_option
 from retrieval.cli.errors import OptionGroup
 from retrieval.cli.options import apply_options, rerank_config, rerank_options
-from retrieval.compatibility import KEPT, KEPT_K
-from retrieval.options import TRUSTED_CHECKPOINT
+from retrieval.compatibility import KEPT
+from retrieval.data.resize_modes import PRETRAINED_RESIZE
+from retrieval.options import LABEL_COLUMN_HELP, TRUSTED_CHECKPOINT
 from retrieval.serve.defaults import DEFAULT_HOST, DEFAULT_PORT
 from retrieval.train.config import TrainConfig
 
@@ -118,8 +119,10 @@ def train_command(config_file, nproc, max_restarts, as_json, offline, **options)
             report = train(cfg)
         if not report or launched():  # ranks > 0 return no report; --nproc's launcher says rank 0's
             return
+    from retrieval.cli.train_summary import export_for_the_index, label_free_summary
+
     summary = _summary(cfg, report)
-    upgrade = _export_for_the_index(cfg, report, quiet=as_json)
+    upgrade = export_for_the_index(cfg, report, quiet=as_json)
     if upgrade is not None:
         summary["model"], summary["next"] = upgrade
     if as_json:
@@ -127,20 +130,17 @@ def train_command(config_file, nproc, max_restarts, as_json, offline, **options)
         return
     before, after, best = (summary[key] or {} for key in ("before", "after", "best"))
     if cfg.labels == "none" and "recall@1" not in after and KEPT in after:  # no labels: how far the neighbours moved
-        best_epoch = (report.get("best") or {}).get("epoch", 0)
-        chosen = (f"best.pt is epoch {best_epoch}, the latest that keeps {cfg.kept_floor:.0%} (--kept-floor)"
-                  if best_epoch else f"no epoch kept {cfg.kept_floor:.0%} (--kept-floor): best.pt is the start")
-        click.echo(f"trained {cfg.out} without labels: its images keep {after[KEPT]:.0%} of their {KEPT_K} nearest "
-                   f"neighbours from the pretrained backbone; {chosen}; report {summary['report']}")
-        if upgrade is None:
-            click.echo(f"next: retrieval export --checkpoint {Path(cfg.out) / 'best.pt'} --out "
-                       f"{Path(cfg.out) / 'model.onnx'}")
+        label_free_summary(cfg, report, after, summary["report"], upgrade)
         return
     change = f"{before['recall@1']:.4f} -> " if "recall@1" in before else ""
     best_epoch = (report.get("best") or {}).get("epoch")
+    pretrained, keep = report.get("pretrained_export") or {}, report.get("keep_pretrained") is True
+    if keep:  # the run's model does not beat what the user serves already: why, above the run's line
+        click.echo(str(report.get("keep_pretrained_reason") or "keep the pretrained export"))
     click.echo(f"trained {cfg.out}: recall@1 {change}{after.get('recall@1', float('nan')):.4f}"
                + (f" (best {best['recall@1']:.4f} at epoch {best_epoch}, in best.pt)" if "recall@1" in best else "")
-               + f"; report {summary['report']}")
+               + (f"; the pretrained export {pretrained['recall@1']:.4f}" if "recall@1" in pretrained else "")
+               + ("; keep the pretrained export" if keep else "") + f"; report {summary['report']}")
     if summary["selected_on"] == "validation":
         from retrieval.reports import VALIDATION_HOLDS
 
@@ -150,35 +150,24 @@ def train_command(config_file, nproc, max_restarts, as_json, offline, **options)
     elif summary["selection_note"]:  # the run warned at its start; the summary says it again beside the numbers
         click.echo(f"warning: {summary['selection_note']}", err=True)
     checkpoint = Path(cfg.out) / ("wise.pt" if report.get("wise") else "best.pt")
-    if upgrade is None:
+    if cfg.resize != PRETRAINED_RESIZE and pretrained:  # measured as the run prepares images, not as the quick path
+        click.echo(f"note: this run and the export it was measured against use --resize {cfg.resize}; `retrieval "
+                   f"export --pretrained` gives --resize {PRETRAINED_RESIZE} unless told otherwise: train with "
+                   f"--resize {PRETRAINED_RESIZE} to measure against the export you serve", err=True)
+    if keep and upgrade is None and pretrained.get("command"):  # what to export instead
+        click.echo(f"next: {pretrained['command']}   (the pretrained export; the trained model is in "
+                   f"{checkpoint})")
+    elif upgrade is None:
         click.echo(f"next: retrieval export --checkpoint {checkpoint} --out {Path(cfg.out) / 'model.onnx'}")
-
-
-def _export_for_the_index(cfg: TrainConfig, report: dict, quiet: bool) -> tuple[str, str] | None:
-    """Trained on an index's own gallery: the delivered model exported beside the run, so that the upgrade is the
-    next command; returns (the model, that command), None for any other run."""
-    from retrieval.data.unlabelled import is_index_folder
-
-    if cfg.labels != "none" or cfg.data is None or not is_index_folder(cfg.data):
-        return None
-    from retrieval.export import export_checkpoint
-
-    checkpoint = Path(cfg.out) / ((report.get("checkpoints") or {}).get("wise") or "best.pt")
-    model = Path(cfg.out) / "model.onnx"
-    export_checkpoint(checkpoint, model, log=None if quiet else (lambda line: click.echo(f"  {line}")))
-    command = f"retrieval index upgrade {cfg.data} --model {model}"
-    if not quiet:
-        click.echo(f"exported {checkpoint.name} to {model} (verified with onnxruntime)")
-        click.echo(f"next: {command}   (the gallery re-embedded by the adapted model; a model trained "
-                   "--compatible-with the index's own keeps serving while it runs)")
-    return str(model), command
 
 
 def _summary(cfg: TrainConfig, report: dict) -> dict:
     return {"run": cfg.out, "report": str(Path(cfg.out) / "report.json"),
             "before": _headline(report.get("baseline")), "after": _headline(report.get("last")),
             "best": _headline(report.get("best")), "selected_on": report.get("selected_on"),
-            "selection_note": report.get("selection_note")}
+            "selection_note": report.get("selection_note"), "pretrained_export": report.get("pretrained_export"),
+            "keep_pretrained": report.get("keep_pretrained"),
+            "keep_pretrained_reason": report.get("keep_pretrained_reason")}
 
 
 def _headline(metrics: dict | None) -> dict | None:
@@ -196,6 +185,7 @@ def _headline(metrics: dict | None) -> dict | None:
 @click.option("--split", default=None,
               help="default: the checkpoint's evaluation split (test; inshop: query, against the gallery).")
 @shared_option(TrainConfig, "dataset_kwargs")
+@shared_option(TrainConfig, "label_column", help=f"{LABEL_COLUMN_HELP} [default: the checkpoint's, else label]")
 @shared_option(TrainConfig, "eval_limit", "--limit")
 @shared_option(TrainConfig, "linear_probe", default=False,
                help="also fit a logistic regression on train embeddings and report test accuracy.")
@@ -218,7 +208,8 @@ def _headline(metrics: dict | None) -> dict | None:
                    "(each tried, leave-one-out MAP@R, at most --limit or 2,000 images), then measure the split with "
                    "them; the report lists every size tried.")
 @click.option("--json", "as_json", is_flag=True, help="print the metrics as JSON (for programs).")
-def evaluate_command(checkpoint, dataset, data, split, dataset_kwargs, eval_limit, linear_probe, eval_batch_size,
+def evaluate_command(checkpoint, dataset, data, split, dataset_kwargs, label_column, eval_limit, linear_probe,
+                     eval_batch_size,
                      device, workers, out_path, pictures, map_method, gallery_model, rerank_choose, as_json,
                      **options) -> None:
     """Evaluate a checkpoint: prints its metrics and writes an evaluate report (eval_report.json next to the
@@ -228,13 +219,13 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_kwargs, eval_limi
     "reranked": the kNN metrics with each query's shortlist re-ranked as `retrieval search` re-ranks it (the plain
     metrics stay as they are; sizes not given follow the split's labels as an index's follow its gallery, or with
     --rerank-choose are chosen on the validation classes). --json prints all of it as JSON."""
+    from retrieval.analysis.pictures import eval_set_pictures
     from retrieval.data import build_transforms, load_dataset
     from retrieval.inference import embed_dataset, resolve_device
     from retrieval.metrics.evaluation import (
         checkpoint_dataset,
         embed_eval_rows,
         eval_arrays,
-        eval_set_pictures,
         evaluate_embeddings,
         load_eval_sets,
         metrics_device,
@@ -248,7 +239,8 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_kwargs, eval_limi
                                "qe|dba|kreciprocal and leave out --rerank-k (qe, dba) or --rerank-k1/--rerank-k2 "
                                "(kreciprocal)")
     trained = load_checkpoint(checkpoint).train_config
-    dataset, data, kwargs = checkpoint_dataset(trained, dataset, data, parse_params(dataset_kwargs, "--dataset-param"))
+    given = parse_params(dataset_kwargs, "--dataset-param") | ({"label_column": label_column} if label_column else {})
+    dataset, data, kwargs = checkpoint_dataset(trained, dataset, data, given)
     split = split or trained.get("eval_split", "test")
     dev = resolve_device(device)
     model = load_embedder(checkpoint).to(dev)

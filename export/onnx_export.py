@@ -27,6 +27,7 @@ from PIL import Image
 from torch import nn
 
 from retrieval.compatibility import COMPATIBILITY_KEY, compatibility_record
+from retrieval.data.resize_modes import PRETRAINED_RESIZE
 from retrieval.index.query_embedder import COMPATIBLE_WITH
 from retrieval.models import Embedder, load_checkpoint, load_embedder
 from retrieval.onnx_runtime import (
@@ -369,7 +370,7 @@ def export_pretrained(
     backbone: str,
     out: str | Path,
     image_size: int | None = None,
-    resize: str = "crop",
+    resize: str = PRETRAINED_RESIZE,
     opset: int | None = None,
     fp16: bool = False,
     verify: bool = True,

@@ -23,6 +23,9 @@ from typing import Any
 TRUSTED_MODEL = "A model is trusted input: load only models you built or trust (docs/SECURITY.md)."
 TRUSTED_CHECKPOINT = ("A checkpoint is trusted input: loading one runs its code (a pickle); load only checkpoints you "
                       "made or trust (docs/SECURITY.md).")
+# every command that reads a manifest's labels (index build, train, evaluate, text train) says --label-column so
+LABEL_COLUMN_HELP = ("the manifest column that holds each image's class, e.g. category (a manifest without a 'label' "
+                     "column: the command names the column that looks like one).")
 
 OPTION_KEY = "option"  # the key of a field's metadata that holds its OptionSpec
 REQUIRED: Any = dataclasses.MISSING  # option(REQUIRED, ...): a field that has no default

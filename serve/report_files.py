@@ -27,6 +27,14 @@ MAX_FIELD_CHARS = 120  # a field's name in such a message (its keys are anyone's
 METRIC_ORDER = ("map@r", "r_precision", "nmi", "f1", "linear_probe", KEPT)
 
 
+def pretrained_export_column(section: object) -> str:
+    """The metrics table's column of a run's pretrained export: its input size and resize mode, as measured."""
+    section = section if isinstance(section, dict) else {}
+    size, resize = section.get("input_size"), section.get("resize")
+    return (f"pretrained export, {known(size) if is_number(size) else '?'} px "
+            f"{resize if resize in ('crop', 'pad') else '?'}")
+
+
 def known(value: object) -> object:
     """A report's value as the page names it: "?" where it is missing (or was left out, ``RunReport.problems``)."""
     return "?" if value is None else value
@@ -73,9 +81,14 @@ class RunReport:
             wise = self.data.get("wise") or {}
             reference = self.data.get("reference") or {}
             alpha = wise.get("alpha", 0)
+            pretrained = self.data.get("pretrained_export")
+            pretrained = pretrained if isinstance(pretrained, dict) else {}
             columns = {
-                "pretrained only": self.data.get("baseline"),
+                "start (epoch 0)": self.data.get("baseline"),  # the backbone through the head as it started
                 f"best (epoch {known(best.get('epoch'))})": best,
+                # what the user serves without training (the pretrained export), on the same test images
+                pretrained_export_column(pretrained): {key: pretrained.get(key) for key in ("recall@1", "map@r")}
+                if pretrained else None,
                 "last": self.data.get("last"),
                 f"WiSE-FT (alpha {f'{alpha:g}' if is_number(alpha) else known(alpha)})": wise.get("metrics"),
                 # what a user would otherwise take: out-of-domain rows only

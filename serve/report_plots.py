@@ -64,7 +64,7 @@ def _open(path: Path | None) -> Image.Image | None:
 
 @plain_text()  # model, set and block names in legends and titles: drawn as written, one picture at a time
 def recall_plot(report: RunReport) -> Image.Image | None:
-    """Recall@K (%) against K, one line per model (pretrained only, best, last; or the evaluated one)."""
+    """Recall@K (%) against K, one line per model (the start, best, last; or the evaluated one)."""
     series = {}
     for name, values in report.metric_columns().items():
         points = sorted((recall_k(k), percent(v)) for k, v in values.items() if recall_k(k) is not None and

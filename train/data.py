@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, Subset
 
 from retrieval.data import ImageDataset, asymmetric_transitions, build_transforms, inject_label_noise, load_dataset
 from retrieval.data.dataset import held_out_per_class
@@ -69,7 +69,8 @@ def load_unlabelled_data(cfg: TrainConfig, eval_tf: Callable, train_transform: C
     """--labels none: the images without their labels, each its own class; evaluated on --eval-data (labelled),
     else on a labelled data set's evaluation split (its labels never trained on), else without labels on a sample
     of the images themselves."""
-    from retrieval.data.unlabelled import hide_labels, is_index_folder, load_labelled_sample, load_unlabelled
+    from retrieval.data.unlabelled import hide_labels, is_index_folder, load_labelled_sample
+    from retrieval.index.formats.gallery_images import load_unlabelled
 
     own_images = cfg.dataset in OWN_IMAGES or (cfg.data is not None and is_index_folder(cfg.data))
     if own_images:
@@ -80,8 +81,13 @@ def load_unlabelled_data(cfg: TrainConfig, eval_tf: Callable, train_transform: C
                                              **cfg.dataset_kwargs))
     images = copy.copy(train_set)
     images.transform = eval_tf
+    held = np.zeros(0, dtype=np.int64)
+    if cfg.label_free_check and cfg.pseudo_labels != "instance":  # held out of training: never in a batch
+        from retrieval.train.label_free_check import held_out_positions
+
+        held = held_out_positions(len(images), cfg.seed)
     limit = cfg.eval_limit or UNLABELLED_EVAL_IMAGES
-    sample = seeded_subset(images, limit, cfg.seed) if len(images) > limit else images
+    sample = label_free_sample(images, held, limit, cfg.seed)
     if cfg.eval_data:
         with parameters_named(root="eval_data"):
             eval_sets = EvalSets(load_labelled_sample(cfg.eval_data, eval_tf))
@@ -93,8 +99,24 @@ def load_unlabelled_data(cfg: TrainConfig, eval_tf: Callable, train_transform: C
     with parameters_named(spec="eval_extra"):
         extra_sets = [load_extra_set(spec, eval_tf, cfg.eval_extra_limit) for spec in cfg.eval_extra]
     labels = np.asarray(train_set.labels, dtype=np.int64)
+    check_images = None
+    if cfg.label_free_check and cfg.pseudo_labels != "instance":
+        check_images = Subset(images, held.tolist())
+        labels[held] = -1
     return TrainData(train_set, eval_sets, labels, labels.copy(), None, None, extra_sets,
-                     "training without labels: there are no classes to hold out", unlabelled_sample=sample)
+                     "training without labels: there are no classes to hold out", unlabelled_sample=sample,
+                     check_images=check_images)
+
+
+def label_free_sample(images: Dataset, held: np.ndarray, limit: int, seed: int) -> Dataset:
+    """The images the label-free figures (the guard, WiSE-FT's choice) and the start's principal axes are measured
+    on: at most ``limit``, seeded, never one of the label-free check's ``held`` out positions."""
+    if not len(held):
+        return seeded_subset(images, limit, seed) if len(images) > limit else images
+    kept = np.setdiff1d(np.arange(len(images)), held)
+    if len(kept) > limit:
+        kept = np.sort(kept[np.random.default_rng(seed).permutation(len(kept))[:limit]])
+    return Subset(images, kept.tolist())
 
 
 @dataclass(frozen=True)

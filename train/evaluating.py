@@ -16,11 +16,11 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from retrieval.analysis.pictures import eval_set_pictures
 from retrieval.compatibility import KEPT, KEPT_K, compatibility_metrics, neighbour_overlap
 from retrieval.data import build_transforms
 from retrieval.distributed import embed_sharded
 from retrieval.metrics.evaluation import (
-    eval_set_pictures,
     evaluate_embeddings,
     leave_one_out_metrics,
     metrics_device,
@@ -41,6 +41,8 @@ from retrieval.train.config import TrainConfig
 from retrieval.train.distributed import DistContext
 from retrieval.train.feature_cache import cached_features
 from retrieval.train.features import Embedding, EvalEmbeddings
+from retrieval.train.head_start import starts_at_baseline
+from retrieval.train.pretrained_export import PretrainedExport
 from retrieval.train.report import write_report
 from retrieval.train.robust import WISE_ALPHAS, choose_alpha, choose_kept_alpha, snapshot
 from retrieval.train.state import RunRecord, TrainData, TrainParts
@@ -68,6 +70,27 @@ class Evaluator:
         self._reference: dict[str, Any] = {}  # extra set -> the pretrained backbone's features of its test part
         # the backbone's own resolution, where the reference embeds
         self.native_size = int(native_size or parts.model.preprocessing.input_size)
+        self.pretrained = PretrainedExport()  # a labelled run: what it is measured against (taken by the trainer)
+        self.best_eval: EvalEmbeddings | None = None  # best.pt's embeddings of the test split, where embedded
+        self.wise_eval: EvalEmbeddings | None = None  # wise.pt's
+
+    @property
+    def start_may_be_best(self) -> bool:
+        """Whether the start (epoch 0) may be best.pt: a labelled run whose head starts at the baseline, unless it
+        trains --compatible-with an old model (at the start its projection into the old space is untrained)."""
+        return (self.cfg.labels != "none" and self.data.eval_sets.labelled and starts_at_baseline(self.cfg)
+                and self.cfg.compatible_with is None)
+
+    def best(self, history: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """best.pt's row of ``history`` (``best_row`` on the run's selection split)."""
+        return best_row(history, self.data.selected_on, self.cfg.kept_floor, with_start=self.start_may_be_best)
+
+    def embed_checkpoint(self, name: str) -> EvalEmbeddings:
+        """The test split embedded by the run's checkpoint ``name`` (every rank, once rank 0 has written it)."""
+        self.ctx.barrier()
+        model = copy.deepcopy(self.eval_model).eval()
+        model.load_state_dict(load_checkpoint(self.out / name, map_location=self.embedding.device).state_dict)
+        return self.parts.features.embed_eval(model)
 
     @property
     def main(self) -> bool:
@@ -116,14 +139,14 @@ class Evaluator:
         """best.pt's model on the test split (and the extra sets' test parts), evaluated once after training, where
         it was chosen on the validation split at an epoch that did not evaluate the test split; None otherwise (its
         row has them). Every rank takes part."""
-        best = best_row(history, self.data.selected_on, self.cfg.kept_floor)
+        best = self.best(history)
         if best is None or BEST_METRIC in best or not self.data.eval_sets.labelled:
             return None
         self.ctx.barrier()  # rank 0 wrote best.pt: every rank reads it once it is there
         model = copy.deepcopy(self.eval_model).eval()
         saved = load_checkpoint(self.out / BEST_CHECKPOINT, map_location=self.embedding.device)
         model.load_state_dict(saved.state_dict)
-        q, ql, g, gl = self.parts.features.embed_eval(model)
+        q, ql, g, gl = self.best_eval = self.parts.features.embed_eval(model)
         metrics = self.ctx.from_main(evaluate_embeddings(q, ql, g, gl, device=self.metrics_device)
                                      if self.main else None)
         if self.data.extra_sets:
@@ -328,6 +351,7 @@ class Evaluator:
             alpha = choose_alpha(curve, cfg.wise_tolerance)
         mixed.load_state_dict(robust.mix(weights, alpha))
         q, ql, g, gl = self.parts.features.embed_eval(mixed) if self.data.eval_sets.labelled else (None,) * 4
+        self.wise_eval = (q, ql, g, gl) if self.data.eval_sets.labelled else None
         metrics = self.split_metrics(mixed, q, ql, g, gl)
         if self.data.extra_sets:
             metrics["extra"] = self.extra_metrics(mixed)
@@ -346,14 +370,16 @@ class Evaluator:
 
     # --- the report ----------------------------------------------------------------------------------
     def write_report(self, run_config: dict[str, Any], record: RunRecord, wise: dict[str, Any] | None,
-                     bad_images: list[dict[str, Any]], best_test: dict[str, Any] | None = None) -> dict[str, Any]:
+                     bad_images: list[dict[str, Any]], best_test: dict[str, Any] | None = None,
+                     pretrained: dict[str, Any] | None = None) -> dict[str, Any]:
         """report.json (and its plots) of the run as ``record`` has it: best by BEST_METRIC on the selection split
-        (with ``best_test``, its test metrics where its row has none), last, baseline."""
+        (with ``best_test``, its test metrics where its row has none), last, baseline; ``pretrained``: the
+        pretrained export's measurement and the keep-pretrained verdict (``pretrained_export.report_section``)."""
         history = record.history
         labelled = self.data.eval_sets.labelled
         headline = BEST_METRIC if labelled else KEPT
         final = [r for r in history if headline in r and r["epoch"] > 0]
-        best = best_row(history, self.data.selected_on, self.cfg.kept_floor)
+        best = self.best(history)
         if best is None and self.cfg.labels == "none":  # no epoch kept the floor: best.pt is the start
             best = next((r for r in history if r.get("epoch") == 0), None)
         if best is not None and best_test is not None:
@@ -370,7 +396,8 @@ class Evaluator:
                             bad_images=bad_images, with_plots=self.cfg.plots,
                             reference=record.reference, wise=wise,
                             pictures=self.evaluation_pictures if labelled else None, class_split=self.class_split(),
-                            best_metric=headline, selection=self.selection(), label_free=label_free)
+                            best_metric=headline, selection=self.selection(), label_free=label_free,
+                            pretrained=pretrained)
 
     def selection(self) -> dict[str, Any]:
         """What best.pt (and --wise-alpha auto's in-domain point) was chosen on, what the validation split holds out

@@ -75,6 +75,8 @@ class PseudoLabelling:
         self.batches_per_epoch = len(parts.sampler)  # kept: the schedule was made for it
         self.previous: np.ndarray | None = None
         self.saved = out / PSEUDO_LABELS_FILE
+        # the label-free check's images: never grouped nor trained on, their label -1 (the sampler skips them)
+        self.held_out = np.asarray(getattr(data.check_images, "indices", []), dtype=np.int64)
 
     def refresh(self, epoch: int, mid_epoch: bool = False) -> dict[str, Any]:
         """The labels epoch ``epoch`` trains on: grouped by the model's current embeddings, or (``mid_epoch``: a run
@@ -106,24 +108,35 @@ class PseudoLabelling:
         was_training = model.training
         embeddings, rows = self.parts.features.train_embeddings(model)
         model.train(was_training)
+        trained = ~np.isin(rows, self.held_out)
+        embeddings, rows = embeddings[trained], rows[trained]
         grouped = self.ctx.from_main(self.group(embeddings) if self.ctx.is_main else None)
         first_free = int(grouped.max()) + 1 if len(grouped) else 0
         labels = np.arange(len(self.data.train_labels), dtype=np.int64) + first_free
         labels[rows] = grouped  # an image that could not be read stays a class of its own
-        labels = _contiguous(labels)
+        labels = self._held_out(labels)
         figures = pseudo_label_summary(labels[rows])
         needed, formed = self.parts.sampler.classes_per_batch, int(labels.max()) + 1
         if formed < needed:  # one group swallowed the rest: a batch could not hold its classes
-            labels = self.previous if self.previous is not None else np.arange(len(labels), dtype=np.int64)
+            labels = self.previous if self.previous is not None else \
+                self._held_out(np.arange(len(labels), dtype=np.int64))
             figures["kept_previous"] = True
             if self.ctx.is_main:
                 warn_line(too_few_groups(self.cfg, figures, needed, formed, previous=self.previous is not None,
-                                         alone=int(labels.max()) + 1 == len(labels)))
+                                         alone=int(labels.max()) + 1 == int((labels >= 0).sum())))
         self._apply(labels)
         if self.previous is not None:
             figures["stability"] = pseudo_label_stability(self.previous[rows], labels[rows])
         self.previous = labels
         return {PSEUDO_LABELS_KEY: figures}
+
+    def _held_out(self, labels: np.ndarray) -> np.ndarray:
+        """``labels`` with the check's images at -1 and the others renumbered 0..C-1."""
+        labels = labels.copy()
+        labels[self.held_out] = -1
+        kept = labels >= 0
+        labels[kept] = _contiguous(labels[kept])
+        return labels
 
     def _apply(self, labels: np.ndarray) -> None:
         """The labels into the data, the dataset the workers read, the cached features and a new sampler."""

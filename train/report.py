@@ -251,10 +251,12 @@ def write_report(
     best_metric: str = "recall@1",
     selection: dict[str, Any] | None = None,
     label_free: dict[str, Any] | None = None,
+    pretrained: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write RUN_DIR/report.json and its plots (``with_plots``); ``bad_images`` lists the files the run skipped,
     each once; ``pictures()`` draws more plots into the run folder and returns their names; ``selection``: the
-    split best was chosen on (``selected_on``, ``selection_note``)."""
+    split best was chosen on (``selected_on``, ``selection_note``); ``pretrained``: top-level keys of the pretrained
+    export's measurement (``pretrained_export``, ``keep_pretrained``...)."""
     plots: dict[str, str] = {}
     if with_plots and plot_training_curves(history, out / "curves.png", read_steps(out)):
         plots["curves"] = "curves.png"
@@ -275,7 +277,7 @@ def write_report(
         plots["pseudo_labels"] = "pseudo_labels.png"
     if with_plots and pictures is not None:
         plots.update(pictures())
-    report = train_report(run_config, history, baseline, best, last, plots, bad_images, reference, wise,
-                          class_split, best_metric, selection, label_free)
+    report = {**train_report(run_config, history, baseline, best, last, plots, bad_images, reference, wise,
+                             class_split, best_metric, selection, label_free), **(pretrained or {})}
     save_report(report, out / "report.json")
     return report

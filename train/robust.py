@@ -21,6 +21,7 @@ from retrieval.models.ema import WeightEMA
 from retrieval.models.layer_decay import layerwise_param_groups
 from retrieval.models.weight_space import interpolate_weights
 from retrieval.train.config import TrainConfig
+from retrieval.train.head_start import starts_at_baseline
 
 WISE_ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0)  # the curve drawn in the report; "auto" chooses among them
 
@@ -51,7 +52,9 @@ class RobustFineTuning:
             teacher = copy.deepcopy(model.backbone).eval().requires_grad_(False)
         if cfg.ema > 0:
             ema = WeightEMA(model, cfg.ema)
-        return cls(snapshot(model), cfg.lp_epochs > 0, cfg.wise_alpha is not None, penalty, teacher, ema)
+        # a head that starts at the baseline is meaningful from the start (a resume does not start it again)
+        return cls(snapshot(model), cfg.lp_epochs > 0 or starts_at_baseline(cfg), cfg.wise_alpha is not None,
+                   penalty, teacher, ema)
 
     def to(self, device: torch.device) -> RobustFineTuning:
         for module in (self.penalty, self.teacher):

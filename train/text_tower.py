@@ -73,19 +73,25 @@ def default_encoder() -> Path:
     return Path(MODEL_DIR)
 
 
-def read_captions(images: str, columns: Sequence[str], split: str | None) -> tuple[list[str], list[list[str]]]:
-    """The manifest's image paths and each one's captions (the non-empty text of ``columns``); images without any
-    are left out, and rows the listing refused are counted in one warning. ParameterError when a column is missing
-    or empty in every row, or when fewer than ``MIN_IMAGES`` images have a caption."""
+def read_captions(images: str, columns: Sequence[str], split: str | None, label_column: str | None = None
+                  ) -> tuple[list[str], list[list[str]]]:
+    """The manifest's image paths and each one's captions (the non-empty text of ``columns``; ``label``: the image's
+    class, read from ``label_column``); images without any are left out, and rows the listing refused are counted
+    in one warning. ParameterError when a column is missing or empty in every row, or when fewer than
+    ``MIN_IMAGES`` images have a caption."""
+    from retrieval.data.manifest_columns import DEFAULT_LABEL_COLUMN, no_labels_hint
     from retrieval.index.sources import kept_columns, list_gallery
 
-    gallery = list_gallery(images, split)
+    gallery = list_gallery(images, split, label_column)
     if gallery.errors:
         log.warning("%s", left_out_rows(gallery.errors, len(gallery.items) + len(gallery.errors), images))
+    if DEFAULT_LABEL_COLUMN in columns and gallery.label_column not in gallery.columns:
+        hint = no_labels_hint(gallery.columns, (item.extra or {} for item in gallery.items))
+        raise ParameterError("caption_column", f"names {DEFAULT_LABEL_COLUMN}, each image's class, and {hint}")
     seen = set()
     paths, captions = [], []
     for item in gallery.items:
-        extra = item.extra or {}
+        extra = {**(item.extra or {}), **({DEFAULT_LABEL_COLUMN: item.label} if item.label is not None else {})}
         seen.update(extra)
         texts = [str(extra[c]).strip() for c in columns if isinstance(extra.get(c), str) and str(extra[c]).strip()]
         if texts:
@@ -105,6 +111,23 @@ def read_captions(images: str, columns: Sequence[str], split: str | None) -> tup
     if len(paths) < MIN_IMAGES:
         raise ParameterError("images", f"{images} has {len(paths)} captioned image(s); LiT needs at least {MIN_IMAGES}")
     return paths, captions
+
+
+def present_images(paths: list[str], captions: list[list[str]], manifest: str) -> tuple[list[str], list[list[str]]]:
+    """The captioned images that are there, before any model or encoder loads: a manifest none of whose images is
+    there (it moved away from them) is refused in one line; some missing are left out with one warning."""
+    from retrieval.data.manifest_columns import missing_images_line, missing_paths
+
+    missing = set(missing_paths(paths))
+    if not missing:
+        return paths, captions
+    line = missing_images_line([p for p in paths if p in missing], len(paths), manifest)
+    kept = [n for n, path in enumerate(paths) if path not in missing]
+    if len(kept) < MIN_IMAGES:
+        raise ParameterError("images", f"only {len(kept)} of {len(paths)} captioned images can be read, LiT needs at "
+                                       f"least {MIN_IMAGES}: {line}")
+    log.warning("%s; they are left out", line)
+    return [paths[n] for n in kept], [captions[n] for n in kept]
 
 
 def some_of(names: Sequence[str], shown: int = NAMES_SHOWN) -> str:
@@ -368,7 +391,8 @@ def train_text_tower(config: TextTrainConfig, export: Export, progress: bool = T
     started = time.perf_counter()
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
-    paths, captions = read_captions(config.images, config.caption_column, config.split)
+    paths, captions = read_captions(config.images, config.caption_column, config.split, config.label_column)
+    paths, captions = present_images(paths, captions, config.images)
     vectors, model_hash, readable = embed_images(config.model, paths, out / CACHE, progress)
     kept = sorted(readable)
     paths = [paths[i] for i in kept]

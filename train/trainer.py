@@ -5,7 +5,6 @@ for people ``console.py``'s."""
 
 from __future__ import annotations
 
-import copy
 import json
 import shutil
 import sys
@@ -13,16 +12,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from torch import nn
 from tqdm.auto import tqdm
 
 from retrieval.data import BadImageLog
 from retrieval.inference import default_workers
-from retrieval.models import BEST_CHECKPOINT, LAST_CHECKPOINT
+from retrieval.models import BEST_CHECKPOINT, LAST_CHECKPOINT, WISE_CHECKPOINT
 from retrieval.train.building import build_model, build_parts, compatible_old_model, seed_everything
-from retrieval.train.checkpointing import LAST_SELECTION, VALIDATION, Checkpointer, resuming
+from retrieval.train.checkpointing import LAST_SELECTION, VALIDATION, Checkpointer, best_row, resuming
 from retrieval.train.config import TrainConfig
 from retrieval.train.console import (
     RunEstimate,
@@ -39,6 +36,17 @@ from retrieval.train.distributed import ensure_run_folder, gpu_options, init_dis
 from retrieval.train.epochs import EpochLoop
 from retrieval.train.evaluating import Evaluator, no_validation_sentence
 from retrieval.train.features import Embedding, feature_source_class
+from retrieval.train.head_start import (
+    IDENTITY,
+    check_head_start,
+    identity_weights,
+    principal_images,
+    principal_weights,
+    resolved_head_start,
+    starts_at_baseline,
+)
+from retrieval.train.label_free_check import deliver, keep_start, measure
+from retrieval.train.pretrained_export import pretrained_command, report_section
 from retrieval.train.robust import RobustFineTuning
 from retrieval.train.state import EpochProgress, RunRecord, TrainData, TrainParts
 from retrieval.train.tracking import Tracking, mlflow_uri_from
@@ -101,6 +109,7 @@ class Trainer(EpochLoop):
         seed_everything(cfg.seed)
 
         model, native_size = build_model(cfg)
+        check_head_start(cfg, int(model.config["feature_dim"]))  # before any image is read
         source = feature_source_class(cfg)
         source.prepare_model(model)
         model.to(self.device)
@@ -115,6 +124,8 @@ class Trainer(EpochLoop):
         self.checkpoints = Checkpointer(cfg, self.out, self.main, self.parts, data, self.bad_images)
         self.evaluation = Evaluator(cfg, self.ctx, self.out, self.parts, data, embedding, self.progress, native_size)
         class_split = self.evaluation.class_split() if self.main else None
+        if cfg.labels == "given" and data.eval_sets.labelled:  # before any weight trains or a resume loads them
+            self.evaluation.pretrained.take(cfg, model, data.eval_sets, embedding)
         if self.progress:  # which classes train and which are held out, before any work on them
             tqdm.write(split_line(class_split, self.out / "config.json"), file=sys.stderr)
 
@@ -122,8 +133,8 @@ class Trainer(EpochLoop):
             self.estimate = RunEstimate(epochs=cfg.epochs, steps=self.parts.steps_per_epoch, evaluations=0,
                                         images=len(data.train_labels))
             self.on_first_step = self._say_estimate
-        if cfg.labels == "none" and not resume:
-            self._start_head_at_principal_axes()
+        if not resume and starts_at_baseline(cfg):
+            self._start_head(resolved_head_start(cfg, int(model.config["feature_dim"])))
         self.pseudo = None
         if cfg.labels == "none" and cfg.pseudo_labels != "instance":
             from retrieval.train.pseudo_labelling import PseudoLabelling
@@ -144,15 +155,25 @@ class Trainer(EpochLoop):
             (self.out / "config.json").write_text(json.dumps({**self.run_config(), "class_split": class_split},
                                                              indent=2))
 
-    def _start_head_at_principal_axes(self) -> None:
-        """--labels none: the head starts as the principal axes of the backbone's features of the images, so the
-        start (WiSE-FT's alpha 0, the guard's fallback) is the pretrained backbone's neighbours, not a random map's."""
+    def _start_head(self, how: str) -> None:
+        """The head starts at the baseline (``--head-start``): the identity (the pretrained export), or the principal
+        axes of the backbone's features of the train images (without labels: of the sampled images), so the start
+        (epoch 0, WiSE-FT's alpha 0, the guard's fallback) is the pretrained backbone's neighbours, not a random
+        map's."""
         model, robust = self.parts.model, self.parts.robust
-        started = time.perf_counter()
-        start = self.evaluation.start_embeddings()  # every rank: embedding is collective
-        if self.estimate is not None and len(start.embeddings):  # the backbone's forward pass, timed
-            self.estimate.image_s = (time.perf_counter() - started) / len(start.embeddings)
-        weights = self.ctx.from_main(_principal_head(model, start.embeddings, self.cfg.seed) if self.main else None)
+        if how == IDENTITY:
+            weights = identity_weights(model)
+        else:
+            started = time.perf_counter()
+            with torch.random.fork_rng(devices=[]):  # a loader draws seeds: the training's stream stays the same
+                start = self.evaluation.start_embeddings() if self.cfg.labels == "none" else \
+                    self.parts.features.embed_train_subset(
+                        self.evaluation.eval_model, principal_images(self.data.train_set, model, self.cfg.seed),
+                        head=False)  # every rank: embedding is collective
+            if self.estimate is not None and len(start.embeddings):  # the backbone's forward pass, timed
+                self.estimate.image_s = (time.perf_counter() - started) / len(start.embeddings)
+            weights = self.ctx.from_main(principal_weights(model, start.embeddings, self.cfg.seed)
+                                         if self.main else None)
         model.head.load_state_dict(weights)
         robust.restart_from(model)
         robust.head_trained_at_start = True  # WiSE-FT mixes toward this head too
@@ -232,6 +253,10 @@ class Trainer(EpochLoop):
             self.checkpoints.rewrite_metrics_log(record.history)
         if cfg.labels == "none" and record.start_epoch == 0:  # the guard's fallback: no epoch may keep the floor
             self.checkpoints.save(BEST_CHECKPOINT, record, 0, record.history[-1] if record.history else {})
+            if self.main and self.data.check_images is not None:  # what the label-free check may deliver instead
+                keep_start(self.out)
+        elif self.evaluation.start_may_be_best and record.start_epoch == 0 and record.history:
+            self.checkpoints.save_start(record, record.history[-1])
         hinted = False  # the input-bound advice is given once a run
         if self.estimate is not None:  # what is left to run
             self.estimate.epochs = cfg.epochs - record.start_epoch
@@ -262,6 +287,16 @@ class Trainer(EpochLoop):
                 hinted = hinted or hint_input_bound(row, self.cfg, self.workers, self.device)
         return self.finish()
 
+    def _label_free_check(self, wise: dict[str, Any] | None) -> dict[str, Any] | None:
+        """--labels none with --label-free-check: can the held-out images tell the delivered model (wise.pt where
+        the run made one, else best.pt) from the start (train/label_free_check.py); None for other runs."""
+        if self.cfg.labels != "none" or not self.cfg.label_free_check or self.pseudo is None:
+            return None
+        guard_kept_start = best_row(self.record.history, self.data.selected_on, self.cfg.kept_floor) is None
+        return measure(self.out, self.parts.features, self.data.check_images, self.evaluation.eval_model,
+                       self.pseudo.group, guard_kept_start, WISE_CHECKPOINT if wise is not None else BEST_CHECKPOINT,
+                       self.ctx.barrier)
+
     def _say_estimate(self, step_s: float) -> None:
         """After the first timed step of a CPU run that trains the backbone: how long the run takes, and the faster
         choice, when it is long."""
@@ -280,18 +315,21 @@ class Trainer(EpochLoop):
         if self.cfg.wise_alpha is not None:
             wise = evaluation.wise_ft(history[-1]["epoch"] if history else 0)
         best_test = evaluation.best_test_metrics(history)  # on every rank: embedding the test split is collective
+        pretrained = report_section(evaluation, history, wise)  # every rank, as above
+        checked = self._label_free_check(wise)  # every rank, as above
         if not self.main:
             return {}
-        report = evaluation.write_report(self.run_config(), self.record, wise, self.bad_images.records(), best_test)
+        report = evaluation.write_report(self.run_config(), self.record, wise, self.bad_images.records(), best_test,
+                                         pretrained)
+        if checked is not None:  # the start is delivered where the check cannot tell them apart
+            preprocessing = self.parts.model.preprocessing
+            pretrained = {"command": pretrained_command(self.cfg.backbone, preprocessing.resize_mode,
+                                                        preprocessing.input_size),
+                          "input_size": int(preprocessing.input_size), "resize": preprocessing.resize_mode}
+            report = deliver(self.out, report, checked, next((r for r in history if r.get("epoch") == 0), None),
+                             pretrained)
         self.tracking.finish(self.out, report.get("plots", {}), self.parts.scheduler.last_epoch)
         return report
-
-
-def _principal_head(model: nn.Module, features: np.ndarray, seed: int) -> dict[str, torch.Tensor]:
-    """The head's weights started at the principal axes of ``features`` (on the CPU, to share among ranks)."""
-    head = copy.deepcopy(model.head).cpu()
-    head.start_at_principal_axes(features, seed)
-    return head.state_dict()
 
 
 def _recorded_freeze_backbone(out: Path) -> bool | None:

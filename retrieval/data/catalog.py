@@ -12,6 +12,7 @@ from PIL import Image
 from retrieval.data import builtin, emoji, official  # noqa: F401
 from retrieval.data.dataset import ImageDataset, limit_per_class
 from retrieval.data.registry import DATASETS
+from retrieval.errors import ParameterError
 
 
 def load_dataset(
@@ -27,6 +28,8 @@ def load_dataset(
     other keyword arguments go to the loader (e.g. ``protocol=`` for fashion-mnist and digits).
     """
     limit = kwargs.pop("limit_per_class", None)
+    if kwargs.get("label_column") is not None and name != "csv":
+        raise ParameterError("label_column", f"names a manifest's column: it applies to the csv data set, not {name}")
     factory = DATASETS.get(name)
     dataset = factory(root=root, split=split, transform=transform, **kwargs)
     return limit_per_class(dataset, limit)

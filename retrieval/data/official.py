@@ -11,6 +11,7 @@ inshop   In-shop Clothes: train / query / gallery from list_eval_partition.txt
 from __future__ import annotations
 
 import csv
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,13 @@ from PIL import Image
 
 from retrieval.data.dataset import ImageDataset, class_disjoint_halves, encode_labels, held_out_per_class
 from retrieval.data.formats import IMAGE_EXTENSIONS
+from retrieval.data.manifest_columns import (
+    DEFAULT_LABEL_COLUMN,
+    missing_images_line,
+    missing_label_column,
+    missing_paths,
+    no_labels_hint,
+)
 from retrieval.data.registry import (
     DATASETS,
     check_split,
@@ -30,6 +38,7 @@ from retrieval.data.registry import (
 from retrieval.data.walk import walk_following_links
 
 Transform = Callable[[Image.Image], Any] | None
+log = logging.getLogger(__name__)
 
 
 def _split_by_class(paths: list[str], names: list[str], keep: set, transform: Transform) -> ImageDataset:
@@ -169,30 +178,59 @@ def load_folder(root: str | Path | None, split: str = "train", transform: Transf
 # ---------------------------------------------------------------- csv
 
 CSV_LAYOUT = (
-    "a CSV manifest with header row 'path,label[,split]'; paths relative to the manifest's folder "
-    "(root may be the .csv file or a folder holding manifest.csv)"
+    "a CSV manifest with header row 'path,label[,split]' (label_column= names another column for the labels); paths "
+    "relative to the manifest's folder (root may be the .csv file or a folder holding manifest.csv)"
 )
+_SAID_MISSING: set[tuple[str, int, int]] = set()  # (manifest, missing, rows): each load of a split would say it again
+
+
+def _existing_rows(manifest: Path, rows: list[dict[str, str]], paths: list[str]) -> list[int]:
+    """The rows whose image is there; none is refused in one line, some missing make one warning (a manifest moved
+    away from its images: ``missing_images_line``)."""
+    missing = set(missing_paths(paths))
+    if not missing:
+        return list(range(len(rows)))
+    line = missing_images_line([p for p in paths if p in missing], len(paths), manifest.resolve())
+    if len(missing) == len(set(paths)):
+        raise FileNotFoundError(f"csv: no image to train on: {line}")
+    key = (str(manifest.resolve()), len(missing), len(paths))
+    if key not in _SAID_MISSING:
+        _SAID_MISSING.add(key)
+        log.warning("csv: %s; they are left out", line)
+    return [i for i, path in enumerate(paths) if path not in missing]
 
 
 @DATASETS.register("csv")
 def load_csv(root: str | Path | None, split: str = "train", transform: Transform = None,
-             protocol: str | None = None, test_size: float | None = None, seed: int | None = None) -> ImageDataset:
+             protocol: str | None = None, test_size: float | None = None, seed: int | None = None,
+             label_column: str | None = None) -> ImageDataset:
     """CSV manifest; with a ``split`` column its values select rows, else split by ``protocol`` as the folder data
-    set splits (``split_by_protocol``)."""
+    set splits (``split_by_protocol``). ``label_column``: the column of the labels ('label' unless named); a manifest
+    without it is refused, naming the column that looks like labels. Rows whose image is not there are left out
+    (one warning), and a manifest none of whose images is there is refused in one line."""
     base = require_root("csv", root, CSV_LAYOUT)
     manifest = base if base.is_file() else require_file("csv", base / "manifest.csv", CSV_LAYOUT)
+    column = label_column or DEFAULT_LABEL_COLUMN
     with open(manifest, newline="", encoding="utf-8") as handle:
         reader = csv.DictReader(handle)
         columns = [c.strip() for c in (reader.fieldnames or [])]
-        if "path" not in columns or "label" not in columns:
+        if "path" not in columns:
             raise ValueError(
                 f"csv: {manifest.resolve()} must start with a header row 'path,label[,split]', "
                 f"found {columns}"
             )
+        if label_column is not None and label_column not in columns:
+            raise missing_label_column(label_column, columns, manifest.resolve())
         rows = [{k.strip(): (v or "").strip() for k, v in row.items() if k} for row in reader]
+    if column not in columns:
+        raise ValueError(f"csv: {manifest.resolve()} gives no labels, and training and evaluation need each image's "
+                         f"class: {no_labels_hint(columns, rows)}")
     folder = manifest.parent
     paths = [str(folder / row["path"]) for row in rows]  # absolute paths stay absolute under "/"
-    names = [row["label"] for row in rows]
+    kept = _existing_rows(manifest, rows, paths)
+    if len(kept) < len(rows):
+        rows, paths = [rows[i] for i in kept], [paths[i] for i in kept]
+    names = [row[column] for row in rows]
     if "split" in columns:
         if protocol is not None or test_size is not None or seed is not None:
             raise ValueError(f"csv: {manifest.resolve()} has a split column, which is its split; protocol=, "

@@ -7,3 +7,6 @@ from __future__ import annotations
 
 CROP, PAD = "crop", "pad"
 RESIZE_MODES = (CROP, PAD)  # crop: the short side resized, the centre kept; pad: the whole image, letterboxed
+# a pretrained backbone exported as it is: pad measured as good as crop on square images and better on every
+# catalogue of varied shapes (docs/RESULTS.md, "Resize modes" and "Your own catalogue")
+PRETRAINED_RESIZE = PAD

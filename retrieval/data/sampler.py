@@ -56,7 +56,7 @@ class ClassBalancedBatchSampler(Sampler[list[int]]):
     ``repeat_small=True`` fills them with repeats: an image then comes as several views, each augmented with its
     own seed (training without labels: every image its own class, its views the positive pairs).
     ``batches_per_epoch`` defaults to (number of usable samples) // (P * N), at least 1, a repeated class counting
-    N samples.
+    N samples. A negative label marks a sample held out: it is never drawn.
     """
 
     def __init__(
@@ -77,7 +77,7 @@ class ClassBalancedBatchSampler(Sampler[list[int]]):
             )
         if classes_per_batch < 1:
             raise ValueError(f"`classes_per_batch` must be >= 1, got {classes_per_batch}")
-        classes, counts = np.unique(labels, return_counts=True)
+        classes, counts = np.unique(labels[labels >= 0], return_counts=True)
         small = classes[counts < samples_per_class] if not repeat_small else classes[:0]
         if len(small) and not drop_small:
             raise ValueError(

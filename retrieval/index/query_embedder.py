@@ -20,6 +20,9 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
+# index.json's ``source`` of an index built from embeddings: the record's, imported from here too
+from retrieval.index.record.index_info import EMBEDDINGS_SOURCE as EMBEDDINGS_SOURCE
+from retrieval.index.record.index_info import IndexInfo
 from retrieval.utils.unit_rows import l2_normalize_rows
 
 if TYPE_CHECKING:
@@ -66,18 +69,13 @@ def legacy_hash(embedder: ImageEmbedder) -> str | None:
     return next(iter(model_hashes(embedder)[1:]), None)
 
 
-# index.json's ``source`` of an index built from vectors someone already had (``writer.build_from_embeddings``): no
-# model made them, so none can embed a query image into their space
-EMBEDDINGS_SOURCE = "embeddings"
-
-
 class NoModelError(ValueError):
     """The index was built from embeddings: it has no model, so nothing that needs one (embedding an image) works."""
 
 
-def has_model(info: Mapping[str, Any]) -> bool:
+def has_model(info: IndexInfo | Mapping[str, Any]) -> bool:
     """Whether the index whose index.json is ``info`` was built by a model (False: built from embeddings)."""
-    return info.get("source") != EMBEDDINGS_SOURCE
+    return IndexInfo.of(info).has_model
 
 
 def built_without_model(index_dir: str | Path) -> str:
@@ -151,7 +149,12 @@ LEGACY_MODEL_KEY = "legacy_model_hash"
 def declared_compatible(embedder: ImageEmbedder) -> frozenset[str]:
     """The model hashes ``embedder``'s metadata declares it compatible with (trained ``compatible-with`` them:
     its embeddings may be compared with theirs); empty for a model that declares none."""
-    raw = (getattr(embedder, "metadata", None) or {}).get(COMPATIBLE_WITH)
+    return compatible_hashes(getattr(embedder, "metadata", None) or {})
+
+
+def compatible_hashes(metadata: Mapping[str, str]) -> frozenset[str]:
+    """The model hashes a model's ONNX ``metadata`` declares it compatible with; empty if none or unreadable."""
+    raw = metadata.get(COMPATIBLE_WITH)
     try:
         hashes = json.loads(raw) if raw else []
     except ValueError:
@@ -181,38 +184,39 @@ def output_fields(embedder: ImageEmbedder) -> dict[str, Any]:
     return {"model_output": name, "model_output_space": sorted(declared_compatible(embedder)) if compatible else None}
 
 
-def same_output(embedder: ImageEmbedder, info: Mapping[str, Any]) -> bool:
+def same_output(embedder: ImageEmbedder, info: IndexInfo | Mapping[str, Any]) -> bool:
     """Whether ``embedder`` embeds with the output that built the index (an index.json from before outputs were
     recorded: the model's own)."""
-    recorded = info.get("model_output") or getattr(embedder, "primary_output", None)
+    recorded = IndexInfo.of(info).model.output or getattr(embedder, "primary_output", None)
     return getattr(embedder, "output_name", None) == recorded
 
 
-def is_compatible(embedder: ImageEmbedder, info: Mapping[str, Any]) -> bool:
+def is_compatible(embedder: ImageEmbedder, info: IndexInfo | Mapping[str, Any]) -> bool:
     """Whether ``embedder`` may search (and be added to) an index whose index.json is ``info``: the same model,
     or one declared compatible with its model (by the ONNX file's hash or its PyTorch weights' hash), or the fp32
     parent of the int8 model that built it. Vectors a
     model's compatible output made are in the old models' space: there a model must be declared compatible with
     those (``model_output_space``), not with the model that projected into it."""
-    if hash_matches(info.get("model_hash"), embedder) or hash_matches(info.get(PARENT_MODEL_KEY), embedder):
+    model = IndexInfo.of(info).model
+    if hash_matches(model.hash, embedder) or hash_matches(model.parent_hash, embedder):
         return True  # the same model, or the fp32 parent of the int8 model that built it (measured when quantized)
-    space = info.get("model_output_space")
-    built_by = set(space) if space else {info.get(key) for key in ("model_hash", LEGACY_MODEL_KEY,
-                                                                     "source_model_hash")} - {None}
+    space = model.output_space
+    built_by = set(space) if space else {model.hash, model.legacy_hash, model.source_hash} - {None}
     return bool(declared_compatible(embedder) & built_by)
 
 
-def compatible_view(embedder: ImageEmbedder, info: Mapping[str, Any]) -> ImageEmbedder | None:
+def compatible_view(embedder: ImageEmbedder, info: IndexInfo | Mapping[str, Any]) -> ImageEmbedder | None:
     """``embedder`` as it embeds into the space of the index whose index.json is ``info``: the index's own model
     with the output that built it; a model declared compatible with its own output where the sizes agree, else
     with its compatible output where that has the index's size (a new size projected into the old space). None:
     it has no way into that space."""
+    info = IndexInfo.of(info)
     model = with_output(embedder, None)
-    if hash_matches(info.get("model_hash"), model):
-        return with_output(model, info.get("model_output"))
+    if hash_matches(info.model.hash, model):
+        return with_output(model, info.model.output)
     if not is_compatible(model, info):
         return None
-    dim = int(info["embedding_dim"])
+    dim = int(info.model.embedding_dim)  # type: ignore[arg-type]  # every finished index records it
     if int(model.embedding_dim) == dim:
         return model
     compatible = getattr(model, "compatible_output", None)
@@ -221,25 +225,27 @@ def compatible_view(embedder: ImageEmbedder, info: Mapping[str, Any]) -> ImageEm
     return None
 
 
-def check_model_match(info: Mapping[str, Any], embedder: ImageEmbedder, index_dir: Path) -> None:
+def check_model_match(info: IndexInfo | Mapping[str, Any], embedder: ImageEmbedder, index_dir: Path) -> None:
     """Refuse a query model other than the one that built the index, unless it is declared compatible with it."""
+    model = IndexInfo.of(info).model
     if not is_compatible(embedder, info):
-        space = info.get("model_output_space")
+        space = model.output_space
         through = (f" (its vectors are that model's projection into the space of model(s) {', '.join(space)}, so a "
                    "model must be declared compatible with those)" if space else "")
         raise ModelMismatchError(
-            f"the index in {index_dir} was built by model {info.get('model_path') or '?'} (model_hash "
-            f"{info.get('model_hash')}){through}, but the query model has model_hash {embedder.model_hash} and is not "
+            f"the index in {index_dir} was built by model {model.path or '?'} (model_hash "
+            f"{model.hash}){through}, but the query model has model_hash {embedder.model_hash} and is not "
             "declared compatible with it; embeddings of different models are not comparable. Search with the same "
             "model, or upgrade the index to this one (retrieval index upgrade), which re-embeds the gallery while "
             "it keeps answering"
         )
 
 
-def index_embedder(info: Mapping[str, Any], embedder: ImageEmbedder, index_dir: Path) -> ImageEmbedder:
+def index_embedder(info: IndexInfo | Mapping[str, Any], embedder: ImageEmbedder, index_dir: Path) -> ImageEmbedder:
     """The embedder that embeds queries for the index whose index.json is ``info`` (``compatible_view``), or a
     ModelMismatchError that says why there is none and what to run."""
-    if not has_model(info):  # vectors from elsewhere: no model is known to embed into their space
+    info = IndexInfo.of(info)
+    if not info.has_model:  # vectors from elsewhere: no model is known to embed into their space
         if isinstance(embedder, NoModel):
             return embedder
         raise NoModelError(f"{built_without_model(index_dir)}: its vectors came from another program, and no model "
@@ -256,7 +262,7 @@ def index_embedder(info: Mapping[str, Any], embedder: ImageEmbedder, index_dir: 
                                         f"{compatible})" if compatible else "")
     raise ModelMismatchError(
         f"the query model {model.model_hash} is declared compatible with the model that built the index in "
-        f"{index_dir}, but it embeds in {sizes} dimensions and the index's vectors have {info['embedding_dim']}; "
+        f"{index_dir}, but it embeds in {sizes} dimensions and the index's vectors have {info.model.embedding_dim}; "
         "re-embed the gallery in the new size (retrieval index upgrade, a swap: the index keeps answering with its "
         "model until the new vectors are all in)"
     )

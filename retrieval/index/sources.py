@@ -27,9 +27,11 @@ from pathlib import Path
 from typing import TextIO
 
 from retrieval.data.formats import IMAGE_EXTENSIONS  # the decoder's formats: the gallery lists only these files
+from retrieval.data.manifest_columns import DEFAULT_LABEL_COLUMN, missing_label_column, no_labels_hint
 from retrieval.data.walk import walk_following_links
 from retrieval.errors import ParameterError
 from retrieval.index.parquet_bounds import Bounds, check_chunk_sizes, check_unpacked_sizes, number_bound, text_bound
+from retrieval.utils.printable import DISPLAY_LIMIT, printable_path  # noqa: F401  (the listing's messages use it)
 
 MAX_PATH_BYTES = 4096  # Linux PATH_MAX: the kernel refuses longer paths anyway
 MAX_LABEL_CHARS = 256  # a folder name (255 bytes at most) always fits; a manifest's label is refused beyond it
@@ -37,7 +39,6 @@ MAX_COLUMN_NAME_CHARS = 64  # a manifest column's name: a filter names it, the a
 # Names the index's own columns have where a manifest's kept columns also go (the export's columns, the filters'
 # built-in ones): a manifest column of one of these names would be a second column of that name.
 RESERVED_COLUMNS = ("id", "sha256", "size", "embedding")
-DISPLAY_LIMIT = 512  # characters of an escaped path shown in a message
 NOT_UTF8 = "file name is not valid UTF-8; rename it"
 
 
@@ -66,6 +67,8 @@ class Gallery:
     items: list[GalleryItem] = field(default_factory=list)
     errors: list[ListingError] = field(default_factory=list)
     kind: str = "folder"  # folder | manifest | image
+    columns: list[str] = field(default_factory=list)  # a manifest's header
+    label_column: str = DEFAULT_LABEL_COLUMN  # the manifest column its labels were read from
 
 
 # --label-from: where an image's label comes from
@@ -119,31 +122,15 @@ def label_summary(gallery: Gallery, rule: str, shown: int = 10) -> dict:
         if item.label is not None:
             counts[item.label] = counts.get(item.label, 0) + 1
     largest = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:shown]
-    return {"from": rule, "rule": LABEL_RULES[rule], "classes": len(counts),
-            "unlabelled": sum(item.label is None for item in gallery.items),
-            "largest_classes": dict(largest)}
-
-
-def printable_path(path: str | os.PathLike[str], limit: int | None = DISPLAY_LIMIT) -> str:
-    r"""One readable line for any path: bytes that are not UTF-8 as ``\xNN``, control and format
-    characters (newline, right-to-left override...) and backslashes escaped; cut to ``limit`` characters
-    (None: never cut).
-
-    The result is valid UTF-8 (no surrogates), so it can be stored and printed anywhere.
-    """
-    out = []
-    for char in os.fspath(path):
-        code = ord(char)
-        if 0xDC80 <= code <= 0xDCFF:  # a surrogate escape: one raw byte of a name that is not UTF-8
-            out.append(f"\\x{code - 0xDC00:02x}")
-        elif char == "\\":
-            out.append("\\\\")
-        elif not char.isprintable():
-            out.append(char.encode("unicode_escape").decode("ascii"))
-        else:
-            out.append(char)
-    text = "".join(out)
-    return text if limit is None or len(text) <= limit else f"{text[: limit - 40]}...({len(text)} characters in all)"
+    summary = {"from": rule, "rule": LABEL_RULES[rule], "classes": len(counts),
+               "unlabelled": sum(item.label is None for item in gallery.items),
+               "largest_classes": dict(largest)}
+    if gallery.kind == "manifest" and rule == "manifest":
+        if gallery.label_column != DEFAULT_LABEL_COLUMN:  # named: the build's line says which
+            summary["label_column"] = gallery.label_column
+        if not counts and gallery.label_column not in gallery.columns:  # no labels: the column that looks like them
+            summary["hint"] = no_labels_hint(gallery.columns, (item.extra or {} for item in gallery.items))
+    return summary
 
 
 def is_utf8(text: str) -> bool:
@@ -175,7 +162,7 @@ def path_problem(path: str) -> str | None:
     return None
 
 
-def list_gallery(images: str | Path, split: str | None = None) -> Gallery:
+def list_gallery(images: str | Path, split: str | None = None, label_column: str | None = None) -> Gallery:
     """Every image under a folder (recursive, extension in any case), one image file, or every row of a manifest
     CSV.
 
@@ -183,7 +170,8 @@ def list_gallery(images: str | Path, split: str | None = None) -> Gallery:
     ``parent`` rule; ``apply_label_rule`` relabels by another); an image at the top level has no label. A
     manifest has columns ``path,label[,split]`` with paths relative to the manifest's folder; ``split`` keeps
     only the rows of that split. A parquet file with the same columns is read the same way (one row per image:
-    the usual listing of a big catalogue).
+    the usual listing of a big catalogue). ``label_column``: the manifest column the labels are read from
+    ('label' unless named; a named column the manifest lacks is a ParameterError naming its columns).
     """
     images = Path(images).expanduser()
     if not is_utf8(str(images.resolve())):
@@ -191,11 +179,13 @@ def list_gallery(images: str | Path, split: str | None = None) -> Gallery:
     if images.is_dir():
         if split is not None:
             raise ParameterError("split", "filters a manifest's rows; it does not apply to a folder of images")
+        if label_column is not None:
+            raise ParameterError("label_column", f"names a manifest's column; {printable_path(images)} is a folder")
         return walk_folder(images)
     if images.is_file() and images.suffix.lower() == ".csv":
-        return read_manifest(images, split)
+        return read_manifest(images, split, label_column)
     if images.is_file() and images.suffix.lower() == ".parquet":
-        return read_parquet_manifest(images, split)
+        return read_parquet_manifest(images, split, label_column)
     if images.is_file() and images.suffix.lower() in IMAGE_EXTENSIONS:
         return single_image(images, split)
     if images.exists():
@@ -254,10 +244,11 @@ def walk_folder(root: Path, limit: int | None = None) -> Gallery:
     return gallery
 
 
-def read_manifest(manifest: Path, split: str | None = None) -> Gallery:
+def read_manifest(manifest: Path, split: str | None = None, label_column: str | None = None) -> Gallery:
     """The rows of a manifest; a row naming an unusable path, or with a label that is not UTF-8, is an error."""
     base = manifest.resolve().parent
-    gallery = Gallery(source=printable_path(manifest.resolve()), root=str(base), kind="manifest")
+    gallery = Gallery(source=printable_path(manifest.resolve()), root=str(base), kind="manifest",
+                      label_column=label_column or DEFAULT_LABEL_COLUMN)
     # surrogateescape: bytes that are not UTF-8 reach the row checks below instead of failing the whole file
     with open(manifest, newline="", encoding="utf-8-sig", errors="surrogateescape") as handle:
         lines = RowLines(handle, manifest)
@@ -271,6 +262,9 @@ def read_manifest(manifest: Path, split: str | None = None) -> Gallery:
                 )
             if split is not None and "split" not in fields:
                 raise ParameterError("split", f"{split} given but manifest {manifest} has no 'split' column")
+            gallery.columns = [f for f in fields if isinstance(f, str)]
+            if label_column is not None and label_column not in fields:
+                raise missing_label_column(label_column, gallery.columns, manifest)
             extras = extra_columns(fields, manifest)
             for row in reader:
                 lines.row_read()
@@ -315,14 +309,15 @@ class RowLines:
         self.start, self.chars = self.line, 0
 
 
-def read_parquet_manifest(manifest: Path, split: str | None = None) -> Gallery:
+def read_parquet_manifest(manifest: Path, split: str | None = None, label_column: str | None = None) -> Gallery:
     """The rows of a parquet manifest (columns path[, label][, split]), with the CSV manifest's row rules."""
     try:
         import pyarrow.parquet as pq
     except ModuleNotFoundError as exc:
         raise RuntimeError(f'a parquet manifest needs pyarrow: pip install "ray[data]>=2.40" ({exc})') from exc
     base = manifest.resolve().parent
-    gallery = Gallery(source=printable_path(manifest.resolve()), root=str(base), kind="manifest")
+    gallery = Gallery(source=printable_path(manifest.resolve()), root=str(base), kind="manifest",
+                      label_column=label_column or DEFAULT_LABEL_COLUMN)
     try:
         handle = pq.ParquetFile(manifest)
     except Exception as exc:  # noqa: BLE001  (pyarrow raises its own errors for a damaged file)
@@ -332,15 +327,18 @@ def read_parquet_manifest(manifest: Path, split: str | None = None) -> Gallery:
         raise ValueError(f"manifest {manifest} needs a 'path' column (path[, label][, split])")
     if split is not None and "split" not in fields:
         raise ParameterError("split", f"{split} given but manifest {manifest} has no 'split' column")
+    gallery.columns = list(handle.schema_arrow.names)
+    if label_column is not None and label_column not in fields:
+        raise missing_label_column(label_column, gallery.columns, manifest)
     import pyarrow as pa
 
     # strings and numbers only: a column of image bytes or nested records is neither read nor kept
     scalar = [f.name for f in handle.schema_arrow if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
               or pa.types.is_integer(f.type) or pa.types.is_floating(f.type)]
     extras = extra_columns(scalar, manifest)
-    columns = [c for c in ("path", "label") if c in fields] + extras
+    columns = list(dict.fromkeys([c for c in ("path", gallery.label_column) if c in fields] + extras))
     shown = f"manifest {printable_path(manifest)}"
-    bounds = _parquet_bounds(handle.schema_arrow, columns, shown)
+    bounds = _parquet_bounds(handle.schema_arrow, columns, shown, gallery.label_column)
     handle.close()
     # read once more, the text kept dictionary-encoded as it is read: the chunks' sizes are checked on the handle
     # that is read, and a batch's unpacked size before any value is unpacked
@@ -370,7 +368,8 @@ MAX_EXTRA_CHARS = 1024  # one value, as text
 PARQUET_BATCH_ROWS = 1024  # a parquet manifest's rows unpacked at once: at most a few MB of text per kept column
 
 
-def _parquet_bounds(schema: object, columns: Sequence[str], shown: str) -> Bounds:
+def _parquet_bounds(schema: object, columns: Sequence[str], shown: str, label_column: str = DEFAULT_LABEL_COLUMN
+                    ) -> Bounds:
     """The most bytes one value of each of a parquet manifest's ``columns`` takes (``parquet_bounds``); ValueError
     for a path or label column of nested values (lists, records), which neither bound nor the rows would take."""
     import pyarrow as pa
@@ -383,7 +382,7 @@ def _parquet_bounds(schema: object, columns: Sequence[str], shown: str) -> Bound
             raise ValueError(f"{shown}: column {name!r} holds {kind}, not text; write it as strings (one value a row)")
         bounds[name] = (number_bound() if pa.types.is_integer(kind) or pa.types.is_floating(kind)
                         else (MAX_PATH_BYTES, f"{MAX_PATH_BYTES} bytes") if name == "path"
-                        else text_bound(MAX_LABEL_CHARS if name == "label" else MAX_EXTRA_CHARS))
+                        else text_bound(MAX_LABEL_CHARS if name == label_column else MAX_EXTRA_CHARS))
     return bounds
 
 
@@ -426,7 +425,8 @@ def _take_row(gallery: Gallery, base: Path, row: dict[str, object], line: int, e
     path = Path(raw).expanduser()
     path = str(path if path.is_absolute() else base / path)
     problem = path_problem(path)
-    label = str(row["label"]) if row.get("label") not in (None, "") else None
+    label = row.get(gallery.label_column)
+    label = str(label) if label not in (None, "") and label == label else None  # NaN: none
     if problem is None and label is not None and not is_utf8(label):
         problem = f"label {printable_path(label)} is not valid UTF-8; fix it in the manifest"
     if problem is None and label is not None and len(label) > MAX_LABEL_CHARS:

@@ -33,12 +33,15 @@ class EvalSets:
 
 def checkpoint_dataset(train_config: dict[str, Any], dataset: str | None, data: str | None,
                        dataset_kwargs: dict[str, Any] | None = None) -> tuple[str, str | None, dict[str, Any]]:
-    """(dataset, data, dataset_kwargs): what was given, else what the checkpoint was trained on."""
-    dataset = dataset or train_config.get("dataset")
+    """(dataset, data, dataset_kwargs): what was given, else what the checkpoint was trained on (its data set's
+    options only where the data set is the one it was trained on: another's loader does not take them)."""
+    trained = train_config.get("dataset")
+    dataset = dataset or trained
     if not dataset:
         raise ParameterError("dataset", "is required: the checkpoint does not record its data set")
     data = data if data is not None else train_config.get("data")
-    return dataset, data, {**train_config.get("dataset_kwargs", {}), **(dataset_kwargs or {})}
+    recorded = train_config.get("dataset_kwargs", {}) if dataset == trained else {}
+    return dataset, data, {**recorded, **(dataset_kwargs or {})}
 
 
 def load_eval_sets(dataset: str, root: str | None, split: str, transform, limit: int | None = None,
@@ -210,21 +213,6 @@ def present_class_names(dataset: Dataset) -> list[str]:
         dataset = dataset.dataset
     labels = np.asarray(dataset.labels) if indices is None else np.asarray(dataset.labels)[indices]
     return [dataset.class_names[label] for label in np.unique(labels)]
-
-
-def eval_set_pictures(folder, sets: EvalSets, embedded: tuple, query_rows: np.ndarray,
-                      gallery_rows: np.ndarray | None, seed: int = 0, method: str = "auto") -> dict[str, str]:
-    """The query grid and the embedding map of an evaluation (``embedded`` = (query, query_labels, gallery,
-    gallery_labels), whose rows are the data sets' positions ``query_rows`` / ``gallery_rows``), drawn into
-    ``folder``; returns the report's plot names."""
-    from retrieval.analysis.pictures import draw_evaluation_pictures
-
-    q, ql, g, gl = embedded
-    names = class_names(sets.query)
-    return draw_evaluation_pictures(
-        folder, q, ql, row_loader(sets.query, query_rows), g, gl,
-        row_loader(sets.gallery, gallery_rows) if sets.gallery is not None else None,
-        lambda label: names[label], seed=seed, method=method)
 
 
 def class_names(dataset: Dataset) -> list[str]:

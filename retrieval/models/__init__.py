@@ -1,4 +1,13 @@
-"""Backbones, the embedder (``create_embedder``, ``load_embedder``) and its checkpoint (``Checkpoint``)."""
+"""Backbones, the embedder (``create_embedder``, ``load_embedder``) and its checkpoint (``Checkpoint``).
+
+- ``backbones``: the backbone registry (``BACKBONES``, ``register_backbone``): images -> pooled features.
+- ``weights``: where a backbone's pretrained weights come from, online and offline.
+- ``embedder``: ``Embedder``: backbone, head, optional L2 norm; the compatible projection into an old model's space.
+- ``checkpoint``: the training checkpoint (``retrieval-checkpoint/1``), one definition for its writer and readers.
+- ``ema``: an exponential moving average of a model's weights.
+- ``layer_decay``: layer-wise learning-rate decay (LLRD).
+- ``weight_space``: weight-space ensembling of a pretrained and a fine-tuned model (WiSE-FT).
+"""
 
 from retrieval.models.backbones import (
     BACKBONES,

@@ -4,6 +4,13 @@ Each method is a ``HardNegativeMethod`` named in ``retrieval.losses.registry.NEG
 pairs it returns ``PairTerms`` (positive terms, hardest negatives, mask, statistics), which a loss's pair-level form
 consumes; build the pair with ``retrieval.losses.build(name, negatives=...)``. Nothing here imports
 ``retrieval.losses``: what the methods share with the losses (``Stat``, the host copies) is ``retrieval.utils.reads``.
+
+- ``base``: ``PairTerms`` (what a method hands a loss) and the methods' base class.
+- ``pairs``: positive pairs and pair-of-pairs combinations, formed from labels.
+- ``loop``: LoOp: optimal hard negatives between two geodesic arcs (or line segments).
+- ``symm``: Symmetrical Synthesis: points by reflection, the hardest of 16 negative pairs.
+- ``points``: the four points of a Symm pair, as combinations of the pair's originals.
+- ``kernels``: speed kernels of the hard-negative maths (``hardest_combination`` dispatches to them).
 """
 
 from retrieval.negatives.base import HardNegativeMethod, PairTerms

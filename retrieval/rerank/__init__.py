@@ -1,10 +1,10 @@
 """Re-ranking a query's shortlist from its candidates' stored vectors: αQE, DBA and k-reciprocal re-ranking.
 
-    methods     the methods' scores (αQE, DBA, k-reciprocal) and their registry (``RERANKERS``, ``method_names``)
-    config      the request (``RerankConfig``, declared once; ``rerank_from_json``, the API's form)
-    shortlists  the shortlist re-ordered (``rerank_candidates``, ``rerank_lists``) and its cost (``work_units``,
-                ``peak_bytes``, ``check_memory``)
-    defaults    the neighbourhood sizes a request leaves unset, read from the gallery's class sizes
+- ``methods``: the methods' scores (αQE, DBA, k-reciprocal) and their registry (``RERANKERS``, ``method_names``).
+- ``config``: the request (``RerankConfig``, declared once; ``rerank_from_json``, the API's form).
+- ``shortlists``: the shortlist re-ordered (``rerank_candidates``, ``rerank_lists``) and its cost (``work_units``,
+  ``peak_bytes``, ``check_memory``).
+- ``defaults``: the neighbourhood sizes a request leaves unset, read from the gallery's class sizes.
 
 Plain NumPy (no torch, no faiss): the server and the command line import it.
 """

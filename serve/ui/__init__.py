@@ -1,5 +1,12 @@
 """The Gradio app: its page, assembled from the Search, Evaluation, Results and Index tabs (a module each) over
-one ``SearchService``."""
+one ``SearchService``.
+
+- ``search``: the Search tab: a query image or a description in words, K, filters and re-ranking -> the results.
+- ``evaluation``: the Evaluation tab: a run report's metrics and pictures, and the served index's own analyses.
+- ``results``: the Results tab: the results grid, one table at a time with its figure.
+- ``index``: the Index tab: the served index's statistics and its model's micro-batcher.
+- ``shared``: what the tabs share: the gallery's facts, thumbnails, the limits on shown text.
+"""
 
 from __future__ import annotations
 

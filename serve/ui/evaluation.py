@@ -302,12 +302,14 @@ class EvaluationTab:
                 f"{summary['k']} nearest at cosine ≥ **{summary['threshold']:.3f}**) were checked in "
                 f"{checked['seconds']:.1f} s and {checked['verified']} verified as copies{trust}: at least "
                 f"{rules['min_inliers']} local features agreeing under one transform, the aligned content correlating "
-                f"at {rules['correlation']:.2f} or more and colours within {rules['colour_mismatch']:.0f}° of hue. "
+                f"at {rules['correlation']:.2f} or more, colours within {rules['colour_mismatch']:.0f}° of hue and "
+                f"their strength within {rules['shade']:.2f} (a darker shade of one hue is another product). "
                 f"The verification was calibrated (auto) on {calibration['copies']} copies planted of "
                 f"{calibration['images']} gallery images: {percent(calibration['copy_recall'])} {METRIC_UNIT} of them "
                 f"found and verified, and {calibration['false_verified']} of {distinct} distinct pairs (nearest "
                 "distinct images, colour variants) wrongly verified. The first of each group is the one kept: "
-                "the image verified against the most others; the estimated precision is the chance that every copy "
+                "the one holding the picture at the most pixels (an original, not its downscaled, cropped or "
+                "re-encoded copies); the estimated precision is the chance that every copy "
                 "of the group is one.")
 
     @staticmethod

@@ -45,7 +45,8 @@ def photos(folder) -> list:
 def test_the_export_is_verified_and_says_what_it_holds(pretrained_export):
     out, output = pretrained_export
     assert "verified (max |diff| <= 0.0001)" in output
-    assert f"wrote {out}: efficientnet_lite0, input {SIZE} px (crop), 1280-d, normalized=true, fp32" in output
+    # letterboxed (pad) unless --resize says otherwise
+    assert f"wrote {out}: efficientnet_lite0, input {SIZE} px (pad), 1280-d, normalized=true, fp32" in output
     assert output.splitlines()[-1] == f"next: retrieval index build --model {out} --images YOUR_IMAGES --out INDEX"
     runtime = OnnxEmbedder(out)
     config = json.loads(runtime.metadata["model_config"])
@@ -101,13 +102,13 @@ def test_an_unknown_backbone_is_refused_naming_the_known_ones(tmp_path):
 
 def test_a_letterboxing_export_tells_apart_what_the_centre_crop_merges(pretrained_export, tmp_path):
     """Two 300 x 84 symbols that differ only at their ends: one embedding under crop (cosine 1.000: `index
-    duplicates` grouped them), two under --resize pad; the mode is in the file's metadata and its model_hash."""
-    crop, _ = pretrained_export
-    pad = tmp_path / "pad.onnx"
+    duplicates` grouped them), two under pad (the default); the mode is in the file's metadata and its model_hash."""
+    pad, _ = pretrained_export
+    crop = tmp_path / "crop.onnx"
     run = CliRunner().invoke(export_command, ["--pretrained", "efficientnet_lite0", "--image-size", str(SIZE),
-                                              "--resize", "pad", "--out", str(pad), "--no-verify",
+                                              "--resize", "crop", "--out", str(crop), "--no-verify",
                                               "--no-text-tower"])
-    assert run.exit_code == 0 and f"input {SIZE} px (pad)" in run.output, run.output
+    assert run.exit_code == 0 and f"input {SIZE} px (crop)" in run.output, run.output
     symbols = []
     for name, (top, bottom, right) in {"treble": (10, 74, 30), "bass": (30, 54, 60)}.items():
         pixels = np.full((84, 300, 3), 255, np.uint8)

@@ -355,7 +355,7 @@ def test_query_model_mismatch_is_refused(digits, tmp_path):
 def test_search_and_stats_cli(digits, tmp_path, monkeypatch):
     folder, paths = digits
     build_index(folder, tmp_path / "idx", embedder=FakeEmbedder(), options=QUICK)
-    monkeypatch.setattr("retrieval.index.load_model", lambda path, providers="auto": FakeEmbedder())
+    monkeypatch.setattr("retrieval.index.searchable.opening.load_model", lambda path, providers="auto": FakeEmbedder())
     monkeypatch.setattr("retrieval.index.search.load_model", lambda path, providers="auto": FakeEmbedder())
     result = CliRunner().invoke(
         search_command,
@@ -430,7 +430,7 @@ def test_import_graph(module, must_not_load):
 def test_search_answers_the_good_queries_names_the_bad_and_can_exclude_itself(digits, tmp_path, monkeypatch):
     folder, paths = copy_gallery(digits, tmp_path)
     build_index(folder, tmp_path / "idx", embedder=FakeEmbedder(), options=QUICK)
-    monkeypatch.setattr("retrieval.index.load_model", lambda path, providers="auto": FakeEmbedder())
+    monkeypatch.setattr("retrieval.index.searchable.opening.load_model", lambda path, providers="auto": FakeEmbedder())
     broken = tmp_path / "broken.png"
     broken.write_bytes(b"\x89PNG\r\n\x1a\n not really")
     args = ["--index", str(tmp_path / "idx"), "--model", "m.onnx", "-k", "3"]
@@ -506,7 +506,7 @@ def test_search_names_a_fifo_query_without_waiting_on_it(digits, tmp_path, monke
     """A query path that is a FIFO (or another non-regular file) is refused before reading, never waited on."""
     folder, paths = copy_gallery(digits, tmp_path)
     build_index(folder, tmp_path / "idx", embedder=FakeEmbedder(), options=QUICK)
-    monkeypatch.setattr("retrieval.index.load_model", lambda path, providers="auto": FakeEmbedder())
+    monkeypatch.setattr("retrieval.index.searchable.opening.load_model", lambda path, providers="auto": FakeEmbedder())
     fifo = tmp_path / "query.png"
     os.mkfifo(fifo)
     started = time.monotonic()

@@ -246,7 +246,7 @@ def test_filtered_recall_is_at_least_the_unfiltered_recall(key, monkeypatch):
 def test_the_command_line_filters_and_names_bad_expressions(manifest_index, monkeypatch):
     from retrieval.cli.main import main
 
-    monkeypatch.setattr("retrieval.index.load_model", lambda path, providers="auto": FakeEmbedder())
+    monkeypatch.setattr("retrieval.index.searchable.opening.load_model", lambda path, providers="auto": FakeEmbedder())
     query = str(manifest_index / "img_05.png")
     search = ["search", "--index", str(manifest_index / "flat"), "--model", "m.onnx", query]
     result = CliRunner().invoke(main, [*search, "-k", "4",

@@ -90,7 +90,7 @@ def test_name_not_utf8_is_recorded_and_the_rest_indexed(digits, tmp_path, monkey
     assert str(caught.value).startswith(f"nothing was removed: not in the catalogue: {shown} (a path is taken")
 
     # the search table prints the odd name on one line, escaped; --json keeps it exact
-    monkeypatch.setattr("retrieval.index.load_model", lambda path, providers="auto": FakeEmbedder())
+    monkeypatch.setattr("retrieval.index.searchable.opening.load_model", lambda path, providers="auto": FakeEmbedder())
     index_args = ["--index", str(tmp_path / "idx"), "-k", "1", "--model", "m.onnx", str(odd)]
     table = CliRunner().invoke(search_command, index_args)
     assert table.exit_code == 0, table.output

@@ -27,7 +27,7 @@ def _jpeg(path, seed: int) -> None:
 def two_h_jpgs(tmp_path, monkeypatch):
     """An index of gallery ``g``, then ``more/horse/h.jpg`` and ``more2/stallion/h.jpg`` added from outside it."""
     load_models_as(monkeypatch, lambda path, providers="auto": FakeEmbedder())
-    monkeypatch.setattr("retrieval.index.load_model", lambda path, providers="auto": FakeEmbedder())
+    monkeypatch.setattr("retrieval.index.searchable.opening.load_model", lambda path, providers="auto": FakeEmbedder())
     write_images(tmp_path / "g" / "cat", 3)
     _jpeg(tmp_path / "more" / "horse" / "h.jpg", 101)
     _jpeg(tmp_path / "more2" / "stallion" / "h.jpg", 202)

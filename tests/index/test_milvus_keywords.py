@@ -34,7 +34,7 @@ from retrieval.index.milvus.milvus_keywords import (  # noqa: E402
 from retrieval.index.milvus.milvus_push import push_index  # noqa: E402
 from retrieval.index.writing.keyword_build import record_keywords  # noqa: E402
 from retrieval.text.keywords import TOKENIZER, FolderKeywords, query_terms  # noqa: E402
-from retrieval.text.text_search import index_keywords, search_text  # noqa: E402
+from retrieval.text.text_search import search_text  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 DIM = 8
@@ -232,13 +232,12 @@ def test_a_rows_keyword_text_is_cut_at_a_word_within_milvus_bound():
 # --- fused text queries, and a collection without keywords -------------------------------------------------------
 def test_a_text_query_on_the_collection_fuses_keywords_as_on_the_folder(pushed):
     _, local, remote, _ = pushed
-    assert index_keywords(remote) is remote.keywords
     vectors = np.random.default_rng(5).standard_normal((2, DIM)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     for query_vectors in (None, vectors):
         texts = ["hammer", "mug"]  # one word: its IDF cancels in the keyword relevance the fusion reads
-        there = search_text(remote, texts, 10, query_vectors, index_keywords(remote))
-        here = search_text(local, texts, 10, query_vectors, index_keywords(local))
+        there = search_text(remote, texts, 10, query_vectors, remote.keywords)
+        here = search_text(local, texts, 10, query_vectors, local.keywords)
         for a, b in zip(there, here, strict=True):
             assert [(r.id, r.source) for r in a] == [(r.id, r.source) for r in b]
             assert np.allclose([r.score for r in a], [r.score for r in b], atol=1e-5)
@@ -250,7 +249,7 @@ def test_a_collection_pushed_without_text_columns_answers_by_vectors_only(tmp_pa
     place = MilvusPlace.checked(str(tmp_path / "milvus.db"), "plain")
     push_index(index_dir, place, index_type="FLAT", progress=False)
     with MilvusIndex(place) as remote:
-        assert remote.keywords is None and index_keywords(remote) is None
+        assert remote.keywords is None
         fields = {f["name"] for f in remote.client.describe_collection("plain")["fields"]}
         assert KEYWORDS not in fields and KEYWORDS_BM25 not in fields
         query = np.eye(DIM, dtype=np.float32)[:1]

@@ -426,7 +426,7 @@ def test_report_table_for_train_and_evaluate_reports(artifacts, tmp_path):
 
     train = load_report(artifacts.report)
     headers, rows = train.metrics_table()
-    assert headers[0] == "metric" and headers[1] == "pretrained only" and headers[-1] == "last"
+    assert headers[0] == "metric" and headers[1] == "start (epoch 0)" and headers[-1] == "last"
     assert [r[0] for r in rows][:4] == ["recall@1", "recall@2", "recall@4", "recall@8"]
     assert {"map@r", "r_precision", "nmi", "f1"} <= {r[0] for r in rows}
     assert recall_plot(train).size[0] > 100 and curves_plot(train).size[0] > 100 and triplet_plot(train)

@@ -122,7 +122,7 @@ def test_a_caption_column_empty_in_every_row_is_reported_as_empty(tmp_path, kind
     with pytest.raises(ParameterError, match="'title' has no text in any of the 3 row") as refused:
         read_captions(str(manifest), ("title",), None)
     assert "is not a column" not in str(refused.value)
-    with pytest.raises(ParameterError, match="'headline' is not a column.*description, title"):
+    with pytest.raises(ParameterError, match="'headline' is not a column.*description, label, title"):
         read_captions(str(manifest), ("headline",), None)
 
 

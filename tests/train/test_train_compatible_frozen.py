@@ -263,3 +263,17 @@ def test_the_quick_path_pretrained_onnx_index_upgrades_in_place_to_the_frozen_co
                             "-k", "1", "--json"])
     assert run.exit_code == 0, run.output
     assert "c1/2.png" in run.stdout
+
+
+def test_a_compatible_run_never_delivers_its_start_whose_projection_is_untrained(pad_onnx, tmp_path, monkeypatch):
+    """A head started at the baseline may deliver its start, but not under --compatible-with an old model of another
+    size: at the start its projection into the old space is an untrained map, so best.pt is a trained epoch even
+    where the start scores best on the validation split."""
+    from retrieval.train.evaluating import Evaluator
+
+    validation = iter([0.9, 0.2, 0.5])  # epochs 0 (the start), 1, 2
+    monkeypatch.setattr(Evaluator, "validate", lambda self: {"recall@1": (v := next(validation)), "map@r": v})
+    report = train(frozen(tmp_path, "run", pad_onnx, eval_before=True, val_fraction=0.2, head_start="principal"),
+                   progress=False)
+    assert report["best"]["epoch"] == 2
+    assert torch.load(tmp_path / "run" / "best.pt", weights_only=False)["epoch"] == 2

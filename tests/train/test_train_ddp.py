@@ -174,6 +174,10 @@ def test_choosing_best_pt_on_validation_on_two_ranks_equals_one_process(frozen_r
     assert report["best"]["epoch"] == alone["best"]["epoch"]
     for key in ("recall@1", "map@r", "r_precision"):  # best.pt's test metrics, taken after training
         assert report["best"][key] == pytest.approx(alone["best"][key], abs=1e-6), key
+    # the pretrained export: every rank embedded its part, rank 0 measured it and judged best.pt against it
+    for key in ("recall@1", "map@r"):
+        assert report["pretrained_export"][key] == pytest.approx(alone["pretrained_export"][key], abs=1e-6), key
+    assert report["keep_pretrained"] is alone["keep_pretrained"]
     assert [r["epoch"] for r in read_jsonl(ranks / "metrics.jsonl") if "recall@1" in r] == [0, 3]
 
 

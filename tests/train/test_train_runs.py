@@ -31,9 +31,14 @@ def test_runs_without_out_get_a_new_folder_each(in_tmp):
     runs = sorted((in_tmp / "runs").iterdir())
     assert len(runs) == 2 and all((run / "report.json").is_file() for run in runs)
     # without --json: one line for people, then the next command
-    assert second.stdout.splitlines()[-2].startswith(f"trained {runs[1].relative_to(in_tmp)}: recall@1 ")
-    assert second.stdout.splitlines()[-1] == (f"next: retrieval export --checkpoint {runs[1].relative_to(in_tmp)}/"
-                                              f"best.pt --out {runs[1].relative_to(in_tmp)}/model.onnx")
+    folder = runs[1].relative_to(in_tmp)
+    assert second.stdout.splitlines()[-2].startswith(f"trained {folder}: recall@1 ")
+    # the model to export: the run's, or the pretrained export where the run did not beat it
+    kept = json.loads((runs[1] / "report.json").read_text())["keep_pretrained"]
+    assert second.stdout.splitlines()[-1] == (
+        "next: retrieval export --pretrained efficientnet_lite0 --resize crop --image-size 32 --out model.onnx   "
+        f"(the pretrained export; the trained model is in {folder}/best.pt)" if kept else
+        f"next: retrieval export --checkpoint {folder}/best.pt --out {folder}/model.onnx")
     assert json.loads(first.output[first.output.index("{\n  \"run\""):])["run"] == str(runs[0].relative_to(in_tmp))
 
     report = json.loads((runs[0] / "report.json").read_text())

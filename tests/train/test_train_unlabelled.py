@@ -19,7 +19,8 @@ from sample_images import noisy_png
 from sklearn.metrics import adjusted_rand_score
 
 from retrieval.compatibility import KEPT
-from retrieval.data.unlabelled import load_labelled_sample, load_unlabelled
+from retrieval.data.unlabelled import load_labelled_sample
+from retrieval.index.formats.gallery_images import load_unlabelled
 from retrieval.models import load_checkpoint
 from retrieval.models.embedder import EmbeddingHead
 from retrieval.train import TrainConfig, train

@@ -17,6 +17,7 @@ from retrieval.index.layout import VECTORS_IN, IndexLayout
 from retrieval.index.query_embedder import (
     ImageEmbedder,
 )
+from retrieval.index.record.index_info import IndexInfo
 from retrieval.index.shards import ShardStore
 from retrieval.near_duplicates import DuplicateCheck
 
@@ -100,8 +101,8 @@ def _recorded_collection(info: Mapping[str, Any]) -> MilvusPlace:
     """The collection an index built into Milvus keeps its vectors in (index.json's ``VECTORS_IN``)."""
     from retrieval.index.milvus.milvus_collection import MilvusPlace
 
-    where = info[VECTORS_IN]
-    return MilvusPlace(str(where["milvus"]), str(where["collection"]))
+    where = IndexInfo.of(info).vectors.vectors_in
+    return MilvusPlace(str(where["milvus"]), str(where["collection"]))  # type: ignore[index]  # require_finished
 
 
 def add_into_collection(layout: IndexLayout, catalogue: Catalogue, store: ShardStore, engine: Any,
@@ -119,7 +120,7 @@ def add_into_collection(layout: IndexLayout, catalogue: Catalogue, store: ShardS
     build = _ingest_into_collection(catalogue, store, engine, embedder, options, _recorded_collection(info), None,
                                     info)
     layout.write_info(info)
-    return {"index_key": info.get("index_key"), VECTORS_IN: build.where}
+    return {"index_key": IndexInfo.of(info).vectors.index_key, VECTORS_IN: build.where}
 
 
 def refuse_collection_repair(layout: IndexLayout, catalogue: Catalogue) -> None:
@@ -144,12 +145,13 @@ def remove_from_collection(catalogue: Catalogue, info: Mapping[str, Any], ids: S
     from retrieval.index.milvus import milvus_build
     from retrieval.index.milvus.milvus_collection import connect
 
-    place = _recorded_collection(info)
+    record = IndexInfo.of(info)
+    place = _recorded_collection(record)
     client = connect(place)
     try:
-        physical = str(info[VECTORS_IN]["physical"])
+        physical = str(record.vectors.vectors_in["physical"])  # type: ignore[index]  # _recorded_collection read it
         milvus_build.delete_ids(client, physical, sorted(set(ids)))
         milvus_build.reconcile(client, physical, catalogue)  # and what a removal killed midway left
     finally:
         client.close()
-    return {"index_key": info.get("index_key"), VECTORS_IN: info[VECTORS_IN]}
+    return {"index_key": record.vectors.index_key, VECTORS_IN: record.vectors.vectors_in}

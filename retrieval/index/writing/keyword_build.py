@@ -15,7 +15,7 @@ import json
 import logging
 import os
 import sqlite3
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from retrieval.errors import ParameterError
 from retrieval.index.catalogue import Catalogue, Status
 from retrieval.index.display_columns import parse_column_list
 from retrieval.index.layout import IndexLayout
+from retrieval.index.record.index_info import IndexInfo
 from retrieval.index.sources import MAX_EXTRA_CHARS, MAX_EXTRA_COLUMNS, printable_path
 from retrieval.text.keywords import (
     FTS_TABLE,
@@ -136,11 +137,11 @@ def build_keywords(layout: IndexLayout, catalogue: Catalogue, columns: Sequence[
     return keyword_fields(columns)
 
 
-def sync_keywords(layout: IndexLayout, catalogue: Catalogue, info: dict[str, Any]) -> dict[str, Any]:
+def sync_keywords(layout: IndexLayout, catalogue: Catalogue, info: IndexInfo | Mapping[str, Any]) -> dict[str, Any]:
     """Bring the keyword index that ``info`` (index.json) records in step with the catalogue's indexed rows: the
     rows added since inserted, those removed deleted (one transaction); rebuilt where its file is missing or holds
     other columns. Returns index.json's fields ({} where the index has no keyword index)."""
-    listed = info.get(TEXT_COLUMNS)
+    listed = IndexInfo.of(info).catalogue.text_columns
     columns = [c for c in listed if isinstance(c, str)] if isinstance(listed, list) else []
     columns = columns or recorded_columns(catalogue)
     if not columns:
@@ -187,9 +188,9 @@ def record_keywords(index_dir: str | Path, columns: str | Sequence[str]) -> dict
     layout = IndexLayout(index_dir)
     layout.require_finished()
     with layout.write_lock("build the keyword index of"), Catalogue(layout.catalogue) as catalogue:
-        info = layout.read_info()
+        info = layout.read_record()
         fields = build_keywords(layout, catalogue, names)
-        layout.write_info(info | fields)
+        layout.write_info(info.with_fields(fields))
         rows = catalogue.indexed_count()
     return {"index_dir": str(layout.root), **fields, "keyword_rows": rows}
 

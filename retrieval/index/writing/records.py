@@ -13,11 +13,13 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import faiss
 
+from retrieval.data.manifest_columns import DEFAULT_LABEL_COLUMN, missing_images_line, missing_paths
 from retrieval.errors import ParameterError, parameters_named
 from retrieval.index.catalogue import UPGRADE_MODEL_PATH, Catalogue, Status
-from retrieval.index.embedding.engine import AddVectors, IngestOptions
+from retrieval.index.embedding.engine import IngestOptions
 from retrieval.index.faiss_backend import faiss_files
-from retrieval.index.faiss_backend.faiss_build import build_faiss
+from retrieval.index.faiss_backend.faiss_build import AddVectors, build_faiss
+from retrieval.index.faiss_backend.faiss_params import faiss_mismatch
 from retrieval.index.formats.embedding_input import EmbeddingsInput, open_embeddings
 from retrieval.index.layout import IndexLayout, IndexLockedError, repair_command
 from retrieval.index.portable import GALLERY_RELATIVE, MODEL_RELATIVE, find_model, gallery_place, relative_to_index
@@ -33,6 +35,7 @@ from retrieval.index.query_embedder import (
     output_fields,
     with_output,
 )
+from retrieval.index.record.index_info import IndexInfo
 from retrieval.index.search import gallery_root
 from retrieval.index.shards import ShardStore
 from retrieval.index.sources import (
@@ -43,13 +46,14 @@ from retrieval.index.sources import (
     label_summary,
     list_gallery,
 )
-from retrieval.index.vectors import faiss_mismatch
 from retrieval.index.writing.mend import missing_vectors
 
 if TYPE_CHECKING:
     pass
 
 log = logging.getLogger(__name__)
+
+LABEL_COLUMN = "label_column"  # the catalogue's meta and index.json: the manifest column the labels come from
 
 
 
@@ -151,6 +155,8 @@ def info_from_meta(catalogue: Catalogue) -> dict[str, Any]:
     for key in ("source", "embeddings_dir"):  # built from embeddings: no model, and where its vectors came from
         if get(key) is not None:
             info[key] = get(key)
+    if get(LABEL_COLUMN) is not None:  # the manifest column its labels come from: what `index add` reads them by
+        info[LABEL_COLUMN] = get(LABEL_COLUMN)
     if get("text_columns") is not None and get("keyword_index") is not None:  # keyword_build's record
         info["text_columns"] = json.loads(get("text_columns"))
         info["keyword_index"] = get("keyword_index")
@@ -184,8 +190,9 @@ def relocate(layout: IndexLayout, catalogue: Catalogue, gallery_root: str | Path
     """Follow a moved gallery (``portable.gallery_place``: moved with the index folder, or to ``gallery_root``):
     the catalogue's paths under the recorded root are put under the new one, and the record names it. Returns the
     index.json fields that changed (none: it did not move). Caller holds the writer lock."""
-    info = readable_info(layout) or {}
-    recorded = {key: catalogue.get_meta(key) or info.get(key) for key in ("gallery_root", GALLERY_RELATIVE)}
+    info = IndexInfo.of(readable_info(layout)).catalogue
+    recorded = {"gallery_root": catalogue.get_meta("gallery_root") or info.gallery_root,
+                GALLERY_RELATIVE: catalogue.get_meta(GALLERY_RELATIVE) or info.gallery_relative}
     place = gallery_place(recorded, gallery_root_of(recorded, catalogue), layout.root, gallery_root)
     if not place.moved:
         return {}
@@ -204,45 +211,95 @@ def gallery_root_of(record: Mapping[str, Any], catalogue: Catalogue) -> PurePath
     return gallery_root({key: value for key, value in record.items() if value is not None}, catalogue)
 
 
-def recorded_model(layout: IndexLayout, catalogue: Catalogue, record: Mapping[str, Any]) -> tuple[
+def recorded_model(layout: IndexLayout, catalogue: Catalogue, record: IndexInfo | Mapping[str, Any]) -> tuple[
         ImageEmbedder, dict[str, str]]:
     """The index's own model, found by its hash (``portable.find_model``: the folders may have moved), and the
     fields that now record where it was found (none: where it was recorded)."""
-    if not record.get("model_path"):
+    model = IndexInfo.of(record).model
+    if not model.path:
         raise ParameterError("model", "is needed: this index records no model path")
     path = find_model(record, layout.root)
     embedder = load_model(path)
-    if not hash_matches(record.get("model_hash"), embedder):  # replaced since hashed: never embed with another model
+    if not hash_matches(model.hash, embedder):  # replaced since hashed: never embed with another model
         raise ParameterError("model", f"is needed: the file {path} has model_hash {embedder.model_hash}, not "
-                                      f"{record.get('model_hash')}, the index's; give that one")
+                                      f"{model.hash}, the index's; give that one")
     found = str(path.resolve())
-    if found == record.get("model_path") and record.get(MODEL_RELATIVE) is not None:
+    if found == model.path and model.relative is not None:
         return embedder, {}
     return embedder, rerecord(layout, catalogue, {"model_path": found,
                                                    MODEL_RELATIVE: relative_to_index(found, layout.root)})
 
 
+def is_manifest(images: str | Path) -> bool:
+    """Whether ``images`` names a manifest file (.csv or .parquet), as ``list_gallery`` reads one."""
+    path = Path(images).expanduser()
+    return path.suffix.lower() in (".csv", ".parquet") and path.is_file()
+
+
 def labelled_images(images: str | Path, split: str | None, catalogue: Catalogue, label_from: str | None,
-              ) -> tuple[Gallery, str]:
+                    label_column: str | None = None, look_for_files: bool = True) -> tuple[Gallery, str]:
     """The gallery and the label rule it was labelled with: ``label_from``, else the one the index recorded (where
-    it applies to this kind of source), else the kind's default; an index keeps the rule of its first listing."""
-    gallery = list_gallery(images, split)
+    it applies to this kind of source), else the kind's default; an index keeps the rule of its first listing, and
+    the manifest column its labels come from (``label_column``, else the recorded one, else 'label'). With
+    ``look_for_files``, a manifest's images are looked for before anything is recorded (``check_files``)."""
+    recorded_column = catalogue.get_meta(LABEL_COLUMN)
+    if label_column is not None and recorded_column is not None and label_column != recorded_column:
+        raise ParameterError("label_column", f"is {label_column!r}, but this index reads its labels from the "
+                                             f"manifest column {recorded_column!r}; give that one, or build a new "
+                                             "index")
+    try:
+        gallery = list_gallery(images, split, label_column or named_label_column(catalogue, images))
+    except ParameterError as exc:
+        if exc.param != "label_column" or label_column is not None:
+            raise
+        raise ValueError(f"this index reads its labels from the manifest column {recorded_column!r} (index.json's "
+                         f"{LABEL_COLUMN}), and {exc.problem.removeprefix('names ')}") from exc
     recorded = catalogue.get_meta("label_from")
     rule = label_from or recorded
     if rule is None or (label_from is None and rule == "manifest" and gallery.kind != "manifest"):
         rule = default_label_rule(gallery.kind)
     if recorded is not None and label_from is not None and label_from != recorded:
         raise LabelRuleMismatch(label_from, recorded)
+    if label_column is not None and rule != "manifest":
+        raise ParameterError("label_column", f"reads the labels from a manifest column, and the labels come from "
+                                             f"the rule {rule} (`label_from`): leave one out")
     with parameters_named(rule="label_from"):
         apply_label_rule(gallery, rule)
+    if look_for_files:
+        check_files(gallery)
     if recorded is None:
         catalogue.set_meta(label_from=rule)
+    if (recorded_column is None and gallery.kind == "manifest" and rule == "manifest"
+            and gallery.label_column != DEFAULT_LABEL_COLUMN):  # the default is not recorded: index.json as before
+        catalogue.set_meta(**{LABEL_COLUMN: gallery.label_column})
     return gallery, rule
 
 
+def named_label_column(catalogue: Catalogue, images: str | Path) -> str | None:
+    """The manifest column the index reads ``images``' labels from where one other than the default was named at
+    build (``label_column``); None for a folder, or where the default applies."""
+    recorded = catalogue.get_meta(LABEL_COLUMN)
+    return recorded if recorded not in (None, DEFAULT_LABEL_COLUMN) and is_manifest(images) else None
+
+
+def check_files(gallery: Gallery) -> None:
+    """A manifest whose images are not where it says (moved away from them): none there is refused in one line
+    before anything is embedded; some missing make one warning (each is recorded as it is read)."""
+    if gallery.kind != "manifest" or not gallery.items:
+        return
+    missing = missing_paths([item.path for item in gallery.items])
+    if not missing:
+        return
+    line = missing_images_line(missing, len(gallery.items), gallery.source)
+    if len(missing) == len(gallery.items):
+        raise FileNotFoundError(f"no image to index: {line}")
+    log.warning("%s", line)
+
+
 def list_images(images: str | Path, split: str | None, catalogue: Catalogue, label_from: str | None = None,
-          ) -> tuple[Gallery, str]:
-    gallery, rule = labelled_images(images, split, catalogue, label_from)
+                label_column: str | None = None, look_for_files: bool = True) -> tuple[Gallery, str]:
+    """The gallery to build from, labelled (``labelled_images``), refused where it lists no image."""
+    gallery, rule = labelled_images(images, split, catalogue, label_from, label_column, look_for_files)
     if not gallery.items:
         example = f"; e.g. {gallery.errors[0].path}: {gallery.errors[0].error}" if gallery.errors else ""
         raise ValueError(
@@ -367,7 +424,8 @@ def relabel(catalogue: Catalogue, rule: str) -> dict[str, Any]:
     if source is None:
         raise ValueError("this index records no gallery folder or manifest to relabel from; build it again, "
                          "labelled by the rule you want")
-    gallery = apply_label_rule(list_gallery(source, catalogue.get_meta("gallery_split")), rule)
+    gallery = apply_label_rule(list_gallery(source, catalogue.get_meta("gallery_split"),
+                                            named_label_column(catalogue, source)), rule)
     changed = catalogue.set_labels([(item.path, item.label) for item in gallery.items])
     catalogue.set_meta(label_from=rule)
     return {**label_summary(gallery, rule), "relabelled": changed}

@@ -69,6 +69,7 @@ from retrieval.index.query_embedder import (
     same_output,
     with_output,
 )
+from retrieval.index.record.index_info import IndexInfo
 from retrieval.index.shards import SHARD_PATTERN, ShardStore
 from retrieval.index.vectors import done_chunks
 from retrieval.index.writing.mend import mend
@@ -274,7 +275,7 @@ def upgrade_index(
 
 
 def _same_model(embedder: ImageEmbedder, info: Mapping[str, Any]) -> bool:
-    return hash_matches(info["model_hash"], embedder) and same_output(embedder, info)
+    return hash_matches(IndexInfo.of(info).model.hash, embedder) and same_output(embedder, info)
 
 
 def _planned_mode(embedder: ImageEmbedder, info: Mapping[str, Any]) -> str:
@@ -335,14 +336,15 @@ def _start(layout: IndexLayout, catalogue: Catalogue, store: ShardStore, info: d
         info = _publish(layout, catalogue, store, info, [], None, rebuild=True, options=IngestOptions())
     text_model = None
     if under_way is None:
+        old_hash = IndexInfo.of(info).model.hash
         if _same_model(embedder, info):
-            return {"mode": "none", "from": info["model_hash"], "first_shard": next_shard_number(store),
+            return {"mode": "none", "from": old_hash, "first_shard": next_shard_number(store),
                     "checks": None}
         # mixed: the output chosen (upgrade_target) embeds into the index's space and size
         mode = _planned_mode(embedder, info)
         output = getattr(embedder, "output_name", None)
         catalogue.set_meta(upgrade_model_hash=embedder.model_hash, upgrade_mode=mode,
-                           upgrade_from=info["model_hash"], upgrade_first_shard=str(next_shard_number(store)),
+                           upgrade_from=old_hash, upgrade_first_shard=str(next_shard_number(store)),
                            **{UPGRADE_MODEL_PATH: model_path,
                               UPGRADE_MODEL_RELATIVE: relative_to_index(model_path, layout.root)},
                            **({"upgrade_model_output": output} if output else {}),
@@ -356,7 +358,7 @@ def _start(layout: IndexLayout, catalogue: Catalogue, store: ShardStore, info: d
                 on_text = (checks or {}).get("on_text") or {}
                 if checks and checks.get("refuted"):
                     why = (f"the new model {embedder.model_hash} is declared compatible with model "
-                           f"{info['model_hash']}, whose space the text model maps into, but its training measured "
+                           f"{old_hash}, whose space the text model maps into, but its training measured "
                            "it not compatible (upgraded with force)")
                     info = text_off(info, embedder, why, layout.root, model_path)
                     text_model = {"state": "off", "reason": why}
@@ -365,7 +367,7 @@ def _start(layout: IndexLayout, catalogue: Catalogue, store: ShardStore, info: d
                            f"vectors do: {text_sentence(on_text)}")
                     info = text_off(info, embedder, why, layout.root, model_path)
                     text_model = {"state": "off", "reason": why}
-            record = {"from": info["model_hash"], "mode": mode, **check_record(checks),
+            record = {"from": old_hash, "mode": mode, **check_record(checks),
                       **({"text_model": text_model} if text_model else {})}
             layout.write_info(_with_model(info, new_fields, {"upgrade": record}))
     recorded = catalogue.get_meta(CHECKS)
@@ -389,7 +391,7 @@ def _run(layout: IndexLayout, state: dict[str, Any], embedder: ImageEmbedder, mo
         waiting = _embedded_unpublished(catalogue, store, first)
         remaining = np.setdiff1d(_old_rows(catalogue, first), [o.id for o in waiting])
         faiss_index = faiss_files.read_index(layout.faiss)
-        faiss_params.set_search_params(faiss_index, layout.read_info().get("params", {}))
+        faiss_params.set_search_params(faiss_index, layout.read_record().vectors.params or {})
         ordered = backfill_order(store, catalogue, faiss_index, remaining, order)
         del faiss_index
         total = len(ordered) + len(waiting)
@@ -479,7 +481,7 @@ def _finish(layout: IndexLayout, embedder: ImageEmbedder, model_path: str, mode:
         text_model = (info.pop("upgrade", None) or {}).get("text_model")  # a mixed upgrade's, from its start
         if mode == "swap" and has_text_model(info):
             why = (f"the gallery was re-embedded into the space of model {embedder.model_hash}, and the text model "
-                   f"maps text into the space of model {info['model_hash']}")
+                   f"maps text into the space of model {IndexInfo.of(info).model.hash}")
             info = text_off(info, embedder, why, layout.root, model_path)
             text_model = {"state": "off", "reason": why}
         summary["text_model"] = text_model

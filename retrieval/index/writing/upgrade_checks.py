@@ -31,12 +31,12 @@ from retrieval.index.catalogue import Catalogue
 from retrieval.index.curation.compare import measure_on_labels
 from retrieval.index.embedding.engine import IngestOptions
 from retrieval.index.query_embedder import ImageEmbedder
+from retrieval.index.record.index_info import IndexInfo
 from retrieval.index.shards import ShardStore
 from retrieval.index.sources import printable_path
 from retrieval.index.writing.upgrade_text import index_root_of, measure_text_on_captions, text_sentence
 from retrieval.text.text_index import (
     TEXT_FIELDS,
-    TEXT_MODEL_HASH,
     TEXT_MODEL_OFF,
     has_text_model,
     open_text_model,
@@ -136,7 +136,8 @@ def text_off(info: Mapping[str, Any], embedder: ImageEmbedder, why: str, index_r
              model_path: str | Path) -> dict[str, Any]:
     """``info`` with its text model turned off (its fields moved to ``TEXT_MODEL_OFF`` with why): its tower maps
     text into a space the index's vectors are no longer in, so text search says so rather than answer worse."""
-    record = {"text_model_hash": info[TEXT_MODEL_HASH], "image_model_hash": info["model_hash"],
+    recorded = IndexInfo.of(info)
+    record = {"text_model_hash": recorded.text.hash, "image_model_hash": recorded.model.hash,
               "upgraded_to": embedder.model_hash, "reason": why}
     off = {key: value for key, value in info.items() if key not in TEXT_FIELDS} | {TEXT_MODEL_OFF: record}
     log.warning("%s", text_off_problem(off, printable_path(str(index_root)), printable_path(str(model_path))))

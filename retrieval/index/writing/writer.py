@@ -52,6 +52,7 @@ from retrieval.index.query_embedder import (
     has_model,
     load_model,
 )
+from retrieval.index.record.index_info import IndexInfo
 from retrieval.index.search import public_path
 from retrieval.index.shards import ShardStore
 from retrieval.index.sources import (
@@ -110,6 +111,7 @@ def build_index(
     milvus: MilvusPlace | None = None,
     milvus_index_type: str | None = None,
     text_columns: Sequence[str] | None = None,
+    label_column: str | None = None,
 ) -> dict[str, Any]:
     """Build (or finish an interrupted build of) an index of the images in ``out``; returns a summary.
 
@@ -117,7 +119,9 @@ def build_index(
     faiss index; None: those an interrupted build of this folder recorded, if any).
 
     ``label_from`` (``sources.LABEL_RULES``): where an image's label comes from; default: its folder's name (a
-    folder) or the label column (a manifest). The summary says which classes it found.
+    folder) or the label column (a manifest: ``label_column``, 'label' unless named; recorded, so that ``add_images``
+    reads the same). The summary says which classes it found, and where a manifest has none, the column that looks
+    like them. A manifest whose images are not there (it moved) is refused in one line before anything is embedded.
 
     ``options.engine`` chooses who decodes and embeds (``local``, or ``ray`` on a Ray cluster); every
     engine writes the same folder layout, so an index is resumed, searched and updated the same way.
@@ -160,7 +164,9 @@ def build_index(
             check_resumed_place(catalogue, milvus, layout.root)
             if milvus is None:
                 check_same_key(catalogue, index_key, layout.root)
-        gallery, rule = list_images(images, split, catalogue, label_from)
+        # Ray's workers read the files: the driver may not see them
+        gallery, rule = list_images(images, split, catalogue, label_from, label_column,
+                                    look_for_files=options.engine == "local")
         if state is None:
             fields = model_fields(embedder, str(model) if model else None, layout.root)
             catalogue.set_meta(state="building", index_key=index_key, **meta_values(fields),
@@ -307,7 +313,8 @@ def add_images(
             embedder, found = recorded_model(layout, catalogue, info)
             info |= found
         embedder = check_same_model(catalogue, embedder, layout.root)
-        gallery, rule = labelled_images(images, split, catalogue, label_from)
+        gallery, rule = labelled_images(images, split, catalogue, label_from,
+                                        look_for_files=options.engine == "local")
         if check_new is not None:
             check_new(gallery.items)
         before = tally(catalogue)
@@ -347,7 +354,7 @@ def remove_images(
         wanted = [int(i) for i in ids]
         if paths:
             info |= relocate(layout, catalogue, gallery_root)
-            root = info.get("gallery_root") or catalogue.get_meta("gallery_root")
+            root = IndexInfo.of(info).catalogue.gallery_root or catalogue.get_meta("gallery_root")
             found = {given: catalogue_id(catalogue, given, root) for given in paths}
             missing = [given for given, found_id in found.items() if found_id is None]
             if missing:
