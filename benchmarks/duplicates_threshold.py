@@ -6,7 +6,7 @@ stretched to varied shapes (``ASPECTS``: square, 4:3, 3:4, 16:9, 9:16), and
 ``--planted`` copies of some of them made by ``plant_copies`` (the kinds `auto` claims to find, in turn: resized,
 re-encoded, cropped, recoloured; another seed than the calibration's) saved in the original's folder. The index is
 built with the model of ``benchmarks/near_duplicates.py model`` (EfficientNet-Lite0, ImageNet weights, 128 px), then
-``find_duplicates(index, "auto")`` runs as the command does. Scored per gallery:
+``find_duplicates(index, DuplicateOptions("auto"))`` runs as the command does. Scored per gallery:
 
 - recall: planted copies grouped with their original;
 - precision: (first image, member) pairs of the groups that are a planted copy with its original;

@@ -133,3 +133,31 @@ def test_a_file_gone_from_the_gallery_is_measured_as_it_was_loaded(tmp_path):
         (tmp_path / "in" / "copy.png").unlink()
         keep = KeptImage(index, {ids["copy.png"]: 80})
         assert keep(ids["copy.png"], [(ids["original.png"], pair)]) == ids["original.png"]
+
+
+def png_header(width: int, height: int) -> bytes:
+    """A small PNG file whose header (its checksum right) claims ``width`` x ``height`` pixels."""
+    import io
+    import struct
+    import zlib
+
+    saved = io.BytesIO()
+    Image.new("RGB", (4, 4)).save(saved, "PNG")
+    data = bytearray(saved.getvalue())
+    data[16:24] = struct.pack(">II", width, height)  # the IHDR's width and height, after the signature and its tag
+    data[29:33] = struct.pack(">I", zlib.crc32(bytes(data[12:29])))
+    return bytes(data)
+
+
+@pytest.mark.parametrize("claimed", [8_000, 100_000])  # past the decoder's pixel limit; past Pillow's too
+def test_a_file_whose_header_claims_a_huge_size_is_measured_as_it_was_loaded(tmp_path, claimed):
+    """The copy's file now claims a huge picture in its header: the claim is not believed (no error, no decoding),
+    its side as the verification loaded it ranks it, and the original is kept."""
+    picture = original()
+    files = {"copy.png": COPIES["downscaled.png"](picture), "original.png": picture}
+    with Index.open(catalogued(tmp_path, files)) as index:
+        pair = verified_pairs(index)[0]
+        ids = {Path(r["path"]).name: i for i, r in index.indexed_rows(index.ids.tolist()).items()}
+        (tmp_path / "in" / "copy.png").write_bytes(png_header(claimed, claimed))
+        keep = KeptImage(index, {ids["copy.png"]: 80})
+        assert keep(ids["copy.png"], [(ids["original.png"], pair)]) == ids["original.png"]

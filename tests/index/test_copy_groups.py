@@ -2,7 +2,9 @@
 share a group, even when a third image (a copy of one whose colours drifted) is verified against both; the image
 kept is then the variant nearest the third's colours, so neither variant is proposed for removal; and the rule
 matches a slow reference on random verdicts. A group keeps its most detailed image (an original rather than its
-downscaled copy). Also: each image's nearest neighbour is a candidate pair."""
+downscaled copy). Members not compared with each other (no checks left) are never proposed for removal, and a
+large group with a small budget compares at most the budget. Also: each image's nearest neighbour is a candidate
+pair."""
 
 from __future__ import annotations
 
@@ -11,8 +13,16 @@ from itertools import combinations
 import numpy as np
 import pytest
 
+from retrieval.errors import ParameterError
 from retrieval.index.curation.copy_check import PairComparison
-from retrieval.index.curation.copy_verification import COLOURS_DIFFER, CheckedPair, Verification, copy_groups
+from retrieval.index.curation.copy_verification import (
+    COLOURS_DIFFER,
+    NOT_CANDIDATES,
+    CheckedPair,
+    Verification,
+    copy_groups,
+)
+from retrieval.index.curation.duplicates import advice, find_duplicates
 from retrieval.index.curation.linked_groups import duplicate_links
 from retrieval.index.curation.neighbour_graph import NeighbourGraph
 
@@ -207,3 +217,65 @@ def test_each_images_nearest_neighbour_is_a_candidate_whatever_the_cutoff():
     first, second, cosines = duplicate_links(graph, 0.8, nearest=1, nearest_floor=0.5)
     assert list(zip(first.tolist(), second.tolist(), strict=True)) == [(0, 1), (1, 2)]
     assert duplicate_links(graph, 0.8)[0].tolist() == [1]
+
+
+# --- bounded work and safe proposals where members were not all compared with each other
+def test_a_large_group_with_a_tiny_budget_compares_at_most_the_budget_and_builds_no_pair_list():
+    """3,000 images verified against one, 5 extra checks allowed: at most 5 pairs are asked for, and the members'
+    4.5 million pairs are never built (the peak memory stays a few MB; a list of them would take hundreds)."""
+    import tracemalloc
+
+    asked: list = []
+
+    def check(first: np.ndarray, second: np.ndarray) -> Verification:
+        asked.extend(zip(first.tolist(), second.tolist(), strict=True))
+        return Verification([pair(a, b) for a, b in zip(first.tolist(), second.tolist(), strict=True)], len(first), 0)
+
+    candidates = [pair(0, i) for i in range(1, 3001)]
+    tracemalloc.start()
+    try:
+        groups = copy_groups(candidates, check, max_checks=5, cross_check=True)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(asked) <= 5
+    assert peak < 30_000_000
+    assert [len(g.ids) for g in groups] == [3001]
+    # the members not compared with every other are listed, never proposed for removal
+    assert len(groups[0].removable) == 0 and len(groups[0].unconfirmed) == 3000
+
+
+@pytest.mark.parametrize("budget", ["no check", 0])
+def test_two_colour_variants_never_compared_with_each_other_are_listed_but_not_proposed(budget):
+    """A ~ B ~ C verified, A and C never compared (no check after Ctrl-C, or no checks left): B is the first, A and C
+    are listed with it, and neither is proposed for removal (they may be two products)."""
+    check = None if budget == "no check" else answering({(1, 3): VARIANTS})
+    groups = copy_groups(CHAIN, check, max_checks=0 if budget == 0 else 100, cross_check=True)
+    assert [g.ids.tolist() for g in groups] == [[2, 1, 3]]
+    assert not {1, 3} & {i for g in groups for i in g.removable}
+
+
+def test_members_whose_pair_was_passed_over_as_unlike_are_not_proposed():
+    """A and C passed over by the check (less alike than the candidates: not compared): neither is proposed."""
+    passed = CheckedPair(1, 3, 0.5, None, NOT_CANDIDATES)
+    groups = copy_groups(CHAIN, answering({(1, 3): passed}), cross_check=True)
+    assert not {1, 3} & {i for g in groups for i in g.removable}
+
+
+def test_members_compared_with_each_other_alike_are_proposed():
+    """Three copies of one original, compared with each other and alike: all three are proposed for removal."""
+    truth = {(a, b): pair(a, b) for a, b in combinations(range(2, 5), 2)}
+    groups = copy_groups([pair(1, i) for i in range(2, 5)], answering(truth), cross_check=True)
+    assert [g.removable for g in groups] == [[2, 3, 4]]
+
+
+def test_the_removal_proposed_leaves_out_unconfirmed_members():
+    """``advice`` proposes a group's members but the unconfirmed ones."""
+    proposal = advice(None, [{"ids": [2, 1, 3, 4], "unconfirmed": [1, 3]}])
+    assert proposal["removal"]["ids"] == [4]
+
+
+def test_find_duplicates_given_other_than_duplicate_options_names_them():
+    """The old call ``find_duplicates(index, "auto")`` is refused with an error naming ``DuplicateOptions``."""
+    with pytest.raises(ParameterError, match="DuplicateOptions"):
+        find_duplicates(None, "auto")  # type: ignore[arg-type]

@@ -145,7 +145,7 @@ def test_wise_ft_auto_draws_the_curve_and_chooses_on_validation(images, tmp_path
 
     opened = load_report(run / "report.json")  # what the app's Evaluation tab shows
     assert domains_plot(opened).size[0] > 300 and wise_plot(opened).size[0] > 300
-    assert "**other**: start (epoch 0)" in summary_markdown(opened) and "pretrained backbone, 160 px" in \
+    assert "**other**: start \\(epoch 0\\)" in summary_markdown(opened) and "pretrained backbone, 160 px" in \
         summary_markdown(opened)
     headers, _ = opened.metrics_table()
     assert f"WiSE-FT (alpha {wise['alpha']:g})" in headers

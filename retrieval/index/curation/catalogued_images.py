@@ -128,14 +128,19 @@ def _stem(row: dict[str, Any] | None) -> str:
 
 def _header_size(path: str | None) -> tuple[int, int] | None:
     """(width, height) as the image file's header states it (no pixel decoded); None when it cannot be read."""
-    from retrieval.data.decode import open_regular_file
+    from retrieval.data.decode import DEFAULT_MAX_PIXELS, open_regular_file
+    from retrieval.data.formats import ACCEPTED_FORMATS
 
     if path is None:
         return None
     try:
-        with warnings.catch_warnings(), open_regular_file(path) as handle, Image.open(handle) as image:
-            warnings.simplefilter("ignore")  # a header past the decoder's pixel limit still states its size
-            width, height = image.size
-    except Exception:  # noqa: BLE001  (an unreadable file ranks by what was loaded of it)
+        with warnings.catch_warnings():
+            # a header past Pillow's pixel limit is an error (DecompressionBombWarning/Error), caught below
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            # only the formats the decoder opens: no other plugin sees a gallery's bytes
+            with open_regular_file(path) as handle, Image.open(handle, formats=ACCEPTED_FORMATS) as image:
+                width, height = image.size
+    except Exception:  # noqa: BLE001  (an unreadable or oversized file ranks by what was loaded of it)
         return None
-    return int(width), int(height)
+    # a header claiming more than the decoder loads is not believed: the loaded size ranks the file
+    return (int(width), int(height)) if 0 < width * height <= DEFAULT_MAX_PIXELS else None

@@ -14,11 +14,12 @@ that do not chain. The rules are calibrated by ``copy_calibration``.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -195,10 +196,17 @@ def verify_pairs(first: np.ndarray, second: np.ndarray, cosines: np.ndarray, fea
 @dataclass(frozen=True)
 class CopyGroup:
     """A verified group: ``ids`` the first (the one kept) then the others ascending; ``pairs`` each of the others
-    checked against the first, in that order."""
+    checked against the first, in that order; ``unconfirmed``: members listed but never proposed for removal (not
+    compared with every other member: two of them may be colour variants, both copies of the first)."""
 
     ids: np.ndarray
     pairs: list[CheckedPair]
+    unconfirmed: frozenset[int] = frozenset()
+
+    @property
+    def removable(self) -> list[int]:
+        """The members proposed for removal: all but the first and the unconfirmed ones."""
+        return [int(i) for i in self.ids[1:] if int(i) not in self.unconfirmed]
 
 
 # ``check(first, second)``: the pairs (first[i] < second[i]) compared to form groups, as ``verify_pairs`` compares
@@ -229,7 +237,11 @@ def copy_groups(pairs: Sequence[CheckedPair], check: GroupCheck | None = None,
     ``keep(first, joined)``: where given, the group keeps (puts first) the member it names (the most detailed: an
     original rather than its downscaled, cropped or re-encoded copies, which may be verified against more others)
     and holds the members verified against that one (compared by ``check_kept``, default ``check``, where they were
-    not yet, or where ``check`` passed over them as ``NOT_CANDIDATES``); the others are grouped again."""
+    not yet, or where ``check`` passed over them as ``NOT_CANDIDATES``); the others are grouped again.
+
+    Members are compared with each other lazily, at most the checks left (never every pair of a large group); a
+    member not compared with every other (no check left, or passed over) is ``unconfirmed``: listed, never proposed
+    for removal, since two such may be colour variants that are both copies of the first."""
     verified = [p for p in pairs if p.verified]
     if not verified:
         return []
@@ -241,16 +253,34 @@ def copy_groups(pairs: Sequence[CheckedPair], check: GroupCheck | None = None,
     members: dict[int, list[int]] = {}
     for node, root in zip(nodes.tolist(), sets.roots().tolist(), strict=True):
         members.setdefault(root, []).append(int(node))
-    known = {(p.first, p.second): p for p in pairs}
+    known: dict[tuple[int, int], CheckedPair] = {}
+    # per image: the images it was compared with, and those whose colours differ from its own (a group's members are
+    # looked up through these, never through every pair of members)
+    compared_with: dict[int, set[int]] = {}
+    differ: dict[int, set[int]] = {}
+
+    def learn(found: Iterable[CheckedPair]) -> None:
+        for p in found:
+            known[(p.first, p.second)] = p
+            if p.comparison is not None and p.reason != NOT_CANDIDATES:
+                compared_with.setdefault(p.first, set()).add(p.second)
+                compared_with.setdefault(p.second, set()).add(p.first)
+            if p.reason == COLOURS_DIFFER:
+                differ.setdefault(p.first, set()).add(p.second)
+                differ.setdefault(p.second, set()).add(p.first)
+
+    learn(pairs)
     budget = {"left": max_checks if check is not None else 0}
 
-    def compare_missing(keys: Sequence[tuple[int, int]], kept: bool = False) -> None:
-        """The pairs (lower id first) not checked yet, compared in one batch (within the budget); ``kept``: with
-        ``check_kept``, the ones ``check`` passed over too."""
+    def compare_missing(keys: Iterable[tuple[int, int]], kept: bool = False) -> None:
+        """The pairs (lower id first, produced lazily) not checked yet, compared in one batch: at most the budget
+        left is drawn from ``keys``; ``kept``: with ``check_kept``, the ones ``check`` passed over too."""
         comparing = (check_kept or check) if kept else check
-        missing = list(dict.fromkeys(key for key in keys if key not in known or (
-            kept and known[key].reason == NOT_CANDIDATES)))[:budget["left"]]
-        if not missing or comparing is None:
+        if comparing is None or budget["left"] <= 0:
+            return
+        missing = list(itertools.islice(_unique(key for key in keys if key not in known or (
+            kept and known[key].reason == NOT_CANDIDATES)), budget["left"]))
+        if not missing:
             return
         budget["left"] -= len(missing)
         try:
@@ -259,7 +289,7 @@ def copy_groups(pairs: Sequence[CheckedPair], check: GroupCheck | None = None,
         except KeyboardInterrupt:
             budget["left"] = 0  # no more extra checks: what is known groups
             return
-        known.update(((p.first, p.second), p) for p in result.pairs)
+        learn(result.pairs)
         if result.interrupted:
             budget["left"] = 0
 
@@ -272,7 +302,7 @@ def copy_groups(pairs: Sequence[CheckedPair], check: GroupCheck | None = None,
         """The images of ``rest`` verified against ``head`` (compared now where they were not yet), by id."""
         if budget["left"] > 0:
             others = sorted(rest - {head})
-            compare_missing([(min(head, o), max(head, o)) for o in others])
+            compare_missing((min(head, o), max(head, o)) for o in others)
         else:  # no check left: only the images verified against it can join
             others = sorted(neighbours[head] & rest)
         return [(other, pair) for other in others
@@ -281,10 +311,16 @@ def copy_groups(pairs: Sequence[CheckedPair], check: GroupCheck | None = None,
     def clashing(joined: list[tuple[int, CheckedPair]]) -> set[tuple[int, int]]:
         """The pairs of ``joined`` whose colours differ (the members compared with each other first, if asked)."""
         ids = [i for i, _ in joined]  # ascending
-        keys = [(a, b) for n, a in enumerate(ids) for b in ids[n + 1:]]
         if cross_check and budget["left"] > 0:
-            compare_missing(keys)
-        return {key for key in keys if (pair := known.get(key)) is not None and pair.reason == COLOURS_DIFFER}
+            compare_missing(itertools.combinations(ids, 2))  # drawn lazily, at most the budget
+        members = set(ids)
+        return {(a, b) for a in ids for b in differ.get(a, ()) if a < b and b in members}
+
+    def unconfirmed(joined: list[tuple[int, CheckedPair]]) -> frozenset[int]:
+        """The members of ``joined`` not compared with every other: never proposed for removal."""
+        members = {i for i, _ in joined}
+        return frozenset(i for i in members
+                         if sum(o in members for o in compared_with.get(i, ())) < len(members) - 1)
 
     groups = []
     # the smaller sets first: one large set of lookalikes does not spend the checks the many small ones need
@@ -312,7 +348,8 @@ def copy_groups(pairs: Sequence[CheckedPair], check: GroupCheck | None = None,
             joined = _without_clashes(joined, clashes)
             if keep is not None:
                 head, joined = _kept_first(head, joined, keep(head, joined), compare_missing, known)
-            groups.append(CopyGroup(np.asarray([head, *(i for i, _ in joined)], np.int64), [p for _, p in joined]))
+            groups.append(CopyGroup(np.asarray([head, *(i for i, _ in joined)], np.int64), [p for _, p in joined],
+                                    unconfirmed(joined)))
             for placed in (head, *(i for i, _ in joined)):
                 rest.discard(placed)
                 for other in neighbours[placed] & rest:
@@ -322,7 +359,7 @@ def copy_groups(pairs: Sequence[CheckedPair], check: GroupCheck | None = None,
 
 
 def _kept_first(head: int, joined: list[tuple[int, CheckedPair]], kept: int,
-                compare_missing: Callable[[Sequence[tuple[int, int]], bool], None],
+                compare_missing: Callable[[Iterable[tuple[int, int]], bool], None],
                 known: dict[tuple[int, int], CheckedPair]) -> tuple[int, list[tuple[int, CheckedPair]]]:
     """The group (``head`` and ``joined``) around its member ``kept``: that member first, with the members verified
     against it (compared now where they were not yet, within the budget). The kept member is verified against
@@ -336,6 +373,15 @@ def _kept_first(head: int, joined: list[tuple[int, CheckedPair]], kept: int,
                   if (pair := known.get(key)) is not None and pair.verified]
 
 
+def _unique(keys: Iterable[tuple[int, int]]) -> Iterator[tuple[int, int]]:
+    """``keys`` without repeats, lazily (only the keys drawn are remembered)."""
+    seen: set[tuple[int, int]] = set()
+    for key in keys:
+        if key not in seen:
+            seen.add(key)
+            yield key
+
+
 def _colour_apart(pair: CheckedPair) -> float:
     return pair.comparison.colour_mismatch if pair.comparison is not None else math.inf
 
@@ -343,10 +389,14 @@ def _colour_apart(pair: CheckedPair) -> float:
 def _without_clashes(joined: list[tuple[int, CheckedPair]],
                      clashes: set[tuple[int, int]]) -> list[tuple[int, CheckedPair]]:
     """``joined`` (by id) less each member whose colours differ from a member nearer the first's colours."""
-    kept: list[int] = []
+    apart: dict[int, set[int]] = {}  # each member's clashes: a member costs its own, not a pass over those kept
+    for a, b in clashes:
+        apart.setdefault(a, set()).add(b)
+        apart.setdefault(b, set()).add(a)
+    kept: set[int] = set()
     for other, _ in sorted(joined, key=lambda j: (_colour_apart(j[1]), j[0])):
-        if not any((min(other, k), max(other, k)) in clashes for k in kept):
-            kept.append(other)
+        if not apart.get(other, set()) & kept:
+            kept.add(other)
     return [(other, pair) for other, pair in joined if other in kept]
 
 

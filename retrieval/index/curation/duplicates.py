@@ -117,7 +117,10 @@ def find_duplicates(index: Index, options: DuplicateOptions | None = None, *,
     as ``options`` say (``DuplicateOptions``). ``load`` reads an image (default its catalogued file); ``embedder``
     embeds planted copies (default the index's model); ``graph``: one already computed with ``k``;
     ``verification``: a calibration already made for it."""
-    options = options or DuplicateOptions()
+    options = DuplicateOptions() if options is None else options
+    if not isinstance(options, DuplicateOptions):
+        raise ParameterError("options", f"must be a DuplicateOptions (DuplicateOptions(threshold=..., k=...)), got "
+                                        f"{type(options).__name__} {options!r:.60}")
     threshold, calibration_sample = options.threshold, options.calibration_sample
     if isinstance(threshold, str) and threshold != "auto":
         raise ParameterError("threshold", f"must be a cosine in [-1, 1] or auto, got {threshold!r}")
@@ -216,6 +219,8 @@ def find_copies(index: Index, graph: NeighbourGraph, load: Callable[[int], Image
     listed = group_summaries(index, [_as_linked(g) for g in groups], max_groups, max_members)
     for summary, group in zip(listed, groups, strict=False):
         summary["verified"] = True
+        # members not compared with every other member: listed, never proposed for removal (two colour variants)
+        summary["unconfirmed"] = sorted(group.unconfirmed)
         summary["estimated_precision"] = round(group_precision(group, calibration, verified_share), 3)
         summary["checks"] = [p.comparison.to_dict() if p.comparison is not None else None
                              for p in group.pairs[:max_members - 1]]
@@ -251,6 +256,11 @@ def find_copies(index: Index, graph: NeighbourGraph, load: Callable[[int], Image
     if not checked.complete:
         summary["warnings"].insert(0, f"verification not finished ({checked.stopped_because}): the groups come from "
                                       "the pairs checked, the first by id")
+    unconfirmed = sum(len(g.unconfirmed) for g in groups)
+    if unconfirmed:
+        summary["warnings"].append(f"{unconfirmed:,} images of groups were not compared with every other member of "
+                                   "their group (stopped, or past the checks allowed): listed, not proposed for "
+                                   "removal, as two of them may be colour variants")
     if grouping["interrupted"]:
         summary["warnings"].insert(0, "grouping stopped by Ctrl-C: an image linked to a group's first only through "
                                       "others and not compared with it yet is left out of that group")
@@ -288,7 +298,8 @@ def similar_summaries(index: Index, pairs: Sequence[CheckedPair]) -> list[dict[s
 
 def advice(calibration: dict[str, Any] | None, groups: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """What a summary proposes and warns of: ``removal`` (the copies of the listed groups whose labels agree;
-    ``left_out``: the numbers, from 1, of those mixing labels, never proposed) and ``warnings`` for people (the
+    ``left_out``: the numbers, from 1, of those mixing labels, never proposed; a group's ``unconfirmed`` members
+    are never proposed either) and ``warnings`` for people (the
     calibration's, and the groups mixing labels)."""
     mixed = [number for number, group in enumerate(groups, 1) if group.get("labels_mixed")]
     warnings = [calibration["warning"]] if calibration and calibration.get("warning") else []
@@ -297,5 +308,6 @@ def advice(calibration: dict[str, Any] | None, groups: Sequence[dict[str, Any]])
         warnings.append(f"{len(mixed)} of {len(groups)} groups listed mix labels ({listed}): distinct images alike "
                         "to the model, or a copy filed under another label; they are left out of the removal "
                         "proposed: look at them first")
-    ids = [i for group in groups if not group.get("labels_mixed") for i in group["ids"][1:]]
+    ids = [i for group in groups if not group.get("labels_mixed") for i in group["ids"][1:]
+           if i not in group.get("unconfirmed", ())]
     return {"removal": {"ids": ids, "groups": len(groups) - len(mixed), "left_out": mixed}, "warnings": warnings}
