@@ -391,13 +391,15 @@ def save_cost(measured: dict, machine: str) -> None:
     """The cost table as benchmarks/results/copy-verification-cost-*.json."""
     from results_io import write_result
 
+    from retrieval.index.curation.copy_calibration import COPY_KINDS, VERIFY_SAMPLE
+
     rows = [["images prepared (SIFT at full detail), 1 thread", f"{measured['features_per_second_1_thread']:,} /s"],
             ["pairs compared from prepared images, 1 thread", f"{measured['compare_pairs_per_second']['1']:,} /s"],
             ["pairs compared from prepared images, 2 threads", f"{measured['compare_pairs_per_second']['2']:,} /s"],
             ["whole verification (read, prepare once, compare), 2 threads",
              f"{measured['verify_pairs_per_second_2_threads']:,} pairs/s"],
             ["candidate pairs per image (10 neighbours, calibrated cosine)", f"{measured['pairs_per_image']}"],
-            ["calibration (50 images: 250 copies embedded, 400 pairs compared)",
+            [f"calibration ({VERIFY_SAMPLE} images: {VERIFY_SAMPLE * len(COPY_KINDS)} copies embedded and compared)",
              f"{measured['calibration_seconds']} s"]]
     rows += [[f"projected: {float(n):,.0f} images ({v['pairs']:,} pairs)", f"{v['hours']} h"]
              for n, v in measured["projected"].items()]
