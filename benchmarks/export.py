@@ -59,7 +59,7 @@ def build_model(backbone: str, dim: int):
 
 def bench_backbone(args: argparse.Namespace, backbone: str, folder: Path) -> list[dict]:
     model, weights = build_model(backbone, args.dim)
-    model.config["input_size"] = args.size
+    model.config = model.config.with_fields({"input_size": args.size})
     path = folder / f"{backbone}.onnx"
     result = export_embedder(model, path, log=lambda line: print(f"  {line}", flush=True))
     print(f"| {backbone} | {weights} | {result.seconds:.1f} s | {result.file_bytes / 2**20:.1f} MiB | "

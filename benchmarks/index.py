@@ -113,7 +113,7 @@ def ray_throughput(args: argparse.Namespace) -> dict:
     work = Path(tempfile.mkdtemp(prefix="bench-ray-"))
     torch.manual_seed(0)
     model = create_embedder(args.backbone, embedding_dim=128, pretrained=False).eval()
-    model.config["input_size"] = args.input_size
+    model.config = model.config.with_fields({"input_size": args.input_size})
     export_embedder(model, work / "model.onnx", verify=False, log=lambda m: None)
     write_digits(work / "gallery", min(args.images, 1700))
     # sklearn has ~1,790 distinct digits: the rest are mirrored and rotated copies (7 per digit, up to 13,600)

@@ -80,6 +80,7 @@ def measure(index: faiss.Index, rows_of, data: Path) -> dict:
 def run_ours(args: argparse.Namespace) -> dict:
     """``retrieval index build --embeddings`` as a user runs it, then the index it wrote, searched as it is saved."""
     from retrieval.index.faiss_backend import faiss_files, faiss_params
+    from retrieval.index.layout import IndexLayout
 
     data, work = Path(args.data), Path(args.work) / f"ours-{args.budget}"
     shutil.rmtree(work, ignore_errors=True)
@@ -93,14 +94,14 @@ def run_ours(args: argparse.Namespace) -> dict:
     seconds = time.perf_counter() - started
     if result.returncode != 0:
         return {"side": "ours", "budget": args.budget, "error": (result.stdout + result.stderr)[-2000:]}
-    info = json.loads((work / "index.json").read_text())
+    info = IndexLayout(work).read_record()
     index = faiss_files.read_index(work / "index.faiss")
-    faiss_params.set_search_params(index, info.get("params", {}))
+    faiss_params.set_search_params(index, info.vectors.params if info.holds("params") else {})
     measured = measure(index, lambda ids: np.where(ids >= 1, ids - 1, -1), data)  # ids: rows from 1
-    return {"side": "ours", "budget": args.budget, "key": info["index_key"], "params": info.get("params"),
+    return {"side": "ours", "budget": args.budget, "key": info.vectors.index_key, "params": info.vectors.params,
             "build_s": round(seconds, 1), "file_mib": round((work / "index.faiss").stat().st_size / 2**20, 1),
-            "estimated_mib": round((info.get("budget") or {}).get("estimated_bytes", 0) / 2**20, 1),
-            "tuned_recall": (info.get("tuning") or {}).get("recall_10_at_10"), **measured}
+            "estimated_mib": round((info.vectors.budget or {}).get("estimated_bytes", 0) / 2**20, 1),
+            "tuned_recall": (info.vectors.tuning or {}).get("recall_10_at_10"), **measured}
 
 
 def run_peer(args: argparse.Namespace) -> dict:

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from retrieval.data.preprocessing import ModelPreprocessing
+from retrieval.index.layout import IndexLayout
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -78,7 +79,7 @@ def main() -> None:
         write_vector_index(folder, args.n, args.dim, key=args.key, clusters=2000)
         print(f"(index of {args.n:,} x {args.dim} built in {time.perf_counter() - started:.0f} s: {folder})",
               file=sys.stderr)
-    info = json.loads((folder / "index.json").read_text())
+    info = IndexLayout(folder).read_record()
     service = SearchService(folder, embedder=VectorsOnly(args.dim), reload_interval_s=0.2)
     records: list[tuple[float, float]] = []  # (start, seconds)
     stop = threading.Event()
@@ -141,7 +142,7 @@ def main() -> None:
     baseline = [(records[0][0] + 1.0, windows[0][0])]
     writing = [(start, written) for start, written, _ in windows]
     swaps = [(written, swapped + 1.0) for _, written, swapped in windows]
-    print(f"n = {info['count']:,} vectors, d = {args.dim}, {info['index_key']}, 2 client threads, "
+    print(f"n = {info.vectors.count:,} vectors, d = {args.dim}, {info.vectors.index_key}, 2 client threads, "
           f"writer: remove 10 images in its own process, {args.swaps} times\n")
     print("| swap | writer s | writer's index.json written -> new state served, s |")
     print("| --- | ---: | ---: |")

@@ -115,6 +115,7 @@ def run_seed(seed: int, rows: int, count: int, limit: int) -> list[list]:
     from retrieval.index.milvus.milvus_collection import MilvusPlace
     from retrieval.index.milvus.milvus_index import MilvusIndex
     from retrieval.index.milvus.milvus_push import push_index
+    from retrieval.records.index_info import IndexInfo
     from retrieval.text.keywords import FolderKeywords, query_terms
 
     rng = np.random.default_rng(seed)
@@ -129,14 +130,13 @@ def run_seed(seed: int, rows: int, count: int, limit: int) -> list[list]:
         info_path = index_dir / "index.json"  # the same index pushed without keywords, for the push's cost
         import json
 
-        info = json.loads(info_path.read_text())
-        plain = {key: value for key, value in info.items() if key not in ("text_columns", "keyword_index")}
-        info_path.write_text(json.dumps(plain))
+        info = IndexInfo.from_json(json.loads(info_path.read_text()))
+        info_path.write_text(json.dumps(info.without("text_columns", "keyword_index").to_json()))
         started = time.perf_counter()
         push_index(index_dir, MilvusPlace.checked(str(root / "plain.db"), "shop"), index_type="FLAT",
                    progress=False)
         plain_s = time.perf_counter() - started
-        info_path.write_text(json.dumps(info))
+        info_path.write_text(json.dumps(info.to_json()))
         folder_keywords = FolderKeywords.of_index(info, index_dir)
         with MilvusIndex(place) as remote:
             fts5_ms, fts5_hits = latencies(folder_keywords.search, texts, limit)

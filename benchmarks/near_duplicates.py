@@ -78,7 +78,7 @@ def make_model(out: Path, size: int = 128, dim: int = 512, centre_on: Path | Non
 
     torch.manual_seed(0)
     model = create_embedder("efficientnet_lite0", embedding_dim=dim, pretrained=True).eval()
-    model.config["input_size"] = size
+    model.config = model.config.with_fields({"input_size": size})
     name = "model.onnx"
     if centre_on is not None:
         from PIL import Image

@@ -292,7 +292,7 @@ def fixture_index(root: Path, image_size: int, images: int = 200) -> Path:
 
     torch.manual_seed(0)
     model = create_embedder("efficientnet_lite0", embedding_dim=32, pretrained=True).eval()
-    model.config["input_size"] = image_size
+    model.config = model.config.with_fields({"input_size": image_size})
     export_embedder(model, root / "model.onnx", verify=False, log=lambda _: None)
     write_digits(root / "gallery", images)
     options = IngestOptions(batch_size=16, workers=0, progress=False)

@@ -37,11 +37,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from shop_catalogue import COLOURS, FASHION, catalogue  # noqa: E402  (beside this file)
+
+if TYPE_CHECKING:
+    from retrieval.records.index_info import IndexInfo
 
 # ---------------------------------------------------------------------------------------------------------------------
 # The queries: customers' words. Written before any result of this benchmark was seen; not tuned afterwards.
@@ -172,8 +176,10 @@ def emoji_folder(work: Path) -> Path:
     return folder
 
 
-def index_info(index: Path) -> dict:
-    return json.loads((index / "index.json").read_text(encoding="utf-8"))
+def index_info(index: Path) -> IndexInfo:
+    from retrieval.index.layout import IndexLayout
+
+    return IndexLayout(index).read_record()
 
 
 def build_config(name: str, model: Path, manifest: Path, out: Path, trained: Path | None,
@@ -196,7 +202,7 @@ def build_config(name: str, model: Path, manifest: Path, out: Path, trained: Pat
     text_step = []
     if tower == "trained":
         text_step += ["--text-model", str(trained)]
-    elif not index_info(out).get("text_model_path"):
+    elif not index_info(out).text.path:
         text_step += ["--text-model", str(features["zero_shot"])]  # the build did not record it: record it by hand
     if keywords and not features["build_columns"]:
         text_step += ["--text-columns", "title"]
@@ -343,7 +349,7 @@ def shop_part(work: Path, seeds: list[int], model: Path, features: dict) -> dict
             run = {"seed": seed, "built_by": how, "build_seconds": round(time.perf_counter() - started, 1),
                    **shop_metrics(index, rows), **latency(index, query_images)}
             info = index_info(index)
-            run["index_keys"] = sorted(k for k in info if k.startswith(("text", "keyword", "adapt")))
+            run["index_keys"] = sorted(k for k in info.keys_held if k.startswith(("text", "keyword", "adapt")))
             if CONFIGS[name][0] == "trained":
                 run |= {"text_train_seconds": round(train_seconds, 1), **report}
             out[name]["runs"].append(run)

@@ -143,7 +143,7 @@ def train_rows(args: argparse.Namespace) -> None:
 
     torch.manual_seed(0)
     model = create_embedder("efficientnet_lite0", args.dim, pretrained=False, normalize=True, freeze_bn=True)
-    model.config["input_size"] = args.image_size
+    model.config = model.config.with_fields({"input_size": args.image_size})
     model.train()
     batches = fashion_batches(args, model.preprocessing, 4)
     losses = forms("ms", {}, args.memory, args.dim, batches[0][1].unique())

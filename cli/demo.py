@@ -195,13 +195,14 @@ def index_gallery(onnx_path: Path, manifest: Path, index_dir: Path) -> dict[str,
     from retrieval.index import build_index
     from retrieval.index.query_embedder import hash_matches
     from retrieval.onnx_runtime import OnnxEmbedder
+    from retrieval.records.index_info import IndexInfo
 
     info_path = index_dir / "index.json"
     if info_path.is_file():
-        info = json.loads(info_path.read_text())
-        if hash_matches(info.get("model_hash"), OnnxEmbedder(onnx_path)):
+        data = json.loads(info_path.read_text())
+        if hash_matches(IndexInfo.from_json(data).model.hash, OnnxEmbedder(onnx_path)):
             _step(5, f"gallery index: up to date in {index_dir}")
-            return info
+            return data
     _step(5, f"indexing the test subgroups' emoji, labelled by subgroup, into {index_dir}")
     if index_dir.exists():
         shutil.rmtree(index_dir)  # built by another model: rebuild from scratch

@@ -72,7 +72,7 @@ def _checked_lines(summary: dict, index_dir: str, model: str | None) -> str:
     model's fate (off: the commands that re-fit one)."""
     from retrieval.index.writing.upgrade_checks import labels_sentence
     from retrieval.index.writing.upgrade_text import text_sentence
-    from retrieval.text.text_index import TEXT_MODEL_OFF, text_off_problem
+    from retrieval.text.text_index import text_off_problem
 
     lines = [f"measured first on the index's labels: {labels_sentence(summary['on_labels'])}"
              if summary.get("on_labels") else "",
@@ -82,7 +82,7 @@ def _checked_lines(summary: dict, index_dir: str, model: str | None) -> str:
     if text.get("state") == "kept":
         lines.append(f"text search kept: {text['reason']}")
     elif text.get("state") == "off":
-        off = text_off_problem({TEXT_MODEL_OFF: text}, index_dir, model or "NEW.onnx")
+        off = text_off_problem(text, index_dir, model or "NEW.onnx")
         lines.append(f"text search is OFF: {off}")
     return "".join(f"\n{line}" for line in lines if line)
 

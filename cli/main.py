@@ -19,6 +19,7 @@ from retrieval.cli.options import apply_options, rerank_config, rerank_options
 from retrieval.compatibility import KEPT
 from retrieval.data.resize_modes import PRETRAINED_RESIZE
 from retrieval.options import LABEL_COLUMN_HELP, TRUSTED_CHECKPOINT
+from retrieval.records.run_config import RunConfig
 from retrieval.serve.defaults import DEFAULT_HOST, DEFAULT_PORT
 from retrieval.train.config import TrainConfig
 
@@ -241,11 +242,12 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_kwargs, label_col
     trained = load_checkpoint(checkpoint).train_config
     given = parse_params(dataset_kwargs, "--dataset-param") | ({"label_column": label_column} if label_column else {})
     dataset, data, kwargs = checkpoint_dataset(trained, dataset, data, given)
-    split = split or trained.get("eval_split", "test")
+    split = split or (trained.eval_split if trained.holds("eval_split") else "test")
+    seed = trained.seed if trained.holds("seed") else 0
     dev = resolve_device(device)
     model = load_embedder(checkpoint).to(dev)
     tf = build_transforms(model.preprocessing, train=False)
-    sets = load_eval_sets(dataset, data, split, tf, eval_limit, trained.get("seed", 0), **kwargs)
+    sets = load_eval_sets(dataset, data, split, tf, eval_limit, seed, **kwargs)
     # checked before anything is embedded: a checkpoint without validation classes is refused at once
     validation = _validation_set(trained, (dataset, data, kwargs), tf, sets.query, eval_limit) if rerank_choose \
         else None
@@ -265,7 +267,7 @@ def evaluate_command(checkpoint, dataset, data, split, dataset_kwargs, label_col
     plots = {}
     if pictures:
         plots = eval_set_pictures(out.parent, sets, (q, ql, g, gl), query.indices,
-                                  gallery.indices if gallery is not None else None, seed=trained.get("seed", 0),
+                                  gallery.indices if gallery is not None else None, seed=seed,
                                   method=map_method)
     report = evaluate_report(checkpoint, dataset, data, split, kwargs, len(ql), model.config, metrics, plots)
     reranked: dict = {}
@@ -324,7 +326,7 @@ def _metrics_text(metrics: dict) -> str:
 VALIDATION_CHOICE_IMAGES = 2000  # --rerank-choose's validation images at most, without --limit
 
 
-def _validation_set(trained: dict, source: tuple, transform, test_set, limit: int | None):
+def _validation_set(trained: RunConfig, source: tuple, transform, test_set, limit: int | None):
     """The checkpoint's validation split, as its training held it out (at most ``limit`` or
     ``VALIDATION_CHOICE_IMAGES`` of its images, seeded), and how many classes it holds."""
     from retrieval.data import load_dataset
@@ -332,10 +334,11 @@ def _validation_set(trained: dict, source: tuple, transform, test_set, limit: in
     from retrieval.train.data import carve_validation
 
     dataset, data, kwargs = source
-    seed = trained.get("seed", 0)
+    seed = trained.seed if trained.holds("seed") else 0
     train_set = load_dataset(dataset, data, split="train", transform=transform, **kwargs)
-    per_class = trained.get("per_class", TrainConfig.__dataclass_fields__["per_class"].default)
-    carved = carve_validation(trained.get("val_fraction"), train_set, test_set, seed, per_class)
+    per_class = trained.per_class if trained.holds("per_class") else \
+        TrainConfig.__dataclass_fields__["per_class"].default
+    carved = carve_validation(trained.val_fraction, train_set, test_set, seed, per_class)
     validation = carved.validation
     if validation is None:
         raise click.ClickException(f"--rerank-choose chooses on the checkpoint's validation split, and its "

@@ -312,13 +312,13 @@ def export_embedder(
         raise TypeError("export_embedder needs a retrieval Embedder (with .config); see retrieval.models")
     # A private fp32 CPU copy in eval mode: exporting must not change the caller's model.
     model = copy.deepcopy(model).cpu().float().eval()
-    config = dict(model.config)  # written whole into the metadata's model_config
+    config = model.config  # written whole into the metadata's model_config
     preprocessing = model.preprocessing
     precision = "fp16" if fp16 else "fp32"
     norm = "L2-normalised" if preprocessing.normalize else "unnormalised"
     # a second output where the model has a projection into an old space
     compatible = getattr(model, "compatible", None) is not None
-    also = f", and its projection into the old {config['compatible_dim']}-d space" if compatible else ""
+    also = f", and its projection into the old {config.value_of('compatible_dim')}-d space" if compatible else ""
     log(f"exporting {preprocessing.backbone} ({preprocessing.input_size} px, {preprocessing.embedding_dim}-d, {norm}"
         f"{also}) to {out} [{precision}] with torch {torch.__version__} ...")
     start = time.perf_counter()
@@ -331,13 +331,13 @@ def export_embedder(
     # when they open it; the PyTorch weights' fingerprint is kept as lineage
     extra = {"exporter": exporter, "opset": _opset(proto), "torch_version": torch.__version__,
              "source_model_hash": embedder_model_hash(model)}
-    if config.get("compatible_with"):  # trained --compatible-with: indexes of those models may be searched with it
-        extra[COMPATIBLE_WITH] = json.dumps(sorted(config["compatible_with"]))
+    if config.compatible_with:  # trained --compatible-with: indexes of those models may be searched with it
+        extra[COMPATIBLE_WITH] = json.dumps(sorted(config.compatible_with))
         if compatibility:  # ... and how well, as measured (`retrieval index upgrade` says it)
             extra[COMPATIBILITY_KEY] = compatibility
     if compatible:  # ... through this output, where their embedding size differs from this model's
         extra[COMPATIBLE_OUTPUT_KEY] = COMPATIBLE_OUTPUT_NAME
-        extra[COMPATIBLE_DIM_KEY] = str(int(config["compatible_dim"]))
+        extra[COMPATIBLE_DIM_KEY] = str(int(config.value_of("compatible_dim")))
     metadata = build_metadata(preprocessing, config, proto_model_hash(proto, preprocessing), config_hash, precision,
                               extra=extra)
     external = save_with_metadata(proto, out, metadata)

@@ -13,6 +13,7 @@ Its map (what may import what: docs/ARCHITECTURE.md, "The core's package order")
 - ``analysis``: the results grid, plots and pictures, run comparison.
 - ``client``: the HTTP API's Python client (``RetrievalClient``): httpx only, nothing of the server.
 - ``utils``: small shared helpers: files, heap, progress, registry, lazy package names, sizes.
+- ``records``: the typed records of the JSON that crosses packages: index.json, a model's config, a run's config.
 - ``errors``: ``ParameterError``, the core's error for a bad argument, naming the function's own parameter.
 - ``options``: an option declared once (the command line, config files and the docs' tables come from it).
 - ``extras``: the install's optional parts, and the words that name the one a feature lacks.

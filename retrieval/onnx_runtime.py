@@ -26,6 +26,7 @@ from retrieval.data.colour import DEFAULT_BACKGROUND
 from retrieval.data.decode import open_image
 from retrieval.data.eval_preprocess import EvalPreprocess
 from retrieval.data.preprocessing import ModelPreprocessing
+from retrieval.records.model_config import ModelConfig
 from retrieval.utils.onnx_hash import legacy_model_hash, proto_model_hash
 
 if TYPE_CHECKING:
@@ -87,7 +88,7 @@ def read_onnx_model(path: str | os.PathLike) -> Any:
 
 def build_metadata(
     preprocessing: ModelPreprocessing,
-    model_config: Mapping[str, Any],
+    model_config: ModelConfig,
     model_hash: str,
     config_hash: str | None,
     precision: str = "fp32",
@@ -113,7 +114,7 @@ def build_metadata(
         "normalized": "true" if preprocessing.normalize else "false",
         "config_hash": config_hash or "",
         "model_hash": model_hash,
-        "model_config": json.dumps(dict(model_config), sort_keys=True),
+        "model_config": json.dumps(model_config.to_json(), sort_keys=True),
         "precision": precision,
         "input_name": INPUT_NAME,
         "output_name": OUTPUT_NAME,
@@ -133,7 +134,10 @@ def parse_metadata(meta: Mapping[str, str], source: str = "model") -> ModelPrepr
         )
     if meta["format"] != ONNX_FORMAT:
         raise ValueError(f"{source} has metadata format {meta['format']!r}; this version reads {ONNX_FORMAT!r}")
-    config = json.loads(meta["model_config"])
+    try:
+        config = ModelConfig.from_json(json.loads(meta["model_config"]))
+    except ValueError as exc:
+        raise ValueError(f"{source}'s model_config metadata: {exc}") from None
     # The explicit keys are authoritative (they are what the graph was exported with); the resize mode is the
     # model config's (absent there: a model from before the modes, which crops).
     # Files exported before the background was recorded were meant for opaque images: white is the default.
@@ -142,7 +146,7 @@ def parse_metadata(meta: Mapping[str, str], source: str = "model") -> ModelPrepr
         mean=tuple(float(v) for v in json.loads(meta["mean"])),  # type: ignore[arg-type]  (checked: 3 numbers)
         std=tuple(float(v) for v in json.loads(meta["std"])),  # type: ignore[arg-type]
         background=json.loads(meta["background"]) if "background" in meta else DEFAULT_BACKGROUND,
-        resize=config.get("resize") or None,
+        resize=config.resize or None,
         backbone=meta["backbone"],
         embedding_dim=int(meta["embedding_dim"]),
         normalize=meta["normalized"] == "true",

@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from retrieval.records.model_config import ModelConfig
+from retrieval.records.run_config import RunFolderConfig
 from retrieval.utils.io import atomic_write, read_capped
 
 REPORT_FORMAT = "retrieval-report/1"
@@ -47,7 +49,7 @@ def read_steps(folder: str | Path, points: int = STEP_POINTS) -> list[dict[str, 
     return rows[::stride]
 
 
-def train_report(config: dict[str, Any], history: list[dict[str, Any]], baseline: dict[str, float] | None,
+def train_report(config: RunFolderConfig, history: list[dict[str, Any]], baseline: dict[str, float] | None,
                  best: dict[str, Any] | None, last: dict[str, Any] | None, plots: dict[str, str],
                  bad_images: list[dict[str, Any]] | None = None, reference: dict[str, Any] | None = None,
                  wise: dict[str, Any] | None = None, class_split: dict[str, Any] | None = None,
@@ -67,7 +69,7 @@ def train_report(config: dict[str, Any], history: list[dict[str, Any]], baseline
     return {
         "format": REPORT_FORMAT,
         "kind": "train",
-        "config": config,
+        "config": config.to_json(),
         "baseline": baseline,
         "best": best,
         "best_metric": best_metric,
@@ -89,7 +91,7 @@ def train_report(config: dict[str, Any], history: list[dict[str, Any]], baseline
 
 
 def evaluate_report(checkpoint: str | Path, dataset: str, data: str | None, split: str,
-                    dataset_kwargs: dict[str, Any], num_queries: int, model: dict[str, Any],
+                    dataset_kwargs: dict[str, Any], num_queries: int, model: ModelConfig,
                     metrics: dict[str, float], plots: dict[str, str] | None = None) -> dict[str, Any]:
     """An evaluation's report: which checkpoint, on which data and split, its metrics and its pictures (file names
     relative to the report)."""
@@ -102,7 +104,7 @@ def evaluate_report(checkpoint: str | Path, dataset: str, data: str | None, spli
         "split": split,
         "dataset_kwargs": dataset_kwargs,
         "num_queries": int(num_queries),
-        "model": model,
+        "model": model.to_json(),
         "metrics": metrics,
         "plots": dict(plots or {}),
     }

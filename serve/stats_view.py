@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from retrieval.serve.page_text import METRIC_UNIT, markdown_text, percent
-from retrieval.text.text_index import TEXT_MODEL_OFF, text_off_problem
+from retrieval.text.text_index import text_off_problem
 from retrieval.utils.sizes import size_text
 
 COUNT_LABELS = {  # the catalogue's statuses, as a reader names them
@@ -120,7 +120,7 @@ def upgrade_section(s: Mapping[str, Any]) -> str:
         rows += [(f"{title}: upgraded anyway (--force)", markdown_text(reason, UPGRADE_CHARS)) for reason in forced]
         text = record.get("text_model") if isinstance(record.get("text_model"), Mapping) else {}
         model = (s.get("model") or {}).get("model_path") or "MODEL.onnx"
-        off = text_off_problem({TEXT_MODEL_OFF: text}, "<index>", str(model)) if text.get("state") == "off" else None
+        off = text_off_problem(text, "<index>", str(model)) if text.get("state") == "off" else None
         if off is not None or text.get("state") == "kept":
             rows.append((f"{title}: text model", markdown_text(off or f"kept: {text.get('reason')}", UPGRADE_CHARS)))
     return section("Model upgrades", table(rows)) if rows else ""

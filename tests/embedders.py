@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from retrieval.data.preprocessing import ModelPreprocessing
+from retrieval.records.model_config import ModelConfig
 
 SIZE = 16  # the embedders' input size: images are preprocessed to SIZE x SIZE
 
@@ -120,7 +121,8 @@ def write_projection_onnx(path: Path, dim: int = 24, seed: int = 0, convs: int =
     extra = {"compatible_with": json.dumps(list(compatible_with))} if compatible_with else {}
     if compatible is not None:
         extra |= {COMPATIBLE_OUTPUT_KEY: COMPATIBLE_OUTPUT_NAME, COMPATIBLE_DIM_KEY: str(compatible[0])}
-    for key, value in build_metadata(ModelPreprocessing.from_config(config), config, name, None, extra=extra).items():
+    record = ModelConfig.from_json(config)
+    for key, value in build_metadata(ModelPreprocessing.from_config(record), record, name, None, extra=extra).items():
         model.metadata_props.add(key=key, value=value)
     onnx.save(model, str(path))
     return path

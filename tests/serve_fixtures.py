@@ -74,7 +74,7 @@ def export_model(path: Path, image_size: int = IMAGE_SIZE) -> Path:
 
     torch.manual_seed(0)  # the random head: the same model (and model_hash) on every run
     model = create_embedder("efficientnet_lite0", embedding_dim=32, pretrained=True).eval()
-    model.config["input_size"] = image_size
+    model.config = model.config.with_fields({"input_size": image_size})
     export_embedder(model, path, verify=False, log=lambda _: None)
     return path
 
@@ -85,6 +85,7 @@ def write_run_report(run_dir: Path, index_dir: Path) -> Path:
     from retrieval.index.shards import ShardStore
     from retrieval.index.vectors import done_chunks
     from retrieval.metrics import evaluate
+    from retrieval.records.run_config import RunFolderConfig
     from retrieval.train.report import write_report
 
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -102,7 +103,8 @@ def write_run_report(run_dir: Path, index_dir: Path) -> Path:
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in history))
     write_report(
         run_dir,
-        {"train": {"dataset": "fixture", "backbone": "efficientnet_lite0", "loss": "none", "epochs": 2}},
+        RunFolderConfig.from_json({"train": {"dataset": "fixture", "backbone": "efficientnet_lite0", "loss": "none",
+                                             "epochs": 2}}),
         history,
         baseline,
         {"epoch": 2, **last},
@@ -123,6 +125,7 @@ def write_full_report(run_dir: Path, artifacts: ServeArtifacts) -> Path:
     from retrieval.index.shards import ShardStore
     from retrieval.index.vectors import done_chunks
     from retrieval.metrics import evaluate
+    from retrieval.records.run_config import RunFolderConfig
     from retrieval.train.report import write_report
 
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -161,8 +164,8 @@ def write_full_report(run_dir: Path, artifacts: ServeArtifacts) -> Path:
         return draw_evaluation_pictures(run_dir, vectors, labels, load, label_names=lambda i: names[i],
                                         method="tsne")
 
-    write_report(run_dir, {"train": {"dataset": "fixture", "backbone": "efficientnet_lite0", "loss": "none",
-                                     "epochs": 2}},
+    config = {"train": {"dataset": "fixture", "backbone": "efficientnet_lite0", "loss": "none", "epochs": 2}}
+    write_report(run_dir, RunFolderConfig.from_json(config),
                  history, baseline, {"epoch": 2, **last}, {**last, "compatibility": history[-1]["compatibility"]},
                  (vectors, labels), None, reference=reference,
                  wise=wise, pictures=pictures,

@@ -1,6 +1,8 @@
 """A small shop catalogue for the display-column tests: product pictures (three colours, alike within one) in a
 manifest with a title, a price and a brand per row, some of them hostile (long, control characters, HTML and
-script), indexed with a real tiny ONNX model (``embedders.write_projection_onnx``)."""
+script), indexed with a real tiny ONNX model (``embedders.write_projection_onnx``); and a shop whose classes are in a
+'category' column (``write_category_shop``), for the ``label_column`` tests of the index, training and text
+training."""
 
 from __future__ import annotations
 
@@ -62,3 +64,28 @@ def build_shop_index(root: Path, display_columns: list[str] | None = None, manif
     if manifest:
         record_display_columns(root / "index", display_columns)
     return root / "index"
+
+
+CATEGORIES = ("shoes", "bags", "hats")
+CATEGORY_HEADER = ("path", "category", "title", "price")
+
+
+def write_category_shop(folder: Path, count: int = 12, header: tuple[str, ...] = CATEGORY_HEADER,
+                        images: bool = True, categories: tuple[str, ...] = CATEGORIES) -> Path:
+    """A shop's manifest.csv whose classes are in a 'category' column, not 'label' (what ``label_column`` names):
+    ``count`` tiny PNGs img/p00.png..., row ``n`` of category ``n % len(categories)`` (a colour per category, noise
+    per image), with a title and a price; only the ``header`` columns are written, the images only when ``images``."""
+    (folder / "img").mkdir(parents=True, exist_ok=True)
+    rows = []
+    for n in range(count):
+        c = n % len(categories)
+        if images:
+            (folder / "img" / f"p{n:02d}.png").write_bytes(noisy_png((60 * c, 90, 200), n, size=16))
+        rows.append({"path": f"img/p{n:02d}.png", "category": categories[c],
+                     "title": f"a {categories[c]} called item {n}", "price": f"{10 + n}.50"})
+    manifest = folder / "manifest.csv"
+    with open(manifest, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(header), extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    return manifest

@@ -82,7 +82,7 @@ def build_model(cfg: TrainConfig) -> tuple[Embedder, int]:
     native = model.preprocessing
     chosen = replace(native, input_size=int(cfg.image_size or native.input_size),
                      background=parse_background(cfg.background), resize=cfg.resize)
-    model.config.update(chosen.to_config())  # the config is what the checkpoint and the export write
+    model.config = model.config.with_fields(chosen.to_config())  # what the checkpoint and the export write
     return model, native.input_size
 
 
@@ -126,7 +126,7 @@ def build_parts(cfg: TrainConfig, *, ctx: DistContext, model: Embedder, data: Tr
     influence = compatible_influence(cfg, ctx.device) if old_model is not None else None
     # a projection into the old space: its output rides behind the embedding's columns (TrainStep)
     objective = GlobalBatchObjective(loss_fn, gather=cfg.gather, influence=influence,
-                                     projected_dim=int(model.config.get("compatible_dim") or 0),
+                                     projected_dim=int(model.config.compatible_dim or 0),
                                      host_group=ctx.host_group)
     scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype == torch.float16)  # bf16 needs none
 
@@ -168,7 +168,7 @@ def compatible_old_model(cfg: TrainConfig, model: Embedder, device: torch.device
                        f"in {cfg.embedding_dim}: a projection {cfg.embedding_dim} -> {old.embedding_dim} into the old "
                        "space is trained with the model (the influence term compares its output with the old "
                        f"embeddings; the loss stays on the {cfg.embedding_dim}-d embedding)", file=sys.stderr)
-    model.config["compatible_with"] = list(old.hashes)
+    model.config = model.config.with_fields({"compatible_with": list(old.hashes)})
     return old
 
 

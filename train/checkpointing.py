@@ -16,6 +16,7 @@ import torch
 from retrieval.compatibility import KEPT
 from retrieval.data import BadImageLog
 from retrieval.models import BEST_CHECKPOINT, LAST_CHECKPOINT, Checkpoint, config_hash, load_checkpoint
+from retrieval.records.run_config import RunConfig
 from retrieval.reports import STEPS_LOG
 from retrieval.train.config import TrainConfig
 from retrieval.train.distributed import restarted
@@ -90,11 +91,12 @@ class Checkpointer:
         is the one under way."""
         parts = self.parts
         evaluated = parts.robust.eval_model(parts.model)
+        train_config = RunConfig.from_json(self.cfg.to_dict())
         return Checkpoint(
             model_config=parts.model.config,
             state_dict=evaluated.state_dict(),  # the model people use: the EMA when there is one
-            train_config=self.cfg.to_dict(),
-            config_hash=config_hash(self.cfg.to_dict()),
+            train_config=train_config,
+            config_hash=config_hash(train_config),
             epoch=epoch,
             metrics=metrics,
             class_names=self.data.trained_class_names,
@@ -156,9 +158,10 @@ class Checkpointer:
         ckpt = load_checkpoint(path, map_location=device)
         if not ckpt.resumable:
             raise ValueError(f"--resume: {path} holds a model only, no training state; start without --resume")
-        if "val_fraction" in ckpt.train_config and ckpt.train_config["val_fraction"] != self.cfg.val_fraction:
+        trained = ckpt.train_config
+        if trained.holds("val_fraction") and trained.val_fraction != self.cfg.val_fraction:
             # another held-out share trains on other classes and chooses best.pt on another split
-            then, now = (("auto" if value is None else value) for value in (ckpt.train_config["val_fraction"],
+            then, now = (("auto" if value is None else value) for value in (trained.val_fraction,
                                                                             self.cfg.val_fraction))
             raise ValueError(f"--resume: {path} was trained with --val-fraction {then}, this configuration has "
                              f"{now}; resume with the run's own options (config.json)")

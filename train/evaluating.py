@@ -35,6 +35,7 @@ from retrieval.models import (
     in_compatible_space,
     load_checkpoint,
 )
+from retrieval.records.run_config import RunConfig, RunFolderConfig
 from retrieval.train import checkpointing
 from retrieval.train.checkpointing import BEST_METRIC, KEPT_SELECTION, LAST_SELECTION, best_row
 from retrieval.train.config import TrainConfig
@@ -356,9 +357,10 @@ class Evaluator:
         if self.data.extra_sets:
             metrics["extra"] = self.extra_metrics(mixed)
         if self.main:
+            train_config = RunConfig.from_json(cfg.to_dict())
             checkpoint = Checkpoint(
-                model_config={**mixed.config, "wise_alpha": alpha}, state_dict=mixed.state_dict(),
-                train_config=cfg.to_dict(), config_hash=config_hash({**cfg.to_dict(), "wise_alpha": alpha}),
+                model_config=mixed.config.with_fields({"wise_alpha": alpha}), state_dict=mixed.state_dict(),
+                train_config=train_config, config_hash=config_hash(train_config.with_fields({"wise_alpha": alpha})),
                 epoch=epoch, metrics=metrics, class_names=self.data.trained_class_names,
             )
             checkpointing.atomic_save(checkpoint.to_dict(), self.out / WISE_CHECKPOINT)
@@ -369,7 +371,7 @@ class Evaluator:
                 "tolerance": cfg.wise_tolerance, "curve": curve, "metrics": metrics, "checkpoint": WISE_CHECKPOINT}
 
     # --- the report ----------------------------------------------------------------------------------
-    def write_report(self, run_config: dict[str, Any], record: RunRecord, wise: dict[str, Any] | None,
+    def write_report(self, run_config: RunFolderConfig, record: RunRecord, wise: dict[str, Any] | None,
                      bad_images: list[dict[str, Any]], best_test: dict[str, Any] | None = None,
                      pretrained: dict[str, Any] | None = None) -> dict[str, Any]:
         """report.json (and its plots) of the run as ``record`` has it: best by BEST_METRIC on the selection split

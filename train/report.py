@@ -10,6 +10,7 @@ import numpy as np
 
 from retrieval.analysis.plain_text import cut_long_texts, plain_text
 from retrieval.compatibility import KEPT
+from retrieval.records.run_config import RunFolderConfig
 from retrieval.reports import read_steps, save_report, train_report
 
 
@@ -235,7 +236,7 @@ def triplet_plots(out: Path, test: tuple[np.ndarray, np.ndarray], train_sample) 
 
 def write_report(
     out: Path,
-    run_config: dict[str, Any],
+    run_config: RunFolderConfig,
     history: list[dict[str, Any]],
     baseline: dict[str, float] | None,
     best: dict[str, Any] | None,

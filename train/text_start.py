@@ -8,7 +8,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -16,6 +16,9 @@ import torch
 from retrieval.errors import ParameterError
 from retrieval.text.tower import TextTower
 from retrieval.train.text_config import TextTrainConfig
+
+if TYPE_CHECKING:
+    from retrieval.text.text_onnx import TowerFile
 
 log = logging.getLogger(__name__)
 
@@ -50,15 +53,15 @@ def zero_shot_start(config: TextTrainConfig, model_hash: str, encoder_name: str)
 
     if config.start == "ridge":
         return None
-    path, problem = named_text_model(config.model, read_model_metadata(config.model))
-    if path is None:
+    tower, problem = named_text_model(config.model, read_model_metadata(config.model))
+    if tower is None:
         return _no_start(config, problem)
     try:
-        return _loaded_start(path, model_hash, encoder_name)
+        return _loaded_start(tower, model_hash, encoder_name)
     except ZeroShotStartError as exc:
         problem = str(exc)
     except Exception as exc:  # a damaged tower: onnx's, JSON's and the record's own errors
-        problem = f"{path} cannot be read as a zero-shot tower ({type(exc).__name__}: {str(exc)[:200]})"
+        problem = f"{tower.path} cannot be read as a zero-shot tower ({type(exc).__name__}: {str(exc)[:200]})"
     return _no_start(config, problem)
 
 
@@ -76,15 +79,16 @@ def _no_start(config: TextTrainConfig, problem: str | None) -> None:
     return None
 
 
-def _loaded_start(path: Path, model_hash: str, encoder_name: str) -> ZeroShotStart:
-    """The zero-shot tower at ``path`` as a start for a training for ``model_hash`` with ``encoder_name``."""
+def _loaded_start(tower: TowerFile, model_hash: str, encoder_name: str) -> ZeroShotStart:
+    """The zero-shot tower ``tower`` (its bytes as hashed) as a start for a training for ``model_hash`` with
+    ``encoder_name``."""
     import onnx
     from onnx import numpy_helper
 
     from retrieval.text.gallery_adapt import zero_shot_classes
     from retrieval.text.text_onnx import TextTowerRecord
 
-    proto = onnx.load(str(path))
+    proto = onnx.load_model_from_string(tower.data)
     metadata = {entry.key: entry.value for entry in proto.metadata_props}
     weights = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer
                if i.name in ("projection.weight", "projection.bias", *BRIDGE_BUFFERS)}
@@ -100,7 +104,7 @@ def _loaded_start(path: Path, model_hash: str, encoder_name: str) -> ZeroShotSta
             weights) else None)
     if problem is not None:
         raise ZeroShotStartError(problem)
-    return ZeroShotStart(path, weights["projection.weight"].astype(np.float32),
+    return ZeroShotStart(tower.path, weights["projection.weight"].astype(np.float32),
                          weights["projection.bias"].astype(np.float32), list(classes or []),
                          _bridge(weights, metadata))
 

@@ -116,17 +116,16 @@ def read_captions(images: str, columns: Sequence[str], split: str | None, label_
 def present_images(paths: list[str], captions: list[list[str]], manifest: str) -> tuple[list[str], list[list[str]]]:
     """The captioned images that are there, before any model or encoder loads: a manifest none of whose images is
     there (it moved away from them) is refused in one line; some missing are left out with one warning."""
-    from retrieval.data.manifest_columns import missing_images_line, missing_paths
+    from retrieval.data.manifest_columns import present_rows
 
-    missing = set(missing_paths(paths))
-    if not missing:
+    present = present_rows(paths, manifest)
+    if not present.missing:
         return paths, captions
-    line = missing_images_line([p for p in paths if p in missing], len(paths), manifest)
-    kept = [n for n, path in enumerate(paths) if path not in missing]
+    kept = present.kept
     if len(kept) < MIN_IMAGES:
         raise ParameterError("images", f"only {len(kept)} of {len(paths)} captioned images can be read, LiT needs at "
-                                       f"least {MIN_IMAGES}: {line}")
-    log.warning("%s; they are left out", line)
+                                       f"least {MIN_IMAGES}: {present.line}")
+    log.warning("%s; they are left out", present.line)
     return [paths[n] for n in kept], [captions[n] for n in kept]
 
 

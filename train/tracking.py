@@ -23,6 +23,7 @@ from typing import Any
 
 from retrieval.analysis.runs import flatten
 from retrieval.extras import install_command
+from retrieval.records.run_config import RunFolderConfig
 
 logger = logging.getLogger(__name__)
 
@@ -146,13 +147,13 @@ class Tracking:
         self.logs = logs
 
     @classmethod
-    def open(cls, out: Path, run_config: dict[str, Any], tensorboard: bool, mlflow_uri: str | None,
+    def open(cls, out: Path, run_config: RunFolderConfig, tensorboard: bool, mlflow_uri: str | None,
              resume_step: int | None) -> Tracking:
         logs: list = []
         if tensorboard:
             logs.append(TensorBoardLog(out, resume_step))
         if mlflow_uri:
-            logs.append(MlflowLog(out, mlflow_uri, out.name, run_config))
+            logs.append(MlflowLog(out, mlflow_uri, out.name, run_config.to_json()))
         return cls(logs)
 
     def where(self) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from retrieval.data import BadImageLog
 from retrieval.inference import default_workers
 from retrieval.models import BEST_CHECKPOINT, LAST_CHECKPOINT, WISE_CHECKPOINT
+from retrieval.records.run_config import RunFolderConfig
 from retrieval.train.building import build_model, build_parts, compatible_old_model, seed_everything
 from retrieval.train.checkpointing import LAST_SELECTION, VALIDATION, Checkpointer, best_row, resuming
 from retrieval.train.config import TrainConfig
@@ -109,7 +110,7 @@ class Trainer(EpochLoop):
         seed_everything(cfg.seed)
 
         model, native_size = build_model(cfg)
-        check_head_start(cfg, int(model.config["feature_dim"]))  # before any image is read
+        check_head_start(cfg, int(model.config.value_of("feature_dim")))  # before any image is read
         source = feature_source_class(cfg)
         source.prepare_model(model)
         model.to(self.device)
@@ -134,7 +135,7 @@ class Trainer(EpochLoop):
                                         images=len(data.train_labels))
             self.on_first_step = self._say_estimate
         if not resume and starts_at_baseline(cfg):
-            self._start_head(resolved_head_start(cfg, int(model.config["feature_dim"])))
+            self._start_head(resolved_head_start(cfg, int(model.config.value_of("feature_dim"))))
         self.pseudo = None
         if cfg.labels == "none" and cfg.pseudo_labels != "instance":
             from retrieval.train.pseudo_labelling import PseudoLabelling
@@ -152,8 +153,8 @@ class Trainer(EpochLoop):
             self.tracking = Tracking.open(self.out, self.run_config(), cfg.tensorboard,
                                           mlflow_uri_from(cfg.mlflow_uri, cfg.mlflow, self.out),
                                           resume_step=self.parts.scheduler.last_epoch + 1 if resume else None)
-            (self.out / "config.json").write_text(json.dumps({**self.run_config(), "class_split": class_split},
-                                                             indent=2))
+            (self.out / "config.json").write_text(json.dumps({**self.run_config().to_json(),
+                                                              "class_split": class_split}, indent=2))
 
     def _start_head(self, how: str) -> None:
         """The head starts at the baseline (``--head-start``): the identity (the pretrained export), or the principal
@@ -180,11 +181,11 @@ class Trainer(EpochLoop):
         if robust.ema is not None:
             robust.ema.module.load_state_dict(model.state_dict())
 
-    def run_config(self) -> dict[str, Any]:
+    def run_config(self) -> RunFolderConfig:
         """config.json: the training options, the model, the data and where the run ran."""
-        return {
+        return RunFolderConfig.from_json({
             "train": self.cfg.to_dict(),
-            "model": self.parts.model.config,
+            "model": self.parts.model.config.to_json(),
             "label_noise": self.data.noise_info,
             "train_size": len(self.data.train_labels),
             "num_train_classes": self.data.num_classes,
@@ -194,7 +195,7 @@ class Trainer(EpochLoop):
             "amp": self.amp,
             "torch": torch.__version__,
             "tracking": self.tracking.where(),
-        }
+        })
 
     def checkpoint(self, epoch: int, metrics: dict[str, Any], progress: EpochProgress | None = None) -> dict[str, Any]:
         """The on-disk checkpoint of the run as it stands: ``epoch`` epochs complete, ``progress`` the one under way."""

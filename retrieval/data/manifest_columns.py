@@ -1,7 +1,8 @@
 """A manifest's own columns and files, said the same way wherever a manifest is read (the index's listing, the csv
 data set, text training): which column holds the labels (``label_column``, 'label' unless named), the one column
-that looks like labels where a manifest has none (``label_candidate``), and one line on the images a manifest names
-that are not there (``missing_images_line``: a manifest moved away from its images). No NumPy, no torch.
+that looks like labels where a manifest has none (``label_candidate``), and which rows' images are there with one
+line on those that are not (``present_rows``, ``missing_images_line``: a manifest moved away from its images),
+said once by whoever holds a ``SaidOnce``. No NumPy, no torch.
 
 The candidate is decided on the rows the caller has already read, at most ``MAX_ROWS_LOOKED_AT`` of them, each value
 cut to ``MAX_VALUE_CHARS``: a hostile manifest costs no more than reading it did.
@@ -11,7 +12,8 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from retrieval.errors import ParameterError
 from retrieval.utils.printable import printable_path
@@ -142,3 +144,44 @@ def missing_images_line(missing: Sequence[str], total: int, manifest: str | os.P
     return (f"{len(missing)} of the {total} images listed in {named} are missing: {', '.join(names)}{more} (looked "
             f"for in {printable_path(folder)}); paths in a manifest are relative to its folder ({base}): move the "
             "manifest back beside its images, or give paths relative to the manifest's folder (or absolute ones)")
+
+
+@dataclass(frozen=True)
+class PresentRows:
+    """Which rows of a manifest name an image that is there: ``kept``, their positions in order; ``missing``, the
+    distinct paths that are no file; ``line``, one line on those (``missing_images_line``), "" where none is."""
+
+    kept: list[int]
+    missing: frozenset[str]
+    line: str
+
+
+def present_rows(paths: Sequence[str], manifest: str | os.PathLike[str] | None = None) -> PresentRows:
+    """The rows of ``paths`` (one per manifest row) whose image is there and the one line on the rest; each
+    distinct path is looked for once (``missing_paths``), however many rows name it."""
+    missing = frozenset(missing_paths(list(dict.fromkeys(paths))))
+    if not missing:
+        return PresentRows(list(range(len(paths))), missing, "")
+    kept = [n for n, path in enumerate(paths) if path not in missing]
+    return PresentRows(kept, missing, missing_images_line([p for p in paths if p in missing], len(paths), manifest))
+
+
+class SaidOnce:
+    """Lines said once per key by whoever holds this object (``say(key, line)``); it remembers the last
+    ``MAX_KEYS`` keys, so a long-lived holder stays bounded."""
+
+    MAX_KEYS = 1024
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self._say = say
+        self._said: dict[Hashable, None] = {}
+
+    def __call__(self, key: Hashable, line: str) -> bool:
+        """Say ``line`` unless ``key`` was said before; returns whether it was said now."""
+        if key in self._said:
+            return False
+        if len(self._said) >= self.MAX_KEYS:
+            del self._said[next(iter(self._said))]
+        self._said[key] = None
+        self._say(line)
+        return True

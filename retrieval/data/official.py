@@ -23,10 +23,10 @@ from retrieval.data.dataset import ImageDataset, class_disjoint_halves, encode_l
 from retrieval.data.formats import IMAGE_EXTENSIONS
 from retrieval.data.manifest_columns import (
     DEFAULT_LABEL_COLUMN,
-    missing_images_line,
+    SaidOnce,
     missing_label_column,
-    missing_paths,
     no_labels_hint,
+    present_rows,
 )
 from retrieval.data.registry import (
     DATASETS,
@@ -181,23 +181,21 @@ CSV_LAYOUT = (
     "a CSV manifest with header row 'path,label[,split]' (label_column= names another column for the labels); paths "
     "relative to the manifest's folder (root may be the .csv file or a folder holding manifest.csv)"
 )
-_SAID_MISSING: set[tuple[str, int, int]] = set()  # (manifest, missing, rows): each load of a split would say it again
+# What the csv data set has said of missing images, by (manifest, missing, rows): a process loads each split of
+# one manifest separately (train, test, a checkpoint's validation), and the same line is said at the first only.
+CSV_MISSING_SAID = SaidOnce(log.warning)
 
 
-def _existing_rows(manifest: Path, rows: list[dict[str, str]], paths: list[str]) -> list[int]:
-    """The rows whose image is there; none is refused in one line, some missing make one warning (a manifest moved
-    away from its images: ``missing_images_line``)."""
-    missing = set(missing_paths(paths))
-    if not missing:
-        return list(range(len(rows)))
-    line = missing_images_line([p for p in paths if p in missing], len(paths), manifest.resolve())
-    if len(missing) == len(set(paths)):
-        raise FileNotFoundError(f"csv: no image to train on: {line}")
-    key = (str(manifest.resolve()), len(missing), len(paths))
-    if key not in _SAID_MISSING:
-        _SAID_MISSING.add(key)
-        log.warning("csv: %s; they are left out", line)
-    return [i for i, path in enumerate(paths) if path not in missing]
+def _existing_rows(manifest: Path, paths: list[str], said: SaidOnce) -> list[int]:
+    """The rows whose image is there (``present_rows``); none is refused in one line, some missing make one
+    warning through ``said`` (a manifest moved away from its images: ``missing_images_line``)."""
+    present = present_rows(paths, manifest.resolve())
+    if not present.missing:
+        return present.kept
+    if not present.kept:
+        raise FileNotFoundError(f"csv: no image to train on: {present.line}")
+    said((str(manifest.resolve()), len(present.missing), len(paths)), f"csv: {present.line}; they are left out")
+    return present.kept
 
 
 @DATASETS.register("csv")
@@ -227,7 +225,7 @@ def load_csv(root: str | Path | None, split: str = "train", transform: Transform
                          f"class: {no_labels_hint(columns, rows)}")
     folder = manifest.parent
     paths = [str(folder / row["path"]) for row in rows]  # absolute paths stay absolute under "/"
-    kept = _existing_rows(manifest, rows, paths)
+    kept = _existing_rows(manifest, paths, CSV_MISSING_SAID)
     if len(kept) < len(rows):
         rows, paths = [rows[i] for i in kept], [paths[i] for i in kept]
     names = [row[column] for row in rows]

@@ -20,6 +20,7 @@ from typing import Any
 
 from retrieval.data.colour import DEFAULT_BACKGROUND, parse_background
 from retrieval.data.resize_modes import CROP, RESIZE_MODES
+from retrieval.records.model_config import ModelConfig
 
 __all__ = ["DEFAULT_BACKGROUND", "IDENTITY_KEYS", "RESIZE_RATIO", "ModelPreprocessing", "resized_size"]
 
@@ -71,21 +72,22 @@ class ModelPreprocessing:
         object.__setattr__(self, "background", parse_background(self.background))
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> ModelPreprocessing:
-        """The record of a model-config dict (a checkpoint's ``model_config``, or the one an ONNX file's metadata
-        gives); keys it does not know are left in the dict."""
-        size = config.get("input_size")
+    def from_config(cls, config: ModelConfig | Mapping[str, Any]) -> ModelPreprocessing:
+        """The preprocessing of a model's config (``Embedder.config``, a checkpoint's ``model_config``; a dict is
+        read as a ``ModelConfig``); the keys that are not preprocessing are left in the config."""
+        config = ModelConfig.of(config)
+        size = config.input_size
         if isinstance(size, (tuple, list)):  # timm style (3, H, W)
             if len(size) != 3 or size[1] != size[2]:
                 raise ValueError(f"input_size must be an int or a square (3, S, S), got {size}")
             size = size[-1]
-        backbone, dim, normalize = (config.get(key) for key in ("backbone", "embedding_dim", "normalize"))
+        backbone, dim, normalize = config.backbone, config.embedding_dim, config.normalize
         return cls(
-            input_size=size,
-            mean=config.get("mean"),  # type: ignore[arg-type]  (checked when made)
-            std=config.get("std"),  # type: ignore[arg-type]
-            background=config.get("background") or DEFAULT_BACKGROUND,
-            resize=config.get("resize") or None,
+            input_size=size,  # type: ignore[arg-type]  (checked when made)
+            mean=config.mean,  # type: ignore[arg-type]
+            std=config.std,  # type: ignore[arg-type]
+            background=config.background or DEFAULT_BACKGROUND,  # type: ignore[arg-type]
+            resize=config.resize or None,
             backbone=None if backbone is None else str(backbone),
             embedding_dim=None if dim is None else int(dim),
             normalize=None if normalize is None else bool(normalize),

@@ -12,7 +12,6 @@ decodes in a process pool instead), which neither a search service nor Ray's wor
 ``ray_stages``, and so this package) should pay for.
 
 - ``layout``: the folder's files, index.json and the writer's lock.
-- ``record``: index.json's typed record (``IndexInfo``), read in one place and passed instead of the dict.
 - ``catalogue_schema``, ``catalogue_reader``, ``catalogue``: the SQLite catalogue: its schema and row statuses, every
   read query and the read-only connections, the writer's one connection.
 - ``shards``: the embedding shards (npz or parquet), one store reading both.

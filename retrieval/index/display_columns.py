@@ -66,15 +66,9 @@ def check_display_columns(names: Sequence[str], available: Sequence[str]) -> lis
     return chosen
 
 
-def recorded_columns(info: Mapping[str, Any], key: str = DISPLAY_COLUMNS) -> list[str]:
-    """The display columns index.json (``info``) records (or another list of column names, under ``key``); [] where
-    it records none (results show paths)."""
-    return checked_columns(info.get(key))
-
-
 def checked_columns(names: object) -> list[str]:
-    """A recorded list of column names (``recorded_columns``; the record's ``catalogue.display_columns``) as it is
-    shown: [] where it is no list."""
+    """A recorded list of column names (the record's ``catalogue.display_columns``, ``text_columns``) as it is
+    shown: [] where it is no list (results show paths)."""
     if not isinstance(names, list):
         return []
     # a hand-edited index.json is read as any file is: names a manifest could not have are left out

@@ -21,8 +21,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from retrieval.index.record.index_info import FORMAT, IndexInfo
 from retrieval.index.sources import printable_path
+from retrieval.records.index_info import FORMAT, IndexInfo
 from retrieval.utils.io import NotRegularFileError, atomic_write, read_capped
 
 LOCK_NAME = "writer.lock"
@@ -179,9 +179,10 @@ class IndexLayout:
         """index.json as its typed record (``read_info``'s errors)."""
         return IndexInfo.from_json(self.read_info())
 
-    def write_info(self, info: Mapping[str, Any]) -> None:
+    def write_info(self, info: IndexInfo | Mapping[str, Any]) -> None:
         """Write index.json (a record or its JSON object) atomically, its format first."""
-        atomic_write(self.info, (json.dumps({"format": FORMAT, **info}, indent=2) + "\n").encode())
+        data = info.to_json() if isinstance(info, IndexInfo) else info
+        atomic_write(self.info, (json.dumps({"format": FORMAT, **data}, indent=2) + "\n").encode())
 
     def size_on_disk(self) -> dict[str, int]:
         def size(path: Path) -> int:

@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import os
 import posixpath
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePath, PurePosixPath
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from retrieval.errors import ParameterError
-from retrieval.index.record.index_info import IndexInfo, ModelRecord
 from retrieval.index.sources import is_url, printable_path
+from retrieval.records.index_info import IndexInfo, ModelRecord
 from retrieval.utils.io import open_regular
 
 MODEL_RELATIVE = "model_path_relative"  # index.json and catalogue meta: the model's path from the index folder
@@ -175,13 +174,13 @@ def _model_candidates(model: ModelRecord, index_root: Path) -> list[Path]:
     return [Path(place) for place in unique]
 
 
-def find_model(info: IndexInfo | Mapping[str, Any], index_root: str | Path, role: str = "was built by") -> Path:
+def find_model(info: IndexInfo, index_root: str | Path, role: str = "was built by") -> Path:
     """The ONNX file whose hash is the index's ``model_hash`` (see the module docstring), or ModelNotFoundError
     (``role``: what the index is to that model, as the message says it).
 
     A recorded file that cannot be read as a model here, where no other file has the hash, is returned as it is: the
     loader names what is wrong with it, and the caller checks the hash of what it loaded."""
-    model = IndexInfo.of(info).model
+    model = info.model
     wanted = model.hash
     root = Path(index_root).expanduser().absolute()
     recorded = {os.path.normpath(place) for place in _recorded_places(model, root)}
@@ -264,7 +263,7 @@ class GalleryPlace:
         return self.recorded
 
 
-def gallery_place(info: IndexInfo | Mapping[str, Any], recorded: PurePath, index_root: str | Path,
+def gallery_place(info: IndexInfo, recorded: PurePath, index_root: str | Path,
                   gallery_root: str | Path | None = None) -> GalleryPlace:
     """Where the gallery of the index in ``index_root`` is now (``recorded``: its recorded or inferred root)."""
     if gallery_root is not None:
@@ -273,7 +272,7 @@ def gallery_place(info: IndexInfo | Mapping[str, Any], recorded: PurePath, index
             raise ParameterError("gallery_root", f"{printable_path(str(folder))} is not a folder; give the folder that "
                                                  "now holds the gallery's images")
         return _unnested(GalleryPlace(recorded, PurePath(folder.resolve())))
-    relative = IndexInfo.of(info).catalogue.gallery_relative
+    relative = info.catalogue.gallery_relative
     if Path(recorded).is_dir() or not relative:
         return GalleryPlace(recorded, recorded)
     moved = Path(os.path.normpath(Path(index_root).expanduser().resolve() / relative))

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 # index.json's ``source`` of an index built from embeddings: the record's, imported from here too
-from retrieval.index.record.index_info import EMBEDDINGS_SOURCE as EMBEDDINGS_SOURCE
-from retrieval.index.record.index_info import IndexInfo
+from retrieval.records.index_info import EMBEDDINGS_SOURCE as EMBEDDINGS_SOURCE
+from retrieval.records.index_info import IndexInfo
 from retrieval.utils.unit_rows import l2_normalize_rows
 
 if TYPE_CHECKING:
@@ -73,9 +73,9 @@ class NoModelError(ValueError):
     """The index was built from embeddings: it has no model, so nothing that needs one (embedding an image) works."""
 
 
-def has_model(info: IndexInfo | Mapping[str, Any]) -> bool:
+def has_model(info: IndexInfo) -> bool:
     """Whether the index whose index.json is ``info`` was built by a model (False: built from embeddings)."""
-    return IndexInfo.of(info).has_model
+    return info.has_model
 
 
 def built_without_model(index_dir: str | Path) -> str:
@@ -184,20 +184,20 @@ def output_fields(embedder: ImageEmbedder) -> dict[str, Any]:
     return {"model_output": name, "model_output_space": sorted(declared_compatible(embedder)) if compatible else None}
 
 
-def same_output(embedder: ImageEmbedder, info: IndexInfo | Mapping[str, Any]) -> bool:
+def same_output(embedder: ImageEmbedder, info: IndexInfo) -> bool:
     """Whether ``embedder`` embeds with the output that built the index (an index.json from before outputs were
     recorded: the model's own)."""
-    recorded = IndexInfo.of(info).model.output or getattr(embedder, "primary_output", None)
+    recorded = info.model.output or getattr(embedder, "primary_output", None)
     return getattr(embedder, "output_name", None) == recorded
 
 
-def is_compatible(embedder: ImageEmbedder, info: IndexInfo | Mapping[str, Any]) -> bool:
+def is_compatible(embedder: ImageEmbedder, info: IndexInfo) -> bool:
     """Whether ``embedder`` may search (and be added to) an index whose index.json is ``info``: the same model,
     or one declared compatible with its model (by the ONNX file's hash or its PyTorch weights' hash), or the fp32
     parent of the int8 model that built it. Vectors a
     model's compatible output made are in the old models' space: there a model must be declared compatible with
     those (``model_output_space``), not with the model that projected into it."""
-    model = IndexInfo.of(info).model
+    model = info.model
     if hash_matches(model.hash, embedder) or hash_matches(model.parent_hash, embedder):
         return True  # the same model, or the fp32 parent of the int8 model that built it (measured when quantized)
     space = model.output_space
@@ -205,12 +205,11 @@ def is_compatible(embedder: ImageEmbedder, info: IndexInfo | Mapping[str, Any]) 
     return bool(declared_compatible(embedder) & built_by)
 
 
-def compatible_view(embedder: ImageEmbedder, info: IndexInfo | Mapping[str, Any]) -> ImageEmbedder | None:
+def compatible_view(embedder: ImageEmbedder, info: IndexInfo) -> ImageEmbedder | None:
     """``embedder`` as it embeds into the space of the index whose index.json is ``info``: the index's own model
     with the output that built it; a model declared compatible with its own output where the sizes agree, else
     with its compatible output where that has the index's size (a new size projected into the old space). None:
     it has no way into that space."""
-    info = IndexInfo.of(info)
     model = with_output(embedder, None)
     if hash_matches(info.model.hash, model):
         return with_output(model, info.model.output)
@@ -225,9 +224,9 @@ def compatible_view(embedder: ImageEmbedder, info: IndexInfo | Mapping[str, Any]
     return None
 
 
-def check_model_match(info: IndexInfo | Mapping[str, Any], embedder: ImageEmbedder, index_dir: Path) -> None:
+def check_model_match(info: IndexInfo, embedder: ImageEmbedder, index_dir: Path) -> None:
     """Refuse a query model other than the one that built the index, unless it is declared compatible with it."""
-    model = IndexInfo.of(info).model
+    model = info.model
     if not is_compatible(embedder, info):
         space = model.output_space
         through = (f" (its vectors are that model's projection into the space of model(s) {', '.join(space)}, so a "
@@ -241,10 +240,9 @@ def check_model_match(info: IndexInfo | Mapping[str, Any], embedder: ImageEmbedd
         )
 
 
-def index_embedder(info: IndexInfo | Mapping[str, Any], embedder: ImageEmbedder, index_dir: Path) -> ImageEmbedder:
+def index_embedder(info: IndexInfo, embedder: ImageEmbedder, index_dir: Path) -> ImageEmbedder:
     """The embedder that embeds queries for the index whose index.json is ``info`` (``compatible_view``), or a
     ModelMismatchError that says why there is none and what to run."""
-    info = IndexInfo.of(info)
     if not info.has_model:  # vectors from elsewhere: no model is known to embed into their space
         if isinstance(embedder, NoModel):
             return embedder

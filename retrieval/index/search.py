@@ -10,7 +10,7 @@ import numbers
 import os
 import posixpath
 import threading
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePath, PurePosixPath
 from typing import Any
@@ -34,8 +34,8 @@ from retrieval.index.query_embedder import (
     load_model,
     prepare_vectors,
 )
-from retrieval.index.record.index_info import IndexInfo
 from retrieval.index.sources import is_url
+from retrieval.records.index_info import IndexInfo
 from retrieval.rerank import Neighbourhood, RerankConfig, gallery_filled, neighbourhood_from_counts, rerank_lists
 from retrieval.text.keywords import FolderKeywords, KeywordSearch
 
@@ -51,10 +51,10 @@ def check_k(k: object, name: str = "k") -> int:
     return int(k)
 
 
-def gallery_root(info: IndexInfo | Mapping[str, Any], catalogue: CatalogueQueries) -> PurePath:
+def gallery_root(info: IndexInfo, catalogue: CatalogueQueries) -> PurePath:
     """The folder that paths shown to people and programs are relative to: index.json's ``gallery_root``, else
     the deepest folder holding every catalogued path."""
-    recorded = IndexInfo.of(info).catalogue.gallery_root
+    recorded = info.catalogue.gallery_root
     if recorded:
         return PurePath(recorded)
     first, last = catalogue.path_range()
@@ -104,17 +104,8 @@ class IndexFacts:
     """What an index's record (``info``: index.json, or a Milvus collection's copy of it) says about it, and the
     ``with`` block that closes it: shared by ``Index`` and ``milvus_index.MilvusIndex``."""
 
-    _info: IndexInfo
+    info: IndexInfo  # its index.json, as the typed record
     remote = False  # whether it answers over the network (``SearchableIndex.remote``)
-
-    @property
-    def info(self) -> IndexInfo:
-        """Its index.json, as the typed record."""
-        return self._info
-
-    @info.setter
-    def info(self, info: IndexInfo | Mapping[str, Any]) -> None:
-        self._info = IndexInfo.of(info)  # a JSON object given is read into the record
 
     def close(self) -> None:
         raise NotImplementedError
@@ -170,7 +161,7 @@ class Index(IndexFacts):
         layout: IndexLayout,
         index: faiss.Index,
         catalogue: CatalogueReader,
-        info: IndexInfo | Mapping[str, Any],
+        info: IndexInfo,
         embedder: ImageEmbedder | None = None,
         gpu: bool = False,
         gallery_root: str | Path | None = None,

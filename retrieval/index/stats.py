@@ -17,9 +17,9 @@ from retrieval.index.catalogue_schema import THROUGHPUT_META
 from retrieval.index.faiss_backend import faiss_measure
 from retrieval.index.faiss_backend.faiss_params import faiss_mismatch
 from retrieval.index.layout import IndexLayout
-from retrieval.index.record.index_info import IndexInfo
 from retrieval.index.shards import ShardStore
 from retrieval.index.vectors import done_chunks, gather_rows
+from retrieval.records.index_info import IndexInfo
 
 
 class FolderIndex(Protocol):
@@ -95,7 +95,7 @@ def opened_index_stats(
         "vectors": len(index),
         "index_key": info.vectors.index_key,
         "index_key_requested": info.vectors.index_key_requested,
-        "params": info.vectors.params if "params" in info else {},
+        "params": info.vectors.params if info.holds("params") else {},
         "tuning": info.vectors.tuning,
         # --max-index-memory / --max-query-ms: the limits, the estimate and the latency tuning measured
         **({"budget": info.vectors.budget} if info.vectors.budget else {}),

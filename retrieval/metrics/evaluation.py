@@ -14,6 +14,7 @@ from torch.utils.data import Dataset, Subset
 from retrieval.data.dataset import BadImageLog
 from retrieval.distributed import embed_sharded
 from retrieval.errors import ParameterError
+from retrieval.records.run_config import RunConfig
 from retrieval.rerank import RerankConfig
 
 
@@ -31,16 +32,16 @@ class EvalSets:
         return len(self.query) + (len(self.gallery) if self.gallery is not None else 0)
 
 
-def checkpoint_dataset(train_config: dict[str, Any], dataset: str | None, data: str | None,
+def checkpoint_dataset(train_config: RunConfig, dataset: str | None, data: str | None,
                        dataset_kwargs: dict[str, Any] | None = None) -> tuple[str, str | None, dict[str, Any]]:
     """(dataset, data, dataset_kwargs): what was given, else what the checkpoint was trained on (its data set's
     options only where the data set is the one it was trained on: another's loader does not take them)."""
-    trained = train_config.get("dataset")
+    trained = train_config.dataset
     dataset = dataset or trained
     if not dataset:
         raise ParameterError("dataset", "is required: the checkpoint does not record its data set")
-    data = data if data is not None else train_config.get("data")
-    recorded = train_config.get("dataset_kwargs", {}) if dataset == trained else {}
+    data = data if data is not None else train_config.data
+    recorded = (train_config.dataset_kwargs or {}) if dataset == trained else {}
     return dataset, data, {**recorded, **(dataset_kwargs or {})}
 
 

@@ -1,8 +1,9 @@
 """The training checkpoint (``retrieval-checkpoint/1``): one definition of its keys, for its writer and its readers.
 
-On disk a checkpoint is a flat dict saved with ``torch.save``: ``format`` and the fields below, by name. The model
-fields are all a reader needs to rebuild the embedder; the resume fields (None in a model-only file) are what
-``retrieval train --resume`` restores.
+On disk a checkpoint is a flat dict saved with ``torch.save``: ``format`` and the fields below, by name, the two
+configs as their JSON objects (plain dicts: a ``weights_only`` load takes no class of ours). The model fields are all a
+reader needs to rebuild the embedder; the resume fields (None in a model-only file) are what ``retrieval train
+--resume`` restores.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Any
 
 import torch
 
+from retrieval.records.model_config import ModelConfig
+from retrieval.records.run_config import RunConfig
 from retrieval.reports import BEST_CHECKPOINT, LAST_CHECKPOINT
 
 CHECKPOINT_FORMAT = "retrieval-checkpoint/1"
@@ -29,9 +32,9 @@ class Checkpoint:
     """The contents of a checkpoint file; ``to_dict``/``from_dict`` give and read its on-disk form."""
 
     # the model
-    model_config: dict[str, Any]
+    model_config: ModelConfig
     state_dict: dict[str, torch.Tensor]
-    train_config: dict[str, Any] = field(default_factory=dict)
+    train_config: RunConfig = field(default_factory=RunConfig)
     config_hash: str | None = None
     epoch: int = 0  # epochs complete
     metrics: dict[str, Any] = field(default_factory=dict)
@@ -59,21 +62,29 @@ class Checkpoint:
         return self.optimizer is not None and self.rng is not None
 
     def to_dict(self) -> dict[str, Any]:
-        """The on-disk form (no copies: tensors are shared with the model and optimizer)."""
+        """The on-disk form (no copies: tensors are shared with the model and optimizer; the configs as JSON)."""
         written = (f.name for f in fields(self) if f.name not in _WRITTEN_WHEN_SET or getattr(self, f.name) is not None)
-        return {"format": CHECKPOINT_FORMAT, **{name: getattr(self, name) for name in written}}
+        configs = {"model_config": self.model_config.to_json(), "train_config": self.train_config.to_json()}
+        return {"format": CHECKPOINT_FORMAT, **{name: configs.get(name, getattr(self, name)) for name in written}}
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "checkpoint") -> Checkpoint:
         """Read the on-disk form; keys it does not hold take their default, a foreign file is refused."""
         if not isinstance(data, dict) or data.get("format") != CHECKPOINT_FORMAT:
             raise ValueError(f"{source} is not a retrieval checkpoint (expected format {CHECKPOINT_FORMAT!r})")
-        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+        read = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        for name, record in (("model_config", ModelConfig), ("train_config", RunConfig)):
+            if name in read and not isinstance(read[name], record):
+                try:
+                    read[name] = record.from_json(read[name])
+                except ValueError as exc:
+                    raise ValueError(f"{source}'s {name}: {exc}") from None
+        return cls(**read)
 
 
-def config_hash(train_config: dict[str, Any]) -> str:
+def config_hash(train_config: RunConfig) -> str:
     """Short hash of a training configuration: names the run a checkpoint (and its ONNX export) came from."""
-    return hashlib.sha256(json.dumps(train_config, sort_keys=True).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(train_config.to_json(), sort_keys=True).encode()).hexdigest()[:16]
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> Checkpoint:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -17,6 +16,7 @@ from retrieval.distances import l2_normalize
 from retrieval.errors import ParameterError, parameters_named
 from retrieval.models.backbones import BACKBONES, backbone_names, create_backbone
 from retrieval.models.checkpoint import load_checkpoint
+from retrieval.records.model_config import ModelConfig
 
 
 class EmbeddingHead(nn.Module):
@@ -91,14 +91,16 @@ class CompatibleProjection(nn.Module):
 
 
 class Embedder(nn.Module):
-    """``Embedder(x) = head(backbone(x))``; ``config`` is everything needed to rebuild it (JSON-able).
+    """``Embedder(x) = head(backbone(x))``; ``config`` is everything needed to rebuild it (a frozen record: a change
+    is ``model.config = model.config.with_fields({...})``).
 
     ``compatible`` (None unless ``add_compatible`` made it): the projection of the embedding into an old model's
-    space of another size; ``config["compatible_dim"]`` records its size."""
+    space of another size; ``config.compatible_dim`` records its size."""
 
     compatible: CompatibleProjection | None
+    config: ModelConfig
 
-    def __init__(self, backbone: nn.Module, head: EmbeddingHead, config: dict[str, Any]) -> None:
+    def __init__(self, backbone: nn.Module, head: EmbeddingHead, config: ModelConfig) -> None:
         super().__init__()
         self.backbone = backbone
         self.head = head
@@ -112,9 +114,9 @@ class Embedder(nn.Module):
         """Give the model a projection of its embedding into an old space of ``compatible_dim`` dimensions (on the
         head's device); its size goes into ``config`` so that ``load_embedder`` rebuilds it."""
         weight = self.head.linear.weight
-        self.compatible = CompatibleProjection(int(self.config["embedding_dim"]), int(compatible_dim), seed).to(
+        self.compatible = CompatibleProjection(int(self.config.embedding_dim), int(compatible_dim), seed).to(
             device=weight.device, dtype=weight.dtype)
-        self.config["compatible_dim"] = int(compatible_dim)
+        self.config = self.config.with_fields({"compatible_dim": int(compatible_dim)})
         return self.compatible
 
     def embed_both(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,7 +129,7 @@ class Embedder(nn.Module):
 
     def train(self, mode: bool = True) -> Embedder:
         super().train(mode)
-        if self.config.get("freeze_bn"):
+        if self.config.freeze_bn:
             # Frozen BatchNorm: running statistics and affine parameters stay as pretrained, which is what
             # small P x N metric-learning batches need.
             for module in self.backbone.modules():
@@ -169,7 +171,7 @@ def create_embedder(
             for p in module.parameters():
                 p.requires_grad_(False)
     head = EmbeddingHead(spec.feature_dim, embedding_dim, normalize)
-    config = {
+    config = ModelConfig.from_json({
         "backbone": backbone,
         "embedding_dim": int(embedding_dim),
         "normalize": bool(normalize),
@@ -180,11 +182,11 @@ def create_embedder(
         "std": [float(v) for v in spec.std],
         "background": list(DEFAULT_BACKGROUND),  # transparent pixels are composited onto this colour
         "pretrained": bool(pretrained or weights is not None),
-    }
+    })
     return Embedder(spec.module, head, config)
 
 
-PRETRAINED_HEAD = "features"  # config["head"] of a backbone used as it is (no trained head)
+PRETRAINED_HEAD = "features"  # config.head of a backbone used as it is (no trained head)
 
 
 def create_pretrained_embedder(backbone: str, image_size: int | None = None, resize: str = CROP,
@@ -199,7 +201,7 @@ def create_pretrained_embedder(backbone: str, image_size: int | None = None, res
     if not backbone.startswith("timm:") and backbone not in BACKBONES.names():
         raise ParameterError("backbone", f"is unknown: {backbone!r}; choose one of {', '.join(backbone_names())}")
     spec = create_backbone(backbone, pretrained=True, offline=offline)
-    config = {
+    config = ModelConfig.from_json({
         "backbone": backbone,
         "embedding_dim": int(spec.feature_dim),
         "normalize": True,
@@ -212,7 +214,7 @@ def create_pretrained_embedder(backbone: str, image_size: int | None = None, res
         "resize": resize,
         "pretrained": True,
         "head": PRETRAINED_HEAD,
-    }
+    })
     return Embedder(spec.module, FeatureHead(), config).eval()
 
 
@@ -245,12 +247,12 @@ def load_embedder(path: str | os.PathLike, map_location: str | torch.device = "c
     ckpt = load_checkpoint(path, map_location)
     cfg = ckpt.model_config
     model = create_embedder(
-        cfg["backbone"], cfg["embedding_dim"], pretrained=False, normalize=cfg["normalize"],
-        freeze_bn=cfg["freeze_bn"],
+        cfg.value_of("backbone"), cfg.value_of("embedding_dim"), pretrained=False, normalize=cfg.value_of("normalize"),
+        freeze_bn=cfg.value_of("freeze_bn"),
     )
-    model.config.update(cfg)  # input size, normalisation and provenance as trained
-    if cfg.get("compatible_dim"):
-        model.add_compatible(int(cfg["compatible_dim"]))
+    model.config = model.config.with_fields(cfg.to_json())  # input size, normalisation and provenance as trained
+    if cfg.compatible_dim:
+        model.add_compatible(int(cfg.compatible_dim))
     model.load_state_dict(ckpt.state_dict)
     return model.eval()
 

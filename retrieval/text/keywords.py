@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import re
 import sqlite3
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
+
+from retrieval.records.index_info import IndexInfo
 
 KEYWORD_INDEX_FILE = "keywords.sqlite"  # beside index.json in the index folder
 TEXT_COLUMNS = "text_columns"  # index.json: the manifest columns the keyword index holds (a list)
@@ -104,12 +105,11 @@ def check_limit(limit: object) -> int:
     return limit
 
 
-def has_keywords(info: Mapping[str, Any]) -> bool:
-    """Whether index.json (``info``: its record, or the JSON object) records a keyword index (its columns a list of
-    names, its file a name)."""
-    columns = info.get(TEXT_COLUMNS)
+def has_keywords(info: IndexInfo) -> bool:
+    """Whether index.json (``info``) records a keyword index (its columns a list of names, its file a name)."""
+    columns, file = info.catalogue.text_columns, info.catalogue.keyword_index
     return isinstance(columns, list) and bool(columns) and all(isinstance(c, str) for c in columns) \
-        and isinstance(info.get(KEYWORD_INDEX), str) and bool(info.get(KEYWORD_INDEX))
+        and isinstance(file, str) and bool(file)
 
 
 class FolderKeywords:
@@ -129,12 +129,11 @@ class FolderKeywords:
             db.close()
 
     @classmethod
-    def of_index(cls, info: Mapping[str, Any], index_root: str | Path) -> FolderKeywords | None:
-        """The keyword index that index.json (``info``: its record, or the JSON object) records for the folder
-        ``index_root``; None where none."""
+    def of_index(cls, info: IndexInfo, index_root: str | Path) -> FolderKeywords | None:
+        """The keyword index that index.json (``info``) records for the folder ``index_root``; None where none."""
         if not has_keywords(info):
             return None
-        name = Path(str(info[KEYWORD_INDEX])).name  # a file in the folder, whatever index.json says
+        name = Path(str(info.catalogue.keyword_index)).name  # a file in the folder, whatever index.json says
         return cls(Path(index_root) / name)
 
     def _connect(self) -> sqlite3.Connection:

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from retrieval.records.index_info import IndexInfo
 from retrieval.text.no_match_texts import CALIBRATION_SOURCE, CALIBRATION_TEXTS
 
 TEXT_NO_MATCH = "text_no_match"  # index.json's key
@@ -139,17 +140,17 @@ def recalibrate_hint(index_shown: str) -> str:
     return f"record the text model again to measure it: `retrieval index text {index_shown} --text-model FILE`"
 
 
-def read_floor(info: Mapping[str, Any], text_model_hash: str | Sequence[str] | None,
+def read_floor(info: IndexInfo, text_model_hash: str | Sequence[str] | None,
                index_shown: str = "INDEX") -> NoMatchFloor:
     """The floor index.json (``info``) records for the text model ``text_model_hash`` (every hash it goes by:
     ``TextEmbedder.model_hashes``, a floor recorded before names its legacy one; None: no text model), checked: a
     record of another text model or image model, or with values that are not a calibration, makes no floor (its
     ``problem`` says why and how to measure it again)."""
-    record = info.get(TEXT_NO_MATCH)
+    record = info.calibrations.text_no_match
     hashes = (text_model_hash,) if isinstance(text_model_hash, str) else tuple(text_model_hash or ())
     if not hashes:
         return NoMatchFloor(problem="no text model: text queries are not answered")
-    if record is None and info.get("vectors_in"):  # layout.VECTORS_IN: a Milvus collection holds them
+    if record is None and info.vectors.vectors_in:  # a Milvus collection holds them
         return NoMatchFloor(problem="not calibrated: the floor is measured with a folder's own vector index, and "
                                     "this index keeps its vectors in a Milvus collection")
     if record is None:
@@ -167,9 +168,9 @@ def read_floor(info: Mapping[str, Any], text_model_hash: str | Sequence[str] | N
         return NoMatchFloor(problem=f"calibrated for another text model (text_model_hash {repr(recorded)[:40]}, "
                                     f"not {hashes[0]}); {recalibrate_hint(index_shown)}")
     model = record.get("model_hash")
-    if model is not None and model != info.get("model_hash"):
+    if model is not None and model != info.model.hash:
         return NoMatchFloor(problem=f"calibrated on vectors of another image model (model_hash {repr(model)[:40]}, "
-                                    f"not {info.get('model_hash')}); {recalibrate_hint(index_shown)}")
+                                    f"not {info.model.hash}); {recalibrate_hint(index_shown)}")
     shown = {key: record[key] for key in ("quantile", "texts", "left_out", "images", "source", "best_scores")
              if key in record and _plain(record[key])}
     return NoMatchFloor(float(floor), record={"floor": float(floor), "text_model_hash": recorded, **shown})

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from retrieval.index.sources import printable_path
-from retrieval.text.text_onnx import MAX_TEXT_MODEL_BYTES, TextModelError, file_hashes
+from retrieval.text.text_onnx import MAX_TEXT_MODEL_BYTES, TextModelError, TowerFile, read_tower
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +41,11 @@ def read_model_metadata(image_model: str | os.PathLike) -> dict[str, str]:
     return {entry.key: entry.value for entry in proto.metadata_props}
 
 
-def named_text_model(image_model: str | os.PathLike, metadata: Mapping[str, str]) -> tuple[Path | None, str | None]:
-    """The text tower ``image_model``'s metadata names, found beside it with the hash it names: ``(path, None)``;
-    ``(None, why)`` where it is named but not usable (missing, another hash, a name that is not a plain file name);
-    ``(None, None)`` where the model names none."""
+def named_text_model(image_model: str | os.PathLike,
+                     metadata: Mapping[str, str]) -> tuple[TowerFile | None, str | None]:
+    """The text tower ``image_model``'s metadata names, found beside it with the hash it names: ``(tower, None)``,
+    the file as read and hashed (its bytes are what is run); ``(None, why)`` where it is named but not usable
+    (missing, another hash, a name that is not a plain file name); ``(None, None)`` where the model names none."""
     name, wanted = metadata.get(IMAGE_TEXT_MODEL), metadata.get(IMAGE_TEXT_MODEL_HASH)
     if not name and not wanted:
         return None, None
@@ -61,14 +62,14 @@ def named_text_model(image_model: str | os.PathLike, metadata: Mapping[str, str]
     if path.stat().st_size > MAX_TEXT_MODEL_BYTES:
         return None, f"{printable_path(str(path))} is over 2 GiB: not the text tower {shown} names"
     try:
-        found = file_hashes(path)  # a model exported before names it by its legacy hash
+        tower = read_tower(path)  # a model exported before names it by its legacy hash
     except OSError as exc:
         return None, f"{printable_path(str(path))} cannot be read: {exc.strerror or exc}"
-    if wanted not in found:
-        return None, (f"{printable_path(str(path))} has text_model_hash {found[0]}, not {wanted}, the one {shown} "
-                      "names: it was replaced; export the model again, or record a text model with `retrieval "
-                      "index text`")
-    return path, None
+    if wanted not in tower.hashes:
+        return None, (f"{printable_path(str(path))} has text_model_hash {tower.hashes[0]}, not {wanted}, the one "
+                      f"{shown} names: it was replaced; export the model again, or record a text model with "
+                      "`retrieval index text`")
+    return tower, None
 
 
 def record_named_text_model(index_dir: str | os.PathLike, image_model: str | os.PathLike) -> dict[str, Any] | None:
@@ -79,19 +80,19 @@ def record_named_text_model(index_dir: str | os.PathLike, image_model: str | os.
     from retrieval.text.text_index import record_text_model
 
     try:
-        path, problem = named_text_model(image_model, read_model_metadata(image_model))
+        tower, problem = named_text_model(image_model, read_model_metadata(image_model))
     except Exception as exc:  # onnx's own kinds: a damaged file the build has read anyway
-        path, problem = None, f"the metadata of {printable_path(str(image_model))} cannot be read ({exc})"
-    if path is None:
+        tower, problem = None, f"the metadata of {printable_path(str(image_model))} cannot be read ({exc})"
+    if tower is None:
         if problem:
             log.warning("no text model recorded: %s", problem)
         return None
     recorded = IndexLayout(index_dir).read_record().text.hash
-    if recorded and recorded not in file_hashes(path):
+    if recorded and recorded not in tower.hashes:
         log.info("the index records text model %s already: kept (not the one beside its model)", recorded)
         return None
     try:
-        return record_text_model(index_dir, path)
+        return record_text_model(index_dir, tower)
     except TextModelError as exc:
         log.warning("no text model recorded: %s", exc.problem)
         return None

@@ -31,16 +31,17 @@ from retrieval.index.query_embedder import (
     model_hashes,
     with_output,
 )
-from retrieval.index.record.index_info import IndexInfo
 from retrieval.index.sources import printable_path
+from retrieval.records.index_info import IndexInfo
 from retrieval.text.no_match import TEXT_NO_MATCH, calibrate_no_match
 from retrieval.text.no_match_texts import CALIBRATION_TEXTS
 from retrieval.text.text_onnx import (
     MAX_TEXT_MODEL_BYTES,
     TextEmbedder,
     TextModelError,
+    TowerFile,
     check_text_model,
-    file_hashes,
+    read_tower,
 )
 
 TEXT_MODEL_PATH = "text_model_path"  # index.json: where the text model was when recorded
@@ -57,10 +58,10 @@ ImageModel = ImageEmbedder | Callable[[], ImageEmbedder] | None
 class NoTextModelError(TextModelError):
     """A text query to an index that records no text model, and none was given."""
 
-    def __init__(self, index_root: str | Path, info: IndexInfo | Mapping[str, Any] | None = None) -> None:
+    def __init__(self, index_root: str | Path, info: IndexInfo | None = None) -> None:
         folder = printable_path(str(index_root))
-        record = IndexInfo.of(info)
-        off = text_off_problem(record, folder, printable_path(str(record.model.path or "MODEL.onnx")))
+        record = info if info is not None else IndexInfo()
+        off = text_off_problem(record.text.off, folder, printable_path(str(record.model.path or "MODEL.onnx")))
         if off is not None:
             super().__init__(f"is needed: the index in {folder} records no text model: {off}")
             return
@@ -69,11 +70,10 @@ class NoTextModelError(TextModelError):
                          f"index once: `retrieval index text {folder} --text-model FILE`")
 
 
-def text_off_problem(info: IndexInfo | Mapping[str, Any], index_shown: str, model_shown: str) -> str | None:
-    """Why an upgrade turned the index's text search off (``TEXT_MODEL_OFF``) and the two commands that re-fit a
-    text model (``model_shown``: the index's image model, ``index_shown``: the index, as the reader may see them);
-    None where no upgrade did."""
-    off = IndexInfo.of(info).text.off
+def text_off_problem(off: object, index_shown: str, model_shown: str) -> str | None:
+    """Why an upgrade turned the index's text search off (``off``: index.json's ``TEXT_MODEL_OFF``, as read) and the
+    two commands that re-fit a text model (``model_shown``: the index's image model, ``index_shown``: the index, as
+    the reader may see them); None where no upgrade did."""
     if not isinstance(off, Mapping):
         return None
     reason = " ".join(str(off.get("reason") or "its text model no longer fits").split())[:1000]
@@ -82,9 +82,9 @@ def text_off_problem(info: IndexInfo | Mapping[str, Any], index_shown: str, mode
             f"then record it: `retrieval index text {index_shown} --text-model RUN/text.onnx`")
 
 
-def has_text_model(info: IndexInfo | Mapping[str, Any]) -> bool:
+def has_text_model(info: IndexInfo) -> bool:
     """Whether index.json (``info``) records a text model."""
-    return bool(IndexInfo.of(info).text.hash)
+    return bool(info.text.hash)
 
 
 def text_model_fields(text: TextEmbedder, index_root: str | Path) -> dict[str, str]:
@@ -93,11 +93,12 @@ def text_model_fields(text: TextEmbedder, index_root: str | Path) -> dict[str, s
             TEXT_MODEL_HASH: text.model_hash}
 
 
-def find_text_model(info: IndexInfo | Mapping[str, Any], index_root: str | Path) -> Path:
-    """The file the recorded ``text_model_hash`` names (its hash or its legacy one, ``file_hashes``): at the recorded
-    path, else at the path recorded from the index folder (the folders moved together); else a ``TextModelError``
-    naming the hash and where it looked."""
-    text = IndexInfo.of(info).text
+def find_text_model(info: IndexInfo, index_root: str | Path) -> TowerFile:
+    """The file the recorded ``text_model_hash`` names (its hash or its legacy one), as read and hashed
+    (``text_onnx.read_tower``; ``TextEmbedder`` runs those bytes): at the recorded path, else at the path recorded
+    from the index folder (the folders moved together); else a ``TextModelError`` naming the hash and where it
+    looked."""
+    text = info.text
     wanted = text.hash
     root = Path(index_root).expanduser().absolute()
     recorded, relative = text.path, text.relative
@@ -115,13 +116,13 @@ def find_text_model(info: IndexInfo | Mapping[str, Any], index_root: str | Path)
             looked.append(f"{shown} (over 2 GiB: not a text tower)")
             continue
         try:
-            found = file_hashes(place)
+            found = read_tower(place)
         except OSError as exc:
             looked.append(f"{shown} (cannot be read: {exc.strerror or exc})")
             continue
-        if wanted in found:
-            return place
-        looked.append(f"{shown} (text_model_hash {found[0]})")
+        if wanted in found.hashes:
+            return found
+        looked.append(f"{shown} (text_model_hash {found.hashes[0]})")
     folder = printable_path(str(index_root))
     raise TextModelError(
         f"is needed: the index in {folder} records the text model with text_model_hash {wanted}, and no file has "
@@ -129,7 +130,7 @@ def find_text_model(info: IndexInfo | Mapping[str, Any], index_root: str | Path)
         f"(`text_model`), or record the one to use: `retrieval index text {folder} --text-model FILE`")
 
 
-def index_declared(info: IndexInfo | Mapping[str, Any], index_root: str | Path,
+def index_declared(info: IndexInfo, index_root: str | Path,
                    image_model: ImageModel = None) -> frozenset[str]:
     """The model hashes the index's image model goes by (``model_hashes``: a text model and an index written by
     different versions may name it by different ones) and is declared compatible with (``image_model``: that model,
@@ -147,12 +148,11 @@ def index_declared(info: IndexInfo | Mapping[str, Any], index_root: str | Path,
     return declared_compatible(model) | frozenset(model_hashes(model))
 
 
-def checked_text_model(text: TextEmbedder, info: IndexInfo | Mapping[str, Any], index_root: str | Path,
+def checked_text_model(text: TextEmbedder, info: IndexInfo, index_root: str | Path,
                        image_model: ImageModel = None) -> TextEmbedder:
     """``text``, once it fits the index whose index.json is ``info`` (``check_text_model``; the index's model's
     declared-compatible hashes are read only for a tower trained for another model); else a ``TextModelError``
     naming both models."""
-    info = IndexInfo.of(info)
     where = f"the index in {printable_path(str(index_root))}"
     model = printable_path(str(info.model.path or ""))  # index.json's text: shown, never run by a terminal
     try:
@@ -168,14 +168,14 @@ def checked_text_model(text: TextEmbedder, info: IndexInfo | Mapping[str, Any], 
     return text
 
 
-def open_text_model(info: IndexInfo | Mapping[str, Any], index_root: str | Path, path: str | os.PathLike | None = None,
+def open_text_model(info: IndexInfo, index_root: str | Path, path: str | os.PathLike | None = None,
                     image_model: ImageModel = None) -> TextEmbedder:
     """The text model that searches the index in ``index_root`` by text: ``path``, else the one index.json records
     (``find_text_model``), checked against the index (``checked_text_model``)."""
     if path is None and not has_text_model(info):
         raise NoTextModelError(index_root, info)
     text = TextEmbedder(path if path is not None else find_text_model(info, index_root))
-    recorded = IndexInfo.of(info).text.hash
+    recorded = info.text.hash
     if path is None and not hash_matches(recorded, text):  # replaced since it was hashed
         raise TextModelError(f"is needed: the file {printable_path(str(text.path))} has text_model_hash "
                              f"{text.model_hash}, not {recorded}, the one the index records; give "
@@ -183,7 +183,7 @@ def open_text_model(info: IndexInfo | Mapping[str, Any], index_root: str | Path,
     return checked_text_model(text, info, index_root, image_model)
 
 
-def record_text_model(index_dir: str | Path, text_model: str | os.PathLike) -> dict[str, Any]:
+def record_text_model(index_dir: str | Path, text_model: str | os.PathLike | TowerFile) -> dict[str, Any]:
     """`retrieval index text`: record ``text_model`` in the index's index.json, under the folder's writer lock, once it
     fits the index (a tower trained for another image model is refused, naming both), with the floor of its "no good
     match" measured on the index (``retrieval.text.no_match``). Returns what it recorded."""

@@ -29,7 +29,7 @@ from retrieval.utils.onnx_hash import proto_model_hash
 from retrieval.utils.unit_rows import l2_normalize_rows
 
 if TYPE_CHECKING:
-    from retrieval.index.record.index_info import IndexInfo
+    from retrieval.records.index_info import IndexInfo
 
 TEXT_FORMAT = "retrieval-text-onnx/1"
 INPUT_IDS, ATTENTION_MASK, TEXT_OUTPUT = "input_ids", "attention_mask", "embeddings"
@@ -112,6 +112,11 @@ def tower_hashes(data: bytes, record: TextTowerRecord | None = None) -> tuple[st
     (``proto_model_hash`` over its graph and weights and ``record``'s identity; None: the record its metadata holds),
     then ``legacy_text_hash``; bytes that are no text tower (no ONNX model, no text record) go by the legacy hash
     alone."""
+    return _hashed(data, record)[0]
+
+
+def _hashed(data: bytes, record: TextTowerRecord | None = None) -> tuple[tuple[str, ...], TextTowerRecord | None]:
+    """``tower_hashes`` and the record the first was taken with (None where the bytes have none)."""
     import onnx
 
     try:
@@ -119,13 +124,30 @@ def tower_hashes(data: bytes, record: TextTowerRecord | None = None) -> tuple[st
         if record is None:
             record = TextTowerRecord.from_metadata({entry.key: entry.value for entry in proto.metadata_props})
     except Exception:  # protobuf's DecodeError, a damaged record: no graph or record to hash
-        return (legacy_text_hash(data),)
-    return proto_model_hash(proto, record), legacy_text_hash(data)
+        return (legacy_text_hash(data),), None
+    return (proto_model_hash(proto, record), legacy_text_hash(data)), record
+
+
+@dataclass(frozen=True)
+class TowerFile:
+    """A text tower's file read once: its bytes and every hash they go by (``tower_hashes``). What found it by its
+    hash hands this on (``TextEmbedder(TowerFile)``), so the bytes run are the bytes hashed, read and hashed once."""
+
+    path: Path
+    data: bytes = field(repr=False, compare=False)  # the file whole: never compared or shown
+    hashes: tuple[str, ...]
+    record: TextTowerRecord | None  # the metadata the first hash was taken with (None: the bytes have none)
+
+
+def read_tower(path: str | os.PathLike) -> TowerFile:
+    """The file at ``path``, read whole once and hashed (the caller bounds its size by ``MAX_TEXT_MODEL_BYTES``)."""
+    data = Path(path).read_bytes()
+    return TowerFile(Path(path), data, *_hashed(data))
 
 
 def file_hashes(path: Path) -> tuple[str, ...]:
     """``tower_hashes`` of the file at ``path`` (read whole: the caller bounds its size by ``MAX_TEXT_MODEL_BYTES``)."""
-    return tower_hashes(Path(path).read_bytes())
+    return read_tower(path).hashes
 
 
 def file_hash(path: Path) -> str:
@@ -135,19 +157,21 @@ def file_hash(path: Path) -> str:
 
 class TextEmbedder:
     """``text.onnx`` at ``path``: ``embed(texts) -> float32 [n, dim]``, L2-normalised, in the space of the image
-    model ``image_model_hash``."""
+    model ``image_model_hash``; ``path`` may be a ``TowerFile`` already read and hashed (its bytes are run)."""
 
-    def __init__(self, path: str | os.PathLike, providers: Sequence[str] | str = "auto") -> None:
-        self.path = Path(path)
-        if not self.path.is_file():
+    def __init__(self, path: str | os.PathLike | TowerFile, providers: Sequence[str] | str = "auto") -> None:
+        read = path if isinstance(path, TowerFile) else None
+        self.path = read.path if read is not None else Path(path)
+        if read is None and not self.path.is_file():
             raise TextModelError(f"{self.path} is not a file: give the text.onnx that `retrieval text train` wrote")
-        if self.path.stat().st_size > MAX_TEXT_MODEL_BYTES:
+        if read is None and self.path.stat().st_size > MAX_TEXT_MODEL_BYTES:
             raise TextModelError(f"{self.path} is over 2 GiB: no text tower this toolkit writes is")
         try:
             chosen = resolve_providers(providers)
         except (RuntimeError, ValueError) as exc:  # a provider not here: the image model's words, as a text error
             raise TextModelError(str(exc)) from None
-        data = self.path.read_bytes()  # hashed and run from the same bytes: a file swapped meanwhile cannot differ
+        # hashed and run from the same bytes: a file swapped meanwhile cannot differ
+        data = read.data if read is not None else self.path.read_bytes()
         try:
             self.session = make_session(data, chosen, log_severity=3)
         except Exception as exc:  # onnxruntime's own kinds: not an ONNX file, unsupported ops
@@ -161,7 +185,9 @@ class TextEmbedder:
             self.tokenizer = TextTokenizer(self.record.tokenizer, self.record.max_length)
         except (ValueError, TypeError) as exc:
             raise TextModelError(f"{self.path}: its metadata is damaged ({exc})") from None
-        self.model_hashes = tower_hashes(data, self.record)
+        # hashed again only where onnxruntime read other metadata than the hash was taken with
+        same = read is not None and read.record == self.record
+        self.model_hashes = read.hashes if same else tower_hashes(data, self.record)
         if len(self.model_hashes) < 2:  # onnxruntime read it; onnx, which hashes it, could not
             raise TextModelError(f"{self.path} cannot be read as an ONNX model by onnx: export it again with "
                                  "`retrieval text train`")
@@ -295,15 +321,14 @@ def _run_options() -> Any:
     return options
 
 
-def check_text_model(text: TextEmbedder, index_info: IndexInfo | Mapping[str, Any], declared: Iterable[str] = (),
+def check_text_model(text: TextEmbedder, index_info: IndexInfo, declared: Iterable[str] = (),
                      where: str = "the index", model_file: str = "") -> None:
     """Refuse ``text`` for an index whose vectors are not in the space it maps into: it must have been trained
     for the index's model, for a model whose space the index's vectors are in (``model_output_space``), or for one
     the index's model is declared compatible with (``declared``: a compatible upgrade keeps the text model). A
     refusal names both models and the training that fits, with ``model_file`` (the index's model, printable)."""
-    from retrieval.index.record.index_info import IndexInfo  # the index package loads only where an index is read
 
-    recorded = IndexInfo.of(index_info).model
+    recorded = index_info.model
     index_hash = recorded.hash
     if index_hash is None:
         raise TextModelError(f"{where} was built from embeddings, with no image model: a text tower maps text into "

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from retrieval.index.query_embedder import ImageEmbedder, hash_matches
-from retrieval.index.record.index_info import IndexInfo
+from retrieval.records.index_info import IndexInfo
 from retrieval.serve.defaults import TEXT_ATTENTION_TOKENS, TEXT_TOKENS_PER_IMAGE
 from retrieval.serve.images import QueryError
 from retrieval.text.text_index import (
@@ -136,7 +136,7 @@ def state_text(info: IndexInfo, index_root: Path, image_model: ImageEmbedder, gi
     ``TextModelError``: the server refuses to start."""
     if given is None and not has_text_model(info):  # an upgrade may have turned it off: the 422 says why
         model = Path(str(info.model.path or "MODEL.onnx")).name  # no server folder in what clients read
-        return StateText(problem=text_off_problem(info, "<index>", model))
+        return StateText(problem=text_off_problem(info.text.off, "<index>", model))
     try:
         if given is not None:
             return StateText(checked_text_model(given, info, index_root, image_model))

@@ -152,7 +152,7 @@ class EvaluationTab:
                 return REPORT_REFUSED, *self.nothing_shown()
             headers, rows = report.metrics_table()  # shown as text (Dataframe's "str"), cut by metrics_table
             summary = summary_markdown(report, shown=path) + data_relation_markdown(
-                report, self.service.current().index.info.get("gallery_root"), self.service.index_dir.name)
+                report, self.service.current().index.info.catalogue.gallery_root, self.service.index_dir.name)
             if report.map_equals_recall():
                 summary += f"\n\n{MAP_EQUALS_RECALL_NOTE}"
             pictures = [picture.draw(report) for picture in REPORT_PICTURES]

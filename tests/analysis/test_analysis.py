@@ -168,12 +168,13 @@ def test_cli_weights_from_a_checkpoint(tmp_path):
 
     torch.manual_seed(0)
     model = create_embedder("resnet18", embedding_dim=16, pretrained=False)
-    model.config["input_size"] = 32  # small images keep the test fast; load_embedder restores it
+    # small images keep the test fast; load_embedder restores it
+    model.config = model.config.with_fields({"input_size": 32})
     ckpt = tmp_path / "tiny.pt"
     torch.save(
         {
             "format": CHECKPOINT_FORMAT,
-            "model_config": model.config,
+            "model_config": model.config.to_json(),
             "state_dict": model.state_dict(),
             "train_config": {"dataset": "digits"},
             "epoch": 0,

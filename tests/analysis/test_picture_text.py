@@ -63,10 +63,11 @@ def results_curves(label: str, tmp_path: Path):
 
 def runs_compared(label: str, tmp_path: Path):
     from retrieval.analysis.runs import Run, plot_curves
+    from retrieval.records.run_config import RunFolderConfig
 
     history = [{"epoch": 0, "recall@1": 0.1}, {"epoch": 1, "loss": 1.0, "recall@1": 0.2,
                                                 "extra": {label: {"recall@1": 0.3}}}]
-    return plot_curves([Run(tmp_path / "run", label, {}, history, {}, None)], tmp_path / "runs.png")
+    return plot_curves([Run(tmp_path / "run", label, RunFolderConfig(), history, {}, None)], tmp_path / "runs.png")
 
 
 def triplet_diagram_titled(label: str, tmp_path: Path):

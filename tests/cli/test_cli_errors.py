@@ -31,13 +31,14 @@ def test_the_core_names_its_parameters_not_the_flags(tmp_path):
     from retrieval.losses import build
     from retrieval.losses.memory import CrossBatchMemory
     from retrieval.metrics.evaluation import checkpoint_dataset, load_extra_set
+    from retrieval.records.run_config import RunConfig
 
     cases = [
         (lambda: CrossBatchMemory(build("ms"), size=0, embedding_dim=4), "size", "must be >= 1"),
         (lambda: CrossBatchMemory(build("ms"), size=4, embedding_dim=4, warmup=-1), "warmup", "must be >= 0"),
         (lambda: list_gallery(tmp_path / "nope"), "images", "does not exist"),
         (lambda: RayEngine(RayOptions(actors=0)), "actors", "must be >= 1, got 0"),
-        (lambda: checkpoint_dataset({}, None, None), "dataset", "is required"),
+        (lambda: checkpoint_dataset(RunConfig(), None, None), "dataset", "is required"),
         (lambda: load_extra_set("no-such-set", None), "spec", "no such folder"),
         (lambda: build("proxy_anchor", negatives="loop", num_classes=4, embedding_dim=3), "negatives",
          "does not apply"),

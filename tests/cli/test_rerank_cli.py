@@ -39,7 +39,7 @@ def test_search_rerank_answers_what_the_index_answers(artifacts, method):
     with Index.open(artifacts.index_dir) as index:
         from retrieval.data.decode import read_image
 
-        embedding = load_model(index.info["model_path"]).embed([read_image(query).image])
+        embedding = load_model(index.info.model.path).embed([read_image(query).image])
         own = (answer["excluded_self"],) if answer["excluded_self"] is not None else ()
         expected = index.search(embedding, 4, exclude_ids=own, rerank=config)[0]
     assert [r["id"] for r in answer["results"]] == [r.id for r in expected]
@@ -71,9 +71,9 @@ def checkpoint(tmp_path_factory):
 
     torch.manual_seed(0)
     model = create_embedder("efficientnet_lite0", embedding_dim=16)
-    model.config.update(input_size=32)
+    model.config = model.config.with_fields({"input_size": 32})
     path = tmp_path_factory.mktemp("rerank-eval") / "model.pt"
-    torch.save({"format": CHECKPOINT_FORMAT, "model_config": model.config, "state_dict": model.state_dict(),
+    torch.save({"format": CHECKPOINT_FORMAT, "model_config": model.config.to_json(), "state_dict": model.state_dict(),
                 "train_config": {"dataset": "digits", "dataset_kwargs": {"protocol": "standard"}}}, path)
     return path
 

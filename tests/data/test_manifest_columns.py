@@ -1,6 +1,7 @@
 """A manifest's own columns: the one column that looks like labels is found (a category), never a title, a price, a
 path or an identifier; it is decided on a bounded number of rows; a missing label column names the manifest's
-columns; images a moved manifest names make one line with the count, the first three, the folder and the fix."""
+columns; images a moved manifest names make one line with the count, the first three, the folder and the fix; the
+rows kept are those whose image is there, each distinct path looked for once; ``SaidOnce`` says a key's line once."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import pytest
 
 from retrieval.data.manifest_columns import (
     MAX_ROWS_LOOKED_AT,
+    SaidOnce,
     label_candidate,
     missing_images_line,
     missing_label_column,
     no_labels_hint,
+    present_rows,
 )
 from retrieval.errors import ParameterError
 
@@ -100,3 +103,47 @@ def test_missing_images_make_one_line_with_the_count_the_first_three_the_folder_
 def test_a_hostile_file_name_is_escaped_in_the_line(tmp_path):
     line = missing_images_line([str(tmp_path / "a\nb.png")], 1, tmp_path / "m.csv")
     assert "\n" not in line and "a\\nb.png" in line
+
+
+def test_present_rows_keeps_each_row_whose_image_is_there_and_counts_every_row_naming_a_missing_one(tmp_path):
+    for name in ("a.png", "c.png"):
+        (tmp_path / name).write_bytes(b"x")
+    (tmp_path / "folder.png").mkdir()  # a folder is no image file
+    names = ["a.png", "b.png", "c.png", "b.png", "folder.png", "a.png", "d.png"]
+    paths = [str(tmp_path / n) for n in names] + ["https://example.com/e.png"]  # a URL is never looked for
+    present = present_rows(paths, tmp_path / "manifest.csv")
+    reference = [n for n, path in enumerate(paths) if "://" in path or (tmp_path / names[n]).is_file()]
+    assert present.kept == reference == [0, 2, 5, 7]
+    assert present.missing == {str(tmp_path / n) for n in ("b.png", "folder.png", "d.png")}
+    missing_rows = [p for n, p in enumerate(paths) if n not in reference]
+    assert present.line == missing_images_line(missing_rows, 8, tmp_path / "manifest.csv")
+    assert present.line.startswith("4 of the 8 images listed in manifest")  # rows, the repeated one twice
+
+
+def test_present_rows_of_a_manifest_whose_images_are_all_there_has_no_line(tmp_path):
+    (tmp_path / "a.png").write_bytes(b"x")
+    present = present_rows([str(tmp_path / "a.png")] * 3)
+    assert present.kept == [0, 1, 2] and not present.missing and present.line == ""
+    assert present_rows([]).kept == [] and present_rows([]).line == ""
+
+
+def test_present_rows_looks_for_each_distinct_path_once(tmp_path, monkeypatch):
+    import os
+
+    looked: list[str] = []
+    real = os.path.isfile
+    monkeypatch.setattr(os.path, "isfile", lambda p: looked.append(p) or real(p))
+    paths = [str(tmp_path / f"p{n % 5}.png") for n in range(1000)]
+    present = present_rows(paths)
+    assert sorted(looked) == sorted(set(paths)) and present.kept == [] and "1000 of the 1000" in present.line
+
+
+def test_said_once_says_each_key_once_and_forgets_the_oldest_beyond_its_bound(monkeypatch):
+    lines: list[str] = []
+    monkeypatch.setattr(SaidOnce, "MAX_KEYS", 3)
+    said = SaidOnce(lines.append)
+    assert said("a", "line a") and not said("a", "line a again")
+    for key in ("b", "c", "d"):  # "a" is the oldest: forgotten at the fourth key
+        said(key, f"line {key}")
+    assert not said("d", "again") and said("a", "line a, said again")
+    assert lines == ["line a", "line b", "line c", "line d", "line a, said again"]

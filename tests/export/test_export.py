@@ -22,6 +22,7 @@ from retrieval.data.preprocessing import ModelPreprocessing
 from retrieval.export import ExportVerificationError, OnnxEmbedder, export_embedder, sample_images, verify_export
 from retrieval.models import CHECKPOINT_FORMAT, config_hash, create_embedder
 from retrieval.onnx_runtime import embedder_model_hash, onnx_model_hash, preprocess_images, resolve_providers
+from retrieval.records.run_config import RunConfig
 
 SIZE = 64  # small inputs keep the tests fast; the graph is the same as at 224
 
@@ -37,7 +38,7 @@ def torch_embed_files(model: nn.Module, paths) -> np.ndarray:
 def lite0():
     torch.manual_seed(0)
     model = create_embedder("efficientnet_lite0", embedding_dim=32, pretrained=True).eval()
-    model.config["input_size"] = SIZE
+    model.config = model.config.with_fields({"input_size": SIZE})
     return model
 
 
@@ -119,7 +120,7 @@ def test_metadata_round_trip(lite0, lite0_export):
     assert runtime.source_model_hash != runtime.model_hash and runtime.config_hash == "cafe0123"
     assert runtime.metadata == props
     # the model's whole config travels as it is; the record read from the metadata is the PyTorch model's
-    assert json.loads(props["model_config"]) == lite0.config
+    assert json.loads(props["model_config"]) == lite0.config.to_json()
     assert runtime.preprocessing == lite0.preprocessing
     image = sample_images(1)[0][1]
     assert torch.equal(preprocess_eval(image, runtime.preprocessing), preprocess_eval(image, lite0.preprocessing))
@@ -191,11 +192,11 @@ def test_failing_verification_raises_with_numbers(lite0, lite0_export, tmp_path,
 def test_cli_export_fp16_unnormalised_then_embed(tmp_path, image_files):
     torch.manual_seed(0)
     model = create_embedder("resnet18", embedding_dim=16, pretrained=False, normalize=False).eval()
-    model.config["input_size"] = SIZE
+    model.config = model.config.with_fields({"input_size": SIZE})
     train_config = {"dataset": "digits", "backbone": "resnet18", "image_size": SIZE}
     ckpt = tmp_path / "best.pt"
-    torch.save({"format": CHECKPOINT_FORMAT, "model_config": model.config, "state_dict": model.state_dict(),
-                "train_config": train_config, "config_hash": config_hash(train_config), "epoch": 1,
+    torch.save({"format": CHECKPOINT_FORMAT, "model_config": model.config.to_json(), "state_dict": model.state_dict(),
+                "train_config": train_config, "config_hash": config_hash(RunConfig.from_json(train_config)), "epoch": 1,
                 "metrics": {}}, ckpt)
     out = tmp_path / "model.onnx"
     run = CliRunner().invoke(export_command, ["--checkpoint", str(ckpt), "--out", str(out), "--fp16"])
@@ -206,7 +207,7 @@ def test_cli_export_fp16_unnormalised_then_embed(tmp_path, image_files):
     # the hash the command prints is the one the file is known by everywhere (the fp16 graph's own)
     assert f"model_hash {runtime.model_hash}" in run.output and runtime.metadata["model_hash"] == runtime.model_hash
     assert run.output.splitlines()[-1] == f"next: retrieval index build --model {out} --images YOUR_IMAGES --out INDEX"
-    assert runtime.config_hash == config_hash(train_config)
+    assert runtime.config_hash == config_hash(RunConfig.from_json(train_config))
     weights = [i for i in onnx.load(str(out)).graph.initializer if len(i.dims) == 4]
     assert weights and all(i.data_type == onnx.TensorProto.FLOAT16 for i in weights)
     paths = list(image_files.values())
@@ -316,7 +317,7 @@ def test_a_model_with_external_weights_is_known_by_the_hash_it_prints(tmp_path, 
     monkeypatch.setattr(onnx_export, "PROTOBUF_LIMIT_BYTES", 1000)
     torch.manual_seed(0)
     model = create_embedder("resnet18", embedding_dim=8, pretrained=False).eval()
-    model.config["input_size"] = SIZE
+    model.config = model.config.with_fields({"input_size": SIZE})
     printed = []
     result = onnx_export.export_embedder(model, tmp_path / "big.onnx", verify=False, log=printed.append)
     assert result.external_data == [tmp_path / "big.onnx.data"]

@@ -20,6 +20,7 @@ from PIL import Image
 
 from retrieval.index import Catalogue, Index, build_index
 from retrieval.onnx_runtime import OnnxEmbedder, legacy_model_hash, parse_metadata
+from retrieval.records.index_info import IndexInfo
 
 STACK_TRACE = "pkg.torch.onnx.stack_trace"
 
@@ -266,6 +267,6 @@ def test_a_text_model_and_an_index_that_name_the_image_model_by_either_hash_agre
         text = TextEmbedder(small_text_model(tmp_path / f"text-{trained_for}.onnx", trained_for, 24))
         if trained_for == "c" * 16:  # another image model's tower is still refused
             with pytest.raises(TextModelError, match="c" * 16):
-                checked_text_model(text, info | {"model_hash": recorded}, tmp_path)
+                checked_text_model(text, IndexInfo.from_json(info | {"model_hash": recorded}), tmp_path)
         else:
-            assert checked_text_model(text, info | {"model_hash": recorded}, tmp_path) is text
+            assert checked_text_model(text, IndexInfo.from_json(info | {"model_hash": recorded}), tmp_path) is text

@@ -70,7 +70,7 @@ def test_model_hash_comes_from_the_weights_not_the_metadata(model_path, tmp_path
 
     torch.manual_seed(1)  # another random head: a different model
     other = create_embedder("efficientnet_lite0", embedding_dim=32, pretrained=True).eval()
-    other.config["input_size"] = 64
+    other.config = other.config.with_fields({"input_size": 64})
     export_embedder(other, tmp_path / "other.onnx", verify=False, log=lambda _: None)
     impostor = edited(tmp_path / "other.onnx", tmp_path / "impostor.onnx", **metadata_of(model_path))
     assert metadata_of(impostor)["model_hash"] == metadata_of(model_path)["model_hash"]

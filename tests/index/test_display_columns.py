@@ -181,8 +181,12 @@ def test_a_milvus_collection_answers_with_the_folders_columns(shop, tmp_path):
 
 
 def test_a_hand_edited_index_json_shows_only_names_a_manifest_could_have():
-    from retrieval.index.display_columns import recorded_columns
+    from retrieval.index.display_columns import checked_columns
+    from retrieval.records.index_info import IndexInfo
+
+    def recorded(data: dict) -> list[str]:
+        return checked_columns(IndexInfo.from_json(data).catalogue.display_columns)
 
     names = ["title", "<script>", "a b", "x" * 65, 3, None, "price", "ünï"]
-    assert recorded_columns({DISPLAY_COLUMNS: names}) == ["title", "price"]
-    assert recorded_columns({DISPLAY_COLUMNS: "title"}) == [] and recorded_columns({}) == []
+    assert recorded({DISPLAY_COLUMNS: names}) == ["title", "price"]
+    assert recorded({DISPLAY_COLUMNS: "title"}) == [] and recorded({}) == []

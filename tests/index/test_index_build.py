@@ -209,7 +209,7 @@ def test_add_and_remove(digits, tmp_path, key):
     summary = add_images(tmp_path / "idx", extra, embedder=FakeEmbedder(), options=QUICK)
     assert summary["indexed"] == 50 and "added 10" in summary["updated_by"]
     with Index.open(tmp_path / "idx", embedder=FakeEmbedder()) as index:
-        assert len(index) == 50 and index.info["index_key"] == key
+        assert len(index) == 50 and index.info.vectors.index_key == key
         hit = index.search_images(extra_paths[:1], k=1)[0][0]
         assert hit.path == str(extra_paths[0].resolve())
         removed_id = hit.id

@@ -15,6 +15,7 @@ from PIL import Image
 from retrieval.index import Index, build_index, remove_images
 from retrieval.index.embedding.engine import IngestOptions
 from retrieval.index.filters import FilterError, FilterTable, parse_filter
+from retrieval.records.index_info import IndexInfo
 
 QUICK = IngestOptions(workers=0)
 COLOURS = ("red", "green", "blue", "it's")  # a quote inside a value
@@ -226,7 +227,7 @@ def test_filtered_recall_is_at_least_the_unfiltered_recall(key, monkeypatch):
     faiss_params.set_search_params(index, {"efSearch": 16} if key.startswith("HNSW") else
                                 {"nprobe": 4} | ({"k_factor": 4} if "RFlat" in key else {}))
     searcher = SearchIndex.__new__(SearchIndex)  # only the faiss part is needed
-    searcher.faiss_index, searcher.info = index, {"embedding_dim": d}
+    searcher.faiss_index, searcher.info = index, IndexInfo.from_json({"embedding_dim": d})
     queries = rng.standard_normal((50, d)).astype(np.float32)
     queries /= np.linalg.norm(queries, axis=1, keepdims=True)
     scores = queries @ vectors.T
@@ -328,7 +329,7 @@ def test_a_small_selection_is_scored_exactly_from_the_stored_vectors(key):
     index = faiss.index_factory(d, f"IDMap2,{key}", faiss.METRIC_INNER_PRODUCT)
     index.add_with_ids(vectors, ids)
     searcher = SearchIndex.__new__(SearchIndex)
-    searcher.faiss_index, searcher.info = index, {"embedding_dim": d}
+    searcher.faiss_index, searcher.info = index, IndexInfo.from_json({"embedding_dim": d})
     rows = np.sort(rng.choice(n, 10, replace=False))  # 0.05 %: exactly k rows
     queries = rng.standard_normal((20, d)).astype(np.float32)
     queries /= np.linalg.norm(queries, axis=1, keepdims=True)

@@ -14,7 +14,7 @@ from index_builds import QUICK
 from retrieval.data.synthetic import write_digits
 from retrieval.index import Index, add_images, build_index
 from retrieval.index.layout import IndexLayout
-from retrieval.index.record.index_info import KNOWN_KEYS, IndexInfo
+from retrieval.records.index_info import KNOWN_KEYS, IndexInfo
 
 # An index.json as an early version wrote it: none of the keys added since (relative paths, outputs, labels, text)
 OLD_INFO = {
@@ -68,9 +68,9 @@ def test_an_index_json_from_before_the_newer_keys_loads_and_round_trips(tmp_path
     record = IndexInfo.from_json(OLD_INFO)
     assert record.model.relative is None and record.model.output is None and record.catalogue.gallery_relative is None
     assert record.model.path == "/models/model.onnx" and record.vectors.count == 12
-    assert "model_path_relative" not in record and record.get("model_output") is None
+    assert not record.holds("model_path_relative") and not record.holds("model_output")
     with pytest.raises(KeyError):
-        _ = record["model_output"]  # absent stays absent, as in the dict
+        record.value_of("model_output")  # absent stays absent, as in the dict
     layout = IndexLayout(tmp_path)
     layout.write_info(OLD_INFO)
     before = layout.info.read_bytes()
@@ -81,7 +81,8 @@ def test_an_index_json_from_before_the_newer_keys_loads_and_round_trips(tmp_path
 def test_a_key_held_as_null_stays_null_and_an_absent_one_stays_absent():
     record = IndexInfo.from_json({"format": "retrieval-index/1", "model_path": None, "model_hash": "h"})
     assert record.to_json() == {"format": "retrieval-index/1", "model_path": None, "model_hash": "h"}
-    assert "model_path" in record and "similarity" not in record and len(record) == 3
+    assert record.holds("model_path") and record.value_of("model_path") is None and record.model.path is None
+    assert not record.holds("similarity") and record.keys_held == ("format", "model_path", "model_hash")
 
 
 def test_unknown_keys_are_kept_in_extra_in_their_place():
@@ -130,11 +131,14 @@ def test_a_writer_keeps_keys_it_does_not_know_through_an_add(built, tmp_path):
         assert index.info.extra == hand_edited and index.info.vectors.count == 16
 
 
-def test_the_mapping_view_reads_as_the_json_object_does(built):
-    data = json.loads((built / "idx" / "index.json").read_text())
-    record = IndexInfo.from_json(data | {"unknown": 1})
-    assert {key: record[key] for key in record} == data | {"unknown": 1} and len(record) == len(data) + 1
-    assert dict(record) == record.to_json() and record.get("text_model_hash", "absent") == "absent"
+def test_the_record_answers_each_key_as_the_json_object_held_it(built):
+    data = json.loads((built / "idx" / "index.json").read_text()) | {"unknown": 1, "text_model_hash": None}
+    record = IndexInfo.from_json(data)
+    assert {key: record.value_of(key) for key in record.keys_held} == data and record.keys_held == tuple(data)
+    assert all(record.holds(key) for key in data) and record.holds("text_model_hash")  # held as null: held
+    assert record.value_of("text_model_hash") is None and not record.holds("text_model_path")
+    with pytest.raises(KeyError):
+        record.value_of("text_model_path")  # absent: not a null
 
 
 def test_the_key_names_the_modules_declare_are_the_records_keys():

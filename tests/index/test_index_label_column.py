@@ -6,36 +6,18 @@ embedded (how many, the first three, where they were looked for, the fix); some 
 
 from __future__ import annotations
 
-import csv
 import json
 import logging
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 from embedders import write_projection_onnx
 from sample_images import noisy_png
+from shop_gallery import CATEGORIES
+from shop_gallery import write_category_shop as write_shop
 
 from retrieval.cli.main import main
-
-CATEGORIES = ("shoes", "bags", "hats")
-
-
-def write_shop(folder, count=12, header=("path", "category", "title", "price"), images=True):
-    """A shop's manifest of ``count`` tiny PNGs in img/, three categories; the images written when ``images``."""
-    (folder / "img").mkdir(parents=True, exist_ok=True)
-    rows = []
-    for n in range(count):
-        category = CATEGORIES[n % 3]
-        if images:
-            (folder / "img" / f"p{n:02d}.png").write_bytes(noisy_png((60 * (n % 3), 90, 200), n, size=16))
-        rows.append({"path": f"img/p{n:02d}.png", "category": category, "title": f"a {category} called item {n}",
-                     "price": f"{10 + n}.50"})
-    manifest = folder / "manifest.csv"
-    with open(manifest, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(header), extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-    return manifest
 
 
 @pytest.fixture(scope="module")
@@ -110,17 +92,31 @@ def test_label_column_with_a_folder_of_images_is_refused(model, tmp_path):
     assert result.exit_code == 1 and "--label-column names a manifest's column" in result.output
 
 
-def test_a_moved_manifest_is_refused_in_one_line_before_anything_is_embedded(model, tmp_path):
-    write_shop(tmp_path / "shop", count=30)
-    moved = tmp_path / "elsewhere"
+def build_from_a_moved_manifest(model, tmp_path, folder: str, count: int) -> tuple[Path, str]:
+    """Build from a copy of a shop's manifest in ``folder``, away from its images: (that folder, the one line)."""
+    write_shop(tmp_path / "shop", count=count)
+    moved = tmp_path / folder
     moved.mkdir()
     (moved / "manifest.csv").write_text((tmp_path / "shop" / "manifest.csv").read_text())
     result = build(model, moved / "manifest.csv", tmp_path / "idx")
     assert result.exit_code == 1 and "Traceback" not in result.output
     [line] = [line for line in result.output.splitlines() if line.strip()]
+    return moved, line
+
+
+def test_a_moved_manifest_is_refused_in_one_line_before_anything_is_embedded(model, tmp_path):
+    moved, line = build_from_a_moved_manifest(model, tmp_path, "elsewhere", count=30)
     assert "30 of the 30 images listed in manifest" in line and "p00.png, p01.png, p02.png and 27 more" in line
     assert f"looked for in {moved / 'img'}" in line and "move the manifest back beside its images" in line
     assert not list((tmp_path / "idx").glob("shards/*"))
+
+
+def test_a_moved_manifest_in_a_folder_named_with_a_backslash_is_named_escaped_once(model, tmp_path):
+    from retrieval.utils.printable import printable_path
+
+    moved, line = build_from_a_moved_manifest(model, tmp_path, "back\\slash", count=4)
+    assert f"listed in manifest {printable_path(moved / 'manifest.csv')} are missing" in line  # back\\slash
+    assert f"relative to its folder ({printable_path(moved)})" in line and "back\\\\\\\\slash" not in line
 
 
 def test_some_missing_images_make_one_warning_and_the_rest_is_indexed(model, tmp_path, caplog):

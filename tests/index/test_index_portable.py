@@ -19,6 +19,7 @@ from retrieval.cli.main import main
 from retrieval.index import Catalogue, Index, IngestOptions, add_images, build_index, load_model, repair_index
 from retrieval.index.portable import GALLERY_RELATIVE, MODEL_RELATIVE, ModelNotFoundError
 from retrieval.index.writing.upgrade import upgrade_index
+from retrieval.records.index_info import IndexInfo
 
 QUICK = IngestOptions(batch_size=16, workers=0, shard_size=16, progress=False)
 
@@ -319,7 +320,8 @@ def test_a_file_nobody_named_that_keeps_its_weights_elsewhere_is_not_read(tmp_pa
     onnx.save_model(model, str(tmp_path / "other.onnx"), save_as_external_data=True, location="other.data",
                     size_threshold=0)
     with pytest.raises(ModelNotFoundError) as missing:
-        find_model({"model_hash": "0123456789abcdef", "model_path": str(tmp_path / "gone.onnx")}, tmp_path / "idx")
+        find_model(IndexInfo.from_json({"model_hash": "0123456789abcdef", "model_path": str(tmp_path / "gone.onnx")}),
+                   tmp_path / "idx")
     assert "other.onnx (not read: give it as the model if it is the one)" in str(missing.value)
 
 
@@ -358,7 +360,7 @@ def test_junk_onnx_files_beside_a_moved_index_are_skipped_unread_and_the_model_i
     junk_onnx(moved / "idx" / "c.onnx", 2 * 2**30)  # more than one protobuf message can hold
     tracemalloc.start()
     try:
-        found = find_model(recorded, moved / "idx")
+        found = find_model(IndexInfo.from_json(recorded), moved / "idx")
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -366,7 +368,7 @@ def test_junk_onnx_files_beside_a_moved_index_are_skipped_unread_and_the_model_i
     assert peak < 32 * 2**20, f"{peak / 2**20:.0f} MiB held while looking"  # the junk was never read whole
     (moved / "exported.onnx").unlink()
     with pytest.raises(ModelNotFoundError) as missing:  # each junk file is named with why it was passed over
-        find_model(recorded, moved / "idx")
+        find_model(IndexInfo.from_json(recorded), moved / "idx")
     message = str(missing.value)
     assert "a.onnx (not a readable exported model" in message and "b.onnx (not a readable exported model" in message
     assert "c.onnx (not read: 2.0 GiB" in message

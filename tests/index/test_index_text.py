@@ -21,6 +21,7 @@ from retrieval.cli.main import main
 from retrieval.index import Index, IndexLockedError, build_index, load_model
 from retrieval.index.layout import IndexLayout
 from retrieval.index.writing.upgrade import upgrade_index
+from retrieval.records.index_info import IndexInfo
 from retrieval.text.text_index import NoTextModelError, checked_text_model, record_text_model
 from retrieval.text.text_onnx import TextEmbedder, TextModelError, check_text_model
 
@@ -161,11 +162,12 @@ def test_the_text_model_is_found_after_the_folders_move_and_only_by_its_hash(art
 def test_an_index_built_from_embeddings_has_no_image_model_to_check_a_tower_against(towers, tmp_path):
     text = TextEmbedder(towers["own"])
     with pytest.raises(TextModelError, match="built from embeddings"):
-        checked_text_model(text, {"source": "embeddings", "model_hash": None, "embedding_dim": 32}, tmp_path)
+        checked_text_model(text, IndexInfo.from_json({"source": "embeddings", "model_hash": None, "embedding_dim": 32}),
+                           tmp_path)
     with pytest.raises(NoTextModelError, match="records no text model"):
         from retrieval.text.text_index import open_text_model
 
-        open_text_model({"model_hash": "x", "embedding_dim": 32}, tmp_path)
+        open_text_model(IndexInfo.from_json({"model_hash": "x", "embedding_dim": 32}), tmp_path)
 
 
 @pytest.fixture(scope="module")
@@ -198,7 +200,7 @@ def test_an_upgrade_to_a_compatible_model_keeps_the_text_model(upgrade_models, t
     assert info["model_hash"] == load_model(upgrade_models["new"]).model_hash != text.image_model_hash
     assert info["text_model_hash"] == text.model_hash  # the upgrade kept the record
     with pytest.raises(TextModelError):  # not the index's own model: only its declaration lets the tower in
-        check_text_model(text, info)
+        check_text_model(text, IndexInfo.from_json(info))
     searched = run("search", "--index", index_dir, "--text", "a red apple", "-k", "3", "--json")
     assert searched.exit_code == 0, searched.output
     assert len(json.loads(searched.stdout)[0]["results"]) == 3

@@ -22,6 +22,7 @@ from retrieval.index.catalogue import Catalogue
 from retrieval.index.curation.compare import labelled_sample
 from retrieval.index.writing.upgrade import upgrade_index
 from retrieval.index.writing.upgrade_checks import UpgradeRefused
+from retrieval.records.index_info import IndexInfo
 from retrieval.text.text_index import TEXT_MODEL_OFF, NoTextModelError, open_text_model
 
 COLOURS = [(200, 40, 40), (40, 200, 40), (40, 40, 200), (200, 200, 40)]  # one per class: classes cluster
@@ -195,7 +196,7 @@ def test_a_swap_turns_the_text_model_off_naming_the_commands_that_refit_it(text_
     assert "retrieval text train --model" in searched.output and f"retrieval index text {text_index}" in (
         searched.output)
     with pytest.raises(NoTextModelError, match="turned text search off"):
-        open_text_model(info, text_index)
+        open_text_model(IndexInfo.from_json(info), text_index)
     service = SearchService(text_index, reload_interval_s=None)
     try:
         _, public = service.public_stats()

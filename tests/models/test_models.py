@@ -28,8 +28,8 @@ def test_every_backbone_embeds(name):
         out = model(torch.randn(2, 3, size, size))
     assert out.shape == (2, 32)
     assert torch.isfinite(out).all()
-    assert model.config["feature_dim"] == model.head.linear.in_features
-    assert model.config["backbone"] == name
+    assert model.config.feature_dim == model.head.linear.in_features
+    assert model.config.backbone == name
 
 
 def test_timm_backbone_by_name():
@@ -127,7 +127,7 @@ def test_local_weights_file(tmp_path):
     torch.save(reference.state_dict(), path)
     model = create_embedder("resnet18", 8, weights=path)
     torch.testing.assert_close(model.backbone.layer4[0].conv1.weight, reference.layer4[0].conv1.weight)
-    assert model.config["pretrained"]
+    assert model.config.pretrained
     with pytest.raises(ValueError, match="does not fit"):
         create_embedder("googlenet", 8, weights=path)
     with pytest.raises(FileNotFoundError, match="not found"):
@@ -142,14 +142,15 @@ def test_unknown_backbone_lists_choices():
 def test_checkpoint_round_trip(tmp_path):
     torch.manual_seed(0)
     model = create_embedder("resnet18", 16, normalize=False, freeze_bn=True).eval()
-    model.config["input_size"] = 96
+    model.config = model.config.with_fields({"input_size": 96})
     path = tmp_path / "m.pt"
-    torch.save({"format": CHECKPOINT_FORMAT, "model_config": model.config, "state_dict": model.state_dict()}, path)
+    torch.save({"format": CHECKPOINT_FORMAT, "model_config": model.config.to_json(),
+                "state_dict": model.state_dict()}, path)
     loaded = load_embedder(path)
     x = torch.randn(2, 3, 96, 96)
     with torch.no_grad():
         np.testing.assert_allclose(loaded(x).numpy(), model(x).numpy(), atol=1e-6)
-    assert loaded.config["input_size"] == 96 and not loaded.config["normalize"]
+    assert loaded.config.input_size == 96 and not loaded.config.normalize
     torch.save({"something": "else"}, tmp_path / "bad.pt")
     with pytest.raises(ValueError, match="not a retrieval checkpoint"):
         load_checkpoint(tmp_path / "bad.pt")
@@ -160,11 +161,17 @@ def test_checkpoint_schema_keeps_the_file_format():
     keys = ["format", "model_config", "state_dict", "train_config", "config_hash", "epoch", "metrics", "class_names",
             "optimizer", "scheduler", "scaler", "loss_state", "aux_state", "best_recall", "history", "baseline",
             "bad_images", "steps_per_epoch", "in_epoch", "rng"]
-    on_disk = {key: f"value of {key}" for key in keys} | {"format": CHECKPOINT_FORMAT}
+    configs = {"model_config": {"backbone": "resnet18", "added_later": [1]}, "train_config": {"seed": 0, "lr": 0.1}}
+    on_disk = {key: f"value of {key}" for key in keys} | {"format": CHECKPOINT_FORMAT} | configs
     checkpoint = Checkpoint.from_dict(on_disk)
     assert list(checkpoint.to_dict()) == keys and checkpoint.to_dict() == on_disk and checkpoint.resumable
+    assert checkpoint.model_config.backbone == "resnet18" and checkpoint.train_config.seed == 0
+    assert all(type(checkpoint.to_dict()[key]) is dict for key in configs)  # a weights_only load reads them
     model_only = Checkpoint.from_dict({"format": CHECKPOINT_FORMAT, "model_config": {}, "state_dict": {}})
-    assert not model_only.resumable and model_only.train_config == {} and model_only.config_hash is None
+    assert not model_only.resumable and model_only.train_config.to_json() == {} and model_only.config_hash is None
+    assert model_only.to_dict()["train_config"] == {}
+    with pytest.raises(ValueError, match="model_config: a model config holds a str"):
+        Checkpoint.from_dict(on_disk | {"model_config": "not an object"})
     robust = {"training_weights": {"w": torch.ones(1)}, "robust": {"start": {}}, "reference": {"recall@1": 0.5}}
     with_robust = Checkpoint.from_dict(on_disk | robust).to_dict()
     assert list(with_robust) == keys + list(robust) and with_robust["reference"] == {"recall@1": 0.5}

@@ -185,7 +185,8 @@ def test_a_checkpoint_loads_without_any_weights_source(tmp_path, torch_home, onl
     """evaluate and export rebuild from the checkpoint: no pretrained weights, so no cache and no network."""
     model = create_embedder("resnet18", 8)
     path = tmp_path / "m.pt"
-    torch.save({"format": CHECKPOINT_FORMAT, "model_config": model.config, "state_dict": model.state_dict()}, path)
+    torch.save({"format": CHECKPOINT_FORMAT, "model_config": model.config.to_json(),
+                "state_dict": model.state_dict()}, path)
     loaded = load_embedder(path)
     torch.testing.assert_close(loaded.backbone.conv1.weight, model.backbone.conv1.weight)
     assert network == []

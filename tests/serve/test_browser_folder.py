@@ -71,6 +71,7 @@ def write_digits_report(run_dir: Path) -> Path:
     from sklearn.datasets import load_digits
 
     from retrieval.metrics import evaluate
+    from retrieval.records.run_config import RunFolderConfig
     from retrieval.train.report import write_report
 
     digits = load_digits()
@@ -84,7 +85,8 @@ def write_digits_report(run_dir: Path) -> Path:
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in history))
     config = {"train": {"dataset": "digits", "data": None, "backbone": "efficientnet_lite0", "loss": "ms",
                         "epochs": 2}}
-    write_report(run_dir, config, history, baseline, {"epoch": 2, **last}, last, (vectors, labels), None)
+    write_report(run_dir, RunFolderConfig.from_json(config), history, baseline, {"epoch": 2, **last}, last,
+                 (vectors, labels), None)
     return run_dir / "report.json"
 
 

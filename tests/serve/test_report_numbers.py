@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from retrieval.records.index_info import IndexInfo
 from retrieval.reports import READINGS_FILE, REPORT_FORMAT
 from retrieval.serve.report_files import load_report
 from retrieval.serve.report_plots import curves_plot, recall_plot
@@ -92,7 +93,7 @@ def test_the_evaluation_tabs_render_functions_do_not_raise_on_hostile_numbers(tm
     for picture in REPORT_PICTURES:
         picture.draw(report)
     service = SimpleNamespace(index_dir=Path("/srv/index"),
-                              current=lambda: SimpleNamespace(index=SimpleNamespace(info={"gallery_root": None})))
+                              current=lambda: SimpleNamespace(index=SimpleNamespace(info=IndexInfo())))
     facts = GalleryFacts(images=4, labelled=4, classes=2, example_labels=["a"], folder=Path("/srv/photos"),
                          dataset={}, unicode_labels=False)
     monkeypatch.chdir(tmp_path)  # the page opens reports under the server's working folder

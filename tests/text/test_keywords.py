@@ -13,6 +13,7 @@ import pytest
 from keyword_catalogue import TITLES, build_catalogue_index, ids_by_title, run, write_catalogue
 
 from retrieval.index.writing.keyword_build import fts5_available
+from retrieval.records.index_info import IndexInfo
 from retrieval.text.keywords import (
     MAX_QUERY_TERMS,
     FolderKeywords,
@@ -182,10 +183,10 @@ def test_a_keyword_index_out_of_step_is_put_right_by_the_next_writer(tmp_path):
     db.execute("INSERT INTO keywords(rowid, c0, c1) VALUES (999, 'ghost mallet', '')")
     db.commit()
     db.close()
-    info = json.loads((index_dir / "index.json").read_text())
+    record = IndexInfo.from_json(json.loads((index_dir / "index.json").read_text()))
     with Catalogue(index_dir / "catalogue.sqlite") as catalogue:
-        assert sync_keywords(IndexLayout(index_dir), catalogue, info)["text_columns"] == ["title", "brand"]
+        assert sync_keywords(IndexLayout(index_dir), catalogue, record)["text_columns"] == ["title", "brand"]
         assert found(FolderKeywords(index_dir / "keywords.sqlite"), "mallet") == [by_title["Rubber mallet"]]
         (index_dir / "keywords.sqlite").unlink()
-        sync_keywords(IndexLayout(index_dir), catalogue, info)
+        sync_keywords(IndexLayout(index_dir), catalogue, record)
     assert found(FolderKeywords(index_dir / "keywords.sqlite"), "mallet") == [by_title["Rubber mallet"]]

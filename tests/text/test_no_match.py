@@ -20,6 +20,7 @@ from text_towers import minilm_folder, small_text_model
 from retrieval.cli.main import main
 from retrieval.index import Index, IngestOptions, build_index
 from retrieval.index.search import SearchResult
+from retrieval.records.index_info import IndexInfo
 from retrieval.text.no_match import TEXT_NO_MATCH, NoMatchFloor, calibration_record, floor_of, read_floor
 from retrieval.text.no_match_texts import CALIBRATION_TEXTS
 from retrieval.text.text_index import record_text_model
@@ -222,7 +223,7 @@ def test_a_floor_calibrated_for_another_text_model_is_ignored(index_copy, built)
     assert searched.exit_code == 0, searched.output
     assert "no_match" not in json.loads(searched.stdout)[0]
     assert "calibrated for another text model" in searched.stderr and other in searched.stderr
-    floor = read_floor(info_of(index_copy), other)
+    floor = read_floor(IndexInfo.from_json(info_of(index_copy)), other)
     assert floor.floor is None and floor.verdict([SearchResult(1, "a.png", None, -1.0)]) is None
     assert "retrieval index text" in floor.problem
 
@@ -261,7 +262,7 @@ def test_hostile_floor_values_are_refused_with_a_clear_message(index_copy, floor
 
 @pytest.mark.parametrize("record", ["0.3", [0.3], 7, "x" * 10_000])
 def test_a_record_that_is_no_calibration_is_refused(record):
-    floor = read_floor({TEXT_NO_MATCH: record, "model_hash": "m"}, "t")
+    floor = read_floor(IndexInfo.from_json({TEXT_NO_MATCH: record, "model_hash": "m"}), "t")
     assert floor.floor is None and "not the record of a calibration" in floor.problem and len(floor.problem) < 400
 
 
@@ -269,8 +270,8 @@ def test_a_recorded_calibration_is_described_without_its_hostile_extras():
     info = {"model_hash": "m", TEXT_NO_MATCH: {"floor": 0.42, "text_model_hash": "t", "model_hash": "m",
                                                "quantile": 0.9, "texts": 300, "source": "x" * 100_000,
                                                "best_scores": {"min": float("nan")}, "images": [1] * 10}}
-    described = read_floor(info, "t").describe()
+    described = read_floor(IndexInfo.from_json(info), "t").describe()
     assert described["calibrated"] is True and described["floor"] == 0.42 and described["quantile"] == 0.9
     assert "source" not in described and "best_scores" not in described and "images" not in described
-    moved = read_floor(info | {"model_hash": "upgraded"}, "t")
+    moved = read_floor(IndexInfo.from_json(info).with_fields({"model_hash": "upgraded"}), "t")
     assert moved.floor is None and "another image model" in moved.problem

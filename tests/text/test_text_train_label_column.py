@@ -5,29 +5,15 @@ labels names the column that looks like them."""
 
 from __future__ import annotations
 
-import csv
 import logging
 
 import pytest
 from click.testing import CliRunner
-from sample_images import noisy_png
+from shop_gallery import write_category_shop as write_shop
 
 from retrieval.cli.main import main
 from retrieval.errors import ParameterError
 from retrieval.train.text_tower import present_images, read_captions
-
-CATEGORIES = ("shoes", "bags", "hats")
-
-
-def write_shop(folder, count=12):
-    (folder / "img").mkdir(parents=True, exist_ok=True)
-    with open(folder / "manifest.csv", "w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["path", "category", "title"])
-        for n in range(count):
-            (folder / "img" / f"p{n:02d}.png").write_bytes(noisy_png((80 * (n % 3), 60, 200), n, size=16))
-            writer.writerow([f"img/p{n:02d}.png", CATEGORIES[n % 3], f"a {CATEGORIES[n % 3]} number {n}"])
-    return folder / "manifest.csv"
 
 
 @pytest.fixture
@@ -84,7 +70,7 @@ def test_one_image_left_is_refused_as_too_few_with_the_line(tmp_path):
 def test_caption_column_label_captions_each_image_by_the_label_column(tmp_path):
     manifest = write_shop(tmp_path / "shop", count=6)
     paths, captions = read_captions(str(manifest), ["label", "title"], None, "category")
-    assert captions[0] == ["shoes", "a shoes number 0"] and captions[1][0] == "bags" and len(paths) == 6
+    assert captions[0] == ["shoes", "a shoes called item 0"] and captions[1][0] == "bags" and len(paths) == 6
 
 
 def test_caption_column_label_without_labels_names_the_column_that_looks_like_them(no_model, tmp_path):

@@ -94,7 +94,7 @@ def test_resume_refuses_a_model_only_checkpoint(tmp_path, feature_cache):
 
     model = create_embedder("resnet18", 16)
     (tmp_path / "run").mkdir()
-    torch.save({"format": CHECKPOINT_FORMAT, "model_config": model.config, "state_dict": model.state_dict()},
+    torch.save({"format": CHECKPOINT_FORMAT, "model_config": model.config.to_json(), "state_dict": model.state_dict()},
                tmp_path / "run" / "last.pt")
     with pytest.raises(ValueError, match="model only, no training state"):
         train(all_digits_config(tmp_path / "run", feature_cache, epochs=1, resume=True), progress=False)
@@ -133,7 +133,7 @@ def test_full_finetuning_path_writes_a_loadable_checkpoint(tmp_path):
     report = train(cfg, progress=False)
     assert report["history"][1]["steps"] == 2
     model = load_embedder(tmp_path / "full" / "best.pt")
-    assert model.config["input_size"] == 32 and model.config["embedding_dim"] == 16
+    assert model.config.input_size == 32 and model.config.embedding_dim == 16
 
 
 def test_label_noise_is_recorded(tmp_path, feature_cache):
@@ -205,7 +205,7 @@ def test_background_is_recorded_with_the_model_and_travels_to_onnx(tmp_path, fea
 
     train(all_digits_config(tmp_path / "run", feature_cache, epochs=1, background="#102030"), progress=False)
     model = load_embedder(tmp_path / "run" / "best.pt")
-    assert model.config["background"] == [16, 32, 48]
+    assert model.config.background == [16, 32, 48]
     export_checkpoint(tmp_path / "run" / "best.pt", tmp_path / "model.onnx", verify=False, log=lambda _: None)
     assert OnnxEmbedder(tmp_path / "model.onnx").preprocessing.background == (16, 32, 48)
     with pytest.raises(ValueError, match="--background"):
@@ -219,7 +219,7 @@ def test_resize_is_recorded_with_the_model_and_travels_to_onnx(tmp_path, feature
     from retrieval.onnx_runtime import OnnxEmbedder
 
     train(all_digits_config(tmp_path / "run", feature_cache, epochs=1, resize="pad"), progress=False)
-    assert load_embedder(tmp_path / "run" / "best.pt").config["resize"] == "pad"
+    assert load_embedder(tmp_path / "run" / "best.pt").config.resize == "pad"
     result = export_checkpoint(tmp_path / "run" / "best.pt", tmp_path / "model.onnx", log=lambda _: None)
     assert result.verification is not None and result.metadata["resize"] == "pad"
     assert OnnxEmbedder(tmp_path / "model.onnx").preprocessing.resize_mode == "pad"

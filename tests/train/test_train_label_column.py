@@ -1,17 +1,16 @@
-"""`retrieval train` and `retrieval evaluate` on a shop's manifest (path,category,title): --label-column category
+"""`retrieval train` and `retrieval evaluate` on a shop's manifest (path,category,title,price): --label-column category
 trains on those classes and evaluate reads the checkpoint's column again; a manifest without labels is refused with
 the column that looks like them (in the command's words: --label-column); a named column it lacks names its columns;
 a manifest moved away from its images is refused in one line, and some missing images make one warning."""
 
 from __future__ import annotations
 
-import csv
 import json
 import logging
 
 import pytest
 from click.testing import CliRunner
-from sample_images import noisy_png
+from shop_gallery import write_category_shop
 
 from retrieval.cli.main import main
 from retrieval.data import load_dataset
@@ -21,22 +20,9 @@ from retrieval.train.config import TrainConfig
 CATEGORIES = ("shoes", "bags", "hats", "coats")
 
 
-def write_shop(folder, per_class=10, header=("path", "category", "title")):
-    """A manifest of tiny PNGs, ``per_class`` of each category (colours per category, noise per image)."""
-    (folder / "img").mkdir(parents=True, exist_ok=True)
-    rows = []
-    for c, category in enumerate(CATEGORIES):
-        for n in range(per_class):
-            name = f"img/{category}_{n}.png"
-            (folder / name).write_bytes(noisy_png((60 * c, 250 - 60 * c, 90), 100 * c + n, size=16))
-            rows.append({"path": name, "category": category, "label": category,
-                         "title": f"a {category} for sale, item {n}"})
-    manifest = folder / "manifest.csv"
-    with open(manifest, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(header), extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-    return manifest
+def write_shop(folder, per_class=10):
+    """The shop's manifest (``write_category_shop``) with ``per_class`` images of each of the four categories."""
+    return write_category_shop(folder, per_class * len(CATEGORIES), categories=CATEGORIES)
 
 
 def test_the_csv_data_set_reads_its_labels_from_the_named_column(tmp_path):
@@ -68,7 +54,7 @@ def test_a_moved_manifest_is_refused_in_one_line_and_some_missing_images_warn_on
     assert f"looked for in {moved.parent / 'img'}" in said and "move the manifest back beside its images" in said
 
     for n in range(3):
-        (tmp_path / "shop" / "img" / f"shoes_{n}.png").unlink()
+        (tmp_path / "shop" / "img" / f"p{len(CATEGORIES) * n:02d}.png").unlink()  # three shoes
     caplog.set_level(logging.WARNING, logger="retrieval")
     train = load_dataset("csv", manifest, split="train", protocol="standard", label_column="category")
     test = load_dataset("csv", manifest, split="test", protocol="standard", label_column="category")
@@ -128,8 +114,10 @@ def test_train_with_label_column_then_evaluate_reads_the_checkpoint_column(tmp_p
 
 def test_evaluating_on_another_data_set_leaves_the_trained_data_sets_options_behind():
     from retrieval.metrics.evaluation import checkpoint_dataset
+    from retrieval.records.run_config import RunConfig
 
-    trained = {"dataset": "csv", "data": "shop.csv", "dataset_kwargs": {"label_column": "category"}}
+    trained = RunConfig.from_json({"dataset": "csv", "data": "shop.csv",
+                                   "dataset_kwargs": {"label_column": "category"}})
     assert checkpoint_dataset(trained, None, None) == ("csv", "shop.csv", {"label_column": "category"})
     assert checkpoint_dataset(trained, "folder", "photos", {"protocol": "standard"}) == (
         "folder", "photos", {"protocol": "standard"})

@@ -18,6 +18,7 @@ from retrieval.analysis.runs import Run
 from retrieval.analysis.runs import curve_panels as run_curve_panels
 from retrieval.cli.main import main
 from retrieval.data import ImageDataset
+from retrieval.records.run_config import RunFolderConfig
 from retrieval.serve.report_plots import curve_panels
 from retrieval.train import train
 from retrieval.train.config import DEFAULT_VAL_FRACTION, DEFAULT_VAL_MIN_CLASSES
@@ -104,7 +105,7 @@ def test_best_pt_is_chosen_on_validation_and_the_test_split_is_evaluated_before_
     epochs, values = evaluation["validation: recall@1"]
     assert epochs == [0, 1, 2, 3] and values == pytest.approx([50.0, 20.0, 90.0, 30.0])
     assert evaluation["recall@1"][0] == [0, 3]
-    compared = dict(run_curve_panels([Run(run, "run", {}, rows, {}, None)]))
+    compared = dict(run_curve_panels([Run(run, "run", RunFolderConfig(), rows, {}, None)]))
     assert compared["Recall@1, validation (held out of train)"] == [("run", [(0, 0.5), (1, 0.2), (2, 0.9),
                                                                                   (3, 0.3)])]
     best = torch.load(run / "best.pt", weights_only=False)

@@ -22,18 +22,19 @@ from retrieval.index.search import public_path
 from retrieval.index.shards import ShardStore
 from retrieval.index.vectors import done_chunks
 from retrieval.near_duplicates import DuplicateCheck
+from retrieval.records.index_info import IndexInfo
 
 EXAMPLES_SHOWN = 20  # near-duplicates listed in the summary; the counts cover all
 
 
-def check_new_images(layout: IndexLayout, catalogue: Catalogue, store: ShardStore, info: dict[str, Any],
+def check_new_images(layout: IndexLayout, catalogue: Catalogue, store: ShardStore, info: IndexInfo,
                      check: DuplicateCheck, batch: int = 4096) -> dict[str, Any] | None:
     """Search the indexed rows faiss does not hold yet among those it holds; report (and with ``skip`` catalogue
     as duplicates) those at least ``check.duplicate_threshold`` alike. None when the check is off."""
     if check.duplicates == "off":
         return None
     index = faiss_files.read_index(layout.faiss)
-    faiss_params.set_search_params(index, info.get("params", {}))
+    faiss_params.set_search_params(index, info.vectors.params if info.holds("params") else {})
     done = catalogue.done_shards()
     held = faiss_params.index_ids(index)
     new = np.setdiff1d(np.fromiter(done, np.int64, len(done)), held)
@@ -57,7 +58,7 @@ def check_new_images(layout: IndexLayout, catalogue: Catalogue, store: ShardStor
             for own, twin, score in found)
     examples = found[:EXAMPLES_SHOWN]
     rows = catalogue.rows([i for own, twin, _ in examples for i in (own, twin)])
-    root = PurePath(info.get("gallery_root") or catalogue.get_meta("gallery_root") or "/")
+    root = PurePath(info.catalogue.gallery_root or catalogue.get_meta("gallery_root") or "/")
 
     def shown(image_id: int) -> str | None:
         row = rows.get(image_id)

@@ -69,7 +69,7 @@ def compare_with_index(index_dir: str | Path, embedder: ImageEmbedder, sample: i
         raise ParameterError("sample", f"must be >= 2 images, got {sample}")
     layout = IndexLayout(index_dir)
     layout.require_finished()
-    info = layout.read_info()
+    info = layout.read_record()
     catalogue = CatalogueReader(layout.catalogue)
     try:
         done = catalogue.done_shards()
@@ -89,7 +89,7 @@ def compare_with_index(index_dir: str | Path, embedder: ImageEmbedder, sample: i
     return compare_embeddings(np.stack([old[int(i)] for i in kept]), embedded.vectors,
                               [public_path(rows[int(i)]["path"], root) for i in kept],
                               [rows[int(i)]["label"] for i in kept], min(int(k), len(kept) - 1)) | {
-        "old_model_hash": info["model_hash"], "new_model_hash": embedder.model_hash,
+        "old_model_hash": info.value_of("model_hash"), "new_model_hash": embedder.model_hash,
         "unreadable": len(ids) - len(kept)}
 
 

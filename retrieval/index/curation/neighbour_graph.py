@@ -102,8 +102,9 @@ def exact_graph(vectors: np.ndarray, ids: np.ndarray | None = None, k: int = 10,
 
 def index_search_description(index: Index) -> str:
     """How an index's own search finds neighbours, for the summaries: its type and search settings."""
-    key = str(index.info.get("index_key", "?"))
-    params = ", ".join(f"{name}={value}" for name, value in (index.info.get("params") or {}).items())
+    info = index.info
+    key = str(info.vectors.index_key if info.holds("index_key") else "?")
+    params = ", ".join(f"{name}={value}" for name, value in (info.vectors.params or {}).items())
     how = "exact" if key == "Flat" else "approximate"
     return f"the index's own search ({key}{', ' + params if params else ''}: {how})"
 

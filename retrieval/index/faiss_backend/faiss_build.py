@@ -17,10 +17,10 @@ from retrieval.errors import ParameterError
 from retrieval.index.catalogue import Catalogue
 from retrieval.index.faiss_backend import faiss_files, faiss_gpu, faiss_keys, faiss_measure, faiss_params, faiss_tuning
 from retrieval.index.layout import IndexLayout
-from retrieval.index.record.index_info import IndexInfo
 from retrieval.index.shards import ShardStore
 from retrieval.index.sources import printable_path
 from retrieval.index.vectors import Chunks, done_chunks, gather_rows
+from retrieval.records.index_info import IndexInfo
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ def update_faiss(
     layout: IndexLayout,
     catalogue: Catalogue,
     store: ShardStore,
-    info: IndexInfo | Mapping[str, Any],
+    info: IndexInfo,
     gpu: bool = False,
     index: faiss.Index | None = None,
     policy: faiss_keys.AutoPolicy = faiss_keys.AUTO_POLICY,
@@ -182,10 +182,10 @@ def update_faiss(
         try:
             index.reset()
         except RuntimeError:  # no reset either: build afresh from the shards with the same key
-            record = IndexInfo.of(info)
+            record = info
             key, dim = record.vectors.index_key, int(record.model.embedding_dim)  # type: ignore[arg-type]
             rebuilt = build_faiss(layout, catalogue, store, key, dim, gpu, policy=policy)
-            requested = record.vectors.index_key_requested if "index_key_requested" in record else key
+            requested = record.vectors.index_key_requested if record.holds("index_key_requested") else key
             return rebuilt | {
                 "index_key_requested": requested,
                 "updated_by": "rebuild (this index type cannot remove ids)",
@@ -204,7 +204,7 @@ def update_faiss(
     if len(to_add):
         for ids, vectors in done_chunks(store, {int(i): done[int(i)] for i in to_add}):
             index.add_with_ids(vectors, ids)
-    faiss_params.set_search_params(index, IndexInfo.of(info).vectors.params or {})
+    faiss_params.set_search_params(index, info.vectors.params or {})
     require_same_ids(layout, index, done)
     faiss_files.write_index_atomic(index, layout.faiss)
     return {"count": int(index.ntotal), "updated_by": updated_by}

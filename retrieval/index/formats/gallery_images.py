@@ -17,8 +17,8 @@ from retrieval.index.catalogue_reader import CatalogueReader
 from retrieval.index.catalogue_schema import Status
 from retrieval.index.layout import IndexLayout
 from retrieval.index.portable import gallery_place
-from retrieval.index.record.index_info import IndexInfo
 from retrieval.index.search import gallery_root
+from retrieval.records.index_info import IndexInfo
 
 
 def index_gallery_images(index_dir: str | Path) -> list[str]:

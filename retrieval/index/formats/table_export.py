@@ -53,9 +53,9 @@ from retrieval.index.catalogue import CatalogueReader, Status
 from retrieval.index.formats.export_files import ExportSink, fsync_tree, part_ranges, publish, remove_path, remove_stale
 from retrieval.index.formats.export_rows import SCHEMA_KEY, ExportRows
 from retrieval.index.layout import IndexLayout, describe_writer
-from retrieval.index.record.index_info import IndexInfo
 from retrieval.index.search import gallery_root
 from retrieval.index.sources import printable_path
+from retrieval.records.index_info import IndexInfo
 from retrieval.utils.progress import progress_bar
 
 log = logging.getLogger(__name__)

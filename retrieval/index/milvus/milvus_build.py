@@ -52,6 +52,7 @@ from retrieval.index.milvus.milvus_push import (
     served_collection,
 )
 from retrieval.index.search import public_path
+from retrieval.records.index_info import IndexInfo
 
 IN_COLLECTION = "milvus"  # the catalogue's shard of a row whose vector is in the collection, not in a shard file
 LITE_REFUSED = (
@@ -126,12 +127,12 @@ class PlannedRows:
         return cls(ids, paths, labels, manifest_columns(FilterTable(ids, paths, labels, extra)))
 
 
-def start(client: Any, place: MilvusPlace, catalogue: Catalogue, info: Mapping[str, Any], index_type: str | None,
+def start(client: Any, place: MilvusPlace, catalogue: Catalogue, info: IndexInfo, index_type: str | None,
           preprocessing: Mapping[str, Any]) -> CollectionBuild:
     """Create the build's collection, or check the one an interrupted build of this folder left (same model,
     columns and vector index); a collection this folder did not start is refused."""
     columns = PlannedRows.read(catalogue).columns
-    wanted = CollectionRecord(dict(info), column_fields([(n, t) for n, (t, _) in columns.items()]),
+    wanted = CollectionRecord(info.to_json(), column_fields([(n, t) for n, (t, _) in columns.items()]),
                               index_type or "AUTOINDEX", PUSHING, rows=catalogue.counts()["total"])
     physical = physical_name(place.collection, wanted.model_hash)
     served = served_collection(client, place.collection)

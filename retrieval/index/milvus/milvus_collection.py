@@ -37,7 +37,7 @@ from retrieval.index.filters import (
     unknown_column,
 )
 from retrieval.index.milvus.milvus_client import CollectionClient, quiet_pymilvus_logs, short_reason
-from retrieval.index.record.index_info import IndexInfo
+from retrieval.records.index_info import IndexInfo
 
 FORMAT = 1
 ID, VECTOR, PATH, LABEL, SHA256, SIZE, SHARD = "id", "vector", "path", "label", "sha256", "size", "shard"

@@ -46,8 +46,8 @@ from retrieval.index.query_embedder import (
     load_model,
     prepare_vectors,
 )
-from retrieval.index.record.index_info import IndexInfo
 from retrieval.index.search import MAX_K, IndexFacts, SearchResult, check_k, reranked_results
+from retrieval.records.index_info import IndexInfo
 from retrieval.rerank import Neighbourhood, RerankConfig, gallery_filled, neighbourhood_from_counts
 
 STATS_EXACT_MAX = 200_000  # rows up to which ``stats`` reads every vector to measure recall

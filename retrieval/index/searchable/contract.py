@@ -18,8 +18,8 @@ import numpy as np
 from retrieval.index.filters import Filter
 from retrieval.index.portable import GalleryPlace
 from retrieval.index.query_embedder import ImageEmbedder
-from retrieval.index.record.index_info import IndexInfo
 from retrieval.index.search import SearchResult
+from retrieval.records.index_info import IndexInfo
 from retrieval.rerank import Neighbourhood, RerankConfig
 from retrieval.text.keywords import KeywordSearch
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,9 +17,9 @@ from retrieval.index.layout import VECTORS_IN, IndexLayout
 from retrieval.index.query_embedder import (
     ImageEmbedder,
 )
-from retrieval.index.record.index_info import IndexInfo
 from retrieval.index.shards import ShardStore
 from retrieval.near_duplicates import DuplicateCheck
+from retrieval.records.index_info import IndexInfo
 
 if TYPE_CHECKING:
     from retrieval.index.milvus.milvus_collection import MilvusPlace
@@ -61,14 +61,14 @@ def build_into_collection(layout: IndexLayout, catalogue: Catalogue, store: Shar
     info = info_from_meta(catalogue)
     build = _ingest_into_collection(catalogue, store, engine, embedder, options, milvus, index_type, info)
     built = {"index_key": f"Milvus {build.record.index_type}", "params": {}, VECTORS_IN: build.where}
-    layout.write_info(info | built)
+    layout.write_info(info.with_fields(built))
     catalogue.set_meta(state="complete")
     return built
 
 
 def _ingest_into_collection(catalogue: Catalogue, store: ShardStore, engine: Any, embedder: ImageEmbedder,
                             options: IngestOptions, milvus: MilvusPlace, index_type: str | None,
-                            info: Mapping[str, Any]) -> Any:
+                            info: IndexInfo) -> Any:
     """Embed the pending rows into the collection (created, or the one this folder started); once it holds exactly
     the done rows it is marked complete and named (``milvus_build``). Returns the ``CollectionBuild``."""
     from retrieval.index.embedding.ray_collection import write_into
@@ -78,7 +78,7 @@ def _ingest_into_collection(catalogue: Catalogue, store: ShardStore, engine: Any
 
     client = connect(milvus)
     try:
-        build = milvus_build.start(client, milvus, catalogue, dict(info) | {"index_key": "Milvus"}, index_type,
+        build = milvus_build.start(client, milvus, catalogue, info.with_fields({"index_key": "Milvus"}), index_type,
                                    preprocessing_of(embedder.preprocessing))
         write_into(engine, build, client)
         for _ in range(MAX_RESENDS + 1):
@@ -97,16 +97,16 @@ def _ingest_into_collection(catalogue: Catalogue, store: ShardStore, engine: Any
     return build
 
 
-def _recorded_collection(info: Mapping[str, Any]) -> MilvusPlace:
+def _recorded_collection(info: IndexInfo) -> MilvusPlace:
     """The collection an index built into Milvus keeps its vectors in (index.json's ``VECTORS_IN``)."""
     from retrieval.index.milvus.milvus_collection import MilvusPlace
 
-    where = IndexInfo.of(info).vectors.vectors_in
+    where = info.vectors.vectors_in
     return MilvusPlace(str(where["milvus"]), str(where["collection"]))  # type: ignore[index]  # require_finished
 
 
 def add_into_collection(layout: IndexLayout, catalogue: Catalogue, store: ShardStore, engine: Any,
-                         embedder: ImageEmbedder, options: IngestOptions, info: dict[str, Any],
+                         embedder: ImageEmbedder, options: IngestOptions, info: IndexInfo,
                          duplicates: DuplicateCheck) -> dict[str, Any]:
     """``add_images`` of an index whose vectors are in Milvus: the Ray actors write the new rows into its
     collection, which serves them as they come; the near-duplicate check, which reads the folder's vectors, is
@@ -120,7 +120,7 @@ def add_into_collection(layout: IndexLayout, catalogue: Catalogue, store: ShardS
     build = _ingest_into_collection(catalogue, store, engine, embedder, options, _recorded_collection(info), None,
                                     info)
     layout.write_info(info)
-    return {"index_key": IndexInfo.of(info).vectors.index_key, VECTORS_IN: build.where}
+    return {"index_key": info.vectors.index_key, VECTORS_IN: build.where}
 
 
 def refuse_collection_repair(layout: IndexLayout, catalogue: Catalogue) -> None:
@@ -139,13 +139,12 @@ def refuse_collection_repair(layout: IndexLayout, catalogue: Catalogue) -> None:
                           "running its build command again (the ray engine, into the same collection)")
 
 
-def remove_from_collection(catalogue: Catalogue, info: Mapping[str, Any], ids: Sequence[int]) -> dict[str, Any]:
+def remove_from_collection(catalogue: Catalogue, record: IndexInfo, ids: Sequence[int]) -> dict[str, Any]:
     """``remove_images`` of an index whose vectors are in Milvus: the rows leave its collection, and every server
     stops finding them at its next request."""
     from retrieval.index.milvus import milvus_build
     from retrieval.index.milvus.milvus_collection import connect
 
-    record = IndexInfo.of(info)
     place = _recorded_collection(record)
     client = connect(place)
     try:

@@ -15,7 +15,7 @@ import json
 import logging
 import os
 import sqlite3
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +25,8 @@ from retrieval.errors import ParameterError
 from retrieval.index.catalogue import Catalogue, Status
 from retrieval.index.display_columns import parse_column_list
 from retrieval.index.layout import IndexLayout
-from retrieval.index.record.index_info import IndexInfo
 from retrieval.index.sources import MAX_EXTRA_CHARS, MAX_EXTRA_COLUMNS, printable_path
+from retrieval.records.index_info import IndexInfo
 from retrieval.text.keywords import (
     FTS_TABLE,
     INFO_TABLE,
@@ -137,11 +137,11 @@ def build_keywords(layout: IndexLayout, catalogue: Catalogue, columns: Sequence[
     return keyword_fields(columns)
 
 
-def sync_keywords(layout: IndexLayout, catalogue: Catalogue, info: IndexInfo | Mapping[str, Any]) -> dict[str, Any]:
+def sync_keywords(layout: IndexLayout, catalogue: Catalogue, info: IndexInfo) -> dict[str, Any]:
     """Bring the keyword index that ``info`` (index.json) records in step with the catalogue's indexed rows: the
     rows added since inserted, those removed deleted (one transaction); rebuilt where its file is missing or holds
     other columns. Returns index.json's fields ({} where the index has no keyword index)."""
-    listed = IndexInfo.of(info).catalogue.text_columns
+    listed = info.catalogue.text_columns
     columns = [c for c in listed if isinstance(c, str)] if isinstance(listed, list) else []
     columns = columns or recorded_columns(catalogue)
     if not columns:

@@ -8,12 +8,12 @@ import json
 import logging
 import time
 from collections.abc import Mapping
-from pathlib import Path, PurePath
-from typing import TYPE_CHECKING, Any, NoReturn
+from pathlib import Path
+from typing import Any, NoReturn
 
 import faiss
 
-from retrieval.data.manifest_columns import DEFAULT_LABEL_COLUMN, missing_images_line, missing_paths
+from retrieval.data.manifest_columns import DEFAULT_LABEL_COLUMN, present_rows
 from retrieval.errors import ParameterError, parameters_named
 from retrieval.index.catalogue import UPGRADE_MODEL_PATH, Catalogue, Status
 from retrieval.index.embedding.engine import IngestOptions
@@ -35,8 +35,7 @@ from retrieval.index.query_embedder import (
     output_fields,
     with_output,
 )
-from retrieval.index.record.index_info import IndexInfo
-from retrieval.index.search import gallery_root
+from retrieval.index.search import gallery_root as recorded_gallery_root  # ``relocate``'s parameter hides the name
 from retrieval.index.shards import ShardStore
 from retrieval.index.sources import (
     IMAGE_EXTENSIONS,
@@ -47,9 +46,7 @@ from retrieval.index.sources import (
     list_gallery,
 )
 from retrieval.index.writing.mend import missing_vectors
-
-if TYPE_CHECKING:
-    pass
+from retrieval.records.index_info import IndexInfo
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +127,7 @@ def meta_values(fields: Mapping[str, Any]) -> dict[str, str]:
             for key, value in fields.items() if value is not None}
 
 
-def info_from_meta(catalogue: Catalogue) -> dict[str, Any]:
+def info_from_meta(catalogue: Catalogue) -> IndexInfo:
     """The model and gallery fields of ``index.json``, from what the build recorded when it started."""
     get = catalogue.get_meta
     info = {
@@ -160,7 +157,7 @@ def info_from_meta(catalogue: Catalogue) -> dict[str, Any]:
     if get("text_columns") is not None and get("keyword_index") is not None:  # keyword_build's record
         info["text_columns"] = json.loads(get("text_columns"))
         info["keyword_index"] = get("keyword_index")
-    return info
+    return IndexInfo.from_json(info)
 
 
 def check_same_model(catalogue: Catalogue, embedder: ImageEmbedder, root: Path) -> ImageEmbedder:
@@ -182,7 +179,7 @@ def rerecord(layout: IndexLayout, catalogue: Catalogue, fields: Mapping[str, str
     catalogue.set_meta(**fields)
     info = readable_info(layout)
     if info is not None:
-        layout.write_info(info | dict(fields))
+        layout.write_info(info.with_fields(fields))
     return dict(fields)
 
 
@@ -190,10 +187,10 @@ def relocate(layout: IndexLayout, catalogue: Catalogue, gallery_root: str | Path
     """Follow a moved gallery (``portable.gallery_place``: moved with the index folder, or to ``gallery_root``):
     the catalogue's paths under the recorded root are put under the new one, and the record names it. Returns the
     index.json fields that changed (none: it did not move). Caller holds the writer lock."""
-    info = IndexInfo.of(readable_info(layout)).catalogue
-    recorded = {"gallery_root": catalogue.get_meta("gallery_root") or info.gallery_root,
-                GALLERY_RELATIVE: catalogue.get_meta(GALLERY_RELATIVE) or info.gallery_relative}
-    place = gallery_place(recorded, gallery_root_of(recorded, catalogue), layout.root, gallery_root)
+    info = (readable_info(layout) or IndexInfo()).catalogue
+    recorded = IndexInfo.from_json({"gallery_root": catalogue.get_meta("gallery_root") or info.gallery_root,
+                                    GALLERY_RELATIVE: catalogue.get_meta(GALLERY_RELATIVE) or info.gallery_relative})
+    place = gallery_place(recorded, recorded_gallery_root(recorded, catalogue), layout.root, gallery_root)
     if not place.moved:
         return {}
     moved = catalogue.rebase_paths(str(place.recorded), str(place.root))
@@ -206,16 +203,11 @@ def relocate(layout: IndexLayout, catalogue: Catalogue, gallery_root: str | Path
     return rerecord(layout, catalogue, fields)
 
 
-def gallery_root_of(record: Mapping[str, Any], catalogue: Catalogue) -> PurePath:
-    """The gallery root ``record`` names, else the one its catalogue's paths share (``search.gallery_root``)."""
-    return gallery_root({key: value for key, value in record.items() if value is not None}, catalogue)
-
-
-def recorded_model(layout: IndexLayout, catalogue: Catalogue, record: IndexInfo | Mapping[str, Any]) -> tuple[
+def recorded_model(layout: IndexLayout, catalogue: Catalogue, record: IndexInfo) -> tuple[
         ImageEmbedder, dict[str, str]]:
     """The index's own model, found by its hash (``portable.find_model``: the folders may have moved), and the
     fields that now record where it was found (none: where it was recorded)."""
-    model = IndexInfo.of(record).model
+    model = record.model
     if not model.path:
         raise ParameterError("model", "is needed: this index records no model path")
     path = find_model(record, layout.root)
@@ -266,7 +258,7 @@ def labelled_images(images: str | Path, split: str | None, catalogue: Catalogue,
     with parameters_named(rule="label_from"):
         apply_label_rule(gallery, rule)
     if look_for_files:
-        check_files(gallery)
+        check_files(gallery, Path(images).expanduser().resolve())
     if recorded is None:
         catalogue.set_meta(label_from=rule)
     if (recorded_column is None and gallery.kind == "manifest" and rule == "manifest"
@@ -282,18 +274,18 @@ def named_label_column(catalogue: Catalogue, images: str | Path) -> str | None:
     return recorded if recorded not in (None, DEFAULT_LABEL_COLUMN) and is_manifest(images) else None
 
 
-def check_files(gallery: Gallery) -> None:
-    """A manifest whose images are not where it says (moved away from them): none there is refused in one line
-    before anything is embedded; some missing make one warning (each is recorded as it is read)."""
+def check_files(gallery: Gallery, manifest: Path) -> None:
+    """A manifest (``manifest``, the file ``gallery`` was listed from) whose images are not where it says (moved
+    away from them): none there is refused in one line before anything is embedded; some missing make one warning
+    (each is recorded as it is read)."""
     if gallery.kind != "manifest" or not gallery.items:
         return
-    missing = missing_paths([item.path for item in gallery.items])
-    if not missing:
+    present = present_rows([item.path for item in gallery.items], manifest)  # the path: the line escapes it once
+    if not present.missing:
         return
-    line = missing_images_line(missing, len(gallery.items), gallery.source)
-    if len(missing) == len(gallery.items):
-        raise FileNotFoundError(f"no image to index: {line}")
-    log.warning("%s", line)
+    if not present.kept:
+        raise FileNotFoundError(f"no image to index: {present.line}")
+    log.warning("%s", present.line)
 
 
 def list_images(images: str | Path, split: str | None, catalogue: Catalogue, label_from: str | None = None,
@@ -354,13 +346,13 @@ def publish_faiss(layout: IndexLayout, catalogue: Catalogue, store: ShardStore, 
     with parameters_named(key_request="index_key"):
         built = build_faiss(layout, catalogue, store, index_key, dim, gpu, policy=options.policy,
                             add_vectors=add_vectors)
-    layout.write_info(info_from_meta(catalogue) | built)
+    layout.write_info(info_from_meta(catalogue).with_fields(built))
     catalogue.set_meta(state="complete")
     return built
 
 
 def require_complete(layout: IndexLayout, catalogue: Catalogue, upgrading: bool = False,
-                      vectors_in_milvus: bool = False) -> dict[str, Any]:
+                      vectors_in_milvus: bool = False) -> IndexInfo:
     """index.json of a finished index (``add``/``remove`` work only on one, and not during an upgrade unless
     ``upgrading``: the upgrade itself; ``vectors_in_milvus``: one whose vectors are in a Milvus collection too),
     else the error naming the command that finishes it."""
@@ -372,7 +364,7 @@ def require_complete(layout: IndexLayout, catalogue: Catalogue, upgrading: bool 
         raise IndexLockedError(
             f"{layout.root} is being upgraded to the model {under_way}; finish that first (retrieval index upgrade "
             f"{layout.root}, which resumes it), then run your command again")
-    return layout.read_info()
+    return layout.read_record()
 
 
 
@@ -401,12 +393,13 @@ def reopen_input(catalogue: Catalogue, root: Path) -> EmbeddingsInput:
     return source
 
 
-def readable_info(layout: IndexLayout) -> dict[str, Any] | None:
+def readable_info(layout: IndexLayout) -> IndexInfo | None:
+    """index.json's record where it is one of a built index (it holds the key and the size), else None."""
     try:
-        info = layout.read_info()
+        info = layout.read_record()
     except (OSError, ValueError):
         return None
-    return info if "index_key" in info and "embedding_dim" in info else None
+    return info if info.holds("index_key") and info.holds("embedding_dim") else None
 
 
 def readable_faiss(layout: IndexLayout) -> faiss.Index | None:

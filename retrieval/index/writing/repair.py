@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from retrieval.errors import ParameterError, parameters_named
 from retrieval.index.catalogue import Catalogue, Status
@@ -39,9 +39,7 @@ from retrieval.index.writing.records import (
     reopen_input,
     writer_summary,
 )
-
-if TYPE_CHECKING:
-    pass
+from retrieval.records.index_info import IndexInfo
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +100,8 @@ def repair_index(
                         "model", f"is needed: {catalogue.counts()[Status.PENDING.value]} images of {layout.root} "
                         "need embedding and the index records no model path"
                     )
-                record = {key: catalogue.get_meta(key) for key in ("model_path", MODEL_RELATIVE, "model_hash")}
+                record = IndexInfo.from_json({key: catalogue.get_meta(key)
+                                              for key in ("model_path", MODEL_RELATIVE, "model_hash")})
                 embedder, _ = recorded_model(layout, catalogue, record)
             embedder = check_same_model(catalogue, embedder, layout.root)
             ingest(engine, catalogue, store, embedder, options)
@@ -111,24 +110,25 @@ def repair_index(
         index = readable_faiss(layout) if old is not None and not rebuild else None
         if old is not None and index is not None:
             updated = update_faiss(layout, catalogue, store, old, gpu, index=index, policy=options.policy)
-            info = old | updated
+            info = old.with_fields(updated)
         else:
-            key = old["index_key"] if old is not None else catalogue.get_meta("index_key") or "auto"
+            key = old.vectors.index_key if old is not None else catalogue.get_meta("index_key") or "auto"
             built = build_faiss(
-                layout, catalogue, store, key, info["embedding_dim"], gpu,
+                layout, catalogue, store, key, info.model.embedding_dim, gpu,
                 policy=options.policy, add_vectors=engine.add_vectors,
             )
             if old is not None:
-                built["index_key_requested"] = old.get("index_key_requested", key)
-            info = (old or {}) | info | built
-        info |= sync_keywords(layout, catalogue, info)  # a keyword index (text_columns) in step with the rows too
+                built["index_key_requested"] = (old.vectors.index_key_requested if old.holds("index_key_requested")
+                                                else key)
+            info = (old if old is not None else IndexInfo()).with_fields({**info.to_json(), **built})
+        info = info.with_fields(sync_keywords(layout, catalogue, info))  # a keyword index in step with the rows too
         layout.write_info(info)
         catalogue.set_meta(state="complete")
         return {
             "index_dir": str(layout.root),
-            "index_key": info["index_key"],
-            "faiss": info.get("updated_by", "rebuilt from the shards"),
-            "vectors": info["count"],
+            "index_key": info.vectors.index_key,
+            "faiss": info.vectors.updated_by if info.holds("updated_by") else "rebuilt from the shards",
+            "vectors": info.vectors.count,
             **({"labels": labels} if labels is not None else {}),
             **writer_summary(catalogue, started, mended),
         }

@@ -69,13 +69,13 @@ from retrieval.index.query_embedder import (
     same_output,
     with_output,
 )
-from retrieval.index.record.index_info import IndexInfo
 from retrieval.index.shards import SHARD_PATTERN, ShardStore
 from retrieval.index.vectors import done_chunks
 from retrieval.index.writing.mend import mend
 from retrieval.index.writing.records import meta_values, model_fields, relocate, require_complete
 from retrieval.index.writing.upgrade_checks import check_record, check_upgrade, text_off
 from retrieval.index.writing.upgrade_text import text_sentence
+from retrieval.records.index_info import IndexInfo
 from retrieval.text.text_index import has_text_model
 from retrieval.utils.progress import progress_bar
 from retrieval.utils.workers import default_decode_threads
@@ -158,13 +158,13 @@ def _record_model(catalogue: Catalogue, embedder: ImageEmbedder, model_path: str
     catalogue.delete_meta(*(key for key in MODEL_META if fields.get(key) is None))
 
 
-def _with_model(info: dict[str, Any], *parts: Mapping[str, Any]) -> dict[str, Any]:
+def _with_model(info: IndexInfo, *parts: Mapping[str, Any]) -> IndexInfo:
     """``info`` updated by ``parts``; an output field that became None (the model's own output) is left out."""
-    merged = {key: value for part in (info, *parts) for key, value in part.items()}
-    return {key: value for key, value in merged.items() if not (key in OUTPUT_FIELDS and value is None)}
+    merged = info.with_fields({key: value for part in parts for key, value in part.items()})
+    return merged.without(*(key for key in OUTPUT_FIELDS if merged.holds(key) and merged.value_of(key) is None))
 
 
-def upgrade_target(embedder: ImageEmbedder, info: Mapping[str, Any], native: bool = False) -> ImageEmbedder:
+def upgrade_target(embedder: ImageEmbedder, info: IndexInfo, native: bool = False) -> ImageEmbedder:
     """The output an upgrade re-embeds with: the one that reaches the index's space (``compatible_view``: mixed),
     else, or with ``native``, the model's own (a swap into its own space and size)."""
     model = with_output(embedder, None)
@@ -178,25 +178,25 @@ def _old_rows(catalogue: Catalogue, first_shard: int) -> np.ndarray:
                       dtype=np.int64)
 
 
-def _publish(layout: IndexLayout, catalogue: Catalogue, store: ShardStore, info: dict[str, Any],
+def _publish(layout: IndexLayout, catalogue: Catalogue, store: ShardStore, info: IndexInfo,
              outcomes: list[Outcome], final_fields: dict[str, Any] | None, rebuild: bool,
-             options: IngestOptions) -> dict[str, Any]:
+             options: IngestOptions) -> IndexInfo:
     """Point the catalogue at the new vectors of ``outcomes`` (recorded with their shard), bring faiss in line and
     write index.json; ``final_fields`` (the new model's) end the upgrade. Caller holds the writer lock."""
     catalogue.set_meta(**{STALE: "1"})
     catalogue.record(outcomes)
     changed = np.asarray([o.id for o in outcomes], dtype=np.int64)
     if rebuild:
-        key = info.get("index_key_requested", info["index_key"])
-        dim = int((final_fields or info)["embedding_dim"])
+        key = info.vectors.index_key_requested if info.holds("index_key_requested") else info.vectors.index_key
+        dim = int(final_fields["embedding_dim"] if final_fields else info.value_of("embedding_dim"))
         faiss_fields = build_faiss(layout, catalogue, store, key, dim, policy=options.policy)
     else:
         faiss_fields = update_faiss(layout, catalogue, store, info, changed=changed, policy=options.policy)
         faiss_fields.pop("updated_by", None)
     info = _with_model(info, faiss_fields, final_fields or {})
-    if "upgrade" in info:  # how many images still hold an old vector, for stats and the app
+    if info.holds("upgrade"):  # how many images still hold an old vector, for stats and the app
         first = int(catalogue.get_meta("upgrade_first_shard") or 0)
-        info["upgrade"] = {**info["upgrade"], "left": len(_old_rows(catalogue, first))}
+        info = info.with_fields({"upgrade": {**info.upgrade.under_way, "left": len(_old_rows(catalogue, first))}})
     layout.write_info(info)
     catalogue.delete_meta(STALE)
     return info
@@ -254,7 +254,7 @@ def upgrade_index(
                 layout, catalogue, recorded)
             embedder = embedder or load_model(model_path)
             info = require_complete(layout, catalogue, upgrading=True)
-            info |= relocate(layout, catalogue, gallery_root)  # the images are re-read where they are now
+            info = info.with_fields(relocate(layout, catalogue, gallery_root))  # the images are re-read where they are
             embedder = _output_of_upgrade(catalogue, info, embedder, native)
             store = ShardStore(layout.shards)
             mend(catalogue, store)
@@ -262,7 +262,7 @@ def upgrade_index(
             if catalogue.get_meta("upgrade_model_hash") is None and not _same_model(embedder, info):
                 checks = check_upgrade(catalogue, store, info, embedder, _planned_mode(embedder, info), force, options)
             state = _start(layout, catalogue, store, info, embedder, model_path, checks)
-            info = layout.read_info()
+            info = layout.read_record()
         measured = _measured_compatibility(embedder, state["mode"])
         summary = _run(layout, state, embedder, model_path, order, int(commit_every), options, on_publish)
     summary["compatibility"] = measured
@@ -274,14 +274,14 @@ def upgrade_index(
     return summary
 
 
-def _same_model(embedder: ImageEmbedder, info: Mapping[str, Any]) -> bool:
-    return hash_matches(IndexInfo.of(info).model.hash, embedder) and same_output(embedder, info)
+def _same_model(embedder: ImageEmbedder, info: IndexInfo) -> bool:
+    return hash_matches(info.model.hash, embedder) and same_output(embedder, info)
 
 
-def _planned_mode(embedder: ImageEmbedder, info: Mapping[str, Any]) -> str:
+def _planned_mode(embedder: ImageEmbedder, info: IndexInfo) -> str:
     """mixed where the output chosen (``upgrade_target``) is declared compatible and embeds into the index's space
     and size; else swap."""
-    compatible = is_compatible(embedder, info) and int(embedder.embedding_dim) == int(info["embedding_dim"])
+    compatible = is_compatible(embedder, info) and int(embedder.embedding_dim) == int(info.value_of("embedding_dim"))
     return "mixed" if compatible else "swap"
 
 
@@ -296,7 +296,7 @@ def _measured_compatibility(embedder: ImageEmbedder, mode: str) -> dict[str, Any
     return measured
 
 
-def _output_of_upgrade(catalogue: Catalogue, info: Mapping[str, Any], embedder: ImageEmbedder,
+def _output_of_upgrade(catalogue: Catalogue, info: IndexInfo, embedder: ImageEmbedder,
                        native: bool) -> ImageEmbedder:
     """``embedder`` with the output this upgrade embeds with: the one recorded when the upgrade under way to this
     model started, else ``upgrade_target``'s."""
@@ -314,12 +314,12 @@ def _output_of_upgrade(catalogue: Catalogue, info: Mapping[str, Any], embedder: 
 def _upgrade_model(layout: IndexLayout, catalogue: Catalogue, recorded: str) -> str:
     """The new model of the upgrade under way, found by its hash (``portable.find_model``: the index folder and the
     model may have moved together since it began), or ModelNotFoundError naming its hash and ``model``."""
-    record = {"model_path": recorded, MODEL_RELATIVE: catalogue.get_meta(UPGRADE_MODEL_RELATIVE),
-              "model_hash": catalogue.get_meta("upgrade_model_hash")}
+    record = IndexInfo.from_json({"model_path": recorded, MODEL_RELATIVE: catalogue.get_meta(UPGRADE_MODEL_RELATIVE),
+                                  "model_hash": catalogue.get_meta("upgrade_model_hash")})
     return str(find_model(record, layout.root, role="is being upgraded to").resolve())
 
 
-def _start(layout: IndexLayout, catalogue: Catalogue, store: ShardStore, info: dict[str, Any],
+def _start(layout: IndexLayout, catalogue: Catalogue, store: ShardStore, info: IndexInfo,
            embedder: ImageEmbedder, model_path: str, checks: dict[str, Any] | None = None) -> dict[str, Any]:
     """Record the upgrade and what ``check_upgrade`` found (or check the one under way is to this model); for a mixed
     one, name the new model in index.json at once (a text model turned off there where the model's training refuted
@@ -336,7 +336,7 @@ def _start(layout: IndexLayout, catalogue: Catalogue, store: ShardStore, info: d
         info = _publish(layout, catalogue, store, info, [], None, rebuild=True, options=IngestOptions())
     text_model = None
     if under_way is None:
-        old_hash = IndexInfo.of(info).model.hash
+        old_hash = info.model.hash
         if _same_model(embedder, info):
             return {"mode": "none", "from": old_hash, "first_shard": next_shard_number(store),
                     "checks": None}
@@ -452,11 +452,11 @@ def _publish_batch(layout: IndexLayout, outcomes: list[Outcome], summary: dict[s
         mend(catalogue, store)
         current = catalogue.status_of([o.id for o in outcomes])
         kept = [o for o in outcomes if current.get(o.id) == Status.DONE]  # removed meanwhile: leave it removed
-        info = _publish(layout, catalogue, store, layout.read_info(), kept, None, rebuild=False,
+        info = _publish(layout, catalogue, store, layout.read_record(), kept, None, rebuild=False,
                         options=IngestOptions())
         summary["published"] += len(kept)
     if on_publish is not None:
-        on_publish({"published": summary["published"], "total": total, "left": info["upgrade"]["left"]})
+        on_publish({"published": summary["published"], "total": total, "left": info.value_of("upgrade")["left"]})
 
 
 def _finish(layout: IndexLayout, embedder: ImageEmbedder, model_path: str, mode: str, first: int,
@@ -468,33 +468,33 @@ def _finish(layout: IndexLayout, embedder: ImageEmbedder, model_path: str, mode:
     with layout.write_lock("upgrade"), Catalogue(layout.catalogue) as catalogue:
         store = ShardStore(layout.shards)
         mend(catalogue, store)
-        info = layout.read_info()
+        info = layout.read_record()
         waiting = _embedded_unpublished(catalogue, store, first)
         left = _old_rows(catalogue, first)
         if len(np.setdiff1d(left, [o.id for o in waiting])):
             raise RuntimeError(f"{len(left)} images of {layout.root} still hold the old model's vectors; run the "
                                "upgrade again to re-embed them")
         # the models this index's vectors came from before, oldest first (lineage; never a licence to search)
-        new_fields = model_fields(embedder, model_path, layout.root) | {
-            "upgraded_from": [*info.get("upgraded_from", []), catalogue.get_meta("upgrade_from")]}
+        new_fields = model_fields(embedder, model_path, layout.root) | {"upgraded_from": [
+            *(info.upgrade.upgraded_from if info.holds("upgraded_from") else []), catalogue.get_meta("upgrade_from")]}
         trained = not isinstance(faiss_params.inner(faiss_files.read_index(layout.faiss)), faiss.IndexFlatCodes)
-        text_model = (info.pop("upgrade", None) or {}).get("text_model")  # a mixed upgrade's, from its start
+        text_model = (info.upgrade.under_way or {}).get("text_model")  # a mixed upgrade's, from its start
         if mode == "swap" and has_text_model(info):
             why = (f"the gallery was re-embedded into the space of model {embedder.model_hash}, and the text model "
-                   f"maps text into the space of model {IndexInfo.of(info).model.hash}")
+                   f"maps text into the space of model {info.model.hash}")
             info = text_off(info, embedder, why, layout.root, model_path)
             text_model = {"state": "off", "reason": why}
         summary["text_model"] = text_model
         new_fields["last_upgrade"] = {"from": catalogue.get_meta("upgrade_from"), "to": embedder.model_hash,
                                       "mode": mode, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                       **check_record(checks), **({"text_model": text_model} if text_model else {})}
-        info = _publish(layout, catalogue, store, info, waiting, new_fields, rebuild=mode == "swap" or trained,
-                        options=options)
+        info = _publish(layout, catalogue, store, info.without("upgrade"), waiting, new_fields,
+                        rebuild=mode == "swap" or trained, options=options)
         summary["published"] += len(waiting)
         _record_model(catalogue, embedder, model_path, layout.root)
         summary["deleted_shards"] = _delete_unused_shards(catalogue, store)
         catalogue.delete_meta(*UPGRADE_META)
-        summary |= {"index_key": info["index_key"], "count": info.get("count")}
+        summary |= {"index_key": info.value_of("index_key"), "count": info.vectors.count}
     if on_publish is not None:
         on_publish({"published": summary["published"], "total": total, "left": 0})
     log.info("upgraded %s to model %s", layout.root, embedder.model_hash)

@@ -31,10 +31,10 @@ from retrieval.index.catalogue import Catalogue
 from retrieval.index.curation.compare import measure_on_labels
 from retrieval.index.embedding.engine import IngestOptions
 from retrieval.index.query_embedder import ImageEmbedder
-from retrieval.index.record.index_info import IndexInfo
 from retrieval.index.shards import ShardStore
 from retrieval.index.sources import printable_path
 from retrieval.index.writing.upgrade_text import index_root_of, measure_text_on_captions, text_sentence
+from retrieval.records.index_info import IndexInfo
 from retrieval.text.text_index import (
     TEXT_FIELDS,
     TEXT_MODEL_OFF,
@@ -55,7 +55,7 @@ class UpgradeRefused(ParameterError):
         super().__init__("model", problem)
 
 
-def check_upgrade(catalogue: Catalogue, store: ShardStore, info: Mapping[str, Any], embedder: ImageEmbedder, mode: str,
+def check_upgrade(catalogue: Catalogue, store: ShardStore, info: IndexInfo, embedder: ImageEmbedder, mode: str,
                   force: bool, options: IngestOptions) -> dict[str, Any]:
     """What an upgrade checks before it begins: for a mixed one the verdict its training recorded (not compatible:
     refused before anything is embedded), then, on the index's own labels, the stored vectors against the new
@@ -87,7 +87,7 @@ def check_upgrade(catalogue: Catalogue, store: ShardStore, info: Mapping[str, An
             "refuted": verdict is not None and verdict["verdict"] == NOT_COMPATIBLE}
 
 
-def _measure_text(catalogue: Catalogue, store: ShardStore, info: Mapping[str, Any], embedder: ImageEmbedder,
+def _measure_text(catalogue: Catalogue, store: ShardStore, info: IndexInfo, embedder: ImageEmbedder,
                   options: IngestOptions, workers: int) -> dict[str, Any]:
     """The recorded text model on the index's captions, with the stored vectors and the new model's
     (``upgrade_text``); a text model that cannot be opened is not measured, and says why."""
@@ -132,15 +132,14 @@ def labels_sentence(labels: Mapping[str, Any]) -> str:
             f"the others; worse beyond noise: a drop of at least {MIN_DROP} whose whole interval is below 0)")
 
 
-def text_off(info: Mapping[str, Any], embedder: ImageEmbedder, why: str, index_root: str | Path,
-             model_path: str | Path) -> dict[str, Any]:
+def text_off(info: IndexInfo, embedder: ImageEmbedder, why: str, index_root: str | Path,
+             model_path: str | Path) -> IndexInfo:
     """``info`` with its text model turned off (its fields moved to ``TEXT_MODEL_OFF`` with why): its tower maps
     text into a space the index's vectors are no longer in, so text search says so rather than answer worse."""
-    recorded = IndexInfo.of(info)
-    record = {"text_model_hash": recorded.text.hash, "image_model_hash": recorded.model.hash,
+    record = {"text_model_hash": info.text.hash, "image_model_hash": info.model.hash,
               "upgraded_to": embedder.model_hash, "reason": why}
-    off = {key: value for key, value in info.items() if key not in TEXT_FIELDS} | {TEXT_MODEL_OFF: record}
-    log.warning("%s", text_off_problem(off, printable_path(str(index_root)), printable_path(str(model_path))))
+    off = info.without(*TEXT_FIELDS).with_fields({TEXT_MODEL_OFF: record})
+    log.warning("%s", text_off_problem(record, printable_path(str(index_root)), printable_path(str(model_path))))
     return off
 
 

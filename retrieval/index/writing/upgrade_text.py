@@ -20,11 +20,12 @@ import numpy as np
 
 from retrieval.compatibility import CONFIDENCE, MIN_DROP, MIN_QUERIES, bootstrap_means
 from retrieval.index.catalogue import Catalogue, Status
-from retrieval.index.display_columns import DISPLAY_COLUMNS, PRICE_COLUMNS, recorded_columns
+from retrieval.index.display_columns import PRICE_COLUMNS, checked_columns
 from retrieval.index.embedding.embed_rows import RowEmbedder
 from retrieval.index.query_embedder import ImageEmbedder
 from retrieval.index.shards import ShardStore
 from retrieval.index.vectors import done_chunks
+from retrieval.records.index_info import IndexInfo
 from retrieval.text.gallery_adapt import tower_metadata
 from retrieval.text.text_onnx import TextEmbedder
 from retrieval.utils.unit_rows import l2_normalize_rows
@@ -38,18 +39,17 @@ SQL_CHUNK = 900  # ids in one IN (...) query
 SCAN_FACTOR = 20  # rows read at most per caption wanted (a catalogue whose columns are mostly empty)
 
 
-def caption_columns(info: Mapping[str, Any], text: TextEmbedder) -> list[str]:
+def caption_columns(info: IndexInfo, text: TextEmbedder) -> list[str]:
     """The columns whose text describes each image: those the text model was trained on (its metadata's
     ``caption_columns``), else the index's keyword columns, else its display columns (index.json); names checked
-    as index.json's are (``display_columns.recorded_columns``), prices left out."""
+    as index.json's are (``display_columns.checked_columns``), prices left out."""
     recorded = tower_metadata(text).get("caption_columns") or ""
     try:
         trained_on = json.loads(recorded) if len(recorded) <= MAX_COLUMNS_JSON else None
     except ValueError:
         trained_on = None
-    for source, key in (({"caption_columns": trained_on}, "caption_columns"), (info, "text_columns"),
-                        (info, DISPLAY_COLUMNS)):
-        names = [name for name in recorded_columns(source, key) if name not in PRICE_COLUMNS]
+    for listed in (trained_on, info.catalogue.text_columns, info.catalogue.display_columns):
+        names = [name for name in checked_columns(listed) if name not in PRICE_COLUMNS]
         if names:
             return names[:MAX_CAPTION_COLUMNS]
     return []
@@ -104,7 +104,7 @@ def found_within(text: np.ndarray, images: np.ndarray, captions: Sequence[str], 
     return np.asarray([float((same[row] == same[i]).any()) for i, row in enumerate(top)])
 
 
-def measure_text_on_captions(catalogue: Catalogue, store: ShardStore, info: Mapping[str, Any],
+def measure_text_on_captions(catalogue: Catalogue, store: ShardStore, info: IndexInfo,
                              embedder: ImageEmbedder, text: TextEmbedder, limit: int = TEXT_SAMPLE, seed: int = 0,
                              batch_size: int = 64, workers: int = 1, max_pixels: int | None = None,
                              ) -> dict[str, Any]:

@@ -49,10 +49,8 @@ from retrieval.index.query_embedder import (
     ImageEmbedder,
     NoModelError,
     built_without_model,
-    has_model,
     load_model,
 )
-from retrieval.index.record.index_info import IndexInfo
 from retrieval.index.search import public_path
 from retrieval.index.shards import ShardStore
 from retrieval.index.sources import (
@@ -302,16 +300,16 @@ def add_images(
     engine = open_engine(options)
     with engine, layout.write_lock("add images to"), Catalogue(layout.catalogue) as catalogue:
         info = require_complete(layout, catalogue, vectors_in_milvus=True)
-        if not has_model(info):
+        if not info.has_model:
             raise NoModelError(f"{built_without_model(layout.root)}: images cannot be added to it, as nothing can "
                                "embed them into the space of its vectors; build it again from embeddings that hold "
                                "the new images too, or build an index of all the images with a model")
-        info |= relocate(layout, catalogue, gallery_root)  # before the new images are planned beside the old
+        info = info.with_fields(relocate(layout, catalogue, gallery_root))  # before the new images are planned
         if embedder is None and model is not None:
             embedder = load_model(model)
         elif embedder is None:
             embedder, found = recorded_model(layout, catalogue, info)
-            info |= found
+            info = info.with_fields(found)
         embedder = check_same_model(catalogue, embedder, layout.root)
         gallery, rule = labelled_images(images, split, catalogue, label_from,
                                         look_for_files=options.engine == "local")
@@ -320,7 +318,7 @@ def add_images(
         before = tally(catalogue)
         catalogue.plan(gallery.items, gallery.source, gallery.errors)
         store = ShardStore(layout.shards)
-        if VECTORS_IN in info:
+        if info.holds(VECTORS_IN):
             updated = add_into_collection(layout, catalogue, store, engine, embedder, options, info, duplicates)
             this_run = {key: value - before[key] for key, value in tally(catalogue).items()}
             return {"index_dir": str(layout.root), **updated, "labels": label_summary(gallery, rule),
@@ -329,8 +327,8 @@ def add_images(
         ingest(engine, catalogue, store, embedder, options)
         near = check_new_images(layout, catalogue, store, info, duplicates)  # before faiss holds the new images
         updated = update_faiss(layout, catalogue, store, info, gpu, policy=options.policy)
-        info |= sync_keywords(layout, catalogue, info)
-        layout.write_info(info | updated)
+        info = info.with_fields(sync_keywords(layout, catalogue, info))
+        layout.write_info(info.with_fields(updated))
         this_run = {key: value - before[key] for key, value in tally(catalogue).items()}
         return {"index_dir": str(layout.root), **updated, "labels": label_summary(gallery, rule),
                 "this_run": this_run, "near_duplicates": near, **writer_summary(catalogue, started, mended)}
@@ -353,8 +351,8 @@ def remove_images(
         info = require_complete(layout, catalogue, vectors_in_milvus=True)
         wanted = [int(i) for i in ids]
         if paths:
-            info |= relocate(layout, catalogue, gallery_root)
-            root = IndexInfo.of(info).catalogue.gallery_root or catalogue.get_meta("gallery_root")
+            info = info.with_fields(relocate(layout, catalogue, gallery_root))
+            root = info.catalogue.gallery_root or catalogue.get_meta("gallery_root")
             found = {given: catalogue_id(catalogue, given, root) for given in paths}
             missing = [given for given, found_id in found.items() if found_id is None]
             if missing:
@@ -371,13 +369,13 @@ def remove_images(
             raise ValueError(f"nothing was removed: no catalogue rows with ids {', '.join(map(str, unknown[:10]))} "
                              f"(`retrieval index stats` shows the ids in use){rest}")
         catalogue.mark_removed(wanted)
-        if VECTORS_IN in info:
+        if info.holds(VECTORS_IN):
             updated = remove_from_collection(catalogue, info, wanted)
         else:
             store = ShardStore(layout.shards)
             updated = update_faiss(layout, catalogue, store, info, policy=policy)
-            info |= sync_keywords(layout, catalogue, info)
-            layout.write_info(info | updated)
+            info = info.with_fields(sync_keywords(layout, catalogue, info))
+            layout.write_info(info.with_fields(updated))
         return {
             "index_dir": str(layout.root),
             "removed_ids": sorted(set(wanted)),

@@ -1,23 +1,17 @@
 """``IndexInfo``: the typed record of an index folder's ``index.json`` (timm's ``PretrainedCfg`` and our
 ``ModelPreprocessing`` are the pattern): read from the file's JSON object in one place (``IndexLayout.read_record``,
 ``IndexInfo.from_json``), passed through the core, and given back as JSON by ``to_json`` only where the file is
-written.
-
-The file is the contract: ``to_json`` gives back exactly the keys the object held, in its order, with their values
-(those of keys it does not know too, kept in ``extra``), so a record read and written again writes the same bytes, and
-a key a newer version or a person added survives a read-modify-write. Values are kept as the file holds them (a
-reader converts, as it always did): the record types the keys, not a second opinion on a hand-edited value.
-
-Imports nothing of the project: every layer that reads index.json can take it.
+written; the file's keys, order and values are kept (``json_object.KeptJson``).
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
+
+from retrieval.records.json_object import KeptJson, copied_object
 
 FORMAT = "retrieval-index/1"  # index.json's format and version (``format``)
 
@@ -130,13 +124,10 @@ _WHERE: dict[str, tuple[str, str]] = {key: (part, name) for part, cls in _PARTS.
 KNOWN_KEYS = frozenset(_WHERE) | {"format"}
 
 
-@dataclass(frozen=True)
-class IndexInfo(Mapping[str, Any]):
+@dataclass(frozen=True, eq=False)
+class IndexInfo(KeptJson):
     """index.json, typed: ``format`` (its version) and its parts; ``extra``: the keys this version does not know;
-    ``keys``: every key the object held, in its order (what ``to_json`` writes back).
-
-    A read-only ``Mapping`` over the JSON keys too, so that a reader not yet converted to the fields reads it as it
-    read the dict."""
+    ``keys_held``: every key the object held, in its order (what ``to_json`` writes back)."""
 
     format: str | None = None
     model: ModelRecord = ModelRecord()
@@ -151,33 +142,13 @@ class IndexInfo(Mapping[str, Any]):
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> IndexInfo:
         """The record of index.json's object ``data`` (copied: the record shares nothing with it)."""
-        if not isinstance(data, Mapping):
-            raise ValueError(f"index.json holds a {type(data).__name__}, not a JSON object")
-        data = copy.deepcopy(dict(data))
+        data = copied_object(data, "index.json")
         parts = {name: part.from_json(data) for name, part in _PARTS.items()}
         extra = {key: value for key, value in data.items() if key not in KNOWN_KEYS}
         return cls(format=data.get("format"), extra=extra, keys_held=tuple(data), **parts)
 
-    @classmethod
-    def of(cls, info: Mapping[str, Any] | None) -> IndexInfo:
-        """``info`` as a record: itself, or read from a JSON object (None: the empty record)."""
-        return info if isinstance(info, IndexInfo) else cls.from_json(info or {})
-
-    def to_json(self) -> dict[str, Any]:
-        """The JSON object the record was read from (with its updates): its keys, in order, and their values."""
-        return copy.deepcopy({key: self[key] for key in self.keys_held})
-
-    def with_fields(self, fields: Mapping[str, Any]) -> IndexInfo:
-        """The record with index.json's ``fields`` set, as a dict's ``info | fields``: a key it held stays in its
-        place, a new one comes last."""
-        return IndexInfo.from_json({**self.to_json(), **fields})
-
-    def without(self, *keys: str) -> IndexInfo:
-        """The record without index.json's ``keys`` (those it does not hold are ignored)."""
-        return IndexInfo.from_json({key: value for key, value in self.to_json().items() if key not in keys})
-
-    # --- the read-only Mapping over the JSON keys
-    def __getitem__(self, key: str) -> Any:
+    def value_of(self, key: str) -> Any:
+        """What index.json's ``key`` holds (KeyError: the file does not hold it)."""
         if key not in self.keys_held:
             raise KeyError(key)
         if key == "format":
@@ -186,15 +157,6 @@ class IndexInfo(Mapping[str, Any]):
         if where is None:
             return self.extra[key]
         return getattr(getattr(self, where[0]), where[1])
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.keys_held)
-
-    def __len__(self) -> int:
-        return len(self.keys_held)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self.keys_held
 
     # --- what several readers ask
     @property
