@@ -59,12 +59,14 @@ def kept_json(text: str) -> str:
     return text if masked(document) == document else json.dumps(masked(document), indent=1)
 
 
-def checkpoint_configs(path: Path) -> str:
+def checkpoint_configs(path: Path) -> str | None:
     """What a checkpoint file holds besides tensors and training state: its configs (with their key order), their
-    types, and the hash naming the run."""
+    types, and the hash naming the run (None: a .pt file that is no checkpoint, e.g. a feature cache)."""
     import torch
 
-    data = torch.load(path, map_location="cpu", weights_only=True)
+    data = torch.load(path, map_location="cpu", weights_only=False)  # files this snapshot's own runs wrote
+    if not isinstance(data, dict) or "model_config" not in data:
+        return None
     kept = {key: data.get(key) for key in ("format", "model_config", "train_config", "config_hash", "epoch",
                                             "class_names")}
     kept["types"] = {key: type(value).__name__ for key, value in data.items()}
@@ -179,8 +181,8 @@ def snap(work: Path, out: Path, epochs: int, keep_work: bool = False) -> None:
         name = str(path.relative_to(work)).replace(os.sep, "~")
         if path.name in ARTEFACTS:
             (out / name).write_text(kept_json(path.read_text(encoding="utf-8")))
-        elif path.suffix == ".pt":
-            (out / f"{name}.configs.json").write_text(checkpoint_configs(path))
+        elif path.suffix == ".pt" and (configs := checkpoint_configs(path)) is not None:
+            (out / f"{name}.configs.json").write_text(configs)
         elif path.suffix == ".onnx":
             (out / f"{name}.metadata.json").write_text(json.dumps(masked(onnx_metadata(path)), indent=1))
     print(f"snapshot of {len(list(out.iterdir()))} files in {out}")
