@@ -4,9 +4,11 @@ how a command ends (one line and the next command, or the summary as JSON). No c
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import shlex
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -81,14 +83,18 @@ RAY_FIELDS = ("address", "actors", "gpus_per_actor", "cpus_per_actor")
 
 
 def run_writer(command: Callable[..., dict], index_dir: str, *args: Any, **kwargs: Any) -> dict:
-    """Run an index writer (``build_index``, ``add_images``, ``repair_index``) under the command line's names: the
-    Ray options are ``--ray-*``, and an error that another command fixes ends with that command."""
+    """Run an index writer (``build_index``, ``add_images``, ``repair_index``, ``upgrade_index``) under the command
+    line's names: the Ray options are ``--ray-*``, an error that another command fixes ends with that command, and
+    what reaches stdout while it runs goes to stderr (Ray forwards its workers' and raylet's lines to the driver's
+    stdout, which holds only the command's result: its --json)."""
     from retrieval.errors import ParameterError
     from retrieval.index.writing.records import FinishedIndexError, LabelRuleMismatch, NothingToRepairError
 
     folder = shlex.quote(str(index_dir))
     try:
-        return labels_hint_shown(command(*args, **kwargs))
+        with contextlib.redirect_stdout(sys.stderr):
+            summary = command(*args, **kwargs)
+        return labels_hint_shown(summary)
     except ParameterError as exc:
         if exc.param in RAY_FIELDS:
             raise exc.renamed(f"ray_{exc.param}") from exc
