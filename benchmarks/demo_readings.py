@@ -45,7 +45,7 @@ def recipe(name: str, seed: int, work: Path) -> dict[str, Any]:
 
 def delivered(config: dict[str, Any]) -> Path:
     """The run's delivered checkpoint, trained once."""
-    from retrieval.cli.demo import delivered_checkpoint
+    from retrieval.reports import delivered_checkpoint
     from retrieval.train import TrainConfig, train
 
     report_path = Path(config["out"]) / "report.json"

@@ -37,7 +37,7 @@ from typing import Any
 
 from catalogue import IMAGE_SIZE, catalogue_folder  # beside this file: a script's folder comes first on sys.path
 from results_io import SAVE_HELP, record_tables
-from unlabelled import DATASETS, pretrained_once
+from unlabelled import DATASETS, pretrained_once, signed_spread
 
 TOLERANCE = 0.01  # the Recall@1 a delivered model may lose against the pretrained export
 USEFUL_GAIN = 0.01  # a MAP@R gain a check ought to deliver (with Recall@1 within TOLERANCE)
@@ -134,11 +134,6 @@ def verdict(run: dict[str, Any], reference: dict[str, float]) -> str:
     return "right"
 
 
-def spread(values: list[float]) -> str:
-    """A change: mean ± half the spread (max - min) over the seeds, signed."""
-    return f"{statistics.mean(values):+.3f} ± {(max(values) - min(values)) / 2:.3f}"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
@@ -177,8 +172,9 @@ def main() -> None:
                     wall = statistics.mean(r["wall_s"] for r in runs if r["wall_s"]) if any(
                         r["wall_s"] for r in runs) else None
                     table.append([dataset, f"{setting}, check {check}: {name}", kept, str(reference["images"]),
-                                  f"{statistics.mean(map_r):.3f}", spread([v - reference["map@r"] for v in map_r]),
-                                  f"{statistics.mean(r1):.3f}", spread([v - reference["recall@1"] for v in r1]),
+                                  f"{statistics.mean(map_r):.3f}",
+                                  signed_spread([v - reference["map@r"] for v in map_r]),
+                                  f"{statistics.mean(r1):.3f}", signed_spread([v - reference["recall@1"] for v in r1]),
                                   ", ".join(str(r.get("epoch", "?")) for r in rows),
                                   f"{wall / 60:.1f} min" if wall else "-"])
                 if check == "on":

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from retrieval.reports import BEST_CHECKPOINT, READINGS_FILE
+from retrieval.reports import READINGS_FILE, delivered_checkpoint
 from retrieval.train.config import TrainConfig
 
 # The demo recipe, read by Unicode subgroup (a smiling face finds smiling faces; test subgroups unseen in training,
@@ -69,11 +69,6 @@ def train_model(recipe: dict[str, Any]) -> dict[str, Any]:
     if run_dir.exists():
         shutil.rmtree(run_dir)  # the recipe changed: the old run no longer describes it
     return train(TrainConfig(**recipe))
-
-
-def delivered_checkpoint(report: dict[str, Any]) -> str:
-    """The model the recipe delivers (exported, indexed, served): the WiSE-FT mix when the run made one."""
-    return (report.get("checkpoints") or {}).get("wise", BEST_CHECKPOINT)
 
 
 def photo_embeddings(model: Any, photos_limit: int | None = TrainConfig.eval_extra_limit) -> dict[str, Any]:

@@ -151,6 +151,7 @@ MAX_SAID = 1000  # characters of a report's sentence said on the terminal (the r
 def _run_verdict(checkpoint: str) -> dict | None:
     """The keep-pretrained verdict of the run ``checkpoint`` was delivered by (its report.json beside it, about
     this very file: wise.pt where the run made one, else best.pt); None without one, or for another checkpoint."""
+    from retrieval.reports import delivered_checkpoint
     from retrieval.serve.report_files import load_report
 
     path = Path(checkpoint).with_name("report.json")
@@ -160,9 +161,8 @@ def _run_verdict(checkpoint: str) -> dict | None:
         data = load_report(path).data
     except (OSError, ValueError):
         return None
-    delivered = (data.get("checkpoints") or {}).get("wise") if isinstance(data.get("checkpoints"), dict) else None
     keep = data.get("keep_pretrained")
-    if not isinstance(keep, bool) or Path(checkpoint).name != (delivered or "best.pt"):
+    if not isinstance(keep, bool) or Path(checkpoint).name != delivered_checkpoint(data):
         return None
 
     def said(value: object) -> str:

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from retrieval.compatibility import KEPT, KEPT_K
+from retrieval.reports import delivered_checkpoint
 from retrieval.train.config import TrainConfig
 
 
@@ -36,7 +37,7 @@ def label_free_summary(cfg: TrainConfig, report: dict, after: dict, report_path:
         if command:
             click.echo(f"next: {command}   (keep the pretrained export)")
     elif upgrade is None:
-        checkpoint = (report.get("checkpoints") or {}).get("wise") or "best.pt"
+        checkpoint = delivered_checkpoint(report)
         click.echo(f"next: retrieval export --checkpoint {Path(cfg.out) / checkpoint} --out "
                    f"{Path(cfg.out) / 'model.onnx'}")
 
@@ -56,7 +57,7 @@ def export_for_the_index(cfg: TrainConfig, report: dict, quiet: bool) -> tuple[s
         return None
     from retrieval.export import export_checkpoint
 
-    checkpoint = Path(cfg.out) / ((report.get("checkpoints") or {}).get("wise") or "best.pt")
+    checkpoint = Path(cfg.out) / delivered_checkpoint(report)
     model = Path(cfg.out) / "model.onnx"
     export_checkpoint(checkpoint, model, log=None if quiet else (lambda line: click.echo(f"  {line}")))
     command = f"retrieval index upgrade {cfg.data} --model {model}"

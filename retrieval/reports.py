@@ -49,6 +49,13 @@ def read_steps(folder: str | Path, points: int = STEP_POINTS) -> list[dict[str, 
     return rows[::stride]
 
 
+def delivered_checkpoint(report: dict[str, Any]) -> Any:
+    """The checkpoint a training run delivers (exported, indexed, served), as its report.json names it: the WiSE-FT
+    mix where the run made one, else best.pt."""
+    checkpoints = report.get("checkpoints")
+    return (checkpoints.get("wise") if isinstance(checkpoints, dict) else None) or BEST_CHECKPOINT
+
+
 def train_report(config: RunFolderConfig, history: list[dict[str, Any]], baseline: dict[str, float] | None,
                  best: dict[str, Any] | None, last: dict[str, Any] | None, plots: dict[str, str],
                  bad_images: list[dict[str, Any]] | None = None, reference: dict[str, Any] | None = None,

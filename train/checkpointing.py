@@ -136,19 +136,21 @@ class Checkpointer:
     def save_start(self, record: RunRecord, row: dict[str, Any]) -> None:
         """A head that starts at the baseline: its start (epoch 0, ``row`` its metrics) is best.pt until a trained
         epoch beats it on the selection split, so that best.pt is never worse there than the start."""
-        score = selection_score(row, self.data.selected_on, self.cfg.kept_floor)
-        if score is not None and score > record.best_recall:
-            record.best_recall = score
-            self.save(BEST_CHECKPOINT, record, 0, row)
+        self._best_if_best(record, 0, row)
 
     def save_epoch_end(self, record: RunRecord, epoch: int, row: dict[str, Any], evaluated: bool) -> None:
         """After an epoch: best.pt when its recall@1 on the selection split (validation where the run has one) is
         the best yet (every rank tracks it), then last.pt."""
-        score = selection_score(row, self.data.selected_on, self.cfg.kept_floor)
-        if evaluated and score is not None and score > record.best_recall:
-            record.best_recall = score
-            self.save(BEST_CHECKPOINT, record, epoch + 1, row)
+        if evaluated:
+            self._best_if_best(record, epoch + 1, row)
         self.save(LAST_CHECKPOINT, record, epoch + 1, row)
+
+    def _best_if_best(self, record: RunRecord, epochs: int, row: dict[str, Any]) -> None:
+        """best.pt (``epochs`` complete) where ``row``'s score on the selection split is the best yet."""
+        score = selection_score(row, self.data.selected_on, self.cfg.kept_floor)
+        if score is not None and score > record.best_recall:
+            record.best_recall = score
+            self.save(BEST_CHECKPOINT, record, epochs, row)
 
     def resume(self, device: torch.device) -> tuple[RunRecord, EpochProgress | None]:
         """Load last.pt into the parts; returns the run's record and the epoch it stopped inside (None: between)."""

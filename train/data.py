@@ -81,8 +81,9 @@ def load_unlabelled_data(cfg: TrainConfig, eval_tf: Callable, train_transform: C
                                              **cfg.dataset_kwargs))
     images = copy.copy(train_set)
     images.transform = eval_tf
+    checked = cfg.label_free_check and cfg.pseudo_labels != "instance"
     held = np.zeros(0, dtype=np.int64)
-    if cfg.label_free_check and cfg.pseudo_labels != "instance":  # held out of training: never in a batch
+    if checked:  # held out of training: never in a batch
         from retrieval.train.label_free_check import held_out_positions
 
         held = held_out_positions(len(images), cfg.seed)
@@ -100,7 +101,7 @@ def load_unlabelled_data(cfg: TrainConfig, eval_tf: Callable, train_transform: C
         extra_sets = [load_extra_set(spec, eval_tf, cfg.eval_extra_limit) for spec in cfg.eval_extra]
     labels = np.asarray(train_set.labels, dtype=np.int64)
     check_images = None
-    if cfg.label_free_check and cfg.pseudo_labels != "instance":
+    if checked:
         check_images = Subset(images, held.tolist())
         labels[held] = -1
     return TrainData(train_set, eval_sets, labels, labels.copy(), None, None, extra_sets,

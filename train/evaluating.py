@@ -86,12 +86,18 @@ class Evaluator:
         """best.pt's row of ``history`` (``best_row`` on the run's selection split)."""
         return best_row(history, self.data.selected_on, self.cfg.kept_floor, with_start=self.start_may_be_best)
 
-    def embed_checkpoint(self, name: str) -> EvalEmbeddings:
-        """The test split embedded by the run's checkpoint ``name`` (every rank, once rank 0 has written it)."""
+    def checkpoint_model(self, name: str) -> tuple[nn.Module, Checkpoint]:
+        """A copy of the evaluated model holding the run's checkpoint ``name``, and the checkpoint (every rank, once
+        rank 0 has written it)."""
         self.ctx.barrier()
         model = copy.deepcopy(self.eval_model).eval()
-        model.load_state_dict(load_checkpoint(self.out / name, map_location=self.embedding.device).state_dict)
-        return self.parts.features.embed_eval(model)
+        saved = load_checkpoint(self.out / name, map_location=self.embedding.device)
+        model.load_state_dict(saved.state_dict)
+        return model, saved
+
+    def embed_checkpoint(self, name: str) -> EvalEmbeddings:
+        """The test split embedded by the run's checkpoint ``name`` (every rank, once rank 0 has written it)."""
+        return self.parts.features.embed_eval(self.checkpoint_model(name)[0])
 
     @property
     def main(self) -> bool:
@@ -143,10 +149,7 @@ class Evaluator:
         best = self.best(history)
         if best is None or BEST_METRIC in best or not self.data.eval_sets.labelled:
             return None
-        self.ctx.barrier()  # rank 0 wrote best.pt: every rank reads it once it is there
-        model = copy.deepcopy(self.eval_model).eval()
-        saved = load_checkpoint(self.out / BEST_CHECKPOINT, map_location=self.embedding.device)
-        model.load_state_dict(saved.state_dict)
+        model, saved = self.checkpoint_model(BEST_CHECKPOINT)
         q, ql, g, gl = self.best_eval = self.parts.features.embed_eval(model)
         metrics = self.ctx.from_main(evaluate_embeddings(q, ql, g, gl, device=self.metrics_device)
                                      if self.main else None)

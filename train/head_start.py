@@ -18,10 +18,6 @@ from retrieval.models import Embedder
 from retrieval.train.config import TrainConfig
 from retrieval.train.head_start_options import IDENTITY, PRINCIPAL, RANDOM
 
-# auto on a frozen backbone with labels, principal where the embedding is of another size than the features. On the
-# catalogue benchmark (3 seeds) random, principal and identity starts end within noise of each other at one size;
-# a start at the baseline adds that epoch 0 may be best.pt, and identity's epoch 0 is the pretrained export itself
-AUTO_FROZEN = IDENTITY
 PRINCIPAL_IMAGES = 4096  # train images whose features set the principal axes where the backbone is not cached
 
 
@@ -33,9 +29,13 @@ def resolved_head_start(cfg: TrainConfig, feature_dim: int | None = None) -> str
         return PRINCIPAL
     if not cfg.freeze_backbone:
         return RANDOM
-    if AUTO_FROZEN == IDENTITY and feature_dim is not None and cfg.embedding_dim != feature_dim:
+    # a frozen backbone with labels: identity, principal where the embedding is of another size than the features.
+    # On the catalogue benchmark (3 seeds) random, principal and identity starts end within noise of each other at
+    # one size; a start at the baseline adds that epoch 0 may be best.pt, and identity's epoch 0 is the pretrained
+    # export itself
+    if feature_dim is not None and cfg.embedding_dim != feature_dim:
         return PRINCIPAL  # identity needs the backbone's size
-    return AUTO_FROZEN
+    return IDENTITY
 
 
 def starts_at_baseline(cfg: TrainConfig) -> bool:

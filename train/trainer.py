@@ -20,7 +20,7 @@ from retrieval.inference import default_workers
 from retrieval.models import BEST_CHECKPOINT, LAST_CHECKPOINT, WISE_CHECKPOINT
 from retrieval.records.run_config import RunFolderConfig
 from retrieval.train.building import build_model, build_parts, compatible_old_model, seed_everything
-from retrieval.train.checkpointing import LAST_SELECTION, VALIDATION, Checkpointer, best_row, resuming
+from retrieval.train.checkpointing import LAST_SELECTION, VALIDATION, Checkpointer, resuming
 from retrieval.train.config import TrainConfig
 from retrieval.train.console import (
     RunEstimate,
@@ -293,7 +293,7 @@ class Trainer(EpochLoop):
         the run made one, else best.pt) from the start (train/label_free_check.py); None for other runs."""
         if self.cfg.labels != "none" or not self.cfg.label_free_check or self.pseudo is None:
             return None
-        guard_kept_start = best_row(self.record.history, self.data.selected_on, self.cfg.kept_floor) is None
+        guard_kept_start = self.evaluation.best(self.record.history) is None
         return measure(self.out, self.parts.features, self.data.check_images, self.evaluation.eval_model,
                        self.pseudo.group, guard_kept_start, WISE_CHECKPOINT if wise is not None else BEST_CHECKPOINT,
                        self.ctx.barrier)

@@ -73,11 +73,6 @@ class NoModelError(ValueError):
     """The index was built from embeddings: it has no model, so nothing that needs one (embedding an image) works."""
 
 
-def has_model(info: IndexInfo) -> bool:
-    """Whether the index whose index.json is ``info`` was built by a model (False: built from embeddings)."""
-    return info.has_model
-
-
 def built_without_model(index_dir: str | Path) -> str:
     """The start of every refusal of an index built from embeddings, naming it."""
     return f"the index in {index_dir} was built from embeddings and has no model"

@@ -160,6 +160,12 @@ class IndexInfo(KeptJson):
 
     # --- what several readers ask
     @property
+    def requested_index_key(self) -> Any:
+        """The faiss key the build was asked for (``index_key_requested``, as held), else the key built (an index.json
+        from before the request was recorded): what a rebuild asks for again."""
+        return self.vectors.index_key_requested if self.holds("index_key_requested") else self.vectors.index_key
+
+    @property
     def has_model(self) -> bool:
         """Whether a model built the vectors (False: built from embeddings, searched with embeddings only)."""
         return self.catalogue.source != EMBEDDINGS_SOURCE

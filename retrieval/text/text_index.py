@@ -25,7 +25,6 @@ from retrieval.index.portable import find_model, relative_to_index
 from retrieval.index.query_embedder import (
     ImageEmbedder,
     declared_compatible,
-    has_model,
     hash_matches,
     load_model,
     model_hashes,
@@ -135,7 +134,7 @@ def index_declared(info: IndexInfo, index_root: str | Path,
     """The model hashes the index's image model goes by (``model_hashes``: a text model and an index written by
     different versions may name it by different ones) and is declared compatible with (``image_model``: that model,
     or how to load it; None: found from index.json); empty where it cannot be loaded here."""
-    if not has_model(info):
+    if not info.has_model:
         return frozenset()
     try:
         if image_model is None:

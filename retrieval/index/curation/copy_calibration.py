@@ -77,18 +77,21 @@ def choose_rules(copies: Sequence[PairComparison], distinct: Sequence[PairCompar
     # silhouettes): the cut stays near the copies' floor unless the distinct ones reach above it
     correlation = max(floor - CORRELATION_MARGIN, ceiling + 0.01)
     correlation = float(min(TIGHT_CORRELATION, max(LOOSE_CORRELATION, correlation)))
-    copy_colour = [c.colour_mismatch for c in copies if geometric.reason(c) is None]
-    variant_colour = [c.colour_mismatch for c in variants if geometric.reason(c) is None and c.coloured_pixels]
-    high = float(np.quantile(copy_colour, COPY_RECALL)) if copy_colour else TIGHT_COLOUR
-    low = min(variant_colour) if variant_colour else LOOSE_COLOUR
-    colour = (high + low) / 2 if low > high else high
-    colour = float(min(LOOSE_COLOUR, max(TIGHT_COLOUR, colour)))
-    copy_shade = [c.shade for c in copies if geometric.reason(c) is None]
-    variant_shade = [c.shade for c in shades if geometric.reason(c) is None and c.shade > 0]
-    high = float(np.quantile(copy_shade, COPY_RECALL)) if copy_shade else TIGHT_SHADE
-    low = min(variant_shade) if variant_shade else LOOSE_SHADE
-    shade = float(min(LOOSE_SHADE, max(TIGHT_SHADE, (high + low) / 2 if low > high else high)))
+    colour = _cut_between([c.colour_mismatch for c in copies if geometric.reason(c) is None],
+                          [c.colour_mismatch for c in variants if geometric.reason(c) is None and c.coloured_pixels],
+                          TIGHT_COLOUR, LOOSE_COLOUR)
+    shade = _cut_between([c.shade for c in copies if geometric.reason(c) is None],
+                         [c.shade for c in shades if geometric.reason(c) is None and c.shade > 0],
+                         TIGHT_SHADE, LOOSE_SHADE)
     return CopyRules(round(correlation, 4), round(colour, 4), shade=round(shade, 4))
+
+
+def _cut_between(copy_values: list[float], variant_values: list[float], tight: float, loose: float) -> float:
+    """A cut on a mismatch measure: halfway between the copies' (their ``COPY_RECALL`` quantile) and the variants'
+    (their lowest) where those lie above, else at the copies'; kept within [tight, loose]."""
+    high = float(np.quantile(copy_values, COPY_RECALL)) if copy_values else tight
+    low = min(variant_values) if variant_values else loose
+    return float(min(loose, max(tight, (high + low) / 2 if low > high else high)))
 
 
 @dataclass

@@ -185,9 +185,8 @@ def update_faiss(
             record = info
             key, dim = record.vectors.index_key, int(record.model.embedding_dim)  # type: ignore[arg-type]
             rebuilt = build_faiss(layout, catalogue, store, key, dim, gpu, policy=policy)
-            requested = record.vectors.index_key_requested if record.holds("index_key_requested") else key
             return rebuilt | {
-                "index_key_requested": requested,
+                "index_key_requested": record.requested_index_key,
                 "updated_by": "rebuild (this index type cannot remove ids)",
             }
         to_remove, to_add = np.zeros(0, np.int64), done_ids

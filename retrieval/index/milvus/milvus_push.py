@@ -130,11 +130,10 @@ def push_index(index_dir: str | Path, place: MilvusPlace, index_type: str | None
                 elif not created:
                     check_resumable(record, wanted if index_type else replace(wanted, index_type=record.index_type),
                                      target)
-                    # what answers show is the index's to change (`index columns`): a push brings it along
-                    shown = wanted.index_info
-                    record.info = record.index_info.without(DISPLAY_COLUMNS).with_fields(
-                        {DISPLAY_COLUMNS: shown.catalogue.display_columns} if shown.holds(DISPLAY_COLUMNS) else {}
-                    ).to_json()
+                    # what answers show is the index's to change (`index columns`): a push brings it along (the
+                    # collection's copy of index.json, as it is sent)
+                    record.info = {key: value for key, value in record.info.items() if key != DISPLAY_COLUMNS} | (
+                        {DISPLAY_COLUMNS: wanted.info[DISPLAY_COLUMNS]} if DISPLAY_COLUMNS in wanted.info else {})
                 rows = _collection_rows(client, target, record)
                 sent, deleted = _write(client, target, record, index, ids, paths, labels, columns, rows, batch_rows,
                                        progress, claim.renew, keywords or {})

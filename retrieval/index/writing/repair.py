@@ -118,8 +118,7 @@ def repair_index(
                 policy=options.policy, add_vectors=engine.add_vectors,
             )
             if old is not None:
-                built["index_key_requested"] = (old.vectors.index_key_requested if old.holds("index_key_requested")
-                                                else key)
+                built["index_key_requested"] = old.requested_index_key
             info = (old if old is not None else IndexInfo()).with_fields({**info.to_json(), **built})
         info = info.with_fields(sync_keywords(layout, catalogue, info))  # a keyword index in step with the rows too
         layout.write_info(info)

@@ -187,7 +187,7 @@ def _publish(layout: IndexLayout, catalogue: Catalogue, store: ShardStore, info:
     catalogue.record(outcomes)
     changed = np.asarray([o.id for o in outcomes], dtype=np.int64)
     if rebuild:
-        key = info.vectors.index_key_requested if info.holds("index_key_requested") else info.vectors.index_key
+        key = info.requested_index_key
         dim = int(final_fields["embedding_dim"] if final_fields else info.value_of("embedding_dim"))
         faiss_fields = build_faiss(layout, catalogue, store, key, dim, policy=options.policy)
     else:
